@@ -1,0 +1,1405 @@
+/*
+llmpar.h: everything reusable for training GPT-2, in data-flow order.
+
+  1. basics      errors that name what failed, files, timers, RNG, device memory
+  2. config      the model's shape, GPT-2 presets, parameter tensor sizes
+  3. process     MPI start-up, rank and world, GPU choice
+  4. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
+  5. model       parameters, activations, forward, backward
+  6. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
+  7. data        llm.c token shards, deterministic order, resumable position
+  8. files       model files (llm.c format), checkpoints, tokenizer
+  9. plan        FLOPs per token and the device's peak rate (for MFU)
+
+Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
+weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
+OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
+The model code calls LP(op), which picks the build's implementation: lp_op_cpu or lp_op_gpu.
+*/
+#ifndef LLMPAR_H
+#define LLMPAR_H
+
+#include <errno.h>
+#include <glob.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef LLMPAR_MPI
+#include <mpi.h>
+#endif
+
+#ifdef LLMPAR_CPU
+typedef float floatX;  // the CPU build computes in fp32 throughout
+#define LP(op) lp_##op##_cpu
+#define LP_HD
+#else
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights and Adam state are fp32
+#define LP(op) lp_##op##_gpu
+#define LP_HD __host__ __device__
+#endif
+
+// ----------------------------------------------------------------------------------------------------
+// 1. basics
+
+static int lp_rank = 0;  // this process's rank, set by lp_process_init; only rank 0 prints progress
+
+// Print one line naming what failed, then stop every rank with a non-zero exit.
+static inline void lp_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "llmpar: error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+#ifdef LLMPAR_MPI
+    int inited = 0, world = 1;
+    MPI_Initialized(&inited);
+    if (inited) MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+    exit(1);
+}
+
+// printf on rank 0 only, flushed so progress shows up at once under mpirun
+static inline void lp_log(const char* fmt, ...) {
+    if (lp_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+static inline void* lp_host_malloc(size_t bytes, const char* what) {
+    void* p = malloc(bytes ? bytes : 1);
+    if (!p) lp_fail("out of host memory allocating %s (%.1f MiB)", what, bytes / 1048576.0);
+    return p;
+}
+
+static inline FILE* lp_fopen(const char* path, const char* mode) {
+    FILE* f = fopen(path, mode);
+    if (!f) lp_fail("cannot open %s: %s", path, strerror(errno));
+    return f;
+}
+
+static inline void lp_fread(void* dst, size_t size, size_t count, FILE* f, const char* path) {
+    size_t got = fread(dst, size, count, f);
+    if (got != count) lp_fail("%s: file is truncated (wanted %zu bytes, got %zu)", path, size * count, size * got);
+}
+
+// Writes report the cause (a full disk is the usual one); the caller removes its partial file.
+static inline int lp_fwrite(const void* src, size_t size, size_t count, FILE* f) {
+    return fwrite(src, size, count, f) == count ? 0 : -1;
+}
+
+static inline long long lp_file_size(const char* path) {
+    struct stat st;
+    if (stat(path, &st) != 0) lp_fail("cannot open %s: %s", path, strerror(errno));
+    return (long long)st.st_size;
+}
+
+static inline double lp_time_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// xorshift64*: small, fast, and the same sequence on every build
+static inline uint32_t lp_rand_u32(uint64_t* state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+static inline float lp_rand_f32(uint64_t* state) { return (lp_rand_u32(state) >> 8) / 16777216.0f; }
+static inline float lp_rand_normal(uint64_t* state) {  // Box-Muller
+    float u1 = lp_rand_f32(state), u2 = lp_rand_f32(state);
+    if (u1 < 1e-12f) u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2);
+}
+
+#ifndef LLMPAR_CPU
+#define cudaCheck(call) lp_cuda_check((call), #call, __FILE__, __LINE__)
+static inline void lp_cuda_check(cudaError_t err, const char* call, const char* file, int line) {
+    if (err != cudaSuccess) lp_fail("CUDA: %s failed at %s:%d: %s", call, file, line, cudaGetErrorString(err));
+}
+#define cublasCheck(call) lp_cublas_check((call), #call, __FILE__, __LINE__)
+static inline void lp_cublas_check(cublasStatus_t st, const char* call, const char* file, int line) {
+    if (st != CUBLAS_STATUS_SUCCESS) lp_fail("cuBLAS: %s failed at %s:%d: status %d", call, file, line, (int)st);
+}
+#endif
+
+// Device memory: cudaMalloc on the CUDA build, malloc on the CPU build. Out of memory names the buffer
+// and says how much was needed and how much is free.
+static inline void* lp_device_malloc(size_t bytes, const char* what) {
+#ifdef LLMPAR_CPU
+    return lp_host_malloc(bytes, what);
+#else
+    void* p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err == cudaErrorMemoryAllocation) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        lp_fail("out of GPU memory allocating %s: need %.1f MiB, %.1f MiB free of %.1f MiB (try a smaller -b)",
+                what, bytes / 1048576.0, free_b / 1048576.0, total_b / 1048576.0);
+    }
+    cudaCheck(err);
+    return p;
+#endif
+}
+static inline void lp_device_free(void* p) {
+#ifdef LLMPAR_CPU
+    free(p);
+#else
+    cudaCheck(cudaFree(p));
+#endif
+}
+static inline void lp_copy_to_device(void* dst, const void* src, size_t bytes) {
+#ifdef LLMPAR_CPU
+    memcpy(dst, src, bytes);
+#else
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+#endif
+}
+static inline void lp_copy_to_host(void* dst, const void* src, size_t bytes) {
+#ifdef LLMPAR_CPU
+    memcpy(dst, src, bytes);
+#else
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+#endif
+}
+static inline void lp_device_zero(void* p, size_t bytes) {
+#ifdef LLMPAR_CPU
+    memset(p, 0, bytes);
+#else
+    cudaCheck(cudaMemset(p, 0, bytes));
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 2. config
+
+typedef struct {
+    int max_seq_len;        // T of the position table (wpe)
+    int vocab_size;         // V: real tokens (50257 for GPT-2)
+    int padded_vocab_size;  // Vp: V rounded up so the LM head matmul is fast (50304); padding rows stay 0
+    int num_layers;         // L
+    int num_heads;          // NH
+    int channels;           // C
+} LPConfig;
+
+// The 16 parameter tensors, in llm.c's file order. Weights are (out, in) row-major.
+enum {
+    LP_WTE, LP_WPE, LP_LN1W, LP_LN1B, LP_QKVW, LP_QKVB, LP_ATTPROJW, LP_ATTPROJB,
+    LP_LN2W, LP_LN2B, LP_FCW, LP_FCB, LP_FCPROJW, LP_FCPROJB, LP_LNFW, LP_LNFB, LP_NUM_PARAMS
+};
+static const char* const lp_param_names[LP_NUM_PARAMS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+static inline void lp_param_sizes(size_t sizes[LP_NUM_PARAMS], const LPConfig* c) {
+    size_t C = c->channels, L = c->num_layers;
+    sizes[LP_WTE] = (size_t)c->padded_vocab_size * C;
+    sizes[LP_WPE] = (size_t)c->max_seq_len * C;
+    sizes[LP_LN1W] = L * C;
+    sizes[LP_LN1B] = L * C;
+    sizes[LP_QKVW] = L * 3 * C * C;
+    sizes[LP_QKVB] = L * 3 * C;
+    sizes[LP_ATTPROJW] = L * C * C;
+    sizes[LP_ATTPROJB] = L * C;
+    sizes[LP_LN2W] = L * C;
+    sizes[LP_LN2B] = L * C;
+    sizes[LP_FCW] = L * 4 * C * C;
+    sizes[LP_FCB] = L * 4 * C;
+    sizes[LP_FCPROJW] = L * C * 4 * C;
+    sizes[LP_FCPROJB] = L * C;
+    sizes[LP_LNFW] = C;
+    sizes[LP_LNFB] = C;
+}
+
+// Matrices get weight decay; biases and LayerNorm parameters do not (as in GPT-2 and llm.c).
+static inline int lp_param_decays(int i) {
+    return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW;
+}
+
+// `source` names where the config came from (a file or a flag) so the error can say so.
+static inline void lp_config_validate(const LPConfig* c, const char* source) {
+    if (c->num_layers < 1 || c->channels < 1 || c->num_heads < 1 || c->max_seq_len < 1 || c->vocab_size < 1)
+        lp_fail("%s: model shape must be positive (L=%d C=%d NH=%d maxT=%d V=%d)", source, c->num_layers,
+                c->channels, c->num_heads, c->max_seq_len, c->vocab_size);
+    if (c->channels % c->num_heads != 0)
+        lp_fail("%s: channels %d not divisible by heads %d", source, c->channels, c->num_heads);
+    if (c->padded_vocab_size < c->vocab_size)
+        lp_fail("%s: padded vocab %d smaller than vocab %d", source, c->padded_vocab_size, c->vocab_size);
+    if (c->vocab_size > 65536) lp_fail("%s: vocab %d does not fit uint16 token shards", source, c->vocab_size);
+}
+
+// "-e d12" style names: GPT-2 sizes for d12/d24/d36/d48, else head size 64 with d heads.
+// Returns 0 when `name` is not of the form dN.
+static inline int lp_config_from_depth(LPConfig* c, const char* name) {
+    if (name[0] != 'd' || name[1] < '1' || name[1] > '9') return 0;
+    for (const char* p = name + 1; *p; p++) if (*p < '0' || *p > '9') return 0;
+    int d = atoi(name + 1);
+    c->num_layers = d;
+    c->max_seq_len = 1024;
+    c->vocab_size = 50257;
+    c->padded_vocab_size = 50304;
+    if (d == 12) { c->channels = 768; c->num_heads = 12; }
+    else if (d == 24) { c->channels = 1024; c->num_heads = 16; }
+    else if (d == 36) { c->channels = 1280; c->num_heads = 20; }
+    else if (d == 48) { c->channels = 1600; c->num_heads = 25; }
+    else { c->channels = 64 * d; c->num_heads = d; }
+    return 1;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 3. process
+
+typedef struct {
+    int rank, world;
+    int device;  // the GPU this rank uses (CUDA build)
+} LPProcess;
+
+#ifndef LLMPAR_CPU
+static cublasLtHandle_t lp_cublaslt;
+static void* lp_cublaslt_workspace;
+static const size_t lp_cublaslt_workspace_size = 32 << 20;
+static cudaDeviceProp lp_device_prop;
+#endif
+
+// Starts MPI (when built with it), picks the GPU from the launcher's local rank, and sets up cuBLASLt.
+static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
+    p->rank = 0;
+    p->world = 1;
+#ifdef LLMPAR_MPI
+    MPI_Init(argc, argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &p->world);
+#else
+    (void)argc;
+    (void)argv;
+#endif
+    lp_rank = p->rank;
+    p->device = 0;
+#ifndef LLMPAR_CPU
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0)
+        lp_fail("no CUDA GPU found (%s); the CPU engine is `make train_gpt_cpu`",
+                err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
+    const char* local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = getenv("SLURM_LOCALID");
+    p->device = (local ? atoi(local) : p->rank) % count;
+    cudaCheck(cudaSetDevice(p->device));
+    cudaCheck(cudaGetDeviceProperties(&lp_device_prop, p->device));
+    cublasCheck(cublasLtCreate(&lp_cublaslt));
+    lp_cublaslt_workspace = lp_device_malloc(lp_cublaslt_workspace_size, "cuBLASLt workspace");
+#endif
+}
+
+static inline void lp_process_finish(LPProcess* p) {
+    (void)p;
+#ifndef LLMPAR_CPU
+    lp_device_free(lp_cublaslt_workspace);
+    cublasLtDestroy(lp_cublaslt);
+#endif
+#ifdef LLMPAR_MPI
+    MPI_Finalize();
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 4. kernels
+//
+// Shapes: B batch, T time, C channels, N = B*T rows, OC output channels, NH heads, HS = C/NH.
+// The CPU loops take float; the CUDA launchers take floatX (bf16). On the CPU build floatX is float, so
+// LP(op) resolves to the loop with the same call. Conventions shared by both:
+//   - "dinp" outputs of matmul and attention are overwritten; weight and bias grads accumulate (+=), so
+//     gradient accumulation over micro-batches needs no extra buffers;
+//   - layernorm_backward accumulates into dinp, which is the residual stream's gradient.
+
+#define LP_GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
+static inline LP_HD float lp_gelu(float x) {
+    return 0.5f * x * (1.0f + tanhf(LP_GELU_SCALE * (x + 0.044715f * x * x * x)));
+}
+static inline LP_HD float lp_gelu_grad(float x) {
+    float u = LP_GELU_SCALE * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    float sech2 = 1.0f - th * th;
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * LP_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// --- encoder: out[b,t,:] = wte[token] + wpe[t]
+static inline void lp_encoder_forward_cpu(float* out, const int* inp, const float* wte, const float* wpe,
+                                          int B, int T, int C) {
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        const float* w = wte + (size_t)inp[bt] * C;
+        const float* p = wpe + (size_t)(bt % T) * C;
+        float* o = out + (size_t)bt * C;
+        for (int c = 0; c < C; c++) o[c] = w[c] + p[c];
+    }
+}
+
+// Backward scatters into wte rows by token. `tokens` are HOST memory in both builds: the CUDA version
+// groups positions by token on the host so its sums need no atomics and are deterministic.
+static inline void lp_encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* tokens,
+                                           int B, int T, int C) {
+#pragma omp parallel for
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < B; b++)
+            for (int c = 0; c < C; c++) dwpe[(size_t)t * C + c] += dout[((size_t)b * T + t) * C + c];
+    // rows of wte may repeat, so this loop runs serially over positions; it is a small share of a step
+    for (int bt = 0; bt < B * T; bt++) {
+        float* dw = dwte + (size_t)tokens[bt] * C;
+        const float* d = dout + (size_t)bt * C;
+        for (int c = 0; c < C; c++) dw[c] += d[c];
+    }
+}
+
+// --- layernorm (eps 1e-5, biased variance); mean and rstd are kept in fp32 for the backward pass
+static inline void lp_layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp,
+                                            const float* w, const float* b, int N, int C) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float* x = inp + (size_t)i * C;
+        float m = 0.0f, v = 0.0f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+        float s = 1.0f / sqrtf(v / C + 1e-5f);
+        float* o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+// residual = inp1 + inp2, then out = layernorm(residual): one pass over the residual stream, not two
+static inline void lp_residual_layernorm_forward_cpu(float* residual, float* out, float* mean, float* rstd,
+                                                     const float* inp1, const float* inp2, const float* w,
+                                                     const float* b, int N, int C) {
+#pragma omp parallel for
+    for (size_t i = 0; i < (size_t)N * C; i++) residual[i] = inp1[i] + inp2[i];
+    lp_layernorm_forward_cpu(out, mean, rstd, residual, w, b, N, C);
+}
+
+static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, const float* dout,
+                                             const float* inp, const float* w, const float* mean,
+                                             const float* rstd, int N, int C) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float* x = inp + (size_t)i * C;
+        const float* d = dout + (size_t)i * C;
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - mean[i]) * rstd[i];
+            dnorm_mean += d[c] * w[c];
+            dnorm_norm_mean += d[c] * w[c] * norm;
+        }
+        dnorm_mean /= C;
+        dnorm_norm_mean /= C;
+        float* di = dinp + (size_t)i * C;
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - mean[i]) * rstd[i];
+            di[c] += (d[c] * w[c] - dnorm_mean - norm * dnorm_norm_mean) * rstd[i];
+        }
+    }
+    // weight and bias grads sum over rows: one thread per channel keeps it race-free
+#pragma omp parallel for
+    for (int c = 0; c < C; c++) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int i = 0; i < N; i++) {
+            float d = dout[(size_t)i * C + c];
+            sw += d * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
+            sb += d;
+        }
+        dw[c] += sw;
+        db[c] += sb;
+    }
+}
+
+// --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
+// pre_gelu keeps the pre-activation for backward and out = gelu(pre_gelu). bias may be NULL.
+static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const float* inp, const float* weight,
+                                         const float* bias, int N, int C, int OC) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        const float* x = inp + (size_t)i * C;
+        for (int o = 0; o < OC; o++) {
+            const float* wrow = weight + (size_t)o * C;
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums let the compiler vectorise
+            int c = 0;
+            for (; c + 8 <= C; c += 8)
+                for (int k = 0; k < 8; k++) acc[k] += x[c + k] * wrow[c + k];
+            float s = bias ? bias[o] : 0.0f;
+            for (; c < C; c++) s += x[c] * wrow[c];
+            for (int k = 0; k < 8; k++) s += acc[k];
+            size_t idx = (size_t)i * OC + o;
+            if (pre_gelu) {
+                pre_gelu[idx] = s;
+                out[idx] = lp_gelu(s);
+            } else {
+                out[idx] = s;
+            }
+        }
+    }
+}
+
+// dinp = dout @ weight (overwritten); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL)
+static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
+                                          const float* inp, const float* weight, int N, int C, int OC) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        float* di = dinp + (size_t)i * C;
+        for (int c = 0; c < C; c++) di[c] = 0.0f;
+        for (int o = 0; o < OC; o++) {
+            float d = dout[(size_t)i * OC + o];
+            const float* wrow = weight + (size_t)o * C;
+            for (int c = 0; c < C; c++) di[c] += d * wrow[c];
+        }
+    }
+#pragma omp parallel for
+    for (int o = 0; o < OC; o++) {
+        float* dw = dweight + (size_t)o * C;
+        float sb = 0.0f;
+        for (int i = 0; i < N; i++) {
+            float d = dout[(size_t)i * OC + o];
+            const float* x = inp + (size_t)i * C;
+            for (int c = 0; c < C; c++) dw[c] += d * x[c];
+            sb += d;
+        }
+        if (dbias) dbias[o] += sb;
+    }
+}
+
+// dinp = gelu'(inp) * dout; dinp may alias dout
+static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const float* dout, int N) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) dinp[i] = lp_gelu_grad(inp[i]) * dout[i];
+}
+
+// --- causal self-attention. The CPU loop follows the CUDA algorithm step by step:
+//   permute qkv (B,T,3,NH,HS) -> qkvr (3,B,NH,T,HS); att = softmax(scale * q k^T) with the causal mask;
+//   y = att v into the qkv buffer (no longer needed: backward reads qkvr); unpermute y -> out (B,T,C).
+// att (B,NH,T,T) holds the probabilities, zero above the diagonal.
+static inline float lp_attention_scale(int C, int NH) { return 1.0f / sqrtf((float)(C / NH)); }
+
+static inline void lp_attention_forward_cpu(float* out, float* qkvr, float* att, float* qkv, int B, int T,
+                                            int C, int NH) {
+    int HS = C / NH;
+    size_t plane = (size_t)B * NH * T * HS;  // one of q, k, v in qkvr
+    float scale = lp_attention_scale(C, NH);
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        for (int t = 0; t < T; t++)
+            for (int which = 0; which < 3; which++)
+                for (int d = 0; d < HS; d++)
+                    qkvr[which * plane + ((size_t)bh * T + t) * HS + d] =
+                        qkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d];
+    }
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        const float* q = qkvr + (size_t)bh * T * HS;
+        const float* k = q + plane;
+        const float* v = k + plane;
+        float* y = qkv + (size_t)bh * T * HS;  // qkv is free now: it holds y in (B,NH,T,HS)
+        for (int t1 = 0; t1 < T; t1++) {
+            float* a = att + ((size_t)bh * T + t1) * T;
+            float maxv = -INFINITY;
+            for (int t2 = 0; t2 <= t1; t2++) {
+                float s = 0.0f;
+                for (int d = 0; d < HS; d++) s += q[(size_t)t1 * HS + d] * k[(size_t)t2 * HS + d];
+                a[t2] = s;
+                if (s > maxv) maxv = s;
+            }
+            float sum = 0.0f;
+            for (int t2 = 0; t2 <= t1; t2++) {
+                a[t2] = expf(scale * (a[t2] - maxv));
+                sum += a[t2];
+            }
+            for (int t2 = 0; t2 <= t1; t2++) a[t2] /= sum;
+            for (int t2 = t1 + 1; t2 < T; t2++) a[t2] = 0.0f;
+            for (int d = 0; d < HS; d++) {
+                float s = 0.0f;
+                for (int t2 = 0; t2 <= t1; t2++) s += a[t2] * v[(size_t)t2 * HS + d];
+                y[(size_t)t1 * HS + d] = s;
+            }
+        }
+    }
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < HS; d++)
+                out[((size_t)b * T + t) * C + h * HS + d] = qkv[((size_t)bh * T + t) * HS + d];
+    }
+}
+
+// Backward, same steps reversed: permute dout -> dy (scratch); datt = dy v^T; dv = att^T dy;
+// dpre = scale * softmax_backward(datt); dq = dpre k; dk = dpre^T q; unpermute dqkvr -> dqkv.
+static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* datt, float* scratch,
+                                             const float* dout, const float* qkvr, const float* att, int B,
+                                             int T, int C, int NH) {
+    int HS = C / NH;
+    size_t plane = (size_t)B * NH * T * HS;
+    float scale = lp_attention_scale(C, NH);
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float* q = qkvr + (size_t)bh * T * HS;
+        const float* k = q + plane;
+        const float* v = k + plane;
+        float* dq = dqkvr + (size_t)bh * T * HS;
+        float* dk = dq + plane;
+        float* dv = dk + plane;
+        float* dy = scratch + (size_t)bh * T * HS;
+        const float* a = att + (size_t)bh * T * T;
+        float* da = datt + (size_t)bh * T * T;
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < HS; d++) dy[(size_t)t * HS + d] = dout[((size_t)b * T + t) * C + h * HS + d];
+        for (size_t i = 0; i < (size_t)T * HS; i++) dq[i] = dk[i] = dv[i] = 0.0f;
+        for (int t1 = 0; t1 < T; t1++) {
+            float dot = 0.0f;  // sum over t2 of att * datt, for the softmax backward
+            for (int t2 = 0; t2 <= t1; t2++) {
+                float s = 0.0f;
+                for (int d = 0; d < HS; d++) s += dy[(size_t)t1 * HS + d] * v[(size_t)t2 * HS + d];
+                da[(size_t)t1 * T + t2] = s;
+                dot += a[(size_t)t1 * T + t2] * s;
+                for (int d = 0; d < HS; d++) dv[(size_t)t2 * HS + d] += a[(size_t)t1 * T + t2] * dy[(size_t)t1 * HS + d];
+            }
+            for (int t2 = 0; t2 <= t1; t2++) {
+                float dpre = scale * a[(size_t)t1 * T + t2] * (da[(size_t)t1 * T + t2] - dot);
+                da[(size_t)t1 * T + t2] = dpre;
+                for (int d = 0; d < HS; d++) {
+                    dq[(size_t)t1 * HS + d] += dpre * k[(size_t)t2 * HS + d];
+                    dk[(size_t)t2 * HS + d] += dpre * q[(size_t)t1 * HS + d];
+                }
+            }
+            for (int t2 = t1 + 1; t2 < T; t2++) da[(size_t)t1 * T + t2] = 0.0f;
+        }
+        for (int t = 0; t < T; t++)
+            for (int which = 0; which < 3; which++)
+                for (int d = 0; d < HS; d++)
+                    dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] =
+                        dqkvr[which * plane + ((size_t)bh * T + t) * HS + d];
+    }
+}
+
+// --- fused classifier: per row, softmax over the V real tokens, loss = -log p[target], and the logits
+// are overwritten by their gradient (p - onehot) * dloss (0 on the padding), in one pass over the row.
+static inline void lp_fused_classifier_cpu(float* logits, float* losses, float dloss, const int* targets,
+                                           int N, int V, int Vp) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        float* row = logits + (size_t)i * Vp;
+        float maxv = -INFINITY;
+        for (int v = 0; v < V; v++) if (row[v] > maxv) maxv = row[v];
+        float sum = 0.0f;
+        for (int v = 0; v < V; v++) sum += expf(row[v] - maxv);
+        int target = targets[i];
+        losses[i] = logf(sum) + maxv - row[target];
+        for (int v = 0; v < V; v++) row[v] = (expf(row[v] - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss;
+        for (int v = V; v < Vp; v++) row[v] = 0.0f;
+    }
+}
+
+// --- AdamW on one tensor. master (fp32) is the truth; params are its copy in the compute type (the CUDA
+// kernel rounds stochastically to bf16, seeded per step and tensor). grads are scaled by grad_scale
+// (global-norm clipping) before use. beta corrections are 1 - beta^t.
+static inline void lp_adamw_cpu(float* params, float* master, const float* grads, float* m, float* v, size_t n,
+                                float lr, float beta1, float beta2, float beta1_corr, float beta2_corr,
+                                float eps, float weight_decay, float grad_scale, uint32_t seed) {
+    (void)seed;
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i] * grad_scale;
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        float mhat = m[i] / beta1_corr, vhat = v[i] / beta2_corr;
+        master[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * master[i]);
+        params[i] = master[i];
+    }
+}
+
+// sum of squares of x, accumulated in double on the CPU (the CUDA version reduces in fp32 per block)
+static inline float lp_norm_squared_cpu(const float* x, size_t n) {
+    double s = 0.0;
+#pragma omp parallel for reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return (float)s;
+}
+
+// fp32 -> compute type (used to load master weights into params)
+static inline void lp_convert_cpu(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
+
+
+// Copy n values of the compute type from the device into host floats (for reading params, grads, logits).
+static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
+#ifdef LLMPAR_CPU
+    memcpy(dst, src, n * sizeof(float));
+#else
+    floatX* tmp = (floatX*)lp_host_malloc(n * sizeof(floatX), "host staging buffer");
+    lp_copy_to_host(tmp, src, n * sizeof(floatX));
+    for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
+    free(tmp);
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 5. model
+//
+// One rank's GPT-2: parameters in one buffer (the 16 tensors back to back, llm.c order), and the
+// activations the backward pass needs, per layer. The forward pass fuses each residual add with the
+// LayerNorm that follows it, so the residual stream is read once per block half.
+
+typedef struct {
+    floatX* encoded;    // (B,T,C)   wte + wpe
+    floatX* ln1;        // (L,B,T,C)
+    float* ln1_mean;    // (L,B,T)
+    float* ln1_rstd;    // (L,B,T)
+    floatX* qkvr;       // (L,3,B,NH,T,HS) q, k, v permuted per head
+    floatX* att;        // (L,B,NH,T,T)  attention probabilities
+    floatX* atty;       // (L,B,T,C)   attention output before its projection
+    floatX* residual2;  // (L,B,T,C)   residual after attention
+    floatX* ln2;        // (L,B,T,C)
+    float* ln2_mean;    // (L,B,T)
+    float* ln2_rstd;    // (L,B,T)
+    floatX* fch;        // (L,B,T,4C)  MLP pre-activation
+    floatX* fch_gelu;   // (L,B,T,4C)
+    floatX* residual3;  // (L,B,T,C)   residual after the MLP (the block's output)
+    floatX* lnf;        // (B,T,C)
+    float* lnf_mean;    // (B,T)
+    float* lnf_rstd;    // (B,T)
+    floatX* logits;     // (B,T,Vp)    overwritten by their gradient in the fused classifier
+    float* losses;      // (B,T)
+    // scratch, reused within a step
+    floatX* qkv;        // (B,T,3C)  forward: qkv; backward: dqkv
+    floatX* btc;        // (B,T,C)   forward: projection outputs; backward: dlnf, dln2, datty, dln1
+    floatX* dresidual;  // (B,T,C)   gradient of the residual stream
+    floatX* dfch;       // (B,T,4C)
+    floatX* dqkvr;      // (3,B,NH,T,HS)
+    floatX* datt;       // (B,NH,T,T)
+    floatX* dy;         // (B,NH,T,HS) attention output gradient, permuted
+} LPActivations;
+
+typedef struct {
+    LPConfig cfg;
+    size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;
+    floatX* params;   // compute-type weights used by forward/backward
+    floatX* grads;    // their gradients, accumulated over micro-batches
+    float* master;    // fp32 master weights: the truth the optimizer updates and checkpoints save
+    float* adam_m;    // AdamW first moment (fp32)
+    float* adam_v;    // AdamW second moment (fp32)
+    floatX* p[LP_NUM_PARAMS];  // views into params
+    floatX* g[LP_NUM_PARAMS];  // views into grads
+    int adam_step;
+    // activations, allocated on the first forward for its (B, T)
+    int B, T;
+    LPActivations act;
+    void* act_memory;
+    size_t act_bytes;
+    int* inputs;        // (B,T) device
+    int* targets;       // (B,T) device
+    int* inputs_host;   // (B,T) the last forward's tokens, for the encoder backward
+    float* losses_host; // (B,T)
+} LPModel;
+
+static inline void lp_model_create(LPModel* m, const LPConfig* cfg) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *cfg;
+    lp_param_sizes(m->param_sizes, cfg);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        m->param_offsets[i] = m->num_params;
+        m->num_params += m->param_sizes[i];
+    }
+    size_t n = m->num_params;
+    m->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
+    m->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
+    m->master = (float*)lp_device_malloc(n * sizeof(float), "fp32 master weights");
+    m->adam_m = (float*)lp_device_malloc(n * sizeof(float), "AdamW first moment");
+    m->adam_v = (float*)lp_device_malloc(n * sizeof(float), "AdamW second moment");
+    lp_device_zero(m->grads, n * sizeof(floatX));
+    lp_device_zero(m->adam_m, n * sizeof(float));
+    lp_device_zero(m->adam_v, n * sizeof(float));
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        m->p[i] = m->params + m->param_offsets[i];
+        m->g[i] = m->grads + m->param_offsets[i];
+    }
+}
+
+// Upload fp32 weights (host, canonical layout) as the master copy and derive the compute-type params.
+static inline void lp_model_set_weights(LPModel* m, const float* host) {
+    lp_copy_to_device(m->master, host, m->num_params * sizeof(float));
+    LP(convert)(m->params, m->master, m->num_params);
+}
+
+// GPT-2 initialisation: N(0, 0.02) weights, the residual projections scaled by 1/sqrt(2L) so the
+// residual stream's variance does not grow with depth; zero biases; LayerNorm weight 1, bias 0; the
+// padding rows of wte stay zero.
+static inline void lp_model_init_random(LPModel* m, uint64_t seed) {
+    const LPConfig* c = &m->cfg;
+    float* w = (float*)lp_host_malloc(m->num_params * sizeof(float), "initial weights");
+    memset(w, 0, m->num_params * sizeof(float));
+    uint64_t rng = seed ? seed : 1;
+    float residual_std = 0.02f / sqrtf(2.0f * c->num_layers);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        float* t = w + m->param_offsets[i];
+        size_t n = m->param_sizes[i];
+        if (i == LP_LN1W || i == LP_LN2W || i == LP_LNFW) {
+            for (size_t j = 0; j < n; j++) t[j] = 1.0f;
+        } else if (lp_param_decays(i)) {
+            float std = (i == LP_ATTPROJW || i == LP_FCPROJW) ? residual_std : 0.02f;
+            if (i == LP_WTE) n = (size_t)c->vocab_size * c->channels;
+            for (size_t j = 0; j < n; j++) t[j] = std * lp_rand_normal(&rng);
+        }
+    }
+    lp_model_set_weights(m, w);
+    free(w);
+}
+
+// Lay the activations out in one allocation; called twice: once to count (base NULL), once to carve.
+static inline size_t lp_activations_layout(LPActivations* a, const LPConfig* c, int B, int T, char* base) {
+    size_t L = c->num_layers, C = c->channels, NH = c->num_heads, BT = (size_t)B * T, off = 0;
+#define LP_CARVE(field, type, count)                                      \
+    do {                                                                  \
+        a->field = base ? (type*)(base + off) : NULL;                     \
+        off += ((count) * sizeof(type) + 255) & ~(size_t)255; /* align */ \
+    } while (0)
+    LP_CARVE(encoded, floatX, BT * C);
+    LP_CARVE(ln1, floatX, L * BT * C);
+    LP_CARVE(ln1_mean, float, L * BT);
+    LP_CARVE(ln1_rstd, float, L * BT);
+    LP_CARVE(qkvr, floatX, L * BT * 3 * C);
+    LP_CARVE(att, floatX, L * B * NH * T * T);
+    LP_CARVE(atty, floatX, L * BT * C);
+    LP_CARVE(residual2, floatX, L * BT * C);
+    LP_CARVE(ln2, floatX, L * BT * C);
+    LP_CARVE(ln2_mean, float, L * BT);
+    LP_CARVE(ln2_rstd, float, L * BT);
+    LP_CARVE(fch, floatX, L * BT * 4 * C);
+    LP_CARVE(fch_gelu, floatX, L * BT * 4 * C);
+    LP_CARVE(residual3, floatX, L * BT * C);
+    LP_CARVE(lnf, floatX, BT * C);
+    LP_CARVE(lnf_mean, float, BT);
+    LP_CARVE(lnf_rstd, float, BT);
+    LP_CARVE(logits, floatX, BT * c->padded_vocab_size);
+    LP_CARVE(losses, float, BT);
+    LP_CARVE(qkv, floatX, BT * 3 * C);
+    LP_CARVE(btc, floatX, BT * C);
+    LP_CARVE(dresidual, floatX, BT * C);
+    LP_CARVE(dfch, floatX, BT * 4 * C);
+    LP_CARVE(dqkvr, floatX, BT * 3 * C);
+    LP_CARVE(datt, floatX, B * NH * T * T);
+    LP_CARVE(dy, floatX, BT * C);
+#undef LP_CARVE
+    return off;
+}
+
+static inline void lp_model_alloc_activations(LPModel* m, int B, int T) {
+    if (T > m->cfg.max_seq_len)
+        lp_fail("sequence length -t %d exceeds the model's maximum %d", T, m->cfg.max_seq_len);
+    m->B = B;
+    m->T = T;
+    m->act_bytes = lp_activations_layout(&m->act, &m->cfg, B, T, NULL);
+    m->act_memory = lp_device_malloc(m->act_bytes, "activations");
+    lp_activations_layout(&m->act, &m->cfg, B, T, (char*)m->act_memory);
+    size_t BT = (size_t)B * T;
+    m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
+    m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
+    m->inputs_host = (int*)lp_host_malloc(BT * sizeof(int), "input tokens");
+    m->losses_host = (float*)lp_host_malloc(BT * sizeof(float), "losses");
+}
+
+static inline void lp_check_tokens(const int* tokens, size_t n, int V, const char* what) {
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            lp_fail("%s token id %d at batch position %zu is outside the vocabulary [0, %d)", what, tokens[i], i, V);
+}
+
+// Forward pass over (B,T) host tokens. With targets it also runs the fused classifier, which leaves
+// dlogits = dloss * (softmax - onehot) in place for the backward pass, and returns the mean loss.
+// dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss.
+static inline float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B, int T, float dloss) {
+    const LPConfig* c = &m->cfg;
+    if (m->act_memory == NULL) lp_model_alloc_activations(m, B, T);
+    if (B != m->B || T != m->T)
+        lp_fail("forward with (B=%d, T=%d) but activations were sized for (B=%d, T=%d)", B, T, m->B, m->T);
+    int L = c->num_layers, C = c->channels, NH = c->num_heads, V = c->vocab_size, Vp = c->padded_vocab_size;
+    int N = B * T;
+    lp_check_tokens(inputs, N, V, "input");
+    memcpy(m->inputs_host, inputs, (size_t)N * sizeof(int));
+    lp_copy_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
+    LPActivations* a = &m->act;
+    floatX** p = m->p;
+
+    LP(encoder_forward)(a->encoded, m->inputs, p[LP_WTE], p[LP_WPE], B, T, C);
+    LP(layernorm_forward)(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, p[LP_LN1W], p[LP_LN1B], N, C);
+    for (int l = 0; l < L; l++) {
+        size_t btc = (size_t)l * N * C;  // offset of layer l in (L,B,T,C) tensors
+        const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
+        floatX* qkvr = a->qkvr + 3 * btc;
+        floatX* att = a->att + (size_t)l * B * NH * T * T;
+        // attention half: qkv projection, attention, output projection, residual add + ln2
+        LP(matmul_forward)(a->qkv, NULL, a->ln1 + btc, p[LP_QKVW] + (size_t)l * 3 * C * C,
+                           p[LP_QKVB] + (size_t)l * 3 * C, N, C, 3 * C);
+        LP(attention_forward)(a->atty + btc, qkvr, att, a->qkv, B, T, C, NH);
+        LP(matmul_forward)(a->btc, NULL, a->atty + btc, p[LP_ATTPROJW] + (size_t)l * C * C,
+                           p[LP_ATTPROJB] + (size_t)l * C, N, C, C);
+        LP(residual_layernorm_forward)(a->residual2 + btc, a->ln2 + btc, a->ln2_mean + (size_t)l * N,
+                                       a->ln2_rstd + (size_t)l * N, residual, a->btc, p[LP_LN2W] + (size_t)l * C,
+                                       p[LP_LN2B] + (size_t)l * C, N, C);
+        // MLP half: fc with fused GELU, projection, residual add + the next LayerNorm (ln1 or lnf)
+        LP(matmul_forward)(a->fch_gelu + 4 * btc, a->fch + 4 * btc, a->ln2 + btc, p[LP_FCW] + (size_t)l * 4 * C * C,
+                           p[LP_FCB] + (size_t)l * 4 * C, N, C, 4 * C);
+        LP(matmul_forward)(a->btc, NULL, a->fch_gelu + 4 * btc, p[LP_FCPROJW] + (size_t)l * C * 4 * C,
+                           p[LP_FCPROJB] + (size_t)l * C, N, 4 * C, C);
+        if (l + 1 < L)
+            LP(residual_layernorm_forward)(a->residual3 + btc, a->ln1 + btc + (size_t)N * C,
+                                           a->ln1_mean + (size_t)(l + 1) * N, a->ln1_rstd + (size_t)(l + 1) * N,
+                                           a->residual2 + btc, a->btc, p[LP_LN1W] + (size_t)(l + 1) * C,
+                                           p[LP_LN1B] + (size_t)(l + 1) * C, N, C);
+        else
+            LP(residual_layernorm_forward)(a->residual3 + btc, a->lnf, a->lnf_mean, a->lnf_rstd, a->residual2 + btc,
+                                           a->btc, p[LP_LNFW], p[LP_LNFB], N, C);
+    }
+    // LM head tied to wte: logits over the padded vocabulary (padding rows of wte are zero)
+    LP(matmul_forward)(a->logits, NULL, a->lnf, p[LP_WTE], NULL, N, C, Vp);
+    if (!targets) return 0.0f;
+    lp_check_tokens(targets, N, V, "target");
+    lp_copy_to_device(m->targets, targets, (size_t)N * sizeof(int));
+    LP(fused_classifier)(a->logits, a->losses, dloss, m->targets, N, V, Vp);
+    lp_copy_to_host(m->losses_host, a->losses, (size_t)N * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += m->losses_host[i];
+    return (float)(sum / N);
+}
+
+static inline void lp_model_zero_grad(LPModel* m) { lp_device_zero(m->grads, m->num_params * sizeof(floatX)); }
+
+// Backward pass of the last forward (which must have had targets); adds into m->grads.
+static inline void lp_model_backward(LPModel* m) {
+    const LPConfig* c = &m->cfg;
+    int B = m->B, T = m->T, L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    int N = B * T;
+    LPActivations* a = &m->act;
+    floatX** p = m->p;
+    floatX** g = m->g;
+
+    lp_device_zero(a->dresidual, (size_t)N * C * sizeof(floatX));
+    LP(matmul_backward)(a->btc, g[LP_WTE], NULL, a->logits, a->lnf, p[LP_WTE], N, C, Vp);
+    LP(layernorm_backward)(a->dresidual, g[LP_LNFW], g[LP_LNFB], a->btc, a->residual3 + (size_t)(L - 1) * N * C,
+                           p[LP_LNFW], a->lnf_mean, a->lnf_rstd, N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        size_t btc = (size_t)l * N * C;
+        const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
+        // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2
+        LP(matmul_backward)(a->dfch, g[LP_FCPROJW] + (size_t)l * C * 4 * C, g[LP_FCPROJB] + (size_t)l * C,
+                            a->dresidual, a->fch_gelu + 4 * btc, p[LP_FCPROJW] + (size_t)l * C * 4 * C, N, 4 * C, C);
+        LP(gelu_backward)(a->dfch, a->fch + 4 * btc, a->dfch, N * 4 * C);
+        LP(matmul_backward)(a->btc, g[LP_FCW] + (size_t)l * 4 * C * C, g[LP_FCB] + (size_t)l * 4 * C, a->dfch,
+                            a->ln2 + btc, p[LP_FCW] + (size_t)l * 4 * C * C, N, C, 4 * C);
+        LP(layernorm_backward)(a->dresidual, g[LP_LN2W] + (size_t)l * C, g[LP_LN2B] + (size_t)l * C, a->btc,
+                               a->residual2 + btc, p[LP_LN2W] + (size_t)l * C, a->ln2_mean + (size_t)l * N,
+                               a->ln2_rstd + (size_t)l * N, N, C);
+        // attention half
+        LP(matmul_backward)(a->btc, g[LP_ATTPROJW] + (size_t)l * C * C, g[LP_ATTPROJB] + (size_t)l * C,
+                            a->dresidual, a->atty + btc, p[LP_ATTPROJW] + (size_t)l * C * C, N, C, C);
+        LP(attention_backward)(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, a->qkvr + 3 * btc,
+                               a->att + (size_t)l * B * NH * T * T, B, T, C, NH);
+        LP(matmul_backward)(a->btc, g[LP_QKVW] + (size_t)l * 3 * C * C, g[LP_QKVB] + (size_t)l * 3 * C, a->qkv,
+                            a->ln1 + btc, p[LP_QKVW] + (size_t)l * 3 * C * C, N, C, 3 * C);
+        LP(layernorm_backward)(a->dresidual, g[LP_LN1W] + (size_t)l * C, g[LP_LN1B] + (size_t)l * C, a->btc,
+                               residual, p[LP_LN1W] + (size_t)l * C, a->ln1_mean + (size_t)l * N,
+                               a->ln1_rstd + (size_t)l * N, N, C);
+    }
+    LP(encoder_backward)(g[LP_WTE], g[LP_WPE], a->dresidual, m->inputs_host, B, T, C);
+}
+
+static inline void lp_model_free(LPModel* m) {
+    lp_device_free(m->params);
+    lp_device_free(m->grads);
+    lp_device_free(m->master);
+    lp_device_free(m->adam_m);
+    lp_device_free(m->adam_v);
+    if (m->act_memory) {
+        lp_device_free(m->act_memory);
+        lp_device_free(m->inputs);
+        lp_device_free(m->targets);
+        free(m->inputs_host);
+        free(m->losses_host);
+    }
+    memset(m, 0, sizeof(*m));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 6. optimizer
+
+typedef struct {
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip;  // clip the global gradient norm to this (0: no clipping)
+} LPAdamW;
+
+// One AdamW step on every tensor. Returns the global gradient norm before clipping.
+static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt) {
+    float norm = sqrtf(LP(norm_squared)(m->grads, m->num_params));
+    float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f;
+    m->adam_step++;
+    float b1c = 1.0f - powf(opt->beta1, (float)m->adam_step);
+    float b2c = 1.0f - powf(opt->beta2, (float)m->adam_step);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        size_t off = m->param_offsets[i];
+        uint32_t seed = (uint32_t)(m->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
+        LP(adamw)(m->p[i], m->master + off, m->g[i], m->adam_m + off, m->adam_v + off, m->param_sizes[i], lr,
+                  opt->beta1, opt->beta2, b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f,
+                  scale, seed);
+    }
+    return norm;
+}
+
+// Linear warmup over `warmup` steps, then cosine (or linear) decay from lr to lr * final_frac at max_steps.
+static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine) {
+    if (step < warmup) return lr * (step + 1) / warmup;
+    float floor_lr = lr * final_frac;
+    float progress = max_steps > warmup ? (float)(step - warmup) / (float)(max_steps - warmup) : 1.0f;
+    if (progress > 1.0f) progress = 1.0f;
+    if (cosine) return floor_lr + 0.5f * (lr - floor_lr) * (1.0f + cosf(3.14159265358979f * progress));
+    return lr - (lr - floor_lr) * progress;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 7. data
+//
+// llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens.
+// A global batch of ranks*B*T tokens is read from the shard at `pos`; rank r takes the r-th B*T slice
+// (plus one token for the last target). When the next global batch no longer fits, the loader moves to the
+// next shard, wrapping around after the last. (shard, pos) is the whole state, so runs resume exactly.
+
+#define LP_HEADER_INTS 256
+#define LP_SHARD_MAGIC 20240520
+#define LP_MODEL_MAGIC 20240326
+#define LP_TOKENIZER_MAGIC 20240328
+
+typedef struct {
+    glob_t files;
+    int num_files;
+    size_t* shard_tokens;  // tokens in each shard
+    int B, T, rank, world, vocab_size;
+    int shard;             // current shard
+    size_t pos;            // start of the next global batch in that shard
+    FILE* file;
+    uint16_t* buffer;      // B*T+1 tokens read
+    int* inputs;           // (B,T)
+    int* targets;          // (B,T)
+} LPDataLoader;
+
+static inline void lp_dataloader_open_shard(LPDataLoader* d, int shard) {
+    if (d->file) fclose(d->file);
+    d->shard = shard;
+    d->file = lp_fopen(d->files.gl_pathv[shard], "rb");
+}
+
+// `flag` names the option the pattern came from (-i or -j) for the error messages.
+static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, const char* flag, int B, int T,
+                                      int rank, int world, int vocab_size) {
+    memset(d, 0, sizeof(*d));
+    d->B = B;
+    d->T = T;
+    d->rank = rank;
+    d->world = world;
+    d->vocab_size = vocab_size;
+    if (glob(pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
+        lp_fail("%s %s: no token shard matches", flag, pattern);
+    d->num_files = (int)d->files.gl_pathc;
+    d->shard_tokens = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard sizes");
+    size_t need = (size_t)world * B * T + 1;
+    for (int s = 0; s < d->num_files; s++) {
+        const char* path = d->files.gl_pathv[s];
+        FILE* f = lp_fopen(path, "rb");
+        int header[LP_HEADER_INTS];
+        lp_fread(header, sizeof(int), LP_HEADER_INTS, f, path);
+        fclose(f);
+        if (header[0] != LP_SHARD_MAGIC)
+            lp_fail("%s: not a token shard (magic %d, expected %d)", path, header[0], LP_SHARD_MAGIC);
+        if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1)", path, header[1]);
+        long long expect = (long long)LP_HEADER_INTS * 4 + 2LL * (unsigned)header[2];
+        long long size = lp_file_size(path);
+        if (size < expect) lp_fail("%s: file is truncated (header says %d tokens: %lld bytes, file has %lld)", path, header[2], expect, size);
+        if (size > expect) lp_fail("%s: file is longer than its header says (%lld bytes, expected %lld)", path, size, expect);
+        d->shard_tokens[s] = (unsigned)header[2];
+        if (d->shard_tokens[s] < need)
+            lp_fail("%s: %zu tokens is too few for one batch (ranks*B*T+1 = %zu)", path, d->shard_tokens[s], need);
+    }
+    d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
+    d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
+    d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
+    lp_dataloader_open_shard(d, 0);
+    d->pos = 0;
+}
+
+// Continue from a saved (shard, pos); used by --resume.
+static inline void lp_dataloader_seek(LPDataLoader* d, int shard, size_t pos) {
+    if (shard < 0 || shard >= d->num_files || pos >= d->shard_tokens[shard])
+        lp_fail("data position (shard %d, token %zu) is outside the shards given", shard, pos);
+    lp_dataloader_open_shard(d, shard);
+    d->pos = pos;
+}
+
+static inline void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0); }
+
+// Fill d->inputs and d->targets with this rank's next (B,T) batch.
+static inline void lp_dataloader_next(LPDataLoader* d) {
+    size_t global = (size_t)d->world * d->B * d->T;
+    if (d->pos + global + 1 > d->shard_tokens[d->shard]) lp_dataloader_seek(d, (d->shard + 1) % d->num_files, 0);
+    size_t start = d->pos + (size_t)d->rank * d->B * d->T, n = (size_t)d->B * d->T;
+    const char* path = d->files.gl_pathv[d->shard];
+    if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * 2), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
+    lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);
+    for (size_t i = 0; i <= n; i++)
+        if (d->buffer[i] >= d->vocab_size)
+            lp_fail("%s: token id %d at token %zu is >= the model's vocabulary size %d", path, d->buffer[i],
+                    start + i, d->vocab_size);
+    for (size_t i = 0; i < n; i++) {
+        d->inputs[i] = d->buffer[i];
+        d->targets[i] = d->buffer[i + 1];
+    }
+    d->pos += global;
+}
+
+// Batches in one pass over the data (for validation: all val shards once).
+static inline size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d) {
+    size_t global = (size_t)d->world * d->B * d->T, n = 0;
+    for (int s = 0; s < d->num_files; s++) n += (d->shard_tokens[s] - 1) / global;
+    return n;
+}
+
+static inline void lp_dataloader_free(LPDataLoader* d) {
+    if (d->file) fclose(d->file);
+    globfree(&d->files);
+    free(d->shard_tokens);
+    free(d->buffer);
+    free(d->inputs);
+    free(d->targets);
+    memset(d, 0, sizeof(*d));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 8. files
+//
+// Model file (llm.c): 256 x int32 header [magic 20240326, version, maxT, V, L, NH, C, Vp], then the 16
+// tensors in order, fp32 (version 3) or bf16 (version 5). Files are written to NAME.tmp and renamed,
+// so a crash or a full disk never leaves a half-written file under the real name.
+
+static inline float lp_bf16_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// Read a model file's header into cfg; returns the version (3 or 5).
+static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f) {
+    int h[LP_HEADER_INTS];
+    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
+    if (h[0] != LP_MODEL_MAGIC) lp_fail("%s: not an llm.c model file (magic %d, expected %d)", path, h[0], LP_MODEL_MAGIC);
+    if (h[1] != 3 && h[1] != 5) lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16)", path, h[1]);
+    cfg->max_seq_len = h[2];
+    cfg->vocab_size = h[3];
+    cfg->num_layers = h[4];
+    cfg->num_heads = h[5];
+    cfg->channels = h[6];
+    cfg->padded_vocab_size = h[7];
+    lp_config_validate(cfg, path);
+    return h[1];
+}
+
+// Create m from an llm.c model file.
+static inline void lp_model_load(LPModel* m, const char* path) {
+    FILE* f = lp_fopen(path, "rb");
+    LPConfig cfg;
+    int version = lp_model_file_header(path, &cfg, f);
+    lp_model_create(m, &cfg);
+    size_t n = m->num_params, elem = version == 3 ? 4 : 2;
+    long long expect = LP_HEADER_INTS * 4LL + (long long)(n * elem), size = lp_file_size(path);
+    if (size < expect) lp_fail("%s: file is truncated (%lld bytes, this shape needs %lld)", path, size, expect);
+    if (size > expect) lp_fail("%s: file is longer than this shape needs (%lld bytes, expected %lld)", path, size, expect);
+    float* w = (float*)lp_host_malloc(n * sizeof(float), "model weights");
+    if (version == 3) {
+        lp_fread(w, sizeof(float), n, f, path);
+    } else {
+        uint16_t* b = (uint16_t*)lp_host_malloc(n * sizeof(uint16_t), "bf16 model weights");
+        lp_fread(b, sizeof(uint16_t), n, f, path);
+        for (size_t i = 0; i < n; i++) w[i] = lp_bf16_to_float(b[i]);
+        free(b);
+    }
+    fclose(f);
+    lp_model_set_weights(m, w);
+    free(w);
+}
+
+// Write header + payload to path via path.tmp; on failure remove the partial file and stop.
+static inline void lp_write_file(const char* path, const int* header, const void* const* parts,
+                                 const size_t* part_bytes, int num_parts) {
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE* f = fopen(tmp, "wb");
+    if (!f) lp_fail("cannot write %s: %s", tmp, strerror(errno));
+    int bad = lp_fwrite(header, sizeof(int), LP_HEADER_INTS, f);
+    for (int i = 0; i < num_parts && !bad; i++) bad = lp_fwrite(parts[i], 1, part_bytes[i], f);
+    int err = errno;
+    if (fclose(f) != 0 && !bad) { bad = 1; err = errno; }
+    if (bad) {
+        remove(tmp);
+        lp_fail("cannot write %s: %s", path, strerror(err));
+    }
+    if (rename(tmp, path) != 0) {
+        err = errno;
+        remove(tmp);
+        lp_fail("cannot rename %s to %s: %s", tmp, path, strerror(err));
+    }
+}
+
+// Save the fp32 master weights as an llm.c version-3 model file.
+static inline void lp_model_save(const LPModel* m, const char* path) {
+    const LPConfig* c = &m->cfg;
+    int h[LP_HEADER_INTS] = {0};
+    h[0] = LP_MODEL_MAGIC;
+    h[1] = 3;
+    h[2] = c->max_seq_len;
+    h[3] = c->vocab_size;
+    h[4] = c->num_layers;
+    h[5] = c->num_heads;
+    h[6] = c->channels;
+    h[7] = c->padded_vocab_size;
+    size_t bytes = m->num_params * sizeof(float);
+    float* w = (float*)lp_host_malloc(bytes, "model weights");
+    lp_copy_to_host(w, m->master, bytes);
+    const void* parts[1] = {w};
+    lp_write_file(path, h, parts, &bytes, 1);
+    free(w);
+}
+
+// --- checkpoints: DIR/step_NNNNNNNN/{model.bin, optim.bin, state.bin}, built in step_NNNNNNNN.tmp/ and
+// renamed when complete. optim.bin: header [20241122, 1, adam step, n low, n high] then m and v (fp32,
+// the model file's layout). state.bin: header [20241123, 1, step, shard, pos low, pos high, rng low,
+// rng high, B, T, total batch tokens], no payload.
+
+#define LP_OPTIM_MAGIC 20241122
+#define LP_STATE_MAGIC 20241123
+
+typedef struct {
+    int step;            // steps completed
+    int shard;           // data position of the next batch
+    size_t pos;
+    uint64_t rng;        // sampling RNG
+    int B, T, total_batch;
+} LPTrainState;
+
+static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, const char* dir) {
+    char final_dir[4096], tmp_dir[4200], path[4400];
+    snprintf(final_dir, sizeof(final_dir), "%s/step_%08d", dir, st->step);
+    snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp", final_dir);
+    const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
+    for (int i = 0; i < 3; i++) {  // clear what a crashed save may have left
+        snprintf(path, sizeof(path), "%s/%s", tmp_dir, names[i]);
+        remove(path);
+    }
+    rmdir(tmp_dir);
+    if (mkdir(tmp_dir, 0755) != 0) lp_fail("cannot create checkpoint directory %s: %s", tmp_dir, strerror(errno));
+    snprintf(path, sizeof(path), "%s/model.bin", tmp_dir);
+    lp_model_save(m, path);
+
+    size_t n = m->num_params, bytes = n * sizeof(float);
+    float* mv = (float*)lp_host_malloc(2 * bytes, "optimizer state");
+    lp_copy_to_host(mv, m->adam_m, bytes);
+    lp_copy_to_host(mv + n, m->adam_v, bytes);
+    int h[LP_HEADER_INTS] = {0};
+    h[0] = LP_OPTIM_MAGIC;
+    h[1] = 1;
+    h[2] = m->adam_step;
+    h[3] = (int)(n & 0x7fffffff);
+    h[4] = (int)(n >> 31);
+    const void* parts[1] = {mv};
+    size_t part_bytes = 2 * bytes;
+    snprintf(path, sizeof(path), "%s/optim.bin", tmp_dir);
+    lp_write_file(path, h, parts, &part_bytes, 1);
+    free(mv);
+
+    int s[LP_HEADER_INTS] = {0};
+    s[0] = LP_STATE_MAGIC;
+    s[1] = 1;
+    s[2] = st->step;
+    s[3] = st->shard;
+    s[4] = (int)(st->pos & 0x7fffffff);
+    s[5] = (int)(st->pos >> 31);
+    s[6] = (int)(st->rng & 0x7fffffff);
+    s[7] = (int)((st->rng >> 31) & 0x7fffffff);
+    s[8] = (int)(st->rng >> 62);
+    s[9] = st->B;
+    s[10] = st->T;
+    s[11] = st->total_batch;
+    snprintf(path, sizeof(path), "%s/state.bin", tmp_dir);
+    lp_write_file(path, s, NULL, NULL, 0);
+
+    if (rename(tmp_dir, final_dir) != 0) lp_fail("cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+}
+
+// The newest complete checkpoint under dir, as its step, or -1 when there is none.
+static inline int lp_checkpoint_latest(const char* dir) {
+    glob_t g;
+    char pattern[4096];
+    snprintf(pattern, sizeof(pattern), "%s/step_*/state.bin", dir);
+    int best = -1;
+    if (glob(pattern, 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            const char* s = strstr(g.gl_pathv[i], "/step_");
+            int step = -1;
+            char tail[64];
+            if (s && sscanf(s, "/step_%d/%63s", &step, tail) == 2 && strcmp(tail, "state.bin") == 0 && step > best)
+                best = step;
+        }
+        globfree(&g);
+    }
+    return best;
+}
+
+// Load weights, optimizer state and training state from DIR/step_NNNNNNNN into m (already created
+// with the same shape) and st.
+static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* dir, int step) {
+    char path[4400];
+    snprintf(path, sizeof(path), "%s/step_%08d/model.bin", dir, step);
+    LPModel loaded;
+    lp_model_load(&loaded, path);
+    if (memcmp(&loaded.cfg, &m->cfg, sizeof(LPConfig)) != 0)
+        lp_fail("%s: checkpoint model shape differs from the model being trained", path);
+    size_t n = m->num_params, bytes = n * sizeof(float);
+    float* w = (float*)lp_host_malloc(bytes, "checkpoint weights");
+    lp_copy_to_host(w, loaded.master, bytes);
+    lp_model_free(&loaded);
+    lp_model_set_weights(m, w);
+    free(w);
+
+    snprintf(path, sizeof(path), "%s/step_%08d/optim.bin", dir, step);
+    FILE* f = lp_fopen(path, "rb");
+    int h[LP_HEADER_INTS];
+    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
+    if (h[0] != LP_OPTIM_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
+    size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
+    if (fn != n) lp_fail("%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
+    float* mv = (float*)lp_host_malloc(2 * bytes, "optimizer state");
+    lp_fread(mv, sizeof(float), 2 * n, f, path);
+    fclose(f);
+    lp_copy_to_device(m->adam_m, mv, bytes);
+    lp_copy_to_device(m->adam_v, mv + n, bytes);
+    free(mv);
+    m->adam_step = h[2];
+
+    snprintf(path, sizeof(path), "%s/step_%08d/state.bin", dir, step);
+    f = lp_fopen(path, "rb");
+    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
+    fclose(f);
+    if (h[0] != LP_STATE_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar state file (magic %d version %d)", path, h[0], h[1]);
+    st->step = h[2];
+    st->shard = h[3];
+    st->pos = (size_t)(unsigned)h[4] | ((size_t)(unsigned)h[5] << 31);
+    st->rng = (uint64_t)(unsigned)h[6] | ((uint64_t)(unsigned)h[7] << 31) | ((uint64_t)(unsigned)h[8] << 62);
+    st->B = h[9];
+    st->T = h[10];
+    st->total_batch = h[11];
+}
+
+// --- tokenizer (llm.c's gpt2_tokenizer.bin): header [20240328, version 1|2, vocab, eot (v2)], then per
+// token one length byte and the token's bytes. Only used to print samples; without it, ids are printed.
+
+typedef struct {
+    int vocab_size, eot;
+    char** tokens;  // NUL-terminated token bytes
+} LPTokenizer;
+
+// Returns 0 (with a notice) when the file does not exist; a corrupt file is an error.
+static inline int lp_tokenizer_load(LPTokenizer* t, const char* path) {
+    memset(t, 0, sizeof(*t));
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        lp_log("notice: tokenizer %s not found, samples print token ids\n", path);
+        return 0;
+    }
+    int h[LP_HEADER_INTS];
+    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
+    if (h[0] != LP_TOKENIZER_MAGIC) lp_fail("%s: not a tokenizer file (magic %d, expected %d)", path, h[0], LP_TOKENIZER_MAGIC);
+    if (h[1] != 1 && h[1] != 2) lp_fail("%s: tokenizer version %d is not supported (1 or 2)", path, h[1]);
+    t->vocab_size = h[2];
+    t->eot = h[1] == 2 ? h[3] : 50256;
+    t->tokens = (char**)lp_host_malloc((size_t)t->vocab_size * sizeof(char*), "tokenizer");
+    for (int i = 0; i < t->vocab_size; i++) {
+        unsigned char len;
+        lp_fread(&len, 1, 1, f, path);
+        t->tokens[i] = (char*)lp_host_malloc((size_t)len + 1, "tokenizer");
+        lp_fread(t->tokens[i], 1, len, f, path);
+        t->tokens[i][len] = '\0';
+    }
+    fclose(f);
+    return 1;
+}
+
+// Print a token, skipping lone control bytes (partial UTF-8 is printed as is).
+static inline void lp_tokenizer_print(const LPTokenizer* t, int id) {
+    if (!t->tokens || id < 0 || id >= t->vocab_size) {
+        printf("<%d>", id);
+        return;
+    }
+    const char* s = t->tokens[id];
+    if (s[0] && !s[1] && (unsigned char)s[0] < 32 && s[0] != '\n' && s[0] != '\t') return;
+    fputs(s, stdout);
+}
+
+static inline void lp_tokenizer_free(LPTokenizer* t) {
+    for (int i = 0; t->tokens && i < t->vocab_size; i++) free(t->tokens[i]);
+    free(t->tokens);
+    memset(t, 0, sizeof(*t));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 9. plan
+
+// Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul (the LM head
+// counts wte; wpe and LayerNorm do no matmul work) plus attention's q k^T and att v: 12 L C T.
+static inline double lp_flops_per_token(const LPConfig* c, int T) {
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c);
+    double matmul_weights = (double)sizes[LP_WTE] + sizes[LP_QKVW] + sizes[LP_ATTPROJW] + sizes[LP_FCW] + sizes[LP_FCPROJW];
+    return 6.0 * matmul_weights + 12.0 * c->num_layers * c->channels * (double)T;
+}
+
+// Dense bf16 peak of this GPU in FLOP/s, 0 when unknown (then MFU is not printed).
+static inline double lp_device_peak_flops(void) {
+#ifdef LLMPAR_CPU
+    return 0.0;
+#else
+    const char* name = lp_device_prop.name;
+    if (strstr(name, "H100") && strstr(name, "PCIe")) return 756e12;
+    if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") || strstr(name, "GH200")) return 989.4e12;
+    if (strstr(name, "A100") || strstr(name, "A800")) return 312e12;
+    if (strstr(name, "L40S")) return 362e12;
+    if (strstr(name, "4090")) return 165.2e12;
+    if (strstr(name, "3090")) return 71e12;
+    return 0.0;
+#endif
+}
+
+#endif  // LLMPAR_H
