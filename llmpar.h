@@ -111,6 +111,16 @@ static inline long long lp_file_size(const char* path) {
     return (long long)st.st_size;
 }
 
+// Format a file path; a path too long for the buffer is an error, never silently cut.
+#define LP_PATH_MAX 4096
+static inline void lp_path(char* buf, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, LP_PATH_MAX, fmt, ap);
+    va_end(ap);
+    if (n < 0 || n >= LP_PATH_MAX) lp_fail("path too long (over %d characters): %.60s...", LP_PATH_MAX, buf);
+}
+
 static inline double lp_time_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -281,10 +291,11 @@ static const size_t lp_cublaslt_workspace_size = 32 << 20;
 static cudaDeviceProp lp_device_prop;
 #endif
 
-// Starts MPI (when built with it), picks the GPU from the launcher's local rank, and sets up cuBLASLt.
+// Starts MPI (when built with it) and learns this process's rank.
 static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
     p->rank = 0;
     p->world = 1;
+    p->device = 0;
 #ifdef LLMPAR_MPI
     MPI_Init(argc, argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
@@ -294,8 +305,13 @@ static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
     (void)argv;
 #endif
     lp_rank = p->rank;
-    p->device = 0;
-#ifndef LLMPAR_CPU
+}
+
+// Picks the GPU from the launcher's local rank (Open MPI, then Slurm, else rank) and sets up cuBLASLt.
+static inline void lp_device_init(LPProcess* p) {
+#ifdef LLMPAR_CPU
+    (void)p;
+#else
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0)
@@ -311,12 +327,27 @@ static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
 #endif
 }
 
-static inline void lp_process_finish(LPProcess* p) {
-    (void)p;
-#ifndef LLMPAR_CPU
-    lp_device_free(lp_cublaslt_workspace);
-    cublasLtDestroy(lp_cublaslt);
+// One line saying what computes: the GPU's name, or the CPU's thread count.
+static inline void lp_engine_name(char* buf, size_t n) {
+#ifdef LLMPAR_CPU
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
 #endif
+    snprintf(buf, n, "CPU, fp32, %d OpenMP threads", threads);
+#else
+    snprintf(buf, n, "CUDA, bf16 with fp32 master weights, %s", lp_device_prop.name);
+#endif
+}
+
+static inline void lp_process_finish(LPProcess* p) {
+#ifndef LLMPAR_CPU
+    if (lp_cublaslt_workspace) {
+        lp_device_free(lp_cublaslt_workspace);
+        cublasLtDestroy(lp_cublaslt);
+    }
+#endif
+    (void)p;
 #ifdef LLMPAR_MPI
     MPI_Finalize();
 #endif
@@ -709,8 +740,9 @@ typedef struct {
     floatX* p[LP_NUM_PARAMS];  // views into params
     floatX* g[LP_NUM_PARAMS];  // views into grads
     int adam_step;
-    // activations, allocated on the first forward for its (B, T)
+    // activations, allocated for (B, T) on the first forward; later passes may use any smaller (B, T)
     int B, T;
+    int cur_B, cur_T;   // shape of the last forward, which backward differentiates
     LPActivations act;
     void* act_memory;
     size_t act_bytes;
@@ -838,8 +870,10 @@ static inline void lp_check_tokens(const int* tokens, size_t n, int V, const cha
 static inline float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     const LPConfig* c = &m->cfg;
     if (m->act_memory == NULL) lp_model_alloc_activations(m, B, T);
-    if (B != m->B || T != m->T)
+    if (B > m->B || T > m->T)
         lp_fail("forward with (B=%d, T=%d) but activations were sized for (B=%d, T=%d)", B, T, m->B, m->T);
+    m->cur_B = B;
+    m->cur_T = T;
     int L = c->num_layers, C = c->channels, NH = c->num_heads, V = c->vocab_size, Vp = c->padded_vocab_size;
     int N = B * T;
     lp_check_tokens(inputs, N, V, "input");
@@ -895,7 +929,7 @@ static inline void lp_model_zero_grad(LPModel* m) { lp_device_zero(m->grads, m->
 // Backward pass of the last forward (which must have had targets); adds into m->grads.
 static inline void lp_model_backward(LPModel* m) {
     const LPConfig* c = &m->cfg;
-    int B = m->B, T = m->T, L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
+    int B = m->cur_B, T = m->cur_T, L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
     int N = B * T;
     LPActivations* a = &m->act;
     floatX** p = m->p;
@@ -1152,30 +1186,24 @@ static inline void lp_model_load(LPModel* m, const char* path) {
     free(w);
 }
 
-// Write header + payload to path via path.tmp; on failure remove the partial file and stop.
-static inline void lp_write_file(const char* path, const int* header, const void* const* parts,
-                                 const size_t* part_bytes, int num_parts) {
-    char tmp[4096];
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+// Write header + payload to path via path.tmp. Returns 0, or an errno with the partial file removed.
+static inline int lp_write_file(const char* path, const int* header, const void* const* parts,
+                                const size_t* part_bytes, int num_parts) {
+    char tmp[LP_PATH_MAX];
+    lp_path(tmp, "%s.tmp", path);
     FILE* f = fopen(tmp, "wb");
-    if (!f) lp_fail("cannot write %s: %s", tmp, strerror(errno));
+    if (!f) return errno;
     int bad = lp_fwrite(header, sizeof(int), LP_HEADER_INTS, f);
     for (int i = 0; i < num_parts && !bad; i++) bad = lp_fwrite(parts[i], 1, part_bytes[i], f);
-    int err = errno;
-    if (fclose(f) != 0 && !bad) { bad = 1; err = errno; }
-    if (bad) {
-        remove(tmp);
-        lp_fail("cannot write %s: %s", path, strerror(err));
-    }
-    if (rename(tmp, path) != 0) {
-        err = errno;
-        remove(tmp);
-        lp_fail("cannot rename %s to %s: %s", tmp, path, strerror(err));
-    }
+    int err = bad ? errno : 0;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) remove(tmp);
+    return err;
 }
 
-// Save the fp32 master weights as an llm.c version-3 model file.
-static inline void lp_model_save(const LPModel* m, const char* path) {
+// Save the fp32 master weights as an llm.c version-3 model file. Returns 0 or an errno.
+static inline int lp_model_write(const LPModel* m, const char* path) {
     const LPConfig* c = &m->cfg;
     int h[LP_HEADER_INTS] = {0};
     h[0] = LP_MODEL_MAGIC;
@@ -1190,8 +1218,9 @@ static inline void lp_model_save(const LPModel* m, const char* path) {
     float* w = (float*)lp_host_malloc(bytes, "model weights");
     lp_copy_to_host(w, m->master, bytes);
     const void* parts[1] = {w};
-    lp_write_file(path, h, parts, &bytes, 1);
+    int err = lp_write_file(path, h, parts, &bytes, 1);
     free(w);
+    return err;
 }
 
 // --- checkpoints: DIR/step_NNNNNNNN/{model.bin, optim.bin, state.bin}, built in step_NNNNNNNN.tmp/ and
@@ -1210,19 +1239,29 @@ typedef struct {
     int B, T, total_batch;
 } LPTrainState;
 
-static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, const char* dir) {
-    char final_dir[4096], tmp_dir[4200], path[4400];
-    snprintf(final_dir, sizeof(final_dir), "%s/step_%08d", dir, st->step);
-    snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp", final_dir);
+static inline void lp_model_save(const LPModel* m, const char* path) {
+    int err = lp_model_write(m, path);
+    if (err) lp_fail("cannot write %s: %s", path, strerror(err));
+}
+
+static inline void lp_checkpoint_remove(const char* dir) {
     const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
-    for (int i = 0; i < 3; i++) {  // clear what a crashed save may have left
-        snprintf(path, sizeof(path), "%s/%s", tmp_dir, names[i]);
+    char path[LP_PATH_MAX];
+    for (int i = 0; i < 3; i++) {
+        lp_path(path, "%s/%s", dir, names[i]);
         remove(path);
     }
-    rmdir(tmp_dir);
+    rmdir(dir);
+}
+
+static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, const char* dir) {
+    char final_dir[LP_PATH_MAX], tmp_dir[LP_PATH_MAX], path[LP_PATH_MAX];
+    lp_path(final_dir, "%s/step_%08d", dir, st->step);
+    lp_path(tmp_dir, "%s.tmp", final_dir);
+    lp_checkpoint_remove(tmp_dir);  // what a crashed save may have left
     if (mkdir(tmp_dir, 0755) != 0) lp_fail("cannot create checkpoint directory %s: %s", tmp_dir, strerror(errno));
-    snprintf(path, sizeof(path), "%s/model.bin", tmp_dir);
-    lp_model_save(m, path);
+    lp_path(path, "%s/model.bin", tmp_dir);
+    int err = lp_model_write(m, path);
 
     size_t n = m->num_params, bytes = n * sizeof(float);
     float* mv = (float*)lp_host_malloc(2 * bytes, "optimizer state");
@@ -1236,8 +1275,8 @@ static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, 
     h[4] = (int)(n >> 31);
     const void* parts[1] = {mv};
     size_t part_bytes = 2 * bytes;
-    snprintf(path, sizeof(path), "%s/optim.bin", tmp_dir);
-    lp_write_file(path, h, parts, &part_bytes, 1);
+    if (!err) lp_path(path, "%s/optim.bin", tmp_dir);
+    if (!err) err = lp_write_file(path, h, parts, &part_bytes, 1);
     free(mv);
 
     int s[LP_HEADER_INTS] = {0};
@@ -1253,17 +1292,22 @@ static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, 
     s[9] = st->B;
     s[10] = st->T;
     s[11] = st->total_batch;
-    snprintf(path, sizeof(path), "%s/state.bin", tmp_dir);
-    lp_write_file(path, s, NULL, NULL, 0);
+    if (!err) lp_path(path, "%s/state.bin", tmp_dir);
+    if (!err) err = lp_write_file(path, s, NULL, NULL, 0);
+    if (err) {  // a full disk: leave nothing half-written behind
+        lp_checkpoint_remove(tmp_dir);
+        lp_fail("cannot write %s: %s", path, strerror(err));
+    }
 
+    lp_checkpoint_remove(final_dir);  // a fresh run replaces an older run's checkpoint of the same step
     if (rename(tmp_dir, final_dir) != 0) lp_fail("cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
 }
 
 // The newest complete checkpoint under dir, as its step, or -1 when there is none.
 static inline int lp_checkpoint_latest(const char* dir) {
     glob_t g;
-    char pattern[4096];
-    snprintf(pattern, sizeof(pattern), "%s/step_*/state.bin", dir);
+    char pattern[LP_PATH_MAX];
+    lp_path(pattern, "%s/step_*/state.bin", dir);
     int best = -1;
     if (glob(pattern, 0, NULL, &g) == 0) {
         for (size_t i = 0; i < g.gl_pathc; i++) {
@@ -1281,8 +1325,8 @@ static inline int lp_checkpoint_latest(const char* dir) {
 // Load weights, optimizer state and training state from DIR/step_NNNNNNNN into m (already created
 // with the same shape) and st.
 static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* dir, int step) {
-    char path[4400];
-    snprintf(path, sizeof(path), "%s/step_%08d/model.bin", dir, step);
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/step_%08d/model.bin", dir, step);
     LPModel loaded;
     lp_model_load(&loaded, path);
     if (memcmp(&loaded.cfg, &m->cfg, sizeof(LPConfig)) != 0)
@@ -1294,7 +1338,7 @@ static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* 
     lp_model_set_weights(m, w);
     free(w);
 
-    snprintf(path, sizeof(path), "%s/step_%08d/optim.bin", dir, step);
+    lp_path(path, "%s/step_%08d/optim.bin", dir, step);
     FILE* f = lp_fopen(path, "rb");
     int h[LP_HEADER_INTS];
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
@@ -1309,7 +1353,7 @@ static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* 
     free(mv);
     m->adam_step = h[2];
 
-    snprintf(path, sizeof(path), "%s/step_%08d/state.bin", dir, step);
+    lp_path(path, "%s/step_%08d/state.bin", dir, step);
     f = lp_fopen(path, "rb");
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
     fclose(f);

@@ -1,0 +1,41 @@
+# llmpar: `make train_gpt` (CUDA), `make train_gpt_cpu` (CPU), `make test`.
+#
+# The CPU build compiles the same train_gpt.cu as C with mpicc. The CUDA build uses MPI when mpicc is
+# found (multi-rank runs) and builds a single-rank binary without it.
+
+NVCC ?= nvcc
+MPICC ?= mpicc
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CFLAGS_CPU = -x c -std=gnu11 -O3 -march=native -fopenmp -DLLMPAR_CPU -DLLMPAR_MPI -Wall -Wextra -Werror
+NVCC_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fopenmp
+NVCC_LIBS = -lcublasLt -lcublas
+
+# MPI for the CUDA build: take include and link flags from mpicc when it exists
+MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null)
+MPI_LIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
+ifneq ($(strip $(MPI_LIBS)),)
+  NVCC_MPI = -DLLMPAR_MPI $(MPI_CFLAGS) $(filter -L% -l%,$(MPI_LIBS))
+endif
+
+.PHONY: all test clean
+
+all: train_gpt_cpu test_gpt_cpu
+
+train_gpt_cpu: train_gpt.cu llmpar.h
+	$(MPICC) $(CFLAGS_CPU) train_gpt.cu -o $@ -lm
+
+test_gpt_cpu: test_gpt.cu llmpar.h
+	$(MPICC) $(CFLAGS_CPU) test_gpt.cu -o $@ -lm
+
+train_gpt: train_gpt.cu llmpar.h
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) train_gpt.cu -o $@ $(NVCC_LIBS)
+
+test_gpt: test_gpt.cu llmpar.h
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) test_gpt.cu -o $@ $(NVCC_LIBS)
+
+# Tiers 1-3 on the CPU build; tier 4 with the CUDA build when a GPU is present. Ends with the totals.
+test: train_gpt_cpu test_gpt_cpu
+	@bash scripts/run_tests.sh
+
+clean:
+	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu

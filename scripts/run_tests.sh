@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `make test`: tiers 1-2 on the CPU build (./test_gpt_cpu), then tier 4 on the CUDA build (./test_gpt)
+# when nvcc and a GPU are present. With nvcc but no GPU, ./train_gpt is still built so tier 1 checks its
+# "no GPU" error and the CUDA code keeps compiling warning-free. Prints the totals last.
+set -u
+cd "$(dirname "$0")/.."
+passed=0
+failed=0
+
+run_tier() {  # run a test binary, echo its output, add its closing "N passed, N failed" to the totals
+    local log
+    log=$(mktemp)
+    "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    local line
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+    rm -f "$log"
+    if [ -z "$line" ]; then
+        echo "FAIL $* ended without a summary (exit $rc)"
+        failed=$((failed + 1))
+        return
+    fi
+    passed=$((passed + ${line%% passed*}))
+    local f=${line#*passed, }
+    failed=$((failed + ${f%% failed*}))
+}
+
+has_gpu=0
+if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then has_gpu=1; fi
+if command -v nvcc > /dev/null 2>&1; then
+    if [ "$has_gpu" = 1 ]; then targets="train_gpt test_gpt"; else targets="train_gpt"; fi
+    echo "building the CUDA engine ($targets) ..."
+    if ! make -s $targets; then
+        echo "FAIL the CUDA build"
+        failed=$((failed + 1))
+    fi
+else
+    echo "skip: nvcc not found, the CUDA build is not checked"
+fi
+
+run_tier ./test_gpt_cpu
+if [ "$has_gpu" = 1 ] && [ -x ./test_gpt ]; then
+    run_tier ./test_gpt
+else
+    echo "skip: tier 4 (no GPU here)"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]

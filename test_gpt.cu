@@ -1,0 +1,717 @@
+/*
+test_gpt.cu: llmpar's tests, one program for both builds.
+
+  test_gpt_cpu (CPU build): tier 1 host logic and bad input, tier 2 the CPU model
+  test_gpt     (CUDA build): tier 4, every CUDA op against its CPU loop and a step against the CPU build
+
+Whole runs and bad input go through the real binaries (./train_gpt_cpu, ./train_gpt) as subprocesses,
+reading the `step N/M | loss L` lines and the one-line errors users see. Run from the repository root.
+Prints `N passed, N failed` last.
+*/
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include "llmpar.h"
+
+static int tests_passed, tests_failed;
+
+static void expect(int ok, const char* name) {
+    if (ok) tests_passed++;
+    else { tests_failed++; printf("FAIL %s\n", name); }
+}
+
+// index of the element furthest outside |got - want| <= atol + rtol * |want| (NaN counts as outside),
+// and whether every element is inside
+static int all_close(const float* got, const float* want, size_t n, float atol, float rtol, size_t* worst) {
+    double worst_excess = -1e30;
+    *worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double excess = fabs((double)got[i] - want[i]) - (atol + rtol * fabs((double)want[i]));
+        if (!(excess <= worst_excess)) { worst_excess = excess; *worst = i; }
+    }
+    return n > 0 && worst_excess <= 0.0;
+}
+
+static void expect_close(const char* name, const float* got, const float* want, size_t n, float atol, float rtol) {
+    size_t worst;
+    int ok = all_close(got, want, n, atol, rtol, &worst);
+    expect(ok, name);
+    if (!ok && n > 0) printf("     worst at %zu of %zu: got %.8g want %.8g (atol %g rtol %g)\n", worst, n, got[worst], want[worst], atol, rtol);
+}
+
+static void fill_random(float* x, size_t n, uint64_t* rng, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = scale * (2.0f * lp_rand_f32(rng) - 1.0f);
+}
+
+static char tmp_dir[] = "/tmp/llmpar_test_XXXXXX";
+
+static const char* tmp_path(const char* name) {
+    static char buf[8][LP_PATH_MAX];
+    static int next;
+    char* p = buf[next++ % 8];
+    lp_path(p, "%s/%s", tmp_dir, name);
+    return p;
+}
+
+// Run a shell command, capturing stdout+stderr into out; returns the exit status (-1 if it crashed).
+static int run_cmd(char* out, size_t out_size, const char* fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    strncat(cmd, " 2>&1", sizeof(cmd) - strlen(cmd) - 1);
+    FILE* p = popen(cmd, "r");
+    if (!p) lp_fail("popen failed for: %s", cmd);
+    size_t len = fread(out, 1, out_size - 1, p);
+    out[len] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// Losses from `step N/M | loss L` lines, in order; returns how many were found.
+static int parse_losses(const char* out, float* losses, int max) {
+    int n = 0;
+    for (const char* s = strstr(out, "step "); s && n < max; s = strstr(s + 1, "step ")) {
+        int a, b;
+        float l;
+        if (sscanf(s, "step %d/%d | loss %f", &a, &b, &l) == 3) losses[n++] = l;
+    }
+    return n;
+}
+
+static void write_shard(const char* path, const int* tokens, size_t n) {
+    int h[LP_HEADER_INTS] = {0};
+    h[0] = LP_SHARD_MAGIC;
+    h[1] = 1;
+    h[2] = (int)n;
+    uint16_t* t = (uint16_t*)lp_host_malloc(n * sizeof(uint16_t), "test shard");
+    for (size_t i = 0; i < n; i++) t[i] = (uint16_t)tokens[i];
+    FILE* f = lp_fopen(path, "wb");
+    fwrite(h, sizeof(int), LP_HEADER_INTS, f);
+    fwrite(t, sizeof(uint16_t), n, f);
+    fclose(f);
+    free(t);
+}
+
+static LPConfig tiny_config(void) {
+    LPConfig c;
+    c.max_seq_len = 16;
+    c.vocab_size = 97;
+    c.padded_vocab_size = 128;
+    c.num_layers = 2;
+    c.num_heads = 4;
+    c.channels = 32;
+    return c;
+}
+
+static void read_master(const LPModel* m, float* w) { lp_copy_to_host(w, m->master, m->num_params * sizeof(float)); }
+
+// Copy `in` to `out` with the header int at index `idx` replaced (idx < 0: truncate to `keep` bytes).
+static void corrupt_file(const char* in, const char* out, int idx, int value, long keep) {
+    long long size = lp_file_size(in);
+    char* buf = (char*)lp_host_malloc((size_t)size, "test file");
+    FILE* f = lp_fopen(in, "rb");
+    lp_fread(buf, 1, (size_t)size, f, in);
+    fclose(f);
+    if (idx >= 0) memcpy(buf + 4 * idx, &value, 4);
+    f = lp_fopen(out, "wb");
+    fwrite(buf, 1, idx >= 0 ? (size_t)size : (size_t)keep, f);
+    fclose(f);
+    free(buf);
+}
+
+#ifdef LLMPAR_CPU
+#define TRAIN_BIN "./train_gpt_cpu"
+
+// ----------------------------------------------------------------------------------------------------
+// tier 1: host logic, file formats, bad input
+
+static void test_config(void) {
+    LPConfig c;
+    expect(lp_config_from_depth(&c, "d12") && c.channels == 768 && c.num_heads == 12 && c.padded_vocab_size == 50304,
+           "config d12 is GPT-2 124M");
+    expect(lp_config_from_depth(&c, "d6") && c.channels == 384 && c.num_heads == 6, "config d6 has head size 64");
+    expect(!lp_config_from_depth(&c, "model.bin") && !lp_config_from_depth(&c, "d") && !lp_config_from_depth(&c, "d1x"),
+           "config: non-dN names are files");
+    LPConfig t = tiny_config();
+    size_t sizes[LP_NUM_PARAMS], total = 0;
+    lp_param_sizes(sizes, &t);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) total += sizes[i];
+    // 12*L*C^2 matrices + 13*L*C vectors + embeddings + final LayerNorm
+    expect(total == (size_t)12 * 2 * 32 * 32 + 13 * 2 * 32 + 128 * 32 + 16 * 32 + 2 * 32, "param count formula");
+}
+
+static void test_model_file_roundtrip(void) {
+    LPConfig c = tiny_config();
+    LPModel a, b;
+    lp_model_create(&a, &c);
+    lp_model_init_random(&a, 7);
+    lp_model_save(&a, tmp_path("rt.bin"));
+    lp_model_load(&b, tmp_path("rt.bin"));
+    expect(memcmp(&a.cfg, &b.cfg, sizeof(LPConfig)) == 0, "model file round-trip: config");
+    float* wa = (float*)lp_host_malloc(a.num_params * 4, "test");
+    float* wb = (float*)lp_host_malloc(a.num_params * 4, "test");
+    read_master(&a, wa);
+    read_master(&b, wb);
+    expect(memcmp(wa, wb, a.num_params * 4) == 0, "model file round-trip: weights bit-exact");
+    expect(lp_file_size(tmp_path("rt.bin")) == 1024 + (long long)a.num_params * 4, "model file size = header + fp32");
+    // padding rows of wte are zero after init
+    int pad_zero = 1;
+    for (size_t i = (size_t)c.vocab_size * c.channels; i < (size_t)c.padded_vocab_size * c.channels; i++) pad_zero &= wa[i] == 0.0f;
+    expect(pad_zero, "init keeps wte padding rows zero");
+    expect(access(tmp_path("rt.bin.tmp"), F_OK) != 0, "model save leaves no .tmp file");
+    free(wa);
+    free(wb);
+    lp_model_free(&a);
+    lp_model_free(&b);
+}
+
+static void test_dataloader(void) {
+    // two shards of 40 and 30 tokens, token i = i (first) and 100 + i (second)
+    int t1[40], t2[30];
+    for (int i = 0; i < 40; i++) t1[i] = i;
+    for (int i = 0; i < 30; i++) t2[i] = 100 + i;
+    write_shard(tmp_path("shard_000.bin"), t1, 40);
+    write_shard(tmp_path("shard_001.bin"), t2, 30);
+    LPDataLoader d;
+    lp_dataloader_init(&d, tmp_path("shard_*.bin"), "-i", 2, 4, 0, 1, 200);
+    expect(d.num_files == 2 && d.shard_tokens[0] == 40 && d.shard_tokens[1] == 30, "loader finds both shards");
+    lp_dataloader_next(&d);
+    expect(d.inputs[0] == 0 && d.inputs[7] == 7 && d.targets[0] == 1 && d.targets[7] == 8, "loader batch 1");
+    int got[12], n = 0;
+    for (int b = 0; b < 6; b++) {  // 40 tokens hold 4 batches of 8 (+1); then 3 in shard 2; then wrap
+        lp_dataloader_next(&d);
+        got[n++] = d.inputs[0];
+    }
+    expect(got[0] == 8 && got[1] == 16 && got[2] == 24 && got[3] == 100 && got[4] == 108 && got[5] == 116,
+           "loader advances and moves to the next shard");
+    lp_dataloader_next(&d);
+    expect(d.shard == 0 && d.inputs[0] == 0, "loader wraps around to the first shard");
+    expect(lp_dataloader_batches_per_epoch(&d) == 4 + 3, "loader batches per epoch");
+    lp_dataloader_seek(&d, 1, 8);
+    lp_dataloader_next(&d);
+    expect(d.inputs[0] == 108, "loader seek resumes at (shard, pos)");
+    lp_dataloader_free(&d);
+    // rank slicing: rank 1 of 2 reads the second B*T slice of each global batch
+    lp_dataloader_init(&d, tmp_path("shard_000.bin"), "-i", 2, 4, 1, 2, 200);
+    lp_dataloader_next(&d);
+    int first = d.inputs[0];
+    lp_dataloader_next(&d);
+    expect(first == 8 && d.inputs[0] == 24, "loader rank 1 of 2 reads its own slice");
+    lp_dataloader_free(&d);
+}
+
+static void test_lr_schedule(void) {
+    expect(fabsf(lp_lr_schedule(0, 100, 10, 1.0f, 0.1f, 1) - 0.1f) < 1e-6f, "lr warmup step 0 = lr/warmup");
+    expect(fabsf(lp_lr_schedule(9, 100, 10, 1.0f, 0.1f, 1) - 1.0f) < 1e-6f, "lr reaches peak at end of warmup");
+    expect(fabsf(lp_lr_schedule(55, 100, 10, 1.0f, 0.1f, 1) - 0.55f) < 1e-6f, "cosine midpoint is halfway to floor");
+    expect(fabsf(lp_lr_schedule(100, 100, 10, 1.0f, 0.1f, 1) - 0.1f) < 1e-6f, "cosine ends at the floor");
+    expect(fabsf(lp_lr_schedule(55, 100, 10, 1.0f, 0.1f, 0) - 0.55f) < 1e-6f, "linear midpoint");
+}
+
+static void test_checkpoint_roundtrip(void) {
+    LPConfig c = tiny_config();
+    LPModel a, b;
+    lp_model_create(&a, &c);
+    lp_model_init_random(&a, 11);
+    // give the optimizer state non-trivial values: one update from a real gradient
+    int in[32], tg[32];
+    for (int i = 0; i < 32; i++) { in[i] = (i * 5) % 97; tg[i] = (i * 11 + 3) % 97; }
+    lp_model_forward(&a, in, tg, 2, 16, 1.0f / 32);
+    lp_model_backward(&a);
+    LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    lp_model_update(&a, 1e-3f, &opt);
+    LPTrainState st = {7, 1, 12345, 0xDEADBEEFCAFEF00Dull, 2, 16, 64}, st2;
+    mkdir(tmp_path("ck"), 0755);
+    lp_checkpoint_save(&a, &st, tmp_path("ck"));
+    mkdir(tmp_path("ck/step_00000009.tmp"), 0755);  // an interrupted later save must be ignored
+    expect(lp_checkpoint_latest(tmp_path("ck")) == 7, "checkpoint latest ignores .tmp directories");
+    lp_model_create(&b, &c);
+    lp_checkpoint_load(&b, &st2, tmp_path("ck"), 7);
+    size_t n = a.num_params;
+    float* x = (float*)lp_host_malloc(n * 4, "test");
+    float* y = (float*)lp_host_malloc(n * 4, "test");
+    read_master(&a, x);
+    read_master(&b, y);
+    int same = memcmp(x, y, n * 4) == 0;
+    lp_copy_to_host(x, a.adam_m, n * 4);
+    lp_copy_to_host(y, b.adam_m, n * 4);
+    same &= memcmp(x, y, n * 4) == 0;
+    lp_copy_to_host(x, a.adam_v, n * 4);
+    lp_copy_to_host(y, b.adam_v, n * 4);
+    same &= memcmp(x, y, n * 4) == 0;
+    expect(same && b.adam_step == 1, "checkpoint restores master weights and AdamW state exactly");
+    expect(st2.step == 7 && st2.shard == 1 && st2.pos == 12345 && st2.rng == st.rng && st2.B == 2 && st2.T == 16 &&
+               st2.total_batch == 64, "checkpoint restores the training state");
+    free(x);
+    free(y);
+    lp_model_free(&a);
+    lp_model_free(&b);
+}
+
+static void test_tokenizer(void) {
+    LPTokenizer t;
+    if (!lp_tokenizer_load(&t, "gpt2_tokenizer.bin")) {
+        expect(0, "gpt2_tokenizer.bin is shipped in the repository root");
+        return;
+    }
+    expect(t.vocab_size == 50257 && t.eot == 50256, "tokenizer header: 50257 tokens, eot 50256");
+    expect(strcmp(t.tokens[464], "The") == 0 && strcmp(t.tokens[11], ",") == 0, "tokenizer decodes 'The' and ','");
+    lp_tokenizer_free(&t);
+}
+
+// Bad input: each a one-line error naming the file or flag, a non-zero exit, never a crash.
+static void expect_error(const char* name, const char* needle, const char* args) {
+    char out[16384];
+    int rc = run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, args);
+    int ok = rc > 0 && strstr(out, "llmpar: error: ") && strstr(out, needle);
+    expect(ok, name);
+    if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
+}
+
+// Fork a child that loads model_path and saves a checkpoint into dir with file sizes limited to
+// limit_bytes; returns its exit status with its stderr in out.
+static int checkpoint_under_file_limit(const char* model_path, const char* dir, long limit_bytes, char* out, size_t out_size) {
+    int fds[2];
+    if (pipe(fds) != 0) lp_fail("pipe failed: %s", strerror(errno));
+    mkdir(dir, 0755);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit lim = {(rlim_t)limit_bytes, (rlim_t)limit_bytes};
+        setrlimit(RLIMIT_FSIZE, &lim);
+        LPModel m;
+        lp_model_load(&m, model_path);
+        LPTrainState st = {5, 0, 0, 1, 2, 16, 32};
+        lp_checkpoint_save(&m, &st, dir);
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t len = 0;
+    ssize_t got;
+    while (len + 1 < out_size && (got = read(fds[0], out + len, out_size - 1 - len)) > 0) len += (size_t)got;
+    out[len] = '\0';
+    close(fds[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_bad_input(void) {
+    LPConfig c = tiny_config();
+    LPModel m;
+    lp_model_create(&m, &c);
+    lp_model_init_random(&m, 3);
+    char good[LP_PATH_MAX];
+    strcpy(good, tmp_path("good.bin"));
+    lp_model_save(&m, good);
+    lp_model_free(&m);
+    int tok[400];
+    for (int i = 0; i < 400; i++) tok[i] = (i * 7) % 97;
+    write_shard(tmp_path("ok.bin"), tok, 400);
+    tok[150] = 200;  // outside V = 97
+    write_shard(tmp_path("oov.bin"), tok, 400);
+    corrupt_file(tmp_path("ok.bin"), tmp_path("shard_magic.bin"), 0, 123, 0);
+    corrupt_file(tmp_path("ok.bin"), tmp_path("shard_version.bin"), 1, 2, 0);
+    corrupt_file(tmp_path("ok.bin"), tmp_path("shard_short.bin"), -1, 0, 1024 + 500);
+    corrupt_file(good, tmp_path("magic.bin"), 0, 42, 0);
+    corrupt_file(good, tmp_path("version.bin"), 1, 4, 0);
+    corrupt_file(good, tmp_path("short.bin"), -1, 0, 4000);
+    corrupt_file(good, tmp_path("heads.bin"), 5, 5, 0);
+    char args[8192];
+    const char* base = "-b 2 -t 16 -x 2 -v 0 -s 0";
+#define BAD(name, needle, ...)                           \
+    do {                                                 \
+        snprintf(args, sizeof(args), __VA_ARGS__);       \
+        expect_error(name, needle, args);                \
+    } while (0)
+    BAD("bad input: missing model file", "cannot open /nonexistent/model.bin", "-e /nonexistent/model.bin -i %s %s", tmp_path("ok.bin"), base);
+    BAD("bad input: truncated model file", "short.bin: file is truncated", "-e %s -i %s %s", tmp_path("short.bin"), tmp_path("ok.bin"), base);
+    BAD("bad input: model wrong magic", "magic.bin: not an llm.c model file", "-e %s -i %s %s", tmp_path("magic.bin"), tmp_path("ok.bin"), base);
+    BAD("bad input: model wrong version", "version.bin: model file version 4 is not supported", "-e %s -i %s %s", tmp_path("version.bin"), tmp_path("ok.bin"), base);
+    BAD("bad input: heads do not divide channels", "heads.bin: channels 32 not divisible by heads 5", "-e %s -i %s %s", tmp_path("heads.bin"), tmp_path("ok.bin"), base);
+    BAD("bad input: no shard matches", "-i /nonexistent/shard_*.bin: no token shard matches", "-e %s -i '/nonexistent/shard_*.bin' %s", good, base);
+    BAD("bad input: shard wrong magic", "shard_magic.bin: not a token shard", "-e %s -i %s %s", good, tmp_path("shard_magic.bin"), base);
+    BAD("bad input: shard wrong version", "shard_version.bin: token shard version 2", "-e %s -i %s %s", good, tmp_path("shard_version.bin"), base);
+    BAD("bad input: truncated shard", "shard_short.bin: file is truncated", "-e %s -i %s %s", good, tmp_path("shard_short.bin"), base);
+    BAD("bad input: token id >= vocab", "oov.bin: token id 200 at token 150 is >= the model's vocabulary size 97", "-e %s -i %s -j '' %s -x 20", good, tmp_path("oov.bin"), base);
+    BAD("bad input: -t beyond the model's maximum", "flag -t: sequence length 32 exceeds the model's maximum 16", "-e %s -i %s -b 2 -t 32", good, tmp_path("ok.bin"));
+    BAD("bad input: -d not a multiple of B*T", "flag -d: 100 tokens is not a multiple of -b * -t * ranks = 32", "-e %s -i %s %s -d 100", good, tmp_path("ok.bin"), base);
+    BAD("bad input: unknown flag", "unknown flag -Q", "-Q 3");
+    BAD("bad input: flag without value", "flag -b needs a value", "-b");
+    BAD("bad input: non-integer value", "flag -x: 'ten' is not an integer", "-x ten");
+    BAD("bad input: bad schedule", "flag -k: schedule must be cosine or linear", "-k step");
+    BAD("bad input: resume without -o", "flag --resume needs -o", "--resume");
+    BAD("bad input: resume with nothing to resume", "no complete checkpoint", "-e %s -i %s %s -o %s --resume", good, tmp_path("ok.bin"), base, tmp_path("empty_out"));
+    // a full disk during a checkpoint: the save fails with the cause and leaves no partial checkpoint.
+    // A forked child saves under a 64 KiB file-size limit (the writes then fail with EFBIG).
+    char out[16384];
+    int rc = checkpoint_under_file_limit(good, tmp_path("full_out"), 64 << 10, out, sizeof(out));
+    glob_t g;
+    char pattern[LP_PATH_MAX];
+    lp_path(pattern, "%s/step_*", tmp_path("full_out"));
+    int leftovers = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    if (leftovers) globfree(&g);
+    expect(rc > 0 && strstr(out, "llmpar: error: cannot write") && strstr(out, "File too large") && leftovers == 0,
+           "bad input: disk full on checkpoint fails cleanly, no partial checkpoint left");
+    if (!(rc > 0 && leftovers == 0)) printf("     exit %d, %d leftovers, output:\n%s\n", rc, leftovers, out);
+    // the CUDA build on a machine without a GPU
+    if (access("./train_gpt", X_OK) == 0 && system("nvidia-smi > /dev/null 2>&1") != 0) {
+        rc = run_cmd(out, sizeof(out), "./train_gpt -x 1");
+        expect(rc > 0 && strstr(out, "llmpar: error: no CUDA GPU found"), "bad input: CUDA build without a GPU says so");
+    } else {
+        printf("skip: no-GPU error of ./train_gpt (not built, or a GPU is present)\n");
+    }
+#undef BAD
+}
+
+// ----------------------------------------------------------------------------------------------------
+// tier 2: the CPU model
+
+// Each op's backward against central finite differences of the scalar sum(out * r) with random r.
+// In fp32 with step h = 1e-2 (inputs O(1)), the truncation error is ~h^2 and the rounding error
+// ~1e-7 * |sum| / h, so we ask |analytic - numeric| <= 2e-3 + 2e-2 |numeric| at 24 random entries of each
+// input; the same check with a backward deliberately 5% off fails it.
+#define FD_H 1e-2f
+#define FD_ATOL 2e-3f
+#define FD_RTOL 2e-2f
+#define FD_SAMPLES 24
+
+typedef void (*fd_forward_fn)(void* ctx, float* out);  // computes out from the inputs held in ctx
+
+static double fd_objective(fd_forward_fn f, void* ctx, float* out, const float* r, size_t n_out) {
+    f(ctx, out);
+    double s = 0.0;
+    for (size_t i = 0; i < n_out; i++) s += (double)out[i] * r[i];
+    return s;
+}
+
+// Central differences at FD_SAMPLES random entries of x: numeric into want, analytic into got.
+static void fd_sample(fd_forward_fn f, void* ctx, float* x, size_t nx, const float* analytic, float* out,
+                      const float* r, size_t n_out, uint64_t* rng, float* got, float* want) {
+    for (int k = 0; k < FD_SAMPLES; k++) {
+        size_t i = lp_rand_u32(rng) % nx;
+        float keep = x[i];
+        x[i] = keep + FD_H;
+        double plus = fd_objective(f, ctx, out, r, n_out);
+        x[i] = keep - FD_H;
+        double minus = fd_objective(f, ctx, out, r, n_out);
+        x[i] = keep;
+        want[k] = (float)((plus - minus) / (2.0 * FD_H));
+        got[k] = analytic[i];
+    }
+}
+
+static void fd_check(const char* name, fd_forward_fn f, void* ctx, float* x, size_t nx, const float* analytic,
+                     float* out, const float* r, size_t n_out, uint64_t* rng) {
+    float got[FD_SAMPLES], want[FD_SAMPLES];
+    fd_sample(f, ctx, x, nx, analytic, out, r, n_out, rng, got, want);
+    expect_close(name, got, want, FD_SAMPLES, FD_ATOL, FD_RTOL);
+}
+
+typedef struct { float *inp, *w, *b, *mean, *rstd; int N, C; } LNCtx;
+static void ln_fwd(void* p, float* out) {
+    LNCtx* c = (LNCtx*)p;
+    lp_layernorm_forward_cpu(out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+}
+typedef struct { float *inp, *w, *b, *pre; int N, C, OC; } MMCtx;
+static void mm_fwd(void* p, float* out) {
+    MMCtx* c = (MMCtx*)p;
+    lp_matmul_forward_cpu(out, c->pre, c->inp, c->w, c->b, c->N, c->C, c->OC);
+}
+typedef struct { float *qkv, *scratch, *qkvr, *att; int B, T, C, NH; } AttCtx;
+static void att_fwd(void* p, float* out) {
+    AttCtx* c = (AttCtx*)p;
+    memcpy(c->scratch, c->qkv, (size_t)c->B * c->T * 3 * c->C * sizeof(float));  // forward clobbers its input
+    lp_attention_forward_cpu(out, c->qkvr, c->att, c->scratch, c->B, c->T, c->C, c->NH);
+}
+typedef struct { float *wte, *wpe; int* tokens; int B, T, C; } EncCtx;
+static void enc_fwd(void* p, float* out) {
+    EncCtx* c = (EncCtx*)p;
+    lp_encoder_forward_cpu(out, c->tokens, c->wte, c->wpe, c->B, c->T, c->C);
+}
+typedef struct { float *logits, *work, *losses; int* targets; int N, V, Vp; } ClsCtx;
+static void cls_fwd(void* p, float* out) {  // out = per-row losses
+    ClsCtx* c = (ClsCtx*)p;
+    memcpy(c->work, c->logits, (size_t)c->N * c->Vp * sizeof(float));
+    lp_fused_classifier_cpu(c->work, out, 1.0f, c->targets, c->N, c->V, c->Vp);
+}
+typedef struct { float* inp; int n; } GeluCtx;
+static void gelu_fwd(void* p, float* out) {
+    GeluCtx* c = (GeluCtx*)p;
+    for (int i = 0; i < c->n; i++) out[i] = lp_gelu(c->inp[i]);
+}
+
+static float* rnd(size_t n, uint64_t* rng, float scale) {
+    float* x = (float*)lp_host_malloc(n * sizeof(float), "test");
+    fill_random(x, n, rng, scale);
+    return x;
+}
+static float* zeros(size_t n) {
+    float* x = (float*)lp_host_malloc(n * sizeof(float), "test");
+    memset(x, 0, n * sizeof(float));
+    return x;
+}
+
+static void test_op_gradients(void) {
+    uint64_t rng = 2024;
+    {   // layernorm
+        int N = 6, C = 32;
+        LNCtx c = {rnd(N * C, &rng, 2.0f), rnd(C, &rng, 1.0f), rnd(C, &rng, 1.0f), zeros(N), zeros(N), N, C};
+        float *out = zeros(N * C), *r = rnd(N * C, &rng, 1.0f);
+        float *dinp = zeros(N * C), *dw = zeros(C), *db = zeros(C);
+        ln_fwd(&c, out);
+        lp_layernorm_backward_cpu(dinp, dw, db, r, c.inp, c.w, c.mean, c.rstd, N, C);
+        fd_check("fd layernorm dinp", ln_fwd, &c, c.inp, N * C, dinp, out, r, N * C, &rng);
+        fd_check("fd layernorm dw", ln_fwd, &c, c.w, C, dw, out, r, N * C, &rng);
+        fd_check("fd layernorm db", ln_fwd, &c, c.b, C, db, out, r, N * C, &rng);
+        // the tolerance has teeth: a backward 5% off fails it
+        for (int i = 0; i < N * C; i++) dinp[i] *= 1.05f;
+        float got[FD_SAMPLES], want[FD_SAMPLES];
+        size_t worst;
+        fd_sample(ln_fwd, &c, c.inp, N * C, dinp, out, r, N * C, &rng, got, want);
+        expect(!all_close(got, want, FD_SAMPLES, FD_ATOL, FD_RTOL, &worst), "fd check rejects a 5%-wrong gradient");
+        // layernorm_backward accumulates into dinp
+        float* d2 = rnd(N * C, &rng, 1.0f);
+        float* d2copy = (float*)lp_host_malloc(N * C * 4, "test");
+        memcpy(d2copy, d2, N * C * 4);
+        float* dfresh = zeros(N * C);
+        lp_layernorm_backward_cpu(dfresh, dw, db, r, c.inp, c.w, c.mean, c.rstd, N, C);
+        lp_layernorm_backward_cpu(d2, dw, db, r, c.inp, c.w, c.mean, c.rstd, N, C);
+        for (int i = 0; i < N * C; i++) d2copy[i] += dfresh[i];
+        expect_close("layernorm backward accumulates into dinp", d2, d2copy, N * C, 1e-6f, 1e-6f);
+        free(c.inp); free(c.w); free(c.b); free(c.mean); free(c.rstd); free(out); free(r); free(dinp); free(dw); free(db);
+        free(d2); free(d2copy); free(dfresh);
+    }
+    for (int gelu = 0; gelu < 2; gelu++) {  // matmul with bias, and with the fused GELU
+        int N = 5, C = 24, OC = 20;
+        MMCtx c = {rnd(N * C, &rng, 1.0f), rnd(OC * C, &rng, 0.5f), rnd(OC, &rng, 0.5f), gelu ? zeros(N * OC) : NULL, N, C, OC};
+        float *out = zeros(N * OC), *r = rnd(N * OC, &rng, 1.0f), *dout = zeros(N * OC);
+        float *dinp = zeros(N * C), *dw = zeros(OC * C), *db = zeros(OC);
+        mm_fwd(&c, out);
+        if (gelu) lp_gelu_backward_cpu(dout, c.pre, r, N * OC);
+        else memcpy(dout, r, N * OC * 4);
+        lp_matmul_backward_cpu(dinp, dw, db, dout, c.inp, c.w, N, C, OC);
+        fd_check(gelu ? "fd matmul+gelu dinp" : "fd matmul dinp", mm_fwd, &c, c.inp, N * C, dinp, out, r, N * OC, &rng);
+        fd_check(gelu ? "fd matmul+gelu dweight" : "fd matmul dweight", mm_fwd, &c, c.w, OC * C, dw, out, r, N * OC, &rng);
+        fd_check(gelu ? "fd matmul+gelu dbias" : "fd matmul dbias", mm_fwd, &c, c.b, OC, db, out, r, N * OC, &rng);
+        free(c.inp); free(c.w); free(c.b); free(c.pre); free(out); free(r); free(dout); free(dinp); free(dw); free(db);
+    }
+    {   // gelu on its own, over a wide range of inputs
+        int n = 64;
+        GeluCtx c = {rnd(n, &rng, 4.0f), n};
+        float *out = zeros(n), *r = rnd(n, &rng, 1.0f), *d = zeros(n);
+        lp_gelu_backward_cpu(d, c.inp, r, n);
+        fd_check("fd gelu", gelu_fwd, &c, c.inp, n, d, out, r, n, &rng);
+        free(c.inp); free(out); free(r); free(d);
+    }
+    {   // attention
+        int B = 2, T = 5, C = 16, NH = 4;
+        size_t n3 = (size_t)B * T * 3 * C, natt = (size_t)B * NH * T * T;
+        AttCtx c = {rnd(n3, &rng, 1.5f), zeros(n3), zeros(n3), zeros(natt), B, T, C, NH};
+        float *out = zeros(B * T * C), *r = rnd(B * T * C, &rng, 1.0f);
+        float *dqkv = zeros(n3), *dqkvr = zeros(n3), *datt = zeros(natt), *dy = zeros(B * T * C);
+        att_fwd(&c, out);
+        lp_attention_backward_cpu(dqkv, dqkvr, datt, dy, r, c.qkvr, c.att, B, T, C, NH);
+        fd_check("fd attention dqkv", att_fwd, &c, c.qkv, n3, dqkv, out, r, B * T * C, &rng);
+        int causal = 1;  // probabilities above the diagonal are exactly zero
+        for (int bh = 0; bh < B * NH; bh++)
+            for (int t1 = 0; t1 < T; t1++)
+                for (int t2 = t1 + 1; t2 < T; t2++) causal &= c.att[((size_t)bh * T + t1) * T + t2] == 0.0f;
+        expect(causal, "attention is causal");
+        free(c.qkv); free(c.scratch); free(c.qkvr); free(c.att); free(out); free(r); free(dqkv); free(dqkvr); free(datt); free(dy);
+    }
+    {   // encoder, with repeated tokens
+        int B = 2, T = 4, C = 8, V = 5;
+        int tokens[8] = {1, 3, 1, 4, 0, 1, 3, 3};
+        EncCtx c = {rnd(V * C, &rng, 1.0f), rnd(T * C, &rng, 1.0f), tokens, B, T, C};
+        float *out = zeros(B * T * C), *r = rnd(B * T * C, &rng, 1.0f), *dwte = zeros(V * C), *dwpe = zeros(T * C);
+        enc_fwd(&c, out);
+        lp_encoder_backward_cpu(dwte, dwpe, r, tokens, B, T, C);
+        fd_check("fd encoder dwte", enc_fwd, &c, c.wte, V * C, dwte, out, r, B * T * C, &rng);
+        fd_check("fd encoder dwpe", enc_fwd, &c, c.wpe, T * C, dwpe, out, r, B * T * C, &rng);
+        free(c.wte); free(c.wpe); free(out); free(r); free(dwte); free(dwpe);
+    }
+    {   // fused classifier: dlogits is the gradient of sum(loss * r) when dloss = 1 and r = 1; use r = 1
+        int N = 4, V = 11, Vp = 16;
+        int targets[4] = {0, 10, 3, 3};
+        ClsCtx c = {rnd(N * Vp, &rng, 3.0f), zeros(N * Vp), zeros(N), targets, N, V, Vp};
+        float *losses = zeros(N), *ones = zeros(N);
+        for (int i = 0; i < N; i++) ones[i] = 1.0f;
+        cls_fwd(&c, losses);
+        fd_check("fd fused classifier dlogits", cls_fwd, &c, c.logits, N * Vp, c.work, losses, ones, N, &rng);
+        int pad_zero = 1;
+        for (int i = 0; i < N; i++)
+            for (int v = V; v < Vp; v++) pad_zero &= c.work[i * Vp + v] == 0.0f;
+        expect(pad_zero, "fused classifier: padding gets zero gradient");
+        free(c.logits); free(c.work); free(c.losses); free(losses); free(ones);
+    }
+}
+
+// The whole model's gradient against finite differences of the mean loss, on a tiny model.
+static void test_model_gradient(void) {
+    LPConfig c = tiny_config();
+    LPModel m;
+    lp_model_create(&m, &c);
+    lp_model_init_random(&m, 5);
+    // larger weights than GPT-2's init so every path carries a visible gradient
+    size_t n = m.num_params;
+    float* w = (float*)lp_host_malloc(n * 4, "test");
+    read_master(&m, w);
+    uint64_t rng = 99;
+    for (size_t i = 0; i < n; i++) w[i] += 0.1f * lp_rand_normal(&rng);
+    for (size_t i = (size_t)c.vocab_size * c.channels; i < (size_t)c.padded_vocab_size * c.channels; i++) w[i] = 0.0f;
+    lp_model_set_weights(&m, w);
+    int B = 2, T = 8, in[16], tg[16];
+    for (int i = 0; i < 16; i++) { in[i] = lp_rand_u32(&rng) % 97; tg[i] = lp_rand_u32(&rng) % 97; }
+    lp_model_zero_grad(&m);
+    lp_model_forward(&m, in, tg, B, T, 1.0f / (B * T));
+    lp_model_backward(&m);
+    float* g = (float*)lp_host_malloc(n * 4, "test");
+    lp_to_host_float(g, m.grads, n);
+    float got[LP_NUM_PARAMS * 4], want[LP_NUM_PARAMS * 4];
+    int k = 0;
+    for (int t = 0; t < LP_NUM_PARAMS; t++) {
+        for (int s = 0; s < 4; s++) {
+            size_t i = m.param_offsets[t] + lp_rand_u32(&rng) % m.param_sizes[t];
+            if (t == LP_WTE) i = lp_rand_u32(&rng) % ((size_t)c.vocab_size * c.channels);
+            float keep = w[i];
+            w[i] = keep + FD_H;
+            lp_model_set_weights(&m, w);
+            double plus = lp_model_forward(&m, in, tg, B, T, 0.0f);
+            w[i] = keep - FD_H;
+            lp_model_set_weights(&m, w);
+            double minus = lp_model_forward(&m, in, tg, B, T, 0.0f);
+            w[i] = keep;
+            want[k] = (float)((plus - minus) / (2.0 * FD_H));
+            got[k++] = g[i];
+        }
+    }
+    expect_close("fd whole model: 4 entries of each of the 16 tensors", got, want, k, FD_ATOL, FD_RTOL);
+    free(w);
+    free(g);
+    lp_model_free(&m);
+}
+
+// The loss of the tiny llm.c model in dev/ref equals the float64 numpy reference to 1e-5 relative.
+static void test_reference_loss(void) {
+    FILE* f = fopen("dev/ref/tiny_ref.txt", "r");
+    if (!f) { expect(0, "dev/ref/tiny_ref.txt exists (run from the repository root)"); return; }
+    int B, T, B2, T2;
+    double ref32, ref16;
+    int ok = fscanf(f, "B %d T %d loss %lf\nbf16 B %d T %d loss %lf", &B, &T, &ref32, &B2, &T2, &ref16) == 6;
+    fclose(f);
+    expect(ok, "dev/ref/tiny_ref.txt parses");
+    if (!ok) return;
+    const char* files[2] = {"dev/ref/tiny_model.bin", "dev/ref/tiny_model_bf16.bin"};
+    double refs[2] = {ref32, ref16};
+    for (int v = 0; v < 2; v++) {
+        LPModel m;
+        lp_model_load(&m, files[v]);
+        LPDataLoader d;
+        lp_dataloader_init(&d, "dev/ref/tiny_tokens.bin", "-i", B, T, 0, 1, m.cfg.vocab_size);
+        lp_dataloader_next(&d);
+        double loss = lp_model_forward(&m, d.inputs, d.targets, B, T, 0.0f);
+        char name[128];
+        snprintf(name, sizeof(name), "loss of %s equals the float64 reference to 1e-5 relative", files[v]);
+        float got = (float)loss, want = (float)refs[v];
+        expect_close(name, &got, &want, 1, 0.0f, 1e-5f);
+        lp_dataloader_free(&d);
+        lp_model_free(&m);
+    }
+}
+
+// Whole runs through the binary on tinyshakespeare with a small model.
+static void test_training_runs(void) {
+    static char out[1 << 20];
+    float a[64], b[64];
+    const char* model = tmp_path("ts_d2.bin");
+    LPConfig c;
+    lp_config_from_depth(&c, "d2");  // L=2, C=128, 2 heads, GPT-2 vocabulary
+    c.max_seq_len = 64;
+    LPModel m;
+    lp_model_create(&m, &c);
+    lp_model_init_random(&m, 1337);
+    lp_model_save(&m, model);
+    lp_model_free(&m);
+    const char* common = "-b 4 -t 64 -l 2e-3 -u 3 -v 0 -s 0";
+
+    // 30 steps lower the loss from ~10.8 (ln 50257) by at least 3 nats
+    int rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 30", TRAIN_BIN, model, common);
+    int n = parse_losses(out, a, 64);
+    expect(rc == 0 && n == 30, "30-step tinyshakespeare run completes with 30 step lines");
+    if (n == 30) {
+        printf("     tinyshakespeare d2: loss %.3f at step 1, %.3f at step 30\n", a[0], a[29]);
+        expect(a[0] > 10.0f && a[29] < a[0] - 3.0f, "30 steps lower the loss by at least 3 nats");
+    } else {
+        printf("%s\n", out);
+    }
+
+    // gradient accumulation: 2 micro-batches of 4 equal 1 micro-batch of 8 (fp32 sums reordered: 1e-4)
+    rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 6 -d 512", TRAIN_BIN, model, common);
+    int na = parse_losses(out, a, 64);
+    int acc2 = strstr(out, "grad accumulation steps: 2") != NULL;
+    rc |= run_cmd(out, sizeof(out), "%s -e %s -b 8 -t 64 -l 2e-3 -u 3 -v 0 -s 0 -x 6", TRAIN_BIN, model);
+    int nb = parse_losses(out, b, 64);
+    expect(rc == 0 && acc2 && na == 6 && nb == 6, "accumulation runs complete; -d 512 with -b 4 -t 64 gives 2 steps");
+    if (na == 6 && nb == 6) expect_close("accumulation 2x4 equals batch 8 (losses, 1e-4 relative)", a, b, 6, 0.0f, 1e-4f);
+
+    // resume: 3 steps + resume 3 steps equals 6 straight steps, exactly (same build, same threads)
+    const char* dir = tmp_path("resume_out");
+    rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 6 -n 3 -o %s", TRAIN_BIN, model, common, dir);
+    na = parse_losses(out, a, 64);
+    rc |= run_cmd(out, sizeof(out), "rm -rf %s/step_00000006", dir);
+    rc |= run_cmd(out, sizeof(out), "%s -e %s %s -x 6 -n 3 -o %s --resume", TRAIN_BIN, model, common, dir);
+    nb = parse_losses(out, b, 64);
+    expect(rc == 0 && na == 6 && nb == 3 && strstr(out, "resumed from"), "resume runs the remaining 3 steps");
+    if (na == 6 && nb == 3) expect_close("resumed steps 4-6 equal the straight run", a + 3, b, 3, 0.0f, 1e-6f);
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/step_00000006/model.bin", dir);
+    int saved_ok = access(path, R_OK) == 0;
+    if (saved_ok) {
+        LPModel saved;
+        lp_model_load(&saved, path);
+        saved_ok = saved.cfg.channels == 128;
+        lp_model_free(&saved);
+    }
+    expect(saved_ok, "the resumed run's checkpoint model.bin is a plain llm.c model file");
+}
+#endif  // LLMPAR_CPU
+
+#ifndef LLMPAR_CPU
+#include "dev/cuda/tier4_kernels.inc"
+#endif
+
+int main(int argc, char** argv) {
+    LPProcess proc;
+    lp_process_init(&proc, &argc, &argv);
+    if (!mkdtemp(tmp_dir)) lp_fail("cannot create a temporary directory: %s", strerror(errno));
+#ifdef LLMPAR_CPU
+    printf("tier 1: host logic, file formats, bad input\n");
+    test_config();
+    test_model_file_roundtrip();
+    test_dataloader();
+    test_lr_schedule();
+    test_checkpoint_roundtrip();
+    test_tokenizer();
+    test_bad_input();
+    printf("tier 2: CPU model\n");
+    test_op_gradients();
+    test_model_gradient();
+    test_reference_loss();
+    test_training_runs();
+#else
+    lp_device_init(&proc);
+    printf("tier 4: CUDA kernels and steps against the CPU build\n");
+    tier4_kernel_tests();
+#endif
+    char out[256];
+    run_cmd(out, sizeof(out), "rm -rf %s", tmp_dir);
+    lp_process_finish(&proc);
+    printf("%d passed, %d failed\n", tests_passed, tests_failed);
+    return tests_failed ? 1 : 0;
+}

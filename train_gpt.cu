@@ -1,0 +1,371 @@
+/*
+train_gpt.cu: the llmpar driver. Flags, set-up, the step loop, validation, sampling, logging, checkpoints.
+
+  make train_gpt && mpirun -np 1 ./train_gpt            CUDA engine (bf16 compute, fp32 master weights)
+  make train_gpt_cpu && mpirun -np 1 ./train_gpt_cpu    CPU engine (fp32, OpenMP), same code
+
+With no flags it trains a small GPT-2 on the tinyshakespeare shards shipped in dev/data/. Flags follow
+llm.c's where they overlap; run with -h for the list.
+*/
+#include "llmpar.h"
+
+typedef struct {
+    const char* train_data;  // -i
+    const char* val_data;    // -j
+    const char* init;        // -e  llm.c model file, or dN to start from scratch at depth N
+    const char* out_dir;     // -o
+    const char* tokenizer;   // --tokenizer
+    int B;                   // -b  micro-batch size
+    int T;                   // -t  sequence length
+    int total_batch;         // -d  tokens per optimizer step (gradient accumulation derived)
+    int max_steps;           // -x
+    float lr;                // -l
+    int warmup;              // -u
+    float final_lr_frac;     // -q
+    const char* schedule;    // -k  cosine | linear
+    float weight_decay;      // -c
+    float grad_clip;         // --grad-clip
+    int val_every;           // -v
+    int val_batches;         // -m
+    int sample_every;        // -s
+    int gen_tokens;          // -g
+    int ckpt_every;          // -n
+    int resume;              // --resume
+    unsigned long long seed; // --seed
+} LPFlags;
+
+// The defaults make a no-flag run a quick, visible lesson: a small model on tinyshakespeare, sized for
+// the device the build targets.
+static void lp_flags_default(LPFlags* f) {
+    memset(f, 0, sizeof(*f));
+    f->train_data = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
+    f->val_data = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
+    f->tokenizer = "gpt2_tokenizer.bin";
+    f->out_dir = "";
+#ifdef LLMPAR_CPU
+    f->init = "d4";
+    f->B = 4;
+    f->T = 64;
+    f->max_steps = 40;
+    f->lr = 1e-3f;
+    f->warmup = 5;
+    f->val_every = 20;
+    f->val_batches = 4;
+    f->sample_every = 0;
+#else
+    f->init = "d12";
+    f->B = 16;
+    f->T = 1024;
+    f->max_steps = 200;
+    f->lr = 6e-4f;
+    f->warmup = 20;
+    f->val_every = 50;
+    f->val_batches = 2;
+    f->sample_every = 50;
+#endif
+    f->total_batch = 0;  // 0: one micro-batch per step
+    f->final_lr_frac = 0.1f;
+    f->schedule = "cosine";
+    f->weight_decay = 0.1f;
+    f->grad_clip = 1.0f;
+    f->gen_tokens = 64;
+    f->ckpt_every = 0;
+    f->seed = 1337;
+}
+
+static void lp_usage(void) {
+    lp_log(
+        "usage: train_gpt [flags]\n"
+        "  -i PATTERN  train token shards (glob)                [dev/data/tinyshakespeare/tiny_shakespeare_train.bin]\n"
+        "  -j PATTERN  val token shards (glob; \"\" for none)    [dev/data/tinyshakespeare/tiny_shakespeare_val.bin]\n"
+        "  -e MODEL    llm.c model file (fp32 v3 / bf16 v5), or dN for a new depth-N GPT-2 [d4 CPU, d12 CUDA]\n"
+        "  -o DIR      output directory: main.log and checkpoints  [none]\n"
+        "  -b N        micro-batch size                          [4 CPU, 16 CUDA]\n"
+        "  -t N        sequence length                           [64 CPU, 1024 CUDA]\n"
+        "  -d N        tokens per step; accumulation = N/(b*t)   [b*t]\n"
+        "  -x N        steps                                     [40 CPU, 200 CUDA]\n"
+        "  -l LR       peak learning rate                        [1e-3 CPU, 6e-4 CUDA]\n"
+        "  -u N        warmup steps                              [5 CPU, 20 CUDA]\n"
+        "  -q F        final learning rate as a fraction of -l   [0.1]\n"
+        "  -k NAME     decay after warmup: cosine | linear       [cosine]\n"
+        "  -c F        weight decay (matrices only)              [0.1]\n"
+        "  -v N        val loss every N steps (0: never)         [20 CPU, 50 CUDA]\n"
+        "  -m N        val batches per evaluation (0: all)       [4 CPU, 2 CUDA]\n"
+        "  -s N        sample every N steps (0: never)           [0 CPU, 50 CUDA]\n"
+        "  -g N        tokens per sample                         [64]\n"
+        "  -n N        checkpoint every N steps (needs -o; 0: only at the end) [0]\n"
+        "  --resume    continue from the newest checkpoint in -o\n"
+        "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
+        "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
+        "  --seed N    seed of the initial weights and sampling  [1337]\n"
+        "  -h          this help\n");
+}
+
+static int lp_parse_int(const char* flag, const char* v) {
+    char* end;
+    long x = strtol(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || x < -2147483647L || x > 2147483647L)
+        lp_fail("flag %s: '%s' is not an integer", flag, v);
+    return (int)x;
+}
+
+static float lp_parse_float(const char* flag, const char* v) {
+    char* end;
+    float x = strtof(v, &end);
+    if (*v == '\0' || *end != '\0' || !isfinite(x)) lp_fail("flag %s: '%s' is not a number", flag, v);
+    return x;
+}
+
+// Returns 0 when -h was given.
+static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
+    lp_flags_default(f);
+    for (int i = 1; i < argc; i++) {
+        const char* a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 0;
+        if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
+        if (a[0] != '-') lp_fail("unexpected argument '%s' (flags start with -, see -h)", a);
+        const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed"};
+        int ok = 0;
+        for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
+        if (!ok) lp_fail("unknown flag %s (see -h)", a);
+        if (i + 1 >= argc) lp_fail("flag %s needs a value", a);
+        const char* v = argv[++i];
+        if (strcmp(a, "-i") == 0) f->train_data = v;
+        else if (strcmp(a, "-j") == 0) f->val_data = v;
+        else if (strcmp(a, "-e") == 0) f->init = v;
+        else if (strcmp(a, "-o") == 0) f->out_dir = v;
+        else if (strcmp(a, "-b") == 0) f->B = lp_parse_int(a, v);
+        else if (strcmp(a, "-t") == 0) f->T = lp_parse_int(a, v);
+        else if (strcmp(a, "-d") == 0) f->total_batch = lp_parse_int(a, v);
+        else if (strcmp(a, "-x") == 0) f->max_steps = lp_parse_int(a, v);
+        else if (strcmp(a, "-l") == 0) f->lr = lp_parse_float(a, v);
+        else if (strcmp(a, "-u") == 0) f->warmup = lp_parse_int(a, v);
+        else if (strcmp(a, "-q") == 0) f->final_lr_frac = lp_parse_float(a, v);
+        else if (strcmp(a, "-k") == 0) f->schedule = v;
+        else if (strcmp(a, "-c") == 0) f->weight_decay = lp_parse_float(a, v);
+        else if (strcmp(a, "-v") == 0) f->val_every = lp_parse_int(a, v);
+        else if (strcmp(a, "-m") == 0) f->val_batches = lp_parse_int(a, v);
+        else if (strcmp(a, "-s") == 0) f->sample_every = lp_parse_int(a, v);
+        else if (strcmp(a, "-g") == 0) f->gen_tokens = lp_parse_int(a, v);
+        else if (strcmp(a, "-n") == 0) f->ckpt_every = lp_parse_int(a, v);
+        else if (strcmp(a, "--grad-clip") == 0) f->grad_clip = lp_parse_float(a, v);
+        else if (strcmp(a, "--tokenizer") == 0) f->tokenizer = v;
+        else f->seed = (unsigned long long)lp_parse_int(a, v);
+    }
+    if (f->B < 1) lp_fail("flag -b: micro-batch size must be >= 1, got %d", f->B);
+    if (f->T < 1) lp_fail("flag -t: sequence length must be >= 1, got %d", f->T);
+    if (f->max_steps < 1) lp_fail("flag -x: steps must be >= 1, got %d", f->max_steps);
+    if (f->lr <= 0.0f) lp_fail("flag -l: learning rate must be > 0, got %g", f->lr);
+    if (f->warmup < 0 || f->val_every < 0 || f->val_batches < 0 || f->sample_every < 0 || f->ckpt_every < 0 || f->gen_tokens < 0)
+        lp_fail("flags -u -v -m -s -g -n must not be negative");
+    if (strcmp(f->schedule, "cosine") != 0 && strcmp(f->schedule, "linear") != 0)
+        lp_fail("flag -k: schedule must be cosine or linear, got '%s'", f->schedule);
+    if (f->resume && f->out_dir[0] == '\0') lp_fail("flag --resume needs -o DIR to find checkpoints in");
+    return 1;
+}
+
+static void lp_mkdirs(const char* dir) {
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s", dir);
+    for (char* p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(path, 0755);
+        *p = '/';
+    }
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) lp_fail("flag -o: cannot create %s: %s", dir, strerror(errno));
+}
+
+// Mean loss over val batches: the whole val set once when n_batches is 0.
+static float lp_evaluate(LPModel* m, LPDataLoader* val, int n_batches) {
+    size_t n = lp_dataloader_batches_per_epoch(val);
+    if (n_batches > 0 && (size_t)n_batches < n) n = (size_t)n_batches;
+    lp_dataloader_reset(val);
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        lp_dataloader_next(val);
+        sum += lp_model_forward(m, val->inputs, val->targets, val->B, val->T, 0.0f);
+    }
+    return (float)(sum / n);
+}
+
+// Sample from the model, starting from <|endoftext|>. The forward runs on (1, t) so each new token costs
+// one pass over the tokens so far.
+static void lp_sample(LPModel* m, const LPTokenizer* tok, int gen_tokens, uint64_t* rng) {
+    const LPConfig* c = &m->cfg;
+    int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T;
+    int* tokens = (int*)lp_host_malloc((size_t)n * sizeof(int), "sample tokens");
+    float* probs = (float*)lp_host_malloc((size_t)c->vocab_size * sizeof(float), "sample logits");
+    tokens[0] = tok->tokens ? tok->eot : 50256 % c->vocab_size;
+    lp_log("sample: ");
+    for (int t = 1; t < n; t++) {
+        lp_model_forward(m, tokens, NULL, 1, t, 0.0f);
+        lp_to_host_float(probs, m->act.logits + (size_t)(t - 1) * c->padded_vocab_size, c->vocab_size);
+        float maxv = probs[0], sum = 0.0f;
+        for (int v = 1; v < c->vocab_size; v++) if (probs[v] > maxv) maxv = probs[v];
+        for (int v = 0; v < c->vocab_size; v++) sum += probs[v] = expf(probs[v] - maxv);
+        float coin = lp_rand_f32(rng) * sum, acc = 0.0f;
+        int next = c->vocab_size - 1;
+        for (int v = 0; v < c->vocab_size; v++) {
+            acc += probs[v];
+            if (coin < acc) { next = v; break; }
+        }
+        tokens[t] = next;
+        if (lp_rank == 0) lp_tokenizer_print(tok, next);
+    }
+    lp_log("\n");
+    free(tokens);
+    free(probs);
+}
+
+static void lp_device_sync(void) {
+#ifndef LLMPAR_CPU
+    cudaCheck(cudaDeviceSynchronize());
+#endif
+}
+
+static void lp_train(const LPFlags* f, const LPProcess* proc) {
+    if (proc->world != 1)
+        lp_fail("this build trains on one rank; got %d ranks (tensor, pipeline and data parallelism are not "
+                "implemented yet: run with mpirun -np 1)", proc->world);
+
+    // model: from scratch or from an llm.c file
+    LPModel model;
+    LPConfig cfg;
+    if (lp_config_from_depth(&cfg, f->init)) {
+        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", cfg.num_layers, cfg.channels,
+               cfg.num_heads, f->seed);
+        lp_config_validate(&cfg, "-e");
+        lp_model_create(&model, &cfg);
+        lp_model_init_random(&model, f->seed);
+    } else {
+        lp_log("loading %s\n", f->init);
+        lp_model_load(&model, f->init);
+        cfg = model.cfg;
+    }
+    if (f->T > cfg.max_seq_len) lp_fail("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
+    int tokens_per_micro = f->B * f->T * proc->world;
+    int total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
+    if (total_batch % tokens_per_micro != 0)
+        lp_fail("flag -d: %d tokens is not a multiple of -b * -t * ranks = %d", total_batch, tokens_per_micro);
+    int accum = total_batch / tokens_per_micro;
+
+    LPDataLoader train, val;
+    lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->rank, proc->world, cfg.vocab_size);
+    int has_val = f->val_data[0] != '\0' && f->val_every > 0;
+    if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->rank, proc->world, cfg.vocab_size);
+    LPTokenizer tok;
+    if (f->sample_every > 0) lp_tokenizer_load(&tok, f->tokenizer);
+    else memset(&tok, 0, sizeof(tok));
+
+    lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
+    lp_model_alloc_activations(&model, f->B, f->T);
+    double MiB = 1048576.0;
+    char engine[256];
+    lp_engine_name(engine, sizeof(engine));
+    lp_log("engine           %s\n", engine);
+    lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", cfg.num_layers,
+           cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len, model.num_params);
+    lp_log("data             %d train shard(s), %zu batches per epoch; %d val shard(s)\n", train.num_files,
+           lp_dataloader_batches_per_epoch(&train), has_val ? val.num_files : 0);
+    lp_log("batch            B=%d T=%d, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
+           total_batch, accum);
+    lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
+           f->schedule, f->lr * f->final_lr_frac);
+    lp_log("memory           params+grads %.1f MiB, master+AdamW %.1f MiB, activations %.1f MiB\n",
+           model.num_params * 2.0 * sizeof(floatX) / MiB, model.num_params * 12.0 / MiB, model.act_bytes / MiB);
+
+    // output directory, log, resume
+    FILE* logf = NULL;
+    LPTrainState st;
+    memset(&st, 0, sizeof(st));
+    st.rng = f->seed ^ 0x9E3779B97F4A7C15ull;
+    if (f->out_dir[0]) {
+        lp_mkdirs(f->out_dir);
+        if (f->resume) {
+            int latest = lp_checkpoint_latest(f->out_dir);
+            if (latest < 0) lp_fail("flag --resume: no complete checkpoint in %s", f->out_dir);
+            lp_checkpoint_load(&model, &st, f->out_dir, latest);
+            if (st.T != f->T || st.total_batch != total_batch)
+                lp_fail("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
+                        "has -t %d and %d", latest, st.T, st.total_batch, f->T, total_batch);
+            lp_dataloader_seek(&train, st.shard, st.pos);
+            lp_log("resumed from %s/step_%08d\n", f->out_dir, latest);
+        }
+        char path[LP_PATH_MAX];
+        lp_path(path, "%s/main.log", f->out_dir);
+        logf = fopen(path, f->resume ? "a" : "w");
+        if (!logf) lp_fail("cannot write %s: %s", path, strerror(errno));
+    }
+
+    LPAdamW opt = {0.9f, 0.95f, 1e-8f, f->weight_decay, f->grad_clip};
+    double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops();
+    int cosine = strcmp(f->schedule, "cosine") == 0;
+    for (int step = st.step; step <= f->max_steps; step++) {
+        int last = step == f->max_steps;
+        if (has_val && (step % f->val_every == 0 || last)) {
+            float vl = lp_evaluate(&model, &val, f->val_batches);
+            lp_log("val loss %f\n", vl);
+            if (logf) fprintf(logf, "s:%d tel:%f\n", step, vl);
+        }
+        if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))
+            lp_sample(&model, &tok, f->gen_tokens, &st.rng);
+        if (f->out_dir[0] && step > st.step && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
+            st.step = step;
+            st.shard = train.shard;
+            st.pos = train.pos;
+            st.B = f->B;
+            st.T = f->T;
+            st.total_batch = total_batch;
+            lp_checkpoint_save(&model, &st, f->out_dir);
+            lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
+        }
+        if (last) break;
+
+        double t0 = lp_time_s();
+        lp_model_zero_grad(&model);
+        float loss = 0.0f;
+        for (int micro = 0; micro < accum; micro++) {
+            lp_dataloader_next(&train);
+            loss += lp_model_forward(&model, train.inputs, train.targets, f->B, f->T, 1.0f / ((float)f->B * f->T * accum));
+            lp_model_backward(&model);
+        }
+        loss /= accum;
+        float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, cosine);
+        float norm = lp_model_update(&model, lr, &opt);
+        lp_device_sync();
+        double ms = (lp_time_s() - t0) * 1000.0;
+        if (!isfinite(loss) || !isfinite(norm))
+            lp_fail("step %d: loss %f, gradient norm %f is not finite (diverged; try a lower -l)", step + 1, loss, norm);
+        double tok_s = total_batch / (ms / 1000.0);
+        lp_log("step %d/%d | loss %f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, f->max_steps, loss, lr,
+               norm, ms, tok_s);
+        if (peak > 0.0) lp_log(" | MFU %.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak);
+        lp_log("\n");
+        if (logf) {
+            fprintf(logf, "s:%d trl:%f\n", step + 1, loss);
+            fflush(logf);
+        }
+    }
+
+    if (logf) fclose(logf);
+    lp_tokenizer_free(&tok);
+    if (has_val) lp_dataloader_free(&val);
+    lp_dataloader_free(&train);
+    lp_model_free(&model);
+}
+
+int main(int argc, char** argv) {
+    LPProcess proc;
+    lp_process_init(&proc, &argc, &argv);
+    LPFlags flags;
+    if (!lp_parse_flags(&flags, argc, argv)) {
+        lp_usage();
+    } else {
+        lp_device_init(&proc);
+        lp_train(&flags, &proc);
+    }
+    lp_process_finish(&proc);
+    return 0;
+}
