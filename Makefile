@@ -6,15 +6,18 @@
 NVCC ?= nvcc
 MPICC ?= mpicc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-CFLAGS_CPU = -x c -std=gnu11 -O3 -march=native -fopenmp -DLLMPAR_CPU -DLLMPAR_MPI -Wall -Wextra -Werror
+CFLAGS_CPU = -x c -std=gnu11 -O3 -march=native -fopenmp -DLLMPAR_CPU -Wall -Wextra -Werror
 NVCC_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fopenmp
 NVCC_LIBS = -lcublasLt -lcublas
 
-# MPI for the CUDA build: take include and link flags from mpicc when it exists
-MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null)
+# MPI when mpicc exists: the CPU build compiles with it, the CUDA build takes its include and link flags.
+# Without it both builds are single-rank and say so when asked for more ranks.
 MPI_LIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
 ifneq ($(strip $(MPI_LIBS)),)
-  NVCC_MPI = -DLLMPAR_MPI $(MPI_CFLAGS) $(filter -L% -l%,$(MPI_LIBS))
+  CC_CPU = $(MPICC) -DLLMPAR_MPI
+  NVCC_MPI = -DLLMPAR_MPI $(shell $(MPICC) --showme:compile) $(filter -L% -l%,$(MPI_LIBS))
+else
+  CC_CPU = $(CC)
 endif
 
 .PHONY: all test clean
@@ -22,10 +25,10 @@ endif
 all: train_gpt_cpu test_gpt_cpu
 
 train_gpt_cpu: train_gpt.cu llmpar.h
-	$(MPICC) $(CFLAGS_CPU) train_gpt.cu -o $@ -lm
+	$(CC_CPU) $(CFLAGS_CPU) train_gpt.cu -o $@ -lm
 
 test_gpt_cpu: test_gpt.cu llmpar.h
-	$(MPICC) $(CFLAGS_CPU) test_gpt.cu -o $@ -lm
+	$(CC_CPU) $(CFLAGS_CPU) test_gpt.cu -o $@ -lm
 
 train_gpt: train_gpt.cu llmpar.h
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) train_gpt.cu -o $@ $(NVCC_LIBS)

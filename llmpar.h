@@ -327,6 +327,18 @@ static inline void lp_device_init(LPProcess* p) {
 #endif
 }
 
+// Device memory in use right now in MiB (CUDA build; 0 on the CPU build). All of llmpar's buffers are
+// allocated at start-up, so after the first step this is the run's peak.
+static inline double lp_device_memory_used_mib(void) {
+#ifdef LLMPAR_CPU
+    return 0.0;
+#else
+    size_t free_b = 0, total_b = 0;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    return (total_b - free_b) / 1048576.0;
+#endif
+}
+
 // One line saying what computes: the GPU's name, or the CPU's thread count.
 static inline void lp_engine_name(char* buf, size_t n) {
 #ifdef LLMPAR_CPU

@@ -343,6 +343,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
                norm, ms, tok_s);
         if (peak > 0.0) lp_log(" | MFU %.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak);
         lp_log("\n");
+        if (step == st.step && lp_device_memory_used_mib() > 0.0)
+            lp_log("GPU memory in use: %.0f MiB\n", lp_device_memory_used_mib());
         if (logf) {
             fprintf(logf, "s:%d trl:%f\n", step + 1, loss);
             fflush(logf);
