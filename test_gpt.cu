@@ -342,6 +342,13 @@ static void test_bad_input(void) {
     BAD("bad input: token id >= vocab", "oov.bin: token id 200 at token 150 is >= the model's vocabulary size 97", "-e %s -i %s -j '' %s -x 20", good, tmp_path("oov.bin"), base);
     BAD("bad input: -t beyond the model's maximum", "flag -t: sequence length 32 exceeds the model's maximum 16", "-e %s -i %s -b 2 -t 32", good, tmp_path("ok.bin"));
     BAD("bad input: -d not a multiple of B*T", "flag -d: 100 tokens is not a multiple of -b * -t * ranks = 32", "-e %s -i %s %s -d 100", good, tmp_path("ok.bin"), base);
+    char help[16384];
+    int help_rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
+    const char* flags[] = {"-i ", "-j ", "-e ", "-o ", "-b ", "-t ", "-d ", "-x ", "-l ", "-u ", "-q ", "-k ", "-c ",
+                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--grad-clip", "--tokenizer", "--seed"};
+    int listed = help_rc == 0;
+    for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) listed &= strstr(help, flags[i]) != NULL;
+    expect(listed, "-h lists every flag and exits 0");
     BAD("bad input: unknown flag", "unknown flag -Q", "-Q 3");
     BAD("bad input: flag without value", "flag -b needs a value", "-b");
     BAD("bad input: non-integer value", "flag -x: 'ten' is not an integer", "-x ten");
