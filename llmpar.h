@@ -34,6 +34,8 @@ The model code calls LP(op), which picks the build's implementation: lp_op_cpu o
 #include <omp.h>
 #endif
 #ifdef LLMPAR_MPI
+#define OMPI_SKIP_MPICXX 1  // C API only: Open MPI's C++ bindings do not compile warning-free
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
 
@@ -340,16 +342,18 @@ static inline double lp_device_memory_used_mib(void) {
 }
 
 // One line saying what computes: the GPU's name, or the CPU's thread count.
-static inline void lp_engine_name(char* buf, size_t n) {
+static inline const char* lp_engine_name(void) {
+    static char name[512];
 #ifdef LLMPAR_CPU
     int threads = 1;
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    snprintf(buf, n, "CPU, fp32, %d OpenMP threads", threads);
+    snprintf(name, sizeof(name), "CPU, fp32, %d OpenMP threads", threads);
 #else
-    snprintf(buf, n, "CUDA, bf16 with fp32 master weights, %s", lp_device_prop.name);
+    snprintf(name, sizeof(name), "CUDA, bf16 with fp32 master weights, %s", lp_device_prop.name);
 #endif
+    return name;
 }
 
 static inline void lp_process_finish(LPProcess* p) {
@@ -386,6 +390,106 @@ static inline LP_HD float lp_gelu_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * LP_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+#ifndef LLMPAR_CPU
+// CUDA building blocks shared by the kernels below: launch sizes, warp and block reductions, scratch
+// buffers that grow on demand, and one cuBLASLt GEMM used by every matmul.
+#define LP_THREADS 256
+static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+static __device__ inline float lp_bf(floatX x) { return __bfloat162float(x); }
+static __device__ inline floatX lp_xf(float x) { return __float2bfloat16_rn(x); }
+
+static __device__ inline float lp_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ inline float lp_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Sum (or max) over the block; every thread gets the result. blockDim.x is a multiple of 32.
+static __device__ inline float lp_block_reduce(float v, int is_max) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = is_max ? lp_warp_max(v) : lp_warp_sum(v);
+    __syncthreads();  // the previous call's readers are done with `partial`
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = lane < warps ? partial[lane] : (is_max ? -INFINITY : 0.0f);
+    return is_max ? lp_warp_max(v) : lp_warp_sum(v);
+}
+
+// A device buffer that grows to the largest size asked for; kernels use it for partial sums.
+typedef struct { void* ptr; size_t bytes; } LPScratch;
+static inline void* lp_scratch(LPScratch* s, size_t bytes, const char* what) {
+    if (bytes > s->bytes) {
+        if (s->ptr) lp_device_free(s->ptr);
+        s->ptr = lp_device_malloc(bytes, what);
+        s->bytes = bytes;
+    }
+    return s->ptr;
+}
+static LPScratch lp_partials;  // fp32 partial sums of the deterministic two-pass reductions
+
+// D = alpha * op(A) op(B) + beta * D in cuBLAS's column-major terms (a row-major matrix is its own
+// transpose there), bf16 in and out, fp32 accumulation. Optional epilogues: + bias (length m, broadcast
+// over columns) and GELU, with the pre-activation written to gelu_aux. batch > 1 runs strided batches.
+static inline void lp_gemm(int transA, int transB, int m, int n, int k, const floatX* A, int lda, long long strideA,
+                           const floatX* B, int ldb, long long strideB, floatX* D, int ldd, long long strideD,
+                           int batch, float alpha, float beta, const floatX* bias, floatX* gelu_aux) {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, transA ? k : m, transA ? m : k, lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, transB ? n : k, transB ? k : n, ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, ldd));
+    if (batch > 1) {
+        cublasLtMatrixLayout_t layouts[3] = {la, lb, ld};
+        long long strides[3] = {strideA, strideB, strideD};
+        for (int i = 0; i < 3; i++) {
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+            cublasCheck(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                         &strides[i], sizeof(strides[i])));
+        }
+    }
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (bias && gelu_aux) epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    else if (bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
+    else if (gelu_aux) epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (bias) {
+        cudaDataType_t bias_type = CUDA_R_16BF;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (gelu_aux) {
+        long long aux_ld = ldd;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux, sizeof(gelu_aux)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    }
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &lp_cublaslt_workspace_size, sizeof(lp_cublaslt_workspace_size)));
+    cublasLtMatmulHeuristicResult_t heuristic;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(lp_cublaslt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
+    if (found == 0)
+        lp_fail("cuBLASLt has no algorithm for a %s%s GEMM m=%d n=%d k=%d batch=%d (epilogue %d)", transA ? "T" : "N",
+                transB ? "T" : "N", m, n, k, batch, (int)epilogue);
+    cublasCheck(cublasLtMatmul(lp_cublaslt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heuristic.algo,
+                               lp_cublaslt_workspace, lp_cublaslt_workspace_size, 0));
+    cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
+    cublasCheck(cublasLtMatrixLayoutDestroy(la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
+    cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+#endif
+
 // --- encoder: out[b,t,:] = wte[token] + wpe[t]
 static inline void lp_encoder_forward_cpu(float* out, const int* inp, const float* wte, const float* wpe,
                                           int B, int T, int C) {
@@ -413,6 +517,74 @@ static inline void lp_encoder_backward_cpu(float* dwte, float* dwpe, const float
         for (int c = 0; c < C; c++) dw[c] += d[c];
     }
 }
+
+#ifndef LLMPAR_CPU
+__global__ void lp_encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B,
+                                          int T, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * T * C) return;
+    size_t bt = i / C, c = i % C;
+    out[i] = lp_xf(lp_bf(wte[(size_t)inp[bt] * C + c]) + lp_bf(wpe[(bt % T) * C + c]));
+}
+static inline void lp_encoder_forward_gpu(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B,
+                                          int T, int C) {
+    size_t n = (size_t)B * T * C;
+    lp_encoder_forward_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(out, inp, wte, wpe, B, T, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// dwte: one thread per (distinct token, channel) sums that token's positions in order.
+// index = [tokens (U)] [start (U+1)] [positions (B*T)], positions grouped by token.
+__global__ void lp_encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* index, int U, int C) {
+    int u = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int* start = index + U;
+    const int* positions = index + 2 * U + 1;
+    float s = 0.0f;
+    for (int j = start[u]; j < start[u + 1]; j++) s += lp_bf(dout[(size_t)positions[j] * C + c]);
+    size_t w = (size_t)index[u] * C + c;
+    dwte[w] = lp_xf(lp_bf(dwte[w]) + s);
+}
+__global__ void lp_encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (t, c)
+    if (i >= (size_t)T * C) return;
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) s += lp_bf(dout[(size_t)b * T * C + i]);
+    dwpe[i] = lp_xf(lp_bf(dwpe[i]) + s);
+}
+static LPScratch lp_encoder_index;  // device copy of the grouping below
+static inline void lp_encoder_backward_gpu(floatX* dwte, floatX* dwpe, const floatX* dout, const int* tokens, int B,
+                                           int T, int C) {
+    int N = B * T, max_token = 0;
+    for (int i = 0; i < N; i++) if (tokens[i] > max_token) max_token = tokens[i];
+    // counting sort of positions by token on the host: deterministic sums without atomics on the GPU
+    int* count = (int*)calloc((size_t)max_token + 2, sizeof(int));
+    int* index = (int*)lp_host_malloc((size_t)(3 * N + 1) * sizeof(int), "encoder backward index");
+    if (!count) lp_fail("out of host memory in the encoder backward");
+    for (int i = 0; i < N; i++) count[tokens[i] + 1]++;
+    int U = 0;
+    for (int v = 0; v <= max_token; v++) U += count[v + 1] > 0;
+    int* uniq = index;
+    int* start = index + U;
+    int* positions = index + 2 * U + 1;
+    for (int v = 0, u = 0; v <= max_token; v++) {  // count[v] becomes the first slot of token v
+        count[v + 1] += count[v];
+        if (count[v + 1] > count[v]) { uniq[u] = v; start[u] = count[v]; u++; }
+    }
+    start[U] = N;
+    for (int i = 0; i < N; i++) positions[count[tokens[i]]++] = i;  // in increasing position order
+    size_t bytes = (size_t)(2 * U + 1 + N) * sizeof(int);
+    int* d_index = (int*)lp_scratch(&lp_encoder_index, bytes, "encoder backward index");
+    lp_copy_to_device(d_index, index, bytes);
+    free(count);
+    free(index);
+    dim3 grid(lp_grid(C, LP_THREADS), U);
+    lp_encoder_backward_wte_kernel<<<grid, LP_THREADS>>>(dwte, dout, d_index, U, C);
+    cudaCheck(cudaGetLastError());
+    lp_encoder_backward_wpe_kernel<<<lp_grid((size_t)T * C, LP_THREADS), LP_THREADS>>>(dwpe, dout, B, T, C);
+    cudaCheck(cudaGetLastError());
+}
+#endif
 
 // --- layernorm (eps 1e-5, biased variance); mean and rstd are kept in fp32 for the backward pass
 static inline void lp_layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp,
@@ -476,6 +648,95 @@ static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, 
     }
 }
 
+#ifndef LLMPAR_CPU
+// One warp per row. With inp2 non-NULL the row is first residual = inp1 + inp2 (stored, rounded to bf16)
+// and the LayerNorm reads the rounded values, exactly what the backward pass will see.
+__global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1,
+                                            const floatX* inp2, const floatX* w, const floatX* b, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    size_t base = (size_t)row * C;
+    const floatX* x = inp1 + base;
+    if (inp2) {
+        for (int c = lane; c < C; c += 32) residual[base + c] = lp_xf(lp_bf(inp1[base + c]) + lp_bf(inp2[base + c]));
+        x = residual + base;  // each lane reads back only what it wrote
+    }
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += lp_bf(x[c]);
+    float m = lp_warp_sum(s) / C;
+    float v = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float d = lp_bf(x[c]) - m;
+        v += d * d;
+    }
+    float r = rsqrtf(lp_warp_sum(v) / C + 1e-5f);
+    for (int c = lane; c < C; c += 32) out[base + c] = lp_xf((lp_bf(x[c]) - m) * r * lp_bf(w[c]) + lp_bf(b[c]));
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                                            const floatX* b, int N, int C) {
+    lp_layernorm_forward_kernel<<<lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS>>>(NULL, out, mean, rstd, inp, NULL, w, b, N, C);
+    cudaCheck(cudaGetLastError());
+}
+static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* out, float* mean, float* rstd,
+                                                     const floatX* inp1, const floatX* inp2, const floatX* w,
+                                                     const floatX* b, int N, int C) {
+    lp_layernorm_forward_kernel<<<lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS>>>(residual, out, mean, rstd, inp1, inp2, w, b, N, C);
+    cudaCheck(cudaGetLastError());
+}
+
+// Backward in two passes, deterministic: each 32-thread block walks a fixed set of rows, adds into dinp,
+// and keeps its share of dw and db in shared memory (lane l owns channels l, l+32, ...); a second kernel
+// sums the blocks' shares in block order.
+#define LP_LN_BLOCKS 512
+__global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                             const floatX* w, const float* mean, const float* rstd, int N, int C) {
+    extern __shared__ float share[];  // dw then db, C each
+    int lane = threadIdx.x;
+    for (int c = lane; c < 2 * C; c += 32) share[c] = 0.0f;
+    for (int row = blockIdx.x; row < N; row += gridDim.x) {
+        size_t base = (size_t)row * C;
+        float m = mean[row], r = rstd[row], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int c = lane; c < C; c += 32) {
+            float norm = (lp_bf(inp[base + c]) - m) * r, d = lp_bf(dout[base + c]) * lp_bf(w[c]);
+            dnorm_mean += d;
+            dnorm_norm_mean += d * norm;
+        }
+        dnorm_mean = lp_warp_sum(dnorm_mean) / C;
+        dnorm_norm_mean = lp_warp_sum(dnorm_norm_mean) / C;
+        for (int c = lane; c < C; c += 32) {
+            float norm = (lp_bf(inp[base + c]) - m) * r, g = lp_bf(dout[base + c]);
+            float di = (g * lp_bf(w[c]) - dnorm_mean - norm * dnorm_norm_mean) * r;
+            dinp[base + c] = lp_xf(lp_bf(dinp[base + c]) + di);
+            share[c] += g * norm;
+            share[C + c] += g;
+        }
+    }
+    for (int c = lane; c < 2 * C; c += 32) partials[(size_t)blockIdx.x * 2 * C + c] = share[c];
+}
+__global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int blocks, int stride, int n) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) return;
+    float s = 0.0f;
+    for (int p = 0; p < blocks; p++) s += partials[(size_t)p * stride + c];
+    out[c] = lp_xf(lp_bf(out[c]) + s);
+}
+static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* db, const floatX* dout, const floatX* inp,
+                                             const floatX* w, const float* mean, const float* rstd, int N, int C) {
+    int blocks = N < LP_LN_BLOCKS ? N : LP_LN_BLOCKS;
+    float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
+    lp_layernorm_backward_kernel<<<blocks, 32, 2 * C * sizeof(float)>>>(dinp, partials, dout, inp, w, mean, rstd, N, C);
+    cudaCheck(cudaGetLastError());
+    lp_sum_partials_kernel<<<lp_grid(C, LP_THREADS), LP_THREADS>>>(dw, partials, blocks, 2 * C, C);
+    cudaCheck(cudaGetLastError());
+    lp_sum_partials_kernel<<<lp_grid(C, LP_THREADS), LP_THREADS>>>(db, partials + C, blocks, 2 * C, C);
+    cudaCheck(cudaGetLastError());
+}
+#endif
+
 // --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
 // pre_gelu keeps the pre-activation for backward and out = gelu(pre_gelu). bias may be NULL.
 static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const float* inp, const float* weight,
@@ -535,6 +796,51 @@ static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const flo
 #pragma omp parallel for
     for (int i = 0; i < N; i++) dinp[i] = lp_gelu_grad(inp[i]) * dout[i];
 }
+
+#ifndef LLMPAR_CPU
+// Row-major out (N,OC) is column-major (OC,N): out = weight (C,OC)^T-as-stored times inp, so the GEMM is
+// m=OC, n=N, k=C with the weight transposed. Bias and GELU ride in cuBLASLt's epilogue.
+static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
+                                         const floatX* bias, int N, int C, int OC) {
+    if (pre_gelu) lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, pre_gelu);
+    else lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, NULL);
+}
+
+// Column sums of dout (N,OC), two passes for determinism: row chunks into partials, then in order.
+#define LP_BIAS_CHUNKS 64
+__global__ void lp_bias_partials_kernel(float* partials, const floatX* dout, int N, int OC) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (o >= OC) return;
+    int rows = (N + gridDim.y - 1) / gridDim.y, end = min(N, (chunk + 1) * rows);
+    float s = 0.0f;
+    for (int i = chunk * rows; i < end; i++) s += lp_bf(dout[(size_t)i * OC + o]);
+    partials[(size_t)chunk * OC + o] = s;
+}
+static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
+                                          const floatX* inp, const floatX* weight, int N, int C, int OC) {
+    // dinp (N,C) = dout (N,OC) @ weight (OC,C): column-major m=C, n=N, k=OC; overwritten
+    lp_gemm(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, NULL, NULL);
+    // dweight (OC,C) += dout^T @ inp: column-major m=C, n=OC, k=N; accumulated (beta 1)
+    lp_gemm(0, 1, C, OC, N, inp, C, 0, dout, OC, 0, dweight, C, 0, 1, 1.0f, 1.0f, NULL, NULL);
+    if (dbias) {
+        float* partials = (float*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * OC * sizeof(float), "reduction partials");
+        dim3 grid(lp_grid(OC, LP_THREADS), LP_BIAS_CHUNKS);
+        lp_bias_partials_kernel<<<grid, LP_THREADS>>>(partials, dout, N, OC);
+        cudaCheck(cudaGetLastError());
+        lp_sum_partials_kernel<<<lp_grid(OC, LP_THREADS), LP_THREADS>>>(dbias, partials, LP_BIAS_CHUNKS, OC, OC);
+        cudaCheck(cudaGetLastError());
+    }
+}
+
+__global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, int N) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) dinp[i] = lp_xf(lp_gelu_grad(lp_bf(inp[i])) * lp_bf(dout[i]));
+}
+static inline void lp_gelu_backward_gpu(floatX* dinp, const floatX* inp, const floatX* dout, int N) {
+    lp_gelu_backward_kernel<<<lp_grid(N, LP_THREADS), LP_THREADS>>>(dinp, inp, dout, N);
+    cudaCheck(cudaGetLastError());
+}
+#endif
 
 // --- causal self-attention. The CPU loop follows the CUDA algorithm step by step:
 //   permute qkv (B,T,3,NH,HS) -> qkvr (3,B,NH,T,HS); att = softmax(scale * q k^T) with the causal mask;
@@ -644,6 +950,95 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
     }
 }
 
+#ifndef LLMPAR_CPU
+// (B,T,3,NH,HS) <-> (3,B,NH,T,HS), one thread per element; to_rows picks the direction
+__global__ void lp_permute_qkv_kernel(floatX* dst, const floatX* src, int B, int T, int C, int NH, int to_rows) {
+    int HS = C / NH;
+    size_t plane = (size_t)B * NH * T * HS, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // permuted index
+    if (i >= 3 * plane) return;
+    size_t which = i / plane, r = i % plane;
+    size_t d = r % HS, t = (r / HS) % T, h = (r / HS / T) % NH, b = r / HS / T / NH;
+    size_t j = (b * T + t) * 3 * C + which * C + h * HS + d;  // row-major index
+    if (to_rows) dst[j] = src[i];
+    else dst[i] = src[j];
+}
+// (B,NH,T,HS) <-> (B,T,NH*HS) for one tensor; to_rows picks the direction
+__global__ void lp_permute_heads_kernel(floatX* dst, const floatX* src, int B, int T, int C, int NH, int to_rows) {
+    int HS = C / NH;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // per-head index
+    if (i >= (size_t)B * T * C) return;
+    size_t d = i % HS, t = (i / HS) % T, h = (i / HS / T) % NH, b = i / HS / T / NH;
+    size_t j = (b * T + t) * C + h * HS + d;
+    if (to_rows) dst[j] = src[i];
+    else dst[i] = src[j];
+}
+// One warp per row t1 of one (b,h): probabilities exp(scale (s - max)) / sum over t2 <= t1, zero after.
+__global__ void lp_softmax_causal_kernel(floatX* att, int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t1 = row % T;
+    floatX* a = att + (size_t)row * T;
+    float maxv = -INFINITY;
+    for (int t2 = lane; t2 <= t1; t2 += 32) maxv = fmaxf(maxv, lp_bf(a[t2]));
+    maxv = lp_warp_max(maxv);
+    float sum = 0.0f;
+    for (int t2 = lane; t2 <= t1; t2 += 32) sum += expf(scale * (lp_bf(a[t2]) - maxv));
+    sum = lp_warp_sum(sum);
+    for (int t2 = lane; t2 < T; t2 += 32) a[t2] = lp_xf(t2 <= t1 ? expf(scale * (lp_bf(a[t2]) - maxv)) / sum : 0.0f);
+}
+// In place: datt -> dpre = scale * att * (datt - sum_t2 att * datt), zero above the diagonal.
+__global__ void lp_softmax_causal_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t1 = row % T;
+    floatX* d = datt + (size_t)row * T;
+    const floatX* a = att + (size_t)row * T;
+    float dot = 0.0f;
+    for (int t2 = lane; t2 <= t1; t2 += 32) dot += lp_bf(a[t2]) * lp_bf(d[t2]);
+    dot = lp_warp_sum(dot);
+    for (int t2 = lane; t2 < T; t2 += 32) d[t2] = lp_xf(t2 <= t1 ? scale * lp_bf(a[t2]) * (lp_bf(d[t2]) - dot) : 0.0f);
+}
+
+static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C,
+                                            int NH) {
+    int HS = C / NH, BNH = B * NH;
+    size_t plane = (size_t)B * NH * T * HS;
+    long long sh = (long long)T * HS, st = (long long)T * T;
+    const floatX *q = qkvr, *k = qkvr + plane, *v = qkvr + 2 * plane;
+    lp_permute_qkv_kernel<<<lp_grid(3 * plane, LP_THREADS), LP_THREADS>>>(qkvr, qkv, B, T, C, NH, 0);
+    cudaCheck(cudaGetLastError());
+    // att (T1,T2) row-major = q k^T per (b,h): column-major m=T2, n=T1, k=HS with k transposed
+    lp_gemm(1, 0, T, T, HS, k, HS, sh, q, HS, sh, att, T, st, BNH, 1.0f, 0.0f, NULL, NULL);
+    lp_softmax_causal_kernel<<<lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS>>>(att, BNH * T, T, lp_attention_scale(C, NH));
+    cudaCheck(cudaGetLastError());
+    // y (T,HS) = att v per (b,h), into the qkv buffer (free now: backward reads qkvr)
+    lp_gemm(0, 0, HS, T, T, v, HS, sh, att, T, st, qkv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);
+    lp_permute_heads_kernel<<<lp_grid(plane, LP_THREADS), LP_THREADS>>>(out, qkv, B, T, C, NH, 1);
+    cudaCheck(cudaGetLastError());
+}
+
+static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch,
+                                             const floatX* dout, const floatX* qkvr, const floatX* att, int B, int T,
+                                             int C, int NH) {
+    int HS = C / NH, BNH = B * NH;
+    size_t plane = (size_t)B * NH * T * HS;
+    long long sh = (long long)T * HS, st = (long long)T * T;
+    const floatX *q = qkvr, *k = qkvr + plane, *v = qkvr + 2 * plane;
+    floatX *dq = dqkvr, *dk = dqkvr + plane, *dv = dqkvr + 2 * plane, *dy = scratch;
+    lp_permute_heads_kernel<<<lp_grid(plane, LP_THREADS), LP_THREADS>>>(dy, dout, B, T, C, NH, 0);
+    cudaCheck(cudaGetLastError());
+    lp_gemm(1, 0, T, T, HS, v, HS, sh, dy, HS, sh, datt, T, st, BNH, 1.0f, 0.0f, NULL, NULL);  // datt = dy v^T
+    lp_gemm(0, 1, HS, T, T, dy, HS, sh, att, T, st, dv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dv = att^T dy
+    lp_softmax_causal_backward_kernel<<<lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS>>>(datt, att, BNH * T, T,
+                                                                                               lp_attention_scale(C, NH));
+    cudaCheck(cudaGetLastError());
+    lp_gemm(0, 0, HS, T, T, k, HS, sh, datt, T, st, dq, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dq = dpre k
+    lp_gemm(0, 1, HS, T, T, q, HS, sh, datt, T, st, dk, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dk = dpre^T q
+    lp_permute_qkv_kernel<<<lp_grid(3 * plane, LP_THREADS), LP_THREADS>>>(dqkv, dqkvr, B, T, C, NH, 1);
+    cudaCheck(cudaGetLastError());
+}
+#endif
+
 // --- fused classifier: per row, softmax over the V real tokens, loss = -log p[target], and the logits
 // are overwritten by their gradient (p - onehot) * dloss (0 on the padding), in one pass over the row.
 static inline void lp_fused_classifier_cpu(float* logits, float* losses, float dloss, const int* targets,
@@ -661,6 +1056,30 @@ static inline void lp_fused_classifier_cpu(float* logits, float* losses, float d
         for (int v = V; v < Vp; v++) row[v] = 0.0f;
     }
 }
+
+#ifndef LLMPAR_CPU
+// One block per row; three reads of the bf16 row (max, sum, gradient), no fp32 copy of the logits.
+__global__ void lp_fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* targets, int V, int Vp) {
+    floatX* row = logits + (size_t)blockIdx.x * Vp;
+    float maxv = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) maxv = fmaxf(maxv, lp_bf(row[v]));
+    maxv = lp_block_reduce(maxv, 1);
+    float sum = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(lp_bf(row[v]) - maxv);
+    sum = lp_block_reduce(sum, 0);
+    int target = targets[blockIdx.x];
+    float target_logit = lp_bf(row[target]);
+    __syncthreads();  // everyone has read the target's logit before it is overwritten
+    if (threadIdx.x == 0) losses[blockIdx.x] = logf(sum) + maxv - target_logit;
+    for (int v = threadIdx.x; v < Vp; v += blockDim.x)
+        row[v] = lp_xf(v < V ? (expf(lp_bf(row[v]) - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f);
+}
+static inline void lp_fused_classifier_gpu(floatX* logits, float* losses, float dloss, const int* targets, int N, int V,
+                                           int Vp) {
+    lp_fused_classifier_kernel<<<N, 1024>>>(logits, losses, dloss, targets, V, Vp);
+    cudaCheck(cudaGetLastError());
+}
+#endif
 
 // --- AdamW on one tensor. master (fp32) is the truth; params are its copy in the compute type (the CUDA
 // kernel rounds stochastically to bf16, seeded per step and tensor). grads are scaled by grad_scale
@@ -680,6 +1099,44 @@ static inline void lp_adamw_cpu(float* params, float* master, const float* grads
     }
 }
 
+#ifndef LLMPAR_CPU
+// Stochastic rounding fp32 -> bf16: add 16 random bits below bf16's last mantissa bit, then truncate.
+// The result rounds up with probability equal to the dropped fraction, so E[bf16] = fp32 and updates
+// smaller than half a bf16 step still move the weights on average.
+static __device__ inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i) {
+    uint32_t h = (uint32_t)i * 0x9E3779B1u ^ (uint32_t)(i >> 32) ^ seed;  // murmur3's finaliser as a hash
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    uint32_t bits = (__float_as_uint(x) + (h & 0xFFFFu)) & 0xFFFF0000u;
+    return __float2bfloat16_rz(__uint_as_float(bits));
+}
+__global__ void lp_adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                                float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
+                                float weight_decay, float grad_scale, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = lp_bf(grads[i]) * grad_scale;
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float w = master[i];
+    w -= lr * ((mi / beta1_corr) / (sqrtf(vi / beta2_corr) + eps) + weight_decay * w);
+    master[i] = w;
+    params[i] = lp_stochastic_round(w, seed, i);
+}
+static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                                float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
+                                float weight_decay, float grad_scale, uint32_t seed) {
+    lp_adamw_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(params, master, grads, m, v, n, lr, beta1, beta2, beta1_corr,
+                                                             beta2_corr, eps, weight_decay, grad_scale, seed);
+    cudaCheck(cudaGetLastError());
+}
+#endif
+
 // sum of squares of x, accumulated in double on the CPU (the CUDA version reduces in fp32 per block)
 static inline float lp_norm_squared_cpu(const float* x, size_t n) {
     double s = 0.0;
@@ -688,9 +1145,50 @@ static inline float lp_norm_squared_cpu(const float* x, size_t n) {
     return (float)s;
 }
 
+#ifndef LLMPAR_CPU
+// Fixed grid, so the partial sums and their order are the same on every call: deterministic.
+#define LP_NORM_BLOCKS 512
+__global__ void lp_norm_squared_kernel(float* partials, const floatX* x, size_t n) {
+    float s = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float f = lp_bf(x[i]);
+        s += f * f;
+    }
+    s = lp_block_reduce(s, 0);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+__global__ void lp_sum_kernel(float* out, const float* partials, int n) {  // one block
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += partials[i];
+    s = lp_block_reduce(s, 0);
+    if (threadIdx.x == 0) *out = s;
+}
+static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
+    float* partials = (float*)lp_scratch(&lp_partials, (LP_NORM_BLOCKS + 1) * sizeof(float), "reduction partials");
+    lp_norm_squared_kernel<<<LP_NORM_BLOCKS, LP_THREADS>>>(partials, x, n);
+    cudaCheck(cudaGetLastError());
+    lp_sum_kernel<<<1, LP_THREADS>>>(partials + LP_NORM_BLOCKS, partials, LP_NORM_BLOCKS);
+    cudaCheck(cudaGetLastError());
+    float result;
+    lp_copy_to_host(&result, partials + LP_NORM_BLOCKS, sizeof(float));
+    return result;
+}
+#endif
+
 // fp32 -> compute type (used to load master weights into params)
 static inline void lp_convert_cpu(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
 
+
+#ifndef LLMPAR_CPU
+__global__ void lp_convert_kernel(floatX* dst, const float* src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = lp_xf(src[i]);
+}
+static inline void lp_convert_gpu(floatX* dst, const float* src, size_t n) {
+    lp_convert_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(dst, src, n);
+    cudaCheck(cudaGetLastError());
+}
+#endif
 
 // Copy n values of the compute type from the device into host floats (for reading params, grads, logits).
 static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {

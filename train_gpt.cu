@@ -262,9 +262,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
     lp_model_alloc_activations(&model, f->B, f->T);
     double MiB = 1048576.0;
-    char engine[256];
-    lp_engine_name(engine, sizeof(engine));
-    lp_log("engine           %s\n", engine);
+    lp_log("engine           %s\n", lp_engine_name());
     lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", cfg.num_layers,
            cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len, model.num_params);
     lp_log("data             %d train shard(s), %zu batches per epoch; %d val shard(s)\n", train.num_files,
