@@ -251,6 +251,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_fail("flag -d: %d tokens is not a multiple of -b * -t * ranks = %d", total_batch, tokens_per_micro);
     int accum = total_batch / tokens_per_micro;
 
+    lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
+    lp_model_alloc_activations(&model, f->B, f->T);
     LPDataLoader train, val;
     lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->rank, proc->world, cfg.vocab_size);
     int has_val = f->val_data[0] != '\0' && f->val_every > 0;
@@ -259,8 +261,6 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     if (f->sample_every > 0) lp_tokenizer_load(&tok, f->tokenizer);
     else memset(&tok, 0, sizeof(tok));
 
-    lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
-    lp_model_alloc_activations(&model, f->B, f->T);
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
     lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", cfg.num_layers,
