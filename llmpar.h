@@ -536,7 +536,7 @@ static inline void lp_encoder_forward_gpu(floatX* out, const int* inp, const flo
 // dwte: one thread per (distinct token, channel) sums that token's positions in order.
 // index = [tokens (U)] [start (U+1)] [positions (B*T)], positions grouped by token.
 __global__ void lp_encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* index, int U, int C) {
-    int u = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    int u = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;  // u in x: up to V distinct tokens
     if (c >= C) return;
     const int* start = index + U;
     const int* positions = index + 2 * U + 1;
@@ -578,7 +578,7 @@ static inline void lp_encoder_backward_gpu(floatX* dwte, floatX* dwpe, const flo
     lp_copy_to_device(d_index, index, bytes);
     free(count);
     free(index);
-    dim3 grid(lp_grid(C, LP_THREADS), U);
+    dim3 grid(U, lp_grid(C, LP_THREADS));
     lp_encoder_backward_wte_kernel<<<grid, LP_THREADS>>>(dwte, dout, d_index, U, C);
     cudaCheck(cudaGetLastError());
     lp_encoder_backward_wpe_kernel<<<lp_grid((size_t)T * C, LP_THREADS), LP_THREADS>>>(dwpe, dout, B, T, C);
@@ -802,8 +802,7 @@ static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const flo
 // m=OC, n=N, k=C with the weight transposed. Bias and GELU ride in cuBLASLt's epilogue.
 static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
                                          const floatX* bias, int N, int C, int OC) {
-    if (pre_gelu) lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, pre_gelu);
-    else lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, NULL);
+    lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, pre_gelu);
 }
 
 // Column sums of dout (N,OC), two passes for determinism: row chunks into partials, then in order.
