@@ -3,13 +3,14 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
 
   1. basics      errors that name what failed, files, timers, RNG, device memory
   2. config      the model's shape, GPT-2 presets, parameter tensor sizes
-  3. process     MPI start-up, rank and world, GPU choice
-  4. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
-  5. model       parameters, activations, forward, backward
-  6. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
-  7. data        llm.c token shards, deterministic order, resumable position
-  8. files       model files (llm.c format), checkpoints, tokenizer
-  9. plan        FLOPs per token and the device's peak rate (for MFU)
+  3. topology    MPI start-up, the t x d x p grid of ranks and its groups, GPU choice
+  4. comm        collectives on a group (MPI transport)
+  5. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
+  6. model       parameters, activations, forward, backward
+  7. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
+  8. data        llm.c token shards, per-DP-rank slices, deterministic order, resumable position
+  9. files       model files (llm.c format), checkpoints, tokenizer
+ 10. plan        FLOPs per token and the device's peak rate (for MFU)
 
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
@@ -279,12 +280,78 @@ static inline int lp_config_from_depth(LPConfig* c, const char* name) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 3. process
+// 3. topology
+//
+// The world is a grid of t x d x p ranks (tensor, data, pipeline). TP is innermost because tensor-parallel
+// ranks exchange the most data (they should share a node), then DP, then PP outermost:
+//     rank = (pp_rank * d + dp_rank) * t + tp_rank
+// Each rank belongs to one group per dimension: the ranks that differ from it in that coordinate only.
+
+typedef struct {
+#ifdef LLMPAR_MPI
+    MPI_Comm comm;
+#endif
+    int rank, size;
+    const char* name;  // "tp", "dp" or "pp", for error messages
+} LPGroup;
 
 typedef struct {
     int rank, world;
-    int device;  // the GPU this rank uses (CUDA build)
+    int tp, dp, pp;                 // grid sizes: t, d, p
+    int tp_rank, dp_rank, pp_rank;  // this rank's coordinates
+    LPGroup tp_group, dp_group, pp_group;
+    int device;                     // the GPU this rank uses (CUDA build)
 } LPProcess;
+
+static inline void lp_mpi_finalize(void) {
+#ifdef LLMPAR_MPI
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (inited) MPI_Finalize();
+#endif
+}
+
+// An error that every rank detects alike (a flag, the grid): printed once, by rank 0; every rank exits.
+static inline void lp_fail_all(const char* fmt, ...) {
+    if (lp_rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "llmpar: error: ");
+        vfprintf(stderr, fmt, ap);
+        fprintf(stderr, "\n");
+        va_end(ap);
+        fflush(stderr);
+    }
+    lp_mpi_finalize();
+    exit(1);
+}
+
+// Place this rank on the t x d x p grid (d = world / (t p)) and make its three groups.
+static inline void lp_grid_init(LPProcess* p, int tp, int pp) {
+    if (tp < 1 || pp < 1) lp_fail_all("--tp %d --pp %d: sizes must be >= 1", tp, pp);
+    if (p->world % (tp * pp) != 0)
+        lp_fail_all("--tp %d --pp %d: t*p = %d does not divide the %d ranks (world = t*p*d)", tp, pp, tp * pp, p->world);
+    p->tp = tp;
+    p->pp = pp;
+    p->dp = p->world / (tp * pp);
+    p->tp_rank = p->rank % tp;
+    p->dp_rank = (p->rank / tp) % p->dp;
+    p->pp_rank = p->rank / (tp * p->dp);
+    LPGroup* groups[3] = {&p->tp_group, &p->dp_group, &p->pp_group};
+    const char* names[3] = {"tp", "dp", "pp"};
+    int sizes[3] = {tp, p->dp, pp}, ranks[3] = {p->tp_rank, p->dp_rank, p->pp_rank};
+    for (int i = 0; i < 3; i++) {
+        groups[i]->name = names[i];
+        groups[i]->size = sizes[i];
+        groups[i]->rank = ranks[i];
+#ifdef LLMPAR_MPI
+        // the group's members share the other two coordinates: that pair is the split colour
+        int color = i == 0 ? p->pp_rank * p->dp + p->dp_rank : i == 1 ? p->pp_rank * tp + p->tp_rank : p->dp_rank * tp + p->tp_rank;
+        MPI_Comm_split(MPI_COMM_WORLD, color, ranks[i], &groups[i]->comm);
+        MPI_Comm_set_errhandler(groups[i]->comm, MPI_ERRORS_RETURN);  // so failures name the collective
+#endif
+    }
+}
 
 #ifndef LLMPAR_CPU
 static cublasLtHandle_t lp_cublaslt;
@@ -293,11 +360,10 @@ static const size_t lp_cublaslt_workspace_size = 32 << 20;
 static cudaDeviceProp lp_device_prop;
 #endif
 
-// Starts MPI (when built with it) and learns this process's rank.
+// Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
 static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
-    p->rank = 0;
+    memset(p, 0, sizeof(*p));
     p->world = 1;
-    p->device = 0;
 #ifdef LLMPAR_MPI
     MPI_Init(argc, argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
@@ -364,13 +430,73 @@ static inline void lp_process_finish(LPProcess* p) {
     }
 #endif
     (void)p;
+    lp_mpi_finalize();
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 4. comm
+//
+// Collectives on a group. The MPI transport works on both builds: the CPU build hands MPI its fp32
+// buffers; the CUDA build stages bf16 tensors through host fp32 buffers (MPI has no bf16 sum). A group
+// of one rank returns at once, so single-rank runs pay nothing.
+
 #ifdef LLMPAR_MPI
-    MPI_Finalize();
+static inline void lp_mpi_check(int err, const char* op, const LPGroup* g) {
+    if (err == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(err, msg, &len);
+    lp_fail("MPI %s on group %s (rank %d of %d) failed: %s", op, g->name, g->rank, g->size, msg);
+}
+
+// MPI counts are int: large buffers go in chunks
+static inline void lp_mpi_all_reduce_f32(const LPGroup* g, float* x, size_t n) {
+    for (size_t off = 0; off < n; off += (size_t)1 << 30) {
+        int count = (int)(n - off < ((size_t)1 << 30) ? n - off : ((size_t)1 << 30));
+        lp_mpi_check(MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_FLOAT, MPI_SUM, g->comm), "all-reduce", g);
+    }
+}
+#endif
+
+// Sum a device tensor of the compute type over the group, in place; divide by the group size when
+// `average` (DP gradient averaging).
+static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int average) {
+    if (g->size == 1) return;
+#ifdef LLMPAR_MPI
+    float scale = average ? 1.0f / g->size : 1.0f;
+#ifdef LLMPAR_CPU
+    lp_mpi_all_reduce_f32(g, x, n);
+    if (average)
+        for (size_t i = 0; i < n; i++) x[i] *= scale;
+#else
+    floatX* staged = (floatX*)lp_host_malloc(n * sizeof(floatX), "all-reduce staging");
+    float* sum = (float*)lp_host_malloc(n * sizeof(float), "all-reduce staging");
+    lp_copy_to_host(staged, x, n * sizeof(floatX));
+    for (size_t i = 0; i < n; i++) sum[i] = __bfloat162float(staged[i]);
+    lp_mpi_all_reduce_f32(g, sum, n);
+    for (size_t i = 0; i < n; i++) staged[i] = __float2bfloat16_rn(sum[i] * scale);
+    lp_copy_to_device(x, staged, n * sizeof(floatX));
+    free(staged);
+    free(sum);
+#endif
+#else
+    (void)x;
+    (void)n;
+    (void)average;
+#endif
+}
+
+// Average n host floats (losses) over the group, in place.
+static inline void lp_average_host(const LPGroup* g, float* x, int n) {
+    if (g->size == 1) return;
+#ifdef LLMPAR_MPI
+    lp_mpi_all_reduce_f32(g, x, (size_t)n);
+    for (int i = 0; i < n; i++) x[i] /= g->size;
 #endif
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 4. kernels
+// 5. kernels
 //
 // Shapes: B batch, T time, C channels, N = B*T rows, OC output channels, NH heads, HS = C/NH.
 // The CPU loops take float; the CUDA launchers take floatX (bf16). On the CPU build floatX is float, so
@@ -1202,7 +1328,7 @@ static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 5. model
+// 6. model
 //
 // One rank's GPT-2: parameters in one buffer (the 16 tensors back to back, llm.c order), and the
 // activations the backward pass needs, per layer. The forward pass fuses each residual add with the
@@ -1491,7 +1617,7 @@ static inline void lp_model_free(LPModel* m) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 6. optimizer
+// 7. optimizer
 
 typedef struct {
     float beta1, beta2, eps, weight_decay;
@@ -1526,7 +1652,7 @@ static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 7. data
+// 8. data
 //
 // llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens.
 // A global batch of ranks*B*T tokens is read from the shard at `pos`; rank r takes the r-th B*T slice
@@ -1642,7 +1768,7 @@ static inline void lp_dataloader_free(LPDataLoader* d) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 8. files
+// 9. files
 //
 // Model file (llm.c): 256 x int32 header [magic 20240326, version, maxT, V, L, NH, C, Vp], then the 16
 // tensors in order, fp32 (version 3) or bf16 (version 5). Files are written to NAME.tmp and renamed,
@@ -1928,7 +2054,7 @@ static inline void lp_tokenizer_free(LPTokenizer* t) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 9. plan
+// 10. plan
 
 // Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul (the LM head
 // counts wte; wpe and LayerNorm do no matmul work) plus attention's q k^T and att v: 12 L C T.

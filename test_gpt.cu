@@ -341,7 +341,7 @@ static void test_bad_input(void) {
     BAD("bad input: truncated shard", "shard_short.bin: file is truncated", "-e %s -i %s %s", good, tmp_path("shard_short.bin"), base);
     BAD("bad input: token id >= vocab", "oov.bin: token id 200 at token 150 is >= the model's vocabulary size 97", "-e %s -i %s -j '' %s -x 20", good, tmp_path("oov.bin"), base);
     BAD("bad input: -t beyond the model's maximum", "flag -t: sequence length 32 exceeds the model's maximum 16", "-e %s -i %s -b 2 -t 32", good, tmp_path("ok.bin"));
-    BAD("bad input: -d not a multiple of B*T", "flag -d: 100 tokens is not a multiple of -b * -t * ranks = 32", "-e %s -i %s %s -d 100", good, tmp_path("ok.bin"), base);
+    BAD("bad input: -d not a multiple of B*T", "flag -d: 100 tokens is not a multiple of -b * -t * d = 32", "-e %s -i %s %s -d 100", good, tmp_path("ok.bin"), base);
     char help[16384];
     int help_rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
     const char* flags[] = {"-i ", "-j ", "-e ", "-o ", "-b ", "-t ", "-d ", "-x ", "-l ", "-u ", "-q ", "-k ", "-c ",
@@ -688,6 +688,116 @@ static void test_training_runs(void) {
     }
     expect(saved_ok, "the resumed run's checkpoint model.bin is a plain llm.c model file");
 }
+
+// ----------------------------------------------------------------------------------------------------
+// tier 3: the parallel engine under mpirun, against one rank
+
+// Final weights of a run: the model.bin of its last checkpoint.
+static float* run_weights(const char* dir, int step, size_t* n) {
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/step_%08d/model.bin", dir, step);
+    if (access(path, R_OK) != 0) return NULL;
+    LPModel m;
+    lp_model_load(&m, path);
+    float* w = (float*)lp_host_malloc(m.num_params * 4, "test");
+    read_master(&m, w);
+    *n = m.num_params;
+    lp_model_free(&m);
+    return w;
+}
+
+// Run the CPU engine on `ranks` processes (plain ./train_gpt_cpu for 1); returns the losses found.
+static int run_ranks(int ranks, const char* args, const char* out_dir, float* losses, char* out, size_t out_size) {
+    int rc;
+    if (ranks == 1) rc = run_cmd(out, out_size, "%s %s -o %s", TRAIN_BIN, args, out_dir);
+    else rc = run_cmd(out, out_size, "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -o %s",
+                      ranks, TRAIN_BIN, args, out_dir);
+    int n = parse_losses(out, losses, 64);
+    return rc == 0 ? n : -1;
+}
+
+// Compare the weights of two runs of the tiny model. The key bias is special: softmax ignores a constant
+// added to a row of scores, so its true gradient is exactly zero and what backward computes is rounding
+// noise, which AdamW (eps 1e-8) turns into steps of up to ~lr. It is held to 10 steps x lr = 0.1; every
+// other weight to `atol`.
+static void expect_same_weights(const char* name, const float* got, const float* want, size_t n, float atol) {
+    LPConfig c = tiny_config();
+    size_t sizes[LP_NUM_PARAMS], qkvb = 0;
+    lp_param_sizes(sizes, &c);
+    for (int i = 0; i < LP_QKVB; i++) qkvb += sizes[i];
+    float* g = (float*)lp_host_malloc(n * 4, "test");
+    float* w = (float*)lp_host_malloc(n * 4, "test");
+    size_t m = 0;
+    int key_bias_far = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i - qkvb;  // position inside qkvb when i is there
+        if (i >= qkvb && j < sizes[LP_QKVB] && (int)(j % (3 * c.channels)) / c.channels == 1) {
+            key_bias_far += fabsf(got[i] - want[i]) > 0.1f;
+            continue;
+        }
+        g[m] = got[i];
+        w[m++] = want[i];
+    }
+    expect_close(name, g, w, m, atol, 0.0f);
+    char kname[300];
+    snprintf(kname, sizeof(kname), "%s; key bias within 0.1", name);
+    expect(key_bias_far == 0, kname);
+    free(g);
+    free(w);
+}
+
+// Data parallelism: d ranks with micro-batch B/d give one rank's losses and weights for the same global
+// batch, with and without gradient accumulation. fp32 sums are reordered by the all-reduce, so losses
+// agree to 1e-5 relative and weights after 10 AdamW steps (lr 1e-2) to 1e-5 absolute.
+static void test_data_parallel(void) {
+    static char out[1 << 18];
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("skip: tier 3 (mpirun not found)\n");
+        return;
+    }
+    int tokens[4000];
+    uint64_t rng = 77;
+    for (int i = 0; i < 4000; i++) tokens[i] = lp_rand_u32(&rng) % 97;
+    write_shard(tmp_path("dp_shard.bin"), tokens, 4000);
+    char base[2048];
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("dp_shard.bin"));
+    const char* accum_flags[2] = {"", "-d 256"};
+    for (int acc = 0; acc < 2; acc++) {
+        char args[4096], name[256], ref_dir[LP_PATH_MAX];
+        float ref[64], got[64];
+        snprintf(args, sizeof(args), "%s -b 8 %s", base, accum_flags[acc]);
+        lp_path(ref_dir, "%s", tmp_path(acc ? "dp_ref_acc" : "dp_ref"));
+        int nref = run_ranks(1, args, ref_dir, ref, out, sizeof(out));
+        size_t nw = 0, nw2 = 0;
+        float* wref = run_weights(ref_dir, 10, &nw);
+        expect(nref == 10 && wref, acc ? "1-rank reference run with accumulation" : "1-rank reference run");
+        if (nref != 10 || !wref) { printf("%s\n", out); free(wref); continue; }
+        for (int d = 2; d <= 4; d *= 2) {
+            char dir[LP_PATH_MAX];
+            snprintf(name, sizeof(name), "dp_d%d_acc%d", d, acc);
+            lp_path(dir, "%s", tmp_path(name));
+            snprintf(args, sizeof(args), "%s -b %d %s", base, 8 / d, accum_flags[acc]);
+            int n = run_ranks(d, args, dir, got, out, sizeof(out));
+            float* w = run_weights(dir, 10, &nw2);
+            snprintf(name, sizeof(name), "d=%d%s: 10 steps run", d, acc ? " with accumulation 2" : "");
+            expect(n == 10 && w && nw2 == nw, name);
+            if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
+            snprintf(name, sizeof(name), "d=%d%s: losses equal 1 rank's (1e-5 relative)", d, acc ? " with accumulation 2" : "");
+            expect_close(name, got, ref, 10, 0.0f, 1e-5f);
+            snprintf(name, sizeof(name), "d=%d%s: final weights equal 1 rank's (1e-5)", d, acc ? " with accumulation 2" : "");
+            expect_same_weights(name, w, wref, nw, 1e-5f);
+            free(w);
+        }
+        free(wref);
+    }
+    // impossible grids: one line from rank 0, non-zero exit
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
+    const char* first = strstr(out, "llmpar: error: ");
+    expect(rc != 0 && first && strstr(out, "--tp 3 --pp 1: t*p = 3 does not divide the 2 ranks") &&
+               !strstr(first + 1, "llmpar: error: "), "grid: t*p not dividing the ranks is one error line");
+    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 2", TRAIN_BIN, base);
+    expect(rc != 0 && strstr(out, "tensor and pipeline parallelism are not implemented yet"), "grid: --tp 2 is refused clearly until TP lands");
+}
 #endif  // LLMPAR_CPU
 
 #ifndef LLMPAR_CPU
@@ -1002,10 +1112,16 @@ static void test_out_of_memory(void) {
 }
 #endif
 
-int main(int argc, char** argv) {
+// The test program does not start MPI itself: the mpirun it launches for tier 3 must not inherit a
+// singleton's environment.
+int main(void) {
     LPProcess proc;
-    lp_process_init(&proc, &argc, &argv);
+    memset(&proc, 0, sizeof(proc));
     if (!mkdtemp(tmp_dir)) lp_fail("cannot create a temporary directory: %s", strerror(errno));
+    if (geteuid() == 0) {  // CI runs as root; Open MPI's mpirun refuses root unless told
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    }
 #ifdef LLMPAR_CPU
     printf("tier 1: host logic, file formats, bad input\n");
     test_config();
@@ -1020,6 +1136,8 @@ int main(int argc, char** argv) {
     test_model_gradient();
     test_reference_loss();
     test_training_runs();
+    printf("tier 3: CPU parallel engine under mpirun\n");
+    test_data_parallel();
 #else
     lp_device_init(&proc);
     printf("tier 4: CUDA kernels and steps against the CPU build\n");

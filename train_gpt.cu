@@ -31,6 +31,7 @@ typedef struct {
     int gen_tokens;          // -g
     int ckpt_every;          // -n
     int resume;              // --resume
+    int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
     unsigned long long seed; // --seed
 } LPFlags;
 
@@ -71,6 +72,8 @@ static void lp_flags_default(LPFlags* f) {
     f->gen_tokens = 64;
     f->ckpt_every = 0;
     f->seed = 1337;
+    f->tp = 1;
+    f->pp = 1;
 }
 
 static void lp_usage(void) {
@@ -95,6 +98,9 @@ static void lp_usage(void) {
         "  -g N        tokens per sample                         [64]\n"
         "  -n N        checkpoint every N steps (needs -o; 0: only at the end) [0]\n"
         "  --resume    continue from the newest checkpoint in -o\n"
+        "  --tp N      tensor-parallel size (1 for now)          [1]\n"
+        "  --pp N      pipeline-parallel size (1 for now)        [1]\n"
+        "              data-parallel size d = ranks / (tp * pp)\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
         "  --seed N    seed of the initial weights and sampling  [1337]\n"
@@ -105,14 +111,14 @@ static int lp_parse_int(const char* flag, const char* v) {
     char* end;
     long x = strtol(v, &end, 10);
     if (*v == '\0' || *end != '\0' || x < -2147483647L || x > 2147483647L)
-        lp_fail("flag %s: '%s' is not an integer", flag, v);
+        lp_fail_all("flag %s: '%s' is not an integer", flag, v);
     return (int)x;
 }
 
 static float lp_parse_float(const char* flag, const char* v) {
     char* end;
     float x = strtof(v, &end);
-    if (*v == '\0' || *end != '\0' || !isfinite(x)) lp_fail("flag %s: '%s' is not a number", flag, v);
+    if (*v == '\0' || *end != '\0' || !isfinite(x)) lp_fail_all("flag %s: '%s' is not a number", flag, v);
     return x;
 }
 
@@ -123,13 +129,13 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         const char* a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 0;
         if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
-        if (a[0] != '-') lp_fail("unexpected argument '%s' (flags start with -, see -h)", a);
+        if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed"};
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
-        if (!ok) lp_fail("unknown flag %s (see -h)", a);
-        if (i + 1 >= argc) lp_fail("flag %s needs a value", a);
+        if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
+        if (i + 1 >= argc) lp_fail_all("flag %s needs a value", a);
         const char* v = argv[++i];
         if (strcmp(a, "-i") == 0) f->train_data = v;
         else if (strcmp(a, "-j") == 0) f->val_data = v;
@@ -151,17 +157,19 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "-n") == 0) f->ckpt_every = lp_parse_int(a, v);
         else if (strcmp(a, "--grad-clip") == 0) f->grad_clip = lp_parse_float(a, v);
         else if (strcmp(a, "--tokenizer") == 0) f->tokenizer = v;
+        else if (strcmp(a, "--tp") == 0) f->tp = lp_parse_int(a, v);
+        else if (strcmp(a, "--pp") == 0) f->pp = lp_parse_int(a, v);
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
-    if (f->B < 1) lp_fail("flag -b: micro-batch size must be >= 1, got %d", f->B);
-    if (f->T < 1) lp_fail("flag -t: sequence length must be >= 1, got %d", f->T);
-    if (f->max_steps < 1) lp_fail("flag -x: steps must be >= 1, got %d", f->max_steps);
-    if (f->lr <= 0.0f) lp_fail("flag -l: learning rate must be > 0, got %g", f->lr);
+    if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
+    if (f->T < 1) lp_fail_all("flag -t: sequence length must be >= 1, got %d", f->T);
+    if (f->max_steps < 1) lp_fail_all("flag -x: steps must be >= 1, got %d", f->max_steps);
+    if (f->lr <= 0.0f) lp_fail_all("flag -l: learning rate must be > 0, got %g", f->lr);
     if (f->warmup < 0 || f->val_every < 0 || f->val_batches < 0 || f->sample_every < 0 || f->ckpt_every < 0 || f->gen_tokens < 0)
-        lp_fail("flags -u -v -m -s -g -n must not be negative");
+        lp_fail_all("flags -u -v -m -s -g -n must not be negative");
     if (strcmp(f->schedule, "cosine") != 0 && strcmp(f->schedule, "linear") != 0)
-        lp_fail("flag -k: schedule must be cosine or linear, got '%s'", f->schedule);
-    if (f->resume && f->out_dir[0] == '\0') lp_fail("flag --resume needs -o DIR to find checkpoints in");
+        lp_fail_all("flag -k: schedule must be cosine or linear, got '%s'", f->schedule);
+    if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     return 1;
 }
 
@@ -226,9 +234,10 @@ static void lp_device_sync(void) {
 }
 
 static void lp_train(const LPFlags* f, const LPProcess* proc) {
-    if (proc->world != 1)
-        lp_fail("this build trains on one rank; got %d ranks (tensor, pipeline and data parallelism are not "
-                "implemented yet: run with mpirun -np 1)", proc->world);
+    if (proc->tp > 1 || proc->pp > 1)
+        lp_fail_all("--tp %d --pp %d: tensor and pipeline parallelism are not implemented yet; data parallelism "
+                    "is (mpirun -np N with --tp 1 --pp 1)", proc->tp, proc->pp);
+    const LPGroup* dp = &proc->dp_group;
 
     // model: from scratch or from an llm.c file
     LPModel model;
@@ -244,30 +253,31 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_model_load(&model, f->init);
         cfg = model.cfg;
     }
-    if (f->T > cfg.max_seq_len) lp_fail("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
-    int tokens_per_micro = f->B * f->T * proc->world;
+    if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
+    int tokens_per_micro = f->B * f->T * proc->dp;
     int total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
     if (total_batch % tokens_per_micro != 0)
-        lp_fail("flag -d: %d tokens is not a multiple of -b * -t * ranks = %d", total_batch, tokens_per_micro);
+        lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", total_batch, tokens_per_micro);
     int accum = total_batch / tokens_per_micro;
 
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
     lp_model_alloc_activations(&model, f->B, f->T);
     LPDataLoader train, val;
-    lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->rank, proc->world, cfg.vocab_size);
+    lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
     int has_val = f->val_data[0] != '\0' && f->val_every > 0;
-    if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->rank, proc->world, cfg.vocab_size);
+    if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
     LPTokenizer tok;
     if (f->sample_every > 0) lp_tokenizer_load(&tok, f->tokenizer);
     else memset(&tok, 0, sizeof(tok));
 
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
+    lp_log("grid             %d ranks: t=%d d=%d p=%d\n", proc->world, proc->tp, proc->dp, proc->pp);
     lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", cfg.num_layers,
            cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len, model.num_params);
     lp_log("data             %d train shard(s), %zu batches per epoch; %d val shard(s)\n", train.num_files,
            lp_dataloader_batches_per_epoch(&train), has_val ? val.num_files : 0);
-    lp_log("batch            B=%d T=%d, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
+    lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
            total_batch, accum);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            f->schedule, f->lr * f->final_lr_frac);
@@ -283,18 +293,18 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_mkdirs(f->out_dir);
         if (f->resume) {
             int latest = lp_checkpoint_latest(f->out_dir);
-            if (latest < 0) lp_fail("flag --resume: no complete checkpoint in %s", f->out_dir);
+            if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
             lp_checkpoint_load(&model, &st, f->out_dir, latest);
             if (st.T != f->T || st.total_batch != total_batch)
-                lp_fail("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
+                lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
                         "has -t %d and %d", latest, st.T, st.total_batch, f->T, total_batch);
             lp_dataloader_seek(&train, st.shard, st.pos);
             lp_log("resumed from %s/step_%08d\n", f->out_dir, latest);
         }
         char path[LP_PATH_MAX];
         lp_path(path, "%s/main.log", f->out_dir);
-        logf = fopen(path, f->resume ? "a" : "w");
-        if (!logf) lp_fail("cannot write %s: %s", path, strerror(errno));
+        if (proc->rank == 0) logf = fopen(path, f->resume ? "a" : "w");
+        if (proc->rank == 0 && !logf) lp_fail("cannot write %s: %s", path, strerror(errno));
     }
 
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, f->weight_decay, f->grad_clip};
@@ -304,10 +314,11 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         int last = step == f->max_steps;
         if (has_val && (step % f->val_every == 0 || last)) {
             float vl = lp_evaluate(&model, &val, f->val_batches);
+            lp_average_host(dp, &vl, 1);
             lp_log("val loss %f\n", vl);
             if (logf) fprintf(logf, "s:%d tel:%f\n", step, vl);
         }
-        if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))
+        if (proc->rank == 0 && f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))
             lp_sample(&model, &tok, f->gen_tokens, &st.rng);
         if (f->out_dir[0] && step > st.step && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
             st.step = step;
@@ -316,8 +327,10 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             st.B = f->B;
             st.T = f->T;
             st.total_batch = total_batch;
-            lp_checkpoint_save(&model, &st, f->out_dir);
-            lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
+            if (proc->rank == 0) {  // data-parallel replicas are identical: one writer
+                lp_checkpoint_save(&model, &st, f->out_dir);
+                lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
+            }
         }
         if (last) break;
 
@@ -329,13 +342,15 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             loss += lp_model_forward(&model, train.inputs, train.targets, f->B, f->T, 1.0f / ((float)f->B * f->T * accum));
             lp_model_backward(&model);
         }
+        lp_all_reduce(dp, model.grads, model.num_params, 1);  // average the gradients over data-parallel ranks
         loss /= accum;
+        lp_average_host(dp, &loss, 1);
         float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, cosine);
         float norm = lp_model_update(&model, lr, &opt);
         lp_device_sync();
         double ms = (lp_time_s() - t0) * 1000.0;
         if (!isfinite(loss) || !isfinite(norm))
-            lp_fail("step %d: loss %f, gradient norm %f is not finite (diverged; try a lower -l)", step + 1, loss, norm);
+            lp_fail_all("step %d: loss %f, gradient norm %f is not finite (diverged; try a lower -l)", step + 1, loss, norm);
         double tok_s = total_batch / (ms / 1000.0);
         lp_log("step %d/%d | loss %f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, f->max_steps, loss, lr,
                norm, ms, tok_s);
@@ -363,6 +378,7 @@ int main(int argc, char** argv) {
     if (!lp_parse_flags(&flags, argc, argv)) {
         lp_usage();
     } else {
+        lp_grid_init(&proc, flags.tp, flags.pp);
         lp_device_init(&proc);
         lp_train(&flags, &proc);
     }
