@@ -299,7 +299,7 @@ typedef struct {
     int rank, world;
     int tp, dp, pp;                 // grid sizes: t, d, p
     int tp_rank, dp_rank, pp_rank;  // this rank's coordinates
-    LPGroup tp_group, dp_group, pp_group;
+    LPGroup world_group, tp_group, dp_group, pp_group;
     int device;                     // the GPU this rank uses (CUDA build)
 } LPProcess;
 
@@ -309,6 +309,12 @@ static inline void lp_mpi_finalize(void) {
     MPI_Initialized(&inited);
     if (inited) MPI_Finalize();
 #endif
+}
+
+// Every rank stops together, after its error was printed.
+static inline void lp_exit_all(void) {
+    lp_mpi_finalize();
+    exit(1);
 }
 
 // An error that every rank detects alike (a flag, the grid): printed once, by rank 0; every rank exits.
@@ -322,8 +328,7 @@ static inline void lp_fail_all(const char* fmt, ...) {
         va_end(ap);
         fflush(stderr);
     }
-    lp_mpi_finalize();
-    exit(1);
+    lp_exit_all();
 }
 
 // Place this rank on the t x d x p grid (d = world / (t p)) and make its three groups.
@@ -337,16 +342,18 @@ static inline void lp_grid_init(LPProcess* p, int tp, int pp) {
     p->tp_rank = p->rank % tp;
     p->dp_rank = (p->rank / tp) % p->dp;
     p->pp_rank = p->rank / (tp * p->dp);
-    LPGroup* groups[3] = {&p->tp_group, &p->dp_group, &p->pp_group};
-    const char* names[3] = {"tp", "dp", "pp"};
-    int sizes[3] = {tp, p->dp, pp}, ranks[3] = {p->tp_rank, p->dp_rank, p->pp_rank};
-    for (int i = 0; i < 3; i++) {
+    LPGroup* groups[4] = {&p->tp_group, &p->dp_group, &p->pp_group, &p->world_group};
+    const char* names[4] = {"tp", "dp", "pp", "world"};
+    int sizes[4] = {tp, p->dp, pp, p->world}, ranks[4] = {p->tp_rank, p->dp_rank, p->pp_rank, p->rank};
+    for (int i = 0; i < 4; i++) {
         groups[i]->name = names[i];
         groups[i]->size = sizes[i];
         groups[i]->rank = ranks[i];
 #ifdef LLMPAR_MPI
-        // the group's members share the other two coordinates: that pair is the split colour
-        int color = i == 0 ? p->pp_rank * p->dp + p->dp_rank : i == 1 ? p->pp_rank * tp + p->tp_rank : p->dp_rank * tp + p->tp_rank;
+        if (p->world == 1) continue;  // groups of one need no communicator (and no MPI_Init)
+        // the group's members share the other coordinates: they make the split colour
+        int color = i == 0 ? p->pp_rank * p->dp + p->dp_rank : i == 1 ? p->pp_rank * tp + p->tp_rank
+                  : i == 2 ? p->dp_rank * tp + p->tp_rank : 0;
         MPI_Comm_split(MPI_COMM_WORLD, color, ranks[i], &groups[i]->comm);
         MPI_Comm_set_errhandler(groups[i]->comm, MPI_ERRORS_RETURN);  // so failures name the collective
 #endif
@@ -486,12 +493,82 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
 #endif
 }
 
-// Average n host floats (losses) over the group, in place.
-static inline void lp_average_host(const LPGroup* g, float* x, int n) {
+// Sum (or average) n host floats over the group, in place: losses, squared norms, error flags.
+static inline void lp_all_reduce_host(const LPGroup* g, float* x, int n, int average) {
     if (g->size == 1) return;
 #ifdef LLMPAR_MPI
     lp_mpi_all_reduce_f32(g, x, (size_t)n);
-    for (int i = 0; i < n; i++) x[i] /= g->size;
+    if (average)
+        for (int i = 0; i < n; i++) x[i] /= g->size;
+#else
+    (void)x;
+    (void)n;
+    (void)average;
+#endif
+}
+
+// x holds size * shard values; afterwards this rank's shard x[rank*shard ...] holds their sum (or average)
+// over the group (ZeRO: each rank keeps only the gradients of the parameters it updates).
+static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, int average) {
+    if (g->size == 1) return;
+#ifdef LLMPAR_MPI
+    if (shard > (size_t)1 << 30) lp_fail("reduce-scatter on group %s: shard of %zu values is too large for MPI", g->name, shard);
+    size_t mine = shard * g->rank;
+    float scale = average ? 1.0f / g->size : 1.0f;
+#ifdef LLMPAR_CPU
+    float* sum = x;
+#else
+    size_t n = shard * g->size;
+    floatX* staged = (floatX*)lp_host_malloc(n * sizeof(floatX), "reduce-scatter staging");
+    float* sum = (float*)lp_host_malloc(n * sizeof(float), "reduce-scatter staging");
+    lp_copy_to_host(staged, x, n * sizeof(floatX));
+    for (size_t i = 0; i < n; i++) sum[i] = __bfloat162float(staged[i]);
+#endif
+    // in place, MPI leaves this rank's reduced block at the start of the buffer
+    lp_mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, sum, (int)shard, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
+    memmove(sum + mine, sum, shard * sizeof(float));
+#ifdef LLMPAR_CPU
+    for (size_t i = mine; i < mine + shard; i++) x[i] *= scale;
+#else
+    for (size_t i = mine; i < mine + shard; i++) staged[i] = __float2bfloat16_rn(sum[i] * scale);
+    lp_copy_to_device(x + mine, staged + mine, shard * sizeof(floatX));
+    free(staged);
+    free(sum);
+#endif
+#else
+    (void)x;
+    (void)shard;
+    (void)average;
+#endif
+}
+
+// Each rank's shard x[rank*shard ...] goes to every rank: afterwards x holds all size * shard values.
+static inline void lp_all_gather(const LPGroup* g, floatX* x, size_t shard) {
+    if (g->size == 1) return;
+#ifdef LLMPAR_MPI
+    size_t bytes = shard * sizeof(floatX);  // a plain copy: bytes suffice, whatever the type
+    if (bytes > (size_t)1 << 31) lp_fail("all-gather on group %s: shard of %zu bytes is too large for MPI", g->name, bytes);
+#ifdef LLMPAR_CPU
+    char* buf = (char*)x;
+#else
+    char* buf = (char*)lp_host_malloc(bytes * g->size, "all-gather staging");
+    lp_copy_to_host(buf + bytes * g->rank, x + shard * g->rank, bytes);
+#endif
+    lp_mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes, MPI_BYTE, g->comm), "all-gather", g);
+#ifndef LLMPAR_CPU
+    lp_copy_to_device(x, buf, bytes * g->size);
+    free(buf);
+#endif
+#else
+    (void)x;
+    (void)shard;
+#endif
+}
+
+static inline void lp_barrier(const LPGroup* g) {
+    if (g->size == 1) return;
+#ifdef LLMPAR_MPI
+    lp_mpi_check(MPI_Barrier(g->comm), "barrier", g);
 #endif
 }
 
@@ -1300,22 +1377,18 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 }
 #endif
 
-// fp32 -> compute type (used to load master weights into params)
-static inline void lp_convert_cpu(float* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
-
-
-#ifndef LLMPAR_CPU
-__global__ void lp_convert_kernel(floatX* dst, const float* src, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = lp_xf(src[i]);
-}
-static inline void lp_convert_gpu(floatX* dst, const float* src, size_t n) {
-    lp_convert_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(dst, src, n);
-    cudaCheck(cudaGetLastError());
-}
+// Host floats <-> device values of the compute type (loading weights; reading params, grads, logits).
+static inline void lp_to_device_floatX(floatX* dst, const float* src, size_t n) {
+#ifdef LLMPAR_CPU
+    memcpy(dst, src, n * sizeof(float));
+#else
+    floatX* tmp = (floatX*)lp_host_malloc(n * sizeof(floatX), "host staging buffer");
+    for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16_rn(src[i]);
+    lp_copy_to_device(dst, tmp, n * sizeof(floatX));
+    free(tmp);
 #endif
+}
 
-// Copy n values of the compute type from the device into host floats (for reading params, grads, logits).
 static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 #ifdef LLMPAR_CPU
     memcpy(dst, src, n * sizeof(float));
@@ -1369,9 +1442,14 @@ typedef struct {
     size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;
     floatX* params;   // compute-type weights used by forward/backward
     floatX* grads;    // their gradients, accumulated over micro-batches
-    float* master;    // fp32 master weights: the truth the optimizer updates and checkpoints save
-    float* adam_m;    // AdamW first moment (fp32)
-    float* adam_v;    // AdamW second moment (fp32)
+    float* master;    // fp32 master weights of this rank's shard: the truth the optimizer updates
+    float* adam_m;    // AdamW first moment (fp32), this rank's shard
+    float* adam_v;    // AdamW second moment (fp32), this rank's shard
+    // ZeRO-1: the flat parameters are cut into equal shards over the DP group (padded to a multiple of its
+    // size); this rank keeps master weights and AdamW state for [shard_start, shard_start + shard_size)
+    // only. Unsharded, the shard is everything.
+    const LPGroup* shard_group;  // NULL: unsharded
+    size_t padded_params, shard_start, shard_size;
     floatX* p[LP_NUM_PARAMS];  // views into params
     floatX* g[LP_NUM_PARAMS];  // views into grads
     int adam_step;
@@ -1387,7 +1465,8 @@ typedef struct {
     float* losses_host; // (B,T)
 } LPModel;
 
-static inline void lp_model_create(LPModel* m, const LPConfig* cfg) {
+// Allocate a model of shape cfg; with shard_group (ZeRO-1) this rank holds 1/size of the fp32 state.
+static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPGroup* shard_group) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     lp_param_sizes(m->param_sizes, cfg);
@@ -1395,25 +1474,40 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg) {
         m->param_offsets[i] = m->num_params;
         m->num_params += m->param_sizes[i];
     }
-    size_t n = m->num_params;
+    int parts = shard_group ? shard_group->size : 1;
+    m->shard_group = shard_group;
+    m->padded_params = (m->num_params + parts - 1) / parts * parts;
+    m->shard_size = m->padded_params / parts;
+    m->shard_start = shard_group ? m->shard_size * shard_group->rank : 0;
+    size_t n = m->padded_params, k = m->shard_size;
     m->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
     m->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
-    m->master = (float*)lp_device_malloc(n * sizeof(float), "fp32 master weights");
-    m->adam_m = (float*)lp_device_malloc(n * sizeof(float), "AdamW first moment");
-    m->adam_v = (float*)lp_device_malloc(n * sizeof(float), "AdamW second moment");
+    m->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
+    m->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
+    m->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
+    lp_device_zero(m->params, n * sizeof(floatX));
     lp_device_zero(m->grads, n * sizeof(floatX));
-    lp_device_zero(m->adam_m, n * sizeof(float));
-    lp_device_zero(m->adam_v, n * sizeof(float));
+    lp_device_zero(m->master, k * sizeof(float));
+    lp_device_zero(m->adam_m, k * sizeof(float));
+    lp_device_zero(m->adam_v, k * sizeof(float));
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         m->p[i] = m->params + m->param_offsets[i];
         m->g[i] = m->grads + m->param_offsets[i];
     }
 }
 
-// Upload fp32 weights (host, canonical layout) as the master copy and derive the compute-type params.
+// How many of this rank's shard are real parameters (the last shard may end in padding).
+static inline size_t lp_model_shard_count(const LPModel* m) {
+    if (m->shard_start >= m->num_params) return 0;
+    size_t left = m->num_params - m->shard_start;
+    return left < m->shard_size ? left : m->shard_size;
+}
+
+// Set the weights from fp32 host values in the canonical layout: the compute-type params get all of
+// them, the master weights this rank's shard.
 static inline void lp_model_set_weights(LPModel* m, const float* host) {
-    lp_copy_to_device(m->master, host, m->num_params * sizeof(float));
-    LP(convert)(m->params, m->master, m->num_params);
+    lp_to_device_floatX(m->params, host, m->num_params);
+    lp_copy_to_device(m->master, host + m->shard_start, lp_model_shard_count(m) * sizeof(float));
 }
 
 // GPT-2 initialisation: N(0, 0.02) weights, the residual projections scaled by 1/sqrt(2L) so the
@@ -1624,20 +1718,32 @@ typedef struct {
     float grad_clip;  // clip the global gradient norm to this (0: no clipping)
 } LPAdamW;
 
-// One AdamW step on every tensor. Returns the global gradient norm before clipping.
-static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt) {
-    float norm = sqrtf(LP(norm_squared)(m->grads, m->num_params));
+// One optimizer step. First the gradients are averaged over the data-parallel group dp: all-reduced
+// (unsharded), or reduce-scattered so each rank holds the average for its shard (ZeRO-1). Then the
+// global norm (summed over shards), clipping, AdamW on this rank's shard of each tensor, and with ZeRO-1
+// an all-gather of the updated params. Returns the gradient norm before clipping.
+static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, const LPGroup* dp) {
+    size_t lo = m->shard_start, hi = m->shard_start + lp_model_shard_count(m);
+    if (m->shard_group) lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
+    else lp_all_reduce(dp, m->grads, m->num_params, 1);
+    float norm2 = hi > lo ? LP(norm_squared)(m->grads + lo, hi - lo) : 0.0f;
+    if (m->shard_group) lp_all_reduce_host(dp, &norm2, 1, 0);
+    float norm = sqrtf(norm2);
     float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f;
     m->adam_step++;
     float b1c = 1.0f - powf(opt->beta1, (float)m->adam_step);
     float b2c = 1.0f - powf(opt->beta2, (float)m->adam_step);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        size_t off = m->param_offsets[i];
+        size_t a = m->param_offsets[i], b = a + m->param_sizes[i];  // the tensor, cut to the shard
+        if (a < lo) a = lo;
+        if (b > hi) b = hi;
+        if (a >= b) continue;
         uint32_t seed = (uint32_t)(m->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
-        LP(adamw)(m->p[i], m->master + off, m->g[i], m->adam_m + off, m->adam_v + off, m->param_sizes[i], lr,
-                  opt->beta1, opt->beta2, b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f,
-                  scale, seed);
+        size_t s = a - lo;
+        LP(adamw)(m->params + a, m->master + s, m->grads + a, m->adam_m + s, m->adam_v + s, b - a, lr, opt->beta1,
+                  opt->beta2, b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
     }
+    if (m->shard_group) lp_all_gather(dp, m->params, m->shard_size);
     return norm;
 }
 
@@ -1771,8 +1877,8 @@ static inline void lp_dataloader_free(LPDataLoader* d) {
 // 9. files
 //
 // Model file (llm.c): 256 x int32 header [magic 20240326, version, maxT, V, L, NH, C, Vp], then the 16
-// tensors in order, fp32 (version 3) or bf16 (version 5). Files are written to NAME.tmp and renamed,
-// so a crash or a full disk never leaves a half-written file under the real name.
+// tensors in order, fp32 (version 3) or bf16 (version 5). Files and checkpoints are written under a .tmp
+// name and renamed, so a crash or a full disk never leaves a half-written file under the real name.
 
 static inline float lp_bf16_to_float(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
@@ -1797,13 +1903,13 @@ static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f)
     return h[1];
 }
 
-// Create m from an llm.c model file.
-static inline void lp_model_load(LPModel* m, const char* path) {
+// Read an llm.c model file: its shape into cfg, its weights returned as host fp32 (the caller frees).
+static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
     FILE* f = lp_fopen(path, "rb");
-    LPConfig cfg;
-    int version = lp_model_file_header(path, &cfg, f);
-    lp_model_create(m, &cfg);
-    size_t n = m->num_params, elem = version == 3 ? 4 : 2;
+    int version = lp_model_file_header(path, cfg, f);
+    size_t sizes[LP_NUM_PARAMS], n = 0, elem = version == 3 ? 4 : 2;
+    lp_param_sizes(sizes, cfg);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) n += sizes[i];
     long long expect = LP_HEADER_INTS * 4LL + (long long)(n * elem), size = lp_file_size(path);
     if (size < expect) lp_fail("%s: file is truncated (%lld bytes, this shape needs %lld)", path, size, expect);
     if (size > expect) lp_fail("%s: file is longer than this shape needs (%lld bytes, expected %lld)", path, size, expect);
@@ -1817,30 +1923,20 @@ static inline void lp_model_load(LPModel* m, const char* path) {
         free(b);
     }
     fclose(f);
+    return w;
+}
+
+// Create m from an llm.c model file (shard_group as in lp_model_create).
+static inline void lp_model_load(LPModel* m, const char* path, const LPGroup* shard_group) {
+    LPConfig cfg;
+    float* w = lp_model_file_read(path, &cfg);
+    lp_model_create(m, &cfg, shard_group);
     lp_model_set_weights(m, w);
     free(w);
 }
 
-// Write header + payload to path via path.tmp. Returns 0, or an errno with the partial file removed.
-static inline int lp_write_file(const char* path, const int* header, const void* const* parts,
-                                const size_t* part_bytes, int num_parts) {
-    char tmp[LP_PATH_MAX];
-    lp_path(tmp, "%s.tmp", path);
-    FILE* f = fopen(tmp, "wb");
-    if (!f) return errno;
-    int bad = lp_fwrite(header, sizeof(int), LP_HEADER_INTS, f);
-    for (int i = 0; i < num_parts && !bad; i++) bad = lp_fwrite(parts[i], 1, part_bytes[i], f);
-    int err = bad ? errno : 0;
-    if (fclose(f) != 0 && !err) err = errno;
-    if (!err && rename(tmp, path) != 0) err = errno;
-    if (err) remove(tmp);
-    return err;
-}
-
-// Save the fp32 master weights as an llm.c version-3 model file. Returns 0 or an errno.
-static inline int lp_model_write(const LPModel* m, const char* path) {
-    const LPConfig* c = &m->cfg;
-    int h[LP_HEADER_INTS] = {0};
+static inline void lp_model_file_header_of(int h[LP_HEADER_INTS], const LPConfig* c) {
+    memset(h, 0, LP_HEADER_INTS * sizeof(int));
     h[0] = LP_MODEL_MAGIC;
     h[1] = 3;
     h[2] = c->max_seq_len;
@@ -1849,19 +1945,40 @@ static inline int lp_model_write(const LPModel* m, const char* path) {
     h[5] = c->num_heads;
     h[6] = c->channels;
     h[7] = c->padded_vocab_size;
-    size_t bytes = m->num_params * sizeof(float);
-    float* w = (float*)lp_host_malloc(bytes, "model weights");
-    lp_copy_to_host(w, m->master, bytes);
-    const void* parts[1] = {w};
-    int err = lp_write_file(path, h, parts, &bytes, 1);
-    free(w);
+}
+
+// Write header + payload to path via path.tmp. Returns 0, or an errno with the partial file removed.
+static inline int lp_write_file(const char* path, const int* header, const void* payload, size_t bytes) {
+    char tmp[LP_PATH_MAX];
+    lp_path(tmp, "%s.tmp", path);
+    FILE* f = fopen(tmp, "wb");
+    if (!f) return errno;
+    int bad = lp_fwrite(header, sizeof(int), LP_HEADER_INTS, f) || (bytes && lp_fwrite(payload, 1, bytes, f));
+    int err = bad ? errno : 0;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) remove(tmp);
     return err;
 }
 
+// Save an unsharded model's fp32 master weights as an llm.c version-3 model file.
+static inline void lp_model_save(const LPModel* m, const char* path) {
+    if (m->shard_group) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
+    int h[LP_HEADER_INTS];
+    lp_model_file_header_of(h, &m->cfg);
+    size_t bytes = m->num_params * sizeof(float);
+    float* w = (float*)lp_host_malloc(bytes, "model weights");
+    lp_copy_to_host(w, m->master, bytes);
+    int err = lp_write_file(path, h, w, bytes);
+    free(w);
+    if (err) lp_fail("cannot write %s: %s", path, strerror(err));
+}
+
 // --- checkpoints: DIR/step_NNNNNNNN/{model.bin, optim.bin, state.bin}, built in step_NNNNNNNN.tmp/ and
-// renamed when complete. optim.bin: header [20241122, 1, adam step, n low, n high] then m and v (fp32,
-// the model file's layout). state.bin: header [20241123, 1, step, shard, pos low, pos high, rng low,
-// rng high, B, T, total batch tokens], no payload.
+// renamed when complete. Rank 0 creates the files; then every rank writes the slice it owns at its
+// canonical offset, so the files never depend on how the run was split and can be resumed on any grid.
+// optim.bin: header [20241122, 1, adam step, n low 31 bits, n high bits] then m and v (fp32, the model
+// file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step].
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123
@@ -1874,11 +1991,6 @@ typedef struct {
     int B, T, total_batch;
 } LPTrainState;
 
-static inline void lp_model_save(const LPModel* m, const char* path) {
-    int err = lp_model_write(m, path);
-    if (err) lp_fail("cannot write %s: %s", path, strerror(err));
-}
-
 static inline void lp_checkpoint_remove(const char* dir) {
     const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
     char path[LP_PATH_MAX];
@@ -1889,53 +2001,101 @@ static inline void lp_checkpoint_remove(const char* dir) {
     rmdir(dir);
 }
 
-static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, const char* dir) {
-    char final_dir[LP_PATH_MAX], tmp_dir[LP_PATH_MAX], path[LP_PATH_MAX];
+// A file of header + payload_bytes (zeros until the ranks fill it in place). Returns 0 or an errno.
+static inline int lp_create_file(const char* path, const int* header, long long payload_bytes) {
+    FILE* f = fopen(path, "wb");
+    if (!f) return errno;
+    int err = lp_fwrite(header, sizeof(int), LP_HEADER_INTS, f) ? errno : 0;
+    if (!err && fflush(f) != 0) err = errno;
+    if (!err && ftruncate(fileno(f), LP_HEADER_INTS * 4LL + payload_bytes) != 0) err = errno;
+    if (fclose(f) != 0 && !err) err = errno;
+    return err;
+}
+
+// Write count device floats at byte offset off of an existing file. Returns 0 or an errno.
+static inline int lp_write_device_floats(const char* path, long long off, const float* src, size_t count) {
+    if (count == 0) return 0;
+    float* h = (float*)lp_host_malloc(count * sizeof(float), "checkpoint staging");
+    lp_copy_to_host(h, src, count * sizeof(float));
+    int err = 0;
+    FILE* f = fopen(path, "r+b");
+    if (!f) err = errno;
+    else {
+        if (fseeko(f, off, SEEK_SET) != 0 || lp_fwrite(h, sizeof(float), count, f)) err = errno ? errno : EIO;
+        if (fclose(f) != 0 && !err) err = errno;
+    }
+    free(h);
+    return err;
+}
+
+// End of a write phase: if any rank failed, each failing rank says why, rank 0 removes the partial
+// checkpoint, and every rank stops.
+static inline void lp_checkpoint_check(const LPGroup* world, int err, const char* path, const char* tmp_dir) {
+    float bad = err ? 1.0f : 0.0f;
+    lp_all_reduce_host(world, &bad, 1, 0);
+    if (bad == 0.0f) return;
+    if (err) {
+        fprintf(stderr, "llmpar: error: cannot write %s: %s\n", path, strerror(err));
+        fflush(stderr);
+    }
+    if (world->rank == 0) lp_checkpoint_remove(tmp_dir);
+    lp_exit_all();
+}
+
+// Collective: every rank of `world` calls it.
+static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, const char* dir, const LPGroup* world) {
+    char final_dir[LP_PATH_MAX], tmp_dir[LP_PATH_MAX], model_path[LP_PATH_MAX], optim_path[LP_PATH_MAX], state_path[LP_PATH_MAX];
     lp_path(final_dir, "%s/step_%08d", dir, st->step);
     lp_path(tmp_dir, "%s.tmp", final_dir);
-    lp_checkpoint_remove(tmp_dir);  // what a crashed save may have left
-    if (mkdir(tmp_dir, 0755) != 0) lp_fail("cannot create checkpoint directory %s: %s", tmp_dir, strerror(errno));
-    lp_path(path, "%s/model.bin", tmp_dir);
-    int err = lp_model_write(m, path);
-
-    size_t n = m->num_params, bytes = n * sizeof(float);
-    float* mv = (float*)lp_host_malloc(2 * bytes, "optimizer state");
-    lp_copy_to_host(mv, m->adam_m, bytes);
-    lp_copy_to_host(mv + n, m->adam_v, bytes);
-    int h[LP_HEADER_INTS] = {0};
-    h[0] = LP_OPTIM_MAGIC;
-    h[1] = 1;
-    h[2] = m->adam_step;
-    h[3] = (int)(n & 0x7fffffff);
-    h[4] = (int)(n >> 31);
-    const void* parts[1] = {mv};
-    size_t part_bytes = 2 * bytes;
-    if (!err) lp_path(path, "%s/optim.bin", tmp_dir);
-    if (!err) err = lp_write_file(path, h, parts, &part_bytes, 1);
-    free(mv);
-
-    int s[LP_HEADER_INTS] = {0};
-    s[0] = LP_STATE_MAGIC;
-    s[1] = 1;
-    s[2] = st->step;
-    s[3] = st->shard;
-    s[4] = (int)(st->pos & 0x7fffffff);
-    s[5] = (int)(st->pos >> 31);
-    s[6] = (int)(st->rng & 0x7fffffff);
-    s[7] = (int)((st->rng >> 31) & 0x7fffffff);
-    s[8] = (int)(st->rng >> 62);
-    s[9] = st->B;
-    s[10] = st->T;
-    s[11] = st->total_batch;
-    if (!err) lp_path(path, "%s/state.bin", tmp_dir);
-    if (!err) err = lp_write_file(path, s, NULL, NULL, 0);
-    if (err) {  // a full disk: leave nothing half-written behind
-        lp_checkpoint_remove(tmp_dir);
-        lp_fail("cannot write %s: %s", path, strerror(err));
+    lp_path(model_path, "%s/model.bin", tmp_dir);
+    lp_path(optim_path, "%s/optim.bin", tmp_dir);
+    lp_path(state_path, "%s/state.bin", tmp_dir);
+    size_t n = m->num_params;
+    int err = 0;
+    const char* failed = tmp_dir;
+    if (world->rank == 0) {
+        lp_checkpoint_remove(tmp_dir);  // what a crashed save may have left
+        if (mkdir(tmp_dir, 0755) != 0) err = errno;
+        int h[LP_HEADER_INTS];
+        lp_model_file_header_of(h, &m->cfg);
+        if (!err && (err = lp_create_file(model_path, h, (long long)n * 4))) failed = model_path;
+        memset(h, 0, sizeof(h));
+        h[0] = LP_OPTIM_MAGIC;
+        h[1] = 1;
+        h[2] = m->adam_step;
+        h[3] = (int)(n & 0x7fffffff);
+        h[4] = (int)(n >> 31);
+        if (!err && (err = lp_create_file(optim_path, h, 2LL * n * 4))) failed = optim_path;
+        memset(h, 0, sizeof(h));
+        h[0] = LP_STATE_MAGIC;
+        h[1] = 1;
+        h[2] = st->step;
+        h[3] = st->shard;
+        h[4] = (int)(st->pos & 0x7fffffff);
+        h[5] = (int)(st->pos >> 31);
+        h[6] = (int)(st->rng & 0x7fffffff);
+        h[7] = (int)((st->rng >> 31) & 0x7fffffff);
+        h[8] = (int)(st->rng >> 62);
+        h[9] = st->B;
+        h[10] = st->T;
+        h[11] = st->total_batch;
+        if (!err && (err = lp_write_file(state_path, h, NULL, 0))) failed = state_path;
     }
-
-    lp_checkpoint_remove(final_dir);  // a fresh run replaces an older run's checkpoint of the same step
-    if (rename(tmp_dir, final_dir) != 0) lp_fail("cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+    lp_checkpoint_check(world, err, failed, tmp_dir);
+    // unsharded replicas hold identical state: rank 0 alone writes it
+    if (m->shard_group || world->rank == 0) {
+        size_t count = lp_model_shard_count(m);
+        long long off = LP_HEADER_INTS * 4LL + (long long)m->shard_start * 4;
+        if ((err = lp_write_device_floats(model_path, off, m->master, count))) failed = model_path;
+        if (!err && (err = lp_write_device_floats(optim_path, off, m->adam_m, count))) failed = optim_path;
+        if (!err && (err = lp_write_device_floats(optim_path, off + (long long)n * 4, m->adam_v, count))) failed = optim_path;
+    }
+    lp_checkpoint_check(world, err, failed, tmp_dir);
+    if (world->rank == 0) {
+        lp_checkpoint_remove(final_dir);  // a fresh run replaces an older run's checkpoint of the same step
+        if (rename(tmp_dir, final_dir) != 0) lp_fail("cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+    }
+    lp_barrier(world);
 }
 
 // The newest complete checkpoint under dir, as its step, or -1 when there is none.
@@ -1957,19 +2117,16 @@ static inline int lp_checkpoint_latest(const char* dir) {
     return best;
 }
 
-// Load weights, optimizer state and training state from DIR/step_NNNNNNNN into m (already created
-// with the same shape) and st.
+// Load weights, optimizer state and training state from DIR/step_NNNNNNNN into m (created with the same
+// shape, any sharding) and st. Every rank reads the whole model file (its params) and its own slice
+// of the optimizer state.
 static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* dir, int step) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
-    LPModel loaded;
-    lp_model_load(&loaded, path);
-    if (memcmp(&loaded.cfg, &m->cfg, sizeof(LPConfig)) != 0)
+    LPConfig cfg;
+    float* w = lp_model_file_read(path, &cfg);
+    if (memcmp(&cfg, &m->cfg, sizeof(LPConfig)) != 0)
         lp_fail("%s: checkpoint model shape differs from the model being trained", path);
-    size_t n = m->num_params, bytes = n * sizeof(float);
-    float* w = (float*)lp_host_malloc(bytes, "checkpoint weights");
-    lp_copy_to_host(w, loaded.master, bytes);
-    lp_model_free(&loaded);
     lp_model_set_weights(m, w);
     free(w);
 
@@ -1978,14 +2135,20 @@ static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* 
     int h[LP_HEADER_INTS];
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
     if (h[0] != LP_OPTIM_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
-    size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
+    size_t n = m->num_params, fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
     if (fn != n) lp_fail("%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
-    float* mv = (float*)lp_host_malloc(2 * bytes, "optimizer state");
-    lp_fread(mv, sizeof(float), 2 * n, f, path);
+    if (lp_file_size(path) != LP_HEADER_INTS * 4LL + 8LL * (long long)n) lp_fail("%s: file is truncated", path);
+    size_t count = lp_model_shard_count(m);
+    float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
+    float* dst[2] = {m->adam_m, m->adam_v};
+    for (int k = 0; k < 2; k++) {
+        if (fseeko(f, LP_HEADER_INTS * 4LL + 4LL * ((long long)k * n + m->shard_start), SEEK_SET) != 0)
+            lp_fail("%s: seek failed", path);
+        lp_fread(buf, sizeof(float), count, f, path);
+        lp_copy_to_device(dst[k], buf, count * sizeof(float));
+    }
+    free(buf);
     fclose(f);
-    lp_copy_to_device(m->adam_m, mv, bytes);
-    lp_copy_to_device(m->adam_v, mv + n, bytes);
-    free(mv);
     m->adam_step = h[2];
 
     lp_path(path, "%s/step_%08d/state.bin", dir, step);

@@ -84,6 +84,7 @@ static void read_master(const LPModel* m, float* w) { lp_copy_to_host(w, m->mast
 
 #ifdef LLMPAR_CPU
 #define TRAIN_BIN "./train_gpt_cpu"
+static LPProcess single;  // a one-rank grid for calls that take groups
 
 static void write_shard(const char* path, const int* tokens, size_t n) {
     int h[LP_HEADER_INTS] = {0};
@@ -146,10 +147,10 @@ static void test_config(void) {
 static void test_model_file_roundtrip(void) {
     LPConfig c = tiny_config();
     LPModel a, b;
-    lp_model_create(&a, &c);
+    lp_model_create(&a, &c, NULL);
     lp_model_init_random(&a, 7);
     lp_model_save(&a, tmp_path("rt.bin"));
-    lp_model_load(&b, tmp_path("rt.bin"));
+    lp_model_load(&b, tmp_path("rt.bin"), NULL);
     expect(memcmp(&a.cfg, &b.cfg, sizeof(LPConfig)) == 0, "model file round-trip: config");
     float* wa = (float*)lp_host_malloc(a.num_params * 4, "test");
     float* wb = (float*)lp_host_malloc(a.num_params * 4, "test");
@@ -214,7 +215,7 @@ static void test_lr_schedule(void) {
 static void test_checkpoint_roundtrip(void) {
     LPConfig c = tiny_config();
     LPModel a, b;
-    lp_model_create(&a, &c);
+    lp_model_create(&a, &c, NULL);
     lp_model_init_random(&a, 11);
     // give the optimizer state non-trivial values: one update from a real gradient
     int in[32], tg[32];
@@ -222,13 +223,13 @@ static void test_checkpoint_roundtrip(void) {
     lp_model_forward(&a, in, tg, 2, 16, 1.0f / 32);
     lp_model_backward(&a);
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
-    lp_model_update(&a, 1e-3f, &opt);
+    lp_model_update(&a, 1e-3f, &opt, &single.dp_group);
     LPTrainState st = {7, 1, 12345, 0xDEADBEEFCAFEF00Dull, 2, 16, 64}, st2;
     mkdir(tmp_path("ck"), 0755);
-    lp_checkpoint_save(&a, &st, tmp_path("ck"));
+    lp_checkpoint_save(&a, &st, tmp_path("ck"), &single.world_group);
     mkdir(tmp_path("ck/step_00000009.tmp"), 0755);  // an interrupted later save must be ignored
     expect(lp_checkpoint_latest(tmp_path("ck")) == 7, "checkpoint latest ignores .tmp directories");
-    lp_model_create(&b, &c);
+    lp_model_create(&b, &c, NULL);
     lp_checkpoint_load(&b, &st2, tmp_path("ck"), 7);
     size_t n = a.num_params;
     float* x = (float*)lp_host_malloc(n * 4, "test");
@@ -286,9 +287,9 @@ static int checkpoint_under_file_limit(const char* model_path, const char* dir, 
         struct rlimit lim = {(rlim_t)limit_bytes, (rlim_t)limit_bytes};
         setrlimit(RLIMIT_FSIZE, &lim);
         LPModel m;
-        lp_model_load(&m, model_path);
+        lp_model_load(&m, model_path, NULL);
         LPTrainState st = {5, 0, 0, 1, 2, 16, 32};
-        lp_checkpoint_save(&m, &st, dir);
+        lp_checkpoint_save(&m, &st, dir, &single.world_group);
         _exit(0);
     }
     close(fds[1]);
@@ -305,7 +306,7 @@ static int checkpoint_under_file_limit(const char* model_path, const char* dir, 
 static void test_bad_input(void) {
     LPConfig c = tiny_config();
     LPModel m;
-    lp_model_create(&m, &c);
+    lp_model_create(&m, &c, NULL);
     lp_model_init_random(&m, 3);
     char good[LP_PATH_MAX];
     strcpy(good, tmp_path("good.bin"));
@@ -564,7 +565,7 @@ static void test_op_gradients(void) {
 static void test_model_gradient(void) {
     LPConfig c = tiny_config();
     LPModel m;
-    lp_model_create(&m, &c);
+    lp_model_create(&m, &c, NULL);
     lp_model_init_random(&m, 5);
     // larger weights than GPT-2's init so every path carries a visible gradient
     size_t n = m.num_params;
@@ -619,7 +620,7 @@ static void test_reference_loss(void) {
     double refs[2] = {ref32, ref16};
     for (int v = 0; v < 2; v++) {
         LPModel m;
-        lp_model_load(&m, files[v]);
+        lp_model_load(&m, files[v], NULL);
         LPDataLoader d;
         lp_dataloader_init(&d, "dev/ref/tiny_tokens.bin", "-i", B, T, 0, 1, m.cfg.vocab_size);
         lp_dataloader_next(&d);
@@ -642,7 +643,7 @@ static void test_training_runs(void) {
     lp_config_from_depth(&c, "d2");  // L=2, C=128, 2 heads, GPT-2 vocabulary
     c.max_seq_len = 64;
     LPModel m;
-    lp_model_create(&m, &c);
+    lp_model_create(&m, &c, NULL);
     lp_model_init_random(&m, 1337);
     lp_model_save(&m, model);
     lp_model_free(&m);
@@ -682,7 +683,7 @@ static void test_training_runs(void) {
     int saved_ok = access(path, R_OK) == 0;
     if (saved_ok) {
         LPModel saved;
-        lp_model_load(&saved, path);
+        lp_model_load(&saved, path, NULL);
         saved_ok = saved.cfg.channels == 128;
         lp_model_free(&saved);
     }
@@ -698,7 +699,7 @@ static float* run_weights(const char* dir, int step, size_t* n) {
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
     if (access(path, R_OK) != 0) return NULL;
     LPModel m;
-    lp_model_load(&m, path);
+    lp_model_load(&m, path, NULL);
     float* w = (float*)lp_host_malloc(m.num_params * 4, "test");
     read_master(&m, w);
     *n = m.num_params;
@@ -772,24 +773,57 @@ static void test_data_parallel(void) {
         float* wref = run_weights(ref_dir, 10, &nw);
         expect(nref == 10 && wref, acc ? "1-rank reference run with accumulation" : "1-rank reference run");
         if (nref != 10 || !wref) { printf("%s\n", out); free(wref); continue; }
-        for (int d = 2; d <= 4; d *= 2) {
-            char dir[LP_PATH_MAX];
-            snprintf(name, sizeof(name), "dp_d%d_acc%d", d, acc);
-            lp_path(dir, "%s", tmp_path(name));
-            snprintf(args, sizeof(args), "%s -b %d %s", base, 8 / d, accum_flags[acc]);
-            int n = run_ranks(d, args, dir, got, out, sizeof(out));
-            float* w = run_weights(dir, 10, &nw2);
-            snprintf(name, sizeof(name), "d=%d%s: 10 steps run", d, acc ? " with accumulation 2" : "");
-            expect(n == 10 && w && nw2 == nw, name);
-            if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
-            snprintf(name, sizeof(name), "d=%d%s: losses equal 1 rank's (1e-5 relative)", d, acc ? " with accumulation 2" : "");
-            expect_close(name, got, ref, 10, 0.0f, 1e-5f);
-            snprintf(name, sizeof(name), "d=%d%s: final weights equal 1 rank's (1e-5)", d, acc ? " with accumulation 2" : "");
-            expect_same_weights(name, w, wref, nw, 1e-5f);
-            free(w);
+        for (int zero = 0; zero <= 1; zero++) {
+            for (int d = 2; d <= 4; d *= 2) {
+                char dir[LP_PATH_MAX], what[128];
+                snprintf(what, sizeof(what), "d=%d zero=%d%s", d, zero, acc ? " accumulation 2" : "");
+                snprintf(name, sizeof(name), "dp_d%d_z%d_acc%d", d, zero, acc);
+                lp_path(dir, "%s", tmp_path(name));
+                snprintf(args, sizeof(args), "%s -b %d %s --zero %d", base, 8 / d, accum_flags[acc], zero);
+                int n = run_ranks(d, args, dir, got, out, sizeof(out));
+                float* w = run_weights(dir, 10, &nw2);
+                snprintf(name, sizeof(name), "%s: 10 steps run", what);
+                expect(n == 10 && w && nw2 == nw, name);
+                if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
+                if (zero == 1 && !acc) {  // ZeRO-1 shards the fp32 state: 1/d of it per rank
+                    char line[128];
+                    snprintf(line, sizeof(line), "master+AdamW %.1f MiB (ZeRO-1)", (nw + d - 1) / d * 12.0 / 1048576.0);
+                    snprintf(name, sizeof(name), "%s: prints 1/%d of the optimizer memory per rank", what, d);
+                    expect(strstr(out, line) != NULL, name);
+                }
+                snprintf(name, sizeof(name), "%s: losses equal 1 rank's (1e-5 relative)", what);
+                expect_close(name, got, ref, 10, 0.0f, 1e-5f);
+                snprintf(name, sizeof(name), "%s: final weights equal 1 rank's (1e-5)", what);
+                expect_same_weights(name, w, wref, nw, 1e-5f);
+                free(w);
+            }
         }
         free(wref);
     }
+    // a checkpoint written by d=2 ZeRO-1 resumes on 1 rank and on d=4 ZeRO-1 (canonical layout), matching
+    // the straight 1-rank run's last 5 steps
+    float ref[64], got[64];
+    char args[4096], dir[LP_PATH_MAX], rdir[LP_PATH_MAX];
+    snprintf(args, sizeof(args), "%s -b 8", base);
+    int nref = run_ranks(1, args, tmp_path("rs_ref"), ref, out, sizeof(out));
+    lp_path(dir, "%s", tmp_path("rs_d2"));
+    snprintf(args, sizeof(args), "%s -b 4 --zero 1 -n 5", base);
+    int n = run_ranks(2, args, dir, got, out, sizeof(out));
+    for (int k = 0; k < 2; k++) {
+        int ranks = k ? 4 : 1;
+        lp_path(rdir, "%s_%d", dir, ranks);
+        run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
+        snprintf(args, sizeof(args), "%s -b %d --zero %d --resume", base, 8 / ranks, k);
+        int nr = run_ranks(ranks, args, rdir, got, out, sizeof(out));
+        char name[128];
+        snprintf(name, sizeof(name), "checkpoint of d=2 ZeRO-1 resumes on %d rank(s) %s: steps 6-10 equal the straight run",
+                 ranks, k ? "ZeRO-1" : "ZeRO-0");
+        int ok = nref == 10 && n == 10 && nr == 5;
+        expect(ok, name);
+        if (ok) expect_close(name, got, ref + 5, 5, 0.0f, 1e-5f);
+        else printf("%s\n", out);
+    }
+
     // impossible grids: one line from rank 0, non-zero exit
     int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
     const char* first = strstr(out, "llmpar: error: ");
@@ -1038,21 +1072,14 @@ static void tier4_optimizer(uint64_t* rng) {
     for (size_t i = 0; i < n; i++) up += q[i] > 1.0f;
     printf("     stochastic rounding: %.3f of 1+2^-9 rounded up (expect 0.25)\n", (double)up / n);
     expect(fabs((double)up / n - 0.25) < 0.01, "gpu adamw stochastic rounding is unbiased (0.25 +- 0.01)");
-    // global norm and conversion
+    // global norm
     float* x = host_rand(n, rng, 1.0f);
     floatX* d_x = dev_bf16(x, n);
     float want = lp_norm_squared_cpu(x, n), got = lp_norm_squared_gpu(d_x, n);
     expect_close("gpu norm_squared", &got, &want, 1, 0.0f, 1e-4f);
-    float* d_xf = (float*)dev_copy(x, n * 4);
-    fill_random(x, n, rng, 3.0f);
-    lp_copy_to_device(d_xf, x, n * 4);
-    lp_convert_gpu(d_x, d_xf, n);
-    float* gx = host_from(d_x, n);
-    for (size_t i = 0; i < n; i++) x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
-    expect_close("gpu convert fp32 -> bf16 rounds to nearest", gx, x, n, 0.0f, 0.0f);
-    free(w); free(g); free(m); free(v); free(p); free(gw); free(gm); free(gv); free(gp); free(q); free(x); free(gx);
+    free(w); free(g); free(m); free(v); free(p); free(gw); free(gm); free(gv); free(gp); free(q); free(x);
     lp_device_free(d_g); lp_device_free(d_p); lp_device_free(d_w); lp_device_free(d_m); lp_device_free(d_v);
-    lp_device_free(d_x); lp_device_free(d_xf);
+    lp_device_free(d_x);
 }
 
 static void tier4_kernel_tests(void) {
@@ -1089,8 +1116,8 @@ static void test_step_vs_cpu_build(void) {
     lp_path(a, "%s/step_00000003/model.bin", tmp_path("gpu_out"));
     lp_path(b, "%s/step_00000003/model.bin", tmp_path("cpu_out"));
     LPModel mg, mc;
-    lp_model_load(&mg, a);
-    lp_model_load(&mc, b);
+    lp_model_load(&mg, a, NULL);
+    lp_model_load(&mc, b, NULL);
     float* wg = (float*)lp_host_malloc(mg.num_params * 4, "test");
     float* wc = (float*)lp_host_malloc(mc.num_params * 4, "test");
     read_master(&mg, wg);
@@ -1117,6 +1144,11 @@ static void test_out_of_memory(void) {
 int main(void) {
     LPProcess proc;
     memset(&proc, 0, sizeof(proc));
+    proc.world = 1;
+    lp_grid_init(&proc, 1, 1);
+#ifdef LLMPAR_CPU
+    single = proc;
+#endif
     if (!mkdtemp(tmp_dir)) lp_fail("cannot create a temporary directory: %s", strerror(errno));
     if (geteuid() == 0) {  // CI runs as root; Open MPI's mpirun refuses root unless told
         setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);

@@ -32,6 +32,7 @@ typedef struct {
     int ckpt_every;          // -n
     int resume;              // --resume
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
+    int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     unsigned long long seed; // --seed
 } LPFlags;
 
@@ -101,6 +102,7 @@ static void lp_usage(void) {
         "  --tp N      tensor-parallel size (1 for now)          [1]\n"
         "  --pp N      pipeline-parallel size (1 for now)        [1]\n"
         "              data-parallel size d = ranks / (tp * pp)\n"
+        "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d [0]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
         "  --seed N    seed of the initial weights and sampling  [1337]\n"
@@ -131,7 +133,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp"};
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -159,6 +161,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--tokenizer") == 0) f->tokenizer = v;
         else if (strcmp(a, "--tp") == 0) f->tp = lp_parse_int(a, v);
         else if (strcmp(a, "--pp") == 0) f->pp = lp_parse_int(a, v);
+        else if (strcmp(a, "--zero") == 0) f->zero = lp_parse_int(a, v);
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -170,6 +173,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (strcmp(f->schedule, "cosine") != 0 && strcmp(f->schedule, "linear") != 0)
         lp_fail_all("flag -k: schedule must be cosine or linear, got '%s'", f->schedule);
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
+    if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
+    if (f->zero > 1) lp_fail_all("flag --zero %d: ZeRO-2 and ZeRO-3 are not implemented yet (0 and 1 are)", f->zero);
     return 1;
 }
 
@@ -238,6 +243,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_fail_all("--tp %d --pp %d: tensor and pipeline parallelism are not implemented yet; data parallelism "
                     "is (mpirun -np N with --tp 1 --pp 1)", proc->tp, proc->pp);
     const LPGroup* dp = &proc->dp_group;
+    const LPGroup* shard_over = f->zero >= 1 ? dp : NULL;  // ZeRO-1 shards the fp32 state over DP
 
     // model: from scratch or from an llm.c file
     LPModel model;
@@ -246,11 +252,11 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", cfg.num_layers, cfg.channels,
                cfg.num_heads, f->seed);
         lp_config_validate(&cfg, "-e");
-        lp_model_create(&model, &cfg);
+        lp_model_create(&model, &cfg, shard_over);
         lp_model_init_random(&model, f->seed);
     } else {
         lp_log("loading %s\n", f->init);
-        lp_model_load(&model, f->init);
+        lp_model_load(&model, f->init, shard_over);
         cfg = model.cfg;
     }
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
@@ -281,8 +287,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
            total_batch, accum);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            f->schedule, f->lr * f->final_lr_frac);
-    lp_log("memory           params+grads %.1f MiB, master+AdamW %.1f MiB, activations %.1f MiB\n",
-           model.num_params * 2.0 * sizeof(floatX) / MiB, model.num_params * 12.0 / MiB, model.act_bytes / MiB);
+    lp_log("memory per rank  params+grads %.1f MiB, master+AdamW %.1f MiB (ZeRO-%d), activations %.1f MiB\n",
+           model.padded_params * 2.0 * sizeof(floatX) / MiB, model.shard_size * 12.0 / MiB, f->zero,
+           model.act_bytes / MiB);
 
     // output directory, log, resume
     FILE* logf = NULL;
@@ -314,7 +321,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         int last = step == f->max_steps;
         if (has_val && (step % f->val_every == 0 || last)) {
             float vl = lp_evaluate(&model, &val, f->val_batches);
-            lp_average_host(dp, &vl, 1);
+            lp_all_reduce_host(dp, &vl, 1, 1);
             lp_log("val loss %f\n", vl);
             if (logf) fprintf(logf, "s:%d tel:%f\n", step, vl);
         }
@@ -327,10 +334,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             st.B = f->B;
             st.T = f->T;
             st.total_batch = total_batch;
-            if (proc->rank == 0) {  // data-parallel replicas are identical: one writer
-                lp_checkpoint_save(&model, &st, f->out_dir);
-                lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
-            }
+            lp_checkpoint_save(&model, &st, f->out_dir, &proc->world_group);
+            lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
         }
         if (last) break;
 
@@ -342,11 +347,10 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             loss += lp_model_forward(&model, train.inputs, train.targets, f->B, f->T, 1.0f / ((float)f->B * f->T * accum));
             lp_model_backward(&model);
         }
-        lp_all_reduce(dp, model.grads, model.num_params, 1);  // average the gradients over data-parallel ranks
         loss /= accum;
-        lp_average_host(dp, &loss, 1);
+        lp_all_reduce_host(dp, &loss, 1, 1);
         float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, cosine);
-        float norm = lp_model_update(&model, lr, &opt);
+        float norm = lp_model_update(&model, lr, &opt, dp);  // averages the gradients over DP, then AdamW
         lp_device_sync();
         double ms = (lp_time_s() - t0) * 1000.0;
         if (!isfinite(loss) || !isfinite(norm))
