@@ -10,12 +10,19 @@ CFLAGS_CPU = -x c -std=gnu11 -O3 -march=native -fopenmp -DLLMPAR_CPU -Wall -Wext
 NVCC_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fopenmp
 NVCC_LIBS = -lcublasLt -lcublas
 
+# NCCL for the CUDA build's collectives when its header is found (with MPI, which carries its ids)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+NCCL_H := $(wildcard /usr/include/nccl.h $(CUDA_HOME)/include/nccl.h)
+
 # MPI when mpicc exists: the CPU build compiles with it, the CUDA build takes its include and link flags.
 # Without it both builds are single-rank and say so when asked for more ranks.
 MPI_LIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
 ifneq ($(strip $(MPI_LIBS)),)
   CC_CPU = $(MPICC) -DLLMPAR_MPI
   NVCC_MPI = -DLLMPAR_MPI $(shell $(MPICC) --showme:compile) $(filter -L% -l%,$(MPI_LIBS))
+  ifneq ($(NCCL_H),)
+    NVCC_MPI += -DLLMPAR_NCCL -lnccl
+  endif
 else
   CC_CPU = $(CC)
 endif

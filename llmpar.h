@@ -4,7 +4,7 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
   1. basics      errors that name what failed, files, timers, RNG, device memory
   2. config      the model's shape, GPT-2 presets, parameter tensor sizes
   3. topology    MPI start-up, the t x d x p grid of ranks and its groups, GPU choice
-  4. comm        collectives on a group (MPI transport)
+  4. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI
   5. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
   6. model       parameters, activations, forward, backward
   7. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
@@ -48,6 +48,9 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#ifdef LLMPAR_NCCL
+#include <nccl.h>
+#endif
 typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights and Adam state are fp32
 #define LP(op) lp_##op##_gpu
 #define LP_HD __host__ __device__
@@ -291,8 +294,11 @@ typedef struct {
 #ifdef LLMPAR_MPI
     MPI_Comm comm;
 #endif
+#ifdef LLMPAR_NCCL
+    ncclComm_t nccl;   // NULL: this group's collectives go over MPI
+#endif
     int rank, size;
-    const char* name;  // "tp", "dp" or "pp", for error messages
+    const char* name;  // "tp", "dp", "pp" or "world", for error messages
 } LPGroup;
 
 typedef struct {
@@ -430,6 +436,11 @@ static inline const char* lp_engine_name(void) {
 }
 
 static inline void lp_process_finish(LPProcess* p) {
+#ifdef LLMPAR_NCCL
+    LPGroup* groups[3] = {&p->tp_group, &p->dp_group, &p->pp_group};
+    for (int i = 0; i < 3; i++)
+        if (groups[i]->nccl) ncclCommDestroy(groups[i]->nccl);
+#endif
 #ifndef LLMPAR_CPU
     if (lp_cublaslt_workspace) {
         lp_device_free(lp_cublaslt_workspace);
@@ -443,9 +454,10 @@ static inline void lp_process_finish(LPProcess* p) {
 // ----------------------------------------------------------------------------------------------------
 // 4. comm
 //
-// Collectives on a group. The MPI transport works on both builds: the CPU build hands MPI its fp32
-// buffers; the CUDA build stages bf16 tensors through host fp32 buffers (MPI has no bf16 sum). A group
-// of one rank returns at once, so single-rank runs pay nothing.
+// Collectives on a group, over two transports. NCCL: the CUDA build's default, on the GPU's own buffers
+// and stream. MPI: the CPU build hands MPI its fp32 buffers; the CUDA build uses it when ranks share a
+// GPU (NCCL refuses that), staging bf16 tensors through host fp32 buffers (MPI has no bf16 sum). Host
+// values (losses, norms, flags) always go over MPI. A group of one rank returns at once.
 
 #ifdef LLMPAR_MPI
 static inline void lp_mpi_check(int err, const char* op, const LPGroup* g) {
@@ -465,10 +477,23 @@ static inline void lp_mpi_all_reduce_f32(const LPGroup* g, float* x, size_t n) {
 }
 #endif
 
+#ifdef LLMPAR_NCCL
+static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* g) {
+    if (r != ncclSuccess)
+        lp_fail("NCCL %s on group %s (rank %d of %d) failed: %s", op, g->name, g->rank, g->size, ncclGetErrorString(r));
+}
+#endif
+
 // Sum a device tensor of the compute type over the group, in place; divide by the group size when
 // `average` (DP gradient averaging).
 static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int average) {
     if (g->size == 1) return;
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {
+        lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, average ? ncclAvg : ncclSum, g->nccl, 0), "all-reduce", g);
+        return;
+    }
+#endif
 #ifdef LLMPAR_MPI
     float scale = average ? 1.0f / g->size : 1.0f;
 #ifdef LLMPAR_CPU
@@ -511,6 +536,13 @@ static inline void lp_all_reduce_host(const LPGroup* g, float* x, int n, int ave
 // over the group (ZeRO: each rank keeps only the gradients of the parameters it updates).
 static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, int average) {
     if (g->size == 1) return;
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // in place: this rank's block is its output
+        lp_nccl_check(ncclReduceScatter(x, x + shard * g->rank, shard, ncclBfloat16, average ? ncclAvg : ncclSum,
+                                        g->nccl, 0), "reduce-scatter", g);
+        return;
+    }
+#endif
 #ifdef LLMPAR_MPI
     if (shard > (size_t)1 << 30) lp_fail("reduce-scatter on group %s: shard of %zu values is too large for MPI", g->name, shard);
     size_t mine = shard * g->rank;
@@ -545,6 +577,12 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 // Each rank's shard x[rank*shard ...] goes to every rank: afterwards x holds all size * shard values.
 static inline void lp_all_gather(const LPGroup* g, floatX* x, size_t shard) {
     if (g->size == 1) return;
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // in place: this rank's block is its input
+        lp_nccl_check(ncclAllGather(x + shard * g->rank, x, shard, ncclBfloat16, g->nccl, 0), "all-gather", g);
+        return;
+    }
+#endif
 #ifdef LLMPAR_MPI
     size_t bytes = shard * sizeof(floatX);  // a plain copy: bytes suffice, whatever the type
     if (bytes > (size_t)1 << 31) lp_fail("all-gather on group %s: shard of %zu bytes is too large for MPI", g->name, bytes);
@@ -569,6 +607,52 @@ static inline void lp_barrier(const LPGroup* g) {
     if (g->size == 1) return;
 #ifdef LLMPAR_MPI
     lp_mpi_check(MPI_Barrier(g->comm), "barrier", g);
+#endif
+}
+
+// Choose the transport for device tensors. NCCL (the CUDA default) needs one GPU per rank: when ranks
+// share a GPU (several ranks on one card, as in tests on one GPU) the run uses MPI, with a notice.
+// `choice` is --comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init.
+static inline void lp_comm_init(LPProcess* p, const char* choice) {
+    if (strcmp(choice, "auto") != 0 && strcmp(choice, "nccl") != 0 && strcmp(choice, "mpi") != 0)
+        lp_fail_all("flag --comm: transport must be auto, nccl or mpi, got '%s'", choice);
+#ifdef LLMPAR_NCCL
+    if (p->world == 1 || strcmp(choice, "mpi") == 0) return;
+    // one "host/bus id" string per rank tells whether two ranks drive the same GPU
+    char mine[256], *all = (char*)lp_host_malloc((size_t)p->world * 256, "GPU ids");
+    char host[128] = "";
+    gethostname(host, sizeof(host) - 1);
+    char bus[64] = "";
+    cudaCheck(cudaDeviceGetPCIBusId(bus, sizeof(bus), p->device));
+    snprintf(mine, sizeof(mine), "%s/%s", host, bus);
+    lp_mpi_check(MPI_Allgather(mine, 256, MPI_CHAR, all, 256, MPI_CHAR, MPI_COMM_WORLD), "all-gather of GPU ids", &p->world_group);
+    int shared_with = -1;
+    for (int r = 0; r < p->world && shared_with < 0; r++)
+        if (r != p->rank && strcmp(all + 256 * r, mine) == 0) shared_with = r;
+    float shared = shared_with >= 0 ? 1.0f : 0.0f;
+    lp_all_reduce_host(&p->world_group, &shared, 1, 0);
+    free(all);
+    if (shared > 0.0f) {
+        if (strcmp(choice, "nccl") == 0) {
+            if (shared_with >= 0) lp_fail("flag --comm nccl: ranks %d and %d share GPU %s; NCCL needs one GPU per rank (use --comm mpi)", p->rank, shared_with, mine);
+            lp_exit_all();
+        }
+        lp_log("notice: ranks share a GPU, so collectives go over MPI through host memory (slower than NCCL)\n");
+        return;
+    }
+    LPGroup* groups[3] = {&p->tp_group, &p->dp_group, &p->pp_group};
+    for (int i = 0; i < 3; i++) {
+        LPGroup* g = groups[i];
+        if (g->size == 1) continue;
+        ncclUniqueId id;
+        if (g->rank == 0) lp_nccl_check(ncclGetUniqueId(&id), "unique id", g);
+        lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->comm), "broadcast of the NCCL id", g);
+        lp_nccl_check(ncclCommInitRank(&g->nccl, g->size, id, g->rank), "communicator init", g);
+    }
+#else
+    if (strcmp(choice, "nccl") == 0 && p->world > 1)
+        lp_fail_all("flag --comm nccl: this build has no NCCL (the CPU build, or nccl.h was not found)");
+    (void)p;
 #endif
 }
 

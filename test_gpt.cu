@@ -831,6 +831,10 @@ static void test_data_parallel(void) {
                !strstr(first + 1, "llmpar: error: "), "grid: t*p not dividing the ranks is one error line");
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 2", TRAIN_BIN, base);
     expect(rc != 0 && strstr(out, "tensor and pipeline parallelism are not implemented yet"), "grid: --tp 2 is refused clearly until TP lands");
+    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --comm nccl", TRAIN_BIN, base);
+    expect(rc != 0 && strstr(out, "flag --comm nccl: this build has no NCCL"), "--comm nccl on the CPU build is refused clearly");
+    rc = run_cmd(out, sizeof(out), "%s %s --comm pigeon", TRAIN_BIN, base);
+    expect(rc != 0 && strstr(out, "flag --comm: transport must be auto, nccl or mpi"), "--comm with an unknown transport is refused");
 }
 #endif  // LLMPAR_CPU
 
@@ -1129,6 +1133,29 @@ static void test_step_vs_cpu_build(void) {
     lp_model_free(&mc);
 }
 
+// Data parallelism on one GPU: 2 ranks share it, so the run falls back to the MPI transport (with a
+// notice) and must match one rank's losses, to bf16 tolerance (bf16 gradients are averaged in fp32).
+static void test_data_parallel_one_gpu(void) {
+    static char out[1 << 16];
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("skip: data parallelism on one GPU (mpirun not found)\n");
+        return;
+    }
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -t 16 -x 3 -l 1e-3 -u 0";
+    float one[8], two[8];
+    int rc = run_cmd(out, sizeof(out), "./train_gpt %s -b 2", args);
+    int n1 = parse_losses(out, one, 8);
+    for (int zero = 0; zero <= 1; zero++) {
+        rc |= run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe ./train_gpt %s -b 1 --zero %d", args, zero);
+        int n2 = parse_losses(out, two, 8);
+        char name[128];
+        snprintf(name, sizeof(name), "one GPU, d=2 ZeRO-%d over the MPI transport: losses equal 1 rank's (1e-2)", zero);
+        expect(rc == 0 && n1 == 3 && n2 == 3 && strstr(out, "collectives go over MPI"), name);
+        if (n1 == 3 && n2 == 3) expect_close(name, two, one, 3, 0.0f, 1e-2f);
+        else printf("%s\n", out);
+    }
+}
+
 // Asking for far more activation memory than the GPU has is a one-line error saying how much.
 static void test_out_of_memory(void) {
     static char out[1 << 16];
@@ -1175,6 +1202,7 @@ int main(void) {
     printf("tier 4: CUDA kernels and steps against the CPU build\n");
     tier4_kernel_tests();
     test_step_vs_cpu_build();
+    test_data_parallel_one_gpu();
     test_out_of_memory();
 #endif
     char out[256];

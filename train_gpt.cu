@@ -33,6 +33,7 @@ typedef struct {
     int resume;              // --resume
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
+    const char* comm;        // --comm: auto | nccl | mpi
     unsigned long long seed; // --seed
 } LPFlags;
 
@@ -75,6 +76,7 @@ static void lp_flags_default(LPFlags* f) {
     f->seed = 1337;
     f->tp = 1;
     f->pp = 1;
+    f->comm = "auto";
 }
 
 static void lp_usage(void) {
@@ -103,6 +105,7 @@ static void lp_usage(void) {
         "  --pp N      pipeline-parallel size (1 for now)        [1]\n"
         "              data-parallel size d = ranks / (tp * pp)\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d [0]\n"
+        "  --comm NAME collectives: auto (NCCL, or MPI when ranks share a GPU) | nccl | mpi [auto]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
         "  --seed N    seed of the initial weights and sampling  [1337]\n"
@@ -133,7 +136,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero"};
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -162,6 +165,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--tp") == 0) f->tp = lp_parse_int(a, v);
         else if (strcmp(a, "--pp") == 0) f->pp = lp_parse_int(a, v);
         else if (strcmp(a, "--zero") == 0) f->zero = lp_parse_int(a, v);
+        else if (strcmp(a, "--comm") == 0) f->comm = v;
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -384,6 +388,7 @@ int main(int argc, char** argv) {
     } else {
         lp_grid_init(&proc, flags.tp, flags.pp);
         lp_device_init(&proc);
+        lp_comm_init(&proc, flags.comm);
         lp_train(&flags, &proc);
     }
     lp_process_finish(&proc);
