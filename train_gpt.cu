@@ -321,6 +321,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, f->weight_decay, f->grad_clip};
     double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops();
     int cosine = strcmp(f->schedule, "cosine") == 0;
+    double sum_ms = 0.0, sum_update_ms = 0.0;
+    int timed_steps = 0;
     for (int step = st.step; step <= f->max_steps; step++) {
         int last = step == f->max_steps;
         if (has_val && (step % f->val_every == 0 || last)) {
@@ -354,9 +356,16 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         loss /= accum;
         lp_all_reduce_host(dp, &loss, 1, 1);
         float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, cosine);
+        lp_device_sync();
+        double t1 = lp_time_s();
         float norm = lp_model_update(&model, lr, &opt, dp);  // averages the gradients over DP, then AdamW
         lp_device_sync();
         double ms = (lp_time_s() - t0) * 1000.0;
+        if (step > st.step) {  // the first step warms up: leave it out of the means
+            sum_ms += ms;
+            sum_update_ms += (lp_time_s() - t1) * 1000.0;
+            timed_steps++;
+        }
         if (!isfinite(loss) || !isfinite(norm))
             lp_fail_all("step %d: loss %f, gradient norm %f is not finite (diverged; try a lower -l)", step + 1, loss, norm);
         double tok_s = total_batch / (ms / 1000.0);
@@ -372,6 +381,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         }
     }
 
+    if (timed_steps > 0)
+        lp_log("mean of steps after the first: %.1f ms/step, of which %.1f ms in the optimizer step (gradient "
+               "communication and AdamW)\n", sum_ms / timed_steps, sum_update_ms / timed_steps);
     if (logf) fclose(logf);
     lp_tokenizer_free(&tok);
     if (has_val) lp_dataloader_free(&val);

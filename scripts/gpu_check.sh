@@ -37,3 +37,6 @@ echo '```'
 
 echo "## benchmark (scripts/bench_gpu.sh)"
 bash scripts/bench_gpu.sh
+
+echo "## data parallelism on one GPU (scripts/bench_dp.sh gpu): MPI transport overhead"
+bash scripts/bench_dp.sh gpu 6
