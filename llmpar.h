@@ -206,6 +206,29 @@ static inline void lp_device_zero(void* p, size_t bytes) {
 #endif
 }
 
+// Host floats <-> device values of the compute type (loading weights; reading params, grads, logits).
+static inline void lp_to_device_floatX(floatX* dst, const float* src, size_t n) {
+#ifdef LLMPAR_CPU
+    memcpy(dst, src, n * sizeof(float));
+#else
+    floatX* tmp = (floatX*)lp_host_malloc(n * sizeof(floatX), "host staging buffer");
+    for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16_rn(src[i]);
+    lp_copy_to_device(dst, tmp, n * sizeof(floatX));
+    free(tmp);
+#endif
+}
+
+static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
+#ifdef LLMPAR_CPU
+    memcpy(dst, src, n * sizeof(float));
+#else
+    floatX* tmp = (floatX*)lp_host_malloc(n * sizeof(floatX), "host staging buffer");
+    lp_copy_to_host(tmp, src, n * sizeof(floatX));
+    for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
+    free(tmp);
+#endif
+}
+
 // ----------------------------------------------------------------------------------------------------
 // 2. config
 
@@ -484,6 +507,20 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
 }
 #endif
 
+// Sum (or average) n host floats over the group, in place: losses, norms, error flags, staged tensors.
+static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int average) {
+    if (g->size == 1) return;
+#ifdef LLMPAR_MPI
+    lp_mpi_all_reduce_f32(g, x, n);
+    if (average)
+        for (size_t i = 0; i < n; i++) x[i] /= g->size;
+#else
+    (void)x;
+    (void)n;
+    (void)average;
+#endif
+}
+
 // Sum a device tensor of the compute type over the group, in place; divide by the group size when
 // `average` (DP gradient averaging).
 static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int average) {
@@ -494,41 +531,14 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
         return;
     }
 #endif
-#ifdef LLMPAR_MPI
-    float scale = average ? 1.0f / g->size : 1.0f;
 #ifdef LLMPAR_CPU
-    lp_mpi_all_reduce_f32(g, x, n);
-    if (average)
-        for (size_t i = 0; i < n; i++) x[i] *= scale;
+    lp_all_reduce_host(g, x, n, average);
 #else
-    floatX* staged = (floatX*)lp_host_malloc(n * sizeof(floatX), "all-reduce staging");
     float* sum = (float*)lp_host_malloc(n * sizeof(float), "all-reduce staging");
-    lp_copy_to_host(staged, x, n * sizeof(floatX));
-    for (size_t i = 0; i < n; i++) sum[i] = __bfloat162float(staged[i]);
-    lp_mpi_all_reduce_f32(g, sum, n);
-    for (size_t i = 0; i < n; i++) staged[i] = __float2bfloat16_rn(sum[i] * scale);
-    lp_copy_to_device(x, staged, n * sizeof(floatX));
-    free(staged);
+    lp_to_host_float(sum, x, n);
+    lp_all_reduce_host(g, sum, n, average);
+    lp_to_device_floatX(x, sum, n);
     free(sum);
-#endif
-#else
-    (void)x;
-    (void)n;
-    (void)average;
-#endif
-}
-
-// Sum (or average) n host floats over the group, in place: losses, squared norms, error flags.
-static inline void lp_all_reduce_host(const LPGroup* g, float* x, int n, int average) {
-    if (g->size == 1) return;
-#ifdef LLMPAR_MPI
-    lp_mpi_all_reduce_f32(g, x, (size_t)n);
-    if (average)
-        for (int i = 0; i < n; i++) x[i] /= g->size;
-#else
-    (void)x;
-    (void)n;
-    (void)average;
 #endif
 }
 
@@ -546,25 +556,19 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 #ifdef LLMPAR_MPI
     if (shard > (size_t)1 << 30) lp_fail("reduce-scatter on group %s: shard of %zu values is too large for MPI", g->name, shard);
     size_t mine = shard * g->rank;
-    float scale = average ? 1.0f / g->size : 1.0f;
 #ifdef LLMPAR_CPU
     float* sum = x;
 #else
-    size_t n = shard * g->size;
-    floatX* staged = (floatX*)lp_host_malloc(n * sizeof(floatX), "reduce-scatter staging");
-    float* sum = (float*)lp_host_malloc(n * sizeof(float), "reduce-scatter staging");
-    lp_copy_to_host(staged, x, n * sizeof(floatX));
-    for (size_t i = 0; i < n; i++) sum[i] = __bfloat162float(staged[i]);
+    float* sum = (float*)lp_host_malloc(shard * g->size * sizeof(float), "reduce-scatter staging");
+    lp_to_host_float(sum, x, shard * g->size);
 #endif
     // in place, MPI leaves this rank's reduced block at the start of the buffer
     lp_mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, sum, (int)shard, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
     memmove(sum + mine, sum, shard * sizeof(float));
-#ifdef LLMPAR_CPU
-    for (size_t i = mine; i < mine + shard; i++) x[i] *= scale;
-#else
-    for (size_t i = mine; i < mine + shard; i++) staged[i] = __float2bfloat16_rn(sum[i] * scale);
-    lp_copy_to_device(x + mine, staged + mine, shard * sizeof(floatX));
-    free(staged);
+    if (average)
+        for (size_t i = mine; i < mine + shard; i++) sum[i] /= g->size;
+#ifndef LLMPAR_CPU
+    lp_to_device_floatX(x + mine, sum + mine, shard);
     free(sum);
 #endif
 #else
@@ -1460,29 +1464,6 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
     return result;
 }
 #endif
-
-// Host floats <-> device values of the compute type (loading weights; reading params, grads, logits).
-static inline void lp_to_device_floatX(floatX* dst, const float* src, size_t n) {
-#ifdef LLMPAR_CPU
-    memcpy(dst, src, n * sizeof(float));
-#else
-    floatX* tmp = (floatX*)lp_host_malloc(n * sizeof(floatX), "host staging buffer");
-    for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16_rn(src[i]);
-    lp_copy_to_device(dst, tmp, n * sizeof(floatX));
-    free(tmp);
-#endif
-}
-
-static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
-#ifdef LLMPAR_CPU
-    memcpy(dst, src, n * sizeof(float));
-#else
-    floatX* tmp = (floatX*)lp_host_malloc(n * sizeof(floatX), "host staging buffer");
-    lp_copy_to_host(tmp, src, n * sizeof(floatX));
-    for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
-    free(tmp);
-#endif
-}
 
 // ----------------------------------------------------------------------------------------------------
 // 6. model
