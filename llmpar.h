@@ -578,6 +578,48 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 #endif
 }
 
+// x holds counts[0] + ... + counts[size-1] values, rank by rank; out receives the sum over the group of
+// this rank's block (counts[rank] values). Blocks may differ in size and be empty (ZeRO-2: a layer's
+// gradients cut at the shard boundaries).
+static inline void lp_reduce_scatterv(const LPGroup* g, const floatX* x, const int* counts, floatX* out) {
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // one reduce per owner, launched together
+        size_t off = 0;
+        lp_nccl_check(ncclGroupStart(), "group start", g);
+        for (int r = 0; r < g->size; r++) {
+            if (counts[r]) lp_nccl_check(ncclReduce(x + off, out, counts[r], ncclBfloat16, ncclSum, r, g->nccl, 0), "reduce", g);
+            off += counts[r];
+        }
+        lp_nccl_check(ncclGroupEnd(), "group end", g);
+        return;
+    }
+#endif
+    size_t n = 0;
+    for (int r = 0; r < g->size; r++) n += counts[r];
+#ifdef LLMPAR_CPU
+    const float* send = x;
+    float* recv = out;
+#else
+    size_t mine = (size_t)counts[g->rank];
+    float* send = (float*)lp_host_malloc(n * sizeof(float), "reduce-scatter staging");
+    float* recv = (float*)lp_host_malloc((mine ? mine : 1) * sizeof(float), "reduce-scatter staging");
+    lp_to_host_float(send, x, n);
+#endif
+#ifdef LLMPAR_MPI
+    if (g->size > 1)
+        lp_mpi_check(MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
+    else
+        memcpy(recv, send, n * sizeof(float));
+#else
+    memcpy(recv, send, n * sizeof(float));  // a group of one: its block is everything
+#endif
+#ifndef LLMPAR_CPU
+    lp_to_device_floatX(out, recv, mine);
+    free(send);
+    free(recv);
+#endif
+}
+
 // Each rank's shard x[rank*shard ...] goes to every rank: afterwards x holds all size * shard values.
 static inline void lp_all_gather(const LPGroup* g, floatX* x, size_t shard) {
     if (g->size == 1) return;
@@ -1371,6 +1413,23 @@ static inline void lp_fused_classifier_gpu(floatX* logits, float* losses, float 
 }
 #endif
 
+// --- dst += scale * src (ZeRO-2 adds each micro-batch's reduced gradients into the rank's shard)
+static inline void lp_add_scaled_cpu(float* dst, const float* src, size_t n, float scale) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) dst[i] += scale * src[i];
+}
+#ifndef LLMPAR_CPU
+__global__ void lp_add_scaled_kernel(floatX* dst, const floatX* src, size_t n, float scale) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = lp_xf(lp_bf(dst[i]) + scale * lp_bf(src[i]));
+}
+static inline void lp_add_scaled_gpu(floatX* dst, const floatX* src, size_t n, float scale) {
+    if (n == 0) return;
+    lp_add_scaled_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(dst, src, n, scale);
+    cudaCheck(cudaGetLastError());
+}
+#endif
+
 // --- AdamW on one tensor. master (fp32) is the truth; params are its copy in the compute type (the CUDA
 // kernel rounds stochastically to bf16, seeded per step and tensor). grads are scaled by grad_scale
 // (global-norm clipping) before use. beta corrections are 1 - beta^t.
@@ -1506,15 +1565,24 @@ typedef struct {
     LPConfig cfg;
     size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;
     floatX* params;   // compute-type weights used by forward/backward
-    floatX* grads;    // their gradients, accumulated over micro-batches
+    floatX* grads;    // their gradients, accumulated over micro-batches (ZeRO-2: wte, wpe, lnf only)
     float* master;    // fp32 master weights of this rank's shard: the truth the optimizer updates
     float* adam_m;    // AdamW first moment (fp32), this rank's shard
     float* adam_v;    // AdamW second moment (fp32), this rank's shard
-    // ZeRO-1: the flat parameters are cut into equal shards over the DP group (padded to a multiple of its
+    // ZeRO: the flat parameters are cut into equal shards over the DP group (padded to a multiple of its
     // size); this rank keeps master weights and AdamW state for [shard_start, shard_start + shard_size)
-    // only. Unsharded, the shard is everything.
+    // only (stage 1). Stage 2 also keeps only that shard of the gradients: each layer's gradients go to
+    // a one-layer buffer and are reduced into their owners' grad_shard as soon as the layer is done.
+    // Unsharded (stage 0), the shard is everything.
     const LPGroup* shard_group;  // NULL: unsharded
+    int zero_stage;
     size_t padded_params, shard_start, shard_size;
+    size_t layer_offsets[LP_NUM_PARAMS], layer_params;  // a layer's tensors packed one after another
+    floatX* layer_grads;  // ZeRO-2: the gradients of the layer whose backward is running
+    floatX* grad_shard;   // ZeRO-2: this rank's averaged gradients, accumulated over micro-batches
+    floatX* reduce_tmp;   // ZeRO-2: one reduced block, before it is added into grad_shard
+    size_t reduce_chunk;  // ZeRO-2: the most values reduced at once (one layer's worth)
+    size_t grad_bytes;    // gradient memory of this rank
     floatX* p[LP_NUM_PARAMS];  // views into params
     floatX* g[LP_NUM_PARAMS];  // views into grads
     int adam_step;
@@ -1530,34 +1598,82 @@ typedef struct {
     float* losses_host; // (B,T)
 } LPModel;
 
-// Allocate a model of shape cfg; with shard_group (ZeRO-1) this rank holds 1/size of the fp32 state.
-static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPGroup* shard_group) {
+static inline int lp_is_layer_tensor(int i) { return i >= LP_LN1W && i <= LP_FCPROJB; }
+
+// Allocate a model of shape cfg. zero_stage 0: everything replicated (dp may be NULL); 1: fp32 master
+// weights and AdamW state sharded over the group dp; 2: the gradients too.
+static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPGroup* dp, int zero_stage) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     lp_param_sizes(m->param_sizes, cfg);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         m->param_offsets[i] = m->num_params;
         m->num_params += m->param_sizes[i];
+        if (lp_is_layer_tensor(i)) {
+            m->layer_offsets[i] = m->layer_params;
+            m->layer_params += m->param_sizes[i] / cfg->num_layers;
+        }
     }
-    int parts = shard_group ? shard_group->size : 1;
-    m->shard_group = shard_group;
+    int parts = zero_stage >= 1 ? dp->size : 1;
+    m->zero_stage = zero_stage;
+    m->shard_group = zero_stage >= 1 ? dp : NULL;
     m->padded_params = (m->num_params + parts - 1) / parts * parts;
     m->shard_size = m->padded_params / parts;
-    m->shard_start = shard_group ? m->shard_size * shard_group->rank : 0;
+    m->shard_start = zero_stage >= 1 ? m->shard_size * dp->rank : 0;
     size_t n = m->padded_params, k = m->shard_size;
     m->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
-    m->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
     m->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
     m->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
     m->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
     lp_device_zero(m->params, n * sizeof(floatX));
-    lp_device_zero(m->grads, n * sizeof(floatX));
     lp_device_zero(m->master, k * sizeof(float));
     lp_device_zero(m->adam_m, k * sizeof(float));
     lp_device_zero(m->adam_v, k * sizeof(float));
-    for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        m->p[i] = m->params + m->param_offsets[i];
-        m->g[i] = m->grads + m->param_offsets[i];
+    for (int i = 0; i < LP_NUM_PARAMS; i++) m->p[i] = m->params + m->param_offsets[i];
+    if (zero_stage >= 2) {  // full gradients only for the tensors outside the layers, packed
+        size_t outside = m->num_params - m->layer_params * cfg->num_layers, off = 0;
+        m->grads = (floatX*)lp_device_malloc(outside * sizeof(floatX), "gradients of wte, wpe, lnf");
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (!lp_is_layer_tensor(i)) { m->g[i] = m->grads + off; off += m->param_sizes[i]; }
+        m->layer_grads = (floatX*)lp_device_malloc(m->layer_params * sizeof(floatX), "one layer's gradients");
+        m->grad_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "gradient shard");
+        m->reduce_chunk = m->layer_params;
+        size_t tmp = k < m->reduce_chunk ? k : m->reduce_chunk;
+        m->reduce_tmp = (floatX*)lp_device_malloc(tmp * sizeof(floatX), "gradient reduce buffer");
+        m->grad_bytes = (outside + m->layer_params + k + tmp) * sizeof(floatX);
+    } else {
+        m->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
+        for (int i = 0; i < LP_NUM_PARAMS; i++) m->g[i] = m->grads + m->param_offsets[i];
+        m->grad_bytes = n * sizeof(floatX);
+    }
+}
+
+// Tensor i of layer l (i one of LN1W .. FCPROJB): its weights, and where its gradient accumulates.
+static inline floatX* lp_layer_param(const LPModel* m, int i, int l) {
+    return m->p[i] + (size_t)l * (m->param_sizes[i] / m->cfg.num_layers);
+}
+static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) {
+    if (m->zero_stage >= 2) return m->layer_grads + m->layer_offsets[i];
+    return m->g[i] + (size_t)l * (m->param_sizes[i] / m->cfg.num_layers);
+}
+
+// ZeRO-2: sum the gradients src of the flat parameters [flat, flat + count) over the DP group; each
+// rank adds the average of its part into grad_shard. Chunks of at most reduce_chunk values keep the
+// receive buffer small.
+static inline void lp_model_reduce_grads(LPModel* m, const floatX* src, size_t flat, size_t count) {
+    const LPGroup* g = m->shard_group;
+    int counts[1024];
+    if (g->size > 1024) lp_fail("ZeRO-2 supports at most 1024 data-parallel ranks, got %d", g->size);
+    for (size_t done = 0; done < count; done += m->reduce_chunk) {
+        size_t first = flat + done, n = count - done < m->reduce_chunk ? count - done : m->reduce_chunk;
+        for (int r = 0; r < g->size; r++) {  // the part of [first, first + n) in rank r's shard
+            size_t lo = m->shard_size * r, hi = lo + m->shard_size;
+            size_t a = first > lo ? first : lo, b = first + n < hi ? first + n : hi;
+            counts[r] = b > a ? (int)(b - a) : 0;
+        }
+        lp_reduce_scatterv(g, src + done, counts, m->reduce_tmp);
+        size_t start = first > m->shard_start ? first - m->shard_start : 0;
+        LP(add_scaled)(m->grad_shard + start, m->reduce_tmp, (size_t)counts[g->rank], 1.0f / g->size);
     }
 }
 
@@ -1684,24 +1800,24 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         floatX* qkvr = a->qkvr + 3 * btc;
         floatX* att = a->att + (size_t)l * B * NH * T * T;
         // attention half: qkv projection, attention, output projection, residual add + ln2
-        LP(matmul_forward)(a->qkv, NULL, a->ln1 + btc, p[LP_QKVW] + (size_t)l * 3 * C * C,
-                           p[LP_QKVB] + (size_t)l * 3 * C, N, C, 3 * C);
+        LP(matmul_forward)(a->qkv, NULL, a->ln1 + btc, lp_layer_param(m, LP_QKVW, l),
+                           lp_layer_param(m, LP_QKVB, l), N, C, 3 * C);
         LP(attention_forward)(a->atty + btc, qkvr, att, a->qkv, B, T, C, NH);
-        LP(matmul_forward)(a->btc, NULL, a->atty + btc, p[LP_ATTPROJW] + (size_t)l * C * C,
-                           p[LP_ATTPROJB] + (size_t)l * C, N, C, C);
+        LP(matmul_forward)(a->btc, NULL, a->atty + btc, lp_layer_param(m, LP_ATTPROJW, l),
+                           lp_layer_param(m, LP_ATTPROJB, l), N, C, C);
         LP(residual_layernorm_forward)(a->residual2 + btc, a->ln2 + btc, a->ln2_mean + (size_t)l * N,
-                                       a->ln2_rstd + (size_t)l * N, residual, a->btc, p[LP_LN2W] + (size_t)l * C,
-                                       p[LP_LN2B] + (size_t)l * C, N, C);
+                                       a->ln2_rstd + (size_t)l * N, residual, a->btc, lp_layer_param(m, LP_LN2W, l),
+                                       lp_layer_param(m, LP_LN2B, l), N, C);
         // MLP half: fc with fused GELU, projection, residual add + the next LayerNorm (ln1 or lnf)
-        LP(matmul_forward)(a->fch_gelu + 4 * btc, a->fch + 4 * btc, a->ln2 + btc, p[LP_FCW] + (size_t)l * 4 * C * C,
-                           p[LP_FCB] + (size_t)l * 4 * C, N, C, 4 * C);
-        LP(matmul_forward)(a->btc, NULL, a->fch_gelu + 4 * btc, p[LP_FCPROJW] + (size_t)l * C * 4 * C,
-                           p[LP_FCPROJB] + (size_t)l * C, N, 4 * C, C);
+        LP(matmul_forward)(a->fch_gelu + 4 * btc, a->fch + 4 * btc, a->ln2 + btc, lp_layer_param(m, LP_FCW, l),
+                           lp_layer_param(m, LP_FCB, l), N, C, 4 * C);
+        LP(matmul_forward)(a->btc, NULL, a->fch_gelu + 4 * btc, lp_layer_param(m, LP_FCPROJW, l),
+                           lp_layer_param(m, LP_FCPROJB, l), N, 4 * C, C);
         if (l + 1 < L)
             LP(residual_layernorm_forward)(a->residual3 + btc, a->ln1 + btc + (size_t)N * C,
                                            a->ln1_mean + (size_t)(l + 1) * N, a->ln1_rstd + (size_t)(l + 1) * N,
-                                           a->residual2 + btc, a->btc, p[LP_LN1W] + (size_t)(l + 1) * C,
-                                           p[LP_LN1B] + (size_t)(l + 1) * C, N, C);
+                                           a->residual2 + btc, a->btc, lp_layer_param(m, LP_LN1W, l + 1),
+                                           lp_layer_param(m, LP_LN1B, l + 1), N, C);
         else
             LP(residual_layernorm_forward)(a->residual3 + btc, a->lnf, a->lnf_mean, a->lnf_rstd, a->residual2 + btc,
                                            a->btc, p[LP_LNFW], p[LP_LNFB], N, C);
@@ -1718,7 +1834,14 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     return (float)(sum / N);
 }
 
-static inline void lp_model_zero_grad(LPModel* m) { lp_device_zero(m->grads, m->num_params * sizeof(floatX)); }
+static inline void lp_model_zero_grad(LPModel* m) {
+    if (m->zero_stage >= 2) {
+        lp_device_zero(m->grads, (m->num_params - m->layer_params * m->cfg.num_layers) * sizeof(floatX));
+        lp_device_zero(m->grad_shard, m->shard_size * sizeof(floatX));
+    } else {
+        lp_device_zero(m->grads, m->num_params * sizeof(floatX));
+    }
+}
 
 // Backward pass of the last forward (which must have had targets); adds into m->grads.
 static inline void lp_model_backward(LPModel* m) {
@@ -1736,32 +1859,47 @@ static inline void lp_model_backward(LPModel* m) {
     for (int l = L - 1; l >= 0; l--) {
         size_t btc = (size_t)l * N * C;
         const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
+        if (m->zero_stage >= 2) lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2
-        LP(matmul_backward)(a->dfch, g[LP_FCPROJW] + (size_t)l * C * 4 * C, g[LP_FCPROJB] + (size_t)l * C,
-                            a->dresidual, a->fch_gelu + 4 * btc, p[LP_FCPROJW] + (size_t)l * C * 4 * C, N, 4 * C, C);
+        LP(matmul_backward)(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l), a->dresidual,
+                            a->fch_gelu + 4 * btc, lp_layer_param(m, LP_FCPROJW, l), N, 4 * C, C);
         LP(gelu_backward)(a->dfch, a->fch + 4 * btc, a->dfch, N * 4 * C);
-        LP(matmul_backward)(a->btc, g[LP_FCW] + (size_t)l * 4 * C * C, g[LP_FCB] + (size_t)l * 4 * C, a->dfch,
-                            a->ln2 + btc, p[LP_FCW] + (size_t)l * 4 * C * C, N, C, 4 * C);
-        LP(layernorm_backward)(a->dresidual, g[LP_LN2W] + (size_t)l * C, g[LP_LN2B] + (size_t)l * C, a->btc,
-                               a->residual2 + btc, p[LP_LN2W] + (size_t)l * C, a->ln2_mean + (size_t)l * N,
+        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch, a->ln2 + btc,
+                            lp_layer_param(m, LP_FCW, l), N, C, 4 * C);
+        LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l), a->btc,
+                               a->residual2 + btc, lp_layer_param(m, LP_LN2W, l), a->ln2_mean + (size_t)l * N,
                                a->ln2_rstd + (size_t)l * N, N, C);
         // attention half
-        LP(matmul_backward)(a->btc, g[LP_ATTPROJW] + (size_t)l * C * C, g[LP_ATTPROJB] + (size_t)l * C,
-                            a->dresidual, a->atty + btc, p[LP_ATTPROJW] + (size_t)l * C * C, N, C, C);
+        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l), a->dresidual,
+                            a->atty + btc, lp_layer_param(m, LP_ATTPROJW, l), N, C, C);
         LP(attention_backward)(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, a->qkvr + 3 * btc,
                                a->att + (size_t)l * B * NH * T * T, B, T, C, NH);
-        LP(matmul_backward)(a->btc, g[LP_QKVW] + (size_t)l * 3 * C * C, g[LP_QKVB] + (size_t)l * 3 * C, a->qkv,
-                            a->ln1 + btc, p[LP_QKVW] + (size_t)l * 3 * C * C, N, C, 3 * C);
-        LP(layernorm_backward)(a->dresidual, g[LP_LN1W] + (size_t)l * C, g[LP_LN1B] + (size_t)l * C, a->btc,
-                               residual, p[LP_LN1W] + (size_t)l * C, a->ln1_mean + (size_t)l * N,
+        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv, a->ln1 + btc,
+                            lp_layer_param(m, LP_QKVW, l), N, C, 3 * C);
+        LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l), a->btc,
+                               residual, lp_layer_param(m, LP_LN1W, l), a->ln1_mean + (size_t)l * N,
                                a->ln1_rstd + (size_t)l * N, N, C);
+        if (m->zero_stage >= 2)  // this layer's gradients are complete: reduce them to their owners now
+            for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
+                lp_model_reduce_grads(m, lp_layer_grad(m, i, l), m->param_offsets[i] + (size_t)l * (m->param_sizes[i] / L),
+                                      m->param_sizes[i] / L);
     }
     LP(encoder_backward)(g[LP_WTE], g[LP_WPE], a->dresidual, m->inputs_host, B, T, C);
+    if (m->zero_stage >= 2) {  // and the tensors outside the layers, which are complete only now
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (!lp_is_layer_tensor(i)) lp_model_reduce_grads(m, g[i], m->param_offsets[i], m->param_sizes[i]);
+        lp_device_zero(m->grads, (m->num_params - m->layer_params * L) * sizeof(floatX));
+    }
 }
 
 static inline void lp_model_free(LPModel* m) {
     lp_device_free(m->params);
     lp_device_free(m->grads);
+    if (m->zero_stage >= 2) {
+        lp_device_free(m->layer_grads);
+        lp_device_free(m->grad_shard);
+        lp_device_free(m->reduce_tmp);
+    }
     lp_device_free(m->master);
     lp_device_free(m->adam_m);
     lp_device_free(m->adam_v);
@@ -1784,14 +1922,16 @@ typedef struct {
 } LPAdamW;
 
 // One optimizer step. First the gradients are averaged over the data-parallel group dp: all-reduced
-// (unsharded), or reduce-scattered so each rank holds the average for its shard (ZeRO-1). Then the
-// global norm (summed over shards), clipping, AdamW on this rank's shard of each tensor, and with ZeRO-1
-// an all-gather of the updated params. Returns the gradient norm before clipping.
+// (unsharded), reduce-scattered so each rank holds the average for its shard (ZeRO-1), or already
+// reduced during backward (ZeRO-2). Then the global norm (summed over shards), clipping, AdamW on this
+// rank's shard of each tensor, and with ZeRO an all-gather of the updated params. Returns the gradient
+// norm before clipping.
 static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, const LPGroup* dp) {
-    size_t lo = m->shard_start, hi = m->shard_start + lp_model_shard_count(m);
-    if (m->shard_group) lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
-    else lp_all_reduce(dp, m->grads, m->num_params, 1);
-    float norm2 = hi > lo ? LP(norm_squared)(m->grads + lo, hi - lo) : 0.0f;
+    size_t lo = m->shard_start, count = lp_model_shard_count(m);
+    if (m->zero_stage == 1) lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
+    else if (m->zero_stage == 0) lp_all_reduce(dp, m->grads, m->num_params, 1);
+    const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + lo;  // this rank's shard
+    float norm2 = count ? LP(norm_squared)(grads, count) : 0.0f;
     if (m->shard_group) lp_all_reduce_host(dp, &norm2, 1, 0);
     float norm = sqrtf(norm2);
     float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f;
@@ -1801,11 +1941,11 @@ static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, co
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         size_t a = m->param_offsets[i], b = a + m->param_sizes[i];  // the tensor, cut to the shard
         if (a < lo) a = lo;
-        if (b > hi) b = hi;
+        if (b > lo + count) b = lo + count;
         if (a >= b) continue;
         uint32_t seed = (uint32_t)(m->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
         size_t s = a - lo;
-        LP(adamw)(m->params + a, m->master + s, m->grads + a, m->adam_m + s, m->adam_v + s, b - a, lr, opt->beta1,
+        LP(adamw)(m->params + a, m->master + s, grads + s, m->adam_m + s, m->adam_v + s, b - a, lr, opt->beta1,
                   opt->beta2, b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
     }
     if (m->shard_group) lp_all_gather(dp, m->params, m->shard_size);
@@ -1991,11 +2131,11 @@ static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
     return w;
 }
 
-// Create m from an llm.c model file (shard_group as in lp_model_create).
-static inline void lp_model_load(LPModel* m, const char* path, const LPGroup* shard_group) {
+// Create m from an llm.c model file (dp and zero_stage as in lp_model_create).
+static inline void lp_model_load(LPModel* m, const char* path, const LPGroup* dp, int zero_stage) {
     LPConfig cfg;
     float* w = lp_model_file_read(path, &cfg);
-    lp_model_create(m, &cfg, shard_group);
+    lp_model_create(m, &cfg, dp, zero_stage);
     lp_model_set_weights(m, w);
     free(w);
 }

@@ -147,10 +147,10 @@ static void test_config(void) {
 static void test_model_file_roundtrip(void) {
     LPConfig c = tiny_config();
     LPModel a, b;
-    lp_model_create(&a, &c, NULL);
+    lp_model_create(&a, &c, NULL, 0);
     lp_model_init_random(&a, 7);
     lp_model_save(&a, tmp_path("rt.bin"));
-    lp_model_load(&b, tmp_path("rt.bin"), NULL);
+    lp_model_load(&b, tmp_path("rt.bin"), NULL, 0);
     expect(memcmp(&a.cfg, &b.cfg, sizeof(LPConfig)) == 0, "model file round-trip: config");
     float* wa = (float*)lp_host_malloc(a.num_params * 4, "test");
     float* wb = (float*)lp_host_malloc(a.num_params * 4, "test");
@@ -215,7 +215,7 @@ static void test_lr_schedule(void) {
 static void test_checkpoint_roundtrip(void) {
     LPConfig c = tiny_config();
     LPModel a, b;
-    lp_model_create(&a, &c, NULL);
+    lp_model_create(&a, &c, NULL, 0);
     lp_model_init_random(&a, 11);
     // give the optimizer state non-trivial values: one update from a real gradient
     int in[32], tg[32];
@@ -229,7 +229,7 @@ static void test_checkpoint_roundtrip(void) {
     lp_checkpoint_save(&a, &st, tmp_path("ck"), &single.world_group);
     mkdir(tmp_path("ck/step_00000009.tmp"), 0755);  // an interrupted later save must be ignored
     expect(lp_checkpoint_latest(tmp_path("ck")) == 7, "checkpoint latest ignores .tmp directories");
-    lp_model_create(&b, &c, NULL);
+    lp_model_create(&b, &c, NULL, 0);
     lp_checkpoint_load(&b, &st2, tmp_path("ck"), 7);
     size_t n = a.num_params;
     float* x = (float*)lp_host_malloc(n * 4, "test");
@@ -287,7 +287,7 @@ static int checkpoint_under_file_limit(const char* model_path, const char* dir, 
         struct rlimit lim = {(rlim_t)limit_bytes, (rlim_t)limit_bytes};
         setrlimit(RLIMIT_FSIZE, &lim);
         LPModel m;
-        lp_model_load(&m, model_path, NULL);
+        lp_model_load(&m, model_path, NULL, 0);
         LPTrainState st = {5, 0, 0, 1, 2, 16, 32};
         lp_checkpoint_save(&m, &st, dir, &single.world_group);
         _exit(0);
@@ -306,7 +306,7 @@ static int checkpoint_under_file_limit(const char* model_path, const char* dir, 
 static void test_bad_input(void) {
     LPConfig c = tiny_config();
     LPModel m;
-    lp_model_create(&m, &c, NULL);
+    lp_model_create(&m, &c, NULL, 0);
     lp_model_init_random(&m, 3);
     char good[LP_PATH_MAX];
     strcpy(good, tmp_path("good.bin"));
@@ -346,7 +346,8 @@ static void test_bad_input(void) {
     char help[16384];
     int help_rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
     const char* flags[] = {"-i ", "-j ", "-e ", "-o ", "-b ", "-t ", "-d ", "-x ", "-l ", "-u ", "-q ", "-k ", "-c ",
-                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--grad-clip", "--tokenizer", "--seed"};
+                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--grad-clip", "--tokenizer", "--seed",
+                           "--tp", "--pp", "--zero", "--comm"};
     int listed = help_rc == 0;
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) listed &= strstr(help, flags[i]) != NULL;
     expect(listed, "-h lists every flag and exits 0");
@@ -565,7 +566,7 @@ static void test_op_gradients(void) {
 static void test_model_gradient(void) {
     LPConfig c = tiny_config();
     LPModel m;
-    lp_model_create(&m, &c, NULL);
+    lp_model_create(&m, &c, NULL, 0);
     lp_model_init_random(&m, 5);
     // larger weights than GPT-2's init so every path carries a visible gradient
     size_t n = m.num_params;
@@ -620,7 +621,7 @@ static void test_reference_loss(void) {
     double refs[2] = {ref32, ref16};
     for (int v = 0; v < 2; v++) {
         LPModel m;
-        lp_model_load(&m, files[v], NULL);
+        lp_model_load(&m, files[v], NULL, 0);
         LPDataLoader d;
         lp_dataloader_init(&d, "dev/ref/tiny_tokens.bin", "-i", B, T, 0, 1, m.cfg.vocab_size);
         lp_dataloader_next(&d);
@@ -643,7 +644,7 @@ static void test_training_runs(void) {
     lp_config_from_depth(&c, "d2");  // L=2, C=128, 2 heads, GPT-2 vocabulary
     c.max_seq_len = 64;
     LPModel m;
-    lp_model_create(&m, &c, NULL);
+    lp_model_create(&m, &c, NULL, 0);
     lp_model_init_random(&m, 1337);
     lp_model_save(&m, model);
     lp_model_free(&m);
@@ -683,7 +684,7 @@ static void test_training_runs(void) {
     int saved_ok = access(path, R_OK) == 0;
     if (saved_ok) {
         LPModel saved;
-        lp_model_load(&saved, path, NULL);
+        lp_model_load(&saved, path, NULL, 0);
         saved_ok = saved.cfg.channels == 128;
         lp_model_free(&saved);
     }
@@ -699,7 +700,7 @@ static float* run_weights(const char* dir, int step, size_t* n) {
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
     if (access(path, R_OK) != 0) return NULL;
     LPModel m;
-    lp_model_load(&m, path, NULL);
+    lp_model_load(&m, path, NULL, 0);
     float* w = (float*)lp_host_malloc(m.num_params * 4, "test");
     read_master(&m, w);
     *n = m.num_params;
@@ -763,6 +764,7 @@ static void test_data_parallel(void) {
     char base[2048];
     snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("dp_shard.bin"));
     const char* accum_flags[2] = {"", "-d 256"};
+    float zero2_grads_d2 = 0.0f;
     for (int acc = 0; acc < 2; acc++) {
         char args[4096], name[256], ref_dir[LP_PATH_MAX];
         float ref[64], got[64];
@@ -773,7 +775,7 @@ static void test_data_parallel(void) {
         float* wref = run_weights(ref_dir, 10, &nw);
         expect(nref == 10 && wref, acc ? "1-rank reference run with accumulation" : "1-rank reference run");
         if (nref != 10 || !wref) { printf("%s\n", out); free(wref); continue; }
-        for (int zero = 0; zero <= 1; zero++) {
+        for (int zero = 0; zero <= 2; zero++) {
             for (int d = 2; d <= 4; d *= 2) {
                 char dir[LP_PATH_MAX], what[128];
                 snprintf(what, sizeof(what), "d=%d zero=%d%s", d, zero, acc ? " accumulation 2" : "");
@@ -785,11 +787,23 @@ static void test_data_parallel(void) {
                 snprintf(name, sizeof(name), "%s: 10 steps run", what);
                 expect(n == 10 && w && nw2 == nw, name);
                 if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
-                if (zero == 1 && !acc) {  // ZeRO-1 shards the fp32 state: 1/d of it per rank
+                if (zero >= 1 && !acc) {  // ZeRO shards the fp32 state: 1/d of it per rank; ZeRO-2 the grads too
                     char line[128];
-                    snprintf(line, sizeof(line), "master+AdamW %.1f MiB (ZeRO-1)", (nw + d - 1) / d * 12.0 / 1048576.0);
+                    snprintf(line, sizeof(line), "master+AdamW %.2f MiB", (nw + d - 1) / d * 12.0 / 1048576.0);
                     snprintf(name, sizeof(name), "%s: prints 1/%d of the optimizer memory per rank", what, d);
                     expect(strstr(out, line) != NULL, name);
+                    float params_mib = 0, grads_mib = 0;
+                    const char* mem = strstr(out, "params ");
+                    int parsed = mem && sscanf(mem, "params %f MiB, grads %f MiB", &params_mib, &grads_mib) == 2;
+                    if (zero == 1) {
+                        snprintf(name, sizeof(name), "%s: gradient memory equals the parameters'", what);
+                        expect(parsed && grads_mib == params_mib, name);
+                    } else if (d == 2) {
+                        zero2_grads_d2 = grads_mib;
+                    } else {  // the gradient shard shrinks with d
+                        snprintf(name, sizeof(name), "%s: gradient memory %.2f MiB below d=2's %.2f MiB", what, grads_mib, zero2_grads_d2);
+                        expect(parsed && grads_mib < zero2_grads_d2, name);
+                    }
                 }
                 snprintf(name, sizeof(name), "%s: losses equal 1 rank's (1e-5 relative)", what);
                 expect_close(name, got, ref, 10, 0.0f, 1e-5f);
@@ -1120,8 +1134,8 @@ static void test_step_vs_cpu_build(void) {
     lp_path(a, "%s/step_00000003/model.bin", tmp_path("gpu_out"));
     lp_path(b, "%s/step_00000003/model.bin", tmp_path("cpu_out"));
     LPModel mg, mc;
-    lp_model_load(&mg, a, NULL);
-    lp_model_load(&mc, b, NULL);
+    lp_model_load(&mg, a, NULL, 0);
+    lp_model_load(&mc, b, NULL, 0);
     float* wg = (float*)lp_host_malloc(mg.num_params * 4, "test");
     float* wc = (float*)lp_host_malloc(mc.num_params * 4, "test");
     read_master(&mg, wg);

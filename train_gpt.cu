@@ -104,7 +104,8 @@ static void lp_usage(void) {
         "  --tp N      tensor-parallel size (1 for now)          [1]\n"
         "  --pp N      pipeline-parallel size (1 for now)        [1]\n"
         "              data-parallel size d = ranks / (tp * pp)\n"
-        "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d [0]\n"
+        "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
+        "              2: shard the gradients too                 [0]\n"
         "  --comm NAME collectives: auto (NCCL, or MPI when ranks share a GPU) | nccl | mpi [auto]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
@@ -178,7 +179,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag -k: schedule must be cosine or linear, got '%s'", f->schedule);
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
-    if (f->zero > 1) lp_fail_all("flag --zero %d: ZeRO-2 and ZeRO-3 are not implemented yet (0 and 1 are)", f->zero);
+    if (f->zero > 2) lp_fail_all("flag --zero 3: ZeRO-3 is not implemented yet (0, 1 and 2 are)");
     return 1;
 }
 
@@ -247,7 +248,6 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_fail_all("--tp %d --pp %d: tensor and pipeline parallelism are not implemented yet; data parallelism "
                     "is (mpirun -np N with --tp 1 --pp 1)", proc->tp, proc->pp);
     const LPGroup* dp = &proc->dp_group;
-    const LPGroup* shard_over = f->zero >= 1 ? dp : NULL;  // ZeRO-1 shards the fp32 state over DP
 
     // model: from scratch or from an llm.c file
     LPModel model;
@@ -256,11 +256,11 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", cfg.num_layers, cfg.channels,
                cfg.num_heads, f->seed);
         lp_config_validate(&cfg, "-e");
-        lp_model_create(&model, &cfg, shard_over);
+        lp_model_create(&model, &cfg, dp, f->zero);
         lp_model_init_random(&model, f->seed);
     } else {
         lp_log("loading %s\n", f->init);
-        lp_model_load(&model, f->init, shard_over);
+        lp_model_load(&model, f->init, dp, f->zero);
         cfg = model.cfg;
     }
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
@@ -291,8 +291,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
            total_batch, accum);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            f->schedule, f->lr * f->final_lr_frac);
-    lp_log("memory per rank  params+grads %.1f MiB, master+AdamW %.1f MiB (ZeRO-%d), activations %.1f MiB\n",
-           model.padded_params * 2.0 * sizeof(floatX) / MiB, model.shard_size * 12.0 / MiB, f->zero,
+    lp_log("memory per rank  ZeRO-%d: params %.2f MiB, grads %.2f MiB, master+AdamW %.2f MiB, activations %.2f MiB\n",
+           f->zero, model.padded_params * sizeof(floatX) / MiB, model.grad_bytes / MiB, model.shard_size * 12.0 / MiB,
            model.act_bytes / MiB);
 
     // output directory, log, resume
