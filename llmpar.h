@@ -656,6 +656,65 @@ static inline void lp_barrier(const LPGroup* g) {
 #endif
 }
 
+// Overlap: all-reduces started while backward goes on, finished by lp_all_reduce_wait before the
+// optimizer needs them. NCCL runs them on a stream of their own, ordered after the compute stream's
+// work so far; the CPU build uses MPI_Iallreduce. The CUDA build over MPI cannot overlap (its staging
+// is synchronous), so there lp_all_reduce_start reduces at once.
+#define LP_MAX_PENDING 4096
+static struct {
+    floatX* x[LP_MAX_PENDING];
+    size_t n[LP_MAX_PENDING];
+#if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
+    MPI_Request req[LP_MAX_PENDING];
+#endif
+    int count;
+} lp_pending;
+#ifdef LLMPAR_NCCL
+static cudaStream_t lp_comm_stream;
+static cudaEvent_t lp_comm_event;
+#endif
+
+static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n) {
+    if (g->size == 1) return;
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // averaged in place on the comm stream, after what the compute stream has queued
+        cudaCheck(cudaEventRecord(lp_comm_event, 0));
+        cudaCheck(cudaStreamWaitEvent(lp_comm_stream, lp_comm_event, 0));
+        lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, ncclAvg, g->nccl, lp_comm_stream), "all-reduce", g);
+        lp_pending.count++;
+        return;
+    }
+#endif
+#if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
+    if (lp_pending.count == LP_MAX_PENDING) lp_fail("more than %d all-reduces in flight on group %s", LP_MAX_PENDING, g->name);
+    if (n > (size_t)1 << 30) lp_fail("all-reduce on group %s: %zu values is too large for one MPI call", g->name, n);
+    int k = lp_pending.count++;
+    lp_pending.x[k] = x;
+    lp_pending.n[k] = n;
+    lp_mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &lp_pending.req[k]), "all-reduce", g);
+#else
+    lp_all_reduce(g, x, n, 1);
+#endif
+}
+
+static inline void lp_all_reduce_wait(const LPGroup* g) {
+    if (g->size == 1 || lp_pending.count == 0) return;
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // the compute stream waits for the comm stream
+        cudaCheck(cudaEventRecord(lp_comm_event, lp_comm_stream));
+        cudaCheck(cudaStreamWaitEvent(0, lp_comm_event, 0));
+        lp_pending.count = 0;
+        return;
+    }
+#endif
+#if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
+    lp_mpi_check(MPI_Waitall(lp_pending.count, lp_pending.req, MPI_STATUSES_IGNORE), "all-reduce wait", g);
+    for (int k = 0; k < lp_pending.count; k++)  // sums -> averages
+        for (size_t i = 0; i < lp_pending.n[k]; i++) lp_pending.x[k][i] /= g->size;
+#endif
+    lp_pending.count = 0;
+}
+
 // Choose the transport for device tensors. NCCL (the CUDA default) needs one GPU per rank: when ranks
 // share a GPU (several ranks on one card, as in tests on one GPU) the run uses MPI, with a notice.
 // `choice` is --comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init.
@@ -695,6 +754,8 @@ static inline void lp_comm_init(LPProcess* p, const char* choice) {
         lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->comm), "broadcast of the NCCL id", g);
         lp_nccl_check(ncclCommInitRank(&g->nccl, g->size, id, g->rank), "communicator init", g);
     }
+    cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
     if (strcmp(choice, "nccl") == 0 && p->world > 1)
         lp_fail_all("flag --comm nccl: this build has no NCCL (the CPU build, or nccl.h was not found)");
@@ -1580,6 +1641,7 @@ typedef struct {
     size_t layer_offsets[LP_NUM_PARAMS], layer_params;  // a layer's tensors packed one after another
     floatX* layer_grads;  // ZeRO-2: the gradients of the layer whose backward is running
     floatX* grad_shard;   // ZeRO-2: this rank's averaged gradients, accumulated over micro-batches
+    int layers_reducing;  // the layers' gradient all-reduces were started in backward (overlap)
     floatX* reduce_tmp;   // ZeRO-2: one reduced block, before it is added into grad_shard
     size_t reduce_chunk;  // ZeRO-2: the most values reduced at once (one layer's worth)
     size_t grad_bytes;    // gradient memory of this rank
@@ -1843,8 +1905,10 @@ static inline void lp_model_zero_grad(LPModel* m) {
     }
 }
 
-// Backward pass of the last forward (which must have had targets); adds into m->grads.
-static inline void lp_model_backward(LPModel* m) {
+// Backward pass of the last forward (which must have had targets); adds into m->grads. With overlap_dp
+// (the last micro-batch, ZeRO-0) each layer's gradients start their all-reduce over that group as soon
+// as the layer is done, while the layers below run; lp_model_update waits for them.
+static inline void lp_model_backward(LPModel* m, const LPGroup* overlap_dp) {
     const LPConfig* c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
     int N = B * T;
@@ -1883,7 +1947,10 @@ static inline void lp_model_backward(LPModel* m) {
             for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
                 lp_model_reduce_grads(m, lp_layer_grad(m, i, l), m->param_offsets[i] + (size_t)l * (m->param_sizes[i] / L),
                                       m->param_sizes[i] / L);
+        else if (overlap_dp && m->zero_stage == 0)
+            for (int i = LP_LN1W; i <= LP_FCPROJB; i++) lp_all_reduce_start(overlap_dp, lp_layer_grad(m, i, l), m->param_sizes[i] / L);
     }
+    m->layers_reducing = overlap_dp != NULL && m->zero_stage == 0;
     LP(encoder_backward)(g[LP_WTE], g[LP_WPE], a->dresidual, m->inputs_host, B, T, C);
     if (m->zero_stage >= 2) {  // and the tensors outside the layers, which are complete only now
         for (int i = 0; i < LP_NUM_PARAMS; i++)
@@ -1922,14 +1989,22 @@ typedef struct {
 } LPAdamW;
 
 // One optimizer step. First the gradients are averaged over the data-parallel group dp: all-reduced
-// (unsharded), reduce-scattered so each rank holds the average for its shard (ZeRO-1), or already
+// (unsharded; with overlap the layers' reductions are already under way), reduce-scattered so each rank holds the average for its shard (ZeRO-1), or already
 // reduced during backward (ZeRO-2). Then the global norm (summed over shards), clipping, AdamW on this
 // rank's shard of each tensor, and with ZeRO an all-gather of the updated params. Returns the gradient
 // norm before clipping.
 static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, const LPGroup* dp) {
     size_t lo = m->shard_start, count = lp_model_shard_count(m);
-    if (m->zero_stage == 1) lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
-    else if (m->zero_stage == 0) lp_all_reduce(dp, m->grads, m->num_params, 1);
+    if (m->zero_stage == 1) {
+        lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
+    } else if (m->zero_stage == 0 && m->layers_reducing) {  // finish the layers', reduce the rest
+        lp_all_reduce_wait(dp);
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (!lp_is_layer_tensor(i)) lp_all_reduce(dp, m->g[i], m->param_sizes[i], 1);
+        m->layers_reducing = 0;
+    } else if (m->zero_stage == 0) {
+        lp_all_reduce(dp, m->grads, m->num_params, 1);
+    }
     const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + lo;  // this rank's shard
     float norm2 = count ? LP(norm_squared)(grads, count) : 0.0f;
     if (m->shard_group) lp_all_reduce_host(dp, &norm2, 1, 0);

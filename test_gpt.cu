@@ -221,7 +221,7 @@ static void test_checkpoint_roundtrip(void) {
     int in[32], tg[32];
     for (int i = 0; i < 32; i++) { in[i] = (i * 5) % 97; tg[i] = (i * 11 + 3) % 97; }
     lp_model_forward(&a, in, tg, 2, 16, 1.0f / 32);
-    lp_model_backward(&a);
+    lp_model_backward(&a, NULL);
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     lp_model_update(&a, 1e-3f, &opt, &single.dp_group);
     LPTrainState st = {7, 1, 12345, 0xDEADBEEFCAFEF00Dull, 2, 16, 64}, st2;
@@ -347,7 +347,7 @@ static void test_bad_input(void) {
     int help_rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
     const char* flags[] = {"-i ", "-j ", "-e ", "-o ", "-b ", "-t ", "-d ", "-x ", "-l ", "-u ", "-q ", "-k ", "-c ",
                            "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--grad-clip", "--tokenizer", "--seed",
-                           "--tp", "--pp", "--zero", "--comm"};
+                           "--tp", "--pp", "--zero", "--comm", "--overlap"};
     int listed = help_rc == 0;
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) listed &= strstr(help, flags[i]) != NULL;
     expect(listed, "-h lists every flag and exits 0");
@@ -580,7 +580,7 @@ static void test_model_gradient(void) {
     for (int i = 0; i < 16; i++) { in[i] = lp_rand_u32(&rng) % 97; tg[i] = lp_rand_u32(&rng) % 97; }
     lp_model_zero_grad(&m);
     lp_model_forward(&m, in, tg, B, T, 1.0f / (B * T));
-    lp_model_backward(&m);
+    lp_model_backward(&m, NULL);
     float* g = (float*)lp_host_malloc(n * 4, "test");
     lp_to_host_float(g, m.grads, n);
     float got[LP_NUM_PARAMS * 4], want[LP_NUM_PARAMS * 4];
@@ -814,6 +814,27 @@ static void test_data_parallel(void) {
         }
         free(wref);
     }
+    // overlap: the layers' all-reduces started during backward give exactly what one all-reduce after
+    // backward gives (the same sums of the same values)
+    for (int d = 2; d <= 4; d *= 2) {
+        float on[64], off[64];
+        char args[4096], name[128], dir_on[LP_PATH_MAX], dir_off[LP_PATH_MAX];
+        lp_path(dir_on, "%s_%d", tmp_path("ov_on"), d);
+        lp_path(dir_off, "%s_%d", tmp_path("ov_off"), d);
+        snprintf(args, sizeof(args), "%s -b %d -d 256 --zero 0 --overlap 1", base, 8 / d);
+        int n_on = run_ranks(d, args, dir_on, on, out, sizeof(out));
+        snprintf(args, sizeof(args), "%s -b %d -d 256 --zero 0 --overlap 0", base, 8 / d);
+        int n_off = run_ranks(d, args, dir_off, off, out, sizeof(out));
+        size_t n1 = 0, n2 = 0;
+        float *w_on = run_weights(dir_on, 10, &n1), *w_off = run_weights(dir_off, 10, &n2);
+        snprintf(name, sizeof(name), "d=%d: overlapped gradient all-reduce gives the same losses and weights, bit for bit", d);
+        int ok = n_on == 10 && n_off == 10 && w_on && w_off && n1 == n2 && memcmp(on, off, sizeof(float) * 10) == 0 &&
+                 memcmp(w_on, w_off, n1 * sizeof(float)) == 0;
+        expect(ok, name);
+        free(w_on);
+        free(w_off);
+    }
+
     // a checkpoint written by d=2 ZeRO-1 resumes on 1 rank and on d=4 ZeRO-1 (canonical layout), matching
     // the straight 1-rank run's last 5 steps
     float ref[64], got[64];

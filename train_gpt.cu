@@ -34,6 +34,7 @@ typedef struct {
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* comm;        // --comm: auto | nccl | mpi
+    int overlap;             // --overlap: start each layer's gradient all-reduce during backward (ZeRO-0)
     unsigned long long seed; // --seed
 } LPFlags;
 
@@ -77,6 +78,7 @@ static void lp_flags_default(LPFlags* f) {
     f->tp = 1;
     f->pp = 1;
     f->comm = "auto";
+    f->overlap = 1;
 }
 
 static void lp_usage(void) {
@@ -107,6 +109,7 @@ static void lp_usage(void) {
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
         "              2: shard the gradients too                 [0]\n"
         "  --comm NAME collectives: auto (NCCL, or MPI when ranks share a GPU) | nccl | mpi [auto]\n"
+        "  --overlap N 1: all-reduce each layer's gradients while backward continues (ZeRO-0) [1]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
         "  --seed N    seed of the initial weights and sampling  [1337]\n"
@@ -137,7 +140,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm"};
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -167,6 +170,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--pp") == 0) f->pp = lp_parse_int(a, v);
         else if (strcmp(a, "--zero") == 0) f->zero = lp_parse_int(a, v);
         else if (strcmp(a, "--comm") == 0) f->comm = v;
+        else if (strcmp(a, "--overlap") == 0) f->overlap = lp_parse_int(a, v);
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -351,7 +355,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         for (int micro = 0; micro < accum; micro++) {
             lp_dataloader_next(&train);
             loss += lp_model_forward(&model, train.inputs, train.targets, f->B, f->T, 1.0f / ((float)f->B * f->T * accum));
-            lp_model_backward(&model);
+            // gradients are reduced once per step: on the last micro-batch, overlapped with its backward
+            lp_model_backward(&model, f->overlap && micro == accum - 1 ? dp : NULL);
         }
         loss /= accum;
         lp_all_reduce_host(dp, &loss, 1, 1);
