@@ -198,6 +198,13 @@ static inline void lp_copy_to_host(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 #endif
 }
+static inline void lp_copy_device(void* dst, const void* src, size_t bytes) {
+#ifdef LLMPAR_CPU
+    memcpy(dst, src, bytes);
+#else
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+#endif
+}
 static inline void lp_device_zero(void* p, size_t bytes) {
 #ifdef LLMPAR_CPU
     memset(p, 0, bytes);
@@ -647,6 +654,52 @@ static inline void lp_all_gather(const LPGroup* g, floatX* x, size_t shard) {
     (void)x;
     (void)shard;
 #endif
+}
+
+// Each rank contributes counts[rank] values (mine); out receives all ranks' blocks, rank by rank (ZeRO-3:
+// gathering a layer's weights from the shards that hold them).
+static inline void lp_all_gatherv(const LPGroup* g, const floatX* mine, floatX* out, const int* counts) {
+    size_t n = 0, off = 0;
+    for (int r = 0; r < g->size; r++) n += counts[r];
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // one broadcast per owner, launched together
+        lp_nccl_check(ncclGroupStart(), "group start", g);
+        for (int r = 0; r < g->size; r++) {
+            if (counts[r]) lp_nccl_check(ncclBroadcast(mine, out + off, counts[r], ncclBfloat16, r, g->nccl, 0), "broadcast", g);
+            off += counts[r];
+        }
+        lp_nccl_check(ncclGroupEnd(), "group end", g);
+        return;
+    }
+#endif
+#ifdef LLMPAR_MPI
+    if (g->size > 1) {
+        int displs[1024];
+        if (g->size > 1024) lp_fail("all-gather on group %s: at most 1024 ranks", g->name);
+        for (int r = 0; r < g->size; r++) { displs[r] = (int)off; off += counts[r]; }
+        size_t bytes = sizeof(floatX);  // a plain copy: the compute type's bytes
+#ifdef LLMPAR_CPU
+        const char* send = (const char*)mine;
+        char* recv = (char*)out;
+#else
+        char* send = (char*)lp_host_malloc((counts[g->rank] + 1) * bytes, "all-gather staging");
+        char* recv = (char*)lp_host_malloc(n * bytes, "all-gather staging");
+        lp_copy_to_host(send, mine, counts[g->rank] * bytes);
+#endif
+        int byte_counts[1024], byte_displs[1024];
+        for (int r = 0; r < g->size; r++) { byte_counts[r] = counts[r] * (int)bytes; byte_displs[r] = displs[r] * (int)bytes; }
+        lp_mpi_check(MPI_Allgatherv(send, byte_counts[g->rank], MPI_BYTE, recv, byte_counts, byte_displs, MPI_BYTE, g->comm),
+                     "all-gather", g);
+#ifndef LLMPAR_CPU
+        lp_copy_to_device(out, recv, n * bytes);
+        free(send);
+        free(recv);
+#endif
+        return;
+    }
+#endif
+    (void)off;
+    lp_copy_device(out, mine, n * sizeof(floatX));  // a group of one: its block is everything
 }
 
 static inline void lp_barrier(const LPGroup* g) {
@@ -1625,7 +1678,7 @@ typedef struct {
 typedef struct {
     LPConfig cfg;
     size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;
-    floatX* params;   // compute-type weights used by forward/backward
+    floatX* params;   // compute-type weights used by forward/backward (ZeRO-3: wte, wpe, lnf only)
     floatX* grads;    // their gradients, accumulated over micro-batches (ZeRO-2: wte, wpe, lnf only)
     float* master;    // fp32 master weights of this rank's shard: the truth the optimizer updates
     float* adam_m;    // AdamW first moment (fp32), this rank's shard
@@ -1645,6 +1698,12 @@ typedef struct {
     floatX* reduce_tmp;   // ZeRO-2: one reduced block, before it is added into grad_shard
     size_t reduce_chunk;  // ZeRO-2: the most values reduced at once (one layer's worth)
     size_t grad_bytes;    // gradient memory of this rank
+    // ZeRO-3: the layers' weights live only in shards too, and are gathered a layer at a time into one of
+    // two buffers just before forward or backward needs them
+    floatX* param_shard;  // this rank's params [shard_start, shard_start + shard_size)
+    floatX* layer_buf[2];
+    int layer_in_buf[2];  // the layer each buffer holds, -1 for none
+    size_t param_bytes;   // parameter memory of this rank
     floatX* p[LP_NUM_PARAMS];  // views into params
     floatX* g[LP_NUM_PARAMS];  // views into grads
     int adam_step;
@@ -1683,17 +1742,33 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPGrou
     m->shard_size = m->padded_params / parts;
     m->shard_start = zero_stage >= 1 ? m->shard_size * dp->rank : 0;
     size_t n = m->padded_params, k = m->shard_size;
-    m->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
+    size_t outside = m->num_params - m->layer_params * cfg->num_layers;  // wte, wpe, lnf
+    if (zero_stage >= 3) {  // full weights only for the tensors outside the layers, packed
+        m->params = (floatX*)lp_device_malloc(outside * sizeof(floatX), "parameters of wte, wpe, lnf");
+        m->param_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "parameter shard");
+        for (int b = 0; b < 2; b++) {
+            m->layer_buf[b] = (floatX*)lp_device_malloc(m->layer_params * sizeof(floatX), "gathered layer");
+            m->layer_in_buf[b] = -1;
+        }
+        size_t off = 0;
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (!lp_is_layer_tensor(i)) { m->p[i] = m->params + off; off += m->param_sizes[i]; }
+        lp_device_zero(m->params, outside * sizeof(floatX));
+        m->param_bytes = (outside + k + 2 * m->layer_params) * sizeof(floatX);
+    } else {
+        m->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
+        lp_device_zero(m->params, n * sizeof(floatX));
+        for (int i = 0; i < LP_NUM_PARAMS; i++) m->p[i] = m->params + m->param_offsets[i];
+        m->param_bytes = n * sizeof(floatX);
+    }
     m->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
     m->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
     m->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
-    lp_device_zero(m->params, n * sizeof(floatX));
     lp_device_zero(m->master, k * sizeof(float));
     lp_device_zero(m->adam_m, k * sizeof(float));
     lp_device_zero(m->adam_v, k * sizeof(float));
-    for (int i = 0; i < LP_NUM_PARAMS; i++) m->p[i] = m->params + m->param_offsets[i];
     if (zero_stage >= 2) {  // full gradients only for the tensors outside the layers, packed
-        size_t outside = m->num_params - m->layer_params * cfg->num_layers, off = 0;
+        size_t off = 0;
         m->grads = (floatX*)lp_device_malloc(outside * sizeof(floatX), "gradients of wte, wpe, lnf");
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (!lp_is_layer_tensor(i)) { m->g[i] = m->grads + off; off += m->param_sizes[i]; }
@@ -1712,11 +1787,47 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPGrou
 
 // Tensor i of layer l (i one of LN1W .. FCPROJB): its weights, and where its gradient accumulates.
 static inline floatX* lp_layer_param(const LPModel* m, int i, int l) {
+    if (m->zero_stage >= 3) {
+        for (int b = 0; b < 2; b++)
+            if (m->layer_in_buf[b] == l) return m->layer_buf[b] + m->layer_offsets[i];
+        lp_fail("ZeRO-3: layer %d's weights were used before they were gathered", l);
+    }
     return m->p[i] + (size_t)l * (m->param_sizes[i] / m->cfg.num_layers);
 }
 static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) {
     if (m->zero_stage >= 2) return m->layer_grads + m->layer_offsets[i];
     return m->g[i] + (size_t)l * (m->param_sizes[i] / m->cfg.num_layers);
+}
+
+// The part of the flat parameters [first, first + n) in each rank's shard, as counts in rank order.
+static inline void lp_model_owner_counts(const LPModel* m, size_t first, size_t n, int* counts) {
+    if (m->shard_group->size > 1024) lp_fail("ZeRO supports at most 1024 data-parallel ranks, got %d", m->shard_group->size);
+    for (int r = 0; r < m->shard_group->size; r++) {
+        size_t lo = m->shard_size * r, hi = lo + m->shard_size;
+        size_t a = first > lo ? first : lo, b = first + n < hi ? first + n : hi;
+        counts[r] = b > a ? (int)(b - a) : 0;
+    }
+}
+
+// ZeRO-3: gather the weights of the flat parameters [flat, flat + count) from their shards into dst.
+static inline void lp_model_gather_params(const LPModel* m, floatX* dst, size_t flat, size_t count) {
+    int counts[1024];
+    lp_model_owner_counts(m, flat, count, counts);
+    size_t mine = flat > m->shard_start ? flat - m->shard_start : 0;
+    lp_all_gatherv(m->shard_group, m->param_shard + mine, dst, counts);
+}
+
+// ZeRO-3: make layer l's weights available, in the buffer holding the layer furthest from l.
+static inline void lp_model_gather_layer(LPModel* m, int l) {
+    if (m->zero_stage < 3 || m->layer_in_buf[0] == l || m->layer_in_buf[1] == l) return;
+    int d0 = m->layer_in_buf[0] < 0 ? 1 << 30 : abs(m->layer_in_buf[0] - l);
+    int d1 = m->layer_in_buf[1] < 0 ? 1 << 30 : abs(m->layer_in_buf[1] - l);
+    int b = d0 >= d1 ? 0 : 1;
+    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
+        size_t per = m->param_sizes[i] / m->cfg.num_layers;
+        lp_model_gather_params(m, m->layer_buf[b] + m->layer_offsets[i], m->param_offsets[i] + (size_t)l * per, per);
+    }
+    m->layer_in_buf[b] = l;
 }
 
 // ZeRO-2: sum the gradients src of the flat parameters [flat, flat + count) over the DP group; each
@@ -1725,14 +1836,9 @@ static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) {
 static inline void lp_model_reduce_grads(LPModel* m, const floatX* src, size_t flat, size_t count) {
     const LPGroup* g = m->shard_group;
     int counts[1024];
-    if (g->size > 1024) lp_fail("ZeRO-2 supports at most 1024 data-parallel ranks, got %d", g->size);
     for (size_t done = 0; done < count; done += m->reduce_chunk) {
         size_t first = flat + done, n = count - done < m->reduce_chunk ? count - done : m->reduce_chunk;
-        for (int r = 0; r < g->size; r++) {  // the part of [first, first + n) in rank r's shard
-            size_t lo = m->shard_size * r, hi = lo + m->shard_size;
-            size_t a = first > lo ? first : lo, b = first + n < hi ? first + n : hi;
-            counts[r] = b > a ? (int)(b - a) : 0;
-        }
+        lp_model_owner_counts(m, first, n, counts);
         lp_reduce_scatterv(g, src + done, counts, m->reduce_tmp);
         size_t start = first > m->shard_start ? first - m->shard_start : 0;
         LP(add_scaled)(m->grad_shard + start, m->reduce_tmp, (size_t)counts[g->rank], 1.0f / g->size);
@@ -1749,7 +1855,14 @@ static inline size_t lp_model_shard_count(const LPModel* m) {
 // Set the weights from fp32 host values in the canonical layout: the compute-type params get all of
 // them, the master weights this rank's shard.
 static inline void lp_model_set_weights(LPModel* m, const float* host) {
-    lp_to_device_floatX(m->params, host, m->num_params);
+    if (m->zero_stage >= 3) {
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (!lp_is_layer_tensor(i)) lp_to_device_floatX(m->p[i], host + m->param_offsets[i], m->param_sizes[i]);
+        lp_to_device_floatX(m->param_shard, host + m->shard_start, lp_model_shard_count(m));
+        m->layer_in_buf[0] = m->layer_in_buf[1] = -1;
+    } else {
+        lp_to_device_floatX(m->params, host, m->num_params);
+    }
     lp_copy_to_device(m->master, host + m->shard_start, lp_model_shard_count(m) * sizeof(float));
 }
 
@@ -1855,7 +1968,9 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     floatX** p = m->p;
 
     LP(encoder_forward)(a->encoded, m->inputs, p[LP_WTE], p[LP_WPE], B, T, C);
-    LP(layernorm_forward)(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, p[LP_LN1W], p[LP_LN1B], N, C);
+    lp_model_gather_layer(m, 0);
+    LP(layernorm_forward)(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
+                          lp_layer_param(m, LP_LN1B, 0), N, C);
     for (int l = 0; l < L; l++) {
         size_t btc = (size_t)l * N * C;  // offset of layer l in (L,B,T,C) tensors
         const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
@@ -1875,6 +1990,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
                            lp_layer_param(m, LP_FCB, l), N, C, 4 * C);
         LP(matmul_forward)(a->btc, NULL, a->fch_gelu + 4 * btc, lp_layer_param(m, LP_FCPROJW, l),
                            lp_layer_param(m, LP_FCPROJB, l), N, 4 * C, C);
+        if (l + 1 < L) lp_model_gather_layer(m, l + 1);  // its ln1 runs now, fused with this residual add
         if (l + 1 < L)
             LP(residual_layernorm_forward)(a->residual3 + btc, a->ln1 + btc + (size_t)N * C,
                                            a->ln1_mean + (size_t)(l + 1) * N, a->ln1_rstd + (size_t)(l + 1) * N,
@@ -1923,6 +2039,7 @@ static inline void lp_model_backward(LPModel* m, const LPGroup* overlap_dp) {
     for (int l = L - 1; l >= 0; l--) {
         size_t btc = (size_t)l * N * C;
         const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
+        lp_model_gather_layer(m, l);
         if (m->zero_stage >= 2) lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2
         LP(matmul_backward)(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l), a->dresidual,
@@ -1967,6 +2084,11 @@ static inline void lp_model_free(LPModel* m) {
         lp_device_free(m->grad_shard);
         lp_device_free(m->reduce_tmp);
     }
+    if (m->zero_stage >= 3) {
+        lp_device_free(m->param_shard);
+        lp_device_free(m->layer_buf[0]);
+        lp_device_free(m->layer_buf[1]);
+    }
     lp_device_free(m->master);
     lp_device_free(m->adam_m);
     lp_device_free(m->adam_v);
@@ -1990,8 +2112,9 @@ typedef struct {
 
 // One optimizer step. First the gradients are averaged over the data-parallel group dp: all-reduced
 // (unsharded; with overlap the layers' reductions are already under way), reduce-scattered so each rank holds the average for its shard (ZeRO-1), or already
-// reduced during backward (ZeRO-2). Then the global norm (summed over shards), clipping, AdamW on this
-// rank's shard of each tensor, and with ZeRO an all-gather of the updated params. Returns the gradient
+// reduced during backward (ZeRO-2/3). Then the global norm (summed over shards), clipping, AdamW on this
+// rank's shard of each tensor, and with ZeRO-1/2 an all-gather of the updated params (ZeRO-3 gathers a
+// layer's weights only when forward or backward needs them). Returns the gradient
 // norm before clipping.
 static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, const LPGroup* dp) {
     size_t lo = m->shard_start, count = lp_model_shard_count(m);
@@ -2020,10 +2143,17 @@ static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, co
         if (a >= b) continue;
         uint32_t seed = (uint32_t)(m->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
         size_t s = a - lo;
-        LP(adamw)(m->params + a, m->master + s, grads + s, m->adam_m + s, m->adam_v + s, b - a, lr, opt->beta1,
+        floatX* params = m->zero_stage >= 3 ? m->param_shard + s : m->params + a;
+        LP(adamw)(params, m->master + s, grads + s, m->adam_m + s, m->adam_v + s, b - a, lr, opt->beta1,
                   opt->beta2, b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
     }
-    if (m->shard_group) lp_all_gather(dp, m->params, m->shard_size);
+    if (m->zero_stage >= 3) {  // layers are gathered when next used; wte, wpe and lnf now
+        m->layer_in_buf[0] = m->layer_in_buf[1] = -1;
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (!lp_is_layer_tensor(i)) lp_model_gather_params(m, m->p[i], m->param_offsets[i], m->param_sizes[i]);
+    } else if (m->shard_group) {
+        lp_all_gather(dp, m->params, m->shard_size);
+    }
     return norm;
 }
 

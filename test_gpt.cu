@@ -764,7 +764,7 @@ static void test_data_parallel(void) {
     char base[2048];
     snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("dp_shard.bin"));
     const char* accum_flags[2] = {"", "-d 256"};
-    float zero2_grads_d2 = 0.0f;
+    float grads_d2 = 0.0f, params_d2 = 0.0f;
     for (int acc = 0; acc < 2; acc++) {
         char args[4096], name[256], ref_dir[LP_PATH_MAX];
         float ref[64], got[64];
@@ -775,7 +775,7 @@ static void test_data_parallel(void) {
         float* wref = run_weights(ref_dir, 10, &nw);
         expect(nref == 10 && wref, acc ? "1-rank reference run with accumulation" : "1-rank reference run");
         if (nref != 10 || !wref) { printf("%s\n", out); free(wref); continue; }
-        for (int zero = 0; zero <= 2; zero++) {
+        for (int zero = 0; zero <= 3; zero++) {
             for (int d = 2; d <= 4; d *= 2) {
                 char dir[LP_PATH_MAX], what[128];
                 snprintf(what, sizeof(what), "d=%d zero=%d%s", d, zero, acc ? " accumulation 2" : "");
@@ -799,10 +799,15 @@ static void test_data_parallel(void) {
                         snprintf(name, sizeof(name), "%s: gradient memory equals the parameters'", what);
                         expect(parsed && grads_mib == params_mib, name);
                     } else if (d == 2) {
-                        zero2_grads_d2 = grads_mib;
-                    } else {  // the gradient shard shrinks with d
-                        snprintf(name, sizeof(name), "%s: gradient memory %.2f MiB below d=2's %.2f MiB", what, grads_mib, zero2_grads_d2);
-                        expect(parsed && grads_mib < zero2_grads_d2, name);
+                        grads_d2 = grads_mib;
+                        params_d2 = params_mib;
+                    } else {  // the gradient shard (and with ZeRO-3 the weight shard) shrinks with d
+                        snprintf(name, sizeof(name), "%s: gradient memory %.2f MiB below d=2's %.2f MiB", what, grads_mib, grads_d2);
+                        expect(parsed && grads_mib < grads_d2, name);
+                        if (zero == 3) {
+                            snprintf(name, sizeof(name), "%s: weight memory %.2f MiB below d=2's %.2f MiB", what, params_mib, params_d2);
+                            expect(parsed && params_mib < params_d2, name);
+                        }
                     }
                 }
                 snprintf(name, sizeof(name), "%s: losses equal 1 rank's (1e-5 relative)", what);
@@ -848,19 +853,24 @@ static void test_data_parallel(void) {
         int ranks = k ? 4 : 1;
         lp_path(rdir, "%s_%d", dir, ranks);
         run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
-        snprintf(args, sizeof(args), "%s -b %d --zero %d --resume", base, 8 / ranks, k);
+        snprintf(args, sizeof(args), "%s -b %d --zero %d --resume", base, 8 / ranks, k ? 3 : 0);
         int nr = run_ranks(ranks, args, rdir, got, out, sizeof(out));
         char name[128];
         snprintf(name, sizeof(name), "checkpoint of d=2 ZeRO-1 resumes on %d rank(s) %s: steps 6-10 equal the straight run",
-                 ranks, k ? "ZeRO-1" : "ZeRO-0");
+                 ranks, k ? "ZeRO-3" : "ZeRO-0");
         int ok = nref == 10 && n == 10 && nr == 5;
         expect(ok, name);
         if (ok) expect_close(name, got, ref + 5, 5, 0.0f, 1e-5f);
         else printf("%s\n", out);
     }
 
+    // ZeRO-3 evaluation and sampling gather weights collectively: every rank takes part
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s -b 4 --zero 3 -x 4 -v 2 -m 1 -s 2 -g 6 -j %s",
+                 TRAIN_BIN, base, tmp_path("dp_shard.bin"));
+    expect(rc == 0 && strstr(out, "val loss") && strstr(out, "sample: "), "ZeRO-3 d=2: validation and sampling run on every rank");
+
     // impossible grids: one line from rank 0, non-zero exit
-    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
+    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
     const char* first = strstr(out, "llmpar: error: ");
     expect(rc != 0 && first && strstr(out, "--tp 3 --pp 1: t*p = 3 does not divide the 2 ranks") &&
                !strstr(first + 1, "llmpar: error: "), "grid: t*p not dividing the ranks is one error line");

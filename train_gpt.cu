@@ -107,7 +107,7 @@ static void lp_usage(void) {
         "  --pp N      pipeline-parallel size (1 for now)        [1]\n"
         "              data-parallel size d = ranks / (tp * pp)\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
-        "              2: shard the gradients too                 [0]\n"
+        "              2: shard the gradients too; 3: and the weights, gathered a layer at a time [0]\n"
         "  --comm NAME collectives: auto (NCCL, or MPI when ranks share a GPU) | nccl | mpi [auto]\n"
         "  --overlap N 1: all-reduce each layer's gradients while backward continues (ZeRO-0) [1]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
@@ -183,7 +183,6 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag -k: schedule must be cosine or linear, got '%s'", f->schedule);
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
-    if (f->zero > 2) lp_fail_all("flag --zero 3: ZeRO-3 is not implemented yet (0, 1 and 2 are)");
     return 1;
 }
 
@@ -219,7 +218,7 @@ static void lp_sample(LPModel* m, const LPTokenizer* tok, int gen_tokens, uint64
     int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T;
     int* tokens = (int*)lp_host_malloc((size_t)n * sizeof(int), "sample tokens");
     float* probs = (float*)lp_host_malloc((size_t)c->vocab_size * sizeof(float), "sample logits");
-    tokens[0] = tok->tokens ? tok->eot : 50256 % c->vocab_size;
+    tokens[0] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
     lp_log("sample: ");
     for (int t = 1; t < n; t++) {
         lp_model_forward(m, tokens, NULL, 1, t, 0.0f);
@@ -281,8 +280,12 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     int has_val = f->val_data[0] != '\0' && f->val_every > 0;
     if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
     LPTokenizer tok;
-    if (f->sample_every > 0) lp_tokenizer_load(&tok, f->tokenizer);
-    else memset(&tok, 0, sizeof(tok));
+    memset(&tok, 0, sizeof(tok));
+    if (f->sample_every > 0 && lp_tokenizer_load(&tok, f->tokenizer) && tok.vocab_size != cfg.vocab_size) {
+        lp_log("notice: tokenizer %s has %d tokens, the model %d: samples print token ids\n", f->tokenizer,
+               tok.vocab_size, cfg.vocab_size);
+        lp_tokenizer_free(&tok);
+    }
 
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
@@ -296,7 +299,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            f->schedule, f->lr * f->final_lr_frac);
     lp_log("memory per rank  ZeRO-%d: params %.2f MiB, grads %.2f MiB, master+AdamW %.2f MiB, activations %.2f MiB\n",
-           f->zero, model.padded_params * sizeof(floatX) / MiB, model.grad_bytes / MiB, model.shard_size * 12.0 / MiB,
+           f->zero, model.param_bytes / MiB, model.grad_bytes / MiB, model.shard_size * 12.0 / MiB,
            model.act_bytes / MiB);
 
     // output directory, log, resume
@@ -335,7 +338,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             lp_log("val loss %f\n", vl);
             if (logf) fprintf(logf, "s:%d tel:%f\n", step, vl);
         }
-        if (proc->rank == 0 && f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))
+        if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
             lp_sample(&model, &tok, f->gen_tokens, &st.rng);
         if (f->out_dir[0] && step > st.step && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
             st.step = step;

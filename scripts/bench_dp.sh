@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data-parallel step time and the share spent in the optimizer step (gradient all-reduce or
-# reduce-scatter + AdamW + all-gather), for d = 1, 2, 4 and ZeRO 0, 1, 2, at a fixed global batch.
-# (ZeRO-2 reduces during backward, so its optimizer step holds no gradient communication.)
+# reduce-scatter + AdamW + all-gather), for d = 1, 2, 4 and ZeRO 0-3, at a fixed global batch.
+# (ZeRO-2/3 reduce during backward, so their optimizer step holds no gradient communication.)
 # CPU engine: a d2 GPT-2 on tinyshakespeare. CUDA engine (`gpu`): GPT-2 124M; on one GPU the ranks share
 # it, so this measures the MPI transport's host-staging overhead.
 # Usage: bash scripts/bench_dp.sh [cpu|gpu] [steps]
@@ -17,7 +17,7 @@ fi
 echo "| engine | d | ZeRO | ms/step | optimizer step ms | optimizer share |"
 echo "|---|---|---|---|---|---|"
 for d in 1 2 4; do
-    for zero in 0 1 2; do
+    for zero in 0 1 2 3; do
         [ "$d" = 1 ] && [ "$zero" != 0 ] && continue
         log=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$d" --oversubscribe --bind-to none \
             -x OMP_NUM_THREADS=$(( $(nproc) / d > 0 ? $(nproc) / d : 1 )) \
