@@ -1178,8 +1178,8 @@ static void test_step_vs_cpu_build(void) {
     lp_model_free(&mc);
 }
 
-// Data parallelism on one GPU: 2 ranks share it, so the run falls back to the MPI transport (with a
-// notice) and must match one rank's losses, to bf16 tolerance (bf16 gradients are averaged in fp32).
+// Data parallelism on one GPU, ZeRO 0..3: 2 ranks share it, so the run falls back to the MPI transport
+// (with a notice) and must match one rank's losses, to bf16 tolerance (bf16 gradients averaged in fp32).
 static void test_data_parallel_one_gpu(void) {
     static char out[1 << 16];
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
@@ -1190,7 +1190,7 @@ static void test_data_parallel_one_gpu(void) {
     float one[8], two[8];
     int rc = run_cmd(out, sizeof(out), "./train_gpt %s -b 2", args);
     int n1 = parse_losses(out, one, 8);
-    for (int zero = 0; zero <= 1; zero++) {
+    for (int zero = 0; zero <= 3; zero++) {
         rc |= run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe ./train_gpt %s -b 1 --zero %d", args, zero);
         int n2 = parse_losses(out, two, 8);
         char name[128];
