@@ -656,52 +656,6 @@ static inline void lp_all_gather(const LPGroup* g, floatX* x, size_t shard) {
 #endif
 }
 
-// Each rank contributes counts[rank] values (mine); out receives all ranks' blocks, rank by rank (ZeRO-3:
-// gathering a layer's weights from the shards that hold them).
-static inline void lp_all_gatherv(const LPGroup* g, const floatX* mine, floatX* out, const int* counts) {
-    size_t n = 0, off = 0;
-    for (int r = 0; r < g->size; r++) n += counts[r];
-#ifdef LLMPAR_NCCL
-    if (g->nccl) {  // one broadcast per owner, launched together
-        lp_nccl_check(ncclGroupStart(), "group start", g);
-        for (int r = 0; r < g->size; r++) {
-            if (counts[r]) lp_nccl_check(ncclBroadcast(mine, out + off, counts[r], ncclBfloat16, r, g->nccl, 0), "broadcast", g);
-            off += counts[r];
-        }
-        lp_nccl_check(ncclGroupEnd(), "group end", g);
-        return;
-    }
-#endif
-#ifdef LLMPAR_MPI
-    if (g->size > 1) {
-        int displs[1024];
-        if (g->size > 1024) lp_fail("all-gather on group %s: at most 1024 ranks", g->name);
-        for (int r = 0; r < g->size; r++) { displs[r] = (int)off; off += counts[r]; }
-        size_t bytes = sizeof(floatX);  // a plain copy: the compute type's bytes
-#ifdef LLMPAR_CPU
-        const char* send = (const char*)mine;
-        char* recv = (char*)out;
-#else
-        char* send = (char*)lp_host_malloc((counts[g->rank] + 1) * bytes, "all-gather staging");
-        char* recv = (char*)lp_host_malloc(n * bytes, "all-gather staging");
-        lp_copy_to_host(send, mine, counts[g->rank] * bytes);
-#endif
-        int byte_counts[1024], byte_displs[1024];
-        for (int r = 0; r < g->size; r++) { byte_counts[r] = counts[r] * (int)bytes; byte_displs[r] = displs[r] * (int)bytes; }
-        lp_mpi_check(MPI_Allgatherv(send, byte_counts[g->rank], MPI_BYTE, recv, byte_counts, byte_displs, MPI_BYTE, g->comm),
-                     "all-gather", g);
-#ifndef LLMPAR_CPU
-        lp_copy_to_device(out, recv, n * bytes);
-        free(send);
-        free(recv);
-#endif
-        return;
-    }
-#endif
-    (void)off;
-    lp_copy_device(out, mine, n * sizeof(floatX));  // a group of one: its block is everything
-}
-
 static inline void lp_barrier(const LPGroup* g) {
     if (g->size == 1) return;
 #ifdef LLMPAR_MPI
@@ -709,63 +663,136 @@ static inline void lp_barrier(const LPGroup* g) {
 #endif
 }
 
-// Overlap: all-reduces started while backward goes on, finished by lp_all_reduce_wait before the
-// optimizer needs them. NCCL runs them on a stream of their own, ordered after the compute stream's
-// work so far; the CPU build uses MPI_Iallreduce. The CUDA build over MPI cannot overlap (its staging
-// is synchronous), so there lp_all_reduce_start reduces at once.
-#define LP_MAX_PENDING 4096
-static struct {
-    floatX* x[LP_MAX_PENDING];
-    size_t n[LP_MAX_PENDING];
+// Overlap: collectives started now and finished together by lp_wait, while compute goes on. NCCL runs
+// them on a stream of their own, ordered after the compute stream's work so far, and lp_wait makes the
+// compute stream wait for that stream. The CPU build uses MPI's nonblocking calls. The CUDA build over
+// MPI cannot overlap (its staging is synchronous): there a start runs the collective at once.
+#define LP_MAX_PENDING 1024
+typedef struct {
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
     MPI_Request req[LP_MAX_PENDING];
+    float* average[LP_MAX_PENDING];  // an all-reduce's buffer, divided by the group size when done
+    size_t n[LP_MAX_PENDING];
+    int* gatherv_args[LP_MAX_PENDING];  // counts and displacements MPI reads until the gather completes
 #endif
     int count;
-} lp_pending;
+} LPPending;
 #ifdef LLMPAR_NCCL
 static cudaStream_t lp_comm_stream;
 static cudaEvent_t lp_comm_event;
+static inline void lp_comm_stream_follows_compute(void) {
+    cudaCheck(cudaEventRecord(lp_comm_event, 0));
+    cudaCheck(cudaStreamWaitEvent(lp_comm_stream, lp_comm_event, 0));
+}
+#endif
+#if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
+static inline int lp_pending_slot(LPPending* p, const LPGroup* g) {
+    if (p->count == LP_MAX_PENDING) lp_fail("more than %d collectives in flight on group %s", LP_MAX_PENDING, g->name);
+    int k = p->count++;
+    p->average[k] = NULL;
+    p->gatherv_args[k] = NULL;
+    return k;
+}
 #endif
 
-static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n) {
+// Start averaging x over the group (lp_all_reduce, nonblocking).
+static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n, LPPending* p) {
     if (g->size == 1) return;
 #ifdef LLMPAR_NCCL
-    if (g->nccl) {  // averaged in place on the comm stream, after what the compute stream has queued
-        cudaCheck(cudaEventRecord(lp_comm_event, 0));
-        cudaCheck(cudaStreamWaitEvent(lp_comm_stream, lp_comm_event, 0));
+    if (g->nccl) {
+        lp_comm_stream_follows_compute();
         lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, ncclAvg, g->nccl, lp_comm_stream), "all-reduce", g);
-        lp_pending.count++;
+        p->count++;
         return;
     }
 #endif
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
-    if (lp_pending.count == LP_MAX_PENDING) lp_fail("more than %d all-reduces in flight on group %s", LP_MAX_PENDING, g->name);
     if (n > (size_t)1 << 30) lp_fail("all-reduce on group %s: %zu values is too large for one MPI call", g->name, n);
-    int k = lp_pending.count++;
-    lp_pending.x[k] = x;
-    lp_pending.n[k] = n;
-    lp_mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &lp_pending.req[k]), "all-reduce", g);
+    int k = lp_pending_slot(p, g);
+    p->average[k] = x;
+    p->n[k] = n;
+    lp_mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &p->req[k]), "all-reduce", g);
 #else
+    (void)p;
     lp_all_reduce(g, x, n, 1);
 #endif
 }
 
-static inline void lp_all_reduce_wait(const LPGroup* g) {
-    if (g->size == 1 || lp_pending.count == 0) return;
+// Start gathering: each rank contributes counts[rank] values (mine); out receives all ranks' blocks,
+// rank by rank (ZeRO-3: a layer's weights from the shards that hold them). Blocks may be empty.
+static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, floatX* out, const int* counts, LPPending* p) {
+    size_t n = 0, off = 0;
+    for (int r = 0; r < g->size; r++) n += counts[r];
+    if (g->size == 1) {  // a group of one: its block is everything
+        lp_copy_device(out, mine, n * sizeof(floatX));
+        return;
+    }
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // one broadcast per owner, launched together
+        lp_comm_stream_follows_compute();
+        lp_nccl_check(ncclGroupStart(), "group start", g);
+        for (int r = 0; r < g->size; r++) {
+            if (counts[r]) lp_nccl_check(ncclBroadcast(mine, out + off, counts[r], ncclBfloat16, r, g->nccl, lp_comm_stream), "broadcast", g);
+            off += counts[r];
+        }
+        lp_nccl_check(ncclGroupEnd(), "group end", g);
+        p->count++;
+        return;
+    }
+#endif
+#ifdef LLMPAR_MPI
+    // a plain copy: the compute type's bytes, as MPI_BYTE
+    int* args = (int*)lp_host_malloc(2 * (size_t)g->size * sizeof(int), "all-gather counts");
+    for (int r = 0; r < g->size; r++) {
+        args[r] = counts[r] * (int)sizeof(floatX);
+        args[g->size + r] = (int)(off * sizeof(floatX));
+        off += counts[r];
+    }
+#ifdef LLMPAR_CPU
+    int k = lp_pending_slot(p, g);
+    p->gatherv_args[k] = args;
+    lp_mpi_check(MPI_Iallgatherv(mine, args[g->rank], MPI_BYTE, out, args, args + g->size, MPI_BYTE, g->comm, &p->req[k]),
+                 "all-gather", g);
+#else
+    char* send = (char*)lp_host_malloc((size_t)args[g->rank] + 1, "all-gather staging");
+    char* recv = (char*)lp_host_malloc(n * sizeof(floatX), "all-gather staging");
+    lp_copy_to_host(send, mine, (size_t)args[g->rank]);
+    lp_mpi_check(MPI_Allgatherv(send, args[g->rank], MPI_BYTE, recv, args, args + g->size, MPI_BYTE, g->comm), "all-gather", g);
+    lp_copy_to_device(out, recv, n * sizeof(floatX));
+    free(send);
+    free(recv);
+    free(args);
+    (void)p;
+#endif
+#else
+    (void)mine;
+    (void)out;
+    (void)p;
+#endif
+}
+
+// Finish every collective started on p.
+static inline void lp_wait(const LPGroup* g, LPPending* p) {
+    if (p->count == 0) return;
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // the compute stream waits for the comm stream
         cudaCheck(cudaEventRecord(lp_comm_event, lp_comm_stream));
         cudaCheck(cudaStreamWaitEvent(0, lp_comm_event, 0));
-        lp_pending.count = 0;
+        p->count = 0;
         return;
     }
 #endif
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
-    lp_mpi_check(MPI_Waitall(lp_pending.count, lp_pending.req, MPI_STATUSES_IGNORE), "all-reduce wait", g);
-    for (int k = 0; k < lp_pending.count; k++)  // sums -> averages
-        for (size_t i = 0; i < lp_pending.n[k]; i++) lp_pending.x[k][i] /= g->size;
+    lp_mpi_check(MPI_Waitall(p->count, p->req, MPI_STATUSES_IGNORE), "wait", g);
+    for (int k = 0; k < p->count; k++) {
+        if (p->average[k])  // sums -> averages
+            for (size_t i = 0; i < p->n[k]; i++) p->average[k][i] /= g->size;
+        free(p->gatherv_args[k]);
+    }
+#else
+    (void)g;
 #endif
-    lp_pending.count = 0;
+    p->count = 0;
 }
 
 // Choose the transport for device tensors. NCCL (the CUDA default) needs one GPU per rank: when ranks
@@ -1694,7 +1721,8 @@ typedef struct {
     size_t layer_offsets[LP_NUM_PARAMS], layer_params;  // a layer's tensors packed one after another
     floatX* layer_grads;  // ZeRO-2: the gradients of the layer whose backward is running
     floatX* grad_shard;   // ZeRO-2: this rank's averaged gradients, accumulated over micro-batches
-    int layers_reducing;  // the layers' gradient all-reduces were started in backward (overlap)
+    int layers_reducing;  // the layers' gradient all-reduces were started in backward (overlap) ...
+    LPPending reducing;   // ... and these are still in flight
     floatX* reduce_tmp;   // ZeRO-2: one reduced block, before it is added into grad_shard
     size_t reduce_chunk;  // ZeRO-2: the most values reduced at once (one layer's worth)
     size_t grad_bytes;    // gradient memory of this rank
@@ -1702,7 +1730,8 @@ typedef struct {
     // two buffers just before forward or backward needs them
     floatX* param_shard;  // this rank's params [shard_start, shard_start + shard_size)
     floatX* layer_buf[2];
-    int layer_in_buf[2];  // the layer each buffer holds, -1 for none
+    int layer_in_buf[2];  // the layer each buffer holds (or is being gathered into it), -1 for none
+    LPPending gathering[2];  // each buffer's gather in flight
     size_t param_bytes;   // parameter memory of this rank
     floatX* p[LP_NUM_PARAMS];  // views into params
     floatX* g[LP_NUM_PARAMS];  // views into grads
@@ -1809,25 +1838,34 @@ static inline void lp_model_owner_counts(const LPModel* m, size_t first, size_t 
     }
 }
 
-// ZeRO-3: gather the weights of the flat parameters [flat, flat + count) from their shards into dst.
-static inline void lp_model_gather_params(const LPModel* m, floatX* dst, size_t flat, size_t count) {
+// ZeRO-3: start gathering the weights of the flat parameters [flat, flat + count) from their shards.
+static inline void lp_model_gather_start(LPModel* m, floatX* dst, size_t flat, size_t count, LPPending* p) {
     int counts[1024];
     lp_model_owner_counts(m, flat, count, counts);
     size_t mine = flat > m->shard_start ? flat - m->shard_start : 0;
-    lp_all_gatherv(m->shard_group, m->param_shard + mine, dst, counts);
+    lp_all_gatherv_start(m->shard_group, m->param_shard + mine, dst, counts, p);
 }
 
-// ZeRO-3: make layer l's weights available, in the buffer holding the layer furthest from l.
-static inline void lp_model_gather_layer(LPModel* m, int l) {
-    if (m->zero_stage < 3 || m->layer_in_buf[0] == l || m->layer_in_buf[1] == l) return;
+// ZeRO-3: start gathering layer l's weights (if not there or on their way) into the buffer holding the
+// layer furthest from l: forward prefetches l+1 while l runs, backward l-1.
+static inline void lp_model_prefetch_layer(LPModel* m, int l) {
+    if (m->zero_stage < 3 || l < 0 || l >= m->cfg.num_layers || m->layer_in_buf[0] == l || m->layer_in_buf[1] == l) return;
     int d0 = m->layer_in_buf[0] < 0 ? 1 << 30 : abs(m->layer_in_buf[0] - l);
     int d1 = m->layer_in_buf[1] < 0 ? 1 << 30 : abs(m->layer_in_buf[1] - l);
     int b = d0 >= d1 ? 0 : 1;
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
         size_t per = m->param_sizes[i] / m->cfg.num_layers;
-        lp_model_gather_params(m, m->layer_buf[b] + m->layer_offsets[i], m->param_offsets[i] + (size_t)l * per, per);
+        lp_model_gather_start(m, m->layer_buf[b] + m->layer_offsets[i], m->param_offsets[i] + (size_t)l * per, per,
+                              &m->gathering[b]);
     }
     m->layer_in_buf[b] = l;
+}
+
+// ZeRO-3: layer l's weights, gathered and arrived.
+static inline void lp_model_gather_layer(LPModel* m, int l) {
+    if (m->zero_stage < 3) return;
+    lp_model_prefetch_layer(m, l);
+    lp_wait(m->shard_group, &m->gathering[m->layer_in_buf[0] == l ? 0 : 1]);
 }
 
 // ZeRO-2: sum the gradients src of the flat parameters [flat, flat + count) over the DP group; each
@@ -1972,6 +2010,8 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     LP(layernorm_forward)(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
                           lp_layer_param(m, LP_LN1B, 0), N, C);
     for (int l = 0; l < L; l++) {
+        lp_model_gather_layer(m, l);
+        lp_model_prefetch_layer(m, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
         size_t btc = (size_t)l * N * C;  // offset of layer l in (L,B,T,C) tensors
         const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
         floatX* qkvr = a->qkvr + 3 * btc;
@@ -2040,6 +2080,7 @@ static inline void lp_model_backward(LPModel* m, const LPGroup* overlap_dp) {
         size_t btc = (size_t)l * N * C;
         const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
         lp_model_gather_layer(m, l);
+        lp_model_prefetch_layer(m, l - 1);  // ZeRO-3: the layer below arrives while this one runs
         if (m->zero_stage >= 2) lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2
         LP(matmul_backward)(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l), a->dresidual,
@@ -2065,9 +2106,10 @@ static inline void lp_model_backward(LPModel* m, const LPGroup* overlap_dp) {
                 lp_model_reduce_grads(m, lp_layer_grad(m, i, l), m->param_offsets[i] + (size_t)l * (m->param_sizes[i] / L),
                                       m->param_sizes[i] / L);
         else if (overlap_dp && m->zero_stage == 0)
-            for (int i = LP_LN1W; i <= LP_FCPROJB; i++) lp_all_reduce_start(overlap_dp, lp_layer_grad(m, i, l), m->param_sizes[i] / L);
+            for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
+                lp_all_reduce_start(overlap_dp, lp_layer_grad(m, i, l), m->param_sizes[i] / L, &m->reducing);
     }
-    m->layers_reducing = overlap_dp != NULL && m->zero_stage == 0;
+    m->layers_reducing = overlap_dp != NULL && m->zero_stage == 0 && overlap_dp->size > 1;
     LP(encoder_backward)(g[LP_WTE], g[LP_WPE], a->dresidual, m->inputs_host, B, T, C);
     if (m->zero_stage >= 2) {  // and the tensors outside the layers, which are complete only now
         for (int i = 0; i < LP_NUM_PARAMS; i++)
@@ -2121,7 +2163,7 @@ static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, co
     if (m->zero_stage == 1) {
         lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
     } else if (m->zero_stage == 0 && m->layers_reducing) {  // finish the layers', reduce the rest
-        lp_all_reduce_wait(dp);
+        lp_wait(dp, &m->reducing);
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (!lp_is_layer_tensor(i)) lp_all_reduce(dp, m->g[i], m->param_sizes[i], 1);
         m->layers_reducing = 0;
@@ -2150,7 +2192,8 @@ static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, co
     if (m->zero_stage >= 3) {  // layers are gathered when next used; wte, wpe and lnf now
         m->layer_in_buf[0] = m->layer_in_buf[1] = -1;
         for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (!lp_is_layer_tensor(i)) lp_model_gather_params(m, m->p[i], m->param_offsets[i], m->param_sizes[i]);
+            if (!lp_is_layer_tensor(i)) lp_model_gather_start(m, m->p[i], m->param_offsets[i], m->param_sizes[i], &m->gathering[0]);
+        lp_wait(dp, &m->gathering[0]);
     } else if (m->shard_group) {
         lp_all_gather(dp, m->params, m->shard_size);
     }
