@@ -1721,6 +1721,7 @@ typedef struct {
     size_t layer_offsets[LP_NUM_PARAMS], layer_params;  // a layer's tensors packed one after another
     floatX* layer_grads;  // ZeRO-2: the gradients of the layer whose backward is running
     floatX* grad_shard;   // ZeRO-2: this rank's averaged gradients, accumulated over micro-batches
+    size_t bucket_bytes;  // overlap: reduce once this many bytes of layer gradients are complete (0: every layer)
     int layers_reducing;  // the layers' gradient all-reduces were started in backward (overlap) ...
     LPPending reducing;   // ... and these are still in flight
     floatX* reduce_tmp;   // ZeRO-2: one reduced block, before it is added into grad_shard
@@ -2062,8 +2063,10 @@ static inline void lp_model_zero_grad(LPModel* m) {
 }
 
 // Backward pass of the last forward (which must have had targets); adds into m->grads. With overlap_dp
-// (the last micro-batch, ZeRO-0) each layer's gradients start their all-reduce over that group as soon
-// as the layer is done, while the layers below run; lp_model_update waits for them.
+// (the last micro-batch, ZeRO-0) the layers' gradients start their all-reduce over that group as soon as
+// a bucket of them is done, while the layers below run; lp_model_update waits for them. A bucket is a
+// run of layers holding at least bucket_bytes of gradients: in the flat layout each tensor's slices of
+// consecutive layers are contiguous, so a bucket is one all-reduce per tensor.
 static inline void lp_model_backward(LPModel* m, const LPGroup* overlap_dp) {
     const LPConfig* c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
@@ -2076,6 +2079,7 @@ static inline void lp_model_backward(LPModel* m, const LPGroup* overlap_dp) {
     LP(matmul_backward)(a->btc, g[LP_WTE], NULL, a->logits, a->lnf, p[LP_WTE], N, C, Vp);
     LP(layernorm_backward)(a->dresidual, g[LP_LNFW], g[LP_LNFB], a->btc, a->residual3 + (size_t)(L - 1) * N * C,
                            p[LP_LNFW], a->lnf_mean, a->lnf_rstd, N, C);
+    int unreduced = L;  // overlap: layers [l+1, unreduced) are done but not yet being reduced
     for (int l = L - 1; l >= 0; l--) {
         size_t btc = (size_t)l * N * C;
         const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
@@ -2105,9 +2109,13 @@ static inline void lp_model_backward(LPModel* m, const LPGroup* overlap_dp) {
             for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
                 lp_model_reduce_grads(m, lp_layer_grad(m, i, l), m->param_offsets[i] + (size_t)l * (m->param_sizes[i] / L),
                                       m->param_sizes[i] / L);
-        else if (overlap_dp && m->zero_stage == 0)
+        else if (overlap_dp && m->zero_stage == 0 &&
+                 (l == 0 || (unreduced - l) * m->layer_params * sizeof(floatX) >= m->bucket_bytes)) {
             for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
-                lp_all_reduce_start(overlap_dp, lp_layer_grad(m, i, l), m->param_sizes[i] / L, &m->reducing);
+                lp_all_reduce_start(overlap_dp, lp_layer_grad(m, i, l), (size_t)(unreduced - l) * (m->param_sizes[i] / L),
+                                    &m->reducing);
+            unreduced = l;
+        }
     }
     m->layers_reducing = overlap_dp != NULL && m->zero_stage == 0 && overlap_dp->size > 1;
     LP(encoder_backward)(g[LP_WTE], g[LP_WPE], a->dresidual, m->inputs_host, B, T, C);

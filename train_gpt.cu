@@ -34,7 +34,8 @@ typedef struct {
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* comm;        // --comm: auto | nccl | mpi
-    int overlap;             // --overlap: start each layer's gradient all-reduce during backward (ZeRO-0)
+    int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
+    float bucket_mb;         // --bucket-mb: layers' gradients reduced together, at least this many MiB
     unsigned long long seed; // --seed
 } LPFlags;
 
@@ -79,6 +80,7 @@ static void lp_flags_default(LPFlags* f) {
     f->pp = 1;
     f->comm = "auto";
     f->overlap = 1;
+    f->bucket_mb = 25.0f;
 }
 
 static void lp_usage(void) {
@@ -109,7 +111,8 @@ static void lp_usage(void) {
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
         "              2: shard the gradients too; 3: and the weights, gathered a layer at a time [0]\n"
         "  --comm NAME collectives: auto (NCCL, or MPI when ranks share a GPU) | nccl | mpi [auto]\n"
-        "  --overlap N 1: all-reduce each layer's gradients while backward continues (ZeRO-0) [1]\n"
+        "  --overlap N 1: all-reduce the layers' gradients while backward continues (ZeRO-0) [1]\n"
+        "  --bucket-mb F overlap: reduce layers together once F MiB of their gradients are done (0: each layer) [25]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
         "  --seed N    seed of the initial weights and sampling  [1337]\n"
@@ -140,7 +143,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap"};
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -171,6 +174,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--zero") == 0) f->zero = lp_parse_int(a, v);
         else if (strcmp(a, "--comm") == 0) f->comm = v;
         else if (strcmp(a, "--overlap") == 0) f->overlap = lp_parse_int(a, v);
+        else if (strcmp(a, "--bucket-mb") == 0) f->bucket_mb = lp_parse_float(a, v);
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -183,6 +187,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag -k: schedule must be cosine or linear, got '%s'", f->schedule);
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
+    if (f->bucket_mb < 0.0f) lp_fail_all("flag --bucket-mb: must be >= 0, got %g", f->bucket_mb);
     return 1;
 }
 
@@ -273,6 +278,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", total_batch, tokens_per_micro);
     int accum = total_batch / tokens_per_micro;
 
+    model.bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
     lp_model_alloc_activations(&model, f->B, f->T);
     LPDataLoader train, val;
