@@ -403,6 +403,20 @@ static const size_t lp_cublaslt_workspace_size = 32 << 20;
 static cudaDeviceProp lp_device_prop;
 #endif
 
+// The model must split evenly over the grid: heads, the MLP width and the padded vocabulary over t,
+// layers over p. Every rank checks alike, so rank 0 alone prints.
+static inline void lp_grid_check(const LPProcess* p, const LPConfig* c) {
+    if (c->num_heads % p->tp)
+        lp_fail_all("--tp %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", p->tp, c->num_heads, p->tp);
+    if (4 * c->channels % p->tp)
+        lp_fail_all("--tp %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", p->tp, 4 * c->channels, p->tp);
+    if (c->padded_vocab_size % p->tp)
+        lp_fail_all("--tp %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", p->tp,
+                    c->padded_vocab_size, p->tp);
+    if (c->num_layers % p->pp)
+        lp_fail_all("--pp %d: the model's %d layers do not split evenly over %d pipeline stages", p->pp, c->num_layers, p->pp);
+}
+
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
 static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
     memset(p, 0, sizeof(*p));

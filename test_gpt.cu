@@ -875,6 +875,12 @@ static void test_data_parallel(void) {
     const char* first = strstr(out, "llmpar: error: ");
     expect(rc != 0 && first && strstr(out, "--tp 3 --pp 1: t*p = 3 does not divide the 2 ranks") &&
                !strstr(first + 1, "llmpar: error: "), "grid: t*p not dividing the ranks is one error line");
+    rc = run_cmd(out, sizeof(out), "mpirun -np 3 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
+    expect(rc != 0 && strstr(out, "--tp 3: the model's 4 heads do not split evenly over 3 tensor-parallel ranks"),
+           "grid: heads not divisible by t is refused");
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s --pp 4", TRAIN_BIN, base);
+    expect(rc != 0 && strstr(out, "--pp 4: the model's 2 layers do not split evenly over 4 pipeline stages"),
+           "grid: layers not divisible by p is refused");
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 2", TRAIN_BIN, base);
     expect(rc != 0 && strstr(out, "tensor and pipeline parallelism are not implemented yet"), "grid: --tp 2 is refused clearly until TP lands");
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --comm nccl", TRAIN_BIN, base);

@@ -252,24 +252,31 @@ static void lp_device_sync(void) {
 }
 
 static void lp_train(const LPFlags* f, const LPProcess* proc) {
+    const LPGroup* dp = &proc->dp_group;
+
+    // model: from scratch or from an llm.c file; its shape is checked against the grid first
+    LPModel model;
+    LPConfig cfg;
+    int from_scratch = lp_config_from_depth(&cfg, f->init);
+    if (from_scratch) {
+        lp_config_validate(&cfg, "-e");
+    } else {
+        FILE* file = lp_fopen(f->init, "rb");
+        lp_model_file_header(f->init, &cfg, file);
+        fclose(file);
+    }
+    lp_grid_check(proc, &cfg);
     if (proc->tp > 1 || proc->pp > 1)
         lp_fail_all("--tp %d --pp %d: tensor and pipeline parallelism are not implemented yet; data parallelism "
                     "is (mpirun -np N with --tp 1 --pp 1)", proc->tp, proc->pp);
-    const LPGroup* dp = &proc->dp_group;
-
-    // model: from scratch or from an llm.c file
-    LPModel model;
-    LPConfig cfg;
-    if (lp_config_from_depth(&cfg, f->init)) {
+    if (from_scratch) {
         lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", cfg.num_layers, cfg.channels,
                cfg.num_heads, f->seed);
-        lp_config_validate(&cfg, "-e");
         lp_model_create(&model, &cfg, dp, f->zero);
         lp_model_init_random(&model, f->seed);
     } else {
         lp_log("loading %s\n", f->init);
         lp_model_load(&model, f->init, dp, f->zero);
-        cfg = model.cfg;
     }
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
