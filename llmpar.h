@@ -213,15 +213,29 @@ static inline void lp_device_zero(void* p, size_t bytes) {
 #endif
 }
 
-// Host floats <-> device values of the compute type (loading weights; reading params, grads, logits).
+#ifndef LLMPAR_CPU
+// Page-locked host memory for the copies below (they then run at full PCIe speed); grows on demand.
+static void* lp_pinned;
+static size_t lp_pinned_bytes;
+static inline floatX* lp_pinned_buffer(size_t n) {
+    if (n * sizeof(floatX) > lp_pinned_bytes) {
+        if (lp_pinned) cudaCheck(cudaFreeHost(lp_pinned));
+        cudaCheck(cudaMallocHost(&lp_pinned, n * sizeof(floatX)));
+        lp_pinned_bytes = n * sizeof(floatX);
+    }
+    return (floatX*)lp_pinned;
+}
+#endif
+
+// Host floats <-> device values of the compute type (loading weights; reading params, grads, logits;
+// staging collectives over MPI).
 static inline void lp_to_device_floatX(floatX* dst, const float* src, size_t n) {
 #ifdef LLMPAR_CPU
     memcpy(dst, src, n * sizeof(float));
 #else
-    floatX* tmp = (floatX*)lp_host_malloc(n * sizeof(floatX), "host staging buffer");
+    floatX* tmp = lp_pinned_buffer(n);
     for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16_rn(src[i]);
     lp_copy_to_device(dst, tmp, n * sizeof(floatX));
-    free(tmp);
 #endif
 }
 
@@ -229,10 +243,9 @@ static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 #ifdef LLMPAR_CPU
     memcpy(dst, src, n * sizeof(float));
 #else
-    floatX* tmp = (floatX*)lp_host_malloc(n * sizeof(floatX), "host staging buffer");
+    floatX* tmp = lp_pinned_buffer(n);
     lp_copy_to_host(tmp, src, n * sizeof(floatX));
     for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
-    free(tmp);
 #endif
 }
 
@@ -656,13 +669,12 @@ static inline void lp_all_gather(const LPGroup* g, floatX* x, size_t shard) {
 #ifdef LLMPAR_CPU
     char* buf = (char*)x;
 #else
-    char* buf = (char*)lp_host_malloc(bytes * g->size, "all-gather staging");
+    char* buf = (char*)lp_pinned_buffer(shard * g->size);
     lp_copy_to_host(buf + bytes * g->rank, x + shard * g->rank, bytes);
 #endif
     lp_mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes, MPI_BYTE, g->comm), "all-gather", g);
 #ifndef LLMPAR_CPU
     lp_copy_to_device(x, buf, bytes * g->size);
-    free(buf);
 #endif
 #else
     (void)x;
@@ -769,12 +781,11 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
                  "all-gather", g);
 #else
     char* send = (char*)lp_host_malloc((size_t)args[g->rank] + 1, "all-gather staging");
-    char* recv = (char*)lp_host_malloc(n * sizeof(floatX), "all-gather staging");
+    char* recv = (char*)lp_pinned_buffer(n);
     lp_copy_to_host(send, mine, (size_t)args[g->rank]);
     lp_mpi_check(MPI_Allgatherv(send, args[g->rank], MPI_BYTE, recv, args, args + g->size, MPI_BYTE, g->comm), "all-gather", g);
     lp_copy_to_device(out, recv, n * sizeof(floatX));
     free(send);
-    free(recv);
     free(args);
     (void)p;
 #endif
