@@ -342,8 +342,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops();
     int cosine = strcmp(f->schedule, "cosine") == 0;
     double sum_ms = 0.0, sum_update_ms = 0.0;
-    int timed_steps = 0;
-    for (int step = st.step; step <= f->max_steps; step++) {
+    int timed_steps = 0, first_step = st.step;  // 0, or the step resumed from
+    for (int step = first_step; step <= f->max_steps; step++) {
         int last = step == f->max_steps;
         if (has_val && (step % f->val_every == 0 || last)) {
             float vl = lp_evaluate(&model, &val, f->val_batches);
@@ -353,7 +353,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         }
         if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
             lp_sample(&model, &tok, f->gen_tokens, &st.rng);
-        if (f->out_dir[0] && step > st.step && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
+        if (f->out_dir[0] && step > first_step && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
             st.step = step;
             st.shard = train.shard;
             st.pos = train.pos;
@@ -382,7 +382,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         float norm = lp_model_update(&model, lr, &opt, dp);  // averages the gradients over DP, then AdamW
         lp_device_sync();
         double ms = (lp_time_s() - t0) * 1000.0;
-        if (step > st.step) {  // the first step warms up: leave it out of the means
+        if (step > first_step) {  // the first step warms up: leave it out of the means
             sum_ms += ms;
             sum_update_ms += (lp_time_s() - t1) * 1000.0;
             timed_steps++;
@@ -394,7 +394,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
                norm, ms, tok_s);
         if (peak > 0.0) lp_log(" | MFU %.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak);
         lp_log("\n");
-        if (step == st.step && lp_device_memory_used_mib() > 0.0)
+        if (step == first_step && lp_device_memory_used_mib() > 0.0)
             lp_log("GPU memory in use: %.0f MiB\n", lp_device_memory_used_mib());
         if (logf) {
             fprintf(logf, "s:%d trl:%f\n", step + 1, loss);
