@@ -973,6 +973,19 @@ static inline void lp_gemm(int transA, int transB, int m, int n, int k, const fl
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &lp_cublaslt_workspace_size, sizeof(lp_cublaslt_workspace_size)));
+    // tell the heuristic how aligned the matrices really are (it assumes 256 bytes), batch strides included
+    const void* ptrs[3] = {A, B, D};
+    long long strides[3] = {strideA, strideB, strideD};
+    cublasLtMatmulPreferenceAttributes_t align_attr[3] = {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 3; i++) {
+        uint64_t bits = (uint64_t)(uintptr_t)ptrs[i] | (batch > 1 ? (uint64_t)strides[i] * sizeof(floatX) : 0) | 256;
+        uint32_t align = (uint32_t)(bits & (~bits + 1));  // the lowest set bit: the largest power of 2 dividing all
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align, sizeof(align)));
+        if (i == 2)  // C is D here (in place)
+            cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
+    }
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(lp_cublaslt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
