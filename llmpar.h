@@ -1706,9 +1706,11 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 // ----------------------------------------------------------------------------------------------------
 // 6. model
 //
-// One rank's GPT-2: parameters in one buffer (the 16 tensors back to back, llm.c order), and the
-// activations the backward pass needs, per layer. The forward pass fuses each residual add with the
-// LayerNorm that follows it, so the residual stream is read once per block half.
+// One rank's GPT-2: parameters in one flat buffer (the 16 tensors back to back, llm.c order), their
+// gradients, fp32 master weights and AdamW state (with ZeRO, only this rank's shard of some of these:
+// see LPModel), and the activations the backward pass needs, per layer. The forward pass fuses each
+// residual add with the LayerNorm that follows it, so the residual stream is read once per block half.
+// Layer tensors are reached through lp_layer_param / lp_layer_grad, which know where ZeRO put them.
 
 typedef struct {
     floatX* encoded;    // (B,T,C)   wte + wpe
