@@ -1,7 +1,8 @@
 /*
 test_gpt.cu: llmpar's tests, one program for both builds.
 
-  test_gpt_cpu (CPU build): tier 1 host logic and bad input, tier 2 the CPU model
+  test_gpt_cpu (CPU build): tier 1 host logic and bad input, tier 2 the CPU model, tier 3 the parallel
+                            engine under mpirun against one rank
   test_gpt     (CUDA build): tier 4, every CUDA op against its CPU loop and a step against the CPU build
 
 Whole runs and bad input go through the real binaries (./train_gpt_cpu, ./train_gpt) as subprocesses,

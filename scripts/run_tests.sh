@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: tiers 1-2 on the CPU build (./test_gpt_cpu), then tier 4 on the CUDA build (./test_gpt)
+# `make test`: tiers 1-3 on the CPU build (./test_gpt_cpu), then tier 4 on the CUDA build (./test_gpt)
 # when nvcc and a GPU are present. With nvcc but no GPU, both CUDA binaries are still built, so the CUDA
 # code keeps compiling warning-free and tier 1 checks ./train_gpt's "no GPU" error. Prints the totals last.
 set -u
