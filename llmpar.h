@@ -555,6 +555,22 @@ static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int 
 #endif
 }
 
+// Send `bytes` of host memory from the group's rank `root` to all its ranks (one reader of a model file
+// serves the whole group).
+static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, int root) {
+    if (g->size == 1) return;
+#ifdef LLMPAR_MPI
+    for (size_t off = 0; off < bytes; off += (size_t)1 << 30) {
+        int count = (int)(bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30));
+        lp_mpi_check(MPI_Bcast((char*)buf + off, count, MPI_BYTE, root, g->comm), "broadcast", g);
+    }
+#else
+    (void)buf;
+    (void)bytes;
+    (void)root;
+#endif
+}
+
 // Sum a device tensor of the compute type over the group, in place; divide by the group size when
 // `average` (DP gradient averaging).
 static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int average) {
@@ -2427,10 +2443,20 @@ static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
     return w;
 }
 
-// Create m from an llm.c model file (dp and zero_stage as in lp_model_create).
+// Create m from an llm.c model file (dp and zero_stage as in lp_model_create). Within a data-parallel
+// group one rank reads the file and broadcasts it.
 static inline void lp_model_load(LPModel* m, const char* path, const LPGroup* dp, int zero_stage) {
     LPConfig cfg;
-    float* w = lp_model_file_read(path, &cfg);
+    float* w = NULL;
+    if (!dp || dp->rank == 0) w = lp_model_file_read(path, &cfg);
+    if (dp && dp->size > 1) {
+        lp_broadcast_host(dp, &cfg, sizeof(cfg), 0);
+        size_t sizes[LP_NUM_PARAMS], n = 0;
+        lp_param_sizes(sizes, &cfg);
+        for (int i = 0; i < LP_NUM_PARAMS; i++) n += sizes[i];
+        if (!w) w = (float*)lp_host_malloc(n * sizeof(float), "model weights");
+        lp_broadcast_host(dp, w, n * sizeof(float), 0);
+    }
     lp_model_create(m, &cfg, dp, zero_stage);
     lp_model_set_weights(m, w);
     free(w);
