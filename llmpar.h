@@ -1267,26 +1267,32 @@ static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* d
 
 // --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
 // pre_gelu keeps the pre-activation for backward and out = gelu(pre_gelu). bias may be NULL.
+// Rows go in blocks of LP_ROW_BLOCK, so each weight row is read from memory once per block, not once per
+// row (the LM head's weights are far larger than the caches).
+#define LP_ROW_BLOCK 8
 static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const float* inp, const float* weight,
                                          const float* bias, int N, int C, int OC) {
 #pragma omp parallel for
-    for (int i = 0; i < N; i++) {
-        const float* x = inp + (size_t)i * C;
+    for (int i0 = 0; i0 < N; i0 += LP_ROW_BLOCK) {
+        int rows = N - i0 < LP_ROW_BLOCK ? N - i0 : LP_ROW_BLOCK;
         for (int o = 0; o < OC; o++) {
             const float* wrow = weight + (size_t)o * C;
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums let the compiler vectorise
-            int c = 0;
-            for (; c + 8 <= C; c += 8)
-                for (int k = 0; k < 8; k++) acc[k] += x[c + k] * wrow[c + k];
-            float s = bias ? bias[o] : 0.0f;
-            for (; c < C; c++) s += x[c] * wrow[c];
-            for (int k = 0; k < 8; k++) s += acc[k];
-            size_t idx = (size_t)i * OC + o;
-            if (pre_gelu) {
-                pre_gelu[idx] = s;
-                out[idx] = lp_gelu(s);
-            } else {
-                out[idx] = s;
+            for (int r = 0; r < rows; r++) {
+                const float* x = inp + (size_t)(i0 + r) * C;
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums let the compiler vectorise
+                int c = 0;
+                for (; c + 8 <= C; c += 8)
+                    for (int k = 0; k < 8; k++) acc[k] += x[c + k] * wrow[c + k];
+                float s = bias ? bias[o] : 0.0f;
+                for (; c < C; c++) s += x[c] * wrow[c];
+                for (int k = 0; k < 8; k++) s += acc[k];
+                size_t idx = (size_t)(i0 + r) * OC + o;
+                if (pre_gelu) {
+                    pre_gelu[idx] = s;
+                    out[idx] = lp_gelu(s);
+                } else {
+                    out[idx] = s;
+                }
             }
         }
     }
@@ -1296,13 +1302,16 @@ static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const floa
 static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
                                           const float* inp, const float* weight, int N, int C, int OC) {
 #pragma omp parallel for
-    for (int i = 0; i < N; i++) {
-        float* di = dinp + (size_t)i * C;
-        for (int c = 0; c < C; c++) di[c] = 0.0f;
+    for (int i0 = 0; i0 < N; i0 += LP_ROW_BLOCK) {
+        int rows = N - i0 < LP_ROW_BLOCK ? N - i0 : LP_ROW_BLOCK;
+        for (size_t c = 0; c < (size_t)rows * C; c++) dinp[(size_t)i0 * C + c] = 0.0f;
         for (int o = 0; o < OC; o++) {
-            float d = dout[(size_t)i * OC + o];
             const float* wrow = weight + (size_t)o * C;
-            for (int c = 0; c < C; c++) di[c] += d * wrow[c];
+            for (int r = 0; r < rows; r++) {
+                float d = dout[(size_t)(i0 + r) * OC + o];
+                float* di = dinp + (size_t)(i0 + r) * C;
+                for (int c = 0; c < C; c++) di[c] += d * wrow[c];
+            }
         }
     }
 #pragma omp parallel for
