@@ -871,6 +871,16 @@ static void test_data_parallel(void) {
                  TRAIN_BIN, base, tmp_path("dp_shard.bin"));
     expect(rc == 0 && strstr(out, "val loss") && strstr(out, "sample: "), "ZeRO-3 d=2: validation and sampling run on every rank");
 
+    // a missing file under mpirun: one error line, from rank 0
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s -e dev/ref/tiny_model.bin -i /nonexistent/s_*.bin -t 16", TRAIN_BIN);
+    const char* err1 = strstr(out, "llmpar: error: ");
+    expect(rc != 0 && err1 && strstr(err1, "-i /nonexistent/s_*.bin: no token shard matches") && !strstr(err1 + 1, "llmpar: error: "),
+           "4 ranks, missing shard: the error is printed once");
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s -e /nonexistent/m.bin -t 16", TRAIN_BIN);
+    err1 = strstr(out, "llmpar: error: ");
+    expect(rc != 0 && err1 && strstr(err1, "cannot open /nonexistent/m.bin") && !strstr(err1 + 1, "llmpar: error: "),
+           "4 ranks, missing model file: the error is printed once");
+
     // impossible grids: one line from rank 0, non-zero exit
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
     const char* first = strstr(out, "llmpar: error: ");

@@ -261,9 +261,15 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     if (from_scratch) {
         lp_config_validate(&cfg, "-e");
     } else {
-        FILE* file = lp_fopen(f->init, "rb");
-        lp_model_file_header(f->init, &cfg, file);
-        fclose(file);
+        // files are checked by rank 0 first (lp_fail there stops everyone), so a bad one is reported once
+        for (int pass = 0; pass < 2; pass++) {
+            if ((proc->rank == 0) == (pass == 0)) {
+                FILE* file = lp_fopen(f->init, "rb");
+                lp_model_file_header(f->init, &cfg, file);
+                fclose(file);
+            }
+            lp_barrier(&proc->world_group);
+        }
     }
     lp_grid_check(proc, &cfg);
     if (proc->tp > 1 || proc->pp > 1)
@@ -289,9 +295,14 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
     lp_model_alloc_activations(&model, f->B, f->T);
     LPDataLoader train, val;
-    lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
     int has_val = f->val_data[0] != '\0' && f->val_every > 0;
-    if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
+    for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first, as with the model file
+        if ((proc->rank == 0) == (pass == 0)) {
+            lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
+            if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
+        }
+        lp_barrier(&proc->world_group);
+    }
     LPTokenizer tok;
     memset(&tok, 0, sizeof(tok));
     if (f->sample_every > 0 && lp_tokenizer_load(&tok, f->tokenizer) && tok.vocab_size != cfg.vocab_size) {
