@@ -270,24 +270,55 @@ static const char* const lp_param_names[LP_NUM_PARAMS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
 
-static inline void lp_param_sizes(size_t sizes[LP_NUM_PARAMS], const LPConfig* c) {
-    size_t C = c->channels, L = c->num_layers;
-    sizes[LP_WTE] = (size_t)c->padded_vocab_size * C;
-    sizes[LP_WPE] = (size_t)c->max_seq_len * C;
-    sizes[LP_LN1W] = L * C;
-    sizes[LP_LN1B] = L * C;
-    sizes[LP_QKVW] = L * 3 * C * C;
-    sizes[LP_QKVB] = L * 3 * C;
-    sizes[LP_ATTPROJW] = L * C * C;
-    sizes[LP_ATTPROJB] = L * C;
-    sizes[LP_LN2W] = L * C;
-    sizes[LP_LN2B] = L * C;
-    sizes[LP_FCW] = L * 4 * C * C;
-    sizes[LP_FCB] = L * 4 * C;
-    sizes[LP_FCPROJW] = L * C * 4 * C;
-    sizes[LP_FCPROJB] = L * C;
-    sizes[LP_LNFW] = C;
-    sizes[LP_LNFB] = C;
+// Tensor parallelism splits each tensor of the (out, in) weight matrices one of three ways:
+//   rows     column-parallel layers (qkv, fc) and the vocab-parallel wte: each rank holds 1/t of the
+//            outputs (qkv: 1/t of the heads in each of q, k and v, so its rows come in 3 blocks);
+//   columns  row-parallel layers (attproj, fcproj): each rank holds 1/t of the inputs;
+//   none     replicated: wpe, LayerNorms, and the row-parallel biases (added once, after the reduction).
+enum { LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_COLS };
+static const int lp_param_split[LP_NUM_PARAMS] = {
+    LP_SPLIT_ROWS, LP_REPLICATED, LP_REPLICATED, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED,
+    LP_REPLICATED, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED, LP_REPLICATED, LP_REPLICATED};
+
+static inline int lp_is_layer_tensor(int i) { return i >= LP_LN1W && i <= LP_FCPROJB; }
+
+// Tensor i as `count` matrices (one per layer, or one) of rows x cols, the rows in `blocks` equal blocks
+// that TP splits separately (3 for q, k, v; else 1). A vector is a matrix of one row (or one column,
+// when it is the bias of a rows-split layer).
+static inline void lp_param_shape(const LPConfig* c, int i, size_t* count, size_t* rows, size_t* cols, int* blocks) {
+    size_t C = c->channels;
+    *count = lp_is_layer_tensor(i) ? (size_t)c->num_layers : 1;
+    *blocks = i == LP_QKVW || i == LP_QKVB ? 3 : 1;
+    *rows = 1;
+    *cols = C;
+    switch (i) {
+        case LP_WTE: *rows = c->padded_vocab_size; break;
+        case LP_WPE: *rows = c->max_seq_len; break;
+        case LP_QKVW: *rows = 3 * C; break;
+        case LP_QKVB: *rows = 3 * C; *cols = 1; break;
+        case LP_ATTPROJW: *rows = C; break;
+        case LP_FCW: *rows = 4 * C; break;
+        case LP_FCB: *rows = 4 * C; *cols = 1; break;
+        case LP_FCPROJW: *rows = C; *cols = 4 * C; break;
+        default: break;  // LayerNorm weights and biases, row-parallel biases: one row of C
+    }
+}
+
+// Sizes of the tensors one rank of a t-way tensor-parallel group holds (t = 1: the whole model).
+static inline void lp_param_sizes(size_t sizes[LP_NUM_PARAMS], const LPConfig* c, int t) {
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        size_t count, rows, cols;
+        int blocks;
+        lp_param_shape(c, i, &count, &rows, &cols, &blocks);
+        sizes[i] = count * rows * cols / (lp_param_split[i] == LP_REPLICATED ? 1 : t);
+    }
+}
+
+static inline size_t lp_config_num_params(const LPConfig* c) {
+    size_t sizes[LP_NUM_PARAMS], n = 0;
+    lp_param_sizes(sizes, c, 1);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) n += sizes[i];
+    return n;
 }
 
 // Matrices get weight decay; biases and LayerNorm parameters do not (as in GPT-2 and llm.c).
@@ -342,7 +373,12 @@ typedef struct {
 #endif
     int rank, size;
     const char* name;  // "tp", "dp", "pp" or "world", for error messages
+    // device-tensor traffic so far, per kind of collective (LP_ALL_REDUCE, ...): calls, and bytes of the
+    // whole tensor each moved (an all-reduce's buffer; a reduce-scatter's input; an all-gather's output)
+    long long calls[3];
+    double bytes[3];
 } LPGroup;
+enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER };
 
 typedef struct {
     int rank, world;
@@ -383,6 +419,8 @@ static inline void lp_fail_all(const char* fmt, ...) {
 // Place this rank on the t x d x p grid (d = world / (t p)) and make its three groups.
 static inline void lp_grid_init(LPProcess* p, int tp, int pp) {
     if (tp < 1 || pp < 1) lp_fail_all("--tp %d --pp %d: sizes must be >= 1", tp, pp);
+    if (tp * pp > p->world)
+        lp_fail_all("--tp %d --pp %d: the grid needs at least t*p = %d ranks, this run has %d", tp, pp, tp * pp, p->world);
     if (p->world % (tp * pp) != 0)
         lp_fail_all("--tp %d --pp %d: t*p = %d does not divide the %d ranks (world = t*p*d)", tp, pp, tp * pp, p->world);
     p->tp = tp;
@@ -541,6 +579,12 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
 }
 #endif
 
+// Count a collective on g's device tensors (the groups are the process's own: counting is their only change).
+static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {
+    ((LPGroup*)g)->calls[kind]++;
+    ((LPGroup*)g)->bytes[kind] += (double)bytes;
+}
+
 // Sum (or average) n host floats over the group, in place: losses, norms, error flags, staged tensors.
 static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int average) {
     if (g->size == 1) return;
@@ -575,6 +619,7 @@ static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, 
 // `average` (DP gradient averaging).
 static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int average) {
     if (g->size == 1) return;
+    lp_traffic(g, LP_ALL_REDUCE, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
         lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, average ? ncclAvg : ncclSum, g->nccl, 0), "all-reduce", g);
@@ -596,6 +641,7 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
 // over the group (ZeRO: each rank keeps only the gradients of the parameters it updates).
 static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, int average) {
     if (g->size == 1) return;
+    lp_traffic(g, LP_REDUCE_SCATTER, shard * g->size * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // in place: this rank's block is its output
         lp_nccl_check(ncclReduceScatter(x, x + shard * g->rank, shard, ncclBfloat16, average ? ncclAvg : ncclSum,
@@ -632,6 +678,11 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 // this rank's block (counts[rank] values). Blocks may differ in size and be empty (ZeRO-2: a layer's
 // gradients cut at the shard boundaries).
 static inline void lp_reduce_scatterv(const LPGroup* g, const floatX* x, const int* counts, floatX* out) {
+    if (g->size > 1) {
+        size_t total = 0;
+        for (int r = 0; r < g->size; r++) total += counts[r];
+        lp_traffic(g, LP_REDUCE_SCATTER, total * sizeof(floatX));
+    }
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // one reduce per owner, launched together
         size_t off = 0;
@@ -670,23 +721,24 @@ static inline void lp_reduce_scatterv(const LPGroup* g, const floatX* x, const i
 #endif
 }
 
-// Each rank's shard x[rank*shard ...] goes to every rank: afterwards x holds all size * shard values.
-static inline void lp_all_gather(const LPGroup* g, floatX* x, size_t shard) {
+// Each rank's block of `bytes` at x + rank*bytes goes to every rank: afterwards x holds all size blocks.
+// A plain copy, so any element type (ZeRO's updated weights, TP's classifier statistics).
+static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
     if (g->size == 1) return;
+    lp_traffic(g, LP_ALL_GATHER, bytes * g->size);
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // in place: this rank's block is its input
-        lp_nccl_check(ncclAllGather(x + shard * g->rank, x, shard, ncclBfloat16, g->nccl, 0), "all-gather", g);
+        lp_nccl_check(ncclAllGather((char*)x + bytes * g->rank, x, bytes, ncclChar, g->nccl, 0), "all-gather", g);
         return;
     }
 #endif
 #ifdef LLMPAR_MPI
-    size_t bytes = shard * sizeof(floatX);  // a plain copy: bytes suffice, whatever the type
-    if (bytes > (size_t)1 << 31) lp_fail("all-gather on group %s: shard of %zu bytes is too large for MPI", g->name, bytes);
+    if (bytes > (size_t)1 << 31) lp_fail("all-gather on group %s: block of %zu bytes is too large for MPI", g->name, bytes);
 #ifdef LLMPAR_CPU
     char* buf = (char*)x;
 #else
-    char* buf = (char*)lp_pinned_buffer(shard * g->size);
-    lp_copy_to_host(buf + bytes * g->rank, x + shard * g->rank, bytes);
+    char* buf = (char*)lp_pinned_buffer((bytes * g->size + sizeof(floatX) - 1) / sizeof(floatX));
+    lp_copy_to_host(buf + bytes * g->rank, (char*)x + bytes * g->rank, bytes);
 #endif
     lp_mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes, MPI_BYTE, g->comm), "all-gather", g);
 #ifndef LLMPAR_CPU
@@ -694,7 +746,7 @@ static inline void lp_all_gather(const LPGroup* g, floatX* x, size_t shard) {
 #endif
 #else
     (void)x;
-    (void)shard;
+    (void)bytes;
 #endif
 }
 
@@ -740,6 +792,7 @@ static inline int lp_pending_slot(LPPending* p, const LPGroup* g) {
 // Start averaging x over the group (lp_all_reduce, nonblocking).
 static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n, LPPending* p) {
     if (g->size == 1) return;
+    lp_traffic(g, LP_ALL_REDUCE, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
         lp_comm_stream_follows_compute();
@@ -769,6 +822,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
         lp_copy_device(out, mine, n * sizeof(floatX));
         return;
     }
+    lp_traffic(g, LP_ALL_GATHER, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // one broadcast per owner, launched together
         lp_comm_stream_follows_compute();
@@ -1018,52 +1072,63 @@ static inline void lp_gemm(int transA, int transB, int m, int n, int k, const fl
 }
 #endif
 
-// --- encoder: out[b,t,:] = wte[token] + wpe[t]
-static inline void lp_encoder_forward_cpu(float* out, const int* inp, const float* wte, const float* wpe,
-                                          int B, int T, int C) {
+// --- embedding: out[i,:] = wte[token_i] for the tokens in this rank's slice [v0, v0 + Vl) of the
+// vocabulary, 0 for the others (tensor parallelism: each rank owns Vl rows of wte; the partial embeddings
+// are summed over the group). Without TP the slice is the whole vocabulary.
+static inline void lp_embedding_forward_cpu(float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
 #pragma omp parallel for
-    for (int bt = 0; bt < B * T; bt++) {
-        const float* w = wte + (size_t)inp[bt] * C;
-        const float* p = wpe + (size_t)(bt % T) * C;
-        float* o = out + (size_t)bt * C;
-        for (int c = 0; c < C; c++) o[c] = w[c] + p[c];
+    for (int i = 0; i < N; i++) {
+        int v = tokens[i] - v0;
+        float* o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = v >= 0 && v < Vl ? wte[(size_t)v * C + c] : 0.0f;
     }
 }
 
 // Backward scatters into wte rows by token. `tokens` are HOST memory in both builds: the CUDA version
 // groups positions by token on the host so its sums need no atomics and are deterministic.
-static inline void lp_encoder_backward_cpu(float* dwte, float* dwpe, const float* dout, const int* tokens,
-                                           int B, int T, int C) {
-#pragma omp parallel for
-    for (int t = 0; t < T; t++)
-        for (int b = 0; b < B; b++)
-            for (int c = 0; c < C; c++) dwpe[(size_t)t * C + c] += dout[((size_t)b * T + t) * C + c];
+static inline void lp_embedding_backward_cpu(float* dwte, const float* dout, const int* tokens, int v0, int Vl, int N, int C) {
     // rows of wte may repeat, so this loop runs serially over positions; it is a small share of a step
-    for (int bt = 0; bt < B * T; bt++) {
-        float* dw = dwte + (size_t)tokens[bt] * C;
-        const float* d = dout + (size_t)bt * C;
+    for (int i = 0; i < N; i++) {
+        int v = tokens[i] - v0;
+        if (v < 0 || v >= Vl) continue;
+        float* dw = dwte + (size_t)v * C;
+        const float* d = dout + (size_t)i * C;
         for (int c = 0; c < C; c++) dw[c] += d[c];
     }
 }
 
-#ifndef LLMPAR_CPU
-__global__ void lp_encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B,
-                                          int T, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)B * T * C) return;
-    size_t bt = i / C, c = i % C;
-    out[i] = lp_xf(lp_bf(wte[(size_t)inp[bt] * C + c]) + lp_bf(wpe[(bt % T) * C + c]));
+// --- positions: out[i,:] = inp[i,:] + wpe[(row0 + i) % T] for `rows` rows of a (B,T) batch starting at
+// row row0 (sequence parallelism: a rank holds a block of the rows).
+static inline void lp_positions_forward_cpu(float* out, const float* inp, const float* wpe, int row0, int rows, int T, int C) {
+#pragma omp parallel for
+    for (int i = 0; i < rows; i++) {
+        const float* p = wpe + (size_t)((row0 + i) % T) * C;
+        for (int c = 0; c < C; c++) out[(size_t)i * C + c] = inp[(size_t)i * C + c] + p[c];
+    }
 }
-static inline void lp_encoder_forward_gpu(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int B,
-                                          int T, int C) {
-    size_t n = (size_t)B * T * C;
-    lp_encoder_forward_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(out, inp, wte, wpe, B, T, C);
+static inline void lp_positions_backward_cpu(float* dwpe, const float* dout, int row0, int rows, int T, int C) {
+#pragma omp parallel for
+    for (int t = 0; t < T; t++)
+        for (int i = ((t - row0) % T + T) % T; i < rows; i += T)  // the rows at position t, in order
+            for (int c = 0; c < C; c++) dwpe[(size_t)t * C + c] += dout[(size_t)i * C + c];
+}
+
+#ifndef LLMPAR_CPU
+__global__ void lp_embedding_forward_kernel(floatX* out, const int* tokens, const floatX* wte, int v0, int Vl, int N, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    int v = tokens[i / C] - v0;
+    out[i] = v >= 0 && v < Vl ? wte[(size_t)v * C + i % C] : lp_xf(0.0f);
+}
+static inline void lp_embedding_forward_gpu(floatX* out, const int* tokens, const floatX* wte, int v0, int Vl, int N, int C) {
+    size_t n = (size_t)N * C;
+    lp_embedding_forward_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(out, tokens, wte, v0, Vl, N, C);
     cudaCheck(cudaGetLastError());
 }
 
 // dwte: one thread per (distinct token, channel) sums that token's positions in order.
-// index = [tokens (U)] [start (U+1)] [positions (B*T)], positions grouped by token.
-__global__ void lp_encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, const int* index, int U, int C) {
+// index = [local rows (U)] [start (U+1)] [positions], positions grouped by token.
+__global__ void lp_embedding_backward_kernel(floatX* dwte, const floatX* dout, const int* index, int U, int C) {
     int u = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;  // u in x: up to V distinct tokens
     if (c >= C) return;
     const int* start = index + U;
@@ -1073,43 +1138,62 @@ __global__ void lp_encoder_backward_wte_kernel(floatX* dwte, const floatX* dout,
     size_t w = (size_t)index[u] * C + c;
     dwte[w] = lp_xf(lp_bf(dwte[w]) + s);
 }
-__global__ void lp_encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, int B, int T, int C) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (t, c)
-    if (i >= (size_t)T * C) return;
-    float s = 0.0f;
-    for (int b = 0; b < B; b++) s += lp_bf(dout[(size_t)b * T * C + i]);
-    dwpe[i] = lp_xf(lp_bf(dwpe[i]) + s);
-}
-static LPScratch lp_encoder_index;  // device copy of the grouping below
-static inline void lp_encoder_backward_gpu(floatX* dwte, floatX* dwpe, const floatX* dout, const int* tokens, int B,
-                                           int T, int C) {
-    int N = B * T, max_token = 0;
-    for (int i = 0; i < N; i++) if (tokens[i] > max_token) max_token = tokens[i];
-    // counting sort of positions by token on the host: deterministic sums without atomics on the GPU
-    int* count = (int*)calloc((size_t)max_token + 2, sizeof(int));
-    int* index = (int*)lp_host_malloc((size_t)(3 * N + 1) * sizeof(int), "encoder backward index");
-    if (!count) lp_fail("out of host memory in the encoder backward");
-    for (int i = 0; i < N; i++) count[tokens[i] + 1]++;
+static LPScratch lp_embedding_index;  // device copy of the grouping below
+static inline void lp_embedding_backward_gpu(floatX* dwte, const floatX* dout, const int* tokens, int v0, int Vl, int N, int C) {
+    // counting sort of this slice's positions by token on the host: deterministic sums without atomics
+    int* count = (int*)calloc((size_t)Vl + 1, sizeof(int));
+    int* index = (int*)lp_host_malloc((size_t)(3 * N + 1) * sizeof(int), "embedding backward index");
+    if (!count) lp_fail("out of host memory in the embedding backward");
+    int M = 0;  // positions whose token is in the slice
+    for (int i = 0; i < N; i++) {
+        int v = tokens[i] - v0;
+        if (v >= 0 && v < Vl) { count[v + 1]++; M++; }
+    }
+    if (M == 0) { free(count); free(index); return; }
     int U = 0;
-    for (int v = 0; v <= max_token; v++) U += count[v + 1] > 0;
+    for (int v = 0; v < Vl; v++) U += count[v + 1] > 0;
     int* uniq = index;
     int* start = index + U;
     int* positions = index + 2 * U + 1;
-    for (int v = 0, u = 0; v <= max_token; v++) {  // count[v] becomes the first slot of token v
+    for (int v = 0, u = 0; v < Vl; v++) {  // count[v] becomes the first slot of row v
         count[v + 1] += count[v];
         if (count[v + 1] > count[v]) { uniq[u] = v; start[u] = count[v]; u++; }
     }
-    start[U] = N;
-    for (int i = 0; i < N; i++) positions[count[tokens[i]]++] = i;  // in increasing position order
-    size_t bytes = (size_t)(2 * U + 1 + N) * sizeof(int);
-    int* d_index = (int*)lp_scratch(&lp_encoder_index, bytes, "encoder backward index");
+    start[U] = M;
+    for (int i = 0; i < N; i++) {  // in increasing position order
+        int v = tokens[i] - v0;
+        if (v >= 0 && v < Vl) positions[count[v]++] = i;
+    }
+    size_t bytes = (size_t)(2 * U + 1 + M) * sizeof(int);
+    int* d_index = (int*)lp_scratch(&lp_embedding_index, bytes, "embedding backward index");
     lp_copy_to_device(d_index, index, bytes);
     free(count);
     free(index);
     dim3 grid(U, lp_grid(C, LP_THREADS));
-    lp_encoder_backward_wte_kernel<<<grid, LP_THREADS>>>(dwte, dout, d_index, U, C);
+    lp_embedding_backward_kernel<<<grid, LP_THREADS>>>(dwte, dout, d_index, U, C);
     cudaCheck(cudaGetLastError());
-    lp_encoder_backward_wpe_kernel<<<lp_grid((size_t)T * C, LP_THREADS), LP_THREADS>>>(dwpe, dout, B, T, C);
+}
+
+__global__ void lp_positions_forward_kernel(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * C) return;
+    out[i] = lp_xf(lp_bf(inp[i]) + lp_bf(wpe[(size_t)((row0 + i / C) % T) * C + i % C]));
+}
+static inline void lp_positions_forward_gpu(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C) {
+    size_t n = (size_t)rows * C;
+    lp_positions_forward_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(out, inp, wpe, row0, rows, T, C);
+    cudaCheck(cudaGetLastError());
+}
+__global__ void lp_positions_backward_kernel(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (t, c)
+    if (k >= (size_t)T * C) return;
+    int t = (int)(k / C), c = (int)(k % C);
+    float s = 0.0f;
+    for (int i = ((t - row0) % T + T) % T; i < rows; i += T) s += lp_bf(dout[(size_t)i * C + c]);
+    dwpe[k] = lp_xf(lp_bf(dwpe[k]) + s);
+}
+static inline void lp_positions_backward_gpu(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
+    lp_positions_backward_kernel<<<lp_grid((size_t)T * C, LP_THREADS), LP_THREADS>>>(dwpe, dout, row0, rows, T, C);
     cudaCheck(cudaGetLastError());
 }
 #endif
@@ -1132,12 +1216,14 @@ static inline void lp_layernorm_forward_cpu(float* out, float* mean, float* rstd
     }
 }
 
-// residual = inp1 + inp2, then out = layernorm(residual): one pass over the residual stream, not two
+// residual = inp1 + (inp2 + bias), then out = layernorm(residual): one pass over the residual stream, not
+// two. inp2 is a row-parallel projection's output, summed over tensor-parallel ranks before its bias is
+// added here, once.
 static inline void lp_residual_layernorm_forward_cpu(float* residual, float* out, float* mean, float* rstd,
-                                                     const float* inp1, const float* inp2, const float* w,
-                                                     const float* b, int N, int C) {
+                                                     const float* inp1, const float* inp2, const float* bias,
+                                                     const float* w, const float* b, int N, int C) {
 #pragma omp parallel for
-    for (size_t i = 0; i < (size_t)N * C; i++) residual[i] = inp1[i] + inp2[i];
+    for (size_t i = 0; i < (size_t)N * C; i++) residual[i] = inp1[i] + (inp2[i] + bias[i % C]);
     lp_layernorm_forward_cpu(out, mean, rstd, residual, w, b, N, C);
 }
 
@@ -1177,16 +1263,18 @@ static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, 
 }
 
 #ifndef LLMPAR_CPU
-// One warp per row. With inp2 non-NULL the row is first residual = inp1 + inp2 (stored, rounded to bf16)
-// and the LayerNorm reads the rounded values, exactly what the backward pass will see.
+// One warp per row. With inp2 non-NULL the row is first residual = inp1 + (inp2 + bias) (stored, rounded
+// to bf16) and the LayerNorm reads the rounded values, exactly what the backward pass will see.
 __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1,
-                                            const floatX* inp2, const floatX* w, const floatX* b, int N, int C) {
+                                            const floatX* inp2, const floatX* bias, const floatX* w, const floatX* b,
+                                            int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
     size_t base = (size_t)row * C;
     const floatX* x = inp1 + base;
     if (inp2) {
-        for (int c = lane; c < C; c += 32) residual[base + c] = lp_xf(lp_bf(inp1[base + c]) + lp_bf(inp2[base + c]));
+        for (int c = lane; c < C; c += 32)
+            residual[base + c] = lp_xf(lp_bf(inp1[base + c]) + (lp_bf(inp2[base + c]) + lp_bf(bias[c])));
         x = residual + base;  // each lane reads back only what it wrote
     }
     float s = 0.0f;
@@ -1206,13 +1294,15 @@ __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float
 }
 static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
                                             const floatX* b, int N, int C) {
-    lp_layernorm_forward_kernel<<<lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS>>>(NULL, out, mean, rstd, inp, NULL, w, b, N, C);
+    lp_layernorm_forward_kernel<<<lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS>>>(NULL, out, mean, rstd, inp, NULL, NULL, w,
+                                                                                      b, N, C);
     cudaCheck(cudaGetLastError());
 }
 static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* out, float* mean, float* rstd,
-                                                     const floatX* inp1, const floatX* inp2, const floatX* w,
-                                                     const floatX* b, int N, int C) {
-    lp_layernorm_forward_kernel<<<lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS>>>(residual, out, mean, rstd, inp1, inp2, w, b, N, C);
+                                                     const floatX* inp1, const floatX* inp2, const floatX* bias,
+                                                     const floatX* w, const floatX* b, int N, int C) {
+    lp_layernorm_forward_kernel<<<lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS>>>(residual, out, mean, rstd, inp1, inp2,
+                                                                                      bias, w, b, N, C);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1575,44 +1665,99 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 }
 #endif
 
-// --- fused classifier: per row, softmax over the V real tokens, loss = -log p[target], and the logits
-// are overwritten by their gradient (p - onehot) * dloss (0 on the padding), in one pass over the row.
-static inline void lp_fused_classifier_cpu(float* logits, float* losses, float dloss, const int* targets,
-                                           int N, int V, int Vp) {
+// --- classifier (cross-entropy over the vocabulary), vocab-parallel: each rank holds the logits of its
+// slice [v0, v0 + Vl) of the padded vocabulary, and the full row of logits is never gathered. Per row,
+// classifier_stats writes this slice's (max, sum of exp(logit - max), target's logit or 0) over the real
+// tokens (< V); the ranks' triples are all-gathered (t of them); classifier_grad combines them into the
+// row's softmax normaliser, writes loss = log(sum) + max - target logit, and overwrites the logits with
+// their gradient (softmax - onehot) * dloss (0 on the padding). Without TP, t = 1 and v0 = 0.
+static inline void lp_classifier_stats_cpu(float* stats, const float* logits, const int* targets, int N, int Vl, int v0, int V) {
+    int real = V - v0 < Vl ? V - v0 : Vl;  // real tokens in the slice (may be none)
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
-        float* row = logits + (size_t)i * Vp;
-        float maxv = -INFINITY;
-        for (int v = 0; v < V; v++) if (row[v] > maxv) maxv = row[v];
-        float sum = 0.0f;
-        for (int v = 0; v < V; v++) sum += expf(row[v] - maxv);
-        int target = targets[i];
-        losses[i] = logf(sum) + maxv - row[target];
-        for (int v = 0; v < V; v++) row[v] = (expf(row[v] - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss;
-        for (int v = V; v < Vp; v++) row[v] = 0.0f;
+        const float* row = logits + (size_t)i * Vl;
+        float maxv = -INFINITY, sum = 0.0f;
+        for (int v = 0; v < real; v++) if (row[v] > maxv) maxv = row[v];
+        for (int v = 0; v < real; v++) sum += expf(row[v] - maxv);
+        int target = targets[i] - v0;
+        stats[3 * i] = maxv;
+        stats[3 * i + 1] = sum;
+        stats[3 * i + 2] = target >= 0 && target < real ? row[target] : 0.0f;
+    }
+}
+
+// The softmax normaliser of row i from the t slices' stats (t, N, 3): max and sum over the whole row.
+static inline LP_HD void lp_classifier_combine(const float* stats, int t, int N, int i, float* maxv, float* sum, float* target) {
+    float m = -INFINITY, s = 0.0f, x = 0.0f;
+    for (int k = 0; k < t; k++) m = fmaxf(m, stats[3 * ((size_t)k * N + i)]);
+    for (int k = 0; k < t; k++) {
+        const float* st = stats + 3 * ((size_t)k * N + i);
+        if (st[1] > 0.0f) s += st[1] * expf(st[0] - m);  // a slice without real tokens adds nothing
+        x += st[2];
+    }
+    *maxv = m;
+    *sum = s;
+    *target = x;
+}
+
+static inline void lp_classifier_grad_cpu(float* logits, float* losses, const float* stats, int t, float dloss,
+                                          const int* targets, int N, int Vl, int v0, int V) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        float maxv, sum, target_logit;
+        lp_classifier_combine(stats, t, N, i, &maxv, &sum, &target_logit);
+        losses[i] = logf(sum) + maxv - target_logit;
+        float* row = logits + (size_t)i * Vl;
+        int target = targets[i] - v0;
+        for (int v = 0; v < Vl; v++)
+            row[v] = v0 + v < V ? (expf(row[v] - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f;
     }
 }
 
 #ifndef LLMPAR_CPU
-// One block per row; three reads of the bf16 row (max, sum, gradient), no fp32 copy of the logits.
-__global__ void lp_fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* targets, int V, int Vp) {
-    floatX* row = logits + (size_t)blockIdx.x * Vp;
-    float maxv = -INFINITY;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) maxv = fmaxf(maxv, lp_bf(row[v]));
-    maxv = lp_block_reduce(maxv, 1);
-    float sum = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) sum += expf(lp_bf(row[v]) - maxv);
-    sum = lp_block_reduce(sum, 0);
-    int target = targets[blockIdx.x];
-    float target_logit = lp_bf(row[target]);
-    __syncthreads();  // everyone has read the target's logit before it is overwritten
-    if (threadIdx.x == 0) losses[blockIdx.x] = logf(sum) + maxv - target_logit;
-    for (int v = threadIdx.x; v < Vp; v += blockDim.x)
-        row[v] = lp_xf(v < V ? (expf(lp_bf(row[v]) - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f);
+// One block per row. Stats: one read of the bf16 row, each thread keeping a running (max, sum) that the
+// block then rescales to the common max and adds up. Grad: one more read and a write.
+__global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
+    const floatX* row = logits + (size_t)blockIdx.x * Vl;
+    float maxv = -INFINITY, sum = 0.0f;
+    for (int v = threadIdx.x; v < real; v += blockDim.x) {
+        float x = lp_bf(row[v]);
+        if (x > maxv) {
+            sum = sum * expf(maxv - x) + 1.0f;
+            maxv = x;
+        } else {
+            sum += expf(x - maxv);
+        }
+    }
+    float block_max = lp_block_reduce(maxv, 1);
+    sum = lp_block_reduce(sum > 0.0f ? sum * expf(maxv - block_max) : 0.0f, 0);
+    if (threadIdx.x == 0) {
+        int target = targets[blockIdx.x] - v0;
+        float* st = stats + 3 * (size_t)blockIdx.x;
+        st[0] = block_max;
+        st[1] = sum;
+        st[2] = target >= 0 && target < real ? lp_bf(row[target]) : 0.0f;
+    }
 }
-static inline void lp_fused_classifier_gpu(floatX* logits, float* losses, float dloss, const int* targets, int N, int V,
-                                           int Vp) {
-    lp_fused_classifier_kernel<<<N, 1024>>>(logits, losses, dloss, targets, V, Vp);
+static inline void lp_classifier_stats_gpu(float* stats, const floatX* logits, const int* targets, int N, int Vl, int v0, int V) {
+    int real = V - v0 < Vl ? V - v0 : Vl;
+    lp_classifier_stats_kernel<<<N, 1024>>>(stats, logits, targets, Vl, v0, real);
+    cudaCheck(cudaGetLastError());
+}
+__global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, const float* stats, int t, float dloss,
+                                          const int* targets, int N, int Vl, int v0, int V) {
+    int i = blockIdx.x;
+    float maxv, sum, target_logit;
+    lp_classifier_combine(stats, t, N, i, &maxv, &sum, &target_logit);
+    if (threadIdx.x == 0) losses[i] = logf(sum) + maxv - target_logit;
+    floatX* row = logits + (size_t)i * Vl;
+    int target = targets[i] - v0;
+    for (int v = threadIdx.x; v < Vl; v += blockDim.x)
+        row[v] = lp_xf(v0 + v < V ? (expf(lp_bf(row[v]) - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f);
+}
+static inline void lp_classifier_grad_gpu(floatX* logits, float* losses, const float* stats, int t, float dloss,
+                                          const int* targets, int N, int Vl, int v0, int V) {
+    lp_classifier_grad_kernel<<<N, 1024>>>(logits, losses, stats, t, dloss, targets, N, Vl, v0, V);
     cudaCheck(cudaGetLastError());
 }
 #endif
@@ -1736,40 +1881,86 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 // see LPModel), and the activations the backward pass needs, per layer. The forward pass fuses each
 // residual add with the LayerNorm that follows it, so the residual stream is read once per block half.
 // Layer tensors are reached through lp_layer_param / lp_layer_grad, which know where ZeRO put them.
+//
+// Tensor parallelism (Megatron-LM), t ranks in the group tp, each holding its slice of every split tensor
+// (lp_param_split):
+//
+//                        x (N,C), the same on every rank
+//                        |
+//        f ------------- | -------------  forward: identity (SP: all-gather rows) / backward: all-reduce
+//          qkv: W (3C,C) split by rows, heads/t heads per rank     fc: W (4C,C) split by rows
+//            rank 0: [q0 k0 v0]  rank 1: [q1 k1 v1]                  rank 0: h0   rank 1: h1
+//          attention on the rank's own heads                        GELU on the rank's own h
+//          attproj: W (C,C) split by columns                        fcproj: W (C,4C) split by columns
+//            rank r: y_r = att_r W[:, r]  (a partial sum)             rank r: y_r = h_r W[:, r]
+//        g ------------- | -------------  forward: all-reduce (SP: reduce-scatter rows) / backward: identity
+//                        y = y_0 + y_1 + ... ; + bias, + residual, LayerNorm: replicated (SP: on N/t rows)
+//
+// The embedding is vocab-parallel (wte split by rows; a rank's partial embedding is zero for tokens outside
+// its slice, summed by a g), and so is the tied LM head (a column-parallel matmul after an f, its
+// cross-entropy reduced over the group without gathering the logits: classifier_stats / classifier_grad).
 
 typedef struct {
-    floatX* encoded;    // (B,T,C)   wte + wpe
-    floatX* ln1;        // (L,B,T,C)
-    float* ln1_mean;    // (L,B,T)
-    float* ln1_rstd;    // (L,B,T)
-    floatX* qkvr;       // (L,3,B,NH,T,HS) q, k, v permuted per head
-    floatX* att;        // (L,B,NH,T,T)  attention probabilities
-    floatX* atty;       // (L,B,T,C)   attention output before its projection
-    floatX* residual2;  // (L,B,T,C)   residual after attention
-    floatX* ln2;        // (L,B,T,C)
-    float* ln2_mean;    // (L,B,T)
-    float* ln2_rstd;    // (L,B,T)
-    floatX* fch;        // (L,B,T,4C)  MLP pre-activation
-    floatX* fch_gelu;   // (L,B,T,4C)
-    floatX* residual3;  // (L,B,T,C)   residual after the MLP (the block's output)
-    floatX* lnf;        // (B,T,C)
-    float* lnf_mean;    // (B,T)
-    float* lnf_rstd;    // (B,T)
-    floatX* logits;     // (B,T,Vp)    overwritten by their gradient in the fused classifier
-    float* losses;      // (B,T)
+    floatX* encoded;    // (Nr,C)      wte + wpe: the residual stream entering layer 0
+    floatX* ln1;        // (L,Nr,C)
+    float* ln1_mean;    // (L,Nr)
+    float* ln1_rstd;    // (L,Nr)
+    floatX* qkvr;       // (L,3,B,NHl,T,HS) this rank's q, k, v permuted per head
+    floatX* att;        // (L,B,NHl,T,T)  attention probabilities
+    floatX* atty;       // (L,N,Cl)    attention output before its projection
+    floatX* residual2;  // (L,Nr,C)    residual after attention
+    floatX* ln2;        // (L,Nr,C)
+    float* ln2_mean;    // (L,Nr)
+    float* ln2_rstd;    // (L,Nr)
+    floatX* fch;        // (L,N,Fl)    MLP pre-activation
+    floatX* fch_gelu;   // (L,N,Fl)
+    floatX* residual3;  // (L,Nr,C)    residual after the MLP (the block's output)
+    floatX* lnf;        // (Nr,C)
+    float* lnf_mean;    // (Nr)
+    float* lnf_rstd;    // (Nr)
+    floatX* logits;     // (N,Vl)      overwritten by their gradient in classifier_grad
+    float* losses;      // (N)
+    float* stats;       // (t,N,3)     classifier statistics of each rank's slice of the vocabulary
     // scratch, reused within a step
-    floatX* qkv;        // (B,T,3C)  forward: qkv; backward: dqkv
-    floatX* btc;        // (B,T,C)   forward: projection outputs; backward: dlnf, dln2, datty, dln1
-    floatX* dresidual;  // (B,T,C)   gradient of the residual stream
-    floatX* dfch;       // (B,T,4C)
-    floatX* dqkvr;      // (3,B,NH,T,HS)
-    floatX* datt;       // (B,NH,T,T)
-    floatX* dy;         // (B,NH,T,HS) attention output gradient, permuted
+    floatX* qkv;        // (N,3Cl)  forward: qkv; backward: dqkv
+    floatX* btc;        // (N,C)    partial sums: row-parallel outputs, column-parallel input gradients
+    floatX* full;       // (N,C)    sequence parallelism: rows gathered from the group (else unused)
+    floatX* dresidual;  // (Nr,C)   gradient of the residual stream
+    floatX* dfch;       // (N,Fl)
+    floatX* dqkvr;      // (3,B,NHl,T,HS)
+    floatX* datt;       // (B,NHl,T,T)
+    floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
 } LPActivations;
+// Shapes: N = B*T rows; Nr the rows of the residual stream this rank holds (N, or N/t with sequence
+// parallelism); Cl = C/t, NHl = NH/t, Fl = 4C/t, Vl = Vp/t: this rank's channels of attention, heads,
+// MLP width and vocabulary slice.
+
+// Where the rank's flat parameters sit in the canonical layout (the llm.c file's, unsplit): runs of values
+// contiguous in both. `replicated` runs are held alike by every TP rank.
+typedef struct {
+    size_t local, canon, n;
+    int replicated;
+} LPRun;
+
+// How one model is split over ranks.
+typedef struct {
+    const LPGroup* tp;  // tensor-parallel group (NULL: t = 1)
+    const LPGroup* dp;  // data-parallel group: gradients are averaged over it (NULL: one replica)
+    int zero;           // ZeRO stage 0..3 over dp
+    int sp;             // sequence parallelism over tp
+} LPSplit;
 
 typedef struct {
     LPConfig cfg;
-    size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;
+    size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;  // this rank's tensors
+    size_t total_params;  // the whole model's parameter count
+    LPRun* runs;          // this rank's parameters in the canonical layout (files)
+    int num_runs;
+    // tensor parallelism: this rank's slice of the heads, MLP and vocabulary; sp: of the rows too
+    const LPGroup* tp;
+    int tp_size, tp_rank, sp;
+    const LPGroup* dp;    // gradients are averaged over this group (NULL: one replica)
+    int overlap;          // all-reduce the layers' gradients over dp during the last backward (ZeRO-0)
     floatX* params;   // compute-type weights used by forward/backward (ZeRO-3: wte, wpe, lnf only)
     floatX* grads;    // their gradients, accumulated over micro-batches (ZeRO-2: wte, wpe, lnf only)
     float* master;    // fp32 master weights of this rank's shard: the truth the optimizer updates
@@ -1810,18 +2001,74 @@ typedef struct {
     size_t act_bytes;
     int* inputs;        // (B,T) device
     int* targets;       // (B,T) device
-    int* inputs_host;   // (B,T) the last forward's tokens, for the encoder backward
+    int* inputs_host;   // (B,T) the last forward's tokens, for the embedding backward
     float* losses_host; // (B,T)
 } LPModel;
 
-static inline int lp_is_layer_tensor(int i) { return i >= LP_LN1W && i <= LP_FCPROJB; }
+static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size_t n, int replicated, int* cap) {
+    LPRun* last = m->num_runs ? &m->runs[m->num_runs - 1] : NULL;
+    if (last && last->local + last->n == local && last->canon + last->n == canon && last->replicated == replicated) {
+        last->n += n;
+        return;
+    }
+    if (m->num_runs == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        m->runs = (LPRun*)realloc(m->runs, (size_t)*cap * sizeof(LPRun));
+        if (!m->runs) lp_fail("out of host memory for the parameter layout");
+    }
+    LPRun* r = &m->runs[m->num_runs++];
+    r->local = local;
+    r->canon = canon;
+    r->n = n;
+    r->replicated = replicated;
+}
 
-// Allocate a model of shape cfg. zero_stage 0: everything replicated (dp may be NULL); 1: fp32 master
-// weights and AdamW state sharded over the group dp; 2: the gradients too.
-static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPGroup* dp, int zero_stage) {
+// Map this rank's flat parameters to the canonical layout, tensor by tensor: a rows-split matrix gives
+// one run per block (its rows are contiguous), a columns-split one a run per row.
+static inline void lp_model_build_runs(LPModel* m) {
+    int t = m->tp_size, r = m->tp_rank, cap = 0;
+    size_t local = 0, canon = 0;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        size_t count, rows, cols;
+        int blocks, split = lp_param_split[i];
+        lp_param_shape(&m->cfg, i, &count, &rows, &cols, &blocks);
+        for (size_t l = 0; l < count; l++) {
+            size_t mat = canon + l * rows * cols;  // this layer's matrix
+            if (split == LP_REPLICATED) {
+                lp_model_add_run(m, local, mat, rows * cols, t > 1, &cap);
+                local += rows * cols;
+            } else if (split == LP_SPLIT_ROWS) {
+                size_t per = rows / blocks / t;  // this rank's rows of one block
+                for (int k = 0; k < blocks; k++, local += per * cols)
+                    lp_model_add_run(m, local, mat + (k * (rows / blocks) + r * per) * cols, per * cols, 0, &cap);
+            } else {
+                size_t w = cols / t;  // this rank's columns of each row
+                for (size_t j = 0; j < rows; j++, local += w) lp_model_add_run(m, local, mat + j * cols + r * w, w, 0, &cap);
+            }
+        }
+        canon += count * rows * cols;
+    }
+    if (local != m->num_params) lp_fail("internal: parameter layout covers %zu of %zu values", local, m->num_params);
+    m->total_params = canon;
+}
+
+// Allocate a model of shape cfg, split as `split` says (NULL: one rank). zero 0: everything replicated
+// over dp; 1: fp32 master weights and AdamW state sharded over dp; 2: the gradients too; 3: the weights too.
+static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSplit* split) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
-    lp_param_sizes(m->param_sizes, cfg);
+    LPSplit none;
+    memset(&none, 0, sizeof(none));
+    if (!split) split = &none;
+    const LPGroup* dp = split->dp;
+    int zero_stage = split->zero;
+    if (zero_stage >= 1 && !dp) lp_fail("ZeRO-%d needs a data-parallel group", zero_stage);
+    m->tp = split->tp;
+    m->tp_size = m->tp ? m->tp->size : 1;
+    m->tp_rank = m->tp ? m->tp->rank : 0;
+    m->sp = split->sp && m->tp_size > 1;
+    m->dp = dp;
+    lp_param_sizes(m->param_sizes, cfg, m->tp_size);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         m->param_offsets[i] = m->num_params;
         m->num_params += m->param_sizes[i];
@@ -1830,6 +2077,7 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPGrou
             m->layer_params += m->param_sizes[i] / cfg->num_layers;
         }
     }
+    lp_model_build_runs(m);
     int parts = zero_stage >= 1 ? dp->size : 1;
     m->zero_stage = zero_stage;
     m->shard_group = zero_stage >= 1 ? dp : NULL;
@@ -1956,9 +2204,11 @@ static inline size_t lp_model_shard_count(const LPModel* m) {
     return left < m->shard_size ? left : m->shard_size;
 }
 
-// Set the weights from fp32 host values in the canonical layout: the compute-type params get all of
-// them, the master weights this rank's shard.
-static inline void lp_model_set_weights(LPModel* m, const float* host) {
+// Set the weights from fp32 host values in the canonical layout: the compute-type params get this rank's
+// slice of all of them, the master weights this rank's shard of that slice.
+static inline void lp_model_set_weights(LPModel* m, const float* canon) {
+    float* host = (float*)lp_host_malloc(m->num_params * sizeof(float), "weights");
+    for (int k = 0; k < m->num_runs; k++) memcpy(host + m->runs[k].local, canon + m->runs[k].canon, m->runs[k].n * sizeof(float));
     if (m->zero_stage >= 3) {
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (!lp_is_layer_tensor(i)) lp_to_device_floatX(m->p[i], host + m->param_offsets[i], m->param_sizes[i]);
@@ -1968,20 +2218,39 @@ static inline void lp_model_set_weights(LPModel* m, const float* host) {
         lp_to_device_floatX(m->params, host, m->num_params);
     }
     lp_copy_to_device(m->master, host + m->shard_start, lp_model_shard_count(m) * sizeof(float));
+    free(host);
+}
+
+// Read or write this rank's values [lo, lo + count) of the flat parameters (buf, host) at their canonical
+// places in f, whose canonical array starts at byte `base`. A write skips the TP-replicated values on all
+// but TP rank 0 (the others hold the same). Returns 0 or an errno.
+static inline int lp_model_canonical_io(const LPModel* m, FILE* f, long long base, float* buf, size_t lo, size_t count,
+                                        int write) {
+    for (int k = 0; k < m->num_runs; k++) {
+        const LPRun* r = &m->runs[k];
+        size_t a = r->local > lo ? r->local : lo, b = r->local + r->n < lo + count ? r->local + r->n : lo + count;
+        if (a >= b || (write && r->replicated && m->tp_rank > 0)) continue;
+        if (fseeko(f, base + 4LL * (long long)(r->canon + (a - r->local)), SEEK_SET) != 0) return errno ? errno : EIO;
+        size_t done = write ? fwrite(buf + (a - lo), sizeof(float), b - a, f) : fread(buf + (a - lo), sizeof(float), b - a, f);
+        if (done != b - a) return errno ? errno : EIO;
+    }
+    return 0;
 }
 
 // GPT-2 initialisation: N(0, 0.02) weights, the residual projections scaled by 1/sqrt(2L) so the
 // residual stream's variance does not grow with depth; zero biases; LayerNorm weight 1, bias 0; the
-// padding rows of wte stay zero.
+// padding rows of wte stay zero. The whole model is drawn on every rank, so any split starts alike.
 static inline void lp_model_init_random(LPModel* m, uint64_t seed) {
     const LPConfig* c = &m->cfg;
-    float* w = (float*)lp_host_malloc(m->num_params * sizeof(float), "initial weights");
-    memset(w, 0, m->num_params * sizeof(float));
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, 1);
+    float* w = (float*)lp_host_malloc(m->total_params * sizeof(float), "initial weights");
+    memset(w, 0, m->total_params * sizeof(float));
     uint64_t rng = seed ? seed : 1;
     float residual_std = 0.02f / sqrtf(2.0f * c->num_layers);
-    for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        float* t = w + m->param_offsets[i];
-        size_t n = m->param_sizes[i];
+    float* t = w;
+    for (int i = 0; i < LP_NUM_PARAMS; t += sizes[i], i++) {
+        size_t n = sizes[i];
         if (i == LP_LN1W || i == LP_LN2W || i == LP_LNFW) {
             for (size_t j = 0; j < n; j++) t[j] = 1.0f;
         } else if (lp_param_decays(i)) {
@@ -1995,39 +2264,43 @@ static inline void lp_model_init_random(LPModel* m, uint64_t seed) {
 }
 
 // Lay the activations out in one allocation; called twice: once to count (base NULL), once to carve.
-static inline size_t lp_activations_layout(LPActivations* a, const LPConfig* c, int B, int T, char* base) {
-    size_t L = c->num_layers, C = c->channels, NH = c->num_heads, BT = (size_t)B * T, off = 0;
+static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, int B, int T, char* base) {
+    const LPConfig* c = &m->cfg;
+    size_t t = m->tp_size, L = c->num_layers, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
+    size_t N = (size_t)B * T, Nr = m->sp ? N / t : N, Vl = c->padded_vocab_size / t, off = 0;
 #define LP_CARVE(field, type, count)                                      \
     do {                                                                  \
         a->field = base ? (type*)(base + off) : NULL;                     \
         off += ((count) * sizeof(type) + 255) & ~(size_t)255; /* align */ \
     } while (0)
-    LP_CARVE(encoded, floatX, BT * C);
-    LP_CARVE(ln1, floatX, L * BT * C);
-    LP_CARVE(ln1_mean, float, L * BT);
-    LP_CARVE(ln1_rstd, float, L * BT);
-    LP_CARVE(qkvr, floatX, L * BT * 3 * C);
-    LP_CARVE(att, floatX, L * B * NH * T * T);
-    LP_CARVE(atty, floatX, L * BT * C);
-    LP_CARVE(residual2, floatX, L * BT * C);
-    LP_CARVE(ln2, floatX, L * BT * C);
-    LP_CARVE(ln2_mean, float, L * BT);
-    LP_CARVE(ln2_rstd, float, L * BT);
-    LP_CARVE(fch, floatX, L * BT * 4 * C);
-    LP_CARVE(fch_gelu, floatX, L * BT * 4 * C);
-    LP_CARVE(residual3, floatX, L * BT * C);
-    LP_CARVE(lnf, floatX, BT * C);
-    LP_CARVE(lnf_mean, float, BT);
-    LP_CARVE(lnf_rstd, float, BT);
-    LP_CARVE(logits, floatX, BT * c->padded_vocab_size);
-    LP_CARVE(losses, float, BT);
-    LP_CARVE(qkv, floatX, BT * 3 * C);
-    LP_CARVE(btc, floatX, BT * C);
-    LP_CARVE(dresidual, floatX, BT * C);
-    LP_CARVE(dfch, floatX, BT * 4 * C);
-    LP_CARVE(dqkvr, floatX, BT * 3 * C);
-    LP_CARVE(datt, floatX, B * NH * T * T);
-    LP_CARVE(dy, floatX, BT * C);
+    LP_CARVE(encoded, floatX, Nr * C);
+    LP_CARVE(ln1, floatX, L * Nr * C);
+    LP_CARVE(ln1_mean, float, L * Nr);
+    LP_CARVE(ln1_rstd, float, L * Nr);
+    LP_CARVE(qkvr, floatX, L * N * 3 * Cl);
+    LP_CARVE(att, floatX, L * B * NHl * T * T);
+    LP_CARVE(atty, floatX, L * N * Cl);
+    LP_CARVE(residual2, floatX, L * Nr * C);
+    LP_CARVE(ln2, floatX, L * Nr * C);
+    LP_CARVE(ln2_mean, float, L * Nr);
+    LP_CARVE(ln2_rstd, float, L * Nr);
+    LP_CARVE(fch, floatX, L * N * Fl);
+    LP_CARVE(fch_gelu, floatX, L * N * Fl);
+    LP_CARVE(residual3, floatX, L * Nr * C);
+    LP_CARVE(lnf, floatX, Nr * C);
+    LP_CARVE(lnf_mean, float, Nr);
+    LP_CARVE(lnf_rstd, float, Nr);
+    LP_CARVE(logits, floatX, N * Vl);
+    LP_CARVE(losses, float, N);
+    LP_CARVE(stats, float, t * N * 3);
+    LP_CARVE(qkv, floatX, N * 3 * Cl);
+    LP_CARVE(btc, floatX, N * C);
+    LP_CARVE(full, floatX, m->sp ? N * C : 0);
+    LP_CARVE(dresidual, floatX, Nr * C);
+    LP_CARVE(dfch, floatX, N * Fl);
+    LP_CARVE(dqkvr, floatX, N * 3 * Cl);
+    LP_CARVE(datt, floatX, B * NHl * T * T);
+    LP_CARVE(dy, floatX, N * Cl);
 #undef LP_CARVE
     return off;
 }
@@ -2035,11 +2308,13 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPConfig* c, 
 static inline void lp_model_alloc_activations(LPModel* m, int B, int T) {
     if (T > m->cfg.max_seq_len)
         lp_fail("sequence length -t %d exceeds the model's maximum %d", T, m->cfg.max_seq_len);
+    if (m->sp && (size_t)B * T % m->tp_size)
+        lp_fail("sequence parallelism: the %d x %d rows of a batch do not split over %d ranks", B, T, m->tp_size);
     m->B = B;
     m->T = T;
-    m->act_bytes = lp_activations_layout(&m->act, &m->cfg, B, T, NULL);
+    m->act_bytes = lp_activations_layout(&m->act, m, B, T, NULL);
     m->act_memory = lp_device_malloc(m->act_bytes, "activations");
-    lp_activations_layout(&m->act, &m->cfg, B, T, (char*)m->act_memory);
+    lp_activations_layout(&m->act, m, B, T, (char*)m->act_memory);
     size_t BT = (size_t)B * T;
     m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
     m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
@@ -2053,65 +2328,110 @@ static inline void lp_check_tokens(const int* tokens, size_t n, int V, const cha
             lp_fail("%s token id %d at batch position %zu is outside the vocabulary [0, %d)", what, tokens[i], i, V);
 }
 
-// Forward pass over (B,T) host tokens. With targets it also runs the fused classifier, which leaves
-// dlogits = dloss * (softmax - onehot) in place for the backward pass, and returns the mean loss.
+// --- tensor parallelism's conjugate operators, Megatron-LM's f and g. A column-parallel matmul (qkv, fc,
+// the LM head) needs the whole input x on every rank and makes this rank's slice of the outputs; a
+// row-parallel one (attproj, fcproj) takes that slice and makes a partial sum of the whole output.
+//   f, before a column-parallel matmul: forward the identity (every rank has x), backward an all-reduce
+//      (each rank's slice of the outputs gave a partial gradient of x);
+//   g, after a row-parallel matmul: forward an all-reduce (add the partial outputs), backward the
+//      identity (every rank needs the whole output gradient, and has it).
+// With sequence parallelism (sp) a rank holds only its N/t rows of the residual stream, so f's forward
+// is an all-gather of the rows and its backward a reduce-scatter; g's forward a reduce-scatter and its
+// backward an all-gather. Same bytes on the wire as an all-reduce (which is a reduce-scatter followed by
+// an all-gather), while LayerNorm, the residual adds and their activations are split t ways.
+// f's forward and g's backward are one operation (rows in, whole tensor out); so are f's backward and
+// g's forward (partial sums in, this rank's rows of their sum out).
+
+// f forward: the whole (N,C) input of a column-parallel matmul from this rank's rows of it.
+static inline const floatX* lp_tp_f_forward(LPModel* m, const floatX* rows, int N, int C) {
+    if (!m->sp) return rows;
+    size_t block = (size_t)N / m->tp_size * C;
+    lp_copy_device(m->act.full + block * m->tp_rank, rows, block * sizeof(floatX));
+    lp_all_gather(m->tp, m->act.full, block * sizeof(floatX));
+    return m->act.full;
+}
+// f backward: partial (N,C) holds this rank's part of the input gradient; returns this rank's rows of
+// the sum, in place.
+static inline floatX* lp_tp_f_backward(LPModel* m, floatX* partial, int N, int C) {
+    if (m->tp_size == 1) return partial;
+    if (!m->sp) {
+        lp_all_reduce(m->tp, partial, (size_t)N * C, 0);
+        return partial;
+    }
+    size_t block = (size_t)N / m->tp_size * C;
+    lp_reduce_scatter(m->tp, partial, block, 0);
+    return partial + block * m->tp_rank;
+}
+// g forward: the sum of the ranks' partial outputs, this rank's rows of it.
+static inline floatX* lp_tp_g_forward(LPModel* m, floatX* partial, int N, int C) { return lp_tp_f_backward(m, partial, N, C); }
+// g backward: the whole output gradient from this rank's rows of it.
+static inline const floatX* lp_tp_g_backward(LPModel* m, const floatX* rows, int N, int C) { return lp_tp_f_forward(m, rows, N, C); }
+
+// Forward pass over (B,T) host tokens. With targets it also computes the loss, leaving dlogits =
+// dloss * (softmax - onehot) in place for the backward pass, and returns the mean loss.
 // dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss.
 static inline float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     const LPConfig* c = &m->cfg;
     if (m->act_memory == NULL) lp_model_alloc_activations(m, B, T);
     if (B > m->B || T > m->T)
         lp_fail("forward with (B=%d, T=%d) but activations were sized for (B=%d, T=%d)", B, T, m->B, m->T);
+    int t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
+    if (m->sp && N % t) lp_fail("sequence parallelism: the %d x %d rows do not split over %d ranks", B, T, t);
     m->cur_B = B;
     m->cur_T = T;
-    int L = c->num_layers, C = c->channels, NH = c->num_heads, V = c->vocab_size, Vp = c->padded_vocab_size;
-    int N = B * T;
+    int L = c->num_layers, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t, V = c->vocab_size;
+    int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
     lp_check_tokens(inputs, N, V, "input");
     memcpy(m->inputs_host, inputs, (size_t)N * sizeof(int));
     lp_copy_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
     LPActivations* a = &m->act;
     floatX** p = m->p;
 
-    LP(encoder_forward)(a->encoded, m->inputs, p[LP_WTE], p[LP_WPE], B, T, C);
+    // vocab-parallel embedding: partial sums over the ranks' slices of wte (g), then positions
+    LP(embedding_forward)(a->btc, m->inputs, p[LP_WTE], v0, Vl, N, C);
+    LP(positions_forward)(a->encoded, lp_tp_g_forward(m, a->btc, N, C), p[LP_WPE], m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     lp_model_gather_layer(m, 0);
     LP(layernorm_forward)(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
-                          lp_layer_param(m, LP_LN1B, 0), N, C);
+                          lp_layer_param(m, LP_LN1B, 0), Nr, C);
     for (int l = 0; l < L; l++) {
         lp_model_gather_layer(m, l);
         lp_model_prefetch_layer(m, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
-        size_t btc = (size_t)l * N * C;  // offset of layer l in (L,B,T,C) tensors
-        const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
-        floatX* qkvr = a->qkvr + 3 * btc;
-        floatX* att = a->att + (size_t)l * B * NH * T * T;
-        // attention half: qkv projection, attention, output projection, residual add + ln2
-        LP(matmul_forward)(a->qkv, NULL, a->ln1 + btc, lp_layer_param(m, LP_QKVW, l),
-                           lp_layer_param(m, LP_QKVB, l), N, C, 3 * C);
-        LP(attention_forward)(a->atty + btc, qkvr, att, a->qkv, B, T, C, NH);
-        LP(matmul_forward)(a->btc, NULL, a->atty + btc, lp_layer_param(m, LP_ATTPROJW, l),
-                           lp_layer_param(m, LP_ATTPROJB, l), N, C, C);
-        LP(residual_layernorm_forward)(a->residual2 + btc, a->ln2 + btc, a->ln2_mean + (size_t)l * N,
-                                       a->ln2_rstd + (size_t)l * N, residual, a->btc, lp_layer_param(m, LP_LN2W, l),
-                                       lp_layer_param(m, LP_LN2B, l), N, C);
-        // MLP half: fc with fused GELU, projection, residual add + the next LayerNorm (ln1 or lnf)
-        LP(matmul_forward)(a->fch_gelu + 4 * btc, a->fch + 4 * btc, a->ln2 + btc, lp_layer_param(m, LP_FCW, l),
-                           lp_layer_param(m, LP_FCB, l), N, C, 4 * C);
-        LP(matmul_forward)(a->btc, NULL, a->fch_gelu + 4 * btc, lp_layer_param(m, LP_FCPROJW, l),
-                           lp_layer_param(m, LP_FCPROJB, l), N, 4 * C, C);
-        if (l + 1 < L) lp_model_gather_layer(m, l + 1);  // its ln1 runs now, fused with this residual add
-        if (l + 1 < L)
-            LP(residual_layernorm_forward)(a->residual3 + btc, a->ln1 + btc + (size_t)N * C,
-                                           a->ln1_mean + (size_t)(l + 1) * N, a->ln1_rstd + (size_t)(l + 1) * N,
-                                           a->residual2 + btc, a->btc, lp_layer_param(m, LP_LN1W, l + 1),
-                                           lp_layer_param(m, LP_LN1B, l + 1), N, C);
-        else
-            LP(residual_layernorm_forward)(a->residual3 + btc, a->lnf, a->lnf_mean, a->lnf_rstd, a->residual2 + btc,
-                                           a->btc, p[LP_LNFW], p[LP_LNFB], N, C);
+        size_t rc = (size_t)l * Nr * C, nc = (size_t)l * N * Cl, nf = (size_t)l * N * Fl;  // layer l's offsets
+        const floatX* residual = l == 0 ? a->encoded : a->residual3 + rc - (size_t)Nr * C;
+        // attention half: qkv projection (column-parallel), attention on this rank's heads, output
+        // projection (row-parallel), then residual add + bias + ln2
+        LP(matmul_forward)(a->qkv, NULL, lp_tp_f_forward(m, a->ln1 + rc, N, C), lp_layer_param(m, LP_QKVW, l),
+                           lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
+        LP(attention_forward)(a->atty + nc, a->qkvr + 3 * nc, a->att + (size_t)l * B * NHl * T * T, a->qkv, B, T, Cl, NHl);
+        LP(matmul_forward)(a->btc, NULL, a->atty + nc, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
+        LP(residual_layernorm_forward)(a->residual2 + rc, a->ln2 + rc, a->ln2_mean + (size_t)l * Nr, a->ln2_rstd + (size_t)l * Nr,
+                                       residual, lp_tp_g_forward(m, a->btc, N, C), lp_layer_param(m, LP_ATTPROJB, l),
+                                       lp_layer_param(m, LP_LN2W, l), lp_layer_param(m, LP_LN2B, l), Nr, C);
+        // MLP half: fc with fused GELU (column-parallel), projection (row-parallel), residual add + bias +
+        // the next LayerNorm (ln1 or lnf)
+        LP(matmul_forward)(a->fch_gelu + nf, a->fch + nf, lp_tp_f_forward(m, a->ln2 + rc, N, C), lp_layer_param(m, LP_FCW, l),
+                           lp_layer_param(m, LP_FCB, l), N, C, Fl);
+        LP(matmul_forward)(a->btc, NULL, a->fch_gelu + nf, lp_layer_param(m, LP_FCPROJW, l), NULL, N, Fl, C);
+        const floatX* mlp = lp_tp_g_forward(m, a->btc, N, C);
+        const floatX* mlp_bias = lp_layer_param(m, LP_FCPROJB, l);
+        if (l + 1 < L) {
+            lp_model_gather_layer(m, l + 1);  // its ln1 runs now, fused with this residual add (l stays)
+            LP(residual_layernorm_forward)(a->residual3 + rc, a->ln1 + rc + (size_t)Nr * C, a->ln1_mean + (size_t)(l + 1) * Nr,
+                                           a->ln1_rstd + (size_t)(l + 1) * Nr, a->residual2 + rc, mlp, mlp_bias,
+                                           lp_layer_param(m, LP_LN1W, l + 1), lp_layer_param(m, LP_LN1B, l + 1), Nr, C);
+        } else {
+            LP(residual_layernorm_forward)(a->residual3 + rc, a->lnf, a->lnf_mean, a->lnf_rstd, a->residual2 + rc, mlp,
+                                           mlp_bias, p[LP_LNFW], p[LP_LNFB], Nr, C);
+        }
     }
-    // LM head tied to wte: logits over the padded vocabulary (padding rows of wte are zero)
-    LP(matmul_forward)(a->logits, NULL, a->lnf, p[LP_WTE], NULL, N, C, Vp);
+    // LM head tied to wte, vocab-parallel: this rank's slice of the logits (padding rows of wte are zero)
+    LP(matmul_forward)(a->logits, NULL, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
     if (!targets) return 0.0f;
     lp_check_tokens(targets, N, V, "target");
     lp_copy_to_device(m->targets, targets, (size_t)N * sizeof(int));
-    LP(fused_classifier)(a->logits, a->losses, dloss, m->targets, N, V, Vp);
+    LP(classifier_stats)(a->stats + (size_t)3 * N * m->tp_rank, a->logits, m->targets, N, Vl, v0, V);
+    if (t > 1) lp_all_gather(m->tp, a->stats, (size_t)3 * N * sizeof(float));
+    LP(classifier_grad)(a->logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, V);
     lp_copy_to_host(m->losses_host, a->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += m->losses_host[i];
@@ -2127,63 +2447,80 @@ static inline void lp_model_zero_grad(LPModel* m) {
     }
 }
 
-// Backward pass of the last forward (which must have had targets); adds into m->grads. With overlap_dp
-// (the last micro-batch, ZeRO-0) the layers' gradients start their all-reduce over that group as soon as
-// a bucket of them is done, while the layers below run; lp_model_update waits for them. A bucket is a
-// run of layers holding at least bucket_bytes of gradients: in the flat layout each tensor's slices of
-// consecutive layers are contiguous, so a bucket is one all-reduce per tensor.
-static inline void lp_model_backward(LPModel* m, const LPGroup* overlap_dp) {
+// Backward pass of the last forward (which must have had targets); adds into m->grads. `last`: this is
+// the step's last micro-batch, so the gradients are complete as each layer finishes: with sequence
+// parallelism, the LayerNorm (and wpe) gradients, partial sums over each rank's rows, are summed over the
+// TP group then (every micro-batch under ZeRO-2, whose layer gradients are reduced away at once); with
+// overlap (ZeRO-0) the layers' gradients start their all-reduce over dp as soon as a bucket of them is
+// done, while the layers below run, and lp_model_update waits for them. A bucket is a run of layers
+// holding at least bucket_bytes of gradients: in the flat layout each tensor's slices of consecutive
+// layers are contiguous, so a bucket is one all-reduce per tensor.
+static inline void lp_model_backward(LPModel* m, int last) {
     const LPConfig* c = &m->cfg;
-    int B = m->cur_B, T = m->cur_T, L = c->num_layers, C = c->channels, NH = c->num_heads, Vp = c->padded_vocab_size;
-    int N = B * T;
+    int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
+    int L = c->num_layers, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
+    int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
+    int sum_sp = m->sp && (last || m->zero_stage >= 2);
+    const LPGroup* overlap_dp = last && m->overlap && m->zero_stage == 0 && m->dp && m->dp->size > 1 ? m->dp : NULL;
     LPActivations* a = &m->act;
     floatX** p = m->p;
     floatX** g = m->g;
 
-    lp_device_zero(a->dresidual, (size_t)N * C * sizeof(floatX));
-    LP(matmul_backward)(a->btc, g[LP_WTE], NULL, a->logits, a->lnf, p[LP_WTE], N, C, Vp);
-    LP(layernorm_backward)(a->dresidual, g[LP_LNFW], g[LP_LNFB], a->btc, a->residual3 + (size_t)(L - 1) * N * C,
-                           p[LP_LNFW], a->lnf_mean, a->lnf_rstd, N, C);
+    // LM head (column-parallel over the vocabulary; SP gathers lnf's rows again), then lnf
+    lp_device_zero(a->dresidual, (size_t)Nr * C * sizeof(floatX));
+    LP(matmul_backward)(a->btc, g[LP_WTE], NULL, a->logits, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], N, C, Vl);
+    LP(layernorm_backward)(a->dresidual, g[LP_LNFW], g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C),
+                           a->residual3 + (size_t)(L - 1) * Nr * C, p[LP_LNFW], a->lnf_mean, a->lnf_rstd, Nr, C);
     int unreduced = L;  // overlap: layers [l+1, unreduced) are done but not yet being reduced
     for (int l = L - 1; l >= 0; l--) {
-        size_t btc = (size_t)l * N * C;
-        const floatX* residual = l == 0 ? a->encoded : a->residual3 + btc - (size_t)N * C;
+        size_t rc = (size_t)l * Nr * C, nc = (size_t)l * N * Cl, nf = (size_t)l * N * Fl;
+        const floatX* residual = l == 0 ? a->encoded : a->residual3 + rc - (size_t)Nr * C;
         lp_model_gather_layer(m, l);
         lp_model_prefetch_layer(m, l - 1);  // ZeRO-3: the layer below arrives while this one runs
         if (m->zero_stage >= 2) lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
-        // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2
-        LP(matmul_backward)(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l), a->dresidual,
-                            a->fch_gelu + 4 * btc, lp_layer_param(m, LP_FCPROJW, l), N, 4 * C, C);
-        LP(gelu_backward)(a->dfch, a->fch + 4 * btc, a->dfch, N * 4 * C);
-        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch, a->ln2 + btc,
-                            lp_layer_param(m, LP_FCW, l), N, C, 4 * C);
-        LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l), a->btc,
-                               a->residual2 + btc, lp_layer_param(m, LP_LN2W, l), a->ln2_mean + (size_t)l * N,
-                               a->ln2_rstd + (size_t)l * N, N, C);
+        // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
+        // it is also fcproj's output gradient (g backward)
+        LP(matmul_backward)(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
+                            lp_tp_g_backward(m, a->dresidual, N, C), a->fch_gelu + nf, lp_layer_param(m, LP_FCPROJW, l), N, Fl, C);
+        LP(gelu_backward)(a->dfch, a->fch + nf, a->dfch, N * Fl);
+        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
+                            lp_tp_f_forward(m, a->ln2 + rc, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl);
+        LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l),
+                               lp_tp_f_backward(m, a->btc, N, C), a->residual2 + rc, lp_layer_param(m, LP_LN2W, l),
+                               a->ln2_mean + (size_t)l * Nr, a->ln2_rstd + (size_t)l * Nr, Nr, C);
         // attention half
-        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l), a->dresidual,
-                            a->atty + btc, lp_layer_param(m, LP_ATTPROJW, l), N, C, C);
-        LP(attention_backward)(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, a->qkvr + 3 * btc,
-                               a->att + (size_t)l * B * NH * T * T, B, T, C, NH);
-        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv, a->ln1 + btc,
-                            lp_layer_param(m, LP_QKVW, l), N, C, 3 * C);
-        LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l), a->btc,
-                               residual, lp_layer_param(m, LP_LN1W, l), a->ln1_mean + (size_t)l * N,
-                               a->ln1_rstd + (size_t)l * N, N, C);
+        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
+                            lp_tp_g_backward(m, a->dresidual, N, C), a->atty + nc, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C);
+        LP(attention_backward)(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, a->qkvr + 3 * nc, a->att + (size_t)l * B * NHl * T * T,
+                               B, T, Cl, NHl);
+        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
+                            lp_tp_f_forward(m, a->ln1 + rc, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl);
+        LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
+                               lp_tp_f_backward(m, a->btc, N, C), residual, lp_layer_param(m, LP_LN1W, l),
+                               a->ln1_mean + (size_t)l * Nr, a->ln1_rstd + (size_t)l * Nr, Nr, C);
+        if (sum_sp) {
+            const int ln[4] = {LP_LN1W, LP_LN1B, LP_LN2W, LP_LN2B};
+            for (int k = 0; k < 4; k++) lp_all_reduce(m->tp, lp_layer_grad(m, ln[k], l), C, 0);
+        }
         if (m->zero_stage >= 2)  // this layer's gradients are complete: reduce them to their owners now
             for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
                 lp_model_reduce_grads(m, lp_layer_grad(m, i, l), m->param_offsets[i] + (size_t)l * (m->param_sizes[i] / L),
                                       m->param_sizes[i] / L);
-        else if (overlap_dp && m->zero_stage == 0 &&
-                 (l == 0 || (unreduced - l) * m->layer_params * sizeof(floatX) >= m->bucket_bytes)) {
+        else if (overlap_dp && (l == 0 || (unreduced - l) * m->layer_params * sizeof(floatX) >= m->bucket_bytes)) {
             for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
                 lp_all_reduce_start(overlap_dp, lp_layer_grad(m, i, l), (size_t)(unreduced - l) * (m->param_sizes[i] / L),
                                     &m->reducing);
             unreduced = l;
         }
     }
-    m->layers_reducing = overlap_dp != NULL && m->zero_stage == 0 && overlap_dp->size > 1;
-    LP(encoder_backward)(g[LP_WTE], g[LP_WPE], a->dresidual, m->inputs_host, B, T, C);
+    m->layers_reducing = overlap_dp != NULL;
+    // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
+    LP(embedding_backward)(g[LP_WTE], lp_tp_g_backward(m, a->dresidual, N, C), m->inputs_host, v0, Vl, N, C);
+    LP(positions_backward)(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+    if (sum_sp) {
+        const int rows_only[3] = {LP_WPE, LP_LNFW, LP_LNFB};
+        for (int k = 0; k < 3; k++) lp_all_reduce(m->tp, g[rows_only[k]], m->param_sizes[rows_only[k]], 0);
+    }
     if (m->zero_stage >= 2) {  // and the tensors outside the layers, which are complete only now
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (!lp_is_layer_tensor(i)) lp_model_reduce_grads(m, g[i], m->param_offsets[i], m->param_sizes[i]);
@@ -2214,6 +2551,7 @@ static inline void lp_model_free(LPModel* m) {
         free(m->inputs_host);
         free(m->losses_host);
     }
+    free(m->runs);
     memset(m, 0, sizeof(*m));
 }
 
@@ -2225,42 +2563,62 @@ typedef struct {
     float grad_clip;  // clip the global gradient norm to this (0: no clipping)
 } LPAdamW;
 
-// One optimizer step. First the gradients are averaged over the data-parallel group dp: all-reduced
-// (unsharded; with overlap the layers' reductions are already under way), reduce-scattered so each rank holds the average for its shard (ZeRO-1), or already
-// reduced during backward (ZeRO-2/3). Then the global norm (summed over shards), clipping, AdamW on this
-// rank's shard of each tensor, and with ZeRO-1/2 an all-gather of the updated params (ZeRO-3 gathers a
-// layer's weights only when forward or backward needs them). Returns the gradient
-// norm before clipping.
-static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, const LPGroup* dp) {
-    size_t lo = m->shard_start, count = lp_model_shard_count(m);
-    if (m->zero_stage == 1) {
-        lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
-    } else if (m->zero_stage == 0 && m->layers_reducing) {  // finish the layers', reduce the rest
-        lp_wait(dp, &m->reducing);
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (!lp_is_layer_tensor(i)) lp_all_reduce(dp, m->g[i], m->param_sizes[i], 1);
-        m->layers_reducing = 0;
-    } else if (m->zero_stage == 0) {
-        lp_all_reduce(dp, m->grads, m->num_params, 1);
+// This rank's part [a, b) of tensor i, in its shard's coordinates; 0 when the shard holds none of it.
+static inline int lp_model_tensor_in_shard(const LPModel* m, int i, size_t* a, size_t* b) {
+    size_t lo = m->shard_start, hi = lo + lp_model_shard_count(m);
+    size_t x = m->param_offsets[i] > lo ? m->param_offsets[i] : lo;
+    size_t y = m->param_offsets[i] + m->param_sizes[i] < hi ? m->param_offsets[i] + m->param_sizes[i] : hi;
+    *a = x - lo;
+    *b = y > x ? y - lo : x - lo;
+    return y > x;
+}
+
+// One optimizer step. First the gradients are averaged over the data-parallel group m->dp: all-reduced
+// (unsharded; with overlap the layers' reductions are already under way), reduce-scattered so each rank
+// holds the average for its shard (ZeRO-1), or already reduced during backward (ZeRO-2/3). Then the
+// global norm, clipping, AdamW on this rank's shard of each tensor, and with ZeRO-1/2 an all-gather of the
+// updated params (ZeRO-3 gathers a layer's weights only when forward or backward needs them). The norm
+// counts every parameter of the model once: shards are summed over dp, TP slices over tp, and a tensor
+// that TP replicates is counted on TP rank 0 only. Returns the gradient norm before clipping.
+static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt) {
+    const LPGroup* dp = m->dp;
+    if (dp && dp->size > 1) {
+        if (m->zero_stage == 1) {
+            lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
+        } else if (m->zero_stage == 0 && m->layers_reducing) {  // finish the layers', reduce the rest
+            lp_wait(dp, &m->reducing);
+            for (int i = 0; i < LP_NUM_PARAMS; i++)
+                if (!lp_is_layer_tensor(i)) lp_all_reduce(dp, m->g[i], m->param_sizes[i], 1);
+            m->layers_reducing = 0;
+        } else if (m->zero_stage == 0) {
+            lp_all_reduce(dp, m->grads, m->num_params, 1);
+        }
     }
-    const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + lo;  // this rank's shard
-    float norm2 = count ? LP(norm_squared)(grads, count) : 0.0f;
+    const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + m->shard_start;  // this rank's shard
+    float norm2 = 0.0f;
+    size_t from = 0, to = 0, a, b;  // a stretch of consecutive counted tensors, normed in one call
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        if (!lp_model_tensor_in_shard(m, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0)) continue;
+        if (a != to) {
+            if (to > from) norm2 += LP(norm_squared)(grads + from, to - from);
+            from = a;
+        }
+        to = b;
+    }
+    if (to > from) norm2 += LP(norm_squared)(grads + from, to - from);
     if (m->shard_group) lp_all_reduce_host(dp, &norm2, 1, 0);
+    if (m->tp_size > 1) lp_all_reduce_host(m->tp, &norm2, 1, 0);
     float norm = sqrtf(norm2);
     float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f;
     m->adam_step++;
     float b1c = 1.0f - powf(opt->beta1, (float)m->adam_step);
     float b2c = 1.0f - powf(opt->beta2, (float)m->adam_step);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        size_t a = m->param_offsets[i], b = a + m->param_sizes[i];  // the tensor, cut to the shard
-        if (a < lo) a = lo;
-        if (b > lo + count) b = lo + count;
-        if (a >= b) continue;
+        if (!lp_model_tensor_in_shard(m, i, &a, &b)) continue;
         uint32_t seed = (uint32_t)(m->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
-        size_t s = a - lo;
-        floatX* params = m->zero_stage >= 3 ? m->param_shard + s : m->params + a;
-        LP(adamw)(params, m->master + s, grads + s, m->adam_m + s, m->adam_v + s, b - a, lr, opt->beta1,
-                  opt->beta2, b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
+        floatX* params = m->zero_stage >= 3 ? m->param_shard + a : m->params + m->shard_start + a;
+        LP(adamw)(params, m->master + a, grads + a, m->adam_m + a, m->adam_v + a, b - a, lr, opt->beta1, opt->beta2, b1c,
+                  b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
     }
     if (m->zero_stage >= 3) {  // layers are gathered when next used; wte, wpe and lnf now
         m->layer_in_buf[0] = m->layer_in_buf[1] = -1;
@@ -2268,7 +2626,7 @@ static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt, co
             if (!lp_is_layer_tensor(i)) lp_model_gather_start(m, m->p[i], m->param_offsets[i], m->param_sizes[i], &m->gathering[0]);
         lp_wait(dp, &m->gathering[0]);
     } else if (m->shard_group) {
-        lp_all_gather(dp, m->params, m->shard_size);
+        lp_all_gather(dp, m->params, m->shard_size * sizeof(floatX));
     }
     return norm;
 }
@@ -2433,9 +2791,7 @@ static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f)
 static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
     FILE* f = lp_fopen(path, "rb");
     int version = lp_model_file_header(path, cfg, f);
-    size_t sizes[LP_NUM_PARAMS], n = 0, elem = version == 3 ? 4 : 2;
-    lp_param_sizes(sizes, cfg);
-    for (int i = 0; i < LP_NUM_PARAMS; i++) n += sizes[i];
+    size_t n = lp_config_num_params(cfg), elem = version == 3 ? 4 : 2;
     long long expect = LP_HEADER_INTS * 4LL + (long long)(n * elem), size = lp_file_size(path);
     if (size < expect) lp_fail("%s: file is truncated (%lld bytes, this shape needs %lld)", path, size, expect);
     if (size > expect) lp_fail("%s: file is longer than this shape needs (%lld bytes, expected %lld)", path, size, expect);
@@ -2452,21 +2808,20 @@ static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
     return w;
 }
 
-// Create m from an llm.c model file (dp and zero_stage as in lp_model_create). Within a data-parallel
-// group one rank reads the file and broadcasts it.
-static inline void lp_model_load(LPModel* m, const char* path, const LPGroup* dp, int zero_stage) {
+// Create m from an llm.c model file, split as in lp_model_create. Within a data-parallel group one rank
+// reads the file and broadcasts it.
+static inline void lp_model_load(LPModel* m, const char* path, const LPSplit* split) {
     LPConfig cfg;
     float* w = NULL;
+    const LPGroup* dp = split ? split->dp : NULL;
     if (!dp || dp->rank == 0) w = lp_model_file_read(path, &cfg);
     if (dp && dp->size > 1) {
         lp_broadcast_host(dp, &cfg, sizeof(cfg), 0);
-        size_t sizes[LP_NUM_PARAMS], n = 0;
-        lp_param_sizes(sizes, &cfg);
-        for (int i = 0; i < LP_NUM_PARAMS; i++) n += sizes[i];
+        size_t n = lp_config_num_params(&cfg);
         if (!w) w = (float*)lp_host_malloc(n * sizeof(float), "model weights");
         lp_broadcast_host(dp, w, n * sizeof(float), 0);
     }
-    lp_model_create(m, &cfg, dp, zero_stage);
+    lp_model_create(m, &cfg, split);
     lp_model_set_weights(m, w);
     free(w);
 }
@@ -2499,7 +2854,7 @@ static inline int lp_write_file(const char* path, const int* header, const void*
 
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file.
 static inline void lp_model_save(const LPModel* m, const char* path) {
-    if (m->shard_group) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
+    if (m->shard_group || m->tp_size > 1) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
     int h[LP_HEADER_INTS];
     lp_model_file_header_of(h, &m->cfg);
     size_t bytes = m->num_params * sizeof(float);
@@ -2548,8 +2903,9 @@ static inline int lp_create_file(const char* path, const int* header, long long 
     return err;
 }
 
-// Write count device floats at byte offset off of an existing file. Returns 0 or an errno.
-static inline int lp_write_device_floats(const char* path, long long off, const float* src, size_t count) {
+// Write this rank's shard of the device floats src (count values from flat position lo) at their
+// canonical places in an existing file whose canonical array starts at byte base. Returns 0 or an errno.
+static inline int lp_write_shard(const LPModel* m, const char* path, long long base, const float* src, size_t lo, size_t count) {
     if (count == 0) return 0;
     float* h = (float*)lp_host_malloc(count * sizeof(float), "checkpoint staging");
     lp_copy_to_host(h, src, count * sizeof(float));
@@ -2557,7 +2913,7 @@ static inline int lp_write_device_floats(const char* path, long long off, const 
     FILE* f = fopen(path, "r+b");
     if (!f) err = errno;
     else {
-        if (fseeko(f, off, SEEK_SET) != 0 || lp_fwrite(h, sizeof(float), count, f)) err = errno ? errno : EIO;
+        err = lp_model_canonical_io(m, f, base, h, lo, count, 1);
         if (fclose(f) != 0 && !err) err = errno;
     }
     free(h);
@@ -2586,7 +2942,7 @@ static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, 
     lp_path(model_path, "%s/model.bin", tmp_dir);
     lp_path(optim_path, "%s/optim.bin", tmp_dir);
     lp_path(state_path, "%s/state.bin", tmp_dir);
-    size_t n = m->num_params;
+    size_t n = m->total_params;
     int err = 0;
     const char* failed = tmp_dir;
     if (world->rank == 0) {
@@ -2618,13 +2974,13 @@ static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, 
         if (!err && (err = lp_write_file(state_path, h, NULL, 0))) failed = state_path;
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
-    // unsharded replicas hold identical state: rank 0 alone writes it
-    if (m->shard_group || world->rank == 0) {
-        size_t count = lp_model_shard_count(m);
-        long long off = LP_HEADER_INTS * 4LL + (long long)m->shard_start * 4;
-        if ((err = lp_write_device_floats(model_path, off, m->master, count))) failed = model_path;
-        if (!err && (err = lp_write_device_floats(optim_path, off, m->adam_m, count))) failed = optim_path;
-        if (!err && (err = lp_write_device_floats(optim_path, off + (long long)n * 4, m->adam_v, count))) failed = optim_path;
+    // unsharded data-parallel replicas hold identical state: the first writes it
+    if (m->shard_group || !m->dp || m->dp->rank == 0) {
+        size_t lo = m->shard_start, count = lp_model_shard_count(m);
+        long long base = LP_HEADER_INTS * 4LL;
+        if ((err = lp_write_shard(m, model_path, base, m->master, lo, count))) failed = model_path;
+        if (!err && (err = lp_write_shard(m, optim_path, base, m->adam_m, lo, count))) failed = optim_path;
+        if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->adam_v, lo, count))) failed = optim_path;
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
     if (world->rank == 0) {
@@ -2671,16 +3027,15 @@ static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* 
     int h[LP_HEADER_INTS];
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
     if (h[0] != LP_OPTIM_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
-    size_t n = m->num_params, fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
+    size_t n = m->total_params, fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
     if (fn != n) lp_fail("%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
     if (lp_file_size(path) != LP_HEADER_INTS * 4LL + 8LL * (long long)n) lp_fail("%s: file is truncated", path);
     size_t count = lp_model_shard_count(m);
     float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
     float* dst[2] = {m->adam_m, m->adam_v};
     for (int k = 0; k < 2; k++) {
-        if (fseeko(f, LP_HEADER_INTS * 4LL + 4LL * ((long long)k * n + m->shard_start), SEEK_SET) != 0)
-            lp_fail("%s: seek failed", path);
-        lp_fread(buf, sizeof(float), count, f, path);
+        int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, m->shard_start, count, 0);
+        if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
         lp_copy_to_device(dst[k], buf, count * sizeof(float));
     }
     free(buf);
@@ -2759,7 +3114,7 @@ static inline void lp_tokenizer_free(LPTokenizer* t) {
 // counts wte; wpe and LayerNorm do no matmul work) plus attention's q k^T and att v: 12 L C T.
 static inline double lp_flops_per_token(const LPConfig* c, int T) {
     size_t sizes[LP_NUM_PARAMS];
-    lp_param_sizes(sizes, c);
+    lp_param_sizes(sizes, c, 1);
     double matmul_weights = (double)sizes[LP_WTE] + sizes[LP_QKVW] + sizes[LP_ATTPROJW] + sizes[LP_FCW] + sizes[LP_FCPROJW];
     return 6.0 * matmul_weights + 12.0 * c->num_layers * c->channels * (double)T;
 }

@@ -139,7 +139,7 @@ static void test_config(void) {
            "config: non-dN names are files");
     LPConfig t = tiny_config();
     size_t sizes[LP_NUM_PARAMS], total = 0;
-    lp_param_sizes(sizes, &t);
+    lp_param_sizes(sizes, &t, 1);
     for (int i = 0; i < LP_NUM_PARAMS; i++) total += sizes[i];
     // 12*L*C^2 matrices + 13*L*C vectors + embeddings + final LayerNorm
     expect(total == (size_t)12 * 2 * 32 * 32 + 13 * 2 * 32 + 128 * 32 + 16 * 32 + 2 * 32, "param count formula");
@@ -148,10 +148,10 @@ static void test_config(void) {
 static void test_model_file_roundtrip(void) {
     LPConfig c = tiny_config();
     LPModel a, b;
-    lp_model_create(&a, &c, NULL, 0);
+    lp_model_create(&a, &c, NULL);
     lp_model_init_random(&a, 7);
     lp_model_save(&a, tmp_path("rt.bin"));
-    lp_model_load(&b, tmp_path("rt.bin"), NULL, 0);
+    lp_model_load(&b, tmp_path("rt.bin"), NULL);
     expect(memcmp(&a.cfg, &b.cfg, sizeof(LPConfig)) == 0, "model file round-trip: config");
     float* wa = (float*)lp_host_malloc(a.num_params * 4, "test");
     float* wb = (float*)lp_host_malloc(a.num_params * 4, "test");
@@ -216,21 +216,21 @@ static void test_lr_schedule(void) {
 static void test_checkpoint_roundtrip(void) {
     LPConfig c = tiny_config();
     LPModel a, b;
-    lp_model_create(&a, &c, NULL, 0);
+    lp_model_create(&a, &c, NULL);
     lp_model_init_random(&a, 11);
     // give the optimizer state non-trivial values: one update from a real gradient
     int in[32], tg[32];
     for (int i = 0; i < 32; i++) { in[i] = (i * 5) % 97; tg[i] = (i * 11 + 3) % 97; }
     lp_model_forward(&a, in, tg, 2, 16, 1.0f / 32);
-    lp_model_backward(&a, NULL);
+    lp_model_backward(&a, 1);
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
-    lp_model_update(&a, 1e-3f, &opt, &single.dp_group);
+    lp_model_update(&a, 1e-3f, &opt);
     LPTrainState st = {7, 1, 12345, 0xDEADBEEFCAFEF00Dull, 2, 16, 64}, st2;
     mkdir(tmp_path("ck"), 0755);
     lp_checkpoint_save(&a, &st, tmp_path("ck"), &single.world_group);
     mkdir(tmp_path("ck/step_00000009.tmp"), 0755);  // an interrupted later save must be ignored
     expect(lp_checkpoint_latest(tmp_path("ck")) == 7, "checkpoint latest ignores .tmp directories");
-    lp_model_create(&b, &c, NULL, 0);
+    lp_model_create(&b, &c, NULL);
     lp_checkpoint_load(&b, &st2, tmp_path("ck"), 7);
     size_t n = a.num_params;
     float* x = (float*)lp_host_malloc(n * 4, "test");
@@ -288,7 +288,7 @@ static int checkpoint_under_file_limit(const char* model_path, const char* dir, 
         struct rlimit lim = {(rlim_t)limit_bytes, (rlim_t)limit_bytes};
         setrlimit(RLIMIT_FSIZE, &lim);
         LPModel m;
-        lp_model_load(&m, model_path, NULL, 0);
+        lp_model_load(&m, model_path, NULL);
         LPTrainState st = {5, 0, 0, 1, 2, 16, 32};
         lp_checkpoint_save(&m, &st, dir, &single.world_group);
         _exit(0);
@@ -307,7 +307,7 @@ static int checkpoint_under_file_limit(const char* model_path, const char* dir, 
 static void test_bad_input(void) {
     LPConfig c = tiny_config();
     LPModel m;
-    lp_model_create(&m, &c, NULL, 0);
+    lp_model_create(&m, &c, NULL);
     lp_model_init_random(&m, 3);
     char good[LP_PATH_MAX];
     strcpy(good, tmp_path("good.bin"));
@@ -440,16 +440,18 @@ static void att_fwd(void* p, float* out) {
     memcpy(c->scratch, c->qkv, (size_t)c->B * c->T * 3 * c->C * sizeof(float));  // forward clobbers its input
     lp_attention_forward_cpu(out, c->qkvr, c->att, c->scratch, c->B, c->T, c->C, c->NH);
 }
-typedef struct { float *wte, *wpe; int* tokens; int B, T, C; } EncCtx;
-static void enc_fwd(void* p, float* out) {
+typedef struct { float *wte, *wpe; int* tokens; int v0, Vl, row0, N, T, C; } EncCtx;
+static void enc_fwd(void* p, float* out) {  // a vocabulary slice's embedding, then positions from row0
     EncCtx* c = (EncCtx*)p;
-    lp_encoder_forward_cpu(out, c->tokens, c->wte, c->wpe, c->B, c->T, c->C);
+    lp_embedding_forward_cpu(out, c->tokens, c->wte, c->v0, c->Vl, c->N, c->C);
+    lp_positions_forward_cpu(out, out, c->wpe, c->row0, c->N, c->T, c->C);
 }
-typedef struct { float *logits, *work, *losses; int* targets; int N, V, Vp; } ClsCtx;
+typedef struct { float *logits, *work, *stats; int* targets; int N, V, Vp; } ClsCtx;
 static void cls_fwd(void* p, float* out) {  // out = per-row losses
     ClsCtx* c = (ClsCtx*)p;
     memcpy(c->work, c->logits, (size_t)c->N * c->Vp * sizeof(float));
-    lp_fused_classifier_cpu(c->work, out, 1.0f, c->targets, c->N, c->V, c->Vp);
+    lp_classifier_stats_cpu(c->stats, c->work, c->targets, c->N, c->Vp, 0, c->V);
+    lp_classifier_grad_cpu(c->work, out, c->stats, 1, 1.0f, c->targets, c->N, c->Vp, 0, c->V);
 }
 typedef struct { float* inp; int n; } GeluCtx;
 static void gelu_fwd(void* p, float* out) {
@@ -536,30 +538,58 @@ static void test_op_gradients(void) {
         expect(causal, "attention is causal");
         free(c.qkv); free(c.scratch); free(c.qkvr); free(c.att); free(out); free(r); free(dqkv); free(dqkvr); free(datt); free(dy);
     }
-    {   // encoder, with repeated tokens
-        int B = 2, T = 4, C = 8, V = 5;
+    {   // embedding of the vocabulary slice [1, 4) of 5 tokens (0 and 4 fall outside it), repeated tokens;
+        // positions of rows starting at row 3 of a batch with T = 4
+        int T = 4, N = 8, C = 8, v0 = 1, Vl = 3;
         int tokens[8] = {1, 3, 1, 4, 0, 1, 3, 3};
-        EncCtx c = {rnd(V * C, &rng, 1.0f), rnd(T * C, &rng, 1.0f), tokens, B, T, C};
-        float *out = zeros(B * T * C), *r = rnd(B * T * C, &rng, 1.0f), *dwte = zeros(V * C), *dwpe = zeros(T * C);
+        EncCtx c = {rnd(Vl * C, &rng, 1.0f), rnd(T * C, &rng, 1.0f), tokens, v0, Vl, 3, N, T, C};
+        float *out = zeros(N * C), *r = rnd(N * C, &rng, 1.0f), *dwte = zeros(Vl * C), *dwpe = zeros(T * C);
         enc_fwd(&c, out);
-        lp_encoder_backward_cpu(dwte, dwpe, r, tokens, B, T, C);
-        fd_check("fd encoder dwte", enc_fwd, &c, c.wte, V * C, dwte, out, r, B * T * C, &rng);
-        fd_check("fd encoder dwpe", enc_fwd, &c, c.wpe, T * C, dwpe, out, r, B * T * C, &rng);
+        int outside_zero = 1;
+        for (int i = 0; i < N; i++)
+            for (int k = 0; outside_zero && (tokens[i] == 0 || tokens[i] == 4) && k < C; k++)
+                outside_zero &= out[i * C + k] == c.wpe[((3 + i) % T) * C + k];
+        expect(outside_zero, "embedding: tokens outside the rank's vocabulary slice contribute zero");
+        lp_embedding_backward_cpu(dwte, r, tokens, v0, Vl, N, C);
+        lp_positions_backward_cpu(dwpe, r, 3, N, T, C);
+        fd_check("fd embedding dwte (vocabulary slice)", enc_fwd, &c, c.wte, Vl * C, dwte, out, r, N * C, &rng);
+        fd_check("fd positions dwpe (rows from 3)", enc_fwd, &c, c.wpe, T * C, dwpe, out, r, N * C, &rng);
         free(c.wte); free(c.wpe); free(out); free(r); free(dwte); free(dwpe);
     }
-    {   // fused classifier: dlogits is the gradient of sum(loss * r) when dloss = 1 and r = 1; use r = 1
+    {   // classifier: dlogits is the gradient of sum(loss * r) when dloss = 1 and r = 1; use r = 1
         int N = 4, V = 11, Vp = 16;
-        int targets[4] = {0, 10, 3, 3};
-        ClsCtx c = {rnd(N * Vp, &rng, 3.0f), zeros(N * Vp), zeros(N), targets, N, V, Vp};
+        int targets[4] = {0, 10, 3, 9};
+        ClsCtx c = {rnd(N * Vp, &rng, 3.0f), zeros(N * Vp), zeros(4 * N * 3), targets, N, V, Vp};
         float *losses = zeros(N), *ones = zeros(N);
         for (int i = 0; i < N; i++) ones[i] = 1.0f;
         cls_fwd(&c, losses);
-        fd_check("fd fused classifier dlogits", cls_fwd, &c, c.logits, N * Vp, c.work, losses, ones, N, &rng);
+        fd_check("fd classifier dlogits", cls_fwd, &c, c.logits, N * Vp, c.work, losses, ones, N, &rng);
         int pad_zero = 1;
         for (int i = 0; i < N; i++)
             for (int v = V; v < Vp; v++) pad_zero &= c.work[i * Vp + v] == 0.0f;
-        expect(pad_zero, "fused classifier: padding gets zero gradient");
-        free(c.logits); free(c.work); free(c.losses); free(losses); free(ones);
+        expect(pad_zero, "classifier: padding gets zero gradient");
+        // vocab-parallel: t slices of Vp/t columns each (t = 4: the last slice holds only padding) give the
+        // same losses and gradients from the all-gathered statistics
+        cls_fwd(&c, losses);  // the unperturbed reference again (fd_check used losses as scratch)
+        for (int t = 2; t <= 4; t += 2) {
+            int Vl = Vp / t;
+            float *slices = zeros(N * Vp), *got_losses = zeros(N), *got = zeros(N * Vp);
+            for (int k = 0; k < t; k++)
+                for (int i = 0; i < N; i++) memcpy(slices + (k * N + i) * Vl, c.logits + i * Vp + k * Vl, Vl * sizeof(float));
+            for (int k = 0; k < t; k++)
+                lp_classifier_stats_cpu(c.stats + 3 * N * k, slices + k * N * Vl, targets, N, Vl, k * Vl, V);
+            for (int k = 0; k < t; k++) {
+                lp_classifier_grad_cpu(slices + k * N * Vl, got_losses, c.stats, t, 1.0f, targets, N, Vl, k * Vl, V);
+                for (int i = 0; i < N; i++) memcpy(got + i * Vp + k * Vl, slices + (k * N + i) * Vl, Vl * sizeof(float));
+            }
+            char name[128];
+            snprintf(name, sizeof(name), "vocab-parallel classifier over %d slices: losses equal the whole row's", t);
+            expect_close(name, got_losses, losses, N, 0.0f, 1e-6f);
+            snprintf(name, sizeof(name), "vocab-parallel classifier over %d slices: dlogits equal the whole row's", t);
+            expect_close(name, got, c.work, N * Vp, 1e-7f, 1e-5f);
+            free(slices); free(got_losses); free(got);
+        }
+        free(c.logits); free(c.work); free(c.stats); free(losses); free(ones);
     }
 }
 
@@ -567,7 +597,7 @@ static void test_op_gradients(void) {
 static void test_model_gradient(void) {
     LPConfig c = tiny_config();
     LPModel m;
-    lp_model_create(&m, &c, NULL, 0);
+    lp_model_create(&m, &c, NULL);
     lp_model_init_random(&m, 5);
     // larger weights than GPT-2's init so every path carries a visible gradient
     size_t n = m.num_params;
@@ -581,7 +611,7 @@ static void test_model_gradient(void) {
     for (int i = 0; i < 16; i++) { in[i] = lp_rand_u32(&rng) % 97; tg[i] = lp_rand_u32(&rng) % 97; }
     lp_model_zero_grad(&m);
     lp_model_forward(&m, in, tg, B, T, 1.0f / (B * T));
-    lp_model_backward(&m, NULL);
+    lp_model_backward(&m, 1);
     float* g = (float*)lp_host_malloc(n * 4, "test");
     lp_to_host_float(g, m.grads, n);
     float got[LP_NUM_PARAMS * 4], want[LP_NUM_PARAMS * 4];
@@ -622,7 +652,7 @@ static void test_reference_loss(void) {
     double refs[2] = {ref32, ref16};
     for (int v = 0; v < 2; v++) {
         LPModel m;
-        lp_model_load(&m, files[v], NULL, 0);
+        lp_model_load(&m, files[v], NULL);
         LPDataLoader d;
         lp_dataloader_init(&d, "dev/ref/tiny_tokens.bin", "-i", B, T, 0, 1, m.cfg.vocab_size);
         lp_dataloader_next(&d);
@@ -645,7 +675,7 @@ static void test_training_runs(void) {
     lp_config_from_depth(&c, "d2");  // L=2, C=128, 2 heads, GPT-2 vocabulary
     c.max_seq_len = 64;
     LPModel m;
-    lp_model_create(&m, &c, NULL, 0);
+    lp_model_create(&m, &c, NULL);
     lp_model_init_random(&m, 1337);
     lp_model_save(&m, model);
     lp_model_free(&m);
@@ -685,7 +715,7 @@ static void test_training_runs(void) {
     int saved_ok = access(path, R_OK) == 0;
     if (saved_ok) {
         LPModel saved;
-        lp_model_load(&saved, path, NULL, 0);
+        lp_model_load(&saved, path, NULL);
         saved_ok = saved.cfg.channels == 128;
         lp_model_free(&saved);
     }
@@ -701,7 +731,7 @@ static float* run_weights(const char* dir, int step, size_t* n) {
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
     if (access(path, R_OK) != 0) return NULL;
     LPModel m;
-    lp_model_load(&m, path, NULL, 0);
+    lp_model_load(&m, path, NULL);
     float* w = (float*)lp_host_malloc(m.num_params * 4, "test");
     read_master(&m, w);
     *n = m.num_params;
@@ -726,10 +756,9 @@ static int run_ranks(int ranks, const char* args, const char* out_dir, float* lo
 static void expect_same_weights(const char* name, const float* got, const float* want, size_t n, float atol) {
     LPConfig c = tiny_config();
     size_t sizes[LP_NUM_PARAMS], qkvb = 0;
-    lp_param_sizes(sizes, &c);
+    lp_param_sizes(sizes, &c, 1);
     for (int i = 0; i < LP_QKVB; i++) qkvb += sizes[i];
-    float* g = (float*)lp_host_malloc(n * 4, "test");
-    float* w = (float*)lp_host_malloc(n * 4, "test");
+    float *g = zeros(n), *w = zeros(n);
     size_t m = 0;
     int key_bias_far = 0;
     for (size_t i = 0; i < n; i++) {
@@ -882,9 +911,9 @@ static void test_data_parallel(void) {
            "4 ranks, missing model file: the error is printed once");
 
     // impossible grids: one line from rank 0, non-zero exit
-    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
     const char* first = strstr(out, "llmpar: error: ");
-    expect(rc != 0 && first && strstr(out, "--tp 3 --pp 1: t*p = 3 does not divide the 2 ranks") &&
+    expect(rc != 0 && first && strstr(out, "--tp 3 --pp 1: t*p = 3 does not divide the 4 ranks") &&
                !strstr(first + 1, "llmpar: error: "), "grid: t*p not dividing the ranks is one error line");
     rc = run_cmd(out, sizeof(out), "mpirun -np 3 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
     expect(rc != 0 && strstr(out, "--tp 3: the model's 4 heads do not split evenly over 3 tensor-parallel ranks"),
@@ -892,12 +921,149 @@ static void test_data_parallel(void) {
     rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s --pp 4", TRAIN_BIN, base);
     expect(rc != 0 && strstr(out, "--pp 4: the model's 2 layers do not split evenly over 4 pipeline stages"),
            "grid: layers not divisible by p is refused");
-    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --tp 2", TRAIN_BIN, base);
-    expect(rc != 0 && strstr(out, "tensor and pipeline parallelism are not implemented yet"), "grid: --tp 2 is refused clearly until TP lands");
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --comm nccl", TRAIN_BIN, base);
     expect(rc != 0 && strstr(out, "flag --comm nccl: this build has no NCCL"), "--comm nccl on the CPU build is refused clearly");
     rc = run_cmd(out, sizeof(out), "%s %s --comm pigeon", TRAIN_BIN, base);
     expect(rc != 0 && strstr(out, "flag --comm: transport must be auto, nccl or mpi"), "--comm with an unknown transport is refused");
+}
+
+// Tensor parallelism: t ranks splitting heads, MLP and vocabulary (and with --sp the rows of the residual
+// stream), alone and with d = 2, give one rank's losses and weights for the same global batch. Partial
+// sums of the split matmuls add in another order, so the tolerances are DP's: 1e-5 relative on losses,
+// 1e-5 on weights after 10 AdamW steps.
+static void test_tensor_parallel(void) {
+    static char out[1 << 18];
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("skip: tier 3 tensor parallelism (mpirun not found)\n");
+        return;
+    }
+    char base[2048];
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("dp_shard.bin"));
+    float ref[2][64];
+    float* wref[2] = {NULL, NULL};
+    size_t nw = 0;
+    for (int acc = 0; acc < 2; acc++) {
+        char args[4096], dir[LP_PATH_MAX];
+        snprintf(args, sizeof(args), "%s -b 8%s", base, acc ? " -d 256" : "");
+        lp_path(dir, "%s_%d", tmp_path("tp_ref"), acc);
+        int n = run_ranks(1, args, dir, ref[acc], out, sizeof(out));
+        wref[acc] = run_weights(dir, 10, &nw);
+        expect(n == 10 && wref[acc], acc ? "TP: 1-rank reference run with accumulation" : "TP: 1-rank reference run");
+    }
+    if (!wref[0] || !wref[1]) { free(wref[0]); free(wref[1]); return; }
+    // t, d, sp, ZeRO stage, gradient accumulation (2 micro-batches)
+    const int cases[][5] = {{2, 1, 0, 0, 0}, {2, 1, 1, 0, 0}, {4, 1, 0, 0, 0}, {4, 1, 1, 0, 0},
+                            {2, 2, 0, 0, 0}, {2, 2, 1, 0, 0}, {4, 2, 0, 1, 0}, {4, 2, 1, 1, 0},
+                            {2, 1, 1, 0, 1}, {2, 2, 1, 2, 1}, {2, 2, 1, 3, 1}, {2, 2, 0, 0, 1}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int t = cases[k][0], d = cases[k][1], sp = cases[k][2], zero = cases[k][3], acc = cases[k][4];
+        char args[4096], dir[LP_PATH_MAX], what[128], name[256];
+        float got[64];
+        snprintf(what, sizeof(what), "t=%d d=%d%s zero=%d%s", t, d, sp ? " sp" : "", zero, acc ? " accumulation 2" : "");
+        lp_path(dir, "%s_%zu", tmp_path("tp_case"), k);
+        snprintf(args, sizeof(args), "%s -b %d%s --tp %d%s --zero %d", base, 8 / d, acc ? " -d 256" : "", t, sp ? " --sp" : "", zero);
+        int n = run_ranks(t * d, args, dir, got, out, sizeof(out));
+        size_t nw2 = 0;
+        float* w = run_weights(dir, 10, &nw2);
+        snprintf(name, sizeof(name), "%s: 10 steps run", what);
+        expect(n == 10 && w && nw2 == nw, name);
+        if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
+        snprintf(name, sizeof(name), "%s: losses equal 1 rank's (1e-5 relative)", what);
+        expect_close(name, got, ref[acc], 10, 0.0f, 1e-5f);
+        snprintf(name, sizeof(name), "%s: final weights equal 1 rank's (1e-5)", what);
+        expect_same_weights(name, w, wref[acc], nw, 1e-5f);
+        free(w);
+    }
+    free(wref[0]);
+    free(wref[1]);
+
+    // communication volume: without SP, 4 all-reduces of the (B*T, C) activations per layer per step (2 in
+    // forward after the row-parallel projections, 2 in backward before the column-parallel ones) plus 2
+    // for the vocab-parallel embedding and LM head; with SP none of activations, only of the LayerNorm
+    // and wpe gradients, and the same bytes as reduce-scatters
+    LPConfig c = tiny_config();
+    double act = 8.0 * 16 * c.channels * sizeof(float) / 1048576.0, ln = (4.0 * c.num_layers * c.channels +
+                 (double)c.max_seq_len * c.channels + 2 * c.channels) * sizeof(float) / 1048576.0;
+    for (int sp = 0; sp < 2; sp++) {
+        char args[4096], dir[LP_PATH_MAX], name[256];
+        float got[64];
+        lp_path(dir, "%s_%d", tmp_path("tp_volume"), sp);
+        snprintf(args, sizeof(args), "%s -b 8 --tp 2%s", base, sp ? " --sp" : "");
+        run_ranks(2, args, dir, got, out, sizeof(out));
+        const char* line = strstr(out, "tensor-parallel traffic per step and rank: ");
+        double ar = 0, ar_mib = 0, rs = 0, rs_mib = 0;
+        int parsed = line && sscanf(line, "tensor-parallel traffic per step and rank: %lf all-reduces (%lf MiB), %lf reduce-scatters (%lf MiB)",
+                                    &ar, &ar_mib, &rs, &rs_mib) == 4;
+        int L = c.num_layers;
+        if (!sp) {
+            snprintf(name, sizeof(name), "TP volume without SP: %.0f all-reduces of %.4f MiB = 4 per layer + 2, of B*T*C values each",
+                     ar, ar_mib);
+            expect(parsed && ar == 4 * L + 2 && fabs(ar_mib - (4 * L + 2) * act) < 1e-4 && rs == 0, name);
+        } else {
+            snprintf(name, sizeof(name), "TP volume with SP: %.0f reduce-scatters of %.4f MiB replace them; all-reduces only of "
+                     "LayerNorm and wpe gradients (%.4f MiB)", rs, rs_mib, ar_mib);
+            expect(parsed && rs == 4 * L + 2 && fabs(rs_mib - (4 * L + 2) * act) < 1e-4 && ar == 4 * L + 3 &&
+                       fabs(ar_mib - ln) < 1e-4, name);
+        }
+    }
+
+    // an llm.c model file loaded under t=2 (and t=2 d=2 ZeRO-1) and saved back (-x 0) is the same file
+    for (int k = 0; k < 2; k++) {
+        char dir[LP_PATH_MAX], name[256];
+        lp_path(dir, "%s_%d", tmp_path("tp_roundtrip"), k);
+        int rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe %s -e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 0 "
+                         "--tp 2 --zero %d -o %s && cmp dev/ref/tiny_model.bin %s/step_00000000/model.bin",
+                         2 * (k + 1), TRAIN_BIN, tmp_path("dp_shard.bin"), k, dir, dir);
+        snprintf(name, sizeof(name), "llm.c model file loaded with t=2%s and saved back is byte-identical", k ? " d=2 ZeRO-1" : "");
+        expect(rc == 0, name);
+        if (rc != 0) printf("%s\n", out);
+    }
+
+    // a checkpoint of t=2 with SP resumes on 1 rank and on t=4 d=2 ZeRO-3: steps 6-10 equal the straight run
+    {
+        char args[4096], dir[LP_PATH_MAX], rdir[LP_PATH_MAX];
+        float got[64];
+        lp_path(dir, "%s", tmp_path("tp_ck"));
+        snprintf(args, sizeof(args), "%s -b 8 --tp 2 --sp -n 5", base);
+        int n = run_ranks(2, args, dir, got, out, sizeof(out));
+        for (int k = 0; k < 2; k++) {
+            lp_path(rdir, "%s_%d", dir, k);
+            run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
+            snprintf(args, sizeof(args), "%s -b %d --resume%s", base, k ? 4 : 8, k ? " --tp 4 --zero 3" : "");
+            int nr = run_ranks(k ? 8 : 1, args, rdir, got, out, sizeof(out));
+            char name[128];
+            snprintf(name, sizeof(name), "checkpoint of t=2 SP resumes on %s: steps 6-10 equal the straight run",
+                     k ? "t=4 d=2 ZeRO-3" : "1 rank");
+            int ok = n == 10 && nr == 5;
+            expect(ok, name);
+            if (ok) expect_close(name, got, ref[0] + 5, 5, 0.0f, 1e-5f);
+            else printf("%s\n", out);
+        }
+    }
+
+    // evaluation and sampling under t=2 with SP (samples gather the vocabulary slices)
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s -b 4 --tp 2 --sp -x 4 -v 2 -m 1 -s 2 -g 6 -j %s",
+                     TRAIN_BIN, base, tmp_path("dp_shard.bin"));
+    expect(rc == 0 && strstr(out, "val loss") && strstr(out, "sample: "), "t=2 SP: validation and sampling run");
+
+    // errors: one line, from rank 0, non-zero exit
+    const char* bad[][3] = {
+        {"2", "--tp 4", "--tp 4 --pp 1: the grid needs at least t*p = 4 ranks, this run has 2"},
+        {"1", "--sp", "flag --sp: sequence parallelism splits rows over the TP group; it needs --tp 2 or more"},
+        {"2", "--tp 2 --sp -t 15", "flag --sp: sequence length -t 15 does not split over --tp 2 ranks"},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe %s %s %s", bad[k][0], TRAIN_BIN, base, bad[k][1]);
+        const char* first = strstr(out, "llmpar: error: ");
+        char name[256];
+        snprintf(name, sizeof(name), "TP error, one line: %s", bad[k][2]);
+        expect(rc != 0 && first && strstr(first, bad[k][2]) && !strstr(first + 1, "llmpar: error: "), name);
+    }
+    corrupt_file("dev/ref/tiny_model.bin", tmp_path("vp99.bin"), 7, 99, 0);  // padded vocabulary 99: odd
+    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e %s -i %s -t 16 --tp 2", TRAIN_BIN, tmp_path("vp99.bin"),
+                 tmp_path("dp_shard.bin"));
+    expect(rc != 0 && strstr(out, "--tp 2: the padded vocabulary 99 does not split evenly over 2 tensor-parallel ranks"),
+           "TP error: padded vocabulary not divisible by t");
 }
 #endif  // LLMPAR_CPU
 
@@ -950,25 +1116,30 @@ static float* host_from_f32(const float* d, size_t n) {
     return x;
 }
 
+// The embedding of a vocabulary slice (tokens outside it give zero rows) and positions from row 3.
 static void tier4_encoder(uint64_t* rng) {
-    int B = 2, T = 64, C = 128, V = 50, N = B * T;
+    int T = 64, C = 128, V = 50, N = 128, v0 = 10, Vl = 30, row0 = 3;
     int tokens[128];
     for (int i = 0; i < N; i++) tokens[i] = lp_rand_u32(rng) % V;  // 128 draws from 50: many repeats
-    float *wte = host_rand(V * C, rng, 1.0f), *wpe = host_rand(T * C, rng, 1.0f), *out = host_rand(N * C, rng, 1.0f);
-    floatX *d_wte = dev_bf16(wte, V * C), *d_wpe = dev_bf16(wpe, T * C), *d_out = dev_bf16(out, N * C);
+    float *wte = host_rand(Vl * C, rng, 1.0f), *wpe = host_rand(T * C, rng, 1.0f), *out = host_rand(N * C, rng, 1.0f);
+    floatX *d_wte = dev_bf16(wte, Vl * C), *d_wpe = dev_bf16(wpe, T * C), *d_out = dev_bf16(out, N * C);
     int* d_tok = (int*)dev_copy(tokens, sizeof(tokens));
-    lp_encoder_forward_cpu(out, tokens, wte, wpe, B, T, C);
-    lp_encoder_forward_gpu(d_out, d_tok, d_wte, d_wpe, B, T, C);
+    lp_embedding_forward_cpu(out, tokens, wte, v0, Vl, N, C);
+    lp_positions_forward_cpu(out, out, wpe, row0, N, T, C);
+    lp_embedding_forward_gpu(d_out, d_tok, d_wte, v0, Vl, N, C);
+    lp_positions_forward_gpu(d_out, d_out, d_wpe, row0, N, T, C);
     float* got = host_from(d_out, N * C);
-    expect_close("gpu encoder_forward", got, out, N * C, 1e-2f, 1e-2f);
+    expect_close("gpu embedding_forward (vocabulary slice) + positions_forward (from row 3)", got, out, N * C, 1e-2f, 1e-2f);
     // backward accumulates onto existing gradients
     float *dout = host_rand(N * C, rng, 1.0f);
     floatX* d_dout = dev_bf16(dout, N * C);
-    lp_encoder_backward_cpu(wte, wpe, dout, tokens, B, T, C);  // wte/wpe now play dwte/dwpe
-    lp_encoder_backward_gpu(d_wte, d_wpe, d_dout, tokens, B, T, C);
-    float *g1 = host_from(d_wte, V * C), *g2 = host_from(d_wpe, T * C);
-    expect_close_scaled("gpu encoder_backward dwte (repeated tokens, accumulating)", g1, wte, V * C, 2e-2f);
-    expect_close_scaled("gpu encoder_backward dwpe (accumulating)", g2, wpe, T * C, 2e-2f);
+    lp_embedding_backward_cpu(wte, dout, tokens, v0, Vl, N, C);  // wte/wpe now play dwte/dwpe
+    lp_positions_backward_cpu(wpe, dout, row0, N, T, C);
+    lp_embedding_backward_gpu(d_wte, d_dout, tokens, v0, Vl, N, C);
+    lp_positions_backward_gpu(d_wpe, d_dout, row0, N, T, C);
+    float *g1 = host_from(d_wte, Vl * C), *g2 = host_from(d_wpe, T * C);
+    expect_close_scaled("gpu embedding_backward dwte (slice, repeated tokens, accumulating)", g1, wte, Vl * C, 2e-2f);
+    expect_close_scaled("gpu positions_backward dwpe (from row 3, accumulating)", g2, wpe, T * C, 2e-2f);
     free(wte); free(wpe); free(out); free(got); free(dout); free(g1); free(g2);
     lp_device_free(d_wte); lp_device_free(d_wpe); lp_device_free(d_out); lp_device_free(d_tok); lp_device_free(d_dout);
 }
@@ -992,8 +1163,12 @@ static void tier4_layernorm(uint64_t* rng) {
         expect_close(name, gm, mean, N, 1e-5f, 1e-4f);
         expect_close(name, gr, rstd, N, 1e-5f, 1e-4f);
         free(g); free(gm); free(gr);
-        lp_residual_layernorm_forward_cpu(res, out, mean, rstd, x1, x2, w, b, N, C);
-        lp_residual_layernorm_forward_gpu(d_res, d_out, d_mean, d_rstd, d_x1, d_x2, d_w, d_b, N, C);
+        float* bias = host_rand(C, rng, 1.0f);
+        floatX* d_bias = dev_bf16(bias, C);
+        lp_residual_layernorm_forward_cpu(res, out, mean, rstd, x1, x2, bias, w, b, N, C);
+        lp_residual_layernorm_forward_gpu(d_res, d_out, d_mean, d_rstd, d_x1, d_x2, d_bias, d_w, d_b, N, C);
+        free(bias);
+        lp_device_free(d_bias);
         float *gres = host_from(d_res, n);
         g = host_from(d_out, n);
         snprintf(name, sizeof(name), "gpu residual_layernorm_forward residual C=%d", C);
@@ -1097,21 +1272,40 @@ static void tier4_attention(uint64_t* rng) {
     lp_device_free(d_dqkv); lp_device_free(d_dqkvr); lp_device_free(d_datt); lp_device_free(d_dy);
 }
 
+// The classifier over the whole row (t = 1) and over 2 vocabulary slices, as a TP group runs it.
 static void tier4_classifier(uint64_t* rng) {
     int N = 64, V = 1000, Vp = 1024;
     int targets[64];
     for (int i = 0; i < N; i++) targets[i] = lp_rand_u32(rng) % V;
-    float *logits = host_rand((size_t)N * Vp, rng, 4.0f), *losses = host_rand(N, rng, 1.0f);
-    floatX* d_logits = dev_bf16(logits, (size_t)N * Vp);
-    float* d_losses = (float*)dev_copy(losses, N * 4);
-    int* d_targets = (int*)dev_copy(targets, sizeof(targets));
-    lp_fused_classifier_cpu(logits, losses, 1.0f / N, targets, N, V, Vp);
-    lp_fused_classifier_gpu(d_logits, d_losses, 1.0f / N, d_targets, N, V, Vp);
-    float *gl = host_from_f32(d_losses, N), *gd = host_from(d_logits, (size_t)N * Vp);
-    expect_close("gpu fused_classifier losses", gl, losses, N, 1e-4f, 1e-4f);
-    expect_close_scaled("gpu fused_classifier dlogits (padding zero)", gd, logits, (size_t)N * Vp, 1e-2f);
-    free(logits); free(losses); free(gl); free(gd);
-    lp_device_free(d_logits); lp_device_free(d_losses); lp_device_free(d_targets);
+    for (int t = 1; t <= 2; t++) {
+        int Vl = Vp / t;
+        float *logits = host_rand((size_t)N * Vp, rng, 4.0f), *losses = host_rand(N, rng, 1.0f), *stats = host_rand(3 * t * N, rng, 1.0f);
+        float* slices = (float*)lp_host_malloc((size_t)N * Vp * 4, "test");  // (t, N, Vl)
+        for (int k = 0; k < t; k++)
+            for (int i = 0; i < N; i++) memcpy(slices + ((size_t)k * N + i) * Vl, logits + (size_t)i * Vp + k * Vl, Vl * 4);
+        floatX* d_slices = dev_bf16(slices, (size_t)N * Vp);
+        float *d_losses = (float*)dev_copy(losses, N * 4), *d_stats = (float*)dev_copy(stats, 3 * t * N * 4);
+        int* d_targets = (int*)dev_copy(targets, sizeof(targets));
+        for (int k = 0; k < t; k++) {
+            lp_classifier_stats_cpu(stats + 3 * N * k, slices + (size_t)k * N * Vl, targets, N, Vl, k * Vl, V);
+            lp_classifier_stats_gpu(d_stats + 3 * N * k, d_slices + (size_t)k * N * Vl, d_targets, N, Vl, k * Vl, V);
+        }
+        float* gs = host_from_f32(d_stats, 3 * t * N);
+        char name[128];
+        snprintf(name, sizeof(name), "gpu classifier_stats over %d slice(s)", t);
+        expect_close(name, gs, stats, 3 * t * N, 1e-4f, 1e-4f);
+        for (int k = 0; k < t; k++) {
+            lp_classifier_grad_cpu(slices + (size_t)k * N * Vl, losses, stats, t, 1.0f / N, targets, N, Vl, k * Vl, V);
+            lp_classifier_grad_gpu(d_slices + (size_t)k * N * Vl, d_losses, d_stats, t, 1.0f / N, d_targets, N, Vl, k * Vl, V);
+        }
+        float *gl = host_from_f32(d_losses, N), *gd = host_from(d_slices, (size_t)N * Vp);
+        snprintf(name, sizeof(name), "gpu classifier_grad losses over %d slice(s)", t);
+        expect_close(name, gl, losses, N, 1e-4f, 1e-4f);
+        snprintf(name, sizeof(name), "gpu classifier_grad dlogits over %d slice(s) (padding zero)", t);
+        expect_close_scaled(name, gd, slices, (size_t)N * Vp, 1e-2f);
+        free(logits); free(losses); free(stats); free(slices); free(gs); free(gl); free(gd);
+        lp_device_free(d_slices); lp_device_free(d_losses); lp_device_free(d_stats); lp_device_free(d_targets);
+    }
 }
 
 static void tier4_optimizer(uint64_t* rng) {
@@ -1183,8 +1377,8 @@ static void test_step_vs_cpu_build(void) {
     lp_path(a, "%s/step_00000003/model.bin", tmp_path("gpu_out"));
     lp_path(b, "%s/step_00000003/model.bin", tmp_path("cpu_out"));
     LPModel mg, mc;
-    lp_model_load(&mg, a, NULL, 0);
-    lp_model_load(&mc, b, NULL, 0);
+    lp_model_load(&mg, a, NULL);
+    lp_model_load(&mc, b, NULL);
     float* wg = (float*)lp_host_malloc(mg.num_params * 4, "test");
     float* wc = (float*)lp_host_malloc(mc.num_params * 4, "test");
     read_master(&mg, wg);
@@ -1196,24 +1390,26 @@ static void test_step_vs_cpu_build(void) {
     lp_model_free(&mc);
 }
 
-// Data parallelism on one GPU, ZeRO 0..3: 2 ranks share it, so the run falls back to the MPI transport
+// Data and tensor parallelism on one GPU: the ranks share it, so the run falls back to the MPI transport
 // (with a notice) and must match one rank's losses, to bf16 tolerance (bf16 gradients averaged in fp32).
-static void test_data_parallel_one_gpu(void) {
+static void test_parallel_one_gpu(void) {
     static char out[1 << 16];
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("skip: data parallelism on one GPU (mpirun not found)\n");
+        printf("skip: parallelism on one GPU (mpirun not found)\n");
         return;
     }
     const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -t 16 -x 3 -l 1e-3 -u 0";
     float one[8], two[8];
     int rc = run_cmd(out, sizeof(out), "./train_gpt %s -b 2", args);
     int n1 = parse_losses(out, one, 8);
-    for (int zero = 0; zero <= 3; zero++) {
-        rc |= run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe ./train_gpt %s -b 1 --zero %d", args, zero);
+    const char* grids[][2] = {{"2", "-b 1 --zero 0"}, {"2", "-b 1 --zero 1"}, {"2", "-b 1 --zero 2"}, {"2", "-b 1 --zero 3"},
+                              {"2", "-b 2 --tp 2"}, {"2", "-b 2 --tp 2 --sp"}, {"4", "-b 2 --tp 4 --sp"}, {"4", "-b 1 --tp 2 --sp --zero 1"}};
+    for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
+        int rck = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe ./train_gpt %s %s", grids[k][0], args, grids[k][1]);
         int n2 = parse_losses(out, two, 8);
-        char name[128];
-        snprintf(name, sizeof(name), "one GPU, d=2 ZeRO-%d over the MPI transport: losses equal 1 rank's (1e-2)", zero);
-        expect(rc == 0 && n1 == 3 && n2 == 3 && strstr(out, "collectives go over MPI"), name);
+        char name[160];
+        snprintf(name, sizeof(name), "one GPU, %s ranks %s over the MPI transport: losses equal 1 rank's (1e-2)", grids[k][0], grids[k][1]);
+        expect(rc == 0 && rck == 0 && n1 == 3 && n2 == 3 && strstr(out, "collectives go over MPI"), name);
         if (n1 == 3 && n2 == 3) expect_close(name, two, one, 3, 0.0f, 1e-2f);
         else printf("%s\n", out);
     }
@@ -1281,12 +1477,13 @@ int main(void) {
     test_training_runs();
     printf("tier 3: CPU parallel engine under mpirun\n");
     test_data_parallel();
+    test_tensor_parallel();
 #else
     lp_device_init(&proc);
     printf("tier 4: CUDA kernels and steps against the CPU build\n");
     tier4_kernel_tests();
     test_step_vs_cpu_build();
-    test_data_parallel_one_gpu();
+    test_parallel_one_gpu();
     test_zero_memory_one_gpu();
     test_out_of_memory();
 #endif

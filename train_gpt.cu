@@ -32,6 +32,7 @@ typedef struct {
     int ckpt_every;          // -n
     int resume;              // --resume
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
+    int sp;                  // --sp: sequence parallelism within the TP group
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
@@ -93,7 +94,7 @@ static void lp_usage(void) {
         "  -b N        micro-batch size                          [4 CPU, 16 CUDA]\n"
         "  -t N        sequence length                           [64 CPU, 1024 CUDA]\n"
         "  -d N        tokens per step; accumulation = N/(b*t)   [b*t]\n"
-        "  -x N        steps                                     [40 CPU, 200 CUDA]\n"
+        "  -x N        steps (0: evaluate, and with -o save the model as loaded) [40 CPU, 200 CUDA]\n"
         "  -l LR       peak learning rate                        [1e-3 CPU, 6e-4 CUDA]\n"
         "  -u N        warmup steps                              [5 CPU, 20 CUDA]\n"
         "  -q F        final learning rate as a fraction of -l   [0.1]\n"
@@ -105,7 +106,8 @@ static void lp_usage(void) {
         "  -g N        tokens per sample                         [64]\n"
         "  -n N        checkpoint every N steps (needs -o; 0: only at the end) [0]\n"
         "  --resume    continue from the newest checkpoint in -o\n"
-        "  --tp N      tensor-parallel size (1 for now)          [1]\n"
+        "  --tp N      tensor-parallel size: heads, MLP and vocabulary split over N ranks [1]\n"
+        "  --sp        sequence parallelism: LayerNorms and residual adds on 1/N of the rows each (needs --tp > 1)\n"
         "  --pp N      pipeline-parallel size (1 for now)        [1]\n"
         "              data-parallel size d = ranks / (tp * pp)\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
@@ -141,6 +143,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         const char* a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 0;
         if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
+        if (strcmp(a, "--sp") == 0) { f->sp = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
                                "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb"};
@@ -179,7 +182,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
     if (f->T < 1) lp_fail_all("flag -t: sequence length must be >= 1, got %d", f->T);
-    if (f->max_steps < 1) lp_fail_all("flag -x: steps must be >= 1, got %d", f->max_steps);
+    if (f->max_steps < 0) lp_fail_all("flag -x: steps must be >= 0, got %d", f->max_steps);
     if (f->lr <= 0.0f) lp_fail_all("flag -l: learning rate must be > 0, got %g", f->lr);
     if (f->warmup < 0 || f->val_every < 0 || f->val_batches < 0 || f->sample_every < 0 || f->ckpt_every < 0 || f->gen_tokens < 0)
         lp_fail_all("flags -u -v -m -s -g -n must not be negative");
@@ -188,6 +191,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
     if (f->bucket_mb < 0.0f) lp_fail_all("flag --bucket-mb: must be >= 0, got %g", f->bucket_mb);
+    if (f->sp && f->tp < 2) lp_fail_all("flag --sp: sequence parallelism splits rows over the TP group; it needs --tp 2 or more");
+    if (f->sp && f->T % f->tp) lp_fail_all("flag --sp: sequence length -t %d does not split over --tp %d ranks", f->T, f->tp);
     return 1;
 }
 
@@ -218,16 +223,23 @@ static float lp_evaluate(LPModel* m, LPDataLoader* val, int n_batches) {
 
 // Sample from the model, starting from <|endoftext|>. The forward runs on (1, t) so each new token costs
 // one pass over the tokens so far.
+// With tensor parallelism each rank has its slice of the logits: the row is summed over the group from
+// zero-padded slices. Sequence parallelism needs the rows to split over the group: the forward runs on
+// t rounded up to a multiple of its size, the extra positions (after the ones sampled from, so causal
+// attention keeps them out) filled with <|endoftext|>.
 static void lp_sample(LPModel* m, const LPTokenizer* tok, int gen_tokens, uint64_t* rng) {
     const LPConfig* c = &m->cfg;
-    int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T;
-    int* tokens = (int*)lp_host_malloc((size_t)n * sizeof(int), "sample tokens");
-    float* probs = (float*)lp_host_malloc((size_t)c->vocab_size * sizeof(float), "sample logits");
-    tokens[0] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
+    int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T, Vl = c->padded_vocab_size / m->tp_size;
+    int* tokens = (int*)lp_host_malloc((size_t)m->T * sizeof(int), "sample tokens");
+    float* probs = (float*)lp_host_malloc((size_t)c->padded_vocab_size * sizeof(float), "sample logits");
+    for (int t = 0; t < m->T; t++) tokens[t] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
     lp_log("sample: ");
     for (int t = 1; t < n; t++) {
-        lp_model_forward(m, tokens, NULL, 1, t, 0.0f);
-        lp_to_host_float(probs, m->act.logits + (size_t)(t - 1) * c->padded_vocab_size, c->vocab_size);
+        int rows = m->sp ? (t + m->tp_size - 1) / m->tp_size * m->tp_size : t;
+        lp_model_forward(m, tokens, NULL, 1, rows, 0.0f);
+        memset(probs, 0, (size_t)c->padded_vocab_size * sizeof(float));
+        lp_to_host_float(probs + (size_t)m->tp_rank * Vl, m->act.logits + (size_t)(t - 1) * Vl, Vl);
+        if (m->tp_size > 1) lp_all_reduce_host(m->tp, probs, c->padded_vocab_size, 0);
         float maxv = probs[0], sum = 0.0f;
         for (int v = 1; v < c->vocab_size; v++) if (probs[v] > maxv) maxv = probs[v];
         for (int v = 0; v < c->vocab_size; v++) sum += probs[v] = expf(probs[v] - maxv);
@@ -253,6 +265,7 @@ static void lp_device_sync(void) {
 
 static void lp_train(const LPFlags* f, const LPProcess* proc) {
     const LPGroup* dp = &proc->dp_group;
+    LPSplit split = {&proc->tp_group, dp, f->zero, f->sp};
 
     // model: from scratch or from an llm.c file; its shape is checked against the grid first
     LPModel model;
@@ -272,17 +285,17 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         }
     }
     lp_grid_check(proc, &cfg);
-    if (proc->tp > 1 || proc->pp > 1)
-        lp_fail_all("--tp %d --pp %d: tensor and pipeline parallelism are not implemented yet; data parallelism "
-                    "is (mpirun -np N with --tp 1 --pp 1)", proc->tp, proc->pp);
+    if (proc->pp > 1)
+        lp_fail_all("--pp %d: pipeline parallelism is not implemented yet; data and tensor parallelism are "
+                    "(mpirun -np N with --tp t --pp 1)", proc->pp);
     if (from_scratch) {
         lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", cfg.num_layers, cfg.channels,
                cfg.num_heads, f->seed);
-        lp_model_create(&model, &cfg, dp, f->zero);
+        lp_model_create(&model, &cfg, &split);
         lp_model_init_random(&model, f->seed);
     } else {
         lp_log("loading %s\n", f->init);
-        lp_model_load(&model, f->init, dp, f->zero);
+        lp_model_load(&model, f->init, &split);
     }
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
@@ -292,6 +305,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     int accum = total_batch / tokens_per_micro;
 
     model.bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
+    model.overlap = f->overlap;
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
     lp_model_alloc_activations(&model, f->B, f->T);
     LPDataLoader train, val;
@@ -313,9 +327,11 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
 
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
-    lp_log("grid             %d ranks: t=%d d=%d p=%d\n", proc->world, proc->tp, proc->dp, proc->pp);
-    lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters\n", cfg.num_layers,
-           cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len, model.num_params);
+    lp_log("grid             %d ranks: t=%d d=%d p=%d%s\n", proc->world, proc->tp, proc->dp, proc->pp,
+           model.sp ? ", sequence parallel" : "");
+    lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu per TP rank)\n",
+           cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len,
+           model.total_params, model.num_params);
     lp_log("data             %d train shard(s), %zu batches per epoch; %d val shard(s)\n", train.num_files,
            lp_dataloader_batches_per_epoch(&train), has_val ? val.num_files : 0);
     lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
@@ -350,10 +366,13 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     }
 
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, f->weight_decay, f->grad_clip};
-    double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops();
+    // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
+    double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops() * proc->world;
     int cosine = strcmp(f->schedule, "cosine") == 0;
     double sum_ms = 0.0, sum_update_ms = 0.0;
     int timed_steps = 0, first_step = st.step;  // 0, or the step resumed from
+    LPGroup tp_before, tp_traffic;  // the TP group's traffic in training steps (not evaluation or sampling)
+    memset(&tp_traffic, 0, sizeof(tp_traffic));
     for (int step = first_step; step <= f->max_steps; step++) {
         int last = step == f->max_steps;
         if (has_val && (step % f->val_every == 0 || last)) {
@@ -364,7 +383,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         }
         if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
             lp_sample(&model, &tok, f->gen_tokens, &st.rng);
-        if (f->out_dir[0] && step > first_step && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
+        int trained = step > first_step || f->max_steps == 0;  // no checkpoint of what was just loaded, unless asked
+        if (f->out_dir[0] && trained && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
             st.step = step;
             st.shard = train.shard;
             st.pos = train.pos;
@@ -377,22 +397,27 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         if (last) break;
 
         double t0 = lp_time_s();
+        tp_before = proc->tp_group;
         lp_model_zero_grad(&model);
         float loss = 0.0f;
         for (int micro = 0; micro < accum; micro++) {
             lp_dataloader_next(&train);
             loss += lp_model_forward(&model, train.inputs, train.targets, f->B, f->T, 1.0f / ((float)f->B * f->T * accum));
             // gradients are reduced once per step: on the last micro-batch, overlapped with its backward
-            lp_model_backward(&model, f->overlap && micro == accum - 1 ? dp : NULL);
+            lp_model_backward(&model, micro == accum - 1);
         }
         loss /= accum;
         lp_all_reduce_host(dp, &loss, 1, 1);
         float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, cosine);
         lp_device_sync();
         double t1 = lp_time_s();
-        float norm = lp_model_update(&model, lr, &opt, dp);  // averages the gradients over DP, then AdamW
+        float norm = lp_model_update(&model, lr, &opt);  // averages the gradients over DP, then AdamW
         lp_device_sync();
         double ms = (lp_time_s() - t0) * 1000.0;
+        for (int k = 0; k < 3; k++) {
+            tp_traffic.calls[k] += proc->tp_group.calls[k] - tp_before.calls[k];
+            tp_traffic.bytes[k] += proc->tp_group.bytes[k] - tp_before.bytes[k];
+        }
         if (step > first_step) {  // the first step warms up: leave it out of the means
             sum_ms += ms;
             sum_update_ms += (lp_time_s() - t1) * 1000.0;
@@ -416,6 +441,12 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     if (timed_steps > 0)
         lp_log("mean of steps after the first: %.1f ms/step, of which %.1f ms in the optimizer step (gradient "
                "communication and AdamW)\n", sum_ms / timed_steps, sum_update_ms / timed_steps);
+    int steps = f->max_steps - first_step;
+    if (proc->tp > 1 && steps > 0)
+        lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
+               "%.1f all-gathers (%.4f MiB)\n", (double)tp_traffic.calls[0] / steps, tp_traffic.bytes[0] / steps / MiB,
+               (double)tp_traffic.calls[1] / steps, tp_traffic.bytes[1] / steps / MiB, (double)tp_traffic.calls[2] / steps,
+               tp_traffic.bytes[2] / steps / MiB);
     if (logf) fclose(logf);
     lp_tokenizer_free(&tok);
     if (has_val) lp_dataloader_free(&val);
