@@ -40,3 +40,6 @@ bash scripts/bench_gpu.sh
 
 echo "## data parallelism on one GPU (scripts/bench_dp.sh gpu): MPI transport overhead"
 bash scripts/bench_dp.sh gpu 6
+
+echo "## tensor parallelism on one GPU (scripts/bench_tp.sh gpu mpi): MPI transport"
+bash scripts/bench_tp.sh gpu mpi 6
