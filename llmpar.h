@@ -4,13 +4,14 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
   1. basics      errors that name what failed, files, timers, RNG, device memory
   2. config      the model's shape, GPT-2 presets, parameter tensor sizes
   3. topology    MPI start-up, the t x d x p grid of ranks and its groups, GPU choice
-  4. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI
-  5. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
-  6. model       parameters, activations, forward, backward
-  7. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
-  8. data        llm.c token shards, per-DP-rank slices, deterministic order, resumable position
-  9. files       model files (llm.c format), checkpoints, tokenizer
- 10. plan        FLOPs per token and the device's peak rate (for MFU)
+  4. schedules   pipeline schedules (GPipe, 1F1B, interleaved) as pure functions, their simulator
+  5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI
+  6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
+  7. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
+  8. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
+  9. data        llm.c token shards, per-DP-rank slices, deterministic order, resumable position
+ 10. files       model files (llm.c format), checkpoints, tokenizer
+ 11. plan        FLOPs per token and the device's peak rate (for MFU)
 
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
@@ -547,7 +548,230 @@ static inline void lp_process_finish(LPProcess* p) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 4. comm
+// 4. schedules
+//
+// Pipeline parallelism runs m micro-batches through p stages. The model's layers are cut into p*v chunks
+// (v "virtual stages" per rank, interleaving); stage s owns chunks s, s+p, s+2p, ... A schedule is, for
+// each stage, the ordered list of its actions: forward or backward of (micro-batch, chunk). The messages
+// follow from the chunks: a forward of virtual stage k = chunk*p + s receives its input from k-1 and
+// sends its output to k+1; a backward receives from k+1 and sends to k-1. These are pure functions of
+// (schedule, p, v, m, s); lp_schedule_simulate runs them against each other to prove they fit.
+
+enum { LP_SCHEDULE_GPIPE, LP_SCHEDULE_1F1B, LP_SCHEDULE_INTERLEAVED };
+static const char* const lp_schedule_names[3] = {"gpipe", "1f1b", "interleaved"};
+
+typedef struct {
+    int forward;  // 1 forward, 0 backward
+    int micro;    // micro-batch 0 .. m-1
+    int chunk;    // this stage's chunk 0 .. v-1 (virtual stage chunk*p + s)
+} LPAction;
+
+// The schedule named `name`, or -1.
+static inline int lp_schedule_parse(const char* name) {
+    for (int k = 0; k < 3; k++)
+        if (strcmp(name, lp_schedule_names[k]) == 0) return k;
+    return -1;
+}
+
+// Why (schedule, p, v, m) cannot run, or NULL when it can. Flags name the fix.
+static inline const char* lp_schedule_check(int kind, int p, int v, int m, char* why, size_t size) {
+    if (p < 1 || v < 1 || m < 1) snprintf(why, size, "--pp %d, --vpp %d and %d micro-batches must be >= 1", p, v, m);
+    else if (kind != LP_SCHEDULE_INTERLEAVED && v != 1)
+        snprintf(why, size, "--vpp %d: chunks per stage need --schedule interleaved (%s runs one chunk per stage)", v,
+                 lp_schedule_names[kind]);
+    else if (kind == LP_SCHEDULE_INTERLEAVED && m % p != 0)
+        snprintf(why, size, "--schedule interleaved: the %d micro-batches per step (-d / (-b * -t * d)) must be a multiple of "
+                 "--pp %d", m, p);
+    else return NULL;
+    return why;
+}
+
+// Stage s's actions, in order, into out (2*m*v of them).
+//   gpipe (all forwards, then all backwards): every stage holds all m micro-batches' activations.
+//   1f1b: stage s runs p-s-1 warm-up forwards, then alternates one forward and one backward, then drains
+//     the backwards: at most p-s micro-batches in flight, the same bubble as gpipe.
+//   interleaved 1f1b (Megatron-LM): the same with v chunks per stage, taken in groups of p micro-batches
+//     (chunk 0 for micro-batches 0..p-1, chunk 1 for them, ..., then the next p); the warm-up is
+//     2(p-s-1) + (v-1)p chunk-forwards, and the bubble shrinks v times. When m = p it is all warm-up.
+static inline int lp_schedule_stage(int kind, int p, int v, int m, int s, LPAction* out) {
+    int n = 0, total = m * v;
+    if (kind == LP_SCHEDULE_GPIPE) {
+        for (int i = 0; i < m; i++) { out[n].forward = 1; out[n].micro = i; out[n++].chunk = 0; }
+        for (int i = 0; i < m; i++) { out[n].forward = 0; out[n].micro = i; out[n++].chunk = 0; }
+        return n;
+    }
+    int warmup = kind == LP_SCHEDULE_1F1B ? p - s - 1 : (m == p ? total : 2 * (p - s - 1) + (v - 1) * p);
+    if (warmup > total) warmup = total;
+    // the k-th forward (or backward) of this stage: micro-batch and chunk
+#define LP_SCHED_ACTION(k, fwd)                                                                \
+    do {                                                                                       \
+        int group = (k) % (p * v), chunk = group / p;                                          \
+        out[n].forward = (fwd);                                                                \
+        out[n].micro = (k) / (p * v) * p + (k) % p;                                            \
+        out[n].chunk = (fwd) ? chunk : v - 1 - chunk;                                          \
+        n++;                                                                                   \
+    } while (0)
+    for (int k = 0; k < warmup; k++) LP_SCHED_ACTION(k, 1);
+    for (int k = 0; k < total - warmup; k++) {
+        LP_SCHED_ACTION(k + warmup, 1);
+        LP_SCHED_ACTION(k, 0);
+    }
+    for (int k = total - warmup; k < total; k++) LP_SCHED_ACTION(k, 0);
+#undef LP_SCHED_ACTION
+    return n;
+}
+
+// The result of running every stage's list: each action's start time, and what the run shows.
+typedef struct {
+    int p, v, m, per_stage;  // per_stage = 2*m*v actions
+    LPAction* actions;       // (p, per_stage): stage s's list
+    double* start;           // (p, per_stage): when each action starts
+    double f, b;             // cost of one chunk's forward and backward
+    double makespan;         // when the last action ends
+    double bubble;           // idle share: (makespan - m*v*(f+b)) / (m*v*(f+b))
+    int* peak;               // (p): most micro-batch chunks whose activations a stage holds at once
+} LPSimulation;
+
+// Run sim's lists (sim->actions) with costs f and b per chunk forward and backward and no communication
+// time: an action starts when its stage is free and its input has arrived. Each stage's list must hold
+// each (micro-batch, chunk) forward and backward once, a backward after its forward. Returns NULL, or why
+// not (an action out of range or repeated, a backward before its forward, or the stages waiting on each
+// other forever, naming one waiting action).
+static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t size) {
+    int p = sim->p, v = sim->v, m = sim->m, per = sim->per_stage, V = p * v;
+    double f = sim->f, b = sim->b;
+    sim->makespan = 0.0;
+    // done[(fwd, virtual stage, micro)]: when that action ends, -1 until it has run
+    double* done = (double*)lp_host_malloc((size_t)2 * V * m * sizeof(double), "schedule");
+    int* next = (int*)lp_host_malloc((size_t)p * sizeof(int), "schedule");
+    double* free_at = (double*)lp_host_malloc((size_t)p * sizeof(double), "schedule");
+    for (size_t i = 0; i < (size_t)2 * V * m; i++) done[i] = -1.0;
+    const char* err = NULL;
+    for (int s = 0; s < p && !err; s++) {
+        next[s] = 0;
+        free_at[s] = 0.0;
+        sim->peak[s] = 0;
+        LPAction* a = sim->actions + (size_t)s * per;
+        int* seen = (int*)calloc((size_t)2 * v * m, sizeof(int));  // each (fwd, chunk, micro) once
+        for (int k = 0; k < per && !err; k++) {
+            if (a[k].micro < 0 || a[k].micro >= m || a[k].chunk < 0 || a[k].chunk >= v || seen[(a[k].forward * v + a[k].chunk) * m + a[k].micro]++) {
+                snprintf(why, size, "stage %d: action %d (%s of micro-batch %d, chunk %d) is out of range or repeated", s, k,
+                         a[k].forward ? "forward" : "backward", a[k].micro, a[k].chunk);
+                err = why;
+            }
+        }
+        free(seen);
+    }
+    int left = p * per;
+    int* in_flight = (int*)calloc((size_t)p, sizeof(int));
+    while (left > 0 && !err) {
+        int progressed = 0;
+        for (int s = 0; s < p; s++) {
+            while (next[s] < per) {  // run this stage's actions while their inputs are there
+                LPAction* a = sim->actions + (size_t)s * per + next[s];
+                int k = a->chunk * p + s;  // virtual stage
+                double* mine = done + ((size_t)a->forward * V + k) * m + a->micro;
+                double ready;
+                if (a->forward) {
+                    ready = k == 0 ? 0.0 : done[((size_t)1 * V + k - 1) * m + a->micro];
+                } else {
+                    double fwd = done[((size_t)1 * V + k) * m + a->micro];
+                    if (fwd < 0.0) {
+                        snprintf(why, size, "stage %d: backward of micro-batch %d, chunk %d comes before its forward", s, a->micro, a->chunk);
+                        err = why;
+                        break;
+                    }
+                    ready = k == V - 1 ? fwd : done[((size_t)0 * V + k + 1) * m + a->micro];
+                }
+                if (ready < 0.0) break;  // its input has not been produced yet
+                double t0 = ready > free_at[s] ? ready : free_at[s];
+                sim->start[(size_t)s * per + next[s]] = t0;
+                free_at[s] = *mine = t0 + (a->forward ? f : b);
+                in_flight[s] += a->forward ? 1 : -1;
+                if (in_flight[s] > sim->peak[s]) sim->peak[s] = in_flight[s];
+                next[s]++;
+                left--;
+                progressed = 1;
+            }
+            if (err) break;
+        }
+        if (!progressed && !err) {  // every unfinished stage waits on another: a deadlock; name them all
+            size_t len = (size_t)snprintf(why, size, "deadlock, stages wait forever:");
+            for (int s = 0; s < p && len < size; s++)
+                if (next[s] < per) {
+                    LPAction* a = sim->actions + (size_t)s * per + next[s];
+                    len += (size_t)snprintf(why + len, size - len, " stage %d at its action %d (%s of micro-batch %d, chunk %d);", s,
+                                            next[s], a->forward ? "forward" : "backward", a->micro, a->chunk);
+                }
+            if (len < size) why[len - 1] = '\0';  // the last ';'
+            err = why;
+        }
+    }
+    for (int s = 0; s < p; s++)
+        if (free_at[s] > sim->makespan) sim->makespan = free_at[s];
+    double ideal = (double)m * v * (f + b);
+    sim->bubble = (sim->makespan - ideal) / ideal;
+    free(in_flight);
+    free(done);
+    free(next);
+    free(free_at);
+    return err;
+}
+
+// Simulate schedule `kind` for p stages, v chunks each, m micro-batches, with costs f and b (unit costs:
+// 1 and 1; measured ones work too). Returns NULL, or why it cannot run; sim is freed by the caller either way.
+static inline const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b,
+                                               char* why, size_t size) {
+    memset(sim, 0, sizeof(*sim));
+    if (lp_schedule_check(kind, p, v, m, why, size)) return why;
+    sim->p = p; sim->v = v; sim->m = m; sim->per_stage = 2 * m * v; sim->f = f; sim->b = b;
+    sim->actions = (LPAction*)lp_host_malloc((size_t)p * sim->per_stage * sizeof(LPAction), "schedule");
+    sim->start = (double*)lp_host_malloc((size_t)p * sim->per_stage * sizeof(double), "schedule");
+    sim->peak = (int*)lp_host_malloc((size_t)p * sizeof(int), "schedule");
+    for (int s = 0; s < p; s++) lp_schedule_stage(kind, p, v, m, s, sim->actions + (size_t)s * sim->per_stage);
+    return lp_schedule_run(sim, why, size);
+}
+
+static inline void lp_simulation_free(LPSimulation* sim) {
+    free(sim->actions);
+    free(sim->start);
+    free(sim->peak);
+    memset(sim, 0, sizeof(*sim));
+}
+
+// Draw the simulated timeline, one row per stage, one cell per time unit (costs must be whole numbers):
+// "F3" a forward of micro-batch 3 (with chunks: "F3b" its chunk 1), "B3" a backward, "." idle.
+static inline void lp_schedule_print(FILE* out, const LPSimulation* sim, int kind) {
+    int digits = 1;
+    for (int x = sim->m - 1; x >= 10; x /= 10) digits++;
+    int w = 2 + digits + (sim->v > 1);  // cell width: kind, micro-batch, chunk letter, a space
+    int ticks = (int)(sim->makespan + 0.5);
+    char* row = (char*)lp_host_malloc((size_t)ticks * w + 1, "timeline");
+    fprintf(out, "schedule %s: p=%d stages, v=%d chunks per stage, m=%d micro-batches; forward %g, backward %g per chunk\n",
+            lp_schedule_names[kind], sim->p, sim->v, sim->m, sim->f, sim->b);
+    for (int s = 0; s < sim->p; s++) {
+        memset(row, ' ', (size_t)ticks * w);
+        for (int t = 0; t < ticks; t++) row[(size_t)t * w + w / 2 - 1] = '.';
+        for (int k = 0; k < sim->per_stage; k++) {
+            const LPAction* a = sim->actions + (size_t)s * sim->per_stage + k;
+            int t0 = (int)(sim->start[(size_t)s * sim->per_stage + k] + 0.5), len = (int)((a->forward ? sim->f : sim->b) + 0.5);
+            char label[32];
+            snprintf(label, sizeof(label), "%c%d", a->forward ? 'F' : 'B', a->micro);
+            if (sim->v > 1) snprintf(label + strlen(label), sizeof(label) - strlen(label), "%c", 'a' + a->chunk);
+            memset(row + (size_t)t0 * w, ' ', (size_t)len * w);
+            memcpy(row + (size_t)t0 * w, label, strlen(label));
+            for (int t = 1; t < len; t++) row[(size_t)(t0 + t) * w + w / 2 - 1] = '-';  // a longer action goes on
+        }
+        row[(size_t)ticks * w] = '\0';
+        fprintf(out, "stage %d | %s| peak %d in flight\n", s, row, sim->peak[s]);
+    }
+    fprintf(out, "time %.0f units for %.0f of work per stage: bubble %.1f%%\n", sim->makespan,
+            (double)sim->m * sim->v * (sim->f + sim->b), 100.0 * sim->bubble);
+    free(row);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 5. comm
 //
 // Collectives on a group, over two transports. NCCL: the CUDA build's default, on the GPU's own buffers
 // and stream. MPI: the CPU build hands MPI its fp32 buffers; the CUDA build uses it when ranks share a
@@ -939,7 +1163,7 @@ static inline void lp_comm_init(LPProcess* p, const char* choice) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 5. kernels
+// 6. kernels
 //
 // Shapes: B batch, T time, C channels, N = B*T rows, OC output channels, NH heads, HS = C/NH.
 // The CPU loops take float; the CUDA launchers take floatX (bf16). On the CPU build floatX is float, so
@@ -1874,7 +2098,7 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 #endif
 
 // ----------------------------------------------------------------------------------------------------
-// 6. model
+// 7. model
 //
 // One rank's GPT-2: parameters in one flat buffer (the 16 tensors back to back, llm.c order), their
 // gradients, fp32 master weights and AdamW state (with ZeRO, only this rank's shard of some of these:
@@ -2556,7 +2780,7 @@ static inline void lp_model_free(LPModel* m) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 7. optimizer
+// 8. optimizer
 
 typedef struct {
     float beta1, beta2, eps, weight_decay;
@@ -2642,7 +2866,7 @@ static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 8. data
+// 9. data
 //
 // llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens.
 // A global batch of ranks*B*T tokens is read from the shard at `pos`; rank r takes the r-th B*T slice
@@ -2758,7 +2982,7 @@ static inline void lp_dataloader_free(LPDataLoader* d) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 9. files
+// 10. files
 //
 // Model file (llm.c): 256 x int32 header [magic 20240326, version, maxT, V, L, NH, C, Vp], then the 16
 // tensors in order, fp32 (version 3) or bf16 (version 5). Files and checkpoints are written under a .tmp
@@ -3108,7 +3332,7 @@ static inline void lp_tokenizer_free(LPTokenizer* t) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 10. plan
+// 11. plan
 
 // Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul (the LM head
 // counts wte; wpe and LayerNorm do no matmul work) plus attention's q k^T and att v: 12 L C T.

@@ -380,6 +380,87 @@ static void test_bad_input(void) {
 #undef BAD
 }
 
+// Pipeline schedules, simulated with unit costs and with backward twice forward: every dependency met, no
+// deadlock; bubble (p-1)/m for GPipe and 1F1B, (p-1)/(v m) for interleaved; 1F1B keeps at most p-s
+// micro-batches in flight on stage s, GPipe all m. A broken list is caught.
+static void test_schedules(void) {
+    char why[512], name[256];
+    int bad = 0, checked = 0;
+    for (int kind = 0; kind < 3; kind++)
+        for (int p = 1; p <= 4; p *= 2)
+            for (int v = 1; v <= (kind == LP_SCHEDULE_INTERLEAVED ? 3 : 1); v++)
+                for (int m = 1; m <= 16; m++) {
+                    if (kind == LP_SCHEDULE_INTERLEAVED && (m % p || m < 2 * p)) continue;  // m = p: all warm-up, below
+                    for (int costs = 0; costs < 2; costs++) {
+                        LPSimulation sim;
+                        const char* err = lp_schedule_simulate(&sim, kind, p, v, m, 1.0, costs ? 2.0 : 1.0, why, sizeof(why));
+                        double want = (double)(p - 1) / (v * m);
+                        int ok = !err && fabs(sim.bubble - want) < 1e-12;
+                        for (int st = 0; ok && st < p; st++) {
+                            if (kind == LP_SCHEDULE_1F1B) ok = sim.peak[st] == (p - st < m ? p - st : m);
+                            if (kind == LP_SCHEDULE_GPIPE) ok = sim.peak[st] == m;
+                        }
+                        if (!ok && bad++ < 5)
+                            printf("     %s p=%d v=%d m=%d costs %d: %s bubble %g (want %g)\n", lp_schedule_names[kind], p, v, m,
+                                   costs, err ? err : "", sim.bubble, want);
+                        checked++;
+                        lp_simulation_free(&sim);
+                    }
+                }
+    snprintf(name, sizeof(name), "schedules: %d simulations (gpipe, 1f1b, interleaved v=1..3; p=1,2,4; m up to 16) run, "
+             "bubble = (p-1)/(v m), 1F1B in flight p-s, GPipe m", checked);
+    expect(bad == 0, name);
+    // interleaved with m = p runs all forwards first: valid, in flight m*v, bubble as GPipe's
+    LPSimulation sim;
+    const char* err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 4, 1.0, 1.0, why, sizeof(why));
+    expect(!err && sim.peak[0] == 8, "interleaved with m = p: all warm-up, runs");
+    lp_simulation_free(&sim);
+    // errors: m not a multiple of p for interleaved; chunks without interleaving
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 6, 1.0, 1.0, why, sizeof(why));
+    expect(err && strstr(err, "the 6 micro-batches per step (-d / (-b * -t * d)) must be a multiple of --pp 4"),
+           "interleaved with m not a multiple of p is refused");
+    lp_simulation_free(&sim);
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 2, 8, 1.0, 1.0, why, sizeof(why));
+    expect(err && strstr(err, "--vpp 2: chunks per stage need --schedule interleaved"), "1f1b with --vpp 2 is refused");
+    lp_simulation_free(&sim);
+    // broken lists. 1F1B, p=4, m=8: stage 0 runs F0 F1 F2 F3 B0 ..., stage 1 F0 F1 F2 B0 ..., stage 2
+    // F0 F1 B0 F2 ..., stage 3 F0 B0 F1 B1 ...
+    lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 1, 8, 1.0, 1.0, why, sizeof(why));
+    LPAction *st0 = sim.actions, *st1 = sim.actions + sim.per_stage, *st2 = sim.actions + 2 * sim.per_stage, keep;
+    keep = st0[0];  // stage 0 starting with B7, before F7
+    st0[0] = st0[sim.per_stage - 1];
+    st0[sim.per_stage - 1] = keep;
+    err = lp_schedule_run(&sim, why, sizeof(why));
+    expect(err && strstr(err, "stage 0: backward of micro-batch 7, chunk 0 comes before its forward"),
+           "simulator: a backward before its forward is caught");
+    st0[sim.per_stage - 1] = st0[0];
+    st0[0] = keep;
+    keep = st2[2];  // stage 2: F0 F1 F2 B0, feasible (stage 1 sends F2 before it waits for B0)
+    st2[2] = st2[3];
+    st2[3] = keep;
+    err = lp_schedule_run(&sim, why, sizeof(why));
+    expect(err == NULL, "simulator: a reordered but feasible list runs");
+    keep = st1[2];  // and stage 1: F0 F1 B0 F2: it waits for B0 from stage 2, which waits for F2 from it
+    st1[2] = st1[3];
+    st1[3] = keep;
+    err = lp_schedule_run(&sim, why, sizeof(why));
+    expect(err && strstr(err, "deadlock, stages wait forever:") && strstr(err, "stage 1 at its action 2 (backward of micro-batch 0, chunk 0)") &&
+               strstr(err, "stage 2 at its action 2 (forward of micro-batch 2, chunk 0)"),
+           "simulator: a cycle of waits is reported as a deadlock");
+    lp_simulation_free(&sim);
+    // --print-schedule draws the timeline of the flags' configuration (m = -d / (-b * -t)) and exits
+    static char out[1 << 14];
+    int rc = run_cmd(out, sizeof(out), "%s --print-schedule --pp 4 --schedule 1f1b -b 1 -t 16 -d 128", TRAIN_BIN);
+    expect(rc == 0 && strstr(out, "schedule 1f1b: p=4 stages, v=1 chunks per stage, m=8 micro-batches") &&
+               strstr(out, "stage 0 | F0 F1 F2 F3 ") && strstr(out, "stage 3 | .  .  .  F0 B0 -  F1 B1 -  F2 ") &&
+               strstr(out, "| peak 4 in flight") && strstr(out, "bubble 37.5%"), "--print-schedule draws 1F1B for p=4, m=8");
+    expect_error("--print-schedule: interleaved with m not a multiple of p",
+                 "the 6 micro-batches per step (-d / (-b * -t * d)) must be a multiple of --pp 4",
+                 "--print-schedule --pp 4 --vpp 2 --schedule interleaved -b 1 -t 16 -d 96");
+    expect_error("--schedule: unknown name", "flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got 'zigzag'",
+                 "--schedule zigzag");
+}
+
 // ----------------------------------------------------------------------------------------------------
 // tier 2: the CPU model
 
@@ -1469,6 +1550,7 @@ int main(void) {
     test_lr_schedule();
     test_checkpoint_roundtrip();
     test_tokenizer();
+    test_schedules();
     test_bad_input();
     printf("tier 2: CPU model\n");
     test_op_gradients();

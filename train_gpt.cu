@@ -33,6 +33,9 @@ typedef struct {
     int resume;              // --resume
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
     int sp;                  // --sp: sequence parallelism within the TP group
+    int vpp;                 // --vpp: model chunks per pipeline stage (interleaving)
+    const char* pp_schedule; // --schedule: gpipe | 1f1b | interleaved
+    int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
@@ -80,6 +83,8 @@ static void lp_flags_default(LPFlags* f) {
     f->tp = 1;
     f->pp = 1;
     f->comm = "auto";
+    f->vpp = 1;
+    f->pp_schedule = "1f1b";
     f->overlap = 1;
     f->bucket_mb = 25.0f;
 }
@@ -108,7 +113,11 @@ static void lp_usage(void) {
         "  --resume    continue from the newest checkpoint in -o\n"
         "  --tp N      tensor-parallel size: heads, MLP and vocabulary split over N ranks [1]\n"
         "  --sp        sequence parallelism: LayerNorms and residual adds on 1/N of the rows each (needs --tp > 1)\n"
-        "  --pp N      pipeline-parallel size (1 for now)        [1]\n"
+        "  --pp N      pipeline-parallel size (1 for now; --print-schedule shows any) [1]\n"
+        "  --vpp N     model chunks per pipeline stage (--schedule interleaved) [1]\n"
+        "  --schedule NAME  pipeline schedule: gpipe | 1f1b | interleaved [1f1b]\n"
+        "  --print-schedule draw the pipeline timeline of --pp, --vpp, --schedule and the micro-batches\n"
+        "              per step (-d / (-b * -t * d)), simulated with unit costs, and exit\n"
         "              data-parallel size d = ranks / (tp * pp)\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
         "              2: shard the gradients too; 3: and the weights, gathered a layer at a time [0]\n"
@@ -144,9 +153,10 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 0;
         if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
         if (strcmp(a, "--sp") == 0) { f->sp = 1; continue; }
+        if (strcmp(a, "--print-schedule") == 0) { f->print_schedule = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb"};
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -178,6 +188,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--comm") == 0) f->comm = v;
         else if (strcmp(a, "--overlap") == 0) f->overlap = lp_parse_int(a, v);
         else if (strcmp(a, "--bucket-mb") == 0) f->bucket_mb = lp_parse_float(a, v);
+        else if (strcmp(a, "--vpp") == 0) f->vpp = lp_parse_int(a, v);
+        else if (strcmp(a, "--schedule") == 0) f->pp_schedule = v;
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -191,6 +203,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
     if (f->bucket_mb < 0.0f) lp_fail_all("flag --bucket-mb: must be >= 0, got %g", f->bucket_mb);
+    if (lp_schedule_parse(f->pp_schedule) < 0)
+        lp_fail_all("flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got '%s'", f->pp_schedule);
     if (f->sp && f->tp < 2) lp_fail_all("flag --sp: sequence parallelism splits rows over the TP group; it needs --tp 2 or more");
     if (f->sp && f->T % f->tp) lp_fail_all("flag --sp: sequence length -t %d does not split over --tp %d ranks", f->T, f->tp);
     return 1;
@@ -454,12 +468,29 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     lp_model_free(&model);
 }
 
+// --print-schedule: the pipeline timeline this configuration would run, from the simulator. Needs no
+// grid: d is the ranks / (t p) when that divides, else 1.
+static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
+    int d = f->tp * f->pp > 0 && proc->world % (f->tp * f->pp) == 0 ? proc->world / (f->tp * f->pp) : 1;
+    int per_micro = f->B * f->T * d, m = f->total_batch ? f->total_batch / per_micro : 1;
+    if (f->total_batch % per_micro != 0)
+        lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
+    int kind = lp_schedule_parse(f->pp_schedule);
+    LPSimulation sim;
+    char why[512];
+    if (lp_schedule_simulate(&sim, kind, f->pp, f->vpp, m, 1.0, 2.0, why, sizeof(why))) lp_fail_all("%s", why);
+    if (proc->rank == 0) lp_schedule_print(stdout, &sim, kind);
+    lp_simulation_free(&sim);
+}
+
 int main(int argc, char** argv) {
     LPProcess proc;
     lp_process_init(&proc, &argc, &argv);
     LPFlags flags;
     if (!lp_parse_flags(&flags, argc, argv)) {
         lp_usage();
+    } else if (flags.print_schedule) {
+        lp_print_schedule(&flags, &proc);
     } else {
         lp_grid_init(&proc, flags.tp, flags.pp);
         lp_device_init(&proc);
