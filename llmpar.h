@@ -455,8 +455,8 @@ static const size_t lp_cublaslt_workspace_size = 32 << 20;
 static cudaDeviceProp lp_device_prop;
 #endif
 
-// The model must split evenly over the grid: heads, the MLP width and the padded vocabulary over t,
-// layers over p. Every rank checks alike, so rank 0 alone prints.
+// The model must split evenly over the tensor-parallel ranks: heads, the MLP width and the padded
+// vocabulary. (Layers over pipeline stages: lp_pp_partition.) Every rank checks alike, so rank 0 alone prints.
 static inline void lp_grid_check(const LPProcess* p, const LPConfig* c) {
     if (c->num_heads % p->tp)
         lp_fail_all("--tp %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", p->tp, c->num_heads, p->tp);
@@ -465,8 +465,6 @@ static inline void lp_grid_check(const LPProcess* p, const LPConfig* c) {
     if (c->padded_vocab_size % p->tp)
         lp_fail_all("--tp %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", p->tp,
                     c->padded_vocab_size, p->tp);
-    if (c->num_layers % p->pp)
-        lp_fail_all("--pp %d: the model's %d layers do not split evenly over %d pipeline stages", p->pp, c->num_layers, p->pp);
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -3341,6 +3339,83 @@ static inline double lp_flops_per_token(const LPConfig* c, int T) {
     lp_param_sizes(sizes, c, 1);
     double matmul_weights = (double)sizes[LP_WTE] + sizes[LP_QKVW] + sizes[LP_ATTPROJW] + sizes[LP_FCW] + sizes[LP_FCPROJW];
     return 6.0 * matmul_weights + 12.0 * c->num_layers * c->channels * (double)T;
+}
+
+// --- pipeline partition: how many of the L layers each of the p*v chunks runs (chunk k is virtual stage
+// k: stage k % p, its chunk k / p). The first chunk also runs the embedding, the last the final LayerNorm
+// and the tied LM head, which costs 6 Vp C FLOPs per token: for GPT-2 124M as much as 4.5 layers.
+//   uniform   L/(p v) layers each (L must divide);
+//   balanced  the partition whose costliest chunk is cheapest, in training FLOPs per token: layers go one
+//             at a time to the chunk they leave cheapest; ties go to the chunk with fewer parameters (the
+//             first and last chunks hold wte), then the earlier one. Only the end chunks may be left with no
+//             layers (the LM head alone can outweigh a layer);
+//   L1,L2,... as listed (p v counts summing to L).
+static inline double lp_layer_flops(const LPConfig* c, int T) {
+    double C = c->channels;
+    return 6.0 * 12.0 * C * C + 12.0 * C * T;
+}
+static inline double lp_chunk_flops(const LPConfig* c, int T, int chunk, int chunks, int layers) {
+    return layers * lp_layer_flops(c, T) + (chunk == chunks - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0);
+}
+static inline double lp_chunk_params(const LPConfig* c, int chunk, int chunks, int layers) {
+    double C = c->channels, wte = (double)c->padded_vocab_size * C;
+    return layers * 12.0 * C * C + (chunk == 0 ? wte + (double)c->max_seq_len * C : 0.0) + (chunk == chunks - 1 ? wte + 2 * C : 0.0);
+}
+
+// Fill layers[chunks]; returns NULL, or why the partition cannot be (naming the flag).
+static inline const char* lp_pp_partition(const LPConfig* c, int T, int p, int v, const char* mode, int* layers, char* why,
+                                          size_t size) {
+    int chunks = p * v, L = c->num_layers;
+    if (strcmp(mode, "uniform") == 0) {
+        if (L % chunks) {
+            snprintf(why, size, "--pp-partition uniform: the model's %d layers do not split evenly over %d chunks (--pp %d x --vpp %d); "
+                     "use balanced or a list", L, chunks, p, v);
+            return why;
+        }
+        for (int k = 0; k < chunks; k++) layers[k] = L / chunks;
+    } else if (strcmp(mode, "balanced") == 0) {
+        for (int k = 0; k < chunks; k++) layers[k] = 0;
+        for (int l = 0; l < L; l++) {
+            int best = -1;
+            double best_cost = 0.0, best_params = 0.0;
+            for (int k = 0; k < chunks; k++) {
+                double cost = lp_chunk_flops(c, T, k, chunks, layers[k] + 1), params = lp_chunk_params(c, k, chunks, layers[k] + 1);
+                if (best < 0 || cost < best_cost || (cost == best_cost && params < best_params)) {
+                    best = k;
+                    best_cost = cost;
+                    best_params = params;
+                }
+            }
+            layers[best]++;
+        }
+    } else {
+        const char* q = mode;
+        int n = 0, sum = 0;
+        while (*q && n <= chunks) {
+            char* end;
+            long x = strtol(q, &end, 10);
+            if (end == q || x < 0 || (*end && *end != ',')) {
+                snprintf(why, size, "--pp-partition '%s': expected balanced, uniform or a list of layer counts like 4,4,3,1", mode);
+                return why;
+            }
+            if (n < chunks) layers[n] = (int)x;
+            n++;
+            sum += (int)x;
+            q = *end ? end + 1 : end;
+        }
+        if (n != chunks || sum != L) {
+            snprintf(why, size, "--pp-partition %s: needs %d counts (--pp %d x --vpp %d) summing to the model's %d layers", mode,
+                     chunks, p, v, L);
+            return why;
+        }
+    }
+    for (int k = 1; k < chunks - 1; k++)
+        if (layers[k] == 0) {
+            snprintf(why, size, "--pp %d --vpp %d: chunk %d of %d gets no layers (the model has %d); every chunk but the first "
+                     "and the last needs one", p, v, k, chunks, L);
+            return why;
+        }
+    return NULL;
 }
 
 // Dense bf16 peak of this GPU in FLOP/s, 0 when unknown (then MFU is not printed).

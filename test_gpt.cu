@@ -448,6 +448,28 @@ static void test_schedules(void) {
                strstr(err, "stage 2 at its action 2 (forward of micro-batch 2, chunk 0)"),
            "simulator: a cycle of waits is reported as a deadlock");
     lp_simulation_free(&sim);
+    // partitions: balanced by FLOPs gives GPT-2 124M's LM head (4.5 layers' worth) a stage of its own at
+    // p=4 and fewer layers to the last stage at p=2; uniform and lists as asked; errors name the flag
+    LPConfig g;
+    lp_config_from_depth(&g, "d12");
+    int layers[16];
+    err = lp_pp_partition(&g, 1024, 4, 1, "balanced", layers, why, sizeof(why));
+    expect(!err && layers[0] == 4 && layers[1] == 4 && layers[2] == 4 && layers[3] == 0, "partition balanced, 124M, p=4: 4,4,4,0");
+    err = lp_pp_partition(&g, 1024, 2, 1, "balanced", layers, why, sizeof(why));
+    expect(!err && layers[0] == 8 && layers[1] == 4, "partition balanced, 124M, p=2: 8,4");
+    double worst = 0.0;
+    for (int k = 0; k < 2; k++) worst = fmax(worst, lp_chunk_flops(&g, 1024, k, 2, layers[k]));
+    expect(worst < lp_chunk_flops(&g, 1024, 1, 2, 6), "partition balanced, 124M, p=2: its costliest chunk is cheaper than uniform's");
+    err = lp_pp_partition(&g, 1024, 2, 2, "uniform", layers, why, sizeof(why));
+    expect(!err && layers[0] == 3 && layers[3] == 3, "partition uniform, p=2 v=2: 3 layers per chunk");
+    err = lp_pp_partition(&g, 1024, 2, 2, "5,3,3,1", layers, why, sizeof(why));
+    expect(!err && layers[0] == 5 && layers[3] == 1, "partition from a list");
+    err = lp_pp_partition(&g, 1024, 5, 1, "uniform", layers, why, sizeof(why));
+    expect(err && strstr(err, "--pp-partition uniform: the model's 12 layers do not split evenly over 5 chunks"), "partition uniform: L % chunks refused");
+    err = lp_pp_partition(&g, 1024, 2, 1, "7,6", layers, why, sizeof(why));
+    expect(err && strstr(err, "needs 2 counts (--pp 2 x --vpp 1) summing to the model's 12 layers"), "partition list: wrong sum refused");
+    err = lp_pp_partition(&g, 1024, 4, 1, "4,0,4,4", layers, why, sizeof(why));
+    expect(err && strstr(err, "chunk 1 of 4 gets no layers"), "partition list: a middle chunk without layers refused");
     // --print-schedule draws the timeline of the flags' configuration (m = -d / (-b * -t)) and exits
     static char out[1 << 14];
     int rc = run_cmd(out, sizeof(out), "%s --print-schedule --pp 4 --schedule 1f1b -b 1 -t 16 -d 128", TRAIN_BIN);
@@ -456,7 +478,7 @@ static void test_schedules(void) {
                strstr(out, "| peak 4 in flight") && strstr(out, "bubble 37.5%"), "--print-schedule draws 1F1B for p=4, m=8");
     expect_error("--print-schedule: interleaved with m not a multiple of p",
                  "the 6 micro-batches per step (-d / (-b * -t * d)) must be a multiple of --pp 4",
-                 "--print-schedule --pp 4 --vpp 2 --schedule interleaved -b 1 -t 16 -d 96");
+                 "--print-schedule -e d12 --pp 4 --vpp 2 --schedule interleaved -b 1 -t 16 -d 96");
     expect_error("--schedule: unknown name", "flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got 'zigzag'",
                  "--schedule zigzag");
 }
@@ -999,9 +1021,11 @@ static void test_data_parallel(void) {
     rc = run_cmd(out, sizeof(out), "mpirun -np 3 --oversubscribe %s %s --tp 3", TRAIN_BIN, base);
     expect(rc != 0 && strstr(out, "--tp 3: the model's 4 heads do not split evenly over 3 tensor-parallel ranks"),
            "grid: heads not divisible by t is refused");
-    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s --pp 4", TRAIN_BIN, base);
-    expect(rc != 0 && strstr(out, "--pp 4: the model's 2 layers do not split evenly over 4 pipeline stages"),
-           "grid: layers not divisible by p is refused");
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s --pp 4 --pp-partition uniform", TRAIN_BIN, base);
+    expect(rc != 0 && strstr(out, "--pp-partition uniform: the model's 2 layers do not split evenly over 4 chunks"),
+           "grid: layers not divisible by p is refused (uniform partition)");
+    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --pp 2", TRAIN_BIN, base);
+    expect(rc != 0 && strstr(out, "--pp 2: pipeline parallelism is not implemented yet"), "grid: --pp 2 is refused clearly until PP lands");
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --comm nccl", TRAIN_BIN, base);
     expect(rc != 0 && strstr(out, "flag --comm nccl: this build has no NCCL"), "--comm nccl on the CPU build is refused clearly");
     rc = run_cmd(out, sizeof(out), "%s %s --comm pigeon", TRAIN_BIN, base);

@@ -35,6 +35,7 @@ typedef struct {
     int sp;                  // --sp: sequence parallelism within the TP group
     int vpp;                 // --vpp: model chunks per pipeline stage (interleaving)
     const char* pp_schedule; // --schedule: gpipe | 1f1b | interleaved
+    const char* pp_partition;// --pp-partition: balanced | uniform | L1,L2,...
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* comm;        // --comm: auto | nccl | mpi
@@ -85,6 +86,7 @@ static void lp_flags_default(LPFlags* f) {
     f->comm = "auto";
     f->vpp = 1;
     f->pp_schedule = "1f1b";
+    f->pp_partition = "balanced";
     f->overlap = 1;
     f->bucket_mb = 25.0f;
 }
@@ -116,6 +118,7 @@ static void lp_usage(void) {
         "  --pp N      pipeline-parallel size (1 for now; --print-schedule shows any) [1]\n"
         "  --vpp N     model chunks per pipeline stage (--schedule interleaved) [1]\n"
         "  --schedule NAME  pipeline schedule: gpipe | 1f1b | interleaved [1f1b]\n"
+        "  --pp-partition P layers per chunk: balanced (by FLOPs, counting the LM head) | uniform | L1,L2,... [balanced]\n"
         "  --print-schedule draw the pipeline timeline of --pp, --vpp, --schedule and the micro-batches\n"
         "              per step (-d / (-b * -t * d)), simulated with unit costs, and exit\n"
         "              data-parallel size d = ranks / (tp * pp)\n"
@@ -156,7 +159,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--print-schedule") == 0) { f->print_schedule = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule"};
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -190,6 +193,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--bucket-mb") == 0) f->bucket_mb = lp_parse_float(a, v);
         else if (strcmp(a, "--vpp") == 0) f->vpp = lp_parse_int(a, v);
         else if (strcmp(a, "--schedule") == 0) f->pp_schedule = v;
+        else if (strcmp(a, "--pp-partition") == 0) f->pp_partition = v;
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -277,6 +281,24 @@ static void lp_device_sync(void) {
 #endif
 }
 
+// The model's shape from -e: a dN preset, or an llm.c file's header. Returns 1 for a preset (a new model).
+static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cfg) {
+    if (lp_config_from_depth(cfg, f->init)) {
+        lp_config_validate(cfg, "-e");
+        return 1;
+    }
+    // files are checked by rank 0 first (lp_fail there stops everyone), so a bad one is reported once
+    for (int pass = 0; pass < 2; pass++) {
+        if ((proc->rank == 0) == (pass == 0)) {
+            FILE* file = lp_fopen(f->init, "rb");
+            lp_model_file_header(f->init, cfg, file);
+            fclose(file);
+        }
+        lp_barrier(&proc->world_group);
+    }
+    return 0;
+}
+
 static void lp_train(const LPFlags* f, const LPProcess* proc) {
     const LPGroup* dp = &proc->dp_group;
     LPSplit split = {&proc->tp_group, dp, f->zero, f->sp};
@@ -284,21 +306,12 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     // model: from scratch or from an llm.c file; its shape is checked against the grid first
     LPModel model;
     LPConfig cfg;
-    int from_scratch = lp_config_from_depth(&cfg, f->init);
-    if (from_scratch) {
-        lp_config_validate(&cfg, "-e");
-    } else {
-        // files are checked by rank 0 first (lp_fail there stops everyone), so a bad one is reported once
-        for (int pass = 0; pass < 2; pass++) {
-            if ((proc->rank == 0) == (pass == 0)) {
-                FILE* file = lp_fopen(f->init, "rb");
-                lp_model_file_header(f->init, &cfg, file);
-                fclose(file);
-            }
-            lp_barrier(&proc->world_group);
-        }
-    }
+    int from_scratch = lp_model_config(f, proc, &cfg);
     lp_grid_check(proc, &cfg);
+    int layers[1024];
+    char why[512];
+    if (f->pp * f->vpp > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
+    if (lp_pp_partition(&cfg, f->T, f->pp, f->vpp, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
     if (proc->pp > 1)
         lp_fail_all("--pp %d: pipeline parallelism is not implemented yet; data and tensor parallelism are "
                     "(mpirun -np N with --tp t --pp 1)", proc->pp);
@@ -468,16 +481,32 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     lp_model_free(&model);
 }
 
-// --print-schedule: the pipeline timeline this configuration would run, from the simulator. Needs no
-// grid: d is the ranks / (t p) when that divides, else 1.
+// --print-schedule: the partition of the -e model's layers into chunks, and the pipeline timeline this
+// configuration would run, from the simulator. Needs no grid: d is the ranks / (t p) when that divides,
+// else 1.
 static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
+    LPConfig cfg;
+    lp_model_config(f, proc, &cfg);
+    int chunks = f->pp * f->vpp, layers[1024], first = 0;
+    char why[512];
+    if (chunks > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
+    if (lp_pp_partition(&cfg, f->T, f->pp, f->vpp, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
+    lp_log("partition %s of %d layers (L=%d C=%d Vp=%d, T=%d), training FLOPs per token:\n", f->pp_partition,
+           cfg.num_layers, cfg.num_layers, cfg.channels, cfg.padded_vocab_size, f->T);
+    for (int k = 0; k < chunks; k++) {
+        lp_log("  chunk %d on stage %d:%s", k, k % f->pp, k == 0 ? " embedding," : "");
+        if (layers[k] == 1) lp_log(" layer %d,", first);
+        if (layers[k] > 1) lp_log(" layers %d-%d,", first, first + layers[k] - 1);
+        lp_log("%s %.3g GFLOP\n", k == chunks - 1 ? " final LayerNorm and LM head," : "",
+               lp_chunk_flops(&cfg, f->T, k, chunks, layers[k]) / 1e9);
+        first += layers[k];
+    }
     int d = f->tp * f->pp > 0 && proc->world % (f->tp * f->pp) == 0 ? proc->world / (f->tp * f->pp) : 1;
     int per_micro = f->B * f->T * d, m = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
     int kind = lp_schedule_parse(f->pp_schedule);
     LPSimulation sim;
-    char why[512];
     if (lp_schedule_simulate(&sim, kind, f->pp, f->vpp, m, 1.0, 2.0, why, sizeof(why))) lp_fail_all("%s", why);
     if (proc->rank == 0) lp_schedule_print(stdout, &sim, kind);
     lp_simulation_free(&sim);
