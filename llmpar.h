@@ -584,6 +584,17 @@ static inline const char* lp_schedule_check(int kind, int p, int v, int m, char*
     return why;
 }
 
+// A stage's k-th forward (or backward) in the 1F1B orders: micro-batches go in groups of p through each
+// chunk in turn (forwards chunk 0 first, backwards the last chunk first).
+static inline LPAction lp_schedule_action(int k, int forward, int p, int v) {
+    LPAction a;
+    int chunk = k % (p * v) / p;
+    a.forward = forward;
+    a.micro = k / (p * v) * p + k % p;
+    a.chunk = forward ? chunk : v - 1 - chunk;
+    return a;
+}
+
 // Stage s's actions, in order, into out (2*m*v of them).
 //   gpipe (all forwards, then all backwards): every stage holds all m micro-batches' activations.
 //   1f1b: stage s runs p-s-1 warm-up forwards, then alternates one forward and one backward, then drains
@@ -600,22 +611,12 @@ static inline int lp_schedule_stage(int kind, int p, int v, int m, int s, LPActi
     }
     int warmup = kind == LP_SCHEDULE_1F1B ? p - s - 1 : (m == p ? total : 2 * (p - s - 1) + (v - 1) * p);
     if (warmup > total) warmup = total;
-    // the k-th forward (or backward) of this stage: micro-batch and chunk
-#define LP_SCHED_ACTION(k, fwd)                                                                \
-    do {                                                                                       \
-        int group = (k) % (p * v), chunk = group / p;                                          \
-        out[n].forward = (fwd);                                                                \
-        out[n].micro = (k) / (p * v) * p + (k) % p;                                            \
-        out[n].chunk = (fwd) ? chunk : v - 1 - chunk;                                          \
-        n++;                                                                                   \
-    } while (0)
-    for (int k = 0; k < warmup; k++) LP_SCHED_ACTION(k, 1);
+    for (int k = 0; k < warmup; k++) out[n++] = lp_schedule_action(k, 1, p, v);
     for (int k = 0; k < total - warmup; k++) {
-        LP_SCHED_ACTION(k + warmup, 1);
-        LP_SCHED_ACTION(k, 0);
+        out[n++] = lp_schedule_action(k + warmup, 1, p, v);
+        out[n++] = lp_schedule_action(k, 0, p, v);
     }
-    for (int k = total - warmup; k < total; k++) LP_SCHED_ACTION(k, 0);
-#undef LP_SCHED_ACTION
+    for (int k = total - warmup; k < total; k++) out[n++] = lp_schedule_action(k, 0, p, v);
     return n;
 }
 
