@@ -23,6 +23,7 @@ The model code calls LP(op), which picks the build's implementation: lp_op_cpu o
 
 #include <errno.h>
 #include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -374,18 +375,20 @@ typedef struct {
 #endif
     int rank, size;
     const char* name;  // "tp", "dp", "pp" or "world", for error messages
-    // device-tensor traffic so far, per kind of collective (LP_ALL_REDUCE, ...): calls, and bytes of the
-    // whole tensor each moved (an all-reduce's buffer; a reduce-scatter's input; an all-gather's output)
-    long long calls[3];
-    double bytes[3];
+    // device-tensor traffic so far, per kind of operation (LP_ALL_REDUCE, ...): calls, and bytes of the
+    // whole tensor each moved (an all-reduce's buffer; a reduce-scatter's input; an all-gather's output;
+    // what a send sent)
+    long long calls[4];
+    double bytes[4];
 } LPGroup;
-enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER };
+enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER, LP_SEND };
 
 typedef struct {
     int rank, world;
     int tp, dp, pp;                 // grid sizes: t, d, p
     int tp_rank, dp_rank, pp_rank;  // this rank's coordinates
     LPGroup world_group, tp_group, dp_group, pp_group;
+    LPGroup tied_group;  // pipeline: the first and last stage of a pipeline, which both hold wte (else size 1)
     int device;                     // the GPU this rank uses (CUDA build)
 } LPProcess;
 
@@ -446,6 +449,17 @@ static inline void lp_grid_init(LPProcess* p, int tp, int pp) {
         MPI_Comm_set_errhandler(groups[i]->comm, MPI_ERRORS_RETURN);  // so failures name the collective
 #endif
     }
+    // the tied group: wte's gradients from the embedding (stage 0) and the LM head (stage p-1) are summed
+    int tied = pp > 1 && (p->pp_rank == 0 || p->pp_rank == pp - 1);
+    p->tied_group.name = "tied";
+    p->tied_group.size = tied ? 2 : 1;
+    p->tied_group.rank = p->pp_rank == 0 ? 0 : 1;
+#ifdef LLMPAR_MPI
+    if (p->world > 1) {
+        MPI_Comm_split(MPI_COMM_WORLD, tied ? p->dp_rank * tp + p->tp_rank : MPI_UNDEFINED, p->pp_rank, &p->tied_group.comm);
+        if (tied) MPI_Comm_set_errhandler(p->tied_group.comm, MPI_ERRORS_RETURN);
+    }
+#endif
 }
 
 #ifndef LLMPAR_CPU
@@ -499,6 +513,13 @@ static inline void lp_device_init(LPProcess* p) {
     cudaCheck(cudaGetDeviceProperties(&lp_device_prop, p->device));
     cublasCheck(cublasLtCreate(&lp_cublaslt));
     lp_cublaslt_workspace = lp_device_malloc(lp_cublaslt_workspace_size, "cuBLASLt workspace");
+#endif
+}
+
+// Wait for the GPU's queued work (timing); nothing on the CPU build.
+static inline void lp_device_sync(void) {
+#ifndef LLMPAR_CPU
+    cudaCheck(cudaDeviceSynchronize());
 #endif
 }
 
@@ -625,13 +646,15 @@ typedef struct {
     int p, v, m, per_stage;  // per_stage = 2*m*v actions
     LPAction* actions;       // (p, per_stage): stage s's list
     double* start;           // (p, per_stage): when each action starts
-    double f, b;             // cost of one chunk's forward and backward
+    double f, b;             // cost of one chunk's forward and backward ...
+    double* cost;            // ... or (2, p*v) of each virtual stage: forwards, then backwards (NULL: f, b)
     double makespan;         // when the last action ends
-    double bubble;           // idle share: (makespan - m*v*(f+b)) / (m*v*(f+b))
+    double work;             // the busiest stage's compute: m*v*(f+b) with uniform costs
+    double bubble;           // idle share of the busiest stage: (makespan - work) / work
     int* peak;               // (p): most micro-batch chunks whose activations a stage holds at once
 } LPSimulation;
 
-// Run sim's lists (sim->actions) with costs f and b per chunk forward and backward and no communication
+// Run sim's lists (sim->actions) with sim's costs per chunk forward and backward and no communication
 // time: an action starts when its stage is free and its input has arrived. Each stage's list must hold
 // each (micro-batch, chunk) forward and backward once, a backward after its forward. Returns NULL, or why
 // not (an action out of range or repeated, a backward before its forward, or the stages waiting on each
@@ -685,7 +708,7 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
                 if (ready < 0.0) break;  // its input has not been produced yet
                 double t0 = ready > free_at[s] ? ready : free_at[s];
                 sim->start[(size_t)s * per + next[s]] = t0;
-                free_at[s] = *mine = t0 + (a->forward ? f : b);
+                free_at[s] = *mine = t0 + (sim->cost ? sim->cost[(size_t)!a->forward * V + k] : a->forward ? f : b);
                 in_flight[s] += a->forward ? 1 : -1;
                 if (in_flight[s] > sim->peak[s]) sim->peak[s] = in_flight[s];
                 next[s]++;
@@ -706,10 +729,14 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
             err = why;
         }
     }
-    for (int s = 0; s < p; s++)
+    sim->work = 0.0;
+    for (int s = 0; s < p; s++) {
+        double work = 0.0;
+        for (int c = 0; c < v; c++) work += m * (sim->cost ? sim->cost[c * p + s] + sim->cost[V + c * p + s] : f + b);
+        if (work > sim->work) sim->work = work;
         if (free_at[s] > sim->makespan) sim->makespan = free_at[s];
-    double ideal = (double)m * v * (f + b);
-    sim->bubble = (sim->makespan - ideal) / ideal;
+    }
+    sim->bubble = (sim->makespan - sim->work) / sim->work;
     free(in_flight);
     free(done);
     free(next);
@@ -717,13 +744,18 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
     return err;
 }
 
-// Simulate schedule `kind` for p stages, v chunks each, m micro-batches, with costs f and b (unit costs:
-// 1 and 1; measured ones work too). Returns NULL, or why it cannot run; sim is freed by the caller either way.
+// Simulate schedule `kind` for p stages, v chunks each, m micro-batches, with costs f and b for every
+// chunk (unit costs: 1 and 1), or with each virtual stage's own (cost: forwards, then backwards, as
+// measured). Returns NULL, or why it cannot run; sim is freed by the caller either way.
 static inline const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b,
-                                               char* why, size_t size) {
+                                               const double* cost, char* why, size_t size) {
     memset(sim, 0, sizeof(*sim));
     if (lp_schedule_check(kind, p, v, m, why, size)) return why;
     sim->p = p; sim->v = v; sim->m = m; sim->per_stage = 2 * m * v; sim->f = f; sim->b = b;
+    if (cost) {
+        sim->cost = (double*)lp_host_malloc((size_t)2 * p * v * sizeof(double), "schedule");
+        memcpy(sim->cost, cost, (size_t)2 * p * v * sizeof(double));
+    }
     sim->actions = (LPAction*)lp_host_malloc((size_t)p * sim->per_stage * sizeof(LPAction), "schedule");
     sim->start = (double*)lp_host_malloc((size_t)p * sim->per_stage * sizeof(double), "schedule");
     sim->peak = (int*)lp_host_malloc((size_t)p * sizeof(int), "schedule");
@@ -735,6 +767,7 @@ static inline void lp_simulation_free(LPSimulation* sim) {
     free(sim->actions);
     free(sim->start);
     free(sim->peak);
+    free(sim->cost);
     memset(sim, 0, sizeof(*sim));
 }
 
@@ -764,8 +797,7 @@ static inline void lp_schedule_print(FILE* out, const LPSimulation* sim, int kin
         row[(size_t)ticks * w] = '\0';
         fprintf(out, "stage %d | %s| peak %d in flight\n", s, row, sim->peak[s]);
     }
-    fprintf(out, "time %.0f units for %.0f of work per stage: bubble %.1f%%\n", sim->makespan,
-            (double)sim->m * sim->v * (sim->f + sim->b), 100.0 * sim->bubble);
+    fprintf(out, "time %.0f units for %.0f of work per stage: bubble %.1f%%\n", sim->makespan, sim->work, 100.0 * sim->bubble);
     free(row);
 }
 
@@ -978,6 +1010,80 @@ static inline void lp_barrier(const LPGroup* g) {
 #ifdef LLMPAR_MPI
     lp_mpi_check(MPI_Barrier(g->comm), "barrier", g);
 #endif
+}
+
+// --- point-to-point between pipeline stages. A send never holds its sender up: the data is copied out
+// and handed to MPI_Isend, and lp_sends_wait finishes the sends. That is the model under which the schedule
+// simulator (lp_schedule_run) proves a schedule free of deadlock; a receive blocks until its data is there.
+// Tags name the message, so each receive gets its own data whatever order messages travel in. Both builds
+// go over MPI; the CUDA build stages through host memory (also when NCCL carries the collectives).
+typedef struct {
+#ifdef LLMPAR_MPI
+    MPI_Request* req;
+#endif
+    void** buf;
+    int count, cap;
+} LPSends;
+
+// Send n values of x to the group's rank `peer`.
+static inline void lp_send(const LPGroup* g, const floatX* x, size_t n, int peer, int tag, LPSends* s) {
+    size_t bytes = n * sizeof(floatX);
+    lp_traffic(g, LP_SEND, bytes);
+#ifdef LLMPAR_MPI
+    if (bytes > (size_t)INT_MAX) lp_fail("send on group %s: %zu bytes is too large for one MPI message", g->name, bytes);
+    if (s->count == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 16;
+        s->req = (MPI_Request*)realloc(s->req, (size_t)s->cap * sizeof(MPI_Request));
+        s->buf = (void**)realloc(s->buf, (size_t)s->cap * sizeof(void*));
+        if (!s->req || !s->buf) lp_fail("out of host memory for pending sends");
+    }
+    void* buf = lp_host_malloc(bytes, "send buffer");
+    lp_copy_to_host(buf, x, bytes);
+    lp_mpi_check(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, &s->req[s->count]), "send", g);
+    s->buf[s->count++] = buf;
+#else
+    (void)x, (void)peer, (void)tag, (void)s;
+    lp_fail("send on group %s: this build has no MPI", g->name);
+#endif
+}
+
+// Receive n values from the group's rank `peer` into x; blocks until they have arrived.
+static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int tag) {
+    size_t bytes = n * sizeof(floatX);
+#ifdef LLMPAR_MPI
+    if (bytes > (size_t)INT_MAX) lp_fail("receive on group %s: %zu bytes is too large for one MPI message", g->name, bytes);
+#ifdef LLMPAR_CPU
+    void* buf = x;
+#else
+    void* buf = lp_pinned_buffer(n);
+#endif
+    lp_mpi_check(MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, MPI_STATUS_IGNORE), "receive", g);
+#ifndef LLMPAR_CPU
+    lp_copy_to_device(x, buf, bytes);
+#endif
+#else
+    (void)x, (void)peer, (void)tag, (void)bytes;
+    lp_fail("receive on group %s: this build has no MPI", g->name);
+#endif
+}
+
+// Finish every send started on s and free their buffers.
+static inline void lp_sends_wait(const LPGroup* g, LPSends* s) {
+#ifdef LLMPAR_MPI
+    if (s->count) lp_mpi_check(MPI_Waitall(s->count, s->req, MPI_STATUSES_IGNORE), "send", g);
+#else
+    (void)g;
+#endif
+    for (int k = 0; k < s->count; k++) free(s->buf[k]);
+    s->count = 0;
+}
+
+static inline void lp_sends_free(LPSends* s) {
+#ifdef LLMPAR_MPI
+    free(s->req);
+#endif
+    free(s->buf);
+    memset(s, 0, sizeof(*s));
 }
 
 // Overlap: collectives started now and finished together by lp_wait, while compute goes on. NCCL runs
@@ -1441,13 +1547,14 @@ static inline void lp_layernorm_forward_cpu(float* out, float* mean, float* rstd
 
 // residual = inp1 + (inp2 + bias), then out = layernorm(residual): one pass over the residual stream, not
 // two. inp2 is a row-parallel projection's output, summed over tensor-parallel ranks before its bias is
-// added here, once.
+// added here, once. out NULL: the residual only (a pipeline chunk's last layer, whose LayerNorm is in the
+// next chunk).
 static inline void lp_residual_layernorm_forward_cpu(float* residual, float* out, float* mean, float* rstd,
                                                      const float* inp1, const float* inp2, const float* bias,
                                                      const float* w, const float* b, int N, int C) {
 #pragma omp parallel for
     for (size_t i = 0; i < (size_t)N * C; i++) residual[i] = inp1[i] + (inp2[i] + bias[i % C]);
-    lp_layernorm_forward_cpu(out, mean, rstd, residual, w, b, N, C);
+    if (out) lp_layernorm_forward_cpu(out, mean, rstd, residual, w, b, N, C);
 }
 
 static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, const float* dout,
@@ -1500,6 +1607,7 @@ __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float
             residual[base + c] = lp_xf(lp_bf(inp1[base + c]) + (lp_bf(inp2[base + c]) + lp_bf(bias[c])));
         x = residual + base;  // each lane reads back only what it wrote
     }
+    if (!out) return;
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += lp_bf(x[c]);
     float m = lp_warp_sum(s) / C;
@@ -2159,10 +2267,11 @@ typedef struct {
 // MLP width and vocabulary slice.
 
 // Where the rank's flat parameters sit in the canonical layout (the llm.c file's, unsplit): runs of values
-// contiguous in both. `replicated` runs are held alike by every TP rank.
+// contiguous in both. A `copy` run holds values another rank holds too and writes to files: a tensor TP
+// replicates (TP rank 0 writes it), or the last pipeline chunk's wte (the first chunk's is the original).
 typedef struct {
     size_t local, canon, n;
-    int replicated;
+    int copy;
 } LPRun;
 
 // How one model is split over ranks.
@@ -2171,10 +2280,16 @@ typedef struct {
     const LPGroup* dp;  // data-parallel group: gradients are averaged over it (NULL: one replica)
     int zero;           // ZeRO stage 0..3 over dp
     int sp;             // sequence parallelism over tp
+    // pipeline: this model is chunk `chunk` of `chunks` (0: the whole model), running the model's layers
+    // [layer0, layer0 + layers); the first chunk holds the embedding, the last the final LayerNorm and head
+    int chunk, chunks, layer0, layers;
 } LPSplit;
 
 typedef struct {
-    LPConfig cfg;
+    LPConfig cfg;         // the whole model's shape
+    // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l); the
+    // first chunk holds wte and wpe, the last lnf and wte again (tied_copy when it is not also the first)
+    int L, layer0, first, last, tied_copy;
     size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;  // this rank's tensors
     size_t total_params;  // the whole model's parameter count
     LPRun* runs;          // this rank's parameters in the canonical layout (files)
@@ -2216,21 +2331,26 @@ typedef struct {
     floatX* p[LP_NUM_PARAMS];  // views into params
     floatX* g[LP_NUM_PARAMS];  // views into grads
     int adam_step;
-    // activations, allocated for (B, T) on the first forward; later passes may use any smaller (B, T)
+    // activations, allocated for (B, T) on the first forward; later passes may use any smaller (B, T).
+    // A pipeline stage holds several micro-batches in flight: each has a slot of the activations backward
+    // needs (and its input tokens); the scratch buffers are shared. act is the slot in use.
     int B, T;
     int cur_B, cur_T;   // shape of the last forward, which backward differentiates
     LPActivations act;
+    int num_slots;
+    LPActivations* slot_act;  // (num_slots)
+    int* slot_inputs;   // (num_slots,B,T)
     void* act_memory;
     size_t act_bytes;
     int* inputs;        // (B,T) device
     int* targets;       // (B,T) device
-    int* inputs_host;   // (B,T) the last forward's tokens, for the embedding backward
+    int* inputs_host;   // (B,T) the slot's tokens, for the embedding backward
     float* losses_host; // (B,T)
 } LPModel;
 
-static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size_t n, int replicated, int* cap) {
+static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size_t n, int copy, int* cap) {
     LPRun* last = m->num_runs ? &m->runs[m->num_runs - 1] : NULL;
-    if (last && last->local + last->n == local && last->canon + last->n == canon && last->replicated == replicated) {
+    if (last && last->local + last->n == local && last->canon + last->n == canon && last->copy == copy) {
         last->n += n;
         return;
     }
@@ -2243,11 +2363,12 @@ static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size
     r->local = local;
     r->canon = canon;
     r->n = n;
-    r->replicated = replicated;
+    r->copy = copy;
 }
 
-// Map this rank's flat parameters to the canonical layout, tensor by tensor: a rows-split matrix gives
-// one run per block (its rows are contiguous), a columns-split one a run per row.
+// Map this rank's flat parameters to the canonical layout, tensor by tensor (of a layer tensor, the
+// chunk's layers): a rows-split matrix gives one run per block (its rows are contiguous), a columns-split
+// one a run per row.
 static inline void lp_model_build_runs(LPModel* m) {
     int t = m->tp_size, r = m->tp_rank, cap = 0;
     size_t local = 0, canon = 0;
@@ -2255,18 +2376,20 @@ static inline void lp_model_build_runs(LPModel* m) {
         size_t count, rows, cols;
         int blocks, split = lp_param_split[i];
         lp_param_shape(&m->cfg, i, &count, &rows, &cols, &blocks);
-        for (size_t l = 0; l < count; l++) {
+        size_t l0 = lp_is_layer_tensor(i) ? (size_t)m->layer0 : 0, l1 = lp_is_layer_tensor(i) ? l0 + m->L : m->param_sizes[i] > 0;
+        int copy = (split == LP_REPLICATED && r > 0) || (i == LP_WTE && m->tied_copy);
+        for (size_t l = l0; l < l1; l++) {
             size_t mat = canon + l * rows * cols;  // this layer's matrix
             if (split == LP_REPLICATED) {
-                lp_model_add_run(m, local, mat, rows * cols, t > 1, &cap);
+                lp_model_add_run(m, local, mat, rows * cols, copy, &cap);
                 local += rows * cols;
             } else if (split == LP_SPLIT_ROWS) {
                 size_t per = rows / blocks / t;  // this rank's rows of one block
                 for (int k = 0; k < blocks; k++, local += per * cols)
-                    lp_model_add_run(m, local, mat + (k * (rows / blocks) + r * per) * cols, per * cols, 0, &cap);
+                    lp_model_add_run(m, local, mat + (k * (rows / blocks) + r * per) * cols, per * cols, copy, &cap);
             } else {
                 size_t w = cols / t;  // this rank's columns of each row
-                for (size_t j = 0; j < rows; j++, local += w) lp_model_add_run(m, local, mat + j * cols + r * w, w, 0, &cap);
+                for (size_t j = 0; j < rows; j++, local += w) lp_model_add_run(m, local, mat + j * cols + r * w, w, copy, &cap);
             }
         }
         canon += count * rows * cols;
@@ -2291,13 +2414,24 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
     m->tp_rank = m->tp ? m->tp->rank : 0;
     m->sp = split->sp && m->tp_size > 1;
     m->dp = dp;
+    int chunks = split->chunks ? split->chunks : 1;
+    m->layer0 = split->chunks ? split->layer0 : 0;
+    m->L = split->chunks ? split->layers : cfg->num_layers;
+    m->first = split->chunk == 0;
+    m->last = split->chunk == chunks - 1;
+    m->tied_copy = m->last && !m->first;
+    if (m->layer0 < 0 || m->L < 0 || m->layer0 + m->L > cfg->num_layers)
+        lp_fail("internal: chunk layers [%d, %d) outside the model's %d", m->layer0, m->layer0 + m->L, cfg->num_layers);
     lp_param_sizes(m->param_sizes, cfg, m->tp_size);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        if (lp_is_layer_tensor(i)) m->param_sizes[i] = m->param_sizes[i] / cfg->num_layers * m->L;  // the chunk's layers
+        else if ((i == LP_WPE && !m->first) || ((i == LP_LNFW || i == LP_LNFB) && !m->last) || (i == LP_WTE && !m->first && !m->last))
+            m->param_sizes[i] = 0;  // held by another chunk
         m->param_offsets[i] = m->num_params;
         m->num_params += m->param_sizes[i];
         if (lp_is_layer_tensor(i)) {
             m->layer_offsets[i] = m->layer_params;
-            m->layer_params += m->param_sizes[i] / cfg->num_layers;
+            m->layer_params += m->L ? m->param_sizes[i] / m->L : 0;
         }
     }
     lp_model_build_runs(m);
@@ -2308,7 +2442,7 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
     m->shard_size = m->padded_params / parts;
     m->shard_start = zero_stage >= 1 ? m->shard_size * dp->rank : 0;
     size_t n = m->padded_params, k = m->shard_size;
-    size_t outside = m->num_params - m->layer_params * cfg->num_layers;  // wte, wpe, lnf
+    size_t outside = m->num_params - m->layer_params * m->L;  // wte, wpe, lnf
     if (zero_stage >= 3) {  // full weights only for the tensors outside the layers, packed
         m->params = (floatX*)lp_device_malloc(outside * sizeof(floatX), "parameters of wte, wpe, lnf");
         m->param_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "parameter shard");
@@ -2358,11 +2492,11 @@ static inline floatX* lp_layer_param(const LPModel* m, int i, int l) {
             if (m->layer_in_buf[b] == l) return m->layer_buf[b] + m->layer_offsets[i];
         lp_fail("ZeRO-3: layer %d's weights were used before they were gathered", l);
     }
-    return m->p[i] + (size_t)l * (m->param_sizes[i] / m->cfg.num_layers);
+    return m->p[i] + (size_t)l * (m->param_sizes[i] / m->L);
 }
 static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) {
     if (m->zero_stage >= 2) return m->layer_grads + m->layer_offsets[i];
-    return m->g[i] + (size_t)l * (m->param_sizes[i] / m->cfg.num_layers);
+    return m->g[i] + (size_t)l * (m->param_sizes[i] / m->L);
 }
 
 // The part of the flat parameters [first, first + n) in each rank's shard, as counts in rank order.
@@ -2386,12 +2520,12 @@ static inline void lp_model_gather_start(LPModel* m, floatX* dst, size_t flat, s
 // ZeRO-3: start gathering layer l's weights (if not there or on their way) into the buffer holding the
 // layer furthest from l: forward prefetches l+1 while l runs, backward l-1.
 static inline void lp_model_prefetch_layer(LPModel* m, int l) {
-    if (m->zero_stage < 3 || l < 0 || l >= m->cfg.num_layers || m->layer_in_buf[0] == l || m->layer_in_buf[1] == l) return;
+    if (m->zero_stage < 3 || l < 0 || l >= m->L || m->layer_in_buf[0] == l || m->layer_in_buf[1] == l) return;
     int d0 = m->layer_in_buf[0] < 0 ? 1 << 30 : abs(m->layer_in_buf[0] - l);
     int d1 = m->layer_in_buf[1] < 0 ? 1 << 30 : abs(m->layer_in_buf[1] - l);
     int b = d0 >= d1 ? 0 : 1;
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
-        size_t per = m->param_sizes[i] / m->cfg.num_layers;
+        size_t per = m->param_sizes[i] / m->L;
         lp_model_gather_start(m, m->layer_buf[b] + m->layer_offsets[i], m->param_offsets[i] + (size_t)l * per, per,
                               &m->gathering[b]);
     }
@@ -2445,14 +2579,14 @@ static inline void lp_model_set_weights(LPModel* m, const float* canon) {
 }
 
 // Read or write this rank's values [lo, lo + count) of the flat parameters (buf, host) at their canonical
-// places in f, whose canonical array starts at byte `base`. A write skips the TP-replicated values on all
-// but TP rank 0 (the others hold the same). Returns 0 or an errno.
+// places in f, whose canonical array starts at byte `base`. A write skips the copies (another rank writes
+// the same values). Returns 0 or an errno.
 static inline int lp_model_canonical_io(const LPModel* m, FILE* f, long long base, float* buf, size_t lo, size_t count,
                                         int write) {
     for (int k = 0; k < m->num_runs; k++) {
         const LPRun* r = &m->runs[k];
         size_t a = r->local > lo ? r->local : lo, b = r->local + r->n < lo + count ? r->local + r->n : lo + count;
-        if (a >= b || (write && r->replicated && m->tp_rank > 0)) continue;
+        if (a >= b || (write && r->copy)) continue;
         if (fseeko(f, base + 4LL * (long long)(r->canon + (a - r->local)), SEEK_SET) != 0) return errno ? errno : EIO;
         size_t done = write ? fwrite(buf + (a - lo), sizeof(float), b - a, f) : fread(buf + (a - lo), sizeof(float), b - a, f);
         if (done != b - a) return errno ? errno : EIO;
@@ -2486,63 +2620,81 @@ static inline void lp_model_init_random(LPModel* m, uint64_t seed) {
     free(w);
 }
 
-// Lay the activations out in one allocation; called twice: once to count (base NULL), once to carve.
-static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, int B, int T, char* base) {
+// Lay out one slot of the activations: the ones backward reads at `stored`, the scratch at `scratch`.
+// Called to count (NULL bases), then to carve. Returns the stored bytes; *scratch_bytes the scratch's.
+static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, int B, int T, char* stored, char* scratch,
+                                           size_t* scratch_bytes) {
     const LPConfig* c = &m->cfg;
-    size_t t = m->tp_size, L = c->num_layers, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
-    size_t N = (size_t)B * T, Nr = m->sp ? N / t : N, Vl = c->padded_vocab_size / t, off = 0;
-#define LP_CARVE(field, type, count)                                      \
-    do {                                                                  \
-        a->field = base ? (type*)(base + off) : NULL;                     \
-        off += ((count) * sizeof(type) + 255) & ~(size_t)255; /* align */ \
+    size_t t = m->tp_size, L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
+    size_t N = (size_t)B * T, Nr = m->sp ? N / t : N, Vl = m->last ? c->padded_vocab_size / t : 0, off[2] = {0, 0};
+    size_t head = m->last ? Nr : 0;  // the final LayerNorm and the logits live on the last chunk
+#define LP_CARVE(region, field, type, count)                                                  \
+    do {                                                                                      \
+        char* base = region ? scratch : stored;                                               \
+        a->field = base ? (type*)(base + off[region]) : NULL;                                 \
+        off[region] += ((count) * sizeof(type) + 255) & ~(size_t)255; /* aligned */           \
     } while (0)
-    LP_CARVE(encoded, floatX, Nr * C);
-    LP_CARVE(ln1, floatX, L * Nr * C);
-    LP_CARVE(ln1_mean, float, L * Nr);
-    LP_CARVE(ln1_rstd, float, L * Nr);
-    LP_CARVE(qkvr, floatX, L * N * 3 * Cl);
-    LP_CARVE(att, floatX, L * B * NHl * T * T);
-    LP_CARVE(atty, floatX, L * N * Cl);
-    LP_CARVE(residual2, floatX, L * Nr * C);
-    LP_CARVE(ln2, floatX, L * Nr * C);
-    LP_CARVE(ln2_mean, float, L * Nr);
-    LP_CARVE(ln2_rstd, float, L * Nr);
-    LP_CARVE(fch, floatX, L * N * Fl);
-    LP_CARVE(fch_gelu, floatX, L * N * Fl);
-    LP_CARVE(residual3, floatX, L * Nr * C);
-    LP_CARVE(lnf, floatX, Nr * C);
-    LP_CARVE(lnf_mean, float, Nr);
-    LP_CARVE(lnf_rstd, float, Nr);
-    LP_CARVE(logits, floatX, N * Vl);
-    LP_CARVE(losses, float, N);
-    LP_CARVE(stats, float, t * N * 3);
-    LP_CARVE(qkv, floatX, N * 3 * Cl);
-    LP_CARVE(btc, floatX, N * C);
-    LP_CARVE(full, floatX, m->sp ? N * C : 0);
-    LP_CARVE(dresidual, floatX, Nr * C);
-    LP_CARVE(dfch, floatX, N * Fl);
-    LP_CARVE(dqkvr, floatX, N * 3 * Cl);
-    LP_CARVE(datt, floatX, B * NHl * T * T);
-    LP_CARVE(dy, floatX, N * Cl);
+    LP_CARVE(0, encoded, floatX, Nr * C);
+    LP_CARVE(0, ln1, floatX, L * Nr * C);
+    LP_CARVE(0, ln1_mean, float, L * Nr);
+    LP_CARVE(0, ln1_rstd, float, L * Nr);
+    LP_CARVE(0, qkvr, floatX, L * N * 3 * Cl);
+    LP_CARVE(0, att, floatX, L * B * NHl * T * T);
+    LP_CARVE(0, atty, floatX, L * N * Cl);
+    LP_CARVE(0, residual2, floatX, L * Nr * C);
+    LP_CARVE(0, ln2, floatX, L * Nr * C);
+    LP_CARVE(0, ln2_mean, float, L * Nr);
+    LP_CARVE(0, ln2_rstd, float, L * Nr);
+    LP_CARVE(0, fch, floatX, L * N * Fl);
+    LP_CARVE(0, fch_gelu, floatX, L * N * Fl);
+    LP_CARVE(0, residual3, floatX, L * Nr * C);
+    LP_CARVE(0, lnf, floatX, head * C);
+    LP_CARVE(0, lnf_mean, float, head);
+    LP_CARVE(0, lnf_rstd, float, head);
+    LP_CARVE(0, logits, floatX, N * Vl);
+    LP_CARVE(1, losses, float, N);
+    LP_CARVE(1, stats, float, t * N * 3);
+    LP_CARVE(1, qkv, floatX, N * 3 * Cl);
+    LP_CARVE(1, btc, floatX, N * C);
+    LP_CARVE(1, full, floatX, m->sp ? N * C : 0);
+    LP_CARVE(1, dresidual, floatX, Nr * C);
+    LP_CARVE(1, dfch, floatX, N * Fl);
+    LP_CARVE(1, dqkvr, floatX, N * 3 * Cl);
+    LP_CARVE(1, datt, floatX, B * NHl * T * T);
+    LP_CARVE(1, dy, floatX, N * Cl);
 #undef LP_CARVE
-    return off;
+    *scratch_bytes = off[1];
+    return off[0];
 }
 
-static inline void lp_model_alloc_activations(LPModel* m, int B, int T) {
+// Activations for micro-batches of (B, T), `slots` of them in flight at once.
+static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
     if (T > m->cfg.max_seq_len)
         lp_fail("sequence length -t %d exceeds the model's maximum %d", T, m->cfg.max_seq_len);
     if (m->sp && (size_t)B * T % m->tp_size)
         lp_fail("sequence parallelism: the %d x %d rows of a batch do not split over %d ranks", B, T, m->tp_size);
     m->B = B;
     m->T = T;
-    m->act_bytes = lp_activations_layout(&m->act, m, B, T, NULL);
+    m->num_slots = slots;
+    size_t scratch, stored = lp_activations_layout(&m->act, m, B, T, NULL, NULL, &scratch);
+    m->act_bytes = scratch + slots * stored;
     m->act_memory = lp_device_malloc(m->act_bytes, "activations");
-    lp_activations_layout(&m->act, m, B, T, (char*)m->act_memory);
     size_t BT = (size_t)B * T;
+    m->slot_act = (LPActivations*)lp_host_malloc(slots * sizeof(LPActivations), "activation slots");
+    m->slot_inputs = (int*)lp_host_malloc(slots * BT * sizeof(int), "input tokens");
+    for (int k = 0; k < slots; k++)
+        lp_activations_layout(&m->slot_act[k], m, B, T, (char*)m->act_memory + scratch + k * stored, (char*)m->act_memory, &scratch);
     m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
     m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
-    m->inputs_host = (int*)lp_host_malloc(BT * sizeof(int), "input tokens");
     m->losses_host = (float*)lp_host_malloc(BT * sizeof(float), "losses");
+    m->act = m->slot_act[0];
+    m->inputs_host = m->slot_inputs;
+}
+
+// Forward and backward work on slot k's activations from now on.
+static inline void lp_model_use_slot(LPModel* m, int k) {
+    m->act = m->slot_act[k];
+    m->inputs_host = m->slot_inputs + (size_t)k * m->B * m->T;
 }
 
 static inline void lp_check_tokens(const int* tokens, size_t n, int V, const char* what) {
@@ -2593,29 +2745,37 @@ static inline const floatX* lp_tp_g_backward(LPModel* m, const floatX* rows, int
 // Forward pass over (B,T) host tokens. With targets it also computes the loss, leaving dlogits =
 // dloss * (softmax - onehot) in place for the backward pass, and returns the mean loss.
 // dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss.
+// A pipeline chunk other than the first takes no tokens: its input, the residual stream after the chunk
+// before, is already in act.encoded; one other than the last takes no targets and leaves its output at
+// lp_model_output.
 static inline float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     const LPConfig* c = &m->cfg;
-    if (m->act_memory == NULL) lp_model_alloc_activations(m, B, T);
+    if (m->act_memory == NULL) lp_model_alloc_activations(m, B, T, 1);
     if (B > m->B || T > m->T)
         lp_fail("forward with (B=%d, T=%d) but activations were sized for (B=%d, T=%d)", B, T, m->B, m->T);
     int t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
     if (m->sp && N % t) lp_fail("sequence parallelism: the %d x %d rows do not split over %d ranks", B, T, t);
     m->cur_B = B;
     m->cur_T = T;
-    int L = c->num_layers, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t, V = c->vocab_size;
+    int L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t, V = c->vocab_size;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
-    lp_check_tokens(inputs, N, V, "input");
-    memcpy(m->inputs_host, inputs, (size_t)N * sizeof(int));
-    lp_copy_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
     LPActivations* a = &m->act;
     floatX** p = m->p;
 
-    // vocab-parallel embedding: partial sums over the ranks' slices of wte (g), then positions
-    LP(embedding_forward)(a->btc, m->inputs, p[LP_WTE], v0, Vl, N, C);
-    LP(positions_forward)(a->encoded, lp_tp_g_forward(m, a->btc, N, C), p[LP_WPE], m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
-    lp_model_gather_layer(m, 0);
-    LP(layernorm_forward)(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
-                          lp_layer_param(m, LP_LN1B, 0), Nr, C);
+    if (m->first) {  // vocab-parallel embedding: partial sums over the ranks' slices of wte (g), then positions
+        lp_check_tokens(inputs, N, V, "input");
+        memcpy(m->inputs_host, inputs, (size_t)N * sizeof(int));
+        lp_copy_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
+        LP(embedding_forward)(a->btc, m->inputs, p[LP_WTE], v0, Vl, N, C);
+        LP(positions_forward)(a->encoded, lp_tp_g_forward(m, a->btc, N, C), p[LP_WPE], m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+    }
+    if (L > 0) {
+        lp_model_gather_layer(m, 0);
+        LP(layernorm_forward)(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
+                              lp_layer_param(m, LP_LN1B, 0), Nr, C);
+    } else if (m->last) {
+        LP(layernorm_forward)(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, p[LP_LNFW], p[LP_LNFB], Nr, C);
+    }
     for (int l = 0; l < L; l++) {
         lp_model_gather_layer(m, l);
         lp_model_prefetch_layer(m, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
@@ -2631,7 +2791,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
                                        residual, lp_tp_g_forward(m, a->btc, N, C), lp_layer_param(m, LP_ATTPROJB, l),
                                        lp_layer_param(m, LP_LN2W, l), lp_layer_param(m, LP_LN2B, l), Nr, C);
         // MLP half: fc with fused GELU (column-parallel), projection (row-parallel), residual add + bias +
-        // the next LayerNorm (ln1 or lnf)
+        // the next LayerNorm (ln1, lnf, or in a pipeline chunk's last layer none: the next chunk's ln1)
         LP(matmul_forward)(a->fch_gelu + nf, a->fch + nf, lp_tp_f_forward(m, a->ln2 + rc, N, C), lp_layer_param(m, LP_FCW, l),
                            lp_layer_param(m, LP_FCB, l), N, C, Fl);
         LP(matmul_forward)(a->btc, NULL, a->fch_gelu + nf, lp_layer_param(m, LP_FCPROJW, l), NULL, N, Fl, C);
@@ -2643,10 +2803,11 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
                                            a->ln1_rstd + (size_t)(l + 1) * Nr, a->residual2 + rc, mlp, mlp_bias,
                                            lp_layer_param(m, LP_LN1W, l + 1), lp_layer_param(m, LP_LN1B, l + 1), Nr, C);
         } else {
-            LP(residual_layernorm_forward)(a->residual3 + rc, a->lnf, a->lnf_mean, a->lnf_rstd, a->residual2 + rc, mlp,
-                                           mlp_bias, p[LP_LNFW], p[LP_LNFB], Nr, C);
+            LP(residual_layernorm_forward)(a->residual3 + rc, m->last ? a->lnf : NULL, a->lnf_mean, a->lnf_rstd, a->residual2 + rc,
+                                           mlp, mlp_bias, p[LP_LNFW], p[LP_LNFB], Nr, C);
         }
     }
+    if (!m->last) return 0.0f;
     // LM head tied to wte, vocab-parallel: this rank's slice of the logits (padding rows of wte are zero)
     LP(matmul_forward)(a->logits, NULL, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
     if (!targets) return 0.0f;
@@ -2661,19 +2822,32 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     return (float)(sum / N);
 }
 
+// Rows of the residual stream this rank holds in the last forward's shape.
+static inline int lp_model_rows(const LPModel* m) {
+    int N = m->cur_B * m->cur_T;
+    return m->sp ? N / m->tp_size : N;
+}
+
+// A pipeline chunk's output after forward: the residual stream after its last layer, (rows, C).
+static inline floatX* lp_model_output(const LPModel* m) {
+    return m->L ? m->act.residual3 + (size_t)(m->L - 1) * lp_model_rows(m) * m->cfg.channels : m->act.encoded;
+}
+
 static inline void lp_model_zero_grad(LPModel* m) {
     if (m->zero_stage >= 2) {
-        lp_device_zero(m->grads, (m->num_params - m->layer_params * m->cfg.num_layers) * sizeof(floatX));
+        lp_device_zero(m->grads, (m->num_params - m->layer_params * m->L) * sizeof(floatX));
         lp_device_zero(m->grad_shard, m->shard_size * sizeof(floatX));
     } else {
         lp_device_zero(m->grads, m->num_params * sizeof(floatX));
     }
 }
 
-// Backward pass of the last forward (which must have had targets); adds into m->grads. `last`: this is
-// the step's last micro-batch, so the gradients are complete as each layer finishes: with sequence
-// parallelism, the LayerNorm (and wpe) gradients, partial sums over each rank's rows, are summed over the
-// TP group then (every micro-batch under ZeRO-2, whose layer gradients are reduced away at once); with
+// Backward pass of the last forward (which must have had targets); adds into m->grads. A pipeline chunk
+// other than the last starts from its output's gradient, put in act.dresidual by the caller; one other
+// than the first ends with its input's gradient there. `last`: this is the step's last micro-batch, so the
+// gradients are complete as each layer finishes: with sequence parallelism, the LayerNorm (and wpe)
+// gradients, partial sums over each rank's rows, are summed over the TP group then (the layers' every
+// micro-batch under ZeRO-2, whose layer gradients are reduced away at once); with
 // overlap (ZeRO-0) the layers' gradients start their all-reduce over dp as soon as a bucket of them is
 // done, while the layers below run, and lp_model_update waits for them. A bucket is a run of layers
 // holding at least bucket_bytes of gradients: in the flat layout each tensor's slices of consecutive
@@ -2681,7 +2855,7 @@ static inline void lp_model_zero_grad(LPModel* m) {
 static inline void lp_model_backward(LPModel* m, int last) {
     const LPConfig* c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
-    int L = c->num_layers, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
+    int L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
     int sum_sp = m->sp && (last || m->zero_stage >= 2);
     const LPGroup* overlap_dp = last && m->overlap && m->zero_stage == 0 && m->dp && m->dp->size > 1 ? m->dp : NULL;
@@ -2689,11 +2863,12 @@ static inline void lp_model_backward(LPModel* m, int last) {
     floatX** p = m->p;
     floatX** g = m->g;
 
-    // LM head (column-parallel over the vocabulary; SP gathers lnf's rows again), then lnf
-    lp_device_zero(a->dresidual, (size_t)Nr * C * sizeof(floatX));
-    LP(matmul_backward)(a->btc, g[LP_WTE], NULL, a->logits, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], N, C, Vl);
-    LP(layernorm_backward)(a->dresidual, g[LP_LNFW], g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C),
-                           a->residual3 + (size_t)(L - 1) * Nr * C, p[LP_LNFW], a->lnf_mean, a->lnf_rstd, Nr, C);
+    if (m->last) {  // LM head (column-parallel over the vocabulary; SP gathers lnf's rows again), then lnf
+        lp_device_zero(a->dresidual, (size_t)Nr * C * sizeof(floatX));
+        LP(matmul_backward)(a->btc, g[LP_WTE], NULL, a->logits, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], N, C, Vl);
+        LP(layernorm_backward)(a->dresidual, g[LP_LNFW], g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C),
+                               L ? a->residual3 + (size_t)(L - 1) * Nr * C : a->encoded, p[LP_LNFW], a->lnf_mean, a->lnf_rstd, Nr, C);
+    }
     int unreduced = L;  // overlap: layers [l+1, unreduced) are done but not yet being reduced
     for (int l = L - 1; l >= 0; l--) {
         size_t rc = (size_t)l * Nr * C, nc = (size_t)l * N * Cl, nf = (size_t)l * N * Fl;
@@ -2737,17 +2912,14 @@ static inline void lp_model_backward(LPModel* m, int last) {
         }
     }
     m->layers_reducing = overlap_dp != NULL;
-    // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
-    LP(embedding_backward)(g[LP_WTE], lp_tp_g_backward(m, a->dresidual, N, C), m->inputs_host, v0, Vl, N, C);
-    LP(positions_backward)(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
-    if (sum_sp) {
-        const int rows_only[3] = {LP_WPE, LP_LNFW, LP_LNFB};
-        for (int k = 0; k < 3; k++) lp_all_reduce(m->tp, g[rows_only[k]], m->param_sizes[rows_only[k]], 0);
+    if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
+        LP(embedding_backward)(g[LP_WTE], lp_tp_g_backward(m, a->dresidual, N, C), m->inputs_host, v0, Vl, N, C);
+        LP(positions_backward)(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
-    if (m->zero_stage >= 2) {  // and the tensors outside the layers, which are complete only now
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (!lp_is_layer_tensor(i)) lp_model_reduce_grads(m, g[i], m->param_offsets[i], m->param_sizes[i]);
-        lp_device_zero(m->grads, (m->num_params - m->layer_params * L) * sizeof(floatX));
+    if (m->sp && last) {  // (ZeRO-2 reduces the tensors outside the layers once, in lp_model_update)
+        const int rows_only[3] = {LP_WPE, LP_LNFW, LP_LNFB};
+        for (int k = 0; k < 3; k++)
+            if (m->param_sizes[rows_only[k]]) lp_all_reduce(m->tp, g[rows_only[k]], m->param_sizes[rows_only[k]], 0);
     }
 }
 
@@ -2771,7 +2943,8 @@ static inline void lp_model_free(LPModel* m) {
         lp_device_free(m->act_memory);
         lp_device_free(m->inputs);
         lp_device_free(m->targets);
-        free(m->inputs_host);
+        free(m->slot_act);
+        free(m->slot_inputs);
         free(m->losses_host);
     }
     free(m->runs);
@@ -2796,32 +2969,39 @@ static inline int lp_model_tensor_in_shard(const LPModel* m, int i, size_t* a, s
     return y > x;
 }
 
-// One optimizer step. First the gradients are averaged over the data-parallel group m->dp: all-reduced
-// (unsharded; with overlap the layers' reductions are already under way), reduce-scattered so each rank
-// holds the average for its shard (ZeRO-1), or already reduced during backward (ZeRO-2/3). Then the
-// global norm, clipping, AdamW on this rank's shard of each tensor, and with ZeRO-1/2 an all-gather of the
-// updated params (ZeRO-3 gathers a layer's weights only when forward or backward needs them). The norm
-// counts every parameter of the model once: shards are summed over dp, TP slices over tp, and a tensor
-// that TP replicates is counted on TP rank 0 only. Returns the gradient norm before clipping.
-static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt) {
+// Average the gradients over the data-parallel group m->dp: all-reduced (unsharded; with overlap the
+// layers' reductions are already under way), reduce-scattered so each rank holds the average for its
+// shard (ZeRO-1), or, for the layers, already reduced during backward (ZeRO-2/3): the tensors outside the
+// layers were accumulated whole over the micro-batches and are reduced now.
+static inline void lp_model_reduce_dp(LPModel* m) {
     const LPGroup* dp = m->dp;
-    if (dp && dp->size > 1) {
+    if (m->zero_stage >= 2) {
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (!lp_is_layer_tensor(i)) lp_model_reduce_grads(m, m->g[i], m->param_offsets[i], m->param_sizes[i]);
+    } else if (dp && dp->size > 1) {
         if (m->zero_stage == 1) {
             lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
-        } else if (m->zero_stage == 0 && m->layers_reducing) {  // finish the layers', reduce the rest
+        } else if (m->layers_reducing) {  // finish the layers', reduce the rest
             lp_wait(dp, &m->reducing);
             for (int i = 0; i < LP_NUM_PARAMS; i++)
                 if (!lp_is_layer_tensor(i)) lp_all_reduce(dp, m->g[i], m->param_sizes[i], 1);
-            m->layers_reducing = 0;
-        } else if (m->zero_stage == 0) {
+        } else {
             lp_all_reduce(dp, m->grads, m->num_params, 1);
         }
     }
+    m->layers_reducing = 0;
+}
+
+// The squared norm of this rank's shard of the averaged gradients, counting each of the model's
+// parameters on one rank only: a tensor TP replicates on TP rank 0, wte on the first pipeline chunk.
+static inline float lp_model_norm2(const LPModel* m) {
     const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + m->shard_start;  // this rank's shard
     float norm2 = 0.0f;
     size_t from = 0, to = 0, a, b;  // a stretch of consecutive counted tensors, normed in one call
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (!lp_model_tensor_in_shard(m, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0)) continue;
+        if (!lp_model_tensor_in_shard(m, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0) ||
+            (i == LP_WTE && m->tied_copy))
+            continue;
         if (a != to) {
             if (to > from) norm2 += LP(norm_squared)(grads + from, to - from);
             from = a;
@@ -2829,10 +3009,15 @@ static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt) {
         to = b;
     }
     if (to > from) norm2 += LP(norm_squared)(grads + from, to - from);
-    if (m->shard_group) lp_all_reduce_host(dp, &norm2, 1, 0);
-    if (m->tp_size > 1) lp_all_reduce_host(m->tp, &norm2, 1, 0);
-    float norm = sqrtf(norm2);
-    float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f;
+    return norm2;
+}
+
+// AdamW on this rank's shard of each tensor, the gradients scaled by `scale` (clipping); then with
+// ZeRO-1/2 an all-gather of the updated params (ZeRO-3 gathers a layer's weights only when forward or
+// backward needs them).
+static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAdamW* opt) {
+    const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + m->shard_start;
+    size_t a, b;
     m->adam_step++;
     float b1c = 1.0f - powf(opt->beta1, (float)m->adam_step);
     float b2c = 1.0f - powf(opt->beta2, (float)m->adam_step);
@@ -2847,12 +3032,30 @@ static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt) {
         m->layer_in_buf[0] = m->layer_in_buf[1] = -1;
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (!lp_is_layer_tensor(i)) lp_model_gather_start(m, m->p[i], m->param_offsets[i], m->param_sizes[i], &m->gathering[0]);
-        lp_wait(dp, &m->gathering[0]);
+        lp_wait(m->dp, &m->gathering[0]);
     } else if (m->shard_group) {
-        lp_all_gather(dp, m->params, m->shard_size * sizeof(floatX));
+        lp_all_gather(m->dp, m->params, m->shard_size * sizeof(floatX));
     }
+}
+
+// One optimizer step of the n models ms (a pipeline stage's chunks; one model: n = 1, pp NULL): the
+// gradients averaged over DP, the global norm (shards summed over dp, TP slices over tp, chunks here and
+// on the other stages over pp), clipping, AdamW. Returns the gradient norm before clipping.
+static inline float lp_models_update(LPModel* ms, int n, const LPGroup* pp, float lr, const LPAdamW* opt) {
+    float norm2 = 0.0f;
+    for (int k = 0; k < n; k++) {
+        lp_model_reduce_dp(&ms[k]);
+        norm2 += lp_model_norm2(&ms[k]);
+    }
+    if (ms->shard_group) lp_all_reduce_host(ms->dp, &norm2, 1, 0);
+    if (ms->tp_size > 1) lp_all_reduce_host(ms->tp, &norm2, 1, 0);
+    if (pp) lp_all_reduce_host(pp, &norm2, 1, 0);
+    float norm = sqrtf(norm2);
+    float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f;
+    for (int k = 0; k < n; k++) lp_model_adamw(&ms[k], lr, scale, opt);
     return norm;
 }
+static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt) { return lp_models_update(m, 1, NULL, lr, opt); }
 
 // Linear warmup over `warmup` steps, then cosine (or linear) decay from lr to lr * final_frac at max_steps.
 static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine) {
@@ -3031,19 +3234,24 @@ static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
     return w;
 }
 
+// lp_model_file_read on one rank of `group` (NULL: this rank alone), broadcast to the others.
+static inline float* lp_model_file_read_shared(const char* path, LPConfig* cfg, const LPGroup* group) {
+    float* w = NULL;
+    if (!group || group->rank == 0) w = lp_model_file_read(path, cfg);
+    if (group && group->size > 1) {
+        lp_broadcast_host(group, cfg, sizeof(*cfg), 0);
+        size_t n = lp_config_num_params(cfg);
+        if (!w) w = (float*)lp_host_malloc(n * sizeof(float), "model weights");
+        lp_broadcast_host(group, w, n * sizeof(float), 0);
+    }
+    return w;
+}
+
 // Create m from an llm.c model file, split as in lp_model_create. Within a data-parallel group one rank
 // reads the file and broadcasts it.
 static inline void lp_model_load(LPModel* m, const char* path, const LPSplit* split) {
     LPConfig cfg;
-    float* w = NULL;
-    const LPGroup* dp = split ? split->dp : NULL;
-    if (!dp || dp->rank == 0) w = lp_model_file_read(path, &cfg);
-    if (dp && dp->size > 1) {
-        lp_broadcast_host(dp, &cfg, sizeof(cfg), 0);
-        size_t n = lp_config_num_params(&cfg);
-        if (!w) w = (float*)lp_host_malloc(n * sizeof(float), "model weights");
-        lp_broadcast_host(dp, w, n * sizeof(float), 0);
-    }
+    float* w = lp_model_file_read_shared(path, &cfg, split ? split->dp : NULL);
     lp_model_create(m, &cfg, split);
     lp_model_set_weights(m, w);
     free(w);
@@ -3077,7 +3285,7 @@ static inline int lp_write_file(const char* path, const int* header, const void*
 
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file.
 static inline void lp_model_save(const LPModel* m, const char* path) {
-    if (m->shard_group || m->tp_size > 1) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
+    if (m->shard_group || m->tp_size > 1 || m->L != m->cfg.num_layers) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
     int h[LP_HEADER_INTS];
     lp_model_file_header_of(h, &m->cfg);
     size_t bytes = m->num_params * sizeof(float);
@@ -3157,8 +3365,9 @@ static inline void lp_checkpoint_check(const LPGroup* world, int err, const char
     lp_exit_all();
 }
 
-// Collective: every rank of `world` calls it.
-static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, const char* dir, const LPGroup* world) {
+// Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.
+static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st, const char* dir, const LPGroup* world) {
+    const LPModel* m = ms;
     char final_dir[LP_PATH_MAX], tmp_dir[LP_PATH_MAX], model_path[LP_PATH_MAX], optim_path[LP_PATH_MAX], state_path[LP_PATH_MAX];
     lp_path(final_dir, "%s/step_%08d", dir, st->step);
     lp_path(tmp_dir, "%s.tmp", final_dir);
@@ -3198,12 +3407,15 @@ static inline void lp_checkpoint_save(const LPModel* m, const LPTrainState* st, 
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
     // unsharded data-parallel replicas hold identical state: the first writes it
-    if (m->shard_group || !m->dp || m->dp->rank == 0) {
-        size_t lo = m->shard_start, count = lp_model_shard_count(m);
-        long long base = LP_HEADER_INTS * 4LL;
-        if ((err = lp_write_shard(m, model_path, base, m->master, lo, count))) failed = model_path;
-        if (!err && (err = lp_write_shard(m, optim_path, base, m->adam_m, lo, count))) failed = optim_path;
-        if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->adam_v, lo, count))) failed = optim_path;
+    for (int k = 0; k < n_models && !err; k++) {
+        m = &ms[k];
+        if (m->shard_group || !m->dp || m->dp->rank == 0) {
+            size_t lo = m->shard_start, count = lp_model_shard_count(m);
+            long long base = LP_HEADER_INTS * 4LL;
+            if ((err = lp_write_shard(m, model_path, base, m->master, lo, count))) failed = model_path;
+            if (!err && (err = lp_write_shard(m, optim_path, base, m->adam_m, lo, count))) failed = optim_path;
+            if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->adam_v, lo, count))) failed = optim_path;
+        }
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
     if (world->rank == 0) {
@@ -3232,17 +3444,17 @@ static inline int lp_checkpoint_latest(const char* dir) {
     return best;
 }
 
-// Load weights, optimizer state and training state from DIR/step_NNNNNNNN into m (created with the same
-// shape, any sharding) and st. Every rank reads the whole model file (its params) and its own slice
-// of the optimizer state.
-static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* dir, int step) {
+// Load weights, optimizer state and training state from DIR/step_NNNNNNNN into the n models ms (created
+// with the same shape, any split) and st. Every rank reads the whole model file (its params) and its own
+// slices of the optimizer state.
+static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char* dir, int step) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
     LPConfig cfg;
     float* w = lp_model_file_read(path, &cfg);
-    if (memcmp(&cfg, &m->cfg, sizeof(LPConfig)) != 0)
+    if (memcmp(&cfg, &ms->cfg, sizeof(LPConfig)) != 0)
         lp_fail("%s: checkpoint model shape differs from the model being trained", path);
-    lp_model_set_weights(m, w);
+    for (int k = 0; k < n_models; k++) lp_model_set_weights(&ms[k], w);
     free(w);
 
     lp_path(path, "%s/step_%08d/optim.bin", dir, step);
@@ -3250,20 +3462,23 @@ static inline void lp_checkpoint_load(LPModel* m, LPTrainState* st, const char* 
     int h[LP_HEADER_INTS];
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
     if (h[0] != LP_OPTIM_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
-    size_t n = m->total_params, fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
+    size_t n = ms->total_params, fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
     if (fn != n) lp_fail("%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
     if (lp_file_size(path) != LP_HEADER_INTS * 4LL + 8LL * (long long)n) lp_fail("%s: file is truncated", path);
-    size_t count = lp_model_shard_count(m);
-    float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
-    float* dst[2] = {m->adam_m, m->adam_v};
-    for (int k = 0; k < 2; k++) {
-        int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, m->shard_start, count, 0);
-        if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
-        lp_copy_to_device(dst[k], buf, count * sizeof(float));
+    for (int c = 0; c < n_models; c++) {
+        LPModel* m = &ms[c];
+        size_t count = lp_model_shard_count(m);
+        float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
+        float* dst[2] = {m->adam_m, m->adam_v};
+        for (int k = 0; k < 2; k++) {
+            int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, m->shard_start, count, 0);
+            if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
+            lp_copy_to_device(dst[k], buf, count * sizeof(float));
+        }
+        free(buf);
+        m->adam_step = h[2];
     }
-    free(buf);
     fclose(f);
-    m->adam_step = h[2];
 
     lp_path(path, "%s/step_%08d/state.bin", dir, step);
     f = lp_fopen(path, "rb");
@@ -3433,6 +3648,204 @@ static inline double lp_device_peak_flops(void) {
     if (strstr(name, "3090")) return 71e12;
     return 0.0;
 #endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 12. pipeline
+//
+// This rank's stage s of a p-stage pipeline: its v chunks of the model (chunk c is virtual stage
+// k = c*p + s and runs the layers lp_pp_partition gave chunk k) and its schedule (lp_schedule_stage). A
+// forward of (micro-batch i, chunk c) receives the residual stream from virtual stage k-1 (k = 0 embeds the
+// tokens instead), runs the chunk and sends its output on to k+1 (the last computes the loss); a backward
+// receives its output's gradient from k+1 and sends its input's gradient back to k-1. A micro-batch keeps
+// its activations in one of the chunk's slots from its forward to its backward: as many slots as the
+// schedule has micro-batches in flight on that chunk (1F1B: p-s; GPipe: m).
+// Scatter-gather: with tensor parallelism but no sequence parallelism the tensor at a boundary is the same
+// on all t ranks of a TP group, so each sends only its 1/t of the rows, and the receivers all-gather them.
+// With p = 1 the stage is the whole model and 1F1B is plain gradient accumulation: F0 B0 F1 B1 ...
+
+typedef struct {
+    int p, v, s, m;         // stages, chunks per stage, this stage, micro-batches per step
+    LPModel* chunks;        // (v) chunk c is virtual stage c*p + s
+    const LPGroup* pp;      // this pipeline's stages
+    const LPGroup* tied;    // stage 0 and stage p-1, both holding wte
+    int scatter_gather;     // send 1/t of a boundary and all-gather it over TP (when the rows split)
+    LPAction* actions;      // (2 m v) this stage's schedule
+    int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
+    int* tokens;            // (m, 2, B, T) the step's inputs and targets
+    LPSends sends;
+    // the last step's seconds: each chunk's forwards, then backwards (2, v), each synchronised; waiting to
+    // receive; in all
+    double* chunk_s;
+    double wait_s, wall_s;
+} LPStage;
+
+// Create this rank's chunks (unset weights) for the partition layers[p*v] and a step of m micro-batches on
+// schedule `kind`; `base` gives the TP and DP split of every chunk.
+static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPProcess* proc, const int* layers, int v, int kind,
+                                   int m, const LPSplit* base) {
+    memset(st, 0, sizeof(*st));
+    st->p = proc->pp;
+    st->v = v;
+    st->s = proc->pp_rank;
+    st->m = m;
+    st->pp = &proc->pp_group;
+    st->tied = &proc->tied_group;
+    st->scatter_gather = 1;
+    if (2LL * st->p * v * m > 32767)  // the tags MPI guarantees (lp_stage_tag)
+        lp_fail_all("--pp %d --vpp %d: %d micro-batches per step are too many to tag their messages (at most %d)", st->p, v, m,
+                    32767 / (2 * st->p * v));
+    st->actions = (LPAction*)lp_host_malloc((size_t)2 * m * v * sizeof(LPAction), "schedule");
+    st->chunk_s = (double*)calloc((size_t)2 * v, sizeof(double));
+    lp_schedule_stage(kind, st->p, v, m, st->s, st->actions);
+    st->chunks = (LPModel*)lp_host_malloc((size_t)v * sizeof(LPModel), "model chunks");
+    for (int c = 0; c < v; c++) {
+        LPSplit split = *base;
+        split.chunk = c * st->p + st->s;
+        split.chunks = st->p * v;
+        split.layer0 = 0;
+        for (int k = 0; k < split.chunk; k++) split.layer0 += layers[k];
+        split.layers = layers[split.chunk];
+        lp_model_create(&st->chunks[c], cfg, &split);
+    }
+}
+
+// Activations for micro-batches of (B, T): each chunk gets as many slots as its most micro-batches in flight.
+static inline void lp_stage_alloc_activations(LPStage* st, int B, int T) {
+    st->slot_owner = (int*)lp_host_malloc((size_t)st->v * st->m * sizeof(int), "activation slots");
+    st->tokens = (int*)lp_host_malloc((size_t)st->m * 2 * B * T * sizeof(int), "micro-batch tokens");
+    for (int c = 0; c < st->v; c++) {
+        int in_flight = 0, most = 1;
+        for (int k = 0; k < 2 * st->m * st->v; k++)
+            if (st->actions[k].chunk == c && (in_flight += st->actions[k].forward ? 1 : -1) > most) most = in_flight;
+        lp_model_alloc_activations(&st->chunks[c], B, T, most);
+    }
+}
+
+// Messages are told apart by the virtual stage receiving them, the micro-batch and the direction.
+static inline int lp_stage_tag(const LPStage* st, int k, int micro, int backward) { return (k * st->m + micro) * 2 + backward; }
+
+// The tensor at a chunk's boundary in a (B, T) pass is (rows, C), rows = B*T (or this rank's B*T/t with
+// sequence parallelism). Scatter-gather sends only this TP rank's block of the rows.
+static inline int lp_stage_scatters(const LPStage* st, const LPModel* c, int B, int T) {
+    return st->scatter_gather && c->tp_size > 1 && !c->sp && (size_t)B * T % c->tp_size == 0;
+}
+static inline size_t lp_stage_boundary(const LPStage* st, const LPModel* c, int B, int T, size_t* offset) {
+    size_t n = (size_t)B * T * c->cfg.channels / (c->sp ? c->tp_size : 1);
+    *offset = 0;
+    if (lp_stage_scatters(st, c, B, T)) {
+        n /= c->tp_size;
+        *offset = n * c->tp_rank;
+    }
+    return n;
+}
+static inline void lp_stage_send(LPStage* st, const LPModel* c, const floatX* x, int B, int T, int to, int tag) {
+    size_t off, n = lp_stage_boundary(st, c, B, T, &off);
+    lp_send(st->pp, x + off, n, to, tag, &st->sends);
+}
+static inline void lp_stage_recv(LPStage* st, const LPModel* c, floatX* x, int B, int T, int from, int tag) {
+    size_t off, n = lp_stage_boundary(st, c, B, T, &off);
+    double t0 = lp_time_s();
+    lp_recv(st->pp, x + off, n, from, tag);
+    st->wait_s += lp_time_s() - t0;
+    if (lp_stage_scatters(st, c, B, T)) lp_all_gather(c->tp, x, n * sizeof(floatX));
+}
+
+// Forward of micro-batch i through chunk c, its activations in slot `slot`. Returns the loss on the last
+// virtual stage (else 0).
+static inline float lp_stage_forward(LPStage* st, int c, int i, int slot, const int* inputs, const int* targets, int B, int T,
+                                     float dloss) {
+    LPModel* mc = &st->chunks[c];
+    int p = st->p, k = c * p + st->s, K = p * st->v;
+    lp_model_use_slot(mc, slot);
+    if (k > 0) lp_stage_recv(st, mc, mc->act.encoded, B, T, (st->s + p - 1) % p, lp_stage_tag(st, k, i, 0));
+    double t0 = lp_time_s();
+    float loss = lp_model_forward(mc, k == 0 ? inputs : NULL, k == K - 1 ? targets : NULL, B, T, dloss);
+    if (k < K - 1) lp_stage_send(st, mc, lp_model_output(mc), B, T, (st->s + 1) % p, lp_stage_tag(st, k + 1, i, 0));
+    lp_device_sync();
+    st->chunk_s[c] += lp_time_s() - t0;
+    return loss;
+}
+
+// Backward of micro-batch i through chunk c, from slot `slot`; `last`: the chunk's last backward of the step.
+static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int last) {
+    LPModel* mc = &st->chunks[c];
+    int p = st->p, k = c * p + st->s, K = p * st->v, B = mc->cur_B, T = mc->cur_T;
+    lp_model_use_slot(mc, slot);
+    if (k < K - 1) lp_stage_recv(st, mc, mc->act.dresidual, B, T, (st->s + 1) % p, lp_stage_tag(st, k, i, 1));
+    double t0 = lp_time_s();
+    lp_model_backward(mc, last);
+    if (k > 0) lp_stage_send(st, mc, mc->act.dresidual, B, T, (st->s + p - 1) % p, lp_stage_tag(st, k - 1, i, 1));
+    lp_device_sync();
+    st->chunk_s[st->v + c] += lp_time_s() - t0;
+}
+
+// One step's forwards and backwards of m micro-batches from `train`, in the schedule's order; gradients
+// accumulate in the chunks. Every stage reads the micro-batches (the first needs the inputs, the last the
+// targets, and all keep the loader's place). Returns the mean loss, on every rank of the pipeline.
+static inline float lp_stage_forward_backward(LPStage* st, LPDataLoader* train) {
+    int B = train->B, T = train->T, m = st->m, v = st->v;
+    size_t BT = (size_t)B * T;
+    double t0 = lp_time_s();
+    memset(st->chunk_s, 0, (size_t)2 * v * sizeof(double));
+    st->wait_s = 0.0;
+    for (int i = 0; i < m; i++) {
+        lp_dataloader_next(train);
+        memcpy(st->tokens + 2 * i * BT, train->inputs, BT * sizeof(int));
+        memcpy(st->tokens + (2 * i + 1) * BT, train->targets, BT * sizeof(int));
+    }
+    for (int c = 0; c < v; c++) lp_model_zero_grad(&st->chunks[c]);
+    for (int k = 0; k < v * m; k++) st->slot_owner[k] = -1;
+    int done[1024] = {0};  // backwards run per chunk
+    float loss = 0.0f;
+    for (int n = 0; n < 2 * m * v; n++) {
+        LPAction a = st->actions[n];
+        int* owner = st->slot_owner + (size_t)a.chunk * m, slot = 0;
+        while (owner[slot] != (a.forward ? -1 : a.micro)) slot++;  // a free slot; the micro-batch's slot
+        owner[slot] = a.forward ? a.micro : -1;
+        if (a.forward)
+            loss += lp_stage_forward(st, a.chunk, a.micro, slot, st->tokens + 2 * a.micro * BT, st->tokens + (2 * a.micro + 1) * BT,
+                                     B, T, 1.0f / ((float)BT * m));
+        else
+            lp_stage_backward(st, a.chunk, a.micro, slot, ++done[a.chunk] == m);
+    }
+    lp_sends_wait(st->pp, &st->sends);
+    loss /= m;
+    lp_all_reduce_host(st->pp, &loss, 1, 0);  // only the last stage's is not zero
+    st->wall_s = lp_time_s() - t0;
+    return loss;
+}
+
+// One forward of (B, T) tokens through the whole pipeline, chunk after chunk, in slot 0 (evaluation,
+// sampling: the last chunk keeps the logits). Returns the mean loss (with targets), on every rank.
+static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T) {
+    float loss = 0.0f;
+    for (int c = 0; c < st->v; c++) loss += lp_stage_forward(st, c, 0, 0, inputs, targets, B, T, 0.0f);
+    lp_sends_wait(st->pp, &st->sends);
+    lp_all_reduce_host(st->pp, &loss, 1, 0);
+    return loss;
+}
+
+// The optimizer step of all the pipeline's chunks: wte's two copies (the embedding's, on stage 0, and the
+// LM head's, on stage p-1) get the sum of both gradients, so they take the same step and stay equal; then
+// lp_models_update, the gradient norm taken over the whole pipeline. Returns the norm before clipping.
+static inline float lp_stage_update(LPStage* st, float lr, const LPAdamW* opt) {
+    for (int c = 0; c < st->v; c++) {
+        LPModel* mc = &st->chunks[c];
+        if ((mc->first || mc->last) && st->tied->size > 1) lp_all_reduce(st->tied, mc->g[LP_WTE], mc->param_sizes[LP_WTE], 0);
+    }
+    return lp_models_update(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL, lr, opt);
+}
+
+static inline void lp_stage_free(LPStage* st) {
+    for (int c = 0; c < st->v; c++) lp_model_free(&st->chunks[c]);
+    free(st->chunks);
+    free(st->actions);
+    free(st->chunk_s);
+    free(st->slot_owner);
+    free(st->tokens);
+    lp_sends_free(&st->sends);
+    memset(st, 0, sizeof(*st));
 }
 
 #endif  // LLMPAR_H

@@ -37,6 +37,7 @@ typedef struct {
     const char* pp_schedule; // --schedule: gpipe | 1f1b | interleaved
     const char* pp_partition;// --pp-partition: balanced | uniform | L1,L2,...
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
+    int scatter_gather;      // --pp-scatter-gather: send 1/t of a stage boundary, all-gather over TP
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
@@ -87,6 +88,7 @@ static void lp_flags_default(LPFlags* f) {
     f->vpp = 1;
     f->pp_schedule = "1f1b";
     f->pp_partition = "balanced";
+    f->scatter_gather = 1;
     f->overlap = 1;
     f->bucket_mb = 25.0f;
 }
@@ -115,11 +117,11 @@ static void lp_usage(void) {
         "  --resume    continue from the newest checkpoint in -o\n"
         "  --tp N      tensor-parallel size: heads, MLP and vocabulary split over N ranks [1]\n"
         "  --sp        sequence parallelism: LayerNorms and residual adds on 1/N of the rows each (needs --tp > 1)\n"
-        "  --pp N      pipeline-parallel size (1 for now; --print-schedule shows any) [1]\n"
-        "              data-parallel size d = ranks / (tp * pp)\n"
+        "  --pp N      pipeline-parallel size: layers split over N stages; data-parallel size d = ranks / (tp * pp) [1]\n"
         "  --vpp N     model chunks per pipeline stage (--schedule interleaved) [1]\n"
         "  --schedule NAME  pipeline schedule: gpipe | 1f1b | interleaved [1f1b]\n"
         "  --pp-partition P layers per chunk: balanced (by FLOPs, counting the LM head) | uniform | L1,L2,... [balanced]\n"
+        "  --pp-scatter-gather N 1: with --tp and no --sp, send 1/t of each stage boundary and all-gather it [1]\n"
         "  --print-schedule draw the pipeline timeline of --pp, --vpp, --schedule and the micro-batches\n"
         "              per step (-d / (-b * -t * d)), simulated with unit costs, and exit\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
@@ -159,7 +161,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--print-schedule") == 0) { f->print_schedule = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition"};
+                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
+                               "--pp-scatter-gather"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -194,6 +197,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--vpp") == 0) f->vpp = lp_parse_int(a, v);
         else if (strcmp(a, "--schedule") == 0) f->pp_schedule = v;
         else if (strcmp(a, "--pp-partition") == 0) f->pp_partition = v;
+        else if (strcmp(a, "--pp-scatter-gather") == 0) f->scatter_gather = lp_parse_int(a, v);
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -227,25 +231,27 @@ static void lp_mkdirs(const char* dir) {
 }
 
 // Mean loss over val batches: the whole val set once when n_batches is 0.
-static float lp_evaluate(LPModel* m, LPDataLoader* val, int n_batches) {
+static float lp_evaluate(LPStage* st, LPDataLoader* val, int n_batches) {
     size_t n = lp_dataloader_batches_per_epoch(val);
     if (n_batches > 0 && (size_t)n_batches < n) n = (size_t)n_batches;
     lp_dataloader_reset(val);
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
         lp_dataloader_next(val);
-        sum += lp_model_forward(m, val->inputs, val->targets, val->B, val->T, 0.0f);
+        sum += lp_stage_forward_only(st, val->inputs, val->targets, val->B, val->T);
     }
     return (float)(sum / n);
 }
 
 // Sample from the model, starting from <|endoftext|>. The forward runs on (1, t) so each new token costs
 // one pass over the tokens so far.
-// With tensor parallelism each rank has its slice of the logits: the row is summed over the group from
-// zero-padded slices. Sequence parallelism needs the rows to split over the group: the forward runs on
-// t rounded up to a multiple of its size, the extra positions (after the ones sampled from, so causal
-// attention keeps them out) filled with <|endoftext|>.
-static void lp_sample(LPModel* m, const LPTokenizer* tok, int gen_tokens, uint64_t* rng) {
+// The logits are on the last pipeline stage, and with tensor parallelism each of its ranks has a slice:
+// the row is summed over the TP and pipeline groups from zero-padded slices, so every rank draws the same
+// token. Sequence parallelism needs the rows to split over the group: the forward runs on t rounded up to
+// a multiple of its size, the extra positions (after the ones sampled from, so causal attention keeps
+// them out) filled with <|endoftext|>.
+static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng) {
+    const LPModel* m = &st->chunks[st->v - 1];  // on the last stage: the model's last chunk
     const LPConfig* c = &m->cfg;
     int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T, Vl = c->padded_vocab_size / m->tp_size;
     int* tokens = (int*)lp_host_malloc((size_t)m->T * sizeof(int), "sample tokens");
@@ -254,10 +260,11 @@ static void lp_sample(LPModel* m, const LPTokenizer* tok, int gen_tokens, uint64
     lp_log("sample: ");
     for (int t = 1; t < n; t++) {
         int rows = m->sp ? (t + m->tp_size - 1) / m->tp_size * m->tp_size : t;
-        lp_model_forward(m, tokens, NULL, 1, rows, 0.0f);
+        lp_stage_forward_only(st, tokens, NULL, 1, rows);
         memset(probs, 0, (size_t)c->padded_vocab_size * sizeof(float));
-        lp_to_host_float(probs + (size_t)m->tp_rank * Vl, m->act.logits + (size_t)(t - 1) * Vl, Vl);
+        if (m->last) lp_to_host_float(probs + (size_t)m->tp_rank * Vl, m->act.logits + (size_t)(t - 1) * Vl, Vl);
         if (m->tp_size > 1) lp_all_reduce_host(m->tp, probs, c->padded_vocab_size, 0);
+        lp_all_reduce_host(st->pp, probs, c->padded_vocab_size, 0);
         float maxv = probs[0], sum = 0.0f;
         for (int v = 1; v < c->vocab_size; v++) if (probs[v] > maxv) maxv = probs[v];
         for (int v = 0; v < c->vocab_size; v++) sum += probs[v] = expf(probs[v] - maxv);
@@ -273,12 +280,6 @@ static void lp_sample(LPModel* m, const LPTokenizer* tok, int gen_tokens, uint64
     lp_log("\n");
     free(tokens);
     free(probs);
-}
-
-static void lp_device_sync(void) {
-#ifndef LLMPAR_CPU
-    cudaCheck(cudaDeviceSynchronize());
-#endif
 }
 
 // The model's shape from -e: a dN preset, or an llm.c file's header. Returns 1 for a preset (a new model).
@@ -301,40 +302,58 @@ static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cf
 
 static void lp_train(const LPFlags* f, const LPProcess* proc) {
     const LPGroup* dp = &proc->dp_group;
-    LPSplit split = {&proc->tp_group, dp, f->zero, f->sp};
+    LPSplit split;
+    memset(&split, 0, sizeof(split));
+    split.tp = &proc->tp_group;
+    split.dp = dp;
+    split.zero = f->zero;
+    split.sp = f->sp;
 
-    // model: from scratch or from an llm.c file; its shape is checked against the grid first
-    LPModel model;
+    // the model's shape, checked against the grid; the batch; the pipeline's partition and schedule
     LPConfig cfg;
     int from_scratch = lp_model_config(f, proc, &cfg);
     lp_grid_check(proc, &cfg);
-    int layers[1024];
-    char why[512];
-    if (f->pp * f->vpp > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
-    if (lp_pp_partition(&cfg, f->T, f->pp, f->vpp, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
-    if (proc->pp > 1)
-        lp_fail_all("--pp %d: pipeline parallelism is not implemented yet; data and tensor parallelism are "
-                    "(mpirun -np N with --tp t --pp 1)", proc->pp);
-    if (from_scratch) {
-        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", cfg.num_layers, cfg.channels,
-               cfg.num_heads, f->seed);
-        lp_model_create(&model, &cfg, &split);
-        lp_model_init_random(&model, f->seed);
-    } else {
-        lp_log("loading %s\n", f->init);
-        lp_model_load(&model, f->init, &split);
-    }
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
     int total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
     if (total_batch % tokens_per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", total_batch, tokens_per_micro);
-    int accum = total_batch / tokens_per_micro;
+    int accum = total_batch / tokens_per_micro;  // micro-batches per step, the pipeline's m
+    int layers[1024], kind = lp_schedule_parse(f->pp_schedule);
+    char why[512];
+    if (f->pp * f->vpp > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
+    if (f->vpp > 1 && f->pp < 2) lp_fail_all("--vpp %d: interleaving chunks needs a pipeline, --pp 2 or more", f->vpp);
+    if (lp_pp_partition(&cfg, f->T, f->pp, f->vpp, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_check(kind, f->pp, f->vpp, accum, why, sizeof(why))) lp_fail_all("%s", why);
 
-    model.bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
-    model.overlap = f->overlap;
+    // this rank's chunks of the model: from scratch or from an llm.c file
+    LPStage stage;
+    lp_stage_create(&stage, &cfg, proc, layers, f->vpp, kind, accum, &split);
+    stage.scatter_gather = f->scatter_gather;
+    float* weights = NULL;
+    if (from_scratch) {
+        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", cfg.num_layers, cfg.channels,
+               cfg.num_heads, f->seed);
+    } else {
+        lp_log("loading %s\n", f->init);
+        weights = lp_model_file_read_shared(f->init, &cfg, dp);
+    }
+    size_t rank_params = 0, param_bytes = 0, grad_bytes = 0, optim_bytes = 0, act_bytes = 0;
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
-    lp_model_alloc_activations(&model, f->B, f->T);
+    lp_stage_alloc_activations(&stage, f->B, f->T);
+    for (int c = 0; c < stage.v; c++) {
+        LPModel* mc = &stage.chunks[c];
+        if (weights) lp_model_set_weights(mc, weights);
+        else lp_model_init_random(mc, f->seed);
+        mc->bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
+        mc->overlap = f->overlap;
+        rank_params += mc->num_params;
+        param_bytes += mc->param_bytes;
+        grad_bytes += mc->grad_bytes;
+        optim_bytes += mc->shard_size * 12;
+        act_bytes += mc->act_bytes;
+    }
+    free(weights);
     LPDataLoader train, val;
     int has_val = f->val_data[0] != '\0' && f->val_every > 0;
     for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first, as with the model file
@@ -355,19 +374,23 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
     lp_log("grid             %d ranks: t=%d d=%d p=%d%s\n", proc->world, proc->tp, proc->dp, proc->pp,
-           model.sp ? ", sequence parallel" : "");
-    lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu per TP rank)\n",
-           cfg.num_layers, cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len,
-           model.total_params, model.num_params);
+           f->sp && proc->tp > 1 ? ", sequence parallel" : "");
+    lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu on rank 0)\n", cfg.num_layers,
+           cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len, stage.chunks[0].total_params,
+           rank_params);
+    if (proc->pp > 1) {
+        lp_log("pipeline         %d stages x %d chunks, schedule %s, layers per chunk", proc->pp, f->vpp, f->pp_schedule);
+        for (int k = 0; k < proc->pp * f->vpp; k++) lp_log("%s%d", k ? "," : " ", layers[k]);
+        lp_log("%s\n", proc->tp > 1 && !f->sp && f->scatter_gather ? ", boundaries scatter-gathered over TP" : "");
+    }
     lp_log("data             %d train shard(s), %zu batches per epoch; %d val shard(s)\n", train.num_files,
            lp_dataloader_batches_per_epoch(&train), has_val ? val.num_files : 0);
     lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
            total_batch, accum);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            f->schedule, f->lr * f->final_lr_frac);
-    lp_log("memory per rank  ZeRO-%d: params %.2f MiB, grads %.2f MiB, master+AdamW %.2f MiB, activations %.2f MiB\n",
-           f->zero, model.param_bytes / MiB, model.grad_bytes / MiB, model.shard_size * 12.0 / MiB,
-           model.act_bytes / MiB);
+    lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, master+AdamW %.2f MiB, activations %.2f MiB\n",
+           f->zero, param_bytes / MiB, grad_bytes / MiB, optim_bytes / MiB, act_bytes / MiB);
 
     // output directory, log, resume
     FILE* logf = NULL;
@@ -379,7 +402,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         if (f->resume) {
             int latest = lp_checkpoint_latest(f->out_dir);
             if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
-            lp_checkpoint_load(&model, &st, f->out_dir, latest);
+            lp_checkpoint_load(stage.chunks, stage.v, &st, f->out_dir, latest);
             if (st.T != f->T || st.total_batch != total_batch)
                 lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
                         "has -t %d and %d", latest, st.T, st.total_batch, f->T, total_batch);
@@ -396,20 +419,22 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
     double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops() * proc->world;
     int cosine = strcmp(f->schedule, "cosine") == 0;
-    double sum_ms = 0.0, sum_update_ms = 0.0;
+    double sum_ms = 0.0, sum_update_ms = 0.0, pipe_wall = 0.0;
+    int K = proc->pp * f->vpp;  // virtual stages
+    float* pipe_cost = (float*)calloc((size_t)2 * K, sizeof(float));  // seconds of each one's forwards, then backwards
     int timed_steps = 0, first_step = st.step;  // 0, or the step resumed from
     LPGroup tp_before, tp_traffic;  // the TP group's traffic in training steps (not evaluation or sampling)
     memset(&tp_traffic, 0, sizeof(tp_traffic));
     for (int step = first_step; step <= f->max_steps; step++) {
         int last = step == f->max_steps;
         if (has_val && (step % f->val_every == 0 || last)) {
-            float vl = lp_evaluate(&model, &val, f->val_batches);
+            float vl = lp_evaluate(&stage, &val, f->val_batches);
             lp_all_reduce_host(dp, &vl, 1, 1);
             lp_log("val loss %f\n", vl);
             if (logf) fprintf(logf, "s:%d tel:%f\n", step, vl);
         }
         if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
-            lp_sample(&model, &tok, f->gen_tokens, &st.rng);
+            lp_sample(&stage, &tok, f->gen_tokens, &st.rng);
         int trained = step > first_step || f->max_steps == 0;  // no checkpoint of what was just loaded, unless asked
         if (f->out_dir[0] && trained && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
             st.step = step;
@@ -418,27 +443,21 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             st.B = f->B;
             st.T = f->T;
             st.total_batch = total_batch;
-            lp_checkpoint_save(&model, &st, f->out_dir, &proc->world_group);
+            lp_checkpoint_save(stage.chunks, stage.v, &st, f->out_dir, &proc->world_group);
             lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
         }
         if (last) break;
 
         double t0 = lp_time_s();
         tp_before = proc->tp_group;
-        lp_model_zero_grad(&model);
-        float loss = 0.0f;
-        for (int micro = 0; micro < accum; micro++) {
-            lp_dataloader_next(&train);
-            loss += lp_model_forward(&model, train.inputs, train.targets, f->B, f->T, 1.0f / ((float)f->B * f->T * accum));
-            // gradients are reduced once per step: on the last micro-batch, overlapped with its backward
-            lp_model_backward(&model, micro == accum - 1);
-        }
-        loss /= accum;
+        // the micro-batches' forwards and backwards in the pipeline schedule's order (one stage: one
+        // micro-batch after another); the DP gradient reduction overlaps each chunk's last backward
+        float loss = lp_stage_forward_backward(&stage, &train);
         lp_all_reduce_host(dp, &loss, 1, 1);
         float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, cosine);
         lp_device_sync();
         double t1 = lp_time_s();
-        float norm = lp_model_update(&model, lr, &opt);  // averages the gradients over DP, then AdamW
+        float norm = lp_stage_update(&stage, lr, &opt);  // sums tied wte, averages the gradients over DP, then AdamW
         lp_device_sync();
         double ms = (lp_time_s() - t0) * 1000.0;
         for (int k = 0; k < 3; k++) {
@@ -448,6 +467,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         if (step > first_step) {  // the first step warms up: leave it out of the means
             sum_ms += ms;
             sum_update_ms += (lp_time_s() - t1) * 1000.0;
+            for (int c = 0; c < stage.v; c++)
+                for (int dir = 0; dir < 2; dir++) pipe_cost[dir * K + c * proc->pp + proc->pp_rank] += (float)stage.chunk_s[dir * stage.v + c];
+            pipe_wall += stage.wall_s;
             timed_steps++;
         }
         if (!isfinite(loss) || !isfinite(norm))
@@ -474,11 +496,33 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
                "%.1f all-gathers (%.4f MiB)\n", (double)tp_traffic.calls[0] / steps, tp_traffic.bytes[0] / steps / MiB,
                (double)tp_traffic.calls[1] / steps, tp_traffic.bytes[1] / steps / MiB, (double)tp_traffic.calls[2] / steps,
                tp_traffic.bytes[2] / steps / MiB);
+    if (proc->pp > 1 && timed_steps > 0) {  // the bubble measured, and what the simulator predicts from the measured costs
+        lp_all_reduce_host(&proc->pp_group, pipe_cost, 2 * K, 0);  // each stage adds its chunks'
+        double cost[2 * 1024], busy = 0.0, unit_bubble;
+        for (int k = 0; k < 2 * K; k++) cost[k] = pipe_cost[k] / ((double)timed_steps * accum);  // one micro-batch
+        for (int s = 0; s < proc->pp; s++) {  // the busiest stage's compute per step
+            double b = 0.0;
+            for (int c = 0; c < f->vpp; c++) b += (cost[c * proc->pp + s] + cost[K + c * proc->pp + s]) * accum;
+            if (b > busy) busy = b;
+        }
+        float wall = (float)(pipe_wall / timed_steps);
+        lp_all_reduce_host(&proc->pp_group, &wall, 1, 1);
+        LPSimulation sim;
+        if (lp_schedule_simulate(&sim, kind, proc->pp, f->vpp, accum, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
+        unit_bubble = sim.bubble;
+        lp_simulation_free(&sim);
+        if (lp_schedule_simulate(&sim, kind, proc->pp, f->vpp, accum, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
+        lp_log("pipeline bubble  measured %.1f%% (forward-backward %.2f ms per step, the busiest stage computing %.2f ms); "
+               "simulated with the measured costs %.1f%%, with unit costs %.1f%%\n", 100.0 * (wall / busy - 1.0), wall * 1e3,
+               busy * 1e3, 100.0 * sim.bubble, 100.0 * unit_bubble);
+        lp_simulation_free(&sim);
+    }
+    free(pipe_cost);
     if (logf) fclose(logf);
     lp_tokenizer_free(&tok);
     if (has_val) lp_dataloader_free(&val);
     lp_dataloader_free(&train);
-    lp_model_free(&model);
+    lp_stage_free(&stage);
 }
 
 // --print-schedule: the partition of the -e model's layers into chunks, and the pipeline timeline this
@@ -507,7 +551,7 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
     int kind = lp_schedule_parse(f->pp_schedule);
     LPSimulation sim;
-    if (lp_schedule_simulate(&sim, kind, f->pp, f->vpp, m, 1.0, 2.0, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, kind, f->pp, f->vpp, m, 1.0, 2.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
     if (proc->rank == 0) lp_schedule_print(stdout, &sim, kind);
     lp_simulation_free(&sim);
 }

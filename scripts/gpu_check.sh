@@ -43,3 +43,6 @@ bash scripts/bench_dp.sh gpu 6
 
 echo "## tensor parallelism on one GPU (scripts/bench_tp.sh gpu mpi): MPI transport"
 bash scripts/bench_tp.sh gpu mpi 6
+
+echo "## pipeline parallelism on one GPU (scripts/bench_pp.sh gpu): bubble measured vs simulated"
+bash scripts/bench_pp.sh gpu 8 6
