@@ -388,7 +388,6 @@ typedef struct {
     int tp, dp, pp;                 // grid sizes: t, d, p
     int tp_rank, dp_rank, pp_rank;  // this rank's coordinates
     LPGroup world_group, tp_group, dp_group, pp_group;
-    LPGroup tied_group;  // pipeline: the first and last stage of a pipeline, which both hold wte (else size 1)
     int device;                     // the GPU this rank uses (CUDA build)
 } LPProcess;
 
@@ -449,17 +448,6 @@ static inline void lp_grid_init(LPProcess* p, int tp, int pp) {
         MPI_Comm_set_errhandler(groups[i]->comm, MPI_ERRORS_RETURN);  // so failures name the collective
 #endif
     }
-    // the tied group: wte's gradients from the embedding (stage 0) and the LM head (stage p-1) are summed
-    int tied = pp > 1 && (p->pp_rank == 0 || p->pp_rank == pp - 1);
-    p->tied_group.name = "tied";
-    p->tied_group.size = tied ? 2 : 1;
-    p->tied_group.rank = p->pp_rank == 0 ? 0 : 1;
-#ifdef LLMPAR_MPI
-    if (p->world > 1) {
-        MPI_Comm_split(MPI_COMM_WORLD, tied ? p->dp_rank * tp + p->tp_rank : MPI_UNDEFINED, p->pp_rank, &p->tied_group.comm);
-        if (tied) MPI_Comm_set_errhandler(p->tied_group.comm, MPI_ERRORS_RETURN);
-    }
-#endif
 }
 
 #ifndef LLMPAR_CPU
@@ -2261,6 +2249,10 @@ typedef struct {
     floatX* dqkvr;      // (3,B,NHl,T,HS)
     floatX* datt;       // (B,NHl,T,T)
     floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
+    floatX* aux_lnf;    // (Nr,C)   auxiliary losses, recomputed in backward: the final LayerNorm's output,
+    float* aux_mean;    // (Nr)
+    float* aux_rstd;    // (Nr)
+    floatX* aux_logits; // (N,Vl)   and the logits, then their gradient
 } LPActivations;
 // Shapes: N = B*T rows; Nr the rows of the residual stream this rank holds (N, or N/t with sequence
 // parallelism); Cl = C/t, NHl = NH/t, Fl = 4C/t, Vl = Vp/t: this rank's channels of attention, heads,
@@ -2283,13 +2275,26 @@ typedef struct {
     // pipeline: this model is chunk `chunk` of `chunks` (0: the whole model), running the model's layers
     // [layer0, layer0 + layers); the first chunk holds the embedding, the last the final LayerNorm and head
     int chunk, chunks, layer0, layers;
+    // auxiliary losses: the outputs of the model's layers aux[0..num_aux) (counted from 1) also go through
+    // the final LayerNorm and the tied head, their losses weighted by aux_weight and added to the loss
+    const int* aux;
+    int num_aux;
+    float aux_weight;
 } LPSplit;
 
 typedef struct {
     LPConfig cfg;         // the whole model's shape
-    // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l); the
-    // first chunk holds wte and wpe, the last lnf and wte again (tied_copy when it is not also the first)
-    int L, layer0, first, last, tied_copy;
+    // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l). The
+    // first chunk holds wpe; the head (wte, lnf) is held by the first, the last, and any chunk with an
+    // auxiliary loss. The first chunk's wte and the last's lnf are the originals, the other holders' are
+    // copies (bits of `copies`): their gradients are summed (lp_stage_update), each counted and saved once.
+    int L, layer0, first, last, head;
+    unsigned copies;
+    // auxiliary losses of this chunk: after local layer aux[j] (the model's layer aux_id[j], counted from
+    // 1), weighted by aux_weight; aux_loss[j] sums their values over the step's micro-batches
+#define LP_MAX_AUX 16
+    int num_aux, aux[LP_MAX_AUX], aux_id[LP_MAX_AUX];
+    float aux_weight, aux_loss[LP_MAX_AUX];
     size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;  // this rank's tensors
     size_t total_params;  // the whole model's parameter count
     LPRun* runs;          // this rank's parameters in the canonical layout (files)
@@ -2336,6 +2341,7 @@ typedef struct {
     // needs (and its input tokens); the scratch buffers are shared. act is the slot in use.
     int B, T;
     int cur_B, cur_T;   // shape of the last forward, which backward differentiates
+    float dloss;        // the last forward's loss scale (auxiliary losses are scaled by it too)
     LPActivations act;
     int num_slots;
     LPActivations* slot_act;  // (num_slots)
@@ -2377,7 +2383,7 @@ static inline void lp_model_build_runs(LPModel* m) {
         int blocks, split = lp_param_split[i];
         lp_param_shape(&m->cfg, i, &count, &rows, &cols, &blocks);
         size_t l0 = lp_is_layer_tensor(i) ? (size_t)m->layer0 : 0, l1 = lp_is_layer_tensor(i) ? l0 + m->L : m->param_sizes[i] > 0;
-        int copy = (split == LP_REPLICATED && r > 0) || (i == LP_WTE && m->tied_copy);
+        int copy = (split == LP_REPLICATED && r > 0) || (m->copies >> i & 1);
         for (size_t l = l0; l < l1; l++) {
             size_t mat = canon + l * rows * cols;  // this layer's matrix
             if (split == LP_REPLICATED) {
@@ -2419,13 +2425,22 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
     m->L = split->chunks ? split->layers : cfg->num_layers;
     m->first = split->chunk == 0;
     m->last = split->chunk == chunks - 1;
-    m->tied_copy = m->last && !m->first;
     if (m->layer0 < 0 || m->L < 0 || m->layer0 + m->L > cfg->num_layers)
         lp_fail("internal: chunk layers [%d, %d) outside the model's %d", m->layer0, m->layer0 + m->L, cfg->num_layers);
+    m->aux_weight = split->aux_weight;
+    for (int j = 0; j < split->num_aux; j++) {
+        int l = split->aux[j] - 1 - m->layer0;  // the local layer whose output it is
+        if (l < 0 || l >= m->L) continue;
+        if (m->num_aux == LP_MAX_AUX) lp_fail("at most %d auxiliary losses", LP_MAX_AUX);
+        m->aux_id[m->num_aux] = split->aux[j];
+        m->aux[m->num_aux++] = l;
+    }
+    m->head = m->first || m->last || m->num_aux > 0;
+    m->copies = m->head ? (m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : 1u << LP_LNFW | 1u << LP_LNFB) : 0u;
     lp_param_sizes(m->param_sizes, cfg, m->tp_size);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         if (lp_is_layer_tensor(i)) m->param_sizes[i] = m->param_sizes[i] / cfg->num_layers * m->L;  // the chunk's layers
-        else if ((i == LP_WPE && !m->first) || ((i == LP_LNFW || i == LP_LNFB) && !m->last) || (i == LP_WTE && !m->first && !m->last))
+        else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head))
             m->param_sizes[i] = 0;  // held by another chunk
         m->param_offsets[i] = m->num_params;
         m->num_params += m->param_sizes[i];
@@ -2662,6 +2677,11 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, dqkvr, floatX, N * 3 * Cl);
     LP_CARVE(1, datt, floatX, B * NHl * T * T);
     LP_CARVE(1, dy, floatX, N * Cl);
+    size_t aux = m->num_aux ? 1 : 0;
+    LP_CARVE(1, aux_lnf, floatX, aux * Nr * C);
+    LP_CARVE(1, aux_mean, float, aux * Nr);
+    LP_CARVE(1, aux_rstd, float, aux * Nr);
+    LP_CARVE(1, aux_logits, floatX, aux * N * c->padded_vocab_size / t);
 #undef LP_CARVE
     *scratch_bytes = off[1];
     return off[0];
@@ -2742,6 +2762,33 @@ static inline floatX* lp_tp_g_forward(LPModel* m, floatX* partial, int N, int C)
 // g backward: the whole output gradient from this rank's rows of it.
 static inline const floatX* lp_tp_g_backward(LPModel* m, const floatX* rows, int N, int C) { return lp_tp_f_forward(m, rows, N, C); }
 
+// The loss of logits (N,Vl) against m->targets, vocab-parallel: each rank's statistics of its slice are
+// gathered over TP, never the logits. Leaves dloss * (softmax - onehot) in logits; returns the mean loss.
+static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float dloss) {
+    const LPConfig* c = &m->cfg;
+    LPActivations* a = &m->act;
+    int t = m->tp_size, Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
+    LP(classifier_stats)(a->stats + (size_t)3 * N * m->tp_rank, logits, m->targets, N, Vl, v0, c->vocab_size);
+    if (t > 1) lp_all_gather(m->tp, a->stats, (size_t)3 * N * sizeof(float));
+    LP(classifier_grad)(logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, c->vocab_size);
+    lp_copy_to_host(m->losses_host, a->losses, (size_t)N * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += m->losses_host[i];
+    return (float)(sum / N);
+}
+
+// Backward through the head from the logits' gradient: into wte's gradient, lnf's (lnf = layernorm(x),
+// with its mean and rstd) and x's, added to act.dresidual.
+static inline void lp_model_head_backward(LPModel* m, const floatX* x, const floatX* lnf, const float* mean, const float* rstd,
+                                          const floatX* dlogits, int N) {
+    int C = m->cfg.channels, Nr = m->sp ? N / m->tp_size : N, Vl = m->cfg.padded_vocab_size / m->tp_size;
+    LPActivations* a = &m->act;
+    // LM head (column-parallel over the vocabulary; SP gathers lnf's rows again), then lnf
+    LP(matmul_backward)(a->btc, m->g[LP_WTE], NULL, dlogits, lp_tp_f_forward(m, lnf, N, C), m->p[LP_WTE], N, C, Vl);
+    LP(layernorm_backward)(a->dresidual, m->g[LP_LNFW], m->g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C), x, m->p[LP_LNFW], mean,
+                           rstd, Nr, C);
+}
+
 // Forward pass over (B,T) host tokens. With targets it also computes the loss, leaving dlogits =
 // dloss * (softmax - onehot) in place for the backward pass, and returns the mean loss.
 // dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss.
@@ -2757,6 +2804,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     if (m->sp && N % t) lp_fail("sequence parallelism: the %d x %d rows do not split over %d ranks", B, T, t);
     m->cur_B = B;
     m->cur_T = T;
+    m->dloss = dloss;
     int L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t, V = c->vocab_size;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
     LPActivations* a = &m->act;
@@ -2807,19 +2855,14 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
                                            mlp, mlp_bias, p[LP_LNFW], p[LP_LNFB], Nr, C);
         }
     }
+    if (targets) {  // for the loss, and for the auxiliary losses' in backward
+        lp_check_tokens(targets, N, V, "target");
+        lp_copy_to_device(m->targets, targets, (size_t)N * sizeof(int));
+    }
     if (!m->last) return 0.0f;
     // LM head tied to wte, vocab-parallel: this rank's slice of the logits (padding rows of wte are zero)
     LP(matmul_forward)(a->logits, NULL, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
-    if (!targets) return 0.0f;
-    lp_check_tokens(targets, N, V, "target");
-    lp_copy_to_device(m->targets, targets, (size_t)N * sizeof(int));
-    LP(classifier_stats)(a->stats + (size_t)3 * N * m->tp_rank, a->logits, m->targets, N, Vl, v0, V);
-    if (t > 1) lp_all_gather(m->tp, a->stats, (size_t)3 * N * sizeof(float));
-    LP(classifier_grad)(a->logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, V);
-    lp_copy_to_host(m->losses_host, a->losses, (size_t)N * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < N; i++) sum += m->losses_host[i];
-    return (float)(sum / N);
+    return targets ? lp_model_classifier(m, a->logits, N, dloss) : 0.0f;
 }
 
 // Rows of the residual stream this rank holds in the last forward's shape.
@@ -2834,6 +2877,7 @@ static inline floatX* lp_model_output(const LPModel* m) {
 }
 
 static inline void lp_model_zero_grad(LPModel* m) {
+    memset(m->aux_loss, 0, sizeof(m->aux_loss));
     if (m->zero_stage >= 2) {
         lp_device_zero(m->grads, (m->num_params - m->layer_params * m->L) * sizeof(floatX));
         lp_device_zero(m->grad_shard, m->shard_size * sizeof(floatX));
@@ -2863,16 +2907,22 @@ static inline void lp_model_backward(LPModel* m, int last) {
     floatX** p = m->p;
     floatX** g = m->g;
 
-    if (m->last) {  // LM head (column-parallel over the vocabulary; SP gathers lnf's rows again), then lnf
+    if (m->last) {  // the loss's gradient, through the head
         lp_device_zero(a->dresidual, (size_t)Nr * C * sizeof(floatX));
-        LP(matmul_backward)(a->btc, g[LP_WTE], NULL, a->logits, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], N, C, Vl);
-        LP(layernorm_backward)(a->dresidual, g[LP_LNFW], g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C),
-                               L ? a->residual3 + (size_t)(L - 1) * Nr * C : a->encoded, p[LP_LNFW], a->lnf_mean, a->lnf_rstd, Nr, C);
+        lp_model_head_backward(m, L ? a->residual3 + (size_t)(L - 1) * Nr * C : a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd,
+                               a->logits, N);
     }
     int unreduced = L;  // overlap: layers [l+1, unreduced) are done but not yet being reduced
     for (int l = L - 1; l >= 0; l--) {
         size_t rc = (size_t)l * Nr * C, nc = (size_t)l * N * Cl, nf = (size_t)l * N * Fl;
         const floatX* residual = l == 0 ? a->encoded : a->residual3 + rc - (size_t)Nr * C;
+        for (int j = 0; j < m->num_aux; j++) {  // an auxiliary loss on this layer's output: its head, recomputed
+            if (m->aux[j] != l) continue;
+            LP(layernorm_forward)(a->aux_lnf, a->aux_mean, a->aux_rstd, a->residual3 + rc, p[LP_LNFW], p[LP_LNFB], Nr, C);
+            LP(matmul_forward)(a->aux_logits, NULL, lp_tp_f_forward(m, a->aux_lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
+            m->aux_loss[j] += lp_model_classifier(m, a->aux_logits, N, m->aux_weight * m->dloss);
+            lp_model_head_backward(m, a->residual3 + rc, a->aux_lnf, a->aux_mean, a->aux_rstd, a->aux_logits, N);
+        }
         lp_model_gather_layer(m, l);
         lp_model_prefetch_layer(m, l - 1);  // ZeRO-3: the layer below arrives while this one runs
         if (m->zero_stage >= 2) lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
@@ -2993,14 +3043,15 @@ static inline void lp_model_reduce_dp(LPModel* m) {
 }
 
 // The squared norm of this rank's shard of the averaged gradients, counting each of the model's
-// parameters on one rank only: a tensor TP replicates on TP rank 0, wte on the first pipeline chunk.
+// parameters on one rank only: a tensor TP replicates on TP rank 0, a pipeline chunk's copies of the
+// head (wte, lnf) not at all.
 static inline float lp_model_norm2(const LPModel* m) {
     const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + m->shard_start;  // this rank's shard
     float norm2 = 0.0f;
     size_t from = 0, to = 0, a, b;  // a stretch of consecutive counted tensors, normed in one call
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         if (!lp_model_tensor_in_shard(m, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0) ||
-            (i == LP_WTE && m->tied_copy))
+            (m->copies >> i & 1))
             continue;
         if (a != to) {
             if (to > from) norm2 += LP(norm_squared)(grads + from, to - from);
@@ -3668,7 +3719,10 @@ typedef struct {
     int p, v, s, m;         // stages, chunks per stage, this stage, micro-batches per step
     LPModel* chunks;        // (v) chunk c is virtual stage c*p + s
     const LPGroup* pp;      // this pipeline's stages
-    const LPGroup* tied;    // stage 0 and stage p-1, both holding wte
+    LPGroup head;           // the stages holding the head (wte, lnf): 0, p-1 and those with auxiliary losses
+    int num_aux;            // auxiliary losses: the model's layers whose outputs have one, and the last step's
+    int aux[LP_MAX_AUX];    // mean values (on every rank of the pipeline)
+    float aux_loss[LP_MAX_AUX];
     int scatter_gather;     // send 1/t of a boundary and all-gather it over TP (when the rows split)
     LPAction* actions;      // (2 m v) this stage's schedule
     int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
@@ -3690,8 +3744,10 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
     st->s = proc->pp_rank;
     st->m = m;
     st->pp = &proc->pp_group;
-    st->tied = &proc->tied_group;
     st->scatter_gather = 1;
+    if (base->num_aux > LP_MAX_AUX) lp_fail_all("at most %d auxiliary losses, got %d", LP_MAX_AUX, base->num_aux);
+    st->num_aux = base->num_aux;
+    for (int j = 0; j < st->num_aux; j++) st->aux[j] = base->aux[j];
     if (2LL * st->p * v * m > 32767)  // the tags MPI guarantees (lp_stage_tag)
         lp_fail_all("--pp %d --vpp %d: %d micro-batches per step are too many to tag their messages (at most %d)", st->p, v, m,
                     32767 / (2 * st->p * v));
@@ -3708,6 +3764,21 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
         split.layers = layers[split.chunk];
         lp_model_create(&st->chunks[c], cfg, &split);
     }
+    // the head group: a communicator of the stages whose chunks hold the head
+    int holds = 0;
+    for (int c = 0; c < v; c++) holds |= st->chunks[c].head;
+    st->head.name = "head";
+    st->head.size = 1;
+#ifdef LLMPAR_MPI
+    if (st->pp->size > 1) {
+        MPI_Comm_split(st->pp->comm, holds ? 0 : MPI_UNDEFINED, st->s, &st->head.comm);
+        if (holds) {
+            MPI_Comm_size(st->head.comm, &st->head.size);
+            MPI_Comm_rank(st->head.comm, &st->head.rank);
+            MPI_Comm_set_errhandler(st->head.comm, MPI_ERRORS_RETURN);
+        }
+    }
+#endif
 }
 
 // Activations for micro-batches of (B, T): each chunk gets as many slots as its most micro-batches in flight.
@@ -3760,18 +3831,20 @@ static inline float lp_stage_forward(LPStage* st, int c, int i, int slot, const 
     lp_model_use_slot(mc, slot);
     if (k > 0) lp_stage_recv(st, mc, mc->act.encoded, B, T, (st->s + p - 1) % p, lp_stage_tag(st, k, i, 0));
     double t0 = lp_time_s();
-    float loss = lp_model_forward(mc, k == 0 ? inputs : NULL, k == K - 1 ? targets : NULL, B, T, dloss);
+    float loss = lp_model_forward(mc, k == 0 ? inputs : NULL, k == K - 1 || mc->num_aux ? targets : NULL, B, T, dloss);
     if (k < K - 1) lp_stage_send(st, mc, lp_model_output(mc), B, T, (st->s + 1) % p, lp_stage_tag(st, k + 1, i, 0));
     lp_device_sync();
     st->chunk_s[c] += lp_time_s() - t0;
     return loss;
 }
 
-// Backward of micro-batch i through chunk c, from slot `slot`; `last`: the chunk's last backward of the step.
-static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int last) {
+// Backward of micro-batch i through chunk c, from slot `slot`; `last`: the chunk's last backward of the
+// step. Auxiliary losses need the micro-batch's targets again.
+static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int last, const int* targets) {
     LPModel* mc = &st->chunks[c];
     int p = st->p, k = c * p + st->s, K = p * st->v, B = mc->cur_B, T = mc->cur_T;
     lp_model_use_slot(mc, slot);
+    if (mc->num_aux) lp_copy_to_device(mc->targets, targets, (size_t)B * T * sizeof(int));
     if (k < K - 1) lp_stage_recv(st, mc, mc->act.dresidual, B, T, (st->s + 1) % p, lp_stage_tag(st, k, i, 1));
     double t0 = lp_time_s();
     lp_model_backward(mc, last);
@@ -3807,11 +3880,18 @@ static inline float lp_stage_forward_backward(LPStage* st, LPDataLoader* train) 
             loss += lp_stage_forward(st, a.chunk, a.micro, slot, st->tokens + 2 * a.micro * BT, st->tokens + (2 * a.micro + 1) * BT,
                                      B, T, 1.0f / ((float)BT * m));
         else
-            lp_stage_backward(st, a.chunk, a.micro, slot, ++done[a.chunk] == m);
+            lp_stage_backward(st, a.chunk, a.micro, slot, ++done[a.chunk] == m, st->tokens + (2 * a.micro + 1) * BT);
     }
     lp_sends_wait(st->pp, &st->sends);
     loss /= m;
     lp_all_reduce_host(st->pp, &loss, 1, 0);  // only the last stage's is not zero
+    for (int j = 0; j < st->num_aux; j++) {  // each on the stage holding its layer
+        st->aux_loss[j] = 0.0f;
+        for (int c = 0; c < v; c++)
+            for (int q = 0; q < st->chunks[c].num_aux; q++)
+                if (st->chunks[c].aux_id[q] == st->aux[j]) st->aux_loss[j] += st->chunks[c].aux_loss[q] / m;
+    }
+    lp_all_reduce_host(st->pp, st->aux_loss, st->num_aux, 0);
     st->wall_s = lp_time_s() - t0;
     return loss;
 }
@@ -3826,14 +3906,25 @@ static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const 
     return loss;
 }
 
-// The optimizer step of all the pipeline's chunks: wte's two copies (the embedding's, on stage 0, and the
-// LM head's, on stage p-1) get the sum of both gradients, so they take the same step and stay equal; then
-// lp_models_update, the gradient norm taken over the whole pipeline. Returns the norm before clipping.
+// The optimizer step of all the pipeline's chunks. Every copy of the head (wte and lnf: the embedding's
+// on the first chunk, the LM head's on the last, the auxiliary losses' in between) gets the sum of all
+// their gradients, summed within this rank and then over the head group, so the copies take the same
+// step and stay equal. Then lp_models_update, the gradient norm taken over the whole pipeline. Returns
+// the norm before clipping.
 static inline float lp_stage_update(LPStage* st, float lr, const LPAdamW* opt) {
+    const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
+    LPModel* sum = NULL;  // this rank's first chunk holding the head
     for (int c = 0; c < st->v; c++) {
         LPModel* mc = &st->chunks[c];
-        if ((mc->first || mc->last) && st->tied->size > 1) lp_all_reduce(st->tied, mc->g[LP_WTE], mc->param_sizes[LP_WTE], 0);
+        if (!mc->head) continue;
+        if (!sum) sum = mc;
+        else for (int k = 0; k < 3; k++) LP(add_scaled)(sum->g[head[k]], mc->g[head[k]], sum->param_sizes[head[k]], 1.0f);
     }
+    if (sum && st->head.size > 1)
+        for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->g[head[k]], sum->param_sizes[head[k]], 0);
+    for (int c = 0; c < st->v; c++)
+        if (st->chunks[c].head && &st->chunks[c] != sum)
+            for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].g[head[k]], sum->g[head[k]], sum->param_sizes[head[k]] * sizeof(floatX));
     return lp_models_update(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL, lr, opt);
 }
 
@@ -3845,6 +3936,9 @@ static inline void lp_stage_free(LPStage* st) {
     free(st->slot_owner);
     free(st->tokens);
     lp_sends_free(&st->sends);
+#ifdef LLMPAR_MPI
+    if (st->head.size > 1) MPI_Comm_free(&st->head.comm);
+#endif
     memset(st, 0, sizeof(*st));
 }
 

@@ -87,6 +87,21 @@ static void read_master(const LPModel* m, float* w) { lp_copy_to_host(w, m->mast
 #define TRAIN_BIN "./train_gpt_cpu"
 static LPProcess single;  // a one-rank grid for calls that take groups
 
+// The auxiliary losses of the step lines ("| aux loss 1: x 3: y"), in order.
+static int parse_aux_losses(const char* out, float* values, int max) {
+    int n = 0;
+    for (const char* s = strstr(out, "| aux loss"); s && n < max; s = strstr(s + 1, "| aux loss")) {
+        const char* q = s + strlen("| aux loss");
+        int layer, used;
+        float v;
+        while (n < max && sscanf(q, " %d: %f%n", &layer, &v, &used) == 2) {
+            values[n++] = v;
+            q += used;
+        }
+    }
+    return n;
+}
+
 static void write_shard(const char* path, const int* tokens, size_t n) {
     int h[LP_HEADER_INTS] = {0};
     h[0] = LP_SHARD_MAGIC;
@@ -697,48 +712,68 @@ static void test_op_gradients(void) {
 }
 
 // The whole model's gradient against finite differences of the mean loss, on a tiny model.
+// With an auxiliary loss on layer 1's output (weight 0.5) the gradients are those of main + 0.5 * aux,
+// aux being the loss of the same weights cut after layer 1 (a one-chunk model of layers [0, 1)).
 static void test_model_gradient(void) {
-    LPConfig c = tiny_config();
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 5);
-    // larger weights than GPT-2's init so every path carries a visible gradient
-    size_t n = m.num_params;
-    float* w = (float*)lp_host_malloc(n * 4, "test");
-    read_master(&m, w);
-    uint64_t rng = 99;
-    for (size_t i = 0; i < n; i++) w[i] += 0.1f * lp_rand_normal(&rng);
-    for (size_t i = (size_t)c.vocab_size * c.channels; i < (size_t)c.padded_vocab_size * c.channels; i++) w[i] = 0.0f;
-    lp_model_set_weights(&m, w);
-    int B = 2, T = 8, in[16], tg[16];
-    for (int i = 0; i < 16; i++) { in[i] = lp_rand_u32(&rng) % 97; tg[i] = lp_rand_u32(&rng) % 97; }
-    lp_model_zero_grad(&m);
-    lp_model_forward(&m, in, tg, B, T, 1.0f / (B * T));
-    lp_model_backward(&m, 1);
-    float* g = (float*)lp_host_malloc(n * 4, "test");
-    lp_to_host_float(g, m.grads, n);
-    float got[LP_NUM_PARAMS * 4], want[LP_NUM_PARAMS * 4];
-    int k = 0;
-    for (int t = 0; t < LP_NUM_PARAMS; t++) {
-        for (int s = 0; s < 4; s++) {
-            size_t i = m.param_offsets[t] + lp_rand_u32(&rng) % m.param_sizes[t];
-            if (t == LP_WTE) i = lp_rand_u32(&rng) % ((size_t)c.vocab_size * c.channels);
-            float keep = w[i];
-            w[i] = keep + FD_H;
-            lp_model_set_weights(&m, w);
-            double plus = lp_model_forward(&m, in, tg, B, T, 0.0f);
-            w[i] = keep - FD_H;
-            lp_model_set_weights(&m, w);
-            double minus = lp_model_forward(&m, in, tg, B, T, 0.0f);
-            w[i] = keep;
-            want[k] = (float)((plus - minus) / (2.0 * FD_H));
-            got[k++] = g[i];
+    for (int with_aux = 0; with_aux < 2; with_aux++) {
+        LPConfig c = tiny_config();
+        int aux_layer = 1;
+        LPSplit split, cut;
+        memset(&split, 0, sizeof(split));
+        split.aux = &aux_layer;
+        split.num_aux = with_aux;
+        split.aux_weight = 0.5f;
+        memset(&cut, 0, sizeof(cut));
+        cut.chunks = 1;
+        cut.layers = 1;
+        LPModel m, head1;
+        lp_model_create(&m, &c, &split);
+        lp_model_create(&head1, &c, &cut);
+        lp_model_init_random(&m, 5);
+        // larger weights than GPT-2's init so every path carries a visible gradient
+        size_t n = m.num_params;
+        float* w = (float*)lp_host_malloc(n * 4, "test");
+        read_master(&m, w);
+        uint64_t rng = 99;
+        for (size_t i = 0; i < n; i++) w[i] += 0.1f * lp_rand_normal(&rng);
+        for (size_t i = (size_t)c.vocab_size * c.channels; i < (size_t)c.padded_vocab_size * c.channels; i++) w[i] = 0.0f;
+        lp_model_set_weights(&m, w);
+        int B = 2, T = 8, in[16], tg[16];
+        for (int i = 0; i < 16; i++) { in[i] = lp_rand_u32(&rng) % 97; tg[i] = lp_rand_u32(&rng) % 97; }
+        lp_model_zero_grad(&m);
+        lp_model_forward(&m, in, tg, B, T, 1.0f / (B * T));
+        lp_model_backward(&m, 1);
+        float* g = (float*)lp_host_malloc(n * 4, "test");
+        lp_to_host_float(g, m.grads, n);
+        float got[LP_NUM_PARAMS * 4], want[LP_NUM_PARAMS * 4];
+        int k = 0;
+        for (int t = 0; t < LP_NUM_PARAMS; t++) {
+            for (int s = 0; s < 4; s++) {
+                size_t i = m.param_offsets[t] + lp_rand_u32(&rng) % m.param_sizes[t];
+                if (t == LP_WTE) i = lp_rand_u32(&rng) % ((size_t)c.vocab_size * c.channels);
+                float keep = w[i];
+                double loss[2];
+                for (int side = 0; side < 2; side++) {
+                    w[i] = keep + (side ? -FD_H : FD_H);
+                    lp_model_set_weights(&m, w);
+                    loss[side] = lp_model_forward(&m, in, tg, B, T, 0.0f);
+                    if (with_aux) {
+                        lp_model_set_weights(&head1, w);
+                        loss[side] += 0.5 * lp_model_forward(&head1, in, tg, B, T, 0.0f);
+                    }
+                }
+                w[i] = keep;
+                want[k] = (float)((loss[0] - loss[1]) / (2.0 * FD_H));
+                got[k++] = g[i];
+            }
         }
+        expect_close(with_aux ? "fd whole model with an auxiliary loss on layer 1 (weight 0.5): 4 entries of each of the 16 tensors"
+                              : "fd whole model: 4 entries of each of the 16 tensors", got, want, k, FD_ATOL, FD_RTOL);
+        free(w);
+        free(g);
+        lp_model_free(&m);
+        lp_model_free(&head1);
     }
-    expect_close("fd whole model: 4 entries of each of the 16 tensors", got, want, k, FD_ATOL, FD_RTOL);
-    free(w);
-    free(g);
-    lp_model_free(&m);
 }
 
 // The loss of the tiny llm.c model in dev/ref equals the float64 numpy reference to 1e-5 relative.
@@ -1238,6 +1273,43 @@ static void test_pipeline_parallel(void) {
         free(w);
     }
 
+    // auxiliary losses on layers 1 and 3 (weight 0.5): the pipeline equals the same aux-loss model on 1 rank,
+    // the head's copies on the stages in between included; the aux losses themselves too
+    snprintf(args, sizeof(args), "%s -b 8 --aux-loss-layers 1,3 --aux-loss-weight 0.5", base);
+    lp_path(dir, "%s", tmp_path("pp_aux_ref"));
+    float aref[64], aux_ref[64], aux_got[64];
+    n = run_ranks(1, args, dir, aref, out, sizeof(out));
+    float* wplain = wref;
+    wref = run_weights(dir, 10, &nw);
+    float moved = 0.0f;
+    for (size_t i = 0; wref && i < nw; i++) moved = fmaxf(moved, fabsf(wref[i] - wplain[i]));
+    free(wplain);
+    expect(moved > 1e-3f, "aux losses change the training (the weights after 10 steps differ from the run without)");
+    int naux = parse_aux_losses(out, aux_ref, 64);
+    expect(n == 10 && wref && naux == 20, "aux losses: 1-rank reference run reports 2 aux losses per step");
+    const char* aux_cases[][2] = {{"2", "--pp 2"}, {"4", "--pp 4 --pp-partition 1,1,1,1"}, {"4", "--pp 2 --vpp 2 --schedule interleaved --tp 2"},
+                                  {"4", "--pp 2 --zero 2"}};
+    for (size_t k = 0; wref && k < sizeof(aux_cases) / sizeof(aux_cases[0]); k++) {
+        const char *tp = strstr(aux_cases[k][1], "--tp "), *pp = strstr(aux_cases[k][1], "--pp ");
+        int ranks = atoi(aux_cases[k][0]), d = ranks / (tp ? atoi(tp + 5) : 1) / atoi(pp + 5);
+        snprintf(args, sizeof(args), "%s -b %d %s --aux-loss-layers 1,3 --aux-loss-weight 0.5", base, 8 / d, aux_cases[k][1]);
+        lp_path(dir, "%s_%zu", tmp_path("pp_aux"), k);
+        n = run_ranks(ranks, args, dir, got, out, sizeof(out));
+        float* w = run_weights(dir, 10, &nw2);
+        int na = parse_aux_losses(out, aux_got, 64);
+        snprintf(name, sizeof(name), "aux losses, %s ranks %s: 10 steps run", aux_cases[k][0], aux_cases[k][1]);
+        expect(n == 10 && w && na == 20, name);
+        if (n != 10 || !w || na != 20) { printf("%s\n", out); free(w); continue; }
+        snprintf(name, sizeof(name), "aux losses, %s ranks %s: losses and aux losses equal 1 rank's (1e-5 relative)", aux_cases[k][0],
+                 aux_cases[k][1]);
+        expect_close(name, got, aref, 10, 0.0f, 1e-5f);
+        expect_close(name, aux_got, aux_ref, 20, 0.0f, 1e-5f);
+        float tol = ranks == atoi(pp + 5) ? 1e-5f : 3e-4f;
+        snprintf(name, sizeof(name), "aux losses, %s ranks %s: final weights equal 1 rank's (%g)", aux_cases[k][0], aux_cases[k][1], tol);
+        expect_same_weights(name, w, wref, nw, tol, 4);
+        free(w);
+    }
+
     // a checkpoint of p=2 interleaved resumes on p=4: steps 6-10 equal the straight run
     lp_path(dir, "%s", tmp_path("pp_ck"));
     snprintf(args, sizeof(args), "%s -b 8 --pp 2 --vpp 2 --schedule interleaved -n 5", base);
@@ -1274,6 +1346,9 @@ static void test_pipeline_parallel(void) {
         {"2", "--pp 2 --pp-partition 4,1", "--pp-partition 4,1: needs 2 counts (--pp 2 x --vpp 1) summing to the model's 4 layers"},
         {"4", "--pp 4 --pp-partition 2,0,1,1", "--pp 4 --vpp 1: chunk 1 of 4 gets no layers (the model has 4)"},
         {"3", "--pp 2", "--tp 1 --pp 2: t*p = 2 does not divide the 3 ranks"},
+        {"1", "--aux-loss-layers 4", "flag --aux-loss-layers: layer 4 is not an inner layer of the model's 4 (1 .. 3)"},
+        {"1", "--aux-loss-layers 1,x", "flag --aux-loss-layers: '1,x' is not a list of layers like 4,8"},
+        {"1", "--aux-loss-layers 2,2", "flag --aux-loss-layers: layer 2 is listed twice"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe %s %s -b 8 %s", bad[k][0], TRAIN_BIN, base, bad[k][1]);
@@ -1622,7 +1697,8 @@ static void test_parallel_one_gpu(void) {
     int rc = run_cmd(out, sizeof(out), "./train_gpt %s -b 2", args);
     int n1 = parse_losses(out, one, 8);
     const char* grids[][2] = {{"2", "-b 1 --zero 0"}, {"2", "-b 1 --zero 1"}, {"2", "-b 1 --zero 2"}, {"2", "-b 1 --zero 3"},
-                              {"2", "-b 2 --tp 2"}, {"2", "-b 2 --tp 2 --sp"}, {"4", "-b 2 --tp 4 --sp"}, {"4", "-b 1 --tp 2 --sp --zero 1"}};
+                              {"2", "-b 2 --tp 2"}, {"2", "-b 2 --tp 2 --sp"}, {"4", "-b 2 --tp 4 --sp"}, {"4", "-b 1 --tp 2 --sp --zero 1"},
+                              {"2", "-b 2 --pp 2"}, {"4", "-b 1 --pp 2 --zero 1"}, {"4", "-b 2 --tp 2 --pp 2 --sp"}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         int rck = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe ./train_gpt %s %s", grids[k][0], args, grids[k][1]);
         int n2 = parse_losses(out, two, 8);

@@ -38,6 +38,8 @@ typedef struct {
     const char* pp_partition;// --pp-partition: balanced | uniform | L1,L2,...
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int scatter_gather;      // --pp-scatter-gather: send 1/t of a stage boundary, all-gather over TP
+    const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
+    float aux_weight;        // --aux-loss-weight
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
@@ -89,6 +91,8 @@ static void lp_flags_default(LPFlags* f) {
     f->pp_schedule = "1f1b";
     f->pp_partition = "balanced";
     f->scatter_gather = 1;
+    f->aux_layers = "";
+    f->aux_weight = 0.1f;
     f->overlap = 1;
     f->bucket_mb = 25.0f;
 }
@@ -122,6 +126,9 @@ static void lp_usage(void) {
         "  --schedule NAME  pipeline schedule: gpipe | 1f1b | interleaved [1f1b]\n"
         "  --pp-partition P layers per chunk: balanced (by FLOPs, counting the LM head) | uniform | L1,L2,... [balanced]\n"
         "  --pp-scatter-gather N 1: with --tp and no --sp, send 1/t of each stage boundary and all-gather it [1]\n"
+        "  --aux-loss-layers L1,L2,... auxiliary losses: these layers' outputs (1 .. L-1) also go through the final\n"
+        "              LayerNorm and the tied head; the losses, times --aux-loss-weight, add to the loss [none]\n"
+        "  --aux-loss-weight F  weight of each auxiliary loss [0.1]\n"
         "  --print-schedule draw the pipeline timeline of --pp, --vpp, --schedule and the micro-batches\n"
         "              per step (-d / (-b * -t * d)), simulated with unit costs, and exit\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
@@ -162,7 +169,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
                                "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
-                               "--pp-scatter-gather"};
+                               "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -198,6 +205,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--schedule") == 0) f->pp_schedule = v;
         else if (strcmp(a, "--pp-partition") == 0) f->pp_partition = v;
         else if (strcmp(a, "--pp-scatter-gather") == 0) f->scatter_gather = lp_parse_int(a, v);
+        else if (strcmp(a, "--aux-loss-layers") == 0) f->aux_layers = v;
+        else if (strcmp(a, "--aux-loss-weight") == 0) f->aux_weight = lp_parse_float(a, v);
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -300,19 +309,40 @@ static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cf
     return 0;
 }
 
+// --aux-loss-layers: a list of distinct layers 1 .. L-1 (the output of layer L is the main loss's input).
+static int lp_parse_aux_layers(const char* list, int L, int* aux) {
+    int n = 0;
+    for (const char* q = list; *q;) {
+        char* end;
+        long x = strtol(q, &end, 10);
+        if (end == q || (*end && *end != ',')) lp_fail_all("flag --aux-loss-layers: '%s' is not a list of layers like 4,8", list);
+        if (x < 1 || x >= L) lp_fail_all("flag --aux-loss-layers: layer %ld is not an inner layer of the model's %d (1 .. %d)", x, L, L - 1);
+        for (int j = 0; j < n; j++)
+            if (aux[j] == x) lp_fail_all("flag --aux-loss-layers: layer %ld is listed twice", x);
+        if (n == LP_MAX_AUX) lp_fail_all("flag --aux-loss-layers: at most %d layers", LP_MAX_AUX);
+        aux[n++] = (int)x;
+        q = *end ? end + 1 : end;
+    }
+    return n;
+}
+
 static void lp_train(const LPFlags* f, const LPProcess* proc) {
     const LPGroup* dp = &proc->dp_group;
+
+    // the model's shape, checked against the grid; the batch; the pipeline's partition and schedule
+    LPConfig cfg;
+    int from_scratch = lp_model_config(f, proc, &cfg);
+    lp_grid_check(proc, &cfg);
+    int aux[LP_MAX_AUX];
     LPSplit split;
     memset(&split, 0, sizeof(split));
     split.tp = &proc->tp_group;
     split.dp = dp;
     split.zero = f->zero;
     split.sp = f->sp;
-
-    // the model's shape, checked against the grid; the batch; the pipeline's partition and schedule
-    LPConfig cfg;
-    int from_scratch = lp_model_config(f, proc, &cfg);
-    lp_grid_check(proc, &cfg);
+    split.aux = aux;
+    split.num_aux = lp_parse_aux_layers(f->aux_layers, cfg.num_layers, aux);
+    split.aux_weight = f->aux_weight;
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
     int total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
@@ -478,6 +508,11 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_log("step %d/%d | loss %f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, f->max_steps, loss, lr,
                norm, ms, tok_s);
         if (peak > 0.0) lp_log(" | MFU %.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak);
+        if (stage.num_aux) {
+            lp_all_reduce_host(dp, stage.aux_loss, stage.num_aux, 1);
+            lp_log(" | aux loss");
+            for (int j = 0; j < stage.num_aux; j++) lp_log(" %d: %f", stage.aux[j], stage.aux_loss[j]);
+        }
         lp_log("\n");
         if (step == first_step && lp_device_memory_used_mib() > 0.0)
             lp_log("GPU memory in use: %.0f MiB\n", lp_device_memory_used_mib());
