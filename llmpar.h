@@ -511,6 +511,14 @@ static inline void lp_device_sync(void) {
 #endif
 }
 
+// Wait for the compute stream only, not for the communication streams: a pipeline's NCCL sends wait
+// there for their receivers, and waiting for them would make sends block.
+static inline void lp_compute_sync(void) {
+#ifndef LLMPAR_CPU
+    cudaCheck(cudaStreamSynchronize(0));
+#endif
+}
+
 // Device memory in use right now in MiB (CUDA build; 0 on the CPU build). All of llmpar's buffers are
 // allocated at start-up, so after the first step this is the run's peak.
 static inline double lp_device_memory_used_mib(void) {
@@ -1180,6 +1188,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
     (void)mine;
     (void)out;
     (void)p;
+    (void)off;
 #endif
 }
 
@@ -3727,7 +3736,16 @@ typedef struct {
     LPAction* actions;      // (2 m v) this stage's schedule
     int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
     int* tokens;            // (m, 2, B, T) the step's inputs and targets
-    LPSends sends;
+    LPSends sends;          // MPI sends in flight
+#ifdef LLMPAR_NCCL
+    // NCCL point-to-point, when the pipeline group runs on NCCL: a two-rank communicator per link between
+    // neighbouring stages and direction, so each is used from one stream only. link[0] carries
+    // activations, link[1] gradients; link[d][0] is with the next stage, link[d][1] with the previous.
+    // Sends go on their direction's stream (never holding up compute), receives on the compute stream.
+    ncclComm_t link[2][2];
+    cudaStream_t send_stream[2];
+    cudaEvent_t ready;
+#endif
     // the last step's seconds: each chunk's forwards, then backwards (2, v), each synchronised; waiting to
     // receive; in all
     double* chunk_s;
@@ -3764,6 +3782,20 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
         split.layers = layers[split.chunk];
         lp_model_create(&st->chunks[c], cfg, &split);
     }
+#ifdef LLMPAR_NCCL
+    if (st->pp->nccl) {  // link l joins stage l (its member 0) and stage l+1 (member 1), for each direction
+        for (int dir = 0; dir < 2; dir++)
+            for (int l = 0; l < st->p; l++) {
+                ncclUniqueId id;
+                if (st->s == l) lp_nccl_check(ncclGetUniqueId(&id), "unique id", st->pp);
+                lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, l, st->pp->comm), "broadcast of the NCCL id", st->pp);
+                if (st->s == l) lp_nccl_check(ncclCommInitRank(&st->link[dir][0], 2, id, 0), "link init", st->pp);
+                if (st->s == (l + 1) % st->p) lp_nccl_check(ncclCommInitRank(&st->link[dir][1], 2, id, 1), "link init", st->pp);
+            }
+        for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamCreateWithFlags(&st->send_stream[dir], cudaStreamNonBlocking));
+        cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
+    }
+#endif
     // the head group: a communicator of the stages whose chunks hold the head
     int holds = 0;
     for (int c = 0; c < v; c++) holds |= st->chunks[c].head;
@@ -3810,14 +3842,39 @@ static inline size_t lp_stage_boundary(const LPStage* st, const LPModel* c, int 
     }
     return n;
 }
-static inline void lp_stage_send(LPStage* st, const LPModel* c, const floatX* x, int B, int T, int to, int tag) {
+// Send x's boundary of micro-batch i to virtual stage k: activations (dir 0) to the next stage, gradients
+// (dir 1) to the previous one.
+static inline void lp_stage_send(LPStage* st, const LPModel* c, const floatX* x, int B, int T, int k, int i, int dir) {
     size_t off, n = lp_stage_boundary(st, c, B, T, &off);
-    lp_send(st->pp, x + off, n, to, tag, &st->sends);
+#ifdef LLMPAR_NCCL
+    if (st->pp->nccl) {  // a copy, as x may change before the receiver takes it; freed when sent
+        size_t bytes = n * sizeof(floatX);
+        void* buf;
+        cudaCheck(cudaMallocAsync(&buf, bytes, 0));
+        cudaCheck(cudaMemcpyAsync(buf, x + off, bytes, cudaMemcpyDeviceToDevice, 0));
+        cudaCheck(cudaEventRecord(st->ready, 0));
+        cudaCheck(cudaStreamWaitEvent(st->send_stream[dir], st->ready, 0));
+        lp_nccl_check(ncclSend(buf, bytes, ncclChar, dir ? 0 : 1, st->link[dir][dir], st->send_stream[dir]), "send", st->pp);
+        cudaCheck(cudaFreeAsync(buf, st->send_stream[dir]));
+        lp_traffic(st->pp, LP_SEND, bytes);
+        return;
+    }
+#endif
+    lp_send(st->pp, x + off, n, (st->s + (dir ? st->p - 1 : 1)) % st->p, lp_stage_tag(st, k, i, dir), &st->sends);
 }
-static inline void lp_stage_recv(LPStage* st, const LPModel* c, floatX* x, int B, int T, int from, int tag) {
+
+// Receive into x virtual stage k's boundary of micro-batch i, sent as in lp_stage_send; time spent waiting
+// counts in wait_s.
+static inline void lp_stage_recv(LPStage* st, const LPModel* c, floatX* x, int B, int T, int k, int i, int dir) {
     size_t off, n = lp_stage_boundary(st, c, B, T, &off);
     double t0 = lp_time_s();
-    lp_recv(st->pp, x + off, n, from, tag);
+#ifdef LLMPAR_NCCL
+    if (st->pp->nccl) {
+        lp_nccl_check(ncclRecv(x + off, n * sizeof(floatX), ncclChar, dir ? 1 : 0, st->link[dir][1 - dir], 0), "receive", st->pp);
+        lp_compute_sync();  // to time the wait
+    } else
+#endif
+    lp_recv(st->pp, x + off, n, (st->s + (dir ? 1 : st->p - 1)) % st->p, lp_stage_tag(st, k, i, dir));
     st->wait_s += lp_time_s() - t0;
     if (lp_stage_scatters(st, c, B, T)) lp_all_gather(c->tp, x, n * sizeof(floatX));
 }
@@ -3829,11 +3886,11 @@ static inline float lp_stage_forward(LPStage* st, int c, int i, int slot, const 
     LPModel* mc = &st->chunks[c];
     int p = st->p, k = c * p + st->s, K = p * st->v;
     lp_model_use_slot(mc, slot);
-    if (k > 0) lp_stage_recv(st, mc, mc->act.encoded, B, T, (st->s + p - 1) % p, lp_stage_tag(st, k, i, 0));
+    if (k > 0) lp_stage_recv(st, mc, mc->act.encoded, B, T, k, i, 0);
     double t0 = lp_time_s();
     float loss = lp_model_forward(mc, k == 0 ? inputs : NULL, k == K - 1 || mc->num_aux ? targets : NULL, B, T, dloss);
-    if (k < K - 1) lp_stage_send(st, mc, lp_model_output(mc), B, T, (st->s + 1) % p, lp_stage_tag(st, k + 1, i, 0));
-    lp_device_sync();
+    if (k < K - 1) lp_stage_send(st, mc, lp_model_output(mc), B, T, k + 1, i, 0);
+    lp_compute_sync();
     st->chunk_s[c] += lp_time_s() - t0;
     return loss;
 }
@@ -3845,11 +3902,11 @@ static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int la
     int p = st->p, k = c * p + st->s, K = p * st->v, B = mc->cur_B, T = mc->cur_T;
     lp_model_use_slot(mc, slot);
     if (mc->num_aux) lp_copy_to_device(mc->targets, targets, (size_t)B * T * sizeof(int));
-    if (k < K - 1) lp_stage_recv(st, mc, mc->act.dresidual, B, T, (st->s + 1) % p, lp_stage_tag(st, k, i, 1));
+    if (k < K - 1) lp_stage_recv(st, mc, mc->act.dresidual, B, T, k, i, 1);
     double t0 = lp_time_s();
     lp_model_backward(mc, last);
-    if (k > 0) lp_stage_send(st, mc, mc->act.dresidual, B, T, (st->s + p - 1) % p, lp_stage_tag(st, k - 1, i, 1));
-    lp_device_sync();
+    if (k > 0) lp_stage_send(st, mc, mc->act.dresidual, B, T, k - 1, i, 1);
+    lp_compute_sync();
     st->chunk_s[st->v + c] += lp_time_s() - t0;
 }
 
@@ -3938,6 +3995,16 @@ static inline void lp_stage_free(LPStage* st) {
     lp_sends_free(&st->sends);
 #ifdef LLMPAR_MPI
     if (st->head.size > 1) MPI_Comm_free(&st->head.comm);
+#endif
+#ifdef LLMPAR_NCCL
+    if (st->pp->nccl) {
+        cudaCheck(cudaDeviceSynchronize());
+        for (int dir = 0; dir < 2; dir++) {
+            for (int side = 0; side < 2; side++) ncclCommDestroy(st->link[dir][side]);
+            cudaCheck(cudaStreamDestroy(st->send_stream[dir]));
+        }
+        cudaCheck(cudaEventDestroy(st->ready));
+    }
 #endif
     memset(st, 0, sizeof(*st));
 }

@@ -37,6 +37,15 @@ else
     echo "skip: nvcc not found, the CUDA build is not checked"
 fi
 
+# without MPI the CPU engine is a single-rank program; it must keep compiling (warnings are errors)
+if ${CC:-cc} -x c -std=gnu11 -O1 -fopenmp -DLLMPAR_CPU -Wall -Wextra -Werror train_gpt.cu -o /tmp/llmpar_nompi_$$ -lm; then
+    passed=$((passed + 1))
+else
+    echo "FAIL the CPU engine builds without MPI"
+    failed=$((failed + 1))
+fi
+rm -f /tmp/llmpar_nompi_$$
+
 run_tier ./test_gpt_cpu
 if [ "$has_gpu" = 1 ] && [ -x ./test_gpt ]; then
     run_tier ./test_gpt
