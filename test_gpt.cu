@@ -1332,6 +1332,16 @@ static void test_pipeline_parallel(void) {
     expect(rc == 0 && v1 && v2 && s1 && s2 && strncmp(v1, v2, 18) == 0 && strncmp(s1, s2, strcspn(s1, "\n")) == 0,
            "p=2 t=2 SP: validation loss and sample equal 1 rank's");
 
+    // activation memory follows the schedule: stage 0 keeps 2 (= p) micro-batches in flight under 1F1B,
+    // all 4 under GPipe
+    for (int k = 0; k < 2; k++) {
+        rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s -b 8 --pp 2 -x 1 --schedule %s", TRAIN_BIN, base,
+                     k ? "gpipe" : "1f1b");
+        snprintf(name, sizeof(name), "p=2 m=4 %s: stage 0 keeps activations of up to %d micro-batches", k ? "gpipe" : "1f1b", k ? 4 : 2);
+        expect(rc == 0 && strstr(out, k ? "activations of up to 4 micro-batches (per chunk) of 4" :
+                                          "activations of up to 2 micro-batches (per chunk) of 4"), name);
+    }
+
     // the run's report: the measured bubble next to the simulator's
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s -b 8 --pp 2 -x 3", TRAIN_BIN, base);
     expect(rc == 0 && strstr(out, "pipeline bubble  measured ") && strstr(out, "with unit costs 25.0%"),

@@ -412,6 +412,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_log("pipeline         %d stages x %d chunks, schedule %s, layers per chunk", proc->pp, f->vpp, f->pp_schedule);
         for (int k = 0; k < proc->pp * f->vpp; k++) lp_log("%s%d", k ? "," : " ", layers[k]);
         lp_log("%s\n", proc->tp > 1 && !f->sp && f->scatter_gather ? ", boundaries scatter-gathered over TP" : "");
+        lp_log("                 stage 0 keeps activations of up to");
+        for (int c = 0; c < stage.v; c++) lp_log("%s %d", c ? "," : "", stage.chunks[c].num_slots);
+        lp_log(" micro-batches (per chunk) of %d\n", accum);
     }
     lp_log("data             %d train shard(s), %zu batches per epoch; %d val shard(s)\n", train.num_files,
            lp_dataloader_batches_per_epoch(&train), has_val ? val.num_files : 0);
