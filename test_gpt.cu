@@ -430,6 +430,14 @@ static void test_schedules(void) {
     const char* err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 4, 1.0, 1.0, NULL, why, sizeof(why));
     expect(!err && sim.peak[0] == 8, "interleaved with m = p: all warm-up, runs");
     lp_simulation_free(&sim);
+    // each virtual stage's own costs (as measured): 1F1B, p=2, m=4, stage 1 twice as slow (forward and
+    // backward 2 each, stage 0's 1). Worked by hand: stage 1 runs F0 B0 F1 B1 ... from t=1 without a gap
+    // until 17, stage 0's last backward ends at 18; the busiest stage works 16, so the bubble is 2/16
+    const double slow[4] = {1.0, 2.0, 1.0, 2.0};  // forwards of virtual stages 0, 1, then backwards
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 4, 0.0, 0.0, slow, why, sizeof(why));
+    expect(!err && fabs(sim.makespan - 18.0) < 1e-9 && fabs(sim.work - 16.0) < 1e-9 && fabs(sim.bubble - 0.125) < 1e-9,
+           "simulator with per-stage costs: a stage twice as slow gives makespan 18, bubble 12.5% of the busiest stage");
+    lp_simulation_free(&sim);
     // errors: m not a multiple of p for interleaved; chunks without interleaving
     err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 6, 1.0, 1.0, NULL, why, sizeof(why));
     expect(err && strstr(err, "the 6 micro-batches per step (-d / (-b * -t * d)) must be a multiple of --pp 4"),
@@ -1323,10 +1331,19 @@ static void test_pipeline_parallel(void) {
     if (n == 10 && nr == 5) expect_close("checkpoint of p=2 v=2 resumes on p=4: steps 6-10 equal the straight run", got, ref + 5, 5, 0.0f, 1e-5f);
     else printf("%s\n", out);
 
+    // the tiny llm.c model loaded on p=2 with an aux loss on layer 1 (so stage 0 holds a copy of lnf, stage
+    // 1 of wte) and saved back (-x 0) is the same file
+    lp_path(dir, "%s", tmp_path("pp_roundtrip"));
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 0 --pp 2 "
+                     "--aux-loss-layers 1 -o %s && cmp dev/ref/tiny_model.bin %s/step_00000000/model.bin", TRAIN_BIN,
+                     tmp_path("dp_shard.bin"), dir, dir);
+    expect(rc == 0, "llm.c model file loaded with p=2 (and an aux loss) and saved back is byte-identical");
+    if (rc != 0) printf("%s\n", out);
+
     // evaluation and sampling through the pipeline: the same val losses and sample as 1 rank
     char one[1 << 14];
     snprintf(args, sizeof(args), "%s -x 4 -v 2 -m 2 -s 2 -g 6 -j %s --tokenizer none", base, tmp_path("dp_shard.bin"));
-    int rc = run_cmd(one, sizeof(one), "%s %s -b 8", TRAIN_BIN, args);
+    rc = run_cmd(one, sizeof(one), "%s %s -b 8", TRAIN_BIN, args);
     rc |= run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s -b 8 --pp 2 --tp 2 --sp", TRAIN_BIN, args);
     const char *v1 = strstr(one, "val loss"), *v2 = strstr(out, "val loss"), *s1 = strstr(one, "sample: "), *s2 = strstr(out, "sample: ");
     expect(rc == 0 && v1 && v2 && s1 && s2 && strncmp(v1, v2, 18) == 0 && strncmp(s1, s2, strcspn(s1, "\n")) == 0,
