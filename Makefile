@@ -5,7 +5,7 @@
 
 NVCC ?= nvcc
 MPICC ?= mpicc
-CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 CFLAGS_CPU = -x c -std=gnu11 -O3 -march=native -fopenmp -DLLMPAR_CPU -Wall -Wextra -Werror
 NVCC_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fopenmp
 NVCC_LIBS = -lcublasLt -lcublas
@@ -19,7 +19,7 @@ NCCL_H := $(wildcard /usr/include/nccl.h $(CUDA_HOME)/include/nccl.h)
 MPI_LIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
 ifneq ($(strip $(MPI_LIBS)),)
   CC_CPU = $(MPICC) -DLLMPAR_MPI
-  NVCC_MPI = -DLLMPAR_MPI $(shell $(MPICC) --showme:compile) $(filter -L% -l%,$(MPI_LIBS))
+  NVCC_MPI = -DLLMPAR_MPI $(filter -I% -D%,$(shell $(MPICC) --showme:compile)) $(filter -L% -l%,$(MPI_LIBS))
   ifneq ($(NCCL_H),)
     NVCC_MPI += -DLLMPAR_NCCL -lnccl
   endif

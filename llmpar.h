@@ -929,11 +929,13 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 // this rank's block (counts[rank] values). Blocks may differ in size and be empty (ZeRO-2: a layer's
 // gradients cut at the shard boundaries).
 static inline void lp_reduce_scatterv(const LPGroup* g, const floatX* x, const int* counts, floatX* out) {
-    if (g->size > 1) {
-        size_t total = 0;
-        for (int r = 0; r < g->size; r++) total += counts[r];
-        lp_traffic(g, LP_REDUCE_SCATTER, total * sizeof(floatX));
+    if (g->size == 1) {  // a group of one: its block is everything
+        lp_copy_device(out, x, (size_t)counts[0] * sizeof(floatX));
+        return;
     }
+    size_t n = 0;
+    for (int r = 0; r < g->size; r++) n += counts[r];
+    lp_traffic(g, LP_REDUCE_SCATTER, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // one reduce per owner, launched together
         size_t off = 0;
@@ -946,29 +948,19 @@ static inline void lp_reduce_scatterv(const LPGroup* g, const floatX* x, const i
         return;
     }
 #endif
-    size_t n = 0;
-    for (int r = 0; r < g->size; r++) n += counts[r];
-#ifdef LLMPAR_CPU
-    const float* send = x;
-    float* recv = out;
-#else
+#if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
+    lp_mpi_check(MPI_Reduce_scatter(x, out, counts, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
+#elif defined(LLMPAR_MPI)
     size_t mine = (size_t)counts[g->rank];
     float* send = (float*)lp_host_malloc(n * sizeof(float), "reduce-scatter staging");
     float* recv = (float*)lp_host_malloc((mine ? mine : 1) * sizeof(float), "reduce-scatter staging");
     lp_to_host_float(send, x, n);
-#endif
-#ifdef LLMPAR_MPI
-    if (g->size > 1)
-        lp_mpi_check(MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
-    else
-        memcpy(recv, send, n * sizeof(float));
-#else
-    memcpy(recv, send, n * sizeof(float));  // a group of one: its block is everything
-#endif
-#ifndef LLMPAR_CPU
+    lp_mpi_check(MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
     lp_to_device_floatX(out, recv, mine);
     free(send);
     free(recv);
+#else
+    lp_fail("reduce-scatter on group %s: this build has no MPI", g->name);
 #endif
 }
 
@@ -984,7 +976,7 @@ static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
     }
 #endif
 #ifdef LLMPAR_MPI
-    if (bytes > (size_t)1 << 31) lp_fail("all-gather on group %s: block of %zu bytes is too large for MPI", g->name, bytes);
+    if (bytes > (size_t)INT_MAX) lp_fail("all-gather on group %s: block of %zu bytes is too large for MPI", g->name, bytes);
 #ifdef LLMPAR_CPU
     char* buf = (char*)x;
 #else
@@ -1045,8 +1037,8 @@ static inline void lp_send(const LPGroup* g, const floatX* x, size_t n, int peer
 
 // Receive n values from the group's rank `peer` into x; blocks until they have arrived.
 static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int tag) {
-    size_t bytes = n * sizeof(floatX);
 #ifdef LLMPAR_MPI
+    size_t bytes = n * sizeof(floatX);
     if (bytes > (size_t)INT_MAX) lp_fail("receive on group %s: %zu bytes is too large for one MPI message", g->name, bytes);
 #ifdef LLMPAR_CPU
     void* buf = x;
@@ -1058,7 +1050,7 @@ static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int 
     lp_copy_to_device(x, buf, bytes);
 #endif
 #else
-    (void)x, (void)peer, (void)tag, (void)bytes;
+    (void)x, (void)n, (void)peer, (void)tag;
     lp_fail("receive on group %s: this build has no MPI", g->name);
 #endif
 }
@@ -1141,7 +1133,7 @@ static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n, LP
 // Start gathering: each rank contributes counts[rank] values (mine); out receives all ranks' blocks,
 // rank by rank (ZeRO-3: a layer's weights from the shards that hold them). Blocks may be empty.
 static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, floatX* out, const int* counts, LPPending* p) {
-    size_t n = 0, off = 0;
+    size_t n = 0;
     for (int r = 0; r < g->size; r++) n += counts[r];
     if (g->size == 1) {  // a group of one: its block is everything
         lp_copy_device(out, mine, n * sizeof(floatX));
@@ -1152,7 +1144,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
     if (g->nccl) {  // one broadcast per owner, launched together
         lp_comm_stream_follows_compute();
         lp_nccl_check(ncclGroupStart(), "group start", g);
-        for (int r = 0; r < g->size; r++) {
+        for (int r = 0, off = 0; r < g->size; r++) {
             if (counts[r]) lp_nccl_check(ncclBroadcast(mine, out + off, counts[r], ncclBfloat16, r, g->nccl, lp_comm_stream), "broadcast", g);
             off += counts[r];
         }
@@ -1164,7 +1156,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
 #ifdef LLMPAR_MPI
     // a plain copy: the compute type's bytes, as MPI_BYTE
     int* args = (int*)lp_host_malloc(2 * (size_t)g->size * sizeof(int), "all-gather counts");
-    for (int r = 0; r < g->size; r++) {
+    for (int r = 0, off = 0; r < g->size; r++) {
         args[r] = counts[r] * (int)sizeof(floatX);
         args[g->size + r] = (int)(off * sizeof(floatX));
         off += counts[r];
@@ -1188,7 +1180,6 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
     (void)mine;
     (void)out;
     (void)p;
-    (void)off;
 #endif
 }
 
@@ -1640,9 +1631,9 @@ static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* o
 #define LP_LN_BLOCKS 512
 __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    extern __shared__ float share[];  // dw then db, C each
+    extern __shared__ float share[];  // dw then db, C each; only lane c % 32 touches share[c] and share[C + c]
     int lane = threadIdx.x;
-    for (int c = lane; c < 2 * C; c += 32) share[c] = 0.0f;
+    for (int c = lane; c < C; c += 32) share[c] = share[C + c] = 0.0f;
     for (int row = blockIdx.x; row < N; row += gridDim.x) {
         size_t base = (size_t)row * C;
         float m = mean[row], r = rstd[row], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
@@ -1661,7 +1652,10 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
             share[C + c] += g;
         }
     }
-    for (int c = lane; c < 2 * C; c += 32) partials[(size_t)blockIdx.x * 2 * C + c] = share[c];
+    for (int c = lane; c < C; c += 32) {
+        partials[(size_t)blockIdx.x * 2 * C + c] = share[c];
+        partials[(size_t)blockIdx.x * 2 * C + C + c] = share[C + c];
+    }
 }
 __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int blocks, int stride, int n) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1755,8 +1749,20 @@ static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const flo
 #ifndef LLMPAR_CPU
 // Row-major out (N,OC) is column-major (OC,N): out = weight (C,OC)^T-as-stored times inp, so the GEMM is
 // m=OC, n=N, k=C with the weight transposed. Bias and GELU ride in cuBLASLt's epilogue.
+// cuBLASLt takes the GELU epilogue's pre-activation buffer only with a leading dimension that is a
+// multiple of 8: other widths write the pre-activation and run GELU as a kernel.
+__global__ void lp_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = lp_xf(lp_gelu(lp_bf(inp[i])));
+}
 static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
                                          const floatX* bias, int N, int C, int OC) {
+    if (pre_gelu && OC % 8) {
+        lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, pre_gelu, OC, 0, 1, 1.0f, 0.0f, bias, NULL);
+        lp_gelu_forward_kernel<<<lp_grid((size_t)N * OC, LP_THREADS), LP_THREADS>>>(out, pre_gelu, (size_t)N * OC);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
     lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, pre_gelu);
 }
 
@@ -2498,7 +2504,7 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
             if (!lp_is_layer_tensor(i)) { m->g[i] = m->grads + off; off += m->param_sizes[i]; }
         m->layer_grads = (floatX*)lp_device_malloc(m->layer_params * sizeof(floatX), "one layer's gradients");
         m->grad_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "gradient shard");
-        m->reduce_chunk = m->layer_params;
+        m->reduce_chunk = m->layer_params ? m->layer_params : k;  // a chunk without layers reduces only outside tensors
         size_t tmp = k < m->reduce_chunk ? k : m->reduce_chunk;
         m->reduce_tmp = (floatX*)lp_device_malloc(tmp * sizeof(floatX), "gradient reduce buffer");
         m->grad_bytes = (outside + m->layer_params + k + tmp) * sizeof(floatX);
@@ -3273,14 +3279,23 @@ static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f)
     return h[1];
 }
 
-// Read an llm.c model file: its shape into cfg, its weights returned as host fp32 (the caller frees).
-static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
+// Open an llm.c model file and check its header and size: its shape into cfg, its version (3 or 5) into
+// *version; returns it positioned at the weights.
+static inline FILE* lp_model_file_open(const char* path, LPConfig* cfg, int* version) {
     FILE* f = lp_fopen(path, "rb");
-    int version = lp_model_file_header(path, cfg, f);
-    size_t n = lp_config_num_params(cfg), elem = version == 3 ? 4 : 2;
+    *version = lp_model_file_header(path, cfg, f);
+    size_t n = lp_config_num_params(cfg), elem = *version == 3 ? 4 : 2;
     long long expect = LP_HEADER_INTS * 4LL + (long long)(n * elem), size = lp_file_size(path);
     if (size < expect) lp_fail("%s: file is truncated (%lld bytes, this shape needs %lld)", path, size, expect);
     if (size > expect) lp_fail("%s: file is longer than this shape needs (%lld bytes, expected %lld)", path, size, expect);
+    return f;
+}
+
+// Read an llm.c model file: its shape into cfg, its weights returned as host fp32 (the caller frees).
+static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
+    int version;
+    FILE* f = lp_model_file_open(path, cfg, &version);
+    size_t n = lp_config_num_params(cfg);
     float* w = (float*)lp_host_malloc(n * sizeof(float), "model weights");
     if (version == 3) {
         lp_fread(w, sizeof(float), n, f, path);
@@ -3504,27 +3519,54 @@ static inline int lp_checkpoint_latest(const char* dir) {
     return best;
 }
 
+// Check DIR/step_NNNNNNNN's three files without reading the weights: magics, versions, sizes and the
+// model's shape against cfg; fills the optimizer and state files' headers. On resume rank 0 checks first,
+// so a damaged checkpoint is reported once.
+static inline void lp_checkpoint_verify(const char* dir, int step, const LPConfig* cfg, int optim_h[LP_HEADER_INTS],
+                                        int state_h[LP_HEADER_INTS]) {
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/step_%08d/model.bin", dir, step);
+    LPConfig file_cfg;
+    int version;
+    fclose(lp_model_file_open(path, &file_cfg, &version));
+    if (memcmp(&file_cfg, cfg, sizeof(LPConfig)) != 0)
+        lp_fail("%s: checkpoint model shape differs from the model being trained", path);
+    size_t n = lp_config_num_params(cfg);
+
+    lp_path(path, "%s/step_%08d/optim.bin", dir, step);
+    FILE* f = lp_fopen(path, "rb");
+    lp_fread(optim_h, sizeof(int), LP_HEADER_INTS, f, path);
+    fclose(f);
+    int* h = optim_h;
+    if (h[0] != LP_OPTIM_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
+    size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
+    if (fn != n) lp_fail("%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
+    if (lp_file_size(path) != LP_HEADER_INTS * 4LL + 8LL * (long long)n) lp_fail("%s: file is truncated", path);
+
+    lp_path(path, "%s/step_%08d/state.bin", dir, step);
+    f = lp_fopen(path, "rb");
+    lp_fread(state_h, sizeof(int), LP_HEADER_INTS, f, path);
+    fclose(f);
+    h = state_h;
+    if (h[0] != LP_STATE_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar state file (magic %d version %d)", path, h[0], h[1]);
+}
+
 // Load weights, optimizer state and training state from DIR/step_NNNNNNNN into the n models ms (created
 // with the same shape, any split) and st. Every rank reads the whole model file (its params) and its own
 // slices of the optimizer state.
 static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char* dir, int step) {
+    int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
+    lp_checkpoint_verify(dir, step, &ms->cfg, optim_h, state_h);
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
     LPConfig cfg;
     float* w = lp_model_file_read(path, &cfg);
-    if (memcmp(&cfg, &ms->cfg, sizeof(LPConfig)) != 0)
-        lp_fail("%s: checkpoint model shape differs from the model being trained", path);
     for (int k = 0; k < n_models; k++) lp_model_set_weights(&ms[k], w);
     free(w);
 
     lp_path(path, "%s/step_%08d/optim.bin", dir, step);
     FILE* f = lp_fopen(path, "rb");
-    int h[LP_HEADER_INTS];
-    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
-    if (h[0] != LP_OPTIM_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
-    size_t n = ms->total_params, fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
-    if (fn != n) lp_fail("%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
-    if (lp_file_size(path) != LP_HEADER_INTS * 4LL + 8LL * (long long)n) lp_fail("%s: file is truncated", path);
+    size_t n = ms->total_params;
     for (int c = 0; c < n_models; c++) {
         LPModel* m = &ms[c];
         size_t count = lp_model_shard_count(m);
@@ -3536,22 +3578,17 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
             lp_copy_to_device(dst[k], buf, count * sizeof(float));
         }
         free(buf);
-        m->adam_step = h[2];
+        m->adam_step = optim_h[2];
     }
     fclose(f);
 
-    lp_path(path, "%s/step_%08d/state.bin", dir, step);
-    f = lp_fopen(path, "rb");
-    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
-    fclose(f);
-    if (h[0] != LP_STATE_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar state file (magic %d version %d)", path, h[0], h[1]);
-    st->step = h[2];
-    st->shard = h[3];
-    st->pos = (size_t)(unsigned)h[4] | ((size_t)(unsigned)h[5] << 31);
-    st->rng = (uint64_t)(unsigned)h[6] | ((uint64_t)(unsigned)h[7] << 31) | ((uint64_t)(unsigned)h[8] << 62);
-    st->B = h[9];
-    st->T = h[10];
-    st->total_batch = h[11];
+    st->step = state_h[2];
+    st->shard = state_h[3];
+    st->pos = (size_t)(unsigned)state_h[4] | ((size_t)(unsigned)state_h[5] << 31);
+    st->rng = (uint64_t)(unsigned)state_h[6] | ((uint64_t)(unsigned)state_h[7] << 31) | ((uint64_t)(unsigned)state_h[8] << 62);
+    st->B = state_h[9];
+    st->T = state_h[10];
+    st->total_batch = state_h[11];
 }
 
 // --- tokenizer (llm.c's gpt2_tokenizer.bin): header [20240328, version 1|2, vocab, eot (v2)], then per
@@ -3621,11 +3658,21 @@ static inline double lp_flops_per_token(const LPConfig* c, int T) {
 // k: stage k % p, its chunk k / p). The first chunk also runs the embedding, the last the final LayerNorm
 // and the tied LM head, which costs 6 Vp C FLOPs per token: for GPT-2 124M as much as 4.5 layers.
 //   uniform   L/(p v) layers each (L must divide);
-//   balanced  the partition whose costliest chunk is cheapest, in training FLOPs per token: layers go one
-//             at a time to the chunk they leave cheapest; ties go to the chunk with fewer parameters (the
-//             first and last chunks hold wte), then the earlier one. Only the end chunks may be left with no
-//             layers (the LM head alone can outweigh a layer);
+//   balanced  from FLOP and memory estimates: first the least work on the costliest chunk (training FLOPs
+//             per token); among the partitions that reach it, the least memory on the fullest chunk (its
+//             parameters, gradients and AdamW state as ZeRO shards them, and the activations of every
+//             micro-batch the schedule keeps in flight on it: under 1F1B stage s keeps p-s, so stage 0
+//             gives up layers first). Ties: later chunks take more layers. Only the end chunks may have
+//             no layers (the LM head alone can outweigh a layer). With v = 1 a chunk is a stage, so this
+//             is the fullest stage; with v > 1 it is the fullest chunk;
 //   L1,L2,... as listed (p v counts summing to L).
+typedef struct {
+    int p, v, kind, m;  // stages, chunks per stage, schedule, micro-batches per step
+    int B, T;           // micro-batch
+    int t, sp;          // tensor-parallel size, sequence parallelism
+    int d, zero;        // data-parallel size, ZeRO stage
+} LPPipeShape;
+
 static inline double lp_layer_flops(const LPConfig* c, int T) {
     double C = c->channels;
     return 6.0 * 12.0 * C * C + 12.0 * C * T;
@@ -3633,37 +3680,103 @@ static inline double lp_layer_flops(const LPConfig* c, int T) {
 static inline double lp_chunk_flops(const LPConfig* c, int T, int chunk, int chunks, int layers) {
     return layers * lp_layer_flops(c, T) + (chunk == chunks - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0);
 }
-static inline double lp_chunk_params(const LPConfig* c, int chunk, int chunks, int layers) {
-    double C = c->channels, wte = (double)c->padded_vocab_size * C;
-    return layers * 12.0 * C * C + (chunk == 0 ? wte + (double)c->max_seq_len * C : 0.0) + (chunk == chunks - 1 ? wte + 2 * C : 0.0);
+
+// The most micro-batches chunk c holds activations of at once, in a stage's list of n actions (at least 1).
+static inline int lp_schedule_slots(const LPAction* actions, int n, int c) {
+    int in_flight = 0, most = 1;
+    for (int k = 0; k < n; k++)
+        if (actions[k].chunk == c && (in_flight += actions[k].forward ? 1 : -1) > most) most = in_flight;
+    return most;
 }
 
-// Fill layers[chunks]; returns NULL, or why the partition cannot be (naming the flag).
-static inline const char* lp_pp_partition(const LPConfig* c, int T, int p, int v, const char* mode, int* layers, char* why,
+// The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule.
+static inline int lp_chunk_slots(const LPPipeShape* s, int k) {
+    LPAction* actions = (LPAction*)lp_host_malloc((size_t)2 * s->m * s->v * sizeof(LPAction), "schedule");
+    lp_schedule_stage(s->kind, s->p, s->v, s->m, k % s->p, actions);
+    int slots = lp_schedule_slots(actions, 2 * s->m * s->v, k / s->p);
+    free(actions);
+    return slots;
+}
+
+// Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
+static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
+    int chunks = s->p * s->v;
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, s->t);
+    double params = 0.0, d = s->d;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        if (lp_is_layer_tensor(i)) params += (double)sizes[i] / c->num_layers * layers;
+        else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) params += sizes[i];
+    }
+    double per_param = sizeof(floatX) / (s->zero >= 3 ? d : 1.0) + sizeof(floatX) / (s->zero >= 2 ? d : 1.0) +
+                       3 * sizeof(float) / (s->zero >= 1 ? d : 1.0);
+    LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
+    memset(&shape, 0, sizeof(shape));
+    shape.cfg = *c;
+    shape.tp_size = s->t;
+    shape.sp = s->sp;
+    shape.L = layers;
+    shape.last = k == chunks - 1;
+    LPActivations a;
+    size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
+    return params * per_param + (double)slots * stored + scratch;
+}
+
+// The partition of L layers over the chunks whose largest cost[k][n] (chunk k running n layers; INFINITY
+// where not allowed) is least; returns that cost. Dynamic programming over the chunks in order:
+// best[k][l] is the least largest cost of chunks 0..k running layers 0..l-1.
+static inline double lp_partition_minmax(const double* cost, int chunks, int L, int* layers) {
+    double* best = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
+    int* take = (int*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(int), "partition");
+    for (int k = 0; k < chunks; k++)
+        for (int l = 0; l <= L; l++) {
+            best[k * (L + 1) + l] = INFINITY;
+            take[k * (L + 1) + l] = 0;
+            for (int n = l; n >= 0; n--) {  // from the most layers down: ties leave chunk k the most
+                double before = k ? best[(k - 1) * (L + 1) + l - n] : (n == l ? 0.0 : INFINITY);
+                double worst = fmax(before, cost[k * (L + 1) + n]);
+                if (worst < best[k * (L + 1) + l]) {
+                    best[k * (L + 1) + l] = worst;
+                    take[k * (L + 1) + l] = n;
+                }
+            }
+        }
+    double result = best[(chunks - 1) * (L + 1) + L];
+    for (int k = chunks - 1, l = L; k >= 0; l -= layers[k], k--) layers[k] = take[k * (L + 1) + l];
+    free(best);
+    free(take);
+    return result;
+}
+
+// Fill layers[p v]; returns NULL, or why the partition cannot be (naming the flag).
+static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, const char* mode, int* layers, char* why,
                                           size_t size) {
-    int chunks = p * v, L = c->num_layers;
+    int chunks = s->p * s->v, L = c->num_layers;
+    if (lp_schedule_check(s->kind, s->p, s->v, s->m, why, size)) return why;
     if (strcmp(mode, "uniform") == 0) {
         if (L % chunks) {
             snprintf(why, size, "--pp-partition uniform: the model's %d layers do not split evenly over %d chunks (--pp %d x --vpp %d); "
-                     "use balanced or a list", L, chunks, p, v);
+                     "use balanced or a list", L, chunks, s->p, s->v);
             return why;
         }
         for (int k = 0; k < chunks; k++) layers[k] = L / chunks;
     } else if (strcmp(mode, "balanced") == 0) {
-        for (int k = 0; k < chunks; k++) layers[k] = 0;
-        for (int l = 0; l < L; l++) {
-            int best = -1;
-            double best_cost = 0.0, best_params = 0.0;
-            for (int k = 0; k < chunks; k++) {
-                double cost = lp_chunk_flops(c, T, k, chunks, layers[k] + 1), params = lp_chunk_params(c, k, chunks, layers[k] + 1);
-                if (best < 0 || cost < best_cost || (cost == best_cost && params < best_params)) {
-                    best = k;
-                    best_cost = cost;
-                    best_params = params;
-                }
+        double* flops = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
+        double* memory = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
+        for (int k = 0; k < chunks; k++) {
+            int slots = lp_chunk_slots(s, k);
+            for (int n = 0; n <= L; n++) {
+                int allowed = n > 0 || k == 0 || k == chunks - 1;
+                flops[k * (L + 1) + n] = allowed ? lp_chunk_flops(c, s->T, k, chunks, n) : INFINITY;
+                memory[k * (L + 1) + n] = lp_chunk_memory(c, s, k, n, slots);
             }
-            layers[best]++;
         }
+        double least = lp_partition_minmax(flops, chunks, L, layers);
+        for (int x = 0; x < chunks * (L + 1); x++)
+            if (flops[x] > least) memory[x] = INFINITY;  // only partitions as fast as the fastest
+        lp_partition_minmax(memory, chunks, L, layers);
+        free(flops);
+        free(memory);
     } else {
         const char* q = mode;
         int n = 0, sum = 0;
@@ -3681,14 +3794,14 @@ static inline const char* lp_pp_partition(const LPConfig* c, int T, int p, int v
         }
         if (n != chunks || sum != L) {
             snprintf(why, size, "--pp-partition %s: needs %d counts (--pp %d x --vpp %d) summing to the model's %d layers", mode,
-                     chunks, p, v, L);
+                     chunks, s->p, s->v, L);
             return why;
         }
     }
     for (int k = 1; k < chunks - 1; k++)
         if (layers[k] == 0) {
             snprintf(why, size, "--pp %d --vpp %d: chunk %d of %d gets no layers (the model has %d); every chunk but the first "
-                     "and the last needs one", p, v, k, chunks, L);
+                     "and the last needs one", s->p, s->v, k, chunks, L);
             return why;
         }
     return NULL;
@@ -3701,6 +3814,7 @@ static inline double lp_device_peak_flops(void) {
 #else
     const char* name = lp_device_prop.name;
     if (strstr(name, "H100") && strstr(name, "PCIe")) return 756e12;
+    if (strstr(name, "H100") && strstr(name, "NVL")) return 835e12;
     if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") || strstr(name, "GH200")) return 989.4e12;
     if (strstr(name, "A100") || strstr(name, "A800")) return 312e12;
     if (strstr(name, "L40S")) return 362e12;
@@ -3794,6 +3908,13 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
             }
         for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamCreateWithFlags(&st->send_stream[dir], cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
+        // send copies come from the default pool, freed on the send streams: it must never hand the compute
+        // stream a block whose send is still pending (that would make compute wait on a send, and an
+        // interleaved schedule can then deadlock); when short of memory it then fails with out of memory
+        cudaMemPool_t pool;
+        int never = 0;
+        cudaCheck(cudaDeviceGetDefaultMemPool(&pool, proc->device));
+        cudaCheck(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &never));
     }
 #endif
     // the head group: a communicator of the stages whose chunks hold the head
@@ -3817,12 +3938,8 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
 static inline void lp_stage_alloc_activations(LPStage* st, int B, int T) {
     st->slot_owner = (int*)lp_host_malloc((size_t)st->v * st->m * sizeof(int), "activation slots");
     st->tokens = (int*)lp_host_malloc((size_t)st->m * 2 * B * T * sizeof(int), "micro-batch tokens");
-    for (int c = 0; c < st->v; c++) {
-        int in_flight = 0, most = 1;
-        for (int k = 0; k < 2 * st->m * st->v; k++)
-            if (st->actions[k].chunk == c && (in_flight += st->actions[k].forward ? 1 : -1) > most) most = in_flight;
-        lp_model_alloc_activations(&st->chunks[c], B, T, most);
-    }
+    for (int c = 0; c < st->v; c++)
+        lp_model_alloc_activations(&st->chunks[c], B, T, lp_schedule_slots(st->actions, 2 * st->m * st->v, c));
 }
 
 // Messages are told apart by the virtual stage receiving them, the micro-batch and the direction.
@@ -3999,10 +4116,12 @@ static inline void lp_stage_free(LPStage* st) {
 #ifdef LLMPAR_NCCL
     if (st->pp->nccl) {
         cudaCheck(cudaDeviceSynchronize());
-        for (int dir = 0; dir < 2; dir++) {
-            for (int side = 0; side < 2; side++) ncclCommDestroy(st->link[dir][side]);
-            cudaCheck(cudaStreamDestroy(st->send_stream[dir]));
-        }
+        for (int dir = 0; dir < 2; dir++)  // in the order they were made: destroying one waits for its peer
+            for (int l = 0; l < st->p; l++) {
+                if (st->s == l) ncclCommDestroy(st->link[dir][0]);
+                if (st->s == (l + 1) % st->p) ncclCommDestroy(st->link[dir][1]);
+            }
+        for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamDestroy(st->send_stream[dir]));
         cudaCheck(cudaEventDestroy(st->ready));
     }
 #endif

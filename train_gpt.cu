@@ -326,6 +326,13 @@ static int lp_parse_aux_layers(const char* list, int L, int* aux) {
     return n;
 }
 
+// What the balanced partition weighs: the pipeline, its schedule over m micro-batches, and how TP, SP,
+// d and ZeRO split each chunk's memory.
+static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
+    LPPipeShape s = {f->pp, f->vpp, lp_schedule_parse(f->pp_schedule), m, f->B, f->T, f->tp, f->sp && f->tp > 1, d, f->zero};
+    return s;
+}
+
 static void lp_train(const LPFlags* f, const LPProcess* proc) {
     const LPGroup* dp = &proc->dp_group;
 
@@ -349,16 +356,16 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     if (total_batch % tokens_per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", total_batch, tokens_per_micro);
     int accum = total_batch / tokens_per_micro;  // micro-batches per step, the pipeline's m
-    int layers[1024], kind = lp_schedule_parse(f->pp_schedule);
+    int layers[1024];
+    LPPipeShape shape = lp_pipe_shape(f, proc->dp, accum);
     char why[512];
     if (f->pp * f->vpp > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
     if (f->vpp > 1 && f->pp < 2) lp_fail_all("--vpp %d: interleaving chunks needs a pipeline, --pp 2 or more", f->vpp);
-    if (lp_pp_partition(&cfg, f->T, f->pp, f->vpp, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
-    if (lp_schedule_check(kind, f->pp, f->vpp, accum, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_pp_partition(&cfg, &shape, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
 
     // this rank's chunks of the model: from scratch or from an llm.c file
     LPStage stage;
-    lp_stage_create(&stage, &cfg, proc, layers, f->vpp, kind, accum, &split);
+    lp_stage_create(&stage, &cfg, proc, layers, f->vpp, shape.kind, accum, &split);
     stage.scatter_gather = f->scatter_gather;
     float* weights = NULL;
     if (from_scratch) {
@@ -366,7 +373,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
                cfg.num_heads, f->seed);
     } else {
         lp_log("loading %s\n", f->init);
-        weights = lp_model_file_read_shared(f->init, &cfg, dp);
+        weights = lp_model_file_read_shared(f->init, &cfg, &proc->world_group);  // one reader, broadcast to all
     }
     size_t rank_params = 0, param_bytes = 0, grad_bytes = 0, optim_bytes = 0, act_bytes = 0;
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
@@ -435,6 +442,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         if (f->resume) {
             int latest = lp_checkpoint_latest(f->out_dir);
             if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
+            int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
+            if (proc->rank == 0) lp_checkpoint_verify(f->out_dir, latest, &cfg, optim_h, state_h);  // a damaged one: one line
+            lp_barrier(&proc->world_group);
             lp_checkpoint_load(stage.chunks, stage.v, &st, f->out_dir, latest);
             if (st.T != f->T || st.total_batch != total_batch)
                 lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
@@ -546,10 +556,10 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         float wall = (float)(pipe_wall / timed_steps);
         lp_all_reduce_host(&proc->pp_group, &wall, 1, 1);
         LPSimulation sim;
-        if (lp_schedule_simulate(&sim, kind, proc->pp, f->vpp, accum, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
+        if (lp_schedule_simulate(&sim, shape.kind, proc->pp, f->vpp, accum, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
         unit_bubble = sim.bubble;
         lp_simulation_free(&sim);
-        if (lp_schedule_simulate(&sim, kind, proc->pp, f->vpp, accum, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
+        if (lp_schedule_simulate(&sim, shape.kind, proc->pp, f->vpp, accum, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
         lp_log("pipeline bubble  measured %.1f%% (forward-backward %.2f ms per step, the busiest stage computing %.2f ms); "
                "simulated with the measured costs %.1f%%, with unit costs %.1f%%\n", 100.0 * (wall / busy - 1.0), wall * 1e3,
                busy * 1e3, 100.0 * sim.bubble, 100.0 * unit_bubble);
@@ -563,34 +573,37 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     lp_stage_free(&stage);
 }
 
-// --print-schedule: the partition of the -e model's layers into chunks, and the pipeline timeline this
-// configuration would run, from the simulator. Needs no grid: d is the ranks / (t p) when that divides,
-// else 1.
+// --print-schedule: the partition of the -e model's layers into chunks, with each chunk's estimated work
+// and memory, and the pipeline timeline this configuration would run, from the simulator. Needs no grid:
+// d is the ranks / (t p) when that divides, else 1.
 static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
     int chunks = f->pp * f->vpp, layers[1024], first = 0;
     char why[512];
     if (chunks > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
-    if (lp_pp_partition(&cfg, f->T, f->pp, f->vpp, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
-    lp_log("partition %s of %d layers (L=%d C=%d Vp=%d, T=%d), training FLOPs per token:\n", f->pp_partition,
-           cfg.num_layers, cfg.num_layers, cfg.channels, cfg.padded_vocab_size, f->T);
-    for (int k = 0; k < chunks; k++) {
-        lp_log("  chunk %d on stage %d:%s", k, k % f->pp, k == 0 ? " embedding," : "");
-        if (layers[k] == 1) lp_log(" layer %d,", first);
-        if (layers[k] > 1) lp_log(" layers %d-%d,", first, first + layers[k] - 1);
-        lp_log("%s %.3g GFLOP\n", k == chunks - 1 ? " final LayerNorm and LM head," : "",
-               lp_chunk_flops(&cfg, f->T, k, chunks, layers[k]) / 1e9);
-        first += layers[k];
-    }
     int d = f->tp * f->pp > 0 && proc->world % (f->tp * f->pp) == 0 ? proc->world / (f->tp * f->pp) : 1;
     int per_micro = f->B * f->T * d, m = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
-    int kind = lp_schedule_parse(f->pp_schedule);
+    LPPipeShape shape = lp_pipe_shape(f, d, m);
+    if (lp_pp_partition(&cfg, &shape, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
+    lp_log("partition %s of %d layers (L=%d C=%d Vp=%d; B=%d T=%d t=%d d=%d ZeRO-%d), per chunk: training FLOPs per token, "
+           "estimated memory per rank (micro-batches in flight)\n", f->pp_partition, cfg.num_layers, cfg.num_layers,
+           cfg.channels, cfg.padded_vocab_size, f->B, f->T, f->tp, d, f->zero);
+    for (int k = 0; k < chunks; k++) {
+        lp_log("  chunk %d on stage %d:%s", k, k % f->pp, k == 0 ? " embedding," : "");
+        if (layers[k] == 1) lp_log(" layer %d,", first);
+        if (layers[k] > 1) lp_log(" layers %d-%d,", first, first + layers[k] - 1);
+        int slots = lp_chunk_slots(&shape, k);
+        lp_log("%s %.3g GFLOP, %.0f MiB (%d in flight)\n", k == chunks - 1 ? " final LayerNorm and LM head," : "",
+               lp_chunk_flops(&cfg, f->T, k, chunks, layers[k]) / 1e9, lp_chunk_memory(&cfg, &shape, k, layers[k], slots) / 1048576.0,
+               slots);
+        first += layers[k];
+    }
     LPSimulation sim;
-    if (lp_schedule_simulate(&sim, kind, f->pp, f->vpp, m, 1.0, 2.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
-    if (proc->rank == 0) lp_schedule_print(stdout, &sim, kind);
+    if (lp_schedule_simulate(&sim, shape.kind, f->pp, f->vpp, m, 1.0, 2.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
+    if (proc->rank == 0) lp_schedule_print(stdout, &sim, shape.kind);
     lp_simulation_free(&sim);
 }
 

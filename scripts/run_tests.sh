@@ -37,12 +37,21 @@ else
     echo "skip: nvcc not found, the CUDA build is not checked"
 fi
 
-# without MPI the CPU engine is a single-rank program; it must keep compiling (warnings are errors)
+# without MPI each engine is a single-rank program; both must keep compiling (warnings are errors)
 if ${CC:-cc} -x c -std=gnu11 -O1 -fopenmp -DLLMPAR_CPU -Wall -Wextra -Werror train_gpt.cu -o /tmp/llmpar_nompi_$$ -lm; then
     passed=$((passed + 1))
 else
     echo "FAIL the CPU engine builds without MPI"
     failed=$((failed + 1))
+fi
+if command -v nvcc > /dev/null 2>&1; then
+    if nvcc -O1 -std=c++17 -arch=sm_90 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fopenmp train_gpt.cu \
+        -o /tmp/llmpar_nompi_$$ -lcublasLt -lcublas; then
+        passed=$((passed + 1))
+    else
+        echo "FAIL the CUDA engine builds without MPI"
+        failed=$((failed + 1))
+    fi
 fi
 rm -f /tmp/llmpar_nompi_$$
 
