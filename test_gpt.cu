@@ -1452,6 +1452,35 @@ static void test_pipeline_parallel(void) {
     }
     free(wref);
 }
+
+// Launched by Slurm's srun (PMIx) instead of mpirun, where a Slurm cluster answers (scripts/slurm_local.sh
+// starts a one-node one; CI does): d=2 ZeRO-1 and t=2 p=2 d=2 on 8 ranks equal one rank's losses.
+static void test_slurm(void) {
+    static char out[1 << 17];
+    if (system("command -v srun > /dev/null 2>&1 && timeout 10 sinfo -h -o %t 2> /dev/null | grep -qE 'idle|mix|alloc'") != 0) {
+        printf("skip: srun launches (no Slurm cluster answers here; scripts/slurm_local.sh starts one)\n");
+        return;
+    }
+    char base[2048], dir[LP_PATH_MAX], name[160];
+    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("pp_model.bin"),
+             tmp_path("dp_shard.bin"));
+    float ref[64], got[64];
+    lp_path(dir, "%s", tmp_path("slurm_ref"));
+    int rc = run_cmd(out, sizeof(out), "%s %s -b 8 -o %s", TRAIN_BIN, base, dir);
+    int nref = parse_losses(out, ref, 64);
+    const char* cases[][3] = {{"2", "-b 4 --zero 1", "2 ranks: t=1 d=2 p=1"}, {"8", "-b 4 --tp 2 --pp 2", "8 ranks: t=2 d=2 p=2"}};
+    for (int k = 0; k < 2; k++) {
+        lp_path(dir, "%s_%d", tmp_path("slurm"), k);
+        int rck = run_cmd(out, sizeof(out), "timeout 300 srun -n %s --mpi=pmix --export=ALL,OMP_NUM_THREADS=1 %s %s %s -o %s", cases[k][0],
+                          TRAIN_BIN, base, cases[k][1], dir);
+        int n = parse_losses(out, got, 64);
+        snprintf(name, sizeof(name), "srun -n %s %s: the grid is %s and the losses equal 1 rank's (1e-5)", cases[k][0], cases[k][1],
+                 cases[k][2]);
+        expect(rc == 0 && rck == 0 && nref == 10 && n == 10 && strstr(out, cases[k][2]), name);
+        if (nref == 10 && n == 10) expect_close(name, got, ref, 10, 0.0f, 1e-5f);
+        else printf("%s\n", out);
+    }
+}
 #endif  // LLMPAR_CPU
 
 #ifndef LLMPAR_CPU
@@ -1885,6 +1914,7 @@ int main(void) {
     test_data_parallel();
     test_tensor_parallel();
     test_pipeline_parallel();
+    test_slurm();
 #else
     lp_device_init(&proc);
     printf("tier 4: CUDA kernels and steps against the CPU build\n");
