@@ -1207,6 +1207,17 @@ static inline void lp_wait(const LPGroup* g, LPPending* p) {
     p->count = 0;
 }
 
+#ifdef LLMPAR_NCCL
+// The group's NCCL communicator: its rank 0 makes the id and broadcasts it over the group's MPI one.
+static inline void lp_group_nccl_init(LPGroup* g) {
+    if (g->size == 1) return;
+    ncclUniqueId id;
+    if (g->rank == 0) lp_nccl_check(ncclGetUniqueId(&id), "unique id", g);
+    lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->comm), "broadcast of the NCCL id", g);
+    lp_nccl_check(ncclCommInitRank(&g->nccl, g->size, id, g->rank), "communicator init", g);
+}
+#endif
+
 // Choose the transport for device tensors. NCCL (the CUDA default) needs one GPU per rank: when ranks
 // share a GPU (several ranks on one card, as in tests on one GPU) the run uses MPI, with a notice.
 // `choice` is --comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init.
@@ -1238,14 +1249,7 @@ static inline void lp_comm_init(LPProcess* p, const char* choice) {
         return;
     }
     LPGroup* groups[3] = {&p->tp_group, &p->dp_group, &p->pp_group};
-    for (int i = 0; i < 3; i++) {
-        LPGroup* g = groups[i];
-        if (g->size == 1) continue;
-        ncclUniqueId id;
-        if (g->rank == 0) lp_nccl_check(ncclGetUniqueId(&id), "unique id", g);
-        lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->comm), "broadcast of the NCCL id", g);
-        lp_nccl_check(ncclCommInitRank(&g->nccl, g->size, id, g->rank), "communicator init", g);
-    }
+    for (int i = 0; i < 3; i++) lp_group_nccl_init(groups[i]);
     cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
@@ -3929,6 +3933,9 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
             MPI_Comm_size(st->head.comm, &st->head.size);
             MPI_Comm_rank(st->head.comm, &st->head.rank);
             MPI_Comm_set_errhandler(st->head.comm, MPI_ERRORS_RETURN);
+#ifdef LLMPAR_NCCL
+            if (st->pp->nccl) lp_group_nccl_init(&st->head);  // the head's gradient sum on the GPU, like the stages' traffic
+#endif
         }
     }
 #endif
@@ -4116,6 +4123,7 @@ static inline void lp_stage_free(LPStage* st) {
 #ifdef LLMPAR_NCCL
     if (st->pp->nccl) {
         cudaCheck(cudaDeviceSynchronize());
+        if (st->head.nccl) ncclCommDestroy(st->head.nccl);
         for (int dir = 0; dir < 2; dir++)  // in the order they were made: destroying one waits for its peer
             for (int l = 0; l < st->p; l++) {
                 if (st->s == l) ncclCommDestroy(st->link[dir][0]);

@@ -41,15 +41,16 @@ NodeName=$host CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 EOF
 chown -R munge:munge /run/munge /etc/munge 2> /dev/null
-pgrep -x munged > /dev/null || munged --force 2> /dev/null
-pgrep -x slurmctld > /dev/null || slurmctld
-pgrep -x slurmd > /dev/null || slurmd
+running() { pgrep -x -r R,S,D "$1" > /dev/null; }  # not counting a killed daemon's unreaped zombie
+running munged || munged --force 2> /dev/null
+running slurmctld || slurmctld
+running slurmd || slurmd
 for i in $(seq 30); do
     if timeout 5 sinfo -h -o %t 2> /dev/null | grep -q idle; then
         echo "slurm: one-node cluster up ($host, $cpus CPUs)"
         exit 0
     fi
-    pgrep -x slurmctld > /dev/null && pgrep -x slurmd > /dev/null || break
+    running slurmctld && running slurmd || break
     sleep 1
 done
 echo "slurm_local.sh: the node did not come up; the logs in /var/log/slurm/ end:"
