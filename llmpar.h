@@ -389,6 +389,8 @@ typedef struct {
     int tp_rank, dp_rank, pp_rank;  // this rank's coordinates
     LPGroup world_group, tp_group, dp_group, pp_group;
     int device;                     // the GPU this rank uses (CUDA build)
+    int gpus;                       // distinct GPUs in the run (ranks may share one, as in tests on one GPU)
+    int shares_gpu_with;            // a rank driving this rank's GPU too, or -1
 } LPProcess;
 
 static inline void lp_mpi_finalize(void) {
@@ -473,6 +475,7 @@ static inline void lp_grid_check(const LPProcess* p, const LPConfig* c) {
 static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
     memset(p, 0, sizeof(*p));
     p->world = 1;
+    p->shares_gpu_with = -1;
 #ifdef LLMPAR_MPI
     MPI_Init(argc, argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
@@ -1218,31 +1221,48 @@ static inline void lp_group_nccl_init(LPGroup* g) {
 }
 #endif
 
+#ifndef LLMPAR_CPU
+// How many distinct GPUs the run has (ranks may share one, as in tests on one GPU) and which other rank,
+// if any, drives this rank's: one "host/bus id" string per rank.
+static inline void lp_count_gpus(LPProcess* p) {
+    char mine[256], bus[64] = "", host[128] = "";
+    gethostname(host, sizeof(host) - 1);
+    cudaCheck(cudaDeviceGetPCIBusId(bus, sizeof(bus), p->device));
+    snprintf(mine, sizeof(mine), "%s/%s", host, bus);
+    char* all = (char*)lp_host_malloc((size_t)p->world * 256, "GPU ids");
+#ifdef LLMPAR_MPI
+    lp_mpi_check(MPI_Allgather(mine, 256, MPI_CHAR, all, 256, MPI_CHAR, MPI_COMM_WORLD), "all-gather of GPU ids", &p->world_group);
+#else
+    memcpy(all, mine, 256);
+#endif
+    p->gpus = 0;
+    for (int r = 0; r < p->world; r++) {
+        int seen = 0;
+        for (int q = 0; q < r && !seen; q++) seen = strcmp(all + 256 * q, all + 256 * r) == 0;
+        p->gpus += !seen;
+        if (r != p->rank && p->shares_gpu_with < 0 && strcmp(all + 256 * r, mine) == 0) p->shares_gpu_with = r;
+    }
+    free(all);
+}
+#endif
+
 // Choose the transport for device tensors. NCCL (the CUDA default) needs one GPU per rank: when ranks
 // share a GPU (several ranks on one card, as in tests on one GPU) the run uses MPI, with a notice.
-// `choice` is --comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init.
+// `choice` is --comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init. (CUDA build:
+// it also counts the run's distinct GPUs, p->gpus, which MFU divides by.)
 static inline void lp_comm_init(LPProcess* p, const char* choice) {
     if (strcmp(choice, "auto") != 0 && strcmp(choice, "nccl") != 0 && strcmp(choice, "mpi") != 0)
         lp_fail_all("flag --comm: transport must be auto, nccl or mpi, got '%s'", choice);
+#ifndef LLMPAR_CPU
+    lp_count_gpus(p);
+#endif
 #ifdef LLMPAR_NCCL
     if (p->world == 1 || strcmp(choice, "mpi") == 0) return;
-    // one "host/bus id" string per rank tells whether two ranks drive the same GPU
-    char mine[256], *all = (char*)lp_host_malloc((size_t)p->world * 256, "GPU ids");
-    char host[128] = "";
-    gethostname(host, sizeof(host) - 1);
-    char bus[64] = "";
-    cudaCheck(cudaDeviceGetPCIBusId(bus, sizeof(bus), p->device));
-    snprintf(mine, sizeof(mine), "%s/%s", host, bus);
-    lp_mpi_check(MPI_Allgather(mine, 256, MPI_CHAR, all, 256, MPI_CHAR, MPI_COMM_WORLD), "all-gather of GPU ids", &p->world_group);
-    int shared_with = -1;
-    for (int r = 0; r < p->world && shared_with < 0; r++)
-        if (r != p->rank && strcmp(all + 256 * r, mine) == 0) shared_with = r;
-    float shared = shared_with >= 0 ? 1.0f : 0.0f;
-    lp_all_reduce_host(&p->world_group, &shared, 1, 0);
-    free(all);
-    if (shared > 0.0f) {
+    if (p->gpus < p->world) {  // some ranks share a GPU
         if (strcmp(choice, "nccl") == 0) {
-            if (shared_with >= 0) lp_fail("flag --comm nccl: ranks %d and %d share GPU %s; NCCL needs one GPU per rank (use --comm mpi)", p->rank, shared_with, mine);
+            if (p->shares_gpu_with >= 0)
+                lp_fail("flag --comm nccl: ranks %d and %d share a GPU; NCCL needs one GPU per rank (use --comm mpi)", p->rank,
+                        p->shares_gpu_with);
             lp_exit_all();
         }
         lp_log("notice: ranks share a GPU, so collectives go over MPI through host memory (slower than NCCL)\n");
@@ -2551,13 +2571,14 @@ static inline void lp_model_gather_start(LPModel* m, floatX* dst, size_t flat, s
     lp_all_gatherv_start(m->shard_group, m->param_shard + mine, dst, counts, p);
 }
 
-// ZeRO-3: start gathering layer l's weights (if not there or on their way) into the buffer holding the
-// layer furthest from l: forward prefetches l+1 while l runs, backward l-1.
-static inline void lp_model_prefetch_layer(LPModel* m, int l) {
+// ZeRO-3: start gathering layer l's weights (if not there or on their way) into the buffer that does not
+// hold layer `keep` (the one running; -1: none), else the one holding the layer furthest from l: forward
+// prefetches l+1 while l runs, backward l-1.
+static inline void lp_model_prefetch_layer(LPModel* m, int l, int keep) {
     if (m->zero_stage < 3 || l < 0 || l >= m->L || m->layer_in_buf[0] == l || m->layer_in_buf[1] == l) return;
     int d0 = m->layer_in_buf[0] < 0 ? 1 << 30 : abs(m->layer_in_buf[0] - l);
     int d1 = m->layer_in_buf[1] < 0 ? 1 << 30 : abs(m->layer_in_buf[1] - l);
-    int b = d0 >= d1 ? 0 : 1;
+    int b = m->layer_in_buf[0] == keep ? 1 : m->layer_in_buf[1] == keep ? 0 : d0 >= d1 ? 0 : 1;
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
         size_t per = m->param_sizes[i] / m->L;
         lp_model_gather_start(m, m->layer_buf[b] + m->layer_offsets[i], m->param_offsets[i] + (size_t)l * per, per,
@@ -2569,7 +2590,7 @@ static inline void lp_model_prefetch_layer(LPModel* m, int l) {
 // ZeRO-3: layer l's weights, gathered and arrived.
 static inline void lp_model_gather_layer(LPModel* m, int l) {
     if (m->zero_stage < 3) return;
-    lp_model_prefetch_layer(m, l);
+    lp_model_prefetch_layer(m, l, -1);
     lp_wait(m->shard_group, &m->gathering[m->layer_in_buf[0] == l ? 0 : 1]);
 }
 
@@ -2845,7 +2866,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     }
     for (int l = 0; l < L; l++) {
         lp_model_gather_layer(m, l);
-        lp_model_prefetch_layer(m, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
+        lp_model_prefetch_layer(m, l + 1, l);  // ZeRO-3: the next layer's weights arrive while this one runs
         size_t rc = (size_t)l * Nr * C, nc = (size_t)l * N * Cl, nf = (size_t)l * N * Fl;  // layer l's offsets
         const floatX* residual = l == 0 ? a->encoded : a->residual3 + rc - (size_t)Nr * C;
         // attention half: qkv projection (column-parallel), attention on this rank's heads, output
@@ -2943,7 +2964,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
             lp_model_head_backward(m, a->residual3 + rc, a->aux_lnf, a->aux_mean, a->aux_rstd, a->aux_logits, N);
         }
         lp_model_gather_layer(m, l);
-        lp_model_prefetch_layer(m, l - 1);  // ZeRO-3: the layer below arrives while this one runs
+        lp_model_prefetch_layer(m, l - 1, l);  // ZeRO-3: the layer below arrives while this one runs
         if (m->zero_stage >= 2) lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
         // it is also fcproj's output gradient (g backward)

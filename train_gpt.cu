@@ -460,7 +460,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
 
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, f->weight_decay, f->grad_clip};
     // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
-    double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops() * proc->world;
+    double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops() * proc->gpus;
     int cosine = strcmp(f->schedule, "cosine") == 0;
     double sum_ms = 0.0, sum_update_ms = 0.0, pipe_wall = 0.0;
     int K = proc->pp * f->vpp;  // virtual stages
