@@ -1384,18 +1384,27 @@ static void test_pipeline_parallel(void) {
         free(w);
     }
 
-    // a checkpoint of p=2 interleaved resumes on p=4: steps 6-10 equal the straight run
-    lp_path(dir, "%s", tmp_path("pp_ck"));
-    snprintf(args, sizeof(args), "%s -b 8 --pp 2 --vpp 2 --schedule interleaved -n 5", base);
-    n = run_ranks(2, args, dir, got, out, sizeof(out));
-    char rdir[LP_PATH_MAX];
-    lp_path(rdir, "%s_resumed", dir);
-    run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
-    snprintf(args, sizeof(args), "%s -b 8 --pp 4 --resume", base);
-    int nr = run_ranks(4, args, rdir, got, out, sizeof(out));
-    expect(n == 10 && nr == 5, "checkpoint of p=2 v=2 resumes on p=4");
-    if (n == 10 && nr == 5) expect_close("checkpoint of p=2 v=2 resumes on p=4: steps 6-10 equal the straight run", got, ref + 5, 5, 0.0f, 1e-5f);
-    else printf("%s\n", out);
+    // checkpoints resume on other grids: p=2 interleaved on p=4, and t=2 p=2 d=2 ZeRO-3 on p=2 d=2 ZeRO-1;
+    // steps 6-10 equal the straight run
+    const struct { const char *ranks, *save, *resume_ranks, *resume; } moves[2] = {
+        {"2", "-b 8 --pp 2 --vpp 2 --schedule interleaved", "4", "-b 8 --pp 4"},
+        {"8", "-b 4 --tp 2 --pp 2 --zero 3", "4", "-b 4 --pp 2 --zero 1"},
+    };
+    for (int k = 0; k < 2; k++) {
+        lp_path(dir, "%s_%d", tmp_path("pp_ck"), k);
+        snprintf(args, sizeof(args), "%s %s -n 5", base, moves[k].save);
+        n = run_ranks(atoi(moves[k].ranks), args, dir, got, out, sizeof(out));
+        char rdir[LP_PATH_MAX];
+        lp_path(rdir, "%s_resumed", dir);
+        run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
+        snprintf(args, sizeof(args), "%s %s --resume", base, moves[k].resume);
+        int nr = run_ranks(atoi(moves[k].resume_ranks), args, rdir, got, out, sizeof(out));
+        snprintf(name, sizeof(name), "checkpoint of %s ranks %s resumes on %s ranks %s: steps 6-10 equal the straight run",
+                 moves[k].ranks, moves[k].save, moves[k].resume_ranks, moves[k].resume);
+        expect(n == 10 && nr == 5, name);
+        if (n == 10 && nr == 5) expect_close(name, got, ref + 5, 5, 0.0f, 1e-5f);
+        else printf("%s\n", out);
+    }
 
     // the tiny llm.c model loaded on p=2 with an aux loss on layer 1 (so stage 0 holds a copy of lnf, stage
     // 1 of wte) and saved back (-x 0) is the same file
