@@ -3182,6 +3182,7 @@ typedef struct {
     uint16_t* buffer;      // B*T+1 tokens read
     int* inputs;           // (B,T)
     int* targets;          // (B,T)
+    int reports;           // 0: a lower rank reads the same batches and reports a bad token (once, not t*p times)
 } LPDataLoader;
 
 static inline void lp_dataloader_open_shard(LPDataLoader* d, int shard) {
@@ -3226,6 +3227,7 @@ static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, cons
     d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
     lp_dataloader_open_shard(d, 0);
     d->pos = 0;
+    d->reports = 1;
 }
 
 // Continue from a saved (shard, pos); used by --resume.
@@ -3247,9 +3249,11 @@ static inline void lp_dataloader_next(LPDataLoader* d) {
     if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * 2), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
     lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);
     for (size_t i = 0; i <= n; i++)
-        if (d->buffer[i] >= d->vocab_size)
+        if (d->buffer[i] >= d->vocab_size) {
+            if (!d->reports) sleep(30);  // the reporting rank stops the run meanwhile; if it does not, say it here
             lp_fail("%s: token id %d at token %zu is >= the model's vocabulary size %d", path, d->buffer[i],
                     start + i, d->vocab_size);
+        }
     for (size_t i = 0; i < n; i++) {
         d->inputs[i] = d->buffer[i];
         d->targets[i] = d->buffer[i + 1];

@@ -400,6 +400,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         }
         lp_barrier(&proc->world_group);
     }
+    train.reports = proc->tp_rank == 0 && proc->pp_rank == 0;  // TP ranks and pipeline stages read the same batches
+    if (has_val) val.reports = train.reports;
     LPTokenizer tok;
     memset(&tok, 0, sizeof(tok));
     if (f->sample_every > 0 && lp_tokenizer_load(&tok, f->tokenizer) && tok.vocab_size != cfg.vocab_size) {
