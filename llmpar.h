@@ -928,45 +928,6 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 #endif
 }
 
-// x holds counts[0] + ... + counts[size-1] values, rank by rank; out receives the sum over the group of
-// this rank's block (counts[rank] values). Blocks may differ in size and be empty (ZeRO-2: a layer's
-// gradients cut at the shard boundaries).
-static inline void lp_reduce_scatterv(const LPGroup* g, const floatX* x, const int* counts, floatX* out) {
-    if (g->size == 1) {  // a group of one: its block is everything
-        lp_copy_device(out, x, (size_t)counts[0] * sizeof(floatX));
-        return;
-    }
-    size_t n = 0;
-    for (int r = 0; r < g->size; r++) n += counts[r];
-    lp_traffic(g, LP_REDUCE_SCATTER, n * sizeof(floatX));
-#ifdef LLMPAR_NCCL
-    if (g->nccl) {  // one reduce per owner, launched together
-        size_t off = 0;
-        lp_nccl_check(ncclGroupStart(), "group start", g);
-        for (int r = 0; r < g->size; r++) {
-            if (counts[r]) lp_nccl_check(ncclReduce(x + off, out, counts[r], ncclBfloat16, ncclSum, r, g->nccl, 0), "reduce", g);
-            off += counts[r];
-        }
-        lp_nccl_check(ncclGroupEnd(), "group end", g);
-        return;
-    }
-#endif
-#if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
-    lp_mpi_check(MPI_Reduce_scatter(x, out, counts, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
-#elif defined(LLMPAR_MPI)
-    size_t mine = (size_t)counts[g->rank];
-    float* send = (float*)lp_host_malloc(n * sizeof(float), "reduce-scatter staging");
-    float* recv = (float*)lp_host_malloc((mine ? mine : 1) * sizeof(float), "reduce-scatter staging");
-    lp_to_host_float(send, x, n);
-    lp_mpi_check(MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
-    lp_to_device_floatX(out, recv, mine);
-    free(send);
-    free(recv);
-#else
-    lp_fail("reduce-scatter on group %s: this build has no MPI", g->name);
-#endif
-}
-
 // Each rank's block of `bytes` at x + rank*bytes goes to every rank: afterwards x holds all size blocks.
 // A plain copy, so any element type (ZeRO's updated weights, TP's classifier statistics).
 static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
@@ -1087,7 +1048,7 @@ typedef struct {
     MPI_Request req[LP_MAX_PENDING];
     float* average[LP_MAX_PENDING];  // an all-reduce's buffer, divided by the group size when done
     size_t n[LP_MAX_PENDING];
-    int* gatherv_args[LP_MAX_PENDING];  // counts and displacements MPI reads until the gather completes
+    int* args[LP_MAX_PENDING];  // counts (and displacements) MPI reads until the operation completes
 #endif
     int count;
 } LPPending;
@@ -1104,7 +1065,7 @@ static inline int lp_pending_slot(LPPending* p, const LPGroup* g) {
     if (p->count == LP_MAX_PENDING) lp_fail("more than %d collectives in flight on group %s", LP_MAX_PENDING, g->name);
     int k = p->count++;
     p->average[k] = NULL;
-    p->gatherv_args[k] = NULL;
+    p->args[k] = NULL;
     return k;
 }
 #endif
@@ -1166,7 +1127,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
     }
 #ifdef LLMPAR_CPU
     int k = lp_pending_slot(p, g);
-    p->gatherv_args[k] = args;
+    p->args[k] = args;
     lp_mpi_check(MPI_Iallgatherv(mine, args[g->rank], MPI_BYTE, out, args, args + g->size, MPI_BYTE, g->comm, &p->req[k]),
                  "all-gather", g);
 #else
@@ -1186,6 +1147,51 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
 #endif
 }
 
+// Start summing over the group: x holds counts[0] + ... + counts[size-1] values, rank by rank; out
+// receives the sum of this rank's block (counts[rank] values). Blocks may differ in size and be empty
+// (ZeRO-2: a layer's gradients cut at the shard boundaries).
+static inline void lp_reduce_scatterv_start(const LPGroup* g, const floatX* x, const int* counts, floatX* out, LPPending* p) {
+    if (g->size == 1) {  // a group of one: its block is everything
+        lp_copy_device(out, x, (size_t)counts[0] * sizeof(floatX));
+        return;
+    }
+    size_t n = 0;
+    for (int r = 0; r < g->size; r++) n += counts[r];
+    lp_traffic(g, LP_REDUCE_SCATTER, n * sizeof(floatX));
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // one reduce per owner, launched together
+        lp_comm_stream_follows_compute();
+        lp_nccl_check(ncclGroupStart(), "group start", g);
+        for (int r = 0, off = 0; r < g->size; r++) {
+            if (counts[r]) lp_nccl_check(ncclReduce(x + off, out, counts[r], ncclBfloat16, ncclSum, r, g->nccl, lp_comm_stream), "reduce", g);
+            off += counts[r];
+        }
+        lp_nccl_check(ncclGroupEnd(), "group end", g);
+        p->count++;
+        return;
+    }
+#endif
+#if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
+    int k = lp_pending_slot(p, g);
+    p->args[k] = (int*)lp_host_malloc((size_t)g->size * sizeof(int), "reduce-scatter counts");
+    memcpy(p->args[k], counts, (size_t)g->size * sizeof(int));
+    lp_mpi_check(MPI_Ireduce_scatter(x, out, p->args[k], MPI_FLOAT, MPI_SUM, g->comm, &p->req[k]), "reduce-scatter", g);
+#elif defined(LLMPAR_MPI)
+    size_t mine = (size_t)counts[g->rank];
+    float* send = (float*)lp_host_malloc(n * sizeof(float), "reduce-scatter staging");
+    float* recv = (float*)lp_host_malloc((mine ? mine : 1) * sizeof(float), "reduce-scatter staging");
+    lp_to_host_float(send, x, n);
+    lp_mpi_check(MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
+    lp_to_device_floatX(out, recv, mine);
+    free(send);
+    free(recv);
+    (void)p;
+#else
+    (void)x, (void)out, (void)p;
+    lp_fail("reduce-scatter on group %s: this build has no MPI", g->name);
+#endif
+}
+
 // Finish every collective started on p.
 static inline void lp_wait(const LPGroup* g, LPPending* p) {
     if (p->count == 0) return;
@@ -1202,7 +1208,7 @@ static inline void lp_wait(const LPGroup* g, LPPending* p) {
     for (int k = 0; k < p->count; k++) {
         if (p->average[k])  // sums -> averages
             for (size_t i = 0; i < p->n[k]; i++) p->average[k][i] /= g->size;
-        free(p->gatherv_args[k]);
+        free(p->args[k]);
     }
 #else
     (void)g;
@@ -2351,19 +2357,24 @@ typedef struct {
     // ZeRO: the flat parameters are cut into equal shards over the DP group (padded to a multiple of its
     // size); this rank keeps master weights and AdamW state for [shard_start, shard_start + shard_size)
     // only (stage 1). Stage 2 also keeps only that shard of the gradients: each layer's gradients go to
-    // a one-layer buffer and are reduced into their owners' grad_shard as soon as the layer is done.
-    // Unsharded (stage 0), the shard is everything.
+    // a one-layer buffer and are reduced into their owners' grad_shard as soon as the layer is done, while
+    // the next layer's backward runs in the other buffer (with overlap). Unsharded (stage 0), the shard is
+    // everything.
     const LPGroup* shard_group;  // NULL: unsharded
     int zero_stage;
     size_t padded_params, shard_start, shard_size;
     size_t layer_offsets[LP_NUM_PARAMS], layer_params;  // a layer's tensors packed one after another
-    floatX* layer_grads;  // ZeRO-2: the gradients of the layer whose backward is running
+    floatX* layer_grads;  // ZeRO-2: the gradients of the layer whose backward is running: layer l's go to
+    floatX* layer_grad_buf[2];  //   buffer l % 2, its reduction to the owners runs on while l-1's are computed
+    floatX* reduce_tmp[2];      //   this rank's part of each buffer's reduction, before it is added into
+    LPPending layer_reducing[2];//   grad_shard at these places (offset, count), once it has arrived
+    int reduce_adds[2];
+    size_t reduce_add_at[2][LP_NUM_PARAMS], reduce_add_n[2][LP_NUM_PARAMS];
+    size_t reduce_chunk;  // ZeRO-2: the most values reduced at once (one layer's worth; reduce_tmp's size)
     floatX* grad_shard;   // ZeRO-2: this rank's averaged gradients, accumulated over micro-batches
     size_t bucket_bytes;  // overlap: reduce once this many bytes of layer gradients are complete (0: every layer)
     int layers_reducing;  // the layers' gradient all-reduces were started in backward (overlap) ...
     LPPending reducing;   // ... and these are still in flight
-    floatX* reduce_tmp;   // ZeRO-2: one reduced block, before it is added into grad_shard
-    size_t reduce_chunk;  // ZeRO-2: the most values reduced at once (one layer's worth)
     size_t grad_bytes;    // gradient memory of this rank
     // ZeRO-3: the layers' weights live only in shards too, and are gathered a layer at a time into one of
     // two buffers just before forward or backward needs them
@@ -2526,12 +2537,15 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
         m->grads = (floatX*)lp_device_malloc(outside * sizeof(floatX), "gradients of wte, wpe, lnf");
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (!lp_is_layer_tensor(i)) { m->g[i] = m->grads + off; off += m->param_sizes[i]; }
-        m->layer_grads = (floatX*)lp_device_malloc(m->layer_params * sizeof(floatX), "one layer's gradients");
         m->grad_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "gradient shard");
         m->reduce_chunk = m->layer_params ? m->layer_params : k;  // a chunk without layers reduces only outside tensors
         size_t tmp = k < m->reduce_chunk ? k : m->reduce_chunk;
-        m->reduce_tmp = (floatX*)lp_device_malloc(tmp * sizeof(floatX), "gradient reduce buffer");
-        m->grad_bytes = (outside + m->layer_params + k + tmp) * sizeof(floatX);
+        for (int b = 0; b < 2; b++) {
+            m->layer_grad_buf[b] = (floatX*)lp_device_malloc(m->layer_params * sizeof(floatX), "one layer's gradients");
+            m->reduce_tmp[b] = (floatX*)lp_device_malloc(tmp * sizeof(floatX), "gradient reduce buffer");
+        }
+        m->layer_grads = m->layer_grad_buf[0];
+        m->grad_bytes = (outside + 2 * m->layer_params + k + 2 * tmp) * sizeof(floatX);
     } else {
         m->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
         for (int i = 0; i < LP_NUM_PARAMS; i++) m->g[i] = m->grads + m->param_offsets[i];
@@ -2596,17 +2610,48 @@ static inline void lp_model_gather_layer(LPModel* m, int l) {
 
 // ZeRO-2: sum the gradients src of the flat parameters [flat, flat + count) over the DP group; each
 // rank adds the average of its part into grad_shard. Chunks of at most reduce_chunk values keep the
-// receive buffer small.
+// receive buffer small. (The tensors outside the layers, once per step.)
 static inline void lp_model_reduce_grads(LPModel* m, const floatX* src, size_t flat, size_t count) {
     const LPGroup* g = m->shard_group;
     int counts[1024];
     for (size_t done = 0; done < count; done += m->reduce_chunk) {
         size_t first = flat + done, n = count - done < m->reduce_chunk ? count - done : m->reduce_chunk;
         lp_model_owner_counts(m, first, n, counts);
-        lp_reduce_scatterv(g, src + done, counts, m->reduce_tmp);
+        lp_reduce_scatterv_start(g, src + done, counts, m->reduce_tmp[0], &m->layer_reducing[0]);
+        lp_wait(g, &m->layer_reducing[0]);
         size_t start = first > m->shard_start ? first - m->shard_start : 0;
-        LP(add_scaled)(m->grad_shard + start, m->reduce_tmp, (size_t)counts[g->rank], 1.0f / g->size);
+        LP(add_scaled)(m->grad_shard + start, m->reduce_tmp[0], (size_t)counts[g->rank], 1.0f / g->size);
     }
+}
+
+// ZeRO-2: start reducing layer l's gradients, in layer_grad_buf[b], to their owners: each rank receives
+// its part of each tensor into reduce_tmp[b], one after another.
+static inline void lp_model_reduce_layer_start(LPModel* m, int l, int b) {
+    const LPGroup* g = m->shard_group;
+    int counts[1024];
+    size_t got = 0;
+    m->reduce_adds[b] = 0;
+    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
+        size_t per = m->param_sizes[i] / m->L, flat = m->param_offsets[i] + (size_t)l * per;
+        lp_model_owner_counts(m, flat, per, counts);
+        lp_reduce_scatterv_start(g, m->layer_grad_buf[b] + m->layer_offsets[i], counts, m->reduce_tmp[b] + got,
+                                 &m->layer_reducing[b]);
+        if (counts[g->rank] == 0) continue;
+        m->reduce_add_at[b][m->reduce_adds[b]] = flat > m->shard_start ? flat - m->shard_start : 0;
+        m->reduce_add_n[b][m->reduce_adds[b]++] = (size_t)counts[g->rank];
+        got += (size_t)counts[g->rank];
+    }
+}
+// ... and once it has arrived, add the averages into grad_shard; buffer b is free again.
+static inline void lp_model_reduce_layer_finish(LPModel* m, int b) {
+    lp_wait(m->shard_group, &m->layer_reducing[b]);
+    size_t got = 0;
+    for (int k = 0; k < m->reduce_adds[b]; k++) {
+        LP(add_scaled)(m->grad_shard + m->reduce_add_at[b][k], m->reduce_tmp[b] + got, m->reduce_add_n[b][k],
+                       1.0f / m->shard_group->size);
+        got += m->reduce_add_n[b][k];
+    }
+    m->reduce_adds[b] = 0;
 }
 
 // How many of this rank's shard are real parameters (the last shard may end in padding).
@@ -2935,7 +2980,9 @@ static inline void lp_model_zero_grad(LPModel* m) {
 // overlap (ZeRO-0) the layers' gradients start their all-reduce over dp as soon as a bucket of them is
 // done, while the layers below run, and lp_model_update waits for them. A bucket is a run of layers
 // holding at least bucket_bytes of gradients: in the flat layout each tensor's slices of consecutive
-// layers are contiguous, so a bucket is one all-reduce per tensor.
+// layers are contiguous, so a bucket is one all-reduce per tensor. ZeRO-2/3 reduce-scatter each layer's
+// gradients every micro-batch, with overlap while the layer below runs in the other buffer; all have
+// arrived when backward returns.
 static inline void lp_model_backward(LPModel* m, int last) {
     const LPConfig* c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
@@ -2965,7 +3012,11 @@ static inline void lp_model_backward(LPModel* m, int last) {
         }
         lp_model_gather_layer(m, l);
         lp_model_prefetch_layer(m, l - 1, l);  // ZeRO-3: the layer below arrives while this one runs
-        if (m->zero_stage >= 2) lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
+        if (m->zero_stage >= 2) {  // this layer's gradients go to buffer l % 2, once layer l+2's have left it
+            lp_model_reduce_layer_finish(m, l % 2);
+            m->layer_grads = m->layer_grad_buf[l % 2];
+            lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
+        }
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
         // it is also fcproj's output gradient (g backward)
         LP(matmul_backward)(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
@@ -2990,11 +3041,10 @@ static inline void lp_model_backward(LPModel* m, int last) {
             const int ln[4] = {LP_LN1W, LP_LN1B, LP_LN2W, LP_LN2B};
             for (int k = 0; k < 4; k++) lp_all_reduce(m->tp, lp_layer_grad(m, ln[k], l), C, 0);
         }
-        if (m->zero_stage >= 2)  // this layer's gradients are complete: reduce them to their owners now
-            for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
-                lp_model_reduce_grads(m, lp_layer_grad(m, i, l), m->param_offsets[i] + (size_t)l * (m->param_sizes[i] / L),
-                                      m->param_sizes[i] / L);
-        else if (overlap_dp && (l == 0 || (unreduced - l) * m->layer_params * sizeof(floatX) >= m->bucket_bytes)) {
+        if (m->zero_stage >= 2) {  // this layer's gradients are complete: reduce them to their owners now
+            lp_model_reduce_layer_start(m, l, l % 2);
+            if (!m->overlap) lp_model_reduce_layer_finish(m, l % 2);
+        } else if (overlap_dp && (l == 0 || (unreduced - l) * m->layer_params * sizeof(floatX) >= m->bucket_bytes)) {
             for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
                 lp_all_reduce_start(overlap_dp, lp_layer_grad(m, i, l), (size_t)(unreduced - l) * (m->param_sizes[i] / L),
                                     &m->reducing);
@@ -3006,6 +3056,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
         LP(embedding_backward)(g[LP_WTE], lp_tp_g_backward(m, a->dresidual, N, C), m->inputs_host, v0, Vl, N, C);
         LP(positions_backward)(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
+    for (int b = 0; b < 2 && m->zero_stage >= 2; b++) lp_model_reduce_layer_finish(m, b);
     if (m->sp && last) {  // (ZeRO-2 reduces the tensors outside the layers once, in lp_model_update)
         const int rows_only[3] = {LP_WPE, LP_LNFW, LP_LNFB};
         for (int k = 0; k < 3; k++)
@@ -3017,9 +3068,11 @@ static inline void lp_model_free(LPModel* m) {
     lp_device_free(m->params);
     lp_device_free(m->grads);
     if (m->zero_stage >= 2) {
-        lp_device_free(m->layer_grads);
         lp_device_free(m->grad_shard);
-        lp_device_free(m->reduce_tmp);
+        for (int b = 0; b < 2; b++) {
+            lp_device_free(m->layer_grad_buf[b]);
+            lp_device_free(m->reduce_tmp[b]);
+        }
     }
     if (m->zero_stage >= 3) {
         lp_device_free(m->param_shard);

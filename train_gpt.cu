@@ -134,7 +134,7 @@ static void lp_usage(void) {
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
         "              2: shard the gradients too; 3: and the weights, gathered a layer at a time [0]\n"
         "  --comm NAME collectives: auto (NCCL, or MPI when ranks share a GPU) | nccl | mpi [auto]\n"
-        "  --overlap N 1: all-reduce the layers' gradients while backward continues (ZeRO-0) [1]\n"
+        "  --overlap N 1: reduce the layers' gradients while backward continues (ZeRO-0 all-reduce, ZeRO-2/3 reduce-scatter) [1]\n"
         "  --bucket-mb F overlap: reduce layers together once F MiB of their gradients are done (0: each layer) [25]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
