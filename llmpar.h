@@ -11,7 +11,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
   8. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
   9. data        llm.c token shards, per-DP-rank slices, deterministic order, resumable position
  10. files       model files (llm.c format), checkpoints, tokenizer
- 11. plan        FLOPs per token and the device's peak rate (for MFU)
+ 11. plan        FLOPs per token, the pipeline partition by FLOPs and memory, the device's peak rate (MFU)
+ 12. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
 
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,

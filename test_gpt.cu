@@ -1085,7 +1085,7 @@ static void test_data_parallel(void) {
         free(w_off);
     }
 
-    // a checkpoint written by d=2 ZeRO-1 resumes on 1 rank and on d=4 ZeRO-1 (canonical layout), matching
+    // a checkpoint written by d=2 ZeRO-1 resumes on 1 rank and on d=4 ZeRO-3 (canonical layout), matching
     // the straight 1-rank run's last 5 steps
     float ref[64], got[64];
     char args[4096], dir[LP_PATH_MAX], rdir[LP_PATH_MAX];

@@ -106,7 +106,7 @@ static void lp_usage(void) {
         "  -o DIR      output directory: main.log and checkpoints  [none]\n"
         "  -b N        micro-batch size                          [4 CPU, 16 CUDA]\n"
         "  -t N        sequence length                           [64 CPU, 1024 CUDA]\n"
-        "  -d N        tokens per step; accumulation = N/(b*t)   [b*t]\n"
+        "  -d N        tokens per step; accumulation = N/(b*t*d) [b*t*d]\n"
         "  -x N        steps (0: evaluate, and with -o save the model as loaded) [40 CPU, 200 CUDA]\n"
         "  -l LR       peak learning rate                        [1e-3 CPU, 6e-4 CUDA]\n"
         "  -u N        warmup steps                              [5 CPU, 20 CUDA]\n"
@@ -115,7 +115,7 @@ static void lp_usage(void) {
         "  -c F        weight decay (matrices only)              [0.1]\n"
         "  -v N        val loss every N steps (0: never)         [20 CPU, 50 CUDA]\n"
         "  -m N        val batches per evaluation (0: all)       [4 CPU, 2 CUDA]\n"
-        "  -s N        sample every N steps (0: never)           [0 CPU, 50 CUDA]\n"
+        "  -s N        sample every N steps and at the end (0: never) [0 CPU, 50 CUDA]\n"
         "  -g N        tokens per sample                         [64]\n"
         "  -n N        checkpoint every N steps (needs -o; 0: only at the end) [0]\n"
         "  --resume    continue from the newest checkpoint in -o\n"
@@ -124,7 +124,7 @@ static void lp_usage(void) {
         "  --pp N      pipeline-parallel size: layers split over N stages; data-parallel size d = ranks / (tp * pp) [1]\n"
         "  --vpp N     model chunks per pipeline stage (--schedule interleaved) [1]\n"
         "  --schedule NAME  pipeline schedule: gpipe | 1f1b | interleaved [1f1b]\n"
-        "  --pp-partition P layers per chunk: balanced (by FLOPs, counting the LM head) | uniform | L1,L2,... [balanced]\n"
+        "  --pp-partition P layers per chunk: balanced (by FLOPs, counting the LM head, then memory) | uniform | L1,L2,... [balanced]\n"
         "  --pp-scatter-gather N 1: with --tp and no --sp, send 1/t of each stage boundary and all-gather it [1]\n"
         "  --aux-loss-layers L1,L2,... auxiliary losses: these layers' outputs (1 .. L-1) also go through the final\n"
         "              LayerNorm and the tied head; the losses, times --aux-loss-weight, add to the loss [none]\n"
@@ -133,13 +133,13 @@ static void lp_usage(void) {
         "              per step (-d / (-b * -t * d)), simulated with unit costs, and exit\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
         "              2: shard the gradients too; 3: and the weights, gathered a layer at a time [0]\n"
-        "  --comm NAME collectives: auto (NCCL, or MPI when ranks share a GPU) | nccl | mpi [auto]\n"
+        "  --comm NAME collectives: auto (NCCL; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi [auto]\n"
         "  --overlap N 1: reduce the layers' gradients while backward continues (ZeRO-0 all-reduce, ZeRO-2/3 reduce-scatter) [1]\n"
         "  --bucket-mb F overlap: reduce layers together once F MiB of their gradients are done (0: each layer) [25]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
         "  --seed N    seed of the initial weights and sampling  [1337]\n"
-        "  -h          this help\n");
+        "  -h, --help  this help\n");
 }
 
 static int lp_parse_int(const char* flag, const char* v) {
@@ -326,6 +326,12 @@ static int lp_parse_aux_layers(const char* list, int L, int* aux) {
     return n;
 }
 
+// The pipeline's p * v chunks: at most 1024, and more than one per stage only with more than one stage.
+static void lp_check_chunks(const LPFlags* f) {
+    if (f->pp * f->vpp > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
+    if (f->vpp > 1 && f->pp < 2) lp_fail_all("--vpp %d: interleaving chunks needs a pipeline, --pp 2 or more", f->vpp);
+}
+
 // What the balanced partition weighs: the pipeline, its schedule over m micro-batches, and how TP, SP,
 // d and ZeRO split each chunk's memory.
 static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
@@ -359,8 +365,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     int layers[1024];
     LPPipeShape shape = lp_pipe_shape(f, proc->dp, accum);
     char why[512];
-    if (f->pp * f->vpp > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
-    if (f->vpp > 1 && f->pp < 2) lp_fail_all("--vpp %d: interleaving chunks needs a pipeline, --pp 2 or more", f->vpp);
+    lp_check_chunks(f);
     if (lp_pp_partition(&cfg, &shape, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
 
     // this rank's chunks of the model: from scratch or from an llm.c file
@@ -583,7 +588,7 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     lp_model_config(f, proc, &cfg);
     int chunks = f->pp * f->vpp, layers[1024], first = 0;
     char why[512];
-    if (chunks > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
+    lp_check_chunks(f);
     int d = f->tp * f->pp > 0 && proc->world % (f->tp * f->pp) == 0 ? proc->world / (f->tp * f->pp) : 1;
     int per_micro = f->B * f->T * d, m = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything a lent GPU machine should run: what the machine has, the CUDA and CPU builds, the test tiers
-# (tier 4 included) and the GPU benchmarks. Writes gpu_check.md (into $OUT when set, for the device tool)
-# and prints it. Record its figures in dev/gpu_results.md. Each step has a time limit, so a hang costs
+# (tier 4 included) and the GPU benchmarks. Writes gpu_check_MODE.md (into $OUT when set, for the device
+# tool) and prints it. Record its figures in dev/gpu_results.md. Each step has a time limit, so a hang costs
 # that step only; the device tool allows 10 minutes a call, so run it as two calls:
 #   bash scripts/gpu_check.sh tests     # machine, builds, make test with tier 4 (~5 min)
 #   bash scripts/gpu_check.sh bench     # machine, builds, bench_gpu, bench_dp, bench_tp, bench_pp (~6 min)

@@ -43,7 +43,7 @@ EOF
 chown -R munge:munge /run/munge /etc/munge 2> /dev/null
 running() { pgrep -x -r R,S,D "$1" > /dev/null; }  # not counting a killed daemon's unreaped zombie
 running munged || munged --force 2> /dev/null
-running slurmctld || slurmctld
+running slurmctld || slurmctld -c  # -c: forget jobs saved by an earlier run of this script
 running slurmd || slurmd
 for i in $(seq 30); do
     if timeout 5 sinfo -h -o %t 2> /dev/null | grep -q idle; then
