@@ -1771,6 +1771,12 @@ static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* db
     }
 }
 
+// out = gelu(inp): what the fused matmul writes, as its own op for recomputation in backward
+static inline void lp_gelu_forward_cpu(float* out, const float* inp, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = lp_gelu(inp[i]);
+}
+
 // dinp = gelu'(inp) * dout; dinp may alias dout
 static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const float* dout, int N) {
 #pragma omp parallel for
@@ -1786,12 +1792,15 @@ __global__ void lp_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n)
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = lp_xf(lp_gelu(lp_bf(inp[i])));
 }
+static inline void lp_gelu_forward_gpu(floatX* out, const floatX* inp, size_t n) {
+    lp_gelu_forward_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(out, inp, n);
+    cudaCheck(cudaGetLastError());
+}
 static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
                                          const floatX* bias, int N, int C, int OC) {
     if (pre_gelu && OC % 8) {
         lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, pre_gelu, OC, 0, 1, 1.0f, 0.0f, bias, NULL);
-        lp_gelu_forward_kernel<<<lp_grid((size_t)N * OC, LP_THREADS), LP_THREADS>>>(out, pre_gelu, (size_t)N * OC);
-        cudaCheck(cudaGetLastError());
+        lp_gelu_forward_gpu(out, pre_gelu, (size_t)N * OC);
         return;
     }
     lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, pre_gelu);
@@ -1834,31 +1843,20 @@ static inline void lp_gelu_backward_gpu(floatX* dinp, const floatX* inp, const f
 #endif
 
 // --- causal self-attention. The CPU loop follows the CUDA algorithm step by step:
-//   permute qkv (B,T,3,NH,HS) -> qkvr (3,B,NH,T,HS); att = softmax(scale * q k^T) with the causal mask;
-//   y = att v into the qkv buffer (no longer needed: backward reads qkvr); unpermute y -> out (B,T,C).
+//   permute qkv (B,T,3,NH,HS) -> qkvr (3,B,NH,T,HS); att = softmax(scale * q k^T) with the causal mask
+//   (attention_probs, which backward also calls to recompute att); y = att v into the qkv buffer (no
+//   longer needed: backward reads qkvr); unpermute y -> out (B,T,C).
 // att (B,NH,T,T) holds the probabilities, zero above the diagonal.
 static inline float lp_attention_scale(int C, int NH) { return 1.0f / sqrtf((float)(C / NH)); }
 
-static inline void lp_attention_forward_cpu(float* out, float* qkvr, float* att, float* qkv, int B, int T,
-                                            int C, int NH) {
+static inline void lp_attention_probs_cpu(float* att, const float* qkvr, int B, int T, int C, int NH) {
     int HS = C / NH;
     size_t plane = (size_t)B * NH * T * HS;  // one of q, k, v in qkvr
     float scale = lp_attention_scale(C, NH);
 #pragma omp parallel for
     for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        for (int t = 0; t < T; t++)
-            for (int which = 0; which < 3; which++)
-                for (int d = 0; d < HS; d++)
-                    qkvr[which * plane + ((size_t)bh * T + t) * HS + d] =
-                        qkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d];
-    }
-#pragma omp parallel for
-    for (int bh = 0; bh < B * NH; bh++) {
         const float* q = qkvr + (size_t)bh * T * HS;
         const float* k = q + plane;
-        const float* v = k + plane;
-        float* y = qkv + (size_t)bh * T * HS;  // qkv is free now: it holds y in (B,NH,T,HS)
         for (int t1 = 0; t1 < T; t1++) {
             float* a = att + ((size_t)bh * T + t1) * T;
             float maxv = -INFINITY;
@@ -1875,6 +1873,30 @@ static inline void lp_attention_forward_cpu(float* out, float* qkvr, float* att,
             }
             for (int t2 = 0; t2 <= t1; t2++) a[t2] /= sum;
             for (int t2 = t1 + 1; t2 < T; t2++) a[t2] = 0.0f;
+        }
+    }
+}
+
+static inline void lp_attention_forward_cpu(float* out, float* qkvr, float* att, float* qkv, int B, int T,
+                                            int C, int NH) {
+    int HS = C / NH;
+    size_t plane = (size_t)B * NH * T * HS;
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        for (int t = 0; t < T; t++)
+            for (int which = 0; which < 3; which++)
+                for (int d = 0; d < HS; d++)
+                    qkvr[which * plane + ((size_t)bh * T + t) * HS + d] =
+                        qkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d];
+    }
+    lp_attention_probs_cpu(att, qkvr, B, T, C, NH);
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        const float* v = qkvr + 2 * plane + (size_t)bh * T * HS;
+        float* y = qkv + (size_t)bh * T * HS;  // qkv is free now: it holds y in (B,NH,T,HS)
+        for (int t1 = 0; t1 < T; t1++) {
+            const float* a = att + ((size_t)bh * T + t1) * T;
             for (int d = 0; d < HS; d++) {
                 float s = 0.0f;
                 for (int t2 = 0; t2 <= t1; t2++) s += a[t2] * v[(size_t)t2 * HS + d];
@@ -1990,18 +2012,25 @@ __global__ void lp_softmax_causal_backward_kernel(floatX* datt, const floatX* at
     for (int t2 = lane; t2 < T; t2 += 32) d[t2] = lp_xf(t2 <= t1 ? scale * lp_bf(a[t2]) * (lp_bf(d[t2]) - dot) : 0.0f);
 }
 
+static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B, int T, int C, int NH) {
+    int HS = C / NH, BNH = B * NH;
+    size_t plane = (size_t)B * NH * T * HS;
+    long long sh = (long long)T * HS, st = (long long)T * T;
+    // att (T1,T2) row-major = q k^T per (b,h): column-major m=T2, n=T1, k=HS with k transposed
+    lp_gemm(1, 0, T, T, HS, qkvr + plane, HS, sh, qkvr, HS, sh, att, T, st, BNH, 1.0f, 0.0f, NULL, NULL);
+    lp_softmax_causal_kernel<<<lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS>>>(att, BNH * T, T, lp_attention_scale(C, NH));
+    cudaCheck(cudaGetLastError());
+}
+
 static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C,
                                             int NH) {
     int HS = C / NH, BNH = B * NH;
     size_t plane = (size_t)B * NH * T * HS;
     long long sh = (long long)T * HS, st = (long long)T * T;
-    const floatX *q = qkvr, *k = qkvr + plane, *v = qkvr + 2 * plane;
+    const floatX* v = qkvr + 2 * plane;
     lp_permute_qkv_kernel<<<lp_grid(3 * plane, LP_THREADS), LP_THREADS>>>(qkvr, qkv, B, T, C, NH, 0);
     cudaCheck(cudaGetLastError());
-    // att (T1,T2) row-major = q k^T per (b,h): column-major m=T2, n=T1, k=HS with k transposed
-    lp_gemm(1, 0, T, T, HS, k, HS, sh, q, HS, sh, att, T, st, BNH, 1.0f, 0.0f, NULL, NULL);
-    lp_softmax_causal_kernel<<<lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS>>>(att, BNH * T, T, lp_attention_scale(C, NH));
-    cudaCheck(cudaGetLastError());
+    lp_attention_probs_gpu(att, qkvr, B, T, C, NH);
     // y (T,HS) = att v per (b,h), into the qkv buffer (free now: backward reads qkvr)
     lp_gemm(0, 0, HS, T, T, v, HS, sh, att, T, st, qkv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);
     lp_permute_heads_kernel<<<lp_grid(plane, LP_THREADS), LP_THREADS>>>(out, qkv, B, T, C, NH, 1);
@@ -2265,6 +2294,22 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 // its slice, summed by a g), and so is the tied LM head (a column-parallel matmul after an f, its
 // cross-entropy reduced over the group without gathering the logits: classifier_stats / classifier_grad).
 
+// Activation recomputation (--recompute): what backward computes again instead of keeping it from forward.
+//   none       keep everything;
+//   selective  the attention probabilities (B NH T T per layer: at T = 1024 as large as all the rest of a
+//              GPT-2 124M layer's activations) and the GELU output, cheap to redo from what is kept (q, k
+//              and the MLP's pre-activation): Megatron-LM's selective recomputation, plus llm.c's GELU;
+//   full       only each layer's input, the residual stream: backward reruns the layer's forward first
+//              (its TP collectives too), about a third more compute for the least memory.
+// What is recomputed has room for one layer, in the scratch that the micro-batches in flight share.
+enum { LP_RECOMPUTE_NONE, LP_RECOMPUTE_SELECTIVE, LP_RECOMPUTE_FULL };
+static const char* const lp_recompute_names[] = {"none", "selective", "full"};
+static inline int lp_recompute_parse(const char* name) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, lp_recompute_names[i]) == 0) return i;
+    return -1;
+}
+
 typedef struct {
     floatX* encoded;    // (Nr,C)      wte + wpe: the residual stream entering layer 0
     floatX* ln1;        // (L,Nr,C)
@@ -2326,6 +2371,7 @@ typedef struct {
     const int* aux;
     int num_aux;
     float aux_weight;
+    int recompute;  // activation recomputation, LP_RECOMPUTE_*
 } LPSplit;
 
 typedef struct {
@@ -2350,6 +2396,7 @@ typedef struct {
     int tp_size, tp_rank, sp;
     const LPGroup* dp;    // gradients are averaged over this group (NULL: one replica)
     int overlap;          // all-reduce the layers' gradients over dp during the last backward (ZeRO-0)
+    int recompute;        // LP_RECOMPUTE_*: which activations backward recomputes
     floatX* params;   // compute-type weights used by forward/backward (ZeRO-3: wte, wpe, lnf only)
     floatX* grads;    // their gradients, accumulated over micro-batches (ZeRO-2: wte, wpe, lnf only)
     float* master;    // fp32 master weights of this rank's shard: the truth the optimizer updates
@@ -2479,6 +2526,7 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
     if (m->layer0 < 0 || m->L < 0 || m->layer0 + m->L > cfg->num_layers)
         lp_fail("internal: chunk layers [%d, %d) outside the model's %d", m->layer0, m->layer0 + m->L, cfg->num_layers);
     m->aux_weight = split->aux_weight;
+    m->recompute = split->recompute;
     for (int j = 0; j < split->num_aux; j++) {
         int l = split->aux[j] - 1 - m->layer0;  // the local layer whose output it is
         if (l < 0 || l >= m->L) continue;
@@ -2729,6 +2777,10 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     size_t t = m->tp_size, L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     size_t N = (size_t)B * T, Nr = m->sp ? N / t : N, Vl = m->last ? c->padded_vocab_size / t : 0, off[2] = {0, 0};
     size_t head = m->last ? Nr : 0;  // the final LayerNorm and the logits live on the last chunk
+    // recomputed activations: one layer's room, in scratch (region 1). Full recomputation keeps only the
+    // residual stream (residual3, and encoded); selective drops the attention probabilities and GELU output
+    int full = m->recompute == LP_RECOMPUTE_FULL, sel = m->recompute != LP_RECOMPUTE_NONE;
+    size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L;
 #define LP_CARVE(region, field, type, count)                                                  \
     do {                                                                                      \
         char* base = region ? scratch : stored;                                               \
@@ -2736,18 +2788,18 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
         off[region] += ((count) * sizeof(type) + 255) & ~(size_t)255; /* aligned */           \
     } while (0)
     LP_CARVE(0, encoded, floatX, Nr * C);
-    LP_CARVE(0, ln1, floatX, L * Nr * C);
-    LP_CARVE(0, ln1_mean, float, L * Nr);
-    LP_CARVE(0, ln1_rstd, float, L * Nr);
-    LP_CARVE(0, qkvr, floatX, L * N * 3 * Cl);
-    LP_CARVE(0, att, floatX, L * B * NHl * T * T);
-    LP_CARVE(0, atty, floatX, L * N * Cl);
-    LP_CARVE(0, residual2, floatX, L * Nr * C);
-    LP_CARVE(0, ln2, floatX, L * Nr * C);
-    LP_CARVE(0, ln2_mean, float, L * Nr);
-    LP_CARVE(0, ln2_rstd, float, L * Nr);
-    LP_CARVE(0, fch, floatX, L * N * Fl);
-    LP_CARVE(0, fch_gelu, floatX, L * N * Fl);
+    LP_CARVE(full, ln1, floatX, Lf * Nr * C);
+    LP_CARVE(full, ln1_mean, float, Lf * Nr);
+    LP_CARVE(full, ln1_rstd, float, Lf * Nr);
+    LP_CARVE(full, qkvr, floatX, Lf * N * 3 * Cl);
+    LP_CARVE(sel, att, floatX, Ls * B * NHl * T * T);
+    LP_CARVE(full, atty, floatX, Lf * N * Cl);
+    LP_CARVE(full, residual2, floatX, Lf * Nr * C);
+    LP_CARVE(full, ln2, floatX, Lf * Nr * C);
+    LP_CARVE(full, ln2_mean, float, Lf * Nr);
+    LP_CARVE(full, ln2_rstd, float, Lf * Nr);
+    LP_CARVE(full, fch, floatX, Lf * N * Fl);
+    LP_CARVE(sel, fch_gelu, floatX, Ls * N * Fl);
     LP_CARVE(0, residual3, floatX, L * Nr * C);
     LP_CARVE(0, lnf, floatX, head * C);
     LP_CARVE(0, lnf_mean, float, head);
@@ -2875,6 +2927,56 @@ static inline void lp_model_head_backward(LPModel* m, const floatX* x, const flo
                            rstd, Nr, C);
 }
 
+// Layer l's activations in the slot in use, in the last forward's shape. What m->recompute drops has
+// one layer's room, which every layer uses in turn.
+typedef struct {
+    const floatX* input;  // the residual stream entering the layer
+    floatX *ln1, *qkvr, *att, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+    float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+} LPLayerActs;
+static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
+    const LPActivations* a = &m->act;
+    size_t t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->sp ? N / t : N, C = m->cfg.channels;
+    size_t Cl = C / t, Fl = 4 * C / t, NHl = m->cfg.num_heads / t;
+    size_t f = m->recompute == LP_RECOMPUTE_FULL ? 0 : l, s = m->recompute == LP_RECOMPUTE_NONE ? l : 0;  // layer slots
+    LPLayerActs x;
+    x.input = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * Nr * C;
+    x.ln1 = a->ln1 + f * Nr * C;
+    x.ln1_mean = a->ln1_mean + f * Nr;
+    x.ln1_rstd = a->ln1_rstd + f * Nr;
+    x.qkvr = a->qkvr + f * 3 * N * Cl;
+    x.att = a->att + s * B * NHl * T * T;
+    x.atty = a->atty + f * N * Cl;
+    x.residual2 = a->residual2 + f * Nr * C;
+    x.ln2 = a->ln2 + f * Nr * C;
+    x.ln2_mean = a->ln2_mean + f * Nr;
+    x.ln2_rstd = a->ln2_rstd + f * Nr;
+    x.fch = a->fch + f * N * Fl;
+    x.fch_gelu = a->fch_gelu + s * N * Fl;
+    x.residual3 = a->residual3 + (size_t)l * Nr * C;
+    return x;
+}
+
+// Layer l from its ln1 (made by the residual add below it, fused) to the GELU output: the attention half
+// (qkv projection, column-parallel; attention on this rank's heads; output projection, row-parallel; the
+// residual add + bias fused with ln2) and the MLP's up projection with its GELU (column-parallel).
+// Forward runs it, and under full recomputation backward runs it again.
+static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* x) {
+    const LPConfig* c = &m->cfg;
+    int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->sp ? N / t : N;
+    int C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
+    LPActivations* a = &m->act;
+    LP(matmul_forward)(a->qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
+                       lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
+    LP(attention_forward)(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
+    LP(matmul_forward)(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
+    LP(residual_layernorm_forward)(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
+                                   lp_layer_param(m, LP_ATTPROJB, l), lp_layer_param(m, LP_LN2W, l),
+                                   lp_layer_param(m, LP_LN2B, l), Nr, C);
+    LP(matmul_forward)(x->fch_gelu, x->fch, lp_tp_f_forward(m, x->ln2, N, C), lp_layer_param(m, LP_FCW, l),
+                       lp_layer_param(m, LP_FCB, l), N, C, Fl);
+}
+
 // Forward pass over (B,T) host tokens. With targets it also computes the loss, leaving dlogits =
 // dloss * (softmax - onehot) in place for the backward pass, and returns the mean loss.
 // dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss.
@@ -2891,7 +2993,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     m->cur_B = B;
     m->cur_T = T;
     m->dloss = dloss;
-    int L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t, V = c->vocab_size;
+    int L = m->L, C = c->channels, Fl = 4 * C / t, V = c->vocab_size;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
     LPActivations* a = &m->act;
     floatX** p = m->p;
@@ -2905,7 +3007,8 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     }
     if (L > 0) {
         lp_model_gather_layer(m, 0);
-        LP(layernorm_forward)(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
+        LPLayerActs x = lp_layer_acts(m, 0);
+        LP(layernorm_forward)(x.ln1, x.ln1_mean, x.ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
                               lp_layer_param(m, LP_LN1B, 0), Nr, C);
     } else if (m->last) {
         LP(layernorm_forward)(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, p[LP_LNFW], p[LP_LNFB], Nr, C);
@@ -2913,32 +3016,21 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     for (int l = 0; l < L; l++) {
         lp_model_gather_layer(m, l);
         lp_model_prefetch_layer(m, l + 1, l);  // ZeRO-3: the next layer's weights arrive while this one runs
-        size_t rc = (size_t)l * Nr * C, nc = (size_t)l * N * Cl, nf = (size_t)l * N * Fl;  // layer l's offsets
-        const floatX* residual = l == 0 ? a->encoded : a->residual3 + rc - (size_t)Nr * C;
-        // attention half: qkv projection (column-parallel), attention on this rank's heads, output
-        // projection (row-parallel), then residual add + bias + ln2
-        LP(matmul_forward)(a->qkv, NULL, lp_tp_f_forward(m, a->ln1 + rc, N, C), lp_layer_param(m, LP_QKVW, l),
-                           lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
-        LP(attention_forward)(a->atty + nc, a->qkvr + 3 * nc, a->att + (size_t)l * B * NHl * T * T, a->qkv, B, T, Cl, NHl);
-        LP(matmul_forward)(a->btc, NULL, a->atty + nc, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
-        LP(residual_layernorm_forward)(a->residual2 + rc, a->ln2 + rc, a->ln2_mean + (size_t)l * Nr, a->ln2_rstd + (size_t)l * Nr,
-                                       residual, lp_tp_g_forward(m, a->btc, N, C), lp_layer_param(m, LP_ATTPROJB, l),
-                                       lp_layer_param(m, LP_LN2W, l), lp_layer_param(m, LP_LN2B, l), Nr, C);
-        // MLP half: fc with fused GELU (column-parallel), projection (row-parallel), residual add + bias +
-        // the next LayerNorm (ln1, lnf, or in a pipeline chunk's last layer none: the next chunk's ln1)
-        LP(matmul_forward)(a->fch_gelu + nf, a->fch + nf, lp_tp_f_forward(m, a->ln2 + rc, N, C), lp_layer_param(m, LP_FCW, l),
-                           lp_layer_param(m, LP_FCB, l), N, C, Fl);
-        LP(matmul_forward)(a->btc, NULL, a->fch_gelu + nf, lp_layer_param(m, LP_FCPROJW, l), NULL, N, Fl, C);
+        LPLayerActs x = lp_layer_acts(m, l);
+        lp_model_layer_forward(m, l, &x);
+        // the MLP's projection (row-parallel), residual add + bias + the next LayerNorm (ln1, lnf, or in a
+        // pipeline chunk's last layer none: the next chunk's ln1)
+        LP(matmul_forward)(a->btc, NULL, x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), NULL, N, Fl, C);
         const floatX* mlp = lp_tp_g_forward(m, a->btc, N, C);
         const floatX* mlp_bias = lp_layer_param(m, LP_FCPROJB, l);
         if (l + 1 < L) {
             lp_model_gather_layer(m, l + 1);  // its ln1 runs now, fused with this residual add (l stays)
-            LP(residual_layernorm_forward)(a->residual3 + rc, a->ln1 + rc + (size_t)Nr * C, a->ln1_mean + (size_t)(l + 1) * Nr,
-                                           a->ln1_rstd + (size_t)(l + 1) * Nr, a->residual2 + rc, mlp, mlp_bias,
+            LPLayerActs next = lp_layer_acts(m, l + 1);
+            LP(residual_layernorm_forward)(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp, mlp_bias,
                                            lp_layer_param(m, LP_LN1W, l + 1), lp_layer_param(m, LP_LN1B, l + 1), Nr, C);
         } else {
-            LP(residual_layernorm_forward)(a->residual3 + rc, m->last ? a->lnf : NULL, a->lnf_mean, a->lnf_rstd, a->residual2 + rc,
-                                           mlp, mlp_bias, p[LP_LNFW], p[LP_LNFB], Nr, C);
+            LP(residual_layernorm_forward)(x.residual3, m->last ? a->lnf : NULL, a->lnf_mean, a->lnf_rstd, x.residual2, mlp,
+                                           mlp_bias, p[LP_LNFW], p[LP_LNFB], Nr, C);
         }
     }
     if (targets) {  // for the loss, and for the auxiliary losses' in backward
@@ -2997,19 +3089,17 @@ static inline void lp_model_backward(LPModel* m, int last) {
 
     if (m->last) {  // the loss's gradient, through the head
         lp_device_zero(a->dresidual, (size_t)Nr * C * sizeof(floatX));
-        lp_model_head_backward(m, L ? a->residual3 + (size_t)(L - 1) * Nr * C : a->encoded, a->lnf, a->lnf_mean, a->lnf_rstd,
-                               a->logits, N);
+        lp_model_head_backward(m, lp_model_output(m), a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, N);
     }
     int unreduced = L;  // overlap: layers [l+1, unreduced) are done but not yet being reduced
     for (int l = L - 1; l >= 0; l--) {
-        size_t rc = (size_t)l * Nr * C, nc = (size_t)l * N * Cl, nf = (size_t)l * N * Fl;
-        const floatX* residual = l == 0 ? a->encoded : a->residual3 + rc - (size_t)Nr * C;
+        LPLayerActs x = lp_layer_acts(m, l);
         for (int j = 0; j < m->num_aux; j++) {  // an auxiliary loss on this layer's output: its head, recomputed
             if (m->aux[j] != l) continue;
-            LP(layernorm_forward)(a->aux_lnf, a->aux_mean, a->aux_rstd, a->residual3 + rc, p[LP_LNFW], p[LP_LNFB], Nr, C);
+            LP(layernorm_forward)(a->aux_lnf, a->aux_mean, a->aux_rstd, x.residual3, p[LP_LNFW], p[LP_LNFB], Nr, C);
             LP(matmul_forward)(a->aux_logits, NULL, lp_tp_f_forward(m, a->aux_lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
             m->aux_loss[j] += lp_model_classifier(m, a->aux_logits, N, m->aux_weight * m->dloss);
-            lp_model_head_backward(m, a->residual3 + rc, a->aux_lnf, a->aux_mean, a->aux_rstd, a->aux_logits, N);
+            lp_model_head_backward(m, x.residual3, a->aux_lnf, a->aux_mean, a->aux_rstd, a->aux_logits, N);
         }
         lp_model_gather_layer(m, l);
         lp_model_prefetch_layer(m, l - 1, l);  // ZeRO-3: the layer below arrives while this one runs
@@ -3018,26 +3108,33 @@ static inline void lp_model_backward(LPModel* m, int last) {
             m->layer_grads = m->layer_grad_buf[l % 2];
             lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
         }
+        if (m->recompute == LP_RECOMPUTE_FULL) {  // the layer's forward again, from its input
+            LP(layernorm_forward)(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, lp_layer_param(m, LP_LN1W, l),
+                                  lp_layer_param(m, LP_LN1B, l), Nr, C);
+            lp_model_layer_forward(m, l, &x);
+        } else if (m->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
+            LP(attention_probs)(x.att, x.qkvr, B, T, Cl, NHl);
+            LP(gelu_forward)(x.fch_gelu, x.fch, (size_t)N * Fl);
+        }
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
         // it is also fcproj's output gradient (g backward)
         LP(matmul_backward)(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
-                            lp_tp_g_backward(m, a->dresidual, N, C), a->fch_gelu + nf, lp_layer_param(m, LP_FCPROJW, l), N, Fl, C);
-        LP(gelu_backward)(a->dfch, a->fch + nf, a->dfch, N * Fl);
+                            lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl, C);
+        LP(gelu_backward)(a->dfch, x.fch, a->dfch, N * Fl);
         LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
-                            lp_tp_f_forward(m, a->ln2 + rc, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl);
+                            lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl);
         LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l),
-                               lp_tp_f_backward(m, a->btc, N, C), a->residual2 + rc, lp_layer_param(m, LP_LN2W, l),
-                               a->ln2_mean + (size_t)l * Nr, a->ln2_rstd + (size_t)l * Nr, Nr, C);
+                               lp_tp_f_backward(m, a->btc, N, C), x.residual2, lp_layer_param(m, LP_LN2W, l), x.ln2_mean,
+                               x.ln2_rstd, Nr, C);
         // attention half
         LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
-                            lp_tp_g_backward(m, a->dresidual, N, C), a->atty + nc, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C);
-        LP(attention_backward)(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, a->qkvr + 3 * nc, a->att + (size_t)l * B * NHl * T * T,
-                               B, T, Cl, NHl);
+                            lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C);
+        LP(attention_backward)(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
         LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
-                            lp_tp_f_forward(m, a->ln1 + rc, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl);
+                            lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl);
         LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
-                               lp_tp_f_backward(m, a->btc, N, C), residual, lp_layer_param(m, LP_LN1W, l),
-                               a->ln1_mean + (size_t)l * Nr, a->ln1_rstd + (size_t)l * Nr, Nr, C);
+                               lp_tp_f_backward(m, a->btc, N, C), x.input, lp_layer_param(m, LP_LN1W, l), x.ln1_mean,
+                               x.ln1_rstd, Nr, C);
         if (sum_sp) {
             const int ln[4] = {LP_LN1W, LP_LN1B, LP_LN2W, LP_LN2B};
             for (int k = 0; k < 4; k++) lp_all_reduce(m->tp, lp_layer_grad(m, ln[k], l), C, 0);
@@ -3754,14 +3851,22 @@ typedef struct {
     int B, T;           // micro-batch
     int t, sp;          // tensor-parallel size, sequence parallelism
     int d, zero;        // data-parallel size, ZeRO stage
+    int recompute;      // LP_RECOMPUTE_*: which activations each micro-batch in flight keeps
 } LPPipeShape;
 
-static inline double lp_layer_flops(const LPConfig* c, int T) {
-    double C = c->channels;
-    return 6.0 * 12.0 * C * C + 12.0 * C * T;
+// Training FLOPs per token of one layer: 3x its forward's (6 per weight, 12 C T of attention), plus what
+// backward recomputes: under full recomputation all but the MLP's projection (16 C^2 + 4 C T), under
+// selective q k^T (2 C T).
+static inline double lp_layer_flops(const LPConfig* c, int T, int recompute) {
+    double C = c->channels, flops = 6.0 * 12.0 * C * C + 12.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 16.0 * C * C + 4.0 * C * T;
+    if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
+    return flops;
 }
-static inline double lp_chunk_flops(const LPConfig* c, int T, int chunk, int chunks, int layers) {
-    return layers * lp_layer_flops(c, T) + (chunk == chunks - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0);
+// ... and of chunk k running `layers` layers (the last chunk also the LM head).
+static inline double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
+    double head = k == s->p * s->v - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0;
+    return layers * lp_layer_flops(c, s->T, s->recompute) + head;
 }
 
 // The most micro-batches chunk c holds activations of at once, in a stage's list of n actions (at least 1).
@@ -3798,6 +3903,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.cfg = *c;
     shape.tp_size = s->t;
     shape.sp = s->sp;
+    shape.recompute = s->recompute;
     shape.L = layers;
     shape.last = k == chunks - 1;
     LPActivations a;
@@ -3850,7 +3956,7 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
             int slots = lp_chunk_slots(s, k);
             for (int n = 0; n <= L; n++) {
                 int allowed = n > 0 || k == 0 || k == chunks - 1;
-                flops[k * (L + 1) + n] = allowed ? lp_chunk_flops(c, s->T, k, chunks, n) : INFINITY;
+                flops[k * (L + 1) + n] = allowed ? lp_chunk_flops(c, s, k, n) : INFINITY;
                 memory[k * (L + 1) + n] = lp_chunk_memory(c, s, k, n, slots);
             }
         }

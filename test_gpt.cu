@@ -478,15 +478,15 @@ static void test_schedules(void) {
     LPConfig g;
     lp_config_from_depth(&g, "d12");
     int layers[16];
-    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0};
+    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 4 && layers[1] == 4 && layers[2] == 4 && layers[3] == 0, "partition balanced, 124M, p=4: 4,4,4,0");
     shape.p = 2;
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 8 && layers[1] == 4, "partition balanced, 124M, p=2: 8,4");
     double worst = 0.0;
-    for (int k = 0; k < 2; k++) worst = fmax(worst, lp_chunk_flops(&g, 1024, k, 2, layers[k]));
-    expect(worst < lp_chunk_flops(&g, 1024, 1, 2, 6), "partition balanced, 124M, p=2: its costliest chunk is cheaper than uniform's");
+    for (int k = 0; k < 2; k++) worst = fmax(worst, lp_chunk_flops(&g, &shape, k, layers[k]));
+    expect(worst < lp_chunk_flops(&g, &shape, 1, 6), "partition balanced, 124M, p=2: its costliest chunk is cheaper than uniform's");
     shape.p = 3;
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[1] == 6 && layers[2] == 1, "partition balanced, 124M, p=3 1F1B: 5,6,1");
@@ -497,7 +497,7 @@ static void test_schedules(void) {
         for (int k = 0; k < 3; k++) {
             fullest = fmax(fullest, lp_chunk_memory(&g, &shape, k, layers[k], lp_chunk_slots(&shape, k)));
             alternative = fmax(alternative, lp_chunk_memory(&g, &shape, k, same_flops[x][k], lp_chunk_slots(&shape, k)));
-            as_fast &= lp_chunk_flops(&g, 1024, k, 3, same_flops[x][k]) <= lp_chunk_flops(&g, 1024, 0, 3, 6);
+            as_fast &= lp_chunk_flops(&g, &shape, k, same_flops[x][k]) <= lp_chunk_flops(&g, &shape, 0, 6);
         }
         expect(as_fast && fullest < alternative,
                x ? "partition balanced, 124M, p=3: its fullest stage holds less than 6,5,1's (as fast)"
@@ -508,19 +508,19 @@ static void test_schedules(void) {
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[1] == 6 && layers[2] == 1 && lp_chunk_slots(&shape, 2) == 8,
            "partition balanced, 124M, p=3 GPipe: 5,6,1");
-    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0};
+    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
     err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
     expect(!err && layers[0] == 3 && layers[3] == 3, "partition uniform, p=2 v=2: 3 layers per chunk");
     err = lp_pp_partition(&g, &shape, "5,3,3,1", layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[3] == 1, "partition from a list");
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] + layers[1] + layers[2] + layers[3] == 12 && layers[1] > 0 && layers[2] > 0 &&
-               lp_chunk_flops(&g, 1024, 3, 4, layers[3]) <= lp_chunk_flops(&g, 1024, 0, 4, 5),
+               lp_chunk_flops(&g, &shape, 3, layers[3]) <= lp_chunk_flops(&g, &shape, 0, 5),
            "partition balanced, p=2 v=2: every middle chunk has layers, the head's chunk costs at most 5 layers");
     shape.m = 3;
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(err && strstr(err, "must be a multiple of --pp 2"), "partition: a schedule that cannot run is refused first");
-    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0};
+    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
     err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
     expect(err && strstr(err, "--pp-partition uniform: the model's 12 layers do not split evenly over 5 chunks"), "partition uniform: L % chunks refused");
     shape.p = 2;
@@ -529,9 +529,22 @@ static void test_schedules(void) {
     shape.p = 4;
     err = lp_pp_partition(&g, &shape, "4,0,4,4", layers, why, sizeof(why));
     expect(err && strstr(err, "chunk 1 of 4 gets no layers"), "partition list: a middle chunk without layers refused");
-    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0};
+    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(err && strstr(err, "gets no layers (the model has 12)"), "partition balanced: 16 chunks for 12 layers refused");
+    // recomputation's memory: selective keeps one layer's attention probabilities (B NH T T) and GELU output
+    // (B T 4C) instead of L; full keeps less again. 124M, B=16, T=1024, one chunk
+    shape = (LPPipeShape){1, 1, LP_SCHEDULE_1F1B, 1, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
+    double kept = lp_chunk_memory(&g, &shape, 0, 12, 1);
+    shape.recompute = LP_RECOMPUTE_SELECTIVE;
+    double selective = lp_chunk_memory(&g, &shape, 0, 12, 1);
+    shape.recompute = LP_RECOMPUTE_FULL;
+    double full = lp_chunk_memory(&g, &shape, 0, 12, 1);
+    expect(kept - selective == 11.0 * (16.0 * 12 * 1024 * 1024 + 16.0 * 1024 * 4 * 768) * sizeof(floatX) && full < selective / 1.5,
+           "recompute: selective saves 11 layers' attention probabilities and GELU outputs, full more (124M, B=16, T=1024)");
+    double flops_full = lp_chunk_flops(&g, &shape, 0, 12);
+    shape.recompute = LP_RECOMPUTE_NONE;
+    expect(flops_full > 1.15 * lp_chunk_flops(&g, &shape, 0, 12), "recompute: full recomputation's extra forward counts in the chunk's FLOPs");
     // --print-schedule draws the timeline of the flags' configuration (m = -d / (-b * -t)) and exits
     static char out[1 << 14];
     int rc = run_cmd(out, sizeof(out), "%s --print-schedule --pp 4 --schedule 1f1b -b 1 -t 16 -d 128", TRAIN_BIN);
@@ -543,6 +556,7 @@ static void test_schedules(void) {
                  "--print-schedule -e d12 --pp 4 --vpp 2 --schedule interleaved -b 1 -t 16 -d 96");
     expect_error("--schedule: unknown name", "flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got 'zigzag'",
                  "--schedule zigzag");
+    expect_error("--recompute: unknown name", "flag --recompute: must be none, selective or full, got 'some'", "--recompute some");
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -910,6 +924,17 @@ static void test_training_runs(void) {
 // ----------------------------------------------------------------------------------------------------
 // tier 3: the parallel engine under mpirun, against one rank
 
+// Write a tiny model of `layers` layers, initialised from `seed`, to path.
+static void save_tiny_model(const char* path, int layers, uint64_t seed) {
+    LPConfig c = tiny_config();
+    c.num_layers = layers;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, seed);
+    lp_model_save(&m, path);
+    lp_model_free(&m);
+}
+
 // Final weights of a run: the model.bin of its last checkpoint.
 static float* run_weights(const char* dir, int step, size_t* n) {
     char path[LP_PATH_MAX];
@@ -1058,13 +1083,7 @@ static void test_data_parallel(void) {
     }
     // ZeRO-2/3: each layer's reduce-scatter runs on while the layer below is computed, or finishes at once
     // (5 layers, so each of the two layer buffers is reused while a reduction may be in flight)
-    LPConfig c5 = tiny_config();
-    c5.num_layers = 5;
-    LPModel m5;
-    lp_model_create(&m5, &c5, NULL);
-    lp_model_init_random(&m5, 77);
-    lp_model_save(&m5, tmp_path("dp_deep.bin"));
-    lp_model_free(&m5);
+    save_tiny_model(tmp_path("dp_deep.bin"), 5, 77);
     char deep[2048];
     snprintf(deep, sizeof(deep), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("dp_deep.bin"), tmp_path("dp_shard.bin"));
     for (int zero = 2; zero <= 3; zero++) {
@@ -1323,13 +1342,7 @@ static void test_pipeline_parallel(void) {
         printf("skip: tier 3 pipeline parallelism (mpirun not found)\n");
         return;
     }
-    LPConfig c = tiny_config();
-    c.num_layers = 4;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 4242);
-    lp_model_save(&m, tmp_path("pp_model.bin"));
-    lp_model_free(&m);
+    save_tiny_model(tmp_path("pp_model.bin"), 4, 4242);
     char base[2048], args[4096], dir[LP_PATH_MAX], name[256];
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("pp_model.bin"),
              tmp_path("dp_shard.bin"));
@@ -1539,9 +1552,81 @@ static void test_slurm(void) {
         else printf("%s\n", out);
     }
 }
+
+// Activation recomputation: on one rank, selective and full recomputation redo the same arithmetic on the
+// same inputs, so losses and weights equal the run that keeps everything bit for bit (with accumulation
+// over 4 micro-batches sharing the recompute buffers, and with auxiliary losses, which read the kept
+// layer outputs); the activation memory printed falls from none to selective to full. Under TP, SP,
+// pipelines (1F1B, GPipe, interleaved) and ZeRO-3, recomputing runs equal one rank as the runs without it
+// do (1e-5 relative losses; weights 1e-5 with only the pipeline, 3e-4 with TP or DP: see the pipeline test).
+static void test_recompute(void) {
+    static char out[1 << 18];
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("skip: tier 3 recomputation (mpirun not found)\n");
+        return;
+    }
+    save_tiny_model(tmp_path("rc_model.bin"), 4, 4243);
+    char base[2048], args[4096], dir[LP_PATH_MAX], name[256];
+    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("rc_model.bin"),
+             tmp_path("dp_shard.bin"));
+    const char* aux = "--aux-loss-layers 1,3 --aux-loss-weight 0.5";
+    float ref[2][64], got[64], mib[3] = {0, 0, 0};
+    float* wref[2] = {NULL, NULL};
+    size_t nw = 0, nw2 = 0;
+    for (int a = 0; a < 2; a++)
+        for (int r = 0; r < 3; r++) {
+            snprintf(args, sizeof(args), "%s -b 8 --recompute %s %s", base, lp_recompute_names[r], a ? aux : "");
+            lp_path(dir, "%s_%d_%d", tmp_path("rc_one"), a, r);
+            int n = run_ranks(1, args, dir, r ? got : ref[a], out, sizeof(out));
+            float* w = run_weights(dir, 10, r ? &nw2 : &nw);
+            const char* mem = strstr(out, "MiB, activations ");
+            if (!a && mem) sscanf(mem, "MiB, activations %f MiB", &mib[r]);
+            snprintf(name, sizeof(name), "recompute %s%s, 1 rank: 10 steps run", lp_recompute_names[r], a ? " with aux losses" : "");
+            expect(n == 10 && w, name);
+            if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
+            if (!r) { wref[a] = w; continue; }
+            snprintf(name, sizeof(name), "recompute %s%s, 1 rank: losses and weights equal keeping everything, bit for bit",
+                     lp_recompute_names[r], a ? " with aux losses" : "");
+            expect(wref[a] && nw2 == nw && memcmp(got, ref[a], 10 * sizeof(float)) == 0 && memcmp(w, wref[a], nw * sizeof(float)) == 0,
+                   name);
+            free(w);
+        }
+    snprintf(name, sizeof(name), "recompute: activation memory falls from none to selective to full (%.2f, %.2f, %.2f MiB)", mib[0],
+             mib[1], mib[2]);
+    expect(mib[2] > 0 && mib[2] < mib[1] && mib[1] < mib[0], name);
+    free(wref[1]);
+    const char* cases[][2] = {
+        {"2", "--pp 2 --recompute full"},
+        {"2", "--pp 2 --schedule gpipe --recompute selective"},
+        {"2", "--pp 2 --vpp 2 --schedule interleaved --recompute full"},
+        {"2", "--tp 2 --sp --recompute full"},
+        {"4", "--pp 2 --zero 3 --recompute full"},
+        {"4", "--tp 2 --pp 2 --sp --recompute selective"},
+        {"8", "--tp 2 --pp 2 --recompute full"},
+    };
+    for (size_t k = 0; wref[0] && k < sizeof(cases) / sizeof(cases[0]); k++) {
+        const char *tp = strstr(cases[k][1], "--tp "), *pp = strstr(cases[k][1], "--pp ");
+        int ranks = atoi(cases[k][0]), t = tp ? atoi(tp + 5) : 1, p = pp ? atoi(pp + 5) : 1, d = ranks / t / p;
+        snprintf(args, sizeof(args), "%s -b %d %s", base, 8 / d, cases[k][1]);
+        lp_path(dir, "%s_%zu", tmp_path("rc_case"), k);
+        int n = run_ranks(ranks, args, dir, got, out, sizeof(out));
+        float* w = run_weights(dir, 10, &nw2);
+        snprintf(name, sizeof(name), "%s ranks %s: 10 steps run", cases[k][0], cases[k][1]);
+        expect(n == 10 && w && nw2 == nw, name);
+        if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
+        snprintf(name, sizeof(name), "%s ranks %s: losses equal 1 rank's (1e-5 relative)", cases[k][0], cases[k][1]);
+        expect_close(name, got, ref[0], 10, 0.0f, 1e-5f);
+        float tol = ranks == p ? 1e-5f : 3e-4f;
+        snprintf(name, sizeof(name), "%s ranks %s: final weights equal 1 rank's (%g)", cases[k][0], cases[k][1], tol);
+        expect_same_weights(name, w, wref[0], nw, tol, 4);
+        free(w);
+    }
+    free(wref[0]);
+}
 #endif  // LLMPAR_CPU
 
 #ifndef LLMPAR_CPU
+// ----------------------------------------------------------------------------------------------------
 // ----------------------------------------------------------------------------------------------------
 // tier 4: every CUDA op against its CPU loop on the same bf16-rounded random inputs
 //
@@ -1719,6 +1804,11 @@ static void tier4_matmul(uint64_t* rng) {
     lp_gelu_backward_gpu(d_dinp, d_x, d_dout, n);
     float* g = host_from(d_dinp, n);
     expect_close("gpu gelu_backward", g, dinp, n, 1e-2f, 1e-2f);
+    free(g);
+    lp_gelu_forward_cpu(dout, x, n);
+    lp_gelu_forward_gpu(d_dout, d_x, n);
+    g = host_from(d_dout, n);
+    expect_close("gpu gelu_forward", g, dout, n, 1e-2f, 1e-2f);
     free(x); free(dout); free(dinp); free(g);
     lp_device_free(d_x); lp_device_free(d_dout); lp_device_free(d_dinp);
 }
@@ -1734,6 +1824,12 @@ static void tier4_attention(uint64_t* rng) {
     expect_close("gpu attention_forward qkvr (permute is exact)", gq, qkvr, n3, 0.0f, 0.0f);
     expect_close("gpu attention_forward probabilities", ga, att, na, 1e-2f, 2e-2f);
     expect_close_scaled("gpu attention_forward out", g, out, n1, 2e-2f);
+    floatX* d_again = dev_bf16(att, na);  // recomputation: the same probabilities from the saved q and k, bit for bit
+    lp_attention_probs_gpu(d_again, d_qkvr, B, T, C, NH);
+    float* again = host_from(d_again, na);
+    expect(memcmp(again, ga, na * sizeof(float)) == 0, "gpu attention_probs recomputes attention_forward's probabilities exactly");
+    free(again);
+    lp_device_free(d_again);
     // backward from the GPU's own saved probabilities, so both sides start from the same att
     float *dout = host_rand(n1, rng, 1.0f), *dqkv = host_rand(n3, rng, 1.0f), *dqkvr = host_rand(n3, rng, 1.0f);
     float *datt = host_rand(na, rng, 1.0f), *dy = host_rand(n1, rng, 1.0f);
@@ -1876,8 +1972,9 @@ static void test_step_vs_cpu_build(void) {
     lp_model_free(&mc);
 }
 
-// Data and tensor parallelism on one GPU: the ranks share it, so the run falls back to the MPI transport
-// (with a notice) and must match one rank's losses, to bf16 tolerance (bf16 gradients averaged in fp32).
+// Data, tensor and pipeline parallelism on one GPU: the ranks share it, so the run falls back to the MPI
+// transport (with a notice) and must match one rank's losses, to bf16 tolerance (bf16 gradients averaged in
+// fp32); activation recomputation too, alone and in parallel runs.
 static void test_parallel_one_gpu(void) {
     static char out[1 << 16];
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
@@ -1890,14 +1987,16 @@ static void test_parallel_one_gpu(void) {
     int n1 = parse_losses(out, one, 8);
     const char* grids[][2] = {{"2", "-b 1 --zero 0"}, {"2", "-b 1 --zero 1"}, {"2", "-b 1 --zero 2"}, {"2", "-b 1 --zero 3"},
                               {"2", "-b 2 --tp 2"}, {"2", "-b 2 --tp 2 --sp"}, {"4", "-b 2 --tp 4 --sp"}, {"4", "-b 1 --tp 2 --sp --zero 1"},
-                              {"2", "-b 2 --pp 2"}, {"4", "-b 1 --pp 2 --zero 1"}, {"4", "-b 2 --tp 2 --pp 2 --sp"}};
+                              {"2", "-b 2 --pp 2"}, {"4", "-b 1 --pp 2 --zero 1"}, {"4", "-b 2 --tp 2 --pp 2 --sp"},
+                              {"1", "-b 2 --recompute selective"}, {"1", "-b 2 --recompute full"},
+                              {"2", "-b 1 --zero 3 --recompute full"}, {"4", "-b 2 --tp 2 --pp 2 --sp --recompute full"}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         int rck = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe ./train_gpt %s %s", grids[k][0], args, grids[k][1]);
         int n2 = parse_losses(out, two, 8);
         char name[160];
         snprintf(name, sizeof(name), "one GPU, %s ranks %s over the MPI transport: losses equal 1 rank's (1e-2)", grids[k][0], grids[k][1]);
 #ifdef LLMPAR_NCCL
-        int via_mpi = strstr(out, "collectives go over MPI") != NULL;  // NCCL cannot put two ranks on one GPU
+        int via_mpi = atoi(grids[k][0]) == 1 || strstr(out, "collectives go over MPI") != NULL;  // NCCL cannot put two ranks on one GPU
 #else
         int via_mpi = 1;  // without NCCL, MPI is the only transport
 #endif
@@ -1972,6 +2071,7 @@ int main(void) {
     test_data_parallel();
     test_tensor_parallel();
     test_pipeline_parallel();
+    test_recompute();
     test_slurm();
 #else
     lp_device_init(&proc);

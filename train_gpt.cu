@@ -40,6 +40,7 @@ typedef struct {
     int scatter_gather;      // --pp-scatter-gather: send 1/t of a stage boundary, all-gather over TP
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
+    const char* recompute;   // --recompute: none | selective | full
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
@@ -93,6 +94,7 @@ static void lp_flags_default(LPFlags* f) {
     f->scatter_gather = 1;
     f->aux_layers = "";
     f->aux_weight = 0.1f;
+    f->recompute = "none";
     f->overlap = 1;
     f->bucket_mb = 25.0f;
 }
@@ -129,6 +131,8 @@ static void lp_usage(void) {
         "  --aux-loss-layers L1,L2,... auxiliary losses: these layers' outputs (1 .. L-1) also go through the final\n"
         "              LayerNorm and the tied head; the losses, times --aux-loss-weight, add to the loss [none]\n"
         "  --aux-loss-weight F  weight of each auxiliary loss [0.1]\n"
+        "  --recompute NAME activations backward recomputes instead of keeping: none | selective (attention\n"
+        "              probabilities and GELU output) | full (all but each layer's input) [none]\n"
         "  --print-schedule draw the pipeline timeline of --pp, --vpp, --schedule and the micro-batches\n"
         "              per step (-d / (-b * -t * d)), simulated with unit costs, and exit\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
@@ -169,7 +173,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
                                "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
-                               "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight"};
+                               "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight", "--recompute"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -207,6 +211,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--pp-scatter-gather") == 0) f->scatter_gather = lp_parse_int(a, v);
         else if (strcmp(a, "--aux-loss-layers") == 0) f->aux_layers = v;
         else if (strcmp(a, "--aux-loss-weight") == 0) f->aux_weight = lp_parse_float(a, v);
+        else if (strcmp(a, "--recompute") == 0) f->recompute = v;
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -220,6 +225,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
     if (f->bucket_mb < 0.0f) lp_fail_all("flag --bucket-mb: must be >= 0, got %g", f->bucket_mb);
+    if (lp_recompute_parse(f->recompute) < 0)
+        lp_fail_all("flag --recompute: must be none, selective or full, got '%s'", f->recompute);
     if (lp_schedule_parse(f->pp_schedule) < 0)
         lp_fail_all("flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got '%s'", f->pp_schedule);
     if (f->sp && f->tp < 2) lp_fail_all("flag --sp: sequence parallelism splits rows over the TP group; it needs --tp 2 or more");
@@ -335,7 +342,8 @@ static void lp_check_chunks(const LPFlags* f) {
 // What the balanced partition weighs: the pipeline, its schedule over m micro-batches, and how TP, SP,
 // d and ZeRO split each chunk's memory.
 static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
-    LPPipeShape s = {f->pp, f->vpp, lp_schedule_parse(f->pp_schedule), m, f->B, f->T, f->tp, f->sp && f->tp > 1, d, f->zero};
+    LPPipeShape s = {f->pp,  f->vpp, lp_schedule_parse(f->pp_schedule), m, f->B, f->T, f->tp, f->sp && f->tp > 1, d, f->zero,
+                     lp_recompute_parse(f->recompute)};
     return s;
 }
 
@@ -356,6 +364,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     split.aux = aux;
     split.num_aux = lp_parse_aux_layers(f->aux_layers, cfg.num_layers, aux);
     split.aux_weight = f->aux_weight;
+    split.recompute = lp_recompute_parse(f->recompute);
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
     int total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
@@ -436,8 +445,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
            total_batch, accum);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            f->schedule, f->lr * f->final_lr_frac);
-    lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, master+AdamW %.2f MiB, activations %.2f MiB\n",
-           f->zero, param_bytes / MiB, grad_bytes / MiB, optim_bytes / MiB, act_bytes / MiB);
+    lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, master+AdamW %.2f MiB, activations %.2f MiB"
+           " (recompute %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, optim_bytes / MiB, act_bytes / MiB, f->recompute);
 
     // output directory, log, resume
     FILE* logf = NULL;
@@ -595,16 +604,17 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
     LPPipeShape shape = lp_pipe_shape(f, d, m);
     if (lp_pp_partition(&cfg, &shape, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
-    lp_log("partition %s of %d layers (L=%d C=%d Vp=%d; B=%d T=%d t=%d d=%d ZeRO-%d), per chunk: training FLOPs per token, "
+    lp_log("partition %s of %d layers (L=%d C=%d Vp=%d; B=%d T=%d t=%d d=%d ZeRO-%d%s%s), per chunk: training FLOPs per token, "
            "estimated memory per rank (micro-batches in flight)\n", f->pp_partition, cfg.num_layers, cfg.num_layers,
-           cfg.channels, cfg.padded_vocab_size, f->B, f->T, f->tp, d, f->zero);
+           cfg.channels, cfg.padded_vocab_size, f->B, f->T, f->tp, d, f->zero, shape.recompute ? " recompute " : "",
+           shape.recompute ? f->recompute : "");
     for (int k = 0; k < chunks; k++) {
         lp_log("  chunk %d on stage %d:%s", k, k % f->pp, k == 0 ? " embedding," : "");
         if (layers[k] == 1) lp_log(" layer %d,", first);
         if (layers[k] > 1) lp_log(" layers %d-%d,", first, first + layers[k] - 1);
         int slots = lp_chunk_slots(&shape, k);
         lp_log("%s %.3g GFLOP, %.0f MiB (%d in flight)\n", k == chunks - 1 ? " final LayerNorm and LM head," : "",
-               lp_chunk_flops(&cfg, f->T, k, chunks, layers[k]) / 1e9, lp_chunk_memory(&cfg, &shape, k, layers[k], slots) / 1048576.0,
+               lp_chunk_flops(&cfg, &shape, k, layers[k]) / 1e9, lp_chunk_memory(&cfg, &shape, k, layers[k], slots) / 1048576.0,
                slots);
         first += layers[k];
     }

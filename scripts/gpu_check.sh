@@ -50,7 +50,7 @@ main() {
         step 330 "tests (make test)" bash -c 'bash scripts/run_tests.sh 2>&1 | grep -v "^loading\|^notice"'
     fi
     if [ "$mode" != tests ]; then
-        step 150 "benchmark (scripts/bench_gpu.sh)" bash scripts/bench_gpu.sh
+        step 170 "benchmark (scripts/bench_gpu.sh)" bash scripts/bench_gpu.sh 15
         step 120 "data parallelism on one GPU (scripts/bench_dp.sh gpu): MPI transport overhead" bash scripts/bench_dp.sh gpu 6
         step 100 "tensor parallelism on one GPU (scripts/bench_tp.sh gpu mpi): MPI transport" bash scripts/bench_tp.sh gpu mpi 6
         step 100 "pipeline parallelism on one GPU (scripts/bench_pp.sh gpu): bubble measured vs simulated" bash scripts/bench_pp.sh gpu 8 6
