@@ -462,14 +462,22 @@ static cudaDeviceProp lp_device_prop;
 
 // The model must split evenly over the tensor-parallel ranks: heads, the MLP width and the padded
 // vocabulary. (Layers over pipeline stages: lp_pp_partition.) Every rank checks alike, so rank 0 alone prints.
+// Whether model c splits over t tensor-parallel ranks: NULL, or why not (written into why).
+static inline const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
+    if (c->num_heads % t)
+        snprintf(why, size, "--tp %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", t, c->num_heads, t);
+    else if (4 * c->channels % t)
+        snprintf(why, size, "--tp %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", t, 4 * c->channels, t);
+    else if (c->padded_vocab_size % t)
+        snprintf(why, size, "--tp %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", t,
+                 c->padded_vocab_size, t);
+    else
+        return NULL;
+    return why;
+}
 static inline void lp_grid_check(const LPProcess* p, const LPConfig* c) {
-    if (c->num_heads % p->tp)
-        lp_fail_all("--tp %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", p->tp, c->num_heads, p->tp);
-    if (4 * c->channels % p->tp)
-        lp_fail_all("--tp %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", p->tp, 4 * c->channels, p->tp);
-    if (c->padded_vocab_size % p->tp)
-        lp_fail_all("--tp %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", p->tp,
-                    c->padded_vocab_size, p->tp);
+    char why[256];
+    if (lp_tp_check(c, p->tp, why, sizeof(why))) lp_fail_all("%s", why);
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -3886,16 +3894,23 @@ static inline int lp_chunk_slots(const LPPipeShape* s, int k) {
     return slots;
 }
 
-// Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
-static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
+// Parameters one rank of chunk k with `layers` layers holds (its TP slice).
+static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
     int chunks = s->p * s->v;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, s->t);
-    double params = 0.0, d = s->d;
+    double params = 0.0;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         if (lp_is_layer_tensor(i)) params += (double)sizes[i] / c->num_layers * layers;
         else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) params += sizes[i];
     }
+    return params;
+}
+
+// Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
+static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
+    int chunks = s->p * s->v;
+    double params = lp_chunk_params(c, s, k, layers), d = s->d;
     double per_param = sizeof(floatX) / (s->zero >= 3 ? d : 1.0) + sizeof(floatX) / (s->zero >= 2 ? d : 1.0) +
                        3 * sizeof(float) / (s->zero >= 1 ? d : 1.0);
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
@@ -3915,6 +3930,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
 // where not allowed) is least; returns that cost. Dynamic programming over the chunks in order:
 // best[k][l] is the least largest cost of chunks 0..k running layers 0..l-1.
 static inline double lp_partition_minmax(const double* cost, int chunks, int L, int* layers) {
+    if (chunks < 1 || L < 0) lp_fail("internal: a partition of %d layers over %d chunks", L, chunks);
     double* best = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
     int* take = (int*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(int), "partition");
     for (int k = 0; k < chunks; k++)
@@ -3994,6 +4010,116 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
             return why;
         }
     return NULL;
+}
+
+// --- the configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
+// `tokens` per step (t x p x d grid, ZeRO stage, recomputation, micro-batch B) that fit a GPU's memory,
+// fastest first by a simple model of the step on a stated machine (LPPlanMachine):
+//   compute  the busiest chunk's FLOPs (recomputation included) at `efficiency` of the peak, over m + p - 1
+//            micro-batch slots (1F1B: the bubble is p - 1 of them);
+//   TP       4 all-reduces of B T C values per layer and micro-batch (6 under full recomputation), each
+//            moving 2 (t-1)/t of them per rank, on the critical path of every micro-batch;
+//   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
+//            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
+//            twice per micro-batch; counted as if nothing overlapped;
+//   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back.
+// Links: a group inside one node (TP ranks are neighbours, then DP) uses node_bw, else net_bw. Sequence
+// parallelism is on wherever t > 1 divides T (the same traffic, less memory); one chunk per stage. Memory
+// is lp_chunk_memory's estimate of the balanced partition's fullest chunk. It ranks; it does not promise
+// times.
+typedef struct {
+    double gpu_bytes;   // memory per GPU
+    double peak_flops;  // dense bf16 FLOP/s per GPU
+    double efficiency;  // the share of the peak the step's GEMMs reach
+    double node_bw;     // bytes/s per GPU inside a node
+    double net_bw;      // bytes/s per GPU between nodes
+    int gpus_per_node;
+} LPPlanMachine;
+
+typedef struct {
+    int t, p, d, zero, recompute, sp, B, m;
+    int fits;                                    // memory <= the GPU's
+    double memory;                               // bytes on the fullest rank
+    double compute_s, tp_s, dp_s, pp_s, step_s;  // estimated seconds per step
+} LPPlan;
+
+// Those that fit first, fastest first; among equally fast plans the larger micro-batch (GEMMs run
+// better), then less memory.
+static inline int lp_plan_order(const void* a, const void* b) {
+    const LPPlan *x = (const LPPlan*)a, *y = (const LPPlan*)b;
+    if (x->fits != y->fits) return x->fits ? -1 : 1;
+    if (x->step_s != y->step_s) return x->step_s < y->step_s ? -1 : 1;
+    if (x->B != y->B) return x->B > y->B ? -1 : 1;
+    return x->memory < y->memory ? -1 : x->memory > y->memory;
+}
+
+// Estimate one configuration: 0 and *out filled if it can run (fitting or not).
+static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
+    int layers[1024], chunks = s->p;
+    char why[256];
+    if (chunks > 1024 || lp_pp_partition(c, s, "balanced", layers, why, sizeof(why))) return 1;
+    double t = s->t, d = s->d, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
+    double tp_bw = t <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
+    double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
+    double pp_bw = t * d * s->p <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
+    double memory = 0.0, compute = 0.0, tp = 0.0, slot = 0.0, params = 0.0;
+    for (int k = 0; k < chunks; k++) {
+        memory = fmax(memory, lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k)));
+        double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
+        double tk = t > 1 ? layers[k] * (s->recompute == LP_RECOMPUTE_FULL ? 6 : 4) * 2.0 * (t - 1) / t * bt * C * X / tp_bw : 0.0;
+        if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
+        params = fmax(params, lp_chunk_params(c, s, k, layers[k]));
+    }
+    double slots = s->m + s->p - 1, share = (d - 1) / d, m = s->m;
+    double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
+    LPPlan* o = out;
+    o->t = s->t;
+    o->p = s->p;
+    o->d = s->d;
+    o->zero = s->zero;
+    o->recompute = s->recompute;
+    o->sp = s->sp;
+    o->B = s->B;
+    o->m = s->m;
+    o->memory = memory;
+    o->fits = memory <= mach->gpu_bytes;
+    o->compute_s = slots * compute;
+    o->tp_s = slots * tp;
+    o->dp_s = d > 1 ? dp_values * X / dp_bw : 0.0;
+    o->pp_s = s->p > 1 ? 2.0 * m * bt * C / t * X / pp_bw : 0.0;
+    o->step_s = o->compute_s + o->tp_s + o->dp_s + o->pp_s;
+    return 0;
+}
+
+// Every configuration that can run on n GPUs into *plans (malloc'd), those that fit first, fastest first;
+// returns how many.
+static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, const LPPlanMachine* mach, LPPlan** plans) {
+    int count = 0, cap = 64;
+    *plans = (LPPlan*)lp_host_malloc(cap * sizeof(LPPlan), "plans");
+    char why[256];
+    for (int t = 1; t <= n && t <= mach->gpus_per_node; t++) {
+        if (n % t || lp_tp_check(c, t, why, sizeof(why))) continue;
+        for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
+            if (n / t % p) continue;
+            int d = n / t / p;
+            for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
+                if (tokens % (B * T * d)) continue;
+                for (int zero = 0; zero <= (d > 1 ? 3 : 0); zero++)
+                    for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++) {
+                        int m = (int)(tokens / (B * T * d));
+                        LPPipeShape s = {p, 1, LP_SCHEDULE_1F1B, m, (int)B, T, t, t > 1 && T % t == 0, d, zero, r};
+                        if (count == cap) {
+                            cap *= 2;
+                            *plans = (LPPlan*)realloc(*plans, cap * sizeof(LPPlan));
+                            if (!*plans) lp_fail("out of host memory for the plans");
+                        }
+                        if (lp_plan_one(c, &s, mach, &(*plans)[count]) == 0) count++;
+                    }
+            }
+        }
+    }
+    qsort(*plans, count, sizeof(LPPlan), lp_plan_order);
+    return count;
 }
 
 // Dense bf16 peak of this GPU in FLOP/s, 0 when unknown (then MFU is not printed).

@@ -559,6 +559,51 @@ static void test_schedules(void) {
     expect_error("--recompute: unknown name", "flag --recompute: must be none, selective or full, got 'some'", "--recompute some");
 }
 
+// The configuration advisor: GPT-2 124M on 8 GPUs of 80 GiB trains fastest as plain data parallelism
+// (no recomputation: it fits); plans come fitting first, fastest first; GPT-2 1.5B on 8 GPUs of 40 GiB
+// cannot replicate AdamW state at B=4 (16 bytes per parameter is 23 GiB before activations) and its
+// fastest plan shards it; across 64 GPUs the links decide: fast ones keep pure data parallelism, slow
+// ones move to a pipeline, which sends less between nodes. A plan that fits nothing is one error line.
+static void test_plan(void) {
+    const double GiB = 1073741824.0;
+    LPPlanMachine h100 = {80 * GiB, 989.4e12, 0.4, 300e9, 40e9, 8};
+    LPConfig small, xl;
+    lp_config_from_depth(&small, "d12");
+    lp_config_from_depth(&xl, "d48");
+    LPPlan* plans;
+    int n = lp_plan(&small, 1024, 524288, 8, &h100, &plans), ordered = 1, honest = 1;
+    for (int k = 1; k < n; k++) {
+        ordered &= plans[k - 1].fits >= plans[k].fits && (plans[k].fits != plans[k - 1].fits || plans[k].step_s >= plans[k - 1].step_s);
+        honest &= plans[k].fits == (plans[k].memory <= h100.gpu_bytes);
+    }
+    expect(n > 100 && ordered && honest, "plan: every configuration estimated, those that fit first, fastest first");
+    expect(n > 0 && plans[0].fits && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8 && plans[0].recompute == LP_RECOMPUTE_NONE,
+           "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without recomputation");
+    free(plans);
+    LPPlanMachine a100 = h100;
+    a100.gpu_bytes = 40 * GiB;
+    n = lp_plan(&xl, 1024, 524288, 8, &a100, &plans);
+    int replicated_fits = -1;
+    for (int k = 0; k < n; k++)
+        if (plans[k].t == 1 && plans[k].p == 1 && plans[k].zero == 0 && plans[k].recompute == LP_RECOMPUTE_NONE && plans[k].B == 4)
+            replicated_fits = plans[k].fits;
+    expect(n > 0 && replicated_fits == 0 && plans[0].fits && plans[0].zero >= 1 && plans[0].memory <= a100.gpu_bytes,
+           "plan: GPT-2 1.5B on 8 GPUs of 40 GiB: replicated AdamW at B=4 does not fit, the fastest plan shards it");
+    free(plans);
+    LPPlanMachine fast = h100, slow = h100;
+    fast.net_bw = 1e15;
+    slow.net_bw = 10e9;
+    n = lp_plan(&xl, 1024, 1048576, 64, &fast, &plans);
+    expect(n > 0 && plans[0].p == 1, "plan: GPT-2 1.5B on 64 GPUs with fast links between nodes: no pipeline");
+    free(plans);
+    n = lp_plan(&xl, 1024, 1048576, 64, &slow, &plans);
+    expect(n > 0 && plans[0].p > 1 && plans[0].d < 64, "plan: GPT-2 1.5B on 64 GPUs with slow links between nodes: a pipeline");
+    free(plans);
+    expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits --gpu-mem 8 GiB (-t 1024, -d 8192); the least needs",
+                 "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 8");
+    expect_error("--gpu-mem: not positive", "flag --gpu-mem: GiB per GPU must be > 0, got 0", "--plan 8 --gpu-mem 0");
+}
+
 // ----------------------------------------------------------------------------------------------------
 // tier 2: the CPU model
 
@@ -1553,6 +1598,43 @@ static void test_slurm(void) {
     }
 }
 
+// --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
+// shard). And its memory estimate is what the CPU engine allocates: params, grads, master weights, AdamW
+// and activations of one rank as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64,
+// without and with recomputation).
+static void test_plan_runs(void) {
+    static char out[1 << 16];
+    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
+        printf("skip: tier 3 --plan (mpirun not found)\n");
+        return;
+    }
+    int rc = run_cmd(out, sizeof(out), "%s --plan 4 -e dev/ref/tiny_model.bin -t 16 -d 512", TRAIN_BIN);
+    const char* line = strstr(out, "mpirun -np 4 ");
+    char cmd[1024] = "";
+    if (line) snprintf(cmd, sizeof(cmd), "%.*s", (int)strcspn(line + 13, "\n"), line + 13);
+    expect(rc == 0 && line && strstr(cmd, "-e dev/ref/tiny_model.bin -t 16 -d 512 -b "), "--plan 4 prints the command for its fastest plan");
+    float losses[8];
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -i %s -j '' -x 2 -v 0 -s 0", cmd,
+                 tmp_path("dp_shard.bin"));
+    char name[1200];
+    snprintf(name, sizeof(name), "--plan 4's command trains: %s", cmd);
+    expect(rc == 0 && parse_losses(out, losses, 8) == 2, name);
+    for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r += 2) {
+        rc = run_cmd(out, sizeof(out), "%s -e d2 -j '' -t 64 -b 4 -x 1 -v 0 --recompute %s", TRAIN_BIN, lp_recompute_names[r]);
+        float mib[4] = {0, 0, 0, 0};
+        const char* mem = strstr(out, "params ");
+        int parsed = mem && sscanf(mem, "params %f MiB, grads %f MiB, master+AdamW %f MiB, activations %f MiB", &mib[0], &mib[1],
+                                   &mib[2], &mib[3]) == 4;
+        LPConfig c;
+        lp_config_from_depth(&c, "d2");
+        LPPipeShape shape = {1, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, 1, 0, r};
+        double estimate = lp_chunk_memory(&c, &shape, 0, c.num_layers, 1) / 1048576.0, measured = mib[0] + mib[1] + mib[2] + mib[3];
+        snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), recompute %s", estimate,
+                 measured, lp_recompute_names[r]);
+        expect(rc == 0 && parsed && fabs(estimate - measured) <= 0.01 * measured, name);
+    }
+}
+
 // Activation recomputation: on one rank, selective and full recomputation redo the same arithmetic on the
 // same inputs, so losses and weights equal the run that keeps everything bit for bit (with accumulation
 // over 4 micro-batches sharing the recompute buffers, and with auxiliary losses, which read the kept
@@ -2061,6 +2143,7 @@ int main(void) {
     test_checkpoint_roundtrip();
     test_tokenizer();
     test_schedules();
+    test_plan();
     test_bad_input();
     printf("tier 2: CPU model\n");
     test_op_gradients();
@@ -2072,6 +2155,7 @@ int main(void) {
     test_tensor_parallel();
     test_pipeline_parallel();
     test_recompute();
+    test_plan_runs();
     test_slurm();
 #else
     lp_device_init(&proc);

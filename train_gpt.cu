@@ -37,6 +37,8 @@ typedef struct {
     const char* pp_schedule; // --schedule: gpipe | 1f1b | interleaved
     const char* pp_partition;// --pp-partition: balanced | uniform | L1,L2,...
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
+    int plan;                // --plan N: the configurations for N GPUs, and exit
+    float gpu_mem;           // --gpu-mem: GiB per GPU, for --plan
     int scatter_gather;      // --pp-scatter-gather: send 1/t of a stage boundary, all-gather over TP
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
@@ -95,6 +97,7 @@ static void lp_flags_default(LPFlags* f) {
     f->aux_layers = "";
     f->aux_weight = 0.1f;
     f->recompute = "none";
+    f->gpu_mem = 80.0f;
     f->overlap = 1;
     f->bucket_mb = 25.0f;
 }
@@ -135,6 +138,9 @@ static void lp_usage(void) {
         "              probabilities and GELU output) | full (all but each layer's input) [none]\n"
         "  --print-schedule draw the pipeline timeline of --pp, --vpp, --schedule and the micro-batches\n"
         "              per step (-d / (-b * -t * d)), simulated with unit costs, and exit\n"
+        "  --plan N    the ways to train -e with -t and -d tokens per step on N GPUs (grid, ZeRO, recompute, -b)\n"
+        "              that fit --gpu-mem, fastest first by a stated machine model, and exit\n"
+        "  --gpu-mem F GiB per GPU for --plan                    [80]\n"
         "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
         "              2: shard the gradients too; 3: and the weights, gathered a layer at a time [0]\n"
         "  --comm NAME collectives: auto (NCCL; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi [auto]\n"
@@ -173,7 +179,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
                                "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
-                               "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight", "--recompute"};
+                               "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight", "--recompute", "--plan", "--gpu-mem"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
         if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
@@ -212,6 +218,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--aux-loss-layers") == 0) f->aux_layers = v;
         else if (strcmp(a, "--aux-loss-weight") == 0) f->aux_weight = lp_parse_float(a, v);
         else if (strcmp(a, "--recompute") == 0) f->recompute = v;
+        else if (strcmp(a, "--plan") == 0) f->plan = lp_parse_int(a, v);
+        else if (strcmp(a, "--gpu-mem") == 0) f->gpu_mem = lp_parse_float(a, v);
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -225,6 +233,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
     if (f->bucket_mb < 0.0f) lp_fail_all("flag --bucket-mb: must be >= 0, got %g", f->bucket_mb);
+    if (f->plan < 0 || f->plan > 1 << 20) lp_fail_all("flag --plan: the number of GPUs must be 1 .. %d, got %d", 1 << 20, f->plan);
+    if (f->gpu_mem <= 0.0f) lp_fail_all("flag --gpu-mem: GiB per GPU must be > 0, got %g", f->gpu_mem);
     if (lp_recompute_parse(f->recompute) < 0)
         lp_fail_all("flag --recompute: must be none, selective or full, got '%s'", f->recompute);
     if (lp_schedule_parse(f->pp_schedule) < 0)
@@ -624,14 +634,65 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     lp_simulation_free(&sim);
 }
 
+// --plan N: every way to train the -e model on N GPUs with -t and -d tokens per step, those that fit
+// --gpu-mem first, fastest first (lp_plan: a model of the step on the machine printed), and the command
+// that runs the fastest.
+static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
+    LPConfig cfg;
+    lp_model_config(f, proc, &cfg);
+    int n = f->plan;
+    long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * n;
+    LPPlanMachine mach = {f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8};
+    LPPlan* plans;
+    int count = lp_plan(&cfg, f->T, tokens, n, &mach, &plans), fit = 0;
+    while (fit < count && plans[fit].fits) fit++;
+    double least = INFINITY;
+    for (int k = 0; k < count; k++) least = fmin(least, plans[k].memory);
+    double GiB = 1073741824.0;
+    if (fit == 0) {
+        if (count == 0) lp_fail_all("--plan %d: no grid of %d GPU(s) can run %s with -t %d and -d %lld", n, n, f->init, f->T, tokens);
+        lp_fail_all("--plan %d: no configuration of %s on %d GPU(s) fits --gpu-mem %g GiB (-t %d, -d %lld); the least needs %.3g GiB",
+                    n, f->init, n, f->gpu_mem, f->T, tokens, least / GiB);
+    }
+    lp_log("plan: %s (L=%d C=%d NH=%d) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers, cfg.channels,
+           cfg.num_heads, n, f->T, tokens);
+    lp_log("machine (assumed): %g GiB per GPU, %.0f TFLOP/s at %.0f%%, %d GPUs per node, %.0f GB/s inside a node and %.0f "
+           "between nodes per GPU; %s memory; nothing overlapped\n", f->gpu_mem, mach.peak_flops / 1e12, mach.efficiency * 100,
+           mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)");
+    lp_log("%d of %d configurations fit; the fastest %d:\n", fit, count, fit < 10 ? fit : 10);
+    lp_log("| t | p | d | ZeRO | recompute | B | m | GiB per GPU | compute ms | TP ms | DP ms | PP ms | step ms |\n");
+    lp_log("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int k = 0; k < fit && k < 10; k++) {
+        const LPPlan* x = &plans[k];
+        lp_log("| %d | %d | %d | %d | %s | %d | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g |\n", x->t, x->p, x->d, x->zero,
+               lp_recompute_names[x->recompute], x->B, x->m, x->memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, x->dp_s * 1e3,
+               x->pp_s * 1e3, x->step_s * 1e3);
+    }
+    const LPPlan* b = &plans[0];
+#ifdef LLMPAR_CPU
+    const char* binary = "./train_gpt_cpu";
+#else
+    const char* binary = "./train_gpt";
+#endif
+    lp_log("run the fastest:\n  mpirun -np %d %s -e %s -t %d -d %lld -b %d", n, binary, f->init, f->T, tokens, b->B);
+    if (b->t > 1) lp_log(" --tp %d%s", b->t, b->sp ? " --sp" : "");
+    if (b->p > 1) lp_log(" --pp %d", b->p);
+    if (b->zero) lp_log(" --zero %d", b->zero);
+    if (b->recompute) lp_log(" --recompute %s", lp_recompute_names[b->recompute]);
+    lp_log("\n");
+    free(plans);
+}
+
 int main(int argc, char** argv) {
     LPProcess proc;
     lp_process_init(&proc, &argc, &argv);
     LPFlags flags;
     if (!lp_parse_flags(&flags, argc, argv)) {
         lp_usage();
-    } else if (flags.print_schedule) {
-        lp_print_schedule(&flags, &proc);
+    } else if (flags.print_schedule || flags.plan) {
+        lp_grid_init(&proc, 1, 1);  // the world group only: rank 0 reads an -e file before the others
+        if (flags.plan) lp_print_plan(&flags, &proc);
+        else lp_print_schedule(&flags, &proc);
     } else {
         lp_grid_init(&proc, flags.tp, flags.pp);
         lp_device_init(&proc);
