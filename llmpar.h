@@ -3908,11 +3908,20 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
 }
 
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
+// ZeRO shards over d ranks what it shards of the flat parameters in equal parts (k each); stages 2 and 3
+// keep wte, wpe and lnf (`outside`) whole, plus two layers' buffers of gradients (and their receive
+// buffers) or weights.
 static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->p * s->v;
-    double params = lp_chunk_params(c, s, k, layers), d = s->d;
-    double per_param = sizeof(floatX) / (s->zero >= 3 ? d : 1.0) + sizeof(floatX) / (s->zero >= 2 ? d : 1.0) +
-                       3 * sizeof(float) / (s->zero >= 1 ? d : 1.0);
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, s->t);
+    double layer = 0.0;  // one layer's parameters on a TP rank
+    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += (double)sizes[i] / c->num_layers;
+    double n = lp_chunk_params(c, s, k, layers);
+    double outside = n - layer * layers, parts = s->zero >= 1 ? s->d : 1, shard = ceil(n / parts), X = sizeof(floatX);
+    double receive = fmin(shard, layers ? layer : shard);
+    double params = s->zero >= 3 ? outside + shard + 2 * layer : shard * parts;
+    double grads = s->zero >= 2 ? outside + 2 * layer + shard + 2 * receive : shard * parts;
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
     memset(&shape, 0, sizeof(shape));
     shape.cfg = *c;
@@ -3923,7 +3932,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.last = k == chunks - 1;
     LPActivations a;
     size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
-    return params * per_param + (double)slots * stored + scratch;
+    return (params + grads) * X + 3 * sizeof(float) * shard + (double)slots * stored + scratch;
 }
 
 // The partition of L layers over the chunks whose largest cost[k][n] (chunk k running n layers; INFINITY

@@ -1600,8 +1600,8 @@ static void test_slurm(void) {
 
 // --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
 // shard). And its memory estimate is what the CPU engine allocates: params, grads, master weights, AdamW
-// and activations of one rank as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64,
-// without and with recomputation).
+// and activations of rank 0 as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64: one
+// rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 keep wte whole).
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
@@ -1619,18 +1619,20 @@ static void test_plan_runs(void) {
     char name[1200];
     snprintf(name, sizeof(name), "--plan 4's command trains: %s", cmd);
     expect(rc == 0 && parse_losses(out, losses, 8) == 2, name);
-    for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r += 2) {
-        rc = run_cmd(out, sizeof(out), "%s -e d2 -j '' -t 64 -b 4 -x 1 -v 0 --recompute %s", TRAIN_BIN, lp_recompute_names[r]);
+    for (int x = 0; x < 6; x++) {  // 1 rank without and with full recomputation; d=2 with ZeRO 0-3
+        int r = x == 1 ? LP_RECOMPUTE_FULL : LP_RECOMPUTE_NONE, d = x < 2 ? 1 : 2, zero = x < 2 ? 0 : x - 2;
+        rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e d2 -j '' -t 64 -b 4 "
+                     "-x 1 -v 0 --recompute %s --zero %d", d, TRAIN_BIN, lp_recompute_names[r], zero);
         float mib[4] = {0, 0, 0, 0};
         const char* mem = strstr(out, "params ");
         int parsed = mem && sscanf(mem, "params %f MiB, grads %f MiB, master+AdamW %f MiB, activations %f MiB", &mib[0], &mib[1],
                                    &mib[2], &mib[3]) == 4;
         LPConfig c;
         lp_config_from_depth(&c, "d2");
-        LPPipeShape shape = {1, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, 1, 0, r};
+        LPPipeShape shape = {1, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r};
         double estimate = lp_chunk_memory(&c, &shape, 0, c.num_layers, 1) / 1048576.0, measured = mib[0] + mib[1] + mib[2] + mib[3];
-        snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), recompute %s", estimate,
-                 measured, lp_recompute_names[r]);
+        snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), d=%d ZeRO-%d recompute %s",
+                 estimate, measured, d, zero, lp_recompute_names[r]);
         expect(rc == 0 && parsed && fabs(estimate - measured) <= 0.01 * measured, name);
     }
 }
