@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make test`: tiers 1-3 on the CPU build (./test_gpt_cpu), then tier 4 on the CUDA build (./test_gpt)
-# when nvcc and a GPU are present. With nvcc but no GPU, both CUDA binaries are still built, so the CUDA
-# code keeps compiling warning-free and tier 1 checks ./train_gpt's "no GPU" error. Prints the totals last.
+# `make test`: tiers 1-3 on the CPU build (./test_gpt_cpu), two steps of each CPU run script, then tier 4
+# on the CUDA build (./test_gpt) when nvcc and a GPU are present. With nvcc but no GPU, both CUDA binaries
+# are still built, so the CUDA code keeps compiling warning-free and tier 1 checks ./train_gpt's "no GPU"
+# error. Prints the totals last.
 set -u
 cd "$(dirname "$0")/.."
 passed=0
@@ -56,6 +57,19 @@ fi
 rm -f /tmp/llmpar_nompi_$$
 
 run_tier ./test_gpt_cpu
+
+# the run scripts still run (two steps each, into a temporary directory; mpirun refuses root unless told)
+[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+smoke_dir=$(mktemp -d)
+for run in "run_tiny.sh" "run_3d.sh cpu"; do
+    if bash scripts/$run -x 2 -v 1 -s 0 -o "$smoke_dir/${run%% *}" < /dev/null 2>&1 | grep -q "^step 2/2 "; then
+        passed=$((passed + 1))
+    else
+        echo "FAIL scripts/$run does not train two steps"
+        failed=$((failed + 1))
+    fi
+done
+rm -rf "$smoke_dir"
 if [ "$has_gpu" = 1 ] && [ -x ./test_gpt ]; then
     run_tier ./test_gpt
 else
