@@ -4024,18 +4024,19 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
 // --- the configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
 // `tokens` per step (t x p x d grid, ZeRO stage, recomputation, micro-batch B) that fit a GPU's memory,
 // fastest first by a simple model of the step on a stated machine (LPPlanMachine):
-//   compute  the busiest chunk's FLOPs (recomputation included) at `efficiency` of the peak, over m + p - 1
-//            micro-batch slots (1F1B: the bubble is p - 1 of them);
+//   compute  the busiest chunk's FLOPs (recomputation included) at `efficiency` of the peak, over m v + p - 1
+//            chunk slots (1F1B, v = 1: the bubble is p - 1 of them; interleaved with v = 2 chunks per
+//            stage, each slot is half a stage's work);
 //   TP       4 all-reduces of B T C values per layer and micro-batch (6 under full recomputation), each
 //            moving 2 (t-1)/t of them per rank, on the critical path of every micro-batch;
 //   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
 //            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
 //            twice per micro-batch; counted as if nothing overlapped;
-//   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back.
+//   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times.
 // Links: a group inside one node (TP ranks are neighbours, then DP) uses node_bw, else net_bw. Sequence
-// parallelism is on wherever t > 1 divides T (the same traffic, less memory); one chunk per stage. Memory
-// is lp_chunk_memory's estimate of the balanced partition's fullest chunk. It ranks; it does not promise
-// times.
+// parallelism is on wherever t > 1 divides T (the same traffic, less memory). Memory
+// is lp_chunk_memory's estimate of the balanced partition, summed over each stage's chunks, on the fullest
+// stage. It ranks; it does not promise times.
 typedef struct {
     double gpu_bytes;   // memory per GPU
     double peak_flops;  // dense bf16 FLOP/s per GPU
@@ -4046,7 +4047,7 @@ typedef struct {
 } LPPlanMachine;
 
 typedef struct {
-    int t, p, d, zero, recompute, sp, B, m;
+    int t, p, v, d, zero, recompute, sp, B, m;
     int fits;                                    // memory <= the GPU's
     double memory;                               // bytes on the fullest rank
     double compute_s, tp_s, dp_s, pp_s, step_s;  // estimated seconds per step
@@ -4064,7 +4065,8 @@ static inline int lp_plan_order(const void* a, const void* b) {
 
 // Estimate one configuration: 0 and *out filled if it can run (fitting or not).
 static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
-    int layers[1024], chunks = s->p;
+    int layers[1024], chunks = s->p * s->v;
+    double stage_memory[1024], stage_params[1024];
     char why[256];
     if (chunks > 1024 || lp_pp_partition(c, s, "balanced", layers, why, sizeof(why))) return 1;
     double t = s->t, d = s->d, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
@@ -4072,18 +4074,21 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
     double pp_bw = t * d * s->p <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
     double memory = 0.0, compute = 0.0, tp = 0.0, slot = 0.0, params = 0.0;
-    for (int k = 0; k < chunks; k++) {
-        memory = fmax(memory, lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k)));
+    for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
+        stage_memory[k % s->p] = (k < s->p ? 0.0 : stage_memory[k % s->p]) + lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
+        stage_params[k % s->p] = (k < s->p ? 0.0 : stage_params[k % s->p]) + lp_chunk_params(c, s, k, layers[k]);
+        memory = fmax(memory, stage_memory[k % s->p]);
+        params = fmax(params, stage_params[k % s->p]);
         double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
         double tk = t > 1 ? layers[k] * (s->recompute == LP_RECOMPUTE_FULL ? 6 : 4) * 2.0 * (t - 1) / t * bt * C * X / tp_bw : 0.0;
         if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
-        params = fmax(params, lp_chunk_params(c, s, k, layers[k]));
     }
-    double slots = s->m + s->p - 1, share = (d - 1) / d, m = s->m;
+    double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
     double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
     LPPlan* o = out;
     o->t = s->t;
     o->p = s->p;
+    o->v = s->v;
     o->d = s->d;
     o->zero = s->zero;
     o->recompute = s->recompute;
@@ -4095,7 +4100,7 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     o->compute_s = slots * compute;
     o->tp_s = slots * tp;
     o->dp_s = d > 1 ? dp_values * X / dp_bw : 0.0;
-    o->pp_s = s->p > 1 ? 2.0 * m * bt * C / t * X / pp_bw : 0.0;
+    o->pp_s = s->p > 1 ? 2.0 * m * s->v * bt * C / t * X / pp_bw : 0.0;
     o->step_s = o->compute_s + o->tp_s + o->dp_s + o->pp_s;
     return 0;
 }
@@ -4113,17 +4118,18 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, con
             int d = n / t / p;
             for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
                 if (tokens % (B * T * d)) continue;
-                for (int zero = 0; zero <= (d > 1 ? 3 : 0); zero++)
-                    for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++) {
-                        int m = (int)(tokens / (B * T * d));
-                        LPPipeShape s = {p, 1, LP_SCHEDULE_1F1B, m, (int)B, T, t, t > 1 && T % t == 0, d, zero, r};
-                        if (count == cap) {
-                            cap *= 2;
-                            *plans = (LPPlan*)realloc(*plans, cap * sizeof(LPPlan));
-                            if (!*plans) lp_fail("out of host memory for the plans");
+                for (int v = 1; v <= (p > 1 ? 2 : 1); v++)
+                    for (int zero = 0; zero <= (d > 1 ? 3 : 0); zero++)
+                        for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++) {
+                            int m = (int)(tokens / (B * T * d)), kind = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+                            LPPipeShape s = {p, v, kind, m, (int)B, T, t, t > 1 && T % t == 0, d, zero, r};
+                            if (count == cap) {
+                                cap *= 2;
+                                *plans = (LPPlan*)realloc(*plans, cap * sizeof(LPPlan));
+                                if (!*plans) lp_fail("out of host memory for the plans");
+                            }
+                            if (lp_plan_one(c, &s, mach, &(*plans)[count]) == 0) count++;
                         }
-                        if (lp_plan_one(c, &s, mach, &(*plans)[count]) == 0) count++;
-                    }
             }
         }
     }

@@ -563,7 +563,8 @@ static void test_schedules(void) {
 // (no recomputation: it fits); plans come fitting first, fastest first; GPT-2 1.5B on 8 GPUs of 40 GiB
 // cannot replicate AdamW state at B=4 (16 bytes per parameter is 23 GiB before activations) and its
 // fastest plan shards it; across 64 GPUs the links decide: fast ones keep pure data parallelism, slow
-// ones move to a pipeline, which sends less between nodes. A plan that fits nothing is one error line.
+// ones move to a pipeline, which sends less between nodes; with few micro-batches per step the pipeline
+// interleaves. A plan that fits nothing is one error line.
 static void test_plan(void) {
     const double GiB = 1073741824.0;
     LPPlanMachine h100 = {80 * GiB, 989.4e12, 0.4, 300e9, 40e9, 8};
@@ -598,6 +599,15 @@ static void test_plan(void) {
     free(plans);
     n = lp_plan(&xl, 1024, 1048576, 64, &slow, &plans);
     expect(n > 0 && plans[0].p > 1 && plans[0].d < 64, "plan: GPT-2 1.5B on 64 GPUs with slow links between nodes: a pipeline");
+    free(plans);
+    n = lp_plan(&xl, 1024, 65536, 16, &h100, &plans);  // 8 micro-batches at most: the bubble matters
+    int v1 = -1;
+    for (int k = 0; k < n && v1 < 0; k++)
+        if (plans[k].v == 1 && plans[k].p == plans[0].p && plans[k].d == plans[0].d && plans[k].t == plans[0].t &&
+            plans[k].zero == plans[0].zero && plans[k].recompute == plans[0].recompute && plans[k].B == plans[0].B)
+            v1 = k;
+    expect(n > 0 && plans[0].v == 2 && plans[0].p > 1 && v1 > 0 && plans[v1].compute_s > plans[0].compute_s,
+           "plan: GPT-2 1.5B on 16 GPUs with 64K tokens per step interleaves 2 chunks per stage (a smaller bubble)");
     free(plans);
     expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits --gpu-mem 8 GiB (-t 1024, -d 8192); the least needs",
                  "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 8");

@@ -660,11 +660,11 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
            "between nodes per GPU; %s memory; nothing overlapped\n", f->gpu_mem, mach.peak_flops / 1e12, mach.efficiency * 100,
            mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)");
     lp_log("%d of %d configurations fit; the fastest %d:\n", fit, count, fit < 10 ? fit : 10);
-    lp_log("| t | p | d | ZeRO | recompute | B | m | GiB per GPU | compute ms | TP ms | DP ms | PP ms | step ms |\n");
-    lp_log("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    lp_log("| t | p | v | d | ZeRO | recompute | B | m | GiB per GPU | compute ms | TP ms | DP ms | PP ms | step ms |\n");
+    lp_log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < fit && k < 10; k++) {
         const LPPlan* x = &plans[k];
-        lp_log("| %d | %d | %d | %d | %s | %d | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g |\n", x->t, x->p, x->d, x->zero,
+        lp_log("| %d | %d | %d | %d | %d | %s | %d | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g |\n", x->t, x->p, x->v, x->d, x->zero,
                lp_recompute_names[x->recompute], x->B, x->m, x->memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, x->dp_s * 1e3,
                x->pp_s * 1e3, x->step_s * 1e3);
     }
@@ -677,6 +677,7 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     lp_log("run the fastest:\n  mpirun -np %d %s -e %s -t %d -d %lld -b %d", n, binary, f->init, f->T, tokens, b->B);
     if (b->t > 1) lp_log(" --tp %d%s", b->t, b->sp ? " --sp" : "");
     if (b->p > 1) lp_log(" --pp %d", b->p);
+    if (b->v > 1) lp_log(" --vpp %d --schedule interleaved", b->v);
     if (b->zero) lp_log(" --zero %d", b->zero);
     if (b->recompute) lp_log(" --recompute %s", lp_recompute_names[b->recompute]);
     lp_log("\n");
