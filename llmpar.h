@@ -460,9 +460,8 @@ static const size_t lp_cublaslt_workspace_size = 32 << 20;
 static cudaDeviceProp lp_device_prop;
 #endif
 
-// The model must split evenly over the tensor-parallel ranks: heads, the MLP width and the padded
-// vocabulary. (Layers over pipeline stages: lp_pp_partition.) Every rank checks alike, so rank 0 alone prints.
-// Whether model c splits over t tensor-parallel ranks: NULL, or why not (written into why).
+// Whether model c splits over t tensor-parallel ranks (its heads, MLP width and padded vocabulary): NULL,
+// or why not (written into why). Layers over pipeline stages: lp_pp_partition.
 static inline const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
     if (c->num_heads % t)
         snprintf(why, size, "--tp %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", t, c->num_heads, t);
@@ -475,6 +474,7 @@ static inline const char* lp_tp_check(const LPConfig* c, int t, char* why, size_
         return NULL;
     return why;
 }
+// Every rank checks alike, so rank 0 alone prints.
 static inline void lp_grid_check(const LPProcess* p, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, p->tp, why, sizeof(why))) lp_fail_all("%s", why);
@@ -2307,8 +2307,8 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 //   selective  the attention probabilities (B NH T T per layer: at T = 1024 as large as all the rest of a
 //              GPT-2 124M layer's activations) and the GELU output, cheap to redo from what is kept (q, k
 //              and the MLP's pre-activation): Megatron-LM's selective recomputation, plus llm.c's GELU;
-//   full       only each layer's input, the residual stream: backward reruns the layer's forward first
-//              (its TP collectives too), about a third more compute for the least memory.
+//   full       only each layer's input, the residual stream: backward reruns the layer's forward up to
+//              the GELU first (its TP collectives too), about a quarter more compute for the least memory.
 // What is recomputed has room for one layer, in the scratch that the micro-batches in flight share.
 enum { LP_RECOMPUTE_NONE, LP_RECOMPUTE_SELECTIVE, LP_RECOMPUTE_FULL };
 static const char* const lp_recompute_names[] = {"none", "selective", "full"};
@@ -3908,9 +3908,9 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
 }
 
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
-// ZeRO shards over d ranks what it shards of the flat parameters in equal parts (k each); stages 2 and 3
-// keep wte, wpe and lnf (`outside`) whole, plus two layers' buffers of gradients (and their receive
-// buffers) or weights.
+// ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
+// and 3 keep wte, wpe and lnf (`outside`) whole, plus two layers' buffers of gradients (and their receive
+// buffers) or weights when the chunk has layers.
 static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->p * s->v;
     size_t sizes[LP_NUM_PARAMS];
@@ -3919,9 +3919,9 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += (double)sizes[i] / c->num_layers;
     double n = lp_chunk_params(c, s, k, layers);
     double outside = n - layer * layers, parts = s->zero >= 1 ? s->d : 1, shard = ceil(n / parts), X = sizeof(floatX);
-    double receive = fmin(shard, layers ? layer : shard);
-    double params = s->zero >= 3 ? outside + shard + 2 * layer : shard * parts;
-    double grads = s->zero >= 2 ? outside + 2 * layer + shard + 2 * receive : shard * parts;
+    double buffer = layers ? layer : 0.0, receive = fmin(shard, layers ? layer : shard);
+    double params = s->zero >= 3 ? outside + shard + 2 * buffer : shard * parts;
+    double grads = s->zero >= 2 ? outside + 2 * buffer + shard + 2 * receive : shard * parts;
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
     memset(&shape, 0, sizeof(shape));
     shape.cfg = *c;
@@ -4027,15 +4027,16 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
 //   compute  the busiest chunk's FLOPs (recomputation included) at `efficiency` of the peak, over m v + p - 1
 //            chunk slots (1F1B, v = 1: the bubble is p - 1 of them; interleaved with v = 2 chunks per
 //            stage, each slot is half a stage's work);
-//   TP       4 all-reduces of B T C values per layer and micro-batch (6 under full recomputation), each
-//            moving 2 (t-1)/t of them per rank, on the critical path of every micro-batch;
+//   TP       4 all-reduces of B T C values per layer and micro-batch (5 under full recomputation, which
+//            reruns the attention projection's), each moving 2 (t-1)/t of them per rank, on the critical
+//            path of every micro-batch (inside a node: t <= gpus_per_node);
 //   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
 //            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
 //            twice per micro-batch; counted as if nothing overlapped;
 //   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times.
-// Links: a group inside one node (TP ranks are neighbours, then DP) uses node_bw, else net_bw. Sequence
-// parallelism is on wherever t > 1 divides T (the same traffic, less memory). Memory
-// is lp_chunk_memory's estimate of the balanced partition, summed over each stage's chunks, on the fullest
+// Links: a group inside one node (TP ranks are neighbours, then DP, then PP) uses node_bw, else net_bw.
+// Sequence parallelism is on wherever t > 1 divides T (the same traffic, less memory). Memory is
+// lp_chunk_memory's estimate of the balanced partition, summed over each stage's chunks, on the fullest
 // stage. It ranks; it does not promise times.
 typedef struct {
     double gpu_bytes;   // memory per GPU
@@ -4070,7 +4071,6 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     char why[256];
     if (chunks > 1024 || lp_pp_partition(c, s, "balanced", layers, why, sizeof(why))) return 1;
     double t = s->t, d = s->d, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
-    double tp_bw = t <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
     double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
     double pp_bw = t * d * s->p <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
     double memory = 0.0, compute = 0.0, tp = 0.0, slot = 0.0, params = 0.0;
@@ -4080,28 +4080,27 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
         memory = fmax(memory, stage_memory[k % s->p]);
         params = fmax(params, stage_params[k % s->p]);
         double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
-        double tk = t > 1 ? layers[k] * (s->recompute == LP_RECOMPUTE_FULL ? 6 : 4) * 2.0 * (t - 1) / t * bt * C * X / tp_bw : 0.0;
+        double tk = t > 1 ? layers[k] * (s->recompute == LP_RECOMPUTE_FULL ? 5 : 4) * 2.0 * (t - 1) / t * bt * C * X / mach->node_bw : 0.0;
         if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
     }
     double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
     double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
-    LPPlan* o = out;
-    o->t = s->t;
-    o->p = s->p;
-    o->v = s->v;
-    o->d = s->d;
-    o->zero = s->zero;
-    o->recompute = s->recompute;
-    o->sp = s->sp;
-    o->B = s->B;
-    o->m = s->m;
-    o->memory = memory;
-    o->fits = memory <= mach->gpu_bytes;
-    o->compute_s = slots * compute;
-    o->tp_s = slots * tp;
-    o->dp_s = d > 1 ? dp_values * X / dp_bw : 0.0;
-    o->pp_s = s->p > 1 ? 2.0 * m * s->v * bt * C / t * X / pp_bw : 0.0;
-    o->step_s = o->compute_s + o->tp_s + o->dp_s + o->pp_s;
+    out->t = s->t;
+    out->p = s->p;
+    out->v = s->v;
+    out->d = s->d;
+    out->zero = s->zero;
+    out->recompute = s->recompute;
+    out->sp = s->sp;
+    out->B = s->B;
+    out->m = s->m;
+    out->memory = memory;
+    out->fits = memory <= mach->gpu_bytes;
+    out->compute_s = slots * compute;
+    out->tp_s = slots * tp;
+    out->dp_s = d > 1 ? dp_values * X / dp_bw : 0.0;
+    out->pp_s = s->p > 1 ? 2.0 * m * s->v * bt * C / t * X / pp_bw : 0.0;
+    out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s;
     return 0;
 }
 

@@ -609,9 +609,10 @@ static void test_plan(void) {
     expect(n > 0 && plans[0].v == 2 && plans[0].p > 1 && v1 > 0 && plans[v1].compute_s > plans[0].compute_s,
            "plan: GPT-2 1.5B on 16 GPUs with 64K tokens per step interleaves 2 chunks per stage (a smaller bubble)");
     free(plans);
-    expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits --gpu-mem 8 GiB (-t 1024, -d 8192); the least needs",
+    expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of --gpu-mem 8 GiB (-t 1024, -d 8192); the least needs",
                  "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 8");
     expect_error("--gpu-mem: not positive", "flag --gpu-mem: GiB per GPU must be > 0, got 0", "--plan 8 --gpu-mem 0");
+    expect_error("--plan: -t beyond the model", "flag -t: sequence length 4096 exceeds the model's maximum 1024", "--plan 8 -e d12 -t 4096");
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1611,7 +1612,8 @@ static void test_slurm(void) {
 // --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
 // shard). And its memory estimate is what the CPU engine allocates: params, grads, master weights, AdamW
 // and activations of rank 0 as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64: one
-// rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 keep wte whole).
+// rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 keep wte whole, and
+// p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone).
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (system("command -v mpirun > /dev/null 2>&1") != 0) {
@@ -1629,20 +1631,23 @@ static void test_plan_runs(void) {
     char name[1200];
     snprintf(name, sizeof(name), "--plan 4's command trains: %s", cmd);
     expect(rc == 0 && parse_losses(out, losses, 8) == 2, name);
-    for (int x = 0; x < 6; x++) {  // 1 rank without and with full recomputation; d=2 with ZeRO 0-3
-        int r = x == 1 ? LP_RECOMPUTE_FULL : LP_RECOMPUTE_NONE, d = x < 2 ? 1 : 2, zero = x < 2 ? 0 : x - 2;
+    for (int x = 0; x < 7; x++) {  // 1 rank without and with full recomputation; d=2 with ZeRO 0-3; p=2 d=2
+        int r = x == 1 ? LP_RECOMPUTE_FULL : LP_RECOMPUTE_NONE, d = x < 2 ? 1 : 2, zero = x < 2 ? 0 : x < 6 ? x - 2 : 3;
+        int p = x == 6 ? 2 : 1;  // ZeRO-3 with rank 0's chunk the embedding alone (no layers, no layer buffers)
         rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e d2 -j '' -t 64 -b 4 "
-                     "-x 1 -v 0 --recompute %s --zero %d", d, TRAIN_BIN, lp_recompute_names[r], zero);
+                     "-x 1 -v 0 --recompute %s --zero %d --pp %d --pp-partition %s", d * p, TRAIN_BIN, lp_recompute_names[r], zero, p,
+                     p == 2 ? "0,2" : "balanced");
         float mib[4] = {0, 0, 0, 0};
         const char* mem = strstr(out, "params ");
         int parsed = mem && sscanf(mem, "params %f MiB, grads %f MiB, master+AdamW %f MiB, activations %f MiB", &mib[0], &mib[1],
                                    &mib[2], &mib[3]) == 4;
         LPConfig c;
         lp_config_from_depth(&c, "d2");
-        LPPipeShape shape = {1, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r};
-        double estimate = lp_chunk_memory(&c, &shape, 0, c.num_layers, 1) / 1048576.0, measured = mib[0] + mib[1] + mib[2] + mib[3];
-        snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), d=%d ZeRO-%d recompute %s",
-                 estimate, measured, d, zero, lp_recompute_names[r]);
+        LPPipeShape shape = {p, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r};
+        double estimate = lp_chunk_memory(&c, &shape, 0, p == 2 ? 0 : c.num_layers, 1) / 1048576.0;
+        double measured = mib[0] + mib[1] + mib[2] + mib[3];
+        snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), p=%d d=%d ZeRO-%d recompute %s",
+                 estimate, measured, p, d, zero, lp_recompute_names[r]);
         expect(rc == 0 && parsed && fabs(estimate - measured) <= 0.01 * measured, name);
     }
 }
@@ -1720,7 +1725,6 @@ static void test_recompute(void) {
 #endif  // LLMPAR_CPU
 
 #ifndef LLMPAR_CPU
-// ----------------------------------------------------------------------------------------------------
 // ----------------------------------------------------------------------------------------------------
 // tier 4: every CUDA op against its CPU loop on the same bf16-rounded random inputs
 //

@@ -233,7 +233,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
     if (f->bucket_mb < 0.0f) lp_fail_all("flag --bucket-mb: must be >= 0, got %g", f->bucket_mb);
-    if (f->plan < 0 || f->plan > 1 << 20) lp_fail_all("flag --plan: the number of GPUs must be 1 .. %d, got %d", 1 << 20, f->plan);
+    if (f->plan < 0 || f->plan > 1 << 20) lp_fail_all("flag --plan: the number of GPUs must be 1 .. %d (0: no plan), got %d", 1 << 20, f->plan);
     if (f->gpu_mem <= 0.0f) lp_fail_all("flag --gpu-mem: GiB per GPU must be > 0, got %g", f->gpu_mem);
     if (lp_recompute_parse(f->recompute) < 0)
         lp_fail_all("flag --recompute: must be none, selective or full, got '%s'", f->recompute);
@@ -641,8 +641,9 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
     int n = f->plan;
+    if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * n;
-    LPPlanMachine mach = {f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8};
+    LPPlanMachine mach = {0.9 * f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8};  // 10% for CUDA, cuBLAS, NCCL
     LPPlan* plans;
     int count = lp_plan(&cfg, f->T, tokens, n, &mach, &plans), fit = 0;
     while (fit < count && plans[fit].fits) fit++;
@@ -651,12 +652,12 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     double GiB = 1073741824.0;
     if (fit == 0) {
         if (count == 0) lp_fail_all("--plan %d: no grid of %d GPU(s) can run %s with -t %d and -d %lld", n, n, f->init, f->T, tokens);
-        lp_fail_all("--plan %d: no configuration of %s on %d GPU(s) fits --gpu-mem %g GiB (-t %d, -d %lld); the least needs %.3g GiB",
+        lp_fail_all("--plan %d: no configuration of %s on %d GPU(s) fits 90%% of --gpu-mem %g GiB (-t %d, -d %lld); the least needs %.3g GiB",
                     n, f->init, n, f->gpu_mem, f->T, tokens, least / GiB);
     }
     lp_log("plan: %s (L=%d C=%d NH=%d) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers, cfg.channels,
            cfg.num_heads, n, f->T, tokens);
-    lp_log("machine (assumed): %g GiB per GPU, %.0f TFLOP/s at %.0f%%, %d GPUs per node, %.0f GB/s inside a node and %.0f "
+    lp_log("machine (assumed): %g GiB per GPU (90%% for the plan), %.0f TFLOP/s at %.0f%%, %d GPUs per node, %.0f GB/s inside a node and %.0f "
            "between nodes per GPU; %s memory; nothing overlapped\n", f->gpu_mem, mach.peak_flops / 1e12, mach.efficiency * 100,
            mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)");
     lp_log("%d of %d configurations fit; the fastest %d:\n", fit, count, fit < 10 ? fit : 10);

@@ -2,8 +2,8 @@
 # 3D parallelism on 8 ranks: t=2 (with sequence parallelism) x p=2 (1F1B) x d=2 (ZeRO-1), selective
 # recomputation. `cpu` runs the CPU engine's depth-4 model on this machine (8 single-threaded ranks,
 # oversubscribed: a minute or two); `gpu` the CUDA engine's GPT-2 124M on the 8 GPUs of one node.
-# Every rank prints nothing but rank 0, whose step lines are one rank's view of the whole run; the end
-# reports the tensor-parallel traffic and the pipeline bubble. Flags after the mode are added last.
+# Only rank 0 prints; its step lines are the whole run's (the loss of the full batch), and the end reports
+# the tensor-parallel traffic and the pipeline bubble. Flags after the mode are added last.
 #   bash scripts/run_3d.sh cpu
 #   bash scripts/run_3d.sh gpu -x 500
 set -eu
