@@ -4027,9 +4027,10 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
 //   compute  the busiest chunk's FLOPs (recomputation included) at `efficiency` of the peak, over m v + p - 1
 //            chunk slots (1F1B, v = 1: the bubble is p - 1 of them; interleaved with v = 2 chunks per
 //            stage, each slot is half a stage's work);
-//   TP       4 all-reduces of B T C values per layer and micro-batch (5 under full recomputation, which
-//            reruns the attention projection's), each moving 2 (t-1)/t of them per rank, on the critical
-//            path of every micro-batch (inside a node: t <= gpus_per_node);
+//   TP       4 all-reduces of B T C values per layer and micro-batch, each moving 2 (t-1)/t of them per
+//            rank (with SP as reduce-scatters and all-gathers, half that each); full recomputation reruns
+//            the attention half's: 1 more all-reduce, or with SP 1 reduce-scatter and 2 all-gathers. On the
+//            critical path of every micro-batch, inside a node (t <= gpus_per_node);
 //   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
 //            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
 //            twice per micro-batch; counted as if nothing overlapped;
@@ -4080,7 +4081,8 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
         memory = fmax(memory, stage_memory[k % s->p]);
         params = fmax(params, stage_params[k % s->p]);
         double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
-        double tk = t > 1 ? layers[k] * (s->recompute == LP_RECOMPUTE_FULL ? 5 : 4) * 2.0 * (t - 1) / t * bt * C * X / mach->node_bw : 0.0;
+        double all_reduces = s->recompute == LP_RECOMPUTE_FULL ? (s->sp ? 5.5 : 5.0) : 4.0;
+        double tk = t > 1 ? layers[k] * all_reduces * 2.0 * (t - 1) / t * bt * C * X / mach->node_bw : 0.0;
         if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
     }
     double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
