@@ -83,6 +83,13 @@ static int parse_losses(const char* out, float* losses, int max) {
 
 static void read_master(const LPModel* m, float* w) { lp_copy_to_host(w, m->master, m->num_params * sizeof(float)); }
 
+// Whether mpirun is missing; then the tests of `what` print that they skip.
+static int no_mpirun(const char* what) {
+    if (system("command -v mpirun > /dev/null 2>&1") == 0) return 0;
+    printf("skip: %s (mpirun not found)\n", what);
+    return 1;
+}
+
 #ifdef LLMPAR_CPU
 #define TRAIN_BIN "./train_gpt_cpu"
 static LPProcess single;  // a one-rank grid for calls that take groups
@@ -1050,10 +1057,7 @@ static void expect_same_weights(const char* name, const float* got, const float*
 // agree to 1e-5 relative and weights after 10 AdamW steps (lr 1e-2) to 1e-5 absolute.
 static void test_data_parallel(void) {
     static char out[1 << 18];
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("skip: tier 3 (mpirun not found)\n");
-        return;
-    }
+    if (no_mpirun("tier 3")) return;
     int tokens[4000];
     uint64_t rng = 77;
     for (int i = 0; i < 4000; i++) tokens[i] = lp_rand_u32(&rng) % 97;
@@ -1252,10 +1256,7 @@ static void test_data_parallel(void) {
 // 1e-5 on weights after 10 AdamW steps.
 static void test_tensor_parallel(void) {
     static char out[1 << 18];
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("skip: tier 3 tensor parallelism (mpirun not found)\n");
-        return;
-    }
+    if (no_mpirun("tier 3 tensor parallelism")) return;
     char base[2048];
     snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("dp_shard.bin"));
     float ref[2][64];
@@ -1384,6 +1385,35 @@ static void test_tensor_parallel(void) {
     expect(rc != 0 && strstr(out, "--tp 2: the padded vocabulary 99 does not split evenly over 2 tensor-parallel ranks"),
            "TP error: padded vocabulary not divisible by t");
 }
+// Run `flags` on `ranks` ranks (base: the 4-layer model's run of 4 micro-batches per step; -b keeps the
+// global batch at 8 x 4) into dir, and expect one rank's losses (1e-5 relative) and final weights: to
+// 1e-5 where only the pipeline splits the model, 3e-4 with TP or DP (see test_pipeline_parallel).
+static void expect_grid_equals_one_rank(const char* base, const char* ranks, const char* flags, const char* dir, const float* ref,
+                                        const float* wref, size_t nw) {
+    static char out[1 << 18];
+    const char *tp = strstr(flags, "--tp "), *pp = strstr(flags, "--pp ");
+    int n_ranks = atoi(ranks), t = tp ? atoi(tp + 5) : 1, p = pp ? atoi(pp + 5) : 1, d = n_ranks / t / p;
+    char args[4096], name[512];
+    float got[64];
+    size_t nw2 = 0;
+    snprintf(args, sizeof(args), "%s -b %d %s", base, 8 / d, flags);
+    int n = run_ranks(n_ranks, args, dir, got, out, sizeof(out));
+    float* w = run_weights(dir, 10, &nw2);
+    snprintf(name, sizeof(name), "%s ranks %s: 10 steps run", ranks, flags);
+    expect(n == 10 && w && nw2 == nw, name);
+    if (n != 10 || !w) {
+        printf("%s\n", out);
+        free(w);
+        return;
+    }
+    snprintf(name, sizeof(name), "%s ranks %s: losses equal 1 rank's (1e-5 relative)", ranks, flags);
+    expect_close(name, got, ref, 10, 0.0f, 1e-5f);
+    float tol = n_ranks == p ? 1e-5f : 3e-4f;
+    snprintf(name, sizeof(name), "%s ranks %s: final weights equal 1 rank's (%g)", ranks, flags, tol);
+    expect_same_weights(name, w, wref, nw, tol, 4);
+    free(w);
+}
+
 // Pipeline parallelism: a 4-layer tiny model, 4 micro-batches per step (-d 512 = 4 x 8 x 16), split over
 // p = 2 and 4 stages on every schedule, interleaved with v = 2, uneven partitions (also chunks holding
 // only the embedding or only the head), with ZeRO, and with TP and DP in 3D: 10 steps give the 1-rank
@@ -1394,10 +1424,7 @@ static void test_tensor_parallel(void) {
 // pipeline adds nothing to that.
 static void test_pipeline_parallel(void) {
     static char out[1 << 18];
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("skip: tier 3 pipeline parallelism (mpirun not found)\n");
-        return;
-    }
+    if (no_mpirun("tier 3 pipeline parallelism")) return;
     save_tiny_model(tmp_path("pp_model.bin"), 4, 4242);
     char base[2048], args[4096], dir[LP_PATH_MAX], name[256];
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("pp_model.bin"),
@@ -1432,21 +1459,8 @@ static void test_pipeline_parallel(void) {
         {"8", "--tp 2 --pp 2"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        const char *tp = strstr(cases[k][1], "--tp "), *pp = strstr(cases[k][1], "--pp ");
-        int ranks = atoi(cases[k][0]), d = ranks / (tp ? atoi(tp + 5) : 1) / atoi(pp + 5);  // the global batch stays 8 x 4
-        snprintf(args, sizeof(args), "%s -b %d %s", base, 8 / d, cases[k][1]);
         lp_path(dir, "%s_%zu", tmp_path("pp_case"), k);
-        n = run_ranks(ranks, args, dir, got, out, sizeof(out));
-        float* w = run_weights(dir, 10, &nw2);
-        snprintf(name, sizeof(name), "%s ranks %s: 10 steps run", cases[k][0], cases[k][1]);
-        expect(n == 10 && w && nw2 == nw, name);
-        if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
-        snprintf(name, sizeof(name), "%s ranks %s: losses equal 1 rank's (1e-5 relative)", cases[k][0], cases[k][1]);
-        expect_close(name, got, ref, 10, 0.0f, 1e-5f);
-        float tol = ranks == atoi(pp + 5) ? 1e-5f : 3e-4f;
-        snprintf(name, sizeof(name), "%s ranks %s: final weights equal 1 rank's (%g)", cases[k][0], cases[k][1], tol);
-        expect_same_weights(name, w, wref, nw, tol, 4);
-        free(w);
+        expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw);
     }
 
     // auxiliary losses on layers 1 and 3 (weight 0.5): the pipeline equals the same aux-loss model on 1 rank,
@@ -1616,10 +1630,7 @@ static void test_slurm(void) {
 // p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone).
 static void test_plan_runs(void) {
     static char out[1 << 16];
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("skip: tier 3 --plan (mpirun not found)\n");
-        return;
-    }
+    if (no_mpirun("tier 3 --plan")) return;
     int rc = run_cmd(out, sizeof(out), "%s --plan 4 -e dev/ref/tiny_model.bin -t 16 -d 512", TRAIN_BIN);
     const char* line = strstr(out, "mpirun -np 4 ");
     char cmd[1024] = "";
@@ -1660,10 +1671,7 @@ static void test_plan_runs(void) {
 // do (1e-5 relative losses; weights 1e-5 with only the pipeline, 3e-4 with TP or DP: see the pipeline test).
 static void test_recompute(void) {
     static char out[1 << 18];
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("skip: tier 3 recomputation (mpirun not found)\n");
-        return;
-    }
+    if (no_mpirun("tier 3 recomputation")) return;
     save_tiny_model(tmp_path("rc_model.bin"), 4, 4243);
     char base[2048], args[4096], dir[LP_PATH_MAX], name[256];
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("rc_model.bin"),
@@ -1704,21 +1712,8 @@ static void test_recompute(void) {
         {"8", "--tp 2 --pp 2 --recompute full"},
     };
     for (size_t k = 0; wref[0] && k < sizeof(cases) / sizeof(cases[0]); k++) {
-        const char *tp = strstr(cases[k][1], "--tp "), *pp = strstr(cases[k][1], "--pp ");
-        int ranks = atoi(cases[k][0]), t = tp ? atoi(tp + 5) : 1, p = pp ? atoi(pp + 5) : 1, d = ranks / t / p;
-        snprintf(args, sizeof(args), "%s -b %d %s", base, 8 / d, cases[k][1]);
         lp_path(dir, "%s_%zu", tmp_path("rc_case"), k);
-        int n = run_ranks(ranks, args, dir, got, out, sizeof(out));
-        float* w = run_weights(dir, 10, &nw2);
-        snprintf(name, sizeof(name), "%s ranks %s: 10 steps run", cases[k][0], cases[k][1]);
-        expect(n == 10 && w && nw2 == nw, name);
-        if (n != 10 || !w) { printf("%s\n", out); free(w); continue; }
-        snprintf(name, sizeof(name), "%s ranks %s: losses equal 1 rank's (1e-5 relative)", cases[k][0], cases[k][1]);
-        expect_close(name, got, ref[0], 10, 0.0f, 1e-5f);
-        float tol = ranks == p ? 1e-5f : 3e-4f;
-        snprintf(name, sizeof(name), "%s ranks %s: final weights equal 1 rank's (%g)", cases[k][0], cases[k][1], tol);
-        expect_same_weights(name, w, wref[0], nw, tol, 4);
-        free(w);
+        expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref[0], wref[0], nw);
     }
     free(wref[0]);
 }
@@ -2075,10 +2070,7 @@ static void test_step_vs_cpu_build(void) {
 // fp32); activation recomputation too, alone and in parallel runs.
 static void test_parallel_one_gpu(void) {
     static char out[1 << 16];
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("skip: parallelism on one GPU (mpirun not found)\n");
-        return;
-    }
+    if (no_mpirun("parallelism on one GPU")) return;
     const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -t 16 -x 3 -l 1e-3 -u 0";
     float one[8], two[8];
     int rc = run_cmd(out, sizeof(out), "./train_gpt %s -b 2", args);
@@ -2110,10 +2102,7 @@ static void test_parallel_one_gpu(void) {
 // gradients, ZeRO-3 most weights).
 static void test_zero_memory_one_gpu(void) {
     static char out[1 << 16];
-    if (system("command -v mpirun > /dev/null 2>&1") != 0) {
-        printf("skip: ZeRO memory on one GPU (mpirun not found)\n");
-        return;
-    }
+    if (no_mpirun("ZeRO memory on one GPU")) return;
     float used[4] = {0, 0, 0, 0};
     for (int zero = 0; zero <= 3; zero++) {
         run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe ./train_gpt -e d12 -b 1 -t 64 -x 1 -v 0 -s 0 --zero %d", zero);
