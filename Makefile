@@ -1,7 +1,10 @@
-# llmpar: `make train_gpt` (CUDA), `make train_gpt_cpu` (CPU), `make test`.
+# llmpar: `make train_gpt` (CUDA), `make train_gpt_cpu` (CPU), `make train_gpt_emu` (CUDA emulated on the
+# CPU), `make test`, `make test-emu`.
 #
 # The CPU build compiles the same train_gpt.cu as C with mpicc. The CUDA build uses MPI when mpicc is
-# found (multi-rank runs) and builds a single-rank binary without it.
+# found (multi-rank runs) and builds a single-rank binary without it. The emulated build compiles the
+# CUDA sources as host C++ with dev/cudaemu in place of the GPU, cuBLASLt and NCCL (needs only the CUDA
+# toolkit's headers, no GPU or driver).
 
 NVCC ?= nvcc
 MPICC ?= mpicc
@@ -14,20 +17,27 @@ NVCC_LIBS = -lcublasLt -lcublas
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 NCCL_H := $(wildcard /usr/include/nccl.h $(CUDA_HOME)/include/nccl.h)
 
+EMU_CXX ?= g++
+EMU_FLAGS = -std=c++17 -O2 -Wall -Wextra -Werror -fopenmp -pthread -I$(CUDA_HOME)/include
+EMU_MPI =
+
 # MPI when mpicc exists: the CPU build compiles with it, the CUDA build takes its include and link flags.
 # Without it both builds are single-rank and say so when asked for more ranks.
 MPI_LIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
 ifneq ($(strip $(MPI_LIBS)),)
   CC_CPU = $(MPICC) -DLLMPAR_MPI
   NVCC_MPI = -DLLMPAR_MPI $(filter -I% -D%,$(shell $(MPICC) --showme:compile)) $(filter -L% -l%,$(MPI_LIBS))
+  EMU_MPI = -DLLMPAR_MPI $(filter -I% -D%,$(shell $(MPICC) --showme:compile))
+  EMU_LIBS = $(filter -L% -l%,$(MPI_LIBS))
   ifneq ($(NCCL_H),)
     NVCC_MPI += -DLLMPAR_NCCL -lnccl
+    EMU_MPI += -DLLMPAR_NCCL
   endif
 else
   CC_CPU = $(CC)
 endif
 
-.PHONY: all test clean
+.PHONY: all test test-emu clean
 
 all: train_gpt_cpu test_gpt_cpu
 
@@ -43,9 +53,26 @@ train_gpt: train_gpt.cu llmpar.h
 test_gpt: test_gpt.cu llmpar.h
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) test_gpt.cu -o $@ $(NVCC_LIBS)
 
-# Tiers 1-3 on the CPU build; tier 4 with the CUDA build when a GPU is present. Ends with the totals.
+dev/cudaemu/cudaemu.o: dev/cudaemu/cudaemu.cpp dev/cudaemu/cudaemu.h
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -c $< -o $@
+
+train_gpt_emu: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h train_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
+test_gpt_emu: test_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h test_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
+dev/cudaemu/test_cudaemu: dev/cudaemu/test_cudaemu.cu dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $< -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
+# Tiers 1-3 on the CPU build; tier 4 with the CUDA build on a GPU, or else under the emulator. Ends with
+# the totals.
 test: train_gpt_cpu test_gpt_cpu
 	@bash scripts/run_tests.sh
 
+# Tier 4 under the emulator alone (and the emulator's own tests).
+test-emu: train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu
+	@bash scripts/run_tests.sh emu
+
 clean:
-	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu
+	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu

@@ -17,7 +17,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
 OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
-The model code calls LP(op), which picks the build's implementation: lp_op_cpu or lp_op_gpu.
+The model code calls LP(op), which picks the build's implementation: lp_op_cpu or lp_op_gpu. Without a GPU
+the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of nvcc, LLMPAR_CUDAEMU).
 */
 #ifndef LLMPAR_H
 #define LLMPAR_H
@@ -1321,6 +1322,18 @@ static inline LP_HD float lp_gelu_grad(float x) {
 #define LP_THREADS 256
 static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
+// Launch a kernel on the compute stream and check the launch. LP_SHARED is the launch's dynamic shared
+// memory as an array. Under the CUDA emulator (dev/cudaemu, no GPU) the same lines run on the CPU.
+#ifndef LLMPAR_CUDAEMU
+#define LP_LAUNCH(kernel, grid, block, shmem, ...) \
+    do { kernel<<<grid, block, shmem>>>(__VA_ARGS__); cudaCheck(cudaGetLastError()); } while (0)
+#define LP_SHARED(type, name) extern __shared__ type name[]
+#else
+#define LP_LAUNCH(kernel, grid, block, shmem, ...) \
+    do { cudaemu_launch(#kernel, kernel, grid, block, shmem, 0, __VA_ARGS__); cudaCheck(cudaGetLastError()); } while (0)
+#define LP_SHARED(type, name) type* name = (type*)cudaemu_dynamic_shared()
+#endif
+
 static __device__ inline float lp_bf(floatX x) { return __bfloat162float(x); }
 static __device__ inline floatX lp_xf(float x) { return __float2bfloat16_rn(x); }
 
@@ -1478,8 +1491,7 @@ __global__ void lp_embedding_forward_kernel(floatX* out, const int* tokens, cons
 }
 static inline void lp_embedding_forward_gpu(floatX* out, const int* tokens, const floatX* wte, int v0, int Vl, int N, int C) {
     size_t n = (size_t)N * C;
-    lp_embedding_forward_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(out, tokens, wte, v0, Vl, N, C);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_embedding_forward_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, tokens, wte, v0, Vl, N, C);
 }
 
 // dwte: one thread per (distinct token, channel) sums that token's positions in order.
@@ -1526,8 +1538,7 @@ static inline void lp_embedding_backward_gpu(floatX* dwte, const floatX* dout, c
     free(count);
     free(index);
     dim3 grid(U, lp_grid(C, LP_THREADS));
-    lp_embedding_backward_kernel<<<grid, LP_THREADS>>>(dwte, dout, d_index, U, C);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_embedding_backward_kernel, grid, LP_THREADS, 0, dwte, dout, d_index, U, C);
 }
 
 __global__ void lp_positions_forward_kernel(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C) {
@@ -1537,8 +1548,7 @@ __global__ void lp_positions_forward_kernel(floatX* out, const floatX* inp, cons
 }
 static inline void lp_positions_forward_gpu(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C) {
     size_t n = (size_t)rows * C;
-    lp_positions_forward_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(out, inp, wpe, row0, rows, T, C);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_positions_forward_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, inp, wpe, row0, rows, T, C);
 }
 __global__ void lp_positions_backward_kernel(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
     size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (t, c)
@@ -1549,8 +1559,7 @@ __global__ void lp_positions_backward_kernel(floatX* dwpe, const floatX* dout, i
     dwpe[k] = lp_xf(lp_bf(dwpe[k]) + s);
 }
 static inline void lp_positions_backward_gpu(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
-    lp_positions_backward_kernel<<<lp_grid((size_t)T * C, LP_THREADS), LP_THREADS>>>(dwpe, dout, row0, rows, T, C);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_positions_backward_kernel, lp_grid((size_t)T * C, LP_THREADS), LP_THREADS, 0, dwpe, dout, row0, rows, T, C);
 }
 #endif
 
@@ -1652,16 +1661,14 @@ __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float
 }
 static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
                                             const floatX* b, int N, int C) {
-    lp_layernorm_forward_kernel<<<lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS>>>(NULL, out, mean, rstd, inp, NULL, NULL, w,
-                                                                                      b, N, C);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_layernorm_forward_kernel, lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS, 0, NULL, out, mean, rstd, inp,
+              NULL, NULL, w, b, N, C);
 }
 static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* out, float* mean, float* rstd,
                                                      const floatX* inp1, const floatX* inp2, const floatX* bias,
                                                      const floatX* w, const floatX* b, int N, int C) {
-    lp_layernorm_forward_kernel<<<lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS>>>(residual, out, mean, rstd, inp1, inp2,
-                                                                                      bias, w, b, N, C);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_layernorm_forward_kernel, lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS, 0, residual, out, mean, rstd, inp1,
+              inp2, bias, w, b, N, C);
 }
 
 // Backward in two passes, deterministic: each 32-thread block walks a fixed set of rows, adds into dinp,
@@ -1670,7 +1677,7 @@ static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* o
 #define LP_LN_BLOCKS 512
 __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    extern __shared__ float share[];  // dw then db, C each; only lane c % 32 touches share[c] and share[C + c]
+    LP_SHARED(float, share);  // dw then db, C each; only lane c % 32 touches share[c] and share[C + c]
     int lane = threadIdx.x;
     for (int c = lane; c < C; c += 32) share[c] = share[C + c] = 0.0f;
     for (int row = blockIdx.x; row < N; row += gridDim.x) {
@@ -1707,12 +1714,9 @@ static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* d
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
     int blocks = N < LP_LN_BLOCKS ? N : LP_LN_BLOCKS;
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
-    lp_layernorm_backward_kernel<<<blocks, 32, 2 * C * sizeof(float)>>>(dinp, partials, dout, inp, w, mean, rstd, N, C);
-    cudaCheck(cudaGetLastError());
-    lp_sum_partials_kernel<<<lp_grid(C, LP_THREADS), LP_THREADS>>>(dw, partials, blocks, 2 * C, C);
-    cudaCheck(cudaGetLastError());
-    lp_sum_partials_kernel<<<lp_grid(C, LP_THREADS), LP_THREADS>>>(db, partials + C, blocks, 2 * C, C);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32, 2 * C * sizeof(float), dinp, partials, dout, inp, w, mean, rstd, N, C);
+    LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, dw, partials, blocks, 2 * C, C);
+    LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, db, partials + C, blocks, 2 * C, C);
 }
 #endif
 
@@ -1801,8 +1805,7 @@ __global__ void lp_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n)
     if (i < n) out[i] = lp_xf(lp_gelu(lp_bf(inp[i])));
 }
 static inline void lp_gelu_forward_gpu(floatX* out, const floatX* inp, size_t n) {
-    lp_gelu_forward_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(out, inp, n);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_gelu_forward_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, inp, n);
 }
 static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
                                          const floatX* bias, int N, int C, int OC) {
@@ -1833,10 +1836,8 @@ static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX*
     if (dbias) {
         float* partials = (float*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * OC * sizeof(float), "reduction partials");
         dim3 grid(lp_grid(OC, LP_THREADS), LP_BIAS_CHUNKS);
-        lp_bias_partials_kernel<<<grid, LP_THREADS>>>(partials, dout, N, OC);
-        cudaCheck(cudaGetLastError());
-        lp_sum_partials_kernel<<<lp_grid(OC, LP_THREADS), LP_THREADS>>>(dbias, partials, LP_BIAS_CHUNKS, OC, OC);
-        cudaCheck(cudaGetLastError());
+        LP_LAUNCH(lp_bias_partials_kernel, grid, LP_THREADS, 0, partials, dout, N, OC);
+        LP_LAUNCH(lp_sum_partials_kernel, lp_grid(OC, LP_THREADS), LP_THREADS, 0, dbias, partials, LP_BIAS_CHUNKS, OC, OC);
     }
 }
 
@@ -1845,8 +1846,7 @@ __global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const f
     if (i < N) dinp[i] = lp_xf(lp_gelu_grad(lp_bf(inp[i])) * lp_bf(dout[i]));
 }
 static inline void lp_gelu_backward_gpu(floatX* dinp, const floatX* inp, const floatX* dout, int N) {
-    lp_gelu_backward_kernel<<<lp_grid(N, LP_THREADS), LP_THREADS>>>(dinp, inp, dout, N);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_gelu_backward_kernel, lp_grid(N, LP_THREADS), LP_THREADS, 0, dinp, inp, dout, N);
 }
 #endif
 
@@ -2026,8 +2026,8 @@ static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B
     long long sh = (long long)T * HS, st = (long long)T * T;
     // att (T1,T2) row-major = q k^T per (b,h): column-major m=T2, n=T1, k=HS with k transposed
     lp_gemm(1, 0, T, T, HS, qkvr + plane, HS, sh, qkvr, HS, sh, att, T, st, BNH, 1.0f, 0.0f, NULL, NULL);
-    lp_softmax_causal_kernel<<<lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS>>>(att, BNH * T, T, lp_attention_scale(C, NH));
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_softmax_causal_kernel, lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS, 0, att, BNH * T, T,
+              lp_attention_scale(C, NH));
 }
 
 static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C,
@@ -2036,13 +2036,11 @@ static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* a
     size_t plane = (size_t)B * NH * T * HS;
     long long sh = (long long)T * HS, st = (long long)T * T;
     const floatX* v = qkvr + 2 * plane;
-    lp_permute_qkv_kernel<<<lp_grid(3 * plane, LP_THREADS), LP_THREADS>>>(qkvr, qkv, B, T, C, NH, 0);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_permute_qkv_kernel, lp_grid(3 * plane, LP_THREADS), LP_THREADS, 0, qkvr, qkv, B, T, C, NH, 0);
     lp_attention_probs_gpu(att, qkvr, B, T, C, NH);
     // y (T,HS) = att v per (b,h), into the qkv buffer (free now: backward reads qkvr)
     lp_gemm(0, 0, HS, T, T, v, HS, sh, att, T, st, qkv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);
-    lp_permute_heads_kernel<<<lp_grid(plane, LP_THREADS), LP_THREADS>>>(out, qkv, B, T, C, NH, 1);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_permute_heads_kernel, lp_grid(plane, LP_THREADS), LP_THREADS, 0, out, qkv, B, T, C, NH, 1);
 }
 
 static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch,
@@ -2053,17 +2051,14 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
     long long sh = (long long)T * HS, st = (long long)T * T;
     const floatX *q = qkvr, *k = qkvr + plane, *v = qkvr + 2 * plane;
     floatX *dq = dqkvr, *dk = dqkvr + plane, *dv = dqkvr + 2 * plane, *dy = scratch;
-    lp_permute_heads_kernel<<<lp_grid(plane, LP_THREADS), LP_THREADS>>>(dy, dout, B, T, C, NH, 0);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_permute_heads_kernel, lp_grid(plane, LP_THREADS), LP_THREADS, 0, dy, dout, B, T, C, NH, 0);
     lp_gemm(1, 0, T, T, HS, v, HS, sh, dy, HS, sh, datt, T, st, BNH, 1.0f, 0.0f, NULL, NULL);  // datt = dy v^T
     lp_gemm(0, 1, HS, T, T, dy, HS, sh, att, T, st, dv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dv = att^T dy
-    lp_softmax_causal_backward_kernel<<<lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS>>>(datt, att, BNH * T, T,
-                                                                                               lp_attention_scale(C, NH));
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_softmax_causal_backward_kernel, lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS, 0, datt, att, BNH * T,
+              T, lp_attention_scale(C, NH));
     lp_gemm(0, 0, HS, T, T, k, HS, sh, datt, T, st, dq, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dq = dpre k
     lp_gemm(0, 1, HS, T, T, q, HS, sh, datt, T, st, dk, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dk = dpre^T q
-    lp_permute_qkv_kernel<<<lp_grid(3 * plane, LP_THREADS), LP_THREADS>>>(dqkv, dqkvr, B, T, C, NH, 1);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_permute_qkv_kernel, lp_grid(3 * plane, LP_THREADS), LP_THREADS, 0, dqkv, dqkvr, B, T, C, NH, 1);
 }
 #endif
 
@@ -2143,8 +2138,7 @@ __global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, c
 }
 static inline void lp_classifier_stats_gpu(float* stats, const floatX* logits, const int* targets, int N, int Vl, int v0, int V) {
     int real = V - v0 < Vl ? V - v0 : Vl;
-    lp_classifier_stats_kernel<<<N, 1024>>>(stats, logits, targets, Vl, v0, real);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_classifier_stats_kernel, N, 1024, 0, stats, logits, targets, Vl, v0, real);
 }
 __global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, const float* stats, int t, float dloss,
                                           const int* targets, int N, int Vl, int v0, int V) {
@@ -2159,8 +2153,7 @@ __global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, const f
 }
 static inline void lp_classifier_grad_gpu(floatX* logits, float* losses, const float* stats, int t, float dloss,
                                           const int* targets, int N, int Vl, int v0, int V) {
-    lp_classifier_grad_kernel<<<N, 1024>>>(logits, losses, stats, t, dloss, targets, N, Vl, v0, V);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_classifier_grad_kernel, N, 1024, 0, logits, losses, stats, t, dloss, targets, N, Vl, v0, V);
 }
 #endif
 
@@ -2176,8 +2169,7 @@ __global__ void lp_add_scaled_kernel(floatX* dst, const floatX* src, size_t n, f
 }
 static inline void lp_add_scaled_gpu(floatX* dst, const floatX* src, size_t n, float scale) {
     if (n == 0) return;
-    lp_add_scaled_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(dst, src, n, scale);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_add_scaled_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dst, src, n, scale);
 }
 #endif
 
@@ -2231,9 +2223,8 @@ __global__ void lp_adamw_kernel(floatX* params, float* master, const floatX* gra
 static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
                                 float weight_decay, float grad_scale, uint32_t seed) {
-    lp_adamw_kernel<<<lp_grid(n, LP_THREADS), LP_THREADS>>>(params, master, grads, m, v, n, lr, beta1, beta2, beta1_corr,
-                                                             beta2_corr, eps, weight_decay, grad_scale, seed);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_adamw_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, params, master, grads, m, v, n, lr, beta1, beta2,
+              beta1_corr, beta2_corr, eps, weight_decay, grad_scale, seed);
 }
 #endif
 
@@ -2265,10 +2256,8 @@ __global__ void lp_sum_kernel(float* out, const float* partials, int n) {  // on
 }
 static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
     float* partials = (float*)lp_scratch(&lp_partials, (LP_NORM_BLOCKS + 1) * sizeof(float), "reduction partials");
-    lp_norm_squared_kernel<<<LP_NORM_BLOCKS, LP_THREADS>>>(partials, x, n);
-    cudaCheck(cudaGetLastError());
-    lp_sum_kernel<<<1, LP_THREADS>>>(partials + LP_NORM_BLOCKS, partials, LP_NORM_BLOCKS);
-    cudaCheck(cudaGetLastError());
+    LP_LAUNCH(lp_norm_squared_kernel, LP_NORM_BLOCKS, LP_THREADS, 0, partials, x, n);
+    LP_LAUNCH(lp_sum_kernel, 1, LP_THREADS, 0, partials + LP_NORM_BLOCKS, partials, LP_NORM_BLOCKS);
     float result;
     lp_copy_to_host(&result, partials + LP_NORM_BLOCKS, sizeof(float));
     return result;

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# `make test`: tiers 1-3 on the CPU build (./test_gpt_cpu), two steps of each CPU run script, then tier 4
-# on the CUDA build (./test_gpt) when nvcc and a GPU are present. With nvcc but no GPU, both CUDA binaries
-# are still built, so the CUDA code keeps compiling warning-free and tier 1 checks ./train_gpt's "no GPU"
-# error. Prints the totals last.
+# `make test`: tiers 1-3 on the CPU build (./test_gpt_cpu), two steps of each CPU run script, then tier 4:
+# on the CUDA build (./test_gpt) when a GPU is present, else on the CUDA emulator (./test_gpt_emu, after
+# the emulator's own tests). With nvcc but no GPU, both CUDA binaries are still built, so the CUDA code
+# keeps compiling warning-free and tier 1 checks ./train_gpt's "no GPU" error.
+# `run_tests.sh emu` (make test-emu): the emulated tier alone. Prints the totals last.
 set -u
 cd "$(dirname "$0")/.."
 passed=0
 failed=0
+[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # mpirun refuses root unless told
 
 run_tier() {  # run a test binary, echo its output, add its closing "N passed, N failed" to the totals
     local log
@@ -25,6 +27,25 @@ run_tier() {  # run a test binary, echo its output, add its closing "N passed, N
     local f=${line#*passed, }
     failed=$((failed + ${f%% failed*}))
 }
+
+# tier 4 on the CUDA emulator: the emulator's own tests, then the CUDA engine's
+emulated_tier() {
+    if ! make -s train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu; then
+        echo "FAIL the emulated CUDA build (make train_gpt_emu test_gpt_emu)"
+        failed=$((failed + 1))
+        return
+    fi
+    echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests"
+    run_tier dev/cudaemu/test_cudaemu
+    run_tier ./test_gpt_emu
+}
+
+if [ "${1:-}" = emu ]; then
+    emulated_tier
+    echo "$passed passed, $failed failed"
+    [ "$failed" = 0 ]
+    exit
+fi
 
 has_gpu=0
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then has_gpu=1; fi
@@ -58,8 +79,7 @@ rm -f /tmp/llmpar_nompi_$$
 
 run_tier ./test_gpt_cpu
 
-# the run scripts still run (two steps each, into a temporary directory; mpirun refuses root unless told)
-[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# the run scripts still run (two steps each, into a temporary directory)
 smoke_dir=$(mktemp -d)
 for run in "run_tiny.sh" "run_3d.sh cpu"; do
     if [ "$run" != run_tiny.sh ] && ! command -v mpirun > /dev/null 2>&1; then
@@ -76,8 +96,10 @@ done
 rm -rf "$smoke_dir"
 if [ "$has_gpu" = 1 ] && [ -x ./test_gpt ]; then
     run_tier ./test_gpt
+elif command -v nvcc > /dev/null 2>&1; then
+    emulated_tier
 else
-    echo "skip: tier 4 (no GPU here)"
+    echo "skip: tier 4 (no GPU here, and no CUDA toolkit headers for the emulator)"
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

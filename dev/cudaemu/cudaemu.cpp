@@ -1,0 +1,1565 @@
+// cudaemu.cpp: the CUDA emulator's runtime (see cudaemu.h). Sections:
+//   1. errors and settings       5. streams, events and the device thread
+//   2. fibers                    6. kernel launches and the race check
+//   3. a block of threads        7. the CUDA runtime API
+//   4. device memory             8. cuBLASLt          9. NCCL over MPI
+#include "cudaemu.h"
+#ifdef LLMPAR_MPI
+#undef MPI_Init  // here they are MPI's own
+#undef MPI_Finalize
+#endif
+
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+// ----------------------------------------------------------------------------------------------------
+// 1. errors and settings
+
+// What a GPU would report asynchronously (a fault inside a kernel, a corrupted allocation) stops the
+// process with one line; what CUDA returns as a code is returned, with the detail in cudaGetErrorString.
+[[noreturn]] static void emu_fatal(const char* fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    fprintf(stderr, "cudaemu: error: %s\n", msg);
+    fflush(stderr);
+    _exit(1);
+}
+
+enum { ORDER_FORWARD, ORDER_REVERSE, ORDER_SHUFFLE };
+static struct {
+    size_t capacity;  // CUDAEMU_MEMORY_GIB, default 80: the emulated device's memory
+    int order;        // CUDAEMU_ORDER=forward|reverse|shuffle: blocks and threads within a block
+    uint64_t seed;    // CUDAEMU_SEED: the shuffle and the streams' order
+    int racecheck;    // CUDAEMU_RACECHECK=1, or cudaemu_racecheck(1)
+    int eager;        // CUDAEMU_EAGER=1: run queued work at once instead of when the host waits or idles
+    int shared_gpu;   // CUDAEMU_SHARED_GPU=1: every rank reports the same PCI bus id (ranks sharing a GPU)
+} cfg;
+
+static void read_settings(void) {
+    const char* s = getenv("CUDAEMU_MEMORY_GIB");
+    cfg.capacity = (size_t)((s ? atof(s) : 80.0) * (1 << 30));
+    s = getenv("CUDAEMU_ORDER");
+    cfg.order = !s || !strcmp(s, "forward") ? ORDER_FORWARD : !strcmp(s, "reverse") ? ORDER_REVERSE
+              : !strcmp(s, "shuffle") ? ORDER_SHUFFLE : -1;
+    if (cfg.order < 0) emu_fatal("CUDAEMU_ORDER must be forward, reverse or shuffle, got '%s'", s);
+    s = getenv("CUDAEMU_SEED");
+    cfg.seed = s ? strtoull(s, NULL, 10) : 1;
+    s = getenv("CUDAEMU_RACECHECK");
+    cfg.racecheck = s && atoi(s);
+    s = getenv("CUDAEMU_EAGER");
+    cfg.eager = s && atoi(s);
+    s = getenv("CUDAEMU_SHARED_GPU");
+    cfg.shared_gpu = s && atoi(s);
+}
+
+static uint64_t rng_next(uint64_t* s) {  // splitmix64
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// n items in the order asked for
+static void order_items(std::vector<int>& v, int n, int order, uint64_t* rng) {
+    v.resize(n);
+    for (int i = 0; i < n; i++) v[i] = order == ORDER_REVERSE ? n - 1 - i : i;
+    if (order == ORDER_SHUFFLE)
+        for (int i = n - 1; i > 0; i--) std::swap(v[i], v[rng_next(rng) % (uint64_t)(i + 1)]);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 2. fibers: each GPU thread runs on its own small stack; switching saves the callee-saved registers
+
+extern "C" void cudaemu_ctx_switch(void** save_sp, void* to_sp);
+extern "C" void cudaemu_ctx_entry(void);
+#if defined(__x86_64__)
+__asm__(
+    ".text\n"
+    ".globl cudaemu_ctx_switch\n"
+    ".type cudaemu_ctx_switch,@function\n"
+    "cudaemu_ctx_switch:\n"  // (rdi: where to save this stack pointer, rsi: the stack to resume)
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size cudaemu_ctx_switch,.-cudaemu_ctx_switch\n"
+    ".globl cudaemu_ctx_entry\n"
+    ".type cudaemu_ctx_entry,@function\n"
+    "cudaemu_ctx_entry:\n"  // a new fiber starts here: fn (r13) of arg (r12); fn never returns
+    "  movq %r12, %rdi\n  callq *%r13\n  ud2\n"
+    ".size cudaemu_ctx_entry,.-cudaemu_ctx_entry\n");
+#else
+#error "cudaemu: the fiber switch is written for x86-64"
+#endif
+
+static const size_t kStackBytes = 256 << 10;
+static const size_t kPage = 4096;
+
+// A stack for a fiber that will call fn(arg) when first switched to: the frame cudaemu_ctx_switch pops.
+// (The floating-point control words are not switched: no kernel changes rounding modes.)
+static void* fiber_stack_init(char* stack, void (*fn)(void*), void* arg) {
+    uint64_t* sp = (uint64_t*)(stack + kPage + kStackBytes - 72);  // 16-byte aligned at the call in entry
+    memset(sp, 0, 48);
+    sp[2] = (uint64_t)(uintptr_t)fn;   // r13
+    sp[3] = (uint64_t)(uintptr_t)arg;  // r12
+    sp[6] = (uint64_t)(uintptr_t)cudaemu_ctx_entry;
+    return sp;
+}
+
+// Stacks are reused: a thread that finishes without waiting hands its stack to the next one, so a
+// kernel without barriers costs one stack, not one per thread. The lowest page of each is a guard.
+struct StackPool {
+    std::vector<char*> free_stacks;
+    char* get() {
+        if (!free_stacks.empty()) {
+            char* s = free_stacks.back();
+            free_stacks.pop_back();
+            return s;
+        }
+        void* p = mmap(NULL, kPage + kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) emu_fatal("cannot map a fiber stack");
+        mprotect(p, kPage, PROT_NONE);
+        return (char*)p;
+    }
+    void put(char* s) { free_stacks.push_back(s); }
+};
+static thread_local StackPool stack_pool;
+
+// ----------------------------------------------------------------------------------------------------
+// 3. a block of threads: run until every thread is done, releasing barriers and warp operations
+
+enum { F_NEW, F_RUN, F_BARRIER, F_WARP, F_DONE };
+struct Fiber {
+    cudaemu_thread t;  // first: cudaemu_self points here
+    void* sp;
+    char* stack;
+    int linear, state;
+    const char* site;  // the barrier or warp operation it waits at
+    int kind, arg, width;
+    unsigned mask;
+    uint64_t in, out;
+};
+struct BlockRun {
+    cudaemu_block blk;
+    std::vector<Fiber> f;
+    int n, done, at_barrier, order;
+    std::vector<int> warp_waiting;  // per warp: lanes waiting at a warp operation
+    std::deque<int> runq;
+    void* sched_sp;
+    const std::function<void()>* body;
+    const char* kernel;
+    uint64_t rng;
+};
+thread_local cudaemu_thread* cudaemu_self;
+thread_local cudaemu_block* cudaemu_blk;
+static thread_local BlockRun* cur_run;
+
+static Fiber* cur_fiber(const char* what) {
+    if (!cur_run) emu_fatal("%s called outside a kernel", what);
+    return (Fiber*)cudaemu_self;
+}
+
+static void fiber_main(void* arg) {
+    Fiber* f = (Fiber*)arg;
+    (*cur_run->body)();
+    f->state = F_DONE;
+    cudaemu_ctx_switch(&f->sp, cur_run->sched_sp);
+}
+
+static void yield_to_scheduler(Fiber* f) { cudaemu_ctx_switch(&f->sp, cur_run->sched_sp); }
+
+// Make threads runnable again (lanes of a warp, or the whole block). Forward and reversed run them next,
+// so a warp runs ahead as far as it can before the others move (lower or higher warps first); shuffled
+// picks the next thread at random from all that can run.
+static void wake(BlockRun* R, std::vector<int>& ids) {
+    if (R->order == ORDER_REVERSE) std::sort(ids.rbegin(), ids.rend());
+    else std::sort(ids.begin(), ids.end());
+    for (int i : ids) R->f[i].state = F_RUN;
+    R->runq.insert(R->runq.begin(), ids.begin(), ids.end());
+}
+
+static std::string block_name(const BlockRun* R) {
+    char b[160];
+    snprintf(b, sizeof(b), "%s block (%u,%u,%u)", R->kernel, R->blk.idx.x, R->blk.idx.y, R->blk.idx.z);
+    return b;
+}
+
+static bool same_site(const char* a, const char* b) { return a == b || strcmp(a, b) == 0; }
+
+void cudaemu_syncthreads(const char* site) {
+    Fiber* f = cur_fiber("__syncthreads");
+    BlockRun* R = cur_run;
+    f->state = F_BARRIER;
+    f->site = site;
+    if (++R->at_barrier == R->n) {
+        std::vector<int> all;
+        for (int i = 0; i < R->n; i++) {
+            if (!same_site(R->f[i].site, site))
+                emu_fatal("%s: threads wait at different barriers, %s and %s (__syncthreads in divergent code)",
+                          block_name(R).c_str(), site, R->f[i].site);
+            all.push_back(i);
+        }
+        R->at_barrier = 0;
+        wake(R, all);
+    }
+    yield_to_scheduler(f);
+}
+
+uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width) {
+    Fiber* f = cur_fiber("a warp operation");
+    BlockRun* R = cur_run;
+    int lane = f->linear % 32, base = f->linear - lane, lanes = std::min(32, R->n - base);
+    if (!(mask >> lane & 1u))
+        emu_fatal("%s thread %d: %s: the mask 0x%08x leaves out the calling lane %d", block_name(R).c_str(), f->linear, site,
+                  mask, lane);
+    if (lanes < 32 && (mask >> lanes))
+        emu_fatal("%s: %s: the mask 0x%08x names lanes this block's last warp does not have (%d lanes)",
+                  block_name(R).c_str(), site, mask, lanes);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        emu_fatal("%s: %s: width %d is not a power of 2 up to 32", block_name(R).c_str(), site, width);
+    f->state = F_WARP;
+    f->site = site;
+    f->kind = kind;
+    f->mask = mask;
+    f->in = bits;
+    f->arg = arg;
+    f->width = width;
+    int& waiting = R->warp_waiting[f->linear / 32];
+    bool all = ++waiting >= __builtin_popcount(mask);  // then look closer: are they all this mask's lanes?
+    for (int l = 0; all && l < 32; l++) {
+        if (!(mask >> l & 1u)) continue;
+        Fiber& g = R->f[base + l];
+        if (g.state != F_WARP) {
+            all = false;
+            continue;
+        }
+        if (g.mask != mask || g.kind != kind || !same_site(g.site, site))
+            emu_fatal("%s: lanes %d and %d of one warp wait at different warp operations (%s, mask 0x%08x; %s, mask 0x%08x)",
+                      block_name(R).c_str(), lane, l, site, mask, g.site, g.mask);
+    }
+    if (all) {
+        std::vector<int> ids;
+        unsigned ballot = 0;
+        for (int l = 0; l < 32; l++)
+            if ((mask >> l & 1u) && R->f[base + l].in) ballot |= 1u << l;
+        for (int l = 0; l < 32; l++) {
+            if (!(mask >> l & 1u)) continue;
+            Fiber& g = R->f[base + l];
+            int seg = l - l % width, src = l;
+            if (kind == CUDAEMU_SHFL_IDX) src = seg + ((arg % width) + width) % width;
+            else if (kind == CUDAEMU_SHFL_XOR) src = (l ^ arg) < seg + width ? l ^ arg : l;
+            else if (kind == CUDAEMU_SHFL_UP) src = l - arg >= seg ? l - arg : l;
+            else if (kind == CUDAEMU_SHFL_DOWN) src = l + arg < seg + width ? l + arg : l;
+            if (src < 0 || src >= 32 || !(mask >> src & 1u))
+                emu_fatal("%s: %s: lane %d reads lane %d, which is not in the mask 0x%08x", block_name(R).c_str(), site, l, src, mask);
+            g.out = kind == CUDAEMU_BALLOT ? ballot : kind == CUDAEMU_SYNCWARP ? 0 : R->f[base + src].in;
+            ids.push_back(base + l);
+        }
+        waiting -= (int)ids.size();
+        wake(R, ids);
+    }
+    yield_to_scheduler(f);
+    return f->out;
+}
+
+void* cudaemu_dynamic_shared(void) {
+    cur_fiber("dynamic shared memory");
+    return cur_run->blk.dynamic_shared;
+}
+
+// Nothing can run and some threads wait: say who waits for what.
+[[noreturn]] static void block_stuck(BlockRun* R) {
+    for (int i = 0; i < R->n; i++) {
+        Fiber& f = R->f[i];
+        if (f.state == F_WARP) {
+            int base = i - i % 32;
+            for (int l = 0; l < 32; l++) {
+                if (!(f.mask >> l & 1u)) continue;
+                Fiber& g = R->f[base + l];
+                if (g.state == F_DONE)
+                    emu_fatal("%s: lane %d waits at %s (mask 0x%08x) for lane %d, which has exited (a shuffle with inactive lanes)",
+                              block_name(R).c_str(), i % 32, f.site, f.mask, l);
+                if (g.state == F_BARRIER)
+                    emu_fatal("%s: deadlock: lane %d waits at %s for lane %d, which waits at the barrier %s",
+                              block_name(R).c_str(), i % 32, f.site, l, g.site);
+            }
+        }
+    }
+    for (int i = 0; i < R->n; i++)
+        if (R->f[i].state == F_BARRIER)
+            emu_fatal("%s: the barrier %s is reached by %d of %d threads; %d exited without it (__syncthreads in divergent code)",
+                      block_name(R).c_str(), R->f[i].site, R->at_barrier, R->n, R->done);
+    emu_fatal("%s: threads wait and none can run", block_name(R).c_str());
+}
+
+static void run_block(BlockRun* R, const std::vector<int>& first_order) {
+    R->done = R->at_barrier = 0;
+    R->warp_waiting.assign((R->n + 31) / 32, 0);
+    R->runq.assign(first_order.begin(), first_order.end());
+    for (int i = 0; i < R->n; i++) R->f[i].state = F_NEW;
+    while (!R->runq.empty()) {
+        size_t at = R->order == ORDER_SHUFFLE ? rng_next(&R->rng) % R->runq.size() : 0;
+        int i = R->runq[at];
+        R->runq.erase(R->runq.begin() + at);
+        Fiber* f = &R->f[i];
+        if (f->state == F_NEW) {
+            f->stack = stack_pool.get();
+            f->sp = fiber_stack_init(f->stack, fiber_main, f);
+            f->state = F_RUN;
+        }
+        cudaemu_self = &f->t;
+        cudaemu_ctx_switch(&R->sched_sp, f->sp);
+        if (f->state == F_DONE) {
+            stack_pool.put(f->stack);
+            R->done++;
+        }
+    }
+    if (R->done != R->n) block_stuck(R);
+    cudaemu_self = NULL;
+}
+
+// One launch, all its blocks, in the given order.
+struct Launch {
+    std::string name;
+    dim3 grid, block;
+    size_t shmem;
+    std::function<void()> body;
+    int racecheck;                  // as set when it was launched
+    std::vector<uintptr_t> allocs;  // the allocations its pointer arguments point into
+};
+
+static void run_grid(const Launch& L, int order, uint64_t seed) {
+    BlockRun R;
+    R.kernel = L.name.c_str();
+    R.body = &L.body;
+    R.order = order;
+    R.rng = seed;
+    R.n = (int)(L.block.x * L.block.y * L.block.z);
+    R.f.resize(R.n);
+    for (int i = 0; i < R.n; i++) {
+        R.f[i].linear = i;
+        R.f[i].t.idx = make_uint3(i % L.block.x, i / L.block.x % L.block.y, i / (L.block.x * L.block.y));
+        R.f[i].site = "";
+    }
+    R.blk.dim = L.block;
+    R.blk.grid = L.grid;
+    std::vector<char> shared(L.shmem ? L.shmem : 1);
+    R.blk.dynamic_shared = shared.data();
+    int blocks = (int)(L.grid.x * L.grid.y * L.grid.z);
+    std::vector<int> block_order, thread_order;
+    order_items(block_order, blocks, order, &R.rng);
+    BlockRun* saved = cur_run;
+    cur_run = &R;
+    cudaemu_blk = &R.blk;
+    for (int b : block_order) {
+        R.blk.idx = make_uint3(b % L.grid.x, b / L.grid.x % L.grid.y, b / (L.grid.x * L.grid.y));
+        memset(shared.data(), 0xff, shared.size());  // NaN in every float type: reading before writing shows
+        order_items(thread_order, R.n, order, &R.rng);
+        run_block(&R, thread_order);
+    }
+    cur_run = saved;
+    cudaemu_blk = NULL;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 4. device memory: every allocation has guard bytes on both sides, checked after each kernel that was
+// handed a pointer into it, at synchronizations and at free; fresh memory is filled with 0xff (NaN)
+
+static const size_t kGuard = 256;
+static const unsigned char kGuardByte = 0xcd;
+enum { MEM_DEVICE, MEM_PINNED };
+struct Alloc {
+    size_t size, span;  // asked for; guards and padding included
+    int kind;
+    char* raw;
+};
+static std::mutex& mem_mu = *new std::mutex();  // never destroyed: the device thread outlives exit()
+static std::map<uintptr_t, Alloc>& allocs = *new std::map<uintptr_t, Alloc>();  // by the address handed out
+static size_t mem_used;
+
+static const Alloc* find_alloc(const void* p, uintptr_t* base) {  // the allocation holding p (its end included)
+    auto it = allocs.upper_bound((uintptr_t)p);
+    if (it == allocs.begin()) return NULL;
+    --it;
+    if ((uintptr_t)p > it->first + it->second.size) return NULL;
+    if (base) *base = it->first;
+    return &it->second;
+}
+
+static void* mem_alloc(size_t size, int kind) {
+    size_t padded = (size + 255) / 256 * 256, span = kGuard + padded + kGuard;
+    char* raw = (char*)aligned_alloc(256, span);
+    if (!raw) return NULL;
+    char* user = raw + kGuard;
+    memset(raw, kGuardByte, kGuard);
+    memset(user, 0xff, size);
+    memset(user + size, kGuardByte, span - kGuard - size);
+    std::lock_guard<std::mutex> lk(mem_mu);
+    allocs[(uintptr_t)user] = Alloc{size, span, kind, raw};
+    if (kind == MEM_DEVICE) mem_used += padded;
+    return user;
+}
+
+static bool guards_intact(uintptr_t user, const Alloc& a) {
+    const unsigned char* r = (const unsigned char*)a.raw;
+    for (size_t i = 0; i < kGuard; i++)
+        if (r[i] != kGuardByte) return false;
+    for (size_t i = kGuard + a.size; i < a.span; i++)
+        if (r[i] != kGuardByte) return false;
+    (void)user;
+    return true;
+}
+
+static void check_guards(const char* when, const std::vector<uintptr_t>* only) {
+    std::lock_guard<std::mutex> lk(mem_mu);
+    auto check = [&](uintptr_t user, const Alloc& a) {
+        if (!guards_intact(user, a))
+            emu_fatal("%s: a write outside the %zu-byte %s allocation at %p (its guard bytes changed)", when, a.size,
+                      a.kind == MEM_DEVICE ? "device" : "page-locked host", (void*)user);
+    };
+    if (only) {
+        for (uintptr_t u : *only) {
+            auto it = allocs.find(u);
+            if (it != allocs.end()) check(it->first, it->second);
+        }
+    } else {
+        for (auto& kv : allocs) check(kv.first, kv.second);
+    }
+}
+
+static cudaError_t mem_free(void* p, int kind, const char* call) {
+    if (!p) return cudaSuccess;
+    std::lock_guard<std::mutex> lk(mem_mu);
+    auto it = allocs.find((uintptr_t)p);
+    if (it == allocs.end() || it->second.kind != kind) return cudaErrorInvalidValue;
+    if (!guards_intact(it->first, it->second))
+        emu_fatal("%s(%p): a write outside this %zu-byte allocation (its guard bytes changed)", call, p, it->second.size);
+    if (kind == MEM_DEVICE) mem_used -= it->second.span - 2 * kGuard;
+    free(it->second.raw);
+    allocs.erase(it);
+    return cudaSuccess;
+}
+
+// Is [p, p + bytes) inside one allocation of the kind? (-1: any kind)
+static bool mem_range_ok(const void* p, size_t bytes, int kind) {
+    std::lock_guard<std::mutex> lk(mem_mu);
+    uintptr_t base;
+    const Alloc* a = find_alloc(p, &base);
+    return a && (kind < 0 || a->kind == kind) && (uintptr_t)p + bytes <= base + a->size;
+}
+static bool is_device(const void* p) {
+    std::lock_guard<std::mutex> lk(mem_mu);
+    const Alloc* a = find_alloc(p, NULL);
+    return a && a->kind == MEM_DEVICE;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 5. streams, events and the device thread. Work is queued per stream; the device thread runs the
+// head of a stream that is ready (not waiting for an event, NCCL calls in their communicator's order),
+// picking among ready streams at random (seeded). By default it waits to run anything until the host
+// waits for the GPU or has made no CUDA call for a few milliseconds: queues grow, and the order
+// between streams is decided late, so a missing cudaStreamWaitEvent changes results.
+
+struct CommOp;
+struct Op {
+    enum { RUN, RECORD, WAIT, COMM } kind;
+    std::function<void()> run;
+    cudaEvent_t ev;
+    uint64_t gen;
+    CommOp* comm;
+};
+struct CUstream_st {
+    std::deque<Op*> q;
+    bool started;  // the head is running (a kernel) or in flight (an NCCL call)
+};
+struct CUevent_st {
+    uint64_t recorded, completed;  // records queued, records reached
+};
+
+static std::mutex& mu = *new std::mutex();  // these too live past exit()
+static std::condition_variable& cv_work = *new std::condition_variable();
+static std::condition_variable& cv_done = *new std::condition_variable();
+static std::vector<cudaStream_t>& streams = *new std::vector<cudaStream_t>();  // [0] is the default stream
+static CUstream_st& default_stream = *new CUstream_st();
+static int host_waiting;
+static std::chrono::steady_clock::time_point last_call;
+static uint64_t stream_rng;
+static bool device_up;
+static cudaError_t last_error = cudaSuccess;
+static cudaError_t detail_code = cudaSuccess;
+static char detail[600];
+
+static bool comm_ready(CommOp* c);   // 9: its communicator's previous calls have started
+static void comm_start(CommOp* c);   // 9: post its MPI requests
+static bool comm_poll(CommOp* c);    // 9: done? then finish (reduce, copy) and free it
+
+static cudaStream_t S(cudaStream_t s) { return s ? s : &default_stream; }
+
+static bool queues_empty(void) {
+    for (cudaStream_t s : streams)
+        if (!s->q.empty()) return false;
+    return true;
+}
+
+[[noreturn]] static void streams_stuck(void) {
+    std::string why;
+    for (size_t i = 0; i < streams.size(); i++) {
+        if (streams[i]->q.empty()) continue;
+        Op* h = streams[i]->q.front();
+        char b[160];
+        snprintf(b, sizeof(b), "%sstream %zu waits %s", why.empty() ? "" : "; ", i,
+                 h->kind == Op::WAIT ? "for an event no stream will reach" : "to start an NCCL call behind one that cannot start");
+        why += b;
+    }
+    emu_fatal("the streams deadlock: %s", why.c_str());
+}
+
+static void* device_main(void*) {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+        bool inflight = false;
+        for (cudaStream_t s : streams) inflight |= s->started;
+        if (queues_empty()) {
+            cv_work.wait(lk);
+            continue;
+        }
+        if (!cfg.eager && !host_waiting && !inflight) {
+            auto idle = std::chrono::steady_clock::now() - last_call;
+            if (idle < std::chrono::milliseconds(5)) {
+                cv_work.wait_for(lk, std::chrono::milliseconds(5) - idle);
+                continue;
+            }
+        }
+        // finish what is in flight; retire reached events and waits; collect the ready heads
+        std::vector<cudaStream_t> ready;
+        bool progress = false;
+        for (cudaStream_t s : streams) {
+            while (!s->q.empty()) {
+                Op* h = s->q.front();
+                if (s->started) {
+                    if (!comm_poll(h->comm)) break;
+                    s->started = false;
+                } else if (h->kind == Op::RECORD) {
+                    h->ev->completed = std::max(h->ev->completed, h->gen);
+                } else if (h->kind == Op::WAIT) {
+                    if (h->ev->completed < h->gen) break;
+                } else {
+                    if (h->kind != Op::COMM || comm_ready(h->comm)) ready.push_back(s);
+                    break;
+                }
+                s->q.pop_front();
+                delete h;
+                progress = true;
+            }
+        }
+        if (progress) cv_done.notify_all();
+        if (ready.empty()) {
+            if (inflight) {  // an NCCL call waits for other ranks
+                lk.unlock();
+                usleep(50);
+                lk.lock();
+                continue;
+            }
+            if (!progress) streams_stuck();
+            continue;
+        }
+        cudaStream_t s = ready[rng_next(&stream_rng) % ready.size()];
+        Op* h = s->q.front();
+        s->started = true;
+        if (h->kind == Op::COMM) {
+            comm_start(h->comm);
+            continue;
+        }
+        lk.unlock();
+        h->run();
+        lk.lock();
+        s->started = false;
+        s->q.pop_front();
+        delete h;
+        cv_done.notify_all();
+    }
+    return NULL;
+}
+
+// Every API call starts here: settings and the device thread on first use; the host's last call is
+// when the device thread may start running queued work.
+static void touch(void) {
+    std::lock_guard<std::mutex> lk(mu);
+    last_call = std::chrono::steady_clock::now();
+    if (device_up) return;
+    read_settings();
+    stream_rng = cfg.seed;
+    streams.push_back(&default_stream);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 << 20);
+    if (pthread_create(&t, &attr, device_main, NULL) != 0) emu_fatal("cannot start the device thread");
+    device_up = true;
+}
+
+static void enqueue(cudaStream_t s, Op* op) {
+    std::lock_guard<std::mutex> lk(mu);
+    S(s)->q.push_back(op);
+    cv_work.notify_one();
+}
+static void enqueue_run(cudaStream_t s, std::function<void()> f) {
+    Op* op = new Op();
+    op->kind = Op::RUN;
+    op->run = std::move(f);
+    enqueue(s, op);
+}
+
+// The host waits until pred holds (called with mu held), letting the device thread run meanwhile.
+template <typename F>
+static void host_wait(F pred) {
+    std::unique_lock<std::mutex> lk(mu);
+    host_waiting++;
+    cv_work.notify_one();
+    cv_done.wait(lk, pred);
+    host_waiting--;
+    last_call = std::chrono::steady_clock::now();
+}
+static void device_sync(void) {
+    host_wait([] {
+        if (!queues_empty()) return false;
+        for (cudaStream_t s : streams)
+            if (s->started) return false;
+        return true;
+    });
+    check_guards("at a synchronization", NULL);
+}
+
+static cudaError_t fail(cudaError_t code, const char* fmt, ...) {  // a returned error, with its detail
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    va_end(ap);
+    detail_code = code;
+    return code;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 6. kernel launches and the race check
+
+void cudaemu_racecheck(int on) {
+    touch();
+    cfg.racecheck = on;
+}
+
+static void run_launch(const Launch& L) {
+    if (!L.racecheck) {
+        run_grid(L, cfg.order, cfg.seed);
+    } else {  // forward, reversed and shuffled from the same bytes must end in the same bytes
+        std::vector<std::vector<char>> start, first;
+        {
+            std::lock_guard<std::mutex> lk(mem_mu);
+            for (uintptr_t u : L.allocs) start.emplace_back((char*)u, (char*)u + allocs[u].size);
+        }
+        const char* names[3] = {"forward", "reversed", "shuffled"};
+        for (int order = ORDER_FORWARD; order <= ORDER_SHUFFLE; order++) {
+            for (size_t i = 0; i < L.allocs.size(); i++) memcpy((void*)L.allocs[i], start[i].data(), start[i].size());
+            run_grid(L, order, cfg.seed + order);
+            for (size_t i = 0; i < L.allocs.size(); i++) {
+                const char* now = (const char*)L.allocs[i];
+                if (order == ORDER_FORWARD) {
+                    first.emplace_back(now, now + start[i].size());
+                    continue;
+                }
+                if (memcmp(now, first[i].data(), first[i].size()) == 0) continue;
+                size_t at = 0;
+                while (now[at] == first[i][at]) at++;
+                emu_fatal("%s: a race: run with threads and blocks %s it writes other bytes than forward (the %zu-byte "
+                          "allocation at %p differs from byte %zu)",
+                          L.name.c_str(), names[order], first[i].size(), (void*)L.allocs[i], at);
+            }
+        }
+    }
+    char when[200];
+    snprintf(when, sizeof(when), "after kernel %s", L.name.c_str());
+    check_guards(when, &L.allocs);
+}
+
+void cudaemu_launch_kernel(const char* name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+                           const cudaemu_arg* pointers, int npointers, std::function<void()> body) {
+    touch();
+    uint64_t threads = (uint64_t)block.x * block.y * block.z;
+    if (!block.x || !block.y || !block.z || !grid.x || !grid.y || !grid.z || threads > 1024 || block.z > 64 ||
+        grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+        last_error = fail(cudaErrorInvalidConfiguration, "%s<<<(%u,%u,%u), (%u,%u,%u)>>>: blocks hold 1 to 1024 threads (z up to 64), "
+                          "grids up to (2^31-1, 65535, 65535) blocks", name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
+        return;
+    }
+    if (shmem > 48 * 1024) {
+        last_error = fail(cudaErrorInvalidValue, "%s: %zu bytes of dynamic shared memory, more than the 48 KiB a block gets "
+                          "without cudaFuncSetAttribute", name, shmem);
+        return;
+    }
+    Launch* L = new Launch{name, grid, block, shmem, std::move(body), cfg.racecheck, {}};
+    {
+        std::lock_guard<std::mutex> lk(mem_mu);
+        for (int i = 0; i < npointers; i++) {
+            if (!pointers[i].ptr) continue;
+            uintptr_t base;
+            if (!find_alloc(pointers[i].ptr, &base))
+                emu_fatal("kernel %s: argument %d (%p) is neither device memory nor page-locked host memory", name,
+                          pointers[i].index + 1, pointers[i].ptr);
+            if (std::find(L->allocs.begin(), L->allocs.end(), base) == L->allocs.end()) L->allocs.push_back(base);
+        }
+    }
+    enqueue_run(stream, [L] {
+        run_launch(*L);
+        delete L;
+    });
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 7. the CUDA runtime API (what llmpar calls, and a little around it)
+
+static int world_rank_for_bus_id = -1;  // set when MPI starts (ranks are separate emulated GPUs)
+
+extern "C" {
+
+const char* cudaGetErrorString(cudaError_t e) {
+    static thread_local char msg[800];
+    const char* base = e == cudaSuccess ? "no error" : e == cudaErrorInvalidValue ? "invalid argument"
+                     : e == cudaErrorMemoryAllocation ? "out of memory" : e == cudaErrorInvalidConfiguration ? "invalid configuration argument"
+                     : e == cudaErrorInvalidResourceHandle ? "invalid resource handle" : e == cudaErrorNotSupported ? "operation not supported"
+                     : e == cudaErrorInvalidMemcpyDirection ? "invalid copy direction for memcpy" : "unknown error";
+    if (e != cudaSuccess && e == detail_code) {
+        snprintf(msg, sizeof(msg), "%s (cudaemu: %s)", base, detail);
+        return msg;
+    }
+    return base;
+}
+const char* cudaGetErrorName(cudaError_t e) { return cudaGetErrorString(e); }
+
+cudaError_t cudaGetLastError(void) {
+    touch();
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+cudaError_t cudaGetDeviceCount(int* count) {
+    touch();
+    *count = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+    touch();
+    return device == 0 ? cudaSuccess : fail(cudaErrorInvalidValue, "device %d: the emulator has device 0 only", device);
+}
+cudaError_t cudaGetDevice(int* device) {
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+    touch();
+    if (device != 0) return fail(cudaErrorInvalidValue, "device %d: the emulator has device 0 only", device);
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "cudaemu (CUDA emulated on the CPU)");
+    p->totalGlobalMem = cfg.capacity;
+    p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647;
+    p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->pciBusID = cfg.shared_gpu ? 1 : world_rank_for_bus_id + 2;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* bus, int len, int device) {
+    touch();
+    if (device != 0) return fail(cudaErrorInvalidValue, "device %d: the emulator has device 0 only", device);
+    snprintf(bus, (size_t)len, "0000:%02x:00.0", cfg.shared_gpu ? 1 : (world_rank_for_bus_id + 2) & 0xff);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+    touch();
+    *p = NULL;
+    size_t padded = (bytes + 255) / 256 * 256;
+    {
+        std::lock_guard<std::mutex> lk(mem_mu);
+        if (mem_used + padded > cfg.capacity)
+            return fail(cudaErrorMemoryAllocation, "%zu bytes asked, %zu of %zu in use (CUDAEMU_MEMORY_GIB sets the capacity)",
+                        bytes, mem_used, cfg.capacity);
+    }
+    *p = mem_alloc(bytes, MEM_DEVICE);
+    return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation, "the host has no memory for %zu bytes", bytes);
+}
+cudaError_t cudaFree(void* p) {  // like CUDA's, it waits for the device first
+    touch();
+    device_sync();
+    return mem_free(p, MEM_DEVICE, "cudaFree") == cudaSuccess
+               ? cudaSuccess : fail(cudaErrorInvalidValue, "cudaFree(%p): not an address cudaMalloc returned", p);
+}
+cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    touch();
+    *p = mem_alloc(bytes, MEM_PINNED);
+    return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation, "the host has no memory for %zu page-locked bytes", bytes);
+}
+cudaError_t cudaFreeHost(void* p) {
+    touch();
+    device_sync();
+    return mem_free(p, MEM_PINNED, "cudaFreeHost") == cudaSuccess
+               ? cudaSuccess : fail(cudaErrorInvalidValue, "cudaFreeHost(%p): not an address cudaMallocHost returned", p);
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
+    touch();
+    std::lock_guard<std::mutex> lk(mem_mu);
+    *free_b = cfg.capacity - mem_used;
+    *total_b = cfg.capacity;
+    return cudaSuccess;
+}
+
+// A copy's direction must match where its pointers are, and device ranges must lie in one allocation.
+static cudaError_t copy_check(const char* call, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    bool dst_dev = is_device(dst), src_dev = is_device(src);
+    if (kind == cudaMemcpyDefault) kind = dst_dev ? (src_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                                                  : (src_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+    bool want_dst = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool want_src = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (dst_dev != want_dst || src_dev != want_src)
+        return fail(cudaErrorInvalidValue, "%s: the direction says %s to %s but the source is %s and the destination %s memory", call,
+                    want_src ? "device" : "host", want_dst ? "device" : "host", src_dev ? "device" : "host", dst_dev ? "device" : "host");
+    if (want_dst && !mem_range_ok(dst, bytes, MEM_DEVICE))
+        return fail(cudaErrorInvalidValue, "%s: %zu bytes to %p run past the end of its allocation", call, bytes, dst);
+    if (want_src && !mem_range_ok(src, bytes, MEM_DEVICE))
+        return fail(cudaErrorInvalidValue, "%s: %zu bytes from %p run past the end of its allocation", call, bytes, src);
+    return cudaSuccess;
+}
+
+// cudaMemcpy runs on the default stream. Host to device: the source is copied at the call (as CUDA
+// stages pageable memory) and written in stream order; device to host returns when done.
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    touch();
+    cudaError_t e = copy_check("cudaMemcpy", dst, src, bytes, kind);
+    if (e != cudaSuccess) return e;
+    if (!is_device(src) && !is_device(dst)) {
+        memcpy(dst, src, bytes);
+        return cudaSuccess;
+    }
+    if (!is_device(src)) {
+        std::vector<char>* staged = new std::vector<char>((const char*)src, (const char*)src + bytes);
+        enqueue_run(NULL, [dst, staged] {
+            memcpy(dst, staged->data(), staged->size());
+            delete staged;
+        });
+        return cudaSuccess;
+    }
+    enqueue_run(NULL, [dst, src, bytes] { memcpy(dst, src, bytes); });
+    if (!is_device(dst)) {  // device to host: wait for the default stream
+        CUstream_st* s = &default_stream;
+        host_wait([s] { return s->q.empty(); });
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    touch();
+    cudaError_t e = copy_check("cudaMemcpyAsync", dst, src, bytes, kind);
+    if (e != cudaSuccess) return e;
+    enqueue_run(stream, [dst, src, bytes] { memcpy(dst, src, bytes); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
+    touch();
+    if (!mem_range_ok(p, bytes, MEM_DEVICE))
+        return fail(cudaErrorInvalidValue, "cudaMemset: %zu bytes at %p are not inside one device allocation", bytes, p);
+    enqueue_run(stream, [p, value, bytes] { memset(p, value, bytes); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes, NULL); }
+
+cudaError_t cudaDeviceSynchronize(void) {
+    touch();
+    device_sync();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    touch();
+    CUstream_st* s = S(stream);
+    host_wait([s] { return s->q.empty(); });
+    check_guards("at a synchronization", NULL);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+    touch();
+    if (!(flags & cudaStreamNonBlocking))  // llmpar's streams never synchronize with the default stream
+        return fail(cudaErrorNotSupported, "streams that synchronize with the default stream are not emulated; use cudaStreamNonBlocking");
+    std::lock_guard<std::mutex> lk(mu);
+    *stream = new CUstream_st();
+    streams.push_back(*stream);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    touch();
+    host_wait([stream] { return stream->q.empty(); });
+    std::lock_guard<std::mutex> lk(mu);
+    streams.erase(std::find(streams.begin(), streams.end(), stream));
+    delete stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned int) {
+    touch();
+    *ev = new CUevent_st();
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* ev) { return cudaEventCreateWithFlags(ev, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+    touch();
+    host_wait([ev] { return ev->completed >= ev->recorded; });
+    delete ev;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
+    touch();
+    Op* op = new Op();
+    op->kind = Op::RECORD;
+    op->ev = ev;
+    std::lock_guard<std::mutex> lk(mu);
+    op->gen = ++ev->recorded;
+    S(stream)->q.push_back(op);
+    cv_work.notify_one();
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned int) {  // waits for the latest record
+    touch();
+    Op* op = new Op();
+    op->kind = Op::WAIT;
+    op->ev = ev;
+    std::lock_guard<std::mutex> lk(mu);
+    op->gen = ev->recorded;
+    S(stream)->q.push_back(op);
+    cv_work.notify_one();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+    touch();
+    uint64_t gen;
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        gen = ev->recorded;
+    }
+    host_wait([ev, gen] { return ev->completed >= gen; });
+    return cudaSuccess;
+}
+
+// Stream-ordered allocation: memory is handed out at once, and freed when the stream reaches the free.
+cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
+    touch();
+    if (!is_device(p)) return fail(cudaErrorInvalidValue, "cudaFreeAsync(%p): not an address cudaMallocAsync returned", p);
+    enqueue_run(stream, [p] { mem_free(p, MEM_DEVICE, "cudaFreeAsync"); });
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int) {
+    static int the_pool;
+    *pool = (cudaMemPool_t)&the_pool;
+    return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaSuccess; }
+
+}  // extern "C"
+
+// ----------------------------------------------------------------------------------------------------
+// 8. cuBLASLt: a reference GEMM (fp32 accumulation, bf16 or fp32 matrices) that checks the arguments
+// against cuBLASLt's documented rules first and stops with the rule's name when one is broken
+
+struct cublasLtContext {
+    int alive;
+};
+namespace {
+struct Desc {
+    cublasComputeType_t compute;
+    cudaDataType_t scale;
+    int transa = 0, transb = 0;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    const void* bias = NULL;
+    cudaDataType_t bias_type = CUDA_R_16BF;
+    bool bias_type_set = false;
+    void* aux = NULL;
+    int64_t aux_ld = 0;
+};
+struct Layout {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+    int batch = 1;
+    int64_t stride = 0;
+};
+struct Pref {
+    size_t workspace = 0;
+    uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D: what cuBLASLt assumes unless told
+};
+const uint64_t kAlgoMagic = 0x637564616d6d6c74ull;  // marks an algorithm this heuristic returned
+}  // namespace
+
+[[noreturn]] static void lt_rule(const char* call, const char* fmt, ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    emu_fatal("cuBLASLt %s: %s", call, msg);
+}
+
+static size_t type_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// The rules cuBLASLt documents for the calls llmpar makes; a broken one stops with its name.
+static void lt_check(const char* call, const Desc& d, const Layout& A, const Layout& B, const Layout& C, const Layout& D) {
+    if (d.compute != CUBLAS_COMPUTE_32F || d.scale != CUDA_R_32F)
+        lt_rule(call, "only CUBLAS_COMPUTE_32F with CUDA_R_32F scaling is emulated");
+    const Layout* ls[4] = {&A, &B, &C, &D};
+    const char* names = "ABCD";
+    for (int i = 0; i < 4; i++) {
+        if (ls[i]->type != CUDA_R_16BF && ls[i]->type != CUDA_R_32F)
+            lt_rule(call, "matrix %c: only CUDA_R_16BF and CUDA_R_32F are emulated", names[i]);
+        if (ls[i]->ld < (int64_t)std::max<uint64_t>(1, ls[i]->rows))
+            lt_rule(call, "matrix %c: leading dimension %lld is less than its %llu rows (column-major)", names[i],
+                    (long long)ls[i]->ld, (unsigned long long)ls[i]->rows);
+        if (ls[i]->batch != D.batch)
+            lt_rule(call, "matrix %c: CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT %d differs from D's %d", names[i], ls[i]->batch, D.batch);
+    }
+    if (A.type != B.type) lt_rule(call, "A and B must have the same type");
+    uint64_t m = D.rows, n = D.cols, k = d.transa ? A.rows : A.cols;
+    if ((d.transa ? A.cols : A.rows) != m) lt_rule(call, "op(A) has %llu rows but D has %llu", (unsigned long long)(d.transa ? A.cols : A.rows), (unsigned long long)m);
+    if ((d.transb ? B.rows : B.cols) != n) lt_rule(call, "op(B) has %llu columns but D has %llu", (unsigned long long)(d.transb ? B.rows : B.cols), (unsigned long long)n);
+    if ((d.transb ? B.cols : B.rows) != k) lt_rule(call, "op(A) is %llu wide but op(B) %llu tall", (unsigned long long)k, (unsigned long long)(d.transb ? B.cols : B.rows));
+    if (C.rows != m || C.cols != n) lt_rule(call, "C must have D's shape");
+    if (D.batch > 1 && D.stride < D.ld * (int64_t)n)
+        lt_rule(call, "D's CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET %lld is smaller than one matrix (%lld): the batches overlap",
+                (long long)D.stride, (long long)(D.ld * (int64_t)n));
+    bool wants_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    bool wants_aux = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !wants_bias && !wants_aux)
+        lt_rule(call, "epilogue %d is not emulated (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS are)", (int)d.epilogue);
+    if (wants_bias && !d.bias) lt_rule(call, "the BIAS epilogues need CUBLASLT_MATMUL_DESC_BIAS_POINTER");
+    if (wants_bias && d.bias_type_set && d.bias_type != D.type && d.bias_type != CUDA_R_32F)
+        lt_rule(call, "CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE must be D's type or CUDA_R_32F");
+    if (wants_aux) {
+        if (!d.aux) lt_rule(call, "the GELU_AUX epilogues need CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
+        if (d.aux_ld % 8) lt_rule(call, "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD %lld must be divisible by 8", (long long)d.aux_ld);
+        if (d.aux_ld < (int64_t)m) lt_rule(call, "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD %lld is less than D's %llu rows", (long long)d.aux_ld, (unsigned long long)m);
+        if (D.batch > 1) lt_rule(call, "the GELU_AUX epilogues with batches need CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE (not emulated)");
+    }
+}
+
+static float lt_load(const void* p, cudaDataType t, size_t i) {
+    return t == CUDA_R_32F ? ((const float*)p)[i] : __bfloat162float(((const __nv_bfloat16*)p)[i]);
+}
+static void lt_store(void* p, cudaDataType t, size_t i, float v) {
+    if (t == CUDA_R_32F) ((float*)p)[i] = v;
+    else ((__nv_bfloat16*)p)[i] = __float2bfloat16_rn(v);
+}
+
+static float gelu_tanh(float x) {  // cuBLASLt's GELU epilogue is the tanh approximation
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Layout& LC, const Layout& LD, float alpha, float beta,
+                    const void* A, const void* B, const void* Cp, void* Dp) {
+    size_t m = LD.rows, n = LD.cols, k = d.transa ? LA.rows : LA.cols;
+    std::vector<float> a(m * k), b(n * k);
+    for (int bt = 0; bt < LD.batch; bt++) {
+        size_t oa = (size_t)bt * LA.stride, ob = (size_t)bt * LB.stride, oc = (size_t)bt * LC.stride, od = (size_t)bt * LD.stride;
+        for (size_t i = 0; i < m; i++)  // rows of op(A), contiguous over k
+            for (size_t kk = 0; kk < k; kk++)
+                a[i * k + kk] = lt_load(A, LA.type, oa + (d.transa ? kk + i * LA.ld : i + kk * LA.ld));
+        for (size_t j = 0; j < n; j++)  // columns of op(B), contiguous over k
+            for (size_t kk = 0; kk < k; kk++)
+                b[j * k + kk] = lt_load(B, LB.type, ob + (d.transb ? j + kk * LB.ld : kk + j * LB.ld));
+        for (size_t j = 0; j < n; j++) {
+            for (size_t i = 0; i < m; i++) {
+                const float *x = &a[i * k], *y = &b[j * k];
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                size_t kk = 0;
+                for (; kk + 8 <= k; kk += 8)
+                    for (int u = 0; u < 8; u++) acc[u] += x[kk + u] * y[kk + u];
+                for (; kk < k; kk++) acc[kk % 8] += x[kk] * y[kk];
+                float v = alpha * (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+                if (beta != 0.0f) v += beta * lt_load(Cp, LC.type, oc + i + j * LC.ld);
+                if (d.bias) v += lt_load(d.bias, d.bias_type_set ? d.bias_type : LD.type, i);
+                if (d.aux) {
+                    lt_store(d.aux, LD.type, i + j * d.aux_ld, v);
+                    v = gelu_tanh(v);
+                }
+                lt_store(Dp, LD.type, od + i + j * LD.ld, v);
+            }
+        }
+    }
+}
+
+template <typename T>
+static T attr_value(const char* call, const void* buf, size_t size) {
+    if (size != sizeof(T)) lt_rule(call, "the attribute's value has %zu bytes, its type %zu", size, sizeof(T));
+    T v;
+    memcpy(&v, buf, sizeof(T));
+    return v;
+}
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
+    touch();
+    *h = new cublasLtContext{1};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale) {
+    Desc* d = new Desc();
+    d->compute = compute;
+    d->scale = scale;
+    *desc = (cublasLtMatmulDesc_t)d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+    delete (Desc*)desc;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf, size_t size) {
+    Desc* d = (Desc*)desc;
+    const char* call = "cublasLtMatmulDescSetAttribute";
+    switch (attr) {
+        case CUBLASLT_MATMUL_DESC_TRANSA: d->transa = attr_value<cublasOperation_t>(call, buf, size) != CUBLAS_OP_N; break;
+        case CUBLASLT_MATMUL_DESC_TRANSB: d->transb = attr_value<cublasOperation_t>(call, buf, size) != CUBLAS_OP_N; break;
+        case CUBLASLT_MATMUL_DESC_EPILOGUE: d->epilogue = attr_value<cublasLtEpilogue_t>(call, buf, size); break;
+        case CUBLASLT_MATMUL_DESC_BIAS_POINTER: d->bias = attr_value<const void*>(call, buf, size); break;
+        case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+            d->bias_type = attr_value<cudaDataType_t>(call, buf, size);
+            d->bias_type_set = true;
+            break;
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: d->aux = attr_value<void*>(call, buf, size); break;
+        case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: d->aux_ld = attr_value<int64_t>(call, buf, size); break;
+        default: lt_rule(call, "matmul attribute %d is not emulated", (int)attr);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
+    Layout* l = new Layout();
+    l->type = type;
+    l->rows = rows;
+    l->cols = cols;
+    l->ld = ld;
+    *layout = (cublasLtMatrixLayout_t)l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+    delete (Layout*)layout;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr, const void* buf, size_t size) {
+    Layout* l = (Layout*)layout;
+    const char* call = "cublasLtMatrixLayoutSetAttribute";
+    if (attr == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) l->batch = attr_value<int32_t>(call, buf, size);
+    else if (attr == CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) l->stride = attr_value<int64_t>(call, buf, size);
+    else lt_rule(call, "layout attribute %d is not emulated", (int)attr);
+    if (l->batch < 1) lt_rule(call, "CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT must be at least 1");
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+    *pref = (cublasLtMatmulPreference_t) new Pref();
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+    delete (Pref*)pref;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size) {
+    Pref* p = (Pref*)pref;
+    const char* call = "cublasLtMatmulPreferenceSetAttribute";
+    switch (attr) {
+        case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: p->workspace = attr_value<uint64_t>(call, buf, size); break;
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: p->align[0] = attr_value<uint32_t>(call, buf, size); break;
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: p->align[1] = attr_value<uint32_t>(call, buf, size); break;
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: p->align[2] = attr_value<uint32_t>(call, buf, size); break;
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: p->align[3] = attr_value<uint32_t>(call, buf, size); break;
+        default: lt_rule(call, "preference attribute %d is not emulated", (int)attr);
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// Every legal problem has one algorithm; it remembers the alignments the caller promised.
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t* out,
+                                              int* returned) {
+    touch();
+    if (requested < 1) lt_rule("cublasLtMatmulAlgoGetHeuristic", "requestedAlgoCount must be at least 1");
+    lt_check("cublasLtMatmulAlgoGetHeuristic", *(Desc*)desc, *(Layout*)a, *(Layout*)b, *(Layout*)c, *(Layout*)d);
+    memset(out, 0, sizeof(*out));
+    const Pref* p = (const Pref*)pref;
+    out->algo.data[0] = kAlgoMagic;
+    for (int i = 0; i < 4; i++) out->algo.data[1 + i] = p->align[i];
+    out->workspaceSize = 0;
+    out->state = CUBLAS_STATUS_SUCCESS;
+    out->wavesCount = 1.0f;
+    *returned = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, const void* alpha, const void* A, cublasLtMatrixLayout_t la,
+                              const void* B, cublasLtMatrixLayout_t lb, const void* beta, const void* C, cublasLtMatrixLayout_t lc,
+                              void* D, cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t* algo, void* workspace,
+                              size_t workspace_bytes, cudaStream_t stream) {
+    touch();
+    const char* call = "cublasLtMatmul";
+    if (!h || !h->alive) lt_rule(call, "the handle was not made by cublasLtCreate");
+    Desc d = *(Desc*)desc;
+    Layout LA = *(Layout*)la, LB = *(Layout*)lb, LC = *(Layout*)lc, LD = *(Layout*)ld;
+    lt_check(call, d, LA, LB, LC, LD);
+    if (!algo || algo->data[0] != kAlgoMagic) lt_rule(call, "the algorithm did not come from cublasLtMatmulAlgoGetHeuristic");
+    // each matrix must be as aligned as the heuristic was told (batch strides included) and lie in device memory
+    const void* ptrs[4] = {A, B, C, D};
+    const Layout* ls[4] = {&LA, &LB, &LC, &LD};
+    for (int i = 0; i < 4; i++) {
+        uint64_t bits = (uint64_t)(uintptr_t)ptrs[i] | (LD.batch > 1 ? (uint64_t)ls[i]->stride * type_bytes(ls[i]->type) : 0);
+        if (bits % algo->data[1 + i])
+            lt_rule(call, "matrix %c at %p (batch stride %lld) is not %llu-byte aligned, as CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES promised",
+                    "ABCD"[i], ptrs[i], (long long)ls[i]->stride, (unsigned long long)algo->data[1 + i], "ABCD"[i]);
+        size_t last = (size_t)(LD.batch - 1) * ls[i]->stride + (size_t)(ls[i]->cols - 1) * ls[i]->ld + ls[i]->rows;
+        if (!mem_range_ok(ptrs[i], last * type_bytes(ls[i]->type), MEM_DEVICE))
+            lt_rule(call, "matrix %c (%p, %llu x %llu, ld %lld, %d batches) does not lie inside one device allocation", "ABCD"[i], ptrs[i],
+                    (unsigned long long)ls[i]->rows, (unsigned long long)ls[i]->cols, (long long)ls[i]->ld, LD.batch);
+    }
+    if (d.bias && !mem_range_ok(d.bias, LD.rows * type_bytes(d.bias_type_set ? d.bias_type : LD.type), MEM_DEVICE))
+        lt_rule(call, "the bias vector (%llu values) does not lie inside one device allocation", (unsigned long long)LD.rows);
+    if (d.aux && !mem_range_ok(d.aux, ((LD.cols - 1) * d.aux_ld + LD.rows) * type_bytes(LD.type), MEM_DEVICE))
+        lt_rule(call, "the GELU pre-activation buffer (ld %lld) does not lie inside one device allocation", (long long)d.aux_ld);
+    if (workspace_bytes && !mem_range_ok(workspace, workspace_bytes, MEM_DEVICE))
+        lt_rule(call, "the workspace (%zu bytes) does not lie inside one device allocation", workspace_bytes);
+    float a, b;  // host pointer mode: the scalars are read now
+    memcpy(&a, alpha, 4);
+    memcpy(&b, beta, 4);
+    enqueue_run(stream, [=] { lt_gemm(d, LA, LB, LC, LD, a, b, A, B, C, D); });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // extern "C"
+
+// ----------------------------------------------------------------------------------------------------
+// 9. NCCL over MPI: each rank is one emulated GPU; a call is queued on its stream like a kernel and, when
+// the device thread reaches it, posts nonblocking MPI operations and finishes (reduces in rank order,
+// copies out) when they complete. Reductions go through fp32 and round once, in the same order on every
+// rank, so every rank gets the same bits.
+
+#ifdef LLMPAR_MPI
+static MPI_Comm emu_world = MPI_COMM_NULL;  // the emulator's own copy of MPI_COMM_WORLD
+
+int cudaemu_mpi_init(int* argc, char*** argv) {
+    int provided = 0;
+    int err = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    if (err != MPI_SUCCESS) return err;
+    if (provided < MPI_THREAD_MULTIPLE) emu_fatal("this MPI does not offer MPI_THREAD_MULTIPLE, which the emulated NCCL needs");
+    MPI_Comm_dup(MPI_COMM_WORLD, &emu_world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_for_bus_id);
+    return MPI_SUCCESS;
+}
+int cudaemu_mpi_finalize(void) {
+    if (device_up) device_sync();
+    MPI_Comm_free(&emu_world);
+    return MPI_Finalize();
+}
+#endif
+
+#ifdef LLMPAR_NCCL
+struct ncclComm {
+    MPI_Comm comm;
+    int rank, size;
+    uint64_t issued, started;  // calls queued and calls posted: they post in the order they were made
+};
+
+namespace {
+enum { C_ALLREDUCE, C_REDUCESCATTER, C_ALLGATHER, C_BROADCAST, C_REDUCE, C_SEND, C_RECV };
+struct Call {
+    int kind;
+    const void* send;
+    void* recv;
+    size_t count;  // elements: per rank for reduce-scatter and all-gather
+    ncclDataType_t type;
+    ncclRedOp_t op;
+    int root;  // or the peer
+    std::vector<char> tmp;
+};
+}  // namespace
+struct CommOp {
+    ncclComm_t comm;
+    uint64_t seq;
+    std::vector<Call> calls;  // one, or a group's
+    std::vector<MPI_Request> reqs;
+};
+
+static size_t nccl_bytes(ncclDataType_t t) {
+    switch (t) {
+        case ncclInt8: case ncclUint8: return 1;
+        case ncclFloat16: case ncclBfloat16: return 2;
+        case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+        default: return 8;
+    }
+}
+static float nccl_load(const char* p, ncclDataType_t t, size_t i) {
+    return t == ncclFloat32 ? ((const float*)p)[i] : __bfloat162float(((const __nv_bfloat16*)p)[i]);
+}
+
+// out[i] = op over ranks (in rank order) of blocks[r][i]
+static void nccl_reduce(void* out, const char* blocks, size_t count, const Call& c, int ranks) {
+    size_t eb = nccl_bytes(c.type), stride = count * eb;
+    for (size_t i = 0; i < count; i++) {
+        float acc = nccl_load(blocks, c.type, i);
+        for (int r = 1; r < ranks; r++) acc += nccl_load(blocks + r * stride, c.type, i);
+        if (c.op == ncclAvg) acc /= ranks;
+        if (c.type == ncclFloat32) ((float*)out)[i] = acc;
+        else ((__nv_bfloat16*)out)[i] = __float2bfloat16_rn(acc);
+    }
+}
+
+static bool comm_ready(CommOp* c) { return c->comm->started == c->seq; }
+
+static void comm_start(CommOp* c) {
+    c->comm->started++;
+    MPI_Comm mc = c->comm->comm;
+    int n = c->comm->size, me = c->comm->rank;
+    for (Call& k : c->calls) {
+        size_t bytes = k.count * nccl_bytes(k.type);
+        if (bytes > (size_t)INT32_MAX) emu_fatal("NCCL call of %zu bytes: the emulator's MPI messages stop at 2 GiB", bytes);
+        int b = (int)bytes;
+        c->reqs.emplace_back();
+        MPI_Request* r = &c->reqs.back();
+        switch (k.kind) {
+            case C_ALLREDUCE:
+            case C_ALLGATHER:
+                k.tmp.resize(bytes * n);
+                MPI_Iallgather(k.send, b, MPI_BYTE, k.tmp.data(), b, MPI_BYTE, mc, r);
+                break;
+            case C_REDUCESCATTER:
+                k.tmp.resize(bytes * n);
+                MPI_Ialltoall(k.send, b, MPI_BYTE, k.tmp.data(), b, MPI_BYTE, mc, r);
+                break;
+            case C_BROADCAST:
+                k.tmp.resize(bytes);
+                if (me == k.root) memcpy(k.tmp.data(), k.send, bytes);
+                MPI_Ibcast(k.tmp.data(), b, MPI_BYTE, k.root, mc, r);
+                break;
+            case C_REDUCE:
+                k.tmp.resize(me == k.root ? bytes * n : 0);
+                MPI_Igather(k.send, b, MPI_BYTE, k.tmp.data(), b, MPI_BYTE, k.root, mc, r);
+                break;
+            case C_SEND:
+                k.tmp.assign((const char*)k.send, (const char*)k.send + bytes);
+                MPI_Isend(k.tmp.data(), b, MPI_BYTE, k.root, 0, mc, r);
+                break;
+            case C_RECV:
+                MPI_Irecv(k.recv, b, MPI_BYTE, k.root, 0, mc, r);
+                break;
+        }
+    }
+}
+
+static bool comm_poll(CommOp* c) {
+    int done = 0;
+    MPI_Testall((int)c->reqs.size(), c->reqs.data(), &done, MPI_STATUSES_IGNORE);
+    if (!done) return false;
+    int n = c->comm->size, me = c->comm->rank;
+    for (Call& k : c->calls) {
+        size_t bytes = k.count * nccl_bytes(k.type);
+        if (k.kind == C_ALLREDUCE) nccl_reduce(k.recv, k.tmp.data(), k.count, k, n);
+        else if (k.kind == C_REDUCESCATTER) nccl_reduce(k.recv, k.tmp.data(), k.count, k, n);
+        else if (k.kind == C_ALLGATHER) memcpy(k.recv, k.tmp.data(), bytes * n);
+        else if (k.kind == C_BROADCAST) memcpy(k.recv, k.tmp.data(), bytes);
+        else if (k.kind == C_REDUCE && me == k.root) nccl_reduce(k.recv, k.tmp.data(), k.count, k, n);
+    }
+    delete c;
+    return true;
+}
+
+// Calls between ncclGroupStart and ncclGroupEnd are posted together, one queued operation per stream.
+static int group_depth;
+static std::vector<std::pair<cudaStream_t, CommOp*>> group_ops;
+
+static ncclResult_t nccl_call(const char* name, Call k, ncclComm_t comm, cudaStream_t stream, size_t send_bytes, size_t recv_bytes) {
+    touch();
+    if (!comm) emu_fatal("%s: the communicator is NULL", name);
+    if (k.kind == C_ALLREDUCE || k.kind == C_REDUCESCATTER || k.kind == C_REDUCE) {
+        if (k.type != ncclBfloat16 && k.type != ncclFloat32) emu_fatal("%s: reductions are emulated for ncclBfloat16 and ncclFloat32", name);
+        if (k.op != ncclSum && k.op != ncclAvg) emu_fatal("%s: only ncclSum and ncclAvg are emulated", name);
+    }
+    if (send_bytes && !mem_range_ok(k.send, send_bytes, MEM_DEVICE))
+        emu_fatal("%s: the send buffer %p (%zu bytes) is not inside one device allocation", name, k.send, send_bytes);
+    if (recv_bytes && !mem_range_ok(k.recv, recv_bytes, MEM_DEVICE))
+        emu_fatal("%s: the receive buffer %p (%zu bytes) is not inside one device allocation", name, k.recv, recv_bytes);
+    std::lock_guard<std::mutex> lk(mu);
+    stream = S(stream);
+    for (auto& g : group_ops)
+        if (group_depth && g.first == stream && g.second->comm == comm) {
+            g.second->calls.push_back(k);
+            return ncclSuccess;
+        }
+    CommOp* c = new CommOp{comm, comm->issued++, {k}, {}};
+    if (group_depth) {
+        group_ops.push_back({stream, c});
+        return ncclSuccess;
+    }
+    Op* op = new Op();
+    op->kind = Op::COMM;
+    op->comm = c;
+    stream->q.push_back(op);
+    cv_work.notify_one();
+    return ncclSuccess;
+}
+
+extern "C" {
+
+const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "NCCL error (cudaemu)"; }
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+    static int serial;
+    memset(id, 0, sizeof(*id));
+    int me = 0;
+    MPI_Comm_rank(emu_world, &me);
+    int fields[2] = {me, ++serial};
+    memcpy(id->internal, "cudaemu", 8);
+    memcpy(id->internal + 8, fields, sizeof(fields));
+    return ncclSuccess;
+}
+
+// The members tell the id's creator their world ranks; it sends the list back, and they make an MPI
+// communicator of exactly those ranks (so only the members take part, as with NCCL). The creator must
+// be a member, as it is in llmpar.
+ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank) {
+    touch();
+    if (memcmp(id.internal, "cudaemu", 8) != 0) emu_fatal("ncclCommInitRank: the id did not come from ncclGetUniqueId");
+    if (emu_world == MPI_COMM_NULL) emu_fatal("ncclCommInitRank before MPI_Init");
+    int fields[2], me;
+    memcpy(fields, id.internal + 8, sizeof(fields));
+    MPI_Comm_rank(emu_world, &me);
+    int creator = fields[0], tag = 1 + fields[1] % 30000;
+    std::vector<int> members(nranks, -1);
+    if (me == creator) {
+        members[rank] = me;
+        for (int i = 1; i < nranks; i++) {
+            int msg[2];
+            MPI_Recv(msg, 2, MPI_INT, MPI_ANY_SOURCE, tag, emu_world, MPI_STATUS_IGNORE);
+            if (msg[1] < 0 || msg[1] >= nranks || members[msg[1]] >= 0) emu_fatal("ncclCommInitRank: two ranks claim rank %d", msg[1]);
+            members[msg[1]] = msg[0];
+        }
+        for (int r = 0; r < nranks; r++)
+            if (r != rank) MPI_Send(members.data(), nranks, MPI_INT, members[r], tag, emu_world);
+    } else {
+        int msg[2] = {me, rank};
+        MPI_Send(msg, 2, MPI_INT, creator, tag, emu_world);
+        MPI_Recv(members.data(), nranks, MPI_INT, creator, tag, emu_world, MPI_STATUS_IGNORE);
+    }
+    MPI_Group world_group, group;
+    MPI_Comm_group(emu_world, &world_group);
+    MPI_Group_incl(world_group, nranks, members.data(), &group);
+    ncclComm* c = new ncclComm{MPI_COMM_NULL, rank, nranks, 0, 0};
+    MPI_Comm_create_group(emu_world, group, tag, &c->comm);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    *out = c;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    touch();
+    host_wait([comm] { return comm->started == comm->issued; });
+    device_sync();
+    MPI_Comm_free(&comm->comm);
+    delete comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupStart() {
+    std::lock_guard<std::mutex> lk(mu);
+    group_depth++;
+    return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+    std::lock_guard<std::mutex> lk(mu);
+    if (--group_depth > 0) return ncclSuccess;
+    for (auto& g : group_ops) {
+        Op* op = new Op();
+        op->kind = Op::COMM;
+        op->comm = g.second;
+        g.first->q.push_back(op);
+    }
+    group_ops.clear();
+    cv_work.notify_one();
+    return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_bytes(t);
+    return nccl_call("ncclAllReduce", Call{C_ALLREDUCE, send, recv, count, t, op, 0, {}}, comm, s, b, b);
+}
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_bytes(t);
+    return nccl_call("ncclReduceScatter", Call{C_REDUCESCATTER, send, recv, count, t, op, 0, {}}, comm, s, b * (comm ? comm->size : 1), b);
+}
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t t, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_bytes(t);
+    return nccl_call("ncclAllGather", Call{C_ALLGATHER, send, recv, count, t, ncclSum, 0, {}}, comm, s, b, b * (comm ? comm->size : 1));
+}
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_bytes(t);
+    return nccl_call("ncclBroadcast", Call{C_BROADCAST, send, recv, count, t, ncclSum, root, {}}, comm, s, comm && comm->rank == root ? b : 0, b);
+}
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_bytes(t);
+    return nccl_call("ncclReduce", Call{C_REDUCE, send, recv, count, t, op, root, {}}, comm, s, b, comm && comm->rank == root ? b : 0);
+}
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_bytes(t);
+    return nccl_call("ncclSend", Call{C_SEND, send, NULL, count, t, ncclSum, peer, {}}, comm, s, b, 0);
+}
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t t, int peer, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_bytes(t);
+    return nccl_call("ncclRecv", Call{C_RECV, NULL, recv, count, t, ncclSum, peer, {}}, comm, s, 0, b);
+}
+
+}  // extern "C"
+#else
+static bool comm_ready(CommOp*) { return true; }
+static void comm_start(CommOp*) {}
+static bool comm_poll(CommOp*) { return true; }
+#endif

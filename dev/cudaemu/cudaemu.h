@@ -1,0 +1,153 @@
+/*
+cudaemu.h: run CUDA C on the CPU, for machines without a GPU. Force-included (g++ -include) into the
+CUDA build's sources, with cudaemu.cpp linked in place of libcudart, cuBLASLt and NCCL.
+
+  - kernels: every GPU thread is a fiber that runs until a barrier or a warp operation and waits there
+    for its block or its lanes, so __syncthreads and __shfl_*_sync have their exact meaning; blocks and
+    threads can run forward, reversed or shuffled, and a race check reruns each launch in all three
+    orders and requires the same bytes;
+  - the runtime: device memory with guard bytes and NaN-filled fresh allocations, streams and events as
+    queues run by a device thread in a seeded order that respects only what CUDA promises;
+  - cuBLASLt: the subset llmpar uses, as a reference GEMM that enforces the documented argument rules;
+  - NCCL: the calls llmpar makes, over MPI (one emulated GPU per rank), asynchronous on their stream.
+
+CUDA's own headers supply the types (cuda_bf16.h's host code does the bf16 rounding, so it is NVIDIA's).
+What it proves and what it cannot: dev/cudaemu/README.md.
+*/
+#ifndef CUDAEMU_H
+#define CUDAEMU_H
+#define LLMPAR_CUDAEMU 1
+
+// CUDA's qualifiers, erased before CUDA's headers define them. __shared__ variables are per OS thread,
+// and one OS thread runs one block at a time, so they are per block.
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static thread_local
+#define __launch_bounds__(...)
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef __cplusplus
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#endif
+
+#ifdef LLMPAR_MPI
+// The NCCL shim calls MPI from the device thread while the program calls it from its own, so MPI starts
+// with MPI_THREAD_MULTIPLE; at the end the device thread stops before MPI does.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+int cudaemu_mpi_init(int* argc, char*** argv);
+int cudaemu_mpi_finalize(void);
+#define MPI_Init cudaemu_mpi_init
+#define MPI_Finalize cudaemu_mpi_finalize
+#endif
+#ifdef LLMPAR_NCCL
+#include <nccl.h>
+#endif
+
+// ---- what a kernel sees: its thread's and block's coordinates, set by the scheduler on every switch
+struct cudaemu_thread {
+    uint3 idx;
+};
+struct cudaemu_block {
+    uint3 idx;
+    dim3 dim, grid;
+    void* dynamic_shared;
+};
+extern thread_local cudaemu_thread* cudaemu_self;
+extern thread_local cudaemu_block* cudaemu_blk;
+#define threadIdx (cudaemu_self->idx)
+#define blockIdx (cudaemu_blk->idx)
+#define blockDim (cudaemu_blk->dim)
+#define gridDim (cudaemu_blk->grid)
+static const int warpSize = 32;
+
+#define CUDAEMU_STR2(x) #x
+#define CUDAEMU_STR(x) CUDAEMU_STR2(x)
+#define CUDAEMU_SITE __FILE__ ":" CUDAEMU_STR(__LINE__)
+
+// ---- barriers and warp operations: each waits for its block or its lanes (named by the mask)
+void cudaemu_syncthreads(const char* site);
+#define __syncthreads() cudaemu_syncthreads(CUDAEMU_SITE)
+
+enum { CUDAEMU_SHFL_IDX, CUDAEMU_SHFL_XOR, CUDAEMU_SHFL_UP, CUDAEMU_SHFL_DOWN, CUDAEMU_SYNCWARP, CUDAEMU_BALLOT };
+uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width);
+
+#ifdef __cplusplus
+template <typename T>
+static inline T cudaemu_shfl(const char* site, int kind, unsigned mask, T v, int arg, int width) {
+    static_assert(sizeof(T) <= 8, "cudaemu: shuffles move values of up to 8 bytes");
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    bits = cudaemu_warp_op(site, kind, mask, bits, arg, width);
+    T out;
+    memcpy(&out, &bits, sizeof(T));
+    return out;
+}
+#define __shfl_sync(mask, v, lane, ...) cudaemu_shfl(CUDAEMU_SITE, CUDAEMU_SHFL_IDX, mask, v, lane, cudaemu_width(__VA_ARGS__ + 0))
+#define __shfl_xor_sync(mask, v, m, ...) cudaemu_shfl(CUDAEMU_SITE, CUDAEMU_SHFL_XOR, mask, v, m, cudaemu_width(__VA_ARGS__ + 0))
+#define __shfl_up_sync(mask, v, d, ...) cudaemu_shfl(CUDAEMU_SITE, CUDAEMU_SHFL_UP, mask, v, d, cudaemu_width(__VA_ARGS__ + 0))
+#define __shfl_down_sync(mask, v, d, ...) cudaemu_shfl(CUDAEMU_SITE, CUDAEMU_SHFL_DOWN, mask, v, d, cudaemu_width(__VA_ARGS__ + 0))
+static inline int cudaemu_width(int w) { return w ? w : 32; }  // the optional width argument, 32 when absent
+#define __syncwarp(...) ((void)cudaemu_warp_op(CUDAEMU_SITE, CUDAEMU_SYNCWARP, cudaemu_mask(__VA_ARGS__ + 0u), 0, 0, 32))
+static inline unsigned cudaemu_mask(unsigned m) { return m ? m : 0xffffffffu; }
+#define __ballot_sync(mask, pred) ((unsigned)cudaemu_warp_op(CUDAEMU_SITE, CUDAEMU_BALLOT, mask, (pred) != 0, 0, 32))
+#endif
+
+// ---- device intrinsics the host compiler lacks
+static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+
+// Dynamic shared memory of the running block (the launch's third argument), filled with NaN bytes.
+void* cudaemu_dynamic_shared(void);
+
+// ---- controls for tests: the race check reruns every launch in three thread orders (forward, reversed,
+// shuffled) from the same starting bytes and stops with an error naming the kernel when they differ.
+void cudaemu_racecheck(int on);
+
+// ---- kernel launch: kernel<<<grid, block, shmem, stream>>>(args) becomes
+// cudaemu_launch("name", kernel, grid, block, shmem, stream, args...)
+#ifdef __cplusplus
+struct cudaemu_arg {  // a kernel argument that is a pointer must be device or page-locked memory
+    const void* ptr;
+    int index;  // its position in the kernel's parameter list, from 0
+};
+void cudaemu_launch_kernel(const char* name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+                           const cudaemu_arg* pointers, int npointers, std::function<void()> body);
+
+template <typename T>
+static inline void cudaemu_note_pointer(const T& v, int index, cudaemu_arg* out, int* n) {
+    if constexpr (std::is_pointer<T>::value) out[(*n)++] = cudaemu_arg{(const void*)v, index};
+    (void)v, (void)index, (void)out, (void)n;
+}
+
+template <typename T>
+struct cudaemu_same {  // keeps the arguments out of template deduction: they convert as in a plain call
+    typedef T type;
+};
+
+template <typename... P>
+static inline void cudaemu_launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem,
+                                  cudaStream_t stream, typename cudaemu_same<P>::type... args) {
+    std::tuple<typename std::decay<P>::type...> params(args...);
+    cudaemu_arg pointers[sizeof...(P) + 1];
+    int n = 0, index = 0;
+    std::apply([&](const auto&... p) { (cudaemu_note_pointer(p, index++, pointers, &n), ...); }, params);
+    cudaemu_launch_kernel(name, grid, block, shmem, stream, pointers, n, [kernel, params]() { std::apply(kernel, params); });
+}
+#endif
+
+#endif  // CUDAEMU_H

@@ -1,0 +1,301 @@
+/*
+test_cudaemu.cu: the CUDA emulator's own tests. Each case is a small CUDA program run in a child process
+(this binary with the case's name): the correct ones must run and give the right values, and each broken
+one (a missing barrier, a divergent barrier, a shuffle with inactive lanes, a write past an allocation, a
+missing stream wait, a bad GEMM leading dimension, ...) must be caught with a one-line error naming it.
+
+    make dev/cudaemu/test_cudaemu && dev/cudaemu/test_cudaemu        # all cases; ends with N passed, N failed
+    dev/cudaemu/test_cudaemu shuffles                                 # one case, in this process
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(call)                                                                                     \
+    do {                                                                                                \
+        cudaError_t e_ = (call);                                                                        \
+        if (e_ != cudaSuccess) {                                                                        \
+            printf("%s failed: %s\n", #call, cudaGetErrorString(e_));                                   \
+            exit(3);                                                                                    \
+        }                                                                                               \
+    } while (0)
+#define LAUNCH(kernel, grid, block, shmem, stream, ...) cudaemu_launch(#kernel, kernel, grid, block, shmem, stream, __VA_ARGS__)
+
+static int* device_ints(int n) {
+    int* d;
+    CHECK(cudaMalloc((void**)&d, n * sizeof(int)));
+    CHECK(cudaMemset(d, 0, n * sizeof(int)));
+    return d;
+}
+static void expect_ints(const int* d, const int* want, int n, const char* what) {
+    int* h = (int*)malloc(n * sizeof(int));
+    CHECK(cudaMemcpy(h, d, n * sizeof(int), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++)
+        if (h[i] != want[i]) {
+            printf("%s: element %d is %d, want %d\n", what, i, h[i], want[i]);
+            exit(2);
+        }
+    free(h);
+}
+
+// ---- kernels
+
+// Sum of a block's values through shared memory; `barrier` 0 leaves out the barrier between the writes
+// and the reads.
+__global__ void block_sum(int* out, const int* in, int barrier) {
+    __shared__ int part[256];
+    part[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
+    if (barrier) __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (unsigned i = 0; i < blockDim.x; i++) s += part[i];
+        out[blockIdx.x] = s;
+    }
+}
+
+__global__ void divergent_barrier(int* out) {
+    if (threadIdx.x < 16) __syncthreads();
+    out[threadIdx.x] = 1;
+}
+
+__global__ void shuffles(int* out) {  // each lane's results of four shuffles, packed
+    int lane = threadIdx.x % 32, v = 100 + lane;
+    int x = __shfl_xor_sync(0xffffffffu, v, 5);
+    int up = __shfl_up_sync(0xffffffffu, v, 3);
+    int down = __shfl_down_sync(0xffffffffu, v, 3, 16);  // within 16-lane segments
+    int idx = __shfl_sync(0xffffffffu, v, 7);
+    out[threadIdx.x * 4 + 0] = x;
+    out[threadIdx.x * 4 + 1] = up;
+    out[threadIdx.x * 4 + 2] = down;
+    out[threadIdx.x * 4 + 3] = idx;
+}
+
+__global__ void partial_warp_shuffle(int* out) {  // lanes 16..31 leave before the full-mask shuffle
+    int v = threadIdx.x;
+    if (threadIdx.x >= 16) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, v, 1);
+}
+
+__global__ void coordinates(int* out) {  // every thread of a 3-D grid of 3-D blocks writes its own slot once
+    int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    int per = blockDim.x * blockDim.y * blockDim.z;
+    out[block * per + thread] += block * 1000 + thread;
+}
+
+__global__ void write_one_past(int* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= n) out[i] = i;  // should be i < n
+}
+
+__global__ void fill(int* out, int n, int value) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = value;
+}
+__global__ void twice(int* out, const int* in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 2 * in[i];
+}
+
+__global__ void dynamic_shared_reverse(int* out) {  // dynamic shared memory, read back by another thread
+    int* s = (int*)cudaemu_dynamic_shared();
+    s[threadIdx.x] = threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
+}
+
+// ---- cases: 0 and the right values, or an error
+
+static int case_block_sum(int barrier) {
+    cudaemu_racecheck(1);
+    int n = 4 * 256, *in = device_ints(n), *out = device_ints(4);
+    int h[1024], want[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        h[i] = i % 97;
+        want[i / 256] += h[i];
+    }
+    CHECK(cudaMemcpy(in, h, sizeof(h), cudaMemcpyHostToDevice));
+    LAUNCH(block_sum, 4, 256, 0, 0, out, in, barrier);
+    expect_ints(out, want, 4, "block_sum");
+    return 0;
+}
+
+static int case_shuffles(void) {
+    cudaemu_racecheck(1);
+    int *out = device_ints(64 * 4), want[64 * 4];
+    for (int t = 0; t < 64; t++) {
+        int l = t % 32, v = 100 + l;
+        want[t * 4 + 0] = 100 + (l ^ 5);
+        want[t * 4 + 1] = l >= 3 ? v - 3 : v;
+        want[t * 4 + 2] = l % 16 + 3 < 16 ? v + 3 : v;
+        want[t * 4 + 3] = 107;
+    }
+    LAUNCH(shuffles, 1, 64, 0, 0, out);
+    expect_ints(out, want, 64 * 4, "shuffles");
+    return 0;
+}
+
+static int case_coordinates(void) {
+    cudaemu_racecheck(1);
+    dim3 grid(3, 2, 2), block(4, 3, 2);
+    int n = 12 * 24, *out = device_ints(n), want[12 * 24];
+    for (int i = 0; i < n; i++) want[i] = i / 24 * 1000 + i % 24;
+    LAUNCH(coordinates, grid, block, 0, 0, out);
+    expect_ints(out, want, n, "coordinates");
+    return 0;
+}
+
+static int case_dynamic_shared(void) {
+    cudaemu_racecheck(1);
+    int *out = device_ints(128), want[128];
+    for (int i = 0; i < 128; i++) want[i] = 127 - i;
+    LAUNCH(dynamic_shared_reverse, 1, 128, 128 * sizeof(int), 0, out);
+    expect_ints(out, want, 128, "dynamic shared memory");
+    return 0;
+}
+
+// Produce on one stream, consume on another: with the event wait the values are right in every order the
+// emulator picks; without it the consumer can run first and reads the old values.
+static int case_streams(int wait) {
+    cudaStream_t a, b;
+    cudaEvent_t done;
+    CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    int n = 256, *x = device_ints(n), *y = device_ints(n), want[256];
+    for (int i = 0; i < n; i++) want[i] = 14;
+    for (int k = 0; k < 8; k++) LAUNCH(fill, 1, 256, 0, a, x, n, k);  // the producer's stream is busy first
+    LAUNCH(fill, 1, 256, 0, a, x, n, 7);
+    CHECK(cudaEventRecord(done, a));
+    if (wait) CHECK(cudaStreamWaitEvent(b, done, 0));
+    LAUNCH(twice, 1, 256, 0, b, y, x, n);
+    CHECK(cudaDeviceSynchronize());
+    expect_ints(y, want, n, wait ? "with the wait" : "a missing cudaStreamWaitEvent: the consumer read before the producer wrote");
+    return 0;
+}
+
+static int case_gemm_ld(int ld) {  // a 16 x 8 column-major A with leading dimension ld (>= 16 is legal)
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasLtCreate(&h);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, 16, 8, ld);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, 8, 4, 8);
+    cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, 16, 4, 16);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &heur, &found);
+    return found == 1 ? 0 : 4;
+}
+
+static int run_case(const char* name) {
+    if (!strcmp(name, "block_sum")) return case_block_sum(1);
+    if (!strcmp(name, "missing_syncthreads")) return case_block_sum(0);
+    if (!strcmp(name, "shuffles")) return case_shuffles();
+    if (!strcmp(name, "coordinates")) return case_coordinates();
+    if (!strcmp(name, "dynamic_shared")) return case_dynamic_shared();
+    if (!strcmp(name, "divergent_barrier")) {
+        int* out = device_ints(32);
+        LAUNCH(divergent_barrier, 1, 32, 0, 0, out);
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
+    if (!strcmp(name, "partial_warp_shuffle")) {
+        int* out = device_ints(32);
+        LAUNCH(partial_warp_shuffle, 1, 32, 0, 0, out);
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
+    if (!strcmp(name, "write_one_past")) {
+        int* out = device_ints(100);
+        LAUNCH(write_one_past, 1, 128, 0, 0, out, 100);
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
+    if (!strcmp(name, "stream_wait")) return case_streams(1);
+    if (!strcmp(name, "missing_stream_wait")) return case_streams(0);
+    if (!strcmp(name, "gemm_ld")) return case_gemm_ld(16);
+    if (!strcmp(name, "bad_gemm_ld")) return case_gemm_ld(8);
+    if (!strcmp(name, "block_too_large")) {
+        int* out = device_ints(2048);
+        LAUNCH(fill, 1, 2048, 0, 0, out, 2048, 1);
+        CHECK(cudaGetLastError());
+        return 0;
+    }
+    if (!strcmp(name, "host_pointer_argument")) {
+        int* host = (int*)malloc(256 * sizeof(int));
+        LAUNCH(fill, 1, 256, 0, 0, host, 256, 1);
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
+    if (!strcmp(name, "memcpy_past_end")) {
+        int h[64], *d = device_ints(32);
+        CHECK(cudaMemcpy(d, h, sizeof(h), cudaMemcpyHostToDevice));
+        return 0;
+    }
+    if (!strcmp(name, "memcpy_wrong_direction")) {
+        int h[32], *d = device_ints(32);
+        CHECK(cudaMemcpy(d, h, sizeof(h), cudaMemcpyDeviceToHost));
+        return 0;
+    }
+    if (!strcmp(name, "out_of_memory")) {  // run with CUDAEMU_MEMORY_GIB=0.001
+        void* p;
+        CHECK(cudaMalloc(&p, 4 << 20));
+        return 0;
+    }
+    if (!strcmp(name, "too_much_shared")) {
+        int* out = device_ints(128);
+        LAUNCH(dynamic_shared_reverse, 1, 128, 64 * 1024, 0, out);
+        CHECK(cudaGetLastError());
+        return 0;
+    }
+    printf("no case named %s\n", name);
+    return 1;
+}
+
+int main(int argc, char** argv) {
+    if (argc == 2) return run_case(argv[1]);
+    struct {
+        const char* name;
+        const char* env;     // set for the child
+        int ok;              // 1: must exit 0; 0: must fail
+        const char* needle;  // what its output must say
+    } cases[] = {
+        {"block_sum", "", 1, ""},
+        {"missing_syncthreads", "", 0, "cudaemu: error: block_sum: a race"},
+        {"divergent_barrier", "", 0, "is reached by 16 of 32 threads"},
+        {"shuffles", "", 1, ""},
+        {"partial_warp_shuffle", "", 0, "which has exited (a shuffle with inactive lanes)"},
+        {"coordinates", "", 1, ""},
+        {"dynamic_shared", "", 1, ""},
+        {"write_one_past", "", 0, "after kernel write_one_past: a write outside the 400-byte device allocation"},
+        {"stream_wait", "", 1, ""},
+        {"missing_stream_wait", "", 0, "a missing cudaStreamWaitEvent: the consumer read before the producer wrote"},
+        {"gemm_ld", "", 1, ""},
+        {"bad_gemm_ld", "", 0, "matrix A: leading dimension 8 is less than its 16 rows"},
+        {"block_too_large", "", 0, "invalid configuration argument (cudaemu: fill<<<(1,1,1), (2048,1,1)>>>"},
+        {"host_pointer_argument", "", 0, "kernel fill: argument 1"},
+        {"memcpy_past_end", "", 0, "run past the end of its allocation"},
+        {"memcpy_wrong_direction", "", 0, "the direction says device to host but the source is host"},
+        {"out_of_memory", "CUDAEMU_MEMORY_GIB=0.001", 0, "out of memory (cudaemu: 4194304 bytes asked"},
+        {"too_much_shared", "", 0, "65536 bytes of dynamic shared memory"},
+    };
+    int passed = 0, failed = 0;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char cmd[1024], out[8192];
+        snprintf(cmd, sizeof(cmd), "%s %s %s 2>&1", cases[i].env, argv[0], cases[i].name);
+        FILE* p = popen(cmd, "r");
+        size_t got = p ? fread(out, 1, sizeof(out) - 1, p) : 0;
+        out[got] = 0;
+        int status = p ? pclose(p) : -1;
+        int ok = cases[i].ok ? status == 0 : status != 0 && strstr(out, cases[i].needle) != NULL;
+        printf("%s %s %s\n", ok ? "ok  " : "FAIL", cases[i].ok ? "runs:  " : "caught:", cases[i].name);
+        if (!ok) printf("     exit status %d, output:\n%s\n", status, out);
+        ok ? passed++ : failed++;
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
