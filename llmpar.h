@@ -1057,6 +1057,8 @@ typedef struct {
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
     MPI_Request req[LP_MAX_PENDING];
     float* average[LP_MAX_PENDING];  // an all-reduce's buffer, divided by the group size when done
+    float* block[LP_MAX_PENDING];    // a reduce-scatterv's buffer: MPI leaves this rank's block at its start,
+    size_t at[LP_MAX_PENDING];       //   which then moves to its place, `at`
     size_t n[LP_MAX_PENDING];
     int* args[LP_MAX_PENDING];  // counts (and displacements) MPI reads until the operation completes
 #endif
@@ -1074,7 +1076,7 @@ static inline void lp_comm_stream_follows_compute(void) {
 static inline int lp_pending_slot(LPPending* p, const LPGroup* g) {
     if (p->count == LP_MAX_PENDING) lp_fail("more than %d collectives in flight on group %s", LP_MAX_PENDING, g->name);
     int k = p->count++;
-    p->average[k] = NULL;
+    p->average[k] = p->block[k] = NULL;
     p->args[k] = NULL;
     return k;
 }
@@ -1157,23 +1159,29 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
 #endif
 }
 
-// Start summing over the group: x holds counts[0] + ... + counts[size-1] values, rank by rank; out
-// receives the sum of this rank's block (counts[rank] values). Blocks may differ in size and be empty
-// (ZeRO-2: a layer's gradients cut at the shard boundaries).
-static inline void lp_reduce_scatterv_start(const LPGroup* g, const floatX* x, const int* counts, floatX* out, LPPending* p) {
-    if (g->size == 1) {  // a group of one: its block is everything
-        lp_copy_device(out, x, (size_t)counts[0] * sizeof(floatX));
-        return;
-    }
+// Where this rank's block starts in a buffer of counts[0] + ... + counts[size-1] values, rank by rank.
+static inline size_t lp_block_start(const LPGroup* g, const int* counts) {
+    size_t at = 0;
+    for (int r = 0; r < g->rank; r++) at += (size_t)counts[r];
+    return at;
+}
+
+// Start summing over the group, in place: x holds counts[0] + ... + counts[size-1] values, rank by rank;
+// afterwards this rank's block (lp_block_start, counts[rank] values) holds its sum and the others are
+// undefined. Blocks may differ in size and be empty (ZeRO-2: a layer's gradients cut at the shard
+// boundaries). In place, so ZeRO-2 needs no receive buffers.
+static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const int* counts, LPPending* p) {
+    if (g->size == 1) return;  // a group of one: its block is everything, summed
     size_t n = 0;
     for (int r = 0; r < g->size; r++) n += counts[r];
     lp_traffic(g, LP_REDUCE_SCATTER, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
-    if (g->nccl) {  // one reduce per owner, launched together
+    if (g->nccl) {  // one reduce per owner, each in place, launched together
         lp_comm_stream_follows_compute();
         lp_nccl_check(ncclGroupStart(), "group start", g);
         for (int r = 0, off = 0; r < g->size; r++) {
-            if (counts[r]) lp_nccl_check(ncclReduce(x + off, out, counts[r], ncclBfloat16, ncclSum, r, g->nccl, lp_comm_stream), "reduce", g);
+            if (counts[r])
+                lp_nccl_check(ncclReduce(x + off, x + off, counts[r], ncclBfloat16, ncclSum, r, g->nccl, lp_comm_stream), "reduce", g);
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
@@ -1185,19 +1193,22 @@ static inline void lp_reduce_scatterv_start(const LPGroup* g, const floatX* x, c
     int k = lp_pending_slot(p, g);
     p->args[k] = (int*)lp_host_malloc((size_t)g->size * sizeof(int), "reduce-scatter counts");
     memcpy(p->args[k], counts, (size_t)g->size * sizeof(int));
-    lp_mpi_check(MPI_Ireduce_scatter(x, out, p->args[k], MPI_FLOAT, MPI_SUM, g->comm, &p->req[k]), "reduce-scatter", g);
+    p->block[k] = x;
+    p->at[k] = lp_block_start(g, counts);
+    p->n[k] = (size_t)counts[g->rank];
+    lp_mpi_check(MPI_Ireduce_scatter(MPI_IN_PLACE, x, p->args[k], MPI_FLOAT, MPI_SUM, g->comm, &p->req[k]), "reduce-scatter", g);
 #elif defined(LLMPAR_MPI)
     size_t mine = (size_t)counts[g->rank];
     float* send = (float*)lp_host_malloc(n * sizeof(float), "reduce-scatter staging");
     float* recv = (float*)lp_host_malloc((mine ? mine : 1) * sizeof(float), "reduce-scatter staging");
     lp_to_host_float(send, x, n);
     lp_mpi_check(MPI_Reduce_scatter(send, recv, counts, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
-    lp_to_device_floatX(out, recv, mine);
+    lp_to_device_floatX(x + lp_block_start(g, counts), recv, mine);
     free(send);
     free(recv);
     (void)p;
 #else
-    (void)x, (void)out, (void)p;
+    (void)x, (void)p;
     lp_fail("reduce-scatter on group %s: this build has no MPI", g->name);
 #endif
 }
@@ -1218,6 +1229,7 @@ static inline void lp_wait(const LPGroup* g, LPPending* p) {
     for (int k = 0; k < p->count; k++) {
         if (p->average[k])  // sums -> averages
             for (size_t i = 0; i < p->n[k]; i++) p->average[k][i] /= g->size;
+        if (p->block[k]) memmove(p->block[k] + p->at[k], p->block[k], p->n[k] * sizeof(float));
         free(p->args[k]);
     }
 #else
@@ -2410,12 +2422,11 @@ typedef struct {
     size_t padded_params, shard_start, shard_size;
     size_t layer_offsets[LP_NUM_PARAMS], layer_params;  // a layer's tensors packed one after another
     floatX* layer_grads;  // ZeRO-2: the gradients of the layer whose backward is running: layer l's go to
-    floatX* layer_grad_buf[2];  //   buffer l % 2, its reduction to the owners runs on while l-1's are computed
-    floatX* reduce_tmp[2];      //   this rank's part of each buffer's reduction, before it is added into
-    LPPending layer_reducing[2];//   grad_shard at these places (offset, count), once it has arrived
-    int reduce_adds[2];
+    floatX* layer_grad_buf[2];  //   buffer l % 2, its reduction to the owners (in place) runs on while l-1's are
+    LPPending layer_reducing[2];//   computed; once it has arrived, this rank's sums (reduce_add_src, n) are
+    int reduce_adds[2];         //   added into grad_shard (at reduce_add_at)
+    floatX* reduce_add_src[2][LP_NUM_PARAMS];
     size_t reduce_add_at[2][LP_NUM_PARAMS], reduce_add_n[2][LP_NUM_PARAMS];
-    size_t reduce_chunk;  // ZeRO-2: the most values reduced at once (one layer's worth; reduce_tmp's size)
     floatX* grad_shard;   // ZeRO-2: this rank's averaged gradients, accumulated over micro-batches
     size_t bucket_bytes;  // overlap: reduce once this many bytes of layer gradients are complete (0: every layer)
     int layers_reducing;  // the layers' gradient all-reduces were started in backward (overlap) ...
@@ -2584,14 +2595,10 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (!lp_is_layer_tensor(i)) { m->g[i] = m->grads + off; off += m->param_sizes[i]; }
         m->grad_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "gradient shard");
-        m->reduce_chunk = m->layer_params ? m->layer_params : k;  // a chunk without layers reduces only outside tensors
-        size_t tmp = k < m->reduce_chunk ? k : m->reduce_chunk;
-        for (int b = 0; b < 2; b++) {
+        for (int b = 0; b < 2; b++)
             m->layer_grad_buf[b] = (floatX*)lp_device_malloc(m->layer_params * sizeof(floatX), "one layer's gradients");
-            m->reduce_tmp[b] = (floatX*)lp_device_malloc(tmp * sizeof(floatX), "gradient reduce buffer");
-        }
         m->layer_grads = m->layer_grad_buf[0];
-        m->grad_bytes = (outside + 2 * m->layer_params + k + 2 * tmp) * sizeof(floatX);
+        m->grad_bytes = (outside + 2 * m->layer_params + k) * sizeof(floatX);
     } else {
         m->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
         for (int i = 0; i < LP_NUM_PARAMS; i++) m->g[i] = m->grads + m->param_offsets[i];
@@ -2654,49 +2661,43 @@ static inline void lp_model_gather_layer(LPModel* m, int l) {
     lp_wait(m->shard_group, &m->gathering[m->layer_in_buf[0] == l ? 0 : 1]);
 }
 
-// ZeRO-2: sum the gradients src of the flat parameters [flat, flat + count) over the DP group; each
-// rank adds the average of its part into grad_shard. Chunks of at most reduce_chunk values keep the
-// receive buffer small. (The tensors outside the layers, once per step.)
-static inline void lp_model_reduce_grads(LPModel* m, const floatX* src, size_t flat, size_t count) {
+// ZeRO-2: sum the gradients src of the flat parameters [flat, flat + count) over the DP group, in place;
+// each rank adds the average of its part into grad_shard, and src is left undefined. (The tensors outside
+// the layers, once per step.)
+static inline void lp_model_reduce_grads(LPModel* m, floatX* src, size_t flat, size_t count) {
     const LPGroup* g = m->shard_group;
-    int counts[1024];
-    for (size_t done = 0; done < count; done += m->reduce_chunk) {
-        size_t first = flat + done, n = count - done < m->reduce_chunk ? count - done : m->reduce_chunk;
-        lp_model_owner_counts(m, first, n, counts);
-        lp_reduce_scatterv_start(g, src + done, counts, m->reduce_tmp[0], &m->layer_reducing[0]);
-        lp_wait(g, &m->layer_reducing[0]);
-        size_t start = first > m->shard_start ? first - m->shard_start : 0;
-        LP(add_scaled)(m->grad_shard + start, m->reduce_tmp[0], (size_t)counts[g->rank], 1.0f / g->size);
-    }
+    int counts[1024] = {0};
+    lp_model_owner_counts(m, flat, count, counts);
+    lp_reduce_scatterv_start(g, src, counts, &m->layer_reducing[0]);
+    lp_wait(g, &m->layer_reducing[0]);
+    size_t start = flat > m->shard_start ? flat - m->shard_start : 0;
+    LP(add_scaled)(m->grad_shard + start, src + lp_block_start(g, counts), (size_t)counts[g->rank], 1.0f / g->size);
 }
 
-// ZeRO-2: start reducing layer l's gradients, in layer_grad_buf[b], to their owners: each rank receives
-// its part of each tensor into reduce_tmp[b], one after another.
+// ZeRO-2: start reducing layer l's gradients, in layer_grad_buf[b], to their owners, in place: each
+// rank's part of each tensor is summed where it lies in the buffer.
 static inline void lp_model_reduce_layer_start(LPModel* m, int l, int b) {
     const LPGroup* g = m->shard_group;
     int counts[1024];
-    size_t got = 0;
     m->reduce_adds[b] = 0;
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
         size_t per = m->param_sizes[i] / m->L, flat = m->param_offsets[i] + (size_t)l * per;
+        floatX* x = m->layer_grad_buf[b] + m->layer_offsets[i];
         lp_model_owner_counts(m, flat, per, counts);
-        lp_reduce_scatterv_start(g, m->layer_grad_buf[b] + m->layer_offsets[i], counts, m->reduce_tmp[b] + got,
-                                 &m->layer_reducing[b]);
+        lp_reduce_scatterv_start(g, x, counts, &m->layer_reducing[b]);
         if (counts[g->rank] == 0) continue;
-        m->reduce_add_at[b][m->reduce_adds[b]] = flat > m->shard_start ? flat - m->shard_start : 0;
-        m->reduce_add_n[b][m->reduce_adds[b]++] = (size_t)counts[g->rank];
-        got += (size_t)counts[g->rank];
+        int k = m->reduce_adds[b]++;
+        m->reduce_add_src[b][k] = x + lp_block_start(g, counts);
+        m->reduce_add_at[b][k] = flat > m->shard_start ? flat - m->shard_start : 0;
+        m->reduce_add_n[b][k] = (size_t)counts[g->rank];
     }
 }
 // ... and once it has arrived, add the averages into grad_shard; buffer b is free again.
 static inline void lp_model_reduce_layer_finish(LPModel* m, int b) {
     lp_wait(m->shard_group, &m->layer_reducing[b]);
-    size_t got = 0;
-    for (int k = 0; k < m->reduce_adds[b]; k++) {
-        LP(add_scaled)(m->grad_shard + m->reduce_add_at[b][k], m->reduce_tmp[b] + got, m->reduce_add_n[b][k],
+    for (int k = 0; k < m->reduce_adds[b]; k++)
+        LP(add_scaled)(m->grad_shard + m->reduce_add_at[b][k], m->reduce_add_src[b][k], m->reduce_add_n[b][k],
                        1.0f / m->shard_group->size);
-        got += m->reduce_add_n[b][k];
-    }
     m->reduce_adds[b] = 0;
 }
 
@@ -3164,10 +3165,7 @@ static inline void lp_model_free(LPModel* m) {
     lp_device_free(m->grads);
     if (m->zero_stage >= 2) {
         lp_device_free(m->grad_shard);
-        for (int b = 0; b < 2; b++) {
-            lp_device_free(m->layer_grad_buf[b]);
-            lp_device_free(m->reduce_tmp[b]);
-        }
+        for (int b = 0; b < 2; b++) lp_device_free(m->layer_grad_buf[b]);
     }
     if (m->zero_stage >= 3) {
         lp_device_free(m->param_shard);
@@ -3898,8 +3896,8 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
 
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
-// and 3 keep wte, wpe and lnf (`outside`) whole, plus two layers' buffers of gradients (and their receive
-// buffers) or weights when the chunk has layers.
+// and 3 keep wte, wpe and lnf (`outside`) whole, plus two layers' buffers of gradients (reduced in place)
+// or weights when the chunk has layers.
 static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->p * s->v;
     size_t sizes[LP_NUM_PARAMS];
@@ -3908,9 +3906,9 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += (double)sizes[i] / c->num_layers;
     double n = lp_chunk_params(c, s, k, layers);
     double outside = n - layer * layers, parts = s->zero >= 1 ? s->d : 1, shard = ceil(n / parts), X = sizeof(floatX);
-    double buffer = layers ? layer : 0.0, receive = fmin(shard, layers ? layer : shard);
+    double buffer = layers ? layer : 0.0;
     double params = s->zero >= 3 ? outside + shard + 2 * buffer : shard * parts;
-    double grads = s->zero >= 2 ? outside + 2 * buffer + shard + 2 * receive : shard * parts;
+    double grads = s->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
     memset(&shape, 0, sizeof(shape));
     shape.cfg = *c;
