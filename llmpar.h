@@ -23,6 +23,7 @@ the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of 
 #ifndef LLMPAR_H
 #define LLMPAR_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <glob.h>
 #include <limits.h>
@@ -335,6 +336,9 @@ static inline void lp_config_validate(const LPConfig* c, const char* source) {
     if (c->num_layers < 1 || c->channels < 1 || c->num_heads < 1 || c->max_seq_len < 1 || c->vocab_size < 1)
         lp_fail("%s: model shape must be positive (L=%d C=%d NH=%d maxT=%d V=%d)", source, c->num_layers,
                 c->channels, c->num_heads, c->max_seq_len, c->vocab_size);
+    if (c->num_layers > 1024 || c->channels > 65536 || c->max_seq_len > 1 << 20 || c->padded_vocab_size > 1 << 17)
+        lp_fail("%s: model shape out of range (L=%d of at most 1024, C=%d of 65536, maxT=%d of 1048576, padded V=%d of 131072)",
+                source, c->num_layers, c->channels, c->max_seq_len, c->padded_vocab_size);
     if (c->channels % c->num_heads != 0)
         lp_fail("%s: channels %d not divisible by heads %d", source, c->channels, c->num_heads);
     if (c->padded_vocab_size < c->vocab_size)
@@ -345,9 +349,10 @@ static inline void lp_config_validate(const LPConfig* c, const char* source) {
 // "-e d12" style names: GPT-2 sizes for d12/d24/d36/d48, else head size 64 with d heads.
 // Returns 0 when `name` is not of the form dN.
 static inline int lp_config_from_depth(LPConfig* c, const char* name) {
-    if (name[0] != 'd' || name[1] < '1' || name[1] > '9') return 0;
+    if (name[0] != 'd' || name[1] == '\0') return 0;
     for (const char* p = name + 1; *p; p++) if (*p < '0' || *p > '9') return 0;
-    int d = atoi(name + 1);
+    long d = strtol(name + 1, NULL, 10);
+    if (d > 1 << 20) d = 1 << 20;  // lp_config_validate refuses it; this only keeps 64 d an int
     c->num_layers = d;
     c->max_seq_len = 1024;
     c->vocab_size = 50257;
@@ -426,8 +431,8 @@ static inline void lp_fail_all(const char* fmt, ...) {
 // Place this rank on the t x d x p grid (d = world / (t p)) and make its three groups.
 static inline void lp_grid_init(LPProcess* p, int tp, int pp) {
     if (tp < 1 || pp < 1) lp_fail_all("--tp %d --pp %d: sizes must be >= 1", tp, pp);
-    if (tp * pp > p->world)
-        lp_fail_all("--tp %d --pp %d: the grid needs at least t*p = %d ranks, this run has %d", tp, pp, tp * pp, p->world);
+    if ((long long)tp * pp > p->world)
+        lp_fail_all("--tp %d --pp %d: the grid needs at least t*p = %lld ranks, this run has %d", tp, pp, (long long)tp * pp, p->world);
     if (p->world % (tp * pp) != 0)
         lp_fail_all("--tp %d --pp %d: t*p = %d does not divide the %d ranks (world = t*p*d)", tp, pp, tp * pp, p->world);
     p->tp = tp;
@@ -3451,6 +3456,11 @@ static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f)
     cfg->channels = h[6];
     cfg->padded_vocab_size = h[7];
     lp_config_validate(cfg, path);
+    // the size the header implies, before anything of that size is allocated (a damaged header can ask for a lot)
+    long long expect = LP_HEADER_INTS * 4LL + (long long)lp_config_num_params(cfg) * (h[1] == 3 ? 4 : 2);
+    long long size = lp_file_size(path);
+    if (size < expect) lp_fail("%s: file is truncated (its header's model needs %lld bytes, the file has %lld)", path, expect, size);
+    if (size > expect) lp_fail("%s: file is longer than its header's model (%lld bytes, expected %lld)", path, size, expect);
     return h[1];
 }
 
@@ -3563,13 +3573,18 @@ typedef struct {
     int B, T, total_batch;
 } LPTrainState;
 
+// Remove a checkpoint directory and whatever it holds (a save killed mid-write leaves files like
+// state.bin.tmp, which would keep the directory and so every later save of that step from working).
 static inline void lp_checkpoint_remove(const char* dir) {
-    const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
+    DIR* d = opendir(dir);
+    if (!d) return;
     char path[LP_PATH_MAX];
-    for (int i = 0; i < 3; i++) {
-        lp_path(path, "%s/%s", dir, names[i]);
+    for (struct dirent* e; (e = readdir(d)) != NULL;) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        lp_path(path, "%s/%s", dir, e->d_name);
         remove(path);
     }
+    closedir(d);
     rmdir(dir);
 }
 
@@ -3615,8 +3630,30 @@ static inline void lp_checkpoint_check(const LPGroup* world, int err, const char
     lp_exit_all();
 }
 
+// Whether this rank writes model m's slice of a checkpoint: unsharded data-parallel replicas hold
+// identical state, and the first writes it.
+static inline int lp_checkpoint_writes(const LPModel* m) { return m->shard_group || !m->dp || m->dp->rank == 0; }
+
+// How many of the fp32 master weights this rank writes are not finite.
+static inline size_t lp_model_nonfinite(const LPModel* m) {
+    size_t count = lp_checkpoint_writes(m) ? lp_model_shard_count(m) : 0, bad = 0;
+    float* h = (float*)lp_host_malloc(count * sizeof(float), "checkpoint check");
+    lp_copy_to_host(h, m->master, count * sizeof(float));
+    for (size_t i = 0; i < count; i++) bad += !isfinite(h[i]);
+    free(h);
+    return bad;
+}
+
 // Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.
+// A run whose weights are no longer finite stops before anything is written, so its last checkpoint stays
+// the newest and resumable.
 static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st, const char* dir, const LPGroup* world) {
+    float nonfinite = 0.0f;
+    for (int k = 0; k < n_models; k++) nonfinite += (float)lp_model_nonfinite(&ms[k]);
+    lp_all_reduce_host(world, &nonfinite, 1, 0);
+    if (nonfinite > 0.0f)
+        lp_fail_all("step %d: %.0f weights are not finite, so no checkpoint is written (the run diverged; try a lower -l)",
+                    st->step, nonfinite);
     const LPModel* m = ms;
     char final_dir[LP_PATH_MAX], tmp_dir[LP_PATH_MAX], model_path[LP_PATH_MAX], optim_path[LP_PATH_MAX], state_path[LP_PATH_MAX];
     lp_path(final_dir, "%s/step_%08d", dir, st->step);
@@ -3656,10 +3693,9 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         if (!err && (err = lp_write_file(state_path, h, NULL, 0))) failed = state_path;
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
-    // unsharded data-parallel replicas hold identical state: the first writes it
     for (int k = 0; k < n_models && !err; k++) {
         m = &ms[k];
-        if (m->shard_group || !m->dp || m->dp->rank == 0) {
+        if (lp_checkpoint_writes(m)) {
             size_t lo = m->shard_start, count = lp_model_shard_count(m);
             long long base = LP_HEADER_INTS * 4LL;
             if ((err = lp_write_shard(m, model_path, base, m->master, lo, count))) failed = model_path;

@@ -426,12 +426,50 @@ static void test_bad_input(void) {
     BAD("bad input: bad schedule", "flag -k: schedule must be cosine or linear", "-k step");
     BAD("bad input: resume without -o", "flag --resume needs -o", "--resume");
     BAD("bad input: resume with nothing to resume", "no complete checkpoint", "-e %s -i %s %s -o %s --resume", good, tmp_path("ok.bin"), base, tmp_path("empty_out"));
+    // flags out of range, and products that overflowed an int
+    BAD("bad input: -q below 0", "flag -q: the final learning rate is a fraction of -l, 0 .. 1, got -2", "-q -2");
+    BAD("bad input: -q above 1", "flag -q: the final learning rate is a fraction of -l, 0 .. 1, got 5", "-q 5");
+    BAD("bad input: negative weight decay", "flag -c: weight decay must be >= 0, got -5", "-c -5");
+    BAD("bad input: negative --grad-clip", "flag --grad-clip: must be >= 0 (0: no clipping), got -1", "--grad-clip -1");
+    BAD("bad input: -n without -o", "flag -n: checkpoints need -o DIR to go in", "-n 1");
+    BAD("bad input: --tp x --pp beyond an int", "the grid needs at least t*p = 4294967296 ranks", "-e %s -i %s %s --tp 65536 --pp 65536", good,
+        tmp_path("ok.bin"), base);
+    BAD("bad input: depth preset d0", "-e d0: model shape must be positive (L=0", "-e d0");
+    BAD("bad input: depth preset d100000 (refused, not partitioned)", "-e d100000: model shape out of range (L=100000", "-e d100000");
+    // a damaged header is refused before anything its size is allocated: too many layers, or more bytes than the file has
+    corrupt_file(good, tmp_path("layers_huge.bin"), 4, 16385, 0);
+    corrupt_file(good, tmp_path("layers_3.bin"), 4, 3, 0);
+    BAD("bad input: model header with 16385 layers", "layers_huge.bin: model shape out of range (L=16385", "-e %s -i %s %s",
+        tmp_path("layers_huge.bin"), tmp_path("ok.bin"), base);
+    BAD("bad input: model header bigger than its file", "layers_3.bin: file is truncated (its header's model needs", "-e %s -i %s %s",
+        tmp_path("layers_3.bin"), tmp_path("ok.bin"), base);
+    // a diverged run writes no checkpoint: with -l 3.4e38 step 1's loss and gradient norm are finite, its weights not
+    char pattern[LP_PATH_MAX], diverged[16384];
+    glob_t g;
+    int drc = run_cmd(diverged, sizeof(diverged), "%s -e %s -i %s -j '' %s -x 1 -l 3.4e38 -u 0 -o %s", TRAIN_BIN, good,
+                      tmp_path("ok.bin"), base, tmp_path("diverged_out"));
+    lp_path(pattern, "%s/step_*", tmp_path("diverged_out"));
+    int written = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    if (written) globfree(&g);
+    expect(drc > 0 && written == 0 && strstr(diverged, "llmpar: error: step 1: ") &&
+               strstr(diverged, "weights are not finite, so no checkpoint is written"),
+           "bad input: a diverged run (finite loss, infinite weights) says so and writes no checkpoint");
+    // a save killed at its last rename leaves step_N.tmp/ holding state.bin.tmp; the next save of step N still works
+    char stale[LP_PATH_MAX], out1[16384];
+    lp_path(stale, "%s/step_00000001.tmp", tmp_path("stale_out"));
+    mkdir(tmp_path("stale_out"), 0755);
+    mkdir(stale, 0755);
+    lp_path(pattern, "%s/state.bin.tmp", stale);
+    FILE* sf = lp_fopen(pattern, "wb");
+    fclose(sf);
+    int src = run_cmd(out1, sizeof(out1), "%s -e %s -i %s -j '' %s -x 1 -o %s", TRAIN_BIN, good, tmp_path("ok.bin"), base, tmp_path("stale_out"));
+    lp_path(pattern, "%s/step_00000001/state.bin", tmp_path("stale_out"));
+    expect(src == 0 && access(pattern, R_OK) == 0 && access(stale, F_OK) != 0,
+           "a checkpoint save clears what a killed save left in step_N.tmp/ (state.bin.tmp)");
     // a full disk during a checkpoint: the save fails with the cause and leaves no partial checkpoint.
     // A forked child saves under a 64 KiB file-size limit (the writes then fail with EFBIG).
     char out[16384];
     int rc = checkpoint_under_file_limit(good, tmp_path("full_out"), 64 << 10, out, sizeof(out));
-    glob_t g;
-    char pattern[LP_PATH_MAX];
     lp_path(pattern, "%s/step_*", tmp_path("full_out"));
     int leftovers = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
     if (leftovers) globfree(&g);
@@ -1404,7 +1442,13 @@ static void test_tensor_parallel(void) {
         snprintf(name, sizeof(name), "TP error, one line: %s", bad[k][2]);
         expect(rc != 0 && first && strstr(first, bad[k][2]) && !strstr(first + 1, "llmpar: error: "), name);
     }
-    corrupt_file("dev/ref/tiny_model.bin", tmp_path("vp99.bin"), 7, 99, 0);  // padded vocabulary 99: odd
+    LPConfig c99 = tiny_config();
+    c99.padded_vocab_size = 99;  // odd
+    LPModel m99;
+    lp_model_create(&m99, &c99, NULL);
+    lp_model_init_random(&m99, 9);
+    lp_model_save(&m99, tmp_path("vp99.bin"));
+    lp_model_free(&m99);
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e %s -i %s -t 16 --tp 2", TRAIN_BIN, tmp_path("vp99.bin"),
                  tmp_path("dp_shard.bin"));
     expect(rc != 0 && strstr(out, "--tp 2: the padded vocabulary 99 does not split evenly over 2 tensor-parallel ranks"),

@@ -239,6 +239,13 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag --recompute: must be none, selective or full, got '%s'", f->recompute);
     if (lp_schedule_parse(f->pp_schedule) < 0)
         lp_fail_all("flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got '%s'", f->pp_schedule);
+    if (!(f->final_lr_frac >= 0.0f && f->final_lr_frac <= 1.0f))
+        lp_fail_all("flag -q: the final learning rate is a fraction of -l, 0 .. 1, got %g", f->final_lr_frac);
+    if (f->weight_decay < 0.0f) lp_fail_all("flag -c: weight decay must be >= 0, got %g", f->weight_decay);
+    if (f->grad_clip < 0.0f) lp_fail_all("flag --grad-clip: must be >= 0 (0: no clipping), got %g", f->grad_clip);
+    if (f->ckpt_every > 0 && f->out_dir[0] == '\0') lp_fail_all("flag -n: checkpoints need -o DIR to go in");
+    if (f->tp < 1 || f->tp > 65536 || f->pp < 1 || f->pp > 65536 || f->vpp < 1 || f->vpp > 65536)
+        lp_fail_all("flags --tp --pp --vpp: sizes must be 1 .. 65536, got %d, %d, %d", f->tp, f->pp, f->vpp);
     if (f->sp && f->tp < 2) lp_fail_all("flag --sp: sequence parallelism splits rows over the TP group; it needs --tp 2 or more");
     if (f->sp && f->T % f->tp) lp_fail_all("flag --sp: sequence length -t %d does not split over --tp %d ranks", f->T, f->tp);
     return 1;
@@ -310,20 +317,23 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
 
 // The model's shape from -e: a dN preset, or an llm.c file's header. Returns 1 for a preset (a new model).
 static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cfg) {
-    if (lp_config_from_depth(cfg, f->init)) {
-        lp_config_validate(cfg, "-e");
-        return 1;
-    }
-    // files are checked by rank 0 first (lp_fail there stops everyone), so a bad one is reported once
+    int preset = lp_config_from_depth(cfg, f->init);
+    char source[LP_PATH_MAX];
+    lp_path(source, "-e %s", f->init);
+    // checked by rank 0 first (lp_fail there stops everyone), so a bad preset or file is reported once
     for (int pass = 0; pass < 2; pass++) {
         if ((proc->rank == 0) == (pass == 0)) {
-            FILE* file = lp_fopen(f->init, "rb");
-            lp_model_file_header(f->init, cfg, file);
-            fclose(file);
+            if (preset) {
+                lp_config_validate(cfg, source);
+            } else {
+                FILE* file = lp_fopen(f->init, "rb");
+                lp_model_file_header(f->init, cfg, file);
+                fclose(file);
+            }
         }
         lp_barrier(&proc->world_group);
     }
-    return 0;
+    return preset;
 }
 
 // --aux-loss-layers: a list of distinct layers 1 .. L-1 (the output of layer L is the main loss's input).
@@ -608,7 +618,8 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     int chunks = f->pp * f->vpp, layers[1024], first = 0;
     char why[512];
     lp_check_chunks(f);
-    int d = f->tp * f->pp > 0 && proc->world % (f->tp * f->pp) == 0 ? proc->world / (f->tp * f->pp) : 1;
+    long long tp_pp = (long long)f->tp * f->pp;
+    int d = proc->world % tp_pp == 0 ? (int)(proc->world / tp_pp) : 1;
     int per_micro = f->B * f->T * d, m = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
