@@ -3326,14 +3326,13 @@ typedef struct {
     glob_t files;
     int num_files;
     size_t* shard_tokens;  // tokens in each shard
-    int B, T, rank, world, vocab_size;
+    int B, T, rank, world;
     int shard;             // current shard
     size_t pos;            // start of the next global batch in that shard
     FILE* file;
     uint16_t* buffer;      // B*T+1 tokens read
     int* inputs;           // (B,T)
     int* targets;          // (B,T)
-    int reports;           // 0: a lower rank reads the same batches and reports a bad token (once, not t*p times)
 } LPDataLoader;
 
 static inline void lp_dataloader_open_shard(LPDataLoader* d, int shard) {
@@ -3343,14 +3342,32 @@ static inline void lp_dataloader_open_shard(LPDataLoader* d, int shard) {
 }
 
 // `flag` names the option the pattern came from (-i or -j) for the error messages.
+// Every token of the shard at path (n tokens after the header) is below vocab_size: one pass when the
+// data is opened, so a bad token stops the run at its start rather than when training reaches it.
+static inline void lp_shard_scan(const char* path, size_t n, int vocab_size) {
+    size_t chunk = (size_t)1 << 20;
+    uint16_t* buf = (uint16_t*)lp_host_malloc(chunk * sizeof(uint16_t), "token scan");
+    FILE* f = lp_fopen(path, "rb");
+    if (fseek(f, LP_HEADER_INTS * 4, SEEK_SET) != 0) lp_fail("%s: seek failed", path);
+    for (size_t done = 0; done < n; done += chunk) {
+        size_t k = n - done < chunk ? n - done : chunk;
+        lp_fread(buf, sizeof(uint16_t), k, f, path);
+        for (size_t i = 0; i < k; i++)
+            if (buf[i] >= vocab_size)
+                lp_fail("%s: token id %d at token %zu is >= the model's vocabulary size %d", path, buf[i], done + i, vocab_size);
+    }
+    fclose(f);
+    free(buf);
+}
+
+// Open the shards matching pattern for this data-parallel rank; with scan, check every token first.
 static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, const char* flag, int B, int T,
-                                      int rank, int world, int vocab_size) {
+                                      int rank, int world, int vocab_size, int scan) {
     memset(d, 0, sizeof(*d));
     d->B = B;
     d->T = T;
     d->rank = rank;
     d->world = world;
-    d->vocab_size = vocab_size;
     if (glob(pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
         lp_fail("%s %s: no token shard matches", flag, pattern);
     d->num_files = (int)d->files.gl_pathc;
@@ -3372,13 +3389,13 @@ static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, cons
         d->shard_tokens[s] = (unsigned)header[2];
         if (d->shard_tokens[s] < need)
             lp_fail("%s: %zu tokens is too few for one batch (ranks*B*T+1 = %zu)", path, d->shard_tokens[s], need);
+        if (scan) lp_shard_scan(path, d->shard_tokens[s], vocab_size);
     }
     d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
     d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
     d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
     lp_dataloader_open_shard(d, 0);
     d->pos = 0;
-    d->reports = 1;
 }
 
 // Continue from a saved (shard, pos); used by --resume.
@@ -3398,13 +3415,7 @@ static inline void lp_dataloader_next(LPDataLoader* d) {
     size_t start = d->pos + (size_t)d->rank * d->B * d->T, n = (size_t)d->B * d->T;
     const char* path = d->files.gl_pathv[d->shard];
     if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * 2), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
-    lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);
-    for (size_t i = 0; i <= n; i++)
-        if (d->buffer[i] >= d->vocab_size) {
-            if (!d->reports) sleep(30);  // the reporting rank stops the run meanwhile; if it does not, say it here
-            lp_fail("%s: token id %d at token %zu is >= the model's vocabulary size %d", path, d->buffer[i],
-                    start + i, d->vocab_size);
-        }
+    lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);  // tokens checked when opened (lp_shard_scan)
     for (size_t i = 0; i < n; i++) {
         d->inputs[i] = d->buffer[i];
         d->targets[i] = d->buffer[i + 1];
@@ -3556,9 +3567,41 @@ static inline void lp_model_save(const LPModel* m, const char* path) {
     if (err) lp_fail("cannot write %s: %s", path, strerror(err));
 }
 
-// --- checkpoints: DIR/step_NNNNNNNN/{model.bin, optim.bin, state.bin}, built in step_NNNNNNNN.tmp/ and
+// CRC32C (Castagnoli) of a file: a checkpoint's manifest holds each file's, checked on --resume.
+static inline uint32_t lp_crc32c(uint32_t crc, const unsigned char* p, size_t n) {
+    static uint32_t table[256];
+    if (!table[1])
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+            table[i] = c;
+        }
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+// Returns 0, or an errno.
+static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* size) {
+    *crc = 0;
+    *size = 0;
+    FILE* f = fopen(path, "rb");
+    if (!f) return errno;
+    size_t chunk = (size_t)1 << 20, got;
+    unsigned char* buf = (unsigned char*)lp_host_malloc(chunk, "checksum");
+    while ((got = fread(buf, 1, chunk, f)) > 0) {
+        *crc = lp_crc32c(*crc, buf, got);
+        *size += (long long)got;
+    }
+    int err = ferror(f) ? EIO : 0;
+    fclose(f);
+    free(buf);
+    return err;
+}
+
+// --- checkpoints: DIR/step_NNNNNNNN/{model.bin, optim.bin, state.bin, manifest.txt}, built in step_NNNNNNNN.tmp/ and
 // renamed when complete. Rank 0 creates the files; then every rank writes the slice it owns at its
 // canonical offset, so the files never depend on how the run was split and can be resumed on any grid.
+// manifest.txt, written last: "llmpar checkpoint 1", then per file "NAME BYTES CRC32C" (hex).
 // optim.bin: header [20241122, 1, adam step, n low 31 bits, n high bits] then m and v (fp32, the model
 // file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step].
 
@@ -3704,6 +3747,25 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         }
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
+    if (world->rank == 0) {  // the manifest: every file's size and checksum, once all are complete
+        char manifest[LP_PATH_MAX], line[3][LP_PATH_MAX + 64];
+        const char* paths[3] = {model_path, optim_path, state_path};
+        const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
+        for (int i = 0; i < 3 && !err; i++) {
+            uint32_t crc = 0;
+            long long size = 0;
+            if ((err = lp_file_crc32c(paths[i], &crc, &size))) failed = paths[i];
+            snprintf(line[i], sizeof(line[i]), "%s %lld %08x\n", names[i], size, crc);
+        }
+        lp_path(manifest, "%s/manifest.txt", tmp_dir);
+        FILE* f = err ? NULL : fopen(manifest, "w");
+        if (!err && !f) err = errno, failed = manifest;
+        if (f) {
+            if (fprintf(f, "llmpar checkpoint 1\n%s%s%s", line[0], line[1], line[2]) < 0) err = errno, failed = manifest;
+            if (fclose(f) != 0 && !err) err = errno, failed = manifest;
+        }
+    }
+    lp_checkpoint_check(world, err, failed, tmp_dir);
     if (world->rank == 0) {
         lp_checkpoint_remove(final_dir);  // a fresh run replaces an older run's checkpoint of the same step
         if (rename(tmp_dir, final_dir) != 0) lp_fail("cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
@@ -3711,8 +3773,8 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
     lp_barrier(world);
 }
 
-// The newest complete checkpoint under dir, as its step, or -1 when there is none.
-static inline int lp_checkpoint_latest(const char* dir) {
+// The newest complete checkpoint under dir older than step `before`, as its step, or -1 when there is none.
+static inline int lp_checkpoint_latest(const char* dir, int before) {
     glob_t g;
     char pattern[LP_PATH_MAX];
     lp_path(pattern, "%s/step_*/state.bin", dir);
@@ -3722,7 +3784,7 @@ static inline int lp_checkpoint_latest(const char* dir) {
             const char* s = strstr(g.gl_pathv[i], "/step_");
             int step = -1;
             char tail[64];
-            if (s && sscanf(s, "/step_%d/%63s", &step, tail) == 2 && strcmp(tail, "state.bin") == 0 && step > best)
+            if (s && sscanf(s, "/step_%d/%63s", &step, tail) == 2 && strcmp(tail, "state.bin") == 0 && step > best && step < before)
                 best = step;
         }
         globfree(&g);
@@ -3730,36 +3792,81 @@ static inline int lp_checkpoint_latest(const char* dir) {
     return best;
 }
 
-// Check DIR/step_NNNNNNNN's three files without reading the weights: magics, versions, sizes and the
-// model's shape against cfg; fills the optimizer and state files' headers. On resume rank 0 checks first,
-// so a damaged checkpoint is reported once.
-static inline void lp_checkpoint_verify(const char* dir, int step, const LPConfig* cfg, int optim_h[LP_HEADER_INTS],
-                                        int state_h[LP_HEADER_INTS]) {
-    char path[LP_PATH_MAX];
-    lp_path(path, "%s/step_%08d/model.bin", dir, step);
-    LPConfig file_cfg;
-    int version;
-    fclose(lp_model_file_open(path, &file_cfg, &version));
-    if (memcmp(&file_cfg, cfg, sizeof(LPConfig)) != 0)
-        lp_fail("%s: checkpoint model shape differs from the model being trained", path);
+// What is wrong with DIR/step_NNNNNNNN, or NULL: magics, versions, sizes and the model's shape against cfg,
+// and with `sums` every file's checksum against the manifest (a checkpoint without one, from an older
+// llmpar, is taken as it is). Fills the optimizer and state files' headers. The reason names the file.
+static inline const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg, int optim_h[LP_HEADER_INTS],
+                                                int state_h[LP_HEADER_INTS], int sums, char* why, size_t size) {
+    const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
+    int* headers[3] = {NULL, optim_h, state_h};
+    int model_h[LP_HEADER_INTS], want[LP_HEADER_INTS];
+    headers[0] = model_h;
     size_t n = lp_config_num_params(cfg);
+    long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, LP_HEADER_INTS * 4LL + 8LL * (long long)n, LP_HEADER_INTS * 4LL};
+    char path[LP_PATH_MAX];
+    for (int i = 0; i < 3; i++) {
+        lp_path(path, "%s/step_%08d/%s", dir, step, names[i]);
+        FILE* f = fopen(path, "rb");
+        size_t got = f ? fread(headers[i], sizeof(int), LP_HEADER_INTS, f) : 0;
+        if (f) fclose(f);
+        struct stat sb;
+        if (!f || got != LP_HEADER_INTS || stat(path, &sb) != 0) {
+            snprintf(why, size, "%s: cannot read its header", path);
+            return why;
+        }
+        int* h = headers[i];
+        size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
+        lp_model_file_header_of(want, cfg);
+        if (i == 0 && memcmp(h, want, sizeof(want)) != 0)
+            snprintf(why, size, "%s: checkpoint model shape differs from the model being trained", path);
+        else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || h[1] != 1))
+            snprintf(why, size, "%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
+        else if (i == 1 && fn != n)
+            snprintf(why, size, "%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
+        else if (i == 2 && (h[0] != LP_STATE_MAGIC || h[1] != 1))
+            snprintf(why, size, "%s: not an llmpar state file (magic %d version %d)", path, h[0], h[1]);
+        else if ((long long)sb.st_size != sizes[i])
+            snprintf(why, size, "%s: file is truncated or too long (%lld bytes, expected %lld)", path, (long long)sb.st_size, sizes[i]);
+        else
+            continue;
+        return why;
+    }
+    lp_path(path, "%s/step_%08d/manifest.txt", dir, step);
+    FILE* mf = sums ? fopen(path, "r") : NULL;
+    if (!mf) return NULL;
+    char line[LP_PATH_MAX + 64], name[64];
+    int ok = fgets(line, sizeof(line), mf) && strcmp(line, "llmpar checkpoint 1\n") == 0;
+    for (int i = 0; i < 3 && ok; i++) {
+        long long bytes;
+        unsigned crc;
+        ok = fgets(line, sizeof(line), mf) && sscanf(line, "%63s %lld %x", name, &bytes, &crc) == 3 && strcmp(name, names[i]) == 0;
+        char file[LP_PATH_MAX];
+        lp_path(file, "%s/step_%08d/%s", dir, step, names[i]);
+        uint32_t got = 0;
+        long long got_bytes = 0;
+        if (ok && (lp_file_crc32c(file, &got, &got_bytes) != 0 || got != crc || got_bytes != bytes)) {
+            fclose(mf);
+            snprintf(why, size, "%s: its checksum differs from the manifest's (the file was damaged after it was written)", file);
+            return why;
+        }
+    }
+    fclose(mf);
+    if (!ok) {
+        snprintf(why, size, "%s: not an llmpar checkpoint manifest", path);
+        return why;
+    }
+    return NULL;
+}
 
-    lp_path(path, "%s/step_%08d/optim.bin", dir, step);
-    FILE* f = lp_fopen(path, "rb");
-    lp_fread(optim_h, sizeof(int), LP_HEADER_INTS, f, path);
-    fclose(f);
-    int* h = optim_h;
-    if (h[0] != LP_OPTIM_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
-    size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
-    if (fn != n) lp_fail("%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
-    if (lp_file_size(path) != LP_HEADER_INTS * 4LL + 8LL * (long long)n) lp_fail("%s: file is truncated", path);
-
-    lp_path(path, "%s/step_%08d/state.bin", dir, step);
-    f = lp_fopen(path, "rb");
-    lp_fread(state_h, sizeof(int), LP_HEADER_INTS, f, path);
-    fclose(f);
-    h = state_h;
-    if (h[0] != LP_STATE_MAGIC || h[1] != 1) lp_fail("%s: not an llmpar state file (magic %d version %d)", path, h[0], h[1]);
+// Remove the checkpoints under dir but the newest `keep` (0: all of them).
+static inline void lp_checkpoint_prune(const char* dir, int keep) {
+    char path[LP_PATH_MAX];
+    int kept = 0;
+    for (int step = lp_checkpoint_latest(dir, INT_MAX); step >= 0; step = lp_checkpoint_latest(dir, step))
+        if (++kept > keep) {
+            lp_path(path, "%s/step_%08d", dir, step);
+            lp_checkpoint_remove(path);
+        }
 }
 
 // Load weights, optimizer state and training state from DIR/step_NNNNNNNN into the n models ms (created
@@ -3767,7 +3874,8 @@ static inline void lp_checkpoint_verify(const char* dir, int step, const LPConfi
 // slices of the optimizer state.
 static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char* dir, int step) {
     int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
-    lp_checkpoint_verify(dir, step, &ms->cfg, optim_h, state_h);
+    char why[LP_PATH_MAX + 200];
+    if (lp_checkpoint_problem(dir, step, &ms->cfg, optim_h, state_h, 0, why, sizeof(why))) lp_fail("%s", why);
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
     LPConfig cfg;

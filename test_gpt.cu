@@ -246,7 +246,7 @@ static void test_dataloader(void) {
     write_shard(tmp_path("shard_000.bin"), t1, 40);
     write_shard(tmp_path("shard_001.bin"), t2, 30);
     LPDataLoader d;
-    lp_dataloader_init(&d, tmp_path("shard_*.bin"), "-i", 2, 4, 0, 1, 200);
+    lp_dataloader_init(&d, tmp_path("shard_*.bin"), "-i", 2, 4, 0, 1, 200, 1);
     expect(d.num_files == 2 && d.shard_tokens[0] == 40 && d.shard_tokens[1] == 30, "loader finds both shards");
     lp_dataloader_next(&d);
     expect(d.inputs[0] == 0 && d.inputs[7] == 7 && d.targets[0] == 1 && d.targets[7] == 8, "loader batch 1");
@@ -265,7 +265,7 @@ static void test_dataloader(void) {
     expect(d.inputs[0] == 108, "loader seek resumes at (shard, pos)");
     lp_dataloader_free(&d);
     // rank slicing: rank 1 of 2 reads the second B*T slice of each global batch
-    lp_dataloader_init(&d, tmp_path("shard_000.bin"), "-i", 2, 4, 1, 2, 200);
+    lp_dataloader_init(&d, tmp_path("shard_000.bin"), "-i", 2, 4, 1, 2, 200, 1);
     lp_dataloader_next(&d);
     int first = d.inputs[0];
     lp_dataloader_next(&d);
@@ -297,7 +297,8 @@ static void test_checkpoint_roundtrip(void) {
     mkdir(tmp_path("ck"), 0755);
     lp_checkpoint_save(&a, 1, &st, tmp_path("ck"), &single.world_group);
     mkdir(tmp_path("ck/step_00000009.tmp"), 0755);  // an interrupted later save must be ignored
-    expect(lp_checkpoint_latest(tmp_path("ck")) == 7, "checkpoint latest ignores .tmp directories");
+    expect(lp_checkpoint_latest(tmp_path("ck"), INT_MAX) == 7, "checkpoint latest ignores .tmp directories");
+    expect(lp_crc32c(0, (const unsigned char*)"123456789", 9) == 0xE3069283u, "CRC32C of \"123456789\" is the standard check value");
     lp_model_create(&b, &c, NULL);
     lp_checkpoint_load(&b, 1, &st2, tmp_path("ck"), 7);
     size_t n = a.num_params;
@@ -410,12 +411,18 @@ static void test_bad_input(void) {
     BAD("bad input: shard wrong version", "shard_version.bin: token shard version 2", "-e %s -i %s %s", good, tmp_path("shard_version.bin"), base);
     BAD("bad input: truncated shard", "shard_short.bin: file is truncated", "-e %s -i %s %s", good, tmp_path("shard_short.bin"), base);
     BAD("bad input: token id >= vocab", "oov.bin: token id 200 at token 150 is >= the model's vocabulary size 97", "-e %s -i %s -j '' %s -x 20", good, tmp_path("oov.bin"), base);
+    int far[12000];  // a bad token far beyond the one step this run trains: found when the shard is opened
+    for (int i = 0; i < 12000; i++) far[i] = (i * 5) % 97;
+    far[11000] = 300;
+    write_shard(tmp_path("oov_far.bin"), far, 12000);
+    BAD("bad input: token id >= vocab found when the shard is opened", "oov_far.bin: token id 300 at token 11000 is >= the model's vocabulary size 97",
+        "-e %s -i %s -j '' %s -x 1", good, tmp_path("oov_far.bin"), base);
     BAD("bad input: -t beyond the model's maximum", "flag -t: sequence length 32 exceeds the model's maximum 16", "-e %s -i %s -b 2 -t 32", good, tmp_path("ok.bin"));
     BAD("bad input: -d not a multiple of B*T", "flag -d: 100 tokens is not a multiple of -b * -t * d = 32", "-e %s -i %s %s -d 100", good, tmp_path("ok.bin"), base);
     char help[16384];
     int help_rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
     const char* flags[] = {"-i ", "-j ", "-e ", "-o ", "-b ", "-t ", "-d ", "-x ", "-l ", "-u ", "-q ", "-k ", "-c ",
-                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--grad-clip", "--tokenizer", "--seed",
+                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--keep", "--overwrite", "--grad-clip", "--tokenizer", "--seed",
                            "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb"};
     int listed = help_rc == 0;
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) listed &= strstr(help, flags[i]) != NULL;
@@ -466,6 +473,17 @@ static void test_bad_input(void) {
     lp_path(pattern, "%s/step_00000001/state.bin", tmp_path("stale_out"));
     expect(src == 0 && access(pattern, R_OK) == 0 && access(stale, F_OK) != 0,
            "a checkpoint save clears what a killed save left in step_N.tmp/ (state.bin.tmp)");
+    // a fresh run never lands among another run's checkpoints (a later --resume would take the newest of either)
+    BAD("bad input: a fresh run into an -o holding checkpoints", "already holds checkpoints (the newest is step 1): continue that run with --resume",
+        "-e %s -i %s -j '' %s -x 2 -o %s", good, tmp_path("ok.bin"), base, tmp_path("stale_out"));
+    BAD("bad input: --resume with --overwrite", "flags --resume and --overwrite", "--resume --overwrite -o %s", tmp_path("stale_out"));
+    src = run_cmd(out1, sizeof(out1), "%s -e %s -i %s -j '' %s -x 2 -o %s --overwrite", TRAIN_BIN, good, tmp_path("ok.bin"), base,
+                  tmp_path("stale_out"));
+    lp_path(pattern, "%s/step_00000001", tmp_path("stale_out"));
+    char replaced[LP_PATH_MAX];
+    lp_path(replaced, "%s/step_00000002/manifest.txt", tmp_path("stale_out"));
+    expect(src == 0 && access(pattern, F_OK) != 0 && access(replaced, R_OK) == 0,
+           "--overwrite: a fresh run removes the checkpoints it finds in -o and writes its own");
     // a full disk during a checkpoint: the save fails with the cause and leaves no partial checkpoint.
     // A forked child saves under a 64 KiB file-size limit (the writes then fail with EFBIG).
     char out[16384];
@@ -1014,7 +1032,7 @@ static void test_reference_loss(void) {
         LPModel m;
         lp_model_load(&m, files[v], NULL);
         LPDataLoader d;
-        lp_dataloader_init(&d, "dev/ref/tiny_tokens.bin", "-i", B, T, 0, 1, m.cfg.vocab_size);
+        lp_dataloader_init(&d, "dev/ref/tiny_tokens.bin", "-i", B, T, 0, 1, m.cfg.vocab_size, 1);
         lp_dataloader_next(&d);
         double loss = lp_model_forward(&m, d.inputs, d.targets, B, T, 0.0f);
         char name[128];
@@ -1080,6 +1098,37 @@ static void test_training_runs(void) {
         lp_model_free(&saved);
     }
     expect(saved_ok, "the resumed run's checkpoint model.bin is a plain llm.c model file");
+
+    // a damaged newest checkpoint (one byte of model.bin's weights changed, so only its checksum can tell):
+    // --resume says so once and resumes from the one before, equal to the straight run from there
+    rc = run_cmd(out, sizeof(out), "rm -rf %s/step_00000006", dir);
+    rc |= run_cmd(out, sizeof(out), "%s -e %s %s -x 5 -n 3 -o %s --resume", TRAIN_BIN, model, common, dir);  // steps 4, 5
+    lp_path(path, "%s/step_00000005/model.bin", dir);
+    FILE* f = lp_fopen(path, "r+b");
+    fseek(f, LP_HEADER_INTS * 4 + 1000 * 4 + 1, SEEK_SET);
+    unsigned char byte = 0;
+    if (fread(&byte, 1, 1, f) != 1) byte = 0;
+    byte ^= 0x40;
+    fseek(f, LP_HEADER_INTS * 4 + 1000 * 4 + 1, SEEK_SET);
+    fwrite(&byte, 1, 1, f);
+    fclose(f);
+    rc |= run_cmd(out, sizeof(out), "%s -e %s %s -x 6 -n 3 -o %s --resume", TRAIN_BIN, model, common, dir);
+    nb = parse_losses(out, b, 64);
+    const char* notice = strstr(out, "notice: checkpoint step 5 is damaged (");
+    expect(rc == 0 && notice && strstr(notice, "step_00000005/model.bin: its checksum differs from the manifest's") &&
+               strstr(notice, "resuming from step 3") && !strstr(out, "llmpar: error") && nb == 3,
+           "--resume: a newest checkpoint damaged after it was written is reported once, and the one before is used");
+    if (nb == 3) expect_close("resumed from the checkpoint before the damaged one: steps 4-6 equal the straight run", a + 3, b, 3, 0.0f, 1e-6f);
+
+    // --keep 1: only the newest checkpoint stays
+    const char* kdir = tmp_path("keep_out");
+    rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 3 -n 1 --keep 1 -o %s", TRAIN_BIN, model, common, kdir);
+    lp_path(path, "%s/step_*", kdir);
+    glob_t g;
+    int left = glob(path, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    int newest = left == 1 && strstr(g.gl_pathv[0], "step_00000003") != NULL;
+    if (left) globfree(&g);
+    expect(rc == 0 && newest, "--keep 1 leaves only the newest checkpoint (step 3 of 3)");
 }
 
 // ----------------------------------------------------------------------------------------------------

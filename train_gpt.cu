@@ -30,6 +30,8 @@ typedef struct {
     int sample_every;        // -s
     int gen_tokens;          // -g
     int ckpt_every;          // -n
+    int keep;                // --keep: checkpoints kept (0: all)
+    int overwrite;           // --overwrite: a fresh run may replace the checkpoints in -o
     int resume;              // --resume
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
     int sp;                  // --sp: sequence parallelism within the TP group
@@ -123,7 +125,9 @@ static void lp_usage(void) {
         "  -s N        sample every N steps and at the end (0: never) [0 CPU, 50 CUDA]\n"
         "  -g N        tokens per sample                         [64]\n"
         "  -n N        checkpoint every N steps (needs -o; 0: only at the end) [0]\n"
-        "  --resume    continue from the newest checkpoint in -o\n"
+        "  --resume    continue from the newest checkpoint in -o (a damaged one is reported and the one before used)\n"
+        "  --keep N    keep the newest N checkpoints, removing older ones (0: all) [0]\n"
+        "  --overwrite a run without --resume may start in an -o holding checkpoints, removing them\n"
         "  --tp N      tensor-parallel size: heads, MLP and vocabulary split over N ranks [1]\n"
         "  --sp        sequence parallelism: LayerNorms and residual adds on 1/N of the rows each (needs --tp > 1)\n"
         "  --pp N      pipeline-parallel size: layers split over N stages; data-parallel size d = ranks / (tp * pp) [1]\n"
@@ -174,11 +178,12 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         const char* a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 0;
         if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
+        if (strcmp(a, "--overwrite") == 0) { f->overwrite = 1; continue; }
         if (strcmp(a, "--sp") == 0) { f->sp = 1; continue; }
         if (strcmp(a, "--print-schedule") == 0) { f->print_schedule = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
+                               "-m", "-s", "-g", "-n", "--keep", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
                                "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight", "--recompute", "--plan", "--gpu-mem"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
@@ -203,6 +208,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "-s") == 0) f->sample_every = lp_parse_int(a, v);
         else if (strcmp(a, "-g") == 0) f->gen_tokens = lp_parse_int(a, v);
         else if (strcmp(a, "-n") == 0) f->ckpt_every = lp_parse_int(a, v);
+        else if (strcmp(a, "--keep") == 0) f->keep = lp_parse_int(a, v);
         else if (strcmp(a, "--grad-clip") == 0) f->grad_clip = lp_parse_float(a, v);
         else if (strcmp(a, "--tokenizer") == 0) f->tokenizer = v;
         else if (strcmp(a, "--tp") == 0) f->tp = lp_parse_int(a, v);
@@ -244,6 +250,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->weight_decay < 0.0f) lp_fail_all("flag -c: weight decay must be >= 0, got %g", f->weight_decay);
     if (f->grad_clip < 0.0f) lp_fail_all("flag --grad-clip: must be >= 0 (0: no clipping), got %g", f->grad_clip);
     if (f->ckpt_every > 0 && f->out_dir[0] == '\0') lp_fail_all("flag -n: checkpoints need -o DIR to go in");
+    if (f->keep < 0) lp_fail_all("flag --keep: must be >= 0 (0: keep all), got %d", f->keep);
+    if (f->resume && f->overwrite) lp_fail_all("flags --resume and --overwrite: continue the run in -o, or replace it, not both");
     if (f->tp < 1 || f->tp > 65536 || f->pp < 1 || f->pp > 65536 || f->vpp < 1 || f->vpp > 65536)
         lp_fail_all("flags --tp --pp --vpp: sizes must be 1 .. 65536, got %d, %d, %d", f->tp, f->pp, f->vpp);
     if (f->sp && f->tp < 2) lp_fail_all("flag --sp: sequence parallelism splits rows over the TP group; it needs --tp 2 or more");
@@ -427,15 +435,14 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     free(weights);
     LPDataLoader train, val;
     int has_val = f->val_data[0] != '\0' && f->val_every > 0;
-    for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first, as with the model file
+    for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first (every token), as with the model file
         if ((proc->rank == 0) == (pass == 0)) {
-            lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
-            if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size);
+            int scan = proc->rank == 0;
+            lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size, scan);
+            if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size, scan);
         }
         lp_barrier(&proc->world_group);
     }
-    train.reports = proc->tp_rank == 0 && proc->pp_rank == 0;  // TP ranks and pipeline stages read the same batches
-    if (has_val) val.reports = train.reports;
     LPTokenizer tok;
     memset(&tok, 0, sizeof(tok));
     if (f->sample_every > 0 && lp_tokenizer_load(&tok, f->tokenizer) && tok.vocab_size != cfg.vocab_size) {
@@ -476,17 +483,34 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     if (f->out_dir[0]) {
         lp_mkdirs(f->out_dir);
         if (f->resume) {
-            int latest = lp_checkpoint_latest(f->out_dir);
+            // rank 0 checks the newest complete checkpoint, checksums too; a damaged one is reported (once) and
+            // the one before it tried
+            int latest = lp_checkpoint_latest(f->out_dir, INT_MAX);
             if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
             int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
-            if (proc->rank == 0) lp_checkpoint_verify(f->out_dir, latest, &cfg, optim_h, state_h);  // a damaged one: one line
-            lp_barrier(&proc->world_group);
+            char why[LP_PATH_MAX + 200] = "";
+            for (;;) {
+                float bad = proc->rank == 0 && lp_checkpoint_problem(f->out_dir, latest, &cfg, optim_h, state_h, 1, why, sizeof(why));
+                lp_all_reduce_host(&proc->world_group, &bad, 1, 0);
+                if (bad == 0.0f) break;
+                int before = lp_checkpoint_latest(f->out_dir, latest);
+                if (before < 0) lp_fail_all("flag --resume: no usable checkpoint in %s (%s)", f->out_dir, why);
+                lp_log("notice: checkpoint step %d is damaged (%s); resuming from step %d\n", latest, why, before);
+                latest = before;
+            }
             lp_checkpoint_load(stage.chunks, stage.v, &st, f->out_dir, latest);
             if (st.T != f->T || st.total_batch != total_batch)
                 lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
                         "has -t %d and %d", latest, st.T, st.total_batch, f->T, total_batch);
             lp_dataloader_seek(&train, st.shard, st.pos);
             lp_log("resumed from %s/step_%08d\n", f->out_dir, latest);
+        } else {  // a fresh run never mixes its checkpoints with another run's
+            int existing = lp_checkpoint_latest(f->out_dir, INT_MAX);
+            if (existing >= 0 && !f->overwrite)
+                lp_fail_all("flag -o: %s already holds checkpoints (the newest is step %d): continue that run with --resume, "
+                            "choose another -o, or pass --overwrite to remove them", f->out_dir, existing);
+            if (existing >= 0 && proc->rank == 0) lp_checkpoint_prune(f->out_dir, 0);
+            lp_barrier(&proc->world_group);
         }
         char path[LP_PATH_MAX];
         lp_path(path, "%s/main.log", f->out_dir);
@@ -523,6 +547,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             st.T = f->T;
             st.total_batch = total_batch;
             lp_checkpoint_save(stage.chunks, stage.v, &st, f->out_dir, &proc->world_group);
+            if (f->keep && proc->rank == 0) lp_checkpoint_prune(f->out_dir, f->keep);
             lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
         }
         if (last) break;

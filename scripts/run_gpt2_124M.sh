@@ -2,7 +2,8 @@
 # GPT-2 124M from scratch on the GPUs of one node (CUDA engine, data parallel, ZeRO-1 with 2 or more):
 # 16 x 1024 tokens per GPU and micro-batch, TOKENS per step (a multiple of 16384 x GPUs; accumulation makes
 # up the rest), AdamW at 6e-4 after WARMUP steps, cosine decay to 6e-5, validation every 250 steps, a
-# sample every 500 and a checkpoint every 1000 and at the end in out/gpt2_124M (continue with --resume).
+# sample every 500 and a checkpoint every 1000 and at the end in out/gpt2_124M (run again with --resume
+# to continue, --overwrite to start over).
 # The defaults are a short demonstration on the tinyshakespeare shards in dev/data (one micro-batch per GPU,
 # 200 steps, which overfit them). GPT-2's recipe on larger shards in llm.c's format, e.g. on 8 GPUs:
 #   TRAIN='fineweb10B/*train*.bin' VAL='fineweb10B/*val*.bin' TOKENS=524288 STEPS=18865 WARMUP=700 \
