@@ -3687,6 +3687,14 @@ static inline size_t lp_model_nonfinite(const LPModel* m) {
     return bad;
 }
 
+// Crash injection for the tests: with LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at
+// the k-th of these points, counted over the run's checkpoint saves: one after each file operation.
+static inline void lp_crash_point(void) {
+    static int at = -1, count = 0;
+    if (at < 0) at = getenv("LLMPAR_CRASH_AT") ? atoi(getenv("LLMPAR_CRASH_AT")) : 0;
+    if (at > 0 && ++count == at) _exit(137);
+}
+
 // Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.
 // A run whose weights are no longer finite stops before anything is written, so its last checkpoint stays
 // the newest and resumable.
@@ -3709,10 +3717,13 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
     const char* failed = tmp_dir;
     if (world->rank == 0) {
         lp_checkpoint_remove(tmp_dir);  // what a crashed save may have left
+        lp_crash_point();
         if (mkdir(tmp_dir, 0755) != 0) err = errno;
+        lp_crash_point();
         int h[LP_HEADER_INTS];
         lp_model_file_header_of(h, &m->cfg);
         if (!err && (err = lp_create_file(model_path, h, (long long)n * 4))) failed = model_path;
+        lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_OPTIM_MAGIC;
         h[1] = 1;
@@ -3720,6 +3731,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         h[3] = (int)(n & 0x7fffffff);
         h[4] = (int)(n >> 31);
         if (!err && (err = lp_create_file(optim_path, h, 2LL * n * 4))) failed = optim_path;
+        lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_STATE_MAGIC;
         h[1] = 1;
@@ -3734,6 +3746,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         h[10] = st->T;
         h[11] = st->total_batch;
         if (!err && (err = lp_write_file(state_path, h, NULL, 0))) failed = state_path;
+        lp_crash_point();
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
     for (int k = 0; k < n_models && !err; k++) {
@@ -3742,8 +3755,11 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
             size_t lo = m->shard_start, count = lp_model_shard_count(m);
             long long base = LP_HEADER_INTS * 4LL;
             if ((err = lp_write_shard(m, model_path, base, m->master, lo, count))) failed = model_path;
+            lp_crash_point();
             if (!err && (err = lp_write_shard(m, optim_path, base, m->adam_m, lo, count))) failed = optim_path;
+            lp_crash_point();
             if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->adam_v, lo, count))) failed = optim_path;
+            lp_crash_point();
         }
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
@@ -3764,11 +3780,14 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
             if (fprintf(f, "llmpar checkpoint 1\n%s%s%s", line[0], line[1], line[2]) < 0) err = errno, failed = manifest;
             if (fclose(f) != 0 && !err) err = errno, failed = manifest;
         }
+        lp_crash_point();
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
     if (world->rank == 0) {
         lp_checkpoint_remove(final_dir);  // a fresh run replaces an older run's checkpoint of the same step
+        lp_crash_point();
         if (rename(tmp_dir, final_dir) != 0) lp_fail("cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+        lp_crash_point();
     }
     lp_barrier(world);
 }

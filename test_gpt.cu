@@ -1131,6 +1131,38 @@ static void test_training_runs(void) {
     expect(rc == 0 && newest, "--keep 1 leaves only the newest checkpoint (step 3 of 3)");
 }
 
+// Crash injection: a run killed at each of the 22 file operations of its two checkpoint saves
+// (LLMPAR_CRASH_AT), then started again (--resume when a checkpoint is complete, else afresh), ends with the
+// uninterrupted run's weights (1e-6) and leaves no step_N.tmp behind.
+static void test_crash_during_saves(void) {
+    static char out[1 << 16];
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0 -x 2 -n 1";
+    run_cmd(out, sizeof(out), "%s %s -o %s", TRAIN_BIN, args, tmp_path("crash_ref"));
+    size_t nref = 0, n = 0;
+    float* ref = run_weights(tmp_path("crash_ref"), 2, &nref);
+    int bad = 0, killed = 0;
+    for (int k = 1; k <= 22 && ref; k++) {
+        char dir[LP_PATH_MAX], pattern[LP_PATH_MAX];
+        lp_path(dir, "%s/crash_%d", tmp_dir, k);
+        killed += run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=%d %s %s -o %s", k, TRAIN_BIN, args, dir) == 137;
+        int resume = lp_checkpoint_latest(dir, INT_MAX) >= 0;
+        int rc = run_cmd(out, sizeof(out), "%s %s -o %s%s", TRAIN_BIN, args, dir, resume ? " --resume" : "");
+        float* w = run_weights(dir, 2, &n);
+        glob_t g;
+        lp_path(pattern, "%s/step_*.tmp", dir);
+        int leftovers = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+        if (leftovers) globfree(&g);
+        size_t worst = 0;
+        int ok = rc == 0 && w && n == nref && !leftovers && all_close(w, ref, n, 0.0f, 1e-6f, &worst);
+        if (!ok) printf("     killed at save operation %d: exit %d after restarting, %d .tmp left\n%s\n", k, rc, leftovers, out);
+        bad += !ok;
+        free(w);
+    }
+    expect(ref && killed == 22, "LLMPAR_CRASH_AT=1..22 kills the run at each file operation of its two saves");
+    expect(ref && bad == 0, "a run killed at any file operation of a save restarts to the uninterrupted weights, no .tmp left");
+    free(ref);
+}
+
 // ----------------------------------------------------------------------------------------------------
 // tier 3: the parallel engine under mpirun, against one rank
 
@@ -2338,6 +2370,7 @@ int main(void) {
     test_model_gradient();
     test_reference_loss();
     test_training_runs();
+    test_crash_during_saves();
     printf("tier 3: CPU parallel engine under mpirun\n");
     test_data_parallel();
     test_tensor_parallel();
