@@ -422,7 +422,7 @@ static void test_bad_input(void) {
     char help[16384];
     int help_rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
     const char* flags[] = {"-i ", "-j ", "-e ", "-o ", "-b ", "-t ", "-d ", "-x ", "-l ", "-u ", "-q ", "-k ", "-c ",
-                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--keep", "--overwrite", "--grad-clip", "--tokenizer", "--seed",
+                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--keep", "--ckpt-minutes", "--overwrite", "--grad-clip", "--tokenizer", "--seed",
                            "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb"};
     int listed = help_rc == 0;
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) listed &= strstr(help, flags[i]) != NULL;
@@ -439,6 +439,8 @@ static void test_bad_input(void) {
     BAD("bad input: negative weight decay", "flag -c: weight decay must be >= 0, got -5", "-c -5");
     BAD("bad input: negative --grad-clip", "flag --grad-clip: must be >= 0 (0: no clipping), got -1", "--grad-clip -1");
     BAD("bad input: -n without -o", "flag -n: checkpoints need -o DIR to go in", "-n 1");
+    BAD("bad input: --ckpt-minutes without -o", "flag --ckpt-minutes: checkpoints need -o DIR to go in", "--ckpt-minutes 30");
+    BAD("bad input: negative --ckpt-minutes", "flag --ckpt-minutes: must be >= 0 (0: off), got -1", "--ckpt-minutes -1");
     BAD("bad input: --tp x --pp beyond an int", "the grid needs at least t*p = 4294967296 ranks", "-e %s -i %s %s --tp 65536 --pp 65536", good,
         tmp_path("ok.bin"), base);
     BAD("bad input: depth preset d0", "-e d0: model shape must be positive (L=0", "-e d0");
@@ -1129,6 +1131,14 @@ static void test_training_runs(void) {
     int newest = left == 1 && strstr(g.gl_pathv[0], "step_00000003") != NULL;
     if (left) globfree(&g);
     expect(rc == 0 && newest, "--keep 1 leaves only the newest checkpoint (step 3 of 3)");
+
+    // --ckpt-minutes: a checkpoint once the time has passed (here at once: every step), besides the last
+    const char* tdir = tmp_path("minutes_out");
+    rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 3 --ckpt-minutes 0.00001 -o %s", TRAIN_BIN, model, common, tdir);
+    lp_path(path, "%s/step_*", tdir);
+    int saved = glob(path, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    if (saved) globfree(&g);
+    expect(rc == 0 && saved == 3, "--ckpt-minutes 0.00001 checkpoints every step (3 of 3 steps)");
 }
 
 // Crash injection: a run killed at each of the 22 file operations of its two checkpoint saves

@@ -31,6 +31,7 @@ typedef struct {
     int gen_tokens;          // -g
     int ckpt_every;          // -n
     int keep;                // --keep: checkpoints kept (0: all)
+    float ckpt_minutes;      // --ckpt-minutes: also checkpoint once this long has passed since the last (0: off)
     int overwrite;           // --overwrite: a fresh run may replace the checkpoints in -o
     int resume;              // --resume
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
@@ -127,6 +128,7 @@ static void lp_usage(void) {
         "  -n N        checkpoint every N steps (needs -o; 0: only at the end) [0]\n"
         "  --resume    continue from the newest checkpoint in -o (a damaged one is reported and the one before used)\n"
         "  --keep N    keep the newest N checkpoints, removing older ones (0: all) [0]\n"
+        "  --ckpt-minutes M  also checkpoint once M minutes have passed since the last one (needs -o; 0: off) [0]\n"
         "  --overwrite a run without --resume may start in an -o holding checkpoints, removing them\n"
         "  --tp N      tensor-parallel size: heads, MLP and vocabulary split over N ranks [1]\n"
         "  --sp        sequence parallelism: LayerNorms and residual adds on 1/N of the rows each (needs --tp > 1)\n"
@@ -183,7 +185,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--print-schedule") == 0) { f->print_schedule = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--keep", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
+                               "-m", "-s", "-g", "-n", "--keep", "--ckpt-minutes", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
                                "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight", "--recompute", "--plan", "--gpu-mem"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
@@ -209,6 +211,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "-g") == 0) f->gen_tokens = lp_parse_int(a, v);
         else if (strcmp(a, "-n") == 0) f->ckpt_every = lp_parse_int(a, v);
         else if (strcmp(a, "--keep") == 0) f->keep = lp_parse_int(a, v);
+        else if (strcmp(a, "--ckpt-minutes") == 0) f->ckpt_minutes = lp_parse_float(a, v);
         else if (strcmp(a, "--grad-clip") == 0) f->grad_clip = lp_parse_float(a, v);
         else if (strcmp(a, "--tokenizer") == 0) f->tokenizer = v;
         else if (strcmp(a, "--tp") == 0) f->tp = lp_parse_int(a, v);
@@ -250,6 +253,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->weight_decay < 0.0f) lp_fail_all("flag -c: weight decay must be >= 0, got %g", f->weight_decay);
     if (f->grad_clip < 0.0f) lp_fail_all("flag --grad-clip: must be >= 0 (0: no clipping), got %g", f->grad_clip);
     if (f->ckpt_every > 0 && f->out_dir[0] == '\0') lp_fail_all("flag -n: checkpoints need -o DIR to go in");
+    if (f->ckpt_minutes < 0.0f) lp_fail_all("flag --ckpt-minutes: must be >= 0 (0: off), got %g", f->ckpt_minutes);
+    if (f->ckpt_minutes > 0.0f && f->out_dir[0] == '\0') lp_fail_all("flag --ckpt-minutes: checkpoints need -o DIR to go in");
     if (f->keep < 0) lp_fail_all("flag --keep: must be >= 0 (0: keep all), got %d", f->keep);
     if (f->resume && f->overwrite) lp_fail_all("flags --resume and --overwrite: continue the run in -o, or replace it, not both");
     if (f->tp < 1 || f->tp > 65536 || f->pp < 1 || f->pp > 65536 || f->vpp < 1 || f->vpp > 65536)
@@ -526,6 +531,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     int K = proc->pp * f->vpp;  // virtual stages
     float* pipe_cost = (float*)calloc((size_t)2 * K, sizeof(float));  // seconds of each one's forwards, then backwards
     int timed_steps = 0, first_step = st.step;  // 0, or the step resumed from
+    double last_save_s = lp_time_s();          // --ckpt-minutes counts from the start and from each save
     LPGroup tp_before, tp_traffic;  // the TP group's traffic in training steps (not evaluation or sampling)
     memset(&tp_traffic, 0, sizeof(tp_traffic));
     for (int step = first_step; step <= f->max_steps; step++) {
@@ -539,7 +545,12 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
             lp_sample(&stage, &tok, f->gen_tokens, &st.rng);
         int trained = step > first_step || f->max_steps == 0;  // no checkpoint of what was just loaded, unless asked
-        if (f->out_dir[0] && trained && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last)) {
+        float due = 0.0f;  // --ckpt-minutes: rank 0's clock decides for everyone
+        if (f->ckpt_minutes > 0.0f) {
+            due = proc->rank == 0 && lp_time_s() - last_save_s >= 60.0 * f->ckpt_minutes;
+            lp_broadcast_host(&proc->world_group, &due, sizeof(due), 0);
+        }
+        if (f->out_dir[0] && trained && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due)) {
             st.step = step;
             st.shard = train.shard;
             st.pos = train.pos;
@@ -548,6 +559,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             st.total_batch = total_batch;
             lp_checkpoint_save(stage.chunks, stage.v, &st, f->out_dir, &proc->world_group);
             if (f->keep && proc->rank == 0) lp_checkpoint_prune(f->out_dir, f->keep);
+            last_save_s = lp_time_s();
             lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
         }
         if (last) break;
