@@ -3817,9 +3817,9 @@ static inline int lp_checkpoint_latest(const char* dir, int before) {
 static inline const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg, int optim_h[LP_HEADER_INTS],
                                                 int state_h[LP_HEADER_INTS], int sums, char* why, size_t size) {
     const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
-    int* headers[3] = {NULL, optim_h, state_h};
     int model_h[LP_HEADER_INTS], want[LP_HEADER_INTS];
-    headers[0] = model_h;
+    int* headers[3] = {model_h, optim_h, state_h};
+    lp_model_file_header_of(want, cfg);
     size_t n = lp_config_num_params(cfg);
     long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, LP_HEADER_INTS * 4LL + 8LL * (long long)n, LP_HEADER_INTS * 4LL};
     char path[LP_PATH_MAX];
@@ -3835,7 +3835,6 @@ static inline const char* lp_checkpoint_problem(const char* dir, int step, const
         }
         int* h = headers[i];
         size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
-        lp_model_file_header_of(want, cfg);
         if (i == 0 && memcmp(h, want, sizeof(want)) != 0)
             snprintf(why, size, "%s: checkpoint model shape differs from the model being trained", path);
         else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || h[1] != 1))
