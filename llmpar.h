@@ -3280,24 +3280,55 @@ static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAda
     }
 }
 
-// One optimizer step of the n models ms (a pipeline stage's chunks; one model: n = 1, pp NULL): the
-// gradients averaged over DP, the global norm (shards summed over dp, TP slices over tp, chunks here and
-// on the other stages over pp), clipping, AdamW. Returns the gradient norm before clipping.
-static inline float lp_models_update(LPModel* ms, int n, const LPGroup* pp, float lr, const LPAdamW* opt) {
+// x summed over the ranks that hold different parts of the n models ms: the shards (over dp, when sharded),
+// the TP slices (over tp) and the other pipeline stages (over pp; NULL for one stage).
+static inline float lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, float x) {
+    if (ms->shard_group) lp_all_reduce_host(ms->dp, &x, 1, 0);
+    if (ms->tp_size > 1) lp_all_reduce_host(ms->tp, &x, 1, 0);
+    if (pp) lp_all_reduce_host(pp, &x, 1, 0);
+    return x;
+}
+
+// The first half of an optimizer step of the n models ms (a pipeline stage's chunks; one model: n = 1, pp
+// NULL): the gradients averaged over DP, and their global norm (before clipping), the same on every rank.
+// The driver looks at it (and the loss) before anything is updated.
+static inline float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     float norm2 = 0.0f;
     for (int k = 0; k < n; k++) {
         lp_model_reduce_dp(&ms[k]);
         norm2 += lp_model_norm2(&ms[k]);
     }
-    if (ms->shard_group) lp_all_reduce_host(ms->dp, &norm2, 1, 0);
-    if (ms->tp_size > 1) lp_all_reduce_host(ms->tp, &norm2, 1, 0);
-    if (pp) lp_all_reduce_host(pp, &norm2, 1, 0);
-    float norm = sqrtf(norm2);
-    float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f;
-    for (int k = 0; k < n; k++) lp_model_adamw(&ms[k], lr, scale, opt);
-    return norm;
+    return sqrtf(lp_models_sum_parts(ms, pp, norm2));
 }
-static inline float lp_model_update(LPModel* m, float lr, const LPAdamW* opt) { return lp_models_update(m, 1, NULL, lr, opt); }
+
+// The second half: clipping to opt->grad_clip given the norm, then AdamW. Returns whether every updated
+// weight is finite on every rank: the sum of squares of the updated shards, which overflows only for a
+// weight beyond ~1e19, so a diverged step is seen before the next forward or any checkpoint.
+static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt) {
+    float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f, w2 = 0.0f;
+    for (int k = 0; k < n; k++) {
+        LPModel* m = &ms[k];
+        lp_model_adamw(m, lr, scale, opt);
+        size_t count = lp_model_shard_count(m);
+        if (count) w2 += LP(norm_squared)(m->zero_stage >= 3 ? m->param_shard : m->params + m->shard_start, count);
+    }
+    return isfinite(lp_models_sum_parts(ms, pp, w2));
+}
+
+// The recent losses, for spotting a spike: a step's loss far above their mean. The mean is 0 until the
+// window is full (early losses fall fast, so a shorter history would flag ordinary steps).
+#define LP_SPIKE_WINDOW 20
+typedef struct {
+    float loss[LP_SPIKE_WINDOW];
+    int count;  // losses added so far
+} LPLossWindow;
+static inline void lp_loss_window_add(LPLossWindow* w, float loss) { w->loss[w->count++ % LP_SPIKE_WINDOW] = loss; }
+static inline float lp_loss_window_mean(const LPLossWindow* w) {
+    if (w->count < LP_SPIKE_WINDOW) return 0.0f;
+    double s = 0.0;
+    for (int k = 0; k < LP_SPIKE_WINDOW; k++) s += w->loss[k];
+    return (float)(s / LP_SPIKE_WINDOW);
+}
 
 // Linear warmup over `warmup` steps, then cosine (or linear) decay from lr to lr * final_frac at max_steps.
 static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine) {
@@ -3502,6 +3533,9 @@ static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
         free(b);
     }
     fclose(f);
+    size_t bad = 0;  // training would only spread them, and no checkpoint may hold one
+    for (size_t i = 0; i < n; i++) bad += !isfinite(w[i]);
+    if (bad) lp_fail("%s: %zu of its %zu weights are not finite", path, bad, n);
     return w;
 }
 
@@ -3603,7 +3637,7 @@ static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* siz
 // canonical offset, so the files never depend on how the run was split and can be resumed on any grid.
 // manifest.txt, written last: "llmpar checkpoint 1", then per file "NAME BYTES CRC32C" (hex).
 // optim.bin: header [20241122, 1, adam step, n low 31 bits, n high bits] then m and v (fp32, the model
-// file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step].
+// file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step, run id].
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123
@@ -3614,6 +3648,7 @@ typedef struct {
     size_t pos;
     uint64_t rng;        // sampling RNG
     int B, T, total_batch;
+    int run_id;          // the run's identity: random, drawn by its first launch and kept by every resume
 } LPTrainState;
 
 // Remove a checkpoint directory and whatever it holds (a save killed mid-write leaves files like
@@ -3677,16 +3712,6 @@ static inline void lp_checkpoint_check(const LPGroup* world, int err, const char
 // identical state, and the first writes it.
 static inline int lp_checkpoint_writes(const LPModel* m) { return m->shard_group || !m->dp || m->dp->rank == 0; }
 
-// How many of the fp32 master weights this rank writes are not finite.
-static inline size_t lp_model_nonfinite(const LPModel* m) {
-    size_t count = lp_checkpoint_writes(m) ? lp_model_shard_count(m) : 0, bad = 0;
-    float* h = (float*)lp_host_malloc(count * sizeof(float), "checkpoint check");
-    lp_copy_to_host(h, m->master, count * sizeof(float));
-    for (size_t i = 0; i < count; i++) bad += !isfinite(h[i]);
-    free(h);
-    return bad;
-}
-
 // Crash injection for the tests: with LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at
 // the k-th of these points, counted over the run's checkpoint saves: one after each file operation.
 static inline void lp_crash_point(void) {
@@ -3696,15 +3721,8 @@ static inline void lp_crash_point(void) {
 }
 
 // Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.
-// A run whose weights are no longer finite stops before anything is written, so its last checkpoint stays
-// the newest and resumable.
+// The weights are finite: model files are checked when read, and every update after it (lp_models_adamw).
 static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st, const char* dir, const LPGroup* world) {
-    float nonfinite = 0.0f;
-    for (int k = 0; k < n_models; k++) nonfinite += (float)lp_model_nonfinite(&ms[k]);
-    lp_all_reduce_host(world, &nonfinite, 1, 0);
-    if (nonfinite > 0.0f)
-        lp_fail_all("step %d: %.0f weights are not finite, so no checkpoint is written (the run diverged; try a lower -l)",
-                    st->step, nonfinite);
     const LPModel* m = ms;
     char final_dir[LP_PATH_MAX], tmp_dir[LP_PATH_MAX], model_path[LP_PATH_MAX], optim_path[LP_PATH_MAX], state_path[LP_PATH_MAX];
     lp_path(final_dir, "%s/step_%08d", dir, st->step);
@@ -3745,6 +3763,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         h[9] = st->B;
         h[10] = st->T;
         h[11] = st->total_batch;
+        h[12] = st->run_id;
         if (!err && (err = lp_write_file(state_path, h, NULL, 0))) failed = state_path;
         lp_crash_point();
     }
@@ -3926,6 +3945,7 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
     st->B = state_h[9];
     st->T = state_h[10];
     st->total_batch = state_h[11];
+    st->run_id = state_h[12];
 }
 
 // --- tokenizer (llm.c's gpt2_tokenizer.bin): header [20240328, version 1|2, vocab, eot (v2)], then per
@@ -4563,12 +4583,12 @@ static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const 
     return loss;
 }
 
-// The optimizer step of all the pipeline's chunks. Every copy of the head (wte and lnf: the embedding's
-// on the first chunk, the LM head's on the last, the auxiliary losses' in between) gets the sum of all
-// their gradients, summed within this rank and then over the head group, so the copies take the same
-// step and stay equal. Then lp_models_update, the gradient norm taken over the whole pipeline. Returns
-// the norm before clipping.
-static inline float lp_stage_update(LPStage* st, float lr, const LPAdamW* opt) {
+// The optimizer step of all the pipeline's chunks, in two halves so the driver can look before it updates.
+// First every copy of the head (wte and lnf: the embedding's on the first chunk, the LM head's on the last,
+// the auxiliary losses' in between) gets the sum of all their gradients, summed within this rank and then
+// over the head group, so the copies take the same step and stay equal; then lp_models_grad_norm, the
+// norm taken over the whole pipeline. Returns the norm before clipping.
+static inline float lp_stage_grad_norm(LPStage* st) {
     const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
     LPModel* sum = NULL;  // this rank's first chunk holding the head
     for (int c = 0; c < st->v; c++) {
@@ -4582,7 +4602,11 @@ static inline float lp_stage_update(LPStage* st, float lr, const LPAdamW* opt) {
     for (int c = 0; c < st->v; c++)
         if (st->chunks[c].head && &st->chunks[c] != sum)
             for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].g[head[k]], sum->g[head[k]], sum->param_sizes[head[k]] * sizeof(floatX));
-    return lp_models_update(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL, lr, opt);
+    return lp_models_grad_norm(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL);
+}
+// The second half: AdamW on every chunk. Returns whether all the updated weights are finite.
+static inline int lp_stage_adamw(LPStage* st, float lr, float norm, const LPAdamW* opt) {
+    return lp_models_adamw(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
 }
 
 static inline void lp_stage_free(LPStage* st) {

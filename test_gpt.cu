@@ -9,7 +9,7 @@ test_gpt.cu: llmpar's tests, one program for both builds.
 
 Whole runs and bad input go through the real binaries (./train_gpt_cpu, ./train_gpt, ./train_gpt_emu) as
 subprocesses, reading the `step N/M | loss L` lines and the one-line errors users see. Run from the
-repository root.
+repository root; an argument runs only the tests whose name holds it (./test_gpt_cpu divergence).
 Prints `N passed, N failed` last.
 */
 #include <signal.h>
@@ -292,8 +292,8 @@ static void test_checkpoint_roundtrip(void) {
     lp_model_forward(&a, in, tg, 2, 16, 1.0f / 32);
     lp_model_backward(&a, 1);
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
-    lp_model_update(&a, 1e-3f, &opt);
-    LPTrainState st = {7, 1, 12345, 0xDEADBEEFCAFEF00Dull, 2, 16, 64}, st2;
+    expect(lp_models_adamw(&a, 1, NULL, 1e-3f, lp_models_grad_norm(&a, 1, NULL), &opt), "an update from a real gradient keeps the weights finite");
+    LPTrainState st = {7, 1, 12345, 0xDEADBEEFCAFEF00Dull, 2, 16, 64, 0x5EED1234}, st2;
     mkdir(tmp_path("ck"), 0755);
     lp_checkpoint_save(&a, 1, &st, tmp_path("ck"), &single.world_group);
     mkdir(tmp_path("ck/step_00000009.tmp"), 0755);  // an interrupted later save must be ignored
@@ -315,7 +315,7 @@ static void test_checkpoint_roundtrip(void) {
     same &= memcmp(x, y, n * 4) == 0;
     expect(same && b.adam_step == 1, "checkpoint restores master weights and AdamW state exactly");
     expect(st2.step == 7 && st2.shard == 1 && st2.pos == 12345 && st2.rng == st.rng && st2.B == 2 && st2.T == 16 &&
-               st2.total_batch == 64, "checkpoint restores the training state");
+               st2.total_batch == 64 && st2.run_id == 0x5EED1234, "checkpoint restores the training state and the run id");
     free(x);
     free(y);
     lp_model_free(&a);
@@ -358,7 +358,7 @@ static int checkpoint_under_file_limit(const char* model_path, const char* dir, 
         setrlimit(RLIMIT_FSIZE, &lim);
         LPModel m;
         lp_model_load(&m, model_path, NULL);
-        LPTrainState st = {5, 0, 0, 1, 2, 16, 32};
+        LPTrainState st = {5, 0, 0, 1, 2, 16, 32, 1};
         lp_checkpoint_save(&m, 1, &st, dir, &single.world_group);
         _exit(0);
     }
@@ -422,7 +422,7 @@ static void test_bad_input(void) {
     char help[16384];
     int help_rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
     const char* flags[] = {"-i ", "-j ", "-e ", "-o ", "-b ", "-t ", "-d ", "-x ", "-l ", "-u ", "-q ", "-k ", "-c ",
-                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--keep", "--ckpt-minutes", "--overwrite", "--grad-clip", "--tokenizer", "--seed",
+                           "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--keep", "--ckpt-minutes", "--overwrite", "--on-divergence", "--loss-spike", "--grad-clip", "--tokenizer", "--seed",
                            "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb"};
     int listed = help_rc == 0;
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) listed &= strstr(help, flags[i]) != NULL;
@@ -440,6 +440,14 @@ static void test_bad_input(void) {
     BAD("bad input: negative --grad-clip", "flag --grad-clip: must be >= 0 (0: no clipping), got -1", "--grad-clip -1");
     BAD("bad input: -n without -o", "flag -n: checkpoints need -o DIR to go in", "-n 1");
     BAD("bad input: --ckpt-minutes without -o", "flag --ckpt-minutes: checkpoints need -o DIR to go in", "--ckpt-minutes 30");
+    BAD("bad input: bad --on-divergence", "flag --on-divergence: must be stop, skip or rollback, got 'retry'", "--on-divergence retry");
+    BAD("bad input: rollback without -o", "flag --on-divergence rollback: needs -o DIR", "--on-divergence rollback");
+    BAD("bad input: negative --loss-spike", "flag --loss-spike: must be >= 0 (0: off), got -1", "--loss-spike -1");
+    float nan_bits = NAN;
+    int nan_int;
+    memcpy(&nan_int, &nan_bits, 4);
+    corrupt_file(good, tmp_path("nan_weight.bin"), LP_HEADER_INTS + 100, nan_int, 0);
+    BAD("bad input: a model file holding a nan weight", "nan_weight.bin: 1 of its", "-e %s -i %s %s", tmp_path("nan_weight.bin"), tmp_path("ok.bin"), base);
     BAD("bad input: negative --ckpt-minutes", "flag --ckpt-minutes: must be >= 0 (0: off), got -1", "--ckpt-minutes -1");
     BAD("bad input: --tp x --pp beyond an int", "the grid needs at least t*p = 4294967296 ranks", "-e %s -i %s %s --tp 65536 --pp 65536", good,
         tmp_path("ok.bin"), base);
@@ -461,7 +469,7 @@ static void test_bad_input(void) {
     int written = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
     if (written) globfree(&g);
     expect(drc > 0 && written == 0 && strstr(diverged, "llmpar: error: step 1: ") &&
-               strstr(diverged, "weights are not finite, so no checkpoint is written"),
+               strstr(diverged, "the updated weights are not finite: the run diverged and stops"),
            "bad input: a diverged run (finite loss, infinite weights) says so and writes no checkpoint");
     // a save killed at its last rename leaves step_N.tmp/ holding state.bin.tmp; the next save of step N still works
     char stale[LP_PATH_MAX], out1[16384];
@@ -1085,10 +1093,14 @@ static void test_training_runs(void) {
     const char* dir = tmp_path("resume_out");
     rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 6 -n 3 -o %s", TRAIN_BIN, model, common, dir);
     na = parse_losses(out, a, 64);
+    char run_id[32] = "";  // "run 1a2b3c4d", as the resumed run names it: "(run 1a2b3c4d)"
+    const char* fresh = strstr(out, "\nrun ");
+    if (fresh && strstr(fresh, ": a fresh run")) snprintf(run_id, sizeof(run_id), "(run %.8s)", fresh + 5);
     rc |= run_cmd(out, sizeof(out), "rm -rf %s/step_00000006", dir);
     rc |= run_cmd(out, sizeof(out), "%s -e %s %s -x 6 -n 3 -o %s --resume", TRAIN_BIN, model, common, dir);
     nb = parse_losses(out, b, 64);
     expect(rc == 0 && na == 6 && nb == 3 && strstr(out, "resumed from"), "resume runs the remaining 3 steps");
+    expect(run_id[0] && strstr(out, run_id), "the resumed run carries the fresh run's id");
     if (na == 6 && nb == 3) expect_close("resumed steps 4-6 equal the straight run", a + 3, b, 3, 0.0f, 1e-6f);
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_00000006/model.bin", dir);
@@ -1171,6 +1183,148 @@ static void test_crash_during_saves(void) {
     expect(ref && killed == 22, "LLMPAR_CRASH_AT=1..22 kills the run at each file operation of its two saves");
     expect(ref && bad == 0, "a run killed at any file operation of a save restarts to the uninterrupted weights, no .tmp left");
     free(ref);
+}
+
+// Whether two files hold the same bytes.
+static int same_file(const char* a, const char* b) {
+    long long na = lp_file_size(a), nb = lp_file_size(b);
+    if (na < 0 || na != nb) return 0;
+    char *x = (char*)lp_host_malloc((size_t)na + 1, "test"), *y = (char*)lp_host_malloc((size_t)nb + 1, "test");
+    FILE *fa = lp_fopen(a, "rb"), *fb = lp_fopen(b, "rb");
+    int same = fread(x, 1, (size_t)na, fa) == (size_t)na && fread(y, 1, (size_t)nb, fb) == (size_t)nb && memcmp(x, y, (size_t)na) == 0;
+    fclose(fa);
+    fclose(fb);
+    free(x);
+    free(y);
+    return same;
+}
+
+// The divergence guard (--on-divergence, --loss-spike), driven by LLMPAR_LOSS_AT=k:x, which makes the k-th
+// step's loss read x. The batches of one rank are consecutive stretches of the shard (B*T = 32 tokens and
+// one more target), so dropping a batch equals training on the shard with those 32 tokens cut out: skip and rollback are held to
+// exactly the losses and weights of such runs (constant learning rate: -u 0 -q 1).
+static void test_divergence_guard(void) {
+    static char out[1 << 16], ref[1 << 16];
+    int tokens[400], cut[400];
+    uint64_t rng = 99;
+    for (int i = 0; i < 400; i++) tokens[i] = (int)(lp_rand_u32(&rng) % 97);
+    tokens[96] = tokens[128] = tokens[64];  // a batch's last target is the next one's first input: the same across the cuts
+    write_shard(tmp_path("div.bin"), tokens, 400);
+    const char* args = "-e dev/ref/tiny_model.bin -j '' -b 2 -t 16 -v 0 -s 0 -u 0 -q 1 -l 1e-2";
+    float a[64], b[64];
+    char p1[LP_PATH_MAX], p2[LP_PATH_MAX];
+
+    // skip: step 3's batch and update dropped (its checkpoint holds step 2's weights and optimizer state); the
+    // steps after equal a run on the shard without batch 3
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 --on-divergence skip -o %s", TRAIN_BIN, args,
+                     tmp_path("div.bin"), tmp_path("skip_out"));
+    int na = parse_losses(out, a, 64);
+    expect(rc == 0 && na == 5 && strstr(out, "step 3/6 | skipped, its batch and update dropped: loss nan, gradient norm"),
+           "--on-divergence skip: a step with loss nan is reported skipped, and the run goes on (5 of 6 steps trained)");
+    int same = 1;
+    for (int k = 0; k < 2; k++) {
+        const char* file = k ? "optim.bin" : "model.bin";
+        lp_path(p1, "%s/step_00000002/%s", tmp_path("skip_out"), file);
+        lp_path(p2, "%s/step_00000003/%s", tmp_path("skip_out"), file);
+        same &= same_file(p1, p2);
+    }
+    expect(same, "--on-divergence skip: the skipped step's checkpoint holds step 2's weights and AdamW state, byte for byte");
+    memcpy(cut, tokens, 64 * sizeof(int));
+    memcpy(cut + 64, tokens + 96, (400 - 96) * sizeof(int));
+    write_shard(tmp_path("div_cut3.bin"), cut, 400 - 32);
+    rc = run_cmd(ref, sizeof(ref), "%s %s -i %s -x 5 -o %s", TRAIN_BIN, args, tmp_path("div_cut3.bin"), tmp_path("skip_ref"));
+    int nb = parse_losses(ref, b, 64);
+    expect(rc == 0 && nb == 5, "the run on the shard without batch 3 completes");
+    if (na == 5 && nb == 5) expect_close("--on-divergence skip: losses equal the run without the skipped batch", a, b, 5, 0.0f, 0.0f);
+    lp_path(p1, "%s/step_00000006/model.bin", tmp_path("skip_out"));
+    lp_path(p2, "%s/step_00000005/model.bin", tmp_path("skip_ref"));
+    expect(same_file(p1, p2), "--on-divergence skip: the final weights equal the run without the skipped batch, byte for byte");
+
+    // rollback: step 4 diverges, the run goes back to its step-2 checkpoint and on with batch 5: the run on the
+    // shard without batches 3 and 4
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=4:inf %s %s -i %s -x 6 -n 2 --on-divergence rollback -o %s", TRAIN_BIN, args,
+                 tmp_path("div.bin"), tmp_path("rollback_out"));
+    na = parse_losses(out, a, 64);
+    expect(rc == 0 && na == 7 && strstr(out, "step 4/6 | rolled back to checkpoint step 2, the batches of the 2 step(s) since skipped: loss inf"),
+           "--on-divergence rollback: step 4 (loss inf) goes back to the step-2 checkpoint; 3 + 4 steps trained");
+    memcpy(cut + 64, tokens + 128, (400 - 128) * sizeof(int));
+    write_shard(tmp_path("div_cut34.bin"), cut, 400 - 64);
+    rc = run_cmd(ref, sizeof(ref), "%s %s -i %s -x 6 -o %s", TRAIN_BIN, args, tmp_path("div_cut34.bin"), tmp_path("rollback_ref"));
+    nb = parse_losses(ref, b, 64);
+    if (na == 7 && nb == 6) {
+        expect_close("--on-divergence rollback: steps 1-2 equal the run without batches 3-4", a, b, 2, 0.0f, 0.0f);
+        expect_close("--on-divergence rollback: steps 3-6 after the rollback equal it too", a + 3, b + 2, 4, 0.0f, 0.0f);
+    }
+    lp_path(p1, "%s/step_00000006/model.bin", tmp_path("rollback_out"));
+    lp_path(p2, "%s/step_00000006/model.bin", tmp_path("rollback_ref"));
+    expect(same_file(p1, p2), "--on-divergence rollback: the final weights equal the run without batches 3-4, byte for byte");
+
+    // stop (the default): the error names the step; the newest checkpoint is the last good one
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 -o %s", TRAIN_BIN, args, tmp_path("div.bin"),
+                 tmp_path("stop_out"));
+    expect(rc > 0 && strstr(out, "llmpar: error: step 3: loss nan, gradient norm") &&
+               strstr(out, "the run diverged and stops; its newest checkpoint is the last good one") &&
+               lp_checkpoint_latest(tmp_path("stop_out"), INT_MAX) == 2,
+           "--on-divergence stop: a nan loss stops the run with one line; step 2's checkpoint stays the newest");
+
+    // a loss spike: reported under stop, and training goes on; skipped under skip (after a window of 20 steps)
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25", TRAIN_BIN, args, tmp_path("div.bin"));
+    expect(rc == 0 && parse_losses(out, a, 64) == 25 && strstr(out, "notice: step 24: loss 1000000000.000000 is a spike, above 3 times the mean"),
+           "--loss-spike 3 (default): a spike is reported and, under stop, training goes on");
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --on-divergence skip --loss-spike 2", TRAIN_BIN, args,
+                 tmp_path("div.bin"));
+    expect(rc == 0 && parse_losses(out, a, 64) == 24 && strstr(out, "step 24/25 | skipped, its batch and update dropped: loss 1000000000.000000 is a spike, above 2 times"),
+           "--on-divergence skip --loss-spike 2: the spike's step is skipped");
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --loss-spike 0", TRAIN_BIN, args, tmp_path("div.bin"));
+    expect(rc == 0 && !strstr(out, "spike"), "--loss-spike 0: no spike is reported");
+
+    // a learning rate that makes every update overflow: rollback gives up after 3, skip cannot take an update back
+    rc = run_cmd(out, sizeof(out), "%s %s -i %s -x 6 -l 1e30 --on-divergence rollback -o %s", TRAIN_BIN, args, tmp_path("div.bin"),
+                 tmp_path("giveup_out"));
+    expect(rc > 0 && strstr(out, "llmpar: error: step 1: the updated weights are not finite: still diverging after 3 rollbacks to the same checkpoint") &&
+               lp_checkpoint_latest(tmp_path("giveup_out"), INT_MAX) == 0,
+           "--on-divergence rollback: -l 1e30 rolls back to step 0 three times, then stops with one line");
+    rc = run_cmd(out, sizeof(out), "%s %s -i %s -x 6 -l 1e30 --on-divergence skip", TRAIN_BIN, args, tmp_path("div.bin"));
+    expect(rc > 0 && strstr(out, "llmpar: error: step 1: the updated weights are not finite; an update already applied cannot be skipped"),
+           "--on-divergence skip: an update that made the weights non-finite stops the run, saying why");
+}
+
+// The supervisor, scripts/train_resilient.sh, on runs that crash in their saves (LLMPAR_CRASH_AT=15: every
+// launch dies in its second save, after one new checkpoint): it relaunches with --resume until the run
+// ends, with the uninterrupted run's weights; it gives up after -r restarts, and when a launch brings no
+// new checkpoint twice running.
+static void test_supervisor(void) {
+    static char out[1 << 16];
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0 -x 4 -n 1";
+    run_cmd(out, sizeof(out), "%s %s -o %s", TRAIN_BIN, args, tmp_path("sup_ref"));
+    size_t nref = 0, n = 0;
+    float* ref = run_weights(tmp_path("sup_ref"), 4, &nref);
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh %s %s -o %s --overwrite", TRAIN_BIN, args,
+                     tmp_path("sup_out"));
+    float* w = run_weights(tmp_path("sup_out"), 4, &n);
+    size_t worst = 0;
+    expect(rc == 0 && strstr(out, "restart 3 of 3, resuming from step_00000003") && strstr(out, "the run ended well after 3 restart(s)"),
+           "train_resilient.sh: a run killed in every launch's second save is relaunched with --resume 3 times, and ends well");
+    expect(ref && w && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst),
+           "train_resilient.sh: the relaunched run ends with the uninterrupted run's weights, exactly");
+    char path[LP_PATH_MAX], logged[4096] = "";
+    lp_path(path, "%s/restarts.log", tmp_path("sup_out"));
+    FILE* f = fopen(path, "r");
+    size_t got = f ? fread(logged, 1, sizeof(logged) - 1, f) : 0;
+    logged[got] = '\0';
+    if (f) fclose(f);
+    expect(strstr(logged, "exit 137; restart 1 of 3, resuming from step_00000001") != NULL,
+           "train_resilient.sh: the restarts are logged in DIR/restarts.log, with the exit status");
+    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh -r 2 %s %s -o %s", TRAIN_BIN, args, tmp_path("sup_out2"));
+    expect(rc == 137 && strstr(out, "exit 137 after 2 restart(s): giving up"), "train_resilient.sh -r 2: gives up after 2 restarts, with the run's exit status");
+    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=5 scripts/train_resilient.sh %s %s -o %s", TRAIN_BIN, args, tmp_path("sup_out3"));
+    expect(rc == 137 && strstr(out, "restart 1 of 3, from the start (no checkpoint yet)") &&
+               strstr(out, "exit 137 again with no new checkpoint since the last launch: giving up") && !strstr(out, "restart 2"),
+           "train_resilient.sh: a run that dies before its first checkpoint twice running is given up after one restart");
+    rc = run_cmd(out, sizeof(out), "scripts/train_resilient.sh %s %s", TRAIN_BIN, args);
+    expect(rc == 2 && strstr(out, "train_resilient.sh: the command needs -o DIR"), "train_resilient.sh: a command without -o is refused in one line");
+    free(ref);
+    free(w);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1788,6 +1942,92 @@ static void test_slurm(void) {
 // and activations of rank 0 as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64: one
 // rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 keep wte whole, and
 // p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone).
+// The divergence guard on grids: skip and rollback (LLMPAR_LOSS_AT, inherited by the ranks) give one rank's
+// losses and weights; every rank takes the same decision from the same values.
+static void test_divergence_grids(void) {
+    static char out[1 << 18];
+    if (no_mpirun("tier 3 divergence guard")) return;
+    int tokens[2000];
+    uint64_t rng = 5;
+    for (int i = 0; i < 2000; i++) tokens[i] = lp_rand_u32(&rng) % 97;
+    write_shard(tmp_path("div_grid.bin"), tokens, 2000);
+    char base[1024];
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 6 -n 2 -l 1e-2 -u 0 -v 0 -s 0", tmp_path("div_grid.bin"));
+    const char* grids[][3] = {  // policy, ranks, flags
+        {"rollback", "2", "-b 4 --zero 3"},
+        {"rollback", "4", "-b 8 --tp 2 --pp 2 -d 256"},
+        {"skip", "2", "-b 4 --zero 2"},
+        {"skip", "4", "-b 4 --tp 2 --zero 1"},
+    };
+    setenv("LLMPAR_LOSS_AT", "4:nan", 1);
+    for (int k = 0; k < 4; k++) {
+        char args[4096], ref_dir[LP_PATH_MAX], dir[LP_PATH_MAX], name[256];
+        float ref[64], got[64];
+        size_t nw = 0, nw2 = 0;
+        const char* policy = grids[k][0];
+        snprintf(args, sizeof(args), "%s -b 8%s --on-divergence %s", base, strstr(grids[k][2], "-d") ? " -d 256" : "", policy);
+        snprintf(name, sizeof(name), "div_ref_%d", k);
+        lp_path(ref_dir, "%s", tmp_path(name));
+        int nref = run_ranks(1, args, ref_dir, ref, out, sizeof(out));
+        int want = strcmp(policy, "skip") == 0 ? 5 : 7;  // rollback retrains steps 3 and 4
+        float* wref = run_weights(ref_dir, 6, &nw);
+        snprintf(args, sizeof(args), "%s %s --on-divergence %s", base, grids[k][2], policy);
+        snprintf(name, sizeof(name), "div_grid_%d", k);
+        lp_path(dir, "%s", tmp_path(name));
+        int n = run_ranks(atoi(grids[k][1]), args, dir, got, out, sizeof(out));
+        float* w = run_weights(dir, 6, &nw2);
+        snprintf(name, sizeof(name), "--on-divergence %s, %s ranks %s: step 4 (nan) handled, %d step lines on both", policy,
+                 grids[k][1], grids[k][2], want);
+        expect(nref == want && n == want && w && wref && nw == nw2, name);
+        if (nref != want || n != want || !w || !wref) {
+            printf("%s\n", out);
+        } else {
+            snprintf(name, sizeof(name), "--on-divergence %s, %s ranks %s: losses equal 1 rank's (1e-5 relative)", policy, grids[k][1], grids[k][2]);
+            expect_close(name, got, ref, want, 0.0f, 1e-5f);
+            snprintf(name, sizeof(name), "--on-divergence %s, %s ranks %s: final weights equal 1 rank's (1e-5)", policy, grids[k][1], grids[k][2]);
+            expect_same_weights(name, w, wref, nw, 1e-5f, 2);
+        }
+        free(w);
+        free(wref);
+    }
+    unsetenv("LLMPAR_LOSS_AT");
+}
+
+// The supervisor under mpirun: one rank of two killed (kill -9) mid-run; mpirun fails, train_resilient.sh
+// relaunches with --resume, and the run ends with the uninterrupted run's weights, exactly.
+static void test_supervisor_kill(void) {
+    static char out[1 << 16];
+    if (no_mpirun("tier 3 supervisor")) return;
+    int tokens[20000];
+    uint64_t rng = 8;
+    for (int i = 0; i < 20000; i++) tokens[i] = lp_rand_u32(&rng) % 97;
+    write_shard(tmp_path("sup_shard.bin"), tokens, 20000);
+    char args[2048], dir[LP_PATH_MAX];
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x 400 -n 40 --zero 1",
+             tmp_path("sup_shard.bin"));
+    float losses[64];
+    run_ranks(2, args, tmp_path("sup_kill_ref"), losses, out, sizeof(out));
+    size_t nref = 0, n = 0;
+    float* ref = run_weights(tmp_path("sup_kill_ref"), 400, &nref);
+    lp_path(dir, "%s", tmp_path("sup_kill"));
+    // the victim: a rank (its command line starts with the binary; mpirun's and the supervisor's do not)
+    int rc = run_cmd(out, sizeof(out),
+                     "scripts/train_resilient.sh mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -o %s > %s.log 2>&1 & "
+                     "sup=$!; for i in $(seq 1 3000); do [ -d %s/step_00000040 ] && break; sleep 0.01; done; "
+                     "pgrep -f '^%s .* -o %s' | head -n 1 | xargs -r kill -9; wait $sup; rc=$?; cat %s.log; exit $rc",
+                     TRAIN_BIN, args, dir, dir, dir, TRAIN_BIN, dir, dir);
+    float* w = run_weights(dir, 400, &n);
+    size_t worst = 0;
+    expect(rc == 0 && strstr(out, "train_resilient.sh: exit ") && strstr(out, "restart 1 of 3, resuming from step_") &&
+               strstr(out, "the run ended well after 1 restart(s)"),
+           "train_resilient.sh: a rank of 2 killed mid-run (kill -9): mpirun fails, the run is relaunched with --resume and ends well");
+    expect(ref && w && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst),
+           "train_resilient.sh: the run with a killed rank ends with the uninterrupted run's weights, exactly");
+    if (rc != 0) printf("%s\n", out);
+    free(ref);
+    free(w);
+}
+
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 --plan")) return;
@@ -2351,7 +2591,12 @@ static void test_out_of_memory(void) {
 
 // The test program does not start MPI itself: the mpirun it launches for tier 3 must not inherit a
 // singleton's environment.
-int main(void) {
+// With an argument, only the tests whose function name contains it run: ./test_gpt_cpu divergence
+static const char* only;
+#define RUN(test) (only && !strstr(#test, only) ? (void)0 : test())
+
+int main(int argc, char** argv) {
+    only = argc > 1 ? argv[1] : NULL;
     LPProcess proc;
     memset(&proc, 0, sizeof(proc));
     proc.world = 1;
@@ -2366,36 +2611,40 @@ int main(void) {
     }
 #ifdef LLMPAR_CPU
     printf("tier 1: host logic, file formats, bad input\n");
-    test_config();
-    test_model_file_roundtrip();
-    test_dataloader();
-    test_lr_schedule();
-    test_checkpoint_roundtrip();
-    test_tokenizer();
-    test_schedules();
-    test_plan();
-    test_bad_input();
+    RUN(test_config);
+    RUN(test_model_file_roundtrip);
+    RUN(test_dataloader);
+    RUN(test_lr_schedule);
+    RUN(test_checkpoint_roundtrip);
+    RUN(test_tokenizer);
+    RUN(test_schedules);
+    RUN(test_plan);
+    RUN(test_bad_input);
     printf("tier 2: CPU model\n");
-    test_op_gradients();
-    test_model_gradient();
-    test_reference_loss();
-    test_training_runs();
-    test_crash_during_saves();
+    RUN(test_op_gradients);
+    RUN(test_model_gradient);
+    RUN(test_reference_loss);
+    RUN(test_training_runs);
+    RUN(test_crash_during_saves);
+    RUN(test_divergence_guard);
+    RUN(test_supervisor);
     printf("tier 3: CPU parallel engine under mpirun\n");
-    test_data_parallel();
-    test_tensor_parallel();
-    test_pipeline_parallel();
-    test_recompute();
-    test_plan_runs();
-    test_slurm();
+    RUN(test_data_parallel);
+    RUN(test_tensor_parallel);
+    RUN(test_pipeline_parallel);
+    RUN(test_recompute);
+    RUN(test_divergence_grids);
+    RUN(test_supervisor_kill);
+    RUN(test_plan_runs);
+    RUN(test_slurm);
 #else
     lp_device_init(&proc);
     printf("tier 4: CUDA kernels and steps against the CPU build\n");
-    tier4_kernel_tests();
-    test_step_vs_cpu_build();
-    test_parallel_grids();
-    test_zero_memory();
-    test_out_of_memory();
+    RUN(tier4_kernel_tests);
+    RUN(test_step_vs_cpu_build);
+    RUN(test_parallel_grids);
+    RUN(test_zero_memory);
+    RUN(test_out_of_memory);
 #endif
     char out[256];
     run_cmd(out, sizeof(out), "rm -rf %s", tmp_dir);

@@ -33,6 +33,8 @@ typedef struct {
     int keep;                // --keep: checkpoints kept (0: all)
     float ckpt_minutes;      // --ckpt-minutes: also checkpoint once this long has passed since the last (0: off)
     int overwrite;           // --overwrite: a fresh run may replace the checkpoints in -o
+    const char* on_divergence; // --on-divergence: stop | skip | rollback
+    float loss_spike;        // --loss-spike: a loss above this times the recent mean is a spike (0: off)
     int resume;              // --resume
     int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
     int sp;                  // --sp: sequence parallelism within the TP group
@@ -89,6 +91,8 @@ static void lp_flags_default(LPFlags* f) {
     f->grad_clip = 1.0f;
     f->gen_tokens = 64;
     f->ckpt_every = 0;
+    f->on_divergence = "stop";
+    f->loss_spike = 3.0f;
     f->seed = 1337;
     f->tp = 1;
     f->pp = 1;
@@ -130,6 +134,11 @@ static void lp_usage(void) {
         "  --keep N    keep the newest N checkpoints, removing older ones (0: all) [0]\n"
         "  --ckpt-minutes M  also checkpoint once M minutes have passed since the last one (needs -o; 0: off) [0]\n"
         "  --overwrite a run without --resume may start in an -o holding checkpoints, removing them\n"
+        "  --on-divergence NAME  a step whose loss or gradient norm is not finite, or whose update makes a weight\n"
+        "              not finite, or (skip, rollback) whose loss is a spike: stop (the newest checkpoint is the last\n"
+        "              good one) | skip (drop its batch and update) | rollback (reload the newest checkpoint, needs -o,\n"
+        "              and go on with the batches after the bad one); 3 in a row without progress stop the run [stop]\n"
+        "  --loss-spike F  report a loss above F times the mean of the last 20 steps' as a spike (0: off) [3]\n"
         "  --tp N      tensor-parallel size: heads, MLP and vocabulary split over N ranks [1]\n"
         "  --sp        sequence parallelism: LayerNorms and residual adds on 1/N of the rows each (needs --tp > 1)\n"
         "  --pp N      pipeline-parallel size: layers split over N stages; data-parallel size d = ranks / (tp * pp) [1]\n"
@@ -185,7 +194,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--print-schedule") == 0) { f->print_schedule = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--keep", "--ckpt-minutes", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
+                               "-m", "-s", "-g", "-n", "--keep", "--ckpt-minutes", "--on-divergence", "--loss-spike", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
                                "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight", "--recompute", "--plan", "--gpu-mem"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
@@ -212,6 +221,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "-n") == 0) f->ckpt_every = lp_parse_int(a, v);
         else if (strcmp(a, "--keep") == 0) f->keep = lp_parse_int(a, v);
         else if (strcmp(a, "--ckpt-minutes") == 0) f->ckpt_minutes = lp_parse_float(a, v);
+        else if (strcmp(a, "--on-divergence") == 0) f->on_divergence = v;
+        else if (strcmp(a, "--loss-spike") == 0) f->loss_spike = lp_parse_float(a, v);
         else if (strcmp(a, "--grad-clip") == 0) f->grad_clip = lp_parse_float(a, v);
         else if (strcmp(a, "--tokenizer") == 0) f->tokenizer = v;
         else if (strcmp(a, "--tp") == 0) f->tp = lp_parse_int(a, v);
@@ -256,12 +267,28 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->ckpt_minutes < 0.0f) lp_fail_all("flag --ckpt-minutes: must be >= 0 (0: off), got %g", f->ckpt_minutes);
     if (f->ckpt_minutes > 0.0f && f->out_dir[0] == '\0') lp_fail_all("flag --ckpt-minutes: checkpoints need -o DIR to go in");
     if (f->keep < 0) lp_fail_all("flag --keep: must be >= 0 (0: keep all), got %d", f->keep);
+    if (strcmp(f->on_divergence, "stop") != 0 && strcmp(f->on_divergence, "skip") != 0 && strcmp(f->on_divergence, "rollback") != 0)
+        lp_fail_all("flag --on-divergence: must be stop, skip or rollback, got '%s'", f->on_divergence);
+    if (strcmp(f->on_divergence, "rollback") == 0 && f->out_dir[0] == '\0')
+        lp_fail_all("flag --on-divergence rollback: needs -o DIR, for the checkpoints to roll back to");
+    if (f->loss_spike < 0.0f) lp_fail_all("flag --loss-spike: must be >= 0 (0: off), got %g", f->loss_spike);
     if (f->resume && f->overwrite) lp_fail_all("flags --resume and --overwrite: continue the run in -o, or replace it, not both");
     if (f->tp < 1 || f->tp > 65536 || f->pp < 1 || f->pp > 65536 || f->vpp < 1 || f->vpp > 65536)
         lp_fail_all("flags --tp --pp --vpp: sizes must be 1 .. 65536, got %d, %d, %d", f->tp, f->pp, f->vpp);
     if (f->sp && f->tp < 2) lp_fail_all("flag --sp: sequence parallelism splits rows over the TP group; it needs --tp 2 or more");
     if (f->sp && f->T % f->tp) lp_fail_all("flag --sp: sequence length -t %d does not split over --tp %d ranks", f->T, f->tp);
     return 1;
+}
+
+#define LP_STRIKES 3  // --on-divergence skip or rollback: divergences in a row (skip) or back to one checkpoint (rollback)
+
+// Test hook for the divergence guard: LLMPAR_LOSS_AT=k:x makes the loss of this process's k-th training
+// step read x (nan, 1e9).
+static float lp_injected_loss(int k, float loss) {
+    const char* e = getenv("LLMPAR_LOSS_AT");
+    char* end;
+    if (e && strtol(e, &end, 10) == k && *end == ':') return strtof(end + 1, NULL);
+    return loss;
 }
 
 static void lp_mkdirs(const char* dir) {
@@ -508,14 +535,17 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
                 lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
                         "has -t %d and %d", latest, st.T, st.total_batch, f->T, total_batch);
             lp_dataloader_seek(&train, st.shard, st.pos);
-            lp_log("resumed from %s/step_%08d\n", f->out_dir, latest);
+            lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, st.run_id);
         } else {  // a fresh run never mixes its checkpoints with another run's
             int existing = lp_checkpoint_latest(f->out_dir, INT_MAX);
             if (existing >= 0 && !f->overwrite)
                 lp_fail_all("flag -o: %s already holds checkpoints (the newest is step %d): continue that run with --resume, "
                             "choose another -o, or pass --overwrite to remove them", f->out_dir, existing);
             if (existing >= 0 && proc->rank == 0) lp_checkpoint_prune(f->out_dir, 0);
-            lp_barrier(&proc->world_group);
+            uint64_t now = (uint64_t)(lp_time_s() * 1e9) ^ ((uint64_t)getpid() << 32);
+            st.run_id = (int)(lp_rand_u32(&now) % 0x7fffffffu) + 1;  // 1 .. 2^31-1 (0: a checkpoint from before ids)
+            lp_broadcast_host(&proc->world_group, &st.run_id, sizeof(st.run_id), 0);  // rank 0's
+            lp_log("run %08x: a fresh run; its checkpoints carry this id\n", st.run_id);
         }
         char path[LP_PATH_MAX];
         lp_path(path, "%s/main.log", f->out_dir);
@@ -531,6 +561,11 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     int K = proc->pp * f->vpp;  // virtual stages
     float* pipe_cost = (float*)calloc((size_t)2 * K, sizeof(float));  // seconds of each one's forwards, then backwards
     int timed_steps = 0, first_step = st.step;  // 0, or the step resumed from
+    int on_disk = f->resume ? first_step : -1;  // the step whose state the newest checkpoint holds
+    int rollback = strcmp(f->on_divergence, "rollback") == 0, skip = strcmp(f->on_divergence, "skip") == 0;
+    int strikes = 0, computed = 0;  // divergences since the run last moved on; training steps computed
+    LPLossWindow recent;            // the last steps' losses, for spotting spikes
+    memset(&recent, 0, sizeof(recent));
     double last_save_s = lp_time_s();          // --ckpt-minutes counts from the start and from each save
     LPGroup tp_before, tp_traffic;  // the TP group's traffic in training steps (not evaluation or sampling)
     memset(&tp_traffic, 0, sizeof(tp_traffic));
@@ -544,13 +579,14 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         }
         if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
             lp_sample(&stage, &tok, f->gen_tokens, &st.rng);
-        int trained = step > first_step || f->max_steps == 0;  // no checkpoint of what was just loaded, unless asked
+        int untrained = step == 0 && f->max_steps > 0 && !rollback;  // not worth saving, unless to roll back to
         float due = 0.0f;  // --ckpt-minutes: rank 0's clock decides for everyone
         if (f->ckpt_minutes > 0.0f) {
             due = proc->rank == 0 && lp_time_s() - last_save_s >= 60.0 * f->ckpt_minutes;
             lp_broadcast_host(&proc->world_group, &due, sizeof(due), 0);
         }
-        if (f->out_dir[0] && trained && ((f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due)) {
+        int wanted = (f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due || (rollback && on_disk < 0);
+        if (f->out_dir[0] && step != on_disk && !untrained && wanted) {
             st.step = step;
             st.shard = train.shard;
             st.pos = train.pos;
@@ -560,6 +596,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             lp_checkpoint_save(stage.chunks, stage.v, &st, f->out_dir, &proc->world_group);
             if (f->keep && proc->rank == 0) lp_checkpoint_prune(f->out_dir, f->keep);
             last_save_s = lp_time_s();
+            on_disk = step;
+            if (rollback) strikes = 0;
             lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
         }
         if (last) break;
@@ -570,12 +608,50 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         // micro-batch after another); the DP gradient reduction overlaps each chunk's last backward
         float loss = lp_stage_forward_backward(&stage, &train);
         lp_all_reduce_host(dp, &loss, 1, 1);
+        loss = lp_injected_loss(++computed, loss);
         float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, cosine);
         lp_device_sync();
         double t1 = lp_time_s();
-        float norm = lp_stage_update(&stage, lr, &opt);  // sums tied wte, averages the gradients over DP, then AdamW
+        // the divergence guard: the loss and the gradient norm before the update, the weights after it
+        // (every rank sees the same values, so all decide alike)
+        float norm = lp_stage_grad_norm(&stage), mean = lp_loss_window_mean(&recent);  // sums tied wte, averages over DP
+        char diverged[200] = "";
+        if (!isfinite(loss) || !isfinite(norm)) {
+            snprintf(diverged, sizeof(diverged), "loss %g, gradient norm %g is not finite", loss, norm);
+        } else if (f->loss_spike > 0.0f && mean > 0.0f && loss > f->loss_spike * mean) {
+            snprintf(diverged, sizeof(diverged), "loss %f is a spike, above %g times the mean %f of the last %d steps",
+                     loss, f->loss_spike, mean, LP_SPIKE_WINDOW);
+            if (!skip && !rollback) {  // stop: a finite spike is reported, and training goes on
+                lp_log("notice: step %d: %s\n", step + 1, diverged);
+                diverged[0] = '\0';
+            }
+        }
+        int applied = !diverged[0] && lp_stage_adamw(&stage, lr, norm, &opt);
+        if (!diverged[0] && !applied) snprintf(diverged, sizeof(diverged), "the updated weights are not finite");
         lp_device_sync();
         double ms = (lp_time_s() - t0) * 1000.0;
+        if (diverged[0]) {
+            if (!skip && !rollback)
+                lp_fail_all("step %d: %s: the run diverged and stops%s (try a lower -l, or --on-divergence skip or rollback)",
+                            step + 1, diverged, on_disk >= 0 ? "; its newest checkpoint is the last good one" : "");
+            if (++strikes > LP_STRIKES)
+                lp_fail_all("step %d: %s: still diverging after %d %s; the run stops (try a lower -l)", step + 1, diverged,
+                            LP_STRIKES, skip ? "skipped steps in a row" : "rollbacks to the same checkpoint");
+            if (skip && strstr(diverged, "weights"))  // AdamW's moments have taken the update
+                lp_fail_all("step %d: %s; an update already applied cannot be skipped: the run stops (--on-divergence rollback "
+                            "can go back to a checkpoint)", step + 1, diverged);
+            if (skip) {
+                lp_log("step %d/%d | skipped, its batch and update dropped: %s\n", step + 1, f->max_steps, diverged);
+                continue;
+            }
+            lp_checkpoint_load(stage.chunks, stage.v, &st, f->out_dir, on_disk);  // the loader keeps its place
+            lp_log("step %d/%d | rolled back to checkpoint step %d, the batches of the %d step(s) since skipped: %s\n", step + 1,
+                   f->max_steps, on_disk, step + 1 - on_disk, diverged);
+            step = on_disk - 1;  // the loop goes on at the checkpoint's step
+            continue;
+        }
+        if (skip) strikes = 0;
+        lp_loss_window_add(&recent, loss);
         for (int k = 0; k < 3; k++) {
             tp_traffic.calls[k] += proc->tp_group.calls[k] - tp_before.calls[k];
             tp_traffic.bytes[k] += proc->tp_group.bytes[k] - tp_before.bytes[k];
@@ -588,8 +664,6 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             pipe_wall += stage.wall_s;
             timed_steps++;
         }
-        if (!isfinite(loss) || !isfinite(norm))
-            lp_fail_all("step %d: loss %f, gradient norm %f is not finite (diverged; try a lower -l)", step + 1, loss, norm);
         double tok_s = total_batch / (ms / 1000.0);
         lp_log("step %d/%d | loss %f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, f->max_steps, loss, lr,
                norm, ms, tok_s);
