@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Kill trials: start a CPU-engine run that checkpoints every step, kill -9 one of its ranks at a random
-# moment (often inside a save), restart it until it finishes (--resume once a checkpoint is complete), and
-# compare its final model.bin with an uninterrupted run's, byte for byte. Prints a table and the totals.
+# Kill trials: start a CPU-engine run that checkpoints every step under the supervisor
+# (scripts/train_resilient.sh), kill -9 one of its ranks at a random moment (often inside a save), let the
+# supervisor relaunch it with --resume, and compare its final model.bin with an uninterrupted run's, byte
+# for byte. Prints a table and the totals.
 #   bash scripts/kill_trials.sh [TRIALS=10] [RANKS=1]     # RANKS 4: d=4 ZeRO-1 under mpirun
 set -u
 cd "$(dirname "$0")/.."
@@ -12,13 +13,13 @@ make -s train_gpt_cpu || exit 1
 steps=12
 args="-e d2 -b 4 -t 64 -x $steps -n 1 -v 0 -s 0 -l 1e-3 -u 2"
 [ "$ranks" -gt 1 ] && args="$args --zero 1"
-launch() {  # launch DIR [extra flags]: the run, in the background; its pid in $run_pid
+launch() {  # launch DIR: the run under the supervisor, in the background; its pid in $run_pid
     local dir=$1
-    shift
     if [ "$ranks" = 1 ]; then
-        OMP_NUM_THREADS=1 ./train_gpt_cpu $args -o "$dir" "$@" > "$dir.log" 2>&1 &
+        OMP_NUM_THREADS=1 scripts/train_resilient.sh ./train_gpt_cpu $args -o "$dir" > "$dir.log" 2>&1 &
     else
-        mpirun -np "$ranks" --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 ./train_gpt_cpu $args -o "$dir" "$@" > "$dir.log" 2>&1 &
+        scripts/train_resilient.sh mpirun -np "$ranks" --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 ./train_gpt_cpu $args \
+            -o "$dir" > "$dir.log" 2>&1 &
     fi
     run_pid=$!
 }
@@ -40,21 +41,12 @@ for t in $(seq 1 "$trials"); do
     sleep "$kill_at"
     victim=$(pgrep -f "^\./train_gpt_cpu .* -o $dir\$" | shuf -n 1)  # a rank, not mpirun
     [ -n "$victim" ] && kill -9 "$victim"
-    wait "$run_pid" 2> /dev/null
-    restarts=0
-    from=none
-    while :; do  # restart until the run ends well
-        resume=""
-        if ls -d "$dir"/step_*[0-9]/state.bin > /dev/null 2>&1; then resume="--resume"; fi  # complete ones, not step_N.tmp
-        launch "$dir" $resume
-        wait "$run_pid" && break
-        restarts=$((restarts + 1))
-        [ "$restarts" -gt 3 ] && break
-    done
+    wait "$run_pid"
+    restarts=$(grep -c "; restart " "$dir/restarts.log" 2> /dev/null)
     from=$(grep -o 'resumed from [^ ]*' "$dir.log" | sed 's|.*/step_0*||')
     final=$(printf "%s/step_%08d/model.bin" "$dir" "$steps")
     if cmp -s "$final" "$ref"; then verdict=identical; same=$((same + 1)); else verdict=DIFFERS; fi
-    printf "%-6s %-10s %-12s %-9s %s\n" "$t" "${kill_at} s" "$((restarts + 1))" "${from:-start}" "$verdict"
+    printf "%-6s %-10s %-12s %-9s %s\n" "$t" "${kill_at} s" "${restarts:-0}" "${from:-start}" "$verdict"
 done
 echo "$same of $trials trials ended with the uninterrupted run's model.bin, byte for byte"
 rm -rf "$work"
