@@ -46,6 +46,9 @@ the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of 
 #endif
 
 #ifdef LLMPAR_CPU
+#ifdef LLMPAR_BLAS
+#include <cblas.h>  // cblas_sgemm: the CPU build's matmuls when a BLAS was found (the plain loops otherwise)
+#endif
 typedef float floatX;  // the CPU build computes in fp32 throughout
 #define LP(op) lp_##op##_cpu
 #define LP_HD
@@ -60,6 +63,8 @@ typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights 
 #define LP(op) lp_##op##_gpu
 #define LP_HD __host__ __device__
 #endif
+// The optimizer's fp32 master weights are a copy beside bf16 params; fp32 params are their own.
+#define LP_MASTER_COPY (sizeof(floatX) != sizeof(float))
 
 // ----------------------------------------------------------------------------------------------------
 // 1. basics
@@ -487,14 +492,25 @@ static inline void lp_grid_check(const LPProcess* p, const LPConfig* c) {
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
+// A process started alone (no mpirun or srun: none of their variables) is the whole world and skips
+// MPI_Init, whose singleton start-up costs seconds (the tests start hundreds of one-rank runs).
+static inline int lp_launched_by_mpi(void) {
+    const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
+
 static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
     memset(p, 0, sizeof(*p));
     p->world = 1;
     p->shares_gpu_with = -1;
 #ifdef LLMPAR_MPI
-    MPI_Init(argc, argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &p->world);
+    if (lp_launched_by_mpi()) {
+        MPI_Init(argc, argv);
+        MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &p->world);
+    }
 #else
     (void)argc;
     (void)argv;
@@ -557,7 +573,12 @@ static inline const char* lp_engine_name(void) {
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-    snprintf(name, sizeof(name), "CPU, fp32, %d OpenMP threads", threads);
+#ifdef LLMPAR_BLAS
+    const char* matmuls = "BLAS matmuls";
+#else
+    const char* matmuls = "plain-loop matmuls (no BLAS was found at build time)";
+#endif
+    snprintf(name, sizeof(name), "CPU, fp32, %s, %d OpenMP threads", matmuls, threads);
 #else
     snprintf(name, sizeof(name), "CUDA, bf16 with fp32 master weights, %s", lp_device_prop.name);
 #endif
@@ -1263,10 +1284,10 @@ static inline void lp_count_gpus(LPProcess* p) {
     cudaCheck(cudaDeviceGetPCIBusId(bus, sizeof(bus), p->device));
     snprintf(mine, sizeof(mine), "%s/%s", host, bus);
     char* all = (char*)lp_host_malloc((size_t)p->world * 256, "GPU ids");
-#ifdef LLMPAR_MPI
-    lp_mpi_check(MPI_Allgather(mine, 256, MPI_CHAR, all, 256, MPI_CHAR, MPI_COMM_WORLD), "all-gather of GPU ids", &p->world_group);
-#else
     memcpy(all, mine, 256);
+#ifdef LLMPAR_MPI
+    if (p->world > 1)
+        lp_mpi_check(MPI_Allgather(mine, 256, MPI_CHAR, all, 256, MPI_CHAR, MPI_COMM_WORLD), "all-gather of GPU ids", &p->world_group);
 #endif
     p->gpus = 0;
     for (int r = 0; r < p->world; r++) {
@@ -1322,13 +1343,26 @@ static inline void lp_comm_init(LPProcess* p, const char* choice) {
 //     gradient accumulation over micro-batches needs no extra buffers;
 //   - layernorm_backward accumulates into dinp, which is the residual stream's gradient.
 
+// tanh in plain arithmetic, which the compiler vectorises (a libm call it cannot: GELU's tanhf was a tenth
+// of the CPU step). tanh(u) = 1 - 2 / (1 + e^2u); e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln2 / 2,
+// e^r by its Taylor series to r^7 (relative error below 1e-8) and 2^n put in the exponent bits. Absolute
+// error below 2.5e-7 against tanhf (tested); x is clamped where tanh is +-1 in fp32 anyway.
+static inline LP_HD float lp_tanhf(float u) {
+    float x = 2.0f * fminf(fmaxf(u, -40.0f), 40.0f);
+    float n = rintf(x * 1.442695041f);
+    float r = x - n * 0.693145752f - n * 1.428606765e-6f;  // ln 2 in two parts: r exact to fp32
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    union { int i; float f; } two_n = {((int)n + 127) << 23};  // n is within -116 .. 116
+    return 1.0f - 2.0f / (1.0f + p * two_n.f);
+}
+
 #define LP_GELU_SCALE 0.7978845608028654f  // sqrt(2/pi)
 static inline LP_HD float lp_gelu(float x) {
-    return 0.5f * x * (1.0f + tanhf(LP_GELU_SCALE * (x + 0.044715f * x * x * x)));
+    return 0.5f * x * (1.0f + lp_tanhf(LP_GELU_SCALE * (x + 0.044715f * x * x * x)));
 }
 static inline LP_HD float lp_gelu_grad(float x) {
     float u = LP_GELU_SCALE * (x + 0.044715f * x * x * x);
-    float th = tanhf(u);
+    float th = lp_tanhf(u);
     float sech2 = 1.0f - th * th;
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * LP_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
@@ -1739,11 +1773,13 @@ static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* d
 
 // --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
 // pre_gelu keeps the pre-activation for backward and out = gelu(pre_gelu). bias may be NULL.
-// Rows go in blocks of LP_ROW_BLOCK, so each weight row is read from memory once per block, not once per
-// row (the LM head's weights are far larger than the caches).
+// The CPU build calls a BLAS's sgemm when one was found (lp_matmul_*_cpu), else these plain loops, which
+// stay as the readable reference the BLAS path is tested against. Rows go in blocks of LP_ROW_BLOCK, so
+// each weight row is read from memory once per block, not once per row (the LM head's weights are far
+// larger than the caches).
 #define LP_ROW_BLOCK 8
-static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const float* inp, const float* weight,
-                                         const float* bias, int N, int C, int OC) {
+static inline void lp_matmul_forward_loops(float* out, float* pre_gelu, const float* inp, const float* weight,
+                                           const float* bias, int N, int C, int OC) {
 #pragma omp parallel for
     for (int i0 = 0; i0 < N; i0 += LP_ROW_BLOCK) {
         int rows = N - i0 < LP_ROW_BLOCK ? N - i0 : LP_ROW_BLOCK;
@@ -1771,8 +1807,8 @@ static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const floa
 }
 
 // dinp = dout @ weight (overwritten); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL)
-static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
-                                          const float* inp, const float* weight, int N, int C, int OC) {
+static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* dbias, const float* dout,
+                                            const float* inp, const float* weight, int N, int C, int OC) {
 #pragma omp parallel for
     for (int i0 = 0; i0 < N; i0 += LP_ROW_BLOCK) {
         int rows = N - i0 < LP_ROW_BLOCK ? N - i0 : LP_ROW_BLOCK;
@@ -1799,6 +1835,39 @@ static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* db
         if (dbias) dbias[o] += sb;
     }
 }
+
+#ifdef LLMPAR_BLAS
+// The same through sgemm (row-major: out (N,OC) = inp (N,C) @ weight^T), then bias and GELU in one pass.
+static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const float* inp, const float* weight,
+                                         const float* bias, int N, int C, int OC) {
+    float* dst = pre_gelu ? pre_gelu : out;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, dst, OC);
+    if (!bias && !pre_gelu) return;
+#pragma omp parallel for
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            size_t idx = (size_t)i * OC + o;
+            float s = dst[idx] + (bias ? bias[o] : 0.0f);
+            dst[idx] = s;
+            if (pre_gelu) out[idx] = lp_gelu(s);
+        }
+}
+static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
+                                          const float* inp, const float* weight, int N, int C, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (!dbias) return;
+#pragma omp parallel for
+    for (int o = 0; o < OC; o++) {
+        float sb = 0.0f;
+        for (int i = 0; i < N; i++) sb += dout[(size_t)i * OC + o];
+        dbias[o] += sb;
+    }
+}
+#else
+#define lp_matmul_forward_cpu lp_matmul_forward_loops
+#define lp_matmul_backward_cpu lp_matmul_backward_loops
+#endif
 
 // out = gelu(inp): what the fused matmul writes, as its own op for recomputation in backward
 static inline void lp_gelu_forward_cpu(float* out, const float* inp, size_t n) {
@@ -2245,10 +2314,11 @@ static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* gra
 }
 #endif
 
-// sum of squares of x, accumulated in double on the CPU (the CUDA version reduces in fp32 per block)
+// sum of squares of x, accumulated in double on the CPU (the CUDA version reduces in fp32 per block);
+// `simd` lets each thread keep a vector of partial sums (a fixed order, so still deterministic)
 static inline float lp_norm_squared_cpu(const float* x, size_t n) {
     double s = 0.0;
-#pragma omp parallel for reduction(+ : s)
+#pragma omp parallel for simd reduction(+ : s)
     for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
     return (float)s;
 }
@@ -2413,7 +2483,8 @@ typedef struct {
     int recompute;        // LP_RECOMPUTE_*: which activations backward recomputes
     floatX* params;   // compute-type weights used by forward/backward (ZeRO-3: wte, wpe, lnf only)
     floatX* grads;    // their gradients, accumulated over micro-batches (ZeRO-2: wte, wpe, lnf only)
-    float* master;    // fp32 master weights of this rank's shard: the truth the optimizer updates
+    float* master;    // fp32 master weights of this rank's shard: the truth the optimizer updates (the CPU
+                      // build's fp32 params are their own: master points into them, LP_MASTER_COPY 0)
     float* adam_m;    // AdamW first moment (fp32), this rank's shard
     float* adam_v;    // AdamW second moment (fp32), this rank's shard
     // ZeRO: the flat parameters are cut into equal shards over the DP group (padded to a multiple of its
@@ -2588,10 +2659,14 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
         for (int i = 0; i < LP_NUM_PARAMS; i++) m->p[i] = m->params + m->param_offsets[i];
         m->param_bytes = n * sizeof(floatX);
     }
-    m->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
+    if (LP_MASTER_COPY) {
+        m->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
+        lp_device_zero(m->master, k * sizeof(float));
+    } else {  // fp32 params are their own master weights: this rank's shard of them
+        m->master = (float*)(zero_stage >= 3 ? m->param_shard : m->params + m->shard_start);
+    }
     m->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
     m->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
-    lp_device_zero(m->master, k * sizeof(float));
     lp_device_zero(m->adam_m, k * sizeof(float));
     lp_device_zero(m->adam_v, k * sizeof(float));
     if (zero_stage >= 2) {  // full gradients only for the tensors outside the layers, packed
@@ -3177,7 +3252,7 @@ static inline void lp_model_free(LPModel* m) {
         lp_device_free(m->layer_buf[0]);
         lp_device_free(m->layer_buf[1]);
     }
-    lp_device_free(m->master);
+    if (LP_MASTER_COPY) lp_device_free(m->master);
     lp_device_free(m->adam_m);
     lp_device_free(m->adam_v);
     if (m->act_memory) {
@@ -4101,7 +4176,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.last = k == chunks - 1;
     LPActivations a;
     size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
-    return (params + grads) * X + 3 * sizeof(float) * shard + (double)slots * stored + scratch;
+    return (params + grads) * X + (LP_MASTER_COPY ? 3 : 2) * sizeof(float) * shard + (double)slots * stored + scratch;
 }
 
 // The partition of L layers over the chunks whose largest cost[k][n] (chunk k running n layers; INFINITY

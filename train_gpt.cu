@@ -461,7 +461,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         rank_params += mc->num_params;
         param_bytes += mc->param_bytes;
         grad_bytes += mc->grad_bytes;
-        optim_bytes += mc->shard_size * 12;
+        optim_bytes += mc->shard_size * (LP_MASTER_COPY ? 12 : 8);  // (fp32 master weights,) AdamW m and v
         act_bytes += mc->act_bytes;
     }
     free(weights);
@@ -504,8 +504,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
            total_batch, accum);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            f->schedule, f->lr * f->final_lr_frac);
-    lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, master+AdamW %.2f MiB, activations %.2f MiB"
-           " (recompute %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, optim_bytes / MiB, act_bytes / MiB, f->recompute);
+    lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
+           " (recompute %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
+           optim_bytes / MiB, act_bytes / MiB, f->recompute);
 
     // output directory, log, resume
     FILE* logf = NULL;

@@ -59,7 +59,8 @@ else
     echo "skip: nvcc not found, the CUDA build is not checked"
 fi
 
-# without MPI each engine is a single-rank program; both must keep compiling (warnings are errors)
+# without MPI each engine is a single-rank program; both must keep compiling (warnings are errors); the
+# CPU one here also without a BLAS: its plain-loop matmuls
 if ${CC:-cc} -x c -std=gnu11 -O1 -fopenmp -DLLMPAR_CPU -Wall -Wextra -Werror train_gpt.cu -o /tmp/llmpar_nompi_$$ -lm; then
     passed=$((passed + 1))
 else
