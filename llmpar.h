@@ -1346,9 +1346,11 @@ static inline void lp_comm_init(LPProcess* p, const char* choice) {
 // tanh in plain arithmetic, which the compiler vectorises (a libm call it cannot: GELU's tanhf was a tenth
 // of the CPU step). tanh(u) = 1 - 2 / (1 + e^2u); e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln2 / 2,
 // e^r by its Taylor series to r^7 (relative error below 1e-8) and 2^n put in the exponent bits. Absolute
-// error below 2.5e-7 against tanhf (tested); x is clamped where tanh is +-1 in fp32 anyway.
+// error below 2.5e-7 against tanhf (tested); u is clamped where tanh is +-1 in fp32 anyway, by compares
+// (fminf must treat NaN apart, so it stays a libm call that stops vectorisation; NaN becomes 40 here).
 static inline LP_HD float lp_tanhf(float u) {
-    float x = 2.0f * fminf(fmaxf(u, -40.0f), 40.0f);
+    u = u < 40.0f ? u : 40.0f;
+    float x = 2.0f * (u > -40.0f ? u : -40.0f);
     float n = rintf(x * 1.442695041f);
     float r = x - n * 0.693145752f - n * 1.428606765e-6f;  // ln 2 in two parts: r exact to fp32
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));

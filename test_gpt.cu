@@ -116,6 +116,14 @@ static void write_shard(const char* path, const int* tokens, size_t n) {
     free(t);
 }
 
+// A shard of n random token ids below the tiny model's vocabulary (97), from seed.
+static void write_random_shard(const char* path, int n, uint64_t seed) {
+    int* tokens = (int*)lp_host_malloc((size_t)n * sizeof(int), "test shard");
+    for (int i = 0; i < n; i++) tokens[i] = (int)(lp_rand_u32(&seed) % 97);
+    write_shard(path, tokens, (size_t)n);
+    free(tokens);
+}
+
 static LPConfig tiny_config(void) {
     LPConfig c;
     c.max_seq_len = 16;
@@ -1413,14 +1421,6 @@ static void expect_same_weights(const char* name, const float* got, const float*
     free(w);
 }
 
-// The token shard tier 3's runs share (written before any runs, so a name filter may pick any of them).
-static void write_tier3_shard(void) {
-    int tokens[4000];
-    uint64_t rng = 77;
-    for (int i = 0; i < 4000; i++) tokens[i] = lp_rand_u32(&rng) % 97;
-    write_shard(tmp_path("dp_shard.bin"), tokens, 4000);
-}
-
 // Data parallelism: d ranks with micro-batch B/d give one rank's losses and weights for the same global
 // batch, with and without gradient accumulation. fp32 sums are reordered by the all-reduce, so losses
 // agree to 1e-5 relative and weights after 10 AdamW steps (lr 1e-2) to 1e-5 absolute.
@@ -1996,20 +1996,12 @@ static void test_slurm(void) {
     }
 }
 
-// --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
-// shard). And its memory estimate is what the CPU engine allocates: params, grads, master weights, AdamW
-// and activations of rank 0 as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64: one
-// rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 keep wte whole, and
-// p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone).
 // The divergence guard on grids: skip and rollback (LLMPAR_LOSS_AT, inherited by the ranks) give one rank's
 // losses and weights; every rank takes the same decision from the same values.
 static void test_divergence_grids(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 divergence guard")) return;
-    int tokens[2000];
-    uint64_t rng = 5;
-    for (int i = 0; i < 2000; i++) tokens[i] = lp_rand_u32(&rng) % 97;
-    write_shard(tmp_path("div_grid.bin"), tokens, 2000);
+    write_random_shard(tmp_path("div_grid.bin"), 2000, 5);
     char base[1024];
     snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 6 -n 2 -l 1e-2 -u 0 -v 0 -s 0", tmp_path("div_grid.bin"));
     const char* grids[][3] = {  // policy, ranks, flags
@@ -2057,10 +2049,7 @@ static void test_divergence_grids(void) {
 static void test_supervisor_kill(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 supervisor")) return;
-    int tokens[20000];
-    uint64_t rng = 8;
-    for (int i = 0; i < 20000; i++) tokens[i] = lp_rand_u32(&rng) % 97;
-    write_shard(tmp_path("sup_shard.bin"), tokens, 20000);
+    write_random_shard(tmp_path("sup_shard.bin"), 20000, 8);
     char args[2048], dir[LP_PATH_MAX];
     snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x 400 -n 40 --zero 1",
              tmp_path("sup_shard.bin"));
@@ -2087,6 +2076,11 @@ static void test_supervisor_kill(void) {
     free(w);
 }
 
+// --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
+// shard). And its memory estimate is what the CPU engine allocates: params, grads, master weights, AdamW
+// and activations of rank 0 as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64: one
+// rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 keep wte whole, and
+// p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone).
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 --plan")) return;
@@ -2546,10 +2540,7 @@ static void test_parallel_grids(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 4 parallel grids")) return;
     save_tiny_model(tmp_path("grid_model.bin"), 4, 4242);
-    int tokens[2048];
-    uint64_t rng = 7;
-    for (int i = 0; i < 2048; i++) tokens[i] = lp_rand_u32(&rng) % 97;
-    write_shard(tmp_path("grid_tokens.bin"), tokens, 2048);
+    write_random_shard(tmp_path("grid_tokens.bin"), 2048, 7);
     char base[1024], args[2048], name[512], dir[LP_PATH_MAX];
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 128", tmp_path("grid_model.bin"),
              tmp_path("grid_tokens.bin"));
@@ -2690,7 +2681,7 @@ int main(int argc, char** argv) {
     RUN(test_divergence_guard);
     RUN(test_supervisor);
     printf("tier 3: CPU parallel engine under mpirun\n");
-    write_tier3_shard();
+    write_random_shard(tmp_path("dp_shard.bin"), 4000, 77);  // the shard tier 3's runs share (any may run alone)
     RUN(test_data_parallel);
     RUN(test_tensor_parallel);
     RUN(test_pipeline_parallel);

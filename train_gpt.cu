@@ -8,6 +8,7 @@ With no flags it trains a small GPT-2 on the tinyshakespeare shards shipped in d
 llm.c's where they overlap; run with -h for the list.
 */
 #include "llmpar.h"
+#include <sys/resource.h>  // getrusage: the peak host memory, printed at the end
 
 typedef struct {
     const char* train_data;  // -i
@@ -686,6 +687,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     if (timed_steps > 0)
         lp_log("mean of steps after the first: %.1f ms/step, of which %.1f ms in the optimizer step (gradient "
                "communication and AdamW)\n", sum_ms / timed_steps, sum_update_ms / timed_steps);
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
+    lp_log("peak host memory of rank 0 (RSS): %.0f MiB\n", usage.ru_maxrss / 1024.0);
     int steps = f->max_steps - first_step;
     if (proc->tp > 1 && steps > 0)
         lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
