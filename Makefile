@@ -1,7 +1,8 @@
 # llmpar: `make train_gpt` (CUDA), `make train_gpt_cpu` (CPU), `make train_gpt_emu` (CUDA emulated on the
 # CPU), `make test`, `make test-emu`.
 #
-# The CPU build compiles the same train_gpt.cu as C with mpicc. The CUDA build uses MPI when mpicc is
+# The CPU build compiles the same train_gpt.cu as C with mpicc, its matmuls through OpenBLAS when
+# pkg-config finds it (see BLAS below). The CUDA build uses MPI when mpicc is
 # found (multi-rank runs) and builds a single-rank binary without it. The emulated build compiles the
 # CUDA sources as host C++ with dev/cudaemu in place of the GPU, cuBLASLt and NCCL (needs only the CUDA
 # toolkit's headers, no GPU or driver).

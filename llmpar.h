@@ -1773,6 +1773,13 @@ static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* d
 }
 #endif
 
+// out = gelu(inp): the fused matmul's last pass on the CPU, and its own op for recomputation in backward
+// (one loop for both, so a recomputed GELU equals the kept one bit for bit)
+static inline void lp_gelu_forward_cpu(float* out, const float* inp, size_t n) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = lp_gelu(inp[i]);
+}
+
 // --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
 // pre_gelu keeps the pre-activation for backward and out = gelu(pre_gelu). bias may be NULL.
 // The CPU build calls a BLAS's sgemm when one was found (lp_matmul_*_cpu), else these plain loops, which
@@ -1796,16 +1803,11 @@ static inline void lp_matmul_forward_loops(float* out, float* pre_gelu, const fl
                 float s = bias ? bias[o] : 0.0f;
                 for (; c < C; c++) s += x[c] * wrow[c];
                 for (int k = 0; k < 8; k++) s += acc[k];
-                size_t idx = (size_t)(i0 + r) * OC + o;
-                if (pre_gelu) {
-                    pre_gelu[idx] = s;
-                    out[idx] = lp_gelu(s);
-                } else {
-                    out[idx] = s;
-                }
+                (pre_gelu ? pre_gelu : out)[(size_t)(i0 + r) * OC + o] = s;
             }
         }
     }
+    if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
 }
 
 // dinp = dout @ weight (overwritten); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL)
@@ -1839,20 +1841,17 @@ static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* 
 }
 
 #ifdef LLMPAR_BLAS
-// The same through sgemm (row-major: out (N,OC) = inp (N,C) @ weight^T), then bias and GELU in one pass.
+// The same through sgemm (row-major: out (N,OC) = inp (N,C) @ weight^T), then the bias, then the GELU.
 static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const float* inp, const float* weight,
                                          const float* bias, int N, int C, int OC) {
     float* dst = pre_gelu ? pre_gelu : out;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, dst, OC);
-    if (!bias && !pre_gelu) return;
+    if (bias) {
 #pragma omp parallel for
-    for (int i = 0; i < N; i++)
-        for (int o = 0; o < OC; o++) {
-            size_t idx = (size_t)i * OC + o;
-            float s = dst[idx] + (bias ? bias[o] : 0.0f);
-            dst[idx] = s;
-            if (pre_gelu) out[idx] = lp_gelu(s);
-        }
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < OC; o++) dst[(size_t)i * OC + o] += bias[o];
+    }
+    if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
 }
 static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
                                           const float* inp, const float* weight, int N, int C, int OC) {
@@ -1870,12 +1869,6 @@ static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* db
 #define lp_matmul_forward_cpu lp_matmul_forward_loops
 #define lp_matmul_backward_cpu lp_matmul_backward_loops
 #endif
-
-// out = gelu(inp): what the fused matmul writes, as its own op for recomputation in backward
-static inline void lp_gelu_forward_cpu(float* out, const float* inp, size_t n) {
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) out[i] = lp_gelu(inp[i]);
-}
 
 // dinp = gelu'(inp) * dout; dinp may alias dout
 static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const float* dout, int N) {
