@@ -1938,6 +1938,24 @@ static inline void lp_gelu_backward_gpu(floatX* dinp, const floatX* inp, const f
 // att (B,NH,T,T) holds the probabilities, zero above the diagonal.
 static inline float lp_attention_scale(int C, int NH) { return 1.0f / sqrtf((float)(C / NH)); }
 
+// One head's product C (M,N) = op(A) @ op(B), row-major, op transposing when ta / tb is set (A is (K,M)
+// then, B (N,K)); C is overwritten. sgemm when the CPU build has a BLAS (it runs single-threaded inside
+// the heads' parallel loop), else the plain loop. Whole (T,T) products: the masked upper triangle is
+// computed too and zeroed after.
+static inline void lp_head_gemm(int ta, int tb, int M, int N, int K, const float* A, const float* B, float* C) {
+#ifdef LLMPAR_BLAS
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A,
+                ta ? M : K, B, tb ? K : N, 0.0f, C, N);
+#else
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float s = 0.0f;
+            for (int p = 0; p < K; p++) s += (ta ? A[(size_t)p * M + i] : A[(size_t)i * K + p]) * (tb ? B[(size_t)j * K + p] : B[(size_t)p * N + j]);
+            C[(size_t)i * N + j] = s;
+        }
+#endif
+}
+
 static inline void lp_attention_probs_cpu(float* att, const float* qkvr, int B, int T, int C, int NH) {
     int HS = C / NH;
     size_t plane = (size_t)B * NH * T * HS;  // one of q, k, v in qkvr
@@ -1946,15 +1964,12 @@ static inline void lp_attention_probs_cpu(float* att, const float* qkvr, int B, 
     for (int bh = 0; bh < B * NH; bh++) {
         const float* q = qkvr + (size_t)bh * T * HS;
         const float* k = q + plane;
+        lp_head_gemm(0, 1, T, T, HS, q, k, att + (size_t)bh * T * T);  // q k^T
         for (int t1 = 0; t1 < T; t1++) {
             float* a = att + ((size_t)bh * T + t1) * T;
             float maxv = -INFINITY;
-            for (int t2 = 0; t2 <= t1; t2++) {
-                float s = 0.0f;
-                for (int d = 0; d < HS; d++) s += q[(size_t)t1 * HS + d] * k[(size_t)t2 * HS + d];
-                a[t2] = s;
-                if (s > maxv) maxv = s;
-            }
+            for (int t2 = 0; t2 <= t1; t2++)
+                if (a[t2] > maxv) maxv = a[t2];
             float sum = 0.0f;
             for (int t2 = 0; t2 <= t1; t2++) {
                 a[t2] = expf(scale * (a[t2] - maxv));
@@ -1981,18 +1996,8 @@ static inline void lp_attention_forward_cpu(float* out, float* qkvr, float* att,
     }
     lp_attention_probs_cpu(att, qkvr, B, T, C, NH);
 #pragma omp parallel for
-    for (int bh = 0; bh < B * NH; bh++) {
-        const float* v = qkvr + 2 * plane + (size_t)bh * T * HS;
-        float* y = qkv + (size_t)bh * T * HS;  // qkv is free now: it holds y in (B,NH,T,HS)
-        for (int t1 = 0; t1 < T; t1++) {
-            const float* a = att + ((size_t)bh * T + t1) * T;
-            for (int d = 0; d < HS; d++) {
-                float s = 0.0f;
-                for (int t2 = 0; t2 <= t1; t2++) s += a[t2] * v[(size_t)t2 * HS + d];
-                y[(size_t)t1 * HS + d] = s;
-            }
-        }
-    }
+    for (int bh = 0; bh < B * NH; bh++)  // y = att v; qkv is free now: it holds y in (B,NH,T,HS)
+        lp_head_gemm(0, 0, T, HS, T, att + (size_t)bh * T * T, qkvr + 2 * plane + (size_t)bh * T * HS, qkv + (size_t)bh * T * HS);
 #pragma omp parallel for
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
@@ -2024,26 +2029,16 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
         float* da = datt + (size_t)bh * T * T;
         for (int t = 0; t < T; t++)
             for (int d = 0; d < HS; d++) dy[(size_t)t * HS + d] = dout[((size_t)b * T + t) * C + h * HS + d];
-        for (size_t i = 0; i < (size_t)T * HS; i++) dq[i] = dk[i] = dv[i] = 0.0f;
+        lp_head_gemm(0, 1, T, T, HS, dy, v, da);  // datt = dy v^T
+        lp_head_gemm(1, 0, T, HS, T, a, dy, dv);  // dv = att^T dy (att is zero above the diagonal)
         for (int t1 = 0; t1 < T; t1++) {
             float dot = 0.0f;  // sum over t2 of att * datt, for the softmax backward
-            for (int t2 = 0; t2 <= t1; t2++) {
-                float s = 0.0f;
-                for (int d = 0; d < HS; d++) s += dy[(size_t)t1 * HS + d] * v[(size_t)t2 * HS + d];
-                da[(size_t)t1 * T + t2] = s;
-                dot += a[(size_t)t1 * T + t2] * s;
-                for (int d = 0; d < HS; d++) dv[(size_t)t2 * HS + d] += a[(size_t)t1 * T + t2] * dy[(size_t)t1 * HS + d];
-            }
-            for (int t2 = 0; t2 <= t1; t2++) {
-                float dpre = scale * a[(size_t)t1 * T + t2] * (da[(size_t)t1 * T + t2] - dot);
-                da[(size_t)t1 * T + t2] = dpre;
-                for (int d = 0; d < HS; d++) {
-                    dq[(size_t)t1 * HS + d] += dpre * k[(size_t)t2 * HS + d];
-                    dk[(size_t)t2 * HS + d] += dpre * q[(size_t)t1 * HS + d];
-                }
-            }
+            for (int t2 = 0; t2 <= t1; t2++) dot += a[(size_t)t1 * T + t2] * da[(size_t)t1 * T + t2];
+            for (int t2 = 0; t2 <= t1; t2++) da[(size_t)t1 * T + t2] = scale * a[(size_t)t1 * T + t2] * (da[(size_t)t1 * T + t2] - dot);
             for (int t2 = t1 + 1; t2 < T; t2++) da[(size_t)t1 * T + t2] = 0.0f;
         }
+        lp_head_gemm(0, 0, T, HS, T, da, k, dq);  // dq = dpre k
+        lp_head_gemm(1, 0, T, HS, T, da, q, dk);  // dk = dpre^T q
         for (int t = 0; t < T; t++)
             for (int which = 0; which < 3; which++)
                 for (int d = 0; d < HS; d++)
