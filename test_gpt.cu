@@ -173,6 +173,13 @@ static int run_ranks(int ranks, const char* args, const char* out_dir, float* lo
 #ifdef LLMPAR_CPU
 static LPProcess single;  // a one-rank grid for calls that take groups
 
+// One uninterrupted run of the engine into dir; its weights at `step` (NULL if it saved none).
+static float* reference_weights(const char* args, const char* dir, int step, size_t* n) {
+    char out[1 << 12];
+    run_cmd(out, sizeof(out), "%s %s -o %s", TRAIN_BIN, args, dir);
+    return run_weights(dir, step, n);
+}
+
 // The auxiliary losses of the step lines ("| aux loss 1: x 3: y"), in order.
 static int parse_aux_losses(const char* out, float* values, int max) {
     int n = 0;
@@ -1220,9 +1227,8 @@ static void test_training_runs(void) {
 static void test_crash_during_saves(void) {
     static char out[1 << 16];
     const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0 -x 2 -n 1";
-    run_cmd(out, sizeof(out), "%s %s -o %s", TRAIN_BIN, args, tmp_path("crash_ref"));
     size_t nref = 0, n = 0;
-    float* ref = run_weights(tmp_path("crash_ref"), 2, &nref);
+    float* ref = reference_weights(args, tmp_path("crash_ref"), 2, &nref);
     int bad = 0, killed = 0;
     for (int k = 1; k <= 22 && ref; k++) {
         char dir[LP_PATH_MAX], pattern[LP_PATH_MAX];
@@ -1357,9 +1363,8 @@ static void test_divergence_guard(void) {
 static void test_supervisor(void) {
     static char out[1 << 16];
     const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0 -x 4 -n 1";
-    run_cmd(out, sizeof(out), "%s %s -o %s", TRAIN_BIN, args, tmp_path("sup_ref"));
     size_t nref = 0, n = 0;
-    float* ref = run_weights(tmp_path("sup_ref"), 4, &nref);
+    float* ref = reference_weights(args, tmp_path("sup_ref"), 4, &nref);
     int rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh %s %s -o %s --overwrite", TRAIN_BIN, args,
                      tmp_path("sup_out"));
     float* w = run_weights(tmp_path("sup_out"), 4, &n);
