@@ -2031,11 +2031,13 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
             for (int d = 0; d < HS; d++) dy[(size_t)t * HS + d] = dout[((size_t)b * T + t) * C + h * HS + d];
         lp_head_gemm(0, 1, T, T, HS, dy, v, da);  // datt = dy v^T
         lp_head_gemm(1, 0, T, HS, T, a, dy, dv);  // dv = att^T dy (att is zero above the diagonal)
-        for (int t1 = 0; t1 < T; t1++) {
-            float dot = 0.0f;  // sum over t2 of att * datt, for the softmax backward
-            for (int t2 = 0; t2 <= t1; t2++) dot += a[(size_t)t1 * T + t2] * da[(size_t)t1 * T + t2];
-            for (int t2 = 0; t2 <= t1; t2++) da[(size_t)t1 * T + t2] = scale * a[(size_t)t1 * T + t2] * (da[(size_t)t1 * T + t2] - dot);
-            for (int t2 = t1 + 1; t2 < T; t2++) da[(size_t)t1 * T + t2] = 0.0f;
+        for (int t1 = 0; t1 < T; t1++) {  // the softmax backward, row by row: datt -> dpre
+            const float* ar = a + (size_t)t1 * T;
+            float* dr = da + (size_t)t1 * T;
+            float dot = 0.0f;  // sum over t2 of att * datt
+            for (int t2 = 0; t2 <= t1; t2++) dot += ar[t2] * dr[t2];
+            for (int t2 = 0; t2 <= t1; t2++) dr[t2] = scale * ar[t2] * (dr[t2] - dot);
+            for (int t2 = t1 + 1; t2 < T; t2++) dr[t2] = 0.0f;
         }
         lp_head_gemm(0, 0, T, HS, T, da, k, dq);  // dq = dpre k
         lp_head_gemm(1, 0, T, HS, T, da, q, dk);  // dk = dpre^T q
@@ -3773,10 +3775,6 @@ static inline void lp_checkpoint_check(const LPGroup* world, int err, const char
     lp_exit_all();
 }
 
-// Whether this rank writes model m's slice of a checkpoint: unsharded data-parallel replicas hold
-// identical state, and the first writes it.
-static inline int lp_checkpoint_writes(const LPModel* m) { return m->shard_group || !m->dp || m->dp->rank == 0; }
-
 // Crash injection for the tests: with LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at
 // the k-th of these points, counted over the run's checkpoint saves: one after each file operation.
 static inline void lp_crash_point(void) {
@@ -3835,7 +3833,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
     lp_checkpoint_check(world, err, failed, tmp_dir);
     for (int k = 0; k < n_models && !err; k++) {
         m = &ms[k];
-        if (lp_checkpoint_writes(m)) {
+        if (m->shard_group || !m->dp || m->dp->rank == 0) {  // unsharded DP replicas are equal: the first writes
             size_t lo = m->shard_start, count = lp_model_shard_count(m);
             long long base = LP_HEADER_INTS * 4LL;
             if ((err = lp_write_shard(m, model_path, base, m->master, lo, count))) failed = model_path;

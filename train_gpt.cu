@@ -286,10 +286,16 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
 // Test hook for the divergence guard: LLMPAR_LOSS_AT=k:x makes the loss of this process's k-th training
 // step read x (nan, 1e9).
 static float lp_injected_loss(int k, float loss) {
-    const char* e = getenv("LLMPAR_LOSS_AT");
-    char* end;
-    if (e && strtol(e, &end, 10) == k && *end == ':') return strtof(end + 1, NULL);
-    return loss;
+    static int at = -1;  // the variable is read once, not every step
+    static float value;
+    if (at < 0) {
+        const char* e = getenv("LLMPAR_LOSS_AT");
+        char* end = NULL;
+        at = e ? (int)strtol(e, &end, 10) : 0;
+        if (!e || *end != ':') at = 0;
+        else value = strtof(end + 1, NULL);
+    }
+    return k == at ? value : loss;
 }
 
 static void lp_mkdirs(const char* dir) {
@@ -628,8 +634,8 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
                 diverged[0] = '\0';
             }
         }
-        int applied = !diverged[0] && lp_stage_adamw(&stage, lr, norm, &opt);
-        if (!diverged[0] && !applied) snprintf(diverged, sizeof(diverged), "the updated weights are not finite");
+        int bad_weights = !diverged[0] && !lp_stage_adamw(&stage, lr, norm, &opt);
+        if (bad_weights) snprintf(diverged, sizeof(diverged), "the updated weights are not finite");
         lp_device_sync();
         double ms = (lp_time_s() - t0) * 1000.0;
         if (diverged[0]) {
@@ -639,7 +645,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             if (++strikes > LP_STRIKES)
                 lp_fail_all("step %d: %s: still diverging after %d %s; the run stops (try a lower -l)", step + 1, diverged,
                             LP_STRIKES, skip ? "skipped steps in a row" : "rollbacks to the same checkpoint");
-            if (skip && strstr(diverged, "weights"))  // AdamW's moments have taken the update
+            if (skip && bad_weights)  // AdamW's moments have taken the update
                 lp_fail_all("step %d: %s; an update already applied cannot be skipped: the run stops (--on-divergence rollback "
                             "can go back to a checkpoint)", step + 1, diverged);
             if (skip) {
