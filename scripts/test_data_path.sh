@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# The user's data path, end to end: dev/data/prepare.py turns two small texts of our own (non-ASCII
+# included) into shards (header, tokens that decode back to the texts, the --val-fraction split, one-line
+# errors that leave nothing behind, --force), the command it prints trains ./train_gpt_cpu for two steps,
+# dev/plot.py draws that run, and tinyshakespeare.py rebuilds the shipped shards byte for byte (when
+# ../shared/data holds the text). Needs python3 with tiktoken, else it skips; and ./train_gpt_cpu (make).
+# Prints "N passed, N failed" last.
+set -u
+cd "$(dirname "$0")/.."
+root=$PWD
+passed=0
+failed=0
+
+check() {  # check DESCRIPTION COMMAND...: count the command's success
+    if "${@:2}"; then
+        passed=$((passed + 1))
+    else
+        echo "FAIL $1"
+        failed=$((failed + 1))
+    fi
+}
+
+tally() {  # tally COMMAND...: count its "PASS ..." and "FAIL ..." lines (and a crash), show the failures
+    local log rc
+    log=$("$@" 2>&1)
+    rc=$?
+    passed=$((passed + $(grep -c '^PASS' <<< "$log")))
+    failed=$((failed + $(grep -c '^FAIL' <<< "$log")))
+    grep '^FAIL' <<< "$log"
+    if [ "$rc" != 0 ] && ! grep -q '^FAIL' <<< "$log"; then
+        echo "FAIL $1 exited $rc: $(tail -n 3 <<< "$log")"
+        failed=$((failed + 1))
+    fi
+}
+
+if ! python3 -c "import tiktoken" > /dev/null 2>&1; then
+    echo "skip: data path tests (needs python3 with tiktoken: pip install -r dev/data/requirements.txt)"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+echo "data path: dev/data/prepare.py, the printed train command, dev/plot.py, tinyshakespeare.py"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# two documents: prose with accents, CJK, emoji and a literal "<|endoftext|>" that must stay text
+for i in $(seq 60); do
+    echo "Line $i: Grüße aus Köln, naïve café — Ünïcödé ✓. The quick brown fox jumps over $i lazy dogs."
+    [ $((i % 7)) = 0 ] && printf '\n'
+done > "$tmp/one.txt"
+for i in $(seq 40); do
+    echo "第${i}行: 日本語のテキストと emoji 🙂 and the literal <|endoftext|> as plain text, tab	here."
+done > "$tmp/two.txt"
+
+# prepare from inside $tmp, as a user would from their own folder; the printed command runs verbatim
+prep() { (cd "$tmp" && python3 "$root/dev/data/prepare.py" "$@"); }
+prep one.txt two.txt --out data --name mix --val-fraction 0.25 --shard-tokens 1000 > "$tmp/prep.log" 2> "$tmp/prep.err"
+check "prepare.py exits 0 on two UTF-8 files ($(head -c 300 "$tmp/prep.err"))" [ $? = 0 ]
+
+# headers, the decoded text, the split and the shard sizes
+tally python3 - "$tmp" <<'EOF'
+import array, glob, os, struct, sys
+sys.path.insert(0, "dev/data")
+import prepare
+tmp = sys.argv[1]
+enc = prepare.gpt2_encoding()
+
+def check(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+
+def read(path):
+    data = open(path, "rb").read()
+    header = struct.unpack("<256i", data[:1024])
+    tokens = array.array("H", data[1024:])
+    if sys.byteorder != "little":
+        tokens.byteswap()
+    return header, tokens
+
+val = sorted(glob.glob(f"{tmp}/data/mix_val_*.bin"))
+train = sorted(glob.glob(f"{tmp}/data/mix_train_*.bin"))
+shards = [read(p) for p in val + train]
+check(len(val) >= 1 and len(train) >= 2 and not glob.glob(f"{tmp}/data/.*"),
+      f"shards named mix_val_000000.bin, mix_train_00000N.bin, nothing else: {os.listdir(tmp + '/data')}")
+check(all(h[:3] == (20240520, 1, len(t)) and not any(h[3:]) for h, t in shards),
+      "each shard's header is [20240520, 1, token count, 0...] and the count matches the file size")
+tokens = [x for _, t in shards for x in t]
+text = "".join("<|endoftext|>" + open(f"{tmp}/{f}", encoding="utf-8").read() for f in ("one.txt", "two.txt"))
+check(enc.decode(tokens) == text, "the val then train tokens decode to <|endoftext|> one.txt <|endoftext|> two.txt")
+check(tokens.count(50256) == 2, "exactly two <|endoftext|> tokens: the literal text stays text")
+n_val = sum(len(t) for p, (_, t) in zip(val + train, shards) if p in val)
+check(n_val == round(0.25 * len(tokens)), f"--val-fraction 0.25: {n_val} of {len(tokens)} tokens are val")
+sizes = [len(t) for _, t in shards[len(val):]]
+check(max(sizes) <= 1000 and max(sizes) - min(sizes) <= 1, f"--shard-tokens 1000: train shards {sizes}")
+
+# streamed encoding: tiny blocks (characters cut between reads) and pieces equal encoding whole
+prepare.BLOCK_BYTES, prepare.PIECE_CHARS = 5, 7
+for f in ("one.txt", "two.txt"):
+    got = [x for t in prepare.encode_file(f"{tmp}/{f}", enc, 2, lambda n: None) for x in t]
+    want = [50256] + enc.encode_ordinary(open(f"{tmp}/{f}", encoding="utf-8").read())
+    check(got == want, f"{f} read in 5-byte blocks and encoded in 7-character pieces equals encoding it whole")
+EOF
+
+# bad input: a non-zero exit, one line naming the problem, and no output folder left behind
+printf 'fine text\n' > "$tmp/ok.txt"
+printf 'good start\nthen \xc3\x28 bad\n' > "$tmp/bad.txt"  # 0xc3 at byte 16 starts a character 0x28 cannot end
+: > "$tmp/empty.txt"
+one_error_line() { [ "$(wc -l < "$tmp/err")" = 1 ] && grep -q '^prepare.py: error: ' "$tmp/err" && grep -qF -- "$1" "$tmp/err"; }
+bad_input() {  # bad_input WHAT MESSAGE OUT ARGS...: prepare.py ARGS --out OUT fails with MESSAGE, OUT absent after
+    prep "${@:4}" --out "$3" > /dev/null 2> "$tmp/err"
+    local rc=$?
+    check "$1: non-zero exit (got $rc)" [ "$rc" != 0 ]
+    check "$1: one line 'prepare.py: error: ...$2...' (got: $(cat "$tmp/err"))" one_error_line "$2"
+    check "$1: no $3 left behind" [ ! -e "$tmp/$3" ]
+}
+bad_input "a missing file" "missing.txt: No such file" bad ok.txt missing.txt
+bad_input "bytes that are not UTF-8" "bad.txt: not UTF-8 text: byte offset 16" bad ok.txt bad.txt
+bad_input "an empty file" "empty.txt: empty" bad empty.txt
+bad_input "an output folder that cannot be made" "cannot write to ok.txt/data" ok.txt/data ok.txt
+bad_input "--val-fraction 1" "--val-fraction" bad ok.txt --val-fraction 1
+
+# existing shards are kept unless --force, which replaces all of them (none of the old left to glob)
+sums() { (cd "$tmp/data" && md5sum mix_*); }
+before=$(sums)
+prep one.txt --out data --name mix > /dev/null 2> "$tmp/err"
+check "existing shards: non-zero exit and one line suggesting --force (got: $(cat "$tmp/err"))" one_error_line "--force"
+check "existing shards: left unchanged" [ "$before" = "$(sums)" ]
+prep one.txt --out data --name f --shard-tokens 300 > /dev/null 2>&1
+prep ok.txt --out data --name f --force > /dev/null 2>&1
+check "--force: the new shards replace all the old ones ($(cd "$tmp/data" && echo f_*))" \
+    [ "$(cd "$tmp/data" && echo f_*)" = "f_train_000000.bin f_val_000000.bin" ]
+
+# the command prepare.py printed trains on its shards (two steps of a depth-2 model, small batches)
+cmd=$(grep -m 1 'train_gpt_cpu -i ' "$tmp/prep.log")
+check "prepare.py prints the train command" [ -n "$cmd" ]
+(cd "$tmp" && eval "$cmd -e d2 -b 2 -t 32 -x 2 -v 2 -m 1 -s 0") > "$tmp/train.log" 2>&1
+rc=$?
+check "the printed command trains: exit 0 (got $rc: $(tail -n 2 "$tmp/train.log"))" [ "$rc" = 0 ]
+check "the printed command trains: step 2/2 with a finite loss" grep -qE '^step 2/2 \| loss [0-9]+\.[0-9]+ ' "$tmp/train.log"
+check "the printed command trains: a finite val loss" grep -qE '^val loss [0-9]+\.[0-9]+$' "$tmp/train.log"
+
+if python3 -c "import matplotlib" > /dev/null 2>&1; then
+    python3 dev/plot.py "$tmp/out/mix" -o "$tmp/loss.png" > /dev/null 2> "$tmp/err"
+    check "plot.py draws that run into a PNG ($(cat "$tmp/err"))" [ "$(head -c 4 "$tmp/loss.png" 2> /dev/null | tail -c 3)" = PNG ]
+else
+    echo "skip: dev/plot.py (needs matplotlib: pip install -r dev/data/requirements.txt)"
+fi
+
+shared=../shared/data/tinyshakespeare.txt
+if [ -f "$shared" ]; then
+    python3 dev/data/tinyshakespeare.py --text "$shared" --out "$tmp/ts" --tokenizer "$tmp/ts/gpt2_tokenizer.bin" \
+        > /dev/null 2> "$tmp/err"
+    for f in dev/data/tinyshakespeare/tiny_shakespeare_val.bin dev/data/tinyshakespeare/tiny_shakespeare_train.bin \
+        gpt2_tokenizer.bin; do
+        check "tinyshakespeare.py --text $shared rebuilds $f byte for byte ($(cat "$tmp/err"))" \
+            cmp -s "$tmp/ts/$(basename "$f")" "$f"
+    done
+else
+    echo "skip: tinyshakespeare.py rebuilding the shipped shards ($shared not found)"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
