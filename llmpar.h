@@ -3427,9 +3427,12 @@ static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr
 // 9. data
 //
 // llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens.
-// A global batch of ranks*B*T tokens is read from the shard at `pos`; rank r takes the r-th B*T slice
-// (plus one token for the last target). When the next global batch no longer fits, the loader moves to the
-// next shard, wrapping around after the last. (shard, pos) is the whole state, so runs resume exactly.
+// The loader cuts each shard into windows of `window` tokens (+1 for the last target; training: the tokens
+// of one optimizer step, so a step never straddles shards and reads the same tokens on every grid). It
+// visits the shards in an order and each shard's windows in an order: file order, or shuffled (llm.c's
+// behaviour), a permutation drawn from (seed, epoch) for the shards and (seed, epoch, shard) for the
+// windows, new every epoch. Each call of next() reads the next ranks*B*T tokens of the window, rank r
+// taking the r-th B*T slice. (epoch, shard, pos) is the whole state, so runs resume exactly.
 
 #define LP_HEADER_INTS 256
 #define LP_SHARD_MAGIC 20240520
@@ -3441,18 +3444,49 @@ typedef struct {
     int num_files;
     size_t* shard_tokens;  // tokens in each shard
     int B, T, rank, world;
-    int shard;             // current shard
-    size_t pos;            // start of the next global batch in that shard
+    size_t window;         // tokens per window, a multiple of world*B*T
+    int shuffle;           // 1: shards and windows in a seeded random order, new each epoch; 0: file order
+    uint64_t seed;
+    int epoch;             // passes over the data completed
+    int shard;             // position in this epoch's shard order
+    size_t pos;            // tokens read of that shard, in window order: window pos / window, offset pos % window
+    size_t* shard_order;   // this epoch's order of the shards
+    size_t* window_order;  // the current shard's order of its windows
     FILE* file;
     uint16_t* buffer;      // B*T+1 tokens read
     int* inputs;           // (B,T)
     int* targets;          // (B,T)
 } LPDataLoader;
 
-static inline void lp_dataloader_open_shard(LPDataLoader* d, int shard) {
+// A permutation of 0 .. n-1 (Fisher-Yates) drawn from seed and the key; the identity without shuffle.
+static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t seed, uint64_t key) {
+    for (size_t i = 0; i < n; i++) out[i] = i;
+    if (!shuffle) return;
+    uint64_t state = (seed ^ (key + 1) * 0x9E3779B97F4A7C15ull) | 1;  // xorshift needs a nonzero state
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (((uint64_t)lp_rand_u32(&state) << 32) | lp_rand_u32(&state)) % (i + 1);
+        size_t t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}
+
+// Go to (epoch, shard, pos): draw the epoch's shard order and that shard's window order, open it.
+static inline void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos) {
+    if (epoch < 0 || shard < 0 || shard >= d->num_files)
+        lp_fail("data position (epoch %d, shard %d) is outside the shards given", epoch, shard);
+    lp_permutation(d->shard_order, (size_t)d->num_files, d->shuffle, d->seed, (uint64_t)epoch << 32);
+    size_t file = d->shard_order[shard];
+    size_t windows = (d->shard_tokens[file] - 1) / d->window;
+    if (pos > windows * d->window) lp_fail("data position (shard %d, token %zu) is outside the shards given", shard, pos);
+    free(d->window_order);
+    d->window_order = (size_t*)lp_host_malloc(windows * sizeof(size_t), "window order");
+    lp_permutation(d->window_order, windows, d->shuffle, d->seed, ((uint64_t)epoch << 32) + 1 + file);
     if (d->file) fclose(d->file);
+    d->file = lp_fopen(d->files.gl_pathv[file], "rb");
+    d->epoch = epoch;
     d->shard = shard;
-    d->file = lp_fopen(d->files.gl_pathv[shard], "rb");
+    d->pos = pos;
 }
 
 // `flag` names the option the pattern came from (-i or -j) for the error messages.
@@ -3474,19 +3508,22 @@ static inline void lp_shard_scan(const char* path, size_t n, int vocab_size) {
     free(buf);
 }
 
-// Open the shards matching pattern for this data-parallel rank; with scan, check every token first.
-static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, const char* flag, int B, int T,
-                                      int rank, int world, int vocab_size, int scan) {
+// Open the shards matching pattern for this data-parallel rank, in windows of `window` tokens (0: one
+// global batch of ranks*B*T), in file order or shuffled; with scan, check every token first.
+static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, const char* flag, int B, int T, int rank,
+                                      int world, size_t window, int shuffle, uint64_t seed, int vocab_size, int scan) {
     memset(d, 0, sizeof(*d));
     d->B = B;
     d->T = T;
     d->rank = rank;
     d->world = world;
+    d->window = window ? window : (size_t)world * B * T;
+    d->shuffle = shuffle;
+    d->seed = seed;
     if (glob(pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
         lp_fail("%s %s: no token shard matches", flag, pattern);
     d->num_files = (int)d->files.gl_pathc;
     d->shard_tokens = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard sizes");
-    size_t need = (size_t)world * B * T + 1;
     for (int s = 0; s < d->num_files; s++) {
         const char* path = d->files.gl_pathv[s];
         FILE* f = lp_fopen(path, "rb");
@@ -3501,33 +3538,31 @@ static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, cons
         if (size < expect) lp_fail("%s: file is truncated (header says %d tokens: %lld bytes, file has %lld)", path, header[2], expect, size);
         if (size > expect) lp_fail("%s: file is longer than its header says (%lld bytes, expected %lld)", path, size, expect);
         d->shard_tokens[s] = (unsigned)header[2];
-        if (d->shard_tokens[s] < need)
-            lp_fail("%s: %zu tokens is too few for one batch (ranks*B*T+1 = %zu)", path, d->shard_tokens[s], need);
+        if (d->shard_tokens[s] < d->window + 1)
+            lp_fail("%s: %zu tokens is too few for one %s (%zu tokens + 1)", path, d->shard_tokens[s],
+                    window ? "step" : "batch of ranks*B*T", d->window);
         if (scan) lp_shard_scan(path, d->shard_tokens[s], vocab_size);
     }
     d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
     d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
     d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
-    lp_dataloader_open_shard(d, 0);
-    d->pos = 0;
+    d->shard_order = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard order");
+    lp_dataloader_seek(d, 0, 0, 0);
 }
 
-// Continue from a saved (shard, pos); used by --resume.
-static inline void lp_dataloader_seek(LPDataLoader* d, int shard, size_t pos) {
-    if (shard < 0 || shard >= d->num_files || pos >= d->shard_tokens[shard])
-        lp_fail("data position (shard %d, token %zu) is outside the shards given", shard, pos);
-    lp_dataloader_open_shard(d, shard);
-    d->pos = pos;
-}
+static inline void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0, 0); }
 
-static inline void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0); }
-
-// Fill d->inputs and d->targets with this rank's next (B,T) batch.
+// Fill d->inputs and d->targets with this rank's next (B,T) batch: the next ranks*B*T tokens of the current
+// window; past the shard's last window, the next shard; past the last shard, the next epoch.
 static inline void lp_dataloader_next(LPDataLoader* d) {
     size_t global = (size_t)d->world * d->B * d->T;
-    if (d->pos + global + 1 > d->shard_tokens[d->shard]) lp_dataloader_seek(d, (d->shard + 1) % d->num_files, 0);
-    size_t start = d->pos + (size_t)d->rank * d->B * d->T, n = (size_t)d->B * d->T;
-    const char* path = d->files.gl_pathv[d->shard];
+    if (d->pos >= (d->shard_tokens[d->shard_order[d->shard]] - 1) / d->window * d->window) {
+        if (d->shard + 1 < d->num_files) lp_dataloader_seek(d, d->epoch, d->shard + 1, 0);
+        else lp_dataloader_seek(d, d->epoch + 1, 0, 0);
+    }
+    size_t start = d->window_order[d->pos / d->window] * d->window + d->pos % d->window + (size_t)d->rank * d->B * d->T;
+    size_t n = (size_t)d->B * d->T;
+    const char* path = d->files.gl_pathv[d->shard_order[d->shard]];
     if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * 2), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
     lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);  // tokens checked when opened (lp_shard_scan)
     for (size_t i = 0; i < n; i++) {
@@ -3539,15 +3574,17 @@ static inline void lp_dataloader_next(LPDataLoader* d) {
 
 // Batches in one pass over the data (for validation: all val shards once).
 static inline size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d) {
-    size_t global = (size_t)d->world * d->B * d->T, n = 0;
-    for (int s = 0; s < d->num_files; s++) n += (d->shard_tokens[s] - 1) / global;
-    return n;
+    size_t n = 0;
+    for (int s = 0; s < d->num_files; s++) n += (d->shard_tokens[s] - 1) / d->window;
+    return n * (d->window / ((size_t)d->world * d->B * d->T));
 }
 
 static inline void lp_dataloader_free(LPDataLoader* d) {
     if (d->file) fclose(d->file);
     globfree(&d->files);
     free(d->shard_tokens);
+    free(d->shard_order);
+    free(d->window_order);
     free(d->buffer);
     free(d->inputs);
     free(d->targets);
@@ -3720,15 +3757,18 @@ static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* siz
 // canonical offset, so the files never depend on how the run was split and can be resumed on any grid.
 // manifest.txt, written last: "llmpar checkpoint 1", then per file "NAME BYTES CRC32C" (hex).
 // optim.bin: header [20241122, 1, adam step, n low 31 bits, n high bits] then m and v (fp32, the model
-// file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step, run id].
+// file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step, run id,
+// epoch, shuffle, data seed (3)]; checkpoints from before the epoch field read as epoch 0 in file order.
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123
 
 typedef struct {
     int step;            // steps completed
-    int shard;           // data position of the next batch
+    int epoch, shard;    // data position of the next batch (LPDataLoader)
     size_t pos;
+    int shuffle;         // the data order: file order (0), or shuffled with data_seed
+    uint64_t data_seed;
     uint64_t rng;        // sampling RNG
     int B, T, total_batch;
     int run_id;          // the run's identity: random, drawn by its first launch and kept by every resume
@@ -3843,6 +3883,11 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         h[10] = st->T;
         h[11] = st->total_batch;
         h[12] = st->run_id;
+        h[13] = st->epoch;
+        h[14] = st->shuffle;
+        h[15] = (int)(st->data_seed & 0x7fffffff);
+        h[16] = (int)((st->data_seed >> 31) & 0x7fffffff);
+        h[17] = (int)(st->data_seed >> 62);
         if (!err && (err = lp_write_file(state_path, h, NULL, 0))) failed = state_path;
         lp_crash_point();
     }
@@ -4025,6 +4070,9 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
     st->T = state_h[10];
     st->total_batch = state_h[11];
     st->run_id = state_h[12];
+    st->epoch = state_h[13];
+    st->shuffle = state_h[14];
+    st->data_seed = (uint64_t)(unsigned)state_h[15] | ((uint64_t)(unsigned)state_h[16] << 31) | ((uint64_t)(unsigned)state_h[17] << 62);
 }
 
 // --- tokenizer (llm.c's gpt2_tokenizer.bin): header [20240328, version 1|2, vocab, eot (v2)], then per

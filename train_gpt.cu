@@ -53,6 +53,7 @@ typedef struct {
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
     float bucket_mb;         // --bucket-mb: layers' gradients reduced together, at least this many MiB
+    int shuffle;             // --shuffle: each epoch's shards and windows in a seeded random order
     unsigned long long seed; // --seed
 } LPFlags;
 
@@ -95,6 +96,7 @@ static void lp_flags_default(LPFlags* f) {
     f->on_divergence = "stop";
     f->loss_spike = 3.0f;
     f->seed = 1337;
+    f->shuffle = 1;
     f->tp = 1;
     f->pp = 1;
     f->comm = "auto";
@@ -164,7 +166,9 @@ static void lp_usage(void) {
         "  --bucket-mb F overlap: reduce layers together once F MiB of their gradients are done (0: each layer) [25]\n"
         "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
         "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
-        "  --seed N    seed of the initial weights and sampling  [1337]\n"
+        "  --shuffle N 1: each epoch reads the train shards, and each shard's steps of -d tokens, in a random\n"
+        "              order drawn from --seed (llm.c's); 0: file order [1]\n"
+        "  --seed N    seed of the initial weights, sampling and the data order [1337]\n"
         "  -h, --help  this help\n");
 }
 
@@ -195,7 +199,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         if (strcmp(a, "--print-schedule") == 0) { f->print_schedule = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
         const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--keep", "--ckpt-minutes", "--on-divergence", "--loss-spike", "--grad-clip", "--tokenizer", "--seed", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
+                               "-m", "-s", "-g", "-n", "--keep", "--ckpt-minutes", "--on-divergence", "--loss-spike", "--grad-clip", "--tokenizer", "--seed", "--shuffle", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
                                "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight", "--recompute", "--plan", "--gpu-mem"};
         int ok = 0;
         for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
@@ -241,6 +245,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         else if (strcmp(a, "--recompute") == 0) f->recompute = v;
         else if (strcmp(a, "--plan") == 0) f->plan = lp_parse_int(a, v);
         else if (strcmp(a, "--gpu-mem") == 0) f->gpu_mem = lp_parse_float(a, v);
+        else if (strcmp(a, "--shuffle") == 0) f->shuffle = lp_parse_int(a, v);
         else f->seed = (unsigned long long)lp_parse_int(a, v);
     }
     if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
@@ -267,6 +272,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->ckpt_every > 0 && f->out_dir[0] == '\0') lp_fail_all("flag -n: checkpoints need -o DIR to go in");
     if (f->ckpt_minutes < 0.0f) lp_fail_all("flag --ckpt-minutes: must be >= 0 (0: off), got %g", f->ckpt_minutes);
     if (f->ckpt_minutes > 0.0f && f->out_dir[0] == '\0') lp_fail_all("flag --ckpt-minutes: checkpoints need -o DIR to go in");
+    if (f->shuffle != 0 && f->shuffle != 1) lp_fail_all("flag --shuffle: must be 0 (file order) or 1 (shuffled), got %d", f->shuffle);
     if (f->keep < 0) lp_fail_all("flag --keep: must be >= 0 (0: keep all), got %d", f->keep);
     if (strcmp(f->on_divergence, "stop") != 0 && strcmp(f->on_divergence, "skip") != 0 && strcmp(f->on_divergence, "rollback") != 0)
         lp_fail_all("flag --on-divergence: must be stop, skip or rollback, got '%s'", f->on_divergence);
@@ -308,6 +314,13 @@ static void lp_mkdirs(const char* dir) {
         *p = '/';
     }
     if (mkdir(path, 0755) != 0 && errno != EEXIST) lp_fail("flag -o: cannot create %s: %s", dir, strerror(errno));
+}
+
+// "shuffled with --seed N" or "in file order (--shuffle 0)", for messages
+static const char* lp_data_order(char* buf, size_t size, int shuffle, unsigned long long seed) {
+    if (shuffle) snprintf(buf, size, "shuffled with --seed %llu", seed);
+    else snprintf(buf, size, "in file order (--shuffle 0)");
+    return buf;
 }
 
 // Mean loss over val batches: the whole val set once when n_batches is 0.
@@ -477,8 +490,10 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first (every token), as with the model file
         if ((proc->rank == 0) == (pass == 0)) {
             int scan = proc->rank == 0;
-            lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size, scan);
-            if (has_val) lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, cfg.vocab_size, scan);
+            lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, total_batch, f->shuffle,
+                               f->seed, cfg.vocab_size, scan);
+            if (has_val)
+                lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, 0, 0, 0, cfg.vocab_size, scan);
         }
         lp_barrier(&proc->world_group);
     }
@@ -505,8 +520,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         for (int c = 0; c < stage.v; c++) lp_log("%s %d", c ? "," : "", stage.chunks[c].num_slots);
         lp_log(" micro-batches (per chunk) of %d\n", accum);
     }
-    lp_log("data             %d train shard(s), %zu batches per epoch; %d val shard(s)\n", train.num_files,
-           lp_dataloader_batches_per_epoch(&train), has_val ? val.num_files : 0);
+    lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", train.num_files,
+           lp_dataloader_batches_per_epoch(&train) / accum, f->shuffle ? "shuffled" : "in file order",
+           has_val ? val.num_files : 0);
     lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
            total_batch, accum);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
@@ -542,7 +558,12 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             if (st.T != f->T || st.total_batch != total_batch)
                 lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
                         "has -t %d and %d", latest, st.T, st.total_batch, f->T, total_batch);
-            lp_dataloader_seek(&train, st.shard, st.pos);
+            if (st.shuffle != f->shuffle || (st.shuffle && st.data_seed != f->seed)) {
+                char was[64], now[64];
+                lp_fail_all("flags --shuffle --seed: checkpoint step %d read its data %s; this run reads it %s", latest,
+                            lp_data_order(was, sizeof(was), st.shuffle, st.data_seed), lp_data_order(now, sizeof(now), f->shuffle, f->seed));
+            }
+            lp_dataloader_seek(&train, st.epoch, st.shard, st.pos);
             lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, st.run_id);
         } else {  // a fresh run never mixes its checkpoints with another run's
             int existing = lp_checkpoint_latest(f->out_dir, INT_MAX);
@@ -596,8 +617,11 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         int wanted = (f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due || (rollback && on_disk < 0);
         if (f->out_dir[0] && step != on_disk && !untrained && wanted) {
             st.step = step;
+            st.epoch = train.epoch;
             st.shard = train.shard;
             st.pos = train.pos;
+            st.shuffle = f->shuffle;
+            st.data_seed = f->seed;
             st.B = f->B;
             st.T = f->T;
             st.total_batch = total_batch;
