@@ -1,11 +1,17 @@
 """
-A plain float64 GPT-2 forward pass and loss in numpy: the reference the CPU engine is tested against.
+A plain float64 GPT-2 in numpy, forward, loss and backward, and AdamW training steps: the reference the
+CPU engine is tested against.
 
     python3 dev/ref/gpt2_ref.py loss MODEL.bin TOKENS.bin -b B -t T   # prints "loss <value>"
+    python3 dev/ref/gpt2_ref.py gradcheck MODEL.bin TOKENS.bin        # backward vs finite differences
+    python3 dev/ref/gpt2_ref.py train MODEL.bin TOKENS.bin -x 6 -l 1e-2 -u 2 -c 0.1 --grad-clip 2 [-o OUT.bin]
     python3 dev/ref/gpt2_ref.py make-fixture dev/ref                  # rebuilds the test fixture
+    python3 dev/ref/gpt2_ref.py make-train-fixture dev/ref            # rebuilds the training fixture
 
 MODEL.bin is an llm.c model file (version 3 fp32 or 5 bf16), TOKENS.bin an llm.c token shard; the batch
 is the shard's first B*T+1 tokens, row b reading tokens b*T .. b*T+T and predicting the next ones.
+train takes the engine's flags and prints its step lines (with every digit); its batches follow the
+engine's loader through the shard.
 """
 import argparse
 import os
@@ -52,28 +58,102 @@ def gelu(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def gpt2_loss(cfg, params, inputs, targets):
-    """Mean cross-entropy of targets (B,T) given inputs (B,T)."""
+def gpt2_forward(cfg, params, inputs, targets):
+    """Mean cross-entropy of targets (B,T) given inputs (B,T), and what the backward pass reads."""
     wte, wpe, ln1w, ln1b, qkvw, qkvb, attw, attb, ln2w, ln2b, fcw, fcb, fcpw, fcpb, lnfw, lnfb = params
     B, T = inputs.shape
     C, NH, V = cfg["C"], cfg["NH"], cfg["V"]
     hs = C // NH
     x = wte[inputs] + wpe[:T]
     causal = np.tril(np.ones((T, T), dtype=bool))
+    layers = []
     for l in range(cfg["L"]):
-        qkv = layernorm(x, ln1w[l], ln1b[l]) @ qkvw[l].T + qkvb[l]
+        a = dict(x=x, ln1=layernorm(x, ln1w[l], ln1b[l]))
+        qkv = a["ln1"] @ qkvw[l].T + qkvb[l]
         q, k, v = (qkv[..., i * C:(i + 1) * C].reshape(B, T, NH, hs).transpose(0, 2, 1, 3) for i in range(3))
         scores = np.where(causal, q @ k.transpose(0, 1, 3, 2) / np.sqrt(hs), -np.inf)
         att = np.exp(scores - scores.max(-1, keepdims=True))
         att /= att.sum(-1, keepdims=True)
-        y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
-        x = x + y @ attw[l].T + attb[l]
-        x = x + gelu(layernorm(x, ln2w[l], ln2b[l]) @ fcw[l].T + fcb[l]) @ fcpw[l].T + fcpb[l]
-    logits = layernorm(x, lnfw, lnfb) @ wte[:V].T  # tied head over the real vocabulary only
+        a.update(q=q, k=k, v=v, att=att, y=(att @ v).transpose(0, 2, 1, 3).reshape(B, T, C))
+        x = a["xmid"] = x + a["y"] @ attw[l].T + attb[l]
+        a["ln2"] = layernorm(x, ln2w[l], ln2b[l])
+        a["h"] = a["ln2"] @ fcw[l].T + fcb[l]
+        a["gelu"] = gelu(a["h"])
+        x = x + a["gelu"] @ fcpw[l].T + fcpb[l]
+        layers.append(a)
+    lnf = layernorm(x, lnfw, lnfb)
+    logits = lnf @ wte[:V].T  # tied head over the real vocabulary only
     m = logits.max(-1, keepdims=True)
     logz = np.log(np.exp(logits - m).sum(-1)) + m[..., 0]
     picked = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
-    return float((logz - picked).mean())
+    cache = dict(inputs=inputs, targets=targets, layers=layers, x=x, lnf=lnf, probs=np.exp(logits - logz[..., None]))
+    return float((logz - picked).mean()), cache
+
+
+def gpt2_loss(cfg, params, inputs, targets):
+    return gpt2_forward(cfg, params, inputs, targets)[0]
+
+
+def layernorm_backward(x, w, dout):
+    """(dx, dw, db) of layernorm(x, w, b) given the gradient of its output."""
+    mean = x.mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+    xhat = (x - mean) * rstd
+    dxhat = dout * w
+    dx = rstd * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    return dx, (dout * xhat).reshape(-1, x.shape[-1]).sum(0), dout.reshape(-1, x.shape[-1]).sum(0)
+
+
+def gelu_grad(x):
+    c = np.sqrt(2.0 / np.pi)
+    t = np.tanh(c * (x + 0.044715 * x ** 3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x)
+
+
+def gpt2_backward(cfg, params, cache):
+    """The gradient of the mean loss with respect to each of the 16 tensors (the same shapes)."""
+    wte, wpe, ln1w, ln1b, qkvw, qkvb, attw, attb, ln2w, ln2b, fcw, fcb, fcpw, fcpb, lnfw, lnfb = params
+    grads = [np.zeros_like(p) for p in params]
+    dwte, dwpe, dln1w, dln1b, dqkvw, dqkvb, dattw, dattb, dln2w, dln2b, dfcw, dfcb, dfcpw, dfcpb, dlnfw, dlnfb = grads
+    inputs, targets = cache["inputs"], cache["targets"]
+    B, T = inputs.shape
+    C, NH, V = cfg["C"], cfg["NH"], cfg["V"]
+    hs = C // NH
+
+    def mm(dout, inp):  # the weight gradient of inp @ W.T, summed over the batch and positions
+        return dout.reshape(-1, dout.shape[-1]).T @ inp.reshape(-1, inp.shape[-1])
+
+    def rows(d):  # the bias gradient: summed over the batch and positions
+        return d.reshape(-1, d.shape[-1]).sum(0)
+
+    dlogits = cache["probs"].copy()
+    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1.0, -1)
+    dlogits /= B * T
+    dwte[:V] += mm(dlogits, cache["lnf"])
+    dx, dlnfw[:], dlnfb[:] = layernorm_backward(cache["x"], lnfw, dlogits @ wte[:V])
+    for l in reversed(range(cfg["L"])):
+        a = cache["layers"][l]
+        # MLP branch: x = xmid + gelu(ln2 @ fcw.T + fcb) @ fcpw.T + fcpb
+        dfcpw[l], dfcpb[l] = mm(dx, a["gelu"]), rows(dx)
+        dh = (dx @ fcpw[l]) * gelu_grad(a["h"])
+        dfcw[l], dfcb[l] = mm(dh, a["ln2"]), rows(dh)
+        dln, dln2w[l], dln2b[l] = layernorm_backward(a["xmid"], ln2w[l], dh @ fcw[l])
+        dx = dx + dln
+        # attention branch: xmid = x + y @ attw.T + attb
+        dattw[l], dattb[l] = mm(dx, a["y"]), rows(dx)
+        dy = (dx @ attw[l]).reshape(B, T, NH, hs).transpose(0, 2, 1, 3)
+        att = a["att"]
+        datt = dy @ a["v"].transpose(0, 1, 3, 2)
+        dv = att.transpose(0, 1, 3, 2) @ dy
+        dscores = att * (datt - (datt * att).sum(-1, keepdims=True)) / np.sqrt(hs)  # masked entries: att = 0
+        dq, dk = dscores @ a["k"], dscores.transpose(0, 1, 3, 2) @ a["q"]
+        dqkv = np.concatenate([d.transpose(0, 2, 1, 3).reshape(B, T, C) for d in (dq, dk, dv)], -1)
+        dqkvw[l], dqkvb[l] = mm(dqkv, a["ln1"]), rows(dqkv)
+        dln, dln1w[l], dln1b[l] = layernorm_backward(a["x"], ln1w[l], dqkv @ qkvw[l])
+        dx = dx + dln
+    np.add.at(dwte, inputs.ravel(), dx.reshape(-1, C))
+    dwpe[:T] = dx.sum(0)
+    return grads
 
 
 def batch(tokens, B, T):
@@ -129,23 +209,160 @@ def make_fixture(outdir):
     print(f"fixture in {outdir}: fp32 loss {l32:.17g}, bf16 loss {l16:.17g}")
 
 
+# The tensors that get weight decay: the matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw), not the biases
+# or LayerNorm parameters.
+DECAYS = [True, True, False, False, True, False, True, False, False, False, True, False, True, False, False, False]
+
+
+def lr_at(step, s):
+    """The learning rate of step (0-based): linear warmup to s["lr"], then cosine down to lr * final_frac."""
+    if step < s["warmup"]:
+        return s["lr"] * (step + 1) / s["warmup"]
+    floor = s["lr"] * s["final_frac"]
+    progress = min(1.0, (step - s["warmup"]) / (s["steps"] - s["warmup"])) if s["steps"] > s["warmup"] else 1.0
+    return floor + 0.5 * (s["lr"] - floor) * (1.0 + np.cos(np.pi * progress))
+
+
+def train(cfg, params, tokens, B, T, s):
+    """s["steps"] steps of AdamW as the engine takes them: each step's (loss, grad norm, lr), the loss and
+    norm before its update, and the final params. Batches come in the engine's loader order: B*T+1 tokens
+    from position 0, B*T further each step, back to 0 when the next would run past the shard's end. The
+    gradient is scaled by clip / norm when its global norm is above s["clip"] (0: never); AdamW's moments
+    are bias corrected (1 - beta^t), and its weight decay is decoupled (lr * wd * w, matrices only)."""
+    params = [p.copy() for p in params]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    log, pos = [], 0
+    for step in range(s["steps"]):
+        if pos + B * T + 1 > tokens.size:
+            pos = 0
+        inputs, targets = batch(tokens[pos:], B, T)
+        pos += B * T
+        loss, cache = gpt2_forward(cfg, params, inputs, targets)
+        grads = gpt2_backward(cfg, params, cache)
+        norm = np.sqrt(sum((g * g).sum() for g in grads))  # wte once: its embedding and head gradients summed
+        lr = lr_at(step, s)
+        scale = s["clip"] / norm if s["clip"] > 0 and norm > s["clip"] else 1.0
+        t = step + 1
+        for i, (p, g) in enumerate(zip(params, grads)):
+            g = g * scale
+            m[i] = s["beta1"] * m[i] + (1 - s["beta1"]) * g
+            v[i] = s["beta2"] * v[i] + (1 - s["beta2"]) * g * g
+            mhat, vhat = m[i] / (1 - s["beta1"] ** t), v[i] / (1 - s["beta2"] ** t)
+            p -= lr * (mhat / (np.sqrt(vhat) + s["eps"]) + (s["wd"] if DECAYS[i] else 0.0) * p)
+        log.append((loss, norm, lr))
+    return log, params
+
+
+def gradcheck(cfg, params, inputs, targets, per_tensor=4, h=1e-5):
+    """Central differences of the loss against gpt2_backward at a few random entries of each tensor."""
+    grads = gpt2_backward(cfg, params, gpt2_forward(cfg, params, inputs, targets)[1])
+    rng = np.random.default_rng(7)
+    names = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+             "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
+    worst = 0.0
+    for name, p, g in zip(names, params, grads):
+        errs = []
+        for _ in range(per_tensor):
+            idx = tuple(int(rng.integers(0, n)) for n in p.shape)
+            if name == "wte":  # a real row: the padding rows never reach the loss
+                idx = (int(rng.integers(0, cfg["V"])),) + idx[1:]
+            keep = p[idx]
+            p[idx] = keep + h
+            up = gpt2_loss(cfg, params, inputs, targets)
+            p[idx] = keep - h
+            down = gpt2_loss(cfg, params, inputs, targets)
+            p[idx] = keep
+            fd = (up - down) / (2 * h)
+            errs.append(abs(fd - g[idx]) / max(abs(fd), 1e-3))  # relative, or absolute for the small ones
+        worst = max(worst, max(errs))
+        print(f"{name:9s} max |fd - analytic| / max(|fd|, 1e-3) = {max(errs):.1e}")
+    return worst
+
+
+def write_model(path, cfg, params):
+    """An llm.c model file (version 3: fp32) of params."""
+    flat32 = np.concatenate([p.ravel() for p in params]).astype("<f4")
+    header = [20240326, 3, cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]]
+    write_file(path, header, flat32.tobytes())
+
+
+# The fixture's training run: 6 steps, each of which tells a feature apart. lr 1e-2 with 2 warmup steps, then
+# cosine to 0.1 lr: a schedule off anywhere moves the weights ~1e-3. Weight decay 0.1: decaying the biases
+# and LayerNorms too, or nothing, moves them ~4e-3. Clipping at 2.0: the norms are 3.38, 2.45, 2.34, then
+# 1.71, 1.53, 1.14, so steps 1-3 are scaled and 4-6 not (AdamW ignores a scale that every step shares;
+# this one changes), and none is near 2.0; without it the weights move ~1e-2.
+FIXTURE_TRAIN = dict(steps=6, lr=1e-2, warmup=2, final_frac=0.1, wd=0.1, clip=2.0, beta1=0.9, beta2=0.95, eps=1e-8)
+
+
+def train_flags(s, B, T):
+    """The engine's flags for settings s (its betas and eps are fixed: 0.9, 0.95, 1e-8)."""
+    return (f"-b {B} -t {T} -x {s['steps']} -l {s['lr']:g} -u {s['warmup']} -k cosine -q {s['final_frac']:g} "
+            f"-c {s['wd']:g} --grad-clip {s['clip']:g}")
+
+
+def make_train_fixture(outdir):
+    """The fixture model's training run, FIXTURE_TRAIN on the fixture tokens: tiny_train_ref.txt (the
+    engine's flags for it, then each step's lr, norm and loss) and tiny_train_ref.bin (the final weights)."""
+    cfg, params = read_model(os.path.join(outdir, "tiny_model.bin"))
+    tokens = read_tokens(os.path.join(outdir, "tiny_tokens.bin"))
+    B, T = 2, 16
+    x, y = batch(tokens, B, T)
+    worst = gradcheck(cfg, params, x, y)
+    assert worst < 1e-6, f"the backward pass disagrees with finite differences ({worst:.1e})"
+    s = FIXTURE_TRAIN
+    log, final = train(cfg, params, tokens, B, T, s)
+    write_model(os.path.join(outdir, "tiny_train_ref.bin"), cfg, final)
+    with open(os.path.join(outdir, "tiny_train_ref.txt"), "w") as f:
+        f.write("# float64 AdamW steps of tiny_model.bin on tiny_tokens.bin (gpt2_ref.py make-train-fixture); the final\n"
+                "# weights, rounded to fp32, are tiny_train_ref.bin. The engine's flags for the same run:\n")
+        f.write(f"flags {train_flags(s, B, T)}\n")
+        for step, (loss, norm, lr) in enumerate(log):
+            f.write(f"step {step + 1} lr {lr:.17g} norm {norm:.17g} loss {loss:.17g}\n")
+    print(f"train fixture in {outdir}: {s['steps']} steps, loss {log[0][0]:.6f} -> {log[-1][0]:.6f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     lo = sub.add_parser("loss", help="print the loss of a model on a token shard's first batch")
-    lo.add_argument("model")
-    lo.add_argument("tokens")
-    lo.add_argument("-b", type=int, default=2)
-    lo.add_argument("-t", type=int, default=16)
-    fx = sub.add_parser("make-fixture", help="write the tiny test fixture")
-    fx.add_argument("outdir")
+    gc = sub.add_parser("gradcheck", help="compare the backward pass with finite differences on the first batch")
+    tr = sub.add_parser("train", help="AdamW steps with the engine's flags and semantics")
+    for p in (lo, gc, tr):
+        p.add_argument("model")
+        p.add_argument("tokens")
+        p.add_argument("-b", type=int, default=2)
+        p.add_argument("-t", type=int, default=16)
+    d = FIXTURE_TRAIN
+    tr.add_argument("-x", type=int, default=d["steps"], help="steps")
+    tr.add_argument("-l", type=float, default=d["lr"], help="peak learning rate")
+    tr.add_argument("-u", type=int, default=d["warmup"], help="warmup steps")
+    tr.add_argument("-q", type=float, default=d["final_frac"], help="final learning rate as a fraction of -l")
+    tr.add_argument("-c", type=float, default=d["wd"], help="weight decay")
+    tr.add_argument("--grad-clip", type=float, default=d["clip"], help="clip the global gradient norm (0: off)")
+    tr.add_argument("-o", help="write the final weights here (an llm.c fp32 model file)")
+    for name in ("make-fixture", "make-train-fixture"):
+        sub.add_parser(name, help=f"write the {'training ' if 'train' in name else ''}test fixture").add_argument("outdir")
     args = ap.parse_args()
-    if args.cmd == "loss":
+    if args.cmd in ("loss", "gradcheck"):
         cfg, params = read_model(args.model)
         x, y = batch(read_tokens(args.tokens), args.b, args.t)
-        print(f"loss {gpt2_loss(cfg, params, x, y):.17g}")
-    else:
+        if args.cmd == "loss":
+            print(f"loss {gpt2_loss(cfg, params, x, y):.17g}")
+        else:
+            print(f"worst {gradcheck(cfg, params, x, y):.1e}")
+    elif args.cmd == "train":
+        cfg, params = read_model(args.model)
+        s = dict(d, steps=args.x, lr=args.l, warmup=args.u, final_frac=args.q, wd=args.c, clip=args.grad_clip)
+        log, final = train(cfg, params, read_tokens(args.tokens), args.b, args.t, s)
+        for step, (loss, norm, lr) in enumerate(log):
+            print(f"step {step + 1}/{s['steps']} | loss {loss:.17g} | lr {lr:.17g} | norm {norm:.17g}")
+        if args.o:
+            write_model(args.o, cfg, final)
+    elif args.cmd == "make-fixture":
         make_fixture(args.outdir)
+    else:
+        make_train_fixture(args.outdir)
 
 
 if __name__ == "__main__":
