@@ -36,6 +36,8 @@ ifneq ($(strip $(MPI_LIBS)),)
   ifneq ($(NCCL_H),)
     NVCC_MPI += -DLLMPAR_NCCL -lnccl
     EMU_MPI += -DLLMPAR_NCCL
+  else
+    NCCL_NOTICE = @echo "notice: no nccl.h (libnccl-dev): train_gpt's collectives between GPUs go over MPI"
   endif
 else
   CC_CPU = $(CC)
@@ -64,6 +66,7 @@ test_gpt_cpu: test_gpt.cu llmpar.h
 	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) test_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
 train_gpt: train_gpt.cu llmpar.h
+	$(NCCL_NOTICE)
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) train_gpt.cu -o $@ $(NVCC_LIBS)
 
 test_gpt: test_gpt.cu llmpar.h

@@ -525,9 +525,11 @@ static inline void lp_device_init(LPProcess* p) {
 #else
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0)
-        lp_fail("no CUDA GPU found (%s); the CPU engine is `make train_gpt_cpu`",
-                err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
+    if (err != cudaSuccess || count == 0)  // without a driver CUDA only says the driver is "insufficient"
+        lp_fail("no CUDA GPU found (%s); the CPU engine is `make train_gpt_cpu && ./train_gpt_cpu`",
+                access("/proc/driver/nvidia/version", F_OK) != 0 ? "no NVIDIA driver is loaded on this machine"
+                : err != cudaSuccess                             ? cudaGetErrorString(err)
+                                                                 : "the driver sees no device");
     const char* local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (!local) local = getenv("SLURM_LOCALID");
     p->device = (local ? atoi(local) : p->rank) % count;
@@ -4331,6 +4333,9 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
 //            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
 //            twice per micro-batch; counted as if nothing overlapped;
 //   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times.
+// Every collective and send also costs `latency` (start-up, synchronisation), which is what makes TP and
+// PP lose on a small model: dozens of collectives per micro-batch against DP's one pass per step (one per
+// layer and reduction).
 // Links: a group inside one node (TP ranks are neighbours, then DP, then PP) uses node_bw, else net_bw.
 // Sequence parallelism is on wherever t > 1 divides T (the same traffic, less memory). Memory is
 // lp_chunk_memory's estimate of the balanced partition, summed over each stage's chunks, on the fullest
@@ -4342,6 +4347,7 @@ typedef struct {
     double node_bw;     // bytes/s per GPU inside a node
     double net_bw;      // bytes/s per GPU between nodes
     int gpus_per_node;
+    double latency;     // seconds per collective or send, whatever its size
 } LPPlanMachine;
 
 typedef struct {
@@ -4378,11 +4384,15 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
         params = fmax(params, stage_params[k % s->p]);
         double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
         double all_reduces = s->recompute == LP_RECOMPUTE_FULL ? (s->sp ? 5.5 : 5.0) : 4.0;
-        double tk = t > 1 ? layers[k] * all_reduces * 2.0 * (t - 1) / t * bt * C * X / mach->node_bw : 0.0;
+        double tk = t > 1 ? layers[k] * all_reduces * (2.0 * (t - 1) / t * bt * C * X / mach->node_bw +
+                                                       (s->sp ? 2.0 : 1.0) * mach->latency)  // SP: two collectives for one
+                          : 0.0;
         if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
     }
     double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
     double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
+    double dp_passes = s->zero <= 1 ? 1.0 : s->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
+    double stage_layers = ceil((double)c->num_layers / s->p);
     out->t = s->t;
     out->p = s->p;
     out->v = s->v;
@@ -4396,8 +4406,8 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     out->fits = memory <= mach->gpu_bytes;
     out->compute_s = slots * compute;
     out->tp_s = slots * tp;
-    out->dp_s = d > 1 ? dp_values * X / dp_bw : 0.0;
-    out->pp_s = s->p > 1 ? 2.0 * m * s->v * bt * C / t * X / pp_bw : 0.0;
+    out->dp_s = d > 1 ? dp_values * X / dp_bw + dp_passes * (stage_layers + 1) * mach->latency : 0.0;
+    out->pp_s = s->p > 1 ? 2.0 * m * s->v * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
     out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s;
     return 0;
 }

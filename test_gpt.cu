@@ -577,7 +577,10 @@ static void test_bad_input(void) {
     // the CUDA build on a machine without a GPU
     if (access("./train_gpt", X_OK) == 0 && system("nvidia-smi > /dev/null 2>&1") != 0) {
         rc = run_cmd(out, sizeof(out), "./train_gpt -x 1");
-        expect(rc > 0 && strstr(out, "llmpar: error: no CUDA GPU found"), "bad input: CUDA build without a GPU says so");
+        int driver = access("/proc/driver/nvidia/version", F_OK) == 0;
+        expect(rc > 0 && strstr(out, "llmpar: error: no CUDA GPU found") &&
+                   (driver || strstr(out, "no NVIDIA driver is loaded on this machine")),
+               "bad input: CUDA build without a GPU says so (and that no driver is loaded, where none is)");
     } else {
         printf("skip: no-GPU error of ./train_gpt (not built, or a GPU is present)\n");
     }
@@ -763,14 +766,14 @@ static void test_schedules(void) {
 }
 
 // The configuration advisor: GPT-2 124M on 8 GPUs of 80 GiB trains fastest as plain data parallelism
-// (no recomputation: it fits); plans come fitting first, fastest first; GPT-2 1.5B on 8 GPUs of 40 GiB
+// (no recomputation: it fits), and so does the depth-4 model; plans come fitting first, fastest first; GPT-2 1.5B on 8 GPUs of 40 GiB
 // cannot replicate AdamW state at B=4 (16 bytes per parameter is 23 GiB before activations) and its
 // fastest plan shards it; across 64 GPUs the links decide: fast ones keep pure data parallelism, slow
 // ones move to a pipeline, which sends less between nodes; with few micro-batches per step the pipeline
 // interleaves. A plan that fits nothing is one error line.
 static void test_plan(void) {
     const double GiB = 1073741824.0;
-    LPPlanMachine h100 = {80 * GiB, 989.4e12, 0.4, 300e9, 40e9, 8};
+    LPPlanMachine h100 = {80 * GiB, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6};
     LPConfig small, xl;
     lp_config_from_depth(&small, "d12");
     lp_config_from_depth(&xl, "d48");
@@ -783,6 +786,12 @@ static void test_plan(void) {
     expect(n > 100 && ordered && honest, "plan: every configuration estimated, those that fit first, fastest first");
     expect(n > 0 && plans[0].fits && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8 && plans[0].recompute == LP_RECOMPUTE_NONE,
            "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without recomputation");
+    free(plans);
+    LPConfig d4;  // the CPU default, 2048 tokens per step: TP's and PP's collectives per micro-batch cost more than they save
+    lp_config_from_depth(&d4, "d4");
+    n = lp_plan(&d4, 64, 2048, 8, &h100, &plans);
+    expect(n > 0 && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8,
+           "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
     free(plans);
     LPPlanMachine a100 = h100;
     a100.gpu_bytes = 40 * GiB;
@@ -1730,7 +1739,7 @@ static void test_data_parallel(void) {
     // ZeRO-3 evaluation and sampling gather weights collectively: every rank takes part
     int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s -b 4 --zero 3 -x 4 -v 2 -m 1 -s 2 -g 6 -j %s",
                  TRAIN_BIN, base, tmp_path("dp_shard.bin"));
-    expect(rc == 0 && strstr(out, "val loss") && strstr(out, "sample: "), "ZeRO-3 d=2: validation and sampling run on every rank");
+    expect(rc == 0 && strstr(out, "val loss") && strstr(out, "--- end of sample ---"), "ZeRO-3 d=2: validation and sampling run on every rank");
 
     // a missing file under mpirun: one error line, from rank 0
     rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s -e dev/ref/tiny_model.bin -i /nonexistent/s_*.bin -t 16", TRAIN_BIN);
@@ -1880,7 +1889,7 @@ static void test_tensor_parallel(void) {
     // evaluation and sampling under t=2 with SP (samples gather the vocabulary slices)
     int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s -b 4 --tp 2 --sp -x 4 -v 2 -m 1 -s 2 -g 6 -j %s",
                      TRAIN_BIN, base, tmp_path("dp_shard.bin"));
-    expect(rc == 0 && strstr(out, "val loss") && strstr(out, "sample: "), "t=2 SP: validation and sampling run");
+    expect(rc == 0 && strstr(out, "val loss") && strstr(out, "--- end of sample ---"), "t=2 SP: validation and sampling run");
 
     // errors: one line, from rank 0, non-zero exit
     const char* bad[][3] = {
@@ -2058,8 +2067,9 @@ static void test_pipeline_parallel(void) {
     snprintf(args, sizeof(args), "%s -x 4 -v 2 -m 2 -s 2 -g 6 -j %s --tokenizer none", base, tmp_path("dp_shard.bin"));
     rc = run_cmd(one, sizeof(one), "%s %s -b 8", TRAIN_BIN, args);
     rc |= run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s -b 8 --pp 2 --tp 2 --sp", TRAIN_BIN, args);
-    const char *v1 = strstr(one, "val loss"), *v2 = strstr(out, "val loss"), *s1 = strstr(one, "sample: "), *s2 = strstr(out, "sample: ");
-    expect(rc == 0 && v1 && v2 && s1 && s2 && strncmp(v1, v2, 18) == 0 && strncmp(s1, s2, strcspn(s1, "\n")) == 0,
+    const char *v1 = strstr(one, "val loss"), *v2 = strstr(out, "val loss"), *s1 = strstr(one, "--- sample"), *s2 = strstr(out, "--- sample");
+    const char* e1 = s1 ? strstr(s1, "--- end of sample ---") : NULL;
+    expect(rc == 0 && v1 && v2 && s1 && s2 && e1 && strncmp(v1, v2, 18) == 0 && strncmp(s1, s2, (size_t)(e1 - s1)) == 0,
            "p=2 t=2 SP: validation loss and sample equal 1 rank's");
 
     // ZeRO-3 with evaluations between the steps: forward-only passes leave the two gathered-layer buffers
@@ -2795,9 +2805,19 @@ static void test_out_of_memory(void) {
 // singleton's environment.
 // With an argument, only the tests whose function name contains it run: ./test_gpt_cpu divergence
 static const char* only;
-#define RUN(test) (only && !strstr(#test, only) ? (void)0 : test())
+// Run one test function (unless a name filter excludes it) and print a line for it: its checks and time.
+static void run_test(const char* name, void (*test)(void)) {
+    if (only && !strstr(name, only)) return;
+    int passed = tests_passed, failed = tests_failed;
+    double t0 = lp_time_s();
+    test();
+    printf("  %-4s %s: %d passed, %d failed (%.1f s)\n", tests_failed > failed ? "FAIL" : "ok", name,
+           tests_passed - passed, tests_failed - failed, lp_time_s() - t0);
+}
+#define RUN(test) run_test(#test, test)
 
 int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // each result as it comes, also through make test's pipe
     only = argc > 1 ? argv[1] : NULL;
     LPProcess proc;
     memset(&proc, 0, sizeof(proc));

@@ -316,6 +316,14 @@ static void lp_mkdirs(const char* dir) {
     if (mkdir(path, 0755) != 0 && errno != EEXIST) lp_fail("flag -o: cannot create %s: %s", dir, strerror(errno));
 }
 
+// seconds as "m:ss", or "h:mm:ss" from an hour on
+static const char* lp_duration(char* buf, size_t size, double seconds) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, size, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else snprintf(buf, size, "%ld:%02ld", s / 60, s % 60);
+    return buf;
+}
+
 // "shuffled with --seed N" or "in file order (--shuffle 0)", for messages
 static const char* lp_data_order(char* buf, size_t size, int shuffle, unsigned long long seed) {
     if (shuffle) snprintf(buf, size, "shuffled with --seed %llu", seed);
@@ -343,14 +351,14 @@ static float lp_evaluate(LPStage* st, LPDataLoader* val, int n_batches) {
 // token. Sequence parallelism needs the rows to split over the group: the forward runs on t rounded up to
 // a multiple of its size, the extra positions (after the ones sampled from, so causal attention keeps
 // them out) filled with <|endoftext|>.
-static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng) {
+static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng, int step) {
     const LPModel* m = &st->chunks[st->v - 1];  // on the last stage: the model's last chunk
     const LPConfig* c = &m->cfg;
     int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T, Vl = c->padded_vocab_size / m->tp_size;
     int* tokens = (int*)lp_host_malloc((size_t)m->T * sizeof(int), "sample tokens");
     float* probs = (float*)lp_host_malloc((size_t)c->padded_vocab_size * sizeof(float), "sample logits");
     for (int t = 0; t < m->T; t++) tokens[t] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
-    lp_log("sample: ");
+    lp_log("--- sample at step %d ---\n", step);
     for (int t = 1; t < n; t++) {
         int rows = m->sp ? (t + m->tp_size - 1) / m->tp_size * m->tp_size : t;
         lp_stage_forward_only(st, tokens, NULL, 1, rows);
@@ -370,7 +378,7 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
         tokens[t] = next;
         if (lp_rank == 0) lp_tokenizer_print(tok, next);
     }
-    lp_log("\n");
+    lp_log("\n--- end of sample ---\n");
     free(tokens);
     free(probs);
 }
@@ -565,6 +573,9 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             }
             lp_dataloader_seek(&train, st.epoch, st.shard, st.pos);
             lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, st.run_id);
+            if (latest >= f->max_steps)
+                lp_log("notice: the run has done %d steps, -x asks for %d: nothing left to train (a larger -x trains on)\n",
+                       latest, f->max_steps);
         } else {  // a fresh run never mixes its checkpoints with another run's
             int existing = lp_checkpoint_latest(f->out_dir, INT_MAX);
             if (existing >= 0 && !f->overwrite)
@@ -598,6 +609,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
     double last_save_s = lp_time_s();          // --ckpt-minutes counts from the start and from each save
     LPGroup tp_before, tp_traffic;  // the TP group's traffic in training steps (not evaluation or sampling)
     memset(&tp_traffic, 0, sizeof(tp_traffic));
+    double loop_start = lp_time_s();
     for (int step = first_step; step <= f->max_steps; step++) {
         int last = step == f->max_steps;
         if (has_val && (step % f->val_every == 0 || last)) {
@@ -607,7 +619,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             if (logf) fprintf(logf, "s:%d tel:%f\n", step, vl);
         }
         if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
-            lp_sample(&stage, &tok, f->gen_tokens, &st.rng);
+            lp_sample(&stage, &tok, f->gen_tokens, &st.rng, step);
         int untrained = step == 0 && f->max_steps > 0 && !rollback;  // not worth saving, unless to roll back to
         float due = 0.0f;  // --ckpt-minutes: rank 0's clock decides for everyone
         if (f->ckpt_minutes > 0.0f) {
@@ -705,7 +717,11 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
             lp_log(" | aux loss");
             for (int j = 0; j < stage.num_aux; j++) lp_log(" %d: %f", stage.aux[j], stage.aux_loss[j]);
         }
-        lp_log("\n");
+        // the time so far, and the rest at this launch's pace (evaluation, samples and saves included)
+        double elapsed = lp_time_s() - loop_start;
+        char took[32], left[32];
+        lp_log(" | elapsed %s, ETA %s\n", lp_duration(took, sizeof(took), elapsed),
+               lp_duration(left, sizeof(left), elapsed / (step + 1 - first_step) * (f->max_steps - step - 1)));
         if (step == first_step && lp_device_memory_used_mib() > 0.0)
             lp_log("GPU memory in use: %.0f MiB\n", lp_device_memory_used_mib());
         if (logf) {
@@ -800,7 +816,7 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     int n = f->plan;
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * n;
-    LPPlanMachine mach = {0.9 * f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8};  // 10% for CUDA, cuBLAS, NCCL
+    LPPlanMachine mach = {0.9 * f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6};  // 10% for CUDA, cuBLAS, NCCL
     LPPlan* plans;
     int count = lp_plan(&cfg, f->T, tokens, n, &mach, &plans), fit = 0;
     while (fit < count && plans[fit].fits) fit++;
@@ -815,8 +831,9 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     lp_log("plan: %s (L=%d C=%d NH=%d) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers, cfg.channels,
            cfg.num_heads, n, f->T, tokens);
     lp_log("machine (assumed): %g GiB per GPU (90%% for the plan), %.0f TFLOP/s at %.0f%%, %d GPUs per node, %.0f GB/s inside a node and %.0f "
-           "between nodes per GPU; %s memory; nothing overlapped\n", f->gpu_mem, mach.peak_flops / 1e12, mach.efficiency * 100,
-           mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)");
+           "between nodes per GPU, %.0f us per collective or send; %s memory; nothing overlapped\n", f->gpu_mem, mach.peak_flops / 1e12,
+           mach.efficiency * 100, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, mach.latency * 1e6,
+           sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)");
     lp_log("%d of %d configurations fit; the fastest %d:\n", fit, count, fit < 10 ? fit : 10);
     lp_log("| t | p | v | d | ZeRO | recompute | B | m | GiB per GPU | compute ms | TP ms | DP ms | PP ms | step ms |\n");
     lp_log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -12,6 +12,8 @@
 # `./train_gpt --plan N -e d12 -d TOKENS` shows other ways to run it.
 set -eu
 cd "$(dirname "$0")/.."
+# mpirun refuses to start as root (containers, cloud shells) unless these say it may
+[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 make -s train_gpt
 gpus=${GPUS:-$(nvidia-smi -L 2> /dev/null | wc -l)}
 [ "$gpus" -ge 1 ] || { echo "run_gpt2_124M.sh: no GPU found (set GPUS to override)"; exit 1; }
