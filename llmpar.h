@@ -2271,19 +2271,23 @@ static inline void lp_add_scaled_gpu(floatX* dst, const floatX* src, size_t n, f
 
 // --- AdamW on one tensor. master (fp32) is the truth; params are its copy in the compute type (the CUDA
 // kernel rounds stochastically to bf16, seeded per step and tensor). grads are scaled by grad_scale
-// (global-norm clipping) before use. beta corrections are 1 - beta^t.
+// (global-norm clipping) before use. beta corrections are 1 - beta^t. On the CPU build params are the
+// master weights themselves (LP_MASTER_COPY 0), so the loop writes master alone: storing to both would
+// fail the compiler's overlap check at run time and send it down its scalar loop (twice as slow at 124M).
 static inline void lp_adamw_cpu(float* params, float* master, const float* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr,
                                 float eps, float weight_decay, float grad_scale, uint32_t seed) {
+    (void)params;
     (void)seed;
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         float g = grads[i] * grad_scale;
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float mhat = m[i] / beta1_corr, vhat = v[i] / beta2_corr;
-        master[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * master[i]);
-        params[i] = master[i];
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float w = master[i];
+        master[i] = w - lr * ((mi / beta1_corr) / (sqrtf(vi / beta2_corr) + eps) + weight_decay * w);
     }
 }
 
