@@ -17,7 +17,7 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
 OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
-The model code calls LP(op), which picks the build's implementation: lp_op_cpu or lp_op_gpu. Without a GPU
+The model code calls lp_op, bound at the end of section 6 to the build's lp_op_cpu or lp_op_gpu. Without a GPU
 the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of nvcc, LLMPAR_CUDAEMU).
 */
 #ifndef LLMPAR_H
@@ -50,7 +50,6 @@ the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of 
 #include <cblas.h>  // cblas_sgemm: the CPU build's matmuls when a BLAS was found (the plain loops otherwise)
 #endif
 typedef float floatX;  // the CPU build computes in fp32 throughout
-#define LP(op) lp_##op##_cpu
 #define LP_HD
 #else
 #include <cublasLt.h>
@@ -60,7 +59,6 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 #include <nccl.h>
 #endif
 typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights and Adam state are fp32
-#define LP(op) lp_##op##_gpu
 #define LP_HD __host__ __device__
 #endif
 // The optimizer's fp32 master weights are a copy beside bf16 params; fp32 params are their own.
@@ -1340,7 +1338,7 @@ static inline void lp_comm_init(LPProcess* p, const char* choice) {
 //
 // Shapes: B batch, T time, C channels, N = B*T rows, OC output channels, NH heads, HS = C/NH.
 // The CPU loops take float; the CUDA launchers take floatX (bf16). On the CPU build floatX is float, so
-// LP(op) resolves to the loop with the same call. Conventions shared by both:
+// lp_op (bound at the end of this section) is the loop with the same call. Conventions shared by both:
 //   - "dinp" outputs of matmul and attention are overwritten; weight and bias grads accumulate (+=), so
 //     gradient accumulation over micro-batches needs no extra buffers;
 //   - layernorm_backward accumulates into dinp, which is the residual stream's gradient.
@@ -2365,6 +2363,49 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 }
 #endif
 
+// The ops the model calls, bound to this build's version: the CPU loop, or the CUDA launcher.
+#ifdef LLMPAR_CPU
+#define lp_embedding_forward          lp_embedding_forward_cpu
+#define lp_embedding_backward         lp_embedding_backward_cpu
+#define lp_positions_forward          lp_positions_forward_cpu
+#define lp_positions_backward         lp_positions_backward_cpu
+#define lp_layernorm_forward          lp_layernorm_forward_cpu
+#define lp_residual_layernorm_forward lp_residual_layernorm_forward_cpu
+#define lp_layernorm_backward         lp_layernorm_backward_cpu
+#define lp_matmul_forward             lp_matmul_forward_cpu
+#define lp_matmul_backward            lp_matmul_backward_cpu
+#define lp_gelu_forward               lp_gelu_forward_cpu
+#define lp_gelu_backward              lp_gelu_backward_cpu
+#define lp_attention_probs            lp_attention_probs_cpu
+#define lp_attention_forward          lp_attention_forward_cpu
+#define lp_attention_backward         lp_attention_backward_cpu
+#define lp_classifier_stats           lp_classifier_stats_cpu
+#define lp_classifier_grad            lp_classifier_grad_cpu
+#define lp_add_scaled                 lp_add_scaled_cpu
+#define lp_adamw                      lp_adamw_cpu
+#define lp_norm_squared               lp_norm_squared_cpu
+#else
+#define lp_embedding_forward          lp_embedding_forward_gpu
+#define lp_embedding_backward         lp_embedding_backward_gpu
+#define lp_positions_forward          lp_positions_forward_gpu
+#define lp_positions_backward         lp_positions_backward_gpu
+#define lp_layernorm_forward          lp_layernorm_forward_gpu
+#define lp_residual_layernorm_forward lp_residual_layernorm_forward_gpu
+#define lp_layernorm_backward         lp_layernorm_backward_gpu
+#define lp_matmul_forward             lp_matmul_forward_gpu
+#define lp_matmul_backward            lp_matmul_backward_gpu
+#define lp_gelu_forward               lp_gelu_forward_gpu
+#define lp_gelu_backward              lp_gelu_backward_gpu
+#define lp_attention_probs            lp_attention_probs_gpu
+#define lp_attention_forward          lp_attention_forward_gpu
+#define lp_attention_backward         lp_attention_backward_gpu
+#define lp_classifier_stats           lp_classifier_stats_gpu
+#define lp_classifier_grad            lp_classifier_grad_gpu
+#define lp_add_scaled                 lp_add_scaled_gpu
+#define lp_adamw                      lp_adamw_gpu
+#define lp_norm_squared               lp_norm_squared_gpu
+#endif
+
 // ----------------------------------------------------------------------------------------------------
 // 7. model
 //
@@ -2765,7 +2806,7 @@ static inline void lp_model_reduce_grads(LPModel* m, floatX* src, size_t flat, s
     lp_reduce_scatterv_start(g, src, counts, &m->layer_reducing[0]);
     lp_wait(g, &m->layer_reducing[0]);
     size_t start = flat > m->shard_start ? flat - m->shard_start : 0;
-    LP(add_scaled)(m->grad_shard + start, src + lp_block_start(g, counts), (size_t)counts[g->rank], 1.0f / g->size);
+    lp_add_scaled(m->grad_shard + start, src + lp_block_start(g, counts), (size_t)counts[g->rank], 1.0f / g->size);
 }
 
 // ZeRO-2: start reducing layer l's gradients, in layer_grad_buf[b], to their owners, in place: each
@@ -2790,7 +2831,7 @@ static inline void lp_model_reduce_layer_start(LPModel* m, int l, int b) {
 static inline void lp_model_reduce_layer_finish(LPModel* m, int b) {
     lp_wait(m->shard_group, &m->layer_reducing[b]);
     for (int k = 0; k < m->reduce_adds[b]; k++)
-        LP(add_scaled)(m->grad_shard + m->reduce_add_at[b][k], m->reduce_add_src[b][k], m->reduce_add_n[b][k],
+        lp_add_scaled(m->grad_shard + m->reduce_add_at[b][k], m->reduce_add_src[b][k], m->reduce_add_n[b][k],
                        1.0f / m->shard_group->size);
     m->reduce_adds[b] = 0;
 }
@@ -2998,9 +3039,9 @@ static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float
     const LPConfig* c = &m->cfg;
     LPActivations* a = &m->act;
     int t = m->tp_size, Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
-    LP(classifier_stats)(a->stats + (size_t)3 * N * m->tp_rank, logits, m->targets, N, Vl, v0, c->vocab_size);
+    lp_classifier_stats(a->stats + (size_t)3 * N * m->tp_rank, logits, m->targets, N, Vl, v0, c->vocab_size);
     if (t > 1) lp_all_gather(m->tp, a->stats, (size_t)3 * N * sizeof(float));
-    LP(classifier_grad)(logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, c->vocab_size);
+    lp_classifier_grad(logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, c->vocab_size);
     lp_copy_to_host(m->losses_host, a->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += m->losses_host[i];
@@ -3014,8 +3055,8 @@ static inline void lp_model_head_backward(LPModel* m, const floatX* x, const flo
     int C = m->cfg.channels, Nr = m->sp ? N / m->tp_size : N, Vl = m->cfg.padded_vocab_size / m->tp_size;
     LPActivations* a = &m->act;
     // LM head (column-parallel over the vocabulary; SP gathers lnf's rows again), then lnf
-    LP(matmul_backward)(a->btc, m->g[LP_WTE], NULL, dlogits, lp_tp_f_forward(m, lnf, N, C), m->p[LP_WTE], N, C, Vl);
-    LP(layernorm_backward)(a->dresidual, m->g[LP_LNFW], m->g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C), x, m->p[LP_LNFW], mean,
+    lp_matmul_backward(a->btc, m->g[LP_WTE], NULL, dlogits, lp_tp_f_forward(m, lnf, N, C), m->p[LP_WTE], N, C, Vl);
+    lp_layernorm_backward(a->dresidual, m->g[LP_LNFW], m->g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C), x, m->p[LP_LNFW], mean,
                            rstd, Nr, C);
 }
 
@@ -3058,14 +3099,14 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->sp ? N / t : N;
     int C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     LPActivations* a = &m->act;
-    LP(matmul_forward)(a->qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
+    lp_matmul_forward(a->qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
                        lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
-    LP(attention_forward)(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
-    LP(matmul_forward)(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
-    LP(residual_layernorm_forward)(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
+    lp_attention_forward(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
+    lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
+    lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
                                    lp_layer_param(m, LP_ATTPROJB, l), lp_layer_param(m, LP_LN2W, l),
                                    lp_layer_param(m, LP_LN2B, l), Nr, C);
-    LP(matmul_forward)(x->fch_gelu, x->fch, lp_tp_f_forward(m, x->ln2, N, C), lp_layer_param(m, LP_FCW, l),
+    lp_matmul_forward(x->fch_gelu, x->fch, lp_tp_f_forward(m, x->ln2, N, C), lp_layer_param(m, LP_FCW, l),
                        lp_layer_param(m, LP_FCB, l), N, C, Fl);
 }
 
@@ -3094,16 +3135,16 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         lp_check_tokens(inputs, N, V, "input");
         memcpy(m->inputs_host, inputs, (size_t)N * sizeof(int));
         lp_copy_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
-        LP(embedding_forward)(a->btc, m->inputs, p[LP_WTE], v0, Vl, N, C);
-        LP(positions_forward)(a->encoded, lp_tp_g_forward(m, a->btc, N, C), p[LP_WPE], m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        lp_embedding_forward(a->btc, m->inputs, p[LP_WTE], v0, Vl, N, C);
+        lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), p[LP_WPE], m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     if (L > 0) {
         lp_model_gather_layer(m, 0);
         LPLayerActs x = lp_layer_acts(m, 0);
-        LP(layernorm_forward)(x.ln1, x.ln1_mean, x.ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
+        lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
                               lp_layer_param(m, LP_LN1B, 0), Nr, C);
     } else if (m->last) {
-        LP(layernorm_forward)(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, p[LP_LNFW], p[LP_LNFB], Nr, C);
+        lp_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, p[LP_LNFW], p[LP_LNFB], Nr, C);
     }
     for (int l = 0; l < L; l++) {
         lp_model_gather_layer(m, l);
@@ -3112,16 +3153,16 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         lp_model_layer_forward(m, l, &x);
         // the MLP's projection (row-parallel), residual add + bias + the next LayerNorm (ln1, lnf, or in a
         // pipeline chunk's last layer none: the next chunk's ln1)
-        LP(matmul_forward)(a->btc, NULL, x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), NULL, N, Fl, C);
+        lp_matmul_forward(a->btc, NULL, x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), NULL, N, Fl, C);
         const floatX* mlp = lp_tp_g_forward(m, a->btc, N, C);
         const floatX* mlp_bias = lp_layer_param(m, LP_FCPROJB, l);
         if (l + 1 < L) {
             lp_model_gather_layer(m, l + 1);  // its ln1 runs now, fused with this residual add (l stays)
             LPLayerActs next = lp_layer_acts(m, l + 1);
-            LP(residual_layernorm_forward)(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp, mlp_bias,
+            lp_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp, mlp_bias,
                                            lp_layer_param(m, LP_LN1W, l + 1), lp_layer_param(m, LP_LN1B, l + 1), Nr, C);
         } else {
-            LP(residual_layernorm_forward)(x.residual3, m->last ? a->lnf : NULL, a->lnf_mean, a->lnf_rstd, x.residual2, mlp,
+            lp_residual_layernorm_forward(x.residual3, m->last ? a->lnf : NULL, a->lnf_mean, a->lnf_rstd, x.residual2, mlp,
                                            mlp_bias, p[LP_LNFW], p[LP_LNFB], Nr, C);
         }
     }
@@ -3131,7 +3172,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     }
     if (!m->last) return 0.0f;
     // LM head tied to wte, vocab-parallel: this rank's slice of the logits (padding rows of wte are zero)
-    LP(matmul_forward)(a->logits, NULL, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
+    lp_matmul_forward(a->logits, NULL, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
     return targets ? lp_model_classifier(m, a->logits, N, dloss) : 0.0f;
 }
 
@@ -3188,8 +3229,8 @@ static inline void lp_model_backward(LPModel* m, int last) {
         LPLayerActs x = lp_layer_acts(m, l);
         for (int j = 0; j < m->num_aux; j++) {  // an auxiliary loss on this layer's output: its head, recomputed
             if (m->aux[j] != l) continue;
-            LP(layernorm_forward)(a->aux_lnf, a->aux_mean, a->aux_rstd, x.residual3, p[LP_LNFW], p[LP_LNFB], Nr, C);
-            LP(matmul_forward)(a->aux_logits, NULL, lp_tp_f_forward(m, a->aux_lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
+            lp_layernorm_forward(a->aux_lnf, a->aux_mean, a->aux_rstd, x.residual3, p[LP_LNFW], p[LP_LNFB], Nr, C);
+            lp_matmul_forward(a->aux_logits, NULL, lp_tp_f_forward(m, a->aux_lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
             m->aux_loss[j] += lp_model_classifier(m, a->aux_logits, N, m->aux_weight * m->dloss);
             lp_model_head_backward(m, x.residual3, a->aux_lnf, a->aux_mean, a->aux_rstd, a->aux_logits, N);
         }
@@ -3201,30 +3242,30 @@ static inline void lp_model_backward(LPModel* m, int last) {
             lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
         }
         if (m->recompute == LP_RECOMPUTE_FULL) {  // the layer's forward again, from its input
-            LP(layernorm_forward)(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, lp_layer_param(m, LP_LN1W, l),
+            lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, lp_layer_param(m, LP_LN1W, l),
                                   lp_layer_param(m, LP_LN1B, l), Nr, C);
             lp_model_layer_forward(m, l, &x);
         } else if (m->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
-            LP(attention_probs)(x.att, x.qkvr, B, T, Cl, NHl);
-            LP(gelu_forward)(x.fch_gelu, x.fch, (size_t)N * Fl);
+            lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);
+            lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
         // it is also fcproj's output gradient (g backward)
-        LP(matmul_backward)(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
+        lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
                             lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl, C);
-        LP(gelu_backward)(a->dfch, x.fch, a->dfch, N * Fl);
-        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
+        lp_gelu_backward(a->dfch, x.fch, a->dfch, N * Fl);
+        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
                             lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl);
-        LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l),
+        lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l),
                                lp_tp_f_backward(m, a->btc, N, C), x.residual2, lp_layer_param(m, LP_LN2W, l), x.ln2_mean,
                                x.ln2_rstd, Nr, C);
         // attention half
-        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
+        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C);
-        LP(attention_backward)(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
-        LP(matmul_backward)(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
+        lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
+        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl);
-        LP(layernorm_backward)(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
+        lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
                                lp_tp_f_backward(m, a->btc, N, C), x.input, lp_layer_param(m, LP_LN1W, l), x.ln1_mean,
                                x.ln1_rstd, Nr, C);
         if (sum_sp) {
@@ -3243,8 +3284,8 @@ static inline void lp_model_backward(LPModel* m, int last) {
     }
     m->layers_reducing = overlap_dp != NULL;
     if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
-        LP(embedding_backward)(g[LP_WTE], lp_tp_g_backward(m, a->dresidual, N, C), m->inputs_host, v0, Vl, N, C);
-        LP(positions_backward)(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        lp_embedding_backward(g[LP_WTE], lp_tp_g_backward(m, a->dresidual, N, C), m->inputs_host, v0, Vl, N, C);
+        lp_positions_backward(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     for (int b = 0; b < 2 && m->zero_stage >= 2; b++) lp_model_reduce_layer_finish(m, b);
     if (m->sp && last) {  // (ZeRO-2 reduces the tensors outside the layers once, in lp_model_update)
@@ -3334,12 +3375,12 @@ static inline float lp_model_norm2(const LPModel* m) {
             (m->copies >> i & 1))
             continue;
         if (a != to) {
-            if (to > from) norm2 += LP(norm_squared)(grads + from, to - from);
+            if (to > from) norm2 += lp_norm_squared(grads + from, to - from);
             from = a;
         }
         to = b;
     }
-    if (to > from) norm2 += LP(norm_squared)(grads + from, to - from);
+    if (to > from) norm2 += lp_norm_squared(grads + from, to - from);
     return norm2;
 }
 
@@ -3356,7 +3397,7 @@ static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAda
         if (!lp_model_tensor_in_shard(m, i, &a, &b)) continue;
         uint32_t seed = (uint32_t)(m->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
         floatX* params = m->zero_stage >= 3 ? m->param_shard + a : m->params + m->shard_start + a;
-        LP(adamw)(params, m->master + a, grads + a, m->adam_m + a, m->adam_v + a, b - a, lr, opt->beta1, opt->beta2, b1c,
+        lp_adamw(params, m->master + a, grads + a, m->adam_m + a, m->adam_v + a, b - a, lr, opt->beta1, opt->beta2, b1c,
                   b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
     }
     if (m->zero_stage >= 3) {  // layers are gathered when next used; wte, wpe and lnf now
@@ -3399,7 +3440,7 @@ static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float l
         LPModel* m = &ms[k];
         lp_model_adamw(m, lr, scale, opt);
         size_t count = lp_model_shard_count(m);
-        if (count) w2 += LP(norm_squared)(m->zero_stage >= 3 ? m->param_shard : m->params + m->shard_start, count);
+        if (count) w2 += lp_norm_squared(m->zero_stage >= 3 ? m->param_shard : m->params + m->shard_start, count);
     }
     return isfinite(lp_models_sum_parts(ms, pp, w2));
 }
@@ -4736,7 +4777,7 @@ static inline float lp_stage_grad_norm(LPStage* st) {
         LPModel* mc = &st->chunks[c];
         if (!mc->head) continue;
         if (!sum) sum = mc;
-        else for (int k = 0; k < 3; k++) LP(add_scaled)(sum->g[head[k]], mc->g[head[k]], sum->param_sizes[head[k]], 1.0f);
+        else for (int k = 0; k < 3; k++) lp_add_scaled(sum->g[head[k]], mc->g[head[k]], sum->param_sizes[head[k]], 1.0f);
     }
     if (sum && st->head.size > 1)
         for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->g[head[k]], sum->param_sizes[head[k]], 0);
