@@ -544,10 +544,10 @@ static void test_flags(void) {
         listed &= strstr(help, entry) != NULL;
         n++;
     }
-    const char* added[] = {"--resume, -y 0|1", "--keep N, -nk N", "--recompute NAME, -r 0|1|2",
+    const char* added[] = {"--beta1 F", "--beta2 F", "--eps F", "--resume, -y 0|1", "--keep N, -nk N", "--recompute NAME, -r 0|1|2",
                            "--zero N, -z N", "--print-flags", "llm.c's flags that are not here:", "\n  -lg N", "\n  -pn -pr -pg -pi -pf -ps"};
     for (size_t i = 0; i < sizeof(added) / sizeof(added[0]); i++) listed &= strstr(help, added[i]) != NULL;
-    expect(rc == 0 && listed && n >= 45, "-h lists every row of the flag table, llm.c's letters and the flags llm.c has and this has not");
+    expect(rc == 0 && listed && n >= 48, "-h lists every row of the flag table, llm.c's letters and the flags llm.c has and this has not");
 
     FILE* f = fopen("README.md", "r");
     size_t len = f ? fread(readme, 1, sizeof(readme) - 1, f) : 0;
@@ -586,6 +586,10 @@ static void test_flags(void) {
     expect_error("flags: a switch's long form takes no value", "unexpected argument '1'", "--resume 1");
     expect_error("flags: -y 1 is checked as --resume", "flag --resume needs -o DIR", "-y 1");
     expect_error("flags: -z 4 is checked as --zero", "flag --zero: stage must be 0..3, got 4", "-z 4");
+    expect_error("flags: --beta1 1", "flag --beta1: must be >= 0 and < 1, got 1", "--beta1 1");
+    expect_error("flags: negative --beta2", "flag --beta2: must be >= 0 and < 1, got -0.5", "--beta2 -0.5");
+    expect_error("flags: --eps 0", "flag --eps: must be > 0, got 0", "--eps 0");
+    expect_error("flags: --eps not a number", "flag --eps: 'x' is not a number", "--eps x");
 }
 
 // Pipeline schedules, simulated with unit costs and with backward twice forward: every dependency met, no
@@ -1197,6 +1201,50 @@ static void test_reference_loss(void) {
         lp_dataloader_free(&d);
         lp_model_free(&m);
     }
+}
+
+// --beta1, --beta2 and --eps reach AdamW: 3 steps of the binary on the reference model equal 3 steps taken
+// here with LPAdamW set alike, with the defaults and with other values, and the other values change the
+// loss of step 3 (step 1's update is the same for any betas, AdamW's bias corrections cancel them).
+static void test_adamw_flags(void) {
+    static char out[1 << 16];
+    const char* shard = tmp_path("adamw_tokens.bin");
+    write_random_shard(shard, 400, 21);
+    struct { const char* flags; LPAdamW opt; } runs[2] = {
+        {"", {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f}},  // the defaults, and -c and --grad-clip's
+        {"--beta1 0.8 --beta2 0.999 --eps 1e-6", {0.8f, 0.999f, 1e-6f, 0.1f, 1.0f}},
+    };
+    float got[2][8];
+    for (int r = 0; r < 2; r++) {
+        int rc = run_cmd(out, sizeof(out), "%s -e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -x 3 -l 1e-2 -u 0 -v 0 -s 0 %s",
+                         TRAIN_BIN, shard, runs[r].flags);
+        int n = parse_losses(out, got[r], 8);
+        LPModel m;
+        lp_model_load(&m, "dev/ref/tiny_model.bin", NULL);
+        LPDataLoader d;
+        lp_dataloader_init(&d, shard, "-i", 2, 16, 0, 1, m.cfg.vocab_size, 1);
+        float want[3];
+        for (int step = 0; step < 3; step++) {  // the driver's step, on one rank
+            lp_dataloader_next(&d);
+            lp_model_zero_grad(&m);
+            want[step] = lp_model_forward(&m, d.inputs, d.targets, 2, 16, 1.0f / 32);
+            lp_model_backward(&m, 1);
+            float norm = lp_models_grad_norm(&m, 1, NULL);
+            lp_models_adamw(&m, 1, NULL, lp_lr_schedule(step, 3, 0, 1e-2f, 0.1f, 1), norm, &runs[r].opt);
+        }
+        char name[160];
+        snprintf(name, sizeof(name), "AdamW flags '%s': 3 steps run", runs[r].flags);
+        expect(rc == 0 && n == 3, name);
+        snprintf(name, sizeof(name), "AdamW flags '%s': the losses equal 3 steps of LPAdamW {%g, %g, %g} (1e-5 relative)",
+                 runs[r].flags, runs[r].opt.beta1, runs[r].opt.beta2, runs[r].opt.eps);
+        if (n == 3) expect_close(name, got[r], want, 3, 0.0f, 1e-5f);
+        else printf("%s\n", out);
+        lp_dataloader_free(&d);
+        lp_model_free(&m);
+    }
+    printf("     loss at step 3: %.6f with the default AdamW, %.6f with --beta1 0.8 --beta2 0.999 --eps 1e-6\n", got[0][2], got[1][2]);
+    expect(got[0][0] == got[1][0] && fabsf(got[1][2] - got[0][2]) > 5e-4f * got[0][2],
+           "other betas and eps: step 1's loss the same, step 3's differs by more than 5e-4 relative");
 }
 
 // Whole runs through the binary on tinyshakespeare with a small model.
@@ -2761,6 +2809,7 @@ int main(int argc, char** argv) {
     RUN(test_model_gradient);
     RUN(test_reference_loss);
     RUN(test_training_runs);
+    RUN(test_adamw_flags);
     RUN(test_crash_during_saves);
     RUN(test_divergence_guard);
     RUN(test_supervisor);

@@ -26,6 +26,7 @@ typedef struct {
     float final_lr_frac;     // -q
     const char* schedule;    // -k  cosine | linear
     float weight_decay;      // -c
+    float beta1, beta2, eps; // --beta1, --beta2, --eps: AdamW's
     float grad_clip;         // --grad-clip
     int val_every;           // -v
     int val_batches;         // -m
@@ -108,6 +109,12 @@ static const LPFlagSpec lp_flag_specs[] = {
      "decay after warmup: cosine | linear (llm.c's constant and wsd are not here)"},
     {NULL, "-c", LP_FLAG_FLOAT, LP_FIELD(weight_decay), "0.1", "0.1", "F", NULL,
      "AdamW weight decay (matrices only; not biases or LayerNorm)"},
+    {"--beta1", NULL, LP_FLAG_FLOAT, LP_FIELD(beta1), "0.9", "0.9", "F", NULL,
+     "AdamW's decay of the running mean of the gradient, 0 <= F < 1"},
+    {"--beta2", NULL, LP_FLAG_FLOAT, LP_FIELD(beta2), "0.95", "0.95", "F", NULL,
+     "AdamW's decay of the running mean of the squared gradient, 0 <= F < 1"},
+    {"--eps", NULL, LP_FLAG_FLOAT, LP_FIELD(eps), "1e-8", "1e-8", "F", NULL,
+     "AdamW's epsilon, added to the square root of the second moment; > 0"},
     {"--grad-clip", NULL, LP_FLAG_FLOAT, LP_FIELD(grad_clip), "1.0", "1.0", "F", NULL,
      "clip the global gradient norm to F (0: off)"},
     {NULL, "-v", LP_FLAG_INT, LP_FIELD(val_every), "20", "50", "N", NULL, "val loss every N steps and at the end (0: never)"},
@@ -417,6 +424,10 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag %s: the final learning rate is a fraction of %s, 0 .. 1, got %g", LP_FLAG_NAME(final_lr_frac),
                     LP_FLAG_NAME(lr), f->final_lr_frac);
     if (f->weight_decay < 0.0f) lp_fail_all("flag %s: weight decay must be >= 0, got %g", LP_FLAG_NAME(weight_decay), f->weight_decay);
+    // beta 1 would divide AdamW's bias corrections by 0
+    if (!(f->beta1 >= 0.0f && f->beta1 < 1.0f)) lp_fail_all("flag %s: must be >= 0 and < 1, got %g", LP_FLAG_NAME(beta1), f->beta1);
+    if (!(f->beta2 >= 0.0f && f->beta2 < 1.0f)) lp_fail_all("flag %s: must be >= 0 and < 1, got %g", LP_FLAG_NAME(beta2), f->beta2);
+    if (!(f->eps > 0.0f)) lp_fail_all("flag %s: must be > 0, got %g", LP_FLAG_NAME(eps), f->eps);
     if (f->grad_clip < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: no clipping), got %g", LP_FLAG_NAME(grad_clip), f->grad_clip);
     if (f->ckpt_every > 0 && f->out_dir[0] == '\0')
         lp_fail_all("flag %s: checkpoints need %s DIR to go in", LP_FLAG_NAME(ckpt_every), LP_FLAG_NAME(out_dir));
@@ -742,7 +753,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         if (proc->rank == 0 && !logf) lp_fail("cannot write %s: %s", path, strerror(errno));
     }
 
-    LPAdamW opt = {0.9f, 0.95f, 1e-8f, f->weight_decay, f->grad_clip};
+    LPAdamW opt = {f->beta1, f->beta2, f->eps, f->weight_decay, f->grad_clip};
     // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
     double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops() * proc->gpus;
     int cosine = strcmp(f->schedule, "cosine") == 0;
