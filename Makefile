@@ -55,7 +55,7 @@ ifneq ($(strip $(BLAS_LIBS)),)
   BLAS_CFLAGS := -DLLMPAR_BLAS $(shell pkg-config --cflags $(BLAS))
 endif
 
-.PHONY: all test test-emu clean
+.PHONY: all test test-emu readme-flags clean
 
 all: train_gpt_cpu test_gpt_cpu
 
@@ -92,6 +92,14 @@ test: train_gpt_cpu test_gpt_cpu
 # Tier 4 under the emulator alone (and the emulator's own tests).
 test-emu: train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu
 	@bash scripts/run_tests.sh emu
+
+# The README's flags block is `./train_gpt_cpu -h` verbatim, between its two marker lines: this rewrites it
+# (tier 1 fails while they differ). awk fails when the markers are missing.
+readme-flags: train_gpt_cpu
+	./train_gpt_cpu -h > README.md.flags && awk -v help=README.md.flags \
+	    '/^<!-- flags: end/ { skip = 0 } !skip { print } /^<!-- flags: begin/ { print "```text"; \
+	     while ((getline line < help) > 0) print line; print "```"; skip = 1; found = 1 } END { exit !found }' \
+	    README.md > README.md.new && mv README.md.new README.md; rc=$$?; rm -f README.md.flags README.md.new; exit $$rc
 
 clean:
 	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu

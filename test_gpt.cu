@@ -587,6 +587,69 @@ static void test_bad_input(void) {
 #undef BAD
 }
 
+// The flag table of train_gpt.cu: -h lists every row (--print-flags names them), README.md's flags block
+// is -h verbatim, llm.c's letters set what the long forms set (--print-flags of both compared), and bad
+// flags get one-line errors naming them.
+static void test_flags(void) {
+    static char help[1 << 16], rows[1 << 14], a[1 << 14], b[1 << 14], want[(1 << 16) + 16], readme[1 << 20];
+    int rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
+    rc |= run_cmd(rows, sizeof(rows), "%s --print-flags", TRAIN_BIN);
+    int n = 0, listed = 1;
+    for (const char* line = rows; *line; line += strcspn(line, "\n") + (strchr(line, '\n') != NULL)) {
+        char name[64], entry[80];
+        if (sscanf(line, "%63s", name) != 1) break;
+        snprintf(entry, sizeof(entry), "\n  %s", name);  // an entry of -h starts with its name
+        listed &= strstr(help, entry) != NULL;
+        n++;
+    }
+    const char* added[] = {"--beta1 F", "--beta2 F", "--eps F", "--resume, -y 0|1", "--keep N, -nk N", "--recompute NAME, -r 0|1|2",
+                           "--zero N, -z N", "--print-flags", "llm.c's flags that are not here:", "\n  -lg N", "\n  -pn -pr -pg -pi -pf -ps"};
+    for (size_t i = 0; i < sizeof(added) / sizeof(added[0]); i++) listed &= strstr(help, added[i]) != NULL;
+    expect(rc == 0 && listed && n >= 48, "-h lists every row of the flag table, llm.c's letters and the flags llm.c has and this has not");
+
+    FILE* f = fopen("README.md", "r");
+    size_t len = f ? fread(readme, 1, sizeof(readme) - 1, f) : 0;
+    readme[len] = '\0';
+    if (f) fclose(f);
+    const char* begin = strstr(readme, "\n<!-- flags: begin");
+    const char* end = begin ? strstr(begin, "\n<!-- flags: end") : NULL;
+    begin = end ? strchr(begin + 1, '\n') + 1 : NULL;  // the block: from the line after the begin marker
+    snprintf(want, sizeof(want), "```text\n%s```\n", help);
+    int same = begin && (size_t)(end + 1 - begin) == strlen(want) && memcmp(begin, want, strlen(want)) == 0;
+    expect(same, "README.md's flags block is ./train_gpt_cpu -h verbatim (make readme-flags writes it)");
+
+    // llm.c's letter and the long form, alone and all together; `changes`: the defaults differ from them
+    struct { const char *letter, *name; int changes; } forms[] = {
+        {"-y 1 -o d", "--resume -o d", 1}, {"-y 0", "", 0}, {"-z 2", "--zero 2", 1}, {"-nk 3", "--keep 3", 1},
+        {"-r 0", "--recompute none", 0}, {"-r 1", "--recompute selective", 1}, {"-r 2", "--recompute selective", 1},
+        {"-y 1 -o d -z 3 -nk 2 -r 1", "--resume -o d --zero 3 --keep 2 --recompute selective", 1},
+    };
+    for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++) {
+        char name[160];
+        rc = run_cmd(a, sizeof(a), "%s %s --print-flags", TRAIN_BIN, forms[i].letter);
+        rc |= run_cmd(b, sizeof(b), "%s %s --print-flags", TRAIN_BIN, forms[i].name);
+        snprintf(name, sizeof(name), "'%s' sets the flags '%s' sets%s", forms[i].letter, forms[i].name,
+                 forms[i].changes ? ", not the defaults" : "");
+        expect(rc == 0 && strcmp(a, b) == 0 && (strcmp(a, rows) != 0) == forms[i].changes, name);
+    }
+
+    expect_error("flags: unknown long flag", "unknown flag --nope (see -h)", "--nope 1");
+    expect_error("flags: llm.c's flag with no counterpart here", "flag -lg is llm.c's (log GPU information every N steps) and has no counterpart here", "-lg 10");
+    expect_error("flags: llm.c's multi-node flag", "flag -pn is llm.c's (multi-node set-up", "-pn 2");
+    expect_error("flags: letter without a value", "flag -z needs a value", "-z");
+    expect_error("flags: long form without a value", "flag --zero needs a value", "--zero");
+    expect_error("flags: -y takes llm.c's 0 or 1", "flag -y: must be 0 .. 1 (llm.c's values), got 2", "-y 2");
+    expect_error("flags: -r takes llm.c's 0, 1 or 2", "flag -r: must be 0 .. 2 (llm.c's values), got 3", "-r 3");
+    expect_error("flags: -r takes a number", "flag -r: 'full' is not an integer", "-r full");
+    expect_error("flags: a switch's long form takes no value", "unexpected argument '1'", "--resume 1");
+    expect_error("flags: -y 1 is checked as --resume", "flag --resume needs -o DIR", "-y 1");
+    expect_error("flags: -z 4 is checked as --zero", "flag --zero: stage must be 0..3, got 4", "-z 4");
+    expect_error("flags: --beta1 1", "flag --beta1: must be >= 0 and < 1, got 1", "--beta1 1");
+    expect_error("flags: negative --beta2", "flag --beta2: must be >= 0 and < 1, got -0.5", "--beta2 -0.5");
+    expect_error("flags: --eps 0", "flag --eps: must be > 0, got 0", "--eps 0");
+    expect_error("flags: --eps not a number", "flag --eps: 'x' is not a number", "--eps x");
+}
+
 // Pipeline schedules, simulated with unit costs and with backward twice forward: every dependency met, no
 // deadlock; bubble (p-1)/m for GPipe and 1F1B, (p-1)/(v m) for interleaved; 1F1B keeps at most p-s
 // micro-batches in flight on stage s, GPipe all m. A broken list is caught.
@@ -1273,6 +1336,50 @@ static void test_reference_training(void) {
     }
     free(w);
     lp_model_free(&ref);
+}
+
+// --beta1, --beta2 and --eps reach AdamW: 3 steps of the binary on the reference model equal 3 steps taken
+// here with LPAdamW set alike, with the defaults and with other values, and the other values change the
+// loss of step 3 (step 1's update is the same for any betas, AdamW's bias corrections cancel them).
+static void test_adamw_flags(void) {
+    static char out[1 << 16];
+    const char* shard = tmp_path("adamw_tokens.bin");
+    write_random_shard(shard, 400, 21);
+    struct { const char* flags; LPAdamW opt; } runs[2] = {
+        {"", {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f}},  // the defaults, and -c and --grad-clip's
+        {"--beta1 0.8 --beta2 0.999 --eps 1e-6", {0.8f, 0.999f, 1e-6f, 0.1f, 1.0f}},
+    };
+    float got[2][8];
+    for (int r = 0; r < 2; r++) {
+        int rc = run_cmd(out, sizeof(out), "%s -e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -x 3 -l 1e-2 -u 0 -v 0 -s 0 %s",
+                         TRAIN_BIN, shard, runs[r].flags);
+        int n = parse_losses(out, got[r], 8);
+        LPModel m;
+        lp_model_load(&m, "dev/ref/tiny_model.bin", NULL);
+        LPDataLoader d;
+        lp_dataloader_init(&d, shard, "-i", 2, 16, 0, 1, 32, 1, 1337, m.cfg.vocab_size, 1);  // the driver's order: shuffled, --seed 1337
+        float want[3];
+        for (int step = 0; step < 3; step++) {  // the driver's step, on one rank
+            lp_dataloader_next(&d);
+            lp_model_zero_grad(&m);
+            want[step] = lp_model_forward(&m, d.inputs, d.targets, 2, 16, 1.0f / 32);
+            lp_model_backward(&m, 1);
+            float norm = lp_models_grad_norm(&m, 1, NULL);
+            lp_models_adamw(&m, 1, NULL, lp_lr_schedule(step, 3, 0, 1e-2f, 0.1f, 1), norm, &runs[r].opt);
+        }
+        char name[160];
+        snprintf(name, sizeof(name), "AdamW flags '%s': 3 steps run", runs[r].flags);
+        expect(rc == 0 && n == 3, name);
+        snprintf(name, sizeof(name), "AdamW flags '%s': the losses equal 3 steps of LPAdamW {%g, %g, %g} (1e-5 relative)",
+                 runs[r].flags, runs[r].opt.beta1, runs[r].opt.beta2, runs[r].opt.eps);
+        if (n == 3) expect_close(name, got[r], want, 3, 0.0f, 1e-5f);
+        else printf("%s\n", out);
+        lp_dataloader_free(&d);
+        lp_model_free(&m);
+    }
+    printf("     loss at step 3: %.6f with the default AdamW, %.6f with --beta1 0.8 --beta2 0.999 --eps 1e-6\n", got[0][2], got[1][2]);
+    expect(got[0][0] == got[1][0] && fabsf(got[1][2] - got[0][2]) > 5e-4f * got[0][2],
+           "other betas and eps: step 1's loss the same, step 3's differs by more than 5e-4 relative");
 }
 
 // Whole runs through the binary on tinyshakespeare with a small model.
@@ -2842,6 +2949,7 @@ int main(int argc, char** argv) {
     RUN(test_schedules);
     RUN(test_plan);
     RUN(test_bad_input);
+    RUN(test_flags);
     printf("tier 2: CPU model\n");
     RUN(test_op_gradients);
     RUN(test_blas_matmul);
@@ -2851,6 +2959,7 @@ int main(int argc, char** argv) {
     RUN(test_reference_loss);
     RUN(test_reference_training);
     RUN(test_training_runs);
+    RUN(test_adamw_flags);
     RUN(test_crash_during_saves);
     RUN(test_divergence_guard);
     RUN(test_supervisor);

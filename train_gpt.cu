@@ -8,6 +8,7 @@ With no flags it trains a small GPT-2 on the tinyshakespeare shards shipped in d
 llm.c's where they overlap; run with -h for the list.
 */
 #include "llmpar.h"
+#include <stddef.h>        // offsetof: the flag table names LPFlags fields
 #include <sys/resource.h>  // getrusage: the peak host memory, printed at the end
 
 typedef struct {
@@ -25,6 +26,7 @@ typedef struct {
     float final_lr_frac;     // -q
     const char* schedule;    // -k  cosine | linear
     float weight_decay;      // -c
+    float beta1, beta2, eps; // --beta1, --beta2, --eps: AdamW's
     float grad_clip;         // --grad-clip
     int val_every;           // -v
     int val_batches;         // -m
@@ -43,6 +45,7 @@ typedef struct {
     const char* pp_schedule; // --schedule: gpipe | 1f1b | interleaved
     const char* pp_partition;// --pp-partition: balanced | uniform | L1,L2,...
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
+    int print_flags;         // --print-flags: print every flag's value and exit
     int plan;                // --plan N: the configurations for N GPUs, and exit
     float gpu_mem;           // --gpu-mem: GiB per GPU, for --plan
     int scatter_gather;      // --pp-scatter-gather: send 1/t of a stage boundary, all-gather over TP
@@ -57,119 +60,264 @@ typedef struct {
     unsigned long long seed; // --seed
 } LPFlags;
 
-// The defaults make a no-flag run a quick, visible lesson: a small model on tinyshakespeare, sized for
-// the device the build targets.
-static void lp_flags_default(LPFlags* f) {
-    memset(f, 0, sizeof(*f));
-    f->train_data = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
-    f->val_data = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
-    f->tokenizer = "gpt2_tokenizer.bin";
-    f->out_dir = "";
+// The flags, one row each: the table below is the only list of them. Parsing, the defaults, -h (and so
+// the README's flags block, `make readme-flags`), --print-flags and the flag names in the errors after
+// parsing all come from it.
+// A switch takes no value; its llm.c letter takes llm.c's 0 or 1. LP_FLAG_SEED is an integer as typed,
+// kept in 64 bits.
+typedef enum { LP_FLAG_INT, LP_FLAG_FLOAT, LP_FLAG_STRING, LP_FLAG_SWITCH, LP_FLAG_SEED } LPFlagType;
+
+typedef struct {
+    const char* name;     // the long form, or NULL where llm.c's letter is the only one
+    const char* letter;   // llm.c's form, meaning what it means in llm.c's train_gpt2.cu, or NULL
+    LPFlagType type;
+    size_t field;         // offsetof(LPFlags, ...)
+    const char* cpu;      // the CPU build's default, as typed ("" for none; NULL for a switch: off)
+    const char* cuda;     // the CUDA build's default
+    const char* metavar;  // the value's name in -h
+    const char* const* levels;  // the letter takes llm.c's level k, which means the k-th of these names
+    const char* help;
+} LPFlagSpec;
+
+// llm.c's -r: 0 none, 1 recompute GELU, 2 GELU and LayerNorm. The nearest here to both 1 and 2 is selective.
+static const char* const lp_llmc_recompute[] = {"none", "selective", "selective", NULL};
+
+#define LP_FIELD(x) offsetof(LPFlags, x)
+static const LPFlagSpec lp_flag_specs[] = {
+    {NULL, "-i", LP_FLAG_STRING, LP_FIELD(train_data), "dev/data/tinyshakespeare/tiny_shakespeare_train.bin",
+     "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "PATTERN", NULL,
+     "train token shards: a glob, quoted ('data/mine_train_*.bin'), made by dev/data/prepare.py"},
+    {NULL, "-j", LP_FLAG_STRING, LP_FIELD(val_data), "dev/data/tinyshakespeare/tiny_shakespeare_val.bin",
+     "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "PATTERN", NULL,
+     "val token shards (a glob; \"\" for none); every val shard needs at least B*T*d+1 tokens, every train shard "
+     "one step's (-d) + 1"},
+    {NULL, "-e", LP_FLAG_STRING, LP_FIELD(init), "d4", "d12", "MODEL", NULL,
+     "llm.c model file (fp32 v3 or bf16 v5), or dN: a new GPT-2 of depth N (d12/d24/d36/d48 are GPT-2 "
+     "124M/350M/774M/1558M; other N: C=64N, N heads)"},
+    {NULL, "-o", LP_FLAG_STRING, LP_FIELD(out_dir), "", "", "DIR", NULL, "output directory: main.log and checkpoints"},
+    {NULL, "-b", LP_FLAG_INT, LP_FIELD(B), "4", "16", "N", NULL, "micro-batch size"},
+    {NULL, "-t", LP_FLAG_INT, LP_FIELD(T), "64", "1024", "N", NULL, "sequence length (at most the model's)"},
+    {NULL, "-d", LP_FLAG_INT, LP_FIELD(total_batch), "0", "0", "N", NULL,
+     "tokens per optimizer step; gradient accumulation steps = N / (b*t*d), d the data-parallel size "
+     "(0: b*t*d, no accumulation)"},
+    {NULL, "-x", LP_FLAG_INT, LP_FIELD(max_steps), "40", "200", "N", NULL,
+     "training steps (0: evaluate only, and with -o save the model as loaded: a checkpoint step_00000000, e.g. to "
+     "convert or re-split a file; llm.c's -1, one epoch, is not here)"},
+    {NULL, "-l", LP_FLAG_FLOAT, LP_FIELD(lr), "1e-3", "6e-4", "LR", NULL, "peak learning rate"},
+    {NULL, "-u", LP_FLAG_INT, LP_FIELD(warmup), "5", "20", "N", NULL, "linear warmup steps"},
+    {NULL, "-q", LP_FLAG_FLOAT, LP_FIELD(final_lr_frac), "0.1", "0.1", "F", NULL,
+     "final learning rate as a fraction of -l"},
+    {NULL, "-k", LP_FLAG_STRING, LP_FIELD(schedule), "cosine", "cosine", "NAME", NULL,
+     "decay after warmup: cosine | linear (llm.c's constant and wsd are not here)"},
+    {NULL, "-c", LP_FLAG_FLOAT, LP_FIELD(weight_decay), "0.1", "0.1", "F", NULL,
+     "AdamW weight decay (matrices only; not biases or LayerNorm)"},
+    {"--beta1", NULL, LP_FLAG_FLOAT, LP_FIELD(beta1), "0.9", "0.9", "F", NULL,
+     "AdamW's decay of the running mean of the gradient, 0 <= F < 1"},
+    {"--beta2", NULL, LP_FLAG_FLOAT, LP_FIELD(beta2), "0.95", "0.95", "F", NULL,
+     "AdamW's decay of the running mean of the squared gradient, 0 <= F < 1"},
+    {"--eps", NULL, LP_FLAG_FLOAT, LP_FIELD(eps), "1e-8", "1e-8", "F", NULL,
+     "AdamW's epsilon, added to the square root of the second moment; > 0"},
+    {"--grad-clip", NULL, LP_FLAG_FLOAT, LP_FIELD(grad_clip), "1.0", "1.0", "F", NULL,
+     "clip the global gradient norm to F (0: off)"},
+    {NULL, "-v", LP_FLAG_INT, LP_FIELD(val_every), "20", "50", "N", NULL, "val loss every N steps and at the end (0: never)"},
+    {NULL, "-m", LP_FLAG_INT, LP_FIELD(val_batches), "4", "2", "N", NULL, "val batches per evaluation (0: the whole val set)"},
+    {NULL, "-s", LP_FLAG_INT, LP_FIELD(sample_every), "0", "50", "N", NULL,
+     "print a sample every N steps and at the end (0: never)"},
+    {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, "tokens per sample"},
+    {"--tokenizer", NULL, LP_FLAG_STRING, LP_FIELD(tokenizer), "gpt2_tokenizer.bin", "gpt2_tokenizer.bin", "PATH", NULL,
+     "tokenizer for samples"},
+    {"--seed", NULL, LP_FLAG_SEED, LP_FIELD(seed), "1337", "1337", "N", NULL,
+     "seed of the initial weights, of sampling and of the data order"},
+    {"--shuffle", NULL, LP_FLAG_INT, LP_FIELD(shuffle), "1", "1", "N", NULL,
+     "1: each epoch visits the train shards, and each shard's steps (windows of -d tokens), in a random order "
+     "drawn from --seed, as llm.c's loader does; 0: file order"},
+    {NULL, "-n", LP_FLAG_INT, LP_FIELD(ckpt_every), "0", "0", "N", NULL,
+     "checkpoint every N steps (needs -o; a checkpoint is always written at the end when -o is given)"},
+    {"--resume", "-y", LP_FLAG_SWITCH, LP_FIELD(resume), NULL, NULL, NULL, NULL,
+     "continue from the newest complete checkpoint in -o; one that is damaged (a bad header or size, or a checksum "
+     "that differs from its manifest) is reported in one line and the one before it is used. -y 1 is llm.c's "
+     "spelling; -y 0 (llm.c: restart) starts afresh, and an -o holding checkpoints still needs --overwrite"},
+    {"--keep", "-nk", LP_FLAG_INT, LP_FIELD(keep), "0", "0", "N", NULL,
+     "after each save keep the newest N checkpoints, removing older ones (0: all)"},
+    {"--ckpt-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(ckpt_minutes), "0", "0", "M", NULL,
+     "also checkpoint once M minutes have passed since the start or the last checkpoint (rank 0's clock decides; "
+     "needs -o; 0: off)"},
+    {"--overwrite", NULL, LP_FLAG_SWITCH, LP_FIELD(overwrite), NULL, NULL, NULL, NULL,
+     "without --resume, start even though -o holds checkpoints, removing them (otherwise that is an error: a later "
+     "--resume would take the newest of either run)"},
+    {"--on-divergence", NULL, LP_FLAG_STRING, LP_FIELD(on_divergence), "stop", "stop", "NAME", NULL,
+     "a step whose loss or gradient norm is not finite, or whose update makes a weight not finite, or (skip, "
+     "rollback) whose loss is a spike: stop (the newest checkpoint is the last good one) | skip (drop its batch and "
+     "update) | rollback (reload the newest checkpoint, needs -o, and go on with the batches after the bad one); 3 in "
+     "a row without progress stop the run"},
+    {"--loss-spike", NULL, LP_FLAG_FLOAT, LP_FIELD(loss_spike), "3", "3", "F", NULL,
+     "a step's loss above F times the mean of the last 20 steps' is a spike: reported, and under skip or rollback "
+     "handled as a divergence (0: off)"},
+    {"--tp", NULL, LP_FLAG_INT, LP_FIELD(tp), "1", "1", "N", NULL,
+     "tensor-parallel size t: heads, MLP width and vocabulary split over t ranks"},
+    {"--sp", NULL, LP_FLAG_SWITCH, LP_FIELD(sp), NULL, NULL, NULL, NULL,
+     "sequence parallelism within the TP group: LayerNorms, residual adds and their activations on 1/t of the rows "
+     "each (needs t > 1 and -t divisible by t)"},
+    {"--pp", NULL, LP_FLAG_INT, LP_FIELD(pp), "1", "1", "N", NULL,
+     "pipeline-parallel size: the layers split over N stages; data-parallel size d = ranks / (t*p)"},
+    {"--vpp", NULL, LP_FLAG_INT, LP_FIELD(vpp), "1", "1", "N", NULL, "model chunks per pipeline stage (--schedule interleaved)"},
+    {"--schedule", NULL, LP_FLAG_STRING, LP_FIELD(pp_schedule), "1f1b", "1f1b", "NAME", NULL,
+     "pipeline schedule: gpipe | 1f1b | interleaved"},
+    {"--pp-partition", NULL, LP_FLAG_STRING, LP_FIELD(pp_partition), "balanced", "balanced", "P", NULL,
+     "layers per chunk: balanced (the least training FLOPs on the costliest chunk, counting the LM head; among "
+     "those, the least estimated memory on the fullest chunk) | uniform | a list L1,L2,... of p*v counts"},
+    {"--pp-scatter-gather", NULL, LP_FLAG_INT, LP_FIELD(scatter_gather), "1", "1", "N", NULL,
+     "1: with --tp and no --sp, each TP rank sends 1/t of a stage boundary and the receivers all-gather it; 0: every "
+     "rank sends the whole"},
+    {"--aux-loss-layers", NULL, LP_FLAG_STRING, LP_FIELD(aux_layers), "", "", "L1,L2,...", NULL,
+     "auxiliary losses: these layers' outputs (1 .. L-1) also go through the final LayerNorm and the tied head to a "
+     "loss, weighted and added to the training loss"},
+    {"--aux-loss-weight", NULL, LP_FLAG_FLOAT, LP_FIELD(aux_weight), "0.1", "0.1", "F", NULL,
+     "the weight of each auxiliary loss"},
+    {"--recompute", "-r", LP_FLAG_STRING, LP_FIELD(recompute), "none", "none", "NAME", lp_llmc_recompute,
+     "activations backward recomputes instead of keeping: none | selective (the attention probabilities and the GELU "
+     "output) | full (it keeps only each layer's input and reruns the layer's forward). -r takes llm.c's levels, 0 "
+     "none, 1 GELU, 2 GELU and LayerNorm: 1 and 2 both mean selective here, the nearest (it recomputes the attention "
+     "probabilities too, and LayerNorm only under full)"},
+    {"--zero", "-z", LP_FLAG_INT, LP_FIELD(zero), "0", "0", "N", NULL,
+     "ZeRO stage. 0: every data-parallel rank holds the full AdamW state; 1: the fp32 master weights and AdamW state "
+     "are sharded over the d ranks; 2: the gradients too; 3: the weights too, gathered a layer at a time"},
+    {"--overlap", NULL, LP_FLAG_INT, LP_FIELD(overlap), "1", "1", "N", NULL,
+     "1: reduce the layers' gradients during backward, overlapped with the layers below (ZeRO-0: all-reduces in "
+     "buckets on the last micro-batch; ZeRO-2/3: each layer's reduce-scatter, every micro-batch); 0: ZeRO-0 "
+     "all-reduces once after backward, ZeRO-2/3 wait for each layer's reduction"},
+    {"--bucket-mb", NULL, LP_FLAG_FLOAT, LP_FIELD(bucket_mb), "25", "25", "F", NULL,
+     "with --overlap: reduce consecutive layers together once F MiB of their gradients are done (0: every layer on "
+     "its own)"},
+    {"--comm", NULL, LP_FLAG_STRING, LP_FIELD(comm), "auto", "auto", "NAME", NULL,
+     "collectives: auto (NCCL on the CUDA build; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi"},
+    {"--plan", NULL, LP_FLAG_INT, LP_FIELD(plan), "0", "0", "N", NULL,
+     "print the ways to train -e with -t and -d tokens per step on N GPUs (t x p x d grid, ZeRO stage, "
+     "recomputation, -b) that fit --gpu-mem, fastest first by a stated machine model, and the command that runs the "
+     "fastest; then exit (0: train)"},
+    {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "80", "80", "F", NULL, "GiB per GPU, for --plan (plans use 90% of it)"},
+    {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL,
+     "draw the timeline of --pp, --vpp, --schedule and the micro-batches per step (-d / (-b*-t*d)) from the "
+     "simulator, with unit costs, and exit"},
+    {"--print-flags", NULL, LP_FLAG_SWITCH, LP_FIELD(print_flags), NULL, NULL, NULL, NULL,
+     "print every flag's value as parsed, defaults included, one per line, and exit"},
+};
+#define LP_NUM_FLAGS (int)(sizeof(lp_flag_specs) / sizeof(lp_flag_specs[0]))
+
+// llm.c's flags with no counterpart here: listed by -h, and a clear error when given.
+typedef struct {
+    const char* letters;  // llm.c's letters, with its value's name
+    const char* meaning;
+    const char* here;     // what there is instead, or why not
+} LPAbsentFlag;
+static const LPAbsentFlag lp_llmc_absent[] = {
+    {"-lg N", "log GPU information every N steps", "the CUDA engine prints the GPU memory in use after the first step"},
+    {"-nm N", "every Nth checkpoint is major and never removed by -nk", "--keep keeps the newest N, none exempt"},
+    {"-sl F", "skip the update of a step whose loss has a z-score above F",
+     "--loss-spike F with --on-divergence skip drops a step whose loss is above F times the recent mean (a ratio, not "
+     "a z-score)"},
+    {"-sg F", "skip the update of a step whose gradient norm has a z-score above F",
+     "the divergence guard acts on a gradient norm that is not finite, not on its z-score"},
+    {"-h N", "HellaSwag evaluation", "-h prints this help, with or without a number after it"},
+    {"-a 0|1", "overfit a single batch", "nothing like it"},
+    {"-f 0|1", "TF32 matmuls", "the CUDA engine's matmuls take bf16 with fp32 accumulation, the CPU engine's fp32"},
+    {"-w 0|1", "keep fp32 master weights for AdamW", "the CUDA engine always keeps them; the CPU engine's weights are fp32"},
+    {"-ge N", "GELU fusion: 0 none, 1 forward, 2 forward and backward",
+     "the CUDA engine always fuses GELU into the forward matmul (a cuBLASLt epilogue, llm.c's 1)"},
+    {"-pn -pr -pg -pi -pf -ps", "multi-node set-up: processes, this process's rank, GPUs per node, NCCL's init (mpi, "
+     "a shared file or TCP) and its path and server", "mpirun or srun starts the ranks, each picks its GPU from its local "
+     "rank, and NCCL's id is broadcast over MPI"},
+};
+
+static const char* lp_flag_name(const LPFlagSpec* s) { return s->name ? s->name : s->letter; }
+
+// The name of the flag that sets `field`, for errors: LP_FLAG_NAME(B) is "-b".
+static const char* lp_flag_name_of(size_t field) {
+    for (int k = 0; k < LP_NUM_FLAGS; k++)
+        if (lp_flag_specs[k].field == field) return lp_flag_name(&lp_flag_specs[k]);
+    lp_fail("no flag sets field %zu of LPFlags", field);
+    return NULL;
+}
+#define LP_FLAG_NAME(x) lp_flag_name_of(offsetof(LPFlags, x))
+
+static const char* lp_flag_default(const LPFlagSpec* s) {
 #ifdef LLMPAR_CPU
-    f->init = "d4";
-    f->B = 4;
-    f->T = 64;
-    f->max_steps = 40;
-    f->lr = 1e-3f;
-    f->warmup = 5;
-    f->val_every = 20;
-    f->val_batches = 4;
-    f->sample_every = 0;
+    return s->cpu;
 #else
-    f->init = "d12";
-    f->B = 16;
-    f->T = 1024;
-    f->max_steps = 200;
-    f->lr = 6e-4f;
-    f->warmup = 20;
-    f->val_every = 50;
-    f->val_batches = 2;
-    f->sample_every = 50;
+    return s->cuda;
 #endif
-    f->total_batch = 0;  // 0: one micro-batch per step
-    f->final_lr_frac = 0.1f;
-    f->schedule = "cosine";
-    f->weight_decay = 0.1f;
-    f->grad_clip = 1.0f;
-    f->gen_tokens = 64;
-    f->ckpt_every = 0;
-    f->on_divergence = "stop";
-    f->loss_spike = 3.0f;
-    f->seed = 1337;
-    f->shuffle = 1;
-    f->tp = 1;
-    f->pp = 1;
-    f->comm = "auto";
-    f->vpp = 1;
-    f->pp_schedule = "1f1b";
-    f->pp_partition = "balanced";
-    f->scatter_gather = 1;
-    f->aux_layers = "";
-    f->aux_weight = 0.1f;
-    f->recompute = "none";
-    f->gpu_mem = 80.0f;
-    f->overlap = 1;
-    f->bucket_mb = 25.0f;
+}
+
+// How many values llm.c gives the letter of a switch (0, 1) or of a flag with levels.
+static int lp_llmc_count(const LPFlagSpec* s) {
+    int n = 0;
+    if (!s->levels) return 2;
+    while (s->levels[n]) n++;
+    return n;
+}
+
+// The width of -h and where its help column starts.
+#define LP_HELP_WIDTH 110
+#define LP_HELP_COLUMN 28
+
+// Prints words from column `col`, wrapped at LP_HELP_WIDTH, continuation lines starting at `indent`.
+static void lp_print_wrapped(const char* text, int col, int indent) {
+    while (*text) {
+        int len = (int)strcspn(text, " ");
+        if (col > indent && col + 1 + len > LP_HELP_WIDTH) {
+            lp_log("\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            lp_log(" ");
+            col++;
+        }
+        lp_log("%.*s", len, text);
+        col += len;
+        text += text[len] ? len + 1 : len;
+    }
+    lp_log("\n");
+}
+
+// One entry of -h: its forms, then the text in the help column (below them when they are too wide).
+static void lp_print_entry(const char* forms, const char* text) {
+    int col = 2 + (int)strlen(forms);
+    lp_log("  %s", forms);
+    if (col >= LP_HELP_COLUMN) {
+        lp_log("\n");
+        col = 0;
+    }
+    lp_log("%*s", LP_HELP_COLUMN - col, "");
+    lp_print_wrapped(text, LP_HELP_COLUMN, LP_HELP_COLUMN);
 }
 
 static void lp_usage(void) {
-    lp_log(
-        "usage: train_gpt [flags]\n"
-        "  -i PATTERN  train token shards (glob)                [dev/data/tinyshakespeare/tiny_shakespeare_train.bin]\n"
-        "  -j PATTERN  val token shards (glob; \"\" for none)    [dev/data/tinyshakespeare/tiny_shakespeare_val.bin]\n"
-        "  -e MODEL    llm.c model file (fp32 v3 / bf16 v5), or dN for a new depth-N GPT-2 [d4 CPU, d12 CUDA]\n"
-        "  -o DIR      output directory: main.log and checkpoints  [none]\n"
-        "  -b N        micro-batch size                          [4 CPU, 16 CUDA]\n"
-        "  -t N        sequence length                           [64 CPU, 1024 CUDA]\n"
-        "  -d N        tokens per step; accumulation = N/(b*t*d) [b*t*d]\n"
-        "  -x N        steps (0: evaluate, and with -o save the model as loaded) [40 CPU, 200 CUDA]\n"
-        "  -l LR       peak learning rate                        [1e-3 CPU, 6e-4 CUDA]\n"
-        "  -u N        warmup steps                              [5 CPU, 20 CUDA]\n"
-        "  -q F        final learning rate as a fraction of -l   [0.1]\n"
-        "  -k NAME     decay after warmup: cosine | linear       [cosine]\n"
-        "  -c F        weight decay (matrices only)              [0.1]\n"
-        "  -v N        val loss every N steps (0: never)         [20 CPU, 50 CUDA]\n"
-        "  -m N        val batches per evaluation (0: all)       [4 CPU, 2 CUDA]\n"
-        "  -s N        sample every N steps and at the end (0: never) [0 CPU, 50 CUDA]\n"
-        "  -g N        tokens per sample                         [64]\n"
-        "  -n N        checkpoint every N steps (needs -o; 0: only at the end) [0]\n"
-        "  --resume    continue from the newest checkpoint in -o (a damaged one is reported and the one before used)\n"
-        "  --keep N    keep the newest N checkpoints, removing older ones (0: all) [0]\n"
-        "  --ckpt-minutes M  also checkpoint once M minutes have passed since the last one (needs -o; 0: off) [0]\n"
-        "  --overwrite a run without --resume may start in an -o holding checkpoints, removing them\n"
-        "  --on-divergence NAME  a step whose loss or gradient norm is not finite, or whose update makes a weight\n"
-        "              not finite, or (skip, rollback) whose loss is a spike: stop (the newest checkpoint is the last\n"
-        "              good one) | skip (drop its batch and update) | rollback (reload the newest checkpoint, needs -o,\n"
-        "              and go on with the batches after the bad one); 3 in a row without progress stop the run [stop]\n"
-        "  --loss-spike F  report a loss above F times the mean of the last 20 steps' as a spike (0: off) [3]\n"
-        "  --tp N      tensor-parallel size: heads, MLP and vocabulary split over N ranks [1]\n"
-        "  --sp        sequence parallelism: LayerNorms and residual adds on 1/N of the rows each (needs --tp > 1)\n"
-        "  --pp N      pipeline-parallel size: layers split over N stages; data-parallel size d = ranks / (tp * pp) [1]\n"
-        "  --vpp N     model chunks per pipeline stage (--schedule interleaved) [1]\n"
-        "  --schedule NAME  pipeline schedule: gpipe | 1f1b | interleaved [1f1b]\n"
-        "  --pp-partition P layers per chunk: balanced (by FLOPs, counting the LM head, then memory) | uniform | L1,L2,... [balanced]\n"
-        "  --pp-scatter-gather N 1: with --tp and no --sp, send 1/t of each stage boundary and all-gather it [1]\n"
-        "  --aux-loss-layers L1,L2,... auxiliary losses: these layers' outputs (1 .. L-1) also go through the final\n"
-        "              LayerNorm and the tied head; the losses, times --aux-loss-weight, add to the loss [none]\n"
-        "  --aux-loss-weight F  weight of each auxiliary loss [0.1]\n"
-        "  --recompute NAME activations backward recomputes instead of keeping: none | selective (attention\n"
-        "              probabilities and GELU output) | full (all but each layer's input) [none]\n"
-        "  --print-schedule draw the pipeline timeline of --pp, --vpp, --schedule and the micro-batches\n"
-        "              per step (-d / (-b * -t * d)), simulated with unit costs, and exit\n"
-        "  --plan N    the ways to train -e with -t and -d tokens per step on N GPUs (grid, ZeRO, recompute, -b)\n"
-        "              that fit --gpu-mem, fastest first by a stated machine model, and exit\n"
-        "  --gpu-mem F GiB per GPU for --plan                    [80]\n"
-        "  --zero N    0: replicate AdamW state; 1: shard it and the fp32 master weights over d;\n"
-        "              2: shard the gradients too; 3: and the weights, gathered a layer at a time [0]\n"
-        "  --comm NAME collectives: auto (NCCL; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi [auto]\n"
-        "  --overlap N 1: reduce the layers' gradients while backward continues (ZeRO-0 all-reduce, ZeRO-2/3 reduce-scatter) [1]\n"
-        "  --bucket-mb F overlap: reduce layers together once F MiB of their gradients are done (0: each layer) [25]\n"
-        "  --grad-clip F  clip the global gradient norm (0: off) [1.0]\n"
-        "  --tokenizer PATH  for printing samples                [gpt2_tokenizer.bin]\n"
-        "  --shuffle N 1: each epoch reads the train shards, and each shard's steps of -d tokens, in a random\n"
-        "              order drawn from --seed (llm.c's); 0: file order [1]\n"
-        "  --seed N    seed of the initial weights, sampling and the data order [1337]\n"
-        "  -h, --help  this help\n");
+    lp_log("usage: train_gpt [flags]   (train_gpt_cpu and train_gpt_emu take the same)\n");
+    lp_print_wrapped("Flags of one or two letters are llm.c's and mean what they mean in llm.c's train_gpt2.cu. "
+                     "Defaults in brackets, [CPU, CUDA] where the two builds differ.", 0, 0);
+    for (int k = 0; k < LP_NUM_FLAGS; k++) {
+        const LPFlagSpec* s = &lp_flag_specs[k];
+        char forms[80] = "", text[1024];
+        int len = 0;
+        if (s->name) len = snprintf(forms, sizeof(forms), "%s%s%s", s->name, s->metavar ? " " : "", s->metavar ? s->metavar : "");
+        if (s->letter) {
+            len += snprintf(forms + len, sizeof(forms) - len, "%s%s ", len ? ", " : "", s->letter);
+            if (s->type == LP_FLAG_SWITCH || s->levels)  // llm.c's number: 0|1, 0|1|2
+                for (int j = 0; j < lp_llmc_count(s); j++) len += snprintf(forms + len, sizeof(forms) - len, "%s%d", j ? "|" : "", j);
+            else
+                snprintf(forms + len, sizeof(forms) - len, "%s", s->metavar);
+        }
+        if (!s->cpu) snprintf(text, sizeof(text), "%s", s->help);
+        else if (strcmp(s->cpu, s->cuda) == 0) snprintf(text, sizeof(text), "%s [%s]", s->help, s->cpu[0] ? s->cpu : "none");
+        else snprintf(text, sizeof(text), "%s [%s CPU, %s CUDA]", s->help, s->cpu, s->cuda);
+        lp_print_entry(forms, text);
+    }
+    lp_print_entry("-h, --help", "this help");
+    lp_log("llm.c's flags that are not here:\n");
+    for (size_t k = 0; k < sizeof(lp_llmc_absent) / sizeof(lp_llmc_absent[0]); k++) {
+        char text[1024];
+        snprintf(text, sizeof(text), "llm.c: %s. Here: %s.", lp_llmc_absent[k].meaning, lp_llmc_absent[k].here);
+        lp_print_entry(lp_llmc_absent[k].letters, text);
+    }
 }
 
 static int lp_parse_int(const char* flag, const char* v) {
@@ -187,104 +335,150 @@ static float lp_parse_float(const char* flag, const char* v) {
     return x;
 }
 
+// Stores v, typed after the form `as`, in s's field of f; a switch is on unless v is "0".
+static void lp_flag_set(LPFlags* f, const LPFlagSpec* s, const char* as, const char* v) {
+    char* p = (char*)f + s->field;
+    switch (s->type) {
+    case LP_FLAG_INT: *(int*)p = lp_parse_int(as, v); break;
+    case LP_FLAG_SEED: *(unsigned long long*)p = (unsigned long long)lp_parse_int(as, v); break;
+    case LP_FLAG_FLOAT: *(float*)p = lp_parse_float(as, v); break;
+    case LP_FLAG_STRING: *(const char**)p = v; break;
+    case LP_FLAG_SWITCH: *(int*)p = !v || strcmp(v, "0") != 0; break;
+    }
+}
+
+// The defaults make a no-flag run a quick, visible lesson: a small model on tinyshakespeare, sized for
+// the device the build targets.
+static void lp_flags_default(LPFlags* f) {
+    memset(f, 0, sizeof(*f));
+    for (int k = 0; k < LP_NUM_FLAGS; k++) {
+        const LPFlagSpec* s = &lp_flag_specs[k];
+        if (lp_flag_default(s)) lp_flag_set(f, s, lp_flag_name(s), lp_flag_default(s));
+    }
+}
+
+// The row of the form a ("--zero" or "-z"); *by_letter says which.
+static const LPFlagSpec* lp_flag_find(const char* a, int* by_letter) {
+    for (int k = 0; k < LP_NUM_FLAGS; k++) {
+        const LPFlagSpec* s = &lp_flag_specs[k];
+        *by_letter = s->letter && strcmp(a, s->letter) == 0;
+        if (*by_letter || (s->name && strcmp(a, s->name) == 0)) return s;
+    }
+    return NULL;
+}
+
+// A flag that is not in the table: one of llm.c's that has no counterpart here, or unknown.
+static void lp_flag_unknown(const char* a) {
+    for (size_t k = 0; k < sizeof(lp_llmc_absent) / sizeof(lp_llmc_absent[0]); k++) {
+        const char* w = strstr(lp_llmc_absent[k].letters, a);
+        size_t n = strlen(a);
+        if (w && (w == lp_llmc_absent[k].letters || w[-1] == ' ') && (w[n] == ' ' || w[n] == '\0'))
+            lp_fail_all("flag %s is llm.c's (%s) and has no counterpart here: %s", a, lp_llmc_absent[k].meaning,
+                        lp_llmc_absent[k].here);
+    }
+    lp_fail_all("unknown flag %s (see -h)", a);
+}
+
+// llm.c's number after a letter (-y 1, -r 2) as this flag's value: a switch's 0 or 1, or the level's name.
+static const char* lp_llmc_value(const LPFlagSpec* s, const char* as, const char* v) {
+    int n = lp_llmc_count(s), k = lp_parse_int(as, v);
+    if (k < 0 || k >= n) lp_fail_all("flag %s: must be 0 .. %d (llm.c's values), got %d", as, n - 1, k);
+    return s->levels ? s->levels[k] : k ? "1" : "0";
+}
+
 // Returns 0 when -h was given.
 static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     lp_flags_default(f);
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 0;
-        if (strcmp(a, "--resume") == 0) { f->resume = 1; continue; }
-        if (strcmp(a, "--overwrite") == 0) { f->overwrite = 1; continue; }
-        if (strcmp(a, "--sp") == 0) { f->sp = 1; continue; }
-        if (strcmp(a, "--print-schedule") == 0) { f->print_schedule = 1; continue; }
         if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
-        const char* known[] = {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-x", "-l", "-u", "-q", "-k", "-c", "-v",
-                               "-m", "-s", "-g", "-n", "--keep", "--ckpt-minutes", "--on-divergence", "--loss-spike", "--grad-clip", "--tokenizer", "--seed", "--shuffle", "--tp", "--pp", "--zero", "--comm", "--overlap", "--bucket-mb", "--vpp", "--schedule", "--pp-partition",
-                               "--pp-scatter-gather", "--aux-loss-layers", "--aux-loss-weight", "--recompute", "--plan", "--gpu-mem"};
-        int ok = 0;
-        for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) ok |= strcmp(a, known[k]) == 0;
-        if (!ok) lp_fail_all("unknown flag %s (see -h)", a);
-        if (i + 1 >= argc) lp_fail_all("flag %s needs a value", a);
-        const char* v = argv[++i];
-        if (strcmp(a, "-i") == 0) f->train_data = v;
-        else if (strcmp(a, "-j") == 0) f->val_data = v;
-        else if (strcmp(a, "-e") == 0) f->init = v;
-        else if (strcmp(a, "-o") == 0) f->out_dir = v;
-        else if (strcmp(a, "-b") == 0) f->B = lp_parse_int(a, v);
-        else if (strcmp(a, "-t") == 0) f->T = lp_parse_int(a, v);
-        else if (strcmp(a, "-d") == 0) f->total_batch = lp_parse_int(a, v);
-        else if (strcmp(a, "-x") == 0) f->max_steps = lp_parse_int(a, v);
-        else if (strcmp(a, "-l") == 0) f->lr = lp_parse_float(a, v);
-        else if (strcmp(a, "-u") == 0) f->warmup = lp_parse_int(a, v);
-        else if (strcmp(a, "-q") == 0) f->final_lr_frac = lp_parse_float(a, v);
-        else if (strcmp(a, "-k") == 0) f->schedule = v;
-        else if (strcmp(a, "-c") == 0) f->weight_decay = lp_parse_float(a, v);
-        else if (strcmp(a, "-v") == 0) f->val_every = lp_parse_int(a, v);
-        else if (strcmp(a, "-m") == 0) f->val_batches = lp_parse_int(a, v);
-        else if (strcmp(a, "-s") == 0) f->sample_every = lp_parse_int(a, v);
-        else if (strcmp(a, "-g") == 0) f->gen_tokens = lp_parse_int(a, v);
-        else if (strcmp(a, "-n") == 0) f->ckpt_every = lp_parse_int(a, v);
-        else if (strcmp(a, "--keep") == 0) f->keep = lp_parse_int(a, v);
-        else if (strcmp(a, "--ckpt-minutes") == 0) f->ckpt_minutes = lp_parse_float(a, v);
-        else if (strcmp(a, "--on-divergence") == 0) f->on_divergence = v;
-        else if (strcmp(a, "--loss-spike") == 0) f->loss_spike = lp_parse_float(a, v);
-        else if (strcmp(a, "--grad-clip") == 0) f->grad_clip = lp_parse_float(a, v);
-        else if (strcmp(a, "--tokenizer") == 0) f->tokenizer = v;
-        else if (strcmp(a, "--tp") == 0) f->tp = lp_parse_int(a, v);
-        else if (strcmp(a, "--pp") == 0) f->pp = lp_parse_int(a, v);
-        else if (strcmp(a, "--zero") == 0) f->zero = lp_parse_int(a, v);
-        else if (strcmp(a, "--comm") == 0) f->comm = v;
-        else if (strcmp(a, "--overlap") == 0) f->overlap = lp_parse_int(a, v);
-        else if (strcmp(a, "--bucket-mb") == 0) f->bucket_mb = lp_parse_float(a, v);
-        else if (strcmp(a, "--vpp") == 0) f->vpp = lp_parse_int(a, v);
-        else if (strcmp(a, "--schedule") == 0) f->pp_schedule = v;
-        else if (strcmp(a, "--pp-partition") == 0) f->pp_partition = v;
-        else if (strcmp(a, "--pp-scatter-gather") == 0) f->scatter_gather = lp_parse_int(a, v);
-        else if (strcmp(a, "--aux-loss-layers") == 0) f->aux_layers = v;
-        else if (strcmp(a, "--aux-loss-weight") == 0) f->aux_weight = lp_parse_float(a, v);
-        else if (strcmp(a, "--recompute") == 0) f->recompute = v;
-        else if (strcmp(a, "--plan") == 0) f->plan = lp_parse_int(a, v);
-        else if (strcmp(a, "--gpu-mem") == 0) f->gpu_mem = lp_parse_float(a, v);
-        else if (strcmp(a, "--shuffle") == 0) f->shuffle = lp_parse_int(a, v);
-        else f->seed = (unsigned long long)lp_parse_int(a, v);
+        int by_letter;
+        const LPFlagSpec* s = lp_flag_find(a, &by_letter);
+        if (!s) lp_flag_unknown(a);
+        const char* v = NULL;  // a switch's long form takes no value
+        if (s->type != LP_FLAG_SWITCH || by_letter) {
+            if (i + 1 >= argc) lp_fail_all("flag %s needs a value", a);
+            v = argv[++i];
+        }
+        if (by_letter && (s->type == LP_FLAG_SWITCH || s->levels)) v = lp_llmc_value(s, a, v);
+        lp_flag_set(f, s, a, v);
     }
-    if (f->B < 1) lp_fail_all("flag -b: micro-batch size must be >= 1, got %d", f->B);
-    if (f->T < 1) lp_fail_all("flag -t: sequence length must be >= 1, got %d", f->T);
-    if (f->max_steps < 0) lp_fail_all("flag -x: steps must be >= 0, got %d", f->max_steps);
-    if (f->lr <= 0.0f) lp_fail_all("flag -l: learning rate must be > 0, got %g", f->lr);
+    // the flags' names below come from the table: LP_FLAG_NAME(B) is "-b"
+    if (f->B < 1) lp_fail_all("flag %s: micro-batch size must be >= 1, got %d", LP_FLAG_NAME(B), f->B);
+    if (f->T < 1) lp_fail_all("flag %s: sequence length must be >= 1, got %d", LP_FLAG_NAME(T), f->T);
+    if (f->max_steps < 0) lp_fail_all("flag %s: steps must be >= 0, got %d", LP_FLAG_NAME(max_steps), f->max_steps);
+    if (f->lr <= 0.0f) lp_fail_all("flag %s: learning rate must be > 0, got %g", LP_FLAG_NAME(lr), f->lr);
     if (f->warmup < 0 || f->val_every < 0 || f->val_batches < 0 || f->sample_every < 0 || f->ckpt_every < 0 || f->gen_tokens < 0)
-        lp_fail_all("flags -u -v -m -s -g -n must not be negative");
+        lp_fail_all("flags %s %s %s %s %s %s must not be negative", LP_FLAG_NAME(warmup), LP_FLAG_NAME(val_every),
+                    LP_FLAG_NAME(val_batches), LP_FLAG_NAME(sample_every), LP_FLAG_NAME(gen_tokens), LP_FLAG_NAME(ckpt_every));
     if (strcmp(f->schedule, "cosine") != 0 && strcmp(f->schedule, "linear") != 0)
-        lp_fail_all("flag -k: schedule must be cosine or linear, got '%s'", f->schedule);
-    if (f->resume && f->out_dir[0] == '\0') lp_fail_all("flag --resume needs -o DIR to find checkpoints in");
-    if (f->zero < 0 || f->zero > 3) lp_fail_all("flag --zero: stage must be 0..3, got %d", f->zero);
-    if (f->bucket_mb < 0.0f) lp_fail_all("flag --bucket-mb: must be >= 0, got %g", f->bucket_mb);
-    if (f->plan < 0 || f->plan > 1 << 20) lp_fail_all("flag --plan: the number of GPUs must be 1 .. %d (0: no plan), got %d", 1 << 20, f->plan);
-    if (f->gpu_mem <= 0.0f) lp_fail_all("flag --gpu-mem: GiB per GPU must be > 0, got %g", f->gpu_mem);
+        lp_fail_all("flag %s: schedule must be cosine or linear, got '%s'", LP_FLAG_NAME(schedule), f->schedule);
+    if (f->resume && f->out_dir[0] == '\0')
+        lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
+    if (f->zero < 0 || f->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(zero), f->zero);
+    if (f->bucket_mb < 0.0f) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(bucket_mb), f->bucket_mb);
+    if (f->plan < 0 || f->plan > 1 << 20)
+        lp_fail_all("flag %s: the number of GPUs must be 1 .. %d (0: no plan), got %d", LP_FLAG_NAME(plan), 1 << 20, f->plan);
+    if (f->gpu_mem <= 0.0f) lp_fail_all("flag %s: GiB per GPU must be > 0, got %g", LP_FLAG_NAME(gpu_mem), f->gpu_mem);
     if (lp_recompute_parse(f->recompute) < 0)
-        lp_fail_all("flag --recompute: must be none, selective or full, got '%s'", f->recompute);
+        lp_fail_all("flag %s: must be none, selective or full, got '%s'", LP_FLAG_NAME(recompute), f->recompute);
     if (lp_schedule_parse(f->pp_schedule) < 0)
-        lp_fail_all("flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got '%s'", f->pp_schedule);
+        lp_fail_all("flag %s: pipeline schedule must be gpipe, 1f1b or interleaved, got '%s'", LP_FLAG_NAME(pp_schedule),
+                    f->pp_schedule);
     if (!(f->final_lr_frac >= 0.0f && f->final_lr_frac <= 1.0f))
-        lp_fail_all("flag -q: the final learning rate is a fraction of -l, 0 .. 1, got %g", f->final_lr_frac);
-    if (f->weight_decay < 0.0f) lp_fail_all("flag -c: weight decay must be >= 0, got %g", f->weight_decay);
-    if (f->grad_clip < 0.0f) lp_fail_all("flag --grad-clip: must be >= 0 (0: no clipping), got %g", f->grad_clip);
-    if (f->ckpt_every > 0 && f->out_dir[0] == '\0') lp_fail_all("flag -n: checkpoints need -o DIR to go in");
-    if (f->ckpt_minutes < 0.0f) lp_fail_all("flag --ckpt-minutes: must be >= 0 (0: off), got %g", f->ckpt_minutes);
-    if (f->ckpt_minutes > 0.0f && f->out_dir[0] == '\0') lp_fail_all("flag --ckpt-minutes: checkpoints need -o DIR to go in");
-    if (f->shuffle != 0 && f->shuffle != 1) lp_fail_all("flag --shuffle: must be 0 (file order) or 1 (shuffled), got %d", f->shuffle);
-    if (f->keep < 0) lp_fail_all("flag --keep: must be >= 0 (0: keep all), got %d", f->keep);
+        lp_fail_all("flag %s: the final learning rate is a fraction of %s, 0 .. 1, got %g", LP_FLAG_NAME(final_lr_frac),
+                    LP_FLAG_NAME(lr), f->final_lr_frac);
+    if (f->weight_decay < 0.0f) lp_fail_all("flag %s: weight decay must be >= 0, got %g", LP_FLAG_NAME(weight_decay), f->weight_decay);
+    // beta 1 would divide AdamW's bias corrections by 0
+    if (!(f->beta1 >= 0.0f && f->beta1 < 1.0f)) lp_fail_all("flag %s: must be >= 0 and < 1, got %g", LP_FLAG_NAME(beta1), f->beta1);
+    if (!(f->beta2 >= 0.0f && f->beta2 < 1.0f)) lp_fail_all("flag %s: must be >= 0 and < 1, got %g", LP_FLAG_NAME(beta2), f->beta2);
+    if (!(f->eps > 0.0f)) lp_fail_all("flag %s: must be > 0, got %g", LP_FLAG_NAME(eps), f->eps);
+    if (f->grad_clip < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: no clipping), got %g", LP_FLAG_NAME(grad_clip), f->grad_clip);
+    if (f->ckpt_every > 0 && f->out_dir[0] == '\0')
+        lp_fail_all("flag %s: checkpoints need %s DIR to go in", LP_FLAG_NAME(ckpt_every), LP_FLAG_NAME(out_dir));
+    if (f->ckpt_minutes < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: off), got %g", LP_FLAG_NAME(ckpt_minutes), f->ckpt_minutes);
+    if (f->ckpt_minutes > 0.0f && f->out_dir[0] == '\0')
+        lp_fail_all("flag %s: checkpoints need %s DIR to go in", LP_FLAG_NAME(ckpt_minutes), LP_FLAG_NAME(out_dir));
+    if (f->keep < 0) lp_fail_all("flag %s: must be >= 0 (0: keep all), got %d", LP_FLAG_NAME(keep), f->keep);
+    if (f->shuffle != 0 && f->shuffle != 1)
+        lp_fail_all("flag %s: must be 0 (file order) or 1 (shuffled), got %d", LP_FLAG_NAME(shuffle), f->shuffle);
     if (strcmp(f->on_divergence, "stop") != 0 && strcmp(f->on_divergence, "skip") != 0 && strcmp(f->on_divergence, "rollback") != 0)
-        lp_fail_all("flag --on-divergence: must be stop, skip or rollback, got '%s'", f->on_divergence);
+        lp_fail_all("flag %s: must be stop, skip or rollback, got '%s'", LP_FLAG_NAME(on_divergence), f->on_divergence);
     if (strcmp(f->on_divergence, "rollback") == 0 && f->out_dir[0] == '\0')
-        lp_fail_all("flag --on-divergence rollback: needs -o DIR, for the checkpoints to roll back to");
-    if (f->loss_spike < 0.0f) lp_fail_all("flag --loss-spike: must be >= 0 (0: off), got %g", f->loss_spike);
-    if (f->resume && f->overwrite) lp_fail_all("flags --resume and --overwrite: continue the run in -o, or replace it, not both");
+        lp_fail_all("flag %s rollback: needs %s DIR, for the checkpoints to roll back to", LP_FLAG_NAME(on_divergence),
+                    LP_FLAG_NAME(out_dir));
+    if (f->loss_spike < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: off), got %g", LP_FLAG_NAME(loss_spike), f->loss_spike);
+    if (f->resume && f->overwrite)
+        lp_fail_all("flags %s and %s: continue the run in %s, or replace it, not both", LP_FLAG_NAME(resume),
+                    LP_FLAG_NAME(overwrite), LP_FLAG_NAME(out_dir));
     if (f->tp < 1 || f->tp > 65536 || f->pp < 1 || f->pp > 65536 || f->vpp < 1 || f->vpp > 65536)
-        lp_fail_all("flags --tp --pp --vpp: sizes must be 1 .. 65536, got %d, %d, %d", f->tp, f->pp, f->vpp);
-    if (f->sp && f->tp < 2) lp_fail_all("flag --sp: sequence parallelism splits rows over the TP group; it needs --tp 2 or more");
-    if (f->sp && f->T % f->tp) lp_fail_all("flag --sp: sequence length -t %d does not split over --tp %d ranks", f->T, f->tp);
+        lp_fail_all("flags %s %s %s: sizes must be 1 .. 65536, got %d, %d, %d", LP_FLAG_NAME(tp), LP_FLAG_NAME(pp),
+                    LP_FLAG_NAME(vpp), f->tp, f->pp, f->vpp);
+    if (f->sp && f->tp < 2)
+        lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(sp),
+                    LP_FLAG_NAME(tp));
+    if (f->sp && f->T % f->tp)
+        lp_fail_all("flag %s: sequence length %s %d does not split over %s %d ranks", LP_FLAG_NAME(sp), LP_FLAG_NAME(T), f->T,
+                    LP_FLAG_NAME(tp), f->tp);
     return 1;
+}
+
+// --print-flags: every flag's value as parsed, one line each under its name (a switch: 1 on, 0 off; an
+// empty string: "")
+static void lp_print_flags(const LPFlags* f) {
+    for (int k = 0; k < LP_NUM_FLAGS; k++) {
+        const LPFlagSpec* s = &lp_flag_specs[k];
+        const char* p = (const char*)f + s->field;
+        lp_log("%-20s ", lp_flag_name(s));
+        switch (s->type) {
+        case LP_FLAG_INT:
+        case LP_FLAG_SWITCH: lp_log("%d\n", *(const int*)p); break;
+        case LP_FLAG_SEED: lp_log("%llu\n", *(const unsigned long long*)p); break;
+        case LP_FLAG_FLOAT: lp_log("%g\n", *(const float*)p); break;
+        case LP_FLAG_STRING: lp_log("%s\n", (*(const char* const*)p)[0] ? *(const char* const*)p : "\"\""); break;
+        }
+    }
 }
 
 #define LP_STRIKES 3  // --on-divergence skip or rollback: divergences in a row (skip) or back to one checkpoint (rollback)
@@ -593,7 +787,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         if (proc->rank == 0 && !logf) lp_fail("cannot write %s: %s", path, strerror(errno));
     }
 
-    LPAdamW opt = {0.9f, 0.95f, 1e-8f, f->weight_decay, f->grad_clip};
+    LPAdamW opt = {f->beta1, f->beta2, f->eps, f->weight_decay, f->grad_clip};
     // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
     double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops() * proc->gpus;
     int cosine = strcmp(f->schedule, "cosine") == 0;
@@ -865,6 +1059,8 @@ int main(int argc, char** argv) {
     LPFlags flags;
     if (!lp_parse_flags(&flags, argc, argv)) {
         lp_usage();
+    } else if (flags.print_flags) {
+        lp_print_flags(&flags);
     } else if (flags.print_schedule || flags.plan) {
         lp_grid_init(&proc, 1, 1);  // the world group only: rank 0 reads an -e file before the others
         if (flags.plan) lp_print_plan(&flags, &proc);
