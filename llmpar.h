@@ -2518,7 +2518,7 @@ typedef struct {
     // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l). The
     // first chunk holds wpe; the head (wte, lnf) is held by the first, the last, and any chunk with an
     // auxiliary loss. The first chunk's wte and the last's lnf are the originals, the other holders' are
-    // copies (bits of `copies`): their gradients are summed (lp_stage_update), each counted and saved once.
+    // copies (bits of `copies`): their gradients are summed (lp_stage_grad_norm), each counted and saved once.
     int L, layer0, first, last, head;
     unsigned copies;
     // auxiliary losses of this chunk: after local layer aux[j] (the model's layer aux_id[j], counted from

@@ -2874,7 +2874,7 @@ static void test_parallel_grids(void) {
 // parameters are mostly in its layers (12 layers of C=256, a 97-token vocabulary). The driver prints
 // cudaMemGetInfo's figure after the first step (under the emulator rank 0's own GPU; on one real GPU both
 // ranks share it and it counts both). It must fall with every stage: ZeRO-1 shards the 12 bytes/param of
-// fp32 state, ZeRO-2 the gradients, ZeRO-3 the weights. (What stages 2 and 3 keep whole: see README, ZeRO.)
+// fp32 state, ZeRO-2 the gradients, ZeRO-3 the weights. (What stages 2 and 3 keep whole: see dev/docs/parallelism.md, ZeRO.)
 static void test_zero_memory(void) {
     static char out[1 << 16];
     if (no_mpirun("ZeRO memory")) return;

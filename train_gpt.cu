@@ -629,53 +629,168 @@ static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
     return s;
 }
 
-static void lp_train(const LPFlags* f, const LPProcess* proc) {
-    const LPGroup* dp = &proc->dp_group;
+// ----------------------------------------------------------------------------------------------------
+// The run: what the step loop works on, set up once (model, data, output, resume), then stepped.
 
-    // the model's shape, checked against the grid; the batch; the pipeline's partition and schedule
+typedef struct {
+    const LPFlags* f;
+    const LPProcess* proc;
     LPConfig cfg;
-    int from_scratch = lp_model_config(f, proc, &cfg);
-    lp_grid_check(proc, &cfg);
-    int aux[LP_MAX_AUX];
+    LPStage stage;               // this rank's chunks of the model
+    LPPipeShape shape;           // the pipeline, its schedule and the split of each chunk
+    int layers[1024];            // layers per chunk
+    int aux[LP_MAX_AUX];         // --aux-loss-layers
+    int total_batch, accum;      // tokens per step; micro-batches per step (the pipeline's m)
+    LPDataLoader train, val;
+    int has_val;
+    LPTokenizer tok;
+    LPAdamW opt;
+    LPTrainState st;             // what a checkpoint holds besides weights and optimizer state
+    FILE* logf;                  // -o DIR/main.log, rank 0
+    int first_step;              // 0, or the step resumed from
+    int on_disk;                 // the step whose state the newest checkpoint holds (-1: none)
+    int rollback, skip;          // --on-divergence
+    int strikes, computed;       // divergences since the run last moved on; training steps computed
+    LPLossWindow recent;         // the last steps' losses, for spotting spikes
+    double start_s, last_save_s; // the loop's start; the last save (--ckpt-minutes)
+    // reports: the timed steps (all but the first), the pipeline's measured costs, the TP group's traffic
+    double flops_per_step, peak, sum_ms, sum_update_ms, pipe_wall;
+    int timed_steps;
+    float* pipe_cost;            // seconds of each virtual stage's forwards, then backwards
+    LPGroup tp_traffic;
+} LPTrainRun;
+
+// The start-up report: engine, grid, model, pipeline, data, batch, schedule and rank 0's memory.
+static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double param_bytes, double grad_bytes,
+                            double optim_bytes, double act_bytes) {
+    const LPFlags* f = r->f;
+    const LPProcess* proc = r->proc;
+    double MiB = 1048576.0;
+    lp_log("engine           %s\n", lp_engine_name());
+    lp_log("grid             %d ranks: t=%d d=%d p=%d%s\n", proc->world, proc->tp, proc->dp, proc->pp,
+           f->sp && proc->tp > 1 ? ", sequence parallel" : "");
+    lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu on rank 0)\n", r->cfg.num_layers,
+           r->cfg.channels, r->cfg.num_heads, r->cfg.vocab_size, r->cfg.padded_vocab_size, r->cfg.max_seq_len,
+           r->stage.chunks[0].total_params, rank_params);
+    if (proc->pp > 1) {
+        lp_log("pipeline         %d stages x %d chunks, schedule %s, layers per chunk", proc->pp, f->vpp, f->pp_schedule);
+        for (int k = 0; k < proc->pp * f->vpp; k++) lp_log("%s%d", k ? "," : " ", r->layers[k]);
+        lp_log("%s\n", proc->tp > 1 && !f->sp && f->scatter_gather ? ", boundaries scatter-gathered over TP" : "");
+        lp_log("                 stage 0 keeps activations of up to");
+        for (int c = 0; c < r->stage.v; c++) lp_log("%s %d", c ? "," : "", r->stage.chunks[c].num_slots);
+        lp_log(" micro-batches (per chunk) of %d\n", r->accum);
+    }
+    lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", r->train.num_files,
+           lp_dataloader_batches_per_epoch(&r->train) / r->accum, f->shuffle ? "shuffled" : "in file order",
+           r->has_val ? r->val.num_files : 0);
+    lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
+           r->total_batch, r->accum);
+    lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
+           f->schedule, f->lr * f->final_lr_frac);
+    lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
+           " (recompute %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
+           optim_bytes / MiB, act_bytes / MiB, f->recompute);
+}
+
+// -o: the directory, then either the newest usable checkpoint (--resume: rank 0 checks it, checksums
+// too; a damaged one is reported once and the one before it tried) or a fresh run's id; then main.log.
+static void lp_run_open_output(LPTrainRun* r) {
+    const LPFlags* f = r->f;
+    const LPProcess* proc = r->proc;
+    lp_mkdirs(f->out_dir);
+    if (f->resume) {
+        int latest = lp_checkpoint_latest(f->out_dir, INT_MAX);
+        if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
+        int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
+        char why[LP_PATH_MAX + 200] = "";
+        for (;;) {
+            float bad = proc->rank == 0 && lp_checkpoint_problem(f->out_dir, latest, &r->cfg, optim_h, state_h, 1, why, sizeof(why));
+            lp_all_reduce_host(&proc->world_group, &bad, 1, 0);
+            if (bad == 0.0f) break;
+            int before = lp_checkpoint_latest(f->out_dir, latest);
+            if (before < 0) lp_fail_all("flag --resume: no usable checkpoint in %s (%s)", f->out_dir, why);
+            lp_log("notice: checkpoint step %d is damaged (%s); resuming from step %d\n", latest, why, before);
+            latest = before;
+        }
+        LPTrainState* st = &r->st;
+        lp_checkpoint_load(r->stage.chunks, r->stage.v, st, f->out_dir, latest);
+        if (st->T != f->T || st->total_batch != r->total_batch)
+            lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
+                        "has -t %d and %d", latest, st->T, st->total_batch, f->T, r->total_batch);
+        if (st->shuffle != f->shuffle || (st->shuffle && st->data_seed != f->seed)) {
+            char was[64], now[64];
+            lp_fail_all("flags --shuffle --seed: checkpoint step %d read its data %s; this run reads it %s", latest,
+                        lp_data_order(was, sizeof(was), st->shuffle, st->data_seed),
+                        lp_data_order(now, sizeof(now), f->shuffle, f->seed));
+        }
+        lp_dataloader_seek(&r->train, st->epoch, st->shard, st->pos);
+        lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, st->run_id);
+        if (latest >= f->max_steps)
+            lp_log("notice: the run has done %d steps, -x asks for %d: nothing left to train (a larger -x trains on)\n",
+                   latest, f->max_steps);
+    } else {  // a fresh run never mixes its checkpoints with another run's
+        int existing = lp_checkpoint_latest(f->out_dir, INT_MAX);
+        if (existing >= 0 && !f->overwrite)
+            lp_fail_all("flag -o: %s already holds checkpoints (the newest is step %d): continue that run with --resume, "
+                        "choose another -o, or pass --overwrite to remove them", f->out_dir, existing);
+        if (existing >= 0 && proc->rank == 0) lp_checkpoint_prune(f->out_dir, 0);
+        uint64_t now = (uint64_t)(lp_time_s() * 1e9) ^ ((uint64_t)getpid() << 32);
+        r->st.run_id = (int)(lp_rand_u32(&now) % 0x7fffffffu) + 1;  // 1 .. 2^31-1 (0: a checkpoint from before ids)
+        lp_broadcast_host(&proc->world_group, &r->st.run_id, sizeof(r->st.run_id), 0);  // rank 0's
+        lp_log("run %08x: a fresh run; its checkpoints carry this id\n", r->st.run_id);
+    }
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/main.log", f->out_dir);
+    if (proc->rank == 0) r->logf = fopen(path, f->resume ? "a" : "w");
+    if (proc->rank == 0 && !r->logf) lp_fail("cannot write %s: %s", path, strerror(errno));
+}
+
+// Everything before the first step: the model's shape checked against the grid, the batch, the pipeline's
+// partition; this rank's chunks (new, or from an llm.c file read by one rank and broadcast); the data (rank
+// 0 reads every token first); the tokenizer; the report; the output directory and resume.
+static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc) {
+    memset(r, 0, sizeof(*r));
+    r->f = f;
+    r->proc = proc;
+    int from_scratch = lp_model_config(f, proc, &r->cfg);
+    lp_grid_check(proc, &r->cfg);
     LPSplit split;
     memset(&split, 0, sizeof(split));
     split.tp = &proc->tp_group;
-    split.dp = dp;
+    split.dp = &proc->dp_group;
     split.zero = f->zero;
     split.sp = f->sp;
-    split.aux = aux;
-    split.num_aux = lp_parse_aux_layers(f->aux_layers, cfg.num_layers, aux);
+    split.aux = r->aux;
+    split.num_aux = lp_parse_aux_layers(f->aux_layers, r->cfg.num_layers, r->aux);
     split.aux_weight = f->aux_weight;
     split.recompute = lp_recompute_parse(f->recompute);
-    if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
+    if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
-    int total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
-    if (total_batch % tokens_per_micro != 0)
-        lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", total_batch, tokens_per_micro);
-    int accum = total_batch / tokens_per_micro;  // micro-batches per step, the pipeline's m
-    int layers[1024];
-    LPPipeShape shape = lp_pipe_shape(f, proc->dp, accum);
+    r->total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
+    if (r->total_batch % tokens_per_micro != 0)
+        lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", r->total_batch, tokens_per_micro);
+    r->accum = r->total_batch / tokens_per_micro;
+    r->shape = lp_pipe_shape(f, proc->dp, r->accum);
     char why[512];
     lp_check_chunks(f);
-    if (lp_pp_partition(&cfg, &shape, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_pp_partition(&r->cfg, &r->shape, f->pp_partition, r->layers, why, sizeof(why))) lp_fail_all("%s", why);
 
-    // this rank's chunks of the model: from scratch or from an llm.c file
-    LPStage stage;
-    lp_stage_create(&stage, &cfg, proc, layers, f->vpp, shape.kind, accum, &split);
-    stage.scatter_gather = f->scatter_gather;
+    lp_stage_create(&r->stage, &r->cfg, proc, r->layers, f->vpp, r->shape.kind, r->accum, &split);
+    r->stage.scatter_gather = f->scatter_gather;
     float* weights = NULL;
     if (from_scratch) {
-        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", cfg.num_layers, cfg.channels,
-               cfg.num_heads, f->seed);
+        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", r->cfg.num_layers, r->cfg.channels,
+               r->cfg.num_heads, f->seed);
     } else {
         lp_log("loading %s\n", f->init);
-        weights = lp_model_file_read_shared(f->init, &cfg, &proc->world_group);  // one reader, broadcast to all
+        weights = lp_model_file_read_shared(f->init, &r->cfg, &proc->world_group);
     }
-    size_t rank_params = 0, param_bytes = 0, grad_bytes = 0, optim_bytes = 0, act_bytes = 0;
+    size_t rank_params = 0;
+    double param_bytes = 0, grad_bytes = 0, optim_bytes = 0, act_bytes = 0;
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
-    lp_stage_alloc_activations(&stage, f->B, f->T);
-    for (int c = 0; c < stage.v; c++) {
-        LPModel* mc = &stage.chunks[c];
+    lp_stage_alloc_activations(&r->stage, f->B, f->T);
+    for (int c = 0; c < r->stage.v; c++) {
+        LPModel* mc = &r->stage.chunks[c];
         if (weights) lp_model_set_weights(mc, weights);
         else lp_model_init_random(mc, f->seed);
         mc->bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
@@ -687,282 +802,245 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
         act_bytes += mc->act_bytes;
     }
     free(weights);
-    LPDataLoader train, val;
-    int has_val = f->val_data[0] != '\0' && f->val_every > 0;
+    r->has_val = f->val_data[0] != '\0' && f->val_every > 0;
     for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first (every token), as with the model file
         if ((proc->rank == 0) == (pass == 0)) {
             int scan = proc->rank == 0;
-            lp_dataloader_init(&train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, total_batch, f->shuffle,
-                               f->seed, cfg.vocab_size, scan);
-            if (has_val)
-                lp_dataloader_init(&val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, 0, 0, 0, cfg.vocab_size, scan);
+            lp_dataloader_init(&r->train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, r->total_batch,
+                               f->shuffle, f->seed, r->cfg.vocab_size, scan);
+            if (r->has_val)
+                lp_dataloader_init(&r->val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, 0, 0, 0, r->cfg.vocab_size, scan);
         }
         lp_barrier(&proc->world_group);
     }
-    LPTokenizer tok;
-    memset(&tok, 0, sizeof(tok));
-    if (f->sample_every > 0 && lp_tokenizer_load(&tok, f->tokenizer) && tok.vocab_size != cfg.vocab_size) {
+    if (f->sample_every > 0 && lp_tokenizer_load(&r->tok, f->tokenizer) && r->tok.vocab_size != r->cfg.vocab_size) {
         lp_log("notice: tokenizer %s has %d tokens, the model %d: samples print token ids\n", f->tokenizer,
-               tok.vocab_size, cfg.vocab_size);
-        lp_tokenizer_free(&tok);
+               r->tok.vocab_size, r->cfg.vocab_size);
+        lp_tokenizer_free(&r->tok);
     }
+    lp_report_setup(r, rank_params, param_bytes, grad_bytes, optim_bytes, act_bytes);
 
-    double MiB = 1048576.0;
-    lp_log("engine           %s\n", lp_engine_name());
-    lp_log("grid             %d ranks: t=%d d=%d p=%d%s\n", proc->world, proc->tp, proc->dp, proc->pp,
-           f->sp && proc->tp > 1 ? ", sequence parallel" : "");
-    lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu on rank 0)\n", cfg.num_layers,
-           cfg.channels, cfg.num_heads, cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len, stage.chunks[0].total_params,
-           rank_params);
-    if (proc->pp > 1) {
-        lp_log("pipeline         %d stages x %d chunks, schedule %s, layers per chunk", proc->pp, f->vpp, f->pp_schedule);
-        for (int k = 0; k < proc->pp * f->vpp; k++) lp_log("%s%d", k ? "," : " ", layers[k]);
-        lp_log("%s\n", proc->tp > 1 && !f->sp && f->scatter_gather ? ", boundaries scatter-gathered over TP" : "");
-        lp_log("                 stage 0 keeps activations of up to");
-        for (int c = 0; c < stage.v; c++) lp_log("%s %d", c ? "," : "", stage.chunks[c].num_slots);
-        lp_log(" micro-batches (per chunk) of %d\n", accum);
-    }
-    lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", train.num_files,
-           lp_dataloader_batches_per_epoch(&train) / accum, f->shuffle ? "shuffled" : "in file order",
-           has_val ? val.num_files : 0);
-    lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
-           total_batch, accum);
-    lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
-           f->schedule, f->lr * f->final_lr_frac);
-    lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
-           " (recompute %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
-           optim_bytes / MiB, act_bytes / MiB, f->recompute);
-
-    // output directory, log, resume
-    FILE* logf = NULL;
-    LPTrainState st;
-    memset(&st, 0, sizeof(st));
-    st.rng = f->seed ^ 0x9E3779B97F4A7C15ull;
-    if (f->out_dir[0]) {
-        lp_mkdirs(f->out_dir);
-        if (f->resume) {
-            // rank 0 checks the newest complete checkpoint, checksums too; a damaged one is reported (once) and
-            // the one before it tried
-            int latest = lp_checkpoint_latest(f->out_dir, INT_MAX);
-            if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
-            int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
-            char why[LP_PATH_MAX + 200] = "";
-            for (;;) {
-                float bad = proc->rank == 0 && lp_checkpoint_problem(f->out_dir, latest, &cfg, optim_h, state_h, 1, why, sizeof(why));
-                lp_all_reduce_host(&proc->world_group, &bad, 1, 0);
-                if (bad == 0.0f) break;
-                int before = lp_checkpoint_latest(f->out_dir, latest);
-                if (before < 0) lp_fail_all("flag --resume: no usable checkpoint in %s (%s)", f->out_dir, why);
-                lp_log("notice: checkpoint step %d is damaged (%s); resuming from step %d\n", latest, why, before);
-                latest = before;
-            }
-            lp_checkpoint_load(stage.chunks, stage.v, &st, f->out_dir, latest);
-            if (st.T != f->T || st.total_batch != total_batch)
-                lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
-                        "has -t %d and %d", latest, st.T, st.total_batch, f->T, total_batch);
-            if (st.shuffle != f->shuffle || (st.shuffle && st.data_seed != f->seed)) {
-                char was[64], now[64];
-                lp_fail_all("flags --shuffle --seed: checkpoint step %d read its data %s; this run reads it %s", latest,
-                            lp_data_order(was, sizeof(was), st.shuffle, st.data_seed), lp_data_order(now, sizeof(now), f->shuffle, f->seed));
-            }
-            lp_dataloader_seek(&train, st.epoch, st.shard, st.pos);
-            lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, st.run_id);
-            if (latest >= f->max_steps)
-                lp_log("notice: the run has done %d steps, -x asks for %d: nothing left to train (a larger -x trains on)\n",
-                       latest, f->max_steps);
-        } else {  // a fresh run never mixes its checkpoints with another run's
-            int existing = lp_checkpoint_latest(f->out_dir, INT_MAX);
-            if (existing >= 0 && !f->overwrite)
-                lp_fail_all("flag -o: %s already holds checkpoints (the newest is step %d): continue that run with --resume, "
-                            "choose another -o, or pass --overwrite to remove them", f->out_dir, existing);
-            if (existing >= 0 && proc->rank == 0) lp_checkpoint_prune(f->out_dir, 0);
-            uint64_t now = (uint64_t)(lp_time_s() * 1e9) ^ ((uint64_t)getpid() << 32);
-            st.run_id = (int)(lp_rand_u32(&now) % 0x7fffffffu) + 1;  // 1 .. 2^31-1 (0: a checkpoint from before ids)
-            lp_broadcast_host(&proc->world_group, &st.run_id, sizeof(st.run_id), 0);  // rank 0's
-            lp_log("run %08x: a fresh run; its checkpoints carry this id\n", st.run_id);
-        }
-        char path[LP_PATH_MAX];
-        lp_path(path, "%s/main.log", f->out_dir);
-        if (proc->rank == 0) logf = fopen(path, f->resume ? "a" : "w");
-        if (proc->rank == 0 && !logf) lp_fail("cannot write %s: %s", path, strerror(errno));
-    }
-
+    r->st.rng = f->seed ^ 0x9E3779B97F4A7C15ull;
+    if (f->out_dir[0]) lp_run_open_output(r);
     LPAdamW opt = {f->beta1, f->beta2, f->eps, f->weight_decay, f->grad_clip};
+    r->opt = opt;
+    r->first_step = r->st.step;
+    r->on_disk = f->resume ? r->first_step : -1;
+    r->rollback = strcmp(f->on_divergence, "rollback") == 0;
+    r->skip = strcmp(f->on_divergence, "skip") == 0;
     // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
-    double flops_per_step = lp_flops_per_token(&cfg, f->T) * total_batch, peak = lp_device_peak_flops() * proc->gpus;
-    int cosine = strcmp(f->schedule, "cosine") == 0;
-    double sum_ms = 0.0, sum_update_ms = 0.0, pipe_wall = 0.0;
-    int K = proc->pp * f->vpp;  // virtual stages
-    float* pipe_cost = (float*)calloc((size_t)2 * K, sizeof(float));  // seconds of each one's forwards, then backwards
-    int timed_steps = 0, first_step = st.step;  // 0, or the step resumed from
-    int on_disk = f->resume ? first_step : -1;  // the step whose state the newest checkpoint holds
-    int rollback = strcmp(f->on_divergence, "rollback") == 0, skip = strcmp(f->on_divergence, "skip") == 0;
-    int strikes = 0, computed = 0;  // divergences since the run last moved on; training steps computed
-    LPLossWindow recent;            // the last steps' losses, for spotting spikes
-    memset(&recent, 0, sizeof(recent));
-    double last_save_s = lp_time_s();          // --ckpt-minutes counts from the start and from each save
-    LPGroup tp_before, tp_traffic;  // the TP group's traffic in training steps (not evaluation or sampling)
-    memset(&tp_traffic, 0, sizeof(tp_traffic));
-    double loop_start = lp_time_s();
-    for (int step = first_step; step <= f->max_steps; step++) {
-        int last = step == f->max_steps;
-        if (has_val && (step % f->val_every == 0 || last)) {
-            float vl = lp_evaluate(&stage, &val, f->val_batches);
-            lp_all_reduce_host(dp, &vl, 1, 1);
-            lp_log("val loss %f\n", vl);
-            if (logf) fprintf(logf, "s:%d tel:%f\n", step, vl);
-        }
-        if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
-            lp_sample(&stage, &tok, f->gen_tokens, &st.rng, step);
-        int untrained = step == 0 && f->max_steps > 0 && !rollback;  // not worth saving, unless to roll back to
-        float due = 0.0f;  // --ckpt-minutes: rank 0's clock decides for everyone
-        if (f->ckpt_minutes > 0.0f) {
-            due = proc->rank == 0 && lp_time_s() - last_save_s >= 60.0 * f->ckpt_minutes;
-            lp_broadcast_host(&proc->world_group, &due, sizeof(due), 0);
-        }
-        int wanted = (f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due || (rollback && on_disk < 0);
-        if (f->out_dir[0] && step != on_disk && !untrained && wanted) {
-            st.step = step;
-            st.epoch = train.epoch;
-            st.shard = train.shard;
-            st.pos = train.pos;
-            st.shuffle = f->shuffle;
-            st.data_seed = f->seed;
-            st.B = f->B;
-            st.T = f->T;
-            st.total_batch = total_batch;
-            lp_checkpoint_save(stage.chunks, stage.v, &st, f->out_dir, &proc->world_group);
-            if (f->keep && proc->rank == 0) lp_checkpoint_prune(f->out_dir, f->keep);
-            last_save_s = lp_time_s();
-            on_disk = step;
-            if (rollback) strikes = 0;
-            lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
-        }
-        if (last) break;
+    r->flops_per_step = lp_flops_per_token(&r->cfg, f->T) * r->total_batch;
+    r->peak = lp_device_peak_flops() * proc->gpus;
+    r->pipe_cost = (float*)calloc((size_t)2 * proc->pp * f->vpp, sizeof(float));
+    r->start_s = r->last_save_s = lp_time_s();
+}
 
-        double t0 = lp_time_s();
-        tp_before = proc->tp_group;
-        // the micro-batches' forwards and backwards in the pipeline schedule's order (one stage: one
-        // micro-batch after another); the DP gradient reduction overlaps each chunk's last backward
-        float loss = lp_stage_forward_backward(&stage, &train);
-        lp_all_reduce_host(dp, &loss, 1, 1);
-        loss = lp_injected_loss(++computed, loss);
-        float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, cosine);
-        lp_device_sync();
-        double t1 = lp_time_s();
-        // the divergence guard: the loss and the gradient norm before the update, the weights after it
-        // (every rank sees the same values, so all decide alike)
-        float norm = lp_stage_grad_norm(&stage), mean = lp_loss_window_mean(&recent);  // sums tied wte, averages over DP
-        char diverged[200] = "";
-        if (!isfinite(loss) || !isfinite(norm)) {
-            snprintf(diverged, sizeof(diverged), "loss %g, gradient norm %g is not finite", loss, norm);
-        } else if (f->loss_spike > 0.0f && mean > 0.0f && loss > f->loss_spike * mean) {
-            snprintf(diverged, sizeof(diverged), "loss %f is a spike, above %g times the mean %f of the last %d steps",
-                     loss, f->loss_spike, mean, LP_SPIKE_WINDOW);
-            if (!skip && !rollback) {  // stop: a finite spike is reported, and training goes on
-                lp_log("notice: step %d: %s\n", step + 1, diverged);
-                diverged[0] = '\0';
-            }
-        }
-        int bad_weights = !diverged[0] && !lp_stage_adamw(&stage, lr, norm, &opt);
-        if (bad_weights) snprintf(diverged, sizeof(diverged), "the updated weights are not finite");
-        lp_device_sync();
-        double ms = (lp_time_s() - t0) * 1000.0;
-        if (diverged[0]) {
-            if (!skip && !rollback)
-                lp_fail_all("step %d: %s: the run diverged and stops%s (try a lower -l, or --on-divergence skip or rollback)",
-                            step + 1, diverged, on_disk >= 0 ? "; its newest checkpoint is the last good one" : "");
-            if (++strikes > LP_STRIKES)
-                lp_fail_all("step %d: %s: still diverging after %d %s; the run stops (try a lower -l)", step + 1, diverged,
-                            LP_STRIKES, skip ? "skipped steps in a row" : "rollbacks to the same checkpoint");
-            if (skip && bad_weights)  // AdamW's moments have taken the update
-                lp_fail_all("step %d: %s; an update already applied cannot be skipped: the run stops (--on-divergence rollback "
-                            "can go back to a checkpoint)", step + 1, diverged);
-            if (skip) {
-                lp_log("step %d/%d | skipped, its batch and update dropped: %s\n", step + 1, f->max_steps, diverged);
-                continue;
-            }
-            lp_checkpoint_load(stage.chunks, stage.v, &st, f->out_dir, on_disk);  // the loader keeps its place
-            lp_log("step %d/%d | rolled back to checkpoint step %d, the batches of the %d step(s) since skipped: %s\n", step + 1,
-                   f->max_steps, on_disk, step + 1 - on_disk, diverged);
-            step = on_disk - 1;  // the loop goes on at the checkpoint's step
-            continue;
-        }
-        if (skip) strikes = 0;
-        lp_loss_window_add(&recent, loss);
-        for (int k = 0; k < 3; k++) {
-            tp_traffic.calls[k] += proc->tp_group.calls[k] - tp_before.calls[k];
-            tp_traffic.bytes[k] += proc->tp_group.bytes[k] - tp_before.bytes[k];
-        }
-        if (step > first_step) {  // the first step warms up: leave it out of the means
-            sum_ms += ms;
-            sum_update_ms += (lp_time_s() - t1) * 1000.0;
-            for (int c = 0; c < stage.v; c++)
-                for (int dir = 0; dir < 2; dir++) pipe_cost[dir * K + c * proc->pp + proc->pp_rank] += (float)stage.chunk_s[dir * stage.v + c];
-            pipe_wall += stage.wall_s;
-            timed_steps++;
-        }
-        double tok_s = total_batch / (ms / 1000.0);
-        lp_log("step %d/%d | loss %f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, f->max_steps, loss, lr,
-               norm, ms, tok_s);
-        if (peak > 0.0) lp_log(" | MFU %.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak);
-        if (stage.num_aux) {
-            lp_all_reduce_host(dp, stage.aux_loss, stage.num_aux, 1);
-            lp_log(" | aux loss");
-            for (int j = 0; j < stage.num_aux; j++) lp_log(" %d: %f", stage.aux[j], stage.aux_loss[j]);
-        }
-        // the time so far, and the rest at this launch's pace (evaluation, samples and saves included)
-        double elapsed = lp_time_s() - loop_start;
-        char took[32], left[32];
-        lp_log(" | elapsed %s, ETA %s\n", lp_duration(took, sizeof(took), elapsed),
-               lp_duration(left, sizeof(left), elapsed / (step + 1 - first_step) * (f->max_steps - step - 1)));
-        if (step == first_step && lp_device_memory_used_mib() > 0.0)
-            lp_log("GPU memory in use: %.0f MiB\n", lp_device_memory_used_mib());
-        if (logf) {
-            fprintf(logf, "s:%d trl:%f\n", step + 1, loss);
-            fflush(logf);
+// Before step `step` (and after the last): val loss, a sample, a checkpoint, each when due.
+static void lp_run_between_steps(LPTrainRun* r, int step) {
+    const LPFlags* f = r->f;
+    const LPProcess* proc = r->proc;
+    int last = step == f->max_steps;
+    if (r->has_val && (step % f->val_every == 0 || last)) {
+        float vl = lp_evaluate(&r->stage, &r->val, f->val_batches);
+        lp_all_reduce_host(&proc->dp_group, &vl, 1, 1);
+        lp_log("val loss %f\n", vl);
+        if (r->logf) fprintf(r->logf, "s:%d tel:%f\n", step, vl);
+    }
+    if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
+        lp_sample(&r->stage, &r->tok, f->gen_tokens, &r->st.rng, step);
+    int untrained = step == 0 && f->max_steps > 0 && !r->rollback;  // not worth saving, unless to roll back to
+    float due = 0.0f;  // --ckpt-minutes: rank 0's clock decides for everyone
+    if (f->ckpt_minutes > 0.0f) {
+        due = proc->rank == 0 && lp_time_s() - r->last_save_s >= 60.0 * f->ckpt_minutes;
+        lp_broadcast_host(&proc->world_group, &due, sizeof(due), 0);
+    }
+    int wanted = (f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due || (r->rollback && r->on_disk < 0);
+    if (!f->out_dir[0] || step == r->on_disk || untrained || !wanted) return;
+    LPTrainState* st = &r->st;
+    st->step = step;
+    st->epoch = r->train.epoch;
+    st->shard = r->train.shard;
+    st->pos = r->train.pos;
+    st->shuffle = f->shuffle;
+    st->data_seed = f->seed;
+    st->B = f->B;
+    st->T = f->T;
+    st->total_batch = r->total_batch;
+    lp_checkpoint_save(r->stage.chunks, r->stage.v, st, f->out_dir, &proc->world_group);
+    if (f->keep && proc->rank == 0) lp_checkpoint_prune(f->out_dir, f->keep);
+    r->last_save_s = lp_time_s();
+    r->on_disk = step;
+    if (r->rollback) r->strikes = 0;
+    lp_log("saved checkpoint %s/step_%08d\n", f->out_dir, step);
+}
+
+// A diverged step under --on-divergence (stop, skip, rollback): stops the run, or returns the step the
+// loop goes on from (skip: the next; rollback: the checkpoint's, whose state is reloaded while the loader
+// keeps its place).
+static int lp_run_diverged(LPTrainRun* r, int step, const char* diverged, int bad_weights) {
+    const LPFlags* f = r->f;
+    if (!r->skip && !r->rollback)
+        lp_fail_all("step %d: %s: the run diverged and stops%s (try a lower -l, or --on-divergence skip or rollback)",
+                    step + 1, diverged, r->on_disk >= 0 ? "; its newest checkpoint is the last good one" : "");
+    if (++r->strikes > LP_STRIKES)
+        lp_fail_all("step %d: %s: still diverging after %d %s; the run stops (try a lower -l)", step + 1, diverged,
+                    LP_STRIKES, r->skip ? "skipped steps in a row" : "rollbacks to the same checkpoint");
+    if (r->skip && bad_weights)  // AdamW's moments have taken the update
+        lp_fail_all("step %d: %s; an update already applied cannot be skipped: the run stops (--on-divergence rollback "
+                    "can go back to a checkpoint)", step + 1, diverged);
+    if (r->skip) {
+        lp_log("step %d/%d | skipped, its batch and update dropped: %s\n", step + 1, f->max_steps, diverged);
+        return step + 1;
+    }
+    lp_checkpoint_load(r->stage.chunks, r->stage.v, &r->st, f->out_dir, r->on_disk);
+    lp_log("step %d/%d | rolled back to checkpoint step %d, the batches of the %d step(s) since skipped: %s\n", step + 1,
+           f->max_steps, r->on_disk, step + 1 - r->on_disk, diverged);
+    return r->on_disk;
+}
+
+// The step line (and main.log), and the timings and traffic the end report sums.
+static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float norm, double ms, double update_ms,
+                           const LPGroup* tp_before) {
+    const LPFlags* f = r->f;
+    const LPProcess* proc = r->proc;
+    for (int k = 0; k < 3; k++) {
+        r->tp_traffic.calls[k] += proc->tp_group.calls[k] - tp_before->calls[k];
+        r->tp_traffic.bytes[k] += proc->tp_group.bytes[k] - tp_before->bytes[k];
+    }
+    if (step > r->first_step) {  // the first step warms up: leave it out of the means
+        int K = proc->pp * f->vpp;
+        r->sum_ms += ms;
+        r->sum_update_ms += update_ms;
+        for (int c = 0; c < r->stage.v; c++)
+            for (int dir = 0; dir < 2; dir++)
+                r->pipe_cost[dir * K + c * proc->pp + proc->pp_rank] += (float)r->stage.chunk_s[dir * r->stage.v + c];
+        r->pipe_wall += r->stage.wall_s;
+        r->timed_steps++;
+    }
+    lp_log("step %d/%d | loss %f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, f->max_steps, loss, lr,
+           norm, ms, r->total_batch / (ms / 1000.0));
+    if (r->peak > 0.0) lp_log(" | MFU %.1f%%", 100.0 * r->flops_per_step / (ms / 1000.0) / r->peak);
+    if (r->stage.num_aux) {
+        lp_all_reduce_host(&proc->dp_group, r->stage.aux_loss, r->stage.num_aux, 1);
+        lp_log(" | aux loss");
+        for (int j = 0; j < r->stage.num_aux; j++) lp_log(" %d: %f", r->stage.aux[j], r->stage.aux_loss[j]);
+    }
+    // the time so far, and the rest at this launch's pace (evaluation, samples and saves included)
+    double elapsed = lp_time_s() - r->start_s;
+    char took[32], left[32];
+    lp_log(" | elapsed %s, ETA %s\n", lp_duration(took, sizeof(took), elapsed),
+           lp_duration(left, sizeof(left), elapsed / (step + 1 - r->first_step) * (f->max_steps - step - 1)));
+    if (step == r->first_step && lp_device_memory_used_mib() > 0.0)
+        lp_log("GPU memory in use: %.0f MiB\n", lp_device_memory_used_mib());
+    if (r->logf) {
+        fprintf(r->logf, "s:%d trl:%f\n", step + 1, loss);
+        fflush(r->logf);
+    }
+}
+
+// One training step; returns the step the loop goes on from (step + 1, or a rollback's checkpoint step).
+//   TP communicates inside each layer (lp_stage_forward_backward: the Megatron all-reduces, or with SP the
+//   reduce-scatters and all-gathers), PP between the stages (its sends and receives, in the schedule's
+//   order), DP at the end of each chunk's last backward (the gradient reduction, overlapped) and in
+//   lp_stage_grad_norm / lp_stage_adamw (the rest of the reduction; ZeRO's all-gather of the new weights).
+static int lp_run_step(LPTrainRun* r, int step) {
+    const LPFlags* f = r->f;
+    const LPProcess* proc = r->proc;
+    double t0 = lp_time_s();
+    LPGroup tp_before = proc->tp_group;
+    float loss = lp_stage_forward_backward(&r->stage, &r->train);
+    lp_all_reduce_host(&proc->dp_group, &loss, 1, 1);
+    loss = lp_injected_loss(++r->computed, loss);
+    float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, strcmp(f->schedule, "cosine") == 0);
+    lp_device_sync();
+    double t1 = lp_time_s();
+    // the divergence guard: the loss and the gradient norm before the update, the weights after it (every
+    // rank sees the same values, so all decide alike)
+    float norm = lp_stage_grad_norm(&r->stage), mean = lp_loss_window_mean(&r->recent);
+    char diverged[200] = "";
+    if (!isfinite(loss) || !isfinite(norm)) {
+        snprintf(diverged, sizeof(diverged), "loss %g, gradient norm %g is not finite", loss, norm);
+    } else if (f->loss_spike > 0.0f && mean > 0.0f && loss > f->loss_spike * mean) {
+        snprintf(diverged, sizeof(diverged), "loss %f is a spike, above %g times the mean %f of the last %d steps",
+                 loss, f->loss_spike, mean, LP_SPIKE_WINDOW);
+        if (!r->skip && !r->rollback) {  // stop: a finite spike is reported, and training goes on
+            lp_log("notice: step %d: %s\n", step + 1, diverged);
+            diverged[0] = '\0';
         }
     }
+    int bad_weights = !diverged[0] && !lp_stage_adamw(&r->stage, lr, norm, &r->opt);
+    if (bad_weights) snprintf(diverged, sizeof(diverged), "the updated weights are not finite");
+    lp_device_sync();
+    double t2 = lp_time_s();
+    if (diverged[0]) return lp_run_diverged(r, step, diverged, bad_weights);
+    if (r->skip) r->strikes = 0;
+    lp_loss_window_add(&r->recent, loss);
+    lp_report_step(r, step, loss, lr, norm, (t2 - t0) * 1000.0, (t2 - t1) * 1000.0, &tp_before);
+    return step + 1;
+}
 
-    if (timed_steps > 0)
+// The end report: mean step time, peak host memory, TP traffic per step, and the pipeline's bubble as
+// measured and as the simulator predicts it from the measured costs.
+static void lp_report_end(LPTrainRun* r) {
+    const LPFlags* f = r->f;
+    const LPProcess* proc = r->proc;
+    double MiB = 1048576.0;
+    if (r->timed_steps > 0)
         lp_log("mean of steps after the first: %.1f ms/step, of which %.1f ms in the optimizer step (gradient "
-               "communication and AdamW)\n", sum_ms / timed_steps, sum_update_ms / timed_steps);
+               "communication and AdamW)\n", r->sum_ms / r->timed_steps, r->sum_update_ms / r->timed_steps);
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
     lp_log("peak host memory of rank 0 (RSS): %.0f MiB\n", usage.ru_maxrss / 1024.0);
-    int steps = f->max_steps - first_step;
+    int steps = f->max_steps - r->first_step;
+    const LPGroup* tr = &r->tp_traffic;
     if (proc->tp > 1 && steps > 0)
         lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
-               "%.1f all-gathers (%.4f MiB)\n", (double)tp_traffic.calls[0] / steps, tp_traffic.bytes[0] / steps / MiB,
-               (double)tp_traffic.calls[1] / steps, tp_traffic.bytes[1] / steps / MiB, (double)tp_traffic.calls[2] / steps,
-               tp_traffic.bytes[2] / steps / MiB);
-    if (proc->pp > 1 && timed_steps > 0) {  // the bubble measured, and what the simulator predicts from the measured costs
-        lp_all_reduce_host(&proc->pp_group, pipe_cost, 2 * K, 0);  // each stage adds its chunks'
-        double cost[2 * 1024], busy = 0.0, unit_bubble;
-        for (int k = 0; k < 2 * K; k++) cost[k] = pipe_cost[k] / ((double)timed_steps * accum);  // one micro-batch
-        for (int s = 0; s < proc->pp; s++) {  // the busiest stage's compute per step
-            double b = 0.0;
-            for (int c = 0; c < f->vpp; c++) b += (cost[c * proc->pp + s] + cost[K + c * proc->pp + s]) * accum;
-            if (b > busy) busy = b;
-        }
-        float wall = (float)(pipe_wall / timed_steps);
-        lp_all_reduce_host(&proc->pp_group, &wall, 1, 1);
-        LPSimulation sim;
-        if (lp_schedule_simulate(&sim, shape.kind, proc->pp, f->vpp, accum, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
-        unit_bubble = sim.bubble;
-        lp_simulation_free(&sim);
-        if (lp_schedule_simulate(&sim, shape.kind, proc->pp, f->vpp, accum, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
-        lp_log("pipeline bubble  measured %.1f%% (forward-backward %.2f ms per step, the busiest stage computing %.2f ms); "
-               "simulated with the measured costs %.1f%%, with unit costs %.1f%%\n", 100.0 * (wall / busy - 1.0), wall * 1e3,
-               busy * 1e3, 100.0 * sim.bubble, 100.0 * unit_bubble);
-        lp_simulation_free(&sim);
+               "%.1f all-gathers (%.4f MiB)\n", (double)tr->calls[0] / steps, tr->bytes[0] / steps / MiB,
+               (double)tr->calls[1] / steps, tr->bytes[1] / steps / MiB, (double)tr->calls[2] / steps, tr->bytes[2] / steps / MiB);
+    if (proc->pp < 2 || r->timed_steps == 0) return;
+    int K = proc->pp * f->vpp, m = r->accum;
+    char why[512];
+    lp_all_reduce_host(&proc->pp_group, r->pipe_cost, 2 * K, 0);  // each stage adds its chunks'
+    double cost[2 * 1024], busy = 0.0, unit_bubble;
+    for (int k = 0; k < 2 * K; k++) cost[k] = r->pipe_cost[k] / ((double)r->timed_steps * m);  // one micro-batch
+    for (int s = 0; s < proc->pp; s++) {  // the busiest stage's compute per step
+        double b = 0.0;
+        for (int c = 0; c < f->vpp; c++) b += (cost[c * proc->pp + s] + cost[K + c * proc->pp + s]) * m;
+        if (b > busy) busy = b;
     }
-    free(pipe_cost);
-    if (logf) fclose(logf);
-    lp_tokenizer_free(&tok);
-    if (has_val) lp_dataloader_free(&val);
-    lp_dataloader_free(&train);
-    lp_stage_free(&stage);
+    float wall = (float)(r->pipe_wall / r->timed_steps);
+    lp_all_reduce_host(&proc->pp_group, &wall, 1, 1);
+    LPSimulation sim;
+    if (lp_schedule_simulate(&sim, r->shape.kind, proc->pp, f->vpp, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
+    unit_bubble = sim.bubble;
+    lp_simulation_free(&sim);
+    if (lp_schedule_simulate(&sim, r->shape.kind, proc->pp, f->vpp, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
+    lp_log("pipeline bubble  measured %.1f%% (forward-backward %.2f ms per step, the busiest stage computing %.2f ms); "
+           "simulated with the measured costs %.1f%%, with unit costs %.1f%%\n", 100.0 * (wall / busy - 1.0), wall * 1e3,
+           busy * 1e3, 100.0 * sim.bubble, 100.0 * unit_bubble);
+    lp_simulation_free(&sim);
+}
+
+static void lp_run_free(LPTrainRun* r) {
+    free(r->pipe_cost);
+    if (r->logf) fclose(r->logf);
+    lp_tokenizer_free(&r->tok);
+    if (r->has_val) lp_dataloader_free(&r->val);
+    lp_dataloader_free(&r->train);
+    lp_stage_free(&r->stage);
+}
+
+// The training run: set up, then the step loop, then the end report.
+static void lp_train(const LPFlags* f, const LPProcess* proc) {
+    LPTrainRun r;
+    lp_run_setup(&r, f, proc);
+    for (int step = r.first_step; step <= f->max_steps;) {
+        lp_run_between_steps(&r, step);  // val loss, a sample, a checkpoint: each when due
+        if (step == f->max_steps) break;
+        step = lp_run_step(&r, step);    // forward and backward, the divergence guard, AdamW
+    }
+    lp_report_end(&r);
+    lp_run_free(&r);
 }
 
 // --print-schedule: the partition of the -e model's layers into chunks, with each chunk's estimated work
