@@ -140,21 +140,15 @@ else
     echo "FAIL the library example builds (make dev/examples/train_loop_cpu dev/examples/train_loop_nompi)"
     failed=$((failed + 1))
 fi
-if [ "$has_gpu" = 1 ]; then
-    if make -s dev/examples/train_loop; then
+if command -v nvcc > /dev/null 2>&1; then
+    if ! make -s dev/examples/train_loop; then
+        echo "FAIL the library example builds with nvcc (make dev/examples/train_loop)"
+        failed=$((failed + 1))
+    elif [ "$has_gpu" = 1 ]; then
         example_trains "CUDA" dev/examples/train_loop 20
     else
-        echo "FAIL the library example builds with nvcc (make dev/examples/train_loop)"
-        failed=$((failed + 1))
+        passed=$((passed + 1))  # it compiles; no GPU here to run it
     fi
-elif command -v nvcc > /dev/null 2>&1; then  # no GPU to run it: compiled for one architecture, then removed
-    if make -s -B dev/examples/train_loop CUDA_ARCH=-arch=sm_90; then
-        passed=$((passed + 1))
-    else
-        echo "FAIL the library example builds with nvcc (make dev/examples/train_loop)"
-        failed=$((failed + 1))
-    fi
-    rm -f dev/examples/train_loop
 fi
 # the user's data path: text -> shards (dev/data/prepare.py) -> two steps -> plot (skips without tiktoken)
 run_tier bash scripts/test_data_path.sh
