@@ -84,6 +84,21 @@ test_gpt_emu: test_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
 dev/cudaemu/test_cudaemu: dev/cudaemu/test_cudaemu.cu dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $< -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
+# The library's usage example (llmpar.h's top comment, compiled): one source for every build, like
+# train_gpt.cu. _nompi is the CPU build without MPI (what _cpu is where mpicc is missing), for the tests.
+EXAMPLE = dev/examples/train_loop.cu
+dev/examples/train_loop_cpu: $(EXAMPLE) llmpar.h
+	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) $(EXAMPLE) -o $@ $(BLAS_LIBS) -lm
+
+dev/examples/train_loop_nompi: $(EXAMPLE) llmpar.h
+	$(CC) $(CFLAGS_CPU) $(BLAS_CFLAGS) $(EXAMPLE) -o $@ $(BLAS_LIBS) -lm
+
+dev/examples/train_loop: $(EXAMPLE) llmpar.h
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) $(EXAMPLE) -o $@ $(NVCC_LIBS)
+
+dev/examples/train_loop_emu: $(EXAMPLE) llmpar.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $(EXAMPLE) -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
 # Tiers 1-3 on the CPU build; tier 4 with the CUDA build on a GPU, or else under the emulator. Ends with
 # the totals.
 test: train_gpt_cpu test_gpt_cpu
@@ -103,3 +118,7 @@ readme-flags: train_gpt_cpu
 
 clean:
 	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu
+clean: clean-examples
+.PHONY: clean-examples
+clean-examples:
+	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu

@@ -19,6 +19,47 @@ weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU 
 OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
 The model code calls lp_op, bound at the end of section 6 to the build's lp_op_cpu or lp_op_gpu. Without a GPU
 the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of nvcc, LLMPAR_CUDAEMU).
+
+Use as a library: #include "llmpar.h" (one header, every function static inline). A training loop, as
+dev/examples/train_loop.cu compiles it (`make test` builds and runs it on each build, with and without MPI):
+
+    int B = 4, T = 64, steps = argc > 1 ? atoi(argv[1]) : 20;
+    LPProcess proc;                             // alone, a process is the whole world; under mpirun,
+    lp_process_init(&proc, &argc, &argv);       //   MPI starts and each rank is a data-parallel replica
+    lp_grid_init(&proc, 1, 1);                  // tp = pp = 1
+    lp_device_init(&proc);                      // CUDA: the rank's GPU, cuBLASLt (CPU build: nothing)
+    lp_comm_init(&proc, "auto");                // NCCL between GPUs, else MPI
+    LPConfig cfg;
+    lp_config_from_depth(&cfg, "d2");           // a preset: d12 is GPT-2 124M; dN: N layers, 64N channels
+    cfg.max_seq_len = T;
+    LPSplit split;                              // how the model is split over the ranks: DP only
+    memset(&split, 0, sizeof(split));
+    split.dp = &proc.dp_group;
+    LPModel model;                              // or from an llm.c file: lp_model_load(&model, path, &split)
+    lp_model_create(&model, &cfg, &split);
+    lp_model_init_random(&model, 1337);
+    lp_model_alloc_activations(&model, B, T, 1);
+    LPDataLoader data;                          // llm.c shards; this rank's (B, T) slice of each batch
+    lp_dataloader_init(&data, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "train data", B, T,
+                       proc.dp_rank, proc.dp, 0, 0, 0, cfg.vocab_size, 1);
+    LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};  // beta1, beta2, eps, weight decay, grad-norm clip (train_gpt's)
+    for (int step = 1; step <= steps; step++) {
+        lp_dataloader_next(&data);              // data.inputs, data.targets: the same tokens one ahead
+        lp_model_zero_grad(&model);
+        float loss = lp_model_forward(&model, data.inputs, data.targets, B, T, 1.0f / (B * T));  // mean loss
+        lp_model_backward(&model, 1);           // 1: the step's last micro-batch
+        float norm = lp_models_grad_norm(&model, 1, NULL);    // averages the gradients over dp; their norm
+        lp_models_adamw(&model, 1, NULL, 1e-3f, norm, &opt);  // clips, then AdamW at lr 1e-3
+        lp_log("step %d/%d | loss %.4f | norm %.4f\n", step, steps, loss, norm);  // rank 0 prints its loss
+    }
+    lp_dataloader_free(&data); lp_model_free(&model); lp_process_finish(&proc);
+
+Your own tokens instead of the loader: B*T+1 of them in an int array, inputs = tokens, targets = tokens + 1.
+Build: CPU `cc -x c -std=gnu11 -O3 -fopenmp -DLLMPAR_CPU app.cu -lm` (mpicc and -DLLMPAR_MPI for ranks,
+-DLLMPAR_BLAS and OpenBLAS for fast matmuls); CUDA `nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -fopenmp
+app.cu -lcublasLt -lcublas` (the Makefile's dev/examples targets show both, MPI and NCCL flags included).
+More: sections 7-9 below, each call's comment above it; train_gpt.cu's lp_train for the full driver (gradient
+accumulation, LR schedule, TP/PP/ZeRO, checkpoints); README.md.
 */
 #ifndef LLMPAR_H
 #define LLMPAR_H

@@ -29,6 +29,23 @@ run_tier() {  # run a test binary, echo its output, add its closing "N passed, N
     failed=$((failed + ${f%% failed*}))
 }
 
+# the library's usage example (dev/examples/train_loop.cu): `example_trains NAME COMMAND...` runs it and
+# counts one check: it trains, its loss falling by at least 1 nat from its first step to its last
+example_trains() {
+    local name=$1 out summary
+    shift
+    out=$("$@" 2>&1)
+    if summary=$(awk '/^step [0-9]+\/[0-9]+ \| loss / { if (!n++) first = $5; last = $5 }
+                      END { printf "loss %s -> %s over %d steps", first, last, n; exit !(n > 1 && first ~ /^[0-9.]+$/ && last ~ /^[0-9.]+$/ && last < first - 1.0) }' <<< "$out"); then
+        echo "     the example ($name): $summary"
+        passed=$((passed + 1))
+    else
+        echo "$out"
+        echo "FAIL the example ($name) trains: its loss falls by at least 1 nat ($summary)"
+        failed=$((failed + 1))
+    fi
+}
+
 # tier 4 on the CUDA emulator: the emulator's own tests, then the CUDA engine's
 emulated_tier() {
     if ! make -s train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu; then
@@ -39,6 +56,12 @@ emulated_tier() {
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
+    if make -s dev/examples/train_loop_emu; then
+        example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
+    else
+        echo "FAIL the library example builds under the emulator (make dev/examples/train_loop_emu)"
+        failed=$((failed + 1))
+    fi
 }
 
 if [ "${1:-}" = emu ]; then
@@ -96,6 +119,37 @@ for run in "run_tiny.sh" "run_3d.sh cpu"; do
     fi
 done
 rm -rf "$smoke_dir"
+# the library's usage example: one process without mpirun, with MPI and without (plain cc); data-parallel
+# under mpirun; under nvcc compiled (and run on a GPU). The emulated tier runs its CUDA build.
+# The loop at the top of llmpar.h (its indented lines) is the example's main, verbatim.
+usage=$(sed -n '1,/^\*\//p' llmpar.h | grep '^    ')
+if [ -n "$usage" ] && [ "$usage" = "$(sed -n '/^int main/,/^}/p' dev/examples/train_loop.cu | grep -v '^    return 0;$' | grep '^    ')" ]; then
+    passed=$((passed + 1))
+else
+    echo "FAIL the usage loop at the top of llmpar.h is dev/examples/train_loop.cu's main, verbatim"
+    failed=$((failed + 1))
+fi
+if make -s dev/examples/train_loop_cpu dev/examples/train_loop_nompi; then
+    example_trains "CPU, one process" dev/examples/train_loop_cpu 20
+    example_trains "CPU without MPI" dev/examples/train_loop_nompi 20
+    if command -v mpicc > /dev/null 2>&1 && command -v mpirun > /dev/null 2>&1; then
+        example_trains "CPU, 2 data-parallel ranks" mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
+            dev/examples/train_loop_cpu 20
+    fi
+else
+    echo "FAIL the library example builds (make dev/examples/train_loop_cpu dev/examples/train_loop_nompi)"
+    failed=$((failed + 1))
+fi
+if command -v nvcc > /dev/null 2>&1; then
+    if ! make -s dev/examples/train_loop; then
+        echo "FAIL the library example builds with nvcc (make dev/examples/train_loop)"
+        failed=$((failed + 1))
+    elif [ "$has_gpu" = 1 ]; then
+        example_trains "CUDA" dev/examples/train_loop 20
+    else
+        passed=$((passed + 1))  # it compiles; no GPU here to run it
+    fi
+fi
 # the user's data path: text -> shards (dev/data/prepare.py) -> two steps -> plot (skips without tiktoken)
 run_tier bash scripts/test_data_path.sh
 if [ "$has_gpu" = 1 ] && [ -x ./test_gpt ]; then
