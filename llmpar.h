@@ -3245,7 +3245,7 @@ static inline void lp_model_zero_grad(LPModel* m) {
 // gradients, partial sums over each rank's rows, are summed over the TP group then (the layers' every
 // micro-batch under ZeRO-2, whose layer gradients are reduced away at once); with
 // overlap (ZeRO-0) the layers' gradients start their all-reduce over dp as soon as a bucket of them is
-// done, while the layers below run, and lp_model_update waits for them. A bucket is a run of layers
+// done, while the layers below run, and lp_model_reduce_dp waits for them. A bucket is a run of layers
 // holding at least bucket_bytes of gradients: in the flat layout each tensor's slices of consecutive
 // layers are contiguous, so a bucket is one all-reduce per tensor. ZeRO-2/3 reduce-scatter each layer's
 // gradients every micro-batch, with overlap while the layer below runs in the other buffer; all have
@@ -3329,7 +3329,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
         lp_positions_backward(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     for (int b = 0; b < 2 && m->zero_stage >= 2; b++) lp_model_reduce_layer_finish(m, b);
-    if (m->sp && last) {  // (ZeRO-2 reduces the tensors outside the layers once, in lp_model_update)
+    if (m->sp && last) {  // (ZeRO-2 reduces the tensors outside the layers once, in lp_model_reduce_dp)
         const int rows_only[3] = {LP_WPE, LP_LNFW, LP_LNFB};
         for (int k = 0; k < 3; k++)
             if (m->param_sizes[rows_only[k]]) lp_all_reduce(m->tp, g[rows_only[k]], m->param_sizes[rows_only[k]], 0);
