@@ -2,18 +2,29 @@
 llmpar.h: everything reusable for training GPT-2, in data-flow order.
 
   1. basics      errors that name what failed, files, timers, RNG, device memory
+                 defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
   2. config      the model's shape, GPT-2 presets, parameter tensor sizes
+                 defines: LPConfig, lp_config_from_depth, lp_param_sizes
   3. topology    MPI start-up, the t x d x p grid of ranks and its groups, GPU choice
+                 defines: LPProcess, LPGroup, lp_process_init, lp_grid_init, lp_device_init
   4. schedules   pipeline schedules (GPipe, 1F1B, interleaved) as pure functions, their simulator
+                 defines: LPAction, lp_schedule_stage (a stage's action list), LPSimulation, lp_schedule_simulate
   5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI
+                 defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, LPPending, lp_wait
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
+                 defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
   7. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
+                 defines: LPModel, LPSplit, LPLayerActs, lp_model_create, lp_model_forward, lp_model_backward
   8. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
-  9. data        llm.c token shards, per-DP-rank slices, deterministic order, resumable position
+                 defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
+  9. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
+                 defines: LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
  10. files       model files (llm.c format), checkpoints, tokenizer
+                 defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, LPTokenizer
  11. plan        FLOPs per token, the pipeline partition by FLOPs and memory, the device's peak rate (MFU)
+                 defines: LPPipeShape, lp_pp_partition, LPPlanMachine, LPPlan, lp_plan
  12. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
-
+                 defines: LPStage, lp_stage_create, lp_stage_forward_backward, lp_stage_grad_norm, lp_stage_adamw
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
 OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
