@@ -8,7 +8,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
   3. topology    MPI start-up, the t x d x p grid of ranks and its groups, GPU choice
                  defines: LPProcess, LPGroup, lp_process_init, lp_grid_init, lp_device_init
   4. schedules   pipeline schedules (GPipe, 1F1B, interleaved) as pure functions, their simulator
-                 defines: LPAction, lp_schedule_stage (a stage's action list), LPSimulation, lp_schedule_simulate
+                 defines: LPAction, lp_schedule_stage (a stage's action list), LPSimulation, lp_schedule_simulate,
+                 lp_schedule_slots
   5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI
                  defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, LPPending, lp_wait
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
@@ -21,10 +22,13 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
  10. files       model files (llm.c format), checkpoints, tokenizer
                  defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, LPTokenizer
- 11. plan        FLOPs per token, the pipeline partition by FLOPs and memory, the device's peak rate (MFU)
-                 defines: LPPipeShape, lp_pp_partition, LPPlanMachine, LPPlan, lp_plan
+ 11. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
+                 defines: lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition, lp_device_peak_flops
  12. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
                  defines: LPStage, lp_stage_create, lp_stage_forward_backward, lp_stage_grad_norm, lp_stage_adamw
+ 13. plan        the configuration advisor (--plan N): every grid, ZeRO stage and recomputation, ranked
+                 defines: LPPlanMachine, LPPlan, lp_plan
+
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
 OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
@@ -886,6 +890,14 @@ static inline void lp_schedule_print(FILE* out, const LPSimulation* sim, int kin
     }
     fprintf(out, "time %.0f units for %.0f of work per stage: bubble %.1f%%\n", sim->makespan, sim->work, 100.0 * sim->bubble);
     free(row);
+}
+
+// The most micro-batches chunk c holds activations of at once, in a stage's list of n actions (at least 1).
+static inline int lp_schedule_slots(const LPAction* actions, int n, int c) {
+    int in_flight = 0, most = 1;
+    for (int k = 0; k < n; k++)
+        if (actions[k].chunk == c && (in_flight += actions[k].forward ? 1 : -1) > most) most = in_flight;
+    return most;
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -4226,7 +4238,7 @@ static inline void lp_tokenizer_free(LPTokenizer* t) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 11. plan
+// 11. costs
 
 // Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul (the LM head
 // counts wte; wpe and LayerNorm do no matmul work) plus attention's q k^T and att v: 12 L C T.
@@ -4270,14 +4282,6 @@ static inline double lp_layer_flops(const LPConfig* c, int T, int recompute) {
 static inline double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
     double head = k == s->p * s->v - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0;
     return layers * lp_layer_flops(c, s->T, s->recompute) + head;
-}
-
-// The most micro-batches chunk c holds activations of at once, in a stage's list of n actions (at least 1).
-static inline int lp_schedule_slots(const LPAction* actions, int n, int c) {
-    int in_flight = 0, most = 1;
-    for (int k = 0; k < n; k++)
-        if (actions[k].chunk == c && (in_flight += actions[k].forward ? 1 : -1) > most) most = in_flight;
-    return most;
 }
 
 // The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule.
@@ -4414,131 +4418,6 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
             return why;
         }
     return NULL;
-}
-
-// --- the configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
-// `tokens` per step (t x p x d grid, ZeRO stage, recomputation, micro-batch B) that fit a GPU's memory,
-// fastest first by a simple model of the step on a stated machine (LPPlanMachine):
-//   compute  the busiest chunk's FLOPs (recomputation included) at `efficiency` of the peak, over m v + p - 1
-//            chunk slots (1F1B, v = 1: the bubble is p - 1 of them; interleaved with v = 2 chunks per
-//            stage, each slot is half a stage's work);
-//   TP       4 all-reduces of B T C values per layer and micro-batch, each moving 2 (t-1)/t of them per
-//            rank (with SP as reduce-scatters and all-gathers, half that each); full recomputation reruns
-//            the attention half's: 1 more all-reduce, or with SP 1 reduce-scatter and 2 all-gathers. On the
-//            critical path of every micro-batch, inside a node (t <= gpus_per_node);
-//   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
-//            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
-//            twice per micro-batch; counted as if nothing overlapped;
-//   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times.
-// Every collective and send also costs `latency` (start-up, synchronisation), which is what makes TP and
-// PP lose on a small model: dozens of collectives per micro-batch against DP's one pass per step (one per
-// layer and reduction).
-// Links: a group inside one node (TP ranks are neighbours, then DP, then PP) uses node_bw, else net_bw.
-// Sequence parallelism is on wherever t > 1 divides T (the same traffic, less memory). Memory is
-// lp_chunk_memory's estimate of the balanced partition, summed over each stage's chunks, on the fullest
-// stage. It ranks; it does not promise times.
-typedef struct {
-    double gpu_bytes;   // memory per GPU
-    double peak_flops;  // dense bf16 FLOP/s per GPU
-    double efficiency;  // the share of the peak the step's GEMMs reach
-    double node_bw;     // bytes/s per GPU inside a node
-    double net_bw;      // bytes/s per GPU between nodes
-    int gpus_per_node;
-    double latency;     // seconds per collective or send, whatever its size
-} LPPlanMachine;
-
-typedef struct {
-    int t, p, v, d, zero, recompute, sp, B, m;
-    int fits;                                    // memory <= the GPU's
-    double memory;                               // bytes on the fullest rank
-    double compute_s, tp_s, dp_s, pp_s, step_s;  // estimated seconds per step
-} LPPlan;
-
-// Those that fit first, fastest first; among equally fast plans the larger micro-batch (GEMMs run
-// better), then less memory.
-static inline int lp_plan_order(const void* a, const void* b) {
-    const LPPlan *x = (const LPPlan*)a, *y = (const LPPlan*)b;
-    if (x->fits != y->fits) return x->fits ? -1 : 1;
-    if (x->step_s != y->step_s) return x->step_s < y->step_s ? -1 : 1;
-    if (x->B != y->B) return x->B > y->B ? -1 : 1;
-    return x->memory < y->memory ? -1 : x->memory > y->memory;
-}
-
-// Estimate one configuration: 0 and *out filled if it can run (fitting or not).
-static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
-    int layers[1024], chunks = s->p * s->v;
-    double stage_memory[1024], stage_params[1024];
-    char why[256];
-    if (chunks > 1024 || lp_pp_partition(c, s, "balanced", layers, why, sizeof(why))) return 1;
-    double t = s->t, d = s->d, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
-    double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
-    double pp_bw = t * d * s->p <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
-    double memory = 0.0, compute = 0.0, tp = 0.0, slot = 0.0, params = 0.0;
-    for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
-        stage_memory[k % s->p] = (k < s->p ? 0.0 : stage_memory[k % s->p]) + lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
-        stage_params[k % s->p] = (k < s->p ? 0.0 : stage_params[k % s->p]) + lp_chunk_params(c, s, k, layers[k]);
-        memory = fmax(memory, stage_memory[k % s->p]);
-        params = fmax(params, stage_params[k % s->p]);
-        double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
-        double all_reduces = s->recompute == LP_RECOMPUTE_FULL ? (s->sp ? 5.5 : 5.0) : 4.0;
-        double tk = t > 1 ? layers[k] * all_reduces * (2.0 * (t - 1) / t * bt * C * X / mach->node_bw +
-                                                       (s->sp ? 2.0 : 1.0) * mach->latency)  // SP: two collectives for one
-                          : 0.0;
-        if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
-    }
-    double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
-    double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
-    double dp_passes = s->zero <= 1 ? 1.0 : s->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
-    double stage_layers = ceil((double)c->num_layers / s->p);
-    out->t = s->t;
-    out->p = s->p;
-    out->v = s->v;
-    out->d = s->d;
-    out->zero = s->zero;
-    out->recompute = s->recompute;
-    out->sp = s->sp;
-    out->B = s->B;
-    out->m = s->m;
-    out->memory = memory;
-    out->fits = memory <= mach->gpu_bytes;
-    out->compute_s = slots * compute;
-    out->tp_s = slots * tp;
-    out->dp_s = d > 1 ? dp_values * X / dp_bw + dp_passes * (stage_layers + 1) * mach->latency : 0.0;
-    out->pp_s = s->p > 1 ? 2.0 * m * s->v * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
-    out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s;
-    return 0;
-}
-
-// Every configuration that can run on n GPUs into *plans (malloc'd), those that fit first, fastest first;
-// returns how many.
-static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, const LPPlanMachine* mach, LPPlan** plans) {
-    int count = 0, cap = 64;
-    *plans = (LPPlan*)lp_host_malloc(cap * sizeof(LPPlan), "plans");
-    char why[256];
-    for (int t = 1; t <= n && t <= mach->gpus_per_node; t++) {
-        if (n % t || lp_tp_check(c, t, why, sizeof(why))) continue;
-        for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
-            if (n / t % p) continue;
-            int d = n / t / p;
-            for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
-                if (tokens % (B * T * d)) continue;
-                for (int v = 1; v <= (p > 1 ? 2 : 1); v++)
-                    for (int zero = 0; zero <= (d > 1 ? 3 : 0); zero++)
-                        for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++) {
-                            int m = (int)(tokens / (B * T * d)), kind = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
-                            LPPipeShape s = {p, v, kind, m, (int)B, T, t, t > 1 && T % t == 0, d, zero, r};
-                            if (count == cap) {
-                                cap *= 2;
-                                *plans = (LPPlan*)realloc(*plans, cap * sizeof(LPPlan));
-                                if (!*plans) lp_fail("out of host memory for the plans");
-                            }
-                            if (lp_plan_one(c, &s, mach, &(*plans)[count]) == 0) count++;
-                        }
-            }
-        }
-    }
-    qsort(*plans, count, sizeof(LPPlan), lp_plan_order);
-    return count;
 }
 
 // Dense bf16 peak of this GPU in FLOP/s, 0 when unknown (then MFU is not printed).
@@ -4868,6 +4747,134 @@ static inline void lp_stage_free(LPStage* st) {
     }
 #endif
     memset(st, 0, sizeof(*st));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 13. plan
+//
+// The configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
+// `tokens` per step (t x p x d grid, ZeRO stage, recomputation, micro-batch B) that fit a GPU's memory,
+// fastest first by a simple model of the step on a stated machine (LPPlanMachine):
+//   compute  the busiest chunk's FLOPs (recomputation included) at `efficiency` of the peak, over m v + p - 1
+//            chunk slots (1F1B, v = 1: the bubble is p - 1 of them; interleaved with v = 2 chunks per
+//            stage, each slot is half a stage's work);
+//   TP       4 all-reduces of B T C values per layer and micro-batch, each moving 2 (t-1)/t of them per
+//            rank (with SP as reduce-scatters and all-gathers, half that each); full recomputation reruns
+//            the attention half's: 1 more all-reduce, or with SP 1 reduce-scatter and 2 all-gathers. On the
+//            critical path of every micro-batch, inside a node (t <= gpus_per_node);
+//   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
+//            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
+//            twice per micro-batch; counted as if nothing overlapped;
+//   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times.
+// Every collective and send also costs `latency` (start-up, synchronisation), which is what makes TP and
+// PP lose on a small model: dozens of collectives per micro-batch against DP's one pass per step (one per
+// layer and reduction).
+// Links: a group inside one node (TP ranks are neighbours, then DP, then PP) uses node_bw, else net_bw.
+// Sequence parallelism is on wherever t > 1 divides T (the same traffic, less memory). Memory is
+// lp_chunk_memory's estimate of the balanced partition, summed over each stage's chunks, on the fullest
+// stage. It ranks; it does not promise times.
+typedef struct {
+    double gpu_bytes;   // memory per GPU
+    double peak_flops;  // dense bf16 FLOP/s per GPU
+    double efficiency;  // the share of the peak the step's GEMMs reach
+    double node_bw;     // bytes/s per GPU inside a node
+    double net_bw;      // bytes/s per GPU between nodes
+    int gpus_per_node;
+    double latency;     // seconds per collective or send, whatever its size
+} LPPlanMachine;
+
+typedef struct {
+    int t, p, v, d, zero, recompute, sp, B, m;
+    int fits;                                    // memory <= the GPU's
+    double memory;                               // bytes on the fullest rank
+    double compute_s, tp_s, dp_s, pp_s, step_s;  // estimated seconds per step
+} LPPlan;
+
+// Those that fit first, fastest first; among equally fast plans the larger micro-batch (GEMMs run
+// better), then less memory.
+static inline int lp_plan_order(const void* a, const void* b) {
+    const LPPlan *x = (const LPPlan*)a, *y = (const LPPlan*)b;
+    if (x->fits != y->fits) return x->fits ? -1 : 1;
+    if (x->step_s != y->step_s) return x->step_s < y->step_s ? -1 : 1;
+    if (x->B != y->B) return x->B > y->B ? -1 : 1;
+    return x->memory < y->memory ? -1 : x->memory > y->memory;
+}
+
+// Estimate one configuration: 0 and *out filled if it can run (fitting or not).
+static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
+    int layers[1024], chunks = s->p * s->v;
+    double stage_memory[1024], stage_params[1024];
+    char why[256];
+    if (chunks > 1024 || lp_pp_partition(c, s, "balanced", layers, why, sizeof(why))) return 1;
+    double t = s->t, d = s->d, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
+    double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
+    double pp_bw = t * d * s->p <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
+    double memory = 0.0, compute = 0.0, tp = 0.0, slot = 0.0, params = 0.0;
+    for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
+        stage_memory[k % s->p] = (k < s->p ? 0.0 : stage_memory[k % s->p]) + lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
+        stage_params[k % s->p] = (k < s->p ? 0.0 : stage_params[k % s->p]) + lp_chunk_params(c, s, k, layers[k]);
+        memory = fmax(memory, stage_memory[k % s->p]);
+        params = fmax(params, stage_params[k % s->p]);
+        double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
+        double all_reduces = s->recompute == LP_RECOMPUTE_FULL ? (s->sp ? 5.5 : 5.0) : 4.0;
+        double tk = t > 1 ? layers[k] * all_reduces * (2.0 * (t - 1) / t * bt * C * X / mach->node_bw +
+                                                       (s->sp ? 2.0 : 1.0) * mach->latency)  // SP: two collectives for one
+                          : 0.0;
+        if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
+    }
+    double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
+    double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
+    double dp_passes = s->zero <= 1 ? 1.0 : s->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
+    double stage_layers = ceil((double)c->num_layers / s->p);
+    out->t = s->t;
+    out->p = s->p;
+    out->v = s->v;
+    out->d = s->d;
+    out->zero = s->zero;
+    out->recompute = s->recompute;
+    out->sp = s->sp;
+    out->B = s->B;
+    out->m = s->m;
+    out->memory = memory;
+    out->fits = memory <= mach->gpu_bytes;
+    out->compute_s = slots * compute;
+    out->tp_s = slots * tp;
+    out->dp_s = d > 1 ? dp_values * X / dp_bw + dp_passes * (stage_layers + 1) * mach->latency : 0.0;
+    out->pp_s = s->p > 1 ? 2.0 * m * s->v * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
+    out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s;
+    return 0;
+}
+
+// Every configuration that can run on n GPUs into *plans (malloc'd), those that fit first, fastest first;
+// returns how many.
+static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, const LPPlanMachine* mach, LPPlan** plans) {
+    int count = 0, cap = 64;
+    *plans = (LPPlan*)lp_host_malloc(cap * sizeof(LPPlan), "plans");
+    char why[256];
+    for (int t = 1; t <= n && t <= mach->gpus_per_node; t++) {
+        if (n % t || lp_tp_check(c, t, why, sizeof(why))) continue;
+        for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
+            if (n / t % p) continue;
+            int d = n / t / p;
+            for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
+                if (tokens % (B * T * d)) continue;
+                for (int v = 1; v <= (p > 1 ? 2 : 1); v++)
+                    for (int zero = 0; zero <= (d > 1 ? 3 : 0); zero++)
+                        for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++) {
+                            int m = (int)(tokens / (B * T * d)), kind = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+                            LPPipeShape s = {p, v, kind, m, (int)B, T, t, t > 1 && T % t == 0, d, zero, r};
+                            if (count == cap) {
+                                cap *= 2;
+                                *plans = (LPPlan*)realloc(*plans, cap * sizeof(LPPlan));
+                                if (!*plans) lp_fail("out of host memory for the plans");
+                            }
+                            if (lp_plan_one(c, &s, mach, &(*plans)[count]) == 0) count++;
+                        }
+            }
+        }
+    }
+    qsort(*plans, count, sizeof(LPPlan), lp_plan_order);
+    return count;
 }
 
 #endif  // LLMPAR_H
