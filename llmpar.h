@@ -316,6 +316,11 @@ static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 // ----------------------------------------------------------------------------------------------------
 // 2. config
 
+// Limits, each a bound on an array sized by it, and each checked where its value is read.
+#define LP_MAX_LAYERS 1024  // a model's layers (model files asking for more are refused)
+#define LP_MAX_CHUNKS 1024  // pipeline chunks, p x v
+#define LP_MAX_SHARDS 1024  // data-parallel ranks ZeRO shards over
+
 typedef struct {
     int max_seq_len;        // T of the position table (wpe)
     int vocab_size;         // V: real tokens (50257 for GPT-2)
@@ -395,9 +400,9 @@ static inline void lp_config_validate(const LPConfig* c, const char* source) {
     if (c->num_layers < 1 || c->channels < 1 || c->num_heads < 1 || c->max_seq_len < 1 || c->vocab_size < 1)
         lp_fail("%s: model shape must be positive (L=%d C=%d NH=%d maxT=%d V=%d)", source, c->num_layers,
                 c->channels, c->num_heads, c->max_seq_len, c->vocab_size);
-    if (c->num_layers > 1024 || c->channels > 65536 || c->max_seq_len > 1 << 20 || c->padded_vocab_size > 1 << 17)
-        lp_fail("%s: model shape out of range (L=%d of at most 1024, C=%d of 65536, maxT=%d of 1048576, padded V=%d of 131072)",
-                source, c->num_layers, c->channels, c->max_seq_len, c->padded_vocab_size);
+    if (c->num_layers > LP_MAX_LAYERS || c->channels > 65536 || c->max_seq_len > 1 << 20 || c->padded_vocab_size > 1 << 17)
+        lp_fail("%s: model shape out of range (L=%d of at most %d, C=%d of 65536, maxT=%d of 1048576, padded V=%d of 131072)",
+                source, c->num_layers, LP_MAX_LAYERS, c->channels, c->max_seq_len, c->padded_vocab_size);
     if (c->channels % c->num_heads != 0)
         lp_fail("%s: channels %d not divisible by heads %d", source, c->channels, c->num_heads);
     if (c->padded_vocab_size < c->vocab_size)
@@ -2821,7 +2826,8 @@ static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) {
 
 // The part of the flat parameters [first, first + n) in each rank's shard, as counts in rank order.
 static inline void lp_model_owner_counts(const LPModel* m, size_t first, size_t n, int* counts) {
-    if (m->shard_group->size > 1024) lp_fail("ZeRO supports at most 1024 data-parallel ranks, got %d", m->shard_group->size);
+    if (m->shard_group->size > LP_MAX_SHARDS)
+        lp_fail("ZeRO supports at most %d data-parallel ranks, got %d", LP_MAX_SHARDS, m->shard_group->size);
     for (int r = 0; r < m->shard_group->size; r++) {
         size_t lo = m->shard_size * r, hi = lo + m->shard_size;
         size_t a = first > lo ? first : lo, b = first + n < hi ? first + n : hi;
@@ -2831,7 +2837,7 @@ static inline void lp_model_owner_counts(const LPModel* m, size_t first, size_t 
 
 // ZeRO-3: start gathering the weights of the flat parameters [flat, flat + count) from their shards.
 static inline void lp_model_gather_start(LPModel* m, floatX* dst, size_t flat, size_t count, LPPending* p) {
-    int counts[1024];
+    int counts[LP_MAX_SHARDS];
     lp_model_owner_counts(m, flat, count, counts);
     size_t mine = flat > m->shard_start ? flat - m->shard_start : 0;
     lp_all_gatherv_start(m->shard_group, m->param_shard + mine, dst, counts, p);
@@ -2865,7 +2871,7 @@ static inline void lp_model_gather_layer(LPModel* m, int l) {
 // the layers, once per step.)
 static inline void lp_model_reduce_grads(LPModel* m, floatX* src, size_t flat, size_t count) {
     const LPGroup* g = m->shard_group;
-    int counts[1024] = {0};
+    int counts[LP_MAX_SHARDS] = {0};
     lp_model_owner_counts(m, flat, count, counts);
     lp_reduce_scatterv_start(g, src, counts, &m->layer_reducing[0]);
     lp_wait(g, &m->layer_reducing[0]);
@@ -2877,7 +2883,7 @@ static inline void lp_model_reduce_grads(LPModel* m, floatX* src, size_t flat, s
 // rank's part of each tensor is summed where it lies in the buffer.
 static inline void lp_model_reduce_layer_start(LPModel* m, int l, int b) {
     const LPGroup* g = m->shard_group;
-    int counts[1024];
+    int counts[LP_MAX_SHARDS];
     m->reduce_adds[b] = 0;
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
         size_t per = m->param_sizes[i] / m->L, flat = m->param_offsets[i] + (size_t)l * per;
@@ -4659,7 +4665,7 @@ static inline float lp_stage_forward_backward(LPStage* st, LPDataLoader* train) 
     }
     for (int c = 0; c < v; c++) lp_model_zero_grad(&st->chunks[c]);
     for (int k = 0; k < v * m; k++) st->slot_owner[k] = -1;
-    int done[1024] = {0};  // backwards run per chunk
+    int done[LP_MAX_CHUNKS] = {0};  // backwards run per chunk
     float loss = 0.0f;
     for (int n = 0; n < 2 * m * v; n++) {
         LPAction a = st->actions[n];
@@ -4802,10 +4808,10 @@ static inline int lp_plan_order(const void* a, const void* b) {
 
 // Estimate one configuration: 0 and *out filled if it can run (fitting or not).
 static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
-    int layers[1024], chunks = s->p * s->v;
-    double stage_memory[1024], stage_params[1024];
+    int layers[LP_MAX_CHUNKS], chunks = s->p * s->v;
+    double stage_memory[LP_MAX_CHUNKS], stage_params[LP_MAX_CHUNKS];
     char why[256];
-    if (chunks > 1024 || lp_pp_partition(c, s, "balanced", layers, why, sizeof(why))) return 1;
+    if (chunks > LP_MAX_CHUNKS || lp_pp_partition(c, s, "balanced", layers, why, sizeof(why))) return 1;
     double t = s->t, d = s->d, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
     double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
     double pp_bw = t * d * s->p <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;

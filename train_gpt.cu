@@ -615,9 +615,9 @@ static int lp_parse_aux_layers(const char* list, int L, int* aux) {
     return n;
 }
 
-// The pipeline's p * v chunks: at most 1024, and more than one per stage only with more than one stage.
+// The pipeline's p * v chunks: at most LP_MAX_CHUNKS, and more than one per stage only with more than one stage.
 static void lp_check_chunks(const LPFlags* f) {
-    if (f->pp * f->vpp > 1024) lp_fail_all("--pp %d --vpp %d: at most 1024 chunks", f->pp, f->vpp);
+    if (f->pp * f->vpp > LP_MAX_CHUNKS) lp_fail_all("--pp %d --vpp %d: at most %d chunks", f->pp, f->vpp, LP_MAX_CHUNKS);
     if (f->vpp > 1 && f->pp < 2) lp_fail_all("--vpp %d: interleaving chunks needs a pipeline, --pp 2 or more", f->vpp);
 }
 
@@ -638,14 +638,14 @@ typedef struct {
     LPConfig cfg;
     LPStage stage;               // this rank's chunks of the model
     LPPipeShape shape;           // the pipeline, its schedule and the split of each chunk
-    int layers[1024];            // layers per chunk
+    int layers[LP_MAX_CHUNKS];   // layers per chunk
     int aux[LP_MAX_AUX];         // --aux-loss-layers
     int total_batch, accum;      // tokens per step; micro-batches per step (the pipeline's m)
     LPDataLoader train, val;
     int has_val;
     LPTokenizer tok;
     LPAdamW opt;
-    LPTrainState st;             // what a checkpoint holds besides weights and optimizer state
+    LPTrainState state;          // what a checkpoint holds besides weights and optimizer state
     FILE* logf;                  // -o DIR/main.log, rank 0
     int first_step;              // 0, or the step resumed from
     int on_disk;                 // the step whose state the newest checkpoint holds (-1: none)
@@ -712,19 +712,19 @@ static void lp_run_open_output(LPTrainRun* r) {
             lp_log("notice: checkpoint step %d is damaged (%s); resuming from step %d\n", latest, why, before);
             latest = before;
         }
-        LPTrainState* st = &r->st;
-        lp_checkpoint_load(r->stage.chunks, r->stage.v, st, f->out_dir, latest);
-        if (st->T != f->T || st->total_batch != r->total_batch)
+        LPTrainState* state = &r->state;
+        lp_checkpoint_load(r->stage.chunks, r->stage.v, state, f->out_dir, latest);
+        if (state->T != f->T || state->total_batch != r->total_batch)
             lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
-                        "has -t %d and %d", latest, st->T, st->total_batch, f->T, r->total_batch);
-        if (st->shuffle != f->shuffle || (st->shuffle && st->data_seed != f->seed)) {
+                        "has -t %d and %d", latest, state->T, state->total_batch, f->T, r->total_batch);
+        if (state->shuffle != f->shuffle || (state->shuffle && state->data_seed != f->seed)) {
             char was[64], now[64];
             lp_fail_all("flags --shuffle --seed: checkpoint step %d read its data %s; this run reads it %s", latest,
-                        lp_data_order(was, sizeof(was), st->shuffle, st->data_seed),
+                        lp_data_order(was, sizeof(was), state->shuffle, state->data_seed),
                         lp_data_order(now, sizeof(now), f->shuffle, f->seed));
         }
-        lp_dataloader_seek(&r->train, st->epoch, st->shard, st->pos);
-        lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, st->run_id);
+        lp_dataloader_seek(&r->train, state->epoch, state->shard, state->pos);
+        lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, state->run_id);
         if (latest >= f->max_steps)
             lp_log("notice: the run has done %d steps, -x asks for %d: nothing left to train (a larger -x trains on)\n",
                    latest, f->max_steps);
@@ -735,9 +735,9 @@ static void lp_run_open_output(LPTrainRun* r) {
                         "choose another -o, or pass --overwrite to remove them", f->out_dir, existing);
         if (existing >= 0 && proc->rank == 0) lp_checkpoint_prune(f->out_dir, 0);
         uint64_t now = (uint64_t)(lp_time_s() * 1e9) ^ ((uint64_t)getpid() << 32);
-        r->st.run_id = (int)(lp_rand_u32(&now) % 0x7fffffffu) + 1;  // 1 .. 2^31-1 (0: a checkpoint from before ids)
-        lp_broadcast_host(&proc->world_group, &r->st.run_id, sizeof(r->st.run_id), 0);  // rank 0's
-        lp_log("run %08x: a fresh run; its checkpoints carry this id\n", r->st.run_id);
+        r->state.run_id = (int)(lp_rand_u32(&now) % 0x7fffffffu) + 1;  // 1 .. 2^31-1 (0: a checkpoint from before ids)
+        lp_broadcast_host(&proc->world_group, &r->state.run_id, sizeof(r->state.run_id), 0);  // rank 0's
+        lp_log("run %08x: a fresh run; its checkpoints carry this id\n", r->state.run_id);
     }
     char path[LP_PATH_MAX];
     lp_path(path, "%s/main.log", f->out_dir);
@@ -820,11 +820,11 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     }
     lp_report_setup(r, rank_params, param_bytes, grad_bytes, optim_bytes, act_bytes);
 
-    r->st.rng = f->seed ^ 0x9E3779B97F4A7C15ull;
+    r->state.rng = f->seed ^ 0x9E3779B97F4A7C15ull;
     if (f->out_dir[0]) lp_run_open_output(r);
     LPAdamW opt = {f->beta1, f->beta2, f->eps, f->weight_decay, f->grad_clip};
     r->opt = opt;
-    r->first_step = r->st.step;
+    r->first_step = r->state.step;
     r->on_disk = f->resume ? r->first_step : -1;
     r->rollback = strcmp(f->on_divergence, "rollback") == 0;
     r->skip = strcmp(f->on_divergence, "skip") == 0;
@@ -847,7 +847,7 @@ static void lp_run_between_steps(LPTrainRun* r, int step) {
         if (r->logf) fprintf(r->logf, "s:%d tel:%f\n", step, vl);
     }
     if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
-        lp_sample(&r->stage, &r->tok, f->gen_tokens, &r->st.rng, step);
+        lp_sample(&r->stage, &r->tok, f->gen_tokens, &r->state.rng, step);
     int untrained = step == 0 && f->max_steps > 0 && !r->rollback;  // not worth saving, unless to roll back to
     float due = 0.0f;  // --ckpt-minutes: rank 0's clock decides for everyone
     if (f->ckpt_minutes > 0.0f) {
@@ -856,17 +856,17 @@ static void lp_run_between_steps(LPTrainRun* r, int step) {
     }
     int wanted = (f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due || (r->rollback && r->on_disk < 0);
     if (!f->out_dir[0] || step == r->on_disk || untrained || !wanted) return;
-    LPTrainState* st = &r->st;
-    st->step = step;
-    st->epoch = r->train.epoch;
-    st->shard = r->train.shard;
-    st->pos = r->train.pos;
-    st->shuffle = f->shuffle;
-    st->data_seed = f->seed;
-    st->B = f->B;
-    st->T = f->T;
-    st->total_batch = r->total_batch;
-    lp_checkpoint_save(r->stage.chunks, r->stage.v, st, f->out_dir, &proc->world_group);
+    LPTrainState* state = &r->state;
+    state->step = step;
+    state->epoch = r->train.epoch;
+    state->shard = r->train.shard;
+    state->pos = r->train.pos;
+    state->shuffle = f->shuffle;
+    state->data_seed = f->seed;
+    state->B = f->B;
+    state->T = f->T;
+    state->total_batch = r->total_batch;
+    lp_checkpoint_save(r->stage.chunks, r->stage.v, state, f->out_dir, &proc->world_group);
     if (f->keep && proc->rank == 0) lp_checkpoint_prune(f->out_dir, f->keep);
     r->last_save_s = lp_time_s();
     r->on_disk = step;
@@ -892,7 +892,7 @@ static int lp_run_diverged(LPTrainRun* r, int step, const char* diverged, int ba
         lp_log("step %d/%d | skipped, its batch and update dropped: %s\n", step + 1, f->max_steps, diverged);
         return step + 1;
     }
-    lp_checkpoint_load(r->stage.chunks, r->stage.v, &r->st, f->out_dir, r->on_disk);
+    lp_checkpoint_load(r->stage.chunks, r->stage.v, &r->state, f->out_dir, r->on_disk);
     lp_log("step %d/%d | rolled back to checkpoint step %d, the batches of the %d step(s) since skipped: %s\n", step + 1,
            f->max_steps, r->on_disk, step + 1 - r->on_disk, diverged);
     return r->on_disk;
@@ -1001,7 +1001,7 @@ static void lp_report_end(LPTrainRun* r) {
     int K = proc->pp * f->vpp, m = r->accum;
     char why[512];
     lp_all_reduce_host(&proc->pp_group, r->pipe_cost, 2 * K, 0);  // each stage adds its chunks'
-    double cost[2 * 1024], busy = 0.0, unit_bubble;
+    double cost[2 * LP_MAX_CHUNKS], busy = 0.0, unit_bubble;
     for (int k = 0; k < 2 * K; k++) cost[k] = r->pipe_cost[k] / ((double)r->timed_steps * m);  // one micro-batch
     for (int s = 0; s < proc->pp; s++) {  // the busiest stage's compute per step
         double b = 0.0;
@@ -1049,7 +1049,7 @@ static void lp_train(const LPFlags* f, const LPProcess* proc) {
 static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
-    int chunks = f->pp * f->vpp, layers[1024], first = 0;
+    int chunks = f->pp * f->vpp, layers[LP_MAX_CHUNKS], first = 0;
     char why[512];
     lp_check_chunks(f);
     long long tp_pp = (long long)f->tp * f->pp;
