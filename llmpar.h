@@ -1144,8 +1144,9 @@ static inline void lp_sends_free(LPSends* s) {
 }
 
 // Overlap: collectives started now and finished together by lp_wait, while compute goes on. NCCL runs
-// them on a stream of their own, ordered after the compute stream's work so far, and lp_wait makes the
-// compute stream wait for that stream. The CPU build uses MPI's nonblocking calls. The CUDA build over
+// them on a stream of their own, ordered after the compute stream's work so far; each LPPending records
+// its own event there after its last collective, and lp_wait makes the compute stream wait for that event
+// alone, not for collectives started later on other LPPendings (the next layer's reduce, a prefetch). The CPU build uses MPI's nonblocking calls. The CUDA build over
 // MPI cannot overlap (its staging is synchronous): there a start runs the collective at once.
 #define LP_MAX_PENDING 1024
 typedef struct {
@@ -1157,6 +1158,9 @@ typedef struct {
     size_t n[LP_MAX_PENDING];
     int* args[LP_MAX_PENDING];  // counts (and displacements) MPI reads until the operation completes
 #endif
+#ifdef LLMPAR_NCCL
+    cudaEvent_t done;  // on the comm stream, after this pending's last collective (created on first use)
+#endif
     int count;
 } LPPending;
 #ifdef LLMPAR_NCCL
@@ -1166,7 +1170,19 @@ static inline void lp_comm_stream_follows_compute(void) {
     cudaCheck(cudaEventRecord(lp_comm_event, 0));
     cudaCheck(cudaStreamWaitEvent(lp_comm_stream, lp_comm_event, 0));
 }
+// A collective of p's is enqueued on the comm stream: p's event moves to after it.
+static inline void lp_pending_enqueued(LPPending* p) {
+    if (!p->done) cudaCheck(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(p->done, lp_comm_stream));
+    p->count++;
+}
 #endif
+static inline void lp_pending_free(LPPending* p) {
+#ifdef LLMPAR_NCCL
+    if (p->done) cudaCheck(cudaEventDestroy(p->done));
+#endif
+    memset(p, 0, sizeof(*p));
+}
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
 static inline int lp_pending_slot(LPPending* p, const LPGroup* g) {
     if (p->count == LP_MAX_PENDING) lp_fail("more than %d collectives in flight on group %s", LP_MAX_PENDING, g->name);
@@ -1185,7 +1201,7 @@ static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n, LP
     if (g->nccl) {
         lp_comm_stream_follows_compute();
         lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, ncclAvg, g->nccl, lp_comm_stream), "all-reduce", g);
-        p->count++;
+        lp_pending_enqueued(p);
         return;
     }
 #endif
@@ -1220,7 +1236,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
-        p->count++;
+        lp_pending_enqueued(p);
         return;
     }
 #endif
@@ -1280,7 +1296,7 @@ static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const i
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
-        p->count++;
+        lp_pending_enqueued(p);
         return;
     }
 #endif
@@ -1312,9 +1328,8 @@ static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const i
 static inline void lp_wait(const LPGroup* g, LPPending* p) {
     if (p->count == 0) return;
 #ifdef LLMPAR_NCCL
-    if (g->nccl) {  // the compute stream waits for the comm stream
-        cudaCheck(cudaEventRecord(lp_comm_event, lp_comm_stream));
-        cudaCheck(cudaStreamWaitEvent(0, lp_comm_event, 0));
+    if (g->nccl) {  // the compute stream waits for p's collectives, and only for them
+        cudaCheck(cudaStreamWaitEvent(0, p->done, 0));
         p->count = 0;
         return;
     }
@@ -3389,6 +3404,11 @@ static inline void lp_model_free(LPModel* m) {
         free(m->losses_host);
     }
     free(m->runs);
+    for (int b = 0; b < 2; b++) {
+        lp_pending_free(&m->layer_reducing[b]);
+        lp_pending_free(&m->gathering[b]);
+    }
+    lp_pending_free(&m->reducing);
     memset(m, 0, sizeof(*m));
 }
 
@@ -4529,11 +4549,15 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
         cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
         // send copies come from the default pool, freed on the send streams: it must never hand the compute
         // stream a block whose send is still pending (that would make compute wait on a send, and an
-        // interleaved schedule can then deadlock); when short of memory it then fails with out of memory
+        // interleaved schedule can then deadlock); when short of memory it then fails with out of memory.
+        // The pool keeps what it has (release threshold: all of it), so each step's sends reuse the memory
+        // the first step mapped instead of mapping it again after every synchronisation.
         cudaMemPool_t pool;
         int never = 0;
+        uint64_t keep = UINT64_MAX;
         cudaCheck(cudaDeviceGetDefaultMemPool(&pool, proc->device));
         cudaCheck(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &never));
+        cudaCheck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     }
 #endif
     // the head group: a communicator of the stages whose chunks hold the head
