@@ -2445,6 +2445,16 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
     lp_copy_to_host(&result, partials + LP_NORM_BLOCKS, sizeof(float));
     return result;
 }
+
+// The scratch buffers at their largest for batches of up to N rows of C channels (bias gradients of up to
+// 4C outputs), sized once at set-up: growing one later frees it, and cudaFree waits for the whole device.
+static inline void lp_scratch_reserve(size_t N, int C) {
+    size_t partials = (size_t)LP_LN_BLOCKS * 2 * C;  // layernorm backward
+    if ((size_t)LP_BIAS_CHUNKS * 4 * C > partials) partials = (size_t)LP_BIAS_CHUNKS * 4 * C;
+    if (LP_NORM_BLOCKS + 1 > partials) partials = LP_NORM_BLOCKS + 1;
+    lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");
+    lp_scratch(&lp_embedding_index, (3 * N + 1) * sizeof(int), "embedding backward index");  // 2U + 1 + M, U and M <= N
+}
 #endif
 
 // The ops the model calls, bound to this build's version: the CPU loop, or the CUDA launcher.
@@ -3065,6 +3075,9 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
     m->losses_host = (float*)lp_host_malloc(BT * sizeof(float), "losses");
     m->act = m->slot_act[0];
     m->inputs_host = m->slot_inputs;
+#ifndef LLMPAR_CPU
+    lp_scratch_reserve(BT, m->cfg.channels);
+#endif
 }
 
 // Forward and backward work on slot k's activations from now on.

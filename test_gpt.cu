@@ -2770,6 +2770,34 @@ static void tier4_kernel_tests(void) {
 }
 
 
+#ifdef LLMPAR_CUDAEMU
+// Training steps free no device memory: cudaFree waits for the whole GPU. Run first in tier 4, so the
+// scratch buffers start empty and only the set-up (lp_model_alloc_activations) can have sized them.
+static void test_no_free_in_steps(void) {
+    LPConfig c = tiny_config();
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, 7);
+    lp_model_alloc_activations(&m, 2, 16, 1);
+    int tokens[33];
+    uint64_t rng = 5;
+    for (int i = 0; i < 33; i++) tokens[i] = (int)(lp_rand_u32(&rng) % c.vocab_size);
+    LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    long before = cudaemu_device_frees();
+    for (int step = 0; step < 3; step++) {
+        lp_model_zero_grad(&m);
+        lp_model_forward(&m, tokens, tokens + 1, 2, 16, 1.0f / 32);
+        lp_model_backward(&m, 1);
+        lp_models_adamw(&m, 1, NULL, 1e-3f, lp_models_grad_norm(&m, 1, NULL), &opt);
+    }
+    char name[160];
+    snprintf(name, sizeof(name), "3 training steps of the CUDA engine call cudaFree %ld times (0: scratch sized at set-up)",
+             cudaemu_device_frees() - before);
+    expect(cudaemu_device_frees() == before, name);
+    lp_model_free(&m);
+}
+#endif
+
 // Three training steps of the CUDA engine against ./train_gpt_cpu on the same llm.c model and tokens.
 // bf16 activations and gradients put the losses within ~1% of fp32; the weights after 3 AdamW steps of
 // lr 1e-3 may differ by up to 2 lr per step where a tiny gradient changes sign: atol 6e-3.
@@ -2976,6 +3004,9 @@ int main(int argc, char** argv) {
 #else
     lp_device_init(&proc);
     printf("tier 4: CUDA kernels and steps against the CPU build\n");
+#ifdef LLMPAR_CUDAEMU
+    RUN(test_no_free_in_steps);
+#endif
     RUN(tier4_kernel_tests);
     RUN(test_step_vs_cpu_build);
     RUN(test_parallel_grids);

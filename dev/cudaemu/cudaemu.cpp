@@ -663,6 +663,9 @@ static cudaError_t fail(cudaError_t code, const char* fmt, ...) {  // a returned
 // ----------------------------------------------------------------------------------------------------
 // 6. kernel launches and the race check
 
+static long device_frees;  // cudaFree calls, for cudaemu_device_frees
+long cudaemu_device_frees(void) { return device_frees; }
+
 void cudaemu_racecheck(int on) {
     touch();
     cfg.racecheck = on;
@@ -820,6 +823,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {  // like CUDA's, it waits for the device first
     touch();
+    device_frees++;
     device_sync();
     return mem_free(p, MEM_DEVICE, "cudaFree") == cudaSuccess
                ? cudaSuccess : fail(cudaErrorInvalidValue, "cudaFree(%p): not an address cudaMalloc returned", p);

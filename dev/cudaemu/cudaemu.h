@@ -117,6 +117,8 @@ void* cudaemu_dynamic_shared(void);
 // ---- controls for tests: the race check reruns every launch in three thread orders (forward, reversed,
 // shuffled) from the same starting bytes and stops with an error naming the kernel when they differ.
 void cudaemu_racecheck(int on);
+// cudaFree calls so far (each waits for the whole device on a GPU: a training step should make none).
+long cudaemu_device_frees(void);
 
 // ---- kernel launch: kernel<<<grid, block, shmem, stream>>>(args) becomes
 // cudaemu_launch("name", kernel, grid, block, shmem, stream, args...)
