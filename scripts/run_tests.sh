@@ -121,8 +121,8 @@ done
 rm -rf "$smoke_dir"
 # the library's usage example: one process without mpirun, with MPI and without (plain cc); data-parallel
 # under mpirun; under nvcc compiled (and run on a GPU). The emulated tier runs its CUDA build.
-# The loop at the top of llmpar.h (its indented lines) is the example's main, verbatim.
-usage=$(sed -n '1,/^\*\//p' llmpar.h | grep '^    ')
+# The loop in the usage block at the top of llmpar.h (its indented lines) is the example's main, verbatim.
+usage=$(sed -n '/^Use as a library/,/^\*\//p' llmpar.h | grep '^    ')
 if [ -n "$usage" ] && [ "$usage" = "$(sed -n '/^int main/,/^}/p' dev/examples/train_loop.cu | grep -v '^    return 0;$' | grep '^    ')" ]; then
     passed=$((passed + 1))
 else
