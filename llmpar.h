@@ -56,7 +56,8 @@ dev/examples/train_loop.cu compiles it (`make test` builds and runs it on each b
     lp_model_alloc_activations(&model, B, T, 1);
     LPDataLoader data;                          // llm.c shards; this rank's (B, T) slice of each batch
     lp_dataloader_init(&data, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "train data", B, T,
-                       proc.dp_rank, proc.dp, 0, 0, 0, cfg.vocab_size, 1);
+                       proc.dp_rank, proc.dp, 0, 0, 0, cfg.vocab_size, 1);  // windows of one batch, file
+                                                // order (shuffle 0, seed 0), every token checked (1)
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};  // beta1, beta2, eps, weight decay, grad-norm clip (train_gpt's)
     for (int step = 1; step <= steps; step++) {
         lp_dataloader_next(&data);              // data.inputs, data.targets: the same tokens one ahead
