@@ -25,7 +25,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
  11. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
                  defines: lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition, lp_device_peak_flops
  12. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
-                 defines: LPStage, lp_stage_create, lp_stage_forward_backward, lp_stage_grad_norm, lp_stage_adamw
+                 defines: LPStage, lp_stage_create, lp_stage_forward_backward, lp_stage_grad_norm, lp_stage_adamw,
+                 lp_stage_bubble
  13. plan        the configuration advisor (--plan N): every grid, ZeRO stage and recomputation, ranked
                  defines: LPPlanMachine, LPPlan, lp_plan
 
@@ -4493,6 +4494,7 @@ static inline double lp_device_peak_flops(void) {
 
 typedef struct {
     int p, v, s, m;         // stages, chunks per stage, this stage, micro-batches per step
+    int kind;               // the schedule (LP_SCHEDULE_...)
     LPModel* chunks;        // (v) chunk c is virtual stage c*p + s
     const LPGroup* pp;      // this pipeline's stages
     LPGroup head;           // the stages holding the head (wte, lnf): 0, p-1 and those with auxiliary losses
@@ -4517,6 +4519,10 @@ typedef struct {
     // receive; in all
     double* chunk_s;
     double wait_s, wall_s;
+    // sums of these over the timed steps (lp_stage_time_step), for the bubble report (lp_stage_bubble)
+    double* chunk_sum;
+    double wall_sum;
+    int timed_steps;
 } LPStage;
 
 // Create this rank's chunks (unset weights) for the partition layers[p*v] and a step of m micro-batches on
@@ -4538,6 +4544,8 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
                     32767 / (2 * st->p * v));
     st->actions = (LPAction*)lp_host_malloc((size_t)2 * m * v * sizeof(LPAction), "schedule");
     st->chunk_s = (double*)calloc((size_t)2 * v, sizeof(double));
+    st->chunk_sum = (double*)calloc((size_t)2 * v, sizeof(double));
+    st->kind = kind;
     lp_schedule_stage(kind, st->p, v, m, st->s, st->actions);
     st->chunks = (LPModel*)lp_host_malloc((size_t)v * sizeof(LPModel), "model chunks");
     for (int c = 0; c < v; c++) {
@@ -4766,11 +4774,60 @@ static inline int lp_stage_adamw(LPStage* st, float lr, float norm, const LPAdam
     return lp_models_adamw(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
 }
 
+// Add the last step's timings to the sums the bubble report reads (the driver leaves out the first step,
+// which warms up).
+static inline void lp_stage_time_step(LPStage* st) {
+    for (int k = 0; k < 2 * st->v; k++) st->chunk_sum[k] += st->chunk_s[k];
+    st->wall_sum += st->wall_s;
+    st->timed_steps++;
+}
+
+// The pipeline's bubble over the timed steps, the same on every stage (collective over the pipeline):
+// measured, the forward-backward wall time over the busiest stage's compute, less 1; and as the schedule's
+// simulator predicts it from the measured cost of each chunk's forward and backward, and from unit costs.
+typedef struct {
+    double measured, simulated, unit;  // fractions of the busiest stage's compute
+    double wall_s, busy_s;             // per step
+} LPBubble;
+static inline LPBubble lp_stage_bubble(LPStage* st) {
+    int K = st->p * st->v, m = st->m;
+    LPBubble b;
+    memset(&b, 0, sizeof(b));
+    if (st->timed_steps == 0) return b;
+    float* sum = (float*)calloc((size_t)2 * K, sizeof(float));  // each virtual stage's forwards, then backwards
+    for (int c = 0; c < st->v; c++)
+        for (int dir = 0; dir < 2; dir++) sum[dir * K + c * st->p + st->s] = (float)st->chunk_sum[dir * st->v + c];
+    lp_all_reduce_host(st->pp, sum, 2 * K, 0);  // each stage adds its chunks'
+    double* cost = (double*)calloc((size_t)2 * K, sizeof(double));
+    for (int k = 0; k < 2 * K; k++) cost[k] = sum[k] / ((double)st->timed_steps * m);  // one micro-batch
+    for (int s = 0; s < st->p; s++) {  // the busiest stage's compute per step
+        double busy = 0.0;
+        for (int c = 0; c < st->v; c++) busy += (cost[c * st->p + s] + cost[K + c * st->p + s]) * m;
+        if (busy > b.busy_s) b.busy_s = busy;
+    }
+    float wall = (float)(st->wall_sum / st->timed_steps);
+    lp_all_reduce_host(st->pp, &wall, 1, 1);
+    b.wall_s = wall;
+    b.measured = wall / b.busy_s - 1.0;
+    LPSimulation sim;
+    char why[512];
+    if (lp_schedule_simulate(&sim, st->kind, st->p, st->v, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
+    b.unit = sim.bubble;
+    lp_simulation_free(&sim);
+    if (lp_schedule_simulate(&sim, st->kind, st->p, st->v, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
+    b.simulated = sim.bubble;
+    lp_simulation_free(&sim);
+    free(sum);
+    free(cost);
+    return b;
+}
+
 static inline void lp_stage_free(LPStage* st) {
     for (int c = 0; c < st->v; c++) lp_model_free(&st->chunks[c]);
     free(st->chunks);
     free(st->actions);
     free(st->chunk_s);
+    free(st->chunk_sum);
     free(st->slot_owner);
     free(st->tokens);
     lp_sends_free(&st->sends);

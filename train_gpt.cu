@@ -653,10 +653,9 @@ typedef struct {
     int strikes, computed;       // divergences since the run last moved on; training steps computed
     LPLossWindow recent;         // the last steps' losses, for spotting spikes
     double start_s, last_save_s; // the loop's start; the last save (--ckpt-minutes)
-    // reports: the timed steps (all but the first), the pipeline's measured costs, the TP group's traffic
-    double flops_per_step, peak, sum_ms, sum_update_ms, pipe_wall;
+    // reports: the timed steps (all but the first), the TP group's traffic (the stage times its own chunks)
+    double flops_per_step, peak, sum_ms, sum_update_ms;
     int timed_steps;
-    float* pipe_cost;            // seconds of each virtual stage's forwards, then backwards
     LPGroup tp_traffic;
 } LPTrainRun;
 
@@ -831,7 +830,6 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
     r->flops_per_step = lp_flops_per_token(&r->cfg, f->T) * r->total_batch;
     r->peak = lp_device_peak_flops() * proc->gpus;
-    r->pipe_cost = (float*)calloc((size_t)2 * proc->pp * f->vpp, sizeof(float));
     r->start_s = r->last_save_s = lp_time_s();
 }
 
@@ -908,14 +906,10 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
         r->tp_traffic.bytes[k] += proc->tp_group.bytes[k] - tp_before->bytes[k];
     }
     if (step > r->first_step) {  // the first step warms up: leave it out of the means
-        int K = proc->pp * f->vpp;
         r->sum_ms += ms;
         r->sum_update_ms += update_ms;
-        for (int c = 0; c < r->stage.v; c++)
-            for (int dir = 0; dir < 2; dir++)
-                r->pipe_cost[dir * K + c * proc->pp + proc->pp_rank] += (float)r->stage.chunk_s[dir * r->stage.v + c];
-        r->pipe_wall += r->stage.wall_s;
         r->timed_steps++;
+        lp_stage_time_step(&r->stage);
     }
     lp_log("step %d/%d | loss %f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, f->max_steps, loss, lr,
            norm, ms, r->total_batch / (ms / 1000.0));
@@ -998,31 +992,13 @@ static void lp_report_end(LPTrainRun* r) {
                "%.1f all-gathers (%.4f MiB)\n", (double)tr->calls[0] / steps, tr->bytes[0] / steps / MiB,
                (double)tr->calls[1] / steps, tr->bytes[1] / steps / MiB, (double)tr->calls[2] / steps, tr->bytes[2] / steps / MiB);
     if (proc->pp < 2 || r->timed_steps == 0) return;
-    int K = proc->pp * f->vpp, m = r->accum;
-    char why[512];
-    lp_all_reduce_host(&proc->pp_group, r->pipe_cost, 2 * K, 0);  // each stage adds its chunks'
-    double cost[2 * LP_MAX_CHUNKS], busy = 0.0, unit_bubble;
-    for (int k = 0; k < 2 * K; k++) cost[k] = r->pipe_cost[k] / ((double)r->timed_steps * m);  // one micro-batch
-    for (int s = 0; s < proc->pp; s++) {  // the busiest stage's compute per step
-        double b = 0.0;
-        for (int c = 0; c < f->vpp; c++) b += (cost[c * proc->pp + s] + cost[K + c * proc->pp + s]) * m;
-        if (b > busy) busy = b;
-    }
-    float wall = (float)(r->pipe_wall / r->timed_steps);
-    lp_all_reduce_host(&proc->pp_group, &wall, 1, 1);
-    LPSimulation sim;
-    if (lp_schedule_simulate(&sim, r->shape.kind, proc->pp, f->vpp, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
-    unit_bubble = sim.bubble;
-    lp_simulation_free(&sim);
-    if (lp_schedule_simulate(&sim, r->shape.kind, proc->pp, f->vpp, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
+    LPBubble b = lp_stage_bubble(&r->stage);  // the measured bubble, and the simulator's from the measured costs
     lp_log("pipeline bubble  measured %.1f%% (forward-backward %.2f ms per step, the busiest stage computing %.2f ms); "
-           "simulated with the measured costs %.1f%%, with unit costs %.1f%%\n", 100.0 * (wall / busy - 1.0), wall * 1e3,
-           busy * 1e3, 100.0 * sim.bubble, 100.0 * unit_bubble);
-    lp_simulation_free(&sim);
+           "simulated with the measured costs %.1f%%, with unit costs %.1f%%\n", 100.0 * b.measured, b.wall_s * 1e3,
+           b.busy_s * 1e3, 100.0 * b.simulated, 100.0 * b.unit);
 }
 
 static void lp_run_free(LPTrainRun* r) {
-    free(r->pipe_cost);
     if (r->logf) fclose(r->logf);
     lp_tokenizer_free(&r->tok);
     if (r->has_val) lp_dataloader_free(&r->val);
