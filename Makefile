@@ -118,7 +118,4 @@ readme-flags: train_gpt_cpu
 
 clean:
 	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu
-clean: clean-examples
-.PHONY: clean-examples
-clean-examples:
 	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu

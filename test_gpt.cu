@@ -2714,7 +2714,7 @@ static void tier4_optimizer(uint64_t* rng) {
     float *p = (float*)lp_host_malloc(n * 4, "test");
     floatX *d_g = dev_bf16(g, n), *d_p = dev_bf16(p, n);
     float *d_w = (float*)dev_copy(w, n * 4), *d_m = (float*)dev_copy(m, n * 4), *d_v = (float*)dev_copy(v, n * 4);
-    lp_adamw_cpu(p, w, g, m, v, n, 1e-3f, 0.9f, 0.95f, 0.5f, 0.3f, 1e-8f, 0.1f, 0.7f, 42);
+    lp_adamw_cpu(w, w, g, m, v, n, 1e-3f, 0.9f, 0.95f, 0.5f, 0.3f, 1e-8f, 0.1f, 0.7f, 42);  // the CPU build's params are its master
     lp_adamw_gpu(d_p, d_w, d_g, d_m, d_v, n, 1e-3f, 0.9f, 0.95f, 0.5f, 0.3f, 1e-8f, 0.1f, 0.7f, 42);
     float *gw = host_from_f32(d_w, n), *gm = host_from_f32(d_m, n), *gv = host_from_f32(d_v, n), *gp = host_from(d_p, n);
     expect_close("gpu adamw master weights", gw, w, n, 1e-6f, 1e-5f);

@@ -650,6 +650,7 @@ typedef struct {
     int first_step;              // 0, or the step resumed from
     int on_disk;                 // the step whose state the newest checkpoint holds (-1: none)
     int rollback, skip;          // --on-divergence
+    int cosine;                  // -k: cosine (else linear) decay
     int strikes, computed;       // divergences since the run last moved on; training steps computed
     LPLossWindow recent;         // the last steps' losses, for spotting spikes
     double start_s, last_save_s; // the loop's start; the last save (--ckpt-minutes)
@@ -827,6 +828,7 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     r->on_disk = f->resume ? r->first_step : -1;
     r->rollback = strcmp(f->on_divergence, "rollback") == 0;
     r->skip = strcmp(f->on_divergence, "skip") == 0;
+    r->cosine = strcmp(f->schedule, "cosine") == 0;
     // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
     r->flops_per_step = lp_flops_per_token(&r->cfg, f->T) * r->total_batch;
     r->peak = lp_device_peak_flops() * proc->gpus;
@@ -945,7 +947,7 @@ static int lp_run_step(LPTrainRun* r, int step) {
     float loss = lp_stage_forward_backward(&r->stage, &r->train);
     lp_all_reduce_host(&proc->dp_group, &loss, 1, 1);
     loss = lp_injected_loss(++r->computed, loss);
-    float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, strcmp(f->schedule, "cosine") == 0);
+    float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, r->cosine);
     lp_device_sync();
     double t1 = lp_time_s();
     // the divergence guard: the loss and the gradient norm before the update, the weights after it (every
