@@ -14,20 +14,23 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, LPPending, lp_wait
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
-  7. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
+  7. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live, where gradients are
+                 averaged over dp; the hooks forward and backward call around each layer
+                 defines: LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done, lp_zero_average
+  8. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
                  defines: LPModel, LPSplit, LPLayerActs, lp_model_create, lp_model_forward, lp_model_backward
-  8. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
+  9. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
                  defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
-  9. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
+ 10. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
                  defines: LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
- 10. files       model files (llm.c format), checkpoints, tokenizer
+ 11. files       model files (llm.c format), checkpoints, tokenizer
                  defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, LPTokenizer
- 11. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
+ 12. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
                  defines: lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition, lp_device_peak_flops
- 12. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
+ 13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
                  defines: LPStage, lp_stage_create, lp_stage_forward_backward, lp_stage_grad_norm, lp_stage_adamw,
                  lp_stage_bubble
- 13. plan        the configuration advisor (--plan N): every grid, ZeRO stage and recomputation, ranked
+ 14. plan        the configuration advisor (--plan N): every grid, ZeRO stage and recomputation, ranked
                  defines: LPPlanMachine, LPPlan, lp_plan
 
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
@@ -75,7 +78,7 @@ Your own tokens instead of the loader: B*T+1 of them in an int array, inputs = t
 Build: CPU `cc -x c -std=gnu11 -O3 -fopenmp -DLLMPAR_CPU app.cu -lm` (mpicc and -DLLMPAR_MPI for ranks,
 -DLLMPAR_BLAS and OpenBLAS for fast matmuls); CUDA `nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -fopenmp
 app.cu -lcublasLt -lcublas` (the Makefile's dev/examples targets show both, MPI and NCCL flags included).
-More: sections 7-9 below, each call's comment above it; train_gpt.cu's lp_train for the full driver (gradient
+More: sections 7-10 below, each call's comment above it; train_gpt.cu's lp_train for the full driver (gradient
 accumulation, LR schedule, TP/PP/ZeRO, checkpoints); README.md.
 */
 #ifndef LLMPAR_H
@@ -1589,15 +1592,17 @@ static inline void lp_gemm(int transA, int transB, int m, int n, int k, const fl
 }
 #endif
 
-// --- embedding: out[i,:] = wte[token_i] for the tokens in this rank's slice [v0, v0 + Vl) of the
-// vocabulary, 0 for the others (tensor parallelism: each rank owns Vl rows of wte; the partial embeddings
-// are summed over the group). Without TP the slice is the whole vocabulary.
+// --- embedding: out[i,:] = wte[token_i] for the tokens in the slice [v0, v0 + Vl) of the vocabulary that
+// wte holds; the other rows of out are left as they are (zeroed by the caller). Tensor parallelism: each
+// rank owns Vl rows of wte, and the partial embeddings are summed over the group; ZeRO-3 fills out a
+// gathered piece of wte at a time. Without either the slice is the whole vocabulary.
 static inline void lp_embedding_forward_cpu(float* out, const int* tokens, const float* wte, int v0, int Vl, int N, int C) {
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         int v = tokens[i] - v0;
+        if (v < 0 || v >= Vl) continue;
         float* o = out + (size_t)i * C;
-        for (int c = 0; c < C; c++) o[c] = v >= 0 && v < Vl ? wte[(size_t)v * C + c] : 0.0f;
+        for (int c = 0; c < C; c++) o[c] = wte[(size_t)v * C + c];
     }
 }
 
@@ -1635,7 +1640,7 @@ __global__ void lp_embedding_forward_kernel(floatX* out, const int* tokens, cons
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
     int v = tokens[i / C] - v0;
-    out[i] = v >= 0 && v < Vl ? wte[(size_t)v * C + i % C] : lp_xf(0.0f);
+    if (v >= 0 && v < Vl) out[i] = wte[(size_t)v * C + i % C];
 }
 static inline void lp_embedding_forward_gpu(floatX* out, const int* tokens, const floatX* wte, int v0, int Vl, int N, int C) {
     size_t n = (size_t)N * C;
@@ -1969,6 +1974,43 @@ static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* db
 #define lp_matmul_backward_cpu lp_matmul_backward_loops
 #endif
 
+// --- strided matmul: C (M,N) = op(A) @ op(B), or C += it (accumulate), row-major with leading dimensions
+// lda, ldb, ldc, op transposing A (stored (K,M)) when ta is set and B (stored (N,K)) when tb is set. The LM
+// head runs on a piece of the vocabulary at a time (ZeRO-2/3 hold wte in pieces): a piece's columns of the
+// logits. sgemm when the CPU build has a BLAS, else this loop.
+static inline void lp_gemm_strided_loops(int ta, int tb, int M, int N, int K, const float* A, int lda, const float* B,
+                                         int ldb, int accumulate, float* C, int ldc) {
+#pragma omp parallel for
+    for (int i = 0; i < M; i++) {
+        float* c = C + (size_t)i * ldc;
+        if (!accumulate)
+            for (int j = 0; j < N; j++) c[j] = 0.0f;
+        if (tb) {  // B's rows: dot products
+            for (int j = 0; j < N; j++) {
+                const float* b = B + (size_t)j * ldb;
+                float s = 0.0f;
+                for (int k = 0; k < K; k++) s += (ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) * b[k];
+                c[j] += s;
+            }
+        } else {  // C's row is a sum of B's rows, scaled
+            for (int k = 0; k < K; k++) {
+                float a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+                const float* b = B + (size_t)k * ldb;
+                for (int j = 0; j < N; j++) c[j] += a * b[j];
+            }
+        }
+    }
+}
+#ifdef LLMPAR_BLAS
+static inline void lp_gemm_strided_cpu(int ta, int tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+                                       int accumulate, float* C, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B, ldb,
+                accumulate ? 1.0f : 0.0f, C, ldc);
+}
+#else
+#define lp_gemm_strided_cpu lp_gemm_strided_loops
+#endif
+
 // dinp = gelu'(inp) * dout; dinp may alias dout
 static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const float* dout, int N) {
 #pragma omp parallel for
@@ -2019,6 +2061,13 @@ static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX*
         LP_LAUNCH(lp_bias_partials_kernel, grid, LP_THREADS, 0, partials, dout, N, OC);
         LP_LAUNCH(lp_sum_partials_kernel, lp_grid(OC, LP_THREADS), LP_THREADS, 0, dbias, partials, LP_BIAS_CHUNKS, OC, OC);
     }
+}
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B's storage read as column-major is B^T,
+// so B goes first, transposed when tb is set, then A.
+static inline void lp_gemm_strided_gpu(int ta, int tb, int M, int N, int K, const floatX* A, int lda, const floatX* B, int ldb,
+                                       int accumulate, floatX* C, int ldc) {
+    lp_gemm(tb, ta, N, M, K, B, ldb, 0, A, lda, 0, C, ldc, 0, 1, 1.0f, accumulate ? 1.0f : 0.0f, NULL, NULL);
 }
 
 __global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, int N) {
@@ -2470,6 +2519,7 @@ static inline void lp_scratch_reserve(size_t N, int C) {
 #define lp_layernorm_backward         lp_layernorm_backward_cpu
 #define lp_matmul_forward             lp_matmul_forward_cpu
 #define lp_matmul_backward            lp_matmul_backward_cpu
+#define lp_gemm_strided               lp_gemm_strided_cpu
 #define lp_gelu_forward               lp_gelu_forward_cpu
 #define lp_gelu_backward              lp_gelu_backward_cpu
 #define lp_attention_probs            lp_attention_probs_cpu
@@ -2490,6 +2540,7 @@ static inline void lp_scratch_reserve(size_t N, int C) {
 #define lp_layernorm_backward         lp_layernorm_backward_gpu
 #define lp_matmul_forward             lp_matmul_forward_gpu
 #define lp_matmul_backward            lp_matmul_backward_gpu
+#define lp_gemm_strided               lp_gemm_strided_gpu
 #define lp_gelu_forward               lp_gelu_forward_gpu
 #define lp_gelu_backward              lp_gelu_backward_gpu
 #define lp_attention_probs            lp_attention_probs_gpu
@@ -2503,13 +2554,460 @@ static inline void lp_scratch_reserve(size_t N, int C) {
 #endif
 
 // ----------------------------------------------------------------------------------------------------
-// 7. model
+// 7. zero
 //
-// One rank's GPT-2: parameters in one flat buffer (the 16 tensors back to back, llm.c order), their
-// gradients, fp32 master weights and AdamW state (with ZeRO, only this rank's shard of some of these:
-// see LPModel), and the activations the backward pass needs, per layer. The forward pass fuses each
-// residual add with the LayerNorm that follows it, so the residual stream is read once per block half.
-// Layer tensors are reached through lp_layer_param / lp_layer_grad, which know where ZeRO put them.
+// Data parallelism and ZeRO in one place: where a model's weights, gradients and AdamW state live on this
+// rank, and where its gradients are averaged over the data-parallel group dp. The model's parameters are
+// one flat array (its tensors back to back; a layer tensor holds its L layers one after another), which
+// ZeRO cuts into equal shards, one per DP rank: a rank updates its shard only.
+//
+//   stage  a rank keeps of the layers       where gradients are averaged over dp
+//   0      everything                       lp_zero_average, at the step's end (an all-reduce); with
+//                                           overlap, lp_zero_layer_done starts it in buckets of layers
+//                                           while the last micro-batch's backward goes on
+//   1      a shard of the master weights    lp_zero_average (a reduce-scatter to the shards' owners); the
+//          and AdamW state                  updated weights are all-gathered (lp_zero_gather_updated)
+//   2      ... and of the gradients         lp_zero_layer_done, for each layer of every micro-batch as its
+//                                           backward finishes (a reduce-scatter, in one-layer buffers)
+//   3      ... and of the weights           as stage 2; lp_zero_fetch gathers each layer's weights just
+//                                           before it runs, the next layer's on the way meanwhile
+// wte (the embedding and the tied LM head, most of a small model's weights) is sharded like a layer in
+// stages 2-3 when the model holds its only copy (no pipeline): it is used a piece of rows at a time (at most
+// a layer's worth), each piece's weights gathered when needed (stage 3) and its gradients reduce-scattered
+// as soon as they are computed (lp_zero_wte, lp_zero_wte_grad). The other tensors outside the layers,
+// wpe and lnf (smaller than a layer), and wte when pipeline stages hold copies of it, stay whole: their
+// gradients are accumulated over the micro-batches and reduce-scattered by lp_zero_average, their
+// weights gathered after each update.
+//
+// The model reaches it through per-layer hooks: lp_zero_fetch (layer l's weights are here), lp_zero_weights
+// and lp_zero_grads (where tensor i of layer l is), lp_zero_layer_begin and lp_zero_layer_done around a
+// layer's backward, lp_zero_backward_done after the last one; lp_zero_wte and lp_zero_wte_grad (/_done)
+// for wte's pieces; the optimizer through lp_zero_average, lp_zero_shard_grads / lp_zero_shard_params and
+// lp_zero_gather_updated.
+
+typedef struct {
+    const LPGroup* dp;    // gradients are averaged over this group (NULL: one replica)
+    int stage;            // ZeRO stage 0..3 over dp
+    int overlap;          // stage 0: all-reduce the layers' gradients during the last backward, in buckets of
+    size_t bucket_bytes;  //   layers holding at least this many bytes of gradients (0: every layer)
+    // the flat parameters: tensor i at param_offsets[i], param_sizes[i] values; one layer's slices of the
+    // layer tensors, packed one after another (layer_offsets), make layer_params values
+    int L;
+    size_t num_params, param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS];
+    size_t layer_offsets[LP_NUM_PARAMS], layer_params;
+    // this rank's shard [shard_start, shard_start + shard_size) of the flat parameters padded to a multiple
+    // of dp's size (stage 0: everything)
+    size_t padded_params, shard_start, shard_size;
+    size_t outside;             // values of the tensors outside the layers held whole (stage 2-3)
+    floatX* params;             // compute-type weights used by forward/backward (stage 3: `outside` only)
+    floatX* grads;              // their gradients, accumulated over micro-batches (stage 2-3: `outside` only)
+    floatX* w[LP_NUM_PARAMS];   // each tensor's weights in params (stage 3's layers and cut wte: NULL)
+    floatX* g[LP_NUM_PARAMS];   // and gradients in grads (stage 2-3's layers and cut wte: NULL)
+    float* master;              // fp32 master weights of this rank's shard: the truth the optimizer updates
+                                // (the CPU build's fp32 params are their own: master points into them)
+    float* adam_m;              // AdamW first moment (fp32), this rank's shard
+    float* adam_v;              // AdamW second moment (fp32), this rank's shard
+    int adam_step;
+    size_t param_bytes, grad_bytes;  // weight and gradient memory of this rank
+    // stage 0 with overlap: layers [l+1, unreduced) are done but not yet reducing; once reductions were
+    // started (layers_reducing), lp_zero_average waits for them
+    int unreduced, layers_reducing;
+    LPPending reducing;
+    // stage 2-3: layer l's gradients go to buffer l % 2 (layer_grads while its backward runs); its reduction
+    // to the owners runs on, in place, while layer l-1's are computed; once it has arrived, this rank's
+    // sums (reduce_add_src, n) are added into grad_shard (at reduce_add_at)
+    floatX* grad_shard;         // this rank's averaged gradients, accumulated over micro-batches
+    floatX* layer_grad_buf[2];
+    floatX* layer_grads;
+    LPPending layer_reducing[2];
+    int reduce_adds[2];
+    floatX* reduce_add_src[2][LP_NUM_PARAMS];
+    size_t reduce_add_at[2][LP_NUM_PARAMS], reduce_add_n[2][LP_NUM_PARAMS];
+    // stage 3: the layers' weights live in shards too, gathered a layer at a time into one of two buffers
+    floatX* param_shard;        // this rank's weights [shard_start, shard_start + shard_size)
+    floatX* layer_buf[2];
+    int layer_in_buf[2];        // the layer each buffer holds (or is being gathered into it), -1 for none
+    LPPending gathering[2];     // each buffer's gather in flight
+    // wte in pieces of piece_rows of its wte_rows rows: cut (stage 2-3, the only copy), its weights
+    // gathered into piece_w (stage 3) and its gradients computed in piece_g; else one piece, the whole
+    int wte_cut, pieces;
+    size_t wte_rows, piece_rows;
+    floatX* piece_w;
+    floatX* piece_g;
+    LPPending now;              // a collective waited for at once: a piece's, or a whole tensor's at the end
+} LPZero;
+
+// The rows of a piece of wte (rows x cols): as many as make at most one layer's parameters, a multiple of
+// 64 when that leaves any (so each piece's columns of the logits start 128-byte aligned for the GEMM).
+static inline size_t lp_zero_piece_rows(size_t rows, size_t cols, size_t layer_params) {
+    size_t r = layer_params / cols;
+    if (r >= 64) r -= r % 64;
+    return r < 1 ? 1 : r > rows ? rows : r;
+}
+
+// Tensor i is outside the layers and held whole (not wte in pieces).
+static inline int lp_zero_whole(const LPZero* z, int i) {
+    return !lp_is_layer_tensor(i) && !(i == LP_WTE && z->wte_cut);
+}
+
+// Lay out the flat parameters from their sizes (a layer tensor's for L layers; wte's of wte_rows rows) and
+// allocate what this rank keeps of them at ZeRO stage `stage` over dp. wte_alone: the model holds the only
+// copy of wte, so stages 2-3 may cut it in pieces.
+static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], int L, size_t wte_rows, int wte_alone,
+                                  const LPGroup* dp, int stage) {
+    memset(z, 0, sizeof(*z));
+    if (stage >= 1 && !dp) lp_fail("ZeRO-%d needs a data-parallel group", stage);
+    z->dp = dp;
+    z->stage = stage;
+    z->L = L;
+    z->wte_rows = wte_rows;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        z->param_sizes[i] = sizes[i];
+        z->param_offsets[i] = z->num_params;
+        z->num_params += sizes[i];
+        if (lp_is_layer_tensor(i)) {
+            z->layer_offsets[i] = z->layer_params;
+            z->layer_params += L ? sizes[i] / L : 0;
+        }
+    }
+    z->unreduced = L;
+    size_t cols = wte_rows ? sizes[LP_WTE] / wte_rows : 0;
+    z->wte_cut = stage >= 2 && wte_alone && wte_rows > 0;
+    z->piece_rows = z->wte_cut ? lp_zero_piece_rows(wte_rows, cols, z->layer_params) : wte_rows;
+    z->pieces = wte_rows ? (int)((wte_rows + z->piece_rows - 1) / z->piece_rows) : 0;
+    size_t piece = z->wte_cut ? z->piece_rows * cols : 0;
+    int parts = stage >= 1 ? dp->size : 1;
+    z->padded_params = (z->num_params + parts - 1) / parts * parts;
+    z->shard_size = z->padded_params / parts;
+    z->shard_start = stage >= 1 ? z->shard_size * dp->rank : 0;
+    size_t n = z->padded_params, k = z->shard_size;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) z->outside += lp_zero_whole(z, i) ? sizes[i] : 0;
+    size_t outside = z->outside;
+    if (stage >= 3) {  // whole weights only for the tensors outside the layers, packed
+        z->params = (floatX*)lp_device_malloc(outside * sizeof(floatX), "parameters outside the layers");
+        z->param_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "parameter shard");
+        for (int b = 0; b < 2; b++) {
+            z->layer_buf[b] = (floatX*)lp_device_malloc(z->layer_params * sizeof(floatX), "gathered layer");
+            z->layer_in_buf[b] = -1;
+        }
+        size_t off = 0;
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (lp_zero_whole(z, i)) { z->w[i] = z->params + off; off += sizes[i]; }
+        lp_device_zero(z->params, outside * sizeof(floatX));
+        if (piece) z->piece_w = (floatX*)lp_device_malloc(piece * sizeof(floatX), "gathered piece of wte");
+        z->param_bytes = (outside + k + 2 * z->layer_params + piece) * sizeof(floatX);
+    } else {
+        z->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
+        lp_device_zero(z->params, n * sizeof(floatX));
+        for (int i = 0; i < LP_NUM_PARAMS; i++) z->w[i] = z->params + z->param_offsets[i];
+        z->param_bytes = n * sizeof(floatX);
+    }
+    if (LP_MASTER_COPY) {
+        z->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
+        lp_device_zero(z->master, k * sizeof(float));
+    } else {  // fp32 params are their own master weights: this rank's shard of them
+        z->master = (float*)(stage >= 3 ? z->param_shard : z->params + z->shard_start);
+    }
+    z->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
+    z->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
+    lp_device_zero(z->adam_m, k * sizeof(float));
+    lp_device_zero(z->adam_v, k * sizeof(float));
+    if (stage >= 2) {  // whole gradients only for the tensors outside the layers, packed
+        size_t off = 0;
+        z->grads = (floatX*)lp_device_malloc(outside * sizeof(floatX), "gradients outside the layers");
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (lp_zero_whole(z, i)) { z->g[i] = z->grads + off; off += sizes[i]; }
+        z->grad_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "gradient shard");
+        for (int b = 0; b < 2; b++)
+            z->layer_grad_buf[b] = (floatX*)lp_device_malloc(z->layer_params * sizeof(floatX), "one layer's gradients");
+        z->layer_grads = z->layer_grad_buf[0];
+        if (piece) z->piece_g = (floatX*)lp_device_malloc(piece * sizeof(floatX), "a piece of wte's gradients");
+        z->grad_bytes = (outside + 2 * z->layer_params + k + piece) * sizeof(floatX);
+    } else {
+        z->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
+        for (int i = 0; i < LP_NUM_PARAMS; i++) z->g[i] = z->grads + z->param_offsets[i];
+        z->grad_bytes = n * sizeof(floatX);
+    }
+}
+
+static inline void lp_zero_free(LPZero* z) {
+    lp_device_free(z->params);
+    lp_device_free(z->grads);
+    if (z->stage >= 2) {
+        lp_device_free(z->grad_shard);
+        for (int b = 0; b < 2; b++) lp_device_free(z->layer_grad_buf[b]);
+    }
+    if (z->stage >= 3) {
+        lp_device_free(z->param_shard);
+        for (int b = 0; b < 2; b++) lp_device_free(z->layer_buf[b]);
+    }
+    if (LP_MASTER_COPY) lp_device_free(z->master);
+    lp_device_free(z->adam_m);
+    lp_device_free(z->adam_v);
+    lp_device_free(z->piece_w);
+    lp_device_free(z->piece_g);
+    for (int b = 0; b < 2; b++) {
+        lp_pending_free(&z->layer_reducing[b]);
+        lp_pending_free(&z->gathering[b]);
+    }
+    lp_pending_free(&z->reducing);
+    lp_pending_free(&z->now);
+    memset(z, 0, sizeof(*z));
+}
+
+// Tensor i of layer l (a layer tensor, LN1W .. FCPROJB): its weights, and where its gradient accumulates.
+static inline floatX* lp_zero_weights(const LPZero* z, int i, int l) {
+    if (z->stage >= 3) {
+        for (int b = 0; b < 2; b++)
+            if (z->layer_in_buf[b] == l) return z->layer_buf[b] + z->layer_offsets[i];
+        lp_fail("ZeRO-3: layer %d's weights were used before they were gathered", l);
+    }
+    return z->w[i] + (size_t)l * (z->param_sizes[i] / z->L);
+}
+static inline floatX* lp_zero_grads(const LPZero* z, int i, int l) {
+    if (z->stage >= 2) return z->layer_grads + z->layer_offsets[i];
+    return z->g[i] + (size_t)l * (z->param_sizes[i] / z->L);
+}
+
+// How many of this rank's shard are real parameters (the last shard may end in padding).
+static inline size_t lp_zero_shard_count(const LPZero* z) {
+    if (z->shard_start >= z->num_params) return 0;
+    size_t left = z->num_params - z->shard_start;
+    return left < z->shard_size ? left : z->shard_size;
+}
+// This rank's part [a, b) of tensor i, in its shard's coordinates; 0 when the shard holds none of it.
+static inline int lp_zero_tensor_in_shard(const LPZero* z, int i, size_t* a, size_t* b) {
+    size_t lo = z->shard_start, hi = lo + lp_zero_shard_count(z);
+    size_t x = z->param_offsets[i] > lo ? z->param_offsets[i] : lo;
+    size_t y = z->param_offsets[i] + z->param_sizes[i] < hi ? z->param_offsets[i] + z->param_sizes[i] : hi;
+    *a = x - lo;
+    *b = y > x ? y - lo : x - lo;
+    return y > x;
+}
+// This rank's shard of the averaged gradients and of the compute-type weights (what AdamW updates).
+static inline const floatX* lp_zero_shard_grads(const LPZero* z) {
+    return z->stage >= 2 ? z->grad_shard : z->grads + z->shard_start;
+}
+static inline floatX* lp_zero_shard_params(const LPZero* z) {
+    return z->stage >= 3 ? z->param_shard : z->params + z->shard_start;
+}
+
+// Set the weights from fp32 host values of the whole flat array: the compute-type params get all of them
+// (stage 3: the tensors outside the layers, and this rank's shard), the master weights this rank's shard.
+static inline void lp_zero_set_weights(LPZero* z, const float* flat) {
+    if (z->stage >= 3) {
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (lp_zero_whole(z, i)) lp_to_device_floatX(z->w[i], flat + z->param_offsets[i], z->param_sizes[i]);
+        lp_to_device_floatX(z->param_shard, flat + z->shard_start, lp_zero_shard_count(z));
+        z->layer_in_buf[0] = z->layer_in_buf[1] = -1;
+    } else {
+        lp_to_device_floatX(z->params, flat, z->num_params);
+    }
+    lp_copy_to_device(z->master, flat + z->shard_start, lp_zero_shard_count(z) * sizeof(float));
+}
+
+// Zero the gradients for a new step (stage 2-3: the shard, and the whole tensors outside the layers).
+static inline void lp_zero_clear_grads(LPZero* z) {
+    if (z->stage >= 2) {
+        lp_device_zero(z->grads, z->outside * sizeof(floatX));
+        lp_device_zero(z->grad_shard, z->shard_size * sizeof(floatX));
+    } else {
+        lp_device_zero(z->grads, z->num_params * sizeof(floatX));
+    }
+}
+
+// The part of the flat parameters [first, first + n) in each rank's shard, as counts in rank order.
+static inline void lp_zero_owner_counts(const LPZero* z, size_t first, size_t n, int* counts) {
+    if (z->dp->size > LP_MAX_SHARDS)
+        lp_fail("ZeRO supports at most %d data-parallel ranks, got %d", LP_MAX_SHARDS, z->dp->size);
+    for (int r = 0; r < z->dp->size; r++) {
+        size_t lo = z->shard_size * r, hi = lo + z->shard_size;
+        size_t a = first > lo ? first : lo, b = first + n < hi ? first + n : hi;
+        counts[r] = b > a ? (int)(b - a) : 0;
+    }
+}
+
+// Stage 3: start gathering the weights of the flat parameters [flat, flat + count) from their shards.
+static inline void lp_zero_gather_start(LPZero* z, floatX* dst, size_t flat, size_t count, LPPending* p) {
+    int counts[LP_MAX_SHARDS];
+    lp_zero_owner_counts(z, flat, count, counts);
+    size_t mine = flat > z->shard_start ? flat - z->shard_start : 0;
+    lp_all_gatherv_start(z->dp, z->param_shard + mine, dst, counts, p);
+}
+
+// Stage 3: start gathering layer l's weights (if not there or on their way) into the buffer that does not
+// hold layer `keep` (-1: none), else the one holding the layer furthest from l.
+static inline void lp_zero_prefetch(LPZero* z, int l, int keep) {
+    if (z->stage < 3 || l < 0 || l >= z->L || z->layer_in_buf[0] == l || z->layer_in_buf[1] == l) return;
+    int d0 = z->layer_in_buf[0] < 0 ? 1 << 30 : abs(z->layer_in_buf[0] - l);
+    int d1 = z->layer_in_buf[1] < 0 ? 1 << 30 : abs(z->layer_in_buf[1] - l);
+    int b = z->layer_in_buf[0] == keep ? 1 : z->layer_in_buf[1] == keep ? 0 : d0 >= d1 ? 0 : 1;
+    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
+        size_t per = z->param_sizes[i] / z->L;
+        lp_zero_gather_start(z, z->layer_buf[b] + z->layer_offsets[i], z->param_offsets[i] + (size_t)l * per, per,
+                             &z->gathering[b]);
+    }
+    z->layer_in_buf[b] = l;
+}
+
+// Hook, before layer l's weights are used: they are here (stage 3: gathered and arrived), and layer
+// `next`'s start coming into the other buffer while l runs (-1: none; forward prefetches l+1, backward
+// l-1). Other stages hold every layer's weights: nothing to do.
+static inline void lp_zero_fetch(LPZero* z, int l, int next) {
+    if (z->stage < 3) return;
+    lp_zero_prefetch(z, l, -1);
+    lp_wait(z->dp, &z->gathering[z->layer_in_buf[0] == l ? 0 : 1]);
+    lp_zero_prefetch(z, next, l);
+}
+
+// Stage 2-3: sum the gradients src of the flat parameters [flat, flat + count) over dp, in place; each
+// rank adds the average of its part into grad_shard, and src is left undefined. (wte's pieces, and the
+// tensors held whole at the step's end.)
+static inline void lp_zero_reduce_grads(LPZero* z, floatX* src, size_t flat, size_t count) {
+    const LPGroup* g = z->dp;
+    int counts[LP_MAX_SHARDS] = {0};
+    lp_zero_owner_counts(z, flat, count, counts);
+    lp_reduce_scatterv_start(g, src, counts, &z->now);
+    lp_wait(g, &z->now);
+    size_t start = flat > z->shard_start ? flat - z->shard_start : 0;
+    lp_add_scaled(z->grad_shard + start, src + lp_block_start(g, counts), (size_t)counts[g->rank], 1.0f / g->size);
+}
+
+// Stage 2-3: start reducing layer l's gradients, in layer_grad_buf[b], to their owners, in place: each
+// rank's part of each tensor is summed where it lies in the buffer.
+static inline void lp_zero_reduce_layer_start(LPZero* z, int l, int b) {
+    const LPGroup* g = z->dp;
+    int counts[LP_MAX_SHARDS];
+    z->reduce_adds[b] = 0;
+    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
+        size_t per = z->param_sizes[i] / z->L, flat = z->param_offsets[i] + (size_t)l * per;
+        floatX* x = z->layer_grad_buf[b] + z->layer_offsets[i];
+        lp_zero_owner_counts(z, flat, per, counts);
+        lp_reduce_scatterv_start(g, x, counts, &z->layer_reducing[b]);
+        if (counts[g->rank] == 0) continue;
+        int k = z->reduce_adds[b]++;
+        z->reduce_add_src[b][k] = x + lp_block_start(g, counts);
+        z->reduce_add_at[b][k] = flat > z->shard_start ? flat - z->shard_start : 0;
+        z->reduce_add_n[b][k] = (size_t)counts[g->rank];
+    }
+}
+// ... and once it has arrived, add the averages into grad_shard; buffer b is free again.
+static inline void lp_zero_reduce_layer_finish(LPZero* z, int b) {
+    lp_wait(z->dp, &z->layer_reducing[b]);
+    for (int k = 0; k < z->reduce_adds[b]; k++)
+        lp_add_scaled(z->grad_shard + z->reduce_add_at[b][k], z->reduce_add_src[b][k], z->reduce_add_n[b][k],
+                      1.0f / z->dp->size);
+    z->reduce_adds[b] = 0;
+}
+
+// Hook, before layer l's backward: stage 2-3 give its gradients buffer l % 2, zeroed, once layer l+2's
+// have left it.
+static inline void lp_zero_layer_begin(LPZero* z, int l) {
+    if (z->stage < 2) return;
+    lp_zero_reduce_layer_finish(z, l % 2);
+    z->layer_grads = z->layer_grad_buf[l % 2];
+    lp_device_zero(z->layer_grads, z->layer_params * sizeof(floatX));
+}
+
+// Hook, after layer l's backward (its gradients for this micro-batch are complete; `last`: the step's last
+// micro-batch). Stage 2-3: they start their reduction to the owners (with overlap it runs on while layer
+// l-1's backward does). Stage 0 with overlap, on the last micro-batch: once the done layers not yet
+// reducing hold bucket_bytes (or l is the first layer), they start their all-reduce: in the flat layout
+// each tensor's slices of consecutive layers are contiguous, so a bucket is one all-reduce per tensor.
+static inline void lp_zero_layer_done(LPZero* z, int l, int last) {
+    if (z->stage >= 2) {
+        lp_zero_reduce_layer_start(z, l, l % 2);
+        if (!z->overlap) lp_zero_reduce_layer_finish(z, l % 2);
+    } else if (last && z->overlap && z->stage == 0 && z->dp && z->dp->size > 1 &&
+               (l == 0 || (z->unreduced - l) * z->layer_params * sizeof(floatX) >= z->bucket_bytes)) {
+        for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
+            lp_all_reduce_start(z->dp, lp_zero_grads(z, i, l), (size_t)(z->unreduced - l) * (z->param_sizes[i] / z->L),
+                                &z->reducing);
+        z->unreduced = l;
+        z->layers_reducing = 1;
+    }
+}
+
+// Hook, after the whole backward: stage 2-3's last layer reductions arrive.
+static inline void lp_zero_backward_done(LPZero* z) {
+    for (int b = 0; b < 2 && z->stage >= 2; b++) lp_zero_reduce_layer_finish(z, b);
+    z->unreduced = z->L;
+}
+
+// wte's piece k: its first row (*r0) and its number of rows.
+static inline size_t lp_zero_piece(const LPZero* z, int k, size_t* r0) {
+    *r0 = (size_t)k * z->piece_rows;
+    return z->wte_rows - *r0 < z->piece_rows ? z->wte_rows - *r0 : z->piece_rows;
+}
+
+// Hook: the weights of wte's piece k (stage 3, wte cut: gathered from the shards that hold them, arrived).
+static inline const floatX* lp_zero_wte(LPZero* z, int k) {
+    size_t r0, rows = lp_zero_piece(z, k, &r0), cols = z->param_sizes[LP_WTE] / z->wte_rows;
+    if (!z->wte_cut || z->stage < 3) return z->w[LP_WTE] + r0 * cols;
+    lp_zero_gather_start(z, z->piece_w, z->param_offsets[LP_WTE] + r0 * cols, rows * cols, &z->now);
+    lp_wait(z->dp, &z->now);
+    return z->piece_w;
+}
+// Hook: where the gradient of wte's piece k accumulates (wte cut: a buffer, zeroed); once it is complete,
+// lp_zero_wte_grad_done reduces a cut piece to its owners, who add its average to their shard.
+static inline floatX* lp_zero_wte_grad(LPZero* z, int k) {
+    size_t r0, rows = lp_zero_piece(z, k, &r0), cols = z->param_sizes[LP_WTE] / z->wte_rows;
+    if (!z->wte_cut) return z->g[LP_WTE] + r0 * cols;
+    lp_device_zero(z->piece_g, rows * cols * sizeof(floatX));
+    return z->piece_g;
+}
+static inline void lp_zero_wte_grad_done(LPZero* z, int k) {
+    if (!z->wte_cut) return;
+    size_t r0, rows = lp_zero_piece(z, k, &r0), cols = z->param_sizes[LP_WTE] / z->wte_rows;
+    lp_zero_reduce_grads(z, z->piece_g, z->param_offsets[LP_WTE] + r0 * cols, rows * cols);
+}
+
+// The step's gradients averaged over dp, for the optimizer: all-reduced (stage 0; with overlap the layers'
+// reductions are already under way), reduce-scattered so each rank holds the average for its shard
+// (stage 1), or, for the layers, already reduced during backward (stage 2-3): the tensors outside the
+// layers were accumulated whole over the micro-batches and are reduced now.
+static inline void lp_zero_average(LPZero* z) {
+    const LPGroup* dp = z->dp;
+    if (z->stage >= 2) {
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (lp_zero_whole(z, i)) lp_zero_reduce_grads(z, z->g[i], z->param_offsets[i], z->param_sizes[i]);
+    } else if (dp && dp->size > 1) {
+        if (z->stage == 1) {
+            lp_reduce_scatter(dp, z->grads, z->shard_size, 1);
+        } else if (z->layers_reducing) {  // finish the layers', reduce the rest
+            lp_wait(dp, &z->reducing);
+            for (int i = 0; i < LP_NUM_PARAMS; i++)
+                if (!lp_is_layer_tensor(i)) lp_all_reduce(dp, z->g[i], z->param_sizes[i], 1);
+        } else {
+            lp_all_reduce(dp, z->grads, z->num_params, 1);
+        }
+    }
+    z->layers_reducing = 0;
+}
+
+// After the optimizer updated this rank's shard of the weights: stage 1-2 all-gather them, stage 3 the
+// tensors outside the layers (the layers' are gathered when forward next needs them).
+static inline void lp_zero_gather_updated(LPZero* z) {
+    if (z->stage >= 3) {
+        z->layer_in_buf[0] = z->layer_in_buf[1] = -1;
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (lp_zero_whole(z, i)) lp_zero_gather_start(z, z->w[i], z->param_offsets[i], z->param_sizes[i], &z->now);
+        lp_wait(z->dp, &z->now);
+    } else if (z->stage >= 1) {
+        lp_all_gather(z->dp, z->params, z->shard_size * sizeof(floatX));
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 8. model
+//
+// One rank's GPT-2: the math of forward and backward, and the activations the backward pass needs, per
+// layer. Its parameters (the 16 tensors back to back, llm.c order: one flat array), their gradients and
+// the optimizer state live in an LPZero (section 7): layer tensors are reached through lp_layer_param /
+// lp_layer_grad, which ask it, and around each layer forward and backward call its hooks (lp_zero_fetch,
+// lp_zero_layer_begin, lp_zero_layer_done), which gather, buffer and average over dp as the ZeRO stage
+// says. The forward pass fuses each residual add with the LayerNorm that follows it, so the residual
+// stream is read once per block half.
 //
 // Tensor parallelism (Megatron-LM), t ranks in the group tp, each holding its slice of every split tensor
 // (lp_param_split):
@@ -2622,53 +3120,16 @@ typedef struct {
 #define LP_MAX_AUX 16
     int num_aux, aux[LP_MAX_AUX], aux_id[LP_MAX_AUX];
     float aux_weight, aux_loss[LP_MAX_AUX];
-    size_t param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS], num_params;  // this rank's tensors
     size_t total_params;  // the whole model's parameter count
     LPRun* runs;          // this rank's parameters in the canonical layout (files)
     int num_runs;
     // tensor parallelism: this rank's slice of the heads, MLP and vocabulary; sp: of the rows too
     const LPGroup* tp;
     int tp_size, tp_rank, sp;
-    const LPGroup* dp;    // gradients are averaged over this group (NULL: one replica)
-    int overlap;          // all-reduce the layers' gradients over dp during the last backward (ZeRO-0)
     int recompute;        // LP_RECOMPUTE_*: which activations backward recomputes
-    floatX* params;   // compute-type weights used by forward/backward (ZeRO-3: wte, wpe, lnf only)
-    floatX* grads;    // their gradients, accumulated over micro-batches (ZeRO-2: wte, wpe, lnf only)
-    float* master;    // fp32 master weights of this rank's shard: the truth the optimizer updates (the CPU
-                      // build's fp32 params are their own: master points into them, LP_MASTER_COPY 0)
-    float* adam_m;    // AdamW first moment (fp32), this rank's shard
-    float* adam_v;    // AdamW second moment (fp32), this rank's shard
-    // ZeRO: the flat parameters are cut into equal shards over the DP group (padded to a multiple of its
-    // size); this rank keeps master weights and AdamW state for [shard_start, shard_start + shard_size)
-    // only (stage 1). Stage 2 also keeps only that shard of the gradients: each layer's gradients go to
-    // a one-layer buffer and are reduced into their owners' grad_shard as soon as the layer is done, while
-    // the next layer's backward runs in the other buffer (with overlap). Unsharded (stage 0), the shard is
-    // everything.
-    const LPGroup* shard_group;  // NULL: unsharded
-    int zero_stage;
-    size_t padded_params, shard_start, shard_size;
-    size_t layer_offsets[LP_NUM_PARAMS], layer_params;  // a layer's tensors packed one after another
-    floatX* layer_grads;  // ZeRO-2: the gradients of the layer whose backward is running: layer l's go to
-    floatX* layer_grad_buf[2];  //   buffer l % 2, its reduction to the owners (in place) runs on while l-1's are
-    LPPending layer_reducing[2];//   computed; once it has arrived, this rank's sums (reduce_add_src, n) are
-    int reduce_adds[2];         //   added into grad_shard (at reduce_add_at)
-    floatX* reduce_add_src[2][LP_NUM_PARAMS];
-    size_t reduce_add_at[2][LP_NUM_PARAMS], reduce_add_n[2][LP_NUM_PARAMS];
-    floatX* grad_shard;   // ZeRO-2: this rank's averaged gradients, accumulated over micro-batches
-    size_t bucket_bytes;  // overlap: reduce once this many bytes of layer gradients are complete (0: every layer)
-    int layers_reducing;  // the layers' gradient all-reduces were started in backward (overlap) ...
-    LPPending reducing;   // ... and these are still in flight
-    size_t grad_bytes;    // gradient memory of this rank
-    // ZeRO-3: the layers' weights live only in shards too, and are gathered a layer at a time into one of
-    // two buffers just before forward or backward needs them
-    floatX* param_shard;  // this rank's params [shard_start, shard_start + shard_size)
-    floatX* layer_buf[2];
-    int layer_in_buf[2];  // the layer each buffer holds (or is being gathered into it), -1 for none
-    LPPending gathering[2];  // each buffer's gather in flight
-    size_t param_bytes;   // parameter memory of this rank
-    floatX* p[LP_NUM_PARAMS];  // views into params
-    floatX* g[LP_NUM_PARAMS];  // views into grads
-    int adam_step;
+    // this rank's weights, gradients and AdamW state, their flat layout, and how data parallelism and
+    // ZeRO hold and average them (section 7); tensor i of layer l: lp_layer_param / lp_layer_grad
+    LPZero zero;
     // activations, allocated for (B, T) on the first forward; later passes may use any smaller (B, T).
     // A pipeline stage holds several micro-batches in flight: each has a slot of the activations backward
     // needs (and its input tokens); the scratch buffers are shared. act is the slot in use.
@@ -2715,7 +3176,7 @@ static inline void lp_model_build_runs(LPModel* m) {
         size_t count, rows, cols;
         int blocks, split = lp_param_split[i];
         lp_param_shape(&m->cfg, i, &count, &rows, &cols, &blocks);
-        size_t l0 = lp_is_layer_tensor(i) ? (size_t)m->layer0 : 0, l1 = lp_is_layer_tensor(i) ? l0 + m->L : m->param_sizes[i] > 0;
+        size_t l0 = lp_is_layer_tensor(i) ? (size_t)m->layer0 : 0, l1 = lp_is_layer_tensor(i) ? l0 + m->L : m->zero.param_sizes[i] > 0;
         int copy = (split == LP_REPLICATED && r > 0) || (m->copies >> i & 1);
         for (size_t l = l0; l < l1; l++) {
             size_t mat = canon + l * rows * cols;  // this layer's matrix
@@ -2733,26 +3194,22 @@ static inline void lp_model_build_runs(LPModel* m) {
         }
         canon += count * rows * cols;
     }
-    if (local != m->num_params) lp_fail("internal: parameter layout covers %zu of %zu values", local, m->num_params);
+    if (local != m->zero.num_params) lp_fail("internal: parameter layout covers %zu of %zu values", local, m->zero.num_params);
     m->total_params = canon;
 }
 
-// Allocate a model of shape cfg, split as `split` says (NULL: one rank). zero 0: everything replicated
-// over dp; 1: fp32 master weights and AdamW state sharded over dp; 2: the gradients too; 3: the weights too.
+// Allocate a model of shape cfg, split as `split` says (NULL: one rank); split->zero is its ZeRO stage
+// over split->dp (section 7).
 static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSplit* split) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     LPSplit none;
     memset(&none, 0, sizeof(none));
     if (!split) split = &none;
-    const LPGroup* dp = split->dp;
-    int zero_stage = split->zero;
-    if (zero_stage >= 1 && !dp) lp_fail("ZeRO-%d needs a data-parallel group", zero_stage);
     m->tp = split->tp;
     m->tp_size = m->tp ? m->tp->size : 1;
     m->tp_rank = m->tp ? m->tp->rank : 0;
     m->sp = split->sp && m->tp_size > 1;
-    m->dp = dp;
     int chunks = split->chunks ? split->chunks : 1;
     m->layer0 = split->chunks ? split->layer0 : 0;
     m->L = split->chunks ? split->layers : cfg->num_layers;
@@ -2771,189 +3228,27 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
     }
     m->head = m->first || m->last || m->num_aux > 0;
     m->copies = m->head ? (m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : 1u << LP_LNFW | 1u << LP_LNFB) : 0u;
-    lp_param_sizes(m->param_sizes, cfg, m->tp_size);
+    size_t sizes[LP_NUM_PARAMS];  // this rank's tensors: its TP slice, of the chunk's layers
+    lp_param_sizes(sizes, cfg, m->tp_size);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (lp_is_layer_tensor(i)) m->param_sizes[i] = m->param_sizes[i] / cfg->num_layers * m->L;  // the chunk's layers
-        else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head))
-            m->param_sizes[i] = 0;  // held by another chunk
-        m->param_offsets[i] = m->num_params;
-        m->num_params += m->param_sizes[i];
-        if (lp_is_layer_tensor(i)) {
-            m->layer_offsets[i] = m->layer_params;
-            m->layer_params += m->L ? m->param_sizes[i] / m->L : 0;
-        }
+        if (lp_is_layer_tensor(i)) sizes[i] = sizes[i] / cfg->num_layers * m->L;
+        else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[i] = 0;  // held by another chunk
     }
+    size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
+    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, split->dp, split->zero);
     lp_model_build_runs(m);
-    int parts = zero_stage >= 1 ? dp->size : 1;
-    m->zero_stage = zero_stage;
-    m->shard_group = zero_stage >= 1 ? dp : NULL;
-    m->padded_params = (m->num_params + parts - 1) / parts * parts;
-    m->shard_size = m->padded_params / parts;
-    m->shard_start = zero_stage >= 1 ? m->shard_size * dp->rank : 0;
-    size_t n = m->padded_params, k = m->shard_size;
-    size_t outside = m->num_params - m->layer_params * m->L;  // wte, wpe, lnf
-    if (zero_stage >= 3) {  // full weights only for the tensors outside the layers, packed
-        m->params = (floatX*)lp_device_malloc(outside * sizeof(floatX), "parameters of wte, wpe, lnf");
-        m->param_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "parameter shard");
-        for (int b = 0; b < 2; b++) {
-            m->layer_buf[b] = (floatX*)lp_device_malloc(m->layer_params * sizeof(floatX), "gathered layer");
-            m->layer_in_buf[b] = -1;
-        }
-        size_t off = 0;
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (!lp_is_layer_tensor(i)) { m->p[i] = m->params + off; off += m->param_sizes[i]; }
-        lp_device_zero(m->params, outside * sizeof(floatX));
-        m->param_bytes = (outside + k + 2 * m->layer_params) * sizeof(floatX);
-    } else {
-        m->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
-        lp_device_zero(m->params, n * sizeof(floatX));
-        for (int i = 0; i < LP_NUM_PARAMS; i++) m->p[i] = m->params + m->param_offsets[i];
-        m->param_bytes = n * sizeof(floatX);
-    }
-    if (LP_MASTER_COPY) {
-        m->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
-        lp_device_zero(m->master, k * sizeof(float));
-    } else {  // fp32 params are their own master weights: this rank's shard of them
-        m->master = (float*)(zero_stage >= 3 ? m->param_shard : m->params + m->shard_start);
-    }
-    m->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
-    m->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
-    lp_device_zero(m->adam_m, k * sizeof(float));
-    lp_device_zero(m->adam_v, k * sizeof(float));
-    if (zero_stage >= 2) {  // full gradients only for the tensors outside the layers, packed
-        size_t off = 0;
-        m->grads = (floatX*)lp_device_malloc(outside * sizeof(floatX), "gradients of wte, wpe, lnf");
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (!lp_is_layer_tensor(i)) { m->g[i] = m->grads + off; off += m->param_sizes[i]; }
-        m->grad_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "gradient shard");
-        for (int b = 0; b < 2; b++)
-            m->layer_grad_buf[b] = (floatX*)lp_device_malloc(m->layer_params * sizeof(floatX), "one layer's gradients");
-        m->layer_grads = m->layer_grad_buf[0];
-        m->grad_bytes = (outside + 2 * m->layer_params + k) * sizeof(floatX);
-    } else {
-        m->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
-        for (int i = 0; i < LP_NUM_PARAMS; i++) m->g[i] = m->grads + m->param_offsets[i];
-        m->grad_bytes = n * sizeof(floatX);
-    }
 }
 
 // Tensor i of layer l (i one of LN1W .. FCPROJB): its weights, and where its gradient accumulates.
-static inline floatX* lp_layer_param(const LPModel* m, int i, int l) {
-    if (m->zero_stage >= 3) {
-        for (int b = 0; b < 2; b++)
-            if (m->layer_in_buf[b] == l) return m->layer_buf[b] + m->layer_offsets[i];
-        lp_fail("ZeRO-3: layer %d's weights were used before they were gathered", l);
-    }
-    return m->p[i] + (size_t)l * (m->param_sizes[i] / m->L);
-}
-static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) {
-    if (m->zero_stage >= 2) return m->layer_grads + m->layer_offsets[i];
-    return m->g[i] + (size_t)l * (m->param_sizes[i] / m->L);
-}
+static inline floatX* lp_layer_param(const LPModel* m, int i, int l) { return lp_zero_weights(&m->zero, i, l); }
+static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) { return lp_zero_grads(&m->zero, i, l); }
 
-// The part of the flat parameters [first, first + n) in each rank's shard, as counts in rank order.
-static inline void lp_model_owner_counts(const LPModel* m, size_t first, size_t n, int* counts) {
-    if (m->shard_group->size > LP_MAX_SHARDS)
-        lp_fail("ZeRO supports at most %d data-parallel ranks, got %d", LP_MAX_SHARDS, m->shard_group->size);
-    for (int r = 0; r < m->shard_group->size; r++) {
-        size_t lo = m->shard_size * r, hi = lo + m->shard_size;
-        size_t a = first > lo ? first : lo, b = first + n < hi ? first + n : hi;
-        counts[r] = b > a ? (int)(b - a) : 0;
-    }
-}
-
-// ZeRO-3: start gathering the weights of the flat parameters [flat, flat + count) from their shards.
-static inline void lp_model_gather_start(LPModel* m, floatX* dst, size_t flat, size_t count, LPPending* p) {
-    int counts[LP_MAX_SHARDS];
-    lp_model_owner_counts(m, flat, count, counts);
-    size_t mine = flat > m->shard_start ? flat - m->shard_start : 0;
-    lp_all_gatherv_start(m->shard_group, m->param_shard + mine, dst, counts, p);
-}
-
-// ZeRO-3: start gathering layer l's weights (if not there or on their way) into the buffer that does not
-// hold layer `keep` (the one running; -1: none), else the one holding the layer furthest from l: forward
-// prefetches l+1 while l runs, backward l-1.
-static inline void lp_model_prefetch_layer(LPModel* m, int l, int keep) {
-    if (m->zero_stage < 3 || l < 0 || l >= m->L || m->layer_in_buf[0] == l || m->layer_in_buf[1] == l) return;
-    int d0 = m->layer_in_buf[0] < 0 ? 1 << 30 : abs(m->layer_in_buf[0] - l);
-    int d1 = m->layer_in_buf[1] < 0 ? 1 << 30 : abs(m->layer_in_buf[1] - l);
-    int b = m->layer_in_buf[0] == keep ? 1 : m->layer_in_buf[1] == keep ? 0 : d0 >= d1 ? 0 : 1;
-    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
-        size_t per = m->param_sizes[i] / m->L;
-        lp_model_gather_start(m, m->layer_buf[b] + m->layer_offsets[i], m->param_offsets[i] + (size_t)l * per, per,
-                              &m->gathering[b]);
-    }
-    m->layer_in_buf[b] = l;
-}
-
-// ZeRO-3: layer l's weights, gathered and arrived.
-static inline void lp_model_gather_layer(LPModel* m, int l) {
-    if (m->zero_stage < 3) return;
-    lp_model_prefetch_layer(m, l, -1);
-    lp_wait(m->shard_group, &m->gathering[m->layer_in_buf[0] == l ? 0 : 1]);
-}
-
-// ZeRO-2: sum the gradients src of the flat parameters [flat, flat + count) over the DP group, in place;
-// each rank adds the average of its part into grad_shard, and src is left undefined. (The tensors outside
-// the layers, once per step.)
-static inline void lp_model_reduce_grads(LPModel* m, floatX* src, size_t flat, size_t count) {
-    const LPGroup* g = m->shard_group;
-    int counts[LP_MAX_SHARDS] = {0};
-    lp_model_owner_counts(m, flat, count, counts);
-    lp_reduce_scatterv_start(g, src, counts, &m->layer_reducing[0]);
-    lp_wait(g, &m->layer_reducing[0]);
-    size_t start = flat > m->shard_start ? flat - m->shard_start : 0;
-    lp_add_scaled(m->grad_shard + start, src + lp_block_start(g, counts), (size_t)counts[g->rank], 1.0f / g->size);
-}
-
-// ZeRO-2: start reducing layer l's gradients, in layer_grad_buf[b], to their owners, in place: each
-// rank's part of each tensor is summed where it lies in the buffer.
-static inline void lp_model_reduce_layer_start(LPModel* m, int l, int b) {
-    const LPGroup* g = m->shard_group;
-    int counts[LP_MAX_SHARDS];
-    m->reduce_adds[b] = 0;
-    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
-        size_t per = m->param_sizes[i] / m->L, flat = m->param_offsets[i] + (size_t)l * per;
-        floatX* x = m->layer_grad_buf[b] + m->layer_offsets[i];
-        lp_model_owner_counts(m, flat, per, counts);
-        lp_reduce_scatterv_start(g, x, counts, &m->layer_reducing[b]);
-        if (counts[g->rank] == 0) continue;
-        int k = m->reduce_adds[b]++;
-        m->reduce_add_src[b][k] = x + lp_block_start(g, counts);
-        m->reduce_add_at[b][k] = flat > m->shard_start ? flat - m->shard_start : 0;
-        m->reduce_add_n[b][k] = (size_t)counts[g->rank];
-    }
-}
-// ... and once it has arrived, add the averages into grad_shard; buffer b is free again.
-static inline void lp_model_reduce_layer_finish(LPModel* m, int b) {
-    lp_wait(m->shard_group, &m->layer_reducing[b]);
-    for (int k = 0; k < m->reduce_adds[b]; k++)
-        lp_add_scaled(m->grad_shard + m->reduce_add_at[b][k], m->reduce_add_src[b][k], m->reduce_add_n[b][k],
-                       1.0f / m->shard_group->size);
-    m->reduce_adds[b] = 0;
-}
-
-// How many of this rank's shard are real parameters (the last shard may end in padding).
-static inline size_t lp_model_shard_count(const LPModel* m) {
-    if (m->shard_start >= m->num_params) return 0;
-    size_t left = m->num_params - m->shard_start;
-    return left < m->shard_size ? left : m->shard_size;
-}
-
-// Set the weights from fp32 host values in the canonical layout: the compute-type params get this rank's
-// slice of all of them, the master weights this rank's shard of that slice.
+// Set the weights from fp32 host values in the canonical layout: this rank's slice of them, as its flat
+// parameters (section 7 keeps what ZeRO says).
 static inline void lp_model_set_weights(LPModel* m, const float* canon) {
-    float* host = (float*)lp_host_malloc(m->num_params * sizeof(float), "weights");
+    float* host = (float*)lp_host_malloc(m->zero.num_params * sizeof(float), "weights");
     for (int k = 0; k < m->num_runs; k++) memcpy(host + m->runs[k].local, canon + m->runs[k].canon, m->runs[k].n * sizeof(float));
-    if (m->zero_stage >= 3) {
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (!lp_is_layer_tensor(i)) lp_to_device_floatX(m->p[i], host + m->param_offsets[i], m->param_sizes[i]);
-        lp_to_device_floatX(m->param_shard, host + m->shard_start, lp_model_shard_count(m));
-        m->layer_in_buf[0] = m->layer_in_buf[1] = -1;
-    } else {
-        lp_to_device_floatX(m->params, host, m->num_params);
-    }
-    lp_copy_to_device(m->master, host + m->shard_start, lp_model_shard_count(m) * sizeof(float));
+    lp_zero_set_weights(&m->zero, host);
     free(host);
 }
 
@@ -3148,15 +3443,38 @@ static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float
     return (float)(sum / N);
 }
 
+// The LM head, tied to wte and column-parallel over the vocabulary: this rank's slice of the logits (N,Vl)
+// from lnf, the final LayerNorm's output (this rank's rows of it; SP gathers them), a piece of wte's rows
+// at a time (ZeRO-2/3 hold it in pieces; else one piece, all of it). Padding rows of wte are zero.
+static inline void lp_model_logits(LPModel* m, floatX* logits, const floatX* lnf, int N) {
+    int C = m->cfg.channels, Vl = m->cfg.padded_vocab_size / m->tp_size;
+    const floatX* x = lp_tp_f_forward(m, lnf, N, C);
+    for (int k = 0; k < m->zero.pieces; k++) {
+        size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
+        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, lp_zero_wte(&m->zero, k), C, 0, logits + r0, Vl);
+    }
+}
+
 // Backward through the head from the logits' gradient: into wte's gradient, lnf's (lnf = layernorm(x),
 // with its mean and rstd) and x's, added to act.dresidual.
 static inline void lp_model_head_backward(LPModel* m, const floatX* x, const floatX* lnf, const float* mean, const float* rstd,
                                           const floatX* dlogits, int N) {
     int C = m->cfg.channels, Nr = m->sp ? N / m->tp_size : N, Vl = m->cfg.padded_vocab_size / m->tp_size;
     LPActivations* a = &m->act;
-    // LM head (column-parallel over the vocabulary; SP gathers lnf's rows again), then lnf
-    lp_matmul_backward(a->btc, m->g[LP_WTE], NULL, dlogits, lp_tp_f_forward(m, lnf, N, C), m->p[LP_WTE], N, C, Vl);
-    lp_layernorm_backward(a->dresidual, m->g[LP_LNFW], m->g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C), x, m->p[LP_LNFW], mean,
+    LPZero* z = &m->zero;
+    // LM head, piece by piece: the input's gradient (summed over the pieces), then wte's (SP gathers lnf's
+    // rows again), each piece's handed to ZeRO when done; then lnf
+    const floatX* xf = lp_tp_f_forward(m, lnf, N, C);
+    for (int k = 0; k < z->pieces; k++) {
+        size_t r0, rows = lp_zero_piece(z, k, &r0);
+        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, lp_zero_wte(z, k), C, k > 0, a->btc, C);
+    }
+    for (int k = 0; k < z->pieces; k++) {
+        size_t r0, rows = lp_zero_piece(z, k, &r0);
+        lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, lp_zero_wte_grad(z, k), C);
+        lp_zero_wte_grad_done(z, k);
+    }
+    lp_layernorm_backward(a->dresidual, z->g[LP_LNFW], z->g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C), x, z->w[LP_LNFW], mean,
                            rstd, Nr, C);
 }
 
@@ -3229,26 +3547,29 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     int L = m->L, C = c->channels, Fl = 4 * C / t, V = c->vocab_size;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
     LPActivations* a = &m->act;
-    floatX** p = m->p;
+    floatX** w = m->zero.w;  // the tensors outside the layers
 
     if (m->first) {  // vocab-parallel embedding: partial sums over the ranks' slices of wte (g), then positions
         lp_check_tokens(inputs, N, V, "input");
         memcpy(m->inputs_host, inputs, (size_t)N * sizeof(int));
         lp_copy_to_device(m->inputs, inputs, (size_t)N * sizeof(int));
-        lp_embedding_forward(a->btc, m->inputs, p[LP_WTE], v0, Vl, N, C);
-        lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), p[LP_WPE], m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        lp_device_zero(a->btc, (size_t)N * C * sizeof(floatX));
+        for (int k = 0; k < m->zero.pieces; k++) {  // each piece of wte fills its tokens' rows
+            size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
+            lp_embedding_forward(a->btc, m->inputs, lp_zero_wte(&m->zero, k), v0 + (int)r0, (int)rows, N, C);
+        }
+        lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), w[LP_WPE], m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     if (L > 0) {
-        lp_model_gather_layer(m, 0);
+        lp_zero_fetch(&m->zero, 0, -1);
         LPLayerActs x = lp_layer_acts(m, 0);
         lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
                               lp_layer_param(m, LP_LN1B, 0), Nr, C);
     } else if (m->last) {
-        lp_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, p[LP_LNFW], p[LP_LNFB], Nr, C);
+        lp_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, w[LP_LNFW], w[LP_LNFB], Nr, C);
     }
     for (int l = 0; l < L; l++) {
-        lp_model_gather_layer(m, l);
-        lp_model_prefetch_layer(m, l + 1, l);  // ZeRO-3: the next layer's weights arrive while this one runs
+        lp_zero_fetch(&m->zero, l, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
         LPLayerActs x = lp_layer_acts(m, l);
         lp_model_layer_forward(m, l, &x);
         // the MLP's projection (row-parallel), residual add + bias + the next LayerNorm (ln1, lnf, or in a
@@ -3257,13 +3578,13 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         const floatX* mlp = lp_tp_g_forward(m, a->btc, N, C);
         const floatX* mlp_bias = lp_layer_param(m, LP_FCPROJB, l);
         if (l + 1 < L) {
-            lp_model_gather_layer(m, l + 1);  // its ln1 runs now, fused with this residual add (l stays)
+            lp_zero_fetch(&m->zero, l + 1, -1);  // its ln1 runs now, fused with this residual add (l stays)
             LPLayerActs next = lp_layer_acts(m, l + 1);
             lp_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp, mlp_bias,
                                            lp_layer_param(m, LP_LN1W, l + 1), lp_layer_param(m, LP_LN1B, l + 1), Nr, C);
         } else {
             lp_residual_layernorm_forward(x.residual3, m->last ? a->lnf : NULL, a->lnf_mean, a->lnf_rstd, x.residual2, mlp,
-                                           mlp_bias, p[LP_LNFW], p[LP_LNFB], Nr, C);
+                                           mlp_bias, w[LP_LNFW], w[LP_LNFB], Nr, C);
         }
     }
     if (targets) {  // for the loss, and for the auxiliary losses' in backward
@@ -3271,8 +3592,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         lp_copy_to_device(m->targets, targets, (size_t)N * sizeof(int));
     }
     if (!m->last) return 0.0f;
-    // LM head tied to wte, vocab-parallel: this rank's slice of the logits (padding rows of wte are zero)
-    lp_matmul_forward(a->logits, NULL, lp_tp_f_forward(m, a->lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
+    lp_model_logits(m, a->logits, a->lnf, N);
     return targets ? lp_model_classifier(m, a->logits, N, dloss) : 0.0f;
 }
 
@@ -3289,58 +3609,42 @@ static inline floatX* lp_model_output(const LPModel* m) {
 
 static inline void lp_model_zero_grad(LPModel* m) {
     memset(m->aux_loss, 0, sizeof(m->aux_loss));
-    if (m->zero_stage >= 2) {
-        lp_device_zero(m->grads, (m->num_params - m->layer_params * m->L) * sizeof(floatX));
-        lp_device_zero(m->grad_shard, m->shard_size * sizeof(floatX));
-    } else {
-        lp_device_zero(m->grads, m->num_params * sizeof(floatX));
-    }
+    lp_zero_clear_grads(&m->zero);
 }
 
-// Backward pass of the last forward (which must have had targets); adds into m->grads. A pipeline chunk
-// other than the last starts from its output's gradient, put in act.dresidual by the caller; one other
+// Backward pass of the last forward (which must have had targets); adds into the gradients. A pipeline
+// chunk other than the last starts from its output's gradient, put in act.dresidual by the caller; one other
 // than the first ends with its input's gradient there. `last`: this is the step's last micro-batch, so the
 // gradients are complete as each layer finishes: with sequence parallelism, the LayerNorm (and wpe)
 // gradients, partial sums over each rank's rows, are summed over the TP group then (the layers' every
-// micro-batch under ZeRO-2, whose layer gradients are reduced away at once); with
-// overlap (ZeRO-0) the layers' gradients start their all-reduce over dp as soon as a bucket of them is
-// done, while the layers below run, and lp_model_reduce_dp waits for them. A bucket is a run of layers
-// holding at least bucket_bytes of gradients: in the flat layout each tensor's slices of consecutive
-// layers are contiguous, so a bucket is one all-reduce per tensor. ZeRO-2/3 reduce-scatter each layer's
-// gradients every micro-batch, with overlap while the layer below runs in the other buffer; all have
-// arrived when backward returns.
+// micro-batch under ZeRO-2/3, whose layer gradients leave at once). Around each layer the ZeRO hooks of
+// section 7 say where its gradients go and take them when they are complete (lp_zero_layer_done: the
+// one place in backward where they may start their way over dp).
 static inline void lp_model_backward(LPModel* m, int last) {
     const LPConfig* c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
     int L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
-    int sum_sp = m->sp && (last || m->zero_stage >= 2);
-    const LPGroup* overlap_dp = last && m->overlap && m->zero_stage == 0 && m->dp && m->dp->size > 1 ? m->dp : NULL;
+    int sum_sp = m->sp && (last || m->zero.stage >= 2);
     LPActivations* a = &m->act;
-    floatX** p = m->p;
-    floatX** g = m->g;
+    floatX** w = m->zero.w;  // the tensors outside the layers
+    floatX** g = m->zero.g;
 
     if (m->last) {  // the loss's gradient, through the head
         lp_device_zero(a->dresidual, (size_t)Nr * C * sizeof(floatX));
         lp_model_head_backward(m, lp_model_output(m), a->lnf, a->lnf_mean, a->lnf_rstd, a->logits, N);
     }
-    int unreduced = L;  // overlap: layers [l+1, unreduced) are done but not yet being reduced
     for (int l = L - 1; l >= 0; l--) {
         LPLayerActs x = lp_layer_acts(m, l);
         for (int j = 0; j < m->num_aux; j++) {  // an auxiliary loss on this layer's output: its head, recomputed
             if (m->aux[j] != l) continue;
-            lp_layernorm_forward(a->aux_lnf, a->aux_mean, a->aux_rstd, x.residual3, p[LP_LNFW], p[LP_LNFB], Nr, C);
-            lp_matmul_forward(a->aux_logits, NULL, lp_tp_f_forward(m, a->aux_lnf, N, C), p[LP_WTE], NULL, N, C, Vl);
+            lp_layernorm_forward(a->aux_lnf, a->aux_mean, a->aux_rstd, x.residual3, w[LP_LNFW], w[LP_LNFB], Nr, C);
+            lp_model_logits(m, a->aux_logits, a->aux_lnf, N);
             m->aux_loss[j] += lp_model_classifier(m, a->aux_logits, N, m->aux_weight * m->dloss);
             lp_model_head_backward(m, x.residual3, a->aux_lnf, a->aux_mean, a->aux_rstd, a->aux_logits, N);
         }
-        lp_model_gather_layer(m, l);
-        lp_model_prefetch_layer(m, l - 1, l);  // ZeRO-3: the layer below arrives while this one runs
-        if (m->zero_stage >= 2) {  // this layer's gradients go to buffer l % 2, once layer l+2's have left it
-            lp_model_reduce_layer_finish(m, l % 2);
-            m->layer_grads = m->layer_grad_buf[l % 2];
-            lp_device_zero(m->layer_grads, m->layer_params * sizeof(floatX));
-        }
+        lp_zero_fetch(&m->zero, l, l - 1);  // ZeRO-3: the layer below arrives while this one runs
+        lp_zero_layer_begin(&m->zero, l);    // ZeRO-2/3: a clean one-layer gradient buffer
         if (m->recompute == LP_RECOMPUTE_FULL) {  // the layer's forward again, from its input
             lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, lp_layer_param(m, LP_LN1W, l),
                                   lp_layer_param(m, LP_LN1B, l), Nr, C);
@@ -3372,44 +3676,27 @@ static inline void lp_model_backward(LPModel* m, int last) {
             const int ln[4] = {LP_LN1W, LP_LN1B, LP_LN2W, LP_LN2B};
             for (int k = 0; k < 4; k++) lp_all_reduce(m->tp, lp_layer_grad(m, ln[k], l), C, 0);
         }
-        if (m->zero_stage >= 2) {  // this layer's gradients are complete: reduce them to their owners now
-            lp_model_reduce_layer_start(m, l, l % 2);
-            if (!m->overlap) lp_model_reduce_layer_finish(m, l % 2);
-        } else if (overlap_dp && (l == 0 || (unreduced - l) * m->layer_params * sizeof(floatX) >= m->bucket_bytes)) {
-            for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
-                lp_all_reduce_start(overlap_dp, lp_layer_grad(m, i, l), (size_t)(unreduced - l) * (m->param_sizes[i] / L),
-                                    &m->reducing);
-            unreduced = l;
-        }
+        lp_zero_layer_done(&m->zero, l, last);  // the layer's gradients are complete: DP / ZeRO takes them
     }
-    m->layers_reducing = overlap_dp != NULL;
     if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
-        lp_embedding_backward(g[LP_WTE], lp_tp_g_backward(m, a->dresidual, N, C), m->inputs_host, v0, Vl, N, C);
+        const floatX* dout = lp_tp_g_backward(m, a->dresidual, N, C);
+        for (int k = 0; k < m->zero.pieces; k++) {
+            size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
+            lp_embedding_backward(lp_zero_wte_grad(&m->zero, k), dout, m->inputs_host, v0 + (int)r0, (int)rows, N, C);
+            lp_zero_wte_grad_done(&m->zero, k);
+        }
         lp_positions_backward(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
-    for (int b = 0; b < 2 && m->zero_stage >= 2; b++) lp_model_reduce_layer_finish(m, b);
-    if (m->sp && last) {  // (ZeRO-2 reduces the tensors outside the layers once, in lp_model_reduce_dp)
+    lp_zero_backward_done(&m->zero);
+    if (m->sp && last) {  // (ZeRO-2/3 reduce the tensors outside the layers once, in lp_zero_average)
         const int rows_only[3] = {LP_WPE, LP_LNFW, LP_LNFB};
         for (int k = 0; k < 3; k++)
-            if (m->param_sizes[rows_only[k]]) lp_all_reduce(m->tp, g[rows_only[k]], m->param_sizes[rows_only[k]], 0);
+            if (m->zero.param_sizes[rows_only[k]]) lp_all_reduce(m->tp, g[rows_only[k]], m->zero.param_sizes[rows_only[k]], 0);
     }
 }
 
 static inline void lp_model_free(LPModel* m) {
-    lp_device_free(m->params);
-    lp_device_free(m->grads);
-    if (m->zero_stage >= 2) {
-        lp_device_free(m->grad_shard);
-        for (int b = 0; b < 2; b++) lp_device_free(m->layer_grad_buf[b]);
-    }
-    if (m->zero_stage >= 3) {
-        lp_device_free(m->param_shard);
-        lp_device_free(m->layer_buf[0]);
-        lp_device_free(m->layer_buf[1]);
-    }
-    if (LP_MASTER_COPY) lp_device_free(m->master);
-    lp_device_free(m->adam_m);
-    lp_device_free(m->adam_v);
+    lp_zero_free(&m->zero);
     if (m->act_memory) {
         lp_device_free(m->act_memory);
         lp_device_free(m->inputs);
@@ -3419,64 +3706,26 @@ static inline void lp_model_free(LPModel* m) {
         free(m->losses_host);
     }
     free(m->runs);
-    for (int b = 0; b < 2; b++) {
-        lp_pending_free(&m->layer_reducing[b]);
-        lp_pending_free(&m->gathering[b]);
-    }
-    lp_pending_free(&m->reducing);
     memset(m, 0, sizeof(*m));
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 8. optimizer
+// 9. optimizer
 
 typedef struct {
     float beta1, beta2, eps, weight_decay;
     float grad_clip;  // clip the global gradient norm to this (0: no clipping)
 } LPAdamW;
 
-// This rank's part [a, b) of tensor i, in its shard's coordinates; 0 when the shard holds none of it.
-static inline int lp_model_tensor_in_shard(const LPModel* m, int i, size_t* a, size_t* b) {
-    size_t lo = m->shard_start, hi = lo + lp_model_shard_count(m);
-    size_t x = m->param_offsets[i] > lo ? m->param_offsets[i] : lo;
-    size_t y = m->param_offsets[i] + m->param_sizes[i] < hi ? m->param_offsets[i] + m->param_sizes[i] : hi;
-    *a = x - lo;
-    *b = y > x ? y - lo : x - lo;
-    return y > x;
-}
-
-// Average the gradients over the data-parallel group m->dp: all-reduced (unsharded; with overlap the
-// layers' reductions are already under way), reduce-scattered so each rank holds the average for its
-// shard (ZeRO-1), or, for the layers, already reduced during backward (ZeRO-2/3): the tensors outside the
-// layers were accumulated whole over the micro-batches and are reduced now.
-static inline void lp_model_reduce_dp(LPModel* m) {
-    const LPGroup* dp = m->dp;
-    if (m->zero_stage >= 2) {
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (!lp_is_layer_tensor(i)) lp_model_reduce_grads(m, m->g[i], m->param_offsets[i], m->param_sizes[i]);
-    } else if (dp && dp->size > 1) {
-        if (m->zero_stage == 1) {
-            lp_reduce_scatter(dp, m->grads, m->shard_size, 1);
-        } else if (m->layers_reducing) {  // finish the layers', reduce the rest
-            lp_wait(dp, &m->reducing);
-            for (int i = 0; i < LP_NUM_PARAMS; i++)
-                if (!lp_is_layer_tensor(i)) lp_all_reduce(dp, m->g[i], m->param_sizes[i], 1);
-        } else {
-            lp_all_reduce(dp, m->grads, m->num_params, 1);
-        }
-    }
-    m->layers_reducing = 0;
-}
-
 // The squared norm of this rank's shard of the averaged gradients, counting each of the model's
 // parameters on one rank only: a tensor TP replicates on TP rank 0, a pipeline chunk's copies of the
 // head (wte, lnf) not at all.
 static inline float lp_model_norm2(const LPModel* m) {
-    const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + m->shard_start;  // this rank's shard
+    const floatX* grads = lp_zero_shard_grads(&m->zero);
     float norm2 = 0.0f;
     size_t from = 0, to = 0, a, b;  // a stretch of consecutive counted tensors, normed in one call
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (!lp_model_tensor_in_shard(m, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0) ||
+        if (!lp_zero_tensor_in_shard(&m->zero, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0) ||
             (m->copies >> i & 1))
             continue;
         if (a != to) {
@@ -3489,36 +3738,29 @@ static inline float lp_model_norm2(const LPModel* m) {
     return norm2;
 }
 
-// AdamW on this rank's shard of each tensor, the gradients scaled by `scale` (clipping); then with
-// ZeRO-1/2 an all-gather of the updated params (ZeRO-3 gathers a layer's weights only when forward or
-// backward needs them).
+// AdamW on this rank's shard of each tensor, the gradients scaled by `scale` (clipping); then ZeRO makes
+// the updated weights whole where forward needs them (lp_zero_gather_updated).
 static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAdamW* opt) {
-    const floatX* grads = m->zero_stage >= 2 ? m->grad_shard : m->grads + m->shard_start;
+    LPZero* z = &m->zero;
+    const floatX* grads = lp_zero_shard_grads(z);
+    floatX* params = lp_zero_shard_params(z);
     size_t a, b;
-    m->adam_step++;
-    float b1c = 1.0f - powf(opt->beta1, (float)m->adam_step);
-    float b2c = 1.0f - powf(opt->beta2, (float)m->adam_step);
+    z->adam_step++;
+    float b1c = 1.0f - powf(opt->beta1, (float)z->adam_step);
+    float b2c = 1.0f - powf(opt->beta2, (float)z->adam_step);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (!lp_model_tensor_in_shard(m, i, &a, &b)) continue;
-        uint32_t seed = (uint32_t)(m->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
-        floatX* params = m->zero_stage >= 3 ? m->param_shard + a : m->params + m->shard_start + a;
-        lp_adamw(params, m->master + a, grads + a, m->adam_m + a, m->adam_v + a, b - a, lr, opt->beta1, opt->beta2, b1c,
+        if (!lp_zero_tensor_in_shard(z, i, &a, &b)) continue;
+        uint32_t seed = (uint32_t)(z->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
+        lp_adamw(params + a, z->master + a, grads + a, z->adam_m + a, z->adam_v + a, b - a, lr, opt->beta1, opt->beta2, b1c,
                   b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
     }
-    if (m->zero_stage >= 3) {  // layers are gathered when next used; wte, wpe and lnf now
-        m->layer_in_buf[0] = m->layer_in_buf[1] = -1;
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (!lp_is_layer_tensor(i)) lp_model_gather_start(m, m->p[i], m->param_offsets[i], m->param_sizes[i], &m->gathering[0]);
-        lp_wait(m->dp, &m->gathering[0]);
-    } else if (m->shard_group) {
-        lp_all_gather(m->dp, m->params, m->shard_size * sizeof(floatX));
-    }
+    lp_zero_gather_updated(z);
 }
 
 // x summed over the ranks that hold different parts of the n models ms: the shards (over dp, when sharded),
 // the TP slices (over tp) and the other pipeline stages (over pp; NULL for one stage).
 static inline float lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, float x) {
-    if (ms->shard_group) lp_all_reduce_host(ms->dp, &x, 1, 0);
+    if (ms->zero.stage >= 1) lp_all_reduce_host(ms->zero.dp, &x, 1, 0);
     if (ms->tp_size > 1) lp_all_reduce_host(ms->tp, &x, 1, 0);
     if (pp) lp_all_reduce_host(pp, &x, 1, 0);
     return x;
@@ -3530,7 +3772,7 @@ static inline float lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, fl
 static inline float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     float norm2 = 0.0f;
     for (int k = 0; k < n; k++) {
-        lp_model_reduce_dp(&ms[k]);
+        lp_zero_average(&ms[k].zero);
         norm2 += lp_model_norm2(&ms[k]);
     }
     return sqrtf(lp_models_sum_parts(ms, pp, norm2));
@@ -3544,8 +3786,8 @@ static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float l
     for (int k = 0; k < n; k++) {
         LPModel* m = &ms[k];
         lp_model_adamw(m, lr, scale, opt);
-        size_t count = lp_model_shard_count(m);
-        if (count) w2 += lp_norm_squared(m->zero_stage >= 3 ? m->param_shard : m->params + m->shard_start, count);
+        size_t count = lp_zero_shard_count(&m->zero);
+        if (count) w2 += lp_norm_squared(lp_zero_shard_params(&m->zero), count);
     }
     return isfinite(lp_models_sum_parts(ms, pp, w2));
 }
@@ -3576,7 +3818,7 @@ static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 9. data
+// 10. data
 //
 // llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens.
 // The loader cuts each shard into windows of `window` tokens (+1 for the last target; training: the tokens
@@ -3744,7 +3986,7 @@ static inline void lp_dataloader_free(LPDataLoader* d) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 10. files
+// 11. files
 //
 // Model file (llm.c): 256 x int32 header [magic 20240326, version, maxT, V, L, NH, C, Vp], then the 16
 // tensors in order, fp32 (version 3) or bf16 (version 5). Files and checkpoints are written under a .tmp
@@ -3862,12 +4104,12 @@ static inline int lp_write_file(const char* path, const int* header, const void*
 
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file.
 static inline void lp_model_save(const LPModel* m, const char* path) {
-    if (m->shard_group || m->tp_size > 1 || m->L != m->cfg.num_layers) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
+    if (m->zero.stage >= 1 || m->tp_size > 1 || m->L != m->cfg.num_layers) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
     int h[LP_HEADER_INTS];
     lp_model_file_header_of(h, &m->cfg);
-    size_t bytes = m->num_params * sizeof(float);
+    size_t bytes = m->zero.num_params * sizeof(float);
     float* w = (float*)lp_host_malloc(bytes, "model weights");
-    lp_copy_to_host(w, m->master, bytes);
+    lp_copy_to_host(w, m->zero.master, bytes);
     int err = lp_write_file(path, h, w, bytes);
     free(w);
     if (err) lp_fail("cannot write %s: %s", path, strerror(err));
@@ -4016,7 +4258,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         memset(h, 0, sizeof(h));
         h[0] = LP_OPTIM_MAGIC;
         h[1] = 1;
-        h[2] = m->adam_step;
+        h[2] = m->zero.adam_step;
         h[3] = (int)(n & 0x7fffffff);
         h[4] = (int)(n >> 31);
         if (!err && (err = lp_create_file(optim_path, h, 2LL * n * 4))) failed = optim_path;
@@ -4046,14 +4288,14 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
     lp_checkpoint_check(world, err, failed, tmp_dir);
     for (int k = 0; k < n_models && !err; k++) {
         m = &ms[k];
-        if (m->shard_group || !m->dp || m->dp->rank == 0) {  // unsharded DP replicas are equal: the first writes
-            size_t lo = m->shard_start, count = lp_model_shard_count(m);
+        if (m->zero.stage >= 1 || !m->zero.dp || m->zero.dp->rank == 0) {  // unsharded DP replicas are equal: the first writes
+            size_t lo = m->zero.shard_start, count = lp_zero_shard_count(&m->zero);
             long long base = LP_HEADER_INTS * 4LL;
-            if ((err = lp_write_shard(m, model_path, base, m->master, lo, count))) failed = model_path;
+            if ((err = lp_write_shard(m, model_path, base, m->zero.master, lo, count))) failed = model_path;
             lp_crash_point();
-            if (!err && (err = lp_write_shard(m, optim_path, base, m->adam_m, lo, count))) failed = optim_path;
+            if (!err && (err = lp_write_shard(m, optim_path, base, m->zero.adam_m, lo, count))) failed = optim_path;
             lp_crash_point();
-            if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->adam_v, lo, count))) failed = optim_path;
+            if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->zero.adam_v, lo, count))) failed = optim_path;
             lp_crash_point();
         }
     }
@@ -4201,16 +4443,16 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
     size_t n = ms->total_params;
     for (int c = 0; c < n_models; c++) {
         LPModel* m = &ms[c];
-        size_t count = lp_model_shard_count(m);
+        size_t count = lp_zero_shard_count(&m->zero);
         float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
-        float* dst[2] = {m->adam_m, m->adam_v};
+        float* dst[2] = {m->zero.adam_m, m->zero.adam_v};
         for (int k = 0; k < 2; k++) {
-            int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, m->shard_start, count, 0);
+            int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, m->zero.shard_start, count, 0);
             if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
             lp_copy_to_device(dst[k], buf, count * sizeof(float));
         }
         free(buf);
-        m->adam_step = optim_h[2];
+        m->zero.adam_step = optim_h[2];
     }
     fclose(f);
 
@@ -4279,7 +4521,7 @@ static inline void lp_tokenizer_free(LPTokenizer* t) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 11. costs
+// 12. costs
 
 // Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul (the LM head
 // counts wte; wpe and LayerNorm do no matmul work) plus attention's q k^T and att v: 12 L C T.
@@ -4349,8 +4591,9 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
 
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
-// and 3 keep wte, wpe and lnf (`outside`) whole, plus two layers' buffers of gradients (reduced in place)
-// or weights when the chunk has layers.
+// and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else a piece
+// buffer of it), plus two layers' buffers of gradients (reduced in place) or weights when the chunk has
+// layers (section 7).
 static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->p * s->v;
     size_t sizes[LP_NUM_PARAMS];
@@ -4359,9 +4602,14 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += (double)sizes[i] / c->num_layers;
     double n = lp_chunk_params(c, s, k, layers);
     double outside = n - layer * layers, parts = s->zero >= 1 ? s->d : 1, shard = ceil(n / parts), X = sizeof(floatX);
-    double buffer = layers ? layer : 0.0;
-    double params = s->zero >= 3 ? outside + shard + 2 * buffer : shard * parts;
-    double grads = s->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
+    double buffer = layers ? layer : 0.0, piece = 0.0;
+    if (s->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 7)
+        size_t rows = (size_t)c->padded_vocab_size / s->t;
+        outside -= (double)sizes[LP_WTE];
+        piece = (double)lp_zero_piece_rows(rows, (size_t)c->channels, (size_t)layer) * c->channels;
+    }
+    double params = s->zero >= 3 ? outside + shard + 2 * buffer + piece : shard * parts;
+    double grads = s->zero >= 2 ? outside + 2 * buffer + shard + piece : shard * parts;
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
     memset(&shape, 0, sizeof(shape));
     shape.cfg = *c;
@@ -4479,7 +4727,7 @@ static inline double lp_device_peak_flops(void) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 12. pipeline
+// 13. pipeline
 //
 // This rank's stage s of a p-stage pipeline: its v chunks of the model (chunk c is virtual stage
 // k = c*p + s and runs the layers lp_pp_partition gave chunk k) and its schedule (lp_schedule_stage). A
@@ -4760,13 +5008,13 @@ static inline float lp_stage_grad_norm(LPStage* st) {
         LPModel* mc = &st->chunks[c];
         if (!mc->head) continue;
         if (!sum) sum = mc;
-        else for (int k = 0; k < 3; k++) lp_add_scaled(sum->g[head[k]], mc->g[head[k]], sum->param_sizes[head[k]], 1.0f);
+        else for (int k = 0; k < 3; k++) lp_add_scaled(sum->zero.g[head[k]], mc->zero.g[head[k]], sum->zero.param_sizes[head[k]], 1.0f);
     }
     if (sum && st->head.size > 1)
-        for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->g[head[k]], sum->param_sizes[head[k]], 0);
+        for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->zero.g[head[k]], sum->zero.param_sizes[head[k]], 0);
     for (int c = 0; c < st->v; c++)
         if (st->chunks[c].head && &st->chunks[c] != sum)
-            for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].g[head[k]], sum->g[head[k]], sum->param_sizes[head[k]] * sizeof(floatX));
+            for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].zero.g[head[k]], sum->zero.g[head[k]], sum->zero.param_sizes[head[k]] * sizeof(floatX));
     return lp_models_grad_norm(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL);
 }
 // The second half: AdamW on every chunk. Returns whether all the updated weights are finite.
@@ -4851,7 +5099,7 @@ static inline void lp_stage_free(LPStage* st) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 13. plan
+// 14. plan
 //
 // The configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
 // `tokens` per step (t x p x d grid, ZeRO stage, recomputation, micro-batch B) that fit a GPU's memory,

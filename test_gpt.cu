@@ -84,7 +84,7 @@ static int parse_losses(const char* out, float* losses, int max) {
     return n;
 }
 
-static void read_master(const LPModel* m, float* w) { lp_copy_to_host(w, m->master, m->num_params * sizeof(float)); }
+static void read_master(const LPModel* m, float* w) { lp_copy_to_host(w, m->zero.master, m->zero.num_params * sizeof(float)); }
 
 // Whether mpirun is missing; then the tests of `what` print that they skip.
 static int no_mpirun(const char* what) {
@@ -153,9 +153,9 @@ static float* run_weights(const char* dir, int step, size_t* n) {
     if (access(path, R_OK) != 0) return NULL;
     LPModel m;
     lp_model_load(&m, path, NULL);
-    float* w = (float*)lp_host_malloc(m.num_params * 4, "test");
+    float* w = (float*)lp_host_malloc(m.zero.num_params * 4, "test");
     read_master(&m, w);
-    *n = m.num_params;
+    *n = m.zero.num_params;
     lp_model_free(&m);
     return w;
 }
@@ -236,12 +236,12 @@ static void test_model_file_roundtrip(void) {
     lp_model_save(&a, tmp_path("rt.bin"));
     lp_model_load(&b, tmp_path("rt.bin"), NULL);
     expect(memcmp(&a.cfg, &b.cfg, sizeof(LPConfig)) == 0, "model file round-trip: config");
-    float* wa = (float*)lp_host_malloc(a.num_params * 4, "test");
-    float* wb = (float*)lp_host_malloc(a.num_params * 4, "test");
+    float* wa = (float*)lp_host_malloc(a.zero.num_params * 4, "test");
+    float* wb = (float*)lp_host_malloc(a.zero.num_params * 4, "test");
     read_master(&a, wa);
     read_master(&b, wb);
-    expect(memcmp(wa, wb, a.num_params * 4) == 0, "model file round-trip: weights bit-exact");
-    expect(lp_file_size(tmp_path("rt.bin")) == 1024 + (long long)a.num_params * 4, "model file size = header + fp32");
+    expect(memcmp(wa, wb, a.zero.num_params * 4) == 0, "model file round-trip: weights bit-exact");
+    expect(lp_file_size(tmp_path("rt.bin")) == 1024 + (long long)a.zero.num_params * 4, "model file size = header + fp32");
     // padding rows of wte are zero after init
     int pad_zero = 1;
     for (size_t i = (size_t)c.vocab_size * c.channels; i < (size_t)c.padded_vocab_size * c.channels; i++) pad_zero &= wa[i] == 0.0f;
@@ -370,19 +370,19 @@ static void test_checkpoint_roundtrip(void) {
     expect(lp_crc32c(0, (const unsigned char*)"123456789", 9) == 0xE3069283u, "CRC32C of \"123456789\" is the standard check value");
     lp_model_create(&b, &c, NULL);
     lp_checkpoint_load(&b, 1, &st2, tmp_path("ck"), 7);
-    size_t n = a.num_params;
+    size_t n = a.zero.num_params;
     float* x = (float*)lp_host_malloc(n * 4, "test");
     float* y = (float*)lp_host_malloc(n * 4, "test");
     read_master(&a, x);
     read_master(&b, y);
     int same = memcmp(x, y, n * 4) == 0;
-    lp_copy_to_host(x, a.adam_m, n * 4);
-    lp_copy_to_host(y, b.adam_m, n * 4);
+    lp_copy_to_host(x, a.zero.adam_m, n * 4);
+    lp_copy_to_host(y, b.zero.adam_m, n * 4);
     same &= memcmp(x, y, n * 4) == 0;
-    lp_copy_to_host(x, a.adam_v, n * 4);
-    lp_copy_to_host(y, b.adam_v, n * 4);
+    lp_copy_to_host(x, a.zero.adam_v, n * 4);
+    lp_copy_to_host(y, b.zero.adam_v, n * 4);
     same &= memcmp(x, y, n * 4) == 0;
-    expect(same && b.adam_step == 1, "checkpoint restores master weights and AdamW state exactly");
+    expect(same && b.zero.adam_step == 1, "checkpoint restores master weights and AdamW state exactly");
     expect(st2.step == 7 && st2.epoch == 3 && st2.shard == 1 && st2.pos == 12345 && st2.shuffle == 1 &&
                st2.data_seed == st.data_seed && st2.rng == st.rng && st2.B == 2 && st2.T == 16 && st2.total_batch == 64 &&
                st2.run_id == 0x5EED1234, "checkpoint restores the training state (data order and place) and the run id");
@@ -800,19 +800,32 @@ static void test_schedules(void) {
     double flops_full = lp_chunk_flops(&g, &shape, 0, 12);
     shape.recompute = LP_RECOMPUTE_NONE;
     expect(flops_full > 1.15 * lp_chunk_flops(&g, &shape, 0, 12), "recompute: full recomputation's extra forward counts in the chunk's FLOPs");
-    // ZeRO's memory (124M, B=16, T=1024): every stage lowers it, at d=2 and at d=8. ZeRO-2 keeps the
-    // gradients of wte, wpe and lnf (39,421,440 values), two layers' buffers (2 x 7,087,872, reduced in
-    // place) and the shard: 115.8M of the 124.5M values ZeRO-1 keeps at d=2, 69.2M at d=8.
-    for (int d = 2; d <= 8; d += 6) {
-        double mem[4], kept = 39421440.0 + 2 * 7087872.0 + 124475904.0 / d;
-        for (int z = 0; z < 4; z++) {
-            shape.d = d;
-            shape.zero = z;
-            mem[z] = lp_chunk_memory(&g, &shape, 0, 12, 1);
+    // ZeRO's memory (B=16, T=1024): every stage lowers it, at d=2 and at d=8, for 124M and for the d4 model
+    // (whose wte is 79% of its weights). 124M's ZeRO-2 keeps whole only the gradients of wpe and lnf (787,968
+    // values); two layers' buffers (2 x 7,087,872) and a piece of wte's rows, at most a layer's worth (9,216
+    // rows x 768 = 7,077,888); and the shard: 84.3M of the 124.5M values ZeRO-1 keeps at d=2, 37.6M at d=8.
+    for (int model = 0; model < 2; model++) {
+        LPConfig mc;
+        lp_config_from_depth(&mc, model ? "d4" : "d12");
+        for (int d = 2; d <= 8; d += 6) {
+            double mem[4], kept = 787968.0 + 2 * 7087872.0 + 7077888.0 + 124475904.0 / d;
+            for (int z = 0; z < 4; z++) {
+                shape.d = d;
+                shape.zero = z;
+                mem[z] = lp_chunk_memory(&mc, &shape, 0, mc.num_layers, 1);
+            }
+            char name[200];
+            int falls = mem[0] > mem[1] && mem[1] > mem[2] && mem[2] > mem[3];
+            if (model) {
+                snprintf(name, sizeof(name), "ZeRO memory estimate, d4 at d=%d: each stage lower (%.1f, %.1f, %.1f, %.1f MiB)", d,
+                         mem[0] / 1048576, mem[1] / 1048576, mem[2] / 1048576, mem[3] / 1048576);
+                expect(falls, name);
+            } else {
+                snprintf(name, sizeof(name), "ZeRO memory estimate, 124M at d=%d: each stage lower; ZeRO-2 saves (124.5M - %.1fM) gradient values",
+                         d, kept / 1e6);
+                expect(falls && fabs(mem[1] - mem[2] - (124475904.0 - kept) * sizeof(floatX)) < 1.0, name);
+            }
         }
-        char name[200];
-        snprintf(name, sizeof(name), "ZeRO memory estimate, 124M at d=%d: each stage lower; ZeRO-2 saves (124.5M - %.1fM) gradient values", d, kept / 1e6);
-        expect(mem[0] > mem[1] && mem[1] > mem[2] && mem[2] > mem[3] && fabs(mem[1] - mem[2] - (124475904.0 - kept) * sizeof(floatX)) < 1.0, name);
     }
     // --print-schedule draws the timeline of the flags' configuration (m = -d / (-b * -t)) and exits
     static char out[1 << 14];
@@ -953,6 +966,7 @@ static void att_fwd(void* p, float* out) {
 typedef struct { float *wte, *wpe; int* tokens; int v0, Vl, row0, N, T, C; } EncCtx;
 static void enc_fwd(void* p, float* out) {  // a vocabulary slice's embedding, then positions from row0
     EncCtx* c = (EncCtx*)p;
+    memset(out, 0, (size_t)c->N * c->C * sizeof(float));  // tokens outside the slice leave their rows
     lp_embedding_forward_cpu(out, c->tokens, c->wte, c->v0, c->Vl, c->N, c->C);
     lp_positions_forward_cpu(out, out, c->wpe, c->row0, c->N, c->T, c->C);
 }
@@ -1103,9 +1117,6 @@ static void test_op_gradients(void) {
     }
 }
 
-// The whole model's gradient against finite differences of the mean loss, on a tiny model.
-// With an auxiliary loss on layer 1's output (weight 0.5) the gradients are those of main + 0.5 * aux,
-// aux being the loss of the same weights cut after layer 1 (a one-chunk model of layers [0, 1)).
 // The CPU build's matmuls through the BLAS equal the plain loops they replace (fp32 sums reordered: 1e-5
 // relative, 1e-6 absolute), forward with and without bias and fused GELU, backward with the weight
 // gradient accumulated onto values already there. Without a BLAS the two are the same function.
@@ -1143,6 +1154,43 @@ static void test_blas_matmul(void) {
     }
 }
 
+// The strided matmul (the LM head on a piece of the vocabulary) in its three uses, each transpose with
+// leading dimensions wider than the matrices and with accumulation, against a float64 loop: the loops to
+// 1e-5 relative, the BLAS path (when built with one) likewise.
+static void test_gemm_strided(void) {
+    uint64_t rng = 37;
+    const int uses[3][2] = {{0, 1}, {0, 0}, {1, 0}};  // logits piece = x W^T; dx += dlogits W; dW += dlogits^T x
+    for (int u = 0; u < 3; u++) {
+        int ta = uses[u][0], tb = uses[u][1], M = 37, N = 29, K = 45, lda = 53, ldb = 61, ldc = 40;
+        size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+        float *A = rnd(na, &rng, 1.0f), *B = rnd(nb, &rng, 1.0f), *C0 = rnd(nc, &rng, 1.0f);
+        float *want = zeros(nc), *c1 = zeros(nc), *c2 = zeros(nc);
+        for (int acc = 0; acc < 2; acc++) {
+            memcpy(want, C0, nc * sizeof(float));
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double sum = acc ? C0[(size_t)i * ldc + j] : 0.0;
+                    for (int k = 0; k < K; k++)
+                        sum += (double)(ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                               (tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+                    want[(size_t)i * ldc + j] = (float)sum;
+                }
+            memcpy(c1, C0, nc * sizeof(float));
+            memcpy(c2, C0, nc * sizeof(float));
+            lp_gemm_strided_loops(ta, tb, M, N, K, A, lda, B, ldb, acc, c1, ldc);
+            lp_gemm_strided_cpu(ta, tb, M, N, K, A, lda, B, ldb, acc, c2, ldc);
+            char name[160];
+            snprintf(name, sizeof(name), "strided matmul ta=%d tb=%d%s: the loops equal float64, columns past N untouched", ta, tb,
+                     acc ? ", accumulating" : "");
+            expect_close(name, c1, want, nc, 1e-5f, 1e-5f);
+            snprintf(name, sizeof(name), "strided matmul ta=%d tb=%d%s: this build's (BLAS or loops) equals float64", ta, tb,
+                     acc ? ", accumulating" : "");
+            expect_close(name, c2, want, nc, 1e-5f, 1e-5f);
+        }
+        free(A); free(B); free(C0); free(want); free(c1); free(c2);
+    }
+}
+
 // lp_expf (the classifier's and softmax's exp, in arithmetic that vectorises) against exp in double: within
 // 1 ulp of the true value over -87 .. 88 (measured 0.93; expf 0.5), 0 below, infinity above, NaN kept.
 static void test_expf(void) {
@@ -1177,6 +1225,9 @@ static void test_tanh(void) {
     expect(isnan(lp_gelu(NAN)) && isnan(lp_gelu_grad(NAN)), "GELU and its gradient keep a NaN a NaN");
 }
 
+// The whole model's gradient against finite differences of the mean loss, on a tiny model.
+// With an auxiliary loss on layer 1's output (weight 0.5) the gradients are those of main + 0.5 * aux,
+// aux being the loss of the same weights cut after layer 1 (a one-chunk model of layers [0, 1)).
 static void test_model_gradient(void) {
     for (int with_aux = 0; with_aux < 2; with_aux++) {
         LPConfig c = tiny_config();
@@ -1194,7 +1245,7 @@ static void test_model_gradient(void) {
         lp_model_create(&head1, &c, &cut);
         lp_model_init_random(&m, 5);
         // larger weights than GPT-2's init so every path carries a visible gradient
-        size_t n = m.num_params;
+        size_t n = m.zero.num_params;
         float* w = (float*)lp_host_malloc(n * 4, "test");
         read_master(&m, w);
         uint64_t rng = 99;
@@ -1207,12 +1258,12 @@ static void test_model_gradient(void) {
         lp_model_forward(&m, in, tg, B, T, 1.0f / (B * T));
         lp_model_backward(&m, 1);
         float* g = (float*)lp_host_malloc(n * 4, "test");
-        lp_to_host_float(g, m.grads, n);
+        lp_to_host_float(g, m.zero.grads, n);
         float got[LP_NUM_PARAMS * 4], want[LP_NUM_PARAMS * 4];
         int k = 0;
         for (int t = 0; t < LP_NUM_PARAMS; t++) {
             for (int s = 0; s < 4; s++) {
-                size_t i = m.param_offsets[t] + lp_rand_u32(&rng) % m.param_sizes[t];
+                size_t i = m.zero.param_offsets[t] + lp_rand_u32(&rng) % m.zero.param_sizes[t];
                 if (t == LP_WTE) i = lp_rand_u32(&rng) % ((size_t)c.vocab_size * c.channels);
                 float keep = w[i];
                 double loss[2];
@@ -1309,8 +1360,8 @@ static void test_reference_training(void) {
     if (access("dev/ref/tiny_train_ref.bin", R_OK) != 0) { expect(0, "dev/ref/tiny_train_ref.bin exists"); free(w); return; }
     LPModel ref;
     lp_model_load(&ref, "dev/ref/tiny_train_ref.bin", NULL);
-    expect(w && nw == ref.num_params, "the run saves its final weights, as many as the reference's");
-    if (w && nw == ref.num_params) {
+    expect(w && nw == ref.zero.num_params, "the run saves its final weights, as many as the reference's");
+    if (w && nw == ref.zero.num_params) {
         float* r = (float*)lp_host_malloc(nw * 4, "test");
         read_master(&ref, r);
         // The key biases apart: their gradient is zero (softmax ignores what is added to a whole row of
@@ -1323,7 +1374,7 @@ static void test_reference_training(void) {
         int C = ref.cfg.channels, kb_ok = 1;
         for (int l = 0; l < ref.cfg.num_layers; l++)
             for (int j = 0; j < C; j++) {
-                size_t i = ref.param_offsets[LP_QKVB] + (size_t)l * 3 * C + C + j;
+                size_t i = ref.zero.param_offsets[LP_QKVB] + (size_t)l * 3 * C + C + j;
                 kb_ok &= fabs((double)w[i] - r[i]) <= 1.01 * lr_sum;
                 w[i] = r[i];
             }
@@ -2348,8 +2399,8 @@ static void test_supervisor_kill(void) {
 // --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
 // shard). And its memory estimate is what the CPU engine allocates: params, grads, master weights, AdamW
 // and activations of rank 0 as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64: one
-// rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 keep wte whole, and
-// p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone).
+// rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 hold wte in pieces,
+// and p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone, which keeps wte whole).
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 --plan")) return;
@@ -2490,7 +2541,7 @@ static float* host_from_f32(const float* d, size_t n) {
     return x;
 }
 
-// The embedding of a vocabulary slice (tokens outside it give zero rows) and positions from row 3.
+// The embedding of a vocabulary slice (tokens outside it leave their rows as they were) and positions from row 3.
 static void tier4_encoder(uint64_t* rng, int C) {
     int T = 64, V = 50, N = 128, v0 = 10, Vl = 30, row0 = 3;
     int tokens[128];
@@ -2751,6 +2802,27 @@ static void tier4_optimizer(uint64_t* rng) {
     lp_device_free(d_x);
 }
 
+// The strided matmul in its three uses (the LM head's pieces), leading dimensions wider than the matrices
+// and a piece starting mid-row, with and without accumulation.
+static void tier4_gemm_strided(uint64_t* rng) {
+    const int uses[3][2] = {{0, 1}, {0, 0}, {1, 0}};
+    for (int u = 0; u < 3; u++)
+        for (int acc = 0; acc < 2; acc++) {
+            int ta = uses[u][0], tb = uses[u][1], M = 37, N = 29, K = 45, lda = 56, ldb = 64, ldc = 40, c0 = 3;
+            size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+            float *A = host_rand(na, rng, 1.0f), *B = host_rand(nb, rng, 1.0f), *C = host_rand(nc, rng, 1.0f);
+            floatX *d_A = dev_bf16(A, na), *d_B = dev_bf16(B, nb), *d_C = dev_bf16(C, nc);
+            lp_gemm_strided_cpu(ta, tb, M, N, K, A, lda, B, ldb, acc, C + c0, ldc);
+            lp_gemm_strided_gpu(ta, tb, M, N, K, d_A, lda, d_B, ldb, acc, d_C + c0, ldc);
+            float* got = host_from(d_C, nc);
+            char name[128];
+            snprintf(name, sizeof(name), "gpu strided matmul ta=%d tb=%d%s (columns 3..31 of 40)", ta, tb, acc ? ", accumulating" : "");
+            expect_close_scaled(name, got, C, nc, 1e-2f);
+            free(A); free(B); free(C); free(got);
+            lp_device_free(d_A); lp_device_free(d_B); lp_device_free(d_C);
+        }
+}
+
 static void tier4_kernel_tests(void) {
     uint64_t rng = 4242;
 #ifdef LLMPAR_CUDAEMU
@@ -2760,6 +2832,7 @@ static void tier4_kernel_tests(void) {
     tier4_encoder(&rng, 33);
     tier4_layernorm(&rng);
     tier4_matmul(&rng);
+    tier4_gemm_strided(&rng);
     tier4_attention(&rng, 2, 64, 128, 4);
     tier4_attention(&rng, 1, 33, 100, 4);  // ragged: T=33, head size 25
     tier4_classifier(&rng);
@@ -2981,6 +3054,7 @@ int main(int argc, char** argv) {
     printf("tier 2: CPU model\n");
     RUN(test_op_gradients);
     RUN(test_blas_matmul);
+    RUN(test_gemm_strided);
     RUN(test_expf);
     RUN(test_tanh);
     RUN(test_model_gradient);

@@ -793,12 +793,12 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
         LPModel* mc = &r->stage.chunks[c];
         if (weights) lp_model_set_weights(mc, weights);
         else lp_model_init_random(mc, f->seed);
-        mc->bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
-        mc->overlap = f->overlap;
-        rank_params += mc->num_params;
-        param_bytes += mc->param_bytes;
-        grad_bytes += mc->grad_bytes;
-        optim_bytes += mc->shard_size * (LP_MASTER_COPY ? 12 : 8);  // (fp32 master weights,) AdamW m and v
+        mc->zero.bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
+        mc->zero.overlap = f->overlap;
+        rank_params += mc->zero.num_params;
+        param_bytes += mc->zero.param_bytes;
+        grad_bytes += mc->zero.grad_bytes;
+        optim_bytes += mc->zero.shard_size * (LP_MASTER_COPY ? 12 : 8);  // (fp32 master weights,) AdamW m and v
         act_bytes += mc->act_bytes;
     }
     free(weights);
