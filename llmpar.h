@@ -39,6 +39,11 @@ OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks ea
 The model code calls lp_op, bound at the end of section 6 to the build's lp_op_cpu or lp_op_gpu. Without a GPU
 the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of nvcc, LLMPAR_CUDAEMU).
 
+Names: B, T, C, L, V (batch, sequence, channels, layers, vocabulary) and N = B*T rows; a rank's grid is
+t x d x p (tensor, data, pipeline), with v chunks per pipeline stage and m micro-batches per step, as in
+Megatron-LM's papers; sections 4 and 12-14 use those letters alone, so there m is never a model. Elsewhere
+m is an LPModel, proc an LPProcess, st a pipeline stage (LPStage), z a model's LPZero.
+
 Use as a library: #include "llmpar.h" (one header, every function static inline). A training loop, as
 dev/examples/train_loop.cu compiles it (`make test` builds and runs it on each build, with and without MPI):
 
@@ -498,30 +503,30 @@ static inline void lp_fail_all(const char* fmt, ...) {
 }
 
 // Place this rank on the t x d x p grid (d = world / (t p)) and make its three groups.
-static inline void lp_grid_init(LPProcess* p, int tp, int pp) {
+static inline void lp_grid_init(LPProcess* proc, int tp, int pp) {
     if (tp < 1 || pp < 1) lp_fail_all("--tp %d --pp %d: sizes must be >= 1", tp, pp);
-    if ((long long)tp * pp > p->world)
-        lp_fail_all("--tp %d --pp %d: the grid needs at least t*p = %lld ranks, this run has %d", tp, pp, (long long)tp * pp, p->world);
-    if (p->world % (tp * pp) != 0)
-        lp_fail_all("--tp %d --pp %d: t*p = %d does not divide the %d ranks (world = t*p*d)", tp, pp, tp * pp, p->world);
-    p->tp = tp;
-    p->pp = pp;
-    p->dp = p->world / (tp * pp);
-    p->tp_rank = p->rank % tp;
-    p->dp_rank = (p->rank / tp) % p->dp;
-    p->pp_rank = p->rank / (tp * p->dp);
-    LPGroup* groups[4] = {&p->tp_group, &p->dp_group, &p->pp_group, &p->world_group};
+    if ((long long)tp * pp > proc->world)
+        lp_fail_all("--tp %d --pp %d: the grid needs at least t*p = %lld ranks, this run has %d", tp, pp, (long long)tp * pp, proc->world);
+    if (proc->world % (tp * pp) != 0)
+        lp_fail_all("--tp %d --pp %d: t*p = %d does not divide the %d ranks (world = t*p*d)", tp, pp, tp * pp, proc->world);
+    proc->tp = tp;
+    proc->pp = pp;
+    proc->dp = proc->world / (tp * pp);
+    proc->tp_rank = proc->rank % tp;
+    proc->dp_rank = (proc->rank / tp) % proc->dp;
+    proc->pp_rank = proc->rank / (tp * proc->dp);
+    LPGroup* groups[4] = {&proc->tp_group, &proc->dp_group, &proc->pp_group, &proc->world_group};
     const char* names[4] = {"tp", "dp", "pp", "world"};
-    int sizes[4] = {tp, p->dp, pp, p->world}, ranks[4] = {p->tp_rank, p->dp_rank, p->pp_rank, p->rank};
+    int sizes[4] = {tp, proc->dp, pp, proc->world}, ranks[4] = {proc->tp_rank, proc->dp_rank, proc->pp_rank, proc->rank};
     for (int i = 0; i < 4; i++) {
         groups[i]->name = names[i];
         groups[i]->size = sizes[i];
         groups[i]->rank = ranks[i];
 #ifdef LLMPAR_MPI
-        if (p->world == 1) continue;  // groups of one need no communicator (and no MPI_Init)
+        if (proc->world == 1) continue;  // groups of one need no communicator (and no MPI_Init)
         // the group's members share the other coordinates: they make the split colour
-        int color = i == 0 ? p->pp_rank * p->dp + p->dp_rank : i == 1 ? p->pp_rank * tp + p->tp_rank
-                  : i == 2 ? p->dp_rank * tp + p->tp_rank : 0;
+        int color = i == 0 ? proc->pp_rank * proc->dp + proc->dp_rank : i == 1 ? proc->pp_rank * tp + proc->tp_rank
+                  : i == 2 ? proc->dp_rank * tp + proc->tp_rank : 0;
         MPI_Comm_split(MPI_COMM_WORLD, color, ranks[i], &groups[i]->comm);
         MPI_Comm_set_errhandler(groups[i]->comm, MPI_ERRORS_RETURN);  // so failures name the collective
 #endif
@@ -550,9 +555,9 @@ static inline const char* lp_tp_check(const LPConfig* c, int t, char* why, size_
     return why;
 }
 // Every rank checks alike, so rank 0 alone prints.
-static inline void lp_grid_check(const LPProcess* p, const LPConfig* c) {
+static inline void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
-    if (lp_tp_check(c, p->tp, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_tp_check(c, proc->tp, why, sizeof(why))) lp_fail_all("%s", why);
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -565,27 +570,27 @@ static inline int lp_launched_by_mpi(void) {
     return 0;
 }
 
-static inline void lp_process_init(LPProcess* p, int* argc, char*** argv) {
-    memset(p, 0, sizeof(*p));
-    p->world = 1;
-    p->shares_gpu_with = -1;
+static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
+    memset(proc, 0, sizeof(*proc));
+    proc->world = 1;
+    proc->shares_gpu_with = -1;
 #ifdef LLMPAR_MPI
     if (lp_launched_by_mpi()) {
         MPI_Init(argc, argv);
-        MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &p->world);
+        MPI_Comm_rank(MPI_COMM_WORLD, &proc->rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &proc->world);
     }
 #else
     (void)argc;
     (void)argv;
 #endif
-    lp_rank = p->rank;
+    lp_rank = proc->rank;
 }
 
 // Picks the GPU from the launcher's local rank (Open MPI, then Slurm, else rank) and sets up cuBLASLt.
-static inline void lp_device_init(LPProcess* p) {
+static inline void lp_device_init(LPProcess* proc) {
 #ifdef LLMPAR_CPU
-    (void)p;
+    (void)proc;
 #else
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
@@ -596,9 +601,9 @@ static inline void lp_device_init(LPProcess* p) {
                                                                  : "the driver sees no device");
     const char* local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (!local) local = getenv("SLURM_LOCALID");
-    p->device = (local ? atoi(local) : p->rank) % count;
-    cudaCheck(cudaSetDevice(p->device));
-    cudaCheck(cudaGetDeviceProperties(&lp_device_prop, p->device));
+    proc->device = (local ? atoi(local) : proc->rank) % count;
+    cudaCheck(cudaSetDevice(proc->device));
+    cudaCheck(cudaGetDeviceProperties(&lp_device_prop, proc->device));
     cublasCheck(cublasLtCreate(&lp_cublaslt));
     lp_cublaslt_workspace = lp_device_malloc(lp_cublaslt_workspace_size, "cuBLASLt workspace");
 #endif
@@ -651,9 +656,9 @@ static inline const char* lp_engine_name(void) {
     return name;
 }
 
-static inline void lp_process_finish(LPProcess* p) {
+static inline void lp_process_finish(LPProcess* proc) {
 #ifdef LLMPAR_NCCL
-    LPGroup* groups[3] = {&p->tp_group, &p->dp_group, &p->pp_group};
+    LPGroup* groups[3] = {&proc->tp_group, &proc->dp_group, &proc->pp_group};
     for (int i = 0; i < 3; i++)
         if (groups[i]->nccl) ncclCommDestroy(groups[i]->nccl);
 #endif
@@ -663,7 +668,7 @@ static inline void lp_process_finish(LPProcess* p) {
         cublasLtDestroy(lp_cublaslt);
     }
 #endif
-    (void)p;
+    (void)proc;
     lp_mpi_finalize();
 }
 
@@ -1176,55 +1181,55 @@ static inline void lp_comm_stream_follows_compute(void) {
     cudaCheck(cudaStreamWaitEvent(lp_comm_stream, lp_comm_event, 0));
 }
 // A collective of p's is enqueued on the comm stream: p's event moves to after it.
-static inline void lp_pending_enqueued(LPPending* p) {
-    if (!p->done) cudaCheck(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming));
-    cudaCheck(cudaEventRecord(p->done, lp_comm_stream));
-    p->count++;
+static inline void lp_pending_enqueued(LPPending* pend) {
+    if (!pend->done) cudaCheck(cudaEventCreateWithFlags(&pend->done, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(pend->done, lp_comm_stream));
+    pend->count++;
 }
 #endif
-static inline void lp_pending_free(LPPending* p) {
+static inline void lp_pending_free(LPPending* pend) {
 #ifdef LLMPAR_NCCL
-    if (p->done) cudaCheck(cudaEventDestroy(p->done));
+    if (pend->done) cudaCheck(cudaEventDestroy(pend->done));
 #endif
-    memset(p, 0, sizeof(*p));
+    memset(pend, 0, sizeof(*pend));
 }
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
-static inline int lp_pending_slot(LPPending* p, const LPGroup* g) {
-    if (p->count == LP_MAX_PENDING) lp_fail("more than %d collectives in flight on group %s", LP_MAX_PENDING, g->name);
-    int k = p->count++;
-    p->average[k] = p->block[k] = NULL;
-    p->args[k] = NULL;
+static inline int lp_pending_slot(LPPending* pend, const LPGroup* g) {
+    if (pend->count == LP_MAX_PENDING) lp_fail("more than %d collectives in flight on group %s", LP_MAX_PENDING, g->name);
+    int k = pend->count++;
+    pend->average[k] = pend->block[k] = NULL;
+    pend->args[k] = NULL;
     return k;
 }
 #endif
 
 // Start averaging x over the group (lp_all_reduce, nonblocking).
-static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n, LPPending* p) {
+static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n, LPPending* pend) {
     if (g->size == 1) return;
     lp_traffic(g, LP_ALL_REDUCE, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
         lp_comm_stream_follows_compute();
         lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, ncclAvg, g->nccl, lp_comm_stream), "all-reduce", g);
-        lp_pending_enqueued(p);
+        lp_pending_enqueued(pend);
         return;
     }
 #endif
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
     if (n > (size_t)1 << 30) lp_fail("all-reduce on group %s: %zu values is too large for one MPI call", g->name, n);
-    int k = lp_pending_slot(p, g);
-    p->average[k] = x;
-    p->n[k] = n;
-    lp_mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &p->req[k]), "all-reduce", g);
+    int k = lp_pending_slot(pend, g);
+    pend->average[k] = x;
+    pend->n[k] = n;
+    lp_mpi_check(MPI_Iallreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, g->comm, &pend->req[k]), "all-reduce", g);
 #else
-    (void)p;
+    (void)pend;
     lp_all_reduce(g, x, n, 1);
 #endif
 }
 
 // Start gathering: each rank contributes counts[rank] values (mine); out receives all ranks' blocks,
 // rank by rank (ZeRO-3: a layer's weights from the shards that hold them). Blocks may be empty.
-static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, floatX* out, const int* counts, LPPending* p) {
+static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, floatX* out, const int* counts, LPPending* pend) {
     size_t n = 0;
     for (int r = 0; r < g->size; r++) n += counts[r];
     if (g->size == 1) {  // a group of one: its block is everything
@@ -1241,7 +1246,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
-        lp_pending_enqueued(p);
+        lp_pending_enqueued(pend);
         return;
     }
 #endif
@@ -1254,9 +1259,9 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
         off += counts[r];
     }
 #ifdef LLMPAR_CPU
-    int k = lp_pending_slot(p, g);
-    p->args[k] = args;
-    lp_mpi_check(MPI_Iallgatherv(mine, args[g->rank], MPI_BYTE, out, args, args + g->size, MPI_BYTE, g->comm, &p->req[k]),
+    int k = lp_pending_slot(pend, g);
+    pend->args[k] = args;
+    lp_mpi_check(MPI_Iallgatherv(mine, args[g->rank], MPI_BYTE, out, args, args + g->size, MPI_BYTE, g->comm, &pend->req[k]),
                  "all-gather", g);
 #else
     char* send = (char*)lp_host_malloc((size_t)args[g->rank] + 1, "all-gather staging");
@@ -1266,12 +1271,12 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
     lp_copy_to_device(out, recv, n * sizeof(floatX));
     free(send);
     free(args);
-    (void)p;
+    (void)pend;
 #endif
 #else
     (void)mine;
     (void)out;
-    (void)p;
+    (void)pend;
 #endif
 }
 
@@ -1286,7 +1291,7 @@ static inline size_t lp_block_start(const LPGroup* g, const int* counts) {
 // afterwards this rank's block (lp_block_start, counts[rank] values) holds its sum and the others are
 // undefined. Blocks may differ in size and be empty (ZeRO-2: a layer's gradients cut at the shard
 // boundaries). In place, so ZeRO-2 needs no receive buffers.
-static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const int* counts, LPPending* p) {
+static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const int* counts, LPPending* pend) {
     if (g->size == 1) return;  // a group of one: its block is everything, summed
     size_t n = 0;
     for (int r = 0; r < g->size; r++) n += counts[r];
@@ -1301,18 +1306,18 @@ static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const i
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
-        lp_pending_enqueued(p);
+        lp_pending_enqueued(pend);
         return;
     }
 #endif
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
-    int k = lp_pending_slot(p, g);
-    p->args[k] = (int*)lp_host_malloc((size_t)g->size * sizeof(int), "reduce-scatter counts");
-    memcpy(p->args[k], counts, (size_t)g->size * sizeof(int));
-    p->block[k] = x;
-    p->at[k] = lp_block_start(g, counts);
-    p->n[k] = (size_t)counts[g->rank];
-    lp_mpi_check(MPI_Ireduce_scatter(MPI_IN_PLACE, x, p->args[k], MPI_FLOAT, MPI_SUM, g->comm, &p->req[k]), "reduce-scatter", g);
+    int k = lp_pending_slot(pend, g);
+    pend->args[k] = (int*)lp_host_malloc((size_t)g->size * sizeof(int), "reduce-scatter counts");
+    memcpy(pend->args[k], counts, (size_t)g->size * sizeof(int));
+    pend->block[k] = x;
+    pend->at[k] = lp_block_start(g, counts);
+    pend->n[k] = (size_t)counts[g->rank];
+    lp_mpi_check(MPI_Ireduce_scatter(MPI_IN_PLACE, x, pend->args[k], MPI_FLOAT, MPI_SUM, g->comm, &pend->req[k]), "reduce-scatter", g);
 #elif defined(LLMPAR_MPI)
     size_t mine = (size_t)counts[g->rank];
     float* send = (float*)lp_host_malloc(n * sizeof(float), "reduce-scatter staging");
@@ -1322,35 +1327,35 @@ static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const i
     lp_to_device_floatX(x + lp_block_start(g, counts), recv, mine);
     free(send);
     free(recv);
-    (void)p;
+    (void)pend;
 #else
-    (void)x, (void)p;
+    (void)x, (void)pend;
     lp_fail("reduce-scatter on group %s: this build has no MPI", g->name);
 #endif
 }
 
 // Finish every collective started on p.
-static inline void lp_wait(const LPGroup* g, LPPending* p) {
-    if (p->count == 0) return;
+static inline void lp_wait(const LPGroup* g, LPPending* pend) {
+    if (pend->count == 0) return;
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // the compute stream waits for p's collectives, and only for them
-        cudaCheck(cudaStreamWaitEvent(0, p->done, 0));
-        p->count = 0;
+        cudaCheck(cudaStreamWaitEvent(0, pend->done, 0));
+        pend->count = 0;
         return;
     }
 #endif
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
-    lp_mpi_check(MPI_Waitall(p->count, p->req, MPI_STATUSES_IGNORE), "wait", g);
-    for (int k = 0; k < p->count; k++) {
-        if (p->average[k])  // sums -> averages
-            for (size_t i = 0; i < p->n[k]; i++) p->average[k][i] /= g->size;
-        if (p->block[k]) memmove(p->block[k] + p->at[k], p->block[k], p->n[k] * sizeof(float));
-        free(p->args[k]);
+    lp_mpi_check(MPI_Waitall(pend->count, pend->req, MPI_STATUSES_IGNORE), "wait", g);
+    for (int k = 0; k < pend->count; k++) {
+        if (pend->average[k])  // sums -> averages
+            for (size_t i = 0; i < pend->n[k]; i++) pend->average[k][i] /= g->size;
+        if (pend->block[k]) memmove(pend->block[k] + pend->at[k], pend->block[k], pend->n[k] * sizeof(float));
+        free(pend->args[k]);
     }
 #else
     (void)g;
 #endif
-    p->count = 0;
+    pend->count = 0;
 }
 
 #ifdef LLMPAR_NCCL
@@ -1367,23 +1372,23 @@ static inline void lp_group_nccl_init(LPGroup* g) {
 #ifndef LLMPAR_CPU
 // How many distinct GPUs the run has (ranks may share one, as in tests on one GPU) and which other rank,
 // if any, drives this rank's: one "host/bus id" string per rank.
-static inline void lp_count_gpus(LPProcess* p) {
+static inline void lp_count_gpus(LPProcess* proc) {
     char mine[256], bus[64] = "", host[128] = "";
     gethostname(host, sizeof(host) - 1);
-    cudaCheck(cudaDeviceGetPCIBusId(bus, sizeof(bus), p->device));
+    cudaCheck(cudaDeviceGetPCIBusId(bus, sizeof(bus), proc->device));
     snprintf(mine, sizeof(mine), "%s/%s", host, bus);
-    char* all = (char*)lp_host_malloc((size_t)p->world * 256, "GPU ids");
+    char* all = (char*)lp_host_malloc((size_t)proc->world * 256, "GPU ids");
     memcpy(all, mine, 256);
 #ifdef LLMPAR_MPI
-    if (p->world > 1)
-        lp_mpi_check(MPI_Allgather(mine, 256, MPI_CHAR, all, 256, MPI_CHAR, MPI_COMM_WORLD), "all-gather of GPU ids", &p->world_group);
+    if (proc->world > 1)
+        lp_mpi_check(MPI_Allgather(mine, 256, MPI_CHAR, all, 256, MPI_CHAR, MPI_COMM_WORLD), "all-gather of GPU ids", &proc->world_group);
 #endif
-    p->gpus = 0;
-    for (int r = 0; r < p->world; r++) {
+    proc->gpus = 0;
+    for (int r = 0; r < proc->world; r++) {
         int seen = 0;
         for (int q = 0; q < r && !seen; q++) seen = strcmp(all + 256 * q, all + 256 * r) == 0;
-        p->gpus += !seen;
-        if (r != p->rank && p->shares_gpu_with < 0 && strcmp(all + 256 * r, mine) == 0) p->shares_gpu_with = r;
+        proc->gpus += !seen;
+        if (r != proc->rank && proc->shares_gpu_with < 0 && strcmp(all + 256 * r, mine) == 0) proc->shares_gpu_with = r;
     }
     free(all);
 }
@@ -1393,32 +1398,32 @@ static inline void lp_count_gpus(LPProcess* p) {
 // share a GPU (several ranks on one card, as in tests on one GPU) the run uses MPI, with a notice.
 // `choice` is --comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init. (CUDA build:
 // it also counts the run's distinct GPUs, p->gpus, which MFU divides by.)
-static inline void lp_comm_init(LPProcess* p, const char* choice) {
+static inline void lp_comm_init(LPProcess* proc, const char* choice) {
     if (strcmp(choice, "auto") != 0 && strcmp(choice, "nccl") != 0 && strcmp(choice, "mpi") != 0)
         lp_fail_all("flag --comm: transport must be auto, nccl or mpi, got '%s'", choice);
 #ifndef LLMPAR_CPU
-    lp_count_gpus(p);
+    lp_count_gpus(proc);
 #endif
 #ifdef LLMPAR_NCCL
-    if (p->world == 1 || strcmp(choice, "mpi") == 0) return;
-    if (p->gpus < p->world) {  // some ranks share a GPU
+    if (proc->world == 1 || strcmp(choice, "mpi") == 0) return;
+    if (proc->gpus < proc->world) {  // some ranks share a GPU
         if (strcmp(choice, "nccl") == 0) {
-            if (p->shares_gpu_with >= 0)
-                lp_fail("flag --comm nccl: ranks %d and %d share a GPU; NCCL needs one GPU per rank (use --comm mpi)", p->rank,
-                        p->shares_gpu_with);
+            if (proc->shares_gpu_with >= 0)
+                lp_fail("flag --comm nccl: ranks %d and %d share a GPU; NCCL needs one GPU per rank (use --comm mpi)", proc->rank,
+                        proc->shares_gpu_with);
             lp_exit_all();
         }
         lp_log("notice: ranks share a GPU, so collectives go over MPI through host memory (slower than NCCL)\n");
         return;
     }
-    LPGroup* groups[3] = {&p->tp_group, &p->dp_group, &p->pp_group};
+    LPGroup* groups[3] = {&proc->tp_group, &proc->dp_group, &proc->pp_group};
     for (int i = 0; i < 3; i++) lp_group_nccl_init(groups[i]);
     cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
-    if (strcmp(choice, "nccl") == 0 && p->world > 1)
+    if (strcmp(choice, "nccl") == 0 && proc->world > 1)
         lp_fail_all("flag --comm nccl: this build has no NCCL (the CPU build, or nccl.h was not found)");
-    (void)p;
+    (void)proc;
 #endif
 }
 
@@ -2828,11 +2833,11 @@ static inline void lp_zero_owner_counts(const LPZero* z, size_t first, size_t n,
 }
 
 // Stage 3: start gathering the weights of the flat parameters [flat, flat + count) from their shards.
-static inline void lp_zero_gather_start(LPZero* z, floatX* dst, size_t flat, size_t count, LPPending* p) {
+static inline void lp_zero_gather_start(LPZero* z, floatX* dst, size_t flat, size_t count, LPPending* pend) {
     int counts[LP_MAX_SHARDS];
     lp_zero_owner_counts(z, flat, count, counts);
     size_t mine = flat > z->shard_start ? flat - z->shard_start : 0;
-    lp_all_gatherv_start(z->dp, z->param_shard + mine, dst, counts, p);
+    lp_all_gatherv_start(z->dp, z->param_shard + mine, dst, counts, pend);
 }
 
 // Stage 3: start gathering layer l's weights (if not there or on their way) into the buffer that does not
