@@ -2620,6 +2620,7 @@ typedef struct {
     struct { int write; size_t chunk; float* buf; } job[LP_OFFLOAD_JOBS];
     long queued, done, ready[2];  // ready[b]: the job that fills buffer b
     int err, err_write, stop;
+    long crash_at, writes;  // LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137, as killed) after the k-th chunk written
 } LPOffload;
 
 // Read (write = 0) or write chunk k of the file from or into buf, all of it; returns 0 or an errno. A
@@ -2637,6 +2638,7 @@ static inline int lp_offload_io(LPOffload* o, size_t k, float* buf, int write) {
         if (n <= 0) return n < 0 ? errno : EIO;
         at += (size_t)n;
     }
+    if (write && o->crash_at > 0 && ++o->writes == o->crash_at) _exit(137);
     return 0;
 }
 
@@ -2693,8 +2695,11 @@ static inline void lp_offload_wait(LPOffload* o, long id) {
 static inline LPOffload* lp_offload_open(const char* dir, int tag, size_t values) {
     LPOffload* o = (LPOffload*)lp_host_malloc(sizeof(LPOffload), "offload");
     memset(o, 0, sizeof(*o));
-    size_t align = LP_OFFLOAD_ALIGN / sizeof(float);
-    o->chunk = values < LP_OFFLOAD_CHUNK ? (values + align - 1) / align * align : LP_OFFLOAD_CHUNK;
+    size_t align = LP_OFFLOAD_ALIGN / sizeof(float), most = LP_OFFLOAD_CHUNK;
+    if (getenv("LLMPAR_OFFLOAD_CHUNK")) most = (size_t)atol(getenv("LLMPAR_OFFLOAD_CHUNK")) / align * align;  // tests: many chunks
+    if (most == 0) most = align;
+    o->crash_at = getenv("LLMPAR_OFFLOAD_CRASH_AT") ? atol(getenv("LLMPAR_OFFLOAD_CRASH_AT")) : 0;
+    o->chunk = values < most ? (values + align - 1) / align * align : most;
     if (o->chunk == 0) o->chunk = align;
     o->chunks = (values + o->chunk - 1) / o->chunk;
     lp_path(o->path, "%s/llmpar-offload-%d-%d.bin", dir, (int)getpid(), tag);
