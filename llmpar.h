@@ -2872,6 +2872,9 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
         z->master = (float*)(stage >= 3 ? z->param_shard : z->params + z->shard_start);
     }
     if (offload_dir) {
+#ifndef LLMPAR_CPU
+        lp_fail("--offload-dir %s: the AdamW state in a file is the CPU build's (the CUDA build updates it on the GPU)", offload_dir);
+#endif
         z->off = lp_offload_open(offload_dir, offload_tag, k);
     } else {
         z->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
