@@ -16,8 +16,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
   7. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
                  offload), where gradients are averaged over dp; the hooks forward and backward call around each layer
-                 defines: LPOffload, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done, lp_zero_average,
-                 lp_zero_state_get/put (the AdamW state a chunk at a time)
+                 defines: LPOffload, LPHostOptim, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done,
+                 lp_zero_average, lp_zero_state_get/put (the AdamW state a chunk at a time)
   8. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
                  defines: LPModel, LPSplit, LPLayerActs, lp_model_create, lp_model_forward, lp_model_backward
   9. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
@@ -2439,15 +2439,18 @@ static inline void lp_adamw_cpu(float* params, float* master, const float* grads
 // Stochastic rounding fp32 -> bf16: add 16 random bits below bf16's last mantissa bit, then truncate.
 // The result rounds up with probability equal to the dropped fraction, so E[bf16] = fp32 and updates
 // smaller than half a bf16 step still move the weights on average.
-static __device__ inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i) {
+// The rounded value's fp32 bits (bf16 is their top half), shared by the kernel and the host update.
+static LP_HD inline uint32_t lp_stochastic_round_bits(uint32_t x, uint32_t seed, size_t i) {
     uint32_t h = (uint32_t)i * 0x9E3779B1u ^ (uint32_t)(i >> 32) ^ seed;  // murmur3's finaliser as a hash
     h ^= h >> 16;
     h *= 0x85EBCA6Bu;
     h ^= h >> 13;
     h *= 0xC2B2AE35u;
     h ^= h >> 16;
-    uint32_t bits = (__float_as_uint(x) + (h & 0xFFFFu)) & 0xFFFF0000u;
-    return __float2bfloat16_rz(__uint_as_float(bits));
+    return (x + (h & 0xFFFFu)) & 0xFFFF0000u;
+}
+static __device__ inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i) {
+    return __float2bfloat16_rz(__uint_as_float(lp_stochastic_round_bits(__float_as_uint(x), seed, i)));
 }
 __global__ void lp_adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
@@ -2463,6 +2466,30 @@ __global__ void lp_adamw_kernel(floatX* params, float* master, const floatX* gra
     w -= lr * ((mi / beta1_corr) / (sqrtf(vi / beta2_corr) + eps) + weight_decay * w);
     master[i] = w;
     params[i] = lp_stochastic_round(w, seed, i);
+}
+// The kernel's arithmetic on the CPU (OpenMP), for --offload optimizer: master, m and v in host memory,
+// params and grads host copies of bf16 values; i0 is the first value's index in the kernel's launch (the
+// stochastic rounding's stream), so a tensor updated in pieces rounds as in one launch.
+static inline void lp_adamw_host(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                                 size_t i0, float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
+                                 float weight_decay, float grad_scale, uint32_t seed) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float g = __bfloat162float(grads[i]) * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float w = master[i];
+        w -= lr * ((mi / beta1_corr) / (sqrtf(vi / beta2_corr) + eps) + weight_decay * w);
+        master[i] = w;
+        uint32_t bits;
+        memcpy(&bits, &w, 4);
+        bits = lp_stochastic_round_bits(bits, seed, i0 + i);
+        float r;
+        memcpy(&r, &bits, 4);
+        params[i] = __float2bfloat16_rz(r);
+    }
 }
 static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
@@ -2623,6 +2650,16 @@ typedef struct {
     long crash_at, writes;  // LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137, as killed) after the k-th chunk written
 } LPOffload;
 
+// Values per chunk for a shard of `values`: whole aligned blocks, at most LP_OFFLOAD_CHUNK (the tests set
+// fewer with LLMPAR_OFFLOAD_CHUNK, so a tiny model spans many chunks).
+static inline size_t lp_offload_chunk(size_t values) {
+    size_t align = LP_OFFLOAD_ALIGN / sizeof(float), most = LP_OFFLOAD_CHUNK;
+    if (getenv("LLMPAR_OFFLOAD_CHUNK")) most = (size_t)atol(getenv("LLMPAR_OFFLOAD_CHUNK")) / align * align;
+    if (most == 0) most = align;
+    size_t chunk = values < most ? (values + align - 1) / align * align : most;
+    return chunk ? chunk : align;
+}
+
 // Read (write = 0) or write chunk k of the file from or into buf, all of it; returns 0 or an errno. A
 // chunk the file does not hold yet reads as zeros.
 static inline int lp_offload_io(LPOffload* o, size_t k, float* buf, int write) {
@@ -2695,12 +2732,8 @@ static inline void lp_offload_wait(LPOffload* o, long id) {
 static inline LPOffload* lp_offload_open(const char* dir, int tag, size_t values) {
     LPOffload* o = (LPOffload*)lp_host_malloc(sizeof(LPOffload), "offload");
     memset(o, 0, sizeof(*o));
-    size_t align = LP_OFFLOAD_ALIGN / sizeof(float), most = LP_OFFLOAD_CHUNK;
-    if (getenv("LLMPAR_OFFLOAD_CHUNK")) most = (size_t)atol(getenv("LLMPAR_OFFLOAD_CHUNK")) / align * align;  // tests: many chunks
-    if (most == 0) most = align;
     o->crash_at = getenv("LLMPAR_OFFLOAD_CRASH_AT") ? atol(getenv("LLMPAR_OFFLOAD_CRASH_AT")) : 0;
-    o->chunk = values < most ? (values + align - 1) / align * align : most;
-    if (o->chunk == 0) o->chunk = align;
+    o->chunk = lp_offload_chunk(values);
     o->chunks = (values + o->chunk - 1) / o->chunk;
     lp_path(o->path, "%s/llmpar-offload-%d-%d.bin", dir, (int)getpid(), tag);
     for (int b = 0; b < 2; b++) {
@@ -2747,6 +2780,48 @@ static inline void lp_offload_close(LPOffload* o) {
     free(o);
 }
 
+#ifndef LLMPAR_CPU
+// --- Offload to host (--offload optimizer, the CUDA build): the fp32 master weights and AdamW moments of
+// this rank's shard live in pinned host memory and the update runs on the CPU (lp_adamw_host, OpenMP) a
+// chunk at a time: while the CPU updates chunk c, chunk c+1's gradients come down (stream `down`) and
+// chunk c-1's bf16 weights go up (stream `up`), each through two pinned buffers that events hand over.
+typedef struct {
+    size_t chunk;                       // values per chunk
+    floatX *grads[2], *params[2];       // pinned: a chunk's gradients down, its updated weights up
+    cudaStream_t down, up;
+    cudaEvent_t ready, got[2], sent[2];  // gradients complete; buffer b's download and upload done
+} LPHostOptim;
+
+static inline LPHostOptim* lp_host_optim_create(size_t values) {
+    LPHostOptim* h = (LPHostOptim*)lp_host_malloc(sizeof(LPHostOptim), "host optimizer");
+    memset(h, 0, sizeof(*h));
+    h->chunk = lp_offload_chunk(values);
+    for (int b = 0; b < 2; b++) {
+        cudaCheck(cudaMallocHost((void**)&h->grads[b], h->chunk * sizeof(floatX)));
+        cudaCheck(cudaMallocHost((void**)&h->params[b], h->chunk * sizeof(floatX)));
+        cudaCheck(cudaEventCreateWithFlags(&h->got[b], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&h->sent[b], cudaEventDisableTiming));
+    }
+    cudaCheck(cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming));
+    cudaCheck(cudaStreamCreateWithFlags(&h->down, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&h->up, cudaStreamNonBlocking));
+    return h;
+}
+static inline void lp_host_optim_free(LPHostOptim* h) {
+    if (!h) return;
+    for (int b = 0; b < 2; b++) {
+        cudaCheck(cudaFreeHost(h->grads[b]));
+        cudaCheck(cudaFreeHost(h->params[b]));
+        cudaCheck(cudaEventDestroy(h->got[b]));
+        cudaCheck(cudaEventDestroy(h->sent[b]));
+    }
+    cudaCheck(cudaEventDestroy(h->ready));
+    cudaCheck(cudaStreamDestroy(h->down));
+    cudaCheck(cudaStreamDestroy(h->up));
+    free(h);
+}
+#endif
+
 typedef struct {
     const LPGroup* dp;    // gradients are averaged over this group (NULL: one replica)
     int stage;            // ZeRO stage 0..3 over dp
@@ -2770,6 +2845,10 @@ typedef struct {
     float* adam_m;              // AdamW first moment (fp32), this rank's shard
     float* adam_v;              // AdamW second moment (fp32), this rank's shard
     LPOffload* off;             // --offload nvme: m and v in a file instead (adam_m, adam_v NULL); else NULL
+    int host_state;             // --offload optimizer: master, adam_m and adam_v are pinned host memory
+#ifndef LLMPAR_CPU
+    LPHostOptim* host;          // and the update's streams and buffers
+#endif
     int adam_step;
     size_t param_bytes, grad_bytes;  // weight and gradient memory of this rank
     // stage 0 with overlap: layers [l+1, unreduced) are done but not yet reducing; once reductions were
@@ -2817,7 +2896,7 @@ static inline int lp_zero_whole(const LPZero* z, int i) {
 // allocate what this rank keeps of them at ZeRO stage `stage` over dp. wte_alone: the model holds the only
 // copy of wte, so stages 2-3 may cut it in pieces.
 static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], int L, size_t wte_rows, int wte_alone,
-                                  const LPGroup* dp, int stage, const char* offload_dir, int offload_tag) {
+                                  const LPGroup* dp, int stage, const char* offload_dir, int offload_tag, int host_state) {
     memset(z, 0, sizeof(*z));
     if (stage >= 1 && !dp) lp_fail("ZeRO-%d needs a data-parallel group", stage);
     z->dp = dp;
@@ -2865,13 +2944,28 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
         for (int i = 0; i < LP_NUM_PARAMS; i++) z->w[i] = z->params + z->param_offsets[i];
         z->param_bytes = n * sizeof(floatX);
     }
+#ifndef LLMPAR_CPU
+    if (host_state) {  // master weights and moments in pinned host memory, updated on the CPU
+        z->host_state = 1;
+        z->host = lp_host_optim_create(k);
+        float** state[3] = {&z->master, &z->adam_m, &z->adam_v};
+        for (int j = 0; j < 3; j++) {
+            cudaCheck(cudaMallocHost((void**)state[j], (k ? k : 1) * sizeof(float)));
+            memset(*state[j], 0, k * sizeof(float));
+        }
+    } else
+#endif
     if (LP_MASTER_COPY) {
         z->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
         lp_device_zero(z->master, k * sizeof(float));
     } else {  // fp32 params are their own master weights: this rank's shard of them
         z->master = (float*)(stage >= 3 ? z->param_shard : z->params + z->shard_start);
     }
-    if (offload_dir) {
+    if (host_state) {
+#ifdef LLMPAR_CPU
+        lp_fail("the AdamW state in pinned host memory is the CUDA build's (the CPU build's memory is the host's)");
+#endif
+    } else if (offload_dir) {
 #ifndef LLMPAR_CPU
         lp_fail("--offload-dir %s: the AdamW state in a file is the CPU build's (the CUDA build updates it on the GPU)", offload_dir);
 #endif
@@ -2911,6 +3005,15 @@ static inline void lp_zero_free(LPZero* z) {
         lp_device_free(z->param_shard);
         for (int b = 0; b < 2; b++) lp_device_free(z->layer_buf[b]);
     }
+#ifndef LLMPAR_CPU
+    if (z->host_state) {
+        cudaCheck(cudaFreeHost(z->master));
+        cudaCheck(cudaFreeHost(z->adam_m));
+        cudaCheck(cudaFreeHost(z->adam_v));
+        lp_host_optim_free(z->host);
+        z->master = z->adam_m = z->adam_v = NULL;
+    }
+#endif
     if (LP_MASTER_COPY) lp_device_free(z->master);
     lp_device_free(z->adam_m);
     lp_device_free(z->adam_v);
@@ -2999,6 +3102,17 @@ static inline void lp_zero_state_end(LPZero* z) {
     o->written = o->chunks;
 }
 
+// Copies of fp32 optimizer state (master, adam_m, adam_v) out to and in from host memory: a memcpy when it
+// lives there (--offload optimizer; the CPU build), else a device copy.
+static inline void lp_zero_state_out(const LPZero* z, void* dst, const void* src, size_t bytes) {
+    if (z->host_state) memcpy(dst, src, bytes);
+    else lp_copy_to_host(dst, src, bytes);
+}
+static inline void lp_zero_state_in(const LPZero* z, void* dst, const void* src, size_t bytes) {
+    if (z->host_state) memcpy(dst, src, bytes);
+    else lp_copy_to_device(dst, src, bytes);
+}
+
 // Set the weights from fp32 host values of the whole flat array: the compute-type params get all of them
 // (stage 3: the tensors outside the layers, and this rank's shard), the master weights this rank's shard.
 static inline void lp_zero_set_weights(LPZero* z, const float* flat) {
@@ -3010,7 +3124,7 @@ static inline void lp_zero_set_weights(LPZero* z, const float* flat) {
     } else {
         lp_to_device_floatX(z->params, flat, z->num_params);
     }
-    lp_copy_to_device(z->master, flat + z->shard_start, lp_zero_shard_count(z) * sizeof(float));
+    lp_zero_state_in(z, z->master, flat + z->shard_start, lp_zero_shard_count(z) * sizeof(float));
 }
 
 // Zero the gradients for a new step (stage 2-3: the shard, and the whole tensors outside the layers).
@@ -3313,6 +3427,7 @@ typedef struct {
     float aux_weight;
     int recompute;  // activation recomputation, LP_RECOMPUTE_*
     const char* offload_dir;  // AdamW state in a file in this directory, streamed (section 7); NULL: in memory
+    int offload_host;         // CUDA build: master weights and AdamW state in pinned host memory, updated on the CPU
 } LPSplit;
 
 typedef struct {
@@ -3443,7 +3558,8 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
         else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[i] = 0;  // held by another chunk
     }
     size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, split->dp, split->zero, split->offload_dir, split->chunk);
+    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, split->dp, split->zero, split->offload_dir, split->chunk,
+                   split->offload_host);
     lp_model_build_runs(m);
 }
 
@@ -3946,6 +4062,50 @@ static inline float lp_model_norm2(const LPModel* m) {
     return norm2;
 }
 
+#ifndef LLMPAR_CPU
+// --offload optimizer: AdamW on the CPU over the host-resident master weights and moments, a chunk at a time
+// (section 7's LPHostOptim): the gradients of chunks c+1 and c+2 are coming down while chunk c is updated,
+// and its bf16 weights go up behind it. Each tensor's piece of a chunk rounds with the kernel's index.
+static inline void lp_model_adamw_host(LPModel* m, float lr, float scale, const LPAdamW* opt, float b1c, float b2c) {
+    LPZero* z = &m->zero;
+    LPHostOptim* h = z->host;
+    const floatX* grads = lp_zero_shard_grads(z);
+    floatX* params = lp_zero_shard_params(z);
+    size_t count = lp_zero_shard_count(z), chunks = (count + h->chunk - 1) / h->chunk, a, b;
+    cudaCheck(cudaEventRecord(h->ready, 0));  // the averaged gradients are complete on the compute stream
+    cudaCheck(cudaStreamWaitEvent(h->down, h->ready, 0));
+    cudaCheck(cudaStreamWaitEvent(h->up, h->ready, 0));
+    for (size_t c = 0; c < chunks && c < 2; c++) {
+        size_t lo = c * h->chunk, n = count - lo < h->chunk ? count - lo : h->chunk;
+        cudaCheck(cudaMemcpyAsync(h->grads[c], grads + lo, n * sizeof(floatX), cudaMemcpyDeviceToHost, h->down));
+        cudaCheck(cudaEventRecord(h->got[c], h->down));
+    }
+    for (size_t c = 0; c < chunks; c++) {
+        int k = (int)(c % 2);
+        size_t lo = c * h->chunk, n = count - lo < h->chunk ? count - lo : h->chunk, hi = lo + n;
+        cudaCheck(cudaEventSynchronize(h->got[k]));
+        if (c >= 2) cudaCheck(cudaEventSynchronize(h->sent[k]));  // chunk c-2's weights have left this buffer
+        for (int i = 0; i < LP_NUM_PARAMS; i++) {
+            if (!lp_zero_tensor_in_shard(z, i, &a, &b)) continue;
+            size_t x = a > lo ? a : lo, y = b < hi ? b : hi;
+            if (x >= y) continue;
+            uint32_t seed = (uint32_t)(z->adam_step * 1000003u + i * 7919u);  // the kernel's stream
+            lp_adamw_host(h->params[k] + (x - lo), z->master + x, h->grads[k] + (x - lo), z->adam_m + x, z->adam_v + x, y - x,
+                          x - a, lr, opt->beta1, opt->beta2, b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f,
+                          scale, seed);
+        }
+        cudaCheck(cudaMemcpyAsync(params + lo, h->params[k], n * sizeof(floatX), cudaMemcpyHostToDevice, h->up));
+        cudaCheck(cudaEventRecord(h->sent[k], h->up));
+        if (c + 2 < chunks) {  // this buffer's gradients are used: chunk c+2's come into it
+            size_t lo2 = lo + 2 * h->chunk, n2 = count - lo2 < h->chunk ? count - lo2 : h->chunk;
+            cudaCheck(cudaMemcpyAsync(h->grads[k], grads + lo2, n2 * sizeof(floatX), cudaMemcpyDeviceToHost, h->down));
+            cudaCheck(cudaEventRecord(h->got[k], h->down));
+        }
+    }
+    cudaCheck(cudaStreamSynchronize(h->up));  // the weights are all up before anything reads them (or the buffers)
+}
+#endif
+
 // AdamW on this rank's shard of each tensor, the gradients scaled by `scale` (clipping); then ZeRO makes
 // the updated weights whole where forward needs them (lp_zero_gather_updated).
 static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAdamW* opt) {
@@ -3956,6 +4116,13 @@ static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAda
     z->adam_step++;
     float b1c = 1.0f - powf(opt->beta1, (float)z->adam_step);
     float b2c = 1.0f - powf(opt->beta2, (float)z->adam_step);
+#ifndef LLMPAR_CPU
+    if (z->host_state) {
+        lp_model_adamw_host(m, lr, scale, opt, b1c, b2c);
+        lp_zero_gather_updated(z);
+        return;
+    }
+#endif
     size_t pieces = lp_zero_state_begin(z), lo, hi;
     float *am, *av;
     for (size_t c = 0; c < pieces; c++) {  // the state a piece at a time (offloaded: streamed; else one piece)
@@ -4327,7 +4494,7 @@ static inline void lp_model_save(const LPModel* m, const char* path) {
     lp_model_file_header_of(h, &m->cfg);
     size_t bytes = m->zero.num_params * sizeof(float);
     float* w = (float*)lp_host_malloc(bytes, "model weights");
-    lp_copy_to_host(w, m->zero.master, bytes);
+    lp_zero_state_out(&m->zero, w, m->zero.master, bytes);
     int err = lp_write_file(path, h, w, bytes);
     free(w);
     if (err) lp_fail("cannot write %s: %s", path, strerror(err));
@@ -4417,7 +4584,7 @@ static inline int lp_create_file(const char* path, const int* header, long long 
 static inline int lp_write_shard(const LPModel* m, const char* path, long long base, const float* src, size_t lo, size_t count) {
     if (count == 0) return 0;
     float* h = (float*)lp_host_malloc(count * sizeof(float), "checkpoint staging");
-    lp_copy_to_host(h, src, count * sizeof(float));
+    lp_zero_state_out(&m->zero, h, src, count * sizeof(float));
     int err = 0;
     FILE* f = fopen(path, "r+b");
     if (!f) err = errno;
@@ -4707,7 +4874,7 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
         for (int k = 0; k < 2; k++) {
             int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, m->zero.shard_start, count, 0);
             if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
-            lp_copy_to_device(dst[k], buf, count * sizeof(float));
+            lp_zero_state_in(&m->zero, dst[k], buf, count * sizeof(float));
         }
         free(buf);
     }
@@ -4807,7 +4974,8 @@ typedef struct {
     int t, sp;          // tensor-parallel size, sequence parallelism
     int d, zero;        // data-parallel size, ZeRO stage
     int recompute;      // LP_RECOMPUTE_*: which activations each micro-batch in flight keeps
-    int offload;        // AdamW m and v in a file (--offload nvme): in memory only the two chunk buffers
+    int offload;        // 1: AdamW m and v in a file (--offload nvme), in memory only the two chunk buffers;
+                        // 2: master weights and AdamW state in host memory (--offload optimizer), none on the GPU
 } LPPipeShape;
 
 // Training FLOPs per token of one layer: 3x its forward's (6 per weight, 12 C T of attention), plus what
@@ -4880,6 +5048,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
     size_t align = LP_OFFLOAD_ALIGN / sizeof(float), chunk = (size_t)shard < LP_OFFLOAD_CHUNK ? ((size_t)shard + align - 1) / align * align : LP_OFFLOAD_CHUNK;
     double moments = s->offload ? 4.0 * (chunk ? chunk : align) : 2.0 * shard;  // m and v, or two buffers of both
+    if (s->offload == 2) return (params + grads) * X + (double)slots * stored + scratch;  // optimizer state on the host
     return (params + grads) * X + ((LP_MASTER_COPY ? shard : 0.0) + moments) * sizeof(float) + (double)slots * stored + scratch;
 }
 

@@ -186,8 +186,9 @@ static const LPFlagSpec lp_flag_specs[] = {
      "are sharded over the d ranks; 2: the gradients too; 3: the weights too, gathered a layer at a time"},
     {"--offload", NULL, LP_FLAG_STRING, LP_FIELD(offload), "none", "none", "NAME", NULL,
      "where this rank's AdamW state lives: none (in memory) | nvme (m and v in a file under --offload-dir, streamed "
-     "through two buffers of 8 MiB at each update: the CPU build) | optimizer (pinned host memory: the CUDA build's, "
-     "not written yet)"},
+     "through two buffers of 8 MiB at each update: the CPU build) | optimizer (the fp32 master weights and AdamW "
+     "state in pinned host memory, updated on the CPU a chunk at a time, overlapped with the copies of gradients down "
+     "and weights up: the CUDA build)"},
     {"--offload-dir", NULL, LP_FLAG_STRING, LP_FIELD(offload_dir), "", "", "DIR", NULL,
      "an existing, writable directory for --offload nvme: one file per rank (per model chunk), unlinked once open, "
      "so nothing is left behind"},
@@ -437,8 +438,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag %s optimizer: moves GPU state to host memory, where the CPU build's already is (use %s nvme)",
                     LP_FLAG_NAME(offload), LP_FLAG_NAME(offload));
 #else
-    if (strcmp(f->offload, "none") != 0)
-        lp_fail_all("flag %s %s: not in the CUDA build yet (the CPU build has %s nvme)", LP_FLAG_NAME(offload), f->offload,
+    if (strcmp(f->offload, "nvme") == 0)
+        lp_fail_all("flag %s nvme: not in the CUDA build yet (it has %s optimizer; the CPU build has nvme)", LP_FLAG_NAME(offload),
                     LP_FLAG_NAME(offload));
 #endif
     struct stat dir_st;
@@ -654,7 +655,7 @@ static void lp_check_chunks(const LPFlags* f) {
 // d and ZeRO split each chunk's memory.
 static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
     LPPipeShape s = {f->pp,  f->vpp, lp_schedule_parse(f->pp_schedule), m, f->B, f->T, f->tp, f->sp && f->tp > 1, d, f->zero,
-                     lp_recompute_parse(f->recompute), f->offload_dir[0] != '\0'};
+                     lp_recompute_parse(f->recompute), f->offload_dir[0] ? 1 : strcmp(f->offload, "optimizer") == 0 ? 2 : 0};
     return s;
 }
 
@@ -724,6 +725,9 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
         lp_log("offload          AdamW m and v (%.2f MiB on rank 0) in a file in %s, %s I/O, streamed in chunks of %.2f MiB "
                "(the memory above is its two buffers)\n", offloaded_bytes / MiB, f->offload_dir, o->direct ? "O_DIRECT" : "buffered",
                2.0 * o->chunk * sizeof(float) / MiB);
+    if (r->stage.chunks[0].zero.host_state)
+        lp_log("offload          fp32 master weights and AdamW m and v (%.2f MiB on rank 0) in pinned host memory, updated "
+               "on the CPU in chunks overlapped with the copies (the memory above is the GPU's)\n", offloaded_bytes / MiB);
 }
 
 // -o: the directory, then either the newest usable checkpoint (--resume: rank 0 checks it, checksums
@@ -799,6 +803,7 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     split.aux_weight = f->aux_weight;
     split.recompute = lp_recompute_parse(f->recompute);
     split.offload_dir = f->offload_dir[0] ? f->offload_dir : NULL;
+    split.offload_host = strcmp(f->offload, "optimizer") == 0;
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
     r->total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
@@ -833,12 +838,14 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
         rank_params += mc->zero.num_params;
         param_bytes += mc->zero.param_bytes;
         grad_bytes += mc->zero.grad_bytes;
-        optim_bytes += mc->zero.shard_size * (LP_MASTER_COPY ? 4.0 : 0.0);  // fp32 master weights
-        if (mc->zero.off) {  // AdamW m and v in a file, in memory its two buffers
-            optim_bytes += 4.0 * mc->zero.off->chunk * sizeof(float);
-            offloaded_bytes += mc->zero.shard_size * 8.0;
+        double shard = (double)mc->zero.shard_size, master = LP_MASTER_COPY ? 4.0 * shard : 0.0;  // (fp32 master weights)
+        if (mc->zero.host_state) {  // master weights and AdamW m and v in host memory, none on the GPU
+            offloaded_bytes += master + 8.0 * shard;
+        } else if (mc->zero.off) {  // AdamW m and v in a file, in memory its two buffers
+            optim_bytes += master + 4.0 * mc->zero.off->chunk * sizeof(float);
+            offloaded_bytes += 8.0 * shard;
         } else {
-            optim_bytes += mc->zero.shard_size * 8.0;
+            optim_bytes += master + 8.0 * shard;
         }
         act_bytes += mc->act_bytes;
     }
