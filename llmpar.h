@@ -1829,16 +1829,20 @@ static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* o
               inp2, bias, w, b, N, C);
 }
 
-// Backward in two passes, deterministic: each 32-thread block walks a fixed set of rows, adds into dinp,
-// and keeps its share of dw and db in shared memory (lane l owns channels l, l+32, ...); a second kernel
-// sums the blocks' shares in block order.
+// Backward in two passes, deterministic: a warp per row, several warps per block (one-warp blocks leave
+// most of an SM's warp slots idle); each block walks a fixed set of rows, adds into dinp, and each warp
+// keeps its share of dw and db in its own slice of shared memory (lane l owns channels l, l+32, ...); the
+// block adds its warps' slices in warp order into its partials, and a second kernel sums the blocks'
+// partials in block order. No atomics: a run repeats bit for bit.
 #define LP_LN_BLOCKS 512
+#define LP_LN_WARPS 4
 __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    LP_SHARED(float, share);  // dw then db, C each; only lane c % 32 touches share[c] and share[C + c]
-    int lane = threadIdx.x;
-    for (int c = lane; c < C; c += 32) share[c] = share[C + c] = 0.0f;
-    for (int row = blockIdx.x; row < N; row += gridDim.x) {
+    LP_SHARED(float, share);  // (warps, 2, C): each warp's dw then db
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    float* mine = share + (size_t)warp * 2 * C;
+    for (int c = lane; c < C; c += 32) mine[c] = mine[C + c] = 0.0f;
+    for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
         float m = mean[row], r = rstd[row], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
         for (int c = lane; c < C; c += 32) {
@@ -1852,13 +1856,15 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
             float norm = (lp_bf(inp[base + c]) - m) * r, g = lp_bf(dout[base + c]);
             float di = (g * lp_bf(w[c]) - dnorm_mean - norm * dnorm_norm_mean) * r;
             dinp[base + c] = lp_xf(lp_bf(dinp[base + c]) + di);
-            share[c] += g * norm;
-            share[C + c] += g;
+            mine[c] += g * norm;
+            mine[C + c] += g;
         }
     }
-    for (int c = lane; c < C; c += 32) {
-        partials[(size_t)blockIdx.x * 2 * C + c] = share[c];
-        partials[(size_t)blockIdx.x * 2 * C + C + c] = share[C + c];
+    __syncthreads();
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        float sum = 0.0f;
+        for (int k = 0; k < warps; k++) sum += share[(size_t)k * 2 * C + c];
+        partials[(size_t)blockIdx.x * 2 * C + c] = sum;
     }
 }
 __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int blocks, int stride, int n) {
@@ -1870,9 +1876,13 @@ __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int b
 }
 static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* db, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    int blocks = N < LP_LN_BLOCKS ? N : LP_LN_BLOCKS;
+    int warps = 49152 / (8 * C);  // each warp's slice is 2C floats; stay within 48 KiB of shared memory
+    warps = warps < 1 ? 1 : warps > LP_LN_WARPS ? LP_LN_WARPS : warps;
+    int blocks = (N + warps - 1) / warps;
+    if (blocks > LP_LN_BLOCKS) blocks = LP_LN_BLOCKS;
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
-    LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32, 2 * C * sizeof(float), dinp, partials, dout, inp, w, mean, rstd, N, C);
+    LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32 * warps, (size_t)warps * 2 * C * sizeof(float), dinp, partials, dout, inp,
+              w, mean, rstd, N, C);
     LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, dw, partials, blocks, 2 * C, C);
     LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, db, partials + C, blocks, 2 * C, C);
 }
