@@ -4604,6 +4604,14 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
     return params;
 }
 
+// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 7).
+static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
+    size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank
+    lp_param_sizes(sizes, c, t);
+    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += sizes[i] / c->num_layers;
+    return lp_zero_piece_rows((size_t)c->padded_vocab_size / t, (size_t)c->channels, layer);
+}
+
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
 // and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else a piece
@@ -4619,9 +4627,8 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     double outside = n - layer * layers, parts = s->zero >= 1 ? s->d : 1, shard = ceil(n / parts), X = sizeof(floatX);
     double buffer = layers ? layer : 0.0, piece = 0.0;
     if (s->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 7)
-        size_t rows = (size_t)c->padded_vocab_size / s->t;
         outside -= (double)sizes[LP_WTE];
-        piece = (double)lp_zero_piece_rows(rows, (size_t)c->channels, (size_t)layer) * c->channels;
+        piece = (double)lp_wte_piece_rows(c, s->t) * c->channels;
     }
     double params = s->zero >= 3 ? outside + shard + 2 * buffer + piece : shard * parts;
     double grads = s->zero >= 2 ? outside + 2 * buffer + shard + piece : shard * parts;
@@ -5189,6 +5196,12 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
     double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
     double dp_passes = s->zero <= 1 ? 1.0 : s->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
+    double wte_passes = 0.0;  // ZeRO-2/3 without a pipeline hold wte in pieces (section 7): its gradient is
+    if (chunks == 1 && s->zero >= 2) {  // reduced twice per micro-batch, ZeRO-3 gathers it thrice, a collective per piece
+        double rows = (double)c->padded_vocab_size / t, pieces = ceil(rows / (double)lp_wte_piece_rows(c, s->t));
+        dp_values += (s->zero == 2 ? m : 2 * m) * share * rows * C;  // beyond what the line above counts for it
+        wte_passes = (s->zero == 2 ? 2 * m : 5 * m) * pieces;
+    }
     double stage_layers = ceil((double)c->num_layers / s->p);
     out->t = s->t;
     out->p = s->p;
@@ -5203,7 +5216,7 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     out->fits = memory <= mach->gpu_bytes;
     out->compute_s = slots * compute;
     out->tp_s = slots * tp;
-    out->dp_s = d > 1 ? dp_values * X / dp_bw + dp_passes * (stage_layers + 1) * mach->latency : 0.0;
+    out->dp_s = d > 1 ? dp_values * X / dp_bw + (dp_passes * (stage_layers + 1) + wte_passes) * mach->latency : 0.0;
     out->pp_s = s->p > 1 ? 2.0 * m * s->v * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
     out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s;
     return 0;
