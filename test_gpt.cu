@@ -2167,7 +2167,7 @@ static void test_pipeline_parallel(void) {
     int naux = parse_aux_losses(out, aux_ref, 64);
     expect(n == 10 && wref && naux == 20, "aux losses: 1-rank reference run reports 2 aux losses per step");
     const char* aux_cases[][2] = {{"2", "--pp 2"}, {"4", "--pp 4 --pp-partition 1,1,1,1"}, {"4", "--pp 2 --vpp 2 --schedule interleaved --tp 2"},
-                                  {"4", "--pp 2 --zero 2"}};
+                                  {"4", "--pp 2 --zero 2"}, {"2", "--pp 1 --zero 3"}};  // the last: wte in pieces, aux heads too
     for (size_t k = 0; wref && k < sizeof(aux_cases) / sizeof(aux_cases[0]); k++) {
         const char *tp = strstr(aux_cases[k][1], "--tp "), *pp = strstr(aux_cases[k][1], "--pp ");
         int ranks = atoi(aux_cases[k][0]), d = ranks / (tp ? atoi(tp + 5) : 1) / atoi(pp + 5);
