@@ -1094,10 +1094,45 @@ static float gelu_tanh(float x) {  // cuBLASLt's GELU epilogue is the tanh appro
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// Dot products of one row x of op(A) with J columns of op(B), each summed exactly as the reference
+// defines it: 8 running sums over k (element kk into sum kk % 8), added in a fixed tree. J columns at once
+// read x once for all of them; the 8 sums are two 4-lane vectors, so the order of every addition is
+// unchanged (SSE2, no fused multiply-add).
+typedef float lt_v4 __attribute__((vector_size(16)));
+template <int J>
+static void lt_dots(const float* x, const float* const* y, size_t k, float* out) {
+    lt_v4 lo[J], hi[J];
+#pragma GCC unroll 4
+    for (int j = 0; j < J; j++) lo[j] = hi[j] = lt_v4{0, 0, 0, 0};
+    size_t k8 = k / 8 * 8;
+    for (size_t kk = 0; kk < k8; kk += 8) {
+        lt_v4 xl, xh, yl, yh;
+        memcpy(&xl, x + kk, 16);
+        memcpy(&xh, x + kk + 4, 16);
+#pragma GCC unroll 4
+        for (int j = 0; j < J; j++) {
+            memcpy(&yl, y[j] + kk, 16);
+            memcpy(&yh, y[j] + kk + 4, 16);
+            lo[j] += xl * yl;
+            hi[j] += xh * yh;
+        }
+    }
+    for (int j = 0; j < J; j++) {
+        float s[8];
+        memcpy(s, &lo[j], 16);
+        memcpy(s + 4, &hi[j], 16);
+        for (size_t kk = k8; kk < k; kk++) s[kk - k8] += x[kk] * y[j][kk];
+        out[j] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    }
+}
+
 static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Layout& LC, const Layout& LD, float alpha, float beta,
                     const void* A, const void* B, const void* Cp, void* Dp) {
     size_t m = LD.rows, n = LD.cols, k = d.transa ? LA.rows : LA.cols;
-    std::vector<float> a(m * k), b(n * k);
+    const size_t rows_per_task = 32;  // this many rows of op(A) stay in cache while every column passes
+    static std::vector<float> a, b;  // kept between calls (the device thread's alone): no fresh pages each GEMM
+    a.resize(std::max(a.size(), m * k));
+    b.resize(std::max(b.size(), n * k));
     for (int bt = 0; bt < LD.batch; bt++) {
         size_t oa = (size_t)bt * LA.stride, ob = (size_t)bt * LB.stride, oc = (size_t)bt * LC.stride, od = (size_t)bt * LD.stride;
         for (size_t i = 0; i < m; i++)  // rows of op(A), contiguous over k
@@ -1106,22 +1141,29 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
         for (size_t j = 0; j < n; j++)  // columns of op(B), contiguous over k
             for (size_t kk = 0; kk < k; kk++)
                 b[j * k + kk] = lt_load(B, LB.type, ob + (d.transb ? j + kk * LB.ld : kk + j * LB.ld));
-        for (size_t j = 0; j < n; j++) {
-            for (size_t i = 0; i < m; i++) {
-                const float *x = &a[i * k], *y = &b[j * k];
-                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                size_t kk = 0;
-                for (; kk + 8 <= k; kk += 8)
-                    for (int u = 0; u < 8; u++) acc[u] += x[kk + u] * y[kk + u];
-                for (; kk < k; kk++) acc[kk % 8] += x[kk] * y[kk];
-                float v = alpha * (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
-                if (beta != 0.0f) v += beta * lt_load(Cp, LC.type, oc + i + j * LC.ld);
-                if (d.bias) v += lt_load(d.bias, d.bias_type_set ? d.bias_type : LD.type, i);
-                if (d.aux) {
-                    lt_store(d.aux, LD.type, i + j * d.aux_ld, v);
-                    v = gelu_tanh(v);
+        // each output element is written by one task (its rows), so the tasks' order does not matter
+#pragma omp parallel for schedule(dynamic, 1)
+        for (size_t i0 = 0; i0 < m; i0 += rows_per_task) {
+            for (size_t j0 = 0; j0 < n; j0 += 4) {
+                size_t jn = std::min<size_t>(4, n - j0);
+                const float* y[4];
+                for (size_t j = 0; j < jn; j++) y[j] = &b[(j0 + j) * k];
+                for (size_t i = i0; i < std::min(m, i0 + rows_per_task); i++) {
+                    float dot[4];
+                    if (jn == 4) lt_dots<4>(&a[i * k], y, k, dot);
+                    else
+                        for (size_t j = 0; j < jn; j++) lt_dots<1>(&a[i * k], y + j, k, dot + j);
+                    for (size_t j = j0; j < j0 + jn; j++) {
+                        float v = alpha * dot[j - j0];
+                        if (beta != 0.0f) v += beta * lt_load(Cp, LC.type, oc + i + j * LC.ld);
+                        if (d.bias) v += lt_load(d.bias, d.bias_type_set ? d.bias_type : LD.type, i);
+                        if (d.aux) {
+                            lt_store(d.aux, LD.type, i + j * d.aux_ld, v);
+                            v = gelu_tanh(v);
+                        }
+                        lt_store(Dp, LD.type, od + i + j * LD.ld, v);
+                    }
                 }
-                lt_store(Dp, LD.type, od + i + j * LD.ld, v);
             }
         }
     }
