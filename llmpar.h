@@ -14,9 +14,10 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, LPPending, lp_wait
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
-  7. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live, where gradients are
-                 averaged over dp; the hooks forward and backward call around each layer
-                 defines: LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done, lp_zero_average
+  7. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
+                 offload), where gradients are averaged over dp; the hooks forward and backward call around each layer
+                 defines: LPOffload, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done, lp_zero_average,
+                 lp_zero_state_get/put (the AdamW state a chunk at a time)
   8. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
                  defines: LPModel, LPSplit, LPLayerActs, lp_model_create, lp_model_forward, lp_model_backward
   9. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
@@ -89,8 +90,13 @@ accumulation, LR schedule, TP/PP/ZeRO, checkpoints); README.md.
 #ifndef LLMPAR_H
 #define LLMPAR_H
 
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  // O_DIRECT (offload files, section 7)
+#endif
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
@@ -2610,6 +2616,163 @@ static inline void lp_scratch_reserve(size_t N, int C) {
 // for wte's pieces; the optimizer through lp_zero_average, lp_zero_shard_grads / lp_zero_shard_params and
 // lp_zero_gather_updated.
 
+// --- Offload (--offload nvme): this rank's AdamW state lives in a file instead of memory, and each update
+// streams it through two buffers a chunk at a time. A helper thread reads the next chunk while this one is
+// updated and writes the updated one behind it, in the order they were asked (so a buffer is written out
+// before the next chunk is read into it). The file holds chunk k at k * stride bytes: its m then its v
+// (each `chunk` values, padded), so every transfer is one large aligned pread or pwrite; O_DIRECT where
+// the filesystem takes it (past the page cache), else plain. The file is unlinked once open: it is scratch
+// (checkpoints hold the state), so a run that dies leaves nothing behind. On the CPU build the params are
+// the master weights, so m and v are all there is to move.
+#define LP_OFFLOAD_ALIGN 4096
+#define LP_OFFLOAD_CHUNK ((size_t)1 << 20)  // values per chunk: 2 x 4 MiB per transfer
+#define LP_OFFLOAD_JOBS 4  // queued at most: the last chunk's write, the next's read, this one's, the one after's
+typedef struct {
+    int fd, direct;
+    char path[LP_PATH_MAX];   // the file's name, for errors (it is unlinked)
+    size_t chunk, chunks;     // values per chunk (a multiple of LP_OFFLOAD_ALIGN / 4), chunks in the shard
+    size_t written;           // chunks the file holds; the others read as zeros (a fresh state)
+    float* buf[2];            // each: a chunk's m, then its v
+    // the helper's queue: jobs [done, queued) in LP_OFFLOAD_JOBS slots; err: the first failure's errno
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct { int write; size_t chunk; float* buf; } job[LP_OFFLOAD_JOBS];
+    long queued, done, ready[2];  // ready[b]: the job that fills buffer b
+    int err, err_write, stop;
+    long crash_at, writes;  // LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137, as killed) after the k-th chunk written
+} LPOffload;
+
+// Read (write = 0) or write chunk k of the file from or into buf, all of it; returns 0 or an errno. A
+// chunk the file does not hold yet reads as zeros.
+static inline int lp_offload_io(LPOffload* o, size_t k, float* buf, int write) {
+    size_t bytes = 2 * o->chunk * sizeof(float);
+    if (!write && k >= o->written) {
+        memset(buf, 0, bytes);
+        return 0;
+    }
+    for (size_t at = 0; at < bytes;) {
+        off_t pos = (off_t)(k * bytes + at);
+        ssize_t n = write ? pwrite(o->fd, (char*)buf + at, bytes - at, pos) : pread(o->fd, (char*)buf + at, bytes - at, pos);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return n < 0 ? errno : EIO;
+        at += (size_t)n;
+    }
+    if (write && o->crash_at > 0 && ++o->writes == o->crash_at) _exit(137);
+    return 0;
+}
+
+// How many of `count` values chunk k holds.
+static inline size_t lp_offload_part(const LPOffload* o, size_t k, size_t count) {
+    size_t at = k * o->chunk;
+    return at >= count ? 0 : count - at < o->chunk ? count - at : o->chunk;
+}
+
+static inline void* lp_offload_helper(void* arg) {
+    LPOffload* o = (LPOffload*)arg;
+    pthread_mutex_lock(&o->lock);
+    for (;;) {
+        while (o->done == o->queued && !o->stop) pthread_cond_wait(&o->cond, &o->lock);
+        if (o->done == o->queued) break;
+        int slot = (int)(o->done % LP_OFFLOAD_JOBS), write = o->job[slot].write, failed = o->err != 0;
+        size_t k = o->job[slot].chunk;
+        float* buf = o->job[slot].buf;
+        pthread_mutex_unlock(&o->lock);
+        int err = failed ? 0 : lp_offload_io(o, k, buf, write);  // after a failure the rest are dropped
+        pthread_mutex_lock(&o->lock);
+        if (err) o->err = err, o->err_write = write;
+        o->done++;
+        pthread_cond_broadcast(&o->cond);
+    }
+    pthread_mutex_unlock(&o->lock);
+    return NULL;
+}
+
+// Queue a transfer of chunk k; returns its job number.
+static inline long lp_offload_queue(LPOffload* o, size_t k, float* buf, int write) {
+    pthread_mutex_lock(&o->lock);
+    while (o->queued - o->done >= LP_OFFLOAD_JOBS) pthread_cond_wait(&o->cond, &o->lock);
+    int slot = (int)(o->queued % LP_OFFLOAD_JOBS);
+    o->job[slot].write = write;
+    o->job[slot].chunk = k;
+    o->job[slot].buf = buf;
+    long id = o->queued++;
+    pthread_cond_broadcast(&o->cond);
+    pthread_mutex_unlock(&o->lock);
+    return id;
+}
+
+// Wait for job `id` (and those before it); a failure so far stops the run, naming the file.
+static inline void lp_offload_wait(LPOffload* o, long id) {
+    pthread_mutex_lock(&o->lock);
+    while (o->done <= id) pthread_cond_wait(&o->cond, &o->lock);
+    int err = o->err, write = o->err_write;
+    pthread_mutex_unlock(&o->lock);
+    if (err) lp_fail("--offload-dir: cannot %s the optimizer state in %s: %s", write ? "write" : "read", o->path, strerror(err));
+}
+
+// Values per chunk for a state of `values` values: LP_OFFLOAD_CHUNK (tests: LLMPAR_OFFLOAD_CHUNK, so a tiny
+// model spans many), or all of them when fewer, in whole aligned blocks.
+static inline size_t lp_offload_chunk(size_t values) {
+    size_t align = LP_OFFLOAD_ALIGN / sizeof(float), most = LP_OFFLOAD_CHUNK;
+    if (getenv("LLMPAR_OFFLOAD_CHUNK")) most = (size_t)atol(getenv("LLMPAR_OFFLOAD_CHUNK")) / align * align;
+    if (most == 0) most = align;
+    size_t chunk = values < most ? (values + align - 1) / align * align : most;
+    return chunk ? chunk : align;
+}
+
+// The state file for `values` values in dir (`tag` tells a rank's models apart), and its helper thread.
+static inline LPOffload* lp_offload_open(const char* dir, int tag, size_t values) {
+    LPOffload* o = (LPOffload*)lp_host_malloc(sizeof(LPOffload), "offload");
+    memset(o, 0, sizeof(*o));
+    o->crash_at = getenv("LLMPAR_OFFLOAD_CRASH_AT") ? atol(getenv("LLMPAR_OFFLOAD_CRASH_AT")) : 0;
+    o->chunk = lp_offload_chunk(values);
+    o->chunks = (values + o->chunk - 1) / o->chunk;
+    lp_path(o->path, "%s/llmpar-offload-%d-%d.bin", dir, (int)getpid(), tag);
+    for (int b = 0; b < 2; b++) {
+        void* p = NULL;
+        if (posix_memalign(&p, LP_OFFLOAD_ALIGN, 2 * o->chunk * sizeof(float)) != 0)
+            lp_fail("out of host memory allocating the offload buffers (%.1f MiB)", 2 * o->chunk * sizeof(float) / 1048576.0);
+        o->buf[b] = (float*)p;
+    }
+    o->fd = -1;
+#ifdef O_DIRECT
+    o->fd = open(o->path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
+    if (o->fd >= 0) {  // some filesystems open with O_DIRECT and refuse the transfers: try one
+        memset(o->buf[0], 0, LP_OFFLOAD_ALIGN);
+        o->direct = pwrite(o->fd, o->buf[0], LP_OFFLOAD_ALIGN, 0) == LP_OFFLOAD_ALIGN;
+        if (!o->direct) {
+            close(o->fd);
+            unlink(o->path);
+            o->fd = -1;
+        }
+    }
+#endif
+    if (o->fd < 0) o->fd = open(o->path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (o->fd < 0) lp_fail("--offload-dir: cannot create %s: %s", o->path, strerror(errno));
+    unlink(o->path);
+    if (ftruncate(o->fd, 0) != 0) lp_fail("--offload-dir: cannot write %s: %s", o->path, strerror(errno));
+    pthread_mutex_init(&o->lock, NULL);
+    pthread_cond_init(&o->cond, NULL);
+    if (pthread_create(&o->thread, NULL, lp_offload_helper, o) != 0) lp_fail("cannot start the offload thread");
+    return o;
+}
+
+static inline void lp_offload_close(LPOffload* o) {
+    if (!o) return;
+    pthread_mutex_lock(&o->lock);
+    o->stop = 1;
+    pthread_cond_broadcast(&o->cond);
+    pthread_mutex_unlock(&o->lock);
+    pthread_join(o->thread, NULL);
+    pthread_mutex_destroy(&o->lock);
+    pthread_cond_destroy(&o->cond);
+    close(o->fd);
+    free(o->buf[0]);
+    free(o->buf[1]);
+    free(o);
+}
+
 typedef struct {
     const LPGroup* dp;    // gradients are averaged over this group (NULL: one replica)
     int stage;            // ZeRO stage 0..3 over dp
@@ -2632,6 +2795,7 @@ typedef struct {
                                 // (the CPU build's fp32 params are their own: master points into them)
     float* adam_m;              // AdamW first moment (fp32), this rank's shard
     float* adam_v;              // AdamW second moment (fp32), this rank's shard
+    LPOffload* off;             // --offload nvme: m and v in a file instead (adam_m, adam_v NULL); else NULL
     int adam_step;
     size_t param_bytes, grad_bytes;  // weight and gradient memory of this rank
     // stage 0 with overlap: layers [l+1, unreduced) are done but not yet reducing; once reductions were
@@ -2679,7 +2843,7 @@ static inline int lp_zero_whole(const LPZero* z, int i) {
 // allocate what this rank keeps of them at ZeRO stage `stage` over dp. wte_alone: the model holds the only
 // copy of wte, so stages 2-3 may cut it in pieces.
 static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], int L, size_t wte_rows, int wte_alone,
-                                  const LPGroup* dp, int stage) {
+                                  const LPGroup* dp, int stage, const char* offload_dir, int offload_tag) {
     memset(z, 0, sizeof(*z));
     if (stage >= 1 && !dp) lp_fail("ZeRO-%d needs a data-parallel group", stage);
     z->dp = dp;
@@ -2733,10 +2897,17 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
     } else {  // fp32 params are their own master weights: this rank's shard of them
         z->master = (float*)(stage >= 3 ? z->param_shard : z->params + z->shard_start);
     }
-    z->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
-    z->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
-    lp_device_zero(z->adam_m, k * sizeof(float));
-    lp_device_zero(z->adam_v, k * sizeof(float));
+    if (offload_dir) {
+#ifndef LLMPAR_CPU
+        lp_fail("--offload-dir %s: the AdamW state in a file is the CPU build's (the CUDA build updates it on the GPU)", offload_dir);
+#endif
+        z->off = lp_offload_open(offload_dir, offload_tag, k);
+    } else {
+        z->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
+        z->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
+        lp_device_zero(z->adam_m, k * sizeof(float));
+        lp_device_zero(z->adam_v, k * sizeof(float));
+    }
     if (stage >= 2) {  // whole gradients only for the tensors outside the layers, packed
         size_t off = 0;
         z->grads = (floatX*)lp_device_malloc(outside * sizeof(floatX), "gradients outside the layers");
@@ -2769,6 +2940,7 @@ static inline void lp_zero_free(LPZero* z) {
     if (LP_MASTER_COPY) lp_device_free(z->master);
     lp_device_free(z->adam_m);
     lp_device_free(z->adam_v);
+    lp_offload_close(z->off);
     lp_device_free(z->piece_w);
     lp_device_free(z->piece_g);
     for (int b = 0; b < 2; b++) {
@@ -2815,6 +2987,42 @@ static inline const floatX* lp_zero_shard_grads(const LPZero* z) {
 }
 static inline floatX* lp_zero_shard_params(const LPZero* z) {
     return z->stage >= 3 ? z->param_shard : z->params + z->shard_start;
+}
+
+// AdamW state a piece at a time, for the optimizer: lp_zero_state_begin gives the number of pieces (in
+// memory: one, the whole shard); lp_zero_state_get piece c's m and v, shard values [*lo, *hi), waiting
+// for its read (offloaded); lp_zero_state_put hands it back updated (offloaded: written behind, the piece
+// after next read into its buffer); lp_zero_state_end waits for the last writes.
+static inline size_t lp_zero_state_begin(LPZero* z) {
+    LPOffload* o = z->off;
+    if (!o) return 1;
+    for (size_t c = 0; c < 2 && c < o->chunks; c++) o->ready[c] = lp_offload_queue(o, c, o->buf[c], 0);
+    return o->chunks;
+}
+static inline void lp_zero_state_get(LPZero* z, size_t c, size_t* lo, size_t* hi, float** m, float** v) {
+    LPOffload* o = z->off;
+    size_t count = lp_zero_shard_count(z);
+    if (!o) {
+        *lo = 0, *hi = count, *m = z->adam_m, *v = z->adam_v;
+        return;
+    }
+    lp_offload_wait(o, o->ready[c % 2]);
+    *lo = c * o->chunk;
+    *hi = *lo + lp_offload_part(o, c, count);
+    *m = o->buf[c % 2];
+    *v = o->buf[c % 2] + o->chunk;
+}
+static inline void lp_zero_state_put(LPZero* z, size_t c) {
+    LPOffload* o = z->off;
+    if (!o) return;
+    lp_offload_queue(o, c, o->buf[c % 2], 1);
+    if (c + 2 < o->chunks) o->ready[c % 2] = lp_offload_queue(o, c + 2, o->buf[c % 2], 0);
+}
+static inline void lp_zero_state_end(LPZero* z) {
+    LPOffload* o = z->off;
+    if (!o) return;
+    lp_offload_wait(o, o->queued - 1);
+    o->written = o->chunks;
 }
 
 // Set the weights from fp32 host values of the whole flat array: the compute-type params get all of them
@@ -3130,6 +3338,7 @@ typedef struct {
     int num_aux;
     float aux_weight;
     int recompute;  // activation recomputation, LP_RECOMPUTE_*
+    const char* offload_dir;  // AdamW state in a file in this directory, streamed (section 7); NULL: in memory
 } LPSplit;
 
 typedef struct {
@@ -3260,7 +3469,7 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
         else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[i] = 0;  // held by another chunk
     }
     size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, split->dp, split->zero);
+    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, split->dp, split->zero, split->offload_dir, split->chunk);
     lp_model_build_runs(m);
 }
 
@@ -3773,12 +3982,22 @@ static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAda
     z->adam_step++;
     float b1c = 1.0f - powf(opt->beta1, (float)z->adam_step);
     float b2c = 1.0f - powf(opt->beta2, (float)z->adam_step);
-    for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (!lp_zero_tensor_in_shard(z, i, &a, &b)) continue;
-        uint32_t seed = (uint32_t)(z->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
-        lp_adamw(params + a, z->master + a, grads + a, z->adam_m + a, z->adam_v + a, b - a, lr, opt->beta1, opt->beta2, b1c,
-                  b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
+    size_t pieces = lp_zero_state_begin(z), lo, hi;
+    float *am, *av;
+    for (size_t c = 0; c < pieces; c++) {  // the state a piece at a time (offloaded: streamed; else one piece)
+        lp_zero_state_get(z, c, &lo, &hi, &am, &av);
+        for (int i = 0; i < LP_NUM_PARAMS; i++) {
+            if (!lp_zero_tensor_in_shard(z, i, &a, &b)) continue;
+            a = a > lo ? a : lo;
+            b = b < hi ? b : hi;
+            if (a >= b) continue;
+            uint32_t seed = (uint32_t)(z->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
+            lp_adamw(params + a, z->master + a, grads + a, am + (a - lo), av + (a - lo), b - a, lr, opt->beta1, opt->beta2,
+                     b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
+        }
+        lp_zero_state_put(z, c);
     }
+    lp_zero_state_end(z);
     lp_zero_gather_updated(z);
 }
 
@@ -4236,6 +4455,24 @@ static inline int lp_write_shard(const LPModel* m, const char* path, long long b
     return err;
 }
 
+// Write this rank's offloaded AdamW state (m at byte base, v at base + 4n of a canonical file of n
+// values) a chunk at a time, through the offload's buffer. Returns 0 or an errno.
+static inline int lp_write_offloaded(const LPModel* m, const char* path, long long base, size_t n) {
+    LPOffload* o = m->zero.off;
+    size_t lo = m->zero.shard_start, count = lp_zero_shard_count(&m->zero);
+    FILE* f = fopen(path, "r+b");
+    if (!f) return errno;
+    int err = 0;
+    for (size_t c = 0; c < o->chunks && !err; c++) {
+        size_t at = c * o->chunk, k = lp_offload_part(o, c, count);
+        if ((err = lp_offload_io(o, c, o->buf[0], 0))) break;
+        err = lp_model_canonical_io(m, f, base, o->buf[0], lo + at, k, 1);
+        if (!err) err = lp_model_canonical_io(m, f, base + 4LL * (long long)n, o->buf[0] + o->chunk, lo + at, k, 1);
+    }
+    if (fclose(f) != 0 && !err) err = errno;
+    return err;
+}
+
 // End of a write phase: if any rank failed, each failing rank says why, rank 0 removes the partial
 // checkpoint, and every rank stops.
 static inline void lp_checkpoint_check(const LPGroup* world, int err, const char* path, const char* tmp_dir) {
@@ -4318,10 +4555,15 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
             long long base = LP_HEADER_INTS * 4LL;
             if ((err = lp_write_shard(m, model_path, base, m->zero.master, lo, count))) failed = model_path;
             lp_crash_point();
-            if (!err && (err = lp_write_shard(m, optim_path, base, m->zero.adam_m, lo, count))) failed = optim_path;
-            lp_crash_point();
-            if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->zero.adam_v, lo, count))) failed = optim_path;
-            lp_crash_point();
+            if (m->zero.off) {  // offloaded: m and v a chunk at a time from the file
+                if (!err && (err = lp_write_offloaded(m, optim_path, base, n))) failed = optim_path;
+                lp_crash_point();
+            } else {
+                if (!err && (err = lp_write_shard(m, optim_path, base, m->zero.adam_m, lo, count))) failed = optim_path;
+                lp_crash_point();
+                if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->zero.adam_v, lo, count))) failed = optim_path;
+                lp_crash_point();
+            }
         }
     }
     lp_checkpoint_check(world, err, failed, tmp_dir);
@@ -4469,6 +4711,23 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
     for (int c = 0; c < n_models; c++) {
         LPModel* m = &ms[c];
         size_t count = lp_zero_shard_count(&m->zero);
+        m->zero.adam_step = optim_h[2];
+        LPOffload* o = m->zero.off;
+        if (o) {  // offloaded: read m and v a chunk at a time into its buffer, and write it to the file
+            for (size_t k = 0; k < o->chunks; k++) {
+                size_t at = k * o->chunk, part = lp_offload_part(o, k, count);
+                memset(o->buf[0], 0, 2 * o->chunk * sizeof(float));
+                for (int h = 0; h < 2; h++) {
+                    int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(h * n), o->buf[0] + h * o->chunk,
+                                                    m->zero.shard_start + at, part, 0);
+                    if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
+                }
+                int err = lp_offload_io(o, k, o->buf[0], 1);
+                if (err) lp_fail("--offload-dir: cannot write the optimizer state in %s: %s", o->path, strerror(err));
+            }
+            o->written = o->chunks;
+            continue;
+        }
         float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
         float* dst[2] = {m->zero.adam_m, m->zero.adam_v};
         for (int k = 0; k < 2; k++) {
@@ -4477,7 +4736,6 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
             lp_copy_to_device(dst[k], buf, count * sizeof(float));
         }
         free(buf);
-        m->zero.adam_step = optim_h[2];
     }
     fclose(f);
 
@@ -4575,6 +4833,7 @@ typedef struct {
     int t, sp;          // tensor-parallel size, sequence parallelism
     int d, zero;        // data-parallel size, ZeRO stage
     int recompute;      // LP_RECOMPUTE_*: which activations each micro-batch in flight keeps
+    int offload;        // AdamW m and v in a file (--offload nvme): in memory only the two chunk buffers
 } LPPipeShape;
 
 // Training FLOPs per token of one layer: 3x its forward's (6 per weight, 12 C T of attention), plus what
@@ -4652,7 +4911,8 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.last = k == chunks - 1;
     LPActivations a;
     size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
-    return (params + grads) * X + (LP_MASTER_COPY ? 3 : 2) * sizeof(float) * shard + (double)slots * stored + scratch;
+    double moments = s->offload ? 4.0 * lp_offload_chunk((size_t)shard) : 2.0 * shard;  // m and v, or two buffers of both
+    return (params + grads) * X + ((LP_MASTER_COPY ? shard : 0.0) + moments) * sizeof(float) + (double)slots * stored + scratch;
 }
 
 // The partition of L layers over the chunks whose largest cost[k][n] (chunk k running n layers; INFINITY
@@ -5249,7 +5509,7 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, con
                     for (int zero = 0; zero <= (d > 1 ? 3 : 0); zero++)
                         for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++) {
                             int m = (int)(tokens / (B * T * d)), kind = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
-                            LPPipeShape s = {p, v, kind, m, (int)B, T, t, t > 1 && T % t == 0, d, zero, r};
+                            LPPipeShape s = {p, v, kind, m, (int)B, T, t, t > 1 && T % t == 0, d, zero, r, 0};
                             if (count == cap) {
                                 cap *= 2;
                                 *plans = (LPPlan*)realloc(*plans, cap * sizeof(LPPlan));

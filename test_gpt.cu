@@ -512,6 +512,12 @@ static void test_bad_input(void) {
     BAD("bad input: --ckpt-minutes without -o", "flag --ckpt-minutes: checkpoints need -o DIR to go in", "--ckpt-minutes 30");
     BAD("bad input: bad --on-divergence", "flag --on-divergence: must be stop, skip or rollback, got 'retry'", "--on-divergence retry");
     BAD("bad input: rollback without -o", "flag --on-divergence rollback: needs -o DIR", "--on-divergence rollback");
+    BAD("bad input: --offload nvme without a directory", "flag --offload nvme: needs --offload-dir DIR", "--offload nvme");
+    BAD("bad input: unknown --offload", "flag --offload: must be none, nvme or optimizer, got 'disk'", "--offload disk");
+    BAD("bad input: --offload-dir without --offload nvme", "flag --offload-dir: only with --offload nvme", "--offload-dir /tmp");
+#ifdef LLMPAR_CPU
+    BAD("bad input: --offload optimizer on the CPU build", "flag --offload optimizer: moves GPU state to host memory", "--offload optimizer");
+#endif
     BAD("bad input: negative --loss-spike", "flag --loss-spike: must be >= 0 (0: off), got -1", "--loss-spike -1");
     float nan_bits = NAN;
     int nan_int;
@@ -733,7 +739,7 @@ static void test_schedules(void) {
     LPConfig g;
     lp_config_from_depth(&g, "d12");
     int layers[16];
-    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
+    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 4 && layers[1] == 4 && layers[2] == 4 && layers[3] == 0, "partition balanced, 124M, p=4: 4,4,4,0");
     shape.p = 2;
@@ -763,7 +769,7 @@ static void test_schedules(void) {
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[1] == 6 && layers[2] == 1 && lp_chunk_slots(&shape, 2) == 8,
            "partition balanced, 124M, p=3 GPipe: 5,6,1");
-    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
+    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
     err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
     expect(!err && layers[0] == 3 && layers[3] == 3, "partition uniform, p=2 v=2: 3 layers per chunk");
     err = lp_pp_partition(&g, &shape, "5,3,3,1", layers, why, sizeof(why));
@@ -775,7 +781,7 @@ static void test_schedules(void) {
     shape.m = 3;
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(err && strstr(err, "must be a multiple of --pp 2"), "partition: a schedule that cannot run is refused first");
-    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
+    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
     err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
     expect(err && strstr(err, "--pp-partition uniform: the model's 12 layers do not split evenly over 5 chunks"), "partition uniform: L % chunks refused");
     shape.p = 2;
@@ -784,12 +790,12 @@ static void test_schedules(void) {
     shape.p = 4;
     err = lp_pp_partition(&g, &shape, "4,0,4,4", layers, why, sizeof(why));
     expect(err && strstr(err, "chunk 1 of 4 gets no layers"), "partition list: a middle chunk without layers refused");
-    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
+    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(err && strstr(err, "gets no layers (the model has 12)"), "partition balanced: 16 chunks for 12 layers refused");
     // recomputation's memory: selective keeps one layer's attention probabilities (B NH T T) and GELU output
     // (B T 4C) instead of L; full keeps less again. 124M, B=16, T=1024, one chunk
-    shape = (LPPipeShape){1, 1, LP_SCHEDULE_1F1B, 1, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE};
+    shape = (LPPipeShape){1, 1, LP_SCHEDULE_1F1B, 1, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
     double kept = lp_chunk_memory(&g, &shape, 0, 12, 1);
     shape.recompute = LP_RECOMPUTE_SELECTIVE;
     double selective = lp_chunk_memory(&g, &shape, 0, 12, 1);
@@ -2396,6 +2402,135 @@ static void test_supervisor_kill(void) {
     free(w);
 }
 
+// --offload nvme: AdamW m and v in a file under --offload-dir, streamed a chunk at a time (here chunks of
+// 1024 values, LLMPAR_OFFLOAD_CHUNK, so the tiny model's shards span many). The update is the same
+// arithmetic on the same values, so losses, weights and optimizer state equal the in-memory run's bit for
+// bit on 1 rank, d=2 ZeRO-1 and ZeRO-3, t=2 p=2 d=2; checkpoints cross between the two (and grids); a run
+// killed in the middle of an offloaded update resumes to the uninterrupted weights; a missing, read-only
+// or full --offload-dir is one error line, leaving no file behind.
+static int offload_leftovers(const char* dir) {
+    char pattern[LP_PATH_MAX];
+    glob_t g;
+    lp_path(pattern, "%s/*", dir);
+    int n = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    if (n) globfree(&g);
+    return n;
+}
+static void test_offload(void) {
+    static char out[1 << 18];
+    if (no_mpirun("tier 3 offload")) return;
+    setenv("LLMPAR_OFFLOAD_CHUNK", "1024", 1);
+    static char base[2 * LP_PATH_MAX], off[2 * LP_PATH_MAX], args[8 * LP_PATH_MAX], name[4 * LP_PATH_MAX];
+    char odir[LP_PATH_MAX], a[LP_PATH_MAX], b[LP_PATH_MAX];
+    lp_path(odir, "%s", tmp_path("offload_files"));
+    mkdir(odir, 0755);
+    snprintf(off, sizeof(off), "--offload nvme --offload-dir %s", odir);
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("dp_shard.bin"));
+    struct { int ranks; const char* flags; } grids[] = {
+        {1, "-b 8"}, {2, "-b 4 --zero 1"}, {2, "-b 4 --zero 3"}, {8, "-b 4 --tp 2 --pp 2 --zero 1"},
+    };
+    for (int x = 0; x < 4; x++) {
+        float want[64], got[64];
+        snprintf(args, sizeof(args), "%s %s", base, grids[x].flags);
+        snprintf(a, sizeof(a), "%s", tmp_path("offload_mem"));
+        snprintf(b, sizeof(b), "%s", tmp_path("offload_nvme"));
+        int n0 = run_ranks(grids[x].ranks, args, a, want, out, sizeof(out));
+        snprintf(args, sizeof(args), "%s %s %s", base, grids[x].flags, off);
+        int n1 = run_ranks(grids[x].ranks, args, b, got, out, sizeof(out));
+        char wa[LP_PATH_MAX], wb[LP_PATH_MAX], oa[LP_PATH_MAX], ob[LP_PATH_MAX];
+        lp_path(wa, "%s/step_00000010/model.bin", a);
+        lp_path(wb, "%s/step_00000010/model.bin", b);
+        lp_path(oa, "%s/step_00000010/optim.bin", a);
+        lp_path(ob, "%s/step_00000010/optim.bin", b);
+        int same = n0 == 10 && n1 == 10 && memcmp(want, got, sizeof(float) * 10) == 0 && access(wb, R_OK) == 0 && same_file(wa, wb) &&
+                   same_file(oa, ob);
+        snprintf(name, sizeof(name), "--offload nvme, %d rank(s) %s: losses, weights and AdamW state equal the in-memory run's, bit for bit",
+                 grids[x].ranks, grids[x].flags);
+        expect(same && strstr(out, "offload          AdamW m and v") && offload_leftovers(odir) == 0, name);
+        if (!same) printf("%s\n", out);
+        run_cmd(out, sizeof(out), "rm -rf %s %s", a, b);
+    }
+
+    // checkpoints: saved offloaded, resumed in memory, and the other way; and resumed on another grid
+    char ref[LP_PATH_MAX], dir[LP_PATH_MAX], last[LP_PATH_MAX];
+    float losses[64];
+    lp_path(ref, "%s", tmp_path("offload_ref"));
+    snprintf(args, sizeof(args), "%s -b 8 -n 5", base);
+    run_ranks(1, args, ref, losses, out, sizeof(out));
+    size_t nref = 0, nw = 0;
+    float* wref = run_weights(ref, 10, &nref);
+    const char* modes[2][2] = {{off, ""}, {"", off}};
+    for (int k = 0; k < 2; k++) {
+        lp_path(dir, "%s", tmp_path(k ? "offload_to_nvme" : "offload_to_mem"));
+        lp_path(last, "%s/step_00000010", dir);
+        snprintf(args, sizeof(args), "%s -b 8 -n 5 %s", base, modes[k][0]);
+        run_ranks(1, args, dir, losses, out, sizeof(out));
+        run_cmd(out, sizeof(out), "rm -rf %s", last);
+        snprintf(args, sizeof(args), "%s -b 8 -n 5 --resume %s", base, modes[k][1]);
+        int n = run_ranks(1, args, dir, losses, out, sizeof(out));
+        char wa[LP_PATH_MAX], wb[LP_PATH_MAX];
+        lp_path(wa, "%s/step_00000010/model.bin", ref);
+        lp_path(wb, "%s/model.bin", last);
+        snprintf(name, sizeof(name), "checkpoint saved %s resumes %s: the uninterrupted run's weights, bit for bit",
+                 k ? "in memory" : "offloaded", k ? "offloaded" : "in memory");
+        expect(n == 5 && wref && same_file(wa, wb), name);
+        if (n != 5) printf("%s\n", out);
+    }
+    // step 5 saved offloaded on 1 rank, resumed offloaded at d=2 ZeRO-3 (fp32 sums reordered: 1e-5)
+    lp_path(dir, "%s", tmp_path("offload_to_nvme"));
+    run_cmd(out, sizeof(out), "rm -rf %s/step_00000010", dir);
+    snprintf(args, sizeof(args), "%s -b 4 -n 5 --zero 3 --resume %s", base, off);
+    int n = run_ranks(2, args, dir, losses, out, sizeof(out));
+    float* w = run_weights(dir, 10, &nw);
+    expect(n == 5 && w && nw == nref, "checkpoint saved offloaded on 1 rank resumes offloaded at d=2 ZeRO-3");
+    if (w && wref && nw == nref) expect_same_weights("... to the uninterrupted run's weights (1e-5)", w, wref, nw, 1e-5f, 2);
+    free(w);
+
+    // killed in the middle of step 7's offloaded update (after half its chunks are written), then resumed
+    LPConfig c = tiny_config();
+    size_t chunks = (lp_config_num_params(&c) + 1023) / 1024;
+    lp_path(dir, "%s", tmp_path("offload_kill"));
+    snprintf(args, sizeof(args), "%s -b 8 -n 5 %s", base, off);
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_OFFLOAD_CRASH_AT=%zu %s %s -o %s", chunks * 6 + chunks / 2, TRAIN_BIN, args, dir);
+    int steps = parse_losses(out, losses, 64);
+    snprintf(args, sizeof(args), "%s -b 8 -n 5 --resume %s", base, off);
+    n = run_ranks(1, args, dir, losses, out, sizeof(out));
+    char wa[LP_PATH_MAX], wb[LP_PATH_MAX];
+    lp_path(wa, "%s/step_00000010/model.bin", ref);
+    lp_path(wb, "%s/step_00000010/model.bin", dir);
+    snprintf(name, sizeof(name), "killed in step 7's offloaded update (exit %d after %d steps), --resume ends with the uninterrupted "
+             "weights, bit for bit", rc, steps);
+    expect(rc == 137 && steps == 6 && n == 5 && same_file(wa, wb) && offload_leftovers(odir) == 0, name);
+    free(wref);
+
+    // bad --offload-dir: missing, read-only (root writes into a 0555 directory: then /sys, which refuses files), full
+    char ro[LP_PATH_MAX];
+    lp_path(ro, "%s", tmp_path("offload_ro"));
+    mkdir(ro, 0555);
+    chmod(ro, 0555);
+    if (access(ro, W_OK) == 0) lp_path(ro, "/sys");
+    snprintf(args, sizeof(args), "%s -b 8 --offload nvme --offload-dir %s", base, tmp_path("offload_missing"));
+    snprintf(name, sizeof(name), "flag --offload-dir: %s: No such file or directory", tmp_path("offload_missing"));
+    expect_error("bad input: --offload-dir missing", name, args);
+    snprintf(args, sizeof(args), "%s -b 8 --offload nvme --offload-dir %s", base, ro);
+    snprintf(name, sizeof(name), "--offload-dir: cannot create %s/llmpar-offload-", ro);
+    expect_error("bad input: --offload-dir read-only", name, args);
+    lp_path(dir, "%s", tmp_path("offload_full"));
+    rc = run_cmd(out, sizeof(out), "trap '' XFSZ; ulimit -f 64; exec %s %s -b 8 -n 1 %s -o %s", TRAIN_BIN, base, off, dir);
+    char pattern[LP_PATH_MAX];
+    glob_t g;
+    lp_path(pattern, "%s/step_*", dir);
+    int ckpts = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    if (ckpts) globfree(&g);
+    int lines = 0;
+    for (const char* q = strstr(out, "llmpar: error: "); q; q = strstr(q + 1, "llmpar: error: ")) lines++;
+    snprintf(name, sizeof(name), "--offload-dir: cannot write the optimizer state in %s/llmpar-offload-", odir);
+    expect(rc > 0 && lines == 1 && strstr(out, name) && strstr(out, "File too large") && ckpts == 0 && offload_leftovers(odir) == 0,
+           "bad input: --offload-dir full mid-run (a file-size limit): one error line naming it, no file or checkpoint left");
+    if (rc <= 0 || lines != 1) printf("     exit %d, output:\n%s\n", rc, out);
+    unsetenv("LLMPAR_OFFLOAD_CHUNK");
+}
+
 // --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
 // shard). And its memory estimate is what the CPU engine allocates: params, grads, master weights, AdamW
 // and activations of rank 0 as printed, against lp_chunk_memory, to 1% (a new d2 model, B=4, T=64: one
@@ -2417,23 +2552,24 @@ static void test_plan_runs(void) {
     snprintf(name, sizeof(name), "--plan 4's command trains: %s", cmd);
     expect(rc == 0 && parse_losses(out, losses, 8) == 2, name);
     float state[4] = {0, 0, 0, 0};  // d=2, ZeRO 0-3: what each stage keeps of params, grads and AdamW state
-    for (int x = 0; x < 7; x++) {  // 1 rank without and with full recomputation; d=2 with ZeRO 0-3; p=2 d=2
-        int r = x == 1 ? LP_RECOMPUTE_FULL : LP_RECOMPUTE_NONE, d = x < 2 ? 1 : 2, zero = x < 2 ? 0 : x < 6 ? x - 2 : 3;
-        int p = x == 6 ? 2 : 1;  // ZeRO-3 with rank 0's chunk the embedding alone (no layers, no layer buffers)
+    mkdir(tmp_path("plan_offload"), 0755);
+    for (int x = 0; x < 8; x++) {  // 1 rank without and with full recomputation; d=2 with ZeRO 0-3; p=2 d=2; 1 rank offloaded
+        int r = x == 1 ? LP_RECOMPUTE_FULL : LP_RECOMPUTE_NONE, d = x < 2 || x == 7 ? 1 : 2, zero = x < 2 || x == 7 ? 0 : x < 6 ? x - 2 : 3;
+        int p = x == 6 ? 2 : 1, offload = x == 7;  // x = 6: ZeRO-3 with rank 0's chunk the embedding alone (no layer buffers)
         rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e d2 -j '' -t 64 -b 4 "
-                     "-x 1 -v 0 --recompute %s --zero %d --pp %d --pp-partition %s", d * p, TRAIN_BIN, lp_recompute_names[r], zero, p,
-                     p == 2 ? "0,2" : "balanced");
+                     "-x 1 -v 0 --recompute %s --zero %d --pp %d --pp-partition %s %s%s", d * p, TRAIN_BIN, lp_recompute_names[r], zero, p,
+                     p == 2 ? "0,2" : "balanced", offload ? "--offload nvme --offload-dir " : "", offload ? tmp_path("plan_offload") : "");
         float mib[4] = {0, 0, 0, 0};
         const char* mem = strstr(out, "params ");
         int parsed = mem && sscanf(mem, "params %f MiB, grads %f MiB, %*s %f MiB, activations %f MiB", &mib[0], &mib[1],
                                    &mib[2], &mib[3]) == 4;
         LPConfig c;
         lp_config_from_depth(&c, "d2");
-        LPPipeShape shape = {p, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r};
+        LPPipeShape shape = {p, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r, offload};
         double estimate = lp_chunk_memory(&c, &shape, 0, p == 2 ? 0 : c.num_layers, 1) / 1048576.0;
         double measured = mib[0] + mib[1] + mib[2] + mib[3];
-        snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), p=%d d=%d ZeRO-%d recompute %s",
-                 estimate, measured, p, d, zero, lp_recompute_names[r]);
+        snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), p=%d d=%d ZeRO-%d recompute %s%s",
+                 estimate, measured, p, d, zero, lp_recompute_names[r], offload ? " offload nvme" : "");
         expect(rc == 0 && parsed && fabs(estimate - measured) <= 0.01 * measured, name);
         if (x >= 2 && x < 6) state[zero] = mib[0] + mib[1] + mib[2];
     }
@@ -3081,6 +3217,7 @@ int main(int argc, char** argv) {
     RUN(test_recompute);
     RUN(test_divergence_grids);
     RUN(test_supervisor_kill);
+    RUN(test_offload);
     RUN(test_plan_runs);
     RUN(test_slurm);
 #else

@@ -53,6 +53,8 @@ typedef struct {
     float aux_weight;        // --aux-loss-weight
     const char* recompute;   // --recompute: none | selective | full
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
+    const char* offload;     // --offload: none | nvme (the CPU build's) | optimizer (the CUDA build's)
+    const char* offload_dir; // --offload-dir: where --offload nvme's state files go
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
     float bucket_mb;         // --bucket-mb: layers' gradients reduced together, at least this many MiB
@@ -182,6 +184,13 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--zero", "-z", LP_FLAG_INT, LP_FIELD(zero), "0", "0", "N", NULL,
      "ZeRO stage. 0: every data-parallel rank holds the full AdamW state; 1: the fp32 master weights and AdamW state "
      "are sharded over the d ranks; 2: the gradients too; 3: the weights too, gathered a layer at a time"},
+    {"--offload", NULL, LP_FLAG_STRING, LP_FIELD(offload), "none", "none", "NAME", NULL,
+     "where this rank's AdamW state lives: none (in memory) | nvme (m and v in a file under --offload-dir, streamed "
+     "through two buffers of 8 MiB at each update: the CPU build) | optimizer (pinned host memory: the CUDA build's, "
+     "not written yet)"},
+    {"--offload-dir", NULL, LP_FLAG_STRING, LP_FIELD(offload_dir), "", "", "DIR", NULL,
+     "an existing, writable directory for --offload nvme: one file per rank (per model chunk), unlinked once open, "
+     "so nothing is left behind"},
     {"--overlap", NULL, LP_FLAG_INT, LP_FIELD(overlap), "1", "1", "N", NULL,
      "1: reduce the layers' gradients during backward, overlapped with the layers below (ZeRO-0: all-reduces in "
      "buckets on the last micro-batch; ZeRO-2/3: each layer's reduce-scatter, every micro-batch); 0: ZeRO-0 "
@@ -417,6 +426,26 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->resume && f->out_dir[0] == '\0')
         lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(zero), f->zero);
+    if (strcmp(f->offload, "none") != 0 && strcmp(f->offload, "nvme") != 0 && strcmp(f->offload, "optimizer") != 0)
+        lp_fail_all("flag %s: must be none, nvme or optimizer, got '%s'", LP_FLAG_NAME(offload), f->offload);
+    if (strcmp(f->offload, "nvme") == 0 && f->offload_dir[0] == '\0')
+        lp_fail_all("flag %s nvme: needs %s DIR, where the optimizer state goes", LP_FLAG_NAME(offload), LP_FLAG_NAME(offload_dir));
+    if (strcmp(f->offload, "nvme") != 0 && f->offload_dir[0] != '\0')
+        lp_fail_all("flag %s: only with %s nvme", LP_FLAG_NAME(offload_dir), LP_FLAG_NAME(offload));
+#ifdef LLMPAR_CPU
+    if (strcmp(f->offload, "optimizer") == 0)
+        lp_fail_all("flag %s optimizer: moves GPU state to host memory, where the CPU build's already is (use %s nvme)",
+                    LP_FLAG_NAME(offload), LP_FLAG_NAME(offload));
+#else
+    if (strcmp(f->offload, "none") != 0)
+        lp_fail_all("flag %s %s: not in the CUDA build yet (the CPU build has %s nvme)", LP_FLAG_NAME(offload), f->offload,
+                    LP_FLAG_NAME(offload));
+#endif
+    struct stat dir_st;
+    if (f->offload_dir[0] && stat(f->offload_dir, &dir_st) != 0)
+        lp_fail_all("flag %s: %s: %s", LP_FLAG_NAME(offload_dir), f->offload_dir, strerror(errno));
+    if (f->offload_dir[0] && !S_ISDIR(dir_st.st_mode))
+        lp_fail_all("flag %s: %s is not a directory", LP_FLAG_NAME(offload_dir), f->offload_dir);
     if (f->bucket_mb < 0.0f) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(bucket_mb), f->bucket_mb);
     if (f->plan < 0 || f->plan > 1 << 20)
         lp_fail_all("flag %s: the number of GPUs must be 1 .. %d (0: no plan), got %d", LP_FLAG_NAME(plan), 1 << 20, f->plan);
@@ -625,7 +654,7 @@ static void lp_check_chunks(const LPFlags* f) {
 // d and ZeRO split each chunk's memory.
 static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
     LPPipeShape s = {f->pp,  f->vpp, lp_schedule_parse(f->pp_schedule), m, f->B, f->T, f->tp, f->sp && f->tp > 1, d, f->zero,
-                     lp_recompute_parse(f->recompute)};
+                     lp_recompute_parse(f->recompute), f->offload_dir[0] != '\0'};
     return s;
 }
 
@@ -662,7 +691,7 @@ typedef struct {
 
 // The start-up report: engine, grid, model, pipeline, data, batch, schedule and rank 0's memory.
 static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double param_bytes, double grad_bytes,
-                            double optim_bytes, double act_bytes) {
+                            double optim_bytes, double offloaded_bytes, double act_bytes) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     double MiB = 1048576.0;
@@ -690,6 +719,11 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
            " (recompute %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
            optim_bytes / MiB, act_bytes / MiB, f->recompute);
+    const LPOffload* o = r->stage.chunks[0].zero.off;
+    if (o)
+        lp_log("offload          AdamW m and v (%.2f MiB on rank 0) in a file in %s, %s I/O, streamed in chunks of %.2f MiB "
+               "(the memory above is its two buffers)\n", offloaded_bytes / MiB, f->offload_dir, o->direct ? "O_DIRECT" : "buffered",
+               2.0 * o->chunk * sizeof(float) / MiB);
 }
 
 // -o: the directory, then either the newest usable checkpoint (--resume: rank 0 checks it, checksums
@@ -764,6 +798,7 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     split.num_aux = lp_parse_aux_layers(f->aux_layers, r->cfg.num_layers, r->aux);
     split.aux_weight = f->aux_weight;
     split.recompute = lp_recompute_parse(f->recompute);
+    split.offload_dir = f->offload_dir[0] ? f->offload_dir : NULL;
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
     r->total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
@@ -786,7 +821,7 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
         weights = lp_model_file_read_shared(f->init, &r->cfg, &proc->world_group);
     }
     size_t rank_params = 0;
-    double param_bytes = 0, grad_bytes = 0, optim_bytes = 0, act_bytes = 0;
+    double param_bytes = 0, grad_bytes = 0, optim_bytes = 0, offloaded_bytes = 0, act_bytes = 0;
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
     lp_stage_alloc_activations(&r->stage, f->B, f->T);
     for (int c = 0; c < r->stage.v; c++) {
@@ -798,7 +833,13 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
         rank_params += mc->zero.num_params;
         param_bytes += mc->zero.param_bytes;
         grad_bytes += mc->zero.grad_bytes;
-        optim_bytes += mc->zero.shard_size * (LP_MASTER_COPY ? 12 : 8);  // (fp32 master weights,) AdamW m and v
+        optim_bytes += mc->zero.shard_size * (LP_MASTER_COPY ? 4.0 : 0.0);  // fp32 master weights
+        if (mc->zero.off) {  // AdamW m and v in a file, in memory its two buffers
+            optim_bytes += 4.0 * mc->zero.off->chunk * sizeof(float);
+            offloaded_bytes += mc->zero.shard_size * 8.0;
+        } else {
+            optim_bytes += mc->zero.shard_size * 8.0;
+        }
         act_bytes += mc->act_bytes;
     }
     free(weights);
@@ -818,7 +859,7 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
                r->tok.vocab_size, r->cfg.vocab_size);
         lp_tokenizer_free(&r->tok);
     }
-    lp_report_setup(r, rank_params, param_bytes, grad_bytes, optim_bytes, act_bytes);
+    lp_report_setup(r, rank_params, param_bytes, grad_bytes, optim_bytes, offloaded_bytes, act_bytes);
 
     r->state.rng = f->seed ^ 0x9E3779B97F4A7C15ull;
     if (f->out_dir[0]) lp_run_open_output(r);
