@@ -1,5 +1,5 @@
 # llmpar: `make train_gpt` (CUDA), `make train_gpt_cpu` (CPU), `make train_gpt_emu` (CUDA emulated on the
-# CPU), `make test`, `make test-emu`.
+# CPU; train_gpt_emu_prof also counts each kernel's bytes), `make test`, `make test-emu`.
 #
 # The CPU build compiles the same train_gpt.cu as C with mpicc, its matmuls through OpenBLAS when
 # pkg-config finds it (see BLAS below). The CUDA build uses MPI when mpicc is
@@ -81,8 +81,17 @@ train_gpt_emu: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
 test_gpt_emu: test_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h test_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
+# Counting builds (dev/cudaemu/README.md): GCC's -fsanitize=thread makes every load and store call a hook,
+# which cudaemu.o defines; compiled, then linked without it, so libtsan is not linked in. The emulator's
+# tests are one, to check the counts.
+EMU_COUNT = -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
+train_gpt_emu_prof: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h -c $< -o $@.o
+	$(EMU_CXX) $(EMU_FLAGS) $@.o dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS) && rm -f $@.o
+
 dev/cudaemu/test_cudaemu: dev/cudaemu/test_cudaemu.cu dev/cudaemu/cudaemu.o
-	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $< -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h -c $< -o $@.o
+	$(EMU_CXX) $(EMU_FLAGS) $@.o dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS) && rm -f $@.o
 
 # The library's usage example (llmpar.h's top comment, compiled): one source for every build, like
 # train_gpt.cu. _nompi is the CPU build without MPI (what _cpu is where mpicc is missing), for the tests.
@@ -117,5 +126,5 @@ readme-flags: train_gpt_cpu
 	    README.md > README.md.new && mv README.md.new README.md; rc=$$?; rm -f README.md.flags README.md.new; exit $$rc
 
 clean:
-	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu
+	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu
 	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu

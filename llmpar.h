@@ -287,7 +287,17 @@ static inline void lp_copy_device(void* dst, const void* src, size_t bytes) {
 }
 static inline void lp_device_zero(void* p, size_t bytes) {
 #ifdef LLMPAR_CPU
-    memset(p, 0, bytes);
+    // a block per thread: one core's stores cannot fill the memory bus (a step zeroes all gradients)
+#pragma omp parallel if (bytes >= (1 << 20))
+    {
+#ifdef _OPENMP
+        size_t k = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
+#else
+        size_t k = 0, n = 1;
+#endif
+        size_t a = bytes / n * k, b = k + 1 == n ? bytes : bytes / n * (k + 1);
+        memset((char*)p + a, 0, b - a);
+    }
 #else
     cudaCheck(cudaMemset(p, 0, bytes));
 #endif
@@ -1835,16 +1845,20 @@ static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* o
               inp2, bias, w, b, N, C);
 }
 
-// Backward in two passes, deterministic: each 32-thread block walks a fixed set of rows, adds into dinp,
-// and keeps its share of dw and db in shared memory (lane l owns channels l, l+32, ...); a second kernel
-// sums the blocks' shares in block order.
+// Backward in two passes, deterministic: a warp per row, several warps per block (one-warp blocks leave
+// most of an SM's warp slots idle); each block walks a fixed set of rows, adds into dinp, and each warp
+// keeps its share of dw and db in its own slice of shared memory (lane l owns channels l, l+32, ...); the
+// block adds its warps' slices in warp order into its partials, and a second kernel sums the blocks'
+// partials in block order. No atomics: a run repeats bit for bit.
 #define LP_LN_BLOCKS 512
+#define LP_LN_WARPS 4
 __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    LP_SHARED(float, share);  // dw then db, C each; only lane c % 32 touches share[c] and share[C + c]
-    int lane = threadIdx.x;
-    for (int c = lane; c < C; c += 32) share[c] = share[C + c] = 0.0f;
-    for (int row = blockIdx.x; row < N; row += gridDim.x) {
+    LP_SHARED(float, share);  // (warps, 2, C): each warp's dw then db
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    float* mine = share + (size_t)warp * 2 * C;
+    for (int c = lane; c < C; c += 32) mine[c] = mine[C + c] = 0.0f;
+    for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
         float m = mean[row], r = rstd[row], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
         for (int c = lane; c < C; c += 32) {
@@ -1858,13 +1872,15 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
             float norm = (lp_bf(inp[base + c]) - m) * r, g = lp_bf(dout[base + c]);
             float di = (g * lp_bf(w[c]) - dnorm_mean - norm * dnorm_norm_mean) * r;
             dinp[base + c] = lp_xf(lp_bf(dinp[base + c]) + di);
-            share[c] += g * norm;
-            share[C + c] += g;
+            mine[c] += g * norm;
+            mine[C + c] += g;
         }
     }
-    for (int c = lane; c < C; c += 32) {
-        partials[(size_t)blockIdx.x * 2 * C + c] = share[c];
-        partials[(size_t)blockIdx.x * 2 * C + C + c] = share[C + c];
+    __syncthreads();
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        float sum = 0.0f;
+        for (int k = 0; k < warps; k++) sum += share[(size_t)k * 2 * C + c];
+        partials[(size_t)blockIdx.x * 2 * C + c] = sum;
     }
 }
 __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int blocks, int stride, int n) {
@@ -1876,9 +1892,13 @@ __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int b
 }
 static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* db, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    int blocks = N < LP_LN_BLOCKS ? N : LP_LN_BLOCKS;
+    int warps = 49152 / (8 * C);  // each warp's slice is 2C floats; stay within 48 KiB of shared memory
+    warps = warps < 1 ? 1 : warps > LP_LN_WARPS ? LP_LN_WARPS : warps;
+    int blocks = (N + warps - 1) / warps;
+    if (blocks > LP_LN_BLOCKS) blocks = LP_LN_BLOCKS;
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
-    LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32, 2 * C * sizeof(float), dinp, partials, dout, inp, w, mean, rstd, N, C);
+    LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32 * warps, (size_t)warps * 2 * C * sizeof(float), dinp, partials, dout, inp,
+              w, mean, rstd, N, C);
     LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, dw, partials, blocks, 2 * C, C);
     LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, db, partials + C, blocks, 2 * C, C);
 }
@@ -2650,16 +2670,6 @@ typedef struct {
     long crash_at, writes;  // LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137, as killed) after the k-th chunk written
 } LPOffload;
 
-// Values per chunk for a shard of `values`: whole aligned blocks, at most LP_OFFLOAD_CHUNK (the tests set
-// fewer with LLMPAR_OFFLOAD_CHUNK, so a tiny model spans many chunks).
-static inline size_t lp_offload_chunk(size_t values) {
-    size_t align = LP_OFFLOAD_ALIGN / sizeof(float), most = LP_OFFLOAD_CHUNK;
-    if (getenv("LLMPAR_OFFLOAD_CHUNK")) most = (size_t)atol(getenv("LLMPAR_OFFLOAD_CHUNK")) / align * align;
-    if (most == 0) most = align;
-    size_t chunk = values < most ? (values + align - 1) / align * align : most;
-    return chunk ? chunk : align;
-}
-
 // Read (write = 0) or write chunk k of the file from or into buf, all of it; returns 0 or an errno. A
 // chunk the file does not hold yet reads as zeros.
 static inline int lp_offload_io(LPOffload* o, size_t k, float* buf, int write) {
@@ -2726,6 +2736,16 @@ static inline void lp_offload_wait(LPOffload* o, long id) {
     int err = o->err, write = o->err_write;
     pthread_mutex_unlock(&o->lock);
     if (err) lp_fail("--offload-dir: cannot %s the optimizer state in %s: %s", write ? "write" : "read", o->path, strerror(err));
+}
+
+// Values per chunk for a state of `values` values: LP_OFFLOAD_CHUNK (tests: LLMPAR_OFFLOAD_CHUNK, so a tiny
+// model spans many), or all of them when fewer, in whole aligned blocks.
+static inline size_t lp_offload_chunk(size_t values) {
+    size_t align = LP_OFFLOAD_ALIGN / sizeof(float), most = LP_OFFLOAD_CHUNK;
+    if (getenv("LLMPAR_OFFLOAD_CHUNK")) most = (size_t)atol(getenv("LLMPAR_OFFLOAD_CHUNK")) / align * align;
+    if (most == 0) most = align;
+    size_t chunk = values < most ? (values + align - 1) / align * align : most;
+    return chunk ? chunk : align;
 }
 
 // The state file for `values` values in dir (`tag` tells a rank's models apart), and its helper thread.
@@ -5015,6 +5035,14 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
     return params;
 }
 
+// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 7).
+static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
+    size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank
+    lp_param_sizes(sizes, c, t);
+    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += sizes[i] / c->num_layers;
+    return lp_zero_piece_rows((size_t)c->padded_vocab_size / t, (size_t)c->channels, layer);
+}
+
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
 // and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else a piece
@@ -5030,9 +5058,8 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     double outside = n - layer * layers, parts = s->zero >= 1 ? s->d : 1, shard = ceil(n / parts), X = sizeof(floatX);
     double buffer = layers ? layer : 0.0, piece = 0.0;
     if (s->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 7)
-        size_t rows = (size_t)c->padded_vocab_size / s->t;
         outside -= (double)sizes[LP_WTE];
-        piece = (double)lp_zero_piece_rows(rows, (size_t)c->channels, (size_t)layer) * c->channels;
+        piece = (double)lp_wte_piece_rows(c, s->t) * c->channels;
     }
     double params = s->zero >= 3 ? outside + shard + 2 * buffer + piece : shard * parts;
     double grads = s->zero >= 2 ? outside + 2 * buffer + shard + piece : shard * parts;
@@ -5046,9 +5073,8 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.last = k == chunks - 1;
     LPActivations a;
     size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
-    size_t align = LP_OFFLOAD_ALIGN / sizeof(float), chunk = (size_t)shard < LP_OFFLOAD_CHUNK ? ((size_t)shard + align - 1) / align * align : LP_OFFLOAD_CHUNK;
-    double moments = s->offload ? 4.0 * (chunk ? chunk : align) : 2.0 * shard;  // m and v, or two buffers of both
     if (s->offload == 2) return (params + grads) * X + (double)slots * stored + scratch;  // optimizer state on the host
+    double moments = s->offload ? 4.0 * lp_offload_chunk((size_t)shard) : 2.0 * shard;  // m and v, or two buffers of both
     return (params + grads) * X + ((LP_MASTER_COPY ? shard : 0.0) + moments) * sizeof(float) + (double)slots * stored + scratch;
 }
 
@@ -5603,6 +5629,12 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
     double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
     double dp_passes = s->zero <= 1 ? 1.0 : s->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
+    double wte_passes = 0.0;  // ZeRO-2/3 without a pipeline hold wte in pieces (section 7): its gradient is
+    if (chunks == 1 && s->zero >= 2) {  // reduced twice per micro-batch, ZeRO-3 gathers it thrice, a collective per piece
+        double rows = (double)c->padded_vocab_size / t, pieces = ceil(rows / (double)lp_wte_piece_rows(c, s->t));
+        dp_values += (s->zero == 2 ? m : 2 * m) * share * rows * C;  // beyond what the line above counts for it
+        wte_passes = (s->zero == 2 ? 2 * m : 5 * m) * pieces;
+    }
     double stage_layers = ceil((double)c->num_layers / s->p);
     out->t = s->t;
     out->p = s->p;
@@ -5617,7 +5649,7 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     out->fits = memory <= mach->gpu_bytes;
     out->compute_s = slots * compute;
     out->tp_s = slots * tp;
-    out->dp_s = d > 1 ? dp_values * X / dp_bw + dp_passes * (stage_layers + 1) * mach->latency : 0.0;
+    out->dp_s = d > 1 ? dp_values * X / dp_bw + (dp_passes * (stage_layers + 1) + wte_passes) * mach->latency : 0.0;
     out->pp_s = s->p > 1 ? 2.0 * m * s->v * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
     out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s;
     return 0;

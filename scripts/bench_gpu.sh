@@ -4,8 +4,49 @@
 # printed as a markdown table. Averages skip the first 5 steps (warm-up). MFU counts the model's FLOPs,
 # not the recomputed ones.
 # Usage: bash scripts/bench_gpu.sh [steps]    (run from anywhere; needs `make train_gpt` done)
+#        bash scripts/bench_gpu.sh emu        no GPU: a MODEL of d12 at B=64 T=1024 on an H100 per kernel, from
+#                                             the CUDA emulator's counts, for this code and the code before issue 16
+#                                             (~20 min on 2 cores; dev/cudaemu/README.md, "Counting bytes and FLOPs")
 set -u
 cd "$(dirname "$0")/.."
+
+# emu: train_gpt_emu_prof counts step 2 of a 2-step run of GPT-2 124M at T=1024, B=1 and B=2 (the emulator
+# costs minutes a step); dev/cudaemu/roofline.py fits each launch's counts in B and models B=64 on an H100.
+# "Before" is the parent of issue 16's first GPU commit (97ffb10), built with this emulator. The counts
+# stay in out/bench_gpu_emu/ (roofline.py can be run on them again).
+if [ "${1:-}" = emu ]; then
+    before=$(git rev-parse 97ffb10^) || exit 1
+    counts=out/bench_gpu_emu
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    mkdir -p "$counts" "$tmp/before/dev/cudaemu"
+    git show "$before:llmpar.h" > "$tmp/before/llmpar.h" && git show "$before:train_gpt.cu" > "$tmp/before/train_gpt.cu" || exit 1
+    cp Makefile "$tmp/before/" && cp dev/cudaemu/cudaemu.h dev/cudaemu/cudaemu.cpp "$tmp/before/dev/cudaemu/"
+    echo "building train_gpt_emu_prof for this code and for ${before:0:7} ..." >&2
+    make -s train_gpt_emu_prof || exit 1
+    if ! make -s -C "$tmp/before" train_gpt_emu_prof > "$tmp/build.log" 2>&1; then
+        echo "the code before issue 16 (${before:0:7}) does not build with this emulator:" >&2
+        cat "$tmp/build.log" >&2
+        exit 1
+    fi
+    runs=()
+    for v in now before; do
+        bin=./train_gpt_emu_prof
+        [ $v = before ] && bin=$tmp/before/train_gpt_emu_prof
+        for b in 1 2; do
+            echo "counting $v, d12 B=$b T=1024, 2 steps ..." >&2
+            if ! CUDAEMU_PROFILE=$counts/$v-$b.tsv CUDAEMU_PROFILE_SKIP=2 $bin -e d12 -b $b -t 1024 -x 2 -v 0 -s 0 > "$counts/$v-$b.log" 2>&1; then
+                tail -n 5 "$counts/$v-$b.log" >&2
+                exit 1
+            fi
+        done
+        label=$v
+        [ $v = before ] && label="before (${before:0:7})"
+        runs+=(--run "$label" "$counts/$v-1.tsv" "$counts/$v-2.tsv")
+    done
+    python3 dev/cudaemu/roofline.py --batch 64 --seq 1024 --measured 1 2 --model 12 768 50304 "${runs[@]}"
+    exit
+fi
 steps=${1:-25}
 data=dev/data/tinyshakespeare/tiny_shakespeare_train.bin
 echo "| model | B | T | recompute | ms/step | tok/s | MFU | GPU MiB |"

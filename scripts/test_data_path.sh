@@ -128,6 +128,11 @@ prep ok.txt --out data --name f --force > /dev/null 2>&1
 check "--force: the new shards replace all the old ones ($(cd "$tmp/data" && echo f_*))" \
     [ "$(cd "$tmp/data" && echo f_*)" = "f_train_000000.bin f_val_000000.bin" ]
 
+# a reader that leaves early (| head -1): no traceback, the shards written all the same
+prep ok.txt --out data --name piped 2> "$tmp/err" | head -n 1 > /dev/null
+check "prepare.py | head -1: no traceback ($(head -c 200 "$tmp/err"))" [ ! -s "$tmp/err" ]
+check "prepare.py | head -1: the shards are written" [ -e "$tmp/data/piped_train_000000.bin" ]
+
 # the command prepare.py printed trains on its shards (two steps of a depth-2 model, small batches)
 cmd=$(grep -m 1 'train_gpt_cpu -i ' "$tmp/prep.log")
 check "prepare.py prints the train command" [ -n "$cmd" ]

@@ -3,6 +3,7 @@
 //   2. fibers                    6. kernel launches and the race check
 //   3. a block of threads        7. the CUDA runtime API
 //   4. device memory             8. cuBLASLt          9. NCCL over MPI
+//                                                     10. counting bytes and FLOPs
 #include "cudaemu.h"
 #ifdef LLMPAR_MPI
 #undef MPI_Init  // here they are MPI's own
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -53,6 +55,8 @@ static struct {
     int racecheck;    // CUDAEMU_RACECHECK=1, or cudaemu_racecheck(1)
     int eager;        // CUDAEMU_EAGER=1: run queued work at once instead of when the host waits or idles
     int shared_gpu;   // CUDAEMU_SHARED_GPU=1: every rank reports the same PCI bus id (ranks sharing a GPU)
+    const char* profile;  // CUDAEMU_PROFILE=FILE: count bytes and FLOPs into FILE (section 10)
+    int profile_skip;     // CUDAEMU_PROFILE_SKIP=N: count from the N-th cudaDeviceSynchronize on
 } cfg;
 
 static void read_settings(void) {
@@ -70,6 +74,9 @@ static void read_settings(void) {
     cfg.eager = s && atoi(s);
     s = getenv("CUDAEMU_SHARED_GPU");
     cfg.shared_gpu = s && atoi(s);
+    cfg.profile = getenv("CUDAEMU_PROFILE");
+    s = getenv("CUDAEMU_PROFILE_SKIP");
+    cfg.profile_skip = s ? atoi(s) : 0;
 }
 
 static uint64_t rng_next(uint64_t* s) {  // splitmix64
@@ -173,6 +180,12 @@ struct BlockRun {
 thread_local cudaemu_thread* cudaemu_self;
 thread_local cudaemu_block* cudaemu_blk;
 static thread_local BlockRun* cur_run;
+
+// Counting (section 10): while a launch is counted, every kernel thread's loads and stores are sorted into
+// warp requests; these mark where a block and a thread begin.
+static bool prof_in_kernel;
+static void prof_block_start(void);
+static void prof_thread_start(int linear);
 
 static Fiber* cur_fiber(const char* what) {
     if (!cur_run) emu_fatal("%s called outside a kernel", what);
@@ -323,6 +336,7 @@ static void run_block(BlockRun* R, const std::vector<int>& first_order) {
         R->runq.erase(R->runq.begin() + at);
         Fiber* f = &R->f[i];
         if (f->state == F_NEW) {
+            if (prof_in_kernel) prof_thread_start(i);
             f->stack = stack_pool.get();
             f->sp = fiber_stack_init(f->stack, fiber_main, f);
             f->state = F_RUN;
@@ -374,6 +388,7 @@ static void run_grid(const Launch& L, int order, uint64_t seed) {
     for (int b : block_order) {
         R.blk.idx = make_uint3(b % L.grid.x, b / L.grid.x % L.grid.y, b / (L.grid.x * L.grid.y));
         memset(shared.data(), 0xff, shared.size());  // NaN in every float type: reading before writing shows
+        if (prof_in_kernel) prof_block_start();
         order_items(thread_order, R.n, order, &R.rng);
         run_block(&R, thread_order);
     }
@@ -396,6 +411,7 @@ struct Alloc {
 static std::mutex& mem_mu = *new std::mutex();  // never destroyed: the device thread outlives exit()
 static std::map<uintptr_t, Alloc>& allocs = *new std::map<uintptr_t, Alloc>();  // by the address handed out
 static size_t mem_used;
+static uint64_t mem_version;  // changes with every allocation and free (section 10 keeps a copy of the map)
 
 static const Alloc* find_alloc(const void* p, uintptr_t* base) {  // the allocation holding p (its end included)
     auto it = allocs.upper_bound((uintptr_t)p);
@@ -416,6 +432,7 @@ static void* mem_alloc(size_t size, int kind) {
     memset(user + size, kGuardByte, span - kGuard - size);
     std::lock_guard<std::mutex> lk(mem_mu);
     allocs[(uintptr_t)user] = Alloc{size, span, kind, raw};
+    mem_version++;
     if (kind == MEM_DEVICE) mem_used += padded;
     return user;
 }
@@ -457,6 +474,7 @@ static cudaError_t mem_free(void* p, int kind, const char* call) {
     if (kind == MEM_DEVICE) mem_used -= it->second.span - 2 * kGuard;
     free(it->second.raw);
     allocs.erase(it);
+    mem_version++;
     return cudaSuccess;
 }
 
@@ -534,6 +552,9 @@ static bool queues_empty(void) {
     emu_fatal("the streams deadlock: %s", why.c_str());
 }
 
+static void prof_open(void);  // section 10: CUDAEMU_PROFILE
+static void prof_call(const char* name, const char* kind, size_t read, size_t written);  // counts a copy, memset or wait
+
 static void* device_main(void*) {
     std::unique_lock<std::mutex> lk(mu);
     for (;;) {
@@ -608,6 +629,7 @@ static void touch(void) {
     last_call = std::chrono::steady_clock::now();
     if (device_up) return;
     read_settings();
+    prof_open();
     stream_rng = cfg.seed;
     streams.push_back(&default_stream);
     pthread_t t;
@@ -671,9 +693,14 @@ void cudaemu_racecheck(int on) {
     cfg.racecheck = on;
 }
 
+static void prof_launch_begin(const Launch& L);  // section 10: counts this launch if counting is on
+static void prof_launch_end(const Launch& L);
+
 static void run_launch(const Launch& L) {
     if (!L.racecheck) {
+        prof_launch_begin(L);
         run_grid(L, cfg.order, cfg.seed);
+        prof_launch_end(L);
     } else {  // forward, reversed and shuffled from the same bytes must end in the same bytes
         std::vector<std::vector<char>> start, first;
         {
@@ -683,7 +710,9 @@ static void run_launch(const Launch& L) {
         const char* names[3] = {"forward", "reversed", "shuffled"};
         for (int order = ORDER_FORWARD; order <= ORDER_SHUFFLE; order++) {
             for (size_t i = 0; i < L.allocs.size(); i++) memcpy((void*)L.allocs[i], start[i].data(), start[i].size());
+            if (order == ORDER_FORWARD) prof_launch_begin(L);  // the reruns are not counted
             run_grid(L, order, cfg.seed + order);
+            if (order == ORDER_FORWARD) prof_launch_end(L);
             for (size_t i = 0; i < L.allocs.size(); i++) {
                 const char* now = (const char*)L.allocs[i];
                 if (order == ORDER_FORWARD) {
@@ -825,6 +854,7 @@ cudaError_t cudaFree(void* p) {  // like CUDA's, it waits for the device first
     touch();
     device_frees++;
     device_sync();
+    prof_call("cudaFree (waits for the device)", "wait", 0, 0);
     return mem_free(p, MEM_DEVICE, "cudaFree") == cudaSuccess
                ? cudaSuccess : fail(cudaErrorInvalidValue, "cudaFree(%p): not an address cudaMalloc returned", p);
 }
@@ -879,12 +909,18 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
         std::vector<char>* staged = new std::vector<char>((const char*)src, (const char*)src + bytes);
         enqueue_run(NULL, [dst, staged] {
             memcpy(dst, staged->data(), staged->size());
+            prof_call("cudaMemcpy HtoD", "pcie", 0, staged->size());
             delete staged;
         });
         return cudaSuccess;
     }
-    enqueue_run(NULL, [dst, src, bytes] { memcpy(dst, src, bytes); });
-    if (!is_device(dst)) {  // device to host: wait for the default stream
+    bool to_host = !is_device(dst);
+    enqueue_run(NULL, [dst, src, bytes, to_host] {
+        memcpy(dst, src, bytes);
+        if (to_host) prof_call("cudaMemcpy DtoH", "pcie", bytes, 0);
+        else prof_call("cudaMemcpy DtoD", "copy", bytes, bytes);
+    });
+    if (to_host) {  // device to host: wait for the default stream
         CUstream_st* s = &default_stream;
         host_wait([s] { return s->q.empty(); });
     }
@@ -894,21 +930,32 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
     touch();
     cudaError_t e = copy_check("cudaMemcpyAsync", dst, src, bytes, kind);
     if (e != cudaSuccess) return e;
-    enqueue_run(stream, [dst, src, bytes] { memcpy(dst, src, bytes); });
+    bool from_dev = is_device(src), to_dev = is_device(dst);
+    enqueue_run(stream, [dst, src, bytes, from_dev, to_dev] {
+        memcpy(dst, src, bytes);
+        if (from_dev && to_dev) prof_call("cudaMemcpyAsync DtoD", "copy", bytes, bytes);
+        else prof_call(to_dev ? "cudaMemcpyAsync HtoD" : "cudaMemcpyAsync DtoH", "pcie", from_dev ? bytes : 0, to_dev ? bytes : 0);
+    });
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t stream) {
     touch();
     if (!mem_range_ok(p, bytes, MEM_DEVICE))
         return fail(cudaErrorInvalidValue, "cudaMemset: %zu bytes at %p are not inside one device allocation", bytes, p);
-    enqueue_run(stream, [p, value, bytes] { memset(p, value, bytes); });
+    enqueue_run(stream, [p, value, bytes] {
+        memset(p, value, bytes);
+        prof_call("cudaMemset", "copy", 0, bytes);
+    });
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) { return cudaMemsetAsync(p, value, bytes, NULL); }
 
+static void prof_synchronized(void);  // section 10: marks the file, and CUDAEMU_PROFILE_SKIP counts these
+
 cudaError_t cudaDeviceSynchronize(void) {
     touch();
     device_sync();
+    prof_synchronized();
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
@@ -1094,10 +1141,45 @@ static float gelu_tanh(float x) {  // cuBLASLt's GELU epilogue is the tanh appro
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// Dot products of one row x of op(A) with J columns of op(B), each summed exactly as the reference
+// defines it: 8 running sums over k (element kk into sum kk % 8), added in a fixed tree. J columns at once
+// read x once for all of them; the 8 sums are two 4-lane vectors, so the order of every addition is
+// unchanged (SSE2, no fused multiply-add).
+typedef float lt_v4 __attribute__((vector_size(16)));
+template <int J>
+static void lt_dots(const float* x, const float* const* y, size_t k, float* out) {
+    lt_v4 lo[J], hi[J];
+#pragma GCC unroll 4
+    for (int j = 0; j < J; j++) lo[j] = hi[j] = lt_v4{0, 0, 0, 0};
+    size_t k8 = k / 8 * 8;
+    for (size_t kk = 0; kk < k8; kk += 8) {
+        lt_v4 xl, xh, yl, yh;
+        memcpy(&xl, x + kk, 16);
+        memcpy(&xh, x + kk + 4, 16);
+#pragma GCC unroll 4
+        for (int j = 0; j < J; j++) {
+            memcpy(&yl, y[j] + kk, 16);
+            memcpy(&yh, y[j] + kk + 4, 16);
+            lo[j] += xl * yl;
+            hi[j] += xh * yh;
+        }
+    }
+    for (int j = 0; j < J; j++) {
+        float s[8];
+        memcpy(s, &lo[j], 16);
+        memcpy(s + 4, &hi[j], 16);
+        for (size_t kk = k8; kk < k; kk++) s[kk - k8] += x[kk] * y[j][kk];
+        out[j] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    }
+}
+
 static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Layout& LC, const Layout& LD, float alpha, float beta,
                     const void* A, const void* B, const void* Cp, void* Dp) {
     size_t m = LD.rows, n = LD.cols, k = d.transa ? LA.rows : LA.cols;
-    std::vector<float> a(m * k), b(n * k);
+    const size_t rows_per_task = 32;  // this many rows of op(A) stay in cache while every column passes
+    static std::vector<float> a, b;  // kept between calls (the device thread's alone): no fresh pages each GEMM
+    a.resize(std::max(a.size(), m * k));
+    b.resize(std::max(b.size(), n * k));
     for (int bt = 0; bt < LD.batch; bt++) {
         size_t oa = (size_t)bt * LA.stride, ob = (size_t)bt * LB.stride, oc = (size_t)bt * LC.stride, od = (size_t)bt * LD.stride;
         for (size_t i = 0; i < m; i++)  // rows of op(A), contiguous over k
@@ -1106,26 +1188,35 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
         for (size_t j = 0; j < n; j++)  // columns of op(B), contiguous over k
             for (size_t kk = 0; kk < k; kk++)
                 b[j * k + kk] = lt_load(B, LB.type, ob + (d.transb ? j + kk * LB.ld : kk + j * LB.ld));
-        for (size_t j = 0; j < n; j++) {
-            for (size_t i = 0; i < m; i++) {
-                const float *x = &a[i * k], *y = &b[j * k];
-                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                size_t kk = 0;
-                for (; kk + 8 <= k; kk += 8)
-                    for (int u = 0; u < 8; u++) acc[u] += x[kk + u] * y[kk + u];
-                for (; kk < k; kk++) acc[kk % 8] += x[kk] * y[kk];
-                float v = alpha * (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
-                if (beta != 0.0f) v += beta * lt_load(Cp, LC.type, oc + i + j * LC.ld);
-                if (d.bias) v += lt_load(d.bias, d.bias_type_set ? d.bias_type : LD.type, i);
-                if (d.aux) {
-                    lt_store(d.aux, LD.type, i + j * d.aux_ld, v);
-                    v = gelu_tanh(v);
+        // each output element is written by one task (its rows), so the tasks' order does not matter
+#pragma omp parallel for schedule(dynamic, 1)
+        for (size_t i0 = 0; i0 < m; i0 += rows_per_task) {
+            for (size_t j0 = 0; j0 < n; j0 += 4) {
+                size_t jn = std::min<size_t>(4, n - j0);
+                const float* y[4];
+                for (size_t j = 0; j < jn; j++) y[j] = &b[(j0 + j) * k];
+                for (size_t i = i0; i < std::min(m, i0 + rows_per_task); i++) {
+                    float dot[4];
+                    if (jn == 4) lt_dots<4>(&a[i * k], y, k, dot);
+                    else
+                        for (size_t j = 0; j < jn; j++) lt_dots<1>(&a[i * k], y + j, k, dot + j);
+                    for (size_t j = j0; j < j0 + jn; j++) {
+                        float v = alpha * dot[j - j0];
+                        if (beta != 0.0f) v += beta * lt_load(Cp, LC.type, oc + i + j * LC.ld);
+                        if (d.bias) v += lt_load(d.bias, d.bias_type_set ? d.bias_type : LD.type, i);
+                        if (d.aux) {
+                            lt_store(d.aux, LD.type, i + j * d.aux_ld, v);
+                            v = gelu_tanh(v);
+                        }
+                        lt_store(Dp, LD.type, od + i + j * LD.ld, v);
+                    }
                 }
-                lt_store(Dp, LD.type, od + i + j * LD.ld, v);
             }
         }
     }
 }
+
+static void prof_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Layout& LC, const Layout& LD, float beta);  // section 10
 
 template <typename T>
 static T attr_value(const char* call, const void* buf, size_t size) {
@@ -1275,7 +1366,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
     float a, b;  // host pointer mode: the scalars are read now
     memcpy(&a, alpha, 4);
     memcpy(&b, beta, 4);
-    enqueue_run(stream, [=] { lt_gemm(d, LA, LB, LC, LD, a, b, A, B, C, D); });
+    enqueue_run(stream, [=] {
+        lt_gemm(d, LA, LB, LC, LD, a, b, A, B, C, D);
+        prof_gemm(d, LA, LB, LC, LD, b);
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1567,3 +1661,281 @@ static bool comm_ready(CommOp*) { return true; }
 static void comm_start(CommOp*) {}
 static bool comm_poll(CommOp*) { return true; }
 #endif
+
+// ----------------------------------------------------------------------------------------------------
+// 10. counting bytes and FLOPs. A build whose kernels are compiled with GCC's -fsanitize=thread calls a
+// __tsan_* function before each load and store; they are defined here (no libtsan is linked) and count,
+// while a launch is counted, the accesses of kernel threads to device memory:
+//   - per warp request: the lanes of a warp that run the same access site (the instruction, named by its
+//     return address) for the same time (the lane's n-th run of it) form one request, as a GPU issues
+//     it; its distinct 32-byte sectors are counted. Uncoalesced access shows as more sectors;
+//   - per launch: its distinct sectors, read and written (a lower bound on its DRAM traffic).
+// cuBLASLt matmuls count each matrix once (their minimum traffic) and 2 m n k FLOPs per batch; copies and
+// memsets their bytes. With CUDAEMU_PROFILE=FILE each launch is a line of FILE, and each
+// cudaDeviceSynchronize a line starting with '#'.
+
+namespace {
+struct ProfRange {  // a device allocation, and where its sectors' bits start (a multiple of 64)
+    uintptr_t base, end;
+    size_t bit0;
+    bool touched;  // it has bits set in this launch
+};
+struct ProfChunk {  // the ranges that overlap a 64 KiB chunk of the address space: a lookup table
+    uint64_t chunk;    // address / 64 KiB; 0: a free slot (no allocation lies in the first 64 KiB)
+    int32_t range[2];  // -1: none; range[1] -2: more than two (then the ranges are searched)
+};
+struct ProfReq {  // a sector of a warp request: warp and access site, the lane's n-th run of that site
+    uint64_t site_warp, sector;
+    uint32_t nth, gen;  // gen: the block it belongs to; entries of older blocks are free
+};
+struct ProfLane {  // a thread's access sites, in the order first run, with how often each ran
+    std::vector<std::pair<uintptr_t, uint32_t>> sites;
+    size_t last;  // the one run last: a loop runs its sites in order, so the next is usually last + 1
+};
+struct Prof {
+    std::atomic<bool> on{false};
+    FILE* out = NULL;
+    int syncs = 0;
+    std::mutex mu;  // the file and the sums: the device thread writes them, the host reads them
+    std::map<std::string, cudaemu_counts> sums;
+    // the launch being counted (device thread only)
+    uint64_t version = ~0ull;  // mem_version the ranges were taken at
+    std::vector<ProfRange> ranges;
+    std::vector<ProfChunk> chunks;  // open addressing, a power of 2 long
+    size_t hit = 0;
+    std::vector<uint64_t> bits[2];  // a bit per sector of the ranges: read, written
+    double req[2], uniq[2];         // sectors: per warp request, distinct
+    std::vector<ProfReq> reqs;      // open addressing, a power of 2 long
+    size_t live = 0;
+    uint32_t gen = 0;
+    std::vector<ProfLane> lanes;  // per thread of the block
+};
+}  // namespace
+static Prof& prof = *new Prof();  // lives past exit(), like the device thread
+static bool prof_instrumented;     // __tsan_init ran: the kernels of this binary call the hooks
+
+static void prof_open(void) {
+    if (!cfg.profile) return;
+    if (!prof_instrumented)
+        emu_fatal("CUDAEMU_PROFILE is set, but this binary's kernels were not compiled for counting (make train_gpt_emu_prof)");
+    prof.out = fopen(cfg.profile, "w");
+    if (!prof.out) emu_fatal("CUDAEMU_PROFILE: cannot write %s", cfg.profile);
+    fprintf(prof.out, "# cudaemu counts: kind, name, bytes read and written (sectors of warp requests), distinct bytes read "
+                      "and written, FLOPs\n");
+    prof.on = cfg.profile_skip <= 0;
+}
+
+void cudaemu_profile(int on) {
+    touch();
+    if (on && !prof_instrumented) emu_fatal("cudaemu_profile: this binary's kernels were not compiled for counting (-fsanitize=thread)");
+    device_sync();
+    prof.on = on;
+}
+
+cudaemu_counts cudaemu_profile_counts(const char* name) {
+    touch();
+    device_sync();
+    std::lock_guard<std::mutex> lk(prof.mu);
+    auto it = prof.sums.find(name);
+    return it == prof.sums.end() ? cudaemu_counts{} : it->second;
+}
+
+static void prof_record(const char* kind, const std::string& name, double read, double written, double uread, double uwritten,
+                        double flops) {
+    std::lock_guard<std::mutex> lk(prof.mu);
+    cudaemu_counts& c = prof.sums[name];
+    c.launches++;
+    c.read_bytes += read;
+    c.write_bytes += written;
+    c.unique_read_bytes += uread;
+    c.unique_write_bytes += uwritten;
+    c.flops += flops;
+    if (prof.out) {
+        fprintf(prof.out, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\n", kind, name.c_str(), read, written, uread, uwritten, flops);
+        fflush(prof.out);
+    }
+}
+
+static void prof_synchronized(void) {
+    std::lock_guard<std::mutex> lk(prof.mu);
+    prof.syncs++;
+    if (cfg.profile && prof.syncs == cfg.profile_skip) prof.on = true;
+    if (prof.out) {
+        fprintf(prof.out, "# cudaDeviceSynchronize %d\n", prof.syncs);
+        fflush(prof.out);
+    }
+}
+
+static void prof_call(const char* name, const char* kind, size_t read, size_t written) {
+    if (prof.on) prof_record(kind, name, read, written, read, written, 0);
+}
+
+static void prof_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Layout& LC, const Layout& LD, float beta) {
+    if (!prof.on) return;
+    double m = LD.rows, n = LD.cols, k = d.transa ? LA.rows : LA.cols, batch = LD.batch;
+    double read = batch * (LA.rows * LA.cols * type_bytes(LA.type) + LB.rows * LB.cols * type_bytes(LB.type));
+    if (beta != 0.0f) read += batch * LC.rows * LC.cols * type_bytes(LC.type);
+    if (d.bias) read += m * type_bytes(d.bias_type_set ? d.bias_type : LD.type);
+    double written = batch * m * n * type_bytes(LD.type) + (d.aux ? m * n * type_bytes(LD.type) : 0);
+    char name[160];
+    snprintf(name, sizeof(name), "cublasLt %c%c %.0fx%.0fx%.0f%s%s%s", d.transa ? 'T' : 'N', d.transb ? 'T' : 'N', m, n, k,
+             beta != 0.0f ? " +C" : "", d.bias ? " +bias" : "", d.aux ? " +gelu" : "");
+    if (batch > 1) snprintf(name + strlen(name), sizeof(name) - strlen(name), " x%.0f", batch);
+    prof_record("gemm", name, read, written, read, written, 2 * m * n * k * batch);
+}
+
+// The slot of a chunk in the table: its own, or the free one where it would go.
+static ProfChunk* prof_chunk(uint64_t c) {
+    size_t mask = prof.chunks.size() - 1;
+    size_t i = (size_t)((c * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+    while (prof.chunks[i].chunk != c && prof.chunks[i].chunk != 0) i = (i + 1) & mask;
+    return &prof.chunks[i];
+}
+
+static void prof_launch_begin(const Launch& L) {
+    if (!prof.on) return;
+    std::lock_guard<std::mutex> lk(mem_mu);
+    if (prof.version != mem_version) {  // allocations changed: take the map again (none change while a kernel runs)
+        prof.ranges.clear();
+        size_t bits = 0;
+        for (auto& kv : allocs) {
+            if (kv.second.kind != MEM_DEVICE) continue;
+            prof.ranges.push_back(ProfRange{kv.first, kv.first + kv.second.size, bits, false});
+            bits += (kv.second.size + 32 * 64 - 1) / (32 * 64) * 64;
+        }
+        for (int w = 0; w < 2; w++) prof.bits[w].assign(bits / 64, 0);
+        size_t nchunks = 0;
+        for (const ProfRange& r : prof.ranges) nchunks += ((r.end - 1) >> 16) - (r.base >> 16) + 1;
+        size_t slots = 16;
+        while (slots < 2 * nchunks) slots *= 2;
+        prof.chunks.assign(slots, ProfChunk{0, {-1, -1}});
+        for (size_t i = 0; i < prof.ranges.size(); i++)
+            for (uint64_t c = prof.ranges[i].base >> 16; c <= (prof.ranges[i].end - 1) >> 16; c++) {
+                ProfChunk* e = prof_chunk(c);
+                e->chunk = c;
+                if (e->range[0] < 0) e->range[0] = (int32_t)i;
+                else e->range[1] = e->range[1] == -1 ? (int32_t)i : -2;
+            }
+        prof.version = mem_version;
+        prof.hit = 0;
+    }
+    prof.req[0] = prof.req[1] = prof.uniq[0] = prof.uniq[1] = 0;
+    prof.lanes.resize(L.block.x * L.block.y * L.block.z);
+    if (prof.reqs.empty()) prof.reqs.resize(1 << 12);
+    prof_in_kernel = !prof.ranges.empty();
+}
+
+static void prof_launch_end(const Launch& L) {
+    if (!prof.on) return;
+    prof_in_kernel = false;
+    for (ProfRange& r : prof.ranges) {
+        if (!r.touched) continue;
+        size_t words = (r.end - r.base + 32 * 64 - 1) / (32 * 64);
+        for (int w = 0; w < 2; w++) memset(&prof.bits[w][r.bit0 / 64], 0, words * 8);
+        r.touched = false;
+    }
+    prof_record("kernel", L.name, 32 * prof.req[0], 32 * prof.req[1], 32 * prof.uniq[0], 32 * prof.uniq[1], 0);
+}
+
+static void prof_block_start(void) {
+    if (++prof.gen == 0) {  // after 2^32 blocks: free every entry for real
+        for (ProfReq& e : prof.reqs) e.gen = 0;
+        prof.gen = 1;
+    }
+    prof.live = 0;
+}
+
+static void prof_thread_start(int linear) { prof.lanes[linear].sites.clear(); }
+
+static size_t prof_slot(uint64_t site_warp, uint64_t sector, uint32_t nth, size_t mask) {
+    uint64_t h = site_warp * 0x9E3779B97F4A7C15ull ^ sector * 0xC2B2AE3D27D4EB4Full ^ nth * 0x165667B19E3779F9ull;
+    return (h ^ h >> 29) & mask;
+}
+
+// Adds a sector to a warp request; true if the request did not have it.
+static bool prof_new_sector(uint64_t site_warp, uint64_t sector, uint32_t nth) {
+    if (2 * (prof.live + 1) > prof.reqs.size()) {  // keep it at most half full
+        std::vector<ProfReq> old(prof.reqs.size() * 2);
+        old.swap(prof.reqs);
+        size_t mask = prof.reqs.size() - 1;
+        for (const ProfReq& e : old) {
+            if (e.gen != prof.gen) continue;
+            size_t i = prof_slot(e.site_warp, e.sector, e.nth, mask);
+            while (prof.reqs[i].gen == prof.gen) i = (i + 1) & mask;
+            prof.reqs[i] = e;
+        }
+    }
+    size_t mask = prof.reqs.size() - 1;
+    for (size_t i = prof_slot(site_warp, sector, nth, mask);; i = (i + 1) & mask) {
+        ProfReq& e = prof.reqs[i];
+        if (e.gen != prof.gen) {
+            e = ProfReq{site_warp, sector, nth, prof.gen};
+            prof.live++;
+            return true;
+        }
+        if (e.site_warp == site_warp && e.sector == sector && e.nth == nth) return false;
+    }
+}
+
+// A load or store of `size` bytes at a by the running thread, from the access site `site`.
+static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site) {
+    if (!cur_run || !prof_in_kernel || !size) return;  // host threads, the race check's reruns, counting off
+    ProfRange* r = &prof.ranges[prof.hit];
+    if (a - r->base >= r->end - r->base) {  // not the allocation found last: look up its chunk
+        const ProfChunk* e = prof_chunk(a >> 16);
+        int found = -1;
+        for (int j = 0; j < 2; j++)
+            if (e->range[j] >= 0 && a - prof.ranges[e->range[j]].base < prof.ranges[e->range[j]].end - prof.ranges[e->range[j]].base)
+                found = e->range[j];
+        if (found < 0 && e->range[1] == -2) {  // a chunk of many small allocations: search them
+            auto it = std::upper_bound(prof.ranges.begin(), prof.ranges.end(), a,
+                                       [](uintptr_t x, const ProfRange& q) { return x < q.base; });
+            if (it != prof.ranges.begin() && a < (it - 1)->end) found = (int)(it - 1 - prof.ranges.begin());
+        }
+        if (found < 0) return;  // the stack, shared memory, parameters
+        prof.hit = found;
+        r = &prof.ranges[found];
+    }
+    int linear = ((Fiber*)cudaemu_self)->linear;
+    ProfLane& lane = prof.lanes[linear];
+    size_t n = lane.sites.size(), i = 0;
+    while (i < n && lane.sites[(lane.last + 1 + i) % n].first != site) i++;
+    if (i == n) {
+        lane.sites.push_back({site, 0});
+        lane.last = n;
+    } else {
+        lane.last = (lane.last + 1 + i) % n;
+    }
+    uint32_t nth = i == n ? 0 : ++lane.sites[lane.last].second;
+    uint64_t site_warp = site | (uint64_t)(linear / 32) << 56;  // sites are user-space addresses, below 2^47
+    uintptr_t last = std::min<uintptr_t>(a + size, r->end) - 1;
+    for (uint64_t sector = a / 32; sector <= last / 32; sector++) {
+        if (prof_new_sector(site_warp, sector, nth)) prof.req[write]++;
+        size_t bit = r->bit0 + sector - r->base / 32;
+        uint64_t& w = prof.bits[write][bit / 64];
+        if (w >> (bit % 64) & 1) continue;
+        w |= 1ull << (bit % 64);
+        prof.uniq[write]++;
+        r->touched = true;
+    }
+}
+
+// The calls GCC's -fsanitize=thread (--param=tsan-instrument-func-entry-exit=0) makes: aligned and
+// unaligned accesses of 1 to 16 bytes (16: vector loads and stores), byte ranges, and its module constructor.
+#define PROF_SITE ((uintptr_t)__builtin_return_address(0))
+#define PROF_HOOKS(n)                                                                                   \
+    void __tsan_read##n(void* p) { prof_access((uintptr_t)p, n, 0, PROF_SITE); }                       \
+    void __tsan_write##n(void* p) { prof_access((uintptr_t)p, n, 1, PROF_SITE); }                      \
+    void __tsan_unaligned_read##n(void* p) { prof_access((uintptr_t)p, n, 0, PROF_SITE); }             \
+    void __tsan_unaligned_write##n(void* p) { prof_access((uintptr_t)p, n, 1, PROF_SITE); }
+extern "C" {
+void __tsan_init(void) { prof_instrumented = true; }
+void __tsan_read1(void* p) { prof_access((uintptr_t)p, 1, 0, PROF_SITE); }
+void __tsan_write1(void* p) { prof_access((uintptr_t)p, 1, 1, PROF_SITE); }
+PROF_HOOKS(2)
+PROF_HOOKS(4)
+PROF_HOOKS(8)
+PROF_HOOKS(16)
+void __tsan_read_range(void* p, unsigned long size) { prof_access((uintptr_t)p, size, 0, PROF_SITE); }
+void __tsan_write_range(void* p, unsigned long size) { prof_access((uintptr_t)p, size, 1, PROF_SITE); }
+}

@@ -120,6 +120,21 @@ void cudaemu_racecheck(int on);
 // cudaFree calls so far (each waits for the whole device on a GPU: a training step should make none).
 long cudaemu_device_frees(void);
 
+// ---- counting, for a model of the step on a GPU (README: "Counting bytes and FLOPs"). A binary whose
+// kernels were compiled with -fsanitize=thread (make train_gpt_emu_prof) sees each load and store; with
+// CUDAEMU_PROFILE=FILE, or cudaemu_profile(1), it counts per kernel launch the global-memory bytes as
+// 32-byte sectors per warp request and as distinct sectors of the launch, and each cuBLASLt matmul's bytes
+// and FLOPs. cudaemu_profile_counts sums what was counted under one name (a kernel's, or a matmul's
+// "cublasLt ..." name) since counting began.
+struct cudaemu_counts {
+    long launches;
+    double read_bytes, write_bytes;                // sectors of each warp request, times 32
+    double unique_read_bytes, unique_write_bytes;  // distinct sectors of each launch, times 32
+    double flops;                                  // matmuls: 2 m n k per batch; kernels: not counted
+};
+void cudaemu_profile(int on);
+cudaemu_counts cudaemu_profile_counts(const char* name);
+
 // ---- kernel launch: kernel<<<grid, block, shmem, stream>>>(args) becomes
 // cudaemu_launch("name", kernel, grid, block, shmem, stream, args...)
 #ifdef __cplusplus

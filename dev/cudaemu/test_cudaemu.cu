@@ -104,6 +104,33 @@ __global__ void dynamic_shared_reverse(int* out) {  // dynamic shared memory, re
     out[threadIdx.x] = s[blockDim.x - 1 - threadIdx.x];
 }
 
+// Kernels whose global-memory sectors are known (the counting case): coalesced, one sector per lane,
+// a 32 x 32 matrix read by columns (each warp request spans 32 sectors, the launch 128 distinct ones),
+// 16-byte vector copies, and 4-byte reads 2 bytes off alignment (a warp's 128 bytes span 5 sectors).
+__global__ void copy_floats(float* out, const float* in) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = in[i];
+}
+__global__ void copy_strided(float* out, const float* in) {
+    int i = (blockIdx.x * blockDim.x + threadIdx.x) * 32;
+    out[i] = in[i];
+}
+__global__ void read_columns(float* out, const float* in) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = in[i % 32 * 32 + i / 32];
+}
+__global__ void copy_float4(float4* out, const float4* in) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = in[i];
+}
+struct __attribute__((packed)) unaligned_int {  // GCC 12 checks it with __tsan_read_range
+    int v;
+};
+__global__ void read_unaligned(int* out, const char* in) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, v = ((const unaligned_int*)(in + 2 + 4 * i))->v;
+    memcpy(out + i, &v, 4);  // and __tsan_write_range for this
+}
+
 // ---- cases: 0 and the right values, or an error
 
 static int case_block_sum(int barrier) {
@@ -174,6 +201,57 @@ static int case_streams(int wait) {
     return 0;
 }
 
+// The counts of each kernel above, and of a GEMM, exactly (bytes are 32-byte sectors times 32).
+static int expect_counts(const char* name, double read, double written, double unique_read, double unique_written, double flops) {
+    cudaemu_counts c = cudaemu_profile_counts(name);
+    if (c.launches == 1 && c.read_bytes == read && c.write_bytes == written && c.unique_read_bytes == unique_read &&
+        c.unique_write_bytes == unique_written && c.flops == flops)
+        return 0;
+    printf("%s: %ld launches, bytes read %.0f written %.0f, distinct read %.0f written %.0f, %.0f FLOPs; want 1 launch, "
+           "%.0f %.0f, %.0f %.0f, %.0f\n", name, c.launches, c.read_bytes, c.write_bytes, c.unique_read_bytes,
+           c.unique_write_bytes, c.flops, read, written, unique_read, unique_written, flops);
+    return 5;
+}
+
+static int case_counts(void) {
+    const int n = 1024;  // threads of each launch, 4 blocks of 256
+    float *in, *out;
+    CHECK(cudaMalloc((void**)&in, 32 * n * sizeof(float)));
+    CHECK(cudaMalloc((void**)&out, 32 * n * sizeof(float)));
+    CHECK(cudaMemset(in, 0, 32 * n * sizeof(float)));
+    cudaemu_profile(1);
+    cudaemu_racecheck(1);  // its reruns are not counted
+    LAUNCH(copy_floats, n / 256, 256, 0, 0, out, in);
+    cudaemu_racecheck(0);
+    LAUNCH(copy_strided, n / 256, 256, 0, 0, out, in);
+    LAUNCH(read_columns, n / 256, 256, 0, 0, out, in);
+    LAUNCH(copy_float4, n / 256, 256, 0, 0, (float4*)out, (const float4*)in);
+    LAUNCH(read_unaligned, n / 256, 256, 0, 0, (int*)out, (const char*)in);
+    cublasLtHandle_t h;  // D (64 x 32) = A (64 x 16) B (16 x 32), bf16
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    float alpha = 1.0f, beta = 0.0f;
+    cublasLtCreate(&h);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, 64, 16, 64);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, 16, 32, 16);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, 64, 32, 64);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+    cublasLtMatmul(h, desc, &alpha, in, la, in, lb, &beta, out, ld, out, ld, &heur.algo, NULL, 0, 0);
+    int bad = expect_counts("copy_floats", 4 * n, 4 * n, 4 * n, 4 * n, 0);
+    bad |= expect_counts("copy_strided", 32 * n, 32 * n, 32 * n, 32 * n, 0);
+    bad |= expect_counts("read_columns", 32 * n, 4 * n, 4 * n, 4 * n, 0);
+    bad |= expect_counts("copy_float4", 16 * n, 16 * n, 16 * n, 16 * n, 0);
+    bad |= expect_counts("read_unaligned", 32 * 5 * (n / 32), 4 * n, 32 * (4 * n / 32 + 1), 4 * n, 0);
+    bad |= expect_counts("cublasLt NN 64x32x16", 2 * (64 * 16 + 16 * 32), 2 * 64 * 32, 2 * (64 * 16 + 16 * 32), 2 * 64 * 32,
+                         2.0 * 64 * 32 * 16);
+    return bad;
+}
+
 static int case_gemm_ld(int ld) {  // a 16 x 8 column-major A with leading dimension ld (>= 16 is legal)
     cublasLtHandle_t h;
     cublasLtMatmulDesc_t desc;
@@ -218,6 +296,7 @@ static int run_case(const char* name) {
     if (!strcmp(name, "stream_wait")) return case_streams(1);
     if (!strcmp(name, "missing_stream_wait")) return case_streams(0);
     if (!strcmp(name, "gemm_ld")) return case_gemm_ld(16);
+    if (!strcmp(name, "counts")) return case_counts();
     if (!strcmp(name, "bad_gemm_ld")) return case_gemm_ld(8);
     if (!strcmp(name, "block_too_large")) {
         int* out = device_ints(2048);
@@ -275,6 +354,7 @@ int main(int argc, char** argv) {
         {"stream_wait", "", 1, ""},
         {"missing_stream_wait", "", 0, "a missing cudaStreamWaitEvent: the consumer read before the producer wrote"},
         {"gemm_ld", "", 1, ""},
+        {"counts", "", 1, ""},
         {"bad_gemm_ld", "", 0, "matrix A: leading dimension 8 is less than its 16 rows"},
         {"block_too_large", "", 0, "invalid configuration argument (cudaemu: fill<<<(1,1,1), (2048,1,1)>>>"},
         {"host_pointer_argument", "", 0, "kernel fill: argument 1"},

@@ -313,6 +313,9 @@ def main():
         sys.exit(f"prepare.py: error: {e}")
     except KeyboardInterrupt:
         sys.exit("prepare.py: interrupted; nothing written")
+    except BrokenPipeError:  # whoever read the report left (prepare.py ... | head): stop without a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
 
 
 if __name__ == "__main__":
