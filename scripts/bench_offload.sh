@@ -44,15 +44,22 @@ if [ "${1:-}" = emu ]; then
     [ -n "$rate" ] || exit 1
     echo
     echo "MODELLED, not measured: the update of GPT-2 124M's 124.4M parameters on one GPU with --offload optimizer,"
-    echo "the CPU's AdamW at the rate measured above ($rate parameters/s on this machine's $(nproc) cores), the copies"
-    echo "at 55 GB/s each way (2 bytes of gradient down, 2 of weight up per parameter), in chunks of 1M values:"
-    awk -v r="$rate" 'BEGIN {
-        n = 124.4e6; chunks = 119; down = 2 * n / 55e9 * 1e3; up = down; cpu = n / r * 1e3
-        serial = down + cpu + up
-        slow = down > cpu ? down : cpu; slow = slow > up ? slow : up
-        overlapped = slow + (down + up) / chunks   # the first chunk comes down and the last goes up alone
-        printf "| copies down ms | CPU AdamW ms | copies up ms | serial ms | overlapped ms (chunked) |\n|---|---|---|---|---|\n"
-        printf "| %.1f | %.1f | %.1f | %.1f | %.1f |\n", down, cpu, up, serial, overlapped }'
+    echo "the copies at 55 GB/s each way (2 bytes of gradient down, 2 of weight up per parameter), in chunks of 1M"
+    echo "values, the CPU's AdamW at the rate measured above ($rate parameters/s on this machine's $(nproc) cores; the"
+    echo "optimizer step also holds the emulator's slow gradient-norm kernels, so the rate is a lower bound) and"
+    echo "at --plan's assumed 50 GB/s of host memory per GPU (28 bytes read and written per parameter):"
+    echo "| host | copies down ms | CPU AdamW ms | copies up ms | serial ms | overlapped ms (chunked) |"
+    echo "|---|---|---|---|---|---|"
+    for host in "this machine" "50 GB/s per GPU"; do
+        r=$rate
+        [ "$host" = "this machine" ] || r=$(awk 'BEGIN { printf "%.0f", 50e9 / 28 }')
+        awk -v r="$r" -v host="$host" 'BEGIN {
+            n = 124.4e6; chunks = 119; down = 2 * n / 55e9 * 1e3; up = down; cpu = n / r * 1e3
+            serial = down + cpu + up
+            slow = down > cpu ? down : cpu; slow = slow > up ? slow : up
+            overlapped = slow + (down + up) / chunks   # the first chunk comes down and the last goes up alone
+            printf "| %s | %.1f | %.1f | %.1f | %.1f | %.1f |\n", host, down, cpu, up, serial, overlapped }'
+    done
     exit 0
 fi
 model=${1:-d8}
