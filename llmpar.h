@@ -16,8 +16,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
   7. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
                  offload), where gradients are averaged over dp; the hooks forward and backward call around each layer
-                 defines: LPOffload, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done, lp_zero_average,
-                 lp_zero_state_get/put (the AdamW state a chunk at a time)
+                 defines: LPOffload, LPHostOptim, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done,
+                 lp_zero_average, lp_zero_state_get/put (the optimizer's shard a chunk at a time)
   8. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
                  defines: LPModel, LPSplit, LPLayerActs, lp_model_create, lp_model_forward, lp_model_backward
   9. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
@@ -140,9 +140,10 @@ typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights 
 // 1. basics
 
 static int lp_rank = 0;  // this process's rank, set by lp_process_init; only rank 0 prints progress
+#define LP_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))  // the compiler checks the arguments against the format
 
 // Print one line naming what failed, then stop every rank with a non-zero exit.
-static inline void lp_fail(const char* fmt, ...) {
+static inline LP_PRINTF(1, 2) void lp_fail(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "llmpar: error: ");
@@ -160,7 +161,7 @@ static inline void lp_fail(const char* fmt, ...) {
 }
 
 // printf on rank 0 only, flushed so progress shows up at once under mpirun
-static inline void lp_log(const char* fmt, ...) {
+static inline LP_PRINTF(1, 2) void lp_log(const char* fmt, ...) {
     if (lp_rank != 0) return;
     va_list ap;
     va_start(ap, fmt);
@@ -199,7 +200,7 @@ static inline long long lp_file_size(const char* path) {
 
 // Format a file path; a path too long for the buffer is an error, never silently cut.
 #define LP_PATH_MAX 4096
-static inline void lp_path(char* buf, const char* fmt, ...) {
+static inline LP_PRINTF(2, 3) void lp_path(char* buf, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf, LP_PATH_MAX, fmt, ap);
@@ -264,6 +265,29 @@ static inline void lp_device_free(void* p) {
     cudaCheck(cudaFree(p));
 #endif
 }
+// Page-locked host memory, zeroed: the CUDA build's copies to and from it run at full PCIe speed and
+// asynchronously (malloc on the CPU build).
+static inline void* lp_pinned_malloc(size_t bytes, const char* what) {
+#ifdef LLMPAR_CPU
+    void* p = lp_host_malloc(bytes ? bytes : 1, what);
+#else
+    void* p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        lp_fail("out of pinned host memory allocating %s: need %.1f MiB", what, bytes / 1048576.0);
+    }
+#endif
+    memset(p, 0, bytes);
+    return p;
+}
+static inline void lp_pinned_free(void* p) {
+    if (!p) return;
+#ifdef LLMPAR_CPU
+    free(p);
+#else
+    cudaCheck(cudaFreeHost(p));
+#endif
+}
 static inline void lp_copy_to_device(void* dst, const void* src, size_t bytes) {
 #ifdef LLMPAR_CPU
     memcpy(dst, src, bytes);
@@ -309,8 +333,8 @@ static void* lp_pinned;
 static size_t lp_pinned_bytes;
 static inline floatX* lp_pinned_buffer(size_t n) {
     if (n * sizeof(floatX) > lp_pinned_bytes) {
-        if (lp_pinned) cudaCheck(cudaFreeHost(lp_pinned));
-        cudaCheck(cudaMallocHost(&lp_pinned, n * sizeof(floatX)));
+        lp_pinned_free(lp_pinned);
+        lp_pinned = lp_pinned_malloc(n * sizeof(floatX), "a staging buffer");
         lp_pinned_bytes = n * sizeof(floatX);
     }
     return (floatX*)lp_pinned;
@@ -505,7 +529,7 @@ static inline void lp_exit_all(void) {
 }
 
 // An error that every rank detects alike (a flag, the grid): printed once, by rank 0; every rank exits.
-static inline void lp_fail_all(const char* fmt, ...) {
+static inline LP_PRINTF(1, 2) void lp_fail_all(const char* fmt, ...) {
     if (lp_rank == 0) {
         va_list ap;
         va_start(ap, fmt);
@@ -2433,7 +2457,19 @@ static inline void lp_add_scaled_gpu(floatX* dst, const floatX* src, size_t n, f
 }
 #endif
 
-// --- AdamW on one tensor. master (fp32) is the truth; params are its copy in the compute type (the CUDA
+// --- AdamW.
+// One value's step, shared by the CPU loop, the kernel and the CUDA build's host update (--offload): the
+// moments m and v move toward the (scaled) gradient g; returns the updated weight.
+static inline LP_HD float lp_adamw_value(float g, float* m, float* v, float w, float lr, float beta1, float beta2,
+                                         float beta1_corr, float beta2_corr, float eps, float weight_decay) {
+    float mi = beta1 * *m + (1.0f - beta1) * g;
+    float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    return w - lr * ((mi / beta1_corr) / (sqrtf(vi / beta2_corr) + eps) + weight_decay * w);
+}
+
+// AdamW on one tensor. master (fp32) is the truth; params are its copy in the compute type (the CUDA
 // kernel rounds stochastically to bf16, seeded per step and tensor). grads are scaled by grad_scale
 // (global-norm clipping) before use. beta corrections are 1 - beta^t. On the CPU build params are the
 // master weights themselves (LP_MASTER_COPY 0), so the loop writes master alone: storing to both would
@@ -2444,45 +2480,52 @@ static inline void lp_adamw_cpu(float* params, float* master, const float* grads
     (void)params;
     (void)seed;
 #pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float w = master[i];
-        master[i] = w - lr * ((mi / beta1_corr) / (sqrtf(vi / beta2_corr) + eps) + weight_decay * w);
-    }
+    for (size_t i = 0; i < n; i++)
+        master[i] = lp_adamw_value(grads[i] * grad_scale, &m[i], &v[i], master[i], lr, beta1, beta2, beta1_corr, beta2_corr,
+                                   eps, weight_decay);
 }
 
 #ifndef LLMPAR_CPU
 // Stochastic rounding fp32 -> bf16: add 16 random bits below bf16's last mantissa bit, then truncate.
 // The result rounds up with probability equal to the dropped fraction, so E[bf16] = fp32 and updates
 // smaller than half a bf16 step still move the weights on average.
-static __device__ inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i) {
+// Host and device: the CUDA build's host update (--offload) rounds as the kernel does.
+static LP_HD inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i) {
     uint32_t h = (uint32_t)i * 0x9E3779B1u ^ (uint32_t)(i >> 32) ^ seed;  // murmur3's finaliser as a hash
     h ^= h >> 16;
     h *= 0x85EBCA6Bu;
     h ^= h >> 13;
     h *= 0xC2B2AE35u;
     h ^= h >> 16;
-    uint32_t bits = (__float_as_uint(x) + (h & 0xFFFFu)) & 0xFFFF0000u;
-    return __float2bfloat16_rz(__uint_as_float(bits));
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    bits = (bits + (h & 0xFFFFu)) & 0xFFFF0000u;
+    memcpy(&x, &bits, 4);
+    return __float2bfloat16_rz(x);
 }
 __global__ void lp_adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
                                 float weight_decay, float grad_scale, uint32_t seed) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float g = lp_bf(grads[i]) * grad_scale;
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float w = master[i];
-    w -= lr * ((mi / beta1_corr) / (sqrtf(vi / beta2_corr) + eps) + weight_decay * w);
+    float w = lp_adamw_value(lp_bf(grads[i]) * grad_scale, &m[i], &v[i], master[i], lr, beta1, beta2, beta1_corr, beta2_corr,
+                             eps, weight_decay);
     master[i] = w;
     params[i] = lp_stochastic_round(w, seed, i);
+}
+// The kernel on the CPU (OpenMP), for the CUDA build's --offload: master, m and v in host memory, params and
+// grads host copies of bf16 values; i0 is the first value's index in the kernel's launch (the stochastic
+// rounding's stream), so a tensor updated in pieces rounds as in one launch.
+static inline void lp_adamw_host(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                                 size_t i0, float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
+                                 float weight_decay, float grad_scale, uint32_t seed) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float w = lp_adamw_value(__bfloat162float(grads[i]) * grad_scale, &m[i], &v[i], master[i], lr, beta1, beta2, beta1_corr,
+                                 beta2_corr, eps, weight_decay);
+        master[i] = w;
+        params[i] = lp_stochastic_round(w, seed, i0 + i);
+    }
 }
 static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
@@ -2773,6 +2816,55 @@ static inline void lp_offload_close(LPOffload* o) {
     free(o);
 }
 
+// Where this rank's optimizer state lives (--offload). NVME: AdamW m and v in a file (LPOffload); on the
+// CUDA build the master weights then sit in pinned host memory and the update runs on the CPU, as with
+// OPTIMIZER (the CUDA build's): master weights, m and v in pinned host memory.
+enum { LP_OFFLOAD_NONE, LP_OFFLOAD_NVME, LP_OFFLOAD_OPTIMIZER };
+static const char* const lp_offload_names[3] = {"none", "nvme", "optimizer"};
+static inline int lp_offload_parse(const char* name) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, lp_offload_names[i]) == 0) return i;
+    return -1;
+}
+
+#ifndef LLMPAR_CPU
+// --- The update on the host (the CUDA build's --offload): the CPU updates the shard a chunk at a time
+// (lp_adamw_host, OpenMP) while chunk c+1's gradients come down (stream `down`) and chunk c-1's bf16
+// weights go up (stream `up`), each through two pinned buffers that events hand over.
+typedef struct {
+    floatX *grads[2], *params[2];        // pinned: a chunk's gradients down, its updated weights up
+    cudaStream_t down, up;
+    cudaEvent_t ready, got[2], sent[2];  // gradients complete; buffer b's download and upload done
+} LPHostOptim;
+
+static inline LPHostOptim* lp_host_optim_create(size_t chunk) {
+    LPHostOptim* h = (LPHostOptim*)lp_host_malloc(sizeof(LPHostOptim), "host optimizer");
+    for (int b = 0; b < 2; b++) {
+        h->grads[b] = (floatX*)lp_pinned_malloc(chunk * sizeof(floatX), "a chunk of gradients");
+        h->params[b] = (floatX*)lp_pinned_malloc(chunk * sizeof(floatX), "a chunk of weights");
+        cudaCheck(cudaEventCreateWithFlags(&h->got[b], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&h->sent[b], cudaEventDisableTiming));
+    }
+    cudaCheck(cudaEventCreateWithFlags(&h->ready, cudaEventDisableTiming));
+    cudaCheck(cudaStreamCreateWithFlags(&h->down, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&h->up, cudaStreamNonBlocking));
+    return h;
+}
+static inline void lp_host_optim_free(LPHostOptim* h) {
+    if (!h) return;
+    for (int b = 0; b < 2; b++) {
+        lp_pinned_free(h->grads[b]);
+        lp_pinned_free(h->params[b]);
+        cudaCheck(cudaEventDestroy(h->got[b]));
+        cudaCheck(cudaEventDestroy(h->sent[b]));
+    }
+    cudaCheck(cudaEventDestroy(h->ready));
+    cudaCheck(cudaStreamDestroy(h->down));
+    cudaCheck(cudaStreamDestroy(h->up));
+    free(h);
+}
+#endif
+
 typedef struct {
     const LPGroup* dp;    // gradients are averaged over this group (NULL: one replica)
     int stage;            // ZeRO stage 0..3 over dp
@@ -2796,6 +2888,11 @@ typedef struct {
     float* adam_m;              // AdamW first moment (fp32), this rank's shard
     float* adam_v;              // AdamW second moment (fp32), this rank's shard
     LPOffload* off;             // --offload nvme: m and v in a file instead (adam_m, adam_v NULL); else NULL
+    int host_state;             // the CUDA build's --offload: master (and adam_m, adam_v) in pinned host memory
+    size_t state_chunk;         // the update walks the shard in chunks of this many values (in memory: all)
+#ifndef LLMPAR_CPU
+    LPHostOptim* host;          // host_state: the update's streams and buffers
+#endif
     int adam_step;
     size_t param_bytes, grad_bytes;  // weight and gradient memory of this rank
     // stage 0 with overlap: layers [l+1, unreduced) are done but not yet reducing; once reductions were
@@ -2840,10 +2937,11 @@ static inline int lp_zero_whole(const LPZero* z, int i) {
 }
 
 // Lay out the flat parameters from their sizes (a layer tensor's for L layers; wte's of wte_rows rows) and
-// allocate what this rank keeps of them at ZeRO stage `stage` over dp. wte_alone: the model holds the only
-// copy of wte, so stages 2-3 may cut it in pieces.
+// allocate what this rank keeps of them at ZeRO stage `stage` over dp, the optimizer state where `offload`
+// says (LP_OFFLOAD_*; NVME: a file in offload_dir, `tag` telling a rank's models apart). wte_alone: the model
+// holds the only copy of wte, so stages 2-3 may cut it in pieces.
 static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], int L, size_t wte_rows, int wte_alone,
-                                  const LPGroup* dp, int stage, const char* offload_dir, int offload_tag) {
+                                  const LPGroup* dp, int stage, int offload, const char* offload_dir, int tag) {
     memset(z, 0, sizeof(*z));
     if (stage >= 1 && !dp) lp_fail("ZeRO-%d needs a data-parallel group", stage);
     z->dp = dp;
@@ -2891,23 +2989,34 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
         for (int i = 0; i < LP_NUM_PARAMS; i++) z->w[i] = z->params + z->param_offsets[i];
         z->param_bytes = n * sizeof(floatX);
     }
-    if (LP_MASTER_COPY) {
+#ifdef LLMPAR_CPU
+    if (offload == LP_OFFLOAD_OPTIMIZER) lp_fail("--offload optimizer: moves GPU state to host memory, where the CPU build's already is");
+#else
+    z->host_state = offload != LP_OFFLOAD_NONE;  // the update on the CPU, master weights in pinned host memory
+#endif
+    z->state_chunk = offload != LP_OFFLOAD_NONE ? lp_offload_chunk(k) : (k ? k : 1);
+    if (z->host_state) {
+        z->master = (float*)lp_pinned_malloc(k * sizeof(float), "fp32 master weights");
+    } else if (LP_MASTER_COPY) {
         z->master = (float*)lp_device_malloc(k * sizeof(float), "fp32 master weights");
         lp_device_zero(z->master, k * sizeof(float));
     } else {  // fp32 params are their own master weights: this rank's shard of them
         z->master = (float*)(stage >= 3 ? z->param_shard : z->params + z->shard_start);
     }
-    if (offload_dir) {
-#ifndef LLMPAR_CPU
-        lp_fail("--offload-dir %s: the AdamW state in a file is the CPU build's (the CUDA build updates it on the GPU)", offload_dir);
-#endif
-        z->off = lp_offload_open(offload_dir, offload_tag, k);
+    if (offload == LP_OFFLOAD_NVME) {
+        z->off = lp_offload_open(offload_dir, tag, k);
+    } else if (z->host_state) {
+        z->adam_m = (float*)lp_pinned_malloc(k * sizeof(float), "AdamW first moment");
+        z->adam_v = (float*)lp_pinned_malloc(k * sizeof(float), "AdamW second moment");
     } else {
         z->adam_m = (float*)lp_device_malloc(k * sizeof(float), "AdamW first moment");
         z->adam_v = (float*)lp_device_malloc(k * sizeof(float), "AdamW second moment");
         lp_device_zero(z->adam_m, k * sizeof(float));
         lp_device_zero(z->adam_v, k * sizeof(float));
     }
+#ifndef LLMPAR_CPU
+    if (z->host_state) z->host = lp_host_optim_create(z->state_chunk);
+#endif
     if (stage >= 2) {  // whole gradients only for the tensors outside the layers, packed
         size_t off = 0;
         z->grads = (floatX*)lp_device_malloc(outside * sizeof(floatX), "gradients outside the layers");
@@ -2937,9 +3046,18 @@ static inline void lp_zero_free(LPZero* z) {
         lp_device_free(z->param_shard);
         for (int b = 0; b < 2; b++) lp_device_free(z->layer_buf[b]);
     }
-    if (LP_MASTER_COPY) lp_device_free(z->master);
-    lp_device_free(z->adam_m);
-    lp_device_free(z->adam_v);
+    if (z->host_state) {
+        lp_pinned_free(z->master);
+        lp_pinned_free(z->adam_m);
+        lp_pinned_free(z->adam_v);
+#ifndef LLMPAR_CPU
+        lp_host_optim_free(z->host);
+#endif
+    } else {
+        if (LP_MASTER_COPY) lp_device_free(z->master);
+        lp_device_free(z->adam_m);
+        lp_device_free(z->adam_v);
+    }
     lp_offload_close(z->off);
     lp_device_free(z->piece_w);
     lp_device_free(z->piece_g);
@@ -2989,40 +3107,106 @@ static inline floatX* lp_zero_shard_params(const LPZero* z) {
     return z->stage >= 3 ? z->param_shard : z->params + z->shard_start;
 }
 
-// AdamW state a piece at a time, for the optimizer: lp_zero_state_begin gives the number of pieces (in
-// memory: one, the whole shard); lp_zero_state_get piece c's m and v, shard values [*lo, *hi), waiting
-// for its read (offloaded); lp_zero_state_put hands it back updated (offloaded: written behind, the piece
-// after next read into its buffer); lp_zero_state_end waits for the last writes.
+// The optimizer walks this rank's shard a chunk at a time: lp_zero_state_begin gives the number of chunks
+// (in device memory: one, the whole shard); lp_zero_state_get chunk c as LPStatePiece, waiting for what
+// comes in (the file's m and v: read ahead; the CUDA build's host update: the gradients, down); and
+// lp_zero_state_put hands it back updated (the file: written behind, the chunk after next read into its
+// buffer; the host update: the weights up, the chunk after next's gradients down); lp_zero_state_end
+// waits for the last of it.
+typedef struct {
+    size_t lo, hi;          // shard values [lo, hi); each pointer is at value lo
+    float *master, *m, *v;  // fp32 master weights and AdamW moments
+    const floatX* grads;    // the averaged gradients
+    floatX* params;         // where the updated compute-type weights go
+} LPStatePiece;
+
 static inline size_t lp_zero_state_begin(LPZero* z) {
+    size_t count = lp_zero_shard_count(z), chunks = (count + z->state_chunk - 1) / z->state_chunk;
     LPOffload* o = z->off;
-    if (!o) return 1;
-    for (size_t c = 0; c < 2 && c < o->chunks; c++) o->ready[c] = lp_offload_queue(o, c, o->buf[c], 0);
-    return o->chunks;
-}
-static inline void lp_zero_state_get(LPZero* z, size_t c, size_t* lo, size_t* hi, float** m, float** v) {
-    LPOffload* o = z->off;
-    size_t count = lp_zero_shard_count(z);
-    if (!o) {
-        *lo = 0, *hi = count, *m = z->adam_m, *v = z->adam_v;
-        return;
+    if (o)
+        for (size_t c = 0; c < 2 && c < o->chunks; c++) o->ready[c] = lp_offload_queue(o, c, o->buf[c], 0);
+#ifndef LLMPAR_CPU
+    LPHostOptim* h = z->host;
+    if (h) {  // the copies start once the gradients are complete on the compute stream
+        cudaCheck(cudaEventRecord(h->ready, 0));
+        cudaCheck(cudaStreamWaitEvent(h->down, h->ready, 0));
+        cudaCheck(cudaStreamWaitEvent(h->up, h->ready, 0));
+        for (size_t c = 0; c < 2 && c < chunks; c++) {
+            size_t lo = c * z->state_chunk, n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
+            cudaCheck(cudaMemcpyAsync(h->grads[c], lp_zero_shard_grads(z) + lo, n * sizeof(floatX), cudaMemcpyDeviceToHost, h->down));
+            cudaCheck(cudaEventRecord(h->got[c], h->down));
+        }
     }
-    lp_offload_wait(o, o->ready[c % 2]);
-    *lo = c * o->chunk;
-    *hi = *lo + lp_offload_part(o, c, count);
-    *m = o->buf[c % 2];
-    *v = o->buf[c % 2] + o->chunk;
+#endif
+    return chunks;
+}
+static inline void lp_zero_state_get(LPZero* z, size_t c, LPStatePiece* s) {
+    size_t count = lp_zero_shard_count(z);
+    s->lo = c * z->state_chunk;
+    s->hi = count - s->lo < z->state_chunk ? count : s->lo + z->state_chunk;
+    s->master = z->master + s->lo;
+    s->grads = lp_zero_shard_grads(z) + s->lo;
+    s->params = lp_zero_shard_params(z) + s->lo;
+    LPOffload* o = z->off;
+    if (o) {
+        lp_offload_wait(o, o->ready[c % 2]);
+        s->m = o->buf[c % 2];
+        s->v = o->buf[c % 2] + o->chunk;
+    } else {
+        s->m = z->adam_m + s->lo;
+        s->v = z->adam_v + s->lo;
+    }
+#ifndef LLMPAR_CPU
+    LPHostOptim* h = z->host;
+    if (h) {
+        cudaCheck(cudaEventSynchronize(h->got[c % 2]));
+        if (c >= 2) cudaCheck(cudaEventSynchronize(h->sent[c % 2]));  // chunk c-2's weights have left the buffer
+        s->grads = h->grads[c % 2];
+        s->params = h->params[c % 2];
+    }
+#endif
 }
 static inline void lp_zero_state_put(LPZero* z, size_t c) {
     LPOffload* o = z->off;
-    if (!o) return;
-    lp_offload_queue(o, c, o->buf[c % 2], 1);
-    if (c + 2 < o->chunks) o->ready[c % 2] = lp_offload_queue(o, c + 2, o->buf[c % 2], 0);
+    if (o) {
+        lp_offload_queue(o, c, o->buf[c % 2], 1);
+        if (c + 2 < o->chunks) o->ready[c % 2] = lp_offload_queue(o, c + 2, o->buf[c % 2], 0);
+    }
+#ifndef LLMPAR_CPU
+    LPHostOptim* h = z->host;
+    if (h) {
+        size_t count = lp_zero_shard_count(z), lo = c * z->state_chunk, n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
+        cudaCheck(cudaMemcpyAsync(lp_zero_shard_params(z) + lo, h->params[c % 2], n * sizeof(floatX), cudaMemcpyHostToDevice, h->up));
+        cudaCheck(cudaEventRecord(h->sent[c % 2], h->up));
+        lo += 2 * z->state_chunk;
+        if (lo < count) {  // this buffer's gradients are used: chunk c+2's come into it
+            n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
+            cudaCheck(cudaMemcpyAsync(h->grads[c % 2], lp_zero_shard_grads(z) + lo, n * sizeof(floatX), cudaMemcpyDeviceToHost, h->down));
+            cudaCheck(cudaEventRecord(h->got[c % 2], h->down));
+        }
+    }
+#endif
 }
 static inline void lp_zero_state_end(LPZero* z) {
     LPOffload* o = z->off;
-    if (!o) return;
-    lp_offload_wait(o, o->queued - 1);
-    o->written = o->chunks;
+    if (o) {
+        lp_offload_wait(o, o->queued - 1);
+        o->written = o->chunks;
+    }
+#ifndef LLMPAR_CPU
+    if (z->host) cudaCheck(cudaStreamSynchronize(z->host->up));  // the weights are all up before anything reads them
+#endif
+}
+
+// Copies of fp32 optimizer state (master, adam_m, adam_v) out to and in from host memory: a memcpy when it
+// lives there (the CUDA build's --offload), else a device copy (the CPU build's: a memcpy).
+static inline void lp_zero_state_out(const LPZero* z, void* dst, const void* src, size_t bytes) {
+    if (z->host_state) memcpy(dst, src, bytes);
+    else lp_copy_to_host(dst, src, bytes);
+}
+static inline void lp_zero_state_in(const LPZero* z, void* dst, const void* src, size_t bytes) {
+    if (z->host_state) memcpy(dst, src, bytes);
+    else lp_copy_to_device(dst, src, bytes);
 }
 
 // Set the weights from fp32 host values of the whole flat array: the compute-type params get all of them
@@ -3036,7 +3220,7 @@ static inline void lp_zero_set_weights(LPZero* z, const float* flat) {
     } else {
         lp_to_device_floatX(z->params, flat, z->num_params);
     }
-    lp_copy_to_device(z->master, flat + z->shard_start, lp_zero_shard_count(z) * sizeof(float));
+    lp_zero_state_in(z, z->master, flat + z->shard_start, lp_zero_shard_count(z) * sizeof(float));
 }
 
 // Zero the gradients for a new step (stage 2-3: the shard, and the whole tensors outside the layers).
@@ -3338,7 +3522,8 @@ typedef struct {
     int num_aux;
     float aux_weight;
     int recompute;  // activation recomputation, LP_RECOMPUTE_*
-    const char* offload_dir;  // AdamW state in a file in this directory, streamed (section 7); NULL: in memory
+    int offload;              // where the optimizer state lives, LP_OFFLOAD_* (section 7)
+    const char* offload_dir;  // NVME: the directory of its file
 } LPSplit;
 
 typedef struct {
@@ -3469,7 +3654,8 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
         else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[i] = 0;  // held by another chunk
     }
     size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, split->dp, split->zero, split->offload_dir, split->chunk);
+    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, split->dp, split->zero, split->offload, split->offload_dir,
+                   split->chunk);
     lp_model_build_runs(m);
 }
 
@@ -3976,24 +4162,28 @@ static inline float lp_model_norm2(const LPModel* m) {
 // the updated weights whole where forward needs them (lp_zero_gather_updated).
 static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAdamW* opt) {
     LPZero* z = &m->zero;
-    const floatX* grads = lp_zero_shard_grads(z);
-    floatX* params = lp_zero_shard_params(z);
-    size_t a, b;
     z->adam_step++;
     float b1c = 1.0f - powf(opt->beta1, (float)z->adam_step);
     float b2c = 1.0f - powf(opt->beta2, (float)z->adam_step);
-    size_t pieces = lp_zero_state_begin(z), lo, hi;
-    float *am, *av;
-    for (size_t c = 0; c < pieces; c++) {  // the state a piece at a time (offloaded: streamed; else one piece)
-        lp_zero_state_get(z, c, &lo, &hi, &am, &av);
+    size_t chunks = lp_zero_state_begin(z), a, b;
+    LPStatePiece s;
+    for (size_t c = 0; c < chunks; c++) {  // the shard a chunk at a time (in device memory: one chunk)
+        lp_zero_state_get(z, c, &s);
         for (int i = 0; i < LP_NUM_PARAMS; i++) {
             if (!lp_zero_tensor_in_shard(z, i, &a, &b)) continue;
-            a = a > lo ? a : lo;
-            b = b < hi ? b : hi;
-            if (a >= b) continue;
+            size_t x = a > s.lo ? a : s.lo, y = b < s.hi ? b : s.hi, at = x - s.lo;
+            if (x >= y) continue;
             uint32_t seed = (uint32_t)(z->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
-            lp_adamw(params + a, z->master + a, grads + a, am + (a - lo), av + (a - lo), b - a, lr, opt->beta1, opt->beta2,
-                     b1c, b2c, opt->eps, lp_param_decays(i) ? opt->weight_decay : 0.0f, scale, seed);
+            float decay = lp_param_decays(i) ? opt->weight_decay : 0.0f;
+#ifndef LLMPAR_CPU
+            if (z->host_state) {  // on the CPU; x - a: rounding indexed as the kernel's over the tensor's shard
+                lp_adamw_host(s.params + at, s.master + at, s.grads + at, s.m + at, s.v + at, y - x, x - a, lr, opt->beta1,
+                              opt->beta2, b1c, b2c, opt->eps, decay, scale, seed);
+                continue;
+            }
+#endif
+            lp_adamw(s.params + at, s.master + at, s.grads + at, s.m + at, s.v + at, y - x, lr, opt->beta1, opt->beta2, b1c, b2c,
+                     opt->eps, decay, scale, seed);
         }
         lp_zero_state_put(z, c);
     }
@@ -4353,7 +4543,7 @@ static inline void lp_model_save(const LPModel* m, const char* path) {
     lp_model_file_header_of(h, &m->cfg);
     size_t bytes = m->zero.num_params * sizeof(float);
     float* w = (float*)lp_host_malloc(bytes, "model weights");
-    lp_copy_to_host(w, m->zero.master, bytes);
+    lp_zero_state_out(&m->zero, w, m->zero.master, bytes);
     int err = lp_write_file(path, h, w, bytes);
     free(w);
     if (err) lp_fail("cannot write %s: %s", path, strerror(err));
@@ -4443,7 +4633,7 @@ static inline int lp_create_file(const char* path, const int* header, long long 
 static inline int lp_write_shard(const LPModel* m, const char* path, long long base, const float* src, size_t lo, size_t count) {
     if (count == 0) return 0;
     float* h = (float*)lp_host_malloc(count * sizeof(float), "checkpoint staging");
-    lp_copy_to_host(h, src, count * sizeof(float));
+    lp_zero_state_out(&m->zero, h, src, count * sizeof(float));
     int err = 0;
     FILE* f = fopen(path, "r+b");
     if (!f) err = errno;
@@ -4733,7 +4923,7 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
         for (int k = 0; k < 2; k++) {
             int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, m->zero.shard_start, count, 0);
             if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
-            lp_copy_to_device(dst[k], buf, count * sizeof(float));
+            lp_zero_state_in(&m->zero, dst[k], buf, count * sizeof(float));
         }
         free(buf);
     }
@@ -4833,7 +5023,7 @@ typedef struct {
     int t, sp;          // tensor-parallel size, sequence parallelism
     int d, zero;        // data-parallel size, ZeRO stage
     int recompute;      // LP_RECOMPUTE_*: which activations each micro-batch in flight keeps
-    int offload;        // AdamW m and v in a file (--offload nvme): in memory only the two chunk buffers
+    int offload;        // where the optimizer state lives, LP_OFFLOAD_* (section 7)
 } LPPipeShape;
 
 // Training FLOPs per token of one layer: 3x its forward's (6 per weight, 12 C T of attention), plus what
@@ -4911,8 +5101,10 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.last = k == chunks - 1;
     LPActivations a;
     size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
-    double moments = s->offload ? 4.0 * lp_offload_chunk((size_t)shard) : 2.0 * shard;  // m and v, or two buffers of both
-    return (params + grads) * X + ((LP_MASTER_COPY ? shard : 0.0) + moments) * sizeof(float) + (double)slots * stored + scratch;
+    double state = (LP_MASTER_COPY ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v
+    if (s->offload != LP_OFFLOAD_NONE)  // the CUDA build: all of it on the host; the CPU build's file: two buffers of m, v
+        state = LP_MASTER_COPY ? 0.0 : 4.0 * lp_offload_chunk((size_t)shard);
+    return (params + grads) * X + state * sizeof(float) + (double)slots * stored + scratch;
 }
 
 // The partition of L layers over the chunks whose largest cost[k][n] (chunk k running n layers; INFINITY
@@ -5406,7 +5598,11 @@ static inline void lp_stage_free(LPStage* st) {
 //   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
 //            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
 //            twice per micro-batch; counted as if nothing overlapped;
-//   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times.
+//   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times;
+//   offload  (section 7) the busiest rank's shard updated on the host: its gradients down and weights up
+//            over the host link (2 + 2 bytes per value on the CUDA build), the CPU's AdamW reading and
+//            writing the state (28 bytes per value) at host_mem_bw, and with nvme m and v read and
+//            written (16 bytes per value) at nvme_bw; the three overlap, the slowest counts, once per step.
 // Every collective and send also costs `latency` (start-up, synchronisation), which is what makes TP and
 // PP lose on a small model: dozens of collectives per micro-batch against DP's one pass per step (one per
 // layer and reduction).
@@ -5422,13 +5618,16 @@ typedef struct {
     double net_bw;      // bytes/s per GPU between nodes
     int gpus_per_node;
     double latency;     // seconds per collective or send, whatever its size
+    double host_bw;     // bytes/s per GPU each way between the GPU and host memory (--offload)
+    double host_mem_bw; // bytes/s of host memory per GPU for the CPU's AdamW (--offload)
+    double nvme_bw;     // bytes/s per GPU to and from its offload files (--offload nvme)
 } LPPlanMachine;
 
 typedef struct {
-    int t, p, v, d, zero, recompute, sp, B, m;
-    int fits;                                    // memory <= the GPU's
-    double memory;                               // bytes on the fullest rank
-    double compute_s, tp_s, dp_s, pp_s, step_s;  // estimated seconds per step
+    int t, p, v, d, zero, recompute, sp, B, m, offload;
+    int fits;                                               // memory <= the GPU's
+    double memory, host_memory;                             // bytes on the fullest rank; of state in host memory
+    double compute_s, tp_s, dp_s, pp_s, offload_s, step_s;  // estimated seconds per step
 } LPPlan;
 
 // Those that fit first, fastest first; among equally fast plans the larger micro-batch (GEMMs run
@@ -5473,6 +5672,15 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
         wte_passes = (s->zero == 2 ? 2 * m : 5 * m) * pieces;
     }
     double stage_layers = ceil((double)c->num_layers / s->p);
+    double shard = s->zero >= 1 ? ceil(params / d) : params, offload = 0.0;  // the busiest rank's shard
+    out->host_memory = 0.0;
+    if (s->offload != LP_OFFLOAD_NONE) {  // (the CPU build updates on the host anyway: only its file is extra)
+        double link = LP_MASTER_COPY ? 2.0 * X * shard / mach->host_bw : 0.0;
+        double cpu = LP_MASTER_COPY ? 28.0 * shard / mach->host_mem_bw : 0.0;
+        double file = s->offload == LP_OFFLOAD_NVME ? 16.0 * shard / mach->nvme_bw : 0.0;
+        offload = fmax(link, fmax(cpu, file));
+        out->host_memory = LP_MASTER_COPY ? (s->offload == LP_OFFLOAD_NVME ? 4.0 : 12.0) * shard : 0.0;
+    }
     out->t = s->t;
     out->p = s->p;
     out->v = s->v;
@@ -5482,14 +5690,26 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     out->sp = s->sp;
     out->B = s->B;
     out->m = s->m;
+    out->offload = s->offload;
     out->memory = memory;
     out->fits = memory <= mach->gpu_bytes;
     out->compute_s = slots * compute;
     out->tp_s = slots * tp;
     out->dp_s = d > 1 ? dp_values * X / dp_bw + (dp_passes * (stage_layers + 1) + wte_passes) * mach->latency : 0.0;
     out->pp_s = s->p > 1 ? 2.0 * m * s->v * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
-    out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s;
+    out->offload_s = offload;
+    out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s + out->offload_s;
     return 0;
+}
+
+// Add configuration s to the n plans in *plans (room for *cap, grown as needed) if it can run.
+static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
+    if (*n == *cap) {
+        *cap *= 2;
+        *plans = (LPPlan*)realloc(*plans, *cap * sizeof(LPPlan));
+        if (!*plans) lp_fail("out of host memory for the plans");
+    }
+    if (lp_plan_one(c, s, mach, &(*plans)[*n]) == 0) (*n)++;
 }
 
 // Every configuration that can run on n GPUs into *plans (malloc'd), those that fit first, fastest first;
@@ -5505,18 +5725,15 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, con
             int d = n / t / p;
             for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
                 if (tokens % (B * T * d)) continue;
+                int m = (int)(tokens / (B * T * d));
                 for (int v = 1; v <= (p > 1 ? 2 : 1); v++)
                     for (int zero = 0; zero <= (d > 1 ? 3 : 0); zero++)
-                        for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++) {
-                            int m = (int)(tokens / (B * T * d)), kind = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
-                            LPPipeShape s = {p, v, kind, m, (int)B, T, t, t > 1 && T % t == 0, d, zero, r, 0};
-                            if (count == cap) {
-                                cap *= 2;
-                                *plans = (LPPlan*)realloc(*plans, cap * sizeof(LPPlan));
-                                if (!*plans) lp_fail("out of host memory for the plans");
+                        for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
+                            for (int off = LP_OFFLOAD_NONE; off <= (LP_MASTER_COPY ? LP_OFFLOAD_OPTIMIZER : LP_OFFLOAD_NVME); off++) {
+                                LPPipeShape s = {p, v, v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B, m, (int)B, T, t,
+                                                 t > 1 && T % t == 0, d, zero, r, off};
+                                lp_plan_add(c, &s, mach, plans, &count, &cap);
                             }
-                            if (lp_plan_one(c, &s, mach, &(*plans)[count]) == 0) count++;
-                        }
             }
         }
     }

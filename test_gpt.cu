@@ -58,7 +58,7 @@ static const char* tmp_path(const char* name) {
 }
 
 // Run a shell command, capturing stdout+stderr into out; returns the exit status (-1 if it crashed).
-static int run_cmd(char* out, size_t out_size, const char* fmt, ...) {
+static LP_PRINTF(3, 4) int run_cmd(char* out, size_t out_size, const char* fmt, ...) {
     char cmd[8192];
     va_list ap;
     va_start(ap, fmt);
@@ -169,6 +169,32 @@ static int run_ranks(int ranks, const char* args, const char* out_dir, float* lo
     int n = parse_losses(out, losses, 64);
     return rc == 0 ? n : -1;
 }
+
+// The files in dir (an --offload-dir must be empty after a run: its files are unlinked once open).
+static int offload_leftovers(const char* dir) {
+    char pattern[LP_PATH_MAX];
+    glob_t g;
+    lp_path(pattern, "%s/*", dir);
+    int n = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
+    if (n) globfree(&g);
+    return n;
+}
+
+#if defined(LLMPAR_CPU) || defined(LLMPAR_CUDAEMU)  // the GPU build compares checkpoints by value only
+// Whether two files hold the same bytes.
+static int same_file(const char* a, const char* b) {
+    long long na = lp_file_size(a), nb = lp_file_size(b);
+    if (na < 0 || na != nb) return 0;
+    char *x = (char*)lp_host_malloc((size_t)na + 1, "test"), *y = (char*)lp_host_malloc((size_t)nb + 1, "test");
+    FILE *fa = lp_fopen(a, "rb"), *fb = lp_fopen(b, "rb");
+    int same = fread(x, 1, (size_t)na, fa) == (size_t)na && fread(y, 1, (size_t)nb, fb) == (size_t)nb && memcmp(x, y, (size_t)na) == 0;
+    fclose(fa);
+    fclose(fb);
+    free(x);
+    free(y);
+    return same;
+}
+#endif
 
 #ifdef LLMPAR_CPU
 static LPProcess single;  // a one-rank grid for calls that take groups
@@ -855,7 +881,7 @@ static void test_schedules(void) {
 // interleaves. A plan that fits nothing is one error line.
 static void test_plan(void) {
     const double GiB = 1073741824.0;
-    LPPlanMachine h100 = {80 * GiB, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6};
+    LPPlanMachine h100 = {80 * GiB, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6, 55e9, 50e9, 6e9};
     LPConfig small, xl;
     lp_config_from_depth(&small, "d12");
     lp_config_from_depth(&xl, "d48");
@@ -866,8 +892,9 @@ static void test_plan(void) {
         honest &= plans[k].fits == (plans[k].memory <= h100.gpu_bytes);
     }
     expect(n > 100 && ordered && honest, "plan: every configuration estimated, those that fit first, fastest first");
-    expect(n > 0 && plans[0].fits && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8 && plans[0].recompute == LP_RECOMPUTE_NONE,
-           "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without recomputation");
+    expect(n > 0 && plans[0].fits && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8 && plans[0].recompute == LP_RECOMPUTE_NONE &&
+           plans[0].offload == LP_OFFLOAD_NONE, "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without "
+           "recomputation or offload");
     free(plans);
     LPConfig d4;  // the CPU default, 2048 tokens per step: TP's and PP's collectives per micro-batch cost more than they save
     lp_config_from_depth(&d4, "d4");
@@ -884,6 +911,18 @@ static void test_plan(void) {
             replicated_fits = plans[k].fits;
     expect(n > 0 && replicated_fits == 0 && plans[0].fits && plans[0].zero >= 1 && plans[0].memory <= a100.gpu_bytes,
            "plan: GPT-2 1.5B on 8 GPUs of 40 GiB: replicated AdamW at B=4 does not fit, the fastest plan shards it");
+    free(plans);
+    LPPlanMachine small_gpu = h100;  // one GPU of 24 GiB: 16 bytes per parameter of 1.5B do not fit, offloaded they do
+    small_gpu.gpu_bytes = 24 * GiB;
+    n = lp_plan(&xl, 1024, 8192, 1, &small_gpu, &plans);
+    int fit_in = 0, offload_time = 1;
+    for (int k = 0; k < n; k++) {
+        fit_in |= plans[k].fits && plans[k].offload == LP_OFFLOAD_NONE;
+        offload_time &= plans[k].offload == LP_OFFLOAD_NONE ? plans[k].offload_s == 0.0 && plans[k].host_memory == 0.0
+                                                            : plans[k].offload_s > 0.0;
+    }
+    expect(n > 0 && plans[0].fits && !fit_in && plans[0].offload == LP_OFFLOAD_NVME && offload_time,
+           "plan: GPT-2 1.5B on one GPU of 24 GiB fits only with the optimizer state offloaded (the CPU build: nvme), at a cost in time");
     free(plans);
     LPPlanMachine fast = h100, slow = h100;
     fast.net_bw = 1e15;
@@ -1569,19 +1608,6 @@ static void test_crash_during_saves(void) {
     free(ref);
 }
 
-// Whether two files hold the same bytes.
-static int same_file(const char* a, const char* b) {
-    long long na = lp_file_size(a), nb = lp_file_size(b);
-    if (na < 0 || na != nb) return 0;
-    char *x = (char*)lp_host_malloc((size_t)na + 1, "test"), *y = (char*)lp_host_malloc((size_t)nb + 1, "test");
-    FILE *fa = lp_fopen(a, "rb"), *fb = lp_fopen(b, "rb");
-    int same = fread(x, 1, (size_t)na, fa) == (size_t)na && fread(y, 1, (size_t)nb, fb) == (size_t)nb && memcmp(x, y, (size_t)na) == 0;
-    fclose(fa);
-    fclose(fb);
-    free(x);
-    free(y);
-    return same;
-}
 
 // The divergence guard (--on-divergence, --loss-spike), driven by LLMPAR_LOSS_AT=k:x, which makes the k-th
 // step's loss read x. The batches of one rank are consecutive stretches of the shard (B*T = 32 tokens and
@@ -2408,14 +2434,6 @@ static void test_supervisor_kill(void) {
 // bit on 1 rank, d=2 ZeRO-1 and ZeRO-3, t=2 p=2 d=2; checkpoints cross between the two (and grids); a run
 // killed in the middle of an offloaded update resumes to the uninterrupted weights; a missing, read-only
 // or full --offload-dir is one error line, leaving no file behind.
-static int offload_leftovers(const char* dir) {
-    char pattern[LP_PATH_MAX];
-    glob_t g;
-    lp_path(pattern, "%s/*", dir);
-    int n = glob(pattern, 0, NULL, &g) == 0 ? (int)g.gl_pathc : 0;
-    if (n) globfree(&g);
-    return n;
-}
 static void test_offload(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 offload")) return;
@@ -3115,6 +3133,75 @@ static void test_parallel_grids(void) {
     free(wref[1]);
 }
 
+// The CUDA build's offload: the fp32 master weights and AdamW state on the host (--offload optimizer: pinned
+// memory; --offload nvme: m and v in a file), updated on the CPU in chunks (1024 values here,
+// LLMPAR_OFFLOAD_CHUNK: the 4-layer model spans ~60) overlapped with the gradients' copies down and the
+// weights' up. The same arithmetic and rounding stream as the kernel: under the emulator losses, model.bin
+// and optim.bin equal the run without offload bit for bit; on a GPU its FMAs may differ from the CPU's, so
+// the losses and weights are held to the grids' bf16 tolerances.
+static void test_offload_host(void) {
+    static char out[1 << 18];
+    if (no_mpirun("tier 4 offload")) return;
+    save_tiny_model(tmp_path("offload_model.bin"), 4, 4242);
+    write_random_shard(tmp_path("offload_tokens.bin"), 2048, 7);
+    static char base[1024], args[3 * LP_PATH_MAX], name[512], a[LP_PATH_MAX], b[LP_PATH_MAX], mode[LP_PATH_MAX + 64], offload_dir[LP_PATH_MAX];
+    lp_path(offload_dir, "%s/offload_files", tmp_dir);
+    mkdir(offload_dir, 0755);
+    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 128", tmp_path("offload_model.bin"),
+             tmp_path("offload_tokens.bin"));
+    struct { int ranks; const char* flags; int nvme; } grids[] = {
+        {1, "-b 8", 1}, {2, "-b 4 --zero 1", 0}, {2, "-b 4 --zero 3", 1}, {8, "-b 4 --tp 2 --pp 2 --zero 1", 0}};
+    setenv("LLMPAR_OFFLOAD_CHUNK", "1024", 1);
+    for (int x = 0; x < 4; x++) {
+        float want[8], got[8];
+        lp_path(a, "%s/offload_mem%d", tmp_dir, x);
+        snprintf(args, sizeof(args), "%s %s", base, grids[x].flags);
+        int k0 = run_ranks(grids[x].ranks, args, a, want, out, sizeof(out));
+        for (int nvme = 0; nvme <= grids[x].nvme; nvme++) {
+            size_t n0 = 0, n1 = 0;
+            if (nvme) snprintf(mode, sizeof(mode), "--offload nvme --offload-dir %s", offload_dir);
+            else snprintf(mode, sizeof(mode), "--offload optimizer");
+            lp_path(b, "%s/offload_host%d_%d", tmp_dir, x, nvme);
+            snprintf(args, sizeof(args), "%s %s %s", base, grids[x].flags, mode);
+            int k1 = run_ranks(grids[x].ranks, args, b, got, out, sizeof(out));
+            float *w0 = run_weights(a, 3, &n0), *w1 = run_weights(b, 3, &n1);
+            const char* how = nvme ? "--offload nvme" : "--offload optimizer";
+            snprintf(name, sizeof(name), "%s, %d rank(s) %s: 3 steps run, no optimizer state on the GPU, the state on the host, no file left",
+                     how, grids[x].ranks, grids[x].flags);
+            expect(k0 == 3 && k1 == 3 && w0 && w1 && n0 == n1 && strstr(out, "master+AdamW 0.00 MiB") &&
+                   strstr(out, nvme ? "m and v in a file in" : "in pinned host memory") && offload_leftovers(offload_dir) == 0, name);
+            if (k0 == 3 && k1 == 3 && w0 && w1 && n0 == n1) {
+                snprintf(name, sizeof(name), "%s, %d rank(s) %s: losses equal the run without (1e-2 relative)", how, grids[x].ranks,
+                         grids[x].flags);
+                expect_close(name, got, want, 3, 0.0f, 1e-2f);
+                snprintf(name, sizeof(name), "%s, %d rank(s) %s: final weights equal the run without (atol 6e-3)", how, grids[x].ranks,
+                         grids[x].flags);
+                expect_close(name, w1, w0, n0, 6e-3f, 0.0f);
+#ifdef LLMPAR_CUDAEMU
+                char fa[LP_PATH_MAX], fb[LP_PATH_MAX];
+                int same = 1;
+                for (int f = 0; f < 2; f++) {
+                    lp_path(fa, "%s/step_00000003/%s", a, f ? "optim.bin" : "model.bin");
+                    lp_path(fb, "%s/step_00000003/%s", b, f ? "optim.bin" : "model.bin");
+                    same &= same_file(fa, fb);
+                }
+                snprintf(name, sizeof(name), "%s, %d rank(s) %s: losses, model.bin and optim.bin equal the run without, bit for bit", how,
+                         grids[x].ranks, grids[x].flags);
+                expect(same && memcmp(got, want, sizeof(float) * 3) == 0, name);
+#endif
+            } else {
+                printf("%s\n", out);
+            }
+            free(w0);
+            free(w1);
+        }
+    }
+    unsetenv("LLMPAR_OFFLOAD_CHUNK");
+    int rc = run_cmd(out, sizeof(out), "%s --plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 24", TRAIN_BIN);
+    expect(rc == 0 && strstr(out, "./train_gpt -e d48 -t 1024 -d 8192 -b 2 --offload optimizer\n"),
+           "--plan 1 for GPT-2 1.5B on a 24 GiB GPU suggests --offload optimizer (16 bytes per parameter do not fit)");
+}
+
 // ZeRO's savings, measured: 2 data-parallel ranks, one step each for ZeRO 0..3, of a model whose
 // parameters are mostly in its layers (12 layers of C=256, a 97-token vocabulary). The driver prints
 // cudaMemGetInfo's figure after the first step (under the emulator rank 0's own GPU; on one real GPU both
@@ -3229,6 +3316,7 @@ int main(int argc, char** argv) {
     RUN(tier4_kernel_tests);
     RUN(test_step_vs_cpu_build);
     RUN(test_parallel_grids);
+    RUN(test_offload_host);
     RUN(test_zero_memory);
     RUN(test_out_of_memory);
 #endif

@@ -53,7 +53,7 @@ typedef struct {
     float aux_weight;        // --aux-loss-weight
     const char* recompute;   // --recompute: none | selective | full
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
-    const char* offload;     // --offload: none | nvme (the CPU build's) | optimizer (the CUDA build's)
+    const char* offload;     // --offload: none | optimizer (the CUDA build's) | nvme
     const char* offload_dir; // --offload-dir: where --offload nvme's state files go
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
@@ -185,9 +185,11 @@ static const LPFlagSpec lp_flag_specs[] = {
      "ZeRO stage. 0: every data-parallel rank holds the full AdamW state; 1: the fp32 master weights and AdamW state "
      "are sharded over the d ranks; 2: the gradients too; 3: the weights too, gathered a layer at a time"},
     {"--offload", NULL, LP_FLAG_STRING, LP_FIELD(offload), "none", "none", "NAME", NULL,
-     "where this rank's AdamW state lives: none (in memory) | nvme (m and v in a file under --offload-dir, streamed "
-     "through two buffers of 8 MiB at each update: the CPU build) | optimizer (pinned host memory: the CUDA build's, "
-     "not written yet)"},
+     "where this rank's optimizer state lives: none (with the weights) | optimizer (the CUDA build: the fp32 master "
+     "weights and AdamW m and v in pinned host memory, updated on the CPU a chunk at a time, overlapped with the "
+     "copies of gradients down and weights up) | nvme (AdamW m and v in a file under --offload-dir, streamed through "
+     "two buffers of 8 MiB at each update; the CUDA build keeps the master weights in pinned memory and updates as "
+     "with optimizer)"},
     {"--offload-dir", NULL, LP_FLAG_STRING, LP_FIELD(offload_dir), "", "", "DIR", NULL,
      "an existing, writable directory for --offload nvme: one file per rank (per model chunk), unlinked once open, "
      "so nothing is left behind"},
@@ -426,21 +428,15 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->resume && f->out_dir[0] == '\0')
         lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(zero), f->zero);
-    if (strcmp(f->offload, "none") != 0 && strcmp(f->offload, "nvme") != 0 && strcmp(f->offload, "optimizer") != 0)
-        lp_fail_all("flag %s: must be none, nvme or optimizer, got '%s'", LP_FLAG_NAME(offload), f->offload);
-    if (strcmp(f->offload, "nvme") == 0 && f->offload_dir[0] == '\0')
+    int offload = lp_offload_parse(f->offload);
+    if (offload < 0) lp_fail_all("flag %s: must be none, nvme or optimizer, got '%s'", LP_FLAG_NAME(offload), f->offload);
+    if (offload == LP_OFFLOAD_NVME && f->offload_dir[0] == '\0')
         lp_fail_all("flag %s nvme: needs %s DIR, where the optimizer state goes", LP_FLAG_NAME(offload), LP_FLAG_NAME(offload_dir));
-    if (strcmp(f->offload, "nvme") != 0 && f->offload_dir[0] != '\0')
+    if (offload != LP_OFFLOAD_NVME && f->offload_dir[0] != '\0')
         lp_fail_all("flag %s: only with %s nvme", LP_FLAG_NAME(offload_dir), LP_FLAG_NAME(offload));
-#ifdef LLMPAR_CPU
-    if (strcmp(f->offload, "optimizer") == 0)
+    if (!LP_MASTER_COPY && offload == LP_OFFLOAD_OPTIMIZER)
         lp_fail_all("flag %s optimizer: moves GPU state to host memory, where the CPU build's already is (use %s nvme)",
                     LP_FLAG_NAME(offload), LP_FLAG_NAME(offload));
-#else
-    if (strcmp(f->offload, "none") != 0)
-        lp_fail_all("flag %s %s: not in the CUDA build yet (the CPU build has %s nvme)", LP_FLAG_NAME(offload), f->offload,
-                    LP_FLAG_NAME(offload));
-#endif
     struct stat dir_st;
     if (f->offload_dir[0] && stat(f->offload_dir, &dir_st) != 0)
         lp_fail_all("flag %s: %s: %s", LP_FLAG_NAME(offload_dir), f->offload_dir, strerror(errno));
@@ -654,7 +650,7 @@ static void lp_check_chunks(const LPFlags* f) {
 // d and ZeRO split each chunk's memory.
 static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
     LPPipeShape s = {f->pp,  f->vpp, lp_schedule_parse(f->pp_schedule), m, f->B, f->T, f->tp, f->sp && f->tp > 1, d, f->zero,
-                     lp_recompute_parse(f->recompute), f->offload_dir[0] != '\0'};
+                     lp_recompute_parse(f->recompute), lp_offload_parse(f->offload)};
     return s;
 }
 
@@ -719,11 +715,17 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
            " (recompute %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
            optim_bytes / MiB, act_bytes / MiB, f->recompute);
-    const LPOffload* o = r->stage.chunks[0].zero.off;
-    if (o)
+    const LPZero* z = &r->stage.chunks[0].zero;
+    const char* io = z->off && z->off->direct ? "O_DIRECT" : "buffered";
+    if (z->off && !z->host_state)
         lp_log("offload          AdamW m and v (%.2f MiB on rank 0) in a file in %s, %s I/O, streamed in chunks of %.2f MiB "
-               "(the memory above is its two buffers)\n", offloaded_bytes / MiB, f->offload_dir, o->direct ? "O_DIRECT" : "buffered",
-               2.0 * o->chunk * sizeof(float) / MiB);
+               "(the memory above is its two buffers)\n", offloaded_bytes / MiB, f->offload_dir, io,
+               2.0 * z->off->chunk * sizeof(float) / MiB);
+    if (z->host_state)
+        lp_log("offload          fp32 master weights and AdamW m and v (%.2f MiB on rank 0) %s%s%s%s%s, updated on the CPU in "
+               "chunks of %zu values overlapped with the copies (the memory above is the GPU's)\n", offloaded_bytes / MiB,
+               z->off ? "on the host (the master weights in pinned memory, m and v in a file in " : "in pinned host memory",
+               z->off ? f->offload_dir : "", z->off ? ", " : "", z->off ? io : "", z->off ? " I/O)" : "", z->state_chunk);
 }
 
 // -o: the directory, then either the newest usable checkpoint (--resume: rank 0 checks it, checksums
@@ -798,7 +800,8 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     split.num_aux = lp_parse_aux_layers(f->aux_layers, r->cfg.num_layers, r->aux);
     split.aux_weight = f->aux_weight;
     split.recompute = lp_recompute_parse(f->recompute);
-    split.offload_dir = f->offload_dir[0] ? f->offload_dir : NULL;
+    split.offload = lp_offload_parse(f->offload);
+    split.offload_dir = f->offload_dir;
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->dp;
     r->total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
@@ -833,12 +836,14 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
         rank_params += mc->zero.num_params;
         param_bytes += mc->zero.param_bytes;
         grad_bytes += mc->zero.grad_bytes;
-        optim_bytes += mc->zero.shard_size * (LP_MASTER_COPY ? 4.0 : 0.0);  // fp32 master weights
-        if (mc->zero.off) {  // AdamW m and v in a file, in memory its two buffers
+        double shard = (double)mc->zero.shard_size, master = LP_MASTER_COPY ? 4.0 * shard : 0.0;  // (fp32 master weights)
+        if (mc->zero.host_state) {  // the CUDA build's offload: master weights, m and v on the host, none on the GPU
+            offloaded_bytes += master + 8.0 * shard;
+        } else if (mc->zero.off) {  // the CPU build's: AdamW m and v in a file, in memory its two buffers
             optim_bytes += 4.0 * mc->zero.off->chunk * sizeof(float);
-            offloaded_bytes += mc->zero.shard_size * 8.0;
+            offloaded_bytes += 8.0 * shard;
         } else {
-            optim_bytes += mc->zero.shard_size * 8.0;
+            optim_bytes += master + 8.0 * shard;
         }
         act_bytes += mc->act_bytes;
     }
@@ -1107,7 +1112,8 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     int n = f->plan;
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * n;
-    LPPlanMachine mach = {0.9 * f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6};  // 10% for CUDA, cuBLAS, NCCL
+    LPPlanMachine mach = {0.9 * f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6,  // 10% for CUDA, cuBLAS, NCCL
+                          55e9, 50e9, 6e9};  // PCIe 5 x16; a 400 GB/s host shared by 8 GPUs; one PCIe 4 NVMe drive per GPU
     LPPlan* plans;
     int count = lp_plan(&cfg, f->T, tokens, n, &mach, &plans), fit = 0;
     while (fit < count && plans[fit].fits) fit++;
@@ -1122,17 +1128,20 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     lp_log("plan: %s (L=%d C=%d NH=%d) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers, cfg.channels,
            cfg.num_heads, n, f->T, tokens);
     lp_log("machine (assumed): %g GiB per GPU (90%% for the plan), %.0f TFLOP/s at %.0f%%, %d GPUs per node, %.0f GB/s inside a node and %.0f "
-           "between nodes per GPU, %.0f us per collective or send; %s memory; nothing overlapped\n", f->gpu_mem, mach.peak_flops / 1e12,
+           "between nodes per GPU, %.0f us per collective or send; %s memory; nothing overlapped; offload: %.0f GB/s to the host, "
+           "%.0f GB/s of host memory and %.0f GB/s of NVMe per GPU\n", f->gpu_mem, mach.peak_flops / 1e12,
            mach.efficiency * 100, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, mach.latency * 1e6,
-           sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)");
+           sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)", mach.host_bw / 1e9, mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9);
     lp_log("%d of %d configurations fit; the fastest %d:\n", fit, count, fit < 10 ? fit : 10);
-    lp_log("| t | p | v | d | ZeRO | recompute | B | m | GiB per GPU | compute ms | TP ms | DP ms | PP ms | step ms |\n");
-    lp_log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    lp_log("| t | p | v | d | ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute ms | TP ms | DP ms | PP ms "
+           "| offload ms | step ms |\n");
+    lp_log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < fit && k < 10; k++) {
         const LPPlan* x = &plans[k];
-        lp_log("| %d | %d | %d | %d | %d | %s | %d | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g |\n", x->t, x->p, x->v, x->d, x->zero,
-               lp_recompute_names[x->recompute], x->B, x->m, x->memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, x->dp_s * 1e3,
-               x->pp_s * 1e3, x->step_s * 1e3);
+        lp_log("| %d | %d | %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g |\n", x->t, x->p,
+               x->v, x->d, x->zero, lp_recompute_names[x->recompute], lp_offload_names[x->offload], x->B, x->m, x->memory / GiB,
+               x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, x->dp_s * 1e3, x->pp_s * 1e3, x->offload_s * 1e3,
+               x->step_s * 1e3);
     }
     const LPPlan* b = &plans[0];
 #ifdef LLMPAR_CPU
@@ -1146,6 +1155,7 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     if (b->v > 1) lp_log(" --vpp %d --schedule interleaved", b->v);
     if (b->zero) lp_log(" --zero %d", b->zero);
     if (b->recompute) lp_log(" --recompute %s", lp_recompute_names[b->recompute]);
+    if (b->offload) lp_log(" --offload %s%s", lp_offload_names[b->offload], b->offload == LP_OFFLOAD_NVME ? " --offload-dir DIR" : "");
     lp_log("\n");
     free(plans);
 }
