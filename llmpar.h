@@ -343,12 +343,19 @@ static inline floatX* lp_pinned_buffer(size_t n) {
 
 // Host floats <-> device values of the compute type (loading weights; reading params, grads, logits;
 // staging collectives over MPI).
+static inline void lp_to_floatX(floatX* dst, const float* src, size_t n) {  // host to host, rounded to nearest
+#ifdef LLMPAR_CPU
+    memcpy(dst, src, n * sizeof(float));
+#else
+    for (size_t i = 0; i < n; i++) dst[i] = __float2bfloat16_rn(src[i]);
+#endif
+}
 static inline void lp_to_device_floatX(floatX* dst, const float* src, size_t n) {
 #ifdef LLMPAR_CPU
     memcpy(dst, src, n * sizeof(float));
 #else
     floatX* tmp = lp_pinned_buffer(n);
-    for (size_t i = 0; i < n; i++) tmp[i] = __float2bfloat16_rn(src[i]);
+    lp_to_floatX(tmp, src, n);
     lp_copy_to_device(dst, tmp, n * sizeof(floatX));
 #endif
 }
@@ -1273,7 +1280,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
     size_t n = 0;
     for (int r = 0; r < g->size; r++) n += counts[r];
     if (g->size == 1) {  // a group of one: its block is everything
-        lp_copy_device(out, mine, n * sizeof(floatX));
+        if (out != mine) lp_copy_device(out, mine, n * sizeof(floatX));
         return;
     }
     lp_traffic(g, LP_ALL_GATHER, n * sizeof(floatX));
@@ -2816,13 +2823,15 @@ static inline void lp_offload_close(LPOffload* o) {
     free(o);
 }
 
-// Where this rank's optimizer state lives (--offload). NVME: AdamW m and v in a file (LPOffload); on the
-// CUDA build the master weights then sit in pinned host memory and the update runs on the CPU, as with
-// OPTIMIZER (the CUDA build's): master weights, m and v in pinned host memory.
-enum { LP_OFFLOAD_NONE, LP_OFFLOAD_NVME, LP_OFFLOAD_OPTIMIZER };
-static const char* const lp_offload_names[3] = {"none", "nvme", "optimizer"};
+// Where this rank's optimizer state (and weights) live (--offload). NVME: AdamW m and v in a file
+// (LPOffload); on the CUDA build the master weights then sit in pinned host memory and the update runs on
+// the CPU, as with OPTIMIZER (the CUDA build's): master weights, m and v in pinned host memory. PARAMS
+// (the CUDA build's, ZeRO-3): OPTIMIZER, and the shard of bf16 weights in pinned host memory too, each
+// layer's part coming up to the GPU as its gather starts.
+enum { LP_OFFLOAD_NONE, LP_OFFLOAD_NVME, LP_OFFLOAD_OPTIMIZER, LP_OFFLOAD_PARAMS };
+static const char* const lp_offload_names[4] = {"none", "nvme", "optimizer", "params"};
 static inline int lp_offload_parse(const char* name) {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (strcmp(name, lp_offload_names[i]) == 0) return i;
     return -1;
 }
@@ -2889,6 +2898,7 @@ typedef struct {
     float* adam_v;              // AdamW second moment (fp32), this rank's shard
     LPOffload* off;             // --offload nvme: m and v in a file instead (adam_m, adam_v NULL); else NULL
     int host_state;             // the CUDA build's --offload: master (and adam_m, adam_v) in pinned host memory
+    int params_on_host;         // --offload params: param_shard (stage 3) in pinned host memory too
     size_t state_chunk;         // the update walks the shard in chunks of this many values (in memory: all)
 #ifndef LLMPAR_CPU
     LPHostOptim* host;          // host_state: the update's streams and buffers
@@ -2970,9 +2980,13 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
     size_t n = z->padded_params, k = z->shard_size;
     for (int i = 0; i < LP_NUM_PARAMS; i++) z->outside += lp_zero_whole(z, i) ? sizes[i] : 0;
     size_t outside = z->outside;
+    if (offload == LP_OFFLOAD_PARAMS && (stage < 3 || LP_MASTER_COPY == 0))
+        lp_fail("--offload params: the CUDA build's, with ZeRO-3 (it moves the weight shard that ZeRO-3 gathers from)");
+    z->params_on_host = offload == LP_OFFLOAD_PARAMS;
     if (stage >= 3) {  // whole weights only for the tensors outside the layers, packed
         z->params = (floatX*)lp_device_malloc(outside * sizeof(floatX), "parameters outside the layers");
-        z->param_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "parameter shard");
+        z->param_shard = z->params_on_host ? (floatX*)lp_pinned_malloc(k * sizeof(floatX), "parameter shard")
+                                           : (floatX*)lp_device_malloc(k * sizeof(floatX), "parameter shard");
         for (int b = 0; b < 2; b++) {
             z->layer_buf[b] = (floatX*)lp_device_malloc(z->layer_params * sizeof(floatX), "gathered layer");
             z->layer_in_buf[b] = -1;
@@ -2982,7 +2996,7 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
             if (lp_zero_whole(z, i)) { z->w[i] = z->params + off; off += sizes[i]; }
         lp_device_zero(z->params, outside * sizeof(floatX));
         if (piece) z->piece_w = (floatX*)lp_device_malloc(piece * sizeof(floatX), "gathered piece of wte");
-        z->param_bytes = (outside + k + 2 * z->layer_params + piece) * sizeof(floatX);
+        z->param_bytes = (outside + (z->params_on_host ? 0 : k) + 2 * z->layer_params + piece) * sizeof(floatX);
     } else {
         z->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
         lp_device_zero(z->params, n * sizeof(floatX));
@@ -3043,7 +3057,8 @@ static inline void lp_zero_free(LPZero* z) {
         for (int b = 0; b < 2; b++) lp_device_free(z->layer_grad_buf[b]);
     }
     if (z->stage >= 3) {
-        lp_device_free(z->param_shard);
+        if (z->params_on_host) lp_pinned_free(z->param_shard);
+        else lp_device_free(z->param_shard);
         for (int b = 0; b < 2; b++) lp_device_free(z->layer_buf[b]);
     }
     if (z->host_state) {
@@ -3162,7 +3177,7 @@ static inline void lp_zero_state_get(LPZero* z, size_t c, LPStatePiece* s) {
         cudaCheck(cudaEventSynchronize(h->got[c % 2]));
         if (c >= 2) cudaCheck(cudaEventSynchronize(h->sent[c % 2]));  // chunk c-2's weights have left the buffer
         s->grads = h->grads[c % 2];
-        s->params = h->params[c % 2];
+        if (!z->params_on_host) s->params = h->params[c % 2];  // (--offload params: the shard itself, on the host)
     }
 #endif
 }
@@ -3176,7 +3191,8 @@ static inline void lp_zero_state_put(LPZero* z, size_t c) {
     LPHostOptim* h = z->host;
     if (h) {
         size_t count = lp_zero_shard_count(z), lo = c * z->state_chunk, n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
-        cudaCheck(cudaMemcpyAsync(lp_zero_shard_params(z) + lo, h->params[c % 2], n * sizeof(floatX), cudaMemcpyHostToDevice, h->up));
+        if (!z->params_on_host)
+            cudaCheck(cudaMemcpyAsync(lp_zero_shard_params(z) + lo, h->params[c % 2], n * sizeof(floatX), cudaMemcpyHostToDevice, h->up));
         cudaCheck(cudaEventRecord(h->sent[c % 2], h->up));
         lo += 2 * z->state_chunk;
         if (lo < count) {  // this buffer's gradients are used: chunk c+2's come into it
@@ -3215,7 +3231,8 @@ static inline void lp_zero_set_weights(LPZero* z, const float* flat) {
     if (z->stage >= 3) {
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (lp_zero_whole(z, i)) lp_to_device_floatX(z->w[i], flat + z->param_offsets[i], z->param_sizes[i]);
-        lp_to_device_floatX(z->param_shard, flat + z->shard_start, lp_zero_shard_count(z));
+        if (z->params_on_host) lp_to_floatX(z->param_shard, flat + z->shard_start, lp_zero_shard_count(z));
+        else lp_to_device_floatX(z->param_shard, flat + z->shard_start, lp_zero_shard_count(z));
         z->layer_in_buf[0] = z->layer_in_buf[1] = -1;
     } else {
         lp_to_device_floatX(z->params, flat, z->num_params);
@@ -3249,7 +3266,15 @@ static inline void lp_zero_gather_start(LPZero* z, floatX* dst, size_t flat, siz
     int counts[LP_MAX_SHARDS];
     lp_zero_owner_counts(z, flat, count, counts);
     size_t mine = flat > z->shard_start ? flat - z->shard_start : 0;
-    lp_all_gatherv_start(z->dp, z->param_shard + mine, dst, counts, pend);
+    const floatX* src = z->param_shard + mine;
+#ifndef LLMPAR_CPU
+    if (z->params_on_host) {  // --offload params: this rank's part comes up into its place in dst, gathered in place
+        floatX* at = dst + lp_block_start(z->dp, counts);  // (on the compute stream, which the gather follows)
+        if (counts[z->dp->rank]) cudaCheck(cudaMemcpyAsync(at, src, counts[z->dp->rank] * sizeof(floatX), cudaMemcpyHostToDevice, 0));
+        src = at;
+    }
+#endif
+    lp_all_gatherv_start(z->dp, src, dst, counts, pend);
 }
 
 // Stage 3: start gathering layer l's weights (if not there or on their way) into the buffer that does not
@@ -4221,7 +4246,7 @@ static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float l
         LPModel* m = &ms[k];
         lp_model_adamw(m, lr, scale, opt);
         size_t count = lp_zero_shard_count(&m->zero);
-        if (count) w2 += lp_norm_squared(lp_zero_shard_params(&m->zero), count);
+        if (count) w2 += lp_norm_squared(lp_zero_shard_params(&m->zero), count);  // (--offload params: pinned, read over PCIe)
     }
     return isfinite(lp_models_sum_parts(ms, pp, w2));
 }
@@ -5089,7 +5114,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
         outside -= (double)sizes[LP_WTE];
         piece = (double)lp_wte_piece_rows(c, s->t) * c->channels;
     }
-    double params = s->zero >= 3 ? outside + shard + 2 * buffer + piece : shard * parts;
+    double params = s->zero >= 3 ? outside + (s->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + piece : shard * parts;
     double grads = s->zero >= 2 ? outside + 2 * buffer + shard + piece : shard * parts;
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
     memset(&shape, 0, sizeof(shape));
@@ -5603,6 +5628,8 @@ static inline void lp_stage_free(LPStage* st) {
 //            over the host link (2 + 2 bytes per value on the CUDA build), the CPU's AdamW reading and
 //            writing the state (28 bytes per value) at host_mem_bw, and with nvme m and v read and
 //            written (16 bytes per value) at nvme_bw; the three overlap, the slowest counts, once per step.
+//            params (ZeRO-3): no weights up after the update, but each gathered layer's part up (2 bytes
+//            per value, forward and backward: twice per micro-batch).
 // Every collective and send also costs `latency` (start-up, synchronisation), which is what makes TP and
 // PP lose on a small model: dozens of collectives per micro-batch against DP's one pass per step (one per
 // layer and reduction).
@@ -5675,11 +5702,13 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     double shard = s->zero >= 1 ? ceil(params / d) : params, offload = 0.0;  // the busiest rank's shard
     out->host_memory = 0.0;
     if (s->offload != LP_OFFLOAD_NONE) {  // (the CPU build updates on the host anyway: only its file is extra)
-        double link = LP_MASTER_COPY ? 2.0 * X * shard / mach->host_bw : 0.0;
+        int params_too = s->offload == LP_OFFLOAD_PARAMS;  // (the updated weights then stay on the host)
+        double link = LP_MASTER_COPY ? (params_too ? 1.0 : 2.0) * X * shard / mach->host_bw : 0.0;
         double cpu = LP_MASTER_COPY ? 28.0 * shard / mach->host_mem_bw : 0.0;
         double file = s->offload == LP_OFFLOAD_NVME ? 16.0 * shard / mach->nvme_bw : 0.0;
-        offload = fmax(link, fmax(cpu, file));
-        out->host_memory = LP_MASTER_COPY ? (s->offload == LP_OFFLOAD_NVME ? 4.0 : 12.0) * shard : 0.0;
+        double gathers = params_too ? 2.0 * s->m * X * shard / mach->host_bw : 0.0;  // each layer's part up, twice per micro-batch
+        offload = fmax(link, fmax(cpu, file)) + gathers;
+        out->host_memory = LP_MASTER_COPY ? (s->offload == LP_OFFLOAD_NVME ? 4.0 : params_too ? 12.0 + X : 12.0) * shard : 0.0;
     }
     out->t = s->t;
     out->p = s->p;
@@ -5727,9 +5756,10 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, con
                 if (tokens % (B * T * d)) continue;
                 int m = (int)(tokens / (B * T * d));
                 for (int v = 1; v <= (p > 1 ? 2 : 1); v++)
-                    for (int zero = 0; zero <= (d > 1 ? 3 : 0); zero++)
+                    for (int zero = 0; zero <= 3; zero++)
                         for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
-                            for (int off = LP_OFFLOAD_NONE; off <= (LP_MASTER_COPY ? LP_OFFLOAD_OPTIMIZER : LP_OFFLOAD_NVME); off++) {
+                            for (int off = LP_OFFLOAD_NONE; off <= (LP_MASTER_COPY ? LP_OFFLOAD_PARAMS : LP_OFFLOAD_NVME); off++) {
+                                if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
                                 LPPipeShape s = {p, v, v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B, m, (int)B, T, t,
                                                  t > 1 && T % t == 0, d, zero, r, off};
                                 lp_plan_add(c, &s, mach, plans, &count, &cap);

@@ -539,11 +539,10 @@ static void test_bad_input(void) {
     BAD("bad input: bad --on-divergence", "flag --on-divergence: must be stop, skip or rollback, got 'retry'", "--on-divergence retry");
     BAD("bad input: rollback without -o", "flag --on-divergence rollback: needs -o DIR", "--on-divergence rollback");
     BAD("bad input: --offload nvme without a directory", "flag --offload nvme: needs --offload-dir DIR", "--offload nvme");
-    BAD("bad input: unknown --offload", "flag --offload: must be none, nvme or optimizer, got 'disk'", "--offload disk");
+    BAD("bad input: unknown --offload", "flag --offload: must be none, optimizer, params or nvme, got 'disk'", "--offload disk");
     BAD("bad input: --offload-dir without --offload nvme", "flag --offload-dir: only with --offload nvme", "--offload-dir /tmp");
-#ifdef LLMPAR_CPU
     BAD("bad input: --offload optimizer on the CPU build", "flag --offload optimizer: moves GPU state to host memory", "--offload optimizer");
-#endif
+    BAD("bad input: --offload params on the CPU build", "flag --offload params: moves GPU state to host memory", "--offload params");
     BAD("bad input: negative --loss-spike", "flag --loss-spike: must be >= 0 (0: off), got -1", "--loss-spike -1");
     float nan_bits = NAN;
     int nan_int;
@@ -3134,7 +3133,8 @@ static void test_parallel_grids(void) {
 }
 
 // The CUDA build's offload: the fp32 master weights and AdamW state on the host (--offload optimizer: pinned
-// memory; --offload nvme: m and v in a file), updated on the CPU in chunks (1024 values here,
+// memory; --offload nvme: m and v in a file; --offload params, ZeRO-3: the bf16 weight shard pinned too,
+// each layer's part copied up as its gather starts), updated on the CPU in chunks (1024 values here,
 // LLMPAR_OFFLOAD_CHUNK: the 4-layer model spans ~60) overlapped with the gradients' copies down and the
 // weights' up. The same arithmetic and rounding stream as the kernel: under the emulator losses, model.bin
 // and optim.bin equal the run without offload bit for bit; on a GPU its FMAs may differ from the CPU's, so
@@ -3149,27 +3149,38 @@ static void test_offload_host(void) {
     mkdir(offload_dir, 0755);
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 128", tmp_path("offload_model.bin"),
              tmp_path("offload_tokens.bin"));
-    struct { int ranks; const char* flags; int nvme; } grids[] = {
-        {1, "-b 8", 1}, {2, "-b 4 --zero 1", 0}, {2, "-b 4 --zero 3", 1}, {8, "-b 4 --tp 2 --pp 2 --zero 1", 0}};
+    // each grid with the offload modes it runs (LP_OFFLOAD_* bits); params needs ZeRO-3
+    struct { int ranks; const char* flags; int modes; } grids[] = {
+        {1, "-b 8", 1 << LP_OFFLOAD_OPTIMIZER | 1 << LP_OFFLOAD_NVME},
+        {1, "-b 8 --zero 3", 1 << LP_OFFLOAD_PARAMS},
+        {2, "-b 4 --zero 1", 1 << LP_OFFLOAD_OPTIMIZER},
+        {2, "-b 4 --zero 2", 1 << LP_OFFLOAD_OPTIMIZER},
+        {2, "-b 4 --zero 3", 1 << LP_OFFLOAD_OPTIMIZER | 1 << LP_OFFLOAD_NVME | 1 << LP_OFFLOAD_PARAMS},
+        {8, "-b 4 --tp 2 --pp 2 --zero 1", 1 << LP_OFFLOAD_OPTIMIZER},
+        {8, "-b 4 --tp 2 --pp 2 --zero 3", 1 << LP_OFFLOAD_PARAMS}};
     setenv("LLMPAR_OFFLOAD_CHUNK", "1024", 1);
-    for (int x = 0; x < 4; x++) {
+    for (int x = 0; x < (int)(sizeof(grids) / sizeof(grids[0])); x++) {
         float want[8], got[8];
         lp_path(a, "%s/offload_mem%d", tmp_dir, x);
         snprintf(args, sizeof(args), "%s %s", base, grids[x].flags);
         int k0 = run_ranks(grids[x].ranks, args, a, want, out, sizeof(out));
-        for (int nvme = 0; nvme <= grids[x].nvme; nvme++) {
+        for (int off = LP_OFFLOAD_NVME; off <= LP_OFFLOAD_PARAMS; off++) {
+            if (!(grids[x].modes & 1 << off)) continue;
             size_t n0 = 0, n1 = 0;
-            if (nvme) snprintf(mode, sizeof(mode), "--offload nvme --offload-dir %s", offload_dir);
-            else snprintf(mode, sizeof(mode), "--offload optimizer");
-            lp_path(b, "%s/offload_host%d_%d", tmp_dir, x, nvme);
+            snprintf(mode, sizeof(mode), "--offload %s", lp_offload_names[off]);
+            if (off == LP_OFFLOAD_NVME) snprintf(mode, sizeof(mode), "--offload nvme --offload-dir %s", offload_dir);
+            lp_path(b, "%s/offload_host%d_%d", tmp_dir, x, off);
             snprintf(args, sizeof(args), "%s %s %s", base, grids[x].flags, mode);
             int k1 = run_ranks(grids[x].ranks, args, b, got, out, sizeof(out));
             float *w0 = run_weights(a, 3, &n0), *w1 = run_weights(b, 3, &n1);
-            const char* how = nvme ? "--offload nvme" : "--offload optimizer";
+            int nvme = off == LP_OFFLOAD_NVME;
+            char how[64];
+            snprintf(how, sizeof(how), "--offload %s", lp_offload_names[off]);
             snprintf(name, sizeof(name), "%s, %d rank(s) %s: 3 steps run, no optimizer state on the GPU, the state on the host, no file left",
                      how, grids[x].ranks, grids[x].flags);
             expect(k0 == 3 && k1 == 3 && w0 && w1 && n0 == n1 && strstr(out, "master+AdamW 0.00 MiB") &&
-                   strstr(out, nvme ? "m and v in a file in" : "in pinned host memory") && offload_leftovers(offload_dir) == 0, name);
+                   strstr(out, nvme ? "m and v in a file in" : "in pinned host memory") && offload_leftovers(offload_dir) == 0 &&
+                   (off != LP_OFFLOAD_PARAMS || strstr(out, "the bf16 weight shard")), name);
             if (k0 == 3 && k1 == 3 && w0 && w1 && n0 == n1) {
                 snprintf(name, sizeof(name), "%s, %d rank(s) %s: losses equal the run without (1e-2 relative)", how, grids[x].ranks,
                          grids[x].flags);
@@ -3197,7 +3208,9 @@ static void test_offload_host(void) {
         }
     }
     unsetenv("LLMPAR_OFFLOAD_CHUNK");
-    int rc = run_cmd(out, sizeof(out), "%s --plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 24", TRAIN_BIN);
+    int rc = run_cmd(out, sizeof(out), "%s --offload params --zero 1", TRAIN_BIN);
+    expect(rc > 0 && strstr(out, "llmpar: error: flag --offload params: needs --zero 3"), "--offload params without ZeRO-3: one error line");
+    rc = run_cmd(out, sizeof(out), "%s --plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 24", TRAIN_BIN);
     expect(rc == 0 && strstr(out, "./train_gpt -e d48 -t 1024 -d 8192 -b 2 --offload optimizer\n"),
            "--plan 1 for GPT-2 1.5B on a 24 GiB GPU suggests --offload optimizer (16 bytes per parameter do not fit)");
 }

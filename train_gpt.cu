@@ -53,7 +53,7 @@ typedef struct {
     float aux_weight;        // --aux-loss-weight
     const char* recompute;   // --recompute: none | selective | full
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
-    const char* offload;     // --offload: none | optimizer (the CUDA build's) | nvme
+    const char* offload;     // --offload: none | optimizer | params (the CUDA build's) | nvme
     const char* offload_dir; // --offload-dir: where --offload nvme's state files go
     const char* comm;        // --comm: auto | nccl | mpi
     int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
@@ -187,9 +187,10 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--offload", NULL, LP_FLAG_STRING, LP_FIELD(offload), "none", "none", "NAME", NULL,
      "where this rank's optimizer state lives: none (with the weights) | optimizer (the CUDA build: the fp32 master "
      "weights and AdamW m and v in pinned host memory, updated on the CPU a chunk at a time, overlapped with the "
-     "copies of gradients down and weights up) | nvme (AdamW m and v in a file under --offload-dir, streamed through "
-     "two buffers of 8 MiB at each update; the CUDA build keeps the master weights in pinned memory and updates as "
-     "with optimizer)"},
+     "copies of gradients down and weights up) | params (the CUDA build, with --zero 3: as optimizer, and this rank's "
+     "shard of the bf16 weights in pinned host memory too, each layer's part copied up as its gather starts) | nvme "
+     "(AdamW m and v in a file under --offload-dir, streamed through two buffers of 8 MiB at each update; the CUDA "
+     "build keeps the master weights in pinned memory and updates as with optimizer)"},
     {"--offload-dir", NULL, LP_FLAG_STRING, LP_FIELD(offload_dir), "", "", "DIR", NULL,
      "an existing, writable directory for --offload nvme: one file per rank (per model chunk), unlinked once open, "
      "so nothing is left behind"},
@@ -429,14 +430,17 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
     if (f->zero < 0 || f->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(zero), f->zero);
     int offload = lp_offload_parse(f->offload);
-    if (offload < 0) lp_fail_all("flag %s: must be none, nvme or optimizer, got '%s'", LP_FLAG_NAME(offload), f->offload);
+    if (offload < 0) lp_fail_all("flag %s: must be none, optimizer, params or nvme, got '%s'", LP_FLAG_NAME(offload), f->offload);
     if (offload == LP_OFFLOAD_NVME && f->offload_dir[0] == '\0')
         lp_fail_all("flag %s nvme: needs %s DIR, where the optimizer state goes", LP_FLAG_NAME(offload), LP_FLAG_NAME(offload_dir));
     if (offload != LP_OFFLOAD_NVME && f->offload_dir[0] != '\0')
         lp_fail_all("flag %s: only with %s nvme", LP_FLAG_NAME(offload_dir), LP_FLAG_NAME(offload));
-    if (!LP_MASTER_COPY && offload == LP_OFFLOAD_OPTIMIZER)
-        lp_fail_all("flag %s optimizer: moves GPU state to host memory, where the CPU build's already is (use %s nvme)",
-                    LP_FLAG_NAME(offload), LP_FLAG_NAME(offload));
+    if (!LP_MASTER_COPY && (offload == LP_OFFLOAD_OPTIMIZER || offload == LP_OFFLOAD_PARAMS))
+        lp_fail_all("flag %s %s: moves GPU state to host memory, where the CPU build's already is (use %s nvme)",
+                    LP_FLAG_NAME(offload), f->offload, LP_FLAG_NAME(offload));
+    if (offload == LP_OFFLOAD_PARAMS && f->zero != 3)
+        lp_fail_all("flag %s params: needs %s 3 (it moves the weight shard that ZeRO-3 gathers a layer at a time from)",
+                    LP_FLAG_NAME(offload), LP_FLAG_NAME(zero));
     struct stat dir_st;
     if (f->offload_dir[0] && stat(f->offload_dir, &dir_st) != 0)
         lp_fail_all("flag %s: %s: %s", LP_FLAG_NAME(offload_dir), f->offload_dir, strerror(errno));
@@ -722,8 +726,9 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
                "(the memory above is its two buffers)\n", offloaded_bytes / MiB, f->offload_dir, io,
                2.0 * z->off->chunk * sizeof(float) / MiB);
     if (z->host_state)
-        lp_log("offload          fp32 master weights and AdamW m and v (%.2f MiB on rank 0) %s%s%s%s%s, updated on the CPU in "
-               "chunks of %zu values overlapped with the copies (the memory above is the GPU's)\n", offloaded_bytes / MiB,
+        lp_log("offload          fp32 master weights%s and AdamW m and v (%.2f MiB on rank 0) %s%s%s%s%s, updated on the CPU in "
+               "chunks of %zu values overlapped with the copies (the memory above is the GPU's)\n",
+               z->params_on_host ? ", the bf16 weight shard" : "", offloaded_bytes / MiB,
                z->off ? "on the host (the master weights in pinned memory, m and v in a file in " : "in pinned host memory",
                z->off ? f->offload_dir : "", z->off ? ", " : "", z->off ? io : "", z->off ? " I/O)" : "", z->state_chunk);
 }
@@ -838,7 +843,7 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
         grad_bytes += mc->zero.grad_bytes;
         double shard = (double)mc->zero.shard_size, master = LP_MASTER_COPY ? 4.0 * shard : 0.0;  // (fp32 master weights)
         if (mc->zero.host_state) {  // the CUDA build's offload: master weights, m and v on the host, none on the GPU
-            offloaded_bytes += master + 8.0 * shard;
+            offloaded_bytes += master + 8.0 * shard + (mc->zero.params_on_host ? shard * sizeof(floatX) : 0.0);
         } else if (mc->zero.off) {  // the CPU build's: AdamW m and v in a file, in memory its two buffers
             optim_bytes += 4.0 * mc->zero.off->chunk * sizeof(float);
             offloaded_bytes += 8.0 * shard;
