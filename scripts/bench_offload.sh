@@ -13,6 +13,22 @@
 #        bash scripts/bench_offload.sh emu [MODEL] [B] [steps]
 set -u
 cd "$(dirname "$0")/.."
+# One run of the engine (the command in "$@") with --offload MODE: sets log, ms (ms/step) and up (the
+# optimizer step's ms), or prints the table's failure row and returns 1.
+run_mode() {
+    local mode=$1 line
+    shift
+    local extra="--offload $mode"
+    [ "$mode" = nvme ] && extra="$extra --offload-dir $dir"
+    log=$("$@" -e "$model" -b "$B" -t 64 -x "$steps" -v 0 -s 0 -j '' $extra 2>&1)
+    line=$(echo "$log" | grep "^mean of steps")
+    if [ -z "$line" ]; then
+        echo "| $mode | $model | $B | 64 | $(echo "$log" | grep -m1 error || echo failed) | | | |"
+        return 1
+    fi
+    ms=$(echo "$line" | awk '{ print $7 }')
+    up=$(echo "$line" | awk '{ print $11 }')
+}
 if [ "${1:-}" = emu ]; then
     model=${2:-d4}
     B=${3:-2}
@@ -25,16 +41,7 @@ if [ "${1:-}" = emu ]; then
     echo "|---|---|---|---|---|---|---|---|"
     rate=""
     for mode in none optimizer nvme; do
-        extra="--offload $mode"
-        [ "$mode" = nvme ] && extra="$extra --offload-dir $dir"
-        log=$(./train_gpt_emu -e "$model" -b "$B" -t 64 -x "$steps" -v 0 -s 0 -j '' $extra 2>&1)
-        line=$(echo "$log" | grep "^mean of steps")
-        if [ -z "$line" ]; then
-            echo "| $mode | $model | $B | 64 | $(echo "$log" | grep -m1 error || echo failed) | | | |"
-            continue
-        fi
-        ms=$(echo "$line" | awk '{ print $7 }')
-        up=$(echo "$line" | awk '{ print $11 }')
+        run_mode "$mode" ./train_gpt_emu || continue
         gpu=$(echo "$log" | sed -n 's/.*master+AdamW \([0-9.]*\) MiB,.*/\1/p')
         host=$(echo "$log" | sed -n 's/^offload .*(\([0-9.]*\) MiB on rank 0).*/\1/p')
         params=$(echo "$log" | sed -n 's/^model .*(\([0-9]*\) on rank 0).*/\1/p')
@@ -78,16 +85,7 @@ echo "|---|---|---|---|---|---|---|---|"
 declare -A rss
 state=""
 for mode in none nvme; do
-    extra=""
-    [ "$mode" = nvme ] && extra="--offload nvme --offload-dir $dir"
-    log=$(/usr/bin/time -v ./train_gpt_cpu -e "$model" -b "$B" -t 64 -x "$steps" -v 0 -s 0 -j '' $extra 2>&1)
-    line=$(echo "$log" | grep "^mean of steps")
-    if [ -z "$line" ]; then
-        echo "| $mode | $model | $B | 64 | $(echo "$log" | grep -m1 error || echo failed) | | | |"
-        continue
-    fi
-    ms=$(echo "$line" | awk '{ print $7 }')
-    up=$(echo "$line" | awk '{ print $11 }')
+    run_mode "$mode" /usr/bin/time -v ./train_gpt_cpu || continue
     adamw=$(echo "$log" | sed -n 's/.*, AdamW \([0-9.]*\) MiB,.*/\1/p')
     rss[$mode]=$(echo "$log" | awk '/Maximum resident set size/ { printf "%.0f", $6 / 1024 }')
     [ "$mode" = none ] && state=$adamw
