@@ -22,7 +22,8 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 NCCL_H := $(wildcard /usr/include/nccl.h $(CUDA_HOME)/include/nccl.h)
 
 EMU_CXX ?= g++
-EMU_FLAGS = -std=c++17 -O2 -Wall -Wextra -Werror -fopenmp -pthread -I$(CUDA_HOME)/include
+# (-Wno-unknown-pragmas: g++ does not know nvcc's #pragma unroll)
+EMU_FLAGS = -std=c++17 -O2 -Wall -Wextra -Werror -Wno-unknown-pragmas -fopenmp -pthread -I$(CUDA_HOME)/include
 EMU_MPI =
 
 # MPI when mpicc exists: the CPU build compiles with it, the CUDA build takes its include and link flags.

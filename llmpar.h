@@ -1540,6 +1540,35 @@ static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + t
 static __device__ inline float lp_bf(floatX x) { return __bfloat162float(x); }
 static __device__ inline floatX lp_xf(float x) { return __float2bfloat16_rn(x); }
 
+// 128-bit access for the memory-bound elementwise kernels: a thread takes 8 bf16 values [i, i + 8) with
+// one 16-byte load or store (ld.global.v4) instead of eight 2-byte ones. Where the 8 are not all there
+// (the tail) or p + i is not 16-byte aligned (a slice at an odd offset) it goes value by value; padding
+// lanes read as 0 and are not written.
+#define LP_PACK 8
+typedef union {
+    uint4 bits;
+    floatX x[LP_PACK];
+} LPPack;
+static __device__ inline LPPack lp_load_pack(const floatX* p, size_t i, size_t n) {
+    LPPack q;
+    if (i + LP_PACK <= n && ((uintptr_t)(p + i) & 15) == 0) {
+        q.bits = *(const uint4*)(p + i);
+        return q;
+    }
+#pragma unroll
+    for (int k = 0; k < LP_PACK; k++) q.x[k] = i + k < n ? p[i + k] : lp_xf(0.0f);
+    return q;
+}
+static __device__ inline void lp_store_pack(floatX* p, size_t i, size_t n, LPPack q) {
+    if (i + LP_PACK <= n && ((uintptr_t)(p + i) & 15) == 0) {
+        *(uint4*)(p + i) = q.bits;
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < LP_PACK; k++)  // (constant indices keep the pack in registers)
+        if (i + k < n) p[i + k] = q.x[k];
+}
+
 static __device__ inline float lp_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -1843,22 +1872,36 @@ __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float
     if (row >= N) return;
     size_t base = (size_t)row * C;
     const floatX* x = inp1 + base;
+    // lane l takes channels [8 l, 8 l + 8), then 256 further on, ...: 128-bit packs (LPPack)
     if (inp2) {
-        for (int c = lane; c < C; c += 32)
-            residual[base + c] = lp_xf(lp_bf(inp1[base + c]) + (lp_bf(inp2[base + c]) + lp_bf(bias[c])));
+        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
+            LPPack p = lp_load_pack(inp1 + base, c, C), q = lp_load_pack(inp2 + base, c, C), o = lp_load_pack(bias, c, C);
+            for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf(lp_bf(p.x[k]) + (lp_bf(q.x[k]) + lp_bf(o.x[k])));
+            lp_store_pack(residual + base, c, C, p);
+        }
         x = residual + base;  // each lane reads back only what it wrote
     }
     if (!out) return;
     float s = 0.0f;
-    for (int c = lane; c < C; c += 32) s += lp_bf(x[c]);
+    for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
+        LPPack p = lp_load_pack(x, c, C);
+        for (int k = 0; k < LP_PACK; k++) s += lp_bf(p.x[k]);  // (padding reads as 0)
+    }
     float m = lp_warp_sum(s) / C;
     float v = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = lp_bf(x[c]) - m;
-        v += d * d;
+    for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
+        LPPack p = lp_load_pack(x, c, C);
+        for (int k = 0; k < LP_PACK; k++) {
+            float d = c + k < C ? lp_bf(p.x[k]) - m : 0.0f;
+            v += d * d;
+        }
     }
     float r = rsqrtf(lp_warp_sum(v) / C + 1e-5f);
-    for (int c = lane; c < C; c += 32) out[base + c] = lp_xf((lp_bf(x[c]) - m) * r * lp_bf(w[c]) + lp_bf(b[c]));
+    for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
+        LPPack p = lp_load_pack(x, c, C), g = lp_load_pack(w, c, C), o = lp_load_pack(b, c, C);
+        for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf((lp_bf(p.x[k]) - m) * r * lp_bf(g.x[k]) + lp_bf(o.x[k]));
+        lp_store_pack(out + base, c, C, p);
+    }
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -2085,11 +2128,14 @@ static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const flo
 // cuBLASLt takes the GELU epilogue's pre-activation buffer only with a leading dimension that is a
 // multiple of 8: other widths write the pre-activation and run GELU as a kernel.
 __global__ void lp_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = lp_xf(lp_gelu(lp_bf(inp[i])));
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
+    if (i >= n) return;
+    LPPack x = lp_load_pack(inp, i, n);
+    for (int k = 0; k < LP_PACK; k++) x.x[k] = lp_xf(lp_gelu(lp_bf(x.x[k])));
+    lp_store_pack(out, i, n, x);
 }
 static inline void lp_gelu_forward_gpu(floatX* out, const floatX* inp, size_t n) {
-    LP_LAUNCH(lp_gelu_forward_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, inp, n);
+    LP_LAUNCH(lp_gelu_forward_kernel, lp_grid((n + LP_PACK - 1) / LP_PACK, LP_THREADS), LP_THREADS, 0, out, inp, n);
 }
 static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
                                          const floatX* bias, int N, int C, int OC) {
@@ -2132,12 +2178,16 @@ static inline void lp_gemm_strided_gpu(int ta, int tb, int M, int N, int K, cons
     lp_gemm(tb, ta, N, M, K, B, ldb, 0, A, lda, 0, C, ldc, 0, 1, 1.0f, accumulate ? 1.0f : 0.0f, NULL, NULL);
 }
 
-__global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, int N) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < N) dinp[i] = lp_xf(lp_gelu_grad(lp_bf(inp[i])) * lp_bf(dout[i]));
+__global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
+    if (i >= n) return;
+    LPPack x = lp_load_pack(inp, i, n), g = lp_load_pack(dout, i, n);
+    for (int k = 0; k < LP_PACK; k++) x.x[k] = lp_xf(lp_gelu_grad(lp_bf(x.x[k])) * lp_bf(g.x[k]));
+    lp_store_pack(dinp, i, n, x);
 }
 static inline void lp_gelu_backward_gpu(floatX* dinp, const floatX* inp, const floatX* dout, int N) {
-    LP_LAUNCH(lp_gelu_backward_kernel, lp_grid(N, LP_THREADS), LP_THREADS, 0, dinp, inp, dout, N);
+    LP_LAUNCH(lp_gelu_backward_kernel, lp_grid(((size_t)N + LP_PACK - 1) / LP_PACK, LP_THREADS), LP_THREADS, 0, dinp, inp, dout,
+              (size_t)N);
 }
 #endif
 
@@ -2455,12 +2505,15 @@ static inline void lp_add_scaled_cpu(float* dst, const float* src, size_t n, flo
 }
 #ifndef LLMPAR_CPU
 __global__ void lp_add_scaled_kernel(floatX* dst, const floatX* src, size_t n, float scale) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = lp_xf(lp_bf(dst[i]) + scale * lp_bf(src[i]));
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
+    if (i >= n) return;
+    LPPack d = lp_load_pack(dst, i, n), s = lp_load_pack(src, i, n);
+    for (int k = 0; k < LP_PACK; k++) d.x[k] = lp_xf(lp_bf(d.x[k]) + scale * lp_bf(s.x[k]));
+    lp_store_pack(dst, i, n, d);
 }
 static inline void lp_add_scaled_gpu(floatX* dst, const floatX* src, size_t n, float scale) {
     if (n == 0) return;
-    LP_LAUNCH(lp_add_scaled_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dst, src, n, scale);
+    LP_LAUNCH(lp_add_scaled_kernel, lp_grid((n + LP_PACK - 1) / LP_PACK, LP_THREADS), LP_THREADS, 0, dst, src, n, scale);
 }
 #endif
 
@@ -2556,9 +2609,9 @@ static inline float lp_norm_squared_cpu(const float* x, size_t n) {
 #define LP_NORM_BLOCKS 512
 __global__ void lp_norm_squared_kernel(float* partials, const floatX* x, size_t n) {
     float s = 0.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float f = lp_bf(x[i]);
-        s += f * f;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK; i < n; i += (size_t)gridDim.x * blockDim.x * LP_PACK) {
+        LPPack q = lp_load_pack(x, i, n);
+        for (int k = 0; k < LP_PACK; k++) s += lp_bf(q.x[k]) * lp_bf(q.x[k]);
     }
     s = lp_block_reduce(s, 0);
     if (threadIdx.x == 0) partials[blockIdx.x] = s;

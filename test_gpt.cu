@@ -2843,7 +2843,25 @@ static void tier4_matmul(uint64_t* rng) {
     lp_gelu_forward_gpu(d_dout, d_x, n);
     g = host_from(d_dout, n);
     expect_close("gpu gelu_forward", g, dout, n, 1e-2f, 1e-2f);
-    free(x); free(dout); free(dinp); free(g);
+    free(g);
+    // the 128-bit packs' other path: n - 4 values from one element past 16-byte alignment (a tail of 4), and
+    // the values around them left as they were
+    int r = n - 4;
+    float *before = host_from(d_dinp, n), *want = (float*)lp_host_malloc(n * sizeof(float), "test");
+    memcpy(want, before, n * sizeof(float));
+    lp_gelu_backward_cpu(want + 1, x + 1, dout + 1, r);
+    lp_gelu_backward_gpu(d_dinp + 1, d_x + 1, d_dout + 1, r);
+    g = host_from(d_dinp, n);
+    expect_close("gpu gelu_backward, unaligned with a tail", g + 1, want + 1, r, 1e-2f, 1e-2f);
+    expect(g[0] == before[0] && memcmp(g + 1 + r, before + 1 + r, 3 * sizeof(float)) == 0,
+           "gpu gelu_backward, unaligned with a tail: nothing outside its values written");
+    free(g);
+    memcpy(want, before, n * sizeof(float));
+    lp_gelu_forward_cpu(want + 1, x + 1, r);
+    lp_gelu_forward_gpu(d_dinp + 1, d_x + 1, r);
+    g = host_from(d_dinp, n);
+    expect_close("gpu gelu_forward, unaligned with a tail", g + 1, want + 1, r, 1e-2f, 1e-2f);
+    free(x); free(dout); free(dinp); free(g); free(before); free(want);
     lp_device_free(d_x); lp_device_free(d_dout); lp_device_free(d_dinp);
 }
 
@@ -2956,6 +2974,14 @@ static void tier4_optimizer(uint64_t* rng) {
     lp_add_scaled_gpu(d_dst, d_src, n, 0.25f);
     float* gd = host_from(d_dst, n);
     expect_close_scaled("gpu add_scaled", gd, dst, n, 1e-2f);
+    free(gd);
+    lp_add_scaled_cpu(dst + 3, src + 3, n - 8, -0.5f);  // off 16-byte alignment, with a tail
+    lp_add_scaled_gpu(d_dst + 3, d_src + 3, n - 8, -0.5f);
+    gd = host_from(d_dst, n);
+    expect_close_scaled("gpu add_scaled, unaligned with a tail", gd, dst, n, 1e-2f);
+    got = lp_norm_squared_gpu(d_src + 3, n - 8);
+    want = lp_norm_squared_cpu(src + 3, n - 8);
+    expect_close("gpu norm_squared, unaligned with a tail", &got, &want, 1, 0.0f, 1e-4f);
     free(dst); free(src); free(gd);
     lp_device_free(d_dst); lp_device_free(d_src);
     free(w); free(g); free(m); free(v); free(p); free(gw); free(gm); free(gv); free(gp); free(q); free(x);
