@@ -2458,13 +2458,17 @@ static inline void lp_classifier_grad_cpu(float* logits, float* losses, const fl
 __global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
     const floatX* row = logits + (size_t)blockIdx.x * Vl;
     float maxv = -INFINITY, sum = 0.0f;
-    for (int v = threadIdx.x; v < real; v += blockDim.x) {
-        float x = lp_bf(row[v]);
-        if (x > maxv) {
-            sum = sum * expf(maxv - x) + 1.0f;
-            maxv = x;
-        } else {
-            sum += expf(x - maxv);
+    for (int v = threadIdx.x * LP_PACK; v < real; v += blockDim.x * LP_PACK) {
+        LPPack p = lp_load_pack(row, v, real);
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++) {
+            float x = v + k < real ? lp_bf(p.x[k]) : -INFINITY;  // (a value past the vocabulary adds exp(-inf) = 0)
+            if (x > maxv) {
+                sum = sum * expf(maxv - x) + 1.0f;
+                maxv = x;
+            } else {
+                sum += expf(x - maxv);
+            }
         }
     }
     float block_max = lp_block_reduce(maxv, 1);
@@ -2489,8 +2493,12 @@ __global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, const f
     if (threadIdx.x == 0) losses[i] = logf(sum) + maxv - target_logit;
     floatX* row = logits + (size_t)i * Vl;
     int target = targets[i] - v0;
-    for (int v = threadIdx.x; v < Vl; v += blockDim.x)
-        row[v] = lp_xf(v0 + v < V ? (expf(lp_bf(row[v]) - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f);
+    for (int v = threadIdx.x * LP_PACK; v < Vl; v += blockDim.x * LP_PACK) {
+        LPPack p = lp_load_pack(row, v, Vl);
+        for (int k = 0; k < LP_PACK; k++)
+            p.x[k] = lp_xf(v0 + v + k < V ? (expf(lp_bf(p.x[k]) - maxv) / sum - (v + k == target ? 1.0f : 0.0f)) * dloss : 0.0f);
+        lp_store_pack(row, v, Vl, p);
+    }
 }
 static inline void lp_classifier_grad_gpu(floatX* logits, float* losses, const float* stats, int t, float dloss,
                                           const int* targets, int N, int Vl, int v0, int V) {
