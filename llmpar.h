@@ -1921,9 +1921,9 @@ static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* o
 
 // Backward in two passes, deterministic: a warp per row, several warps per block (one-warp blocks leave
 // most of an SM's warp slots idle); each block walks a fixed set of rows, adds into dinp, and each warp
-// keeps its share of dw and db in its own slice of shared memory (lane l owns channels l, l+32, ...); the
-// block adds its warps' slices in warp order into its partials, and a second kernel sums the blocks'
-// partials in block order. No atomics: a run repeats bit for bit.
+// keeps its share of dw and db in its own slice of shared memory (lane l owns the 8 channels from 8 l, and
+// those 256 further on, ...); the block adds its warps' slices in warp order into its partials, and a
+// second kernel sums the blocks' partials in block order. No atomics: a run repeats bit for bit.
 #define LP_LN_BLOCKS 512
 #define LP_LN_WARPS 4
 __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
@@ -1931,23 +1931,35 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
     LP_SHARED(float, share);  // (warps, 2, C): each warp's dw then db
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     float* mine = share + (size_t)warp * 2 * C;
-    for (int c = lane; c < C; c += 32) mine[c] = mine[C + c] = 0.0f;
+    for (int c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;  // (the warp's lanes see each other's writes: __syncwarp below)
+    __syncwarp();
     for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
         float m = mean[row], r = rstd[row], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int c = lane; c < C; c += 32) {
-            float norm = (lp_bf(inp[base + c]) - m) * r, d = lp_bf(dout[base + c]) * lp_bf(w[c]);
-            dnorm_mean += d;
-            dnorm_norm_mean += d * norm;
+        // lane l takes channels [8 l, 8 l + 8), then 256 further on, ...: 128-bit packs (padding: dout 0)
+        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
+            LPPack x = lp_load_pack(inp + base, c, C), g = lp_load_pack(dout + base, c, C), wc = lp_load_pack(w, c, C);
+            for (int k = 0; k < LP_PACK; k++) {
+                float norm = (lp_bf(x.x[k]) - m) * r, d = lp_bf(g.x[k]) * lp_bf(wc.x[k]);
+                dnorm_mean += d;
+                dnorm_norm_mean += d * norm;
+            }
         }
         dnorm_mean = lp_warp_sum(dnorm_mean) / C;
         dnorm_norm_mean = lp_warp_sum(dnorm_norm_mean) / C;
-        for (int c = lane; c < C; c += 32) {
-            float norm = (lp_bf(inp[base + c]) - m) * r, g = lp_bf(dout[base + c]);
-            float di = (g * lp_bf(w[c]) - dnorm_mean - norm * dnorm_norm_mean) * r;
-            dinp[base + c] = lp_xf(lp_bf(dinp[base + c]) + di);
-            mine[c] += g * norm;
-            mine[C + c] += g;
+        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
+            LPPack x = lp_load_pack(inp + base, c, C), g = lp_load_pack(dout + base, c, C), wc = lp_load_pack(w, c, C);
+            LPPack di = lp_load_pack(dinp + base, c, C);
+#pragma unroll
+            for (int k = 0; k < LP_PACK; k++) {
+                float norm = (lp_bf(x.x[k]) - m) * r, gk = lp_bf(g.x[k]);
+                di.x[k] = lp_xf(lp_bf(di.x[k]) + (gk * lp_bf(wc.x[k]) - dnorm_mean - norm * dnorm_norm_mean) * r);
+                if (c + k < C) {
+                    mine[c + k] += gk * norm;
+                    mine[C + c + k] += gk;
+                }
+            }
+            lp_store_pack(dinp + base, c, C, di);
         }
     }
     __syncthreads();
