@@ -1602,11 +1602,14 @@ static inline void* lp_scratch(LPScratch* s, size_t bytes, const char* what) {
 static LPScratch lp_partials;  // fp32 partial sums of the deterministic two-pass reductions
 
 // D = alpha * op(A) op(B) + beta * D in cuBLAS's column-major terms (a row-major matrix is its own
-// transpose there), bf16 in and out, fp32 accumulation. Optional epilogues: + bias (length m, broadcast
-// over columns) and GELU, with the pre-activation written to gelu_aux. batch > 1 runs strided batches.
-static inline void lp_gemm(int transA, int transB, int m, int n, int k, const floatX* A, int lda, long long strideA,
-                           const floatX* B, int ldb, long long strideB, floatX* D, int ldd, long long strideD,
-                           int batch, float alpha, float beta, const floatX* bias, floatX* gelu_aux) {
+// transpose there), bf16 in and out, fp32 accumulation, then cuBLASLt's epilogue: DEFAULT; BIAS (+ bias,
+// length m, broadcast over columns); GELU_AUX(_BIAS) (GELU, the pre-activation written to aux); DGELU
+// (times GELU's derivative at the pre-activation read from aux: GELU's backward fused). aux has D's
+// leading dimension. batch > 1 runs strided batches.
+static inline void lp_gemm_epilogue(int transA, int transB, int m, int n, int k, const floatX* A, int lda, long long strideA,
+                                    const floatX* B, int ldb, long long strideB, floatX* D, int ldd, long long strideD,
+                                    int batch, float alpha, float beta, cublasLtEpilogue_t epilogue, const floatX* bias,
+                                    const floatX* aux) {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -1625,19 +1628,15 @@ static inline void lp_gemm(int transA, int transB, int m, int n, int k, const fl
                                                          &strides[i], sizeof(strides[i])));
         }
     }
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    if (bias && gelu_aux) epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    else if (bias) epilogue = CUBLASLT_EPILOGUE_BIAS;
-    else if (gelu_aux) epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias) {
         cudaDataType_t bias_type = CUDA_R_16BF;
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    if (gelu_aux) {
+    if (aux) {
         long long aux_ld = ldd;
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_aux, sizeof(gelu_aux)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     }
     cublasLtMatmulPreference_t pref;
@@ -1670,6 +1669,16 @@ static inline void lp_gemm(int transA, int transB, int m, int n, int k, const fl
     cublasCheck(cublasLtMatrixLayoutDestroy(lb));
     cublasCheck(cublasLtMatrixLayoutDestroy(ld));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
+}
+// The forward epilogues by what is given: + bias, GELU with its pre-activation kept in gelu_aux.
+static inline void lp_gemm(int transA, int transB, int m, int n, int k, const floatX* A, int lda, long long strideA,
+                           const floatX* B, int ldb, long long strideB, floatX* D, int ldd, long long strideD,
+                           int batch, float alpha, float beta, const floatX* bias, floatX* gelu_aux) {
+    cublasLtEpilogue_t epilogue = bias && gelu_aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : bias ? CUBLASLT_EPILOGUE_BIAS
+                                  : gelu_aux       ? CUBLASLT_EPILOGUE_GELU_AUX
+                                                   : CUBLASLT_EPILOGUE_DEFAULT;
+    lp_gemm_epilogue(transA, transB, m, n, k, A, lda, strideA, B, ldb, strideB, D, ldd, strideD, batch, alpha, beta, epilogue,
+                     bias, gelu_aux);
 }
 #endif
 
@@ -1996,6 +2005,11 @@ static inline void lp_gelu_forward_cpu(float* out, const float* inp, size_t n) {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) out[i] = lp_gelu(inp[i]);
 }
+// dinp = gelu'(inp) * dout; dinp may alias dout
+static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const float* dout, int N) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) dinp[i] = lp_gelu_grad(inp[i]) * dout[i];
+}
 
 // --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
 // pre_gelu keeps the pre-activation for backward and out = gelu(pre_gelu). bias may be NULL.
@@ -2027,9 +2041,10 @@ static inline void lp_matmul_forward_loops(float* out, float* pre_gelu, const fl
     if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
 }
 
-// dinp = dout @ weight (overwritten); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL)
+// dinp = dout @ weight (overwritten; with pre_gelu non-NULL, times GELU's derivative there: the backward
+// of a GELU that fed this matmul, fused); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL)
 static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* dbias, const float* dout,
-                                            const float* inp, const float* weight, int N, int C, int OC) {
+                                            const float* inp, const float* weight, int N, int C, int OC, const float* pre_gelu) {
 #pragma omp parallel for
     for (int i0 = 0; i0 < N; i0 += LP_ROW_BLOCK) {
         int rows = N - i0 < LP_ROW_BLOCK ? N - i0 : LP_ROW_BLOCK;
@@ -2043,6 +2058,7 @@ static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* 
             }
         }
     }
+    if (pre_gelu) lp_gelu_backward_cpu(dinp, pre_gelu, dinp, N * C);
 #pragma omp parallel for
     for (int o = 0; o < OC; o++) {
         float* dw = dweight + (size_t)o * C;
@@ -2071,8 +2087,9 @@ static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const floa
     if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
 }
 static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
-                                          const float* inp, const float* weight, int N, int C, int OC) {
+                                          const float* inp, const float* weight, int N, int C, int OC, const float* pre_gelu) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    if (pre_gelu) lp_gelu_backward_cpu(dinp, pre_gelu, dinp, N * C);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (!dbias) return;
     // column sums of dout, a block of 64 columns per task so the reads run along rows (each column is still
@@ -2128,12 +2145,6 @@ static inline void lp_gemm_strided_cpu(int ta, int tb, int M, int N, int K, cons
 #define lp_gemm_strided_cpu lp_gemm_strided_loops
 #endif
 
-// dinp = gelu'(inp) * dout; dinp may alias dout
-static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const float* dout, int N) {
-#pragma omp parallel for
-    for (int i = 0; i < N; i++) dinp[i] = lp_gelu_grad(inp[i]) * dout[i];
-}
-
 #ifndef LLMPAR_CPU
 // Row-major out (N,OC) is column-major (OC,N): out = weight (C,OC)^T-as-stored times inp, so the GEMM is
 // m=OC, n=N, k=C with the weight transposed. Bias and GELU ride in cuBLASLt's epilogue.
@@ -2148,6 +2159,17 @@ __global__ void lp_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n)
 }
 static inline void lp_gelu_forward_gpu(floatX* out, const floatX* inp, size_t n) {
     LP_LAUNCH(lp_gelu_forward_kernel, lp_grid((n + LP_PACK - 1) / LP_PACK, LP_THREADS), LP_THREADS, 0, out, inp, n);
+}
+__global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
+    if (i >= n) return;
+    LPPack x = lp_load_pack(inp, i, n), g = lp_load_pack(dout, i, n);
+    for (int k = 0; k < LP_PACK; k++) x.x[k] = lp_xf(lp_gelu_grad(lp_bf(x.x[k])) * lp_bf(g.x[k]));
+    lp_store_pack(dinp, i, n, x);
+}
+static inline void lp_gelu_backward_gpu(floatX* dinp, const floatX* inp, const floatX* dout, int N) {
+    LP_LAUNCH(lp_gelu_backward_kernel, lp_grid(((size_t)N + LP_PACK - 1) / LP_PACK, LP_THREADS), LP_THREADS, 0, dinp, inp, dout,
+              (size_t)N);
 }
 static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const floatX* inp, const floatX* weight,
                                          const floatX* bias, int N, int C, int OC) {
@@ -2170,9 +2192,15 @@ __global__ void lp_bias_partials_kernel(float* partials, const floatX* dout, int
     partials[(size_t)chunk * OC + o] = s;
 }
 static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
-                                          const floatX* inp, const floatX* weight, int N, int C, int OC) {
-    // dinp (N,C) = dout (N,OC) @ weight (OC,C): column-major m=C, n=N, k=OC; overwritten
-    lp_gemm(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, NULL, NULL);
+                                          const floatX* inp, const floatX* weight, int N, int C, int OC, const floatX* pre_gelu) {
+    // dinp (N,C) = dout (N,OC) @ weight (OC,C): column-major m=C, n=N, k=OC; overwritten. GELU's backward
+    // rides in cuBLASLt's DGELU epilogue (its pre-activation's leading dimension a multiple of 8), else a kernel
+    if (pre_gelu && C % 8 == 0) {
+        lp_gemm_epilogue(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, CUBLASLT_EPILOGUE_DGELU, NULL, pre_gelu);
+    } else {
+        lp_gemm(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, NULL, NULL);
+        if (pre_gelu) lp_gelu_backward_gpu(dinp, pre_gelu, dinp, N * C);
+    }
     // dweight (OC,C) += dout^T @ inp: column-major m=C, n=OC, k=N; accumulated (beta 1)
     lp_gemm(0, 1, C, OC, N, inp, C, 0, dout, OC, 0, dweight, C, 0, 1, 1.0f, 1.0f, NULL, NULL);
     if (dbias) {
@@ -2190,17 +2218,6 @@ static inline void lp_gemm_strided_gpu(int ta, int tb, int M, int N, int K, cons
     lp_gemm(tb, ta, N, M, K, B, ldb, 0, A, lda, 0, C, ldc, 0, 1, 1.0f, accumulate ? 1.0f : 0.0f, NULL, NULL);
 }
 
-__global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
-    if (i >= n) return;
-    LPPack x = lp_load_pack(inp, i, n), g = lp_load_pack(dout, i, n);
-    for (int k = 0; k < LP_PACK; k++) x.x[k] = lp_xf(lp_gelu_grad(lp_bf(x.x[k])) * lp_bf(g.x[k]));
-    lp_store_pack(dinp, i, n, x);
-}
-static inline void lp_gelu_backward_gpu(floatX* dinp, const floatX* inp, const floatX* dout, int N) {
-    LP_LAUNCH(lp_gelu_backward_kernel, lp_grid(((size_t)N + LP_PACK - 1) / LP_PACK, LP_THREADS), LP_THREADS, 0, dinp, inp, dout,
-              (size_t)N);
-}
 #endif
 
 // --- causal self-attention. The CPU loop follows the CUDA algorithm step by step:
@@ -4174,19 +4191,19 @@ static inline void lp_model_backward(LPModel* m, int last) {
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
         // it is also fcproj's output gradient (g backward)
         lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
-                            lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl, C);
-        lp_gelu_backward(a->dfch, x.fch, a->dfch, N * Fl);
+                            lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl, C,
+                            x.fch);  // through the GELU too: dfch is fc's output gradient
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
-                            lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl);
+                            lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l),
                                lp_tp_f_backward(m, a->btc, N, C), x.residual2, lp_layer_param(m, LP_LN2W, l), x.ln2_mean,
                                x.ln2_rstd, Nr, C);
         // attention half
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
-                            lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C);
+                            lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C, NULL);
         lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
-                            lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl);
+                            lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
                                lp_tp_f_backward(m, a->btc, N, C), x.input, lp_layer_param(m, LP_LN1W, l), x.ln1_mean,
                                x.ln1_rstd, Nr, C);

@@ -1076,7 +1076,7 @@ static void test_op_gradients(void) {
         mm_fwd(&c, out);
         if (gelu) lp_gelu_backward_cpu(dout, c.pre, r, N * OC);
         else memcpy(dout, r, N * OC * 4);
-        lp_matmul_backward_cpu(dinp, dw, db, dout, c.inp, c.w, N, C, OC);
+        lp_matmul_backward_cpu(dinp, dw, db, dout, c.inp, c.w, N, C, OC, NULL);
         fd_check(gelu ? "fd matmul+gelu dinp" : "fd matmul dinp", mm_fwd, &c, c.inp, N * C, dinp, out, r, N * OC, &rng);
         fd_check(gelu ? "fd matmul+gelu dweight" : "fd matmul dweight", mm_fwd, &c, c.w, OC * C, dw, out, r, N * OC, &rng);
         fd_check(gelu ? "fd matmul+gelu dbias" : "fd matmul dbias", mm_fwd, &c, c.b, OC, db, out, r, N * OC, &rng);
@@ -1187,12 +1187,16 @@ static void test_blas_matmul(void) {
         memcpy(dw2, dw0, (size_t)OC * C * sizeof(float));
         memcpy(db1, db0, OC * sizeof(float));
         memcpy(db2, db0, OC * sizeof(float));
-        lp_matmul_backward_loops(di1, dw1, db1, dout, x, w, N, C, OC);
-        lp_matmul_backward_cpu(di2, dw2, db2, dout, x, w, N, C, OC);
+        lp_matmul_backward_loops(di1, dw1, db1, dout, x, w, N, C, OC, NULL);
+        lp_matmul_backward_cpu(di2, dw2, db2, dout, x, w, N, C, OC, NULL);
         snprintf(name, sizeof(name), "BLAS matmul backward equals the loops (dinp, dweight += , dbias +=): N=%d C=%d OC=%d", N, C, OC);
         expect_close(name, di2, di1, (size_t)N * C, 1e-6f, 1e-5f);
         expect_close(name, dw2, dw1, (size_t)OC * C, 1e-6f, 1e-5f);
         expect_close(name, db2, db1, OC, 1e-6f, 1e-5f);
+        lp_matmul_backward_loops(di1, dw1, NULL, dout, x, w, N, C, OC, x);  // through a GELU at x
+        lp_matmul_backward_cpu(di2, dw2, NULL, dout, x, w, N, C, OC, x);
+        snprintf(name, sizeof(name), "BLAS matmul backward through a GELU equals the loops (dinp): N=%d C=%d OC=%d", N, C, OC);
+        expect_close(name, di2, di1, (size_t)N * C, 1e-6f, 1e-5f);
         float* all[] = {x, w, b, dout, dw0, db0, o1, o2, p1, p2, di1, di2, dw1, dw2, db1, db2};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
     }
@@ -2814,13 +2818,14 @@ static void tier4_matmul(uint64_t* rng) {
             expect_close_scaled(name, g, pre, (size_t)N * OC, 1e-2f);
             free(g);
         }
-        // backward: dinp overwritten, dweight and dbias accumulate
+        // backward: dinp overwritten (GELU modes: through a GELU at x, as fcproj's backward runs through fc's:
+        // cuBLASLt's DGELU epilogue at C = 256, the kernel at 33), dweight and dbias accumulate
         float *dout = host_rand((size_t)N * OC, rng, 1.0f), *dinp = host_rand((size_t)N * C, rng, 1.0f);
         float *dw = host_rand((size_t)OC * C, rng, 1.0f), *db = host_rand(OC, rng, 1.0f);
         floatX *d_dout = dev_bf16(dout, (size_t)N * OC), *d_dinp = dev_bf16(dinp, (size_t)N * C);
         floatX *d_dw = dev_bf16(dw, (size_t)OC * C), *d_db = dev_bf16(db, OC);
-        lp_matmul_backward_cpu(dinp, dw, mode ? db : NULL, dout, x, w, N, C, OC);
-        lp_matmul_backward_gpu(d_dinp, d_dw, mode ? d_db : NULL, d_dout, d_x, d_w, N, C, OC);
+        lp_matmul_backward_cpu(dinp, dw, mode ? db : NULL, dout, x, w, N, C, OC, gelu ? x : NULL);
+        lp_matmul_backward_gpu(d_dinp, d_dw, mode ? d_db : NULL, d_dout, d_x, d_w, N, C, OC, gelu ? d_x : NULL);
         float *g1 = host_from(d_dinp, (size_t)N * C), *g2 = host_from(d_dw, (size_t)OC * C), *g3 = host_from(d_db, OC);
         snprintf(name, sizeof(name), "gpu matmul_backward %s dinp", tag);
         expect_close_scaled(name, g1, dinp, (size_t)N * C, 2e-2f);

@@ -235,7 +235,8 @@ static const LPAbsentFlag lp_llmc_absent[] = {
     {"-f 0|1", "TF32 matmuls", "the CUDA engine's matmuls take bf16 with fp32 accumulation, the CPU engine's fp32"},
     {"-w 0|1", "keep fp32 master weights for AdamW", "the CUDA engine always keeps them; the CPU engine's weights are fp32"},
     {"-ge N", "GELU fusion: 0 none, 1 forward, 2 forward and backward",
-     "the CUDA engine always fuses GELU into the forward matmul (a cuBLASLt epilogue, llm.c's 1)"},
+     "the CUDA engine always fuses GELU into the matmul it follows, and GELU's backward into the backward of the "
+     "matmul it feeds (cuBLASLt's GELU_AUX and DGELU epilogues, llm.c's 2)"},
     {"-pn -pr -pg -pi -pf -ps", "multi-node set-up: processes, this process's rank, GPUs per node, NCCL's init (mpi, "
      "a shared file or TCP) and its path and server", "mpirun or srun starts the ranks, each picks its GPU from its local "
      "rank, and NCCL's id is broadcast over MPI"},

@@ -1115,17 +1115,18 @@ static void lt_check(const char* call, const Desc& d, const Layout& A, const Lay
         lt_rule(call, "D's CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET %lld is smaller than one matrix (%lld): the batches overlap",
                 (long long)D.stride, (long long)(D.ld * (int64_t)n));
     bool wants_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    bool wants_aux = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    bool wants_aux = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+                     d.epilogue == CUBLASLT_EPILOGUE_DGELU;
     if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !wants_bias && !wants_aux)
-        lt_rule(call, "epilogue %d is not emulated (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS are)", (int)d.epilogue);
+        lt_rule(call, "epilogue %d is not emulated (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU are)", (int)d.epilogue);
     if (wants_bias && !d.bias) lt_rule(call, "the BIAS epilogues need CUBLASLT_MATMUL_DESC_BIAS_POINTER");
     if (wants_bias && d.bias_type_set && d.bias_type != D.type && d.bias_type != CUDA_R_32F)
         lt_rule(call, "CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE must be D's type or CUDA_R_32F");
     if (wants_aux) {
-        if (!d.aux) lt_rule(call, "the GELU_AUX epilogues need CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
+        if (!d.aux) lt_rule(call, "the GELU_AUX and DGELU epilogues need CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
         if (d.aux_ld % 8) lt_rule(call, "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD %lld must be divisible by 8", (long long)d.aux_ld);
         if (d.aux_ld < (int64_t)m) lt_rule(call, "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD %lld is less than D's %llu rows", (long long)d.aux_ld, (unsigned long long)m);
-        if (D.batch > 1) lt_rule(call, "the GELU_AUX epilogues with batches need CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE (not emulated)");
+        if (D.batch > 1) lt_rule(call, "the GELU epilogues with batches need CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE (not emulated)");
     }
 }
 
@@ -1139,6 +1140,10 @@ static void lt_store(void* p, cudaDataType t, size_t i, float v) {
 
 static float gelu_tanh(float x) {  // cuBLASLt's GELU epilogue is the tanh approximation
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+static float gelu_tanh_grad(float x) {  // and DGELU its derivative
+    float th = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
 // Dot products of one row x of op(A) with J columns of op(B), each summed exactly as the reference
@@ -1177,6 +1182,11 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
                     const void* A, const void* B, const void* Cp, void* Dp) {
     size_t m = LD.rows, n = LD.cols, k = d.transa ? LA.rows : LA.cols;
     const size_t rows_per_task = 32;  // this many rows of op(A) stay in cache while every column passes
+    // the epilogue (lt_check allowed it): + bias; GELU keeping its pre-activation in aux; or times GELU's
+    // derivative at the pre-activation read from aux
+    bool add_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    bool gelu = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU;
     static std::vector<float> a, b;  // kept between calls (the device thread's alone): no fresh pages each GEMM
     a.resize(std::max(a.size(), m * k));
     b.resize(std::max(b.size(), n * k));
@@ -1203,10 +1213,12 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
                     for (size_t j = j0; j < j0 + jn; j++) {
                         float v = alpha * dot[j - j0];
                         if (beta != 0.0f) v += beta * lt_load(Cp, LC.type, oc + i + j * LC.ld);
-                        if (d.bias) v += lt_load(d.bias, d.bias_type_set ? d.bias_type : LD.type, i);
-                        if (d.aux) {
+                        if (add_bias) v += lt_load(d.bias, d.bias_type_set ? d.bias_type : LD.type, i);
+                        if (gelu) {  // GELU_AUX(_BIAS): the pre-activation is written
                             lt_store(d.aux, LD.type, i + j * d.aux_ld, v);
                             v = gelu_tanh(v);
+                        } else if (dgelu) {  // DGELU: it is read
+                            v *= gelu_tanh_grad(lt_load(d.aux, LD.type, i + j * d.aux_ld));
                         }
                         lt_store(Dp, LD.type, od + i + j * LD.ld, v);
                     }
@@ -1776,10 +1788,12 @@ static void prof_gemm(const Desc& d, const Layout& LA, const Layout& LB, const L
     double read = batch * (LA.rows * LA.cols * type_bytes(LA.type) + LB.rows * LB.cols * type_bytes(LB.type));
     if (beta != 0.0f) read += batch * LC.rows * LC.cols * type_bytes(LC.type);
     if (d.bias) read += m * type_bytes(d.bias_type_set ? d.bias_type : LD.type);
-    double written = batch * m * n * type_bytes(LD.type) + (d.aux ? m * n * type_bytes(LD.type) : 0);
+    bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU;
+    if (d.aux && dgelu) read += m * n * type_bytes(LD.type);  // DGELU reads the pre-activation, GELU_AUX writes it
+    double written = batch * m * n * type_bytes(LD.type) + (d.aux && !dgelu ? m * n * type_bytes(LD.type) : 0);
     char name[160];
     snprintf(name, sizeof(name), "cublasLt %c%c %.0fx%.0fx%.0f%s%s%s", d.transa ? 'T' : 'N', d.transb ? 'T' : 'N', m, n, k,
-             beta != 0.0f ? " +C" : "", d.bias ? " +bias" : "", d.aux ? " +gelu" : "");
+             beta != 0.0f ? " +C" : "", d.bias ? " +bias" : "", d.aux ? (dgelu ? " +dgelu" : " +gelu") : "");
     if (batch > 1) snprintf(name + strlen(name), sizeof(name) - strlen(name), " x%.0f", batch);
     prof_record("gemm", name, read, written, read, written, 2 * m * n * k * batch);
 }
