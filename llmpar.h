@@ -126,6 +126,7 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 #else
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <mma.h>
 #include <cuda_runtime.h>
 #ifdef LLMPAR_NCCL
 #include <nccl.h>
@@ -2298,6 +2299,226 @@ static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* a
     // y (T,HS) = att v per (b,h), into the qkv buffer (free now: backward reads qkvr)
     lp_gemm(0, 0, HS, T, T, v, HS, sh, att, T, st, qkv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);
     LP_LAUNCH(lp_permute_heads_kernel, lp_grid(plane, LP_THREADS), LP_THREADS, 0, out, qkv, B, T, C, NH, 1);
+}
+
+// Flash attention: the results of lp_attention_forward_cpu and lp_attention_backward_cpu (their oracles)
+// without the (B,NH,T,T) probabilities. Work is cut in tiles of 16 queries by 16 keys of one (b,h), one
+// warp per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
+// the diagonal one masked. q, k, v are read from qkv (B,T,3C) in place, y written to out (B,T,C), and
+// gradients straight into dqkv (B,T,3C). Tiles are staged in shared memory with the rows past T zeroed
+// (ragged T). HS must be a multiple of 16 (lp_flash_check).
+
+// Rows t0..t0+15 of a (B,T,stride) tensor, channels col..col+HS-1, into a (16,HS) tile; rows past T are zero.
+static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, size_t stride, int b, int t0, int col, int T,
+                                            int HS) {
+    for (int i = threadIdx.x % 32; i < 16 * HS; i += 32) {
+        int r = i / HS, d = i % HS, t = t0 + r;
+        tile[i] = t < T ? src[((size_t)b * T + t) * stride + col + d] : lp_xf(0.0f);
+    }
+}
+// s (16,16) = a b^T for two (16,HS) tiles.
+static __device__ inline void lp_flash_abt(float* s, const floatX* a, const floatX* b, int HS) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int d = 0; d < HS; d += 16) {  // b's rows are the columns of the B operand: b is B column-major
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> fb;
+        wmma::load_matrix_sync(fa, a + d, HS);
+        wmma::load_matrix_sync(fb, b + d, HS);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(s, acc, 16, wmma::mem_row_major);
+}
+// o (16,HS) fp32 += a b for a (16,16) tile a and a (16,HS) tile b; LA col_major takes a's transpose.
+template <typename LA>
+static __device__ inline void lp_flash_acc(float* o, const floatX* a, const floatX* b, int HS) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, LA> fa;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::load_matrix_sync(fa, a, 16);
+    for (int d = 0; d < HS; d += 16) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> fb;
+        wmma::load_matrix_sync(acc, o + d, HS, wmma::mem_row_major);
+        wmma::load_matrix_sync(fb, b + d, HS);
+        wmma::mma_sync(acc, fa, fb, acc);
+        wmma::store_matrix_sync(o + d, acc, HS, wmma::mem_row_major);
+    }
+}
+
+// Forward: one warp per 16 query rows walks the key tiles up to its diagonal, keeping per row a running
+// max m of the scaled scores and a running sum l of exp(score - m) (online softmax), rescaling its output
+// rows when m grows; at the end y = o / l, and lse = m + log l is kept for the backward.
+static inline size_t lp_flash_forward_shared(int HS) {  // o (fp32); q, k, v (bf16); s (fp32); p (bf16); m, l
+    return (size_t)16 * HS * 4 + 3 * 16 * HS * 2 + 256 * 4 + 256 * 2 + 2 * 16 * 4;
+}
+__global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH,
+                                                  float scale) {
+    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, t0 = blockIdx.x * 16, lane = threadIdx.x % 32;
+    LP_SHARED(float, smem);
+    float* o = smem;                     // (16,HS) unnormalised output rows
+    floatX* q = (floatX*)(o + 16 * HS);  // (16,HS)
+    floatX* k = q + 16 * HS;             // (16,HS)
+    floatX* v = k + 16 * HS;             // (16,HS)
+    float* s = (float*)(v + 16 * HS);    // (16,16) scores of one key tile
+    floatX* p = (floatX*)(s + 256);      // (16,16) their exp(scaled score - m)
+    float* m = (float*)(p + 256);        // (16)
+    float* l = m + 16;                   // (16)
+    lp_flash_load(q, qkv, 3 * C, b, t0, h * HS, T, HS);
+    for (int i = lane; i < 16 * HS; i += 32) o[i] = 0.0f;
+    if (lane < 16) m[lane] = -INFINITY, l[lane] = 0.0f;
+    for (int j0 = 0; j0 <= t0; j0 += 16) {  // key tiles up to the diagonal; j0 < T since t0 < T
+        __syncwarp();
+        lp_flash_load(k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
+        lp_flash_load(v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
+        __syncwarp();
+        lp_flash_abt(s, q, k, HS);
+        __syncwarp();
+        if (lane < 16) {  // row lane; keys after the row (causal) or past T are masked
+            int last = min(t0 + lane, T - 1) - j0;  // the row's last visible key in this tile
+            float mnew = m[lane];
+            for (int c = 0; c <= last && c < 16; c++) mnew = fmaxf(mnew, scale * s[lane * 16 + c]);
+            float alpha = expf(m[lane] - mnew), sum = 0.0f;
+            for (int c = 0; c < 16; c++) {
+                float e = c <= last ? expf(scale * s[lane * 16 + c] - mnew) : 0.0f;
+                p[lane * 16 + c] = lp_xf(e);
+                sum += e;
+            }
+            l[lane] = l[lane] * alpha + sum;
+            m[lane] = mnew;
+            for (int d = 0; d < HS; d++) o[lane * HS + d] *= alpha;
+        }
+        __syncwarp();
+        lp_flash_acc<nvcuda::wmma::row_major>(o, p, v, HS);  // o += p v
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * HS; i += 32) {
+        int r = i / HS, d = i % HS, t = t0 + r;
+        if (t < T) out[((size_t)b * T + t) * C + h * HS + d] = lp_xf(o[i] / l[r]);
+    }
+    if (lane < 16 && t0 + lane < T) lse[(size_t)bh * T + t0 + lane] = m[lane] + logf(l[lane]);
+}
+
+// Backward, with D = rowsum(dy * y) per query row: p = exp(scale q k^T - lse) (recomputed), dp = dy v^T,
+// ds = scale p (dp - D); dv = p^T dy, dk = ds^T q, dq = ds k. Deterministic without atomics: one kernel
+// owns a key tile and sums dk, dv over the query tiles at or below the diagonal; another owns a query tile
+// and sums dq over the key tiles up to it (recomputing p and ds), so every gradient has one writer.
+static inline size_t lp_flash_backward_shared(int HS) {  // 2 fp32 and 4 bf16 (16,HS) tiles; s, dp; p, ds; lse, D
+    return (size_t)2 * 16 * HS * 4 + 4 * 16 * HS * 2 + 2 * 256 * 4 + 2 * 256 * 2 + 2 * 16 * 4;
+}
+// Per query row of the tile at i0: its lse and D = sum over d of dy * y (dy staged, y read from out).
+static __device__ inline void lp_flash_row_stats(float* lse_s, float* D, const float* lse, const floatX* dy,
+                                                 const floatX* out, int bh, int i0, int T, int C, int NH) {
+    int lane = threadIdx.x % 32, HS = C / NH, t = i0 + lane;
+    if (lane >= 16) return;
+    float dot = 0.0f;
+    for (int d = 0; t < T && d < HS; d++) dot += lp_bf(dy[lane * HS + d]) * lp_bf(out[((size_t)(bh / NH) * T + t) * C + (bh % NH) * HS + d]);
+    D[lane] = dot;
+    lse_s[lane] = t < T ? lse[(size_t)bh * T + t] : 0.0f;
+}
+// The tile of queries i0.. and keys j0..: p and ds (bf16, for the tensor cores) from s = q k^T and dp = dy v^T.
+static __device__ inline void lp_flash_probs_grads(floatX* p, floatX* ds, const float* s, const float* dp, const float* lse,
+                                                   const float* D, int i0, int j0, int T, float scale) {
+    int r = threadIdx.x % 32;
+    if (r >= 16) return;
+    int last = i0 + r < T ? i0 + r - j0 : -1;  // the row's last visible key in this tile; none past T
+    for (int c = 0; c < 16; c++) {
+        float pr = c <= last ? expf(scale * s[r * 16 + c] - lse[r]) : 0.0f;
+        p[r * 16 + c] = lp_xf(pr);
+        ds[r * 16 + c] = lp_xf(scale * pr * (dp[r * 16 + c] - D[r]));
+    }
+}
+// Stages the query tile at i0 and the key tile at j0 of one (b,h) and computes its p and ds.
+struct LPFlashTiles {
+    float *s, *dp, *lse, *D;
+    floatX *q, *k, *v, *dy, *p, *ds;
+};
+static __device__ inline LPFlashTiles lp_flash_tiles(float* smem, int HS) {  // after the two fp32 (16,HS) tiles
+    LPFlashTiles w;
+    w.q = (floatX*)(smem + 2 * 16 * HS), w.k = w.q + 16 * HS, w.v = w.k + 16 * HS, w.dy = w.v + 16 * HS;
+    w.s = (float*)(w.dy + 16 * HS), w.dp = w.s + 256;
+    w.p = (floatX*)(w.dp + 256), w.ds = w.p + 256;
+    w.lse = (float*)(w.ds + 256), w.D = w.lse + 16;
+    return w;
+}
+static __device__ inline void lp_flash_tile_grads(const LPFlashTiles& w, int i0, int j0, int T, int HS, float scale) {
+    __syncwarp();
+    lp_flash_abt(w.s, w.q, w.k, HS);
+    lp_flash_abt(w.dp, w.dy, w.v, HS);
+    __syncwarp();
+    lp_flash_probs_grads(w.p, w.ds, w.s, w.dp, w.lse, w.D, i0, j0, T, scale);
+    __syncwarp();
+}
+static __device__ inline void lp_flash_store(floatX* dqkv, const float* g, int which, int b, int t0, int h, int T, int C,
+                                             int HS) {
+    __syncwarp();
+    for (int i = threadIdx.x % 32; i < 16 * HS; i += 32) {
+        int r = i / HS, d = i % HS, t = t0 + r;
+        if (t < T) dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] = lp_xf(g[i]);
+    }
+}
+__global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+                                                      const float* lse, int T, int C, int NH, float scale) {
+    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, j0 = blockIdx.x * 16, lane = threadIdx.x % 32;
+    LP_SHARED(float, smem);
+    float *dk = smem, *dv = smem + 16 * HS;
+    LPFlashTiles w = lp_flash_tiles(smem, HS);
+    for (int i = lane; i < 2 * 16 * HS; i += 32) smem[i] = 0.0f;
+    lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
+    lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
+    for (int i0 = j0; i0 < T; i0 += 16) {  // query tiles from the diagonal down
+        __syncwarp();
+        lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
+        lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
+        __syncwarp();
+        lp_flash_row_stats(w.lse, w.D, lse, w.dy, out, bh, i0, T, C, NH);
+        lp_flash_tile_grads(w, i0, j0, T, HS, scale);
+        lp_flash_acc<nvcuda::wmma::col_major>(dv, w.p, w.dy, HS);  // dv += p^T dy
+        lp_flash_acc<nvcuda::wmma::col_major>(dk, w.ds, w.q, HS);  // dk += ds^T q
+    }
+    lp_flash_store(dqkv, dk, 1, b, j0, h, T, C, HS);
+    lp_flash_store(dqkv, dv, 2, b, j0, h, T, C, HS);
+}
+__global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+                                                     const float* lse, int T, int C, int NH, float scale) {
+    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, i0 = blockIdx.x * 16, lane = threadIdx.x % 32;
+    LP_SHARED(float, smem);
+    float* dq = smem;
+    LPFlashTiles w = lp_flash_tiles(smem, HS);
+    for (int i = lane; i < 16 * HS; i += 32) dq[i] = 0.0f;
+    lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
+    lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
+    __syncwarp();
+    lp_flash_row_stats(w.lse, w.D, lse, w.dy, out, bh, i0, T, C, NH);
+    for (int j0 = 0; j0 <= i0; j0 += 16) {  // key tiles up to the diagonal
+        __syncwarp();
+        lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
+        lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
+        lp_flash_tile_grads(w, i0, j0, T, HS, scale);
+        lp_flash_acc<nvcuda::wmma::row_major>(dq, w.ds, w.k, HS);  // dq += ds k
+    }
+    lp_flash_store(dqkv, dq, 0, b, i0, h, T, C, HS);
+}
+
+static inline void lp_flash_check(int C, int NH) {
+    if (C % NH || (C / NH) % 16)
+        lp_fail("flash attention needs a head size C/NH that is a multiple of 16 (tensor-core tiles of 16); C=%d NH=%d", C, NH);
+}
+static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+    lp_flash_check(C, NH);
+    dim3 grid((T + 15) / 16, B * NH);
+    LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32, lp_flash_forward_shared(C / NH), out, lse, qkv, T, C, NH,
+              lp_attention_scale(C, NH));
+}
+// dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
+static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+                                                   const float* lse, int B, int T, int C, int NH) {
+    lp_flash_check(C, NH);
+    dim3 grid((T + 15) / 16, B * NH);
+    size_t shared = lp_flash_backward_shared(C / NH);
+    float scale = lp_attention_scale(C, NH);
+    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32, shared, dqkv, dout, out, qkv, lse, T, C, NH, scale);
+    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32, shared, dqkv, dout, out, qkv, lse, T, C, NH, scale);
 }
 
 static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch,

@@ -2866,6 +2866,51 @@ static void tier4_attention(uint64_t* rng, int B, int T, int C, int NH) {
     lp_device_free(d_dqkv); lp_device_free(d_dqkvr); lp_device_free(d_datt); lp_device_free(d_dy);
 }
 
+// Flash attention against the CPU loops (the materialised algorithm, fp32) on the same bf16 inputs: the
+// forward's output, its logsumexp per row against a double-precision one, and the backward's dqkv from the
+// GPU's own forward output. Under the emulator the race check runs every launch in three thread orders,
+// which must write the same bytes.
+static void tier4_flash_attention(uint64_t* rng, int B, int T, int C, int NH) {
+    char name[160];
+    int HS = C / NH;
+    size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, na = (size_t)B * NH * T * T, nl = (size_t)B * NH * T;
+    float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *lse = host_rand(nl, rng, 1.0f);
+    float *qkvr = host_rand(n3, rng, 1.0f), *att = host_rand(na, rng, 1.0f), *scratch = host_rand(n3, rng, 1.0f);
+    floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1);
+    float* d_lse = (float*)dev_copy(lse, nl * sizeof(float));
+    for (size_t i = 0; i < n3; i++) scratch[i] = qkv[i];  // the CPU loop uses its qkv as scratch
+    lp_attention_forward_cpu(out, qkvr, att, scratch, B, T, C, NH);
+    lp_flash_attention_forward_gpu(d_out, d_lse, d_qkv, B, T, C, NH);
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) {
+            const float* q = qkv + ((size_t)(bh / NH) * T + t) * 3 * C + (bh % NH) * HS;
+            double mx = -INFINITY, sum = 0.0, sc[1024];
+            for (int u = 0; u <= t; u++) {
+                double dot = 0.0;
+                for (int d = 0; d < HS; d++) dot += (double)q[d] * q[(long)(u - t) * 3 * C + C + d];
+                sc[u] = dot * lp_attention_scale(C, NH);
+                mx = fmax(mx, sc[u]);
+            }
+            for (int u = 0; u <= t; u++) sum += exp(sc[u] - mx);
+            lse[(size_t)bh * T + t] = (float)(mx + log(sum));
+        }
+    float *g = host_from(d_out, n1), *gl = host_from_f32(d_lse, nl);
+    snprintf(name, sizeof(name), "gpu flash_attention_forward B=%d T=%d C=%d NH=%d (HS=%d) out", B, T, C, NH, HS);
+    expect_close_scaled(name, g, out, n1, 2e-2f);
+    snprintf(name, sizeof(name), "gpu flash_attention_forward B=%d T=%d C=%d NH=%d (HS=%d) logsumexp", B, T, C, NH, HS);
+    expect_close(name, gl, lse, nl, 1e-5f, 1e-5f);
+    float *dout = host_rand(n1, rng, 1.0f), *dqkv = host_rand(n3, rng, 1.0f), *datt = host_rand(na, rng, 1.0f);
+    floatX *d_dout = dev_bf16(dout, n1), *d_dqkv = dev_bf16(dqkv, n3);
+    lp_attention_backward_cpu(dqkv, scratch, datt, out, dout, qkvr, att, B, T, C, NH);  // scratch: dqkvr, out: dy
+    lp_flash_attention_backward_gpu(d_dqkv, d_dout, d_out, d_qkv, d_lse, B, T, C, NH);
+    float* gd = host_from(d_dqkv, n3);
+    snprintf(name, sizeof(name), "gpu flash_attention_backward B=%d T=%d C=%d NH=%d (HS=%d) dqkv", B, T, C, NH, HS);
+    expect_close_scaled(name, gd, dqkv, n3, 3e-2f);
+    free(qkv); free(out); free(lse); free(qkvr); free(att); free(scratch); free(g); free(gl); free(dout); free(dqkv);
+    free(datt); free(gd);
+    lp_device_free(d_qkv); lp_device_free(d_out); lp_device_free(d_lse); lp_device_free(d_dout); lp_device_free(d_dqkv);
+}
+
 // The classifier over the whole row (t = 1) and over 2 vocabulary slices, as a TP group runs it.
 static void tier4_classifier(uint64_t* rng) {
     int N = 64, V = 1000, Vp = 1024;
@@ -2979,6 +3024,11 @@ static void tier4_kernel_tests(void) {
     tier4_gemm_strided(&rng);
     tier4_attention(&rng, 2, 64, 128, 4);
     tier4_attention(&rng, 1, 33, 100, 4);  // ragged: T=33, head size 25
+    tier4_flash_attention(&rng, 2, 1, 128, 2);    // a single row; HS=64
+    tier4_flash_attention(&rng, 2, 37, 128, 2);   // ragged T; HS=64
+    tier4_flash_attention(&rng, 1, 37, 48, 3);    // HS=16
+    tier4_flash_attention(&rng, 2, 64, 128, 4);   // HS=32, whole tiles
+    tier4_flash_attention(&rng, 1, 1024, 64, 1);  // long T; HS=64, one head to keep the emulator quick
     tier4_classifier(&rng);
     tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
