@@ -2305,18 +2305,20 @@ static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* a
 // without the (B,NH,T,T) probabilities. Work is cut in tiles of 16 queries by 16 keys of one (b,h), one
 // warp per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
 // the diagonal one masked. q, k, v are read from qkv (B,T,3C) in place, y written to out (B,T,C), and
-// gradients straight into dqkv (B,T,3C). Tiles are staged in shared memory with the rows past T zeroed
-// (ragged T). HS must be a multiple of 16 (lp_flash_check).
+// gradients straight into dqkv (B,T,3C). Tiles are staged in shared memory, HP = HS rounded up to 16
+// columns wide, with the rows past T and the columns past HS zeroed (ragged T, any head size).
 
-// Rows t0..t0+15 of a (B,T,stride) tensor, channels col..col+HS-1, into a (16,HS) tile; rows past T are zero.
+static __host__ __device__ inline int lp_flash_width(int HS) { return (HS + 15) / 16 * 16; }
+// Rows t0..t0+15 of a (B,T,stride) tensor, channels col..col+HS-1, into a (16,HP) tile, zero past T and HS.
 static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, size_t stride, int b, int t0, int col, int T,
                                             int HS) {
-    for (int i = threadIdx.x % 32; i < 16 * HS; i += 32) {
-        int r = i / HS, d = i % HS, t = t0 + r;
-        tile[i] = t < T ? src[((size_t)b * T + t) * stride + col + d] : lp_xf(0.0f);
+    int HP = lp_flash_width(HS);
+    for (int i = threadIdx.x % 32; i < 16 * HP; i += 32) {
+        int r = i / HP, d = i % HP, t = t0 + r;
+        tile[i] = t < T && d < HS ? src[((size_t)b * T + t) * stride + col + d] : lp_xf(0.0f);
     }
 }
-// s (16,16) = a b^T for two (16,HS) tiles.
+// s (16,16) = a b^T for two (16,HS) tiles (HS here a multiple of 16).
 static __device__ inline void lp_flash_abt(float* s, const floatX* a, const floatX* b, int HS) {
     using namespace nvcuda;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -2330,7 +2332,8 @@ static __device__ inline void lp_flash_abt(float* s, const floatX* a, const floa
     }
     wmma::store_matrix_sync(s, acc, 16, wmma::mem_row_major);
 }
-// o (16,HS) fp32 += a b for a (16,16) tile a and a (16,HS) tile b; LA col_major takes a's transpose.
+// o (16,HS) fp32 += a b for a (16,16) tile a and a (16,HS) tile b (HS a multiple of 16); LA col_major
+// takes a's transpose.
 template <typename LA>
 static __device__ inline void lp_flash_acc(float* o, const floatX* a, const floatX* b, int HS) {
     using namespace nvcuda;
@@ -2350,29 +2353,30 @@ static __device__ inline void lp_flash_acc(float* o, const floatX* a, const floa
 // max m of the scaled scores and a running sum l of exp(score - m) (online softmax), rescaling its output
 // rows when m grows; at the end y = o / l, and lse = m + log l is kept for the backward.
 static inline size_t lp_flash_forward_shared(int HS) {  // o (fp32); q, k, v (bf16); s (fp32); p (bf16); m, l
-    return (size_t)16 * HS * 4 + 3 * 16 * HS * 2 + 256 * 4 + 256 * 2 + 2 * 16 * 4;
+    return (size_t)16 * lp_flash_width(HS) * (4 + 3 * 2) + 256 * 4 + 256 * 2 + 2 * 16 * 4;
 }
 __global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH,
                                                   float scale) {
-    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, t0 = blockIdx.x * 16, lane = threadIdx.x % 32;
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, t0 = blockIdx.x * 16;
+    int lane = threadIdx.x % 32;
     LP_SHARED(float, smem);
-    float* o = smem;                     // (16,HS) unnormalised output rows
-    floatX* q = (floatX*)(o + 16 * HS);  // (16,HS)
-    floatX* k = q + 16 * HS;             // (16,HS)
-    floatX* v = k + 16 * HS;             // (16,HS)
-    float* s = (float*)(v + 16 * HS);    // (16,16) scores of one key tile
+    float* o = smem;                     // (16,HP) unnormalised output rows
+    floatX* q = (floatX*)(o + 16 * HP);  // (16,HP)
+    floatX* k = q + 16 * HP;             // (16,HP)
+    floatX* v = k + 16 * HP;             // (16,HP)
+    float* s = (float*)(v + 16 * HP);    // (16,16) scores of one key tile
     floatX* p = (floatX*)(s + 256);      // (16,16) their exp(scaled score - m)
     float* m = (float*)(p + 256);        // (16)
     float* l = m + 16;                   // (16)
     lp_flash_load(q, qkv, 3 * C, b, t0, h * HS, T, HS);
-    for (int i = lane; i < 16 * HS; i += 32) o[i] = 0.0f;
+    for (int i = lane; i < 16 * HP; i += 32) o[i] = 0.0f;
     if (lane < 16) m[lane] = -INFINITY, l[lane] = 0.0f;
     for (int j0 = 0; j0 <= t0; j0 += 16) {  // key tiles up to the diagonal; j0 < T since t0 < T
         __syncwarp();
         lp_flash_load(k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
         lp_flash_load(v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
         __syncwarp();
-        lp_flash_abt(s, q, k, HS);
+        lp_flash_abt(s, q, k, HP);
         __syncwarp();
         if (lane < 16) {  // row lane; keys after the row (causal) or past T are masked
             int last = min(t0 + lane, T - 1) - j0;  // the row's last visible key in this tile
@@ -2386,15 +2390,15 @@ __global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const
             }
             l[lane] = l[lane] * alpha + sum;
             m[lane] = mnew;
-            for (int d = 0; d < HS; d++) o[lane * HS + d] *= alpha;
+            for (int d = 0; d < HP; d++) o[lane * HP + d] *= alpha;
         }
         __syncwarp();
-        lp_flash_acc<nvcuda::wmma::row_major>(o, p, v, HS);  // o += p v
+        lp_flash_acc<nvcuda::wmma::row_major>(o, p, v, HP);  // o += p v
     }
     __syncwarp();
-    for (int i = lane; i < 16 * HS; i += 32) {
-        int r = i / HS, d = i % HS, t = t0 + r;
-        if (t < T) out[((size_t)b * T + t) * C + h * HS + d] = lp_xf(o[i] / l[r]);
+    for (int i = lane; i < 16 * HP; i += 32) {
+        int r = i / HP, d = i % HP, t = t0 + r;
+        if (t < T && d < HS) out[((size_t)b * T + t) * C + h * HS + d] = lp_xf(o[i] / l[r]);
     }
     if (lane < 16 && t0 + lane < T) lse[(size_t)bh * T + t0 + lane] = m[lane] + logf(l[lane]);
 }
@@ -2403,8 +2407,8 @@ __global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const
 // ds = scale p (dp - D); dv = p^T dy, dk = ds^T q, dq = ds k. Deterministic without atomics: one kernel
 // owns a key tile and sums dk, dv over the query tiles at or below the diagonal; another owns a query tile
 // and sums dq over the key tiles up to it (recomputing p and ds), so every gradient has one writer.
-static inline size_t lp_flash_backward_shared(int HS) {  // 2 fp32 and 4 bf16 (16,HS) tiles; s, dp; p, ds; lse, D
-    return (size_t)2 * 16 * HS * 4 + 4 * 16 * HS * 2 + 2 * 256 * 4 + 2 * 256 * 2 + 2 * 16 * 4;
+static inline size_t lp_flash_backward_shared(int HS) {  // 2 fp32 and 4 bf16 (16,HP) tiles; s, dp; p, ds; lse, D
+    return (size_t)16 * lp_flash_width(HS) * (2 * 4 + 4 * 2) + 2 * 256 * 4 + 2 * 256 * 2 + 2 * 16 * 4;
 }
 // Per query row of the tile at i0: its lse and D = sum over d of dy * y (dy staged, y read from out).
 static __device__ inline void lp_flash_row_stats(float* lse_s, float* D, const float* lse, const floatX* dy,
@@ -2412,7 +2416,7 @@ static __device__ inline void lp_flash_row_stats(float* lse_s, float* D, const f
     int lane = threadIdx.x % 32, HS = C / NH, t = i0 + lane;
     if (lane >= 16) return;
     float dot = 0.0f;
-    for (int d = 0; t < T && d < HS; d++) dot += lp_bf(dy[lane * HS + d]) * lp_bf(out[((size_t)(bh / NH) * T + t) * C + (bh % NH) * HS + d]);
+    for (int d = 0; t < T && d < HS; d++) dot += lp_bf(dy[lane * lp_flash_width(HS) + d]) * lp_bf(out[((size_t)(bh / NH) * T + t) * C + (bh % NH) * HS + d]);
     D[lane] = dot;
     lse_s[lane] = t < T ? lse[(size_t)bh * T + t] : 0.0f;
 }
@@ -2433,37 +2437,39 @@ struct LPFlashTiles {
     float *s, *dp, *lse, *D;
     floatX *q, *k, *v, *dy, *p, *ds;
 };
-static __device__ inline LPFlashTiles lp_flash_tiles(float* smem, int HS) {  // after the two fp32 (16,HS) tiles
+static __device__ inline LPFlashTiles lp_flash_tiles(float* smem, int HP) {  // after the two fp32 (16,HP) tiles
     LPFlashTiles w;
-    w.q = (floatX*)(smem + 2 * 16 * HS), w.k = w.q + 16 * HS, w.v = w.k + 16 * HS, w.dy = w.v + 16 * HS;
-    w.s = (float*)(w.dy + 16 * HS), w.dp = w.s + 256;
+    w.q = (floatX*)(smem + 2 * 16 * HP), w.k = w.q + 16 * HP, w.v = w.k + 16 * HP, w.dy = w.v + 16 * HP;
+    w.s = (float*)(w.dy + 16 * HP), w.dp = w.s + 256;
     w.p = (floatX*)(w.dp + 256), w.ds = w.p + 256;
     w.lse = (float*)(w.ds + 256), w.D = w.lse + 16;
     return w;
 }
-static __device__ inline void lp_flash_tile_grads(const LPFlashTiles& w, int i0, int j0, int T, int HS, float scale) {
+static __device__ inline void lp_flash_tile_grads(const LPFlashTiles& w, int i0, int j0, int T, int HP, float scale) {
     __syncwarp();
-    lp_flash_abt(w.s, w.q, w.k, HS);
-    lp_flash_abt(w.dp, w.dy, w.v, HS);
+    lp_flash_abt(w.s, w.q, w.k, HP);
+    lp_flash_abt(w.dp, w.dy, w.v, HP);
     __syncwarp();
     lp_flash_probs_grads(w.p, w.ds, w.s, w.dp, w.lse, w.D, i0, j0, T, scale);
     __syncwarp();
 }
 static __device__ inline void lp_flash_store(floatX* dqkv, const float* g, int which, int b, int t0, int h, int T, int C,
                                              int HS) {
+    int HP = lp_flash_width(HS);
     __syncwarp();
-    for (int i = threadIdx.x % 32; i < 16 * HS; i += 32) {
-        int r = i / HS, d = i % HS, t = t0 + r;
-        if (t < T) dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] = lp_xf(g[i]);
+    for (int i = threadIdx.x % 32; i < 16 * HP; i += 32) {
+        int r = i / HP, d = i % HP, t = t0 + r;
+        if (t < T && d < HS) dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] = lp_xf(g[i]);
     }
 }
 __global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
                                                       const float* lse, int T, int C, int NH, float scale) {
-    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, j0 = blockIdx.x * 16, lane = threadIdx.x % 32;
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, j0 = blockIdx.x * 16;
+    int lane = threadIdx.x % 32;
     LP_SHARED(float, smem);
-    float *dk = smem, *dv = smem + 16 * HS;
-    LPFlashTiles w = lp_flash_tiles(smem, HS);
-    for (int i = lane; i < 2 * 16 * HS; i += 32) smem[i] = 0.0f;
+    float *dk = smem, *dv = smem + 16 * HP;
+    LPFlashTiles w = lp_flash_tiles(smem, HP);
+    for (int i = lane; i < 2 * 16 * HP; i += 32) smem[i] = 0.0f;
     lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
     lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
     for (int i0 = j0; i0 < T; i0 += 16) {  // query tiles from the diagonal down
@@ -2472,20 +2478,21 @@ __global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX
         lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
         __syncwarp();
         lp_flash_row_stats(w.lse, w.D, lse, w.dy, out, bh, i0, T, C, NH);
-        lp_flash_tile_grads(w, i0, j0, T, HS, scale);
-        lp_flash_acc<nvcuda::wmma::col_major>(dv, w.p, w.dy, HS);  // dv += p^T dy
-        lp_flash_acc<nvcuda::wmma::col_major>(dk, w.ds, w.q, HS);  // dk += ds^T q
+        lp_flash_tile_grads(w, i0, j0, T, HP, scale);
+        lp_flash_acc<nvcuda::wmma::col_major>(dv, w.p, w.dy, HP);  // dv += p^T dy
+        lp_flash_acc<nvcuda::wmma::col_major>(dk, w.ds, w.q, HP);  // dk += ds^T q
     }
     lp_flash_store(dqkv, dk, 1, b, j0, h, T, C, HS);
     lp_flash_store(dqkv, dv, 2, b, j0, h, T, C, HS);
 }
 __global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
                                                      const float* lse, int T, int C, int NH, float scale) {
-    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, i0 = blockIdx.x * 16, lane = threadIdx.x % 32;
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, i0 = blockIdx.x * 16;
+    int lane = threadIdx.x % 32;
     LP_SHARED(float, smem);
     float* dq = smem;
-    LPFlashTiles w = lp_flash_tiles(smem, HS);
-    for (int i = lane; i < 16 * HS; i += 32) dq[i] = 0.0f;
+    LPFlashTiles w = lp_flash_tiles(smem, HP);
+    for (int i = lane; i < 16 * HP; i += 32) dq[i] = 0.0f;
     lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
     lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
     __syncwarp();
@@ -2494,18 +2501,13 @@ __global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX*
         __syncwarp();
         lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
         lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
-        lp_flash_tile_grads(w, i0, j0, T, HS, scale);
-        lp_flash_acc<nvcuda::wmma::row_major>(dq, w.ds, w.k, HS);  // dq += ds k
+        lp_flash_tile_grads(w, i0, j0, T, HP, scale);
+        lp_flash_acc<nvcuda::wmma::row_major>(dq, w.ds, w.k, HP);  // dq += ds k
     }
     lp_flash_store(dqkv, dq, 0, b, i0, h, T, C, HS);
 }
 
-static inline void lp_flash_check(int C, int NH) {
-    if (C % NH || (C / NH) % 16)
-        lp_fail("flash attention needs a head size C/NH that is a multiple of 16 (tensor-core tiles of 16); C=%d NH=%d", C, NH);
-}
 static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    lp_flash_check(C, NH);
     dim3 grid((T + 15) / 16, B * NH);
     LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32, lp_flash_forward_shared(C / NH), out, lse, qkv, T, C, NH,
               lp_attention_scale(C, NH));
@@ -2513,7 +2515,6 @@ static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const
 // dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
 static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
                                                    const float* lse, int B, int T, int C, int NH) {
-    lp_flash_check(C, NH);
     dim3 grid((T + 15) / 16, B * NH);
     size_t shared = lp_flash_backward_shared(C / NH);
     float scale = lp_attention_scale(C, NH);
@@ -3485,7 +3486,9 @@ static inline void lp_zero_gather_updated(LPZero* z) {
 //   none       keep everything;
 //   selective  the attention probabilities (B NH T T per layer: at T = 1024 as large as all the rest of a
 //              GPT-2 124M layer's activations) and the GELU output, cheap to redo from what is kept (q, k
-//              and the MLP's pre-activation): Megatron-LM's selective recomputation, plus llm.c's GELU;
+//              and the MLP's pre-activation): Megatron-LM's selective recomputation, plus llm.c's GELU.
+//              The CUDA build's flash attention keeps no probabilities (its backward recomputes them from
+//              q, k and each row's logsumexp whatever the flag), so there selective drops the GELU output;
 //   full       only each layer's input, the residual stream: backward reruns the layer's forward up to
 //              the GELU first (its TP collectives too), about a quarter more compute for the least memory.
 // What is recomputed has room for one layer, in the scratch that the micro-batches in flight share.
@@ -3502,8 +3505,13 @@ typedef struct {
     floatX* ln1;        // (L,Nr,C)
     float* ln1_mean;    // (L,Nr)
     float* ln1_rstd;    // (L,Nr)
+#ifdef LLMPAR_CPU
     floatX* qkvr;       // (L,3,B,NHl,T,HS) this rank's q, k, v permuted per head
     floatX* att;        // (L,B,NHl,T,T)  attention probabilities
+#else                   // flash attention reads q, k, v in place and keeps no probabilities
+    floatX* qkvs;       // (L,N,3Cl)   this rank's q, k, v as the qkv projection wrote them
+    float* lse;         // (L,B,NHl,T) logsumexp of each attention row's scaled scores
+#endif
     floatX* atty;       // (L,N,Cl)    attention output before its projection
     floatX* residual2;  // (L,Nr,C)    residual after attention
     floatX* ln2;        // (L,Nr,C)
@@ -3524,9 +3532,11 @@ typedef struct {
     floatX* full;       // (N,C)    sequence parallelism: rows gathered from the group (else unused)
     floatX* dresidual;  // (Nr,C)   gradient of the residual stream
     floatX* dfch;       // (N,Fl)
+#ifdef LLMPAR_CPU
     floatX* dqkvr;      // (3,B,NHl,T,HS)
     floatX* datt;       // (B,NHl,T,T)
     floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
+#endif
     floatX* aux_lnf;    // (Nr,C)   auxiliary losses, recomputed in backward: the final LayerNorm's output,
     float* aux_mean;    // (Nr)
     float* aux_rstd;    // (Nr)
@@ -3771,8 +3781,14 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(full, ln1, floatX, Lf * Nr * C);
     LP_CARVE(full, ln1_mean, float, Lf * Nr);
     LP_CARVE(full, ln1_rstd, float, Lf * Nr);
+#ifdef LLMPAR_CPU
     LP_CARVE(full, qkvr, floatX, Lf * N * 3 * Cl);
     LP_CARVE(sel, att, floatX, Ls * B * NHl * T * T);
+#else
+    LP_CARVE(full, qkvs, floatX, Lf * N * 3 * Cl);
+    LP_CARVE(full, lse, float, Lf * B * NHl * T);
+    (void)Ls;
+#endif
     LP_CARVE(full, atty, floatX, Lf * N * Cl);
     LP_CARVE(full, residual2, floatX, Lf * Nr * C);
     LP_CARVE(full, ln2, floatX, Lf * Nr * C);
@@ -3792,9 +3808,11 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, full, floatX, m->sp ? N * C : 0);
     LP_CARVE(1, dresidual, floatX, Nr * C);
     LP_CARVE(1, dfch, floatX, N * Fl);
+#ifdef LLMPAR_CPU
     LP_CARVE(1, dqkvr, floatX, N * 3 * Cl);
     LP_CARVE(1, datt, floatX, B * NHl * T * T);
     LP_CARVE(1, dy, floatX, N * Cl);
+#endif
     size_t aux = m->num_aux ? 1 : 0;
     LP_CARVE(1, aux_lnf, floatX, aux * Nr * C);
     LP_CARVE(1, aux_mean, float, aux * Nr);
@@ -3937,8 +3955,14 @@ static inline void lp_model_head_backward(LPModel* m, const floatX* x, const flo
 // one layer's room, which every layer uses in turn.
 typedef struct {
     const floatX* input;  // the residual stream entering the layer
-    floatX *ln1, *qkvr, *att, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+    floatX *ln1, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+#ifdef LLMPAR_CPU
+    floatX *qkvr, *att;
+#else
+    floatX* qkvs;
+    float* lse;
+#endif
 } LPLayerActs;
 static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     const LPActivations* a = &m->act;
@@ -3950,8 +3974,13 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.ln1 = a->ln1 + f * Nr * C;
     x.ln1_mean = a->ln1_mean + f * Nr;
     x.ln1_rstd = a->ln1_rstd + f * Nr;
+#ifdef LLMPAR_CPU
     x.qkvr = a->qkvr + f * 3 * N * Cl;
     x.att = a->att + s * B * NHl * T * T;
+#else
+    x.qkvs = a->qkvs + f * 3 * N * Cl;
+    x.lse = a->lse + f * B * NHl * T;
+#endif
     x.atty = a->atty + f * N * Cl;
     x.residual2 = a->residual2 + f * Nr * C;
     x.ln2 = a->ln2 + f * Nr * C;
@@ -3972,9 +4001,15 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->sp ? N / t : N;
     int C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     LPActivations* a = &m->act;
+#ifdef LLMPAR_CPU
     lp_matmul_forward(a->qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
                        lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
     lp_attention_forward(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
+#else
+    lp_matmul_forward(x->qkvs, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
+                       lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
+    lp_flash_attention_forward_gpu(x->atty, x->lse, x->qkvs, B, T, Cl, NHl);
+#endif
     lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
                                    lp_layer_param(m, LP_ATTPROJB, l), lp_layer_param(m, LP_LN2W, l),
@@ -4105,7 +4140,9 @@ static inline void lp_model_backward(LPModel* m, int last) {
                                   lp_layer_param(m, LP_LN1B, l), Nr, C);
             lp_model_layer_forward(m, l, &x);
         } else if (m->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
-            lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);
+#ifdef LLMPAR_CPU
+            lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);  // (flash attention keeps none: nothing to redo)
+#endif
             lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
@@ -4121,7 +4158,11 @@ static inline void lp_model_backward(LPModel* m, int last) {
         // attention half
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C);
+#ifdef LLMPAR_CPU
         lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
+#else
+        lp_flash_attention_backward_gpu(a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
+#endif
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),

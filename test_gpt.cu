@@ -3029,6 +3029,7 @@ static void tier4_kernel_tests(void) {
     tier4_flash_attention(&rng, 1, 37, 48, 3);    // HS=16
     tier4_flash_attention(&rng, 2, 64, 128, 4);   // HS=32, whole tiles
     tier4_flash_attention(&rng, 1, 1024, 64, 1);  // long T; HS=64, one head to keep the emulator quick
+    tier4_flash_attention(&rng, 1, 33, 100, 4);   // HS=25: tiles padded to 32 columns
     tier4_classifier(&rng);
     tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
@@ -3193,6 +3194,29 @@ static void test_zero_memory(void) {
            "ZeRO 0 -> 3 each lower the GPU memory of a d=2 run (cudaMemGetInfo)");
 }
 
+// Flash attention keeps no (B,NH,T,T) probabilities: the activations of GPT-2 124M (B=1, one rank, all
+// kept) grow linearly in T, at most 2.2x from T=512 to 1024 (the probabilities alone would add a T^2 term
+// as large as all the rest of a layer at T=1024).
+static void test_activation_memory_linear(void) {
+    LPConfig c;
+    lp_config_from_depth(&c, "d12");
+    double bytes[2];
+    for (int k = 0; k < 2; k++) {
+        LPModel shape;  // what lp_activations_layout reads
+        memset(&shape, 0, sizeof(shape));
+        shape.cfg = c;
+        shape.tp_size = 1;
+        shape.L = c.num_layers;
+        shape.last = 1;
+        LPActivations a;
+        size_t scratch, stored = lp_activations_layout(&a, &shape, 1, k ? 1024 : 512, NULL, NULL, &scratch);
+        bytes[k] = (double)stored + scratch;
+    }
+    printf("     124M activations, B=1: %.1f MiB at T=512, %.1f MiB at T=1024 (%.3fx)\n", bytes[0] / 1048576, bytes[1] / 1048576,
+           bytes[1] / bytes[0]);
+    expect(bytes[1] <= 2.2 * bytes[0], "flash attention: 124M's activation memory at T=1024 is at most 2.2x that at T=512");
+}
+
 // Asking for far more activation memory than the GPU has is a one-line error saying how much.
 static void test_out_of_memory(void) {
     static char out[1 << 16];
@@ -3280,6 +3304,7 @@ int main(int argc, char** argv) {
     RUN(test_step_vs_cpu_build);
     RUN(test_parallel_grids);
     RUN(test_zero_memory);
+    RUN(test_activation_memory_linear);
     RUN(test_out_of_memory);
 #endif
     char out[256];
