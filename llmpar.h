@@ -2111,11 +2111,12 @@ static inline void lp_gelu_backward_gpu(floatX* dinp, const floatX* inp, const f
 }
 #endif
 
-// --- causal self-attention. The CPU loop follows the CUDA algorithm step by step:
+// --- causal self-attention. The CPU build's loop materialises the probabilities:
 //   permute qkv (B,T,3,NH,HS) -> qkvr (3,B,NH,T,HS); att = softmax(scale * q k^T) with the causal mask
 //   (attention_probs, which backward also calls to recompute att); y = att v into the qkv buffer (no
 //   longer needed: backward reads qkvr); unpermute y -> out (B,T,C).
-// att (B,NH,T,T) holds the probabilities, zero above the diagonal.
+// att (B,NH,T,T) holds the probabilities, zero above the diagonal. The CUDA build computes the same by
+// flash attention (below), which keeps none; these loops are its oracle.
 static inline float lp_attention_scale(int C, int NH) { return 1.0f / sqrtf((float)(C / NH)); }
 
 // One head's product C (M,N) = op(A) @ op(B), row-major, op transposing when ta / tb is set (A is (K,M)
@@ -2230,77 +2231,6 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 }
 
 #ifndef LLMPAR_CPU
-// (B,T,3,NH,HS) <-> (3,B,NH,T,HS), one thread per element; to_rows picks the direction
-__global__ void lp_permute_qkv_kernel(floatX* dst, const floatX* src, int B, int T, int C, int NH, int to_rows) {
-    int HS = C / NH;
-    size_t plane = (size_t)B * NH * T * HS, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // permuted index
-    if (i >= 3 * plane) return;
-    size_t which = i / plane, r = i % plane;
-    size_t d = r % HS, t = (r / HS) % T, h = (r / HS / T) % NH, b = r / HS / T / NH;
-    size_t j = (b * T + t) * 3 * C + which * C + h * HS + d;  // row-major index
-    if (to_rows) dst[j] = src[i];
-    else dst[i] = src[j];
-}
-// (B,NH,T,HS) <-> (B,T,NH*HS) for one tensor; to_rows picks the direction
-__global__ void lp_permute_heads_kernel(floatX* dst, const floatX* src, int B, int T, int C, int NH, int to_rows) {
-    int HS = C / NH;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // per-head index
-    if (i >= (size_t)B * T * C) return;
-    size_t d = i % HS, t = (i / HS) % T, h = (i / HS / T) % NH, b = i / HS / T / NH;
-    size_t j = (b * T + t) * C + h * HS + d;
-    if (to_rows) dst[j] = src[i];
-    else dst[i] = src[j];
-}
-// One warp per row t1 of one (b,h): probabilities exp(scale (s - max)) / sum over t2 <= t1, zero after.
-__global__ void lp_softmax_causal_kernel(floatX* att, int rows, int T, float scale) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    int t1 = row % T;
-    floatX* a = att + (size_t)row * T;
-    float maxv = -INFINITY;
-    for (int t2 = lane; t2 <= t1; t2 += 32) maxv = fmaxf(maxv, lp_bf(a[t2]));
-    maxv = lp_warp_max(maxv);
-    float sum = 0.0f;
-    for (int t2 = lane; t2 <= t1; t2 += 32) sum += expf(scale * (lp_bf(a[t2]) - maxv));
-    sum = lp_warp_sum(sum);
-    for (int t2 = lane; t2 < T; t2 += 32) a[t2] = lp_xf(t2 <= t1 ? expf(scale * (lp_bf(a[t2]) - maxv)) / sum : 0.0f);
-}
-// In place: datt -> dpre = scale * att * (datt - sum_t2 att * datt), zero above the diagonal.
-__global__ void lp_softmax_causal_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    int t1 = row % T;
-    floatX* d = datt + (size_t)row * T;
-    const floatX* a = att + (size_t)row * T;
-    float dot = 0.0f;
-    for (int t2 = lane; t2 <= t1; t2 += 32) dot += lp_bf(a[t2]) * lp_bf(d[t2]);
-    dot = lp_warp_sum(dot);
-    for (int t2 = lane; t2 < T; t2 += 32) d[t2] = lp_xf(t2 <= t1 ? scale * lp_bf(a[t2]) * (lp_bf(d[t2]) - dot) : 0.0f);
-}
-
-static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B, int T, int C, int NH) {
-    int HS = C / NH, BNH = B * NH;
-    size_t plane = (size_t)B * NH * T * HS;
-    long long sh = (long long)T * HS, st = (long long)T * T;
-    // att (T1,T2) row-major = q k^T per (b,h): column-major m=T2, n=T1, k=HS with k transposed
-    lp_gemm(1, 0, T, T, HS, qkvr + plane, HS, sh, qkvr, HS, sh, att, T, st, BNH, 1.0f, 0.0f, NULL, NULL);
-    LP_LAUNCH(lp_softmax_causal_kernel, lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS, 0, att, BNH * T, T,
-              lp_attention_scale(C, NH));
-}
-
-static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C,
-                                            int NH) {
-    int HS = C / NH, BNH = B * NH;
-    size_t plane = (size_t)B * NH * T * HS;
-    long long sh = (long long)T * HS, st = (long long)T * T;
-    const floatX* v = qkvr + 2 * plane;
-    LP_LAUNCH(lp_permute_qkv_kernel, lp_grid(3 * plane, LP_THREADS), LP_THREADS, 0, qkvr, qkv, B, T, C, NH, 0);
-    lp_attention_probs_gpu(att, qkvr, B, T, C, NH);
-    // y (T,HS) = att v per (b,h), into the qkv buffer (free now: backward reads qkvr)
-    lp_gemm(0, 0, HS, T, T, v, HS, sh, att, T, st, qkv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);
-    LP_LAUNCH(lp_permute_heads_kernel, lp_grid(plane, LP_THREADS), LP_THREADS, 0, out, qkv, B, T, C, NH, 1);
-}
-
 // Flash attention: the results of lp_attention_forward_cpu and lp_attention_backward_cpu (their oracles)
 // without the (B,NH,T,T) probabilities. Work is cut in tiles of 16 queries by 16 keys of one (b,h), one
 // warp per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
@@ -2520,24 +2450,6 @@ static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* d
     float scale = lp_attention_scale(C, NH);
     LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32, shared, dqkv, dout, out, qkv, lse, T, C, NH, scale);
     LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32, shared, dqkv, dout, out, qkv, lse, T, C, NH, scale);
-}
-
-static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch,
-                                             const floatX* dout, const floatX* qkvr, const floatX* att, int B, int T,
-                                             int C, int NH) {
-    int HS = C / NH, BNH = B * NH;
-    size_t plane = (size_t)B * NH * T * HS;
-    long long sh = (long long)T * HS, st = (long long)T * T;
-    const floatX *q = qkvr, *k = qkvr + plane, *v = qkvr + 2 * plane;
-    floatX *dq = dqkvr, *dk = dqkvr + plane, *dv = dqkvr + 2 * plane, *dy = scratch;
-    LP_LAUNCH(lp_permute_heads_kernel, lp_grid(plane, LP_THREADS), LP_THREADS, 0, dy, dout, B, T, C, NH, 0);
-    lp_gemm(1, 0, T, T, HS, v, HS, sh, dy, HS, sh, datt, T, st, BNH, 1.0f, 0.0f, NULL, NULL);  // datt = dy v^T
-    lp_gemm(0, 1, HS, T, T, dy, HS, sh, att, T, st, dv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dv = att^T dy
-    LP_LAUNCH(lp_softmax_causal_backward_kernel, lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS, 0, datt, att, BNH * T,
-              T, lp_attention_scale(C, NH));
-    lp_gemm(0, 0, HS, T, T, k, HS, sh, datt, T, st, dq, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dq = dpre k
-    lp_gemm(0, 1, HS, T, T, q, HS, sh, datt, T, st, dk, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dk = dpre^T q
-    LP_LAUNCH(lp_permute_qkv_kernel, lp_grid(3 * plane, LP_THREADS), LP_THREADS, 0, dqkv, dqkvr, B, T, C, NH, 1);
 }
 #endif
 
@@ -2796,9 +2708,6 @@ static inline void lp_scratch_reserve(size_t N, int C) {
 #define lp_gemm_strided               lp_gemm_strided_gpu
 #define lp_gelu_forward               lp_gelu_forward_gpu
 #define lp_gelu_backward              lp_gelu_backward_gpu
-#define lp_attention_probs            lp_attention_probs_gpu
-#define lp_attention_forward          lp_attention_forward_gpu
-#define lp_attention_backward         lp_attention_backward_gpu
 #define lp_classifier_stats           lp_classifier_stats_gpu
 #define lp_classifier_grad            lp_classifier_grad_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu

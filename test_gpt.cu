@@ -2830,42 +2830,6 @@ static void tier4_matmul(uint64_t* rng) {
     lp_device_free(d_x); lp_device_free(d_dout); lp_device_free(d_dinp);
 }
 
-static void tier4_attention(uint64_t* rng, int B, int T, int C, int NH) {
-    char name[160];
-    size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, na = (size_t)B * NH * T * T;
-    float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *qkvr = host_rand(n3, rng, 1.0f), *att = host_rand(na, rng, 1.0f);
-    floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_qkvr = dev_bf16(qkvr, n3), *d_att = dev_bf16(att, na);
-    lp_attention_forward_cpu(out, qkvr, att, qkv, B, T, C, NH);
-    lp_attention_forward_gpu(d_out, d_qkvr, d_att, d_qkv, B, T, C, NH);
-    float *g = host_from(d_out, n1), *ga = host_from(d_att, na), *gq = host_from(d_qkvr, n3);
-    snprintf(name, sizeof(name), "gpu attention_forward B=%d T=%d C=%d NH=%d qkvr (permute is exact)", B, T, C, NH);
-    expect_close(name, gq, qkvr, n3, 0.0f, 0.0f);
-    snprintf(name, sizeof(name), "gpu attention_forward B=%d T=%d C=%d NH=%d probabilities", B, T, C, NH);
-    expect_close(name, ga, att, na, 1e-2f, 2e-2f);
-    snprintf(name, sizeof(name), "gpu attention_forward B=%d T=%d C=%d NH=%d out", B, T, C, NH);
-    expect_close_scaled(name, g, out, n1, 2e-2f);
-    floatX* d_again = dev_bf16(att, na);  // recomputation: the same probabilities from the saved q and k, bit for bit
-    lp_attention_probs_gpu(d_again, d_qkvr, B, T, C, NH);
-    float* again = host_from(d_again, na);
-    expect(memcmp(again, ga, na * sizeof(float)) == 0, "gpu attention_probs recomputes attention_forward's probabilities exactly");
-    free(again);
-    lp_device_free(d_again);
-    // backward from the GPU's own saved probabilities, so both sides start from the same att
-    float *dout = host_rand(n1, rng, 1.0f), *dqkv = host_rand(n3, rng, 1.0f), *dqkvr = host_rand(n3, rng, 1.0f);
-    float *datt = host_rand(na, rng, 1.0f), *dy = host_rand(n1, rng, 1.0f);
-    floatX *d_dout = dev_bf16(dout, n1), *d_dqkv = dev_bf16(dqkv, n3), *d_dqkvr = dev_bf16(dqkvr, n3);
-    floatX *d_datt = dev_bf16(datt, na), *d_dy = dev_bf16(dy, n1);
-    lp_attention_backward_cpu(dqkv, dqkvr, datt, dy, dout, gq, ga, B, T, C, NH);
-    lp_attention_backward_gpu(d_dqkv, d_dqkvr, d_datt, d_dy, d_dout, d_qkvr, d_att, B, T, C, NH);
-    float* gd = host_from(d_dqkv, n3);
-    snprintf(name, sizeof(name), "gpu attention_backward B=%d T=%d C=%d NH=%d dqkv", B, T, C, NH);
-    expect_close_scaled(name, gd, dqkv, n3, 3e-2f);
-    free(qkv); free(out); free(qkvr); free(att); free(g); free(ga); free(gq); free(dout); free(dqkv); free(dqkvr);
-    free(datt); free(dy); free(gd);
-    lp_device_free(d_qkv); lp_device_free(d_out); lp_device_free(d_qkvr); lp_device_free(d_att); lp_device_free(d_dout);
-    lp_device_free(d_dqkv); lp_device_free(d_dqkvr); lp_device_free(d_datt); lp_device_free(d_dy);
-}
-
 // Flash attention against the CPU loops (the materialised algorithm, fp32) on the same bf16 inputs: the
 // forward's output, its logsumexp per row against a double-precision one, and the backward's dqkv from the
 // GPU's own forward output. Under the emulator the race check runs every launch in three thread orders,
@@ -3022,8 +2986,6 @@ static void tier4_kernel_tests(void) {
     tier4_layernorm(&rng);
     tier4_matmul(&rng);
     tier4_gemm_strided(&rng);
-    tier4_attention(&rng, 2, 64, 128, 4);
-    tier4_attention(&rng, 1, 33, 100, 4);  // ragged: T=33, head size 25
     tier4_flash_attention(&rng, 2, 1, 128, 2);    // a single row; HS=64
     tier4_flash_attention(&rng, 2, 37, 128, 2);   // ragged T; HS=64
     tier4_flash_attention(&rng, 1, 37, 48, 3);    // HS=16
