@@ -126,6 +126,7 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 #else
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <mma.h>
 #include <cuda_runtime.h>
 #ifdef LLMPAR_NCCL
 #include <nccl.h>
@@ -2220,11 +2221,12 @@ static inline void lp_gemm_strided_gpu(int ta, int tb, int M, int N, int K, cons
 
 #endif
 
-// --- causal self-attention. The CPU loop follows the CUDA algorithm step by step:
+// --- causal self-attention. The CPU build's loop materialises the probabilities:
 //   permute qkv (B,T,3,NH,HS) -> qkvr (3,B,NH,T,HS); att = softmax(scale * q k^T) with the causal mask
 //   (attention_probs, which backward also calls to recompute att); y = att v into the qkv buffer (no
 //   longer needed: backward reads qkvr); unpermute y -> out (B,T,C).
-// att (B,NH,T,T) holds the probabilities, zero above the diagonal.
+// att (B,NH,T,T) holds the probabilities, zero above the diagonal. The CUDA build computes the same by
+// flash attention (below), which keeps none; these loops are its oracle.
 static inline float lp_attention_scale(int C, int NH) { return 1.0f / sqrtf((float)(C / NH)); }
 
 // One head's product C (M,N) = op(A) @ op(B), row-major, op transposing when ta / tb is set (A is (K,M)
@@ -2339,93 +2341,225 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 }
 
 #ifndef LLMPAR_CPU
-// (B,T,3,NH,HS) <-> (3,B,NH,T,HS), one thread per element; to_rows picks the direction
-__global__ void lp_permute_qkv_kernel(floatX* dst, const floatX* src, int B, int T, int C, int NH, int to_rows) {
-    int HS = C / NH;
-    size_t plane = (size_t)B * NH * T * HS, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // permuted index
-    if (i >= 3 * plane) return;
-    size_t which = i / plane, r = i % plane;
-    size_t d = r % HS, t = (r / HS) % T, h = (r / HS / T) % NH, b = r / HS / T / NH;
-    size_t j = (b * T + t) * 3 * C + which * C + h * HS + d;  // row-major index
-    if (to_rows) dst[j] = src[i];
-    else dst[i] = src[j];
+// Flash attention: the results of lp_attention_forward_cpu and lp_attention_backward_cpu (their oracles)
+// without the (B,NH,T,T) probabilities. Work is cut in tiles of 16 queries by 16 keys of one (b,h), one
+// warp per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
+// the diagonal one masked. q, k, v are read from qkv (B,T,3C) in place, y written to out (B,T,C), and
+// gradients straight into dqkv (B,T,3C). Tiles are staged in shared memory, HP = HS rounded up to 16
+// columns wide, with the rows past T and the columns past HS zeroed (ragged T, any head size).
+
+static __host__ __device__ inline int lp_flash_width(int HS) { return (HS + 15) / 16 * 16; }
+// Rows t0..t0+15 of a (B,T,stride) tensor, channels col..col+HS-1, into a (16,HP) tile, zero past T and HS.
+static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, size_t stride, int b, int t0, int col, int T,
+                                            int HS) {
+    int HP = lp_flash_width(HS);
+    for (int i = threadIdx.x % 32; i < 16 * HP; i += 32) {
+        int r = i / HP, d = i % HP, t = t0 + r;
+        tile[i] = t < T && d < HS ? src[((size_t)b * T + t) * stride + col + d] : lp_xf(0.0f);
+    }
 }
-// (B,NH,T,HS) <-> (B,T,NH*HS) for one tensor; to_rows picks the direction
-__global__ void lp_permute_heads_kernel(floatX* dst, const floatX* src, int B, int T, int C, int NH, int to_rows) {
-    int HS = C / NH;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // per-head index
-    if (i >= (size_t)B * T * C) return;
-    size_t d = i % HS, t = (i / HS) % T, h = (i / HS / T) % NH, b = i / HS / T / NH;
-    size_t j = (b * T + t) * C + h * HS + d;
-    if (to_rows) dst[j] = src[i];
-    else dst[i] = src[j];
+// s (16,16) = a b^T for two (16,HS) tiles (HS here a multiple of 16).
+static __device__ inline void lp_flash_abt(float* s, const floatX* a, const floatX* b, int HS) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int d = 0; d < HS; d += 16) {  // b's rows are the columns of the B operand: b is B column-major
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> fb;
+        wmma::load_matrix_sync(fa, a + d, HS);
+        wmma::load_matrix_sync(fb, b + d, HS);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(s, acc, 16, wmma::mem_row_major);
 }
-// One warp per row t1 of one (b,h): probabilities exp(scale (s - max)) / sum over t2 <= t1, zero after.
-__global__ void lp_softmax_causal_kernel(floatX* att, int rows, int T, float scale) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    int t1 = row % T;
-    floatX* a = att + (size_t)row * T;
-    float maxv = -INFINITY;
-    for (int t2 = lane; t2 <= t1; t2 += 32) maxv = fmaxf(maxv, lp_bf(a[t2]));
-    maxv = lp_warp_max(maxv);
-    float sum = 0.0f;
-    for (int t2 = lane; t2 <= t1; t2 += 32) sum += expf(scale * (lp_bf(a[t2]) - maxv));
-    sum = lp_warp_sum(sum);
-    for (int t2 = lane; t2 < T; t2 += 32) a[t2] = lp_xf(t2 <= t1 ? expf(scale * (lp_bf(a[t2]) - maxv)) / sum : 0.0f);
-}
-// In place: datt -> dpre = scale * att * (datt - sum_t2 att * datt), zero above the diagonal.
-__global__ void lp_softmax_causal_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= rows) return;
-    int t1 = row % T;
-    floatX* d = datt + (size_t)row * T;
-    const floatX* a = att + (size_t)row * T;
-    float dot = 0.0f;
-    for (int t2 = lane; t2 <= t1; t2 += 32) dot += lp_bf(a[t2]) * lp_bf(d[t2]);
-    dot = lp_warp_sum(dot);
-    for (int t2 = lane; t2 < T; t2 += 32) d[t2] = lp_xf(t2 <= t1 ? scale * lp_bf(a[t2]) * (lp_bf(d[t2]) - dot) : 0.0f);
+// o (16,HS) fp32 += a b for a (16,16) tile a and a (16,HS) tile b (HS a multiple of 16); LA col_major
+// takes a's transpose.
+template <typename LA>
+static __device__ inline void lp_flash_acc(float* o, const floatX* a, const floatX* b, int HS) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, LA> fa;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::load_matrix_sync(fa, a, 16);
+    for (int d = 0; d < HS; d += 16) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> fb;
+        wmma::load_matrix_sync(acc, o + d, HS, wmma::mem_row_major);
+        wmma::load_matrix_sync(fb, b + d, HS);
+        wmma::mma_sync(acc, fa, fb, acc);
+        wmma::store_matrix_sync(o + d, acc, HS, wmma::mem_row_major);
+    }
 }
 
-static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B, int T, int C, int NH) {
-    int HS = C / NH, BNH = B * NH;
-    size_t plane = (size_t)B * NH * T * HS;
-    long long sh = (long long)T * HS, st = (long long)T * T;
-    // att (T1,T2) row-major = q k^T per (b,h): column-major m=T2, n=T1, k=HS with k transposed
-    lp_gemm(1, 0, T, T, HS, qkvr + plane, HS, sh, qkvr, HS, sh, att, T, st, BNH, 1.0f, 0.0f, NULL, NULL);
-    LP_LAUNCH(lp_softmax_causal_kernel, lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS, 0, att, BNH * T, T,
+// Forward: one warp per 16 query rows walks the key tiles up to its diagonal, keeping per row a running
+// max m of the scaled scores and a running sum l of exp(score - m) (online softmax), rescaling its output
+// rows when m grows; at the end y = o / l, and lse = m + log l is kept for the backward.
+static inline size_t lp_flash_forward_shared(int HS) {  // o (fp32); q, k, v (bf16); s (fp32); p (bf16); m, l
+    return (size_t)16 * lp_flash_width(HS) * (4 + 3 * 2) + 256 * 4 + 256 * 2 + 2 * 16 * 4;
+}
+__global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH,
+                                                  float scale) {
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, t0 = blockIdx.x * 16;
+    int lane = threadIdx.x % 32;
+    LP_SHARED(float, smem);
+    float* o = smem;                     // (16,HP) unnormalised output rows
+    floatX* q = (floatX*)(o + 16 * HP);  // (16,HP)
+    floatX* k = q + 16 * HP;             // (16,HP)
+    floatX* v = k + 16 * HP;             // (16,HP)
+    float* s = (float*)(v + 16 * HP);    // (16,16) scores of one key tile
+    floatX* p = (floatX*)(s + 256);      // (16,16) their exp(scaled score - m)
+    float* m = (float*)(p + 256);        // (16)
+    float* l = m + 16;                   // (16)
+    lp_flash_load(q, qkv, 3 * C, b, t0, h * HS, T, HS);
+    for (int i = lane; i < 16 * HP; i += 32) o[i] = 0.0f;
+    if (lane < 16) m[lane] = -INFINITY, l[lane] = 0.0f;
+    for (int j0 = 0; j0 <= t0; j0 += 16) {  // key tiles up to the diagonal; j0 < T since t0 < T
+        __syncwarp();
+        lp_flash_load(k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
+        lp_flash_load(v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
+        __syncwarp();
+        lp_flash_abt(s, q, k, HP);
+        __syncwarp();
+        if (lane < 16) {  // row lane; keys after the row (causal) or past T are masked
+            int last = min(t0 + lane, T - 1) - j0;  // the row's last visible key in this tile
+            float mnew = m[lane];
+            for (int c = 0; c <= last && c < 16; c++) mnew = fmaxf(mnew, scale * s[lane * 16 + c]);
+            float alpha = expf(m[lane] - mnew), sum = 0.0f;
+            for (int c = 0; c < 16; c++) {
+                float e = c <= last ? expf(scale * s[lane * 16 + c] - mnew) : 0.0f;
+                p[lane * 16 + c] = lp_xf(e);
+                sum += e;
+            }
+            l[lane] = l[lane] * alpha + sum;
+            m[lane] = mnew;
+            for (int d = 0; d < HP; d++) o[lane * HP + d] *= alpha;
+        }
+        __syncwarp();
+        lp_flash_acc<nvcuda::wmma::row_major>(o, p, v, HP);  // o += p v
+    }
+    __syncwarp();
+    for (int i = lane; i < 16 * HP; i += 32) {
+        int r = i / HP, d = i % HP, t = t0 + r;
+        if (t < T && d < HS) out[((size_t)b * T + t) * C + h * HS + d] = lp_xf(o[i] / l[r]);
+    }
+    if (lane < 16 && t0 + lane < T) lse[(size_t)bh * T + t0 + lane] = m[lane] + logf(l[lane]);
+}
+
+// Backward, with D = rowsum(dy * y) per query row: p = exp(scale q k^T - lse) (recomputed), dp = dy v^T,
+// ds = scale p (dp - D); dv = p^T dy, dk = ds^T q, dq = ds k. Deterministic without atomics: one kernel
+// owns a key tile and sums dk, dv over the query tiles at or below the diagonal; another owns a query tile
+// and sums dq over the key tiles up to it (recomputing p and ds), so every gradient has one writer.
+static inline size_t lp_flash_backward_shared(int HS) {  // 2 fp32 and 4 bf16 (16,HP) tiles; s, dp; p, ds; lse, D
+    return (size_t)16 * lp_flash_width(HS) * (2 * 4 + 4 * 2) + 2 * 256 * 4 + 2 * 256 * 2 + 2 * 16 * 4;
+}
+// Per query row of the tile at i0: its lse and D = sum over d of dy * y (dy staged, y read from out).
+static __device__ inline void lp_flash_row_stats(float* lse_s, float* D, const float* lse, const floatX* dy,
+                                                 const floatX* out, int bh, int i0, int T, int C, int NH) {
+    int lane = threadIdx.x % 32, HS = C / NH, t = i0 + lane;
+    if (lane >= 16) return;
+    float dot = 0.0f;
+    for (int d = 0; t < T && d < HS; d++) dot += lp_bf(dy[lane * lp_flash_width(HS) + d]) * lp_bf(out[((size_t)(bh / NH) * T + t) * C + (bh % NH) * HS + d]);
+    D[lane] = dot;
+    lse_s[lane] = t < T ? lse[(size_t)bh * T + t] : 0.0f;
+}
+// The tile of queries i0.. and keys j0..: p and ds (bf16, for the tensor cores) from s = q k^T and dp = dy v^T.
+static __device__ inline void lp_flash_probs_grads(floatX* p, floatX* ds, const float* s, const float* dp, const float* lse,
+                                                   const float* D, int i0, int j0, int T, float scale) {
+    int r = threadIdx.x % 32;
+    if (r >= 16) return;
+    int last = i0 + r < T ? i0 + r - j0 : -1;  // the row's last visible key in this tile; none past T
+    for (int c = 0; c < 16; c++) {
+        float pr = c <= last ? expf(scale * s[r * 16 + c] - lse[r]) : 0.0f;
+        p[r * 16 + c] = lp_xf(pr);
+        ds[r * 16 + c] = lp_xf(scale * pr * (dp[r * 16 + c] - D[r]));
+    }
+}
+// Stages the query tile at i0 and the key tile at j0 of one (b,h) and computes its p and ds.
+struct LPFlashTiles {
+    float *s, *dp, *lse, *D;
+    floatX *q, *k, *v, *dy, *p, *ds;
+};
+static __device__ inline LPFlashTiles lp_flash_tiles(float* smem, int HP) {  // after the two fp32 (16,HP) tiles
+    LPFlashTiles w;
+    w.q = (floatX*)(smem + 2 * 16 * HP), w.k = w.q + 16 * HP, w.v = w.k + 16 * HP, w.dy = w.v + 16 * HP;
+    w.s = (float*)(w.dy + 16 * HP), w.dp = w.s + 256;
+    w.p = (floatX*)(w.dp + 256), w.ds = w.p + 256;
+    w.lse = (float*)(w.ds + 256), w.D = w.lse + 16;
+    return w;
+}
+static __device__ inline void lp_flash_tile_grads(const LPFlashTiles& w, int i0, int j0, int T, int HP, float scale) {
+    __syncwarp();
+    lp_flash_abt(w.s, w.q, w.k, HP);
+    lp_flash_abt(w.dp, w.dy, w.v, HP);
+    __syncwarp();
+    lp_flash_probs_grads(w.p, w.ds, w.s, w.dp, w.lse, w.D, i0, j0, T, scale);
+    __syncwarp();
+}
+static __device__ inline void lp_flash_store(floatX* dqkv, const float* g, int which, int b, int t0, int h, int T, int C,
+                                             int HS) {
+    int HP = lp_flash_width(HS);
+    __syncwarp();
+    for (int i = threadIdx.x % 32; i < 16 * HP; i += 32) {
+        int r = i / HP, d = i % HP, t = t0 + r;
+        if (t < T && d < HS) dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] = lp_xf(g[i]);
+    }
+}
+__global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+                                                      const float* lse, int T, int C, int NH, float scale) {
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, j0 = blockIdx.x * 16;
+    int lane = threadIdx.x % 32;
+    LP_SHARED(float, smem);
+    float *dk = smem, *dv = smem + 16 * HP;
+    LPFlashTiles w = lp_flash_tiles(smem, HP);
+    for (int i = lane; i < 2 * 16 * HP; i += 32) smem[i] = 0.0f;
+    lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
+    lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
+    for (int i0 = j0; i0 < T; i0 += 16) {  // query tiles from the diagonal down
+        __syncwarp();
+        lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
+        lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
+        __syncwarp();
+        lp_flash_row_stats(w.lse, w.D, lse, w.dy, out, bh, i0, T, C, NH);
+        lp_flash_tile_grads(w, i0, j0, T, HP, scale);
+        lp_flash_acc<nvcuda::wmma::col_major>(dv, w.p, w.dy, HP);  // dv += p^T dy
+        lp_flash_acc<nvcuda::wmma::col_major>(dk, w.ds, w.q, HP);  // dk += ds^T q
+    }
+    lp_flash_store(dqkv, dk, 1, b, j0, h, T, C, HS);
+    lp_flash_store(dqkv, dv, 2, b, j0, h, T, C, HS);
+}
+__global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+                                                     const float* lse, int T, int C, int NH, float scale) {
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, i0 = blockIdx.x * 16;
+    int lane = threadIdx.x % 32;
+    LP_SHARED(float, smem);
+    float* dq = smem;
+    LPFlashTiles w = lp_flash_tiles(smem, HP);
+    for (int i = lane; i < 16 * HP; i += 32) dq[i] = 0.0f;
+    lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
+    lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
+    __syncwarp();
+    lp_flash_row_stats(w.lse, w.D, lse, w.dy, out, bh, i0, T, C, NH);
+    for (int j0 = 0; j0 <= i0; j0 += 16) {  // key tiles up to the diagonal
+        __syncwarp();
+        lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
+        lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
+        lp_flash_tile_grads(w, i0, j0, T, HP, scale);
+        lp_flash_acc<nvcuda::wmma::row_major>(dq, w.ds, w.k, HP);  // dq += ds k
+    }
+    lp_flash_store(dqkv, dq, 0, b, i0, h, T, C, HS);
+}
+
+static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+    dim3 grid((T + 15) / 16, B * NH);
+    LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32, lp_flash_forward_shared(C / NH), out, lse, qkv, T, C, NH,
               lp_attention_scale(C, NH));
 }
-
-static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C,
-                                            int NH) {
-    int HS = C / NH, BNH = B * NH;
-    size_t plane = (size_t)B * NH * T * HS;
-    long long sh = (long long)T * HS, st = (long long)T * T;
-    const floatX* v = qkvr + 2 * plane;
-    LP_LAUNCH(lp_permute_qkv_kernel, lp_grid(3 * plane, LP_THREADS), LP_THREADS, 0, qkvr, qkv, B, T, C, NH, 0);
-    lp_attention_probs_gpu(att, qkvr, B, T, C, NH);
-    // y (T,HS) = att v per (b,h), into the qkv buffer (free now: backward reads qkvr)
-    lp_gemm(0, 0, HS, T, T, v, HS, sh, att, T, st, qkv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);
-    LP_LAUNCH(lp_permute_heads_kernel, lp_grid(plane, LP_THREADS), LP_THREADS, 0, out, qkv, B, T, C, NH, 1);
-}
-
-static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch,
-                                             const floatX* dout, const floatX* qkvr, const floatX* att, int B, int T,
-                                             int C, int NH) {
-    int HS = C / NH, BNH = B * NH;
-    size_t plane = (size_t)B * NH * T * HS;
-    long long sh = (long long)T * HS, st = (long long)T * T;
-    const floatX *q = qkvr, *k = qkvr + plane, *v = qkvr + 2 * plane;
-    floatX *dq = dqkvr, *dk = dqkvr + plane, *dv = dqkvr + 2 * plane, *dy = scratch;
-    LP_LAUNCH(lp_permute_heads_kernel, lp_grid(plane, LP_THREADS), LP_THREADS, 0, dy, dout, B, T, C, NH, 0);
-    lp_gemm(1, 0, T, T, HS, v, HS, sh, dy, HS, sh, datt, T, st, BNH, 1.0f, 0.0f, NULL, NULL);  // datt = dy v^T
-    lp_gemm(0, 1, HS, T, T, dy, HS, sh, att, T, st, dv, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dv = att^T dy
-    LP_LAUNCH(lp_softmax_causal_backward_kernel, lp_grid((size_t)BNH * T * 32, LP_THREADS), LP_THREADS, 0, datt, att, BNH * T,
-              T, lp_attention_scale(C, NH));
-    lp_gemm(0, 0, HS, T, T, k, HS, sh, datt, T, st, dq, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dq = dpre k
-    lp_gemm(0, 1, HS, T, T, q, HS, sh, datt, T, st, dk, HS, sh, BNH, 1.0f, 0.0f, NULL, NULL);  // dk = dpre^T q
-    LP_LAUNCH(lp_permute_qkv_kernel, lp_grid(3 * plane, LP_THREADS), LP_THREADS, 0, dqkv, dqkvr, B, T, C, NH, 1);
+// dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
+static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+                                                   const float* lse, int B, int T, int C, int NH) {
+    dim3 grid((T + 15) / 16, B * NH);
+    size_t shared = lp_flash_backward_shared(C / NH);
+    float scale = lp_attention_scale(C, NH);
+    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32, shared, dqkv, dout, out, qkv, lse, T, C, NH, scale);
+    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32, shared, dqkv, dout, out, qkv, lse, T, C, NH, scale);
 }
 #endif
 
@@ -2714,9 +2848,6 @@ static inline void lp_scratch_reserve(size_t N, int C) {
 #define lp_gemm_strided               lp_gemm_strided_gpu
 #define lp_gelu_forward               lp_gelu_forward_gpu
 #define lp_gelu_backward              lp_gelu_backward_gpu
-#define lp_attention_probs            lp_attention_probs_gpu
-#define lp_attention_forward          lp_attention_forward_gpu
-#define lp_attention_backward         lp_attention_backward_gpu
 #define lp_classifier_stats           lp_classifier_stats_gpu
 #define lp_classifier_grad            lp_classifier_grad_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu
@@ -3563,7 +3694,9 @@ static inline void lp_zero_gather_updated(LPZero* z) {
 //   none       keep everything;
 //   selective  the attention probabilities (B NH T T per layer: at T = 1024 as large as all the rest of a
 //              GPT-2 124M layer's activations) and the GELU output, cheap to redo from what is kept (q, k
-//              and the MLP's pre-activation): Megatron-LM's selective recomputation, plus llm.c's GELU;
+//              and the MLP's pre-activation): Megatron-LM's selective recomputation, plus llm.c's GELU.
+//              The CUDA build's flash attention keeps no probabilities (its backward recomputes them from
+//              q, k and each row's logsumexp whatever the flag), so there selective drops the GELU output;
 //   full       only each layer's input, the residual stream: backward reruns the layer's forward up to
 //              the GELU first (its TP collectives too), about a quarter more compute for the least memory.
 // What is recomputed has room for one layer, in the scratch that the micro-batches in flight share.
@@ -3580,8 +3713,13 @@ typedef struct {
     floatX* ln1;        // (L,Nr,C)
     float* ln1_mean;    // (L,Nr)
     float* ln1_rstd;    // (L,Nr)
+#ifdef LLMPAR_CPU
     floatX* qkvr;       // (L,3,B,NHl,T,HS) this rank's q, k, v permuted per head
     floatX* att;        // (L,B,NHl,T,T)  attention probabilities
+#else                   // flash attention reads q, k, v in place and keeps no probabilities
+    floatX* qkvs;       // (L,N,3Cl)   this rank's q, k, v as the qkv projection wrote them
+    float* lse;         // (L,B,NHl,T) logsumexp of each attention row's scaled scores
+#endif
     floatX* atty;       // (L,N,Cl)    attention output before its projection
     floatX* residual2;  // (L,Nr,C)    residual after attention
     floatX* ln2;        // (L,Nr,C)
@@ -3602,9 +3740,11 @@ typedef struct {
     floatX* full;       // (N,C)    sequence parallelism: rows gathered from the group (else unused)
     floatX* dresidual;  // (Nr,C)   gradient of the residual stream
     floatX* dfch;       // (N,Fl)
+#ifdef LLMPAR_CPU
     floatX* dqkvr;      // (3,B,NHl,T,HS)
     floatX* datt;       // (B,NHl,T,T)
     floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
+#endif
     floatX* aux_lnf;    // (Nr,C)   auxiliary losses, recomputed in backward: the final LayerNorm's output,
     float* aux_mean;    // (Nr)
     float* aux_rstd;    // (Nr)
@@ -3851,8 +3991,14 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(full, ln1, floatX, Lf * Nr * C);
     LP_CARVE(full, ln1_mean, float, Lf * Nr);
     LP_CARVE(full, ln1_rstd, float, Lf * Nr);
+#ifdef LLMPAR_CPU
     LP_CARVE(full, qkvr, floatX, Lf * N * 3 * Cl);
     LP_CARVE(sel, att, floatX, Ls * B * NHl * T * T);
+#else
+    LP_CARVE(full, qkvs, floatX, Lf * N * 3 * Cl);
+    LP_CARVE(full, lse, float, Lf * B * NHl * T);
+    (void)Ls;
+#endif
     LP_CARVE(full, atty, floatX, Lf * N * Cl);
     LP_CARVE(full, residual2, floatX, Lf * Nr * C);
     LP_CARVE(full, ln2, floatX, Lf * Nr * C);
@@ -3872,9 +4018,11 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, full, floatX, m->sp ? N * C : 0);
     LP_CARVE(1, dresidual, floatX, Nr * C);
     LP_CARVE(1, dfch, floatX, N * Fl);
+#ifdef LLMPAR_CPU
     LP_CARVE(1, dqkvr, floatX, N * 3 * Cl);
     LP_CARVE(1, datt, floatX, B * NHl * T * T);
     LP_CARVE(1, dy, floatX, N * Cl);
+#endif
     size_t aux = m->num_aux ? 1 : 0;
     LP_CARVE(1, aux_lnf, floatX, aux * Nr * C);
     LP_CARVE(1, aux_mean, float, aux * Nr);
@@ -4017,8 +4165,14 @@ static inline void lp_model_head_backward(LPModel* m, const floatX* x, const flo
 // one layer's room, which every layer uses in turn.
 typedef struct {
     const floatX* input;  // the residual stream entering the layer
-    floatX *ln1, *qkvr, *att, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
+    floatX *ln1, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
+#ifdef LLMPAR_CPU
+    floatX *qkvr, *att;
+#else
+    floatX* qkvs;
+    float* lse;
+#endif
 } LPLayerActs;
 static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     const LPActivations* a = &m->act;
@@ -4030,8 +4184,13 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.ln1 = a->ln1 + f * Nr * C;
     x.ln1_mean = a->ln1_mean + f * Nr;
     x.ln1_rstd = a->ln1_rstd + f * Nr;
+#ifdef LLMPAR_CPU
     x.qkvr = a->qkvr + f * 3 * N * Cl;
     x.att = a->att + s * B * NHl * T * T;
+#else
+    x.qkvs = a->qkvs + f * 3 * N * Cl;
+    x.lse = a->lse + f * B * NHl * T;
+#endif
     x.atty = a->atty + f * N * Cl;
     x.residual2 = a->residual2 + f * Nr * C;
     x.ln2 = a->ln2 + f * Nr * C;
@@ -4052,9 +4211,15 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->sp ? N / t : N;
     int C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     LPActivations* a = &m->act;
+#ifdef LLMPAR_CPU
     lp_matmul_forward(a->qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
                        lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
     lp_attention_forward(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
+#else
+    lp_matmul_forward(x->qkvs, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
+                       lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
+    lp_flash_attention_forward_gpu(x->atty, x->lse, x->qkvs, B, T, Cl, NHl);
+#endif
     lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
                                    lp_layer_param(m, LP_ATTPROJB, l), lp_layer_param(m, LP_LN2W, l),
@@ -4185,7 +4350,9 @@ static inline void lp_model_backward(LPModel* m, int last) {
                                   lp_layer_param(m, LP_LN1B, l), Nr, C);
             lp_model_layer_forward(m, l, &x);
         } else if (m->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
-            lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);
+#ifdef LLMPAR_CPU
+            lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);  // (flash attention keeps none: nothing to redo)
+#endif
             lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
@@ -4201,7 +4368,11 @@ static inline void lp_model_backward(LPModel* m, int last) {
         // attention half
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C, NULL);
+#ifdef LLMPAR_CPU
         lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
+#else
+        lp_flash_attention_backward_gpu(a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
+#endif
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),

@@ -178,7 +178,7 @@ static const LPFlagSpec lp_flag_specs[] = {
      "the weight of each auxiliary loss"},
     {"--recompute", "-r", LP_FLAG_STRING, LP_FIELD(recompute), "none", "none", "NAME", lp_llmc_recompute,
      "activations backward recomputes instead of keeping: none | selective (the attention probabilities and the GELU "
-     "output) | full (it keeps only each layer's input and reruns the layer's forward). -r takes llm.c's levels, 0 "
+     "output; the CUDA build's flash attention keeps no probabilities, so there only the GELU output) | full (it keeps only each layer's input and reruns the layer's forward). -r takes llm.c's levels, 0 "
      "none, 1 GELU, 2 GELU and LayerNorm: 1 and 2 both mean selective here, the nearest (it recomputes the attention "
      "probabilities too, and LayerNorm only under full)"},
     {"--zero", "-z", LP_FLAG_INT, LP_FIELD(zero), "0", "0", "N", NULL,

@@ -238,7 +238,10 @@ void cudaemu_syncthreads(const char* site) {
     yield_to_scheduler(f);
 }
 
-uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width) {
+// A warp operation; `collective`, when given, runs in the last lane to arrive with every lane's `bits` (as
+// pointers, nullptr for lanes outside the mask) before any lane goes on (wmma's calls).
+static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width,
+                        void (*collective)(void* const* lanes)) {
     Fiber* f = cur_fiber("a warp operation");
     BlockRun* R = cur_run;
     int lane = f->linear % 32, base = f->linear - lane, lanes = std::min(32, R->n - base);
@@ -271,6 +274,12 @@ uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bit
                       block_name(R).c_str(), lane, l, site, mask, g.site, g.mask);
     }
     if (all) {
+        if (collective) {
+            void* lanes[32] = {};
+            for (int l = 0; l < 32; l++)
+                if (mask >> l & 1u) lanes[l] = (void*)(uintptr_t)R->f[base + l].in;
+            collective(lanes);
+        }
         std::vector<int> ids;
         unsigned ballot = 0;
         for (int l = 0; l < 32; l++)
@@ -293,6 +302,74 @@ uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bit
     }
     yield_to_scheduler(f);
     return f->out;
+}
+
+uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width) {
+    return warp_op(site, kind, mask, bits, arg, width, nullptr);
+}
+
+// wmma (cudaemu.h): each call is a full-warp operation whose collective step checks or computes for all lanes.
+struct WmmaMeet {
+    const char* op;
+    const void* p;
+    unsigned ldm;
+    int col_major;
+};
+static void wmma_check_same(void* const* lanes) {
+    const WmmaMeet* a = (const WmmaMeet*)lanes[0];
+    for (int l = 1; l < 32; l++) {
+        const WmmaMeet* b = (const WmmaMeet*)lanes[l];
+        if (b->p != a->p || b->ldm != a->ldm || b->col_major != a->col_major)
+            emu_fatal("%s: %s: lanes 0 and %d name different matrices (%p, ldm %u; %p, ldm %u)", block_name(cur_run).c_str(),
+                      a->op, l, a->p, a->ldm, b->p, b->ldm);
+    }
+}
+
+int cudaemu_wmma_meet(const char* op, const void* p, unsigned ldm, int col_major, int elem_bytes) {
+    Fiber* f = cur_fiber(op);
+    // CUDA's rules for load_matrix_sync and store_matrix_sync: a 256-bit aligned pointer, ldm a multiple of 16 bytes.
+    if ((uintptr_t)p % 32 || ldm * elem_bytes % 16 || ldm < 16)
+        emu_fatal("%s thread %d: %s: the pointer %p must be 32-byte aligned and ldm %u a multiple of %d, at least 16",
+                  block_name(cur_run).c_str(), f->linear, op, p, ldm, 16 / elem_bytes);
+    WmmaMeet m{op, p, ldm, col_major};
+    warp_op(op, CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, wmma_check_same);
+    return f->linear % 32;
+}
+
+struct WmmaMma {
+    float* d;
+    const __nv_bfloat16 *a, *b;
+    const float* c;
+};
+static void wmma_mma_all(void* const* lanes) {
+    float A[16][16], B[16][16], C[16][16];
+    for (int l = 0; l < 32; l++) {
+        const WmmaMma* m = (const WmmaMma*)lanes[l];
+        for (int i = 0; i < 8; i++) {
+            int r, c;
+            cudaemu_wmma_place(CUDAEMU_WMMA_A, l, i, &r, &c);
+            A[r][c] = __bfloat162float(m->a[i]);
+            cudaemu_wmma_place(CUDAEMU_WMMA_B, l, i, &r, &c);
+            B[r][c] = __bfloat162float(m->b[i]);
+            cudaemu_wmma_place(CUDAEMU_WMMA_ACC, l, i, &r, &c);
+            C[r][c] = m->c[i];
+        }
+    }
+    for (int l = 0; l < 32; l++) {  // after every lane's C was read: d and c may be one fragment
+        const WmmaMma* m = (const WmmaMma*)lanes[l];
+        for (int i = 0; i < 8; i++) {
+            int r, c;
+            cudaemu_wmma_place(CUDAEMU_WMMA_ACC, l, i, &r, &c);
+            float s = C[r][c];
+            for (int k = 0; k < 16; k++) s += A[r][k] * B[k][c];  // bf16 products are exact in fp32
+            m->d[i] = s;
+        }
+    }
+}
+
+void cudaemu_wmma_mma(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c) {
+    WmmaMma m{d, a, b, c};
+    warp_op("wmma::mma_sync", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, wmma_mma_all);
 }
 
 void* cudaemu_dynamic_shared(void) {
@@ -377,8 +454,8 @@ static void run_grid(const Launch& L, int order, uint64_t seed) {
     }
     R.blk.dim = L.block;
     R.blk.grid = L.grid;
-    std::vector<char> shared(L.shmem ? L.shmem : 1);
-    R.blk.dynamic_shared = shared.data();
+    std::vector<char> shared((L.shmem ? L.shmem : 1) + 128);  // aligned to 128 bytes, as a GPU's is at least
+    R.blk.dynamic_shared = shared.data() + (128 - (uintptr_t)shared.data() % 128) % 128;
     int blocks = (int)(L.grid.x * L.grid.y * L.grid.z);
     std::vector<int> block_order, thread_order;
     order_items(block_order, blocks, order, &R.rng);
