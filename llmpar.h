@@ -3130,13 +3130,14 @@ typedef struct {
     // started (layers_reducing), lp_zero_average waits for them
     int unreduced, layers_reducing;
     LPPending reducing;
-    // stage 2-3: layer l's gradients go to buffer l % 2 (layer_grads while its backward runs); its reduction
-    // to the owners runs on, in place, while layer l-1's are computed; once it has arrived, this rank's
-    // sums (reduce_add_src, n) are added into grad_shard (at reduce_add_at)
+    // stage 2-3: layer l's gradients go to buffer l % 2 (layer_grads while its backward runs), a cut wte's
+    // piece k's to buffer k % 2; their reduction to the owners runs on, in place, while the next layer's or
+    // piece's are computed in the other buffer; once it has arrived, this rank's sums (reduce_add_src, n)
+    // are added into grad_shard (at reduce_add_at)
     floatX* grad_shard;         // this rank's averaged gradients, accumulated over micro-batches
-    floatX* layer_grad_buf[2];
+    floatX* grad_buf[2];        // each a layer's worth (a piece of wte is at most that)
     floatX* layer_grads;
-    LPPending layer_reducing[2];
+    LPPending reducing_buf[2];
     int reduce_adds[2];
     floatX* reduce_add_src[2][LP_NUM_PARAMS];
     size_t reduce_add_at[2][LP_NUM_PARAMS], reduce_add_n[2][LP_NUM_PARAMS];
@@ -3146,11 +3147,10 @@ typedef struct {
     int layer_in_buf[2];        // the layer each buffer holds (or is being gathered into it), -1 for none
     LPPending gathering[2];     // each buffer's gather in flight
     // wte in pieces of piece_rows of its wte_rows rows: cut (stage 2-3, the only copy), its weights
-    // gathered into piece_w (stage 3) and its gradients computed in piece_g; else one piece, the whole
+    // gathered into piece_w (stage 3) and its gradients computed in grad_buf; else one piece, the whole
     int wte_cut, pieces;
     size_t wte_rows, piece_rows;
     floatX* piece_w;
-    floatX* piece_g;
     LPPending now;              // a collective waited for at once: a piece's, or a whole tensor's at the end
 } LPZero;
 
@@ -3259,10 +3259,9 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
             if (lp_zero_whole(z, i)) { z->g[i] = z->grads + off; off += sizes[i]; }
         z->grad_shard = (floatX*)lp_device_malloc(k * sizeof(floatX), "gradient shard");
         for (int b = 0; b < 2; b++)
-            z->layer_grad_buf[b] = (floatX*)lp_device_malloc(z->layer_params * sizeof(floatX), "one layer's gradients");
-        z->layer_grads = z->layer_grad_buf[0];
-        if (piece) z->piece_g = (floatX*)lp_device_malloc(piece * sizeof(floatX), "a piece of wte's gradients");
-        z->grad_bytes = (outside + 2 * z->layer_params + k + piece) * sizeof(floatX);
+            z->grad_buf[b] = (floatX*)lp_device_malloc(z->layer_params * sizeof(floatX), "one layer's gradients");
+        z->layer_grads = z->grad_buf[0];
+        z->grad_bytes = (outside + 2 * z->layer_params + k) * sizeof(floatX);
     } else {
         z->grads = (floatX*)lp_device_malloc(n * sizeof(floatX), "gradients");
         for (int i = 0; i < LP_NUM_PARAMS; i++) z->g[i] = z->grads + z->param_offsets[i];
@@ -3275,7 +3274,7 @@ static inline void lp_zero_free(LPZero* z) {
     lp_device_free(z->grads);
     if (z->stage >= 2) {
         lp_device_free(z->grad_shard);
-        for (int b = 0; b < 2; b++) lp_device_free(z->layer_grad_buf[b]);
+        for (int b = 0; b < 2; b++) lp_device_free(z->grad_buf[b]);
     }
     if (z->stage >= 3) {
         if (z->params_on_host) lp_pinned_free(z->param_shard);
@@ -3296,9 +3295,8 @@ static inline void lp_zero_free(LPZero* z) {
     }
     lp_offload_close(z->off);
     lp_device_free(z->piece_w);
-    lp_device_free(z->piece_g);
     for (int b = 0; b < 2; b++) {
-        lp_pending_free(&z->layer_reducing[b]);
+        lp_pending_free(&z->reducing_buf[b]);
         lp_pending_free(&z->gathering[b]);
     }
     lp_pending_free(&z->reducing);
@@ -3524,8 +3522,8 @@ static inline void lp_zero_fetch(LPZero* z, int l, int next) {
 }
 
 // Stage 2-3: sum the gradients src of the flat parameters [flat, flat + count) over dp, in place; each
-// rank adds the average of its part into grad_shard, and src is left undefined. (wte's pieces, and the
-// tensors held whole at the step's end.)
+// rank adds the average of its part into grad_shard, and src is left undefined. (The tensors held whole,
+// at the step's end.)
 static inline void lp_zero_reduce_grads(LPZero* z, floatX* src, size_t flat, size_t count) {
     const LPGroup* g = z->dp;
     int counts[LP_MAX_SHARDS] = {0};
@@ -3536,27 +3534,29 @@ static inline void lp_zero_reduce_grads(LPZero* z, floatX* src, size_t flat, siz
     lp_add_scaled(z->grad_shard + start, src + lp_block_start(g, counts), (size_t)counts[g->rank], 1.0f / g->size);
 }
 
-// Stage 2-3: start reducing layer l's gradients, in layer_grad_buf[b], to their owners, in place: each
-// rank's part of each tensor is summed where it lies in the buffer.
-static inline void lp_zero_reduce_layer_start(LPZero* z, int l, int b) {
+// Stage 2-3: start reducing the gradients of the flat parameters [flat, flat + count), at x in grad_buf[b],
+// to their owners, in place: each rank's part is summed where it lies in the buffer.
+static inline void lp_zero_reduce_start(LPZero* z, int b, floatX* x, size_t flat, size_t count) {
     const LPGroup* g = z->dp;
     int counts[LP_MAX_SHARDS];
-    z->reduce_adds[b] = 0;
+    lp_zero_owner_counts(z, flat, count, counts);
+    lp_reduce_scatterv_start(g, x, counts, &z->reducing_buf[b]);
+    if (counts[g->rank] == 0) return;
+    int k = z->reduce_adds[b]++;
+    z->reduce_add_src[b][k] = x + lp_block_start(g, counts);
+    z->reduce_add_at[b][k] = flat > z->shard_start ? flat - z->shard_start : 0;
+    z->reduce_add_n[b][k] = (size_t)counts[g->rank];
+}
+// ... layer l's, in grad_buf[b] ...
+static inline void lp_zero_reduce_layer_start(LPZero* z, int l, int b) {
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
-        size_t per = z->param_sizes[i] / z->L, flat = z->param_offsets[i] + (size_t)l * per;
-        floatX* x = z->layer_grad_buf[b] + z->layer_offsets[i];
-        lp_zero_owner_counts(z, flat, per, counts);
-        lp_reduce_scatterv_start(g, x, counts, &z->layer_reducing[b]);
-        if (counts[g->rank] == 0) continue;
-        int k = z->reduce_adds[b]++;
-        z->reduce_add_src[b][k] = x + lp_block_start(g, counts);
-        z->reduce_add_at[b][k] = flat > z->shard_start ? flat - z->shard_start : 0;
-        z->reduce_add_n[b][k] = (size_t)counts[g->rank];
+        size_t per = z->param_sizes[i] / z->L;
+        lp_zero_reduce_start(z, b, z->grad_buf[b] + z->layer_offsets[i], z->param_offsets[i] + (size_t)l * per, per);
     }
 }
-// ... and once it has arrived, add the averages into grad_shard; buffer b is free again.
-static inline void lp_zero_reduce_layer_finish(LPZero* z, int b) {
-    lp_wait(z->dp, &z->layer_reducing[b]);
+// ... and once buffer b's have arrived, add the averages into grad_shard; buffer b is free again.
+static inline void lp_zero_reduce_finish(LPZero* z, int b) {
+    lp_wait(z->dp, &z->reducing_buf[b]);
     for (int k = 0; k < z->reduce_adds[b]; k++)
         lp_add_scaled(z->grad_shard + z->reduce_add_at[b][k], z->reduce_add_src[b][k], z->reduce_add_n[b][k],
                       1.0f / z->dp->size);
@@ -3567,8 +3567,8 @@ static inline void lp_zero_reduce_layer_finish(LPZero* z, int b) {
 // have left it.
 static inline void lp_zero_layer_begin(LPZero* z, int l) {
     if (z->stage < 2) return;
-    lp_zero_reduce_layer_finish(z, l % 2);
-    z->layer_grads = z->layer_grad_buf[l % 2];
+    lp_zero_reduce_finish(z, l % 2);
+    z->layer_grads = z->grad_buf[l % 2];
     lp_device_zero(z->layer_grads, z->layer_params * sizeof(floatX));
 }
 
@@ -3580,7 +3580,7 @@ static inline void lp_zero_layer_begin(LPZero* z, int l) {
 static inline void lp_zero_layer_done(LPZero* z, int l, int last) {
     if (z->stage >= 2) {
         lp_zero_reduce_layer_start(z, l, l % 2);
-        if (!z->overlap) lp_zero_reduce_layer_finish(z, l % 2);
+        if (!z->overlap) lp_zero_reduce_finish(z, l % 2);
     } else if (last && z->overlap && z->stage == 0 && z->dp && z->dp->size > 1 &&
                (l == 0 || (z->unreduced - l) * z->layer_params * sizeof(floatX) >= z->bucket_bytes)) {
         for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
@@ -3593,7 +3593,7 @@ static inline void lp_zero_layer_done(LPZero* z, int l, int last) {
 
 // Hook, after the whole backward: stage 2-3's last layer reductions arrive.
 static inline void lp_zero_backward_done(LPZero* z) {
-    for (int b = 0; b < 2 && z->stage >= 2; b++) lp_zero_reduce_layer_finish(z, b);
+    for (int b = 0; b < 2 && z->stage >= 2; b++) lp_zero_reduce_finish(z, b);
     z->unreduced = z->L;
 }
 
@@ -3611,18 +3611,22 @@ static inline const floatX* lp_zero_wte(LPZero* z, int k) {
     lp_wait(z->dp, &z->now);
     return z->piece_w;
 }
-// Hook: where the gradient of wte's piece k accumulates (wte cut: a buffer, zeroed); once it is complete,
-// lp_zero_wte_grad_done reduces a cut piece to its owners, who add its average to their shard.
+// Hook: where the gradient of wte's piece k accumulates (wte cut: grad_buf[k % 2], zeroed, once what it
+// held has arrived at its owners); once it is complete, lp_zero_wte_grad_done starts reducing a cut piece
+// to its owners (with overlap it runs on while the next piece is computed; lp_zero_layer_begin and
+// lp_zero_backward_done add it to the shard).
 static inline floatX* lp_zero_wte_grad(LPZero* z, int k) {
     size_t r0, rows = lp_zero_piece(z, k, &r0), cols = z->param_sizes[LP_WTE] / z->wte_rows;
     if (!z->wte_cut) return z->g[LP_WTE] + r0 * cols;
-    lp_device_zero(z->piece_g, rows * cols * sizeof(floatX));
-    return z->piece_g;
+    lp_zero_reduce_finish(z, k % 2);
+    lp_device_zero(z->grad_buf[k % 2], rows * cols * sizeof(floatX));
+    return z->grad_buf[k % 2];
 }
 static inline void lp_zero_wte_grad_done(LPZero* z, int k) {
     if (!z->wte_cut) return;
     size_t r0, rows = lp_zero_piece(z, k, &r0), cols = z->param_sizes[LP_WTE] / z->wte_rows;
-    lp_zero_reduce_grads(z, z->piece_g, z->param_offsets[LP_WTE] + r0 * cols, rows * cols);
+    lp_zero_reduce_start(z, k % 2, z->grad_buf[k % 2], z->param_offsets[LP_WTE] + r0 * cols, rows * cols);
+    if (!z->overlap) lp_zero_reduce_finish(z, k % 2);
 }
 
 // The step's gradients averaged over dp, for the optimizer: all-reduced (stage 0; with overlap the layers'
@@ -5359,9 +5363,9 @@ static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
 
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
-// and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else a piece
-// buffer of it), plus two layers' buffers of gradients (reduced in place) or weights when the chunk has
-// layers (section 7).
+// and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
+// gathers it a piece at a time into a buffer), plus two layers' buffers of gradients (reduced in place,
+// wte's pieces too) or weights when the chunk has layers (section 7).
 static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->p * s->v;
     size_t sizes[LP_NUM_PARAMS];
@@ -5376,7 +5380,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
         piece = (double)lp_wte_piece_rows(c, s->t) * c->channels;
     }
     double params = s->zero >= 3 ? outside + (s->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + piece : shard * parts;
-    double grads = s->zero >= 2 ? outside + 2 * buffer + shard + piece : shard * parts;
+    double grads = s->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
     memset(&shape, 0, sizeof(shape));
     shape.cfg = *c;

@@ -1943,10 +1943,13 @@ static void test_data_parallel(void) {
     err1 = strstr(out, "llmpar: error: ");
     expect(rc != 0 && err1 && strstr(err1, "cannot open /nonexistent/m.bin") && !strstr(err1 + 1, "llmpar: error: "),
            "4 ranks, missing model file: the error is printed once");
-    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s -e %s -i %s -j '' -b 2 -t 16 -x 20 -v 0 -s 0 --tp 2 --pp 2",
-                 TRAIN_BIN, tmp_path("good.bin"), tmp_path("oov.bin"));
+    int oov[400];  // (its own shard, so this test runs alone too)
+    for (int i = 0; i < 400; i++) oov[i] = i == 150 ? 200 : (i * 7) % 97;
+    write_shard(tmp_path("dp_oov.bin"), oov, 400);
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s -e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -x 20 -v 0 -s 0 --tp 2 --pp 2",
+                 TRAIN_BIN, tmp_path("dp_oov.bin"));
     err1 = strstr(out, "llmpar: error: ");
-    expect(rc != 0 && err1 && strstr(err1, "oov.bin: token id 200 at token 150") && !strstr(err1 + 1, "llmpar: error: "),
+    expect(rc != 0 && err1 && strstr(err1, "dp_oov.bin: token id 200 at token 150") && !strstr(err1 + 1, "llmpar: error: "),
            "t=2 p=2, a token id outside the vocabulary in the shard: the error is printed once (not by every TP rank and stage)");
 
     // impossible grids: one line from rank 0, non-zero exit

@@ -5,13 +5,18 @@
 # not the recomputed ones.
 # Usage: bash scripts/bench_gpu.sh [steps]    (run from anywhere; needs `make train_gpt` done)
 #        bash scripts/bench_gpu.sh emu        no GPU: a MODEL of d12 at B=64 T=1024 on an H100 per kernel, from
-#                                             the CUDA emulator's counts, for this code and the code before issue 16
-#                                             (~20 min on 2 cores; dev/cudaemu/README.md, "Counting bytes and FLOPs")
+#                                             the CUDA emulator's counts, for this code and the code before issue 16,
+#                                             then of d=2 ZeRO-2 and ZeRO-3 steps with their streams replayed (the
+#                                             overlap of communication; ~45 min on 2 cores; dev/cudaemu/README.md,
+#                                             "Counting bytes and FLOPs")
 set -u
 cd "$(dirname "$0")/.."
 
 # emu: train_gpt_emu_prof counts step 2 of a 2-step run of GPT-2 124M at T=1024, B=1 and B=2 (the emulator
 # costs minutes a step); dev/cudaemu/roofline.py fits each launch's counts in B and models B=64 on an H100.
+# Then 2 data-parallel ranks at T=256 with ZeRO-2 and ZeRO-3 (rank 0 counted, rank 1 the uncounted build),
+# modelled at B=256 and B=16 per GPU over NVLink (300 GB/s) and between nodes (40 GB/s): serial, and with
+# the streams replayed (what overlapping the reductions and gathers with compute buys).
 # "Before" is the parent of issue 16's first GPU commit (97ffb10), built with this emulator. The counts
 # stay in out/bench_gpu_emu/ (roofline.py can be run on them again).
 if [ "${1:-}" = emu ]; then
@@ -23,8 +28,8 @@ if [ "${1:-}" = emu ]; then
     git show "$before:llmpar.h" > "$tmp/before/llmpar.h" && git show "$before:train_gpt.cu" > "$tmp/before/train_gpt.cu" || exit 1
     cp Makefile "$tmp/before/" && cp dev/cudaemu/cudaemu.h dev/cudaemu/cudaemu.cpp "$tmp/before/dev/cudaemu/"
     echo "building train_gpt_emu_prof for this code and for ${before:0:7} ..." >&2
-    make -s train_gpt_emu_prof || exit 1
-    if ! make -s -C "$tmp/before" train_gpt_emu_prof > "$tmp/build.log" 2>&1; then
+    make -s train_gpt_emu_prof train_gpt_emu || exit 1
+    if ! make -s -C "$tmp/before" train_gpt_emu_prof train_gpt_emu > "$tmp/build.log" 2>&1; then
         echo "the code before issue 16 (${before:0:7}) does not build with this emulator:" >&2
         cat "$tmp/build.log" >&2
         exit 1
@@ -45,6 +50,29 @@ if [ "${1:-}" = emu ]; then
         runs+=(--run "$label" "$counts/$v-1.tsv" "$counts/$v-2.tsv")
     done
     python3 dev/cudaemu/roofline.py --batch 64 --seq 1024 --measured 1 2 --model 12 768 50304 "${runs[@]}"
+    runs=()
+    for v in now before; do
+        dir=.
+        [ $v = before ] && dir=$tmp/before
+        for z in 2 3; do
+            for b in 1 2; do
+                echo "counting $v, d12 B=$b T=256 on 2 ranks, ZeRO-$z, 2 steps ..." >&2
+                args="-e d12 -b $b -t 256 -x 2 -v 0 -s 0 --zero $z"
+                if ! mpirun -np 1 -x CUDAEMU_PROFILE=$counts/$v-z$z-$b.tsv -x CUDAEMU_PROFILE_SKIP=2 $dir/train_gpt_emu_prof $args \
+                     : -np 1 $dir/train_gpt_emu $args > "$counts/$v-z$z-$b.log" 2>&1; then
+                    tail -n 5 "$counts/$v-z$z-$b.log" >&2
+                    exit 1
+                fi
+            done
+            label="$v ZeRO-$z"
+            [ $v = before ] && label="before (${before:0:7}) ZeRO-$z"
+            runs+=(--run "$label" "$counts/$v-z$z-1.tsv" "$counts/$v-z$z-2.tsv")
+        done
+    done
+    for b in 256 16; do
+        echo
+        python3 dev/cudaemu/roofline.py --batch $b --seq 256 --measured 1 2 --model 12 768 50304 --link 300 40 --overlap "${runs[@]}"
+    done
     exit
 fi
 steps=${1:-25}

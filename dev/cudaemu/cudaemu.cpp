@@ -184,6 +184,7 @@ static thread_local BlockRun* cur_run;
 // Counting (section 10): while a launch is counted, every kernel thread's loads and stores are sorted into
 // warp requests; these mark where a block and a thread begin.
 static bool prof_in_kernel;
+static double prof_kernel_flops;  // the launch's tensor-core FLOPs (wmma::mma_sync), while counting
 static void prof_block_start(void);
 static void prof_thread_start(int linear);
 
@@ -342,6 +343,7 @@ struct WmmaMma {
     const float* c;
 };
 static void wmma_mma_all(void* const* lanes) {
+    if (prof_in_kernel) prof_kernel_flops += 2.0 * 16 * 16 * 16;  // a warp's product: 16 x 16 x 16 multiply-adds
     float A[16][16], B[16][16], C[16][16];
     for (int l = 0; l < 32; l++) {
         const WmmaMma* m = (const WmmaMma*)lanes[l];
@@ -582,13 +584,16 @@ struct Op {
     cudaEvent_t ev;
     uint64_t gen;
     CommOp* comm;
+    uint64_t epoch;  // the host's waits before it was queued (the profile's replay: section 10)
 };
 struct CUstream_st {
     std::deque<Op*> q;
     bool started;  // the head is running (a kernel) or in flight (an NCCL call)
+    int id;        // 0 the default stream, then in order of creation (the profile names streams by it)
 };
 struct CUevent_st {
     uint64_t recorded, completed;  // records queued, records reached
+    int id;                        // in order of creation, for the profile
 };
 
 static std::mutex& mu = *new std::mutex();  // these too live past exit()
@@ -597,6 +602,8 @@ static std::condition_variable& cv_done = *new std::condition_variable();
 static std::vector<cudaStream_t>& streams = *new std::vector<cudaStream_t>();  // [0] is the default stream
 static CUstream_st& default_stream = *new CUstream_st();
 static int host_waiting;
+static uint64_t host_epoch;  // host waits so far: work queued after the k-th cannot start before it returned
+static int next_stream_id = 1, next_event_id;
 static std::chrono::steady_clock::time_point last_call;
 static uint64_t stream_rng;
 static bool device_up;
@@ -631,6 +638,9 @@ static bool queues_empty(void) {
 
 static void prof_open(void);  // section 10: CUDAEMU_PROFILE
 static void prof_call(const char* name, const char* kind, size_t read, size_t written);  // counts a copy, memset or wait
+static void prof_running(cudaStream_t s, const Op* h);  // section 10: which stream the device thread runs, for the counts
+static void prof_event(const char* what, cudaStream_t s, const Op* h);  // an event recorded or waited for, reached
+static void prof_comm(cudaStream_t s, const Op* h);     // an NCCL call posted
 
 static void* device_main(void*) {
     std::unique_lock<std::mutex> lk(mu);
@@ -659,8 +669,10 @@ static void* device_main(void*) {
                     s->started = false;
                 } else if (h->kind == Op::RECORD) {
                     h->ev->completed = std::max(h->ev->completed, h->gen);
+                    prof_event("record", s, h);
                 } else if (h->kind == Op::WAIT) {
                     if (h->ev->completed < h->gen) break;
+                    prof_event("wait", s, h);
                 } else {
                     if (h->kind != Op::COMM || comm_ready(h->comm)) ready.push_back(s);
                     break;
@@ -685,9 +697,11 @@ static void* device_main(void*) {
         Op* h = s->q.front();
         s->started = true;
         if (h->kind == Op::COMM) {
+            prof_comm(s, h);
             comm_start(h->comm);
             continue;
         }
+        prof_running(s, h);
         lk.unlock();
         h->run();
         lk.lock();
@@ -720,6 +734,7 @@ static void touch(void) {
 
 static void enqueue(cudaStream_t s, Op* op) {
     std::lock_guard<std::mutex> lk(mu);
+    op->epoch = host_epoch;
     S(s)->q.push_back(op);
     cv_work.notify_one();
 }
@@ -730,18 +745,23 @@ static void enqueue_run(cudaStream_t s, std::function<void()> f) {
     enqueue(s, op);
 }
 
-// The host waits until pred holds (called with mu held), letting the device thread run meanwhile.
+static void prof_host(uint64_t epoch, const char* what);  // section 10: a host wait returned
+
+// The host waits until pred holds (called with mu held), letting the device thread run meanwhile. what
+// says for what ("device", "stream 3", "event 5 12"): the profile's replay waits for the same.
 template <typename F>
-static void host_wait(F pred) {
+static void host_wait(const char* what, F pred) {
     std::unique_lock<std::mutex> lk(mu);
     host_waiting++;
     cv_work.notify_one();
     cv_done.wait(lk, pred);
     host_waiting--;
+    prof_host(++host_epoch, what);
     last_call = std::chrono::steady_clock::now();
 }
+static std::string stream_name(cudaStream_t s) { return "stream " + std::to_string(S(s)->id); }
 static void device_sync(void) {
-    host_wait([] {
+    host_wait("device", [] {
         if (!queues_empty()) return false;
         for (cudaStream_t s : streams)
             if (s->started) return false;
@@ -999,7 +1019,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind 
     });
     if (to_host) {  // device to host: wait for the default stream
         CUstream_st* s = &default_stream;
-        host_wait([s] { return s->q.empty(); });
+        host_wait("stream 0", [s] { return s->q.empty(); });
     }
     return cudaSuccess;
 }
@@ -1038,7 +1058,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     touch();
     CUstream_st* s = S(stream);
-    host_wait([s] { return s->q.empty(); });
+    host_wait(stream_name(s).c_str(), [s] { return s->q.empty(); });
     check_guards("at a synchronization", NULL);
     return cudaSuccess;
 }
@@ -1049,12 +1069,13 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
         return fail(cudaErrorNotSupported, "streams that synchronize with the default stream are not emulated; use cudaStreamNonBlocking");
     std::lock_guard<std::mutex> lk(mu);
     *stream = new CUstream_st();
+    (*stream)->id = next_stream_id++;
     streams.push_back(*stream);
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     touch();
-    host_wait([stream] { return stream->q.empty(); });
+    host_wait(stream_name(stream).c_str(), [stream] { return stream->q.empty(); });
     std::lock_guard<std::mutex> lk(mu);
     streams.erase(std::find(streams.begin(), streams.end(), stream));
     delete stream;
@@ -1063,13 +1084,16 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* ev, unsigned int) {
     touch();
+    std::lock_guard<std::mutex> lk(mu);
     *ev = new CUevent_st();
+    (*ev)->id = next_event_id++;
     return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* ev) { return cudaEventCreateWithFlags(ev, 0); }
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
     touch();
-    host_wait([ev] { return ev->completed >= ev->recorded; });
+    std::string what = "event " + std::to_string(ev->id) + " " + std::to_string(ev->recorded);
+    host_wait(what.c_str(), [ev] { return ev->completed >= ev->recorded; });
     delete ev;
     return cudaSuccess;
 }
@@ -1080,6 +1104,7 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
     op->ev = ev;
     std::lock_guard<std::mutex> lk(mu);
     op->gen = ++ev->recorded;
+    op->epoch = host_epoch;
     S(stream)->q.push_back(op);
     cv_work.notify_one();
     return cudaSuccess;
@@ -1091,6 +1116,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned in
     op->ev = ev;
     std::lock_guard<std::mutex> lk(mu);
     op->gen = ev->recorded;
+    op->epoch = host_epoch;
     S(stream)->q.push_back(op);
     cv_work.notify_one();
     return cudaSuccess;
@@ -1102,7 +1128,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
         std::lock_guard<std::mutex> lk(mu);
         gen = ev->recorded;
     }
-    host_wait([ev, gen] { return ev->completed >= gen; });
+    std::string what = "event " + std::to_string(ev->id) + " " + std::to_string(gen);
+    host_wait(what.c_str(), [ev, gen] { return ev->completed >= gen; });
     return cudaSuccess;
 }
 
@@ -1629,6 +1656,7 @@ static ncclResult_t nccl_call(const char* name, Call k, ncclComm_t comm, cudaStr
     Op* op = new Op();
     op->kind = Op::COMM;
     op->comm = c;
+    op->epoch = host_epoch;
     stream->q.push_back(op);
     cv_work.notify_one();
     return ncclSuccess;
@@ -1689,7 +1717,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     touch();
-    host_wait([comm] { return comm->started == comm->issued; });
+    host_wait("device", [comm] { return comm->started == comm->issued; });
     device_sync();
     MPI_Comm_free(&comm->comm);
     delete comm;
@@ -1708,6 +1736,7 @@ ncclResult_t ncclGroupEnd() {
         Op* op = new Op();
         op->kind = Op::COMM;
         op->comm = g.second;
+        op->epoch = host_epoch;
         g.first->q.push_back(op);
     }
     group_ops.clear();
@@ -1801,6 +1830,8 @@ struct Prof {
 };
 }  // namespace
 static Prof& prof = *new Prof();  // lives past exit(), like the device thread
+static thread_local int prof_stream = -1;   // the stream the device thread runs (-1: a call on the host)
+static thread_local uint64_t prof_epoch;    // and the host epoch it was queued in
 static bool prof_instrumented;     // __tsan_init ran: the kernels of this binary call the hooks
 
 static void prof_open(void) {
@@ -1810,7 +1841,7 @@ static void prof_open(void) {
     prof.out = fopen(cfg.profile, "w");
     if (!prof.out) emu_fatal("CUDAEMU_PROFILE: cannot write %s", cfg.profile);
     fprintf(prof.out, "# cudaemu counts: kind, name, bytes read and written (sectors of warp requests), distinct bytes read "
-                      "and written, FLOPs\n");
+                      "and written, FLOPs, stream, host epoch\n");
     prof.on = cfg.profile_skip <= 0;
 }
 
@@ -1840,9 +1871,64 @@ static void prof_record(const char* kind, const std::string& name, double read, 
     c.unique_write_bytes += uwritten;
     c.flops += flops;
     if (prof.out) {
-        fprintf(prof.out, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\n", kind, name.c_str(), read, written, uread, uwritten, flops);
+        fprintf(prof.out, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\t%llu\n", kind, name.c_str(), read, written, uread, uwritten,
+                flops, prof_stream, (unsigned long long)prof_epoch);
         fflush(prof.out);
     }
+}
+
+// The order of work between streams, for replaying a step with modelled durations (roofline.py): every
+// line above carries its stream and the host epoch it was queued in (the number of host waits before
+// it); an event's record and a stream's wait for it, when the device thread reaches them, are lines
+// "# record EVENT GEN STREAM EPOCH" and "# wait STREAM EVENT GEN EPOCH" (GEN: which record of the event;
+// a wait for 0 waits for nothing); a host wait, when it returns, "# host EPOCH what" (what it waited
+// for: "device", "stream S" or "event E GEN": work of it on lines above). Called with mu held.
+static void prof_line(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+static void prof_line(const char* fmt, ...) {
+    std::lock_guard<std::mutex> lk(prof.mu);
+    if (!prof.on || !prof.out) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(prof.out, fmt, ap);
+    va_end(ap);
+    fflush(prof.out);
+}
+static void prof_running(cudaStream_t s, const Op* h) {
+    prof_stream = s->id;
+    prof_epoch = h->epoch;
+}
+static void prof_event(const char* what, cudaStream_t s, const Op* h) {
+    if (what[0] == 'r') prof_line("# record %d %llu %d %llu\n", h->ev->id, (unsigned long long)h->gen, s->id, (unsigned long long)h->epoch);
+    else prof_line("# wait %d %d %llu %llu\n", s->id, h->ev->id, (unsigned long long)h->gen, (unsigned long long)h->epoch);
+}
+static void prof_host(uint64_t epoch, const char* what) { prof_line("# host %llu %s\n", (unsigned long long)epoch, what); }
+
+// An NCCL call (or a group's calls on one stream) as a line of kind "nccl": the bytes this rank sends
+// and receives over its links if NCCL runs a ring (all-reduce 2(n-1)/n of the buffer each way,
+// reduce-scatter and all-gather (n-1)/n of the whole, broadcast and reduce the buffer, send and receive
+// theirs); named by its calls and the ranks.
+static void prof_comm(cudaStream_t s, const Op* h) {
+#ifdef LLMPAR_NCCL
+    if (!prof.on) return;
+    static const char* names[] = {"ncclAllReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclReduce", "ncclSend", "ncclRecv"};
+    double n = h->comm->comm->size, out = 0, in = 0;
+    std::string name;
+    for (const Call& k : h->comm->calls) {
+        double b = (double)k.count * nccl_bytes(k.type);
+        if (k.kind == C_ALLREDUCE) out += 2 * (n - 1) / n * b, in += 2 * (n - 1) / n * b;
+        else if (k.kind == C_REDUCESCATTER || k.kind == C_ALLGATHER) out += (n - 1) * b, in += (n - 1) * b;
+        else if (k.kind == C_SEND) out += b;
+        else if (k.kind == C_RECV) in += b;
+        else out += b, in += b;
+        name += (name.empty() ? "" : "+") + std::string(names[k.kind]);
+    }
+    name += " of " + std::to_string((int)n) + " ranks";
+    prof_stream = s->id;
+    prof_epoch = h->epoch;
+    prof_record("nccl", name, out, in, out, in, 0);
+#else
+    (void)s, (void)h;  // no NCCL, no calls
+#endif
 }
 
 static void prof_synchronized(void) {
@@ -1911,6 +1997,7 @@ static void prof_launch_begin(const Launch& L) {
         prof.hit = 0;
     }
     prof.req[0] = prof.req[1] = prof.uniq[0] = prof.uniq[1] = 0;
+    prof_kernel_flops = 0;
     prof.lanes.resize(L.block.x * L.block.y * L.block.z);
     if (prof.reqs.empty()) prof.reqs.resize(1 << 12);
     prof_in_kernel = !prof.ranges.empty();
@@ -1925,7 +2012,7 @@ static void prof_launch_end(const Launch& L) {
         for (int w = 0; w < 2; w++) memset(&prof.bits[w][r.bit0 / 64], 0, words * 8);
         r.touched = false;
     }
-    prof_record("kernel", L.name, 32 * prof.req[0], 32 * prof.req[1], 32 * prof.uniq[0], 32 * prof.uniq[1], 0);
+    prof_record("kernel", L.name, 32 * prof.req[0], 32 * prof.req[1], 32 * prof.uniq[0], 32 * prof.uniq[1], prof_kernel_flops);
 }
 
 static void prof_block_start(void) {

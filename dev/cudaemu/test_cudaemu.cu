@@ -370,7 +370,11 @@ static int case_counts(void) {
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
     cublasLtMatmul(h, desc, &alpha, in, la, in, lb, &beta, out, ld, out, ld, &heur.algo, NULL, 0, 0);
-    int bad = expect_counts("copy_floats", 4 * n, 4 * n, 4 * n, 4 * n, 0);
+    LAUNCH(wmma_gemm, 1, 64, 0, 0, out, (const __nv_bfloat16*)in, (const __nv_bfloat16*)in, out + 2048, 40, 0, 0);
+    double wmma_flops = cudaemu_profile_counts("wmma_gemm").flops;  // 2 warps, 2 products each
+    int bad = wmma_flops == 4 * 2.0 * 16 * 16 * 16 ? 0 : 5;
+    if (bad) printf("wmma_gemm: %.0f FLOPs counted, want %.0f\n", wmma_flops, 4 * 2.0 * 16 * 16 * 16);
+    bad = expect_counts("copy_floats", 4 * n, 4 * n, 4 * n, 4 * n, 0);
     bad |= expect_counts("copy_strided", 32 * n, 32 * n, 32 * n, 32 * n, 0);
     bad |= expect_counts("read_columns", 32 * n, 4 * n, 4 * n, 4 * n, 0);
     bad |= expect_counts("copy_float4", 16 * n, 16 * n, 16 * n, 16 * n, 0);
