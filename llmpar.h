@@ -3146,11 +3146,14 @@ typedef struct {
     floatX* layer_buf[2];
     int layer_in_buf[2];        // the layer each buffer holds (or is being gathered into it), -1 for none
     LPPending gathering[2];     // each buffer's gather in flight
-    // wte in pieces of piece_rows of its wte_rows rows: cut (stage 2-3, the only copy), its weights
-    // gathered into piece_w (stage 3) and its gradients computed in grad_buf; else one piece, the whole
+    // wte in pieces of piece_rows of its wte_rows rows: cut (stage 2-3, the only copy), piece k's weights
+    // gathered into piece_w[k % 2] (stage 3; the next piece's on the way while one is used) and its
+    // gradients computed in grad_buf; else one piece, the whole
     int wte_cut, pieces;
     size_t wte_rows, piece_rows;
-    floatX* piece_w;
+    floatX* piece_w[2];
+    int piece_in_buf[2];        // the piece each holds (or is being gathered into it), -1 for none
+    LPPending piece_gathering[2];
     LPPending now;              // a collective waited for at once: a piece's, or a whole tensor's at the end
 } LPZero;
 
@@ -3216,8 +3219,11 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (lp_zero_whole(z, i)) { z->w[i] = z->params + off; off += sizes[i]; }
         lp_device_zero(z->params, outside * sizeof(floatX));
-        if (piece) z->piece_w = (floatX*)lp_device_malloc(piece * sizeof(floatX), "gathered piece of wte");
-        z->param_bytes = (outside + (z->params_on_host ? 0 : k) + 2 * z->layer_params + piece) * sizeof(floatX);
+        for (int b = 0; b < 2; b++) {
+            if (piece) z->piece_w[b] = (floatX*)lp_device_malloc(piece * sizeof(floatX), "gathered piece of wte");
+            z->piece_in_buf[b] = -1;
+        }
+        z->param_bytes = (outside + (z->params_on_host ? 0 : k) + 2 * z->layer_params + 2 * piece) * sizeof(floatX);
     } else {
         z->params = (floatX*)lp_device_malloc(n * sizeof(floatX), "parameters");
         lp_device_zero(z->params, n * sizeof(floatX));
@@ -3294,10 +3300,11 @@ static inline void lp_zero_free(LPZero* z) {
         lp_device_free(z->adam_v);
     }
     lp_offload_close(z->off);
-    lp_device_free(z->piece_w);
     for (int b = 0; b < 2; b++) {
+        lp_device_free(z->piece_w[b]);
         lp_pending_free(&z->reducing_buf[b]);
         lp_pending_free(&z->gathering[b]);
+        lp_pending_free(&z->piece_gathering[b]);
     }
     lp_pending_free(&z->reducing);
     lp_pending_free(&z->now);
@@ -3452,7 +3459,7 @@ static inline void lp_zero_set_weights(LPZero* z, const float* flat) {
             if (lp_zero_whole(z, i)) lp_to_device_floatX(z->w[i], flat + z->param_offsets[i], z->param_sizes[i]);
         if (z->params_on_host) lp_to_floatX(z->param_shard, flat + z->shard_start, lp_zero_shard_count(z));
         else lp_to_device_floatX(z->param_shard, flat + z->shard_start, lp_zero_shard_count(z));
-        z->layer_in_buf[0] = z->layer_in_buf[1] = -1;
+        z->layer_in_buf[0] = z->layer_in_buf[1] = z->piece_in_buf[0] = z->piece_in_buf[1] = -1;
     } else {
         lp_to_device_floatX(z->params, flat, z->num_params);
     }
@@ -3603,13 +3610,23 @@ static inline size_t lp_zero_piece(const LPZero* z, int k, size_t* r0) {
     return z->wte_rows - *r0 < z->piece_rows ? z->wte_rows - *r0 : z->piece_rows;
 }
 
-// Hook: the weights of wte's piece k (stage 3, wte cut: gathered from the shards that hold them, arrived).
-static inline const floatX* lp_zero_wte(LPZero* z, int k) {
+// Stage 3, wte cut: start gathering piece k's weights into piece_w[k % 2] (unless there or on their way).
+static inline void lp_zero_piece_prefetch(LPZero* z, int k) {
+    if (k >= z->pieces || z->piece_in_buf[k % 2] == k) return;
     size_t r0, rows = lp_zero_piece(z, k, &r0), cols = z->param_sizes[LP_WTE] / z->wte_rows;
-    if (!z->wte_cut || z->stage < 3) return z->w[LP_WTE] + r0 * cols;
-    lp_zero_gather_start(z, z->piece_w, z->param_offsets[LP_WTE] + r0 * cols, rows * cols, &z->now);
-    lp_wait(z->dp, &z->now);
-    return z->piece_w;
+    lp_zero_gather_start(z, z->piece_w[k % 2], z->param_offsets[LP_WTE] + r0 * cols, rows * cols, &z->piece_gathering[k % 2]);
+    z->piece_in_buf[k % 2] = k;
+}
+// Hook: the weights of wte's piece k (stage 3, wte cut: gathered from the shards that hold them, arrived,
+// and piece k+1's on the way into the other buffer while k is used: the model walks the pieces in order).
+static inline const floatX* lp_zero_wte(LPZero* z, int k) {
+    size_t r0;
+    lp_zero_piece(z, k, &r0);
+    if (!z->wte_cut || z->stage < 3) return z->w[LP_WTE] + r0 * (z->param_sizes[LP_WTE] / z->wte_rows);
+    lp_zero_piece_prefetch(z, k);
+    lp_wait(z->dp, &z->piece_gathering[k % 2]);
+    lp_zero_piece_prefetch(z, k + 1);
+    return z->piece_w[k % 2];
 }
 // Hook: where the gradient of wte's piece k accumulates (wte cut: grad_buf[k % 2], zeroed, once what it
 // held has arrived at its owners); once it is complete, lp_zero_wte_grad_done starts reducing a cut piece
@@ -3656,7 +3673,7 @@ static inline void lp_zero_average(LPZero* z) {
 // tensors outside the layers (the layers' are gathered when forward next needs them).
 static inline void lp_zero_gather_updated(LPZero* z) {
     if (z->stage >= 3) {
-        z->layer_in_buf[0] = z->layer_in_buf[1] = -1;
+        z->layer_in_buf[0] = z->layer_in_buf[1] = z->piece_in_buf[0] = z->piece_in_buf[1] = -1;
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (lp_zero_whole(z, i)) lp_zero_gather_start(z, z->w[i], z->param_offsets[i], z->param_sizes[i], &z->now);
         lp_wait(z->dp, &z->now);
@@ -5364,7 +5381,7 @@ static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
 // and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
-// gathers it a piece at a time into a buffer), plus two layers' buffers of gradients (reduced in place,
+// gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
 // wte's pieces too) or weights when the chunk has layers (section 7).
 static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->p * s->v;
@@ -5379,7 +5396,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
         outside -= (double)sizes[LP_WTE];
         piece = (double)lp_wte_piece_rows(c, s->t) * c->channels;
     }
-    double params = s->zero >= 3 ? outside + (s->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + piece : shard * parts;
+    double params = s->zero >= 3 ? outside + (s->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
     double grads = s->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
     memset(&shape, 0, sizeof(shape));

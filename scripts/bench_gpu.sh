@@ -9,6 +9,7 @@
 #                                             then of d=2 ZeRO-2 and ZeRO-3 steps with their streams replayed (the
 #                                             overlap of communication; ~45 min on 2 cores; dev/cudaemu/README.md,
 #                                             "Counting bytes and FLOPs")
+#        bash scripts/bench_gpu.sh emu kernels   only the first part (~25 min); emu zero: only the second (~20 min)
 set -u
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,7 @@ cd "$(dirname "$0")/.."
 # "Before" is the parent of issue 16's first GPU commit (97ffb10), built with this emulator. The counts
 # stay in out/bench_gpu_emu/ (roofline.py can be run on them again).
 if [ "${1:-}" = emu ]; then
+    part=${2:-all}
     before=$(git rev-parse 97ffb10^) || exit 1
     counts=out/bench_gpu_emu
     tmp=$(mktemp -d)
@@ -36,6 +38,7 @@ if [ "${1:-}" = emu ]; then
     fi
     runs=()
     for v in now before; do
+        [ $part = zero ] && break
         bin=./train_gpt_emu_prof
         [ $v = before ] && bin=$tmp/before/train_gpt_emu_prof
         for b in 1 2; do
@@ -49,7 +52,8 @@ if [ "${1:-}" = emu ]; then
         [ $v = before ] && label="before (${before:0:7})"
         runs+=(--run "$label" "$counts/$v-1.tsv" "$counts/$v-2.tsv")
     done
-    python3 dev/cudaemu/roofline.py --batch 64 --seq 1024 --measured 1 2 --model 12 768 50304 "${runs[@]}"
+    [ $part = zero ] || python3 dev/cudaemu/roofline.py --batch 64 --seq 1024 --measured 1 2 --model 12 768 50304 "${runs[@]}"
+    [ $part = kernels ] && exit
     runs=()
     for v in now before; do
         dir=.
