@@ -1605,12 +1605,14 @@ static LPScratch lp_partials;  // fp32 partial sums of the deterministic two-pas
 // D = alpha * op(A) op(B) + beta * D in cuBLAS's column-major terms (a row-major matrix is its own
 // transpose there), bf16 in and out, fp32 accumulation, then cuBLASLt's epilogue: DEFAULT; BIAS (+ bias,
 // length m, broadcast over columns); GELU_AUX(_BIAS) (GELU, the pre-activation written to aux); DGELU
-// (times GELU's derivative at the pre-activation read from aux: GELU's backward fused). aux has D's
-// leading dimension. batch > 1 runs strided batches.
-static inline void lp_gemm_epilogue(int transA, int transB, int m, int n, int k, const floatX* A, int lda, long long strideA,
-                                    const floatX* B, int ldb, long long strideB, floatX* D, int ldd, long long strideD,
-                                    int batch, float alpha, float beta, cublasLtEpilogue_t epilogue, const floatX* bias,
-                                    const floatX* aux) {
+// (times GELU's derivative at the pre-activation read from aux: GELU's backward fused); BGRADB (op(B)'s
+// column sums written to bias, length n: a bias gradient fused). aux has D's leading dimension. batch > 1
+// runs strided batches. Returns 0, having run nothing, where cuBLASLt has no algorithm for it (the
+// backward's epilogues have fallbacks); lp_gemm fails instead.
+static inline int lp_gemm_epilogue(int transA, int transB, int m, int n, int k, const floatX* A, int lda, long long strideA,
+                                   const floatX* B, int ldb, long long strideB, floatX* D, int ldd, long long strideD,
+                                   int batch, float alpha, float beta, cublasLtEpilogue_t epilogue, const floatX* bias,
+                                   const floatX* aux) {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasOperation_t opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -1659,17 +1661,17 @@ static inline void lp_gemm_epilogue(int transA, int transB, int m, int n, int k,
     }
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(lp_cublaslt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
-    if (found == 0)
-        lp_fail("cuBLASLt has no algorithm for a %s%s GEMM m=%d n=%d k=%d batch=%d (epilogue %d)", transA ? "T" : "N",
-                transB ? "T" : "N", m, n, k, batch, (int)epilogue);
-    cublasCheck(cublasLtMatmul(lp_cublaslt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heuristic.algo,
-                               lp_cublaslt_workspace, lp_cublaslt_workspace_size, 0));
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lp_cublaslt, desc, la, lb, ld, ld, pref, 1, &heuristic, &found);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) cublasCheck(st);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0)
+        cublasCheck(cublasLtMatmul(lp_cublaslt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &heuristic.algo,
+                                   lp_cublaslt_workspace, lp_cublaslt_workspace_size, 0));
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     cublasCheck(cublasLtMatrixLayoutDestroy(la));
     cublasCheck(cublasLtMatrixLayoutDestroy(lb));
     cublasCheck(cublasLtMatrixLayoutDestroy(ld));
     cublasCheck(cublasLtMatmulDescDestroy(desc));
+    return st == CUBLAS_STATUS_SUCCESS && found > 0;
 }
 // The forward epilogues by what is given: + bias, GELU with its pre-activation kept in gelu_aux.
 static inline void lp_gemm(int transA, int transB, int m, int n, int k, const floatX* A, int lda, long long strideA,
@@ -1678,8 +1680,10 @@ static inline void lp_gemm(int transA, int transB, int m, int n, int k, const fl
     cublasLtEpilogue_t epilogue = bias && gelu_aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : bias ? CUBLASLT_EPILOGUE_BIAS
                                   : gelu_aux       ? CUBLASLT_EPILOGUE_GELU_AUX
                                                    : CUBLASLT_EPILOGUE_DEFAULT;
-    lp_gemm_epilogue(transA, transB, m, n, k, A, lda, strideA, B, ldb, strideB, D, ldd, strideD, batch, alpha, beta, epilogue,
-                     bias, gelu_aux);
+    if (!lp_gemm_epilogue(transA, transB, m, n, k, A, lda, strideA, B, ldb, strideB, D, ldd, strideD, batch, alpha, beta, epilogue,
+                          bias, gelu_aux))
+        lp_fail("cuBLASLt has no algorithm for a %s%s GEMM m=%d n=%d k=%d batch=%d (epilogue %d)", transA ? "T" : "N",
+                transB ? "T" : "N", m, n, k, batch, (int)epilogue);
 }
 #endif
 
@@ -2192,20 +2196,28 @@ __global__ void lp_bias_partials_kernel(float* partials, const floatX* dout, int
     for (int i = chunk * rows; i < end; i++) s += lp_bf(dout[(size_t)i * OC + o]);
     partials[(size_t)chunk * OC + o] = s;
 }
+static inline void lp_add_scaled_gpu(floatX* dst, const floatX* src, size_t n, float scale);  // (below)
 static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
                                           const floatX* inp, const floatX* weight, int N, int C, int OC, const floatX* pre_gelu) {
     // dinp (N,C) = dout (N,OC) @ weight (OC,C): column-major m=C, n=N, k=OC; overwritten. GELU's backward
-    // rides in cuBLASLt's DGELU epilogue (its pre-activation's leading dimension a multiple of 8), else a kernel
-    if (pre_gelu && C % 8 == 0) {
-        lp_gemm_epilogue(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, CUBLASLT_EPILOGUE_DGELU, NULL, pre_gelu);
-    } else {
+    // rides in cuBLASLt's DGELU epilogue where it has one (the pre-activation's leading dimension a multiple
+    // of 8), else a kernel
+    if (!(pre_gelu && C % 8 == 0 &&
+          lp_gemm_epilogue(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, CUBLASLT_EPILOGUE_DGELU, NULL, pre_gelu))) {
         lp_gemm(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, NULL, NULL);
         if (pre_gelu) lp_gelu_backward_gpu(dinp, pre_gelu, dinp, N * C);
     }
-    // dweight (OC,C) += dout^T @ inp: column-major m=C, n=OC, k=N; accumulated (beta 1)
+    // dweight (OC,C) += dout^T @ inp: column-major m=C, n=OC, k=N; accumulated (beta 1). The bias gradient,
+    // dout's column sums, is op(B)'s sums over k: cuBLASLt's BGRADB epilogue writes them (in bf16) as the
+    // GEMM reads dout, and they are added in; where it has no algorithm, a deterministic two-pass kernel
+    floatX* bgrad = dbias ? (floatX*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * OC * sizeof(float), "reduction partials") : NULL;
+    if (dbias && lp_gemm_epilogue(0, 1, C, OC, N, inp, C, 0, dout, OC, 0, dweight, C, 0, 1, 1.0f, 1.0f, CUBLASLT_EPILOGUE_BGRADB, bgrad, NULL)) {
+        lp_add_scaled_gpu(dbias, bgrad, (size_t)OC, 1.0f);
+        return;
+    }
     lp_gemm(0, 1, C, OC, N, inp, C, 0, dout, OC, 0, dweight, C, 0, 1, 1.0f, 1.0f, NULL, NULL);
     if (dbias) {
-        float* partials = (float*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * OC * sizeof(float), "reduction partials");
+        float* partials = (float*)bgrad;
         dim3 grid(lp_grid(OC, LP_THREADS), LP_BIAS_CHUNKS);
         LP_LAUNCH(lp_bias_partials_kernel, grid, LP_THREADS, 0, partials, dout, N, OC);
         LP_LAUNCH(lp_sum_partials_kernel, lp_grid(OC, LP_THREADS), LP_THREADS, 0, dbias, partials, LP_BIAS_CHUNKS, OC, OC);

@@ -55,6 +55,8 @@ static struct {
     int racecheck;    // CUDAEMU_RACECHECK=1, or cudaemu_racecheck(1)
     int eager;        // CUDAEMU_EAGER=1: run queued work at once instead of when the host waits or idles
     int shared_gpu;   // CUDAEMU_SHARED_GPU=1: every rank reports the same PCI bus id (ranks sharing a GPU)
+    int refuse_grads; // CUDAEMU_REFUSE_GRAD_EPILOGUES=1, or cudaemu_refuse_grad_epilogues(1): the heuristic finds no
+                      // algorithm for DGELU or BGRADB, as cuBLASLt may for a shape, so the caller's fallback runs
     const char* profile;  // CUDAEMU_PROFILE=FILE: count bytes and FLOPs into FILE (section 10)
     int profile_skip;     // CUDAEMU_PROFILE_SKIP=N: count from the N-th cudaDeviceSynchronize on
 } cfg;
@@ -74,6 +76,8 @@ static void read_settings(void) {
     cfg.eager = s && atoi(s);
     s = getenv("CUDAEMU_SHARED_GPU");
     cfg.shared_gpu = s && atoi(s);
+    s = getenv("CUDAEMU_REFUSE_GRAD_EPILOGUES");
+    cfg.refuse_grads = s && atoi(s);
     cfg.profile = getenv("CUDAEMU_PROFILE");
     s = getenv("CUDAEMU_PROFILE_SKIP");
     cfg.profile_skip = s ? atoi(s) : 0;
@@ -789,6 +793,10 @@ void cudaemu_racecheck(int on) {
     touch();
     cfg.racecheck = on;
 }
+void cudaemu_refuse_grad_epilogues(int on) {
+    touch();
+    cfg.refuse_grads = on;
+}
 
 static void prof_launch_begin(const Launch& L);  // section 10: counts this launch if counting is on
 static void prof_launch_end(const Launch& L);
@@ -1221,11 +1229,17 @@ static void lt_check(const char* call, const Desc& d, const Layout& A, const Lay
     bool wants_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     bool wants_aux = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
                      d.epilogue == CUBLASLT_EPILOGUE_DGELU;
-    if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !wants_bias && !wants_aux)
-        lt_rule(call, "epilogue %d is not emulated (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU are)", (int)d.epilogue);
+    bool bgradb = d.epilogue == CUBLASLT_EPILOGUE_BGRADB;
+    if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !wants_bias && !wants_aux && !bgradb)
+        lt_rule(call, "epilogue %d is not emulated (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADB are)", (int)d.epilogue);
     if (wants_bias && !d.bias) lt_rule(call, "the BIAS epilogues need CUBLASLT_MATMUL_DESC_BIAS_POINTER");
     if (wants_bias && d.bias_type_set && d.bias_type != D.type && d.bias_type != CUDA_R_32F)
         lt_rule(call, "CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE must be D's type or CUDA_R_32F");
+    if (bgradb) {  // the bias gradient: op(B)'s column sums over k, one per column of D, in C's type
+        if (!d.bias) lt_rule(call, "BGRADB needs CUBLASLT_MATMUL_DESC_BIAS_POINTER (where the bias gradient goes)");
+        if (d.bias_type_set && d.bias_type != C.type) lt_rule(call, "BGRADB: the bias gradient's type must be C's");
+        if (D.batch > 1) lt_rule(call, "BGRADB with batches is not emulated");
+    }
     if (wants_aux) {
         if (!d.aux) lt_rule(call, "the GELU_AUX and DGELU epilogues need CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
         if (d.aux_ld % 8) lt_rule(call, "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD %lld must be divisible by 8", (long long)d.aux_ld);
@@ -1291,7 +1305,13 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
     bool add_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     bool gelu = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU;
-    static std::vector<float> a, b;  // kept between calls (the device thread's alone): no fresh pages each GEMM
+    static std::vector<float> a, b;
+    if (d.epilogue == CUBLASLT_EPILOGUE_BGRADB)  // (one batch) the bias gradient: each column of op(B) summed over k, in order
+        for (size_t j = 0; j < n; j++) {
+            float s = 0.0f;
+            for (size_t kk = 0; kk < k; kk++) s += lt_load(B, LB.type, d.transb ? j + kk * LB.ld : kk + j * LB.ld);
+            lt_store((void*)d.bias, LC.type, j, s);  // (the bias gradient case: an output)
+        }  // kept between calls (the device thread's alone): no fresh pages each GEMM
     a.resize(std::max(a.size(), m * k));
     b.resize(std::max(b.size(), n * k));
     for (int bt = 0; bt < LD.batch; bt++) {
@@ -1439,6 +1459,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     if (requested < 1) lt_rule("cublasLtMatmulAlgoGetHeuristic", "requestedAlgoCount must be at least 1");
     lt_check("cublasLtMatmulAlgoGetHeuristic", *(Desc*)desc, *(Layout*)a, *(Layout*)b, *(Layout*)c, *(Layout*)d);
     memset(out, 0, sizeof(*out));
+    cublasLtEpilogue_t e = ((Desc*)desc)->epilogue;
+    if (cfg.refuse_grads && (e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_BGRADB)) {
+        *returned = 0;  // what cuBLASLt answers when no algorithm fits
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     const Pref* p = (const Pref*)pref;
     out->algo.data[0] = kAlgoMagic;
     for (int i = 0; i < 4; i++) out->algo.data[1 + i] = p->align[i];
@@ -1473,8 +1498,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t desc, con
             lt_rule(call, "matrix %c (%p, %llu x %llu, ld %lld, %d batches) does not lie inside one device allocation", "ABCD"[i], ptrs[i],
                     (unsigned long long)ls[i]->rows, (unsigned long long)ls[i]->cols, (long long)ls[i]->ld, LD.batch);
     }
-    if (d.bias && !mem_range_ok(d.bias, LD.rows * type_bytes(d.bias_type_set ? d.bias_type : LD.type), MEM_DEVICE))
-        lt_rule(call, "the bias vector (%llu values) does not lie inside one device allocation", (unsigned long long)LD.rows);
+    uint64_t bias_n = d.epilogue == CUBLASLT_EPILOGUE_BGRADB ? LD.cols : LD.rows;
+    if (d.bias && !mem_range_ok(d.bias, bias_n * type_bytes(d.bias_type_set ? d.bias_type : LD.type), MEM_DEVICE))
+        lt_rule(call, "the bias vector (%llu values) does not lie inside one device allocation", (unsigned long long)bias_n);
     if (d.aux && !mem_range_ok(d.aux, ((LD.cols - 1) * d.aux_ld + LD.rows) * type_bytes(LD.type), MEM_DEVICE))
         lt_rule(call, "the GELU pre-activation buffer (ld %lld) does not lie inside one device allocation", (long long)d.aux_ld);
     if (workspace_bytes && !mem_range_ok(workspace, workspace_bytes, MEM_DEVICE))
@@ -1950,13 +1976,14 @@ static void prof_gemm(const Desc& d, const Layout& LA, const Layout& LB, const L
     double m = LD.rows, n = LD.cols, k = d.transa ? LA.rows : LA.cols, batch = LD.batch;
     double read = batch * (LA.rows * LA.cols * type_bytes(LA.type) + LB.rows * LB.cols * type_bytes(LB.type));
     if (beta != 0.0f) read += batch * LC.rows * LC.cols * type_bytes(LC.type);
-    if (d.bias) read += m * type_bytes(d.bias_type_set ? d.bias_type : LD.type);
-    bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU;
+    bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU, bgradb = d.epilogue == CUBLASLT_EPILOGUE_BGRADB;
+    if (d.bias && !bgradb) read += m * type_bytes(d.bias_type_set ? d.bias_type : LD.type);
     if (d.aux && dgelu) read += m * n * type_bytes(LD.type);  // DGELU reads the pre-activation, GELU_AUX writes it
     double written = batch * m * n * type_bytes(LD.type) + (d.aux && !dgelu ? m * n * type_bytes(LD.type) : 0);
+    if (bgradb) written += n * type_bytes(LC.type);  // the bias gradient (B itself is read once for both)
     char name[160];
     snprintf(name, sizeof(name), "cublasLt %c%c %.0fx%.0fx%.0f%s%s%s", d.transa ? 'T' : 'N', d.transb ? 'T' : 'N', m, n, k,
-             beta != 0.0f ? " +C" : "", d.bias ? " +bias" : "", d.aux ? (dgelu ? " +dgelu" : " +gelu") : "");
+             beta != 0.0f ? " +C" : "", d.bias ? (bgradb ? " +bgradb" : " +bias") : "", d.aux ? (dgelu ? " +dgelu" : " +gelu") : "");
     if (batch > 1) snprintf(name + strlen(name), sizeof(name) - strlen(name), " x%.0f", batch);
     prof_record("gemm", name, read, written, read, written, 2 * m * n * k * batch);
 }
