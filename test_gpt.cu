@@ -833,13 +833,13 @@ static void test_schedules(void) {
     expect(flops_full > 1.15 * lp_chunk_flops(&g, &shape, 0, 12), "recompute: full recomputation's extra forward counts in the chunk's FLOPs");
     // ZeRO's memory (B=16, T=1024): every stage lowers it, at d=2 and at d=8, for 124M and for the d4 model
     // (whose wte is 79% of its weights). 124M's ZeRO-2 keeps whole only the gradients of wpe and lnf (787,968
-    // values); two layers' buffers (2 x 7,087,872) and a piece of wte's rows, at most a layer's worth (9,216
-    // rows x 768 = 7,077,888); and the shard: 84.3M of the 124.5M values ZeRO-1 keeps at d=2, 37.6M at d=8.
+    // values); two layers' buffers (2 x 7,087,872; wte's pieces, at most a layer's worth each, reduce from
+    // them too); and the shard: 77.2M of the 124.5M values ZeRO-1 keeps at d=2, 30.5M at d=8.
     for (int model = 0; model < 2; model++) {
         LPConfig mc;
         lp_config_from_depth(&mc, model ? "d4" : "d12");
         for (int d = 2; d <= 8; d += 6) {
-            double mem[4], kept = 787968.0 + 2 * 7087872.0 + 7077888.0 + 124475904.0 / d;
+            double mem[4], kept = 787968.0 + 2 * 7087872.0 + 124475904.0 / d;
             for (int z = 0; z < 4; z++) {
                 shape.d = d;
                 shape.zero = z;
