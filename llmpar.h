@@ -2462,14 +2462,24 @@ __global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const
 static inline size_t lp_flash_backward_shared(int HS) {  // 2 fp32 and 4 bf16 (16,HP) tiles; s, dp; p, ds; lse, D
     return (size_t)16 * lp_flash_width(HS) * (2 * 4 + 4 * 2) + 2 * 256 * 4 + 2 * 256 * 2 + 2 * 16 * 4;
 }
-// Per query row of the tile at i0: its lse and D = sum over d of dy * y (dy staged, y read from out).
-static __device__ inline void lp_flash_row_stats(float* lse_s, float* D, const float* lse, const floatX* dy,
-                                                 const floatX* out, int bh, int i0, int T, int C, int NH) {
-    int lane = threadIdx.x % 32, HS = C / NH, t = i0 + lane;
-    if (lane >= 16) return;
+// D = sum over d of dy * y for every query row, (B,NH,T) like lse, once before the tile kernels (each of
+// which would otherwise form it again per tile): a warp per row, its lanes over the head's channels.
+__global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH) {
+    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;  // (b, h, t)
+    int lane = threadIdx.x % 32, HS = C / NH;
+    if (row >= (size_t)B * NH * T) return;
+    int t = (int)(row % T), bh = (int)(row / T), b = bh / NH, h = bh % NH;
+    size_t at = ((size_t)b * T + t) * C + (size_t)h * HS;
     float dot = 0.0f;
-    for (int d = 0; t < T && d < HS; d++) dot += lp_bf(dy[lane * lp_flash_width(HS) + d]) * lp_bf(out[((size_t)(bh / NH) * T + t) * C + (bh % NH) * HS + d]);
-    D[lane] = dot;
+    for (int d = lane; d < HS; d += 32) dot += lp_bf(dout[at + d]) * lp_bf(out[at + d]);
+    dot = lp_warp_sum(dot);
+    if (lane == 0) D[row] = dot;
+}
+// Per query row of the tile at i0: its lse and D.
+static __device__ inline void lp_flash_row_stats(float* lse_s, float* D_s, const float* lse, const float* D, int bh, int i0, int T) {
+    int lane = threadIdx.x % 32, t = i0 + lane;
+    if (lane >= 16) return;
+    D_s[lane] = t < T ? D[(size_t)bh * T + t] : 0.0f;
     lse_s[lane] = t < T ? lse[(size_t)bh * T + t] : 0.0f;
 }
 // The tile of queries i0.. and keys j0..: p and ds (bf16, for the tensor cores) from s = q k^T and dp = dy v^T.
@@ -2514,7 +2524,7 @@ static __device__ inline void lp_flash_store(floatX* dqkv, const float* g, int w
         if (t < T && d < HS) dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] = lp_xf(g[i]);
     }
 }
-__global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+__global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv,
                                                       const float* lse, int T, int C, int NH, float scale) {
     int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, j0 = blockIdx.x * 16;
     int lane = threadIdx.x % 32;
@@ -2529,7 +2539,7 @@ __global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX
         lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
         lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
         __syncwarp();
-        lp_flash_row_stats(w.lse, w.D, lse, w.dy, out, bh, i0, T, C, NH);
+        lp_flash_row_stats(w.lse, w.D, lse, D, bh, i0, T);
         lp_flash_tile_grads(w, i0, j0, T, HP, scale);
         lp_flash_acc<nvcuda::wmma::col_major>(dv, w.p, w.dy, HP);  // dv += p^T dy
         lp_flash_acc<nvcuda::wmma::col_major>(dk, w.ds, w.q, HP);  // dk += ds^T q
@@ -2537,7 +2547,7 @@ __global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX
     lp_flash_store(dqkv, dk, 1, b, j0, h, T, C, HS);
     lp_flash_store(dqkv, dv, 2, b, j0, h, T, C, HS);
 }
-__global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+__global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv,
                                                      const float* lse, int T, int C, int NH, float scale) {
     int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, i0 = blockIdx.x * 16;
     int lane = threadIdx.x % 32;
@@ -2547,8 +2557,7 @@ __global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX*
     for (int i = lane; i < 16 * HP; i += 32) dq[i] = 0.0f;
     lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
     lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
-    __syncwarp();
-    lp_flash_row_stats(w.lse, w.D, lse, w.dy, out, bh, i0, T, C, NH);
+    lp_flash_row_stats(w.lse, w.D, lse, D, bh, i0, T);
     for (int j0 = 0; j0 <= i0; j0 += 16) {  // key tiles up to the diagonal
         __syncwarp();
         lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
@@ -2567,11 +2576,14 @@ static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const
 // dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
 static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
                                                    const float* lse, int B, int T, int C, int NH) {
+    size_t rows = (size_t)B * NH * T;
+    float* D = (float*)lp_scratch(&lp_partials, rows * sizeof(float), "reduction partials");
+    LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * 32, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH);
     dim3 grid((T + 15) / 16, B * NH);
     size_t shared = lp_flash_backward_shared(C / NH);
     float scale = lp_attention_scale(C, NH);
-    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32, shared, dqkv, dout, out, qkv, lse, T, C, NH, scale);
-    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32, shared, dqkv, dout, out, qkv, lse, T, C, NH, scale);
+    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32, shared, dqkv, dout, D, qkv, lse, T, C, NH, scale);
+    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32, shared, dqkv, dout, D, qkv, lse, T, C, NH, scale);
 }
 #endif
 
@@ -2814,11 +2826,13 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
     return result;
 }
 
-// The scratch buffers at their largest for batches of up to N rows of C channels (bias gradients of up to
-// 4C outputs), sized once at set-up: growing one later frees it, and cudaFree waits for the whole device.
-static inline void lp_scratch_reserve(size_t N, int C) {
+// The scratch buffers at their largest for batches of up to N rows of C channels in NH heads (bias
+// gradients of up to 4C outputs), sized once at set-up: growing one later frees it, and cudaFree waits
+// for the whole device.
+static inline void lp_scratch_reserve(size_t N, int C, int NH) {
     size_t partials = (size_t)LP_LN_BLOCKS * 2 * C;  // layernorm backward
     if ((size_t)LP_BIAS_CHUNKS * 4 * C > partials) partials = (size_t)LP_BIAS_CHUNKS * 4 * C;
+    if (N * NH > partials) partials = N * NH;  // attention backward's D
     if (LP_NORM_BLOCKS + 1 > partials) partials = LP_NORM_BLOCKS + 1;
     lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");
     lp_scratch(&lp_embedding_index, (3 * N + 1) * sizeof(int), "embedding backward index");  // 2U + 1 + M, U and M <= N
@@ -4089,7 +4103,7 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
     m->act = m->slot_act[0];
     m->inputs_host = m->slot_inputs;
 #ifndef LLMPAR_CPU
-    lp_scratch_reserve(BT, m->cfg.channels);
+    lp_scratch_reserve(BT, m->cfg.channels, m->cfg.num_heads);
 #endif
 }
 

@@ -148,6 +148,25 @@ def model(rows, link):
     return out
 
 
+CLASSES = [  # (class, pattern on the launch's name), first match wins
+    ("attention", r"flash_attention|softmax|permute|^cublasLt .* x\d+$"),
+    ("matmuls (linear layers, LM head)", r"^cublasLt"),
+    ("LayerNorm", r"layernorm"),
+    ("GELU", r"gelu"),
+    ("classifier (softmax, cross-entropy)", r"classifier"),
+    ("bias gradients", r"bias_partials"),
+    ("two-pass sums (LayerNorm, bias)", r"sum_partials"),
+    ("embeddings", r"embedding|positions"),
+    ("optimizer (AdamW, gradient norm, ZeRO adds)", r"adamw|norm_squared|lp_sum_kernel|add_scaled|stochastic"),
+    ("memsets and copies", r"^cudaMem"),
+    ("NCCL", r"^nccl"),
+]
+
+
+def kernel_class(name):
+    return next((c for c, pat in CLASSES if re.search(pat, name)), "other")
+
+
 RESOURCE = {"kernel": "gpu", "gemm": "gpu", "copy": "gpu", "pcie": "pcie", "nccl": "link"}
 
 
@@ -270,6 +289,19 @@ def main():
     tokens = a.batch * a.seq
     flops_per_token = 6.0 * (Vp * C + 12 * L * C * C) + 12.0 * L * C * a.seq  # llmpar.h's lp_flops_per_token
 
+    print(f"MODELLED per class of kernel, ms per step at B={a.batch} T={a.seq} (the launches below, summed):")
+    print()
+    print("| class | " + " | ".join(f"{label} ms" for label, _ in runs) + " |")
+    print("|---|" + "---|" * len(runs))
+    sums = [defaultdict(float) for _ in runs]
+    for (_, m), sm in zip(runs, sums):
+        for name, r in m.items():
+            sm[kernel_class(name)] += r["t"] * 1e3
+    for c in [c for c, _ in CLASSES] + ["other"]:
+        if any(sm[c] for sm in sums):
+            print(f"| {c} | " + " | ".join(f"{sm[c]:.1f}" for sm in sums) + " |")
+    print("| step (serial) | " + " | ".join(f"{sum(sm.values()):.1f}" for sm in sums) + " |")
+    print()
     label0, m0 = runs[0]
     others = runs[1:]
     head = ["kernel or call", "launches/step", "MB moved", "MB distinct", "GFLOP", "bound", "MODELLED us", "share"]
