@@ -2354,18 +2354,19 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 
 #ifndef LLMPAR_CPU
 // Flash attention: the results of lp_attention_forward_cpu and lp_attention_backward_cpu (their oracles)
-// without the (B,NH,T,T) probabilities. Work is cut in tiles of 16 queries by 16 keys of one (b,h), one
-// warp per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
+// without the (B,NH,T,T) probabilities. Work is cut in tiles of 16 queries by 16 keys of one (b,h), a warp
+// per tile of one side and up to 4 per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
 // the diagonal one masked. q, k, v are read from qkv (B,T,3C) in place, y written to out (B,T,C), and
 // gradients straight into dqkv (B,T,3C). Tiles are staged in shared memory, HP = HS rounded up to 16
 // columns wide, with the rows past T and the columns past HS zeroed (ragged T, any head size).
 
 static __host__ __device__ inline int lp_flash_width(int HS) { return (HS + 15) / 16 * 16; }
-// Rows t0..t0+15 of a (B,T,stride) tensor, channels col..col+HS-1, into a (16,HP) tile, zero past T and HS.
+// Rows t0..t0+15 of a (B,T,stride) tensor, channels col..col+HS-1, into a (16,HP) tile, zero past T and HS;
+// by a warp (first = lane, step 32) or a block (threadIdx.x, blockDim.x).
 static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, size_t stride, int b, int t0, int col, int T,
-                                            int HS) {
+                                            int HS, int first, int step) {
     int HP = lp_flash_width(HS);
-    for (int i = threadIdx.x % 32; i < 16 * HP; i += 32) {
+    for (int i = first; i < 16 * HP; i += step) {
         int r = i / HP, d = i % HP, t = t0 + r;
         tile[i] = t < T && d < HS ? src[((size_t)b * T + t) * stride + col + d] : lp_xf(0.0f);
     }
@@ -2401,42 +2402,58 @@ static __device__ inline void lp_flash_acc(float* o, const floatX* a, const floa
     }
 }
 
-// Forward: one warp per 16 query rows walks the key tiles up to its diagonal, keeping per row a running
-// max m of the scaled scores and a running sum l of exp(score - m) (online softmax), rescaling its output
-// rows when m grows; at the end y = o / l, and lse = m + log l is kept for the backward.
-static inline size_t lp_flash_forward_shared(int HS) {  // o (fp32); q, k, v (bf16); s (fp32); p (bf16); m, l
-    return (size_t)16 * lp_flash_width(HS) * (4 + 3 * 2) + 256 * 4 + 256 * 2 + 2 * 16 * 4;
+// Warps per block: each warp owns 16 query rows (forward, dq) or 16 keys (dk, dv), and the block stages
+// each tile of the other side once for all its warps (read once per block, not once per warp): as many
+// warps as fit 48 KiB of shared memory with the block's tiles, at most 4. Shared memory holds the block's
+// part, then each warp's, every part a multiple of 32 bytes (wmma's pointers).
+static inline int lp_flash_warps(size_t block_bytes, size_t warp_bytes) {
+    int w = 4;
+    while (w > 1 && block_bytes + w * warp_bytes > 49152) w--;
+    return w;
+}
+
+// Forward: each warp walks the key tiles up to its rows' diagonal, keeping per row a running max m of the
+// scaled scores and a running sum l of exp(score - m) (online softmax), rescaling its output rows when m
+// grows; at the end y = o / l, and lse = m + log l is kept for the backward.
+static __host__ __device__ inline size_t lp_flash_forward_block(int HS) { return (size_t)16 * lp_flash_width(HS) * 2 * 2; }  // k, v (bf16)
+static __host__ __device__ inline size_t lp_flash_forward_warp(int HS) {  // o (fp32); q (bf16); s (fp32); p (bf16); m, l
+    return (size_t)16 * lp_flash_width(HS) * (4 + 2) + 256 * 4 + 256 * 2 + 2 * 16 * 4;
 }
 __global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH,
                                                   float scale) {
-    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, t0 = blockIdx.x * 16;
-    int lane = threadIdx.x % 32;
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int lane = threadIdx.x % 32, warps = blockDim.x / 32, tb = blockIdx.x * warps * 16, t0 = tb + threadIdx.x / 32 * 16;
+    int last = min(tb + warps * 16, T) - 1;  // the block's last row: key tiles up to its diagonal
     LP_SHARED(float, smem);
-    float* o = smem;                     // (16,HP) unnormalised output rows
+    floatX* k = (floatX*)smem;  // (16,HP), the block's
+    floatX* v = k + 16 * HP;    // (16,HP)
+    float* o = (float*)((char*)smem + lp_flash_forward_block(HS) + threadIdx.x / 32 * lp_flash_forward_warp(HS));  // (16,HP)
     floatX* q = (floatX*)(o + 16 * HP);  // (16,HP)
-    floatX* k = q + 16 * HP;             // (16,HP)
-    floatX* v = k + 16 * HP;             // (16,HP)
-    float* s = (float*)(v + 16 * HP);    // (16,16) scores of one key tile
+    float* s = (float*)(q + 16 * HP);    // (16,16) scores of one key tile
     floatX* p = (floatX*)(s + 256);      // (16,16) their exp(scaled score - m)
     float* m = (float*)(p + 256);        // (16)
     float* l = m + 16;                   // (16)
-    lp_flash_load(q, qkv, 3 * C, b, t0, h * HS, T, HS);
-    for (int i = lane; i < 16 * HP; i += 32) o[i] = 0.0f;
-    if (lane < 16) m[lane] = -INFINITY, l[lane] = 0.0f;
-    for (int j0 = 0; j0 <= t0; j0 += 16) {  // key tiles up to the diagonal; j0 < T since t0 < T
-        __syncwarp();
-        lp_flash_load(k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
-        lp_flash_load(v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
-        __syncwarp();
+    int rows = t0 < T;                   // this warp has rows (the same for all its lanes)
+    if (rows) {
+        lp_flash_load(q, qkv, 3 * C, b, t0, h * HS, T, HS, lane, 32);
+        for (int i = lane; i < 16 * HP; i += 32) o[i] = 0.0f;
+        if (lane < 16) m[lane] = -INFINITY, l[lane] = 0.0f;
+    }
+    for (int j0 = 0; j0 <= last; j0 += 16) {
+        __syncthreads();
+        lp_flash_load(k, qkv, 3 * C, b, j0, C + h * HS, T, HS, threadIdx.x, blockDim.x);
+        lp_flash_load(v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (!rows || j0 > t0) continue;  // no rows, or the tile is above this warp's diagonal
         lp_flash_abt(s, q, k, HP);
         __syncwarp();
         if (lane < 16) {  // row lane; keys after the row (causal) or past T are masked
-            int last = min(t0 + lane, T - 1) - j0;  // the row's last visible key in this tile
+            int seen = min(t0 + lane, T - 1) - j0;  // the row's last visible key in this tile
             float mnew = m[lane];
-            for (int c = 0; c <= last && c < 16; c++) mnew = fmaxf(mnew, scale * s[lane * 16 + c]);
+            for (int c = 0; c <= seen && c < 16; c++) mnew = fmaxf(mnew, scale * s[lane * 16 + c]);
             float alpha = expf(m[lane] - mnew), sum = 0.0f;
             for (int c = 0; c < 16; c++) {
-                float e = c <= last ? expf(scale * s[lane * 16 + c] - mnew) : 0.0f;
+                float e = c <= seen ? expf(scale * s[lane * 16 + c] - mnew) : 0.0f;
                 p[lane * 16 + c] = lp_xf(e);
                 sum += e;
             }
@@ -2447,6 +2464,7 @@ __global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const
         __syncwarp();
         lp_flash_acc<nvcuda::wmma::row_major>(o, p, v, HP);  // o += p v
     }
+    if (!rows) return;
     __syncwarp();
     for (int i = lane; i < 16 * HP; i += 32) {
         int r = i / HP, d = i % HP, t = t0 + r;
@@ -2456,14 +2474,12 @@ __global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const
 }
 
 // Backward, with D = rowsum(dy * y) per query row: p = exp(scale q k^T - lse) (recomputed), dp = dy v^T,
-// ds = scale p (dp - D); dv = p^T dy, dk = ds^T q, dq = ds k. Deterministic without atomics: one kernel
-// owns a key tile and sums dk, dv over the query tiles at or below the diagonal; another owns a query tile
-// and sums dq over the key tiles up to it (recomputing p and ds), so every gradient has one writer.
-static inline size_t lp_flash_backward_shared(int HS) {  // 2 fp32 and 4 bf16 (16,HP) tiles; s, dp; p, ds; lse, D
-    return (size_t)16 * lp_flash_width(HS) * (2 * 4 + 4 * 2) + 2 * 256 * 4 + 2 * 256 * 2 + 2 * 16 * 4;
-}
-// D = sum over d of dy * y for every query row, (B,NH,T) like lse, once before the tile kernels (each of
-// which would otherwise form it again per tile): a warp per row, its lanes over the head's channels.
+// ds = scale p (dp - D); dv = p^T dy, dk = ds^T q, dq = ds k. Deterministic without atomics: one kernel's
+// warps own a key tile each and sum dk, dv over the query tiles at or below the diagonal; another's own a
+// query tile each and sum dq over the key tiles up to it (recomputing p and ds), so every gradient has one
+// writer.
+// D for every query row, (B,NH,T) like lse, once before the tile kernels: a warp per row, its lanes over
+// the head's channels.
 __global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH) {
     size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;  // (b, h, t)
     int lane = threadIdx.x % 32, HS = C / NH;
@@ -2475,44 +2491,33 @@ __global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dou
     dot = lp_warp_sum(dot);
     if (lane == 0) D[row] = dot;
 }
-// Per query row of the tile at i0: its lse and D.
-static __device__ inline void lp_flash_row_stats(float* lse_s, float* D_s, const float* lse, const float* D, int bh, int i0, int T) {
-    int lane = threadIdx.x % 32, t = i0 + lane;
-    if (lane >= 16) return;
-    D_s[lane] = t < T ? D[(size_t)bh * T + t] : 0.0f;
-    lse_s[lane] = t < T ? lse[(size_t)bh * T + t] : 0.0f;
+// Row r (< 16) of the query tile at i0: its lse and D.
+static __device__ inline void lp_flash_row_stats(float* lse_s, float* D_s, const float* lse, const float* D, int bh, int i0,
+                                                 int T, int r) {
+    int t = i0 + r;
+    D_s[r] = t < T ? D[(size_t)bh * T + t] : 0.0f;
+    lse_s[r] = t < T ? lse[(size_t)bh * T + t] : 0.0f;
 }
-// The tile of queries i0.. and keys j0..: p and ds (bf16, for the tensor cores) from s = q k^T and dp = dy v^T.
-static __device__ inline void lp_flash_probs_grads(floatX* p, floatX* ds, const float* s, const float* dp, const float* lse,
-                                                   const float* D, int i0, int j0, int T, float scale) {
-    int r = threadIdx.x % 32;
-    if (r >= 16) return;
-    int last = i0 + r < T ? i0 + r - j0 : -1;  // the row's last visible key in this tile; none past T
-    for (int c = 0; c < 16; c++) {
-        float pr = c <= last ? expf(scale * s[r * 16 + c] - lse[r]) : 0.0f;
-        p[r * 16 + c] = lp_xf(pr);
-        ds[r * 16 + c] = lp_xf(scale * pr * (dp[r * 16 + c] - D[r]));
-    }
-}
-// Stages the query tile at i0 and the key tile at j0 of one (b,h) and computes its p and ds.
+// The tiles of queries i0.. and keys j0.. one warp works on, wherever they are staged.
 struct LPFlashTiles {
     float *s, *dp, *lse, *D;
     floatX *q, *k, *v, *dy, *p, *ds;
 };
-static __device__ inline LPFlashTiles lp_flash_tiles(float* smem, int HP) {  // after the two fp32 (16,HP) tiles
-    LPFlashTiles w;
-    w.q = (floatX*)(smem + 2 * 16 * HP), w.k = w.q + 16 * HP, w.v = w.k + 16 * HP, w.dy = w.v + 16 * HP;
-    w.s = (float*)(w.dy + 16 * HP), w.dp = w.s + 256;
-    w.p = (floatX*)(w.dp + 256), w.ds = w.p + 256;
-    w.lse = (float*)(w.ds + 256), w.D = w.lse + 16;
-    return w;
-}
+// p and ds (bf16, for the tensor cores) of the tile pair from s = q k^T and dp = dy v^T.
 static __device__ inline void lp_flash_tile_grads(const LPFlashTiles& w, int i0, int j0, int T, int HP, float scale) {
     __syncwarp();
     lp_flash_abt(w.s, w.q, w.k, HP);
     lp_flash_abt(w.dp, w.dy, w.v, HP);
     __syncwarp();
-    lp_flash_probs_grads(w.p, w.ds, w.s, w.dp, w.lse, w.D, i0, j0, T, scale);
+    int r = threadIdx.x % 32;
+    if (r < 16) {
+        int seen = i0 + r < T ? i0 + r - j0 : -1;  // the row's last visible key in this tile; none past T
+        for (int c = 0; c < 16; c++) {
+            float pr = c <= seen ? expf(scale * w.s[r * 16 + c] - w.lse[r]) : 0.0f;
+            w.p[r * 16 + c] = lp_xf(pr);
+            w.ds[r * 16 + c] = lp_xf(scale * pr * (w.dp[r * 16 + c] - w.D[r]));
+        }
+    }
     __syncwarp();
 }
 static __device__ inline void lp_flash_store(floatX* dqkv, const float* g, int which, int b, int t0, int h, int T, int C,
@@ -2524,66 +2529,102 @@ static __device__ inline void lp_flash_store(floatX* dqkv, const float* g, int w
         if (t < T && d < HS) dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] = lp_xf(g[i]);
     }
 }
+static __host__ __device__ inline size_t lp_flash_kv_block(int HS) { return (size_t)16 * lp_flash_width(HS) * 2 * 2 + 2 * 16 * 4; }  // q, dy; lse, D
+static __host__ __device__ inline size_t lp_flash_kv_warp(int HS) {  // dk, dv (fp32); k, v (bf16); s, dp (fp32); p, ds (bf16)
+    return (size_t)16 * lp_flash_width(HS) * (2 * 4 + 2 * 2) + 2 * 256 * 4 + 2 * 256 * 2;
+}
 __global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv,
                                                       const float* lse, int T, int C, int NH, float scale) {
-    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, j0 = blockIdx.x * 16;
-    int lane = threadIdx.x % 32;
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int lane = threadIdx.x % 32, warps = blockDim.x / 32, jb = blockIdx.x * warps * 16, j0 = jb + threadIdx.x / 32 * 16;
     LP_SHARED(float, smem);
-    float *dk = smem, *dv = smem + 16 * HP;
-    LPFlashTiles w = lp_flash_tiles(smem, HP);
-    for (int i = lane; i < 2 * 16 * HP; i += 32) smem[i] = 0.0f;
-    lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
-    lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
-    for (int i0 = j0; i0 < T; i0 += 16) {  // query tiles from the diagonal down
-        __syncwarp();
-        lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
-        lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
-        __syncwarp();
-        lp_flash_row_stats(w.lse, w.D, lse, D, bh, i0, T);
+    LPFlashTiles w;
+    w.q = (floatX*)smem, w.dy = w.q + 16 * HP;  // the block's query tile
+    w.lse = (float*)(w.dy + 16 * HP), w.D = w.lse + 16;
+    float* dk = (float*)((char*)smem + lp_flash_kv_block(HS) + threadIdx.x / 32 * lp_flash_kv_warp(HS));
+    float* dv = dk + 16 * HP;
+    w.k = (floatX*)(dv + 16 * HP), w.v = w.k + 16 * HP;  // this warp's key tile
+    w.s = (float*)(w.v + 16 * HP), w.dp = w.s + 256;
+    w.p = (floatX*)(w.dp + 256), w.ds = w.p + 256;
+    int keys = j0 < T;  // this warp has keys
+    if (keys) {
+        for (int i = lane; i < 2 * 16 * HP; i += 32) dk[i] = 0.0f;
+        lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS, lane, 32);
+        lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS, lane, 32);
+    }
+    for (int i0 = jb; i0 < T; i0 += 16) {  // query tiles from the block's diagonal down
+        __syncthreads();
+        lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS, threadIdx.x, blockDim.x);
+        lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS, threadIdx.x, blockDim.x);
+        if (threadIdx.x < 16) lp_flash_row_stats(w.lse, w.D, lse, D, bh, i0, T, threadIdx.x);
+        __syncthreads();
+        if (!keys || i0 < j0) continue;  // no keys, or the queries are above this warp's diagonal
         lp_flash_tile_grads(w, i0, j0, T, HP, scale);
         lp_flash_acc<nvcuda::wmma::col_major>(dv, w.p, w.dy, HP);  // dv += p^T dy
         lp_flash_acc<nvcuda::wmma::col_major>(dk, w.ds, w.q, HP);  // dk += ds^T q
     }
+    if (!keys) return;
     lp_flash_store(dqkv, dk, 1, b, j0, h, T, C, HS);
     lp_flash_store(dqkv, dv, 2, b, j0, h, T, C, HS);
 }
+static __host__ __device__ inline size_t lp_flash_q_block(int HS) { return (size_t)16 * lp_flash_width(HS) * 2 * 2; }  // k, v
+static __host__ __device__ inline size_t lp_flash_q_warp(int HS) {  // dq (fp32); q, dy (bf16); s, dp (fp32); p, ds (bf16); lse, D
+    return (size_t)16 * lp_flash_width(HS) * (4 + 2 * 2) + 2 * 256 * 4 + 2 * 256 * 2 + 2 * 16 * 4;
+}
 __global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv,
                                                      const float* lse, int T, int C, int NH, float scale) {
-    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH, i0 = blockIdx.x * 16;
-    int lane = threadIdx.x % 32;
+    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int lane = threadIdx.x % 32, warps = blockDim.x / 32, tb = blockIdx.x * warps * 16, i0 = tb + threadIdx.x / 32 * 16;
+    int last = min(tb + warps * 16, T) - 1;  // the block's last row
     LP_SHARED(float, smem);
-    float* dq = smem;
-    LPFlashTiles w = lp_flash_tiles(smem, HP);
-    for (int i = lane; i < 16 * HP; i += 32) dq[i] = 0.0f;
-    lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS);
-    lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS);
-    lp_flash_row_stats(w.lse, w.D, lse, D, bh, i0, T);
-    for (int j0 = 0; j0 <= i0; j0 += 16) {  // key tiles up to the diagonal
-        __syncwarp();
-        lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS);
-        lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS);
+    LPFlashTiles w;
+    w.k = (floatX*)smem, w.v = w.k + 16 * HP;  // the block's key tile
+    float* dq = (float*)((char*)smem + lp_flash_q_block(HS) + threadIdx.x / 32 * lp_flash_q_warp(HS));
+    w.q = (floatX*)(dq + 16 * HP), w.dy = w.q + 16 * HP;  // this warp's query tile
+    w.s = (float*)(w.dy + 16 * HP), w.dp = w.s + 256;
+    w.p = (floatX*)(w.dp + 256), w.ds = w.p + 256;
+    w.lse = (float*)(w.ds + 256), w.D = w.lse + 16;
+    int rows = i0 < T;  // this warp has rows
+    if (rows) {
+        for (int i = lane; i < 16 * HP; i += 32) dq[i] = 0.0f;
+        lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS, lane, 32);
+        lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS, lane, 32);
+        if (lane < 16) lp_flash_row_stats(w.lse, w.D, lse, D, bh, i0, T, lane);
+    }
+    for (int j0 = 0; j0 <= last; j0 += 16) {  // key tiles up to the block's diagonal
+        __syncthreads();
+        lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS, threadIdx.x, blockDim.x);
+        lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (!rows || j0 > i0) continue;  // no rows, or the keys are after this warp's diagonal
         lp_flash_tile_grads(w, i0, j0, T, HP, scale);
         lp_flash_acc<nvcuda::wmma::row_major>(dq, w.ds, w.k, HP);  // dq += ds k
     }
-    lp_flash_store(dqkv, dq, 0, b, i0, h, T, C, HS);
+    if (rows) lp_flash_store(dqkv, dq, 0, b, i0, h, T, C, HS);
 }
 
 static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    dim3 grid((T + 15) / 16, B * NH);
-    LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32, lp_flash_forward_shared(C / NH), out, lse, qkv, T, C, NH,
-              lp_attention_scale(C, NH));
+    int HS = C / NH, W = lp_flash_warps(lp_flash_forward_block(HS), lp_flash_forward_warp(HS));
+    dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
+    LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32 * W, lp_flash_forward_block(HS) + W * lp_flash_forward_warp(HS), out,
+              lse, qkv, T, C, NH, lp_attention_scale(C, NH));
 }
 // dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
 static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
                                                    const float* lse, int B, int T, int C, int NH) {
+    int HS = C / NH;
     size_t rows = (size_t)B * NH * T;
     float* D = (float*)lp_scratch(&lp_partials, rows * sizeof(float), "reduction partials");
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * 32, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH);
-    dim3 grid((T + 15) / 16, B * NH);
-    size_t shared = lp_flash_backward_shared(C / NH);
     float scale = lp_attention_scale(C, NH);
-    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32, shared, dqkv, dout, D, qkv, lse, T, C, NH, scale);
-    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32, shared, dqkv, dout, D, qkv, lse, T, C, NH, scale);
+    int W = lp_flash_warps(lp_flash_kv_block(HS), lp_flash_kv_warp(HS));
+    dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
+    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32 * W, lp_flash_kv_block(HS) + W * lp_flash_kv_warp(HS), dqkv, dout,
+              D, qkv, lse, T, C, NH, scale);
+    W = lp_flash_warps(lp_flash_q_block(HS), lp_flash_q_warp(HS));
+    grid.x = (T + 16 * W - 1) / (16 * W);
+    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32 * W, lp_flash_q_block(HS) + W * lp_flash_q_warp(HS), dqkv, dout, D,
+              qkv, lse, T, C, NH, scale);
 }
 #endif
 
