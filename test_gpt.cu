@@ -3065,6 +3065,8 @@ static void tier4_kernel_tests(void) {
     tier4_flash_attention(&rng, 2, 64, 128, 4);   // HS=32, whole tiles
     tier4_flash_attention(&rng, 1, 1024, 64, 1);  // long T; HS=64, one head to keep the emulator quick
     tier4_flash_attention(&rng, 1, 33, 100, 4);   // HS=25: tiles padded to 32 columns
+    tier4_flash_attention(&rng, 1, 37, 768, 12);  // GPT-2's C and heads
+    tier4_flash_attention(&rng, 1, 100, 96, 3);   // HS=32; blocks of several warps, the last part-filled
     tier4_classifier(&rng);
     tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
