@@ -1525,6 +1525,13 @@ static inline LP_HD float lp_gelu_grad(float x) {
 // buffers that grow on demand, and one cuBLASLt GEMM used by every matmul.
 #define LP_THREADS 256
 static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+// Warps per block for a kernel whose block keeps block_bytes of shared memory and each warp warp_bytes more:
+// as many as fit 48 KiB (the most a launch gets without opting in), at most `most`, at least 1.
+static inline int lp_block_warps(size_t block_bytes, size_t warp_bytes, int most) {
+    int w = most;
+    while (w > 1 && block_bytes + w * warp_bytes > 49152) w--;
+    return w;
+}
 
 // Launch a kernel on the compute stream and check the launch. LP_SHARED is the launch's dynamic shared
 // memory as an array. Under the CUDA emulator (dev/cudaemu, no GPU) the same lines run on the CPU.
@@ -1877,82 +1884,104 @@ static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, 
 }
 
 #ifndef LLMPAR_CPU
-// One warp per row. With inp2 non-NULL the row is first residual = inp1 + (inp2 + bias) (stored, rounded
-// to bf16) and the LayerNorm reads the rounded values, exactly what the backward pass will see.
+// Rows of LayerNorm: a block of warps walks the rows, a warp per row. Everything is read from global memory
+// once: the block stages w, b (and the residual's bias) in shared memory, each warp its row, which the
+// statistics and the output then read from there. A row in shared memory is padded to whole packs
+// (lp_ln_width), its padding 0. Blocks at most LP_LN_BLOCKS: enough for every SM, and w, b read per block.
+#define LP_LN_BLOCKS 512
+static __host__ __device__ inline int lp_ln_width(int C) { return (C + LP_PACK - 1) / LP_PACK * LP_PACK; }
+static inline int lp_ln_blocks(int N, int warps) {
+    int blocks = (N + warps - 1) / warps;
+    return blocks < LP_LN_BLOCKS ? blocks : LP_LN_BLOCKS;
+}
+
+// Forward. With inp2 non-NULL the row is first residual = inp1 + (inp2 + bias) (stored, rounded to bf16)
+// and the LayerNorm reads the rounded values, exactly what the backward pass will see; with out NULL it
+// stops there.
 __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1,
                                             const floatX* inp2, const floatX* bias, const floatX* w, const floatX* b,
                                             int N, int C) {
-    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) return;
-    size_t base = (size_t)row * C;
-    const floatX* x = inp1 + base;
-    // lane l takes channels [8 l, 8 l + 8), then 256 further on, ...: 128-bit packs (LPPack)
-    if (inp2) {
+    LP_SHARED(floatX, share);  // w, b, bias, then each warp's row: Cp values each
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, Cp = lp_ln_width(C);
+    floatX *ws = share, *bs = share + Cp, *biass = share + 2 * Cp, *x = share + (size_t)(3 + warp) * Cp;
+    for (int c = threadIdx.x * LP_PACK; c < Cp; c += blockDim.x * LP_PACK) {
+        lp_store_pack(ws, c, Cp, lp_load_pack(w, c, C));
+        lp_store_pack(bs, c, Cp, lp_load_pack(b, c, C));
+        if (inp2) lp_store_pack(biass, c, Cp, lp_load_pack(bias, c, C));
+    }
+    __syncthreads();
+    for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
+        size_t base = (size_t)row * C;
+        // lane l takes channels [8 l, 8 l + 8), then 256 further on, ...: 128-bit packs (LPPack); it reads
+        // back from shared memory only what it wrote, so the warp needs no barrier
+        float s = 0.0f;
         for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-            LPPack p = lp_load_pack(inp1 + base, c, C), q = lp_load_pack(inp2 + base, c, C), o = lp_load_pack(bias, c, C);
-            for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf(lp_bf(p.x[k]) + (lp_bf(q.x[k]) + lp_bf(o.x[k])));
-            lp_store_pack(residual + base, c, C, p);
+            LPPack p = lp_load_pack(inp1 + base, c, C);
+            if (inp2) {
+                LPPack q = lp_load_pack(inp2 + base, c, C), o = lp_load_pack(biass, c, Cp);
+                for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf(lp_bf(p.x[k]) + (lp_bf(q.x[k]) + lp_bf(o.x[k])));
+                lp_store_pack(residual + base, c, C, p);
+            }
+            lp_store_pack(x, c, Cp, p);
+            for (int k = 0; k < LP_PACK; k++) s += lp_bf(p.x[k]);  // (padding reads as 0)
         }
-        x = residual + base;  // each lane reads back only what it wrote
-    }
-    if (!out) return;
-    float s = 0.0f;
-    for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-        LPPack p = lp_load_pack(x, c, C);
-        for (int k = 0; k < LP_PACK; k++) s += lp_bf(p.x[k]);  // (padding reads as 0)
-    }
-    float m = lp_warp_sum(s) / C;
-    float v = 0.0f;
-    for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-        LPPack p = lp_load_pack(x, c, C);
-        for (int k = 0; k < LP_PACK; k++) {
-            float d = c + k < C ? lp_bf(p.x[k]) - m : 0.0f;
-            v += d * d;
+        if (!out) continue;
+        float m = lp_warp_sum(s) / C;
+        float v = 0.0f;
+        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
+            LPPack p = lp_load_pack(x, c, Cp);
+            for (int k = 0; k < LP_PACK; k++) {
+                float d = c + k < C ? lp_bf(p.x[k]) - m : 0.0f;
+                v += d * d;
+            }
+        }
+        float r = rsqrtf(lp_warp_sum(v) / C + 1e-5f);
+        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
+            LPPack p = lp_load_pack(x, c, Cp), g = lp_load_pack(ws, c, Cp), o = lp_load_pack(bs, c, Cp);
+            for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf((lp_bf(p.x[k]) - m) * r * lp_bf(g.x[k]) + lp_bf(o.x[k]));
+            lp_store_pack(out + base, c, C, p);
+        }
+        if (lane == 0) {
+            mean[row] = m;
+            rstd[row] = r;
         }
     }
-    float r = rsqrtf(lp_warp_sum(v) / C + 1e-5f);
-    for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-        LPPack p = lp_load_pack(x, c, C), g = lp_load_pack(w, c, C), o = lp_load_pack(b, c, C);
-        for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf((lp_bf(p.x[k]) - m) * r * lp_bf(g.x[k]) + lp_bf(o.x[k]));
-        lp_store_pack(out + base, c, C, p);
-    }
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = r;
-    }
-}
-static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
-                                            const floatX* b, int N, int C) {
-    LP_LAUNCH(lp_layernorm_forward_kernel, lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS, 0, NULL, out, mean, rstd, inp,
-              NULL, NULL, w, b, N, C);
 }
 static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* out, float* mean, float* rstd,
                                                      const floatX* inp1, const floatX* inp2, const floatX* bias,
                                                      const floatX* w, const floatX* b, int N, int C) {
-    LP_LAUNCH(lp_layernorm_forward_kernel, lp_grid((size_t)N * 32, LP_THREADS), LP_THREADS, 0, residual, out, mean, rstd, inp1,
-              inp2, bias, w, b, N, C);
+    size_t row = (size_t)lp_ln_width(C) * sizeof(floatX);
+    int warps = lp_block_warps(3 * row, row, 8);
+    LP_LAUNCH(lp_layernorm_forward_kernel, lp_ln_blocks(N, warps), 32 * warps, (3 + warps) * row, residual, out, mean, rstd,
+              inp1, inp2, bias, w, b, N, C);
+}
+static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
+                                            const floatX* b, int N, int C) {
+    lp_residual_layernorm_forward_gpu(NULL, out, mean, rstd, inp, NULL, NULL, w, b, N, C);
 }
 
-// Backward in two passes, deterministic: a warp per row, several warps per block (one-warp blocks leave
-// most of an SM's warp slots idle); each block walks a fixed set of rows, adds into dinp, and each warp
-// keeps its share of dw and db in its own slice of shared memory (lane l owns the 8 channels from 8 l, and
-// those 256 further on, ...); the block adds its warps' slices in warp order into its partials, and a
-// second kernel sums the blocks' partials in block order. No atomics: a run repeats bit for bit.
-#define LP_LN_BLOCKS 512
-#define LP_LN_WARPS 4
+// Backward in two passes, deterministic: each block walks a fixed set of rows, a warp per row, and adds into
+// dinp; each warp keeps its share of dw and db in its own slice of shared memory (lane l owns the 8 channels
+// from 8 l, and those 256 further on, ...); the block adds its warps' slices in warp order into its
+// partials, and a second kernel sums the blocks' partials in block order. No atomics: a run repeats bit for
+// bit. As in the forward, w is staged once per block and a row's inp and dout once per row.
 __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    LP_SHARED(float, share);  // (warps, 2, C): each warp's dw then db
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    float* mine = share + (size_t)warp * 2 * C;
-    for (int c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;  // (the warp's lanes see each other's writes: __syncwarp below)
-    __syncwarp();
+    LP_SHARED(floatX, share);  // w, each warp's inp and dout rows (Cp values each), then (warps, 2, C) floats: dw, db
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, Cp = lp_ln_width(C);
+    floatX *ws = share, *xs = share + (size_t)(1 + 2 * warp) * Cp, *gs = xs + Cp;
+    float *sums = (float*)(share + (size_t)(1 + 2 * warps) * Cp), *mine = sums + (size_t)warp * 2 * C;
+    for (int c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;
+    for (int c = threadIdx.x * LP_PACK; c < Cp; c += blockDim.x * LP_PACK) lp_store_pack(ws, c, Cp, lp_load_pack(w, c, C));
+    __syncthreads();
     for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
         size_t base = (size_t)row * C;
         float m = mean[row], r = rstd[row], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
         // lane l takes channels [8 l, 8 l + 8), then 256 further on, ...: 128-bit packs (padding: dout 0)
         for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-            LPPack x = lp_load_pack(inp + base, c, C), g = lp_load_pack(dout + base, c, C), wc = lp_load_pack(w, c, C);
+            LPPack x = lp_load_pack(inp + base, c, C), g = lp_load_pack(dout + base, c, C), wc = lp_load_pack(ws, c, Cp);
+            lp_store_pack(xs, c, Cp, x);
+            lp_store_pack(gs, c, Cp, g);
             for (int k = 0; k < LP_PACK; k++) {
                 float norm = (lp_bf(x.x[k]) - m) * r, d = lp_bf(g.x[k]) * lp_bf(wc.x[k]);
                 dnorm_mean += d;
@@ -1962,7 +1991,7 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
         dnorm_mean = lp_warp_sum(dnorm_mean) / C;
         dnorm_norm_mean = lp_warp_sum(dnorm_norm_mean) / C;
         for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-            LPPack x = lp_load_pack(inp + base, c, C), g = lp_load_pack(dout + base, c, C), wc = lp_load_pack(w, c, C);
+            LPPack x = lp_load_pack(xs, c, Cp), g = lp_load_pack(gs, c, Cp), wc = lp_load_pack(ws, c, Cp);
             LPPack di = lp_load_pack(dinp + base, c, C);
 #pragma unroll
             for (int k = 0; k < LP_PACK; k++) {
@@ -1979,7 +2008,7 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
     __syncthreads();
     for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
         float sum = 0.0f;
-        for (int k = 0; k < warps; k++) sum += share[(size_t)k * 2 * C + c];
+        for (int k = 0; k < warps; k++) sum += sums[(size_t)k * 2 * C + c];
         partials[(size_t)blockIdx.x * 2 * C + c] = sum;
     }
 }
@@ -1992,13 +2021,11 @@ __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int b
 }
 static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* db, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    int warps = 49152 / (8 * C);  // each warp's slice is 2C floats; stay within 48 KiB of shared memory
-    warps = warps < 1 ? 1 : warps > LP_LN_WARPS ? LP_LN_WARPS : warps;
-    int blocks = (N + warps - 1) / warps;
-    if (blocks > LP_LN_BLOCKS) blocks = LP_LN_BLOCKS;
+    size_t row = (size_t)lp_ln_width(C) * sizeof(floatX), warp_bytes = 2 * row + 2 * (size_t)C * sizeof(float);
+    int warps = lp_block_warps(row, warp_bytes, 4), blocks = lp_ln_blocks(N, warps);
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
-    LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32 * warps, (size_t)warps * 2 * C * sizeof(float), dinp, partials, dout, inp,
-              w, mean, rstd, N, C);
+    LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32 * warps, row + warps * warp_bytes, dinp, partials, dout, inp, w, mean,
+              rstd, N, C);
     LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, dw, partials, blocks, 2 * C, C);
     LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, db, partials + C, blocks, 2 * C, C);
 }
@@ -2404,13 +2431,8 @@ static __device__ inline void lp_flash_acc(float* o, const floatX* a, const floa
 
 // Warps per block: each warp owns 16 query rows (forward, dq) or 16 keys (dk, dv), and the block stages
 // each tile of the other side once for all its warps (read once per block, not once per warp): as many
-// warps as fit 48 KiB of shared memory with the block's tiles, at most 4. Shared memory holds the block's
+// warps as fit 48 KiB of shared memory with the block's tiles, at most 4 (lp_block_warps). Shared memory holds the block's
 // part, then each warp's, every part a multiple of 32 bytes (wmma's pointers).
-static inline int lp_flash_warps(size_t block_bytes, size_t warp_bytes) {
-    int w = 4;
-    while (w > 1 && block_bytes + w * warp_bytes > 49152) w--;
-    return w;
-}
 
 // Forward: each warp walks the key tiles up to its rows' diagonal, keeping per row a running max m of the
 // scaled scores and a running sum l of exp(score - m) (online softmax), rescaling its output rows when m
@@ -2604,7 +2626,7 @@ __global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX*
 }
 
 static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    int HS = C / NH, W = lp_flash_warps(lp_flash_forward_block(HS), lp_flash_forward_warp(HS));
+    int HS = C / NH, W = lp_block_warps(lp_flash_forward_block(HS), lp_flash_forward_warp(HS), 4);
     dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
     LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32 * W, lp_flash_forward_block(HS) + W * lp_flash_forward_warp(HS), out,
               lse, qkv, T, C, NH, lp_attention_scale(C, NH));
@@ -2617,11 +2639,11 @@ static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* d
     float* D = (float*)lp_scratch(&lp_partials, rows * sizeof(float), "reduction partials");
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * 32, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH);
     float scale = lp_attention_scale(C, NH);
-    int W = lp_flash_warps(lp_flash_kv_block(HS), lp_flash_kv_warp(HS));
+    int W = lp_block_warps(lp_flash_kv_block(HS), lp_flash_kv_warp(HS), 4);
     dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
     LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32 * W, lp_flash_kv_block(HS) + W * lp_flash_kv_warp(HS), dqkv, dout,
               D, qkv, lse, T, C, NH, scale);
-    W = lp_flash_warps(lp_flash_q_block(HS), lp_flash_q_warp(HS));
+    W = lp_block_warps(lp_flash_q_block(HS), lp_flash_q_warp(HS), 4);
     grid.x = (T + 16 * W - 1) / (16 * W);
     LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32 * W, lp_flash_q_block(HS) + W * lp_flash_q_warp(HS), dqkv, dout, D,
               qkv, lse, T, C, NH, scale);
