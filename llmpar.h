@@ -1526,10 +1526,11 @@ static inline LP_HD float lp_gelu_grad(float x) {
 #define LP_THREADS 256
 static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 // Warps per block for a kernel whose block keeps block_bytes of shared memory and each warp warp_bytes more:
-// as many as fit 48 KiB (the most a launch gets without opting in), at most `most`, at least 1.
-static inline int lp_block_warps(size_t block_bytes, size_t warp_bytes, int most) {
+// as many as fit `budget` bytes, at most `most`, at least 1. A launch gets 48 KiB without opting in.
+#define LP_SHARED_DEFAULT 49152
+static inline int lp_block_warps(size_t budget, size_t block_bytes, size_t warp_bytes, int most) {
     int w = most;
-    while (w > 1 && block_bytes + w * warp_bytes > 49152) w--;
+    while (w > 1 && block_bytes + w * warp_bytes > budget) w--;
     return w;
 }
 
@@ -1951,7 +1952,7 @@ static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* o
                                                      const floatX* inp1, const floatX* inp2, const floatX* bias,
                                                      const floatX* w, const floatX* b, int N, int C) {
     size_t row = (size_t)lp_ln_width(C) * sizeof(floatX);
-    int warps = lp_block_warps(3 * row, row, 8);
+    int warps = lp_block_warps(LP_SHARED_DEFAULT, 3 * row, row, 8);
     LP_LAUNCH(lp_layernorm_forward_kernel, lp_ln_blocks(N, warps), 32 * warps, (3 + warps) * row, residual, out, mean, rstd,
               inp1, inp2, bias, w, b, N, C);
 }
@@ -2022,7 +2023,7 @@ __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int b
 static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* db, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
     size_t row = (size_t)lp_ln_width(C) * sizeof(floatX), warp_bytes = 2 * row + 2 * (size_t)C * sizeof(float);
-    int warps = lp_block_warps(row, warp_bytes, 4), blocks = lp_ln_blocks(N, warps);
+    int warps = lp_block_warps(LP_SHARED_DEFAULT, row, warp_bytes, 4), blocks = lp_ln_blocks(N, warps);
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
     LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32 * warps, row + warps * warp_bytes, dinp, partials, dout, inp, w, mean,
               rstd, N, C);
@@ -2382,7 +2383,7 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 #ifndef LLMPAR_CPU
 // Flash attention: the results of lp_attention_forward_cpu and lp_attention_backward_cpu (their oracles)
 // without the (B,NH,T,T) probabilities. Work is cut in tiles of 16 queries by 16 keys of one (b,h), a warp
-// per tile of one side and up to 4 per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
+// per tile of one side and up to 8 per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
 // the diagonal one masked. q, k, v are read from qkv (B,T,3C) in place, y written to out (B,T,C), and
 // gradients straight into dqkv (B,T,3C). Tiles are staged in shared memory, HP = HS rounded up to 16
 // columns wide, with the rows past T and the columns past HS zeroed (ragged T, any head size).
@@ -2430,9 +2431,19 @@ static __device__ inline void lp_flash_acc(float* o, const floatX* a, const floa
 }
 
 // Warps per block: each warp owns 16 query rows (forward, dq) or 16 keys (dk, dv), and the block stages
-// each tile of the other side once for all its warps (read once per block, not once per warp): as many
-// warps as fit 48 KiB of shared memory with the block's tiles, at most 4 (lp_block_warps). Shared memory holds the block's
-// part, then each warp's, every part a multiple of 32 bytes (wmma's pointers).
+// each tile of the other side once for all its warps (read from global memory once per block, not once per
+// warp): as many warps as fit the shared memory a block may opt in to (an H100's 227 KiB, an A100's 163),
+// at most LP_FLASH_WARPS. Shared memory holds the block's part, then each warp's, every part a multiple of
+// 32 bytes (wmma's pointers).
+#define LP_FLASH_WARPS 8
+static inline int lp_flash_warps(size_t block_bytes, size_t warp_bytes) {
+    size_t optin = lp_device_prop.sharedMemPerBlockOptin;
+    return lp_block_warps(optin > LP_SHARED_DEFAULT ? optin : LP_SHARED_DEFAULT, block_bytes, warp_bytes, LP_FLASH_WARPS);
+}
+// Launch sizes past 48 KiB need the kernel's opt-in first.
+static inline void lp_flash_opt_in(const void* kernel, size_t bytes) {
+    if (bytes > LP_SHARED_DEFAULT) cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
 
 // Forward: each warp walks the key tiles up to its rows' diagonal, keeping per row a running max m of the
 // scaled scores and a running sum l of exp(score - m) (online softmax), rescaling its output rows when m
@@ -2626,10 +2637,11 @@ __global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX*
 }
 
 static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    int HS = C / NH, W = lp_block_warps(lp_flash_forward_block(HS), lp_flash_forward_warp(HS), 4);
+    int HS = C / NH, W = lp_flash_warps(lp_flash_forward_block(HS), lp_flash_forward_warp(HS));
+    size_t bytes = lp_flash_forward_block(HS) + W * lp_flash_forward_warp(HS);
     dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
-    LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32 * W, lp_flash_forward_block(HS) + W * lp_flash_forward_warp(HS), out,
-              lse, qkv, T, C, NH, lp_attention_scale(C, NH));
+    lp_flash_opt_in((const void*)lp_flash_attention_forward_kernel, bytes);
+    LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32 * W, bytes, out, lse, qkv, T, C, NH, lp_attention_scale(C, NH));
 }
 // dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
 static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
@@ -2639,14 +2651,16 @@ static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* d
     float* D = (float*)lp_scratch(&lp_partials, rows * sizeof(float), "reduction partials");
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * 32, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH);
     float scale = lp_attention_scale(C, NH);
-    int W = lp_block_warps(lp_flash_kv_block(HS), lp_flash_kv_warp(HS), 4);
+    int W = lp_flash_warps(lp_flash_kv_block(HS), lp_flash_kv_warp(HS));
+    size_t bytes = lp_flash_kv_block(HS) + W * lp_flash_kv_warp(HS);
     dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
-    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32 * W, lp_flash_kv_block(HS) + W * lp_flash_kv_warp(HS), dqkv, dout,
-              D, qkv, lse, T, C, NH, scale);
-    W = lp_block_warps(lp_flash_q_block(HS), lp_flash_q_warp(HS), 4);
+    lp_flash_opt_in((const void*)lp_flash_attention_backward_kv_kernel, bytes);
+    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32 * W, bytes, dqkv, dout, D, qkv, lse, T, C, NH, scale);
+    W = lp_flash_warps(lp_flash_q_block(HS), lp_flash_q_warp(HS));
+    bytes = lp_flash_q_block(HS) + W * lp_flash_q_warp(HS);
     grid.x = (T + 16 * W - 1) / (16 * W);
-    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32 * W, lp_flash_q_block(HS) + W * lp_flash_q_warp(HS), dqkv, dout, D,
-              qkv, lse, T, C, NH, scale);
+    lp_flash_opt_in((const void*)lp_flash_attention_backward_q_kernel, bytes);
+    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32 * W, bytes, dqkv, dout, D, qkv, lse, T, C, NH, scale);
 }
 #endif
 

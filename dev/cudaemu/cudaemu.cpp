@@ -838,7 +838,24 @@ static void run_launch(const Launch& L) {
     check_guards(when, &L.allocs);
 }
 
-void cudaemu_launch_kernel(const char* name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+// Dynamic shared memory a kernel may take, above the 48 KiB every kernel gets: what the program opted in
+// to with cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), up to the
+// device's sharedMemPerBlockOptin (an H100's 227 KiB).
+static std::mutex shared_mu;
+static std::map<const void*, int> shared_optin;
+cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
+    touch();
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
+        return fail(cudaErrorNotSupported, "cudaFuncSetAttribute: only cudaFuncAttributeMaxDynamicSharedMemorySize is emulated");
+    if (value < 0 || value > 227 * 1024)
+        return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: %d bytes of dynamic shared memory, more than the "
+                    "device's 232448 (sharedMemPerBlockOptin)", value);
+    std::lock_guard<std::mutex> lk(shared_mu);
+    shared_optin[kernel] = value;
+    return cudaSuccess;
+}
+
+void cudaemu_launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
                            const cudaemu_arg* pointers, int npointers, std::function<void()> body) {
     touch();
     uint64_t threads = (uint64_t)block.x * block.y * block.z;
@@ -848,9 +865,15 @@ void cudaemu_launch_kernel(const char* name, dim3 grid, dim3 block, size_t shmem
                           "grids up to (2^31-1, 65535, 65535) blocks", name, grid.x, grid.y, grid.z, block.x, block.y, block.z);
         return;
     }
-    if (shmem > 48 * 1024) {
-        last_error = fail(cudaErrorInvalidValue, "%s: %zu bytes of dynamic shared memory, more than the 48 KiB a block gets "
-                          "without cudaFuncSetAttribute", name, shmem);
+    size_t most = 48 * 1024;
+    {
+        std::lock_guard<std::mutex> lk(shared_mu);
+        auto it = shared_optin.find(kernel);
+        if (it != shared_optin.end() && (size_t)it->second > most) most = it->second;
+    }
+    if (shmem > most) {
+        last_error = fail(cudaErrorInvalidValue, "%s: %zu bytes of dynamic shared memory, more than the %zu a block gets "
+                          "(48 KiB, or what cudaFuncSetAttribute opted in to)", name, shmem, most);
         return;
     }
     Launch* L = new Launch{name, grid, block, shmem, std::move(body), cfg.racecheck, {}};

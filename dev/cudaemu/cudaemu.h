@@ -217,13 +217,19 @@ struct cudaemu_arg {  // a kernel argument that is a pointer must be device or p
     const void* ptr;
     int index;  // its position in the kernel's parameter list, from 0
 };
-void cudaemu_launch_kernel(const char* name, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+void cudaemu_launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
                            const cudaemu_arg* pointers, int npointers, std::function<void()> body);
 
 template <typename T>
 static inline void cudaemu_note_pointer(const T& v, int index, cudaemu_arg* out, int* n) {
     if constexpr (std::is_pointer<T>::value) out[(*n)++] = cudaemu_arg{(const void*)v, index};
     (void)v, (void)index, (void)out, (void)n;
+}
+
+// cudaFuncSetAttribute(kernel, ...) on a kernel itself, as cuda_runtime.h lets nvcc's code call it
+template <typename... P>
+static inline cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+    return cudaFuncSetAttribute((const void*)kernel, attr, value);
 }
 
 template <typename T>
@@ -238,7 +244,8 @@ static inline void cudaemu_launch(const char* name, void (*kernel)(P...), dim3 g
     cudaemu_arg pointers[sizeof...(P) + 1];
     int n = 0, index = 0;
     std::apply([&](const auto&... p) { (cudaemu_note_pointer(p, index++, pointers, &n), ...); }, params);
-    cudaemu_launch_kernel(name, grid, block, shmem, stream, pointers, n, [kernel, params]() { std::apply(kernel, params); });
+    cudaemu_launch_kernel(name, (const void*)kernel, grid, block, shmem, stream, pointers, n,
+                          [kernel, params]() { std::apply(kernel, params); });
 }
 #endif
 

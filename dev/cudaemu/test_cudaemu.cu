@@ -473,6 +473,20 @@ static int run_case(const char* name) {
         CHECK(cudaGetLastError());
         return 0;
     }
+    if (!strcmp(name, "opted_in_shared")) {  // 64 KiB after opting in: runs; 100 KiB: more than opted in to
+        int *out = device_ints(128), want[128];
+        for (int i = 0; i < 128; i++) want[i] = 127 - i;
+        CHECK(cudaFuncSetAttribute(dynamic_shared_reverse, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+        LAUNCH(dynamic_shared_reverse, 1, 128, 64 * 1024, 0, out);
+        CHECK(cudaGetLastError());
+        expect_ints(out, want, 128, "dynamic shared memory opted in to");
+        LAUNCH(dynamic_shared_reverse, 1, 128, 100 * 1024, 0, out);
+        return cudaGetLastError() == cudaErrorInvalidValue ? 0 : 1;
+    }
+    if (!strcmp(name, "too_much_optin")) {
+        CHECK(cudaFuncSetAttribute(dynamic_shared_reverse, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024));
+        return 0;
+    }
     printf("no case named %s\n", name);
     return 1;
 }
@@ -507,6 +521,8 @@ int main(int argc, char** argv) {
         {"memcpy_wrong_direction", "", 0, "the direction says device to host but the source is host"},
         {"out_of_memory", "CUDAEMU_MEMORY_GIB=0.001", 0, "out of memory (cudaemu: 4194304 bytes asked"},
         {"too_much_shared", "", 0, "65536 bytes of dynamic shared memory"},
+        {"opted_in_shared", "", 1, ""},
+        {"too_much_optin", "", 0, "233472 bytes of dynamic shared memory, more than the device's 232448"},
     };
     int passed = 0, failed = 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
