@@ -10,6 +10,8 @@
 #                                             overlap of communication; ~45 min on 2 cores; dev/cudaemu/README.md,
 #                                             "Counting bytes and FLOPs")
 #        bash scripts/bench_gpu.sh emu kernels   only the first part (~25 min); emu zero: only the second (~20 min)
+#        bash scripts/bench_gpu.sh emu large     GPT-2 774M (B=16) and 1.5B (B=8) at T=1024 on an H100, MODELLED
+#                                             from counts of their layers one and two at a time (~40 min)
 set -u
 cd "$(dirname "$0")/.."
 
@@ -27,10 +29,35 @@ if [ "${1:-}" = emu ]; then
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     mkdir -p "$counts" "$tmp/before/dev/cudaemu"
+    echo "building train_gpt_emu_prof ..." >&2
+    make -s train_gpt_emu_prof train_gpt_emu || exit 1
+    if [ $part = large ]; then
+        # No dN preset has 774M's or 1.5B's width at one or two layers: dev/ref/gpt2_ref.py writes such models
+        # (GPT-2's initialisation); roofline.py extrapolates each launch's counts in B, then in depth.
+        for shape in "36 1280 20 16" "48 1600 25 8"; do
+            set -- $shape
+            files=()
+            for l in 1 2; do
+                python3 dev/ref/gpt2_ref.py random-model "$tmp/model.bin" $l $2 $3 || exit 1
+                for b in 1 2; do
+                    echo "counting GPT-2 d$1's layers: L=$l C=$2 B=$b T=1024, 2 steps ..." >&2
+                    f=$counts/d$1-L$l-$b
+                    if ! CUDAEMU_PROFILE=$f.tsv CUDAEMU_PROFILE_SKIP=2 ./train_gpt_emu_prof -e "$tmp/model.bin" -b $b -t 1024 -x 2 -v 0 -s 0 \
+                         > "$f.log" 2>&1; then
+                        tail -n 5 "$f.log" >&2
+                        exit 1
+                    fi
+                    files+=("$f.tsv")
+                done
+            done
+            echo
+            python3 dev/cudaemu/roofline.py --batch $4 --seq 1024 --measured 1 2 --layers 1 2 --model $1 $2 50304 --run "d$1" "${files[@]}"
+        done
+        exit
+    fi
+    echo "building train_gpt_emu_prof for the code before issue 16, ${before:0:7} ..." >&2
     git show "$before:llmpar.h" > "$tmp/before/llmpar.h" && git show "$before:train_gpt.cu" > "$tmp/before/train_gpt.cu" || exit 1
     cp Makefile "$tmp/before/" && cp dev/cudaemu/cudaemu.h dev/cudaemu/cudaemu.cpp "$tmp/before/dev/cudaemu/"
-    echo "building train_gpt_emu_prof for this code and for ${before:0:7} ..." >&2
-    make -s train_gpt_emu_prof train_gpt_emu || exit 1
     if ! make -s -C "$tmp/before" train_gpt_emu_prof train_gpt_emu > "$tmp/build.log" 2>&1; then
         echo "the code before issue 16 (${before:0:7}) does not build with this emulator:" >&2
         cat "$tmp/build.log" >&2

@@ -7,7 +7,10 @@ the records between the file's 2nd and 4th cudaDeviceSynchronize (the driver syn
 that is step 2). Every count of every launch is taken as affine in B, fitted through the two sizes and
 extrapolated to --batch: exact for a launch whose work is linear in B or independent of it (AdamW), which
 is all of them at a fixed T save the embedding backward (its distinct tokens grow more slowly than B).
-Matmul shapes in names are extrapolated the same way.
+Matmul shapes in names are extrapolated the same way. With --layers LA LB a run is four files, the same
+model counted at LA and at LB layers (each at B1 and B2), and every launch's modelled counts and time are
+extrapolated linearly in depth to --model's L: exact, since each layer launches the same work and the
+rest (embeddings, classifier, AdamW's per-parameter work) is constant or linear in the layers.
 
 Time of a launch on the H100: max(bytes / HBM bandwidth, FLOPs / peak): bytes are the sectors of the
 kernel's warp requests (no cache); matmuls move each matrix once and run at GEMM_EFFICIENCY of dense bf16
@@ -105,6 +108,21 @@ def extrapolate(r1, r2, b1, b2, b):
         p1, p2 = re.split(r"(\d+)", n1), re.split(r"(\d+)", n2)
         name = "".join(str(round(at(int(x), int(y)))) if i % 2 else x for i, (x, y) in enumerate(zip(p1, p2)))
         out[key] = (name, [max(0.0, at(x, y)) for x, y in zip(v1, v2)])
+    return out
+
+
+def at_depth(ma, mb, la, lb, depth):
+    """Each launch's modelled row (model()) at `depth` layers, linear through its rows at la and lb."""
+    f = (depth - la) / (lb - la)
+    zero = dict(n=0, bytes=0.0, distinct=0.0, flops=0.0, t=0.0, t_low=0.0)
+    out = {}
+    for name in ma.keys() | mb.keys():
+        ra, rb = ma.get(name, zero), mb.get(name, zero)
+        r = dict(rb if name in mb else ra)
+        for k in zero:
+            r[k] = ra[k] + (rb[k] - ra[k]) * f
+        r["n"] = round(r["n"])
+        out[name] = r
     return out
 
 
@@ -258,21 +276,34 @@ def main():
     ap.add_argument("--measured", type=int, nargs=2, required=True, metavar=("B1", "B2"))
     ap.add_argument("--model", type=int, nargs=3, required=True, metavar=("L", "C", "Vp"),
                     help="layers, channels, padded vocabulary (for MFU's FLOPs per token, as train_gpt counts them)")
-    ap.add_argument("--run", nargs=3, action="append", required=True, metavar=("LABEL", "FILE_B1", "FILE_B2"))
+    ap.add_argument("--run", nargs="+", action="append", required=True, metavar="LABEL FILE_B1 FILE_B2",
+                    help="a label and the counts at B1 and B2; with --layers, at LA layers (B1, B2) then at LB (B1, B2)")
+    ap.add_argument("--layers", type=int, nargs=2, metavar=("LA", "LB"),
+                    help="the runs were counted at LA and LB layers: extrapolate in depth to --model's L")
     ap.add_argument("--link", type=float, nargs="+", default=[300.0], metavar="GB/s",
                     help="bytes per second each GPU's NCCL calls move each way (300: NVLink in a node; 40: between nodes)")
     ap.add_argument("--overlap", action="store_true", help="print only each run's serial and replayed step, per --link")
     a = ap.parse_args()
     b1, b2 = a.measured
     runs, frees, replays = [], {}, {}
-    for label, f1, f2 in a.run:
-        l1, l2 = step_lines(f1), step_lines(f2)
-        r1, r2 = step_records(l1), step_records(l2)
-        launches = extrapolate(r1, r2, b1, b2, a.batch)
-        runs.append((label, model(by_name(launches), a.link[0] * 1e9)))
-        frees[label] = (waits(r1), waits(r2))
-        replays[label] = [(link, sum(launch_seconds(k[0], v, link * 1e9) for k, (_, v) in launches.items()),
-                           *replay(l2, launches, link * 1e9)) for link in a.link]
+    for label, *files in a.run:
+        if len(files) != (4 if a.layers else 2):
+            sys.exit(f"--run {label}: {len(files)} files, {4 if a.layers else 2} expected")
+        counted = []  # per depth counted: the model, cudaFree counts, replays per link
+        for f1, f2 in zip(files[::2], files[1::2]):
+            l1, l2 = step_lines(f1), step_lines(f2)
+            r1, r2 = step_records(l1), step_records(l2)
+            launches = extrapolate(r1, r2, b1, b2, a.batch)
+            counted.append((model(by_name(launches), a.link[0] * 1e9), (waits(r1), waits(r2)),
+                            [(link, sum(launch_seconds(k[0], v, link * 1e9) for k, (_, v) in launches.items()),
+                              *replay(l2, launches, link * 1e9)) for link in a.link]))
+        m, frees[label], replays[label] = counted[0]
+        if a.layers:
+            (la, lb), depth, (mb, _, rb) = a.layers, a.model[0], counted[1]
+            f = (depth - la) / (lb - la)
+            m = at_depth(m, mb, la, lb, depth)
+            replays[label] = [(ra[0], *(x + (y - x) * f for x, y in zip(ra[1:], rb_[1:]))) for ra, rb_ in zip(replays[label], rb)]
+        runs.append((label, m))
     if a.overlap:
         print(f"MODELLED, not measured: training steps at B={a.batch} T={a.seq} per GPU on H100 SXMs, from the CUDA emulator's "
               f"counts at B={b1} and B={b2} (rank 0's), extrapolated linearly in B; NCCL calls {LATENCY * 1e6:.0f} us plus their "
@@ -308,8 +339,9 @@ def main():
     for label, _ in others:
         head += [f"{label}: launches", f"{label}: MODELLED us"]
     total0 = sum(r["t"] for r in m0.values())
+    depth = f" and at {a.layers[0]} and {a.layers[1]} layers, extrapolated linearly in depth" if a.layers else ""
     print(f"MODELLED, not measured: a training step of GPT-2 d{L} (C={C}) at B={a.batch} T={a.seq} on one H100 SXM, from the "
-          f"CUDA emulator's counts at B={b1} and B={b2}, T={a.seq}, extrapolated linearly in B")
+          f"CUDA emulator's counts at B={b1} and B={b2}, T={a.seq}, extrapolated linearly in B{depth}")
     print(f"MODELLED with HBM {HBM / 1e12:.2f} TB/s, matmuls at {GEMM_EFFICIENCY:.0%} of {PEAK / 1e12:.0f} TFLOP/s dense "
           f"bf16, kernels' tensor-core products at {MMA_EFFICIENCY:.0%}, host copies at {PCIE / 1e9:.0f} GB/s, NCCL calls {LATENCY * 1e6:.0f} us plus their ring's bytes at "
           f"{a.link[0]:.0f} GB/s; no caches or launch latency; the step serial, and replayed with its streams overlapped")

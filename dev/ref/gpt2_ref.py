@@ -7,6 +7,7 @@ CPU engine is tested against.
     python3 dev/ref/gpt2_ref.py train MODEL.bin TOKENS.bin -x 6 -l 1e-2 -u 2 -c 0.1 --grad-clip 2 [-o OUT.bin]
     python3 dev/ref/gpt2_ref.py make-fixture dev/ref                  # rebuilds the test fixture
     python3 dev/ref/gpt2_ref.py make-train-fixture dev/ref            # rebuilds the training fixture
+    python3 dev/ref/gpt2_ref.py random-model OUT.bin L C NH           # a model of any shape, GPT-2 initialised
 
 MODEL.bin is an llm.c model file (version 3 fp32 or 5 bf16), TOKENS.bin an llm.c token shard; the batch
 is the shard's first B*T+1 tokens, row b reading tokens b*T .. b*T+T and predicting the next ones.
@@ -20,6 +21,16 @@ import struct
 import numpy as np
 
 
+# The 16 parameter tensors of an llm.c model file, in its order, and which of them are matrices ("w"),
+# LayerNorm weights ("lnw") or biases ("b").
+KINDS = ["w", "w", "lnw", "b", "w", "b", "w", "b", "lnw", "b", "w", "b", "w", "b", "lnw", "b"]
+
+
+def param_shapes(maxT, V, L, NH, C, Vp):
+    return [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C),
+            (L, C), (L, C), (L, 4 * C, C), (L, 4 * C), (L, C, 4 * C), (L, C), (C,), (C,)]
+
+
 def read_model(path):
     """Return (config dict, list of 16 float64 arrays) from an llm.c model file."""
     raw = open(path, "rb").read()
@@ -30,8 +41,7 @@ def read_model(path):
         flat = np.frombuffer(raw[1024:], dtype="<f4").astype(np.float64)
     else:  # bf16: the upper 16 bits of an fp32
         flat = (np.frombuffer(raw[1024:], dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    shapes = [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C),
-              (L, C), (L, C), (L, 4 * C, C), (L, 4 * C), (L, C, 4 * C), (L, C), (C,), (C,)]
+    shapes = param_shapes(maxT, V, L, NH, C, Vp)
     params, off = [], 0
     for s in shapes:
         n = int(np.prod(s))
@@ -180,11 +190,8 @@ def make_fixture(outdir):
     rng = np.random.default_rng(1234)
     L, C, NH, maxT, V, Vp, B, T = 2, 32, 4, 16, 97, 128, 2, 16
     cfg = dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp)
-    shapes = [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C),
-              (L, C), (L, C), (L, 4 * C, C), (L, 4 * C), (L, C, 4 * C), (L, C), (C,), (C,)]
-    kinds = ["w", "w", "lnw", "b", "w", "b", "w", "b", "lnw", "b", "w", "b", "w", "b", "lnw", "b"]
     tensors = []
-    for s, kind in zip(shapes, kinds):
+    for s, kind in zip(param_shapes(maxT, V, L, NH, C, Vp), KINDS):
         if kind == "w":  # large enough that every layer changes the activations visibly
             t = rng.normal(0.0, 0.2, s)
         elif kind == "lnw":
@@ -280,6 +287,22 @@ def gradcheck(cfg, params, inputs, targets, per_tensor=4, h=1e-5):
     return worst
 
 
+def random_model(path, L, C, NH, maxT=1024, V=50257, Vp=50304):
+    """An llm.c fp32 model file of any shape, initialised as GPT-2 is (matrices N(0, 0.02), LayerNorm weights 1,
+    biases 0): for shapes no dN preset has (scripts/bench_gpu.sh emu large counts GPT-2 774M's and 1.5B's
+    layers one and two at a time). Written a tensor at a time, in fp32."""
+    rng = np.random.default_rng(0)
+    header = [20240326, 3, maxT, V, L, NH, C, Vp]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *(header + [0] * (256 - len(header)))))
+        for s, kind in zip(param_shapes(maxT, V, L, NH, C, Vp), KINDS):
+            if kind == "w":
+                t = rng.standard_normal(s, dtype=np.float32) * np.float32(0.02)
+            else:
+                t = np.full(s, 1.0 if kind == "lnw" else 0.0, dtype=np.float32)
+            f.write(t.astype("<f4").tobytes())
+
+
 def write_model(path, cfg, params):
     """An llm.c model file (version 3: fp32) of params."""
     flat32 = np.concatenate([p.ravel() for p in params]).astype("<f4")
@@ -341,6 +364,10 @@ def main():
     tr.add_argument("-c", type=float, default=d["wd"], help="weight decay")
     tr.add_argument("--grad-clip", type=float, default=d["clip"], help="clip the global gradient norm (0: off)")
     tr.add_argument("-o", help="write the final weights here (an llm.c fp32 model file)")
+    rm = sub.add_parser("random-model", help="write an llm.c fp32 model file of the given shape, GPT-2's initialisation")
+    rm.add_argument("out")
+    for name in ("layers", "channels", "heads"):
+        rm.add_argument(name, type=int)
     for name in ("make-fixture", "make-train-fixture"):
         sub.add_parser(name, help=f"write the {'training ' if 'train' in name else ''}test fixture").add_argument("outdir")
     args = ap.parse_args()
@@ -359,6 +386,8 @@ def main():
             print(f"step {step + 1}/{s['steps']} | loss {loss:.17g} | lr {lr:.17g} | norm {norm:.17g}")
         if args.o:
             write_model(args.o, cfg, final)
+    elif args.cmd == "random-model":
+        random_model(args.out, args.layers, args.channels, args.heads)
     elif args.cmd == "make-fixture":
         make_fixture(args.outdir)
     else:
