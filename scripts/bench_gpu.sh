@@ -11,7 +11,8 @@
 #                                             "Counting bytes and FLOPs")
 #        bash scripts/bench_gpu.sh emu kernels   only the first part (~25 min); emu zero: only the second (~20 min)
 #        bash scripts/bench_gpu.sh emu large     GPT-2 774M (B=16) and 1.5B (B=8) at T=1024 on an H100, MODELLED
-#                                             from counts of their layers one and two at a time (~40 min)
+#                                             from counts of their layers one and two at a time, per micro-batch
+#                                             and per step of llm.c's tokens per GPU (65536, 131072; ~40 min)
 set -u
 cd "$(dirname "$0")/.."
 
@@ -34,7 +35,9 @@ if [ "${1:-}" = emu ]; then
     if [ $part = large ]; then
         # No dN preset has 774M's or 1.5B's width at one or two layers: dev/ref/gpt2_ref.py writes such models
         # (GPT-2's initialisation); roofline.py extrapolates each launch's counts in B, then in depth.
-        for shape in "36 1280 20 16" "48 1600 25 8"; do
+        # B fits 80 GB on one GPU; the tokens per GPU per step are those of llm.c's runs (scripts/run_gpt2_774M.sh:
+        # 524288 on 8 GPUs; run_gpt2_1558M.sh: 1048576 on 8), reached by accumulating micro-batches
+        for shape in "36 1280 20 16 65536" "48 1600 25 8 131072"; do
             set -- $shape
             files=()
             for l in 1 2; do
@@ -51,7 +54,8 @@ if [ "${1:-}" = emu ]; then
                 done
             done
             echo
-            python3 dev/cudaemu/roofline.py --batch $4 --seq 1024 --measured 1 2 --layers 1 2 --model $1 $2 50304 --run "d$1" "${files[@]}"
+            python3 dev/cudaemu/roofline.py --batch $4 --seq 1024 --measured 1 2 --layers 1 2 --model $1 $2 50304 \
+                --accum $(($5 / ($4 * 1024))) --run "d$1" "${files[@]}"
         done
         exit
     fi

@@ -46,6 +46,42 @@ example_trains() {
     fi
 }
 
+# the GPU model's depth extrapolation (scripts/bench_gpu.sh emu large): a small GPT-2 counted at 1 and 2
+# layers and extrapolated to 3 by roofline.py --layers must model every launch as the direct count at 3
+# layers does. One check.
+model_extrapolates() {
+    local dir rows l b ok=1
+    dir=$(mktemp -d)
+    if ! make -s train_gpt_emu_prof; then
+        echo "FAIL the counting build (make train_gpt_emu_prof)"
+        failed=$((failed + 1))
+        return
+    fi
+    for l in 1 2 3; do
+        python3 dev/ref/gpt2_ref.py random-model "$dir/L$l.bin" $l 64 2 || ok=0
+        for b in 1 2; do
+            CUDAEMU_PROFILE=$dir/L$l-$b.tsv CUDAEMU_PROFILE_SKIP=2 ./train_gpt_emu_prof -e "$dir/L$l.bin" -b $b -t 64 -x 2 -v 0 \
+                -s 0 > "$dir/L$l-$b.log" 2>&1 || ok=0
+        done
+    done
+    rows() { grep -E '^\| (lp_|cublasLt|cudaMem)' | sort; }
+    if [ $ok = 1 ]; then
+        python3 dev/cudaemu/roofline.py --batch 8 --seq 64 --measured 1 2 --model 3 64 50304 --run x "$dir/L3-1.tsv" \
+            "$dir/L3-2.tsv" | rows > "$dir/direct"
+        python3 dev/cudaemu/roofline.py --batch 8 --seq 64 --measured 1 2 --layers 1 2 --model 3 64 50304 --run x \
+            "$dir/L1-1.tsv" "$dir/L1-2.tsv" "$dir/L2-1.tsv" "$dir/L2-2.tsv" | rows > "$dir/depth"
+    fi
+    if [ $ok = 1 ] && [ -s "$dir/direct" ] && cmp -s "$dir/direct" "$dir/depth"; then
+        echo "     the GPU model: 3 layers extrapolated from counts at 1 and 2 equal the direct count ($(wc -l < "$dir/direct") launch rows)"
+        passed=$((passed + 1))
+    else
+        diff "$dir/direct" "$dir/depth" | head -n 10
+        echo "FAIL the GPU model's depth extrapolation (roofline.py --layers) equals a direct count"
+        failed=$((failed + 1))
+    fi
+    rm -rf "$dir"
+}
+
 # tier 4 on the CUDA emulator: the emulator's own tests, then the CUDA engine's
 emulated_tier() {
     if ! make -s train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu; then
@@ -62,6 +98,7 @@ emulated_tier() {
         echo "FAIL the library example builds under the emulator (make dev/examples/train_loop_emu)"
         failed=$((failed + 1))
     fi
+    model_extrapolates
 }
 
 if [ "${1:-}" = emu ]; then

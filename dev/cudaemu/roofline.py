@@ -23,6 +23,8 @@ its order, a stream's wait for an event after that event's record, work the host
 waits after what it waited for, kernels and copies one at a time on the GPU, NCCL calls one at a time on
 the link and host copies on PCIe, each started as early as that allows. The replayed step is what
 overlapping communication with compute buys (--overlap prints it); CPU time on the host is not modelled.
+--accum K adds a step of K micro-batches on one GPU (gradient accumulation): the optimizer's launches
+once, everything else K times.
 """
 import argparse
 import re
@@ -166,6 +168,7 @@ def model(rows, link):
     return out
 
 
+OPTIMIZER = "optimizer (AdamW, gradient norm, ZeRO adds)"
 CLASSES = [  # (class, pattern on the launch's name), first match wins
     ("attention", r"flash_attention|softmax|permute|^cublasLt .* x\d+$"),
     ("matmuls (linear layers, LM head)", r"^cublasLt"),
@@ -175,7 +178,7 @@ CLASSES = [  # (class, pattern on the launch's name), first match wins
     ("bias gradients", r"bias_partials"),
     ("two-pass sums (LayerNorm, bias)", r"sum_partials"),
     ("embeddings", r"embedding|positions"),
-    ("optimizer (AdamW, gradient norm, ZeRO adds)", r"adamw|norm_squared|lp_sum_kernel|add_scaled|stochastic"),
+    (OPTIMIZER, r"adamw|norm_squared|lp_sum_kernel|add_scaled|stochastic"),
     ("memsets and copies", r"^cudaMem"),
     ("NCCL", r"^nccl"),
 ]
@@ -282,6 +285,8 @@ def main():
                     help="the runs were counted at LA and LB layers: extrapolate in depth to --model's L")
     ap.add_argument("--link", type=float, nargs="+", default=[300.0], metavar="GB/s",
                     help="bytes per second each GPU's NCCL calls move each way (300: NVLink in a node; 40: between nodes)")
+    ap.add_argument("--accum", type=int, default=1, metavar="K",
+                    help="also model a step of K micro-batches (one GPU: the optimizer's launches once, the rest K times)")
     ap.add_argument("--overlap", action="store_true", help="print only each run's serial and replayed step, per --link")
     a = ap.parse_args()
     b1, b2 = a.measured
@@ -375,6 +380,12 @@ def main():
               f"{frees[label][1]} at B={b2}")
         print(f"MODELLED {label}, distinct sectors only (as if every re-read within a launch hit a cache): step "
               f"{low * 1e3:.1f} ms, {tokens / low:,.0f} tok/s")
+        if a.accum > 1:  # the optimizer's class once per step, everything else once per micro-batch
+            once = sum(r["t"] for n, r in m.items() if kernel_class(n) == OPTIMIZER)
+            k = a.accum * (t - once) + once
+            print(f"MODELLED {label} with {a.accum} micro-batches per step (gradient accumulation; AdamW and the gradient "
+                  f"norm, {once * 1e3:.1f} ms, once): step {k * 1e3:.1f} ms, {a.accum * tokens / k:,.0f} tok/s, "
+                  f"MFU {100 * flops_per_token * a.accum * tokens / k / PEAK:.1f}%")
 
 
 if __name__ == "__main__":
