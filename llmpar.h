@@ -1578,6 +1578,33 @@ static __device__ inline void lp_store_pack(floatX* p, size_t i, size_t n, LPPac
         if (i + k < n) p[i + k] = q.x[k];
 }
 
+// The same for fp32 values: 8 of them [i, i + 8) as two 16-byte accesses.
+typedef union {
+    float4 q[2];
+    float x[LP_PACK];
+} LPPackF;
+static __device__ inline LPPackF lp_load_packf(const float* p, size_t i, size_t n) {
+    LPPackF q;
+    if (i + LP_PACK <= n && ((uintptr_t)(p + i) & 15) == 0) {
+        q.q[0] = ((const float4*)(p + i))[0];
+        q.q[1] = ((const float4*)(p + i))[1];
+        return q;
+    }
+#pragma unroll
+    for (int k = 0; k < LP_PACK; k++) q.x[k] = i + k < n ? p[i + k] : 0.0f;
+    return q;
+}
+static __device__ inline void lp_store_packf(float* p, size_t i, size_t n, LPPackF q) {
+    if (i + LP_PACK <= n && ((uintptr_t)(p + i) & 15) == 0) {
+        ((float4*)(p + i))[0] = q.q[0];
+        ((float4*)(p + i))[1] = q.q[1];
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < LP_PACK; k++)
+        if (i + k < n) p[i + k] = q.x[k];
+}
+
 static __device__ inline float lp_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -2835,15 +2862,25 @@ static LP_HD inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i)
     memcpy(&x, &bits, 4);
     return __float2bfloat16_rz(x);
 }
+// A thread updates the 8 values [i, i + 8) with 128-bit loads and stores (LPPack, LPPackF); value i's
+// stochastic rounding is drawn from index i of the launch, as the CPU loop of --offload draws it.
 __global__ void lp_adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
                                 float weight_decay, float grad_scale, uint32_t seed) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
     if (i >= n) return;
-    float w = lp_adamw_value(lp_bf(grads[i]) * grad_scale, &m[i], &v[i], master[i], lr, beta1, beta2, beta1_corr, beta2_corr,
-                             eps, weight_decay);
-    master[i] = w;
-    params[i] = lp_stochastic_round(w, seed, i);
+    LPPack g = lp_load_pack(grads, i, n), p;
+    LPPackF w = lp_load_packf(master, i, n), mk = lp_load_packf(m, i, n), vk = lp_load_packf(v, i, n);
+#pragma unroll
+    for (int k = 0; k < LP_PACK; k++) {  // (values past n are zeros here, and not stored)
+        w.x[k] = lp_adamw_value(lp_bf(g.x[k]) * grad_scale, &mk.x[k], &vk.x[k], w.x[k], lr, beta1, beta2, beta1_corr,
+                                beta2_corr, eps, weight_decay);
+        p.x[k] = lp_stochastic_round(w.x[k], seed, i + k);
+    }
+    lp_store_packf(master, i, n, w);
+    lp_store_packf(m, i, n, mk);
+    lp_store_packf(v, i, n, vk);
+    lp_store_pack(params, i, n, p);
 }
 // The kernel on the CPU (OpenMP), for the CUDA build's --offload: master, m and v in host memory, params and
 // grads host copies of bf16 values; i0 is the first value's index in the kernel's launch (the stochastic
@@ -2862,8 +2899,8 @@ static inline void lp_adamw_host(floatX* params, float* master, const floatX* gr
 static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
                                 float weight_decay, float grad_scale, uint32_t seed) {
-    LP_LAUNCH(lp_adamw_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, params, master, grads, m, v, n, lr, beta1, beta2,
-              beta1_corr, beta2_corr, eps, weight_decay, grad_scale, seed);
+    LP_LAUNCH(lp_adamw_kernel, lp_grid((n + LP_PACK - 1) / LP_PACK, LP_THREADS), LP_THREADS, 0, params, master, grads, m, v, n,
+              lr, beta1, beta2, beta1_corr, beta2_corr, eps, weight_decay, grad_scale, seed);
 }
 #endif
 

@@ -2990,6 +2990,19 @@ static void tier4_optimizer(uint64_t* rng) {
     expect_close("gpu adamw m", gm, m, n, 1e-7f, 1e-5f);
     expect_close("gpu adamw v", gv, v, n, 1e-7f, 1e-5f);
     expect_close("gpu adamw bf16 params within one bf16 step of master", gp, gw, n, 1e-30f, 1.0f / 128);
+    // off 16-byte alignment with a tail (a tensor's shard starts anywhere): the same update on values 3 .. n-6
+    lp_adamw_cpu(w + 3, w + 3, g + 3, m + 3, v + 3, n - 8, 2e-3f, 0.8f, 0.9f, 0.6f, 0.4f, 1e-8f, 0.0f, 1.3f, 9);
+    lp_adamw_gpu(d_p + 3, d_w + 3, d_g + 3, d_m + 3, d_v + 3, n - 8, 2e-3f, 0.8f, 0.9f, 0.6f, 0.4f, 1e-8f, 0.0f, 1.3f, 9);
+    free(gw); free(gm); free(gv); free(gp);
+    gw = host_from_f32(d_w, n), gm = host_from_f32(d_m, n), gv = host_from_f32(d_v, n), gp = host_from(d_p, n);
+    expect_close("gpu adamw master weights, unaligned with a tail", gw, w, n, 1e-6f, 1e-5f);
+    expect_close("gpu adamw m, unaligned with a tail", gm, m, n, 1e-7f, 1e-5f);
+    expect_close("gpu adamw v, unaligned with a tail", gv, v, n, 1e-7f, 1e-5f);
+    expect_close("gpu adamw bf16 params, unaligned with a tail", gp, gw, n, 1e-30f, 1.0f / 128);
+    // each value rounded with its own draw: index i of the launch, as --offload's CPU loop (lp_adamw_host)
+    size_t drawn = 0;
+    for (size_t i = 3; i < n - 5; i++) drawn += gp[i] == __bfloat162float(lp_stochastic_round(gw[i], 9, i - 3));
+    expect(drawn == n - 8, "gpu adamw rounds value i with the stochastic-rounding draw of index i");
     // stochastic rounding is unbiased: 0.25 of a bf16 step above 1.0 rounds up about a quarter of the time
     for (size_t i = 0; i < n; i++) w[i] = 1.0f + 1.0f / 512;
     lp_copy_to_device(d_w, w, n * 4);
