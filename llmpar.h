@@ -2467,9 +2467,13 @@ static inline int lp_flash_warps(size_t block_bytes, size_t warp_bytes) {
     size_t optin = lp_device_prop.sharedMemPerBlockOptin;
     return lp_block_warps(optin > LP_SHARED_DEFAULT ? optin : LP_SHARED_DEFAULT, block_bytes, warp_bytes, LP_FLASH_WARPS);
 }
-// Launch sizes past 48 KiB need the kernel's opt-in first.
-static inline void lp_flash_opt_in(const void* kernel, size_t bytes) {
-    if (bytes > LP_SHARED_DEFAULT) cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+// Launch sizes past 48 KiB need the kernel's opt-in: once per kernel (`done`), to all the device allows,
+// so the step's launches make no further host call for it.
+static inline void lp_flash_opt_in(const void* kernel, int* done) {
+    int optin = (int)lp_device_prop.sharedMemPerBlockOptin;
+    if (!*done && optin > LP_SHARED_DEFAULT)
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    *done = 1;
 }
 
 // Forward: each warp walks the key tiles up to its rows' diagonal, keeping per row a running max m of the
@@ -2667,7 +2671,8 @@ static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const
     int HS = C / NH, W = lp_flash_warps(lp_flash_forward_block(HS), lp_flash_forward_warp(HS));
     size_t bytes = lp_flash_forward_block(HS) + W * lp_flash_forward_warp(HS);
     dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
-    lp_flash_opt_in((const void*)lp_flash_attention_forward_kernel, bytes);
+    static int opted;
+    lp_flash_opt_in((const void*)lp_flash_attention_forward_kernel, &opted);
     LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32 * W, bytes, out, lse, qkv, T, C, NH, lp_attention_scale(C, NH));
 }
 // dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
@@ -2681,12 +2686,13 @@ static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* d
     int W = lp_flash_warps(lp_flash_kv_block(HS), lp_flash_kv_warp(HS));
     size_t bytes = lp_flash_kv_block(HS) + W * lp_flash_kv_warp(HS);
     dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
-    lp_flash_opt_in((const void*)lp_flash_attention_backward_kv_kernel, bytes);
+    static int opted_kv, opted_q;
+    lp_flash_opt_in((const void*)lp_flash_attention_backward_kv_kernel, &opted_kv);
     LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32 * W, bytes, dqkv, dout, D, qkv, lse, T, C, NH, scale);
     W = lp_flash_warps(lp_flash_q_block(HS), lp_flash_q_warp(HS));
     bytes = lp_flash_q_block(HS) + W * lp_flash_q_warp(HS);
     grid.x = (T + 16 * W - 1) / (16 * W);
-    lp_flash_opt_in((const void*)lp_flash_attention_backward_q_kernel, bytes);
+    lp_flash_opt_in((const void*)lp_flash_attention_backward_q_kernel, &opted_q);
     LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32 * W, bytes, dqkv, dout, D, qkv, lse, T, C, NH, scale);
 }
 #endif

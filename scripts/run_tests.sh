@@ -50,17 +50,17 @@ example_trains() {
 # layers and extrapolated to 3 by roofline.py --layers must model every launch as the direct count at 3
 # layers does. One check (skipped without numpy, as the data path's checks skip without their packages).
 model_extrapolates() {
-    local dir rows l b ok=1
+    local dir l b ok=1
     if ! python3 -c "import numpy" > /dev/null 2>&1; then
         echo "skip: the GPU model's depth check (dev/ref/gpt2_ref.py needs Python's numpy)"
         return
     fi
-    dir=$(mktemp -d)
     if ! make -s train_gpt_emu_prof; then
         echo "FAIL the counting build (make train_gpt_emu_prof)"
         failed=$((failed + 1))
         return
     fi
+    dir=$(mktemp -d)
     for l in 1 2 3; do
         python3 dev/ref/gpt2_ref.py random-model "$dir/L$l.bin" $l 64 2 || ok=0
         for b in 1 2; do

@@ -841,15 +841,16 @@ static void run_launch(const Launch& L) {
 // Dynamic shared memory a kernel may take, above the 48 KiB every kernel gets: what the program opted in
 // to with cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), up to the
 // device's sharedMemPerBlockOptin (an H100's 227 KiB).
+#define CUDAEMU_SHARED_OPTIN (227 * 1024)  // also what cudaGetDeviceProperties reports
 static std::mutex shared_mu;
 static std::map<const void*, int> shared_optin;
 cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int value) {
     touch();
     if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize)
         return fail(cudaErrorNotSupported, "cudaFuncSetAttribute: only cudaFuncAttributeMaxDynamicSharedMemorySize is emulated");
-    if (value < 0 || value > 227 * 1024)
+    if (value < 0 || value > CUDAEMU_SHARED_OPTIN)
         return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: %d bytes of dynamic shared memory, more than the "
-                    "device's 232448 (sharedMemPerBlockOptin)", value);
+                    "device's %d (sharedMemPerBlockOptin)", value, CUDAEMU_SHARED_OPTIN);
     std::lock_guard<std::mutex> lk(shared_mu);
     shared_optin[kernel] = value;
     return cudaSuccess;
@@ -944,7 +945,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     snprintf(p->name, sizeof(p->name), "cudaemu (CUDA emulated on the CPU)");
     p->totalGlobalMem = cfg.capacity;
     p->sharedMemPerBlock = 48 * 1024;
-    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->sharedMemPerBlockOptin = CUDAEMU_SHARED_OPTIN;
     p->warpSize = 32;
     p->maxThreadsPerBlock = 1024;
     p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;

@@ -113,9 +113,9 @@ def extrapolate(r1, r2, b1, b2, b):
     return out
 
 
-def at_depth(ma, mb, la, lb, depth):
-    """Each launch's modelled row (model()) at `depth` layers, linear through its rows at la and lb."""
-    f = (depth - la) / (lb - la)
+def at_depth(ma, mb, f):
+    """Each launch's modelled row (model()) at a depth a fraction f of the way from the first counted depth
+    to the second (f = (L - LA) / (LB - LA)), linear through its rows there."""
     zero = dict(n=0, bytes=0.0, distinct=0.0, flops=0.0, t=0.0, t_low=0.0)
     out = {}
     for name in ma.keys() | mb.keys():
@@ -306,7 +306,7 @@ def main():
         if a.layers:
             (la, lb), depth, (mb, _, rb) = a.layers, a.model[0], counted[1]
             f = (depth - la) / (lb - la)
-            m = at_depth(m, mb, la, lb, depth)
+            m = at_depth(m, mb, f)
             replays[label] = [(ra[0], *(x + (y - x) * f for x, y in zip(ra[1:], rb_[1:]))) for ra, rb_ in zip(replays[label], rb)]
         runs.append((label, m))
     if a.overlap:
