@@ -24,8 +24,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
  10. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
                  defines: LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
- 11. files       model files (llm.c format), checkpoints, tokenizer
-                 defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, LPTokenizer
+ 11. files       model files (llm.c format), checkpoints, tokenizer (samples printed as valid UTF-8)
+                 defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, LPTokenizer, LPUtf8
  12. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
                  defines: lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition, lp_device_peak_flops
  13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
@@ -5429,15 +5429,55 @@ static inline int lp_tokenizer_load(LPTokenizer* t, const char* path) {
     return 1;
 }
 
-// Print a token, skipping lone control bytes (partial UTF-8 is printed as is).
-static inline void lp_tokenizer_print(const LPTokenizer* t, int id) {
+// Text out as valid UTF-8. GPT-2's tokens are bytes, and a token may end inside a character, so a
+// character's bytes wait in `held` until it is complete; a byte that can neither start nor continue one
+// prints as U+FFFD, one per maximal invalid piece, as Python's decode(errors="replace") does. Without it a
+// sample can leave a log that grep calls binary.
+typedef struct {
+    unsigned char held[4];
+    int n, len;  // bytes held, and the length of the character they begin
+} LPUtf8;
+#define LP_UTF8_REPLACEMENT "\xEF\xBF\xBD"
+static inline int lp_utf8_length(unsigned char lead) {  // 0: not a first byte
+    return lead < 0x80 ? 1 : lead < 0xC2 ? 0 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : lead < 0xF5 ? 4 : 0;
+}
+static inline int lp_utf8_continues(const LPUtf8* u, unsigned char b) {  // b as byte u->n of the held character
+    unsigned char lo = 0x80, hi = 0xBF;  // the second byte rules out overlong forms, surrogates, > U+10FFFF
+    if (u->n == 1 && u->held[0] == 0xE0) lo = 0xA0;
+    if (u->n == 1 && u->held[0] == 0xED) hi = 0x9F;
+    if (u->n == 1 && u->held[0] == 0xF0) lo = 0x90;
+    if (u->n == 1 && u->held[0] == 0xF4) hi = 0x8F;
+    return b >= lo && b <= hi;
+}
+static inline void lp_utf8_put(LPUtf8* u, unsigned char b, FILE* out) {
+    if (u->n > 0) {
+        if (lp_utf8_continues(u, b)) {
+            u->held[u->n++] = b;
+            if (u->n == u->len) fwrite(u->held, 1, u->n, out), u->n = 0;
+            return;
+        }
+        fputs(LP_UTF8_REPLACEMENT, out);  // the unfinished character; b starts afresh
+        u->n = 0;
+    }
+    u->len = lp_utf8_length(b);
+    if (u->len == 0) fputs(LP_UTF8_REPLACEMENT, out);
+    else if (u->len == 1) fputc(b, out);
+    else u->held[u->n++] = b;
+}
+static inline void lp_utf8_end(LPUtf8* u, FILE* out) {  // the text ends: an unfinished character is U+FFFD
+    if (u->n > 0) fputs(LP_UTF8_REPLACEMENT, out);
+    u->n = 0;
+}
+
+// Print a token (its id in <> without a tokenizer) through u, skipping lone control bytes.
+static inline void lp_tokenizer_print(const LPTokenizer* t, int id, LPUtf8* u, FILE* out) {
     if (!t->tokens || id < 0 || id >= t->vocab_size) {
-        printf("<%d>", id);
+        fprintf(out, "<%d>", id);
         return;
     }
     const char* s = t->tokens[id];
     if (s[0] && !s[1] && (unsigned char)s[0] < 32 && s[0] != '\n' && s[0] != '\t') return;
-    fputs(s, stdout);
+    for (; *s; s++) lp_utf8_put(u, (unsigned char)*s, out);
 }
 
 static inline void lp_tokenizer_free(LPTokenizer* t) {

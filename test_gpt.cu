@@ -429,6 +429,33 @@ static void test_tokenizer(void) {
     lp_tokenizer_free(&t);
 }
 
+// Samples print as valid UTF-8: each input, fed in the pieces given (split where tokens may split a
+// character), against Python's bytes.decode("utf-8", errors="replace").encode().
+static void test_utf8_out(void) {
+    static const struct { const char *pieces[3], *expected, *what; } cases[] = {
+        {{"h\xC3", "\xA9llo"}, "h\xC3\xA9llo", "a 2-byte character split over two tokens"},
+        {{"\xF0\x9F", "\x98", "\x80!"}, "\xF0\x9F\x98\x80!", "a 4-byte character split over three tokens"},
+        {{"\xE2\x81"}, LP_UTF8_REPLACEMENT, "an unfinished character at the end"},
+        {{"\xE2\x81", "a"}, LP_UTF8_REPLACEMENT "a", "an unfinished character before ASCII"},
+        {{"\xFF"}, LP_UTF8_REPLACEMENT, "a byte that starts nothing"},
+        {{"\xC0\xAF"}, LP_UTF8_REPLACEMENT LP_UTF8_REPLACEMENT, "an overlong '/'"},
+        {{"\xED\xA0\x80"}, LP_UTF8_REPLACEMENT LP_UTF8_REPLACEMENT LP_UTF8_REPLACEMENT, "a surrogate"},
+        {{"\xE2(\xA1"}, LP_UTF8_REPLACEMENT "(" LP_UTF8_REPLACEMENT, "a broken 3-byte character"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        char* buf = NULL;
+        size_t size = 0;
+        FILE* out = open_memstream(&buf, &size);
+        LPUtf8 u = {{0}, 0, 0};
+        for (int p = 0; p < 3 && cases[k].pieces[p]; p++)
+            for (const char* s = cases[k].pieces[p]; *s; s++) lp_utf8_put(&u, (unsigned char)*s, out);
+        lp_utf8_end(&u, out);
+        fclose(out);
+        expect(strcmp(buf, cases[k].expected) == 0, cases[k].what);
+        free(buf);
+    }
+}
+
 // Bad input: each a one-line error naming the file or flag, a non-zero exit, never a crash.
 static void expect_error(const char* name, const char* needle, const char* args) {
     char out[16384];
@@ -3398,6 +3425,7 @@ int main(int argc, char** argv) {
     RUN(test_lr_schedule);
     RUN(test_checkpoint_roundtrip);
     RUN(test_tokenizer);
+    RUN(test_utf8_out);
     RUN(test_schedules);
     RUN(test_plan);
     RUN(test_bad_input);

@@ -582,6 +582,7 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
     int* tokens = (int*)lp_host_malloc((size_t)m->T * sizeof(int), "sample tokens");
     float* probs = (float*)lp_host_malloc((size_t)c->padded_vocab_size * sizeof(float), "sample logits");
     for (int t = 0; t < m->T; t++) tokens[t] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
+    LPUtf8 text = {{0}, 0, 0};
     lp_log("--- sample at step %d ---\n", step);
     for (int t = 1; t < n; t++) {
         int rows = m->sp ? (t + m->tp_size - 1) / m->tp_size * m->tp_size : t;
@@ -600,8 +601,9 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
             if (coin < acc) { next = v; break; }
         }
         tokens[t] = next;
-        if (lp_rank == 0) lp_tokenizer_print(tok, next);
+        if (lp_rank == 0) lp_tokenizer_print(tok, next, &text, stdout);
     }
+    lp_utf8_end(&text, stdout);
     lp_log("\n--- end of sample ---\n");
     free(tokens);
     free(probs);
