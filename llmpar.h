@@ -4812,7 +4812,8 @@ static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, cons
         lp_fread(header, sizeof(int), LP_HEADER_INTS, f, path);
         fclose(f);
         if (header[0] != LP_SHARD_MAGIC)
-            lp_fail("%s: not a token shard (magic %d, expected %d)", path, header[0], LP_SHARD_MAGIC);
+            lp_fail("%s: not a token shard (magic %d, expected %d; dev/data/prepare.py makes shards of text)", path, header[0],
+                    LP_SHARD_MAGIC);
         if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1)", path, header[1]);
         long long expect = (long long)LP_HEADER_INTS * 4 + 2LL * (unsigned)header[2];
         long long size = lp_file_size(path);
