@@ -1534,6 +1534,26 @@ static void test_training_runs(void) {
         printf("%s\n", out);
     }
 
+    // -x 0 -s N: no training, a sample from the model as loaded. Sampled with seed 27, a new d2 model draws a
+    // token that ends inside a character (printed as U+FFFD); the sample is valid UTF-8 (a fixed point of lp_utf8_put)
+    rc = run_cmd(out, sizeof(out), "%s -e d2 -b 4 -t 64 -v 0 -x 0 -s 1 -g 63 --seed 27", TRAIN_BIN);
+    const char *s0 = strstr(out, "--- sample at step 0 ---\n"), *s1 = s0 ? strstr(s0, "\n--- end of sample ---") : NULL;
+    int valid = 0;
+    if (s1) {
+        char* again = NULL;
+        size_t size = 0;
+        FILE* f = open_memstream(&again, &size);
+        LPUtf8 u = {{0}, 0, 0};
+        for (const char* p = s0; p < s1; p++) lp_utf8_put(&u, (unsigned char)*p, f);
+        lp_utf8_end(&u, f);
+        fclose(f);
+        valid = size == (size_t)(s1 - s0) && memcmp(again, s0, size) == 0;
+        free(again);
+    }
+    expect(rc == 0 && s1 && s1 - s0 > 30, "-x 0 -s 1 prints a sample of the model as loaded");
+    const char* replaced = s1 ? strstr(s0, LP_UTF8_REPLACEMENT) : NULL;
+    expect(valid && replaced && replaced < s1, "the sample is valid UTF-8, a partial character replaced");
+
     // gradient accumulation: 2 micro-batches of 4 equal 1 micro-batch of 8 (fp32 sums reordered: 1e-4)
     rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 6 -d 512", TRAIN_BIN, model, common);
     int na = parse_losses(out, a, 64);

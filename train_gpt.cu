@@ -103,8 +103,8 @@ static const LPFlagSpec lp_flag_specs[] = {
      "tokens per optimizer step; gradient accumulation steps = N / (b*t*d), d the data-parallel size "
      "(0: b*t*d, no accumulation)"},
     {NULL, "-x", LP_FLAG_INT, LP_FIELD(max_steps), "40", "200", "N", NULL,
-     "training steps (0: evaluate only, and with -o save the model as loaded: a checkpoint step_00000000, e.g. to "
-     "convert or re-split a file; llm.c's -1, one epoch, is not here)"},
+     "training steps (0: no training: the val loss, a sample with -s N, and with -o the model as loaded saved as "
+     "checkpoint step_00000000, e.g. to convert or re-split a file; llm.c's -1, one epoch, is not here)"},
     {NULL, "-l", LP_FLAG_FLOAT, LP_FIELD(lr), "1e-3", "6e-4", "LR", NULL, "peak learning rate"},
     {NULL, "-u", LP_FLAG_INT, LP_FIELD(warmup), "5", "20", "N", NULL, "linear warmup steps"},
     {NULL, "-q", LP_FLAG_FLOAT, LP_FIELD(final_lr_frac), "0.1", "0.1", "F", NULL,
@@ -125,7 +125,7 @@ static const LPFlagSpec lp_flag_specs[] = {
     {NULL, "-m", LP_FLAG_INT, LP_FIELD(val_batches), "4", "2", "N", NULL, "val batches per evaluation (0: the whole val set)"},
     {NULL, "-s", LP_FLAG_INT, LP_FIELD(sample_every), "0", "50", "N", NULL,
      "print a sample every N steps and at the end (0: never)"},
-    {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, "tokens per sample"},
+    {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, "tokens per sample (at most -t minus 1, the positions after <|endoftext|>)"},
     {"--tokenizer", NULL, LP_FLAG_STRING, LP_FIELD(tokenizer), "gpt2_tokenizer.bin", "gpt2_tokenizer.bin", "PATH", NULL,
      "tokenizer for samples"},
     {"--seed", NULL, LP_FLAG_SEED, LP_FIELD(seed), "1337", "1337", "N", NULL,
@@ -900,7 +900,7 @@ static void lp_run_between_steps(LPTrainRun* r, int step) {
         lp_log("val loss %f\n", vl);
         if (r->logf) fprintf(r->logf, "s:%d tel:%f\n", step, vl);
     }
-    if (f->sample_every > 0 && step > 0 && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
+    if (f->sample_every > 0 && (step > 0 || last) && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
         lp_sample(&r->stage, &r->tok, f->gen_tokens, &r->state.rng, step);
     int untrained = step == 0 && f->max_steps > 0 && !r->rollback;  // not worth saving, unless to roll back to
     float due = 0.0f;  // --ckpt-minutes: rank 0's clock decides for everyone
