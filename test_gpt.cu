@@ -1786,6 +1786,67 @@ static void test_supervisor(void) {
     free(w);
 }
 
+// Start `cmd` in the background, send it signal `sig` once its log shows step 3, wait for it; returns its
+// exit status, with the last lines of its log in out.
+static int run_and_signal(char* out, size_t out_size, const char* cmd, const char* sig, const char* log) {
+    return run_cmd(out, out_size,
+                   "%s > %s 2>&1 & pid=$!; i=0; until grep -q '^step 3/' %s || [ $i -ge 1200 ]; do sleep 0.05; i=$((i+1)); done; "
+                   "kill -%s $pid; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", cmd, log, log, sig, log);
+}
+
+// A signal stops a run at the end of a step with a checkpoint of that step, and --resume from it ends with
+// the weights of a run never stopped, exactly: TERM to the process; TERM to the supervisor (which passes
+// USR1 on, and does not relaunch); USR1 to mpirun (which passes it on to the ranks, who agree on the step).
+// The learning rate is constant after warmup (-q 1), so the stopped run (-x 100000) and the resumed one
+// (-x N+3) follow the same schedule.
+static void test_stop_signal(void) {
+    static char out[1 << 14];
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -v 0 -s 0 -u 2 -q 1 -l 1e-3";
+    static const struct { const char *launcher, *who, *sig, *name, *code; int ranks, supervised; } cases[] = {
+        {"", "the process", "TERM", "SIGTERM", "143", 1, 0},
+        {"scripts/train_resilient.sh ", "the supervisor", "TERM", "SIGUSR1", "138", 1, 1},
+        {"mpirun -np 2 --oversubscribe ", "mpirun -np 2", "USR1", "SIGUSR1", "138", 2, 0},
+    };
+    for (int k = 0; k < 3; k++) {
+        if (cases[k].ranks > 1 && no_mpirun("the stop by a signal under mpirun")) continue;
+        char dir[LP_PATH_MAX], ref_dir[LP_PATH_MAX], cmd[LP_PATH_MAX + 512], name[256], head[128];
+        lp_path(dir, "%s_%d", tmp_path("stop"), k);
+        lp_path(ref_dir, "%s_%d", tmp_path("stop_ref"), k);
+        snprintf(cmd, sizeof(cmd), "%s%s %s -x 100000 -o %s --overwrite", cases[k].launcher, TRAIN_BIN, args, dir);
+        int rc = run_and_signal(out, sizeof(out), cmd, cases[k].sig, tmp_path("stop.log"));
+        snprintf(head, sizeof(head), "stopped by %s after step ", cases[k].name);
+        const char* at = strstr(out, head);
+        int step = at ? atoi(at + strlen(head)) : 0;
+        char saved[LP_PATH_MAX + 64];
+        lp_path(saved, "checkpoint %s/step_%08d saved", dir, step);
+        snprintf(name, sizeof(name), "%s to %s%s: the run stops at a step's end, saves it and exits %s%s", cases[k].sig,
+                 cases[k].who, cases[k].supervised ? " (USR1 passed on)" : "", cases[k].code,
+                 cases[k].supervised ? ", not relaunched" : "");
+        int ok = rc == atoi(cases[k].code) && step >= 3 && strstr(out, saved) &&
+                 (!cases[k].supervised || strstr(out, "stopped by a signal (exit 138); no relaunch"));
+        expect(ok, name);
+        if (!ok) {
+            printf("     exit %d, output:\n%s\n", rc, out);
+            continue;
+        }
+        // resumed to N+3 against straight to N+3 (their step lines, more than out holds, to the log)
+        char more[2048];
+        snprintf(more, sizeof(more), "%s -x %d", args, step + 3);
+        const char* launch = cases[k].ranks > 1 ? "mpirun -np 2 --oversubscribe " : "";
+        rc = run_cmd(out, sizeof(out), "%s%s %s --resume -o %s > %s", launch, TRAIN_BIN, more, dir, tmp_path("stop.log"));
+        size_t n = 0, nref = 0;
+        float* w = rc == 0 ? run_weights(dir, step + 3, &n) : NULL;
+        run_cmd(out, sizeof(out), "%s%s %s -o %s --overwrite > %s", launch, TRAIN_BIN, more, ref_dir, tmp_path("stop.log"));
+        float* ref = run_weights(ref_dir, step + 3, &nref);
+        size_t worst = 0;
+        snprintf(name, sizeof(name), "%s to %s: --resume from the stop's checkpoint ends with the unstopped run's weights, exactly",
+                 cases[k].sig, cases[k].who);
+        expect(w && ref && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst), name);
+        free(w);
+        free(ref);
+    }
+}
+
 // ----------------------------------------------------------------------------------------------------
 // tier 3: the parallel engine under mpirun, against one rank
 
@@ -3464,6 +3525,7 @@ int main(int argc, char** argv) {
     RUN(test_crash_during_saves);
     RUN(test_divergence_guard);
     RUN(test_supervisor);
+    RUN(test_stop_signal);
     printf("tier 3: CPU parallel engine under mpirun\n");
     write_random_shard(tmp_path("dp_shard.bin"), 4000, 77);  // the shard tier 3's runs share (any may run alone)
     RUN(test_data_parallel);

@@ -9,6 +9,7 @@ llm.c's where they overlap; run with -h for the list.
 */
 #include "llmpar.h"
 #include <stddef.h>        // offsetof: the flag table names LPFlags fields
+#include <signal.h>        // sigaction: a signal stops the run at a step's end, with a checkpoint
 #include <sys/resource.h>  // getrusage: the peak host memory, printed at the end
 
 typedef struct {
@@ -889,18 +890,49 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     r->start_s = r->last_save_s = lp_time_s();
 }
 
-// Before step `step` (and after the last): val loss, a sample, a checkpoint, each when due.
-static void lp_run_between_steps(LPTrainRun* r, int step) {
+// A stop asked by a signal keeps the run's progress: SIGTERM (Slurm's preemption and time limit, scancel,
+// kill), SIGINT (Ctrl-C) or SIGUSR1 (sbatch --signal=USR1@SECONDS; and the one to send mpirun, which passes
+// USR1 on to the ranks but kills them a second after a TERM or INT). The step in progress finishes, the ranks
+// agree at its end, and the run saves a checkpoint (with -o), prints its end report and exits 128 + the
+// signal, as a shell reports one. A second signal is not caught: it stops the run at once.
+static const int lp_stop_signals[3] = {SIGTERM, SIGINT, SIGUSR1};
+static const char* const lp_stop_names[3] = {"SIGTERM", "SIGINT", "SIGUSR1"};
+static volatile sig_atomic_t lp_stop_asked[3];
+static void lp_on_stop_signal(int sig) {
+    for (int k = 0; k < 3; k++)
+        if (lp_stop_signals[k] == sig) lp_stop_asked[k] = 1;
+}
+static void lp_catch_stop_signals(void) {
+    struct sigaction sa, was;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = lp_on_stop_signal;
+    sa.sa_flags = SA_RESTART | SA_RESETHAND;  // system calls go on; the next signal takes its default action
+    for (int k = 0; k < 3; k++)  // one ignored stays ignored (a shell starts background jobs ignoring SIGINT)
+        if (sigaction(lp_stop_signals[k], NULL, &was) == 0 && was.sa_handler != SIG_IGN) sigaction(lp_stop_signals[k], &sa, NULL);
+}
+// Which of lp_stop_signals any rank was sent (the first in their order), the same on every rank; -1: none.
+static int lp_run_stop_asked(const LPProcess* proc) {
+    float asked[3];
+    for (int k = 0; k < 3; k++) asked[k] = (float)lp_stop_asked[k];
+    lp_all_reduce_host(&proc->world_group, asked, 3, 0);
+    for (int k = 0; k < 3; k++)
+        if (asked[k] > 0.0f) return k;
+    return -1;
+}
+
+// Before step `step` (and after the last): val loss, a sample, a checkpoint, each when due; when the run
+// stops for a signal (`stopping`), the checkpoint alone.
+static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     int last = step == f->max_steps;
-    if (r->has_val && (step % f->val_every == 0 || last)) {
+    if (r->has_val && !stopping && (step % f->val_every == 0 || last)) {
         float vl = lp_evaluate(&r->stage, &r->val, f->val_batches);
         lp_all_reduce_host(&proc->dp_group, &vl, 1, 1);
         lp_log("val loss %f\n", vl);
         if (r->logf) fprintf(r->logf, "s:%d tel:%f\n", step, vl);
     }
-    if (f->sample_every > 0 && (step > 0 || last) && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
+    if (f->sample_every > 0 && !stopping && (step > 0 || last) && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
         lp_sample(&r->stage, &r->tok, f->gen_tokens, &r->state.rng, step);
     int untrained = step == 0 && f->max_steps > 0 && !r->rollback;  // not worth saving, unless to roll back to
     float due = 0.0f;  // --ckpt-minutes: rank 0's clock decides for everyone
@@ -908,7 +940,7 @@ static void lp_run_between_steps(LPTrainRun* r, int step) {
         due = proc->rank == 0 && lp_time_s() - r->last_save_s >= 60.0 * f->ckpt_minutes;
         lp_broadcast_host(&proc->world_group, &due, sizeof(due), 0);
     }
-    int wanted = (f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due || (r->rollback && r->on_disk < 0);
+    int wanted = (f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due || stopping || (r->rollback && r->on_disk < 0);
     if (!f->out_dir[0] || step == r->on_disk || untrained || !wanted) return;
     LPTrainState* state = &r->state;
     state->step = step;
@@ -1062,17 +1094,28 @@ static void lp_run_free(LPTrainRun* r) {
     lp_stage_free(&r->stage);
 }
 
-// The training run: set up, then the step loop, then the end report.
-static void lp_train(const LPFlags* f, const LPProcess* proc) {
+// The training run: set up, then the step loop, then the end report. Returns the signal that stopped it
+// early, or 0.
+static int lp_train(const LPFlags* f, const LPProcess* proc) {
     LPTrainRun r;
     lp_run_setup(&r, f, proc);
-    for (int step = r.first_step; step <= f->max_steps;) {
-        lp_run_between_steps(&r, step);  // val loss, a sample, a checkpoint: each when due
-        if (step == f->max_steps) break;
-        step = lp_run_step(&r, step);    // forward and backward, the divergence guard, AdamW
+    lp_catch_stop_signals();
+    int step = r.first_step, stop = -1;
+    while (step <= f->max_steps) {
+        stop = lp_run_stop_asked(proc);
+        lp_run_between_steps(&r, step, stop >= 0);  // val loss, a sample, a checkpoint: each when due
+        if (step == f->max_steps || stop >= 0) break;
+        step = lp_run_step(&r, step);                // forward and backward, the divergence guard, AdamW
     }
+    if (stop >= 0 && r.on_disk == step)
+        lp_log("stopped by %s after step %d: checkpoint %s/step_%08d saved; --resume continues the run\n",
+               lp_stop_names[stop], step, f->out_dir, step);
+    else if (stop >= 0)
+        lp_log("stopped by %s after step %d, nothing saved (%s)\n", lp_stop_names[stop], step,
+               f->out_dir[0] ? "no step trained yet" : "no -o");
     lp_report_end(&r);
     lp_run_free(&r);
+    return stop >= 0 ? lp_stop_signals[stop] : 0;
 }
 
 // --print-schedule: the partition of the -e model's layers into chunks, with each chunk's estimated work
@@ -1172,6 +1215,7 @@ int main(int argc, char** argv) {
     LPProcess proc;
     lp_process_init(&proc, &argc, &argv);
     LPFlags flags;
+    int stopped = 0;  // the signal that stopped the run (lp_train)
     if (!lp_parse_flags(&flags, argc, argv)) {
         lp_usage();
     } else if (flags.print_flags) {
@@ -1184,8 +1228,8 @@ int main(int argc, char** argv) {
         lp_grid_init(&proc, flags.tp, flags.pp);
         lp_device_init(&proc);
         lp_comm_init(&proc, flags.comm);
-        lp_train(&flags, &proc);
+        stopped = lp_train(&flags, &proc);
     }
     lp_process_finish(&proc);
-    return 0;
+    return stopped ? 128 + stopped : 0;
 }

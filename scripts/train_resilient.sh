@@ -6,7 +6,9 @@
 #   scripts/train_resilient.sh [-r MAX] COMMAND...          MAX restarts [3]
 #   scripts/train_resilient.sh -r 10 mpirun -np 8 ./train_gpt -o runs/gpt2 -n 500 --ckpt-minutes 60
 # A relaunch adds --resume once a checkpoint exists and drops --overwrite. Exits with the command's last
-# status. Ctrl-C or a TERM stops the run and the supervisor, with no relaunch.
+# status. Ctrl-C or a TERM stops the run and the supervisor, with no relaunch: the command is sent a USR1,
+# on which train_gpt saves a checkpoint at the end of its step and exits (mpirun passes USR1 on to the
+# ranks; a TERM it would answer by killing them).
 set -u
 max=3
 if [ "${1:-}" = "-r" ]; then
@@ -14,7 +16,7 @@ if [ "${1:-}" = "-r" ]; then
     shift 2 || true
 fi
 case "$max" in '' | *[!0-9]*) echo "train_resilient.sh: -r needs a number of restarts" >&2; exit 2 ;; esac
-[ $# -gt 0 ] || { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 cmd=("$@")
 dir=""
 for ((i = 0; i + 1 < ${#cmd[@]}; i++)); do [ "${cmd[i]}" = "-o" ] && dir=${cmd[i + 1]}; done
@@ -28,8 +30,8 @@ newest() { ls -d "$dir"/step_*[0-9] 2> /dev/null | sort | tail -n 1; }  # comple
 
 stop=0
 child=0
-trap 'stop=1; [ "$child" -gt 0 ] && kill -TERM "$child" 2> /dev/null' INT TERM
-run() {  # the command in the background, so a TERM reaches it; its exit status in $rc
+trap 'stop=1; [ "$child" -gt 0 ] && kill -USR1 "$child" 2> /dev/null' INT TERM
+run() {  # the command in the background, so a signal reaches it; its exit status in $rc
     "$@" &
     child=$!
     wait "$child"
