@@ -1786,12 +1786,12 @@ static void test_supervisor(void) {
     free(w);
 }
 
-// Start `cmd` in the background, send it signal `sig` once its log shows step 3, wait for it; returns its
-// exit status, with the last lines of its log in out.
-static int run_and_signal(char* out, size_t out_size, const char* cmd, const char* sig, const char* log) {
+// Start `cmd` in the background, run `send` (a shell command; $pid is cmd's) once its log shows step 3, and
+// wait for it; returns its exit status, with its log's lines of stopping and errors in out.
+static int run_and_signal(char* out, size_t out_size, const char* cmd, const char* send, const char* log) {
     return run_cmd(out, out_size,
                    "%s > %s 2>&1 & pid=$!; i=0; until grep -q '^step 3/' %s || [ $i -ge 1200 ]; do sleep 0.05; i=$((i+1)); done; "
-                   "kill -%s $pid; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", cmd, log, log, sig, log);
+                   "%s; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", cmd, log, log, send, log);
 }
 
 // A signal stops a run at the end of a step with a checkpoint of that step, and --resume from it ends with
@@ -1813,7 +1813,9 @@ static void test_stop_signal(void) {
         lp_path(dir, "%s_%d", tmp_path("stop"), k);
         lp_path(ref_dir, "%s_%d", tmp_path("stop_ref"), k);
         snprintf(cmd, sizeof(cmd), "%s%s %s -x 100000 -o %s --overwrite", cases[k].launcher, TRAIN_BIN, args, dir);
-        int rc = run_and_signal(out, sizeof(out), cmd, cases[k].sig, tmp_path("stop.log"));
+        char send[64];
+        snprintf(send, sizeof(send), "kill -%s $pid", cases[k].sig);
+        int rc = run_and_signal(out, sizeof(out), cmd, send, tmp_path("stop.log"));
         snprintf(head, sizeof(head), "stopped by %s after step ", cases[k].name);
         const char* at = strstr(out, head);
         int step = at ? atoi(at + strlen(head)) : 0;
@@ -2457,6 +2459,16 @@ static void test_slurm(void) {
         if (nref == 10 && n == 10) expect_close(name, got, ref, 10, 0.0f, 1e-5f);
         else printf("%s\n", out);
     }
+    // Slurm's way to stop a job step (a preemption or a time limit TERMs each task too): every rank saves
+    lp_path(dir, "%s", tmp_path("slurm_stop"));
+    char cmd[8192], saved[LP_PATH_MAX + 64];
+    snprintf(cmd, sizeof(cmd), "timeout 300 srun -J llmpar_stop -n 2 --mpi=pmix --export=ALL,OMP_NUM_THREADS=1 %s %s -b 4 -x 100000 "
+             "-n 0 -o %s --overwrite", TRAIN_BIN, base, dir);
+    rc = run_and_signal(out, sizeof(out), cmd, "scancel -s TERM -n llmpar_stop", tmp_path("slurm_stop.log"));
+    const char* at = strstr(out, "stopped by SIGTERM after step ");
+    lp_path(saved, "checkpoint %s/step_%08d saved", dir, at ? atoi(at + strlen("stopped by SIGTERM after step ")) : -1);
+    expect(rc == 143 && at && strstr(out, saved), "scancel -s TERM of an srun -n 2 step: the ranks save the step they were on and exit 143");
+    if (rc != 143) printf("     exit %d, output:\n%s\n", rc, out);
 }
 
 // The divergence guard on grids: skip and rollback (LLMPAR_LOSS_AT, inherited by the ranks) give one rank's
