@@ -383,6 +383,7 @@ static void test_checkpoint_roundtrip(void) {
     // give the optimizer state non-trivial values: one update from a real gradient
     int in[32], tg[32];
     for (int i = 0; i < 32; i++) { in[i] = (i * 5) % 97; tg[i] = (i * 11 + 3) % 97; }
+    lp_model_zero_grad(&a);  // (fresh gradient memory holds whatever was there)
     lp_model_forward(&a, in, tg, 2, 16, 1.0f / 32);
     lp_model_backward(&a, 1);
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
