@@ -2902,6 +2902,19 @@ static inline void lp_adamw_host(floatX* params, float* master, const floatX* gr
         params[i] = lp_stochastic_round(w, seed, i0 + i);
     }
 }
+// The compute-type weights rounded from the master weights as lp_adamw_kernel rounds them (value i with
+// index i's draw), on the GPU and on the CPU: a loaded checkpoint's weights as its run had them.
+__global__ void lp_stochastic_round_kernel(floatX* params, const float* master, size_t n, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) params[i] = lp_stochastic_round(master[i], seed, i);
+}
+static inline void lp_stochastic_round_gpu(floatX* params, const float* master, size_t n, uint32_t seed) {
+    LP_LAUNCH(lp_stochastic_round_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, params, master, n, seed);
+}
+static inline void lp_stochastic_round_host(floatX* params, const float* master, size_t n, size_t i0, uint32_t seed) {
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) params[i] = lp_stochastic_round(master[i], seed, i0 + i);
+}
 static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                 float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
                                 float weight_decay, float grad_scale, uint32_t seed) {
@@ -4611,37 +4624,77 @@ static inline float lp_model_norm2(const LPModel* m) {
     return norm2;
 }
 
-// AdamW on this rank's shard of each tensor, the gradients scaled by `scale` (clipping); then ZeRO makes
-// the updated weights whole where forward needs them (lp_zero_gather_updated).
-static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAdamW* opt) {
+// fn on each piece of a tensor in this rank's shard, the shard a chunk at a time (in device memory: one
+// chunk): tensor i's values [at, at + n) of the chunk s, i0 of them before it in the tensor's shard (the
+// stochastic rounding's index, as one launch over the tensor's shard would draw it); then ZeRO makes the
+// updated weights whole where forward needs them (lp_zero_gather_updated).
+typedef void (*LPPieceFn)(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx);
+static inline void lp_model_update_shard(LPModel* m, LPPieceFn fn, const void* ctx) {
     LPZero* z = &m->zero;
-    z->adam_step++;
-    float b1c = 1.0f - powf(opt->beta1, (float)z->adam_step);
-    float b2c = 1.0f - powf(opt->beta2, (float)z->adam_step);
     size_t chunks = lp_zero_state_begin(z), a, b;
     LPStatePiece s;
-    for (size_t c = 0; c < chunks; c++) {  // the shard a chunk at a time (in device memory: one chunk)
+    for (size_t c = 0; c < chunks; c++) {
         lp_zero_state_get(z, c, &s);
         for (int i = 0; i < LP_NUM_PARAMS; i++) {
             if (!lp_zero_tensor_in_shard(z, i, &a, &b)) continue;
-            size_t x = a > s.lo ? a : s.lo, y = b < s.hi ? b : s.hi, at = x - s.lo;
-            if (x >= y) continue;
-            uint32_t seed = (uint32_t)(z->adam_step * 1000003u + i * 7919u);  // stochastic-rounding stream
-            float decay = lp_param_decays(i) ? opt->weight_decay : 0.0f;
-#ifndef LLMPAR_CPU
-            if (z->host_state) {  // on the CPU; x - a: rounding indexed as the kernel's over the tensor's shard
-                lp_adamw_host(s.params + at, s.master + at, s.grads + at, s.m + at, s.v + at, y - x, x - a, lr, opt->beta1,
-                              opt->beta2, b1c, b2c, opt->eps, decay, scale, seed);
-                continue;
-            }
-#endif
-            lp_adamw(s.params + at, s.master + at, s.grads + at, s.m + at, s.v + at, y - x, lr, opt->beta1, opt->beta2, b1c, b2c,
-                     opt->eps, decay, scale, seed);
+            size_t x = a > s.lo ? a : s.lo, y = b < s.hi ? b : s.hi;
+            if (x < y) fn(z, &s, i, x - s.lo, y - x, x - a, ctx);
         }
         lp_zero_state_put(z, c);
     }
     lp_zero_state_end(z);
     lp_zero_gather_updated(z);
+}
+
+// The stochastic-rounding stream of tensor i's update at AdamW step t.
+static inline uint32_t lp_adamw_seed(int t, int i) { return (uint32_t)(t * 1000003u + i * 7919u); }
+
+typedef struct {
+    const LPAdamW* opt;
+    float lr, scale, b1c, b2c;
+} LPAdamWStep;
+static inline void lp_adamw_piece(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx) {
+    const LPAdamWStep* u = (const LPAdamWStep*)ctx;
+    const LPAdamW* opt = u->opt;
+    uint32_t seed = lp_adamw_seed(z->adam_step, i);
+    float decay = lp_param_decays(i) ? opt->weight_decay : 0.0f;
+#ifndef LLMPAR_CPU
+    if (z->host_state) {  // on the CPU
+        lp_adamw_host(s->params + at, s->master + at, s->grads + at, s->m + at, s->v + at, n, i0, u->lr, opt->beta1, opt->beta2,
+                      u->b1c, u->b2c, opt->eps, decay, u->scale, seed);
+        return;
+    }
+#endif
+    (void)i0;  // (one launch per tensor's shard: in device memory the chunk is the whole shard)
+    lp_adamw(s->params + at, s->master + at, s->grads + at, s->m + at, s->v + at, n, u->lr, opt->beta1, opt->beta2, u->b1c,
+             u->b2c, opt->eps, decay, u->scale, seed);
+}
+
+// AdamW on this rank's shard of each tensor, the gradients scaled by `scale` (clipping).
+static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAdamW* opt) {
+    int t = ++m->zero.adam_step;
+    LPAdamWStep u = {opt, lr, scale, 1.0f - powf(opt->beta1, (float)t), 1.0f - powf(opt->beta2, (float)t)};
+    lp_model_update_shard(m, lp_adamw_piece, &u);
+}
+
+#ifndef LLMPAR_CPU
+static inline void lp_round_piece(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx) {
+    (void)ctx;
+    uint32_t seed = lp_adamw_seed(z->adam_step, i);
+    if (z->host_state) lp_stochastic_round_host(s->params + at, s->master + at, n, i0, seed);
+    else lp_stochastic_round_gpu(s->params + at, s->master + at, n, seed);
+}
+#endif
+
+// The compute-type weights as the last AdamW step left them, from the master weights of a loaded
+// checkpoint: each rounded with that step's draw, so a resumed run goes on bit for bit. (Read from a file
+// they are rounded to nearest, which is how a run starts; the CPU build's weights are the master weights.)
+static inline void lp_model_round_as_updated(LPModel* m) {
+#ifndef LLMPAR_CPU
+    if (m->zero.adam_step > 0) lp_model_update_shard(m, lp_round_piece, NULL);
+#else
+    (void)m;
+#endif
 }
 
 // x summed over the ranks that hold different parts of the n models ms: the shards (over dp, when sharded),
@@ -5382,6 +5435,7 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
         free(buf);
     }
     fclose(f);
+    for (int c = 0; c < n_models; c++) lp_model_round_as_updated(&ms[c]);
 
     st->step = state_h[2];
     st->shard = state_h[3];

@@ -196,6 +196,69 @@ static int same_file(const char* a, const char* b) {
 }
 #endif
 
+// Start `cmd` in the background, run `send` (a shell command; $pid is cmd's) once its log shows step 3, and
+// wait for it; returns its exit status, with its log's lines of stopping and errors in out.
+static int run_and_signal(char* out, size_t out_size, const char* cmd, const char* send, const char* log) {
+    return run_cmd(out, out_size,
+                   "%s > %s 2>&1 & pid=$!; i=0; until grep -q '^step 3/' %s || [ $i -ge 1200 ]; do sleep 0.05; i=$((i+1)); done; "
+                   "%s; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", cmd, log, log, send, log);
+}
+
+// A signal stops a run at the end of a step with a checkpoint of that step, and --resume from it ends with
+// the weights of a run never stopped, exactly: TERM to the process; TERM to the supervisor (which passes
+// USR1 on, and does not relaunch); USR1 to mpirun (which passes it on to the ranks, who agree on the step).
+// The learning rate is constant after warmup (-q 1), so the stopped run (-x 100000) and the resumed one
+// (-x N+3) follow the same schedule.
+static void test_stop_signal(void) {
+    static char out[1 << 14];
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -v 0 -s 0 -u 2 -q 1 -l 1e-3";
+    static const struct { const char *launcher, *who, *sig, *name, *code; int ranks, supervised; } cases[] = {
+        {"", "the process", "TERM", "SIGTERM", "143", 1, 0},
+        {"scripts/train_resilient.sh ", "the supervisor", "TERM", "SIGUSR1", "138", 1, 1},
+        {"mpirun -np 2 --oversubscribe ", "mpirun -np 2", "USR1", "SIGUSR1", "138", 2, 0},
+    };
+    for (int k = 0; k < 3; k++) {
+        if (cases[k].ranks > 1 && no_mpirun("the stop by a signal under mpirun")) continue;
+        char dir[LP_PATH_MAX], ref_dir[LP_PATH_MAX], cmd[LP_PATH_MAX + 512], name[256], head[128];
+        lp_path(dir, "%s_%d", tmp_path("stop"), k);
+        lp_path(ref_dir, "%s_%d", tmp_path("stop_ref"), k);
+        snprintf(cmd, sizeof(cmd), "%s%s %s -x 100000 -o %s --overwrite", cases[k].launcher, TRAIN_BIN, args, dir);
+        char send[64];
+        snprintf(send, sizeof(send), "kill -%s $pid", cases[k].sig);
+        int rc = run_and_signal(out, sizeof(out), cmd, send, tmp_path("stop.log"));
+        snprintf(head, sizeof(head), "stopped by %s after step ", cases[k].name);
+        const char* at = strstr(out, head);
+        int step = at ? atoi(at + strlen(head)) : 0;
+        char saved[LP_PATH_MAX + 64];
+        lp_path(saved, "checkpoint %s/step_%08d saved", dir, step);
+        snprintf(name, sizeof(name), "%s to %s%s: the run stops at a step's end, saves it and exits %s%s", cases[k].sig,
+                 cases[k].who, cases[k].supervised ? " (USR1 passed on)" : "", cases[k].code,
+                 cases[k].supervised ? ", not relaunched" : "");
+        int ok = rc == atoi(cases[k].code) && step >= 3 && strstr(out, saved) &&
+                 (!cases[k].supervised || strstr(out, "stopped by a signal (exit 138); no relaunch"));
+        expect(ok, name);
+        if (!ok) {
+            printf("     exit %d, output:\n%s\n", rc, out);
+            continue;
+        }
+        // resumed to N+3 against straight to N+3 (their step lines, more than out holds, to the log)
+        char more[2048];
+        snprintf(more, sizeof(more), "%s -x %d", args, step + 3);
+        const char* launch = cases[k].ranks > 1 ? "mpirun -np 2 --oversubscribe " : "";
+        rc = run_cmd(out, sizeof(out), "%s%s %s --resume -o %s > %s", launch, TRAIN_BIN, more, dir, tmp_path("stop.log"));
+        size_t n = 0, nref = 0;
+        float* w = rc == 0 ? run_weights(dir, step + 3, &n) : NULL;
+        run_cmd(out, sizeof(out), "%s%s %s -o %s --overwrite > %s", launch, TRAIN_BIN, more, ref_dir, tmp_path("stop.log"));
+        float* ref = run_weights(ref_dir, step + 3, &nref);
+        size_t worst = 0;
+        snprintf(name, sizeof(name), "%s to %s: --resume from the stop's checkpoint ends with the unstopped run's weights, exactly",
+                 cases[k].sig, cases[k].who);
+        expect(w && ref && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst), name);
+        free(w);
+        free(ref);
+    }
+}
+
 #ifdef LLMPAR_CPU
 static LPProcess single;  // a one-rank grid for calls that take groups
 
@@ -1787,69 +1850,6 @@ static void test_supervisor(void) {
     free(w);
 }
 
-// Start `cmd` in the background, run `send` (a shell command; $pid is cmd's) once its log shows step 3, and
-// wait for it; returns its exit status, with its log's lines of stopping and errors in out.
-static int run_and_signal(char* out, size_t out_size, const char* cmd, const char* send, const char* log) {
-    return run_cmd(out, out_size,
-                   "%s > %s 2>&1 & pid=$!; i=0; until grep -q '^step 3/' %s || [ $i -ge 1200 ]; do sleep 0.05; i=$((i+1)); done; "
-                   "%s; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", cmd, log, log, send, log);
-}
-
-// A signal stops a run at the end of a step with a checkpoint of that step, and --resume from it ends with
-// the weights of a run never stopped, exactly: TERM to the process; TERM to the supervisor (which passes
-// USR1 on, and does not relaunch); USR1 to mpirun (which passes it on to the ranks, who agree on the step).
-// The learning rate is constant after warmup (-q 1), so the stopped run (-x 100000) and the resumed one
-// (-x N+3) follow the same schedule.
-static void test_stop_signal(void) {
-    static char out[1 << 14];
-    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -v 0 -s 0 -u 2 -q 1 -l 1e-3";
-    static const struct { const char *launcher, *who, *sig, *name, *code; int ranks, supervised; } cases[] = {
-        {"", "the process", "TERM", "SIGTERM", "143", 1, 0},
-        {"scripts/train_resilient.sh ", "the supervisor", "TERM", "SIGUSR1", "138", 1, 1},
-        {"mpirun -np 2 --oversubscribe ", "mpirun -np 2", "USR1", "SIGUSR1", "138", 2, 0},
-    };
-    for (int k = 0; k < 3; k++) {
-        if (cases[k].ranks > 1 && no_mpirun("the stop by a signal under mpirun")) continue;
-        char dir[LP_PATH_MAX], ref_dir[LP_PATH_MAX], cmd[LP_PATH_MAX + 512], name[256], head[128];
-        lp_path(dir, "%s_%d", tmp_path("stop"), k);
-        lp_path(ref_dir, "%s_%d", tmp_path("stop_ref"), k);
-        snprintf(cmd, sizeof(cmd), "%s%s %s -x 100000 -o %s --overwrite", cases[k].launcher, TRAIN_BIN, args, dir);
-        char send[64];
-        snprintf(send, sizeof(send), "kill -%s $pid", cases[k].sig);
-        int rc = run_and_signal(out, sizeof(out), cmd, send, tmp_path("stop.log"));
-        snprintf(head, sizeof(head), "stopped by %s after step ", cases[k].name);
-        const char* at = strstr(out, head);
-        int step = at ? atoi(at + strlen(head)) : 0;
-        char saved[LP_PATH_MAX + 64];
-        lp_path(saved, "checkpoint %s/step_%08d saved", dir, step);
-        snprintf(name, sizeof(name), "%s to %s%s: the run stops at a step's end, saves it and exits %s%s", cases[k].sig,
-                 cases[k].who, cases[k].supervised ? " (USR1 passed on)" : "", cases[k].code,
-                 cases[k].supervised ? ", not relaunched" : "");
-        int ok = rc == atoi(cases[k].code) && step >= 3 && strstr(out, saved) &&
-                 (!cases[k].supervised || strstr(out, "stopped by a signal (exit 138); no relaunch"));
-        expect(ok, name);
-        if (!ok) {
-            printf("     exit %d, output:\n%s\n", rc, out);
-            continue;
-        }
-        // resumed to N+3 against straight to N+3 (their step lines, more than out holds, to the log)
-        char more[2048];
-        snprintf(more, sizeof(more), "%s -x %d", args, step + 3);
-        const char* launch = cases[k].ranks > 1 ? "mpirun -np 2 --oversubscribe " : "";
-        rc = run_cmd(out, sizeof(out), "%s%s %s --resume -o %s > %s", launch, TRAIN_BIN, more, dir, tmp_path("stop.log"));
-        size_t n = 0, nref = 0;
-        float* w = rc == 0 ? run_weights(dir, step + 3, &n) : NULL;
-        run_cmd(out, sizeof(out), "%s%s %s -o %s --overwrite > %s", launch, TRAIN_BIN, more, ref_dir, tmp_path("stop.log"));
-        float* ref = run_weights(ref_dir, step + 3, &nref);
-        size_t worst = 0;
-        snprintf(name, sizeof(name), "%s to %s: --resume from the stop's checkpoint ends with the unstopped run's weights, exactly",
-                 cases[k].sig, cases[k].who);
-        expect(w && ref && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst), name);
-        free(w);
-        free(ref);
-    }
-}
-
 // ----------------------------------------------------------------------------------------------------
 // tier 3: the parallel engine under mpirun, against one rank
 
@@ -3344,6 +3344,43 @@ static void test_parallel_grids(void) {
 // weights' up. The same arithmetic and rounding stream as the kernel: under the emulator losses, model.bin
 // and optim.bin equal the run without offload bit for bit; on a GPU its FMAs may differ from the CPU's, so
 // the losses and weights are held to the grids' bf16 tolerances.
+// A resumed run of the CUDA build goes on bit for bit: 5 steps, then --resume to 8, against 8 straight.
+// The compute-type weights of a loaded checkpoint are rounded from its master weights with the last
+// update's stochastic-rounding draws (lp_model_round_as_updated); rounding them to nearest (as a model file
+// is read) leaves half the weights one bf16 step apart. Each way the weights live: in device memory, the
+// update on the host (--offload optimizer), AdamW's state in files (nvme), ZeRO-3 shards with the weights
+// on the host, a pipeline.
+static void test_resume_exact(void) {
+    static char out[1 << 16];
+    if (no_mpirun("tier 4 resume")) return;
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -v 0 -s 0 -u 2 -q 1 -l 1e-3";
+    char offload_dir[LP_PATH_MAX];
+    lp_path(offload_dir, "%s/resume_files", tmp_dir);
+    mkdir(offload_dir, 0755);
+    struct { int ranks; const char* flags; } cases[] = {
+        {1, ""}, {1, "--offload optimizer"}, {1, "--offload nvme --offload-dir"}, {2, "--zero 3 --offload params"}, {2, "--pp 2"},
+    };
+    for (int k = 0; k < 5; k++) {
+        char flags[LP_PATH_MAX + 64], straight[LP_PATH_MAX], resumed[LP_PATH_MAX], launch[64] = "", name[256];
+        snprintf(flags, sizeof(flags), "%s%s%s", cases[k].flags, strstr(cases[k].flags, "dir") ? " " : "",
+                 strstr(cases[k].flags, "dir") ? offload_dir : "");
+        if (cases[k].ranks > 1) snprintf(launch, sizeof(launch), "mpirun -np %d --oversubscribe ", cases[k].ranks);
+        lp_path(straight, "%s_%d", tmp_path("resume_straight"), k);
+        lp_path(resumed, "%s_%d", tmp_path("resume_resumed"), k);
+        int rc = run_cmd(out, sizeof(out), "%s%s %s %s -x 8 -o %s", launch, TRAIN_BIN, args, flags, straight);
+        rc |= run_cmd(out, sizeof(out), "%s%s %s %s -x 5 -o %s", launch, TRAIN_BIN, args, flags, resumed);
+        rc |= run_cmd(out, sizeof(out), "%s%s %s %s -x 8 --resume -o %s", launch, TRAIN_BIN, args, flags, resumed);
+        size_t n = 0, nr = 0, worst = 0;
+        float *w = run_weights(straight, 8, &n), *wr = run_weights(resumed, 8, &nr);
+        snprintf(name, sizeof(name), "%s%s: 5 steps and --resume to 8 end with 8 straight steps' weights, exactly", launch,
+                 cases[k].flags[0] ? cases[k].flags : "one GPU");
+        expect(rc == 0 && w && wr && n == nr && all_close(wr, w, n, 0.0f, 0.0f, &worst), name);
+        if (rc != 0) printf("%s\n", out);
+        free(w);
+        free(wr);
+    }
+}
+
 static void test_offload_host(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 4 offload")) return;
@@ -3558,8 +3595,10 @@ int main(int argc, char** argv) {
 #endif
     RUN(tier4_kernel_tests);
     RUN(test_step_vs_cpu_build);
+    RUN(test_stop_signal);
     RUN(test_parallel_grids);
     RUN(test_offload_host);
+    RUN(test_resume_exact);
     RUN(test_zero_memory);
     RUN(test_activation_memory_linear);
     RUN(test_out_of_memory);
