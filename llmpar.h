@@ -5508,7 +5508,10 @@ static inline void lp_utf8_put(LPUtf8* u, unsigned char b, FILE* out) {
     if (u->n > 0) {
         if (lp_utf8_continues(u, b)) {
             u->held[u->n++] = b;
-            if (u->n == u->len) fwrite(u->held, 1, u->n, out), u->n = 0;
+            if (u->n == u->len) {
+                fwrite(u->held, 1, u->n, out);
+                u->n = 0;
+            }
             return;
         }
         fputs(LP_UTF8_REPLACEMENT, out);  // the unfinished character; b starts afresh

@@ -3124,6 +3124,21 @@ static void tier4_optimizer(uint64_t* rng) {
     size_t drawn = 0;
     for (size_t i = 3; i < n - 5; i++) drawn += gp[i] == __bfloat162float(lp_stochastic_round(gw[i], 9, i - 3));
     expect(drawn == n - 8, "gpu adamw rounds value i with the stochastic-rounding draw of index i");
+    // a loaded checkpoint's weights: rounded from the master weights with the update's draws, on the GPU and
+    // by the host loop, they are the weights the update wrote
+    lp_device_zero(d_p, n * sizeof(floatX));
+    lp_stochastic_round_gpu(d_p + 3, d_w + 3, n - 8, 9);
+    floatX* hp = (floatX*)lp_host_malloc(n * sizeof(floatX), "test");
+    lp_stochastic_round_host(hp, gw + 3, n - 8, 0, 9);
+    float* gr = host_from(d_p, n);
+    size_t same_gpu = 0, same_host = 0;
+    for (size_t i = 3; i < n - 5; i++) {
+        same_gpu += gr[i] == gp[i];
+        same_host += __bfloat162float(hp[i - 3]) == gp[i];
+    }
+    expect(same_gpu == n - 8 && same_host == n - 8, "stochastic_round gpu and host give back the bf16 weights adamw wrote");
+    free(hp);
+    free(gr);
     // stochastic rounding is unbiased: 0.25 of a bf16 step above 1.0 rounds up about a quarter of the time
     for (size_t i = 0; i < n; i++) w[i] = 1.0f + 1.0f / 512;
     lp_copy_to_device(d_w, w, n * 4);
