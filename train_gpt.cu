@@ -687,9 +687,10 @@ typedef struct {
     int strikes, computed;       // divergences since the run last moved on; training steps computed
     LPLossWindow recent;         // the last steps' losses, for spotting spikes
     double start_s, last_save_s; // the loop's start; the last save (--ckpt-minutes)
-    // reports: the timed steps (all but the first), the TP group's traffic (the stage times its own chunks)
+    // reports: the timed steps (all but the first), the TP group's traffic over traffic_steps steps (the
+    // stage times its own chunks)
     double flops_per_step, peak, sum_ms, sum_update_ms;
-    int timed_steps;
+    int timed_steps, traffic_steps;
     LPGroup tp_traffic;
 } LPTrainRun;
 
@@ -993,6 +994,7 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
         r->tp_traffic.calls[k] += proc->tp_group.calls[k] - tp_before->calls[k];
         r->tp_traffic.bytes[k] += proc->tp_group.bytes[k] - tp_before->bytes[k];
     }
+    r->traffic_steps++;
     if (step > r->first_step) {  // the first step warms up: leave it out of the means
         r->sum_ms += ms;
         r->sum_update_ms += update_ms;
@@ -1064,7 +1066,6 @@ static int lp_run_step(LPTrainRun* r, int step) {
 // The end report: mean step time, peak host memory, TP traffic per step, and the pipeline's bubble as
 // measured and as the simulator predicts it from the measured costs.
 static void lp_report_end(LPTrainRun* r) {
-    const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     double MiB = 1048576.0;
     if (r->timed_steps > 0)
@@ -1073,7 +1074,7 @@ static void lp_report_end(LPTrainRun* r) {
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
     lp_log("peak host memory of rank 0 (RSS): %.0f MiB\n", usage.ru_maxrss / 1024.0);
-    int steps = f->max_steps - r->first_step;
+    int steps = r->traffic_steps;  // (fewer than -x asked when a signal stopped the run)
     const LPGroup* tr = &r->tp_traffic;
     if (proc->tp > 1 && steps > 0)
         lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
