@@ -204,6 +204,18 @@ static int run_and_signal(char* out, size_t out_size, const char* cmd, const cha
                    "%s; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", cmd, log, log, send, log);
 }
 
+// The step a run stopped by signal `name` (SIGTERM ...) reports, if it also reports that step's checkpoint
+// saved in dir; else -1.
+static int stopped_with_checkpoint(const char* out, const char* name, const char* dir) {
+    char head[64], saved[LP_PATH_MAX + 64];
+    snprintf(head, sizeof(head), "stopped by %s after step ", name);
+    const char* at = strstr(out, head);
+    if (!at) return -1;
+    int step = atoi(at + strlen(head));
+    lp_path(saved, "checkpoint %s/step_%08d saved", dir, step);
+    return strstr(out, saved) ? step : -1;
+}
+
 // A signal stops a run at the end of a step with a checkpoint of that step, and --resume from it ends with
 // the weights of a run never stopped, exactly: TERM to the process; TERM to the supervisor (which passes
 // USR1 on, and does not relaunch); USR1 to mpirun (which passes it on to the ranks, who agree on the step).
@@ -219,22 +231,18 @@ static void test_stop_signal(void) {
     };
     for (int k = 0; k < 3; k++) {
         if (cases[k].ranks > 1 && no_mpirun("the stop by a signal under mpirun")) continue;
-        char dir[LP_PATH_MAX], ref_dir[LP_PATH_MAX], cmd[LP_PATH_MAX + 512], name[256], head[128];
+        char dir[LP_PATH_MAX], ref_dir[LP_PATH_MAX], cmd[LP_PATH_MAX + 512], name[256];
         lp_path(dir, "%s_%d", tmp_path("stop"), k);
         lp_path(ref_dir, "%s_%d", tmp_path("stop_ref"), k);
         snprintf(cmd, sizeof(cmd), "%s%s %s -x 100000 -o %s --overwrite", cases[k].launcher, TRAIN_BIN, args, dir);
         char send[64];
         snprintf(send, sizeof(send), "kill -%s $pid", cases[k].sig);
         int rc = run_and_signal(out, sizeof(out), cmd, send, tmp_path("stop.log"));
-        snprintf(head, sizeof(head), "stopped by %s after step ", cases[k].name);
-        const char* at = strstr(out, head);
-        int step = at ? atoi(at + strlen(head)) : 0;
-        char saved[LP_PATH_MAX + 64];
-        lp_path(saved, "checkpoint %s/step_%08d saved", dir, step);
+        int step = stopped_with_checkpoint(out, cases[k].name, dir);
         snprintf(name, sizeof(name), "%s to %s%s: the run stops at a step's end, saves it and exits %s%s", cases[k].sig,
                  cases[k].who, cases[k].supervised ? " (USR1 passed on)" : "", cases[k].code,
                  cases[k].supervised ? ", not relaunched" : "");
-        int ok = rc == atoi(cases[k].code) && step >= 3 && strstr(out, saved) &&
+        int ok = rc == atoi(cases[k].code) && step >= 3 &&
                  (!cases[k].supervised || strstr(out, "stopped by a signal (exit 138); no relaunch"));
         expect(ok, name);
         if (!ok) {
@@ -493,6 +501,18 @@ static void test_tokenizer(void) {
     lp_tokenizer_free(&t);
 }
 
+// Text put through LPUtf8 byte by byte, and ended: a malloc'd copy, its length in *size.
+static char* utf8_through(const char* const* pieces, int n_pieces, size_t* size) {
+    char* buf = NULL;
+    FILE* out = open_memstream(&buf, size);
+    LPUtf8 u = {{0}, 0, 0};
+    for (int p = 0; p < n_pieces && pieces[p]; p++)
+        for (const char* s = pieces[p]; *s; s++) lp_utf8_put(&u, (unsigned char)*s, out);
+    lp_utf8_end(&u, out);
+    fclose(out);
+    return buf;
+}
+
 // Samples print as valid UTF-8: each input, fed in the pieces given (split where tokens may split a
 // character), against Python's bytes.decode("utf-8", errors="replace").encode().
 static void test_utf8_out(void) {
@@ -507,14 +527,8 @@ static void test_utf8_out(void) {
         {{"\xE2(\xA1"}, LP_UTF8_REPLACEMENT "(" LP_UTF8_REPLACEMENT, "a broken 3-byte character"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-        char* buf = NULL;
         size_t size = 0;
-        FILE* out = open_memstream(&buf, &size);
-        LPUtf8 u = {{0}, 0, 0};
-        for (int p = 0; p < 3 && cases[k].pieces[p]; p++)
-            for (const char* s = cases[k].pieces[p]; *s; s++) lp_utf8_put(&u, (unsigned char)*s, out);
-        lp_utf8_end(&u, out);
-        fclose(out);
+        char* buf = utf8_through(cases[k].pieces, 3, &size);
         expect(strcmp(buf, cases[k].expected) == 0, cases[k].what);
         free(buf);
     }
@@ -1604,15 +1618,12 @@ static void test_training_runs(void) {
     const char *s0 = strstr(out, "--- sample at step 0 ---\n"), *s1 = s0 ? strstr(s0, "\n--- end of sample ---") : NULL;
     int valid = 0;
     if (s1) {
-        char* again = NULL;
+        char* sample = strndup(s0, (size_t)(s1 - s0));
         size_t size = 0;
-        FILE* f = open_memstream(&again, &size);
-        LPUtf8 u = {{0}, 0, 0};
-        for (const char* p = s0; p < s1; p++) lp_utf8_put(&u, (unsigned char)*p, f);
-        lp_utf8_end(&u, f);
-        fclose(f);
-        valid = size == (size_t)(s1 - s0) && memcmp(again, s0, size) == 0;
+        char* again = utf8_through((const char* const*)&sample, 1, &size);
+        valid = size == strlen(sample) && memcmp(again, sample, size) == 0;
         free(again);
+        free(sample);
     }
     expect(rc == 0 && s1 && s1 - s0 > 30, "-x 0 -s 1 prints a sample of the model as loaded");
     const char* replaced = s1 ? strstr(s0, LP_UTF8_REPLACEMENT) : NULL;
@@ -2462,13 +2473,12 @@ static void test_slurm(void) {
     }
     // Slurm's way to stop a job step (a preemption or a time limit TERMs each task too): every rank saves
     lp_path(dir, "%s", tmp_path("slurm_stop"));
-    char cmd[8192], saved[LP_PATH_MAX + 64];
+    char cmd[8192];
     snprintf(cmd, sizeof(cmd), "timeout 300 srun -J llmpar_stop -n 2 --mpi=pmix --export=ALL,OMP_NUM_THREADS=1 %s %s -b 4 -x 100000 "
              "-n 0 -o %s --overwrite", TRAIN_BIN, base, dir);
     rc = run_and_signal(out, sizeof(out), cmd, "scancel -s TERM -n llmpar_stop", tmp_path("slurm_stop.log"));
-    const char* at = strstr(out, "stopped by SIGTERM after step ");
-    lp_path(saved, "checkpoint %s/step_%08d saved", dir, at ? atoi(at + strlen("stopped by SIGTERM after step ")) : -1);
-    expect(rc == 143 && at && strstr(out, saved), "scancel -s TERM of an srun -n 2 step: the ranks save the step they were on and exit 143");
+    expect(rc == 143 && stopped_with_checkpoint(out, "SIGTERM", dir) >= 3,
+           "scancel -s TERM of an srun -n 2 step: the ranks save the step they were on and exit 143");
     if (rc != 143) printf("     exit %d, output:\n%s\n", rc, out);
 }
 
@@ -3352,13 +3362,6 @@ static void test_parallel_grids(void) {
     free(wref[1]);
 }
 
-// The CUDA build's offload: the fp32 master weights and AdamW state on the host (--offload optimizer: pinned
-// memory; --offload nvme: m and v in a file; --offload params, ZeRO-3: the bf16 weight shard pinned too,
-// each layer's part copied up as its gather starts), updated on the CPU in chunks (1024 values here,
-// LLMPAR_OFFLOAD_CHUNK: the 4-layer model spans ~60) overlapped with the gradients' copies down and the
-// weights' up. The same arithmetic and rounding stream as the kernel: under the emulator losses, model.bin
-// and optim.bin equal the run without offload bit for bit; on a GPU its FMAs may differ from the CPU's, so
-// the losses and weights are held to the grids' bf16 tolerances.
 // A resumed run of the CUDA build goes on bit for bit: 5 steps, then --resume to 8, against 8 straight.
 // The compute-type weights of a loaded checkpoint are rounded from its master weights with the last
 // update's stochastic-rounding draws (lp_model_round_as_updated); rounding them to nearest (as a model file
@@ -3369,22 +3372,20 @@ static void test_resume_exact(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 4 resume")) return;
     const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -v 0 -s 0 -u 2 -q 1 -l 1e-3";
-    char offload_dir[LP_PATH_MAX];
-    lp_path(offload_dir, "%s/resume_files", tmp_dir);
-    mkdir(offload_dir, 0755);
+    char nvme[LP_PATH_MAX + 64];
+    lp_path(nvme, "--offload nvme --offload-dir %s/resume_files", tmp_dir);
+    mkdir(nvme + strlen("--offload nvme --offload-dir "), 0755);
     struct { int ranks; const char* flags; } cases[] = {
-        {1, ""}, {1, "--offload optimizer"}, {1, "--offload nvme --offload-dir"}, {2, "--zero 3 --offload params"}, {2, "--pp 2"},
+        {1, ""}, {1, "--offload optimizer"}, {1, nvme}, {2, "--zero 3 --offload params"}, {2, "--pp 2"},
     };
     for (int k = 0; k < 5; k++) {
-        char flags[LP_PATH_MAX + 64], straight[LP_PATH_MAX], resumed[LP_PATH_MAX], launch[64] = "", name[256];
-        snprintf(flags, sizeof(flags), "%s%s%s", cases[k].flags, strstr(cases[k].flags, "dir") ? " " : "",
-                 strstr(cases[k].flags, "dir") ? offload_dir : "");
+        char straight[LP_PATH_MAX], resumed[LP_PATH_MAX], launch[64] = "", name[LP_PATH_MAX + 256];
         if (cases[k].ranks > 1) snprintf(launch, sizeof(launch), "mpirun -np %d --oversubscribe ", cases[k].ranks);
         lp_path(straight, "%s_%d", tmp_path("resume_straight"), k);
         lp_path(resumed, "%s_%d", tmp_path("resume_resumed"), k);
-        int rc = run_cmd(out, sizeof(out), "%s%s %s %s -x 8 -o %s", launch, TRAIN_BIN, args, flags, straight);
-        rc |= run_cmd(out, sizeof(out), "%s%s %s %s -x 5 -o %s", launch, TRAIN_BIN, args, flags, resumed);
-        rc |= run_cmd(out, sizeof(out), "%s%s %s %s -x 8 --resume -o %s", launch, TRAIN_BIN, args, flags, resumed);
+        int rc = run_cmd(out, sizeof(out), "%s%s %s %s -x 8 -o %s", launch, TRAIN_BIN, args, cases[k].flags, straight);
+        rc |= run_cmd(out, sizeof(out), "%s%s %s %s -x 5 -o %s", launch, TRAIN_BIN, args, cases[k].flags, resumed);
+        rc |= run_cmd(out, sizeof(out), "%s%s %s %s -x 8 --resume -o %s", launch, TRAIN_BIN, args, cases[k].flags, resumed);
         size_t n = 0, nr = 0, worst = 0;
         float *w = run_weights(straight, 8, &n), *wr = run_weights(resumed, 8, &nr);
         snprintf(name, sizeof(name), "%s%s: 5 steps and --resume to 8 end with 8 straight steps' weights, exactly", launch,
@@ -3396,6 +3397,13 @@ static void test_resume_exact(void) {
     }
 }
 
+// The CUDA build's offload: the fp32 master weights and AdamW state on the host (--offload optimizer: pinned
+// memory; --offload nvme: m and v in a file; --offload params, ZeRO-3: the bf16 weight shard pinned too,
+// each layer's part copied up as its gather starts), updated on the CPU in chunks (1024 values here,
+// LLMPAR_OFFLOAD_CHUNK: the 4-layer model spans ~60) overlapped with the gradients' copies down and the
+// weights' up. The same arithmetic and rounding stream as the kernel: under the emulator losses, model.bin
+// and optim.bin equal the run without offload bit for bit; on a GPU its FMAs may differ from the CPU's, so
+// the losses and weights are held to the grids' bf16 tolerances.
 static void test_offload_host(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 4 offload")) return;
