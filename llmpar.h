@@ -618,7 +618,41 @@ static inline int lp_launched_by_mpi(void) {
     return 0;
 }
 
+// OpenBLAS picks its kernels for the CPU it recognises when it loads, and a release older than the CPU
+// falls back to an older set: Debian 12's 0.3.21 runs AMD Zen 4 on its AVX2 Haswell kernels, at about half
+// the sgemm rate of its AVX-512 SkylakeX ones (245 against 457 GFLOP/s on 2 cores). The set to use instead
+// of `chosen`, or NULL: SkylakeX where the CPU has the AVX-512 its kernels use (F, BW, DQ, VL) and OpenBLAS
+// chose a set without AVX-512.
+static inline const char* lp_blas_better_kernels(const char* chosen, int avx512) {
+    static const char* with_avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+    if (!avx512) return NULL;
+    for (int k = 0; k < 3; k++)
+        if (strcmp(chosen, with_avx512[k]) == 0) return NULL;
+    return "SkylakeX";
+}
+// The BLAS set up for the engine, first thing (before MPI starts, so each rank does so). Where
+// lp_blas_better_kernels names a set and the user set no OPENBLAS_CORETYPE, the program executes itself
+// again with it set (OpenBLAS reads it only as it loads). An OpenBLAS built with its own threads (not
+// OpenMP's) keeps one: the engine's tiles are the parallelism (lp_gemm_strided_cpu).
+static inline void lp_blas_init(char** argv) {
+#if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION)
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+#endif
+#if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION) && defined(__x86_64__)
+    if (getenv("OPENBLAS_CORETYPE")) return;
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                 __builtin_cpu_supports("avx512vl");
+    const char* better = lp_blas_better_kernels(openblas_get_corename(), avx512);
+    if (!better) return;
+    setenv("OPENBLAS_CORETYPE", better, 1);
+    execv("/proc/self/exe", argv);  // returns only on failure: then the kernels OpenBLAS chose run
+#else
+    (void)argv;
+#endif
+}
+
 static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
+    lp_blas_init(*argv);
     memset(proc, 0, sizeof(*proc));
     proc->world = 1;
     proc->shares_gpu_with = -1;
@@ -684,7 +718,14 @@ static inline double lp_device_memory_used_mib(void) {
 #endif
 }
 
-// One line saying what computes: the GPU's name, or the CPU's thread count.
+#ifdef OPENBLAS_VERSION
+static inline const char* lp_openblas_version(void) {  // "0.3.21" from " OpenBLAS 0.3.21 "
+    static char v[64];
+    if (sscanf(OPENBLAS_VERSION, " OpenBLAS %63s", v) != 1) snprintf(v, sizeof(v), "?");
+    return v;
+}
+#endif
+// One line saying what computes: the GPU's name, or the CPU's matmul kernels and thread count.
 static inline const char* lp_engine_name(void) {
     static char name[512];
 #ifdef LLMPAR_CPU
@@ -692,10 +733,13 @@ static inline const char* lp_engine_name(void) {
 #ifdef _OPENMP
     threads = omp_get_max_threads();
 #endif
-#ifdef LLMPAR_BLAS
-    const char* matmuls = "BLAS matmuls";
+    char matmuls[256];
+#if defined(OPENBLAS_VERSION)
+    snprintf(matmuls, sizeof(matmuls), "OpenBLAS %s matmuls on its %s kernels", lp_openblas_version(), openblas_get_corename());
+#elif defined(LLMPAR_BLAS)
+    snprintf(matmuls, sizeof(matmuls), "BLAS matmuls");
 #else
-    const char* matmuls = "plain-loop matmuls (no BLAS was found at build time)";
+    snprintf(matmuls, sizeof(matmuls), "plain-loop matmuls (no BLAS was found at build time)");
 #endif
     snprintf(name, sizeof(name), "CPU, fp32, %s, %d OpenMP threads", matmuls, threads);
 #else
@@ -2133,41 +2177,6 @@ static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* 
     }
 }
 
-#ifdef LLMPAR_BLAS
-// The same through sgemm (row-major: out (N,OC) = inp (N,C) @ weight^T), then the bias, then the GELU.
-static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const float* inp, const float* weight,
-                                         const float* bias, int N, int C, int OC) {
-    float* dst = pre_gelu ? pre_gelu : out;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, dst, OC);
-    if (bias) {
-#pragma omp parallel for
-        for (int i = 0; i < N; i++)
-            for (int o = 0; o < OC; o++) dst[(size_t)i * OC + o] += bias[o];
-    }
-    if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
-}
-static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
-                                          const float* inp, const float* weight, int N, int C, int OC, const float* pre_gelu) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-    if (pre_gelu) lp_gelu_backward_cpu(dinp, pre_gelu, dinp, N * C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-    if (!dbias) return;
-    // column sums of dout, a block of 64 columns per task so the reads run along rows (each column is still
-    // summed in row order: the same result as one column at a time)
-#pragma omp parallel for
-    for (int o0 = 0; o0 < OC; o0 += 64) {
-        int cols = OC - o0 < 64 ? OC - o0 : 64;
-        float sb[64] = {0};
-        for (int i = 0; i < N; i++)
-            for (int o = 0; o < cols; o++) sb[o] += dout[(size_t)i * OC + o0 + o];
-        for (int o = 0; o < cols; o++) dbias[o0 + o] += sb[o];
-    }
-}
-#else
-#define lp_matmul_forward_cpu lp_matmul_forward_loops
-#define lp_matmul_backward_cpu lp_matmul_backward_loops
-#endif
-
 // --- strided matmul: C (M,N) = op(A) @ op(B), or C += it (accumulate), row-major with leading dimensions
 // lda, ldb, ldc, op transposing A (stored (K,M)) when ta is set and B (stored (N,K)) when tb is set. The LM
 // head runs on a piece of the vocabulary at a time (ZeRO-2/3 hold wte in pieces): a piece's columns of the
@@ -2196,14 +2205,75 @@ static inline void lp_gemm_strided_loops(int ta, int tb, int M, int N, int K, co
     }
 }
 #ifdef LLMPAR_BLAS
+// The CPU build's one sgemm. Its result must not depend on the number of threads (so a grid that only
+// splits the model equals one rank bit for bit, on any machine), but a BLAS's own threads split a product
+// by their count, which changes its kernels' summation order (OpenBLAS's Haswell kernels: 1 and 2 threads
+// differ in 9% of a 256x768x768 product's values). So C is cut into tiles whose shape follows from the
+// product alone, each tile one single-threaded sgemm inside our parallel loop (OpenBLAS's OpenMP build runs
+// single-threaded inside an OpenMP region): every value is summed by the same call on any thread. Tiles:
+// a power of two of them, up to 16, about 64M multiply-adds each, in strips of at least 256 along each side
+// (each tile packs its own parts of A and B, so fewer, larger tiles repack less).
+#define LP_GEMM_MAX_TILES 16
 static inline void lp_gemm_strided_cpu(int ta, int tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                                        int accumulate, float* C, int ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B, ldb,
-                accumulate ? 1.0f : 0.0f, C, ldc);
+    if (M <= 0 || N <= 0) return;
+    int tiles = 1;
+    while (tiles < LP_GEMM_MAX_TILES && (double)M * N * K / tiles > 64e6) tiles *= 2;
+    int nn = tiles, nm;  // tiles along N (the longer side first), then along M
+    int longer = N >= M ? N : M, shorter = N >= M ? M : N;
+    while (nn > 1 && longer / nn < 256) nn /= 2;
+    nm = tiles / nn;
+    while (nm > 1 && shorter / nm < 256) nm /= 2;
+    if (N < M) { int t = nn; nn = nm; nm = t; }
+    int tm = (M + nm - 1) / nm, tn = (N + nn - 1) / nn;
+#pragma omp parallel for schedule(dynamic)
+    for (int t = 0; t < nm * nn; t++) {
+        int i0 = t / nn * tm, j0 = t % nn * tn;
+        int m = M - i0 < tm ? M - i0 : tm, n = N - j0 < tn ? N - j0 : tn;
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, K, 1.0f,
+                    ta ? A + i0 : A + (size_t)i0 * lda, lda, tb ? B + (size_t)j0 * ldb : B + j0, ldb, accumulate ? 1.0f : 0.0f,
+                    C + (size_t)i0 * ldc + j0, ldc);
+    }
 }
 #else
 #define lp_gemm_strided_cpu lp_gemm_strided_loops
 #endif
+
+#ifdef LLMPAR_BLAS
+// The same through the one sgemm (row-major: out (N,OC) = inp (N,C) @ weight^T), then the bias, then the GELU.
+static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const float* inp, const float* weight,
+                                         const float* bias, int N, int C, int OC) {
+    float* dst = pre_gelu ? pre_gelu : out;
+    lp_gemm_strided_cpu(0, 1, N, OC, C, inp, C, weight, C, 0, dst, OC);
+    if (bias) {
+#pragma omp parallel for
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < OC; o++) dst[(size_t)i * OC + o] += bias[o];
+    }
+    if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
+}
+static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
+                                          const float* inp, const float* weight, int N, int C, int OC, const float* pre_gelu) {
+    lp_gemm_strided_cpu(0, 0, N, C, OC, dout, OC, weight, C, 0, dinp, C);
+    if (pre_gelu) lp_gelu_backward_cpu(dinp, pre_gelu, dinp, N * C);
+    lp_gemm_strided_cpu(1, 0, OC, C, N, dout, OC, inp, C, 1, dweight, C);
+    if (!dbias) return;
+    // column sums of dout, a block of 64 columns per task so the reads run along rows (each column is still
+    // summed in row order: the same result as one column at a time)
+#pragma omp parallel for
+    for (int o0 = 0; o0 < OC; o0 += 64) {
+        int cols = OC - o0 < 64 ? OC - o0 : 64;
+        float sb[64] = {0};
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < cols; o++) sb[o] += dout[(size_t)i * OC + o0 + o];
+        for (int o = 0; o < cols; o++) dbias[o0 + o] += sb[o];
+    }
+}
+#else
+#define lp_matmul_forward_cpu lp_matmul_forward_loops
+#define lp_matmul_backward_cpu lp_matmul_backward_loops
+#endif
+
 
 #ifndef LLMPAR_CPU
 // Row-major out (N,OC) is column-major (OC,N): out = weight (C,OC)^T-as-stored times inp, so the GEMM is
@@ -2923,39 +2993,94 @@ static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* gra
 }
 #endif
 
-// sum of squares of x, accumulated in double on the CPU (the CUDA version reduces in fp32 per block);
-// `simd` lets each thread keep a vector of partial sums (a fixed order, so still deterministic)
+// --- sums of squares (the gradient norm, the finiteness check of the weights). The CPU loop sums blocks of
+// a fixed size in double, each a vector of partial sums, then the blocks in order: the same bits for any
+// thread count (an OpenMP reduction would combine the threads' sums in their number and in any order). The
+// CUDA version reduces in fp32 per block.
+#define LP_NORM_BLOCK 32768
 static inline float lp_norm_squared_cpu(const float* x, size_t n) {
+    size_t blocks = (n + LP_NORM_BLOCK - 1) / LP_NORM_BLOCK;
+    double* part = (double*)lp_host_malloc((blocks + 1) * sizeof(double), "norm partial sums");
+#pragma omp parallel for
+    for (size_t k = 0; k < blocks; k++) {
+        size_t end = (k + 1) * LP_NORM_BLOCK < n ? (k + 1) * LP_NORM_BLOCK : n;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = k * LP_NORM_BLOCK; i < end; i++) s += (double)x[i] * x[i];
+        part[k] = s;
+    }
     double s = 0.0;
-#pragma omp parallel for simd reduction(+ : s)
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    for (size_t k = 0; k < blocks; k++) s += part[k];
+    free(part);
     return (float)s;
+}
+// Several spans of x, span k's sum of squares added to parts[spans[k].slot].
+typedef struct {
+    size_t at, n;
+    int slot;
+} LPSpan;
+static inline void lp_norm_squared_spans_cpu(float* parts, const float* x, const LPSpan* spans, int n) {
+    for (int k = 0; k < n; k++) parts[spans[k].slot] += lp_norm_squared_cpu(x + spans[k].at, spans[k].n);
 }
 
 #ifndef LLMPAR_CPU
-// Fixed grid, so the partial sums and their order are the same on every call: deterministic.
+// All the spans in one launch: span k gets blocks [first[k], first[k+1]), one per 2048 values up to
+// LP_NORM_BLOCKS, so a small span costs a block and the grid follows from the sizes alone (the partial
+// sums and their order the same on every call: deterministic); owner[b] is block b's span. Then a block
+// per span adds its partials in order.
 #define LP_NORM_BLOCKS 512
-__global__ void lp_norm_squared_kernel(float* partials, const floatX* x, size_t n) {
+__global__ void lp_norm_squared_kernel(float* partials, const floatX* x, const LPSpan* spans, const int* first, const int* owner) {
+    int k = owner[blockIdx.x];
+    LPSpan sp = spans[k];
+    size_t b = blockIdx.x - first[k], blocks = first[k + 1] - first[k];
     float s = 0.0f;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK; i < n; i += (size_t)gridDim.x * blockDim.x * LP_PACK) {
-        LPPack q = lp_load_pack(x, i, n);
-        for (int k = 0; k < LP_PACK; k++) s += lp_bf(q.x[k]) * lp_bf(q.x[k]);
+    for (size_t i = (b * blockDim.x + threadIdx.x) * LP_PACK; i < sp.n; i += blocks * blockDim.x * LP_PACK) {
+        LPPack q = lp_load_pack(x + sp.at, i, sp.n);
+        for (int j = 0; j < LP_PACK; j++) s += lp_bf(q.x[j]) * lp_bf(q.x[j]);
     }
     s = lp_block_reduce(s, 0);
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
-__global__ void lp_sum_kernel(float* out, const float* partials, int n) {  // one block
+__global__ void lp_sum_kernel(float* out, const float* partials, const int* first) {  // block k: span k's partials
     float s = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += partials[i];
+    for (int i = first[blockIdx.x] + threadIdx.x; i < first[blockIdx.x + 1]; i += blockDim.x) s += partials[i];
     s = lp_block_reduce(s, 0);
-    if (threadIdx.x == 0) *out = s;
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+static inline int lp_norm_blocks(size_t n) {
+    size_t blocks = (n + (size_t)LP_THREADS * LP_PACK - 1) / ((size_t)LP_THREADS * LP_PACK);
+    return (int)(blocks < LP_NORM_BLOCKS ? blocks : LP_NORM_BLOCKS);
+}
+static LPScratch lp_norm_scratch;  // the spans, their first blocks and each block's span; the partial sums; the spans' sums
+static inline void lp_norm_squared_spans_gpu(float* parts, const floatX* x, const LPSpan* spans, int n) {
+    if (n == 0) return;
+    int total = 0;
+    for (int k = 0; k < n; k++) total += lp_norm_blocks(spans[k].n);
+    size_t table = ((size_t)n * sizeof(LPSpan) + (n + 1 + (size_t)total) * sizeof(int) + 255) / 256 * 256;
+    char* host = (char*)lp_host_malloc(table, "norm spans");
+    int *first = (int*)(host + (size_t)n * sizeof(LPSpan)), *owner = first + n + 1;
+    memcpy(host, spans, (size_t)n * sizeof(LPSpan));
+    first[0] = 0;
+    for (int k = 0; k < n; k++) {
+        first[k + 1] = first[k] + lp_norm_blocks(spans[k].n);
+        for (int b = first[k]; b < first[k + 1]; b++) owner[b] = k;
+    }
+    char* scratch = (char*)lp_scratch(&lp_norm_scratch, table + ((size_t)total + n) * sizeof(float), "norm partial sums");
+    lp_copy_to_device(scratch, host, table);
+    float *partials = (float*)(scratch + table), *results = partials + total;
+    const int* d_first = (const int*)(scratch + (size_t)n * sizeof(LPSpan));
+    if (total)
+        LP_LAUNCH(lp_norm_squared_kernel, total, LP_THREADS, 0, partials, x, (const LPSpan*)scratch, d_first, d_first + n + 1);
+    LP_LAUNCH(lp_sum_kernel, n, LP_THREADS, 0, results, partials, d_first);
+    float* sums = (float*)host;  // (the table is copied: its memory holds the sums now, n floats fit)
+    lp_copy_to_host(sums, results, (size_t)n * sizeof(float));
+    for (int k = 0; k < n; k++) parts[spans[k].slot] += sums[k];
+    free(host);
 }
 static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
-    float* partials = (float*)lp_scratch(&lp_partials, (LP_NORM_BLOCKS + 1) * sizeof(float), "reduction partials");
-    LP_LAUNCH(lp_norm_squared_kernel, LP_NORM_BLOCKS, LP_THREADS, 0, partials, x, n);
-    LP_LAUNCH(lp_sum_kernel, 1, LP_THREADS, 0, partials + LP_NORM_BLOCKS, partials, LP_NORM_BLOCKS);
-    float result;
-    lp_copy_to_host(&result, partials + LP_NORM_BLOCKS, sizeof(float));
+    LPSpan all = {0, n, 0};
+    float result = 0.0f;
+    lp_norm_squared_spans_gpu(&result, x, &all, 1);
     return result;
 }
 
@@ -2966,7 +3091,6 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
     size_t partials = (size_t)LP_LN_BLOCKS * 2 * C;  // layernorm backward
     if ((size_t)LP_BIAS_CHUNKS * 4 * C > partials) partials = (size_t)LP_BIAS_CHUNKS * 4 * C;
     if (N * NH > partials) partials = N * NH;  // attention backward's D
-    if (LP_NORM_BLOCKS + 1 > partials) partials = LP_NORM_BLOCKS + 1;
     lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");
     lp_scratch(&lp_embedding_index, (3 * N + 1) * sizeof(int), "embedding backward index");  // 2U + 1 + M, U and M <= N
 }
@@ -2994,6 +3118,7 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_add_scaled                 lp_add_scaled_cpu
 #define lp_adamw                      lp_adamw_cpu
 #define lp_norm_squared               lp_norm_squared_cpu
+#define lp_norm_squared_spans         lp_norm_squared_spans_cpu
 #else
 #define lp_embedding_forward          lp_embedding_forward_gpu
 #define lp_embedding_backward         lp_embedding_backward_gpu
@@ -3012,6 +3137,7 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_add_scaled                 lp_add_scaled_gpu
 #define lp_adamw                      lp_adamw_gpu
 #define lp_norm_squared               lp_norm_squared_gpu
+#define lp_norm_squared_spans         lp_norm_squared_spans_gpu
 #endif
 
 // ----------------------------------------------------------------------------------------------------
@@ -3999,6 +4125,10 @@ typedef struct {
     int* inputs;        // (B,T) device
     int* targets;       // (B,T) device
     int* inputs_host;   // (B,T) the slot's tokens, for the embedding backward
+    // the first chunk's embedding gradient over a step's micro-batches, in rows of its own: row r for token
+    // emb_tokens[r] (emb_row[token] = r, or -1), emb_rows in use of emb_cap; lp_model_embedding_backward
+    floatX* emb_grad;
+    int *emb_row, *emb_tokens, emb_rows, emb_cap;
     float* losses_host; // (B,T)
 } LPModel;
 
@@ -4500,6 +4630,49 @@ static inline void lp_model_zero_grad(LPModel* m) {
 // micro-batch under ZeRO-2/3, whose layer gradients leave at once). Around each layer the ZeRO hooks of
 // section 7 say where its gradients go and take them when they are complete (lp_zero_layer_done: the
 // one place in backward where they may start their way over dp).
+// The embedding's part of wte's gradient: each micro-batch's into rows of the step's own, one per distinct
+// token of this rank's vocabulary slice [v0, v0 + Vl), added into wte's gradient after the last. So wte's
+// gradient is the LM head's part plus the embedding's, each summed over the micro-batches first: what a
+// pipeline computes with the two on different stages, and one rank (holding both) gives the same bits.
+static inline void lp_model_embedding_backward(LPModel* m, const floatX* dout, int N, int v0, int Vl, int last) {
+    int C = m->cfg.channels, V = m->cfg.padded_vocab_size, rows0 = m->emb_rows;
+    if (!m->emb_row) {
+        m->emb_row = (int*)lp_host_malloc((size_t)V * sizeof(int), "embedding rows");
+        m->emb_tokens = (int*)lp_host_malloc((size_t)V * sizeof(int), "embedding rows");
+        for (int v = 0; v < V; v++) m->emb_row[v] = -1;
+    }
+    int* mapped = (int*)lp_host_malloc((size_t)N * sizeof(int), "embedding rows");
+    for (int i = 0; i < N; i++) {  // each position's row (-1: a token of another rank's slice)
+        int tok = m->inputs_host[i];
+        if (tok < v0 || tok >= v0 + Vl) { mapped[i] = -1; continue; }
+        if (m->emb_row[tok] < 0) {
+            m->emb_tokens[m->emb_rows] = tok;
+            m->emb_row[tok] = m->emb_rows++;
+        }
+        mapped[i] = m->emb_row[tok];
+    }
+    if (m->emb_rows > m->emb_cap) {  // grow (the step's distinct tokens; at most Vl)
+        int cap = m->emb_rows > 2 * m->emb_cap ? m->emb_rows : 2 * m->emb_cap;
+        if (cap > Vl) cap = Vl;
+        floatX* grown = (floatX*)lp_device_malloc((size_t)cap * C * sizeof(floatX), "embedding gradient rows");
+        if (rows0) lp_copy_device(grown, m->emb_grad, (size_t)rows0 * C * sizeof(floatX));
+        if (m->emb_grad) lp_device_free(m->emb_grad);
+        m->emb_grad = grown;
+        m->emb_cap = cap;
+    }
+    if (m->emb_rows > rows0) lp_device_zero(m->emb_grad + (size_t)rows0 * C, (size_t)(m->emb_rows - rows0) * C * sizeof(floatX));
+    lp_embedding_backward(m->emb_grad, dout, mapped, 0, m->emb_rows, N, C);
+    free(mapped);
+    if (!last) return;
+    for (int k = 0; k < m->zero.pieces; k++) {  // the rows into wte's gradient, a piece at a time (ZeRO: reduced as it goes)
+        size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
+        lp_embedding_backward(lp_zero_wte_grad(&m->zero, k), m->emb_grad, m->emb_tokens, v0 + (int)r0, (int)rows, m->emb_rows, C);
+        lp_zero_wte_grad_done(&m->zero, k);
+    }
+    for (int r = 0; r < m->emb_rows; r++) m->emb_row[m->emb_tokens[r]] = -1;
+    m->emb_rows = 0;
+}
+
 static inline void lp_model_backward(LPModel* m, int last) {
     const LPConfig* c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
@@ -4565,12 +4738,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
         lp_zero_layer_done(&m->zero, l, last);  // the layer's gradients are complete: DP / ZeRO takes them
     }
     if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
-        const floatX* dout = lp_tp_g_backward(m, a->dresidual, N, C);
-        for (int k = 0; k < m->zero.pieces; k++) {
-            size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
-            lp_embedding_backward(lp_zero_wte_grad(&m->zero, k), dout, m->inputs_host, v0 + (int)r0, (int)rows, N, C);
-            lp_zero_wte_grad_done(&m->zero, k);
-        }
+        lp_model_embedding_backward(m, lp_tp_g_backward(m, a->dresidual, N, C), N, v0, Vl, last);
         lp_positions_backward(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     lp_zero_backward_done(&m->zero);
@@ -4583,6 +4751,9 @@ static inline void lp_model_backward(LPModel* m, int last) {
 
 static inline void lp_model_free(LPModel* m) {
     lp_zero_free(&m->zero);
+    if (m->emb_grad) lp_device_free(m->emb_grad);
+    free(m->emb_row);
+    free(m->emb_tokens);
     if (m->act_memory) {
         lp_device_free(m->act_memory);
         lp_device_free(m->inputs);
@@ -4604,24 +4775,29 @@ typedef struct {
 } LPAdamW;
 
 // The squared norm of this rank's shard of the averaged gradients, counting each of the model's
-// parameters on one rank only: a tensor TP replicates on TP rank 0, a pipeline chunk's copies of the
-// head (wte, lnf) not at all.
-static inline float lp_model_norm2(const LPModel* m) {
-    const floatX* grads = lp_zero_shard_grads(&m->zero);
-    float norm2 = 0.0f;
-    size_t from = 0, to = 0, a, b;  // a stretch of consecutive counted tensors, normed in one call
+// parameters on one rank only (a tensor TP replicates on TP rank 0, a pipeline chunk's copies of the head
+// (wte, lnf) not at all), in parts: each tensor's sum of squares per layer added to parts[i * L + layer]
+// (L the whole model's layers; layer 0 for the tensors outside the layers). The norm adds the parts in
+// that order, the model's, whichever stage or rank holds them, so a pipeline's norm is one rank's bit for bit.
+static inline void lp_model_norm2_parts(const LPModel* m, float* parts) {
+    const LPZero* z = &m->zero;
+    LPSpan* spans = (LPSpan*)lp_host_malloc((size_t)LP_NUM_PARAMS * (m->L + 1) * sizeof(LPSpan), "norm spans");
+    int n = 0, L = m->cfg.num_layers;
+    size_t a, b, lo = z->shard_start;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (!lp_zero_tensor_in_shard(&m->zero, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0) ||
-            (m->copies >> i & 1))
+        if (!lp_zero_tensor_in_shard(z, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0) || (m->copies >> i & 1))
             continue;
-        if (a != to) {
-            if (to > from) norm2 += lp_norm_squared(grads + from, to - from);
-            from = a;
+        int layers = lp_is_layer_tensor(i) ? m->L : 1;
+        size_t per = z->param_sizes[i] / layers;
+        for (int l = 0; l < layers; l++) {  // layer l's values within the shard's [lo + a, lo + b)
+            size_t x = z->param_offsets[i] + l * per, y = x + per;
+            if (x < lo + a) x = lo + a;
+            if (y > lo + b) y = lo + b;
+            if (y > x) spans[n++] = (LPSpan){x - lo, y - x, i * L + (layers > 1 ? m->layer0 + l : 0)};
         }
-        to = b;
     }
-    if (to > from) norm2 += lp_norm_squared(grads + from, to - from);
-    return norm2;
+    lp_norm_squared_spans(parts, lp_zero_shard_grads(z), spans, n);
+    free(spans);
 }
 
 // fn on each piece of a tensor in this rank's shard, the shard a chunk at a time (in device memory: one
@@ -4697,25 +4873,30 @@ static inline void lp_model_round_as_updated(LPModel* m) {
 #endif
 }
 
-// x summed over the ranks that hold different parts of the n models ms: the shards (over dp, when sharded),
+// x[0..n) summed over the ranks that hold different parts of the n models ms: the shards (over dp, when sharded),
 // the TP slices (over tp) and the other pipeline stages (over pp; NULL for one stage).
-static inline float lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, float x) {
-    if (ms->zero.stage >= 1) lp_all_reduce_host(ms->zero.dp, &x, 1, 0);
-    if (ms->tp_size > 1) lp_all_reduce_host(ms->tp, &x, 1, 0);
-    if (pp) lp_all_reduce_host(pp, &x, 1, 0);
-    return x;
+static inline void lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, float* x, int n) {
+    if (ms->zero.stage >= 1) lp_all_reduce_host(ms->zero.dp, x, n, 0);
+    if (ms->tp_size > 1) lp_all_reduce_host(ms->tp, x, n, 0);
+    if (pp) lp_all_reduce_host(pp, x, n, 0);
 }
 
 // The first half of an optimizer step of the n models ms (a pipeline stage's chunks; one model: n = 1, pp
 // NULL): the gradients averaged over DP, and their global norm (before clipping), the same on every rank.
 // The driver looks at it (and the loss) before anything is updated.
 static inline float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
-    float norm2 = 0.0f;
+    int slots = LP_NUM_PARAMS * ms->cfg.num_layers;
+    float* parts = (float*)calloc((size_t)slots, sizeof(float));  // (a part is one rank's: the sum over pp is exact)
+    if (!parts) lp_fail("out of host memory for the gradient norm");
     for (int k = 0; k < n; k++) {
         lp_zero_average(&ms[k].zero);
-        norm2 += lp_model_norm2(&ms[k]);
+        lp_model_norm2_parts(&ms[k], parts);
     }
-    return sqrtf(lp_models_sum_parts(ms, pp, norm2));
+    lp_models_sum_parts(ms, pp, parts, slots);
+    double norm2 = 0.0;
+    for (int j = 0; j < slots; j++) norm2 += parts[j];
+    free(parts);
+    return sqrtf((float)norm2);
 }
 
 // The second half: clipping to opt->grad_clip given the norm, then AdamW. Returns whether every updated
@@ -4729,7 +4910,8 @@ static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float l
         size_t count = lp_zero_shard_count(&m->zero);
         if (count) w2 += lp_norm_squared(lp_zero_shard_params(&m->zero), count);  // (--offload params: pinned, read over PCIe)
     }
-    return isfinite(lp_models_sum_parts(ms, pp, w2));
+    lp_models_sum_parts(ms, pp, &w2, 1);
+    return isfinite(w2);
 }
 
 // The recent losses, for spotting a spike: a step's loss far above their mean. The mean is 0 until the
@@ -4798,7 +4980,9 @@ static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t s
     if (!shuffle) return;
     uint64_t state = (seed ^ (key + 1) * 0x9E3779B97F4A7C15ull) | 1;  // xorshift needs a nonzero state
     for (size_t i = n - 1; i > 0; i--) {
-        size_t j = (((uint64_t)lp_rand_u32(&state) << 32) | lp_rand_u32(&state)) % (i + 1);
+        uint64_t hi = lp_rand_u32(&state);  // two statements: C leaves the order of two calls in one expression open
+        uint64_t lo = lp_rand_u32(&state);
+        size_t j = ((hi << 32) | lo) % (i + 1);
         size_t t = out[i];
         out[i] = out[j];
         out[j] = t;

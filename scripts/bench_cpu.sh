@@ -28,9 +28,13 @@ blas=$(pkg-config --cflags --libs openblas 2> /dev/null)
 if [ -z "$blas" ] && [ -f /usr/include/x86_64-linux-gnu/openblas-openmp/cblas.h ]; then
     blas="-I/usr/include/x86_64-linux-gnu/openblas-openmp -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas"
 fi
+# the kernels the engine runs (OpenBLAS's choice, or the better set lp_blas_init asks for), the
+# yardstick's sgemm on the same
+engine=$(./train_gpt_cpu -e d1 -x 0 -v 0 -s 0 -j "" 2>&1 | sed -n 's/^engine *//p')
+kernels=$(echo "$engine" | sed -n 's/.* on its \([A-Za-z0-9]*\) kernels.*/\1/p')
 sgemm=n/a
 if [ -n "$blas" ] && cc -O3 -march=native -fopenmp dev/bench_sgemm.c $blas -o "$work/bench_sgemm" 2> "$work/cc.log"; then
-    sgemm=$("$work/bench_sgemm" | awk '/GFLOP/ { print $(NF - 1) }')
+    sgemm=$(env ${kernels:+OPENBLAS_CORETYPE=$kernels} "$work/bench_sgemm" | awk '/GFLOP/ { print $(NF - 1) }')
     [ -n "$sgemm" ] || { echo "bench_sgemm failed"; sgemm=n/a; }
 else
     echo "no OpenBLAS found (pkg-config openblas, libopenblas-openmp-dev): no sgemm yardstick"
@@ -95,7 +99,8 @@ done
 echo "date: $(date '+%Y-%m-%d %H:%M') (llmpar $(git rev-parse --short HEAD 2> /dev/null)$(git diff --quiet HEAD 2> /dev/null || echo ', uncommitted changes'))"
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores; load average before the runs: $load"
 echo "threads: $threads, runs: $runs (median), steps per run: $steps (mean of all but the first)"
-echo "sgemm 2048^3 fp32 (OpenBLAS): $sgemm GFLOP/s"
+echo "engine: $engine"
+echo "sgemm 2048^3 fp32 (OpenBLAS${kernels:+, its $kernels kernels}): $sgemm GFLOP/s"
 echo
 echo "| engine | model | B | T | ms/step | tok/s | GFLOP/s | % of sgemm | peak RSS MiB |"
 echo "|---|---|---|---|---|---|---|---|---|"
