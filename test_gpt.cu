@@ -2759,7 +2759,8 @@ static void test_plan_runs(void) {
 }
 
 // The CPU engine as another machine runs it. Bit for bit whatever the thread count: a one-rank run with 1
-// and with 2 OpenMP threads writes the same checkpoint, and --pp 2 (a thread per rank) the same weights.
+// and with 2 OpenMP threads writes the same checkpoint (the tiny model, and the default d4 model), and
+// --pp 2 (a thread per rank) the same weights.
 // Under a second OpenBLAS kernel set (OPENBLAS_CORETYPE, the set another CPU would pick: Haswell where this
 // one runs AVX-512 kernels, else Sandybridge) the products round differently, so that run is held to the
 // bounds of a grid that reduces (losses 1e-5 relative, weights within AdamW's bounds), and under it too
@@ -2786,6 +2787,17 @@ static void test_machine_variation(void) {
         lp_path(a, "%s/step_00000010/%s", dir[0], file);
         lp_path(b, "%s/step_00000010/%s", dir[1], file);
         snprintf(name, sizeof(name), "1 and 2 OpenMP threads write the same %s, bit for bit", file);
+        expect(same_file(a, b), name);
+    }
+    for (int k = 0; k < 2; k++) {  // the default model (d4 on the shipped tinyshakespeare shards), 2 steps
+        lp_path(dir[2 + k], "%s_%d", tmp_path("mv_default"), k + 1);
+        run_cmd(out, sizeof(out), "OMP_NUM_THREADS=%d %s -x 2 -v 0 -s 0 -o %s", k + 1, TRAIN_BIN, dir[2 + k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        const char* file = k ? "optim.bin" : "model.bin";
+        lp_path(a, "%s/step_00000002/%s", dir[2], file);
+        lp_path(b, "%s/step_00000002/%s", dir[3], file);
+        snprintf(name, sizeof(name), "the default model: 1 and 2 OpenMP threads write the same %s, bit for bit", file);
         expect(same_file(a, b), name);
     }
     lp_path(dir[2], "%s", tmp_path("mv_pp2"));
