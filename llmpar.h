@@ -105,6 +105,7 @@ accumulation, LR schedule, TP/PP/ZeRO, checkpoints); README.md.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -5475,6 +5476,41 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         lp_crash_point();
     }
     lp_barrier(world);
+}
+
+// One run per output directory: an exclusive flock(2) on DIR/lock, held while the returned descriptor is
+// open, so for the run's life. The kernel releases it when the process ends, however it ends, so a killed
+// run's lock never stands in a resume's way. The file names its holder ("host H pid P since DATE"). When
+// another process holds it: -1, and that line in `holder` (waiting up to a second for a holder that has
+// the lock but has not yet written its name).
+static inline int lp_dir_lock(const char* dir, char* holder, size_t size) {
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) lp_fail("cannot create %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) lp_fail("cannot lock %s: %s", path, strerror(errno));
+        snprintf(holder, size, "a process that has not said which");
+        for (int tries = 0; tries < 20; tries++) {
+            ssize_t n = pread(fd, holder, size - 1, 0);
+            if (n > 0) {
+                holder[n] = '\0';
+                holder[strcspn(holder, "\n")] = '\0';
+                break;
+            }
+            usleep(50000);
+        }
+        close(fd);
+        return -1;
+    }
+    char line[512], host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    time_t now = time(NULL);
+    char when[64];
+    strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime(&now));
+    int len = snprintf(line, sizeof(line), "host %s pid %d since %s\n", host, (int)getpid(), when);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) lp_fail("cannot write %s: %s", path, strerror(errno));
+    return fd;
 }
 
 // The newest complete checkpoint under dir older than step `before`, as its step, or -1 when there is none.

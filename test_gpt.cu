@@ -2590,6 +2590,42 @@ static void test_supervisor_kill(void) {
     free(w);
 }
 
+// One run per output directory (-o DIR/lock, an flock(2) rank 0 holds for the run): two runs started
+// together into one -o, on one rank and under mpirun -np 2 each: exactly one trains, the other is refused
+// in one line naming the holder's pid; a run killed with kill -9 leaves its lock file behind, and its
+// --resume is not blocked by it.
+static void test_output_lock(void) {
+    static char out[1 << 16];
+    if (no_mpirun("tier 3 output lock")) return;
+    char args[2048], dir[LP_PATH_MAX], name[256];
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0", tmp_path("dp_shard.bin"));
+    for (int k = 0; k < 2; k++) {
+        const char* launch = k ? "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 " : "";
+        static char log[2][1 << 15];
+        int rc[2];
+        lp_path(dir, "%s_%d", tmp_path("lock_twice"), k);
+        run_cmd(out, sizeof(out), "%s%s %s -x 400 -o %s > %s.0 2>&1 & %s%s %s -x 400 -o %s > %s.1 2>&1; wait", launch, TRAIN_BIN, args,
+                dir, dir, launch, TRAIN_BIN, args, dir, dir);
+        for (int j = 0; j < 2; j++) rc[j] = run_cmd(log[j], sizeof(log[j]), "cat %s.%d; grep -q '^step 400/400' %s.%d", dir, j, dir, j);
+        int winner = rc[0] == 0 ? 0 : 1;  // the run that trained to the end
+        const char* err = strstr(log[1 - winner], "llmpar: error: ");
+        snprintf(name, sizeof(name), "two runs into one -o at once%s: exactly one trains, the other refused in one line naming the holder",
+                 k ? " (mpirun -np 2 each)" : "");
+        expect(rc[winner] == 0 && rc[1 - winner] != 0 && !strstr(log[1 - winner], "step 1/") && err &&
+                   strstr(err, "is in use by another run (") && strstr(err, "/lock: host ") && strstr(err, " pid ") &&
+                   !strstr(err + 1, "llmpar: error: "),
+               name);
+        if (rc[0] == rc[1]) printf("%s\n===\n%s\n", log[0], log[1]);
+    }
+    lp_path(dir, "%s", tmp_path("lock_killed"));
+    int rc = run_cmd(out, sizeof(out), "%s %s -x 100000 -n 5 -o %s > %s.log 2>&1 & pid=$!; "
+                     "for i in $(seq 1 3000); do [ -d %s/step_00000005 ] && break; sleep 0.01; done; kill -9 $pid; wait $pid 2> /dev/null; "
+                     "test -f %s/lock && %s %s -x 100 --resume -o %s", TRAIN_BIN, args, dir, dir, dir, dir, TRAIN_BIN, args, dir);
+    expect(rc == 0 && strstr(out, "resumed from") && !strstr(out, "in use by another run"),
+           "a run killed with kill -9 leaves its lock file; its --resume is not blocked by it");
+    if (rc != 0) printf("%s\n", out);
+}
+
 // --offload nvme: AdamW m and v in a file under --offload-dir, streamed a chunk at a time (here chunks of
 // 1024 values, LLMPAR_OFFLOAD_CHUNK, so the tiny model's shards span many). The update is the same
 // arithmetic on the same values, so losses, weights and optimizer state equal the in-memory run's bit for
@@ -3730,6 +3766,7 @@ int main(int argc, char** argv) {
     RUN(test_recompute);
     RUN(test_divergence_grids);
     RUN(test_supervisor_kill);
+    RUN(test_output_lock);
     RUN(test_offload);
     RUN(test_plan_runs);
     RUN(test_slurm);

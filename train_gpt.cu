@@ -97,7 +97,7 @@ static const LPFlagSpec lp_flag_specs[] = {
     {NULL, "-e", LP_FLAG_STRING, LP_FIELD(init), "d4", "d12", "MODEL", NULL,
      "llm.c model file (fp32 v3 or bf16 v5), or dN: a new GPT-2 of depth N (d12/d24/d36/d48 are GPT-2 "
      "124M/350M/774M/1558M; other N: C=64N, N heads)"},
-    {NULL, "-o", LP_FLAG_STRING, LP_FIELD(out_dir), "", "", "DIR", NULL, "output directory: main.log and checkpoints"},
+    {NULL, "-o", LP_FLAG_STRING, LP_FIELD(out_dir), "", "", "DIR", NULL, "output directory: main.log and checkpoints; one run at a time (DIR/lock)"},
     {NULL, "-b", LP_FLAG_INT, LP_FIELD(B), "4", "16", "N", NULL, "micro-batch size"},
     {NULL, "-t", LP_FLAG_INT, LP_FIELD(T), "64", "1024", "N", NULL, "sequence length (at most the model's)"},
     {NULL, "-d", LP_FLAG_INT, LP_FIELD(total_batch), "0", "0", "N", NULL,
@@ -680,6 +680,7 @@ typedef struct {
     LPAdamW opt;
     LPTrainState state;          // what a checkpoint holds besides weights and optimizer state
     FILE* logf;                  // -o DIR/main.log, rank 0
+    int lock_fd;                 // -o DIR/lock, held by rank 0 for the run (lp_dir_lock); -1 on the other ranks
     int first_step;              // 0, or the step resumed from
     int on_disk;                 // the step whose state the newest checkpoint holds (-1: none)
     int rollback, skip;          // --on-divergence
@@ -738,12 +739,18 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
                z->off ? f->offload_dir : "", z->off ? ", " : "", z->off ? io : "", z->off ? " I/O)" : "", z->state_chunk);
 }
 
-// -o: the directory, then either the newest usable checkpoint (--resume: rank 0 checks it, checksums
-// too; a damaged one is reported once and the one before it tried) or a fresh run's id; then main.log.
+// -o: the directory and its lock (rank 0 holds it for the job: one run per directory), then either the
+// newest usable checkpoint (--resume: rank 0 checks it, checksums too; a damaged one is reported once and
+// the one before it tried) or a fresh run's id; then main.log.
 static void lp_run_open_output(LPTrainRun* r) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     lp_mkdirs(f->out_dir);
+    char holder[256] = "";
+    r->lock_fd = proc->rank == 0 ? lp_dir_lock(f->out_dir, holder, sizeof(holder)) : -1;
+    float busy = proc->rank == 0 && r->lock_fd < 0;
+    lp_all_reduce_host(&proc->world_group, &busy, 1, 0);
+    if (busy != 0.0f) lp_fail_all("flag -o: %s is in use by another run (%s/lock: %s)", f->out_dir, f->out_dir, holder);
     if (f->resume) {
         int latest = lp_checkpoint_latest(f->out_dir, INT_MAX);
         if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
@@ -1089,6 +1096,7 @@ static void lp_report_end(LPTrainRun* r) {
 
 static void lp_run_free(LPTrainRun* r) {
     if (r->logf) fclose(r->logf);
+    if (r->f->out_dir[0] && r->lock_fd >= 0) close(r->lock_fd);
     lp_tokenizer_free(&r->tok);
     if (r->has_val) lp_dataloader_free(&r->val);
     lp_dataloader_free(&r->train);
