@@ -1041,6 +1041,60 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
 }
 #endif
 
+// --- the watchdog. A rank whose peer has stopped (a hung GPU, a stalled file system, a lost link) would
+// wait in its collective forever, and the job would never end for a supervisor to relaunch it. So each
+// blocking call marks what it waits in (lp_watch), and a thread per rank (lp_watchdog_start) ends the
+// whole job when nothing has moved for timeout_s seconds: one line naming the step, the call and its
+// group (a receive: its sender), then exit status 124; the launcher (mpirun, srun) then ends the other
+// ranks, a stopped one too. Each rank that gives up says so: the ranks waiting on the stopped one, and the
+// stopped one itself if the launcher resumes it (Open MPI sends SIGCONT before it kills).
+typedef struct {
+    volatile double moved;          // lp_time_s() of the last mark
+    const char* volatile what;      // the call waited in, or the phase between calls
+    const LPGroup* volatile group;  // its group (NULL: none)
+    volatile int peer;              // a receive's sender, as the group's rank (-1: a collective)
+    volatile int step;              // the step under way (counted from 1)
+    volatile double timeout_s;      // 0: off
+} LPWatchdog;
+static LPWatchdog lp_watchdog;
+static inline void lp_watch_peer(const char* what, const LPGroup* g, int peer) {
+    lp_watchdog.what = what;
+    lp_watchdog.group = g;
+    lp_watchdog.peer = peer;
+    lp_watchdog.moved = lp_time_s();
+}
+static inline void lp_watch(const char* what, const LPGroup* g) { lp_watch_peer(what, g, -1); }
+static inline void* lp_watchdog_loop(void* arg) {
+    (void)arg;
+    for (;;) {
+        usleep(100000);
+        double timeout = lp_watchdog.timeout_s, idle = lp_time_s() - lp_watchdog.moved;
+        if (timeout <= 0.0 || idle <= timeout) continue;
+        const LPGroup* g = lp_watchdog.group;
+        char where[256];
+        int peer = lp_watchdog.peer;
+        if (g && peer >= 0)
+            snprintf(where, sizeof(where), "waiting in %s from rank %d of group %s (this is its rank %d)", lp_watchdog.what, peer,
+                     g->name, g->rank);
+        else if (g)
+            snprintf(where, sizeof(where), "waiting in %s on group %s (rank %d of %d)", lp_watchdog.what, g->name, g->rank, g->size);
+        else
+            snprintf(where, sizeof(where), "in %s", lp_watchdog.what);
+        fprintf(stderr, "llmpar: error: rank %d: no progress for %.0f s at step %d, %s; ending the job (a rank it waits for has "
+                "stopped? --timeout-minutes)\n", lp_rank, idle, lp_watchdog.step, where);
+        fflush(stderr);
+        _exit(124);
+    }
+    return NULL;
+}
+static inline void lp_watchdog_start(double timeout_s) {
+    lp_watch("the set-up", NULL);
+    lp_watchdog.timeout_s = timeout_s;
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, lp_watchdog_loop, NULL) != 0) lp_fail("cannot start the watchdog thread");
+    pthread_detach(thread);
+}
+
 // Count a collective on g's device tensors (the groups are the process's own: counting is their only change).
 static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {
     ((LPGroup*)g)->calls[kind]++;
@@ -1050,6 +1104,7 @@ static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {
 // Sum (or average) n host floats over the group, in place: losses, norms, error flags, staged tensors.
 static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int average) {
     if (g->size == 1) return;
+    lp_watch("an all-reduce of host values", g);
 #ifdef LLMPAR_MPI
     lp_mpi_all_reduce_f32(g, x, n);
     if (average)
@@ -1065,6 +1120,7 @@ static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int 
 // serves the whole group).
 static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, int root) {
     if (g->size == 1) return;
+    lp_watch("a broadcast", g);
 #ifdef LLMPAR_MPI
     for (size_t off = 0; off < bytes; off += (size_t)1 << 30) {
         int count = (int)(bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30));
@@ -1081,6 +1137,7 @@ static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, 
 // `average` (DP gradient averaging).
 static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int average) {
     if (g->size == 1) return;
+    lp_watch("an all-reduce", g);
     lp_traffic(g, LP_ALL_REDUCE, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
@@ -1103,6 +1160,7 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
 // over the group (ZeRO: each rank keeps only the gradients of the parameters it updates).
 static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, int average) {
     if (g->size == 1) return;
+    lp_watch("a reduce-scatter", g);
     lp_traffic(g, LP_REDUCE_SCATTER, shard * g->size * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // in place: this rank's block is its output
@@ -1140,6 +1198,7 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 // A plain copy, so any element type (ZeRO's updated weights, TP's classifier statistics).
 static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
     if (g->size == 1) return;
+    lp_watch("an all-gather", g);
     lp_traffic(g, LP_ALL_GATHER, bytes * g->size);
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // in place: this rank's block is its input
@@ -1167,6 +1226,7 @@ static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
 
 static inline void lp_barrier(const LPGroup* g) {
     if (g->size == 1) return;
+    lp_watch("a barrier", g);
 #ifdef LLMPAR_MPI
     lp_mpi_check(MPI_Barrier(g->comm), "barrier", g);
 #endif
@@ -1209,6 +1269,7 @@ static inline void lp_send(const LPGroup* g, const floatX* x, size_t n, int peer
 
 // Receive n values from the group's rank `peer` into x; blocks until they have arrived.
 static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int tag) {
+    lp_watch_peer("a receive", g, peer);
 #ifdef LLMPAR_MPI
     size_t bytes = n * sizeof(floatX);
     if (bytes > (size_t)INT_MAX) lp_fail("receive on group %s: %zu bytes is too large for one MPI message", g->name, bytes);
@@ -1229,6 +1290,7 @@ static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int 
 
 // Finish every send started on s and free their buffers.
 static inline void lp_sends_wait(const LPGroup* g, LPSends* s) {
+    lp_watch("the sends' completion", g);
 #ifdef LLMPAR_MPI
     if (s->count) lp_mpi_check(MPI_Waitall(s->count, s->req, MPI_STATUSES_IGNORE), "send", g);
 #else
@@ -1430,6 +1492,7 @@ static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const i
 // Finish every collective started on p.
 static inline void lp_wait(const LPGroup* g, LPPending* pend) {
     if (pend->count == 0) return;
+    lp_watch("an overlapped collective's completion", g);
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // the compute stream waits for p's collectives, and only for them
         cudaCheck(cudaStreamWaitEvent(0, pend->done, 0));

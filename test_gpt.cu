@@ -267,6 +267,75 @@ static void test_stop_signal(void) {
     }
 }
 
+// The watchdog: a rank stopped by SIGSTOP mid-run (a hung GPU, a stalled file system) leaves its peers
+// waiting in a collective; with --timeout-minutes 0.05 (3 s) the job ends within the timeout and a
+// stated slack of 20 s (mpirun's teardown), status non-zero, each rank that gives up saying so in one
+// line naming the step, the call and its group: d=2 on 2 ranks and t=2 p=2 on 4. Under train_resilient.sh the job is relaunched from its newest
+// checkpoint and ends with the uninterrupted run's weights, exactly. In tier 3 and, over the emulated NCCL,
+// in tier 4.
+static void test_watchdog(void) {
+    static char out[1 << 16];
+    if (no_mpirun("the watchdog")) return;
+    char args[2048], dir[LP_PATH_MAX], name[256];
+#ifdef LLMPAR_CPU
+    const char* comm = "";
+#else
+    const char* comm = "--comm nccl";  // the CUDA build's collectives stall in NCCL (emulated: over MPI underneath)
+#endif
+    write_random_shard(tmp_path("watchdog_shard.bin"), 4000, 77);
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 --timeout-minutes 0.05 %s",
+             tmp_path("watchdog_shard.bin"), comm);
+    const char* grids[2][2] = {{"2", ""}, {"4", "--tp 2 --pp 2"}};
+    for (int k = 0; k < 2; k++) {
+        lp_path(dir, "%s_%d", tmp_path("watchdog"), k);
+        // the victim: the last rank (its command line starts with the binary; mpirun's does not)
+        int rc = run_cmd(out, sizeof(out),
+                         "mpirun -np %s --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s %s -x 100000 -o %s > %s.log 2>&1 & "
+                         "job=$!; i=0; until grep -q '^step 3/' %s.log 2> /dev/null || [ $i -ge 3000 ]; do sleep 0.01; i=$((i+1)); done; "
+                         "pgrep -f '^%s .* -o %s$' | tail -n 1 | xargs -r kill -STOP; t0=$(date +%%s%%N); wait $job; rc=$?; "
+                         "echo \"ended after $(( ($(date +%%s%%N) - t0) / 1000000 )) ms\"; grep -E '^llmpar: error' %s.log; exit $rc",
+                         grids[k][0], TRAIN_BIN, args, grids[k][1], dir, dir, dir, TRAIN_BIN, dir, dir);
+        const char* ended = strstr(out, "ended after ");
+        long ms = ended ? atol(ended + 12) : -1;
+        int lines = 0, named = 0;  // each rank that gives up: one line naming the step and the call
+        for (const char* e = strstr(out, "llmpar: error: "); e; e = strstr(e + 1, "llmpar: error: ")) {
+            const char* eol = strchr(e, '\n');
+            size_t len = eol ? (size_t)(eol - e) : strlen(e);
+            char line[512];
+            snprintf(line, sizeof(line), "%.*s", (int)(len < 511 ? len : 511), e);
+            lines++;
+            named += strstr(line, "no progress for") && strstr(line, " at step ") && strstr(line, "waiting in ") && strstr(line, " group ");
+        }
+        snprintf(name, sizeof(name), "watchdog, %s ranks %s, a rank stopped: the job ends in %.1f s (<= 3 + 20), status %d; %d rank(s) "
+                 "giving up, each in one line naming the step and the call", grids[k][0], grids[k][1], ms / 1000.0, rc, lines);
+        expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines, name);
+        if (!(rc != 0 && lines >= 1 && named == lines)) printf("%s\n", out);
+    }
+    // under the supervisor: stopped at step ~12 of 40 (checkpoints every 5), relaunched with --resume
+    float losses[64];
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x 40 -n 5 --timeout-minutes 0.05 %s",
+             tmp_path("watchdog_shard.bin"), comm);
+    run_ranks(2, args, tmp_path("watchdog_ref"), losses, out, sizeof(out));
+    size_t nref = 0, n = 0;
+    float* ref = run_weights(tmp_path("watchdog_ref"), 40, &nref);
+    lp_path(dir, "%s", tmp_path("watchdog_sup"));
+    int rc = run_cmd(out, sizeof(out),
+                     "scripts/train_resilient.sh mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -o %s > %s.log 2>&1 & "
+                     "sup=$!; i=0; until grep -q '^step 12/' %s.log 2> /dev/null || [ $i -ge 3000 ]; do sleep 0.01; i=$((i+1)); done; "
+                     "pgrep -f '^%s .* -o %s$' | tail -n 1 | xargs -r kill -STOP; wait $sup; rc=$?; cat %s.log; exit $rc",
+                     TRAIN_BIN, args, dir, dir, dir, TRAIN_BIN, dir, dir);
+    float* w = run_weights(dir, 40, &n);
+    expect(rc == 0 && strstr(out, "no progress for") && strstr(out, "restart 1 of 3, resuming from step_") &&
+               strstr(out, "the run ended well after 1 restart(s)"),
+           "watchdog under train_resilient.sh: the stalled job ends, is relaunched with --resume and ends well");
+    size_t worst = 0;
+    expect(ref && w && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst),
+           "watchdog under train_resilient.sh: the run ends with the uninterrupted run's weights, exactly");
+    if (rc != 0) printf("%s\n", out);
+    free(ref);
+    free(w);
+}
+
 #ifdef LLMPAR_CPU
 static LPProcess single;  // a one-rank grid for calls that take groups
 
@@ -3767,6 +3836,7 @@ int main(int argc, char** argv) {
     RUN(test_divergence_grids);
     RUN(test_supervisor_kill);
     RUN(test_output_lock);
+    RUN(test_watchdog);
     RUN(test_offload);
     RUN(test_plan_runs);
     RUN(test_slurm);
@@ -3779,6 +3849,7 @@ int main(int argc, char** argv) {
     RUN(tier4_kernel_tests);
     RUN(test_step_vs_cpu_build);
     RUN(test_stop_signal);
+    RUN(test_watchdog);
     RUN(test_parallel_grids);
     RUN(test_offload_host);
     RUN(test_resume_exact);

@@ -36,6 +36,7 @@ typedef struct {
     int ckpt_every;          // -n
     int keep;                // --keep: checkpoints kept (0: all)
     float ckpt_minutes;      // --ckpt-minutes: also checkpoint once this long has passed since the last (0: off)
+    float timeout_minutes;   // --timeout-minutes: the watchdog's (0: max(10 minutes, 20x the median step so far))
     int overwrite;           // --overwrite: a fresh run may replace the checkpoints in -o
     const char* on_divergence; // --on-divergence: stop | skip | rollback
     float loss_spike;        // --loss-spike: a loss above this times the recent mean is a spike (0: off)
@@ -145,6 +146,10 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--ckpt-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(ckpt_minutes), "0", "0", "M", NULL,
      "also checkpoint once M minutes have passed since the start or the last checkpoint (rank 0's clock decides; "
      "needs -o; 0: off)"},
+    {"--timeout-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(timeout_minutes), "0", "0", "M", NULL,
+     "with 2 or more ranks, a rank that has waited M minutes in one collective or send/receive (a peer stopped, "
+     "hung or gone) ends the job with one line naming the step and the call, exit status 124, for a supervisor to "
+     "relaunch (0: max(10 minutes, 20 times the median step so far))"},
     {"--overwrite", NULL, LP_FLAG_SWITCH, LP_FIELD(overwrite), NULL, NULL, NULL, NULL,
      "without --resume, start even though -o holds checkpoints, removing them (otherwise that is an error: a later "
      "--resume would take the newest of either run)"},
@@ -468,6 +473,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->grad_clip < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: no clipping), got %g", LP_FLAG_NAME(grad_clip), f->grad_clip);
     if (f->ckpt_every > 0 && f->out_dir[0] == '\0')
         lp_fail_all("flag %s: checkpoints need %s DIR to go in", LP_FLAG_NAME(ckpt_every), LP_FLAG_NAME(out_dir));
+    if (f->timeout_minutes < 0.0f)
+        lp_fail_all("flag %s: must be >= 0 (0: the default rule), got %g", LP_FLAG_NAME(timeout_minutes), f->timeout_minutes);
     if (f->ckpt_minutes < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: off), got %g", LP_FLAG_NAME(ckpt_minutes), f->ckpt_minutes);
     if (f->ckpt_minutes > 0.0f && f->out_dir[0] == '\0')
         lp_fail_all("flag %s: checkpoints need %s DIR to go in", LP_FLAG_NAME(ckpt_minutes), LP_FLAG_NAME(out_dir));
@@ -687,6 +694,7 @@ typedef struct {
     int cosine;                  // -k: cosine (else linear) decay
     int strikes, computed;       // divergences since the run last moved on; training steps computed
     LPLossWindow recent;         // the last steps' losses, for spotting spikes
+    double step_s[32];           // the last steps' times, for the watchdog's default timeout
     double start_s, last_save_s; // the loop's start; the last save (--ckpt-minutes)
     // reports: the timed steps (all but the first), the TP group's traffic over traffic_steps steps (the
     // stage times its own chunks)
@@ -1066,6 +1074,7 @@ static int lp_run_step(LPTrainRun* r, int step) {
     if (diverged[0]) return lp_run_diverged(r, step, diverged, bad_weights);
     if (r->skip) r->strikes = 0;
     lp_loss_window_add(&r->recent, loss);
+    r->step_s[r->computed % 32] = t2 - t0;
     lp_report_step(r, step, loss, lr, norm, (t2 - t0) * 1000.0, (t2 - t1) * 1000.0, &tp_before);
     return step + 1;
 }
@@ -1105,12 +1114,32 @@ static void lp_run_free(LPTrainRun* r) {
 
 // The training run: set up, then the step loop, then the end report. Returns the signal that stopped it
 // early, or 0.
+// The watchdog's timeout: --timeout-minutes, or max(10 minutes, 20 times the median of the last steps).
+static double lp_run_timeout_s(const LPTrainRun* r) {
+    if (r->f->timeout_minutes > 0.0f) return 60.0 * r->f->timeout_minutes;
+    int n = r->computed < 32 ? r->computed : 32;
+    double sorted[32];
+    memcpy(sorted, r->step_s, sizeof(sorted));
+    for (int i = 1; i < n; i++)  // (insertion sort of at most 32)
+        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
+            double t = sorted[j];
+            sorted[j] = sorted[j - 1];
+            sorted[j - 1] = t;
+        }
+    double median = n ? sorted[n / 2] : 0.0;
+    return 20.0 * median > 600.0 ? 20.0 * median : 600.0;
+}
+
 static int lp_train(const LPFlags* f, const LPProcess* proc) {
     LPTrainRun r;
     lp_run_setup(&r, f, proc);
     lp_catch_stop_signals();
     int step = r.first_step, stop = -1;
+    if (proc->world > 1) lp_watchdog_start(lp_run_timeout_s(&r));
     while (step <= f->max_steps) {
+        lp_watchdog.step = step + 1;
+        lp_watchdog.timeout_s = proc->world > 1 ? lp_run_timeout_s(&r) : 0.0;
+        lp_watch("the step", NULL);
         stop = lp_run_stop_asked(proc);
         lp_run_between_steps(&r, step, stop >= 0);  // val loss, a sample, a checkpoint: each when due
         if (step == f->max_steps || stop >= 0) break;
@@ -1123,6 +1152,7 @@ static int lp_train(const LPFlags* f, const LPProcess* proc) {
         lp_log("stopped by %s after step %d, nothing saved (%s)\n", lp_stop_names[stop], step,
                f->out_dir[0] ? "no step trained yet" : "no -o");
     lp_report_end(&r);
+    lp_watchdog.timeout_s = 0.0;  // (the ranks may leave at their own pace)
     lp_run_free(&r);
     return stop >= 0 ? lp_stop_signals[stop] : 0;
 }
