@@ -267,6 +267,31 @@ static void test_stop_signal(void) {
     }
 }
 
+// A rank's failure under the supervisor: `args` on 2 ranks to step `steps` into dir_ref, then under
+// train_resilient.sh into dir (its log in dir.log), one rank (its command line starts with the binary;
+// mpirun's and the supervisor's do not) sent `sig` once the shell test `when` (a format taking dir) holds.
+// Returns the supervisor's exit status, with the log in out; *same: whether the final weights equal the
+// run without a failure, exactly.
+static int run_supervised_victim(char* out, size_t size, const char* args, int steps, const char* dir, const char* when,
+                                 const char* sig, int* same) {
+    char ref_dir[LP_PATH_MAX], test[LP_PATH_MAX + 128];
+    float losses[64];
+    lp_path(ref_dir, "%s_ref", dir);
+    run_ranks(2, args, ref_dir, losses, out, size);
+    snprintf(test, sizeof(test), when, dir);
+    int rc = run_cmd(out, size,
+                     "scripts/train_resilient.sh mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -o %s > %s.log 2>&1 & "
+                     "sup=$!; i=0; until %s || [ $i -ge 3000 ]; do sleep 0.01; i=$((i+1)); done; "
+                     "pgrep -f '^%s .* -o %s$' | tail -n 1 | xargs -r kill -%s; wait $sup; rc=$?; cat %s.log; exit $rc",
+                     TRAIN_BIN, args, dir, dir, test, TRAIN_BIN, dir, sig, dir);
+    size_t nref = 0, n = 0, worst = 0;
+    float *ref = run_weights(ref_dir, steps, &nref), *w = run_weights(dir, steps, &n);
+    *same = ref && w && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst);
+    free(ref);
+    free(w);
+    return rc;
+}
+
 // The watchdog: a rank stopped by SIGSTOP mid-run (a hung GPU, a stalled file system) leaves its peers
 // waiting in a collective; with --timeout-minutes 0.05 (3 s) the job ends within the timeout and a
 // stated slack of 20 s (mpirun's teardown), status non-zero, each rank that gives up saying so in one
@@ -312,28 +337,15 @@ static void test_watchdog(void) {
         if (!(rc != 0 && lines >= 1 && named == lines)) printf("%s\n", out);
     }
     // under the supervisor: stopped at step ~12 of 40 (checkpoints every 5), relaunched with --resume
-    float losses[64];
     snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x 40 -n 5 --timeout-minutes 0.05 %s",
              tmp_path("watchdog_shard.bin"), comm);
-    run_ranks(2, args, tmp_path("watchdog_ref"), losses, out, sizeof(out));
-    size_t nref = 0, n = 0;
-    float* ref = run_weights(tmp_path("watchdog_ref"), 40, &nref);
-    lp_path(dir, "%s", tmp_path("watchdog_sup"));
-    int rc = run_cmd(out, sizeof(out),
-                     "scripts/train_resilient.sh mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -o %s > %s.log 2>&1 & "
-                     "sup=$!; i=0; until grep -q '^step 12/' %s.log 2> /dev/null || [ $i -ge 3000 ]; do sleep 0.01; i=$((i+1)); done; "
-                     "pgrep -f '^%s .* -o %s$' | tail -n 1 | xargs -r kill -STOP; wait $sup; rc=$?; cat %s.log; exit $rc",
-                     TRAIN_BIN, args, dir, dir, dir, TRAIN_BIN, dir, dir);
-    float* w = run_weights(dir, 40, &n);
+    int same = 0, rc = run_supervised_victim(out, sizeof(out), args, 40, tmp_path("watchdog_sup"),
+                                             "grep -q '^step 12/' %s.log 2> /dev/null", "STOP", &same);
     expect(rc == 0 && strstr(out, "no progress for") && strstr(out, "restart 1 of 3, resuming from step_") &&
                strstr(out, "the run ended well after 1 restart(s)"),
            "watchdog under train_resilient.sh: the stalled job ends, is relaunched with --resume and ends well");
-    size_t worst = 0;
-    expect(ref && w && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst),
-           "watchdog under train_resilient.sh: the run ends with the uninterrupted run's weights, exactly");
+    expect(same, "watchdog under train_resilient.sh: the run ends with the uninterrupted run's weights, exactly");
     if (rc != 0) printf("%s\n", out);
-    free(ref);
-    free(w);
 }
 
 #ifdef LLMPAR_CPU
@@ -2633,30 +2645,15 @@ static void test_supervisor_kill(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 supervisor")) return;
     write_random_shard(tmp_path("sup_shard.bin"), 20000, 8);
-    char args[2048], dir[LP_PATH_MAX];
+    char args[2048];
     snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x 400 -n 40 --zero 1",
              tmp_path("sup_shard.bin"));
-    float losses[64];
-    run_ranks(2, args, tmp_path("sup_kill_ref"), losses, out, sizeof(out));
-    size_t nref = 0, n = 0;
-    float* ref = run_weights(tmp_path("sup_kill_ref"), 400, &nref);
-    lp_path(dir, "%s", tmp_path("sup_kill"));
-    // the victim: a rank (its command line starts with the binary; mpirun's and the supervisor's do not)
-    int rc = run_cmd(out, sizeof(out),
-                     "scripts/train_resilient.sh mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -o %s > %s.log 2>&1 & "
-                     "sup=$!; for i in $(seq 1 3000); do [ -d %s/step_00000040 ] && break; sleep 0.01; done; "
-                     "pgrep -f '^%s .* -o %s' | head -n 1 | xargs -r kill -9; wait $sup; rc=$?; cat %s.log; exit $rc",
-                     TRAIN_BIN, args, dir, dir, dir, TRAIN_BIN, dir, dir);
-    float* w = run_weights(dir, 400, &n);
-    size_t worst = 0;
+    int same = 0, rc = run_supervised_victim(out, sizeof(out), args, 400, tmp_path("sup_kill"), "[ -d %s/step_00000040 ]", "9", &same);
     expect(rc == 0 && strstr(out, "train_resilient.sh: exit ") && strstr(out, "restart 1 of 3, resuming from step_") &&
                strstr(out, "the run ended well after 1 restart(s)"),
            "train_resilient.sh: a rank of 2 killed mid-run (kill -9): mpirun fails, the run is relaunched with --resume and ends well");
-    expect(ref && w && n == nref && all_close(w, ref, n, 0.0f, 0.0f, &worst),
-           "train_resilient.sh: the run with a killed rank ends with the uninterrupted run's weights, exactly");
+    expect(same, "train_resilient.sh: the run with a killed rank ends with the uninterrupted run's weights, exactly");
     if (rc != 0) printf("%s\n", out);
-    free(ref);
-    free(w);
 }
 
 // One run per output directory (-o DIR/lock, an flock(2) rank 0 holds for the run): two runs started
@@ -2863,6 +2860,18 @@ static void test_plan_runs(void) {
     expect(state[0] > state[1] && state[1] > state[2] && state[2] > state[3], name);
 }
 
+// Two runs' checkpoints of `step` in dirs a and b hold the same model.bin and optim.bin, bit for bit.
+static void expect_same_checkpoints(const char* what, const char* a, const char* b, int step) {
+    for (int k = 0; k < 2; k++) {
+        const char* file = k ? "optim.bin" : "model.bin";
+        char pa[LP_PATH_MAX], pb[LP_PATH_MAX], name[256];
+        lp_path(pa, "%s/step_%08d/%s", a, step, file);
+        lp_path(pb, "%s/step_%08d/%s", b, step, file);
+        snprintf(name, sizeof(name), "%s: the same %s, bit for bit", what, file);
+        expect(same_file(pa, pb), name);
+    }
+}
+
 // The CPU engine as another machine runs it. Bit for bit whatever the thread count: a one-rank run with 1
 // and with 2 OpenMP threads writes the same checkpoint (the tiny model, and the default d4 model), and
 // --pp 2 (a thread per rank) the same weights.
@@ -2887,24 +2896,12 @@ static void test_machine_variation(void) {
         if (rc != 0) printf("%s\n", out);
         if ((engine = strstr(out, " matmuls on its ")) != NULL) sscanf(engine, " matmuls on its %63s", kernels);
     }
-    for (int k = 0; k < 2; k++) {
-        const char* file = k ? "optim.bin" : "model.bin";
-        lp_path(a, "%s/step_00000010/%s", dir[0], file);
-        lp_path(b, "%s/step_00000010/%s", dir[1], file);
-        snprintf(name, sizeof(name), "1 and 2 OpenMP threads write the same %s, bit for bit", file);
-        expect(same_file(a, b), name);
-    }
+    expect_same_checkpoints("the tiny model, 1 and 2 OpenMP threads", dir[0], dir[1], 10);
     for (int k = 0; k < 2; k++) {  // the default model (d4 on the shipped tinyshakespeare shards), 2 steps
         lp_path(dir[2 + k], "%s_%d", tmp_path("mv_default"), k + 1);
         run_cmd(out, sizeof(out), "OMP_NUM_THREADS=%d %s -x 2 -v 0 -s 0 -o %s", k + 1, TRAIN_BIN, dir[2 + k]);
     }
-    for (int k = 0; k < 2; k++) {
-        const char* file = k ? "optim.bin" : "model.bin";
-        lp_path(a, "%s/step_00000002/%s", dir[2], file);
-        lp_path(b, "%s/step_00000002/%s", dir[3], file);
-        snprintf(name, sizeof(name), "the default model: 1 and 2 OpenMP threads write the same %s, bit for bit", file);
-        expect(same_file(a, b), name);
-    }
+    expect_same_checkpoints("the default model, 1 and 2 OpenMP threads", dir[2], dir[3], 2);
     lp_path(dir[2], "%s", tmp_path("mv_pp2"));
     run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s --pp 2 -o %s", TRAIN_BIN, base,
             dir[2]);
