@@ -5,13 +5,14 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
   2. config      the model's shape, GPT-2 presets, parameter tensor sizes
                  defines: LPConfig, lp_config_from_depth, lp_param_sizes
-  3. topology    MPI start-up, the t x d x p grid of ranks and its groups, GPU choice
-                 defines: LPProcess, LPGroup, lp_process_init, lp_grid_init, lp_device_init
+  3. topology    MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p grid of ranks and its groups, GPU choice
+                 defines: LPProcess, LPGroup, lp_blas_init, lp_process_init, lp_grid_init, lp_device_init
   4. schedules   pipeline schedules (GPipe, 1F1B, interleaved) as pure functions, their simulator
                  defines: LPAction, lp_schedule_stage (a stage's action list), LPSimulation, lp_schedule_simulate,
                  lp_schedule_slots
-  5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI
-                 defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, LPPending, lp_wait
+  5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI; the watchdog over their waits
+                 defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, LPPending, lp_wait,
+                 lp_watch, lp_watchdog_start
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
   7. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
@@ -25,7 +26,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
  10. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
                  defines: LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
  11. files       model files (llm.c format), checkpoints, tokenizer (samples printed as valid UTF-8)
-                 defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, LPTokenizer, LPUtf8
+                 defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
+                 LPUtf8
  12. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
                  defines: lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition, lp_device_peak_flops
  13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
