@@ -626,6 +626,14 @@ static inline int lp_launched_by_mpi(void) {
 // the sgemm rate of its AVX-512 SkylakeX ones (245 against 457 GFLOP/s on 2 cores). The set to use instead
 // of `chosen`, or NULL: SkylakeX where the CPU has the AVX-512 its kernels use (F, BW, DQ, VL) and OpenBLAS
 // chose a set without AVX-512.
+static inline int lp_cpu_has_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
 static inline const char* lp_blas_better_kernels(const char* chosen, int avx512) {
     static const char* with_avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
     if (!avx512) return NULL;
@@ -641,11 +649,9 @@ static inline void lp_blas_init(char** argv) {
 #if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION)
     if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
 #endif
-#if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION) && defined(__x86_64__)
+#if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION)
     if (getenv("OPENBLAS_CORETYPE")) return;
-    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                 __builtin_cpu_supports("avx512vl");
-    const char* better = lp_blas_better_kernels(openblas_get_corename(), avx512);
+    const char* better = lp_blas_better_kernels(openblas_get_corename(), lp_cpu_has_avx512());
     if (!better) return;
     setenv("OPENBLAS_CORETYPE", better, 1);
     execv("/proc/self/exe", argv);  // returns only on failure: then the kernels OpenBLAS chose run

@@ -1071,10 +1071,10 @@ static int lp_run_step(LPTrainRun* r, int step) {
     if (bad_weights) snprintf(diverged, sizeof(diverged), "the updated weights are not finite");
     lp_device_sync();
     double t2 = lp_time_s();
+    r->step_s[(r->computed - 1) % 32] = t2 - t0;  // (the watchdog's timeout; computed counts this step already)
     if (diverged[0]) return lp_run_diverged(r, step, diverged, bad_weights);
     if (r->skip) r->strikes = 0;
     lp_loss_window_add(&r->recent, loss);
-    r->step_s[r->computed % 32] = t2 - t0;
     lp_report_step(r, step, loss, lr, norm, (t2 - t0) * 1000.0, (t2 - t1) * 1000.0, &tp_before);
     return step + 1;
 }
@@ -1112,23 +1112,23 @@ static void lp_run_free(LPTrainRun* r) {
     lp_stage_free(&r->stage);
 }
 
-// The training run: set up, then the step loop, then the end report. Returns the signal that stopped it
-// early, or 0.
-// The watchdog's timeout: --timeout-minutes, or max(10 minutes, 20 times the median of the last steps).
+// The watchdog's timeout: --timeout-minutes, or max(10 minutes, 20 times the median of the last 32 steps).
+static int lp_compare_double(const void* a, const void* b) {
+    double x = *(const double*)a, y = *(const double*)b;
+    return (x > y) - (x < y);
+}
 static double lp_run_timeout_s(const LPTrainRun* r) {
     if (r->f->timeout_minutes > 0.0f) return 60.0 * r->f->timeout_minutes;
-    int n = r->computed < 32 ? r->computed : 32;
+    int n = r->computed < 32 ? r->computed : 32;  // the filled slots are the first n
     double sorted[32];
     memcpy(sorted, r->step_s, sizeof(sorted));
-    for (int i = 1; i < n; i++)  // (insertion sort of at most 32)
-        for (int j = i; j > 0 && sorted[j] < sorted[j - 1]; j--) {
-            double t = sorted[j];
-            sorted[j] = sorted[j - 1];
-            sorted[j - 1] = t;
-        }
+    qsort(sorted, (size_t)n, sizeof(double), lp_compare_double);
     double median = n ? sorted[n / 2] : 0.0;
     return 20.0 * median > 600.0 ? 20.0 * median : 600.0;
 }
+
+// The training run: set up, then the step loop, then the end report. Returns the signal that stopped it
+// early, or 0.
 
 static int lp_train(const LPFlags* f, const LPProcess* proc) {
     LPTrainRun r;
