@@ -85,12 +85,17 @@ test_gpt_emu: test_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
 # Counting builds (dev/cudaemu/README.md): GCC's -fsanitize=thread makes every load and store call a hook,
 # which cudaemu.o defines; compiled, then linked without it, so libtsan is not linked in. The emulator's
 # tests are one, to check the counts.
-EMU_COUNT = -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
+EMU_COUNT = -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -g1
 train_gpt_emu_prof: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h -c $< -o $@.o
 	$(EMU_CXX) $(EMU_FLAGS) $@.o dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS) && rm -f $@.o
 
 dev/cudaemu/test_cudaemu: dev/cudaemu/test_cudaemu.cu dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h -c $< -o $@.o
+	$(EMU_CXX) $(EMU_FLAGS) $@.o dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS) && rm -f $@.o
+
+# The launches scripts/bench_gpu.sh emu check models one by one (dev/cudaemu/model_check.cu), counted.
+dev/cudaemu/model_check: dev/cudaemu/model_check.cu llmpar.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h -c $< -o $@.o
 	$(EMU_CXX) $(EMU_FLAGS) $@.o dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS) && rm -f $@.o
 
@@ -127,5 +132,5 @@ readme-flags: train_gpt_cpu
 	    README.md > README.md.new && mv README.md.new README.md; rc=$$?; rm -f README.md.flags README.md.new; exit $$rc
 
 clean:
-	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu
+	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check
 	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu

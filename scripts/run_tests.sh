@@ -86,6 +86,29 @@ model_extrapolates() {
     rm -rf "$dir"
 }
 
+# the hazard check (dev/cudaemu/README.md) over every kernel of training steps: one rank with selective
+# recomputation, two with --tp 2, two with ZeRO-2; each run must end. One check (after model_extrapolates,
+# which builds the counting binary).
+kernels_hazard_free() {
+    local ok=1 out
+    [ -x ./train_gpt_emu_prof ] || return
+    for grid in "1 --recompute selective" "2 --tp 2" "2 -z 2"; do
+        set -- $grid
+        local np=$1
+        shift
+        out=$(mpirun -np "$np" --oversubscribe --bind-to none -x CUDAEMU_HAZARDS=1 -x OMP_NUM_THREADS=1 ./train_gpt_emu_prof \
+            -e d2 -b 2 -t 64 -x 2 -v 1 -s 0 "$@" 2>&1)
+        grep -q "^step 2/2 " <<< "$out" || { echo "$out" | tail -n 3; ok=0; }
+    done
+    if [ $ok = 1 ]; then
+        echo "     the hazard check: no shared-memory hazard in the kernels of training steps (1 rank, --tp 2, ZeRO-2)"
+        passed=$((passed + 1))
+    else
+        echo "FAIL the hazard check finds a shared-memory hazard, or the runs under it did not end"
+        failed=$((failed + 1))
+    fi
+}
+
 # tier 4 on the CUDA emulator: the emulator's own tests, then the CUDA engine's
 emulated_tier() {
     if ! make -s train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu; then
@@ -103,6 +126,7 @@ emulated_tier() {
         failed=$((failed + 1))
     fi
     model_extrapolates
+    kernels_hazard_free
 }
 
 if [ "${1:-}" = emu ]; then

@@ -10,6 +10,8 @@
 #undef MPI_Finalize
 #endif
 
+#include <dlfcn.h>
+#include <link.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -53,6 +55,7 @@ static struct {
     int order;        // CUDAEMU_ORDER=forward|reverse|shuffle: blocks and threads within a block
     uint64_t seed;    // CUDAEMU_SEED: the shuffle and the streams' order
     int racecheck;    // CUDAEMU_RACECHECK=1, or cudaemu_racecheck(1)
+    int hazards;      // CUDAEMU_HAZARDS=1, or cudaemu_hazards(1): the shared-memory hazard check (section 10)
     int eager;        // CUDAEMU_EAGER=1: run queued work at once instead of when the host waits or idles
     int shared_gpu;   // CUDAEMU_SHARED_GPU=1: every rank reports the same PCI bus id (ranks sharing a GPU)
     int refuse_grads; // CUDAEMU_REFUSE_GRAD_EPILOGUES=1, or cudaemu_refuse_grad_epilogues(1): the heuristic finds no
@@ -72,6 +75,8 @@ static void read_settings(void) {
     cfg.seed = s ? strtoull(s, NULL, 10) : 1;
     s = getenv("CUDAEMU_RACECHECK");
     cfg.racecheck = s && atoi(s);
+    s = getenv("CUDAEMU_HAZARDS");
+    cfg.hazards = s && atoi(s);
     s = getenv("CUDAEMU_EAGER");
     cfg.eager = s && atoi(s);
     s = getenv("CUDAEMU_SHARED_GPU");
@@ -169,12 +174,15 @@ struct Fiber {
     int kind, arg, width;
     unsigned mask;
     uint64_t in, out;
+    uint32_t bars, wops;  // barriers passed; the last warp operation it took part in (its warp's count then)
 };
 struct BlockRun {
     cudaemu_block blk;
     std::vector<Fiber> f;
     int n, done, at_barrier, order;
     std::vector<int> warp_waiting;  // per warp: lanes waiting at a warp operation
+    std::vector<std::vector<unsigned>> warp_ops;  // per warp: the masks of its warp operations so far (the hazard check)
+    size_t shmem;                   // dynamic shared memory bytes (at blk.dynamic_shared)
     std::deque<int> runq;
     void* sched_sp;
     const std::function<void()>* body;
@@ -186,11 +194,14 @@ thread_local cudaemu_block* cudaemu_blk;
 static thread_local BlockRun* cur_run;
 
 // Counting (section 10): while a launch is counted, every kernel thread's loads and stores are sorted into
-// warp requests; these mark where a block and a thread begin.
-static bool prof_in_kernel;
+// warp requests; these mark where a block and a thread begin. The hazard check watches shared memory.
+static bool prof_in_kernel, haz_in_kernel;
 static double prof_kernel_flops;  // the launch's tensor-core FLOPs (wmma::mma_sync), while counting
+enum { I_SHFL, I_SYNC, I_TENSOR, I_SFU, I_CLASSES };
+static double prof_inst[I_CLASSES];  // warp instructions the runtime sees: shuffles, barriers, mma, (SFU by the hooks)
 static void prof_block_start(void);
 static void prof_thread_start(int linear);
+static void haz_block_start(void);
 
 static Fiber* cur_fiber(const char* what) {
     if (!cur_run) emu_fatal("%s called outside a kernel", what);
@@ -235,8 +246,10 @@ void cudaemu_syncthreads(const char* site) {
             if (!same_site(R->f[i].site, site))
                 emu_fatal("%s: threads wait at different barriers, %s and %s (__syncthreads in divergent code)",
                           block_name(R).c_str(), site, R->f[i].site);
+            R->f[i].bars++;
             all.push_back(i);
         }
+        if (prof_in_kernel) prof_inst[I_SYNC] += (R->n + 31) / 32;  // one BAR per warp
         R->at_barrier = 0;
         wake(R, all);
     }
@@ -279,6 +292,9 @@ static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits
                       block_name(R).c_str(), lane, l, site, mask, g.site, g.mask);
     }
     if (all) {
+        if (prof_in_kernel && !collective) prof_inst[kind == CUDAEMU_SYNCWARP ? I_SYNC : I_SHFL]++;
+        std::vector<unsigned>& ops = R->warp_ops[f->linear / 32];
+        ops.push_back(mask);
         if (collective) {
             void* lanes[32] = {};
             for (int l = 0; l < 32; l++)
@@ -300,6 +316,7 @@ static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits
             if (src < 0 || src >= 32 || !(mask >> src & 1u))
                 emu_fatal("%s: %s: lane %d reads lane %d, which is not in the mask 0x%08x", block_name(R).c_str(), site, l, src, mask);
             g.out = kind == CUDAEMU_BALLOT ? ballot : kind == CUDAEMU_SYNCWARP ? 0 : R->f[base + src].in;
+            g.wops = (uint32_t)ops.size();
             ids.push_back(base + l);
         }
         waiting -= (int)ids.size();
@@ -347,7 +364,10 @@ struct WmmaMma {
     const float* c;
 };
 static void wmma_mma_all(void* const* lanes) {
-    if (prof_in_kernel) prof_kernel_flops += 2.0 * 16 * 16 * 16;  // a warp's product: 16 x 16 x 16 multiply-adds
+    if (prof_in_kernel) {
+        prof_kernel_flops += 2.0 * 16 * 16 * 16;  // a warp's product: 16 x 16 x 16 multiply-adds
+        prof_inst[I_TENSOR] += 2;                 // as two mma.m16n8k16 (HMMA) instructions
+    }
     float A[16][16], B[16][16], C[16][16];
     for (int l = 0; l < 32; l++) {
         const WmmaMma* m = (const WmmaMma*)lanes[l];
@@ -411,8 +431,9 @@ void* cudaemu_dynamic_shared(void) {
 static void run_block(BlockRun* R, const std::vector<int>& first_order) {
     R->done = R->at_barrier = 0;
     R->warp_waiting.assign((R->n + 31) / 32, 0);
+    R->warp_ops.assign((R->n + 31) / 32, std::vector<unsigned>());
     R->runq.assign(first_order.begin(), first_order.end());
-    for (int i = 0; i < R->n; i++) R->f[i].state = F_NEW;
+    for (int i = 0; i < R->n; i++) R->f[i].state = F_NEW, R->f[i].bars = R->f[i].wops = 0;
     while (!R->runq.empty()) {
         size_t at = R->order == ORDER_SHUFFLE ? rng_next(&R->rng) % R->runq.size() : 0;
         int i = R->runq[at];
@@ -441,7 +462,7 @@ struct Launch {
     dim3 grid, block;
     size_t shmem;
     std::function<void()> body;
-    int racecheck;                  // as set when it was launched
+    int racecheck, hazards;         // as set when it was launched
     std::vector<uintptr_t> allocs;  // the allocations its pointer arguments point into
 };
 
@@ -462,6 +483,7 @@ static void run_grid(const Launch& L, int order, uint64_t seed) {
     R.blk.grid = L.grid;
     std::vector<char> shared((L.shmem ? L.shmem : 1) + 128);  // aligned to 128 bytes, as a GPU's is at least
     R.blk.dynamic_shared = shared.data() + (128 - (uintptr_t)shared.data() % 128) % 128;
+    R.shmem = L.shmem;
     int blocks = (int)(L.grid.x * L.grid.y * L.grid.z);
     std::vector<int> block_order, thread_order;
     order_items(block_order, blocks, order, &R.rng);
@@ -472,6 +494,7 @@ static void run_grid(const Launch& L, int order, uint64_t seed) {
         R.blk.idx = make_uint3(b % L.grid.x, b / L.grid.x % L.grid.y, b / (L.grid.x * L.grid.y));
         memset(shared.data(), 0xff, shared.size());  // NaN in every float type: reading before writing shows
         if (prof_in_kernel) prof_block_start();
+        if (haz_in_kernel) haz_block_start();
         order_items(thread_order, R.n, order, &R.rng);
         run_block(&R, thread_order);
     }
@@ -789,6 +812,11 @@ static cudaError_t fail(cudaError_t code, const char* fmt, ...) {  // a returned
 static long device_frees;  // cudaFree calls, for cudaemu_device_frees
 long cudaemu_device_frees(void) { return device_frees; }
 
+void cudaemu_hazards(int on) {
+    touch();
+    cfg.hazards = on;
+}
+
 void cudaemu_racecheck(int on) {
     touch();
     cfg.racecheck = on;
@@ -877,7 +905,7 @@ void cudaemu_launch_kernel(const char* name, const void* kernel, dim3 grid, dim3
                           "(48 KiB, or what cudaFuncSetAttribute opted in to)", name, shmem, most);
         return;
     }
-    Launch* L = new Launch{name, grid, block, shmem, std::move(body), cfg.racecheck, {}};
+    Launch* L = new Launch{name, grid, block, shmem, std::move(body), cfg.racecheck, cfg.hazards, {}};
     {
         std::lock_guard<std::mutex> lk(mem_mu);
         for (int i = 0; i < npointers; i++) {
@@ -1855,6 +1883,7 @@ struct ProfChunk {  // the ranges that overlap a 64 KiB chunk of the address spa
 struct ProfReq {  // a sector of a warp request: warp and access site, the lane's n-th run of that site
     uint64_t site_warp, sector;
     uint32_t nth, gen;  // gen: the block it belongs to; entries of older blocks are free
+    uint32_t most, words;  // a shared request's entry: the most distinct words on one bank, and on all; a bank's: its words
 };
 struct ProfLane {  // a thread's access sites, in the order first run, with how often each ran
     std::vector<std::pair<uintptr_t, uint32_t>> sites;
@@ -1873,6 +1902,8 @@ struct Prof {
     size_t hit = 0;
     std::vector<uint64_t> bits[2];  // a bit per sector of the ranges: read, written
     double req[2], uniq[2];         // sectors: per warp request, distinct
+    double greq[2], sreq[2];        // warp requests (instructions): global, shared
+    double waves[2], ideal;         // shared-memory wavefronts: loads, stores; and conflict-free, both
     std::vector<ProfReq> reqs;      // open addressing, a power of 2 long
     size_t live = 0;
     uint32_t gen = 0;
@@ -1891,7 +1922,9 @@ static void prof_open(void) {
     prof.out = fopen(cfg.profile, "w");
     if (!prof.out) emu_fatal("CUDAEMU_PROFILE: cannot write %s", cfg.profile);
     fprintf(prof.out, "# cudaemu counts: kind, name, bytes read and written (sectors of warp requests), distinct bytes read "
-                      "and written, FLOPs, stream, host epoch\n");
+                      "and written, FLOPs, stream, host epoch; kernels also: blocks, threads per block, dynamic shared bytes, "
+                      "warp instructions (global loads, stores, shared loads, stores), shared wavefronts (loads, stores, "
+                      "conflict-free), shuffles, barriers, mma, special functions\n");
     prof.on = cfg.profile_skip <= 0;
 }
 
@@ -1910,8 +1943,15 @@ cudaemu_counts cudaemu_profile_counts(const char* name) {
     return it == prof.sums.end() ? cudaemu_counts{} : it->second;
 }
 
+// What a kernel launch adds to a line: its shape and its warp instructions (prof_launch_end).
+struct ProfKernel {
+    unsigned blocks, threads;
+    size_t shmem;
+    double gld, gst, lds, sts, wave_ld, wave_st, ideal, shfl, sync, tensor, sfu;
+};
+
 static void prof_record(const char* kind, const std::string& name, double read, double written, double uread, double uwritten,
-                        double flops) {
+                        double flops, const ProfKernel* k = nullptr) {
     std::lock_guard<std::mutex> lk(prof.mu);
     cudaemu_counts& c = prof.sums[name];
     c.launches++;
@@ -1920,9 +1960,19 @@ static void prof_record(const char* kind, const std::string& name, double read, 
     c.unique_read_bytes += uread;
     c.unique_write_bytes += uwritten;
     c.flops += flops;
+    if (k) {
+        c.global_loads += k->gld, c.global_stores += k->gst, c.shared_loads += k->lds, c.shared_stores += k->sts;
+        c.shared_load_wavefronts += k->wave_ld, c.shared_store_wavefronts += k->wave_st, c.shared_ideal_wavefronts += k->ideal;
+        c.shuffles += k->shfl, c.syncs += k->sync, c.tensor += k->tensor, c.sfu += k->sfu;
+    }
     if (prof.out) {
-        fprintf(prof.out, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\t%llu\n", kind, name.c_str(), read, written, uread, uwritten,
+        fprintf(prof.out, "%s\t%s\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%d\t%llu", kind, name.c_str(), read, written, uread, uwritten,
                 flops, prof_stream, (unsigned long long)prof_epoch);
+        if (k)
+            fprintf(prof.out, "\t%u\t%u\t%zu\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f", k->blocks,
+                    k->threads, k->shmem, k->gld, k->gst, k->lds, k->sts, k->wave_ld, k->wave_st, k->ideal, k->shfl, k->sync,
+                    k->tensor, k->sfu);
+        fputc('\n', prof.out);
         fflush(prof.out);
     }
 }
@@ -2021,6 +2071,9 @@ static ProfChunk* prof_chunk(uint64_t c) {
 }
 
 static void prof_launch_begin(const Launch& L) {
+    if (L.hazards && !prof_instrumented)
+        emu_fatal("CUDAEMU_HAZARDS is set, but this binary's kernels were not compiled for counting (make train_gpt_emu_prof)");
+    haz_in_kernel = L.hazards;
     if (!prof.on) return;
     std::lock_guard<std::mutex> lk(mem_mu);
     if (prof.version != mem_version) {  // allocations changed: take the map again (none change while a kernel runs)
@@ -2047,14 +2100,17 @@ static void prof_launch_begin(const Launch& L) {
         prof.version = mem_version;
         prof.hit = 0;
     }
-    prof.req[0] = prof.req[1] = prof.uniq[0] = prof.uniq[1] = 0;
+    for (int w = 0; w < 2; w++) prof.req[w] = prof.uniq[w] = prof.greq[w] = prof.sreq[w] = prof.waves[w] = 0;
+    prof.ideal = 0;
     prof_kernel_flops = 0;
+    for (double& c : prof_inst) c = 0;
     prof.lanes.resize(L.block.x * L.block.y * L.block.z);
     if (prof.reqs.empty()) prof.reqs.resize(1 << 12);
-    prof_in_kernel = !prof.ranges.empty();
+    prof_in_kernel = true;
 }
 
 static void prof_launch_end(const Launch& L) {
+    haz_in_kernel = false;
     if (!prof.on) return;
     prof_in_kernel = false;
     for (ProfRange& r : prof.ranges) {
@@ -2063,7 +2119,10 @@ static void prof_launch_end(const Launch& L) {
         for (int w = 0; w < 2; w++) memset(&prof.bits[w][r.bit0 / 64], 0, words * 8);
         r.touched = false;
     }
-    prof_record("kernel", L.name, 32 * prof.req[0], 32 * prof.req[1], 32 * prof.uniq[0], 32 * prof.uniq[1], prof_kernel_flops);
+    ProfKernel k{L.grid.x * L.grid.y * L.grid.z, L.block.x * L.block.y * L.block.z, L.shmem, prof.greq[0], prof.greq[1],
+                 prof.sreq[0], prof.sreq[1], prof.waves[0], prof.waves[1], prof.ideal, prof_inst[I_SHFL], prof_inst[I_SYNC],
+                 prof_inst[I_TENSOR], prof_inst[I_SFU]};
+    prof_record("kernel", L.name, 32 * prof.req[0], 32 * prof.req[1], 32 * prof.uniq[0], 32 * prof.uniq[1], prof_kernel_flops, &k);
 }
 
 static void prof_block_start(void) {
@@ -2081,34 +2140,65 @@ static size_t prof_slot(uint64_t site_warp, uint64_t sector, uint32_t nth, size_
     return (h ^ h >> 29) & mask;
 }
 
-// Adds a sector to a warp request; true if the request did not have it.
-static bool prof_new_sector(uint64_t site_warp, uint64_t sector, uint32_t nth) {
-    if (2 * (prof.live + 1) > prof.reqs.size()) {  // keep it at most half full
-        std::vector<ProfReq> old(prof.reqs.size() * 2);
-        old.swap(prof.reqs);
-        size_t mask = prof.reqs.size() - 1;
-        for (const ProfReq& e : old) {
-            if (e.gen != prof.gen) continue;
-            size_t i = prof_slot(e.site_warp, e.sector, e.nth, mask);
-            while (prof.reqs[i].gen == prof.gen) i = (i + 1) & mask;
-            prof.reqs[i] = e;
-        }
+// Room for n more entries without passing half full (entries found after stay where they are until the next).
+static void prof_reserve(size_t n) {
+    if (2 * (prof.live + n) <= prof.reqs.size()) return;
+    size_t size = prof.reqs.size();
+    while (2 * (prof.live + n) > size) size *= 2;
+    std::vector<ProfReq> old(size);
+    old.swap(prof.reqs);
+    size_t mask = prof.reqs.size() - 1;
+    for (const ProfReq& e : old) {
+        if (e.gen != prof.gen) continue;
+        size_t i = prof_slot(e.site_warp, e.sector, e.nth, mask);
+        while (prof.reqs[i].gen == prof.gen) i = (i + 1) & mask;
+        prof.reqs[i] = e;
     }
+}
+
+// The entry of (site_warp, sector, nth), made if new (*fresh then); after prof_reserve.
+static ProfReq* prof_entry(uint64_t site_warp, uint64_t sector, uint32_t nth, bool* fresh) {
     size_t mask = prof.reqs.size() - 1;
     for (size_t i = prof_slot(site_warp, sector, nth, mask);; i = (i + 1) & mask) {
         ProfReq& e = prof.reqs[i];
         if (e.gen != prof.gen) {
-            e = ProfReq{site_warp, sector, nth, prof.gen};
+            e = ProfReq{site_warp, sector, nth, prof.gen, 0, 0};
             prof.live++;
-            return true;
+            *fresh = true;
+            return &e;
         }
-        if (e.site_warp == site_warp && e.sector == sector && e.nth == nth) return false;
+        if (e.site_warp == site_warp && e.sector == sector && e.nth == nth) {
+            *fresh = false;
+            return &e;
+        }
     }
 }
 
-// A load or store of `size` bytes at a by the running thread, from the access site `site`.
-static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site) {
-    if (!cur_run || !prof_in_kernel || !size) return;  // host threads, the race check's reruns, counting off
+// The entries' kinds, in the top bits of site_warp (sites are user-space addresses, below 2^47; the warp
+// is in bits 56-60): a global sector (0), a shared word, a shared bank, a warp instruction.
+static const uint64_t K_WORD = 1ull << 61, K_BANK = 2ull << 61, K_INST = 3ull << 61;
+enum { INST_GLOBAL, INST_SHARED, INST_SFU };  // the sector field of a K_INST entry
+
+// The running thread's n-th run of an access site (from 0), and the site and warp as one key: lanes of a
+// warp that run a site for the n-th time are one warp request, as a GPU issues it.
+static uint64_t prof_site(uintptr_t site, uint32_t* nth) {
+    int linear = ((Fiber*)cudaemu_self)->linear;
+    ProfLane& lane = prof.lanes[linear];
+    size_t n = lane.sites.size(), i = 0;
+    while (i < n && lane.sites[(lane.last + 1 + i) % n].first != site) i++;
+    if (i == n) {
+        lane.sites.push_back({site, 0});
+        lane.last = n;
+    } else {
+        lane.last = (lane.last + 1 + i) % n;
+    }
+    *nth = i == n ? 0 : ++lane.sites[lane.last].second;
+    return site | (uint64_t)(linear / 32) << 56;
+}
+
+// A global access: its sectors in its warp request, and in the launch's distinct sectors.
+static void prof_global(uintptr_t a, size_t size, int write, uintptr_t site) {
+    if (prof.ranges.empty()) return;
     ProfRange* r = &prof.ranges[prof.hit];
     if (a - r->base >= r->end - r->base) {  // not the allocation found last: look up its chunk
         const ProfChunk* e = prof_chunk(a >> 16);
@@ -2121,25 +2211,20 @@ static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site) {
                                        [](uintptr_t x, const ProfRange& q) { return x < q.base; });
             if (it != prof.ranges.begin() && a < (it - 1)->end) found = (int)(it - 1 - prof.ranges.begin());
         }
-        if (found < 0) return;  // the stack, shared memory, parameters
+        if (found < 0) return;  // the stack, parameters
         prof.hit = found;
         r = &prof.ranges[found];
     }
-    int linear = ((Fiber*)cudaemu_self)->linear;
-    ProfLane& lane = prof.lanes[linear];
-    size_t n = lane.sites.size(), i = 0;
-    while (i < n && lane.sites[(lane.last + 1 + i) % n].first != site) i++;
-    if (i == n) {
-        lane.sites.push_back({site, 0});
-        lane.last = n;
-    } else {
-        lane.last = (lane.last + 1 + i) % n;
-    }
-    uint32_t nth = i == n ? 0 : ++lane.sites[lane.last].second;
-    uint64_t site_warp = site | (uint64_t)(linear / 32) << 56;  // sites are user-space addresses, below 2^47
+    uint32_t nth;
+    uint64_t site_warp = prof_site(site, &nth);
     uintptr_t last = std::min<uintptr_t>(a + size, r->end) - 1;
+    prof_reserve(last / 32 - a / 32 + 2);
+    bool fresh;
+    prof_entry(site_warp | K_INST, INST_GLOBAL, nth, &fresh);
+    if (fresh) prof.greq[write]++;
     for (uint64_t sector = a / 32; sector <= last / 32; sector++) {
-        if (prof_new_sector(site_warp, sector, nth)) prof.req[write]++;
+        prof_entry(site_warp, sector, nth, &fresh);
+        if (fresh) prof.req[write]++;
         size_t bit = r->bit0 + sector - r->base / 32;
         uint64_t& w = prof.bits[write][bit / 64];
         if (w >> (bit % 64) & 1) continue;
@@ -2149,9 +2234,163 @@ static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site) {
     }
 }
 
+// A shared access (offset `at` in its region, 4-byte words on 32 banks): a warp request takes as many
+// wavefronts (shared-memory cycles) as the most distinct words its lanes touch on one bank; lanes reading
+// one word share it (a broadcast). Conflict-free it would take one per 128 bytes of distinct words.
+static void prof_shared(uintptr_t at, size_t size, int write, uintptr_t site) {
+    uint32_t nth;
+    uint64_t site_warp = prof_site(site, &nth);
+    uintptr_t first = at / 4, last = (at + size - 1) / 4;
+    prof_reserve(2 * (last - first + 1) + 1);
+    bool fresh;
+    ProfReq* req = prof_entry(site_warp | K_INST, INST_SHARED, nth, &fresh);
+    if (fresh) prof.sreq[write]++;
+    for (uintptr_t word = first; word <= last; word++) {
+        prof_entry(site_warp | K_WORD, word, nth, &fresh);
+        if (!fresh) continue;
+        if (req->words++ % 32 == 0) prof.ideal++;
+        ProfReq* bank = prof_entry(site_warp | K_BANK, word % 32, nth, &fresh);
+        if (++bank->words > req->most) {
+            req->most = bank->words;
+            prof.waves[write]++;
+        }
+    }
+}
+
+#define PROF_SITE ((uintptr_t)__builtin_return_address(0))  // where a hook was called from: the access site
+
+// A special-function call (cudaemu.h's wrappers): one warp instruction per warp request of its site.
+void cudaemu_sfu(void) {
+    if (!cur_run || !prof_in_kernel) return;
+    uint32_t nth;
+    uint64_t site_warp = prof_site(PROF_SITE, &nth);
+    prof_reserve(1);
+    bool fresh;
+    prof_entry(site_warp | K_INST, INST_SFU, nth, &fresh);
+    if (fresh) prof_inst[I_SFU]++;
+}
+
+// The hazard check: per shared byte of the block (threads may write the two bf16 halves of one word), its
+// last write (thread, barriers it had passed, its last warp operation) and the reads since (in one barrier
+// interval: the warps that read, their lanes, the earliest warp operation among them). An access is ordered after another of the same barrier interval
+// only within one warp, by a warp operation after the first that both lanes took part in.
+namespace {
+struct HazByte {
+    uint32_t gen;                        // the block it belongs to (older: no accesses yet)
+    int32_t writer;                      // -1: not written in this block
+    uint32_t w_bars, w_wops, r_bars, r_wops;
+    uint32_t readers, r_lanes;           // warps that read since the write (in r_bars), and their lanes (one warp)
+    uintptr_t w_site, r_site;
+};
+}  // namespace
+static std::vector<HazByte> haz_dynamic;                 // the dynamic shared memory's bytes
+static std::map<uintptr_t, HazByte> haz_static;          // the bytes of __shared__ variables, by address
+static uint32_t haz_gen;
+
+static void haz_block_start(void) {
+    if (++haz_gen == 0) {  // after 2^32 blocks: clear for real
+        for (HazByte& h : haz_dynamic) h.gen = 0;
+        haz_gen = 1;
+    }
+    haz_static.clear();
+    if (haz_dynamic.size() < cur_run->shmem) haz_dynamic.resize(cur_run->shmem);
+}
+
+// Did lanes of warp w take part together in one of its warp operations after the since-th, up to the upto-th?
+static bool haz_ordered(int w, uint32_t since, uint32_t upto, unsigned lanes) {
+    const std::vector<unsigned>& ops = cur_run->warp_ops[w];
+    for (uint32_t j = since; j < upto && j < ops.size(); j++)
+        if ((ops[j] & lanes) == lanes) return true;
+    return false;
+}
+
+// A site as "file:line" (addr2line on this binary; the counting build carries line tables).
+static std::string haz_line(uintptr_t site) {
+    Dl_info info;
+    char cmd[600], out[400] = "";
+    if (!dladdr((void*)site, &info) || !info.dli_fname) return "?";
+    snprintf(cmd, sizeof(cmd), "addr2line -e '%s' -i 0x%lx 2>/dev/null", info.dli_fname,
+             (unsigned long)(site - 1 - (uintptr_t)info.dli_fbase));
+    FILE* p = popen(cmd, "r");
+    if (p && fgets(out, sizeof(out), p)) out[strcspn(out, "\n")] = 0;
+    if (p) pclose(p);
+    const char* slash = strrchr(out, '/');
+    return out[0] ? (slash ? slash + 1 : out) : "?";
+}
+
+[[noreturn]] static void haz_report(const char* what, uintptr_t byte, const char* region, Fiber* f, uintptr_t site,
+                                    int other, uintptr_t other_site) {
+    char who[40] = "another thread";
+    if (other >= 0) snprintf(who, sizeof(who), "thread %d", other);
+    emu_fatal("%s: a shared-memory hazard (%s): thread %d at %s and %s at %s, %s 0x%lx, with no __syncthreads or "
+              "warp operation of both lanes between them", block_name(cur_run).c_str(), what, f->linear,
+              haz_line(site).c_str(), who, haz_line(other_site).c_str(), region, (unsigned long)byte);
+}
+
+static void haz_access(uintptr_t byte, const char* region, HazByte& h, int write, uintptr_t site) {
+    Fiber* f = (Fiber*)cudaemu_self;
+    int me = f->linear, warp = me / 32;
+    unsigned lane = 1u << (me % 32);
+    if (h.gen != haz_gen) h = HazByte{haz_gen, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (h.writer >= 0 && h.writer != me && h.w_bars == f->bars &&
+        (h.writer / 32 != warp || !haz_ordered(warp, h.w_wops, f->wops, lane | 1u << (h.writer % 32))))
+        haz_report(write ? "write after write" : "read after write", byte, region, f, site, h.writer, h.w_site);
+    if (write) {
+        if (h.readers && h.r_bars == f->bars && !(h.readers == 1u << warp && (h.r_lanes == lane ||
+                                                                              haz_ordered(warp, h.r_wops, f->wops, h.r_lanes | lane))))
+            haz_report("write after read", byte, region, f, site, -1, h.r_site);
+        h.writer = me, h.w_bars = f->bars, h.w_wops = f->wops, h.w_site = site, h.readers = 0;
+        return;
+    }
+    if (!h.readers || h.r_bars != f->bars) h.readers = h.r_lanes = 0, h.r_bars = f->bars, h.r_wops = f->wops;
+    if (!(h.readers >> warp & 1u) && h.readers) h.r_lanes = 0;  // two warps read: any write before a barrier is a hazard
+    h.readers |= 1u << warp, h.r_lanes |= lane, h.r_wops = std::min(h.r_wops, f->wops), h.r_site = site;
+}
+
+// Where this OS thread's __shared__ variables live: cudaemu.h makes them thread_local, and this program's
+// thread-local block ends at the thread pointer (x86-64's TLS variant II). cudaemu_self and cudaemu_blk,
+// the emulator's own, live there too and are not shared memory.
+static thread_local uintptr_t tls_lo, tls_len;
+static int tls_find(struct dl_phdr_info* info, size_t, void* out) {
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_TLS) {
+            size_t align = info->dlpi_phdr[i].p_align ? info->dlpi_phdr[i].p_align : 1;
+            *(size_t*)out = (info->dlpi_phdr[i].p_memsz + align - 1) / align * align;
+        }
+    return 1;  // the first object is the program itself
+}
+static bool static_shared(uintptr_t a) {
+    if (!tls_len) {
+        size_t size = 0;
+        dl_iterate_phdr(tls_find, &size);
+        uintptr_t tp;
+        __asm__("mov %%fs:0, %0" : "=r"(tp));
+        tls_lo = tp - size, tls_len = size ? size : 1;
+    }
+    return a - tls_lo < tls_len && a != (uintptr_t)&cudaemu_self && a != (uintptr_t)&cudaemu_blk;
+}
+
+// Every load and store of a kernel thread, while a launch is counted or checked: shared memory (the
+// block's dynamic buffer, or a __shared__ variable) or global (device allocations; the rest, the thread's
+// stack and the kernel's parameters, is neither).
+static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site) {
+    if (!cur_run || !(prof_in_kernel || haz_in_kernel) || !size) return;  // host threads, the race check's reruns
+    uintptr_t dyn = (uintptr_t)cur_run->blk.dynamic_shared;
+    bool dynamic = a - dyn < cur_run->shmem;
+    if (dynamic || static_shared(a)) {
+        uintptr_t at = dynamic ? a - dyn : a;
+        if (haz_in_kernel)
+            for (uintptr_t b = at; b < at + size; b++)
+                haz_access(b, dynamic ? "dynamic shared memory at offset" : "a __shared__ variable at",
+                           dynamic ? haz_dynamic[b] : haz_static[b], write, site);
+        if (prof_in_kernel) prof_shared(at, size, write, site);
+        return;
+    }
+    if (prof_in_kernel) prof_global(a, size, write, site);
+}
+
 // The calls GCC's -fsanitize=thread (--param=tsan-instrument-func-entry-exit=0) makes: aligned and
 // unaligned accesses of 1 to 16 bytes (16: vector loads and stores), byte ranges, and its module constructor.
-#define PROF_SITE ((uintptr_t)__builtin_return_address(0))
 #define PROF_HOOKS(n)                                                                                   \
     void __tsan_read##n(void* p) { prof_access((uintptr_t)p, n, 0, PROF_SITE); }                       \
     void __tsan_write##n(void* p) { prof_access((uintptr_t)p, n, 1, PROF_SITE); }                      \

@@ -180,8 +180,24 @@ static inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const f
 // ---- device intrinsics the host compiler lacks
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-static inline float __fdividef(float a, float b) { return a / b; }
+// The special functions a GPU computes on its SFU (MUFU.EX2, LG2, RSQ, RCP, TANH...): each call from a kernel
+// is one such warp instruction to the counting build (cudaemu_sfu, section "counting" below), whatever the
+// host computes it with. Other code (the CPU loops) calls them as ever: cudaemu_sfu counts only in kernels.
+void cudaemu_sfu(void);
+static inline float cudaemu_expf(float x) { cudaemu_sfu(); return expf(x); }
+static inline float cudaemu_exp2f(float x) { cudaemu_sfu(); return exp2f(x); }
+static inline float cudaemu_logf(float x) { cudaemu_sfu(); return logf(x); }
+static inline float cudaemu_log2f(float x) { cudaemu_sfu(); return log2f(x); }
+static inline float cudaemu_tanhf(float x) { cudaemu_sfu(); return tanhf(x); }
+static inline float cudaemu_sqrtf(float x) { cudaemu_sfu(); return sqrtf(x); }
+#define expf cudaemu_expf
+#define exp2f cudaemu_exp2f
+#define logf cudaemu_logf
+#define log2f cudaemu_log2f
+#define tanhf cudaemu_tanhf
+#define sqrtf cudaemu_sqrtf
+static inline float rsqrtf(float x) { cudaemu_sfu(); return 1.0f / __builtin_sqrtf(x); }
+static inline float __fdividef(float a, float b) { cudaemu_sfu(); return a / b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
@@ -205,10 +221,20 @@ struct cudaemu_counts {
     long launches;
     double read_bytes, write_bytes;                // sectors of each warp request, times 32
     double unique_read_bytes, unique_write_bytes;  // distinct sectors of each launch, times 32
-    double flops;                                  // matmuls: 2 m n k per batch; kernels: not counted
+    double flops;                                  // matmuls: 2 m n k per batch; kernels: tensor-core products
+    // kernels' warp instructions by class (each a warp's, however many of its lanes take part)
+    double global_loads, global_stores, shared_loads, shared_stores;
+    double shared_load_wavefronts, shared_store_wavefronts;  // shared-memory cycles: the most distinct words on one bank
+    double shared_ideal_wavefronts;                          // what conflict-free requests would take: 128 bytes each
+    double shuffles, syncs, tensor, sfu;                     // shuffles and votes; barriers; mma; special functions
 };
 void cudaemu_profile(int on);
 cudaemu_counts cudaemu_profile_counts(const char* name);
+// The hazard check (a counting build only): with CUDAEMU_HAZARDS=1, or cudaemu_hazards(1), a shared-memory
+// word written by one thread and read or written by another with no __syncthreads, or no warp operation
+// both lanes took part in, between them stops the run naming the kernel and both source lines, whatever
+// the bytes turn out to be (compute-sanitizer's racecheck; the race check's three orders see only bytes).
+void cudaemu_hazards(int on);
 
 // ---- kernel launch: kernel<<<grid, block, shmem, stream>>>(args) becomes
 // cudaemu_launch("name", kernel, grid, block, shmem, stream, args...)

@@ -12,11 +12,17 @@ model counted at LA and at LB layers (each at B1 and B2), and every launch's mod
 extrapolated linearly in depth to --model's L: exact, since each layer launches the same work and the
 rest (embeddings, classifier, AdamW's per-parameter work) is constant or linear in the layers.
 
-Time of a launch on the H100: max(bytes / HBM bandwidth, FLOPs / peak): bytes are the sectors of the
-kernel's warp requests (no cache); matmuls move each matrix once and run at GEMM_EFFICIENCY of dense bf16
-peak, a kernel's tensor-core products (wmma; its other arithmetic is not counted, dev/cudaemu/README.md
-says why) at MMA_EFFICIENCY; host copies go at PCIE; an NCCL call LATENCY plus the larger of the bytes it
-sends and receives (a ring's) over --link. Launch latency and caches are not modelled.
+Time of a kernel launch on the GPU (--gpu, H100 SXM by default): the largest of its roofs, each what one
+unit of the SMs would take if it alone were busy (kernel_roofs): HBM (the sectors of its warp requests, no
+cache; at most SM_BYTES a clock into each SM that runs its blocks), tensor cores (its mma FLOPs at the rate
+mma.sync reaches), issue (its warp instructions at 4 per clock per SM), shared memory (its wavefronts at
+one per clock per SM) and the SFU (its special functions at 16 lanes per clock per SM), the SMs' own units
+times the last wave's tail (waves of blocks from the occupancy that threads, registers and shared memory
+allow; registers from nvcc's own report, --ptxas). The units work side by
+side, on different warps, so the busiest sets the pace; that is an optimistic bound, and the calibration
+(dev/docs/figures.md) says how far real kernels fall short of it. Matmuls move each matrix once and run at
+GEMM_EFFICIENCY of dense bf16 peak; host copies go at PCIE; an NCCL call LATENCY plus the larger of the
+bytes it sends and receives (a ring's) over --link. Launch latency and caches are not modelled.
 
 The step is modelled twice: serial (the sum of every launch's time) and replayed: each stream's work in
 its order, a stream's wait for an event after that event's record, work the host queued after one of its
@@ -27,16 +33,37 @@ overlapping communication with compute buys (--overlap prints it); CPU time on t
 once, everything else K times.
 """
 import argparse
+import math
 import re
 import sys
 from collections import defaultdict
 
-HBM = 3.35e12           # H100 SXM HBM3, bytes/s
-PEAK = 989e12           # H100 SXM dense bf16 tensor cores, FLOP/s
-GEMM_EFFICIENCY = 0.70  # the fraction of PEAK a cuBLASLt matmul is taken to reach
-MMA_EFFICIENCY = 0.35   # ... and a kernel's own wmma products (FlashAttention-2's ~350 TFLOP/s on an H100)
+# The GPUs modelled. clock: the SM clock the dense bf16 peak is quoted at (H100 SXM: 989.4 TFLOP/s =
+# 132 SMs x 4096 FLOP/clock at 1.83 GHz; A100 SXM: 312 = 108 x 2048 at 1.41 GHz). mma: the fraction of
+# that peak mma.sync (a kernel's own tensor-core products) can reach: on an H100 about two thirds (the
+# rest needs Hopper's wgmma; FlashAttention-3 paper, Shah et al. 2024, section 2), on an A100 all of it.
+# Per SM: 65536 registers, at most 2048 threads and 32 blocks, shared memory for blocks (each also takes
+# 1 KiB the system reserves), and per clock 4 warp instructions issued, one shared-memory wavefront of 128
+# bytes, 16 special-function lanes (CUDA C Programming Guide, "Compute Capabilities" and "Arithmetic
+# Instructions" tables for 8.0 and 9.0).
+GPUS = {
+    "H100": dict(name="H100 SXM", sms=132, clock=1.83e9, hbm=3.35e12, peak=989.4e12, mma=2 / 3, smem=228 * 1024, arch="sm_90"),
+    "A100": dict(name="A100 SXM 80GB", sms=108, clock=1.41e9, hbm=2.039e12, peak=312e12, mma=1.0, smem=164 * 1024, arch="sm_80"),
+}
+GPU = GPUS["H100"]      # --gpu sets it
+REGISTERS, THREADS, BLOCKS, RESERVED = 65536, 2048, 32, 1024
+ISSUE, WAVEFRONTS, SFU_LANES = 4, 1, 16  # per SM per clock
+SM_BYTES = 48  # bytes per clock into one SM from L2 (A100 whitepaper: 5120 for 108 SMs), so HBM needs blocks on many SMs
+GEMM_EFFICIENCY = 0.70  # the fraction of the peak a cuBLASLt matmul is taken to reach
 PCIE = 50e9             # host copies over PCIe 5.0 x16, bytes/s (64 GB/s a direction nominal)
 LATENCY = 20e-6         # per NCCL call, s (as --plan assumes)
+# A record's counts, as CUDAEMU_PROFILE writes them (dev/cudaemu/README.md); kernels have them all, the rest
+# the first five. EXTENSIVE: the counts that grow with the work (scaled by --scale; not threads or shmem).
+COUNTS = ["read", "written", "distinct_read", "distinct_written", "flops", "blocks", "threads", "shmem", "global_loads",
+          "global_stores", "shared_loads", "shared_stores", "waves_ld", "waves_st", "waves_ideal", "shuffles", "syncs",
+          "tensor", "sfu"]
+C = {name: i for i, name in enumerate(COUNTS)}
+EXTENSIVE = [i for i, name in enumerate(COUNTS) if name not in ("threads", "shmem")]
 
 
 def step_lines(path):
@@ -61,7 +88,8 @@ def step_lines(path):
             elif not line.startswith("#"):
                 kind, name, *nums = line.rstrip("\n").split("\t")
                 nums += ["0", "0"] * (len(nums) < 7)  # counted before the emulator named streams: all on stream 0
-                lines.append(("op", kind, name, [float(x) for x in nums[:5]], int(nums[5]), int(nums[6])))
+                counts = [float(x) for x in nums[:5] + nums[7:]]
+                lines.append(("op", kind, name, counts + [0.0] * (len(COUNTS) - len(counts)), int(nums[5]), int(nums[6])))
     if syncs < 4:
         sys.exit(f"{path}: {syncs} cudaDeviceSynchronize marks, 4 expected (two steps, two per step)")
     return lines
@@ -104,8 +132,8 @@ def extrapolate(r1, r2, b1, b2, b):
     at = lambda x1, x2: x1 + (x2 - x1) * (b - b1) / (b2 - b1)
     out = {}
     for key in k1.keys() | k2.keys():
-        n1, v1 = k1.get(key, (None, [0.0] * 5))
-        n2, v2 = k2.get(key, (None, [0.0] * 5))
+        n1, v1 = k1.get(key, (None, [0.0] * len(COUNTS)))
+        n2, v2 = k2.get(key, (None, [0.0] * len(COUNTS)))
         n1, n2 = n1 or n2, n2 or n1
         p1, p2 = re.split(r"(\d+)", n1), re.split(r"(\d+)", n2)
         name = "".join(str(round(at(int(x), int(y)))) if i % 2 else x for i, (x, y) in enumerate(zip(p1, p2)))
@@ -113,58 +141,118 @@ def extrapolate(r1, r2, b1, b2, b):
     return out
 
 
-def at_depth(ma, mb, f):
-    """Each launch's modelled row (model()) at a depth a fraction f of the way from the first counted depth
-    to the second (f = (L - LA) / (LB - LA)), linear through its rows there."""
-    zero = dict(n=0, bytes=0.0, distinct=0.0, flops=0.0, t=0.0, t_low=0.0)
+def at_depth(la, lb, f):
+    """The launches at a depth a fraction f of the way from the first counted depth to the second (f = (L -
+    LA) / (LB - LA)), each with a weight. A kind of launch made as often at both depths spans the layers
+    (AdamW over a flat buffer) or does not depend on them: each one's counts are extrapolated linearly in
+    depth (weight 1). A kind made more often at the second depth is made per layer, each layer's the same:
+    its launches' times are extrapolated, those of the first depth weighted 1 - f and of the second f.
+    Each launch is then modelled on its own counts, which a roof's tail makes nonlinear in them."""
     out = {}
-    for name in ma.keys() | mb.keys():
-        ra, rb = ma.get(name, zero), mb.get(name, zero)
-        r = dict(rb if name in mb else ra)
-        for k in zero:
-            r[k] = ra[k] + (rb[k] - ra[k]) * f
-        r["n"] = round(r["n"])
-        out[name] = r
+    for kind in {k[:2] for k in la} | {k[:2] for k in lb}:
+        ka, kb = [k for k in la if k[:2] == kind], [k for k in lb if k[:2] == kind]
+        if len(ka) == len(kb):
+            for k in kb:
+                out[k] = (lb[k][0], [max(0.0, x + (y - x) * f) for x, y in zip(la[k][1], lb[k][1])], 1.0)
+        else:
+            out.update({k + ("first depth",): (la[k][0], la[k][1], 1.0 - f) for k in ka})
+            out.update({k: (lb[k][0], lb[k][1], f) for k in kb})
     return out
 
 
-def by_name(launches):
-    """Launches summed by (kind, name): launches, read, written, distinct read, distinct written, FLOPs."""
-    rows = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0, 0.0])
-    for key, (name, v) in launches.items():
-        row = rows[(key[0], name)]
-        row[0] += 1
-        for i in range(5):
-            row[1 + i] += v[i]
-    return rows
+def read_ptxas(path):
+    """Registers and static shared bytes per kernel, from nvcc -Xptxas -v's report (the kernels' names
+    demangled to their identifiers; several instantiations of one: the most of each)."""
+    out, name = {}, None
+    with open(path) as f:
+        for line in f:
+            m = re.search(r"Compiling entry function '_Z(\d+)(\w+)'", line)
+            if m:
+                name = m.group(2)[:int(m.group(1))]
+                continue
+            m = re.search(r"Used (\d+) registers(?:.*?, (\d+) bytes smem)?", line)
+            if m and name:
+                regs, smem = out.get(name, (0, 0))
+                out[name] = (max(regs, int(m.group(1))), max(smem, int(m.group(2) or 0)))
+                name = None
+    return out
 
 
-def seconds(kind, nbytes, flops, link=None, nccl=None):
-    if kind == "pcie":
-        return nbytes / PCIE
-    if kind == "nccl":  # nccl: (bytes sent, received) over a ring
-        return LATENCY + max(nccl) / link
-    if kind == "gemm":
-        return max(nbytes / HBM, flops / (GEMM_EFFICIENCY * PEAK))
-    return max(nbytes / HBM, flops / (MMA_EFFICIENCY * PEAK))  # kernels (their wmma FLOPs), device copies, memsets
+PTXAS = {}  # --ptxas: kernel identifier -> (registers per thread, static shared bytes)
 
 
-def launch_seconds(kind, v, link, distinct=False):
-    """One launch's modelled time from its counts (read, written, distinct read and written, FLOPs)."""
+def occupancy(threads, shmem, regs):
+    """Blocks of one launch resident on an SM at once, and what limits them (registers are allocated per
+    warp in steps of 256)."""
+    warps = -(-int(threads) // 32)
+    limits = {"threads": THREADS // (32 * warps), "blocks": BLOCKS, "shared memory": GPU["smem"] // (int(shmem) + RESERVED)}
+    if regs:
+        limits["registers"] = REGISTERS // (warps * (-(-regs * 32 // 256) * 256))
+    limit = min(limits, key=limits.get)
+    return limits[limit], limit
+
+
+def kernel_roofs(name, v):
+    """One kernel launch on the GPU: its roofs (seconds each unit would take alone), the occupancy, waves
+    and tail, and its time: the largest roof times the tail."""
+    regs, static = PTXAS.get(re.sub(r"\W.*", "", name), (0, 0))
+    sm_clocks = GPU["sms"] * GPU["clock"]
+    inst = sum(v[C[k]] for k in ("global_loads", "global_stores", "shared_loads", "shared_stores", "shuffles", "syncs", "tensor", "sfu"))
+    active = min(GPU["sms"], v[C["blocks"]]) if v[C["blocks"]] else GPU["sms"]
+    hbm = min(GPU["hbm"], active * SM_BYTES * GPU["clock"])
+    roofs = {"HBM": (v[C["read"]] + v[C["written"]]) / hbm, "tensor": v[C["flops"]] / (GPU["mma"] * GPU["peak"]),
+             "issue": inst / (ISSUE * sm_clocks), "shared": (v[C["waves_ld"]] + v[C["waves_st"]]) / (WAVEFRONTS * sm_clocks),
+             "SFU": v[C["sfu"]] * 32 / (SFU_LANES * sm_clocks)}
+    r = dict(roofs=roofs, regs=regs, per_sm=0, limit="", waves=0.0, tail=1.0)
+    if v[C["threads"]]:
+        r["per_sm"], r["limit"] = occupancy(v[C["threads"]], v[C["shmem"]] + static, regs)
+        if r["per_sm"] == 0:
+            sys.exit(f"{name}: a block of {v[C['threads']]:.0f} threads, {v[C['shmem']] + static:.0f} bytes of shared memory and "
+                     f"{regs} registers per thread does not fit an SM of the {GPU['name']}")
+        r["waves"] = v[C["blocks"]] / (r["per_sm"] * GPU["sms"])
+        r["tail"] = math.ceil(r["waves"]) / r["waves"] if r["waves"] else 1.0
+    for unit in roofs:  # the SMs' own units wait for the last wave; HBM serves whichever blocks run
+        roofs[unit] *= r["tail"] if unit != "HBM" else 1.0
+    r["bound"] = max(roofs, key=roofs.get)
+    r["t"] = roofs[r["bound"]]
+    return r
+
+
+def launch_seconds(kind, name, v, link, distinct=False):
+    """One launch's modelled time from its counts (COUNTS)."""
     rd, wr = (v[2], v[3]) if distinct else (v[0], v[1])
-    if kind == "nccl":
+    if kind == "pcie":
+        return (rd + wr) / PCIE
+    if kind == "nccl":  # bytes sent, received over a ring
         return LATENCY + max(rd, wr) / link
-    return seconds(kind, rd + wr, v[4])
+    if kind == "gemm":
+        return max((rd + wr) / GPU["hbm"], v[4] / (GEMM_EFFICIENCY * GPU["peak"]))
+    if kind == "kernel":
+        return kernel_roofs(name, [rd, wr] + list(v[2:]))["t"]
+    return (rd + wr) / GPU["hbm"]  # memsets and device copies
 
 
-def model(rows, link):
+def model(launches, link):
+    """Each name's launches summed (launches: key -> (name, counts) or (name, counts, weight)): count,
+    bytes, FLOPs, time (and time from distinct sectors), and the roof that binds the most of its time."""
     out = {}
-    for (kind, name), (n, rd, wr, urd, uwr, fl) in rows.items():
-        t = launch_seconds(kind, [rd, wr, urd, uwr, fl], link) + (n - 1) * LATENCY * (kind == "nccl")
-        t_low = launch_seconds(kind, [rd, wr, urd, uwr, fl], link, True) + (n - 1) * LATENCY * (kind == "nccl")
-        out[name] = dict(kind=kind, n=n, bytes=rd + wr, distinct=urd + uwr, flops=fl, t=t, t_low=t_low,
-                         bound="compute" if fl / ((GEMM_EFFICIENCY if kind == "gemm" else MMA_EFFICIENCY) * PEAK) > (rd + wr) / HBM else
-                         "PCIe" if kind == "pcie" else "link" if kind == "nccl" else "memory")
+    for key, (name, v, *weight) in launches.items():
+        kind, w = key[0], weight[0] if weight else 1.0
+        r = out.setdefault(name, dict(kind=kind, n=0.0, bytes=0.0, distinct=0.0, flops=0.0, t=0.0, t_low=0.0, bounds=defaultdict(float)))
+        t = w * launch_seconds(kind, name, v, link)
+        r["n"] += w
+        r["bytes"] += w * (v[0] + v[1])
+        r["distinct"] += w * (v[2] + v[3])
+        r["flops"] += w * v[4]
+        r["t"] += t
+        r["t_low"] += w * launch_seconds(kind, name, v, link, True)
+        bound = (kernel_roofs(name, v)["bound"] if kind == "kernel" else "tensor" if kind == "gemm" and
+                 v[4] / (GEMM_EFFICIENCY * GPU["peak"]) > (v[0] + v[1]) / GPU["hbm"] else
+                 {"pcie": "PCIe", "nccl": "link"}.get(kind, "HBM"))
+        r["bounds"][bound] += t
+    for r in out.values():
+        r["bound"] = max(r.pop("bounds").items(), key=lambda x: x[1])[0]
+        r["n"] = round(r["n"])
     return out
 
 
@@ -198,7 +286,7 @@ def replay(lines, launches, link):
     ops = [x for x in lines if x[0] == "op"]
     dur = {}
     for i, key in zip((i for i, x in enumerate(lines) if x[0] == "op"), keys(step_records(lines))):
-        dur[i] = 0.0 if key[0] == "wait" else launch_seconds(key[0], launches[key][1], link)
+        dur[i] = 0.0 if key[0] == "wait" else launch_seconds(key[0], *launches[key], link)
     # each stream's items in order; each host wait's prerequisites: (stream, items before it) pairs
     in_step = {(y[1], y[2]) for y in lines if y[0] == "record"}
     queue, seen, host_needs = defaultdict(list), defaultdict(int), {}
@@ -272,7 +360,72 @@ def replay(lines, launches, link):
     return max(t.values(), default=0.0), link_busy
 
 
+def set_gpu(gpu, ptxas):
+    global GPU
+    GPU = GPUS[gpu]
+    if ptxas:
+        PTXAS.update(read_ptxas(ptxas))
+
+
+def check(argv):
+    """roofline.py check FILE: every kernel and matmul line of a counts file (all of them, not a step), each
+    name's launches modelled one by one and summed, with every roof; --scale 'REGEX=K' multiplies the work
+    of the launches whose names match (counted at a small shape, modelled at one K times larger: as many
+    more blocks, bytes and instructions, the same block)."""
+    ap = argparse.ArgumentParser(prog="roofline.py check", description=check.__doc__)
+    ap.add_argument("file")
+    ap.add_argument("--gpu", choices=sorted(GPUS), default="H100")
+    ap.add_argument("--ptxas", help="nvcc -Xptxas -v's report for the GPU's architecture (registers per thread)")
+    ap.add_argument("--scale", action="append", default=[], metavar="REGEX=K")
+    a = ap.parse_args(argv)
+    set_gpu(a.gpu, a.ptxas)
+    rows = {}
+    with open(a.file) as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            kind, name, *nums = line.rstrip("\n").split("\t")
+            if kind not in ("kernel", "gemm"):
+                continue
+            v = [float(x) for x in nums[:5] + nums[7:]]
+            v += [0.0] * (len(COUNTS) - len(v))
+            k = next((float(x.rpartition("=")[2]) for x in a.scale if re.search(x.rpartition("=")[0], name)), 1.0)
+            v = [x * k if i in EXTENSIVE else x for i, x in enumerate(v)]
+            r = kernel_roofs(name, v) if kind == "kernel" else None
+            row = rows.setdefault(name, dict(n=0, t=0.0, roofs=defaultdict(float), r=r, v=v, kind=kind))
+            row["n"] += 1
+            if r:
+                row["t"] += r["t"]
+                for roof, x in r["roofs"].items():
+                    row["roofs"][roof] += x
+            else:
+                row["t"] += launch_seconds(kind, name, v, 0)
+    print(f"MODELLED on the {GPU['name']} ({GPU['sms']} SMs at {GPU['clock'] / 1e9:.2f} GHz) from the CUDA emulator's counts: "
+          f"each roof is what one unit would take alone (times the last wave's tail), the largest binds")
+    print()
+    roofs = ["HBM", "tensor", "issue", "shared", "SFU"]
+    print("| launch | launches | blocks | threads | regs | smem KiB | blocks/SM (limit) | waves | " +
+          " | ".join(f"{x} us" for x in roofs) + " | bound | MODELLED us |")
+    print("|" + "---|" * (10 + len(roofs)))
+    for name, row in rows.items():
+        r, v = row["r"], row["v"]
+        if r:
+            regs, static = PTXAS.get(re.sub(r"\W.*", "", name), (0, 0))
+            cells = [f"{v[C['blocks']]:.0f}", f"{v[C['threads']]:.0f}", str(regs or "?"), f"{(v[C['shmem']] + static) / 1024:.1f}",
+                     f"{r['per_sm']} ({r['limit']})", f"{r['waves']:.2f}"] + [f"{row['roofs'][x] * 1e6:.1f}" for x in roofs] + [
+                     max(row["roofs"], key=row["roofs"].get)]
+        else:
+            cells = ["", "", "", "", "", ""] + [""] * len(roofs) + ["cuBLASLt"]
+        print(f"| {name} | {row['n']} | " + " | ".join(cells) + f" | {row['t'] * 1e6:.1f} |")
+    free, conflicted = rows.get("shared_conflict_free"), rows.get("shared_conflict_32way")
+    if free and conflicted:
+        print()
+        print(f"conflicted/conflict-free shared-memory time: {conflicted['t'] / free['t']:.1f}")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "check":
+        return check(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, required=True, help="B to model")
     ap.add_argument("--seq", type=int, required=True, help="T, as measured")
@@ -288,26 +441,30 @@ def main():
     ap.add_argument("--accum", type=int, default=1, metavar="K",
                     help="also model a step of K micro-batches (one GPU: the optimizer's launches once, the rest K times)")
     ap.add_argument("--overlap", action="store_true", help="print only each run's serial and replayed step, per --link")
+    ap.add_argument("--gpu", choices=sorted(GPUS), default="H100")
+    ap.add_argument("--ptxas", help="nvcc -Xptxas -v's report for the GPU's architecture (registers per thread)")
     a = ap.parse_args()
+    set_gpu(a.gpu, a.ptxas)
     b1, b2 = a.measured
     runs, frees, replays = [], {}, {}
     for label, *files in a.run:
         if len(files) != (4 if a.layers else 2):
             sys.exit(f"--run {label}: {len(files)} files, {4 if a.layers else 2} expected")
-        counted = []  # per depth counted: the model, cudaFree counts, replays per link
+        counted = []  # per depth counted: the launches at --batch, cudaFree counts, replays per link
         for f1, f2 in zip(files[::2], files[1::2]):
             l1, l2 = step_lines(f1), step_lines(f2)
             r1, r2 = step_records(l1), step_records(l2)
             launches = extrapolate(r1, r2, b1, b2, a.batch)
-            counted.append((model(by_name(launches), a.link[0] * 1e9), (waits(r1), waits(r2)),
-                            [(link, sum(launch_seconds(k[0], v, link * 1e9) for k, (_, v) in launches.items()),
+            counted.append((launches, (waits(r1), waits(r2)),
+                            [(link, sum(launch_seconds(k[0], name, v, link * 1e9) for k, (name, v) in launches.items()),
                               *replay(l2, launches, link * 1e9)) for link in a.link]))
-        m, frees[label], replays[label] = counted[0]
-        if a.layers:
-            (la, lb), depth, (mb, _, rb) = a.layers, a.model[0], counted[1]
+        launches, frees[label], replays[label] = counted[0]
+        if a.layers:  # the replays in depth are the one linear extrapolation of times (a tail makes them approximate)
+            (la, lb), depth, (lb_launches, _, rb) = a.layers, a.model[0], counted[1]
             f = (depth - la) / (lb - la)
-            m = at_depth(m, mb, f)
+            launches = at_depth(launches, lb_launches, f)
             replays[label] = [(ra[0], *(x + (y - x) * f for x, y in zip(ra[1:], rb_[1:]))) for ra, rb_ in zip(replays[label], rb)]
+        m = model(launches, a.link[0] * 1e9)
         runs.append((label, m))
     if a.overlap:
         print(f"MODELLED, not measured: training steps at B={a.batch} T={a.seq} per GPU on H100 SXMs, from the CUDA emulator's "
@@ -347,9 +504,11 @@ def main():
     depth = f" and at {a.layers[0]} and {a.layers[1]} layers, extrapolated linearly in depth" if a.layers else ""
     print(f"MODELLED, not measured: a training step of GPT-2 d{L} (C={C}) at B={a.batch} T={a.seq} on one H100 SXM, from the "
           f"CUDA emulator's counts at B={b1} and B={b2}, T={a.seq}, extrapolated linearly in B{depth}")
-    print(f"MODELLED with HBM {HBM / 1e12:.2f} TB/s, matmuls at {GEMM_EFFICIENCY:.0%} of {PEAK / 1e12:.0f} TFLOP/s dense "
-          f"bf16, kernels' tensor-core products at {MMA_EFFICIENCY:.0%}, host copies at {PCIE / 1e9:.0f} GB/s, NCCL calls {LATENCY * 1e6:.0f} us plus their ring's bytes at "
-          f"{a.link[0]:.0f} GB/s; no caches or launch latency; the step serial, and replayed with its streams overlapped")
+    print(f"MODELLED on the {GPU['name']}: kernels at the largest of their roofs (HBM {GPU['hbm'] / 1e12:.2f} TB/s, mma.sync at "
+          f"{GPU['mma']:.0%} of {GPU['peak'] / 1e12:.0f} TFLOP/s dense bf16, issue, shared-memory wavefronts, SFU; {GPU['sms']} SMs "
+          f"at {GPU['clock'] / 1e9:.2f} GHz) times their last wave's tail, matmuls at {GEMM_EFFICIENCY:.0%} of the peak, host "
+          f"copies at {PCIE / 1e9:.0f} GB/s, NCCL calls {LATENCY * 1e6:.0f} us plus their ring's bytes at {a.link[0]:.0f} GB/s; "
+          f"no caches or launch latency; the step serial, and replayed with its streams overlapped")
     print()
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -375,7 +534,7 @@ def main():
         print(f"MODELLED {label}: step {t * 1e3:.1f} ms serial (matmuls {part(['gemm']):.1f}, other kernels {part(['kernel']):.1f}, "
               f"memsets and device copies {part(['copy']):.1f}, host copies {part(['pcie']):.2f}, NCCL {part(['nccl']):.2f}), "
               f"{step * 1e3:.1f} ms replayed; {tokens / t:,.0f} tok/s; "
-              f"MFU {100 * flops_per_token * tokens / t / PEAK:.1f}%; {launches} kernel and matmul launches per step; "
+              f"MFU {100 * flops_per_token * tokens / t / GPU['peak']:.1f}%; {launches} kernel and matmul launches per step; "
               f"cudaFree (a wait for the whole device, not timed) {frees[label][0]} times in the counted step at B={b1}, "
               f"{frees[label][1]} at B={b2}")
         print(f"MODELLED {label}, distinct sectors only (as if every re-read within a launch hit a cache): step "
@@ -385,7 +544,7 @@ def main():
             k = a.accum * (t - once) + once
             print(f"MODELLED {label} with {a.accum} micro-batches per step (gradient accumulation; AdamW and the gradient "
                   f"norm, {once * 1e3:.1f} ms, once): step {k * 1e3:.1f} ms, {a.accum * tokens / k:,.0f} tok/s, "
-                  f"MFU {100 * flops_per_token * a.accum * tokens / k / PEAK:.1f}%")
+                  f"MFU {100 * flops_per_token * a.accum * tokens / k / GPU['peak']:.1f}%")
 
 
 if __name__ == "__main__":

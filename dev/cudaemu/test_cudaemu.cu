@@ -135,6 +135,40 @@ __global__ void read_unaligned(int* out, const char* in) {
     memcpy(out + i, &v, 4);  // and __tsan_write_range for this
 }
 
+// Shared-memory requests whose wavefronts are known: lane l of each warp stores and loads word l * stride
+// of its warp's region (stride 1: conflict-free, 2: two lanes per bank, 32: all on one), all lanes load
+// word 0 (a broadcast: one), and each lane loads a float2 and a float4 of consecutive words (two and four).
+__global__ void shared_banks(float* out, int stride) {
+    float* s = (float*)cudaemu_dynamic_shared() + threadIdx.x / 32 * 128 * stride;
+    int lane = threadIdx.x % 32;
+    s[lane * stride] = lane;
+    __syncwarp();
+    out[threadIdx.x] = s[lane * stride] + s[0];
+    ((float2*)(out + 64))[threadIdx.x] = ((const float2*)s)[lane];  // copied whole: one 8-byte load, one 16-byte
+    ((float4*)(out + 192))[threadIdx.x] = ((const float4*)s)[lane];
+}
+// Three special functions per lane, and one more on half of each warp's lanes (still one instruction).
+__global__ void special_functions(float* out) {
+    float x = out[threadIdx.x];
+    for (int k = 0; k < 3; k++) x = expf(0.1f * x);
+    if (threadIdx.x % 32 < 16) x = logf(x + 2.0f);
+    out[threadIdx.x] = x;
+}
+// Hazards the race check cannot see: every thread writes the same value to one word with no barrier (the
+// bytes agree in every order), and a lane reading what its neighbour wrote, with or without __syncwarp.
+__global__ void same_value(int* out) {
+    __shared__ int flag;
+    flag = 1;
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = flag;
+}
+__global__ void warp_exchange(int* out, int sync) {
+    __shared__ int s[32];
+    s[threadIdx.x] = threadIdx.x;
+    if (sync) __syncwarp();
+    out[threadIdx.x] = s[threadIdx.x ^ 1];
+}
+
 // ---- cases: 0 and the right values, or an error
 
 // D (16 x 32) = A (16 x 32) B (32 x 32) + C on tensor cores, one 16-wide column tile of D per warp.
@@ -379,9 +413,70 @@ static int case_counts(void) {
     bad |= expect_counts("read_columns", 32 * n, 4 * n, 4 * n, 4 * n, 0);
     bad |= expect_counts("copy_float4", 16 * n, 16 * n, 16 * n, 16 * n, 0);
     bad |= expect_counts("read_unaligned", 32 * 5 * (n / 32), 4 * n, 32 * (4 * n / 32 + 1), 4 * n, 0);
+    cudaemu_counts c = cudaemu_profile_counts("copy_strided");  // one warp instruction each way, however many sectors
+    if (c.global_loads != n / 32 || c.global_stores != n / 32)
+        printf("copy_strided: %.0f global loads, %.0f stores; want %d each\n", c.global_loads, c.global_stores, n / 32), bad = 5;
     bad |= expect_counts("cublasLt NN 64x32x16", 2 * (64 * 16 + 16 * 32), 2 * 64 * 32, 2 * (64 * 16 + 16 * 32), 2 * 64 * 32,
                          2.0 * 64 * 32 * 16);
     return bad;
+}
+
+// Warp instructions and shared-memory wavefronts, exactly (2 warps each).
+static int case_shared_counts(void) {
+    float* out;
+    CHECK(cudaMalloc((void**)&out, 448 * sizeof(float)));
+    CHECK(cudaMemset(out, 0, 448 * sizeof(float)));
+    cudaemu_profile(1);
+    int bad = 0;
+    const int strides[3] = {1, 2, 32};
+    const char* names[3] = {"shared_banks 1", "shared_banks 2", "shared_banks 32"};
+    for (int k = 0; k < 3; k++) {
+        int stride = strides[k];
+        cudaemu_launch(names[k], shared_banks, 1, 64, 2 * 128 * stride * sizeof(float), 0, out, stride);
+        cudaemu_counts c = cudaemu_profile_counts(names[k]);
+        // per warp: a store (stride wavefronts); loads of stride, 1, 2 and 4; conflict-free 1 + 1 + 1 + 2 + 4
+        double want[7] = {2, 8, 2.0 * stride, 2.0 * (stride + 7), 18, 2, 6};
+        double got[7] = {c.shared_stores, c.shared_loads, c.shared_store_wavefronts, c.shared_load_wavefronts,
+                         c.shared_ideal_wavefronts, c.syncs, c.global_stores};
+        const char* what[7] = {"shared stores", "shared loads", "store wavefronts", "load wavefronts", "conflict-free wavefronts",
+                               "barriers", "global stores"};
+        for (int i = 0; i < 7; i++)
+            if (c.launches != 1 || got[i] != want[i]) {
+                printf("%s: %s %.0f, want %.0f (%ld launches)\n", names[k], what[i], got[i], want[i], c.launches);
+                bad = 5;
+            }
+    }
+    LAUNCH(special_functions, 1, 64, 0, 0, out);
+    cudaemu_counts c = cudaemu_profile_counts("special_functions");
+    if (c.sfu != 8) printf("special_functions: %.0f SFU instructions, want 8\n", c.sfu), bad = 5;
+    return bad;
+}
+
+static int case_hazards(int which) {
+    int* out = device_ints(256);
+    int in[256], want[256];
+    if (which == 0) {  // correct kernels are clean
+        cudaemu_hazards(1);
+        int* d = device_ints(256);
+        for (int i = 0; i < 256; i++) in[i] = i, want[i] = i ^ 1;
+        CHECK(cudaMemcpy(d, in, sizeof(in), cudaMemcpyHostToDevice));
+        LAUNCH(block_sum, 1, 256, 0, 0, out, d, 1);
+        LAUNCH(warp_exchange, 1, 32, 0, 0, out, 1);
+        LAUNCH(dynamic_shared_reverse, 1, 128, 128 * sizeof(int), 0, out);
+        LAUNCH(warp_exchange, 1, 32, 0, 0, out, 1);
+        expect_ints(out, want, 32, "warp_exchange");
+    } else if (which == 1) {  // the same-value race passes the race check ...
+        cudaemu_racecheck(1);
+        LAUNCH(same_value, 1, 64, 0, 0, out);
+        want[0] = 1;
+        expect_ints(out, want, 1, "same_value");
+    } else {  // ... and not the hazard check; nor does a missing __syncwarp
+        cudaemu_hazards(1);
+        if (which == 2) LAUNCH(same_value, 1, 64, 0, 0, out);
+        else LAUNCH(warp_exchange, 1, 32, 0, 0, out, 0);
+    }
+    CHECK(cudaDeviceSynchronize());
+    return 0;
 }
 
 static int case_gemm_ld(int ld) {  // a 16 x 8 column-major A with leading dimension ld (>= 16 is legal)
@@ -440,6 +535,11 @@ static int run_case(const char* name) {
     if (!strcmp(name, "gemm_ld")) return case_gemm_ld(16);
     if (!strcmp(name, "counts")) return case_counts();
     if (!strcmp(name, "bad_gemm_ld")) return case_gemm_ld(8);
+    if (!strcmp(name, "shared_counts")) return case_shared_counts();
+    if (!strcmp(name, "hazards_clean")) return case_hazards(0);
+    if (!strcmp(name, "same_value_race")) return case_hazards(1);
+    if (!strcmp(name, "same_value_hazard")) return case_hazards(2);
+    if (!strcmp(name, "missing_syncwarp")) return case_hazards(3);
     if (!strcmp(name, "block_too_large")) {
         int* out = device_ints(2048);
         LAUNCH(fill, 1, 2048, 0, 0, out, 2048, 1);
@@ -515,6 +615,11 @@ int main(int argc, char** argv) {
         {"gemm_ld", "", 1, ""},
         {"counts", "", 1, ""},
         {"bad_gemm_ld", "", 0, "matrix A: leading dimension 8 is less than its 16 rows"},
+        {"shared_counts", "", 1, ""},
+        {"hazards_clean", "", 1, ""},
+        {"same_value_race", "", 1, ""},
+        {"same_value_hazard", "", 0, "a shared-memory hazard (write after write): thread 1 at test_cudaemu.cu:"},
+        {"missing_syncwarp", "", 0, "warp_exchange block (0,0,0): a shared-memory hazard (write after read): thread 1 at test_cudaemu.cu:"},
         {"block_too_large", "", 0, "invalid configuration argument (cudaemu: fill<<<(1,1,1), (2048,1,1)>>>"},
         {"host_pointer_argument", "", 0, "kernel fill: argument 1"},
         {"memcpy_past_end", "", 0, "run past the end of its allocation"},
