@@ -378,6 +378,48 @@ void cudaemu_wmma_mma(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, 
     warp_op("wmma::mma_sync", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, wmma_mma_all);
 }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (cudaemu.h): a full-warp operation whose last lane to
+// arrive places every lane's registers in A (16 x 16), B (16 x 8) and C (16 x 8) as the PTX ISA does and
+// computes D for all of them.
+struct MmaCall {
+    float* d;
+    const uint32_t *a, *b;
+    const float* c;
+};
+static float bf16_half(uint32_t r, int high) {  // a register's bf16 element: the lower index in the low 16 bits
+    uint32_t u = (high ? r >> 16 : r & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+static void mma_m16n8k16_all(void* const* lanes) {
+    if (prof_in_kernel) prof_kernel_flops += 2.0 * 16 * 8 * 16;  // a warp's product: 16 x 8 x 16 multiply-adds
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; l++) {
+        const MmaCall* m = (const MmaCall*)lanes[l];
+        int g = l / 4, t = l % 4;
+        for (int i = 0; i < 8; i++) {  // element i: register i / 2; row g + 8 (register 1, 3), column 2t + i % 2 + 8 (i >= 4)
+            A[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] = bf16_half(m->a[i / 2], i % 2);
+            if (i < 4) B[2 * t + i % 2 + 8 * (i / 2)][g] = bf16_half(m->b[i / 2], i % 2);  // row 2t + i % 2 + 8 (i >= 2)
+            if (i < 4) C[g + 8 * (i / 2)][2 * t + i % 2] = m->c[i];
+        }
+    }
+    for (int l = 0; l < 32; l++) {  // after every lane's C was read: d and c may be one array
+        const MmaCall* m = (const MmaCall*)lanes[l];
+        for (int i = 0; i < 4; i++) {
+            int r = l / 4 + 8 * (i / 2), c = 2 * (l % 4) + i % 2;
+            float s = C[r][c];
+            for (int k = 0; k < 16; k++) s += A[r][k] * B[k][c];  // bf16 products are exact in fp32
+            m->d[i] = s;
+        }
+    }
+}
+
+void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    MmaCall m{d, a, b, c};
+    warp_op("mma.sync.m16n8k16", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, mma_m16n8k16_all);
+}
+
 void* cudaemu_dynamic_shared(void) {
     cur_fiber("dynamic shared memory");
     return cur_run->blk.dynamic_shared;

@@ -122,6 +122,15 @@ int cudaemu_wmma_meet(const char* op, const void* p, unsigned ldm, int col_major
 // D = A B + C for the whole warp, each lane passing its own fragments.
 void cudaemu_wmma_mma(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c);
 
+// The tensor-core instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (llmpar's lp_mma issues it
+// by inline PTX under nvcc, and calls this here): D (16 x 8) = A (16 x 16) B (16 x 8) + C, warp-collective
+// like a full-mask shuffle (all 32 lanes must arrive). Each lane passes its registers as the PTX ISA places
+// them (g = lane / 4, t = lane % 4; a register's lower 16 bits hold the lower column or row): a[0] A's row g,
+// columns 2t and 2t + 1; a[1] row g + 8, the same columns; a[2], a[3] those rows at columns 2t + 8, 2t + 9;
+// b[0] B's rows 2t, 2t + 1 of column g, b[1] rows 2t + 8, 2t + 9; c and d: c[0], c[1] row g, columns 2t and
+// 2t + 1, c[2], c[3] row g + 8. Sums in fp32 from C up over k in order.
+void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+
 namespace nvcuda {
 namespace wmma {
 struct matrix_a {};

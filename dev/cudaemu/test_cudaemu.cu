@@ -182,6 +182,23 @@ __global__ void wmma_partial_warp(float* out, const __nv_bfloat16* m) {  // lane
     out[threadIdx.x] = __bfloat162float(fa.x[0]);
 }
 
+// One m16n8k16 product per warp: each lane's registers (4 of A, 2 of B, 4 of C) as the host placed them,
+// its 4 elements of D back in the same order.
+__global__ void mma_product(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    uint32_t ra[4] = {a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]}, rb[2] = {b[2 * i], b[2 * i + 1]};
+    float rc[4] = {c[4 * i], c[4 * i + 1], c[4 * i + 2], c[4 * i + 3]}, rd[4];
+    cudaemu_mma_m16n8k16(rd, ra, rb, rc);
+    for (int k = 0; k < 4; k++) d[4 * i + k] = rd[k];
+}
+
+__global__ void mma_partial_warp(float* d, const uint32_t* a, const uint32_t* b, const float* c) {  // lanes 16..31 leave first
+    if (threadIdx.x >= 16) return;
+    float rd[4];
+    cudaemu_mma_m16n8k16(rd, a, b, c);
+    d[threadIdx.x] = rd[0];
+}
+
 static __nv_bfloat16* device_bf16_random(int n, float* host) {  // fresh random values in [-1, 1), rounded to bf16
     __nv_bfloat16* h = (__nv_bfloat16*)malloc(n * sizeof(__nv_bfloat16)), *d;
     for (int i = 0; i < n; i++) {
@@ -257,6 +274,63 @@ static int case_wmma_elements(void) {
                            out[l * 24 + w * 8 + i], want[w]);
                     return 2;
                 }
+        }
+    return 0;
+}
+
+// mma.m16n8k16 for two warps, each with its own random bf16 A (16 x 16), B (16 x 8) and fp32 C, against a
+// double-precision product. The registers are filled by the PTX ISA's formulas (section "Matrix Fragments
+// for mma.m16n8k16 with floating point type"), written out here apart from the emulator's: with
+// g = lane / 4, t = lane % 4, A's element ai (i = 0..7, two per register, lower i in the low half) sits at
+// row g for i in {0, 1, 4, 5}, else g + 8, column 2t + (i & 1), + 8 for i >= 4; B's bi (i = 0..3) at row
+// 2t + (i & 1), + 8 for i >= 2, column g; C's and D's ci at row g, + 8 for i >= 2, column 2t + (i & 1).
+static int case_mma(void) {
+    enum { WARPS = 2, LANES = 32 * WARPS };
+    srand((unsigned)time(NULL));
+    cudaemu_racecheck(1);
+    float ha[WARPS][16][16], hb[WARPS][16][8], hc[WARPS][16][8], hd[LANES * 4], rc[LANES * 4];
+    uint32_t ra[LANES * 4] = {}, rb[LANES * 2] = {};
+    for (int w = 0; w < WARPS; w++)
+        for (int l = 0; l < 32; l++) {
+            int g = l / 4, t = l % 4, lane = 32 * w + l;
+            for (int i = 0; i < 8; i++) {
+                int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8, col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+                __nv_bfloat16 v = __float2bfloat16(2.0f * rand() / RAND_MAX - 1.0f);
+                ha[w][row][col] = __bfloat162float(v);
+                ra[4 * lane + i / 2] |= (uint32_t)__bfloat16_as_ushort(v) << (16 * (i & 1));
+            }
+            for (int i = 0; i < 4; i++) {
+                int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0);
+                __nv_bfloat16 v = __float2bfloat16(2.0f * rand() / RAND_MAX - 1.0f);
+                hb[w][row][g] = __bfloat162float(v);
+                rb[2 * lane + i / 2] |= (uint32_t)__bfloat16_as_ushort(v) << (16 * (i & 1));
+                hc[w][g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = rc[4 * lane + i] = 2.0f * rand() / RAND_MAX - 1.0f;
+            }
+        }
+    uint32_t *a, *b;
+    float *c, *d;
+    CHECK(cudaMalloc((void**)&a, sizeof(ra)));
+    CHECK(cudaMalloc((void**)&b, sizeof(rb)));
+    CHECK(cudaMalloc((void**)&c, sizeof(rc)));
+    CHECK(cudaMalloc((void**)&d, sizeof(hd)));
+    CHECK(cudaMemcpy(a, ra, sizeof(ra), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(b, rb, sizeof(rb), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(c, rc, sizeof(rc), cudaMemcpyHostToDevice));
+    LAUNCH(mma_product, 1, LANES, 0, 0, d, a, b, c);
+    CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
+    for (int lane = 0; lane < LANES; lane++)
+        for (int i = 0; i < 4; i++) {
+            int w = lane / 32, row = (lane % 32) / 4 + (i >= 2 ? 8 : 0), col = 2 * (lane % 4) + (i & 1);
+            double ref = hc[w][row][col], mag = fabs(ref);
+            for (int k = 0; k < 16; k++) {
+                double p = (double)ha[w][row][k] * hb[w][k][col];
+                ref += p, mag += fabs(p);
+            }
+            if (!(fabs(hd[4 * lane + i] - ref) <= 1e-6 * mag)) {  // 17 fp32 roundings of sums below mag
+                printf("mma.m16n8k16: warp %d lane %d d%d (D[%d][%d]) = %.8g, want %.8g\n", w, lane % 32, i, row, col,
+                       hd[4 * lane + i], ref);
+                return 2;
+            }
         }
     return 0;
 }
@@ -374,7 +448,13 @@ static int case_counts(void) {
     double wmma_flops = cudaemu_profile_counts("wmma_gemm").flops;  // 2 warps, 2 products each
     int bad = wmma_flops == 4 * 2.0 * 16 * 16 * 16 ? 0 : 5;
     if (bad) printf("wmma_gemm: %.0f FLOPs counted, want %.0f\n", wmma_flops, 4 * 2.0 * 16 * 16 * 16);
-    bad = expect_counts("copy_floats", 4 * n, 4 * n, 4 * n, 4 * n, 0);
+    LAUNCH(mma_product, 1, 64, 0, 0, out, (const uint32_t*)in, (const uint32_t*)in, in);
+    double mma_flops = cudaemu_profile_counts("mma_product").flops;  // 2 warps, a product each
+    if (mma_flops != 2 * 2.0 * 16 * 8 * 16) {
+        printf("mma_product: %.0f FLOPs counted, want %.0f\n", mma_flops, 2 * 2.0 * 16 * 8 * 16);
+        bad = 5;
+    }
+    bad |= expect_counts("copy_floats", 4 * n, 4 * n, 4 * n, 4 * n, 0);
     bad |= expect_counts("copy_strided", 32 * n, 32 * n, 32 * n, 32 * n, 0);
     bad |= expect_counts("read_columns", 32 * n, 4 * n, 4 * n, 4 * n, 0);
     bad |= expect_counts("copy_float4", 16 * n, 16 * n, 16 * n, 16 * n, 0);
@@ -426,6 +506,17 @@ static int run_case(const char* name) {
         __nv_bfloat16* m = device_bf16_random(256, hm);
         CHECK(cudaMalloc((void**)&out, 32 * sizeof(float)));
         LAUNCH(wmma_partial_warp, 1, 32, 0, 0, out, m);
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
+    if (!strcmp(name, "mma")) return case_mma();
+    if (!strcmp(name, "mma_partial_warp")) {
+        uint32_t* r;
+        float* out;
+        CHECK(cudaMalloc((void**)&r, 8 * sizeof(uint32_t)));
+        CHECK(cudaMemset(r, 0, 8 * sizeof(uint32_t)));
+        CHECK(cudaMalloc((void**)&out, 32 * sizeof(float)));
+        LAUNCH(mma_partial_warp, 1, 32, 0, 0, out, r, r + 4, (const float*)r);
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
@@ -507,6 +598,8 @@ int main(int argc, char** argv) {
         {"wmma_gemm", "", 1, ""},
         {"wmma_elements", "", 1, ""},
         {"wmma_partial_warp", "", 0, "waits at wmma::load_matrix_sync (mask 0xffffffff) for lane 16, which has exited"},
+        {"mma", "", 1, ""},
+        {"mma_partial_warp", "", 0, "waits at mma.sync.m16n8k16 (mask 0xffffffff) for lane 16, which has exited"},
         {"coordinates", "", 1, ""},
         {"dynamic_shared", "", 1, ""},
         {"write_one_past", "", 0, "after kernel write_one_past: a write outside the 400-byte device allocation"},
