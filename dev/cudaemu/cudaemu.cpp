@@ -188,7 +188,7 @@ static thread_local BlockRun* cur_run;
 // Counting (section 10): while a launch is counted, every kernel thread's loads and stores are sorted into
 // warp requests; these mark where a block and a thread begin.
 static bool prof_in_kernel;
-static double prof_kernel_flops;  // the launch's tensor-core FLOPs (wmma::mma_sync), while counting
+static double prof_kernel_flops;  // the launch's tensor-core FLOPs (cudaemu_mma_m16n8k16), while counting
 static void prof_block_start(void);
 static void prof_thread_start(int linear);
 
@@ -244,7 +244,7 @@ void cudaemu_syncthreads(const char* site) {
 }
 
 // A warp operation; `collective`, when given, runs in the last lane to arrive with every lane's `bits` (as
-// pointers, nullptr for lanes outside the mask) before any lane goes on (wmma's calls).
+// pointers, nullptr for lanes outside the mask) before any lane goes on (the tensor-core product).
 static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width,
                         void (*collective)(void* const* lanes)) {
     Fiber* f = cur_fiber("a warp operation");
@@ -311,71 +311,6 @@ static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits
 
 uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width) {
     return warp_op(site, kind, mask, bits, arg, width, nullptr);
-}
-
-// wmma (cudaemu.h): each call is a full-warp operation whose collective step checks or computes for all lanes.
-struct WmmaMeet {
-    const char* op;
-    const void* p;
-    unsigned ldm;
-    int col_major;
-};
-static void wmma_check_same(void* const* lanes) {
-    const WmmaMeet* a = (const WmmaMeet*)lanes[0];
-    for (int l = 1; l < 32; l++) {
-        const WmmaMeet* b = (const WmmaMeet*)lanes[l];
-        if (b->p != a->p || b->ldm != a->ldm || b->col_major != a->col_major)
-            emu_fatal("%s: %s: lanes 0 and %d name different matrices (%p, ldm %u; %p, ldm %u)", block_name(cur_run).c_str(),
-                      a->op, l, a->p, a->ldm, b->p, b->ldm);
-    }
-}
-
-int cudaemu_wmma_meet(const char* op, const void* p, unsigned ldm, int col_major, int elem_bytes) {
-    Fiber* f = cur_fiber(op);
-    // CUDA's rules for load_matrix_sync and store_matrix_sync: a 256-bit aligned pointer, ldm a multiple of 16 bytes.
-    if ((uintptr_t)p % 32 || ldm * elem_bytes % 16 || ldm < 16)
-        emu_fatal("%s thread %d: %s: the pointer %p must be 32-byte aligned and ldm %u a multiple of %d, at least 16",
-                  block_name(cur_run).c_str(), f->linear, op, p, ldm, 16 / elem_bytes);
-    WmmaMeet m{op, p, ldm, col_major};
-    warp_op(op, CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, wmma_check_same);
-    return f->linear % 32;
-}
-
-struct WmmaMma {
-    float* d;
-    const __nv_bfloat16 *a, *b;
-    const float* c;
-};
-static void wmma_mma_all(void* const* lanes) {
-    if (prof_in_kernel) prof_kernel_flops += 2.0 * 16 * 16 * 16;  // a warp's product: 16 x 16 x 16 multiply-adds
-    float A[16][16], B[16][16], C[16][16];
-    for (int l = 0; l < 32; l++) {
-        const WmmaMma* m = (const WmmaMma*)lanes[l];
-        for (int i = 0; i < 8; i++) {
-            int r, c;
-            cudaemu_wmma_place(CUDAEMU_WMMA_A, l, i, &r, &c);
-            A[r][c] = __bfloat162float(m->a[i]);
-            cudaemu_wmma_place(CUDAEMU_WMMA_B, l, i, &r, &c);
-            B[r][c] = __bfloat162float(m->b[i]);
-            cudaemu_wmma_place(CUDAEMU_WMMA_ACC, l, i, &r, &c);
-            C[r][c] = m->c[i];
-        }
-    }
-    for (int l = 0; l < 32; l++) {  // after every lane's C was read: d and c may be one fragment
-        const WmmaMma* m = (const WmmaMma*)lanes[l];
-        for (int i = 0; i < 8; i++) {
-            int r, c;
-            cudaemu_wmma_place(CUDAEMU_WMMA_ACC, l, i, &r, &c);
-            float s = C[r][c];
-            for (int k = 0; k < 16; k++) s += A[r][k] * B[k][c];  // bf16 products are exact in fp32
-            m->d[i] = s;
-        }
-    }
-}
-
-void cudaemu_wmma_mma(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c) {
-    WmmaMma m{d, a, b, c};
-    warp_op("wmma::mma_sync", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, wmma_mma_all);
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (cudaemu.h): a full-warp operation whose last lane to

@@ -14,7 +14,7 @@ rest (embeddings, classifier, AdamW's per-parameter work) is constant or linear 
 
 Time of a launch on the H100: max(bytes / HBM bandwidth, FLOPs / peak): bytes are the sectors of the
 kernel's warp requests (no cache); matmuls move each matrix once and run at GEMM_EFFICIENCY of dense bf16
-peak, a kernel's tensor-core products (wmma; its other arithmetic is not counted, dev/cudaemu/README.md
+peak, a kernel's tensor-core products (mma; its other arithmetic is not counted, dev/cudaemu/README.md
 says why) at MMA_EFFICIENCY; host copies go at PCIE; an NCCL call LATENCY plus the larger of the bytes it
 sends and receives (a ring's) over --link. Launch latency and caches are not modelled.
 
@@ -34,7 +34,7 @@ from collections import defaultdict
 HBM = 3.35e12           # H100 SXM HBM3, bytes/s
 PEAK = 989e12           # H100 SXM dense bf16 tensor cores, FLOP/s
 GEMM_EFFICIENCY = 0.70  # the fraction of PEAK a cuBLASLt matmul is taken to reach
-MMA_EFFICIENCY = 0.35   # ... and a kernel's own wmma products (FlashAttention-2's ~350 TFLOP/s on an H100)
+MMA_EFFICIENCY = 0.35   # ... and a kernel's own mma products (FlashAttention-2's ~350 TFLOP/s on an H100)
 PCIE = 50e9             # host copies over PCIe 5.0 x16, bytes/s (64 GB/s a direction nominal)
 LATENCY = 20e-6         # per NCCL call, s (as --plan assumes)
 
@@ -146,7 +146,7 @@ def seconds(kind, nbytes, flops, link=None, nccl=None):
         return LATENCY + max(nccl) / link
     if kind == "gemm":
         return max(nbytes / HBM, flops / (GEMM_EFFICIENCY * PEAK))
-    return max(nbytes / HBM, flops / (MMA_EFFICIENCY * PEAK))  # kernels (their wmma FLOPs), device copies, memsets
+    return max(nbytes / HBM, flops / (MMA_EFFICIENCY * PEAK))  # kernels (their mma FLOPs), device copies, memsets
 
 
 def launch_seconds(kind, v, link, distinct=False):

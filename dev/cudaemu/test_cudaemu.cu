@@ -12,8 +12,6 @@ missing stream wait, a bad GEMM leading dimension, ...) must be caught with a on
 #include <string.h>
 #include <math.h>
 #include <time.h>
-#include <mma.h>
-using namespace nvcuda;
 
 #define CHECK(call)                                                                                     \
     do {                                                                                                \
@@ -135,53 +133,6 @@ __global__ void read_unaligned(int* out, const char* in) {
     memcpy(out + i, &v, 4);  // and __tsan_write_range for this
 }
 
-// ---- cases: 0 and the right values, or an error
-
-// D (16 x 32) = A (16 x 32) B (32 x 32) + C on tensor cores, one 16-wide column tile of D per warp.
-// A and B are stored as LA and LB say, each with leading dimension ld (> 16); C is read row-major and D
-// written column-major, both with leading dimension 40. The layouts are fragment types, hence a template.
-template <typename LA, typename LB>
-__device__ void wmma_tile(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, int ld) {
-    int n0 = 16 * (threadIdx.x / 32);
-    int a_col = std::is_same<LA, wmma::col_major>::value, b_col = std::is_same<LB, wmma::col_major>::value;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::load_matrix_sync(acc, c + n0, 40, wmma::mem_row_major);
-    for (int k0 = 0; k0 < 32; k0 += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LA> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LB> fb;
-        wmma::load_matrix_sync(fa, a + (a_col ? k0 * ld : k0), ld);
-        wmma::load_matrix_sync(fb, b + (b_col ? n0 * ld + k0 : k0 * ld + n0), ld);
-        wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(d + n0 * 40, acc, 40, wmma::mem_col_major);
-}
-__global__ void wmma_gemm(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, int ld, int a_col, int b_col) {
-    if (a_col && b_col) wmma_tile<wmma::col_major, wmma::col_major>(d, a, b, c, ld);
-    else if (a_col) wmma_tile<wmma::col_major, wmma::row_major>(d, a, b, c, ld);
-    else if (b_col) wmma_tile<wmma::row_major, wmma::col_major>(d, a, b, c, ld);
-    else wmma_tile<wmma::row_major, wmma::row_major>(d, a, b, c, ld);
-}
-
-// Each lane's A, B and accumulator elements as loaded, to pin the per-lane mapping.
-__global__ void wmma_elements(float* out, const __nv_bfloat16* m, const float* acc_in) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
-    wmma::load_matrix_sync(fa, m, 16);
-    wmma::load_matrix_sync(fb, m, 16);
-    wmma::load_matrix_sync(fc, acc_in, 16, wmma::mem_row_major);
-    for (int i = 0; i < fa.num_elements; i++) out[threadIdx.x * 24 + i] = __bfloat162float(fa.x[i]);
-    for (int i = 0; i < fb.num_elements; i++) out[threadIdx.x * 24 + 8 + i] = __bfloat162float(fb.x[i]);
-    for (int i = 0; i < fc.num_elements; i++) out[threadIdx.x * 24 + 16 + i] = fc.x[i];
-}
-
-__global__ void wmma_partial_warp(float* out, const __nv_bfloat16* m) {  // lanes 16..31 leave before the load
-    if (threadIdx.x >= 16) return;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::load_matrix_sync(fa, m, 16);
-    out[threadIdx.x] = __bfloat162float(fa.x[0]);
-}
-
 // One m16n8k16 product per warp: each lane's registers (4 of A, 2 of B, 4 of C) as the host placed them,
 // its 4 elements of D back in the same order.
 __global__ void mma_product(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
@@ -199,84 +150,7 @@ __global__ void mma_partial_warp(float* d, const uint32_t* a, const uint32_t* b,
     d[threadIdx.x] = rd[0];
 }
 
-static __nv_bfloat16* device_bf16_random(int n, float* host) {  // fresh random values in [-1, 1), rounded to bf16
-    __nv_bfloat16* h = (__nv_bfloat16*)malloc(n * sizeof(__nv_bfloat16)), *d;
-    for (int i = 0; i < n; i++) {
-        h[i] = __float2bfloat16(2.0f * rand() / RAND_MAX - 1.0f);
-        host[i] = __bfloat162float(h[i]);
-    }
-    CHECK(cudaMalloc((void**)&d, n * sizeof(__nv_bfloat16)));
-    CHECK(cudaMemcpy(d, h, n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
-    free(h);
-    return d;
-}
-static float* device_floats_random(int n, float* host) {
-    float* d;
-    for (int i = 0; i < n; i++) host[i] = 2.0f * rand() / RAND_MAX - 1.0f;
-    CHECK(cudaMalloc((void**)&d, n * sizeof(float)));
-    CHECK(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
-    return d;
-}
-
-// The four layouts of A and B against a double-precision product, leading dimension 40.
-static int case_wmma_gemm(void) {
-    enum { LD = 40 };
-    srand((unsigned)time(NULL));
-    cudaemu_racecheck(1);
-    for (int layouts = 0; layouts < 4; layouts++) {
-        int a_col = layouts & 1, b_col = layouts >> 1;
-        float ha[32 * LD], hb[32 * LD], hc[16 * 40], hd[32 * 40];
-        __nv_bfloat16 *a = device_bf16_random(32 * LD, ha), *b = device_bf16_random(32 * LD, hb);
-        float *c = device_floats_random(16 * 40, hc), *d;
-        CHECK(cudaMalloc((void**)&d, sizeof(hd)));
-        LAUNCH(wmma_gemm, 1, 64, 0, 0, d, a, b, c, (int)LD, a_col, b_col);
-        CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
-        for (int i = 0; i < 16; i++)
-            for (int j = 0; j < 32; j++) {
-                double ref = hc[i * 40 + j], mag = fabs(ref);
-                for (int k = 0; k < 32; k++) {
-                    double p = (double)ha[a_col ? k * LD + i : i * LD + k] * hb[b_col ? j * LD + k : k * LD + j];
-                    ref += p, mag += fabs(p);
-                }
-                double got = hd[j * 40 + i];
-                if (!(fabs(got - ref) <= 1e-6 * mag)) {  // 33 fp32 roundings of sums below mag
-                    printf("wmma layouts A %s B %s: D[%d][%d] = %.8g, want %.8g\n", a_col ? "col" : "row", b_col ? "col" : "row", i, j,
-                           got, ref);
-                    return 2;
-                }
-            }
-        CHECK(cudaFree(a));
-        CHECK(cudaFree(b));
-        CHECK(cudaFree(c));
-        CHECK(cudaFree(d));
-    }
-    return 0;
-}
-
-// Lane l holds, for g = l / 4 and t = l % 4, with e = 2 t + (i odd) and h = 8 (i >= 4):
-// A and the accumulator element i at row g + 8 (i % 4 >= 2), column e + h; B element i at row
-// e + 8 (i % 4 >= 2), column g + h (sm_80's layout, the PTX ISA's mma.m16n8k16 fragments).
-static int case_wmma_elements(void) {
-    float hm[256], hacc[256], out[32 * 24], *acc, *dout;
-    srand((unsigned)time(NULL));
-    __nv_bfloat16* m = device_bf16_random(256, hm);
-    acc = device_floats_random(256, hacc);
-    CHECK(cudaMalloc((void**)&dout, sizeof(out)));
-    LAUNCH(wmma_elements, 1, 32, 0, 0, dout, m, acc);
-    CHECK(cudaMemcpy(out, dout, sizeof(out), cudaMemcpyDeviceToHost));
-    for (int l = 0; l < 32; l++)
-        for (int i = 0; i < 8; i++) {
-            int g = l / 4, e = 2 * (l % 4) + i % 2, h = i >= 4 ? 8 : 0, up = i % 4 >= 2 ? 8 : 0;
-            float want[3] = {hm[(g + up) * 16 + e + h], hm[(e + up) * 16 + g + h], hacc[(g + up) * 16 + e + h]};
-            for (int w = 0; w < 3; w++)
-                if (out[l * 24 + w * 8 + i] != want[w]) {
-                    printf("wmma %s: lane %d element %d is %g, want %g\n", w == 0 ? "A" : w == 1 ? "B" : "accumulator", l, i,
-                           out[l * 24 + w * 8 + i], want[w]);
-                    return 2;
-                }
-        }
-    return 0;
-}
+// ---- cases: 0 and the right values, or an error
 
 // mma.m16n8k16 for two warps, each with its own random bf16 A (16 x 16), B (16 x 8) and fp32 C, against a
 // double-precision product. The registers are filled by the PTX ISA's formulas (section "Matrix Fragments
@@ -444,16 +318,10 @@ static int case_counts(void) {
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
     cublasLtMatmul(h, desc, &alpha, in, la, in, lb, &beta, out, ld, out, ld, &heur.algo, NULL, 0, 0);
-    LAUNCH(wmma_gemm, 1, 64, 0, 0, out, (const __nv_bfloat16*)in, (const __nv_bfloat16*)in, out + 2048, 40, 0, 0);
-    double wmma_flops = cudaemu_profile_counts("wmma_gemm").flops;  // 2 warps, 2 products each
-    int bad = wmma_flops == 4 * 2.0 * 16 * 16 * 16 ? 0 : 5;
-    if (bad) printf("wmma_gemm: %.0f FLOPs counted, want %.0f\n", wmma_flops, 4 * 2.0 * 16 * 16 * 16);
     LAUNCH(mma_product, 1, 64, 0, 0, out, (const uint32_t*)in, (const uint32_t*)in, in);
     double mma_flops = cudaemu_profile_counts("mma_product").flops;  // 2 warps, a product each
-    if (mma_flops != 2 * 2.0 * 16 * 8 * 16) {
-        printf("mma_product: %.0f FLOPs counted, want %.0f\n", mma_flops, 2 * 2.0 * 16 * 8 * 16);
-        bad = 5;
-    }
+    int bad = mma_flops == 2 * 2.0 * 16 * 8 * 16 ? 0 : 5;
+    if (bad) printf("mma_product: %.0f FLOPs counted, want %.0f\n", mma_flops, 2 * 2.0 * 16 * 8 * 16);
     bad |= expect_counts("copy_floats", 4 * n, 4 * n, 4 * n, 4 * n, 0);
     bad |= expect_counts("copy_strided", 32 * n, 32 * n, 32 * n, 32 * n, 0);
     bad |= expect_counts("read_columns", 32 * n, 4 * n, 4 * n, 4 * n, 0);
@@ -496,16 +364,6 @@ static int run_case(const char* name) {
     if (!strcmp(name, "partial_warp_shuffle")) {
         int* out = device_ints(32);
         LAUNCH(partial_warp_shuffle, 1, 32, 0, 0, out);
-        CHECK(cudaDeviceSynchronize());
-        return 0;
-    }
-    if (!strcmp(name, "wmma_gemm")) return case_wmma_gemm();
-    if (!strcmp(name, "wmma_elements")) return case_wmma_elements();
-    if (!strcmp(name, "wmma_partial_warp")) {
-        float hm[256], *out;
-        __nv_bfloat16* m = device_bf16_random(256, hm);
-        CHECK(cudaMalloc((void**)&out, 32 * sizeof(float)));
-        LAUNCH(wmma_partial_warp, 1, 32, 0, 0, out, m);
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
@@ -595,9 +453,6 @@ int main(int argc, char** argv) {
         {"divergent_barrier", "", 0, "is reached by 16 of 32 threads"},
         {"shuffles", "", 1, ""},
         {"partial_warp_shuffle", "", 0, "which has exited (a shuffle with inactive lanes)"},
-        {"wmma_gemm", "", 1, ""},
-        {"wmma_elements", "", 1, ""},
-        {"wmma_partial_warp", "", 0, "waits at wmma::load_matrix_sync (mask 0xffffffff) for lane 16, which has exited"},
         {"mma", "", 1, ""},
         {"mma_partial_warp", "", 0, "waits at mma.sync.m16n8k16 (mask 0xffffffff) for lane 16, which has exited"},
         {"coordinates", "", 1, ""},
