@@ -2681,13 +2681,14 @@ static __device__ inline void lp_flash_put(floatX* tile, const float acc[HP / 8]
     }
 }
 
-// The warp's two products per tile. s (16,64) = a b^T: a (16,HP) as A fragments in registers, b the tile's
-// 64 rows; s[j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2), column 8j + 2t + e % 2). Only
-// the column blocks j in [lo, hi) are computed, the others are zeros (wholly masked, or past T).
-template <int HP>
-static __device__ inline void lp_flash_abt(float s[8][4], const uint32_t a[HP / 16][4], const floatX* tile, int lo, int hi) {
+// The warp's two products per tile. s (16,8NB) = a b^T: a (16,HP) as A fragments in registers, b the
+// tile's first 8NB rows (NB = 8: all 64); s[j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2),
+// column 8j + 2t + e % 2). Only the column blocks j in [lo, hi) are computed, the others are zeros (wholly
+// masked, or past T).
+template <int HP, int NB>
+static __device__ inline void lp_flash_abt(float s[NB][4], const uint32_t a[HP / 16][4], const floatX* tile, int lo, int hi) {
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < NB; j++) {
         s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
         if (j < lo || j >= hi) continue;
 #pragma unroll
@@ -2698,13 +2699,13 @@ static __device__ inline void lp_flash_abt(float s[8][4], const uint32_t a[HP / 
         }
     }
 }
-// acc (16,HP) += p b: p (16,64) the fp32 accumulators of lp_flash_abt, rounded to bf16 as A fragments in
-// place (columns 16k .. 16k + 15 are s[2k] and s[2k + 1]: FlashAttention-2's register reuse), b the tile
-// (64,HP); the 16-column steps wholly outside [lo, hi) are skipped.
-template <int HP>
-static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[8][4], const floatX* tile, int lo, int hi) {
+// acc (16,HP) += p b: p (16,8NB) the fp32 accumulators of lp_flash_abt, rounded to bf16 as A fragments
+// in place (columns 16k .. 16k + 15 are s[2k] and s[2k + 1]: FlashAttention-2's register reuse), b the
+// tile's first 8NB rows; the 16-column steps wholly outside [lo, hi) are skipped.
+template <int HP, int NB>
+static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[NB][4], const floatX* tile, int lo, int hi) {
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < NB / 2; k++) {
         if (2 * k + 1 < lo || 2 * k >= hi) continue;
         uint32_t a[4] = {lp_pack2f(p[2 * k][0], p[2 * k][1]), lp_pack2f(p[2 * k][2], p[2 * k][3]),
                          lp_pack2f(p[2 * k + 1][0], p[2 * k + 1][1]), lp_pack2f(p[2 * k + 1][2], p[2 * k + 1][3])};
@@ -2719,10 +2720,11 @@ static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[8
 
 // The causal mask on a diagonal tile: -infinity where the key comes after the query. Keys along the columns
 // (forward, dq: masked where column - row > off) or along the rows (dk, dv: where row - column > off).
-static __device__ inline void lp_flash_mask(float s[8][4], int off, int keys_in_rows) {
+template <int NB>
+static __device__ inline void lp_flash_mask(float s[NB][4], int off, int keys_in_rows) {
     int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < NB; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = lane / 4 + 8 * (e / 2), c = 8 * j + 2 * (lane % 4) + e % 2;
@@ -2786,10 +2788,10 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS)
         if (r0 >= T) continue;  // a warp past T (the last block of a ragged T) only helps load
         int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);  // key blocks of 8 that any row sees
         float s[8][4];
-        lp_flash_abt<HP>(s, qf, ks, 0, hi);  // s = q k^T
-        if (diag) lp_flash_mask(s, 16 * warp, 0);
+        lp_flash_abt<HP, 8>(s, qf, ks, 0, hi);  // s = q k^T
+        if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
         lp_flash_softmax<HP>(s, m, l, o, sl2);
-        lp_flash_apb<HP>(o, s, vs, 0, hi);  // o += p v
+        lp_flash_apb<HP, 8>(o, s, vs, 0, hi);  // o += p v
     }
     __syncthreads();  // every warp is done with the k tile, which now takes y
     if (r0 >= T) return;
@@ -2830,11 +2832,12 @@ __global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dou
 // From s (scores) and dp of a tile: p = exp2(s scale log2(e) - lse log2(e)) and ds = scale p (dp - D) in
 // their place, each element with its query's lse2 = lse log2(e) and D: per column from arrays (dk, dv) or
 // per row, the lane's two (dq). A query past T has lse2 = +inf, so p = 0.
-static __device__ inline void lp_flash_grads(float s[8][4], float dp[8][4], const float* lse2, const float* D, int queries_in_cols,
+template <int NB>
+static __device__ inline void lp_flash_grads(float s[NB][4], float dp[NB][4], const float* lse2, const float* D, int queries_in_cols,
                                              float sl2, float scale) {
     int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < NB; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int q = queries_in_cols ? 8 * j + 2 * (lane % 4) + e % 2 : e / 2;
@@ -2859,7 +2862,7 @@ template <int HP>
 __global__ void __launch_bounds__(LP_FLASH_THREADS)
     lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
                                           int C, int NH, float scale) {
-    const int LD = HP + 8;
+    const int LD = HP + 8, NB = HP > 64 ? 4 : 8;  // query blocks of 8 per pass: half a tile at HP 128, where registers run short
     int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int k0 = blockIdx.y * LP_FLASH_ROWS, c0 = k0 + 16 * warp;  // the block's and the warp's first key
     LP_SHARED(floatX, smem);
@@ -2882,13 +2885,18 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS)
         __syncthreads();
         if (c0 >= T) continue;  // a warp past T only helps load
         int diag = i0 == k0, lo = diag ? 2 * warp : 0, hi = min(8, (T - i0 + 7) / 8);  // query blocks of 8 that see a key
-        float s[8][4], dp[8][4];
-        lp_flash_abt<HP>(s, kf, qs, lo, hi);    // s^T = k q^T
-        lp_flash_abt<HP>(dp, vf, dys, lo, hi);  // dp^T = v dy^T
-        if (diag) lp_flash_mask(s, -16 * warp, 1);
-        lp_flash_grads(s, dp, ls, Ds, 1, sl2, scale);
-        lp_flash_apb<HP>(dv, s, dys, lo, hi);  // dv += p^T dy
-        lp_flash_apb<HP>(dk, dp, qs, lo, hi);  // dk += ds^T q
+#pragma unroll
+        for (int c = 0; c < 8; c += NB) {  // the tile's query blocks c .. c + NB - 1
+            if (hi <= c || lo >= c + NB) continue;
+            const floatX *qp = qs + 8 * c * LD, *dyp = dys + 8 * c * LD;
+            float s[NB][4], dp[NB][4];
+            lp_flash_abt<HP, NB>(s, kf, qp, lo - c, hi - c);    // s^T = k q^T
+            lp_flash_abt<HP, NB>(dp, vf, dyp, lo - c, hi - c);  // dp^T = v dy^T
+            if (diag) lp_flash_mask<NB>(s, 8 * c - 16 * warp, 1);
+            lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
+            lp_flash_apb<HP, NB>(dv, s, dyp, lo - c, hi - c);  // dv += p^T dy
+            lp_flash_apb<HP, NB>(dk, dp, qp, lo - c, hi - c);  // dk += ds^T q
+        }
     }
     __syncthreads();  // every warp is done with the tiles, which now take dk and dv
     if (c0 >= T) return;
@@ -2929,11 +2937,11 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS)
         if (r0 >= T) continue;  // a warp past T only helps load
         int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);
         float s[8][4], dp[8][4];
-        lp_flash_abt<HP>(s, qf, ks, 0, hi);   // s = q k^T
-        lp_flash_abt<HP>(dp, df, vs, 0, hi);  // dp = dy v^T
-        if (diag) lp_flash_mask(s, 16 * warp, 0);
-        lp_flash_grads(s, dp, lse2, Dr, 0, sl2, scale);
-        lp_flash_apb<HP>(dq, dp, ks, 0, hi);  // dq += ds k
+        lp_flash_abt<HP, 8>(s, qf, ks, 0, hi);   // s = q k^T
+        lp_flash_abt<HP, 8>(dp, df, vs, 0, hi);  // dp = dy v^T
+        if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
+        lp_flash_grads<8>(s, dp, lse2, Dr, 0, sl2, scale);
+        lp_flash_apb<HP, 8>(dq, dp, ks, 0, hi);  // dq += ds k
     }
     __syncthreads();  // every warp is done with the k tile, which now takes dq
     if (r0 >= T) return;

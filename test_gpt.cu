@@ -3454,6 +3454,8 @@ static void tier4_kernel_tests(void) {
     tier4_flash_attention(&rng, 1, 33, 100, 4);   // HS=25: tiles padded to 32 columns
     tier4_flash_attention(&rng, 1, 37, 768, 12);  // GPT-2's C and heads
     tier4_flash_attention(&rng, 1, 100, 96, 3);   // HS=32; blocks of several warps, the last part-filled
+    tier4_flash_attention(&rng, 1, 64, 256, 2);   // HS=128, the largest head: one whole tile
+    tier4_flash_attention(&rng, 1, 130, 160, 2);  // HS=80, padded to 128; three tiles, the last ragged
     tier4_classifier(&rng);
     tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
