@@ -355,6 +355,29 @@ void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], 
     warp_op("mma.sync.m16n8k16", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, mma_m16n8k16_all);
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (cudaemu.h): the last lane to arrive reads the four 8 x 8
+// matrices whose rows the lanes name (lanes 8i .. 8i + 7: matrix i's rows 0 .. 7) and hands each lane its
+// registers, so all rows are read before any lane goes on.
+struct LdmatrixCall {
+    uint32_t* d;
+    const uint16_t* row;
+};
+static void ldmatrix_x4_trans_all(void* const* lanes) {
+    uint16_t M[4][8][8];
+    for (int l = 0; l < 32; l++) memcpy(M[l / 8][l % 8], ((const LdmatrixCall*)lanes[l])->row, 16);
+    for (int l = 0; l < 32; l++)  // transposed: lane l gets column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1
+        for (int i = 0; i < 4; i++)
+            ((const LdmatrixCall*)lanes[l])->d[i] = M[i][2 * (l % 4)][l / 4] | (uint32_t)M[i][2 * (l % 4) + 1][l / 4] << 16;
+}
+
+void cudaemu_ldmatrix_x4_trans(uint32_t d[4], const void* row) {
+    Fiber* f = cur_fiber("ldmatrix");
+    if ((uintptr_t)row % 16)
+        emu_fatal("%s thread %d: ldmatrix: the row address %p is not 16-byte aligned", block_name(cur_run).c_str(), f->linear, row);
+    LdmatrixCall m{d, (const uint16_t*)row};
+    warp_op("ldmatrix.sync.m8n8.x4.trans", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, ldmatrix_x4_trans_all);
+}
+
 void* cudaemu_dynamic_shared(void) {
     cur_fiber("dynamic shared memory");
     return cur_run->blk.dynamic_shared;

@@ -150,6 +150,24 @@ __global__ void mma_partial_warp(float* d, const uint32_t* a, const uint32_t* b,
     d[threadIdx.x] = rd[0];
 }
 
+// A 16 x 24 bf16 matrix (pitch 24) staged in shared memory and read by ldmatrix.x4.trans: lane l names row
+// rows[l] of column block cols[l]; each lane's 4 registers come back. `skew` (2 bytes) misaligns the rows.
+__global__ void ldmatrix_load(uint32_t* d, const uint16_t* m, const int* rows, const int* cols, int skew) {
+    int lane = threadIdx.x;
+    uint16_t* s = (uint16_t*)cudaemu_dynamic_shared();
+    for (int i = lane; i < 16 * 24; i += 32) s[i] = m[i];
+    __syncwarp();
+    uint32_t r[4];
+    cudaemu_ldmatrix_x4_trans(r, s + rows[lane] * 24 + 8 * cols[lane] + skew);
+    for (int i = 0; i < 4; i++) d[4 * lane + i] = r[i];
+}
+__global__ void ldmatrix_partial_warp(uint32_t* d, const uint16_t* m) {  // lanes 16..31 leave first
+    if (threadIdx.x >= 16) return;
+    uint32_t r[4];
+    cudaemu_ldmatrix_x4_trans(r, m);
+    d[threadIdx.x] = r[0];
+}
+
 // ---- cases: 0 and the right values, or an error
 
 // mma.m16n8k16 for two warps, each with its own random bf16 A (16 x 16), B (16 x 8) and fp32 C, against a
@@ -203,6 +221,44 @@ static int case_mma(void) {
             if (!(fabs(hd[4 * lane + i] - ref) <= 1e-6 * mag)) {  // 17 fp32 roundings of sums below mag
                 printf("mma.m16n8k16: warp %d lane %d d%d (D[%d][%d]) = %.8g, want %.8g\n", w, lane % 32, i, row, col,
                        hd[4 * lane + i], ref);
+                return 2;
+            }
+        }
+    return 0;
+}
+
+// ldmatrix.x4.trans: the rows of the four 8 x 8 matrices come from the lanes' addresses (here in a
+// scrambled order, from a 16 x 24 matrix in shared memory), and by the PTX ISA (ldmatrix, "Optional
+// qualifier .trans indicates that the matrix is loaded in column-major format"; each 4 lanes get a row,
+// the first lane the first 2 elements) lane l's register i holds matrix i's column l / 4 at rows 2 (l % 4)
+// (low half) and 2 (l % 4) + 1. skew: the addresses 2 bytes off alignment, an error.
+static int case_ldmatrix(int skew) {
+    cudaemu_racecheck(1);
+    uint16_t hm[16 * 24];
+    int rows[32], cols[32];
+    srand((unsigned)time(NULL));
+    for (int i = 0; i < 16 * 24; i++) hm[i] = (uint16_t)rand();
+    for (int l = 0; l < 32; l++) rows[l] = (5 * l + 3) % 16, cols[l] = (l * 7 / 5) % 3;  // any rows, any 16-byte column blocks
+    uint16_t* m;
+    uint32_t* d;
+    int *drows, *dcols;
+    CHECK(cudaMalloc((void**)&m, sizeof(hm)));
+    CHECK(cudaMalloc((void**)&d, 4 * 32 * sizeof(uint32_t)));
+    CHECK(cudaMalloc((void**)&drows, sizeof(rows)));
+    CHECK(cudaMalloc((void**)&dcols, sizeof(cols)));
+    CHECK(cudaMemcpy(m, hm, sizeof(hm), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(drows, rows, sizeof(rows), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dcols, cols, sizeof(cols), cudaMemcpyHostToDevice));
+    LAUNCH(ldmatrix_load, 1, 32, sizeof(hm) + 16, 0, d, m, drows, dcols, skew);
+    uint32_t hd[4 * 32];
+    CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < 4; i++) {
+            int r0 = 2 * (l % 4), c = l / 4;  // the matrix's rows r0, r0 + 1 at column c: lanes 8i + r0 and 8i + r0 + 1 named them
+            uint16_t lo = hm[rows[8 * i + r0] * 24 + 8 * cols[8 * i + r0] + c], hi = hm[rows[8 * i + r0 + 1] * 24 + 8 * cols[8 * i + r0 + 1] + c];
+            uint32_t want = lo | (uint32_t)hi << 16;
+            if (hd[4 * l + i] != want) {
+                printf("ldmatrix.x4.trans: lane %d register %d is 0x%08x, want 0x%08x\n", l, i, hd[4 * l + i], want);
                 return 2;
             }
         }
@@ -378,6 +434,17 @@ static int run_case(const char* name) {
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
+    if (!strcmp(name, "ldmatrix")) return case_ldmatrix(0);
+    if (!strcmp(name, "ldmatrix_misaligned")) return case_ldmatrix(1);
+    if (!strcmp(name, "ldmatrix_partial_warp")) {
+        uint32_t* d;
+        uint16_t* m;
+        CHECK(cudaMalloc((void**)&d, 32 * sizeof(uint32_t)));
+        CHECK(cudaMalloc((void**)&m, 64 * sizeof(uint16_t)));
+        LAUNCH(ldmatrix_partial_warp, 1, 32, 0, 0, d, m);
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
     if (!strcmp(name, "write_one_past")) {
         int* out = device_ints(100);
         LAUNCH(write_one_past, 1, 128, 0, 0, out, 100);
@@ -455,6 +522,9 @@ int main(int argc, char** argv) {
         {"partial_warp_shuffle", "", 0, "which has exited (a shuffle with inactive lanes)"},
         {"mma", "", 1, ""},
         {"mma_partial_warp", "", 0, "waits at mma.sync.m16n8k16 (mask 0xffffffff) for lane 16, which has exited"},
+        {"ldmatrix", "", 1, ""},
+        {"ldmatrix_misaligned", "", 0, "ldmatrix: the row address"},
+        {"ldmatrix_partial_warp", "", 0, "waits at ldmatrix.sync.m8n8.x4.trans (mask 0xffffffff) for lane 16, which has exited"},
         {"coordinates", "", 1, ""},
         {"dynamic_shared", "", 1, ""},
         {"write_one_past", "", 0, "after kernel write_one_past: a write outside the 400-byte device allocation"},
