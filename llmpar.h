@@ -2588,10 +2588,19 @@ static __device__ inline void lp_mma(float d[4], const uint32_t a[4], const uint
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 #endif
 }
-// Two bf16 in a register, the first in the low half.
-static __device__ inline uint32_t lp_pack2(floatX lo, floatX hi) {
-    return (uint32_t)__bfloat16_as_ushort(lo) | (uint32_t)__bfloat16_as_ushort(hi) << 16;
+// Four 8 x 8 bf16 blocks of shared memory, transposed, into d[0..3]: ldmatrix.sync.aligned.m8n8.x4.trans
+// (under the emulator its warp-collective twin). Lane l gives the address of row l % 8 of block l / 8 (16
+// bytes, 16-byte aligned) and gets, in d[i], block i's column l / 4 at rows 2 (l % 4) and 2 (l % 4) + 1.
+static __device__ inline void lp_ldmatrix_trans(uint32_t d[4], const floatX* row) {
+#ifdef LLMPAR_CUDAEMU
+    cudaemu_ldmatrix_x4_trans(d, row);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
+#endif
 }
+// Two fp32 values as bf16 in a register, the first in the low half.
 static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one conversion instruction for both
     uint32_t u;
@@ -2602,9 +2611,9 @@ static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
 // Tiles in shared memory are bf16 rows of HP values at a pitch of HP + 8 (16 bytes of padding), so that a
 // warp's fragment loads hit 32 different banks or share a word: a pitch of HP / 2 + 4 words puts row g at
 // bank 4g + (HP / 2) g (mod 32), and 8 rows x 4 neighbouring words (lp_frag_rows: lane g, t reads word t
-// of row g) fill all 32 banks for every HP in {16, 32, 64, 128}; lp_frag_cols reads rows 2t and 2t + 1 at
-// column g, 16-bit values whose words sit at bank (HP + 8) t + g / 2 (mod 32) = 8t + g / 2 (24t for HP = 16):
-// 16 banks, each word shared by two lanes.
+// of row g) fill all 32 banks for every HP in {16, 32, 64, 128}; so do the 8 rows x 16 bytes of each block
+// ldmatrix reads (lp_frag_cols). Staging writes whole 16-byte pieces, 8 lanes a row's neighbours: free of
+// conflicts at HP 64 and 128, 2-way on a few banks at HP 16 and 32 (once per tile).
 //
 // B fragment (16,8) with B[k][n] = tile[n][k] (the tile's rows are B's columns: k for q k^T): each
 // register two neighbours in a row, one 32-bit load.
@@ -2614,12 +2623,14 @@ static __device__ inline void lp_frag_rows(uint32_t b[2], const floatX* tile, in
     b[0] = *(const uint32_t*)p;
     b[1] = *(const uint32_t*)(p + 8);
 }
-// B fragment (16,8) with B[k][n] = tile[k][n] (v for p v): each register two rows, two 16-bit loads.
-static __device__ inline void lp_frag_cols(uint32_t b[2], const floatX* tile, int ld) {
+// Two B fragments (16,8), columns 0 .. 7 and 8 .. 15, with B[k][n] = tile[k][n] (v for p v): each register
+// a column's two neighbouring rows, which ldmatrix's transposing load gathers from the blocks (rows 0, 8 x
+// columns 0, 8) in one instruction.
+static __device__ inline void lp_frag_cols(uint32_t b[2][2], const floatX* tile, int ld) {
     int lane = threadIdx.x % 32;
-    const floatX* p = tile + 2 * (lane % 4) * ld + lane / 4;
-    b[0] = lp_pack2(p[0], p[ld]);
-    b[1] = lp_pack2(p[8 * ld], p[9 * ld]);
+    uint32_t d[4];
+    lp_ldmatrix_trans(d, tile + (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16));
+    b[0][0] = d[0], b[0][1] = d[1], b[1][0] = d[2], b[1][1] = d[3];
 }
 // A fragment (16,16) of a row-major tile: its rows g and g + 8 as lp_frag_rows reads them.
 static __device__ inline void lp_frag_a(uint32_t a[4], const floatX* tile, int ld) {
@@ -2710,10 +2721,11 @@ static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[N
         uint32_t a[4] = {lp_pack2f(p[2 * k][0], p[2 * k][1]), lp_pack2f(p[2 * k][2], p[2 * k][3]),
                          lp_pack2f(p[2 * k + 1][0], p[2 * k + 1][1]), lp_pack2f(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
-        for (int n = 0; n < HP / 8; n++) {
-            uint32_t b[2];
+        for (int n = 0; n < HP / 8; n += 2) {
+            uint32_t b[2][2];
             lp_frag_cols(b, tile + 16 * k * (HP + 8) + 8 * n, HP + 8);
-            lp_mma(acc[n], a, b, acc[n]);
+            lp_mma(acc[n], a, b[0], acc[n]);
+            lp_mma(acc[n + 1], a, b[1], acc[n + 1]);
         }
     }
 }
