@@ -2574,7 +2574,8 @@ static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 
 // D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
 // instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes take part; under the
 // emulator its warp-collective twin). Registers as the PTX ISA places them ("Matrix Fragments for
-// mma.m16n8k16 with floating point type"), with g = lane / 4, t = lane % 4 and a register's lower 16 bits
+// mma.m16n8k16 with floating point type", docs.nvidia.com/cuda/parallel-thread-execution/
+// #warp-level-matrix-fragment-mma-16816-float), with g = lane / 4, t = lane % 4 and a register's lower 16 bits
 // holding the lower column (row, for B): a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] =
 // A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
 // c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] = C[g+8][2t, 2t+1].
@@ -2590,7 +2591,8 @@ static __device__ inline void lp_mma(float d[4], const uint32_t a[4], const uint
 }
 // Four 8 x 8 bf16 blocks of shared memory, transposed, into d[0..3]: ldmatrix.sync.aligned.m8n8.x4.trans
 // (under the emulator its warp-collective twin). Lane l gives the address of row l % 8 of block l / 8 (16
-// bytes, 16-byte aligned) and gets, in d[i], block i's column l / 4 at rows 2 (l % 4) and 2 (l % 4) + 1.
+// bytes, 16-byte aligned) and gets, in d[i], block i's column l / 4 at rows 2 (l % 4) and 2 (l % 4) + 1
+// (PTX ISA, docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-instructions-ldmatrix).
 static __device__ inline void lp_ldmatrix_trans(uint32_t d[4], const floatX* row) {
 #ifdef LLMPAR_CUDAEMU
     cudaemu_ldmatrix_x4_trans(d, row);
