@@ -129,7 +129,6 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 #else
 #include <cublasLt.h>
 #include <cuda_bf16.h>
-#include <mma.h>
 #include <cuda_runtime.h>
 #ifdef LLMPAR_NCCL
 #include <nccl.h>
@@ -456,6 +455,7 @@ static inline int lp_param_decays(int i) {
     return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW;
 }
 
+#define LP_FLASH_MAX_HS 128  // the largest head the CUDA build's attention kernels take (register tiles)
 // `source` names where the config came from (a file or a flag) so the error can say so.
 static inline void lp_config_validate(const LPConfig* c, const char* source) {
     if (c->num_layers < 1 || c->channels < 1 || c->num_heads < 1 || c->max_seq_len < 1 || c->vocab_size < 1)
@@ -469,6 +469,11 @@ static inline void lp_config_validate(const LPConfig* c, const char* source) {
     if (c->padded_vocab_size < c->vocab_size)
         lp_fail("%s: padded vocab %d smaller than vocab %d", source, c->padded_vocab_size, c->vocab_size);
     if (c->vocab_size > 65536) lp_fail("%s: vocab %d does not fit uint16 token shards", source, c->vocab_size);
+#ifndef LLMPAR_CPU
+    if (c->channels / c->num_heads > LP_FLASH_MAX_HS)
+        lp_fail("%s: head size C/NH = %d/%d = %d is above %d, the most the CUDA build's flash attention takes (more heads, or "
+                "./train_gpt_cpu)", source, c->channels, c->num_heads, c->channels / c->num_heads, LP_FLASH_MAX_HS);
+#endif
 }
 
 // "-e d12" style names: GPT-2 sizes for d12/d24/d36/d48, else head size 64 with d heads.
@@ -2109,13 +2114,17 @@ static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rst
 // from 8 l, and those 256 further on, ...); the block adds its warps' slices in warp order into its
 // partials, and a second kernel sums the blocks' partials in block order. No atomics: a run repeats bit for
 // bit. As in the forward, w is staged once per block and a row's inp and dout once per row.
+// A slice holds channel c at lp_ln_slot(c): the k-th channel of every lane's pack side by side, so the 32
+// lanes adding into their k-th channels touch 32 banks (in channel order, 8 apart, they would share 4).
+static __host__ __device__ inline int lp_ln_slots(int C) { return (C + 255) / 256 * 256; }
+static __device__ inline int lp_ln_slot(int c) { return (c / 256 * LP_PACK + c % LP_PACK) * 32 + c % 256 / LP_PACK; }
 __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    LP_SHARED(floatX, share);  // w, each warp's inp and dout rows (Cp values each), then (warps, 2, C) floats: dw, db
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, Cp = lp_ln_width(C);
+    LP_SHARED(floatX, share);  // w, each warp's inp and dout rows (Cp values each), then (warps, 2, S) floats: dw, db
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, Cp = lp_ln_width(C), S = lp_ln_slots(C);
     floatX *ws = share, *xs = share + (size_t)(1 + 2 * warp) * Cp, *gs = xs + Cp;
-    float *sums = (float*)(share + (size_t)(1 + 2 * warps) * Cp), *mine = sums + (size_t)warp * 2 * C;
-    for (int c = lane; c < 2 * C; c += 32) mine[c] = 0.0f;
+    float *sums = (float*)(share + (size_t)(1 + 2 * warps) * Cp), *mine = sums + (size_t)warp * 2 * S;
+    for (int c = lane; c < 2 * S; c += 32) mine[c] = 0.0f;
     for (int c = threadIdx.x * LP_PACK; c < Cp; c += blockDim.x * LP_PACK) lp_store_pack(ws, c, Cp, lp_load_pack(w, c, C));
     __syncthreads();
     for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
@@ -2142,8 +2151,8 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
                 float norm = (lp_bf(x.x[k]) - m) * r, gk = lp_bf(g.x[k]);
                 di.x[k] = lp_xf(lp_bf(di.x[k]) + (gk * lp_bf(wc.x[k]) - dnorm_mean - norm * dnorm_norm_mean) * r);
                 if (c + k < C) {
-                    mine[c + k] += gk * norm;
-                    mine[C + c + k] += gk;
+                    mine[lp_ln_slot(c + k)] += gk * norm;
+                    mine[S + lp_ln_slot(c + k)] += gk;
                 }
             }
             lp_store_pack(dinp + base, c, C, di);
@@ -2151,8 +2160,9 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
     }
     __syncthreads();
     for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        int at = c < C ? lp_ln_slot(c) : S + lp_ln_slot(c - C);
         float sum = 0.0f;
-        for (int k = 0; k < warps; k++) sum += sums[(size_t)k * 2 * C + c];
+        for (int k = 0; k < warps; k++) sum += sums[(size_t)k * 2 * S + at];
         partials[(size_t)blockIdx.x * 2 * C + c] = sum;
     }
 }
@@ -2165,7 +2175,7 @@ __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int b
 }
 static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* db, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    size_t row = (size_t)lp_ln_width(C) * sizeof(floatX), warp_bytes = 2 * row + 2 * (size_t)C * sizeof(float);
+    size_t row = (size_t)lp_ln_width(C) * sizeof(floatX), warp_bytes = 2 * row + 2 * (size_t)lp_ln_slots(C) * sizeof(float);
     int warps = lp_block_warps(LP_SHARED_DEFAULT, row, warp_bytes, 4), blocks = lp_ln_blocks(N, warps);
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
     LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32 * warps, row + warps * warp_bytes, dinp, partials, dout, inp, w, mean,
@@ -2550,140 +2560,281 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 }
 
 #ifndef LLMPAR_CPU
-// Flash attention: the results of lp_attention_forward_cpu and lp_attention_backward_cpu (their oracles)
-// without the (B,NH,T,T) probabilities. Work is cut in tiles of 16 queries by 16 keys of one (b,h), a warp
-// per tile of one side and up to 8 per block, on tensor cores (wmma: bf16 in, fp32 accumulate); tiles above the diagonal are skipped,
-// the diagonal one masked. q, k, v are read from qkv (B,T,3C) in place, y written to out (B,T,C), and
-// gradients straight into dqkv (B,T,3C). Tiles are staged in shared memory, HP = HS rounded up to 16
-// columns wide, with the rows past T and the columns past HS zeroed (ragged T, any head size).
+// Flash attention, in FlashAttention-2's form: the results of lp_attention_forward_cpu and
+// lp_attention_backward_cpu (their oracles) without the (B,NH,T,T) probabilities. A block of 4 warps owns 64
+// rows of one (b,h) (queries in the forward and dq, keys in dk, dv), 16 per warp, and walks the tiles of 64
+// of the other side at or below the diagonal, each staged once in shared memory for all its warps; only the
+// diagonal tile is masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32 accumulate) with
+// a warp's own operands, scores and accumulators in registers: scores never touch shared memory, and the
+// probabilities become the next product's A operand in place. q, k, v are read from qkv (B,T,3C) in place,
+// y written to out (B,T,C), gradients straight into dqkv (B,T,3C). The head size HS is padded to HP in
+// {16, 32, 64, 128}, a template parameter (register arrays need compile-time sizes); the padding and rows
+// past T read as zeros. lp_config_validate refuses larger heads.
+#define LP_FLASH_ROWS 64     // rows a block owns, and keys (queries) per staged tile
+#define LP_FLASH_THREADS 128  // 4 warps of 16 rows
+static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : HS <= 128 ? 128 : 0; }
+#define LP_LOG2E 1.4426950408889634f  // exp(x) = exp2(x log2(e)): the scale is folded into one multiply
+#define LP_LN2 0.6931471805599453f
 
-static __host__ __device__ inline int lp_flash_width(int HS) { return (HS + 15) / 16 * 16; }
-// Rows t0..t0+15 of a (B,T,stride) tensor, channels col..col+HS-1, into a (16,HP) tile, zero past T and HS;
-// by a warp (first = lane, step 32) or a block (threadIdx.x, blockDim.x).
-static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, size_t stride, int b, int t0, int col, int T,
-                                            int HS, int first, int step) {
-    int HP = lp_flash_width(HS);
-    for (int i = first; i < 16 * HP; i += step) {
-        int r = i / HP, d = i % HP, t = t0 + r;
-        tile[i] = t < T && d < HS ? src[((size_t)b * T + t) * stride + col + d] : lp_xf(0.0f);
-    }
+// D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
+// instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes take part; under the
+// emulator its warp-collective twin). Registers as the PTX ISA places them ("Matrix Fragments for
+// mma.m16n8k16 with floating point type", docs.nvidia.com/cuda/parallel-thread-execution/
+// #warp-level-matrix-fragment-mma-16816-float), with g = lane / 4, t = lane % 4 and a register's lower 16 bits
+// holding the lower column (row, for B): a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] =
+// A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
+// c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] = C[g+8][2t, 2t+1].
+static __device__ inline void lp_mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+#ifdef LLMPAR_CUDAEMU
+    cudaemu_mma_m16n8k16(d, a, b, c);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+#endif
 }
-// s (16,16) = a b^T for two (16,HS) tiles (HS here a multiple of 16).
-static __device__ inline void lp_flash_abt(float* s, const floatX* a, const floatX* b, int HS) {
-    using namespace nvcuda;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int d = 0; d < HS; d += 16) {  // b's rows are the columns of the B operand: b is B column-major
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> fb;
-        wmma::load_matrix_sync(fa, a + d, HS);
-        wmma::load_matrix_sync(fb, b + d, HS);
-        wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(s, acc, 16, wmma::mem_row_major);
+// Four 8 x 8 bf16 blocks of shared memory, transposed, into d[0..3]: ldmatrix.sync.aligned.m8n8.x4.trans
+// (under the emulator its warp-collective twin). Lane l gives the address of row l % 8 of block l / 8 (16
+// bytes, 16-byte aligned) and gets, in d[i], block i's column l / 4 at rows 2 (l % 4) and 2 (l % 4) + 1
+// (PTX ISA, docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-instructions-ldmatrix).
+static __device__ inline void lp_ldmatrix_trans(uint32_t d[4], const floatX* row) {
+#ifdef LLMPAR_CUDAEMU
+    cudaemu_ldmatrix_x4_trans(d, row);
+#else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
+#endif
 }
-// o (16,HS) fp32 += a b for a (16,16) tile a and a (16,HS) tile b (HS a multiple of 16); LA col_major
-// takes a's transpose.
-template <typename LA>
-static __device__ inline void lp_flash_acc(float* o, const floatX* a, const floatX* b, int HS) {
-    using namespace nvcuda;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, LA> fa;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::load_matrix_sync(fa, a, 16);
-    for (int d = 0; d < HS; d += 16) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> fb;
-        wmma::load_matrix_sync(acc, o + d, HS, wmma::mem_row_major);
-        wmma::load_matrix_sync(fb, b + d, HS);
-        wmma::mma_sync(acc, fa, fb, acc);
-        wmma::store_matrix_sync(o + d, acc, HS, wmma::mem_row_major);
-    }
-}
-
-// Warps per block: each warp owns 16 query rows (forward, dq) or 16 keys (dk, dv), and the block stages
-// each tile of the other side once for all its warps (read from global memory once per block, not once per
-// warp): as many warps as fit the shared memory a block may opt in to (an H100's 227 KiB, an A100's 163),
-// at most LP_FLASH_WARPS. Shared memory holds the block's part, then each warp's, every part a multiple of
-// 32 bytes (wmma's pointers).
-#define LP_FLASH_WARPS 8
-static inline int lp_flash_warps(size_t block_bytes, size_t warp_bytes) {
-    size_t optin = lp_device_prop.sharedMemPerBlockOptin;
-    return lp_block_warps(optin > LP_SHARED_DEFAULT ? optin : LP_SHARED_DEFAULT, block_bytes, warp_bytes, LP_FLASH_WARPS);
-}
-// Launch sizes past 48 KiB need the kernel's opt-in: once per kernel (`done`), to all the device allows,
-// so the step's launches make no further host call for it.
-static inline void lp_flash_opt_in(const void* kernel, int* done) {
-    int optin = (int)lp_device_prop.sharedMemPerBlockOptin;
-    if (!*done && optin > LP_SHARED_DEFAULT)
-        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-    *done = 1;
+// Two fp32 values as bf16 in a register, the first in the low half.
+static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one conversion instruction for both
+    uint32_t u;
+    memcpy(&u, &v, sizeof(u));
+    return u;
 }
 
-// Forward: each warp walks the key tiles up to its rows' diagonal, keeping per row a running max m of the
-// scaled scores and a running sum l of exp(score - m) (online softmax), rescaling its output rows when m
-// grows; at the end y = o / l, and lse = m + log l is kept for the backward.
-static __host__ __device__ inline size_t lp_flash_forward_block(int HS) { return (size_t)16 * lp_flash_width(HS) * 2 * 2; }  // k, v (bf16)
-static __host__ __device__ inline size_t lp_flash_forward_warp(int HS) {  // o (fp32); q (bf16); s (fp32); p (bf16); m, l
-    return (size_t)16 * lp_flash_width(HS) * (4 + 2) + 256 * 4 + 256 * 2 + 2 * 16 * 4;
+// Tiles in shared memory are bf16 rows of HP values at a pitch of HP + 8 (16 bytes of padding), so that a
+// warp's fragment loads hit 32 different banks or share a word: a pitch of HP / 2 + 4 words puts row g at
+// bank 4g + (HP / 2) g (mod 32), and 8 rows x 4 neighbouring words (lp_frag_rows: lane g, t reads word t
+// of row g) fill all 32 banks for every HP in {16, 32, 64, 128}; so do the 8 rows x 16 bytes of each block
+// ldmatrix reads (lp_frag_cols). Staging writes whole 16-byte pieces, 8 lanes a row's neighbours: free of
+// conflicts at HP 64 and 128, 2-way on a few banks at HP 16 and 32 (once per tile).
+//
+// B fragment (16,8) with B[k][n] = tile[n][k] (the tile's rows are B's columns: k for q k^T): each
+// register two neighbours in a row, one 32-bit load.
+static __device__ inline void lp_frag_rows(uint32_t b[2], const floatX* tile, int ld) {
+    int lane = threadIdx.x % 32;
+    const floatX* p = tile + lane / 4 * ld + 2 * (lane % 4);
+    b[0] = *(const uint32_t*)p;
+    b[1] = *(const uint32_t*)(p + 8);
 }
-__global__ void lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH,
-                                                  float scale) {
-    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    int lane = threadIdx.x % 32, warps = blockDim.x / 32, tb = blockIdx.x * warps * 16, t0 = tb + threadIdx.x / 32 * 16;
-    int last = min(tb + warps * 16, T) - 1;  // the block's last row: key tiles up to its diagonal
-    LP_SHARED(float, smem);
-    floatX* k = (floatX*)smem;  // (16,HP), the block's
-    floatX* v = k + 16 * HP;    // (16,HP)
-    float* o = (float*)((char*)smem + lp_flash_forward_block(HS) + threadIdx.x / 32 * lp_flash_forward_warp(HS));  // (16,HP)
-    floatX* q = (floatX*)(o + 16 * HP);  // (16,HP)
-    float* s = (float*)(q + 16 * HP);    // (16,16) scores of one key tile
-    floatX* p = (floatX*)(s + 256);      // (16,16) their exp(scaled score - m)
-    float* m = (float*)(p + 256);        // (16)
-    float* l = m + 16;                   // (16)
-    int rows = t0 < T;                   // this warp has rows (the same for all its lanes)
-    if (rows) {
-        lp_flash_load(q, qkv, 3 * C, b, t0, h * HS, T, HS, lane, 32);
-        for (int i = lane; i < 16 * HP; i += 32) o[i] = 0.0f;
-        if (lane < 16) m[lane] = -INFINITY, l[lane] = 0.0f;
-    }
-    for (int j0 = 0; j0 <= last; j0 += 16) {
-        __syncthreads();
-        lp_flash_load(k, qkv, 3 * C, b, j0, C + h * HS, T, HS, threadIdx.x, blockDim.x);
-        lp_flash_load(v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS, threadIdx.x, blockDim.x);
-        __syncthreads();
-        if (!rows || j0 > t0) continue;  // no rows, or the tile is above this warp's diagonal
-        lp_flash_abt(s, q, k, HP);
-        __syncwarp();
-        if (lane < 16) {  // row lane; keys after the row (causal) or past T are masked
-            int seen = min(t0 + lane, T - 1) - j0;  // the row's last visible key in this tile
-            float mnew = m[lane];
-            for (int c = 0; c <= seen && c < 16; c++) mnew = fmaxf(mnew, scale * s[lane * 16 + c]);
-            float alpha = expf(m[lane] - mnew), sum = 0.0f;
-            for (int c = 0; c < 16; c++) {
-                float e = c <= seen ? expf(scale * s[lane * 16 + c] - mnew) : 0.0f;
-                p[lane * 16 + c] = lp_xf(e);
-                sum += e;
-            }
-            l[lane] = l[lane] * alpha + sum;
-            m[lane] = mnew;
-            for (int d = 0; d < HP; d++) o[lane * HP + d] *= alpha;
+// Two B fragments (16,8), columns 0 .. 7 and 8 .. 15, with B[k][n] = tile[k][n] (v for p v): each register
+// a column's two neighbouring rows, which ldmatrix's transposing load gathers from the blocks (rows 0, 8 x
+// columns 0, 8) in one instruction.
+static __device__ inline void lp_frag_cols(uint32_t b[2][2], const floatX* tile, int ld) {
+    int lane = threadIdx.x % 32;
+    uint32_t d[4];
+    lp_ldmatrix_trans(d, tile + (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16));
+    b[0][0] = d[0], b[0][1] = d[1], b[1][0] = d[2], b[1][1] = d[3];
+}
+// A fragment (16,16) of a row-major tile: its rows g and g + 8 as lp_frag_rows reads them.
+static __device__ inline void lp_frag_a(uint32_t a[4], const floatX* tile, int ld) {
+    uint32_t lo[2], hi[2];
+    lp_frag_rows(lo, tile, ld);
+    lp_frag_rows(hi, tile + 8 * ld, ld);
+    a[0] = lo[0], a[1] = hi[0], a[2] = lo[1], a[3] = hi[1];
+}
+
+// Rows t0 .. t0 + rows - 1 of a (T,stride) matrix's channels 0 .. HS - 1 (src: its row 0, first channel) into
+// a tile, zero past T and HS; or back (lp_flash_store, rows past T and channels past HS left alone). In
+// 16-byte pieces (a vector access where HS and the matrix keep them aligned), by threads first, first +
+// step, ... of the block or the warp.
+template <int HP>
+static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, int stride, int t0, int T, int HS, int rows, int first,
+                                            int step) {
+    int vec = HS % 8 == 0 && stride % 8 == 0 && ((uintptr_t)src & 15) == 0;
+    for (int i = first; i < rows * HP / 8; i += step) {
+        int r = i / (HP / 8), d = i % (HP / 8) * 8, t = t0 + r;
+        const floatX* s = src + (size_t)t * stride + d;
+        LPPack q;
+        if (vec && t < T && d < HS) {
+            q.bits = *(const uint4*)s;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++) q.x[k] = t < T && d + k < HS ? s[k] : lp_xf(0.0f);
         }
-        __syncwarp();
-        lp_flash_acc<nvcuda::wmma::row_major>(o, p, v, HP);  // o += p v
+        *(uint4*)(tile + r * (HP + 8) + d) = q.bits;
     }
-    if (!rows) return;
+}
+template <int HP>
+static __device__ inline void lp_flash_store(floatX* dst, int stride, const floatX* tile, int t0, int T, int HS, int rows, int first,
+                                             int step) {
+    int vec = HS % 8 == 0 && stride % 8 == 0 && ((uintptr_t)dst & 15) == 0;
+    for (int i = first; i < rows * HP / 8; i += step) {
+        int r = i / (HP / 8), d = i % (HP / 8) * 8, t = t0 + r;
+        if (t >= T || d >= HS) continue;
+        floatX* s = dst + (size_t)t * stride + d;
+        LPPack q;
+        q.bits = *(const uint4*)(tile + r * (HP + 8) + d);
+        if (vec) {
+            *(uint4*)s = q.bits;
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                if (d + k < HS) s[k] = q.x[k];
+        }
+    }
+}
+// A warp's (16,HP) fp32 accumulators as bf16 rows of a tile, rows g scaled by f0 and g + 8 by f8.
+template <int HP>
+static __device__ inline void lp_flash_put(floatX* tile, const float acc[HP / 8][4], float f0, float f8) {
+    int lane = threadIdx.x % 32;
+    floatX* p = tile + lane / 4 * (HP + 8) + 2 * (lane % 4);
+#pragma unroll
+    for (int n = 0; n < HP / 8; n++) {
+        *(uint32_t*)(p + 8 * n) = lp_pack2f(acc[n][0] * f0, acc[n][1] * f0);
+        *(uint32_t*)(p + 8 * (HP + 8) + 8 * n) = lp_pack2f(acc[n][2] * f8, acc[n][3] * f8);
+    }
+}
+
+// The warp's two products per tile. s (16,8NB) = a b^T: a (16,HP) as A fragments in registers, b the
+// tile's first 8NB rows (NB = 8: all 64); s[j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2),
+// column 8j + 2t + e % 2). Only the column blocks j in [lo, hi) are computed, the others are zeros (wholly
+// masked, or past T).
+template <int HP, int NB>
+static __device__ inline void lp_flash_abt(float s[NB][4], const uint32_t a[HP / 16][4], const floatX* tile, int lo, int hi) {
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        if (j < lo || j >= hi) continue;
+#pragma unroll
+        for (int k = 0; k < HP / 16; k++) {
+            uint32_t b[2];
+            lp_frag_rows(b, tile + 8 * j * (HP + 8) + 16 * k, HP + 8);
+            lp_mma(s[j], a[k], b, s[j]);
+        }
+    }
+}
+// acc (16,HP) += p b: p (16,8NB) the fp32 accumulators of lp_flash_abt, rounded to bf16 as A fragments
+// in place (columns 16k .. 16k + 15 are s[2k] and s[2k + 1]: FlashAttention-2's register reuse), b the
+// tile's first 8NB rows; the 16-column steps wholly outside [lo, hi) are skipped.
+template <int HP, int NB>
+static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[NB][4], const floatX* tile, int lo, int hi) {
+#pragma unroll
+    for (int k = 0; k < NB / 2; k++) {
+        if (2 * k + 1 < lo || 2 * k >= hi) continue;
+        uint32_t a[4] = {lp_pack2f(p[2 * k][0], p[2 * k][1]), lp_pack2f(p[2 * k][2], p[2 * k][3]),
+                         lp_pack2f(p[2 * k + 1][0], p[2 * k + 1][1]), lp_pack2f(p[2 * k + 1][2], p[2 * k + 1][3])};
+#pragma unroll
+        for (int n = 0; n < HP / 8; n += 2) {
+            uint32_t b[2][2];
+            lp_frag_cols(b, tile + 16 * k * (HP + 8) + 8 * n, HP + 8);
+            lp_mma(acc[n], a, b[0], acc[n]);
+            lp_mma(acc[n + 1], a, b[1], acc[n + 1]);
+        }
+    }
+}
+
+// The causal mask on a diagonal tile: -infinity where the key comes after the query. Keys along the columns
+// (forward, dq: masked where column - row > off) or along the rows (dk, dv: where row - column > off).
+template <int NB>
+static __device__ inline void lp_flash_mask(float s[NB][4], int off, int keys_in_rows) {
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = lane / 4 + 8 * (e / 2), c = 8 * j + 2 * (lane % 4) + e % 2;
+            if ((keys_in_rows ? r - c : c - r) > off) s[j][e] = -INFINITY;
+        }
+}
+
+// One step of the online softmax over a tile of a warp's scores: a lane holds rows g and g + 8 (i = 0, 1),
+// spread over the 4 lanes of its quad, whose maxima meet by shuffles. m is the running row max of the
+// scores times scale log2(e), l this lane's part of the sum of exp2(that - m); when m grows, l and the
+// output rows are rescaled. Leaves s = exp2(score scale log2(e) - m), the unnormalised probabilities.
+// Every row sees key 0 in the first tile, so m is finite from then on and exp2(-inf - m) = 0.
+template <int HP>
+static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float l[2], float o[HP / 8][4], float sl2) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float mx = m[i], sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]) * sl2);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        float alpha = exp2f(m[i] - mx);  // 0 on the first tile (m = -inf)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 2 * i; e < 2 * i + 2; e++) {
+                s[j][e] = exp2f(fmaf(s[j][e], sl2, -mx));
+                sum += s[j][e];
+            }
+        l[i] = l[i] * alpha + sum;
+        m[i] = mx;
+#pragma unroll
+        for (int n = 0; n < HP / 8; n++) o[n][2 * i] *= alpha, o[n][2 * i + 1] *= alpha;
+    }
+}
+
+// Forward: each warp keeps its 16 rows of q as A fragments, and per row the running max m, sum l and
+// output o (online softmax), in registers, over the key tiles up to its diagonal; at the end y = o / l
+// goes out through shared memory (whole 16-byte pieces), and lse = (m + log2 l) ln 2, the natural
+// logsumexp of the scaled scores, is kept for the backward. Blocks with the most key tiles start first.
+template <int HP>
+__global__ void __launch_bounds__(LP_FLASH_THREADS)
+    lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
+    const int LD = HP + 8;
+    int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * LP_FLASH_ROWS, r0 = q0 + 16 * warp;  // the block's and the warp's first row
+    LP_SHARED(floatX, smem);
+    floatX *ks = smem, *vs = smem + LP_FLASH_ROWS * LD;  // (64,HP) each, pitch LD
+    const floatX* src = qkv + (size_t)b * T * 3 * C + h * HS;
+    lp_flash_load<HP>(ks, src, 3 * C, q0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);  // q, staged in the k tile
+    __syncthreads();
+    uint32_t qf[HP / 16][4];
+#pragma unroll
+    for (int k = 0; k < HP / 16; k++) lp_frag_a(qf[k], ks + 16 * warp * LD + 16 * k, LD);
+    float o[HP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, sl2 = scale * LP_LOG2E;
+    for (int j0 = 0; j0 <= q0; j0 += LP_FLASH_ROWS) {  // key tiles up to the diagonal
+        __syncthreads();                               // the last tile (or q) has been read
+        lp_flash_load<HP>(ks, src + C, 3 * C, j0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        lp_flash_load<HP>(vs, src + 2 * C, 3 * C, j0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (r0 >= T) continue;  // a warp past T (the last block of a ragged T) only helps load
+        int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);  // key blocks of 8 that any row sees
+        float s[8][4];
+        lp_flash_abt<HP, 8>(s, qf, ks, 0, hi);  // s = q k^T
+        if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
+        lp_flash_softmax<HP>(s, m, l, o, sl2);
+        lp_flash_apb<HP, 8>(o, s, vs, 0, hi);  // o += p v
+    }
+    __syncthreads();  // every warp is done with the k tile, which now takes y
+    if (r0 >= T) return;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    floatX* ys = ks + 16 * warp * LD;  // the warp's own rows
+    lp_flash_put<HP>(ys, o, 1.0f / l[0], 1.0f / l[1]);
     __syncwarp();
-    for (int i = lane; i < 16 * HP; i += 32) {
-        int r = i / HP, d = i % HP, t = t0 + r;
-        if (t < T && d < HS) out[((size_t)b * T + t) * C + h * HS + d] = lp_xf(o[i] / l[r]);
+    lp_flash_store<HP>(out + (size_t)b * T * C + h * HS, C, ys, r0, T, HS, 16, lane, 32);
+    for (int i = 0; i < 2 && lane % 4 == 0; i++) {
+        int t = r0 + lane / 4 + 8 * i;
+        if (t < T) lse[(size_t)bh * T + t] = (m[i] + log2f(l[i])) * LP_LN2;
     }
-    if (lane < 16 && t0 + lane < T) lse[(size_t)bh * T + t0 + lane] = m[lane] + logf(l[lane]);
 }
 
 // Backward, with D = rowsum(dy * y) per query row: p = exp(scale q k^T - lse) (recomputed), dp = dy v^T,
-// ds = scale p (dp - D); dv = p^T dy, dk = ds^T q, dq = ds k. Deterministic without atomics: one kernel's
-// warps own a key tile each and sum dk, dv over the query tiles at or below the diagonal; another's own a
-// query tile each and sum dq over the key tiles up to it (recomputing p and ds), so every gradient has one
-// writer.
+// ds = scale p (dp - D); dv = p^T dy, dk = ds^T q, dq = ds k. Deterministic without atomics, as in
+// FlashAttention-2 but with dq in a kernel of its own: one kernel's warps own 16 keys each and sum dk, dv
+// over the query tiles at or below the diagonal (working on the transposes, p^T = exp(scale k q^T - lse));
+// another's own 16 queries and sum dq over the key tiles up to theirs (recomputing p and ds), so every
+// gradient has one writer.
 // D for every query row, (B,NH,T) like lse, once before the tile kernels: a warp per row, its lanes over
 // the head's channels.
 __global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH) {
@@ -2697,145 +2848,166 @@ __global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dou
     dot = lp_warp_sum(dot);
     if (lane == 0) D[row] = dot;
 }
-// Row r (< 16) of the query tile at i0: its lse and D.
-static __device__ inline void lp_flash_row_stats(float* lse_s, float* D_s, const float* lse, const float* D, int bh, int i0,
-                                                 int T, int r) {
-    int t = i0 + r;
-    D_s[r] = t < T ? D[(size_t)bh * T + t] : 0.0f;
-    lse_s[r] = t < T ? lse[(size_t)bh * T + t] : 0.0f;
+// From s (scores) and dp of a tile: p = exp2(s scale log2(e) - lse log2(e)) and ds = scale p (dp - D) in
+// their place, each element with its query's lse2 = lse log2(e) and D: per column from arrays (dk, dv) or
+// per row, the lane's two (dq). A query past T has lse2 = +inf, so p = 0.
+template <int NB>
+static __device__ inline void lp_flash_grads(float s[NB][4], float dp[NB][4], const float* lse2, const float* D, int queries_in_cols,
+                                             float sl2, float scale) {
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int j = 0; j < NB; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int q = queries_in_cols ? 8 * j + 2 * (lane % 4) + e % 2 : e / 2;
+            float p = exp2f(fmaf(s[j][e], sl2, -lse2[q]));
+            s[j][e] = p;
+            dp[j][e] = scale * p * (dp[j][e] - D[q]);
+        }
 }
-// The tiles of queries i0.. and keys j0.. one warp works on, wherever they are staged.
-struct LPFlashTiles {
-    float *s, *dp, *lse, *D;
-    floatX *q, *k, *v, *dy, *p, *ds;
-};
-// p and ds (bf16, for the tensor cores) of the tile pair from s = q k^T and dp = dy v^T.
-static __device__ inline void lp_flash_tile_grads(const LPFlashTiles& w, int i0, int j0, int T, int HP, float scale) {
+// A warp's 16 rows of the (T,HP) matrix at src (row stride `stride`), rows r0.., as A fragments, staged
+// through the warp's rows of a tile.
+template <int HP>
+static __device__ inline void lp_flash_frags(uint32_t f[HP / 16][4], floatX* tile, const floatX* src, int stride, int r0, int T, int HS) {
+    lp_flash_load<HP>(tile, src, stride, r0, T, HS, 16, threadIdx.x % 32, 32);
     __syncwarp();
-    lp_flash_abt(w.s, w.q, w.k, HP);
-    lp_flash_abt(w.dp, w.dy, w.v, HP);
+#pragma unroll
+    for (int k = 0; k < HP / 16; k++) lp_frag_a(f[k], tile + 16 * k, HP + 8);
     __syncwarp();
-    int r = threadIdx.x % 32;
-    if (r < 16) {
-        int seen = i0 + r < T ? i0 + r - j0 : -1;  // the row's last visible key in this tile; none past T
-        for (int c = 0; c < 16; c++) {
-            float pr = c <= seen ? expf(scale * w.s[r * 16 + c] - w.lse[r]) : 0.0f;
-            w.p[r * 16 + c] = lp_xf(pr);
-            w.ds[r * 16 + c] = lp_xf(scale * pr * (w.dp[r * 16 + c] - w.D[r]));
+}
+// dk, dv: a warp's k and v as A fragments, its dk and dv in registers. The block stages each query tile:
+// q, dy and the queries' lse2 and D. Blocks with the most query tiles (the first keys) start first.
+template <int HP>
+__global__ void __launch_bounds__(LP_FLASH_THREADS)
+    lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
+                                          int C, int NH, float scale) {
+    const int LD = HP + 8, NB = HP > 64 ? 4 : 8;  // query blocks of 8 per pass: half a tile at HP 128, where registers run short
+    int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int k0 = blockIdx.y * LP_FLASH_ROWS, c0 = k0 + 16 * warp;  // the block's and the warp's first key
+    LP_SHARED(floatX, smem);
+    floatX *qs = smem, *dys = smem + LP_FLASH_ROWS * LD;        // (64,HP) each, pitch LD
+    float *ls = (float*)(dys + LP_FLASH_ROWS * LD), *Ds = ls + LP_FLASH_ROWS;  // (64) each
+    const floatX *src = qkv + (size_t)b * T * 3 * C + h * HS, *dsrc = dout + (size_t)b * T * C + h * HS;
+    uint32_t kf[HP / 16][4], vf[HP / 16][4];
+    lp_flash_frags<HP>(kf, qs + 16 * warp * LD, src + C, 3 * C, c0, T, HS);
+    lp_flash_frags<HP>(vf, qs + 16 * warp * LD, src + 2 * C, 3 * C, c0, T, HS);
+    float dk[HP / 8][4] = {}, dv[HP / 8][4] = {}, sl2 = scale * LP_LOG2E;
+    for (int i0 = k0; i0 < T; i0 += LP_FLASH_ROWS) {  // query tiles from the diagonal down
+        __syncthreads();                              // the last tile (or k, v) has been read
+        lp_flash_load<HP>(qs, src, 3 * C, i0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        lp_flash_load<HP>(dys, dsrc, C, i0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        if (threadIdx.x < LP_FLASH_ROWS) {
+            int t = i0 + threadIdx.x;
+            ls[threadIdx.x] = t < T ? lse[(size_t)bh * T + t] * LP_LOG2E : INFINITY;
+            Ds[threadIdx.x] = t < T ? D[(size_t)bh * T + t] : 0.0f;
+        }
+        __syncthreads();
+        if (c0 >= T) continue;  // a warp past T only helps load
+        int diag = i0 == k0, lo = diag ? 2 * warp : 0, hi = min(8, (T - i0 + 7) / 8);  // query blocks of 8 that see a key
+#pragma unroll
+        for (int c = 0; c < 8; c += NB) {  // the tile's query blocks c .. c + NB - 1
+            if (hi <= c || lo >= c + NB) continue;
+            const floatX *qp = qs + 8 * c * LD, *dyp = dys + 8 * c * LD;
+            float s[NB][4], dp[NB][4];
+            lp_flash_abt<HP, NB>(s, kf, qp, lo - c, hi - c);    // s^T = k q^T
+            lp_flash_abt<HP, NB>(dp, vf, dyp, lo - c, hi - c);  // dp^T = v dy^T
+            if (diag) lp_flash_mask<NB>(s, 8 * c - 16 * warp, 1);
+            lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
+            lp_flash_apb<HP, NB>(dv, s, dyp, lo - c, hi - c);  // dv += p^T dy
+            lp_flash_apb<HP, NB>(dk, dp, qp, lo - c, hi - c);  // dk += ds^T q
         }
     }
+    __syncthreads();  // every warp is done with the tiles, which now take dk and dv
+    if (c0 >= T) return;
+    floatX *dks = qs + 16 * warp * LD, *dvs = dys + 16 * warp * LD;
+    lp_flash_put<HP>(dks, dk, 1.0f, 1.0f);
+    lp_flash_put<HP>(dvs, dv, 1.0f, 1.0f);
     __syncwarp();
+    floatX* dst = dqkv + (size_t)b * T * 3 * C + h * HS;
+    lp_flash_store<HP>(dst + C, 3 * C, dks, c0, T, HS, 16, lane, 32);
+    lp_flash_store<HP>(dst + 2 * C, 3 * C, dvs, c0, T, HS, 16, lane, 32);
 }
-static __device__ inline void lp_flash_store(floatX* dqkv, const float* g, int which, int b, int t0, int h, int T, int C,
-                                             int HS) {
-    int HP = lp_flash_width(HS);
+// dq: a warp's q and dy as A fragments, its rows' lse2 and D and its dq in registers; the block stages each
+// key tile (k, v). Blocks with the most key tiles start first.
+template <int HP>
+__global__ void __launch_bounds__(LP_FLASH_THREADS)
+    lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
+                                         int C, int NH, float scale) {
+    const int LD = HP + 8;
+    int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * LP_FLASH_ROWS, r0 = q0 + 16 * warp;  // the block's and the warp's first query
+    LP_SHARED(floatX, smem);
+    floatX *ks = smem, *vs = smem + LP_FLASH_ROWS * LD;  // (64,HP) each, pitch LD
+    const floatX* src = qkv + (size_t)b * T * 3 * C + h * HS;
+    uint32_t qf[HP / 16][4], df[HP / 16][4];
+    lp_flash_frags<HP>(qf, ks + 16 * warp * LD, src, 3 * C, r0, T, HS);
+    lp_flash_frags<HP>(df, ks + 16 * warp * LD, dout + (size_t)b * T * C + h * HS, C, r0, T, HS);
+    float lse2[2], Dr[2], dq[HP / 8][4] = {}, sl2 = scale * LP_LOG2E;
+    for (int i = 0; i < 2; i++) {
+        int t = r0 + lane / 4 + 8 * i;
+        lse2[i] = t < T ? lse[(size_t)bh * T + t] * LP_LOG2E : INFINITY;
+        Dr[i] = t < T ? D[(size_t)bh * T + t] : 0.0f;
+    }
+    for (int j0 = 0; j0 <= q0; j0 += LP_FLASH_ROWS) {  // key tiles up to the diagonal
+        __syncthreads();                               // the last tile (or q, dy) has been read
+        lp_flash_load<HP>(ks, src + C, 3 * C, j0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        lp_flash_load<HP>(vs, src + 2 * C, 3 * C, j0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        __syncthreads();
+        if (r0 >= T) continue;  // a warp past T only helps load
+        int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);
+        float s[8][4], dp[8][4];
+        lp_flash_abt<HP, 8>(s, qf, ks, 0, hi);   // s = q k^T
+        lp_flash_abt<HP, 8>(dp, df, vs, 0, hi);  // dp = dy v^T
+        if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
+        lp_flash_grads<8>(s, dp, lse2, Dr, 0, sl2, scale);
+        lp_flash_apb<HP, 8>(dq, dp, ks, 0, hi);  // dq += ds k
+    }
+    __syncthreads();  // every warp is done with the k tile, which now takes dq
+    if (r0 >= T) return;
+    floatX* dqs = ks + 16 * warp * LD;
+    lp_flash_put<HP>(dqs, dq, 1.0f, 1.0f);
     __syncwarp();
-    for (int i = threadIdx.x % 32; i < 16 * HP; i += 32) {
-        int r = i / HP, d = i % HP, t = t0 + r;
-        if (t < T && d < HS) dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] = lp_xf(g[i]);
-    }
-}
-static __host__ __device__ inline size_t lp_flash_kv_block(int HS) { return (size_t)16 * lp_flash_width(HS) * 2 * 2 + 2 * 16 * 4; }  // q, dy; lse, D
-static __host__ __device__ inline size_t lp_flash_kv_warp(int HS) {  // dk, dv (fp32); k, v (bf16); s, dp (fp32); p, ds (bf16)
-    return (size_t)16 * lp_flash_width(HS) * (2 * 4 + 2 * 2) + 2 * 256 * 4 + 2 * 256 * 2;
-}
-__global__ void lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv,
-                                                      const float* lse, int T, int C, int NH, float scale) {
-    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    int lane = threadIdx.x % 32, warps = blockDim.x / 32, jb = blockIdx.x * warps * 16, j0 = jb + threadIdx.x / 32 * 16;
-    LP_SHARED(float, smem);
-    LPFlashTiles w;
-    w.q = (floatX*)smem, w.dy = w.q + 16 * HP;  // the block's query tile
-    w.lse = (float*)(w.dy + 16 * HP), w.D = w.lse + 16;
-    float* dk = (float*)((char*)smem + lp_flash_kv_block(HS) + threadIdx.x / 32 * lp_flash_kv_warp(HS));
-    float* dv = dk + 16 * HP;
-    w.k = (floatX*)(dv + 16 * HP), w.v = w.k + 16 * HP;  // this warp's key tile
-    w.s = (float*)(w.v + 16 * HP), w.dp = w.s + 256;
-    w.p = (floatX*)(w.dp + 256), w.ds = w.p + 256;
-    int keys = j0 < T;  // this warp has keys
-    if (keys) {
-        for (int i = lane; i < 2 * 16 * HP; i += 32) dk[i] = 0.0f;
-        lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS, lane, 32);
-        lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS, lane, 32);
-    }
-    for (int i0 = jb; i0 < T; i0 += 16) {  // query tiles from the block's diagonal down
-        __syncthreads();
-        lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS, threadIdx.x, blockDim.x);
-        lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS, threadIdx.x, blockDim.x);
-        if (threadIdx.x < 16) lp_flash_row_stats(w.lse, w.D, lse, D, bh, i0, T, threadIdx.x);
-        __syncthreads();
-        if (!keys || i0 < j0) continue;  // no keys, or the queries are above this warp's diagonal
-        lp_flash_tile_grads(w, i0, j0, T, HP, scale);
-        lp_flash_acc<nvcuda::wmma::col_major>(dv, w.p, w.dy, HP);  // dv += p^T dy
-        lp_flash_acc<nvcuda::wmma::col_major>(dk, w.ds, w.q, HP);  // dk += ds^T q
-    }
-    if (!keys) return;
-    lp_flash_store(dqkv, dk, 1, b, j0, h, T, C, HS);
-    lp_flash_store(dqkv, dv, 2, b, j0, h, T, C, HS);
-}
-static __host__ __device__ inline size_t lp_flash_q_block(int HS) { return (size_t)16 * lp_flash_width(HS) * 2 * 2; }  // k, v
-static __host__ __device__ inline size_t lp_flash_q_warp(int HS) {  // dq (fp32); q, dy (bf16); s, dp (fp32); p, ds (bf16); lse, D
-    return (size_t)16 * lp_flash_width(HS) * (4 + 2 * 2) + 2 * 256 * 4 + 2 * 256 * 2 + 2 * 16 * 4;
-}
-__global__ void lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv,
-                                                     const float* lse, int T, int C, int NH, float scale) {
-    int HS = C / NH, HP = lp_flash_width(HS), bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    int lane = threadIdx.x % 32, warps = blockDim.x / 32, tb = blockIdx.x * warps * 16, i0 = tb + threadIdx.x / 32 * 16;
-    int last = min(tb + warps * 16, T) - 1;  // the block's last row
-    LP_SHARED(float, smem);
-    LPFlashTiles w;
-    w.k = (floatX*)smem, w.v = w.k + 16 * HP;  // the block's key tile
-    float* dq = (float*)((char*)smem + lp_flash_q_block(HS) + threadIdx.x / 32 * lp_flash_q_warp(HS));
-    w.q = (floatX*)(dq + 16 * HP), w.dy = w.q + 16 * HP;  // this warp's query tile
-    w.s = (float*)(w.dy + 16 * HP), w.dp = w.s + 256;
-    w.p = (floatX*)(w.dp + 256), w.ds = w.p + 256;
-    w.lse = (float*)(w.ds + 256), w.D = w.lse + 16;
-    int rows = i0 < T;  // this warp has rows
-    if (rows) {
-        for (int i = lane; i < 16 * HP; i += 32) dq[i] = 0.0f;
-        lp_flash_load(w.q, qkv, 3 * C, b, i0, h * HS, T, HS, lane, 32);
-        lp_flash_load(w.dy, dout, C, b, i0, h * HS, T, HS, lane, 32);
-        if (lane < 16) lp_flash_row_stats(w.lse, w.D, lse, D, bh, i0, T, lane);
-    }
-    for (int j0 = 0; j0 <= last; j0 += 16) {  // key tiles up to the block's diagonal
-        __syncthreads();
-        lp_flash_load(w.k, qkv, 3 * C, b, j0, C + h * HS, T, HS, threadIdx.x, blockDim.x);
-        lp_flash_load(w.v, qkv, 3 * C, b, j0, 2 * C + h * HS, T, HS, threadIdx.x, blockDim.x);
-        __syncthreads();
-        if (!rows || j0 > i0) continue;  // no rows, or the keys are after this warp's diagonal
-        lp_flash_tile_grads(w, i0, j0, T, HP, scale);
-        lp_flash_acc<nvcuda::wmma::row_major>(dq, w.ds, w.k, HP);  // dq += ds k
-    }
-    if (rows) lp_flash_store(dqkv, dq, 0, b, i0, h, T, C, HS);
+    lp_flash_store<HP>(dqkv + (size_t)b * T * 3 * C + h * HS, 3 * C, dqs, r0, T, HS, 16, lane, 32);
 }
 
+// Launches for one HP: a block per 64 rows of each (b,h), (b,h) along x (no limit), the 64-row blocks along
+// y (up to 65535 of them: T up to 4M).
+template <int HP>
+static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+    dim3 grid(B * NH, (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS);
+    size_t bytes = 2 * LP_FLASH_ROWS * (HP + 8) * sizeof(floatX);
+    LP_LAUNCH(lp_flash_attention_forward_kernel<HP>, grid, LP_FLASH_THREADS, bytes, out, lse, qkv, T, C, NH, lp_attention_scale(C, NH));
+}
+template <int HP>
+static inline void lp_flash_backward_hp(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int B,
+                                        int T, int C, int NH) {
+    dim3 grid(B * NH, (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS);
+    size_t tiles = 2 * LP_FLASH_ROWS * (HP + 8) * sizeof(floatX);
+    float scale = lp_attention_scale(C, NH);
+    LP_LAUNCH(lp_flash_attention_backward_kv_kernel<HP>, grid, LP_FLASH_THREADS, tiles + 2 * LP_FLASH_ROWS * sizeof(float), dqkv, dout,
+              D, qkv, lse, T, C, NH, scale);
+    LP_LAUNCH(lp_flash_attention_backward_q_kernel<HP>, grid, LP_FLASH_THREADS, tiles, dqkv, dout, D, qkv, lse, T, C, NH, scale);
+}
+// f<HP>(args) for the head size's padded width.
+#define LP_FLASH_DISPATCH(HS, f, ...)                                                                              \
+    switch (lp_flash_width(HS)) {                                                                                  \
+    case 16: f<16>(__VA_ARGS__); break;                                                                            \
+    case 32: f<32>(__VA_ARGS__); break;                                                                            \
+    case 64: f<64>(__VA_ARGS__); break;                                                                            \
+    case 128: f<128>(__VA_ARGS__); break;                                                                          \
+    default: lp_fail("flash attention: head size %d is above the %d it supports", HS, LP_FLASH_MAX_HS);              \
+    }
+
 static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    int HS = C / NH, W = lp_flash_warps(lp_flash_forward_block(HS), lp_flash_forward_warp(HS));
-    size_t bytes = lp_flash_forward_block(HS) + W * lp_flash_forward_warp(HS);
-    dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
-    static int opted;
-    lp_flash_opt_in((const void*)lp_flash_attention_forward_kernel, &opted);
-    LP_LAUNCH(lp_flash_attention_forward_kernel, grid, 32 * W, bytes, out, lse, qkv, T, C, NH, lp_attention_scale(C, NH));
+    LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, lse, qkv, B, T, C, NH);
 }
 // dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
 static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
                                                    const float* lse, int B, int T, int C, int NH) {
-    int HS = C / NH;
     size_t rows = (size_t)B * NH * T;
     float* D = (float*)lp_scratch(&lp_partials, rows * sizeof(float), "reduction partials");
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * 32, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH);
-    float scale = lp_attention_scale(C, NH);
-    int W = lp_flash_warps(lp_flash_kv_block(HS), lp_flash_kv_warp(HS));
-    size_t bytes = lp_flash_kv_block(HS) + W * lp_flash_kv_warp(HS);
-    dim3 grid((T + 16 * W - 1) / (16 * W), B * NH);
-    static int opted_kv, opted_q;
-    lp_flash_opt_in((const void*)lp_flash_attention_backward_kv_kernel, &opted_kv);
-    LP_LAUNCH(lp_flash_attention_backward_kv_kernel, grid, 32 * W, bytes, dqkv, dout, D, qkv, lse, T, C, NH, scale);
-    W = lp_flash_warps(lp_flash_q_block(HS), lp_flash_q_warp(HS));
-    bytes = lp_flash_q_block(HS) + W * lp_flash_q_warp(HS);
-    grid.x = (T + 16 * W - 1) / (16 * W);
-    lp_flash_opt_in((const void*)lp_flash_attention_backward_q_kernel, &opted_q);
-    LP_LAUNCH(lp_flash_attention_backward_q_kernel, grid, 32 * W, bytes, dqkv, dout, D, qkv, lse, T, C, NH, scale);
+    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, dout, D, qkv, lse, B, T, C, NH);
 }
 #endif
 

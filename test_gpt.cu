@@ -3454,6 +3454,8 @@ static void tier4_kernel_tests(void) {
     tier4_flash_attention(&rng, 1, 33, 100, 4);   // HS=25: tiles padded to 32 columns
     tier4_flash_attention(&rng, 1, 37, 768, 12);  // GPT-2's C and heads
     tier4_flash_attention(&rng, 1, 100, 96, 3);   // HS=32; blocks of several warps, the last part-filled
+    tier4_flash_attention(&rng, 1, 64, 256, 2);   // HS=128, the largest head: one whole tile
+    tier4_flash_attention(&rng, 1, 130, 160, 2);  // HS=80, padded to 128; three tiles, the last ragged
     tier4_classifier(&rng);
     tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
@@ -3461,6 +3463,21 @@ static void tier4_kernel_tests(void) {
 #endif
 }
 
+// A head larger than the attention kernels take (HS > 128) is refused as the model is read, in one line
+// naming the file (the CPU build takes any head size).
+static void test_head_size_refused(void) {
+    LPConfig c = tiny_config();
+    c.channels = 256, c.num_heads = 1;
+    int h[LP_HEADER_INTS];
+    lp_model_file_header_of(h, &c);
+    const char* path = tmp_path("head256.bin");
+    expect(lp_write_file(path, h, NULL, 0) == 0, "a model header with a head of 256 is written");
+    char out[4096];
+    int rc = run_cmd(out, sizeof(out), "%s -e %s", TRAIN_BIN, path);
+    int ok = rc > 0 && strstr(out, "llmpar: error: ") && strstr(out, "head256.bin: head size C/NH = 256/1 = 256 is above 128");
+    expect(ok, "a head size of 256 is refused with a line naming the model file");
+    if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
+}
 
 #ifdef LLMPAR_CUDAEMU
 // Training steps free no device memory: cudaFree waits for the whole GPU. Run first in tier 4, so the
@@ -3849,6 +3866,7 @@ int main(int argc, char** argv) {
     RUN(test_no_free_in_steps);
 #endif
     RUN(tier4_kernel_tests);
+    RUN(test_head_size_refused);
     RUN(test_step_vs_cpu_build);
     RUN(test_stop_signal);
     RUN(test_watchdog);

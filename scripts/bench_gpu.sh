@@ -5,31 +5,61 @@
 # not the recomputed ones.
 # Usage: bash scripts/bench_gpu.sh [steps]    (run from anywhere; needs `make train_gpt` done)
 #        bash scripts/bench_gpu.sh emu        no GPU: a MODEL of d12 at B=64 T=1024 on an H100 per kernel, from
-#                                             the CUDA emulator's counts, for this code and the code before issue 16,
-#                                             then of d=2 ZeRO-2 and ZeRO-3 steps with their streams replayed (the
-#                                             overlap of communication; ~45 min on 2 cores; dev/cudaemu/README.md,
-#                                             "Counting bytes and FLOPs")
-#        bash scripts/bench_gpu.sh emu kernels   only the first part (~25 min); emu zero: only the second (~20 min)
+#                                             the CUDA emulator's counts, then of d=2 ZeRO-2 and ZeRO-3 steps with
+#                                             their streams replayed (the overlap of communication; ~30 min on 2
+#                                             cores; dev/cudaemu/README.md, "Counting bytes and FLOPs")
+#        bash scripts/bench_gpu.sh emu kernels   only the first part (~10 min); emu zero: only the second (~20 min)
 #        bash scripts/bench_gpu.sh emu large     GPT-2 774M (B=16) and 1.5B (B=8) at T=1024 on an H100, MODELLED
 #                                             from counts of their layers one and two at a time, per micro-batch
 #                                             and per step of llm.c's tokens per GPU (65536, 131072; ~40 min)
+#        bash scripts/bench_gpu.sh emu check     every roof of single launches on an H100 and an A100, MODELLED:
+#                                             two shared-memory test kernels (conflict-free, 32-way conflicted),
+#                                             124M's attention and LayerNorm kernels at B=64 T=1024, under the
+#                                             hazard check; registers from nvcc's report (~5 min)
 set -u
 cd "$(dirname "$0")/.."
 
 # emu: train_gpt_emu_prof counts step 2 of a 2-step run of GPT-2 124M at T=1024, B=1 and B=2 (the emulator
-# costs minutes a step); dev/cudaemu/roofline.py fits each launch's counts in B and models B=64 on an H100.
+# costs minutes a step); dev/cudaemu/roofline.py fits each launch's counts in B and models B=64 on an H100,
+# each kernel at the largest of its roofs (dev/cudaemu/README.md), its registers from nvcc's report.
 # Then 2 data-parallel ranks at T=256 with ZeRO-2 and ZeRO-3 (rank 0 counted, rank 1 the uncounted build),
 # modelled at B=256 and B=16 per GPU over NVLink (300 GB/s) and between nodes (40 GB/s): serial, and with
-# the streams replayed (what overlapping the reductions and gathers with compute buys).
-# "Before" is the parent of issue 16's first GPU commit (97ffb10), built with this emulator. The counts
-# stay in out/bench_gpu_emu/ (roofline.py can be run on them again).
+# the streams replayed (what overlapping the reductions and gathers with compute buys). The counts stay in
+# out/bench_gpu_emu/ (roofline.py can be run on them again).
 if [ "${1:-}" = emu ]; then
     part=${2:-all}
-    before=$(git rev-parse 97ffb10^) || exit 1
     counts=out/bench_gpu_emu
+    mkdir -p "$counts"
+    # nvcc -Xptxas -v's report per architecture: each kernel's registers per thread (sm_90: H100, sm_80: A100)
+    ptxas=()
+    for arch in 90 80; do
+        if nvcc -O3 -std=c++17 -arch=sm_$arch -cubin -Xptxas -v -o "$counts/train_gpt.sm_$arch.cubin" -x cu train_gpt.cu \
+            > "$counts/ptxas_sm$arch.txt" 2>&1; then
+            ptxas+=("$counts/ptxas_sm$arch.txt")
+        else
+            echo "nvcc for sm_$arch failed (registers unknown: occupancy from threads and shared memory alone):" >&2
+            tail -n 3 "$counts/ptxas_sm$arch.txt" >&2
+        fi
+    done
+    regs=()
+    [ ${#ptxas[@]} = 2 ] && regs=(--ptxas "${ptxas[0]}")
+    if [ $part = check ]; then
+        # dev/cudaemu/model_check counts each launch once (attention on one head, modelled at 64 x 12; the
+        # shared-memory kernels at 16 times their grid, two waves); roofline.py check prints every roof
+        make -s dev/cudaemu/model_check || exit 1
+        echo "counting dev/cudaemu/model_check's launches under the hazard check ..." >&2
+        if ! CUDAEMU_HAZARDS=1 CUDAEMU_PROFILE=$counts/check.tsv dev/cudaemu/model_check > "$counts/check.log" 2>&1; then
+            tail -n 3 "$counts/check.log" >&2
+            exit 1
+        fi
+        echo "no shared-memory hazard in any of them (CUDAEMU_HAZARDS=1)"
+        echo
+        [ ${#ptxas[@]} = 2 ] && regs=(--ptxas "${ptxas[@]}")
+        exec python3 dev/cudaemu/roofline.py check "$counts/check.tsv" --gpu H100 A100 ${regs[@]+"${regs[@]}"} \
+            --scale 'shared_conflict=16' --scale 'flash=768'
+    fi
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
-    mkdir -p "$counts" "$tmp/before/dev/cudaemu"
     echo "building train_gpt_emu_prof ..." >&2
     make -s train_gpt_emu_prof train_gpt_emu || exit 1
     if [ $part = large ]; then
@@ -55,58 +85,40 @@ if [ "${1:-}" = emu ]; then
             done
             echo
             python3 dev/cudaemu/roofline.py --batch $4 --seq 1024 --measured 1 2 --layers 1 2 --model $1 $2 50304 \
-                --accum $(($5 / ($4 * 1024))) --run "d$1" "${files[@]}"
+                --accum $(($5 / ($4 * 1024))) ${regs[@]+"${regs[@]}"} --run "d$1" "${files[@]}"
         done
         exit
     fi
-    echo "building train_gpt_emu_prof for the code before issue 16, ${before:0:7} ..." >&2
-    git show "$before:llmpar.h" > "$tmp/before/llmpar.h" && git show "$before:train_gpt.cu" > "$tmp/before/train_gpt.cu" || exit 1
-    cp Makefile "$tmp/before/" && cp dev/cudaemu/cudaemu.h dev/cudaemu/cudaemu.cpp "$tmp/before/dev/cudaemu/"
-    if ! make -s -C "$tmp/before" train_gpt_emu_prof train_gpt_emu > "$tmp/build.log" 2>&1; then
-        echo "the code before issue 16 (${before:0:7}) does not build with this emulator:" >&2
-        cat "$tmp/build.log" >&2
-        exit 1
-    fi
-    runs=()
-    for v in now before; do
-        [ $part = zero ] && break
-        bin=./train_gpt_emu_prof
-        [ $v = before ] && bin=$tmp/before/train_gpt_emu_prof
+    if [ $part != zero ]; then
         for b in 1 2; do
-            echo "counting $v, d12 B=$b T=1024, 2 steps ..." >&2
-            if ! CUDAEMU_PROFILE=$counts/$v-$b.tsv CUDAEMU_PROFILE_SKIP=2 $bin -e d12 -b $b -t 1024 -x 2 -v 0 -s 0 > "$counts/$v-$b.log" 2>&1; then
-                tail -n 5 "$counts/$v-$b.log" >&2
+            echo "counting d12 B=$b T=1024, 2 steps ..." >&2
+            if ! CUDAEMU_PROFILE=$counts/d12-$b.tsv CUDAEMU_PROFILE_SKIP=2 ./train_gpt_emu_prof -e d12 -b $b -t 1024 -x 2 -v 0 -s 0 \
+                 > "$counts/d12-$b.log" 2>&1; then
+                tail -n 5 "$counts/d12-$b.log" >&2
                 exit 1
             fi
         done
-        label=$v
-        [ $v = before ] && label="before (${before:0:7})"
-        runs+=(--run "$label" "$counts/$v-1.tsv" "$counts/$v-2.tsv")
-    done
-    [ $part = zero ] || python3 dev/cudaemu/roofline.py --batch 64 --seq 1024 --measured 1 2 --model 12 768 50304 "${runs[@]}"
-    [ $part = kernels ] && exit
+        python3 dev/cudaemu/roofline.py --batch 64 --seq 1024 --measured 1 2 --model 12 768 50304 ${regs[@]+"${regs[@]}"} \
+            --run d12 "$counts/d12-1.tsv" "$counts/d12-2.tsv"
+        [ $part = kernels ] && exit
+    fi
     runs=()
-    for v in now before; do
-        dir=.
-        [ $v = before ] && dir=$tmp/before
-        for z in 2 3; do
-            for b in 1 2; do
-                echo "counting $v, d12 B=$b T=256 on 2 ranks, ZeRO-$z, 2 steps ..." >&2
-                args="-e d12 -b $b -t 256 -x 2 -v 0 -s 0 --zero $z"
-                if ! mpirun -np 1 -x CUDAEMU_PROFILE=$counts/$v-z$z-$b.tsv -x CUDAEMU_PROFILE_SKIP=2 $dir/train_gpt_emu_prof $args \
-                     : -np 1 $dir/train_gpt_emu $args > "$counts/$v-z$z-$b.log" 2>&1; then
-                    tail -n 5 "$counts/$v-z$z-$b.log" >&2
-                    exit 1
-                fi
-            done
-            label="$v ZeRO-$z"
-            [ $v = before ] && label="before (${before:0:7}) ZeRO-$z"
-            runs+=(--run "$label" "$counts/$v-z$z-1.tsv" "$counts/$v-z$z-2.tsv")
+    for z in 2 3; do
+        for b in 1 2; do
+            echo "counting d12 B=$b T=256 on 2 ranks, ZeRO-$z, 2 steps ..." >&2
+            args="-e d12 -b $b -t 256 -x 2 -v 0 -s 0 --zero $z"
+            if ! mpirun -np 1 -x CUDAEMU_PROFILE=$counts/z$z-$b.tsv -x CUDAEMU_PROFILE_SKIP=2 ./train_gpt_emu_prof $args \
+                 : -np 1 ./train_gpt_emu $args > "$counts/z$z-$b.log" 2>&1; then
+                tail -n 5 "$counts/z$z-$b.log" >&2
+                exit 1
+            fi
         done
+        runs+=(--run "ZeRO-$z" "$counts/z$z-1.tsv" "$counts/z$z-2.tsv")
     done
     for b in 256 16; do
         echo
-        python3 dev/cudaemu/roofline.py --batch $b --seq 256 --measured 1 2 --model 12 768 50304 --link 300 40 --overlap "${runs[@]}"
+        python3 dev/cudaemu/roofline.py --batch $b --seq 256 --measured 1 2 --model 12 768 50304 --link 300 40 --overlap \
+            ${regs[@]+"${regs[@]}"} "${runs[@]}"
     done
     exit
 fi

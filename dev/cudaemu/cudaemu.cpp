@@ -196,12 +196,15 @@ static thread_local BlockRun* cur_run;
 // Counting (section 10): while a launch is counted, every kernel thread's loads and stores are sorted into
 // warp requests; these mark where a block and a thread begin. The hazard check watches shared memory.
 static bool prof_in_kernel, haz_in_kernel;
-static double prof_kernel_flops;  // the launch's tensor-core FLOPs (wmma::mma_sync), while counting
+static bool prof_instrumented;  // __tsan_init ran: the kernels of this binary call the hooks
+static double prof_kernel_flops;  // the launch's tensor-core FLOPs (cudaemu_mma_m16n8k16), while counting
 enum { I_SHFL, I_SYNC, I_TENSOR, I_SFU, I_CLASSES };
 static double prof_inst[I_CLASSES];  // warp instructions the runtime sees: shuffles, barriers, mma, (SFU by the hooks)
 static void prof_block_start(void);
 static void prof_thread_start(int linear);
+static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site);  // a kernel thread's load or store
 static void haz_block_start(void);
+#define PROF_SITE ((uintptr_t)__builtin_return_address(0))  // where a hook was called from: the access site
 
 static Fiber* cur_fiber(const char* what) {
     if (!cur_run) emu_fatal("%s called outside a kernel", what);
@@ -257,7 +260,7 @@ void cudaemu_syncthreads(const char* site) {
 }
 
 // A warp operation; `collective`, when given, runs in the last lane to arrive with every lane's `bits` (as
-// pointers, nullptr for lanes outside the mask) before any lane goes on (wmma's calls).
+// pointers, nullptr for lanes outside the mask) before any lane goes on (the tensor-core product).
 static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width,
                         void (*collective)(void* const* lanes)) {
     Fiber* f = cur_fiber("a warp operation");
@@ -330,62 +333,39 @@ uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bit
     return warp_op(site, kind, mask, bits, arg, width, nullptr);
 }
 
-// wmma (cudaemu.h): each call is a full-warp operation whose collective step checks or computes for all lanes.
-struct WmmaMeet {
-    const char* op;
-    const void* p;
-    unsigned ldm;
-    int col_major;
-};
-static void wmma_check_same(void* const* lanes) {
-    const WmmaMeet* a = (const WmmaMeet*)lanes[0];
-    for (int l = 1; l < 32; l++) {
-        const WmmaMeet* b = (const WmmaMeet*)lanes[l];
-        if (b->p != a->p || b->ldm != a->ldm || b->col_major != a->col_major)
-            emu_fatal("%s: %s: lanes 0 and %d name different matrices (%p, ldm %u; %p, ldm %u)", block_name(cur_run).c_str(),
-                      a->op, l, a->p, a->ldm, b->p, b->ldm);
-    }
-}
-
-int cudaemu_wmma_meet(const char* op, const void* p, unsigned ldm, int col_major, int elem_bytes) {
-    Fiber* f = cur_fiber(op);
-    // CUDA's rules for load_matrix_sync and store_matrix_sync: a 256-bit aligned pointer, ldm a multiple of 16 bytes.
-    if ((uintptr_t)p % 32 || ldm * elem_bytes % 16 || ldm < 16)
-        emu_fatal("%s thread %d: %s: the pointer %p must be 32-byte aligned and ldm %u a multiple of %d, at least 16",
-                  block_name(cur_run).c_str(), f->linear, op, p, ldm, 16 / elem_bytes);
-    WmmaMeet m{op, p, ldm, col_major};
-    warp_op(op, CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, wmma_check_same);
-    return f->linear % 32;
-}
-
-struct WmmaMma {
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (cudaemu.h): a full-warp operation whose last lane to
+// arrive places every lane's registers in A (16 x 16), B (16 x 8) and C (16 x 8) as the PTX ISA does and
+// computes D for all of them.
+struct MmaCall {
     float* d;
-    const __nv_bfloat16 *a, *b;
+    const uint32_t *a, *b;
     const float* c;
 };
-static void wmma_mma_all(void* const* lanes) {
+static float bf16_half(uint32_t r, int high) {  // a register's bf16 element: the lower index in the low 16 bits
+    uint32_t u = (high ? r >> 16 : r & 0xffffu) << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+static void mma_m16n8k16_all(void* const* lanes) {
     if (prof_in_kernel) {
-        prof_kernel_flops += 2.0 * 16 * 16 * 16;  // a warp's product: 16 x 16 x 16 multiply-adds
-        prof_inst[I_TENSOR] += 2;                 // as two mma.m16n8k16 (HMMA) instructions
+        prof_kernel_flops += 2.0 * 16 * 8 * 16;  // a warp's product: 16 x 8 x 16 multiply-adds
+        prof_inst[I_TENSOR]++;                   // one HMMA instruction
     }
-    float A[16][16], B[16][16], C[16][16];
+    float A[16][16], B[16][8], C[16][8];
     for (int l = 0; l < 32; l++) {
-        const WmmaMma* m = (const WmmaMma*)lanes[l];
-        for (int i = 0; i < 8; i++) {
-            int r, c;
-            cudaemu_wmma_place(CUDAEMU_WMMA_A, l, i, &r, &c);
-            A[r][c] = __bfloat162float(m->a[i]);
-            cudaemu_wmma_place(CUDAEMU_WMMA_B, l, i, &r, &c);
-            B[r][c] = __bfloat162float(m->b[i]);
-            cudaemu_wmma_place(CUDAEMU_WMMA_ACC, l, i, &r, &c);
-            C[r][c] = m->c[i];
+        const MmaCall* m = (const MmaCall*)lanes[l];
+        int g = l / 4, t = l % 4;
+        for (int i = 0; i < 8; i++) {  // element i: register i / 2; row g + 8 (register 1, 3), column 2t + i % 2 + 8 (i >= 4)
+            A[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] = bf16_half(m->a[i / 2], i % 2);
+            if (i < 4) B[2 * t + i % 2 + 8 * (i / 2)][g] = bf16_half(m->b[i / 2], i % 2);  // row 2t + i % 2 + 8 (i >= 2)
+            if (i < 4) C[g + 8 * (i / 2)][2 * t + i % 2] = m->c[i];
         }
     }
-    for (int l = 0; l < 32; l++) {  // after every lane's C was read: d and c may be one fragment
-        const WmmaMma* m = (const WmmaMma*)lanes[l];
-        for (int i = 0; i < 8; i++) {
-            int r, c;
-            cudaemu_wmma_place(CUDAEMU_WMMA_ACC, l, i, &r, &c);
+    for (int l = 0; l < 32; l++) {  // after every lane's C was read: d and c may be one array
+        const MmaCall* m = (const MmaCall*)lanes[l];
+        for (int i = 0; i < 4; i++) {
+            int r = l / 4 + 8 * (i / 2), c = 2 * (l % 4) + i % 2;
             float s = C[r][c];
             for (int k = 0; k < 16; k++) s += A[r][k] * B[k][c];  // bf16 products are exact in fp32
             m->d[i] = s;
@@ -393,9 +373,33 @@ static void wmma_mma_all(void* const* lanes) {
     }
 }
 
-void cudaemu_wmma_mma(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c) {
-    WmmaMma m{d, a, b, c};
-    warp_op("wmma::mma_sync", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, wmma_mma_all);
+void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    MmaCall m{d, a, b, c};
+    warp_op("mma.sync.m16n8k16", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, mma_m16n8k16_all);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (cudaemu.h): the last lane to arrive reads the four 8 x 8
+// matrices whose rows the lanes name (lanes 8i .. 8i + 7: matrix i's rows 0 .. 7) and hands each lane its
+// registers, so all rows are read before any lane goes on.
+struct LdmatrixCall {
+    uint32_t* d;
+    const uint16_t* row;
+};
+static void ldmatrix_x4_trans_all(void* const* lanes) {
+    uint16_t M[4][8][8];
+    for (int l = 0; l < 32; l++) memcpy(M[l / 8][l % 8], ((const LdmatrixCall*)lanes[l])->row, 16);
+    for (int l = 0; l < 32; l++)  // transposed: lane l gets column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1
+        for (int i = 0; i < 4; i++)
+            ((const LdmatrixCall*)lanes[l])->d[i] = M[i][2 * (l % 4)][l / 4] | (uint32_t)M[i][2 * (l % 4) + 1][l / 4] << 16;
+}
+
+void cudaemu_ldmatrix_x4_trans(uint32_t d[4], const void* row) {
+    Fiber* f = cur_fiber("ldmatrix");
+    if ((uintptr_t)row % 16)
+        emu_fatal("%s thread %d: ldmatrix: the row address %p is not 16-byte aligned", block_name(cur_run).c_str(), f->linear, row);
+    prof_access((uintptr_t)row, 16, 0, PROF_SITE);  // the lane's row: a shared load of the warp's request (counts, hazards)
+    LdmatrixCall m{d, (const uint16_t*)row};
+    warp_op("ldmatrix.sync.m8n8.x4.trans", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, ldmatrix_x4_trans_all);
 }
 
 void* cudaemu_dynamic_shared(void) {
@@ -884,9 +888,36 @@ cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attr, int
     return cudaSuccess;
 }
 
+// Where code is, by addr2line on this binary (the counting builds carry line tables): a return address as
+// "file:line", or a function's name ("lp_kernel<64>").
+static std::string code_line(uintptr_t pc, bool function = false) {
+    Dl_info info;
+    char cmd[600], out[600] = "";
+    if (!dladdr((void*)pc, &info) || !info.dli_fname) return "?";
+    snprintf(cmd, sizeof(cmd), "addr2line -e '%s' %s 0x%lx 2>/dev/null", info.dli_fname, function ? "-f -C" : "-i",
+             (unsigned long)(pc - !function - (uintptr_t)info.dli_fbase));
+    FILE* p = popen(cmd, "r");
+    if (p && fgets(out, sizeof(out), p)) out[strcspn(out, "\n")] = 0;
+    if (p) pclose(p);
+    if (function) {  // "void name<64>(args)": the name and its template arguments
+        const char* at = strchr(out, ' ') ? strchr(out, ' ') + 1 : out;
+        return std::string(at, strcspn(at, "("));
+    }
+    const char* slash = strrchr(out, '/');
+    return out[0] ? (slash ? slash + 1 : out) : "?";
+}
+
 void cudaemu_launch_kernel(const char* name, const void* kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
                            const cudaemu_arg* pointers, int npointers, std::function<void()> body) {
     touch();
+    if (strchr(name, '<') && prof_instrumented) {  // a template's launch names its parameter ("k<HP>"): counts name its value
+        static std::mutex mu;
+        static std::map<const void*, std::string>& names = *new std::map<const void*, std::string>();
+        std::lock_guard<std::mutex> lk(mu);
+        auto it = names.find(kernel);
+        if (it == names.end()) it = names.emplace(kernel, code_line((uintptr_t)kernel, true)).first;
+        name = it->second.c_str();
+    }
     uint64_t threads = (uint64_t)block.x * block.y * block.z;
     if (!block.x || !block.y || !block.z || !grid.x || !grid.y || !grid.z || threads > 1024 || block.z > 64 ||
         grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
@@ -1913,7 +1944,6 @@ struct Prof {
 static Prof& prof = *new Prof();  // lives past exit(), like the device thread
 static thread_local int prof_stream = -1;   // the stream the device thread runs (-1: a call on the host)
 static thread_local uint64_t prof_epoch;    // and the host epoch it was queued in
-static bool prof_instrumented;     // __tsan_init ran: the kernels of this binary call the hooks
 
 static void prof_open(void) {
     if (!cfg.profile) return;
@@ -2257,8 +2287,6 @@ static void prof_shared(uintptr_t at, size_t size, int write, uintptr_t site) {
     }
 }
 
-#define PROF_SITE ((uintptr_t)__builtin_return_address(0))  // where a hook was called from: the access site
-
 // A special-function call (cudaemu.h's wrappers): one warp instruction per warp request of its site.
 void cudaemu_sfu(void) {
     if (!cur_run || !prof_in_kernel) return;
@@ -2304,27 +2332,13 @@ static bool haz_ordered(int w, uint32_t since, uint32_t upto, unsigned lanes) {
     return false;
 }
 
-// A site as "file:line" (addr2line on this binary; the counting build carries line tables).
-static std::string haz_line(uintptr_t site) {
-    Dl_info info;
-    char cmd[600], out[400] = "";
-    if (!dladdr((void*)site, &info) || !info.dli_fname) return "?";
-    snprintf(cmd, sizeof(cmd), "addr2line -e '%s' -i 0x%lx 2>/dev/null", info.dli_fname,
-             (unsigned long)(site - 1 - (uintptr_t)info.dli_fbase));
-    FILE* p = popen(cmd, "r");
-    if (p && fgets(out, sizeof(out), p)) out[strcspn(out, "\n")] = 0;
-    if (p) pclose(p);
-    const char* slash = strrchr(out, '/');
-    return out[0] ? (slash ? slash + 1 : out) : "?";
-}
-
 [[noreturn]] static void haz_report(const char* what, uintptr_t byte, const char* region, Fiber* f, uintptr_t site,
                                     int other, uintptr_t other_site) {
     char who[40] = "another thread";
     if (other >= 0) snprintf(who, sizeof(who), "thread %d", other);
     emu_fatal("%s: a shared-memory hazard (%s): thread %d at %s and %s at %s, %s 0x%lx, with no __syncthreads or "
               "warp operation of both lanes between them", block_name(cur_run).c_str(), what, f->linear,
-              haz_line(site).c_str(), who, haz_line(other_site).c_str(), region, (unsigned long)byte);
+              code_line(site).c_str(), who, code_line(other_site).c_str(), region, (unsigned long)byte);
 }
 
 static void haz_access(uintptr_t byte, const char* region, HazByte& h, int write, uintptr_t site) {

@@ -103,79 +103,20 @@ static inline unsigned cudaemu_mask(unsigned m) { return m ? m : 0xffffffffu; }
 #define __ballot_sync(mask, pred) ((unsigned)cudaemu_warp_op(CUDAEMU_SITE, CUDAEMU_BALLOT, mask, (pred) != 0, 0, 32))
 #endif
 
-// ---- tensor cores: nvcuda::wmma (<mma.h>) for what sm_80 offers at bf16 m16n16k16 with an fp32
-// accumulator. load_matrix_sync, store_matrix_sync and mma_sync are warp-collective like a full-mask
-// shuffle: all 32 lanes of the warp must arrive at the same call (a partial or divergent warp is an
-// error). Each lane holds num_elements values in sm_80's fixed mapping (PTX ISA, the mma.m16n8k16
-// fragments; the 16 columns of B and of the accumulator as two halves of 8), so code that assumes a
-// mapping computes here what it computes on a GPU. Products and sums are fp32, k in order.
-#ifdef __cplusplus
-enum { CUDAEMU_WMMA_A, CUDAEMU_WMMA_B, CUDAEMU_WMMA_ACC };
-// Where element i of a lane's fragment sits in its 16 x 16 matrix (A: m x k, B: k x n, accumulator: m x n).
-static inline void cudaemu_wmma_place(int use, int lane, int i, int* row, int* col) {
-    int g = lane >> 2, t = lane & 3, pair = 2 * t + (i & 1), half = (i >> 1) & 1, quad = i >> 2;
-    if (use == CUDAEMU_WMMA_B) *row = pair + 8 * half, *col = g + 8 * quad;
-    else *row = g + 8 * half, *col = pair + 8 * quad;
-}
-// The warp meets; every lane must name the same matrix (pointer, leading dimension, layout). Returns the lane.
-int cudaemu_wmma_meet(const char* op, const void* p, unsigned ldm, int col_major, int elem_bytes);
-// D = A B + C for the whole warp, each lane passing its own fragments.
-void cudaemu_wmma_mma(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c);
-
-namespace nvcuda {
-namespace wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-template <typename Use, int m, int n, int k, typename T, typename Layout = void>
-struct fragment {
-    static_assert(m == 16 && n == 16 && k == 16, "cudaemu: wmma is emulated for m16n16k16 only");
-    static_assert(std::is_same<Use, accumulator>::value ? std::is_same<T, float>::value : std::is_same<T, __nv_bfloat16>::value,
-                  "cudaemu: wmma is emulated for bf16 A and B with an fp32 accumulator only");
-    enum { num_elements = 8 };
-    T x[num_elements];
-};
-template <typename Use> constexpr int cudaemu_use() {
-    return std::is_same<Use, matrix_a>::value ? CUDAEMU_WMMA_A : std::is_same<Use, matrix_b>::value ? CUDAEMU_WMMA_B : CUDAEMU_WMMA_ACC;
-}
-template <typename Use, typename T, typename Layout>
-static inline void fill_fragment(fragment<Use, 16, 16, 16, T, Layout>& f, T v) {  // per lane, as on a GPU
-    for (int i = 0; i < 8; i++) f.x[i] = v;
-}
-template <typename Use, typename T, typename Layout>
-static inline void cudaemu_load(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm, int col_major) {
-    int lane = cudaemu_wmma_meet("wmma::load_matrix_sync", p, ldm, col_major, sizeof(T)), r, c;
-    for (int i = 0; i < 8; i++) {
-        cudaemu_wmma_place(cudaemu_use<Use>(), lane, i, &r, &c);
-        f.x[i] = col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
-    }
-}
-template <typename Use, typename Layout>
-static inline void load_matrix_sync(fragment<Use, 16, 16, 16, __nv_bfloat16, Layout>& f, const __nv_bfloat16* p, unsigned ldm) {
-    static_assert(std::is_same<Layout, row_major>::value || std::is_same<Layout, col_major>::value, "A and B fragments name their layout");
-    cudaemu_load(f, p, ldm, std::is_same<Layout, col_major>::value);
-}
-static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm, layout_t layout) {
-    cudaemu_load(f, p, ldm, layout == mem_col_major);
-}
-static inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t layout) {
-    int lane = cudaemu_wmma_meet("wmma::store_matrix_sync", p, ldm, layout == mem_col_major, sizeof(float)), r, c;
-    for (int i = 0; i < 8; i++) {
-        cudaemu_wmma_place(CUDAEMU_WMMA_ACC, lane, i, &r, &c);
-        (layout == mem_col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c]) = f.x[i];
-    }
-}
-template <typename LA, typename LB>
-static inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA>& a,
-                            const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
-    cudaemu_wmma_mma(d.x, a.x, b.x, c.x);
-}
-}  // namespace wmma
-}  // namespace nvcuda
-#endif
+// ---- tensor cores: the instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (llmpar's lp_mma
+// issues it by inline PTX under nvcc, and calls this here): D (16 x 8) = A (16 x 16) B (16 x 8) + C,
+// warp-collective like a full-mask shuffle (all 32 lanes must arrive: a partial or divergent warp is an
+// error). Each lane passes its registers as the PTX ISA places them (g = lane / 4, t = lane % 4; a
+// register's lower 16 bits hold the lower column, or row for B): a[0] A's row g, columns 2t and 2t + 1;
+// a[1] row g + 8, the same columns; a[2], a[3] those rows at columns 2t + 8, 2t + 9; b[0] B's rows 2t,
+// 2t + 1 of column g, b[1] rows 2t + 8, 2t + 9; c and d: c[0], c[1] row g, columns 2t and 2t + 1, c[2],
+// c[3] row g + 8. Sums in fp32 from C up over k in order.
+void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+// Its operand loader ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (lp_ldmatrix_trans): four 8 x 8 bf16
+// matrices from shared memory, warp-collective as above. Lane l names row l % 8 of matrix l / 8 (16 bytes,
+// 16-byte aligned); matrix i, transposed, lands in register d[i], lane l holding its column l / 4, rows
+// 2 (l % 4) and 2 (l % 4) + 1 (the lower row in the low half): what mma wants as B from a row-major tile.
+void cudaemu_ldmatrix_x4_trans(uint32_t d[4], const void* row);
 
 // ---- device intrinsics the host compiler lacks
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }

@@ -13,12 +13,13 @@ extrapolated linearly in depth to --model's L: exact, since each layer launches 
 rest (embeddings, classifier, AdamW's per-parameter work) is constant or linear in the layers.
 
 Time of a kernel launch on the GPU (--gpu, H100 SXM by default): the largest of its roofs, each what one
-unit of the SMs would take if it alone were busy (kernel_roofs): HBM (the sectors of its warp requests, no
-cache; at most SM_BYTES a clock into each SM that runs its blocks), tensor cores (its mma FLOPs at the rate
-mma.sync reaches), issue (its warp instructions at 4 per clock per SM), shared memory (its wavefronts at
-one per clock per SM) and the SFU (its special functions at 16 lanes per clock per SM), the SMs' own units
-times the last wave's tail (waves of blocks from the occupancy that threads, registers and shared memory
-allow; registers from nvcc's own report, --ptxas). The units work side by
+unit would take if it alone were busy (kernel_roofs): HBM (its distinct sectors: every re-read within the
+launch is taken to hit L2), L2 (the sectors of its warp requests; both at most the L2's share of a clock
+into each SM that runs its blocks), tensor cores (its mma FLOPs at the rate mma.sync reaches), issue (its
+warp instructions at 4 per clock per SM), shared memory (its wavefronts at one per clock per SM) and the
+SFU (its special functions at 16 lanes per clock per SM), the SMs' own units times the last wave's tail
+(waves of blocks from the occupancy that threads, registers and shared memory allow; registers from
+nvcc's own report, --ptxas). The units work side by
 side, on different warps, so the busiest sets the pace; that is an optimistic bound, and the calibration
 (dev/docs/figures.md) says how far real kernels fall short of it. Matmuls move each matrix once and run at
 GEMM_EFFICIENCY of dense bf16 peak; host copies go at PCIE; an NCCL call LATENCY plus the larger of the
@@ -42,18 +43,20 @@ from collections import defaultdict
 # 132 SMs x 4096 FLOP/clock at 1.83 GHz; A100 SXM: 312 = 108 x 2048 at 1.41 GHz). mma: the fraction of
 # that peak mma.sync (a kernel's own tensor-core products) can reach: on an H100 about two thirds (the
 # rest needs Hopper's wgmma; FlashAttention-3 paper, Shah et al. 2024, section 2), on an A100 all of it.
-# Per SM: 65536 registers, at most 2048 threads and 32 blocks, shared memory for blocks (each also takes
-# 1 KiB the system reserves), and per clock 4 warp instructions issued, one shared-memory wavefront of 128
-# bytes, 16 special-function lanes (CUDA C Programming Guide, "Compute Capabilities" and "Arithmetic
-# Instructions" tables for 8.0 and 9.0).
+# l2: the L2's bandwidth in bytes a clock (A100 whitepaper: 5120; NVIDIA gives none for the H100: taken as
+# the A100's 47.4 a clock per SM). Per SM: 65536 registers, at most 2048 threads and 32 blocks, shared
+# memory for blocks (each also takes 1 KiB the system reserves), and per clock 4 warp instructions issued,
+# one shared-memory wavefront of 128 bytes, 16 special-function lanes (CUDA C Programming Guide, "Compute
+# Capabilities" and "Arithmetic Instructions" tables for 8.0 and 9.0).
 GPUS = {
-    "H100": dict(name="H100 SXM", sms=132, clock=1.83e9, hbm=3.35e12, peak=989.4e12, mma=2 / 3, smem=228 * 1024, arch="sm_90"),
-    "A100": dict(name="A100 SXM 80GB", sms=108, clock=1.41e9, hbm=2.039e12, peak=312e12, mma=1.0, smem=164 * 1024, arch="sm_80"),
+    "H100": dict(name="H100 SXM", sms=132, clock=1.83e9, hbm=3.35e12, l2=5120 * 132 / 108, peak=989.4e12, mma=2 / 3,
+                 smem=228 * 1024, arch="sm_90"),
+    "A100": dict(name="A100 SXM 80GB", sms=108, clock=1.41e9, hbm=2.039e12, l2=5120, peak=312e12, mma=1.0, smem=164 * 1024,
+                 arch="sm_80"),
 }
 GPU = GPUS["H100"]      # --gpu sets it
 REGISTERS, THREADS, BLOCKS, RESERVED = 65536, 2048, 32, 1024
 ISSUE, WAVEFRONTS, SFU_LANES = 4, 1, 16  # per SM per clock
-SM_BYTES = 48  # bytes per clock into one SM from L2 (A100 whitepaper: 5120 for 108 SMs), so HBM needs blocks on many SMs
 GEMM_EFFICIENCY = 0.70  # the fraction of the peak a cuBLASLt matmul is taken to reach
 PCIE = 50e9             # host copies over PCIe 5.0 x16, bytes/s (64 GB/s a direction nominal)
 LATENCY = 20e-6         # per NCCL call, s (as --plan assumes)
@@ -162,13 +165,15 @@ def at_depth(la, lb, f):
 
 def read_ptxas(path):
     """Registers and static shared bytes per kernel, from nvcc -Xptxas -v's report (the kernels' names
-    demangled to their identifiers; several instantiations of one: the most of each)."""
+    demangled to their identifiers and integer template arguments, as the emulator names them)."""
     out, name = {}, None
     with open(path) as f:
         for line in f:
             m = re.search(r"Compiling entry function '_Z(\d+)(\w+)'", line)
             if m:
-                name = m.group(2)[:int(m.group(1))]
+                name, rest = m.group(2)[:int(m.group(1))], m.group(2)[int(m.group(1)):]
+                args = re.match(r"I((?:Li\d+E)+)E", rest)  # a template's integer arguments: lp_kernel<64>
+                name += "<" + ",".join(re.findall(r"Li(\d+)E", args.group(1))) + ">" if args else ""
                 continue
             m = re.search(r"Used (\d+) registers(?:.*?, (\d+) bytes smem)?", line)
             if m and name:
@@ -195,12 +200,13 @@ def occupancy(threads, shmem, regs):
 def kernel_roofs(name, v):
     """One kernel launch on the GPU: its roofs (seconds each unit would take alone), the occupancy, waves
     and tail, and its time: the largest roof times the tail."""
-    regs, static = PTXAS.get(re.sub(r"\W.*", "", name), (0, 0))
+    regs, static = PTXAS.get(re.match(r"\w+(<[\d,]*>)?", name).group(0), (0, 0))
     sm_clocks = GPU["sms"] * GPU["clock"]
     inst = sum(v[C[k]] for k in ("global_loads", "global_stores", "shared_loads", "shared_stores", "shuffles", "syncs", "tensor", "sfu"))
     active = min(GPU["sms"], v[C["blocks"]]) if v[C["blocks"]] else GPU["sms"]
-    hbm = min(GPU["hbm"], active * SM_BYTES * GPU["clock"])
-    roofs = {"HBM": (v[C["read"]] + v[C["written"]]) / hbm, "tensor": v[C["flops"]] / (GPU["mma"] * GPU["peak"]),
+    l2 = GPU["l2"] * GPU["clock"] * active / GPU["sms"]  # blocks on few SMs reach only their share of it
+    roofs = {"HBM": (v[C["distinct_read"]] + v[C["distinct_written"]]) / min(GPU["hbm"], l2),
+             "L2": (v[C["read"]] + v[C["written"]]) / l2, "tensor": v[C["flops"]] / (GPU["mma"] * GPU["peak"]),
              "issue": inst / (ISSUE * sm_clocks), "shared": (v[C["waves_ld"]] + v[C["waves_st"]]) / (WAVEFRONTS * sm_clocks),
              "SFU": v[C["sfu"]] * 32 / (SFU_LANES * sm_clocks)}
     r = dict(roofs=roofs, regs=regs, per_sm=0, limit="", waves=0.0, tail=1.0)
@@ -211,16 +217,16 @@ def kernel_roofs(name, v):
                      f"{regs} registers per thread does not fit an SM of the {GPU['name']}")
         r["waves"] = v[C["blocks"]] / (r["per_sm"] * GPU["sms"])
         r["tail"] = math.ceil(r["waves"]) / r["waves"] if r["waves"] else 1.0
-    for unit in roofs:  # the SMs' own units wait for the last wave; HBM serves whichever blocks run
-        roofs[unit] *= r["tail"] if unit != "HBM" else 1.0
+    for unit in roofs:  # the SMs' own units wait for the last wave; HBM and L2 serve whichever blocks run
+        roofs[unit] *= r["tail"] if unit not in ("HBM", "L2") else 1.0
     r["bound"] = max(roofs, key=roofs.get)
     r["t"] = roofs[r["bound"]]
     return r
 
 
-def launch_seconds(kind, name, v, link, distinct=False):
+def launch_seconds(kind, name, v, link):
     """One launch's modelled time from its counts (COUNTS)."""
-    rd, wr = (v[2], v[3]) if distinct else (v[0], v[1])
+    rd, wr = v[0], v[1]
     if kind == "pcie":
         return (rd + wr) / PCIE
     if kind == "nccl":  # bytes sent, received over a ring
@@ -228,24 +234,23 @@ def launch_seconds(kind, name, v, link, distinct=False):
     if kind == "gemm":
         return max((rd + wr) / GPU["hbm"], v[4] / (GEMM_EFFICIENCY * GPU["peak"]))
     if kind == "kernel":
-        return kernel_roofs(name, [rd, wr] + list(v[2:]))["t"]
+        return kernel_roofs(name, v)["t"]
     return (rd + wr) / GPU["hbm"]  # memsets and device copies
 
 
 def model(launches, link):
     """Each name's launches summed (launches: key -> (name, counts) or (name, counts, weight)): count,
-    bytes, FLOPs, time (and time from distinct sectors), and the roof that binds the most of its time."""
+    bytes, FLOPs, time, and the roof that binds the most of its time."""
     out = {}
     for key, (name, v, *weight) in launches.items():
         kind, w = key[0], weight[0] if weight else 1.0
-        r = out.setdefault(name, dict(kind=kind, n=0.0, bytes=0.0, distinct=0.0, flops=0.0, t=0.0, t_low=0.0, bounds=defaultdict(float)))
+        r = out.setdefault(name, dict(kind=kind, n=0.0, bytes=0.0, distinct=0.0, flops=0.0, t=0.0, bounds=defaultdict(float)))
         t = w * launch_seconds(kind, name, v, link)
         r["n"] += w
         r["bytes"] += w * (v[0] + v[1])
         r["distinct"] += w * (v[2] + v[3])
         r["flops"] += w * v[4]
         r["t"] += t
-        r["t_low"] += w * launch_seconds(kind, name, v, link, True)
         bound = (kernel_roofs(name, v)["bound"] if kind == "kernel" else "tensor" if kind == "gemm" and
                  v[4] / (GEMM_EFFICIENCY * GPU["peak"]) > (v[0] + v[1]) / GPU["hbm"] else
                  {"pcie": "PCIe", "nccl": "link"}.get(kind, "HBM"))
@@ -369,17 +374,17 @@ def set_gpu(gpu, ptxas):
 
 def check(argv):
     """roofline.py check FILE: every kernel and matmul line of a counts file (all of them, not a step), each
-    name's launches modelled one by one and summed, with every roof; --scale 'REGEX=K' multiplies the work
-    of the launches whose names match (counted at a small shape, modelled at one K times larger: as many
-    more blocks, bytes and instructions, the same block)."""
+    name's launches modelled one by one and summed, with every roof, on each --gpu; --scale 'REGEX=K'
+    multiplies the work of the launches whose names match (counted at a small shape, modelled at one K
+    times larger: as many more blocks, bytes and instructions, the same block). Ends with the ratio of the
+    shared-memory test kernels' times (dev/cudaemu/model_check.cu), on the first GPU."""
     ap = argparse.ArgumentParser(prog="roofline.py check", description=check.__doc__)
     ap.add_argument("file")
-    ap.add_argument("--gpu", choices=sorted(GPUS), default="H100")
-    ap.add_argument("--ptxas", help="nvcc -Xptxas -v's report for the GPU's architecture (registers per thread)")
+    ap.add_argument("--gpu", nargs="+", choices=sorted(GPUS), default=["H100"])
+    ap.add_argument("--ptxas", nargs="*", default=[], help="nvcc -Xptxas -v's report for each --gpu's architecture")
     ap.add_argument("--scale", action="append", default=[], metavar="REGEX=K")
     a = ap.parse_args(argv)
-    set_gpu(a.gpu, a.ptxas)
-    rows = {}
+    launches = []
     with open(a.file) as f:
         for line in f:
             if line.startswith("#"):
@@ -390,37 +395,42 @@ def check(argv):
             v = [float(x) for x in nums[:5] + nums[7:]]
             v += [0.0] * (len(COUNTS) - len(v))
             k = next((float(x.rpartition("=")[2]) for x in a.scale if re.search(x.rpartition("=")[0], name)), 1.0)
-            v = [x * k if i in EXTENSIVE else x for i, x in enumerate(v)]
+            launches.append((kind, name, [x * k if i in EXTENSIVE else x for i, x in enumerate(v)]))
+    ratio = None
+    for gpu, ptxas in zip(a.gpu, a.ptxas + [None] * len(a.gpu)):
+        PTXAS.clear()
+        set_gpu(gpu, ptxas)
+        rows = {}
+        for kind, name, v in launches:
             r = kernel_roofs(name, v) if kind == "kernel" else None
-            row = rows.setdefault(name, dict(n=0, t=0.0, roofs=defaultdict(float), r=r, v=v, kind=kind))
+            row = rows.setdefault(name, dict(n=0, t=0.0, roofs=defaultdict(float), r=r, v=v))
             row["n"] += 1
-            if r:
-                row["t"] += r["t"]
-                for roof, x in r["roofs"].items():
-                    row["roofs"][roof] += x
-            else:
-                row["t"] += launch_seconds(kind, name, v, 0)
-    print(f"MODELLED on the {GPU['name']} ({GPU['sms']} SMs at {GPU['clock'] / 1e9:.2f} GHz) from the CUDA emulator's counts: "
-          f"each roof is what one unit would take alone (times the last wave's tail), the largest binds")
-    print()
-    roofs = ["HBM", "tensor", "issue", "shared", "SFU"]
-    print("| launch | launches | blocks | threads | regs | smem KiB | blocks/SM (limit) | waves | " +
-          " | ".join(f"{x} us" for x in roofs) + " | bound | MODELLED us |")
-    print("|" + "---|" * (10 + len(roofs)))
-    for name, row in rows.items():
-        r, v = row["r"], row["v"]
-        if r:
-            regs, static = PTXAS.get(re.sub(r"\W.*", "", name), (0, 0))
-            cells = [f"{v[C['blocks']]:.0f}", f"{v[C['threads']]:.0f}", str(regs or "?"), f"{(v[C['shmem']] + static) / 1024:.1f}",
-                     f"{r['per_sm']} ({r['limit']})", f"{r['waves']:.2f}"] + [f"{row['roofs'][x] * 1e6:.1f}" for x in roofs] + [
-                     max(row["roofs"], key=row["roofs"].get)]
-        else:
-            cells = ["", "", "", "", "", ""] + [""] * len(roofs) + ["cuBLASLt"]
-        print(f"| {name} | {row['n']} | " + " | ".join(cells) + f" | {row['t'] * 1e6:.1f} |")
-    free, conflicted = rows.get("shared_conflict_free"), rows.get("shared_conflict_32way")
-    if free and conflicted:
+            row["t"] += r["t"] if r else launch_seconds(kind, name, v, 0)
+            for roof, x in (r["roofs"].items() if r else ()):
+                row["roofs"][roof] += x
+        print(f"MODELLED on the {GPU['name']} ({GPU['sms']} SMs at {GPU['clock'] / 1e9:.2f} GHz) from the CUDA emulator's counts: "
+              f"each roof is what one unit would take alone (the SMs' own units times the last wave's tail), the largest binds")
         print()
-        print(f"conflicted/conflict-free shared-memory time: {conflicted['t'] / free['t']:.1f}")
+        roofs = ["HBM", "L2", "tensor", "issue", "shared", "SFU"]
+        print("| launch | launches | blocks | threads | regs | smem KiB | blocks/SM (limit) | waves | " +
+              " | ".join(f"{x} us" for x in roofs) + " | bound | MODELLED us |")
+        print("|" + "---|" * (11 + len(roofs)))
+        for name, row in rows.items():
+            r, v = row["r"], row["v"]
+            if r:
+                static = PTXAS.get(re.match(r"\w+(<[\d,]*>)?", name).group(0), (0, 0))[1]
+                cells = [f"{v[C['blocks']]:.0f}", f"{v[C['threads']]:.0f}", str(r["regs"] or "?"),
+                         f"{(v[C['shmem']] + static) / 1024:.1f}", f"{r['per_sm']} ({r['limit']})", f"{r['waves']:.2f}"] + [
+                         f"{row['roofs'][x] * 1e6:.1f}" for x in roofs] + [max(row["roofs"], key=row["roofs"].get)]
+            else:
+                cells = [""] * (6 + len(roofs)) + ["cuBLASLt"]
+            print(f"| {name} | {row['n']} | " + " | ".join(cells) + f" | {row['t'] * 1e6:.1f} |")
+        print()
+        free, conflicted = rows.get("shared_conflict_free"), rows.get("shared_conflict_32way")
+        if free and conflicted and ratio is None:
+            ratio = conflicted["t"] / free["t"]
+    if ratio is not None:
+        print(f"conflicted/conflict-free shared-memory time: {ratio:.1f}")
 
 
 def main():
@@ -527,7 +537,6 @@ def main():
     print()
     for label, m in runs:
         t = sum(r["t"] for r in m.values())
-        low = sum(r["t_low"] for r in m.values())
         part = lambda kinds: sum(r["t"] for r in m.values() if r["kind"] in kinds) * 1e3
         launches = sum(r["n"] for r in m.values() if r["kind"] in ("kernel", "gemm"))
         step = replays[label][0][2]
@@ -537,8 +546,6 @@ def main():
               f"MFU {100 * flops_per_token * tokens / t / GPU['peak']:.1f}%; {launches} kernel and matmul launches per step; "
               f"cudaFree (a wait for the whole device, not timed) {frees[label][0]} times in the counted step at B={b1}, "
               f"{frees[label][1]} at B={b2}")
-        print(f"MODELLED {label}, distinct sectors only (as if every re-read within a launch hit a cache): step "
-              f"{low * 1e3:.1f} ms, {tokens / low:,.0f} tok/s")
         if a.accum > 1:  # the optimizer's class once per step, everything else once per micro-batch
             once = sum(r["t"] for n, r in m.items() if kernel_class(n) == OPTIMIZER)
             k = a.accum * (t - once) + once

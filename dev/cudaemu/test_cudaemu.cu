@@ -12,8 +12,6 @@ missing stream wait, a bad GEMM leading dimension, ...) must be caught with a on
 #include <string.h>
 #include <math.h>
 #include <time.h>
-#include <mma.h>
-using namespace nvcuda;
 
 #define CHECK(call)                                                                                     \
     do {                                                                                                \
@@ -147,6 +145,14 @@ __global__ void shared_banks(float* out, int stride) {
     ((float2*)(out + 64))[threadIdx.x] = ((const float2*)s)[lane];  // copied whole: one 8-byte load, one 16-byte
     ((float4*)(out + 192))[threadIdx.x] = ((const float4*)s)[lane];
 }
+// ldmatrix.x4 of 32 rows of 16 bytes, `pitch` bf16 apart: 8 packs them (4 wavefronts, the least for 512
+// bytes), 64 puts every row on banks 0-3 (32 wavefronts).
+__global__ void ldmatrix_rows(uint32_t* out, int pitch) {
+    uint16_t* s = (uint16_t*)cudaemu_dynamic_shared();
+    uint32_t r[4];
+    cudaemu_ldmatrix_x4_trans(r, s + threadIdx.x * pitch);
+    out[threadIdx.x] = r[0] + r[1] + r[2] + r[3];
+}
 // Three special functions per lane, and one more on half of each warp's lanes (still one instruction).
 __global__ void special_functions(float* out) {
     float x = out[threadIdx.x];
@@ -169,128 +175,134 @@ __global__ void warp_exchange(int* out, int sync) {
     out[threadIdx.x] = s[threadIdx.x ^ 1];
 }
 
+// One m16n8k16 product per warp: each lane's registers (4 of A, 2 of B, 4 of C) as the host placed them,
+// its 4 elements of D back in the same order.
+__global__ void mma_product(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    uint32_t ra[4] = {a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]}, rb[2] = {b[2 * i], b[2 * i + 1]};
+    float rc[4] = {c[4 * i], c[4 * i + 1], c[4 * i + 2], c[4 * i + 3]}, rd[4];
+    cudaemu_mma_m16n8k16(rd, ra, rb, rc);
+    for (int k = 0; k < 4; k++) d[4 * i + k] = rd[k];
+}
+
+__global__ void mma_partial_warp(float* d, const uint32_t* a, const uint32_t* b, const float* c) {  // lanes 16..31 leave first
+    if (threadIdx.x >= 16) return;
+    float rd[4];
+    cudaemu_mma_m16n8k16(rd, a, b, c);
+    d[threadIdx.x] = rd[0];
+}
+
+// A 16 x 24 bf16 matrix (pitch 24) staged in shared memory and read by ldmatrix.x4.trans: lane l names row
+// rows[l] of column block cols[l]; each lane's 4 registers come back. `skew` (2 bytes) misaligns the rows.
+__global__ void ldmatrix_load(uint32_t* d, const uint16_t* m, const int* rows, const int* cols, int skew) {
+    int lane = threadIdx.x;
+    uint16_t* s = (uint16_t*)cudaemu_dynamic_shared();
+    for (int i = lane; i < 16 * 24; i += 32) s[i] = m[i];
+    __syncwarp();
+    uint32_t r[4];
+    cudaemu_ldmatrix_x4_trans(r, s + rows[lane] * 24 + 8 * cols[lane] + skew);
+    for (int i = 0; i < 4; i++) d[4 * lane + i] = r[i];
+}
+__global__ void ldmatrix_partial_warp(uint32_t* d, const uint16_t* m) {  // lanes 16..31 leave first
+    if (threadIdx.x >= 16) return;
+    uint32_t r[4];
+    cudaemu_ldmatrix_x4_trans(r, m);
+    d[threadIdx.x] = r[0];
+}
+
 // ---- cases: 0 and the right values, or an error
 
-// D (16 x 32) = A (16 x 32) B (32 x 32) + C on tensor cores, one 16-wide column tile of D per warp.
-// A and B are stored as LA and LB say, each with leading dimension ld (> 16); C is read row-major and D
-// written column-major, both with leading dimension 40. The layouts are fragment types, hence a template.
-template <typename LA, typename LB>
-__device__ void wmma_tile(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, int ld) {
-    int n0 = 16 * (threadIdx.x / 32);
-    int a_col = std::is_same<LA, wmma::col_major>::value, b_col = std::is_same<LB, wmma::col_major>::value;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::load_matrix_sync(acc, c + n0, 40, wmma::mem_row_major);
-    for (int k0 = 0; k0 < 32; k0 += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, LA> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, LB> fb;
-        wmma::load_matrix_sync(fa, a + (a_col ? k0 * ld : k0), ld);
-        wmma::load_matrix_sync(fb, b + (b_col ? n0 * ld + k0 : k0 * ld + n0), ld);
-        wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(d + n0 * 40, acc, 40, wmma::mem_col_major);
-}
-__global__ void wmma_gemm(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b, const float* c, int ld, int a_col, int b_col) {
-    if (a_col && b_col) wmma_tile<wmma::col_major, wmma::col_major>(d, a, b, c, ld);
-    else if (a_col) wmma_tile<wmma::col_major, wmma::row_major>(d, a, b, c, ld);
-    else if (b_col) wmma_tile<wmma::row_major, wmma::col_major>(d, a, b, c, ld);
-    else wmma_tile<wmma::row_major, wmma::row_major>(d, a, b, c, ld);
-}
-
-// Each lane's A, B and accumulator elements as loaded, to pin the per-lane mapping.
-__global__ void wmma_elements(float* out, const __nv_bfloat16* m, const float* acc_in) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
-    wmma::load_matrix_sync(fa, m, 16);
-    wmma::load_matrix_sync(fb, m, 16);
-    wmma::load_matrix_sync(fc, acc_in, 16, wmma::mem_row_major);
-    for (int i = 0; i < fa.num_elements; i++) out[threadIdx.x * 24 + i] = __bfloat162float(fa.x[i]);
-    for (int i = 0; i < fb.num_elements; i++) out[threadIdx.x * 24 + 8 + i] = __bfloat162float(fb.x[i]);
-    for (int i = 0; i < fc.num_elements; i++) out[threadIdx.x * 24 + 16 + i] = fc.x[i];
-}
-
-__global__ void wmma_partial_warp(float* out, const __nv_bfloat16* m) {  // lanes 16..31 leave before the load
-    if (threadIdx.x >= 16) return;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-    wmma::load_matrix_sync(fa, m, 16);
-    out[threadIdx.x] = __bfloat162float(fa.x[0]);
-}
-
-static __nv_bfloat16* device_bf16_random(int n, float* host) {  // fresh random values in [-1, 1), rounded to bf16
-    __nv_bfloat16* h = (__nv_bfloat16*)malloc(n * sizeof(__nv_bfloat16)), *d;
-    for (int i = 0; i < n; i++) {
-        h[i] = __float2bfloat16(2.0f * rand() / RAND_MAX - 1.0f);
-        host[i] = __bfloat162float(h[i]);
-    }
-    CHECK(cudaMalloc((void**)&d, n * sizeof(__nv_bfloat16)));
-    CHECK(cudaMemcpy(d, h, n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
-    free(h);
-    return d;
-}
-static float* device_floats_random(int n, float* host) {
-    float* d;
-    for (int i = 0; i < n; i++) host[i] = 2.0f * rand() / RAND_MAX - 1.0f;
-    CHECK(cudaMalloc((void**)&d, n * sizeof(float)));
-    CHECK(cudaMemcpy(d, host, n * sizeof(float), cudaMemcpyHostToDevice));
-    return d;
-}
-
-// The four layouts of A and B against a double-precision product, leading dimension 40.
-static int case_wmma_gemm(void) {
-    enum { LD = 40 };
+// mma.m16n8k16 for two warps, each with its own random bf16 A (16 x 16), B (16 x 8) and fp32 C, against a
+// double-precision product. The registers are filled by the PTX ISA's formulas (section "Matrix Fragments
+// for mma.m16n8k16 with floating point type"), written out here apart from the emulator's: with
+// g = lane / 4, t = lane % 4, A's element ai (i = 0..7, two per register, lower i in the low half) sits at
+// row g for i in {0, 1, 4, 5}, else g + 8, column 2t + (i & 1), + 8 for i >= 4; B's bi (i = 0..3) at row
+// 2t + (i & 1), + 8 for i >= 2, column g; C's and D's ci at row g, + 8 for i >= 2, column 2t + (i & 1).
+static int case_mma(void) {
+    enum { WARPS = 2, LANES = 32 * WARPS };
     srand((unsigned)time(NULL));
     cudaemu_racecheck(1);
-    for (int layouts = 0; layouts < 4; layouts++) {
-        int a_col = layouts & 1, b_col = layouts >> 1;
-        float ha[32 * LD], hb[32 * LD], hc[16 * 40], hd[32 * 40];
-        __nv_bfloat16 *a = device_bf16_random(32 * LD, ha), *b = device_bf16_random(32 * LD, hb);
-        float *c = device_floats_random(16 * 40, hc), *d;
-        CHECK(cudaMalloc((void**)&d, sizeof(hd)));
-        LAUNCH(wmma_gemm, 1, 64, 0, 0, d, a, b, c, (int)LD, a_col, b_col);
-        CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
-        for (int i = 0; i < 16; i++)
-            for (int j = 0; j < 32; j++) {
-                double ref = hc[i * 40 + j], mag = fabs(ref);
-                for (int k = 0; k < 32; k++) {
-                    double p = (double)ha[a_col ? k * LD + i : i * LD + k] * hb[b_col ? j * LD + k : k * LD + j];
-                    ref += p, mag += fabs(p);
-                }
-                double got = hd[j * 40 + i];
-                if (!(fabs(got - ref) <= 1e-6 * mag)) {  // 33 fp32 roundings of sums below mag
-                    printf("wmma layouts A %s B %s: D[%d][%d] = %.8g, want %.8g\n", a_col ? "col" : "row", b_col ? "col" : "row", i, j,
-                           got, ref);
-                    return 2;
-                }
+    float ha[WARPS][16][16], hb[WARPS][16][8], hc[WARPS][16][8], hd[LANES * 4], rc[LANES * 4];
+    uint32_t ra[LANES * 4] = {}, rb[LANES * 2] = {};
+    for (int w = 0; w < WARPS; w++)
+        for (int l = 0; l < 32; l++) {
+            int g = l / 4, t = l % 4, lane = 32 * w + l;
+            for (int i = 0; i < 8; i++) {
+                int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8, col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+                __nv_bfloat16 v = __float2bfloat16(2.0f * rand() / RAND_MAX - 1.0f);
+                ha[w][row][col] = __bfloat162float(v);
+                ra[4 * lane + i / 2] |= (uint32_t)__bfloat16_as_ushort(v) << (16 * (i & 1));
             }
-        CHECK(cudaFree(a));
-        CHECK(cudaFree(b));
-        CHECK(cudaFree(c));
-        CHECK(cudaFree(d));
-    }
+            for (int i = 0; i < 4; i++) {
+                int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0);
+                __nv_bfloat16 v = __float2bfloat16(2.0f * rand() / RAND_MAX - 1.0f);
+                hb[w][row][g] = __bfloat162float(v);
+                rb[2 * lane + i / 2] |= (uint32_t)__bfloat16_as_ushort(v) << (16 * (i & 1));
+                hc[w][g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = rc[4 * lane + i] = 2.0f * rand() / RAND_MAX - 1.0f;
+            }
+        }
+    uint32_t *a, *b;
+    float *c, *d;
+    CHECK(cudaMalloc((void**)&a, sizeof(ra)));
+    CHECK(cudaMalloc((void**)&b, sizeof(rb)));
+    CHECK(cudaMalloc((void**)&c, sizeof(rc)));
+    CHECK(cudaMalloc((void**)&d, sizeof(hd)));
+    CHECK(cudaMemcpy(a, ra, sizeof(ra), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(b, rb, sizeof(rb), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(c, rc, sizeof(rc), cudaMemcpyHostToDevice));
+    LAUNCH(mma_product, 1, LANES, 0, 0, d, a, b, c);
+    CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
+    for (int lane = 0; lane < LANES; lane++)
+        for (int i = 0; i < 4; i++) {
+            int w = lane / 32, row = (lane % 32) / 4 + (i >= 2 ? 8 : 0), col = 2 * (lane % 4) + (i & 1);
+            double ref = hc[w][row][col], mag = fabs(ref);
+            for (int k = 0; k < 16; k++) {
+                double p = (double)ha[w][row][k] * hb[w][k][col];
+                ref += p, mag += fabs(p);
+            }
+            if (!(fabs(hd[4 * lane + i] - ref) <= 1e-6 * mag)) {  // 17 fp32 roundings of sums below mag
+                printf("mma.m16n8k16: warp %d lane %d d%d (D[%d][%d]) = %.8g, want %.8g\n", w, lane % 32, i, row, col,
+                       hd[4 * lane + i], ref);
+                return 2;
+            }
+        }
     return 0;
 }
 
-// Lane l holds, for g = l / 4 and t = l % 4, with e = 2 t + (i odd) and h = 8 (i >= 4):
-// A and the accumulator element i at row g + 8 (i % 4 >= 2), column e + h; B element i at row
-// e + 8 (i % 4 >= 2), column g + h (sm_80's layout, the PTX ISA's mma.m16n8k16 fragments).
-static int case_wmma_elements(void) {
-    float hm[256], hacc[256], out[32 * 24], *acc, *dout;
+// ldmatrix.x4.trans: the rows of the four 8 x 8 matrices come from the lanes' addresses (here in a
+// scrambled order, from a 16 x 24 matrix in shared memory), and by the PTX ISA (ldmatrix, "Optional
+// qualifier .trans indicates that the matrix is loaded in column-major format"; each 4 lanes get a row,
+// the first lane the first 2 elements) lane l's register i holds matrix i's column l / 4 at rows 2 (l % 4)
+// (low half) and 2 (l % 4) + 1. skew: the addresses 2 bytes off alignment, an error.
+static int case_ldmatrix(int skew) {
+    cudaemu_racecheck(1);
+    uint16_t hm[16 * 24];
+    int rows[32], cols[32];
     srand((unsigned)time(NULL));
-    __nv_bfloat16* m = device_bf16_random(256, hm);
-    acc = device_floats_random(256, hacc);
-    CHECK(cudaMalloc((void**)&dout, sizeof(out)));
-    LAUNCH(wmma_elements, 1, 32, 0, 0, dout, m, acc);
-    CHECK(cudaMemcpy(out, dout, sizeof(out), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 16 * 24; i++) hm[i] = (uint16_t)rand();
+    for (int l = 0; l < 32; l++) rows[l] = (5 * l + 3) % 16, cols[l] = (l * 7 / 5) % 3;  // any rows, any 16-byte column blocks
+    uint16_t* m;
+    uint32_t* d;
+    int *drows, *dcols;
+    CHECK(cudaMalloc((void**)&m, sizeof(hm)));
+    CHECK(cudaMalloc((void**)&d, 4 * 32 * sizeof(uint32_t)));
+    CHECK(cudaMalloc((void**)&drows, sizeof(rows)));
+    CHECK(cudaMalloc((void**)&dcols, sizeof(cols)));
+    CHECK(cudaMemcpy(m, hm, sizeof(hm), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(drows, rows, sizeof(rows), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dcols, cols, sizeof(cols), cudaMemcpyHostToDevice));
+    LAUNCH(ldmatrix_load, 1, 32, sizeof(hm) + 16, 0, d, m, drows, dcols, skew);
+    uint32_t hd[4 * 32];
+    CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
     for (int l = 0; l < 32; l++)
-        for (int i = 0; i < 8; i++) {
-            int g = l / 4, e = 2 * (l % 4) + i % 2, h = i >= 4 ? 8 : 0, up = i % 4 >= 2 ? 8 : 0;
-            float want[3] = {hm[(g + up) * 16 + e + h], hm[(e + up) * 16 + g + h], hacc[(g + up) * 16 + e + h]};
-            for (int w = 0; w < 3; w++)
-                if (out[l * 24 + w * 8 + i] != want[w]) {
-                    printf("wmma %s: lane %d element %d is %g, want %g\n", w == 0 ? "A" : w == 1 ? "B" : "accumulator", l, i,
-                           out[l * 24 + w * 8 + i], want[w]);
-                    return 2;
-                }
+        for (int i = 0; i < 4; i++) {
+            int r0 = 2 * (l % 4), c = l / 4;  // the matrix's rows r0, r0 + 1 at column c: lanes 8i + r0 and 8i + r0 + 1 named them
+            uint16_t lo = hm[rows[8 * i + r0] * 24 + 8 * cols[8 * i + r0] + c], hi = hm[rows[8 * i + r0 + 1] * 24 + 8 * cols[8 * i + r0 + 1] + c];
+            uint32_t want = lo | (uint32_t)hi << 16;
+            if (hd[4 * l + i] != want) {
+                printf("ldmatrix.x4.trans: lane %d register %d is 0x%08x, want 0x%08x\n", l, i, hd[4 * l + i], want);
+                return 2;
+            }
         }
     return 0;
 }
@@ -404,11 +416,11 @@ static int case_counts(void) {
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
     cublasLtMatmul(h, desc, &alpha, in, la, in, lb, &beta, out, ld, out, ld, &heur.algo, NULL, 0, 0);
-    LAUNCH(wmma_gemm, 1, 64, 0, 0, out, (const __nv_bfloat16*)in, (const __nv_bfloat16*)in, out + 2048, 40, 0, 0);
-    double wmma_flops = cudaemu_profile_counts("wmma_gemm").flops;  // 2 warps, 2 products each
-    int bad = wmma_flops == 4 * 2.0 * 16 * 16 * 16 ? 0 : 5;
-    if (bad) printf("wmma_gemm: %.0f FLOPs counted, want %.0f\n", wmma_flops, 4 * 2.0 * 16 * 16 * 16);
-    bad = expect_counts("copy_floats", 4 * n, 4 * n, 4 * n, 4 * n, 0);
+    LAUNCH(mma_product, 1, 64, 0, 0, out, (const uint32_t*)in, (const uint32_t*)in, in);
+    cudaemu_counts mma = cudaemu_profile_counts("mma_product");  // 2 warps, a product (one instruction) each
+    int bad = mma.flops == 2 * 2.0 * 16 * 8 * 16 && mma.tensor == 2 ? 0 : 5;
+    if (bad) printf("mma_product: %.0f FLOPs, %.0f instructions counted, want %.0f, 2\n", mma.flops, mma.tensor, 2 * 2.0 * 16 * 8 * 16);
+    bad |= expect_counts("copy_floats", 4 * n, 4 * n, 4 * n, 4 * n, 0);
     bad |= expect_counts("copy_strided", 32 * n, 32 * n, 32 * n, 32 * n, 0);
     bad |= expect_counts("read_columns", 32 * n, 4 * n, 4 * n, 4 * n, 0);
     bad |= expect_counts("copy_float4", 16 * n, 16 * n, 16 * n, 16 * n, 0);
@@ -445,6 +457,14 @@ static int case_shared_counts(void) {
                 printf("%s: %s %.0f, want %.0f (%ld launches)\n", names[k], what[i], got[i], want[i], c.launches);
                 bad = 5;
             }
+    }
+    for (int pitch = 8; pitch <= 64; pitch *= 8) {
+        const char* name = pitch == 8 ? "ldmatrix_rows 8" : "ldmatrix_rows 64";
+        cudaemu_launch(name, ldmatrix_rows, 1, 32, 32 * pitch * 2, 0, (uint32_t*)out, pitch);
+        cudaemu_counts c = cudaemu_profile_counts(name);
+        if (c.shared_loads != 1 || c.shared_load_wavefronts != (pitch == 8 ? 4 : 32) || c.shared_ideal_wavefronts != 4)
+            printf("%s: %.0f shared loads, %.0f wavefronts (conflict-free %.0f); want 1, %d (4)\n", name, c.shared_loads,
+                   c.shared_load_wavefronts, c.shared_ideal_wavefronts, pitch == 8 ? 4 : 32), bad = 5;
     }
     LAUNCH(special_functions, 1, 64, 0, 0, out);
     cudaemu_counts c = cudaemu_profile_counts("special_functions");
@@ -514,13 +534,25 @@ static int run_case(const char* name) {
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
-    if (!strcmp(name, "wmma_gemm")) return case_wmma_gemm();
-    if (!strcmp(name, "wmma_elements")) return case_wmma_elements();
-    if (!strcmp(name, "wmma_partial_warp")) {
-        float hm[256], *out;
-        __nv_bfloat16* m = device_bf16_random(256, hm);
+    if (!strcmp(name, "mma")) return case_mma();
+    if (!strcmp(name, "mma_partial_warp")) {
+        uint32_t* r;
+        float* out;
+        CHECK(cudaMalloc((void**)&r, 8 * sizeof(uint32_t)));
+        CHECK(cudaMemset(r, 0, 8 * sizeof(uint32_t)));
         CHECK(cudaMalloc((void**)&out, 32 * sizeof(float)));
-        LAUNCH(wmma_partial_warp, 1, 32, 0, 0, out, m);
+        LAUNCH(mma_partial_warp, 1, 32, 0, 0, out, r, r + 4, (const float*)r);
+        CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
+    if (!strcmp(name, "ldmatrix")) return case_ldmatrix(0);
+    if (!strcmp(name, "ldmatrix_misaligned")) return case_ldmatrix(1);
+    if (!strcmp(name, "ldmatrix_partial_warp")) {
+        uint32_t* d;
+        uint16_t* m;
+        CHECK(cudaMalloc((void**)&d, 32 * sizeof(uint32_t)));
+        CHECK(cudaMalloc((void**)&m, 64 * sizeof(uint16_t)));
+        LAUNCH(ldmatrix_partial_warp, 1, 32, 0, 0, d, m);
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
@@ -604,9 +636,11 @@ int main(int argc, char** argv) {
         {"divergent_barrier", "", 0, "is reached by 16 of 32 threads"},
         {"shuffles", "", 1, ""},
         {"partial_warp_shuffle", "", 0, "which has exited (a shuffle with inactive lanes)"},
-        {"wmma_gemm", "", 1, ""},
-        {"wmma_elements", "", 1, ""},
-        {"wmma_partial_warp", "", 0, "waits at wmma::load_matrix_sync (mask 0xffffffff) for lane 16, which has exited"},
+        {"mma", "", 1, ""},
+        {"mma_partial_warp", "", 0, "waits at mma.sync.m16n8k16 (mask 0xffffffff) for lane 16, which has exited"},
+        {"ldmatrix", "", 1, ""},
+        {"ldmatrix_misaligned", "", 0, "ldmatrix: the row address"},
+        {"ldmatrix_partial_warp", "", 0, "waits at ldmatrix.sync.m8n8.x4.trans (mask 0xffffffff) for lane 16, which has exited"},
         {"coordinates", "", 1, ""},
         {"dynamic_shared", "", 1, ""},
         {"write_one_past", "", 0, "after kernel write_one_past: a write outside the 400-byte device allocation"},
