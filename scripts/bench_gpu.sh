@@ -7,7 +7,7 @@
 #        bash scripts/bench_gpu.sh emu        no GPU: a MODEL of d12 at B=64 T=1024 on an H100 per kernel, from
 #                                             the CUDA emulator's counts, then of d=2 ZeRO-2 and ZeRO-3 steps with
 #                                             their streams replayed (the overlap of communication; ~30 min on 2
-#                                             cores; dev/cudaemu/README.md, "Counting bytes and FLOPs")
+#                                             cores; dev/cudaemu/README.md, "Counting what bounds a kernel")
 #        bash scripts/bench_gpu.sh emu kernels   only the first part (~10 min); emu zero: only the second (~20 min)
 #        bash scripts/bench_gpu.sh emu large     GPT-2 774M (B=16) and 1.5B (B=8) at T=1024 on an H100, MODELLED
 #                                             from counts of their layers one and two at a time, per micro-batch

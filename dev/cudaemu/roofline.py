@@ -41,13 +41,14 @@ from collections import defaultdict
 
 # The GPUs modelled. clock: the SM clock the dense bf16 peak is quoted at (H100 SXM: 989.4 TFLOP/s =
 # 132 SMs x 4096 FLOP/clock at 1.83 GHz; A100 SXM: 312 = 108 x 2048 at 1.41 GHz). mma: the fraction of
-# that peak mma.sync (a kernel's own tensor-core products) can reach: on an H100 about two thirds (the
-# rest needs Hopper's wgmma; FlashAttention-3 paper, Shah et al. 2024, section 2), on an A100 all of it.
-# l2: the L2's bandwidth in bytes a clock (A100 whitepaper: 5120; NVIDIA gives none for the H100: taken as
-# the A100's 47.4 a clock per SM). Per SM: 65536 registers, at most 2048 threads and 32 blocks, shared
-# memory for blocks (each also takes 1 KiB the system reserves), and per clock 4 warp instructions issued,
-# one shared-memory wavefront of 128 bytes, 16 special-function lanes (CUDA C Programming Guide, "Compute
-# Capabilities" and "Arithmetic Instructions" tables for 8.0 and 9.0).
+# that peak mma.sync (a kernel's own tensor-core products) can reach: on an H100 about two thirds, the
+# rest needs Hopper's wgmma (the FlashAttention-3 post, pytorch.org/blog/flashattention-3, 2024-07-11,
+# note 1, citing Luo et al., arXiv 2402.13499); on an A100 all of it. l2: the L2's bandwidth in bytes a
+# clock (A100 whitepaper: 5120; NVIDIA gives none for the H100: taken as the A100's 47.4 a clock per SM).
+# Per SM: 65536 registers, at most 2048 threads and 32 blocks, shared memory for blocks (each also takes
+# 1 KiB the system reserves), and per clock 4 warp instructions issued (a scheduler each), one
+# shared-memory wavefront of 128 bytes (32 banks of 4 bytes), 16 special-function lanes (the same post,
+# note 2, for the H100; the CUDA C Programming Guide's throughput table for 8.0 and 9.0).
 GPUS = {
     "H100": dict(name="H100 SXM", sms=132, clock=1.83e9, hbm=3.35e12, l2=5120 * 132 / 108, peak=989.4e12, mma=2 / 3,
                  smem=228 * 1024, arch="sm_90"),
