@@ -202,6 +202,7 @@ enum { I_SHFL, I_SYNC, I_TENSOR, I_SFU, I_CLASSES };
 static double prof_inst[I_CLASSES];  // warp instructions the runtime sees: shuffles, barriers, mma, (SFU by the hooks)
 static void prof_block_start(void);
 static void prof_thread_start(int linear);
+static void prof_warp_done(int warp);  // a warp's lanes all passed a warp operation or a barrier
 static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site);  // a kernel thread's load or store
 static void haz_block_start(void);
 #define PROF_SITE ((uintptr_t)__builtin_return_address(0))  // where a hook was called from: the access site
@@ -252,7 +253,10 @@ void cudaemu_syncthreads(const char* site) {
             R->f[i].bars++;
             all.push_back(i);
         }
-        if (prof_in_kernel) prof_inst[I_SYNC] += (R->n + 31) / 32;  // one BAR per warp
+        if (prof_in_kernel) {
+            prof_inst[I_SYNC] += (R->n + 31) / 32;  // one BAR per warp
+            for (int w = 0; w < (R->n + 31) / 32; w++) prof_warp_done(w);
+        }
         R->at_barrier = 0;
         wake(R, all);
     }
@@ -295,7 +299,10 @@ static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits
                       block_name(R).c_str(), lane, l, site, mask, g.site, g.mask);
     }
     if (all) {
-        if (prof_in_kernel && !collective) prof_inst[kind == CUDAEMU_SYNCWARP ? I_SYNC : I_SHFL]++;
+        if (prof_in_kernel) {
+            if (!collective) prof_inst[kind == CUDAEMU_SYNCWARP ? I_SYNC : I_SHFL]++;
+            if ((mask | (lanes < 32 ? ~0u << lanes : 0u)) == ~0u) prof_warp_done(f->linear / 32);  // every lane it has
+        }
         std::vector<unsigned>& ops = R->warp_ops[f->linear / 32];
         ops.push_back(mask);
         if (collective) {
@@ -1916,6 +1923,11 @@ struct ProfReq {  // a sector of a warp request: warp and access site, the lane'
     uint32_t nth, gen;  // gen: the block it belongs to; entries of older blocks are free
     uint32_t most, words;  // a shared request's entry: the most distinct words on one bank, and on all; a bank's: its words
 };
+struct ProfTable {  // one warp's open requests (open addressing, a power of 2 long); entries of an older gen are free
+    std::vector<ProfReq> e;
+    size_t live = 0;
+    uint32_t gen = 1;
+};
 struct ProfLane {  // a thread's access sites, in the order first run, with how often each ran
     std::vector<std::pair<uintptr_t, uint32_t>> sites;
     size_t last;  // the one run last: a loop runs its sites in order, so the next is usually last + 1
@@ -1935,10 +1947,8 @@ struct Prof {
     double req[2], uniq[2];         // sectors: per warp request, distinct
     double greq[2], sreq[2];        // warp requests (instructions): global, shared
     double waves[2], ideal;         // shared-memory wavefronts: loads, stores; and conflict-free, both
-    std::vector<ProfReq> reqs;      // open addressing, a power of 2 long
-    size_t live = 0;
-    uint32_t gen = 0;
-    std::vector<ProfLane> lanes;  // per thread of the block
+    std::vector<ProfTable> tables;  // per warp of the block
+    std::vector<ProfLane> lanes;    // per thread of the block
 };
 }  // namespace
 static Prof& prof = *new Prof();  // lives past exit(), like the device thread
@@ -2135,7 +2145,9 @@ static void prof_launch_begin(const Launch& L) {
     prof_kernel_flops = 0;
     for (double& c : prof_inst) c = 0;
     prof.lanes.resize(L.block.x * L.block.y * L.block.z);
-    if (prof.reqs.empty()) prof.reqs.resize(1 << 12);
+    prof.tables.resize((prof.lanes.size() + 31) / 32);
+    for (ProfTable& t : prof.tables)
+        if (t.e.empty()) t.e.resize(1 << 10);
     prof_in_kernel = true;
 }
 
@@ -2155,12 +2167,18 @@ static void prof_launch_end(const Launch& L) {
     prof_record("kernel", L.name, 32 * prof.req[0], 32 * prof.req[1], 32 * prof.uniq[0], 32 * prof.uniq[1], prof_kernel_flops, &k);
 }
 
-static void prof_block_start(void) {
-    if (++prof.gen == 0) {  // after 2^32 blocks: free every entry for real
-        for (ProfReq& e : prof.reqs) e.gen = 0;
-        prof.gen = 1;
+// A warp's requests are closed once all its lanes have passed a warp operation or a barrier together: their
+// entries are freed (so the tables stay small), and later runs of a site are later requests anyway.
+static void prof_warp_done(int warp) {
+    ProfTable& t = prof.tables[warp];
+    if (++t.gen == 0) {  // after 2^32: free every entry for real
+        for (ProfReq& e : t.e) e.gen = 0;
+        t.gen = 1;
     }
-    prof.live = 0;
+    t.live = 0;
+}
+static void prof_block_start(void) {
+    for (size_t w = 0; w < prof.tables.size(); w++) prof_warp_done((int)w);
 }
 
 static void prof_thread_start(int linear) { prof.lanes[linear].sites.clear(); }
@@ -2170,30 +2188,31 @@ static size_t prof_slot(uint64_t site_warp, uint64_t sector, uint32_t nth, size_
     return (h ^ h >> 29) & mask;
 }
 
-// Room for n more entries without passing half full (entries found after stay where they are until the next).
-static void prof_reserve(size_t n) {
-    if (2 * (prof.live + n) <= prof.reqs.size()) return;
-    size_t size = prof.reqs.size();
-    while (2 * (prof.live + n) > size) size *= 2;
+// Room in a warp's table for n more entries without passing half full (entries found after stay where they
+// are until the next).
+static void prof_reserve(ProfTable& t, size_t n) {
+    if (2 * (t.live + n) <= t.e.size()) return;
+    size_t size = t.e.size();
+    while (2 * (t.live + n) > size) size *= 2;
     std::vector<ProfReq> old(size);
-    old.swap(prof.reqs);
-    size_t mask = prof.reqs.size() - 1;
+    old.swap(t.e);
+    size_t mask = t.e.size() - 1;
     for (const ProfReq& e : old) {
-        if (e.gen != prof.gen) continue;
+        if (e.gen != t.gen) continue;
         size_t i = prof_slot(e.site_warp, e.sector, e.nth, mask);
-        while (prof.reqs[i].gen == prof.gen) i = (i + 1) & mask;
-        prof.reqs[i] = e;
+        while (t.e[i].gen == t.gen) i = (i + 1) & mask;
+        t.e[i] = e;
     }
 }
 
 // The entry of (site_warp, sector, nth), made if new (*fresh then); after prof_reserve.
-static ProfReq* prof_entry(uint64_t site_warp, uint64_t sector, uint32_t nth, bool* fresh) {
-    size_t mask = prof.reqs.size() - 1;
+static ProfReq* prof_entry(ProfTable& t, uint64_t site_warp, uint64_t sector, uint32_t nth, bool* fresh) {
+    size_t mask = t.e.size() - 1;
     for (size_t i = prof_slot(site_warp, sector, nth, mask);; i = (i + 1) & mask) {
-        ProfReq& e = prof.reqs[i];
-        if (e.gen != prof.gen) {
-            e = ProfReq{site_warp, sector, nth, prof.gen, 0, 0};
-            prof.live++;
+        ProfReq& e = t.e[i];
+        if (e.gen != t.gen) {
+            e = ProfReq{site_warp, sector, nth, t.gen, 0, 0};
+            t.live++;
             *fresh = true;
             return &e;
         }
@@ -2247,13 +2266,14 @@ static void prof_global(uintptr_t a, size_t size, int write, uintptr_t site) {
     }
     uint32_t nth;
     uint64_t site_warp = prof_site(site, &nth);
+    ProfTable& t = prof.tables[site_warp >> 56 & 31];
     uintptr_t last = std::min<uintptr_t>(a + size, r->end) - 1;
-    prof_reserve(last / 32 - a / 32 + 2);
+    prof_reserve(t, last / 32 - a / 32 + 2);
     bool fresh;
-    prof_entry(site_warp | K_INST, INST_GLOBAL, nth, &fresh);
+    prof_entry(t, site_warp | K_INST, INST_GLOBAL, nth, &fresh);
     if (fresh) prof.greq[write]++;
     for (uint64_t sector = a / 32; sector <= last / 32; sector++) {
-        prof_entry(site_warp, sector, nth, &fresh);
+        prof_entry(t, site_warp, sector, nth, &fresh);
         if (fresh) prof.req[write]++;
         size_t bit = r->bit0 + sector - r->base / 32;
         uint64_t& w = prof.bits[write][bit / 64];
@@ -2270,16 +2290,17 @@ static void prof_global(uintptr_t a, size_t size, int write, uintptr_t site) {
 static void prof_shared(uintptr_t at, size_t size, int write, uintptr_t site) {
     uint32_t nth;
     uint64_t site_warp = prof_site(site, &nth);
+    ProfTable& t = prof.tables[site_warp >> 56 & 31];
     uintptr_t first = at / 4, last = (at + size - 1) / 4;
-    prof_reserve(2 * (last - first + 1) + 1);
+    prof_reserve(t, 2 * (last - first + 1) + 1);
     bool fresh;
-    ProfReq* req = prof_entry(site_warp | K_INST, INST_SHARED, nth, &fresh);
+    ProfReq* req = prof_entry(t, site_warp | K_INST, INST_SHARED, nth, &fresh);
     if (fresh) prof.sreq[write]++;
     for (uintptr_t word = first; word <= last; word++) {
-        prof_entry(site_warp | K_WORD, word, nth, &fresh);
+        prof_entry(t, site_warp | K_WORD, word, nth, &fresh);
         if (!fresh) continue;
         if (req->words++ % 32 == 0) prof.ideal++;
-        ProfReq* bank = prof_entry(site_warp | K_BANK, word % 32, nth, &fresh);
+        ProfReq* bank = prof_entry(t, site_warp | K_BANK, word % 32, nth, &fresh);
         if (++bank->words > req->most) {
             req->most = bank->words;
             prof.waves[write]++;
@@ -2292,9 +2313,10 @@ void cudaemu_sfu(void) {
     if (!cur_run || !prof_in_kernel) return;
     uint32_t nth;
     uint64_t site_warp = prof_site(PROF_SITE, &nth);
-    prof_reserve(1);
+    ProfTable& t = prof.tables[site_warp >> 56 & 31];
+    prof_reserve(t, 1);
     bool fresh;
-    prof_entry(site_warp | K_INST, INST_SFU, nth, &fresh);
+    prof_entry(t, site_warp | K_INST, INST_SFU, nth, &fresh);
     if (fresh) prof_inst[I_SFU]++;
 }
 
