@@ -1086,7 +1086,7 @@ static void test_plan(void) {
     lp_config_from_depth(&small, "d12");
     lp_config_from_depth(&xl, "d48");
     LPPlan* plans;
-    int n = lp_plan(&small, 1024, 524288, 8, &h100, &plans), ordered = 1, honest = 1;
+    int n = lp_plan(&small, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &plans), ordered = 1, honest = 1;
     for (int k = 1; k < n; k++) {
         ordered &= plans[k - 1].fits >= plans[k].fits && (plans[k].fits != plans[k - 1].fits || plans[k].step_s >= plans[k - 1].step_s);
         honest &= plans[k].fits == (plans[k].memory <= h100.gpu_bytes);
@@ -1098,13 +1098,13 @@ static void test_plan(void) {
     free(plans);
     LPConfig d4;  // the CPU default, 2048 tokens per step: TP's and PP's collectives per micro-batch cost more than they save
     lp_config_from_depth(&d4, "d4");
-    n = lp_plan(&d4, 64, 2048, 8, &h100, &plans);
+    n = lp_plan(&d4, 64, 2048, 8, LP_ATTENTION_FLASH, &h100, &plans);
     expect(n > 0 && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
     free(plans);
     LPPlanMachine a100 = h100;
     a100.gpu_bytes = 40 * GiB;
-    n = lp_plan(&xl, 1024, 524288, 8, &a100, &plans);
+    n = lp_plan(&xl, 1024, 524288, 8, LP_ATTENTION_FLASH, &a100, &plans);
     int replicated_fits = -1;
     for (int k = 0; k < n; k++)
         if (plans[k].t == 1 && plans[k].p == 1 && plans[k].zero == 0 && plans[k].recompute == LP_RECOMPUTE_NONE && plans[k].B == 4)
@@ -1114,7 +1114,7 @@ static void test_plan(void) {
     free(plans);
     LPPlanMachine small_gpu = h100;  // one GPU of 24 GiB: 16 bytes per parameter of 1.5B do not fit, offloaded they do
     small_gpu.gpu_bytes = 24 * GiB;
-    n = lp_plan(&xl, 1024, 8192, 1, &small_gpu, &plans);
+    n = lp_plan(&xl, 1024, 8192, 1, LP_ATTENTION_FLASH, &small_gpu, &plans);
     int fit_in = 0, offload_time = 1;
     for (int k = 0; k < n; k++) {
         fit_in |= plans[k].fits && plans[k].offload == LP_OFFLOAD_NONE;
@@ -1127,13 +1127,13 @@ static void test_plan(void) {
     LPPlanMachine fast = h100, slow = h100;
     fast.net_bw = 1e15;
     slow.net_bw = 10e9;
-    n = lp_plan(&xl, 1024, 1048576, 64, &fast, &plans);
+    n = lp_plan(&xl, 1024, 1048576, 64, LP_ATTENTION_FLASH, &fast, &plans);
     expect(n > 0 && plans[0].p == 1, "plan: GPT-2 1.5B on 64 GPUs with fast links between nodes: no pipeline");
     free(plans);
-    n = lp_plan(&xl, 1024, 1048576, 64, &slow, &plans);
+    n = lp_plan(&xl, 1024, 1048576, 64, LP_ATTENTION_FLASH, &slow, &plans);
     expect(n > 0 && plans[0].p > 1 && plans[0].d < 64, "plan: GPT-2 1.5B on 64 GPUs with slow links between nodes: a pipeline");
     free(plans);
-    n = lp_plan(&xl, 1024, 65536, 16, &h100, &plans);  // 8 micro-batches at most: the bubble matters
+    n = lp_plan(&xl, 1024, 65536, 16, LP_ATTENTION_FLASH, &h100, &plans);  // 8 micro-batches at most: the bubble matters
     int v1 = -1;
     for (int k = 0; k < n && v1 < 0; k++)
         if (plans[k].v == 1 && plans[k].p == plans[0].p && plans[k].d == plans[0].d && plans[k].t == plans[0].t &&
