@@ -965,7 +965,7 @@ static void test_schedules(void) {
     LPConfig g;
     lp_config_from_depth(&g, "d12");
     int layers[16];
-    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 4 && layers[1] == 4 && layers[2] == 4 && layers[3] == 0, "partition balanced, 124M, p=4: 4,4,4,0");
     shape.p = 2;
@@ -995,7 +995,7 @@ static void test_schedules(void) {
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[1] == 6 && layers[2] == 1 && lp_chunk_slots(&shape, 2) == 8,
            "partition balanced, 124M, p=3 GPipe: 5,6,1");
-    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
     expect(!err && layers[0] == 3 && layers[3] == 3, "partition uniform, p=2 v=2: 3 layers per chunk");
     err = lp_pp_partition(&g, &shape, "5,3,3,1", layers, why, sizeof(why));
@@ -1007,7 +1007,7 @@ static void test_schedules(void) {
     shape.m = 3;
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(err && strstr(err, "must be a multiple of --pp 2"), "partition: a schedule that cannot run is refused first");
-    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
     expect(err && strstr(err, "--pp-partition uniform: the model's 12 layers do not split evenly over 5 chunks"), "partition uniform: L % chunks refused");
     shape.p = 2;
@@ -1016,12 +1016,12 @@ static void test_schedules(void) {
     shape.p = 4;
     err = lp_pp_partition(&g, &shape, "4,0,4,4", layers, why, sizeof(why));
     expect(err && strstr(err, "chunk 1 of 4 gets no layers"), "partition list: a middle chunk without layers refused");
-    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(err && strstr(err, "gets no layers (the model has 12)"), "partition balanced: 16 chunks for 12 layers refused");
     // recomputation's memory: selective keeps one layer's attention probabilities (B NH T T) and GELU output
     // (B T 4C) instead of L; full keeps less again. 124M, B=16, T=1024, one chunk
-    shape = (LPPipeShape){1, 1, LP_SCHEDULE_1F1B, 1, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    shape = (LPPipeShape){1, 1, LP_SCHEDULE_1F1B, 1, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     double kept = lp_chunk_memory(&g, &shape, 0, 12, 1);
     shape.recompute = LP_RECOMPUTE_SELECTIVE;
     double selective = lp_chunk_memory(&g, &shape, 0, 12, 1);
@@ -2851,7 +2851,7 @@ static void test_plan_runs(void) {
                                    &mib[2], &mib[3]) == 4;
         LPConfig c;
         lp_config_from_depth(&c, "d2");
-        LPPipeShape shape = {p, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r, offload};
+        LPPipeShape shape = {p, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r, offload, LP_ATTENTION_FLASH};
         double estimate = lp_chunk_memory(&c, &shape, 0, p == 2 ? 0 : c.num_layers, 1) / 1048576.0;
         double measured = mib[0] + mib[1] + mib[2] + mib[3];
         snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), p=%d d=%d ZeRO-%d recompute %s%s",
