@@ -2632,6 +2632,7 @@ static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B
               lp_attention_scale(C, NH));
 }
 
+// qkv (B,T,3C) is scratch: it holds y afterwards, as the CPU loop leaves it.
 static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C, int NH) {
     int HS = C / NH;
     lp_attention_permute_gpu(qkvr, qkv, B, T, 3, NH, HS, 1);
