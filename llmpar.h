@@ -2445,8 +2445,10 @@ static inline void lp_gemm_strided_gpu(int ta, int tb, int M, int N, int K, cons
 //   (attention_probs, which backward also calls to recompute att); y = att v into the qkv buffer (no
 //   longer needed: backward reads qkvr); unpermute y -> out (B,T,C).
 // att (B,NH,T,T) holds the probabilities, zero above the diagonal. The CUDA build computes the same by
-// flash attention (below), which keeps none; these loops are its oracle.
+// one of two paths (--attention): the same steps as kernels and cuBLASLt batches (cublas, just below), or
+// flash attention (further below), which keeps no probabilities; these loops are the oracle of both.
 static inline float lp_attention_scale(int C, int NH) { return 1.0f / sqrtf((float)(C / NH)); }
+#define LP_LOG2E 1.4426950408889634f  // exp(x) = exp2(x log2(e)): the scale is folded into one multiply
 
 // One head's product C (M,N) = op(A) @ op(B), row-major, op transposing when ta / tb is set (A is (K,M)
 // then, B (N,K)); C is overwritten. sgemm when the CPU build has a BLAS (it runs single-threaded inside
@@ -2560,6 +2562,129 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 }
 
 #ifndef LLMPAR_CPU
+// The same algorithm on the GPU (--attention cublas, llm.c's attention without cuDNN): the products as
+// cuBLASLt strided batches, one (b,h) per batch entry, and small kernels for the rest. It keeps q, k, v
+// permuted (3 B NH T HS) and the bf16 probabilities (B NH T T) for backward, as the CPU loop does.
+
+// Row-major C (M,N) = op(A) op(B) for each of `heads` heads, like lp_head_gemm: each operand is one
+// contiguous matrix per head (A M*K values, B K*N, C M*N), so the batch strides follow from the shape.
+static inline void lp_heads_gemm_gpu(int ta, int tb, int M, int N, int K, const floatX* A, const floatX* B, floatX* C,
+                                     int heads) {
+    lp_gemm(tb, ta, N, M, K, B, tb ? K : N, (long long)K * N, A, ta ? M : K, (long long)M * K, C, N, (long long)M * N, heads,
+            1.0f, 0.0f, NULL, NULL);
+}
+
+// Between a projection's rows layout (B,T,P,NH,HS) and the heads layout (P,B,NH,T,HS) the batched products
+// take: P = 3 for q, k, v, 1 for y. A thread moves one 16-byte pack of a head's row, consecutive threads
+// consecutive packs of the rows layout; a head's row is HS contiguous values on both sides.
+__global__ void lp_attention_permute_kernel(floatX* dst, const floatX* src, int B, int T, int P, int NH, int HS,
+                                            int to_heads) {
+    int packs = (HS + LP_PACK - 1) / LP_PACK;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)B * T * P * NH * packs) return;
+    size_t r = i / packs;  // the head's row in the rows layout: ((b T + t) P + p) NH + h
+    int j = (int)(i % packs) * LP_PACK, h = (int)(r % NH), p = (int)(r / NH % P);
+    size_t bt = r / NH / P, b = bt / T, t = bt % T;
+    size_t rows = r * HS, heads = ((((size_t)p * B + b) * NH + h) * T + t) * HS;
+    lp_store_pack(dst + (to_heads ? heads : rows), j, HS, lp_load_pack(src + (to_heads ? rows : heads), j, HS));
+}
+static inline void lp_attention_permute_gpu(floatX* dst, const floatX* src, int B, int T, int P, int NH, int HS, int to_heads) {
+    size_t n = (size_t)B * T * P * NH * ((HS + LP_PACK - 1) / LP_PACK);
+    LP_LAUNCH(lp_attention_permute_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dst, src, B, T, P, NH, HS, to_heads);
+}
+
+// The causal softmax in place: row t of each head's (T,T) scores q k^T becomes softmax(scale * its first
+// t + 1 values), zeros after. A warp per row: lane l reads packs l, l + 32, ... of the row's first t + 1
+// values (those past the diagonal read as 0 without a load) keeping a running max and a sum rescaled when
+// the max grows; shuffles combine the lanes; a second pass reads the scores again (from cache) and writes
+// the probabilities over the whole row.
+__global__ void lp_attention_softmax_kernel(floatX* att, int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t = row % T;
+    floatX* a = att + (size_t)row * T;
+    float s2 = scale * LP_LOG2E, m = -INFINITY, l = 0.0f;  // max and sum in units of s2 * score
+    for (int j = lane * LP_PACK; j <= t; j += 32 * LP_PACK) {
+        LPPack p = lp_load_pack(a, j, t + 1);
+        float pm = m;
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++)
+            if (j + k <= t) pm = fmaxf(pm, lp_bf(p.x[k]) * s2);
+        l *= exp2f(m - pm);  // 0 on the first pack (m = -inf)
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++)
+            if (j + k <= t) l += exp2f(lp_bf(p.x[k]) * s2 - pm);
+        m = pm;
+    }
+    float mw = lp_warp_max(m);  // finite: lane 0 holds the row's first value
+    float inv = 1.0f / lp_warp_sum(l * exp2f(m - mw));
+    for (int j = lane * LP_PACK; j < T; j += 32 * LP_PACK) {
+        LPPack p = lp_load_pack(a, j, t + 1);
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf(j + k <= t ? exp2f(lp_bf(p.x[k]) * s2 - mw) * inv : 0.0f);
+        lp_store_pack(a, j, T, p);
+    }
+}
+static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B, int T, int C, int NH) {
+    int HS = C / NH, rows = B * NH * T;
+    lp_heads_gemm_gpu(0, 1, T, T, HS, qkvr, qkvr + (size_t)B * NH * T * HS, att, B * NH);  // q k^T
+    LP_LAUNCH(lp_attention_softmax_kernel, lp_grid((size_t)rows * 32, LP_THREADS), LP_THREADS, 0, att, rows, T,
+              lp_attention_scale(C, NH));
+}
+
+// qkv (B,T,3C) is scratch: it holds y afterwards, as the CPU loop leaves it.
+static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C, int NH) {
+    int HS = C / NH;
+    lp_attention_permute_gpu(qkvr, qkv, B, T, 3, NH, HS, 1);
+    lp_attention_probs_gpu(att, qkvr, B, T, C, NH);
+    lp_heads_gemm_gpu(0, 0, T, HS, T, att, qkvr + 2 * (size_t)B * NH * T * HS, qkv, B * NH);  // y = att v, into qkv
+    lp_attention_permute_gpu(out, qkv, B, T, 1, NH, HS, 0);
+}
+
+// The softmax backward in place, a warp per row as the forward: datt's row t becomes
+// dpre = scale * att * (datt - sum(att * datt)) over its first t + 1 values, zeros after.
+__global__ void lp_attention_softmax_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t = row % T;
+    const floatX* a = att + (size_t)row * T;
+    floatX* d = datt + (size_t)row * T;
+    float dot = 0.0f;
+    for (int j = lane * LP_PACK; j <= t; j += 32 * LP_PACK) {
+        LPPack p = lp_load_pack(a, j, t + 1), g = lp_load_pack(d, j, t + 1);  // 0 past the diagonal
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++) dot += lp_bf(p.x[k]) * lp_bf(g.x[k]);
+    }
+    dot = lp_warp_sum(dot);
+    for (int j = lane * LP_PACK; j < T; j += 32 * LP_PACK) {
+        LPPack p = lp_load_pack(a, j, t + 1), g = lp_load_pack(d, j, t + 1);
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++)
+            g.x[k] = lp_xf(j + k <= t ? scale * lp_bf(p.x[k]) * (lp_bf(g.x[k]) - dot) : 0.0f);
+        lp_store_pack(d, j, T, g);
+    }
+}
+
+// dqkv is overwritten; dqkvr, datt and scratch (dy, B NH T HS) are scratch; qkvr and att as the forward
+// (or lp_attention_probs_gpu) left them.
+static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch, const floatX* dout,
+                                             const floatX* qkvr, const floatX* att, int B, int T, int C, int NH) {
+    int HS = C / NH, heads = B * NH, rows = heads * T;
+    size_t plane = (size_t)heads * T * HS;
+    const floatX *q = qkvr, *k = q + plane, *v = k + plane;
+    floatX *dq = dqkvr, *dk = dq + plane, *dv = dk + plane, *dy = scratch;
+    lp_attention_permute_gpu(dy, dout, B, T, 1, NH, HS, 1);
+    lp_heads_gemm_gpu(0, 1, T, T, HS, dy, v, datt, heads);  // datt = dy v^T
+    lp_heads_gemm_gpu(1, 0, T, HS, T, att, dy, dv, heads);  // dv = att^T dy
+    LP_LAUNCH(lp_attention_softmax_backward_kernel, lp_grid((size_t)rows * 32, LP_THREADS), LP_THREADS, 0, datt, att, rows, T,
+              lp_attention_scale(C, NH));
+    lp_heads_gemm_gpu(0, 0, T, HS, T, datt, k, dq, heads);  // dq = dpre k
+    lp_heads_gemm_gpu(1, 0, T, HS, T, datt, q, dk, heads);  // dk = dpre^T q
+    lp_attention_permute_gpu(dqkv, dqkvr, B, T, 3, NH, HS, 0);
+}
+#endif
+
+#ifndef LLMPAR_CPU
 // Flash attention, in FlashAttention-2's form: the results of lp_attention_forward_cpu and
 // lp_attention_backward_cpu (their oracles) without the (B,NH,T,T) probabilities. A block of 4 warps owns 64
 // rows of one (b,h) (queries in the forward and dq, keys in dk, dv), 16 per warp, and walks the tiles of 64
@@ -2573,7 +2698,6 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 #define LP_FLASH_ROWS 64     // rows a block owns, and keys (queries) per staged tile
 #define LP_FLASH_THREADS 128  // 4 warps of 16 rows
 static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : HS <= 128 ? 128 : 0; }
-#define LP_LOG2E 1.4426950408889634f  // exp(x) = exp2(x log2(e)): the scale is folded into one multiply
 #define LP_LN2 0.6931471805599453f
 
 // D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
@@ -3376,6 +3500,9 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_gemm_strided               lp_gemm_strided_gpu
 #define lp_gelu_forward               lp_gelu_forward_gpu
 #define lp_gelu_backward              lp_gelu_backward_gpu
+#define lp_attention_probs            lp_attention_probs_gpu
+#define lp_attention_forward          lp_attention_forward_gpu
+#define lp_attention_backward         lp_attention_backward_gpu
 #define lp_classifier_stats           lp_classifier_stats_gpu
 #define lp_classifier_grad            lp_classifier_grad_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu
@@ -4247,6 +4374,7 @@ static inline void lp_zero_gather_updated(LPZero* z) {
 //              and the MLP's pre-activation): Megatron-LM's selective recomputation, plus llm.c's GELU.
 //              The CUDA build's flash attention keeps no probabilities (its backward recomputes them from
 //              q, k and each row's logsumexp whatever the flag), so there selective drops the GELU output;
+//              its cublas attention keeps them as the CPU build does, and selective drops both;
 //   full       only each layer's input, the residual stream: backward reruns the layer's forward up to
 //              the GELU first (its TP collectives too), about a quarter more compute for the least memory.
 // What is recomputed has room for one layer, in the scratch that the micro-batches in flight share.
@@ -4258,18 +4386,36 @@ static inline int lp_recompute_parse(const char* name) {
     return -1;
 }
 
+// Attention (--attention): the CUDA build's choice of path. flash: FlashAttention-2's form, keeping q, k, v as
+// the projection wrote them and each row's logsumexp; cublas: llm.c's attention without cuDNN, keeping q, k,
+// v permuted per head and the (B,NH,T,T) probabilities, as the CPU build's loops always do.
+enum { LP_ATTENTION_FLASH, LP_ATTENTION_CUBLAS };
+static const char* const lp_attention_names[] = {"flash", "cublas"};
+static inline int lp_attention_parse(const char* name) {
+    for (int i = 0; i < 2; i++)
+        if (strcmp(name, lp_attention_names[i]) == 0) return i;
+    return -1;
+}
+// Whether attention keeps its probabilities (the CPU build's loops, the CUDA build's cublas path).
+static inline int lp_attention_materialised(int attention) {
+#ifdef LLMPAR_CPU
+    (void)attention;
+    return 1;
+#else
+    return attention == LP_ATTENTION_CUBLAS;
+#endif
+}
+
 typedef struct {
     floatX* encoded;    // (Nr,C)      wte + wpe: the residual stream entering layer 0
     floatX* ln1;        // (L,Nr,C)
     float* ln1_mean;    // (L,Nr)
     float* ln1_rstd;    // (L,Nr)
-#ifdef LLMPAR_CPU
+    // materialised attention (lp_attention_materialised) keeps qkvr and att, flash attention qkvs and lse
     floatX* qkvr;       // (L,3,B,NHl,T,HS) this rank's q, k, v permuted per head
     floatX* att;        // (L,B,NHl,T,T)  attention probabilities
-#else                   // flash attention reads q, k, v in place and keeps no probabilities
     floatX* qkvs;       // (L,N,3Cl)   this rank's q, k, v as the qkv projection wrote them
     float* lse;         // (L,B,NHl,T) logsumexp of each attention row's scaled scores
-#endif
     floatX* atty;       // (L,N,Cl)    attention output before its projection
     floatX* residual2;  // (L,Nr,C)    residual after attention
     floatX* ln2;        // (L,Nr,C)
@@ -4290,11 +4436,9 @@ typedef struct {
     floatX* full;       // (N,C)    sequence parallelism: rows gathered from the group (else unused)
     floatX* dresidual;  // (Nr,C)   gradient of the residual stream
     floatX* dfch;       // (N,Fl)
-#ifdef LLMPAR_CPU
-    floatX* dqkvr;      // (3,B,NHl,T,HS)
+    floatX* dqkvr;      // (3,B,NHl,T,HS) materialised attention's backward
     floatX* datt;       // (B,NHl,T,T)
     floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
-#endif
     floatX* aux_lnf;    // (Nr,C)   auxiliary losses, recomputed in backward: the final LayerNorm's output,
     float* aux_mean;    // (Nr)
     float* aux_rstd;    // (Nr)
@@ -4327,6 +4471,7 @@ typedef struct {
     int num_aux;
     float aux_weight;
     int recompute;  // activation recomputation, LP_RECOMPUTE_*
+    int attention;  // LP_ATTENTION_*: the CUDA build's attention path
     int offload;              // where the optimizer state lives, LP_OFFLOAD_* (section 7)
     const char* offload_dir;  // NVME: the directory of its file
 } LPSplit;
@@ -4351,6 +4496,7 @@ typedef struct {
     const LPGroup* tp;
     int tp_size, tp_rank, sp;
     int recompute;        // LP_RECOMPUTE_*: which activations backward recomputes
+    int attention;        // LP_ATTENTION_*: the CUDA build's attention path
     // this rank's weights, gradients and AdamW state, their flat layout, and how data parallelism and
     // ZeRO hold and average them (section 7); tensor i of layer l: lp_layer_param / lp_layer_grad
     LPZero zero;
@@ -4447,6 +4593,7 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
         lp_fail("internal: chunk layers [%d, %d) outside the model's %d", m->layer0, m->layer0 + m->L, cfg->num_layers);
     m->aux_weight = split->aux_weight;
     m->recompute = split->recompute;
+    m->attention = split->attention;
     for (int j = 0; j < split->num_aux; j++) {
         int l = split->aux[j] - 1 - m->layer0;  // the local layer whose output it is
         if (l < 0 || l >= m->L) continue;
@@ -4534,7 +4681,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     // recomputed activations: one layer's room, in scratch (region 1). Full recomputation keeps only the
     // residual stream (residual3, and encoded); selective drops the attention probabilities and GELU output
     int full = m->recompute == LP_RECOMPUTE_FULL, sel = m->recompute != LP_RECOMPUTE_NONE;
-    size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L;
+    size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L, mat = lp_attention_materialised(m->attention);
 #define LP_CARVE(region, field, type, count)                                                  \
     do {                                                                                      \
         char* base = region ? scratch : stored;                                               \
@@ -4545,14 +4692,10 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(full, ln1, floatX, Lf * Nr * C);
     LP_CARVE(full, ln1_mean, float, Lf * Nr);
     LP_CARVE(full, ln1_rstd, float, Lf * Nr);
-#ifdef LLMPAR_CPU
-    LP_CARVE(full, qkvr, floatX, Lf * N * 3 * Cl);
-    LP_CARVE(sel, att, floatX, Ls * B * NHl * T * T);
-#else
-    LP_CARVE(full, qkvs, floatX, Lf * N * 3 * Cl);
-    LP_CARVE(full, lse, float, Lf * B * NHl * T);
-    (void)Ls;
-#endif
+    LP_CARVE(full, qkvr, floatX, mat * Lf * N * 3 * Cl);
+    LP_CARVE(sel, att, floatX, mat * Ls * B * NHl * T * T);
+    LP_CARVE(full, qkvs, floatX, !mat * Lf * N * 3 * Cl);
+    LP_CARVE(full, lse, float, !mat * Lf * B * NHl * T);
     LP_CARVE(full, atty, floatX, Lf * N * Cl);
     LP_CARVE(full, residual2, floatX, Lf * Nr * C);
     LP_CARVE(full, ln2, floatX, Lf * Nr * C);
@@ -4572,11 +4715,9 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, full, floatX, m->sp ? N * C : 0);
     LP_CARVE(1, dresidual, floatX, Nr * C);
     LP_CARVE(1, dfch, floatX, N * Fl);
-#ifdef LLMPAR_CPU
-    LP_CARVE(1, dqkvr, floatX, N * 3 * Cl);
-    LP_CARVE(1, datt, floatX, B * NHl * T * T);
-    LP_CARVE(1, dy, floatX, N * Cl);
-#endif
+    LP_CARVE(1, dqkvr, floatX, mat * N * 3 * Cl);
+    LP_CARVE(1, datt, floatX, mat * B * NHl * T * T);
+    LP_CARVE(1, dy, floatX, mat * N * Cl);
     size_t aux = m->num_aux ? 1 : 0;
     LP_CARVE(1, aux_lnf, floatX, aux * Nr * C);
     LP_CARVE(1, aux_mean, float, aux * Nr);
@@ -4721,12 +4862,8 @@ typedef struct {
     const floatX* input;  // the residual stream entering the layer
     floatX *ln1, *atty, *residual2, *ln2, *fch, *fch_gelu, *residual3;
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
-#ifdef LLMPAR_CPU
-    floatX *qkvr, *att;
-#else
-    floatX* qkvs;
+    floatX *qkvr, *att, *qkvs;  // (materialised attention's, flash attention's)
     float* lse;
-#endif
 } LPLayerActs;
 static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     const LPActivations* a = &m->act;
@@ -4738,13 +4875,10 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.ln1 = a->ln1 + f * Nr * C;
     x.ln1_mean = a->ln1_mean + f * Nr;
     x.ln1_rstd = a->ln1_rstd + f * Nr;
-#ifdef LLMPAR_CPU
     x.qkvr = a->qkvr + f * 3 * N * Cl;
     x.att = a->att + s * B * NHl * T * T;
-#else
     x.qkvs = a->qkvs + f * 3 * N * Cl;
     x.lse = a->lse + f * B * NHl * T;
-#endif
     x.atty = a->atty + f * N * Cl;
     x.residual2 = a->residual2 + f * Nr * C;
     x.ln2 = a->ln2 + f * Nr * C;
@@ -4765,14 +4899,12 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->sp ? N / t : N;
     int C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     LPActivations* a = &m->act;
-#ifdef LLMPAR_CPU
-    lp_matmul_forward(a->qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
+    int mat = lp_attention_materialised(m->attention);  // (materialised: qkv is scratch, permuted into qkvr)
+    lp_matmul_forward(mat ? a->qkv : x->qkvs, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
                        lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
-    lp_attention_forward(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
-#else
-    lp_matmul_forward(x->qkvs, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
-                       lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
-    lp_flash_attention_forward_gpu(x->atty, x->lse, x->qkvs, B, T, Cl, NHl);
+    if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
+#ifndef LLMPAR_CPU
+    else lp_flash_attention_forward_gpu(x->atty, x->lse, x->qkvs, B, T, Cl, NHl);
 #endif
     lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
@@ -4947,9 +5079,8 @@ static inline void lp_model_backward(LPModel* m, int last) {
                                   lp_layer_param(m, LP_LN1B, l), Nr, C);
             lp_model_layer_forward(m, l, &x);
         } else if (m->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
-#ifdef LLMPAR_CPU
-            lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);  // (flash attention keeps none: nothing to redo)
-#endif
+            if (lp_attention_materialised(m->attention))  // (flash attention keeps none: nothing to redo)
+                lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);
             lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
@@ -4965,10 +5096,10 @@ static inline void lp_model_backward(LPModel* m, int last) {
         // attention half
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C, NULL);
-#ifdef LLMPAR_CPU
-        lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
-#else
-        lp_flash_attention_backward_gpu(a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
+        if (lp_attention_materialised(m->attention))
+            lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
+#ifndef LLMPAR_CPU
+        else lp_flash_attention_backward_gpu(a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
 #endif
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl, NULL);
@@ -6038,6 +6169,7 @@ typedef struct {
     int d, zero;        // data-parallel size, ZeRO stage
     int recompute;      // LP_RECOMPUTE_*: which activations each micro-batch in flight keeps
     int offload;        // where the optimizer state lives, LP_OFFLOAD_* (section 7)
+    int attention;      // LP_ATTENTION_*: which attention activations each micro-batch keeps
 } LPPipeShape;
 
 // Training FLOPs per token of one layer: 3x its forward's (6 per weight, 12 C T of attention), plus what
@@ -6111,6 +6243,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.tp_size = s->t;
     shape.sp = s->sp;
     shape.recompute = s->recompute;
+    shape.attention = s->attention;
     shape.L = layers;
     shape.last = k == chunks - 1;
     LPActivations a;
@@ -6730,9 +6863,10 @@ static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LP
     if (lp_plan_one(c, s, mach, &(*plans)[*n]) == 0) (*n)++;
 }
 
-// Every configuration that can run on n GPUs into *plans (malloc'd), those that fit first, fastest first;
-// returns how many.
-static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, const LPPlanMachine* mach, LPPlan** plans) {
+// Every configuration that can run on n GPUs with the given attention path (LP_ATTENTION_*) into *plans
+// (malloc'd), those that fit first, fastest first; returns how many.
+static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int attention, const LPPlanMachine* mach,
+                          LPPlan** plans) {
     int count = 0, cap = 64;
     *plans = (LPPlan*)lp_host_malloc(cap * sizeof(LPPlan), "plans");
     char why[256];
@@ -6750,7 +6884,7 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, con
                             for (int off = LP_OFFLOAD_NONE; off <= (LP_MASTER_COPY ? LP_OFFLOAD_PARAMS : LP_OFFLOAD_NVME); off++) {
                                 if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
                                 LPPipeShape s = {p, v, v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B, m, (int)B, T, t,
-                                                 t > 1 && T % t == 0, d, zero, r, off};
+                                                 t > 1 && T % t == 0, d, zero, r, off, attention};
                                 lp_plan_add(c, &s, mach, plans, &count, &cap);
                             }
             }

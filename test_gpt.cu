@@ -965,7 +965,7 @@ static void test_schedules(void) {
     LPConfig g;
     lp_config_from_depth(&g, "d12");
     int layers[16];
-    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 4 && layers[1] == 4 && layers[2] == 4 && layers[3] == 0, "partition balanced, 124M, p=4: 4,4,4,0");
     shape.p = 2;
@@ -995,7 +995,7 @@ static void test_schedules(void) {
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[1] == 6 && layers[2] == 1 && lp_chunk_slots(&shape, 2) == 8,
            "partition balanced, 124M, p=3 GPipe: 5,6,1");
-    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
     expect(!err && layers[0] == 3 && layers[3] == 3, "partition uniform, p=2 v=2: 3 layers per chunk");
     err = lp_pp_partition(&g, &shape, "5,3,3,1", layers, why, sizeof(why));
@@ -1007,7 +1007,7 @@ static void test_schedules(void) {
     shape.m = 3;
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(err && strstr(err, "must be a multiple of --pp 2"), "partition: a schedule that cannot run is refused first");
-    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
     expect(err && strstr(err, "--pp-partition uniform: the model's 12 layers do not split evenly over 5 chunks"), "partition uniform: L % chunks refused");
     shape.p = 2;
@@ -1016,12 +1016,12 @@ static void test_schedules(void) {
     shape.p = 4;
     err = lp_pp_partition(&g, &shape, "4,0,4,4", layers, why, sizeof(why));
     expect(err && strstr(err, "chunk 1 of 4 gets no layers"), "partition list: a middle chunk without layers refused");
-    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
     expect(err && strstr(err, "gets no layers (the model has 12)"), "partition balanced: 16 chunks for 12 layers refused");
     // recomputation's memory: selective keeps one layer's attention probabilities (B NH T T) and GELU output
     // (B T 4C) instead of L; full keeps less again. 124M, B=16, T=1024, one chunk
-    shape = (LPPipeShape){1, 1, LP_SCHEDULE_1F1B, 1, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0};
+    shape = (LPPipeShape){1, 1, LP_SCHEDULE_1F1B, 1, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
     double kept = lp_chunk_memory(&g, &shape, 0, 12, 1);
     shape.recompute = LP_RECOMPUTE_SELECTIVE;
     double selective = lp_chunk_memory(&g, &shape, 0, 12, 1);
@@ -1071,6 +1071,7 @@ static void test_schedules(void) {
     expect_error("--schedule: unknown name", "flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got 'zigzag'",
                  "--schedule zigzag");
     expect_error("--recompute: unknown name", "flag --recompute: must be none, selective or full, got 'some'", "--recompute some");
+    expect_error("--attention: unknown name", "flag --attention: must be flash or cublas, got 'foo'", "--attention foo");
 }
 
 // The configuration advisor: GPT-2 124M on 8 GPUs of 80 GiB trains fastest as plain data parallelism
@@ -1086,7 +1087,7 @@ static void test_plan(void) {
     lp_config_from_depth(&small, "d12");
     lp_config_from_depth(&xl, "d48");
     LPPlan* plans;
-    int n = lp_plan(&small, 1024, 524288, 8, &h100, &plans), ordered = 1, honest = 1;
+    int n = lp_plan(&small, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &plans), ordered = 1, honest = 1;
     for (int k = 1; k < n; k++) {
         ordered &= plans[k - 1].fits >= plans[k].fits && (plans[k].fits != plans[k - 1].fits || plans[k].step_s >= plans[k - 1].step_s);
         honest &= plans[k].fits == (plans[k].memory <= h100.gpu_bytes);
@@ -1098,13 +1099,13 @@ static void test_plan(void) {
     free(plans);
     LPConfig d4;  // the CPU default, 2048 tokens per step: TP's and PP's collectives per micro-batch cost more than they save
     lp_config_from_depth(&d4, "d4");
-    n = lp_plan(&d4, 64, 2048, 8, &h100, &plans);
+    n = lp_plan(&d4, 64, 2048, 8, LP_ATTENTION_FLASH, &h100, &plans);
     expect(n > 0 && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
     free(plans);
     LPPlanMachine a100 = h100;
     a100.gpu_bytes = 40 * GiB;
-    n = lp_plan(&xl, 1024, 524288, 8, &a100, &plans);
+    n = lp_plan(&xl, 1024, 524288, 8, LP_ATTENTION_FLASH, &a100, &plans);
     int replicated_fits = -1;
     for (int k = 0; k < n; k++)
         if (plans[k].t == 1 && plans[k].p == 1 && plans[k].zero == 0 && plans[k].recompute == LP_RECOMPUTE_NONE && plans[k].B == 4)
@@ -1114,7 +1115,7 @@ static void test_plan(void) {
     free(plans);
     LPPlanMachine small_gpu = h100;  // one GPU of 24 GiB: 16 bytes per parameter of 1.5B do not fit, offloaded they do
     small_gpu.gpu_bytes = 24 * GiB;
-    n = lp_plan(&xl, 1024, 8192, 1, &small_gpu, &plans);
+    n = lp_plan(&xl, 1024, 8192, 1, LP_ATTENTION_FLASH, &small_gpu, &plans);
     int fit_in = 0, offload_time = 1;
     for (int k = 0; k < n; k++) {
         fit_in |= plans[k].fits && plans[k].offload == LP_OFFLOAD_NONE;
@@ -1127,13 +1128,13 @@ static void test_plan(void) {
     LPPlanMachine fast = h100, slow = h100;
     fast.net_bw = 1e15;
     slow.net_bw = 10e9;
-    n = lp_plan(&xl, 1024, 1048576, 64, &fast, &plans);
+    n = lp_plan(&xl, 1024, 1048576, 64, LP_ATTENTION_FLASH, &fast, &plans);
     expect(n > 0 && plans[0].p == 1, "plan: GPT-2 1.5B on 64 GPUs with fast links between nodes: no pipeline");
     free(plans);
-    n = lp_plan(&xl, 1024, 1048576, 64, &slow, &plans);
+    n = lp_plan(&xl, 1024, 1048576, 64, LP_ATTENTION_FLASH, &slow, &plans);
     expect(n > 0 && plans[0].p > 1 && plans[0].d < 64, "plan: GPT-2 1.5B on 64 GPUs with slow links between nodes: a pipeline");
     free(plans);
-    n = lp_plan(&xl, 1024, 65536, 16, &h100, &plans);  // 8 micro-batches at most: the bubble matters
+    n = lp_plan(&xl, 1024, 65536, 16, LP_ATTENTION_FLASH, &h100, &plans);  // 8 micro-batches at most: the bubble matters
     int v1 = -1;
     for (int k = 0; k < n && v1 < 0; k++)
         if (plans[k].v == 1 && plans[k].p == plans[0].p && plans[k].d == plans[0].d && plans[k].t == plans[0].t &&
@@ -2850,7 +2851,7 @@ static void test_plan_runs(void) {
                                    &mib[2], &mib[3]) == 4;
         LPConfig c;
         lp_config_from_depth(&c, "d2");
-        LPPipeShape shape = {p, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r, offload};
+        LPPipeShape shape = {p, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r, offload, LP_ATTENTION_FLASH};
         double estimate = lp_chunk_memory(&c, &shape, 0, p == 2 ? 0 : c.num_layers, 1) / 1048576.0;
         double measured = mib[0] + mib[1] + mib[2] + mib[3];
         snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), p=%d d=%d ZeRO-%d recompute %s%s",
@@ -3292,6 +3293,36 @@ static void tier4_flash_attention(uint64_t* rng, int B, int T, int C, int NH) {
     lp_device_free(d_qkv); lp_device_free(d_out); lp_device_free(d_lse); lp_device_free(d_dout); lp_device_free(d_dqkv);
 }
 
+// The cublas path (--attention cublas) against the same CPU loops: the forward's output and probabilities,
+// and the backward from the GPU forward's qkvr and att; the flash tolerances.
+static void tier4_cublas_attention(uint64_t* rng, int B, int T, int C, int NH) {
+    char name[160];
+    int HS = C / NH;
+    size_t n3 = (size_t)B * T * 3 * C, n1 = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *qkvr = host_rand(n3, rng, 1.0f);
+    float *att = host_rand(na, rng, 1.0f), *dout = host_rand(n1, rng, 1.0f), *dqkv = host_rand(n3, rng, 1.0f);
+    float *dqkvr = host_rand(n3, rng, 1.0f), *datt = host_rand(na, rng, 1.0f), *dy = host_rand(n1, rng, 1.0f);
+    floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_qkvr = dev_bf16(qkvr, n3), *d_att = dev_bf16(att, na);
+    floatX *d_dout = dev_bf16(dout, n1), *d_dqkv = dev_bf16(dqkv, n3), *d_dqkvr = dev_bf16(dqkvr, n3), *d_datt = dev_bf16(datt, na);
+    floatX* d_dy = dev_bf16(dy, n1);
+    lp_attention_forward_cpu(out, qkvr, att, qkv, B, T, C, NH);  // (qkv, the bf16 values on the GPU, is its scratch)
+    lp_attention_forward_gpu(d_out, d_qkvr, d_att, d_qkv, B, T, C, NH);
+    float *g = host_from(d_out, n1), *ga = host_from(d_att, na);
+    snprintf(name, sizeof(name), "gpu cublas attention_forward B=%d T=%d C=%d NH=%d (HS=%d) out", B, T, C, NH, HS);
+    expect_close_scaled(name, g, out, n1, 2e-2f);
+    snprintf(name, sizeof(name), "gpu cublas attention_forward B=%d T=%d C=%d NH=%d (HS=%d) probabilities", B, T, C, NH, HS);
+    expect_close_scaled(name, ga, att, na, 2e-2f);
+    lp_attention_backward_cpu(dqkv, dqkvr, datt, dy, dout, qkvr, att, B, T, C, NH);
+    lp_attention_backward_gpu(d_dqkv, d_dqkvr, d_datt, d_dy, d_dout, d_qkvr, d_att, B, T, C, NH);
+    float* gd = host_from(d_dqkv, n3);
+    snprintf(name, sizeof(name), "gpu cublas attention_backward B=%d T=%d C=%d NH=%d (HS=%d) dqkv", B, T, C, NH, HS);
+    expect_close_scaled(name, gd, dqkv, n3, 3e-2f);
+    free(qkv); free(out); free(qkvr); free(att); free(dout); free(dqkv); free(dqkvr); free(datt); free(dy); free(g); free(ga);
+    free(gd);
+    lp_device_free(d_qkv); lp_device_free(d_out); lp_device_free(d_qkvr); lp_device_free(d_att); lp_device_free(d_dout);
+    lp_device_free(d_dqkv); lp_device_free(d_dqkvr); lp_device_free(d_datt); lp_device_free(d_dy);
+}
+
 // The classifier over the whole row (t = 1) and over 2 vocabulary slices, as a TP group runs it.
 static void tier4_classifier(uint64_t* rng) {
     int N = 64, V = 997, Vp = 1024;  // V not a multiple of 8: a part-filled pack
@@ -3446,16 +3477,22 @@ static void tier4_kernel_tests(void) {
     tier4_layernorm(&rng);
     tier4_matmul(&rng);
     tier4_gemm_strided(&rng);
-    tier4_flash_attention(&rng, 2, 1, 128, 2);    // a single row; HS=64
-    tier4_flash_attention(&rng, 2, 37, 128, 2);   // ragged T; HS=64
-    tier4_flash_attention(&rng, 1, 37, 48, 3);    // HS=16
-    tier4_flash_attention(&rng, 2, 64, 128, 4);   // HS=32, whole tiles
-    tier4_flash_attention(&rng, 1, 1024, 64, 1);  // long T; HS=64, one head to keep the emulator quick
-    tier4_flash_attention(&rng, 1, 33, 100, 4);   // HS=25: tiles padded to 32 columns
-    tier4_flash_attention(&rng, 1, 37, 768, 12);  // GPT-2's C and heads
-    tier4_flash_attention(&rng, 1, 100, 96, 3);   // HS=32; blocks of several warps, the last part-filled
-    tier4_flash_attention(&rng, 1, 64, 256, 2);   // HS=128, the largest head: one whole tile
-    tier4_flash_attention(&rng, 1, 130, 160, 2);  // HS=80, padded to 128; three tiles, the last ragged
+    const int shapes[][4] = {  // B, T, C, NH: both attention paths
+        {2, 1, 128, 2},    // a single row; HS=64
+        {2, 37, 128, 2},   // ragged T (rows not 16-byte aligned); HS=64
+        {1, 37, 48, 3},    // HS=16
+        {2, 64, 128, 4},   // HS=32, whole tiles
+        {1, 1024, 64, 1},  // long T; HS=64, one head to keep the emulator quick
+        {1, 33, 100, 4},   // HS=25: flash tiles padded to 32 columns, packs of a head's row ragged
+        {1, 37, 768, 12},  // GPT-2's C and heads
+        {1, 100, 96, 3},   // HS=32; flash blocks of several warps, the last part-filled
+        {1, 64, 256, 2},   // HS=128, the largest head: one whole tile
+        {1, 130, 160, 2},  // HS=80, padded to 128; three tiles, the last ragged
+    };
+    for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        tier4_flash_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3]);
+        tier4_cublas_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3]);
+    }
     tier4_classifier(&rng);
     tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
@@ -3507,9 +3544,9 @@ static void test_no_free_in_steps(void) {
 }
 #endif
 
-// Three training steps of the CUDA engine against ./train_gpt_cpu on the same llm.c model and tokens.
-// bf16 activations and gradients put the losses within ~1% of fp32; the weights after 3 AdamW steps of
-// lr 1e-3 may differ by up to 2 lr per step where a tiny gradient changes sign: atol 6e-3.
+// Three training steps of the CUDA engine, with each attention path, against ./train_gpt_cpu on the same
+// llm.c model and tokens. bf16 activations and gradients put the losses within ~1% of fp32; the weights
+// after 3 AdamW steps of lr 1e-3 may differ by up to 2 lr per step where a tiny gradient changes sign: atol 6e-3.
 static void test_step_vs_cpu_build(void) {
     static char out[1 << 16];
     if (access("./train_gpt_cpu", X_OK) != 0) {
@@ -3518,26 +3555,40 @@ static void test_step_vs_cpu_build(void) {
     }
     const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -x 3 -l 1e-3 -u 0";
     float gpu[8], cpu[8];
-    int rc = run_cmd(out, sizeof(out), "%s %s -o %s", TRAIN_BIN, args, tmp_path("gpu_out"));
-    int ng = parse_losses(out, gpu, 8);
-    if (ng != 3) printf("%s\n", out);
-    rc |= run_cmd(out, sizeof(out), "./train_gpt_cpu %s -o %s", args, tmp_path("cpu_out"));
+    int rc = run_cmd(out, sizeof(out), "./train_gpt_cpu %s -o %s", args, tmp_path("cpu_out"));
     int nc = parse_losses(out, cpu, 8);
-    expect(rc == 0 && ng == 3 && nc == 3, "CUDA and CPU builds both run 3 steps");
-    if (ng != 3 || nc != 3) return;
-    expect_close("CUDA step losses equal the CPU build's (1e-2 relative)", gpu, cpu, 3, 0.0f, 1e-2f);
-    size_t n1 = 0, n2 = 0;
-    float *wg = run_weights(tmp_path("gpu_out"), 3, &n1), *wc = run_weights(tmp_path("cpu_out"), 3, &n2);
-    expect(wg && wc && n1 == n2, "CUDA and CPU builds both write their weights");
-    if (wg && wc && n1 == n2)
-        expect_close("CUDA master weights after 3 steps equal the CPU build's (atol 6e-3)", wg, wc, n1, 6e-3f, 0.0f);
-    free(wg);
+    expect(rc == 0 && nc == 3, "the CPU build runs 3 steps");
+    if (nc != 3) return;
+    size_t n2 = 0;
+    float* wc = run_weights(tmp_path("cpu_out"), 3, &n2);
+    for (int a = LP_ATTENTION_FLASH; a <= LP_ATTENTION_CUBLAS; a++) {
+        char name[160], dir[LP_PATH_MAX];
+        const char* att = lp_attention_names[a];
+        lp_path(dir, "%s/gpu_out_%s", tmp_dir, att);
+        rc = run_cmd(out, sizeof(out), "%s %s --attention %s -o %s", TRAIN_BIN, args, att, dir);
+        int ng = parse_losses(out, gpu, 8);
+        snprintf(name, sizeof(name), "CUDA build with --attention %s runs 3 steps", att);
+        expect(rc == 0 && ng == 3, name);
+        if (ng != 3) {
+            printf("%s\n", out);
+            continue;
+        }
+        snprintf(name, sizeof(name), "CUDA step losses with --attention %s equal the CPU build's (1e-2 relative)", att);
+        expect_close(name, gpu, cpu, 3, 0.0f, 1e-2f);
+        size_t n1 = 0;
+        float* wg = run_weights(dir, 3, &n1);
+        snprintf(name, sizeof(name), "CUDA master weights after 3 steps with --attention %s equal the CPU build's (atol 6e-3)", att);
+        expect(wg && wc && n1 == n2, "CUDA and CPU builds both write their weights");
+        if (wg && wc && n1 == n2) expect_close(name, wg, wc, n1, 6e-3f, 0.0f);
+        free(wg);
+    }
     free(wc);
 }
 
 // Tier 3's grids on the CUDA engine: ZeRO 0-3 (with and without overlap), TP with and without SP,
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
-// under a pipeline, recomputation, an auxiliary loss, and 3D, all on a 4-layer tiny model with 4
+// under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
+// recomputing its probabilities), all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
@@ -3573,7 +3624,7 @@ static void test_parallel_grids(void) {
         {4, "--pp 4 --pp-partition 1,2,1,0"}, {4, "--pp 2 --zero 1"}, {4, "--pp 2 --zero 3"}, {4, "--tp 2 --pp 2"},
         {4, "--tp 2 --pp 2 --sp"}, {1, "--recompute selective"}, {1, "--recompute full"}, {2, "--zero 3 --recompute full"},
         {4, "--tp 2 --pp 2 --sp --recompute full"}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5"},
-        {8, "--tp 2 --pp 2 --sp --zero 1"}};
+        {8, "--tp 2 --pp 2 --sp --zero 1"}, {2, "--tp 2 --attention cublas"}, {1, "--attention cublas --recompute selective"}};
 #ifdef LLMPAR_CUDAEMU
     const char* comms[] = {"--comm nccl", "--comm mpi"};
 #else
@@ -3753,27 +3804,40 @@ static void test_zero_memory(void) {
            "ZeRO 0 -> 3 each lower the GPU memory of a d=2 run (cudaMemGetInfo)");
 }
 
+// The activation bytes (stored and scratch) of GPT-2 124M on one rank, B=1, everything kept.
+static double activation_bytes_124m(int T, int attention) {
+    LPModel shape;  // what lp_activations_layout reads
+    memset(&shape, 0, sizeof(shape));
+    lp_config_from_depth(&shape.cfg, "d12");
+    shape.tp_size = 1;
+    shape.L = shape.cfg.num_layers;
+    shape.last = 1;
+    shape.attention = attention;
+    LPActivations a;
+    size_t scratch, stored = lp_activations_layout(&a, &shape, 1, T, NULL, NULL, &scratch);
+    return (double)stored + scratch;
+}
+
 // Flash attention keeps no (B,NH,T,T) probabilities: the activations of GPT-2 124M (B=1, one rank, all
 // kept) grow linearly in T, at most 2.2x from T=512 to 1024 (the probabilities alone would add a T^2 term
 // as large as all the rest of a layer at T=1024).
 static void test_activation_memory_linear(void) {
-    LPConfig c;
-    lp_config_from_depth(&c, "d12");
-    double bytes[2];
-    for (int k = 0; k < 2; k++) {
-        LPModel shape;  // what lp_activations_layout reads
-        memset(&shape, 0, sizeof(shape));
-        shape.cfg = c;
-        shape.tp_size = 1;
-        shape.L = c.num_layers;
-        shape.last = 1;
-        LPActivations a;
-        size_t scratch, stored = lp_activations_layout(&a, &shape, 1, k ? 1024 : 512, NULL, NULL, &scratch);
-        bytes[k] = (double)stored + scratch;
-    }
+    double bytes[2] = {activation_bytes_124m(512, LP_ATTENTION_FLASH), activation_bytes_124m(1024, LP_ATTENTION_FLASH)};
     printf("     124M activations, B=1: %.1f MiB at T=512, %.1f MiB at T=1024 (%.3fx)\n", bytes[0] / 1048576, bytes[1] / 1048576,
            bytes[1] / bytes[0]);
     expect(bytes[1] <= 2.2 * bytes[0], "flash attention: 124M's activation memory at T=1024 is at most 2.2x that at T=512");
+}
+
+// --attention cublas keeps each layer's probabilities (bf16, NH T T) in place of its logsumexps (fp32,
+// NH T) and has the backward's scratch datt (NH T T), dqkvr (3 T C) and dy (T C): exactly that much more
+// at 124M, B=1, T=1024 (q, k, v cost the same permuted or not).
+static void test_attention_memory(void) {
+    double flash = activation_bytes_124m(1024, LP_ATTENTION_FLASH), cublas = activation_bytes_124m(1024, LP_ATTENTION_CUBLAS);
+    double L = 12, NH = 12, T = 1024, C = 768, X = sizeof(floatX);
+    double more = L * (NH * T * T * X - NH * T * sizeof(float)) + NH * T * T * X + 3 * T * C * X + T * C * X;
+    printf("     124M activations, B=1, T=1024: %.1f MiB with flash attention, %.1f MiB with cublas\n", flash / 1048576,
+           cublas / 1048576);
+    expect(cublas - flash == more, "--attention cublas: 124M's activations hold the probabilities and their scratch, exactly");
 }
 
 // Asking for far more activation memory than the GPU has is a one-line error saying how much.
@@ -3875,6 +3939,7 @@ int main(int argc, char** argv) {
     RUN(test_resume_exact);
     RUN(test_zero_memory);
     RUN(test_activation_memory_linear);
+    RUN(test_attention_memory);
     RUN(test_out_of_memory);
 #endif
     char out[256];

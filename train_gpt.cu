@@ -54,6 +54,7 @@ typedef struct {
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
     const char* recompute;   // --recompute: none | selective | full
+    const char* attention;   // --attention: flash | cublas
     int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
     const char* offload;     // --offload: none | optimizer | params (the CUDA build's) | nvme
     const char* offload_dir; // --offload-dir: where --offload nvme's state files go
@@ -187,6 +188,11 @@ static const LPFlagSpec lp_flag_specs[] = {
      "output; the CUDA build's flash attention keeps no probabilities, so there only the GELU output) | full (it keeps only each layer's input and reruns the layer's forward). -r takes llm.c's levels, 0 "
      "none, 1 GELU, 2 GELU and LayerNorm: 1 and 2 both mean selective here, the nearest (it recomputes the attention "
      "probabilities too, and LayerNorm only under full)"},
+    {"--attention", NULL, LP_FLAG_STRING, LP_FIELD(attention), "flash", "flash", "NAME", NULL,
+     "the CUDA build's attention: flash (FlashAttention-2's form; keeps each row's logsumexp) | cublas (llm.c's "
+     "without cuDNN: cuBLASLt batched products and a softmax kernel; keeps the B*NH*T*T probabilities of every layer, "
+     "or of one under --recompute). The default is the model's choice until a GPU measures which is faster. The CPU "
+     "build has one attention, its loops (which keep the probabilities), and takes either value"},
     {"--zero", "-z", LP_FLAG_INT, LP_FIELD(zero), "0", "0", "N", NULL,
      "ZeRO stage. 0: every data-parallel rank holds the full AdamW state; 1: the fp32 master weights and AdamW state "
      "are sharded over the d ranks; 2: the gradients too; 3: the weights too, gathered a layer at a time"},
@@ -459,6 +465,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->gpu_mem <= 0.0f) lp_fail_all("flag %s: GiB per GPU must be > 0, got %g", LP_FLAG_NAME(gpu_mem), f->gpu_mem);
     if (lp_recompute_parse(f->recompute) < 0)
         lp_fail_all("flag %s: must be none, selective or full, got '%s'", LP_FLAG_NAME(recompute), f->recompute);
+    if (lp_attention_parse(f->attention) < 0)
+        lp_fail_all("flag %s: must be flash or cublas, got '%s'", LP_FLAG_NAME(attention), f->attention);
     if (lp_schedule_parse(f->pp_schedule) < 0)
         lp_fail_all("flag %s: pipeline schedule must be gpipe, 1f1b or interleaved, got '%s'", LP_FLAG_NAME(pp_schedule),
                     f->pp_schedule);
@@ -665,7 +673,7 @@ static void lp_check_chunks(const LPFlags* f) {
 // d and ZeRO split each chunk's memory.
 static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
     LPPipeShape s = {f->pp,  f->vpp, lp_schedule_parse(f->pp_schedule), m, f->B, f->T, f->tp, f->sp && f->tp > 1, d, f->zero,
-                     lp_recompute_parse(f->recompute), lp_offload_parse(f->offload)};
+                     lp_recompute_parse(f->recompute), lp_offload_parse(f->offload), lp_attention_parse(f->attention)};
     return s;
 }
 
@@ -731,8 +739,9 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            f->schedule, f->lr * f->final_lr_frac);
     lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
-           " (recompute %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
-           optim_bytes / MiB, act_bytes / MiB, f->recompute);
+           " (recompute %s, attention %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
+           optim_bytes / MiB, act_bytes / MiB, f->recompute, lp_attention_materialised(lp_attention_parse(f->attention)) ?
+           "materialised" : "flash");
     const LPZero* z = &r->stage.chunks[0].zero;
     const char* io = z->off && z->off->direct ? "O_DIRECT" : "buffered";
     if (z->off && !z->host_state)
@@ -825,6 +834,7 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     split.num_aux = lp_parse_aux_layers(f->aux_layers, r->cfg.num_layers, r->aux);
     split.aux_weight = f->aux_weight;
     split.recompute = lp_recompute_parse(f->recompute);
+    split.attention = lp_attention_parse(f->attention);
     split.offload = lp_offload_parse(f->offload);
     split.offload_dir = f->offload_dir;
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
@@ -1205,7 +1215,7 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     LPPlanMachine mach = {0.9 * f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6,  // 10% for CUDA, cuBLAS, NCCL
                           55e9, 50e9, 6e9};  // PCIe 5 x16; a 400 GB/s host shared by 8 GPUs; one PCIe 4 NVMe drive per GPU
     LPPlan* plans;
-    int count = lp_plan(&cfg, f->T, tokens, n, &mach, &plans), fit = 0;
+    int count = lp_plan(&cfg, f->T, tokens, n, lp_attention_parse(f->attention), &mach, &plans), fit = 0;
     while (fit < count && plans[fit].fits) fit++;
     double least = INFINITY;
     for (int k = 0; k < count; k++) least = fmin(least, plans[k].memory);
@@ -1245,6 +1255,7 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     if (b->v > 1) lp_log(" --vpp %d --schedule interleaved", b->v);
     if (b->zero) lp_log(" --zero %d", b->zero);
     if (b->recompute) lp_log(" --recompute %s", lp_recompute_names[b->recompute]);
+    if (lp_attention_parse(f->attention) != LP_ATTENTION_FLASH) lp_log(" --attention %s", f->attention);
     if (b->offload) lp_log(" --offload %s%s", lp_offload_names[b->offload], b->offload == LP_OFFLOAD_NVME ? " --offload-dir DIR" : "");
     lp_log("\n");
     free(plans);
