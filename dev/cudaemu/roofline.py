@@ -51,9 +51,8 @@ from collections import defaultdict
 # note 2, for the H100; the CUDA C Programming Guide's throughput table for 8.0 and 9.0).
 GPUS = {
     "H100": dict(name="H100 SXM", sms=132, clock=1.83e9, hbm=3.35e12, l2=5120 * 132 / 108, peak=989.4e12, mma=2 / 3,
-                 smem=228 * 1024, arch="sm_90"),
-    "A100": dict(name="A100 SXM 80GB", sms=108, clock=1.41e9, hbm=2.039e12, l2=5120, peak=312e12, mma=1.0, smem=164 * 1024,
-                 arch="sm_80"),
+                 smem=228 * 1024),
+    "A100": dict(name="A100 SXM 80GB", sms=108, clock=1.41e9, hbm=2.039e12, l2=5120, peak=312e12, mma=1.0, smem=164 * 1024),
 }
 GPU = GPUS["H100"]      # --gpu sets it
 REGISTERS, THREADS, BLOCKS, RESERVED = 65536, 2048, 32, 1024
@@ -68,6 +67,13 @@ COUNTS = ["read", "written", "distinct_read", "distinct_written", "flops", "bloc
           "tensor", "sfu"]
 C = {name: i for i, name in enumerate(COUNTS)}
 EXTENSIVE = [i for i, name in enumerate(COUNTS) if name not in ("threads", "shmem")]
+
+
+def counts(nums):
+    """A record's COUNTS from its numeric fields (stream and host epoch, fields 5 and 6, left out); records
+    other than kernels have the first five."""
+    v = [float(x) for x in nums[:5] + nums[7:]]
+    return v + [0.0] * (len(COUNTS) - len(v))
 
 
 def step_lines(path):
@@ -92,8 +98,7 @@ def step_lines(path):
             elif not line.startswith("#"):
                 kind, name, *nums = line.rstrip("\n").split("\t")
                 nums += ["0", "0"] * (len(nums) < 7)  # counted before the emulator named streams: all on stream 0
-                counts = [float(x) for x in nums[:5] + nums[7:]]
-                lines.append(("op", kind, name, counts + [0.0] * (len(COUNTS) - len(counts)), int(nums[5]), int(nums[6])))
+                lines.append(("op", kind, name, counts(nums), int(nums[5]), int(nums[6])))
     if syncs < 4:
         sys.exit(f"{path}: {syncs} cudaDeviceSynchronize marks, 4 expected (two steps, two per step)")
     return lines
@@ -210,7 +215,7 @@ def kernel_roofs(name, v):
              "L2": (v[C["read"]] + v[C["written"]]) / l2, "tensor": v[C["flops"]] / (GPU["mma"] * GPU["peak"]),
              "issue": inst / (ISSUE * sm_clocks), "shared": (v[C["waves_ld"]] + v[C["waves_st"]]) / (WAVEFRONTS * sm_clocks),
              "SFU": v[C["sfu"]] * 32 / (SFU_LANES * sm_clocks)}
-    r = dict(roofs=roofs, regs=regs, per_sm=0, limit="", waves=0.0, tail=1.0)
+    r = dict(roofs=roofs, regs=regs, static=static, per_sm=0, limit="", waves=0.0, tail=1.0)
     if v[C["threads"]]:
         r["per_sm"], r["limit"] = occupancy(v[C["threads"]], v[C["shmem"]] + static, regs)
         if r["per_sm"] == 0:
@@ -393,8 +398,7 @@ def check(argv):
             kind, name, *nums = line.rstrip("\n").split("\t")
             if kind not in ("kernel", "gemm"):
                 continue
-            v = [float(x) for x in nums[:5] + nums[7:]]
-            v += [0.0] * (len(COUNTS) - len(v))
+            v = counts(nums)
             k = next((float(x.rpartition("=")[2]) for x in a.scale if re.search(x.rpartition("=")[0], name)), 1.0)
             launches.append((kind, name, [x * k if i in EXTENSIVE else x for i, x in enumerate(v)]))
     ratio = None
@@ -419,9 +423,8 @@ def check(argv):
         for name, row in rows.items():
             r, v = row["r"], row["v"]
             if r:
-                static = PTXAS.get(re.match(r"\w+(<[\d,]*>)?", name).group(0), (0, 0))[1]
                 cells = [f"{v[C['blocks']]:.0f}", f"{v[C['threads']]:.0f}", str(r["regs"] or "?"),
-                         f"{(v[C['shmem']] + static) / 1024:.1f}", f"{r['per_sm']} ({r['limit']})", f"{r['waves']:.2f}"] + [
+                         f"{(v[C['shmem']] + r['static']) / 1024:.1f}", f"{r['per_sm']} ({r['limit']})", f"{r['waves']:.2f}"] + [
                          f"{row['roofs'][x] * 1e6:.1f}" for x in roofs] + [max(row["roofs"], key=row["roofs"].get)]
             else:
                 cells = [""] * (6 + len(roofs)) + ["cuBLASLt"]
