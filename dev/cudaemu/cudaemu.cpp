@@ -304,7 +304,7 @@ static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits
             if ((mask | (lanes < 32 ? ~0u << lanes : 0u)) == ~0u) prof_warp_done(f->linear / 32);  // every lane it has
         }
         std::vector<unsigned>& ops = R->warp_ops[f->linear / 32];
-        ops.push_back(mask);
+        if (haz_in_kernel) ops.push_back(mask);  // the hazard check's history of the warp's operations
         if (collective) {
             void* lanes[32] = {};
             for (int l = 0; l < 32; l++)
