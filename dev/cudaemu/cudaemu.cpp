@@ -204,6 +204,9 @@ static void prof_block_start(void);
 static void prof_thread_start(int linear);
 static void prof_warp_done(int warp);  // a warp's lanes all passed a warp operation or a barrier
 static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site);  // a kernel thread's load or store
+// Per access site, the warp instructions it issued (section 10): the classes of SASS roofline.py weighs by them.
+enum { S_GLD, S_GST, S_LDS, S_STS, S_SHFL, S_VOTE, S_WARPSYNC, S_BAR, S_MMA, S_SFU, S_CLASSES };
+static void prof_site_inst(uintptr_t site, int cls, unsigned width, double n = 1);
 static void haz_block_start(void);
 #define PROF_SITE ((uintptr_t)__builtin_return_address(0))  // where a hook was called from: the access site
 
@@ -255,6 +258,7 @@ void cudaemu_syncthreads(const char* site) {
         }
         if (prof_in_kernel) {
             prof_inst[I_SYNC] += (R->n + 31) / 32;  // one BAR per warp
+            prof_site_inst((uintptr_t)site, S_BAR, 4, (R->n + 31) / 32);
             for (int w = 0; w < (R->n + 31) / 32; w++) prof_warp_done(w);
         }
         R->at_barrier = 0;
@@ -300,7 +304,10 @@ static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits
     }
     if (all) {
         if (prof_in_kernel) {
-            if (!collective) prof_inst[kind == CUDAEMU_SYNCWARP ? I_SYNC : I_SHFL]++;
+            if (!collective) {
+                prof_inst[kind == CUDAEMU_SYNCWARP ? I_SYNC : I_SHFL]++;
+                prof_site_inst((uintptr_t)site, kind == CUDAEMU_SYNCWARP ? S_WARPSYNC : kind == CUDAEMU_BALLOT ? S_VOTE : S_SHFL, 4);
+            }
             if ((mask | (lanes < 32 ? ~0u << lanes : 0u)) == ~0u) prof_warp_done(f->linear / 32);  // every lane it has
         }
         std::vector<unsigned>& ops = R->warp_ops[f->linear / 32];
@@ -380,7 +387,9 @@ static void mma_m16n8k16_all(void* const* lanes) {
     }
 }
 
+static void prof_warp_inst(uintptr_t site, int cls);
 void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    prof_warp_inst(PROF_SITE, S_MMA);
     MmaCall m{d, a, b, c};
     warp_op("mma.sync.m16n8k16", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, mma_m16n8k16_all);
 }
@@ -1952,6 +1961,102 @@ struct Prof {
 };
 }  // namespace
 static Prof& prof = *new Prof();  // lives past exit(), like the device thread
+// Per kernel (by name, over its launches) and access site: the warp instructions of each class the site
+// issued, and its bytes per lane (loads and stores). Sites are return addresses, or the "file:line" strings
+// of barriers and warp operations (the class says which). Written at exit as lines "site KERNEL CLASS
+// FILE:LINE INSTRUCTIONS BYTES", for roofline.py to weigh each line's SASS by how often it ran.
+struct ProfSite {
+    double n;
+    unsigned width;
+};
+typedef std::map<std::pair<uintptr_t, int>, ProfSite> ProfSites;
+static std::map<std::string, ProfSites>& prof_sites = *new std::map<std::string, ProfSites>();
+static ProfSites* prof_kernel_sites;  // the running launch's (device thread only)
+
+static void prof_site_inst(uintptr_t site, int cls, unsigned width, double n) {
+    ProfSite& c = (*prof_kernel_sites)[{site, cls}];
+    c.n += n;
+    c.width = std::max(c.width, width);
+}
+
+static const char* const site_class[S_CLASSES] = {"gld", "gst", "lds", "sts", "shfl", "vote", "warpsync", "bar", "mma", "sfu"};
+static bool string_site(int cls) { return cls == S_SHFL || cls == S_VOTE || cls == S_WARPSYNC || cls == S_BAR; }
+
+// Every return-address site as "file:line", by one addr2line call per 256 sites (code_line's popen each
+// would take minutes): the innermost frame of the program's own code, not of a system header (CUDA's
+// bf16 type) or of cudaemu.h's wrappers (expf): where the line's SASS is under nvcc too.
+static std::map<uintptr_t, std::string> site_lines(void) {
+    std::vector<uintptr_t> pcs;
+    for (auto& k : prof_sites)
+        for (auto& kv : k.second)
+            if (!string_site(kv.first.second)) pcs.push_back(kv.first.first);
+    std::sort(pcs.begin(), pcs.end());
+    pcs.erase(std::unique(pcs.begin(), pcs.end()), pcs.end());
+    std::map<uintptr_t, std::string> out;
+    Dl_info info;
+    if (pcs.empty() || !dladdr((void*)pcs[0], &info) || !info.dli_fname) return out;
+    for (size_t i = 0; i < pcs.size(); i += 256) {
+        std::string cmd = "addr2line -a -i -e '" + std::string(info.dli_fname) + "'";
+        size_t n = std::min(pcs.size() - i, (size_t)256);
+        for (size_t j = 0; j < n; j++) {
+            char a[24];
+            snprintf(a, sizeof(a), " 0x%lx", (unsigned long)(pcs[i + j] - 1 - (uintptr_t)info.dli_fbase));
+            cmd += a;
+        }
+        FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
+        char line[600];
+        std::vector<std::vector<std::string>> frames;  // per site, innermost first
+        while (p && fgets(line, sizeof(line), p)) {
+            line[strcspn(line, "\n ")] = 0;  // "0xADDRESS" starts a site, then "path:line (discriminator n)" per frame
+            if (strncmp(line, "0x", 2) == 0) frames.emplace_back();
+            else if (!frames.empty()) frames.back().push_back(line);
+        }
+        for (size_t j = 0; j < frames.size() && j < n && !frames[j].empty(); j++) {
+            std::string at = frames[j][0];
+            for (const std::string& f : frames[j])
+                if (f.compare(0, 5, "/usr/") != 0 && f.find("cudaemu.h:") == std::string::npos) {
+                    at = f;
+                    break;
+                }
+            out[pcs[i + j]] = at;  // prof_sites_write keeps the file's name
+        }
+        if (p) pclose(p);
+    }
+    return out;
+}
+
+// A site's "file:line" (the file's name only), given site_lines' table.
+static std::string site_where(const std::pair<uintptr_t, int>& site, std::map<uintptr_t, std::string>& lines) {
+    std::string where = string_site(site.second) ? (const char*)site.first : lines[site.first];
+    size_t slash = where.rfind('/');
+    return slash == std::string::npos ? where : where.substr(slash + 1);
+}
+
+static void prof_sites_write(void) {
+    std::lock_guard<std::mutex> lk(prof.mu);
+    if (!prof.out) return;
+    std::map<uintptr_t, std::string> lines = site_lines();
+    for (auto& k : prof_sites)
+        for (auto& kv : k.second)
+            fprintf(prof.out, "site\t%s\t%s\t%s\t%.0f\t%u\n", k.first.c_str(), site_class[kv.first.second],
+                    site_where(kv.first, lines).c_str(), kv.second.n, kv.second.width);
+    fflush(prof.out);
+}
+
+double cudaemu_profile_site(const char* name, const char* cls, const char* where, unsigned* width) {
+    touch();
+    device_sync();
+    std::lock_guard<std::mutex> lk(prof.mu);
+    std::map<uintptr_t, std::string> lines = site_lines();
+    double n = 0;
+    for (auto& kv : prof_sites[name])
+        if (strcmp(site_class[kv.first.second], cls) == 0 && site_where(kv.first, lines) == where) {
+            n += kv.second.n;
+            if (width) *width = kv.second.width;
+        }
+    return n;
+}
+
 static thread_local int prof_stream = -1;   // the stream the device thread runs (-1: a call on the host)
 static thread_local uint64_t prof_epoch;    // and the host epoch it was queued in
 
@@ -1966,6 +2071,7 @@ static void prof_open(void) {
                       "warp instructions (global loads, stores, shared loads, stores), shared wavefronts (loads, stores, "
                       "conflict-free), shuffles, barriers, mma, special functions\n");
     prof.on = cfg.profile_skip <= 0;
+    atexit(prof_sites_write);
 }
 
 void cudaemu_profile(int on) {
@@ -2144,6 +2250,7 @@ static void prof_launch_begin(const Launch& L) {
     prof.ideal = 0;
     prof_kernel_flops = 0;
     for (double& c : prof_inst) c = 0;
+    prof_kernel_sites = &prof_sites[L.name];
     prof.lanes.resize(L.block.x * L.block.y * L.block.z);
     prof.tables.resize((prof.lanes.size() + 31) / 32);
     for (ProfTable& t : prof.tables)
@@ -2226,7 +2333,7 @@ static ProfReq* prof_entry(ProfTable& t, uint64_t site_warp, uint64_t sector, ui
 // The entries' kinds, in the top bits of site_warp (sites are user-space addresses, below 2^47; the warp
 // is in bits 56-60): a global sector (0), a shared word, a shared bank, a warp instruction.
 static const uint64_t K_WORD = 1ull << 61, K_BANK = 2ull << 61, K_INST = 3ull << 61;
-enum { INST_GLOBAL, INST_SHARED, INST_SFU };  // the sector field of a K_INST entry
+enum { INST_GLOBAL, INST_SHARED, INST_OTHER };  // the sector field of a K_INST entry (INST_OTHER + its class)
 
 // The running thread's n-th run of an access site (from 0), and the site and warp as one key: lanes of a
 // warp that run a site for the n-th time are one warp request, as a GPU issues it.
@@ -2271,7 +2378,7 @@ static void prof_global(uintptr_t a, size_t size, int write, uintptr_t site) {
     prof_reserve(t, last / 32 - a / 32 + 2);
     bool fresh;
     prof_entry(t, site_warp | K_INST, INST_GLOBAL, nth, &fresh);
-    if (fresh) prof.greq[write]++;
+    if (fresh) prof.greq[write]++, prof_site_inst(site, write ? S_GST : S_GLD, (unsigned)size);
     for (uint64_t sector = a / 32; sector <= last / 32; sector++) {
         prof_entry(t, site_warp, sector, nth, &fresh);
         if (fresh) prof.req[write]++;
@@ -2295,7 +2402,7 @@ static void prof_shared(uintptr_t at, size_t size, int write, uintptr_t site) {
     prof_reserve(t, 2 * (last - first + 1) + 1);
     bool fresh;
     ProfReq* req = prof_entry(t, site_warp | K_INST, INST_SHARED, nth, &fresh);
-    if (fresh) prof.sreq[write]++;
+    if (fresh) prof.sreq[write]++, prof_site_inst(site, write ? S_STS : S_LDS, (unsigned)size);
     for (uintptr_t word = first; word <= last; word++) {
         prof_entry(t, site_warp | K_WORD, word, nth, &fresh);
         if (!fresh) continue;
@@ -2308,17 +2415,21 @@ static void prof_shared(uintptr_t at, size_t size, int write, uintptr_t site) {
     }
 }
 
-// A special-function call (cudaemu.h's wrappers): one warp instruction per warp request of its site.
-void cudaemu_sfu(void) {
+// An instruction the runtime sees once per lane (a special function, an mma's site): one warp instruction
+// per warp request of its site.
+static void prof_warp_inst(uintptr_t site, int cls) {
     if (!cur_run || !prof_in_kernel) return;
     uint32_t nth;
-    uint64_t site_warp = prof_site(PROF_SITE, &nth);
+    uint64_t site_warp = prof_site(site, &nth);
     ProfTable& t = prof.tables[site_warp >> 56 & 31];
     prof_reserve(t, 1);
     bool fresh;
-    prof_entry(t, site_warp | K_INST, INST_SFU, nth, &fresh);
-    if (fresh) prof_inst[I_SFU]++;
+    prof_entry(t, site_warp | K_INST, INST_OTHER + cls, nth, &fresh);
+    if (!fresh) return;
+    if (cls == S_SFU) prof_inst[I_SFU]++;
+    prof_site_inst(site, cls, 4);
 }
+void cudaemu_sfu(void) { prof_warp_inst(PROF_SITE, S_SFU); }  // cudaemu.h's wrappers of expf, sqrtf...
 
 // The hazard check: per shared byte of the block (threads may write the two bf16 halves of one word), its
 // last write (thread, barriers it had passed, its last warp operation) and the reads since (in one barrier

@@ -171,6 +171,11 @@ struct cudaemu_counts {
 };
 void cudaemu_profile(int on);
 cudaemu_counts cudaemu_profile_counts(const char* name);
+// Per source line, for the model's count of every instruction (dev/cudaemu/sass.py): the warp instructions
+// of one class ("gld", "gst", "lds", "sts", "shfl", "vote", "warpsync", "bar", "mma", "sfu") that kernel
+// `name` ran at `where` ("file.cu:LINE": the innermost line of the program's own code), and the bytes a lane
+// moved (loads and stores). CUDAEMU_PROFILE files list them all at exit, as "site" lines.
+double cudaemu_profile_site(const char* name, const char* cls, const char* where, unsigned* width);
 // The hazard check (a counting build only): with CUDAEMU_HAZARDS=1, or cudaemu_hazards(1), a shared-memory
 // word written by one thread and read or written by another with no __syncthreads, or no warp operation
 // both lanes took part in, between them stops the run naming the kernel and both source lines, whatever

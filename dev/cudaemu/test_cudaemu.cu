@@ -154,6 +154,7 @@ __global__ void ldmatrix_rows(uint32_t* out, int pitch) {
     out[threadIdx.x] = r[0] + r[1] + r[2] + r[3];
 }
 // Three special functions per lane, and one more on half of each warp's lanes (still one instruction).
+static const int special_functions_line = __LINE__ + 1;  // the kernel's first line, for the counts per line
 __global__ void special_functions(float* out) {
     float x = out[threadIdx.x];
     for (int k = 0; k < 3; k++) x = expf(0.1f * x);
@@ -469,6 +470,17 @@ static int case_shared_counts(void) {
     LAUNCH(special_functions, 1, 64, 0, 0, out);
     cudaemu_counts c = cudaemu_profile_counts("special_functions");
     if (c.sfu != 8) printf("special_functions: %.0f SFU instructions, want 8\n", c.sfu), bad = 5;
+    // per line (the kernel's, not cudaemu.h's wrappers): its load, 3 expf a warp, logf, its store
+    const char* cls[4] = {"gld", "sfu", "sfu", "gst"};
+    double want[4] = {2, 6, 2, 2};
+    for (int i = 0; i < 4; i++) {
+        char where[64];
+        unsigned width = 0;
+        snprintf(where, sizeof(where), "test_cudaemu.cu:%d", special_functions_line + 1 + i);
+        double n = cudaemu_profile_site("special_functions", cls[i], where, &width);
+        if (n != want[i] || width != 4)
+            printf("special_functions: %s at %s %.0f times, %u bytes a lane; want %.0f, 4\n", cls[i], where, n, width, want[i]), bad = 5;
+    }
     return bad;
 }
 
