@@ -30,19 +30,34 @@ if [ "${1:-}" = emu ]; then
     part=${2:-all}
     counts=out/bench_gpu_emu
     mkdir -p "$counts"
-    # nvcc -Xptxas -v's report per architecture: each kernel's registers per thread (sm_90: H100, sm_80: A100)
-    ptxas=()
+    # nvcc -Xptxas -v's report per architecture: each kernel's registers per thread (sm_90: H100, sm_80: A100);
+    # and the machine code itself with its source lines (nvdisasm -gi), from which dev/cudaemu/sass.py finds
+    # the instructions each kernel executes. The toolkit's nvdisasm, or PyPI's (nvidia-cuda-nvdisasm) in out/
+    nvdisasm=$(command -v nvdisasm || ls "$(dirname "$(command -v nvcc)")/nvdisasm" 2>/dev/null || true)
+    if [ -z "$nvdisasm" ]; then
+        nvdisasm=$(ls out/tools/nvidia/*/bin/nvdisasm 2>/dev/null | head -n 1)
+        if [ -z "$nvdisasm" ] && python3 -m pip download -q --no-deps -d out/tools nvidia-cuda-nvdisasm >&2; then
+            python3 -c "import glob, zipfile; zipfile.ZipFile(sorted(glob.glob('out/tools/nvidia_cuda_nvdisasm-*.whl'))[-1]).extractall('out/tools')"
+            nvdisasm=$(ls out/tools/nvidia/*/bin/nvdisasm 2>/dev/null | head -n 1)
+            [ -n "$nvdisasm" ] && chmod +x "$nvdisasm"
+        fi
+    fi
+    ptxas=() sass=()
     for arch in 90 80; do
-        if nvcc -O3 -std=c++17 -arch=sm_$arch -cubin -Xptxas -v -o "$counts/train_gpt.sm_$arch.cubin" -x cu train_gpt.cu \
+        if nvcc -O3 -std=c++17 -arch=sm_$arch -cubin -lineinfo -Xptxas -v -o "$counts/train_gpt.sm_$arch.cubin" -x cu train_gpt.cu \
             > "$counts/ptxas_sm$arch.txt" 2>&1; then
             ptxas+=("$counts/ptxas_sm$arch.txt")
+            [ -n "$nvdisasm" ] && "$nvdisasm" -gi -c "$counts/train_gpt.sm_$arch.cubin" > "$counts/train_gpt.sm_$arch.sass" &&
+                sass+=("$counts/train_gpt.sm_$arch.sass")
         else
             echo "nvcc for sm_$arch failed (registers unknown: occupancy from threads and shared memory alone):" >&2
             tail -n 3 "$counts/ptxas_sm$arch.txt" >&2
         fi
     done
+    [ ${#sass[@]} = 2 ] || echo "no nvdisasm: the issue and latency roofs count only the instructions the emulator sees" >&2
     regs=()
     [ ${#ptxas[@]} = 2 ] && regs=(--ptxas "${ptxas[0]}")
+    [ ${#sass[@]} = 2 ] && regs+=(--sass "${sass[0]}")
     if [ $part = check ]; then
         # dev/cudaemu/model_check counts each launch once (attention on one head, modelled at 64 x 12; the
         # shared-memory kernels at 16 times their grid, two waves); roofline.py check prints every roof
@@ -55,8 +70,9 @@ if [ "${1:-}" = emu ]; then
         echo "no shared-memory hazard in any of them (CUDAEMU_HAZARDS=1)"
         echo
         [ ${#ptxas[@]} = 2 ] && regs=(--ptxas "${ptxas[@]}")
+        [ ${#sass[@]} = 2 ] && regs+=(--sass "${sass[@]}")
         exec python3 dev/cudaemu/roofline.py check "$counts/check.tsv" --gpu H100 A100 ${regs[@]+"${regs[@]}"} \
-            --scale 'shared_conflict=16' --scale 'flash=768'
+            --scale 'shared_conflict=16' --scale 'flash=768' --measured dev/gpu_measured.tsv
     fi
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT

@@ -86,6 +86,20 @@ model_extrapolates() {
     rm -rf "$dir"
 }
 
+# the GPU model's count of every instruction (dev/cudaemu/sass.py): its solver on a SASS listing written by
+# hand, whose blocks' runs are known. One check (skipped without numpy).
+sass_solves() {
+    if ! python3 -c "import numpy" > /dev/null 2>&1; then
+        echo "skip: the GPU model's SASS check (dev/cudaemu/sass.py needs Python's numpy)"
+        return
+    fi
+    if python3 dev/cudaemu/sass.py --test; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+    fi
+}
+
 # the hazard check (dev/cudaemu/README.md) over every kernel of training steps: one rank with selective
 # recomputation, two with --tp 2, two with ZeRO-2; each run must end. One check (after model_extrapolates,
 # which builds the counting binary).
@@ -126,6 +140,7 @@ emulated_tier() {
         failed=$((failed + 1))
     fi
     model_extrapolates
+    sass_solves
     kernels_hazard_free
 }
 

@@ -16,14 +16,17 @@ Time of a kernel launch on the GPU (--gpu, H100 SXM by default): the largest of 
 unit would take if it alone were busy (kernel_roofs): HBM (its distinct sectors: every re-read within the
 launch is taken to hit L2), L2 (the sectors of its warp requests; both at most the L2's share of a clock
 into each SM that runs its blocks), tensor cores (its mma FLOPs at the rate mma.sync reaches), issue (its
-warp instructions at 4 per clock per SM), shared memory (its wavefronts at one per clock per SM) and the
-SFU (its special functions at 16 lanes per clock per SM), the SMs' own units times the last wave's tail
-(waves of blocks from the occupancy that threads, registers and shared memory allow; registers from
-nvcc's own report, --ptxas). The units work side by
-side, on different warps, so the busiest sets the pace; that is an optimistic bound, and the calibration
-(dev/docs/figures.md) says how far real kernels fall short of it. Matmuls move each matrix once and run at
-GEMM_EFFICIENCY of dense bf16 peak; host copies go at PCIE; an NCCL call LATENCY plus the larger of the
-bytes it sends and receives (a ring's) over --link. Launch latency and caches are not modelled.
+warp instructions at 4 per clock per SM), latency (each warp at one instruction every WARP_CPI clocks, the
+blocks in rounds of as many as fit an SM: occupancy from threads, shared memory and the registers of
+nvcc's own report, --ptxas), shared memory (its wavefronts at one per clock per SM) and the SFU (its
+special functions at 16 lanes per clock per SM); the SMs' own units on the SM given the most blocks. The
+instructions are those nvcc's machine code executes (--sass: dev/cudaemu/sass.py weighs each basic block
+by how often the emulator's counts say it ran), arithmetic and addresses included; without --sass, only
+those the emulator counts. The units work side by side, on different warps, so the busiest sets the pace;
+the calibration (dev/docs/figures.md) says how far measured kernels are from it. Matmuls move each matrix
+once and run at GEMM_EFFICIENCY of dense bf16 peak; host copies go at PCIE; an NCCL call LATENCY plus the
+larger of the bytes it sends and receives (a ring's) over --link. Launch latency and caches are not
+modelled.
 
 The step is modelled twice: serial (the sum of every launch's time) and replayed: each stream's work in
 its order, a stream's wait for an event after that event's record, work the host queued after one of its
@@ -45,6 +48,7 @@ from collections import defaultdict
 # rest needs Hopper's wgmma (the FlashAttention-3 post, pytorch.org/blog/flashattention-3, 2024-07-11,
 # note 1, citing Luo et al., arXiv 2402.13499); on an A100 all of it. l2: the L2's bandwidth in bytes a
 # clock (A100 whitepaper: 5120; NVIDIA gives none for the H100: taken as the A100's 47.4 a clock per SM).
+# The H200 is an H100 with HBM3e at 4.8 TB/s (NVIDIA's H200 datasheet), here for the kernels timed on one.
 # Per SM: 65536 registers, at most 2048 threads and 32 blocks, shared memory for blocks (each also takes
 # 1 KiB the system reserves), and per clock 4 warp instructions issued (a scheduler each), one
 # shared-memory wavefront of 128 bytes (32 banks of 4 bytes), 16 special-function lanes (the same post,
@@ -52,11 +56,18 @@ from collections import defaultdict
 GPUS = {
     "H100": dict(name="H100 SXM", sms=132, clock=1.83e9, hbm=3.35e12, l2=5120 * 132 / 108, peak=989.4e12, mma=2 / 3,
                  smem=228 * 1024),
+    "H200": dict(name="H200 SXM", sms=132, clock=1.83e9, hbm=4.8e12, l2=5120 * 132 / 108, peak=989.4e12, mma=2 / 3,
+                 smem=228 * 1024),
     "A100": dict(name="A100 SXM 80GB", sms=108, clock=1.41e9, hbm=2.039e12, l2=5120, peak=312e12, mma=1.0, smem=164 * 1024),
 }
 GPU = GPUS["H100"]      # --gpu sets it
 REGISTERS, THREADS, BLOCKS, RESERVED = 65536, 2048, 32, 1024
 ISSUE, WAVEFRONTS, SFU_LANES = 4, 1, 16  # per SM per clock
+# Cycles a warp waits, on average, between two of its instructions when nothing else delays it (its
+# dependences on loads, shared memory, mma and arithmetic): a scheduler with w resident warps issues at most
+# w / WARP_CPI instructions a clock. Nsight Compute's "warp cycles per issued instruction" of our kernels
+# that few warps run (dev/gpu_results.md, 2026-11-26: H200, 2-8 warps a scheduler) is 8.6-13.6.
+WARP_CPI = 12
 GEMM_EFFICIENCY = 0.70  # the fraction of the peak a cuBLASLt matmul is taken to reach
 PCIE = 50e9             # host copies over PCIe 5.0 x16, bytes/s (64 GB/s a direction nominal)
 LATENCY = 20e-6         # per NCCL call, s (as --plan assumes)
@@ -156,7 +167,7 @@ def at_depth(la, lb, f):
     (AdamW over a flat buffer) or does not depend on them: each one's counts are extrapolated linearly in
     depth (weight 1). A kind made more often at the second depth is made per layer, each layer's the same:
     its launches' times are extrapolated, those of the first depth weighted 1 - f and of the second f.
-    Each launch is then modelled on its own counts, which a roof's tail makes nonlinear in them."""
+    Each launch is then modelled on its own counts, which the busiest SM and rounds of blocks make nonlinear in them."""
     out = {}
     for kind in {k[:2] for k in la} | {k[:2] for k in lb}:
         ka, kb = [k for k in la if k[:2] == kind], [k for k in lb if k[:2] == kind]
@@ -190,6 +201,39 @@ def read_ptxas(path):
 
 
 PTXAS = {}  # --ptxas: kernel identifier -> (registers per thread, static shared bytes)
+EXECUTED = {}  # --sass: kernel -> SASS instructions it executes per instruction the emulator counts
+
+
+def inst_counted(v):
+    """The warp instructions the emulator counts (memory, shuffles, barriers, mma, special functions)."""
+    return sum(v[C[k]] for k in ("global_loads", "global_stores", "shared_loads", "shared_stores", "shuffles", "syncs", "tensor", "sfu"))
+
+
+def read_executed(sass_listing, files):
+    """EXECUTED from nvdisasm -gi's listing and counts files with site lines (dev/cudaemu/sass.py): per kernel,
+    its SASS weighted by how often each block ran, over the instructions the emulator counted."""
+    import sass  # numpy, only for --sass
+    warps, counted, out = defaultdict(float), defaultdict(float), {}
+    for path in files:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("kernel\t"):
+                    _, name, *nums = line.rstrip("\n").split("\t")
+                    v = counts(nums)
+                    warps[name] += v[C["blocks"]] * -(-int(v[C["threads"]]) // 32)
+                    counted[name] += inst_counted(v)
+    sites = defaultdict(dict)
+    for path in files:
+        for kernel, per in sass.read_sites(path).items():
+            for key, (n, w) in per.items():
+                n0, w0 = sites[kernel].get(key, (0.0, 0))
+                sites[kernel][key] = (n0 + n, max(w0, w))
+    kernels = sass.read_sass(sass_listing)
+    for name in warps:
+        if name in kernels and name in sites and counted[name]:
+            spans, n, _, _ = sass.solve(kernels[name], sites[name], warps[name])
+            out[name] = sum(c * (e - s) for (s, e), c in zip(spans, n)) / counted[name]
+    return out
 
 
 def occupancy(threads, shmem, regs):
@@ -204,27 +248,33 @@ def occupancy(threads, shmem, regs):
 
 
 def kernel_roofs(name, v):
-    """One kernel launch on the GPU: its roofs (seconds each unit would take alone), the occupancy, waves
-    and tail, and its time: the largest roof times the tail."""
-    regs, static = PTXAS.get(re.match(r"\w+(<[\d,]*>)?", name).group(0), (0, 0))
+    """One kernel launch on the GPU: its roofs (seconds each unit would take alone), the occupancy, and its
+    time, the largest roof. Blocks are spread evenly over the SMs, so the SMs' own units (tensor, issue,
+    shared, SFU) wait for the SM given the most (ceil(blocks / SMs)); HBM and L2 serve whichever SMs run.
+    Latency: a warp issues at most one instruction every WARP_CPI clocks, so a block takes as long as its
+    warps' instructions times WARP_CPI, and that SM runs its blocks in rounds of as many as fit at once."""
+    kernel = re.match(r"\w+(<[\d,]*>)?", name).group(0)
+    regs, static = PTXAS.get(kernel, (0, 0))
     sm_clocks = GPU["sms"] * GPU["clock"]
-    inst = sum(v[C[k]] for k in ("global_loads", "global_stores", "shared_loads", "shared_stores", "shuffles", "syncs", "tensor", "sfu"))
-    active = min(GPU["sms"], v[C["blocks"]]) if v[C["blocks"]] else GPU["sms"]
+    blocks, threads = v[C["blocks"]], v[C["threads"]]
+    inst = inst_counted(v) * EXECUTED.get(kernel, 1.0)
+    active = min(GPU["sms"], blocks) if blocks else GPU["sms"]
     l2 = GPU["l2"] * GPU["clock"] * active / GPU["sms"]  # blocks on few SMs reach only their share of it
+    busiest = math.ceil(blocks / GPU["sms"]) if blocks else 0
+    spread = busiest / (blocks / GPU["sms"]) if blocks else 1.0
     roofs = {"HBM": (v[C["distinct_read"]] + v[C["distinct_written"]]) / min(GPU["hbm"], l2),
-             "L2": (v[C["read"]] + v[C["written"]]) / l2, "tensor": v[C["flops"]] / (GPU["mma"] * GPU["peak"]),
-             "issue": inst / (ISSUE * sm_clocks), "shared": (v[C["waves_ld"]] + v[C["waves_st"]]) / (WAVEFRONTS * sm_clocks),
-             "SFU": v[C["sfu"]] * 32 / (SFU_LANES * sm_clocks)}
-    r = dict(roofs=roofs, regs=regs, static=static, per_sm=0, limit="", waves=0.0, tail=1.0)
-    if v[C["threads"]]:
-        r["per_sm"], r["limit"] = occupancy(v[C["threads"]], v[C["shmem"]] + static, regs)
+             "L2": (v[C["read"]] + v[C["written"]]) / l2, "tensor": spread * v[C["flops"]] / (GPU["mma"] * GPU["peak"]),
+             "issue": spread * inst / (ISSUE * sm_clocks),
+             "shared": spread * (v[C["waves_ld"]] + v[C["waves_st"]]) / (WAVEFRONTS * sm_clocks),
+             "SFU": spread * v[C["sfu"]] * 32 / (SFU_LANES * sm_clocks), "latency": 0.0}
+    r = dict(roofs=roofs, regs=regs, static=static, per_sm=0, limit="", rounds=0, inst=inst)
+    if threads:
+        r["per_sm"], r["limit"] = occupancy(threads, v[C["shmem"]] + static, regs)
         if r["per_sm"] == 0:
-            sys.exit(f"{name}: a block of {v[C['threads']]:.0f} threads, {v[C['shmem']] + static:.0f} bytes of shared memory and "
+            sys.exit(f"{name}: a block of {threads:.0f} threads, {v[C['shmem']] + static:.0f} bytes of shared memory and "
                      f"{regs} registers per thread does not fit an SM of the {GPU['name']}")
-        r["waves"] = v[C["blocks"]] / (r["per_sm"] * GPU["sms"])
-        r["tail"] = math.ceil(r["waves"]) / r["waves"] if r["waves"] else 1.0
-    for unit in roofs:  # the SMs' own units wait for the last wave; HBM and L2 serve whichever blocks run
-        roofs[unit] *= r["tail"] if unit not in ("HBM", "L2") else 1.0
+        r["rounds"] = math.ceil(busiest / r["per_sm"])
+        roofs["latency"] = r["rounds"] * inst / (blocks * -(-int(threads) // 32)) * WARP_CPI / GPU["clock"]
     r["bound"] = max(roofs, key=roofs.get)
     r["t"] = roofs[r["bound"]]
     return r
@@ -371,11 +421,15 @@ def replay(lines, launches, link):
     return max(t.values(), default=0.0), link_busy
 
 
-def set_gpu(gpu, ptxas):
+def set_gpu(gpu, ptxas, sass=None, files=()):
     global GPU
     GPU = GPUS[gpu]
+    PTXAS.clear()
+    EXECUTED.clear()
     if ptxas:
         PTXAS.update(read_ptxas(ptxas))
+    if sass:
+        EXECUTED.update(read_executed(sass, files))
 
 
 def check(argv):
@@ -388,8 +442,17 @@ def check(argv):
     ap.add_argument("file")
     ap.add_argument("--gpu", nargs="+", choices=sorted(GPUS), default=["H100"])
     ap.add_argument("--ptxas", nargs="*", default=[], help="nvcc -Xptxas -v's report for each --gpu's architecture")
+    ap.add_argument("--sass", nargs="*", default=[], help="nvdisasm -gi's listing of the same build, for each --gpu")
     ap.add_argument("--scale", action="append", default=[], metavar="REGEX=K")
+    ap.add_argument("--measured", help="launches timed on GPUs: lines 'GPU<TAB>launch<TAB>us per launch<TAB>source'")
     a = ap.parse_args(argv)
+    measured = defaultdict(dict)
+    if a.measured:
+        with open(a.measured) as f:
+            for line in f:
+                if line.strip() and not line.startswith("#"):
+                    gpu, name, us, *_ = line.rstrip("\n").split("\t")
+                    measured[gpu][name] = float(us)
     launches = []
     with open(a.file) as f:
         for line in f:
@@ -402,9 +465,8 @@ def check(argv):
             k = next((float(x.rpartition("=")[2]) for x in a.scale if re.search(x.rpartition("=")[0], name)), 1.0)
             launches.append((kind, name, [x * k if i in EXTENSIVE else x for i, x in enumerate(v)]))
     ratio = None
-    for gpu, ptxas in zip(a.gpu, a.ptxas + [None] * len(a.gpu)):
-        PTXAS.clear()
-        set_gpu(gpu, ptxas)
+    for gpu, ptxas, listing in zip(a.gpu, a.ptxas + [None] * len(a.gpu), a.sass + [None] * len(a.gpu)):
+        set_gpu(gpu, ptxas, listing, [a.file])
         rows = {}
         for kind, name, v in launches:
             r = kernel_roofs(name, v) if kind == "kernel" else None
@@ -414,21 +476,29 @@ def check(argv):
             for roof, x in (r["roofs"].items() if r else ()):
                 row["roofs"][roof] += x
         print(f"MODELLED on the {GPU['name']} ({GPU['sms']} SMs at {GPU['clock'] / 1e9:.2f} GHz) from the CUDA emulator's counts: "
-              f"each roof is what one unit would take alone (the SMs' own units times the last wave's tail), the largest binds")
+              f"each roof is what one unit would take alone, the largest binds; instructions "
+              + ("executed (nvcc's SASS, each block as often as the counts say)" if EXECUTED else "counted by the emulator alone")
+              + f"; latency at one instruction per warp every {WARP_CPI} clocks")
         print()
-        roofs = ["HBM", "L2", "tensor", "issue", "shared", "SFU"]
-        print("| launch | launches | blocks | threads | regs | smem KiB | blocks/SM (limit) | waves | " +
-              " | ".join(f"{x} us" for x in roofs) + " | bound | MODELLED us |")
-        print("|" + "---|" * (11 + len(roofs)))
+        roofs = ["HBM", "L2", "tensor", "issue", "latency", "shared", "SFU"]
+        mine = measured.get(gpu, {})
+        print("| launch | launches | blocks | threads | regs | smem KiB | blocks/SM (limit) | rounds | M instructions | " +
+              " | ".join(f"{x} us" for x in roofs) + " | bound | MODELLED us |" + (" measured us | measured / modelled |" if mine else ""))
+        print("|" + "---|" * (12 + len(roofs) + 2 * bool(mine)))
         for name, row in rows.items():
             r, v = row["r"], row["v"]
             if r:
                 cells = [f"{v[C['blocks']]:.0f}", f"{v[C['threads']]:.0f}", str(r["regs"] or "?"),
-                         f"{(v[C['shmem']] + r['static']) / 1024:.1f}", f"{r['per_sm']} ({r['limit']})", f"{r['waves']:.2f}"] + [
-                         f"{row['roofs'][x] * 1e6:.1f}" for x in roofs] + [max(row["roofs"], key=row["roofs"].get)]
+                         f"{(v[C['shmem']] + r['static']) / 1024:.1f}", f"{r['per_sm']} ({r['limit']})", str(r["rounds"]),
+                         f"{r['inst'] / 1e6:.1f}"] + [f"{row['roofs'][x] * 1e6:.1f}" for x in roofs] + [
+                         max(row["roofs"], key=row["roofs"].get)]
             else:
-                cells = [""] * (6 + len(roofs)) + ["cuBLASLt"]
-            print(f"| {name} | {row['n']} | " + " | ".join(cells) + f" | {row['t'] * 1e6:.1f} |")
+                cells = [""] * (7 + len(roofs)) + ["cuBLASLt"]
+            tail = ""
+            if mine:
+                us = mine.get(name)
+                tail = f" {us:,.0f} | {us / (row['t'] * 1e6 / row['n']):.2f} |" if us else " | |"
+            print(f"| {name} | {row['n']} | " + " | ".join(cells) + f" | {row['t'] * 1e6:.1f} |" + tail)
         print()
         free, conflicted = rows.get("shared_conflict_free"), rows.get("shared_conflict_32way")
         if free and conflicted and ratio is None:
@@ -457,8 +527,9 @@ def main():
     ap.add_argument("--overlap", action="store_true", help="print only each run's serial and replayed step, per --link")
     ap.add_argument("--gpu", choices=sorted(GPUS), default="H100")
     ap.add_argument("--ptxas", help="nvcc -Xptxas -v's report for the GPU's architecture (registers per thread)")
+    ap.add_argument("--sass", help="nvdisasm -gi's listing of the same build (the instructions each kernel executes)")
     a = ap.parse_args()
-    set_gpu(a.gpu, a.ptxas)
+    set_gpu(a.gpu, a.ptxas, a.sass, [f for run in a.run for f in run[1:]])
     b1, b2 = a.measured
     runs, frees, replays = [], {}, {}
     for label, *files in a.run:
@@ -473,7 +544,7 @@ def main():
                             [(link, sum(launch_seconds(k[0], name, v, link * 1e9) for k, (name, v) in launches.items()),
                               *replay(l2, launches, link * 1e9)) for link in a.link]))
         launches, frees[label], replays[label] = counted[0]
-        if a.layers:  # the replays in depth are the one linear extrapolation of times (a tail makes them approximate)
+        if a.layers:  # the replays in depth are the one linear extrapolation of times (rounds of blocks make them approximate)
             (la, lb), depth, (lb_launches, _, rb) = a.layers, a.model[0], counted[1]
             f = (depth - la) / (lb - la)
             launches = at_depth(launches, lb_launches, f)
@@ -519,8 +590,9 @@ def main():
     print(f"MODELLED, not measured: a training step of GPT-2 d{L} (C={C}) at B={a.batch} T={a.seq} on one H100 SXM, from the "
           f"CUDA emulator's counts at B={b1} and B={b2}, T={a.seq}, extrapolated linearly in B{depth}")
     print(f"MODELLED on the {GPU['name']}: kernels at the largest of their roofs (HBM {GPU['hbm'] / 1e12:.2f} TB/s, mma.sync at "
-          f"{GPU['mma']:.0%} of {GPU['peak'] / 1e12:.0f} TFLOP/s dense bf16, issue, shared-memory wavefronts, SFU; {GPU['sms']} SMs "
-          f"at {GPU['clock'] / 1e9:.2f} GHz) times their last wave's tail, matmuls at {GEMM_EFFICIENCY:.0%} of the peak, host "
+          f"{GPU['mma']:.0%} of {GPU['peak'] / 1e12:.0f} TFLOP/s dense bf16, issue, latency ({WARP_CPI} clocks a warp instruction), "
+          f"shared-memory wavefronts, SFU; {GPU['sms']} SMs at {GPU['clock'] / 1e9:.2f} GHz; instructions "
+          f"{'executed, from nvcc' + chr(39) + 's SASS' if EXECUTED else 'as the emulator counts them (no --sass)'}), matmuls at {GEMM_EFFICIENCY:.0%} of the peak, host "
           f"copies at {PCIE / 1e9:.0f} GB/s, NCCL calls {LATENCY * 1e6:.0f} us plus their ring's bytes at {a.link[0]:.0f} GB/s; "
           f"no caches or launch latency; the step serial, and replayed with its streams overlapped")
     print()
