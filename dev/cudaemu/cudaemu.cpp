@@ -258,7 +258,7 @@ void cudaemu_syncthreads(const char* site) {
         }
         if (prof_in_kernel) {
             prof_inst[I_SYNC] += (R->n + 31) / 32;  // one BAR per warp
-            prof_site_inst((uintptr_t)site, S_BAR, 4, (R->n + 31) / 32);
+            prof_site_inst(PROF_SITE, S_BAR, 4, (R->n + 31) / 32);
             for (int w = 0; w < (R->n + 31) / 32; w++) prof_warp_done(w);
         }
         R->at_barrier = 0;
@@ -269,7 +269,7 @@ void cudaemu_syncthreads(const char* site) {
 
 // A warp operation; `collective`, when given, runs in the last lane to arrive with every lane's `bits` (as
 // pointers, nullptr for lanes outside the mask) before any lane goes on (the tensor-core product).
-static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width,
+static uint64_t warp_op(const char* site, uintptr_t pc, int kind, unsigned mask, uint64_t bits, int arg, int width,
                         void (*collective)(void* const* lanes)) {
     Fiber* f = cur_fiber("a warp operation");
     BlockRun* R = cur_run;
@@ -306,7 +306,7 @@ static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits
         if (prof_in_kernel) {
             if (!collective) {
                 prof_inst[kind == CUDAEMU_SYNCWARP ? I_SYNC : I_SHFL]++;
-                prof_site_inst((uintptr_t)site, kind == CUDAEMU_SYNCWARP ? S_WARPSYNC : kind == CUDAEMU_BALLOT ? S_VOTE : S_SHFL, 4);
+                prof_site_inst(pc, kind == CUDAEMU_SYNCWARP ? S_WARPSYNC : kind == CUDAEMU_BALLOT ? S_VOTE : S_SHFL, 4);
             }
             if ((mask | (lanes < 32 ? ~0u << lanes : 0u)) == ~0u) prof_warp_done(f->linear / 32);  // every lane it has
         }
@@ -344,7 +344,7 @@ static uint64_t warp_op(const char* site, int kind, unsigned mask, uint64_t bits
 }
 
 uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bits, int arg, int width) {
-    return warp_op(site, kind, mask, bits, arg, width, nullptr);
+    return warp_op(site, PROF_SITE, kind, mask, bits, arg, width, nullptr);
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (cudaemu.h): a full-warp operation whose last lane to
@@ -391,7 +391,7 @@ static void prof_warp_inst(uintptr_t site, int cls);
 void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
     prof_warp_inst(PROF_SITE, S_MMA);
     MmaCall m{d, a, b, c};
-    warp_op("mma.sync.m16n8k16", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, mma_m16n8k16_all);
+    warp_op("mma.sync.m16n8k16", PROF_SITE, CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, mma_m16n8k16_all);
 }
 
 // ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (cudaemu.h): the last lane to arrive reads the four 8 x 8
@@ -401,21 +401,27 @@ struct LdmatrixCall {
     uint32_t* d;
     const uint16_t* row;
 };
-static void ldmatrix_x4_trans_all(void* const* lanes) {
+static void ldmatrix_x4(void* const* lanes, bool trans) {
     uint16_t M[4][8][8];
     for (int l = 0; l < 32; l++) memcpy(M[l / 8][l % 8], ((const LdmatrixCall*)lanes[l])->row, 16);
-    for (int l = 0; l < 32; l++)  // transposed: lane l gets column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1
-        for (int i = 0; i < 4; i++)
-            ((const LdmatrixCall*)lanes[l])->d[i] = M[i][2 * (l % 4)][l / 4] | (uint32_t)M[i][2 * (l % 4) + 1][l / 4] << 16;
+    for (int l = 0; l < 32; l++)  // lane l gets row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1, or transposed
+        for (int i = 0; i < 4; i++) {
+            int r = l / 4, c = 2 * (l % 4);
+            ((const LdmatrixCall*)lanes[l])->d[i] = trans ? M[i][c][r] | (uint32_t)M[i][c + 1][r] << 16
+                                                          : M[i][r][c] | (uint32_t)M[i][r][c + 1] << 16;
+        }
 }
+static void ldmatrix_x4_all(void* const* lanes) { ldmatrix_x4(lanes, false); }
+static void ldmatrix_x4_trans_all(void* const* lanes) { ldmatrix_x4(lanes, true); }
 
-void cudaemu_ldmatrix_x4_trans(uint32_t d[4], const void* row) {
+void cudaemu_ldmatrix_x4(uint32_t d[4], const void* row, int trans) {
     Fiber* f = cur_fiber("ldmatrix");
     if ((uintptr_t)row % 16)
         emu_fatal("%s thread %d: ldmatrix: the row address %p is not 16-byte aligned", block_name(cur_run).c_str(), f->linear, row);
     prof_access((uintptr_t)row, 16, 0, PROF_SITE);  // the lane's row: a shared load of the warp's request (counts, hazards)
     LdmatrixCall m{d, (const uint16_t*)row};
-    warp_op("ldmatrix.sync.m8n8.x4.trans", CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, ldmatrix_x4_trans_all);
+    warp_op(trans ? "ldmatrix.sync.m8n8.x4.trans" : "ldmatrix.sync.m8n8.x4", PROF_SITE, CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0,
+            32, trans ? ldmatrix_x4_trans_all : ldmatrix_x4_all);
 }
 
 void* cudaemu_dynamic_shared(void) {
@@ -1961,10 +1967,11 @@ struct Prof {
 };
 }  // namespace
 static Prof& prof = *new Prof();  // lives past exit(), like the device thread
-// Per kernel (by name, over its launches) and access site: the warp instructions of each class the site
-// issued, and its bytes per lane (loads and stores). Sites are return addresses, or the "file:line" strings
-// of barriers and warp operations (the class says which). Written at exit as lines "site KERNEL CLASS
-// FILE:LINE INSTRUCTIONS BYTES", for roofline.py to weigh each line's SASS by how often it ran.
+// Per kernel (by name, over its launches) and site (a return address in the kernel's code): the warp
+// instructions of each class it issued, and its bytes per lane (loads and stores). Written at exit as lines
+// "site KERNEL CLASS LINES INSTRUCTIONS BYTES", LINES the site's source line and the lines it was inlined
+// at, innermost first ("llmpar.h:2760<llmpar.h:2800<..."), for dev/cudaemu/sass.py to weigh nvcc's machine
+// code for the same lines by how often they ran.
 struct ProfSite {
     double n;
     unsigned width;
@@ -1980,16 +1987,15 @@ static void prof_site_inst(uintptr_t site, int cls, unsigned width, double n) {
 }
 
 static const char* const site_class[S_CLASSES] = {"gld", "gst", "lds", "sts", "shfl", "vote", "warpsync", "bar", "mma", "sfu"};
-static bool string_site(int cls) { return cls == S_SHFL || cls == S_VOTE || cls == S_WARPSYNC || cls == S_BAR; }
 
-// Every return-address site as "file:line", by one addr2line call per 256 sites (code_line's popen each
-// would take minutes): the innermost frame of the program's own code, not of a system header (CUDA's
-// bf16 type) or of cudaemu.h's wrappers (expf): where the line's SASS is under nvcc too.
+// Every site's lines (above), by one addr2line call per 256 sites (code_line's popen each would take
+// minutes): the frames of the program's own code, not those of a system header (CUDA's bf16 type) or of
+// cudaemu.h's wrappers (expf, shuffles), which are where nvcc's machine code for them is too. The file's
+// name only.
 static std::map<uintptr_t, std::string> site_lines(void) {
     std::vector<uintptr_t> pcs;
     for (auto& k : prof_sites)
-        for (auto& kv : k.second)
-            if (!string_site(kv.first.second)) pcs.push_back(kv.first.first);
+        for (auto& kv : k.second) pcs.push_back(kv.first.first);
     std::sort(pcs.begin(), pcs.end());
     pcs.erase(std::unique(pcs.begin(), pcs.end()), pcs.end());
     std::map<uintptr_t, std::string> out;
@@ -2005,31 +2011,22 @@ static std::map<uintptr_t, std::string> site_lines(void) {
         }
         FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
         char line[600];
-        std::vector<std::vector<std::string>> frames;  // per site, innermost first
+        long j = -1;  // the site whose frames follow
         while (p && fgets(line, sizeof(line), p)) {
             line[strcspn(line, "\n ")] = 0;  // "0xADDRESS" starts a site, then "path:line (discriminator n)" per frame
-            if (strncmp(line, "0x", 2) == 0) frames.emplace_back();
-            else if (!frames.empty()) frames.back().push_back(line);
-        }
-        for (size_t j = 0; j < frames.size() && j < n && !frames[j].empty(); j++) {
-            std::string at = frames[j][0];
-            for (const std::string& f : frames[j])
-                if (f.compare(0, 5, "/usr/") != 0 && f.find("cudaemu.h:") == std::string::npos) {
-                    at = f;
-                    break;
-                }
-            out[pcs[i + j]] = at;  // prof_sites_write keeps the file's name
+            if (strncmp(line, "0x", 2) == 0) {
+                j++;
+                continue;
+            }
+            const char* slash = strrchr(line, '/');
+            const char* name = slash ? slash + 1 : line;
+            if (j < 0 || (size_t)j >= n || strncmp(line, "/usr/", 5) == 0 || strncmp(name, "cudaemu.h:", 10) == 0) continue;
+            std::string& at = out[pcs[i + j]];
+            at += (at.empty() ? "" : "<") + std::string(name);
         }
         if (p) pclose(p);
     }
     return out;
-}
-
-// A site's "file:line" (the file's name only), given site_lines' table.
-static std::string site_where(const std::pair<uintptr_t, int>& site, std::map<uintptr_t, std::string>& lines) {
-    std::string where = string_site(site.second) ? (const char*)site.first : lines[site.first];
-    size_t slash = where.rfind('/');
-    return slash == std::string::npos ? where : where.substr(slash + 1);
 }
 
 static void prof_sites_write(void) {
@@ -2039,7 +2036,7 @@ static void prof_sites_write(void) {
     for (auto& k : prof_sites)
         for (auto& kv : k.second)
             fprintf(prof.out, "site\t%s\t%s\t%s\t%.0f\t%u\n", k.first.c_str(), site_class[kv.first.second],
-                    site_where(kv.first, lines).c_str(), kv.second.n, kv.second.width);
+                    lines[kv.first.first].c_str(), kv.second.n, kv.second.width);
     fflush(prof.out);
 }
 
@@ -2050,7 +2047,7 @@ double cudaemu_profile_site(const char* name, const char* cls, const char* where
     std::map<uintptr_t, std::string> lines = site_lines();
     double n = 0;
     for (auto& kv : prof_sites[name])
-        if (strcmp(site_class[kv.first.second], cls) == 0 && site_where(kv.first, lines) == where) {
+        if (strcmp(site_class[kv.first.second], cls) == 0 && lines[kv.first.first].substr(0, lines[kv.first.first].find('<')) == where) {
             n += kv.second.n;
             if (width) *width = kv.second.width;
         }

@@ -112,11 +112,12 @@ static inline unsigned cudaemu_mask(unsigned m) { return m ? m : 0xffffffffu; }
 // 2t + 1 of column g, b[1] rows 2t + 8, 2t + 9; c and d: c[0], c[1] row g, columns 2t and 2t + 1, c[2],
 // c[3] row g + 8. Sums in fp32 from C up over k in order.
 void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
-// Its operand loader ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (lp_ldmatrix_trans): four 8 x 8 bf16
+// Its operand loader ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (lp_ldmatrix): four 8 x 8 bf16
 // matrices from shared memory, warp-collective as above. Lane l names row l % 8 of matrix l / 8 (16 bytes,
-// 16-byte aligned); matrix i, transposed, lands in register d[i], lane l holding its column l / 4, rows
-// 2 (l % 4) and 2 (l % 4) + 1 (the lower row in the low half): what mma wants as B from a row-major tile.
-void cudaemu_ldmatrix_x4_trans(uint32_t d[4], const void* row);
+// 16-byte aligned); matrix i lands in register d[i], lane l holding its row l / 4, columns 2 (l % 4) and
+// 2 (l % 4) + 1 (the lower column in the low half); with trans, its column l / 4 at those rows: what mma
+// wants as B from a row-major tile.
+void cudaemu_ldmatrix_x4(uint32_t d[4], const void* row, int trans);
 
 // ---- device intrinsics the host compiler lacks
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }

@@ -2,13 +2,15 @@
 """Every instruction a kernel executes, from nvcc's own machine code (SASS) and the emulator's counts: the
 issue roof of roofline.py sees the arithmetic and address instructions the emulator cannot count.
 
-nvdisasm -g prints each kernel's SASS with the source line of every instruction. The emulator counts, per
-source line, the warp instructions of the classes it sees (global and shared loads and stores, shuffles,
-barriers, mma, special functions: the "site" lines of a CUDAEMU_PROFILE file). How often each basic block
-of the SASS ran is solved from those counts: each (line, class) says that the SASS instructions of that
-class on that line, each weighted by the bytes a lane moves (vector widths differ between nvcc's code and
-the emulator's), ran as often as the emulator counted; each block runs as often as control flows in and
-out of it; the kernel's entry runs once per warp. Least squares over the blocks and edges (numpy), with
+nvdisasm -gi prints each kernel's SASS with the source line of every instruction and the lines it was
+inlined at. The emulator counts, per site (its lines, the same way), the warp instructions of the classes
+it sees (global and shared loads and stores, shuffles, barriers, mma, special functions: the "site" lines
+of a CUDAEMU_PROFILE file). How often each basic block of the SASS ran is solved from those counts: each
+SASS instruction of those classes belongs to the site of its class and innermost line whose other lines
+it shares most (the two compilers inline differently), and a site's instructions, each weighted by the
+bytes a lane moves (vector widths differ between nvcc's code and the emulator's), ran as often as the
+emulator counted; each block runs as often as control flows in and out of it; the kernel's entry runs
+once per warp. Least squares over the blocks and edges (numpy), with
 negative counts taken out and solved again; a branch no count tells apart splits its flow evenly (the
 least-norm solution).
 Executed instructions are then the sum over blocks of count times length, as Nsight Compute counts them
@@ -55,9 +57,10 @@ def width(op, mods):
 
 
 def read_sass(path):
-    """Kernels of an nvdisasm -g listing: name -> list of instructions (address, opcode, modifiers,
-    predicated, target label, source "file:line") and labels (label -> index of the next instruction)."""
-    kernels, cur, where, chain = {}, None, "?", []
+    """Kernels of an nvdisasm -gi listing: name -> list of instructions (opcode, modifiers, predicated,
+    target label, source lines: "file:line" and where it was inlined, innermost first) and labels (label
+    -> index of the next instruction)."""
+    kernels, cur, where, chain = {}, None, ("?",), []
     for line in open(path):
         m = re.match(r"\s*\.text\.(\S+):", line)
         if m:
@@ -67,11 +70,11 @@ def read_sass(path):
             continue
         m = re.findall(r'"([^"]*)", line (\d+)', line) if "//##" in line else None
         if m:  # nvdisasm -gi: a frame and where it was inlined, then that one's, ...
-            chain = chain + m if chain and chain[-1] == m[0] else m
+            chain = chain + m[1:] if chain and chain[-1] == m[0] else m
             continue
-        if chain:  # the innermost frame of the program's own code (not of CUDA's headers), as the emulator says
+        if chain:  # the frames of the program's own code (not of CUDA's headers), as the emulator names them
             own = [f for f in chain if not f[0].startswith("/usr/")] or chain
-            where, chain = own[0][0].rsplit("/", 1)[-1] + ":" + own[0][1], []
+            where, chain = lines(f[0].rsplit("/", 1)[-1] + ":" + f[1] for f in own), []
         m = re.match(r"(\.L_x_\d+):", line.strip())
         if m:
             cur["labels"][m.group(1)] = len(cur["ins"])
@@ -105,8 +108,30 @@ def blocks(k):
     return spans, edges
 
 
+def lines(frames):
+    """Source lines, innermost first, each once (a frame and its call can name one line)."""
+    out = []
+    for f in frames:
+        if not out or out[-1] != f:
+            out.append(f)
+    return tuple(out)
+
+
+def site_of(sites, cls, chain):
+    """The emulator's site an instruction belongs to: of its class and innermost line, the one whose other
+    lines the instruction's share most (the two compilers inline differently: a function g++ did not inline
+    ends its sites' lines, and g++ may name a function's first line between two calls)."""
+    best, score = None, None
+    for key in sites.get((cls, chain[0]), ()):
+        shared = sum(f in chain for f in key[1])
+        s = (shared - (len(key[1]) - shared), shared)
+        if score is None or s > score:
+            best, score = key, s
+    return best
+
+
 def solve(k, sites, warps):
-    """How often each block ran (warp executions), from the kernel's site counts: {(class, line): (n, width)}."""
+    """How often each block ran (warp executions), from the kernel's site counts: {(class, lines): (n, width)}."""
     ins = k["ins"]
     spans, edges = blocks(k)
     nb, ne = len(spans), len(edges)
@@ -114,13 +139,17 @@ def solve(k, sites, warps):
     for b, (s, e) in enumerate(spans):
         for i in range(s, e):
             block_of[i] = b
-    groups = defaultdict(lambda: defaultdict(float))  # (class, line) -> block -> lane bytes per run
+    groups = defaultdict(lambda: defaultdict(float))  # (class, lines) -> block -> lane bytes per run
+    innermost = defaultdict(list)
+    for key in sites:
+        innermost[(key[0], key[1][0])].append(key)
     for i, x in enumerate(ins):
         cls = CLASSES.get(x["op"])
         if cls == "sfu" and not set(x["mods"]) & SPECIAL:
             continue  # a reciprocal: a division's, which the emulator does not see
         if cls in MATCHED:
-            groups[(cls, x["where"])][block_of[i]] += width(x["op"], x["mods"]) if cls in ("gld", "gst", "lds", "sts") else 1
+            key = site_of(innermost, cls, x["where"]) or (cls, x["where"])
+            groups[key][block_of[i]] += width(x["op"], x["mods"]) if cls in ("gld", "gst", "lds", "sts") else 1
     rows, rhs = [], []
     big = 100.0
 
@@ -137,8 +166,8 @@ def solve(k, sites, warps):
         row([(b, 1.0)] + into, warps if b == 0 else 0.0, big / max(warps, 1))
         if out:
             row([(b, 1.0)] + out, 0.0, big / max(warps, 1))
-    # A (class, line) both sides have is one equation; the rest of a class (lines that differ: lp_mma's
-    # inline PTX and its emulation) is one more, all its instructions against all its counts
+    # A site both sides have is one equation; the rest of a class (what the two compilers name differently)
+    # is one more, all its instructions against all its counts
     rest = defaultdict(lambda: [defaultdict(float), 0.0])
     matched = 0
     for (cls, where), per_block in groups.items():
@@ -169,13 +198,14 @@ def solve(k, sites, warps):
 
 
 def read_sites(path):
-    """A counts file's site lines: kernel -> {(class, line): (warp instructions, bytes a lane)}."""
+    """A counts file's site lines: kernel -> {(class, lines): (warp instructions, bytes a lane)}."""
     out = defaultdict(dict)
     for line in open(path):
         if line.startswith("site\t"):
             _, kernel, cls, where, n, w = line.rstrip("\n").split("\t")
-            n0, w0 = out[kernel].get((cls, where), (0.0, 0))
-            out[kernel][(cls, where)] = (n0 + float(n), max(w0, int(w)))
+            key = (cls, lines(where.split("<")))
+            n0, w0 = out[kernel].get(key, (0.0, 0))
+            out[kernel][key] = (n0 + float(n), max(w0, int(w)))
     return out
 
 

@@ -150,7 +150,7 @@ __global__ void shared_banks(float* out, int stride) {
 __global__ void ldmatrix_rows(uint32_t* out, int pitch) {
     uint16_t* s = (uint16_t*)cudaemu_dynamic_shared();
     uint32_t r[4];
-    cudaemu_ldmatrix_x4_trans(r, s + threadIdx.x * pitch);
+    cudaemu_ldmatrix_x4(r, s + threadIdx.x * pitch, 1);
     out[threadIdx.x] = r[0] + r[1] + r[2] + r[3];
 }
 // Three special functions per lane, and one more on half of each warp's lanes (still one instruction).
@@ -193,21 +193,21 @@ __global__ void mma_partial_warp(float* d, const uint32_t* a, const uint32_t* b,
     d[threadIdx.x] = rd[0];
 }
 
-// A 16 x 24 bf16 matrix (pitch 24) staged in shared memory and read by ldmatrix.x4.trans: lane l names row
-// rows[l] of column block cols[l]; each lane's 4 registers come back. `skew` (2 bytes) misaligns the rows.
-__global__ void ldmatrix_load(uint32_t* d, const uint16_t* m, const int* rows, const int* cols, int skew) {
+// A 16 x 24 bf16 matrix (pitch 24) staged in shared memory and read by ldmatrix.x4 (.trans): lane l names
+// row rows[l] of column block cols[l]; each lane's 4 registers come back. `skew` (2 bytes) misaligns the rows.
+__global__ void ldmatrix_load(uint32_t* d, const uint16_t* m, const int* rows, const int* cols, int skew, int trans) {
     int lane = threadIdx.x;
     uint16_t* s = (uint16_t*)cudaemu_dynamic_shared();
     for (int i = lane; i < 16 * 24; i += 32) s[i] = m[i];
     __syncwarp();
     uint32_t r[4];
-    cudaemu_ldmatrix_x4_trans(r, s + rows[lane] * 24 + 8 * cols[lane] + skew);
+    cudaemu_ldmatrix_x4(r, s + rows[lane] * 24 + 8 * cols[lane] + skew, trans);
     for (int i = 0; i < 4; i++) d[4 * lane + i] = r[i];
 }
 __global__ void ldmatrix_partial_warp(uint32_t* d, const uint16_t* m) {  // lanes 16..31 leave first
     if (threadIdx.x >= 16) return;
     uint32_t r[4];
-    cudaemu_ldmatrix_x4_trans(r, m);
+    cudaemu_ldmatrix_x4(r, m, 1);
     d[threadIdx.x] = r[0];
 }
 
@@ -270,12 +270,13 @@ static int case_mma(void) {
     return 0;
 }
 
-// ldmatrix.x4.trans: the rows of the four 8 x 8 matrices come from the lanes' addresses (here in a
-// scrambled order, from a 16 x 24 matrix in shared memory), and by the PTX ISA (ldmatrix, "Optional
-// qualifier .trans indicates that the matrix is loaded in column-major format"; each 4 lanes get a row,
-// the first lane the first 2 elements) lane l's register i holds matrix i's column l / 4 at rows 2 (l % 4)
-// (low half) and 2 (l % 4) + 1. skew: the addresses 2 bytes off alignment, an error.
-static int case_ldmatrix(int skew) {
+// ldmatrix.x4: the rows of the four 8 x 8 matrices come from the lanes' addresses (here in a scrambled
+// order, from a 16 x 24 matrix in shared memory), and by the PTX ISA (ldmatrix: each 4 lanes get a row,
+// the first lane the first 2 elements; "Optional qualifier .trans indicates that the matrix is loaded in
+// column-major format") lane l's register i holds matrix i's row l / 4 at columns 2 (l % 4) (low half) and
+// 2 (l % 4) + 1, or with .trans its column l / 4 at those rows. skew: the addresses 2 bytes off alignment,
+// an error.
+static int case_ldmatrix(int skew, int trans) {
     cudaemu_racecheck(1);
     uint16_t hm[16 * 24];
     int rows[32], cols[32];
@@ -292,16 +293,17 @@ static int case_ldmatrix(int skew) {
     CHECK(cudaMemcpy(m, hm, sizeof(hm), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(drows, rows, sizeof(rows), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(dcols, cols, sizeof(cols), cudaMemcpyHostToDevice));
-    LAUNCH(ldmatrix_load, 1, 32, sizeof(hm) + 16, 0, d, m, drows, dcols, skew);
+    LAUNCH(ldmatrix_load, 1, 32, sizeof(hm) + 16, 0, d, m, drows, dcols, skew, trans);
     uint32_t hd[4 * 32];
     CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
     for (int l = 0; l < 32; l++)
         for (int i = 0; i < 4; i++) {
-            int r0 = 2 * (l % 4), c = l / 4;  // the matrix's rows r0, r0 + 1 at column c: lanes 8i + r0 and 8i + r0 + 1 named them
-            uint16_t lo = hm[rows[8 * i + r0] * 24 + 8 * cols[8 * i + r0] + c], hi = hm[rows[8 * i + r0 + 1] * 24 + 8 * cols[8 * i + r0 + 1] + c];
+            int r0 = 2 * (l % 4), c = l / 4, r = l / 4;  // trans: rows r0, r0 + 1 at column c (lanes 8i + r0, 8i + r0 + 1 named them)
+            uint16_t lo = trans ? hm[rows[8 * i + r0] * 24 + 8 * cols[8 * i + r0] + c] : hm[rows[8 * i + r] * 24 + 8 * cols[8 * i + r] + r0];
+            uint16_t hi = trans ? hm[rows[8 * i + r0 + 1] * 24 + 8 * cols[8 * i + r0 + 1] + c] : hm[rows[8 * i + r] * 24 + 8 * cols[8 * i + r] + r0 + 1];
             uint32_t want = lo | (uint32_t)hi << 16;
             if (hd[4 * l + i] != want) {
-                printf("ldmatrix.x4.trans: lane %d register %d is 0x%08x, want 0x%08x\n", l, i, hd[4 * l + i], want);
+                printf("ldmatrix.x4%s: lane %d register %d is 0x%08x, want 0x%08x\n", trans ? ".trans" : "", l, i, hd[4 * l + i], want);
                 return 2;
             }
         }
@@ -557,8 +559,8 @@ static int run_case(const char* name) {
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
-    if (!strcmp(name, "ldmatrix")) return case_ldmatrix(0);
-    if (!strcmp(name, "ldmatrix_misaligned")) return case_ldmatrix(1);
+    if (!strcmp(name, "ldmatrix")) return case_ldmatrix(0, 1) | case_ldmatrix(0, 0);
+    if (!strcmp(name, "ldmatrix_misaligned")) return case_ldmatrix(1, 1);
     if (!strcmp(name, "ldmatrix_partial_warp")) {
         uint32_t* d;
         uint16_t* m;
