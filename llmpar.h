@@ -2697,39 +2697,81 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 // past T read as zeros. lp_config_validate refuses larger heads.
 #define LP_FLASH_ROWS 64     // rows a block owns, and keys (queries) per staged tile
 #define LP_FLASH_THREADS 128  // 4 warps of 16 rows
+// Blocks of a flash kernel an SM must hold at once (at most 168 registers a thread for 3): a warp's work is a
+// chain of dependent instructions, so more warps are what hides their latency (the GPU model's latency
+// roof; Nsight Compute measured 2-4 warps a scheduler, 0.2-0.35 of them ready, before this bound). At
+// HP 128 the accumulators need 2 blocks' registers; below it 3 spill at most 52 bytes a thread (nvcc
+// -Xptxas -v for sm_90; about 1% of the instructions the dq kernel executes).
+#define LP_FLASH_BLOCKS(HP) ((HP) > 64 ? 2 : 3)
 static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : HS <= 128 ? 128 : 0; }
 #define LP_LN2 0.6931471805599453f
 
+// The instructions the flash kernels give nvcc as inline PTX, and their twins under the emulator, each
+// one macro: lp_mma, lp_ldmatrix and lp_exp2 call it on one line, which both builds then name as its
+// source line (the GPU model matches the emulator's counts per line to nvcc's machine code,
+// dev/cudaemu/sass.py).
+// A shared-memory address as ldmatrix takes it: 32 bits under nvcc, so that a tile's fragments are one
+// register plus constant offsets (converting a pointer at every load costs more than the load); a pointer
+// under the emulator. lp_smem_at: so many bf16 elements further.
+#ifdef LLMPAR_CUDAEMU
+typedef const floatX* lp_smem;
+static __device__ inline lp_smem lp_smem_of(const floatX* p) { return p; }
+static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a + elements; }
+#else
+typedef uint32_t lp_smem;
+static __device__ inline lp_smem lp_smem_of(const floatX* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a + 2 * elements; }
+#endif
+
+#ifdef LLMPAR_CUDAEMU
+#define LP_PTX_MMA(d, a, b, c) cudaemu_mma_m16n8k16(d, a, b, c)
+#define LP_PTX_LDMATRIX(d, row, trans) cudaemu_ldmatrix_x4(d, row, trans)
+#define LP_PTX_EX2(y, x) ((y) = exp2f(x))
+#else
+#define LP_PTX_MMA(d, a, b, c)                                                                                                  \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "          \
+                 "{%10, %11, %12, %13};"                                                                                        \
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]))
+#define LP_PTX_LDMATRIX(d, row, trans)                                                                                          \
+    do {                                                                                                                        \
+        if (trans)                                                                                                              \
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"                                \
+                         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                                                       \
+                         : "r"(row));                                                                                    \
+        else                                                                                                                    \
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"                                      \
+                         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                                                       \
+                         : "r"(row));                                                                                    \
+    } while (0)
+#define LP_PTX_EX2(y, x) asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x))
+#endif
+
 // D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
-// instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes take part; under the
-// emulator its warp-collective twin). Registers as the PTX ISA places them ("Matrix Fragments for
-// mma.m16n8k16 with floating point type", docs.nvidia.com/cuda/parallel-thread-execution/
-// #warp-level-matrix-fragment-mma-16816-float), with g = lane / 4, t = lane % 4 and a register's lower 16 bits
-// holding the lower column (row, for B): a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] =
-// A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g];
-// c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] = C[g+8][2t, 2t+1].
+// instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes take part). Registers as
+// the PTX ISA places them ("Matrix Fragments for mma.m16n8k16 with floating point type",
+// docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-fragment-mma-16816-float), with
+// g = lane / 4, t = lane % 4 and a register's lower 16 bits holding the lower column (row, for B): a[0] =
+// A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]; b[0] =
+// B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g]; c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] = C[g+8][2t, 2t+1].
 static __device__ inline void lp_mma(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
-#ifdef LLMPAR_CUDAEMU
-    cudaemu_mma_m16n8k16(d, a, b, c);
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%10, %11, %12, %13};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
-#endif
+    LP_PTX_MMA(d, a, b, c);
 }
-// Four 8 x 8 bf16 blocks of shared memory, transposed, into d[0..3]: ldmatrix.sync.aligned.m8n8.x4.trans
-// (under the emulator its warp-collective twin). Lane l gives the address of row l % 8 of block l / 8 (16
-// bytes, 16-byte aligned) and gets, in d[i], block i's column l / 4 at rows 2 (l % 4) and 2 (l % 4) + 1
-// (PTX ISA, docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-instructions-ldmatrix).
-static __device__ inline void lp_ldmatrix_trans(uint32_t d[4], const floatX* row) {
-#ifdef LLMPAR_CUDAEMU
-    cudaemu_ldmatrix_x4_trans(d, row);
-#else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
-#endif
+// Four 8 x 8 bf16 blocks of shared memory into d[0..3]: ldmatrix.sync.aligned.m8n8.x4. Lane l gives the
+// address of row l % 8 of block l / 8 (16 bytes, 16-byte aligned) and gets, in d[i], block i's row l / 4
+// at columns 2 (l % 4) and 2 (l % 4) + 1; with trans (.trans), its column l / 4 at those rows (PTX ISA,
+// docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-instructions-ldmatrix). trans is a
+// constant at every call.
+static __device__ inline void lp_ldmatrix(uint32_t d[4], lp_smem row, int trans) {
+    LP_PTX_LDMATRIX(d, row, trans);
+}
+// 2^x on the SFU alone: ex2.approx.ftz, one MUFU.EX2 where exp2f wraps it in a fix-up for subnormal results
+// (four instructions, on every probability of the flash kernels). Those results flush to 0, far below what
+// a bf16 probability keeps; 2^-inf = 0 as the masks need. The emulator computes exp2f.
+static __device__ inline float lp_exp2(float x) {
+    float y;
+    LP_PTX_EX2(y, x);
+    return y;
 }
 // Two fp32 values as bf16 in a register, the first in the low half.
 static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
@@ -2740,47 +2782,62 @@ static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
 }
 
 // Tiles in shared memory are bf16 rows of HP values at a pitch of HP + 8 (16 bytes of padding), so that a
-// warp's fragment loads hit 32 different banks or share a word: a pitch of HP / 2 + 4 words puts row g at
-// bank 4g + (HP / 2) g (mod 32), and 8 rows x 4 neighbouring words (lp_frag_rows: lane g, t reads word t
-// of row g) fill all 32 banks for every HP in {16, 32, 64, 128}; so do the 8 rows x 16 bytes of each block
-// ldmatrix reads (lp_frag_cols). Staging writes whole 16-byte pieces, 8 lanes a row's neighbours: free of
+// warp's fragment loads hit 32 different banks: a pitch of HP / 2 + 4 words puts row g at bank
+// 4g + (HP / 2) g (mod 32), and the 8 rows x 16 bytes of each block ldmatrix reads fill all 32 banks for
+// every HP in {16, 32, 64, 128}. Staging writes whole 16-byte pieces, 8 lanes a row's neighbours: free of
 // conflicts at HP 64 and 128, 2-way on a few banks at HP 16 and 32 (once per tile).
 //
-// B fragment (16,8) with B[k][n] = tile[n][k] (the tile's rows are B's columns: k for q k^T): each
-// register two neighbours in a row, one 32-bit load.
-static __device__ inline void lp_frag_rows(uint32_t b[2], const floatX* tile, int ld) {
+// Each fragment loader below takes the lane's own address in a 16 x 16 block of a tile at pitch ld: the
+// block's address plus lp_lane_rows2(ld) or lp_lane_cols(ld) elements, an offset a kernel computes once.
+static __device__ inline int lp_lane_rows2(int ld) {
     int lane = threadIdx.x % 32;
-    const floatX* p = tile + lane / 4 * ld + 2 * (lane % 4);
-    b[0] = *(const uint32_t*)p;
-    b[1] = *(const uint32_t*)(p + 8);
+    return (lane % 8 + 8 * (lane / 16)) * ld + 8 * (lane / 8 % 2);
+}
+static __device__ inline int lp_lane_cols(int ld) {
+    int lane = threadIdx.x % 32;
+    return (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16);
+}
+// Two B fragments (16,8) with B[k][n] = tile[n][k] (the tile's rows are B's columns: k for q k^T), for the
+// block's rows 0 .. 7 and 8 .. 15: each register two neighbours in a row, which ldmatrix gathers from the
+// blocks (rows 0, 8 x columns 0, 8) in one instruction. at: lp_lane_rows2.
+static __device__ inline void lp_frag_rows2(uint32_t b[2][2], lp_smem at) {
+    uint32_t d[4];
+    lp_ldmatrix(d, at, 0);
+    b[0][0] = d[0], b[0][1] = d[1], b[1][0] = d[2], b[1][1] = d[3];
 }
 // Two B fragments (16,8), columns 0 .. 7 and 8 .. 15, with B[k][n] = tile[k][n] (v for p v): each register
 // a column's two neighbouring rows, which ldmatrix's transposing load gathers from the blocks (rows 0, 8 x
-// columns 0, 8) in one instruction.
-static __device__ inline void lp_frag_cols(uint32_t b[2][2], const floatX* tile, int ld) {
-    int lane = threadIdx.x % 32;
+// columns 0, 8) in one instruction. at: lp_lane_cols.
+static __device__ inline void lp_frag_cols(uint32_t b[2][2], lp_smem at) {
     uint32_t d[4];
-    lp_ldmatrix_trans(d, tile + (lane % 8 + 8 * (lane / 8 % 2)) * ld + 8 * (lane / 16));
+    lp_ldmatrix(d, at, 1);
     b[0][0] = d[0], b[0][1] = d[1], b[1][0] = d[2], b[1][1] = d[3];
 }
-// A fragment (16,16) of a row-major tile: its rows g and g + 8 as lp_frag_rows reads them.
-static __device__ inline void lp_frag_a(uint32_t a[4], const floatX* tile, int ld) {
-    uint32_t lo[2], hi[2];
-    lp_frag_rows(lo, tile, ld);
-    lp_frag_rows(hi, tile + 8 * ld, ld);
-    a[0] = lo[0], a[1] = hi[0], a[2] = lo[1], a[3] = hi[1];
-}
+// A fragment (16,16) of a row-major tile: its blocks (rows 0, 8 x columns 0, 8) in the order mma wants
+// them, in one ldmatrix. at: lp_lane_cols.
+static __device__ inline void lp_frag_a(uint32_t a[4], lp_smem at) { lp_ldmatrix(a, at, 0); }
 
-// Rows t0 .. t0 + rows - 1 of a (T,stride) matrix's channels 0 .. HS - 1 (src: its row 0, first channel) into
-// a tile, zero past T and HS; or back (lp_flash_store, rows past T and channels past HS left alone). In
-// 16-byte pieces (a vector access where HS and the matrix keep them aligned), by threads first, first +
-// step, ... of the block or the warp.
-template <int HP>
-static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, int stride, int t0, int T, int HS, int rows, int first,
-                                            int step) {
+// ROWS rows t0.. of a (T,stride) matrix's channels 0 .. HS - 1 (src: its row 0, first channel) into a
+// tile, zero past T and HS; or back (lp_flash_store, rows past T and channels past HS left alone). In
+// 16-byte pieces, by threads first, first + STEP, ... of the block or the warp. A whole tile in range
+// (every row below T, HS = HP, aligned) takes the straight path: each thread's pieces lie STEP / (HP / 8)
+// rows apart at one column, all loaded before any is stored, so their latencies overlap.
+template <int HP, int ROWS, int STEP>
+static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, int stride, int t0, int T, int HS, int first) {
+    const int PER_ROW = HP / 8, N = ROWS * PER_ROW / STEP, DR = STEP / PER_ROW;
     int vec = HS % 8 == 0 && stride % 8 == 0 && ((uintptr_t)src & 15) == 0;
-    for (int i = first; i < rows * HP / 8; i += step) {
-        int r = i / (HP / 8), d = i % (HP / 8) * 8, t = t0 + r;
+    if (vec && HS == HP && t0 + ROWS <= T) {
+        const floatX* s = src + (size_t)(t0 + first / PER_ROW) * stride + first % PER_ROW * 8;
+        floatX* d = tile + first / PER_ROW * (HP + 8) + first % PER_ROW * 8;
+        uint4 piece[N];
+#pragma unroll
+        for (int k = 0; k < N; k++) piece[k] = *(const uint4*)(s + (size_t)k * DR * stride);
+#pragma unroll
+        for (int k = 0; k < N; k++) *(uint4*)(d + k * DR * (HP + 8)) = piece[k];
+        return;
+    }
+    for (int i = first; i < ROWS * PER_ROW; i += STEP) {
+        int r = i / PER_ROW, d = i % PER_ROW * 8, t = t0 + r;
         const floatX* s = src + (size_t)t * stride + d;
         LPPack q;
         if (vec && t < T && d < HS) {
@@ -2824,28 +2881,33 @@ static __device__ inline void lp_flash_put(floatX* tile, const float acc[HP / 8]
 }
 
 // The warp's two products per tile. s (16,8NB) = a b^T: a (16,HP) as A fragments in registers, b the
-// tile's first 8NB rows (NB = 8: all 64); s[j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2),
+// tile's first 8NB rows (NB = 8: all 64; tile: the lane's address at lp_lane_rows2); s[j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2),
 // column 8j + 2t + e % 2). Only the column blocks j in [lo, hi) are computed, the others are zeros (wholly
 // masked, or past T).
+// The column blocks are the inner loop, so that consecutive products go to different accumulators (one
+// accumulator's chain of products would wait on each in turn).
+// Column blocks go in pairs, one ldmatrix each (lo is even; a pair's block at or past hi is loaded, from the
+// tile, and not used).
 template <int HP, int NB>
-static __device__ inline void lp_flash_abt(float s[NB][4], const uint32_t a[HP / 16][4], const floatX* tile, int lo, int hi) {
+static __device__ inline void lp_flash_abt(float s[NB][4], const uint32_t a[HP / 16][4], lp_smem tile, int lo, int hi) {
 #pragma unroll
-    for (int j = 0; j < NB; j++) {
-        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-        if (j < lo || j >= hi) continue;
+    for (int j = 0; j < NB; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-        for (int k = 0; k < HP / 16; k++) {
-            uint32_t b[2];
-            lp_frag_rows(b, tile + 8 * j * (HP + 8) + 16 * k, HP + 8);
-            lp_mma(s[j], a[k], b, s[j]);
+    for (int k = 0; k < HP / 16; k++)
+#pragma unroll
+        for (int j = 0; j < NB; j += 2) {
+            if (j < lo || j >= hi) continue;
+            uint32_t b[2][2];
+            lp_frag_rows2(b, lp_smem_at(tile, 8 * j * (HP + 8) + 16 * k));
+            lp_mma(s[j], a[k], b[0], s[j]);
+            if (j + 1 < hi) lp_mma(s[j + 1], a[k], b[1], s[j + 1]);
         }
-    }
 }
 // acc (16,HP) += p b: p (16,8NB) the fp32 accumulators of lp_flash_abt, rounded to bf16 as A fragments
 // in place (columns 16k .. 16k + 15 are s[2k] and s[2k + 1]: FlashAttention-2's register reuse), b the
-// tile's first 8NB rows; the 16-column steps wholly outside [lo, hi) are skipped.
+// tile's first 8NB rows (tile: the lane's address at lp_lane_cols); the 16-column steps wholly outside [lo, hi) are skipped.
 template <int HP, int NB>
-static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[NB][4], const floatX* tile, int lo, int hi) {
+static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[NB][4], lp_smem tile, int lo, int hi) {
 #pragma unroll
     for (int k = 0; k < NB / 2; k++) {
         if (2 * k + 1 < lo || 2 * k >= hi) continue;
@@ -2854,7 +2916,7 @@ static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[N
 #pragma unroll
         for (int n = 0; n < HP / 8; n += 2) {
             uint32_t b[2][2];
-            lp_frag_cols(b, tile + 16 * k * (HP + 8) + 8 * n, HP + 8);
+            lp_frag_cols(b, lp_smem_at(tile, 16 * k * (HP + 8) + 8 * n));
             lp_mma(acc[n], a, b[0], acc[n]);
             lp_mma(acc[n + 1], a, b[1], acc[n + 1]);
         }
@@ -2884,17 +2946,18 @@ template <int HP>
 static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float l[2], float o[HP / 8][4], float sl2) {
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        float mx = m[i], sum = 0.0f;
+        float mx = -INFINITY, sum = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]) * sl2);
+        for (int j = 0; j < 8; j++) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+        mx = fmaxf(m[i], mx * sl2);  // sl2 > 0: the max of the scaled scores
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float alpha = exp2f(m[i] - mx);  // 0 on the first tile (m = -inf)
+        float alpha = lp_exp2(m[i] - mx);  // 0 on the first tile (m = -inf)
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
             for (int e = 2 * i; e < 2 * i + 2; e++) {
-                s[j][e] = exp2f(fmaf(s[j][e], sl2, -mx));
+                s[j][e] = lp_exp2(fmaf(s[j][e], sl2, -mx));
                 sum += s[j][e];
             }
         l[i] = l[i] * alpha + sum;
@@ -2909,7 +2972,7 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
 // goes out through shared memory (whole 16-byte pieces), and lse = (m + log2 l) ln 2, the natural
 // logsumexp of the scaled scores, is kept for the backward. Blocks with the most key tiles start first.
 template <int HP>
-__global__ void __launch_bounds__(LP_FLASH_THREADS)
+__global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
     lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
     const int LD = HP + 8;
     int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -2917,24 +2980,31 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS)
     LP_SHARED(floatX, smem);
     floatX *ks = smem, *vs = smem + LP_FLASH_ROWS * LD;  // (64,HP) each, pitch LD
     const floatX* src = qkv + (size_t)b * T * 3 * C + h * HS;
-    lp_flash_load<HP>(ks, src, 3 * C, q0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);  // q, staged in the k tile
+    lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src, 3 * C, q0, T, HS, threadIdx.x);  // q, staged in the k tile
     __syncthreads();
+    lp_smem kr = lp_smem_of(ks + lp_lane_rows2(LD)), kc = lp_smem_of(ks + lp_lane_cols(LD)), vc = lp_smem_of(vs + lp_lane_cols(LD));
     uint32_t qf[HP / 16][4];
 #pragma unroll
-    for (int k = 0; k < HP / 16; k++) lp_frag_a(qf[k], ks + 16 * warp * LD + 16 * k, LD);
+    for (int k = 0; k < HP / 16; k++) lp_frag_a(qf[k], lp_smem_at(kc, 16 * warp * LD + 16 * k));
     float o[HP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, sl2 = scale * LP_LOG2E;
     for (int j0 = 0; j0 <= q0; j0 += LP_FLASH_ROWS) {  // key tiles up to the diagonal
         __syncthreads();                               // the last tile (or q) has been read
-        lp_flash_load<HP>(ks, src + C, 3 * C, j0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
-        lp_flash_load<HP>(vs, src + 2 * C, 3 * C, j0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src + C, 3 * C, j0, T, HS, threadIdx.x);
+        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(vs, src + 2 * C, 3 * C, j0, T, HS, threadIdx.x);
         __syncthreads();
         if (r0 >= T) continue;  // a warp past T (the last block of a ragged T) only helps load
         int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);  // key blocks of 8 that any row sees
         float s[8][4];
-        lp_flash_abt<HP, 8>(s, qf, ks, 0, hi);  // s = q k^T
+        if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
+            lp_flash_abt<HP, 8>(s, qf, kr, 0, 8);  // s = q k^T
+            lp_flash_softmax<HP>(s, m, l, o, sl2);
+            lp_flash_apb<HP, 8>(o, s, vc, 0, 8);  // o += p v
+            continue;
+        }
+        lp_flash_abt<HP, 8>(s, qf, kr, 0, hi);
         if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
         lp_flash_softmax<HP>(s, m, l, o, sl2);
-        lp_flash_apb<HP, 8>(o, s, vs, 0, hi);  // o += p v
+        lp_flash_apb<HP, 8>(o, s, vc, 0, hi);
     }
     __syncthreads();  // every warp is done with the k tile, which now takes y
     if (r0 >= T) return;
@@ -2984,7 +3054,7 @@ static __device__ inline void lp_flash_grads(float s[NB][4], float dp[NB][4], co
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int q = queries_in_cols ? 8 * j + 2 * (lane % 4) + e % 2 : e / 2;
-            float p = exp2f(fmaf(s[j][e], sl2, -lse2[q]));
+            float p = lp_exp2(fmaf(s[j][e], sl2, -lse2[q]));
             s[j][e] = p;
             dp[j][e] = scale * p * (dp[j][e] - D[q]);
         }
@@ -2993,19 +3063,20 @@ static __device__ inline void lp_flash_grads(float s[NB][4], float dp[NB][4], co
 // through the warp's rows of a tile.
 template <int HP>
 static __device__ inline void lp_flash_frags(uint32_t f[HP / 16][4], floatX* tile, const floatX* src, int stride, int r0, int T, int HS) {
-    lp_flash_load<HP>(tile, src, stride, r0, T, HS, 16, threadIdx.x % 32, 32);
+    lp_flash_load<HP, 16, 32>(tile, src, stride, r0, T, HS, threadIdx.x % 32);
     __syncwarp();
+    lp_smem at = lp_smem_of(tile + lp_lane_cols(HP + 8));
 #pragma unroll
-    for (int k = 0; k < HP / 16; k++) lp_frag_a(f[k], tile + 16 * k, HP + 8);
+    for (int k = 0; k < HP / 16; k++) lp_frag_a(f[k], lp_smem_at(at, 16 * k));
     __syncwarp();
 }
 // dk, dv: a warp's k and v as A fragments, its dk and dv in registers. The block stages each query tile:
 // q, dy and the queries' lse2 and D. Blocks with the most query tiles (the first keys) start first.
 template <int HP>
-__global__ void __launch_bounds__(LP_FLASH_THREADS)
+__global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
     lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
                                           int C, int NH, float scale) {
-    const int LD = HP + 8, NB = HP > 64 ? 4 : 8;  // query blocks of 8 per pass: half a tile at HP 128, where registers run short
+    const int LD = HP + 8, NB = 4;  // query blocks of 8 per pass: half a tile at HP 128, where registers run short
     int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int k0 = blockIdx.y * LP_FLASH_ROWS, c0 = k0 + 16 * warp;  // the block's and the warp's first key
     LP_SHARED(floatX, smem);
@@ -3016,10 +3087,12 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS)
     lp_flash_frags<HP>(kf, qs + 16 * warp * LD, src + C, 3 * C, c0, T, HS);
     lp_flash_frags<HP>(vf, qs + 16 * warp * LD, src + 2 * C, 3 * C, c0, T, HS);
     float dk[HP / 8][4] = {}, dv[HP / 8][4] = {}, sl2 = scale * LP_LOG2E;
+    lp_smem qr = lp_smem_of(qs + lp_lane_rows2(LD)), qc = lp_smem_of(qs + lp_lane_cols(LD));
+    lp_smem dyr = lp_smem_of(dys + lp_lane_rows2(LD)), dyc = lp_smem_of(dys + lp_lane_cols(LD));
     for (int i0 = k0; i0 < T; i0 += LP_FLASH_ROWS) {  // query tiles from the diagonal down
         __syncthreads();                              // the last tile (or k, v) has been read
-        lp_flash_load<HP>(qs, src, 3 * C, i0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
-        lp_flash_load<HP>(dys, dsrc, C, i0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(qs, src, 3 * C, i0, T, HS, threadIdx.x);
+        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(dys, dsrc, C, i0, T, HS, threadIdx.x);
         if (threadIdx.x < LP_FLASH_ROWS) {
             int t = i0 + threadIdx.x;
             ls[threadIdx.x] = t < T ? lse[(size_t)bh * T + t] * LP_LOG2E : INFINITY;
@@ -3031,14 +3104,22 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS)
 #pragma unroll
         for (int c = 0; c < 8; c += NB) {  // the tile's query blocks c .. c + NB - 1
             if (hi <= c || lo >= c + NB) continue;
-            const floatX *qp = qs + 8 * c * LD, *dyp = dys + 8 * c * LD;
+            int at = 8 * c * LD;  // the pass's first query row
             float s[NB][4], dp[NB][4];
-            lp_flash_abt<HP, NB>(s, kf, qp, lo - c, hi - c);    // s^T = k q^T
-            lp_flash_abt<HP, NB>(dp, vf, dyp, lo - c, hi - c);  // dp^T = v dy^T
+            if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
+                lp_flash_abt<HP, NB>(s, kf, lp_smem_at(qr, at), 0, NB);    // s^T = k q^T
+                lp_flash_abt<HP, NB>(dp, vf, lp_smem_at(dyr, at), 0, NB);  // dp^T = v dy^T
+                lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
+                lp_flash_apb<HP, NB>(dv, s, lp_smem_at(dyc, at), 0, NB);  // dv += p^T dy
+                lp_flash_apb<HP, NB>(dk, dp, lp_smem_at(qc, at), 0, NB);  // dk += ds^T q
+                continue;
+            }
+            lp_flash_abt<HP, NB>(s, kf, lp_smem_at(qr, at), lo - c, hi - c);
+            lp_flash_abt<HP, NB>(dp, vf, lp_smem_at(dyr, at), lo - c, hi - c);
             if (diag) lp_flash_mask<NB>(s, 8 * c - 16 * warp, 1);
             lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
-            lp_flash_apb<HP, NB>(dv, s, dyp, lo - c, hi - c);  // dv += p^T dy
-            lp_flash_apb<HP, NB>(dk, dp, qp, lo - c, hi - c);  // dk += ds^T q
+            lp_flash_apb<HP, NB>(dv, s, lp_smem_at(dyc, at), lo - c, hi - c);
+            lp_flash_apb<HP, NB>(dk, dp, lp_smem_at(qc, at), lo - c, hi - c);
         }
     }
     __syncthreads();  // every warp is done with the tiles, which now take dk and dv
@@ -3054,7 +3135,7 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS)
 // dq: a warp's q and dy as A fragments, its rows' lse2 and D and its dq in registers; the block stages each
 // key tile (k, v). Blocks with the most key tiles start first.
 template <int HP>
-__global__ void __launch_bounds__(LP_FLASH_THREADS)
+__global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
     lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
                                          int C, int NH, float scale) {
     const int LD = HP + 8;
@@ -3072,19 +3153,27 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS)
         lse2[i] = t < T ? lse[(size_t)bh * T + t] * LP_LOG2E : INFINITY;
         Dr[i] = t < T ? D[(size_t)bh * T + t] : 0.0f;
     }
+    lp_smem kr = lp_smem_of(ks + lp_lane_rows2(LD)), kc = lp_smem_of(ks + lp_lane_cols(LD)), vr = lp_smem_of(vs + lp_lane_rows2(LD));
     for (int j0 = 0; j0 <= q0; j0 += LP_FLASH_ROWS) {  // key tiles up to the diagonal
         __syncthreads();                               // the last tile (or q, dy) has been read
-        lp_flash_load<HP>(ks, src + C, 3 * C, j0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
-        lp_flash_load<HP>(vs, src + 2 * C, 3 * C, j0, T, HS, LP_FLASH_ROWS, threadIdx.x, blockDim.x);
+        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src + C, 3 * C, j0, T, HS, threadIdx.x);
+        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(vs, src + 2 * C, 3 * C, j0, T, HS, threadIdx.x);
         __syncthreads();
         if (r0 >= T) continue;  // a warp past T only helps load
         int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);
         float s[8][4], dp[8][4];
-        lp_flash_abt<HP, 8>(s, qf, ks, 0, hi);   // s = q k^T
-        lp_flash_abt<HP, 8>(dp, df, vs, 0, hi);  // dp = dy v^T
+        if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
+            lp_flash_abt<HP, 8>(s, qf, kr, 0, 8);   // s = q k^T
+            lp_flash_abt<HP, 8>(dp, df, vr, 0, 8);  // dp = dy v^T
+            lp_flash_grads<8>(s, dp, lse2, Dr, 0, sl2, scale);
+            lp_flash_apb<HP, 8>(dq, dp, kc, 0, 8);  // dq += ds k
+            continue;
+        }
+        lp_flash_abt<HP, 8>(s, qf, kr, 0, hi);
+        lp_flash_abt<HP, 8>(dp, df, vr, 0, hi);
         if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
         lp_flash_grads<8>(s, dp, lse2, Dr, 0, sl2, scale);
-        lp_flash_apb<HP, 8>(dq, dp, ks, 0, hi);  // dq += ds k
+        lp_flash_apb<HP, 8>(dq, dp, kc, 0, hi);
     }
     __syncthreads();  // every warp is done with the k tile, which now takes dq
     if (r0 >= T) return;
