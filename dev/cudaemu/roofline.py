@@ -141,23 +141,34 @@ def waits(recs):
     return sum(1 for kind, _, _ in recs if kind == "wait")
 
 
+LN_BLOCKS = 512  # llmpar.h's LP_LN_BLOCKS: the LayerNorm kernels' grid stops there
+
+
 def extrapolate(r1, r2, b1, b2, b):
     """Each launch's name and counts at B=b, by key. A launch at one size only (the embedding backward
     under ZeRO-2/3 runs once per piece of wte that has tokens in the batch, and copies its index up)
-    counts 0 at the other; any other difference stops the model."""
+    counts 0 at the other; any other difference stops the model. The LayerNorm kernels' grid grows with
+    B up to LN_BLOCKS blocks, and the sums of their partials (lp_sum_partials_kernel, a row per block) grow
+    with it: their blocks, and those sums' counts, stop where the grid does."""
     k1, k2 = (keyed([x for x in r if x[0] != "wait"]) for r in (r1, r2))
     odd = [k for k in set(k1) ^ set(k2) if "embedding_backward" not in k[1] and "HtoD" not in k[1]]
     if odd:
         sys.exit("the two batch sizes launch different work: " + str(sorted(odd)[:5]))
-    at = lambda x1, x2: x1 + (x2 - x1) * (b - b1) / (b2 - b1)
+    at = lambda x1, x2, b: x1 + (x2 - x1) * (b - b1) / (b2 - b1)
+    ln = [(k1[k][1][C["blocks"]], k2[k][1][C["blocks"]]) for k in k1 if "layernorm" in k[1] and k in k2]
+    grows = [(x, y) for x, y in ln if y > x]
+    capped = min([b] + [b1 + (LN_BLOCKS - x) * (b2 - b1) / (y - x) for x, y in grows])  # the B where the grid stops
     out = {}
     for key in k1.keys() | k2.keys():
         n1, v1 = k1.get(key, (None, [0.0] * len(COUNTS)))
         n2, v2 = k2.get(key, (None, [0.0] * len(COUNTS)))
         n1, n2 = n1 or n2, n2 or n1
         p1, p2 = re.split(r"(\d+)", n1), re.split(r"(\d+)", n2)
-        name = "".join(str(round(at(int(x), int(y)))) if i % 2 else x for i, (x, y) in enumerate(zip(p1, p2)))
-        out[key] = (name, [max(0.0, at(x, y)) for x, y in zip(v1, v2)])
+        name = "".join(str(round(at(int(x), int(y), b))) if i % 2 else x for i, (x, y) in enumerate(zip(p1, p2)))
+        v = [max(0.0, at(x, y, capped if "sum_partials" in key[1] else b)) for x, y in zip(v1, v2)]
+        if "layernorm" in key[1]:
+            v[C["blocks"]] = min(v[C["blocks"]], max(LN_BLOCKS, v2[C["blocks"]]))
+        out[key] = (name, v)
     return out
 
 
