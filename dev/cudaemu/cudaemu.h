@@ -148,20 +148,45 @@ void* cudaemu_dynamic_shared(void);
 #ifdef __cplusplus
 // Loads and stores with a cache hint (__ldcs: streaming, __ldcg: L2 only, ...): plain accesses here, the
 // hint is a GPU's caching policy, which the emulator does not model. Always inlined, so that the counting
-// build sees each call as its own access site, as nvcc's code issues one instruction per call.
+// build sees each call as its own access site; a 16- or 8-byte value (int4, float2) moves as one vector
+// access, one instruction as nvcc's LDG.128 is (g++ would copy an int4 as four 4-byte loads: four requests).
 #define CUDAEMU_INLINE static inline __attribute__((always_inline))
-template <typename T> CUDAEMU_INLINE T __ldcs(const T* p) { return *p; }
-template <typename T> CUDAEMU_INLINE T __ldcg(const T* p) { return *p; }
-template <typename T> CUDAEMU_INLINE T __ldg(const T* p) { return *p; }
-template <typename T> CUDAEMU_INLINE void __stcs(T* p, T v) { *p = v; }
-template <typename T> CUDAEMU_INLINE void __stcg(T* p, T v) { *p = v; }
+template <typename T> CUDAEMU_INLINE T cudaemu_load(const T* p) {
+    if constexpr (sizeof(T) == 16 || sizeof(T) == 8) {
+        typedef int v __attribute__((vector_size(sizeof(T)), aligned(sizeof(T)), may_alias));
+        v bits = *(const v*)p;
+        T out;
+        memcpy(&out, &bits, sizeof(T));
+        return out;
+    } else {
+        return *p;
+    }
+}
+template <typename T> CUDAEMU_INLINE void cudaemu_store(T* p, T x) {
+    if constexpr (sizeof(T) == 16 || sizeof(T) == 8) {
+        typedef int v __attribute__((vector_size(sizeof(T)), aligned(sizeof(T)), may_alias));
+        v bits;
+        memcpy(&bits, &x, sizeof(T));
+        *(v*)p = bits;
+    } else {
+        *p = x;
+    }
+}
+template <typename T> CUDAEMU_INLINE T __ldcs(const T* p) { return cudaemu_load(p); }
+template <typename T> CUDAEMU_INLINE T __ldcg(const T* p) { return cudaemu_load(p); }
+template <typename T> CUDAEMU_INLINE T __ldg(const T* p) { return cudaemu_load(p); }
+template <typename T> CUDAEMU_INLINE void __stcs(T* p, T v) { cudaemu_store(p, v); }
+template <typename T> CUDAEMU_INLINE void __stcg(T* p, T v) { cudaemu_store(p, v); }
 
 // ---- cooperative groups: the part llm.c's dev/cuda kernels use (the block, its tiles of 1 to 32 lanes,
 // a tile's shuffles and cg::reduce), built on the barriers and warp operations above, so a tile's
-// operations wait for its lanes as a GPU's do. CUDA's own <cooperative_groups.h> is empty without nvcc.
+// operations wait for its lanes as a GPU's do.
 // cg::reduce of a float is a butterfly of log2(N) shuffles, what nvcc emits for it (SHFL.BFLY); CUDA's
 // own uses redux.sync for integers on sm_80 and later, one instruction, so integer reductions count more
 // shuffles here than a GPU issues.
+// CUDA's headers are kept out (reduce.h would pull in libcu++ without nvcc): their include guards, set here.
+#define _COOPERATIVE_GROUPS_H_
+#define _COOPERATIVE_GROUPS_REDUCE_H
 namespace cooperative_groups {
 struct thread_block {
     unsigned thread_rank() const { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
