@@ -56,7 +56,7 @@ ifneq ($(strip $(BLAS_LIBS)),)
   BLAS_CFLAGS := -DLLMPAR_BLAS $(shell pkg-config --cflags $(BLAS))
 endif
 
-.PHONY: all test test-emu readme-flags clean
+.PHONY: all test test-emu readme-flags clean llmc_driver
 
 all: train_gpt_cpu test_gpt_cpu
 
@@ -115,6 +115,13 @@ dev/examples/train_loop: $(EXAMPLE) llmpar.h
 
 dev/examples/train_loop_emu: $(EXAMPLE) llmpar.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $(EXAMPLE) -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
+# dev/cudaemu/calibrate_llmc.sh: one of llm.c's dev/cuda files (LLMC_SRC, its launches rewritten for the
+# emulator; LLMC_DEFS names which) with dev/cudaemu/llmc_driver.cu, counted as model_check is.
+LLMC_BIN ?= dev/cudaemu/llmc_driver
+llmc_driver: dev/cudaemu/llmc_driver.cu dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $(LLMC_DEFS) -DLLMC_FILE='"$(abspath $(LLMC_SRC))"' -c $< -o $(LLMC_BIN).o
+	$(EMU_CXX) $(EMU_FLAGS) $(LLMC_BIN).o dev/cudaemu/cudaemu.o -o $(LLMC_BIN) $(EMU_LIBS) && rm -f $(LLMC_BIN).o
 
 # Tiers 1-3 on the CPU build; tier 4 with the CUDA build on a GPU, or else under the emulator. Ends with
 # the totals.

@@ -31,17 +31,9 @@ if [ "${1:-}" = emu ]; then
     counts=out/bench_gpu_emu
     mkdir -p "$counts"
     # nvcc -Xptxas -v's report per architecture: each kernel's registers per thread (sm_90: H100, sm_80: A100);
-    # and the machine code itself with its source lines (nvdisasm -gi), from which dev/cudaemu/sass.py finds
-    # the instructions each kernel executes. The toolkit's nvdisasm, or PyPI's (nvidia-cuda-nvdisasm) in out/
-    nvdisasm=$(command -v nvdisasm || ls "$(dirname "$(command -v nvcc)")/nvdisasm" 2>/dev/null || true)
-    if [ -z "$nvdisasm" ]; then
-        nvdisasm=$(ls out/tools/nvidia/*/bin/nvdisasm 2>/dev/null | head -n 1)
-        if [ -z "$nvdisasm" ] && python3 -m pip download -q --no-deps -d out/tools nvidia-cuda-nvdisasm >&2; then
-            python3 -c "import glob, zipfile; zipfile.ZipFile(sorted(glob.glob('out/tools/nvidia_cuda_nvdisasm-*.whl'))[-1]).extractall('out/tools')"
-            nvdisasm=$(ls out/tools/nvidia/*/bin/nvdisasm 2>/dev/null | head -n 1)
-            [ -n "$nvdisasm" ] && chmod +x "$nvdisasm"
-        fi
-    fi
+    # and the machine code itself with its source lines (nvdisasm -gi; dev/cudaemu/nvdisasm.sh finds one),
+    # from which dev/cudaemu/sass.py finds the instructions each kernel executes
+    nvdisasm=$(bash dev/cudaemu/nvdisasm.sh || true)
     ptxas=() sass=()
     for arch in 90 80; do
         if nvcc -O3 -std=c++17 -arch=sm_$arch -cubin -lineinfo -Xptxas -v -o "$counts/train_gpt.sm_$arch.cubin" -x cu train_gpt.cu \

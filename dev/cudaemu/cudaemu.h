@@ -146,6 +146,100 @@ static inline int max(int a, int b) { return a > b ? a : b; }
 // Dynamic shared memory of the running block (the launch's third argument), filled with NaN bytes.
 void* cudaemu_dynamic_shared(void);
 
+#ifdef __cplusplus
+// Loads and stores with a cache hint (__ldcs: streaming, __ldcg: L2 only, ...): plain accesses here, the
+// hint is a GPU's caching policy, which the emulator does not model. Always inlined, so that the counting
+// build sees each call as its own access site; a 16- or 8-byte value (int4, float2) moves as one vector
+// access, one instruction as nvcc's LDG.128 is (g++ would copy an int4 as four 4-byte loads: four requests).
+#define CUDAEMU_INLINE static inline __attribute__((always_inline))
+template <typename T> CUDAEMU_INLINE T cudaemu_load(const T* p) {
+    if constexpr (sizeof(T) == 16 || sizeof(T) == 8) {
+        typedef int v __attribute__((vector_size(sizeof(T)), aligned(sizeof(T)), may_alias));
+        v bits = *(const v*)p;
+        T out;
+        memcpy(&out, &bits, sizeof(T));
+        return out;
+    } else {
+        return *p;
+    }
+}
+template <typename T> CUDAEMU_INLINE void cudaemu_store(T* p, T x) {
+    if constexpr (sizeof(T) == 16 || sizeof(T) == 8) {
+        typedef int v __attribute__((vector_size(sizeof(T)), aligned(sizeof(T)), may_alias));
+        v bits;
+        memcpy(&bits, &x, sizeof(T));
+        *(v*)p = bits;
+    } else {
+        *p = x;
+    }
+}
+template <typename T> CUDAEMU_INLINE T __ldcs(const T* p) { return cudaemu_load(p); }
+template <typename T> CUDAEMU_INLINE T __ldcg(const T* p) { return cudaemu_load(p); }
+template <typename T> CUDAEMU_INLINE T __ldg(const T* p) { return cudaemu_load(p); }
+template <typename T> CUDAEMU_INLINE void __stcs(T* p, T v) { cudaemu_store(p, v); }
+template <typename T> CUDAEMU_INLINE void __stcg(T* p, T v) { cudaemu_store(p, v); }
+
+// ---- cooperative groups: the part llm.c's dev/cuda kernels use (the block, its tiles of 1 to 32 lanes,
+// a tile's shuffles and cg::reduce), built on the barriers and warp operations above, so a tile's
+// operations wait for its lanes as a GPU's do.
+// cg::reduce of a float is a butterfly of log2(N) shuffles, what nvcc emits for it (SHFL.BFLY); CUDA's
+// own uses redux.sync for integers on sm_80 and later, one instruction, so integer reductions count more
+// shuffles here than a GPU issues.
+// CUDA's headers are kept out (reduce.h would pull in libcu++ without nvcc): their include guards, set here.
+#define _COOPERATIVE_GROUPS_H_
+#define _COOPERATIVE_GROUPS_REDUCE_H
+namespace cooperative_groups {
+struct thread_block {
+    unsigned thread_rank() const { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+    unsigned size() const { return blockDim.x * blockDim.y * blockDim.z; }
+    unsigned num_threads() const { return size(); }
+    dim3 group_index() const { return blockIdx; }
+    dim3 thread_index() const { return threadIdx; }
+    void sync() const { cudaemu_syncthreads(CUDAEMU_SITE); }
+};
+static inline thread_block this_thread_block(void) { return thread_block(); }
+static inline void sync(const thread_block& b) { b.sync(); }
+
+template <unsigned N>
+struct thread_block_tile {  // lanes thread_rank() of tile meta_group_rank(): the block's threads N at a time
+    static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "cudaemu: tiles of 1, 2, 4, 8, 16 or 32 lanes");
+    unsigned linear;
+    unsigned thread_rank() const { return linear % N; }
+    static constexpr unsigned size() { return N; }
+    static constexpr unsigned num_threads() { return N; }
+    unsigned meta_group_rank() const { return linear / N; }
+    unsigned meta_group_size() const { return (thread_block().size() + N - 1) / N; }
+    unsigned mask() const { return (N == 32 ? 0xffffffffu : (1u << N) - 1) << (linear % 32 / N * N); }  // its lanes in the warp
+    void sync() const { (void)cudaemu_warp_op(CUDAEMU_SITE, CUDAEMU_SYNCWARP, mask(), 0, 0, 32); }
+    template <typename T> T shfl(T v, int src) const { return cudaemu_shfl(CUDAEMU_SITE, CUDAEMU_SHFL_IDX, mask(), v, src, N); }
+    template <typename T> T shfl_xor(T v, int m) const { return cudaemu_shfl(CUDAEMU_SITE, CUDAEMU_SHFL_XOR, mask(), v, m, N); }
+    template <typename T> T shfl_up(T v, int d) const { return cudaemu_shfl(CUDAEMU_SITE, CUDAEMU_SHFL_UP, mask(), v, d, N); }
+    template <typename T> T shfl_down(T v, int d) const { return cudaemu_shfl(CUDAEMU_SITE, CUDAEMU_SHFL_DOWN, mask(), v, d, N); }
+    unsigned ballot(int pred) const {  // the tile's own lanes, from bit 0
+        return (unsigned)cudaemu_warp_op(CUDAEMU_SITE, CUDAEMU_BALLOT, mask(), pred != 0, 0, 32) >> (linear % 32 / N * N) &
+               (N == 32 ? 0xffffffffu : (1u << N) - 1);
+    }
+    int any(int pred) const { return ballot(pred) != 0; }
+    int all(int pred) const { return ballot(pred) == (N == 32 ? 0xffffffffu : (1u << N) - 1); }
+};
+template <unsigned N>
+static inline thread_block_tile<N> tiled_partition(const thread_block& b) {
+    return thread_block_tile<N>{b.thread_rank()};
+}
+template <unsigned N>
+static inline void sync(const thread_block_tile<N>& t) { t.sync(); }
+
+template <typename T> struct plus { T operator()(T a, T b) const { return a + b; } };
+template <typename T> struct greater { T operator()(T a, T b) const { return a < b ? b : a; } };  // reduce: the largest
+template <typename T> struct less { T operator()(T a, T b) const { return b < a ? b : a; } };     // reduce: the smallest
+template <typename T, unsigned N, typename Op>
+static inline T reduce(const thread_block_tile<N>& t, T v, Op op) {  // every lane gets the result, as on a GPU
+    for (unsigned m = N / 2; m > 0; m /= 2) v = op(v, t.shfl_xor(v, (int)m));
+    return v;
+}
+}  // namespace cooperative_groups
+#endif
+
 // ---- controls for tests: the race check reruns every launch in three thread orders (forward, reversed,
 // shuffled) from the same starting bytes and stops with an error naming the kernel when they differ.
 void cudaemu_racecheck(int on);

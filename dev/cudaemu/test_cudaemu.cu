@@ -161,6 +161,24 @@ __global__ void special_functions(float* out) {
     if (threadIdx.x % 32 < 16) x = logf(x + 2.0f);
     out[threadIdx.x] = x;
 }
+// Cooperative groups as llm.c's dev/cuda kernels use them, in a 2-D block of 3 warps (32 x 3): 32-lane
+// tiles (meta_group_rank, thread_rank, shfl_down) summing their lanes with cg::reduce, 8-lane tiles taking
+// their largest, a float reduce; each thread writes what it got.
+__global__ void cg_tiles(int* out) {
+    namespace cg = cooperative_groups;
+    cg::thread_block block = cg::this_thread_block();
+    cg::thread_block_tile<32> warp = cg::tiled_partition<32>(block);
+    cg::thread_block_tile<8> eight = cg::tiled_partition<8>(block);
+    int i = (int)block.thread_rank();
+    int* o = out + i * 7;
+    o[0] = (int)warp.meta_group_rank();
+    o[1] = (int)warp.thread_rank();
+    o[2] = cg::reduce(warp, i, cg::plus<int>{});
+    o[3] = cg::reduce(eight, i, cg::greater<int>{});
+    o[4] = (int)eight.meta_group_size();
+    o[5] = warp.shfl_down(i, 1);
+    o[6] = (int)cg::reduce(warp, 0.5f * (float)i, cg::plus<float>{});
+}
 // Hazards the race check cannot see: every thread writes the same value to one word with no barrier (the
 // bytes agree in every order), and a lane reading what its neighbour wrote, with or without __syncwarp.
 __global__ void same_value(int* out) {
@@ -336,6 +354,28 @@ static int case_shuffles(void) {
     }
     LAUNCH(shuffles, 1, 64, 0, 0, out);
     expect_ints(out, want, 64 * 4, "shuffles");
+    return 0;
+}
+
+static int case_cooperative_groups(void) {
+    cudaemu_racecheck(1);
+    cudaemu_profile(1);
+    int *out = device_ints(96 * 7), want[96 * 7];
+    for (int i = 0; i < 96; i++) {
+        int w = i / 32, l = i % 32;
+        int* x = want + i * 7;
+        x[0] = w, x[1] = l, x[2] = 32 * 32 * w + 496, x[3] = i / 8 * 8 + 7, x[4] = 12, x[5] = l < 31 ? i + 1 : i;
+        x[6] = (32 * 32 * w + 496) / 2;
+    }
+    LAUNCH(cg_tiles, 1, dim3(32, 3), 0, 0, out);
+    expect_ints(out, want, 96 * 7, "cg_tiles");
+    // per warp: 5 shuffles for each 32-lane reduce, 3 for each of its four 8-lane tiles' (a tile's shuffles
+    // are its own warp operations here), 1 shfl_down
+    cudaemu_counts c = cudaemu_profile_counts("cg_tiles");
+    if (c.shuffles != 3 * (5 + 4 * 3 + 1 + 5)) {
+        printf("cg_tiles: %.0f shuffles, want %d\n", c.shuffles, 3 * (5 + 4 * 3 + 1 + 5));
+        return 5;
+    }
     return 0;
 }
 
@@ -534,6 +574,7 @@ static int run_case(const char* name) {
     if (!strcmp(name, "block_sum")) return case_block_sum(1);
     if (!strcmp(name, "missing_syncthreads")) return case_block_sum(0);
     if (!strcmp(name, "shuffles")) return case_shuffles();
+    if (!strcmp(name, "cooperative_groups")) return case_cooperative_groups();
     if (!strcmp(name, "coordinates")) return case_coordinates();
     if (!strcmp(name, "dynamic_shared")) return case_dynamic_shared();
     if (!strcmp(name, "divergent_barrier")) {
@@ -649,6 +690,7 @@ int main(int argc, char** argv) {
         {"missing_syncthreads", "", 0, "cudaemu: error: block_sum: a race"},
         {"divergent_barrier", "", 0, "is reached by 16 of 32 threads"},
         {"shuffles", "", 1, ""},
+        {"cooperative_groups", "", 1, ""},
         {"partial_warp_shuffle", "", 0, "which has exited (a shuffle with inactive lanes)"},
         {"mma", "", 1, ""},
         {"mma_partial_warp", "", 0, "waits at mma.sync.m16n8k16 (mask 0xffffffff) for lane 16, which has exited"},
