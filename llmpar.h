@@ -3029,18 +3029,30 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
 // over the query tiles at or below the diagonal (working on the transposes, p^T = exp(scale k q^T - lse));
 // another's own 16 queries and sum dq over the key tiles up to theirs (recomputing p and ds), so every
 // gradient has one writer.
-// D for every query row, (B,NH,T) like lse, once before the tile kernels: a warp per row, its lanes over
-// the head's channels.
-__global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH) {
-    size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;  // (b, h, t)
-    int lane = threadIdx.x % 32, HS = C / NH;
-    if (row >= (size_t)B * NH * T) return;
-    int t = (int)(row % T), bh = (int)(row / T), b = bh / NH, h = bh % NH;
-    size_t at = ((size_t)b * T + t) * C + (size_t)h * HS;
+// D for every query row, (B,NH,T) like lse, once before the tile kernels: `lanes` lanes a row (a power of
+// 2, lp_flash_d_lanes), each over 8 channels at a time in one 16-byte load where the row allows, so that a
+// warp sums 32 / lanes rows at once (one row a warp issued ~190 instructions for 64 channels).
+static inline int lp_flash_d_lanes(int HS) {
+    int lanes = 1;
+    while (lanes < 32 && LP_PACK * lanes < HS) lanes *= 2;
+    return lanes;
+}
+__global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH,
+                                                     int lanes) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, row = i / lanes;  // row: (b, h, t)
+    int HS = C / NH;
     float dot = 0.0f;
-    for (int d = lane; d < HS; d += 32) dot += lp_bf(dout[at + d]) * lp_bf(out[at + d]);
-    dot = lp_warp_sum(dot);
-    if (lane == 0) D[row] = dot;
+    if (row < (size_t)B * NH * T) {  // (rows past the end still take part in the shuffles)
+        int t = (int)(row % T), bh = (int)(row / T), b = bh / NH, h = bh % NH;
+        size_t at = ((size_t)b * T + t) * C + (size_t)h * HS;
+        for (int d = (int)(i % lanes) * LP_PACK; d < HS; d += lanes * LP_PACK) {
+            LPPack dy = lp_load_pack(dout + at, d, HS), y = lp_load_pack(out + at, d, HS);
+#pragma unroll
+            for (int k = 0; k < LP_PACK; k++) dot += lp_bf(dy.x[k]) * lp_bf(y.x[k]);
+        }
+    }
+    for (int o = lanes / 2; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (row < (size_t)B * NH * T && i % lanes == 0) D[row] = dot;
 }
 // From s (scores) and dp of a tile: p = exp2(s scale log2(e) - lse log2(e)) and ds = scale p (dp - D) in
 // their place, each element with its query's lse2 = lse log2(e) and D: per column from arrays (dk, dv) or
@@ -3219,7 +3231,8 @@ static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* d
                                                    const float* lse, int B, int T, int C, int NH) {
     size_t rows = (size_t)B * NH * T;
     float* D = (float*)lp_scratch(&lp_partials, rows * sizeof(float), "reduction partials");
-    LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * 32, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH);
+    int lanes = lp_flash_d_lanes(C / NH);
+    LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * lanes, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH, lanes);
     LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, dout, D, qkv, lse, B, T, C, NH);
 }
 #endif
