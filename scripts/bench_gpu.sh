@@ -64,7 +64,7 @@ if [ "${1:-}" = emu ]; then
         [ ${#ptxas[@]} = 2 ] && regs=(--ptxas "${ptxas[@]}")
         [ ${#sass[@]} = 2 ] && regs+=(--sass "${sass[@]}")
         exec python3 dev/cudaemu/roofline.py check "$counts/check.tsv" --gpu H100 A100 ${regs[@]+"${regs[@]}"} \
-            --scale 'shared_conflict=16' --scale 'flash=768' --measured dev/gpu_measured.tsv
+            --scale 'shared_conflict=16' --scale 'flash=768'
     fi
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
