@@ -51,7 +51,7 @@ if [ "${1:-}" = emu ]; then
     [ ${#ptxas[@]} = 2 ] && regs=(--ptxas "${ptxas[0]}")
     [ ${#sass[@]} = 2 ] && regs+=(--sass "${sass[0]}")
     if [ $part = check ]; then
-        # dev/cudaemu/model_check counts each launch once (attention on one head, modelled at 64 x 12; the
+        # dev/cudaemu/model_check counts each launch once (attention of both paths on one head, modelled at 64 x 12; the
         # shared-memory kernels at 16 times their grid, two waves); roofline.py check prints every roof
         make -s dev/cudaemu/model_check || exit 1
         echo "counting dev/cudaemu/model_check's launches under the hazard check ..." >&2
@@ -64,7 +64,7 @@ if [ "${1:-}" = emu ]; then
         [ ${#ptxas[@]} = 2 ] && regs=(--ptxas "${ptxas[@]}")
         [ ${#sass[@]} = 2 ] && regs+=(--sass "${sass[@]}")
         exec python3 dev/cudaemu/roofline.py check "$counts/check.tsv" --gpu H100 A100 ${regs[@]+"${regs[@]}"} \
-            --scale 'shared_conflict=16' --scale 'flash=768'
+            --scale 'shared_conflict=16' --scale 'attention=768' --scale '^cublasLt=768'
     fi
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT

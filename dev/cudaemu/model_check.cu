@@ -1,8 +1,9 @@
 /*
 model_check.cu: the launches `scripts/bench_gpu.sh emu check` models one by one, counted by the emulator
 (a counting build, like test_cudaemu): two shared-memory test kernels whose only difference is a bank
-conflict (every lane of a warp on its own bank, or all 32 on one), the attention kernels of one head at
-GPT-2 124M's T = 1024 and head size 64 (modelled at B = 64 and 12 heads: 768 such heads), and the
+conflict (every lane of a warp on its own bank, or all 32 on one), the attention kernels of both paths
+(flash, and cublas: its permutes, softmax kernels and batched products) for one head at GPT-2 124M's
+T = 1024 and head size 64 (modelled at B = 64 and 12 heads: 768 such heads), and the
 LayerNorm kernels at 124M's B = 64, T = 1024, C = 768, all on fresh random data. Run it with
 CUDAEMU_PROFILE=FILE (and CUDAEMU_HAZARDS=1: every launch is checked for shared-memory hazards too), then
 `dev/cudaemu/roofline.py check FILE` prints each launch's roofs.
@@ -54,6 +55,12 @@ int main(void) {
     float* lse = (float*)lp_device_malloc((size_t)NH * T * sizeof(float), "model_check");
     lp_flash_attention_forward_gpu(y, lse, qkv, 1, T, C, NH);
     lp_flash_attention_backward_gpu(dqkv, dy, y, qkv, lse, 1, T, C, NH);
+    // the cublas path's (--attention cublas): permutes, the batched products, the softmax and its backward
+    floatX *qkvr = random_bf16((size_t)3 * T * C, &rng), *att = random_bf16((size_t)T * T, &rng);
+    floatX *dqkvr = random_bf16((size_t)3 * T * C, &rng), *datt = random_bf16((size_t)T * T, &rng);
+    floatX* scratch = random_bf16((size_t)T * C, &rng);
+    lp_attention_forward_gpu(y, qkvr, att, qkv, 1, T, C, NH);
+    lp_attention_backward_gpu(dqkv, dqkvr, datt, scratch, dy, qkvr, att, 1, T, C, NH);
 
     int N = 64 * 1024;  // 124M's LayerNorm rows at B = 64
     C = 768;
