@@ -2706,10 +2706,6 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : HS <= 128 ? 128 : 0; }
 #define LP_LN2 0.6931471805599453f
 
-// The instructions the flash kernels give nvcc as inline PTX, and their twins under the emulator, each
-// one macro: lp_mma, lp_ldmatrix and lp_exp2 call it on one line, which both builds then name as its
-// source line (the GPU model matches the emulator's counts per line to nvcc's machine code,
-// dev/cudaemu/sass.py).
 // A shared-memory address as ldmatrix takes it: 32 bits under nvcc, so that a tile's fragments are one
 // register plus constant offsets (converting a pointer at every load costs more than the load); a pointer
 // under the emulator. lp_smem_at: so many bf16 elements further.
@@ -2723,26 +2719,30 @@ static __device__ inline lp_smem lp_smem_of(const floatX* p) { return (uint32_t)
 static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a + 2 * elements; }
 #endif
 
+// The instructions the flash kernels give nvcc as inline PTX, and their twins under the emulator, each
+// one macro: lp_mma, lp_ldmatrix and lp_exp2 call it on one line, which both builds then name as its
+// source line (the GPU model matches the emulator's counts per line to nvcc's machine code,
+// dev/cudaemu/sass.py).
 #ifdef LLMPAR_CUDAEMU
 #define LP_PTX_MMA(d, a, b, c) cudaemu_mma_m16n8k16(d, a, b, c)
 #define LP_PTX_LDMATRIX(d, row, trans) cudaemu_ldmatrix_x4(d, row, trans)
 #define LP_PTX_EX2(y, x) ((y) = exp2f(x))
 #else
-#define LP_PTX_MMA(d, a, b, c)                                                                                                  \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "          \
-                 "{%10, %11, %12, %13};"                                                                                        \
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                                  \
+#define LP_PTX_MMA(d, a, b, c)                                                                                          \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "  \
+                 "{%10, %11, %12, %13};"                                                                                \
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                       \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]))
-#define LP_PTX_LDMATRIX(d, row, trans)                                                                                          \
-    do {                                                                                                                        \
-        if (trans)                                                                                                              \
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"                                \
-                         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                                                       \
-                         : "r"(row));                                                                                    \
-        else                                                                                                                    \
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"                                      \
-                         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                                                       \
-                         : "r"(row));                                                                                    \
+#define LP_PTX_LDMATRIX(d, row, trans)                                                                                  \
+    do {                                                                                                                \
+        if (trans)                                                                                                      \
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"                        \
+                         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                                               \
+                         : "r"(row));                                                                                   \
+        else                                                                                                            \
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"                              \
+                         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                                               \
+                         : "r"(row));                                                                                   \
     } while (0)
 #define LP_PTX_EX2(y, x) asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x))
 #endif
