@@ -166,6 +166,8 @@ def extrapolate(r1, r2, b1, b2, b):
         p1, p2 = re.split(r"(\d+)", n1), re.split(r"(\d+)", n2)
         name = "".join(str(round(at(int(x), int(y), b))) if i % 2 else x for i, (x, y) in enumerate(zip(p1, p2)))
         v = [max(0.0, at(x, y, capped if "sum_partials" in key[1] else b)) for x, y in zip(v1, v2)]
+        for i in (C["threads"], C["shmem"]):  # a block's shape, not its work: as counted (a launch at one size has it once)
+            v[i] = max(v1[i], v2[i])
         if "layernorm" in key[1]:
             v[C["blocks"]] = min(v[C["blocks"]], max(LN_BLOCKS, v2[C["blocks"]]))
         out[key] = (name, v)
