@@ -30,10 +30,11 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  LPUtf8
  12. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
                  defines: lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition, lp_device_peak_flops
- 13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv, the schedule's step
-                 defines: LPStage, lp_stage_create, lp_stage_forward_backward, lp_stage_grad_norm, lp_stage_adamw,
-                 lp_stage_bubble
- 14. plan        the configuration advisor (--plan N): every grid, ZeRO stage and recomputation, ranked
+ 13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv of a micro-batch's boundary
+                 defines: LPStage, lp_stage_create, lp_stage_forward, lp_stage_backward, lp_stage_bubble
+ 14. step        one optimizer step in four phases, each one call, each naming where ranks communicate
+                 defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update
+ 15. plan        the configuration advisor (--plan N): every grid, ZeRO stage and recomputation, ranked
                  defines: LPPlanMachine, LPPlan, lp_plan
 
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
@@ -44,7 +45,7 @@ the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of 
 
 Names: B, T, C, L, V (batch, sequence, channels, layers, vocabulary) and N = B*T rows; a rank's grid is
 t x d x p (tensor, data, pipeline), with v chunks per pipeline stage and m micro-batches per step, as in
-Megatron-LM's papers; sections 4 and 12-14 use those letters alone, so there m is never a model. Elsewhere
+Megatron-LM's papers; sections 4 and 12-15 use those letters alone, so there m is never a model. Elsewhere
 m is an LPModel, proc an LPProcess, st a pipeline stage (LPStage), z a model's LPZero.
 
 Use as a library: #include "llmpar.h" (one header, every function static inline). A training loop, as
@@ -76,7 +77,8 @@ dev/examples/train_loop.cu compiles it (`make test` builds and runs it on each b
         lp_model_zero_grad(&model);
         float loss = lp_model_forward(&model, data.inputs, data.targets, B, T, 1.0f / (B * T));  // mean loss
         lp_model_backward(&model, 1);           // 1: the step's last micro-batch
-        float norm = lp_models_grad_norm(&model, 1, NULL);    // averages the gradients over dp; their norm
+        lp_zero_average(&model.zero);                        // the gradients averaged over dp
+        float norm = lp_models_grad_norm(&model, 1, NULL);    // their global norm
         lp_models_adamw(&model, 1, NULL, 1e-3f, norm, &opt);  // clips, then AdamW at lr 1e-3
         lp_log("step %d/%d | loss %.4f | norm %.4f\n", step, steps, loss, norm);  // rank 0 prints its loss
     }
@@ -4583,7 +4585,7 @@ typedef struct {
     // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l). The
     // first chunk holds wpe; the head (wte, lnf) is held by the first, the last, and any chunk with an
     // auxiliary loss. The first chunk's wte and the last's lnf are the originals, the other holders' are
-    // copies (bits of `copies`): their gradients are summed (lp_stage_grad_norm), each counted and saved once.
+    // copies (bits of `copies`): their gradients are summed (lp_step_reduce_grads), each counted and saved once.
     int L, layer0, first, last, head;
     unsigned copies;
     // auxiliary losses of this chunk: after local layer aux[j] (the model's layer aux_id[j], counted from
@@ -5358,17 +5360,13 @@ static inline void lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, flo
     if (pp) lp_all_reduce_host(pp, x, n, 0);
 }
 
-// The first half of an optimizer step of the n models ms (a pipeline stage's chunks; one model: n = 1, pp
-// NULL): the gradients averaged over DP, and their global norm (before clipping), the same on every rank.
-// The driver looks at it (and the loss) before anything is updated.
+// The global norm (before clipping) of the n models' gradients once reduced (lp_zero_average), the same
+// on every rank: ms are a pipeline stage's chunks (one model: n = 1, pp NULL).
 static inline float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     int slots = LP_NUM_PARAMS * ms->cfg.num_layers;
     float* parts = (float*)calloc((size_t)slots, sizeof(float));  // (a part is one rank's: the sum over pp is exact)
     if (!parts) lp_fail("out of host memory for the gradient norm");
-    for (int k = 0; k < n; k++) {
-        lp_zero_average(&ms[k].zero);
-        lp_model_norm2_parts(&ms[k], parts);
-    }
+    for (int k = 0; k < n; k++) lp_model_norm2_parts(&ms[k], parts);
     lp_models_sum_parts(ms, pp, parts, slots);
     double norm2 = 0.0;
     for (int j = 0; j < slots; j++) norm2 += parts[j];
@@ -5376,7 +5374,7 @@ static inline float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     return sqrtf((float)norm2);
 }
 
-// The second half: clipping to opt->grad_clip given the norm, then AdamW. Returns whether every updated
+// Then clipping to opt->grad_clip given the norm, and AdamW. Returns whether every updated
 // weight is finite on every rank: the sum of squares of the updated shards, which overflows only for a
 // weight beyond ~1e19, so a diverged step is seen before the next forward or any checkpoint.
 static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt) {
@@ -6676,49 +6674,6 @@ static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int la
     st->chunk_s[st->v + c] += lp_time_s() - t0;
 }
 
-// One step's forwards and backwards of m micro-batches from `train`, in the schedule's order; gradients
-// accumulate in the chunks. Every stage reads the micro-batches (the first needs the inputs, the last the
-// targets, and all keep the loader's place). Returns the mean loss, on every rank of the pipeline.
-static inline float lp_stage_forward_backward(LPStage* st, LPDataLoader* train) {
-    int B = train->B, T = train->T, m = st->m, v = st->v;
-    size_t BT = (size_t)B * T;
-    double t0 = lp_time_s();
-    memset(st->chunk_s, 0, (size_t)2 * v * sizeof(double));
-    st->wait_s = 0.0;
-    for (int i = 0; i < m; i++) {
-        lp_dataloader_next(train);
-        memcpy(st->tokens + 2 * i * BT, train->inputs, BT * sizeof(int));
-        memcpy(st->tokens + (2 * i + 1) * BT, train->targets, BT * sizeof(int));
-    }
-    for (int c = 0; c < v; c++) lp_model_zero_grad(&st->chunks[c]);
-    for (int k = 0; k < v * m; k++) st->slot_owner[k] = -1;
-    int done[LP_MAX_CHUNKS] = {0};  // backwards run per chunk
-    float loss = 0.0f;
-    for (int n = 0; n < 2 * m * v; n++) {
-        LPAction a = st->actions[n];
-        int* owner = st->slot_owner + (size_t)a.chunk * m, slot = 0;
-        while (owner[slot] != (a.forward ? -1 : a.micro)) slot++;  // a free slot; the micro-batch's slot
-        owner[slot] = a.forward ? a.micro : -1;
-        if (a.forward)
-            loss += lp_stage_forward(st, a.chunk, a.micro, slot, st->tokens + 2 * a.micro * BT, st->tokens + (2 * a.micro + 1) * BT,
-                                     B, T, 1.0f / ((float)BT * m));
-        else
-            lp_stage_backward(st, a.chunk, a.micro, slot, ++done[a.chunk] == m, st->tokens + (2 * a.micro + 1) * BT);
-    }
-    lp_sends_wait(st->pp, &st->sends);
-    loss /= m;
-    lp_all_reduce_host(st->pp, &loss, 1, 0);  // only the last stage's is not zero
-    for (int j = 0; j < st->num_aux; j++) {  // each on the stage holding its layer
-        st->aux_loss[j] = 0.0f;
-        for (int c = 0; c < v; c++)
-            for (int q = 0; q < st->chunks[c].num_aux; q++)
-                if (st->chunks[c].aux_id[q] == st->aux[j]) st->aux_loss[j] += st->chunks[c].aux_loss[q] / m;
-    }
-    lp_all_reduce_host(st->pp, st->aux_loss, st->num_aux, 0);
-    st->wall_s = lp_time_s() - t0;
-    return loss;
-}
-
 // One forward of (B, T) tokens through the whole pipeline, chunk after chunk, in slot 0 (evaluation,
 // sampling: the last chunk keeps the logits). Returns the mean loss (with targets), on every rank.
 static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T) {
@@ -6727,32 +6682,6 @@ static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const 
     lp_sends_wait(st->pp, &st->sends);
     lp_all_reduce_host(st->pp, &loss, 1, 0);
     return loss;
-}
-
-// The optimizer step of all the pipeline's chunks, in two halves so the driver can look before it updates.
-// First every copy of the head (wte and lnf: the embedding's on the first chunk, the LM head's on the last,
-// the auxiliary losses' in between) gets the sum of all their gradients, summed within this rank and then
-// over the head group, so the copies take the same step and stay equal; then lp_models_grad_norm, the
-// norm taken over the whole pipeline. Returns the norm before clipping.
-static inline float lp_stage_grad_norm(LPStage* st) {
-    const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
-    LPModel* sum = NULL;  // this rank's first chunk holding the head
-    for (int c = 0; c < st->v; c++) {
-        LPModel* mc = &st->chunks[c];
-        if (!mc->head) continue;
-        if (!sum) sum = mc;
-        else for (int k = 0; k < 3; k++) lp_add_scaled(sum->zero.g[head[k]], mc->zero.g[head[k]], sum->zero.param_sizes[head[k]], 1.0f);
-    }
-    if (sum && st->head.size > 1)
-        for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->zero.g[head[k]], sum->zero.param_sizes[head[k]], 0);
-    for (int c = 0; c < st->v; c++)
-        if (st->chunks[c].head && &st->chunks[c] != sum)
-            for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].zero.g[head[k]], sum->zero.g[head[k]], sum->zero.param_sizes[head[k]] * sizeof(floatX));
-    return lp_models_grad_norm(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL);
-}
-// The second half: AdamW on every chunk. Returns whether all the updated weights are finite.
-static inline int lp_stage_adamw(LPStage* st, float lr, float norm, const LPAdamW* opt) {
-    return lp_models_adamw(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
 }
 
 // Add the last step's timings to the sums the bubble report reads (the driver leaves out the first step,
@@ -6832,7 +6761,102 @@ static inline void lp_stage_free(LPStage* st) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 14. plan
+// 14. step
+//
+// One optimizer step of this rank's pipeline stage (p = 1: the whole model), in four phases, each one
+// call in the driver's loop; each names where the ranks communicate:
+//   lp_step_forward_backward  m micro-batches in the schedule's order. TP inside every layer (the Megatron
+//                             all-reduces, or with SP reduce-scatters and all-gathers), PP between stages
+//                             (sends and receives), and the DP reduction of each layer's gradients started
+//                             as soon as its last backward ends (ZeRO's hooks, overlapped with the layers below)
+//   lp_step_reduce_grads      the rest of the gradient reduction: the head's copies summed over the stages
+//                             holding them, then every gradient averaged over DP (ZeRO 1-3: to its shard)
+//   lp_step_grad_norm         the global gradient norm: each rank's part, summed over the grid
+//   lp_step_update            clipping and AdamW on this rank's shard; ZeRO 1-3 all-gather the new weights
+// The driver looks at the loss and the norm before it updates (the divergence guard).
+
+// The step's forwards and backwards of m micro-batches from `train`, in the schedule's order; gradients
+// accumulate in the chunks. Every stage reads the micro-batches (the first needs the inputs, the last the
+// targets, and all keep the loader's place). Returns the step's mean loss over the whole batch (summed over
+// the pipeline and averaged over DP), on every rank; the auxiliary losses' means in st->aux_loss likewise.
+static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
+    int B = train->B, T = train->T, m = st->m, v = st->v;
+    size_t BT = (size_t)B * T;
+    double t0 = lp_time_s();
+    memset(st->chunk_s, 0, (size_t)2 * v * sizeof(double));
+    st->wait_s = 0.0;
+    for (int i = 0; i < m; i++) {
+        lp_dataloader_next(train);
+        memcpy(st->tokens + 2 * i * BT, train->inputs, BT * sizeof(int));
+        memcpy(st->tokens + (2 * i + 1) * BT, train->targets, BT * sizeof(int));
+    }
+    for (int c = 0; c < v; c++) lp_model_zero_grad(&st->chunks[c]);
+    for (int k = 0; k < v * m; k++) st->slot_owner[k] = -1;
+    int done[LP_MAX_CHUNKS] = {0};  // backwards run per chunk
+    float loss = 0.0f;
+    for (int n = 0; n < 2 * m * v; n++) {
+        LPAction a = st->actions[n];
+        int* owner = st->slot_owner + (size_t)a.chunk * m, slot = 0;
+        while (owner[slot] != (a.forward ? -1 : a.micro)) slot++;  // a free slot; the micro-batch's slot
+        owner[slot] = a.forward ? a.micro : -1;
+        if (a.forward)
+            loss += lp_stage_forward(st, a.chunk, a.micro, slot, st->tokens + 2 * a.micro * BT, st->tokens + (2 * a.micro + 1) * BT,
+                                     B, T, 1.0f / ((float)BT * m));
+        else
+            lp_stage_backward(st, a.chunk, a.micro, slot, ++done[a.chunk] == m, st->tokens + (2 * a.micro + 1) * BT);
+    }
+    lp_sends_wait(st->pp, &st->sends);
+    loss /= m;
+    lp_all_reduce_host(st->pp, &loss, 1, 0);  // only the last stage's is not zero
+    for (int j = 0; j < st->num_aux; j++) {  // each on the stage holding its layer
+        st->aux_loss[j] = 0.0f;
+        for (int c = 0; c < v; c++)
+            for (int q = 0; q < st->chunks[c].num_aux; q++)
+                if (st->chunks[c].aux_id[q] == st->aux[j]) st->aux_loss[j] += st->chunks[c].aux_loss[q] / m;
+    }
+    lp_all_reduce_host(st->pp, st->aux_loss, st->num_aux, 0);
+    const LPGroup* dp = st->chunks[0].zero.dp;  // the replicas' batches: their mean
+    if (dp) lp_all_reduce_host(dp, &loss, 1, 1);
+    if (dp && st->num_aux) lp_all_reduce_host(dp, st->aux_loss, st->num_aux, 1);
+    st->wall_s = lp_time_s() - t0;
+    return loss;
+}
+
+// The gradient reduction's end. First every copy of the head (wte and lnf: the embedding's on the first
+// chunk, the LM head's on the last, the auxiliary losses' in between) gets the sum of all their gradients,
+// summed within this rank and then over the head group, so the copies take the same step and stay equal;
+// then each chunk's gradients are averaged over DP (lp_zero_average: what backward started arrives, the
+// rest is reduced now).
+static inline void lp_step_reduce_grads(LPStage* st) {
+    const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
+    LPModel* sum = NULL;  // this rank's first chunk holding the head
+    for (int c = 0; c < st->v; c++) {
+        LPModel* mc = &st->chunks[c];
+        if (!mc->head) continue;
+        if (!sum) sum = mc;
+        else for (int k = 0; k < 3; k++) lp_add_scaled(sum->zero.g[head[k]], mc->zero.g[head[k]], sum->zero.param_sizes[head[k]], 1.0f);
+    }
+    if (sum && st->head.size > 1)
+        for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->zero.g[head[k]], sum->zero.param_sizes[head[k]], 0);
+    for (int c = 0; c < st->v; c++)
+        if (st->chunks[c].head && &st->chunks[c] != sum)
+            for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].zero.g[head[k]], sum->zero.g[head[k]], sum->zero.param_sizes[head[k]] * sizeof(floatX));
+    for (int c = 0; c < st->v; c++) lp_zero_average(&st->chunks[c].zero);
+}
+
+// The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
+static inline float lp_step_grad_norm(LPStage* st) {
+    return lp_models_grad_norm(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL);
+}
+
+// Clipping to opt->grad_clip given the norm, AdamW on every chunk, the new weights made whole where forward
+// needs them. Returns whether all the updated weights are finite (on every rank alike).
+static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt) {
+    return lp_models_adamw(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 15. plan
 //
 // The configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
 // `tokens` per step (t x p x d grid, ZeRO stage, recomputation, micro-batch B) that fit a GPU's memory,

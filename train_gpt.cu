@@ -1031,7 +1031,6 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
            norm, ms, r->total_batch / (ms / 1000.0));
     if (r->peak > 0.0) lp_log(" | MFU %.1f%%", 100.0 * r->flops_per_step / (ms / 1000.0) / r->peak);
     if (r->stage.num_aux) {
-        lp_all_reduce_host(&proc->dp_group, r->stage.aux_loss, r->stage.num_aux, 1);
         lp_log(" | aux loss");
         for (int j = 0; j < r->stage.num_aux; j++) lp_log(" %d: %f", r->stage.aux[j], r->stage.aux_loss[j]);
     }
@@ -1048,45 +1047,44 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
     }
 }
 
-// One training step; returns the step the loop goes on from (step + 1, or a rollback's checkpoint step).
-//   TP communicates inside each layer (lp_stage_forward_backward: the Megatron all-reduces, or with SP the
-//   reduce-scatters and all-gathers), PP between the stages (its sends and receives, in the schedule's
-//   order), DP at the end of each chunk's last backward (the gradient reduction, overlapped) and in
-//   lp_stage_grad_norm / lp_stage_adamw (the rest of the reduction; ZeRO's all-gather of the new weights).
-static int lp_run_step(LPTrainRun* r, int step) {
+// One step's figures, as the loop gets them.
+typedef struct {
+    float loss, norm, lr;
+    double t0, t1;        // its start; forward-backward's end
+    LPGroup tp_before;    // the TP group's traffic counters at its start
+    char diverged[200];   // why the divergence guard stopped it, or ""
+    int bad_weights;      // the update left a weight that is not finite
+} LPStepRecord;
+
+// The divergence guard, before the update: the loss and the gradient norm (every rank sees the same values,
+// so all decide alike). Returns whether the step diverged, saying why in s->diverged.
+static int lp_run_diverging(LPTrainRun* r, int step, LPStepRecord* s) {
     const LPFlags* f = r->f;
-    const LPProcess* proc = r->proc;
-    double t0 = lp_time_s();
-    LPGroup tp_before = proc->tp_group;
-    float loss = lp_stage_forward_backward(&r->stage, &r->train);
-    lp_all_reduce_host(&proc->dp_group, &loss, 1, 1);
-    loss = lp_injected_loss(++r->computed, loss);
-    float lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, r->cosine);
-    lp_device_sync();
-    double t1 = lp_time_s();
-    // the divergence guard: the loss and the gradient norm before the update, the weights after it (every
-    // rank sees the same values, so all decide alike)
-    float norm = lp_stage_grad_norm(&r->stage), mean = lp_loss_window_mean(&r->recent);
-    char diverged[200] = "";
-    if (!isfinite(loss) || !isfinite(norm)) {
-        snprintf(diverged, sizeof(diverged), "loss %g, gradient norm %g is not finite", loss, norm);
-    } else if (f->loss_spike > 0.0f && mean > 0.0f && loss > f->loss_spike * mean) {
-        snprintf(diverged, sizeof(diverged), "loss %f is a spike, above %g times the mean %f of the last %d steps",
-                 loss, f->loss_spike, mean, LP_SPIKE_WINDOW);
+    float mean = lp_loss_window_mean(&r->recent);
+    if (!isfinite(s->loss) || !isfinite(s->norm)) {
+        snprintf(s->diverged, sizeof(s->diverged), "loss %g, gradient norm %g is not finite", s->loss, s->norm);
+    } else if (f->loss_spike > 0.0f && mean > 0.0f && s->loss > f->loss_spike * mean) {
+        snprintf(s->diverged, sizeof(s->diverged), "loss %f is a spike, above %g times the mean %f of the last %d steps",
+                 s->loss, f->loss_spike, mean, LP_SPIKE_WINDOW);
         if (!r->skip && !r->rollback) {  // stop: a finite spike is reported, and training goes on
-            lp_log("notice: step %d: %s\n", step + 1, diverged);
-            diverged[0] = '\0';
+            lp_log("notice: step %d: %s\n", step + 1, s->diverged);
+            s->diverged[0] = '\0';
         }
     }
-    int bad_weights = !diverged[0] && !lp_stage_adamw(&r->stage, lr, norm, &r->opt);
-    if (bad_weights) snprintf(diverged, sizeof(diverged), "the updated weights are not finite");
+    return s->diverged[0] != '\0';
+}
+
+// After the update (or instead of it): the step reported, or a divergence handled (the weights after the
+// update are checked too). Returns the step the loop goes on from (step + 1, or a rollback's checkpoint step).
+static int lp_run_step_end(LPTrainRun* r, int step, LPStepRecord* s) {
     lp_device_sync();
     double t2 = lp_time_s();
-    r->step_s[(r->computed - 1) % 32] = t2 - t0;  // (the watchdog's timeout; computed counts this step already)
-    if (diverged[0]) return lp_run_diverged(r, step, diverged, bad_weights);
+    r->step_s[(r->computed - 1) % 32] = t2 - s->t0;  // (the watchdog's timeout; computed counts this step already)
+    if (s->bad_weights) snprintf(s->diverged, sizeof(s->diverged), "the updated weights are not finite");
+    if (s->diverged[0]) return lp_run_diverged(r, step, s->diverged, s->bad_weights);
     if (r->skip) r->strikes = 0;
-    lp_loss_window_add(&r->recent, loss);
-    lp_report_step(r, step, loss, lr, norm, (t2 - t0) * 1000.0, (t2 - t1) * 1000.0, &tp_before);
+    lp_loss_window_add(&r->recent, s->loss);
+    lp_report_step(r, step, s->loss, s->lr, s->norm, (t2 - s->t0) * 1000.0, (t2 - s->t1) * 1000.0, &s->tp_before);
     return step + 1;
 }
 
@@ -1154,7 +1152,20 @@ static int lp_train(const LPFlags* f, const LPProcess* proc) {
         stop = lp_run_stop_asked(proc);
         lp_run_between_steps(&r, step, stop >= 0);  // val loss, a sample, a checkpoint: each when due
         if (step == f->max_steps || stop >= 0) break;
-        step = lp_run_step(&r, step);                // forward and backward, the divergence guard, AdamW
+        // the step: TP and PP communicate inside forward-backward, DP in the reduction, the whole grid in the norm
+        LPStepRecord s;
+        memset(&s, 0, sizeof(s));
+        s.t0 = lp_time_s();
+        s.tp_before = proc->tp_group;
+        s.loss = lp_injected_loss(++r.computed, lp_step_forward_backward(&r.stage, &r.train));  // m micro-batches
+        lp_device_sync();
+        s.t1 = lp_time_s();
+        lp_step_reduce_grads(&r.stage);           // averaged over DP (ZeRO: onto the shards); the head's copies summed
+        s.norm = lp_step_grad_norm(&r.stage);     // the global norm, before clipping
+        s.lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, r.cosine);
+        if (!lp_run_diverging(&r, step, &s))      // the guard: a loss or norm that diverged is never applied
+            s.bad_weights = !lp_step_update(&r.stage, s.lr, s.norm, &r.opt);  // clipping, AdamW; ZeRO gathers
+        step = lp_run_step_end(&r, step, &s);     // the step line, or --on-divergence's
     }
     if (stop >= 0 && r.on_disk == step)
         lp_log("stopped by %s after step %d: checkpoint %s/step_%08d saved; --resume continues the run\n",

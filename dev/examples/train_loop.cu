@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
         lp_model_zero_grad(&model);
         float loss = lp_model_forward(&model, data.inputs, data.targets, B, T, 1.0f / (B * T));  // mean loss
         lp_model_backward(&model, 1);           // 1: the step's last micro-batch
-        float norm = lp_models_grad_norm(&model, 1, NULL);    // averages the gradients over dp; their norm
+        lp_zero_average(&model.zero);                        // the gradients averaged over dp
+        float norm = lp_models_grad_norm(&model, 1, NULL);    // their global norm
         lp_models_adamw(&model, 1, NULL, 1e-3f, norm, &opt);  // clips, then AdamW at lr 1e-3
         lp_log("step %d/%d | loss %.4f | norm %.4f\n", step, steps, loss, norm);  // rank 0 prints its loss
     }
