@@ -14,7 +14,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 # non-finite checks (the divergence guard, model files). -fno-math-errno only drops errno from sqrtf and
 # co, so loops that call them (AdamW) vectorise.
 CFLAGS_CPU = -x c -std=gnu11 -O3 -march=native -fno-math-errno -fopenmp -DLLMPAR_CPU -Wall -Wextra -Werror
-NVCC_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fopenmp
+NVCC_FLAGS = -O3 -std=c++17 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-missing-field-initializers,-Werror,-fopenmp
 NVCC_LIBS = -lcublasLt -lcublas
 
 # NCCL for the CUDA build's collectives when its header is found (with MPI, which carries its ids)
@@ -22,8 +22,9 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 NCCL_H := $(wildcard /usr/include/nccl.h $(CUDA_HOME)/include/nccl.h)
 
 EMU_CXX ?= g++
-# (-Wno-unknown-pragmas: g++ does not know nvcc's #pragma unroll)
-EMU_FLAGS = -std=c++17 -O2 -Wall -Wextra -Werror -Wno-unknown-pragmas -fopenmp -pthread -I$(CUDA_HOME)/include
+# (-Wno-unknown-pragmas: g++ does not know nvcc's #pragma unroll. -Wno-missing-field-initializers, here and
+# in NVCC_FLAGS: C++ compilers warn of the fields a designated initialiser leaves 0 on purpose; C does not)
+EMU_FLAGS = -std=c++17 -O2 -Wall -Wextra -Wno-missing-field-initializers -Werror -Wno-unknown-pragmas -fopenmp -pthread -I$(CUDA_HOME)/include
 EMU_MPI =
 
 # MPI when mpicc exists: the CPU build compiles with it, the CUDA build takes its include and link flags.

@@ -20,11 +20,11 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: LPOffload, LPHostOptim, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done,
                  lp_zero_average, lp_zero_state_get/put (the optimizer's shard a chunk at a time)
   8. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
-                 defines: LPModel, LPSplit, LPLayerActs, lp_model_create, lp_model_forward, lp_model_backward
+                 defines: LPModelOptions, LPModel, LPLayerActs, lp_model_create, lp_model_forward, lp_model_backward
   9. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
                  defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
  10. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
-                 defines: LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
+                 defines: LPDataOptions, LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
  11. files       model files (llm.c format), checkpoints, tokenizer (samples printed as valid UTF-8)
                  defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
                  LPUtf8
@@ -48,48 +48,49 @@ t x d x p (tensor, data, pipeline), with v chunks per pipeline stage and m micro
 Megatron-LM's papers; sections 4 and 12-15 use those letters alone, so there m is never a model. Elsewhere
 m is an LPModel, proc an LPProcess, st a pipeline stage (LPStage), z a model's LPZero.
 
-Use as a library: #include "llmpar.h" (one header, every function static inline). A training loop, as
-dev/examples/train_loop.cu compiles it (`make test` builds and runs it on each build, with and without MPI):
+Use as a library: #include "llmpar.h" (one header, every function static inline). A training loop on a
+t x d x p grid, as dev/examples/train_loop.cu compiles it (`make test` builds and runs it on each build, with
+and without MPI, on one rank and on a 2 x 1 x 2 grid):
 
     int B = 4, T = 64, steps = argc > 1 ? atoi(argv[1]) : 20;
-    LPProcess proc;                             // alone, a process is the whole world; under mpirun,
-    lp_process_init(&proc, &argc, &argv);       //   MPI starts and each rank is a data-parallel replica
-    lp_grid_init(&proc, 1, 1);                  // tp = pp = 1
+    LPProcess proc;                             // alone, a process is the whole world; under mpirun, each
+    lp_process_init(&proc, &argc, &argv);       //   rank takes a place on the grid below
+    LPParallel par = lp_parallel_one;           // how the work is split: t x d x p ranks, d the rest
+    par.tp = argc > 2 ? atoi(argv[2]) : 1;      // tensor parallel: each layer's heads and MLP over t ranks
+    par.pp = argc > 3 ? atoi(argv[3]) : 1;      // pipeline parallel: the layers over p stages, 1F1B
+    par.micro_batches = 2;                      // m: micro-batches per step, through the pipeline
+    lp_grid_init(&proc, &par);                  // this rank's coordinates and groups; par.dp = ranks / (t p)
     lp_device_init(&proc);                      // CUDA: the rank's GPU, cuBLASLt (CPU build: nothing)
-    lp_comm_init(&proc, "auto");                // NCCL between GPUs, else MPI
+    lp_comm_init(&proc);                        // NCCL between GPUs, else MPI
     LPConfig cfg;
     lp_config_from_depth(&cfg, "d2");           // a preset: d12 is GPT-2 124M; dN: N layers, 64N channels
     cfg.max_seq_len = T;
-    LPSplit split;                              // how the model is split over the ranks: DP only
-    memset(&split, 0, sizeof(split));
-    split.dp = &proc.dp_group;
-    LPModel model;                              // or from an llm.c file: lp_model_load(&model, path, &split)
-    lp_model_create(&model, &cfg, &split);
-    lp_model_init_random(&model, 1337);
-    lp_model_alloc_activations(&model, B, T, 1);
-    LPDataLoader data;                          // llm.c shards; this rank's (B, T) slice of each batch
-    lp_dataloader_init(&data, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "train data", B, T,
-                       proc.dp_rank, proc.dp, 0, 0, 0, cfg.vocab_size, 1);  // windows of one batch, file
-                                                // order (shuffle 0, seed 0), every token checked (1)
+    LPModelOptions model = {.proc = &proc};     // the model split over the grid as par says
+    LPStage stage;                              // this rank's pipeline stage: its chunks of the model
+    lp_stage_create(&stage, &cfg, &model, B, T);
+    for (int c = 0; c < par.vpp; c++) lp_model_init_random(&stage.chunks[c], 1337);  // (a file: lp_model_set_weights)
+    LPDataOptions shards = {.pattern = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", .B = B, .T = T,
+                            .rank = proc.coord[LP_DP], .ranks = par.dp, .vocab_size = cfg.vocab_size, .scan = 1};
+    LPDataLoader data;                          // llm.c shards: this replica's B x T slice of each batch
+    lp_dataloader_init(&data, &shards);
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};  // beta1, beta2, eps, weight decay, grad-norm clip (train_gpt's)
     for (int step = 1; step <= steps; step++) {
-        lp_dataloader_next(&data);              // data.inputs, data.targets: the same tokens one ahead
-        lp_model_zero_grad(&model);
-        float loss = lp_model_forward(&model, data.inputs, data.targets, B, T, 1.0f / (B * T));  // mean loss
-        lp_model_backward(&model, 1);           // 1: the step's last micro-batch
-        lp_zero_average(&model.zero);                        // the gradients averaged over dp
-        float norm = lp_models_grad_norm(&model, 1, NULL);    // their global norm
-        lp_models_adamw(&model, 1, NULL, 1e-3f, norm, &opt);  // clips, then AdamW at lr 1e-3
-        lp_log("step %d/%d | loss %.4f | norm %.4f\n", step, steps, loss, norm);  // rank 0 prints its loss
+        float loss = lp_step_forward_backward(&stage, &data);  // m micro-batches: TP inside layers, PP sends
+        lp_step_reduce_grads(&stage);           // DP: the gradients averaged over the replicas
+        float norm = lp_step_grad_norm(&stage); // their global norm, over every rank's part
+        lp_step_update(&stage, 1e-3f, norm, &opt);  // clipping, then AdamW at lr 1e-3
+        lp_log("step %d/%d | loss %.4f | norm %.4f\n", step, steps, loss, norm);  // rank 0 prints
     }
-    lp_dataloader_free(&data); lp_model_free(&model); lp_process_finish(&proc);
+    lp_dataloader_free(&data); lp_stage_free(&stage); lp_process_finish(&proc);
 
-Your own tokens instead of the loader: B*T+1 of them in an int array, inputs = tokens, targets = tokens + 1.
+Your own tokens instead of shards: a model made alone (lp_model_create(&m, &cfg, NULL)) takes B*T of them,
+lp_model_forward(&m, inputs, targets, B, T, 1.0f / (B * T)) then lp_model_backward(&m, 1) (section 8).
 Build: CPU `cc -x c -std=gnu11 -O3 -fopenmp -DLLMPAR_CPU app.cu -lm` (mpicc and -DLLMPAR_MPI for ranks,
 -DLLMPAR_BLAS and OpenBLAS for fast matmuls); CUDA `nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -fopenmp
 app.cu -lcublasLt -lcublas` (the Makefile's dev/examples targets show both, MPI and NCCL flags included).
-More: sections 7-10 below, each call's comment above it; train_gpt.cu's lp_train for the full driver (gradient
-accumulation, LR schedule, TP/PP/ZeRO, checkpoints); README.md.
+More: LPParallel (section 3) lists every setting (ZeRO, recomputation, schedules, offload, ...), each call's
+comment says what it does; train_gpt.cu's lp_train is the full driver (LR schedule, checkpoints, evaluation,
+the divergence guard); README.md.
 */
 #ifndef LLMPAR_H
 #define LLMPAR_H
@@ -500,10 +501,50 @@ static inline int lp_config_from_depth(LPConfig* c, const char* name) {
 // ----------------------------------------------------------------------------------------------------
 // 3. topology
 //
-// The world is a grid of t x d x p ranks (tensor, data, pipeline). TP is innermost because tensor-parallel
-// ranks exchange the most data (they should share a node), then DP, then PP outermost:
+// How training is split over the ranks is one LPParallel, every parallel setting declared once: a
+// program's designated initialisers (or train_gpt.cu's flags) fill it; lp_grid_init places the ranks by
+// it, and the model, the pipeline stage, the costs and the plan read it. The letters are Megatron-LM's: a
+// grid of t x d x p ranks, v model chunks per pipeline stage, m micro-batches per step.
+typedef struct {
+    int tp, dp, pp;          // t, d, p: tensor, data and pipeline parallel sizes (dp: the ranks left, lp_grid_init sets it)
+    int vpp;                 // v: model chunks per pipeline stage (interleaving)
+    int schedule;            // the pipeline's order of forwards and backwards, LP_SCHEDULE_* (section 4)
+    const char* partition;   // layers per chunk: "balanced", "uniform" or a list "L1,L2,..." (lp_pp_partition)
+    int micro_batches;       // m: micro-batches per step (the pipeline's; gradient accumulation)
+    int sp;                  // sequence parallelism inside the TP group (t > 1)
+    int scatter_gather;      // a pipeline boundary sent 1/t by each TP rank, all-gathered by the receivers
+    int zero;                // ZeRO stage 0..3 over DP (section 7)
+    int overlap;             // the layers' gradients reduced during backward, overlapped with the layers below
+    float bucket_mb;         // ZeRO-0 with overlap: layers reduced together once this many MiB of them are done
+    int recompute;           // which activations backward recomputes, LP_RECOMPUTE_* (section 8)
+    int offload;             // where the optimizer state lives, LP_OFFLOAD_* (section 7)
+    const char* offload_dir; // LP_OFFLOAD_NVME's directory
+    const char* comm;        // the transport of device tensors: "auto", "nccl" or "mpi" (lp_comm_init)
+} LPParallel;
+
+// Errors about a setting name it as the user of the program knows it: "LPParallel.tp", or what the
+// program's lp_setting_namer returns for that field (train_gpt.cu: its flag, "--tp").
+static const char* (*lp_setting_namer)(size_t offset);  // offsetof(LPParallel, field) -> a name, or NULL
+static inline const char* lp_setting_name(size_t offset, const char* field) {
+    const char* name = lp_setting_namer ? lp_setting_namer(offset) : NULL;
+    return name ? name : field;
+}
+#define LP_SETTING(field) lp_setting_name(offsetof(LPParallel, field), "LPParallel." #field)
+
+// The grid as data: its axes, innermost first. TP is innermost because tensor-parallel ranks exchange the
+// most data (they should share a node), then DP, then PP outermost. A rank's coordinate on an axis is its
+// rank divided by the sizes of the axes inside, modulo the axis's size:
 //     rank = (pp_rank * d + dp_rank) * t + tp_rank
-// Each rank belongs to one group per dimension: the ranks that differ from it in that coordinate only.
+// and each axis has a group: the ranks that differ from this one on that axis alone. A new axis is one
+// entry here (and one size in LPParallel).
+enum { LP_TP, LP_DP, LP_PP, LP_AXES };
+typedef struct {
+    const char* name;  // the group's, in error messages
+    size_t size;       // offsetof(LPParallel, its size)
+} LPAxis;
+static const LPAxis lp_axes[LP_AXES] = {{"tp", offsetof(LPParallel, tp)}, {"dp", offsetof(LPParallel, dp)},
+                                        {"pp", offsetof(LPParallel, pp)}};
+static inline int lp_axis_size(const LPParallel* par, int a) { return *(const int*)((const char*)par + lp_axes[a].size); }
 
 typedef struct {
 #ifdef LLMPAR_MPI
@@ -524,9 +565,10 @@ enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER, LP_SEND };
 
 typedef struct {
     int rank, world;
-    int tp, dp, pp;                 // grid sizes: t, d, p
-    int tp_rank, dp_rank, pp_rank;  // this rank's coordinates
-    LPGroup world_group, tp_group, dp_group, pp_group;
+    const LPParallel* par;          // the grid's sizes and every parallel setting (lp_grid_init)
+    int coord[LP_AXES];             // this rank's coordinate on each axis: coord[LP_TP] is its TP rank
+    LPGroup group[LP_AXES];         // its group on each axis: group[LP_DP] averages the gradients
+    LPGroup world_group;
     int device;                     // the GPU this rank uses (CUDA build)
     int gpus;                       // distinct GPUs in the run (ranks may share one, as in tests on one GPU)
     int shares_gpu_with;            // a rank driving this rank's GPU too, or -1
@@ -560,35 +602,43 @@ static inline LP_PRINTF(1, 2) void lp_fail_all(const char* fmt, ...) {
     lp_exit_all();
 }
 
-// Place this rank on the t x d x p grid (d = world / (t p)) and make its three groups.
-static inline void lp_grid_init(LPProcess* proc, int tp, int pp) {
-    if (tp < 1 || pp < 1) lp_fail_all("--tp %d --pp %d: sizes must be >= 1", tp, pp);
-    if ((long long)tp * pp > proc->world)
-        lp_fail_all("--tp %d --pp %d: the grid needs at least t*p = %lld ranks, this run has %d", tp, pp, (long long)tp * pp, proc->world);
-    if (proc->world % (tp * pp) != 0)
-        lp_fail_all("--tp %d --pp %d: t*p = %d does not divide the %d ranks (world = t*p*d)", tp, pp, tp * pp, proc->world);
-    proc->tp = tp;
-    proc->pp = pp;
-    proc->dp = proc->world / (tp * pp);
-    proc->tp_rank = proc->rank % tp;
-    proc->dp_rank = (proc->rank / tp) % proc->dp;
-    proc->pp_rank = proc->rank / (tp * proc->dp);
-    LPGroup* groups[4] = {&proc->tp_group, &proc->dp_group, &proc->pp_group, &proc->world_group};
-    const char* names[4] = {"tp", "dp", "pp", "world"};
-    int sizes[4] = {tp, proc->dp, pp, proc->world}, ranks[4] = {proc->tp_rank, proc->dp_rank, proc->pp_rank, proc->rank};
-    for (int i = 0; i < 4; i++) {
-        groups[i]->name = names[i];
-        groups[i]->size = sizes[i];
-        groups[i]->rank = ranks[i];
+// Place this rank on the grid par describes, d = world / (t p) (par->dp is set), and make its group on each
+// axis. par is the caller's and must outlive proc.
+static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
+    const char *tp = LP_SETTING(tp), *pp = LP_SETTING(pp);
+    long long tpp = (long long)par->tp * par->pp, world = proc->world;
+    if (par->tp < 1 || par->pp < 1) lp_fail_all("%s %d %s %d: sizes must be >= 1", tp, par->tp, pp, par->pp);
+    if (tpp > world) lp_fail_all("%s %d %s %d: the grid needs at least t*p = %lld ranks, this run has %d", tp, par->tp, pp, par->pp, tpp, proc->world);
+    if (world % tpp) lp_fail_all("%s %d %s %d: t*p = %lld does not divide the %d ranks (world = t*p*d)", tp, par->tp, pp, par->pp, tpp, proc->world);
+    par->dp = (int)(world / tpp);
+    proc->par = par;
+    int stride = 1;
+    for (int a = 0; a < LP_AXES; a++) {
+        int n = lp_axis_size(par, a);
+        LPGroup* g = &proc->group[a];
+        proc->coord[a] = proc->rank / stride % n;
+        g->name = lp_axes[a].name;
+        g->size = n;
+        g->rank = proc->coord[a];
 #ifdef LLMPAR_MPI
-        if (proc->world == 1) continue;  // groups of one need no communicator (and no MPI_Init)
-        // the group's members share the other coordinates: they make the split colour
-        int color = i == 0 ? proc->pp_rank * proc->dp + proc->dp_rank : i == 1 ? proc->pp_rank * tp + proc->tp_rank
-                  : i == 2 ? proc->dp_rank * tp + proc->tp_rank : 0;
-        MPI_Comm_split(MPI_COMM_WORLD, color, ranks[i], &groups[i]->comm);
-        MPI_Comm_set_errhandler(groups[i]->comm, MPI_ERRORS_RETURN);  // so failures name the collective
+        // groups of one need no communicator (nor MPI_Init); the members of a group share every other
+        // coordinate, so the rank with this one zeroed names the group
+        if (proc->world > 1) {
+            MPI_Comm_split(MPI_COMM_WORLD, proc->rank - proc->coord[a] * stride, proc->coord[a], &g->comm);
+            MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);  // so failures name the collective
+        }
 #endif
+        stride *= n;
     }
+    proc->world_group.name = "world";
+    proc->world_group.size = proc->world;
+    proc->world_group.rank = proc->rank;
+#ifdef LLMPAR_MPI
+    if (proc->world > 1) {
+        MPI_Comm_dup(MPI_COMM_WORLD, &proc->world_group.comm);
+        MPI_Comm_set_errhandler(proc->world_group.comm, MPI_ERRORS_RETURN);
+    }
+#endif
 }
 
 #ifndef LLMPAR_CPU
@@ -602,12 +652,13 @@ static cudaDeviceProp lp_device_prop;
 // or why not (written into why). Layers over pipeline stages: lp_pp_partition.
 static inline const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
     if (c->num_heads % t)
-        snprintf(why, size, "--tp %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", t, c->num_heads, t);
+        snprintf(why, size, "%s %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t, c->num_heads, t);
     else if (4 * c->channels % t)
-        snprintf(why, size, "--tp %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", t, 4 * c->channels, t);
+        snprintf(why, size, "%s %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t,
+                 4 * c->channels, t);
     else if (c->padded_vocab_size % t)
-        snprintf(why, size, "--tp %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", t,
-                 c->padded_vocab_size, t);
+        snprintf(why, size, "%s %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp),
+                 t, c->padded_vocab_size, t);
     else
         return NULL;
     return why;
@@ -615,7 +666,7 @@ static inline const char* lp_tp_check(const LPConfig* c, int t, char* why, size_
 // Every rank checks alike, so rank 0 alone prints.
 static inline void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
-    if (lp_tp_check(c, proc->tp, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -766,9 +817,8 @@ static inline const char* lp_engine_name(void) {
 
 static inline void lp_process_finish(LPProcess* proc) {
 #ifdef LLMPAR_NCCL
-    LPGroup* groups[3] = {&proc->tp_group, &proc->dp_group, &proc->pp_group};
-    for (int i = 0; i < 3; i++)
-        if (groups[i]->nccl) ncclCommDestroy(groups[i]->nccl);
+    for (int a = 0; a < LP_AXES; a++)
+        if (proc->group[a].nccl) ncclCommDestroy(proc->group[a].nccl);
 #endif
 #ifndef LLMPAR_CPU
     if (lp_cublaslt_workspace) {
@@ -791,7 +841,7 @@ static inline void lp_process_finish(LPProcess* proc) {
 // (schedule, p, v, m, s); lp_schedule_simulate runs them against each other to prove they fit.
 
 enum { LP_SCHEDULE_GPIPE, LP_SCHEDULE_1F1B, LP_SCHEDULE_INTERLEAVED };
-static const char* const lp_schedule_names[3] = {"gpipe", "1f1b", "interleaved"};
+static const char* const lp_schedule_names[] = {"gpipe", "1f1b", "interleaved", NULL};
 
 typedef struct {
     int forward;  // 1 forward, 0 backward
@@ -799,22 +849,17 @@ typedef struct {
     int chunk;    // this stage's chunk 0 .. v-1 (virtual stage chunk*p + s)
 } LPAction;
 
-// The schedule named `name`, or -1.
-static inline int lp_schedule_parse(const char* name) {
-    for (int k = 0; k < 3; k++)
-        if (strcmp(name, lp_schedule_names[k]) == 0) return k;
-    return -1;
-}
-
-// Why (schedule, p, v, m) cannot run, or NULL when it can. Flags name the fix.
+// Why (schedule, p, v, m) cannot run, or NULL when it can. The settings name the fix.
 static inline const char* lp_schedule_check(int kind, int p, int v, int m, char* why, size_t size) {
-    if (p < 1 || v < 1 || m < 1) snprintf(why, size, "--pp %d, --vpp %d and %d micro-batches must be >= 1", p, v, m);
+    if (p < 1 || v < 1 || m < 1)
+        snprintf(why, size, "%s %d, %s %d and %d micro-batches (%s) must be >= 1", LP_SETTING(pp), p, LP_SETTING(vpp), v, m,
+                 LP_SETTING(micro_batches));
     else if (kind != LP_SCHEDULE_INTERLEAVED && v != 1)
-        snprintf(why, size, "--vpp %d: chunks per stage need --schedule interleaved (%s runs one chunk per stage)", v,
-                 lp_schedule_names[kind]);
+        snprintf(why, size, "%s %d: chunks per stage need %s interleaved (%s runs one chunk per stage)", LP_SETTING(vpp), v,
+                 LP_SETTING(schedule), lp_schedule_names[kind]);
     else if (kind == LP_SCHEDULE_INTERLEAVED && m % p != 0)
-        snprintf(why, size, "--schedule interleaved: the %d micro-batches per step (-d / (-b * -t * d)) must be a multiple of "
-                 "--pp %d", m, p);
+        snprintf(why, size, "%s interleaved: the %d micro-batches per step (%s) must be a multiple of %s %d", LP_SETTING(schedule),
+                 m, LP_SETTING(micro_batches), LP_SETTING(pp), p);
     else return NULL;
     return why;
 }
@@ -1567,11 +1612,12 @@ static inline void lp_count_gpus(LPProcess* proc) {
 
 // Choose the transport for device tensors. NCCL (the CUDA default) needs one GPU per rank: when ranks
 // share a GPU (several ranks on one card, as in tests on one GPU) the run uses MPI, with a notice.
-// `choice` is --comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init. (CUDA build:
-// it also counts the run's distinct GPUs, p->gpus, which MFU divides by.)
-static inline void lp_comm_init(LPProcess* proc, const char* choice) {
+// The choice is LPParallel's comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init. (CUDA
+// build: it also counts the run's distinct GPUs, proc->gpus, which MFU divides by.)
+static inline void lp_comm_init(LPProcess* proc) {
+    const char* choice = proc->par->comm;
     if (strcmp(choice, "auto") != 0 && strcmp(choice, "nccl") != 0 && strcmp(choice, "mpi") != 0)
-        lp_fail_all("flag --comm: transport must be auto, nccl or mpi, got '%s'", choice);
+        lp_fail_all("%s: transport must be auto, nccl or mpi, got '%s'", LP_SETTING(comm), choice);
 #ifndef LLMPAR_CPU
     lp_count_gpus(proc);
 #endif
@@ -1580,20 +1626,19 @@ static inline void lp_comm_init(LPProcess* proc, const char* choice) {
     if (proc->gpus < proc->world) {  // some ranks share a GPU
         if (strcmp(choice, "nccl") == 0) {
             if (proc->shares_gpu_with >= 0)
-                lp_fail("flag --comm nccl: ranks %d and %d share a GPU; NCCL needs one GPU per rank (use --comm mpi)", proc->rank,
-                        proc->shares_gpu_with);
+                lp_fail("%s nccl: ranks %d and %d share a GPU; NCCL needs one GPU per rank (use %s mpi)", LP_SETTING(comm),
+                        proc->rank, proc->shares_gpu_with, LP_SETTING(comm));
             lp_exit_all();
         }
         lp_log("notice: ranks share a GPU, so collectives go over MPI through host memory (slower than NCCL)\n");
         return;
     }
-    LPGroup* groups[3] = {&proc->tp_group, &proc->dp_group, &proc->pp_group};
-    for (int i = 0; i < 3; i++) lp_group_nccl_init(groups[i]);
+    for (int a = 0; a < LP_AXES; a++) lp_group_nccl_init(&proc->group[a]);
     cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
     if (strcmp(choice, "nccl") == 0 && proc->world > 1)
-        lp_fail_all("flag --comm nccl: this build has no NCCL (the CPU build, or nccl.h was not found)");
+        lp_fail_all("%s nccl: this build has no NCCL (the CPU build, or nccl.h was not found)", LP_SETTING(comm));
     (void)proc;
 #endif
 }
@@ -3739,7 +3784,8 @@ static inline void lp_offload_wait(LPOffload* o, long id) {
     while (o->done <= id) pthread_cond_wait(&o->cond, &o->lock);
     int err = o->err, write = o->err_write;
     pthread_mutex_unlock(&o->lock);
-    if (err) lp_fail("--offload-dir: cannot %s the optimizer state in %s: %s", write ? "write" : "read", o->path, strerror(err));
+    if (err)
+        lp_fail("%s: cannot %s the optimizer state in %s: %s", LP_SETTING(offload_dir), write ? "write" : "read", o->path, strerror(err));
 }
 
 // Values per chunk for a state of `values` values: LP_OFFLOAD_CHUNK (tests: LLMPAR_OFFLOAD_CHUNK, so a tiny
@@ -3780,9 +3826,9 @@ static inline LPOffload* lp_offload_open(const char* dir, int tag, size_t values
     }
 #endif
     if (o->fd < 0) o->fd = open(o->path, O_RDWR | O_CREAT | O_EXCL, 0600);
-    if (o->fd < 0) lp_fail("--offload-dir: cannot create %s: %s", o->path, strerror(errno));
+    if (o->fd < 0) lp_fail("%s: cannot create %s: %s", LP_SETTING(offload_dir), o->path, strerror(errno));
     unlink(o->path);
-    if (ftruncate(o->fd, 0) != 0) lp_fail("--offload-dir: cannot write %s: %s", o->path, strerror(errno));
+    if (ftruncate(o->fd, 0) != 0) lp_fail("%s: cannot write %s: %s", LP_SETTING(offload_dir), o->path, strerror(errno));
     pthread_mutex_init(&o->lock, NULL);
     pthread_cond_init(&o->cond, NULL);
     if (pthread_create(&o->thread, NULL, lp_offload_helper, o) != 0) lp_fail("cannot start the offload thread");
@@ -3810,12 +3856,7 @@ static inline void lp_offload_close(LPOffload* o) {
 // (the CUDA build's, ZeRO-3): OPTIMIZER, and the shard of bf16 weights in pinned host memory too, each
 // layer's part coming up to the GPU as its gather starts.
 enum { LP_OFFLOAD_NONE, LP_OFFLOAD_NVME, LP_OFFLOAD_OPTIMIZER, LP_OFFLOAD_PARAMS };
-static const char* const lp_offload_names[4] = {"none", "nvme", "optimizer", "params"};
-static inline int lp_offload_parse(const char* name) {
-    for (int i = 0; i < 4; i++)
-        if (strcmp(name, lp_offload_names[i]) == 0) return i;
-    return -1;
-}
+static const char* const lp_offload_names[] = {"none", "nvme", "optimizer", "params", NULL};
 
 #ifndef LLMPAR_CPU
 // --- The update on the host (the CUDA build's --offload): the CPU updates the shard a chunk at a time
@@ -3856,10 +3897,8 @@ static inline void lp_host_optim_free(LPHostOptim* h) {
 #endif
 
 typedef struct {
-    const LPGroup* dp;    // gradients are averaged over this group (NULL: one replica)
-    int stage;            // ZeRO stage 0..3 over dp
-    int overlap;          // stage 0: all-reduce the layers' gradients during the last backward, in buckets of
-    size_t bucket_bytes;  //   layers holding at least this many bytes of gradients (0: every layer)
+    const LPGroup* dp;        // gradients are averaged over this group (NULL: one replica)
+    const LPParallel* par;    // its ZeRO stage (par->zero: "stage" below), overlap, buckets and offload
     // the flat parameters: tensor i at param_offsets[i], param_sizes[i] values; one layer's slices of the
     // layer tensors, packed one after another (layer_offsets), make layer_params values
     int L;
@@ -3931,15 +3970,16 @@ static inline int lp_zero_whole(const LPZero* z, int i) {
 }
 
 // Lay out the flat parameters from their sizes (a layer tensor's for L layers; wte's of wte_rows rows) and
-// allocate what this rank keeps of them at ZeRO stage `stage` over dp, the optimizer state where `offload`
-// says (LP_OFFLOAD_*; NVME: a file in offload_dir, `tag` telling a rank's models apart). wte_alone: the model
-// holds the only copy of wte, so stages 2-3 may cut it in pieces.
+// allocate what this rank keeps of them at par's ZeRO stage over dp, the optimizer state where par->offload
+// says (LP_OFFLOAD_*; NVME: a file in par->offload_dir, `tag` telling a rank's models apart). wte_alone: the
+// model holds the only copy of wte, so stages 2-3 may cut it in pieces.
 static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], int L, size_t wte_rows, int wte_alone,
-                                  const LPGroup* dp, int stage, int offload, const char* offload_dir, int tag) {
+                                  const LPGroup* dp, const LPParallel* par, int tag) {
     memset(z, 0, sizeof(*z));
-    if (stage >= 1 && !dp) lp_fail("ZeRO-%d needs a data-parallel group", stage);
+    int stage = par->zero, offload = par->offload;
+    if (stage >= 1 && !dp) lp_fail("%s %d: ZeRO needs a data-parallel group", LP_SETTING(zero), stage);
     z->dp = dp;
-    z->stage = stage;
+    z->par = par;
     z->L = L;
     z->wte_rows = wte_rows;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
@@ -3965,7 +4005,7 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
     for (int i = 0; i < LP_NUM_PARAMS; i++) z->outside += lp_zero_whole(z, i) ? sizes[i] : 0;
     size_t outside = z->outside;
     if (offload == LP_OFFLOAD_PARAMS && (stage < 3 || LP_MASTER_COPY == 0))
-        lp_fail("--offload params: the CUDA build's, with ZeRO-3 (it moves the weight shard that ZeRO-3 gathers from)");
+        lp_fail("%s params: the CUDA build's, with ZeRO-3 (it moves the weight shard that ZeRO-3 gathers from)", LP_SETTING(offload));
     z->params_on_host = offload == LP_OFFLOAD_PARAMS;
     if (stage >= 3) {  // whole weights only for the tensors outside the layers, packed
         z->params = (floatX*)lp_device_malloc(outside * sizeof(floatX), "parameters outside the layers");
@@ -3991,7 +4031,8 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
         z->param_bytes = n * sizeof(floatX);
     }
 #ifdef LLMPAR_CPU
-    if (offload == LP_OFFLOAD_OPTIMIZER) lp_fail("--offload optimizer: moves GPU state to host memory, where the CPU build's already is");
+    if (offload == LP_OFFLOAD_OPTIMIZER)
+        lp_fail("%s optimizer: moves GPU state to host memory, where the CPU build's already is", LP_SETTING(offload));
 #else
     z->host_state = offload != LP_OFFLOAD_NONE;  // the update on the CPU, master weights in pinned host memory
 #endif
@@ -4005,7 +4046,7 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
         z->master = (float*)(stage >= 3 ? z->param_shard : z->params + z->shard_start);
     }
     if (offload == LP_OFFLOAD_NVME) {
-        z->off = lp_offload_open(offload_dir, tag, k);
+        z->off = lp_offload_open(par->offload_dir, tag, k);
     } else if (z->host_state) {
         z->adam_m = (float*)lp_pinned_malloc(k * sizeof(float), "AdamW first moment");
         z->adam_v = (float*)lp_pinned_malloc(k * sizeof(float), "AdamW second moment");
@@ -4038,11 +4079,11 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
 static inline void lp_zero_free(LPZero* z) {
     lp_device_free(z->params);
     lp_device_free(z->grads);
-    if (z->stage >= 2) {
+    if (z->par->zero >= 2) {
         lp_device_free(z->grad_shard);
         for (int b = 0; b < 2; b++) lp_device_free(z->grad_buf[b]);
     }
-    if (z->stage >= 3) {
+    if (z->par->zero >= 3) {
         if (z->params_on_host) lp_pinned_free(z->param_shard);
         else lp_device_free(z->param_shard);
         for (int b = 0; b < 2; b++) lp_device_free(z->layer_buf[b]);
@@ -4073,7 +4114,7 @@ static inline void lp_zero_free(LPZero* z) {
 
 // Tensor i of layer l (a layer tensor, LN1W .. FCPROJB): its weights, and where its gradient accumulates.
 static inline floatX* lp_zero_weights(const LPZero* z, int i, int l) {
-    if (z->stage >= 3) {
+    if (z->par->zero >= 3) {
         for (int b = 0; b < 2; b++)
             if (z->layer_in_buf[b] == l) return z->layer_buf[b] + z->layer_offsets[i];
         lp_fail("ZeRO-3: layer %d's weights were used before they were gathered", l);
@@ -4081,7 +4122,7 @@ static inline floatX* lp_zero_weights(const LPZero* z, int i, int l) {
     return z->w[i] + (size_t)l * (z->param_sizes[i] / z->L);
 }
 static inline floatX* lp_zero_grads(const LPZero* z, int i, int l) {
-    if (z->stage >= 2) return z->layer_grads + z->layer_offsets[i];
+    if (z->par->zero >= 2) return z->layer_grads + z->layer_offsets[i];
     return z->g[i] + (size_t)l * (z->param_sizes[i] / z->L);
 }
 
@@ -4102,10 +4143,10 @@ static inline int lp_zero_tensor_in_shard(const LPZero* z, int i, size_t* a, siz
 }
 // This rank's shard of the averaged gradients and of the compute-type weights (what AdamW updates).
 static inline const floatX* lp_zero_shard_grads(const LPZero* z) {
-    return z->stage >= 2 ? z->grad_shard : z->grads + z->shard_start;
+    return z->par->zero >= 2 ? z->grad_shard : z->grads + z->shard_start;
 }
 static inline floatX* lp_zero_shard_params(const LPZero* z) {
-    return z->stage >= 3 ? z->param_shard : z->params + z->shard_start;
+    return z->par->zero >= 3 ? z->param_shard : z->params + z->shard_start;
 }
 
 // The optimizer walks this rank's shard a chunk at a time: lp_zero_state_begin gives the number of chunks
@@ -4214,7 +4255,7 @@ static inline void lp_zero_state_in(const LPZero* z, void* dst, const void* src,
 // Set the weights from fp32 host values of the whole flat array: the compute-type params get all of them
 // (stage 3: the tensors outside the layers, and this rank's shard), the master weights this rank's shard.
 static inline void lp_zero_set_weights(LPZero* z, const float* flat) {
-    if (z->stage >= 3) {
+    if (z->par->zero >= 3) {
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (lp_zero_whole(z, i)) lp_to_device_floatX(z->w[i], flat + z->param_offsets[i], z->param_sizes[i]);
         if (z->params_on_host) lp_to_floatX(z->param_shard, flat + z->shard_start, lp_zero_shard_count(z));
@@ -4228,7 +4269,7 @@ static inline void lp_zero_set_weights(LPZero* z, const float* flat) {
 
 // Zero the gradients for a new step (stage 2-3: the shard, and the whole tensors outside the layers).
 static inline void lp_zero_clear_grads(LPZero* z) {
-    if (z->stage >= 2) {
+    if (z->par->zero >= 2) {
         lp_device_zero(z->grads, z->outside * sizeof(floatX));
         lp_device_zero(z->grad_shard, z->shard_size * sizeof(floatX));
     } else {
@@ -4266,7 +4307,7 @@ static inline void lp_zero_gather_start(LPZero* z, floatX* dst, size_t flat, siz
 // Stage 3: start gathering layer l's weights (if not there or on their way) into the buffer that does not
 // hold layer `keep` (-1: none), else the one holding the layer furthest from l.
 static inline void lp_zero_prefetch(LPZero* z, int l, int keep) {
-    if (z->stage < 3 || l < 0 || l >= z->L || z->layer_in_buf[0] == l || z->layer_in_buf[1] == l) return;
+    if (z->par->zero < 3 || l < 0 || l >= z->L || z->layer_in_buf[0] == l || z->layer_in_buf[1] == l) return;
     int d0 = z->layer_in_buf[0] < 0 ? 1 << 30 : abs(z->layer_in_buf[0] - l);
     int d1 = z->layer_in_buf[1] < 0 ? 1 << 30 : abs(z->layer_in_buf[1] - l);
     int b = z->layer_in_buf[0] == keep ? 1 : z->layer_in_buf[1] == keep ? 0 : d0 >= d1 ? 0 : 1;
@@ -4282,7 +4323,7 @@ static inline void lp_zero_prefetch(LPZero* z, int l, int keep) {
 // `next`'s start coming into the other buffer while l runs (-1: none; forward prefetches l+1, backward
 // l-1). Other stages hold every layer's weights: nothing to do.
 static inline void lp_zero_fetch(LPZero* z, int l, int next) {
-    if (z->stage < 3) return;
+    if (z->par->zero < 3) return;
     lp_zero_prefetch(z, l, -1);
     lp_wait(z->dp, &z->gathering[z->layer_in_buf[0] == l ? 0 : 1]);
     lp_zero_prefetch(z, next, l);
@@ -4333,7 +4374,7 @@ static inline void lp_zero_reduce_finish(LPZero* z, int b) {
 // Hook, before layer l's backward: stage 2-3 give its gradients buffer l % 2, zeroed, once layer l+2's
 // have left it.
 static inline void lp_zero_layer_begin(LPZero* z, int l) {
-    if (z->stage < 2) return;
+    if (z->par->zero < 2) return;
     lp_zero_reduce_finish(z, l % 2);
     z->layer_grads = z->grad_buf[l % 2];
     lp_device_zero(z->layer_grads, z->layer_params * sizeof(floatX));
@@ -4345,11 +4386,11 @@ static inline void lp_zero_layer_begin(LPZero* z, int l) {
 // reducing hold bucket_bytes (or l is the first layer), they start their all-reduce: in the flat layout
 // each tensor's slices of consecutive layers are contiguous, so a bucket is one all-reduce per tensor.
 static inline void lp_zero_layer_done(LPZero* z, int l, int last) {
-    if (z->stage >= 2) {
+    if (z->par->zero >= 2) {
         lp_zero_reduce_layer_start(z, l, l % 2);
-        if (!z->overlap) lp_zero_reduce_finish(z, l % 2);
-    } else if (last && z->overlap && z->stage == 0 && z->dp && z->dp->size > 1 &&
-               (l == 0 || (z->unreduced - l) * z->layer_params * sizeof(floatX) >= z->bucket_bytes)) {
+        if (!z->par->overlap) lp_zero_reduce_finish(z, l % 2);
+    } else if (last && z->par->overlap && z->par->zero == 0 && z->dp && z->dp->size > 1 &&
+               (l == 0 || (z->unreduced - l) * z->layer_params * sizeof(floatX) >= z->par->bucket_mb * 1048576.0)) {
         for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
             lp_all_reduce_start(z->dp, lp_zero_grads(z, i, l), (size_t)(z->unreduced - l) * (z->param_sizes[i] / z->L),
                                 &z->reducing);
@@ -4360,7 +4401,7 @@ static inline void lp_zero_layer_done(LPZero* z, int l, int last) {
 
 // Hook, after the whole backward: stage 2-3's last layer reductions arrive.
 static inline void lp_zero_backward_done(LPZero* z) {
-    for (int b = 0; b < 2 && z->stage >= 2; b++) lp_zero_reduce_finish(z, b);
+    for (int b = 0; b < 2 && z->par->zero >= 2; b++) lp_zero_reduce_finish(z, b);
     z->unreduced = z->L;
 }
 
@@ -4382,7 +4423,7 @@ static inline void lp_zero_piece_prefetch(LPZero* z, int k) {
 static inline const floatX* lp_zero_wte(LPZero* z, int k) {
     size_t r0;
     lp_zero_piece(z, k, &r0);
-    if (!z->wte_cut || z->stage < 3) return z->w[LP_WTE] + r0 * (z->param_sizes[LP_WTE] / z->wte_rows);
+    if (!z->wte_cut || z->par->zero < 3) return z->w[LP_WTE] + r0 * (z->param_sizes[LP_WTE] / z->wte_rows);
     lp_zero_piece_prefetch(z, k);
     lp_wait(z->dp, &z->piece_gathering[k % 2]);
     lp_zero_piece_prefetch(z, k + 1);
@@ -4403,7 +4444,7 @@ static inline void lp_zero_wte_grad_done(LPZero* z, int k) {
     if (!z->wte_cut) return;
     size_t r0, rows = lp_zero_piece(z, k, &r0), cols = z->param_sizes[LP_WTE] / z->wte_rows;
     lp_zero_reduce_start(z, k % 2, z->grad_buf[k % 2], z->param_offsets[LP_WTE] + r0 * cols, rows * cols);
-    if (!z->overlap) lp_zero_reduce_finish(z, k % 2);
+    if (!z->par->overlap) lp_zero_reduce_finish(z, k % 2);
 }
 
 // The step's gradients averaged over dp, for the optimizer: all-reduced (stage 0; with overlap the layers'
@@ -4412,11 +4453,11 @@ static inline void lp_zero_wte_grad_done(LPZero* z, int k) {
 // layers were accumulated whole over the micro-batches and are reduced now.
 static inline void lp_zero_average(LPZero* z) {
     const LPGroup* dp = z->dp;
-    if (z->stage >= 2) {
+    if (z->par->zero >= 2) {
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (lp_zero_whole(z, i)) lp_zero_reduce_grads(z, z->g[i], z->param_offsets[i], z->param_sizes[i]);
     } else if (dp && dp->size > 1) {
-        if (z->stage == 1) {
+        if (z->par->zero == 1) {
             lp_reduce_scatter(dp, z->grads, z->shard_size, 1);
         } else if (z->layers_reducing) {  // finish the layers', reduce the rest
             lp_wait(dp, &z->reducing);
@@ -4432,12 +4473,12 @@ static inline void lp_zero_average(LPZero* z) {
 // After the optimizer updated this rank's shard of the weights: stage 1-2 all-gather them, stage 3 the
 // tensors outside the layers (the layers' are gathered when forward next needs them).
 static inline void lp_zero_gather_updated(LPZero* z) {
-    if (z->stage >= 3) {
+    if (z->par->zero >= 3) {
         z->layer_in_buf[0] = z->layer_in_buf[1] = z->piece_in_buf[0] = z->piece_in_buf[1] = -1;
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (lp_zero_whole(z, i)) lp_zero_gather_start(z, z->w[i], z->param_offsets[i], z->param_sizes[i], &z->now);
         lp_wait(z->dp, &z->now);
-    } else if (z->stage >= 1) {
+    } else if (z->par->zero >= 1) {
         lp_all_gather(z->dp, z->params, z->shard_size * sizeof(floatX));
     }
 }
@@ -4483,23 +4524,13 @@ static inline void lp_zero_gather_updated(LPZero* z) {
 //              the GELU first (its TP collectives too), about a quarter more compute for the least memory.
 // What is recomputed has room for one layer, in the scratch that the micro-batches in flight share.
 enum { LP_RECOMPUTE_NONE, LP_RECOMPUTE_SELECTIVE, LP_RECOMPUTE_FULL };
-static const char* const lp_recompute_names[] = {"none", "selective", "full"};
-static inline int lp_recompute_parse(const char* name) {
-    for (int i = 0; i < 3; i++)
-        if (strcmp(name, lp_recompute_names[i]) == 0) return i;
-    return -1;
-}
+static const char* const lp_recompute_names[] = {"none", "selective", "full", NULL};
 
 // Attention (--attention): the CUDA build's choice of path. flash: FlashAttention-2's form, keeping q, k, v as
 // the projection wrote them and each row's logsumexp; cublas: llm.c's attention without cuDNN, keeping q, k,
 // v permuted per head and the (B,NH,T,T) probabilities, as the CPU build's loops always do.
 enum { LP_ATTENTION_FLASH, LP_ATTENTION_CUBLAS };
-static const char* const lp_attention_names[] = {"flash", "cublas"};
-static inline int lp_attention_parse(const char* name) {
-    for (int i = 0; i < 2; i++)
-        if (strcmp(name, lp_attention_names[i]) == 0) return i;
-    return -1;
-}
+static const char* const lp_attention_names[] = {"flash", "cublas", NULL};
 // Whether attention keeps its probabilities (the CPU build's loops, the CUDA build's cublas path).
 static inline int lp_attention_materialised(int attention) {
 #ifdef LLMPAR_CPU
@@ -4560,12 +4591,25 @@ typedef struct {
     int copy;
 } LPRun;
 
-// How one model is split over ranks.
+// One rank alone, nothing split: a model made without a grid; a start for a program's own LPParallel (the
+// defaults of train_gpt.cu's flags).
+static const LPParallel lp_parallel_one = {
+    1, 1, 1,           // tp, dp, pp
+    1,                 // vpp
+    LP_SCHEDULE_1F1B,  // schedule
+    "balanced",        // partition
+    1,                 // micro_batches
+    0, 1,              // sp, scatter_gather
+    0, 1, 25.0f,       // zero, overlap, bucket_mb
+    LP_RECOMPUTE_NONE, LP_OFFLOAD_NONE, "",  // recompute, offload, offload_dir
+    "auto"             // comm
+};
+
+// What lp_model_create makes, besides the shape: set by name, `LPModelOptions o = {.proc = &proc};`, the
+// rest 0. A model with no options (NULL) is the whole model on one rank.
 typedef struct {
-    const LPGroup* tp;  // tensor-parallel group (NULL: t = 1)
-    const LPGroup* dp;  // data-parallel group: gradients are averaged over it (NULL: one replica)
-    int zero;           // ZeRO stage 0..3 over dp
-    int sp;             // sequence parallelism over tp
+    // the grid: this rank's TP slice and DP groups, and every parallel setting (proc->par); NULL: one rank
+    const LPProcess* proc;
     // pipeline: this model is chunk `chunk` of `chunks` (0: the whole model), running the model's layers
     // [layer0, layer0 + layers); the first chunk holds the embedding, the last the final LayerNorm and head
     int chunk, chunks, layer0, layers;
@@ -4574,11 +4618,8 @@ typedef struct {
     const int* aux;
     int num_aux;
     float aux_weight;
-    int recompute;  // activation recomputation, LP_RECOMPUTE_*
     int attention;  // LP_ATTENTION_*: the CUDA build's attention path
-    int offload;              // where the optimizer state lives, LP_OFFLOAD_* (section 7)
-    const char* offload_dir;  // NVME: the directory of its file
-} LPSplit;
+} LPModelOptions;
 
 typedef struct {
     LPConfig cfg;         // the whole model's shape
@@ -4596,10 +4637,11 @@ typedef struct {
     size_t total_params;  // the whole model's parameter count
     LPRun* runs;          // this rank's parameters in the canonical layout (files)
     int num_runs;
-    // tensor parallelism: this rank's slice of the heads, MLP and vocabulary; sp: of the rows too
+    // how it is split (par->sp: sequence parallelism, par->recompute, ZeRO's settings); tensor parallelism:
+    // this rank's slice of the heads, MLP and vocabulary (with sp, of the rows too)
+    const LPParallel* par;
     const LPGroup* tp;
-    int tp_size, tp_rank, sp;
-    int recompute;        // LP_RECOMPUTE_*: which activations backward recomputes
+    int tp_size, tp_rank;
     int attention;        // LP_ATTENTION_*: the CUDA build's attention path
     // this rank's weights, gradients and AdamW state, their flat layout, and how data parallelism and
     // ZeRO hold and average them (section 7); tensor i of layer l: lp_layer_param / lp_layer_grad
@@ -4676,18 +4718,20 @@ static inline void lp_model_build_runs(LPModel* m) {
     m->total_params = canon;
 }
 
-// Allocate a model of shape cfg, split as `split` says (NULL: one rank); split->zero is its ZeRO stage
-// over split->dp (section 7).
-static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSplit* split) {
+// Allocate a model of shape cfg as the options say (NULL: the whole model on one rank): split over the grid
+// of o->proc as its LPParallel says (ZeRO over its DP group: section 7).
+static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
-    LPSplit none;
+    LPModelOptions none;
     memset(&none, 0, sizeof(none));
-    if (!split) split = &none;
-    m->tp = split->tp;
+    const LPModelOptions* split = o ? o : &none;
+    const LPProcess* proc = split->proc;
+    m->par = proc ? proc->par : &lp_parallel_one;
+    m->tp = proc ? &proc->group[LP_TP] : NULL;
     m->tp_size = m->tp ? m->tp->size : 1;
     m->tp_rank = m->tp ? m->tp->rank : 0;
-    m->sp = split->sp && m->tp_size > 1;
+    if (m->par->sp && m->tp_size < 2) lp_fail_all("%s: sequence parallelism splits rows over a TP group of 2 or more", LP_SETTING(sp));
     int chunks = split->chunks ? split->chunks : 1;
     m->layer0 = split->chunks ? split->layer0 : 0;
     m->L = split->chunks ? split->layers : cfg->num_layers;
@@ -4696,7 +4740,6 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
     if (m->layer0 < 0 || m->L < 0 || m->layer0 + m->L > cfg->num_layers)
         lp_fail("internal: chunk layers [%d, %d) outside the model's %d", m->layer0, m->layer0 + m->L, cfg->num_layers);
     m->aux_weight = split->aux_weight;
-    m->recompute = split->recompute;
     m->attention = split->attention;
     for (int j = 0; j < split->num_aux; j++) {
         int l = split->aux[j] - 1 - m->layer0;  // the local layer whose output it is
@@ -4714,8 +4757,7 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPSpli
         else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[i] = 0;  // held by another chunk
     }
     size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, split->dp, split->zero, split->offload, split->offload_dir,
-                   split->chunk);
+    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, proc ? &proc->group[LP_DP] : NULL, m->par, split->chunk);
     lp_model_build_runs(m);
 }
 
@@ -4780,11 +4822,11 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
                                            size_t* scratch_bytes) {
     const LPConfig* c = &m->cfg;
     size_t t = m->tp_size, L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
-    size_t N = (size_t)B * T, Nr = m->sp ? N / t : N, Vl = m->last ? c->padded_vocab_size / t : 0, off[2] = {0, 0};
+    size_t N = (size_t)B * T, Nr = m->par->sp ? N / t : N, Vl = m->last ? c->padded_vocab_size / t : 0, off[2] = {0, 0};
     size_t head = m->last ? Nr : 0;  // the final LayerNorm and the logits live on the last chunk
     // recomputed activations: one layer's room, in scratch (region 1). Full recomputation keeps only the
     // residual stream (residual3, and encoded); selective drops the attention probabilities and GELU output
-    int full = m->recompute == LP_RECOMPUTE_FULL, sel = m->recompute != LP_RECOMPUTE_NONE;
+    int full = m->par->recompute == LP_RECOMPUTE_FULL, sel = m->par->recompute != LP_RECOMPUTE_NONE;
     size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L, mat = lp_attention_materialised(m->attention);
 #define LP_CARVE(region, field, type, count)                                                  \
     do {                                                                                      \
@@ -4816,7 +4858,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, stats, float, t * N * 3);
     LP_CARVE(1, qkv, floatX, N * 3 * Cl);
     LP_CARVE(1, btc, floatX, N * C);
-    LP_CARVE(1, full, floatX, m->sp ? N * C : 0);
+    LP_CARVE(1, full, floatX, m->par->sp ? N * C : 0);
     LP_CARVE(1, dresidual, floatX, Nr * C);
     LP_CARVE(1, dfch, floatX, N * Fl);
     LP_CARVE(1, dqkvr, floatX, mat * N * 3 * Cl);
@@ -4835,8 +4877,8 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
 // Activations for micro-batches of (B, T), `slots` of them in flight at once.
 static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
     if (T > m->cfg.max_seq_len)
-        lp_fail("sequence length -t %d exceeds the model's maximum %d", T, m->cfg.max_seq_len);
-    if (m->sp && (size_t)B * T % m->tp_size)
+        lp_fail("sequence length T = %d exceeds the model's maximum %d", T, m->cfg.max_seq_len);
+    if (m->par->sp && (size_t)B * T % m->tp_size)
         lp_fail("sequence parallelism: the %d x %d rows of a batch do not split over %d ranks", B, T, m->tp_size);
     m->B = B;
     m->T = T;
@@ -4887,7 +4929,7 @@ static inline void lp_check_tokens(const int* tokens, size_t n, int V, const cha
 
 // f forward: the whole (N,C) input of a column-parallel matmul from this rank's rows of it.
 static inline const floatX* lp_tp_f_forward(LPModel* m, const floatX* rows, int N, int C) {
-    if (!m->sp) return rows;
+    if (!m->par->sp) return rows;
     size_t block = (size_t)N / m->tp_size * C;
     lp_copy_device(m->act.full + block * m->tp_rank, rows, block * sizeof(floatX));
     lp_all_gather(m->tp, m->act.full, block * sizeof(floatX));
@@ -4897,7 +4939,7 @@ static inline const floatX* lp_tp_f_forward(LPModel* m, const floatX* rows, int 
 // the sum, in place.
 static inline floatX* lp_tp_f_backward(LPModel* m, floatX* partial, int N, int C) {
     if (m->tp_size == 1) return partial;
-    if (!m->sp) {
+    if (!m->par->sp) {
         lp_all_reduce(m->tp, partial, (size_t)N * C, 0);
         return partial;
     }
@@ -4941,7 +4983,7 @@ static inline void lp_model_logits(LPModel* m, floatX* logits, const floatX* lnf
 // with its mean and rstd) and x's, added to act.dresidual.
 static inline void lp_model_head_backward(LPModel* m, const floatX* x, const floatX* lnf, const float* mean, const float* rstd,
                                           const floatX* dlogits, int N) {
-    int C = m->cfg.channels, Nr = m->sp ? N / m->tp_size : N, Vl = m->cfg.padded_vocab_size / m->tp_size;
+    int C = m->cfg.channels, Nr = m->par->sp ? N / m->tp_size : N, Vl = m->cfg.padded_vocab_size / m->tp_size;
     LPActivations* a = &m->act;
     LPZero* z = &m->zero;
     // LM head, piece by piece: the input's gradient (summed over the pieces), then wte's (SP gathers lnf's
@@ -4960,7 +5002,7 @@ static inline void lp_model_head_backward(LPModel* m, const floatX* x, const flo
                            rstd, Nr, C);
 }
 
-// Layer l's activations in the slot in use, in the last forward's shape. What m->recompute drops has
+// Layer l's activations in the slot in use, in the last forward's shape. What m->par->recompute drops has
 // one layer's room, which every layer uses in turn.
 typedef struct {
     const floatX* input;  // the residual stream entering the layer
@@ -4971,9 +5013,9 @@ typedef struct {
 } LPLayerActs;
 static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     const LPActivations* a = &m->act;
-    size_t t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->sp ? N / t : N, C = m->cfg.channels;
+    size_t t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->par->sp ? N / t : N, C = m->cfg.channels;
     size_t Cl = C / t, Fl = 4 * C / t, NHl = m->cfg.num_heads / t;
-    size_t f = m->recompute == LP_RECOMPUTE_FULL ? 0 : l, s = m->recompute == LP_RECOMPUTE_NONE ? l : 0;  // layer slots
+    size_t f = m->par->recompute == LP_RECOMPUTE_FULL ? 0 : l, s = m->par->recompute == LP_RECOMPUTE_NONE ? l : 0;  // layer slots
     LPLayerActs x;
     x.input = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * Nr * C;
     x.ln1 = a->ln1 + f * Nr * C;
@@ -5000,7 +5042,7 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
 // Forward runs it, and under full recomputation backward runs it again.
 static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* x) {
     const LPConfig* c = &m->cfg;
-    int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->sp ? N / t : N;
+    int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->par->sp ? N / t : N;
     int C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     LPActivations* a = &m->act;
     int mat = lp_attention_materialised(m->attention);  // (materialised: qkv is scratch, permuted into qkvr)
@@ -5029,8 +5071,8 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
     if (m->act_memory == NULL) lp_model_alloc_activations(m, B, T, 1);
     if (B > m->B || T > m->T)
         lp_fail("forward with (B=%d, T=%d) but activations were sized for (B=%d, T=%d)", B, T, m->B, m->T);
-    int t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
-    if (m->sp && N % t) lp_fail("sequence parallelism: the %d x %d rows do not split over %d ranks", B, T, t);
+    int t = m->tp_size, N = B * T, Nr = m->par->sp ? N / t : N;
+    if (m->par->sp && N % t) lp_fail("sequence parallelism: the %d x %d rows do not split over %d ranks", B, T, t);
     m->cur_B = B;
     m->cur_T = T;
     m->dloss = dloss;
@@ -5048,7 +5090,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
             size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
             lp_embedding_forward(a->btc, m->inputs, lp_zero_wte(&m->zero, k), v0 + (int)r0, (int)rows, N, C);
         }
-        lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), w[LP_WPE], m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), w[LP_WPE], m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     if (L > 0) {
         lp_zero_fetch(&m->zero, 0, -1);
@@ -5089,7 +5131,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
 // Rows of the residual stream this rank holds in the last forward's shape.
 static inline int lp_model_rows(const LPModel* m) {
     int N = m->cur_B * m->cur_T;
-    return m->sp ? N / m->tp_size : N;
+    return m->par->sp ? N / m->tp_size : N;
 }
 
 // A pipeline chunk's output after forward: the residual stream after its last layer, (rows, C).
@@ -5155,10 +5197,10 @@ static inline void lp_model_embedding_backward(LPModel* m, const floatX* dout, i
 
 static inline void lp_model_backward(LPModel* m, int last) {
     const LPConfig* c = &m->cfg;
-    int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->sp ? N / t : N;
+    int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->par->sp ? N / t : N;
     int L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
-    int sum_sp = m->sp && (last || m->zero.stage >= 2);
+    int sum_sp = m->par->sp && (last || m->par->zero >= 2);
     LPActivations* a = &m->act;
     floatX** w = m->zero.w;  // the tensors outside the layers
     floatX** g = m->zero.g;
@@ -5178,11 +5220,11 @@ static inline void lp_model_backward(LPModel* m, int last) {
         }
         lp_zero_fetch(&m->zero, l, l - 1);  // ZeRO-3: the layer below arrives while this one runs
         lp_zero_layer_begin(&m->zero, l);    // ZeRO-2/3: a clean one-layer gradient buffer
-        if (m->recompute == LP_RECOMPUTE_FULL) {  // the layer's forward again, from its input
+        if (m->par->recompute == LP_RECOMPUTE_FULL) {  // the layer's forward again, from its input
             lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, lp_layer_param(m, LP_LN1W, l),
                                   lp_layer_param(m, LP_LN1B, l), Nr, C);
             lp_model_layer_forward(m, l, &x);
-        } else if (m->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
+        } else if (m->par->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
             if (lp_attention_materialised(m->attention))  // (flash attention keeps none: nothing to redo)
                 lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);
             lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
@@ -5218,10 +5260,10 @@ static inline void lp_model_backward(LPModel* m, int last) {
     }
     if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
         lp_model_embedding_backward(m, lp_tp_g_backward(m, a->dresidual, N, C), N, v0, Vl, last);
-        lp_positions_backward(g[LP_WPE], a->dresidual, m->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        lp_positions_backward(g[LP_WPE], a->dresidual, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     lp_zero_backward_done(&m->zero);
-    if (m->sp && last) {  // (ZeRO-2/3 reduce the tensors outside the layers once, in lp_zero_average)
+    if (m->par->sp && last) {  // (ZeRO-2/3 reduce the tensors outside the layers once, in lp_zero_average)
         const int rows_only[3] = {LP_WPE, LP_LNFW, LP_LNFB};
         for (int k = 0; k < 3; k++)
             if (m->zero.param_sizes[rows_only[k]]) lp_all_reduce(m->tp, g[rows_only[k]], m->zero.param_sizes[rows_only[k]], 0);
@@ -5355,7 +5397,7 @@ static inline void lp_model_round_as_updated(LPModel* m) {
 // x[0..n) summed over the ranks that hold different parts of the n models ms: the shards (over dp, when sharded),
 // the TP slices (over tp) and the other pipeline stages (over pp; NULL for one stage).
 static inline void lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, float* x, int n) {
-    if (ms->zero.stage >= 1) lp_all_reduce_host(ms->zero.dp, x, n, 0);
+    if (ms->par->zero >= 1) lp_all_reduce_host(ms->zero.dp, x, n, 0);
     if (ms->tp_size > 1) lp_all_reduce_host(ms->tp, x, n, 0);
     if (pp) lp_all_reduce_host(pp, x, n, 0);
 }
@@ -5501,20 +5543,35 @@ static inline void lp_shard_scan(const char* path, size_t n, int vocab_size) {
     free(buf);
 }
 
-// Open the shards matching pattern for this data-parallel rank, in windows of `window` tokens (0: one
-// global batch of ranks*B*T), in file order or shuffled; with scan, check every token first.
-static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, const char* flag, int B, int T, int rank,
-                                      int world, size_t window, int shuffle, uint64_t seed, int vocab_size, int scan) {
+// What a loader reads: set by name, the rest 0 (`LPDataOptions o = {.pattern = "x_*.bin", .B = 4, .T = 64};`).
+typedef struct {
+    const char* pattern;  // the shards: a path, or a glob
+    const char* label;    // how errors name them (train_gpt.cu: its flag, "-i"; NULL: "data")
+    int B, T;             // this rank's batch
+    int rank, ranks;      // this rank of the data-parallel ranks that share each window (0, 0: alone)
+    size_t window;        // tokens per window (0: one batch of every rank, ranks*B*T)
+    int shuffle;          // 1: shards and windows in an order drawn from seed, new each epoch; 0: file order
+    uint64_t seed;
+    int vocab_size;       // with scan: every token is checked to be below it when the loader opens
+    int scan;
+} LPDataOptions;
+
+// Open the shards o->pattern matches for this data-parallel rank, in windows of o->window tokens, in file
+// order or shuffled; with o->scan, check every token first.
+static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
     memset(d, 0, sizeof(*d));
+    int B = o->B, T = o->T;
+    size_t window = o->window;
+    const char* flag = o->label ? o->label : "data";
     d->B = B;
     d->T = T;
-    d->rank = rank;
-    d->world = world;
-    d->window = window ? window : (size_t)world * B * T;
-    d->shuffle = shuffle;
-    d->seed = seed;
-    if (glob(pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
-        lp_fail("%s %s: no token shard matches", flag, pattern);
+    d->rank = o->rank;
+    d->world = o->ranks ? o->ranks : 1;
+    d->window = window ? window : (size_t)d->world * B * T;
+    d->shuffle = o->shuffle;
+    d->seed = o->seed;
+    if (glob(o->pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
+        lp_fail("%s %s: no token shard matches", flag, o->pattern);
     d->num_files = (int)d->files.gl_pathc;
     d->shard_tokens = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard sizes");
     for (int s = 0; s < d->num_files; s++) {
@@ -5535,7 +5592,7 @@ static inline void lp_dataloader_init(LPDataLoader* d, const char* pattern, cons
         if (d->shard_tokens[s] < d->window + 1)
             lp_fail("%s: %zu tokens is too few for one %s (%zu tokens + 1)", path, d->shard_tokens[s],
                     window ? "step" : "batch of ranks*B*T", d->window);
-        if (scan) lp_shard_scan(path, d->shard_tokens[s], vocab_size);
+        if (o->scan) lp_shard_scan(path, d->shard_tokens[s], o->vocab_size);
     }
     d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
     d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
@@ -5666,12 +5723,12 @@ static inline float* lp_model_file_read_shared(const char* path, LPConfig* cfg, 
     return w;
 }
 
-// Create m from an llm.c model file, split as in lp_model_create. Within a data-parallel group one rank
+// Create m from an llm.c model file, with lp_model_create's options. Within a data-parallel group one rank
 // reads the file and broadcasts it.
-static inline void lp_model_load(LPModel* m, const char* path, const LPSplit* split) {
+static inline void lp_model_load(LPModel* m, const char* path, const LPModelOptions* o) {
     LPConfig cfg;
-    float* w = lp_model_file_read_shared(path, &cfg, split ? split->dp : NULL);
-    lp_model_create(m, &cfg, split);
+    float* w = lp_model_file_read_shared(path, &cfg, o && o->proc ? &o->proc->group[LP_DP] : NULL);
+    lp_model_create(m, &cfg, o);
     lp_model_set_weights(m, w);
     free(w);
 }
@@ -5704,7 +5761,7 @@ static inline int lp_write_file(const char* path, const int* header, const void*
 
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file.
 static inline void lp_model_save(const LPModel* m, const char* path) {
-    if (m->zero.stage >= 1 || m->tp_size > 1 || m->L != m->cfg.num_layers) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
+    if (m->par->zero >= 1 || m->tp_size > 1 || m->L != m->cfg.num_layers) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
     int h[LP_HEADER_INTS];
     lp_model_file_header_of(h, &m->cfg);
     size_t bytes = m->zero.num_params * sizeof(float);
@@ -5906,7 +5963,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
     lp_checkpoint_check(world, err, failed, tmp_dir);
     for (int k = 0; k < n_models && !err; k++) {
         m = &ms[k];
-        if (m->zero.stage >= 1 || !m->zero.dp || m->zero.dp->rank == 0) {  // unsharded DP replicas are equal: the first writes
+        if (m->par->zero >= 1 || !m->zero.dp || m->zero.dp->rank == 0) {  // unsharded DP replicas are equal: the first writes
             size_t lo = m->zero.shard_start, count = lp_zero_shard_count(&m->zero);
             long long base = LP_HEADER_INTS * 4LL;
             if ((err = lp_write_shard(m, model_path, base, m->zero.master, lo, count))) failed = model_path;
@@ -6114,7 +6171,7 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
                     if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
                 }
                 int err = lp_offload_io(o, k, o->buf[0], 1);
-                if (err) lp_fail("--offload-dir: cannot write the optimizer state in %s: %s", o->path, strerror(err));
+                if (err) lp_fail("%s: cannot write the optimizer state in %s: %s", LP_SETTING(offload_dir), o->path, strerror(err));
             }
             o->written = o->chunks;
             continue;
@@ -6262,13 +6319,11 @@ static inline double lp_flops_per_token(const LPConfig* c, int T) {
 //             no layers (the LM head alone can outweigh a layer). With v = 1 a chunk is a stage, so this
 //             is the fullest stage; with v > 1 it is the fullest chunk;
 //   L1,L2,... as listed (p v counts summing to L).
+// What the costs weigh: the grid and its settings (the schedule, its m micro-batches, how TP, SP, d, ZeRO,
+// recomputation and offload split and keep each chunk), a micro-batch's shape, and the attention path.
 typedef struct {
-    int p, v, kind, m;  // stages, chunks per stage, schedule, micro-batches per step
+    const LPParallel* par;
     int B, T;           // micro-batch
-    int t, sp;          // tensor-parallel size, sequence parallelism
-    int d, zero;        // data-parallel size, ZeRO stage
-    int recompute;      // LP_RECOMPUTE_*: which activations each micro-batch in flight keeps
-    int offload;        // where the optimizer state lives, LP_OFFLOAD_* (section 7)
     int attention;      // LP_ATTENTION_*: which attention activations each micro-batch keeps
 } LPPipeShape;
 
@@ -6283,24 +6338,24 @@ static inline double lp_layer_flops(const LPConfig* c, int T, int recompute) {
 }
 // ... and of chunk k running `layers` layers (the last chunk also the LM head).
 static inline double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
-    double head = k == s->p * s->v - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0;
-    return layers * lp_layer_flops(c, s->T, s->recompute) + head;
+    double head = k == s->par->pp * s->par->vpp - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0;
+    return layers * lp_layer_flops(c, s->T, s->par->recompute) + head;
 }
 
 // The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule.
 static inline int lp_chunk_slots(const LPPipeShape* s, int k) {
-    LPAction* actions = (LPAction*)lp_host_malloc((size_t)2 * s->m * s->v * sizeof(LPAction), "schedule");
-    lp_schedule_stage(s->kind, s->p, s->v, s->m, k % s->p, actions);
-    int slots = lp_schedule_slots(actions, 2 * s->m * s->v, k / s->p);
+    LPAction* actions = (LPAction*)lp_host_malloc((size_t)2 * s->par->micro_batches * s->par->vpp * sizeof(LPAction), "schedule");
+    lp_schedule_stage(s->par->schedule, s->par->pp, s->par->vpp, s->par->micro_batches, k % s->par->pp, actions);
+    int slots = lp_schedule_slots(actions, 2 * s->par->micro_batches * s->par->vpp, k / s->par->pp);
     free(actions);
     return slots;
 }
 
 // Parameters one rank of chunk k with `layers` layers holds (its TP slice).
 static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
-    int chunks = s->p * s->v;
+    int chunks = s->par->pp * s->par->vpp;
     size_t sizes[LP_NUM_PARAMS];
-    lp_param_sizes(sizes, c, s->t);
+    lp_param_sizes(sizes, c, s->par->tp);
     double params = 0.0;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         if (lp_is_layer_tensor(i)) params += (double)sizes[i] / c->num_layers * layers;
@@ -6323,33 +6378,32 @@ static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
 // gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
 // wte's pieces too) or weights when the chunk has layers (section 7).
 static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
-    int chunks = s->p * s->v;
+    int chunks = s->par->pp * s->par->vpp;
     size_t sizes[LP_NUM_PARAMS];
-    lp_param_sizes(sizes, c, s->t);
+    lp_param_sizes(sizes, c, s->par->tp);
     double layer = 0.0;  // one layer's parameters on a TP rank
     for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += (double)sizes[i] / c->num_layers;
     double n = lp_chunk_params(c, s, k, layers);
-    double outside = n - layer * layers, parts = s->zero >= 1 ? s->d : 1, shard = ceil(n / parts), X = sizeof(floatX);
+    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, shard = ceil(n / parts), X = sizeof(floatX);
     double buffer = layers ? layer : 0.0, piece = 0.0;
-    if (s->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 7)
+    if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 7)
         outside -= (double)sizes[LP_WTE];
-        piece = (double)lp_wte_piece_rows(c, s->t) * c->channels;
+        piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
     }
-    double params = s->zero >= 3 ? outside + (s->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
-    double grads = s->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
+    double params = s->par->zero >= 3 ? outside + (s->par->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
+    double grads = s->par->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
     LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
     memset(&shape, 0, sizeof(shape));
     shape.cfg = *c;
-    shape.tp_size = s->t;
-    shape.sp = s->sp;
-    shape.recompute = s->recompute;
+    shape.par = s->par;
+    shape.tp_size = s->par->tp;
     shape.attention = s->attention;
     shape.L = layers;
     shape.last = k == chunks - 1;
     LPActivations a;
     size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
     double state = (LP_MASTER_COPY ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v
-    if (s->offload != LP_OFFLOAD_NONE)  // the CUDA build: all of it on the host; the CPU build's file: two buffers of m, v
+    if (s->par->offload != LP_OFFLOAD_NONE)  // the CUDA build: all of it on the host; the CPU build's file: two buffers of m, v
         state = LP_MASTER_COPY ? 0.0 : 4.0 * lp_offload_chunk((size_t)shard);
     return (params + grads) * X + state * sizeof(float) + (double)slots * stored + scratch;
 }
@@ -6382,14 +6436,22 @@ static inline double lp_partition_minmax(const double* cost, int chunks, int L, 
 }
 
 // Fill layers[p v]; returns NULL, or why the partition cannot be (naming the flag).
-static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, const char* mode, int* layers, char* why,
-                                          size_t size) {
-    int chunks = s->p * s->v, L = c->num_layers;
-    if (lp_schedule_check(s->kind, s->p, s->v, s->m, why, size)) return why;
+static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, int* layers, char* why, size_t size) {
+    const char *mode = s->par->partition, *pp = LP_SETTING(pp), *vpp = LP_SETTING(vpp), *partition = LP_SETTING(partition);
+    int chunks = s->par->pp * s->par->vpp, L = c->num_layers;
+    if (s->par->pp < 1 || s->par->vpp < 1 || (long long)s->par->pp * s->par->vpp > LP_MAX_CHUNKS) {
+        snprintf(why, size, "%s %d %s %d: 1 .. %d chunks", pp, s->par->pp, vpp, s->par->vpp, LP_MAX_CHUNKS);
+        return why;
+    }
+    if (s->par->vpp > 1 && s->par->pp < 2) {
+        snprintf(why, size, "%s %d: interleaving chunks needs a pipeline, %s 2 or more", vpp, s->par->vpp, pp);
+        return why;
+    }
+    if (lp_schedule_check(s->par->schedule, s->par->pp, s->par->vpp, s->par->micro_batches, why, size)) return why;
     if (strcmp(mode, "uniform") == 0) {
         if (L % chunks) {
-            snprintf(why, size, "--pp-partition uniform: the model's %d layers do not split evenly over %d chunks (--pp %d x --vpp %d); "
-                     "use balanced or a list", L, chunks, s->p, s->v);
+            snprintf(why, size, "%s uniform: the model's %d layers do not split evenly over %d chunks (%s %d x %s %d); "
+                     "use balanced or a list", partition, L, chunks, pp, s->par->pp, vpp, s->par->vpp);
             return why;
         }
         for (int k = 0; k < chunks; k++) layers[k] = L / chunks;
@@ -6417,7 +6479,7 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
             char* end;
             long x = strtol(q, &end, 10);
             if (end == q || x < 0 || (*end && *end != ',')) {
-                snprintf(why, size, "--pp-partition '%s': expected balanced, uniform or a list of layer counts like 4,4,3,1", mode);
+                snprintf(why, size, "%s '%s': expected balanced, uniform or a list of layer counts like 4,4,3,1", partition, mode);
                 return why;
             }
             if (n < chunks) layers[n] = (int)x;
@@ -6426,15 +6488,15 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
             q = *end ? end + 1 : end;
         }
         if (n != chunks || sum != L) {
-            snprintf(why, size, "--pp-partition %s: needs %d counts (--pp %d x --vpp %d) summing to the model's %d layers", mode,
-                     chunks, s->p, s->v, L);
+            snprintf(why, size, "%s %s: needs %d counts (%s %d x %s %d) summing to the model's %d layers", partition, mode, chunks,
+                     pp, s->par->pp, vpp, s->par->vpp, L);
             return why;
         }
     }
     for (int k = 1; k < chunks - 1; k++)
         if (layers[k] == 0) {
-            snprintf(why, size, "--pp %d --vpp %d: chunk %d of %d gets no layers (the model has %d); every chunk but the first "
-                     "and the last needs one", s->p, s->v, k, chunks, L);
+            snprintf(why, size, "%s %d %s %d: chunk %d of %d gets no layers (the model has %d); every chunk but the first "
+                     "and the last needs one", pp, s->par->pp, vpp, s->par->vpp, k, chunks, L);
             return why;
         }
     return NULL;
@@ -6472,15 +6534,15 @@ static inline double lp_device_peak_flops(void) {
 // With p = 1 the stage is the whole model and 1F1B is plain gradient accumulation: F0 B0 F1 B1 ...
 
 typedef struct {
-    int p, v, s, m;         // stages, chunks per stage, this stage, micro-batches per step
-    int kind;               // the schedule (LP_SCHEDULE_...)
+    const LPParallel* par;  // p stages, v chunks per stage, m micro-batches per step, the schedule, ...
+    int s;                  // this stage
+    int layers[LP_MAX_CHUNKS];  // the partition: layers per chunk (of all p v)
     LPModel* chunks;        // (v) chunk c is virtual stage c*p + s
     const LPGroup* pp;      // this pipeline's stages
     LPGroup head;           // the stages holding the head (wte, lnf): 0, p-1 and those with auxiliary losses
     int num_aux;            // auxiliary losses: the model's layers whose outputs have one, and the last step's
     int aux[LP_MAX_AUX];    // mean values (on every rank of the pipeline)
     float aux_loss[LP_MAX_AUX];
-    int scatter_gather;     // send 1/t of a boundary and all-gather it over TP (when the rows split)
     LPAction* actions;      // (2 m v) this stage's schedule
     int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
     int* tokens;            // (m, 2, B, T) the step's inputs and targets
@@ -6504,47 +6566,53 @@ typedef struct {
     int timed_steps;
 } LPStage;
 
-// Create this rank's chunks (unset weights) for the partition layers[p*v] and a step of m micro-batches on
-// schedule `kind`; `base` gives the TP and DP split of every chunk.
-static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPProcess* proc, const int* layers, int v, int kind,
-                                   int m, const LPSplit* base) {
+// This rank's stage of the pipeline, on base->proc's grid as its LPParallel says (p = 1: the whole model): the
+// model's layers partitioned over the p v chunks (par->partition; "balanced" weighs micro-batches of B x T),
+// this stage's chunks made with base's other options (unset weights), its actions in the schedule, and
+// activations for micro-batches of B x T in as many slots as each chunk has micro-batches in flight.
+static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T) {
     memset(st, 0, sizeof(*st));
-    st->p = proc->pp;
-    st->v = v;
-    st->s = proc->pp_rank;
-    st->m = m;
-    st->pp = &proc->pp_group;
-    st->scatter_gather = 1;
+    const LPProcess* proc = base->proc;
+    if (!proc) lp_fail("lp_stage_create: the stage needs the grid (LPModelOptions.proc, after lp_grid_init)");
+    const LPParallel* par = st->par = proc->par;
+    int p = par->pp, v = par->vpp, m = par->micro_batches;
+    st->s = proc->coord[LP_PP];
+    st->pp = &proc->group[LP_PP];
+    LPPipeShape shape = {par, B, T, base->attention};
+    char why[512];
+    if (lp_pp_partition(cfg, &shape, st->layers, why, sizeof(why))) lp_fail_all("%s", why);
     if (base->num_aux > LP_MAX_AUX) lp_fail_all("at most %d auxiliary losses, got %d", LP_MAX_AUX, base->num_aux);
     st->num_aux = base->num_aux;
     for (int j = 0; j < st->num_aux; j++) st->aux[j] = base->aux[j];
-    if (2LL * st->p * v * m > 32767)  // the tags MPI guarantees (lp_stage_tag)
-        lp_fail_all("--pp %d --vpp %d: %d micro-batches per step are too many to tag their messages (at most %d)", st->p, v, m,
-                    32767 / (2 * st->p * v));
+    if (2LL * p * v * m > 32767)  // the tags MPI guarantees (lp_stage_tag)
+        lp_fail_all("%s %d %s %d: %d micro-batches per step are too many to tag their messages (at most %d)", LP_SETTING(pp), p,
+                    LP_SETTING(vpp), v, m, 32767 / (2 * p * v));
     st->actions = (LPAction*)lp_host_malloc((size_t)2 * m * v * sizeof(LPAction), "schedule");
     st->chunk_s = (double*)calloc((size_t)2 * v, sizeof(double));
     st->chunk_sum = (double*)calloc((size_t)2 * v, sizeof(double));
-    st->kind = kind;
-    lp_schedule_stage(kind, st->p, v, m, st->s, st->actions);
+    lp_schedule_stage(par->schedule, p, v, m, st->s, st->actions);
     st->chunks = (LPModel*)lp_host_malloc((size_t)v * sizeof(LPModel), "model chunks");
     for (int c = 0; c < v; c++) {
-        LPSplit split = *base;
-        split.chunk = c * st->p + st->s;
-        split.chunks = st->p * v;
-        split.layer0 = 0;
-        for (int k = 0; k < split.chunk; k++) split.layer0 += layers[k];
-        split.layers = layers[split.chunk];
-        lp_model_create(&st->chunks[c], cfg, &split);
+        LPModelOptions chunk = *base;
+        chunk.chunk = c * p + st->s;
+        chunk.chunks = p * v;
+        chunk.layer0 = 0;
+        for (int k = 0; k < chunk.chunk; k++) chunk.layer0 += st->layers[k];
+        chunk.layers = st->layers[chunk.chunk];
+        lp_model_create(&st->chunks[c], cfg, &chunk);
     }
+    st->slot_owner = (int*)lp_host_malloc((size_t)v * m * sizeof(int), "activation slots");
+    st->tokens = (int*)lp_host_malloc((size_t)m * 2 * B * T * sizeof(int), "micro-batch tokens");
+    for (int c = 0; c < v; c++) lp_model_alloc_activations(&st->chunks[c], B, T, lp_schedule_slots(st->actions, 2 * m * v, c));
 #ifdef LLMPAR_NCCL
     if (st->pp->nccl) {  // link l joins stage l (its member 0) and stage l+1 (member 1), for each direction
         for (int dir = 0; dir < 2; dir++)
-            for (int l = 0; l < st->p; l++) {
+            for (int l = 0; l < st->par->pp; l++) {
                 ncclUniqueId id;
                 if (st->s == l) lp_nccl_check(ncclGetUniqueId(&id), "unique id", st->pp);
                 lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, l, st->pp->comm), "broadcast of the NCCL id", st->pp);
                 if (st->s == l) lp_nccl_check(ncclCommInitRank(&st->link[dir][0], 2, id, 0), "link init", st->pp);
-                if (st->s == (l + 1) % st->p) lp_nccl_check(ncclCommInitRank(&st->link[dir][1], 2, id, 1), "link init", st->pp);
+                if (st->s == (l + 1) % st->par->pp) lp_nccl_check(ncclCommInitRank(&st->link[dir][1], 2, id, 1), "link init", st->pp);
             }
         for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamCreateWithFlags(&st->send_stream[dir], cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
@@ -6581,24 +6649,16 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPPro
 #endif
 }
 
-// Activations for micro-batches of (B, T): each chunk gets as many slots as its most micro-batches in flight.
-static inline void lp_stage_alloc_activations(LPStage* st, int B, int T) {
-    st->slot_owner = (int*)lp_host_malloc((size_t)st->v * st->m * sizeof(int), "activation slots");
-    st->tokens = (int*)lp_host_malloc((size_t)st->m * 2 * B * T * sizeof(int), "micro-batch tokens");
-    for (int c = 0; c < st->v; c++)
-        lp_model_alloc_activations(&st->chunks[c], B, T, lp_schedule_slots(st->actions, 2 * st->m * st->v, c));
-}
-
 // Messages are told apart by the virtual stage receiving them, the micro-batch and the direction.
-static inline int lp_stage_tag(const LPStage* st, int k, int micro, int backward) { return (k * st->m + micro) * 2 + backward; }
+static inline int lp_stage_tag(const LPStage* st, int k, int micro, int backward) { return (k * st->par->micro_batches + micro) * 2 + backward; }
 
 // The tensor at a chunk's boundary in a (B, T) pass is (rows, C), rows = B*T (or this rank's B*T/t with
 // sequence parallelism). Scatter-gather sends only this TP rank's block of the rows.
 static inline int lp_stage_scatters(const LPStage* st, const LPModel* c, int B, int T) {
-    return st->scatter_gather && c->tp_size > 1 && !c->sp && (size_t)B * T % c->tp_size == 0;
+    return st->par->scatter_gather && c->tp_size > 1 && !c->par->sp && (size_t)B * T % c->tp_size == 0;
 }
 static inline size_t lp_stage_boundary(const LPStage* st, const LPModel* c, int B, int T, size_t* offset) {
-    size_t n = (size_t)B * T * c->cfg.channels / (c->sp ? c->tp_size : 1);
+    size_t n = (size_t)B * T * c->cfg.channels / (c->par->sp ? c->tp_size : 1);
     *offset = 0;
     if (lp_stage_scatters(st, c, B, T)) {
         n /= c->tp_size;
@@ -6624,7 +6684,7 @@ static inline void lp_stage_send(LPStage* st, const LPModel* c, const floatX* x,
         return;
     }
 #endif
-    lp_send(st->pp, x + off, n, (st->s + (dir ? st->p - 1 : 1)) % st->p, lp_stage_tag(st, k, i, dir), &st->sends);
+    lp_send(st->pp, x + off, n, (st->s + (dir ? st->par->pp - 1 : 1)) % st->par->pp, lp_stage_tag(st, k, i, dir), &st->sends);
 }
 
 // Receive into x virtual stage k's boundary of micro-batch i, sent as in lp_stage_send; time spent waiting
@@ -6638,7 +6698,7 @@ static inline void lp_stage_recv(LPStage* st, const LPModel* c, floatX* x, int B
         lp_compute_sync();  // to time the wait
     } else
 #endif
-    lp_recv(st->pp, x + off, n, (st->s + (dir ? 1 : st->p - 1)) % st->p, lp_stage_tag(st, k, i, dir));
+    lp_recv(st->pp, x + off, n, (st->s + (dir ? 1 : st->par->pp - 1)) % st->par->pp, lp_stage_tag(st, k, i, dir));
     st->wait_s += lp_time_s() - t0;
     if (lp_stage_scatters(st, c, B, T)) lp_all_gather(c->tp, x, n * sizeof(floatX));
 }
@@ -6648,7 +6708,7 @@ static inline void lp_stage_recv(LPStage* st, const LPModel* c, floatX* x, int B
 static inline float lp_stage_forward(LPStage* st, int c, int i, int slot, const int* inputs, const int* targets, int B, int T,
                                      float dloss) {
     LPModel* mc = &st->chunks[c];
-    int p = st->p, k = c * p + st->s, K = p * st->v;
+    int p = st->par->pp, k = c * p + st->s, K = p * st->par->vpp;
     lp_model_use_slot(mc, slot);
     if (k > 0) lp_stage_recv(st, mc, mc->act.encoded, B, T, k, i, 0);
     double t0 = lp_time_s();
@@ -6663,7 +6723,7 @@ static inline float lp_stage_forward(LPStage* st, int c, int i, int slot, const 
 // step. Auxiliary losses need the micro-batch's targets again.
 static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int last, const int* targets) {
     LPModel* mc = &st->chunks[c];
-    int p = st->p, k = c * p + st->s, K = p * st->v, B = mc->cur_B, T = mc->cur_T;
+    int p = st->par->pp, k = c * p + st->s, K = p * st->par->vpp, B = mc->cur_B, T = mc->cur_T;
     lp_model_use_slot(mc, slot);
     if (mc->num_aux) lp_copy_to_device(mc->targets, targets, (size_t)B * T * sizeof(int));
     if (k < K - 1) lp_stage_recv(st, mc, mc->act.dresidual, B, T, k, i, 1);
@@ -6671,14 +6731,14 @@ static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int la
     lp_model_backward(mc, last);
     if (k > 0) lp_stage_send(st, mc, mc->act.dresidual, B, T, k - 1, i, 1);
     lp_compute_sync();
-    st->chunk_s[st->v + c] += lp_time_s() - t0;
+    st->chunk_s[st->par->vpp + c] += lp_time_s() - t0;
 }
 
 // One forward of (B, T) tokens through the whole pipeline, chunk after chunk, in slot 0 (evaluation,
 // sampling: the last chunk keeps the logits). Returns the mean loss (with targets), on every rank.
 static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T) {
     float loss = 0.0f;
-    for (int c = 0; c < st->v; c++) loss += lp_stage_forward(st, c, 0, 0, inputs, targets, B, T, 0.0f);
+    for (int c = 0; c < st->par->vpp; c++) loss += lp_stage_forward(st, c, 0, 0, inputs, targets, B, T, 0.0f);
     lp_sends_wait(st->pp, &st->sends);
     lp_all_reduce_host(st->pp, &loss, 1, 0);
     return loss;
@@ -6687,7 +6747,7 @@ static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const 
 // Add the last step's timings to the sums the bubble report reads (the driver leaves out the first step,
 // which warms up).
 static inline void lp_stage_time_step(LPStage* st) {
-    for (int k = 0; k < 2 * st->v; k++) st->chunk_sum[k] += st->chunk_s[k];
+    for (int k = 0; k < 2 * st->par->vpp; k++) st->chunk_sum[k] += st->chunk_s[k];
     st->wall_sum += st->wall_s;
     st->timed_steps++;
 }
@@ -6700,19 +6760,19 @@ typedef struct {
     double wall_s, busy_s;             // per step
 } LPBubble;
 static inline LPBubble lp_stage_bubble(LPStage* st) {
-    int K = st->p * st->v, m = st->m;
+    int K = st->par->pp * st->par->vpp, m = st->par->micro_batches;
     LPBubble b;
     memset(&b, 0, sizeof(b));
     if (st->timed_steps == 0) return b;
     float* sum = (float*)calloc((size_t)2 * K, sizeof(float));  // each virtual stage's forwards, then backwards
-    for (int c = 0; c < st->v; c++)
-        for (int dir = 0; dir < 2; dir++) sum[dir * K + c * st->p + st->s] = (float)st->chunk_sum[dir * st->v + c];
+    for (int c = 0; c < st->par->vpp; c++)
+        for (int dir = 0; dir < 2; dir++) sum[dir * K + c * st->par->pp + st->s] = (float)st->chunk_sum[dir * st->par->vpp + c];
     lp_all_reduce_host(st->pp, sum, 2 * K, 0);  // each stage adds its chunks'
     double* cost = (double*)calloc((size_t)2 * K, sizeof(double));
     for (int k = 0; k < 2 * K; k++) cost[k] = sum[k] / ((double)st->timed_steps * m);  // one micro-batch
-    for (int s = 0; s < st->p; s++) {  // the busiest stage's compute per step
+    for (int s = 0; s < st->par->pp; s++) {  // the busiest stage's compute per step
         double busy = 0.0;
-        for (int c = 0; c < st->v; c++) busy += (cost[c * st->p + s] + cost[K + c * st->p + s]) * m;
+        for (int c = 0; c < st->par->vpp; c++) busy += (cost[c * st->par->pp + s] + cost[K + c * st->par->pp + s]) * m;
         if (busy > b.busy_s) b.busy_s = busy;
     }
     float wall = (float)(st->wall_sum / st->timed_steps);
@@ -6721,10 +6781,10 @@ static inline LPBubble lp_stage_bubble(LPStage* st) {
     b.measured = wall / b.busy_s - 1.0;
     LPSimulation sim;
     char why[512];
-    if (lp_schedule_simulate(&sim, st->kind, st->p, st->v, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
     b.unit = sim.bubble;
     lp_simulation_free(&sim);
-    if (lp_schedule_simulate(&sim, st->kind, st->p, st->v, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
     b.simulated = sim.bubble;
     lp_simulation_free(&sim);
     free(sum);
@@ -6733,7 +6793,7 @@ static inline LPBubble lp_stage_bubble(LPStage* st) {
 }
 
 static inline void lp_stage_free(LPStage* st) {
-    for (int c = 0; c < st->v; c++) lp_model_free(&st->chunks[c]);
+    for (int c = 0; c < st->par->vpp; c++) lp_model_free(&st->chunks[c]);
     free(st->chunks);
     free(st->actions);
     free(st->chunk_s);
@@ -6749,9 +6809,9 @@ static inline void lp_stage_free(LPStage* st) {
         cudaCheck(cudaDeviceSynchronize());
         if (st->head.nccl) ncclCommDestroy(st->head.nccl);
         for (int dir = 0; dir < 2; dir++)  // in the order they were made: destroying one waits for its peer
-            for (int l = 0; l < st->p; l++) {
+            for (int l = 0; l < st->par->pp; l++) {
                 if (st->s == l) ncclCommDestroy(st->link[dir][0]);
-                if (st->s == (l + 1) % st->p) ncclCommDestroy(st->link[dir][1]);
+                if (st->s == (l + 1) % st->par->pp) ncclCommDestroy(st->link[dir][1]);
             }
         for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamDestroy(st->send_stream[dir]));
         cudaCheck(cudaEventDestroy(st->ready));
@@ -6780,7 +6840,7 @@ static inline void lp_stage_free(LPStage* st) {
 // targets, and all keep the loader's place). Returns the step's mean loss over the whole batch (summed over
 // the pipeline and averaged over DP), on every rank; the auxiliary losses' means in st->aux_loss likewise.
 static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
-    int B = train->B, T = train->T, m = st->m, v = st->v;
+    int B = train->B, T = train->T, m = st->par->micro_batches, v = st->par->vpp;
     size_t BT = (size_t)B * T;
     double t0 = lp_time_s();
     memset(st->chunk_s, 0, (size_t)2 * v * sizeof(double));
@@ -6830,7 +6890,7 @@ static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
 static inline void lp_step_reduce_grads(LPStage* st) {
     const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
     LPModel* sum = NULL;  // this rank's first chunk holding the head
-    for (int c = 0; c < st->v; c++) {
+    for (int c = 0; c < st->par->vpp; c++) {
         LPModel* mc = &st->chunks[c];
         if (!mc->head) continue;
         if (!sum) sum = mc;
@@ -6838,21 +6898,21 @@ static inline void lp_step_reduce_grads(LPStage* st) {
     }
     if (sum && st->head.size > 1)
         for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->zero.g[head[k]], sum->zero.param_sizes[head[k]], 0);
-    for (int c = 0; c < st->v; c++)
+    for (int c = 0; c < st->par->vpp; c++)
         if (st->chunks[c].head && &st->chunks[c] != sum)
             for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].zero.g[head[k]], sum->zero.g[head[k]], sum->zero.param_sizes[head[k]] * sizeof(floatX));
-    for (int c = 0; c < st->v; c++) lp_zero_average(&st->chunks[c].zero);
+    for (int c = 0; c < st->par->vpp; c++) lp_zero_average(&st->chunks[c].zero);
 }
 
 // The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
 static inline float lp_step_grad_norm(LPStage* st) {
-    return lp_models_grad_norm(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL);
+    return lp_models_grad_norm(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL);
 }
 
 // Clipping to opt->grad_clip given the norm, AdamW on every chunk, the new weights made whole where forward
 // needs them. Returns whether all the updated weights are finite (on every rank alike).
 static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt) {
-    return lp_models_adamw(st->chunks, st->v, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
+    return lp_models_adamw(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -6899,7 +6959,8 @@ typedef struct {
 } LPPlanMachine;
 
 typedef struct {
-    int t, p, v, d, zero, recompute, sp, B, m, offload;
+    LPParallel par;                                         // the configuration
+    int B;                                                  // and its micro-batch
     int fits;                                               // memory <= the GPU's
     double memory, host_memory;                             // bytes on the fullest rank; of state in host memory
     double compute_s, tp_s, dp_s, pp_s, offload_s, step_s;  // estimated seconds per step
@@ -6917,63 +6978,55 @@ static inline int lp_plan_order(const void* a, const void* b) {
 
 // Estimate one configuration: 0 and *out filled if it can run (fitting or not).
 static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
-    int layers[LP_MAX_CHUNKS], chunks = s->p * s->v;
+    int layers[LP_MAX_CHUNKS], chunks = s->par->pp * s->par->vpp;
     double stage_memory[LP_MAX_CHUNKS], stage_params[LP_MAX_CHUNKS];
     char why[256];
-    if (chunks > LP_MAX_CHUNKS || lp_pp_partition(c, s, "balanced", layers, why, sizeof(why))) return 1;
-    double t = s->t, d = s->d, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
+    if (lp_pp_partition(c, s, layers, why, sizeof(why))) return 1;
+    double t = s->par->tp, d = s->par->dp, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
     double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
-    double pp_bw = t * d * s->p <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
+    double pp_bw = t * d * s->par->pp <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
     double memory = 0.0, compute = 0.0, tp = 0.0, slot = 0.0, params = 0.0;
     for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
-        stage_memory[k % s->p] = (k < s->p ? 0.0 : stage_memory[k % s->p]) + lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
-        stage_params[k % s->p] = (k < s->p ? 0.0 : stage_params[k % s->p]) + lp_chunk_params(c, s, k, layers[k]);
-        memory = fmax(memory, stage_memory[k % s->p]);
-        params = fmax(params, stage_params[k % s->p]);
+        stage_memory[k % s->par->pp] = (k < s->par->pp ? 0.0 : stage_memory[k % s->par->pp]) + lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
+        stage_params[k % s->par->pp] = (k < s->par->pp ? 0.0 : stage_params[k % s->par->pp]) + lp_chunk_params(c, s, k, layers[k]);
+        memory = fmax(memory, stage_memory[k % s->par->pp]);
+        params = fmax(params, stage_params[k % s->par->pp]);
         double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
-        double all_reduces = s->recompute == LP_RECOMPUTE_FULL ? (s->sp ? 5.5 : 5.0) : 4.0;
+        double all_reduces = s->par->recompute == LP_RECOMPUTE_FULL ? (s->par->sp ? 5.5 : 5.0) : 4.0;
         double tk = t > 1 ? layers[k] * all_reduces * (2.0 * (t - 1) / t * bt * C * X / mach->node_bw +
-                                                       (s->sp ? 2.0 : 1.0) * mach->latency)  // SP: two collectives for one
+                                                       (s->par->sp ? 2.0 : 1.0) * mach->latency)  // SP: two collectives for one
                           : 0.0;
         if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
     }
-    double slots = s->m * s->v + s->p - 1, share = (d - 1) / d, m = s->m;
-    double dp_values = s->zero <= 1 ? 2 * share * params : s->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
-    double dp_passes = s->zero <= 1 ? 1.0 : s->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
+    double slots = s->par->micro_batches * s->par->vpp + s->par->pp - 1, share = (d - 1) / d, m = s->par->micro_batches;
+    double dp_values = s->par->zero <= 1 ? 2 * share * params : s->par->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
+    double dp_passes = s->par->zero <= 1 ? 1.0 : s->par->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
     double wte_passes = 0.0;  // ZeRO-2/3 without a pipeline hold wte in pieces (section 7): its gradient is
-    if (chunks == 1 && s->zero >= 2) {  // reduced twice per micro-batch, ZeRO-3 gathers it thrice, a collective per piece
-        double rows = (double)c->padded_vocab_size / t, pieces = ceil(rows / (double)lp_wte_piece_rows(c, s->t));
-        dp_values += (s->zero == 2 ? m : 2 * m) * share * rows * C;  // beyond what the line above counts for it
-        wte_passes = (s->zero == 2 ? 2 * m : 5 * m) * pieces;
+    if (chunks == 1 && s->par->zero >= 2) {  // reduced twice per micro-batch, ZeRO-3 gathers it thrice, a collective per piece
+        double rows = (double)c->padded_vocab_size / t, pieces = ceil(rows / (double)lp_wte_piece_rows(c, s->par->tp));
+        dp_values += (s->par->zero == 2 ? m : 2 * m) * share * rows * C;  // beyond what the line above counts for it
+        wte_passes = (s->par->zero == 2 ? 2 * m : 5 * m) * pieces;
     }
-    double stage_layers = ceil((double)c->num_layers / s->p);
-    double shard = s->zero >= 1 ? ceil(params / d) : params, offload = 0.0;  // the busiest rank's shard
+    double stage_layers = ceil((double)c->num_layers / s->par->pp);
+    double shard = s->par->zero >= 1 ? ceil(params / d) : params, offload = 0.0;  // the busiest rank's shard
     out->host_memory = 0.0;
-    if (s->offload != LP_OFFLOAD_NONE) {  // (the CPU build updates on the host anyway: only its file is extra)
-        int params_too = s->offload == LP_OFFLOAD_PARAMS;  // (the updated weights then stay on the host)
+    if (s->par->offload != LP_OFFLOAD_NONE) {  // (the CPU build updates on the host anyway: only its file is extra)
+        int params_too = s->par->offload == LP_OFFLOAD_PARAMS;  // (the updated weights then stay on the host)
         double link = LP_MASTER_COPY ? (params_too ? 1.0 : 2.0) * X * shard / mach->host_bw : 0.0;
         double cpu = LP_MASTER_COPY ? 28.0 * shard / mach->host_mem_bw : 0.0;
-        double file = s->offload == LP_OFFLOAD_NVME ? 16.0 * shard / mach->nvme_bw : 0.0;
-        double gathers = params_too ? 2.0 * s->m * X * shard / mach->host_bw : 0.0;  // each layer's part up, twice per micro-batch
+        double file = s->par->offload == LP_OFFLOAD_NVME ? 16.0 * shard / mach->nvme_bw : 0.0;
+        double gathers = params_too ? 2.0 * s->par->micro_batches * X * shard / mach->host_bw : 0.0;  // each layer's part up, twice per micro-batch
         offload = fmax(link, fmax(cpu, file)) + gathers;
-        out->host_memory = LP_MASTER_COPY ? (s->offload == LP_OFFLOAD_NVME ? 4.0 : params_too ? 12.0 + X : 12.0) * shard : 0.0;
+        out->host_memory = LP_MASTER_COPY ? (s->par->offload == LP_OFFLOAD_NVME ? 4.0 : params_too ? 12.0 + X : 12.0) * shard : 0.0;
     }
-    out->t = s->t;
-    out->p = s->p;
-    out->v = s->v;
-    out->d = s->d;
-    out->zero = s->zero;
-    out->recompute = s->recompute;
-    out->sp = s->sp;
+    out->par = *s->par;
     out->B = s->B;
-    out->m = s->m;
-    out->offload = s->offload;
     out->memory = memory;
     out->fits = memory <= mach->gpu_bytes;
     out->compute_s = slots * compute;
     out->tp_s = slots * tp;
     out->dp_s = d > 1 ? dp_values * X / dp_bw + (dp_passes * (stage_layers + 1) + wte_passes) * mach->latency : 0.0;
-    out->pp_s = s->p > 1 ? 2.0 * m * s->v * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
+    out->pp_s = s->par->pp > 1 ? 2.0 * m * s->par->vpp * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
     out->offload_s = offload;
     out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s + out->offload_s;
     return 0;
@@ -7009,8 +7062,11 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
                         for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
                             for (int off = LP_OFFLOAD_NONE; off <= (LP_MASTER_COPY ? LP_OFFLOAD_PARAMS : LP_OFFLOAD_NVME); off++) {
                                 if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
-                                LPPipeShape s = {p, v, v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B, m, (int)B, T, t,
-                                                 t > 1 && T % t == 0, d, zero, r, off, attention};
+                                LPParallel x = lp_parallel_one;
+                                x.tp = t, x.pp = p, x.dp = d, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r, x.offload = off;
+                                x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+                                x.sp = t > 1 && T % t == 0;
+                                LPPipeShape s = {&x, (int)B, T, attention};
                                 lp_plan_add(c, &s, mach, plans, &count, &cap);
                             }
             }

@@ -454,7 +454,8 @@ static void test_dataloader(void) {
     write_shard(tmp_path("shard_000.bin"), t1, 40);
     write_shard(tmp_path("shard_001.bin"), t2, 30);
     LPDataLoader d;
-    lp_dataloader_init(&d, tmp_path("shard_*.bin"), "-i", 2, 4, 0, 1, 0, 0, 0, 200, 1);
+    LPDataOptions o = {.pattern = tmp_path("shard_*.bin"), .label = "-i", .B = 2, .T = 4, .vocab_size = 200, .scan = 1};
+    lp_dataloader_init(&d, &o);
     expect(d.num_files == 2 && d.shard_tokens[0] == 40 && d.shard_tokens[1] == 30, "loader finds both shards");
     lp_dataloader_next(&d);
     expect(d.inputs[0] == 0 && d.inputs[7] == 7 && d.targets[0] == 1 && d.targets[7] == 8, "loader batch 1");
@@ -473,7 +474,10 @@ static void test_dataloader(void) {
     expect(d.inputs[0] == 108, "loader seek resumes at (epoch, shard, pos)");
     lp_dataloader_free(&d);
     // rank slicing: rank 1 of 2 reads the second B*T slice of each global batch
-    lp_dataloader_init(&d, tmp_path("shard_000.bin"), "-i", 2, 4, 1, 2, 0, 0, 0, 200, 1);
+    LPDataOptions sliced = o;
+    sliced.pattern = tmp_path("shard_000.bin");
+    sliced.rank = 1, sliced.ranks = 2;
+    lp_dataloader_init(&d, &sliced);
     lp_dataloader_next(&d);
     int first = d.inputs[0];
     lp_dataloader_next(&d);
@@ -481,7 +485,9 @@ static void test_dataloader(void) {
     lp_dataloader_free(&d);
     // windows of a step (16 tokens, 2 micro-batches of 8): the micro-batches read the window in order and a
     // step never straddles shards (40 tokens: 2 windows, 30: 1)
-    lp_dataloader_init(&d, tmp_path("shard_*.bin"), "-i", 2, 4, 0, 1, 16, 0, 0, 200, 1);
+    LPDataOptions windows = o;
+    windows.window = 16;
+    lp_dataloader_init(&d, &windows);
     n = 0;
     for (int b = 0; b < 8; b++) {
         lp_dataloader_next(&d);
@@ -494,8 +500,10 @@ static void test_dataloader(void) {
     // shuffled: each epoch visits every window once, in an order drawn from the seed and the epoch; the same
     // seed gives the same order; seek to a saved (epoch, shard, pos) continues it exactly
     int epoch_a[2][7], again[7], resumed[3];
+    LPDataOptions shuffled = o;
+    shuffled.shuffle = 1, shuffled.seed = 42;
     for (int e = 0; e < 2; e++) {
-        if (e == 0) lp_dataloader_init(&d, tmp_path("shard_*.bin"), "-i", 2, 4, 0, 1, 0, 1, 42, 200, 1);
+        if (e == 0) lp_dataloader_init(&d, &shuffled);
         for (int b = 0; b < 7; b++) {
             lp_dataloader_next(&d);
             epoch_a[e][b] = d.inputs[0];
@@ -508,7 +516,7 @@ static void test_dataloader(void) {
         resumed[b] = d.inputs[0];
     }
     lp_dataloader_free(&d);
-    lp_dataloader_init(&d, tmp_path("shard_*.bin"), "-i", 2, 4, 0, 1, 0, 1, 42, 200, 1);
+    lp_dataloader_init(&d, &shuffled);
     for (int b = 0; b < 7; b++) {
         lp_dataloader_next(&d);
         again[b] = d.inputs[0];
@@ -727,7 +735,7 @@ static void test_bad_input(void) {
     BAD("bad input: unknown flag", "unknown flag -Q", "-Q 3");
     BAD("bad input: flag without value", "flag -b needs a value", "-b");
     BAD("bad input: non-integer value", "flag -x: 'ten' is not an integer", "-x ten");
-    BAD("bad input: bad schedule", "flag -k: schedule must be cosine or linear", "-k step");
+    BAD("bad input: bad schedule", "flag -k: must be cosine or linear, got 'step'", "-k step");
     BAD("bad input: resume without -o", "flag --resume needs -o", "--resume");
     BAD("bad input: resume with nothing to resume", "no complete checkpoint", "-e %s -i %s %s -o %s --resume", good, tmp_path("ok.bin"), base, tmp_path("empty_out"));
     // flags out of range, and products that overflowed an int
@@ -740,7 +748,7 @@ static void test_bad_input(void) {
     BAD("bad input: bad --on-divergence", "flag --on-divergence: must be stop, skip or rollback, got 'retry'", "--on-divergence retry");
     BAD("bad input: rollback without -o", "flag --on-divergence rollback: needs -o DIR", "--on-divergence rollback");
     BAD("bad input: --offload nvme without a directory", "flag --offload nvme: needs --offload-dir DIR", "--offload nvme");
-    BAD("bad input: unknown --offload", "flag --offload: must be none, optimizer, params or nvme, got 'disk'", "--offload disk");
+    BAD("bad input: unknown --offload", "flag --offload: must be none, nvme, optimizer or params, got 'disk'", "--offload disk");
     BAD("bad input: --offload-dir without --offload nvme", "flag --offload-dir: only with --offload nvme", "--offload-dir /tmp");
     BAD("bad input: --offload optimizer on the CPU build", "flag --offload optimizer: moves GPU state to host memory", "--offload optimizer");
     BAD("bad input: --offload params on the CPU build", "flag --offload params: moves GPU state to host memory", "--offload params");
@@ -927,11 +935,11 @@ static void test_schedules(void) {
     lp_simulation_free(&sim);
     // errors: m not a multiple of p for interleaved; chunks without interleaving
     err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 6, 1.0, 1.0, NULL, why, sizeof(why));
-    expect(err && strstr(err, "the 6 micro-batches per step (-d / (-b * -t * d)) must be a multiple of --pp 4"),
+    expect(err && strstr(err, "the 6 micro-batches per step (LPParallel.micro_batches) must be a multiple of LPParallel.pp 4"),
            "interleaved with m not a multiple of p is refused");
     lp_simulation_free(&sim);
     err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 2, 8, 1.0, 1.0, NULL, why, sizeof(why));
-    expect(err && strstr(err, "--vpp 2: chunks per stage need --schedule interleaved"), "1f1b with --vpp 2 is refused");
+    expect(err && strstr(err, "LPParallel.vpp 2: chunks per stage need LPParallel.schedule interleaved"), "1f1b with --vpp 2 is refused");
     lp_simulation_free(&sim);
     // broken lists. 1F1B, p=4, m=8: stage 0 runs F0 F1 F2 F3 B0 ..., stage 1 F0 F1 F2 B0 ..., stage 2
     // F0 F1 B0 F2 ..., stage 3 F0 B0 F1 B1 ...
@@ -961,21 +969,26 @@ static void test_schedules(void) {
     // partitions: balanced by FLOPs gives GPT-2 124M's LM head (4.5 layers' worth) a stage of its own at
     // p=4 and fewer layers to the last stage at p=2; at p=3 three partitions are as fast (the costliest
     // chunk runs 6 layers) and memory picks 5,6,1: under 1F1B stage 0 keeps 3 micro-batches in flight,
-    // stage 1 two, so a layer moves off stage 0. Uniform and lists as asked; errors name the flag
+    // stage 1 two, so a layer moves off stage 0. Uniform and lists as asked; errors name the setting
     LPConfig g;
     lp_config_from_depth(&g, "d12");
     int layers[16];
-    LPPipeShape shape = {4, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
-    err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
+    LPParallel x = lp_parallel_one;  // (errors name its fields: no program maps them to flags here)
+    x.pp = 4, x.micro_batches = 8;
+    LPPipeShape shape = {&x, 16, 1024, LP_ATTENTION_FLASH};
+    x.partition = "balanced";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(!err && layers[0] == 4 && layers[1] == 4 && layers[2] == 4 && layers[3] == 0, "partition balanced, 124M, p=4: 4,4,4,0");
-    shape.p = 2;
-    err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
+    x.pp = 2;
+    x.partition = "balanced";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(!err && layers[0] == 8 && layers[1] == 4, "partition balanced, 124M, p=2: 8,4");
     double worst = 0.0;
     for (int k = 0; k < 2; k++) worst = fmax(worst, lp_chunk_flops(&g, &shape, k, layers[k]));
     expect(worst < lp_chunk_flops(&g, &shape, 1, 6), "partition balanced, 124M, p=2: its costliest chunk is cheaper than uniform's");
-    shape.p = 3;
-    err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
+    x.pp = 3;
+    x.partition = "balanced";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[1] == 6 && layers[2] == 1, "partition balanced, 124M, p=3 1F1B: 5,6,1");
     const int same_flops[2][3] = {{6, 6, 0}, {6, 5, 1}};
     for (int x = 0; x < 2; x++) {
@@ -991,46 +1004,55 @@ static void test_schedules(void) {
                  : "partition balanced, 124M, p=3: its fullest stage holds less than 6,6,0's (as fast)");
     }
     expect(lp_chunk_slots(&shape, 0) == 3 && lp_chunk_slots(&shape, 2) == 1, "partition: 1F1B keeps p-s micro-batches on stage s");
-    shape.kind = LP_SCHEDULE_GPIPE;  // every stage keeps all 8: stage 0 holds wte and wpe, so still a layer fewer
-    err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
+    x.schedule = LP_SCHEDULE_GPIPE;  // every stage keeps all 8: stage 0 holds wte and wpe, so still a layer fewer
+    x.partition = "balanced";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[1] == 6 && layers[2] == 1 && lp_chunk_slots(&shape, 2) == 8,
            "partition balanced, 124M, p=3 GPipe: 5,6,1");
-    shape = (LPPipeShape){2, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
-    err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
+    x = lp_parallel_one, x.pp = 2, x.vpp = 2, x.schedule = LP_SCHEDULE_INTERLEAVED, x.micro_batches = 8;
+    x.partition = "uniform";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(!err && layers[0] == 3 && layers[3] == 3, "partition uniform, p=2 v=2: 3 layers per chunk");
-    err = lp_pp_partition(&g, &shape, "5,3,3,1", layers, why, sizeof(why));
+    x.partition = "5,3,3,1";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(!err && layers[0] == 5 && layers[3] == 1, "partition from a list");
-    err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
+    x.partition = "balanced";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(!err && layers[0] + layers[1] + layers[2] + layers[3] == 12 && layers[1] > 0 && layers[2] > 0 &&
                lp_chunk_flops(&g, &shape, 3, layers[3]) <= lp_chunk_flops(&g, &shape, 0, 5),
            "partition balanced, p=2 v=2: every middle chunk has layers, the head's chunk costs at most 5 layers");
-    shape.m = 3;
-    err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
-    expect(err && strstr(err, "must be a multiple of --pp 2"), "partition: a schedule that cannot run is refused first");
-    shape = (LPPipeShape){5, 1, LP_SCHEDULE_1F1B, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
-    err = lp_pp_partition(&g, &shape, "uniform", layers, why, sizeof(why));
-    expect(err && strstr(err, "--pp-partition uniform: the model's 12 layers do not split evenly over 5 chunks"), "partition uniform: L % chunks refused");
-    shape.p = 2;
-    err = lp_pp_partition(&g, &shape, "7,6", layers, why, sizeof(why));
-    expect(err && strstr(err, "needs 2 counts (--pp 2 x --vpp 1) summing to the model's 12 layers"), "partition list: wrong sum refused");
-    shape.p = 4;
-    err = lp_pp_partition(&g, &shape, "4,0,4,4", layers, why, sizeof(why));
+    x.micro_batches = 3;
+    x.partition = "balanced";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
+    expect(err && strstr(err, "must be a multiple of LPParallel.pp 2"), "partition: a schedule that cannot run is refused first");
+    x = lp_parallel_one, x.pp = 5, x.micro_batches = 8;
+    x.partition = "uniform";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
+    expect(err && strstr(err, "LPParallel.partition uniform: the model's 12 layers do not split evenly over 5 chunks"), "partition uniform: L % chunks refused");
+    x.pp = 2;
+    x.partition = "7,6";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
+    expect(err && strstr(err, "needs 2 counts (LPParallel.pp 2 x LPParallel.vpp 1) summing to the model's 12 layers"), "partition list: wrong sum refused");
+    x.pp = 4;
+    x.partition = "4,0,4,4";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(err && strstr(err, "chunk 1 of 4 gets no layers"), "partition list: a middle chunk without layers refused");
-    shape = (LPPipeShape){8, 2, LP_SCHEDULE_INTERLEAVED, 8, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
-    err = lp_pp_partition(&g, &shape, "balanced", layers, why, sizeof(why));
+    x = lp_parallel_one, x.pp = 8, x.vpp = 2, x.schedule = LP_SCHEDULE_INTERLEAVED, x.micro_batches = 8;
+    x.partition = "balanced";
+    err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
     expect(err && strstr(err, "gets no layers (the model has 12)"), "partition balanced: 16 chunks for 12 layers refused");
     // recomputation's memory: selective keeps one layer's attention probabilities (B NH T T) and GELU output
     // (B T 4C) instead of L; full keeps less again. 124M, B=16, T=1024, one chunk
-    shape = (LPPipeShape){1, 1, LP_SCHEDULE_1F1B, 1, 16, 1024, 1, 0, 1, 0, LP_RECOMPUTE_NONE, 0, LP_ATTENTION_FLASH};
+    x = lp_parallel_one;
     double kept = lp_chunk_memory(&g, &shape, 0, 12, 1);
-    shape.recompute = LP_RECOMPUTE_SELECTIVE;
+    x.recompute = LP_RECOMPUTE_SELECTIVE;
     double selective = lp_chunk_memory(&g, &shape, 0, 12, 1);
-    shape.recompute = LP_RECOMPUTE_FULL;
+    x.recompute = LP_RECOMPUTE_FULL;
     double full = lp_chunk_memory(&g, &shape, 0, 12, 1);
     expect(kept - selective == 11.0 * (16.0 * 12 * 1024 * 1024 + 16.0 * 1024 * 4 * 768) * sizeof(floatX) && full < selective / 1.5,
            "recompute: selective saves 11 layers' attention probabilities and GELU outputs, full more (124M, B=16, T=1024)");
     double flops_full = lp_chunk_flops(&g, &shape, 0, 12);
-    shape.recompute = LP_RECOMPUTE_NONE;
+    x.recompute = LP_RECOMPUTE_NONE;
     expect(flops_full > 1.15 * lp_chunk_flops(&g, &shape, 0, 12), "recompute: full recomputation's extra forward counts in the chunk's FLOPs");
     // ZeRO's memory (B=16, T=1024): every stage lowers it, at d=2 and at d=8, for 124M and for the d4 model
     // (whose wte is 79% of its weights). 124M's ZeRO-2 keeps whole only the gradients of wpe and lnf (787,968
@@ -1042,8 +1064,8 @@ static void test_schedules(void) {
         for (int d = 2; d <= 8; d += 6) {
             double mem[4], kept = 787968.0 + 2 * 7087872.0 + 124475904.0 / d;
             for (int z = 0; z < 4; z++) {
-                shape.d = d;
-                shape.zero = z;
+                x.dp = d;
+                x.zero = z;
                 mem[z] = lp_chunk_memory(&mc, &shape, 0, mc.num_layers, 1);
             }
             char name[200];
@@ -1068,7 +1090,7 @@ static void test_schedules(void) {
     expect_error("--print-schedule: interleaved with m not a multiple of p",
                  "the 6 micro-batches per step (-d / (-b * -t * d)) must be a multiple of --pp 4",
                  "--print-schedule -e d12 --pp 4 --vpp 2 --schedule interleaved -b 1 -t 16 -d 96");
-    expect_error("--schedule: unknown name", "flag --schedule: pipeline schedule must be gpipe, 1f1b or interleaved, got 'zigzag'",
+    expect_error("--schedule: unknown name", "flag --schedule: must be gpipe, 1f1b or interleaved, got 'zigzag'",
                  "--schedule zigzag");
     expect_error("--recompute: unknown name", "flag --recompute: must be none, selective or full, got 'some'", "--recompute some");
     expect_error("--attention: unknown name", "flag --attention: must be flash or cublas, got 'foo'", "--attention foo");
@@ -1093,14 +1115,14 @@ static void test_plan(void) {
         honest &= plans[k].fits == (plans[k].memory <= h100.gpu_bytes);
     }
     expect(n > 100 && ordered && honest, "plan: every configuration estimated, those that fit first, fastest first");
-    expect(n > 0 && plans[0].fits && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8 && plans[0].recompute == LP_RECOMPUTE_NONE &&
-           plans[0].offload == LP_OFFLOAD_NONE, "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without "
+    expect(n > 0 && plans[0].fits && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8 && plans[0].par.recompute == LP_RECOMPUTE_NONE &&
+           plans[0].par.offload == LP_OFFLOAD_NONE, "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without "
            "recomputation or offload");
     free(plans);
     LPConfig d4;  // the CPU default, 2048 tokens per step: TP's and PP's collectives per micro-batch cost more than they save
     lp_config_from_depth(&d4, "d4");
     n = lp_plan(&d4, 64, 2048, 8, LP_ATTENTION_FLASH, &h100, &plans);
-    expect(n > 0 && plans[0].t == 1 && plans[0].p == 1 && plans[0].d == 8,
+    expect(n > 0 && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
     free(plans);
     LPPlanMachine a100 = h100;
@@ -1108,9 +1130,9 @@ static void test_plan(void) {
     n = lp_plan(&xl, 1024, 524288, 8, LP_ATTENTION_FLASH, &a100, &plans);
     int replicated_fits = -1;
     for (int k = 0; k < n; k++)
-        if (plans[k].t == 1 && plans[k].p == 1 && plans[k].zero == 0 && plans[k].recompute == LP_RECOMPUTE_NONE && plans[k].B == 4)
+        if (plans[k].par.tp == 1 && plans[k].par.pp == 1 && plans[k].par.zero == 0 && plans[k].par.recompute == LP_RECOMPUTE_NONE && plans[k].B == 4)
             replicated_fits = plans[k].fits;
-    expect(n > 0 && replicated_fits == 0 && plans[0].fits && plans[0].zero >= 1 && plans[0].memory <= a100.gpu_bytes,
+    expect(n > 0 && replicated_fits == 0 && plans[0].fits && plans[0].par.zero >= 1 && plans[0].memory <= a100.gpu_bytes,
            "plan: GPT-2 1.5B on 8 GPUs of 40 GiB: replicated AdamW at B=4 does not fit, the fastest plan shards it");
     free(plans);
     LPPlanMachine small_gpu = h100;  // one GPU of 24 GiB: 16 bytes per parameter of 1.5B do not fit, offloaded they do
@@ -1118,29 +1140,29 @@ static void test_plan(void) {
     n = lp_plan(&xl, 1024, 8192, 1, LP_ATTENTION_FLASH, &small_gpu, &plans);
     int fit_in = 0, offload_time = 1;
     for (int k = 0; k < n; k++) {
-        fit_in |= plans[k].fits && plans[k].offload == LP_OFFLOAD_NONE;
-        offload_time &= plans[k].offload == LP_OFFLOAD_NONE ? plans[k].offload_s == 0.0 && plans[k].host_memory == 0.0
+        fit_in |= plans[k].fits && plans[k].par.offload == LP_OFFLOAD_NONE;
+        offload_time &= plans[k].par.offload == LP_OFFLOAD_NONE ? plans[k].offload_s == 0.0 && plans[k].host_memory == 0.0
                                                             : plans[k].offload_s > 0.0;
     }
-    expect(n > 0 && plans[0].fits && !fit_in && plans[0].offload == LP_OFFLOAD_NVME && offload_time,
+    expect(n > 0 && plans[0].fits && !fit_in && plans[0].par.offload == LP_OFFLOAD_NVME && offload_time,
            "plan: GPT-2 1.5B on one GPU of 24 GiB fits only with the optimizer state offloaded (the CPU build: nvme), at a cost in time");
     free(plans);
     LPPlanMachine fast = h100, slow = h100;
     fast.net_bw = 1e15;
     slow.net_bw = 10e9;
     n = lp_plan(&xl, 1024, 1048576, 64, LP_ATTENTION_FLASH, &fast, &plans);
-    expect(n > 0 && plans[0].p == 1, "plan: GPT-2 1.5B on 64 GPUs with fast links between nodes: no pipeline");
+    expect(n > 0 && plans[0].par.pp == 1, "plan: GPT-2 1.5B on 64 GPUs with fast links between nodes: no pipeline");
     free(plans);
     n = lp_plan(&xl, 1024, 1048576, 64, LP_ATTENTION_FLASH, &slow, &plans);
-    expect(n > 0 && plans[0].p > 1 && plans[0].d < 64, "plan: GPT-2 1.5B on 64 GPUs with slow links between nodes: a pipeline");
+    expect(n > 0 && plans[0].par.pp > 1 && plans[0].par.dp < 64, "plan: GPT-2 1.5B on 64 GPUs with slow links between nodes: a pipeline");
     free(plans);
     n = lp_plan(&xl, 1024, 65536, 16, LP_ATTENTION_FLASH, &h100, &plans);  // 8 micro-batches at most: the bubble matters
     int v1 = -1;
     for (int k = 0; k < n && v1 < 0; k++)
-        if (plans[k].v == 1 && plans[k].p == plans[0].p && plans[k].d == plans[0].d && plans[k].t == plans[0].t &&
-            plans[k].zero == plans[0].zero && plans[k].recompute == plans[0].recompute && plans[k].B == plans[0].B)
+        if (plans[k].par.vpp == 1 && plans[k].par.pp == plans[0].par.pp && plans[k].par.dp == plans[0].par.dp && plans[k].par.tp == plans[0].par.tp &&
+            plans[k].par.zero == plans[0].par.zero && plans[k].par.recompute == plans[0].par.recompute && plans[k].B == plans[0].B)
             v1 = k;
-    expect(n > 0 && plans[0].v == 2 && plans[0].p > 1 && v1 > 0 && plans[v1].compute_s > plans[0].compute_s,
+    expect(n > 0 && plans[0].par.vpp == 2 && plans[0].par.pp > 1 && v1 > 0 && plans[v1].compute_s > plans[0].compute_s,
            "plan: GPT-2 1.5B on 16 GPUs with 64K tokens per step interleaves 2 chunks per stage (a smaller bubble)");
     free(plans);
     expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of --gpu-mem 8 GiB (-t 1024, -d 8192); the least needs",
@@ -1482,7 +1504,7 @@ static void test_model_gradient(void) {
     for (int with_aux = 0; with_aux < 2; with_aux++) {
         LPConfig c = tiny_config();
         int aux_layer = 1;
-        LPSplit split, cut;
+        LPModelOptions split, cut;  // (the whole model with its auxiliary loss; a chunk of its first layer)
         memset(&split, 0, sizeof(split));
         split.aux = &aux_layer;
         split.num_aux = with_aux;
@@ -1556,7 +1578,8 @@ static void test_reference_loss(void) {
         LPModel m;
         lp_model_load(&m, files[v], NULL);
         LPDataLoader d;
-        lp_dataloader_init(&d, "dev/ref/tiny_tokens.bin", "-i", B, T, 0, 1, 0, 0, 0, m.cfg.vocab_size, 1);
+        LPDataOptions o = {.pattern = "dev/ref/tiny_tokens.bin", .B = B, .T = T, .vocab_size = m.cfg.vocab_size, .scan = 1};
+        lp_dataloader_init(&d, &o);
         lp_dataloader_next(&d);
         double loss = lp_model_forward(&m, d.inputs, d.targets, B, T, 0.0f);
         char name[128];
@@ -1658,7 +1681,9 @@ static void test_adamw_flags(void) {
         LPModel m;
         lp_model_load(&m, "dev/ref/tiny_model.bin", NULL);
         LPDataLoader d;
-        lp_dataloader_init(&d, shard, "-i", 2, 16, 0, 1, 32, 1, 1337, m.cfg.vocab_size, 1);  // the driver's order: shuffled, --seed 1337
+        LPDataOptions o = {.pattern = shard, .B = 2, .T = 16, .window = 32, .shuffle = 1, .seed = 1337, .vocab_size = m.cfg.vocab_size,
+                           .scan = 1};
+        lp_dataloader_init(&d, &o);  // the driver's order: shuffled, --seed 1337
         float want[3];
         for (int step = 0; step < 3; step++) {  // the driver's step, on one rank
             lp_dataloader_next(&d);
@@ -2191,9 +2216,9 @@ static void test_data_parallel(void) {
     expect(rc != 0 && strstr(out, "--pp-partition uniform: the model's 2 layers do not split evenly over 4 chunks"),
            "grid: layers not divisible by p is refused (uniform partition)");
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s %s --comm nccl", TRAIN_BIN, base);
-    expect(rc != 0 && strstr(out, "flag --comm nccl: this build has no NCCL"), "--comm nccl on the CPU build is refused clearly");
+    expect(rc != 0 && strstr(out, "--comm nccl: this build has no NCCL"), "--comm nccl on the CPU build is refused clearly");
     rc = run_cmd(out, sizeof(out), "%s %s --comm pigeon", TRAIN_BIN, base);
-    expect(rc != 0 && strstr(out, "flag --comm: transport must be auto, nccl or mpi"), "--comm with an unknown transport is refused");
+    expect(rc != 0 && strstr(out, "--comm: transport must be auto, nccl or mpi"), "--comm with an unknown transport is refused");
 }
 
 // Tensor parallelism: t ranks splitting heads, MLP and vocabulary (and with --sp the rows of the residual
@@ -2851,7 +2876,9 @@ static void test_plan_runs(void) {
                                    &mib[2], &mib[3]) == 4;
         LPConfig c;
         lp_config_from_depth(&c, "d2");
-        LPPipeShape shape = {p, 1, LP_SCHEDULE_1F1B, 1, 4, 64, 1, 0, d, zero, r, offload, LP_ATTENTION_FLASH};
+        LPParallel par = lp_parallel_one;
+        par.pp = p, par.dp = d, par.zero = zero, par.recompute = r, par.offload = offload ? LP_OFFLOAD_NVME : LP_OFFLOAD_NONE;
+        LPPipeShape shape = {&par, 4, 64, LP_ATTENTION_FLASH};
         double estimate = lp_chunk_memory(&c, &shape, 0, p == 2 ? 0 : c.num_layers, 1) / 1048576.0;
         double measured = mib[0] + mib[1] + mib[2] + mib[3];
         snprintf(name, sizeof(name), "plan: memory estimate %.3f MiB equals the CPU engine's %.3f MiB (1%%), p=%d d=%d ZeRO-%d recompute %s%s",
@@ -3871,7 +3898,8 @@ int main(int argc, char** argv) {
     LPProcess proc;
     memset(&proc, 0, sizeof(proc));
     proc.world = 1;
-    lp_grid_init(&proc, 1, 1);
+    LPParallel alone = lp_parallel_one;
+    lp_grid_init(&proc, &alone);
 #ifdef LLMPAR_CPU
     single = proc;
 #endif

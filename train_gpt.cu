@@ -25,7 +25,7 @@ typedef struct {
     float lr;                // -l
     int warmup;              // -u
     float final_lr_frac;     // -q
-    const char* schedule;    // -k  cosine | linear
+    int decay;               // -k  cosine | linear (lp_decay_names)
     float weight_decay;      // -c
     float beta1, beta2, eps; // --beta1, --beta2, --eps: AdamW's
     float grad_clip;         // --grad-clip
@@ -38,29 +38,19 @@ typedef struct {
     float ckpt_minutes;      // --ckpt-minutes: also checkpoint once this long has passed since the last (0: off)
     float timeout_minutes;   // --timeout-minutes: the watchdog's (0: max(10 minutes, 20x the median step so far))
     int overwrite;           // --overwrite: a fresh run may replace the checkpoints in -o
-    const char* on_divergence; // --on-divergence: stop | skip | rollback
+    int on_divergence;       // --on-divergence: stop | skip | rollback (lp_divergence_names)
     float loss_spike;        // --loss-spike: a loss above this times the recent mean is a spike (0: off)
     int resume;              // --resume
-    int tp, pp;              // --tp, --pp: tensor and pipeline parallel sizes (d = ranks / (tp pp))
-    int sp;                  // --sp: sequence parallelism within the TP group
-    int vpp;                 // --vpp: model chunks per pipeline stage (interleaving)
-    const char* pp_schedule; // --schedule: gpipe | 1f1b | interleaved
-    const char* pp_partition;// --pp-partition: balanced | uniform | L1,L2,...
+    // --tp --pp --vpp --schedule --pp-partition --sp --pp-scatter-gather --zero --overlap --bucket-mb
+    // --recompute --offload --offload-dir --comm: how the run is split over the ranks (d = ranks / (t p))
+    LPParallel par;
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int print_flags;         // --print-flags: print every flag's value and exit
     int plan;                // --plan N: the configurations for N GPUs, and exit
     float gpu_mem;           // --gpu-mem: GiB per GPU, for --plan
-    int scatter_gather;      // --pp-scatter-gather: send 1/t of a stage boundary, all-gather over TP
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
-    const char* recompute;   // --recompute: none | selective | full
-    const char* attention;   // --attention: flash | cublas
-    int zero;                // --zero: 0 replicated optimizer state, 1 sharded over DP
-    const char* offload;     // --offload: none | optimizer | params (the CUDA build's) | nvme
-    const char* offload_dir; // --offload-dir: where --offload nvme's state files go
-    const char* comm;        // --comm: auto | nccl | mpi
-    int overlap;             // --overlap: start the layers' gradient all-reduces during backward (ZeRO-0)
-    float bucket_mb;         // --bucket-mb: layers' gradients reduced together, at least this many MiB
+    int attention;           // --attention: flash | cublas (LP_ATTENTION_*)
     int shuffle;             // --shuffle: each epoch's shards and windows in a seeded random order
     unsigned long long seed; // --seed
 } LPFlags;
@@ -69,8 +59,8 @@ typedef struct {
 // the README's flags block, `make readme-flags`), --print-flags and the flag names in the errors after
 // parsing all come from it.
 // A switch takes no value; its llm.c letter takes llm.c's 0 or 1. LP_FLAG_SEED is an integer as typed,
-// kept in 64 bits.
-typedef enum { LP_FLAG_INT, LP_FLAG_FLOAT, LP_FLAG_STRING, LP_FLAG_SWITCH, LP_FLAG_SEED } LPFlagType;
+// kept in 64 bits. LP_FLAG_CHOICE is one of the names in `choices`, kept as its index (an LP_* constant).
+typedef enum { LP_FLAG_INT, LP_FLAG_FLOAT, LP_FLAG_STRING, LP_FLAG_SWITCH, LP_FLAG_SEED, LP_FLAG_CHOICE } LPFlagType;
 
 typedef struct {
     const char* name;     // the long form, or NULL where llm.c's letter is the only one
@@ -81,150 +71,154 @@ typedef struct {
     const char* cuda;     // the CUDA build's default
     const char* metavar;  // the value's name in -h
     const char* const* levels;  // the letter takes llm.c's level k, which means the k-th of these names
+    const char* const* choices; // LP_FLAG_CHOICE: the names it takes (NULL-terminated)
     const char* help;
 } LPFlagSpec;
 
 // llm.c's -r: 0 none, 1 recompute GELU, 2 GELU and LayerNorm. The nearest here to both 1 and 2 is selective.
 static const char* const lp_llmc_recompute[] = {"none", "selective", "selective", NULL};
+static const char* const lp_decay_names[] = {"cosine", "linear", NULL};
+enum { LP_STOP, LP_SKIP, LP_ROLLBACK };
+static const char* const lp_divergence_names[] = {"stop", "skip", "rollback", NULL};
 
 #define LP_FIELD(x) offsetof(LPFlags, x)
 static const LPFlagSpec lp_flag_specs[] = {
     {NULL, "-i", LP_FLAG_STRING, LP_FIELD(train_data), "dev/data/tinyshakespeare/tiny_shakespeare_train.bin",
-     "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "PATTERN", NULL,
+     "dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "PATTERN", NULL, NULL,
      "train token shards: a glob, quoted ('data/mine_train_*.bin'), made by dev/data/prepare.py"},
     {NULL, "-j", LP_FLAG_STRING, LP_FIELD(val_data), "dev/data/tinyshakespeare/tiny_shakespeare_val.bin",
-     "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "PATTERN", NULL,
+     "dev/data/tinyshakespeare/tiny_shakespeare_val.bin", "PATTERN", NULL, NULL,
      "val token shards (a glob; \"\" for none); every val shard needs at least B*T*d+1 tokens, every train shard "
      "one step's (-d) + 1"},
-    {NULL, "-e", LP_FLAG_STRING, LP_FIELD(init), "d4", "d12", "MODEL", NULL,
+    {NULL, "-e", LP_FLAG_STRING, LP_FIELD(init), "d4", "d12", "MODEL", NULL, NULL,
      "llm.c model file (fp32 v3 or bf16 v5), or dN: a new GPT-2 of depth N (d12/d24/d36/d48 are GPT-2 "
      "124M/350M/774M/1558M; other N: C=64N, N heads)"},
-    {NULL, "-o", LP_FLAG_STRING, LP_FIELD(out_dir), "", "", "DIR", NULL, "output directory: main.log and checkpoints; one run at a time (DIR/lock)"},
-    {NULL, "-b", LP_FLAG_INT, LP_FIELD(B), "4", "16", "N", NULL, "micro-batch size"},
-    {NULL, "-t", LP_FLAG_INT, LP_FIELD(T), "64", "1024", "N", NULL, "sequence length (at most the model's)"},
-    {NULL, "-d", LP_FLAG_INT, LP_FIELD(total_batch), "0", "0", "N", NULL,
+    {NULL, "-o", LP_FLAG_STRING, LP_FIELD(out_dir), "", "", "DIR", NULL, NULL, "output directory: main.log and checkpoints; one run at a time (DIR/lock)"},
+    {NULL, "-b", LP_FLAG_INT, LP_FIELD(B), "4", "16", "N", NULL, NULL, "micro-batch size"},
+    {NULL, "-t", LP_FLAG_INT, LP_FIELD(T), "64", "1024", "N", NULL, NULL, "sequence length (at most the model's)"},
+    {NULL, "-d", LP_FLAG_INT, LP_FIELD(total_batch), "0", "0", "N", NULL, NULL,
      "tokens per optimizer step; gradient accumulation steps = N / (b*t*d), d the data-parallel size "
      "(0: b*t*d, no accumulation)"},
-    {NULL, "-x", LP_FLAG_INT, LP_FIELD(max_steps), "40", "200", "N", NULL,
+    {NULL, "-x", LP_FLAG_INT, LP_FIELD(max_steps), "40", "200", "N", NULL, NULL,
      "training steps (0: no training: the val loss, a sample with -s N, and with -o the model as loaded saved as "
      "checkpoint step_00000000, e.g. to convert or re-split a file; llm.c's -1, one epoch, is not here)"},
-    {NULL, "-l", LP_FLAG_FLOAT, LP_FIELD(lr), "1e-3", "6e-4", "LR", NULL, "peak learning rate"},
-    {NULL, "-u", LP_FLAG_INT, LP_FIELD(warmup), "5", "20", "N", NULL, "linear warmup steps"},
-    {NULL, "-q", LP_FLAG_FLOAT, LP_FIELD(final_lr_frac), "0.1", "0.1", "F", NULL,
+    {NULL, "-l", LP_FLAG_FLOAT, LP_FIELD(lr), "1e-3", "6e-4", "LR", NULL, NULL, "peak learning rate"},
+    {NULL, "-u", LP_FLAG_INT, LP_FIELD(warmup), "5", "20", "N", NULL, NULL, "linear warmup steps"},
+    {NULL, "-q", LP_FLAG_FLOAT, LP_FIELD(final_lr_frac), "0.1", "0.1", "F", NULL, NULL,
      "final learning rate as a fraction of -l"},
-    {NULL, "-k", LP_FLAG_STRING, LP_FIELD(schedule), "cosine", "cosine", "NAME", NULL,
+    {NULL, "-k", LP_FLAG_CHOICE, LP_FIELD(decay), "cosine", "cosine", "NAME", NULL, lp_decay_names,
      "decay after warmup: cosine | linear (llm.c's constant and wsd are not here)"},
-    {NULL, "-c", LP_FLAG_FLOAT, LP_FIELD(weight_decay), "0.1", "0.1", "F", NULL,
+    {NULL, "-c", LP_FLAG_FLOAT, LP_FIELD(weight_decay), "0.1", "0.1", "F", NULL, NULL,
      "AdamW weight decay (matrices only; not biases or LayerNorm)"},
-    {"--beta1", NULL, LP_FLAG_FLOAT, LP_FIELD(beta1), "0.9", "0.9", "F", NULL,
+    {"--beta1", NULL, LP_FLAG_FLOAT, LP_FIELD(beta1), "0.9", "0.9", "F", NULL, NULL,
      "AdamW's decay of the running mean of the gradient, 0 <= F < 1"},
-    {"--beta2", NULL, LP_FLAG_FLOAT, LP_FIELD(beta2), "0.95", "0.95", "F", NULL,
+    {"--beta2", NULL, LP_FLAG_FLOAT, LP_FIELD(beta2), "0.95", "0.95", "F", NULL, NULL,
      "AdamW's decay of the running mean of the squared gradient, 0 <= F < 1"},
-    {"--eps", NULL, LP_FLAG_FLOAT, LP_FIELD(eps), "1e-8", "1e-8", "F", NULL,
+    {"--eps", NULL, LP_FLAG_FLOAT, LP_FIELD(eps), "1e-8", "1e-8", "F", NULL, NULL,
      "AdamW's epsilon, added to the square root of the second moment; > 0"},
-    {"--grad-clip", NULL, LP_FLAG_FLOAT, LP_FIELD(grad_clip), "1.0", "1.0", "F", NULL,
+    {"--grad-clip", NULL, LP_FLAG_FLOAT, LP_FIELD(grad_clip), "1.0", "1.0", "F", NULL, NULL,
      "clip the global gradient norm to F (0: off)"},
-    {NULL, "-v", LP_FLAG_INT, LP_FIELD(val_every), "20", "50", "N", NULL, "val loss every N steps and at the end (0: never)"},
-    {NULL, "-m", LP_FLAG_INT, LP_FIELD(val_batches), "4", "2", "N", NULL, "val batches per evaluation (0: the whole val set)"},
-    {NULL, "-s", LP_FLAG_INT, LP_FIELD(sample_every), "0", "50", "N", NULL,
+    {NULL, "-v", LP_FLAG_INT, LP_FIELD(val_every), "20", "50", "N", NULL, NULL, "val loss every N steps and at the end (0: never)"},
+    {NULL, "-m", LP_FLAG_INT, LP_FIELD(val_batches), "4", "2", "N", NULL, NULL, "val batches per evaluation (0: the whole val set)"},
+    {NULL, "-s", LP_FLAG_INT, LP_FIELD(sample_every), "0", "50", "N", NULL, NULL,
      "print a sample every N steps and at the end (0: never)"},
-    {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, "tokens per sample (at most -t minus 1, the positions after <|endoftext|>)"},
-    {"--tokenizer", NULL, LP_FLAG_STRING, LP_FIELD(tokenizer), "gpt2_tokenizer.bin", "gpt2_tokenizer.bin", "PATH", NULL,
+    {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, NULL, "tokens per sample (at most -t minus 1, the positions after <|endoftext|>)"},
+    {"--tokenizer", NULL, LP_FLAG_STRING, LP_FIELD(tokenizer), "gpt2_tokenizer.bin", "gpt2_tokenizer.bin", "PATH", NULL, NULL,
      "tokenizer for samples"},
-    {"--seed", NULL, LP_FLAG_SEED, LP_FIELD(seed), "1337", "1337", "N", NULL,
+    {"--seed", NULL, LP_FLAG_SEED, LP_FIELD(seed), "1337", "1337", "N", NULL, NULL,
      "seed of the initial weights, of sampling and of the data order"},
-    {"--shuffle", NULL, LP_FLAG_INT, LP_FIELD(shuffle), "1", "1", "N", NULL,
+    {"--shuffle", NULL, LP_FLAG_INT, LP_FIELD(shuffle), "1", "1", "N", NULL, NULL,
      "1: each epoch visits the train shards, and each shard's steps (windows of -d tokens), in a random order "
      "drawn from --seed, as llm.c's loader does; 0: file order"},
-    {NULL, "-n", LP_FLAG_INT, LP_FIELD(ckpt_every), "0", "0", "N", NULL,
+    {NULL, "-n", LP_FLAG_INT, LP_FIELD(ckpt_every), "0", "0", "N", NULL, NULL,
      "checkpoint every N steps (needs -o; a checkpoint is always written at the end when -o is given)"},
-    {"--resume", "-y", LP_FLAG_SWITCH, LP_FIELD(resume), NULL, NULL, NULL, NULL,
+    {"--resume", "-y", LP_FLAG_SWITCH, LP_FIELD(resume), NULL, NULL, NULL, NULL, NULL,
      "continue from the newest complete checkpoint in -o; one that is damaged (a bad header or size, or a checksum "
      "that differs from its manifest) is reported in one line and the one before it is used. -y 1 is llm.c's "
      "spelling; -y 0 (llm.c: restart) starts afresh, and an -o holding checkpoints still needs --overwrite"},
-    {"--keep", "-nk", LP_FLAG_INT, LP_FIELD(keep), "0", "0", "N", NULL,
+    {"--keep", "-nk", LP_FLAG_INT, LP_FIELD(keep), "0", "0", "N", NULL, NULL,
      "after each save keep the newest N checkpoints, removing older ones (0: all)"},
-    {"--ckpt-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(ckpt_minutes), "0", "0", "M", NULL,
+    {"--ckpt-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(ckpt_minutes), "0", "0", "M", NULL, NULL,
      "also checkpoint once M minutes have passed since the start or the last checkpoint (rank 0's clock decides; "
      "needs -o; 0: off)"},
-    {"--timeout-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(timeout_minutes), "0", "0", "M", NULL,
+    {"--timeout-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(timeout_minutes), "0", "0", "M", NULL, NULL,
      "with 2 or more ranks, a rank that has waited M minutes in one collective or send/receive (a peer stopped, "
      "hung or gone) ends the job with one line naming the step and the call, exit status 124, for a supervisor to "
      "relaunch (0: max(10 minutes, 20 times the median step so far))"},
-    {"--overwrite", NULL, LP_FLAG_SWITCH, LP_FIELD(overwrite), NULL, NULL, NULL, NULL,
+    {"--overwrite", NULL, LP_FLAG_SWITCH, LP_FIELD(overwrite), NULL, NULL, NULL, NULL, NULL,
      "without --resume, start even though -o holds checkpoints, removing them (otherwise that is an error: a later "
      "--resume would take the newest of either run)"},
-    {"--on-divergence", NULL, LP_FLAG_STRING, LP_FIELD(on_divergence), "stop", "stop", "NAME", NULL,
+    {"--on-divergence", NULL, LP_FLAG_CHOICE, LP_FIELD(on_divergence), "stop", "stop", "NAME", NULL, lp_divergence_names,
      "a step whose loss or gradient norm is not finite, or whose update makes a weight not finite, or (skip, "
      "rollback) whose loss is a spike: stop (the newest checkpoint is the last good one) | skip (drop its batch and "
      "update) | rollback (reload the newest checkpoint, needs -o, and go on with the batches after the bad one); 3 in "
      "a row without progress stop the run"},
-    {"--loss-spike", NULL, LP_FLAG_FLOAT, LP_FIELD(loss_spike), "3", "3", "F", NULL,
+    {"--loss-spike", NULL, LP_FLAG_FLOAT, LP_FIELD(loss_spike), "3", "3", "F", NULL, NULL,
      "a step's loss above F times the mean of the last 20 steps' is a spike: reported, and under skip or rollback "
      "handled as a divergence (0: off)"},
-    {"--tp", NULL, LP_FLAG_INT, LP_FIELD(tp), "1", "1", "N", NULL,
+    {"--tp", NULL, LP_FLAG_INT, LP_FIELD(par.tp), "1", "1", "N", NULL, NULL,
      "tensor-parallel size t: heads, MLP width and vocabulary split over t ranks"},
-    {"--sp", NULL, LP_FLAG_SWITCH, LP_FIELD(sp), NULL, NULL, NULL, NULL,
+    {"--sp", NULL, LP_FLAG_SWITCH, LP_FIELD(par.sp), NULL, NULL, NULL, NULL, NULL,
      "sequence parallelism within the TP group: LayerNorms, residual adds and their activations on 1/t of the rows "
      "each (needs t > 1 and -t divisible by t)"},
-    {"--pp", NULL, LP_FLAG_INT, LP_FIELD(pp), "1", "1", "N", NULL,
+    {"--pp", NULL, LP_FLAG_INT, LP_FIELD(par.pp), "1", "1", "N", NULL, NULL,
      "pipeline-parallel size: the layers split over N stages; data-parallel size d = ranks / (t*p)"},
-    {"--vpp", NULL, LP_FLAG_INT, LP_FIELD(vpp), "1", "1", "N", NULL, "model chunks per pipeline stage (--schedule interleaved)"},
-    {"--schedule", NULL, LP_FLAG_STRING, LP_FIELD(pp_schedule), "1f1b", "1f1b", "NAME", NULL,
+    {"--vpp", NULL, LP_FLAG_INT, LP_FIELD(par.vpp), "1", "1", "N", NULL, NULL, "model chunks per pipeline stage (--schedule interleaved)"},
+    {"--schedule", NULL, LP_FLAG_CHOICE, LP_FIELD(par.schedule), "1f1b", "1f1b", "NAME", NULL, lp_schedule_names,
      "pipeline schedule: gpipe | 1f1b | interleaved"},
-    {"--pp-partition", NULL, LP_FLAG_STRING, LP_FIELD(pp_partition), "balanced", "balanced", "P", NULL,
+    {"--pp-partition", NULL, LP_FLAG_STRING, LP_FIELD(par.partition), "balanced", "balanced", "P", NULL, NULL,
      "layers per chunk: balanced (the least training FLOPs on the costliest chunk, counting the LM head; among "
      "those, the least estimated memory on the fullest chunk) | uniform | a list L1,L2,... of p*v counts"},
-    {"--pp-scatter-gather", NULL, LP_FLAG_INT, LP_FIELD(scatter_gather), "1", "1", "N", NULL,
+    {"--pp-scatter-gather", NULL, LP_FLAG_INT, LP_FIELD(par.scatter_gather), "1", "1", "N", NULL, NULL,
      "1: with --tp and no --sp, each TP rank sends 1/t of a stage boundary and the receivers all-gather it; 0: every "
      "rank sends the whole"},
-    {"--aux-loss-layers", NULL, LP_FLAG_STRING, LP_FIELD(aux_layers), "", "", "L1,L2,...", NULL,
+    {"--aux-loss-layers", NULL, LP_FLAG_STRING, LP_FIELD(aux_layers), "", "", "L1,L2,...", NULL, NULL,
      "auxiliary losses: these layers' outputs (1 .. L-1) also go through the final LayerNorm and the tied head to a "
      "loss, weighted and added to the training loss"},
-    {"--aux-loss-weight", NULL, LP_FLAG_FLOAT, LP_FIELD(aux_weight), "0.1", "0.1", "F", NULL,
+    {"--aux-loss-weight", NULL, LP_FLAG_FLOAT, LP_FIELD(aux_weight), "0.1", "0.1", "F", NULL, NULL,
      "the weight of each auxiliary loss"},
-    {"--recompute", "-r", LP_FLAG_STRING, LP_FIELD(recompute), "none", "none", "NAME", lp_llmc_recompute,
+    {"--recompute", "-r", LP_FLAG_CHOICE, LP_FIELD(par.recompute), "none", "none", "NAME", lp_llmc_recompute, lp_recompute_names,
      "activations backward recomputes instead of keeping: none | selective (the attention probabilities and the GELU "
      "output; the CUDA build's flash attention keeps no probabilities, so there only the GELU output) | full (it keeps only each layer's input and reruns the layer's forward). -r takes llm.c's levels, 0 "
      "none, 1 GELU, 2 GELU and LayerNorm: 1 and 2 both mean selective here, the nearest (it recomputes the attention "
      "probabilities too, and LayerNorm only under full)"},
-    {"--attention", NULL, LP_FLAG_STRING, LP_FIELD(attention), "flash", "flash", "NAME", NULL,
+    {"--attention", NULL, LP_FLAG_CHOICE, LP_FIELD(attention), "flash", "flash", "NAME", NULL, lp_attention_names,
      "the CUDA build's attention: flash (FlashAttention-2's form; keeps each row's logsumexp) | cublas (llm.c's "
      "without cuDNN: cuBLASLt batched products and a softmax kernel; keeps the B*NH*T*T probabilities of every layer, "
      "or of one under --recompute). flash is the default: as fast on an H100 at 124M with less memory when measured "
      "(dev/gpu_results.md), 2.3x faster since in the GPU model (dev/docs/figures.md). The CPU build has one "
      "attention, its loops (which keep the probabilities), and takes either value"},
-    {"--zero", "-z", LP_FLAG_INT, LP_FIELD(zero), "0", "0", "N", NULL,
+    {"--zero", "-z", LP_FLAG_INT, LP_FIELD(par.zero), "0", "0", "N", NULL, NULL,
      "ZeRO stage. 0: every data-parallel rank holds the full AdamW state; 1: the fp32 master weights and AdamW state "
      "are sharded over the d ranks; 2: the gradients too; 3: the weights too, gathered a layer at a time"},
-    {"--offload", NULL, LP_FLAG_STRING, LP_FIELD(offload), "none", "none", "NAME", NULL,
+    {"--offload", NULL, LP_FLAG_CHOICE, LP_FIELD(par.offload), "none", "none", "NAME", NULL, lp_offload_names,
      "where this rank's optimizer state lives: none (with the weights) | optimizer (the CUDA build: the fp32 master "
      "weights and AdamW m and v in pinned host memory, updated on the CPU a chunk at a time, overlapped with the "
      "copies of gradients down and weights up) | params (the CUDA build, with --zero 3: as optimizer, and this rank's "
      "shard of the bf16 weights in pinned host memory too, each layer's part copied up as its gather starts) | nvme "
      "(AdamW m and v in a file under --offload-dir, streamed through two buffers of 8 MiB at each update; the CUDA "
      "build keeps the master weights in pinned memory and updates as with optimizer)"},
-    {"--offload-dir", NULL, LP_FLAG_STRING, LP_FIELD(offload_dir), "", "", "DIR", NULL,
+    {"--offload-dir", NULL, LP_FLAG_STRING, LP_FIELD(par.offload_dir), "", "", "DIR", NULL, NULL,
      "an existing, writable directory for --offload nvme: one file per rank (per model chunk), unlinked once open, "
      "so nothing is left behind"},
-    {"--overlap", NULL, LP_FLAG_INT, LP_FIELD(overlap), "1", "1", "N", NULL,
+    {"--overlap", NULL, LP_FLAG_INT, LP_FIELD(par.overlap), "1", "1", "N", NULL, NULL,
      "1: reduce the layers' gradients during backward, overlapped with the layers below (ZeRO-0: all-reduces in "
      "buckets on the last micro-batch; ZeRO-2/3: each layer's reduce-scatter, every micro-batch); 0: ZeRO-0 "
      "all-reduces once after backward, ZeRO-2/3 wait for each layer's reduction"},
-    {"--bucket-mb", NULL, LP_FLAG_FLOAT, LP_FIELD(bucket_mb), "25", "25", "F", NULL,
+    {"--bucket-mb", NULL, LP_FLAG_FLOAT, LP_FIELD(par.bucket_mb), "25", "25", "F", NULL, NULL,
      "with --overlap: reduce consecutive layers together once F MiB of their gradients are done (0: every layer on "
      "its own)"},
-    {"--comm", NULL, LP_FLAG_STRING, LP_FIELD(comm), "auto", "auto", "NAME", NULL,
+    {"--comm", NULL, LP_FLAG_STRING, LP_FIELD(par.comm), "auto", "auto", "NAME", NULL, NULL,
      "collectives: auto (NCCL on the CUDA build; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi"},
-    {"--plan", NULL, LP_FLAG_INT, LP_FIELD(plan), "0", "0", "N", NULL,
+    {"--plan", NULL, LP_FLAG_INT, LP_FIELD(plan), "0", "0", "N", NULL, NULL,
      "print the ways to train -e with -t and -d tokens per step on N GPUs (t x p x d grid, ZeRO stage, "
      "recomputation, -b) that fit --gpu-mem, fastest first by a stated machine model, and the command that runs the "
      "fastest; then exit (0: train)"},
-    {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "80", "80", "F", NULL, "GiB per GPU, for --plan (plans use 90% of it)"},
-    {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL,
+    {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "80", "80", "F", NULL, NULL, "GiB per GPU, for --plan (plans use 90% of it)"},
+    {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL, NULL,
      "draw the timeline of --pp, --vpp, --schedule and the micro-batches per step (-d / (-b*-t*d)) from the "
      "simulator, with unit costs, and exit"},
-    {"--print-flags", NULL, LP_FLAG_SWITCH, LP_FIELD(print_flags), NULL, NULL, NULL, NULL,
+    {"--print-flags", NULL, LP_FLAG_SWITCH, LP_FIELD(print_flags), NULL, NULL, NULL, NULL, NULL,
      "print every flag's value as parsed, defaults included, one per line, and exit"},
 };
 #define LP_NUM_FLAGS (int)(sizeof(lp_flag_specs) / sizeof(lp_flag_specs[0]))
@@ -265,6 +259,14 @@ static const char* lp_flag_name_of(size_t field) {
     return NULL;
 }
 #define LP_FLAG_NAME(x) lp_flag_name_of(offsetof(LPFlags, x))
+
+// The header names a parallel setting by its LPParallel field (lp_setting_namer); here, by the flag that sets
+// it. The micro-batches per step come from -d.
+static const char* lp_setting_flag(size_t offset) {
+    for (int k = 0; k < LP_NUM_FLAGS; k++)
+        if (lp_flag_specs[k].field == offsetof(LPFlags, par) + offset) return lp_flag_name(&lp_flag_specs[k]);
+    return offset == offsetof(LPParallel, micro_batches) ? "-d / (-b * -t * d)" : NULL;
+}
 
 static const char* lp_flag_default(const LPFlagSpec* s) {
 #ifdef LLMPAR_CPU
@@ -370,6 +372,19 @@ static void lp_flag_set(LPFlags* f, const LPFlagSpec* s, const char* as, const c
     case LP_FLAG_FLOAT: *(float*)p = lp_parse_float(as, v); break;
     case LP_FLAG_STRING: *(const char**)p = v; break;
     case LP_FLAG_SWITCH: *(int*)p = !v || strcmp(v, "0") != 0; break;
+    case LP_FLAG_CHOICE: {
+        int k = 0, n = 0;
+        while (s->choices[k] && strcmp(v, s->choices[k]) != 0) k++;
+        if (s->choices[k]) {
+            *(int*)p = k;
+            break;
+        }
+        char names[256] = "";
+        while (s->choices[n]) n++;
+        for (int j = 0; j < n; j++)
+            snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j == 0 ? "" : j == n - 1 ? " or " : ", ", s->choices[j]);
+        lp_fail_all("flag %s: must be %s, got '%s'", as, names, v);
+    }
     }
 }
 
@@ -438,39 +453,29 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->warmup < 0 || f->val_every < 0 || f->val_batches < 0 || f->sample_every < 0 || f->ckpt_every < 0 || f->gen_tokens < 0)
         lp_fail_all("flags %s %s %s %s %s %s must not be negative", LP_FLAG_NAME(warmup), LP_FLAG_NAME(val_every),
                     LP_FLAG_NAME(val_batches), LP_FLAG_NAME(sample_every), LP_FLAG_NAME(gen_tokens), LP_FLAG_NAME(ckpt_every));
-    if (strcmp(f->schedule, "cosine") != 0 && strcmp(f->schedule, "linear") != 0)
-        lp_fail_all("flag %s: schedule must be cosine or linear, got '%s'", LP_FLAG_NAME(schedule), f->schedule);
     if (f->resume && f->out_dir[0] == '\0')
         lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
-    if (f->zero < 0 || f->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(zero), f->zero);
-    int offload = lp_offload_parse(f->offload);
-    if (offload < 0) lp_fail_all("flag %s: must be none, optimizer, params or nvme, got '%s'", LP_FLAG_NAME(offload), f->offload);
-    if (offload == LP_OFFLOAD_NVME && f->offload_dir[0] == '\0')
-        lp_fail_all("flag %s nvme: needs %s DIR, where the optimizer state goes", LP_FLAG_NAME(offload), LP_FLAG_NAME(offload_dir));
-    if (offload != LP_OFFLOAD_NVME && f->offload_dir[0] != '\0')
-        lp_fail_all("flag %s: only with %s nvme", LP_FLAG_NAME(offload_dir), LP_FLAG_NAME(offload));
-    if (!LP_MASTER_COPY && (offload == LP_OFFLOAD_OPTIMIZER || offload == LP_OFFLOAD_PARAMS))
+    const LPParallel* par = &f->par;
+    if (par->zero < 0 || par->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(par.zero), par->zero);
+    if (par->offload == LP_OFFLOAD_NVME && par->offload_dir[0] == '\0')
+        lp_fail_all("flag %s nvme: needs %s DIR, where the optimizer state goes", LP_FLAG_NAME(par.offload), LP_FLAG_NAME(par.offload_dir));
+    if (par->offload != LP_OFFLOAD_NVME && par->offload_dir[0] != '\0')
+        lp_fail_all("flag %s: only with %s nvme", LP_FLAG_NAME(par.offload_dir), LP_FLAG_NAME(par.offload));
+    if (!LP_MASTER_COPY && (par->offload == LP_OFFLOAD_OPTIMIZER || par->offload == LP_OFFLOAD_PARAMS))
         lp_fail_all("flag %s %s: moves GPU state to host memory, where the CPU build's already is (use %s nvme)",
-                    LP_FLAG_NAME(offload), f->offload, LP_FLAG_NAME(offload));
-    if (offload == LP_OFFLOAD_PARAMS && f->zero != 3)
+                    LP_FLAG_NAME(par.offload), lp_offload_names[par->offload], LP_FLAG_NAME(par.offload));
+    if (par->offload == LP_OFFLOAD_PARAMS && par->zero != 3)
         lp_fail_all("flag %s params: needs %s 3 (it moves the weight shard that ZeRO-3 gathers a layer at a time from)",
-                    LP_FLAG_NAME(offload), LP_FLAG_NAME(zero));
+                    LP_FLAG_NAME(par.offload), LP_FLAG_NAME(par.zero));
     struct stat dir_st;
-    if (f->offload_dir[0] && stat(f->offload_dir, &dir_st) != 0)
-        lp_fail_all("flag %s: %s: %s", LP_FLAG_NAME(offload_dir), f->offload_dir, strerror(errno));
-    if (f->offload_dir[0] && !S_ISDIR(dir_st.st_mode))
-        lp_fail_all("flag %s: %s is not a directory", LP_FLAG_NAME(offload_dir), f->offload_dir);
-    if (f->bucket_mb < 0.0f) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(bucket_mb), f->bucket_mb);
+    if (par->offload_dir[0] && stat(par->offload_dir, &dir_st) != 0)
+        lp_fail_all("flag %s: %s: %s", LP_FLAG_NAME(par.offload_dir), par->offload_dir, strerror(errno));
+    if (par->offload_dir[0] && !S_ISDIR(dir_st.st_mode))
+        lp_fail_all("flag %s: %s is not a directory", LP_FLAG_NAME(par.offload_dir), par->offload_dir);
+    if (par->bucket_mb < 0.0f) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(par.bucket_mb), par->bucket_mb);
     if (f->plan < 0 || f->plan > 1 << 20)
         lp_fail_all("flag %s: the number of GPUs must be 1 .. %d (0: no plan), got %d", LP_FLAG_NAME(plan), 1 << 20, f->plan);
     if (f->gpu_mem <= 0.0f) lp_fail_all("flag %s: GiB per GPU must be > 0, got %g", LP_FLAG_NAME(gpu_mem), f->gpu_mem);
-    if (lp_recompute_parse(f->recompute) < 0)
-        lp_fail_all("flag %s: must be none, selective or full, got '%s'", LP_FLAG_NAME(recompute), f->recompute);
-    if (lp_attention_parse(f->attention) < 0)
-        lp_fail_all("flag %s: must be flash or cublas, got '%s'", LP_FLAG_NAME(attention), f->attention);
-    if (lp_schedule_parse(f->pp_schedule) < 0)
-        lp_fail_all("flag %s: pipeline schedule must be gpipe, 1f1b or interleaved, got '%s'", LP_FLAG_NAME(pp_schedule),
-                    f->pp_schedule);
     if (!(f->final_lr_frac >= 0.0f && f->final_lr_frac <= 1.0f))
         lp_fail_all("flag %s: the final learning rate is a fraction of %s, 0 .. 1, got %g", LP_FLAG_NAME(final_lr_frac),
                     LP_FLAG_NAME(lr), f->final_lr_frac);
@@ -490,24 +495,22 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->keep < 0) lp_fail_all("flag %s: must be >= 0 (0: keep all), got %d", LP_FLAG_NAME(keep), f->keep);
     if (f->shuffle != 0 && f->shuffle != 1)
         lp_fail_all("flag %s: must be 0 (file order) or 1 (shuffled), got %d", LP_FLAG_NAME(shuffle), f->shuffle);
-    if (strcmp(f->on_divergence, "stop") != 0 && strcmp(f->on_divergence, "skip") != 0 && strcmp(f->on_divergence, "rollback") != 0)
-        lp_fail_all("flag %s: must be stop, skip or rollback, got '%s'", LP_FLAG_NAME(on_divergence), f->on_divergence);
-    if (strcmp(f->on_divergence, "rollback") == 0 && f->out_dir[0] == '\0')
+    if (f->on_divergence == LP_ROLLBACK && f->out_dir[0] == '\0')
         lp_fail_all("flag %s rollback: needs %s DIR, for the checkpoints to roll back to", LP_FLAG_NAME(on_divergence),
                     LP_FLAG_NAME(out_dir));
     if (f->loss_spike < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: off), got %g", LP_FLAG_NAME(loss_spike), f->loss_spike);
     if (f->resume && f->overwrite)
         lp_fail_all("flags %s and %s: continue the run in %s, or replace it, not both", LP_FLAG_NAME(resume),
                     LP_FLAG_NAME(overwrite), LP_FLAG_NAME(out_dir));
-    if (f->tp < 1 || f->tp > 65536 || f->pp < 1 || f->pp > 65536 || f->vpp < 1 || f->vpp > 65536)
-        lp_fail_all("flags %s %s %s: sizes must be 1 .. 65536, got %d, %d, %d", LP_FLAG_NAME(tp), LP_FLAG_NAME(pp),
-                    LP_FLAG_NAME(vpp), f->tp, f->pp, f->vpp);
-    if (f->sp && f->tp < 2)
-        lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(sp),
-                    LP_FLAG_NAME(tp));
-    if (f->sp && f->T % f->tp)
-        lp_fail_all("flag %s: sequence length %s %d does not split over %s %d ranks", LP_FLAG_NAME(sp), LP_FLAG_NAME(T), f->T,
-                    LP_FLAG_NAME(tp), f->tp);
+    if (par->tp < 1 || par->tp > 65536 || par->pp < 1 || par->pp > 65536 || par->vpp < 1 || par->vpp > 65536)
+        lp_fail_all("flags %s %s %s: sizes must be 1 .. 65536, got %d, %d, %d", LP_FLAG_NAME(par.tp), LP_FLAG_NAME(par.pp),
+                    LP_FLAG_NAME(par.vpp), par->tp, par->pp, par->vpp);
+    if (par->sp && par->tp < 2)
+        lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
+                    LP_FLAG_NAME(par.tp));
+    if (par->sp && f->T % par->tp)
+        lp_fail_all("flag %s: sequence length %s %d does not split over %s %d ranks", LP_FLAG_NAME(par.sp), LP_FLAG_NAME(T), f->T,
+                    LP_FLAG_NAME(par.tp), par->tp);
     return 1;
 }
 
@@ -524,6 +527,7 @@ static void lp_print_flags(const LPFlags* f) {
         case LP_FLAG_SEED: lp_log("%llu\n", *(const unsigned long long*)p); break;
         case LP_FLAG_FLOAT: lp_log("%g\n", *(const float*)p); break;
         case LP_FLAG_STRING: lp_log("%s\n", (*(const char* const*)p)[0] ? *(const char* const*)p : "\"\""); break;
+        case LP_FLAG_CHOICE: lp_log("%s\n", s->choices[*(const int*)p]); break;
         }
     }
 }
@@ -593,7 +597,7 @@ static float lp_evaluate(LPStage* st, LPDataLoader* val, int n_batches) {
 // a multiple of its size, the extra positions (after the ones sampled from, so causal attention keeps
 // them out) filled with <|endoftext|>.
 static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng, int step) {
-    const LPModel* m = &st->chunks[st->v - 1];  // on the last stage: the model's last chunk
+    const LPModel* m = &st->chunks[st->par->vpp - 1];  // on the last stage: the model's last chunk
     const LPConfig* c = &m->cfg;
     int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T, Vl = c->padded_vocab_size / m->tp_size;
     int* tokens = (int*)lp_host_malloc((size_t)m->T * sizeof(int), "sample tokens");
@@ -602,7 +606,7 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
     LPUtf8 text = {{0}, 0, 0};
     lp_log("--- sample at step %d ---\n", step);
     for (int t = 1; t < n; t++) {
-        int rows = m->sp ? (t + m->tp_size - 1) / m->tp_size * m->tp_size : t;
+        int rows = m->par->sp ? (t + m->tp_size - 1) / m->tp_size * m->tp_size : t;
         lp_stage_forward_only(st, tokens, NULL, 1, rows);
         memset(probs, 0, (size_t)c->padded_vocab_size * sizeof(float));
         if (m->last) lp_to_host_float(probs + (size_t)m->tp_rank * Vl, m->act.logits + (size_t)(t - 1) * Vl, Vl);
@@ -664,20 +668,6 @@ static int lp_parse_aux_layers(const char* list, int L, int* aux) {
     return n;
 }
 
-// The pipeline's p * v chunks: at most LP_MAX_CHUNKS, and more than one per stage only with more than one stage.
-static void lp_check_chunks(const LPFlags* f) {
-    if (f->pp * f->vpp > LP_MAX_CHUNKS) lp_fail_all("--pp %d --vpp %d: at most %d chunks", f->pp, f->vpp, LP_MAX_CHUNKS);
-    if (f->vpp > 1 && f->pp < 2) lp_fail_all("--vpp %d: interleaving chunks needs a pipeline, --pp 2 or more", f->vpp);
-}
-
-// What the balanced partition weighs: the pipeline, its schedule over m micro-batches, and how TP, SP,
-// d and ZeRO split each chunk's memory.
-static LPPipeShape lp_pipe_shape(const LPFlags* f, int d, int m) {
-    LPPipeShape s = {f->pp,  f->vpp, lp_schedule_parse(f->pp_schedule), m, f->B, f->T, f->tp, f->sp && f->tp > 1, d, f->zero,
-                     lp_recompute_parse(f->recompute), lp_offload_parse(f->offload), lp_attention_parse(f->attention)};
-    return s;
-}
-
 // ----------------------------------------------------------------------------------------------------
 // The run: what the step loop works on, set up once (model, data, output, resume), then stepped.
 
@@ -686,8 +676,6 @@ typedef struct {
     const LPProcess* proc;
     LPConfig cfg;
     LPStage stage;               // this rank's chunks of the model
-    LPPipeShape shape;           // the pipeline, its schedule and the split of each chunk
-    int layers[LP_MAX_CHUNKS];   // layers per chunk
     int aux[LP_MAX_AUX];         // --aux-loss-layers
     int total_batch, accum;      // tokens per step; micro-batches per step (the pipeline's m)
     LPDataLoader train, val;
@@ -700,7 +688,6 @@ typedef struct {
     int first_step;              // 0, or the step resumed from
     int on_disk;                 // the step whose state the newest checkpoint holds (-1: none)
     int rollback, skip;          // --on-divergence
-    int cosine;                  // -k: cosine (else linear) decay
     int strikes, computed;       // divergences since the run last moved on; training steps computed
     LPLossWindow recent;         // the last steps' losses, for spotting spikes
     double step_s[32];           // the last steps' times, for the watchdog's default timeout
@@ -717,44 +704,45 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
                             double optim_bytes, double offloaded_bytes, double act_bytes) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
+    const LPParallel* par = proc->par;
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
-    lp_log("grid             %d ranks: t=%d d=%d p=%d%s\n", proc->world, proc->tp, proc->dp, proc->pp,
-           f->sp && proc->tp > 1 ? ", sequence parallel" : "");
+    lp_log("grid             %d ranks: t=%d d=%d p=%d%s\n", proc->world, par->tp, par->dp, par->pp, par->sp ? ", sequence parallel" : "");
     lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu on rank 0)\n", r->cfg.num_layers,
            r->cfg.channels, r->cfg.num_heads, r->cfg.vocab_size, r->cfg.padded_vocab_size, r->cfg.max_seq_len,
            r->stage.chunks[0].total_params, rank_params);
-    if (proc->pp > 1) {
-        lp_log("pipeline         %d stages x %d chunks, schedule %s, layers per chunk", proc->pp, f->vpp, f->pp_schedule);
-        for (int k = 0; k < proc->pp * f->vpp; k++) lp_log("%s%d", k ? "," : " ", r->layers[k]);
-        lp_log("%s\n", proc->tp > 1 && !f->sp && f->scatter_gather ? ", boundaries scatter-gathered over TP" : "");
+    if (par->pp > 1) {
+        lp_log("pipeline         %d stages x %d chunks, schedule %s, layers per chunk", par->pp, par->vpp,
+               lp_schedule_names[par->schedule]);
+        for (int k = 0; k < par->pp * par->vpp; k++) lp_log("%s%d", k ? "," : " ", r->stage.layers[k]);
+        lp_log("%s\n", par->tp > 1 && !par->sp && par->scatter_gather ? ", boundaries scatter-gathered over TP" : "");
         lp_log("                 stage 0 keeps activations of up to");
-        for (int c = 0; c < r->stage.v; c++) lp_log("%s %d", c ? "," : "", r->stage.chunks[c].num_slots);
-        lp_log(" micro-batches (per chunk) of %d\n", r->accum);
+        for (int c = 0; c < par->vpp; c++) lp_log("%s %d", c ? "," : "", r->stage.chunks[c].num_slots);
+        lp_log(" micro-batches (per chunk) of %d\n", par->micro_batches);
     }
     lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", r->train.num_files,
-           lp_dataloader_batches_per_epoch(&r->train) / r->accum, f->shuffle ? "shuffled" : "in file order",
+           lp_dataloader_batches_per_epoch(&r->train) / par->micro_batches, f->shuffle ? "shuffled" : "in file order",
            r->has_val ? r->val.num_files : 0);
     lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
-           r->total_batch, r->accum);
+           r->total_batch, par->micro_batches);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
-           f->schedule, f->lr * f->final_lr_frac);
+           lp_decay_names[f->decay], f->lr * f->final_lr_frac);
     lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
-           " (recompute %s, attention %s)\n", f->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
-           optim_bytes / MiB, act_bytes / MiB, f->recompute, lp_attention_materialised(lp_attention_parse(f->attention)) ?
-           "materialised" : "flash");
+           " (recompute %s, attention %s)\n", par->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
+           optim_bytes / MiB, act_bytes / MiB, lp_recompute_names[par->recompute],
+           lp_attention_materialised(f->attention) ? "materialised" : "flash");
     const LPZero* z = &r->stage.chunks[0].zero;
     const char* io = z->off && z->off->direct ? "O_DIRECT" : "buffered";
     if (z->off && !z->host_state)
         lp_log("offload          AdamW m and v (%.2f MiB on rank 0) in a file in %s, %s I/O, streamed in chunks of %.2f MiB "
-               "(the memory above is its two buffers)\n", offloaded_bytes / MiB, f->offload_dir, io,
+               "(the memory above is its two buffers)\n", offloaded_bytes / MiB, par->offload_dir, io,
                2.0 * z->off->chunk * sizeof(float) / MiB);
     if (z->host_state)
         lp_log("offload          fp32 master weights%s and AdamW m and v (%.2f MiB on rank 0) %s%s%s%s%s, updated on the CPU in "
                "chunks of %zu values overlapped with the copies (the memory above is the GPU's)\n",
                z->params_on_host ? ", the bf16 weight shard" : "", offloaded_bytes / MiB,
                z->off ? "on the host (the master weights in pinned memory, m and v in a file in " : "in pinned host memory",
-               z->off ? f->offload_dir : "", z->off ? ", " : "", z->off ? io : "", z->off ? " I/O)" : "", z->state_chunk);
+               z->off ? par->offload_dir : "", z->off ? ", " : "", z->off ? io : "", z->off ? " I/O)" : "", z->state_chunk);
 }
 
 // -o: the directory and its lock (rank 0 holds it for the job: one run per directory), then either the
@@ -784,7 +772,7 @@ static void lp_run_open_output(LPTrainRun* r) {
             latest = before;
         }
         LPTrainState* state = &r->state;
-        lp_checkpoint_load(r->stage.chunks, r->stage.v, state, f->out_dir, latest);
+        lp_checkpoint_load(r->stage.chunks, r->stage.par->vpp, state, f->out_dir, latest);
         if (state->T != f->T || state->total_batch != r->total_batch)
             lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
                         "has -t %d and %d", latest, state->T, state->total_batch, f->T, r->total_batch);
@@ -819,38 +807,22 @@ static void lp_run_open_output(LPTrainRun* r) {
 // Everything before the first step: the model's shape checked against the grid, the batch, the pipeline's
 // partition; this rank's chunks (new, or from an llm.c file read by one rank and broadcast); the data (rank
 // 0 reads every token first); the tokenizer; the report; the output directory and resume.
-static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc) {
+static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     memset(r, 0, sizeof(*r));
     r->f = f;
     r->proc = proc;
     int from_scratch = lp_model_config(f, proc, &r->cfg);
     lp_grid_check(proc, &r->cfg);
-    LPSplit split;
-    memset(&split, 0, sizeof(split));
-    split.tp = &proc->tp_group;
-    split.dp = &proc->dp_group;
-    split.zero = f->zero;
-    split.sp = f->sp;
-    split.aux = r->aux;
-    split.num_aux = lp_parse_aux_layers(f->aux_layers, r->cfg.num_layers, r->aux);
-    split.aux_weight = f->aux_weight;
-    split.recompute = lp_recompute_parse(f->recompute);
-    split.attention = lp_attention_parse(f->attention);
-    split.offload = lp_offload_parse(f->offload);
-    split.offload_dir = f->offload_dir;
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
-    int tokens_per_micro = f->B * f->T * proc->dp;
+    int tokens_per_micro = f->B * f->T * proc->par->dp;
     r->total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
     if (r->total_batch % tokens_per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", r->total_batch, tokens_per_micro);
-    r->accum = r->total_batch / tokens_per_micro;
-    r->shape = lp_pipe_shape(f, proc->dp, r->accum);
-    char why[512];
-    lp_check_chunks(f);
-    if (lp_pp_partition(&r->cfg, &r->shape, f->pp_partition, r->layers, why, sizeof(why))) lp_fail_all("%s", why);
-
-    lp_stage_create(&r->stage, &r->cfg, proc, r->layers, f->vpp, r->shape.kind, r->accum, &split);
-    r->stage.scatter_gather = f->scatter_gather;
+    f->par.micro_batches = r->total_batch / tokens_per_micro;
+    LPModelOptions chunks = {.proc = proc, .aux = r->aux, .num_aux = lp_parse_aux_layers(f->aux_layers, r->cfg.num_layers, r->aux),
+                             .aux_weight = f->aux_weight, .attention = f->attention};
+    lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
+    lp_stage_create(&r->stage, &r->cfg, &chunks, f->B, f->T);
     float* weights = NULL;
     if (from_scratch) {
         lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", r->cfg.num_layers, r->cfg.channels,
@@ -861,14 +833,10 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     }
     size_t rank_params = 0;
     double param_bytes = 0, grad_bytes = 0, optim_bytes = 0, offloaded_bytes = 0, act_bytes = 0;
-    lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
-    lp_stage_alloc_activations(&r->stage, f->B, f->T);
-    for (int c = 0; c < r->stage.v; c++) {
+    for (int c = 0; c < proc->par->vpp; c++) {
         LPModel* mc = &r->stage.chunks[c];
         if (weights) lp_model_set_weights(mc, weights);
         else lp_model_init_random(mc, f->seed);
-        mc->zero.bucket_bytes = (size_t)(f->bucket_mb * 1048576.0);
-        mc->zero.overlap = f->overlap;
         rank_params += mc->zero.num_params;
         param_bytes += mc->zero.param_bytes;
         grad_bytes += mc->zero.grad_bytes;
@@ -887,11 +855,13 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     r->has_val = f->val_data[0] != '\0' && f->val_every > 0;
     for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first (every token), as with the model file
         if ((proc->rank == 0) == (pass == 0)) {
-            int scan = proc->rank == 0;
-            lp_dataloader_init(&r->train, f->train_data, "-i", f->B, f->T, proc->dp_rank, proc->dp, r->total_batch,
-                               f->shuffle, f->seed, r->cfg.vocab_size, scan);
-            if (r->has_val)
-                lp_dataloader_init(&r->val, f->val_data, "-j", f->B, f->T, proc->dp_rank, proc->dp, 0, 0, 0, r->cfg.vocab_size, scan);
+            LPDataOptions train = {.pattern = f->train_data, .label = "-i", .B = f->B, .T = f->T, .rank = proc->coord[LP_DP],
+                                   .ranks = proc->par->dp, .window = (size_t)r->total_batch, .shuffle = f->shuffle, .seed = f->seed,
+                                   .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0};
+            LPDataOptions val = {.pattern = f->val_data, .label = "-j", .B = f->B, .T = f->T, .rank = proc->coord[LP_DP],
+                                 .ranks = proc->par->dp, .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0};
+            lp_dataloader_init(&r->train, &train);
+            if (r->has_val) lp_dataloader_init(&r->val, &val);
         }
         lp_barrier(&proc->world_group);
     }
@@ -908,9 +878,8 @@ static void lp_run_setup(LPTrainRun* r, const LPFlags* f, const LPProcess* proc)
     r->opt = opt;
     r->first_step = r->state.step;
     r->on_disk = f->resume ? r->first_step : -1;
-    r->rollback = strcmp(f->on_divergence, "rollback") == 0;
-    r->skip = strcmp(f->on_divergence, "skip") == 0;
-    r->cosine = strcmp(f->schedule, "cosine") == 0;
+    r->rollback = f->on_divergence == LP_ROLLBACK;
+    r->skip = f->on_divergence == LP_SKIP;
     // MFU: the model's FLOPs per step over what all the run's GPUs could do in that time
     r->flops_per_step = lp_flops_per_token(&r->cfg, f->T) * r->total_batch;
     r->peak = lp_device_peak_flops() * proc->gpus;
@@ -955,7 +924,7 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     int last = step == f->max_steps;
     if (r->has_val && !stopping && (step % f->val_every == 0 || last)) {
         float vl = lp_evaluate(&r->stage, &r->val, f->val_batches);
-        lp_all_reduce_host(&proc->dp_group, &vl, 1, 1);
+        lp_all_reduce_host(&proc->group[LP_DP], &vl, 1, 1);
         lp_log("val loss %f\n", vl);
         if (r->logf) fprintf(r->logf, "s:%d tel:%f\n", step, vl);
     }
@@ -979,7 +948,7 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     state->B = f->B;
     state->T = f->T;
     state->total_batch = r->total_batch;
-    lp_checkpoint_save(r->stage.chunks, r->stage.v, state, f->out_dir, &proc->world_group);
+    lp_checkpoint_save(r->stage.chunks, r->stage.par->vpp, state, f->out_dir, &proc->world_group);
     if (f->keep && proc->rank == 0) lp_checkpoint_prune(f->out_dir, f->keep);
     r->last_save_s = lp_time_s();
     r->on_disk = step;
@@ -1005,7 +974,7 @@ static int lp_run_diverged(LPTrainRun* r, int step, const char* diverged, int ba
         lp_log("step %d/%d | skipped, its batch and update dropped: %s\n", step + 1, f->max_steps, diverged);
         return step + 1;
     }
-    lp_checkpoint_load(r->stage.chunks, r->stage.v, &r->state, f->out_dir, r->on_disk);
+    lp_checkpoint_load(r->stage.chunks, r->stage.par->vpp, &r->state, f->out_dir, r->on_disk);
     lp_log("step %d/%d | rolled back to checkpoint step %d, the batches of the %d step(s) since skipped: %s\n", step + 1,
            f->max_steps, r->on_disk, step + 1 - r->on_disk, diverged);
     return r->on_disk;
@@ -1017,8 +986,8 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     for (int k = 0; k < 3; k++) {
-        r->tp_traffic.calls[k] += proc->tp_group.calls[k] - tp_before->calls[k];
-        r->tp_traffic.bytes[k] += proc->tp_group.bytes[k] - tp_before->bytes[k];
+        r->tp_traffic.calls[k] += proc->group[LP_TP].calls[k] - tp_before->calls[k];
+        r->tp_traffic.bytes[k] += proc->group[LP_TP].bytes[k] - tp_before->bytes[k];
     }
     r->traffic_steps++;
     if (step > r->first_step) {  // the first step warms up: leave it out of the means
@@ -1101,11 +1070,11 @@ static void lp_report_end(LPTrainRun* r) {
     lp_log("peak host memory of rank 0 (RSS): %.0f MiB\n", usage.ru_maxrss / 1024.0);
     int steps = r->traffic_steps;  // (fewer than -x asked when a signal stopped the run)
     const LPGroup* tr = &r->tp_traffic;
-    if (proc->tp > 1 && steps > 0)
+    if (proc->par->tp > 1 && steps > 0)
         lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
                "%.1f all-gathers (%.4f MiB)\n", (double)tr->calls[0] / steps, tr->bytes[0] / steps / MiB,
                (double)tr->calls[1] / steps, tr->bytes[1] / steps / MiB, (double)tr->calls[2] / steps, tr->bytes[2] / steps / MiB);
-    if (proc->pp < 2 || r->timed_steps == 0) return;
+    if (proc->par->pp < 2 || r->timed_steps == 0) return;
     LPBubble b = lp_stage_bubble(&r->stage);  // the measured bubble, and the simulator's from the measured costs
     lp_log("pipeline bubble  measured %.1f%% (forward-backward %.2f ms per step, the busiest stage computing %.2f ms); "
            "simulated with the measured costs %.1f%%, with unit costs %.1f%%\n", 100.0 * b.measured, b.wall_s * 1e3,
@@ -1139,7 +1108,7 @@ static double lp_run_timeout_s(const LPTrainRun* r) {
 // The training run: set up, then the step loop, then the end report. Returns the signal that stopped it
 // early, or 0.
 
-static int lp_train(const LPFlags* f, const LPProcess* proc) {
+static int lp_train(LPFlags* f, const LPProcess* proc) {
     LPTrainRun r;
     lp_run_setup(&r, f, proc);
     lp_catch_stop_signals();
@@ -1156,13 +1125,13 @@ static int lp_train(const LPFlags* f, const LPProcess* proc) {
         LPStepRecord s;
         memset(&s, 0, sizeof(s));
         s.t0 = lp_time_s();
-        s.tp_before = proc->tp_group;
+        s.tp_before = proc->group[LP_TP];
         s.loss = lp_injected_loss(++r.computed, lp_step_forward_backward(&r.stage, &r.train));  // m micro-batches
         lp_device_sync();
         s.t1 = lp_time_s();
         lp_step_reduce_grads(&r.stage);           // averaged over DP (ZeRO: onto the shards); the head's copies summed
         s.norm = lp_step_grad_norm(&r.stage);     // the global norm, before clipping
-        s.lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, r.cosine);
+        s.lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, f->decay == 0);
         if (!lp_run_diverging(&r, step, &s))      // the guard: a loss or norm that diverged is never applied
             s.bad_weights = !lp_step_update(&r.stage, s.lr, s.norm, &r.opt);  // clipping, AdamW; ZeRO gathers
         step = lp_run_step_end(&r, step, &s);     // the step line, or --on-divergence's
@@ -1185,22 +1154,22 @@ static int lp_train(const LPFlags* f, const LPProcess* proc) {
 static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
-    int chunks = f->pp * f->vpp, layers[LP_MAX_CHUNKS], first = 0;
-    char why[512];
-    lp_check_chunks(f);
-    long long tp_pp = (long long)f->tp * f->pp;
-    int d = proc->world % tp_pp == 0 ? (int)(proc->world / tp_pp) : 1;
-    int per_micro = f->B * f->T * d, m = f->total_batch ? f->total_batch / per_micro : 1;
+    LPParallel par = f->par;
+    long long tp_pp = (long long)par.tp * par.pp;
+    par.dp = proc->world % tp_pp == 0 ? (int)(proc->world / tp_pp) : 1;
+    int per_micro = f->B * f->T * par.dp, chunks = par.pp * par.vpp, layers[LP_MAX_CHUNKS], first = 0;
+    par.micro_batches = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
-    LPPipeShape shape = lp_pipe_shape(f, d, m);
-    if (lp_pp_partition(&cfg, &shape, f->pp_partition, layers, why, sizeof(why))) lp_fail_all("%s", why);
+    LPPipeShape shape = {&par, f->B, f->T, f->attention};
+    char why[512];
+    if (lp_pp_partition(&cfg, &shape, layers, why, sizeof(why))) lp_fail_all("%s", why);
     lp_log("partition %s of %d layers (L=%d C=%d Vp=%d; B=%d T=%d t=%d d=%d ZeRO-%d%s%s), per chunk: training FLOPs per token, "
-           "estimated memory per rank (micro-batches in flight)\n", f->pp_partition, cfg.num_layers, cfg.num_layers,
-           cfg.channels, cfg.padded_vocab_size, f->B, f->T, f->tp, d, f->zero, shape.recompute ? " recompute " : "",
-           shape.recompute ? f->recompute : "");
+           "estimated memory per rank (micro-batches in flight)\n", par.partition, cfg.num_layers, cfg.num_layers,
+           cfg.channels, cfg.padded_vocab_size, f->B, f->T, par.tp, par.dp, par.zero, par.recompute ? " recompute " : "",
+           par.recompute ? lp_recompute_names[par.recompute] : "");
     for (int k = 0; k < chunks; k++) {
-        lp_log("  chunk %d on stage %d:%s", k, k % f->pp, k == 0 ? " embedding," : "");
+        lp_log("  chunk %d on stage %d:%s", k, k % par.pp, k == 0 ? " embedding," : "");
         if (layers[k] == 1) lp_log(" layer %d,", first);
         if (layers[k] > 1) lp_log(" layers %d-%d,", first, first + layers[k] - 1);
         int slots = lp_chunk_slots(&shape, k);
@@ -1210,8 +1179,9 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
         first += layers[k];
     }
     LPSimulation sim;
-    if (lp_schedule_simulate(&sim, shape.kind, f->pp, f->vpp, m, 1.0, 2.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
-    if (proc->rank == 0) lp_schedule_print(stdout, &sim, shape.kind);
+    if (lp_schedule_simulate(&sim, par.schedule, par.pp, par.vpp, par.micro_batches, 1.0, 2.0, NULL, why, sizeof(why)))
+        lp_fail_all("%s", why);
+    if (proc->rank == 0) lp_schedule_print(stdout, &sim, par.schedule);
     lp_simulation_free(&sim);
 }
 
@@ -1227,7 +1197,7 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     LPPlanMachine mach = {0.9 * f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6,  // 10% for CUDA, cuBLAS, NCCL
                           55e9, 50e9, 6e9};  // PCIe 5 x16; a 400 GB/s host shared by 8 GPUs; one PCIe 4 NVMe drive per GPU
     LPPlan* plans;
-    int count = lp_plan(&cfg, f->T, tokens, n, lp_attention_parse(f->attention), &mach, &plans), fit = 0;
+    int count = lp_plan(&cfg, f->T, tokens, n, f->attention, &mach, &plans), fit = 0;
     while (fit < count && plans[fit].fits) fit++;
     double least = INFINITY;
     for (int k = 0; k < count; k++) least = fmin(least, plans[k].memory);
@@ -1250,24 +1220,25 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     lp_log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int k = 0; k < fit && k < 10; k++) {
         const LPPlan* x = &plans[k];
-        lp_log("| %d | %d | %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g |\n", x->t, x->p,
-               x->v, x->d, x->zero, lp_recompute_names[x->recompute], lp_offload_names[x->offload], x->B, x->m, x->memory / GiB,
+        lp_log("| %d | %d | %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g |\n", x->par.tp,
+               x->par.pp, x->par.vpp, x->par.dp, x->par.zero, lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload], x->B,
+               x->par.micro_batches, x->memory / GiB,
                x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, x->dp_s * 1e3, x->pp_s * 1e3, x->offload_s * 1e3,
                x->step_s * 1e3);
     }
-    const LPPlan* b = &plans[0];
+    const LPParallel* b = &plans[0].par;
 #ifdef LLMPAR_CPU
     const char* binary = "./train_gpt_cpu";
 #else
     const char* binary = "./train_gpt";
 #endif
-    lp_log("run the fastest:\n  mpirun -np %d %s -e %s -t %d -d %lld -b %d", n, binary, f->init, f->T, tokens, b->B);
-    if (b->t > 1) lp_log(" --tp %d%s", b->t, b->sp ? " --sp" : "");
-    if (b->p > 1) lp_log(" --pp %d", b->p);
-    if (b->v > 1) lp_log(" --vpp %d --schedule interleaved", b->v);
+    lp_log("run the fastest:\n  mpirun -np %d %s -e %s -t %d -d %lld -b %d", n, binary, f->init, f->T, tokens, plans[0].B);
+    if (b->tp > 1) lp_log(" --tp %d%s", b->tp, b->sp ? " --sp" : "");
+    if (b->pp > 1) lp_log(" --pp %d", b->pp);
+    if (b->vpp > 1) lp_log(" --vpp %d --schedule interleaved", b->vpp);
     if (b->zero) lp_log(" --zero %d", b->zero);
     if (b->recompute) lp_log(" --recompute %s", lp_recompute_names[b->recompute]);
-    if (lp_attention_parse(f->attention) != LP_ATTENTION_FLASH) lp_log(" --attention %s", f->attention);
+    if (f->attention != LP_ATTENTION_FLASH) lp_log(" --attention %s", lp_attention_names[f->attention]);
     if (b->offload) lp_log(" --offload %s%s", lp_offload_names[b->offload], b->offload == LP_OFFLOAD_NVME ? " --offload-dir DIR" : "");
     lp_log("\n");
     free(plans);
@@ -1277,19 +1248,21 @@ int main(int argc, char** argv) {
     LPProcess proc;
     lp_process_init(&proc, &argc, &argv);
     LPFlags flags;
+    lp_setting_namer = lp_setting_flag;  // the header's errors name this driver's flags
     int stopped = 0;  // the signal that stopped the run (lp_train)
     if (!lp_parse_flags(&flags, argc, argv)) {
         lp_usage();
     } else if (flags.print_flags) {
         lp_print_flags(&flags);
     } else if (flags.print_schedule || flags.plan) {
-        lp_grid_init(&proc, 1, 1);  // the world group only: rank 0 reads an -e file before the others
+        LPParallel alone = lp_parallel_one;  // the world group only: rank 0 reads an -e file before the others
+        lp_grid_init(&proc, &alone);
         if (flags.plan) lp_print_plan(&flags, &proc);
         else lp_print_schedule(&flags, &proc);
     } else {
-        lp_grid_init(&proc, flags.tp, flags.pp);
+        lp_grid_init(&proc, &flags.par);
         lp_device_init(&proc);
-        lp_comm_init(&proc, flags.comm);
+        lp_comm_init(&proc);
         stopped = lp_train(&flags, &proc);
     }
     lp_process_finish(&proc);

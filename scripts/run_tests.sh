@@ -30,11 +30,13 @@ run_tier() {  # run a test binary, echo its output, add its closing "N passed, N
 }
 
 # the library's usage example (dev/examples/train_loop.cu): `example_trains NAME COMMAND...` runs it and
-# counts one check: it trains, its loss falling by at least 1 nat from its first step to its last
+# counts one check: it trains, its loss falling by at least 1 nat from its first step to its last. Its
+# output stays in example_out.
 example_trains() {
     local name=$1 out summary
     shift
     out=$("$@" 2>&1)
+    example_out=$out
     if summary=$(awk '/^step [0-9]+\/[0-9]+ \| loss / { if (!n++) first = $5; last = $5 }
                       END { printf "loss %s -> %s over %d steps", first, last, n; exit !(n > 1 && first ~ /^[0-9.]+$/ && last ~ /^[0-9.]+$/ && last < first - 1.0) }' <<< "$out"); then
         echo "     the example ($name): $summary"
@@ -211,10 +213,22 @@ else
 fi
 if make -s dev/examples/train_loop_cpu dev/examples/train_loop_nompi; then
     example_trains "CPU, one process" dev/examples/train_loop_cpu 20
+    one_process=$example_out
     example_trains "CPU without MPI" dev/examples/train_loop_nompi 20
     if command -v mpicc > /dev/null 2>&1 && command -v mpirun > /dev/null 2>&1; then
-        example_trains "CPU, 2 data-parallel ranks" mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
-            dev/examples/train_loop_cpu 20
+        example_trains "CPU, a 2 x 2 x 2 grid: t=2 d=2 p=2" mpirun -np 8 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
+            dev/examples/train_loop_cpu 20 2 2
+        example_trains "CPU, t=2 p=2" mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 dev/examples/train_loop_cpu 20 2 2
+        # the same batches as one process (d = 1): the same losses and norms, step for step, to 1e-3
+        if paste <(grep '^step' <<< "$one_process") <(grep '^step' <<< "$example_out") | awk -F' [|] ' '
+               { split($2, a, " "); split($3, b, " "); split($4, c, " "); split($5, e, " "); n++
+                 if ((a[2] - c[2]) ^ 2 > 1e-6 || (b[2] - e[2]) ^ 2 > 1e-6) bad++ } END { exit !(n == 20 && !bad) }'; then
+            echo "     the example on t=2 p=2: the one-process losses and norms, 20 steps"
+            passed=$((passed + 1))
+        else
+            echo "FAIL the example on t=2 p=2 prints the one-process losses and norms (1e-3)"
+            failed=$((failed + 1))
+        fi
     fi
 else
     echo "FAIL the library example builds (make dev/examples/train_loop_cpu dev/examples/train_loop_nompi)"

@@ -41,7 +41,8 @@ int main(void) {
     LPProcess proc;
     memset(&proc, 0, sizeof(proc));
     proc.world = 1;
-    lp_grid_init(&proc, 1, 1);
+    LPParallel alone = lp_parallel_one;
+    lp_grid_init(&proc, &alone);
     lp_device_init(&proc);
     uint64_t rng = 29;
     int blocks = 264, threads = 128;
