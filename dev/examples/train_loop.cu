@@ -5,6 +5,7 @@
 //   CUDA: make dev/examples/train_loop && dev/examples/train_loop [steps]
 // One process is the whole world (no mpirun needed); `mpirun -np 2 dev/examples/train_loop_cpu` runs the
 // same loop data-parallel: each rank on its slice of the batch, gradients averaged over the ranks.
+#define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "../../llmpar.h"
 
 int main(int argc, char** argv) {
