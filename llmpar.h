@@ -52,7 +52,8 @@ before its #include "llmpar.h": it defines the library's few mutable globals (lp
 scratch buffers); every other file includes the header plain and shares them. Without the define in any
 file the program fails to link (undefined lp_rank, ...). Functions are static inline and kernels static,
 so each file compiles its own copies. A training loop, as dev/examples/train_loop.cu compiles it with the
-define above its main (`make test` builds and runs it on each build, with and without MPI):
+define above its main (`make test` builds and runs it on each build, with and without MPI; the same from
+two files: dev/examples/two_files_main.cu and two_files_eval.cu):
 
     int B = 4, T = 64, steps = argc > 1 ? atoi(argv[1]) : 20;
     LPProcess proc;                             // alone, a process is the whole world; under mpirun,
