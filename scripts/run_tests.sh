@@ -30,11 +30,14 @@ run_tier() {  # run a test binary, echo its output, add its closing "N passed, N
 }
 
 # the library's usage example (dev/examples/train_loop.cu): `example_trains NAME COMMAND...` runs it and
-# counts one check: it trains, its loss falling by at least 1 nat from its first step to its last
+# counts one check: it trains, its loss falling by at least 1 nat from its first step to its last. Its
+# output stays in example_out for example_two_files.
+example_out=
 example_trains() {
     local name=$1 out summary
     shift
     out=$("$@" 2>&1)
+    example_out=$out
     if summary=$(awk '/^step [0-9]+\/[0-9]+ \| loss / { if (!n++) first = $5; last = $5 }
                       END { printf "loss %s -> %s over %d steps", first, last, n; exit !(n > 1 && first ~ /^[0-9.]+$/ && last ~ /^[0-9.]+$/ && last < first - 1.0) }' <<< "$out"); then
         echo "     the example ($name): $summary"
@@ -44,6 +47,45 @@ example_trains() {
         echo "FAIL the example ($name) trains: its loss falls by at least 1 nat ($summary)"
         failed=$((failed + 1))
     fi
+}
+
+# the library from two files (dev/examples/two_files_*.cu): `example_two_files NAME COMMAND...`, run after
+# example_trains ran train_loop the same way, counts one check: its step lines are train_loop's (the same
+# loop, seed and batches), and its second file prints the val loss once before training and once after
+# (rank 0 alone: lp_rank is one variable in both files), the second at least 1 nat below the first
+example_two_files() {
+    local name=$1 out summary
+    shift
+    out=$("$@" 2>&1)
+    if grep -q '^step ' <<< "$out" && [ "$(grep '^step ' <<< "$out")" = "$(grep '^step ' <<< "$example_out")" ] &&
+        summary=$(awk '/^val loss / { v[n++] = $3 }
+                       END { printf "val loss %s -> %s", v[0], v[1]; exit !(n == 2 && v[1] ~ /^[0-9.]+$/ && v[1] < v[0] - 1.0) }' <<< "$out"); then
+        echo "     the example from two files ($name): train_loop's steps, $summary"
+        passed=$((passed + 1))
+    else
+        echo "$out"
+        echo "FAIL the example from two files ($name): train_loop's step lines, then two val losses falling by at least 1 nat"
+        failed=$((failed + 1))
+    fi
+}
+
+# llmpar.h's rule: a program that includes it, and defines LLMPAR_IMPLEMENTATION in none of its files, does
+# not link (the globals are declared, never defined). One check: the two-file example without its define.
+example_needs_implementation() {
+    local out bin=/tmp/llmpar_nodef_$$
+    if out=$(sed '/^#define LLMPAR_IMPLEMENTATION/d' dev/examples/two_files_main.cu | ${CC:-cc} -x c -std=gnu11 -O0 -fopenmp \
+        -DLLMPAR_CPU -Idev/examples - dev/examples/two_files_eval.cu -o $bin -lm 2>&1); then
+        echo "FAIL the two-file example links without LLMPAR_IMPLEMENTATION"
+        failed=$((failed + 1))
+    elif grep -qE "undefined (reference to|symbol:) .?lp_rank" <<< "$out"; then
+        echo "     the example from two files without LLMPAR_IMPLEMENTATION: no link (lp_rank undefined)"
+        passed=$((passed + 1))
+    else
+        echo "$out" | tail -n 5
+        echo "FAIL the two-file example without LLMPAR_IMPLEMENTATION fails to link, for the undefined lp_rank"
+        failed=$((failed + 1))
+    fi
+    rm -f $bin
 }
 
 # the GPU model's depth extrapolation (scripts/bench_gpu.sh emu large): a small GPT-2 counted at 1 and 2
@@ -133,10 +175,11 @@ emulated_tier() {
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
-    if make -s dev/examples/train_loop_emu; then
+    if make -s dev/examples/train_loop_emu dev/examples/two_files_emu; then
         example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
+        example_two_files "CUDA emulated, 12 steps" dev/examples/two_files_emu 12
     else
-        echo "FAIL the library example builds under the emulator (make dev/examples/train_loop_emu)"
+        echo "FAIL the library examples build under the emulator (make dev/examples/train_loop_emu two_files_emu)"
         failed=$((failed + 1))
     fi
     model_extrapolates
@@ -200,7 +243,8 @@ for run in "run_tiny.sh" "run_3d.sh cpu"; do
 done
 rm -rf "$smoke_dir"
 # the library's usage example: one process without mpirun, with MPI and without (plain cc); data-parallel
-# under mpirun; under nvcc compiled (and run on a GPU). The emulated tier runs its CUDA build.
+# under mpirun; under nvcc compiled (and run on a GPU). The emulated tier runs its CUDA build. Each run
+# is followed by the same of the example from two files.
 # The loop in the usage block at the top of llmpar.h (its indented lines) is the example's main, verbatim.
 usage=$(sed -n '/^Use as a library/,/^\*\//p' llmpar.h | grep '^    ')
 if [ -n "$usage" ] && [ "$usage" = "$(sed -n '/^int main/,/^}/p' dev/examples/train_loop.cu | grep -v '^    return 0;$' | grep '^    ')" ]; then
@@ -209,25 +253,31 @@ else
     echo "FAIL the usage loop at the top of llmpar.h is dev/examples/train_loop.cu's main, verbatim"
     failed=$((failed + 1))
 fi
-if make -s dev/examples/train_loop_cpu dev/examples/train_loop_nompi; then
+if make -s dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/two_files_cpu dev/examples/two_files_nompi; then
     example_trains "CPU, one process" dev/examples/train_loop_cpu 20
+    example_two_files "CPU, one process" dev/examples/two_files_cpu 20
     example_trains "CPU without MPI" dev/examples/train_loop_nompi 20
+    example_two_files "CPU without MPI" dev/examples/two_files_nompi 20
     if command -v mpicc > /dev/null 2>&1 && command -v mpirun > /dev/null 2>&1; then
         example_trains "CPU, 2 data-parallel ranks" mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
             dev/examples/train_loop_cpu 20
+        example_two_files "CPU, 2 data-parallel ranks" mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
+            dev/examples/two_files_cpu 20
     fi
 else
-    echo "FAIL the library example builds (make dev/examples/train_loop_cpu dev/examples/train_loop_nompi)"
+    echo "FAIL the library examples build (make dev/examples/train_loop_cpu train_loop_nompi two_files_cpu two_files_nompi)"
     failed=$((failed + 1))
 fi
+example_needs_implementation
 if command -v nvcc > /dev/null 2>&1; then
-    if ! make -s dev/examples/train_loop; then
-        echo "FAIL the library example builds with nvcc (make dev/examples/train_loop)"
+    if ! make -s dev/examples/train_loop dev/examples/two_files; then
+        echo "FAIL the library examples build with nvcc (make dev/examples/train_loop two_files)"
         failed=$((failed + 1))
     elif [ "$has_gpu" = 1 ]; then
         example_trains "CUDA" dev/examples/train_loop 20
+        example_two_files "CUDA" dev/examples/two_files 20
     else
-        passed=$((passed + 1))  # it compiles; no GPU here to run it
+        passed=$((passed + 1))  # they compile; no GPU here to run them
     fi
 fi
 # the user's data path: text -> shards (dev/data/prepare.py) -> two steps -> plot (skips without tiktoken)
