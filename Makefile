@@ -117,6 +117,21 @@ dev/examples/train_loop: $(EXAMPLE) llmpar.h
 dev/examples/train_loop_emu: $(EXAMPLE) llmpar.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $(EXAMPLE) -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
+# The library from two files (dev/examples/two_files_main.cu defines LLMPAR_IMPLEMENTATION, two_files_eval.cu
+# includes llmpar.h plain), the same builds.
+TWO_FILES = dev/examples/two_files_main.cu dev/examples/two_files_eval.cu
+dev/examples/two_files_cpu: $(TWO_FILES) llmpar.h
+	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) $(TWO_FILES) -o $@ $(BLAS_LIBS) -lm
+
+dev/examples/two_files_nompi: $(TWO_FILES) llmpar.h
+	$(CC) $(CFLAGS_CPU) $(BLAS_CFLAGS) $(TWO_FILES) -o $@ $(BLAS_LIBS) -lm
+
+dev/examples/two_files: $(TWO_FILES) llmpar.h
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) $(TWO_FILES) -o $@ $(NVCC_LIBS)
+
+dev/examples/two_files_emu: $(TWO_FILES) llmpar.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $(TWO_FILES) -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
 # dev/cudaemu/calibrate_llmc.sh: one of llm.c's dev/cuda files (LLMC_SRC, its launches rewritten for the
 # emulator; LLMC_DEFS names which) with dev/cudaemu/llmc_driver.cu, counted as model_check is.
 LLMC_BIN ?= dev/cudaemu/llmc_driver
@@ -144,3 +159,4 @@ readme-flags: train_gpt_cpu
 clean:
 	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check
 	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu
+	rm -f dev/examples/two_files dev/examples/two_files_cpu dev/examples/two_files_nompi dev/examples/two_files_emu

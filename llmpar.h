@@ -48,9 +48,14 @@ t x d x p (tensor, data, pipeline), with v chunks per pipeline stage and m micro
 Megatron-LM's papers; sections 4 and 12-15 use those letters alone, so there m is never a model. Elsewhere
 m is an LPModel, proc an LPProcess, st a pipeline stage (LPStage), z a model's LPZero.
 
-Use as a library: #include "llmpar.h" (one header, every function static inline). A training loop on a
-t x d x p grid, as dev/examples/train_loop.cu compiles it (`make test` builds and runs it on each build, with
-and without MPI, on one rank and on a 2 x 1 x 2 grid):
+Use as a library: one header, stb-style. Exactly one file of the program says #define LLMPAR_IMPLEMENTATION
+before its #include "llmpar.h": it defines the library's few mutable globals (lp_rank, the GPU's handles and
+scratch buffers); every other file includes the header plain and shares them. Without the define in any
+file the program fails to link (undefined lp_rank, ...). Functions are static inline and kernels static,
+so each file compiles its own copies. A training loop on a t x d x p grid, as dev/examples/train_loop.cu
+compiles it with the define above its main (`make test` builds and runs it on each build, with and without
+MPI, on one rank, on 2 x 2 x 2 and on t=2 p=2; the same from two files: dev/examples/two_files_main.cu and
+two_files_eval.cu):
 
     int B = 4, T = 64, steps = argc > 1 ? atoi(argv[1]) : 20;
     LPProcess proc;                             // alone, a process is the whole world; under mpirun, each
@@ -106,6 +111,7 @@ the divergence guard); README.md.
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>  // offsetof: the settings and the grid's axes name LPParallel fields
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,7 +151,16 @@ typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights 
 // ----------------------------------------------------------------------------------------------------
 // 1. basics
 
-static int lp_rank = 0;  // this process's rank, set by lp_process_init; only rank 0 prints progress
+// The mutable globals (lp_rank below, the GPU's handles and scratch buffers, the watchdog) are declared in
+// every file that includes this header and defined, zero-initialised, in the one that defines
+// LLMPAR_IMPLEMENTATION first, so a program has one copy of each, shared by all its files.
+#ifdef LLMPAR_IMPLEMENTATION
+#define LP_STATE
+#else
+#define LP_STATE extern
+#endif
+
+LP_STATE int lp_rank;  // this process's rank, set by lp_process_init (0 before); only rank 0 prints progress
 #define LP_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))  // the compiler checks the arguments against the format
 
 // Print one line naming what failed, then stop every rank with a non-zero exit.
@@ -335,8 +350,8 @@ static inline void lp_device_zero(void* p, size_t bytes) {
 
 #ifndef LLMPAR_CPU
 // Page-locked host memory for the copies below (they then run at full PCIe speed); grows on demand.
-static void* lp_pinned;
-static size_t lp_pinned_bytes;
+LP_STATE void* lp_pinned;
+LP_STATE size_t lp_pinned_bytes;
 static inline floatX* lp_pinned_buffer(size_t n) {
     if (n * sizeof(floatX) > lp_pinned_bytes) {
         lp_pinned_free(lp_pinned);
@@ -524,7 +539,7 @@ typedef struct {
 
 // Errors about a setting name it as the user of the program knows it: "LPParallel.tp", or what the
 // program's lp_setting_namer returns for that field (train_gpt.cu: its flag, "--tp").
-static const char* (*lp_setting_namer)(size_t offset);  // offsetof(LPParallel, field) -> a name, or NULL
+LP_STATE const char* (*lp_setting_namer)(size_t offset);  // offsetof(LPParallel, field) -> a name, or NULL
 static inline const char* lp_setting_name(size_t offset, const char* field) {
     const char* name = lp_setting_namer ? lp_setting_namer(offset) : NULL;
     return name ? name : field;
@@ -642,10 +657,10 @@ static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
 }
 
 #ifndef LLMPAR_CPU
-static cublasLtHandle_t lp_cublaslt;
-static void* lp_cublaslt_workspace;
+LP_STATE cublasLtHandle_t lp_cublaslt;
+LP_STATE void* lp_cublaslt_workspace;
 static const size_t lp_cublaslt_workspace_size = 32 << 20;
-static cudaDeviceProp lp_device_prop;
+LP_STATE cudaDeviceProp lp_device_prop;
 #endif
 
 // Whether model c splits over t tensor-parallel ranks (its heads, MLP width and padded vocabulary): NULL,
@@ -1116,7 +1131,7 @@ typedef struct {
     volatile int step;              // the step under way (counted from 1)
     volatile double timeout_s;      // 0: off
 } LPWatchdog;
-static LPWatchdog lp_watchdog;
+LP_STATE LPWatchdog lp_watchdog;
 static inline void lp_watch_peer(const char* what, const LPGroup* g, int peer) {
     lp_watchdog.what = what;
     lp_watchdog.group = g;
@@ -1389,8 +1404,8 @@ typedef struct {
     int count;
 } LPPending;
 #ifdef LLMPAR_NCCL
-static cudaStream_t lp_comm_stream;
-static cudaEvent_t lp_comm_event;
+LP_STATE cudaStream_t lp_comm_stream;
+LP_STATE cudaEvent_t lp_comm_event;
 static inline void lp_comm_stream_follows_compute(void) {
     cudaCheck(cudaEventRecord(lp_comm_event, 0));
     cudaCheck(cudaStreamWaitEvent(lp_comm_stream, lp_comm_event, 0));
@@ -1803,7 +1818,7 @@ static inline void* lp_scratch(LPScratch* s, size_t bytes, const char* what) {
     }
     return s->ptr;
 }
-static LPScratch lp_partials;  // fp32 partial sums of the deterministic two-pass reductions
+LP_STATE LPScratch lp_partials;  // fp32 partial sums of the deterministic two-pass reductions
 
 // D = alpha * op(A) op(B) + beta * D in cuBLAS's column-major terms (a row-major matrix is its own
 // transpose there), bf16 in and out, fp32 accumulation, then cuBLASLt's epilogue: DEFAULT; BIAS (+ bias,
@@ -1934,7 +1949,7 @@ static inline void lp_positions_backward_cpu(float* dwpe, const float* dout, int
 }
 
 #ifndef LLMPAR_CPU
-__global__ void lp_embedding_forward_kernel(floatX* out, const int* tokens, const floatX* wte, int v0, int Vl, int N, int C) {
+static __global__ void lp_embedding_forward_kernel(floatX* out, const int* tokens, const floatX* wte, int v0, int Vl, int N, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
     int v = tokens[i / C] - v0;
@@ -1947,7 +1962,7 @@ static inline void lp_embedding_forward_gpu(floatX* out, const int* tokens, cons
 
 // dwte: one thread per (distinct token, channel) sums that token's positions in order.
 // index = [local rows (U)] [start (U+1)] [positions], positions grouped by token.
-__global__ void lp_embedding_backward_kernel(floatX* dwte, const floatX* dout, const int* index, int U, int C) {
+static __global__ void lp_embedding_backward_kernel(floatX* dwte, const floatX* dout, const int* index, int U, int C) {
     int u = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;  // u in x: up to V distinct tokens
     if (c >= C) return;
     const int* start = index + U;
@@ -1957,7 +1972,7 @@ __global__ void lp_embedding_backward_kernel(floatX* dwte, const floatX* dout, c
     size_t w = (size_t)index[u] * C + c;
     dwte[w] = lp_xf(lp_bf(dwte[w]) + s);
 }
-static LPScratch lp_embedding_index;  // device copy of the grouping below
+LP_STATE LPScratch lp_embedding_index;  // device copy of the grouping below
 static inline void lp_embedding_backward_gpu(floatX* dwte, const floatX* dout, const int* tokens, int v0, int Vl, int N, int C) {
     // counting sort of this slice's positions by token on the host: deterministic sums without atomics
     int* count = (int*)calloc((size_t)Vl + 1, sizeof(int));
@@ -1992,7 +2007,7 @@ static inline void lp_embedding_backward_gpu(floatX* dwte, const floatX* dout, c
     LP_LAUNCH(lp_embedding_backward_kernel, grid, LP_THREADS, 0, dwte, dout, d_index, U, C);
 }
 
-__global__ void lp_positions_forward_kernel(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C) {
+static __global__ void lp_positions_forward_kernel(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * C) return;
     out[i] = lp_xf(lp_bf(inp[i]) + lp_bf(wpe[(size_t)((row0 + i / C) % T) * C + i % C]));
@@ -2001,7 +2016,7 @@ static inline void lp_positions_forward_gpu(floatX* out, const floatX* inp, cons
     size_t n = (size_t)rows * C;
     LP_LAUNCH(lp_positions_forward_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, inp, wpe, row0, rows, T, C);
 }
-__global__ void lp_positions_backward_kernel(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
+static __global__ void lp_positions_backward_kernel(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
     size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (t, c)
     if (k >= (size_t)T * C) return;
     int t = (int)(k / C), c = (int)(k % C);
@@ -2094,9 +2109,9 @@ static inline int lp_ln_blocks(int N, int warps) {
 // Forward. With inp2 non-NULL the row is first residual = inp1 + (inp2 + bias) (stored, rounded to bf16)
 // and the LayerNorm reads the rounded values, exactly what the backward pass will see; with out NULL it
 // stops there.
-__global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1,
-                                            const floatX* inp2, const floatX* bias, const floatX* w, const floatX* b,
-                                            int N, int C) {
+static __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1,
+                                                   const floatX* inp2, const floatX* bias, const floatX* w, const floatX* b,
+                                                   int N, int C) {
     LP_SHARED(floatX, share);  // w, b, bias, then each warp's row: Cp values each
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, Cp = lp_ln_width(C);
     floatX *ws = share, *bs = share + Cp, *biass = share + 2 * Cp, *x = share + (size_t)(3 + warp) * Cp;
@@ -2165,8 +2180,8 @@ static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rst
 // lanes adding into their k-th channels touch 32 banks (in channel order, 8 apart, they would share 4).
 static __host__ __device__ inline int lp_ln_slots(int C) { return (C + 255) / 256 * 256; }
 static __device__ inline int lp_ln_slot(int c) { return (c / 256 * LP_PACK + c % LP_PACK) * 32 + c % 256 / LP_PACK; }
-__global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
-                                             const floatX* w, const float* mean, const float* rstd, int N, int C) {
+static __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                                                    const floatX* w, const float* mean, const float* rstd, int N, int C) {
     LP_SHARED(floatX, share);  // w, each warp's inp and dout rows (Cp values each), then (warps, 2, S) floats: dw, db
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, Cp = lp_ln_width(C), S = lp_ln_slots(C);
     floatX *ws = share, *xs = share + (size_t)(1 + 2 * warp) * Cp, *gs = xs + Cp;
@@ -2213,7 +2228,7 @@ __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, cons
         partials[(size_t)blockIdx.x * 2 * C + c] = sum;
     }
 }
-__global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int blocks, int stride, int n) {
+static __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int blocks, int stride, int n) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= n) return;
     float s = 0.0f;
@@ -2409,7 +2424,7 @@ static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* db
 // m=OC, n=N, k=C with the weight transposed. Bias and GELU ride in cuBLASLt's epilogue.
 // cuBLASLt takes the GELU epilogue's pre-activation buffer only with a leading dimension that is a
 // multiple of 8: other widths write the pre-activation and run GELU as a kernel.
-__global__ void lp_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
+static __global__ void lp_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
     if (i >= n) return;
     LPPack x = lp_load_pack(inp, i, n);
@@ -2419,7 +2434,7 @@ __global__ void lp_gelu_forward_kernel(floatX* out, const floatX* inp, size_t n)
 static inline void lp_gelu_forward_gpu(floatX* out, const floatX* inp, size_t n) {
     LP_LAUNCH(lp_gelu_forward_kernel, lp_grid((n + LP_PACK - 1) / LP_PACK, LP_THREADS), LP_THREADS, 0, out, inp, n);
 }
-__global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
+static __global__ void lp_gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
     if (i >= n) return;
     LPPack x = lp_load_pack(inp, i, n), g = lp_load_pack(dout, i, n);
@@ -2442,7 +2457,7 @@ static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const fl
 
 // Column sums of dout (N,OC), two passes for determinism: row chunks into partials, then in order.
 #define LP_BIAS_CHUNKS 64
-__global__ void lp_bias_partials_kernel(float* partials, const floatX* dout, int N, int OC) {
+static __global__ void lp_bias_partials_kernel(float* partials, const floatX* dout, int N, int OC) {
     int o = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (o >= OC) return;
     int rows = (N + gridDim.y - 1) / gridDim.y, end = min(N, (chunk + 1) * rows);
@@ -2624,8 +2639,8 @@ static inline void lp_heads_gemm_gpu(int ta, int tb, int M, int N, int K, const 
 // Between a projection's rows layout (B,T,P,NH,HS) and the heads layout (P,B,NH,T,HS) the batched products
 // take: P = 3 for q, k, v, 1 for y. A thread moves one 16-byte pack of a head's row, consecutive threads
 // consecutive packs of the rows layout; a head's row is HS contiguous values on both sides.
-__global__ void lp_attention_permute_kernel(floatX* dst, const floatX* src, int B, int T, int P, int NH, int HS,
-                                            int to_heads) {
+static __global__ void lp_attention_permute_kernel(floatX* dst, const floatX* src, int B, int T, int P, int NH, int HS,
+                                                   int to_heads) {
     int packs = (HS + LP_PACK - 1) / LP_PACK;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)B * T * P * NH * packs) return;
@@ -2645,7 +2660,7 @@ static inline void lp_attention_permute_gpu(floatX* dst, const floatX* src, int 
 // values (those past the diagonal read as 0 without a load) keeping a running max and a sum rescaled when
 // the max grows; shuffles combine the lanes; a second pass reads the scores again (from cache) and writes
 // the probabilities over the whole row.
-__global__ void lp_attention_softmax_kernel(floatX* att, int rows, int T, float scale) {
+static __global__ void lp_attention_softmax_kernel(floatX* att, int rows, int T, float scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     int t = row % T;
@@ -2690,7 +2705,7 @@ static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* a
 
 // The softmax backward in place, a warp per row as the forward: datt's row t becomes
 // dpre = scale * att * (datt - sum(att * datt)) over its first t + 1 values, zeros after.
-__global__ void lp_attention_softmax_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
+static __global__ void lp_attention_softmax_backward_kernel(floatX* datt, const floatX* att, int rows, int T, float scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     int t = row % T;
@@ -3019,7 +3034,7 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
 // goes out through shared memory (whole 16-byte pieces), and lse = (m + log2 l) ln 2, the natural
 // logsumexp of the scaled scores, is kept for the backward. Blocks with the most key tiles start first.
 template <int HP>
-__global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
+static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
     lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
     const int LD = HP + 8;
     int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -3084,8 +3099,8 @@ static inline int lp_flash_d_lanes(int HS) {
     while (lanes < 32 && LP_PACK * lanes < HS) lanes *= 2;
     return lanes;
 }
-__global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH,
-                                                     int lanes) {
+static __global__ void lp_flash_attention_backward_d_kernel(float* D, const floatX* dout, const floatX* out, int B, int T, int C, int NH,
+                                                            int lanes) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, row = i / lanes;  // row: (b, h, t)
     int HS = C / NH;
     float dot = 0.0f;
@@ -3132,7 +3147,7 @@ static __device__ inline void lp_flash_frags(uint32_t f[HP / 16][4], floatX* til
 // dk, dv: a warp's k and v as A fragments, its dk and dv in registers. The block stages each query tile:
 // q, dy and the queries' lse2 and D. Blocks with the most query tiles (the first keys) start first.
 template <int HP>
-__global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
+static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
     lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
                                           int C, int NH, float scale) {
     const int LD = HP + 8, NB = 4;  // query blocks of 8 per pass: half a tile at HP 128, where registers run short
@@ -3194,7 +3209,7 @@ __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
 // dq: a warp's q and dy as A fragments, its rows' lse2 and D and its dq in registers; the block stages each
 // key tile (k, v). Blocks with the most key tiles start first.
 template <int HP>
-__global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
+static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
     lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
                                          int C, int NH, float scale) {
     const int LD = HP + 8;
@@ -3339,7 +3354,7 @@ static inline void lp_classifier_grad_cpu(float* logits, float* losses, const fl
 #ifndef LLMPAR_CPU
 // One block per row. Stats: one read of the bf16 row, each thread keeping a running (max, sum) that the
 // block then rescales to the common max and adds up. Grad: one more read and a write.
-__global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
+static __global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
     const floatX* row = logits + (size_t)blockIdx.x * Vl;
     float maxv = -INFINITY, sum = 0.0f;
     for (int v = threadIdx.x * LP_PACK; v < real; v += blockDim.x * LP_PACK) {
@@ -3369,8 +3384,8 @@ static inline void lp_classifier_stats_gpu(float* stats, const floatX* logits, c
     int real = V - v0 < Vl ? V - v0 : Vl;
     LP_LAUNCH(lp_classifier_stats_kernel, N, 1024, 0, stats, logits, targets, Vl, v0, real);
 }
-__global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, const float* stats, int t, float dloss,
-                                          const int* targets, int N, int Vl, int v0, int V) {
+static __global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, const float* stats, int t, float dloss,
+                                                 const int* targets, int N, int Vl, int v0, int V) {
     int i = blockIdx.x;
     float maxv, sum, target_logit;
     lp_classifier_combine(stats, t, N, i, &maxv, &sum, &target_logit);
@@ -3396,7 +3411,7 @@ static inline void lp_add_scaled_cpu(float* dst, const float* src, size_t n, flo
     for (size_t i = 0; i < n; i++) dst[i] += scale * src[i];
 }
 #ifndef LLMPAR_CPU
-__global__ void lp_add_scaled_kernel(floatX* dst, const floatX* src, size_t n, float scale) {
+static __global__ void lp_add_scaled_kernel(floatX* dst, const floatX* src, size_t n, float scale) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
     if (i >= n) return;
     LPPack d = lp_load_pack(dst, i, n), s = lp_load_pack(src, i, n);
@@ -3457,9 +3472,9 @@ static LP_HD inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i)
 }
 // A thread updates the 8 values [i, i + 8) with 128-bit loads and stores (LPPack, LPPackF); value i's
 // stochastic rounding is drawn from index i of the launch, as the CPU loop of --offload draws it.
-__global__ void lp_adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
-                                float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
-                                float weight_decay, float grad_scale, uint32_t seed) {
+static __global__ void lp_adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                                       float lr, float beta1, float beta2, float beta1_corr, float beta2_corr, float eps,
+                                       float weight_decay, float grad_scale, uint32_t seed) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LP_PACK;
     if (i >= n) return;
     LPPack g = lp_load_pack(grads, i, n), p;
@@ -3491,7 +3506,7 @@ static inline void lp_adamw_host(floatX* params, float* master, const floatX* gr
 }
 // The compute-type weights rounded from the master weights as lp_adamw_kernel rounds them (value i with
 // index i's draw), on the GPU and on the CPU: a loaded checkpoint's weights as its run had them.
-__global__ void lp_stochastic_round_kernel(floatX* params, const float* master, size_t n, uint32_t seed) {
+static __global__ void lp_stochastic_round_kernel(floatX* params, const float* master, size_t n, uint32_t seed) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) params[i] = lp_stochastic_round(master[i], seed, i);
 }
@@ -3546,7 +3561,7 @@ static inline void lp_norm_squared_spans_cpu(float* parts, const float* x, const
 // sums and their order the same on every call: deterministic); owner[b] is block b's span. Then a block
 // per span adds its partials in order.
 #define LP_NORM_BLOCKS 512
-__global__ void lp_norm_squared_kernel(float* partials, const floatX* x, const LPSpan* spans, const int* first, const int* owner) {
+static __global__ void lp_norm_squared_kernel(float* partials, const floatX* x, const LPSpan* spans, const int* first, const int* owner) {
     int k = owner[blockIdx.x];
     LPSpan sp = spans[k];
     size_t b = blockIdx.x - first[k], blocks = first[k + 1] - first[k];
@@ -3558,7 +3573,7 @@ __global__ void lp_norm_squared_kernel(float* partials, const floatX* x, const L
     s = lp_block_reduce(s, 0);
     if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
-__global__ void lp_sum_kernel(float* out, const float* partials, const int* first) {  // block k: span k's partials
+static __global__ void lp_sum_kernel(float* out, const float* partials, const int* first) {  // block k: span k's partials
     float s = 0.0f;
     for (int i = first[blockIdx.x] + threadIdx.x; i < first[blockIdx.x + 1]; i += blockDim.x) s += partials[i];
     s = lp_block_reduce(s, 0);
@@ -3568,7 +3583,7 @@ static inline int lp_norm_blocks(size_t n) {
     size_t blocks = (n + (size_t)LP_THREADS * LP_PACK - 1) / ((size_t)LP_THREADS * LP_PACK);
     return (int)(blocks < LP_NORM_BLOCKS ? blocks : LP_NORM_BLOCKS);
 }
-static LPScratch lp_norm_scratch;  // the spans, their first blocks and each block's span; the partial sums; the spans' sums
+LP_STATE LPScratch lp_norm_scratch;  // the spans, their first blocks and each block's span; the partial sums; the spans' sums
 static inline void lp_norm_squared_spans_gpu(float* parts, const floatX* x, const LPSpan* spans, int n) {
     if (n == 0) return;
     int total = 0;
@@ -5902,10 +5917,10 @@ static inline void lp_checkpoint_check(const LPGroup* world, int err, const char
 
 // Crash injection for the tests: with LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at
 // the k-th of these points, counted over the run's checkpoint saves: one after each file operation.
+LP_STATE int lp_crash_points;  // the points passed so far (one count, whichever file saves)
 static inline void lp_crash_point(void) {
-    static int at = -1, count = 0;
-    if (at < 0) at = getenv("LLMPAR_CRASH_AT") ? atoi(getenv("LLMPAR_CRASH_AT")) : 0;
-    if (at > 0 && ++count == at) _exit(137);
+    const char* at = getenv("LLMPAR_CRASH_AT");
+    if (at && ++lp_crash_points == atoi(at)) _exit(137);
 }
 
 // Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.

@@ -16,6 +16,7 @@ Prints `N passed, N failed` last.
 #include <strings.h>  // strcasecmp
 #include <sys/resource.h>
 #include <sys/wait.h>
+#define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "llmpar.h"
 
 static int tests_passed, tests_failed;

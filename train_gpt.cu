@@ -7,6 +7,7 @@ train_gpt.cu: the llmpar driver. Flags, set-up, the step loop, validation, sampl
 With no flags it trains a small GPT-2 on the tinyshakespeare shards shipped in dev/data/. Flags follow
 llm.c's where they overlap; run with -h for the list.
 */
+#define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "llmpar.h"
 #include <stddef.h>        // offsetof: the flag table names LPFlags fields
 #include <signal.h>        // sigaction: a signal stops the run at a step's end, with a checkpoint

@@ -48,6 +48,43 @@ example_trains() {
     fi
 }
 
+# the library from two files (dev/examples/two_files_*.cu): `example_two_files NAME COMMAND...` counts one
+# check: it trains, and its second file prints the val loss once before training and once after (rank 0
+# alone: lp_rank is one variable in both files), the second at least 1 nat below the first
+example_two_files() {
+    local name=$1 out summary
+    shift
+    out=$("$@" 2>&1)
+    if summary=$(awk '/^step [0-9]+\/[0-9]+ \| loss / { n++ } /^val loss / { v[k++] = $3 }
+                      END { printf "val loss %s -> %s over %d steps", v[0], v[1], n; exit !(n > 1 && k == 2 && v[1] ~ /^[0-9.]+$/ && v[1] < v[0] - 1.0) }' <<< "$out"); then
+        echo "     the example from two files ($name): $summary"
+        passed=$((passed + 1))
+    else
+        echo "$out"
+        echo "FAIL the example from two files ($name): steps, then two val losses (printed once each) falling by at least 1 nat"
+        failed=$((failed + 1))
+    fi
+}
+
+# llmpar.h's rule: a program that includes it, and defines LLMPAR_IMPLEMENTATION in none of its files, does
+# not link (the globals are declared, never defined). One check: the two-file example without its define.
+example_needs_implementation() {
+    local out bin=/tmp/llmpar_nodef_$$
+    if out=$(sed '/^#define LLMPAR_IMPLEMENTATION/d' dev/examples/two_files_main.cu | ${CC:-cc} -x c -std=gnu11 -O0 -fopenmp \
+        -DLLMPAR_CPU -Idev/examples - dev/examples/two_files_eval.cu -o $bin -lm 2>&1); then
+        echo "FAIL the two-file example links without LLMPAR_IMPLEMENTATION"
+        failed=$((failed + 1))
+    elif grep -qE "undefined (reference to|symbol:) .?lp_rank" <<< "$out"; then
+        echo "     the example from two files without LLMPAR_IMPLEMENTATION: no link (lp_rank undefined)"
+        passed=$((passed + 1))
+    else
+        echo "$out" | tail -n 5
+        echo "FAIL the two-file example without LLMPAR_IMPLEMENTATION fails to link, for the undefined lp_rank"
+        failed=$((failed + 1))
+    fi
+    rm -f $bin
+}
+
 # the GPU model's depth extrapolation (scripts/bench_gpu.sh emu large): a small GPT-2 counted at 1 and 2
 # layers and extrapolated to 3 by roofline.py --layers must model every launch as the direct count at 3
 # layers does. One check (skipped without numpy, as the data path's checks skip without their packages).
@@ -135,10 +172,11 @@ emulated_tier() {
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
-    if make -s dev/examples/train_loop_emu; then
+    if make -s dev/examples/train_loop_emu dev/examples/two_files_emu; then
         example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
+        example_two_files "CUDA emulated, 12 steps" dev/examples/two_files_emu 12
     else
-        echo "FAIL the library example builds under the emulator (make dev/examples/train_loop_emu)"
+        echo "FAIL the library examples build under the emulator (make dev/examples/train_loop_emu two_files_emu)"
         failed=$((failed + 1))
     fi
     model_extrapolates
@@ -202,7 +240,8 @@ for run in "run_tiny.sh" "run_3d.sh cpu"; do
 done
 rm -rf "$smoke_dir"
 # the library's usage example: one process without mpirun, with MPI and without (plain cc); data-parallel
-# under mpirun; under nvcc compiled (and run on a GPU). The emulated tier runs its CUDA build.
+# under mpirun; under nvcc compiled (and run on a GPU). The emulated tier runs its CUDA build. Each run
+# is followed by the same of the example from two files.
 # The loop in the usage block at the top of llmpar.h (its indented lines) is the example's main, verbatim.
 usage=$(sed -n '/^Use as a library/,/^\*\//p' llmpar.h | grep '^    ')
 if [ -n "$usage" ] && [ "$usage" = "$(sed -n '/^int main/,/^}/p' dev/examples/train_loop.cu | grep -v '^    return 0;$' | grep '^    ')" ]; then
@@ -211,10 +250,12 @@ else
     echo "FAIL the usage loop at the top of llmpar.h is dev/examples/train_loop.cu's main, verbatim"
     failed=$((failed + 1))
 fi
-if make -s dev/examples/train_loop_cpu dev/examples/train_loop_nompi; then
+if make -s dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/two_files_cpu dev/examples/two_files_nompi; then
     example_trains "CPU, one process" dev/examples/train_loop_cpu 20
     one_process=$example_out
+    example_two_files "CPU, one process" dev/examples/two_files_cpu 20
     example_trains "CPU without MPI" dev/examples/train_loop_nompi 20
+    example_two_files "CPU without MPI" dev/examples/two_files_nompi 20
     if command -v mpicc > /dev/null 2>&1 && command -v mpirun > /dev/null 2>&1; then
         example_trains "CPU, a 2 x 2 x 2 grid: t=2 d=2 p=2" mpirun -np 8 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 \
             dev/examples/train_loop_cpu 20 2 2
@@ -229,19 +270,23 @@ if make -s dev/examples/train_loop_cpu dev/examples/train_loop_nompi; then
             echo "FAIL the example on t=2 p=2 prints the one-process losses and norms (1e-3)"
             failed=$((failed + 1))
         fi
+        example_two_files "CPU, 2 ranks (each alone; rank 0 prints)" mpirun -np 2 --oversubscribe --bind-to none \
+            -x OMP_NUM_THREADS=1 dev/examples/two_files_cpu 20
     fi
 else
-    echo "FAIL the library example builds (make dev/examples/train_loop_cpu dev/examples/train_loop_nompi)"
+    echo "FAIL the library examples build (make dev/examples/train_loop_cpu train_loop_nompi two_files_cpu two_files_nompi)"
     failed=$((failed + 1))
 fi
+example_needs_implementation
 if command -v nvcc > /dev/null 2>&1; then
-    if ! make -s dev/examples/train_loop; then
-        echo "FAIL the library example builds with nvcc (make dev/examples/train_loop)"
+    if ! make -s dev/examples/train_loop dev/examples/two_files; then
+        echo "FAIL the library examples build with nvcc (make dev/examples/train_loop two_files)"
         failed=$((failed + 1))
     elif [ "$has_gpu" = 1 ]; then
         example_trains "CUDA" dev/examples/train_loop 20
+        example_two_files "CUDA" dev/examples/two_files 20
     else
-        passed=$((passed + 1))  # it compiles; no GPU here to run it
+        passed=$((passed + 1))  # they compile; no GPU here to run them
     fi
 fi
 # the user's data path: text -> shards (dev/data/prepare.py) -> two steps -> plot (skips without tiktoken)

@@ -10,6 +10,7 @@ CUDAEMU_PROFILE=FILE (and CUDAEMU_HAZARDS=1: every launch is checked for shared-
 
     make dev/cudaemu/model_check && CUDAEMU_PROFILE=counts.tsv dev/cudaemu/model_check
 */
+#define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "../../llmpar.h"
 
 // Each thread stores a shared word and loads its neighbour's, 32 times: lane l at word l * stride of its

@@ -7,6 +7,7 @@
 // One process is the whole world (no mpirun needed). `mpirun -np 8 dev/examples/train_loop_cpu 20 2 2` runs
 // the same loop on a 2 x 2 x 2 grid: each layer split over t = 2 ranks, the layers over p = 2 pipeline
 // stages, and d = 8 / (t p) = 2 data-parallel replicas, each on its slice of the batch.
+#define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "../../llmpar.h"
 
 int main(int argc, char** argv) {
