@@ -5,8 +5,10 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
   2. config      the model's shape, GPT-2 presets, parameter tensor sizes
                  defines: LPConfig, lp_config_from_depth, lp_param_sizes
-  3. topology    MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p grid of ranks and its groups, GPU choice
-                 defines: LPProcess, LPGroup, lp_blas_init, lp_process_init, lp_grid_init, lp_device_init
+  3. topology    every parallel setting (LPParallel), MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p
+                 grid of ranks as data (its axes) and its groups, GPU choice
+                 defines: LPParallel, LP_SETTING, lp_axes, LPProcess, LPGroup, lp_blas_init, lp_process_init, lp_grid_init,
+                 lp_device_init
   4. schedules   pipeline schedules (GPipe, 1F1B, interleaved) as pure functions, their simulator
                  defines: LPAction, lp_schedule_stage (a stage's action list), LPSimulation, lp_schedule_simulate,
                  lp_schedule_slots
@@ -20,7 +22,8 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  defines: LPOffload, LPHostOptim, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done,
                  lp_zero_average, lp_zero_state_get/put (the optimizer's shard a chunk at a time)
   8. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
-                 defines: LPModelOptions, LPModel, LPLayerActs, lp_model_create, lp_model_forward, lp_model_backward
+                 defines: lp_parallel_one, LPModelOptions, LPModel, LPLayerActs, lp_model_create, lp_model_forward,
+                 lp_model_backward
   9. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
                  defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
  10. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
