@@ -3837,6 +3837,7 @@ static double activation_bytes_124m(int T, int attention) {
     LPModel shape;  // what lp_activations_layout reads
     memset(&shape, 0, sizeof(shape));
     lp_config_from_depth(&shape.cfg, "d12");
+    shape.par = &lp_parallel_one;
     shape.tp_size = 1;
     shape.L = shape.cfg.num_layers;
     shape.last = 1;
