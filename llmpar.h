@@ -1,5 +1,7 @@
 /*
-llmpar.h: everything reusable for training GPT-2, in data-flow order.
+llmpar.h: everything reusable for training GPT-2. Each section builds on those above it, in the order a
+training step meets them: the tokens (7), where weights and gradients live (8), forward and backward (9), the
+optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose four calls go down through the rest.
 
   1. basics      errors that name what failed, files, timers, RNG, device memory
                  defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
@@ -17,17 +19,17 @@ llmpar.h: everything reusable for training GPT-2, in data-flow order.
                  lp_watch, lp_watchdog_start
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
-  7. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
+  7. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
+                 defines: LPDataOptions, LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
+  8. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
                  offload), where gradients are averaged over dp; the hooks forward and backward call around each layer
                  defines: LPOffload, LPHostOptim, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done,
                  lp_zero_average, lp_zero_state_get/put (the optimizer's shard a chunk at a time)
-  8. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
+  9. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
                  defines: lp_parallel_one, LPModelOptions, LPModel, LPLayerActs, lp_model_create, lp_model_forward,
                  lp_model_backward
-  9. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
+ 10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
                  defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
- 10. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
-                 defines: LPDataOptions, LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
  11. files       model files (llm.c format), checkpoints, tokenizer (samples printed as valid UTF-8)
                  defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
                  LPUtf8
@@ -92,7 +94,7 @@ two_files_eval.cu):
     lp_dataloader_free(&data); lp_stage_free(&stage); lp_process_finish(&proc);
 
 Your own tokens instead of shards: a model made alone (lp_model_create(&m, &cfg, NULL)) takes B*T of them,
-lp_model_forward(&m, inputs, targets, B, T, 1.0f / (B * T)) then lp_model_backward(&m, 1) (section 8).
+lp_model_forward(&m, inputs, targets, B, T, 1.0f / (B * T)) then lp_model_backward(&m, 1) (section 9).
 Build: CPU `cc -x c -std=gnu11 -O3 -fopenmp -DLLMPAR_CPU app.cu -lm` (mpicc and -DLLMPAR_MPI for ranks,
 -DLLMPAR_BLAS and OpenBLAS for fast matmuls); CUDA `nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -fopenmp
 app.cu -lcublasLt -lcublas` (the Makefile's dev/examples targets show both, MPI and NCCL flags included).
@@ -104,7 +106,7 @@ the divergence guard); README.md.
 #define LLMPAR_H
 
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE  // O_DIRECT (offload files, section 7)
+#define _GNU_SOURCE  // O_DIRECT (offload files, section 8)
 #endif
 #include <dirent.h>
 #include <errno.h>
@@ -531,11 +533,11 @@ typedef struct {
     int micro_batches;       // m: micro-batches per step (the pipeline's; gradient accumulation)
     int sp;                  // sequence parallelism inside the TP group (t > 1)
     int scatter_gather;      // a pipeline boundary sent 1/t by each TP rank, all-gathered by the receivers
-    int zero;                // ZeRO stage 0..3 over DP (section 7)
+    int zero;                // ZeRO stage 0..3 over DP (section 8)
     int overlap;             // the layers' gradients reduced during backward, overlapped with the layers below
     float bucket_mb;         // ZeRO-0 with overlap: layers reduced together once this many MiB of them are done
-    int recompute;           // which activations backward recomputes, LP_RECOMPUTE_* (section 8)
-    int offload;             // where the optimizer state lives, LP_OFFLOAD_* (section 7)
+    int recompute;           // which activations backward recomputes, LP_RECOMPUTE_* (section 9)
+    int offload;             // where the optimizer state lives, LP_OFFLOAD_* (section 8)
     const char* offload_dir; // LP_OFFLOAD_NVME's directory
     const char* comm;        // the transport of device tensors: "auto", "nccl" or "mpi" (lp_comm_init)
 } LPParallel;
@@ -3679,7 +3681,193 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #endif
 
 // ----------------------------------------------------------------------------------------------------
-// 7. zero
+// 7. data
+//
+// llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens.
+// The loader cuts each shard into windows of `window` tokens (+1 for the last target; training: the tokens
+// of one optimizer step, so a step never straddles shards and reads the same tokens on every grid). It
+// visits the shards in an order and each shard's windows in an order: file order, or shuffled (llm.c's
+// behaviour), a permutation drawn from (seed, epoch) for the shards and (seed, epoch, shard) for the
+// windows, new every epoch. Each call of next() reads the next ranks*B*T tokens of the window, rank r
+// taking the r-th B*T slice. (epoch, shard, pos) is the whole state, so runs resume exactly.
+
+#define LP_HEADER_INTS 256
+#define LP_SHARD_MAGIC 20240520
+#define LP_MODEL_MAGIC 20240326
+#define LP_TOKENIZER_MAGIC 20240328
+
+typedef struct {
+    glob_t files;
+    int num_files;
+    size_t* shard_tokens;  // tokens in each shard
+    int B, T, rank, world;
+    size_t window;         // tokens per window, a multiple of world*B*T
+    int shuffle;           // 1: shards and windows in a seeded random order, new each epoch; 0: file order
+    uint64_t seed;
+    int epoch;             // passes over the data completed
+    int shard;             // position in this epoch's shard order
+    size_t pos;            // tokens read of that shard, in window order: window pos / window, offset pos % window
+    size_t* shard_order;   // this epoch's order of the shards
+    size_t* window_order;  // the current shard's order of its windows
+    FILE* file;
+    uint16_t* buffer;      // B*T+1 tokens read
+    int* inputs;           // (B,T)
+    int* targets;          // (B,T)
+} LPDataLoader;
+
+// A permutation of 0 .. n-1 (Fisher-Yates) drawn from seed and the key; the identity without shuffle.
+static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t seed, uint64_t key) {
+    for (size_t i = 0; i < n; i++) out[i] = i;
+    if (!shuffle) return;
+    uint64_t state = (seed ^ (key + 1) * 0x9E3779B97F4A7C15ull) | 1;  // xorshift needs a nonzero state
+    for (size_t i = n - 1; i > 0; i--) {
+        uint64_t hi = lp_rand_u32(&state);  // two statements: C leaves the order of two calls in one expression open
+        uint64_t lo = lp_rand_u32(&state);
+        size_t j = ((hi << 32) | lo) % (i + 1);
+        size_t t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}
+
+// Go to (epoch, shard, pos): draw the epoch's shard order and that shard's window order, open it.
+static inline void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos) {
+    if (epoch < 0 || shard < 0 || shard >= d->num_files)
+        lp_fail("data position (epoch %d, shard %d) is outside the shards given", epoch, shard);
+    lp_permutation(d->shard_order, (size_t)d->num_files, d->shuffle, d->seed, (uint64_t)epoch << 32);
+    size_t file = d->shard_order[shard];
+    size_t windows = (d->shard_tokens[file] - 1) / d->window;
+    if (pos > windows * d->window) lp_fail("data position (shard %d, token %zu) is outside the shards given", shard, pos);
+    free(d->window_order);
+    d->window_order = (size_t*)lp_host_malloc(windows * sizeof(size_t), "window order");
+    lp_permutation(d->window_order, windows, d->shuffle, d->seed, ((uint64_t)epoch << 32) + 1 + file);
+    if (d->file) fclose(d->file);
+    d->file = lp_fopen(d->files.gl_pathv[file], "rb");
+    d->epoch = epoch;
+    d->shard = shard;
+    d->pos = pos;
+}
+
+// `flag` names the option the pattern came from (-i or -j) for the error messages.
+// Every token of the shard at path (n tokens after the header) is below vocab_size: one pass when the
+// data is opened, so a bad token stops the run at its start rather than when training reaches it.
+static inline void lp_shard_scan(const char* path, size_t n, int vocab_size) {
+    size_t chunk = (size_t)1 << 20;
+    uint16_t* buf = (uint16_t*)lp_host_malloc(chunk * sizeof(uint16_t), "token scan");
+    FILE* f = lp_fopen(path, "rb");
+    if (fseek(f, LP_HEADER_INTS * 4, SEEK_SET) != 0) lp_fail("%s: seek failed", path);
+    for (size_t done = 0; done < n; done += chunk) {
+        size_t k = n - done < chunk ? n - done : chunk;
+        lp_fread(buf, sizeof(uint16_t), k, f, path);
+        for (size_t i = 0; i < k; i++)
+            if (buf[i] >= vocab_size)
+                lp_fail("%s: token id %d at token %zu is >= the model's vocabulary size %d", path, buf[i], done + i, vocab_size);
+    }
+    fclose(f);
+    free(buf);
+}
+
+// What a loader reads: set by name, the rest 0 (`LPDataOptions o = {.pattern = "x_*.bin", .B = 4, .T = 64};`).
+typedef struct {
+    const char* pattern;  // the shards: a path, or a glob
+    const char* label;    // how errors name them (train_gpt.cu: its flag, "-i"; NULL: "data")
+    int B, T;             // this rank's batch
+    int rank, ranks;      // this rank of the data-parallel ranks that share each window (0, 0: alone)
+    size_t window;        // tokens per window (0: one batch of every rank, ranks*B*T)
+    int shuffle;          // 1: shards and windows in an order drawn from seed, new each epoch; 0: file order
+    uint64_t seed;
+    int vocab_size;       // with scan: every token is checked to be below it when the loader opens
+    int scan;
+} LPDataOptions;
+
+// Open the shards o->pattern matches for this data-parallel rank, in windows of o->window tokens, in file
+// order or shuffled; with o->scan, check every token first.
+static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
+    memset(d, 0, sizeof(*d));
+    int B = o->B, T = o->T;
+    size_t window = o->window;
+    const char* flag = o->label ? o->label : "data";
+    d->B = B;
+    d->T = T;
+    d->rank = o->rank;
+    d->world = o->ranks ? o->ranks : 1;
+    d->window = window ? window : (size_t)d->world * B * T;
+    d->shuffle = o->shuffle;
+    d->seed = o->seed;
+    if (glob(o->pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
+        lp_fail("%s %s: no token shard matches", flag, o->pattern);
+    d->num_files = (int)d->files.gl_pathc;
+    d->shard_tokens = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard sizes");
+    for (int s = 0; s < d->num_files; s++) {
+        const char* path = d->files.gl_pathv[s];
+        FILE* f = lp_fopen(path, "rb");
+        int header[LP_HEADER_INTS];
+        lp_fread(header, sizeof(int), LP_HEADER_INTS, f, path);
+        fclose(f);
+        if (header[0] != LP_SHARD_MAGIC)
+            lp_fail("%s: not a token shard (magic %d, expected %d; dev/data/prepare.py makes shards of text)", path, header[0],
+                    LP_SHARD_MAGIC);
+        if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1)", path, header[1]);
+        long long expect = (long long)LP_HEADER_INTS * 4 + 2LL * (unsigned)header[2];
+        long long size = lp_file_size(path);
+        if (size < expect) lp_fail("%s: file is truncated (header says %d tokens: %lld bytes, file has %lld)", path, header[2], expect, size);
+        if (size > expect) lp_fail("%s: file is longer than its header says (%lld bytes, expected %lld)", path, size, expect);
+        d->shard_tokens[s] = (unsigned)header[2];
+        if (d->shard_tokens[s] < d->window + 1)
+            lp_fail("%s: %zu tokens is too few for one %s (%zu tokens + 1)", path, d->shard_tokens[s],
+                    window ? "step" : "batch of ranks*B*T", d->window);
+        if (o->scan) lp_shard_scan(path, d->shard_tokens[s], o->vocab_size);
+    }
+    d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
+    d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
+    d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
+    d->shard_order = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard order");
+    lp_dataloader_seek(d, 0, 0, 0);
+}
+
+static inline void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0, 0); }
+
+// Fill d->inputs and d->targets with this rank's next (B,T) batch: the next ranks*B*T tokens of the current
+// window; past the shard's last window, the next shard; past the last shard, the next epoch.
+static inline void lp_dataloader_next(LPDataLoader* d) {
+    size_t global = (size_t)d->world * d->B * d->T;
+    if (d->pos >= (d->shard_tokens[d->shard_order[d->shard]] - 1) / d->window * d->window) {
+        if (d->shard + 1 < d->num_files) lp_dataloader_seek(d, d->epoch, d->shard + 1, 0);
+        else lp_dataloader_seek(d, d->epoch + 1, 0, 0);
+    }
+    size_t start = d->window_order[d->pos / d->window] * d->window + d->pos % d->window + (size_t)d->rank * d->B * d->T;
+    size_t n = (size_t)d->B * d->T;
+    const char* path = d->files.gl_pathv[d->shard_order[d->shard]];
+    if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * 2), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
+    lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);  // tokens checked when opened (lp_shard_scan)
+    for (size_t i = 0; i < n; i++) {
+        d->inputs[i] = d->buffer[i];
+        d->targets[i] = d->buffer[i + 1];
+    }
+    d->pos += global;
+}
+
+// Batches in one pass over the data (for validation: all val shards once).
+static inline size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d) {
+    size_t n = 0;
+    for (int s = 0; s < d->num_files; s++) n += (d->shard_tokens[s] - 1) / d->window;
+    return n * (d->window / ((size_t)d->world * d->B * d->T));
+}
+
+static inline void lp_dataloader_free(LPDataLoader* d) {
+    if (d->file) fclose(d->file);
+    globfree(&d->files);
+    free(d->shard_tokens);
+    free(d->shard_order);
+    free(d->window_order);
+    free(d->buffer);
+    free(d->inputs);
+    free(d->targets);
+    memset(d, 0, sizeof(*d));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 8. zero
 //
 // Data parallelism and ZeRO in one place: where a model's weights, gradients and AdamW state live on this
 // rank, and where its gradients are averaged over the data-parallel group dp. The model's parameters are
@@ -4502,11 +4690,11 @@ static inline void lp_zero_gather_updated(LPZero* z) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 8. model
+// 9. model
 //
 // One rank's GPT-2: the math of forward and backward, and the activations the backward pass needs, per
 // layer. Its parameters (the 16 tensors back to back, llm.c order: one flat array), their gradients and
-// the optimizer state live in an LPZero (section 7): layer tensors are reached through lp_layer_param /
+// the optimizer state live in an LPZero (section 8): layer tensors are reached through lp_layer_param /
 // lp_layer_grad, which ask it, and around each layer forward and backward call its hooks (lp_zero_fetch,
 // lp_zero_layer_begin, lp_zero_layer_done), which gather, buffer and average over dp as the ZeRO stage
 // says. The forward pass fuses each residual add with the LayerNorm that follows it, so the residual
@@ -4662,7 +4850,7 @@ typedef struct {
     int tp_size, tp_rank;
     int attention;        // LP_ATTENTION_*: the CUDA build's attention path
     // this rank's weights, gradients and AdamW state, their flat layout, and how data parallelism and
-    // ZeRO hold and average them (section 7); tensor i of layer l: lp_layer_param / lp_layer_grad
+    // ZeRO hold and average them (section 8); tensor i of layer l: lp_layer_param / lp_layer_grad
     LPZero zero;
     // activations, allocated for (B, T) on the first forward; later passes may use any smaller (B, T).
     // A pipeline stage holds several micro-batches in flight: each has a slot of the activations backward
@@ -4737,7 +4925,7 @@ static inline void lp_model_build_runs(LPModel* m) {
 }
 
 // Allocate a model of shape cfg as the options say (NULL: the whole model on one rank): split over the grid
-// of o->proc as its LPParallel says (ZeRO over its DP group: section 7).
+// of o->proc as its LPParallel says (ZeRO over its DP group: section 8).
 static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
@@ -4784,7 +4972,7 @@ static inline floatX* lp_layer_param(const LPModel* m, int i, int l) { return lp
 static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) { return lp_zero_grads(&m->zero, i, l); }
 
 // Set the weights from fp32 host values in the canonical layout: this rank's slice of them, as its flat
-// parameters (section 7 keeps what ZeRO says).
+// parameters (section 8 keeps what ZeRO says).
 static inline void lp_model_set_weights(LPModel* m, const float* canon) {
     float* host = (float*)lp_host_malloc(m->zero.num_params * sizeof(float), "weights");
     for (int k = 0; k < m->num_runs; k++) memcpy(host + m->runs[k].local, canon + m->runs[k].canon, m->runs[k].n * sizeof(float));
@@ -5168,7 +5356,7 @@ static inline void lp_model_zero_grad(LPModel* m) {
 // gradients are complete as each layer finishes: with sequence parallelism, the LayerNorm (and wpe)
 // gradients, partial sums over each rank's rows, are summed over the TP group then (the layers' every
 // micro-batch under ZeRO-2/3, whose layer gradients leave at once). Around each layer the ZeRO hooks of
-// section 7 say where its gradients go and take them when they are complete (lp_zero_layer_done: the
+// section 8 say where its gradients go and take them when they are complete (lp_zero_layer_done: the
 // one place in backward where they may start their way over dp).
 // The embedding's part of wte's gradient: each micro-batch's into rows of the step's own, one per distinct
 // token of this rank's vocabulary slice [v0, v0 + Vl), added into wte's gradient after the last. So wte's
@@ -5306,7 +5494,7 @@ static inline void lp_model_free(LPModel* m) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// 9. optimizer
+// 10. optimizer
 
 typedef struct {
     float beta1, beta2, eps, weight_decay;
@@ -5472,192 +5660,6 @@ static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr
     if (progress > 1.0f) progress = 1.0f;
     if (cosine) return floor_lr + 0.5f * (lr - floor_lr) * (1.0f + cosf(3.14159265358979f * progress));
     return lr - (lr - floor_lr) * progress;
-}
-
-// ----------------------------------------------------------------------------------------------------
-// 10. data
-//
-// llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens.
-// The loader cuts each shard into windows of `window` tokens (+1 for the last target; training: the tokens
-// of one optimizer step, so a step never straddles shards and reads the same tokens on every grid). It
-// visits the shards in an order and each shard's windows in an order: file order, or shuffled (llm.c's
-// behaviour), a permutation drawn from (seed, epoch) for the shards and (seed, epoch, shard) for the
-// windows, new every epoch. Each call of next() reads the next ranks*B*T tokens of the window, rank r
-// taking the r-th B*T slice. (epoch, shard, pos) is the whole state, so runs resume exactly.
-
-#define LP_HEADER_INTS 256
-#define LP_SHARD_MAGIC 20240520
-#define LP_MODEL_MAGIC 20240326
-#define LP_TOKENIZER_MAGIC 20240328
-
-typedef struct {
-    glob_t files;
-    int num_files;
-    size_t* shard_tokens;  // tokens in each shard
-    int B, T, rank, world;
-    size_t window;         // tokens per window, a multiple of world*B*T
-    int shuffle;           // 1: shards and windows in a seeded random order, new each epoch; 0: file order
-    uint64_t seed;
-    int epoch;             // passes over the data completed
-    int shard;             // position in this epoch's shard order
-    size_t pos;            // tokens read of that shard, in window order: window pos / window, offset pos % window
-    size_t* shard_order;   // this epoch's order of the shards
-    size_t* window_order;  // the current shard's order of its windows
-    FILE* file;
-    uint16_t* buffer;      // B*T+1 tokens read
-    int* inputs;           // (B,T)
-    int* targets;          // (B,T)
-} LPDataLoader;
-
-// A permutation of 0 .. n-1 (Fisher-Yates) drawn from seed and the key; the identity without shuffle.
-static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t seed, uint64_t key) {
-    for (size_t i = 0; i < n; i++) out[i] = i;
-    if (!shuffle) return;
-    uint64_t state = (seed ^ (key + 1) * 0x9E3779B97F4A7C15ull) | 1;  // xorshift needs a nonzero state
-    for (size_t i = n - 1; i > 0; i--) {
-        uint64_t hi = lp_rand_u32(&state);  // two statements: C leaves the order of two calls in one expression open
-        uint64_t lo = lp_rand_u32(&state);
-        size_t j = ((hi << 32) | lo) % (i + 1);
-        size_t t = out[i];
-        out[i] = out[j];
-        out[j] = t;
-    }
-}
-
-// Go to (epoch, shard, pos): draw the epoch's shard order and that shard's window order, open it.
-static inline void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos) {
-    if (epoch < 0 || shard < 0 || shard >= d->num_files)
-        lp_fail("data position (epoch %d, shard %d) is outside the shards given", epoch, shard);
-    lp_permutation(d->shard_order, (size_t)d->num_files, d->shuffle, d->seed, (uint64_t)epoch << 32);
-    size_t file = d->shard_order[shard];
-    size_t windows = (d->shard_tokens[file] - 1) / d->window;
-    if (pos > windows * d->window) lp_fail("data position (shard %d, token %zu) is outside the shards given", shard, pos);
-    free(d->window_order);
-    d->window_order = (size_t*)lp_host_malloc(windows * sizeof(size_t), "window order");
-    lp_permutation(d->window_order, windows, d->shuffle, d->seed, ((uint64_t)epoch << 32) + 1 + file);
-    if (d->file) fclose(d->file);
-    d->file = lp_fopen(d->files.gl_pathv[file], "rb");
-    d->epoch = epoch;
-    d->shard = shard;
-    d->pos = pos;
-}
-
-// `flag` names the option the pattern came from (-i or -j) for the error messages.
-// Every token of the shard at path (n tokens after the header) is below vocab_size: one pass when the
-// data is opened, so a bad token stops the run at its start rather than when training reaches it.
-static inline void lp_shard_scan(const char* path, size_t n, int vocab_size) {
-    size_t chunk = (size_t)1 << 20;
-    uint16_t* buf = (uint16_t*)lp_host_malloc(chunk * sizeof(uint16_t), "token scan");
-    FILE* f = lp_fopen(path, "rb");
-    if (fseek(f, LP_HEADER_INTS * 4, SEEK_SET) != 0) lp_fail("%s: seek failed", path);
-    for (size_t done = 0; done < n; done += chunk) {
-        size_t k = n - done < chunk ? n - done : chunk;
-        lp_fread(buf, sizeof(uint16_t), k, f, path);
-        for (size_t i = 0; i < k; i++)
-            if (buf[i] >= vocab_size)
-                lp_fail("%s: token id %d at token %zu is >= the model's vocabulary size %d", path, buf[i], done + i, vocab_size);
-    }
-    fclose(f);
-    free(buf);
-}
-
-// What a loader reads: set by name, the rest 0 (`LPDataOptions o = {.pattern = "x_*.bin", .B = 4, .T = 64};`).
-typedef struct {
-    const char* pattern;  // the shards: a path, or a glob
-    const char* label;    // how errors name them (train_gpt.cu: its flag, "-i"; NULL: "data")
-    int B, T;             // this rank's batch
-    int rank, ranks;      // this rank of the data-parallel ranks that share each window (0, 0: alone)
-    size_t window;        // tokens per window (0: one batch of every rank, ranks*B*T)
-    int shuffle;          // 1: shards and windows in an order drawn from seed, new each epoch; 0: file order
-    uint64_t seed;
-    int vocab_size;       // with scan: every token is checked to be below it when the loader opens
-    int scan;
-} LPDataOptions;
-
-// Open the shards o->pattern matches for this data-parallel rank, in windows of o->window tokens, in file
-// order or shuffled; with o->scan, check every token first.
-static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
-    memset(d, 0, sizeof(*d));
-    int B = o->B, T = o->T;
-    size_t window = o->window;
-    const char* flag = o->label ? o->label : "data";
-    d->B = B;
-    d->T = T;
-    d->rank = o->rank;
-    d->world = o->ranks ? o->ranks : 1;
-    d->window = window ? window : (size_t)d->world * B * T;
-    d->shuffle = o->shuffle;
-    d->seed = o->seed;
-    if (glob(o->pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
-        lp_fail("%s %s: no token shard matches", flag, o->pattern);
-    d->num_files = (int)d->files.gl_pathc;
-    d->shard_tokens = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard sizes");
-    for (int s = 0; s < d->num_files; s++) {
-        const char* path = d->files.gl_pathv[s];
-        FILE* f = lp_fopen(path, "rb");
-        int header[LP_HEADER_INTS];
-        lp_fread(header, sizeof(int), LP_HEADER_INTS, f, path);
-        fclose(f);
-        if (header[0] != LP_SHARD_MAGIC)
-            lp_fail("%s: not a token shard (magic %d, expected %d; dev/data/prepare.py makes shards of text)", path, header[0],
-                    LP_SHARD_MAGIC);
-        if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1)", path, header[1]);
-        long long expect = (long long)LP_HEADER_INTS * 4 + 2LL * (unsigned)header[2];
-        long long size = lp_file_size(path);
-        if (size < expect) lp_fail("%s: file is truncated (header says %d tokens: %lld bytes, file has %lld)", path, header[2], expect, size);
-        if (size > expect) lp_fail("%s: file is longer than its header says (%lld bytes, expected %lld)", path, size, expect);
-        d->shard_tokens[s] = (unsigned)header[2];
-        if (d->shard_tokens[s] < d->window + 1)
-            lp_fail("%s: %zu tokens is too few for one %s (%zu tokens + 1)", path, d->shard_tokens[s],
-                    window ? "step" : "batch of ranks*B*T", d->window);
-        if (o->scan) lp_shard_scan(path, d->shard_tokens[s], o->vocab_size);
-    }
-    d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
-    d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
-    d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
-    d->shard_order = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard order");
-    lp_dataloader_seek(d, 0, 0, 0);
-}
-
-static inline void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0, 0); }
-
-// Fill d->inputs and d->targets with this rank's next (B,T) batch: the next ranks*B*T tokens of the current
-// window; past the shard's last window, the next shard; past the last shard, the next epoch.
-static inline void lp_dataloader_next(LPDataLoader* d) {
-    size_t global = (size_t)d->world * d->B * d->T;
-    if (d->pos >= (d->shard_tokens[d->shard_order[d->shard]] - 1) / d->window * d->window) {
-        if (d->shard + 1 < d->num_files) lp_dataloader_seek(d, d->epoch, d->shard + 1, 0);
-        else lp_dataloader_seek(d, d->epoch + 1, 0, 0);
-    }
-    size_t start = d->window_order[d->pos / d->window] * d->window + d->pos % d->window + (size_t)d->rank * d->B * d->T;
-    size_t n = (size_t)d->B * d->T;
-    const char* path = d->files.gl_pathv[d->shard_order[d->shard]];
-    if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * 2), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
-    lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);  // tokens checked when opened (lp_shard_scan)
-    for (size_t i = 0; i < n; i++) {
-        d->inputs[i] = d->buffer[i];
-        d->targets[i] = d->buffer[i + 1];
-    }
-    d->pos += global;
-}
-
-// Batches in one pass over the data (for validation: all val shards once).
-static inline size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d) {
-    size_t n = 0;
-    for (int s = 0; s < d->num_files; s++) n += (d->shard_tokens[s] - 1) / d->window;
-    return n * (d->window / ((size_t)d->world * d->B * d->T));
-}
-
-static inline void lp_dataloader_free(LPDataLoader* d) {
-    if (d->file) fclose(d->file);
-    globfree(&d->files);
-    free(d->shard_tokens);
-    free(d->shard_order);
-    free(d->window_order);
-    free(d->buffer);
-    free(d->inputs);
-    free(d->targets);
-    memset(d, 0, sizeof(*d));
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -6382,7 +6384,7 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
     return params;
 }
 
-// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 7).
+// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 8).
 static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
     size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank
     lp_param_sizes(sizes, c, t);
@@ -6394,7 +6396,7 @@ static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
 // and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
 // gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
-// wte's pieces too) or weights when the chunk has layers (section 7).
+// wte's pieces too) or weights when the chunk has layers (section 8).
 static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->par->pp * s->par->vpp;
     size_t sizes[LP_NUM_PARAMS];
@@ -6404,7 +6406,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     double n = lp_chunk_params(c, s, k, layers);
     double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, shard = ceil(n / parts), X = sizeof(floatX);
     double buffer = layers ? layer : 0.0, piece = 0.0;
-    if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 7)
+    if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 8)
         outside -= (double)sizes[LP_WTE];
         piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
     }
@@ -6950,7 +6952,7 @@ static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdam
 //            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
 //            twice per micro-batch; counted as if nothing overlapped;
 //   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times;
-//   offload  (section 7) the busiest rank's shard updated on the host: its gradients down and weights up
+//   offload  (section 8) the busiest rank's shard updated on the host: its gradients down and weights up
 //            over the host link (2 + 2 bytes per value on the CUDA build), the CPU's AdamW reading and
 //            writing the state (28 bytes per value) at host_mem_bw, and with nvme m and v read and
 //            written (16 bytes per value) at nvme_bw; the three overlap, the slowest counts, once per step.
@@ -7019,7 +7021,7 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     double slots = s->par->micro_batches * s->par->vpp + s->par->pp - 1, share = (d - 1) / d, m = s->par->micro_batches;
     double dp_values = s->par->zero <= 1 ? 2 * share * params : s->par->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
     double dp_passes = s->par->zero <= 1 ? 1.0 : s->par->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
-    double wte_passes = 0.0;  // ZeRO-2/3 without a pipeline hold wte in pieces (section 7): its gradient is
+    double wte_passes = 0.0;  // ZeRO-2/3 without a pipeline hold wte in pieces (section 8): its gradient is
     if (chunks == 1 && s->par->zero >= 2) {  // reduced twice per micro-batch, ZeRO-3 gathers it thrice, a collective per piece
         double rows = (double)c->padded_vocab_size / t, pieces = ceil(rows / (double)lp_wte_piece_rows(c, s->par->tp));
         dp_values += (s->par->zero == 2 ? m : 2 * m) * share * rows * C;  // beyond what the line above counts for it
