@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make test`: tiers 1-3 on the CPU build (./test_gpt_cpu), two steps of each CPU run script, the data path
-# (scripts/test_data_path.sh: prepare.py's shards train, plot.py draws them), then tier 4:
+# (scripts/test_data_path.sh: prepare.py's shards train, plot.py draws them), Hugging Face export and import
+# (scripts/test_hf.sh), then tier 4:
 # on the CUDA build (./test_gpt) when a GPU is present, else on the CUDA emulator (./test_gpt_emu, after
 # the emulator's own tests). With nvcc but no GPU, both CUDA binaries are still built, so the CUDA code
 # keeps compiling warning-free and tier 1 checks ./train_gpt's "no GPU" error.
@@ -291,6 +292,8 @@ if command -v nvcc > /dev/null 2>&1; then
 fi
 # the user's data path: text -> shards (dev/data/prepare.py) -> two steps -> plot (skips without tiktoken)
 run_tier bash scripts/test_data_path.sh
+# Hugging Face GPT-2 both ways (dev/hf/export.py, import.py): logits, round trips, the tokenizer files, bad input
+run_tier bash scripts/test_hf.sh
 if [ "$has_gpu" = 1 ] && [ -x ./test_gpt ]; then
     run_tier ./test_gpt
 elif command -v nvcc > /dev/null 2>&1; then

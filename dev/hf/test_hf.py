@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""
+The checks of export.py and import.py that read what they wrote (scripts/test_hf.sh runs the two tools
+into TMP first, then this): logits from the exported safetensors by a GPT-2 written the Hugging Face way
+against dev/ref/gpt2_ref.py on the llm.c file; the bf16 exports' bits; the tokenizer files driving a plain
+BPE encoder against the shipped shards' tokens; and, when transformers and torch import, the same through
+transformers itself. Prints "PASS ..." and "FAIL ..." lines, and "skip: ..." for checks it cannot run.
+
+    python3 dev/hf/test_hf.py TMP
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [HERE, os.path.join(ROOT, "dev", "ref"), os.path.join(ROOT, "dev", "data")]
+import gpt2_ref
+import prepare
+from gpt2_files import read_safetensors, write_safetensors
+
+SHARDS = [os.path.join(ROOT, "dev", "data", "tinyshakespeare", f"tiny_shakespeare_{s}.bin") for s in ("val", "train")]
+# the text of scripts/test_data_path.sh's documents: accents, CJK, emoji, tabs and runs of spaces
+UNICODE_TEXT = ("Line 7: Grüße aus Köln, naïve café — Ünïcödé ✓. The quick brown fox jumps over 7 lazy dogs.\n\n"
+                "第3行: 日本語のテキストと emoji 🙂 and tabs\there,   three spaces, it's I'LL we've 12345.\r\n  \n")
+
+
+def check(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+
+
+# A GPT-2 forward pass written as transformers' GPT2LMHeadModel computes it, from its names and layouts
+# alone: Conv1D is x @ W + b with W stored (in, out), gelu_new, the head tied to wte. float64.
+def layer_norm(x, w, b, eps):
+    mean = x.mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(x.var(-1, keepdims=True) + eps) * w + b
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * np.power(x, 3.0))))
+
+
+def hf_logits(hf_dir, ids):
+    """Logits (B, T, vocab_size) of the exported directory's model on ids (B, T)."""
+    config = json.load(open(os.path.join(hf_dir, "config.json")))
+    st = {k: load().astype(np.float64) for k, (_, _, load) in read_safetensors(os.path.join(hf_dir, "model.safetensors")).items()}
+    p = lambda name: st["transformer." + name]
+    conv1d = lambda x, name: x @ p(name + ".weight") + p(name + ".bias")
+    ln = lambda x, name: layer_norm(x, p(name + ".weight"), p(name + ".bias"), config["layer_norm_epsilon"])
+    B, T = ids.shape
+    NH = config["n_head"]
+    hs = config["n_embd"] // NH
+    heads = lambda t: t.reshape(B, T, NH, hs).transpose(0, 2, 1, 3)
+    x = p("wte.weight")[ids] + p("wpe.weight")[:T]
+    for layer in range(config["n_layer"]):
+        h = f"h.{layer}."
+        q, k, v = map(heads, np.split(conv1d(ln(x, h + "ln_1"), h + "attn.c_attn"), 3, axis=-1))
+        w = np.where(np.tril(np.ones((T, T), bool)), q @ k.transpose(0, 1, 3, 2) / np.sqrt(hs), -np.inf)
+        w = np.exp(w - w.max(-1, keepdims=True))
+        a = (w / w.sum(-1, keepdims=True)) @ v
+        x = x + conv1d(a.transpose(0, 2, 1, 3).reshape(B, T, NH * hs), h + "attn.c_proj")
+        x = x + conv1d(gelu_new(conv1d(ln(x, h + "ln_2"), h + "mlp.c_fc")), h + "mlp.c_proj")
+    return ln(x, "ln_f") @ p("wte.weight").T
+
+
+def ref_logits(model_path, ids):
+    """dev/ref/gpt2_ref.py's float64 logits of an llm.c model file."""
+    cfg, params = gpt2_ref.read_model(model_path)
+    _, cache = gpt2_ref.gpt2_forward(cfg, params, ids, np.zeros_like(ids))
+    return cache["lnf"] @ params[0][:cfg["V"]].T
+
+
+def rel_diff(got, want):
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def check_logits(tmp, d2_model):
+    """(1) the exports' logits against the reference on the llm.c file"""
+    tiny = os.path.join(ROOT, "dev", "ref", "tiny_model.bin")
+    tiny16 = os.path.join(ROOT, "dev", "ref", "tiny_model_bf16.bin")
+    tiny_ids = gpt2_ref.batch(gpt2_ref.read_tokens(os.path.join(ROOT, "dev", "ref", "tiny_tokens.bin")), 2, 16)[0]
+    d2_ids = gpt2_ref.read_tokens(SHARDS[0])[:2 * 64].reshape(2, 64)
+    ref = {"tiny": ref_logits(tiny, tiny_ids), "tiny16": ref_logits(tiny16, tiny_ids), "d2": ref_logits(d2_model, d2_ids)}
+    for name, ids, want, what in (("tiny", tiny_ids, "tiny", "tiny_model.bin, fp32"),
+                                  ("tiny_v5", tiny_ids, "tiny16", "tiny_model_bf16.bin (v5), exported as it is"),
+                                  ("d2", d2_ids, "d2", "an engine -e d2 model, fp32")):
+        d = rel_diff(hf_logits(os.path.join(tmp, name), ids), ref[want])
+        check(d < 1e-4, f"logits of the export of {what}: the Hugging Face way = gpt2_ref.py on the llm.c file "
+                        f"(max |diff| / max |logit| {d:.1e}, tolerance 1e-4)")
+    # bf16 rounded from fp32 (its bits are the v5 file's: scripts/test_hf.sh compares them) against fp32
+    for name, ids, want, tol in (("tiny_bf16", tiny_ids, "tiny", 2e-2), ("d2_bf16", d2_ids, "d2", 2e-2)):
+        d = rel_diff(hf_logits(os.path.join(tmp, name), ids), ref[want])
+        check(0 < d < tol, f"logits of the bf16 export of {want} against the fp32 reference: bf16's rounding "
+                           f"({d:.1e}, within {tol:g} and not 0)")
+
+
+def check_import_of_bf16(tmp):
+    """(2) import(export(bf16)): fp32 values equal to the bf16 ones"""
+    got = gpt2_ref.read_model(os.path.join(tmp, "tiny_bf16.bin"))[1]
+    want = gpt2_ref.read_model(os.path.join(ROOT, "dev", "ref", "tiny_model_bf16.bin"))[1]
+    check(all(np.array_equal(g, w) for g, w in zip(got, want)),
+          "import of the bf16 export: an fp32 file holding tiny_model_bf16.bin's values exactly")
+
+
+def import_py(hf_dir, out):
+    """import.py's exit status and stderr"""
+    run = subprocess.run([sys.executable, os.path.join(HERE, "import.py"), hf_dir, "--out", out],
+                         capture_output=True, text=True)
+    return run.returncode, run.stderr.strip()
+
+
+def check_import_layouts(tmp):
+    """(2) the other ways a GPT-2 is saved, imported: the names of the hub's openai-community/gpt2 (no
+    "transformer." prefix, the attention mask buffers, an lm_head.weight equal to wte), and safetensors
+    shards with an index; each must give tiny_model.bin back byte for byte. An untied lm_head is refused."""
+    tiny = os.path.join(ROOT, "dev", "ref", "tiny_model.bin")
+    tensors = {k: np.array(load()) for k, (_, _, load) in read_safetensors(os.path.join(tmp, "tiny", "model.safetensors")).items()}
+    config = open(os.path.join(tmp, "tiny", "config.json")).read()
+
+    def layout(name, files, index=None):
+        d = os.path.join(tmp, name)
+        os.makedirs(d)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            f.write(config)
+        for file_name, items in files.items():
+            write_safetensors(os.path.join(d, file_name), list(items.items()), "F32")
+        if index:
+            with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+                json.dump({"metadata": {}, "weight_map": index}, f)
+        return d
+
+    hub = {k.replace("transformer.", ""): v for k, v in tensors.items()}
+    mask = np.tril(np.ones((16, 16), np.float32))[None, None]
+    hub.update({f"h.{l}.attn.bias": mask for l in range(2)})
+    hub.update({f"h.{l}.attn.masked_bias": np.array(-1e4, np.float32) for l in range(2)})
+    hub["lm_head.weight"] = tensors["transformer.wte.weight"]
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": {k: tensors[k] for k in names[:10]},
+              "model-00002-of-00002.safetensors": {k: tensors[k] for k in names[10:]}}
+    index = {k: f for f, part in shards.items() for k in part}
+    for name, d in (("the hub's names, mask buffers and a tied lm_head.weight", layout("hub", {"model.safetensors": hub})),
+                    ("two safetensors shards and model.safetensors.index.json", layout("sharded", shards, index))):
+        out = os.path.join(tmp, os.path.basename(d) + ".bin")
+        rc, err = import_py(d, out)
+        check(rc == 0 and open(out, "rb").read() == open(tiny, "rb").read(),
+              f"import.py of tiny_model.bin's export saved with {name} gives it back byte for byte" + (f" ({err})" if err else ""))
+    untied = dict(hub, **{"lm_head.weight": tensors["transformer.wte.weight"] + 1})
+    out = os.path.join(tmp, "untied.bin")
+    rc, err = import_py(layout("untied", {"model.safetensors": untied}), out)
+    check(rc != 0 and err.count("\n") == 0 and "untied/model.safetensors: lm_head.weight differs from wte" in err
+          and not os.path.exists(out) and not os.path.exists(out + ".tmp"),
+          f"import.py of an untied lm_head: one line naming the file, no output ({err})")
+
+
+# (3) GPT-2's BPE as GPT2Tokenizer runs it, from vocab.json and merges.txt alone: the text cut by the
+# pre-tokenizer's pattern, each piece spelled with the byte-to-unicode map, then the lowest-ranked merge
+# applied until none applies.
+HF_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+class PlainBPE:
+    def __init__(self, hf_dir):
+        import regex
+        from gpt2_files import bytes_to_unicode
+        self.vocab = json.load(open(os.path.join(hf_dir, "vocab.json"), encoding="utf-8"))
+        lines = open(os.path.join(hf_dir, "merges.txt"), encoding="utf-8").read().split("\n")
+        self.ranks = {tuple(m.split(" ")): i for i, m in enumerate(m for m in lines[1:] if m)}
+        self.spell = bytes_to_unicode()
+        self.pattern = regex.compile(HF_PATTERN)
+        self.cache = {}
+
+    def bpe(self, piece):
+        parts = list(piece)
+        while len(parts) > 1:
+            rank, i = min((self.ranks.get(pair, len(self.ranks)), i) for i, pair in enumerate(zip(parts, parts[1:])))
+            if rank == len(self.ranks):
+                break
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        return [self.vocab[p] for p in parts]
+
+    def encode(self, text):
+        ids = []
+        for piece in self.pattern.findall(text):
+            piece = "".join(self.spell[b] for b in piece.encode("utf-8"))
+            if piece not in self.cache:
+                self.cache[piece] = self.bpe(piece)
+            ids += self.cache[piece]
+        return ids
+
+
+def shard_documents():
+    """The shipped tinyshakespeare shards as (text, tokens) documents: each <|endoftext|>-led paragraph."""
+    enc = prepare.gpt2_encoding()
+    docs = []
+    for path in SHARDS:
+        tokens = gpt2_ref.read_tokens(path).tolist()
+        starts = [i for i, t in enumerate(tokens) if t == prepare.EOT] + [len(tokens)]
+        docs += [tokens[a + 1:b] for a, b in zip(starts, starts[1:])]
+    return enc, [(enc.decode(t), t) for t in docs]
+
+
+def check_tokenizer(tmp):
+    enc, docs = shard_documents()
+    bpe = PlainBPE(os.path.join(tmp, "d2"))
+    bad = sum(bpe.encode(text) != tokens for text, tokens in docs)
+    n = sum(len(t) for _, t in docs)
+    check(not bad, f"vocab.json + merges.txt in a plain BPE encode tinyshakespeare (the shipped shards, {len(docs)} "
+                   f"paragraphs, {n} tokens) to the shards' tokens ({bad} paragraphs differ)")
+    check(bpe.encode(UNICODE_TEXT) == enc.encode_ordinary(UNICODE_TEXT),
+          "vocab.json + merges.txt in a plain BPE encode non-ASCII text (accents, CJK, emoji, tabs) as tiktoken")
+    return docs
+
+
+def check_transformers(tmp, docs, engine):
+    """(4) through transformers itself, when it and torch are installed"""
+    try:
+        import transformers
+    except ImportError:
+        print("skip: the checks through transformers (GPT2LMHeadModel, GPT2Tokenizer, generate, a random "
+              "transformers GPT-2 imported): transformers is not installed")
+        return
+    tok = transformers.GPT2Tokenizer.from_pretrained(os.path.join(tmp, "d2"))
+    bad = sum(tok.encode(text) != tokens for text, tokens in docs)
+    check(not bad, f"transformers {transformers.__version__}: GPT2Tokenizer.from_pretrained(export) encodes "
+                   f"tinyshakespeare to the shards' tokens ({bad} paragraphs differ)")
+    try:
+        import torch
+    except ImportError:
+        print("skip: the checks through transformers' GPT2LMHeadModel (from_pretrained's logits, generate, a random "
+              "transformers GPT-2 imported): torch is not installed")
+        return
+    torch.manual_seed(0)
+    tiny_ids = gpt2_ref.batch(gpt2_ref.read_tokens(os.path.join(ROOT, "dev", "ref", "tiny_tokens.bin")), 2, 16)[0]
+    model = transformers.GPT2LMHeadModel.from_pretrained(os.path.join(tmp, "tiny")).eval()
+    with torch.no_grad():
+        got = model(torch.tensor(tiny_ids)).logits.double().numpy()
+    d = rel_diff(got, ref_logits(os.path.join(ROOT, "dev", "ref", "tiny_model.bin"), tiny_ids))
+    check(d < 1e-4, f"GPT2LMHeadModel.from_pretrained(export of tiny_model.bin): logits = gpt2_ref.py's ({d:.1e}, "
+                    f"tolerance 1e-4)")
+    model = transformers.GPT2LMHeadModel.from_pretrained(os.path.join(tmp, "d2")).eval()
+    prompt = tok("First Citizen:", return_tensors="pt").input_ids
+    out = model.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=tok.eos_token_id)
+    check(prompt.shape[1] < out.shape[1] <= prompt.shape[1] + 8,
+          f"generate on the d2 export: {tok.decode(out[0])!r}")
+    # a random transformers GPT-2, saved by save_pretrained, imported: the engine's loss is transformers'
+    config = transformers.GPT2Config(vocab_size=97, n_positions=16, n_embd=32, n_layer=2, n_head=4)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    saved = os.path.join(tmp, "random_hf")
+    model.save_pretrained(saved)
+    model_bin = os.path.join(tmp, "random.bin")
+    rc, err = import_py(saved, model_bin)
+    check(rc == 0, "import.py of a GPT2LMHeadModel saved by transformers' save_pretrained" + (f" ({err})" if err else ""))
+    shard = os.path.join(ROOT, "dev", "ref", "tiny_tokens.bin")
+    x, y = gpt2_ref.batch(gpt2_ref.read_tokens(shard), 2, 16)
+    with torch.no_grad():
+        logits = model(torch.tensor(x)).logits
+        hf_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), torch.tensor(y).reshape(-1)).item()
+    run = subprocess.run([engine, "-e", model_bin, "-i", shard, "-j", shard, "-b", "2", "-t", "16", "-x", "0",
+                          "-v", "1", "-m", "1", "-s", "0"], capture_output=True, text=True)
+    lines = [l for l in run.stdout.splitlines() if l.startswith("val loss ")]
+    engine_loss = float(lines[-1].split()[2]) if lines else float("nan")
+    check(abs(engine_loss - hf_loss) <= 1e-5 * hf_loss,
+          f"a random transformers GPT-2 (save_pretrained, import.py): the engine's loss {engine_loss:.6f} = "
+          f"transformers' {hf_loss:.6f} (1e-5 relative)")
+
+
+def main():
+    tmp, d2_model, engine = sys.argv[1:4]
+    check_logits(tmp, d2_model)
+    check_import_of_bf16(tmp)
+    check_import_layouts(tmp)
+    docs = check_tokenizer(tmp)
+    check_transformers(tmp, docs, engine)
+
+
+if __name__ == "__main__":
+    main()
