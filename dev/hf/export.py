@@ -102,8 +102,9 @@ def merge_pair(ranks, token):
     return parts
 
 
-def tokenizer_files(ranks):
-    """{file name: text} of GPT-2's tokenizer as transformers' GPT2Tokenizer loads it."""
+def tokenizer_files(ranks, max_length):
+    """{file name: text} of GPT-2's tokenizer as transformers' GPT2Tokenizer loads it, for a model of
+    max_length positions."""
     spell = bytes_to_unicode()
     text = {token: "".join(spell[b] for b in token) for token in ranks}
     vocab = {text[t]: i for t, i in sorted(ranks.items(), key=lambda kv: kv[1])}
@@ -113,7 +114,7 @@ def tokenizer_files(ranks):
         if len(token) > 1:
             merges.append(" ".join(text[p] for p in merge_pair(ranks, token)))
     special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
-    config = dict(special, tokenizer_class="GPT2Tokenizer", model_max_length=1024, add_prefix_space=False,
+    config = dict(special, tokenizer_class="GPT2Tokenizer", model_max_length=max_length, add_prefix_space=False,
                   errors="replace", added_tokens_decoder={str(EOT): {
                       "content": EOT_TEXT, "lstrip": False, "normalized": True, "rstrip": False,
                       "single_word": False, "special": True}})
@@ -133,7 +134,7 @@ def write_text(path, text):
 def export(model_path, out_dir, dtype):
     cfg, tensors = read_llmc(model_path)
     dtype = dtype or ("bf16" if cfg["version"] == 5 else "fp32")
-    files = tokenizer_files(read_ranks())
+    files = tokenizer_files(read_ranks(), cfg["maxT"])
     files["config.json"] = json.dumps(hf_config(cfg, dtype), indent=2) + "\n"
     made_dir = not os.path.isdir(out_dir)
     written = []

@@ -38,8 +38,10 @@ def read_config(d):
         raise FileError(f"{path}: {e.strerror}") from None
     except ValueError as e:
         raise FileError(f"{path}: not JSON ({e})") from None
-    if not isinstance(c, dict) or c.get("model_type") != "gpt2":
-        raise FileError(f"{path}: model_type {c.get('model_type') if isinstance(c, dict) else None!r}, not a GPT-2 (want \"gpt2\")")
+    if not isinstance(c, dict):
+        raise FileError(f"{path}: not a model config (a JSON object)")
+    if c.get("model_type") != "gpt2":
+        raise FileError(f"{path}: model_type {c.get('model_type')!r}, not a GPT-2 (want 'gpt2')")
     archs = c.get("architectures") or ["GPT2LMHeadModel"]
     if not set(archs) & {"GPT2LMHeadModel", "GPT2Model"}:
         raise FileError(f"{path}: architectures {archs}: want GPT2LMHeadModel or GPT2Model")
