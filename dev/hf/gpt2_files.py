@@ -101,7 +101,7 @@ def bf16_to_fp32(bits):
 
 # safetensors: 8 bytes of little-endian header length, a JSON header {name: {dtype, shape, data_offsets}},
 # then the raw little-endian tensors (offsets relative to the end of the header).
-ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8")}
+ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 
 
 def write_safetensors(path, tensors, dtype):
@@ -157,7 +157,7 @@ def read_safetensors(path):
 def bytes_to_unicode():
     """GPT-2's map of the 256 bytes to printable characters (as in its encoder.py): vocab.json and
     merges.txt spell tokens with it, so that no token holds a space or a control character."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs = bs[:]
     n = 0
     for b in range(256):

@@ -77,7 +77,8 @@ def read_torch(path):
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise FileError(f"{path}: torch cannot read it ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise FileError(f"{path}: torch cannot read it ({why})") from None
     return {k: (str(v.dtype), tuple(v.shape), lambda v=v: v.float().numpy()) for k, v in state.items()}
 
 
@@ -140,7 +141,8 @@ def check_weights(cfg, weights):
     missing = [k for k in want if k not in found]
     if missing:
         some = next(iter(weights.values()))[0] if weights else "the weights"
-        raise FileError(f"{some}: no {PREFIX}{missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise FileError(f"{some}: no {PREFIX}{missing[0]}{more}")
     if "lm_head.weight" in weights or PREFIX + "lm_head.weight" in weights:
         path, shape, load = weights.get("lm_head.weight") or weights[PREFIX + "lm_head.weight"]
         if tuple(shape) != want["wte.weight"] or not np.array_equal(load(), found["wte.weight"][1]()):

@@ -46,7 +46,8 @@ def gelu_new(x):
 def hf_logits(hf_dir, ids):
     """Logits (B, T, vocab_size) of the exported directory's model on ids (B, T)."""
     config = json.load(open(os.path.join(hf_dir, "config.json")))
-    st = {k: load().astype(np.float64) for k, (_, _, load) in read_safetensors(os.path.join(hf_dir, "model.safetensors")).items()}
+    tensors = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+    st = {k: load().astype(np.float64) for k, (_, _, load) in tensors.items()}
     p = lambda name: st["transformer." + name]
     conv1d = lambda x, name: x @ p(name + ".weight") + p(name + ".bias")
     ln = lambda x, name: layer_norm(x, p(name + ".weight"), p(name + ".bias"), config["layer_norm_epsilon"])
@@ -83,7 +84,8 @@ def check_logits(tmp, d2_model):
     tiny16 = os.path.join(ROOT, "dev", "ref", "tiny_model_bf16.bin")
     tiny_ids = gpt2_ref.batch(gpt2_ref.read_tokens(os.path.join(ROOT, "dev", "ref", "tiny_tokens.bin")), 2, 16)[0]
     d2_ids = gpt2_ref.read_tokens(SHARDS[0])[:2 * 64].reshape(2, 64)
-    ref = {"tiny": ref_logits(tiny, tiny_ids), "tiny16": ref_logits(tiny16, tiny_ids), "d2": ref_logits(d2_model, d2_ids)}
+    ref = {"tiny": ref_logits(tiny, tiny_ids), "tiny16": ref_logits(tiny16, tiny_ids),
+           "d2": ref_logits(d2_model, d2_ids)}
     for name, ids, want, what in (("tiny", tiny_ids, "tiny", "tiny_model.bin, fp32"),
                                   ("tiny_v5", tiny_ids, "tiny16", "tiny_model_bf16.bin (v5), exported as it is"),
                                   ("d2", d2_ids, "d2", "an engine -e d2 model, fp32")):
@@ -117,7 +119,8 @@ def check_import_layouts(tmp):
     "transformer." prefix, the attention mask buffers, an lm_head.weight equal to wte), and safetensors
     shards with an index; each must give tiny_model.bin back byte for byte. An untied lm_head is refused."""
     tiny = os.path.join(ROOT, "dev", "ref", "tiny_model.bin")
-    tensors = {k: np.array(load()) for k, (_, _, load) in read_safetensors(os.path.join(tmp, "tiny", "model.safetensors")).items()}
+    exported = read_safetensors(os.path.join(tmp, "tiny", "model.safetensors"))
+    tensors = {k: np.array(load()) for k, (_, _, load) in exported.items()}
     config = open(os.path.join(tmp, "tiny", "config.json")).read()
 
     def layout(name, files, index=None):
@@ -141,12 +144,15 @@ def check_import_layouts(tmp):
     shards = {"model-00001-of-00002.safetensors": {k: tensors[k] for k in names[:10]},
               "model-00002-of-00002.safetensors": {k: tensors[k] for k in names[10:]}}
     index = {k: f for f, part in shards.items() for k in part}
-    for name, d in (("the hub's names, mask buffers and a tied lm_head.weight", layout("hub", {"model.safetensors": hub})),
-                    ("two safetensors shards and model.safetensors.index.json", layout("sharded", shards, index))):
+    for name, d in (("the hub's names, mask buffers and a tied lm_head.weight",
+                     layout("hub", {"model.safetensors": hub})),
+                    ("two safetensors shards and model.safetensors.index.json",
+                     layout("sharded", shards, index))):
         out = os.path.join(tmp, os.path.basename(d) + ".bin")
         rc, err = import_py(d, out)
         check(rc == 0 and open(out, "rb").read() == open(tiny, "rb").read(),
-              f"import.py of tiny_model.bin's export saved with {name} gives it back byte for byte" + (f" ({err})" if err else ""))
+              f"import.py of tiny_model.bin's export saved with {name} gives it back byte for byte"
+              + (f" ({err})" if err else ""))
     untied = dict(hub, **{"lm_head.weight": tensors["transformer.wte.weight"] + 1})
     out = os.path.join(tmp, "untied.bin")
     rc, err = import_py(layout("untied", {"model.safetensors": untied}), out)
@@ -252,7 +258,8 @@ def check_transformers(tmp, docs, engine):
     model.save_pretrained(saved)
     model_bin = os.path.join(tmp, "random.bin")
     rc, err = import_py(saved, model_bin)
-    check(rc == 0, "import.py of a GPT2LMHeadModel saved by transformers' save_pretrained" + (f" ({err})" if err else ""))
+    check(rc == 0, "import.py of a GPT2LMHeadModel saved by transformers' save_pretrained"
+          + (f" ({err})" if err else ""))
     shard = os.path.join(ROOT, "dev", "ref", "tiny_tokens.bin")
     x, y = gpt2_ref.batch(gpt2_ref.read_tokens(shard), 2, 16)
     with torch.no_grad():
