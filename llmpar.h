@@ -3948,8 +3948,9 @@ static inline void lp_evalset_load(LPEvalSet* s, const char* path, const char* l
         if (next != end) lp_fail("%s %s: example %d holds %lld bytes after its last completion", label, path, e, 2 * (end - next));
         at = end;
     }
-    if (at != words)
-        lp_fail("%s %s: file is longer than its %d examples (%lld bytes more)", label, path, s->num_examples, 2 * (words - at));
+    if (size != LP_HEADER_INTS * 4 + 2 * at)
+        lp_fail("%s %s: file is longer than its %d examples (%lld bytes more)", label, path, s->num_examples,
+                size - LP_HEADER_INTS * 4 - 2 * at);
     s->first_row[s->num_examples] = s->num_rows;
     for (int e = 0; e < s->num_examples; e++)
         for (int r = s->first_row[e]; r < s->first_row[e + 1]; r++)

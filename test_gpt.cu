@@ -1280,6 +1280,7 @@ static void test_hellaswag_file(void) {
     corrupt_file(good, tmp_path("hs_version.bin"), 1, 2, 0);
     corrupt_file(good, tmp_path("hs_short.bin"), -1, 0, (long)lp_file_size(good) - 6);
     corrupt_file(good, tmp_path("hs_count.bin"), 2, 6, 0);
+    corrupt_file(good, tmp_path("hs_fewer.bin"), 2, 4, 0);
     write_eval_file(tmp_path("hs_oov.bin"), 5, 11, labels, 0, 200);
     write_eval_file(tmp_path("hs_long.bin"), 5, 11, labels, 16, 0);  // 16 + 1 to 5 tokens: more than -t 8 and than 16
     write_random_shard(tmp_path("hs_shard.bin"), 4000, 5);
@@ -1291,6 +1292,7 @@ static void test_hellaswag_file(void) {
         {"wrong version", "hs_version.bin", "eval file version 2 is not supported (expected 1)", "", "-t 16"},
         {"truncated", "hs_short.bin", "file is truncated in example 4", "", "-t 16"},
         {"more examples in the header than the file", "hs_count.bin", "file is truncated at example 5 of the 6", "", "-t 16"},
+        {"fewer examples in the header than the file", "hs_fewer.bin", "file is longer than its 4 examples (", "", "-t 16"},
         {"token id >= vocab", "hs_oov.bin", "example 4: token id 200 is >= the model's vocabulary size 97", "", "-t 16"},
         {"an example longer than -t", "hs_long.bin", "example 4's context + completion is", "more than -t 8 and than the model's maximum 16", "-t 8"},
         {"an example longer than the model's maximum", "hs_long.bin", "example 4's context + completion is",
