@@ -19,8 +19,10 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  lp_watch, lp_watchdog_start
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
-  7. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
-                 defines: LPDataOptions, LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
+  7. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position; llm.c's
+                 multiple-choice eval files (HellaSwag)
+                 defines: LPDataOptions, LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek,
+                 LPEvalSet, lp_evalset_load, lp_evalset_batch, lp_evalset_score
   8. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
                  offload), where gradients are averaged over dp; the hooks forward and backward call around each layer
                  defines: LPOffload, LPHostOptim, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done,
@@ -3864,6 +3866,149 @@ static inline void lp_dataloader_free(LPDataLoader* d) {
     free(d->inputs);
     free(d->targets);
     memset(d, 0, sizeof(*d));
+}
+
+// Multiple-choice evaluations (HellaSwag), llm.c's file (dev/data/hellaswag.py writes HellaSwag's val
+// split): a 256 x int32 header (magic 20240522, version 1, examples, the longest example's bytes), then per
+// example a stream of uint16: 65535, the example's bytes (these fields included), its index, the label (the
+// right completion), the number of completions, the context's length and tokens, then each completion's
+// length and tokens. A completion is scored on its own tokens only, read after the context: each of an
+// example's rows is context + completion, and the losses of the completion's tokens decide.
+#define LP_EVAL_MAGIC 20240522
+
+typedef struct {
+    int context, context_len;        // where its context's tokens start in LPEvalSet.tokens, and how many
+    int completion, completion_len;  // its completion's
+} LPEvalRow;
+
+typedef struct {
+    int num_examples, num_rows;
+    int* label;        // (examples): the right completion
+    int* first_row;    // (examples + 1): example e's completions are rows first_row[e] .. first_row[e+1]-1
+    LPEvalRow* rows;   // (rows): each completion after its context
+    uint16_t* tokens;  // the file's examples as read
+    int longest_row, longest_example;  // the most tokens in a row (context + completion), and whose
+} LPEvalSet;
+
+// Row r's tokens (context, then completion): token i of context_len + completion_len.
+static inline int lp_evalset_token(const LPEvalSet* s, int r, int i) {
+    const LPEvalRow* w = &s->rows[r];
+    return i < w->context_len ? s->tokens[w->context + i] : s->tokens[w->completion + i - w->context_len];
+}
+
+// Read and check an eval file: every field where llm.c's format puts it, every token below vocab_size.
+// `label` names where the path came from in errors (train_gpt.cu: its flag).
+static inline void lp_evalset_load(LPEvalSet* s, const char* path, const char* label, int vocab_size) {
+    memset(s, 0, sizeof(*s));
+    FILE* f = fopen(path, "rb");
+    if (!f) lp_fail("%s %s: cannot open: %s", label, path, strerror(errno));
+    int header[LP_HEADER_INTS];
+    long long size = lp_file_size(path), words = (size - LP_HEADER_INTS * 4) / 2;
+    if (size < LP_HEADER_INTS * 4 || fread(header, sizeof(int), LP_HEADER_INTS, f) != LP_HEADER_INTS)
+        lp_fail("%s %s: file is truncated (%lld bytes, shorter than the %d-byte header)", label, path, size, LP_HEADER_INTS * 4);
+    if (header[0] != LP_EVAL_MAGIC)
+        lp_fail("%s %s: not an llm.c eval file (magic %d, expected %d; dev/data/hellaswag.py writes one)", label, path,
+                header[0], LP_EVAL_MAGIC);
+    if (header[1] != 1) lp_fail("%s %s: eval file version %d is not supported (expected 1)", label, path, header[1]);
+    if (header[2] < 1) lp_fail("%s %s: the header says %d examples", label, path, header[2]);
+    s->num_examples = header[2];
+    s->tokens = (uint16_t*)lp_host_malloc((size_t)words * sizeof(uint16_t), "eval file");
+    if (fread(s->tokens, sizeof(uint16_t), (size_t)words, f) != (size_t)words) lp_fail("%s %s: read failed", label, path);
+    fclose(f);
+    s->label = (int*)lp_host_malloc((size_t)s->num_examples * sizeof(int), "eval labels");
+    s->first_row = (int*)lp_host_malloc((size_t)(s->num_examples + 1) * sizeof(int), "eval rows");
+    s->rows = (LPEvalRow*)lp_host_malloc((size_t)(words / 2 + 1) * sizeof(LPEvalRow), "eval rows");  // a row takes 2+ words
+    long long at = 0;
+    for (int e = 0; e < s->num_examples; e++) {
+        const uint16_t* x = s->tokens + at;  // 65535, bytes, index, label, completions, context length
+        if (at + 6 > words)
+            lp_fail("%s %s: file is truncated at example %d of the %d its header says", label, path, e, s->num_examples);
+        if (x[0] != 65535 || x[2] != (uint16_t)e)
+            lp_fail("%s %s: example %d does not start where the one before ends (delimiter %d, index %d)", label, path, e, x[0],
+                    x[2]);
+        long long end = at + x[1] / 2, next = at + 6 + x[5];
+        if (x[1] % 2) lp_fail("%s %s: example %d says it is %d bytes, an odd number (its fields are uint16)", label, path, e, x[1]);
+        if (end > words) lp_fail("%s %s: file is truncated in example %d (%d bytes)", label, path, e, x[1]);
+        if (x[4] < 1 || x[3] >= x[4]) lp_fail("%s %s: example %d: label %d of %d completions", label, path, e, x[3], x[4]);
+        if (x[5] < 1) lp_fail("%s %s: example %d has an empty context", label, path, e);
+        s->label[e] = x[3];
+        s->first_row[e] = s->num_rows;
+        for (int c = 0; c < x[4]; c++) {
+            int len = next < end ? s->tokens[next] : 0;
+            if (len < 1 || next + 1 + len > end)
+                lp_fail("%s %s: example %d: completion %d is empty or runs past the example's %d bytes", label, path, e, c, x[1]);
+            LPEvalRow row = {(int)at + 6, x[5], (int)next + 1, len};
+            s->rows[s->num_rows++] = row;
+            if (x[5] + len > s->longest_row) {
+                s->longest_row = x[5] + len;
+                s->longest_example = e;
+            }
+            next += 1 + len;
+        }
+        if (next != end) lp_fail("%s %s: example %d holds %lld bytes after its last completion", label, path, e, 2 * (end - next));
+        at = end;
+    }
+    if (size != LP_HEADER_INTS * 4 + 2 * at)
+        lp_fail("%s %s: file is longer than its %d examples (%lld bytes more)", label, path, s->num_examples,
+                size - LP_HEADER_INTS * 4 - 2 * at);
+    s->first_row[s->num_examples] = s->num_rows;
+    for (int e = 0; e < s->num_examples; e++)
+        for (int r = s->first_row[e]; r < s->first_row[e + 1]; r++)
+            for (int i = 0; i < s->rows[r].context_len + s->rows[r].completion_len; i++)
+                if (lp_evalset_token(s, r, i) >= vocab_size)
+                    lp_fail("%s %s: example %d: token id %d is >= the model's vocabulary size %d", label, path, e,
+                            lp_evalset_token(s, r, i), vocab_size);
+}
+
+// A batch of rows r0 .. r0+n-1, one per batch row, as (n, T) inputs and targets, T the longest row's tokens
+// less one (the last token is only a target), rounded up to a multiple of `multiple` (sequence parallelism
+// splits the n*T positions over its ranks). Row r's completion is scored by the losses at positions
+// context_len-1 .. context_len+completion_len-2. Returns T.
+static inline int lp_evalset_batch(const LPEvalSet* s, int r0, int n, int multiple, int* inputs, int* targets) {
+    int T = 1;
+    for (int r = r0; r < r0 + n; r++)
+        if (s->rows[r].context_len + s->rows[r].completion_len - 1 > T) T = s->rows[r].context_len + s->rows[r].completion_len - 1;
+    T = (T + multiple - 1) / multiple * multiple;
+    for (int b = 0; b < n; b++) {
+        int r = r0 + b, len = s->rows[r].context_len + s->rows[r].completion_len;
+        for (int t = 0; t < T; t++) {  // past the row: token 0, which causal attention keeps from the row and no loss reads
+            inputs[b * T + t] = t < len ? lp_evalset_token(s, r, t) : 0;
+            targets[b * T + t] = t + 1 < len ? lp_evalset_token(s, r, t + 1) : 0;
+        }
+    }
+    return T;
+}
+
+// The sum of row r's completion losses, from the (T) losses of its batch row.
+static inline double lp_evalset_row_loss(const LPEvalSet* s, int r, const float* losses) {
+    double sum = 0.0;
+    for (int i = 0; i < s->rows[r].completion_len; i++) sum += losses[s->rows[r].context_len - 1 + i];
+    return sum;
+}
+
+// How many of examples e0 .. e1-1 are right, given each row's summed completion loss (loss[r - first_row[e0]]):
+// acc counts an example right when its label's completion has the lowest sum, acc_norm when it has the lowest
+// mean per token (llm.c reports acc_norm). Ties go to the first, as llm.c's.
+static inline void lp_evalset_score(const LPEvalSet* s, int e0, int e1, const double* loss, int* acc, int* acc_norm) {
+    *acc = *acc_norm = 0;
+    int r0 = s->first_row[e0];
+    for (int e = e0; e < e1; e++) {
+        int best = s->first_row[e], best_norm = best;
+        for (int r = best + 1; r < s->first_row[e + 1]; r++) {
+            if (loss[r - r0] < loss[best - r0]) best = r;
+            if (loss[r - r0] / s->rows[r].completion_len < loss[best_norm - r0] / s->rows[best_norm].completion_len) best_norm = r;
+        }
+        *acc += best - s->first_row[e] == s->label[e];
+        *acc_norm += best_norm - s->first_row[e] == s->label[e];
+    }
+}
+
+static inline void lp_evalset_free(LPEvalSet* s) {
+    free(s->label);
+    free(s->first_row);
+    free(s->rows);
+    free(s->tokens);
+    memset(s, 0, sizeof(*s));
 }
 
 // ----------------------------------------------------------------------------------------------------

@@ -1172,6 +1172,150 @@ static void test_plan(void) {
     expect_error("--plan: -t beyond the model", "flag -t: sequence length 4096 exceeds the model's maximum 1024", "--plan 8 -e d12 -t 4096");
 }
 
+// An llm.c eval file (HellaSwag's format) of n examples of 4 completions, random tokens below the tiny
+// model's vocabulary (97) from seed: contexts of 1..6 tokens, completions of 1..5. labels: each example's
+// (NULL: random). The last example's context is last_context tokens long when that is > 0, and its last
+// token is bad_token when that is > 0.
+static void write_eval_file(const char* path, int n, uint64_t seed, const int* labels, int last_context, int bad_token) {
+    uint16_t* w = (uint16_t*)lp_host_malloc((size_t)n * 64 * sizeof(uint16_t), "test eval file");
+    size_t at = 0;
+    for (int e = 0; e < n; e++) {
+        size_t start = at;
+        int ctx = e == n - 1 && last_context > 0 ? last_context : 1 + (int)(lp_rand_u32(&seed) % 6);
+        w[at++] = 65535;
+        at++;  // the example's bytes, below
+        w[at++] = (uint16_t)e;
+        int label = (int)(lp_rand_u32(&seed) % 4);  // drawn either way: the same tokens whatever the labels
+        w[at++] = (uint16_t)(labels ? labels[e] : label);
+        w[at++] = 4;
+        w[at++] = (uint16_t)ctx;
+        for (int i = 0; i < ctx; i++) w[at++] = (uint16_t)(lp_rand_u32(&seed) % 97);
+        for (int c = 0; c < 4; c++) {
+            int len = 1 + (int)(lp_rand_u32(&seed) % 5);
+            w[at++] = (uint16_t)len;
+            for (int i = 0; i < len; i++) w[at++] = (uint16_t)(lp_rand_u32(&seed) % 97);
+        }
+        w[start + 1] = (uint16_t)(2 * (at - start));
+    }
+    if (bad_token > 0) w[at - 1] = (uint16_t)bad_token;
+    int h[LP_HEADER_INTS] = {0};
+    h[0] = LP_EVAL_MAGIC;
+    h[1] = 1;
+    h[2] = n;
+    FILE* f = lp_fopen(path, "wb");
+    fwrite(h, sizeof(int), LP_HEADER_INTS, f);
+    fwrite(w, sizeof(uint16_t), at, f);
+    fclose(f);
+    free(w);
+}
+
+// A HellaSwag run's "acc_norm X (A/N) | acc Y (B/N)" line: right[0] = A (acc_norm), right[1] = B (acc), *n = N.
+// Returns 0 without one.
+static int parse_hellaswag(const char* out, int* right, int* n) {
+    const char* s = strstr(out, "hellaswag acc_norm");
+    float x, y;
+    int n2;
+    return s && sscanf(s, "hellaswag acc_norm %f (%d/%d) | acc %f (%d/%d)", &x, &right[0], n, &y, &right[1], &n2) == 6 && n2 == *n;
+}
+
+// llm.c's HellaSwag file (--eval-hellaswag): read back as written; a batch's rows laid out context then
+// completion, the last token a target only; scoring by the lowest sum (acc) and lowest mean per token
+// (acc_norm), ties to the first, on hand-made losses; every bad file refused by the binary in one line
+// naming the flag and the file, with a non-zero exit.
+static void test_hellaswag_file(void) {
+    char good[LP_PATH_MAX];  // (tmp_path's buffers are reused after 8 calls)
+    lp_path(good, "%s", tmp_path("hs_good.bin"));
+    int labels[5] = {3, 0, 2, 1, 0};
+    write_eval_file(good, 5, 11, labels, 0, 0);
+    LPEvalSet s;
+    lp_evalset_load(&s, good, "--eval-hellaswag", 97);
+    int ok = s.num_examples == 5 && s.num_rows == 20;
+    for (int e = 0; ok && e < 5; e++) ok &= s.label[e] == labels[e] && s.first_row[e] == 4 * e;
+    expect(ok, "hellaswag file: 5 examples of 4 completions, their labels, read back");
+    int inputs[4 * 16], targets[4 * 16];
+    int T = lp_evalset_batch(&s, 1, 2, 1, inputs, targets);
+    int longest = 0;
+    for (int r = 1; r < 3; r++)
+        if (s.rows[r].context_len + s.rows[r].completion_len > longest) longest = s.rows[r].context_len + s.rows[r].completion_len;
+    ok = T == longest - 1;
+    for (int b = 0; b < 2; b++) {
+        int r = 1 + b, len = s.rows[r].context_len + s.rows[r].completion_len;
+        for (int t = 0; t < len - 1; t++) {
+            int tok = t < s.rows[r].context_len ? s.tokens[s.rows[r].context + t] : s.tokens[s.rows[r].completion + t - s.rows[r].context_len];
+            int next = t + 1 < s.rows[r].context_len ? s.tokens[s.rows[r].context + t + 1]
+                                                     : s.tokens[s.rows[r].completion + t + 1 - s.rows[r].context_len];
+            ok &= inputs[b * T + t] == tok && targets[b * T + t] == next;
+        }
+    }
+    expect(ok, "hellaswag file: a batch of two rows is context then completion, inputs and targets one apart");
+    int T3 = lp_evalset_batch(&s, 1, 2, 3, inputs, targets);
+    expect(T3 % 3 == 0 && T3 >= T && T3 < T + 3, "hellaswag file: sequence parallelism's multiple rounds the batch's T up");
+    lp_evalset_free(&s);
+
+    // scoring on hand-made losses: example 0 sums 3 4 4 3 over 1 2 4 1 tokens (means 3 2 1 3), label 2: acc
+    // picks 0 (the first of a tie), acc_norm 2; example 1 sums 5 1 1 7 over 2 tokens each, label 1: both pick 1
+    LPEvalRow rows[8];
+    int lens[8] = {1, 2, 4, 1, 2, 2, 2, 2}, first[3] = {0, 4, 8}, lab[2] = {2, 1};
+    for (int r = 0; r < 8; r++) {
+        LPEvalRow w = {0, 1, 0, lens[r]};
+        rows[r] = w;
+    }
+    LPEvalSet h;
+    memset(&h, 0, sizeof(h));
+    h.num_examples = 2;
+    h.num_rows = 8;
+    h.label = lab;
+    h.first_row = first;
+    h.rows = rows;
+    double sums[8] = {3, 4, 4, 3, 5, 1, 1, 7};
+    int acc, acc_norm;
+    lp_evalset_score(&h, 0, 2, sums, &acc, &acc_norm);
+    expect(acc == 1 && acc_norm == 2, "hellaswag scoring: acc by the lowest sum, acc_norm by the lowest mean, ties to the first");
+    lp_evalset_score(&h, 1, 2, sums + 4, &acc, &acc_norm);
+    expect(acc == 1 && acc_norm == 1, "hellaswag scoring: a later share of the examples, its losses from its first row");
+
+    // bad files, through the binary
+    char out[16384];
+    corrupt_file(good, tmp_path("hs_magic.bin"), 0, 20240520, 0);
+    corrupt_file(good, tmp_path("hs_version.bin"), 1, 2, 0);
+    corrupt_file(good, tmp_path("hs_short.bin"), -1, 0, (long)lp_file_size(good) - 6);
+    corrupt_file(good, tmp_path("hs_count.bin"), 2, 6, 0);
+    corrupt_file(good, tmp_path("hs_fewer.bin"), 2, 4, 0);
+    write_eval_file(tmp_path("hs_oov.bin"), 5, 11, labels, 0, 200);
+    write_eval_file(tmp_path("hs_long.bin"), 5, 11, labels, 16, 0);  // 16 + 1 to 5 tokens: more than -t 8 and than 16
+    write_random_shard(tmp_path("hs_shard.bin"), 4000, 5);
+    struct {
+        const char *name, *file, *needle, *also, *flags;
+    } bad[] = {
+        {"missing", "/nonexistent/hellaswag_val.bin", "cannot open: No such file or directory", "", "-t 16"},
+        {"wrong magic", "hs_magic.bin", "not an llm.c eval file (magic 20240520, expected 20240522", "", "-t 16"},
+        {"wrong version", "hs_version.bin", "eval file version 2 is not supported (expected 1)", "", "-t 16"},
+        {"truncated", "hs_short.bin", "file is truncated in example 4", "", "-t 16"},
+        {"more examples in the header than the file", "hs_count.bin", "file is truncated at example 5 of the 6", "", "-t 16"},
+        {"fewer examples in the header than the file", "hs_fewer.bin", "file is longer than its 4 examples (", "", "-t 16"},
+        {"token id >= vocab", "hs_oov.bin", "example 4: token id 200 is >= the model's vocabulary size 97", "", "-t 16"},
+        {"an example longer than -t", "hs_long.bin", "example 4's context + completion is", "more than -t 8 and than the model's maximum 16", "-t 8"},
+        {"an example longer than the model's maximum", "hs_long.bin", "example 4's context + completion is",
+         "more than -t 16 and than the model's maximum 16", "-t 16"},
+        {"an example longer than -t that the model fits", "hs_good.bin", "example 1's context + completion is 9 tokens", "more than -t 4; -t 16, the model's maximum, fits it", "-t 4"},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        char name[256], path[LP_PATH_MAX], needle[LP_PATH_MAX + 300];
+        lp_path(path, "%s", bad[k].file[0] == '/' ? bad[k].file : tmp_path(bad[k].file));
+        snprintf(needle, sizeof(needle), "llmpar: error: --eval-hellaswag %s: %s", path, bad[k].needle);
+        int rc = run_cmd(out, sizeof(out), "%s -e dev/ref/tiny_model.bin -i %s -j '' -b 2 %s -x 0 -v 0 --eval-hellaswag %s", TRAIN_BIN,
+                         tmp_path("hs_shard.bin"), bad[k].flags, path);
+        const char* e = strstr(out, "llmpar: error: ");
+        ok = rc > 0 && e && strstr(out, needle) == e && strstr(e, bad[k].also) && !strstr(e + 1, "llmpar: error: ") &&
+             !strstr(out, "hellaswag acc");
+        snprintf(name, sizeof(name), "hellaswag bad file: %s, refused in one line", bad[k].name);
+        expect(ok, name);
+        if (!ok) printf("     exit %d, wanted '%s', output:\n%s\n", rc, needle, out);
+    }
+    expect_error("hellaswag: negative --eval-every", "must not be negative", "--eval-every -1");
+    expect_error("hellaswag: --eval-every without a file", "flag --eval-every: evaluates --eval-hellaswag FILE, which is not given", "--eval-every 5");
+}
+
 // ----------------------------------------------------------------------------------------------------
 // tier 2: the CPU model
 
@@ -1661,6 +1805,70 @@ static void test_reference_training(void) {
     }
     free(w);
     lp_model_free(&ref);
+}
+
+// HellaSwag on the tiny model in dev/ref equals the float64 numpy reference (gpt2_ref.py hellaswag): the
+// acc and acc_norm counts of 24 random examples, and every example's choice (files labelled with the
+// reference's choices score 24/24). Also --eval-every's cadence and main.log's llm.c line (s:STEP eval:ACC).
+static void test_hellaswag_reference(void) {
+    static char out[1 << 16];
+    if (system("python3 -c 'import numpy' > /dev/null 2>&1") != 0) {
+        printf("skip: hellaswag against the float64 reference (dev/ref/gpt2_ref.py needs Python's numpy)\n");
+        return;
+    }
+    char file[LP_PATH_MAX], shard[LP_PATH_MAX];  // (tmp_path's buffers are reused after 8 calls)
+    lp_path(file, "%s", tmp_path("hs_ref.bin"));
+    lp_path(shard, "%s", tmp_path("hs_shard.bin"));
+    write_eval_file(file, 24, 7, NULL, 0, 0);
+    write_random_shard(shard, 4000, 5);
+    char ref[4096];
+    int rc = run_cmd(ref, sizeof(ref), "python3 dev/ref/gpt2_ref.py hellaswag dev/ref/tiny_model.bin %s", file);
+    int want[2], n, choices[2][24], k = 0;
+    const char* c[2] = {strstr(ref, "choices_norm "), strstr(ref, "choices ")};
+    int ok = rc == 0 && sscanf(ref, "acc_norm %d/%d acc %d/", &want[0], &n, &want[1]) == 3 && n == 24 && c[0] && c[1];
+    for (int j = 0; ok && j < 2; j++) {
+        const char* p = strchr(c[j], ' ');
+        for (k = 0; k < 24; k++) {
+            char* end;
+            choices[j][k] = (int)strtol(p, &end, 10);
+            ok &= end != p;
+            p = end;
+        }
+    }
+    expect(ok, "gpt2_ref.py hellaswag scores the file");
+    if (!ok) { printf("%s\n", ref); return; }
+    int got[2], got_n;
+    const char* base = "-e dev/ref/tiny_model.bin -j '' -b 3 -t 16 -x 0 -v 0";
+    rc = run_cmd(out, sizeof(out), "%s %s -i %s --eval-hellaswag %s", TRAIN_BIN, base, shard, file);
+    ok = rc == 0 && parse_hellaswag(out, got, &got_n) && got_n == 24;
+    expect(ok && got[0] == want[0] && got[1] == want[1], "hellaswag: acc_norm and acc equal the float64 reference's");
+    if (!ok || got[0] != want[0] || got[1] != want[1])
+        printf("     engine %d %d, reference %d %d; output:\n%s\n", got[0], got[1], want[0], want[1], out);
+    for (int j = 0; j < 2; j++) {  // every example labelled with the reference's choice: all right
+        const char* relabelled = tmp_path(j ? "hs_ref_acc.bin" : "hs_ref_norm.bin");
+        write_eval_file(relabelled, 24, 7, choices[j], 0, 0);
+        rc = run_cmd(out, sizeof(out), "%s %s -i %s --eval-hellaswag %s", TRAIN_BIN, base, shard, relabelled);
+        ok = rc == 0 && parse_hellaswag(out, got, &got_n) && got[j] == 24;
+        expect(ok, j ? "hellaswag: acc picks the reference's completion in each of the 24 examples"
+                     : "hellaswag: acc_norm picks the reference's completion in each of the 24 examples");
+        if (!ok) printf("%s\n", out);
+    }
+    // the cadence: --eval-every 2 over 5 steps evaluates after steps 2 and 4 and at the end (not at step 0, as llm.c)
+    const char* dir = tmp_path("hs_run");
+    rc = run_cmd(out, sizeof(out), "%s -e dev/ref/tiny_model.bin -j '' -b 2 -t 16 -x 5 -v 0 -i %s --eval-hellaswag %s --eval-every 2 -o %s",
+                 TRAIN_BIN, shard, file, dir);
+    char log[LP_PATH_MAX], line[256], steps[64] = "";
+    lp_path(log, "%s/main.log", dir);
+    FILE* f = fopen(log, "r");
+    while (f && fgets(line, sizeof(line), f)) {
+        int step;
+        float acc;
+        if (sscanf(line, "s:%d eval:%f", &step, &acc) == 2 && acc >= 0.0f && acc <= 1.0f)
+            snprintf(steps + strlen(steps), sizeof(steps) - strlen(steps), "%d ", step);
+    }
+    if (f) fclose(f);
+    expect(rc == 0 && strcmp(steps, "2 4 5 ") == 0, "hellaswag: --eval-every 2 -x 5 logs s:STEP eval:ACC at steps 2, 4 and 5 in main.log");
+    if (rc != 0 || strcmp(steps, "2 4 5 ") != 0) printf("     steps '%s'\n%s\n", steps, out);
 }
 
 // --beta1, --beta2 and --eps reach AdamW: 3 steps of the binary on the reference model equal 3 steps taken
@@ -3037,6 +3245,35 @@ static void test_recompute(void) {
     }
     free(wref[0]);
 }
+
+// HellaSwag on grids equals one rank: the data-parallel ranks split the 13 examples unevenly (shares of
+// 7 and 6, or 4, 4, 4 and 1; B=3 splits examples over forwards), through pipeline stages, TP (its losses
+// vocab-parallel), sequence parallelism and ZeRO-3 (whose forwards gather weights over d).
+static void test_hellaswag_grids(void) {
+    static char out[1 << 18];
+    if (no_mpirun("tier 3 hellaswag")) return;
+    const char* file = tmp_path("hs_grid.bin");
+    write_eval_file(file, 13, 3, NULL, 0, 0);
+    write_random_shard(tmp_path("hs_shard.bin"), 4000, 5);
+    char base[2048];
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -j '' -i %s -b 3 -t 16 -x 0 -v 0 --eval-hellaswag %s", tmp_path("hs_shard.bin"), file);
+    int want[2], n, got[2], got_n;
+    int rc = run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, base);
+    int ok = rc == 0 && parse_hellaswag(out, want, &n) && n == 13;
+    expect(ok, "hellaswag: one rank scores the 13 examples");
+    if (!ok) { printf("%s\n", out); return; }
+    const char* grids[][2] = {{"8", "--tp 2 --pp 2"}, {"8", "--tp 2 --pp 2 --sp"}, {"8", "--pp 2 --zero 3"}, {"4", "--tp 2 --zero 3"}};
+    for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
+        rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s %s", grids[k][0], TRAIN_BIN, base,
+                     grids[k][1]);
+        ok = rc == 0 && parse_hellaswag(out, got, &got_n) && got_n == 13 && got[0] == want[0] && got[1] == want[1];
+        char name[256];
+        snprintf(name, sizeof(name), "hellaswag: -np %s %s scores as one rank (acc_norm %d/13, acc %d/13)", grids[k][0], grids[k][1],
+                 want[0], want[1]);
+        expect(ok, name);
+        if (!ok) printf("%s\n", out);
+    }
+}
 #endif  // LLMPAR_CPU
 
 #ifndef LLMPAR_CPU
@@ -3924,6 +4161,7 @@ int main(int argc, char** argv) {
     RUN(test_plan);
     RUN(test_bad_input);
     RUN(test_flags);
+    RUN(test_hellaswag_file);
     printf("tier 2: CPU model\n");
     RUN(test_op_gradients);
     RUN(test_blas_matmul);
@@ -3933,6 +4171,7 @@ int main(int argc, char** argv) {
     RUN(test_model_gradient);
     RUN(test_reference_loss);
     RUN(test_reference_training);
+    RUN(test_hellaswag_reference);
     RUN(test_training_runs);
     RUN(test_adamw_flags);
     RUN(test_crash_during_saves);
@@ -3946,6 +4185,7 @@ int main(int argc, char** argv) {
     RUN(test_pipeline_parallel);
     RUN(test_machine_variation);
     RUN(test_recompute);
+    RUN(test_hellaswag_grids);
     RUN(test_divergence_grids);
     RUN(test_supervisor_kill);
     RUN(test_output_lock);

@@ -33,6 +33,8 @@ typedef struct {
     int val_every;           // -v
     int val_batches;         // -m
     int sample_every;        // -s
+    const char* hellaswag;   // --eval-hellaswag: llm.c's HellaSwag file ("" for none)
+    int eval_every;          // --eval-every
     int gen_tokens;          // -g
     int ckpt_every;          // -n
     int keep;                // --keep: checkpoints kept (0: all)
@@ -121,6 +123,13 @@ static const LPFlagSpec lp_flag_specs[] = {
      "clip the global gradient norm to F (0: off)"},
     {NULL, "-v", LP_FLAG_INT, LP_FIELD(val_every), "20", "50", "N", NULL, NULL, "val loss every N steps and at the end (0: never)"},
     {NULL, "-m", LP_FLAG_INT, LP_FIELD(val_batches), "4", "2", "N", NULL, NULL, "val batches per evaluation (0: the whole val set)"},
+    {"--eval-hellaswag", NULL, LP_FLAG_STRING, LP_FIELD(hellaswag), "", "", "FILE", NULL, NULL,
+     "HellaSwag accuracy (llm.c's -h): FILE is llm.c's hellaswag_val.bin (dev/data/hellaswag.py makes it); each "
+     "completion is scored by its tokens' losses after the context, the ranks share the examples; prints acc (lowest "
+     "summed loss) and acc_norm (lowest mean loss per token; main.log's eval, as llm.c's). An example whose context + "
+     "completion exceeds -t is refused, as llm.c does"},
+    {"--eval-every", NULL, LP_FLAG_INT, LP_FIELD(eval_every), "0", "0", "N", NULL, NULL,
+     "with --eval-hellaswag: evaluate every N steps and at the end (0: every -v steps; at the end only when -v is 0)"},
     {NULL, "-s", LP_FLAG_INT, LP_FIELD(sample_every), "0", "50", "N", NULL, NULL,
      "print a sample every N steps and at the end (0: never)"},
     {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, NULL, "tokens per sample (at most -t minus 1, the positions after <|endoftext|>)"},
@@ -238,7 +247,7 @@ static const LPAbsentFlag lp_llmc_absent[] = {
      "a z-score)"},
     {"-sg F", "skip the update of a step whose gradient norm has a z-score above F",
      "the divergence guard acts on a gradient norm that is not finite, not on its z-score"},
-    {"-h N", "HellaSwag evaluation", "-h prints this help, with or without a number after it"},
+    {"-h N", "HellaSwag evaluation", "-h prints this help, with or without a number after it; --eval-hellaswag FILE evaluates"},
     {"-a 0|1", "overfit a single batch", "nothing like it"},
     {"-f 0|1", "TF32 matmuls", "the CUDA engine's matmuls take bf16 with fp32 accumulation, the CPU engine's fp32"},
     {"-w 0|1", "keep fp32 master weights for AdamW", "the CUDA engine always keeps them; the CPU engine's weights are fp32"},
@@ -451,9 +460,13 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->T < 1) lp_fail_all("flag %s: sequence length must be >= 1, got %d", LP_FLAG_NAME(T), f->T);
     if (f->max_steps < 0) lp_fail_all("flag %s: steps must be >= 0, got %d", LP_FLAG_NAME(max_steps), f->max_steps);
     if (f->lr <= 0.0f) lp_fail_all("flag %s: learning rate must be > 0, got %g", LP_FLAG_NAME(lr), f->lr);
-    if (f->warmup < 0 || f->val_every < 0 || f->val_batches < 0 || f->sample_every < 0 || f->ckpt_every < 0 || f->gen_tokens < 0)
-        lp_fail_all("flags %s %s %s %s %s %s must not be negative", LP_FLAG_NAME(warmup), LP_FLAG_NAME(val_every),
-                    LP_FLAG_NAME(val_batches), LP_FLAG_NAME(sample_every), LP_FLAG_NAME(gen_tokens), LP_FLAG_NAME(ckpt_every));
+    if (f->warmup < 0 || f->val_every < 0 || f->val_batches < 0 || f->sample_every < 0 || f->ckpt_every < 0 || f->gen_tokens < 0 ||
+        f->eval_every < 0)
+        lp_fail_all("flags %s %s %s %s %s %s %s must not be negative", LP_FLAG_NAME(warmup), LP_FLAG_NAME(val_every),
+                    LP_FLAG_NAME(val_batches), LP_FLAG_NAME(sample_every), LP_FLAG_NAME(gen_tokens), LP_FLAG_NAME(ckpt_every),
+                    LP_FLAG_NAME(eval_every));
+    if (f->eval_every > 0 && f->hellaswag[0] == '\0')
+        lp_fail_all("flag %s: evaluates %s FILE, which is not given", LP_FLAG_NAME(eval_every), LP_FLAG_NAME(hellaswag));
     if (f->resume && f->out_dir[0] == '\0')
         lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
     const LPParallel* par = &f->par;
@@ -590,6 +603,50 @@ static float lp_evaluate(LPStage* st, LPDataLoader* val, int n_batches) {
     return (float)(sum / n);
 }
 
+// HellaSwag as llm.c scores it: every completion after its context through the model, the sum of its
+// tokens' losses. right[0]: the examples whose right completion has the lowest sum (acc), right[1]: the
+// lowest mean per token (acc_norm), over the whole file, the same on every rank. The data-parallel ranks
+// take consecutive shares of the examples (llm.c's split) and put their completions B to a forward; all
+// run as many forwards (ZeRO-3 gathers weights in each), a rank out of rows running its first again
+// unscored. The losses are on the last pipeline stage (every TP rank of it has all of them): it scores,
+// and the counts are summed over the pipeline (the other stages add 0) and over the data-parallel ranks.
+static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* dp, int* right) {
+    const LPModel* m = &st->chunks[st->par->vpp - 1];
+    int d = st->par->dp, share = (s->num_examples + d - 1) / d, forwards = 0, e0 = 0, e1 = 0;
+    int multiple = st->par->sp ? m->tp_size : 1;
+    for (int k = 0; k < d; k++) {  // rank k's examples; the forwards: enough for the most rows of any share
+        int k0 = k * share < s->num_examples ? k * share : s->num_examples, k1 = k0 + share < s->num_examples ? k0 + share : s->num_examples;
+        int n = (s->first_row[k1] - s->first_row[k0] + B - 1) / B;
+        if (n > forwards) forwards = n;
+        if (k == dp->rank) e0 = k0, e1 = k1;
+    }
+    int r0 = s->first_row[e0], rows = s->first_row[e1] - r0;
+    int* inputs = (int*)lp_host_malloc((size_t)B * m->T * sizeof(int), "hellaswag inputs");
+    int* targets = (int*)lp_host_malloc((size_t)B * m->T * sizeof(int), "hellaswag targets");
+    double* loss = (double*)lp_host_malloc((size_t)(rows ? rows : 1) * sizeof(double), "hellaswag losses");
+    for (int i = 0; i < forwards; i++) {
+        int first = i * B, n = rows - first < B ? rows - first : B;
+        int T = lp_evalset_batch(s, n > 0 ? r0 + first : 0, n > 0 ? n : 1, multiple, inputs, targets);
+        lp_stage_forward_only(st, inputs, targets, n > 0 ? n : 1, T);
+        if (m->last)
+            for (int b = 0; b < n; b++) loss[first + b] = lp_evalset_row_loss(s, r0 + first + b, m->losses_host + (size_t)b * T);
+    }
+    float counts[2] = {0.0f, 0.0f};  // exact in a float up to 2^24 examples
+    if (m->last) {
+        int acc, acc_norm;
+        lp_evalset_score(s, e0, e1, loss, &acc, &acc_norm);
+        counts[0] = (float)acc;
+        counts[1] = (float)acc_norm;
+    }
+    lp_all_reduce_host(st->pp, counts, 2, 0);
+    lp_all_reduce_host(dp, counts, 2, 0);
+    right[0] = (int)counts[0];
+    right[1] = (int)counts[1];
+    free(inputs);
+    free(targets);
+    free(loss);
+}
+
 // Sample from the model, starting from <|endoftext|>. The forward runs on (1, t) so each new token costs
 // one pass over the tokens so far.
 // The logits are on the last pipeline stage, and with tensor parallelism each of its ranks has a slice:
@@ -681,6 +738,7 @@ typedef struct {
     int total_batch, accum;      // tokens per step; micro-batches per step (the pipeline's m)
     LPDataLoader train, val;
     int has_val;
+    LPEvalSet hellaswag;         // --eval-hellaswag, every rank's copy (num_examples 0: none)
     LPTokenizer tok;
     LPAdamW opt;
     LPTrainState state;          // what a checkpoint holds besides weights and optimizer state
@@ -724,6 +782,9 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", r->train.num_files,
            lp_dataloader_batches_per_epoch(&r->train) / par->micro_batches, f->shuffle ? "shuffled" : "in file order",
            r->has_val ? r->val.num_files : 0);
+    if (r->hellaswag.num_examples)
+        lp_log("hellaswag        %s: %d examples, %d completions, the longest %d tokens (context + completion)\n", f->hellaswag,
+               r->hellaswag.num_examples, r->hellaswag.num_rows, r->hellaswag.longest_row);
     lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
            r->total_batch, par->micro_batches);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
@@ -805,6 +866,20 @@ static void lp_run_open_output(LPTrainRun* r) {
     if (proc->rank == 0 && !r->logf) lp_fail("cannot write %s: %s", path, strerror(errno));
 }
 
+// --eval-hellaswag: the file checked against the model (every token in its vocabulary, every row in -t).
+static void lp_hellaswag_load(LPTrainRun* r) {
+    const LPFlags* f = r->f;
+    LPEvalSet* s = &r->hellaswag;
+    lp_evalset_load(s, f->hellaswag, "--eval-hellaswag", r->cfg.vocab_size);
+    int max = r->cfg.max_seq_len;
+    char fits[128];
+    if (s->longest_row <= max) snprintf(fits, sizeof(fits), "; -t %d, the model's maximum, fits it", max);
+    else snprintf(fits, sizeof(fits), " and than the model's maximum %d", max);
+    if (s->longest_row > f->T)
+        lp_fail("--eval-hellaswag %s: example %d's context + completion is %d tokens, more than -t %d%s (llm.c refuses such "
+                "examples too)", f->hellaswag, s->longest_example, s->longest_row, f->T, fits);
+}
+
 // Everything before the first step: the model's shape checked against the grid, the batch, the pipeline's
 // partition; this rank's chunks (new, or from an llm.c file read by one rank and broadcast); the data (rank
 // 0 reads every token first); the tokenizer; the report; the output directory and resume.
@@ -863,6 +938,7 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
                                  .ranks = proc->par->dp, .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0};
             lp_dataloader_init(&r->train, &train);
             if (r->has_val) lp_dataloader_init(&r->val, &val);
+            if (f->hellaswag[0]) lp_hellaswag_load(r);
         }
         lp_barrier(&proc->world_group);
     }
@@ -928,6 +1004,14 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
         lp_all_reduce_host(&proc->group[LP_DP], &vl, 1, 1);
         lp_log("val loss %f\n", vl);
         if (r->logf) fprintf(r->logf, "s:%d tel:%f\n", step, vl);
+    }
+    int eval_every = f->eval_every ? f->eval_every : f->val_every;  // llm.c: with the val loss, from step 1 on
+    if (r->hellaswag.num_examples && !stopping && ((step > 0 && eval_every && step % eval_every == 0) || last)) {
+        int n = r->hellaswag.num_examples, right[2];
+        lp_hellaswag(&r->stage, &r->hellaswag, f->B, &proc->group[LP_DP], right);
+        lp_log("hellaswag acc_norm %.4f (%d/%d) | acc %.4f (%d/%d)\n", (double)right[1] / n, right[1], n, (double)right[0] / n,
+               right[0], n);
+        if (r->logf) fprintf(r->logf, "s:%d eval:%.4f\n", step, (double)right[1] / n);
     }
     if (f->sample_every > 0 && !stopping && (step > 0 || last) && (step % f->sample_every == 0 || last))  // every rank: ZeRO-3 gathers
         lp_sample(&r->stage, &r->tok, f->gen_tokens, &r->state.rng, step);
@@ -1087,6 +1171,7 @@ static void lp_run_free(LPTrainRun* r) {
     if (r->f->out_dir[0] && r->lock_fd >= 0) close(r->lock_fd);
     lp_tokenizer_free(&r->tok);
     if (r->has_val) lp_dataloader_free(&r->val);
+    lp_evalset_free(&r->hellaswag);
     lp_dataloader_free(&r->train);
     lp_stage_free(&r->stage);
 }

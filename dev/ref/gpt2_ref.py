@@ -8,6 +8,7 @@ CPU engine is tested against.
     python3 dev/ref/gpt2_ref.py make-fixture dev/ref                  # rebuilds the test fixture
     python3 dev/ref/gpt2_ref.py make-train-fixture dev/ref            # rebuilds the training fixture
     python3 dev/ref/gpt2_ref.py random-model OUT.bin L C NH           # a model of any shape, GPT-2 initialised
+    python3 dev/ref/gpt2_ref.py hellaswag MODEL.bin EVAL.bin          # "acc_norm N/M acc N/M", each example's choices
 
 MODEL.bin is an llm.c model file (version 3 fp32 or 5 bf16), TOKENS.bin an llm.c token shard; the batch
 is the shard's first B*T+1 tokens, row b reading tokens b*T .. b*T+T and predicting the next ones.
@@ -96,8 +97,51 @@ def gpt2_forward(cfg, params, inputs, targets):
     m = logits.max(-1, keepdims=True)
     logz = np.log(np.exp(logits - m).sum(-1)) + m[..., 0]
     picked = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
-    cache = dict(inputs=inputs, targets=targets, layers=layers, x=x, lnf=lnf, probs=np.exp(logits - logz[..., None]))
+    cache = dict(inputs=inputs, targets=targets, layers=layers, x=x, lnf=lnf, probs=np.exp(logits - logz[..., None]),
+                 losses=logz - picked)
     return float((logz - picked).mean()), cache
+
+
+def read_eval(path):
+    """The examples of an llm.c multiple-choice eval file (HellaSwag's): a list of (label, context tokens,
+    [completion tokens, ...])."""
+    raw = open(path, "rb").read()
+    h = struct.unpack("<256i", raw[:1024])
+    assert h[0] == 20240522 and h[1] == 1, f"{path}: not an llm.c eval file"
+    words = np.frombuffer(raw[1024:], dtype="<u2").astype(np.int64)
+    examples, at = [], 0
+    for e in range(h[2]):
+        start, nbytes, index, label, n, ctx_len = words[at:at + 6]
+        assert start == 65535 and index == e, f"{path}: example {e} is not where it should be"
+        ctx = words[at + 6:at + 6 + ctx_len]
+        k, completions = at + 6 + ctx_len, []
+        for _ in range(n):
+            completions.append(words[k + 1:k + 1 + words[k]])
+            k += 1 + words[k]
+        assert k == at + nbytes // 2, f"{path}: example {e} is not {nbytes} bytes"
+        examples.append((int(label), ctx, completions))
+        at = k
+    return examples
+
+
+def hellaswag(cfg, params, examples):
+    """(acc, acc_norm, each example's choice by sum, by mean) as llm.c's HellaSwag evaluation scores: each completion after its context, alone
+    through the model; the summed loss of the completion's tokens picks for acc, its mean per token for acc_norm
+    (the first lowest wins a tie)."""
+    acc = acc_norm = 0
+    choices, choices_norm = [], []
+    for label, ctx, completions in examples:
+        sums, means = [], []
+        for comp in completions:
+            row = np.concatenate([ctx, comp])
+            losses = gpt2_forward(cfg, params, row[None, :-1], row[None, 1:])[1]["losses"][0]
+            sums.append(losses[len(ctx) - 1:].sum())
+            means.append(sums[-1] / len(comp))
+        choices.append(int(np.argmin(sums)))
+        choices_norm.append(int(np.argmin(means)))
+        acc += choices[-1] == label
+        acc_norm += choices_norm[-1] == label
+    return acc, acc_norm, choices, choices_norm
 
 
 def gpt2_loss(cfg, params, inputs, targets):
@@ -368,6 +412,9 @@ def main():
     rm.add_argument("out")
     for name in ("layers", "channels", "heads"):
         rm.add_argument(name, type=int)
+    hs = sub.add_parser("hellaswag", help="llm.c's HellaSwag scoring of an eval file: acc_norm and acc counts")
+    hs.add_argument("model")
+    hs.add_argument("eval")
     for name in ("make-fixture", "make-train-fixture"):
         sub.add_parser(name, help=f"write the {'training ' if 'train' in name else ''}test fixture").add_argument("outdir")
     args = ap.parse_args()
@@ -386,6 +433,13 @@ def main():
             print(f"step {step + 1}/{s['steps']} | loss {loss:.17g} | lr {lr:.17g} | norm {norm:.17g}")
         if args.o:
             write_model(args.o, cfg, final)
+    elif args.cmd == "hellaswag":
+        cfg, params = read_model(args.model)
+        examples = read_eval(args.eval)
+        acc, acc_norm, choices, choices_norm = hellaswag(cfg, params, examples)
+        print(f"acc_norm {acc_norm}/{len(examples)} acc {acc}/{len(examples)}")
+        print("choices_norm " + " ".join(map(str, choices_norm)))
+        print("choices " + " ".join(map(str, choices)))
     elif args.cmd == "random-model":
         random_model(args.out, args.layers, args.channels, args.heads)
     elif args.cmd == "make-fixture":
