@@ -19,7 +19,7 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  lp_watch, lp_watchdog_start
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
-  7. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position
+  7. data        llm.c token shards and their manifest, per-DP-rank slices, shuffled or file order, resumable position
                  defines: LPDataOptions, LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek
   8. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
                  offload), where gradients are averaged over dp; the hooks forward and backward call around each layer

@@ -117,6 +117,10 @@ bad_input "bytes that are not UTF-8" "bad.txt: not UTF-8 text: byte offset 16" b
 bad_input "an empty file" "empty.txt: empty" bad empty.txt
 bad_input "an output folder that cannot be made" "cannot write to ok.txt/data" ok.txt/data ok.txt
 bad_input "--val-fraction 1" "--val-fraction" bad ok.txt --val-fraction 1
+printf '{"text": "fine"}\n{"body": "no text field"}\n' > "$tmp/nofield.jsonl"
+printf 'not gzip' > "$tmp/damaged.jsonl.gz"
+bad_input "a JSON line without the --text-field" "nofield.jsonl: line 2: not a JSON object with a 'text' field" bad nofield.jsonl
+bad_input "a damaged .jsonl.gz" "damaged.jsonl.gz: cannot be read" bad damaged.jsonl.gz
 
 # existing shards are kept unless --force, which replaces all of them (none of the old left to glob)
 sums() { (cd "$tmp/data" && md5sum mix_*); }

@@ -235,6 +235,15 @@ def text_documents(path):
 
 def jsonl_documents(path, field):
     """Yield (True, text, input bytes) for each line of a .jsonl(.gz|.zst) file."""
+    try:
+        yield from jsonl_lines(path, field)
+    except PrepareError:
+        raise
+    except Exception as e:  # gzip's, zstandard's errors for a damaged file
+        raise PrepareError(f"{path}: cannot be read: {e}") from None
+
+
+def jsonl_lines(path, field):
     with open(path, "rb") as raw:
         if path.endswith(".gz"):
             stream = gzip.open(raw)
