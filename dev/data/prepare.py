@@ -193,7 +193,7 @@ def expand_inputs(args):
             if not found:
                 raise PrepareError(f"{arg}: a folder with no {', '.join(KNOWN)} files")
             files += found
-        elif not os.path.exists(arg) and glob.has_magic(arg):
+        elif not os.path.exists(arg) and any(c in arg for c in "*?["):
             found = sorted(glob.glob(arg, recursive=True))
             if not found:
                 raise PrepareError(f"{arg}: no file matches")
@@ -335,7 +335,7 @@ def encode_piece(items, enc=None, threads=1):
         if start:
             tokens.append(EOT)
         tokens.extend(ids)
-    nbytes = sum(len(text.encode("utf-8")) for _, text in items)
+    nbytes = sum(len(text.encode("utf-8", "surrogatepass")) for _, text in items)  # JSON may hold lone surrogates
     return tokens.tobytes(), nbytes, time.time() - t0, os.getpid()
 
 
