@@ -19,8 +19,8 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  lp_watch, lp_watchdog_start
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
-  7. data        llm.c token shards, per-DP-rank slices, shuffled or file order, resumable position; llm.c's
-                 multiple-choice eval files (HellaSwag)
+  7. data        llm.c token shards and their manifest, per-DP-rank slices, shuffled or file order, resumable position;
+                 llm.c's multiple-choice eval files (HellaSwag)
                  defines: LPDataOptions, LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek,
                  LPEvalSet, lp_evalset_load, lp_evalset_batch, lp_evalset_score
   8. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
@@ -3769,6 +3769,91 @@ static inline void lp_shard_scan(const char* path, size_t n, int vocab_size) {
     free(buf);
 }
 
+// The shards' manifest, DIR/manifest.txt as dev/data/prepare.py writes it: a line "llmpar shards 1", then
+// per shard "NAME BYTES TOKENS MAX_ID CRC32C" (the CRC, in hex, of the whole file; for tools, not read here).
+// Where a shard's folder has one, the start checks the shard against its line instead of reading every
+// token: the same size means the tokens prepare.py counted, whose largest id the line gives. A manifest that
+// does not match (no line for the shard, another size or count) is refused rather than passed over: the
+// shards changed after it was written, so it no longer describes them, and silently scanning instead would
+// hide that. --check-data full (LP_CHECK_FULL) reads every token and ignores manifests.
+enum { LP_CHECK_MANIFEST, LP_CHECK_FULL };
+static const char* const lp_check_data_names[] = {"manifest", "full", NULL};
+#define LP_SHARD_MANIFEST_HEAD "llmpar shards 1"
+
+typedef struct {
+    char name[256];
+    long long bytes, tokens;
+    int max_id;
+} LPShardEntry;
+
+typedef struct {
+    char dir[LP_PATH_MAX];   // the folder loaded ("" before the first)
+    char path[LP_PATH_MAX];  // its manifest.txt, for errors
+    int present;             // 0: the folder has no shard manifest (its shards are scanned)
+    int n;
+    LPShardEntry* e;         // sorted by name
+} LPShardManifest;
+
+static int lp_shard_entry_cmp(const void* a, const void* b) {
+    return strcmp(((const LPShardEntry*)a)->name, ((const LPShardEntry*)b)->name);
+}
+
+// Load dir's manifest.txt into m (a manifest.txt that does not start with the head line is not ours: absent).
+static inline void lp_shard_manifest_load(LPShardManifest* m, const char* dir) {
+    free(m->e);
+    memset(m, 0, sizeof(*m));
+    snprintf(m->dir, sizeof(m->dir), "%s", dir);
+    lp_path(m->path, "%s/manifest.txt", dir);
+    FILE* f = fopen(m->path, "r");
+    if (!f) return;
+    char line[LP_PATH_MAX];
+    if (!fgets(line, sizeof(line), f) || strcmp(line, LP_SHARD_MANIFEST_HEAD "\n") != 0) {
+        fclose(f);
+        return;
+    }
+    m->present = 1;
+    int cap = 0;
+    for (int number = 2; fgets(line, sizeof(line), f); number++) {
+        if (line[strspn(line, " \t\r\n")] == '\0') continue;
+        if (m->n == cap) {
+            cap = cap ? 2 * cap : 64;
+            LPShardEntry* grown = (LPShardEntry*)realloc(m->e, cap * sizeof(LPShardEntry));
+            if (!grown) lp_fail("out of host memory reading %s", m->path);
+            m->e = grown;
+        }
+        LPShardEntry* e = &m->e[m->n++];
+        unsigned crc;
+        if (sscanf(line, "%255s %lld %lld %d %x", e->name, &e->bytes, &e->tokens, &e->max_id, &crc) != 5)
+            lp_fail("%s: line %d is not 'NAME BYTES TOKENS MAX_ID CRC32C'", m->path, number);
+    }
+    fclose(f);
+    qsort(m->e, m->n, sizeof(LPShardEntry), lp_shard_entry_cmp);
+}
+
+// 1 when the manifest of the shard's folder vouches for the shard at path (size bytes, n tokens), its ids
+// below vocab_size; 0 when that folder has no manifest. A mismatch is an error naming the manifest.
+static inline int lp_shard_check_manifest(LPShardManifest* m, const char* path, long long size, size_t n, int vocab_size) {
+    char dir[LP_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char* slash = strrchr(dir, '/');
+    const char* name = slash ? path + (slash - dir) + 1 : path;
+    if (slash) *slash = '\0';
+    else snprintf(dir, sizeof(dir), ".");
+    if (strcmp(dir, m->dir) != 0) lp_shard_manifest_load(m, dir);
+    if (!m->present) return 0;
+    LPShardEntry key;
+    snprintf(key.name, sizeof(key.name), "%s", name);
+    const LPShardEntry* e = (const LPShardEntry*)bsearch(&key, m->e, m->n, sizeof(LPShardEntry), lp_shard_entry_cmp);
+    const char* why = "the shards changed after dev/data/prepare.py wrote it; --check-data full reads every token instead";
+    if (!e) lp_fail("%s: has no line for %s (%s)", m->path, name, why);
+    if (e->bytes != size || e->tokens != (long long)n)
+        lp_fail("%s: says %s is %lld bytes (%lld tokens), the file is %lld bytes (%zu tokens) (%s)", m->path, name, e->bytes,
+                e->tokens, size, n, why);
+    if (e->max_id >= vocab_size)
+        lp_fail("%s: token id %d (the largest, from %s) is >= the model's vocabulary size %d", path, e->max_id, m->path, vocab_size);
+    return 1;
+}
+
 // What a loader reads: set by name, the rest 0 (`LPDataOptions o = {.pattern = "x_*.bin", .B = 4, .T = 64};`).
 typedef struct {
     const char* pattern;  // the shards: a path, or a glob
@@ -3780,10 +3865,12 @@ typedef struct {
     uint64_t seed;
     int vocab_size;       // with scan: every token is checked to be below it when the loader opens
     int scan;
+    int check;            // with scan: LP_CHECK_MANIFEST, from the folder's manifest.txt where there is one (else
+                          // every token); LP_CHECK_FULL, every token
 } LPDataOptions;
 
 // Open the shards o->pattern matches for this data-parallel rank, in windows of o->window tokens, in file
-// order or shuffled; with o->scan, check every token first.
+// order or shuffled; with o->scan, check every token id first (from the manifest where o->check allows).
 static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
     memset(d, 0, sizeof(*d));
     int B = o->B, T = o->T;
@@ -3800,6 +3887,7 @@ static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
         lp_fail("%s %s: no token shard matches", flag, o->pattern);
     d->num_files = (int)d->files.gl_pathc;
     d->shard_tokens = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard sizes");
+    LPShardManifest manifest = {0};
     for (int s = 0; s < d->num_files; s++) {
         const char* path = d->files.gl_pathv[s];
         FILE* f = lp_fopen(path, "rb");
@@ -3818,8 +3906,11 @@ static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
         if (d->shard_tokens[s] < d->window + 1)
             lp_fail("%s: %zu tokens is too few for one %s (%zu tokens + 1)", path, d->shard_tokens[s],
                     window ? "step" : "batch of ranks*B*T", d->window);
-        if (o->scan) lp_shard_scan(path, d->shard_tokens[s], o->vocab_size);
+        if (o->scan && !(o->check == LP_CHECK_MANIFEST &&
+                         lp_shard_check_manifest(&manifest, path, size, d->shard_tokens[s], o->vocab_size)))
+            lp_shard_scan(path, d->shard_tokens[s], o->vocab_size);
     }
+    free(manifest.e);
     d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
     d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
     d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
@@ -3841,7 +3932,7 @@ static inline void lp_dataloader_next(LPDataLoader* d) {
     size_t n = (size_t)d->B * d->T;
     const char* path = d->files.gl_pathv[d->shard_order[d->shard]];
     if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * 2), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
-    lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);  // tokens checked when opened (lp_shard_scan)
+    lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);  // ids checked when opened (scan or manifest)
     for (size_t i = 0; i < n; i++) {
         d->inputs[i] = d->buffer[i];
         d->targets[i] = d->buffer[i + 1];

@@ -55,6 +55,7 @@ typedef struct {
     float aux_weight;        // --aux-loss-weight
     int attention;           // --attention: flash | cublas (LP_ATTENTION_*)
     int shuffle;             // --shuffle: each epoch's shards and windows in a seeded random order
+    int check_data;          // --check-data: manifest | full (lp_check_data_names)
     unsigned long long seed; // --seed
 } LPFlags;
 
@@ -140,6 +141,10 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--shuffle", NULL, LP_FLAG_INT, LP_FIELD(shuffle), "1", "1", "N", NULL, NULL,
      "1: each epoch visits the train shards, and each shard's steps (windows of -d tokens), in a random order "
      "drawn from --seed, as llm.c's loader does; 0: file order"},
+    {"--check-data", NULL, LP_FLAG_CHOICE, LP_FIELD(check_data), "manifest", "manifest", "NAME", NULL, lp_check_data_names,
+     "how rank 0 checks the shards' token ids at the start: manifest (the shards' folder's manifest.txt from "
+     "dev/data/prepare.py where there is one: only headers are read; a manifest that does not match the shards is an "
+     "error) | full (read every token)"},
     {NULL, "-n", LP_FLAG_INT, LP_FIELD(ckpt_every), "0", "0", "N", NULL, NULL,
      "checkpoint every N steps (needs -o; a checkpoint is always written at the end when -o is given)"},
     {"--resume", "-y", LP_FLAG_SWITCH, LP_FIELD(resume), NULL, NULL, NULL, NULL, NULL,
@@ -882,7 +887,7 @@ static void lp_hellaswag_load(LPTrainRun* r) {
 
 // Everything before the first step: the model's shape checked against the grid, the batch, the pipeline's
 // partition; this rank's chunks (new, or from an llm.c file read by one rank and broadcast); the data (rank
-// 0 reads every token first); the tokenizer; the report; the output directory and resume.
+// 0 checks every token id first, or reads them from manifests); the tokenizer; the report; the output directory and resume.
 static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     memset(r, 0, sizeof(*r));
     r->f = f;
@@ -929,13 +934,14 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     }
     free(weights);
     r->has_val = f->val_data[0] != '\0' && f->val_every > 0;
-    for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first (every token), as with the model file
+    for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first (their token ids), as with the model file
         if ((proc->rank == 0) == (pass == 0)) {
             LPDataOptions train = {.pattern = f->train_data, .label = "-i", .B = f->B, .T = f->T, .rank = proc->coord[LP_DP],
                                    .ranks = proc->par->dp, .window = (size_t)r->total_batch, .shuffle = f->shuffle, .seed = f->seed,
-                                   .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0};
+                                   .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0, .check = f->check_data};
             LPDataOptions val = {.pattern = f->val_data, .label = "-j", .B = f->B, .T = f->T, .rank = proc->coord[LP_DP],
-                                 .ranks = proc->par->dp, .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0};
+                                 .ranks = proc->par->dp, .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0,
+                                 .check = f->check_data};
             lp_dataloader_init(&r->train, &train);
             if (r->has_val) lp_dataloader_init(&r->val, &val);
             if (f->hellaswag[0]) lp_hellaswag_load(r);

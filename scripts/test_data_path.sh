@@ -94,7 +94,8 @@ check(max(sizes) <= 1000 and max(sizes) - min(sizes) <= 1, f"--shard-tokens 1000
 # streamed encoding: tiny blocks (characters cut between reads) and pieces equal encoding whole
 prepare.BLOCK_BYTES, prepare.PIECE_CHARS = 5, 7
 for f in ("one.txt", "two.txt"):
-    got = [x for t in prepare.encode_file(f"{tmp}/{f}", enc, 2, lambda n: None) for x in t]
+    items = [(start, text) for start, text, _ in prepare.text_documents(f"{tmp}/{f}") if start or text]
+    got = list(array.array("H", prepare.encode_piece(items, enc, 2)[0]))
     want = [50256] + enc.encode_ordinary(open(f"{tmp}/{f}", encoding="utf-8").read())
     check(got == want, f"{f} read in 5-byte blocks and encoded in 7-character pieces equals encoding it whole")
 EOF
@@ -116,6 +117,10 @@ bad_input "bytes that are not UTF-8" "bad.txt: not UTF-8 text: byte offset 16" b
 bad_input "an empty file" "empty.txt: empty" bad empty.txt
 bad_input "an output folder that cannot be made" "cannot write to ok.txt/data" ok.txt/data ok.txt
 bad_input "--val-fraction 1" "--val-fraction" bad ok.txt --val-fraction 1
+printf '{"text": "fine"}\n{"body": "no text field"}\n' > "$tmp/nofield.jsonl"
+printf 'not gzip' > "$tmp/damaged.jsonl.gz"
+bad_input "a JSON line without the --text-field" "nofield.jsonl: line 2: not a JSON object with a 'text' field" bad nofield.jsonl
+bad_input "a damaged .jsonl.gz" "damaged.jsonl.gz: cannot be read" bad damaged.jsonl.gz
 
 # existing shards are kept unless --force, which replaces all of them (none of the old left to glob)
 sums() { (cd "$tmp/data" && md5sum mix_*); }
@@ -141,6 +146,117 @@ rc=$?
 check "the printed command trains: exit 0 (got $rc: $(tail -n 2 "$tmp/train.log"))" [ "$rc" = 0 ]
 check "the printed command trains: step 2/2 with a finite loss" grep -qE '^step 2/2 \| loss [0-9]+\.[0-9]+ ' "$tmp/train.log"
 check "the printed command trains: a finite val loss" grep -qE '^val loss [0-9]+\.[0-9]+$' "$tmp/train.log"
+
+# the manifest: with it the same steps as reading every token (--check-data full); one that does not match is
+# refused in one line naming it
+steps() { grep -E '^(step|val loss)' "$1" | sed 's/ | [0-9.]* ms .*//'; }
+(cd "$tmp" && eval "$cmd -e d2 -b 2 -t 32 -x 2 -v 2 -m 1 -s 0 -o out/full --check-data full") > "$tmp/full.log" 2>&1
+check "with the manifest, the steps equal --check-data full's ($(steps "$tmp/train.log" | head -c 300))" \
+    [ -n "$(steps "$tmp/train.log")" -a "$(steps "$tmp/train.log")" = "$(steps "$tmp/full.log")" ]
+cp "$tmp/data/manifest.txt" "$tmp/manifest.good"
+sed -i 's/^\(mix_train_000000\.bin\) \([0-9]*\)/\1 1\2/' "$tmp/data/manifest.txt"
+(cd "$tmp" && eval "$cmd -e d2 -b 2 -t 32 -x 2 -v 2 -m 1 -s 0 -o out/bad") > /dev/null 2> "$tmp/err"
+check "a manifest whose size differs: one error line naming it ($(cat "$tmp/err"))" \
+    [ "$(wc -l < "$tmp/err")" = 1 -a -n "$(grep 'llmpar: error: data/manifest.txt: says mix_train_000000.bin is 1' "$tmp/err")" ]
+cp "$tmp/manifest.good" "$tmp/data/manifest.txt"
+
+# the manifest's numbers, computed here independently (CRC32C bit by bit, the polynomial of lp_crc32c)
+tally python3 - "$tmp" <<'EOF'
+import array, os, random, sys
+sys.path.insert(0, "dev/data")
+import prepare
+tmp = sys.argv[1]
+
+def check(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+
+def crc_bitwise(data):
+    c = 0xFFFFFFFF
+    for b in data:
+        c ^= b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    return c ^ 0xFFFFFFFF
+
+check(prepare.crc32c(b"123456789") == 0xE3069283, "crc32c('123456789') is the CRC32C check value e3069283")
+data = random.Random(5).randbytes(300_001)
+check(prepare.crc32c(data) == crc_bitwise(data) and prepare.crc32c(data[1000:], prepare.crc32c(data[:1000])) == crc_bitwise(data),
+      "crc32c in numpy lanes (joined) equals the bitwise CRC, and continues from a given CRC")
+lines = open(f"{tmp}/data/manifest.txt").read().splitlines()
+shards = sorted(f for f in os.listdir(f"{tmp}/data") if f.endswith(".bin"))
+want = []
+for f in shards:
+    raw = open(f"{tmp}/data/{f}", "rb").read()
+    tokens = array.array("H", raw[1024:])
+    want.append(f"{f} {len(raw)} {len(tokens)} {max(tokens)} {crc_bitwise(raw):08x}")
+check(lines == ["llmpar shards 1"] + want, f"data/manifest.txt: a line per shard in --out, NAME BYTES TOKENS MAX_ID CRC32C: {lines[:2]}")
+EOF
+
+# corpora: .jsonl.zst, .jsonl.gz and .parquet documents, a folder and a glob; --workers 2 (small pieces, so
+# several are in flight) writes the same bytes as --workers 1; an interrupted run continues from its pieces
+if python3 -c "import zstandard, pyarrow" > /dev/null 2>&1; then
+    tally python3 - "$tmp" "$root/README.md" <<'EOF'
+import filecmp, gzip, json, os, subprocess, sys
+import pyarrow, pyarrow.parquet, zstandard
+tmp, readme = sys.argv[1:]
+corpus = f"{tmp}/corpus"
+os.makedirs(f"{corpus}/more")
+paras = [p for p in open(readme, encoding="utf-8").read().split("\n\n") if p.strip()]
+# documents in the field "body" (--text-field body): the README's paragraphs, an empty one, a blank line
+lines = [json.dumps({"body": p, "n": i}) for i, p in enumerate(paras)] + ['{"body": ""}', ""]
+open(f"{corpus}/a.jsonl.zst", "wb").write(zstandard.ZstdCompressor().compress("\n".join(lines).encode()))
+open(f"{corpus}/more/c.jsonl.gz", "wb").write(gzip.compress("\n".join(reversed(lines)).encode()))
+pyarrow.parquet.write_table(pyarrow.table({"body": paras[::2]}), f"{corpus}/b.parquet", row_group_size=7)
+
+def check(ok, what):
+    print(("PASS " if ok else "FAIL ") + what)
+
+def prep(out, *args, inputs=(corpus,), interrupt_after=0):
+    """prepare.py with 2000-character pieces; interrupt_after=k: Ctrl-C once k pieces are written."""
+    code = ("import sys; sys.path.insert(0, 'dev/data'); import prepare; prepare.PIECE_TARGET = 2000\n"
+            f"k = {interrupt_after}\n"
+            "if k:\n"
+            "    write = prepare.write_piece\n"
+            "    def write_piece(*a):\n"
+            "        global k\n"
+            "        write(*a); k -= 1\n"
+            "        if not k: raise KeyboardInterrupt\n"
+            "    prepare.write_piece = write_piece\n"
+            "prepare.main()")
+    argv = ["python3", "-c", code, *inputs, "--out", out, "--name", "c", "--text-field", "body",
+            "--shard-tokens", "3000", *args]
+    p = subprocess.run(argv, capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+def same(a, b):
+    names = sorted(os.listdir(a))
+    return names == sorted(os.listdir(b)) and all(filecmp.cmp(f"{a}/{n}", f"{b}/{n}", shallow=False) for n in names)
+
+# the folder's files, in order: a.jsonl.zst, b.parquet, more/c.jsonl.gz
+rc1, log1 = prep(f"{tmp}/w1", "--workers", "1")
+rc2, log2 = prep(f"{tmp}/w2", "--workers", "2")
+check(rc1 == 0 and rc2 == 0, f"prepare.py on a folder of .jsonl.zst, .parquet, .jsonl.gz: exit 0 ({log1[-300:]} {log2[-300:]})")
+docs = 2 * len(paras) + len(paras[::2])
+check(f"3 file(s), {docs:,} documents" in log1, f"every document once, the empty one skipped: {docs} ({log1[:120]})")
+check(same(f"{tmp}/w1", f"{tmp}/w2") and len(os.listdir(f"{tmp}/w1")) > 4,
+      f"--workers 2 writes the same shards and manifest, byte for byte, as --workers 1: {sorted(os.listdir(tmp + '/w1'))}")
+check("2 workers, each while encoding:" in log2, "--workers 2 reports each worker's rate")
+rc3, log3 = prep(f"{tmp}/w3", "--workers", "2", inputs=(f"{corpus}/*.jsonl.zst", f"{corpus}/b.parquet", f"{corpus}/more"))
+check(rc3 == 0 and same(f"{tmp}/w1", f"{tmp}/w3"), f"a glob, a file and a folder give the same shards as the folder ({log3[-200:]})")
+rc, log = prep(f"{tmp}/w4", "--workers", "2", interrupt_after=5)
+staged = os.listdir(f"{tmp}/w4/.c.prepare.tmp") if os.path.isdir(f"{tmp}/w4/.c.prepare.tmp") else []
+pieces = [f for f in staged if f.endswith(".u16")]
+check(rc != 0 and "the same command continues" in log and len(pieces) >= 5 and not [f for f in os.listdir(f"{tmp}/w4") if f.endswith(".bin")],
+      f"interrupted: the finished pieces stay in the staging folder, no shard in place ({len(pieces)} pieces; {log.strip()[-200:]})")
+rc, log = prep(f"{tmp}/w4", "--workers", "2")
+encoded = int(log.split("into ")[1].split(" tokens")[0].replace(",", "")) if "into " in log else -1
+total = int(log1.split("documents -> ")[1].split(" tokens")[0].replace(",", ""))
+check(rc == 0 and "continuing the interrupted run" in log and 0 < encoded < total and same(f"{tmp}/w1", f"{tmp}/w4"),
+      f"the same command continues (encodes {encoded} of {total} tokens) and writes the same shards ({log[-200:]})")
+EOF
+else
+    echo "skip: prepare.py on .jsonl.zst and .parquet, --workers 2 (needs zstandard and pyarrow: pip install zstandard pyarrow)"
+fi
 
 if python3 -c "import matplotlib" > /dev/null 2>&1; then
     python3 dev/plot.py "$tmp/out/mix" -o "$tmp/loss.png" > /dev/null 2> "$tmp/err"

@@ -1,32 +1,50 @@
 #!/usr/bin/env python3
 """
-Turn UTF-8 text files into token shards for train_gpt: GPT-2 tokens, a val and a train split.
+Turn text corpora into token shards for train_gpt: GPT-2 tokens, a val and a train split.
 
     python3 dev/data/prepare.py book.txt notes/*.txt --out data --name mine
+    python3 dev/data/prepare.py 'crawl/*.jsonl.zst' wiki.parquet --name web --workers 8
     ./train_gpt_cpu -i 'data/mine_train_*.bin' -j 'data/mine_val_*.bin' -o out/mine
 
-Documents: each input file is one document, <|endoftext|> (token 50256) then the file's tokens. The
-text "<|endoftext|>" inside a file is ordinary text, not the special token. A leading byte order mark
-is dropped. Empty files are skipped.
-Split: the first --val-fraction of all tokens (files in the order given) are the val split, the rest
+Inputs: .jsonl, .jsonl.gz and .jsonl.zst hold one document per line (a JSON object; its --text-field is
+the text), .parquet one per row (the --text-field column); any other file is UTF-8 text, one document.
+A folder stands for its files with those endings (sorted, recursively); a quoted glob for its matches
+(sorted).
+Documents: each is <|endoftext|> (token 50256) then its tokens. The text "<|endoftext|>" inside a
+document is ordinary text, not the special token. A text file's leading byte order mark is dropped.
+Empty files and documents are skipped.
+Split: the first --val-fraction of all tokens (documents in input order) are the val split, the rest
 train (at least one token each).
 Shards: each split is cut into equal shards of at most --shard-tokens tokens, NAME_val_000000.bin ...
 and NAME_train_000000.bin ..., in llm.c's format: a 256 x int32 header [20240520, 1, token count, 0...],
-then the tokens as uint16 (little-endian).
-Files are read in blocks and their tokens go to a temporary file, so memory holds one shard at most,
-whatever the size of the corpus. Everything is written in a staging folder inside --out and moved into
-place at the end: an error or Ctrl-C leaves nothing behind. Existing shards of the same name are only
-replaced with --force. Offline: the GPT-2 BPE ranks are dev/data/gpt2.tiktoken. Needs tiktoken.
+then the tokens as uint16 (little-endian). OUT/manifest.txt lists each shard's size, token count,
+largest token id and CRC32C, so that the engine need not read every token to check them.
+Workers: the input is read in order and cut into pieces of about 4M characters (at document ends, or
+where a long text's tokens do not change); --workers processes encode them, and the pieces' tokens are
+joined in input order, so the shards are the same bytes for any number of workers.
+Resumable: each piece's tokens go to a file of their own in a staging folder inside --out (written
+under a temporary name and renamed, so a file there is a finished piece), and the shards are made there
+too; only at the end are they moved into place. Ctrl-C or a kill keeps the staging folder, and the same
+command continues from the finished pieces and shards (with other arguments, or inputs whose size or
+time changed, it starts afresh). A bad input stops it with one line and leaves nothing. Existing shards
+of the same name are only replaced with --force. Offline: the GPT-2 BPE ranks are dev/data/gpt2.tiktoken.
+Needs tiktoken and numpy; zstandard for .zst, pyarrow for .parquet.
 """
 import argparse
 import array
 import base64
 import codecs
+import collections
 import glob
+import gzip
+import io
+import json
+import multiprocessing
 import os
 import re
 import shlex
 import shutil
+import signal
 import struct
 import sys
 import time
@@ -129,40 +147,22 @@ def find_cut(text, start, piece):
     return m.start() + 1 if m else -1
 
 
-def encode_file(path, enc, threads, on_block):
-    """Yield the token lists of one document: [EOT], then the file's text, encoded in pieces in parallel
-    (equal to encoding it whole). on_block(bytes) is called after each block."""
-    yield [EOT]
-    carry = ""  # text after the block's last cut, continued by the next block
-    for text, nbytes in read_text(path):
-        text, start, parts = carry + text, 0, []
-        while (cut := find_cut(text, start, PIECE_CHARS)) >= 0:
-            parts.append(text[start:cut])
-            start = cut
-        carry = text[start:]
-        yield from enc.encode_ordinary_batch(parts, num_threads=threads)
-        on_block(nbytes)
-    yield enc.encode_ordinary(carry)
-
-
 class Progress:
-    """One line on stderr, rewritten in place (only on a terminal): bytes, tokens, rate."""
+    """One line on stderr, rewritten in place (only on a terminal): input bytes, tokens, rate."""
 
     def __init__(self, total_bytes):
         self.total, self.bytes, self.tokens = total_bytes, 0, 0
         self.start = self.shown = time.time()
         self.tty = sys.stderr.isatty()
 
-    def rate(self):
-        return self.bytes / 1e6 / max(time.time() - self.start, 1e-9)
-
     def add(self, nbytes):
         self.bytes += nbytes
         if self.tty and time.time() - self.shown > 0.25:
             self.shown = time.time()
             pct = 100 * self.bytes / max(self.total, 1)
-            sys.stderr.write(f"\rtokenizing {self.bytes / 1e6:.1f}/{self.total / 1e6:.1f} MB ({pct:.0f}%), "
-                             f"{self.tokens:,} tokens, {self.rate():.1f} MB/s ")
+            rate = self.bytes / 1e6 / max(time.time() - self.start, 1e-9)
+            sys.stderr.write(f"\rreading {self.bytes / 1e6:.1f}/{self.total / 1e6:.1f} MB ({pct:.0f}%), "
+                             f"{self.tokens:,} tokens, {rate:.1f} MB/s ")
             sys.stderr.flush()
 
     def close(self):
@@ -176,101 +176,514 @@ def split_sizes(n, most):
     return [n // k + (i < n % k) for i in range(k)]
 
 
-def check_inputs(args):
-    for path in args.text:
-        if os.path.isdir(path):
-            raise PrepareError(f"{path}: is a folder (give the text files in it)")
+# --- inputs: files, folders and globs; each file's documents as pieces of text
+
+JSONL = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+KNOWN = JSONL + (".parquet", ".txt")  # what a folder contributes
+PIECE_TARGET = 1 << 22  # characters per piece of work (a worker's task, a resumable unit)
+
+
+def expand_inputs(args):
+    """The input files, in order: a folder's files with a known ending (sorted, recursively), a glob's
+    matches (sorted), a file as given."""
+    files = []
+    for arg in args:
+        if os.path.isdir(arg):
+            found = sorted(os.path.join(d, f) for d, _, names in os.walk(arg) for f in names if f.endswith(KNOWN))
+            if not found:
+                raise PrepareError(f"{arg}: a folder with no {', '.join(KNOWN)} files")
+            files += found
+        elif not os.path.exists(arg) and any(c in arg for c in "*?["):
+            found = sorted(glob.glob(arg, recursive=True))
+            if not found:
+                raise PrepareError(f"{arg}: no file matches")
+            files += [f for f in found if not os.path.isdir(f)]
+        else:
+            files.append(arg)
+    for path in files:
         try:
             open(path, "rb").close()
         except OSError as e:
             raise PrepareError(f"{path}: {e.strerror}") from None
+        if path.endswith(".zst"):
+            need("zstandard", path)
+        if path.endswith(".parquet"):
+            need("pyarrow", path)
+    return files
+
+
+def need(module, path):
+    try:
+        __import__(module)
+    except ImportError:
+        raise PrepareError(f"{path}: reading it needs {module}: pip install {module}") from None
+
+
+def text_documents(path):
+    """Yield (starts a document, text, input bytes) for a text file: one document, cut in pieces where
+    its tokens do not change (see CUT)."""
+    first, carry = True, ""
+    for text, nbytes in read_text(path):
+        text, start = carry + text, 0
+        while (cut := find_cut(text, start, PIECE_CHARS)) >= 0:
+            yield first, text[start:cut], 0
+            first, start = False, cut
+        carry = text[start:]
+        yield False, "", nbytes  # the block's bytes, for the progress line
+    yield first, carry, 0
+
+
+def jsonl_documents(path, field):
+    """Yield (True, text, input bytes) for each line of a .jsonl(.gz|.zst) file."""
+    try:
+        yield from jsonl_lines(path, field)
+    except PrepareError:
+        raise
+    except Exception as e:  # gzip's, zstandard's errors for a damaged file
+        raise PrepareError(f"{path}: cannot be read: {e}") from None
+
+
+def jsonl_lines(path, field):
+    with open(path, "rb") as raw:
+        if path.endswith(".gz"):
+            stream = gzip.open(raw)
+        elif path.endswith(".zst"):
+            import zstandard
+            stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        else:
+            stream = raw
+        stream = io.BufferedReader(stream, 1 << 20) if stream is not raw else raw
+        done = 0
+        for number, line in enumerate(stream, 1):
+            if line.strip():
+                try:
+                    text = json.loads(line)[field]
+                except (ValueError, KeyError, TypeError) as e:
+                    raise PrepareError(f"{path}: line {number}: not a JSON object with a {field!r} field "
+                                       f"({type(e).__name__})") from None
+                if not isinstance(text, str):
+                    raise PrepareError(f"{path}: line {number}: {field!r} is not a string")
+                yield True, text, raw.tell() - done
+                done = raw.tell()
+
+
+def parquet_documents(path, field):
+    """Yield (True, text, input bytes) for each row of a .parquet file's column `field`."""
+    import pyarrow.parquet as pq
+    try:
+        f = pq.ParquetFile(path)
+        if field not in f.schema_arrow.names:
+            raise PrepareError(f"{path}: no column {field!r} (columns: {', '.join(f.schema_arrow.names)})")
+        size, rows = os.path.getsize(path), max(f.metadata.num_rows, 1)
+        for batch in f.iter_batches(columns=[field], batch_size=4096):
+            for text in batch.column(0).to_pylist():
+                if text is not None and not isinstance(text, str):
+                    raise PrepareError(f"{path}: column {field!r} is not text")
+                yield True, text or "", size / rows
+    except PrepareError:
+        raise
+    except Exception as e:  # pyarrow's errors for a damaged file
+        raise PrepareError(f"{path}: not a readable parquet file: {e}") from None
+
+
+def documents(path, field):
+    if path.endswith(JSONL):
+        return jsonl_documents(path, field)
+    if path.endswith(".parquet"):
+        return parquet_documents(path, field)
+    return text_documents(path)
+
+
+def pieces(path, field, progress):
+    """Yield the file's pieces of work, lists of (starts a document, text) of about PIECE_TARGET
+    characters, and its number of documents when done (a StopIteration value)."""
+    items, chars, docs = [], 0, 0
+    for start, text, nbytes in documents(path, field):
+        progress.add(nbytes)
+        if start and not text:  # an empty document
+            continue
+        docs += start
+        if text or start:
+            items.append((start, text))
+            chars += len(text)
+        if chars >= PIECE_TARGET:
+            yield items
+            items, chars = [], 0
+    if items:
+        yield items
+    return docs
+
+
+# --- encoding: in this process (on every core, by tiktoken's threads) or in --workers processes
+
+_worker_enc = None
+
+
+def _worker_init():
+    global _worker_enc
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    _worker_enc = gpt2_encoding()
+
+
+def encode_piece(items, enc=None, threads=1):
+    """The tokens of a piece (uint16 bytes, native order), its UTF-8 bytes, seconds spent, process id."""
+    t0 = time.time()
+    enc = enc or _worker_enc
+    encoded = enc.encode_ordinary_batch([text for _, text in items], num_threads=threads)
+    tokens = array.array("H")
+    for (start, _), ids in zip(items, encoded):
+        if start:
+            tokens.append(EOT)
+        tokens.extend(ids)
+    nbytes = sum(len(text.encode("utf-8", "surrogatepass")) for _, text in items)  # JSON may hold lone surrogates
+    return tokens.tobytes(), nbytes, time.time() - t0, os.getpid()
+
+
+class Encoder:
+    """Encodes pieces in order: at most 2 per worker in flight, so memory stays small whatever the input."""
+
+    def __init__(self, workers):
+        self.workers = workers
+        self.pool = multiprocessing.Pool(workers, _worker_init) if workers > 1 else None
+        self.enc = None if self.pool else gpt2_encoding()
+        self.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.pending = collections.deque()  # (AsyncResult, on_done)
+        self.busy = collections.defaultdict(lambda: [0, 0, 0.0])  # pid -> [bytes, tokens, seconds]
+
+    def submit(self, items, on_done):
+        if not self.pool:
+            self._done(encode_piece(items, self.enc, self.threads), on_done)
+            return
+        self.pending.append((self.pool.apply_async(encode_piece, (items,)), on_done))
+        while len(self.pending) > 2 * self.workers:
+            self._done(*self._pop())
+
+    def _pop(self):
+        result, on_done = self.pending.popleft()
+        return result.get(), on_done
+
+    def _done(self, result, on_done):
+        tokens, nbytes, seconds, pid = result
+        busy = self.busy[pid]
+        busy[0] += nbytes
+        busy[1] += len(tokens) // 2
+        busy[2] += seconds
+        on_done(tokens)
+
+    def finish(self):
+        while self.pending:
+            self._done(*self._pop())
+
+    def close(self):
+        if self.pool:
+            self.pool.terminate()
+            self.pool.join()
+
+
+# --- CRC32C (Castagnoli, lp_crc32c's polynomial): numpy runs many lanes of a long buffer at once, and the
+# lanes' CRCs are joined (zlib's crc32_combine: a CRC after n more zero bytes is a linear map of it)
+
+def _crc_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+CRC_TABLE = _crc_table()
+
+
+def _crc_bytes(crc, data):
+    c = ~crc & 0xFFFFFFFF
+    for b in data:
+        c = CRC_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+    return ~c & 0xFFFFFFFF
+
+
+def _gf2_apply(matrix, v):
+    r, i = 0, 0
+    while v:
+        if v & 1:
+            r ^= matrix[i]
+        v, i = v >> 1, i + 1
+    return r
+
+
+def _zeros(n):
+    """The map of a CRC register over n zero bytes, as its 32 columns."""
+    step = [CRC_TABLE[(1 << b) & 0xFF] ^ ((1 << b) >> 8) for b in range(32)]
+    result = [1 << b for b in range(32)]
+    while n:
+        if n & 1:
+            result = [_gf2_apply(step, c) for c in result]
+        step = [_gf2_apply(step, c) for c in step]
+        n >>= 1
+    return result
+
+
+def crc32c(data, crc=0):
+    """CRC32C of data (bytes-like), continuing crc: crc32c(b, crc32c(a)) == crc32c(a + b)."""
+    import numpy as np
+    buf = np.frombuffer(data, dtype=np.uint8)
+    lanes = min(1 << 14, len(buf) >> 10)
+    if lanes < 2:
+        return _crc_bytes(crc, buf.tolist())
+    n = len(buf) // lanes
+    block = np.ascontiguousarray(buf[:lanes * n].reshape(lanes, n).T)
+    table = np.array(CRC_TABLE, dtype=np.uint32)
+    reg = np.full(lanes, 0xFFFFFFFF, dtype=np.uint32)
+    for column in block:
+        reg = table[(reg ^ column) & 0xFF] ^ (reg >> 8)
+    shift = _zeros(n)
+    for lane in (~reg).tolist():
+        crc = _gf2_apply(shift, crc) ^ lane
+    return _crc_bytes(crc, buf[lanes * n:].tolist())
+
+
+# --- the manifest: OUT/manifest.txt, "llmpar shards 1", then per shard "NAME BYTES TOKENS MAX_ID CRC32C"
+# (CRC32C of the whole file, header included, in hex), sorted by name
+
+MANIFEST = "manifest.txt"
+MANIFEST_HEAD = "llmpar shards 1"
+
+
+def shard_entry(path):
+    """A manifest line's fields for the shard at path."""
+    import numpy as np
+    data = open(path, "rb").read()
+    tokens = np.frombuffer(data, dtype="<u2", offset=1024)
+    return [os.path.basename(path), len(data), len(tokens), int(tokens.max()) if len(tokens) else 0, crc32c(data)]
+
+
+def read_manifest(out):
+    """{name: line} of OUT/manifest.txt ({} if absent)."""
+    path = os.path.join(out, MANIFEST)
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    if not lines or lines[0] != MANIFEST_HEAD:
+        raise PrepareError(f"{path}: exists and is not a shard manifest (first line {MANIFEST_HEAD!r})")
+    return {line.split()[0]: line for line in lines[1:] if line.strip()}
+
+
+def write_manifest(out, name, entries):
+    """OUT/manifest.txt with entries (this name's shards) replacing this name's earlier lines; lines of
+    shards that are gone are dropped."""
+    ours = re.compile(re.escape(name) + r"_(val|train)_\d+\.bin")
+    lines = {k: v for k, v in read_manifest(out).items()
+             if not ours.fullmatch(k) and os.path.exists(os.path.join(out, k))}
+    for fname, size, count, top, crc in entries:
+        lines[fname] = f"{fname} {size} {count} {top} {crc:08x}"
+    write_text(os.path.join(out, MANIFEST), "\n".join([MANIFEST_HEAD] + [lines[k] for k in sorted(lines)]) + "\n")
+
+
+def write_text(path, text):
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+# --- prepare: encode the pieces into the staging folder, cut the shards, move them into place
+
+def check_args(args):
     if not re.fullmatch(r"[A-Za-z0-9._-]+", args.name):
         raise PrepareError(f"--name {args.name!r}: use letters, digits, '.', '_' and '-' only")
     if not 0 <= args.val_fraction < 1:
         raise PrepareError(f"--val-fraction {args.val_fraction}: must be at least 0 and below 1")
     if args.shard_tokens < 1 or args.shard_tokens >= 1 << 31:
         raise PrepareError(f"--shard-tokens {args.shard_tokens}: must be 1 .. 2^31-1 (the header is int32)")
+    if args.workers < 1:
+        raise PrepareError(f"--workers {args.workers}: must be at least 1")
 
 
 def prepare(args):
-    check_inputs(args)
+    check_args(args)
+    files = expand_inputs(args.text)
     out, name = args.out, args.name
     patterns = [os.path.join(out, f"{name}_{split}_*.bin") for split in ("val", "train")]
     old = sorted(path for pattern in patterns for path in glob.glob(pattern))  # what the engine's -i/-j would read
     if old and not args.force:
         raise PrepareError(f"{old[0]} exists ({len(old)} shard(s) of this name in {out}): pass --force to "
                            "replace them, or choose another --name or --out")
-    enc = gpt2_encoding()
+    read_manifest(out)  # a foreign manifest.txt stops the run before the work
+    sizes = {path: os.path.getsize(path) for path in files}
+    if not any(sizes.values()):
+        raise PrepareError(f"{files[0]}: empty" if len(files) == 1 else "no text: every input file is empty")
+    gpt2_encoding()  # tiktoken present, before any work
     made_out = not os.path.isdir(out)
     staging = os.path.join(out, f".{name}.prepare.tmp")
+    # what the staging folder's work depends on: a different job starts afresh
+    job = json.dumps({"version": 1, "inputs": [[p, sizes[p], os.stat(p).st_mtime_ns] for p in files],
+                      "text_field": args.text_field, "piece": PIECE_TARGET, "val_fraction": args.val_fraction,
+                      "shard_tokens": args.shard_tokens}, indent=1)
     try:
         os.makedirs(out, exist_ok=True)
-        shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
-        os.mkdir(staging)
+        job_path = os.path.join(staging, "job.json")
+        if os.path.exists(job_path) and open(job_path).read() == job:
+            print(f"notice: continuing the interrupted run in {staging}", file=sys.stderr)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+            os.mkdir(staging)
+            write_text(job_path, job)
     except OSError as e:
         raise PrepareError(f"cannot write to {out}: {e.strerror}") from None
-    done = False
     try:
-        tokens_path = os.path.join(staging, "tokens.u16")
-        files, n, progress = tokenize(args.text, enc, tokens_path)
-        n_val = max(1, round(args.val_fraction * n)) if args.val_fraction > 0 else 0
-        if n - n_val < 1:
-            raise PrepareError(f"{n} tokens are too few to split")
-        shards = []  # (file name, tokens): val first, as in the token file
-        for split, count in (("val", n_val), ("train", n - n_val)):
-            sizes = split_sizes(count, args.shard_tokens) if count else []
-            shards += [(f"{name}_{split}_{i:06d}.bin", k) for i, k in enumerate(sizes)]
-        with open(tokens_path, "rb") as f:
-            for fname, count in shards:
-                tokens = array.array("H")
-                tokens.fromfile(f, count)
-                write_shard(os.path.join(staging, fname), tokens)
+        stats = encode_all(files, sizes, args, staging)
+        shards = cut_shards(args, staging, stats)
+        entries = [shard_entry(os.path.join(staging, fname)) for fname, _ in shards]
+        write_manifest(out, name, entries)
         for path in old:
             os.remove(path)
         for fname, _ in shards:
             os.replace(os.path.join(staging, fname), os.path.join(out, fname))
-        done = True
-    except OSError as e:
-        raise PrepareError(f"{e.filename or out}: {e.strerror}") from None
-    finally:
+        shutil.rmtree(staging)
+    except PrepareError:  # bad input: nothing is left
         shutil.rmtree(staging, ignore_errors=True)
-        if made_out and not done:
-            try:
-                os.rmdir(out)
-            except OSError:
-                pass
-    report(args, files, progress, n, n_val, shards)
+        if made_out:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    except OSError as e:
+        raise PrepareError(f"{e.filename or out}: {e.strerror} (the finished pieces stay in {staging}: "
+                           "the same command continues)") from None
+    report(args, stats, shards)
 
 
-def tokenize(paths, enc, tokens_path):
-    """Encode the files as documents into tokens_path (uint16, native order); return the number of
-    documents, of tokens, and the Progress."""
-    sizes = {path: os.path.getsize(path) for path in paths}
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if not any(sizes.values()):
-        raise PrepareError(f"{paths[0]}: empty" if len(paths) == 1 else "no text: every input file is empty")
+def encode_all(files, sizes, args, staging):
+    """Encode every file's pieces into staging/FFFFFF_PPPPPP.u16 (file, piece), skipping the finished
+    ones; a file whose pieces are all finished gets staging/FFFFFF.done ({pieces, docs}) and is not read
+    again. Returns the run's numbers."""
     progress = Progress(sum(sizes.values()))
-    files = n = 0
-    with open(tokens_path, "wb") as f:
-        for path in paths:
+    encoder = Encoder(args.workers)
+    stats = {"files": 0, "docs": 0, "pieces": [0] * len(files), "progress": progress, "encoder": encoder}
+    try:
+        for i, path in enumerate(files):
             if sizes[path] == 0:
                 print(f"notice: {path} is empty, skipped", file=sys.stderr)
                 continue
-            files += 1
-            for tokens in encode_file(path, enc, threads, progress.add):
-                array.array("H", tokens).tofile(f)
-                n += len(tokens)
-                progress.tokens = n
-    progress.close()
-    if n == files:  # nothing but the documents' <|endoftext|>
+            done_path = os.path.join(staging, f"{i:06d}.done")
+            if os.path.exists(done_path):
+                done = json.load(open(done_path))
+                progress.add(sizes[path])
+            else:
+                done = encode_file_pieces(i, path, args, staging, encoder, progress, done_path)
+            stats["files"] += done["docs"] > 0
+            stats["docs"] += done["docs"]
+            stats["pieces"][i] = done["pieces"]
+        encoder.finish()
+        progress.close()
+    finally:
+        encoder.close()
+    return stats
+
+
+def encode_file_pieces(i, path, args, staging, encoder, progress, done_path):
+    """Submit the file's unfinished pieces; its .done is written once they all are (the next files' pieces
+    are read meanwhile, so many small files keep every worker busy)."""
+    gen, k, left = pieces(path, args.text_field, progress), 0, [0]
+    done = {}
+
+    def piece_done(tokens, piece_path):
+        write_piece(piece_path, tokens, progress)
+        left[0] -= 1
+        if done and not left[0]:
+            write_text(done_path, json.dumps(done))
+
+    while True:
+        try:
+            items = next(gen)
+        except StopIteration as stop:
+            done.update(pieces=k, docs=stop.value)
+            if not left[0]:
+                write_text(done_path, json.dumps(done))
+            return done
+        piece_path = os.path.join(staging, f"{i:06d}_{k:06d}.u16")
+        if not os.path.exists(piece_path):
+            left[0] += 1
+            encoder.submit(items, lambda tokens, p=piece_path: piece_done(tokens, p))
+        k += 1
+
+
+def write_piece(path, tokens, progress):
+    with open(path + ".tmp", "wb") as f:
+        f.write(tokens)
+    os.replace(path + ".tmp", path)
+    progress.tokens += len(tokens) // 2
+
+
+def cut_shards(args, staging, stats):
+    """Cut the pieces' tokens, in order, into the val and train shards in staging (a shard already there
+    is finished: kept). Returns [(file name, tokens)]."""
+    piece_paths = [os.path.join(staging, f"{i:06d}_{k:06d}.u16")
+                   for i, count in enumerate(stats["pieces"]) for k in range(count)]
+    n = sum(os.path.getsize(p) for p in piece_paths) // 2
+    stats["tokens"] = n
+    if n == stats["docs"]:  # nothing but the documents' <|endoftext|>
         raise PrepareError("no text in the input files")
-    return files, n, progress
+    n_val = max(1, round(args.val_fraction * n)) if args.val_fraction > 0 else 0
+    if n - n_val < 1:
+        raise PrepareError(f"{n} tokens are too few to split")
+    stats["val"] = n_val
+    shards = []  # (file name, tokens): val first, as in the pieces
+    for split, count in (("val", n_val), ("train", n - n_val)):
+        sizes = split_sizes(count, args.shard_tokens) if count else []
+        shards += [(f"{args.name}_{split}_{i:06d}.bin", k) for i, k in enumerate(sizes)]
+    stream = TokenStream(piece_paths)
+    for fname, count in shards:
+        path = os.path.join(staging, fname)
+        if os.path.exists(path):
+            stream.skip(count)
+        else:
+            write_shard(path, stream.read(count))
+    return shards
 
 
-def report(args, files, progress, n, n_val, shards):
-    seconds = time.time() - progress.start
-    print(f"{files} file(s), {progress.bytes:,} bytes -> {n:,} tokens in {seconds:.1f} s "
-          f"({progress.rate():.1f} MB/s)")
+class TokenStream:
+    """The pieces' tokens as one stream."""
+
+    def __init__(self, paths):
+        self.paths, self.file = list(paths), None
+
+    def _next_file(self):
+        if self.file:
+            self.file.close()
+        self.file = open(self.paths.pop(0), "rb")
+
+    def read(self, count):
+        tokens = array.array("H")
+        while len(tokens) < count:
+            data = self.file.read(2 * (count - len(tokens))) if self.file else b""
+            if not data:
+                self._next_file()
+            tokens.frombytes(data)
+        return tokens
+
+    def skip(self, count):
+        while count:
+            left = (os.fstat(self.file.fileno()).st_size - self.file.tell()) // 2 if self.file else 0
+            if not left:
+                self._next_file()
+                continue
+            step = min(left, count)
+            self.file.seek(2 * step, os.SEEK_CUR)
+            count -= step
+
+
+def report(args, stats, shards):
+    progress, encoder, n, n_val = stats["progress"], stats["encoder"], stats["tokens"], stats["val"]
+    seconds = max(time.time() - progress.start, 1e-9)
+    text_bytes = sum(b for b, _, _ in encoder.busy.values())
+    encoded = sum(t for _, t, _ in encoder.busy.values())  # this run's: a continued run counts only its own work
+    print(f"{stats['files']} file(s), {stats['docs']:,} documents -> {n:,} tokens; this run encoded {text_bytes:,} "
+          f"bytes of text into {encoded:,} tokens in {seconds:.1f} s: {text_bytes / 1e6 / seconds:.2f} MB/s, "
+          f"{encoded / seconds:,.0f} tokens/s")
+    if encoder.pool:
+        rates = ", ".join(f"{b / 1e6 / max(s, 1e-9):.2f} MB/s ({t / max(s, 1e-9):,.0f} tokens/s)"
+                          for b, t, s in encoder.busy.values())
+        print(f"  {args.workers} workers, each while encoding: {rates}")
     for split, count in (("val", n_val), ("train", n - n_val)):
         names = [os.path.join(args.out, f) for f, _ in shards if f.startswith(f"{args.name}_{split}_")]
         if names:
@@ -297,22 +710,30 @@ def shown(*parts):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("text", nargs="+", metavar="TEXT", help="UTF-8 text files, one document each")
+    ap.add_argument("text", nargs="+", metavar="INPUT",
+                    help="text files (one document each), .jsonl, .jsonl.gz, .jsonl.zst, .parquet; folders; quoted globs")
     ap.add_argument("--out", default="data", help="folder for the shards [data]")
     ap.add_argument("--name", help="shard name prefix [the first TEXT's name without its extension]")
     ap.add_argument("--val-fraction", type=float, default=0.1, help="share of the tokens for val (0: none) [0.1]")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, help="most tokens per shard [100000000]")
     ap.add_argument("--force", action="store_true", help="replace existing shards of the same name")
+    ap.add_argument("--text-field", default="text", help="the JSON field or parquet column of the text [text]")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="processes that encode (the shards are the same for any number) [1: this one, on every core]")
     args = ap.parse_args()
-    if args.name is None:  # the first file's name, made safe for the engine's glob
-        stem = os.path.splitext(os.path.basename(args.text[0]))[0]
+    if args.name is None:  # the first input's name, made safe for the engine's glob
+        stem = os.path.basename(os.path.normpath(args.text[0])).split("*")[0]
+        ending = next((k for k in KNOWN if stem.endswith(k)), None)
+        stem = stem[:-len(ending)] if ending else os.path.splitext(stem)[0]
         args.name = re.sub(r"[^A-Za-z0-9._-]", "_", stem) or "data"
     try:
         prepare(args)
     except PrepareError as e:
         sys.exit(f"prepare.py: error: {e}")
     except KeyboardInterrupt:
-        sys.exit("prepare.py: interrupted; nothing written")
+        staging = os.path.join(args.out, f".{args.name}.prepare.tmp")
+        kept = f"the finished pieces stay in {staging}: the same command continues" if os.path.isdir(staging) else "nothing written"
+        sys.exit(f"prepare.py: interrupted; {kept}")
     except BrokenPipeError:  # whoever read the report left (prepare.py ... | head): stop without a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
