@@ -8,8 +8,10 @@ transformers itself. Prints "PASS ..." and "FAIL ..." lines, and "skip: ..." for
 
     python3 dev/hf/test_hf.py TMP
 """
+import filecmp
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -259,6 +261,15 @@ def check_transformers(tmp, docs, engine):
     model_bin = os.path.join(tmp, "random.bin")
     rc, err = import_py(saved, model_bin)
     check(rc == 0, "import.py of a GPT2LMHeadModel saved by transformers' save_pretrained"
+          + (f" ({err})" if err else ""))
+    # the older format, a torch.save'd state dict (transformers 5 writes safetensors only): the same file
+    older = os.path.join(tmp, "random_hf_bin")
+    os.makedirs(older)
+    shutil.copy(os.path.join(saved, "config.json"), older)
+    torch.save(model.state_dict(), os.path.join(older, "pytorch_model.bin"))
+    rc, err = import_py(older, model_bin + ".older")
+    check(rc == 0 and filecmp.cmp(model_bin, model_bin + ".older", shallow=False),
+          "import.py of pytorch_model.bin (torch.save of the same model) gives the same file byte for byte"
           + (f" ({err})" if err else ""))
     shard = os.path.join(ROOT, "dev", "ref", "tiny_tokens.bin")
     x, y = gpt2_ref.batch(gpt2_ref.read_tokens(shard), 2, 16)
