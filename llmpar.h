@@ -5,8 +5,8 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
 
   1. basics      errors that name what failed, files, timers, RNG, device memory
                  defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
-  2. config      the model's shape, GPT-2 presets, parameter tensor sizes
-                 defines: LPConfig, lp_config_from_depth, lp_param_sizes
+  2. config      the model's shape (a mixture of experts' too), GPT-2 presets, parameter tensor sizes
+                 defines: LPConfig, lp_config_from_depth, lp_param_sizes, lp_layer_has
   3. topology    every parallel setting (LPParallel), MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p
                  grid of ranks as data (its axes) and its groups, GPU choice
                  defines: LPParallel, LP_SETTING, lp_axes, LPProcess, LPGroup, lp_blas_init, lp_process_init, lp_grid_init,
@@ -17,7 +17,8 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
   5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI; the watchdog over their waits
                  defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, LPPending, lp_wait,
                  lp_watch, lp_watchdog_start
-  6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature
+  6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature (a mixture of experts'
+                 routing, rows into expert order and back, gated sum among them)
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
   7. data        llm.c token shards and their manifest, per-DP-rank slices, shuffled or file order, resumable position;
                  llm.c's multiple-choice eval files (HellaSwag)
@@ -27,16 +28,18 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  offload), where gradients are averaged over dp; the hooks forward and backward call around each layer
                  defines: LPOffload, LPHostOptim, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done,
                  lp_zero_average, lp_zero_state_get/put (the optimizer's shard a chunk at a time)
-  9. model       parameters (one rank's TP slice), activations, the TP operators, forward, backward
-                 defines: lp_parallel_one, LPModelOptions, LPModel, LPLayerActs, lp_model_create, lp_model_forward,
-                 lp_model_backward
+  9. model       parameters (one rank's TP slice), activations, the TP operators, a mixture of experts' MLP,
+                 forward, backward
+                 defines: lp_parallel_one, LPMoEOptions, LPModelOptions, LPModel, LPLayerActs, lp_model_create,
+                 lp_moe_forward, lp_model_forward, lp_model_backward
  10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
                  defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
- 11. files       model files (llm.c format), checkpoints, tokenizer (samples printed as valid UTF-8)
+ 11. files       model files (llm.c format; llmpar's version 6 for experts), checkpoints, tokenizer (samples printed as valid UTF-8)
                  defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
                  LPUtf8
  12. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
-                 defines: lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition, lp_device_peak_flops
+                 defines: lp_active_params, lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition,
+                 lp_device_peak_flops
  13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv of a micro-batch's boundary
                  defines: LPStage, lp_stage_create, lp_stage_forward, lp_stage_backward, lp_stage_bubble
  14. step        one optimizer step in four phases, each one call, each naming where ranks communicate
@@ -405,6 +408,8 @@ static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 #define LP_MAX_LAYERS 1024  // a model's layers (model files asking for more are refused)
 #define LP_MAX_CHUNKS 1024  // pipeline chunks, p x v
 #define LP_MAX_SHARDS 1024  // data-parallel ranks ZeRO shards over
+#define LP_MAX_EXPERTS 1024 // experts of a MoE layer
+#define LP_MAX_TOPK 16      // experts per token
 
 typedef struct {
     int max_seq_len;        // T of the position table (wpe)
@@ -413,36 +418,60 @@ typedef struct {
     int num_layers;         // L
     int num_heads;          // NH
     int channels;           // C
+    // mixture of experts (0 experts: a dense model): layer l's MLP is moe_experts expert MLPs of the dense
+    // one's shape when l % moe_every == 0 (every layer for 1), each token sent to moe_topk of them (section 9)
+    int moe_experts, moe_topk, moe_every;
 } LPConfig;
 
-// The 16 parameter tensors, in llm.c's file order. Weights are (out, in) row-major.
+// The parameter tensors in file order: llm.c's 16, then a mixture of experts' 5 (none in a dense model).
+// Weights are (out, in) row-major. A layer tensor holds one matrix per layer that has it: the dense MLP's
+// four in the dense layers, the router and the experts' four in the MoE layers, the rest in every layer.
 enum {
     LP_WTE, LP_WPE, LP_LN1W, LP_LN1B, LP_QKVW, LP_QKVB, LP_ATTPROJW, LP_ATTPROJB,
-    LP_LN2W, LP_LN2B, LP_FCW, LP_FCB, LP_FCPROJW, LP_FCPROJB, LP_LNFW, LP_LNFB, LP_NUM_PARAMS
+    LP_LN2W, LP_LN2B, LP_FCW, LP_FCB, LP_FCPROJW, LP_FCPROJB, LP_LNFW, LP_LNFB,
+    LP_ROUTERW, LP_EXPFCW, LP_EXPFCB, LP_EXPFCPROJW, LP_EXPFCPROJB, LP_NUM_PARAMS
 };
 static const char* const lp_param_names[LP_NUM_PARAMS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
+    "routerw", "expfcw", "expfcb", "expfcprojw", "expfcprojb"};
 
 // Tensor parallelism splits each tensor of the (out, in) weight matrices one of three ways:
-//   rows     column-parallel layers (qkv, fc) and the vocab-parallel wte: each rank holds 1/t of the
-//            outputs (qkv: 1/t of the heads in each of q, k and v, so its rows come in 3 blocks);
-//   columns  row-parallel layers (attproj, fcproj): each rank holds 1/t of the inputs;
-//   none     replicated: wpe, LayerNorms, and the row-parallel biases (added once, after the reduction).
+//   rows     column-parallel layers (qkv, fc, each expert's fc) and the vocab-parallel wte: each rank holds
+//            1/t of the outputs (qkv: 1/t of the heads in each of q, k and v, so its rows come in 3 blocks;
+//            the experts' fc: 1/t of each expert's, E blocks);
+//   columns  row-parallel layers (attproj, fcproj, the experts' fcproj): each rank holds 1/t of the inputs;
+//   none     replicated: wpe, LayerNorms, the router, and the row-parallel biases (added once, after the
+//            reduction; an expert's, before its gate: by TP rank 0).
 enum { LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_COLS };
 static const int lp_param_split[LP_NUM_PARAMS] = {
     LP_SPLIT_ROWS, LP_REPLICATED, LP_REPLICATED, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED,
-    LP_REPLICATED, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED, LP_REPLICATED, LP_REPLICATED};
+    LP_REPLICATED, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED, LP_REPLICATED, LP_REPLICATED,
+    LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED};
 
-static inline int lp_is_layer_tensor(int i) { return i >= LP_LN1W && i <= LP_FCPROJB; }
+static inline int lp_is_layer_tensor(int i) { return (i >= LP_LN1W && i <= LP_FCPROJB) || i >= LP_ROUTERW; }
+static inline int lp_is_moe_layer(const LPConfig* c, int l) { return c->moe_experts > 0 && l % c->moe_every == 0; }
+// Whether layer l (of the model) has tensor i.
+static inline int lp_layer_has(const LPConfig* c, int i, int l) {
+    if (i >= LP_FCW && i <= LP_FCPROJB) return !lp_is_moe_layer(c, l);
+    if (i >= LP_ROUTERW) return lp_is_moe_layer(c, l);
+    return lp_is_layer_tensor(i);
+}
+// How many of the layers [l0, l1) have tensor i.
+static inline int lp_layers_having(const LPConfig* c, int i, int l0, int l1) {
+    int n = 0;
+    for (int l = l0; l < l1; l++) n += lp_layer_has(c, i, l);
+    return n;
+}
 
-// Tensor i as `count` matrices (one per layer, or one) of rows x cols, the rows in `blocks` equal blocks
+// Tensor i as `count` matrices (one per layer that has it, or one) of rows x cols, the rows in `blocks` equal blocks
 // that TP splits separately (3 for q, k, v; else 1). A vector is a matrix of one row (or one column,
 // when it is the bias of a rows-split layer).
 static inline void lp_param_shape(const LPConfig* c, int i, size_t* count, size_t* rows, size_t* cols, int* blocks) {
     size_t C = c->channels;
-    *count = lp_is_layer_tensor(i) ? (size_t)c->num_layers : 1;
-    *blocks = i == LP_QKVW || i == LP_QKVB ? 3 : 1;
+    size_t E = c->moe_experts;
+    *count = lp_is_layer_tensor(i) ? (size_t)lp_layers_having(c, i, 0, c->num_layers) : 1;
+    *blocks = i == LP_QKVW || i == LP_QKVB ? 3 : i == LP_EXPFCW || i == LP_EXPFCB ? (int)E : 1;
     *rows = 1;
     *cols = C;
     switch (i) {
@@ -454,6 +483,11 @@ static inline void lp_param_shape(const LPConfig* c, int i, size_t* count, size_
         case LP_FCW: *rows = 4 * C; break;
         case LP_FCB: *rows = 4 * C; *cols = 1; break;
         case LP_FCPROJW: *rows = C; *cols = 4 * C; break;
+        case LP_ROUTERW: *rows = E; break;
+        case LP_EXPFCW: *rows = E * 4 * C; break;
+        case LP_EXPFCB: *rows = E * 4 * C; *cols = 1; break;
+        case LP_EXPFCPROJW: *rows = E * C; *cols = 4 * C; break;
+        case LP_EXPFCPROJB: *rows = E; break;
         default: break;  // LayerNorm weights and biases, row-parallel biases: one row of C
     }
 }
@@ -477,7 +511,8 @@ static inline size_t lp_config_num_params(const LPConfig* c) {
 
 // Matrices get weight decay; biases and LayerNorm parameters do not (as in GPT-2 and llm.c).
 static inline int lp_param_decays(int i) {
-    return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW;
+    return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW || i == LP_ROUTERW ||
+           i == LP_EXPFCW || i == LP_EXPFCPROJW;
 }
 
 #define LP_FLASH_MAX_HS 128  // the largest head the CUDA build's attention kernels take (register tiles)
@@ -494,6 +529,12 @@ static inline void lp_config_validate(const LPConfig* c, const char* source) {
     if (c->padded_vocab_size < c->vocab_size)
         lp_fail("%s: padded vocab %d smaller than vocab %d", source, c->padded_vocab_size, c->vocab_size);
     if (c->vocab_size > 65536) lp_fail("%s: vocab %d does not fit uint16 token shards", source, c->vocab_size);
+    if (c->moe_experts < 0 || c->moe_experts > LP_MAX_EXPERTS)
+        lp_fail("%s: %d experts per MoE layer, outside 0 .. %d", source, c->moe_experts, LP_MAX_EXPERTS);
+    if (c->moe_experts && (c->moe_topk < 1 || c->moe_topk > c->moe_experts || c->moe_topk > LP_MAX_TOPK))
+        lp_fail("%s: top-%d routing: a token's experts must be 1 .. %d, at most the layer's %d", source, c->moe_topk, LP_MAX_TOPK,
+                c->moe_experts);
+    if (c->moe_experts && c->moe_every < 1) lp_fail("%s: MoE every %d layers: must be 1 or more", source, c->moe_every);
 #ifndef LLMPAR_CPU
     if (c->channels / c->num_heads > LP_FLASH_MAX_HS)
         lp_fail("%s: head size C/NH = %d/%d = %d is above %d, the most the CUDA build's flash attention takes (more heads, or "
@@ -508,6 +549,7 @@ static inline int lp_config_from_depth(LPConfig* c, const char* name) {
     for (const char* p = name + 1; *p; p++) if (*p < '0' || *p > '9') return 0;
     long d = strtol(name + 1, NULL, 10);
     if (d > 1 << 20) d = 1 << 20;  // lp_config_validate refuses it; this only keeps 64 d an int
+    memset(c, 0, sizeof(*c));  // dense: no experts
     c->num_layers = d;
     c->max_seq_len = 1024;
     c->vocab_size = 50257;
@@ -2056,13 +2098,13 @@ static inline void lp_layernorm_forward_cpu(float* out, float* mean, float* rstd
 
 // residual = inp1 + (inp2 + bias), then out = layernorm(residual): one pass over the residual stream, not
 // two. inp2 is a row-parallel projection's output, summed over tensor-parallel ranks before its bias is
-// added here, once. out NULL: the residual only (a pipeline chunk's last layer, whose LayerNorm is in the
+// added here, once (NULL: none, a MoE layer's experts add theirs). out NULL: the residual only (a pipeline chunk's last layer, whose LayerNorm is in the
 // next chunk).
 static inline void lp_residual_layernorm_forward_cpu(float* residual, float* out, float* mean, float* rstd,
                                                      const float* inp1, const float* inp2, const float* bias,
                                                      const float* w, const float* b, int N, int C) {
 #pragma omp parallel for
-    for (size_t i = 0; i < (size_t)N * C; i++) residual[i] = inp1[i] + (inp2[i] + bias[i % C]);
+    for (size_t i = 0; i < (size_t)N * C; i++) residual[i] = inp1[i] + (inp2[i] + (bias ? bias[i % C] : 0.0f));
     if (out) lp_layernorm_forward_cpu(out, mean, rstd, residual, w, b, N, C);
 }
 
@@ -2125,7 +2167,7 @@ static __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out
     for (int c = threadIdx.x * LP_PACK; c < Cp; c += blockDim.x * LP_PACK) {
         lp_store_pack(ws, c, Cp, lp_load_pack(w, c, C));
         lp_store_pack(bs, c, Cp, lp_load_pack(b, c, C));
-        if (inp2) lp_store_pack(biass, c, Cp, lp_load_pack(bias, c, C));
+        if (inp2) lp_store_pack(biass, c, Cp, bias ? lp_load_pack(bias, c, C) : lp_load_pack(bias, c, 0));  // (none: zeros)
     }
     __syncthreads();
     for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
@@ -3306,6 +3348,227 @@ static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* d
 }
 #endif
 
+// --- mixture of experts: a MoE layer (section 9) routes each token to k of its E experts. Here the router's
+// softmax and top-k, the rows moved into expert order and back, the gated sum of the experts' outputs, and
+// their backwards. Routing runs in fp32 on either build; every sum runs in a fixed order (no atomics).
+
+// Token t's routing, from its E router logits (in probs on entry): their softmax into probs, its logsumexp
+// (the z-loss's), its k experts of highest probability (ties to the lower index), best first, and their
+// gates: the probabilities renormalised to sum 1 for k >= 2 (GShard, Mixtral), the probability itself for
+// k = 1 (Switch: with a gate of 1 the router would learn from the balance loss alone).
+static inline LP_HD void lp_moe_route_row(float* probs, float* lse, int* expert, float* gate, int E, int K) {
+    float mx = -INFINITY, sum = 0.0f, chosen = 0.0f;
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, probs[e]);
+    for (int e = 0; e < E; e++) {
+        probs[e] = expf(probs[e] - mx);
+        sum += probs[e];
+    }
+    for (int e = 0; e < E; e++) probs[e] /= sum;
+    *lse = mx + logf(sum);
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= expert[j] == e;
+            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+        }
+        expert[k] = best;
+        chosen += probs[best];
+    }
+    for (int k = 0; k < K; k++) gate[k] = K == 1 ? probs[expert[k]] : probs[expert[k]] / chosen;
+}
+static inline void lp_moe_route_cpu(float* probs, float* lse, int* expert, float* gate, const float* logits, int N, int E, int K) {
+#pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float* p = probs + (size_t)t * E;
+        for (int e = 0; e < E; e++) p[e] = logits[(size_t)t * E + e];
+        lp_moe_route_row(p, lse + t, expert + (size_t)t * K, gate + (size_t)t * K, E, K);
+    }
+}
+
+// The balance and z-losses' statistics: sums[e] = the probabilities of expert e summed over the N tokens (in
+// token order), sums[E] = the tokens' squared logsumexps summed.
+static inline void lp_moe_stats_cpu(float* sums, const float* probs, const float* lse, int N, int E) {
+#pragma omp parallel for
+    for (int e = 0; e <= E; e++) {
+        float s = 0.0f;
+        for (int t = 0; t < N; t++) s += e < E ? probs[(size_t)t * E + e] : lse[t] * lse[t];
+        sums[e] = s;
+    }
+}
+
+// Rows into expert order: xp[j] = x[src[j]] for the M rows kept.
+static inline void lp_moe_permute_cpu(float* xp, const float* x, const int* src, int M, int C) {
+#pragma omp parallel for
+    for (int j = 0; j < M; j++) memcpy(xp + (size_t)j * C, x + (size_t)src[j] * C, (size_t)C * sizeof(float));
+}
+
+// And back, summed: dx[t] = the sum over token t's choices of row pos[t, k] of dxp (a dropped one: none),
+// written, not added (the permutation's backward: each token's gradient from its experts).
+static inline void lp_moe_unpermute_cpu(float* dx, const float* dxp, const int* pos, int N, int K, int C) {
+#pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float* d = dx + (size_t)t * C;
+        for (int c = 0; c < C; c++) d[c] = 0.0f;
+        for (int k = 0; k < K; k++)
+            if (pos[t * K + k] >= 0)
+                for (int c = 0; c < C; c++) d[c] += dxp[(size_t)pos[t * K + k] * C + c];
+    }
+}
+
+// The layer's output: y[t] = sum over token t's kept choices k of gate[t, k] * yp[pos[t, k]] (0 when all
+// were dropped: the residual alone carries the token).
+static inline void lp_moe_combine_cpu(float* y, const float* yp, const int* pos, const float* gate, int N, int K, int C) {
+#pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float* o = y + (size_t)t * C;
+        for (int c = 0; c < C; c++) o[c] = 0.0f;
+        for (int k = 0; k < K; k++)
+            if (pos[t * K + k] >= 0)
+                for (int c = 0; c < C; c++) o[c] += gate[t * K + k] * yp[(size_t)pos[t * K + k] * C + c];
+    }
+}
+// Its backward from dy: each kept row's gradient dyp[pos[t, k]] = gate[t, k] * dy[t], and each gate's
+// dgate[t, k] = dy[t] . yp[pos[t, k]] (0 for a dropped choice).
+static inline void lp_moe_combine_backward_cpu(float* dyp, float* dgate, const float* dy, const float* yp, const int* pos,
+                                               const float* gate, int N, int K, int C) {
+#pragma omp parallel for
+    for (int t = 0; t < N; t++)
+        for (int k = 0; k < K; k++) {
+            int j = pos[t * K + k];
+            float dot = 0.0f;
+            for (int c = 0; c < C && j >= 0; c++) {
+                dyp[(size_t)j * C + c] = gate[t * K + k] * dy[(size_t)t * C + c];
+                dot += dy[(size_t)t * C + c] * yp[(size_t)j * C + c];
+            }
+            dgate[t * K + k] = dot;
+        }
+}
+
+// The router's backward for token t, from its gates' gradients dgate (K; `parts` partial ones, each TP
+// rank's, (N,K) apart, added in rank order): through the renormalisation (k >= 2) into the gradients of the
+// chosen probabilities, coef[k] for probs[expert[k]]; returns sum_e probs[e] dp[e] over every probability's
+// gradient dp, which also holds the balance loss's daux[e] (its coefficient times E times the share of the
+// rows that chose e, weighted as the loss is). Then each logit's gradient is lp_moe_router_dlogit's:
+// through the softmax, plus the z-loss's dz * 2 lse * probs[e].
+static inline LP_HD float lp_moe_router_row(float* coef, const float* probs, const int* expert, const float* gate,
+                                            const float* dgate, int parts, size_t stride, const float* daux, int E, int K) {
+    float chosen = 0.0f, dot = 0.0f, s = 0.0f;
+    for (int k = 0; k < K; k++) {
+        coef[k] = 0.0f;
+        for (int r = 0; r < parts; r++) coef[k] += dgate[r * stride + k];
+        chosen += probs[expert[k]];
+        dot += coef[k] * gate[k];
+    }
+    for (int k = 0; k < K; k++) coef[k] = K == 1 ? coef[k] : (coef[k] - dot) / chosen;
+    for (int e = 0; e < E; e++) s += probs[e] * daux[e];
+    for (int k = 0; k < K; k++) s += probs[expert[k]] * coef[k];
+    return s;
+}
+static inline LP_HD float lp_moe_router_dlogit(int e, const float* coef, float s, const float* probs, float lse, const int* expert,
+                                               const float* daux, float dz, int K) {
+    float dp = daux[e];
+    for (int k = 0; k < K; k++) dp += expert[k] == e ? coef[k] : 0.0f;
+    return probs[e] * (dp - s) + dz * 2.0f * lse * probs[e];
+}
+static inline void lp_moe_router_backward_cpu(float* dlogits, const float* probs, const float* lse, const int* expert,
+                                              const float* gate, const float* dgate, int parts, const float* daux, float dz,
+                                              int N, int E, int K) {
+#pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float coef[LP_MAX_TOPK];
+        const float *p = probs + (size_t)t * E;
+        const int* x = expert + (size_t)t * K;
+        float s = lp_moe_router_row(coef, p, x, gate + (size_t)t * K, dgate + (size_t)t * K, parts, (size_t)N * K, daux, E, K);
+        for (int e = 0; e < E; e++) dlogits[(size_t)t * E + e] = lp_moe_router_dlogit(e, coef, s, p, lse[t], x, daux, dz, K);
+    }
+}
+
+#ifndef LLMPAR_CPU
+// The kernels: a thread per token for the routing and the router's backward, per column for the statistics,
+// per (row, channel) for the moves and the gated sum, per (token, choice) for the gates' gradients; each
+// sums in the CPU loop's order.
+static __global__ void lp_moe_route_kernel(float* probs, float* lse, int* expert, float* gate, const floatX* logits, int N, int E,
+                                           int K) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    float* p = probs + (size_t)t * E;
+    for (int e = 0; e < E; e++) p[e] = lp_bf(logits[(size_t)t * E + e]);
+    lp_moe_route_row(p, lse + t, expert + (size_t)t * K, gate + (size_t)t * K, E, K);
+}
+static inline void lp_moe_route_gpu(float* probs, float* lse, int* expert, float* gate, const floatX* logits, int N, int E, int K) {
+    LP_LAUNCH(lp_moe_route_kernel, lp_grid(N, LP_THREADS), LP_THREADS, 0, probs, lse, expert, gate, logits, N, E, K);
+}
+static __global__ void lp_moe_stats_kernel(float* sums, const float* probs, const float* lse, int N, int E) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e > E) return;
+    float s = 0.0f;
+    for (int t = 0; t < N; t++) s += e < E ? probs[(size_t)t * E + e] : lse[t] * lse[t];
+    sums[e] = s;
+}
+static inline void lp_moe_stats_gpu(float* sums, const float* probs, const float* lse, int N, int E) {
+    LP_LAUNCH(lp_moe_stats_kernel, lp_grid(E + 1, LP_THREADS), LP_THREADS, 0, sums, probs, lse, N, E);
+}
+static __global__ void lp_moe_permute_kernel(floatX* xp, const floatX* x, const int* src, int M, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * C) return;
+    xp[i] = x[(size_t)src[i / C] * C + i % C];
+}
+static inline void lp_moe_permute_gpu(floatX* xp, const floatX* x, const int* src, int M, int C) {
+    if (M > 0) LP_LAUNCH(lp_moe_permute_kernel, lp_grid((size_t)M * C, LP_THREADS), LP_THREADS, 0, xp, x, src, M, C);
+}
+// y[t, c] = sum over k of w[t, k] * rows[pos[t, k], c] (w NULL: 1): the gated sum, and the permutation's backward.
+static __global__ void lp_moe_gather_sum_kernel(floatX* y, const floatX* rows, const int* pos, const float* w, int N, int K, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    size_t t = i / C, c = i % C;
+    float s = 0.0f;
+    for (int k = 0; k < K; k++)
+        if (pos[t * K + k] >= 0) s += (w ? w[t * K + k] : 1.0f) * lp_bf(rows[(size_t)pos[t * K + k] * C + c]);
+    y[i] = lp_xf(s);
+}
+static inline void lp_moe_unpermute_gpu(floatX* dx, const floatX* dxp, const int* pos, int N, int K, int C) {
+    LP_LAUNCH(lp_moe_gather_sum_kernel, lp_grid((size_t)N * C, LP_THREADS), LP_THREADS, 0, dx, dxp, pos, (const float*)NULL, N, K, C);
+}
+static inline void lp_moe_combine_gpu(floatX* y, const floatX* yp, const int* pos, const float* gate, int N, int K, int C) {
+    LP_LAUNCH(lp_moe_gather_sum_kernel, lp_grid((size_t)N * C, LP_THREADS), LP_THREADS, 0, y, yp, pos, gate, N, K, C);
+}
+static __global__ void lp_moe_combine_backward_kernel(floatX* dyp, float* dgate, const floatX* dy, const floatX* yp, const int* pos,
+                                                      const float* gate, int N, int K, int C) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * K) return;
+    int j = pos[i];
+    size_t t = i / K;
+    float dot = 0.0f;
+    for (int c = 0; c < C && j >= 0; c++) {
+        dyp[(size_t)j * C + c] = lp_xf(gate[i] * lp_bf(dy[t * C + c]));
+        dot += lp_bf(dy[t * C + c]) * lp_bf(yp[(size_t)j * C + c]);
+    }
+    dgate[i] = dot;
+}
+static inline void lp_moe_combine_backward_gpu(floatX* dyp, float* dgate, const floatX* dy, const floatX* yp, const int* pos,
+                                               const float* gate, int N, int K, int C) {
+    LP_LAUNCH(lp_moe_combine_backward_kernel, lp_grid((size_t)N * K, LP_THREADS), LP_THREADS, 0, dyp, dgate, dy, yp, pos, gate, N, K, C);
+}
+static __global__ void lp_moe_router_backward_kernel(floatX* dlogits, const float* probs, const float* lse, const int* expert,
+                                                     const float* gate, const float* dgate, int parts, const float* daux, float dz,
+                                                     int N, int E, int K) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    float coef[LP_MAX_TOPK];
+    const float* p = probs + (size_t)t * E;
+    const int* x = expert + (size_t)t * K;
+    float s = lp_moe_router_row(coef, p, x, gate + (size_t)t * K, dgate + (size_t)t * K, parts, (size_t)N * K, daux, E, K);
+    for (int e = 0; e < E; e++) dlogits[(size_t)t * E + e] = lp_xf(lp_moe_router_dlogit(e, coef, s, p, lse[t], x, daux, dz, K));
+}
+static inline void lp_moe_router_backward_gpu(floatX* dlogits, const float* probs, const float* lse, const int* expert,
+                                              const float* gate, const float* dgate, int parts, const float* daux, float dz,
+                                              int N, int E, int K) {
+    LP_LAUNCH(lp_moe_router_backward_kernel, lp_grid(N, LP_THREADS), LP_THREADS, 0, dlogits, probs, lse, expert, gate, dgate, parts,
+              daux, dz, N, E, K);
+}
+#endif
+
 // --- classifier (cross-entropy over the vocabulary), vocab-parallel: each rank holds the logits of its
 // slice [v0, v0 + Vl) of the padded vocabulary, and the full row of logits is never gathered. Per row,
 // classifier_stats writes this slice's (max, sum of exp(logit - max), target's logit or 0) over the real
@@ -3652,6 +3915,13 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_attention_probs            lp_attention_probs_cpu
 #define lp_attention_forward          lp_attention_forward_cpu
 #define lp_attention_backward         lp_attention_backward_cpu
+#define lp_moe_route                  lp_moe_route_cpu
+#define lp_moe_stats                  lp_moe_stats_cpu
+#define lp_moe_permute                lp_moe_permute_cpu
+#define lp_moe_unpermute              lp_moe_unpermute_cpu
+#define lp_moe_combine                lp_moe_combine_cpu
+#define lp_moe_combine_backward       lp_moe_combine_backward_cpu
+#define lp_moe_router_backward        lp_moe_router_backward_cpu
 #define lp_classifier_stats           lp_classifier_stats_cpu
 #define lp_classifier_grad            lp_classifier_grad_cpu
 #define lp_add_scaled                 lp_add_scaled_cpu
@@ -3674,6 +3944,13 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_attention_probs            lp_attention_probs_gpu
 #define lp_attention_forward          lp_attention_forward_gpu
 #define lp_attention_backward         lp_attention_backward_gpu
+#define lp_moe_route                  lp_moe_route_gpu
+#define lp_moe_stats                  lp_moe_stats_gpu
+#define lp_moe_permute                lp_moe_permute_gpu
+#define lp_moe_unpermute              lp_moe_unpermute_gpu
+#define lp_moe_combine                lp_moe_combine_gpu
+#define lp_moe_combine_backward       lp_moe_combine_backward_gpu
+#define lp_moe_router_backward        lp_moe_router_backward_gpu
 #define lp_classifier_stats           lp_classifier_stats_gpu
 #define lp_classifier_grad            lp_classifier_grad_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu
@@ -4341,11 +4618,15 @@ static inline void lp_host_optim_free(LPHostOptim* h) {
 typedef struct {
     const LPGroup* dp;        // gradients are averaged over this group (NULL: one replica)
     const LPParallel* par;    // its ZeRO stage (par->zero: "stage" below), overlap, buckets and offload
-    // the flat parameters: tensor i at param_offsets[i], param_sizes[i] values; one layer's slices of the
-    // layer tensors, packed one after another (layer_offsets), make layer_params values
-    int L;
+    // the flat parameters: tensor i at param_offsets[i], param_sizes[i] values; a layer tensor holds
+    // layer_size[i] values of each of the L layers [layer0, layer0 + L) of cfg that has it (lp_layer_has:
+    // a MoE layer has the router and experts where a dense one has its MLP). One layer's slices, packed one
+    // after another (layer_offsets; a MoE layer's experts where a dense layer's MLP is), make at most
+    // layer_params values
+    LPConfig cfg;
+    int L, layer0;
     size_t num_params, param_sizes[LP_NUM_PARAMS], param_offsets[LP_NUM_PARAMS];
-    size_t layer_offsets[LP_NUM_PARAMS], layer_params;
+    size_t layer_size[LP_NUM_PARAMS], layer_offsets[LP_NUM_PARAMS], layer_params;
     // this rank's shard [shard_start, shard_start + shard_size) of the flat parameters padded to a multiple
     // of dp's size (stage 0: everything)
     size_t padded_params, shard_start, shard_size;
@@ -4411,28 +4692,47 @@ static inline int lp_zero_whole(const LPZero* z, int i) {
     return !lp_is_layer_tensor(i) && !(i == LP_WTE && z->wte_cut);
 }
 
-// Lay out the flat parameters from their sizes (a layer tensor's for L layers; wte's of wte_rows rows) and
-// allocate what this rank keeps of them at par's ZeRO stage over dp, the optimizer state where par->offload
-// says (LP_OFFLOAD_*; NVME: a file in par->offload_dir, `tag` telling a rank's models apart). wte_alone: the
-// model holds the only copy of wte, so stages 2-3 may cut it in pieces.
-static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], int L, size_t wte_rows, int wte_alone,
-                                  const LPGroup* dp, const LPParallel* par, int tag) {
+// How many of layers 0 .. l-1 (local) have tensor i: where layer l's slice of it is, in layer_size steps.
+static inline size_t lp_zero_layer_index(const LPZero* z, int i, int l) {
+    return (size_t)lp_layers_having(&z->cfg, i, z->layer0, z->layer0 + l);
+}
+
+// Lay out the flat parameters from their sizes (a layer tensor's for the layers [layer0, layer0 + L) of cfg
+// that have it; wte's of wte_rows rows) and allocate what this rank keeps of them at par's ZeRO stage over
+// dp, the optimizer state where par->offload says (LP_OFFLOAD_*; NVME: a file in par->offload_dir, `tag`
+// telling a rank's models apart). wte_alone: the model holds the only copy of wte, so stages 2-3 may cut it
+// in pieces.
+static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], const LPConfig* cfg, int layer0, int L,
+                                  size_t wte_rows, int wte_alone, const LPGroup* dp, const LPParallel* par, int tag) {
     memset(z, 0, sizeof(*z));
     int stage = par->zero, offload = par->offload;
     if (stage >= 1 && !dp) lp_fail("%s %d: ZeRO needs a data-parallel group", LP_SETTING(zero), stage);
     z->dp = dp;
     z->par = par;
+    z->cfg = *cfg;
+    z->layer0 = layer0;
     z->L = L;
     z->wte_rows = wte_rows;
+    size_t mlp[2] = {0, 0};  // a layer's slices: those every layer has, then a dense MLP's or the experts' at the same place
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         z->param_sizes[i] = sizes[i];
         z->param_offsets[i] = z->num_params;
         z->num_params += sizes[i];
-        if (lp_is_layer_tensor(i)) {
+        if (!lp_is_layer_tensor(i)) continue;
+        size_t having = lp_zero_layer_index(z, i, L);
+        z->layer_size[i] = having ? sizes[i] / having : 0;
+        int kind = i >= LP_ROUTERW ? 1 : i >= LP_FCW ? 0 : -1;
+        if (kind < 0) {
             z->layer_offsets[i] = z->layer_params;
-            z->layer_params += L ? sizes[i] / L : 0;
+            z->layer_params += z->layer_size[i];
+        } else {
+            z->layer_offsets[i] = mlp[kind];  // (relative until the common part's end is known)
+            mlp[kind] += z->layer_size[i];
         }
     }
+    for (int i = LP_FCW; i < LP_NUM_PARAMS; i++)
+        if (lp_is_layer_tensor(i)) z->layer_offsets[i] += z->layer_params;
+    z->layer_params += mlp[0] > mlp[1] ? mlp[0] : mlp[1];
     z->unreduced = L;
     size_t cols = wte_rows ? sizes[LP_WTE] / wte_rows : 0;
     z->wte_cut = stage >= 2 && wte_alone && wte_rows > 0;
@@ -4554,18 +4854,18 @@ static inline void lp_zero_free(LPZero* z) {
     memset(z, 0, sizeof(*z));
 }
 
-// Tensor i of layer l (a layer tensor, LN1W .. FCPROJB): its weights, and where its gradient accumulates.
+// Tensor i of layer l (a layer tensor that layer has): its weights, and where its gradient accumulates.
 static inline floatX* lp_zero_weights(const LPZero* z, int i, int l) {
     if (z->par->zero >= 3) {
         for (int b = 0; b < 2; b++)
             if (z->layer_in_buf[b] == l) return z->layer_buf[b] + z->layer_offsets[i];
         lp_fail("ZeRO-3: layer %d's weights were used before they were gathered", l);
     }
-    return z->w[i] + (size_t)l * (z->param_sizes[i] / z->L);
+    return z->w[i] + lp_zero_layer_index(z, i, l) * z->layer_size[i];
 }
 static inline floatX* lp_zero_grads(const LPZero* z, int i, int l) {
     if (z->par->zero >= 2) return z->layer_grads + z->layer_offsets[i];
-    return z->g[i] + (size_t)l * (z->param_sizes[i] / z->L);
+    return z->g[i] + lp_zero_layer_index(z, i, l) * z->layer_size[i];
 }
 
 // How many of this rank's shard are real parameters (the last shard may end in padding).
@@ -4753,11 +5053,10 @@ static inline void lp_zero_prefetch(LPZero* z, int l, int keep) {
     int d0 = z->layer_in_buf[0] < 0 ? 1 << 30 : abs(z->layer_in_buf[0] - l);
     int d1 = z->layer_in_buf[1] < 0 ? 1 << 30 : abs(z->layer_in_buf[1] - l);
     int b = z->layer_in_buf[0] == keep ? 1 : z->layer_in_buf[1] == keep ? 0 : d0 >= d1 ? 0 : 1;
-    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
-        size_t per = z->param_sizes[i] / z->L;
-        lp_zero_gather_start(z, z->layer_buf[b] + z->layer_offsets[i], z->param_offsets[i] + (size_t)l * per, per,
-                             &z->gathering[b]);
-    }
+    for (int i = 0; i < LP_NUM_PARAMS; i++)
+        if (lp_layer_has(&z->cfg, i, z->layer0 + l))
+            lp_zero_gather_start(z, z->layer_buf[b] + z->layer_offsets[i], z->param_offsets[i] + lp_zero_layer_index(z, i, l) *
+                                 z->layer_size[i], z->layer_size[i], &z->gathering[b]);
     z->layer_in_buf[b] = l;
 }
 
@@ -4799,10 +5098,10 @@ static inline void lp_zero_reduce_start(LPZero* z, int b, floatX* x, size_t flat
 }
 // ... layer l's, in grad_buf[b] ...
 static inline void lp_zero_reduce_layer_start(LPZero* z, int l, int b) {
-    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) {
-        size_t per = z->param_sizes[i] / z->L;
-        lp_zero_reduce_start(z, b, z->grad_buf[b] + z->layer_offsets[i], z->param_offsets[i] + (size_t)l * per, per);
-    }
+    for (int i = 0; i < LP_NUM_PARAMS; i++)
+        if (lp_layer_has(&z->cfg, i, z->layer0 + l))
+            lp_zero_reduce_start(z, b, z->grad_buf[b] + z->layer_offsets[i], z->param_offsets[i] + lp_zero_layer_index(z, i, l) *
+                                 z->layer_size[i], z->layer_size[i]);
 }
 // ... and once buffer b's have arrived, add the averages into grad_shard; buffer b is free again.
 static inline void lp_zero_reduce_finish(LPZero* z, int b) {
@@ -4833,9 +5132,10 @@ static inline void lp_zero_layer_done(LPZero* z, int l, int last) {
         if (!z->par->overlap) lp_zero_reduce_finish(z, l % 2);
     } else if (last && z->par->overlap && z->par->zero == 0 && z->dp && z->dp->size > 1 &&
                (l == 0 || (z->unreduced - l) * z->layer_params * sizeof(floatX) >= z->par->bucket_mb * 1048576.0)) {
-        for (int i = LP_LN1W; i <= LP_FCPROJB; i++)
-            lp_all_reduce_start(z->dp, lp_zero_grads(z, i, l), (size_t)(z->unreduced - l) * (z->param_sizes[i] / z->L),
-                                &z->reducing);
+        for (int i = 0; i < LP_NUM_PARAMS; i++) {  // (the layers [l, unreduced) that have tensor i)
+            size_t n = (lp_zero_layer_index(z, i, z->unreduced) - lp_zero_layer_index(z, i, l)) * z->layer_size[i];
+            if (lp_is_layer_tensor(i) && n) lp_all_reduce_start(z->dp, lp_zero_grads(z, i, l), n, &z->reducing);
+        }
         z->unreduced = l;
         z->layers_reducing = 1;
     }
@@ -4998,8 +5298,19 @@ typedef struct {
     floatX* ln2;        // (L,Nr,C)
     float* ln2_mean;    // (L,Nr)
     float* ln2_rstd;    // (L,Nr)
-    floatX* fch;        // (L,N,Fl)    MLP pre-activation
-    floatX* fch_gelu;   // (L,N,Fl)
+    floatX* fch;        // (Ld,N,Fl)   MLP pre-activation (the dense layers')
+    floatX* fch_gelu;   // (Ld,N,Fl)
+    // the MoE layers' MLP (Lm of them): N tokens routed to K experts each, so at most KN rows in expert order
+    float* probs;       // (Lm,N,E)    the router's softmax
+    float* rlse;        // (Lm,N)      logsumexp of the router's logits (the z-loss)
+    int* expert;        // (Lm,N,K)    each token's experts, best first
+    float* gate;        // (Lm,N,K)    and their gates
+    int* pos;           // (Lm,N,K)    the row of each (token, choice) in expert order; -1: dropped
+    int* src;           // (Lm,KN)     the token of each row in expert order
+    floatX* xp;         // (Lm,KN,C)   the MLP's input rows in expert order
+    floatX* efch;       // (Lm,KN,Fl)  the experts' pre-activation
+    floatX* efch_gelu;  // (Lm,KN,Fl)
+    floatX* yp;         // (Lm,KN,C)   the experts' outputs (TP: partial sums)
     floatX* residual3;  // (L,Nr,C)    residual after the MLP (the block's output)
     floatX* lnf;        // (Nr,C)
     float* lnf_mean;    // (Nr)
@@ -5016,6 +5327,13 @@ typedef struct {
     floatX* dqkvr;      // (3,B,NHl,T,HS) materialised attention's backward
     floatX* datt;       // (B,NHl,T,T)
     floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
+    floatX* rlogits;    // (N,E)    a MoE layer's router logits, then their gradient
+    float* dgate;       // (t,N,K)  the gates' gradients, each TP rank's part (of its experts' partial outputs)
+    float* daux;        // (E)      the balance loss's gradient of each expert's probability
+    float* rsums;       // (E+1)    lp_moe_stats's sums
+    floatX* dyp;        // (KN,C)   the experts' output gradients, then their input gradients
+    floatX* defch;      // (KN,Fl)
+    floatX* rdx;        // (N,C)    the router's input gradient
     floatX* aux_lnf;    // (Nr,C)   auxiliary losses, recomputed in backward: the final LayerNorm's output,
     float* aux_mean;    // (Nr)
     float* aux_rstd;    // (Nr)
@@ -5023,7 +5341,8 @@ typedef struct {
 } LPActivations;
 // Shapes: N = B*T rows; Nr the rows of the residual stream this rank holds (N, or N/t with sequence
 // parallelism); Cl = C/t, NHl = NH/t, Fl = 4C/t, Vl = Vp/t: this rank's channels of attention, heads,
-// MLP width and vocabulary slice.
+// MLP width and vocabulary slice. A mixture of experts: E experts, K per token; of the chunk's L layers,
+// Ld dense and Lm MoE.
 
 // Where the rank's flat parameters sit in the canonical layout (the llm.c file's, unsplit): runs of values
 // contiguous in both. A `copy` run holds values another rank holds too and writes to files: a tensor TP
@@ -5047,6 +5366,23 @@ static const LPParallel lp_parallel_one = {
     "auto"             // comm
 };
 
+// How a mixture of experts trains (section 9's MoE layer): what its experts take and the losses that
+// balance them. Zeros: no dropping, no balance loss, no z-loss.
+typedef struct {
+    float capacity;  // an expert takes at most capacity * K N / E of a micro-batch's K N rows (0: all of them)
+    float aux_coef;  // the balance loss's coefficient (Switch: E * sum_e f_e P_e)
+    float z_coef;    // the router z-loss's (ST-MoE: the mean squared logsumexp of the router's logits)
+} LPMoEOptions;
+
+// A mixture of experts' statistics over a step, as sums (so micro-batches, chunks and ranks add them): the
+// balance and z-losses of its MoE layers (each micro-batch's weighted as its loss is: dloss N), the rows
+// routed and dropped, and over `passes` (a MoE layer's forward of a micro-batch) the busiest expert's share
+// of the rows.
+typedef struct {
+    double aux, z, routed, dropped, busiest, passes;
+} LPMoEStats;
+#define LP_MOE_STATS 6
+
 // What lp_model_create makes, besides the shape: set by name, `LPModelOptions o = {.proc = &proc};`, the
 // rest 0. A model with no options (NULL) is the whole model on one rank.
 typedef struct {
@@ -5061,6 +5397,7 @@ typedef struct {
     int num_aux;
     float aux_weight;
     int attention;  // LP_ATTENTION_*: the CUDA build's attention path
+    LPMoEOptions moe;  // a mixture of experts' training settings (the shape is cfg's)
 } LPModelOptions;
 
 typedef struct {
@@ -5085,6 +5422,9 @@ typedef struct {
     const LPGroup* tp;
     int tp_size, tp_rank;
     int attention;        // LP_ATTENTION_*: the CUDA build's attention path
+    // a mixture of experts: its settings, and its statistics summed over the step's micro-batches
+    LPMoEOptions moe;
+    LPMoEStats moe_stats;
     // this rank's weights, gradients and AdamW state, their flat layout, and how data parallelism and
     // ZeRO hold and average them (section 8); tensor i of layer l: lp_layer_param / lp_layer_grad
     LPZero zero;
@@ -5098,6 +5438,10 @@ typedef struct {
     int num_slots;
     LPActivations* slot_act;  // (num_slots)
     int* slot_inputs;   // (num_slots,B,T)
+    // each MoE layer's dispatch, host (backward reads it): of each slot and MoE layer, its E+1 row offsets
+    // and its E counts (LPLayerActs.offsets, counts); moe_routes is the slot's in use
+    int *slot_moe_routes, *moe_routes;
+    int* moe_host;      // (2KN) host scratch: a layer's choices (N,K), then its rows' tokens, for the dispatch
     void* act_memory;
     size_t act_bytes;
     int* inputs;        // (B,T) device
@@ -5138,10 +5482,11 @@ static inline void lp_model_build_runs(LPModel* m) {
         size_t count, rows, cols;
         int blocks, split = lp_param_split[i];
         lp_param_shape(&m->cfg, i, &count, &rows, &cols, &blocks);
-        size_t l0 = lp_is_layer_tensor(i) ? (size_t)m->layer0 : 0, l1 = lp_is_layer_tensor(i) ? l0 + m->L : m->zero.param_sizes[i] > 0;
+        int layer = lp_is_layer_tensor(i), l0 = layer ? m->layer0 : 0, l1 = layer ? l0 + m->L : m->zero.param_sizes[i] > 0;
         int copy = (split == LP_REPLICATED && r > 0) || (m->copies >> i & 1);
-        for (size_t l = l0; l < l1; l++) {
-            size_t mat = canon + l * rows * cols;  // this layer's matrix
+        for (int l = l0; l < l1; l++) {
+            if (layer && !lp_layer_has(&m->cfg, i, l)) continue;
+            size_t mat = canon + (layer ? (size_t)lp_layers_having(&m->cfg, i, 0, l) : 0) * rows * cols;  // this layer's matrix
             if (split == LP_REPLICATED) {
                 lp_model_add_run(m, local, mat, rows * cols, copy, &cap);
                 local += rows * cols;
@@ -5182,6 +5527,10 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPMode
     if (m->layer0 < 0 || m->L < 0 || m->layer0 + m->L > cfg->num_layers)
         lp_fail("internal: chunk layers [%d, %d) outside the model's %d", m->layer0, m->layer0 + m->L, cfg->num_layers);
     m->aux_weight = split->aux_weight;
+    m->moe = split->moe;
+    if (m->moe.capacity < 0.0f || m->moe.aux_coef < 0.0f || m->moe.z_coef < 0.0f)
+        lp_fail("a mixture of experts' capacity %g, balance loss %g and z-loss %g coefficients must be 0 or more", m->moe.capacity,
+                m->moe.aux_coef, m->moe.z_coef);
     m->attention = split->attention;
     for (int j = 0; j < split->num_aux; j++) {
         int l = split->aux[j] - 1 - m->layer0;  // the local layer whose output it is
@@ -5195,11 +5544,12 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPMode
     size_t sizes[LP_NUM_PARAMS];  // this rank's tensors: its TP slice, of the chunk's layers
     lp_param_sizes(sizes, cfg, m->tp_size);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (lp_is_layer_tensor(i)) sizes[i] = sizes[i] / cfg->num_layers * m->L;
+        int having = lp_layers_having(cfg, i, 0, cfg->num_layers);
+        if (lp_is_layer_tensor(i)) sizes[i] = having ? sizes[i] / having * lp_layers_having(cfg, i, m->layer0, m->layer0 + m->L) : 0;
         else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[i] = 0;  // held by another chunk
     }
     size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    lp_zero_create(&m->zero, sizes, m->L, wte_rows, m->first && m->last, proc ? &proc->group[LP_DP] : NULL, m->par, split->chunk);
+    lp_zero_create(&m->zero, sizes, cfg, m->layer0, m->L, wte_rows, m->first && m->last, proc ? &proc->group[LP_DP] : NULL, m->par, split->chunk);
     lp_model_build_runs(m);
 }
 
@@ -5249,7 +5599,7 @@ static inline void lp_model_init_random(LPModel* m, uint64_t seed) {
         if (i == LP_LN1W || i == LP_LN2W || i == LP_LNFW) {
             for (size_t j = 0; j < n; j++) t[j] = 1.0f;
         } else if (lp_param_decays(i)) {
-            float std = (i == LP_ATTPROJW || i == LP_FCPROJW) ? residual_std : 0.02f;
+            float std = (i == LP_ATTPROJW || i == LP_FCPROJW || i == LP_EXPFCPROJW) ? residual_std : 0.02f;
             if (i == LP_WTE) n = (size_t)c->vocab_size * c->channels;
             for (size_t j = 0; j < n; j++) t[j] = std * lp_rand_normal(&rng);
         }
@@ -5270,6 +5620,8 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     // residual stream (residual3, and encoded); selective drops the attention probabilities and GELU output
     int full = m->par->recompute == LP_RECOMPUTE_FULL, sel = m->par->recompute != LP_RECOMPUTE_NONE;
     size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L, mat = lp_attention_materialised(m->attention);
+    size_t E = c->moe_experts, K = c->moe_topk, Lm = lp_layers_having(c, LP_ROUTERW, m->layer0, m->layer0 + m->L), Ld = L - Lm;
+    size_t Ldf = full ? (Ld > 0) : Ld, Lds = sel ? (Ld > 0) : Ld, Lmf = full ? (Lm > 0) : Lm, Lms = sel ? (Lm > 0) : Lm;
 #define LP_CARVE(region, field, type, count)                                                  \
     do {                                                                                      \
         char* base = region ? scratch : stored;                                               \
@@ -5289,8 +5641,18 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(full, ln2, floatX, Lf * Nr * C);
     LP_CARVE(full, ln2_mean, float, Lf * Nr);
     LP_CARVE(full, ln2_rstd, float, Lf * Nr);
-    LP_CARVE(full, fch, floatX, Lf * N * Fl);
-    LP_CARVE(sel, fch_gelu, floatX, Ls * N * Fl);
+    LP_CARVE(full, fch, floatX, Ldf * N * Fl);
+    LP_CARVE(sel, fch_gelu, floatX, Lds * N * Fl);
+    LP_CARVE(full, probs, float, Lmf * N * E);
+    LP_CARVE(full, rlse, float, Lmf * N);
+    LP_CARVE(full, expert, int, Lmf * N * K);
+    LP_CARVE(full, gate, float, Lmf * N * K);
+    LP_CARVE(full, pos, int, Lmf * N * K);
+    LP_CARVE(full, src, int, Lmf * K * N);
+    LP_CARVE(full, xp, floatX, Lmf * K * N * C);
+    LP_CARVE(full, efch, floatX, Lmf * K * N * Fl);
+    LP_CARVE(sel, efch_gelu, floatX, Lms * K * N * Fl);
+    LP_CARVE(full, yp, floatX, Lmf * K * N * C);
     LP_CARVE(0, residual3, floatX, L * Nr * C);
     LP_CARVE(0, lnf, floatX, head * C);
     LP_CARVE(0, lnf_mean, float, head);
@@ -5306,6 +5668,14 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, dqkvr, floatX, mat * N * 3 * Cl);
     LP_CARVE(1, datt, floatX, mat * B * NHl * T * T);
     LP_CARVE(1, dy, floatX, mat * N * Cl);
+    size_t moe = Lm > 0;
+    LP_CARVE(1, rlogits, floatX, moe * N * E);
+    LP_CARVE(1, dgate, float, moe * t * N * K);
+    LP_CARVE(1, daux, float, moe * E);
+    LP_CARVE(1, rsums, float, moe * (E + 1));
+    LP_CARVE(1, dyp, floatX, moe * K * N * C);
+    LP_CARVE(1, defch, floatX, moe * K * N * Fl);
+    LP_CARVE(1, rdx, floatX, moe * N * C);
     size_t aux = m->num_aux ? 1 : 0;
     LP_CARVE(1, aux_lnf, floatX, aux * Nr * C);
     LP_CARVE(1, aux_mean, float, aux * Nr);
@@ -5335,6 +5705,12 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
         lp_activations_layout(&m->slot_act[k], m, B, T, (char*)m->act_memory + scratch + k * stored, (char*)m->act_memory, &scratch);
     m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
     m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
+    size_t E = m->cfg.moe_experts, Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
+    if (Lm) {
+        m->slot_moe_routes = (int*)lp_host_malloc(slots * Lm * (2 * E + 1) * sizeof(int), "expert routes");
+        m->moe_host = (int*)lp_host_malloc(3 * BT * m->cfg.moe_topk * sizeof(int), "expert routes");
+        m->moe_routes = m->slot_moe_routes;
+    }
     m->losses_host = (float*)lp_host_malloc(BT * sizeof(float), "losses");
     m->act = m->slot_act[0];
     m->inputs_host = m->slot_inputs;
@@ -5347,6 +5723,9 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
 static inline void lp_model_use_slot(LPModel* m, int k) {
     m->act = m->slot_act[k];
     m->inputs_host = m->slot_inputs + (size_t)k * m->B * m->T;
+    if (m->slot_moe_routes)
+        m->moe_routes = m->slot_moe_routes + (size_t)k * lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L) *
+                                                 (2 * m->cfg.moe_experts + 1);
 }
 
 static inline void lp_check_tokens(const int* tokens, size_t n, int V, const char* what) {
@@ -5452,6 +5831,12 @@ typedef struct {
     float *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd;
     floatX *qkvr, *att, *qkvs;  // (materialised attention's, flash attention's)
     float* lse;
+    int moe;              // a MoE layer: its MLP's activations are these, not fch and fch_gelu
+    float *probs, *rlse, *gate;
+    int *expert, *pos, *src;
+    floatX *xp, *efch, *efch_gelu, *yp;
+    int* offsets;         // (E+1) host: expert e's rows are [offsets[e], offsets[e + 1]) in expert order
+    int* counts;          // (E) host: the rows that chose expert e, before any were dropped
 } LPLayerActs;
 static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     const LPActivations* a = &m->act;
@@ -5459,6 +5844,12 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     size_t Cl = C / t, Fl = 4 * C / t, NHl = m->cfg.num_heads / t;
     size_t f = m->par->recompute == LP_RECOMPUTE_FULL ? 0 : l, s = m->par->recompute == LP_RECOMPUTE_NONE ? l : 0;  // layer slots
     LPLayerActs x;
+    // the MLP's: among the chunk's dense layers, or its MoE layers
+    const LPConfig* c = &m->cfg;
+    size_t E = c->moe_experts, K = c->moe_topk;
+    x.moe = lp_is_moe_layer(c, m->layer0 + l);
+    size_t kind = lp_layers_having(c, x.moe ? LP_ROUTERW : LP_FCW, m->layer0, m->layer0 + l);  // its place among them
+    size_t kf = m->par->recompute == LP_RECOMPUTE_FULL ? 0 : kind, ks = m->par->recompute == LP_RECOMPUTE_NONE ? kind : 0;
     x.input = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * Nr * C;
     x.ln1 = a->ln1 + f * Nr * C;
     x.ln1_mean = a->ln1_mean + f * Nr;
@@ -5472,16 +5863,158 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.ln2 = a->ln2 + f * Nr * C;
     x.ln2_mean = a->ln2_mean + f * Nr;
     x.ln2_rstd = a->ln2_rstd + f * Nr;
-    x.fch = a->fch + f * N * Fl;
-    x.fch_gelu = a->fch_gelu + s * N * Fl;
+    x.fch = a->fch + kf * N * Fl;
+    x.fch_gelu = a->fch_gelu + ks * N * Fl;
+    x.probs = a->probs + kf * N * E;
+    x.rlse = a->rlse + kf * N;
+    x.expert = a->expert + kf * N * K;
+    x.gate = a->gate + kf * N * K;
+    x.pos = a->pos + kf * N * K;
+    x.src = a->src + kf * K * N;
+    x.xp = a->xp + kf * K * N * C;
+    x.efch = a->efch + kf * K * N * Fl;
+    x.efch_gelu = a->efch_gelu + ks * K * N * Fl;
+    x.yp = a->yp + kf * K * N * C;
+    x.offsets = m->moe_routes + kind * (2 * E + 1);
+    x.counts = x.offsets + E + 1;
     x.residual3 = a->residual3 + (size_t)l * Nr * C;
     return x;
 }
 
+// --- A mixture of experts (Switch Transformer, GShard; Megatron-LM's MoE layer): in a MoE layer the MLP is
+// E expert MLPs of the dense one's shape, and a router, a linear map (E,C) of the MLP's input, whose softmax
+// chooses K experts for each token (lp_moe_route_row). Each expert runs its MLP on the rows that chose it,
+// in expert order (one matmul per expert), and each token's output is its experts' outputs weighted by their
+// gates. So the layer holds E times the MLP's weights, and a token meets K of them.
+//
+//          ln2 (N,C) ---- router (E,C): logits (N,E), softmax, top-K ---- expert, gate (N,K)
+//            |                                                              |
+//          permute: the rows that chose expert e, contiguous (src, offsets; capacity drops the rest)
+//            |
+//          expert e: fc (4C,C) + GELU + fcproj (C,4C) on its rows           |
+//            |                                                              |
+//          combine: y[t] = sum_k gate[t,k] * out[pos[t,k]]  --------------------
+//
+// Capacity (--moe-capacity F): an expert takes at most F K N / E of a micro-batch's K N rows, first come
+// first served in token order; a dropped row adds nothing (its token goes on by the residual alone). The
+// balance loss (Switch) coef * E * sum_e f_e P_e (f_e the share of the rows that chose e, P_e the mean
+// probability of e) pushes the router toward even loads; the z-loss coef * mean(logsumexp^2) keeps its
+// logits small. Both are a micro-batch's, weighted like its loss, and reach the router alone.
+// Tensor parallelism splits each expert's MLP as it splits the dense one (column- then row-parallel): the
+// routing is every TP rank's (the same rows, the same router); TP rank 0 adds each expert's output bias; the
+// combined output is a partial sum that the g after it adds up, as a dense MLP's is.
+
+// The dispatch of layer x's routed choices, on the host: expert e takes at most the capacity of the rows
+// that chose it, in token order; the others are dropped. Fills x->counts (before dropping), x->offsets,
+// and the device's x->pos and x->src; returns the rows kept, M.
+static inline int lp_moe_dispatch(LPModel* m, const LPLayerActs* x, int N) {
+    int E = m->cfg.moe_experts, K = m->cfg.moe_topk, taken[LP_MAX_EXPERTS];
+    int *expert = m->moe_host, *pos = expert + (size_t)N * K, *src = pos + (size_t)N * K;
+    lp_copy_to_host(expert, x->expert, (size_t)N * K * sizeof(int));
+    double cap = m->moe.capacity > 0.0f ? ceil((double)m->moe.capacity * K * N / E) : (double)N;
+    memset(x->counts, 0, (size_t)E * sizeof(int));
+    memset(taken, 0, (size_t)E * sizeof(int));
+    for (int i = 0; i < N * K; i++) x->counts[expert[i]]++;
+    x->offsets[0] = 0;
+    for (int e = 0; e < E; e++) x->offsets[e + 1] = x->offsets[e] + (x->counts[e] < cap ? x->counts[e] : (int)cap);
+    for (int i = 0; i < N * K; i++) {
+        int e = expert[i];
+        pos[i] = taken[e] < x->offsets[e + 1] - x->offsets[e] ? x->offsets[e] + taken[e]++ : -1;
+        if (pos[i] >= 0) src[pos[i]] = i / K;
+    }
+    lp_copy_to_device(x->pos, pos, (size_t)N * K * sizeof(int));
+    lp_copy_to_device(x->src, src, (size_t)x->offsets[E] * sizeof(int));
+    return x->offsets[E];
+}
+
+// Expert e's tensors in layer l: its rows of the TP rank's fc (4C/t of them), its fcproj's columns, biases.
+static inline floatX* lp_expert_param(const LPModel* m, int i, int l, int e) {
+    size_t C = m->cfg.channels, Fl = 4 * C / m->tp_size;
+    size_t per = i == LP_EXPFCW || i == LP_EXPFCPROJW ? Fl * C : i == LP_EXPFCB ? Fl : C;
+    return lp_layer_param(m, i, l) + e * per;
+}
+static inline floatX* lp_expert_grad(const LPModel* m, int i, int l, int e) {
+    size_t C = m->cfg.channels, Fl = 4 * C / m->tp_size;
+    size_t per = i == LP_EXPFCW || i == LP_EXPFCPROJW ? Fl * C : i == LP_EXPFCB ? Fl : C;
+    return lp_layer_grad(m, i, l) + e * per;
+}
+
+// Layer l's MoE MLP from ln2 to its experts' outputs (yp): the router and its choice, the dispatch, and each
+// expert's MLP on its rows. (The gated sum follows in lp_model_forward, where a dense MLP's projection is.)
+static inline void lp_moe_forward(LPModel* m, int l, const LPLayerActs* x) {
+    int N = m->cur_B * m->cur_T, C = m->cfg.channels, Fl = 4 * C / m->tp_size, E = m->cfg.moe_experts, K = m->cfg.moe_topk;
+    LPActivations* a = &m->act;
+    const floatX* in = lp_tp_f_forward(m, x->ln2, N, C);
+    lp_matmul_forward(a->rlogits, NULL, in, lp_layer_param(m, LP_ROUTERW, l), NULL, N, C, E);
+    lp_moe_route(x->probs, x->rlse, x->expert, x->gate, a->rlogits, N, E, K);
+    lp_moe_permute(x->xp, in, x->src, lp_moe_dispatch(m, x, N), C);
+    for (int e = 0; e < E; e++) {
+        size_t o = x->offsets[e];
+        int n = x->offsets[e + 1] - x->offsets[e];
+        if (n == 0) continue;
+        lp_matmul_forward(x->efch_gelu + o * Fl, x->efch + o * Fl, x->xp + o * C, lp_expert_param(m, LP_EXPFCW, l, e),
+                          lp_expert_param(m, LP_EXPFCB, l, e), n, C, Fl);
+        lp_matmul_forward(x->yp + o * C, NULL, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e),
+                          m->tp_rank == 0 ? lp_expert_param(m, LP_EXPFCPROJB, l, e) : NULL, n, Fl, C);
+    }
+}
+
+// The balance and z-losses of layer x's routing, and its loads, into the model's step statistics (forward
+// only: full recomputation routes again in backward, the same way).
+static inline void lp_moe_account(LPModel* m, const LPLayerActs* x, int N) {
+    int E = m->cfg.moe_experts, K = m->cfg.moe_topk;
+    float sums[LP_MAX_EXPERTS + 1];
+    lp_moe_stats(m->act.rsums, x->probs, x->rlse, N, E);
+    lp_copy_to_host(sums, m->act.rsums, (size_t)(E + 1) * sizeof(float));
+    double balance = 0.0, busiest = 0.0, weight = (double)m->dloss * N;  // (a micro-batch's weight in the step: 1 / micro-batches)
+    for (int e = 0; e < E; e++) {
+        double f = (double)x->counts[e] / ((double)N * K);
+        balance += f * sums[e] / N;
+        busiest = f > busiest ? f : busiest;
+    }
+    LPMoEStats* s = &m->moe_stats;
+    s->aux += weight * m->moe.aux_coef * E * balance;
+    s->z += weight * m->moe.z_coef * sums[E] / N;
+    s->routed += (double)N * K;
+    s->dropped += (double)N * K - x->offsets[E];
+    s->busiest += busiest;
+    s->passes += 1.0;
+}
+
+// Backward through layer l's MoE MLP from the gradient of its output (dy, every row; TP: the whole of it),
+// into its weights' gradients; leaves ln2's gradient (this rank's rows) in the returned rows of act.btc.
+static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, const floatX* dy) {
+    int t = m->tp_size, N = m->cur_B * m->cur_T, Nr = m->par->sp ? N / t : N, C = m->cfg.channels, Fl = 4 * C / t;
+    int E = m->cfg.moe_experts, K = m->cfg.moe_topk;
+    LPActivations* a = &m->act;
+    lp_moe_combine_backward(a->dyp, a->dgate + (size_t)m->tp_rank * N * K, dy, x->yp, x->pos, x->gate, N, K, C);
+    if (t > 1) lp_all_gather(m->tp, a->dgate, (size_t)N * K * sizeof(float));  // each rank's part of the gates' gradients
+    for (int e = 0; e < E; e++) {  // each expert's MLP backward; its input rows' gradients replace dyp's
+        size_t o = x->offsets[e];
+        int n = x->offsets[e + 1] - x->offsets[e];
+        if (n == 0) continue;
+        lp_matmul_backward(a->defch + o * Fl, lp_expert_grad(m, LP_EXPFCPROJW, l, e), lp_expert_grad(m, LP_EXPFCPROJB, l, e),
+                           a->dyp + o * C, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e), n, Fl, C, x->efch + o * Fl);
+        lp_matmul_backward(a->dyp + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), a->defch + o * Fl,
+                           x->xp + o * C, lp_expert_param(m, LP_EXPFCW, l, e), n, C, Fl, NULL);
+    }
+    lp_moe_unpermute(a->btc, a->dyp, x->pos, N, K, C);
+    // the router: the balance loss's gradient of each probability, the gates', the z-loss's, into its logits
+    float daux[LP_MAX_EXPERTS];
+    for (int e = 0; e < E; e++) daux[e] = m->moe.aux_coef * E * ((float)x->counts[e] / ((float)N * K)) * m->dloss;
+    lp_copy_to_device(a->daux, daux, (size_t)E * sizeof(float));
+    lp_moe_router_backward(a->rlogits, x->probs, x->rlse, x->expert, x->gate, a->dgate, t, a->daux, m->moe.z_coef * m->dloss, N, E, K);
+    lp_matmul_backward(a->rdx, lp_layer_grad(m, LP_ROUTERW, l), NULL, a->rlogits, lp_tp_f_forward(m, x->ln2, N, C),
+                       lp_layer_param(m, LP_ROUTERW, l), N, C, E, NULL);
+    floatX* rows = lp_tp_f_backward(m, a->btc, N, C);  // the experts' parts summed over TP, then the router's (every rank's)
+    lp_add_scaled(rows, a->rdx + (m->par->sp ? (size_t)m->tp_rank * Nr * C : 0), (size_t)Nr * C, 1.0f);
+    return rows;
+}
+
 // Layer l from its ln1 (made by the residual add below it, fused) to the GELU output: the attention half
 // (qkv projection, column-parallel; attention on this rank's heads; output projection, row-parallel; the
-// residual add + bias fused with ln2) and the MLP's up projection with its GELU (column-parallel).
-// Forward runs it, and under full recomputation backward runs it again.
+// residual add + bias fused with ln2) and the MLP's up projection with its GELU (column-parallel); a MoE
+// layer's MLP up to its experts' outputs. Forward runs it, and under full recomputation backward runs it again.
 static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* x) {
     const LPConfig* c = &m->cfg;
     int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->par->sp ? N / t : N;
@@ -5498,8 +6031,9 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
                                    lp_layer_param(m, LP_ATTPROJB, l), lp_layer_param(m, LP_LN2W, l),
                                    lp_layer_param(m, LP_LN2B, l), Nr, C);
-    lp_matmul_forward(x->fch_gelu, x->fch, lp_tp_f_forward(m, x->ln2, N, C), lp_layer_param(m, LP_FCW, l),
-                       lp_layer_param(m, LP_FCB, l), N, C, Fl);
+    if (x->moe) lp_moe_forward(m, l, x);
+    else lp_matmul_forward(x->fch_gelu, x->fch, lp_tp_f_forward(m, x->ln2, N, C), lp_layer_param(m, LP_FCW, l),
+                           lp_layer_param(m, LP_FCB, l), N, C, Fl);
 }
 
 // Forward pass over (B,T) host tokens. With targets it also computes the loss, leaving dlogits =
@@ -5546,11 +6080,16 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         lp_zero_fetch(&m->zero, l, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
         LPLayerActs x = lp_layer_acts(m, l);
         lp_model_layer_forward(m, l, &x);
-        // the MLP's projection (row-parallel), residual add + bias + the next LayerNorm (ln1, lnf, or in a
-        // pipeline chunk's last layer none: the next chunk's ln1)
-        lp_matmul_forward(a->btc, NULL, x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), NULL, N, Fl, C);
+        // the MLP's projection (row-parallel; a MoE layer's experts' outputs gated and summed), residual add
+        // + bias + the next LayerNorm (ln1, lnf, or in a pipeline chunk's last layer none: the next chunk's ln1)
+        if (x.moe) {
+            lp_moe_account(m, &x, N);
+            lp_moe_combine(a->btc, x.yp, x.pos, x.gate, N, c->moe_topk, C);
+        } else {
+            lp_matmul_forward(a->btc, NULL, x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), NULL, N, Fl, C);
+        }
         const floatX* mlp = lp_tp_g_forward(m, a->btc, N, C);
-        const floatX* mlp_bias = lp_layer_param(m, LP_FCPROJB, l);
+        const floatX* mlp_bias = x.moe ? NULL : lp_layer_param(m, LP_FCPROJB, l);
         if (l + 1 < L) {
             lp_zero_fetch(&m->zero, l + 1, -1);  // its ln1 runs now, fused with this residual add (l stays)
             LPLayerActs next = lp_layer_acts(m, l + 1);
@@ -5583,6 +6122,7 @@ static inline floatX* lp_model_output(const LPModel* m) {
 
 static inline void lp_model_zero_grad(LPModel* m) {
     memset(m->aux_loss, 0, sizeof(m->aux_loss));
+    memset(&m->moe_stats, 0, sizeof(m->moe_stats));
     lp_zero_clear_grads(&m->zero);
 }
 
@@ -5669,18 +6209,24 @@ static inline void lp_model_backward(LPModel* m, int last) {
         } else if (m->par->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
             if (lp_attention_materialised(m->attention))  // (flash attention keeps none: nothing to redo)
                 lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);
-            lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
+            if (x.moe) lp_gelu_forward(x.efch_gelu, x.efch, (size_t)x.offsets[c->moe_experts] * Fl);
+            else lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
         // it is also fcproj's output gradient (g backward)
-        lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
-                            lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl, C,
-                            x.fch);  // through the GELU too: dfch is fc's output gradient
-        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
-                            lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl, NULL);
-        lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l),
-                               lp_tp_f_backward(m, a->btc, N, C), x.residual2, lp_layer_param(m, LP_LN2W, l), x.ln2_mean,
-                               x.ln2_rstd, Nr, C);
+        floatX* dln2;
+        if (x.moe) {
+            dln2 = lp_moe_backward(m, l, &x, lp_tp_g_backward(m, a->dresidual, N, C));
+        } else {
+            lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
+                                lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl,
+                                C, x.fch);  // through the GELU too: dfch is fc's output gradient
+            lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
+                                lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl, NULL);
+            dln2 = lp_tp_f_backward(m, a->btc, N, C);
+        }
+        lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l), dln2, x.residual2,
+                               lp_layer_param(m, LP_LN2W, l), x.ln2_mean, x.ln2_rstd, Nr, C);
         // attention half
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C, NULL);
@@ -5724,6 +6270,8 @@ static inline void lp_model_free(LPModel* m) {
         free(m->slot_act);
         free(m->slot_inputs);
         free(m->losses_host);
+        free(m->slot_moe_routes);
+        free(m->moe_host);
     }
     free(m->runs);
     memset(m, 0, sizeof(*m));
@@ -5750,13 +6298,14 @@ static inline void lp_model_norm2_parts(const LPModel* m, float* parts) {
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         if (!lp_zero_tensor_in_shard(z, i, &a, &b) || (lp_param_split[i] == LP_REPLICATED && m->tp_rank > 0) || (m->copies >> i & 1))
             continue;
-        int layers = lp_is_layer_tensor(i) ? m->L : 1;
-        size_t per = z->param_sizes[i] / layers;
+        int layer = lp_is_layer_tensor(i), layers = layer ? m->L : 1;
         for (int l = 0; l < layers; l++) {  // layer l's values within the shard's [lo + a, lo + b)
-            size_t x = z->param_offsets[i] + l * per, y = x + per;
+            if (layer && !lp_layer_has(&m->cfg, i, m->layer0 + l)) continue;
+            size_t x = z->param_offsets[i] + (layer ? lp_zero_layer_index(z, i, l) * z->layer_size[i] : 0);
+            size_t y = x + (layer ? z->layer_size[i] : z->param_sizes[i]);
             if (x < lo + a) x = lo + a;
             if (y > lo + b) y = lo + b;
-            if (y > x) spans[n++] = (LPSpan){x - lo, y - x, i * L + (layers > 1 ? m->layer0 + l : 0)};
+            if (y > x) spans[n++] = (LPSpan){x - lo, y - x, i * L + (layer ? m->layer0 + l : 0)};
         }
     }
     lp_norm_squared_spans(parts, lp_zero_shard_grads(z), spans, n);
@@ -5902,7 +6451,8 @@ static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr
 // 11. files
 //
 // Model file (llm.c): 256 x int32 header [magic 20240326, version, maxT, V, L, NH, C, Vp], then the 16
-// tensors in order, fp32 (version 3) or bf16 (version 5). Files and checkpoints are written under a .tmp
+// tensors in order, fp32 (version 3) or bf16 (version 5). A mixture of experts (llmpar's): version 6, the
+// header's next three [E, K, every] (lp_is_moe_layer), then the 21 tensors in order, fp32. Files and checkpoints are written under a .tmp
 // name and renamed, so a crash or a full disk never leaves a half-written file under the real name.
 
 static inline float lp_bf16_to_float(uint16_t b) {
@@ -5912,12 +6462,20 @@ static inline float lp_bf16_to_float(uint16_t b) {
     return f;
 }
 
-// Read a model file's header into cfg; returns the version (3 or 5).
+// Read a model file's header into cfg; returns the version (3, 5 or 6).
 static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f) {
     int h[LP_HEADER_INTS];
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
     if (h[0] != LP_MODEL_MAGIC) lp_fail("%s: not an llm.c model file (magic %d, expected %d)", path, h[0], LP_MODEL_MAGIC);
-    if (h[1] != 3 && h[1] != 5) lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16)", path, h[1]);
+    if (h[1] != 3 && h[1] != 5 && h[1] != 6)
+        lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16, 6 = fp32 mixture of experts)", path, h[1]);
+    memset(cfg, 0, sizeof(*cfg));
+    if (h[1] == 6) {
+        cfg->moe_experts = h[8];
+        cfg->moe_topk = h[9];
+        cfg->moe_every = h[10];
+        if (cfg->moe_experts < 1) lp_fail("%s: a mixture-of-experts file (version 6) with %d experts", path, cfg->moe_experts);
+    }
     cfg->max_seq_len = h[2];
     cfg->vocab_size = h[3];
     cfg->num_layers = h[4];
@@ -5926,19 +6484,19 @@ static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f)
     cfg->padded_vocab_size = h[7];
     lp_config_validate(cfg, path);
     // the size the header implies, before anything of that size is allocated (a damaged header can ask for a lot)
-    long long expect = LP_HEADER_INTS * 4LL + (long long)lp_config_num_params(cfg) * (h[1] == 3 ? 4 : 2);
+    long long expect = LP_HEADER_INTS * 4LL + (long long)lp_config_num_params(cfg) * (h[1] == 5 ? 2 : 4);
     long long size = lp_file_size(path);
     if (size < expect) lp_fail("%s: file is truncated (its header's model needs %lld bytes, the file has %lld)", path, expect, size);
     if (size > expect) lp_fail("%s: file is longer than its header's model (%lld bytes, expected %lld)", path, size, expect);
     return h[1];
 }
 
-// Open an llm.c model file and check its header and size: its shape into cfg, its version (3 or 5) into
+// Open an llm.c model file and check its header and size: its shape into cfg, its version (3, 5, 6) into
 // *version; returns it positioned at the weights.
 static inline FILE* lp_model_file_open(const char* path, LPConfig* cfg, int* version) {
     FILE* f = lp_fopen(path, "rb");
     *version = lp_model_file_header(path, cfg, f);
-    size_t n = lp_config_num_params(cfg), elem = *version == 3 ? 4 : 2;
+    size_t n = lp_config_num_params(cfg), elem = *version == 5 ? 2 : 4;
     long long expect = LP_HEADER_INTS * 4LL + (long long)(n * elem), size = lp_file_size(path);
     if (size < expect) lp_fail("%s: file is truncated (%lld bytes, this shape needs %lld)", path, size, expect);
     if (size > expect) lp_fail("%s: file is longer than this shape needs (%lld bytes, expected %lld)", path, size, expect);
@@ -5951,7 +6509,7 @@ static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
     FILE* f = lp_model_file_open(path, cfg, &version);
     size_t n = lp_config_num_params(cfg);
     float* w = (float*)lp_host_malloc(n * sizeof(float), "model weights");
-    if (version == 3) {
+    if (version != 5) {
         lp_fread(w, sizeof(float), n, f, path);
     } else {
         uint16_t* b = (uint16_t*)lp_host_malloc(n * sizeof(uint16_t), "bf16 model weights");
@@ -5992,13 +6550,18 @@ static inline void lp_model_load(LPModel* m, const char* path, const LPModelOpti
 static inline void lp_model_file_header_of(int h[LP_HEADER_INTS], const LPConfig* c) {
     memset(h, 0, LP_HEADER_INTS * sizeof(int));
     h[0] = LP_MODEL_MAGIC;
-    h[1] = 3;
+    h[1] = c->moe_experts ? 6 : 3;
     h[2] = c->max_seq_len;
     h[3] = c->vocab_size;
     h[4] = c->num_layers;
     h[5] = c->num_heads;
     h[6] = c->channels;
     h[7] = c->padded_vocab_size;
+    if (c->moe_experts) {
+        h[8] = c->moe_experts;
+        h[9] = c->moe_topk;
+        h[10] = c->moe_every;
+    }
 }
 
 // Write header + payload to path via path.tmp. Returns 0, or an errno with the partial file removed.
@@ -6015,7 +6578,7 @@ static inline int lp_write_file(const char* path, const int* header, const void*
     return err;
 }
 
-// Save an unsharded model's fp32 master weights as an llm.c version-3 model file.
+// Save an unsharded model's fp32 master weights as an llm.c version-3 model file (a mixture of experts: 6).
 static inline void lp_model_save(const LPModel* m, const char* path) {
     if (m->par->zero >= 1 || m->tp_size > 1 || m->L != m->cfg.num_layers) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
     int h[LP_HEADER_INTS];
@@ -6554,13 +7117,31 @@ static inline void lp_tokenizer_free(LPTokenizer* t) {
 // ----------------------------------------------------------------------------------------------------
 // 12. costs
 
-// Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul (the LM head
-// counts wte; wpe and LayerNorm do no matmul work) plus attention's q k^T and att v: 12 L C T.
-static inline double lp_flops_per_token(const LPConfig* c, int T) {
-    size_t sizes[LP_NUM_PARAMS];
+// The MLP weights a token meets in an average layer: in its up projection (a MoE layer: the router, and
+// top-k experts' of E) into *up, in its down projection into *down.
+static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* down) {
+    double C = c->channels, L = c->num_layers, moe = lp_layers_having(c, LP_ROUTERW, 0, c->num_layers);
+    double E = c->moe_experts, K = c->moe_topk;
+    *up = ((L - moe) * 4.0 * C * C + moe * (K * 4.0 * C * C + E * C)) / L;
+    *down = ((L - moe) + moe * K) * 4.0 * C * C / L;
+}
+
+// The parameters one token meets: all of a dense model's; of a MoE layer's experts, K of E.
+static inline size_t lp_active_params(const LPConfig* c) {
+    size_t sizes[LP_NUM_PARAMS], n = lp_config_num_params(c), E = c->moe_experts, K = c->moe_topk;
     lp_param_sizes(sizes, c, 1);
-    double matmul_weights = (double)sizes[LP_WTE] + sizes[LP_QKVW] + sizes[LP_ATTPROJW] + sizes[LP_FCW] + sizes[LP_FCPROJW];
-    return 6.0 * matmul_weights + 12.0 * c->num_layers * c->channels * (double)T;
+    size_t experts = sizes[LP_EXPFCW] + sizes[LP_EXPFCB] + sizes[LP_EXPFCPROJW] + sizes[LP_EXPFCPROJB];
+    return E ? n - experts / E * (E - K) : n;
+}
+
+// Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul that the token
+// meets (the LM head counts wte; wpe and LayerNorm do no matmul work; a MoE layer counts its router and
+// top-k experts) plus attention's q k^T and att v: 12 L C T.
+static inline double lp_flops_per_token(const LPConfig* c, int T) {
+    double C = c->channels, up, down;
+    lp_mlp_active_weights(c, &up, &down);
+    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (4.0 * C * C + up + down);
+    return 6.0 * matmul_weights + 12.0 * c->num_layers * C * (double)T;
 }
 
 // --- pipeline partition: how many of the L layers each of the p*v chunks runs (chunk k is virtual stage
@@ -6583,12 +7164,15 @@ typedef struct {
     int attention;      // LP_ATTENTION_*: which attention activations each micro-batch keeps
 } LPPipeShape;
 
-// Training FLOPs per token of one layer: 3x its forward's (6 per weight, 12 C T of attention), plus what
-// backward recomputes: under full recomputation all but the MLP's projection (16 C^2 + 4 C T), under
-// selective q k^T (2 C T).
+// Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
+// of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
+// (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), under selective q k^T (2 C T).
 static inline double lp_layer_flops(const LPConfig* c, int T, int recompute) {
-    double C = c->channels, flops = 6.0 * 12.0 * C * C + 12.0 * C * T;
-    if (recompute == LP_RECOMPUTE_FULL) flops += 16.0 * C * C + 4.0 * C * T;
+    double C = c->channels, up, down;
+    lp_mlp_active_weights(c, &up, &down);
+    double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
+    double flops = 6.0 * (4.0 * C * C + up + down) + 12.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (4.0 * C * C + up + moe * down) + 4.0 * C * T;
     if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
     return flops;
 }
@@ -6614,7 +7198,7 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
     lp_param_sizes(sizes, c, s->par->tp);
     double params = 0.0;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (lp_is_layer_tensor(i)) params += (double)sizes[i] / c->num_layers * layers;
+        if (lp_is_layer_tensor(i)) params += (double)sizes[i] / c->num_layers * layers;  // (an average layer's)
         else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) params += sizes[i];
     }
     return params;
@@ -6622,9 +7206,9 @@ static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, in
 
 // The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 8).
 static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
-    size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank
+    size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank (an average layer's)
     lp_param_sizes(sizes, c, t);
-    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += sizes[i] / c->num_layers;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? sizes[i] / c->num_layers : 0;
     return lp_zero_piece_rows((size_t)c->padded_vocab_size / t, (size_t)c->channels, layer);
 }
 
@@ -6637,8 +7221,8 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     int chunks = s->par->pp * s->par->vpp;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, s->par->tp);
-    double layer = 0.0;  // one layer's parameters on a TP rank
-    for (int i = LP_LN1W; i <= LP_FCPROJB; i++) layer += (double)sizes[i] / c->num_layers;
+    double layer = 0.0;  // one layer's parameters on a TP rank (an average layer's)
+    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers : 0.0;
     double n = lp_chunk_params(c, s, k, layers);
     double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, shard = ceil(n / parts), X = sizeof(floatX);
     double buffer = layers ? layer : 0.0, piece = 0.0;
@@ -6799,6 +7383,7 @@ typedef struct {
     int num_aux;            // auxiliary losses: the model's layers whose outputs have one, and the last step's
     int aux[LP_MAX_AUX];    // mean values (on every rank of the pipeline)
     float aux_loss[LP_MAX_AUX];
+    LPMoEStats moe_stats;   // a mixture of experts': the last step's, summed over the grid (aux, z: their mean over DP)
     LPAction* actions;      // (2 m v) this stage's schedule
     int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
     int* tokens;            // (m, 2, B, T) the step's inputs and targets
@@ -7134,6 +7719,17 @@ static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
     const LPGroup* dp = st->chunks[0].zero.dp;  // the replicas' batches: their mean
     if (dp) lp_all_reduce_host(dp, &loss, 1, 1);
     if (dp && st->num_aux) lp_all_reduce_host(dp, st->aux_loss, st->num_aux, 1);
+    if (st->chunks[0].cfg.moe_experts) {  // the MoE layers' statistics: of every stage and replica (TP ranks have the same)
+        float sums[LP_MOE_STATS] = {0};
+        for (int c = 0; c < v; c++)
+            for (int k = 0; k < LP_MOE_STATS; k++) sums[k] += (float)((const double*)&st->chunks[c].moe_stats)[k];
+        lp_all_reduce_host(st->pp, sums, LP_MOE_STATS, 0);
+        if (dp) lp_all_reduce_host(dp, sums, LP_MOE_STATS, 0);
+        double* out = (double*)&st->moe_stats;
+        for (int k = 0; k < LP_MOE_STATS; k++) out[k] = sums[k];
+        st->moe_stats.aux /= dp ? dp->size : 1;
+        st->moe_stats.z /= dp ? dp->size : 1;
+    }
     st->wall_s = lp_time_s() - t0;
     return loss;
 }

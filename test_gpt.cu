@@ -127,7 +127,7 @@ static void write_random_shard(const char* path, int n, uint64_t seed) {
 }
 
 static LPConfig tiny_config(void) {
-    LPConfig c;
+    LPConfig c = {0};
     c.max_seq_len = 16;
     c.vocab_size = 97;
     c.padded_vocab_size = 128;
@@ -854,6 +854,21 @@ static void test_bad_input(void) {
         tmp_path("layers_huge.bin"), tmp_path("ok.bin"), base);
     BAD("bad input: model header bigger than its file", "layers_3.bin: file is truncated (its header's model needs", "-e %s -i %s %s",
         tmp_path("layers_3.bin"), tmp_path("ok.bin"), base);
+    // a mixture of experts: impossible routing, flags that do not fit the file, a version-6 header without experts,
+    // a MoE checkpoint resumed as a dense model
+    BAD("bad input: top-k above the experts", "-e d2 --moe-experts 4 --moe-topk 5 --moe-every 1: top-5 routing: a token's experts must be "
+        "1 .. 16, at most the layer's 4", "-e d2 --moe-experts 4 --moe-topk 5");
+    BAD("bad input: --moe-experts with a dense model file", "flag --moe-experts 4: ", "-e %s -i %s %s --moe-experts 4", good,
+        tmp_path("ok.bin"), base);
+    BAD("bad input: negative --moe-capacity", "flag --moe-capacity: must be >= 0 (0: no token dropped), got -1", "--moe-capacity -1");
+    corrupt_file(good, tmp_path("moe_none.bin"), 1, 6, 0);
+    BAD("bad input: a version-6 model file without experts", "moe_none.bin: a mixture-of-experts file (version 6) with 0 experts",
+        "-e %s -i %s %s", tmp_path("moe_none.bin"), tmp_path("ok.bin"), base);
+    char moe_out[16384];
+    run_cmd(moe_out, sizeof(moe_out), "%s -e dev/ref/tiny_moe_model.bin -i %s -j '' %s -x 1 -n 1 -o %s", TRAIN_BIN, tmp_path("ok.bin"),
+            base, tmp_path("moe_ckpt"));
+    BAD("bad input: a MoE checkpoint resumed by a dense model", "checkpoint model shape differs from the model being trained",
+        "-e %s -i %s %s -x 2 --resume -o %s", good, tmp_path("ok.bin"), base, tmp_path("moe_ckpt"));
     // a diverged run writes no checkpoint: with -l 3.4e38 step 1's loss and gradient norm are finite, its weights not
     char pattern[LP_PATH_MAX], diverged[16384];
     glob_t g;
@@ -1729,14 +1744,17 @@ static void test_tanh(void) {
 // With an auxiliary loss on layer 1's output (weight 0.5) the gradients are those of main + 0.5 * aux,
 // aux being the loss of the same weights cut after layer 1 (a one-chunk model of layers [0, 1)).
 static void test_model_gradient(void) {
-    for (int with_aux = 0; with_aux < 2; with_aux++) {
+    for (int variant = 0; variant < 3; variant++) {  // plain, with an auxiliary loss, a mixture of experts
+        int with_aux = variant == 1, moe = variant == 2;
         LPConfig c = tiny_config();
+        if (moe) c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;  // layer 0 MoE, layer 1 dense
         int aux_layer = 1;
         LPModelOptions split, cut;  // (the whole model with its auxiliary loss; a chunk of its first layer)
         memset(&split, 0, sizeof(split));
         split.aux = &aux_layer;
         split.num_aux = with_aux;
         split.aux_weight = 0.5f;
+        if (moe) split.moe = (LPMoEOptions){1.0f, 0.1f, 0.01f};  // rows dropped; the balance and z-losses weigh in
         memset(&cut, 0, sizeof(cut));
         cut.chunks = 1;
         cut.layers = 1;
@@ -1760,17 +1778,24 @@ static void test_model_gradient(void) {
         float* g = (float*)lp_host_malloc(n * 4, "test");
         lp_to_host_float(g, m.zero.grads, n);
         float got[LP_NUM_PARAMS * 4], want[LP_NUM_PARAMS * 4];
-        int k = 0;
+        int k = 0, skipped = 0;
         for (int t = 0; t < LP_NUM_PARAMS; t++) {
-            for (int s = 0; s < 4; s++) {
+            for (int s = 0; s < 4 && m.zero.param_sizes[t]; s++) {
                 size_t i = m.zero.param_offsets[t] + lp_rand_u32(&rng) % m.zero.param_sizes[t];
                 if (t == LP_WTE) i = lp_rand_u32(&rng) % ((size_t)c.vocab_size * c.channels);
                 float keep = w[i];
                 double loss[2];
+                int routes[2][2 * 16 * 2];  // a MoE layer's choices and rows at each side: the same, or the entry is skipped
                 for (int side = 0; side < 2; side++) {
                     w[i] = keep + (side ? -FD_H : FD_H);
                     lp_model_set_weights(&m, w);
-                    loss[side] = lp_model_forward(&m, in, tg, B, T, 0.0f);
+                    lp_model_zero_grad(&m);
+                    loss[side] = lp_model_forward(&m, in, tg, B, T, 1.0f / (B * T));
+                    loss[side] += m.moe_stats.aux + m.moe_stats.z;  // (what training minimises)
+                    if (moe) {
+                        memcpy(routes[side], m.act.expert, (size_t)B * T * 2 * sizeof(int));
+                        memcpy(routes[side] + B * T * 2, m.act.pos, (size_t)B * T * 2 * sizeof(int));
+                    }
                     if (with_aux) {
                         lp_model_set_weights(&head1, w);
                         loss[side] += 0.5 * lp_model_forward(&head1, in, tg, B, T, 0.0f);
@@ -1779,10 +1804,18 @@ static void test_model_gradient(void) {
                 w[i] = keep;
                 want[k] = (float)((loss[0] - loss[1]) / (2.0 * FD_H));
                 got[k++] = g[i];
+                if (moe && memcmp(routes[0], routes[1], sizeof(routes[0])) != 0) {  // a step across a routing decision
+                    printf("     fd: %s entry %zu changes the routing between -h and +h: skipped\n", lp_param_names[t], i);
+                    got[k - 1] = want[k - 1];
+                    skipped++;
+                }
             }
         }
-        expect_close(with_aux ? "fd whole model with an auxiliary loss on layer 1 (weight 0.5): 4 entries of each of the 16 tensors"
-                              : "fd whole model: 4 entries of each of the 16 tensors", got, want, k, FD_ATOL, FD_RTOL);
+        expect_close(moe        ? "fd whole model, layer 0 a mixture of 4 experts (top-2, capacity 1, balance and z-losses): 4 entries "
+                                  "of each of the 21 tensors"
+                     : with_aux ? "fd whole model with an auxiliary loss on layer 1 (weight 0.5): 4 entries of each of the 16 tensors"
+                                : "fd whole model: 4 entries of each of the 16 tensors", got, want, k, FD_ATOL, FD_RTOL);
+        if (moe) expect(skipped <= 2, "fd mixture of experts: at most 2 of the 84 entries step across a routing decision");
         free(w);
         free(g);
         lp_model_free(&m);
@@ -1884,6 +1917,120 @@ static void test_reference_training(void) {
         for (size_t i = 0; i < nw; i++) worst = fmax(worst, fabs((double)w[i] - r[i]));
         printf("     reference training: %d steps, final loss %.6f, weights within %.1e of float64's\n", steps, got[0][n - 1], worst);
         expect_close("final weights equal the float64 reference's (atol 1e-4)", w, r, nw, 1e-4f, 0.0f);
+        free(r);
+    }
+    free(w);
+    lp_model_free(&ref);
+}
+
+static void expect_weights_within_adamw(const char* name, const LPConfig* shape, const float* got, const float* want, size_t n,
+                                        float lr, int steps);  // (tier 3's, below)
+
+// A mixture of experts against the float64 reference (dev/ref/tiny_moe_*: gpt2_ref.py make-moe-fixture, whose
+// backward passes agree with central differences to 1e-7): 3 layers, layers 0 and 2 with 4 experts, top-2
+// and its top-1 twin. The loss, the balance + z-losses and the rows dropped of each at capacity 0 and 1.0
+// (1e-5 relative; the rows exactly); the file's version-6 round trip; six training steps that drop rows
+// (19-30 of 128 a step) with the balance and z-losses weighted 0.1 and 0.01: the step lines' losses
+// (1e-5), norms (1e-4: 4 decimals printed) and balance + z-losses (1e-4: 4 decimals), the rows dropped,
+// and the final weights within AdamW's bounds.
+static void test_moe_reference(void) {
+    static char out[1 << 16];
+    char line[1024], name[512];
+    FILE* f = fopen("dev/ref/tiny_moe_ref.txt", "r");
+    if (!f) { expect(0, "dev/ref/tiny_moe_ref.txt exists (run from the repository root)"); return; }
+    int cases = 0;
+    while (fgets(line, sizeof(line), f)) {
+        char file[256], path[LP_PATH_MAX];
+        float cap, aux_coef, z_coef, want[2];
+        int dropped;
+        if (sscanf(line, "model %255s --moe-capacity %f --moe-aux-coef %f --moe-z-coef %f loss %f aux %f dropped %d", file, &cap,
+                   &aux_coef, &z_coef, &want[0], &want[1], &dropped) != 7)
+            continue;
+        cases++;
+        lp_path(path, "dev/ref/%s", file);
+        LPModelOptions o = {.moe = {cap, aux_coef, z_coef}};
+        LPModel m;
+        lp_model_load(&m, path, &o);
+        LPDataLoader d;
+        LPDataOptions dopt = {.pattern = "dev/ref/tiny_tokens.bin", .B = 2, .T = 16, .vocab_size = m.cfg.vocab_size, .scan = 1};
+        lp_dataloader_init(&d, &dopt);
+        lp_dataloader_next(&d);
+        lp_model_zero_grad(&m);
+        float got[2];
+        got[0] = lp_model_forward(&m, d.inputs, d.targets, 2, 16, 1.0f / 32);  // (the statistics weighted 1: one micro-batch)
+        got[1] = (float)(m.moe_stats.aux + m.moe_stats.z);
+        snprintf(name, sizeof(name), "MoE %s, capacity %g: loss and balance + z-losses equal the float64 reference's (1e-5)", file, cap);
+        expect_close(name, got, want, 2, 0.0f, 1e-5f);
+        snprintf(name, sizeof(name), "MoE %s, capacity %g: %d rows dropped, as the reference's", file, cap, dropped);
+        expect((int)m.moe_stats.dropped == dropped && m.moe_stats.routed == 32.0 * m.cfg.moe_topk * 2, name);
+        if (cases == 1) {  // the version-6 file round trip
+            const char* copy = tmp_path("moe_copy.bin");
+            lp_model_save(&m, copy);
+            int h[LP_HEADER_INTS];
+            FILE* g = fopen(copy, "rb");
+            int ok = g && fread(h, sizeof(int), LP_HEADER_INTS, g) == LP_HEADER_INTS;
+            if (g) fclose(g);
+            run_cmd(out, sizeof(out), "cmp %s %s && echo same", path, copy);
+            expect(ok && h[1] == 6 && h[8] == 4 && h[9] == 2 && h[10] == 2 && strstr(out, "same"),
+                   "a MoE model saves as version 6 with E, K, every in its header, byte for byte the file it was read from");
+        }
+        lp_dataloader_free(&d);
+        lp_model_free(&m);
+    }
+    fclose(f);
+    expect(cases == 4, "dev/ref/tiny_moe_ref.txt has its 4 cases");
+
+    char flags[512] = "";
+    float want[4][16], got[4][16];  // loss, norm, balance + z-losses, rows dropped of each step
+    int steps = 0, n = 0;
+    f = fopen("dev/ref/tiny_moe_train_ref.txt", "r");
+    if (!f) { expect(0, "dev/ref/tiny_moe_train_ref.txt exists"); return; }
+    while (fgets(line, sizeof(line), f)) {
+        int k;
+        float lr;
+        if (strncmp(line, "flags ", 6) == 0) snprintf(flags, sizeof(flags), "%.*s", (int)strcspn(line + 6, "\n"), line + 6);
+        else if (steps < 16 && sscanf(line, "step %d lr %f norm %f loss %f aux %f dropped %f", &k, &lr, &want[1][steps], &want[0][steps],
+                                      &want[2][steps], &want[3][steps]) == 6)
+            steps++;
+    }
+    fclose(f);
+    expect(flags[0] && steps > 0, "dev/ref/tiny_moe_train_ref.txt parses");
+    if (!flags[0] || !steps) return;
+    const char* dir = tmp_path("moe_ref_train");
+    int rc = run_cmd(out, sizeof(out), "%s -e dev/ref/tiny_moe_model.bin -i dev/ref/tiny_tokens.bin -j '' -v 0 -s 0 %s -o %s", TRAIN_BIN,
+                     flags, dir);
+    for (const char* s = strstr(out, "step "); s && n < steps; s = strstr(s + 1, "step ")) {
+        int a, b;
+        float lr, z, share;
+        if (sscanf(s, "step %d/%d | loss %f | lr %f | norm %f", &a, &b, &got[0][n], &lr, &got[1][n]) != 5) continue;
+        const char* moe = strstr(s, "| moe aux ");
+        if (moe && sscanf(moe, "| moe aux %f z %f, dropped %f%%", &got[2][n], &z, &share) == 3) {
+            got[2][n] += z;
+            got[3][n] = roundf(share / 100.0f * 128.0f);  // (2 MoE layers x 32 tokens x top-2 rows routed)
+            want[3][n] = roundf(roundf(want[3][n] / 128.0f * 1000.0f) / 1000.0f * 128.0f);  // (as printed: 0.1%)
+            n++;
+        }
+    }
+    expect(rc == 0 && n == steps, "the MoE reference's training run completes with a step line per step, its MoE statistics on it");
+    if (rc != 0 || n != steps) { printf("%s\n", out); return; }
+    expect_close("MoE training: per-step losses equal the float64 reference's (1e-5 relative)", got[0], want[0], n, 0.0f, 1e-5f);
+    expect_close("MoE training: per-step gradient norms equal the reference's (1e-4 relative)", got[1], want[1], n, 0.0f, 1e-4f);
+    expect_close("MoE training: per-step balance + z-losses equal the reference's (as printed, 4 decimals)", got[2], want[2], n, 1e-4f, 0.0f);
+    expect_close("MoE training: per-step rows dropped equal the reference's", got[3], want[3], n, 0.0f, 0.0f);
+    size_t nw = 0;
+    float* w = run_weights(dir, steps, &nw);
+    LPModel ref;
+    lp_model_load(&ref, "dev/ref/tiny_moe_train_ref.bin", NULL);
+    expect(w && nw == ref.zero.num_params, "the MoE run saves its final weights, as many as the reference's");
+    if (w && nw == ref.zero.num_params) {
+        float* r = (float*)lp_host_malloc(nw * 4, "test");
+        read_master(&ref, r);
+        // fp32 against float64 moves a weight whose gradient is near zero by up to lr a step (AdamW), so the
+        // bounds are expect_weights_within_adamw's (measured: rms 4.7e-7, the worst 9.8e-5, an expert's fc
+        // weight of a unit GELU keeps near 0)
+        printf("     MoE reference training: %d steps, final loss %.6f\n", steps, got[0][n - 1]);
+        expect_weights_within_adamw("MoE training: final weights within AdamW's bounds of the float64 reference's", &ref.cfg, w, r, nw,
+                                    1e-2f, steps);
         free(r);
     }
     free(w);
@@ -2289,14 +2436,16 @@ static void test_supervisor(void) {
 //   ~1000x by cancellation in a gradient's sums: their root-mean-square difference is within 1e-4 lr per
 //   step (measured: 1e-7 after 10 steps at lr 1e-2, against 1e-5 allowed).
 // (A wrong gradient shows in the losses, compared to 1e-5, long before it reaches either bound.)
-static void expect_weights_within_adamw(const char* name, const float* got, const float* want, size_t n, float lr, int steps) {
-    LPConfig c = tiny_config();
+// shape: the model's (NULL: the dense tiny model of the depth that has n parameters).
+static void expect_weights_within_adamw(const char* name, const LPConfig* shape, const float* got, const float* want, size_t n,
+                                        float lr, int steps) {
+    LPConfig c = shape ? *shape : tiny_config();
     size_t sizes[LP_NUM_PARAMS], qkvb = 0, total = 0;
-    for (c.num_layers = 1; c.num_layers < 64; c.num_layers++) {  // the depth whose parameter count is n
+    for (c.num_layers = shape ? shape->num_layers : 1; c.num_layers < 64; c.num_layers++) {  // the depth whose parameter count is n
         lp_param_sizes(sizes, &c, 1);
         total = 0;
         for (int i = 0; i < LP_NUM_PARAMS; i++) total += sizes[i];
-        if (total >= n) break;
+        if (total >= n || shape) break;
     }
     for (int i = 0; i < LP_QKVB; i++) qkvb += sizes[i];
     double sq = 0.0, worst = 0.0;
@@ -2374,7 +2523,7 @@ static void test_data_parallel(void) {
                 snprintf(name, sizeof(name), "%s: losses equal 1 rank's (1e-5 relative)", what);
                 expect_close(name, got, ref, 10, 0.0f, 1e-5f);
                 snprintf(name, sizeof(name), "%s: final weights within AdamW's bounds of 1 rank's", what);
-                expect_weights_within_adamw(name, w, wref, nw, 1e-2f, 10);
+                expect_weights_within_adamw(name, NULL, w, wref, nw, 1e-2f, 10);
                 free(w);
             }
         }
@@ -2556,7 +2705,7 @@ static void test_tensor_parallel(void) {
         // 2e-5: a TP rank's matmul sums half of each dot product (row-parallel) and the BLAS sums in blocks
         // whose order follows the shapes, so fp32 rounding differs more than the loops' (1.03e-5 seen)
         snprintf(name, sizeof(name), "%s: final weights within AdamW's bounds of 1 rank's", what);
-        expect_weights_within_adamw(name, w, wref[acc], nw, 1e-2f, 10);
+        expect_weights_within_adamw(name, NULL, w, wref[acc], nw, 1e-2f, 10);
         free(w);
     }
     free(wref[0]);
@@ -2661,15 +2810,17 @@ static void test_tensor_parallel(void) {
 // the pipeline splits the model (each stage's sums are one rank's: the same tiles of the same products,
 // wte's gradient and the norm added in the model's order), else losses to 1e-5 relative and the weights
 // within AdamW's bounds (expect_weights_within_adamw).
-static void expect_grid_equals_one_rank(const char* base, const char* ranks, const char* flags, const char* dir, const float* ref,
-                                        const float* wref, size_t nw) {
+// shape: the model's (NULL: the dense tiny model); B: each rank's micro-batch (0: 8/d, one rank's 8 rows split over d).
+// Returns the run's output (until the next call).
+static const char* expect_grid_equals_one_rank(const char* base, const char* ranks, const char* flags, const char* dir, const float* ref,
+                                        const float* wref, size_t nw, const LPConfig* shape, int B) {
     static char out[1 << 18];
     const char *tp = strstr(flags, "--tp "), *pp = strstr(flags, "--pp ");
     int n_ranks = atoi(ranks), t = tp ? atoi(tp + 5) : 1, p = pp ? atoi(pp + 5) : 1, d = n_ranks / t / p;
     char args[4096], name[512];
     float got[64];
     size_t nw2 = 0;
-    snprintf(args, sizeof(args), "%s -b %d %s", base, 8 / d, flags);
+    snprintf(args, sizeof(args), "%s -b %d %s", base, B ? B : 8 / d, flags);
     int n = run_ranks(n_ranks, args, dir, got, out, sizeof(out));
     float* w = run_weights(dir, 10, &nw2);
     snprintf(name, sizeof(name), "%s ranks %s: 10 steps run", ranks, flags);
@@ -2677,7 +2828,7 @@ static void expect_grid_equals_one_rank(const char* base, const char* ranks, con
     if (n != 10 || !w) {
         printf("%s\n", out);
         free(w);
-        return;
+        return out;
     }
     if (n_ranks == p) {
         snprintf(name, sizeof(name), "%s ranks %s: losses and final weights equal 1 rank's bit for bit", ranks, flags);
@@ -2686,9 +2837,10 @@ static void expect_grid_equals_one_rank(const char* base, const char* ranks, con
         snprintf(name, sizeof(name), "%s ranks %s: losses equal 1 rank's (1e-5 relative)", ranks, flags);
         expect_close(name, got, ref, 10, 0.0f, 1e-5f);
         snprintf(name, sizeof(name), "%s ranks %s: final weights within AdamW's bounds of 1 rank's", ranks, flags);
-        expect_weights_within_adamw(name, w, wref, nw, 1e-2f, 10);
+        expect_weights_within_adamw(name, shape, w, wref, nw, 1e-2f, 10);
     }
     free(w);
+    return out;
 }
 
 // Pipeline parallelism: a 4-layer tiny model, 4 micro-batches per step (-d 512 = 4 x 8 x 16), split over
@@ -2735,7 +2887,7 @@ static void test_pipeline_parallel(void) {
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         lp_path(dir, "%s_%zu", tmp_path("pp_case"), k);
-        expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw);
+        expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw, NULL, 0);
     }
 
     // auxiliary losses on layers 1 and 3 (weight 0.5): the pipeline equals the same aux-loss model on 1 rank,
@@ -2771,7 +2923,7 @@ static void test_pipeline_parallel(void) {
         expect_close(name, aux_got, aux_ref, 20, 0.0f, 1e-5f);
         snprintf(name, sizeof(name), "aux losses, %s ranks %s: final weights within AdamW's bounds of 1 rank's", aux_cases[k][0],
                  aux_cases[k][1]);  // (the heads' wte gradients add in another order on a pipeline)
-        expect_weights_within_adamw(name, w, wref, nw, 1e-2f, 10);
+        expect_weights_within_adamw(name, NULL, w, wref, nw, 1e-2f, 10);
         free(w);
     }
 
@@ -2952,7 +3104,7 @@ static void test_divergence_grids(void) {
             expect_close(name, got, ref, want, 0.0f, 1e-5f);
             snprintf(name, sizeof(name), "--on-divergence %s, %s ranks %s: final weights within AdamW's bounds of 1 rank's", policy,
                      grids[k][1], grids[k][2]);
-            expect_weights_within_adamw(name, w, wref, nw, 1e-2f, want);
+            expect_weights_within_adamw(name, NULL, w, wref, nw, 1e-2f, want);
         }
         free(w);
         free(wref);
@@ -3086,7 +3238,7 @@ static void test_offload(void) {
     int n = run_ranks(2, args, dir, losses, out, sizeof(out));
     float* w = run_weights(dir, 10, &nw);
     expect(n == 5 && w && nw == nref, "checkpoint saved offloaded on 1 rank resumes offloaded at d=2 ZeRO-3");
-    if (w && wref && nw == nref) expect_weights_within_adamw("... to the uninterrupted run's weights", w, wref, nw, 1e-2f, 10);
+    if (w && wref && nw == nref) expect_weights_within_adamw("... to the uninterrupted run's weights", NULL, w, wref, nw, 1e-2f, 10);
     free(w);
 
     // killed in the middle of step 7's offloaded update (after half its chunks are written), then resumed
@@ -3259,7 +3411,7 @@ static void test_machine_variation(void) {
         snprintf(name, sizeof(name), "%s kernels against %s: losses equal (1e-5 relative)", second, kernels);
         expect_close(name, got, ref, 10, 0.0f, 1e-5f);
         snprintf(name, sizeof(name), "%s kernels against %s: final weights within AdamW's bounds", second, kernels);
-        expect_weights_within_adamw(name, wk, w1, nw, 1e-2f, 10);
+        expect_weights_within_adamw(name, NULL, wk, w1, nw, 1e-2f, 10);
     } else {
         printf("%s\n", out);
     }
@@ -3324,9 +3476,86 @@ static void test_recompute(void) {
     };
     for (size_t k = 0; wref[0] && k < sizeof(cases) / sizeof(cases[0]); k++) {
         lp_path(dir, "%s_%zu", tmp_path("rc_case"), k);
-        expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref[0], wref[0], nw);
+        expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref[0], wref[0], nw, NULL, 0);
     }
     free(wref[0]);
+}
+
+// The step lines' MoE statistics: the balance + z-losses and the share of rows dropped of each step.
+static int parse_moe_stats(const char* out, float* aux, float* dropped, int max) {
+    int n = 0;
+    for (const char* s = strstr(out, "| moe aux "); s && n < max; s = strstr(s + 1, "| moe aux ")) {
+        float z;
+        if (sscanf(s, "| moe aux %f z %f, dropped %f%%", &aux[n], &z, &dropped[n]) == 3) aux[n++] += z;
+    }
+    return n;
+}
+
+// Mixtures of experts on grids equal one rank: a 4-layer tiny model with 4 experts in layers 0 and 2
+// (top-2; and top-1), capacity 1.25 (rows dropped most steps), the balance and z-losses on. Each rank takes
+// micro-batches of 2 rows, as the one rank does (-d 512: 16 of them a step), because a micro-batch's routing,
+// capacity and balance loss are over its rows: d ranks split the same micro-batches between them. Split
+// over TP (the experts' MLPs column- then row-parallel, SP), pipelines (MoE layers on any stage), DP and
+// ZeRO 1-3 (expert weights sharded like the rest), and recomputation: the losses and the MoE statistics
+// equal one rank's (bit for bit where only a pipeline splits the model or backward recomputes, else 1e-5
+// relative) and the weights as expect_grid_equals_one_rank says.
+static void test_moe_grids(void) {
+    static char out[1 << 18];
+    if (no_mpirun("tier 3 mixture of experts")) return;
+    LPConfig c = tiny_config();
+    c.num_layers = 4;
+    c.moe_experts = 4, c.moe_every = 2;
+    for (int k = 2; k >= 1; k--) {
+        c.moe_topk = k;
+        char model[LP_PATH_MAX], base[LP_PATH_MAX + 1024], args[LP_PATH_MAX + 2048], dir[LP_PATH_MAX], name[512];
+        lp_path(model, "%s", tmp_path(k == 2 ? "moe2.bin" : "moe1.bin"));
+        LPModel m;
+        lp_model_create(&m, &c, NULL);
+        lp_model_init_random(&m, 777);
+        lp_model_save(&m, model);
+        lp_model_free(&m);
+        snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512 --moe-capacity 1.25 "
+                 "--moe-aux-coef 0.05 --moe-z-coef 0.001", model, tmp_path("dp_shard.bin"));
+        float ref[64], aux_ref[64], drop_ref[64], aux[64], drop[64];
+        size_t nw = 0;
+        snprintf(args, sizeof(args), "%s -b 2", base);
+        lp_path(dir, "%s_%d", tmp_path("moe_ref"), k);
+        int n = run_ranks(1, args, dir, ref, out, sizeof(out));
+        int na = parse_moe_stats(out, aux_ref, drop_ref, 64);
+        float* wref = run_weights(dir, 10, &nw);
+        float dropped = 0.0f;
+        for (int j = 0; j < na; j++) dropped += drop_ref[j];
+        snprintf(name, sizeof(name), "MoE top-%d: 1-rank reference run, rows dropped (%.1f%% a step on average)", k, dropped / 10);
+        expect(n == 10 && na == 10 && wref && dropped > 0.0f, name);
+        if (n != 10 || !wref) { printf("%s\n", out); free(wref); continue; }
+        const char* cases2[][2] = {
+            {"2", "--pp 2"},
+            {"4", "--pp 4 --pp-partition 1,1,1,1"},
+            {"1", "--recompute full"},
+            {"2", "--pp 2 --recompute selective"},
+            {"2", "--tp 2"},
+            {"2", ""},  // d = 2
+            {"2", "--zero 1"},
+            {"2", "--zero 2"},
+            {"2", "--zero 3 --recompute full"},
+            {"4", "--tp 2 --sp"},
+            {"4", "--tp 2 --pp 2"},
+            {"8", "--tp 2 --pp 2 --zero 2"},
+        };
+        const char* cases1[][2] = {{"2", "--pp 2"}, {"2", "--tp 2"}, {"2", "--zero 3"}};
+        size_t count = k == 2 ? sizeof(cases2) / sizeof(cases2[0]) : sizeof(cases1) / sizeof(cases1[0]);
+        for (size_t j = 0; j < count; j++) {
+            const char* ranks = k == 2 ? cases2[j][0] : cases1[j][0];
+            char flags[256];
+            snprintf(flags, sizeof(flags), "top-%d %s", k, k == 2 ? cases2[j][1] : cases1[j][1]);
+            lp_path(dir, "%s_%d_%zu", tmp_path("moe_case"), k, j);
+            int m2 = parse_moe_stats(expect_grid_equals_one_rank(base, ranks, flags + 6, dir, ref, wref, nw, &c, 2), aux, drop, 64);
+            snprintf(name, sizeof(name), "MoE %s ranks %s: balance + z-losses and rows dropped equal 1 rank's (as printed)", ranks, flags);
+            expect(m2 == 10 && memcmp(drop, drop_ref, 10 * sizeof(float)) == 0, name);
+            if (m2 == 10) expect_close(name, aux, aux_ref, 10, 1e-4f, 0.0f);
+        }
+        free(wref);
+    }
 }
 
 // HellaSwag on grids equals one rank: the data-parallel ranks split the 13 examples unevenly (shares of
@@ -3707,6 +3936,93 @@ static void tier4_classifier(uint64_t* rng) {
     }
 }
 
+// A mixture of experts' ops on N tokens, E experts, top-K: the routing (the same choices exactly; fp32
+// probabilities, logsumexps and gates to 1e-5), the statistics, the rows into expert order (a copy: exact),
+// the gated sum and the permutation's backward, the gates' and the router's backward (TP's two parts of the
+// gates' gradients). The choices come from the routing itself; capacity drops every fifth row.
+static void tier4_moe(uint64_t* rng, int N, int E, int K, int C) {
+    char name[160];
+    float* logits = host_rand((size_t)N * E, rng, 2.0f);
+    floatX* d_logits = dev_bf16(logits, (size_t)N * E);
+    float *probs = (float*)lp_host_malloc((size_t)N * E * 4, "test"), *lse = (float*)lp_host_malloc(N * 4, "test");
+    float* gate = (float*)lp_host_malloc((size_t)N * K * 4, "test");
+    int* expert = (int*)lp_host_malloc((size_t)N * K * 4, "test");
+    float *d_probs = (float*)lp_device_malloc((size_t)N * E * 4, "test"), *d_lse = (float*)lp_device_malloc(N * 4, "test");
+    float* d_gate = (float*)lp_device_malloc((size_t)N * K * 4, "test");
+    int* d_expert = (int*)lp_device_malloc((size_t)N * K * 4, "test");
+    lp_moe_route_cpu(probs, lse, expert, gate, logits, N, E, K);
+    lp_moe_route_gpu(d_probs, d_lse, d_expert, d_gate, d_logits, N, E, K);
+    float *gp = host_from_f32(d_probs, (size_t)N * E), *gl = host_from_f32(d_lse, N), *gg = host_from_f32(d_gate, (size_t)N * K);
+    int* ge = (int*)lp_host_malloc((size_t)N * K * 4, "test");
+    lp_copy_to_host(ge, d_expert, (size_t)N * K * 4);
+    snprintf(name, sizeof(name), "gpu moe_route N=%d E=%d K=%d: the same experts; probabilities, logsumexps, gates to 1e-5", N, E, K);
+    expect(memcmp(ge, expert, (size_t)N * K * 4) == 0, name);
+    expect_close(name, gp, probs, (size_t)N * E, 1e-5f, 1e-5f);
+    expect_close(name, gl, lse, N, 1e-5f, 1e-5f);
+    expect_close(name, gg, gate, (size_t)N * K, 1e-5f, 1e-5f);
+    float *sums = (float*)lp_host_malloc((E + 1) * 4, "test"), *d_sums = (float*)lp_device_malloc((E + 1) * 4, "test");
+    lp_moe_stats_cpu(sums, probs, lse, N, E);
+    lp_moe_stats_gpu(d_sums, d_probs, d_lse, N, E);
+    float* gs = host_from_f32(d_sums, E + 1);
+    snprintf(name, sizeof(name), "gpu moe_stats N=%d E=%d: column sums and squared logsumexps to 1e-5", N, E);
+    expect_close(name, gs, sums, E + 1, 1e-5f, 1e-5f);
+    // the dispatch (as lp_moe_dispatch, every fifth choice dropped): rows in expert order
+    int *pos = (int*)lp_host_malloc((size_t)N * K * 4, "test"), *src = (int*)lp_host_malloc((size_t)N * K * 4, "test"), M = 0;
+    for (int e = 0; e < E; e++)
+        for (int i = 0; i < N * K; i++)
+            if (expert[i] == e) {
+                pos[i] = i % 5 == 4 ? -1 : M;
+                if (pos[i] >= 0) src[M++] = i / K;
+            }
+    int *d_pos = (int*)dev_copy(pos, (size_t)N * K * 4), *d_src = (int*)dev_copy(src, (size_t)M * 4);
+    float *x = host_rand((size_t)N * C, rng, 1.0f), *xp = (float*)lp_host_malloc((size_t)M * C * 4, "test");
+    floatX *d_x = dev_bf16(x, (size_t)N * C), *d_xp = (floatX*)lp_device_malloc((size_t)M * C * sizeof(floatX), "test");
+    lp_moe_permute_cpu(xp, x, src, M, C);
+    lp_moe_permute_gpu(d_xp, d_x, d_src, M, C);
+    float* gx = host_from(d_xp, (size_t)M * C);
+    snprintf(name, sizeof(name), "gpu moe_permute of %d rows of C=%d into expert order: exact", M, C);
+    expect_close(name, gx, xp, (size_t)M * C, 0.0f, 0.0f);
+    float *yp = host_rand((size_t)M * C, rng, 1.0f), *y = (float*)lp_host_malloc((size_t)N * C * 4, "test");
+    floatX *d_yp = dev_bf16(yp, (size_t)M * C), *d_y = (floatX*)lp_device_malloc((size_t)N * C * sizeof(floatX), "test");
+    lp_moe_combine_cpu(y, yp, pos, gate, N, K, C);
+    lp_moe_combine_gpu(d_y, d_yp, d_pos, d_gate, N, K, C);
+    float* gy = host_from(d_y, (size_t)N * C);
+    snprintf(name, sizeof(name), "gpu moe_combine N=%d K=%d C=%d (dropped choices add nothing)", N, K, C);
+    expect_close(name, gy, y, (size_t)N * C, 1e-2f, 1e-2f);
+    lp_moe_unpermute_cpu(y, yp, pos, N, K, C);
+    lp_moe_unpermute_gpu(d_y, d_yp, d_pos, N, K, C);
+    free(gy);
+    gy = host_from(d_y, (size_t)N * C);
+    snprintf(name, sizeof(name), "gpu moe_unpermute N=%d K=%d C=%d (each token's rows summed)", N, K, C);
+    expect_close(name, gy, y, (size_t)N * C, 1e-2f, 1e-2f);
+    // backward: the gates' gradients in two parts (TP ranks'), then the router's
+    float *dy = host_rand((size_t)N * C, rng, 1.0f), *dyp = (float*)lp_host_malloc((size_t)M * C * 4, "test");
+    float* dgate = (float*)lp_host_malloc((size_t)2 * N * K * 4, "test");
+    floatX *d_dy = dev_bf16(dy, (size_t)N * C), *d_dyp = (floatX*)lp_device_malloc((size_t)M * C * sizeof(floatX), "test");
+    float* d_dgate = (float*)lp_device_malloc((size_t)2 * N * K * 4, "test");
+    for (int part = 0; part < 2; part++) {
+        lp_moe_combine_backward_cpu(dyp, dgate + (size_t)part * N * K, dy, yp, pos, gate, N, K, C);
+        lp_moe_combine_backward_gpu(d_dyp, d_dgate + (size_t)part * N * K, d_dy, d_yp, d_pos, d_gate, N, K, C);
+    }
+    float *gdyp = host_from(d_dyp, (size_t)M * C), *gdg = host_from_f32(d_dgate, (size_t)2 * N * K);
+    snprintf(name, sizeof(name), "gpu moe_combine_backward N=%d K=%d C=%d: the rows' and the gates' gradients", N, K, C);
+    expect_close(name, gdyp, dyp, (size_t)M * C, 1e-2f, 1e-2f);
+    expect_close_scaled(name, gdg, dgate, (size_t)2 * N * K, 1e-4f);
+    float* daux = host_rand(E, rng, 0.01f);
+    float *dlogits = (float*)lp_host_malloc((size_t)N * E * 4, "test"), *d_daux = (float*)dev_copy(daux, E * 4);
+    lp_moe_router_backward_cpu(dlogits, probs, lse, expert, gate, dgate, 2, daux, 1e-3f, N, E, K);
+    lp_moe_router_backward_gpu(d_logits, d_probs, d_lse, d_expert, d_gate, d_dgate, 2, d_daux, 1e-3f, N, E, K);
+    float* gdl = host_from(d_logits, (size_t)N * E);
+    snprintf(name, sizeof(name), "gpu moe_router_backward N=%d E=%d K=%d (2 parts of the gates' gradients, balance and z-losses)", N, E, K);
+    expect_close_scaled(name, gdl, dlogits, (size_t)N * E, 1e-2f);
+    free(logits); free(probs); free(lse); free(gate); free(expert); free(gp); free(gl); free(gg); free(ge); free(sums); free(gs);
+    free(pos); free(src); free(x); free(xp); free(gx); free(yp); free(y); free(gy); free(dy); free(dyp); free(dgate); free(gdyp);
+    free(gdg); free(daux); free(dlogits); free(gdl);
+    lp_device_free(d_logits); lp_device_free(d_probs); lp_device_free(d_lse); lp_device_free(d_gate); lp_device_free(d_expert);
+    lp_device_free(d_sums); lp_device_free(d_pos); lp_device_free(d_src); lp_device_free(d_x); lp_device_free(d_xp);
+    lp_device_free(d_yp); lp_device_free(d_y); lp_device_free(d_dy); lp_device_free(d_dyp); lp_device_free(d_dgate); lp_device_free(d_daux);
+}
+
 static void tier4_optimizer(uint64_t* rng) {
     size_t n = 100000;
     float *w = host_rand(n, rng, 1.0f), *g = host_rand(n, rng, 1.0f), *m = host_rand(n, rng, 0.1f), *v = host_rand(n, rng, 0.1f);
@@ -3842,6 +4158,9 @@ static void tier4_kernel_tests(void) {
         tier4_cublas_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3]);
     }
     tier4_classifier(&rng);
+    tier4_moe(&rng, 100, 8, 2, 40);  // C not a multiple of 8
+    tier4_moe(&rng, 64, 4, 1, 64);   // top-1: the gate is the probability
+    tier4_moe(&rng, 33, 64, 4, 16);  // many experts, top-4
     tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
@@ -3901,64 +4220,115 @@ static void test_step_vs_cpu_build(void) {
         expect(0, "./train_gpt_cpu is built (make train_gpt_cpu) for the CUDA-vs-CPU step test");
         return;
     }
-    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -x 3 -l 1e-3 -u 0";
-    float gpu[8], cpu[8];
-    int rc = run_cmd(out, sizeof(out), "./train_gpt_cpu %s -o %s", args, tmp_path("cpu_out"));
-    int nc = parse_losses(out, cpu, 8);
-    expect(rc == 0 && nc == 3, "the CPU build runs 3 steps");
-    if (nc != 3) return;
-    size_t n2 = 0;
-    float* wc = run_weights(tmp_path("cpu_out"), 3, &n2);
-    for (int a = LP_ATTENTION_FLASH; a <= LP_ATTENTION_CUBLAS; a++) {
-        char name[160], dir[LP_PATH_MAX];
-        const char* att = lp_attention_names[a];
-        lp_path(dir, "%s/gpu_out_%s", tmp_dir, att);
-        rc = run_cmd(out, sizeof(out), "%s %s --attention %s -o %s", TRAIN_BIN, args, att, dir);
-        int ng = parse_losses(out, gpu, 8);
-        snprintf(name, sizeof(name), "CUDA build with --attention %s runs 3 steps", att);
-        expect(rc == 0 && ng == 3, name);
-        if (ng != 3) {
-            printf("%s\n", out);
-            continue;
+    // the tiny model, and the mixture of experts of test_moe_reference (its rows dropped, its balance and z-losses on)
+    const char* models[2][2] = {{"dev/ref/tiny_model.bin", ""},
+                                {"dev/ref/tiny_moe_model.bin", "--moe-capacity 1 --moe-aux-coef 0.1 --moe-z-coef 0.01"}};
+    for (int k = 0; k < 2; k++) {
+        char args[512], dir[LP_PATH_MAX];
+        snprintf(args, sizeof(args), "-e %s -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -x 3 -l 1e-3 -u 0 %s", models[k][0], models[k][1]);
+        float gpu[8], cpu[8];
+        lp_path(dir, "%s/cpu_out_%d", tmp_dir, k);
+        int rc = run_cmd(out, sizeof(out), "./train_gpt_cpu %s -o %s", args, dir);
+        int nc = parse_losses(out, cpu, 8);
+        expect(rc == 0 && nc == 3, "the CPU build runs 3 steps");
+        if (nc != 3) return;
+        size_t n2 = 0;
+        float* wc = run_weights(dir, 3, &n2);
+        for (int a = LP_ATTENTION_FLASH; a <= LP_ATTENTION_CUBLAS; a++) {
+            char name[320];
+            const char* att = lp_attention_names[a];
+            lp_path(dir, "%s/gpu_out_%d_%s", tmp_dir, k, att);
+            rc = run_cmd(out, sizeof(out), "%s %s --attention %s -o %s", TRAIN_BIN, args, att, dir);
+            int ng = parse_losses(out, gpu, 8);
+            snprintf(name, sizeof(name), "CUDA build with --attention %s runs 3 steps of %s", att, models[k][0]);
+            expect(rc == 0 && ng == 3, name);
+            if (ng != 3) {
+                printf("%s\n", out);
+                continue;
+            }
+            snprintf(name, sizeof(name), "CUDA step losses with --attention %s equal the CPU build's (1e-2 relative), %s", att, models[k][0]);
+            expect_close(name, gpu, cpu, 3, 0.0f, 1e-2f);
+            size_t n1 = 0;
+            float* wg = run_weights(dir, 3, &n1);
+            snprintf(name, sizeof(name), "CUDA master weights after 3 steps with --attention %s equal the CPU build's (atol 6e-3), %s", att,
+                     models[k][0]);
+            expect(wg && wc && n1 == n2, "CUDA and CPU builds both write their weights");
+            if (wg && wc && n1 == n2) expect_close(name, wg, wc, n1, 6e-3f, 0.0f);
+            free(wg);
         }
-        snprintf(name, sizeof(name), "CUDA step losses with --attention %s equal the CPU build's (1e-2 relative)", att);
-        expect_close(name, gpu, cpu, 3, 0.0f, 1e-2f);
-        size_t n1 = 0;
-        float* wg = run_weights(dir, 3, &n1);
-        snprintf(name, sizeof(name), "CUDA master weights after 3 steps with --attention %s equal the CPU build's (atol 6e-3)", att);
-        expect(wg && wc && n1 == n2, "CUDA and CPU builds both write their weights");
-        if (wg && wc && n1 == n2) expect_close(name, wg, wc, n1, 6e-3f, 0.0f);
-        free(wg);
+        free(wc);
     }
-    free(wc);
 }
 
 // Tier 3's grids on the CUDA engine: ZeRO 0-3 (with and without overlap), TP with and without SP,
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
-// recomputing its probabilities), all on a 4-layer tiny model with 4
+// recomputing its probabilities), and a mixture of experts under TP, SP, ZeRO, a pipeline and full
+// recomputation (each rank's micro-batches of 1 row, as the one rank's), all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
 // emulator's, over MPI) and again over --comm mpi; with one real GPU the ranks share it and use MPI.
+// One of test_parallel_grids' grids: r ranks running `flags` on base, each with micro-batches of B rows, over
+// each way the ranks can talk, against one rank's losses ref and weights wref.
+static void expect_cuda_grid(const char* base, int r, const char* flags, int B, const float* ref, const float* wref, size_t nw) {
+    static char out[1 << 18];
+    char args[2048], name[512], dir[LP_PATH_MAX];
+#ifdef LLMPAR_CUDAEMU
+    const char* comms[] = {"--comm nccl", "--comm mpi"};
+#else
+    const char* comms[] = {"--comm auto"};
+#endif
+    static int runs = 0;
+    for (size_t c = 0; c < (r > 1 ? sizeof(comms) / sizeof(comms[0]) : 1); c++) {
+        float got[8];
+        size_t nw2 = 0;
+        snprintf(args, sizeof(args), "%s -b %d %s %s", base, B, flags, r > 1 ? comms[c] : "");
+        lp_path(dir, "%s/grid%d", tmp_dir, runs++);
+        int n = run_ranks(r, args, dir, got, out, sizeof(out));
+        float* w = run_weights(dir, 3, &nw2);
+        snprintf(name, sizeof(name), "%d rank(s) %s %s: 3 steps run", r, flags, r > 1 ? comms[c] : "");
+        expect(n == 3 && w && nw2 == nw, name);
+        if (n != 3 || !w || nw2 != nw) {
+            printf("%s\n", out);
+            free(w);
+            continue;
+        }
+        snprintf(name, sizeof(name), "%d rank(s) %s %s: losses equal 1 rank's (1e-2 relative)", r, flags, r > 1 ? comms[c] : "");
+        expect_close(name, got, ref, 3, 0.0f, 1e-2f);
+        snprintf(name, sizeof(name), "%d rank(s) %s %s: final weights equal 1 rank's (atol 6e-3)", r, flags, r > 1 ? comms[c] : "");
+        expect_close(name, w, wref, nw, 6e-3f, 0.0f);
+        free(w);
+    }
+}
+
 static void test_parallel_grids(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 4 parallel grids")) return;
     save_tiny_model(tmp_path("grid_model.bin"), 4, 4242);
+    LPConfig c = tiny_config();  // and a mixture of experts: layers 0 and 2 of 4 experts, top-2
+    c.num_layers = 4;
+    c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, 4242);
+    lp_model_save(&m, tmp_path("grid_moe.bin"));
+    lp_model_free(&m);
     write_random_shard(tmp_path("grid_tokens.bin"), 2048, 7);
-    char base[1024], args[2048], name[512], dir[LP_PATH_MAX];
-    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 128", tmp_path("grid_model.bin"),
-             tmp_path("grid_tokens.bin"));
-    const char* aux = "--aux-loss-layers 2 --aux-loss-weight 0.5";
-    float ref[2][8];
-    float* wref[2];
-    size_t nw = 0;
-    for (int a = 0; a < 2; a++) {  // the references: one rank, without and with the auxiliary loss
-        snprintf(args, sizeof(args), "%s -b 2 %s", base, a ? aux : "");
+    char base[3][1024], args[2048], name[512], dir[LP_PATH_MAX];
+    for (int a = 0; a < 3; a++)  // plain, with an auxiliary loss, the mixture of experts (rows dropped)
+        snprintf(base[a], sizeof(base[a]), "-e %s -i %s -j '' -t 16 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 128 %s",
+                 tmp_path(a < 2 ? "grid_model.bin" : "grid_moe.bin"), tmp_path("grid_tokens.bin"),
+                 a == 1 ? "--aux-loss-layers 2 --aux-loss-weight 0.5" : a == 2 ? "--moe-capacity 1.25 --moe-z-coef 0.001" : "");
+    float ref[3][8];
+    float* wref[3];
+    size_t nw[3];
+    for (int a = 0; a < 3; a++) {  // the references: one rank (the mixture of experts: micro-batches of 1 row, as every grid's)
+        snprintf(args, sizeof(args), "%s -b %d", base[a], a == 2 ? 1 : 2);
         lp_path(dir, "%s/grid_ref%d", tmp_dir, a);
         int n = run_ranks(1, args, dir, ref[a], out, sizeof(out));
-        wref[a] = run_weights(dir, 3, &nw);
-        snprintf(name, sizeof(name), "one rank runs the 4-layer model %s", a ? "with an auxiliary loss" : "");
+        wref[a] = run_weights(dir, 3, &nw[a]);
+        snprintf(name, sizeof(name), "one rank runs the 4-layer model %s", a == 1 ? "with an auxiliary loss" : a ? "of experts" : "");
         expect(n == 3 && wref[a], name);
         if (n != 3 || !wref[a]) {
             printf("%s\n", out);
@@ -3973,37 +4343,16 @@ static void test_parallel_grids(void) {
         {4, "--tp 2 --pp 2 --sp"}, {1, "--recompute selective"}, {1, "--recompute full"}, {2, "--zero 3 --recompute full"},
         {4, "--tp 2 --pp 2 --sp --recompute full"}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5"},
         {8, "--tp 2 --pp 2 --sp --zero 1"}, {2, "--tp 2 --attention cublas"}, {1, "--attention cublas --recompute selective"}};
-#ifdef LLMPAR_CUDAEMU
-    const char* comms[] = {"--comm nccl", "--comm mpi"};
-#else
-    const char* comms[] = {"--comm auto"};
-#endif
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp ");
         int r = grids[k].ranks, d = r / (tp ? atoi(tp + 5) : 1) / (pp ? atoi(pp + 5) : 1), a = strstr(f, "--aux") != NULL;
-        for (size_t c = 0; c < (r > 1 ? sizeof(comms) / sizeof(comms[0]) : 1); c++) {
-            float got[8];
-            size_t nw2 = 0;
-            snprintf(args, sizeof(args), "%s -b %d %s %s", base, 2 / d, f, r > 1 ? comms[c] : "");
-            lp_path(dir, "%s/grid%zu_%zu", tmp_dir, k, c);
-            int n = run_ranks(r, args, dir, got, out, sizeof(out));
-            float* w = run_weights(dir, 3, &nw2);
-            snprintf(name, sizeof(name), "%d rank(s) %s %s: 3 steps run", r, f, r > 1 ? comms[c] : "");
-            expect(n == 3 && w && nw2 == nw, name);
-            if (n != 3 || !w || nw2 != nw) {
-                printf("%s\n", out);
-                free(w);
-                continue;
-            }
-            snprintf(name, sizeof(name), "%d rank(s) %s %s: losses equal 1 rank's (1e-2 relative)", r, f, r > 1 ? comms[c] : "");
-            expect_close(name, got, ref[a], 3, 0.0f, 1e-2f);
-            snprintf(name, sizeof(name), "%d rank(s) %s %s: final weights equal 1 rank's (atol 6e-3)", r, f, r > 1 ? comms[c] : "");
-            expect_close(name, w, wref[a], nw, 6e-3f, 0.0f);
-            free(w);
-        }
+        expect_cuda_grid(base[0], r, f, 2 / d, ref[a], wref[a], nw[a]);
     }
-    free(wref[0]);
-    free(wref[1]);
+    struct { int ranks; const char* flags; } moe_grids[] = {
+        {2, "--tp 2"}, {2, "--zero 3"}, {2, "--pp 2"}, {4, "--tp 2 --sp --zero 1"}, {1, "--recompute full"}};
+    for (size_t k = 0; k < sizeof(moe_grids) / sizeof(moe_grids[0]); k++)
+        expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, 1, ref[2], wref[2], nw[2]);
+    for (int a = 0; a < 3; a++) free(wref[a]);
 }
 
 // A resumed run of the CUDA build goes on bit for bit: 5 steps, then --resume to 8, against 8 straight.
@@ -4255,6 +4604,7 @@ int main(int argc, char** argv) {
     RUN(test_model_gradient);
     RUN(test_reference_loss);
     RUN(test_reference_training);
+    RUN(test_moe_reference);
     RUN(test_hellaswag_reference);
     RUN(test_training_runs);
     RUN(test_adamw_flags);
@@ -4269,6 +4619,7 @@ int main(int argc, char** argv) {
     RUN(test_pipeline_parallel);
     RUN(test_machine_variation);
     RUN(test_recompute);
+    RUN(test_moe_grids);
     RUN(test_hellaswag_grids);
     RUN(test_divergence_grids);
     RUN(test_supervisor_kill);

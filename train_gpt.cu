@@ -54,6 +54,8 @@ typedef struct {
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
     int attention;           // --attention: flash | cublas (LP_ATTENTION_*)
+    int moe_experts, moe_topk, moe_every;  // --moe-experts, --moe-topk, --moe-every: a new model's experts
+    LPMoEOptions moe;        // --moe-capacity, --moe-aux-coef, --moe-z-coef
     int shuffle;             // --shuffle: each epoch's shards and windows in a seeded random order
     int check_data;          // --check-data: manifest | full (lp_check_data_names)
     unsigned long long seed; // --seed
@@ -192,6 +194,21 @@ static const LPFlagSpec lp_flag_specs[] = {
      "loss, weighted and added to the training loss"},
     {"--aux-loss-weight", NULL, LP_FLAG_FLOAT, LP_FIELD(aux_weight), "0.1", "0.1", "F", NULL, NULL,
      "the weight of each auxiliary loss"},
+    {"--moe-experts", NULL, LP_FLAG_INT, LP_FIELD(moe_experts), "0", "0", "E", NULL, NULL,
+     "a mixture of experts, with -e dN: each MoE layer's MLP becomes E expert MLPs of its shape and a router (0: a "
+     "dense model). A model file has its own (version 6); there this is 0 or the file's"},
+    {"--moe-topk", NULL, LP_FLAG_INT, LP_FIELD(moe_topk), "2", "2", "K", NULL, NULL,
+     "with --moe-experts: the experts each token goes to (1: Switch, the gate is the router's probability; 2: "
+     "GShard/Mixtral, the K gates renormalised to sum 1)"},
+    {"--moe-every", NULL, LP_FLAG_INT, LP_FIELD(moe_every), "1", "1", "N", NULL, NULL,
+     "with --moe-experts: layers 0, N, 2N, ... (counted from 0) are MoE layers, the others dense (1: every layer)"},
+    {"--moe-capacity", NULL, LP_FLAG_FLOAT, LP_FIELD(moe.capacity), "0", "0", "F", NULL, NULL,
+     "capacity factor: an expert takes at most F*K*N/E of a micro-batch's K*N token choices, first come first "
+     "served in token order; the rest are dropped (the token goes on by the residual alone). 0: none dropped"},
+    {"--moe-aux-coef", NULL, LP_FLAG_FLOAT, LP_FIELD(moe.aux_coef), "0.01", "0.01", "F", NULL, NULL,
+     "the load-balancing loss's coefficient (Switch Transformer: coef * E * sum_e f_e P_e per MoE layer)"},
+    {"--moe-z-coef", NULL, LP_FLAG_FLOAT, LP_FIELD(moe.z_coef), "0", "0", "F", NULL, NULL,
+     "the router z-loss's coefficient (ST-MoE: coef * mean logsumexp(router logits)^2 per MoE layer)"},
     {"--recompute", "-r", LP_FLAG_CHOICE, LP_FIELD(par.recompute), "none", "none", "NAME", lp_llmc_recompute, lp_recompute_names,
      "activations backward recomputes instead of keeping: none | selective (the attention probabilities and the GELU "
      "output; the CUDA build's flash attention keeps no probabilities, so there only the GELU output) | full (it keeps only each layer's input and reruns the layer's forward). -r takes llm.c's levels, 0 "
@@ -504,6 +521,9 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (!(f->beta2 >= 0.0f && f->beta2 < 1.0f)) lp_fail_all("flag %s: must be >= 0 and < 1, got %g", LP_FLAG_NAME(beta2), f->beta2);
     if (!(f->eps > 0.0f)) lp_fail_all("flag %s: must be > 0, got %g", LP_FLAG_NAME(eps), f->eps);
     if (f->grad_clip < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: no clipping), got %g", LP_FLAG_NAME(grad_clip), f->grad_clip);
+    if (!(f->moe.capacity >= 0.0f)) lp_fail_all("flag %s: must be >= 0 (0: no token dropped), got %g", LP_FLAG_NAME(moe.capacity), f->moe.capacity);
+    if (!(f->moe.aux_coef >= 0.0f)) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(moe.aux_coef), f->moe.aux_coef);
+    if (!(f->moe.z_coef >= 0.0f)) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(moe.z_coef), f->moe.z_coef);
     if (f->ckpt_every > 0 && f->out_dir[0] == '\0')
         lp_fail_all("flag %s: checkpoints need %s DIR to go in", LP_FLAG_NAME(ckpt_every), LP_FLAG_NAME(out_dir));
     if (f->timeout_minutes < 0.0f)
@@ -702,11 +722,21 @@ static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cf
     for (int pass = 0; pass < 2; pass++) {
         if ((proc->rank == 0) == (pass == 0)) {
             if (preset) {
+                if (f->moe_experts) {
+                    cfg->moe_experts = f->moe_experts;
+                    cfg->moe_topk = f->moe_topk;
+                    cfg->moe_every = f->moe_every;
+                    lp_path(source, "-e %s --moe-experts %d --moe-topk %d --moe-every %d", f->init, f->moe_experts, f->moe_topk,
+                            f->moe_every);
+                }
                 lp_config_validate(cfg, source);
             } else {
                 FILE* file = lp_fopen(f->init, "rb");
                 lp_model_file_header(f->init, cfg, file);
                 fclose(file);
+                if (f->moe_experts && f->moe_experts != cfg->moe_experts)
+                    lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts,
+                            f->init, cfg->moe_experts);
             }
         }
         lp_barrier(&proc->world_group);
@@ -775,6 +805,14 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu on rank 0)\n", r->cfg.num_layers,
            r->cfg.channels, r->cfg.num_heads, r->cfg.vocab_size, r->cfg.padded_vocab_size, r->cfg.max_seq_len,
            r->stage.chunks[0].total_params, rank_params);
+    if (r->cfg.moe_experts) {
+        char capacity[32] = "none (no token dropped)";
+        if (f->moe.capacity > 0.0f) snprintf(capacity, sizeof(capacity), "%g", f->moe.capacity);
+        lp_log("experts          %d per MoE layer (layers 0, %d, ...: %d of %d), top-%d: %zu parameters met by each token; "
+               "capacity %s, balance loss %g, z-loss %g\n", r->cfg.moe_experts, r->cfg.moe_every,
+               lp_layers_having(&r->cfg, LP_ROUTERW, 0, r->cfg.num_layers), r->cfg.num_layers, r->cfg.moe_topk,
+               lp_active_params(&r->cfg), capacity, f->moe.aux_coef, f->moe.z_coef);
+    }
     if (par->pp > 1) {
         lp_log("pipeline         %d stages x %d chunks, schedule %s, layers per chunk", par->pp, par->vpp,
                lp_schedule_names[par->schedule]);
@@ -901,7 +939,7 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", r->total_batch, tokens_per_micro);
     f->par.micro_batches = r->total_batch / tokens_per_micro;
     LPModelOptions chunks = {.proc = proc, .aux = r->aux, .num_aux = lp_parse_aux_layers(f->aux_layers, r->cfg.num_layers, r->aux),
-                             .aux_weight = f->aux_weight, .attention = f->attention};
+                             .aux_weight = f->aux_weight, .attention = f->attention, .moe = f->moe};
     lp_log("allocating activations for B=%d T=%d\n", f->B, f->T);
     lp_stage_create(&r->stage, &r->cfg, &chunks, f->B, f->T);
     float* weights = NULL;
@@ -1090,6 +1128,10 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
     lp_log("step %d/%d | loss %f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s", step + 1, f->max_steps, loss, lr,
            norm, ms, r->total_batch / (ms / 1000.0));
     if (r->peak > 0.0) lp_log(" | MFU %.1f%%", 100.0 * r->flops_per_step / (ms / 1000.0) / r->peak);
+    const LPMoEStats* moe = &r->stage.moe_stats;
+    if (moe->passes > 0)
+        lp_log(" | moe aux %.4f z %.4f, dropped %.1f%%, busiest %.0f%%", moe->aux, moe->z, 100.0 * moe->dropped / moe->routed,
+               100.0 * moe->busiest / moe->passes);
     if (r->stage.num_aux) {
         lp_log(" | aux loss");
         for (int j = 0; j < r->stage.num_aux; j++) lp_log(" %d: %f", r->stage.aux[j], r->stage.aux_loss[j]);

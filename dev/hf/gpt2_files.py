@@ -63,6 +63,8 @@ def read_llmc(path):
     if len(header) < 1024:
         raise FileError(f"{path}: not an llm.c model file (shorter than its 1024-byte header)")
     magic, version, maxT, V, L, NH, C, Vp = struct.unpack("<8i", header[:32])
+    if magic == MODEL_MAGIC and version == 6:
+        raise FileError(f"{path}: a mixture of experts (llmpar's version 6): GPT-2 in Hugging Face's form has no experts")
     if magic != MODEL_MAGIC or version not in (3, 5):
         raise FileError(f"{path}: not an llm.c model file (magic {magic}, version {version}; "
                         f"want {MODEL_MAGIC}, version 3 or 5)")

@@ -285,8 +285,18 @@ def check_transformers(tmp, docs, engine):
           f"transformers' {hf_loss:.6f} (1e-5 relative)")
 
 
+def check_moe_refused(tmp):
+    """(1) a mixture of experts (version 6) is refused in one line: GPT2LMHeadModel has no experts"""
+    out = os.path.join(tmp, "moe_hf")
+    run = subprocess.run([sys.executable, os.path.join(HERE, "export.py"), os.path.join(ROOT, "dev", "ref", "tiny_moe_model.bin"),
+                          "--out", out], capture_output=True, text=True)
+    check(run.returncode != 0 and "a mixture of experts" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+          and not os.path.exists(out), "export.py refuses a mixture-of-experts file in one line, writing nothing")
+
+
 def main():
     tmp, d2_model, engine = sys.argv[1:4]
+    check_moe_refused(tmp)
     check_logits(tmp, d2_model)
     check_import_of_bf16(tmp)
     check_import_layouts(tmp)

@@ -7,6 +7,7 @@ CPU engine is tested against.
     python3 dev/ref/gpt2_ref.py train MODEL.bin TOKENS.bin -x 6 -l 1e-2 -u 2 -c 0.1 --grad-clip 2 [-o OUT.bin]
     python3 dev/ref/gpt2_ref.py make-fixture dev/ref                  # rebuilds the test fixture
     python3 dev/ref/gpt2_ref.py make-train-fixture dev/ref            # rebuilds the training fixture
+    python3 dev/ref/gpt2_ref.py make-moe-fixture dev/ref              # rebuilds the mixture-of-experts fixture
     python3 dev/ref/gpt2_ref.py random-model OUT.bin L C NH           # a model of any shape, GPT-2 initialised
     python3 dev/ref/gpt2_ref.py hellaswag MODEL.bin EVAL.bin          # "acc_norm N/M acc N/M", each example's choices
 
@@ -22,34 +23,50 @@ import struct
 import numpy as np
 
 
-# The 16 parameter tensors of an llm.c model file, in its order, and which of them are matrices ("w"),
-# LayerNorm weights ("lnw") or biases ("b").
-KINDS = ["w", "w", "lnw", "b", "w", "b", "w", "b", "lnw", "b", "w", "b", "w", "b", "lnw", "b"]
+# The parameter tensors of a model file, in its order: llm.c's 16, then a mixture of experts' 5 (version 6
+# files; empty in a dense model), and which of them are matrices ("w"), LayerNorm weights ("lnw") or biases ("b").
+NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb", "fcprojw",
+         "fcprojb", "lnfw", "lnfb", "routerw", "expfcw", "expfcb", "expfcprojw", "expfcprojb"]
+KINDS = ["w", "w", "lnw", "b", "w", "b", "w", "b", "lnw", "b", "w", "b", "w", "b", "lnw", "b", "w", "w", "b", "w", "b"]
 
 
-def param_shapes(maxT, V, L, NH, C, Vp):
+def moe_layers(cfg):
+    """Which layers are MoE layers: l % every == 0 when the model has experts."""
+    return [cfg.get("E", 0) > 0 and l % cfg["every"] == 0 for l in range(cfg["L"])]
+
+
+def param_shapes(cfg):
+    """Each tensor's shape: a layer tensor stacks the layers that have it (the dense MLP's the dense layers,
+    the router's and experts' the MoE layers)."""
+    maxT, L, C, Vp, E = cfg["maxT"], cfg["L"], cfg["C"], cfg["Vp"], cfg.get("E", 0)
+    Lm = sum(moe_layers(cfg))
+    Ld = L - Lm
     return [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C),
-            (L, C), (L, C), (L, 4 * C, C), (L, 4 * C), (L, C, 4 * C), (L, C), (C,), (C,)]
+            (L, C), (L, C), (Ld, 4 * C, C), (Ld, 4 * C), (Ld, C, 4 * C), (Ld, C), (C,), (C,),
+            (Lm, E, C), (Lm, E, 4 * C, C), (Lm, E, 4 * C), (Lm, E, C, 4 * C), (Lm, E, C)]
 
 
 def read_model(path):
-    """Return (config dict, list of 16 float64 arrays) from an llm.c model file."""
+    """Return (config dict, list of 21 float64 arrays) from a model file (llm.c's v3, v5; llmpar's MoE v6)."""
     raw = open(path, "rb").read()
     h = struct.unpack("<256i", raw[:1024])
-    assert h[0] == 20240326 and h[1] in (3, 5), f"{path}: not an llm.c v3/v5 model file"
+    assert h[0] == 20240326 and h[1] in (3, 5, 6), f"{path}: not an llm.c v3/v5 or llmpar v6 model file"
     maxT, V, L, NH, C, Vp = h[2], h[3], h[4], h[5], h[6], h[7]
-    if h[1] == 3:
+    cfg = dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp)
+    if h[1] == 6:
+        cfg.update(E=h[8], K=h[9], every=h[10])
+    if h[1] != 5:
         flat = np.frombuffer(raw[1024:], dtype="<f4").astype(np.float64)
     else:  # bf16: the upper 16 bits of an fp32
         flat = (np.frombuffer(raw[1024:], dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    shapes = param_shapes(maxT, V, L, NH, C, Vp)
+    shapes = param_shapes(cfg)
     params, off = [], 0
     for s in shapes:
         n = int(np.prod(s))
         params.append(flat[off:off + n].reshape(s))
         off += n
     assert off == flat.size, f"{path}: {flat.size} values, the header's shape needs {off}"
-    return dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp), params
+    return cfg, params
 
 
 def read_tokens(path):
@@ -69,15 +86,92 @@ def gelu(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def gpt2_forward(cfg, params, inputs, targets):
-    """Mean cross-entropy of targets (B,T) given inputs (B,T), and what the backward pass reads."""
-    wte, wpe, ln1w, ln1b, qkvw, qkvb, attw, attb, ln2w, ln2b, fcw, fcb, fcpw, fcpb, lnfw, lnfb = params
+# A mixture of experts' training settings (the engine's --moe-capacity, --moe-aux-coef, --moe-z-coef).
+MOE = dict(capacity=0.0, aux_coef=0.01, z_coef=0.0)
+
+
+def moe_forward(cfg, params, q, x, moe):
+    """MoE layer q's MLP on x (B,T,C): the router's softmax over the E experts, each token's top-K (ties to the
+    lower index), their gates (renormalised for K >= 2, the probability itself for K = 1), an expert taking at
+    most ceil(capacity K N / E) of the rows that chose it in token order (capacity 0: all), each expert's
+    MLP on its rows, the gated sum. Returns the output and what the backward pass reads, with the layer's
+    balance loss aux_coef E sum_e f_e P_e and z-loss z_coef mean(lse^2)."""
+    routerw, expfcw, expfcb, expfcpw, expfcpb = (p[q] for p in params[16:21])
+    E, K, C = cfg["E"], cfg["K"], cfg["C"]
+    X = x.reshape(-1, C)
+    N = X.shape[0]
+    logits = X @ routerw.T
+    mx = logits.max(-1, keepdims=True)
+    lse = (np.log(np.exp(logits - mx).sum(-1, keepdims=True)) + mx)[:, 0]
+    probs = np.exp(logits - lse[:, None])
+    expert = np.argsort(-probs, axis=-1, kind="stable")[:, :K]
+    chosen = np.take_along_axis(probs, expert, -1)
+    gate = chosen if K == 1 else chosen / chosen.sum(-1, keepdims=True)
+    counts = np.bincount(expert.ravel(), minlength=E)
+    cap = int(np.ceil(float(np.float32(moe["capacity"])) * K * N / E)) if moe["capacity"] > 0 else N
+    keep, taken = np.zeros((N, K), bool), np.zeros(E, int)
+    for t in range(N):
+        for k in range(K):
+            if taken[expert[t, k]] < cap:
+                keep[t, k] = True
+                taken[expert[t, k]] += 1
+    y, experts = np.zeros_like(X), []
+    for e in range(E):
+        rows, ks = np.nonzero((expert == e) & keep)  # (token order)
+        h = X[rows] @ expfcw[e].T + expfcb[e]
+        g = gelu(h)
+        o = g @ expfcpw[e].T + expfcpb[e]
+        y[rows] += gate[rows, ks][:, None] * o
+        experts.append((rows, ks, h, g, o))
+    f = counts / (N * K)
+    a = dict(X=X, probs=probs, lse=lse, expert=expert, chosen=chosen, gate=gate, f=f, experts=experts,
+             aux=moe["aux_coef"] * E * (f * probs.mean(0)).sum(), z=moe["z_coef"] * (lse ** 2).mean(),
+             dropped=int(N * K - keep.sum()))
+    return y.reshape(x.shape), a
+
+
+def moe_backward(cfg, params, grads, q, a, dy, moe):
+    """The gradient of MoE layer q's input from its output's dy (B,T,C), its tensors' into grads; the balance
+    and z-losses' gradients (weight 1: one micro-batch) reach the router's logits."""
+    routerw, expfcw, expfcb, expfcpw, expfcpb = (p[q] for p in params[16:21])
+    drouterw, dexpfcw, dexpfcb, dexpfcpw, dexpfcpb = (g[q] for g in grads[16:21])
+    E, K, C = cfg["E"], cfg["K"], cfg["C"]
+    dY = dy.reshape(-1, C)
+    X, probs, lse, expert, gate = a["X"], a["probs"], a["lse"], a["expert"], a["gate"]
+    N = X.shape[0]
+    dX, dgate = np.zeros_like(X), np.zeros_like(gate)
+    for e, (rows, ks, h, g, o) in enumerate(a["experts"]):
+        dO = gate[rows, ks][:, None] * dY[rows]
+        dgate[rows, ks] = (dY[rows] * o).sum(-1)
+        dexpfcpw[e] += dO.T @ g
+        dexpfcpb[e] += dO.sum(0)
+        dh = (dO @ expfcpw[e]) * gelu_grad(h)
+        dexpfcw[e] += dh.T @ X[rows]
+        dexpfcb[e] += dh.sum(0)
+        dX[rows] += dh @ expfcw[e]
+    dp = np.zeros_like(probs)
+    if K == 1:
+        np.put_along_axis(dp, expert, dgate, -1)
+    else:
+        dot = (dgate * gate).sum(-1, keepdims=True)
+        np.put_along_axis(dp, expert, (dgate - dot) / a["chosen"].sum(-1, keepdims=True), -1)
+    dp += moe["aux_coef"] * E * a["f"] / N
+    dlogits = probs * (dp - (probs * dp).sum(-1, keepdims=True)) + moe["z_coef"] * 2 * lse[:, None] * probs / N
+    drouterw += dlogits.T @ X
+    dX += dlogits @ routerw
+    return dX.reshape(dy.shape)
+
+
+def gpt2_forward(cfg, params, inputs, targets, moe=MOE):
+    """Mean cross-entropy of targets (B,T) given inputs (B,T), and what the backward pass reads (a mixture of
+    experts' balance and z-losses summed over its MoE layers: cache["aux"], cache["z"])."""
+    wte, wpe, ln1w, ln1b, qkvw, qkvb, attw, attb, ln2w, ln2b, fcw, fcb, fcpw, fcpb, lnfw, lnfb = params[:16]
     B, T = inputs.shape
     C, NH, V = cfg["C"], cfg["NH"], cfg["V"]
     hs = C // NH
     x = wte[inputs] + wpe[:T]
     causal = np.tril(np.ones((T, T), dtype=bool))
-    layers = []
+    layers, is_moe = [], moe_layers(cfg)
     for l in range(cfg["L"]):
         a = dict(x=x, ln1=layernorm(x, ln1w[l], ln1b[l]))
         qkv = a["ln1"] @ qkvw[l].T + qkvb[l]
@@ -88,9 +182,15 @@ def gpt2_forward(cfg, params, inputs, targets):
         a.update(q=q, k=k, v=v, att=att, y=(att @ v).transpose(0, 2, 1, 3).reshape(B, T, C))
         x = a["xmid"] = x + a["y"] @ attw[l].T + attb[l]
         a["ln2"] = layernorm(x, ln2w[l], ln2b[l])
-        a["h"] = a["ln2"] @ fcw[l].T + fcb[l]
-        a["gelu"] = gelu(a["h"])
-        x = x + a["gelu"] @ fcpw[l].T + fcpb[l]
+        a["mlp"] = sum(is_moe[:l]) if is_moe[l] else l - sum(is_moe[:l])  # its place among the MoE or dense layers
+        if is_moe[l]:
+            y, a["moe"] = moe_forward(cfg, params, a["mlp"], a["ln2"], moe)
+            x = x + y
+        else:
+            d = a["mlp"]
+            a["h"] = a["ln2"] @ fcw[d].T + fcb[d]
+            a["gelu"] = gelu(a["h"])
+            x = x + a["gelu"] @ fcpw[d].T + fcpb[d]
         layers.append(a)
     lnf = layernorm(x, lnfw, lnfb)
     logits = lnf @ wte[:V].T  # tied head over the real vocabulary only
@@ -98,7 +198,9 @@ def gpt2_forward(cfg, params, inputs, targets):
     logz = np.log(np.exp(logits - m).sum(-1)) + m[..., 0]
     picked = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
     cache = dict(inputs=inputs, targets=targets, layers=layers, x=x, lnf=lnf, probs=np.exp(logits - logz[..., None]),
-                 losses=logz - picked)
+                 losses=logz - picked, moe=moe, aux=sum(a["moe"]["aux"] for a in layers if "moe" in a),
+                 z=sum(a["moe"]["z"] for a in layers if "moe" in a),
+                 dropped=sum(a["moe"]["dropped"] for a in layers if "moe" in a))
     return float((logz - picked).mean()), cache
 
 
@@ -148,6 +250,12 @@ def gpt2_loss(cfg, params, inputs, targets):
     return gpt2_forward(cfg, params, inputs, targets)[0]
 
 
+def gpt2_objective(cfg, params, inputs, targets, moe=MOE):
+    """What training minimises: the loss plus a mixture of experts' balance and z-losses."""
+    loss, cache = gpt2_forward(cfg, params, inputs, targets, moe)
+    return loss + cache["aux"] + cache["z"]
+
+
 def layernorm_backward(x, w, dout):
     """(dx, dw, db) of layernorm(x, w, b) given the gradient of its output."""
     mean = x.mean(-1, keepdims=True)
@@ -165,10 +273,10 @@ def gelu_grad(x):
 
 
 def gpt2_backward(cfg, params, cache):
-    """The gradient of the mean loss with respect to each of the 16 tensors (the same shapes)."""
-    wte, wpe, ln1w, ln1b, qkvw, qkvb, attw, attb, ln2w, ln2b, fcw, fcb, fcpw, fcpb, lnfw, lnfb = params
+    """The gradient of the training objective (gpt2_objective) with respect to each tensor (the same shapes)."""
+    wte, wpe, ln1w, ln1b, qkvw, qkvb, attw, attb, ln2w, ln2b, fcw, fcb, fcpw, fcpb, lnfw, lnfb = params[:16]
     grads = [np.zeros_like(p) for p in params]
-    dwte, dwpe, dln1w, dln1b, dqkvw, dqkvb, dattw, dattb, dln2w, dln2b, dfcw, dfcb, dfcpw, dfcpb, dlnfw, dlnfb = grads
+    dwte, dwpe, dln1w, dln1b, dqkvw, dqkvb, dattw, dattb, dln2w, dln2b, dfcw, dfcb, dfcpw, dfcpb, dlnfw, dlnfb = grads[:16]
     inputs, targets = cache["inputs"], cache["targets"]
     B, T = inputs.shape
     C, NH, V = cfg["C"], cfg["NH"], cfg["V"]
@@ -187,11 +295,16 @@ def gpt2_backward(cfg, params, cache):
     dx, dlnfw[:], dlnfb[:] = layernorm_backward(cache["x"], lnfw, dlogits @ wte[:V])
     for l in reversed(range(cfg["L"])):
         a = cache["layers"][l]
-        # MLP branch: x = xmid + gelu(ln2 @ fcw.T + fcb) @ fcpw.T + fcpb
-        dfcpw[l], dfcpb[l] = mm(dx, a["gelu"]), rows(dx)
-        dh = (dx @ fcpw[l]) * gelu_grad(a["h"])
-        dfcw[l], dfcb[l] = mm(dh, a["ln2"]), rows(dh)
-        dln, dln2w[l], dln2b[l] = layernorm_backward(a["xmid"], ln2w[l], dh @ fcw[l])
+        # MLP branch: x = xmid + gelu(ln2 @ fcw.T + fcb) @ fcpw.T + fcpb (a MoE layer: its experts' gated sum)
+        d = a["mlp"]
+        if "moe" in a:
+            dln2 = moe_backward(cfg, params, grads, d, a["moe"], dx, cache["moe"])
+        else:
+            dfcpw[d], dfcpb[d] = mm(dx, a["gelu"]), rows(dx)
+            dh = (dx @ fcpw[d]) * gelu_grad(a["h"])
+            dfcw[d], dfcb[d] = mm(dh, a["ln2"]), rows(dh)
+            dln2 = dh @ fcw[d]
+        dln, dln2w[l], dln2b[l] = layernorm_backward(a["xmid"], ln2w[l], dln2)
         dx = dx + dln
         # attention branch: xmid = x + y @ attw.T + attb
         dattw[l], dattb[l] = mm(dx, a["y"]), rows(dx)
@@ -235,7 +348,7 @@ def make_fixture(outdir):
     L, C, NH, maxT, V, Vp, B, T = 2, 32, 4, 16, 97, 128, 2, 16
     cfg = dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp)
     tensors = []
-    for s, kind in zip(param_shapes(maxT, V, L, NH, C, Vp), KINDS):
+    for s, kind in zip(param_shapes(cfg), KINDS):
         if kind == "w":  # large enough that every layer changes the activations visibly
             t = rng.normal(0.0, 0.2, s)
         elif kind == "lnw":
@@ -260,9 +373,9 @@ def make_fixture(outdir):
     print(f"fixture in {outdir}: fp32 loss {l32:.17g}, bf16 loss {l16:.17g}")
 
 
-# The tensors that get weight decay: the matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw), not the biases
-# or LayerNorm parameters.
-DECAYS = [True, True, False, False, True, False, True, False, False, False, True, False, True, False, False, False]
+# The tensors that get weight decay: the matrices (wte, wpe, qkvw, attprojw, fcw, fcprojw, and a mixture of
+# experts' routerw, expfcw, expfcprojw), not the biases or LayerNorm parameters.
+DECAYS = [kind == "w" for kind in KINDS]
 
 
 def lr_at(step, s):
@@ -274,12 +387,13 @@ def lr_at(step, s):
     return floor + 0.5 * (s["lr"] - floor) * (1.0 + np.cos(np.pi * progress))
 
 
-def train(cfg, params, tokens, B, T, s):
+def train(cfg, params, tokens, B, T, s, moe=MOE):
     """s["steps"] steps of AdamW as the engine takes them: each step's (loss, grad norm, lr), the loss and
     norm before its update, and the final params. Batches come in the engine's loader order: B*T+1 tokens
     from position 0, B*T further each step, back to 0 when the next would run past the shard's end. The
     gradient is scaled by clip / norm when its global norm is above s["clip"] (0: never); AdamW's moments
-    are bias corrected (1 - beta^t), and its weight decay is decoupled (lr * wd * w, matrices only)."""
+    are bias corrected (1 - beta^t), and its weight decay is decoupled (lr * wd * w, matrices only). A mixture
+    of experts adds its balance and z-losses to what is minimised; each step's log then has (aux + z, dropped)."""
     params = [p.copy() for p in params]
     m = [np.zeros_like(p) for p in params]
     v = [np.zeros_like(p) for p in params]
@@ -289,7 +403,7 @@ def train(cfg, params, tokens, B, T, s):
             pos = 0
         inputs, targets = batch(tokens[pos:], B, T)
         pos += B * T
-        loss, cache = gpt2_forward(cfg, params, inputs, targets)
+        loss, cache = gpt2_forward(cfg, params, inputs, targets, moe)
         grads = gpt2_backward(cfg, params, cache)
         norm = np.sqrt(sum((g * g).sum() for g in grads))  # wte once: its embedding and head gradients summed
         lr = lr_at(step, s)
@@ -301,18 +415,20 @@ def train(cfg, params, tokens, B, T, s):
             v[i] = s["beta2"] * v[i] + (1 - s["beta2"]) * g * g
             mhat, vhat = m[i] / (1 - s["beta1"] ** t), v[i] / (1 - s["beta2"] ** t)
             p -= lr * (mhat / (np.sqrt(vhat) + s["eps"]) + (s["wd"] if DECAYS[i] else 0.0) * p)
-        log.append((loss, norm, lr))
+        log.append((loss, norm, lr, cache["aux"] + cache["z"], cache["dropped"]))
     return log, params
 
 
-def gradcheck(cfg, params, inputs, targets, per_tensor=4, h=1e-5):
-    """Central differences of the loss against gpt2_backward at a few random entries of each tensor."""
-    grads = gpt2_backward(cfg, params, gpt2_forward(cfg, params, inputs, targets)[1])
+def gradcheck(cfg, params, inputs, targets, per_tensor=4, h=1e-5, moe=MOE):
+    """Central differences of the training objective against gpt2_backward at a few random entries of each
+    tensor (a mixture of experts: its routing stays put for steps this small, so its choices and loads are
+    constants, as the backward pass takes them)."""
+    grads = gpt2_backward(cfg, params, gpt2_forward(cfg, params, inputs, targets, moe)[1])
     rng = np.random.default_rng(7)
-    names = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-             "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
     worst = 0.0
-    for name, p, g in zip(names, params, grads):
+    for name, p, g in zip(NAMES, params, grads):
+        if p.size == 0:
+            continue
         errs = []
         for _ in range(per_tensor):
             idx = tuple(int(rng.integers(0, n)) for n in p.shape)
@@ -320,9 +436,9 @@ def gradcheck(cfg, params, inputs, targets, per_tensor=4, h=1e-5):
                 idx = (int(rng.integers(0, cfg["V"])),) + idx[1:]
             keep = p[idx]
             p[idx] = keep + h
-            up = gpt2_loss(cfg, params, inputs, targets)
+            up = gpt2_objective(cfg, params, inputs, targets, moe)
             p[idx] = keep - h
-            down = gpt2_loss(cfg, params, inputs, targets)
+            down = gpt2_objective(cfg, params, inputs, targets, moe)
             p[idx] = keep
             fd = (up - down) / (2 * h)
             errs.append(abs(fd - g[idx]) / max(abs(fd), 1e-3))  # relative, or absolute for the small ones
@@ -336,10 +452,11 @@ def random_model(path, L, C, NH, maxT=1024, V=50257, Vp=50304):
     biases 0): for shapes no dN preset has (scripts/bench_gpu.sh emu large counts GPT-2 774M's and 1.5B's
     layers one and two at a time). Written a tensor at a time, in fp32."""
     rng = np.random.default_rng(0)
+    cfg = dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp)
     header = [20240326, 3, maxT, V, L, NH, C, Vp]
     with open(path, "wb") as f:
         f.write(struct.pack("<256i", *(header + [0] * (256 - len(header)))))
-        for s, kind in zip(param_shapes(maxT, V, L, NH, C, Vp), KINDS):
+        for s, kind in zip(param_shapes(cfg), KINDS):
             if kind == "w":
                 t = rng.standard_normal(s, dtype=np.float32) * np.float32(0.02)
             else:
@@ -348,9 +465,12 @@ def random_model(path, L, C, NH, maxT=1024, V=50257, Vp=50304):
 
 
 def write_model(path, cfg, params):
-    """An llm.c model file (version 3: fp32) of params."""
+    """An llm.c model file (version 3: fp32; a mixture of experts: llmpar's version 6) of params."""
     flat32 = np.concatenate([p.ravel() for p in params]).astype("<f4")
     header = [20240326, 3, cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]]
+    if cfg.get("E", 0):
+        header[1:2] = [6]
+        header += [cfg["E"], cfg["K"], cfg["every"]]
     write_file(path, header, flat32.tobytes())
 
 
@@ -384,9 +504,62 @@ def make_train_fixture(outdir):
         f.write("# float64 AdamW steps of tiny_model.bin on tiny_tokens.bin (gpt2_ref.py make-train-fixture); the final\n"
                 "# weights, rounded to fp32, are tiny_train_ref.bin. The engine's flags for the same run:\n")
         f.write(f"flags {train_flags(s, B, T)}\n")
-        for step, (loss, norm, lr) in enumerate(log):
+        for step, (loss, norm, lr, *_) in enumerate(log):
             f.write(f"step {step + 1} lr {lr:.17g} norm {norm:.17g} loss {loss:.17g}\n")
     print(f"train fixture in {outdir}: {s['steps']} steps, loss {log[0][0]:.6f} -> {log[-1][0]:.6f}")
+
+
+# The mixture-of-experts fixture: the tiny shape with 3 layers, layers 0 and 2 MoE (4 experts each, top-2),
+# layer 1 dense; its top-1 twin (the same weights); their losses at capacity 0 (nothing dropped) and 1.0
+# (some experts' rows dropped); a training run that drops rows and weights the balance and z-losses so
+# either going wrong shows (0.1 and 0.01; an ordinary run's are 0.01 and 0).
+FIXTURE_MOE_TRAIN = dict(FIXTURE_TRAIN, capacity=1.0, aux_coef=0.1, z_coef=0.01)
+
+
+def moe_flags(moe):
+    return f"--moe-capacity {moe['capacity']:g} --moe-aux-coef {moe['aux_coef']:g} --moe-z-coef {moe['z_coef']:g}"
+
+
+def make_moe_fixture(outdir):
+    """tiny_moe_model.bin, tiny_moe_top1_model.bin, tiny_moe_ref.txt (losses, balance + z-losses, rows dropped),
+    tiny_moe_train_ref.txt and .bin (a training run), each backward pass checked against finite differences."""
+    rng = np.random.default_rng(4321)
+    cfg = dict(maxT=16, V=97, L=3, NH=4, C=32, Vp=128, E=4, K=2, every=2)
+    params = []
+    for s, kind in zip(param_shapes(cfg), KINDS):
+        scale = {"w": 0.2, "lnw": 0.1, "b": 0.1}[kind]
+        params.append((1.0 if kind == "lnw" else 0.0) + rng.normal(0.0, scale, s))
+    params[NAMES.index("routerw")] *= 4.0  # decisive routing: no two experts' probabilities within fp32's rounding
+    params[0][cfg["V"]:] = 0.0
+    files = {"tiny_moe_model.bin": cfg, "tiny_moe_top1_model.bin": dict(cfg, K=1)}
+    for name, c in files.items():
+        write_model(os.path.join(outdir, name), c, params)
+    x, y = batch(read_tokens(os.path.join(outdir, "tiny_tokens.bin")), 2, 16)
+    with open(os.path.join(outdir, "tiny_moe_ref.txt"), "w") as f:
+        f.write("# gpt2_ref.py make-moe-fixture: each MoE model's loss on tiny_tokens.bin (B 2, T 16) under the settings\n"
+                "# named, its balance + z-losses (summed over the MoE layers) and the rows its capacity dropped\n")
+        for name in files:
+            c, ps = read_model(os.path.join(outdir, name))
+            for capacity in (0.0, 1.0):
+                moe = dict(capacity=capacity, aux_coef=0.1, z_coef=0.01)
+                worst = gradcheck(c, ps, x, y, moe=moe)
+                assert worst < 1e-6, f"{name}: the backward pass disagrees with finite differences ({worst:.1e})"
+                loss, cache = gpt2_forward(c, ps, x, y, moe)
+                f.write(f"model {name} {moe_flags(moe)} loss {loss:.17g} aux {cache['aux'] + cache['z']:.17g} "
+                        f"dropped {cache['dropped']}\n")
+    s = FIXTURE_MOE_TRAIN
+    c, ps = read_model(os.path.join(outdir, "tiny_moe_model.bin"))
+    log, final = train(c, ps, read_tokens(os.path.join(outdir, "tiny_tokens.bin")), 2, 16, s, s)
+    write_model(os.path.join(outdir, "tiny_moe_train_ref.bin"), c, final)
+    with open(os.path.join(outdir, "tiny_moe_train_ref.txt"), "w") as f:
+        f.write("# float64 AdamW steps of tiny_moe_model.bin on tiny_tokens.bin (gpt2_ref.py make-moe-fixture): lr, norm,\n"
+                "# loss, the balance + z-losses and the rows dropped of each; the final weights, rounded to fp32, are\n"
+                "# tiny_moe_train_ref.bin. The engine's flags for the same run:\n")
+        f.write(f"flags {train_flags(s, 2, 16)} {moe_flags(s)}\n")
+        for step, (loss, norm, lr, aux, dropped) in enumerate(log):
+            f.write(f"step {step + 1} lr {lr:.17g} norm {norm:.17g} loss {loss:.17g} aux {aux:.17g} dropped {dropped}\n")
+    print(f"MoE fixture in {outdir}: {s['steps']} steps, loss {log[0][0]:.6f} -> {log[-1][0]:.6f}, "
+          f"dropped {[d for *_, d in log]}")
 
 
 def main():
@@ -408,6 +581,10 @@ def main():
     tr.add_argument("-c", type=float, default=d["wd"], help="weight decay")
     tr.add_argument("--grad-clip", type=float, default=d["clip"], help="clip the global gradient norm (0: off)")
     tr.add_argument("-o", help="write the final weights here (an llm.c fp32 model file)")
+    for p in (lo, gc, tr):
+        p.add_argument("--moe-capacity", type=float, default=MOE["capacity"], help="a mixture of experts' capacity factor")
+        p.add_argument("--moe-aux-coef", type=float, default=MOE["aux_coef"], help="its balance loss's coefficient")
+        p.add_argument("--moe-z-coef", type=float, default=MOE["z_coef"], help="its z-loss's coefficient")
     rm = sub.add_parser("random-model", help="write an llm.c fp32 model file of the given shape, GPT-2's initialisation")
     rm.add_argument("out")
     for name in ("layers", "channels", "heads"):
@@ -415,22 +592,26 @@ def main():
     hs = sub.add_parser("hellaswag", help="llm.c's HellaSwag scoring of an eval file: acc_norm and acc counts")
     hs.add_argument("model")
     hs.add_argument("eval")
-    for name in ("make-fixture", "make-train-fixture"):
-        sub.add_parser(name, help=f"write the {'training ' if 'train' in name else ''}test fixture").add_argument("outdir")
+    for name in ("make-fixture", "make-train-fixture", "make-moe-fixture"):
+        sub.add_parser(name, help=f"write the {name[5:].replace('-', ' ')}").add_argument("outdir")
     args = ap.parse_args()
+    if args.cmd in ("loss", "gradcheck", "train"):
+        moe = dict(capacity=args.moe_capacity, aux_coef=args.moe_aux_coef, z_coef=args.moe_z_coef)
     if args.cmd in ("loss", "gradcheck"):
         cfg, params = read_model(args.model)
         x, y = batch(read_tokens(args.tokens), args.b, args.t)
         if args.cmd == "loss":
-            print(f"loss {gpt2_loss(cfg, params, x, y):.17g}")
+            loss, cache = gpt2_forward(cfg, params, x, y, moe)
+            print(f"loss {loss:.17g}" + (f" aux {cache['aux'] + cache['z']:.17g} dropped {cache['dropped']}" if cfg.get("E") else ""))
         else:
-            print(f"worst {gradcheck(cfg, params, x, y):.1e}")
+            print(f"worst {gradcheck(cfg, params, x, y, moe=moe):.1e}")
     elif args.cmd == "train":
         cfg, params = read_model(args.model)
         s = dict(d, steps=args.x, lr=args.l, warmup=args.u, final_frac=args.q, wd=args.c, clip=args.grad_clip)
-        log, final = train(cfg, params, read_tokens(args.tokens), args.b, args.t, s)
-        for step, (loss, norm, lr) in enumerate(log):
-            print(f"step {step + 1}/{s['steps']} | loss {loss:.17g} | lr {lr:.17g} | norm {norm:.17g}")
+        log, final = train(cfg, params, read_tokens(args.tokens), args.b, args.t, s, moe)
+        for step, (loss, norm, lr, aux, dropped) in enumerate(log):
+            print(f"step {step + 1}/{s['steps']} | loss {loss:.17g} | lr {lr:.17g} | norm {norm:.17g}" +
+                  (f" | moe aux {aux:.17g}, dropped {dropped}" if cfg.get("E") else ""))
         if args.o:
             write_model(args.o, cfg, final)
     elif args.cmd == "hellaswag":
@@ -444,8 +625,10 @@ def main():
         random_model(args.out, args.layers, args.channels, args.heads)
     elif args.cmd == "make-fixture":
         make_fixture(args.outdir)
-    else:
+    elif args.cmd == "make-train-fixture":
         make_train_fixture(args.outdir)
+    else:
+        make_moe_fixture(args.outdir)
 
 
 if __name__ == "__main__":
