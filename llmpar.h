@@ -8,14 +8,14 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
   2. config      the model's shape (a mixture of experts' too), GPT-2 presets, parameter tensor sizes
                  defines: LPConfig, lp_config_from_depth, lp_param_sizes, lp_layer_has
   3. topology    every parallel setting (LPParallel), MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p
-                 grid of ranks as data (its axes) and its groups, GPU choice
+                 grid of ranks as data (its axes; expert parallelism's two inside d) and its groups, GPU choice
                  defines: LPParallel, LP_SETTING, lp_axes, LPProcess, LPGroup, lp_blas_init, lp_process_init, lp_grid_init,
                  lp_device_init
   4. schedules   pipeline schedules (GPipe, 1F1B, interleaved) as pure functions, their simulator
                  defines: LPAction, lp_schedule_stage (a stage's action list), LPSimulation, lp_schedule_simulate,
                  lp_schedule_slots
   5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI; the watchdog over their waits
-                 defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, LPPending, lp_wait,
+                 defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, lp_all_to_all, LPPending, lp_wait,
                  lp_watch, lp_watchdog_start
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature (a mixture of experts'
                  routing, rows into expert order and back, gated sum among them)
@@ -320,6 +320,7 @@ static inline void lp_pinned_free(void* p) {
 #endif
 }
 static inline void lp_copy_to_device(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;  // (an empty part's pointer may be one past its end)
 #ifdef LLMPAR_CPU
     memcpy(dst, src, bytes);
 #else
@@ -327,6 +328,7 @@ static inline void lp_copy_to_device(void* dst, const void* src, size_t bytes) {
 #endif
 }
 static inline void lp_copy_to_host(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;  // (an empty part's pointer may be one past its end)
 #ifdef LLMPAR_CPU
     memcpy(dst, src, bytes);
 #else
@@ -334,6 +336,7 @@ static inline void lp_copy_to_host(void* dst, const void* src, size_t bytes) {
 #endif
 }
 static inline void lp_copy_device(void* dst, const void* src, size_t bytes) {
+    if (bytes == 0) return;  // (an empty part's pointer may be one past its end)
 #ifdef LLMPAR_CPU
     memcpy(dst, src, bytes);
 #else
@@ -450,6 +453,8 @@ static const int lp_param_split[LP_NUM_PARAMS] = {
     LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED};
 
 static inline int lp_is_layer_tensor(int i) { return (i >= LP_LN1W && i <= LP_FCPROJB) || i >= LP_ROUTERW; }
+// The experts' four: with expert parallelism each rank holds some of the experts (section 9's LPModel.experts).
+static inline int lp_is_expert_tensor(int i) { return i >= LP_EXPFCW; }
 static inline int lp_is_moe_layer(const LPConfig* c, int l) { return c->moe_experts > 0 && l % c->moe_every == 0; }
 // Whether layer l (of the model) has tensor i.
 static inline int lp_layer_has(const LPConfig* c, int i, int l) {
@@ -571,6 +576,7 @@ static inline int lp_config_from_depth(LPConfig* c, const char* name) {
 // grid of t x d x p ranks, v model chunks per pipeline stage, m micro-batches per step.
 typedef struct {
     int tp, dp, pp;          // t, d, p: tensor, data and pipeline parallel sizes (dp: the ranks left, lp_grid_init sets it)
+    int ep;                  // expert parallelism inside DP: a MoE layer's experts split over ep of the d ranks (section 9)
     int vpp;                 // v: model chunks per pipeline stage (interleaving)
     int schedule;            // the pipeline's order of forwards and backwards, LP_SCHEDULE_* (section 4)
     const char* partition;   // layers per chunk: "balanced", "uniform" or a list "L1,L2,..." (lp_pp_partition)
@@ -601,7 +607,11 @@ static inline const char* lp_setting_name(size_t offset, const char* field) {
 //     rank = (pp_rank * d + dp_rank) * t + tp_rank
 // and each axis has a group: the ranks that differ from this one on that axis alone. A new axis is one
 // entry here (and one size in LPParallel).
-enum { LP_TP, LP_DP, LP_PP, LP_AXES };
+// Expert parallelism splits DP in two (Megatron-LM's expert and expert-data-parallel groups): the d ranks
+// are d/ep replicas of ep neighbours, dp_rank = edp_rank * ep + ep_rank. The ep neighbours (group LP_EP)
+// hold a MoE layer's experts between them and send each other the tokens (section 9); the replicas of
+// the same experts (group LP_EDP) average those experts' gradients. Dense tensors stay with LP_DP.
+enum { LP_TP, LP_DP, LP_PP, LP_AXES, LP_EP = LP_AXES, LP_EDP, LP_GROUPS };
 typedef struct {
     const char* name;  // the group's, in error messages
     size_t size;       // offsetof(LPParallel, its size)
@@ -618,20 +628,20 @@ typedef struct {
     ncclComm_t nccl;   // NULL: this group's collectives go over MPI
 #endif
     int rank, size;
-    const char* name;  // "tp", "dp", "pp" or "world", for error messages
+    const char* name;  // "tp", "dp", "pp", "ep", "edp" or "world", for error messages
     // device-tensor traffic so far, per kind of operation (LP_ALL_REDUCE, ...): calls, and bytes of the
     // whole tensor each moved (an all-reduce's buffer; a reduce-scatter's input; an all-gather's output;
     // what a send sent)
-    long long calls[4];
-    double bytes[4];
+    long long calls[5];
+    double bytes[5];
 } LPGroup;
-enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER, LP_SEND };
+enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER, LP_SEND, LP_ALL_TO_ALL };
 
 typedef struct {
     int rank, world;
     const LPParallel* par;          // the grid's sizes and every parallel setting (lp_grid_init)
-    int coord[LP_AXES];             // this rank's coordinate on each axis: coord[LP_TP] is its TP rank
-    LPGroup group[LP_AXES];         // its group on each axis: group[LP_DP] averages the gradients
+    int coord[LP_GROUPS];           // this rank's coordinate on each axis (and DP's two): coord[LP_TP] is its TP rank
+    LPGroup group[LP_GROUPS];       // its group on each: group[LP_DP] averages the gradients, group[LP_EP] holds the experts
     LPGroup world_group;
     int device;                     // the GPU this rank uses (CUDA build)
     int gpus;                       // distinct GPUs in the run (ranks may share one, as in tests on one GPU)
@@ -671,7 +681,8 @@ static inline LP_PRINTF(1, 2) void lp_fail_all(const char* fmt, ...) {
 static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
     const char *tp = LP_SETTING(tp), *pp = LP_SETTING(pp);
     long long tpp = (long long)par->tp * par->pp, world = proc->world;
-    if (par->tp < 1 || par->pp < 1) lp_fail_all("%s %d %s %d: sizes must be >= 1", tp, par->tp, pp, par->pp);
+    if (par->tp < 1 || par->pp < 1 || par->ep < 1)
+        lp_fail_all("%s %d %s %d %s %d: sizes must be >= 1", tp, par->tp, pp, par->pp, LP_SETTING(ep), par->ep);
     if (tpp > world) lp_fail_all("%s %d %s %d: the grid needs at least t*p = %lld ranks, this run has %d", tp, par->tp, pp, par->pp, tpp, proc->world);
     if (world % tpp) lp_fail_all("%s %d %s %d: t*p = %lld does not divide the %d ranks (world = t*p*d)", tp, par->tp, pp, par->pp, tpp, proc->world);
     par->dp = (int)(world / tpp);
@@ -693,6 +704,23 @@ static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
         }
 #endif
         stride *= n;
+    }
+    if (par->dp % par->ep)
+        lp_fail_all("%s %d: expert parallelism splits the d = %d data-parallel ranks, which %d does not divide", LP_SETTING(ep), par->ep,
+                    par->dp, par->ep);
+    int dp_rank = proc->coord[LP_DP], sub[2] = {dp_rank % par->ep, dp_rank / par->ep}, sizes[2] = {par->ep, par->dp / par->ep};
+    for (int k = 0; k < 2; k++) {  // DP's two: ep neighbours, and the replicas of this rank's place among them
+        LPGroup* g = &proc->group[LP_EP + k];
+        proc->coord[LP_EP + k] = sub[k];
+        g->name = k ? "edp" : "ep";
+        g->size = sizes[k];
+        g->rank = sub[k];
+#ifdef LLMPAR_MPI
+        if (proc->world > 1) {
+            MPI_Comm_split(proc->group[LP_DP].comm, sub[1 - k], sub[k], &g->comm);
+            MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+        }
+#endif
     }
     proc->world_group.name = "world";
     proc->world_group.size = proc->world;
@@ -881,7 +909,7 @@ static inline const char* lp_engine_name(void) {
 
 static inline void lp_process_finish(LPProcess* proc) {
 #ifdef LLMPAR_NCCL
-    for (int a = 0; a < LP_AXES; a++)
+    for (int a = 0; a < LP_GROUPS; a++)
         if (proc->group[a].nccl) ncclCommDestroy(proc->group[a].nccl);
 #endif
 #ifndef LLMPAR_CPU
@@ -1348,6 +1376,67 @@ static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
 #endif
 }
 
+// This rank sends send_rows[r] rows of row_bytes each to rank r (its rows for each rank one after another, in
+// rank order) and receives recv_rows[r] rows from rank r, laid out the same way: a mixture of experts'
+// dispatch of tokens to their experts' ranks and back (section 9). Blocking; its own block is a copy.
+static inline void lp_all_to_all(const LPGroup* g, const void* send, const int* send_rows, void* recv, const int* recv_rows,
+                                 size_t row_bytes) {
+    size_t so = 0, ro = 0, sent = 0, got = 0;
+    for (int r = 0; r < g->size; r++) sent += send_rows[r], got += recv_rows[r];
+    for (int r = 0; r < g->rank; r++) so += send_rows[r], ro += recv_rows[r];
+    if (send_rows[g->rank] != recv_rows[g->rank]) lp_fail("internal: all-to-all on group %s keeps %d rows but takes %d", g->name,
+                                                          send_rows[g->rank], recv_rows[g->rank]);
+    if (send_rows[g->rank]) lp_copy_device((char*)recv + ro * row_bytes, (const char*)send + so * row_bytes, send_rows[g->rank] * row_bytes);
+    if (g->size == 1) return;
+    lp_watch("an all-to-all", g);
+    lp_traffic(g, LP_ALL_TO_ALL, (sent - send_rows[g->rank]) * row_bytes);
+#ifdef LLMPAR_NCCL
+    if (g->nccl) {  // a send and a receive per other rank, launched together
+        lp_nccl_check(ncclGroupStart(), "group start", g);
+        for (int r = 0, s = 0, t = 0; r < g->size; s += send_rows[r], t += recv_rows[r], r++) {
+            if (r == g->rank) continue;
+            if (send_rows[r])
+                lp_nccl_check(ncclSend((const char*)send + s * row_bytes, send_rows[r] * row_bytes, ncclChar, r, g->nccl, 0), "send", g);
+            if (recv_rows[r])
+                lp_nccl_check(ncclRecv((char*)recv + t * row_bytes, recv_rows[r] * row_bytes, ncclChar, r, g->nccl, 0), "receive", g);
+        }
+        lp_nccl_check(ncclGroupEnd(), "group end", g);
+        return;
+    }
+#endif
+#ifdef LLMPAR_MPI
+    if (sent * row_bytes > (size_t)INT_MAX || got * row_bytes > (size_t)INT_MAX)
+        lp_fail("all-to-all on group %s: %zu rows of %zu bytes are too many for MPI", g->name, sent > got ? sent : got, row_bytes);
+    int* args = (int*)lp_host_malloc(4 * (size_t)g->size * sizeof(int), "all-to-all counts");  // bytes: sent, at, received, at
+    for (int r = 0, s = 0, t = 0; r < g->size; s += send_rows[r], t += recv_rows[r], r++) {
+        int self = r == g->rank;  // (copied above)
+        args[r] = self ? 0 : (int)(send_rows[r] * row_bytes);
+        args[g->size + r] = (int)(s * row_bytes);
+        args[2 * g->size + r] = self ? 0 : (int)(recv_rows[r] * row_bytes);
+        args[3 * g->size + r] = (int)(t * row_bytes);
+    }
+#ifdef LLMPAR_CPU
+    const char* sbuf = (const char*)send;
+    char* rbuf = (char*)recv;
+#else
+    char* sbuf = (char*)lp_host_malloc(sent * row_bytes + 1, "all-to-all staging");
+    char* rbuf = (char*)lp_host_malloc(got * row_bytes + 1, "all-to-all staging");
+    lp_copy_to_host(sbuf, send, sent * row_bytes);
+#endif
+    lp_mpi_check(MPI_Alltoallv(sbuf, args, args + g->size, MPI_BYTE, rbuf, args + 2 * g->size, args + 3 * g->size, MPI_BYTE, g->comm),
+                 "all-to-all", g);
+#ifndef LLMPAR_CPU
+    for (int r = 0, t = 0; r < g->size; t += recv_rows[r], r++)  // (its own block is in place already)
+        if (r != g->rank && recv_rows[r]) lp_copy_to_device((char*)recv + t * row_bytes, rbuf + t * row_bytes, recv_rows[r] * row_bytes);
+    free(sbuf);
+    free(rbuf);
+#endif
+    free(args);
+#else
+    (void)recv;
+#endif
+}
+
 static inline void lp_barrier(const LPGroup* g) {
     if (g->size == 1) return;
     lp_watch("a barrier", g);
@@ -1697,7 +1786,7 @@ static inline void lp_comm_init(LPProcess* proc) {
         lp_log("notice: ranks share a GPU, so collectives go over MPI through host memory (slower than NCCL)\n");
         return;
     }
-    for (int a = 0; a < LP_AXES; a++) lp_group_nccl_init(&proc->group[a]);
+    for (int a = 0; a < (proc->par->ep > 1 ? LP_GROUPS : LP_AXES); a++) lp_group_nccl_init(&proc->group[a]);  // (ep 1: edp is dp)
     cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
@@ -3403,30 +3492,25 @@ static inline void lp_moe_permute_cpu(float* xp, const float* x, const int* src,
     for (int j = 0; j < M; j++) memcpy(xp + (size_t)j * C, x + (size_t)src[j] * C, (size_t)C * sizeof(float));
 }
 
-// And back, summed: dx[t] = the sum over token t's choices of row pos[t, k] of dxp (a dropped one: none),
-// written, not added (the permutation's backward: each token's gradient from its experts).
-static inline void lp_moe_unpermute_cpu(float* dx, const float* dxp, const int* pos, int N, int K, int C) {
-#pragma omp parallel for
-    for (int t = 0; t < N; t++) {
-        float* d = dx + (size_t)t * C;
-        for (int c = 0; c < C; c++) d[c] = 0.0f;
-        for (int k = 0; k < K; k++)
-            if (pos[t * K + k] >= 0)
-                for (int c = 0; c < C; c++) d[c] += dxp[(size_t)pos[t * K + k] * C + c];
-    }
-}
-
-// The layer's output: y[t] = sum over token t's kept choices k of gate[t, k] * yp[pos[t, k]] (0 when all
-// were dropped: the residual alone carries the token).
-static inline void lp_moe_combine_cpu(float* y, const float* yp, const int* pos, const float* gate, int N, int K, int C) {
+// Rows back to their tokens, summed: y[t] = the sum over token t's kept choices k of w[t, k] * rows[pos[t, k]]
+// (w NULL: 1; 0 when all were dropped), written, not added. With the gates it is the layer's output (a
+// dropped token: the residual alone carries it); without, the permutation's backward (each token's
+// gradient from its experts).
+static inline void lp_moe_gather_sum_cpu(float* y, const float* rows, const int* pos, const float* w, int N, int K, int C) {
 #pragma omp parallel for
     for (int t = 0; t < N; t++) {
         float* o = y + (size_t)t * C;
         for (int c = 0; c < C; c++) o[c] = 0.0f;
         for (int k = 0; k < K; k++)
             if (pos[t * K + k] >= 0)
-                for (int c = 0; c < C; c++) o[c] += gate[t * K + k] * yp[(size_t)pos[t * K + k] * C + c];
+                for (int c = 0; c < C; c++) o[c] += (w ? w[t * K + k] : 1.0f) * rows[(size_t)pos[t * K + k] * C + c];
     }
+}
+static inline void lp_moe_unpermute_cpu(float* dx, const float* dxp, const int* pos, int N, int K, int C) {
+    lp_moe_gather_sum_cpu(dx, dxp, pos, NULL, N, K, C);
+}
+static inline void lp_moe_combine_cpu(float* y, const float* yp, const int* pos, const float* gate, int N, int K, int C) {
+    lp_moe_gather_sum_cpu(y, yp, pos, gate, N, K, C);
 }
 // Its backward from dy: each kept row's gradient dyp[pos[t, k]] = gate[t, k] * dy[t], and each gate's
 // dgate[t, k] = dy[t] . yp[pos[t, k]] (0 for a dropped choice).
@@ -3517,7 +3601,7 @@ static __global__ void lp_moe_permute_kernel(floatX* xp, const floatX* x, const 
 static inline void lp_moe_permute_gpu(floatX* xp, const floatX* x, const int* src, int M, int C) {
     if (M > 0) LP_LAUNCH(lp_moe_permute_kernel, lp_grid((size_t)M * C, LP_THREADS), LP_THREADS, 0, xp, x, src, M, C);
 }
-// y[t, c] = sum over k of w[t, k] * rows[pos[t, k], c] (w NULL: 1): the gated sum, and the permutation's backward.
+// lp_moe_gather_sum_cpu's, a thread per value.
 static __global__ void lp_moe_gather_sum_kernel(floatX* y, const floatX* rows, const int* pos, const float* w, int N, int K, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
@@ -4647,6 +4731,7 @@ typedef struct {
     LPHostOptim* host;          // host_state: the update's streams and buffers
 #endif
     int adam_step;
+    float grad_scale;           // what the optimizer and the norm scale the averaged gradients by (expert parallelism's 1/ep)
     size_t param_bytes, grad_bytes;  // weight and gradient memory of this rank
     // stage 0 with overlap: layers [l+1, unreduced) are done but not yet reducing; once reductions were
     // started (layers_reducing), lp_zero_average waits for them
@@ -4709,6 +4794,7 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
     if (stage >= 1 && !dp) lp_fail("%s %d: ZeRO needs a data-parallel group", LP_SETTING(zero), stage);
     z->dp = dp;
     z->par = par;
+    z->grad_scale = 1.0f;
     z->cfg = *cfg;
     z->layer0 = layer0;
     z->L = L;
@@ -5308,9 +5394,14 @@ typedef struct {
     int* pos;           // (Lm,N,K)    the row of each (token, choice) in expert order; -1: dropped
     int* src;           // (Lm,KN)     the token of each row in expert order
     floatX* xp;         // (Lm,KN,C)   the MLP's input rows in expert order
-    floatX* efch;       // (Lm,KN,Fl)  the experts' pre-activation
-    floatX* efch_gelu;  // (Lm,KN,Fl)
-    floatX* yp;         // (Lm,KN,C)   the experts' outputs (TP: partial sums)
+    // the rows this rank's experts take: its own (R = KN), or with expert parallelism every EP rank's that
+    // chose its experts (R: lp_moe_expert_rows), in its experts' order
+    floatX* xe;         // (Lm,R,C)    their input (expert parallelism; else xp)
+    int* eorder;        // (Lm,R)      expert parallelism: each one's place among the rows received
+    int* einv;          // (Lm,R)      and each received row's place among them
+    floatX* efch;       // (Lm,R,Fl)   the experts' pre-activation
+    floatX* efch_gelu;  // (Lm,R,Fl)
+    floatX* yp;         // (Lm,KN,C)   the experts' outputs for this rank's rows (TP: partial sums)
     floatX* residual3;  // (L,Nr,C)    residual after the MLP (the block's output)
     floatX* lnf;        // (Nr,C)
     float* lnf_mean;    // (Nr)
@@ -5331,8 +5422,10 @@ typedef struct {
     float* dgate;       // (t,N,K)  the gates' gradients, each TP rank's part (of its experts' partial outputs)
     float* daux;        // (E)      the balance loss's gradient of each expert's probability
     float* rsums;       // (E+1)    lp_moe_stats's sums
-    floatX* dyp;        // (KN,C)   the experts' output gradients, then their input gradients
-    floatX* defch;      // (KN,Fl)
+    floatX* dyp;        // (KN,C)   the experts' output gradients for this rank's rows, then their input gradients
+    floatX* dye;        // (R,C)    expert parallelism: the same in its experts' order (forward: their outputs)
+    floatX* dyr;        // (R,C)    expert parallelism: as received, in the senders' order (forward: the inputs)
+    floatX* defch;      // (R,Fl)
     floatX* rdx;        // (N,C)    the router's input gradient
     floatX* aux_lnf;    // (Nr,C)   auxiliary losses, recomputed in backward: the final LayerNorm's output,
     float* aux_mean;    // (Nr)
@@ -5345,17 +5438,19 @@ typedef struct {
 // Ld dense and Lm MoE.
 
 // Where the rank's flat parameters sit in the canonical layout (the llm.c file's, unsplit): runs of values
-// contiguous in both. A `copy` run holds values another rank holds too and writes to files: a tensor TP
-// replicates (TP rank 0 writes it), or the last pipeline chunk's wte (the first chunk's is the original).
+// contiguous in both, `local` in the flat parameters of part `part` (LPModel's zero, or its experts). A
+// `copy` run holds values another rank holds too and writes to files: a tensor TP replicates (TP rank 0
+// writes it), or the last pipeline chunk's wte (the first chunk's is the original).
 typedef struct {
     size_t local, canon, n;
-    int copy;
+    int part, copy;
 } LPRun;
 
 // One rank alone, nothing split: a model made without a grid; a start for a program's own LPParallel (the
 // defaults of train_gpt.cu's flags).
 static const LPParallel lp_parallel_one = {
     1, 1, 1,           // tp, dp, pp
+    1,                 // ep
     1,                 // vpp
     LP_SCHEDULE_1F1B,  // schedule
     "balanced",        // partition
@@ -5426,8 +5521,13 @@ typedef struct {
     LPMoEOptions moe;
     LPMoEStats moe_stats;
     // this rank's weights, gradients and AdamW state, their flat layout, and how data parallelism and
-    // ZeRO hold and average them (section 8); tensor i of layer l: lp_layer_param / lp_layer_grad
-    LPZero zero;
+    // ZeRO hold and average them (section 8); tensor i of layer l: lp_layer_param / lp_layer_grad. A mixture
+    // of experts keeps its experts' tensors apart, in a second part (parts = 2) with its own LPZero, since
+    // expert parallelism averages and shards them over another group; the router stays with the rest.
+    // ep_size, ep_rank: the expert-parallel group's size and this rank's place in it (its experts).
+    LPZero zero, experts;
+    int parts, ep_size, ep_rank;
+    const LPGroup* ep;
     // activations, allocated for (B, T) on the first forward; later passes may use any smaller (B, T).
     // A pipeline stage holds several micro-batches in flight: each has a slot of the activations backward
     // needs (and its input tokens); the scratch buffers are shared. act is the slot in use.
@@ -5441,7 +5541,8 @@ typedef struct {
     // each MoE layer's dispatch, host (backward reads it): of each slot and MoE layer, its E+1 row offsets
     // and its E counts (LPLayerActs.offsets, counts); moe_routes is the slot's in use
     int *slot_moe_routes, *moe_routes;
-    int* moe_host;      // (2KN) host scratch: a layer's choices (N,K), then its rows' tokens, for the dispatch
+    int* moe_host;      // (3KN+2R) host scratch: a layer's choices (N,K), rows (N,K) and their tokens, for the dispatch;
+                        // expert parallelism's eorder and einv (R each: lp_moe_expert_rows)
     void* act_memory;
     size_t act_bytes;
     int* inputs;        // (B,T) device
@@ -5454,9 +5555,9 @@ typedef struct {
     float* losses_host; // (B,T)
 } LPModel;
 
-static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size_t n, int copy, int* cap) {
+static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size_t n, int part, int copy, int* cap) {
     LPRun* last = m->num_runs ? &m->runs[m->num_runs - 1] : NULL;
-    if (last && last->local + last->n == local && last->canon + last->n == canon && last->copy == copy) {
+    if (last && last->local + last->n == local && last->canon + last->n == canon && last->part == part && last->copy == copy) {
         last->n += n;
         return;
     }
@@ -5469,39 +5570,64 @@ static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size
     r->local = local;
     r->canon = canon;
     r->n = n;
+    r->part = part;
     r->copy = copy;
 }
 
+// A MoE layer's dispatch on the host, of each slot (LPLayerActs.offsets ...): its E+1 row offsets and E
+// counts, and with expert parallelism the rows sent to and received from each of the ep ranks and its own
+// experts' E/ep+1 row offsets: so many ints.
+static inline size_t lp_moe_route_ints(const LPModel* m) {
+    return 2 * (size_t)m->cfg.moe_experts + 1 + 2 * (size_t)m->ep_size + (size_t)m->cfg.moe_experts / m->ep_size + 1;
+}
+// The rows a rank's experts may take in a MoE layer of a micro-batch of N rows: its own K N without
+// expert parallelism; with it, every rank's choices of its experts: ep K N at most, or E per-expert
+// capacities (each of the ep ranks sends an expert at most its capacity).
+static inline size_t lp_moe_expert_rows(const LPModel* m, size_t N) {
+    size_t E = m->cfg.moe_experts, K = m->cfg.moe_topk, ep = m->ep_size, most = ep * K * N;
+    if (ep == 1 || m->moe.capacity <= 0.0f) return most;
+    size_t cap = (size_t)ceil((double)m->moe.capacity * K * N / E);
+    return E * cap < most ? E * cap : most;
+}
+
+// The model's part p: its dense tensors (0) or its experts' (1).
+static inline LPZero* lp_model_part(const LPModel* m, int p) { return (LPZero*)(p ? &m->experts : &m->zero); }
+static inline LPZero* lp_tensor_part(const LPModel* m, int i) { return lp_model_part(m, m->parts > 1 && lp_is_expert_tensor(i)); }
+
 // Map this rank's flat parameters to the canonical layout, tensor by tensor (of a layer tensor, the
 // chunk's layers): a rows-split matrix gives one run per block (its rows are contiguous), a columns-split
-// one a run per row.
+// one a run per row. An expert tensor's rows come in E equal groups, one per expert: this rank's are the
+// groups of its experts (an expert's fc is one of the E blocks TP splits).
 static inline void lp_model_build_runs(LPModel* m) {
-    int t = m->tp_size, r = m->tp_rank, cap = 0;
-    size_t local = 0, canon = 0;
+    int t = m->tp_size, r = m->tp_rank, cap = 0, E = m->cfg.moe_experts, El = E / m->ep_size, e0 = m->ep_rank * El;
+    size_t local[2] = {0, 0}, canon = 0;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         size_t count, rows, cols;
-        int blocks, split = lp_param_split[i];
+        int blocks, split = lp_param_split[i], p = m->parts > 1 && lp_is_expert_tensor(i), ex = p;
         lp_param_shape(&m->cfg, i, &count, &rows, &cols, &blocks);
         int layer = lp_is_layer_tensor(i), l0 = layer ? m->layer0 : 0, l1 = layer ? l0 + m->L : m->zero.param_sizes[i] > 0;
         int copy = (split == LP_REPLICATED && r > 0) || (m->copies >> i & 1);
+        size_t g0 = ex ? rows / E * e0 : 0, g1 = ex ? rows / E * (e0 + El) : rows;  // this rank's experts' rows
         for (int l = l0; l < l1; l++) {
             if (layer && !lp_layer_has(&m->cfg, i, l)) continue;
             size_t mat = canon + (layer ? (size_t)lp_layers_having(&m->cfg, i, 0, l) : 0) * rows * cols;  // this layer's matrix
             if (split == LP_REPLICATED) {
-                lp_model_add_run(m, local, mat, rows * cols, copy, &cap);
-                local += rows * cols;
+                lp_model_add_run(m, local[p], mat + g0 * cols, (g1 - g0) * cols, p, copy, &cap);
+                local[p] += (g1 - g0) * cols;
             } else if (split == LP_SPLIT_ROWS) {
                 size_t per = rows / blocks / t;  // this rank's rows of one block
-                for (int k = 0; k < blocks; k++, local += per * cols)
-                    lp_model_add_run(m, local, mat + (k * (rows / blocks) + r * per) * cols, per * cols, copy, &cap);
+                for (int k = ex ? e0 : 0; k < (ex ? e0 + El : blocks); k++, local[p] += per * cols)
+                    lp_model_add_run(m, local[p], mat + (k * (rows / blocks) + r * per) * cols, per * cols, p, copy, &cap);
             } else {
                 size_t w = cols / t;  // this rank's columns of each row
-                for (size_t j = 0; j < rows; j++, local += w) lp_model_add_run(m, local, mat + j * cols + r * w, w, copy, &cap);
+                for (size_t j = g0; j < g1; j++, local[p] += w) lp_model_add_run(m, local[p], mat + j * cols + r * w, w, p, copy, &cap);
             }
         }
         canon += count * rows * cols;
     }
-    if (local != m->zero.num_params) lp_fail("internal: parameter layout covers %zu of %zu values", local, m->zero.num_params);
+    for (int p = 0; p < m->parts; p++)
+        if (local[p] != lp_model_part(m, p)->num_params)
+            lp_fail("internal: parameter layout covers %zu of %zu values", local[p], lp_model_part(m, p)->num_params);
     m->total_params = canon;
 }
 
@@ -5541,40 +5667,87 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPMode
     }
     m->head = m->first || m->last || m->num_aux > 0;
     m->copies = m->head ? (m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : 1u << LP_LNFW | 1u << LP_LNFB) : 0u;
-    size_t sizes[LP_NUM_PARAMS];  // this rank's tensors: its TP slice, of the chunk's layers
-    lp_param_sizes(sizes, cfg, m->tp_size);
+    m->parts = cfg->moe_experts ? 2 : 1;
+    m->ep = proc ? &proc->group[LP_EP] : NULL;
+    m->ep_size = m->ep ? m->ep->size : 1;
+    m->ep_rank = m->ep ? m->ep->rank : 0;
+    if (m->ep_size > 1 && !cfg->moe_experts)
+        lp_fail_all("%s %d: expert parallelism splits a mixture of experts, and this model is dense", LP_SETTING(ep), m->ep_size);
+    if (cfg->moe_experts % m->ep_size)
+        lp_fail_all("%s %d: a MoE layer's %d experts do not split over %d ranks", LP_SETTING(ep), m->ep_size, cfg->moe_experts, m->ep_size);
+    size_t sizes[2][LP_NUM_PARAMS];  // this rank's tensors of each part: its TP slice (its experts), of the chunk's layers
+    lp_param_sizes(sizes[0], cfg, m->tp_size);
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         int having = lp_layers_having(cfg, i, 0, cfg->num_layers);
-        if (lp_is_layer_tensor(i)) sizes[i] = having ? sizes[i] / having * lp_layers_having(cfg, i, m->layer0, m->layer0 + m->L) : 0;
-        else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[i] = 0;  // held by another chunk
+        if (lp_is_layer_tensor(i)) sizes[0][i] = having ? sizes[0][i] / having * lp_layers_having(cfg, i, m->layer0, m->layer0 + m->L) : 0;
+        else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[0][i] = 0;  // held by another chunk
+        sizes[1][i] = lp_is_expert_tensor(i) ? sizes[0][i] / m->ep_size : 0;
+        if (lp_is_expert_tensor(i)) sizes[0][i] = 0;
     }
     size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    lp_zero_create(&m->zero, sizes, cfg, m->layer0, m->L, wte_rows, m->first && m->last, proc ? &proc->group[LP_DP] : NULL, m->par, split->chunk);
+    const LPGroup* dp = proc ? &proc->group[LP_DP] : NULL;
+    lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, m->first && m->last, dp, m->par, split->chunk);
+    if (m->parts > 1) {  // the experts: with expert parallelism averaged over their replicas (edp), their gradients
+                         // sums over the ep ranks' batches, so the optimizer takes 1/ep of them (grad_scale)
+        lp_zero_create(&m->experts, sizes[1], cfg, m->layer0, m->L, 0, 0, m->ep_size > 1 ? &proc->group[LP_EDP] : dp, m->par,
+                       LP_MAX_CHUNKS + split->chunk);
+        m->experts.grad_scale = 1.0f / m->ep_size;
+    }
     lp_model_build_runs(m);
 }
 
-// Tensor i of layer l (i one of LN1W .. FCPROJB): its weights, and where its gradient accumulates.
-static inline floatX* lp_layer_param(const LPModel* m, int i, int l) { return lp_zero_weights(&m->zero, i, l); }
-static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) { return lp_zero_grads(&m->zero, i, l); }
+// Tensor i of layer l (a layer tensor that layer has): its weights, and where its gradient accumulates.
+static inline floatX* lp_layer_param(const LPModel* m, int i, int l) { return lp_zero_weights(lp_tensor_part(m, i), i, l); }
+static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) { return lp_zero_grads(lp_tensor_part(m, i), i, l); }
+
+// ZeRO's hooks around a layer (section 8), on each of the model's parts.
+static inline void lp_model_fetch(LPModel* m, int l, int next) {
+    for (int p = 0; p < m->parts; p++) lp_zero_fetch(lp_model_part(m, p), l, next);
+}
+static inline void lp_model_layer_begin(LPModel* m, int l) {
+    for (int p = 0; p < m->parts; p++) lp_zero_layer_begin(lp_model_part(m, p), l);
+}
+static inline void lp_model_layer_done(LPModel* m, int l, int last) {
+    for (int p = 0; p < m->parts; p++) lp_zero_layer_done(lp_model_part(m, p), l, last);
+}
 
 // Set the weights from fp32 host values in the canonical layout: this rank's slice of them, as its flat
 // parameters (section 8 keeps what ZeRO says).
 static inline void lp_model_set_weights(LPModel* m, const float* canon) {
-    float* host = (float*)lp_host_malloc(m->zero.num_params * sizeof(float), "weights");
-    for (int k = 0; k < m->num_runs; k++) memcpy(host + m->runs[k].local, canon + m->runs[k].canon, m->runs[k].n * sizeof(float));
-    lp_zero_set_weights(&m->zero, host);
-    free(host);
+    for (int p = 0; p < m->parts; p++) {
+        LPZero* z = lp_model_part(m, p);
+        float* host = (float*)lp_host_malloc((z->num_params ? z->num_params : 1) * sizeof(float), "weights");
+        for (int k = 0; k < m->num_runs; k++)
+            if (m->runs[k].part == p) memcpy(host + m->runs[k].local, canon + m->runs[k].canon, m->runs[k].n * sizeof(float));
+        lp_zero_set_weights(z, host);
+        free(host);
+    }
 }
 
-// Read or write this rank's values [lo, lo + count) of the flat parameters (buf, host) at their canonical
-// places in f, whose canonical array starts at byte `base`. A write skips the copies (another rank writes
-// the same values). Returns 0 or an errno.
-static inline int lp_model_canonical_io(const LPModel* m, FILE* f, long long base, float* buf, size_t lo, size_t count,
+// The fp32 master weights of a model that holds all of them (made alone: no ZeRO, TP, pipeline or expert
+// split) in the canonical layout: canon, total_params values.
+static inline void lp_model_get_weights(const LPModel* m, float* canon) {
+    if (m->par->zero >= 1 || m->tp_size > 1 || m->ep_size > 1 || m->L != m->cfg.num_layers)
+        lp_fail("internal: the weights of a sharded model are read a shard at a time (lp_checkpoint_save)");
+    for (int p = 0; p < m->parts; p++) {
+        LPZero* z = lp_model_part(m, p);
+        float* host = (float*)lp_host_malloc((z->num_params ? z->num_params : 1) * sizeof(float), "weights");
+        lp_zero_state_out(z, host, z->master, z->num_params * sizeof(float));
+        for (int k = 0; k < m->num_runs; k++)
+            if (m->runs[k].part == p) memcpy(canon + m->runs[k].canon, host + m->runs[k].local, m->runs[k].n * sizeof(float));
+        free(host);
+    }
+}
+
+// Read or write this rank's values [lo, lo + count) of part p's flat parameters (buf, host) at their
+// canonical places in f, whose canonical array starts at byte `base`. A write skips the copies (another rank
+// writes the same values). Returns 0 or an errno.
+static inline int lp_model_canonical_io(const LPModel* m, int p, FILE* f, long long base, float* buf, size_t lo, size_t count,
                                         int write) {
     for (int k = 0; k < m->num_runs; k++) {
         const LPRun* r = &m->runs[k];
         size_t a = r->local > lo ? r->local : lo, b = r->local + r->n < lo + count ? r->local + r->n : lo + count;
-        if (a >= b || (write && r->copy)) continue;
+        if (r->part != p || a >= b || (write && r->copy)) continue;
         if (fseeko(f, base + 4LL * (long long)(r->canon + (a - r->local)), SEEK_SET) != 0) return errno ? errno : EIO;
         size_t done = write ? fwrite(buf + (a - lo), sizeof(float), b - a, f) : fread(buf + (a - lo), sizeof(float), b - a, f);
         if (done != b - a) return errno ? errno : EIO;
@@ -5650,8 +5823,12 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(full, pos, int, Lmf * N * K);
     LP_CARVE(full, src, int, Lmf * K * N);
     LP_CARVE(full, xp, floatX, Lmf * K * N * C);
-    LP_CARVE(full, efch, floatX, Lmf * K * N * Fl);
-    LP_CARVE(sel, efch_gelu, floatX, Lms * K * N * Fl);
+    size_t R = Lm ? lp_moe_expert_rows(m, N) : 0, ep = m->ep_size > 1;
+    LP_CARVE(full, xe, floatX, ep * Lmf * R * C);
+    LP_CARVE(full, eorder, int, ep * Lmf * R);
+    LP_CARVE(full, einv, int, ep * Lmf * R);
+    LP_CARVE(full, efch, floatX, Lmf * R * Fl);
+    LP_CARVE(sel, efch_gelu, floatX, Lms * R * Fl);
     LP_CARVE(full, yp, floatX, Lmf * K * N * C);
     LP_CARVE(0, residual3, floatX, L * Nr * C);
     LP_CARVE(0, lnf, floatX, head * C);
@@ -5674,7 +5851,9 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, daux, float, moe * E);
     LP_CARVE(1, rsums, float, moe * (E + 1));
     LP_CARVE(1, dyp, floatX, moe * K * N * C);
-    LP_CARVE(1, defch, floatX, moe * K * N * Fl);
+    LP_CARVE(1, dye, floatX, ep * R * C);
+    LP_CARVE(1, dyr, floatX, ep * R * C);
+    LP_CARVE(1, defch, floatX, moe * R * Fl);
     LP_CARVE(1, rdx, floatX, moe * N * C);
     size_t aux = m->num_aux ? 1 : 0;
     LP_CARVE(1, aux_lnf, floatX, aux * Nr * C);
@@ -5705,10 +5884,10 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
         lp_activations_layout(&m->slot_act[k], m, B, T, (char*)m->act_memory + scratch + k * stored, (char*)m->act_memory, &scratch);
     m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
     m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
-    size_t E = m->cfg.moe_experts, Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
+    size_t Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
     if (Lm) {
-        m->slot_moe_routes = (int*)lp_host_malloc(slots * Lm * (2 * E + 1) * sizeof(int), "expert routes");
-        m->moe_host = (int*)lp_host_malloc(3 * BT * m->cfg.moe_topk * sizeof(int), "expert routes");
+        m->slot_moe_routes = (int*)lp_host_malloc(slots * Lm * lp_moe_route_ints(m) * sizeof(int), "expert routes");
+        m->moe_host = (int*)lp_host_malloc((3 * BT * m->cfg.moe_topk + 2 * lp_moe_expert_rows(m, BT)) * sizeof(int), "expert routes");
         m->moe_routes = m->slot_moe_routes;
     }
     m->losses_host = (float*)lp_host_malloc(BT * sizeof(float), "losses");
@@ -5725,7 +5904,7 @@ static inline void lp_model_use_slot(LPModel* m, int k) {
     m->inputs_host = m->slot_inputs + (size_t)k * m->B * m->T;
     if (m->slot_moe_routes)
         m->moe_routes = m->slot_moe_routes + (size_t)k * lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L) *
-                                                 (2 * m->cfg.moe_experts + 1);
+                                                 lp_moe_route_ints(m);
 }
 
 static inline void lp_check_tokens(const int* tokens, size_t n, int V, const char* what) {
@@ -5837,6 +6016,12 @@ typedef struct {
     floatX *xp, *efch, *efch_gelu, *yp;
     int* offsets;         // (E+1) host: expert e's rows are [offsets[e], offsets[e + 1]) in expert order
     int* counts;          // (E) host: the rows that chose expert e, before any were dropped
+    // expert parallelism: the rows sent to and received from each EP rank (ep each, host); the rows this
+    // rank's experts take, in expert order (R of them: xe; without it, xp), local expert j's
+    // [eoffsets[j], eoffsets[j + 1]) (host); where each came from in the received rows (eorder) and back (einv)
+    int *sends, *recvs, *eoffsets;
+    floatX* xe;
+    int *eorder, *einv;
 } LPLayerActs;
 static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     const LPActivations* a = &m->act;
@@ -5872,11 +6057,18 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.pos = a->pos + kf * N * K;
     x.src = a->src + kf * K * N;
     x.xp = a->xp + kf * K * N * C;
-    x.efch = a->efch + kf * K * N * Fl;
-    x.efch_gelu = a->efch_gelu + ks * K * N * Fl;
+    x.efch = a->efch + kf * lp_moe_expert_rows(m, N) * Fl;
+    x.efch_gelu = a->efch_gelu + ks * lp_moe_expert_rows(m, N) * Fl;
     x.yp = a->yp + kf * K * N * C;
-    x.offsets = m->moe_routes + kind * (2 * E + 1);
+    x.offsets = m->moe_routes + kind * lp_moe_route_ints(m);
     x.counts = x.offsets + E + 1;
+    x.sends = x.counts + E;
+    x.recvs = x.sends + m->ep_size;
+    x.eoffsets = x.recvs + m->ep_size;
+    size_t R = lp_moe_expert_rows(m, N), ep = m->ep_size > 1;
+    x.xe = ep ? a->xe + kf * R * C : x.xp;
+    x.eorder = a->eorder + kf * R;
+    x.einv = a->einv + kf * R;
     x.residual3 = a->residual3 + (size_t)l * Nr * C;
     return x;
 }
@@ -5927,35 +6119,89 @@ static inline int lp_moe_dispatch(LPModel* m, const LPLayerActs* x, int N) {
     return x->offsets[E];
 }
 
-// Expert e's tensors in layer l: its rows of the TP rank's fc (4C/t of them), its fcproj's columns, biases.
-static inline floatX* lp_expert_param(const LPModel* m, int i, int l, int e) {
-    size_t C = m->cfg.channels, Fl = 4 * C / m->tp_size;
-    size_t per = i == LP_EXPFCW || i == LP_EXPFCPROJW ? Fl * C : i == LP_EXPFCB ? Fl : C;
-    return lp_layer_param(m, i, l) + e * per;
+// Expert parallelism: the exchange of layer x's rows over the EP group. Each rank's kept rows per expert go
+// round (an all-reduce of its row of an ep x E table), so this rank knows what it sends each rank (that
+// rank's experts' rows: contiguous in expert order), what it receives from each (in the sender's expert
+// order), and where each received row goes among its own experts' rows (local expert j's: rank 0's, then
+// rank 1's, ...). Fills x->sends, recvs, eoffsets (host) and eorder, einv (device).
+static inline void lp_moe_exchange_plan(LPModel* m, const LPLayerActs* x, int N) {
+    int E = m->cfg.moe_experts, ep = m->ep_size, El = E / ep, me = m->ep_rank;
+    float* table = (float*)lp_host_malloc((size_t)ep * E * sizeof(float), "expert exchange");  // (row counts: exact in fp32)
+    memset(table, 0, (size_t)ep * E * sizeof(float));
+    for (int e = 0; e < E; e++) table[(size_t)me * E + e] = (float)(x->offsets[e + 1] - x->offsets[e]);
+    lp_all_reduce_host(m->ep, table, (size_t)ep * E, 0);
+    int start[LP_MAX_SHARDS + 1] = {0};  // where each sender's rows begin among those received
+    for (int r = 0; r < ep; r++) {
+        x->sends[r] = x->offsets[(r + 1) * El] - x->offsets[r * El];
+        x->recvs[r] = 0;
+        for (int j = 0; j < El; j++) x->recvs[r] += (int)table[(size_t)r * E + me * El + j];
+        start[r + 1] = start[r] + x->recvs[r];
+    }
+    int *order = m->moe_host + (size_t)3 * N * m->cfg.moe_topk, *inv = order + start[ep], k = 0;
+    x->eoffsets[0] = 0;
+    for (int j = 0; j < El; j++) {
+        for (int r = 0; r < ep; r++) {
+            int at = start[r], n = (int)table[(size_t)r * E + me * El + j];
+            for (int i = 0; i < j; i++) at += (int)table[(size_t)r * E + me * El + i];
+            for (int i = 0; i < n; i++, k++) {
+                order[k] = at + i;
+                inv[at + i] = k;
+            }
+        }
+        x->eoffsets[j + 1] = k;
+    }
+    free(table);
+    lp_copy_to_device(x->eorder, order, (size_t)k * sizeof(int));
+    lp_copy_to_device(x->einv, inv, (size_t)k * sizeof(int));
 }
-static inline floatX* lp_expert_grad(const LPModel* m, int i, int l, int e) {
-    size_t C = m->cfg.channels, Fl = 4 * C / m->tp_size;
-    size_t per = i == LP_EXPFCW || i == LP_EXPFCPROJW ? Fl * C : i == LP_EXPFCB ? Fl : C;
-    return lp_layer_grad(m, i, l) + e * per;
+
+// The rows layer x's experts on this rank take (with expert parallelism, from every EP rank).
+static inline int lp_moe_rows_taken(const LPModel* m, const LPLayerActs* x) {
+    return m->ep_size > 1 ? x->eoffsets[m->cfg.moe_experts / m->ep_size] : x->offsets[m->cfg.moe_experts];
 }
+
+// Expert e's tensors in layer l (e among this rank's): its rows of the TP rank's fc (4C/t of them), its
+// fcproj's columns, biases; each expert's values one after another, this many.
+static inline size_t lp_expert_size(const LPModel* m, int i) {
+    size_t C = m->cfg.channels, Fl = 4 * C / m->tp_size;
+    return i == LP_EXPFCW || i == LP_EXPFCPROJW ? Fl * C : i == LP_EXPFCB ? Fl : C;
+}
+static inline floatX* lp_expert_param(const LPModel* m, int i, int l, int e) { return lp_layer_param(m, i, l) + e * lp_expert_size(m, i); }
+static inline floatX* lp_expert_grad(const LPModel* m, int i, int l, int e) { return lp_layer_grad(m, i, l) + e * lp_expert_size(m, i); }
 
 // Layer l's MoE MLP from ln2 to its experts' outputs (yp): the router and its choice, the dispatch, and each
 // expert's MLP on its rows. (The gated sum follows in lp_model_forward, where a dense MLP's projection is.)
+// With expert parallelism the rows go to their experts' ranks first (an all-to-all over the EP group), and
+// the outputs come back the same way.
 static inline void lp_moe_forward(LPModel* m, int l, const LPLayerActs* x) {
     int N = m->cur_B * m->cur_T, C = m->cfg.channels, Fl = 4 * C / m->tp_size, E = m->cfg.moe_experts, K = m->cfg.moe_topk;
+    int El = E / m->ep_size;
     LPActivations* a = &m->act;
     const floatX* in = lp_tp_f_forward(m, x->ln2, N, C);
     lp_matmul_forward(a->rlogits, NULL, in, lp_layer_param(m, LP_ROUTERW, l), NULL, N, C, E);
     lp_moe_route(x->probs, x->rlse, x->expert, x->gate, a->rlogits, N, E, K);
     lp_moe_permute(x->xp, in, x->src, lp_moe_dispatch(m, x, N), C);
-    for (int e = 0; e < E; e++) {
-        size_t o = x->offsets[e];
-        int n = x->offsets[e + 1] - x->offsets[e];
+    const int* off = x->offsets;  // this rank's experts' rows in xe
+    floatX* out = x->yp;          // and where their outputs go
+    if (m->ep_size > 1) {         // every EP rank's rows for this rank's experts, received, in its experts' order
+        lp_moe_exchange_plan(m, x, N);
+        lp_all_to_all(m->ep, x->xp, x->sends, a->dyr, x->recvs, C * sizeof(floatX));
+        lp_moe_permute(x->xe, a->dyr, x->eorder, lp_moe_rows_taken(m, x), C);
+        off = x->eoffsets;
+        out = a->dye;
+    }
+    for (int e = 0; e < El; e++) {
+        size_t o = off[e];
+        int n = off[e + 1] - off[e];
         if (n == 0) continue;
-        lp_matmul_forward(x->efch_gelu + o * Fl, x->efch + o * Fl, x->xp + o * C, lp_expert_param(m, LP_EXPFCW, l, e),
+        lp_matmul_forward(x->efch_gelu + o * Fl, x->efch + o * Fl, x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e),
                           lp_expert_param(m, LP_EXPFCB, l, e), n, C, Fl);
-        lp_matmul_forward(x->yp + o * C, NULL, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e),
+        lp_matmul_forward(out + o * C, NULL, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e),
                           m->tp_rank == 0 ? lp_expert_param(m, LP_EXPFCPROJB, l, e) : NULL, n, Fl, C);
+    }
+    if (m->ep_size > 1) {  // the outputs back to the ranks whose rows they are
+        lp_moe_permute(a->dyr, a->dye, x->einv, lp_moe_rows_taken(m, x), C);
+        lp_all_to_all(m->ep, a->dyr, x->recvs, x->yp, x->sends, C * sizeof(floatX));
     }
 }
 
@@ -5989,14 +6235,26 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
     LPActivations* a = &m->act;
     lp_moe_combine_backward(a->dyp, a->dgate + (size_t)m->tp_rank * N * K, dy, x->yp, x->pos, x->gate, N, K, C);
     if (t > 1) lp_all_gather(m->tp, a->dgate, (size_t)N * K * sizeof(float));  // each rank's part of the gates' gradients
-    for (int e = 0; e < E; e++) {  // each expert's MLP backward; its input rows' gradients replace dyp's
-        size_t o = x->offsets[e];
-        int n = x->offsets[e + 1] - x->offsets[e];
+    const int* off = x->offsets;  // this rank's experts' rows
+    floatX* d = a->dyp;           // and their output gradients
+    if (m->ep_size > 1) {         // to the experts' ranks, as the rows went
+        lp_all_to_all(m->ep, a->dyp, x->sends, a->dyr, x->recvs, C * sizeof(floatX));
+        lp_moe_permute(a->dye, a->dyr, x->eorder, lp_moe_rows_taken(m, x), C);
+        off = x->eoffsets;
+        d = a->dye;
+    }
+    for (int e = 0; e < E / m->ep_size; e++) {  // each expert's MLP backward; its input rows' gradients replace d's
+        size_t o = off[e];
+        int n = off[e + 1] - off[e];
         if (n == 0) continue;
         lp_matmul_backward(a->defch + o * Fl, lp_expert_grad(m, LP_EXPFCPROJW, l, e), lp_expert_grad(m, LP_EXPFCPROJB, l, e),
-                           a->dyp + o * C, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e), n, Fl, C, x->efch + o * Fl);
-        lp_matmul_backward(a->dyp + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), a->defch + o * Fl,
-                           x->xp + o * C, lp_expert_param(m, LP_EXPFCW, l, e), n, C, Fl, NULL);
+                           d + o * C, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e), n, Fl, C, x->efch + o * Fl);
+        lp_matmul_backward(d + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), a->defch + o * Fl,
+                           x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e), n, C, Fl, NULL);
+    }
+    if (m->ep_size > 1) {  // the input rows' gradients back to their ranks
+        lp_moe_permute(a->dyr, a->dye, x->einv, lp_moe_rows_taken(m, x), C);
+        lp_all_to_all(m->ep, a->dyr, x->recvs, a->dyp, x->sends, C * sizeof(floatX));
     }
     lp_moe_unpermute(a->btc, a->dyp, x->pos, N, K, C);
     // the router: the balance loss's gradient of each probability, the gates', the z-loss's, into its logits
@@ -6069,7 +6327,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), w[LP_WPE], m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     if (L > 0) {
-        lp_zero_fetch(&m->zero, 0, -1);
+        lp_model_fetch(m, 0, -1);
         LPLayerActs x = lp_layer_acts(m, 0);
         lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
                               lp_layer_param(m, LP_LN1B, 0), Nr, C);
@@ -6077,7 +6335,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         lp_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, w[LP_LNFW], w[LP_LNFB], Nr, C);
     }
     for (int l = 0; l < L; l++) {
-        lp_zero_fetch(&m->zero, l, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
+        lp_model_fetch(m, l, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
         LPLayerActs x = lp_layer_acts(m, l);
         lp_model_layer_forward(m, l, &x);
         // the MLP's projection (row-parallel; a MoE layer's experts' outputs gated and summed), residual add
@@ -6091,7 +6349,7 @@ static inline float lp_model_forward(LPModel* m, const int* inputs, const int* t
         const floatX* mlp = lp_tp_g_forward(m, a->btc, N, C);
         const floatX* mlp_bias = x.moe ? NULL : lp_layer_param(m, LP_FCPROJB, l);
         if (l + 1 < L) {
-            lp_zero_fetch(&m->zero, l + 1, -1);  // its ln1 runs now, fused with this residual add (l stays)
+            lp_model_fetch(m, l + 1, -1);  // its ln1 runs now, fused with this residual add (l stays)
             LPLayerActs next = lp_layer_acts(m, l + 1);
             lp_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp, mlp_bias,
                                            lp_layer_param(m, LP_LN1W, l + 1), lp_layer_param(m, LP_LN1B, l + 1), Nr, C);
@@ -6123,7 +6381,7 @@ static inline floatX* lp_model_output(const LPModel* m) {
 static inline void lp_model_zero_grad(LPModel* m) {
     memset(m->aux_loss, 0, sizeof(m->aux_loss));
     memset(&m->moe_stats, 0, sizeof(m->moe_stats));
-    lp_zero_clear_grads(&m->zero);
+    for (int p = 0; p < m->parts; p++) lp_zero_clear_grads(lp_model_part(m, p));
 }
 
 // Backward pass of the last forward (which must have had targets); adds into the gradients. A pipeline
@@ -6200,8 +6458,8 @@ static inline void lp_model_backward(LPModel* m, int last) {
             m->aux_loss[j] += lp_model_classifier(m, a->aux_logits, N, m->aux_weight * m->dloss);
             lp_model_head_backward(m, x.residual3, a->aux_lnf, a->aux_mean, a->aux_rstd, a->aux_logits, N);
         }
-        lp_zero_fetch(&m->zero, l, l - 1);  // ZeRO-3: the layer below arrives while this one runs
-        lp_zero_layer_begin(&m->zero, l);    // ZeRO-2/3: a clean one-layer gradient buffer
+        lp_model_fetch(m, l, l - 1);     // ZeRO-3: the layer below arrives while this one runs
+        lp_model_layer_begin(m, l);      // ZeRO-2/3: a clean one-layer gradient buffer
         if (m->par->recompute == LP_RECOMPUTE_FULL) {  // the layer's forward again, from its input
             lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, lp_layer_param(m, LP_LN1W, l),
                                   lp_layer_param(m, LP_LN1B, l), Nr, C);
@@ -6209,7 +6467,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
         } else if (m->par->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
             if (lp_attention_materialised(m->attention))  // (flash attention keeps none: nothing to redo)
                 lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);
-            if (x.moe) lp_gelu_forward(x.efch_gelu, x.efch, (size_t)x.offsets[c->moe_experts] * Fl);
+            if (x.moe) lp_gelu_forward(x.efch_gelu, x.efch, (size_t)lp_moe_rows_taken(m, &x) * Fl);
             else lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
@@ -6244,13 +6502,13 @@ static inline void lp_model_backward(LPModel* m, int last) {
             const int ln[4] = {LP_LN1W, LP_LN1B, LP_LN2W, LP_LN2B};
             for (int k = 0; k < 4; k++) lp_all_reduce(m->tp, lp_layer_grad(m, ln[k], l), C, 0);
         }
-        lp_zero_layer_done(&m->zero, l, last);  // the layer's gradients are complete: DP / ZeRO takes them
+        lp_model_layer_done(m, l, last);  // the layer's gradients are complete: DP / ZeRO takes them
     }
     if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
         lp_model_embedding_backward(m, lp_tp_g_backward(m, a->dresidual, N, C), N, v0, Vl, last);
         lp_positions_backward(g[LP_WPE], a->dresidual, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
-    lp_zero_backward_done(&m->zero);
+    for (int p = 0; p < m->parts; p++) lp_zero_backward_done(lp_model_part(m, p));
     if (m->par->sp && last) {  // (ZeRO-2/3 reduce the tensors outside the layers once, in lp_zero_average)
         const int rows_only[3] = {LP_WPE, LP_LNFW, LP_LNFB};
         for (int k = 0; k < 3; k++)
@@ -6259,7 +6517,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
 }
 
 static inline void lp_model_free(LPModel* m) {
-    lp_zero_free(&m->zero);
+    for (int p = 0; p < m->parts; p++) lp_zero_free(lp_model_part(m, p));
     if (m->emb_grad) lp_device_free(m->emb_grad);
     free(m->emb_row);
     free(m->emb_tokens);
@@ -6290,8 +6548,8 @@ typedef struct {
 // (wte, lnf) not at all), in parts: each tensor's sum of squares per layer added to parts[i * L + layer]
 // (L the whole model's layers; layer 0 for the tensors outside the layers). The norm adds the parts in
 // that order, the model's, whichever stage or rank holds them, so a pipeline's norm is one rank's bit for bit.
-static inline void lp_model_norm2_parts(const LPModel* m, float* parts) {
-    const LPZero* z = &m->zero;
+static inline void lp_model_norm2_parts(const LPModel* m, int p, float* parts) {
+    const LPZero* z = lp_model_part(m, p);
     LPSpan* spans = (LPSpan*)lp_host_malloc((size_t)LP_NUM_PARAMS * (m->L + 1) * sizeof(LPSpan), "norm spans");
     int n = 0, L = m->cfg.num_layers;
     size_t a, b, lo = z->shard_start;
@@ -6318,20 +6576,22 @@ static inline void lp_model_norm2_parts(const LPModel* m, float* parts) {
 // updated weights whole where forward needs them (lp_zero_gather_updated).
 typedef void (*LPPieceFn)(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx);
 static inline void lp_model_update_shard(LPModel* m, LPPieceFn fn, const void* ctx) {
-    LPZero* z = &m->zero;
-    size_t chunks = lp_zero_state_begin(z), a, b;
-    LPStatePiece s;
-    for (size_t c = 0; c < chunks; c++) {
-        lp_zero_state_get(z, c, &s);
-        for (int i = 0; i < LP_NUM_PARAMS; i++) {
-            if (!lp_zero_tensor_in_shard(z, i, &a, &b)) continue;
-            size_t x = a > s.lo ? a : s.lo, y = b < s.hi ? b : s.hi;
-            if (x < y) fn(z, &s, i, x - s.lo, y - x, x - a, ctx);
+    for (int p = 0; p < m->parts; p++) {
+        LPZero* z = lp_model_part(m, p);
+        size_t chunks = lp_zero_state_begin(z), a, b;
+        LPStatePiece s;
+        for (size_t c = 0; c < chunks; c++) {
+            lp_zero_state_get(z, c, &s);
+            for (int i = 0; i < LP_NUM_PARAMS; i++) {
+                if (!lp_zero_tensor_in_shard(z, i, &a, &b)) continue;
+                size_t x = a > s.lo ? a : s.lo, y = b < s.hi ? b : s.hi;
+                if (x < y) fn(z, &s, i, x - s.lo, y - x, x - a, ctx);
+            }
+            lp_zero_state_put(z, c);
         }
-        lp_zero_state_put(z, c);
+        lp_zero_state_end(z);
+        lp_zero_gather_updated(z);
     }
-    lp_zero_state_end(z);
-    lp_zero_gather_updated(z);
 }
 
 // The stochastic-rounding stream of tensor i's update at AdamW step t.
@@ -6345,22 +6605,23 @@ static inline void lp_adamw_piece(const LPZero* z, const LPStatePiece* s, int i,
     const LPAdamWStep* u = (const LPAdamWStep*)ctx;
     const LPAdamW* opt = u->opt;
     uint32_t seed = lp_adamw_seed(z->adam_step, i);
-    float decay = lp_param_decays(i) ? opt->weight_decay : 0.0f;
+    float decay = lp_param_decays(i) ? opt->weight_decay : 0.0f, scale = u->scale * z->grad_scale;
 #ifndef LLMPAR_CPU
     if (z->host_state) {  // on the CPU
         lp_adamw_host(s->params + at, s->master + at, s->grads + at, s->m + at, s->v + at, n, i0, u->lr, opt->beta1, opt->beta2,
-                      u->b1c, u->b2c, opt->eps, decay, u->scale, seed);
+                      u->b1c, u->b2c, opt->eps, decay, scale, seed);
         return;
     }
 #endif
     (void)i0;  // (one launch per tensor's shard: in device memory the chunk is the whole shard)
     lp_adamw(s->params + at, s->master + at, s->grads + at, s->m + at, s->v + at, n, u->lr, opt->beta1, opt->beta2, u->b1c,
-             u->b2c, opt->eps, decay, u->scale, seed);
+             u->b2c, opt->eps, decay, scale, seed);
 }
 
 // AdamW on this rank's shard of each tensor, the gradients scaled by `scale` (clipping).
 static inline void lp_model_adamw(LPModel* m, float lr, float scale, const LPAdamW* opt) {
     int t = ++m->zero.adam_step;
+    m->experts.adam_step = t;
     LPAdamWStep u = {opt, lr, scale, 1.0f - powf(opt->beta1, (float)t), 1.0f - powf(opt->beta2, (float)t)};
     lp_model_update_shard(m, lp_adamw_piece, &u);
 }
@@ -6397,9 +6658,16 @@ static inline void lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, flo
 // on every rank: ms are a pipeline stage's chunks (one model: n = 1, pp NULL).
 static inline float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     int slots = LP_NUM_PARAMS * ms->cfg.num_layers;
-    float* parts = (float*)calloc((size_t)slots, sizeof(float));  // (a part is one rank's: the sum over pp is exact)
+    float* parts = (float*)calloc((size_t)2 * slots, sizeof(float));  // (a part is one rank's: the sum over pp is exact)
     if (!parts) lp_fail("out of host memory for the gradient norm");
-    for (int k = 0; k < n; k++) lp_model_norm2_parts(&ms[k], parts);
+    for (int k = 0; k < n; k++)
+        for (int p = 0; p < ms[k].parts; p++) lp_model_norm2_parts(&ms[k], p, parts + (size_t)p * slots);
+    if (ms->parts > 1) {  // the experts' (in their own slots): scaled as the optimizer takes them; without ZeRO each EP
+                          // rank holds other experts, so they add over ep (ZeRO's sum over dp covers ep and edp)
+        if (ms->par->zero == 0 && ms->ep_size > 1) lp_all_reduce_host(ms->ep, parts + slots, slots, 0);
+        float s2 = ms->experts.grad_scale * ms->experts.grad_scale;
+        for (int j = 0; j < slots; j++) parts[j] += s2 * parts[slots + j];
+    }
     lp_models_sum_parts(ms, pp, parts, slots);
     double norm2 = 0.0;
     for (int j = 0; j < slots; j++) norm2 += parts[j];
@@ -6415,8 +6683,11 @@ static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float l
     for (int k = 0; k < n; k++) {
         LPModel* m = &ms[k];
         lp_model_adamw(m, lr, scale, opt);
-        size_t count = lp_zero_shard_count(&m->zero);
-        if (count) w2 += lp_norm_squared(lp_zero_shard_params(&m->zero), count);  // (--offload params: pinned, read over PCIe)
+        for (int p = 0; p < m->parts; p++) {
+            LPZero* z = lp_model_part(m, p);
+            size_t count = lp_zero_shard_count(z);
+            if (count) w2 += lp_norm_squared(lp_zero_shard_params(z), count);  // (--offload params: pinned, read over PCIe)
+        }
     }
     lp_models_sum_parts(ms, pp, &w2, 1);
     return isfinite(w2);
@@ -6580,12 +6851,13 @@ static inline int lp_write_file(const char* path, const int* header, const void*
 
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file (a mixture of experts: 6).
 static inline void lp_model_save(const LPModel* m, const char* path) {
-    if (m->par->zero >= 1 || m->tp_size > 1 || m->L != m->cfg.num_layers) lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
+    if (m->par->zero >= 1 || m->tp_size > 1 || m->ep_size > 1 || m->L != m->cfg.num_layers)
+        lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
     int h[LP_HEADER_INTS];
     lp_model_file_header_of(h, &m->cfg);
-    size_t bytes = m->zero.num_params * sizeof(float);
+    size_t bytes = m->total_params * sizeof(float);
     float* w = (float*)lp_host_malloc(bytes, "model weights");
-    lp_zero_state_out(&m->zero, w, m->zero.master, bytes);
+    lp_model_get_weights(m, w);
     int err = lp_write_file(path, h, w, bytes);
     free(w);
     if (err) lp_fail("cannot write %s: %s", path, strerror(err));
@@ -6672,15 +6944,15 @@ static inline int lp_create_file(const char* path, const int* header, long long 
 
 // Write this rank's shard of the device floats src (count values from flat position lo) at their
 // canonical places in an existing file whose canonical array starts at byte base. Returns 0 or an errno.
-static inline int lp_write_shard(const LPModel* m, const char* path, long long base, const float* src, size_t lo, size_t count) {
+static inline int lp_write_shard(const LPModel* m, int p, const char* path, long long base, const float* src, size_t lo, size_t count) {
     if (count == 0) return 0;
     float* h = (float*)lp_host_malloc(count * sizeof(float), "checkpoint staging");
-    lp_zero_state_out(&m->zero, h, src, count * sizeof(float));
+    lp_zero_state_out(lp_model_part(m, p), h, src, count * sizeof(float));
     int err = 0;
     FILE* f = fopen(path, "r+b");
     if (!f) err = errno;
     else {
-        err = lp_model_canonical_io(m, f, base, h, lo, count, 1);
+        err = lp_model_canonical_io(m, p, f, base, h, lo, count, 1);
         if (fclose(f) != 0 && !err) err = errno;
     }
     free(h);
@@ -6689,17 +6961,18 @@ static inline int lp_write_shard(const LPModel* m, const char* path, long long b
 
 // Write this rank's offloaded AdamW state (m at byte base, v at base + 4n of a canonical file of n
 // values) a chunk at a time, through the offload's buffer. Returns 0 or an errno.
-static inline int lp_write_offloaded(const LPModel* m, const char* path, long long base, size_t n) {
-    LPOffload* o = m->zero.off;
-    size_t lo = m->zero.shard_start, count = lp_zero_shard_count(&m->zero);
+static inline int lp_write_offloaded(const LPModel* m, int p, const char* path, long long base, size_t n) {
+    const LPZero* z = lp_model_part(m, p);
+    LPOffload* o = z->off;
+    size_t lo = z->shard_start, count = lp_zero_shard_count(z);
     FILE* f = fopen(path, "r+b");
     if (!f) return errno;
     int err = 0;
     for (size_t c = 0; c < o->chunks && !err; c++) {
         size_t at = c * o->chunk, k = lp_offload_part(o, c, count);
         if ((err = lp_offload_io(o, c, o->buf[0], 0))) break;
-        err = lp_model_canonical_io(m, f, base, o->buf[0], lo + at, k, 1);
-        if (!err) err = lp_model_canonical_io(m, f, base + 4LL * (long long)n, o->buf[0] + o->chunk, lo + at, k, 1);
+        err = lp_model_canonical_io(m, p, f, base, o->buf[0], lo + at, k, 1);
+        if (!err) err = lp_model_canonical_io(m, p, f, base + 4LL * (long long)n, o->buf[0] + o->chunk, lo + at, k, 1);
     }
     if (fclose(f) != 0 && !err) err = errno;
     return err;
@@ -6782,18 +7055,20 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
     lp_checkpoint_check(world, err, failed, tmp_dir);
     for (int k = 0; k < n_models && !err; k++) {
         m = &ms[k];
-        if (m->par->zero >= 1 || !m->zero.dp || m->zero.dp->rank == 0) {  // unsharded DP replicas are equal: the first writes
-            size_t lo = m->zero.shard_start, count = lp_zero_shard_count(&m->zero);
+        for (int p = 0; p < m->parts && !err; p++) {
+            const LPZero* z = lp_model_part(m, p);
+            if (m->par->zero == 0 && z->dp && z->dp->rank > 0) continue;  // unsharded DP replicas are equal: the first writes
+            size_t lo = z->shard_start, count = lp_zero_shard_count(z);
             long long base = LP_HEADER_INTS * 4LL;
-            if ((err = lp_write_shard(m, model_path, base, m->zero.master, lo, count))) failed = model_path;
+            if ((err = lp_write_shard(m, p, model_path, base, z->master, lo, count))) failed = model_path;
             lp_crash_point();
-            if (m->zero.off) {  // offloaded: m and v a chunk at a time from the file
-                if (!err && (err = lp_write_offloaded(m, optim_path, base, n))) failed = optim_path;
+            if (z->off) {  // offloaded: m and v a chunk at a time from the file
+                if (!err && (err = lp_write_offloaded(m, p, optim_path, base, n))) failed = optim_path;
                 lp_crash_point();
             } else {
-                if (!err && (err = lp_write_shard(m, optim_path, base, m->zero.adam_m, lo, count))) failed = optim_path;
+                if (!err && (err = lp_write_shard(m, p, optim_path, base, z->adam_m, lo, count))) failed = optim_path;
                 lp_crash_point();
-                if (!err && (err = lp_write_shard(m, optim_path, base + (long long)n * 4, m->zero.adam_v, lo, count))) failed = optim_path;
+                if (!err && (err = lp_write_shard(m, p, optim_path, base + (long long)n * 4, z->adam_v, lo, count))) failed = optim_path;
                 lp_crash_point();
             }
         }
@@ -6977,32 +7252,35 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
     size_t n = ms->total_params;
     for (int c = 0; c < n_models; c++) {
         LPModel* m = &ms[c];
-        size_t count = lp_zero_shard_count(&m->zero);
-        m->zero.adam_step = optim_h[2];
-        LPOffload* o = m->zero.off;
-        if (o) {  // offloaded: read m and v a chunk at a time into its buffer, and write it to the file
-            for (size_t k = 0; k < o->chunks; k++) {
-                size_t at = k * o->chunk, part = lp_offload_part(o, k, count);
-                memset(o->buf[0], 0, 2 * o->chunk * sizeof(float));
-                for (int h = 0; h < 2; h++) {
-                    int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(h * n), o->buf[0] + h * o->chunk,
-                                                    m->zero.shard_start + at, part, 0);
-                    if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
+        for (int p = 0; p < m->parts; p++) {
+            LPZero* z = lp_model_part(m, p);
+            size_t count = lp_zero_shard_count(z);
+            z->adam_step = optim_h[2];
+            LPOffload* o = z->off;
+            if (o) {  // offloaded: read m and v a chunk at a time into its buffer, and write it to the file
+                for (size_t k = 0; k < o->chunks; k++) {
+                    size_t at = k * o->chunk, part = lp_offload_part(o, k, count);
+                    memset(o->buf[0], 0, 2 * o->chunk * sizeof(float));
+                    for (int h = 0; h < 2; h++) {
+                        int err = lp_model_canonical_io(m, p, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(h * n), o->buf[0] + h * o->chunk,
+                                                        z->shard_start + at, part, 0);
+                        if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
+                    }
+                    int err = lp_offload_io(o, k, o->buf[0], 1);
+                    if (err) lp_fail("%s: cannot write the optimizer state in %s: %s", LP_SETTING(offload_dir), o->path, strerror(err));
                 }
-                int err = lp_offload_io(o, k, o->buf[0], 1);
-                if (err) lp_fail("%s: cannot write the optimizer state in %s: %s", LP_SETTING(offload_dir), o->path, strerror(err));
+                o->written = o->chunks;
+                continue;
             }
-            o->written = o->chunks;
-            continue;
+            float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
+            float* dst[2] = {z->adam_m, z->adam_v};
+            for (int k = 0; k < 2; k++) {
+                int err = lp_model_canonical_io(m, p, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, z->shard_start, count, 0);
+                if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
+                lp_zero_state_in(z, dst[k], buf, count * sizeof(float));
+            }
+            free(buf);
         }
-        float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
-        float* dst[2] = {m->zero.adam_m, m->zero.adam_v};
-        for (int k = 0; k < 2; k++) {
-            int err = lp_model_canonical_io(m, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, m->zero.shard_start, count, 0);
-            if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
-            lp_zero_state_in(&m->zero, dst[k], buf, count * sizeof(float));
-        }
-        free(buf);
     }
     fclose(f);
     for (int c = 0; c < n_models; c++) lp_model_round_as_updated(&ms[c]);
@@ -7192,14 +7470,20 @@ static inline int lp_chunk_slots(const LPPipeShape* s, int k) {
 }
 
 // Parameters one rank of chunk k with `layers` layers holds (its TP slice).
-static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
+// (*experts, when not NULL: how many of them are a mixture of experts' experts, this rank's E/ep.)
+static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
     int chunks = s->par->pp * s->par->vpp;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, s->par->tp);
-    double params = 0.0;
+    double params = 0.0, held = 0.0;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (lp_is_layer_tensor(i)) params += (double)sizes[i] / c->num_layers * layers;  // (an average layer's)
-        else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) params += sizes[i];
+        if (lp_is_layer_tensor(i)) {
+            held = (double)sizes[i] / c->num_layers * layers / (lp_is_expert_tensor(i) ? s->par->ep : 1);  // (an average layer's)
+            params += held;
+            if (experts && lp_is_expert_tensor(i)) *experts += held;
+        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) {
+            params += sizes[i];
+        }
     }
     return params;
 }
@@ -7221,10 +7505,14 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     int chunks = s->par->pp * s->par->vpp;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, s->par->tp);
-    double layer = 0.0;  // one layer's parameters on a TP rank (an average layer's)
-    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers : 0.0;
-    double n = lp_chunk_params(c, s, k, layers);
-    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, shard = ceil(n / parts), X = sizeof(floatX);
+    double layer = 0.0, experts = 0.0;  // one layer's parameters on a TP rank (an average layer's; its experts E/ep)
+    for (int i = 0; i < LP_NUM_PARAMS; i++)
+        layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers / (lp_is_expert_tensor(i) ? s->par->ep : 1) : 0.0;
+    double n = lp_chunk_params(c, s, k, layers, &experts);
+    // ZeRO shards the dense part over d, the experts over their d/ep replicas
+    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, X = sizeof(floatX);
+    double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
+    parts = shard > 0.0 ? n / shard : 1.0;  // (what a shard is of the whole the rank holds)
     double buffer = layers ? layer : 0.0, piece = 0.0;
     if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 8)
         outside -= (double)sizes[LP_WTE];
@@ -7237,6 +7525,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.cfg = *c;
     shape.par = s->par;
     shape.tp_size = s->par->tp;
+    shape.ep_size = s->par->ep;
     shape.attention = s->attention;
     shape.L = layers;
     shape.last = k == chunks - 1;
@@ -7753,7 +8042,8 @@ static inline void lp_step_reduce_grads(LPStage* st) {
     for (int c = 0; c < st->par->vpp; c++)
         if (st->chunks[c].head && &st->chunks[c] != sum)
             for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].zero.g[head[k]], sum->zero.g[head[k]], sum->zero.param_sizes[head[k]] * sizeof(floatX));
-    for (int c = 0; c < st->par->vpp; c++) lp_zero_average(&st->chunks[c].zero);
+    for (int c = 0; c < st->par->vpp; c++)
+        for (int p = 0; p < st->chunks[c].parts; p++) lp_zero_average(lp_model_part(&st->chunks[c], p));
 }
 
 // The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
@@ -7784,6 +8074,10 @@ static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdam
 //            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
 //            twice per micro-batch; counted as if nothing overlapped;
 //   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times;
+//   EP       (a mixture of experts, every ep dividing d and the experts) each MoE layer's all-to-alls, 4 per
+//            micro-batch (6 under full recomputation), (ep-1)/ep of a rank's K B T rows each, on the critical
+//            path like TP's, inside a node when t ep <= gpus_per_node; the experts' gradients are reduced over
+//            their d/ep replicas, the rest over d;
 //   offload  (section 8) the busiest rank's shard updated on the host: its gradients down and weights up
 //            over the host link (2 + 2 bytes per value on the CUDA build), the CPU's AdamW reading and
 //            writing the state (28 bytes per value) at host_mem_bw, and with nvme m and v read and
@@ -7815,7 +8109,7 @@ typedef struct {
     int B;                                                  // and its micro-batch
     int fits;                                               // memory <= the GPU's
     double memory, host_memory;                             // bytes on the fullest rank; of state in host memory
-    double compute_s, tp_s, dp_s, pp_s, offload_s, step_s;  // estimated seconds per step
+    double compute_s, tp_s, ep_s, dp_s, pp_s, offload_s, step_s;  // estimated seconds per step
 } LPPlan;
 
 // Those that fit first, fastest first; among equally fast plans the larger micro-batch (GEMMs run
@@ -7837,21 +8131,29 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     double t = s->par->tp, d = s->par->dp, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
     double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
     double pp_bw = t * d * s->par->pp <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
-    double memory = 0.0, compute = 0.0, tp = 0.0, slot = 0.0, params = 0.0;
+    double ep = s->par->ep, ep_bw = t * ep <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
+    double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
+    double memory = 0.0, compute = 0.0, tp = 0.0, ea = 0.0, slot = 0.0, params = 0.0, experts = 0.0;
     for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
+        double ex = 0.0;
         stage_memory[k % s->par->pp] = (k < s->par->pp ? 0.0 : stage_memory[k % s->par->pp]) + lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
-        stage_params[k % s->par->pp] = (k < s->par->pp ? 0.0 : stage_params[k % s->par->pp]) + lp_chunk_params(c, s, k, layers[k]);
+        stage_params[k % s->par->pp] = (k < s->par->pp ? 0.0 : stage_params[k % s->par->pp]) + lp_chunk_params(c, s, k, layers[k], &ex);
         memory = fmax(memory, stage_memory[k % s->par->pp]);
-        params = fmax(params, stage_params[k % s->par->pp]);
+        if (stage_params[k % s->par->pp] > params) params = stage_params[k % s->par->pp], experts = ex;
         double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
         double all_reduces = s->par->recompute == LP_RECOMPUTE_FULL ? (s->par->sp ? 5.5 : 5.0) : 4.0;
         double tk = t > 1 ? layers[k] * all_reduces * (2.0 * (t - 1) / t * bt * C * X / mach->node_bw +
                                                        (s->par->sp ? 2.0 : 1.0) * mach->latency)  // SP: two collectives for one
                           : 0.0;
-        if (ck + tk > slot) { slot = ck + tk; compute = ck; tp = tk; }
+        // expert parallelism: each MoE layer's rows to their experts' ranks and back, forward and backward (and
+        // again under full recomputation), (ep-1)/ep of a rank's K B T rows each time, on the critical path
+        double a2a = s->par->recompute == LP_RECOMPUTE_FULL ? 6.0 : 4.0;
+        double ek = ep > 1 ? layers[k] * moe * a2a * ((ep - 1) / ep * c->moe_topk * bt * C * X / ep_bw + mach->latency) : 0.0;
+        if (ck + tk + ek > slot) { slot = ck + tk + ek; compute = ck; tp = tk; ea = ek; }
     }
     double slots = s->par->micro_batches * s->par->vpp + s->par->pp - 1, share = (d - 1) / d, m = s->par->micro_batches;
-    double dp_values = s->par->zero <= 1 ? 2 * share * params : s->par->zero == 2 ? (m + 1) * share * params : 3 * m * share * params;
+    double shared = share * (params - experts) + (d / ep - 1) / (d / ep) * experts;  // (the experts' over their d/ep replicas)
+    double dp_values = s->par->zero <= 1 ? 2 * shared : s->par->zero == 2 ? (m + 1) * shared : 3 * m * shared;
     double dp_passes = s->par->zero <= 1 ? 1.0 : s->par->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
     double wte_passes = 0.0;  // ZeRO-2/3 without a pipeline hold wte in pieces (section 8): its gradient is
     if (chunks == 1 && s->par->zero >= 2) {  // reduced twice per micro-batch, ZeRO-3 gathers it thrice, a collective per piece
@@ -7877,10 +8179,11 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     out->fits = memory <= mach->gpu_bytes;
     out->compute_s = slots * compute;
     out->tp_s = slots * tp;
+    out->ep_s = slots * ea;
     out->dp_s = d > 1 ? dp_values * X / dp_bw + (dp_passes * (stage_layers + 1) + wte_passes) * mach->latency : 0.0;
     out->pp_s = s->par->pp > 1 ? 2.0 * m * s->par->vpp * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
     out->offload_s = offload;
-    out->step_s = out->compute_s + out->tp_s + out->dp_s + out->pp_s + out->offload_s;
+    out->step_s = out->compute_s + out->tp_s + out->ep_s + out->dp_s + out->pp_s + out->offload_s;
     return 0;
 }
 
@@ -7912,15 +8215,18 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
                 for (int v = 1; v <= (p > 1 ? 2 : 1); v++)
                     for (int zero = 0; zero <= 3; zero++)
                         for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
-                            for (int off = LP_OFFLOAD_NONE; off <= (LP_MASTER_COPY ? LP_OFFLOAD_PARAMS : LP_OFFLOAD_NVME); off++) {
-                                if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
-                                LPParallel x = lp_parallel_one;
-                                x.tp = t, x.pp = p, x.dp = d, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r, x.offload = off;
-                                x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
-                                x.sp = t > 1 && T % t == 0;
-                                LPPipeShape s = {&x, (int)B, T, attention};
-                                lp_plan_add(c, &s, mach, plans, &count, &cap);
-                            }
+                            for (int off = LP_OFFLOAD_NONE; off <= (LP_MASTER_COPY ? LP_OFFLOAD_PARAMS : LP_OFFLOAD_NVME); off++)
+                                for (int ep = 1; ep <= (c->moe_experts ? d : 1); ep++) {  // (a mixture of experts: every ep)
+                                    if (d % ep || (c->moe_experts && c->moe_experts % ep)) continue;
+                                    if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
+                                    LPParallel x = lp_parallel_one;
+                                    x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
+                                    x.offload = off;
+                                    x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+                                    x.sp = t > 1 && T % t == 0;
+                                    LPPipeShape s = {&x, (int)B, T, attention};
+                                    lp_plan_add(c, &s, mach, plans, &count, &cap);
+                                }
             }
         }
     }

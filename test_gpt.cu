@@ -86,7 +86,7 @@ static int parse_losses(const char* out, float* losses, int max) {
     return n;
 }
 
-static void read_master(const LPModel* m, float* w) { lp_copy_to_host(w, m->zero.master, m->zero.num_params * sizeof(float)); }
+static void read_master(const LPModel* m, float* w) { lp_model_get_weights(m, w); }  // (total_params values, canonical)
 
 // Whether mpirun is missing; then the tests of `what` print that they skip.
 static int no_mpirun(const char* what) {
@@ -155,9 +155,9 @@ static float* run_weights(const char* dir, int step, size_t* n) {
     if (access(path, R_OK) != 0) return NULL;
     LPModel m;
     lp_model_load(&m, path, NULL);
-    float* w = (float*)lp_host_malloc(m.zero.num_params * 4, "test");
+    float* w = (float*)lp_host_malloc(m.total_params * 4, "test");
     read_master(&m, w);
-    *n = m.zero.num_params;
+    *n = m.total_params;
     lp_model_free(&m);
     return w;
 }
@@ -1224,6 +1224,31 @@ static void test_plan(void) {
     expect(n > 0 && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
     free(plans);
+    // a mixture of experts: GPT-2 124M with 8 experts top-2 fits 80 GiB without splitting its experts (and
+    // their all-to-alls cost time); with 64 experts on GPUs of 16 GiB the fastest that fits splits them
+    LPConfig moe = small;
+    moe.moe_experts = 8, moe.moe_topk = 2, moe.moe_every = 1;
+    n = lp_plan(&moe, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &plans);
+    int ep_counted = 1, ep_seen = 0;
+    for (int k = 0; k < n; k++) {
+        if (plans[k].par.pp == 1) ep_counted &= (plans[k].par.ep > 1) == (plans[k].ep_s > 0.0);
+        ep_seen |= plans[k].par.ep == 8;
+    }
+    expect(n > 0 && plans[0].fits && plans[0].par.ep == 1 && ep_seen && ep_counted,
+           "plan: a 124M mixture of 8 experts on 8 GPUs of 80 GiB: every ep weighed (its all-to-alls timed), ep 1 fastest");
+    free(plans);
+    moe.moe_experts = 64;  // with 64 experts, splitting them 8 ways takes most of the memory away, at the all-to-alls' cost
+    n = lp_plan(&moe, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &plans);
+    const LPPlan* by_ep[9] = {NULL};
+    for (int k = 0; k < n; k++) {
+        const LPParallel* x = &plans[k].par;
+        if (x->tp == 1 && x->pp == 1 && x->zero == 0 && x->recompute == LP_RECOMPUTE_NONE && x->offload == LP_OFFLOAD_NONE && plans[k].B == 1)
+            by_ep[x->ep] = &plans[k];
+    }
+    expect(by_ep[1] && by_ep[8] && by_ep[8]->memory < 0.5 * by_ep[1]->memory && by_ep[1]->ep_s == 0.0 && by_ep[8]->ep_s > 0.0 &&
+               by_ep[8]->compute_s == by_ep[1]->compute_s,
+           "plan: 64 experts on 8 GPUs, d = 8: ep 8 needs less than half ep 1's memory, for its all-to-alls' time, the same compute");
+    free(plans);
     LPPlanMachine a100 = h100;
     a100.gpu_bytes = 40 * GiB;
     n = lp_plan(&xl, 1024, 524288, 8, LP_ATTENTION_FLASH, &a100, &plans);
@@ -1763,7 +1788,7 @@ static void test_model_gradient(void) {
         lp_model_create(&head1, &c, &cut);
         lp_model_init_random(&m, 5);
         // larger weights than GPT-2's init so every path carries a visible gradient
-        size_t n = m.zero.num_params;
+        size_t n = m.total_params;
         float* w = (float*)lp_host_malloc(n * 4, "test");
         read_master(&m, w);
         uint64_t rng = 99;
@@ -1775,13 +1800,16 @@ static void test_model_gradient(void) {
         lp_model_zero_grad(&m);
         lp_model_forward(&m, in, tg, B, T, 1.0f / (B * T));
         lp_model_backward(&m, 1);
-        float* g = (float*)lp_host_malloc(n * 4, "test");
-        lp_to_host_float(g, m.zero.grads, n);
+        float* g = (float*)lp_host_malloc(n * 4, "test");  // (canonical: the dense part's tensors, then the experts')
+        lp_to_host_float(g, m.zero.grads, m.zero.num_params);
+        if (moe) lp_to_host_float(g + m.zero.num_params, m.experts.grads, m.experts.num_params);
         float got[LP_NUM_PARAMS * 4], want[LP_NUM_PARAMS * 4];
         int k = 0, skipped = 0;
         for (int t = 0; t < LP_NUM_PARAMS; t++) {
-            for (int s = 0; s < 4 && m.zero.param_sizes[t]; s++) {
-                size_t i = m.zero.param_offsets[t] + lp_rand_u32(&rng) % m.zero.param_sizes[t];
+            const LPZero* z = lp_tensor_part(&m, t);
+            size_t base = z == &m.experts ? m.zero.num_params : 0;
+            for (int s = 0; s < 4 && z->param_sizes[t]; s++) {
+                size_t i = base + z->param_offsets[t] + lp_rand_u32(&rng) % z->param_sizes[t];
                 if (t == LP_WTE) i = lp_rand_u32(&rng) % ((size_t)c.vocab_size * c.channels);
                 float keep = w[i];
                 double loss[2];
@@ -2021,8 +2049,8 @@ static void test_moe_reference(void) {
     float* w = run_weights(dir, steps, &nw);
     LPModel ref;
     lp_model_load(&ref, "dev/ref/tiny_moe_train_ref.bin", NULL);
-    expect(w && nw == ref.zero.num_params, "the MoE run saves its final weights, as many as the reference's");
-    if (w && nw == ref.zero.num_params) {
+    expect(w && nw == ref.total_params, "the MoE run saves its final weights, as many as the reference's");
+    if (w && nw == ref.total_params) {
         float* r = (float*)lp_host_malloc(nw * 4, "test");
         read_master(&ref, r);
         // fp32 against float64 moves a weight whose gradient is near zero by up to lr a step (AdamW), so the
@@ -3530,7 +3558,6 @@ static void test_moe_grids(void) {
         if (n != 10 || !wref) { printf("%s\n", out); free(wref); continue; }
         const char* cases2[][2] = {
             {"2", "--pp 2"},
-            {"4", "--pp 4 --pp-partition 1,1,1,1"},
             {"1", "--recompute full"},
             {"2", "--pp 2 --recompute selective"},
             {"2", "--tp 2"},
@@ -3540,9 +3567,16 @@ static void test_moe_grids(void) {
             {"2", "--zero 3 --recompute full"},
             {"4", "--tp 2 --sp"},
             {"4", "--tp 2 --pp 2"},
-            {"8", "--tp 2 --pp 2 --zero 2"},
+            {"2", "--ep 2"},  // expert parallelism: at d = ep, at d = 2 ep, with ZeRO, TP, a pipeline
+            {"4", "--ep 4"},
+            {"4", "--ep 2"},
+            {"4", "--ep 2 --zero 1"},
+            {"4", "--ep 2 --zero 3"},
+            {"4", "--ep 2 --tp 2"},
+            {"4", "--ep 2 --pp 2 --recompute full"},
+            {"8", "--ep 2 --tp 2 --pp 2 --zero 2"},
         };
-        const char* cases1[][2] = {{"2", "--pp 2"}, {"2", "--tp 2"}, {"2", "--zero 3"}};
+        const char* cases1[][2] = {{"2", "--tp 2"}, {"2", "--ep 2"}, {"4", "--ep 2 --zero 2"}};
         size_t count = k == 2 ? sizeof(cases2) / sizeof(cases2[0]) : sizeof(cases1) / sizeof(cases1[0]);
         for (size_t j = 0; j < count; j++) {
             const char* ranks = k == 2 ? cases2[j][0] : cases1[j][0];
@@ -3553,6 +3587,47 @@ static void test_moe_grids(void) {
             snprintf(name, sizeof(name), "MoE %s ranks %s: balance + z-losses and rows dropped equal 1 rank's (as printed)", ranks, flags);
             expect(m2 == 10 && memcmp(drop, drop_ref, 10 * sizeof(float)) == 0, name);
             if (m2 == 10) expect_close(name, aux, aux_ref, 10, 1e-4f, 0.0f);
+        }
+        if (k == 2) {  // the AdamW state in files (the experts' in a file of their own), with expert parallelism
+            char flags[LP_PATH_MAX + 64];
+            mkdir(tmp_path("moe_offload"), 0755);
+            snprintf(flags, sizeof(flags), "--ep 2 --offload nvme --offload-dir %s", tmp_path("moe_offload"));
+            lp_path(dir, "%s", tmp_path("moe_case_offload"));
+            expect_grid_equals_one_rank(base, "2", flags, dir, ref, wref, nw, &c, 2);
+            expect(offload_leftovers(tmp_path("moe_offload")) == 0, "MoE --offload nvme: nothing left in the offload directory");
+        }
+        if (k == 2) {  // a checkpoint of 4 ranks (ep 2, ZeRO-1) resumed on 2 (ep 2) and on 1: steps 6-10 as the straight run
+            float got[64];
+            lp_path(dir, "%s", tmp_path("moe_ck"));
+            snprintf(args, sizeof(args), "%s -b 2 --ep 2 --zero 1 -n 5", base);
+            int saved = run_ranks(4, args, dir, got, out, sizeof(out)) == 10;
+            for (int r = 2; r >= 1 && saved; r--) {
+                char rdir[LP_PATH_MAX];
+                lp_path(rdir, "%s_%d", dir, r);
+                run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
+                snprintf(args, sizeof(args), "%s -b 2 %s --resume", base, r == 2 ? "--ep 2" : "");
+                int n2 = run_ranks(r, args, rdir, got, out, sizeof(out));
+                snprintf(name, sizeof(name), "MoE: a 4-rank ep 2 ZeRO-1 checkpoint resumed on %d rank(s)%s: steps 6-10 equal the straight "
+                         "run's (1e-5)", r, r == 2 ? " with ep 2" : "");
+                expect(n2 == 5, name);
+                if (n2 == 5) expect_close(name, got, ref + 5, 5, 0.0f, 1e-5f);
+                else printf("%s\n", out);
+            }
+            expect(saved, "MoE: 4 ranks with ep 2 and ZeRO-1 save a checkpoint at step 5");
+            // bad grids: one line each
+            const char* bad[][3] = {{"3", "--ep 3 -d 96", "--ep 3: a MoE layer's 4 experts do not split over 3 ranks"},
+                                    {"2", "--ep 4", "--ep 4: expert parallelism splits the d = 2 data-parallel ranks, which 4 does not divide"}};
+            for (int j = 0; j < 2; j++) {
+                snprintf(args, sizeof(args), "%s -b 2 %s", base, bad[j][1]);
+                lp_path(dir, "%s_bad%d", tmp_path("moe"), j);
+                int rc = run_ranks(atoi(bad[j][0]), args, dir, got, out, sizeof(out));
+                snprintf(name, sizeof(name), "MoE bad grid: %s ranks %s says '%s'", bad[j][0], bad[j][1], bad[j][2]);
+                expect(rc < 0 && strstr(out, bad[j][2]) != NULL, name);
+            }
+            snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -b 2 -x 1 --ep 2", tmp_path("dp_shard.bin"));
+            int rc = run_ranks(2, args, tmp_path("moe_bad_dense"), got, out, sizeof(out));
+            expect(rc < 0 && strstr(out, "--ep 2: expert parallelism splits a mixture of experts, and this model is dense"),
+                   "MoE bad grid: --ep 2 on a dense model says so in one line");
         }
         free(wref);
     }
@@ -4263,8 +4338,8 @@ static void test_step_vs_cpu_build(void) {
 // Tier 3's grids on the CUDA engine: ZeRO 0-3 (with and without overlap), TP with and without SP,
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
-// recomputing its probabilities), and a mixture of experts under TP, SP, ZeRO, a pipeline and full
-// recomputation (each rank's micro-batches of 1 row, as the one rank's), all on a 4-layer tiny model with 4
+// recomputing its probabilities), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
+// recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
@@ -4349,7 +4424,8 @@ static void test_parallel_grids(void) {
         expect_cuda_grid(base[0], r, f, 2 / d, ref[a], wref[a], nw[a]);
     }
     struct { int ranks; const char* flags; } moe_grids[] = {
-        {2, "--tp 2"}, {2, "--zero 3"}, {2, "--pp 2"}, {4, "--tp 2 --sp --zero 1"}, {1, "--recompute full"}};
+        {2, "--tp 2"}, {2, "--zero 3"}, {2, "--pp 2"}, {4, "--tp 2 --sp --zero 1"}, {1, "--recompute full"},
+        {2, "--ep 2"}, {4, "--ep 2 --zero 2"}, {4, "--ep 2 --tp 2"}, {4, "--ep 4 --recompute full"}};  // expert parallelism: all-to-all
     for (size_t k = 0; k < sizeof(moe_grids) / sizeof(moe_grids[0]); k++)
         expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, 1, ref[2], wref[2], nw[2]);
     for (int a = 0; a < 3; a++) free(wref[a]);

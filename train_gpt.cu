@@ -44,7 +44,7 @@ typedef struct {
     int on_divergence;       // --on-divergence: stop | skip | rollback (lp_divergence_names)
     float loss_spike;        // --loss-spike: a loss above this times the recent mean is a spike (0: off)
     int resume;              // --resume
-    // --tp --pp --vpp --schedule --pp-partition --sp --pp-scatter-gather --zero --overlap --bucket-mb
+    // --tp --pp --ep --vpp --schedule --pp-partition --sp --pp-scatter-gather --zero --overlap --bucket-mb
     // --recompute --offload --offload-dir --comm: how the run is split over the ranks (d = ranks / (t p))
     LPParallel par;
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
@@ -180,6 +180,9 @@ static const LPFlagSpec lp_flag_specs[] = {
      "each (needs t > 1 and -t divisible by t)"},
     {"--pp", NULL, LP_FLAG_INT, LP_FIELD(par.pp), "1", "1", "N", NULL, NULL,
      "pipeline-parallel size: the layers split over N stages; data-parallel size d = ranks / (t*p)"},
+    {"--ep", NULL, LP_FLAG_INT, LP_FIELD(par.ep), "1", "1", "N", NULL, NULL,
+     "expert parallelism (a mixture of experts): each MoE layer's experts split over N of the d data-parallel ranks, "
+     "tokens sent to their experts' ranks and back by all-to-all; N divides d and the experts"},
     {"--vpp", NULL, LP_FLAG_INT, LP_FIELD(par.vpp), "1", "1", "N", NULL, NULL, "model chunks per pipeline stage (--schedule interleaved)"},
     {"--schedule", NULL, LP_FLAG_CHOICE, LP_FIELD(par.schedule), "1f1b", "1f1b", "NAME", NULL, lp_schedule_names,
      "pipeline schedule: gpipe | 1f1b | interleaved"},
@@ -801,7 +804,9 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     const LPParallel* par = proc->par;
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
-    lp_log("grid             %d ranks: t=%d d=%d p=%d%s\n", proc->world, par->tp, par->dp, par->pp, par->sp ? ", sequence parallel" : "");
+    lp_log("grid             %d ranks: t=%d d=%d p=%d%s", proc->world, par->tp, par->dp, par->pp, par->sp ? ", sequence parallel" : "");
+    if (par->ep > 1) lp_log(", experts over ep=%d of the d ranks (%d replicas)", par->ep, par->dp / par->ep);
+    lp_log("\n");
     lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu on rank 0)\n", r->cfg.num_layers,
            r->cfg.channels, r->cfg.num_heads, r->cfg.vocab_size, r->cfg.padded_vocab_size, r->cfg.max_seq_len,
            r->stage.chunks[0].total_params, rank_params);
@@ -956,17 +961,20 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
         LPModel* mc = &r->stage.chunks[c];
         if (weights) lp_model_set_weights(mc, weights);
         else lp_model_init_random(mc, f->seed);
-        rank_params += mc->zero.num_params;
-        param_bytes += mc->zero.param_bytes;
-        grad_bytes += mc->zero.grad_bytes;
-        double shard = (double)mc->zero.shard_size, master = LP_MASTER_COPY ? 4.0 * shard : 0.0;  // (fp32 master weights)
-        if (mc->zero.host_state) {  // the CUDA build's offload: master weights, m and v on the host, none on the GPU
-            offloaded_bytes += master + 8.0 * shard + (mc->zero.params_on_host ? shard * sizeof(floatX) : 0.0);
-        } else if (mc->zero.off) {  // the CPU build's: AdamW m and v in a file, in memory its two buffers
-            optim_bytes += 4.0 * mc->zero.off->chunk * sizeof(float);
-            offloaded_bytes += 8.0 * shard;
-        } else {
-            optim_bytes += master + 8.0 * shard;
+        for (int p = 0; p < mc->parts; p++) {  // (its dense tensors; a mixture of experts' experts)
+            const LPZero* z = lp_model_part(mc, p);
+            rank_params += z->num_params;
+            param_bytes += z->param_bytes;
+            grad_bytes += z->grad_bytes;
+            double shard = (double)z->shard_size, master = LP_MASTER_COPY ? 4.0 * shard : 0.0;  // (fp32 master weights)
+            if (z->host_state) {  // the CUDA build's offload: master weights, m and v on the host, none on the GPU
+                offloaded_bytes += master + 8.0 * shard + (z->params_on_host ? shard * sizeof(floatX) : 0.0);
+            } else if (z->off) {  // the CPU build's: AdamW m and v in a file, in memory its two buffers
+                optim_bytes += 4.0 * z->off->chunk * sizeof(float);
+                offloaded_bytes += 8.0 * shard;
+            } else {
+                optim_bytes += master + 8.0 * shard;
+            }
         }
         act_bytes += mc->act_bytes;
     }
@@ -1349,16 +1357,18 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
            mach.efficiency * 100, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, mach.latency * 1e6,
            sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)", mach.host_bw / 1e9, mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9);
     lp_log("%d of %d configurations fit; the fastest %d:\n", fit, count, fit < 10 ? fit : 10);
-    lp_log("| t | p | v | d | ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute ms | TP ms | DP ms | PP ms "
-           "| offload ms | step ms |\n");
-    lp_log("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    int moe = cfg.moe_experts > 0;  // (a mixture of experts: expert parallelism's columns too)
+    lp_log("| t | p | v | d |%s ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute ms | TP ms |%s DP ms | PP ms "
+           "| offload ms | step ms |\n", moe ? " ep |" : "", moe ? " EP ms |" : "");
+    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|%s---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
     for (int k = 0; k < fit && k < 10; k++) {
         const LPPlan* x = &plans[k];
-        lp_log("| %d | %d | %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g | %.3g |\n", x->par.tp,
-               x->par.pp, x->par.vpp, x->par.dp, x->par.zero, lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload], x->B,
-               x->par.micro_batches, x->memory / GiB,
-               x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, x->dp_s * 1e3, x->pp_s * 1e3, x->offload_s * 1e3,
-               x->step_s * 1e3);
+        char ep[16] = "", ep_ms[24] = "";
+        if (moe) snprintf(ep, sizeof(ep), " %d |", x->par.ep), snprintf(ep_ms, sizeof(ep_ms), " %.3g |", x->ep_s * 1e3);
+        lp_log("| %d | %d | %d | %d |%s %d | %s | %s | %d | %d | %.3g | %.3g | %.3g | %.3g |%s %.3g | %.3g | %.3g | %.3g |\n", x->par.tp,
+               x->par.pp, x->par.vpp, x->par.dp, ep, x->par.zero, lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload],
+               x->B, x->par.micro_batches, x->memory / GiB, x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, ep_ms,
+               x->dp_s * 1e3, x->pp_s * 1e3, x->offload_s * 1e3, x->step_s * 1e3);
     }
     const LPParallel* b = &plans[0].par;
 #ifdef LLMPAR_CPU
@@ -1367,8 +1377,10 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     const char* binary = "./train_gpt";
 #endif
     lp_log("run the fastest:\n  mpirun -np %d %s -e %s -t %d -d %lld -b %d", n, binary, f->init, f->T, tokens, plans[0].B);
+    if (f->moe_experts) lp_log(" --moe-experts %d --moe-topk %d --moe-every %d", f->moe_experts, f->moe_topk, f->moe_every);
     if (b->tp > 1) lp_log(" --tp %d%s", b->tp, b->sp ? " --sp" : "");
     if (b->pp > 1) lp_log(" --pp %d", b->pp);
+    if (b->ep > 1) lp_log(" --ep %d", b->ep);
     if (b->vpp > 1) lp_log(" --vpp %d --schedule interleaved", b->vpp);
     if (b->zero) lp_log(" --zero %d", b->zero);
     if (b->recompute) lp_log(" --recompute %s", lp_recompute_names[b->recompute]);
