@@ -6,7 +6,7 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
   1. basics      errors that name what failed, files, timers, RNG, device memory
                  defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
   2. config      the model's shape (a mixture of experts' too), GPT-2 presets, parameter tensor sizes
-                 defines: LPConfig, lp_config_from_depth, lp_param_sizes, lp_layer_has
+                 defines: LPConfig, lp_config_from_name, lp_param_sizes, lp_layer_has
   3. topology    every parallel setting (LPParallel), MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p
                  grid of ranks as data (its axes; expert parallelism's two inside d) and its groups, GPU choice
                  defines: LPParallel, LP_SETTING, lp_axes, LPProcess, LPGroup, lp_blas_init, lp_process_init, lp_grid_init,
@@ -78,7 +78,7 @@ two_files_eval.cu):
     lp_device_init(&proc);                      // CUDA: the rank's GPU, cuBLASLt (CPU build: nothing)
     lp_comm_init(&proc);                        // NCCL between GPUs, else MPI
     LPConfig cfg;
-    lp_config_from_depth(&cfg, "d2");           // a preset: d12 is GPT-2 124M; dN: N layers, 64N channels
+    lp_config_from_name(&cfg, "d2");            // a preset: d12 is GPT-2 124M; dN: N layers, 64N channels
     cfg.max_seq_len = T;
     LPModelOptions model = {.proc = &proc};     // the model split over the grid as par says
     LPStage stage;                              // this rank's pipeline stage: its chunks of the model
@@ -547,23 +547,40 @@ static inline void lp_config_validate(const LPConfig* c, const char* source) {
 #endif
 }
 
-// "-e d12" style names: GPT-2 sizes for d12/d24/d36/d48, else head size 64 with d heads.
-// Returns 0 when `name` is not of the form dN.
-static inline int lp_config_from_depth(LPConfig* c, const char* name) {
-    if (name[0] != 'd' || name[1] == '\0') return 0;
-    for (const char* p = name + 1; *p; p++) if (*p < '0' || *p > '9') return 0;
-    long d = strtol(name + 1, NULL, 10);
-    if (d > 1 << 20) d = 1 << 20;  // lp_config_validate refuses it; this only keeps 64 d an int
+// A new model's shape by name: "dN" (GPT-2's sizes for d12/d24/d36/d48, else head size 64 with N heads;
+// maxT 1024) or "L,C,NH[,V]" (any shape: GPT-3 175B is 96,12288,96; V 50257 unless given, padded to a
+// multiple of 128; maxT 2048). Returns 0 when `name` is neither (a file name); the shape is checked by
+// lp_config_validate.
+static inline int lp_config_from_name(LPConfig* c, const char* name) {
+    long v[4] = {0, 0, 0, 50257};
+    int n = 0;
+    if (name[0] == 'd') {
+        if (name[1] == '\0') return 0;
+        for (const char* p = name + 1; *p; p++) if (*p < '0' || *p > '9') return 0;
+        v[0] = strtol(name + 1, NULL, 10);
+    } else {
+        for (const char* p = name;;) {  // "L,C,NH" or "L,C,NH,V": numbers and commas only
+            char* end;
+            if (*p < '0' || *p > '9') return 0;
+            v[n++] = strtol(p, &end, 10);
+            if (*end == '\0') break;
+            if (*end != ',' || n == 4) return 0;
+            p = end + 1;
+        }
+        if (n < 3) return 0;
+    }
+    for (int k = 0; k < 4; k++) if (v[k] > 1 << 20) v[k] = 1 << 20;  // lp_config_validate refuses it; this keeps ints
     memset(c, 0, sizeof(*c));  // dense: no experts
-    c->num_layers = d;
-    c->max_seq_len = 1024;
-    c->vocab_size = 50257;
-    c->padded_vocab_size = 50304;
-    if (d == 12) { c->channels = 768; c->num_heads = 12; }
-    else if (d == 24) { c->channels = 1024; c->num_heads = 16; }
-    else if (d == 36) { c->channels = 1280; c->num_heads = 20; }
-    else if (d == 48) { c->channels = 1600; c->num_heads = 25; }
-    else { c->channels = 64 * d; c->num_heads = d; }
+    c->num_layers = (int)v[0];
+    c->max_seq_len = n ? 2048 : 1024;
+    c->vocab_size = (int)v[3];
+    c->padded_vocab_size = (int)((v[3] + 127) / 128 * 128);
+    if (n) { c->channels = (int)v[1]; c->num_heads = (int)v[2]; }
+    else if (v[0] == 12) { c->channels = 768; c->num_heads = 12; }
+    else if (v[0] == 24) { c->channels = 1024; c->num_heads = 16; }
+    else if (v[0] == 36) { c->channels = 1280; c->num_heads = 20; }
+    else if (v[0] == 48) { c->channels = 1600; c->num_heads = 25; }
+    else { c->channels = 64 * (int)v[0]; c->num_heads = (int)v[0]; }
     return 1;
 }
 
@@ -8069,14 +8086,14 @@ static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdam
 //   TP       4 all-reduces of B T C values per layer and micro-batch, each moving 2 (t-1)/t of them per
 //            rank (with SP as reduce-scatters and all-gathers, half that each); full recomputation reruns
 //            the attention half's: 1 more all-reduce, or with SP 1 reduce-scatter and 2 all-gathers. On the
-//            critical path of every micro-batch, inside a node (t <= gpus_per_node);
+//            critical path of every micro-batch, inside a node (t divides gpus_per_node);
 //   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
 //            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
 //            twice per micro-batch; counted as if nothing overlapped;
 //   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times;
 //   EP       (a mixture of experts, every ep dividing d and the experts) each MoE layer's all-to-alls, 4 per
 //            micro-batch (6 under full recomputation), (ep-1)/ep of a rank's K B T rows each, on the critical
-//            path like TP's, inside a node when t ep <= gpus_per_node; the experts' gradients are reduced over
+//            path like TP's, inside a node when t ep divides gpus_per_node; the experts' gradients are reduced over
 //            their d/ep replicas, the rest over d;
 //   offload  (section 8) the busiest rank's shard updated on the host: its gradients down and weights up
 //            over the host link (2 + 2 bytes per value on the CUDA build), the CPU's AdamW reading and
@@ -8087,7 +8104,10 @@ static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdam
 // Every collective and send also costs `latency` (start-up, synchronisation), which is what makes TP and
 // PP lose on a small model: dozens of collectives per micro-batch against DP's one pass per step (one per
 // layer and reduction).
-// Links: a group inside one node (TP ranks are neighbours, then DP, then PP) uses node_bw, else net_bw.
+// Links: a group's ranks are neighbours with every axis inside it (TP's, then DP's, then PP's): it runs
+// inside nodes (node_bw) when they fill whole groups of a node (the node's GPUs a multiple of them), else
+// over the network (net_bw). TP is only planned inside a node (t divides its GPUs): no tensor group
+// straddles two.
 // Sequence parallelism is on wherever t > 1 divides T (the same traffic, less memory). Memory is
 // lp_chunk_memory's estimate of the balanced partition, summed over each stage's chunks, on the fullest
 // stage. It ranks; it does not promise times.
@@ -8129,9 +8149,12 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     char why[256];
     if (lp_pp_partition(c, s, layers, why, sizeof(why))) return 1;
     double t = s->par->tp, d = s->par->dp, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
-    double dp_bw = t * d <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
-    double pp_bw = t * d * s->par->pp <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
-    double ep = s->par->ep, ep_bw = t * ep <= mach->gpus_per_node ? mach->node_bw : mach->net_bw;
+    // a group's links: inside a node when its ranks (neighbours in rank order, every axis inside it too)
+    // fill a whole number of groups of a node, else over the network
+    int node = mach->gpus_per_node;
+    double dp_bw = node % (s->par->tp * s->par->dp) == 0 ? mach->node_bw : mach->net_bw;
+    double pp_bw = node % (s->par->tp * s->par->dp * s->par->pp) == 0 ? mach->node_bw : mach->net_bw;
+    double ep = s->par->ep, ep_bw = node % (s->par->tp * s->par->ep) == 0 ? mach->node_bw : mach->net_bw;
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
     double memory = 0.0, compute = 0.0, tp = 0.0, ea = 0.0, slot = 0.0, params = 0.0, experts = 0.0;
     for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
@@ -8204,8 +8227,8 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
     int count = 0, cap = 64;
     *plans = (LPPlan*)lp_host_malloc(cap * sizeof(LPPlan), "plans");
     char why[256];
-    for (int t = 1; t <= n && t <= mach->gpus_per_node; t++) {
-        if (n % t || lp_tp_check(c, t, why, sizeof(why))) continue;
+    for (int t = 1; t <= n && t <= mach->gpus_per_node; t++) {  // (a TP group inside a node: t divides it)
+        if (n % t || mach->gpus_per_node % t || lp_tp_check(c, t, why, sizeof(why))) continue;
         for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
             if (n / t % p) continue;
             int d = n / t / p;

@@ -409,11 +409,19 @@ static void test_blas_kernels(void) {
 
 static void test_config(void) {
     LPConfig c;
-    expect(lp_config_from_depth(&c, "d12") && c.channels == 768 && c.num_heads == 12 && c.padded_vocab_size == 50304,
+    expect(lp_config_from_name(&c, "d12") && c.channels == 768 && c.num_heads == 12 && c.padded_vocab_size == 50304,
            "config d12 is GPT-2 124M");
-    expect(lp_config_from_depth(&c, "d6") && c.channels == 384 && c.num_heads == 6, "config d6 has head size 64");
-    expect(!lp_config_from_depth(&c, "model.bin") && !lp_config_from_depth(&c, "d") && !lp_config_from_depth(&c, "d1x"),
+    expect(lp_config_from_name(&c, "d6") && c.channels == 384 && c.num_heads == 6, "config d6 has head size 64");
+    expect(!lp_config_from_name(&c, "model.bin") && !lp_config_from_name(&c, "d") && !lp_config_from_name(&c, "d1x"),
            "config: non-dN names are files");
+    expect(lp_config_from_name(&c, "96,12288,96") && c.num_layers == 96 && c.channels == 12288 && c.num_heads == 96 &&
+               c.vocab_size == 50257 && c.padded_vocab_size == 50304 && c.max_seq_len == 2048 && c.moe_experts == 0,
+           "config 96,12288,96 is GPT-3 175B's shape (GPT-2's vocabulary, T up to 2048)");
+    expect(lp_config_from_name(&c, "2,32,4,97") && c.vocab_size == 97 && c.padded_vocab_size == 128,
+           "config L,C,NH,V: the vocabulary padded to a multiple of 128");
+    expect(!lp_config_from_name(&c, "96,12288") && !lp_config_from_name(&c, "96,,96") && !lp_config_from_name(&c, "96,12288,96,") &&
+               !lp_config_from_name(&c, "1,2,3,4,5") && !lp_config_from_name(&c, "model,bin"),
+           "config: what is not L,C,NH[,V] is a file");
     LPConfig t = tiny_config();
     size_t sizes[LP_NUM_PARAMS], total = 0;
     lp_param_sizes(sizes, &t, 1);
@@ -1070,7 +1078,7 @@ static void test_schedules(void) {
     // chunk runs 6 layers) and memory picks 5,6,1: under 1F1B stage 0 keeps 3 micro-batches in flight,
     // stage 1 two, so a layer moves off stage 0. Uniform and lists as asked; errors name the setting
     LPConfig g;
-    lp_config_from_depth(&g, "d12");
+    lp_config_from_name(&g, "d12");
     int layers[16];
     LPParallel x = lp_parallel_one;  // (errors name its fields: no program maps them to flags here)
     x.pp = 4, x.micro_batches = 8;
@@ -1159,7 +1167,7 @@ static void test_schedules(void) {
     // them too); and the shard: 77.2M of the 124.5M values ZeRO-1 keeps at d=2, 30.5M at d=8.
     for (int model = 0; model < 2; model++) {
         LPConfig mc;
-        lp_config_from_depth(&mc, model ? "d4" : "d12");
+        lp_config_from_name(&mc, model ? "d4" : "d12");
         for (int d = 2; d <= 8; d += 6) {
             double mem[4], kept = 787968.0 + 2 * 7087872.0 + 124475904.0 / d;
             for (int z = 0; z < 4; z++) {
@@ -1205,8 +1213,8 @@ static void test_plan(void) {
     const double GiB = 1073741824.0;
     LPPlanMachine h100 = {80 * GiB, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6, 55e9, 50e9, 6e9};
     LPConfig small, xl;
-    lp_config_from_depth(&small, "d12");
-    lp_config_from_depth(&xl, "d48");
+    lp_config_from_name(&small, "d12");
+    lp_config_from_name(&xl, "d48");
     LPPlan* plans;
     int n = lp_plan(&small, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &plans), ordered = 1, honest = 1;
     for (int k = 1; k < n; k++) {
@@ -1214,12 +1222,22 @@ static void test_plan(void) {
         honest &= plans[k].fits == (plans[k].memory <= h100.gpu_bytes);
     }
     expect(n > 100 && ordered && honest, "plan: every configuration estimated, those that fit first, fastest first");
+    int inside = 1;
+    for (int k = 0; k < n; k++) inside &= h100.gpus_per_node % plans[k].par.tp == 0;
+    free(plans);
+    LPConfig wide;  // heads divisible by 3 and 6: still no tensor group of 3 or 6 on nodes of 8
+    lp_config_from_name(&wide, "4,768,24");
+    n = lp_plan(&wide, 1024, 12288, 12, LP_ATTENTION_FLASH, &h100, &plans);
+    for (int k = 0; k < n; k++) inside &= h100.gpus_per_node % plans[k].par.tp == 0;
+    expect(n > 0 && inside, "plan: tensor groups only of sizes that divide a node (no group of 3 straddling two nodes of 8)");
+    free(plans);
+    n = lp_plan(&small, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &plans);
     expect(n > 0 && plans[0].fits && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8 && plans[0].par.recompute == LP_RECOMPUTE_NONE &&
            plans[0].par.offload == LP_OFFLOAD_NONE, "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without "
            "recomputation or offload");
     free(plans);
     LPConfig d4;  // the CPU default, 2048 tokens per step: TP's and PP's collectives per micro-batch cost more than they save
-    lp_config_from_depth(&d4, "d4");
+    lp_config_from_name(&d4, "d4");
     n = lp_plan(&d4, 64, 2048, 8, LP_ATTENTION_FLASH, &h100, &plans);
     expect(n > 0 && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
@@ -2181,7 +2199,7 @@ static void test_training_runs(void) {
     float a[64], b[64];
     const char* model = tmp_path("ts_d2.bin");
     LPConfig c;
-    lp_config_from_depth(&c, "d2");  // L=2, C=128, 2 heads, GPT-2 vocabulary
+    lp_config_from_name(&c, "d2");  // L=2, C=128, 2 heads, GPT-2 vocabulary
     c.max_seq_len = 64;
     LPModel m;
     lp_model_create(&m, &c, NULL);
@@ -3347,7 +3365,7 @@ static void test_plan_runs(void) {
         int parsed = mem && sscanf(mem, "params %f MiB, grads %f MiB, %*s %f MiB, activations %f MiB", &mib[0], &mib[1],
                                    &mib[2], &mib[3]) == 4;
         LPConfig c;
-        lp_config_from_depth(&c, "d2");
+        lp_config_from_name(&c, "d2");
         LPParallel par = lp_parallel_one;
         par.pp = p, par.dp = d, par.zero = zero, par.recompute = r, par.offload = offload ? LP_OFFLOAD_NVME : LP_OFFLOAD_NONE;
         LPPipeShape shape = {&par, 4, 64, LP_ATTENTION_FLASH};
@@ -4581,7 +4599,7 @@ static void test_zero_memory(void) {
 static double activation_bytes_124m(int T, int attention) {
     LPModel shape;  // what lp_activations_layout reads
     memset(&shape, 0, sizeof(shape));
-    lp_config_from_depth(&shape.cfg, "d12");
+    lp_config_from_name(&shape.cfg, "d12");
     shape.par = &lp_parallel_one;
     shape.tp_size = 1;
     shape.L = shape.cfg.num_layers;

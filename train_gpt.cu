@@ -97,8 +97,9 @@ static const LPFlagSpec lp_flag_specs[] = {
      "val token shards (a glob; \"\" for none); every val shard needs at least B*T*d+1 tokens, every train shard "
      "one step's (-d) + 1"},
     {NULL, "-e", LP_FLAG_STRING, LP_FIELD(init), "d4", "d12", "MODEL", NULL, NULL,
-     "llm.c model file (fp32 v3 or bf16 v5), or dN: a new GPT-2 of depth N (d12/d24/d36/d48 are GPT-2 "
-     "124M/350M/774M/1558M; other N: C=64N, N heads)"},
+     "llm.c model file (fp32 v3 or bf16 v5; llmpar's MoE v6), or dN: a new GPT-2 of depth N (d12/d24/d36/d48 are "
+     "GPT-2 124M/350M/774M/1558M; other N: C=64N, N heads), or L,C,NH[,V]: a new model of any shape (GPT-3 175B: "
+     "96,12288,96; V 50257 unless given; up to T=2048)"},
     {NULL, "-o", LP_FLAG_STRING, LP_FIELD(out_dir), "", "", "DIR", NULL, NULL, "output directory: main.log and checkpoints; one run at a time (DIR/lock)"},
     {NULL, "-b", LP_FLAG_INT, LP_FIELD(B), "4", "16", "N", NULL, NULL, "micro-batch size"},
     {NULL, "-t", LP_FLAG_INT, LP_FIELD(T), "64", "1024", "N", NULL, NULL, "sequence length (at most the model's)"},
@@ -718,7 +719,7 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
 
 // The model's shape from -e: a dN preset, or an llm.c file's header. Returns 1 for a preset (a new model).
 static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cfg) {
-    int preset = lp_config_from_depth(cfg, f->init);
+    int preset = lp_config_from_name(cfg, f->init);
     char source[LP_PATH_MAX];
     lp_path(source, "-e %s", f->init);
     // checked by rank 0 first (lp_fail there stops everyone), so a bad preset or file is reported once

@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     lp_device_init(&proc);                      // CUDA: the rank's GPU, cuBLASLt (CPU build: nothing)
     lp_comm_init(&proc);                        // NCCL between GPUs, else MPI
     LPConfig cfg;
-    lp_config_from_depth(&cfg, "d2");           // a preset: d12 is GPT-2 124M; dN: N layers, 64N channels
+    lp_config_from_name(&cfg, "d2");            // a preset: d12 is GPT-2 124M; dN: N layers, 64N channels
     cfg.max_seq_len = T;
     LPModelOptions model = {.proc = &proc};     // the model split over the grid as par says
     LPStage stage;                              // this rank's pipeline stage: its chunks of the model

@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
     lp_process_init(&proc, &argc, &argv);  // lp_rank: under mpirun each rank trains alone, rank 0 prints
     lp_device_init(&proc);                 // CUDA: the cuBLASLt handle and workspace, used in both files
     LPConfig cfg;
-    lp_config_from_depth(&cfg, "d2");
+    lp_config_from_name(&cfg, "d2");
     cfg.max_seq_len = T;
     LPModel model;
     lp_model_create(&model, &cfg, NULL);   // the whole model on this rank
