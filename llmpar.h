@@ -462,11 +462,11 @@ static inline int lp_layer_has(const LPConfig* c, int i, int l) {
     if (i >= LP_ROUTERW) return lp_is_moe_layer(c, l);
     return lp_is_layer_tensor(i);
 }
-// How many of the layers [l0, l1) have tensor i.
+// How many of the layers [l0, l1) have tensor i (the MoE layers among them: the multiples of every).
 static inline int lp_layers_having(const LPConfig* c, int i, int l0, int l1) {
-    int n = 0;
-    for (int l = l0; l < l1; l++) n += lp_layer_has(c, i, l);
-    return n;
+    if (!lp_is_layer_tensor(i) || l1 <= l0) return 0;
+    int moe = c->moe_experts > 0 ? (l1 + c->moe_every - 1) / c->moe_every - (l0 + c->moe_every - 1) / c->moe_every : 0;
+    return i >= LP_ROUTERW ? moe : i >= LP_FCW && i <= LP_FCPROJB ? l1 - l0 - moe : l1 - l0;
 }
 
 // Tensor i as `count` matrices (one per layer that has it, or one) of rows x cols, the rows in `blocks` equal blocks
@@ -7537,15 +7537,17 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     }
     double params = s->par->zero >= 3 ? outside + (s->par->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
     double grads = s->par->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
-    LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes
-    memset(&shape, 0, sizeof(shape));
-    shape.cfg = *c;
+    LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes (the rest of
+    shape.cfg = *c;  // an LPModel, its ZeRO state's buffers of pending collectives, is ~0.8 MB: not cleared here)
     shape.par = s->par;
     shape.tp_size = s->par->tp;
     shape.ep_size = s->par->ep;
     shape.attention = s->attention;
     shape.L = layers;
+    shape.layer0 = 0;
     shape.last = k == chunks - 1;
+    shape.num_aux = 0;
+    shape.moe.capacity = 0.0f;  // (a mixture of experts' buffers for the most rows an expert may take)
     LPActivations a;
     size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
     double state = (LP_MASTER_COPY ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v

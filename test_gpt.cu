@@ -1227,7 +1227,7 @@ static void test_plan(void) {
     free(plans);
     LPConfig wide;  // heads divisible by 3 and 6: still no tensor group of 3 or 6 on nodes of 8
     lp_config_from_name(&wide, "4,768,24");
-    n = lp_plan(&wide, 1024, 12288, 12, LP_ATTENTION_FLASH, &h100, &plans);
+    n = lp_plan(&wide, 1024, 6144, 6, LP_ATTENTION_FLASH, &h100, &plans);
     for (int k = 0; k < n; k++) inside &= h100.gpus_per_node % plans[k].par.tp == 0;
     expect(n > 0 && inside, "plan: tensor groups only of sizes that divide a node (no group of 3 straddling two nodes of 8)");
     free(plans);
@@ -1246,7 +1246,7 @@ static void test_plan(void) {
     // their all-to-alls cost time); with 64 experts on GPUs of 16 GiB the fastest that fits splits them
     LPConfig moe = small;
     moe.moe_experts = 8, moe.moe_topk = 2, moe.moe_every = 1;
-    n = lp_plan(&moe, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &plans);
+    n = lp_plan(&moe, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, &plans);
     int ep_counted = 1, ep_seen = 0;
     for (int k = 0; k < n; k++) {
         if (plans[k].par.pp == 1) ep_counted &= (plans[k].par.ep > 1) == (plans[k].ep_s > 0.0);
@@ -1256,7 +1256,7 @@ static void test_plan(void) {
            "plan: a 124M mixture of 8 experts on 8 GPUs of 80 GiB: every ep weighed (its all-to-alls timed), ep 1 fastest");
     free(plans);
     moe.moe_experts = 64;  // with 64 experts, splitting them 8 ways takes most of the memory away, at the all-to-alls' cost
-    n = lp_plan(&moe, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &plans);
+    n = lp_plan(&moe, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, &plans);
     const LPPlan* by_ep[9] = {NULL};
     for (int k = 0; k < n; k++) {
         const LPParallel* x = &plans[k].par;
