@@ -44,8 +44,10 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  defines: LPStage, lp_stage_create, lp_stage_forward, lp_stage_backward, lp_stage_bubble
  14. step        one optimizer step in four phases, each one call, each naming where ranks communicate
                  defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update
- 15. plan        the configuration advisor (--plan N): every grid, ZeRO stage and recomputation, ranked
-                 defines: LPPlanMachine, LPPlan, lp_plan
+ 15. plan        the configuration advisor (--plan N): every grid, ZeRO stage and recomputation on a stated
+                 cluster, its step simulated, ranked
+                 defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPPlanMachine, lp_gemm_seconds, lp_plan_chunk,
+                 LPPlan, lp_plan_simulate, LPPlanLimits, lp_plan
 
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
@@ -1016,14 +1018,15 @@ typedef struct {
     double* start;           // (p, per_stage): when each action starts
     double f, b;             // cost of one chunk's forward and backward ...
     double* cost;            // ... or (2, p*v) of each virtual stage: forwards, then backwards (NULL: f, b)
+    double link;             // the time a message between two stages takes (0: none)
     double makespan;         // when the last action ends
     double work;             // the busiest stage's compute: m*v*(f+b) with uniform costs
     double bubble;           // idle share of the busiest stage: (makespan - work) / work
     int* peak;               // (p): most micro-batch chunks whose activations a stage holds at once
 } LPSimulation;
 
-// Run sim's lists (sim->actions) with sim's costs per chunk forward and backward and no communication
-// time: an action starts when its stage is free and its input has arrived. Each stage's list must hold
+// Run sim's lists (sim->actions) with sim's costs per chunk forward and backward, each message between
+// stages taking sim->link: an action starts when its stage is free and its input has arrived. Each stage's list must hold
 // each (micro-batch, chunk) forward and backward once, a backward after its forward. Returns NULL, or why
 // not (an action out of range or repeated, a backward before its forward, or the stages waiting on each
 // other forever, naming one waiting action).
@@ -1064,6 +1067,7 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
                 double ready;
                 if (a->forward) {
                     ready = k == 0 ? 0.0 : done[((size_t)1 * V + k - 1) * m + a->micro];
+                    if (k > 0 && ready >= 0.0) ready += sim->link;
                 } else {
                     double fwd = done[((size_t)1 * V + k) * m + a->micro];
                     if (fwd < 0.0) {
@@ -1072,6 +1076,7 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
                         break;
                     }
                     ready = k == V - 1 ? fwd : done[((size_t)0 * V + k + 1) * m + a->micro];
+                    if (k < V - 1 && ready >= 0.0) ready += sim->link;
                 }
                 if (ready < 0.0) break;  // its input has not been produced yet
                 double t0 = ready > free_at[s] ? ready : free_at[s];
@@ -1114,12 +1119,13 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
 
 // Simulate schedule `kind` for p stages, v chunks each, m micro-batches, with costs f and b for every
 // chunk (unit costs: 1 and 1), or with each virtual stage's own (cost: forwards, then backwards, as
-// measured). Returns NULL, or why it cannot run; sim is freed by the caller either way.
+// measured), each message between stages taking `link`. Returns NULL, or why it cannot run; sim is freed
+// by the caller either way.
 static inline const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b,
-                                               const double* cost, char* why, size_t size) {
+                                               const double* cost, double link, char* why, size_t size) {
     memset(sim, 0, sizeof(*sim));
     if (lp_schedule_check(kind, p, v, m, why, size)) return why;
-    sim->p = p; sim->v = v; sim->m = m; sim->per_stage = 2 * m * v; sim->f = f; sim->b = b;
+    sim->p = p; sim->v = v; sim->m = m; sim->per_stage = 2 * m * v; sim->f = f; sim->b = b; sim->link = link;
     if (cost) {
         sim->cost = (double*)lp_host_malloc((size_t)2 * p * v * sizeof(double), "schedule");
         memcpy(sim->cost, cost, (size_t)2 * p * v * sizeof(double));
@@ -5800,7 +5806,9 @@ static inline void lp_model_init_random(LPModel* m, uint64_t seed) {
 
 // Lay out one slot of the activations: the ones backward reads at `stored`, the scratch at `scratch`.
 // Called to count (NULL bases), then to carve. Returns the stored bytes; *scratch_bytes the scratch's.
-static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, int B, int T, char* stored, char* scratch,
+// gpu: count them as the CUDA build keeps them (bf16, and flash attention's no probabilities) on any build,
+// as --plan does; 0 to carve.
+static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, int B, int T, int gpu, char* stored, char* scratch,
                                            size_t* scratch_bytes) {
     const LPConfig* c = &m->cfg;
     size_t t = m->tp_size, L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
@@ -5809,14 +5817,18 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     // recomputed activations: one layer's room, in scratch (region 1). Full recomputation keeps only the
     // residual stream (residual3, and encoded); selective drops the attention probabilities and GELU output
     int full = m->par->recompute == LP_RECOMPUTE_FULL, sel = m->par->recompute != LP_RECOMPUTE_NONE;
-    size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L, mat = lp_attention_materialised(m->attention);
+    size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L, x = gpu ? 2 : sizeof(floatX);
+    size_t mat = gpu ? m->attention == LP_ATTENTION_CUBLAS : lp_attention_materialised(m->attention);
     size_t E = c->moe_experts, K = c->moe_topk, Lm = lp_layers_having(c, LP_ROUTERW, m->layer0, m->layer0 + m->L), Ld = L - Lm;
     size_t Ldf = full ? (Ld > 0) : Ld, Lds = sel ? (Ld > 0) : Ld, Lmf = full ? (Lm > 0) : Lm, Lms = sel ? (Lm > 0) : Lm;
+#define LP_BYTES_floatX x
+#define LP_BYTES_float sizeof(float)
+#define LP_BYTES_int sizeof(int)
 #define LP_CARVE(region, field, type, count)                                                  \
     do {                                                                                      \
         char* base = region ? scratch : stored;                                               \
         a->field = base ? (type*)(base + off[region]) : NULL;                                 \
-        off[region] += ((count) * sizeof(type) + 255) & ~(size_t)255; /* aligned */           \
+        off[region] += ((count) * LP_BYTES_##type + 255) & ~(size_t)255; /* aligned */        \
     } while (0)
     LP_CARVE(0, encoded, floatX, Nr * C);
     LP_CARVE(full, ln1, floatX, Lf * Nr * C);
@@ -5878,6 +5890,9 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, aux_rstd, float, aux * Nr);
     LP_CARVE(1, aux_logits, floatX, aux * N * c->padded_vocab_size / t);
 #undef LP_CARVE
+#undef LP_BYTES_floatX
+#undef LP_BYTES_float
+#undef LP_BYTES_int
     *scratch_bytes = off[1];
     return off[0];
 }
@@ -5891,14 +5906,14 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
     m->B = B;
     m->T = T;
     m->num_slots = slots;
-    size_t scratch, stored = lp_activations_layout(&m->act, m, B, T, NULL, NULL, &scratch);
+    size_t scratch, stored = lp_activations_layout(&m->act, m, B, T, 0, NULL, NULL, &scratch);
     m->act_bytes = scratch + slots * stored;
     m->act_memory = lp_device_malloc(m->act_bytes, "activations");
     size_t BT = (size_t)B * T;
     m->slot_act = (LPActivations*)lp_host_malloc(slots * sizeof(LPActivations), "activation slots");
     m->slot_inputs = (int*)lp_host_malloc(slots * BT * sizeof(int), "input tokens");
     for (int k = 0; k < slots; k++)
-        lp_activations_layout(&m->slot_act[k], m, B, T, (char*)m->act_memory + scratch + k * stored, (char*)m->act_memory, &scratch);
+        lp_activations_layout(&m->slot_act[k], m, B, T, 0, (char*)m->act_memory + scratch + k * stored, (char*)m->act_memory, &scratch);
     m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
     m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
     size_t Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
@@ -7457,7 +7472,13 @@ typedef struct {
     const LPParallel* par;
     int B, T;           // micro-batch
     int attention;      // LP_ATTENTION_*: which attention activations each micro-batch keeps
+    int gpu;            // 1: count bytes as the CUDA build keeps them (bf16 values, fp32 master weights) on any
+                        // build (--plan plans GPUs); 0: as this build does (its balanced partition)
 } LPPipeShape;
+
+// The bytes of a stored value, and whether fp32 master weights are kept beside them, for shape s.
+static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : sizeof(floatX); }
+static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu || LP_MASTER_COPY; }
 
 // Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
 // of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
@@ -7527,7 +7548,7 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
         layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers / (lp_is_expert_tensor(i) ? s->par->ep : 1) : 0.0;
     double n = lp_chunk_params(c, s, k, layers, &experts);
     // ZeRO shards the dense part over d, the experts over their d/ep replicas
-    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, X = sizeof(floatX);
+    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, X = lp_shape_value_bytes(s);
     double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
     parts = shard > 0.0 ? n / shard : 1.0;  // (what a shard is of the whole the rank holds)
     double buffer = layers ? layer : 0.0, piece = 0.0;
@@ -7549,10 +7570,11 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     shape.num_aux = 0;
     shape.moe.capacity = 0.0f;  // (a mixture of experts' buffers for the most rows an expert may take)
     LPActivations a;
-    size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, NULL, NULL, &scratch);
-    double state = (LP_MASTER_COPY ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v
+    size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, s->gpu, NULL, NULL, &scratch);
+    int master = lp_shape_master_copy(s);
+    double state = (master ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v
     if (s->par->offload != LP_OFFLOAD_NONE)  // the CUDA build: all of it on the host; the CPU build's file: two buffers of m, v
-        state = LP_MASTER_COPY ? 0.0 : 4.0 * lp_offload_chunk((size_t)shard);
+        state = master ? 0.0 : 4.0 * lp_offload_chunk((size_t)shard);
     return (params + grads) * X + state * sizeof(float) + (double)slots * stored + scratch;
 }
 
@@ -7569,7 +7591,7 @@ static inline double lp_partition_minmax(const double* cost, int chunks, int L, 
             take[k * (L + 1) + l] = 0;
             for (int n = l; n >= 0; n--) {  // from the most layers down: ties leave chunk k the most
                 double before = k ? best[(k - 1) * (L + 1) + l - n] : (n == l ? 0.0 : INFINITY);
-                double worst = fmax(before, cost[k * (L + 1) + n]);
+                double here = cost[k * (L + 1) + n], worst = before > here ? before : here;  // (not fmax: a libm call)
                 if (worst < best[k * (L + 1) + l]) {
                     best[k * (L + 1) + l] = worst;
                     take[k * (L + 1) + l] = n;
@@ -7727,7 +7749,7 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPMod
     int p = par->pp, v = par->vpp, m = par->micro_batches;
     st->s = proc->coord[LP_PP];
     st->pp = &proc->group[LP_PP];
-    LPPipeShape shape = {par, B, T, base->attention};
+    LPPipeShape shape = {par, B, T, base->attention, 0};
     char why[512];
     if (lp_pp_partition(cfg, &shape, st->layers, why, sizeof(why))) lp_fail_all("%s", why);
     if (base->num_aux > LP_MAX_AUX) lp_fail_all("at most %d auxiliary losses, got %d", LP_MAX_AUX, base->num_aux);
@@ -7930,10 +7952,10 @@ static inline LPBubble lp_stage_bubble(LPStage* st) {
     b.measured = wall / b.busy_s - 1.0;
     LPSimulation sim;
     char why[512];
-    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, 0.0, why, sizeof(why))) lp_fail_all("%s", why);
     b.unit = sim.bubble;
     lp_simulation_free(&sim);
-    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, 0.0, why, sizeof(why))) lp_fail_all("%s", why);
     b.simulated = sim.bubble;
     lp_simulation_free(&sim);
     free(sum);
@@ -8080,183 +8102,466 @@ static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdam
 // 15. plan
 //
 // The configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
-// `tokens` per step (t x p x d grid, ZeRO stage, recomputation, micro-batch B) that fit a GPU's memory,
-// fastest first by a simple model of the step on a stated machine (LPPlanMachine):
-//   compute  the busiest chunk's FLOPs (recomputation included) at `efficiency` of the peak, over m v + p - 1
-//            chunk slots (1F1B, v = 1: the bubble is p - 1 of them; interleaved with v = 2 chunks per
-//            stage, each slot is half a stage's work);
-//   TP       4 all-reduces of B T C values per layer and micro-batch, each moving 2 (t-1)/t of them per
-//            rank (with SP as reduce-scatters and all-gathers, half that each); full recomputation reruns
-//            the attention half's: 1 more all-reduce, or with SP 1 reduce-scatter and 2 all-gathers. On the
-//            critical path of every micro-batch, inside a node (t divides gpus_per_node);
-//   DP       the gradients of the busiest rank: all-reduced once per step (ZeRO 0, 1: 2 (d-1)/d of them),
-//            reduce-scattered every micro-batch (ZeRO 2, 3) and gathered back, ZeRO-3's weights gathered
-//            twice per micro-batch; counted as if nothing overlapped;
-//   PP       each micro-batch's boundary, B T C / t values (scatter-gather), forward and back, v times;
-//   EP       (a mixture of experts, every ep dividing d and the experts) each MoE layer's all-to-alls, 4 per
-//            micro-batch (6 under full recomputation), (ep-1)/ep of a rank's K B T rows each, on the critical
-//            path like TP's, inside a node when t ep divides gpus_per_node; the experts' gradients are reduced over
-//            their d/ep replicas, the rest over d;
-//   offload  (section 8) the busiest rank's shard updated on the host: its gradients down and weights up
-//            over the host link (2 + 2 bytes per value on the CUDA build), the CPU's AdamW reading and
-//            writing the state (28 bytes per value) at host_mem_bw, and with nvme m and v read and
-//            written (16 bytes per value) at nvme_bw; the three overlap, the slowest counts, once per step.
-//            params (ZeRO-3): no weights up after the update, but each gathered layer's part up (2 bytes
-//            per value, forward and backward: twice per micro-batch).
-// Every collective and send also costs `latency` (start-up, synchronisation), which is what makes TP and
-// PP lose on a small model: dozens of collectives per micro-batch against DP's one pass per step (one per
-// layer and reduction).
-// Links: a group's ranks are neighbours with every axis inside it (TP's, then DP's, then PP's): it runs
-// inside nodes (node_bw) when they fill whole groups of a node (the node's GPUs a multiple of them), else
-// over the network (net_bw). TP is only planned inside a node (t divides its GPUs): no tensor group
-// straddles two.
-// Sequence parallelism is on wherever t > 1 divides T (the same traffic, less memory). Memory is
-// lp_chunk_memory's estimate of the balanced partition, summed over each stage's chunks, on the fullest
-// stage. It ranks; it does not promise times.
+// `tokens` per step (t x p x d grid, interleaving, sequence parallelism, scatter/gather, ZeRO stage,
+// recomputation, offload, expert parallelism, micro-batch B) that fit a GPU's memory, fastest first, each
+// step simulated on a stated machine. It plans GPUs on any build: memory as the CUDA build keeps it (bf16).
+//
+// The machine (LPPlanMachine): a GPU (lp_gpus: peak, memory, HBM, SMs, and the share of the peak its
+// fastest GEMM and flash attention reach, as others measured them), a node (the GPUs of one NVLink
+// domain and NCCL's bus bandwidth per GPU among them), the network (per GPU: the node's ports shared by
+// its GPUs), a latency per collective or send. lp_clusters holds whole clusters as presets.
+//
+// One step, simulated:
+//   chunk     one micro-batch's forward and backward of each chunk on one rank (lp_plan_chunk): its GEMMs,
+//             each at lp_gemm_seconds; flash attention's products at the GPU's attention share (the masked
+//             half skipped), the cublas path's as batched GEMMs and its probabilities through HBM;
+//             LayerNorms, residual adds and GELU read and written once at HBM bandwidth; backward twice the
+//             forward's GEMMs plus what it recomputes. On the critical path as the engine runs them: TP's
+//             all-reduces (SP: all-gathers and reduce-scatters), EP's all-to-alls; ZeRO-2/3's per-layer
+//             reductions and gathers overlap the layer beside them (--overlap), their excess exposed;
+//   pipeline  the schedule's own action lists (lp_schedule_stage) run by the simulator (lp_schedule_run),
+//             each message between stages taking its time: B T C values, 1/t of them per TP rank with
+//             scatter/gather (then all-gathered inside the node) or SP;
+//   step end  what the engine does after backward, exposed: ZeRO-0's all-reduce beyond what hides under
+//             the last micro-batch's backward (all of it without --overlap), ZeRO-1's reduce-scatter and
+//             all-gather, ZeRO-2's all-gather of the updated weights; AdamW's 32 bytes per value of the
+//             shard through HBM; or offload's host link, host memory and NVMe (the slowest of the three).
+// Collectives run as NCCL's rings: an all-reduce moves 2 (g-1)/g of its bytes per rank, a reduce-scatter,
+// all-gather or all-to-all (g-1)/g, at the bus bandwidth of its link, plus the latency. A group's link is
+// the node's when its ranks (neighbours in rank order, with every axis inside it) fill whole groups of a
+// node, else the network. A TP group is planned inside a node (t divides its GPUs) or over whole nodes
+// (then at the network's bandwidth), never straddling two.
+// Pruning: a configuration's busiest stage's work plus its step end bounds its step from below. Those that
+// fit are simulated in the order of their bounds until a bound passes the slowest of the best ten
+// simulated: none after it could enter the table (they keep their bound as their step, marked).
 typedef struct {
-    double gpu_bytes;   // memory per GPU
-    double peak_flops;  // dense bf16 FLOP/s per GPU
-    double efficiency;  // the share of the peak the step's GEMMs reach
-    double node_bw;     // bytes/s per GPU inside a node
-    double net_bw;      // bytes/s per GPU between nodes
-    int gpus_per_node;
+    const char* name;
+    double peak_flops;  // dense bf16 FLOP/s
+    double memory;      // bytes of HBM
+    double hbm_bw;      // bytes/s of HBM
+    int sms;            // streaming multiprocessors: a GEMM's output tiles run in waves of one per SM
+    double gemm;        // the share of the peak the fastest bf16 GEMM of any shape reaches (measured)
+    double attention;   // the share of the peak a causal flash attention's forward and backward reach (measured)
+} LPGpu;
+
+// Peaks, memory and HBM: NVIDIA's data sheets. gemm: the "maximum achievable matmul FLOPS" measured by the
+// best shape of a sweep (stas00/ml-engineering, compute/accelerator). attention: FlashAttention-2's
+// published forward + backward at head size 64, causal (A100 ~119 TFLOP/s, H100 ~192); Blackwell's is
+// not published for it and is taken as the H100's share (an assumption).
+static const LPGpu lp_gpus[] = {
+    {"a100", 312e12, 80.0 * 1073741824.0, 2.039e12, 108, 0.869, 0.38},
+    {"h100", 989.4e12, 80.0 * 1073741824.0, 3.35e12, 132, 0.803, 0.19},
+    {"h200", 989.4e12, 141e9, 4.8e12, 132, 0.803, 0.19},
+    {"b200", 2250e12, 180e9, 8.0e12, 148, 0.776, 0.19},
+    {"gb200", 2500e12, 186e9, 8.0e12, 148, 0.729, 0.19},
+};
+
+typedef struct {
+    const char* name;
+    const char* gpu;    // lp_gpus' name
+    int node_gpus;      // GPUs on one NVLink domain
+    double node_bw;     // NCCL's bus bandwidth per GPU among them, bytes/s (measured, large messages)
+    int ports;          // network ports per node ...
+    double port_bw;     // ... and what NCCL moves through each, bytes/s
+    double latency;     // seconds per collective or send, whatever its size
+    const char* about;
+} LPCluster;
+
+// Bus bandwidths: NCCL's maintainers in nccl-tests issues 149 (A100, ~230 GB/s) and 212 (H100 ring,
+// ~370); B200 740 GB/s measured at 4 GiB (ml-engineering, network). Ports: 46 GB/s of a 400 Gb/s NDR
+// port (nccl-tests issue 290), 23 of a 200 Gb/s HDR one (the same share). Latency: ~10 us for a small
+// all-reduce inside a node, ~46 between two (nccl-tests 331, nccl 1244): 20 us here.
+static const LPCluster lp_clusters[] = {
+    {"dgx-a100", "a100", 8, 230e9, 8, 23e9, 20e-6, "DGX A100 SuperPOD (the PTD-P paper's Selene): 8 A100 80GB on NVSwitch, 8 HDR 200 Gb/s ports a node"},
+    {"dgx-h100", "h100", 8, 370e9, 8, 46e9, 20e-6, "DGX H100: 8 H100 on NVSwitch, 8 NDR 400 Gb/s ports a node"},
+    {"nvl72", "gb200", 72, 740e9, 72, 46e9, 20e-6, "GB200 NVL72: 72 GPUs on one NVLink domain, a 400 Gb/s port each"},
+};
+
+typedef struct {
+    LPGpu gpu;
+    double gpu_bytes;   // memory a plan may fill per GPU
+    int gpus_per_node;  // GPUs sharing one NVLink domain
+    double node_bw;     // NCCL bus bandwidth per GPU inside a node, bytes/s
+    double net_bw;      // ... between nodes: the node's ports shared by its GPUs
     double latency;     // seconds per collective or send, whatever its size
     double host_bw;     // bytes/s per GPU each way between the GPU and host memory (--offload)
     double host_mem_bw; // bytes/s of host memory per GPU for the CPU's AdamW (--offload)
     double nvme_bw;     // bytes/s per GPU to and from its offload files (--offload nvme)
 } LPPlanMachine;
 
+// The GPU or cluster of that name, or NULL.
+static inline const LPGpu* lp_gpu_named(const char* name) {
+    for (size_t k = 0; k < sizeof(lp_gpus) / sizeof(lp_gpus[0]); k++)
+        if (strcmp(lp_gpus[k].name, name) == 0) return &lp_gpus[k];
+    return NULL;
+}
+static inline const LPCluster* lp_cluster_named(const char* name) {
+    for (size_t k = 0; k < sizeof(lp_clusters) / sizeof(lp_clusters[0]); k++)
+        if (strcmp(lp_clusters[k].name, name) == 0) return &lp_clusters[k];
+    return NULL;
+}
+
+// The machine of cluster preset k, 90% of a GPU's memory for the plan (10% for CUDA, cuBLAS, NCCL); the
+// host side: PCIe 5 x16, a 400 GB/s host shared by 8 GPUs, one PCIe 4 NVMe drive per GPU.
+static inline LPPlanMachine lp_plan_machine(const LPCluster* k) {
+    LPPlanMachine m;
+    m.gpu = *lp_gpu_named(k->gpu);
+    m.gpu_bytes = 0.9 * m.gpu.memory;
+    m.gpus_per_node = k->node_gpus;
+    m.node_bw = k->node_bw;
+    m.net_bw = k->ports * k->port_bw / k->node_gpus;
+    m.latency = k->latency;
+    m.host_bw = 55e9;
+    m.host_mem_bw = 50e9;
+    m.nvme_bw = 6e9;
+    return m;
+}
+
+// Seconds of `batch` GEMMs of an M x N output summed over K on g: at the share of the peak its fastest
+// GEMM reaches, less tile quantization (128 x 128 output tiles, cuBLAS's for large problems) and wave
+// quantization (tiles run in waves of one per SM: a part-full last wave idles the rest), or, when thin,
+// at HBM's pace (bf16 inputs read and the output written once).
+static inline double lp_gemm_seconds(const LPGpu* g, double M, double N, double K, double batch) {
+    double tiles = batch * ceil(M / 128.0) * ceil(N / 128.0), waves = ceil(tiles / g->sms);
+    double used = batch * M * N / (waves * g->sms * 128.0 * 128.0);  // of what the waves' tiles could compute
+    return fmax(2.0 * batch * M * N * K / (g->peak_flops * g->gemm * used), 2.0 * batch * (M * K + K * N + M * N) / g->hbm_bw);
+}
+
+// A linear layer of M rows, K inputs and N outputs (`batch` of them): its forward GEMM into *f, its
+// backward's two (the input's gradient, M x K over N; the weight's, K x N over M) into *b.
+static inline void lp_linear_seconds(const LPGpu* g, double M, double K, double N, double batch, double* f, double* b) {
+    *f += lp_gemm_seconds(g, M, N, K, batch);
+    *b += lp_gemm_seconds(g, M, K, N, batch) + lp_gemm_seconds(g, K, N, M, batch);
+}
+
+// A ring collective moving `share` of `bytes` per rank at bus bandwidth bw, with its latency.
+static inline double lp_comm_seconds(double bytes, double share, double bw, double latency) {
+    return share * bytes / bw + latency;
+}
+
+// The link of a group whose ranks, with every axis inside it, span `inner` consecutive ranks.
+static inline double lp_plan_link(const LPPlanMachine* mach, int inner) {
+    return mach->gpus_per_node % inner == 0 ? mach->node_bw : mach->net_bw;
+}
+
+// One micro-batch of chunk k (running `layers` layers) on one rank: seconds of its forward and backward,
+// and of what they hold (compute, TP's collectives, EP's all-to-alls, ZeRO-2/3's exposed collectives).
 typedef struct {
-    LPParallel par;                                         // the configuration
-    int B;                                                  // and its micro-batch
-    int fits;                                               // memory <= the GPU's
-    double memory, host_memory;                             // bytes on the fullest rank; of state in host memory
-    double compute_s, tp_s, ep_s, dp_s, pp_s, offload_s, step_s;  // estimated seconds per step
+    double fwd, bwd;
+    double compute, tp, ep, dp;
+} LPChunkTime;
+
+static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers) {
+    const LPGpu* g = &mach->gpu;
+    const LPParallel* par = s->par;
+    double t = par->tp, d = par->dp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = 2.0;
+    double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk, lat = mach->latency;
+    double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
+    // an average layer's compute: attention's linear layers, the MLP's (a MoE layer's router and its E/ep
+    // experts, each taking K N ep / E rows on average)
+    double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0;
+    lp_linear_seconds(g, N, C, 3.0 * Cl, 1.0, &f, &b);
+    lp_linear_seconds(g, N, Cl, C, 1.0, &f, &b);
+    lp_linear_seconds(g, N, C, 4.0 * Cl, 1.0, &mf, &mb);
+    lp_linear_seconds(g, N, 4.0 * Cl, C, 1.0, &mf, &mb);
+    if (moe > 0.0) {
+        lp_linear_seconds(g, N, C, E, 1.0, &ef, &eb);
+        lp_linear_seconds(g, K * N * ep / E, C, 4.0 * Cl, E / ep, &ef, &eb);
+        lp_linear_seconds(g, K * N * ep / E, 4.0 * Cl, C, E / ep, &ef, &eb);
+    }
+    f += (1.0 - moe) * mf + moe * ef;
+    b += (1.0 - moe) * mb + moe * eb;
+    double af, ab;  // attention's products
+    if (s->attention == LP_ATTENTION_FLASH) {  // causal: half of q k^T's and att v's 4 T^2 hs per head; backward 5 products to 2
+        af = 2.0 * s->B * heads * T * T * hs / (g->peak_flops * g->attention);
+        ab = 2.5 * af;
+    } else {  // batched GEMMs; the probabilities written, then read, and backward's read and written
+        af = lp_gemm_seconds(g, T, T, hs, s->B * heads) + lp_gemm_seconds(g, T, hs, T, s->B * heads);
+        ab = 2.0 * af;
+        af += 2.0 * X * s->B * heads * T * T / g->hbm_bw;
+        ab += 3.0 * X * s->B * heads * T * T / g->hbm_bw;
+    }
+    double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU (8 C/t)
+    double ew = X * (10.0 * rows * C + 8.0 * N * Cl) / g->hbm_bw;
+    f += af + ew;
+    b += ab + 2.0 * ew;
+    if (par->recompute == LP_RECOMPUTE_FULL) b += f;
+    if (par->recompute == LP_RECOMPUTE_SELECTIVE) b += af;
+    // TP: 2 all-reduces of the B T C activations forward and 2 backward (SP: 2 all-gathers and 2 reduce-scatters each way)
+    double tp_bw = lp_plan_link(mach, par->tp);
+    double tp_f = t > 1 ? (par->sp ? 4.0 * lp_comm_seconds(N * C * X, (t - 1) / t, tp_bw, lat)
+                                   : 2.0 * lp_comm_seconds(N * C * X, 2.0 * (t - 1) / t, tp_bw, lat))
+                        : 0.0;
+    double ep_f = ep > 1 ? moe * 2.0 * lp_comm_seconds(K * N * C * X, (ep - 1) / ep, lp_plan_link(mach, par->tp * par->ep), lat) : 0.0;
+    double full = par->recompute == LP_RECOMPUTE_FULL ? 1.0 : 0.0;
+    // ZeRO-2/3: each layer's gradients reduce-scattered in backward, ZeRO-3's weights gathered before its forward and
+    // backward; the dense part over d, the experts over their d/ep replicas
+    double dz_f = 0.0, dz_b = 0.0;
+    if (d > 1 && par->zero >= 2) {
+        size_t sizes[LP_NUM_PARAMS];
+        lp_param_sizes(sizes, c, par->tp);
+        double dense = 0.0, experts = 0.0, bw = lp_plan_link(mach, par->tp * par->dp), de = d / ep;
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
+        double once = lp_comm_seconds(dense * X, (d - 1) / d, bw, lat) + (experts > 0.0 && de > 1 ? lp_comm_seconds(experts / ep * X, (de - 1) / de, bw, lat) : 0.0);
+        double hide_f = par->overlap ? f : 0.0, hide_b = par->overlap ? b : 0.0;
+        dz_b = fmax(0.0, once - hide_b);
+        if (par->zero >= 3) {
+            dz_f = fmax(0.0, once - hide_f);
+            dz_b += fmax(0.0, once - hide_b);
+        }
+    }
+    LPChunkTime out;
+    out.compute = layers * (f + b);
+    out.tp = layers * tp_f * (2.0 + full);
+    out.ep = layers * ep_f * (2.0 + full);
+    out.dp = layers * (dz_f + dz_b);
+    out.fwd = layers * (f + tp_f + ep_f + dz_f);
+    out.bwd = layers * (b + tp_f * (1.0 + full) + ep_f * (1.0 + full) + dz_b);
+    double hf = 0.0, hb = 0.0, Vl = c->padded_vocab_size / t;  // the first chunk's embedding, the last's head and loss
+    if (k == 0) hf += 2.0 * X * N * C / g->hbm_bw, hb += 2.0 * X * N * C / g->hbm_bw;
+    if (k == par->pp * par->vpp - 1) {
+        lp_linear_seconds(g, N, C, Vl, 1.0, &hf, &hb);
+        hf += X * (rows * 2.0 * C + 2.0 * N * Vl) / g->hbm_bw;  // the final LayerNorm; the logits written and read for the loss
+        hb += X * (rows * 4.0 * C + 2.0 * N * Vl) / g->hbm_bw;
+    }
+    out.compute += hf + hb;
+    out.fwd += hf;
+    out.bwd += hb;
+    return out;
+}
+
+typedef struct {
+    LPParallel par;         // the configuration
+    int B;                  // and its micro-batch
+    int estimated;          // its partition and memory known (0: bounded out, step_s is a lower bound)
+    int fits;               // memory <= the GPU's (when estimated)
+    int simulated;          // its pipeline simulated (0: step_s is the busiest stage's work and the step end)
+    double memory, host_memory;  // bytes on the fullest rank; of state in host memory
+    // seconds per step: the busiest stage's compute, TP collectives, EP all-to-alls and ZeRO-2/3's exposed
+    // collectives; the pipeline's idle time on it (bubble and waits on messages); the step's end
+    // (exposed DP collectives, the optimizer or offload); the whole step
+    double compute_s, tp_s, ep_s, zero_s, bubble_s, end_s, step_s;
+    double busy_s;          // the busiest stage's work: compute + tp + ep + zero
+    double flops;           // training FLOPs of a step, recomputation counted
 } LPPlan;
 
-// Those that fit first, fastest first; among equally fast plans the larger micro-batch (GEMMs run
-// better), then less memory.
+// Those that fit first, fastest first (simulated, then estimated, then bounded); among equally fast plans
+// the larger micro-batch (GEMMs run better), then less memory.
 static inline int lp_plan_order(const void* a, const void* b) {
     const LPPlan *x = (const LPPlan*)a, *y = (const LPPlan*)b;
     if (x->fits != y->fits) return x->fits ? -1 : 1;
+    if (x->estimated != y->estimated) return x->estimated ? -1 : 1;
+    if (x->simulated != y->simulated) return x->simulated ? -1 : 1;
     if (x->step_s != y->step_s) return x->step_s < y->step_s ? -1 : 1;
     if (x->B != y->B) return x->B > y->B ? -1 : 1;
     return x->memory < y->memory ? -1 : x->memory > y->memory;
 }
 
-// Estimate one configuration: 0 and *out filled if it can run (fitting or not).
+// The step's end on a stage holding `params` parameters per rank (`experts` of them a mixture of experts')
+// whose backward of one micro-batch takes `bwd`: its shard's exposed DP collectives (the experts' over
+// their d/ep replicas), then AdamW's or offload's update; *host: the state offload keeps in host memory.
+static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, double params, double experts,
+                                 double bwd, double* host) {
+    const LPParallel* par = s->par;
+    double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = 2.0, end = 0.0;
+    double stage_layers = ceil((double)c->num_layers / par->pp), bw = lp_plan_link(mach, par->tp * par->dp), lat = mach->latency;
+    double rs = d > 1 ? lp_comm_seconds((params - experts) * X, (d - 1) / d, bw, lat * stage_layers) : 0.0;  // a reduce-scatter or all-gather
+    if (de > 1 && experts > 0.0) rs += lp_comm_seconds(experts * X, (de - 1) / de, bw, lat * stage_layers);
+    if (par->zero == 0) end = par->overlap ? fmax(2.0 * rs / stage_layers, 2.0 * rs - bwd) : 2.0 * rs;  // an all-reduce
+    if (par->zero == 1) end = 2.0 * rs;
+    if (par->zero == 2) end = rs;  // the updated weights gathered
+    double shard = par->zero >= 1 ? ceil(params / d) : params;  // the busiest rank's
+    double update = 32.0 * shard / mach->gpu.hbm_bw;  // AdamW: fp32 master, m and v read and written, bf16 gradient in, weight out
+    *host = 0.0;
+    if (par->offload != LP_OFFLOAD_NONE) {  // the CPU's AdamW instead, its state in host memory (nvme: in files)
+        int params_too = par->offload == LP_OFFLOAD_PARAMS;  // (the updated weights then stay on the host)
+        double link = (params_too ? 1.0 : 2.0) * X * shard / mach->host_bw;
+        double cpu = 28.0 * shard / mach->host_mem_bw;
+        double file = par->offload == LP_OFFLOAD_NVME ? 16.0 * shard / mach->nvme_bw : 0.0;
+        double gathers = params_too ? 2.0 * m * X * shard / mach->host_bw : 0.0;  // each layer's part up, twice per micro-batch
+        update = fmax(link, fmax(cpu, file)) + gathers;
+        *host = (par->offload == LP_OFFLOAD_NVME ? 4.0 : params_too ? 12.0 + X : 12.0) * shard;
+    }
+    return end + update;
+}
+
+// A lower bound of configuration s's step, before its partition, memory or pipeline: a stage's share of the
+// whole model's work (a busiest stage does at least that) and the step end of a stage holding its share
+// of the parameters (the end grows with them) under the whole model's backward (which hides the most).
+static inline double lp_plan_bound(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach) {
+    int chunks = s->par->pp * s->par->vpp;
+    LPChunkTime all = lp_plan_chunk(c, s, mach, 0, c->num_layers), head = lp_plan_chunk(c, s, mach, chunks - 1, 0);
+    double work = all.fwd + all.bwd + (chunks > 1 ? head.fwd + head.bwd : 0.0), experts = 0.0, host;
+    double params = lp_chunk_params(c, s, 0, c->num_layers, &experts);
+    return s->par->micro_batches * work / s->par->pp +
+           lp_plan_end(c, s, mach, params / s->par->pp, experts / s->par->pp, all.bwd + head.bwd, &host);
+}
+
+// Estimate configuration s without its pipeline simulated (step_s: its busiest stage's work and step end):
+// 0 and *out filled if it can run (fitting or not).
 static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
     int layers[LP_MAX_CHUNKS], chunks = s->par->pp * s->par->vpp;
-    double stage_memory[LP_MAX_CHUNKS], stage_params[LP_MAX_CHUNKS];
+    double stage_memory[LP_MAX_CHUNKS], stage_params[LP_MAX_CHUNKS], stage_busy[LP_MAX_CHUNKS], stage_bwd[LP_MAX_CHUNKS];
     char why[256];
     if (lp_pp_partition(c, s, layers, why, sizeof(why))) return 1;
-    double t = s->par->tp, d = s->par->dp, bt = (double)s->B * s->T, C = c->channels, X = sizeof(floatX);
-    // a group's links: inside a node when its ranks (neighbours in rank order, every axis inside it too)
-    // fill a whole number of groups of a node, else over the network
-    int node = mach->gpus_per_node;
-    double dp_bw = node % (s->par->tp * s->par->dp) == 0 ? mach->node_bw : mach->net_bw;
-    double pp_bw = node % (s->par->tp * s->par->dp * s->par->pp) == 0 ? mach->node_bw : mach->net_bw;
-    double ep = s->par->ep, ep_bw = node % (s->par->tp * s->par->ep) == 0 ? mach->node_bw : mach->net_bw;
-    double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
-    double memory = 0.0, compute = 0.0, tp = 0.0, ea = 0.0, slot = 0.0, params = 0.0, experts = 0.0;
+    double m = s->par->micro_batches, memory = 0.0, params = 0.0, experts = 0.0, busy = 0.0, bwd = 0.0;
     for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
+        int st = k % s->par->pp;
         double ex = 0.0;
-        stage_memory[k % s->par->pp] = (k < s->par->pp ? 0.0 : stage_memory[k % s->par->pp]) + lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
-        stage_params[k % s->par->pp] = (k < s->par->pp ? 0.0 : stage_params[k % s->par->pp]) + lp_chunk_params(c, s, k, layers[k], &ex);
-        memory = fmax(memory, stage_memory[k % s->par->pp]);
-        if (stage_params[k % s->par->pp] > params) params = stage_params[k % s->par->pp], experts = ex;
-        double ck = lp_chunk_flops(c, s, k, layers[k]) * bt / t / (mach->peak_flops * mach->efficiency);
-        double all_reduces = s->par->recompute == LP_RECOMPUTE_FULL ? (s->par->sp ? 5.5 : 5.0) : 4.0;
-        double tk = t > 1 ? layers[k] * all_reduces * (2.0 * (t - 1) / t * bt * C * X / mach->node_bw +
-                                                       (s->par->sp ? 2.0 : 1.0) * mach->latency)  // SP: two collectives for one
-                          : 0.0;
-        // expert parallelism: each MoE layer's rows to their experts' ranks and back, forward and backward (and
-        // again under full recomputation), (ep-1)/ep of a rank's K B T rows each time, on the critical path
-        double a2a = s->par->recompute == LP_RECOMPUTE_FULL ? 6.0 : 4.0;
-        double ek = ep > 1 ? layers[k] * moe * a2a * ((ep - 1) / ep * c->moe_topk * bt * C * X / ep_bw + mach->latency) : 0.0;
-        if (ck + tk + ek > slot) { slot = ck + tk + ek; compute = ck; tp = tk; ea = ek; }
+        if (k < s->par->pp) stage_memory[st] = stage_params[st] = stage_busy[st] = stage_bwd[st] = 0.0;
+        stage_memory[st] += lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
+        stage_params[st] += lp_chunk_params(c, s, k, layers[k], &ex);
+        LPChunkTime ct = lp_plan_chunk(c, s, mach, k, layers[k]);
+        stage_busy[st] += m * (ct.fwd + ct.bwd);
+        stage_bwd[st] += ct.bwd;
+        memory = fmax(memory, stage_memory[st]);
+        if (stage_params[st] > params) params = stage_params[st], experts = ex;
+        if (stage_busy[st] > busy) {  // (the busiest so far; its totals over its chunks)
+            busy = stage_busy[st], bwd = stage_bwd[st];
+            out->compute_s = out->tp_s = out->ep_s = out->zero_s = 0.0;
+            for (int j = st; j <= k; j += s->par->pp) {
+                LPChunkTime cj = lp_plan_chunk(c, s, mach, j, layers[j]);
+                out->compute_s += m * cj.compute, out->tp_s += m * cj.tp, out->ep_s += m * cj.ep, out->zero_s += m * cj.dp;
+            }
+        }
     }
-    double slots = s->par->micro_batches * s->par->vpp + s->par->pp - 1, share = (d - 1) / d, m = s->par->micro_batches;
-    double shared = share * (params - experts) + (d / ep - 1) / (d / ep) * experts;  // (the experts' over their d/ep replicas)
-    double dp_values = s->par->zero <= 1 ? 2 * shared : s->par->zero == 2 ? (m + 1) * shared : 3 * m * shared;
-    double dp_passes = s->par->zero <= 1 ? 1.0 : s->par->zero == 2 ? m + 1 : 3 * m;  // each a collective per layer, and one more
-    double wte_passes = 0.0;  // ZeRO-2/3 without a pipeline hold wte in pieces (section 8): its gradient is
-    if (chunks == 1 && s->par->zero >= 2) {  // reduced twice per micro-batch, ZeRO-3 gathers it thrice, a collective per piece
-        double rows = (double)c->padded_vocab_size / t, pieces = ceil(rows / (double)lp_wte_piece_rows(c, s->par->tp));
-        dp_values += (s->par->zero == 2 ? m : 2 * m) * share * rows * C;  // beyond what the line above counts for it
-        wte_passes = (s->par->zero == 2 ? 2 * m : 5 * m) * pieces;
-    }
-    double stage_layers = ceil((double)c->num_layers / s->par->pp);
-    double shard = s->par->zero >= 1 ? ceil(params / d) : params, offload = 0.0;  // the busiest rank's shard
-    out->host_memory = 0.0;
-    if (s->par->offload != LP_OFFLOAD_NONE) {  // (the CPU build updates on the host anyway: only its file is extra)
-        int params_too = s->par->offload == LP_OFFLOAD_PARAMS;  // (the updated weights then stay on the host)
-        double link = LP_MASTER_COPY ? (params_too ? 1.0 : 2.0) * X * shard / mach->host_bw : 0.0;
-        double cpu = LP_MASTER_COPY ? 28.0 * shard / mach->host_mem_bw : 0.0;
-        double file = s->par->offload == LP_OFFLOAD_NVME ? 16.0 * shard / mach->nvme_bw : 0.0;
-        double gathers = params_too ? 2.0 * s->par->micro_batches * X * shard / mach->host_bw : 0.0;  // each layer's part up, twice per micro-batch
-        offload = fmax(link, fmax(cpu, file)) + gathers;
-        out->host_memory = LP_MASTER_COPY ? (s->par->offload == LP_OFFLOAD_NVME ? 4.0 : params_too ? 12.0 + X : 12.0) * shard : 0.0;
-    }
-    out->par = *s->par;
-    out->B = s->B;
+    out->estimated = 1;
     out->memory = memory;
     out->fits = memory <= mach->gpu_bytes;
-    out->compute_s = slots * compute;
-    out->tp_s = slots * tp;
-    out->ep_s = slots * ea;
-    out->dp_s = d > 1 ? dp_values * X / dp_bw + (dp_passes * (stage_layers + 1) + wte_passes) * mach->latency : 0.0;
-    out->pp_s = s->par->pp > 1 ? 2.0 * m * s->par->vpp * (bt * C / t * X / pp_bw + mach->latency) : 0.0;
-    out->offload_s = offload;
-    out->step_s = out->compute_s + out->tp_s + out->ep_s + out->dp_s + out->pp_s + out->offload_s;
+    out->busy_s = busy;
+    out->end_s = lp_plan_end(c, s, mach, params, experts, bwd, &out->host_memory);
+    out->step_s = busy + out->end_s;
     return 0;
 }
 
-// Add configuration s to the n plans in *plans (room for *cap, grown as needed) if it can run.
+// Simulate plan x's pipeline (the schedule's action lists, lp_plan_chunk's costs, messages between stages
+// taking their time): its step, bubble, and the time its messages add (*sends, when not NULL: the same
+// pipeline simulated without them).
+static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, const LPPlanMachine* mach, LPPlan* x, double* sends) {
+    const LPParallel* par = &x->par;
+    LPPipeShape s = {par, x->B, T, attention, 1};
+    int layers[LP_MAX_CHUNKS], V = par->pp * par->vpp;
+    char why[256];
+    if (lp_pp_partition(c, &s, layers, why, sizeof(why))) lp_fail("internal: plan %s", why);
+    double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = 2.0, N = (double)x->B * T;
+    for (int k = 0; k < V; k++) {
+        LPChunkTime ct = lp_plan_chunk(c, &s, mach, k, layers[k]);
+        cost[k] = ct.fwd, cost[V + k] = ct.bwd;
+    }
+    // a boundary: B T C values, a TP rank's 1/t with scatter/gather (then all-gathered in the node) or SP
+    double split = t > 1 && (par->sp || par->scatter_gather), bytes = N * c->channels * X / (split ? t : 1.0);
+    double link = lp_comm_seconds(bytes, 1.0, lp_plan_link(mach, par->tp * par->dp * par->pp), mach->latency);
+    if (t > 1 && par->scatter_gather && !par->sp) link += lp_comm_seconds(N * c->channels * X, (t - 1) / t, lp_plan_link(mach, par->tp), mach->latency);
+    LPSimulation sim;
+    for (int pass = 0; pass < (sends ? 2 : 1); pass++) {
+        if (lp_schedule_simulate(&sim, par->schedule, par->pp, par->vpp, par->micro_batches, 0.0, 0.0, cost, pass ? 0.0 : link, why, sizeof(why)))
+            lp_fail("internal: plan %s", why);
+        if (pass == 0) {
+            x->bubble_s = sim.makespan - x->busy_s;
+            x->step_s = sim.makespan + x->end_s;
+        } else {
+            *sends = x->step_s - x->end_s - sim.makespan;
+        }
+        lp_simulation_free(&sim);
+    }
+    x->simulated = 1;
+}
+
+// What a plan may not choose: the bits of `fixed` name the settings taken from `par` and B.
+enum { LP_FIX_TP = 1, LP_FIX_PP = 2, LP_FIX_VPP = 4, LP_FIX_EP = 8, LP_FIX_ZERO = 16, LP_FIX_RECOMPUTE = 32, LP_FIX_OFFLOAD = 64,
+       LP_FIX_SP = 128, LP_FIX_SG = 256, LP_FIX_B = 512 };
+typedef struct {
+    unsigned fixed;
+    LPParallel par;
+    int B;
+} LPPlanLimits;
+
+// Add configuration s to the n plans in *plans (room for *cap, grown as needed), with its bound.
 static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
     if (*n == *cap) {
         *cap *= 2;
         *plans = (LPPlan*)realloc(*plans, *cap * sizeof(LPPlan));
         if (!*plans) lp_fail("out of host memory for the plans");
     }
-    if (lp_plan_one(c, s, mach, &(*plans)[*n]) == 0) (*n)++;
+    LPPlan* x = &(*plans)[(*n)++];
+    memset(x, 0, sizeof(*x));
+    x->par = *s->par;
+    x->B = s->B;
+    x->step_s = lp_plan_bound(c, s, mach);
+    x->flops = (double)s->par->micro_batches * s->par->dp * s->B * s->T *
+               (c->num_layers * lp_layer_flops(c, s->T, s->par->recompute) + 6.0 * c->padded_vocab_size * c->channels);
 }
 
-// Every configuration that can run on n GPUs with the given attention path (LP_ATTENTION_*) into *plans
-// (malloc'd), those that fit first, fastest first; returns how many.
+// Every configuration of n GPUs with the given attention path (LP_ATTENTION_*) and limits (NULL: none)
+// into *plans (malloc'd), those that fit first, fastest first; returns how many. In the order of their
+// bounds each is estimated and, if it fits, simulated, until a bound passes the `shown`-th fastest step
+// simulated: no configuration after it could be among the fastest `shown` (they stay bounded, unestimated).
+// With none fitting every one is estimated (the least memory is known).
 static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int attention, const LPPlanMachine* mach,
-                          LPPlan** plans) {
+                          const LPPlanLimits* limits, int shown, LPPlan** plans) {
     int count = 0, cap = 64;
+    unsigned fix = limits ? limits->fixed : 0;
+    const LPParallel* want = limits ? &limits->par : &lp_parallel_one;
     *plans = (LPPlan*)lp_host_malloc(cap * sizeof(LPPlan), "plans");
     char why[256];
-    for (int t = 1; t <= n && t <= mach->gpus_per_node; t++) {  // (a TP group inside a node: t divides it)
-        if (n % t || mach->gpus_per_node % t || lp_tp_check(c, t, why, sizeof(why))) continue;
+    for (int t = 1; t <= n; t++) {  // (a TP group inside a node, or whole nodes over the network: never a straddle)
+        if (n % t || (mach->gpus_per_node % t && t % mach->gpus_per_node) || lp_tp_check(c, t, why, sizeof(why)) ||
+            (fix & LP_FIX_TP && t != want->tp))
+            continue;
         for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
-            if (n / t % p) continue;
+            if (n / t % p || (fix & LP_FIX_PP && p != want->pp)) continue;
             int d = n / t / p;
             for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
-                if (tokens % (B * T * d)) continue;
+                if (tokens % (B * T * d) || (fix & LP_FIX_B && B != limits->B)) continue;
                 int m = (int)(tokens / (B * T * d));
-                for (int v = 1; v <= (p > 1 ? 2 : 1); v++)
-                    for (int zero = 0; zero <= 3; zero++)
-                        for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
-                            for (int off = LP_OFFLOAD_NONE; off <= (LP_MASTER_COPY ? LP_OFFLOAD_PARAMS : LP_OFFLOAD_NVME); off++)
-                                for (int ep = 1; ep <= (c->moe_experts ? d : 1); ep++) {  // (a mixture of experts: every ep)
-                                    if (d % ep || (c->moe_experts && c->moe_experts % ep)) continue;
-                                    if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
-                                    LPParallel x = lp_parallel_one;
-                                    x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
-                                    x.offload = off;
-                                    x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
-                                    x.sp = t > 1 && T % t == 0;
-                                    LPPipeShape s = {&x, (int)B, T, attention};
-                                    lp_plan_add(c, &s, mach, plans, &count, &cap);
-                                }
+                for (int v = 1; v <= (p > 1 ? 8 : 1); v++)
+                    for (int sp = 0; sp <= (t > 1 && T % t == 0); sp++)
+                        for (int sg = 0; sg <= (t > 1 && p > 1 && !sp); sg++)
+                            for (int zero = 0; zero <= 3; zero++)
+                                for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
+                                    for (int off = LP_OFFLOAD_NONE; off <= LP_OFFLOAD_PARAMS; off++)
+                                        for (int ep = 1; ep <= (c->moe_experts ? d : 1); ep++) {  // (a mixture of experts: every ep)
+                                            if (d % ep || (c->moe_experts && c->moe_experts % ep)) continue;
+                                            if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
+                                            if ((fix & LP_FIX_VPP && v != want->vpp) || (fix & LP_FIX_SP && sp != want->sp) ||
+                                                (fix & LP_FIX_SG && sg != want->scatter_gather) ||
+                                                (fix & LP_FIX_ZERO && zero != want->zero) || (fix & LP_FIX_RECOMPUTE && r != want->recompute) ||
+                                                (fix & LP_FIX_OFFLOAD && off != want->offload) || (fix & LP_FIX_EP && ep != want->ep))
+                                                continue;
+                                            if (v > 1 && c->num_layers < p * v) continue;
+                                            LPParallel x = lp_parallel_one;
+                                            x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
+                                            x.offload = off, x.sp = sp, x.scatter_gather = sg;
+                                            x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+                                            LPPipeShape s = {&x, (int)B, T, attention, 1};
+                                            lp_plan_add(c, &s, mach, plans, &count, &cap);
+                                        }
             }
         }
     }
-    qsort(*plans, count, sizeof(LPPlan), lp_plan_order);
-    return count;
+    qsort(*plans, count, sizeof(LPPlan), lp_plan_order);  // (by bound: none is estimated yet)
+    double* best = (double*)lp_host_malloc((size_t)(shown > 0 ? shown : 1) * sizeof(double), "plans");  // ascending
+    int have = 0;
+    for (int k = 0; k < count; k++) {
+        LPPlan* x = &(*plans)[k];
+        if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
+        LPPipeShape s = {&x->par, x->B, T, attention, 1};
+        if (lp_plan_one(c, &s, mach, x)) x->B = 0;  // (it cannot run: dropped below)
+        if (!x->fits || shown <= 0) continue;
+        lp_plan_simulate(c, T, attention, mach, x, NULL);
+        if (have < shown) have++;
+        else if (x->step_s >= best[shown - 1]) continue;
+        int at = have - 1;
+        while (at > 0 && best[at - 1] > x->step_s) best[at] = best[at - 1], at--;
+        best[at] = x->step_s;
+    }
+    free(best);
+    int kept = 0;
+    for (int k = 0; k < count; k++)
+        if ((*plans)[k].B) (*plans)[kept++] = (*plans)[k];
+    qsort(*plans, kept, sizeof(LPPlan), lp_plan_order);
+    return kept;
 }
 
 #endif  // LLMPAR_H

@@ -50,7 +50,13 @@ typedef struct {
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int print_flags;         // --print-flags: print every flag's value and exit
     int plan;                // --plan N: the configurations for N GPUs, and exit
-    float gpu_mem;           // --gpu-mem: GiB per GPU, for --plan
+    const char* cluster;     // --cluster: the machine --plan plans for (lp_clusters), changed by:
+    const char* gpu;         // --gpu: its GPU (lp_gpus; "": the cluster's)
+    float gpu_mem;           // --gpu-mem: GiB per GPU (0: the GPU's)
+    int node_gpus;           // --node-gpus: GPUs per node (0: the cluster's)
+    float node_gbs, net_gbs; // --node-gbs, --net-gbs: GB/s per GPU inside a node, between nodes (0: the cluster's)
+    float latency_us;        // --latency-us: per collective or send (0: the cluster's)
+    float train_tokens;      // --train-tokens: --plan's time to train this many tokens (0: not printed)
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
     int attention;           // --attention: flash | cublas (LP_ATTENTION_*)
@@ -59,6 +65,7 @@ typedef struct {
     int shuffle;             // --shuffle: each epoch's shards and windows in a seeded random order
     int check_data;          // --check-data: manifest | full (lp_check_data_names)
     unsigned long long seed; // --seed
+    unsigned char given[128];// given[k]: flag row k was typed (--plan keeps the grid settings typed)
 } LPFlags;
 
 // The flags, one row each: the table below is the only list of them. Parsing, the defaults, -h (and so
@@ -247,10 +254,26 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--comm", NULL, LP_FLAG_STRING, LP_FIELD(par.comm), "auto", "auto", "NAME", NULL, NULL,
      "collectives: auto (NCCL on the CUDA build; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi"},
     {"--plan", NULL, LP_FLAG_INT, LP_FIELD(plan), "0", "0", "N", NULL, NULL,
-     "print the ways to train -e with -t and -d tokens per step on N GPUs (t x p x d grid, ZeRO stage, "
-     "recomputation, -b) that fit --gpu-mem, fastest first by a stated machine model, and the command that runs the "
-     "fastest; then exit (0: train)"},
-    {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "80", "80", "F", NULL, NULL, "GiB per GPU, for --plan (plans use 90% of it)"},
+     "print the ways to train -e with -t and -d tokens per step on N GPUs of --cluster (t x p x d grid, "
+     "interleaving, SP, scatter/gather, ZeRO stage, recomputation, offload, ep, -b; those of them typed are kept) that "
+     "fit a GPU, fastest first by a simulated step, the fastest's MFU, bubble and exposed communication, and the "
+     "command that runs it; then exit (0: train)"},
+    {"--cluster", NULL, LP_FLAG_STRING, LP_FIELD(cluster), "dgx-h100", "dgx-h100", "NAME", NULL, NULL,
+     "for --plan: dgx-a100 (the PTD-P paper's Selene), dgx-h100 or nvl72 (GB200 NVL72); the flags below change it"},
+    {"--gpu", NULL, LP_FLAG_STRING, LP_FIELD(gpu), "", "", "NAME", NULL, NULL,
+     "for --plan: a100, h100, h200, b200 or gb200 (\"\": the cluster's)"},
+    {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "0", "0", "F", NULL, NULL,
+     "for --plan: GiB per GPU (0: the GPU's; plans use 90% of it)"},
+    {"--node-gpus", NULL, LP_FLAG_INT, LP_FIELD(node_gpus), "0", "0", "N", NULL, NULL,
+     "for --plan: GPUs per node, on one NVLink domain (0: the cluster's)"},
+    {"--node-gbs", NULL, LP_FLAG_FLOAT, LP_FIELD(node_gbs), "0", "0", "F", NULL, NULL,
+     "for --plan: GB/s per GPU inside a node, NCCL's bus bandwidth (0: the cluster's)"},
+    {"--net-gbs", NULL, LP_FLAG_FLOAT, LP_FIELD(net_gbs), "0", "0", "F", NULL, NULL,
+     "for --plan: GB/s per GPU between nodes (0: the cluster's ports shared by a node's GPUs)"},
+    {"--latency-us", NULL, LP_FLAG_FLOAT, LP_FIELD(latency_us), "0", "0", "F", NULL, NULL,
+     "for --plan: microseconds per collective or send (0: the cluster's)"},
+    {"--train-tokens", NULL, LP_FLAG_FLOAT, LP_FIELD(train_tokens), "0", "0", "F", NULL, NULL,
+     "for --plan: also the days the fastest takes to train F tokens (e.g. 300e9), and 8TP/(nX) beside them"},
     {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL, NULL,
      "draw the timeline of --pp, --vpp, --schedule and the micro-batches per step (-d / (-b*-t*d)) from the "
      "simulator, with unit costs, and exit"},
@@ -428,6 +451,7 @@ static void lp_flag_set(LPFlags* f, const LPFlagSpec* s, const char* as, const c
 // the device the build targets.
 static void lp_flags_default(LPFlags* f) {
     memset(f, 0, sizeof(*f));
+    if (LP_NUM_FLAGS > (int)sizeof(f->given)) lp_fail("internal: %d flags, room for %d in LPFlags.given", LP_NUM_FLAGS, (int)sizeof(f->given));
     for (int k = 0; k < LP_NUM_FLAGS; k++) {
         const LPFlagSpec* s = &lp_flag_specs[k];
         if (lp_flag_default(s)) lp_flag_set(f, s, lp_flag_name(s), lp_flag_default(s));
@@ -480,6 +504,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         }
         if (by_letter && (s->type == LP_FLAG_SWITCH || s->levels)) v = lp_llmc_value(s, a, v);
         lp_flag_set(f, s, a, v);
+        f->given[s - lp_flag_specs] = 1;
     }
     // the flags' names below come from the table: LP_FLAG_NAME(B) is "-b"
     if (f->B < 1) lp_fail_all("flag %s: micro-batch size must be >= 1, got %d", LP_FLAG_NAME(B), f->B);
@@ -515,7 +540,9 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (par->bucket_mb < 0.0f) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(par.bucket_mb), par->bucket_mb);
     if (f->plan < 0 || f->plan > 1 << 20)
         lp_fail_all("flag %s: the number of GPUs must be 1 .. %d (0: no plan), got %d", LP_FLAG_NAME(plan), 1 << 20, f->plan);
-    if (f->gpu_mem <= 0.0f) lp_fail_all("flag %s: GiB per GPU must be > 0, got %g", LP_FLAG_NAME(gpu_mem), f->gpu_mem);
+    if (f->gpu_mem < 0.0f || f->node_gpus < 0 || f->node_gbs < 0.0f || f->net_gbs < 0.0f || f->latency_us < 0.0f || f->train_tokens < 0.0f)
+        lp_fail_all("flags %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_FLAG_NAME(gpu_mem), LP_FLAG_NAME(node_gpus),
+                    LP_FLAG_NAME(node_gbs), LP_FLAG_NAME(net_gbs), LP_FLAG_NAME(latency_us), LP_FLAG_NAME(train_tokens));
     if (!(f->final_lr_frac >= 0.0f && f->final_lr_frac <= 1.0f))
         lp_fail_all("flag %s: the final learning rate is a fraction of %s, 0 .. 1, got %g", LP_FLAG_NAME(final_lr_frac),
                     LP_FLAG_NAME(lr), f->final_lr_frac);
@@ -1304,7 +1331,7 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     par.micro_batches = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
-    LPPipeShape shape = {&par, f->B, f->T, f->attention};
+    LPPipeShape shape = {&par, f->B, f->T, f->attention, 0};
     char why[512];
     if (lp_pp_partition(&cfg, &shape, layers, why, sizeof(why))) lp_fail_all("%s", why);
     lp_log("partition %s of %d layers (L=%d C=%d Vp=%d; B=%d T=%d t=%d d=%d ZeRO-%d%s%s), per chunk: training FLOPs per token, "
@@ -1322,64 +1349,120 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
         first += layers[k];
     }
     LPSimulation sim;
-    if (lp_schedule_simulate(&sim, par.schedule, par.pp, par.vpp, par.micro_batches, 1.0, 2.0, NULL, why, sizeof(why)))
+    if (lp_schedule_simulate(&sim, par.schedule, par.pp, par.vpp, par.micro_batches, 1.0, 2.0, NULL, 0.0, why, sizeof(why)))
         lp_fail_all("%s", why);
     if (proc->rank == 0) lp_schedule_print(stdout, &sim, par.schedule);
     lp_simulation_free(&sim);
 }
 
-// --plan N: every way to train the -e model on N GPUs with -t and -d tokens per step, those that fit
-// --gpu-mem first, fastest first (lp_plan: a model of the step on the machine printed), and the command
-// that runs the fastest.
+// Whether the flag of LPFlags field `field` was typed.
+static int lp_flag_typed(const LPFlags* f, size_t field) {
+    for (int k = 0; k < LP_NUM_FLAGS; k++)
+        if (lp_flag_specs[k].field == field) return f->given[k];
+    return 0;
+}
+
+// The machine --plan plans for: --cluster's preset, with --gpu, --gpu-mem, --node-gpus, --node-gbs, --net-gbs
+// and --latency-us over it.
+static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** cluster) {
+    char names[256] = "";
+    const LPCluster* k = *cluster = lp_cluster_named(f->cluster);
+    for (size_t j = 0; j < sizeof(lp_clusters) / sizeof(lp_clusters[0]); j++)
+        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_clusters[j].name);
+    if (!k) lp_fail_all("flag %s: no cluster '%s' (%s)", LP_FLAG_NAME(cluster), f->cluster, names);
+    LPPlanMachine mach = lp_plan_machine(k);
+    if (f->gpu[0]) {
+        const LPGpu* g = lp_gpu_named(f->gpu);
+        names[0] = '\0';
+        for (size_t j = 0; j < sizeof(lp_gpus) / sizeof(lp_gpus[0]); j++)
+            snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_gpus[j].name);
+        if (!g) lp_fail_all("flag %s: no GPU '%s' (%s)", LP_FLAG_NAME(gpu), f->gpu, names);
+        mach.gpu = *g;
+        mach.gpu_bytes = 0.9 * g->memory;
+    }
+    if (f->gpu_mem > 0.0f) mach.gpu_bytes = 0.9 * f->gpu_mem * 1073741824.0;
+    if (f->node_gpus > 0) mach.gpus_per_node = f->node_gpus;
+    if (f->node_gbs > 0.0f) mach.node_bw = f->node_gbs * 1e9;
+    if (f->net_gbs > 0.0f) mach.net_bw = f->net_gbs * 1e9;
+    if (f->latency_us > 0.0f) mach.latency = f->latency_us * 1e-6;
+    return mach;
+}
+
+// --plan N: every way to train the -e model on N GPUs of the machine with -t and -d tokens per step (the
+// grid settings typed kept), those that fit first, fastest first (lp_plan: each step simulated), what the
+// fastest achieves, and the command that runs it.
 static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
     int n = f->plan;
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * n;
-    LPPlanMachine mach = {0.9 * f->gpu_mem * 1073741824.0, 989.4e12, 0.4, 300e9, 40e9, 8, 20e-6,  // 10% for CUDA, cuBLAS, NCCL
-                          55e9, 50e9, 6e9};  // PCIe 5 x16; a 400 GB/s host shared by 8 GPUs; one PCIe 4 NVMe drive per GPU
+    const LPCluster* cluster;
+    LPPlanMachine mach = lp_plan_flags_machine(f, &cluster);
+    struct { size_t field; unsigned bit; } kept[] = {
+        {LP_FIELD(par.tp), LP_FIX_TP}, {LP_FIELD(par.pp), LP_FIX_PP}, {LP_FIELD(par.vpp), LP_FIX_VPP}, {LP_FIELD(par.ep), LP_FIX_EP},
+        {LP_FIELD(par.zero), LP_FIX_ZERO}, {LP_FIELD(par.recompute), LP_FIX_RECOMPUTE}, {LP_FIELD(par.offload), LP_FIX_OFFLOAD},
+        {LP_FIELD(par.sp), LP_FIX_SP}, {LP_FIELD(par.scatter_gather), LP_FIX_SG}, {LP_FIELD(B), LP_FIX_B}};
+    LPPlanLimits limits = {0, f->par, f->B};
+    for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
+        if (lp_flag_typed(f, kept[k].field)) limits.fixed |= kept[k].bit;
     LPPlan* plans;
-    int count = lp_plan(&cfg, f->T, tokens, n, f->attention, &mach, &plans), fit = 0;
+    int count = lp_plan(&cfg, f->T, tokens, n, f->attention, &mach, &limits, 10, &plans), fit = 0, estimated = 0;
     while (fit < count && plans[fit].fits) fit++;
-    double least = INFINITY;
-    for (int k = 0; k < count; k++) least = fmin(least, plans[k].memory);
-    double GiB = 1073741824.0;
+    double least = INFINITY, GiB = 1073741824.0;
+    for (int k = 0; k < count; k++)
+        if (plans[k].estimated) estimated++, least = fmin(least, plans[k].memory);
     if (fit == 0) {
         if (count == 0) lp_fail_all("--plan %d: no grid of %d GPU(s) can run %s with -t %d and -d %lld", n, n, f->init, f->T, tokens);
-        lp_fail_all("--plan %d: no configuration of %s on %d GPU(s) fits 90%% of --gpu-mem %g GiB (-t %d, -d %lld); the least needs %.3g GiB",
-                    n, f->init, n, f->gpu_mem, f->T, tokens, least / GiB);
+        lp_fail_all("--plan %d: no configuration of %s on %d GPU(s) fits 90%% of %.3g GiB per GPU (-t %d, -d %lld); the least needs %.3g GiB",
+                    n, f->init, n, mach.gpu_bytes / 0.9 / GiB, f->T, tokens, least / GiB);
     }
-    lp_log("plan: %s (L=%d C=%d NH=%d) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers, cfg.channels,
-           cfg.num_heads, n, f->T, tokens);
-    lp_log("machine (assumed): %g GiB per GPU (90%% for the plan), %.0f TFLOP/s at %.0f%%, %d GPUs per node, %.0f GB/s inside a node and %.0f "
-           "between nodes per GPU, %.0f us per collective or send; %s memory; nothing overlapped; offload: %.0f GB/s to the host, "
-           "%.0f GB/s of host memory and %.0f GB/s of NVMe per GPU\n", f->gpu_mem, mach.peak_flops / 1e12,
-           mach.efficiency * 100, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, mach.latency * 1e6,
-           sizeof(floatX) == 2 ? "bf16" : "fp32 (the CPU engine's)", mach.host_bw / 1e9, mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9);
-    lp_log("%d of %d configurations fit; the fastest %d:\n", fit, count, fit < 10 ? fit : 10);
+    lp_log("plan: %s (L=%d C=%d NH=%d, %.4g B parameters) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers,
+           cfg.channels, cfg.num_heads, lp_config_num_params(&cfg) / 1e9, n, f->T, tokens);
+    lp_log("machine: %s%s: %s, %.0f TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%), %.3g GiB (90%% for the plan), %.0f GB/s "
+           "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %.0f us per collective or send; offload: %.0f "
+           "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's)\n", cluster->name,
+           f->gpu[0] || f->gpu_mem > 0.0f || f->node_gpus || f->node_gbs > 0.0f || f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
+           mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, mach.gpu_bytes / 0.9 / GiB,
+           mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, mach.latency * 1e6, mach.host_bw / 1e9,
+           mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9);
+    int shown = 0;
+    while (shown < fit && shown < 10 && plans[shown].simulated) shown++;
+    lp_log("%d configurations, %d of them estimated (the rest bounded out: their steps cannot be shorter than the %d "
+           "fastest's); the fastest %d that fit, each step simulated (ms per step, on the busiest stage):\n", count, estimated, shown, shown);
     int moe = cfg.moe_experts > 0;  // (a mixture of experts: expert parallelism's columns too)
-    lp_log("| t | p | v | d |%s ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute ms | TP ms |%s DP ms | PP ms "
-           "| offload ms | step ms |\n", moe ? " ep |" : "", moe ? " EP ms |" : "");
-    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|%s---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
-    for (int k = 0; k < fit && k < 10; k++) {
+    lp_log("| t | p | v | d |%s sp | sg | ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute | TP |%s ZeRO comm | bubble "
+           "| end | step | MFU |\n", moe ? " ep |" : "", moe ? " EP |" : "");
+    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|---|---|%s---|---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
+    double model_flops = lp_flops_per_token(&cfg, f->T) * (double)tokens, peak = n * mach.gpu.peak_flops;
+    for (int k = 0; k < shown; k++) {
         const LPPlan* x = &plans[k];
         char ep[16] = "", ep_ms[24] = "";
-        if (moe) snprintf(ep, sizeof(ep), " %d |", x->par.ep), snprintf(ep_ms, sizeof(ep_ms), " %.3g |", x->ep_s * 1e3);
-        lp_log("| %d | %d | %d | %d |%s %d | %s | %s | %d | %d | %.3g | %.3g | %.3g | %.3g |%s %.3g | %.3g | %.3g | %.3g |\n", x->par.tp,
-               x->par.pp, x->par.vpp, x->par.dp, ep, x->par.zero, lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload],
-               x->B, x->par.micro_batches, x->memory / GiB, x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, ep_ms,
-               x->dp_s * 1e3, x->pp_s * 1e3, x->offload_s * 1e3, x->step_s * 1e3);
+        if (moe) snprintf(ep, sizeof(ep), " %d |", x->par.ep), snprintf(ep_ms, sizeof(ep_ms), " %.4g |", x->ep_s * 1e3);
+        lp_log("| %d | %d | %d | %d |%s %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.4g | %.4g |%s %.4g | %.4g | %.4g | %.4g | %.1f%% |\n",
+               x->par.tp, x->par.pp, x->par.vpp, x->par.dp, ep, x->par.sp, x->par.scatter_gather, x->par.zero,
+               lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload], x->B, x->par.micro_batches, x->memory / GiB,
+               x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, ep_ms, x->zero_s * 1e3, x->bubble_s * 1e3, x->end_s * 1e3,
+               x->step_s * 1e3, 100.0 * model_flops / (x->step_s * peak));
     }
-    const LPParallel* b = &plans[0].par;
-#ifdef LLMPAR_CPU
-    const char* binary = "./train_gpt_cpu";
-#else
-    const char* binary = "./train_gpt";
-#endif
-    lp_log("run the fastest:\n  mpirun -np %d %s -e %s -t %d -d %lld -b %d", n, binary, f->init, f->T, tokens, plans[0].B);
+    LPPlan best = plans[0];
+    double sends;
+    lp_plan_simulate(&cfg, f->T, f->attention, &mach, &best, &sends);
+    double per_gpu = best.flops / best.step_s / n;
+    lp_log("the fastest: %.4g s per step, %.4g tokens/s, MFU %.1f%% (model FLOPs: %.4g per token), %.4g TFLOP/s per GPU with "
+           "recomputation counted; bubble %.1f%% of the step; exposed communication %.4g s (TP %.4g, EP %.4g, ZeRO-2/3 %.4g, "
+           "pipeline sends %.4g, step end %.4g)\n", best.step_s, tokens / best.step_s, 100.0 * model_flops / (best.step_s * peak),
+           lp_flops_per_token(&cfg, f->T), per_gpu / 1e12, 100.0 * best.bubble_s / best.step_s,
+           best.tp_s + best.ep_s + best.zero_s + sends + best.end_s, best.tp_s, best.ep_s, best.zero_s, sends, best.end_s);
+    if (f->train_tokens > 0.0f) {
+        double P = (double)lp_config_num_params(&cfg), D = f->train_tokens;
+        lp_log("time to train %.4g tokens: %.1f days simulated; 8TP/(nX) with X = %.4g TFLOP/s: %.1f days\n", D,
+               D / (tokens / best.step_s) / 86400.0, per_gpu / 1e12, 8.0 * D * P / (n * per_gpu) / 86400.0);
+    }
+    const LPParallel* b = &best.par;
+    lp_log("run the fastest:\n  mpirun -np %d ./train_gpt -e %s -t %d -d %lld -b %d", n, f->init, f->T, tokens, best.B);
     if (f->moe_experts) lp_log(" --moe-experts %d --moe-topk %d --moe-every %d", f->moe_experts, f->moe_topk, f->moe_every);
-    if (b->tp > 1) lp_log(" --tp %d%s", b->tp, b->sp ? " --sp" : "");
+    if (b->tp > 1) lp_log(" --tp %d%s%s", b->tp, b->sp ? " --sp" : "", b->pp > 1 && !b->sp ? (b->scatter_gather ? "" : " --pp-scatter-gather 0") : "");
     if (b->pp > 1) lp_log(" --pp %d", b->pp);
     if (b->ep > 1) lp_log(" --ep %d", b->ep);
     if (b->vpp > 1) lp_log(" --vpp %d --schedule interleaved", b->vpp);

@@ -163,6 +163,22 @@ kernels_hazard_free() {
     fi
 }
 
+# --plan plans GPUs on any build: the CPU build and the CUDA build (emulated) print the same plan, bf16
+# memory and the command for ./train_gpt included (a dense and a MoE model, flash and cublas). One check.
+plan_same_on_both_builds() {
+    local ok=1 args
+    for args in "--plan 64 -e d12 -t 1024 -d 524288" "--plan 16 -e d6 -t 1024 -d 65536 --moe-experts 8 --attention cublas"; do
+        cmp -s <(./train_gpt_cpu $args 2>&1) <(./train_gpt_emu $args 2>&1) || { echo "differs: $args"; ok=0; }
+    done
+    if [ $ok = 1 ]; then
+        echo "     --plan: the CPU build's plans equal the CUDA build's, byte for byte (bf16 memory on both)"
+        passed=$((passed + 1))
+    else
+        echo "FAIL --plan prints other plans on the CPU build than on the CUDA build"
+        failed=$((failed + 1))
+    fi
+}
+
 # tier 4 on the CUDA emulator: the emulator's own tests, then the CUDA engine's
 emulated_tier() {
     if ! make -s train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu; then
@@ -173,6 +189,7 @@ emulated_tier() {
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
+    plan_same_on_both_builds
     if make -s dev/examples/train_loop_emu dev/examples/two_files_emu; then
         example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
         example_two_files "CUDA emulated, 12 steps" dev/examples/two_files_emu 12
