@@ -8387,14 +8387,16 @@ static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const 
 }
 
 // A lower bound of configuration s's step, before its partition, memory or pipeline: a stage's share of the
-// whole model's work (a busiest stage does at least that) and the step end of a stage holding its share
-// of the parameters (the end grows with them) under the whole model's backward (which hides the most).
+// whole model's work w per micro-batch, over the m micro-batches and the pipeline's fill and drain
+// ((m + (p-1)/v) w: the first micro-batch passes every stage, and the busiest stage does at least the
+// average), and the step end of a stage holding its share of the parameters (the end grows with them)
+// under the whole model's backward (which hides the most).
 static inline double lp_plan_bound(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach) {
     int chunks = s->par->pp * s->par->vpp;
     LPChunkTime all = lp_plan_chunk(c, s, mach, 0, c->num_layers), head = lp_plan_chunk(c, s, mach, chunks - 1, 0);
-    double work = all.fwd + all.bwd + (chunks > 1 ? head.fwd + head.bwd : 0.0), experts = 0.0, host;
+    double work = (all.fwd + all.bwd + (chunks > 1 ? head.fwd + head.bwd : 0.0)) / s->par->pp, experts = 0.0, host;
     double params = lp_chunk_params(c, s, 0, c->num_layers, &experts);
-    return s->par->micro_batches * work / s->par->pp +
+    return (s->par->micro_batches + (s->par->pp - 1.0) / s->par->vpp) * work +
            lp_plan_end(c, s, mach, params / s->par->pp, experts / s->par->pp, all.bwd + head.bwd, &host);
 }
 
@@ -8459,16 +8461,20 @@ static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, con
             lp_fail("internal: plan %s", why);
         if (pass == 0) {
             x->bubble_s = sim.makespan - x->busy_s;
+            if (x->bubble_s < 1e-9 * sim.makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
             x->step_s = sim.makespan + x->end_s;
         } else {
             *sends = x->step_s - x->end_s - sim.makespan;
+            if (*sends < 1e-9 * sim.makespan) *sends = 0.0;
         }
         lp_simulation_free(&sim);
     }
     x->simulated = 1;
 }
 
-// What a plan may not choose: the bits of `fixed` name the settings taken from `par` and B.
+// What a plan may not choose: the bits of `fixed` name the settings taken from `par` and B. A fixed
+// scatter/gather (either way) also keeps SP off unless SP is fixed too: it chooses between the boundary's
+// two forms without SP.
 enum { LP_FIX_TP = 1, LP_FIX_PP = 2, LP_FIX_VPP = 4, LP_FIX_EP = 8, LP_FIX_ZERO = 16, LP_FIX_RECOMPUTE = 32, LP_FIX_OFFLOAD = 64,
        LP_FIX_SP = 128, LP_FIX_SG = 256, LP_FIX_B = 512 };
 typedef struct {
@@ -8525,7 +8531,7 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
                                             if (d % ep || (c->moe_experts && c->moe_experts % ep)) continue;
                                             if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
                                             if ((fix & LP_FIX_VPP && v != want->vpp) || (fix & LP_FIX_SP && sp != want->sp) ||
-                                                (fix & LP_FIX_SG && sg != want->scatter_gather) ||
+                                                (fix & LP_FIX_SG && (sg != want->scatter_gather || (sp && !(fix & LP_FIX_SP)))) ||
                                                 (fix & LP_FIX_ZERO && zero != want->zero) || (fix & LP_FIX_RECOMPUTE && r != want->recompute) ||
                                                 (fix & LP_FIX_OFFLOAD && off != want->offload) || (fix & LP_FIX_EP && ep != want->ep))
                                                 continue;

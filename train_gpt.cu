@@ -255,9 +255,9 @@ static const LPFlagSpec lp_flag_specs[] = {
      "collectives: auto (NCCL on the CUDA build; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi"},
     {"--plan", NULL, LP_FLAG_INT, LP_FIELD(plan), "0", "0", "N", NULL, NULL,
      "print the ways to train -e with -t and -d tokens per step on N GPUs of --cluster (t x p x d grid, "
-     "interleaving, SP, scatter/gather, ZeRO stage, recomputation, offload, ep, -b; those of them typed are kept) that "
-     "fit a GPU, fastest first by a simulated step, the fastest's MFU, bubble and exposed communication, and the "
-     "command that runs it; then exit (0: train)"},
+     "interleaving, SP, scatter/gather, ZeRO stage, recomputation, offload, ep, -b; those of them typed are kept, "
+     "--pp-scatter-gather with SP off) that fit a GPU, fastest first by a simulated step, the fastest's MFU, bubble and "
+     "exposed communication, and the command that runs it; then exit (0: train)"},
     {"--cluster", NULL, LP_FLAG_STRING, LP_FIELD(cluster), "dgx-h100", "dgx-h100", "NAME", NULL, NULL,
      "for --plan: dgx-a100 (the PTD-P paper's Selene), dgx-h100 or nvl72 (GB200 NVL72); the flags below change it"},
     {"--gpu", NULL, LP_FLAG_STRING, LP_FIELD(gpu), "", "", "NAME", NULL, NULL,

@@ -58,7 +58,7 @@ echo
 for experts in 8 64; do
     mem=80
     [ "$experts" = 64 ] && mem=16
-    echo "MODELLED, not measured (--plan's machine: H100-like at 40% of its peak, 8 GPUs per node at 300 GB/s): GPT-2 124M"
+    echo "MODELLED, not measured (--plan's simulated step on its default cluster, dgx-h100): GPT-2 124M"
     echo "with $experts experts top-2 in every layer on 8 GPUs of $mem GiB, -t 1024, 524288 tokens a step; the fastest that fit:"
     ./train_gpt_cpu -e d12 --moe-experts "$experts" --moe-topk 2 --plan 8 -t 1024 -d 524288 --gpu-mem "$mem" 2>&1 | grep '^|' | head -7
     echo

@@ -24,22 +24,22 @@ plan() {  # n L C NH global-batch flags...: prints "step_s X_paper" (the paper's
     awk -v s="$step" -v n="$n" -v l="$L" -v h="$C" -v B="$batch" 'BEGIN {
         F = 96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * l * h)); printf "%.4g %.0f\n", s, F / (s * n) / 1e12 }'
 }
-choice() {  # the plan's own configuration, as "t p v d zero recompute B"
-    "$bin" --plan "$@" 2>&1 | awk -F'|' '/^\| [0-9]/ { gsub(/ /, ""); print $2, $3, $4, $5, $8, $9, $11; exit }'
+choice() {  # the plan's own configuration, as "t p v d sp ZeRO recompute B | MFU"
+    "$bin" --plan "$@" 2>&1 | awk -F'|' '/^\| [0-9]/ { gsub(/ /, ""); print $2, $3, $4, $5, $6, $8, $9, $11, "|", $(NF - 1); exit }'
 }
+# the paper's runs: full recomputation, no offload, no SP (typing --pp-scatter-gather keeps it off), scatter/gather
 fixed="--recompute full --offload none --pp-scatter-gather 1"
 if [ "$what" = table1 ] || [ "$what" = all ]; then
     echo "Table 1 (weak scaling; published: the paper's TFLOP/s per GPU)"
-    echo "| model | t | p | v | GPUs | batch | b | published | predicted | ratio | the plan's choice (t p v d ZeRO recompute b) | its TFLOP/s |"
+    echo "| model | t | p | v | GPUs | batch | b | published | predicted | ratio | the plan's choice (t p v d sp ZeRO recompute b) | its MFU |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     # name L C NH t p v n batch b published
     while read -r name L C NH t p v n batch b pub; do
         sg=$fixed
-        [ "$t" = 1 ] || [ "$p" = 1 ] && sg="--recompute full --offload none"
+        [ "$p" = 1 ] && sg="--recompute full --offload none --pp-scatter-gather 0"  # (no pipeline: no scatter/gather, SP off)
         read -r step x <<< "$(plan "$n" "$L" "$C" "$NH" "$batch" --tp "$t" --pp "$p" --vpp "$v" -b "$b" $sg)"
         own=$(choice "$n" --cluster dgx-a100 -e "$L,$C,$NH,51200" -t 2048 -d $((batch * 2048)) --attention cublas)
-        read -r ostep ox <<< "$(plan "$n" "$L" "$C" "$NH" "$batch")"
-        echo "| $name | $t | $p | $v | $n | $batch | $b | $pub | $x | $(awk -v a="$x" -v b="$pub" 'BEGIN { printf "%.2f", a / b }') | $own | $ox |"
+        echo "| $name | $t | $p | $v | $n | $batch | $b | $pub | $x | $(awk -v a="$x" -v b="$pub" 'BEGIN { printf "%.2f", a / b }') | $own |"
     done << 'ROWS'
 1.7B 24 2304 24 1 1 1 32 512 16 137
 3.6B 30 3072 32 2 1 1 64 512 16 138
@@ -60,7 +60,7 @@ if [ "$what" = table2 ] || [ "$what" = all ]; then
     echo "|---|---|---|---|---|---|---|---|"
     while read -r name L C NH scheme n batch b pub; do
         if [ "$scheme" = ZeRO-3 ]; then
-            flags="--tp 1 --pp 1 --zero 3 -b $b --recompute full --offload none"
+            flags="--tp 1 --pp 1 --zero 3 -b $b --recompute full --offload none --pp-scatter-gather 0"
         else
             p=$(( name == 175 ? 12 : 35 ))
             flags="--tp 8 --pp $p -b $b $fixed"
