@@ -8142,18 +8142,23 @@ typedef struct {
     int sms;            // streaming multiprocessors: a GEMM's output tiles run in waves of one per SM
     double gemm;        // the share of the peak the fastest bf16 GEMM of any shape reaches (measured)
     double attention;   // the share of the peak a causal flash attention's forward and backward reach (measured)
+    int fp32;           // 1: the CPU engine (fp32 values, attention's probabilities kept, BLAS without GEMM tiles)
 } LPGpu;
 
 // Peaks, memory and HBM: NVIDIA's data sheets. gemm: the "maximum achievable matmul FLOPS" measured by the
 // best shape of a sweep (stas00/ml-engineering, compute/accelerator). attention: FlashAttention-2's
 // published forward + backward at head size 64, causal (A100 ~119 TFLOP/s, H100 ~192); Blackwell's is
-// not published for it and is taken as the H100's share (an assumption).
+// not published for it and is taken as the H100's share (an assumption). cpu: a rank of the CPU engine
+// on the CI machine's kind, 2 AMD EPYC cores shared by 4 ranks (the plan's calibration on a machine we
+// have): a quarter of OpenBLAS's measured sgemm on both cores (dev/bench_sgemm.c, 145.5 GFLOP/s) and of
+// the memory bandwidth measured (scripts/bench_plan.sh cpu).
 static const LPGpu lp_gpus[] = {
-    {"a100", 312e12, 80.0 * 1073741824.0, 2.039e12, 108, 0.869, 0.38},
-    {"h100", 989.4e12, 80.0 * 1073741824.0, 3.35e12, 132, 0.803, 0.19},
-    {"h200", 989.4e12, 141e9, 4.8e12, 132, 0.803, 0.19},
-    {"b200", 2250e12, 180e9, 8.0e12, 148, 0.776, 0.19},
-    {"gb200", 2500e12, 186e9, 8.0e12, 148, 0.729, 0.19},
+    {"a100", 312e12, 80.0 * 1073741824.0, 2.039e12, 108, 0.869, 0.38, 0},
+    {"h100", 989.4e12, 80.0 * 1073741824.0, 3.35e12, 132, 0.803, 0.19, 0},
+    {"h200", 989.4e12, 141e9, 4.8e12, 132, 0.803, 0.19, 0},
+    {"b200", 2250e12, 180e9, 8.0e12, 148, 0.776, 0.19, 0},
+    {"gb200", 2500e12, 186e9, 8.0e12, 148, 0.729, 0.19, 0},
+    {"cpu", 145.5e9 / 4, 24.0 * 1073741824.0 / 4, 20e9 / 4, 1, 1.0, 0.0, 1},
 };
 
 typedef struct {
@@ -8170,11 +8175,14 @@ typedef struct {
 // Bus bandwidths: NCCL's maintainers in nccl-tests issues 149 (A100, ~230 GB/s) and 212 (H100 ring,
 // ~370); B200 740 GB/s measured at 4 GiB (ml-engineering, network). Ports: 46 GB/s of a 400 Gb/s NDR
 // port (nccl-tests issue 290), 23 of a 200 Gb/s HDR one (the same share). Latency: ~10 us for a small
-// all-reduce inside a node, ~46 between two (nccl-tests 331, nccl 1244): 20 us here.
+// all-reduce inside a node, ~46 between two (nccl-tests 331, nccl 1244): 20 us here. cpu: Open MPI's
+// all-reduce among 4 ranks on 2 cores, measured (scripts/bench_plan.sh cpu): 16 us for 4 bytes, 1.2 GB/s
+// of bus bandwidth at 256 KB to 1 MB.
 static const LPCluster lp_clusters[] = {
     {"dgx-a100", "a100", 8, 230e9, 8, 23e9, 20e-6, "DGX A100 SuperPOD (the PTD-P paper's Selene): 8 A100 80GB on NVSwitch, 8 HDR 200 Gb/s ports a node"},
     {"dgx-h100", "h100", 8, 370e9, 8, 46e9, 20e-6, "DGX H100: 8 H100 on NVSwitch, 8 NDR 400 Gb/s ports a node"},
     {"nvl72", "gb200", 72, 740e9, 72, 46e9, 20e-6, "GB200 NVL72: 72 GPUs on one NVLink domain, a 400 Gb/s port each"},
+    {"cpu", "cpu", 4, 1.2e9, 4, 1.2e9, 16e-6, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
 };
 
 typedef struct {
@@ -8222,9 +8230,9 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k) {
 // quantization (tiles run in waves of one per SM: a part-full last wave idles the rest), or, when thin,
 // at HBM's pace (bf16 inputs read and the output written once).
 static inline double lp_gemm_seconds(const LPGpu* g, double M, double N, double K, double batch) {
-    double tiles = batch * ceil(M / 128.0) * ceil(N / 128.0), waves = ceil(tiles / g->sms);
-    double used = batch * M * N / (waves * g->sms * 128.0 * 128.0);  // of what the waves' tiles could compute
-    return fmax(2.0 * batch * M * N * K / (g->peak_flops * g->gemm * used), 2.0 * batch * (M * K + K * N + M * N) / g->hbm_bw);
+    double tiles = batch * ceil(M / 128.0) * ceil(N / 128.0), waves = ceil(tiles / g->sms), X = g->fp32 ? 4.0 : 2.0;
+    double used = g->fp32 ? 1.0 : batch * M * N / (waves * g->sms * 128.0 * 128.0);  // of what the waves' tiles could compute
+    return fmax(2.0 * batch * M * N * K / (g->peak_flops * g->gemm * used), X * batch * (M * K + K * N + M * N) / g->hbm_bw);
 }
 
 // A linear layer of M rows, K inputs and N outputs (`batch` of them): its forward GEMM into *f, its
@@ -8254,7 +8262,7 @@ typedef struct {
 static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers) {
     const LPGpu* g = &mach->gpu;
     const LPParallel* par = s->par;
-    double t = par->tp, d = par->dp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = 2.0;
+    double t = par->tp, d = par->dp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = g->fp32 ? 4.0 : 2.0;
     double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk, lat = mach->latency;
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
     // an average layer's compute: attention's linear layers, the MLP's (a MoE layer's router and its E/ep
@@ -8272,7 +8280,7 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     f += (1.0 - moe) * mf + moe * ef;
     b += (1.0 - moe) * mb + moe * eb;
     double af, ab;  // attention's products
-    if (s->attention == LP_ATTENTION_FLASH) {  // causal: half of q k^T's and att v's 4 T^2 hs per head; backward 5 products to 2
+    if (s->attention == LP_ATTENTION_FLASH && !g->fp32) {  // causal: half of q k^T's and att v's 4 T^2 hs per head; backward 5 to 2
         af = 2.0 * s->B * heads * T * T * hs / (g->peak_flops * g->attention);
         ab = 2.5 * af;
     } else {  // batched GEMMs; the probabilities written, then read, and backward's read and written
@@ -8303,7 +8311,8 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
         double dense = 0.0, experts = 0.0, bw = lp_plan_link(mach, par->tp * par->dp), de = d / ep;
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
-        double once = lp_comm_seconds(dense * X, (d - 1) / d, bw, lat) + (experts > 0.0 && de > 1 ? lp_comm_seconds(experts / ep * X, (de - 1) / de, bw, lat) : 0.0);
+        double once = lp_comm_seconds(dense * X, (d - 1) / d, bw, lat);  // (a reduce-scatter or a gather of a layer)
+        if (experts > 0.0 && de > 1) once += lp_comm_seconds(experts / ep * X, (de - 1) / de, bw, lat);
         double hide_f = par->overlap ? f : 0.0, hide_b = par->overlap ? b : 0.0;
         dz_b = fmax(0.0, once - hide_b);
         if (par->zero >= 3) {
@@ -8364,7 +8373,7 @@ static inline int lp_plan_order(const void* a, const void* b) {
 static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, double params, double experts,
                                  double bwd, double* host) {
     const LPParallel* par = s->par;
-    double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = 2.0, end = 0.0;
+    double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = mach->gpu.fp32 ? 4.0 : 2.0, end = 0.0;
     double stage_layers = ceil((double)c->num_layers / par->pp), bw = lp_plan_link(mach, par->tp * par->dp), lat = mach->latency;
     double rs = d > 1 ? lp_comm_seconds((params - experts) * X, (d - 1) / d, bw, lat * stage_layers) : 0.0;  // a reduce-scatter or all-gather
     if (de > 1 && experts > 0.0) rs += lp_comm_seconds(experts * X, (de - 1) / de, bw, lat * stage_layers);
@@ -8442,11 +8451,11 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
 // pipeline simulated without them).
 static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, const LPPlanMachine* mach, LPPlan* x, double* sends) {
     const LPParallel* par = &x->par;
-    LPPipeShape s = {par, x->B, T, attention, 1};
+    LPPipeShape s = {par, x->B, T, attention, !mach->gpu.fp32};
     int layers[LP_MAX_CHUNKS], V = par->pp * par->vpp;
     char why[256];
     if (lp_pp_partition(c, &s, layers, why, sizeof(why))) lp_fail("internal: plan %s", why);
-    double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = 2.0, N = (double)x->B * T;
+    double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = mach->gpu.fp32 ? 4.0 : 2.0, N = (double)x->B * T;
     for (int k = 0; k < V; k++) {
         LPChunkTime ct = lp_plan_chunk(c, &s, mach, k, layers[k]);
         cost[k] = ct.fwd, cost[V + k] = ct.bwd;
@@ -8540,7 +8549,7 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
                                             x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
                                             x.offload = off, x.sp = sp, x.scatter_gather = sg;
                                             x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
-                                            LPPipeShape s = {&x, (int)B, T, attention, 1};
+                                            LPPipeShape s = {&x, (int)B, T, attention, !mach->gpu.fp32};
                                             lp_plan_add(c, &s, mach, plans, &count, &cap);
                                         }
             }
@@ -8552,7 +8561,7 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
     for (int k = 0; k < count; k++) {
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
-        LPPipeShape s = {&x->par, x->B, T, attention, 1};
+        LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
         if (lp_plan_one(c, &s, mach, x)) x->B = 0;  // (it cannot run: dropped below)
         if (!x->fits || shown <= 0) continue;
         lp_plan_simulate(c, T, attention, mach, x, NULL);

@@ -7,7 +7,11 @@
 # F = 96 B s l h^2 (1 + s/6h + V/16lh) per step (its eq. 3: GEMMs, recomputation included). Then the
 # plan's own choice for the same model, GPUs and batch. The engine's attention nearest the paper's
 # (materialised probabilities, batched GEMMs) is --attention cublas.
-# Usage: bash scripts/bench_plan.sh [table1|table2|ablations|train|all]   (CPU build; seconds)
+# `cpu`: the plan's calibration on a machine we have: 8 grids of the CPU engine on 4 ranks (the d4 model,
+# B=4, T=64, 4096 tokens a step), each step measured (the median of the step lines after the first, over
+# ROUNDS rounds that alternate the grids) beside the plan's prediction on --cluster cpu (this machine
+# kind's measured sgemm, memory and MPI figures), and both orders. Needs a quiet machine (minutes).
+# Usage: bash scripts/bench_plan.sh [table1|table2|ablations|train|all|cpu]   (CPU build; seconds, cpu minutes)
 set -u
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -113,4 +117,28 @@ if [ "$what" = train ] || [ "$what" = all ]; then
     echo "Time to train (the paper: GPT-3 175B, 300B tokens, 1024 GPUs, ~34 days; 1T, 450B tokens, 3072 GPUs, ~84 days)"
     "$bin" --plan 1024 --cluster dgx-a100 -e 96,12288,96,51200 -t 2048 -d $((1536 * 2048)) --attention cublas --train-tokens 300e9 | grep -E "^the fastest|^time to train|^  mpirun"
     "$bin" --plan 3072 --cluster dgx-a100 -e 128,25600,160,51200 -t 2048 -d $((3072 * 2048)) --attention cublas --train-tokens 450e9 | grep -E "^the fastest|^time to train|^  mpirun"
+fi
+if [ "$what" = cpu ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    rounds=${ROUNDS:-2}
+    grids=("--tp 1 --pp 1 --zero 0" "--tp 1 --pp 1 --zero 1" "--tp 1 --pp 1 --zero 3" "--tp 2 --pp 1 --zero 0" "--tp 4 --pp 1 --zero 0"
+           "--tp 1 --pp 2 --zero 0" "--tp 1 --pp 4 --zero 0" "--tp 2 --pp 2 --zero 0")
+    declare -A ms
+    for r in $(seq "$rounds"); do
+        for g in "${grids[@]}"; do
+            out=$(mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "$bin" -e d4 -b 4 -t 64 -d 4096 -x 4 -v 0 -s 0 $g 2>&1)
+            ms[$g]+="$(echo "$out" | awk -F'|' '/^step [2-9]/ { sub(/ ms.*/, "", $5); print $5 }' | tr '\n' ' ')"
+        done
+    done
+    echo "The CPU engine on 4 ranks of 2 cores (d4, B=4, T=64, 4096 tokens a step; ZeRO as given, no recomputation): measured and --plan --cluster cpu"
+    echo "| grid | measured ms/step (median) | plan ms/step | plan / measured |"
+    echo "|---|---|---|---|"
+    for g in "${grids[@]}"; do
+        measured=$(echo "${ms[$g]}" | tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "-" }')
+        sg="--pp-scatter-gather 0"
+        case "$g" in *"--tp 2 --pp 2"*) sg="--pp-scatter-gather 1";; esac
+        planned=$("$bin" --plan 4 --cluster cpu -e d4 -t 64 -d 4096 -b 4 --vpp 1 --recompute none --offload none $sg $g 2>&1 |
+            sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p' | awk '{ printf "%.0f", $1 * 1000 }')
+        echo "| $g | $measured | $planned | $(awk -v a="$planned" -v b="$measured" 'BEGIN { printf "%.2f", a / b }') |"
+    done
 fi
