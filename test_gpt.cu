@@ -1345,8 +1345,8 @@ static void test_plan(void) {
                  "the least needs 3.57 GiB", "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 2");
     expect_error("--gpu-mem: negative", "flags --gpu-mem --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
                  "--plan 8 --gpu-mem -1");
-    expect_error("--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72)", "--plan 8 --cluster dgx-v100");
-    expect_error("--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200)", "--plan 8 --gpu v100");
+    expect_error("--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
+    expect_error("--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
     expect_error("--plan: -t beyond the model", "flag -t: sequence length 4096 exceeds the model's maximum 1024", "--plan 8 -e d12 -t 4096");
 }
 

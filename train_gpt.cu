@@ -259,9 +259,10 @@ static const LPFlagSpec lp_flag_specs[] = {
      "--pp-scatter-gather with SP off) that fit a GPU, fastest first by a simulated step, the fastest's MFU, bubble and "
      "exposed communication, and the command that runs it; then exit (0: train)"},
     {"--cluster", NULL, LP_FLAG_STRING, LP_FIELD(cluster), "dgx-h100", "dgx-h100", "NAME", NULL, NULL,
-     "for --plan: dgx-a100 (the PTD-P paper's Selene), dgx-h100 or nvl72 (GB200 NVL72); the flags below change it"},
+     "for --plan: dgx-a100 (the PTD-P paper's Selene), dgx-h100, nvl72 (GB200 NVL72) or cpu (2 cores under 4 ranks of the "
+     "CPU engine: the plan's calibration); the flags below change it"},
     {"--gpu", NULL, LP_FLAG_STRING, LP_FIELD(gpu), "", "", "NAME", NULL, NULL,
-     "for --plan: a100, h100, h200, b200 or gb200 (\"\": the cluster's)"},
+     "for --plan: a100, h100, h200, b200, gb200 or cpu (\"\": the cluster's)"},
     {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "0", "0", "F", NULL, NULL,
      "for --plan: GiB per GPU (0: the GPU's; plans use 90% of it)"},
     {"--node-gpus", NULL, LP_FLAG_INT, LP_FIELD(node_gpus), "0", "0", "N", NULL, NULL,
