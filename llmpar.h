@@ -171,10 +171,12 @@ typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights 
 #endif
 
 LP_STATE int lp_rank;  // this process's rank, set by lp_process_init (0 before); only rank 0 prints progress
+LP_STATE volatile int lp_ending;  // the watchdog (section 5) is ending the job: lp_fail leaves the last word to it
 #define LP_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))  // the compiler checks the arguments against the format
 
 // Print one line naming what failed, then stop every rank with a non-zero exit.
 static inline LP_PRINTF(1, 2) void lp_fail(const char* fmt, ...) {
+    while (lp_ending) pause();  // (an error the watchdog's abort caused, on another thread: its exit comes)
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "llmpar: error: ");
@@ -924,10 +926,13 @@ static inline const char* lp_engine_name(void) {
     return name;
 }
 
+#ifdef LLMPAR_NCCL
+static inline void lp_nccl_comm_destroy(ncclComm_t comm);  // section 5
+#endif
 static inline void lp_process_finish(LPProcess* proc) {
 #ifdef LLMPAR_NCCL
     for (int a = 0; a < LP_GROUPS; a++)
-        if (proc->group[a].nccl) ncclCommDestroy(proc->group[a].nccl);
+        if (proc->group[a].nccl) lp_nccl_comm_destroy(proc->group[a].nccl);
 #endif
 #ifndef LLMPAR_CPU
     if (lp_cublaslt_workspace) {
@@ -1208,6 +1213,22 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
     if (r != ncclSuccess)
         lp_fail("NCCL %s on group %s (rank %d of %d) failed: %s", op, g->name, g->rank, g->size, ncclGetErrorString(r));
 }
+
+// Every NCCL communicator the process holds, for the watchdog to abort: made and destroyed through these
+// two, at set-up and teardown, while the watchdog is not armed.
+#define LP_MAX_NCCL_COMMS 16  // a rank's groups (5), its stage's head (1) and links (4 at most)
+LP_STATE ncclComm_t lp_nccl_comms[LP_MAX_NCCL_COMMS];
+LP_STATE int lp_nccl_comm_count;
+static inline void lp_nccl_comm_init(ncclComm_t* comm, int ranks, ncclUniqueId id, int rank, const char* op, const LPGroup* g) {
+    if (lp_nccl_comm_count == LP_MAX_NCCL_COMMS) lp_fail("internal: more than %d NCCL communicators", LP_MAX_NCCL_COMMS);
+    lp_nccl_check(ncclCommInitRank(comm, ranks, id, rank), op, g);
+    lp_nccl_comms[lp_nccl_comm_count++] = *comm;
+}
+static inline void lp_nccl_comm_destroy(ncclComm_t comm) {
+    for (int k = 0; k < lp_nccl_comm_count; k++)
+        if (lp_nccl_comms[k] == comm) lp_nccl_comms[k] = lp_nccl_comms[--lp_nccl_comm_count];
+    ncclCommDestroy(comm);
+}
 #endif
 
 // --- the watchdog. A rank whose peer has stopped (a hung GPU, a stalled file system, a lost link) would
@@ -1216,7 +1237,10 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
 // whole job when nothing has moved for timeout_s seconds: one line naming the step, the call and its
 // group (a receive: its sender), then exit status 124; the launcher (mpirun, srun) then ends the other
 // ranks, a stopped one too. Each rank that gives up says so: the ranks waiting on the stopped one, and the
-// stopped one itself if the launcher resumes it (Open MPI sends SIGCONT before it kills).
+// stopped one itself if the launcher resumes it (Open MPI sends SIGCONT before it kills). On the CUDA
+// build it first aborts the process's NCCL communicators (ncclCommAbort: NCCL's way to end a communicator's
+// uncompleted operations, called from this thread as PyTorch's NCCL watchdog does), so that a collective
+// stuck in the GPU ends and the process can exit.
 typedef struct {
     volatile double moved;          // lp_time_s() of the last mark
     const char* volatile what;      // the call waited in, or the phase between calls
@@ -1249,9 +1273,20 @@ static inline void* lp_watchdog_loop(void* arg) {
             snprintf(where, sizeof(where), "waiting in %s on group %s (rank %d of %d)", lp_watchdog.what, g->name, g->rank, g->size);
         else
             snprintf(where, sizeof(where), "in %s", lp_watchdog.what);
-        fprintf(stderr, "llmpar: error: rank %d: no progress for %.0f s at step %d, %s; ending the job (a rank it waits for has "
-                "stopped? --timeout-minutes)\n", lp_rank, idle, lp_watchdog.step, where);
+        lp_ending = 1;
+        char aborting[64] = "";
+#ifdef LLMPAR_NCCL
+        if (lp_nccl_comm_count)
+            snprintf(aborting, sizeof(aborting), "aborting its %d NCCL communicator%s and ", lp_nccl_comm_count,
+                     lp_nccl_comm_count > 1 ? "s" : "");
+#endif
+        fprintf(stderr, "llmpar: error: rank %d: no progress for %.0f s at step %d, %s; %sending the job (a rank it waits for "
+                "has stopped? --timeout-minutes)\n", lp_rank, idle, lp_watchdog.step, where, aborting);
         fflush(stderr);
+#ifdef LLMPAR_NCCL
+        alarm(10);  // an abort can itself hang behind a kernel that never ends: SIGALRM then ends the process
+        for (int k = 0; k < lp_nccl_comm_count; k++) ncclCommAbort(lp_nccl_comms[k]);
+#endif
         _exit(124);
     }
     return NULL;
@@ -1751,7 +1786,7 @@ static inline void lp_group_nccl_init(LPGroup* g) {
     ncclUniqueId id;
     if (g->rank == 0) lp_nccl_check(ncclGetUniqueId(&id), "unique id", g);
     lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->comm), "broadcast of the NCCL id", g);
-    lp_nccl_check(ncclCommInitRank(&g->nccl, g->size, id, g->rank), "communicator init", g);
+    lp_nccl_comm_init(&g->nccl, g->size, id, g->rank, "communicator init", g);
 }
 #endif
 
@@ -7760,8 +7795,8 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPMod
                 ncclUniqueId id;
                 if (st->s == l) lp_nccl_check(ncclGetUniqueId(&id), "unique id", st->pp);
                 lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, l, st->pp->comm), "broadcast of the NCCL id", st->pp);
-                if (st->s == l) lp_nccl_check(ncclCommInitRank(&st->link[dir][0], 2, id, 0), "link init", st->pp);
-                if (st->s == (l + 1) % st->par->pp) lp_nccl_check(ncclCommInitRank(&st->link[dir][1], 2, id, 1), "link init", st->pp);
+                if (st->s == l) lp_nccl_comm_init(&st->link[dir][0], 2, id, 0, "link init", st->pp);
+                if (st->s == (l + 1) % st->par->pp) lp_nccl_comm_init(&st->link[dir][1], 2, id, 1, "link init", st->pp);
             }
         for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamCreateWithFlags(&st->send_stream[dir], cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
@@ -7956,11 +7991,11 @@ static inline void lp_stage_free(LPStage* st) {
 #ifdef LLMPAR_NCCL
     if (st->pp->nccl) {
         cudaCheck(cudaDeviceSynchronize());
-        if (st->head.nccl) ncclCommDestroy(st->head.nccl);
+        if (st->head.nccl) lp_nccl_comm_destroy(st->head.nccl);
         for (int dir = 0; dir < 2; dir++)  // in the order they were made: destroying one waits for its peer
             for (int l = 0; l < st->par->pp; l++) {
-                if (st->s == l) ncclCommDestroy(st->link[dir][0]);
-                if (st->s == (l + 1) % st->par->pp) ncclCommDestroy(st->link[dir][1]);
+                if (st->s == l) lp_nccl_comm_destroy(st->link[dir][0]);
+                if (st->s == (l + 1) % st->par->pp) lp_nccl_comm_destroy(st->link[dir][1]);
             }
         for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamDestroy(st->send_stream[dir]));
         cudaCheck(cudaEventDestroy(st->ready));

@@ -325,7 +325,7 @@ static void test_watchdog(void) {
                          grids[k][0], TRAIN_BIN, args, grids[k][1], dir, dir, dir, TRAIN_BIN, dir, dir);
         const char* ended = strstr(out, "ended after ");
         long ms = ended ? atol(ended + 12) : -1;
-        int lines = 0, named = 0, waiting = 0;  // each rank that gives up: one line naming the step and the call
+        int lines = 0, named = 0, waiting = 0, aborting = 0;  // each rank that gives up: one line naming the step and the call
         for (const char* e = strstr(out, "llmpar: error: "); e; e = strstr(e + 1, "llmpar: error: ")) {
             const char* eol = strchr(e, '\n');
             size_t len = eol ? (size_t)(eol - e) : strlen(e);
@@ -334,11 +334,18 @@ static void test_watchdog(void) {
             lines++;
             named += strstr(line, "no progress for") && strstr(line, " at step ") && (strstr(line, "waiting in ") || strstr(line, " in the "));
             waiting += strstr(line, "waiting in ") && strstr(line, " group ") != NULL;  // (a resumed victim may have been computing)
+            aborting += strstr(line, "; aborting its ") && strstr(line, " NCCL communicator") != NULL;
         }
         snprintf(name, sizeof(name), "watchdog, %s ranks %s, a rank stopped: the job ends in %.1f s (<= 3 + 20), status %d; %d rank(s) "
-                 "giving up, each in one line naming the step and the call", grids[k][0], grids[k][1], ms / 1000.0, rc, lines);
-        expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1, name);
-        if (!(rc != 0 && lines >= 1 && named == lines && waiting >= 1)) printf("%s\n", out);
+                 "giving up, each in one line naming the step and the call%s", grids[k][0], grids[k][1], ms / 1000.0, rc, lines,
+                 comm[0] ? " and aborting its NCCL communicators" : "");
+#ifdef LLMPAR_CPU
+        int aborts = 0;  // no NCCL
+#else
+        int aborts = lines;  // each rank that gives up aborts its NCCL communicators first, and says so
+#endif
+        expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1 && aborting == aborts, name);
+        if (!(rc != 0 && lines >= 1 && named == lines && waiting >= 1 && aborting == aborts)) printf("%s\n", out);
     }
     // under the supervisor: stopped at step ~12 of 40 (checkpoints every 5), relaunched with --resume
     snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x 40 -n 5 --timeout-minutes 0.05 %s",
