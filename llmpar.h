@@ -16,7 +16,7 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  lp_schedule_slots
   5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI; the watchdog over their waits
                  defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, lp_all_to_all, LPPending, lp_wait,
-                 lp_watch, lp_watchdog_start
+                 lp_watch, lp_watch_done, lp_watchdog_start
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature (a mixture of experts'
                  routing, rows into expert order and back, gated sum among them)
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
@@ -1240,7 +1240,8 @@ static inline void lp_nccl_comm_destroy(ncclComm_t comm) {
 // stopped one itself if the launcher resumes it (Open MPI sends SIGCONT before it kills). On the CUDA
 // build it first aborts the process's NCCL communicators (ncclCommAbort: NCCL's way to end a communicator's
 // uncompleted operations, called from this thread as PyTorch's NCCL watchdog does), so that a collective
-// stuck in the GPU ends and the process can exit.
+// stuck in the GPU ends and the process can exit. A call's return is marked too (lp_watch_done): the time
+// between is the rank's waiting, which the straggler report leaves out of its compute time.
 typedef struct {
     volatile double moved;          // lp_time_s() of the last mark
     const char* volatile what;      // the call waited in, or the phase between calls
@@ -1248,15 +1249,33 @@ typedef struct {
     volatile int peer;              // a receive's sender, as the group's rank (-1: a collective)
     volatile int step;              // the step under way (counted from 1)
     volatile double timeout_s;      // 0: off
+    int waiting;                    // inside a marked call (one made inside another counts once)
+    double wait_start, waited;      // its start; seconds waited in marked calls so far
 } LPWatchdog;
 LP_STATE LPWatchdog lp_watchdog;
+// A phase of the loop ("the step"), not a wait.
+static inline void lp_watch_phase(const char* what) {
+    lp_watchdog.what = what;
+    lp_watchdog.group = NULL;
+    lp_watchdog.moved = lp_time_s();
+}
 static inline void lp_watch_peer(const char* what, const LPGroup* g, int peer) {
+    double now = lp_time_s();
     lp_watchdog.what = what;
     lp_watchdog.group = g;
     lp_watchdog.peer = peer;
-    lp_watchdog.moved = lp_time_s();
+    lp_watchdog.moved = now;
+    if (!lp_watchdog.waiting) {
+        lp_watchdog.waiting = 1;
+        lp_watchdog.wait_start = now;
+    }
 }
 static inline void lp_watch(const char* what, const LPGroup* g) { lp_watch_peer(what, g, -1); }
+static inline void lp_watch_done(void) {
+    if (!lp_watchdog.waiting) return;  // (the inner call of two ended the wait)
+    lp_watchdog.waiting = 0;
+    lp_watchdog.waited += lp_time_s() - lp_watchdog.wait_start;
+}
 static inline void* lp_watchdog_loop(void* arg) {
     (void)arg;
     for (;;) {
@@ -1292,7 +1311,7 @@ static inline void* lp_watchdog_loop(void* arg) {
     return NULL;
 }
 static inline void lp_watchdog_start(double timeout_s) {
-    lp_watch("the set-up", NULL);
+    lp_watch_phase("the set-up");
     lp_watchdog.timeout_s = timeout_s;
     pthread_t thread;
     if (pthread_create(&thread, NULL, lp_watchdog_loop, NULL) != 0) lp_fail("cannot start the watchdog thread");
@@ -1311,6 +1330,7 @@ static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int 
     lp_watch("an all-reduce of host values", g);
 #ifdef LLMPAR_MPI
     lp_mpi_all_reduce_f32(g, x, n);
+    lp_watch_done();
     if (average)
         for (size_t i = 0; i < n; i++) x[i] /= g->size;
 #else
@@ -1330,6 +1350,7 @@ static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, 
         int count = (int)(bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30));
         lp_mpi_check(MPI_Bcast((char*)buf + off, count, MPI_BYTE, root, g->comm), "broadcast", g);
     }
+    lp_watch_done();
 #else
     (void)buf;
     (void)bytes;
@@ -1346,6 +1367,7 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
         lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, average ? ncclAvg : ncclSum, g->nccl, 0), "all-reduce", g);
+        lp_watch_done();
         return;
     }
 #endif
@@ -1358,6 +1380,7 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
     lp_to_device_floatX(x, sum, n);
     free(sum);
 #endif
+    lp_watch_done();
 }
 
 // x holds size * shard values; afterwards this rank's shard x[rank*shard ...] holds their sum (or average)
@@ -1370,6 +1393,7 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
     if (g->nccl) {  // in place: this rank's block is its output
         lp_nccl_check(ncclReduceScatter(x, x + shard * g->rank, shard, ncclBfloat16, average ? ncclAvg : ncclSum,
                                         g->nccl, 0), "reduce-scatter", g);
+        lp_watch_done();
         return;
     }
 #endif
@@ -1384,6 +1408,7 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 #endif
     // in place, MPI leaves this rank's reduced block at the start of the buffer
     lp_mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, sum, (int)shard, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
+    lp_watch_done();
     memmove(sum + mine, sum, shard * sizeof(float));
     if (average)
         for (size_t i = mine; i < mine + shard; i++) sum[i] /= g->size;
@@ -1407,6 +1432,7 @@ static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // in place: this rank's block is its input
         lp_nccl_check(ncclAllGather((char*)x + bytes * g->rank, x, bytes, ncclChar, g->nccl, 0), "all-gather", g);
+        lp_watch_done();
         return;
     }
 #endif
@@ -1419,6 +1445,7 @@ static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
     lp_copy_to_host(buf + bytes * g->rank, (char*)x + bytes * g->rank, bytes);
 #endif
     lp_mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes, MPI_BYTE, g->comm), "all-gather", g);
+    lp_watch_done();
 #ifndef LLMPAR_CPU
     lp_copy_to_device(x, buf, bytes * g->size);
 #endif
@@ -1453,6 +1480,7 @@ static inline void lp_all_to_all(const LPGroup* g, const void* send, const int* 
                 lp_nccl_check(ncclRecv((char*)recv + t * row_bytes, recv_rows[r] * row_bytes, ncclChar, r, g->nccl, 0), "receive", g);
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
+        lp_watch_done();
         return;
     }
 #endif
@@ -1477,6 +1505,7 @@ static inline void lp_all_to_all(const LPGroup* g, const void* send, const int* 
 #endif
     lp_mpi_check(MPI_Alltoallv(sbuf, args, args + g->size, MPI_BYTE, rbuf, args + 2 * g->size, args + 3 * g->size, MPI_BYTE, g->comm),
                  "all-to-all", g);
+    lp_watch_done();
 #ifndef LLMPAR_CPU
     for (int r = 0, t = 0; r < g->size; t += recv_rows[r], r++)  // (its own block is in place already)
         if (r != g->rank && recv_rows[r]) lp_copy_to_device((char*)recv + t * row_bytes, rbuf + t * row_bytes, recv_rows[r] * row_bytes);
@@ -1495,6 +1524,7 @@ static inline void lp_barrier(const LPGroup* g) {
 #ifdef LLMPAR_MPI
     lp_mpi_check(MPI_Barrier(g->comm), "barrier", g);
 #endif
+    lp_watch_done();
 }
 
 // --- point-to-point between pipeline stages. A send never holds its sender up: the data is copied out
@@ -1544,6 +1574,7 @@ static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int 
     void* buf = lp_pinned_buffer(n);
 #endif
     lp_mpi_check(MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, MPI_STATUS_IGNORE), "receive", g);
+    lp_watch_done();
 #ifndef LLMPAR_CPU
     lp_copy_to_device(x, buf, bytes);
 #endif
@@ -1561,6 +1592,7 @@ static inline void lp_sends_wait(const LPGroup* g, LPSends* s) {
 #else
     (void)g;
 #endif
+    lp_watch_done();
     for (int k = 0; k < s->count; k++) free(s->buf[k]);
     s->count = 0;
 }
@@ -1762,11 +1794,13 @@ static inline void lp_wait(const LPGroup* g, LPPending* pend) {
     if (g->nccl) {  // the compute stream waits for p's collectives, and only for them
         cudaCheck(cudaStreamWaitEvent(0, pend->done, 0));
         pend->count = 0;
+        lp_watch_done();
         return;
     }
 #endif
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
     lp_mpi_check(MPI_Waitall(pend->count, pend->req, MPI_STATUSES_IGNORE), "wait", g);
+    lp_watch_done();
     for (int k = 0; k < pend->count; k++) {
         if (pend->average[k])  // sums -> averages
             for (size_t i = 0; i < pend->n[k]; i++) pend->average[k][i] /= g->size;
