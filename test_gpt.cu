@@ -294,6 +294,25 @@ static int run_supervised_victim(char* out, size_t size, const char* args, int s
     return rc;
 }
 
+// The lines of the ranks the watchdog ended, in a job's output: how many; how many name the step and the
+// call (or the phase) it stopped in; how many a call on a group (a resumed victim may have been computing);
+// how many say they abort NCCL communicators.
+static int watchdog_lines(const char* out, int* named, int* waiting, int* aborting) {
+    int lines = 0;
+    *named = *waiting = *aborting = 0;
+    for (const char* e = strstr(out, "llmpar: error: "); e; e = strstr(e + 1, "llmpar: error: ")) {
+        const char* eol = strchr(e, '\n');
+        size_t len = eol ? (size_t)(eol - e) : strlen(e);
+        char line[512];
+        snprintf(line, sizeof(line), "%.*s", (int)(len < 511 ? len : 511), e);
+        lines++;
+        *named += strstr(line, "no progress for") && strstr(line, " at step ") && (strstr(line, "waiting in ") || strstr(line, " in the "));
+        *waiting += strstr(line, "waiting in ") && strstr(line, " group ") != NULL;
+        *aborting += strstr(line, "; aborting its ") && strstr(line, " NCCL communicator") != NULL;
+    }
+    return lines;
+}
+
 // The watchdog: a rank stopped by SIGSTOP mid-run (a hung GPU, a stalled file system) leaves its peers
 // waiting in a collective; with --timeout-minutes 0.05 (3 s) the job ends within the timeout and a
 // stated slack of 20 s (mpirun's teardown), status non-zero, each rank that gives up saying so in one
@@ -325,17 +344,7 @@ static void test_watchdog(void) {
                          grids[k][0], TRAIN_BIN, args, grids[k][1], dir, dir, dir, TRAIN_BIN, dir, dir);
         const char* ended = strstr(out, "ended after ");
         long ms = ended ? atol(ended + 12) : -1;
-        int lines = 0, named = 0, waiting = 0, aborting = 0;  // each rank that gives up: one line naming the step and the call
-        for (const char* e = strstr(out, "llmpar: error: "); e; e = strstr(e + 1, "llmpar: error: ")) {
-            const char* eol = strchr(e, '\n');
-            size_t len = eol ? (size_t)(eol - e) : strlen(e);
-            char line[512];
-            snprintf(line, sizeof(line), "%.*s", (int)(len < 511 ? len : 511), e);
-            lines++;
-            named += strstr(line, "no progress for") && strstr(line, " at step ") && (strstr(line, "waiting in ") || strstr(line, " in the "));
-            waiting += strstr(line, "waiting in ") && strstr(line, " group ") != NULL;  // (a resumed victim may have been computing)
-            aborting += strstr(line, "; aborting its ") && strstr(line, " NCCL communicator") != NULL;
-        }
+        int named, waiting, aborting, lines = watchdog_lines(out, &named, &waiting, &aborting);  // one line per rank giving up
         snprintf(name, sizeof(name), "watchdog, %s ranks %s, a rank stopped: the job ends in %.1f s (<= 3 + 20), status %d; %d rank(s) "
                  "giving up, each in one line naming the step and the call%s", grids[k][0], grids[k][1], ms / 1000.0, rc, lines,
                  comm[0] ? " and aborting its NCCL communicators" : "");
@@ -3118,14 +3127,16 @@ static void test_pipeline_parallel(void) {
 }
 
 // Launched by Slurm's srun (PMIx) instead of mpirun, where a Slurm cluster answers (scripts/slurm_local.sh
-// starts a one-node one; CI does): d=2 ZeRO-1 and t=2 p=2 d=2 on 8 ranks equal one rank's losses.
+// starts a one-node one; CI does): d=2 ZeRO-1 and t=2 p=2 d=2 on 8 ranks equal one rank's losses; a
+// scancel -s TERM saves the step; a stopped task ends the step by the watchdog (--kill-on-bad-exit=1).
 static void test_slurm(void) {
     static char out[1 << 17];
     if (system("command -v srun > /dev/null 2>&1 && timeout 10 sinfo -h -o %t 2> /dev/null | grep -qE 'idle|mix|alloc'") != 0) {
         printf("skip: srun launches (no Slurm cluster answers here; scripts/slurm_local.sh starts one)\n");
         return;
     }
-    char base[2048], dir[LP_PATH_MAX], name[160];
+    char base[2048], dir[LP_PATH_MAX], name[256];
+    save_tiny_model(tmp_path("pp_model.bin"), 4, 4242);  // test_pipeline_parallel's model, so that this test runs alone
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("pp_model.bin"),
              tmp_path("dp_shard.bin"));
     float ref[64], got[64];
@@ -3153,6 +3164,24 @@ static void test_slurm(void) {
     expect(rc == 143 && stopped_with_checkpoint(out, "SIGTERM", dir) >= 3,
            "scancel -s TERM of an srun -n 2 step: the ranks save the step they were on and exit 143");
     if (rc != 143) printf("     exit %d, output:\n%s\n", rc, out);
+    // the watchdog under srun: task 1 of 2 (srun runs it by its absolute path; found by its environment)
+    // stopped by SIGSTOP at step 3; --kill-on-bad-exit=1 makes Slurm end the step once the other task's
+    // watchdog exits 124, the stopped one too
+    lp_path(dir, "%s", tmp_path("slurm_watchdog"));
+    rc = run_cmd(out, sizeof(out),
+                 "timeout 300 srun -n 2 --mpi=pmix --kill-on-bad-exit=1 --export=ALL,OMP_NUM_THREADS=1 %s -e dev/ref/tiny_model.bin -i %s "
+                 "-j '' -b 2 -t 16 -v 0 -s 0 --timeout-minutes 0.05 -x 100000 -o %s > %s.log 2>&1 & job=$!; i=0; "
+                 "until grep -q '^step 3/' %s.log 2> /dev/null || [ $i -ge 3000 ]; do sleep 0.01; i=$((i+1)); done; "
+                 "for p in $(pgrep -f 'train_gpt_cpu .* -o %s$'); do grep -qz '^SLURM_PROCID=1$' /proc/$p/environ && kill -STOP $p; done; "
+                 "t0=$(date +%%s%%N); wait $job; rc=$?; echo \"ended after $(( ($(date +%%s%%N) - t0) / 1000000 )) ms\"; cat %s.log; exit $rc",
+                 TRAIN_BIN, tmp_path("dp_shard.bin"), dir, dir, dir, dir, dir);
+    const char* ended = strstr(out, "ended after ");
+    long ms = ended ? atol(ended + 12) : -1;
+    int named, waiting, aborting, lines = watchdog_lines(out, &named, &waiting, &aborting);
+    snprintf(name, sizeof(name), "srun -n 2 --kill-on-bad-exit=1, a task stopped: the step ends in %.1f s (<= 3 + 20), status %d, "
+             "with %d watchdog line(s) naming the step and the call", ms / 1000.0, rc, lines);
+    expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1, name);
+    if (!(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1)) printf("%s\n", out);
 }
 
 // The divergence guard on grids: skip and rollback (LLMPAR_LOSS_AT, inherited by the ranks) give one rank's
