@@ -201,9 +201,10 @@ static int same_file(const char* a, const char* b) {
 // Start `cmd` in the background, run `send` (a shell command; $pid is cmd's) once its log shows step 3, and
 // wait for it; returns its exit status, with its log's lines of stopping and errors in out.
 static int run_and_signal(char* out, size_t out_size, const char* cmd, const char* send, const char* log) {
-    return run_cmd(out, out_size,
-                   "%s > %s 2>&1 & pid=$!; i=0; until grep -q '^step 3/' %s || [ $i -ge 1200 ]; do sleep 0.05; i=$((i+1)); done; "
-                   "%s; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", cmd, log, log, send, log);
+    return run_cmd(out, out_size,  // (the log removed first: a step line left in it by the last run would send the signal at once)
+                   "rm -f %s; %s > %s 2>&1 & pid=$!; i=0; until grep -q '^step 3/' %s 2> /dev/null || [ $i -ge 1200 ]; do sleep 0.05; "
+                   "i=$((i+1)); done; %s; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", log, cmd, log, log,
+                   send, log);
 }
 
 // The step a run stopped by signal `name` (SIGTERM ...) reports, if it also reports that step's checkpoint
