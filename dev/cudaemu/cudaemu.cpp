@@ -1765,7 +1765,6 @@ static std::vector<std::pair<cudaStream_t, CommOp*>> group_ops;
 static ncclResult_t nccl_call(const char* name, Call k, ncclComm_t comm, cudaStream_t stream, size_t send_bytes, size_t recv_bytes) {
     touch();
     if (!comm) emu_fatal("%s: the communicator is NULL", name);
-    if (comm->aborted) return ncclInvalidUsage;
     if (k.kind == C_ALLREDUCE || k.kind == C_REDUCESCATTER || k.kind == C_REDUCE) {
         if (k.type != ncclBfloat16 && k.type != ncclFloat32) emu_fatal("%s: reductions are emulated for ncclBfloat16 and ncclFloat32", name);
         if (k.op != ncclSum && k.op != ncclAvg) emu_fatal("%s: only ncclSum and ncclAvg are emulated", name);
@@ -1775,6 +1774,7 @@ static ncclResult_t nccl_call(const char* name, Call k, ncclComm_t comm, cudaStr
     if (recv_bytes && !mem_range_ok(k.recv, recv_bytes, MEM_DEVICE))
         emu_fatal("%s: the receive buffer %p (%zu bytes) is not inside one device allocation", name, k.recv, recv_bytes);
     std::lock_guard<std::mutex> lk(mu);
+    if (comm->aborted) return ncclInvalidUsage;  // (under the lock: an abort from another thread is seen whole)
     stream = S(stream);
     for (auto& g : group_ops)
         if (group_depth && g.first == stream && g.second->comm == comm) {

@@ -429,7 +429,7 @@ static int case_nccl_abort(void) {
     pthread_join(t, &aborted);
     expect_ints(d, want, 64, "the stream's work after the aborted receive");
     if ((ncclResult_t)(intptr_t)aborted != ncclSuccess) return 1;
-    ncclResult_t after = ncclAllReduce(d, d, 64, ncclInt32, ncclSum, abort_comm, 0);
+    ncclResult_t after = ncclAllReduce(d, d, 64, ncclFloat32, ncclSum, abort_comm, 0);  // (valid but for the abort)
     printf("a call after the abort: %s\n", ncclGetErrorString(after));
     fflush(stdout);
     _exit(after == ncclInvalidUsage ? 0 : 1);  // (MPI still holds the receive: no MPI_Finalize)
