@@ -16,7 +16,7 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  lp_schedule_slots
   5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI; the watchdog over their waits
                  defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, lp_all_to_all, LPPending, lp_wait,
-                 lp_watch, lp_watchdog_start
+                 lp_watch, lp_watch_done, lp_watchdog_start
   6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature (a mixture of experts'
                  routing, rows into expert order and back, gated sum among them)
                  defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
@@ -173,10 +173,12 @@ typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights 
 #endif
 
 LP_STATE int lp_rank;  // this process's rank, set by lp_process_init (0 before); only rank 0 prints progress
+LP_STATE volatile int lp_ending;  // the watchdog (section 5) is ending the job: lp_fail leaves the last word to it
 #define LP_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))  // the compiler checks the arguments against the format
 
 // Print one line naming what failed, then stop every rank with a non-zero exit.
 static inline LP_PRINTF(1, 2) void lp_fail(const char* fmt, ...) {
+    while (lp_ending) pause();  // (an error the watchdog's abort caused, on another thread: its exit comes)
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "llmpar: error: ");
@@ -926,10 +928,13 @@ static inline const char* lp_engine_name(void) {
     return name;
 }
 
+#ifdef LLMPAR_NCCL
+static inline void lp_nccl_comm_destroy(ncclComm_t comm);  // section 5
+#endif
 static inline void lp_process_finish(LPProcess* proc) {
 #ifdef LLMPAR_NCCL
     for (int a = 0; a < LP_GROUPS; a++)
-        if (proc->group[a].nccl) ncclCommDestroy(proc->group[a].nccl);
+        if (proc->group[a].nccl) lp_nccl_comm_destroy(proc->group[a].nccl);
 #endif
 #ifndef LLMPAR_CPU
     if (lp_cublaslt_workspace) {
@@ -1214,6 +1219,22 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
     if (r != ncclSuccess)
         lp_fail("NCCL %s on group %s (rank %d of %d) failed: %s", op, g->name, g->rank, g->size, ncclGetErrorString(r));
 }
+
+// Every NCCL communicator the process holds, for the watchdog to abort: made and destroyed through these
+// two, at set-up and teardown, while the watchdog is not armed.
+#define LP_MAX_NCCL_COMMS 16  // a rank's groups (5), its stage's head (1) and links (4 at most)
+LP_STATE ncclComm_t lp_nccl_comms[LP_MAX_NCCL_COMMS];
+LP_STATE int lp_nccl_comm_count;
+static inline void lp_nccl_comm_init(ncclComm_t* comm, int ranks, ncclUniqueId id, int rank, const char* op, const LPGroup* g) {
+    if (lp_nccl_comm_count == LP_MAX_NCCL_COMMS) lp_fail("internal: more than %d NCCL communicators", LP_MAX_NCCL_COMMS);
+    lp_nccl_check(ncclCommInitRank(comm, ranks, id, rank), op, g);
+    lp_nccl_comms[lp_nccl_comm_count++] = *comm;
+}
+static inline void lp_nccl_comm_destroy(ncclComm_t comm) {
+    for (int k = 0; k < lp_nccl_comm_count; k++)
+        if (lp_nccl_comms[k] == comm) lp_nccl_comms[k] = lp_nccl_comms[--lp_nccl_comm_count];
+    ncclCommDestroy(comm);
+}
 #endif
 
 // --- the watchdog. A rank whose peer has stopped (a hung GPU, a stalled file system, a lost link) would
@@ -1222,7 +1243,11 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
 // whole job when nothing has moved for timeout_s seconds: one line naming the step, the call and its
 // group (a receive: its sender), then exit status 124; the launcher (mpirun, srun) then ends the other
 // ranks, a stopped one too. Each rank that gives up says so: the ranks waiting on the stopped one, and the
-// stopped one itself if the launcher resumes it (Open MPI sends SIGCONT before it kills).
+// stopped one itself if the launcher resumes it (Open MPI sends SIGCONT before it kills). On the CUDA
+// build it first aborts the process's NCCL communicators (ncclCommAbort: NCCL's way to end a communicator's
+// uncompleted operations, called from this thread as PyTorch's NCCL watchdog does), so that a collective
+// stuck in the GPU ends and the process can exit. A call's return is marked too (lp_watch_done): the time
+// between is the rank's waiting, which the straggler report leaves out of its compute time.
 typedef struct {
     volatile double moved;          // lp_time_s() of the last mark
     const char* volatile what;      // the call waited in, or the phase between calls
@@ -1230,15 +1255,33 @@ typedef struct {
     volatile int peer;              // a receive's sender, as the group's rank (-1: a collective)
     volatile int step;              // the step under way (counted from 1)
     volatile double timeout_s;      // 0: off
+    int waiting;                    // inside a marked call (one made inside another counts once)
+    double wait_start, waited;      // its start; seconds waited in marked calls so far
 } LPWatchdog;
 LP_STATE LPWatchdog lp_watchdog;
+// A phase of the loop ("the step"), not a wait.
+static inline void lp_watch_phase(const char* what) {
+    lp_watchdog.what = what;
+    lp_watchdog.group = NULL;
+    lp_watchdog.moved = lp_time_s();
+}
 static inline void lp_watch_peer(const char* what, const LPGroup* g, int peer) {
+    double now = lp_time_s();
     lp_watchdog.what = what;
     lp_watchdog.group = g;
     lp_watchdog.peer = peer;
-    lp_watchdog.moved = lp_time_s();
+    lp_watchdog.moved = now;
+    if (!lp_watchdog.waiting) {
+        lp_watchdog.waiting = 1;
+        lp_watchdog.wait_start = now;
+    }
 }
 static inline void lp_watch(const char* what, const LPGroup* g) { lp_watch_peer(what, g, -1); }
+static inline void lp_watch_done(void) {
+    if (!lp_watchdog.waiting) return;  // (the inner call of two ended the wait)
+    lp_watchdog.waiting = 0;
+    lp_watchdog.waited += lp_time_s() - lp_watchdog.wait_start;
+}
 static inline void* lp_watchdog_loop(void* arg) {
     (void)arg;
     for (;;) {
@@ -1255,15 +1298,26 @@ static inline void* lp_watchdog_loop(void* arg) {
             snprintf(where, sizeof(where), "waiting in %s on group %s (rank %d of %d)", lp_watchdog.what, g->name, g->rank, g->size);
         else
             snprintf(where, sizeof(where), "in %s", lp_watchdog.what);
-        fprintf(stderr, "llmpar: error: rank %d: no progress for %.0f s at step %d, %s; ending the job (a rank it waits for has "
-                "stopped? --timeout-minutes)\n", lp_rank, idle, lp_watchdog.step, where);
+        lp_ending = 1;
+        char aborting[64] = "";
+#ifdef LLMPAR_NCCL
+        if (lp_nccl_comm_count)
+            snprintf(aborting, sizeof(aborting), "aborting its %d NCCL communicator%s and ", lp_nccl_comm_count,
+                     lp_nccl_comm_count > 1 ? "s" : "");
+#endif
+        fprintf(stderr, "llmpar: error: rank %d: no progress for %.0f s at step %d, %s; %sending the job (a rank it waits for "
+                "has stopped? --timeout-minutes)\n", lp_rank, idle, lp_watchdog.step, where, aborting);
         fflush(stderr);
+#ifdef LLMPAR_NCCL
+        alarm(10);  // an abort can itself hang behind a kernel that never ends: SIGALRM then ends the process
+        for (int k = 0; k < lp_nccl_comm_count; k++) ncclCommAbort(lp_nccl_comms[k]);
+#endif
         _exit(124);
     }
     return NULL;
 }
 static inline void lp_watchdog_start(double timeout_s) {
-    lp_watch("the set-up", NULL);
+    lp_watch_phase("the set-up");
     lp_watchdog.timeout_s = timeout_s;
     pthread_t thread;
     if (pthread_create(&thread, NULL, lp_watchdog_loop, NULL) != 0) lp_fail("cannot start the watchdog thread");
@@ -1282,6 +1336,7 @@ static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int 
     lp_watch("an all-reduce of host values", g);
 #ifdef LLMPAR_MPI
     lp_mpi_all_reduce_f32(g, x, n);
+    lp_watch_done();
     if (average)
         for (size_t i = 0; i < n; i++) x[i] /= g->size;
 #else
@@ -1301,6 +1356,7 @@ static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, 
         int count = (int)(bytes - off < ((size_t)1 << 30) ? bytes - off : ((size_t)1 << 30));
         lp_mpi_check(MPI_Bcast((char*)buf + off, count, MPI_BYTE, root, g->comm), "broadcast", g);
     }
+    lp_watch_done();
 #else
     (void)buf;
     (void)bytes;
@@ -1317,6 +1373,7 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
         lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, average ? ncclAvg : ncclSum, g->nccl, 0), "all-reduce", g);
+        lp_watch_done();
         return;
     }
 #endif
@@ -1329,6 +1386,7 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
     lp_to_device_floatX(x, sum, n);
     free(sum);
 #endif
+    lp_watch_done();
 }
 
 // x holds size * shard values; afterwards this rank's shard x[rank*shard ...] holds their sum (or average)
@@ -1341,6 +1399,7 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
     if (g->nccl) {  // in place: this rank's block is its output
         lp_nccl_check(ncclReduceScatter(x, x + shard * g->rank, shard, ncclBfloat16, average ? ncclAvg : ncclSum,
                                         g->nccl, 0), "reduce-scatter", g);
+        lp_watch_done();
         return;
     }
 #endif
@@ -1355,6 +1414,7 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
 #endif
     // in place, MPI leaves this rank's reduced block at the start of the buffer
     lp_mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, sum, (int)shard, MPI_FLOAT, MPI_SUM, g->comm), "reduce-scatter", g);
+    lp_watch_done();
     memmove(sum + mine, sum, shard * sizeof(float));
     if (average)
         for (size_t i = mine; i < mine + shard; i++) sum[i] /= g->size;
@@ -1378,6 +1438,7 @@ static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // in place: this rank's block is its input
         lp_nccl_check(ncclAllGather((char*)x + bytes * g->rank, x, bytes, ncclChar, g->nccl, 0), "all-gather", g);
+        lp_watch_done();
         return;
     }
 #endif
@@ -1390,6 +1451,7 @@ static inline void lp_all_gather(const LPGroup* g, void* x, size_t bytes) {
     lp_copy_to_host(buf + bytes * g->rank, (char*)x + bytes * g->rank, bytes);
 #endif
     lp_mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, buf, (int)bytes, MPI_BYTE, g->comm), "all-gather", g);
+    lp_watch_done();
 #ifndef LLMPAR_CPU
     lp_copy_to_device(x, buf, bytes * g->size);
 #endif
@@ -1424,6 +1486,7 @@ static inline void lp_all_to_all(const LPGroup* g, const void* send, const int* 
                 lp_nccl_check(ncclRecv((char*)recv + t * row_bytes, recv_rows[r] * row_bytes, ncclChar, r, g->nccl, 0), "receive", g);
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
+        lp_watch_done();
         return;
     }
 #endif
@@ -1448,6 +1511,7 @@ static inline void lp_all_to_all(const LPGroup* g, const void* send, const int* 
 #endif
     lp_mpi_check(MPI_Alltoallv(sbuf, args, args + g->size, MPI_BYTE, rbuf, args + 2 * g->size, args + 3 * g->size, MPI_BYTE, g->comm),
                  "all-to-all", g);
+    lp_watch_done();
 #ifndef LLMPAR_CPU
     for (int r = 0, t = 0; r < g->size; t += recv_rows[r], r++)  // (its own block is in place already)
         if (r != g->rank && recv_rows[r]) lp_copy_to_device((char*)recv + t * row_bytes, rbuf + t * row_bytes, recv_rows[r] * row_bytes);
@@ -1466,6 +1530,7 @@ static inline void lp_barrier(const LPGroup* g) {
 #ifdef LLMPAR_MPI
     lp_mpi_check(MPI_Barrier(g->comm), "barrier", g);
 #endif
+    lp_watch_done();
 }
 
 // --- point-to-point between pipeline stages. A send never holds its sender up: the data is copied out
@@ -1515,6 +1580,7 @@ static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int 
     void* buf = lp_pinned_buffer(n);
 #endif
     lp_mpi_check(MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, MPI_STATUS_IGNORE), "receive", g);
+    lp_watch_done();
 #ifndef LLMPAR_CPU
     lp_copy_to_device(x, buf, bytes);
 #endif
@@ -1532,6 +1598,7 @@ static inline void lp_sends_wait(const LPGroup* g, LPSends* s) {
 #else
     (void)g;
 #endif
+    lp_watch_done();
     for (int k = 0; k < s->count; k++) free(s->buf[k]);
     s->count = 0;
 }
@@ -1733,11 +1800,13 @@ static inline void lp_wait(const LPGroup* g, LPPending* pend) {
     if (g->nccl) {  // the compute stream waits for p's collectives, and only for them
         cudaCheck(cudaStreamWaitEvent(0, pend->done, 0));
         pend->count = 0;
+        lp_watch_done();
         return;
     }
 #endif
 #if defined(LLMPAR_MPI) && defined(LLMPAR_CPU)
     lp_mpi_check(MPI_Waitall(pend->count, pend->req, MPI_STATUSES_IGNORE), "wait", g);
+    lp_watch_done();
     for (int k = 0; k < pend->count; k++) {
         if (pend->average[k])  // sums -> averages
             for (size_t i = 0; i < pend->n[k]; i++) pend->average[k][i] /= g->size;
@@ -1757,7 +1826,7 @@ static inline void lp_group_nccl_init(LPGroup* g) {
     ncclUniqueId id;
     if (g->rank == 0) lp_nccl_check(ncclGetUniqueId(&id), "unique id", g);
     lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->comm), "broadcast of the NCCL id", g);
-    lp_nccl_check(ncclCommInitRank(&g->nccl, g->size, id, g->rank), "communicator init", g);
+    lp_nccl_comm_init(&g->nccl, g->size, id, g->rank, "communicator init", g);
 }
 #endif
 
@@ -7782,8 +7851,8 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPMod
                 ncclUniqueId id;
                 if (st->s == l) lp_nccl_check(ncclGetUniqueId(&id), "unique id", st->pp);
                 lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, l, st->pp->comm), "broadcast of the NCCL id", st->pp);
-                if (st->s == l) lp_nccl_check(ncclCommInitRank(&st->link[dir][0], 2, id, 0), "link init", st->pp);
-                if (st->s == (l + 1) % st->par->pp) lp_nccl_check(ncclCommInitRank(&st->link[dir][1], 2, id, 1), "link init", st->pp);
+                if (st->s == l) lp_nccl_comm_init(&st->link[dir][0], 2, id, 0, "link init", st->pp);
+                if (st->s == (l + 1) % st->par->pp) lp_nccl_comm_init(&st->link[dir][1], 2, id, 1, "link init", st->pp);
             }
         for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamCreateWithFlags(&st->send_stream[dir], cudaStreamNonBlocking));
         cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
@@ -7978,11 +8047,11 @@ static inline void lp_stage_free(LPStage* st) {
 #ifdef LLMPAR_NCCL
     if (st->pp->nccl) {
         cudaCheck(cudaDeviceSynchronize());
-        if (st->head.nccl) ncclCommDestroy(st->head.nccl);
+        if (st->head.nccl) lp_nccl_comm_destroy(st->head.nccl);
         for (int dir = 0; dir < 2; dir++)  // in the order they were made: destroying one waits for its peer
             for (int l = 0; l < st->par->pp; l++) {
-                if (st->s == l) ncclCommDestroy(st->link[dir][0]);
-                if (st->s == (l + 1) % st->par->pp) ncclCommDestroy(st->link[dir][1]);
+                if (st->s == l) lp_nccl_comm_destroy(st->link[dir][0]);
+                if (st->s == (l + 1) % st->par->pp) lp_nccl_comm_destroy(st->link[dir][1]);
             }
         for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamDestroy(st->send_stream[dir]));
         cudaCheck(cudaEventDestroy(st->ready));

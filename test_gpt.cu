@@ -201,9 +201,10 @@ static int same_file(const char* a, const char* b) {
 // Start `cmd` in the background, run `send` (a shell command; $pid is cmd's) once its log shows step 3, and
 // wait for it; returns its exit status, with its log's lines of stopping and errors in out.
 static int run_and_signal(char* out, size_t out_size, const char* cmd, const char* send, const char* log) {
-    return run_cmd(out, out_size,
-                   "%s > %s 2>&1 & pid=$!; i=0; until grep -q '^step 3/' %s || [ $i -ge 1200 ]; do sleep 0.05; i=$((i+1)); done; "
-                   "%s; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", cmd, log, log, send, log);
+    return run_cmd(out, out_size,  // (the log removed first: a step line left in it by the last run would send the signal at once)
+                   "rm -f %s; %s > %s 2>&1 & pid=$!; i=0; until grep -q '^step 3/' %s 2> /dev/null || [ $i -ge 1200 ]; do sleep 0.05; "
+                   "i=$((i+1)); done; %s; wait $pid; rc=$?; grep -E '^(stopped|train_resilient|llmpar)' %s; exit $rc", log, cmd, log, log,
+                   send, log);
 }
 
 // The step a run stopped by signal `name` (SIGTERM ...) reports, if it also reports that step's checkpoint
@@ -294,6 +295,25 @@ static int run_supervised_victim(char* out, size_t size, const char* args, int s
     return rc;
 }
 
+// The lines of the ranks the watchdog ended, in a job's output: how many; how many name the step and the
+// call (or the phase) it stopped in; how many a call on a group (a resumed victim may have been computing);
+// how many say they abort NCCL communicators.
+static int watchdog_lines(const char* out, int* named, int* waiting, int* aborting) {
+    int lines = 0;
+    *named = *waiting = *aborting = 0;
+    for (const char* e = strstr(out, "llmpar: error: "); e; e = strstr(e + 1, "llmpar: error: ")) {
+        const char* eol = strchr(e, '\n');
+        size_t len = eol ? (size_t)(eol - e) : strlen(e);
+        char line[512];
+        snprintf(line, sizeof(line), "%.*s", (int)(len < 511 ? len : 511), e);
+        lines++;
+        *named += strstr(line, "no progress for") && strstr(line, " at step ") && (strstr(line, "waiting in ") || strstr(line, " in the "));
+        *waiting += strstr(line, "waiting in ") && strstr(line, " group ") != NULL;
+        *aborting += strstr(line, "; aborting its ") && strstr(line, " NCCL communicator") != NULL;
+    }
+    return lines;
+}
+
 // The watchdog: a rank stopped by SIGSTOP mid-run (a hung GPU, a stalled file system) leaves its peers
 // waiting in a collective; with --timeout-minutes 0.05 (3 s) the job ends within the timeout and a
 // stated slack of 20 s (mpirun's teardown), status non-zero, each rank that gives up saying so in one
@@ -325,20 +345,17 @@ static void test_watchdog(void) {
                          grids[k][0], TRAIN_BIN, args, grids[k][1], dir, dir, dir, TRAIN_BIN, dir, dir);
         const char* ended = strstr(out, "ended after ");
         long ms = ended ? atol(ended + 12) : -1;
-        int lines = 0, named = 0, waiting = 0;  // each rank that gives up: one line naming the step and the call
-        for (const char* e = strstr(out, "llmpar: error: "); e; e = strstr(e + 1, "llmpar: error: ")) {
-            const char* eol = strchr(e, '\n');
-            size_t len = eol ? (size_t)(eol - e) : strlen(e);
-            char line[512];
-            snprintf(line, sizeof(line), "%.*s", (int)(len < 511 ? len : 511), e);
-            lines++;
-            named += strstr(line, "no progress for") && strstr(line, " at step ") && (strstr(line, "waiting in ") || strstr(line, " in the "));
-            waiting += strstr(line, "waiting in ") && strstr(line, " group ") != NULL;  // (a resumed victim may have been computing)
-        }
+        int named, waiting, aborting, lines = watchdog_lines(out, &named, &waiting, &aborting);  // one line per rank giving up
         snprintf(name, sizeof(name), "watchdog, %s ranks %s, a rank stopped: the job ends in %.1f s (<= 3 + 20), status %d; %d rank(s) "
-                 "giving up, each in one line naming the step and the call", grids[k][0], grids[k][1], ms / 1000.0, rc, lines);
-        expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1, name);
-        if (!(rc != 0 && lines >= 1 && named == lines && waiting >= 1)) printf("%s\n", out);
+                 "giving up, each in one line naming the step and the call%s", grids[k][0], grids[k][1], ms / 1000.0, rc, lines,
+                 comm[0] ? " and aborting its NCCL communicators" : "");
+#ifdef LLMPAR_CPU
+        int aborts = 0;  // no NCCL
+#else
+        int aborts = lines;  // each rank that gives up aborts its NCCL communicators first, and says so
+#endif
+        expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1 && aborting == aborts, name);
+        if (!(rc != 0 && lines >= 1 && named == lines && waiting >= 1 && aborting == aborts)) printf("%s\n", out);
     }
     // under the supervisor: stopped at step ~12 of 40 (checkpoints every 5), relaunched with --resume
     snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x 40 -n 5 --timeout-minutes 0.05 %s",
@@ -353,6 +370,48 @@ static void test_watchdog(void) {
 }
 
 #ifdef LLMPAR_CPU
+// The straggler check (--straggler) on 2 ranks, d=2, 21 steps (two windows of 10 after the warm-up step): a
+// healthy run names no rank; a run whose rank 1 the test stops for half of every 0.3 s (SIGSTOP, SIGCONT)
+// from its second step on names rank 1, its host and coordinates, in a line per window and in the end
+// report. Both at --straggler 0.2, not the default 0.1: this machine's two cores are shared, and another
+// process may take 10% of a healthy rank's window (a true straggler, but not this test's). The check
+// changes no loss: the two runs and a third with it off give the same losses, exactly.
+static void test_stragglers(void) {
+    static char out[3][1 << 15];
+    if (no_mpirun("the straggler check")) return;
+    char args[2048], dir[LP_PATH_MAX], slow[2 * LP_PATH_MAX + 512];
+    float losses[3][64];
+    int n[3], rc[3];
+    snprintf(args, sizeof(args), "-e d2 -i %s -j '' -b 2 -t 32 -v 0 -s 0 -x 21", tmp_path("dp_shard.bin"));
+    const char* check[3] = {"--straggler 0", "--straggler 0.2", "--straggler 0.2"};
+    for (int k = 0; k < 3; k++) {
+        lp_path(dir, "%s_%d", tmp_path("straggler"), k);
+        snprintf(slow, sizeof(slow),  // rank 1, found by its environment, stopped for half of every 0.3 s
+                 "i=0; until grep -q '^step 2/' %s.log 2> /dev/null || [ $i -ge 3000 ]; do sleep 0.01; i=$((i+1)); done; "
+                 "for p in $(pgrep -f '^%s .* -o %s$'); do grep -qz '^OMPI_COMM_WORLD_RANK=1$' /proc/$p/environ && pid=$p; done; "
+                 "while kill -STOP $pid 2> /dev/null; do sleep 0.15; kill -CONT $pid; sleep 0.15; done; ", dir, TRAIN_BIN, dir);
+        rc[k] = run_cmd(out[k], sizeof(out[k]),
+                        "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s %s -o %s > %s.log 2>&1 & job=$!; "
+                        "%swait $job; rc=$?; cat %s.log; exit $rc", TRAIN_BIN, args, check[k], dir, dir, k == 2 ? slow : "", dir);
+        n[k] = parse_losses(out[k], losses[k], 64);
+    }
+    expect(rc[0] == 0 && n[0] == 21 && !strstr(out[0], "straggler at steps") && !strstr(out[0], "stragglers: "),
+           "--straggler 0: 21 steps, no straggler check");
+    expect(rc[1] == 0 && n[1] == 21 && !strstr(out[1], "straggler at steps") && strstr(out[1], "stragglers: none in 2 windows of 10 steps"),
+           "a healthy run on 2 ranks names no straggler, and its end report says so (2 windows of 10 steps)");
+    const char* line = strstr(out[2], "straggler at steps ");
+    expect(rc[2] == 0 && n[2] == 21 && line && strstr(line, ": rank 1 (host ") && strstr(line, ", t 0 p 0 d 1) computed ") &&
+               strstr(line, "% of a step) behind the median rank's ") && strstr(out[2], "stragglers: a rank behind the median by more than 20% of a "
+                                                                             "step in ") && strstr(out[2], "the furthest, rank 1 (host "),
+           "rank 1 stopped half the time: named, with its host and t, p, d, in a line and in the end report");
+    if (rc[1] != 0 || n[1] != 21 || strstr(out[1], "straggler at steps")) printf("%s\n", out[1]);
+    if (!line || !strstr(line, ": rank 1 (host ")) printf("%s\n", out[2]);
+    if (n[0] == 21 && n[1] == 21 && n[2] == 21) {
+        expect_close("the straggler check changes no loss: on, off and with a rank slowed, the same losses exactly", losses[1], losses[0], 21, 0.0f, 0.0f);
+        expect_close("the straggler check changes no loss: a slowed rank's run equals the healthy one exactly", losses[2], losses[0], 21, 0.0f, 0.0f);
+    }
+}
+
 static LPProcess single;  // a one-rank grid for calls that take groups
 
 // One uninterrupted run of the engine into dir; its weights at `step` (NULL if it saved none).
@@ -3106,14 +3165,16 @@ static void test_pipeline_parallel(void) {
 }
 
 // Launched by Slurm's srun (PMIx) instead of mpirun, where a Slurm cluster answers (scripts/slurm_local.sh
-// starts a one-node one; CI does): d=2 ZeRO-1 and t=2 p=2 d=2 on 8 ranks equal one rank's losses.
+// starts a one-node one; CI does): d=2 ZeRO-1 and t=2 p=2 d=2 on 8 ranks equal one rank's losses; a
+// scancel -s TERM saves the step; a stopped task ends the step by the watchdog (--kill-on-bad-exit=1).
 static void test_slurm(void) {
     static char out[1 << 17];
     if (system("command -v srun > /dev/null 2>&1 && timeout 10 sinfo -h -o %t 2> /dev/null | grep -qE 'idle|mix|alloc'") != 0) {
         printf("skip: srun launches (no Slurm cluster answers here; scripts/slurm_local.sh starts one)\n");
         return;
     }
-    char base[2048], dir[LP_PATH_MAX], name[160];
+    char base[2048], dir[LP_PATH_MAX], name[256];
+    save_tiny_model(tmp_path("pp_model.bin"), 4, 4242);  // test_pipeline_parallel's model, so that this test runs alone
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("pp_model.bin"),
              tmp_path("dp_shard.bin"));
     float ref[64], got[64];
@@ -3141,6 +3202,24 @@ static void test_slurm(void) {
     expect(rc == 143 && stopped_with_checkpoint(out, "SIGTERM", dir) >= 3,
            "scancel -s TERM of an srun -n 2 step: the ranks save the step they were on and exit 143");
     if (rc != 143) printf("     exit %d, output:\n%s\n", rc, out);
+    // the watchdog under srun: task 1 of 2 (srun runs it by its absolute path; found by its environment)
+    // stopped by SIGSTOP at step 3; --kill-on-bad-exit=1 makes Slurm end the step once the other task's
+    // watchdog exits 124, the stopped one too
+    lp_path(dir, "%s", tmp_path("slurm_watchdog"));
+    rc = run_cmd(out, sizeof(out),
+                 "timeout 300 srun -n 2 --mpi=pmix --kill-on-bad-exit=1 --export=ALL,OMP_NUM_THREADS=1 %s -e dev/ref/tiny_model.bin -i %s "
+                 "-j '' -b 2 -t 16 -v 0 -s 0 --timeout-minutes 0.05 -x 100000 -o %s > %s.log 2>&1 & job=$!; i=0; "
+                 "until grep -q '^step 3/' %s.log 2> /dev/null || [ $i -ge 3000 ]; do sleep 0.01; i=$((i+1)); done; "
+                 "for p in $(pgrep -f 'train_gpt_cpu .* -o %s$'); do grep -qz '^SLURM_PROCID=1$' /proc/$p/environ && kill -STOP $p; done; "
+                 "t0=$(date +%%s%%N); wait $job; rc=$?; echo \"ended after $(( ($(date +%%s%%N) - t0) / 1000000 )) ms\"; cat %s.log; exit $rc",
+                 TRAIN_BIN, tmp_path("dp_shard.bin"), dir, dir, dir, dir, dir);
+    const char* ended = strstr(out, "ended after ");
+    long ms = ended ? atol(ended + 12) : -1;
+    int named, waiting, aborting, lines = watchdog_lines(out, &named, &waiting, &aborting);
+    snprintf(name, sizeof(name), "srun -n 2 --kill-on-bad-exit=1, a task stopped: the step ends in %.1f s (<= 3 + 20), status %d, "
+             "with %d watchdog line(s) naming the step and the call", ms / 1000.0, rc, lines);
+    expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1, name);
+    if (!(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1)) printf("%s\n", out);
 }
 
 // The divergence guard on grids: skip and rollback (LLMPAR_LOSS_AT, inherited by the ranks) give one rank's
@@ -4756,6 +4835,7 @@ int main(int argc, char** argv) {
     RUN(test_supervisor_kill);
     RUN(test_output_lock);
     RUN(test_watchdog);
+    RUN(test_stragglers);
     RUN(test_offload);
     RUN(test_plan_runs);
     RUN(test_slurm);

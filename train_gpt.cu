@@ -40,6 +40,7 @@ typedef struct {
     int keep;                // --keep: checkpoints kept (0: all)
     float ckpt_minutes;      // --ckpt-minutes: also checkpoint once this long has passed since the last (0: off)
     float timeout_minutes;   // --timeout-minutes: the watchdog's (0: max(10 minutes, 20x the median step so far))
+    float straggler;         // --straggler: name a rank behind the median by more than this share of a step (0: off)
     int overwrite;           // --overwrite: a fresh run may replace the checkpoints in -o
     int on_divergence;       // --on-divergence: stop | skip | rollback (lp_divergence_names)
     float loss_spike;        // --loss-spike: a loss above this times the recent mean is a spike (0: off)
@@ -170,6 +171,10 @@ static const LPFlagSpec lp_flag_specs[] = {
      "with 2 or more ranks, a rank that has waited M minutes in one collective or send/receive (a peer stopped, "
      "hung or gone) ends the job with one line naming the step and the call, exit status 124, for a supervisor to "
      "relaunch (0: max(10 minutes, 20 times the median step so far))"},
+    {"--straggler", NULL, LP_FLAG_FLOAT, LP_FIELD(straggler), "0.1", "0.1", "F", NULL, NULL,
+     "with 2 or more ranks, every 10 steps the ranks compare their compute time per step (forward-backward less "
+     "its waits for other ranks), and a rank behind the median rank by more than F of a step (0.1: 10%) is named "
+     "in one line, with its host and t, p, d coordinates, and in the end report (0: off)"},
     {"--overwrite", NULL, LP_FLAG_SWITCH, LP_FIELD(overwrite), NULL, NULL, NULL, NULL, NULL,
      "without --resume, start even though -o holds checkpoints, removing them (otherwise that is an error: a later "
      "--resume would take the newest of either run)"},
@@ -560,6 +565,7 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag %s: checkpoints need %s DIR to go in", LP_FLAG_NAME(ckpt_every), LP_FLAG_NAME(out_dir));
     if (f->timeout_minutes < 0.0f)
         lp_fail_all("flag %s: must be >= 0 (0: the default rule), got %g", LP_FLAG_NAME(timeout_minutes), f->timeout_minutes);
+    if (!(f->straggler >= 0.0f)) lp_fail_all("flag %s: must be >= 0 (0: off), got %g", LP_FLAG_NAME(straggler), f->straggler);
     if (f->ckpt_minutes < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: off), got %g", LP_FLAG_NAME(ckpt_minutes), f->ckpt_minutes);
     if (f->ckpt_minutes > 0.0f && f->out_dir[0] == '\0')
         lp_fail_all("flag %s: checkpoints need %s DIR to go in", LP_FLAG_NAME(ckpt_minutes), LP_FLAG_NAME(out_dir));
@@ -823,6 +829,13 @@ typedef struct {
     double flops_per_step, peak, sum_ms, sum_update_ms;
     int timed_steps, traffic_steps;
     LPGroup tp_traffic;
+    // the straggler check (--straggler): this rank's sums over the window under way; the windows compared,
+    // those that named a rank, and the furthest behind a rank was (its name, the window's first step)
+    double window_busy_s, window_step_s;
+    int window_steps, windows, named_windows;
+    double worst_lag_ms, worst_share;
+    int worst_rank, worst_from;
+    char worst_who[160];
 } LPTrainRun;
 
 // The start-up report: engine, grid, model, pipeline, data, batch, schedule and rank 0's memory.
@@ -1190,6 +1203,7 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
 typedef struct {
     float loss, norm, lr;
     double t0, t1;        // its start; forward-backward's end
+    double busy_s;        // forward-backward less its waits for other ranks (the straggler check)
     LPGroup tp_before;    // the TP group's traffic counters at its start
     char diverged[200];   // why the divergence guard stopped it, or ""
     int bad_weights;      // the update left a weight that is not finite
@@ -1213,6 +1227,66 @@ static int lp_run_diverging(LPTrainRun* r, int step, LPStepRecord* s) {
     return s->diverged[0] != '\0';
 }
 
+// The straggler check (--straggler). A rank that computes slower than the others (a throttled GPU, a busy
+// host) holds every step up while they wait for it. Its compute time is its forward-backward less the
+// waits the watchdog marks (lp_watch ... lp_watch_done): time the rank spent itself, so the slow rank
+// stands out while its peers' waits are left out. Every LP_STRAGGLER_WINDOW steps (the first step, a
+// warm-up, not among them) the ranks share their mean, in one all-reduce of world + 1 floats, and rank 0
+// names the slowest rank when it is behind the median rank (of an even count, the lower middle) by more
+// than the flag's share of a step, in ms and %; the named rank sends its host and coordinates (a broadcast
+// of 160 bytes). On the CUDA build NCCL's collectives wait inside the GPU, where the host does not see
+// them: there the waits of tensor and pipeline parallelism count as compute, so a slow rank's TP and PP
+// peers look as slow as it (data parallelism's waits come after forward-backward and are left out).
+#define LP_STRAGGLER_WINDOW 10
+static int lp_compare_double(const void* a, const void* b) {
+    double x = *(const double*)a, y = *(const double*)b;
+    return (x > y) - (x < y);
+}
+static void lp_run_stragglers(LPTrainRun* r, int step, double busy_s, double step_s) {
+    const LPProcess* proc = r->proc;
+    int n = proc->world;
+    r->window_busy_s += busy_s;
+    r->window_step_s += step_s;
+    if (++r->window_steps < LP_STRAGGLER_WINDOW) return;
+    float* ms = (float*)lp_host_malloc(((size_t)n + 1) * sizeof(float), "straggler check");  // each rank's compute per step; the mean step
+    double* sorted = (double*)lp_host_malloc((size_t)n * sizeof(double), "straggler check");
+    memset(ms, 0, ((size_t)n + 1) * sizeof(float));
+    ms[proc->rank] = (float)(1e3 * r->window_busy_s / r->window_steps);
+    ms[n] = (float)(1e3 * r->window_step_s / r->window_steps / n);
+    lp_all_reduce_host(&proc->world_group, ms, (size_t)n + 1, 0);
+    int from = step + 2 - r->window_steps, slowest = 0;
+    r->window_busy_s = r->window_step_s = 0.0;
+    r->window_steps = 0;
+    r->windows++;
+    for (int k = 0; k < n; k++) {
+        sorted[k] = ms[k];
+        if (ms[k] > ms[slowest]) slowest = k;
+    }
+    qsort(sorted, (size_t)n, sizeof(double), lp_compare_double);
+    double median = sorted[(n - 1) / 2], lag = ms[slowest] - median, share = lag / ms[n];
+    if (share > r->f->straggler) {
+        char who[160] = "";
+        if (proc->rank == slowest) {
+            char host[64] = "";
+            gethostname(host, sizeof(host) - 1);
+            snprintf(who, sizeof(who), "host %s, t %d p %d d %d", host, proc->coord[LP_TP], proc->coord[LP_PP], proc->coord[LP_DP]);
+        }
+        lp_broadcast_host(&proc->world_group, who, sizeof(who), slowest);
+        lp_log("straggler at steps %d-%d: rank %d (%s) computed %.1f ms per step, %.1f ms (%.0f%% of a step) behind the "
+               "median rank's %.1f ms\n", from, step + 1, slowest, who, ms[slowest], lag, 100.0 * share, median);
+        r->named_windows++;
+        if (share > r->worst_share) snprintf(r->worst_who, sizeof(r->worst_who), "%s", who);
+    }
+    if (share > r->worst_share) {
+        r->worst_share = share;
+        r->worst_lag_ms = lag;
+        r->worst_rank = slowest;
+        r->worst_from = from;
+    }
+    free(sorted);
+    free(ms);
+}
+
 // After the update (or instead of it): the step reported, or a divergence handled (the weights after the
 // update are checked too). Returns the step the loop goes on from (step + 1, or a rollback's checkpoint step).
 static int lp_run_step_end(LPTrainRun* r, int step, LPStepRecord* s) {
@@ -1224,6 +1298,7 @@ static int lp_run_step_end(LPTrainRun* r, int step, LPStepRecord* s) {
     if (r->skip) r->strikes = 0;
     lp_loss_window_add(&r->recent, s->loss);
     lp_report_step(r, step, s->loss, s->lr, s->norm, (t2 - s->t0) * 1000.0, (t2 - s->t1) * 1000.0, &s->tp_before);
+    if (r->proc->world > 1 && r->f->straggler > 0.0f && step > r->first_step) lp_run_stragglers(r, step, s->busy_s, t2 - s->t0);
     return step + 1;
 }
 
@@ -1244,6 +1319,14 @@ static void lp_report_end(LPTrainRun* r) {
         lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
                "%.1f all-gathers (%.4f MiB)\n", (double)tr->calls[0] / steps, tr->bytes[0] / steps / MiB,
                (double)tr->calls[1] / steps, tr->bytes[1] / steps / MiB, (double)tr->calls[2] / steps, tr->bytes[2] / steps / MiB);
+    if (r->named_windows)
+        lp_log("stragglers: a rank behind the median by more than %.0f%% of a step in %d of %d windows of %d steps; the "
+               "furthest, rank %d (%s) by %.1f ms (%.0f%%) at steps %d-%d\n", 100.0 * r->f->straggler, r->named_windows, r->windows,
+               LP_STRAGGLER_WINDOW, r->worst_rank, r->worst_who, r->worst_lag_ms, 100.0 * r->worst_share, r->worst_from,
+               r->worst_from + LP_STRAGGLER_WINDOW - 1);
+    else if (r->windows)
+        lp_log("stragglers: none in %d windows of %d steps (the slowest rank at most %.1f ms, %.0f%% of a step, behind the "
+               "median rank)\n", r->windows, LP_STRAGGLER_WINDOW, r->worst_lag_ms, 100.0 * r->worst_share);
     if (proc->par->pp < 2 || r->timed_steps == 0) return;
     LPBubble b = lp_stage_bubble(&r->stage);  // the measured bubble, and the simulator's from the measured costs
     lp_log("pipeline bubble  measured %.1f%% (forward-backward %.2f ms per step, the busiest stage computing %.2f ms); "
@@ -1262,10 +1345,6 @@ static void lp_run_free(LPTrainRun* r) {
 }
 
 // The watchdog's timeout: --timeout-minutes, or max(10 minutes, 20 times the median of the last 32 steps).
-static int lp_compare_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return (x > y) - (x < y);
-}
 static double lp_run_timeout_s(const LPTrainRun* r) {
     if (r->f->timeout_minutes > 0.0f) return 60.0 * r->f->timeout_minutes;
     int n = r->computed < 32 ? r->computed : 32;  // the filled slots are the first n
@@ -1288,7 +1367,7 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
     while (step <= f->max_steps) {
         lp_watchdog.step = step + 1;
         lp_watchdog.timeout_s = proc->world > 1 ? lp_run_timeout_s(&r) : 0.0;
-        lp_watch("the step", NULL);
+        lp_watch_phase("the step");
         stop = lp_run_stop_asked(proc);
         lp_run_between_steps(&r, step, stop >= 0);  // val loss, a sample, a checkpoint: each when due
         if (step == f->max_steps || stop >= 0) break;
@@ -1296,10 +1375,12 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         LPStepRecord s;
         memset(&s, 0, sizeof(s));
         s.t0 = lp_time_s();
+        double waited = lp_watchdog.waited;
         s.tp_before = proc->group[LP_TP];
         s.loss = lp_injected_loss(++r.computed, lp_step_forward_backward(&r.stage, &r.train));  // m micro-batches
         lp_device_sync();
         s.t1 = lp_time_s();
+        s.busy_s = s.t1 - s.t0 - (lp_watchdog.waited - waited);
         lp_step_reduce_grads(&r.stage);           // averaged over DP (ZeRO: onto the shards); the head's copies summed
         s.norm = lp_step_grad_norm(&r.stage);     // the global norm, before clipping
         s.lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, f->decay == 0);

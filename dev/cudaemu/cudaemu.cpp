@@ -1652,6 +1652,7 @@ struct ncclComm {
     MPI_Comm comm;
     int rank, size;
     uint64_t issued, started;  // calls queued and calls posted: they post in the order they were made
+    bool aborted;              // by ncclCommAbort: every later call on it is refused
 };
 
 namespace {
@@ -1773,6 +1774,7 @@ static ncclResult_t nccl_call(const char* name, Call k, ncclComm_t comm, cudaStr
     if (recv_bytes && !mem_range_ok(k.recv, recv_bytes, MEM_DEVICE))
         emu_fatal("%s: the receive buffer %p (%zu bytes) is not inside one device allocation", name, k.recv, recv_bytes);
     std::lock_guard<std::mutex> lk(mu);
+    if (comm->aborted) return ncclInvalidUsage;  // (under the lock: an abort from another thread is seen whole)
     stream = S(stream);
     for (auto& g : group_ops)
         if (group_depth && g.first == stream && g.second->comm == comm) {
@@ -1795,7 +1797,10 @@ static ncclResult_t nccl_call(const char* name, Call k, ncclComm_t comm, cudaStr
 
 extern "C" {
 
-const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "NCCL error (cudaemu)"; }
+const char* ncclGetErrorString(ncclResult_t r) {
+    return r == ncclSuccess ? "no error" : r == ncclInvalidUsage ? "invalid usage (cudaemu: a communicator used after ncclCommAbort)"
+                                                                  : "NCCL error (cudaemu)";
+}
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
     static int serial;
@@ -1848,10 +1853,38 @@ ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int 
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     touch();
+    if (comm->aborted) return ncclInvalidUsage;
     host_wait("device", [comm] { return comm->started == comm->issued; });
     device_sync();
     MPI_Comm_free(&comm->comm);
     delete comm;
+    return ncclSuccess;
+}
+
+// Local, from any thread, never waiting for other ranks: the communicator's calls still queued or in flight
+// (a collective whose peer has stopped) leave their streams, which go on, and it refuses every later call.
+// MPI cannot cancel a collective's requests, so the dropped calls keep their buffers for MPI to the end
+// (as after NCCL's abort, the process is expected to end), and the MPI communicator is not freed, which
+// would need the other ranks.
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    touch();
+    std::lock_guard<std::mutex> lk(mu);
+    if (comm->aborted) return ncclInvalidUsage;
+    comm->aborted = true;
+    for (cudaStream_t s : streams)
+        for (auto it = s->q.begin(); it != s->q.end();) {
+            if ((*it)->kind != Op::COMM || (*it)->comm->comm != comm) {
+                ++it;
+                continue;
+            }
+            if (it == s->q.begin()) s->started = false;  // (a kernel running at the head is never a call)
+            delete *it;                                   // (its CommOp stays, MPI may still write its buffers)
+            it = s->q.erase(it);
+        }
+    for (auto it = group_ops.begin(); it != group_ops.end();)
+        it = it->second->comm == comm ? group_ops.erase(it) : it + 1;
+    cv_work.notify_one();
+    cv_done.notify_all();
     return ncclSuccess;
 }
 

@@ -12,6 +12,8 @@ missing stream wait, a bad GEMM leading dimension, ...) must be caught with a on
 #include <string.h>
 #include <math.h>
 #include <time.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #define CHECK(call)                                                                                     \
     do {                                                                                                \
@@ -400,6 +402,40 @@ static int case_dynamic_shared(void) {
 
 // Produce on one stream, consume on another: with the event wait the values are right in every order the
 // emulator picks; without it the consumer can run first and reads the old values.
+#ifdef LLMPAR_NCCL
+// A receive whose send never comes (from itself, on a one-rank communicator) holds its stream, as a
+// collective whose peer has stopped does; ncclCommAbort from another thread ends it: the host's wait returns,
+// the stream's later work runs, and the communicator refuses further calls. (SIGALRM fails a hang.)
+static ncclComm_t abort_comm;
+static void* abort_later(void*) {
+    usleep(200000);
+    return (void*)(intptr_t)ncclCommAbort(abort_comm);
+}
+static int case_nccl_abort(void) {
+    alarm(20);
+    MPI_Init(NULL, NULL);
+    ncclUniqueId id;
+    ncclGetUniqueId(&id);
+    if (ncclCommInitRank(&abort_comm, 1, id, 0) != ncclSuccess) return 1;
+    int* d = device_ints(64);
+    int want[64];
+    for (int i = 0; i < 64; i++) want[i] = 7;
+    if (ncclRecv(d, 64, ncclInt32, 0, abort_comm, 0) != ncclSuccess) return 1;
+    LAUNCH(fill, 1, 64, 0, 0, d, 64, 7);
+    pthread_t t;
+    void* aborted;
+    pthread_create(&t, NULL, abort_later, NULL);
+    CHECK(cudaDeviceSynchronize());
+    pthread_join(t, &aborted);
+    expect_ints(d, want, 64, "the stream's work after the aborted receive");
+    if ((ncclResult_t)(intptr_t)aborted != ncclSuccess) return 1;
+    ncclResult_t after = ncclAllReduce(d, d, 64, ncclFloat32, ncclSum, abort_comm, 0);  // (valid but for the abort)
+    printf("a call after the abort: %s\n", ncclGetErrorString(after));
+    fflush(stdout);
+    _exit(after == ncclInvalidUsage ? 0 : 1);  // (MPI still holds the receive: no MPI_Finalize)
+}
+#endif
+
 static int case_streams(int wait) {
     cudaStream_t a, b;
     cudaEvent_t done;
@@ -617,6 +653,9 @@ static int run_case(const char* name) {
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
+#ifdef LLMPAR_NCCL
+    if (!strcmp(name, "nccl_abort")) return case_nccl_abort();
+#endif
     if (!strcmp(name, "stream_wait")) return case_streams(1);
     if (!strcmp(name, "missing_stream_wait")) return case_streams(0);
     if (!strcmp(name, "gemm_ld")) return case_gemm_ld(16);
@@ -700,6 +739,9 @@ int main(int argc, char** argv) {
         {"coordinates", "", 1, ""},
         {"dynamic_shared", "", 1, ""},
         {"write_one_past", "", 0, "after kernel write_one_past: a write outside the 400-byte device allocation"},
+#ifdef LLMPAR_NCCL
+        {"nccl_abort", "", 1, ""},
+#endif
         {"stream_wait", "", 1, ""},
         {"missing_stream_wait", "", 0, "a missing cudaStreamWaitEvent: the consumer read before the producer wrote"},
         {"gemm_ld", "", 1, ""},
