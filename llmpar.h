@@ -8220,7 +8220,7 @@ typedef struct {
 // not published for it and is taken as the H100's share (an assumption). cpu: a rank of the CPU engine
 // on the CI machine's kind, 2 AMD EPYC cores shared by 4 ranks (the plan's calibration on a machine we
 // have): a quarter of OpenBLAS's measured sgemm on both cores (dev/bench_sgemm.c, 145.5 GFLOP/s) and of
-// the memory bandwidth measured (scripts/bench_plan.sh cpu).
+// the memory bandwidth measured (two numpy copies at once: 19.4 GB/s, read and written).
 static const LPGpu lp_gpus[] = {
     {"a100", 312e12, 80.0 * 1073741824.0, 2.039e12, 108, 0.869, 0.38, 0},
     {"h100", 989.4e12, 80.0 * 1073741824.0, 3.35e12, 132, 0.803, 0.19, 0},
@@ -8245,13 +8245,13 @@ typedef struct {
 // ~370); B200 740 GB/s measured at 4 GiB (ml-engineering, network). Ports: 46 GB/s of a 400 Gb/s NDR
 // port (nccl-tests issue 290), 23 of a 200 Gb/s HDR one (the same share). Latency: ~10 us for a small
 // all-reduce inside a node, ~46 between two (nccl-tests 331, nccl 1244): 20 us here. cpu: Open MPI's
-// all-reduce among 4 ranks on 2 cores, measured (scripts/bench_plan.sh cpu): 16 us for 4 bytes, 1.2 GB/s
+// all-reduce among 4 ranks on 2 cores, measured (a quiet machine, 2026-11-26): 9 us for 4 bytes, 1.1 GB/s
 // of bus bandwidth at 256 KB to 1 MB.
 static const LPCluster lp_clusters[] = {
     {"dgx-a100", "a100", 8, 230e9, 8, 23e9, 20e-6, "DGX A100 SuperPOD (the PTD-P paper's Selene): 8 A100 80GB on NVSwitch, 8 HDR 200 Gb/s ports a node"},
     {"dgx-h100", "h100", 8, 370e9, 8, 46e9, 20e-6, "DGX H100: 8 H100 on NVSwitch, 8 NDR 400 Gb/s ports a node"},
     {"nvl72", "gb200", 72, 740e9, 72, 46e9, 20e-6, "GB200 NVL72: 72 GPUs on one NVLink domain, a 400 Gb/s port each"},
-    {"cpu", "cpu", 4, 1.2e9, 4, 1.2e9, 16e-6, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
+    {"cpu", "cpu", 4, 1.1e9, 4, 1.1e9, 9e-6, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
 };
 
 typedef struct {
