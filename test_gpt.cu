@@ -3462,6 +3462,28 @@ static void test_plan_runs(void) {
     char cmd[1024] = "";
     if (line) snprintf(cmd, sizeof(cmd), "%s %.*s", TRAIN_BIN, (int)strcspn(line + 25, "\n"), line + 25);
     expect(rc == 0 && line && strstr(cmd, "-e dev/ref/tiny_model.bin -t 16 -d 512 -b "), "--plan 4 prints the command for its fastest plan");
+    // a published configuration predicted alone (the typed grid kept), and the time to train: the days
+    // simulated and 8TP/(nX) from the printed X (GPT-3 175B, 300B tokens, 1,536 A100s, the paper's grid)
+    rc = run_cmd(out, sizeof(out), "%s --plan 1536 --cluster dgx-a100 -e 96,12288,96,51200 -t 2048 -d 3145728 --tp 8 --pp 12 -b 1 "
+                 "--recompute full --offload none --pp-scatter-gather 1 --train-tokens 300e9", TRAIN_BIN);
+    int rows = 0, kept = 1;
+    for (const char* q = strstr(out, "|---"); q && (q = strstr(q + 1, "\n| ")) != NULL; rows++)
+        kept &= strncmp(q, "\n| 8 | 12 | ", 12) == 0 && strstr(q, "| full | none | 1 | ") != NULL;
+    double step = 0, tokens_s = 0, x = 0, days = 0, tp_days = 0;
+    const char* best = strstr(out, "the fastest: ");
+    const char* train = strstr(out, "time to train 3e+11 tokens: ");
+    int parsed = best && train && sscanf(best, "the fastest: %lf s per step, %lf tokens/s", &step, &tokens_s) == 2 &&
+                 sscanf(strstr(best, "MFU") ? strstr(best, "MFU") : best, "MFU %*f%%%*[^,], %lf TFLOP/s", &x) == 1 &&
+                 sscanf(train, "time to train 3e+11 tokens: %lf days simulated; 8TP/(nX) with X = %*f TFLOP/s: %lf days", &days, &tp_days) == 2;
+    LPConfig gpt3;
+    lp_config_from_name(&gpt3, "96,12288,96,51200");
+    double P = (double)lp_config_num_params(&gpt3);
+    char what[400];
+    snprintf(what, sizeof(what), "--plan keeps a typed grid (t 8, p 12, b 1: %d rows) and prints the time to train: %.1f days "
+             "(300B / %.4g tokens/s) and 8TP/(nX) %.1f days at X = %.4g TFLOP/s", rows, days, tokens_s, tp_days, x);
+    expect(rc == 0 && rows >= 1 && kept && parsed && fabs(days - 300e9 / tokens_s / 86400.0) < 0.06 &&
+               fabs(tp_days - 8.0 * 300e9 * P / (1536 * x * 1e12) / 86400.0) < 0.06 * tp_days,
+           what);
     float losses[8];
     rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -i %s -j '' -x 2 -v 0 -s 0", cmd,
                  tmp_path("dp_shard.bin"));
