@@ -875,7 +875,7 @@ static void test_bad_input(void) {
         "-e %s -i %s -j '' %s -x 1", good, tmp_path("oov_far.bin"), base);
     BAD("bad input: -t beyond the model's maximum", "flag -t: sequence length 32 exceeds the model's maximum 16", "-e %s -i %s -b 2 -t 32", good, tmp_path("ok.bin"));
     BAD("bad input: -d not a multiple of B*T", "flag -d: 100 tokens is not a multiple of -b * -t * d = 32", "-e %s -i %s %s -d 100", good, tmp_path("ok.bin"), base);
-    char help[16384];
+    static char help[1 << 16];
     int help_rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
     const char* flags[] = {"-i ", "-j ", "-e ", "-o ", "-b ", "-t ", "-d ", "-x ", "-l ", "-u ", "-q ", "-k ", "-c ",
                            "-v ", "-m ", "-s ", "-g ", "-n ", "--resume", "--keep", "--ckpt-minutes", "--overwrite", "--on-divergence", "--loss-spike", "--grad-clip", "--tokenizer", "--seed",
