@@ -8486,26 +8486,24 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     char why[256];
     if (lp_pp_partition(c, s, layers, why, sizeof(why))) return 1;
     double m = s->par->micro_batches, memory = 0.0, params = 0.0, experts = 0.0, busy = 0.0, bwd = 0.0;
+    LPChunkTime ct[LP_MAX_CHUNKS];
+    int busiest = 0;
     for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
         int st = k % s->par->pp;
         double ex = 0.0;
         if (k < s->par->pp) stage_memory[st] = stage_params[st] = stage_busy[st] = stage_bwd[st] = 0.0;
         stage_memory[st] += lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
         stage_params[st] += lp_chunk_params(c, s, k, layers[k], &ex);
-        LPChunkTime ct = lp_plan_chunk(c, s, mach, k, layers[k]);
-        stage_busy[st] += m * (ct.fwd + ct.bwd);
-        stage_bwd[st] += ct.bwd;
+        ct[k] = lp_plan_chunk(c, s, mach, k, layers[k]);
+        stage_busy[st] += m * (ct[k].fwd + ct[k].bwd);
+        stage_bwd[st] += ct[k].bwd;
         memory = fmax(memory, stage_memory[st]);
         if (stage_params[st] > params) params = stage_params[st], experts = ex;
-        if (stage_busy[st] > busy) {  // (the busiest so far; its totals over its chunks)
-            busy = stage_busy[st], bwd = stage_bwd[st];
-            out->compute_s = out->tp_s = out->ep_s = out->zero_s = 0.0;
-            for (int j = st; j <= k; j += s->par->pp) {
-                LPChunkTime cj = lp_plan_chunk(c, s, mach, j, layers[j]);
-                out->compute_s += m * cj.compute, out->tp_s += m * cj.tp, out->ep_s += m * cj.ep, out->zero_s += m * cj.dp;
-            }
-        }
+        if (stage_busy[st] > busy) busy = stage_busy[st], bwd = stage_bwd[st], busiest = st;
     }
+    out->compute_s = out->tp_s = out->ep_s = out->zero_s = 0.0;  // the busiest stage's totals over its chunks
+    for (int k = busiest; k < chunks; k += s->par->pp)
+        out->compute_s += m * ct[k].compute, out->tp_s += m * ct[k].tp, out->ep_s += m * ct[k].ep, out->zero_s += m * ct[k].dp;
     out->estimated = 1;
     out->memory = memory;
     out->fits = memory <= mach->gpu_bytes;
