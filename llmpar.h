@@ -1024,6 +1024,7 @@ typedef struct {
     double f, b;             // cost of one chunk's forward and backward ...
     double* cost;            // ... or (2, p*v) of each virtual stage: forwards, then backwards (NULL: f, b)
     double link;             // the time a message between two stages takes (0: none)
+    int blocking;            // 1: a stage that sends a message waits until it is delivered (0: it sends and goes on)
     double makespan;         // when the last action ends
     double work;             // the busiest stage's compute: m*v*(f+b) with uniform costs
     double bubble;           // idle share of the busiest stage: (makespan - work) / work
@@ -1031,7 +1032,8 @@ typedef struct {
 } LPSimulation;
 
 // Run sim's lists (sim->actions) with sim's costs per chunk forward and backward, each message between
-// stages taking sim->link: an action starts when its stage is free and its input has arrived. Each stage's list must hold
+// stages taking sim->link: an action starts when its stage is free and its input has arrived (with
+// sim->blocking, a stage is free only once the message its last action sent is delivered). Each stage's list must hold
 // each (micro-batch, chunk) forward and backward once, a backward after its forward. Returns NULL, or why
 // not (an action out of range or repeated, a backward before its forward, or the stages waiting on each
 // other forever, naming one waiting action).
@@ -1087,6 +1089,7 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
                 double t0 = ready > free_at[s] ? ready : free_at[s];
                 sim->start[(size_t)s * per + next[s]] = t0;
                 free_at[s] = *mine = t0 + (sim->cost ? sim->cost[(size_t)!a->forward * V + k] : a->forward ? f : b);
+                if (sim->blocking && (a->forward ? k < V - 1 : k > 0)) free_at[s] += sim->link;  // (it sent its output)
                 in_flight[s] += a->forward ? 1 : -1;
                 if (in_flight[s] > sim->peak[s]) sim->peak[s] = in_flight[s];
                 next[s]++;
@@ -1124,13 +1127,14 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
 
 // Simulate schedule `kind` for p stages, v chunks each, m micro-batches, with costs f and b for every
 // chunk (unit costs: 1 and 1), or with each virtual stage's own (cost: forwards, then backwards, as
-// measured), each message between stages taking `link`. Returns NULL, or why it cannot run; sim is freed
-// by the caller either way.
+// measured), each message between stages taking `link` (`blocking`: its sender waiting for it too).
+// Returns NULL, or why it cannot run; sim is freed by the caller either way.
 static inline const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b,
-                                               const double* cost, double link, char* why, size_t size) {
+                                               const double* cost, double link, int blocking, char* why, size_t size) {
     memset(sim, 0, sizeof(*sim));
     if (lp_schedule_check(kind, p, v, m, why, size)) return why;
     sim->p = p; sim->v = v; sim->m = m; sim->per_stage = 2 * m * v; sim->f = f; sim->b = b; sim->link = link;
+    sim->blocking = blocking;
     if (cost) {
         sim->cost = (double*)lp_host_malloc((size_t)2 * p * v * sizeof(double), "schedule");
         memcpy(sim->cost, cost, (size_t)2 * p * v * sizeof(double));
@@ -8021,10 +8025,10 @@ static inline LPBubble lp_stage_bubble(LPStage* st) {
     b.measured = wall / b.busy_s - 1.0;
     LPSimulation sim;
     char why[512];
-    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, 0.0, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why))) lp_fail_all("%s", why);
     b.unit = sim.bubble;
     lp_simulation_free(&sim);
-    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, 0.0, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, 0.0, 0, why, sizeof(why))) lp_fail_all("%s", why);
     b.simulated = sim.bubble;
     lp_simulation_free(&sim);
     free(sum);
@@ -8254,8 +8258,32 @@ static const LPCluster lp_clusters[] = {
     {"cpu", "cpu", 4, 1.1e9, 4, 1.1e9, 9e-6, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
 };
 
+// The software running the step: this engine, or Megatron-LM as the published runs on the PTD-P paper's
+// machine ran it (the plan is checked against their measurements: dev/docs/parallelism.md). Megatron-LM
+// then (the paper's commit 6985e58 and its examples/sc21 scripts; the same on the selective-recomputation
+// paper's runs, arXiv 2205.05198): fp16; dropout 0.1 on attention's probabilities and on both residual
+// branches (its --attention-dropout and --hidden-dropout defaults); pipeline messages through
+// torch.distributed.batch_isend_irecv, waited on, then torch.cuda.synchronize(): the sender holds until its
+// message is delivered. Its GEMMs' share of the GPU's best is not published: `gemm` is fitted to the
+// selective-recomputation paper's eight step times (its Table 5) by `bash scripts/bench_plan.sh fit`, and the
+// PTD-P paper's figures are then predicted with it.
 typedef struct {
-    LPGpu gpu;
+    const char* name;
+    double gemm;   // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
+    int blocking;  // 1: a pipeline send holds its stage until the message is delivered
+    int dropout;   // 1: dropout on the residual branches and on materialised attention probabilities (masks of a byte a value)
+    const char* about;
+} LPSoftware;
+
+static const LPSoftware lp_softwares[] = {
+    {"llmpar", 1.0, 0, 0, "this engine: sends that do not wait, no dropout"},
+    {"megatron", 0.84, 1, 1, "Megatron-LM as the PTD-P paper ran it: fp16, dropout 0.1, blocking pipeline sends, GEMMs at a fitted share"},
+};
+
+typedef struct {
+    LPGpu gpu;          // (gpu.gemm: the software's share of the peak)
+    int blocking;       // the software's pipeline sends wait for delivery
+    int dropout;        // the software drops out (LPSoftware)
     double gpu_bytes;   // memory a plan may fill per GPU
     int gpus_per_node;  // GPUs sharing one NVLink domain
     double node_bw;     // NCCL bus bandwidth per GPU inside a node, bytes/s
@@ -8277,12 +8305,20 @@ static inline const LPCluster* lp_cluster_named(const char* name) {
         if (strcmp(lp_clusters[k].name, name) == 0) return &lp_clusters[k];
     return NULL;
 }
+static inline const LPSoftware* lp_software_named(const char* name) {
+    for (size_t k = 0; k < sizeof(lp_softwares) / sizeof(lp_softwares[0]); k++)
+        if (strcmp(lp_softwares[k].name, name) == 0) return &lp_softwares[k];
+    return NULL;
+}
 
-// The machine of cluster preset k, 90% of a GPU's memory for the plan (10% for CUDA, cuBLAS, NCCL); the
-// host side: PCIe 5 x16, a 400 GB/s host shared by 8 GPUs, one PCIe 4 NVMe drive per GPU.
-static inline LPPlanMachine lp_plan_machine(const LPCluster* k) {
+// The machine of cluster preset k running software sw, 90% of a GPU's memory for the plan (10% for CUDA,
+// cuBLAS, NCCL); the host side: PCIe 5 x16, a 400 GB/s host shared by 8 GPUs, one PCIe 4 NVMe drive per GPU.
+static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPSoftware* sw) {
     LPPlanMachine m;
     m.gpu = *lp_gpu_named(k->gpu);
+    m.gpu.gemm *= sw->gemm;
+    m.blocking = sw->blocking;
+    m.dropout = sw->dropout;
     m.gpu_bytes = 0.9 * m.gpu.memory;
     m.gpus_per_node = k->node_gpus;
     m.node_bw = k->node_bw;
@@ -8352,23 +8388,27 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     if (s->attention == LP_ATTENTION_FLASH && !g->fp32) {  // causal: half of q k^T's and att v's 4 T^2 hs per head; backward 5 to 2
         af = 2.0 * s->B * heads * T * T * hs / (g->peak_flops * g->attention);
         ab = 2.5 * af;
-    } else {  // batched GEMMs; the probabilities written, then read, and backward's read and written
+    } else {  // batched GEMMs; the probabilities written, then read, and backward's read and written (dropout: read,
+              // written and a mask of a byte each way)
         af = lp_gemm_seconds(g, T, T, hs, s->B * heads) + lp_gemm_seconds(g, T, hs, T, s->B * heads);
         ab = 2.0 * af;
-        af += 2.0 * X * s->B * heads * T * T / g->hbm_bw;
-        ab += 3.0 * X * s->B * heads * T * T / g->hbm_bw;
+        af += (2.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
+        ab += (3.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
     }
     double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU (8 C/t)
-    double ew = X * (10.0 * rows * C + 8.0 * N * Cl) / g->hbm_bw;
-    f += af + ew;
-    b += ab + 2.0 * ew;
+    double ew = X * (10.0 * rows * C + 8.0 * N * Cl) / g->hbm_bw, masks = mach->dropout * 2.0 * rows * C / g->hbm_bw;
+    f += af + ew + masks;  // (dropout's two masks written forward, read backward)
+    b += ab + 2.0 * ew + masks;
     if (par->recompute == LP_RECOMPUTE_FULL) b += f;
     if (par->recompute == LP_RECOMPUTE_SELECTIVE) b += af;
-    // TP: 2 all-reduces of the B T C activations forward and 2 backward (SP: 2 all-gathers and 2 reduce-scatters each way)
+    // TP: 2 all-reduces of the B T C activations forward and 2 backward (SP: 2 all-gathers and 2 reduce-scatters
+    // forward; backward 4 all-gathers, the LayerNorms' outputs gathered again for the weights' gradients, and 2
+    // reduce-scatters)
     double tp_bw = lp_plan_link(mach, par->tp);
     double tp_f = t > 1 ? (par->sp ? 4.0 * lp_comm_seconds(N * C * X, (t - 1) / t, tp_bw, lat)
                                    : 2.0 * lp_comm_seconds(N * C * X, 2.0 * (t - 1) / t, tp_bw, lat))
                         : 0.0;
+    double tp_b = par->sp ? 1.5 * tp_f : tp_f;
     double ep_f = ep > 1 ? moe * 2.0 * lp_comm_seconds(K * N * C * X, (ep - 1) / ep, lp_plan_link(mach, par->tp * par->ep), lat) : 0.0;
     double full = par->recompute == LP_RECOMPUTE_FULL ? 1.0 : 0.0;
     // ZeRO-2/3: each layer's gradients reduce-scattered in backward, ZeRO-3's weights gathered before its forward and
@@ -8382,20 +8422,18 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
             if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
         double once = lp_comm_seconds(dense * X, (d - 1) / d, bw, lat);  // (a reduce-scatter or a gather of a layer)
         if (experts > 0.0 && de > 1) once += lp_comm_seconds(experts / ep * X, (de - 1) / de, bw, lat);
+        // (backward's reduce-scatter and ZeRO-3's gather share the DP link: together they outlast the layer or not)
         double hide_f = par->overlap ? f : 0.0, hide_b = par->overlap ? b : 0.0;
-        dz_b = fmax(0.0, once - hide_b);
-        if (par->zero >= 3) {
-            dz_f = fmax(0.0, once - hide_f);
-            dz_b += fmax(0.0, once - hide_b);
-        }
+        dz_b = fmax(0.0, (par->zero >= 3 ? 2.0 : 1.0) * once - hide_b);
+        if (par->zero >= 3) dz_f = fmax(0.0, once - hide_f);
     }
     LPChunkTime out;
     out.compute = layers * (f + b);
-    out.tp = layers * tp_f * (2.0 + full);
+    out.tp = layers * (tp_f * (1.0 + full) + tp_b);
     out.ep = layers * ep_f * (2.0 + full);
     out.dp = layers * (dz_f + dz_b);
     out.fwd = layers * (f + tp_f + ep_f + dz_f);
-    out.bwd = layers * (b + tp_f * (1.0 + full) + ep_f * (1.0 + full) + dz_b);
+    out.bwd = layers * (b + tp_f * full + tp_b + ep_f * (1.0 + full) + dz_b);
     double hf = 0.0, hb = 0.0, Vl = c->padded_vocab_size / t;  // the first chunk's embedding, the last's head and loss
     if (k == 0) hf += 2.0 * X * N * C / g->hbm_bw, hb += 2.0 * X * N * C / g->hbm_bw;
     if (k == par->pp * par->vpp - 1) {
@@ -8533,7 +8571,7 @@ static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, con
     if (t > 1 && par->scatter_gather && !par->sp) link += lp_comm_seconds(N * c->channels * X, (t - 1) / t, lp_plan_link(mach, par->tp), mach->latency);
     LPSimulation sim;
     for (int pass = 0; pass < (sends ? 2 : 1); pass++) {
-        if (lp_schedule_simulate(&sim, par->schedule, par->pp, par->vpp, par->micro_batches, 0.0, 0.0, cost, pass ? 0.0 : link, why, sizeof(why)))
+        if (lp_schedule_simulate(&sim, par->schedule, par->pp, par->vpp, par->micro_batches, 0.0, 0.0, cost, pass ? 0.0 : link, mach->blocking, why, sizeof(why)))
             lp_fail("internal: plan %s", why);
         if (pass == 0) {
             x->bubble_s = sim.makespan - x->busy_s;
@@ -8614,7 +8652,7 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
                                             if (v > 1 && c->num_layers < p * v) continue;
                                             LPParallel x = lp_parallel_one;
                                             x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
-                                            x.offload = off, x.sp = sp, x.scatter_gather = sg;
+                                            x.offload = off, x.sp = sp, x.scatter_gather = sg, x.overlap = want->overlap;
                                             x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
                                             LPPipeShape s = {&x, (int)B, T, attention, !mach->gpu.fp32};
                                             lp_plan_add(c, &s, mach, plans, &count, &cap);

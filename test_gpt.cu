@@ -1070,7 +1070,7 @@ static void test_schedules(void) {
                     if (kind == LP_SCHEDULE_INTERLEAVED && (m % p || m < 2 * p)) continue;  // m = p: all warm-up, below
                     for (int costs = 0; costs < 2; costs++) {
                         LPSimulation sim;
-                        const char* err = lp_schedule_simulate(&sim, kind, p, v, m, 1.0, costs ? 2.0 : 1.0, NULL, 0.0, why, sizeof(why));
+                        const char* err = lp_schedule_simulate(&sim, kind, p, v, m, 1.0, costs ? 2.0 : 1.0, NULL, 0.0, 0, why, sizeof(why));
                         double want = (double)(p - 1) / (v * m);
                         int ok = !err && fabs(sim.bubble - want) < 1e-12;
                         for (int st = 0; ok && st < p; st++) {
@@ -1089,32 +1089,41 @@ static void test_schedules(void) {
     expect(bad == 0, name);
     // interleaved with m = p runs all forwards first: valid, in flight m*v, bubble as GPipe's
     LPSimulation sim;
-    const char* err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 4, 1.0, 1.0, NULL, 0.0, why, sizeof(why));
+    const char* err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 4, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why));
     expect(!err && sim.peak[0] == 8, "interleaved with m = p: all warm-up, runs");
     lp_simulation_free(&sim);
     // each virtual stage's own costs (as measured): 1F1B, p=2, m=4, stage 1 twice as slow (forward and
     // backward 2 each, stage 0's 1). Worked by hand: stage 1 runs F0 B0 F1 B1 ... from t=1 without a gap
     // until 17, stage 0's last backward ends at 18; the busiest stage works 16, so the bubble is 2/16
     const double slow[4] = {1.0, 2.0, 1.0, 2.0};  // forwards of virtual stages 0, 1, then backwards
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 4, 0.0, 0.0, slow, 0.0, why, sizeof(why));
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 4, 0.0, 0.0, slow, 0.0, 0, why, sizeof(why));
     expect(!err && fabs(sim.makespan - 18.0) < 1e-9 && fabs(sim.work - 16.0) < 1e-9 && fabs(sim.bubble - 0.125) < 1e-9,
            "simulator with per-stage costs: a stage twice as slow gives makespan 18, bubble 12.5% of the busiest stage");
     lp_simulation_free(&sim);
     // errors: m not a multiple of p for interleaved; chunks without interleaving
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 6, 1.0, 1.0, NULL, 0.0, why, sizeof(why));
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 6, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why));
     expect(err && strstr(err, "the 6 micro-batches per step (LPParallel.micro_batches) must be a multiple of LPParallel.pp 4"),
            "interleaved with m not a multiple of p is refused");
     lp_simulation_free(&sim);
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 2, 8, 1.0, 1.0, NULL, 0.0, why, sizeof(why));
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 2, 8, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why));
     expect(err && strstr(err, "LPParallel.vpp 2: chunks per stage need LPParallel.schedule interleaved"), "1f1b with --vpp 2 is refused");
     lp_simulation_free(&sim);
     // messages between stages (the plan's): one micro-batch through 2 stages is F0, send, F1, B1, send, B0
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 1, 1.0, 1.0, NULL, 0.5, why, sizeof(why));
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 1, 1.0, 1.0, NULL, 0.5, 0, why, sizeof(why));
     expect(!err && fabs(sim.makespan - 5.0) < 1e-12, "simulator: each message between stages takes its time (1F1B p=2 m=1: 4 + 2 x 0.5)");
+    lp_simulation_free(&sim);
+    // sends that wait for delivery (Megatron-LM's): 1F1B p=2 m=2, stage 0 F0 F1 B0 B1, stage 1 F0 B0 F1 B1. Stage 1's
+    // F1 waits for its B0's message to be delivered (4.0, not 3.5), so B1's message reaches stage 0 at 6.5, not 6
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 2, 1.0, 1.0, NULL, 0.5, 0, why, sizeof(why));
+    double free_sends = sim.makespan;
+    lp_simulation_free(&sim);
+    const char* err2 = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 2, 1.0, 1.0, NULL, 0.5, 1, why, sizeof(why));
+    expect(!err && !err2 && fabs(free_sends - 7.0) < 1e-12 && fabs(sim.makespan - 7.5) < 1e-12,
+           "simulator: a send that waits for its delivery holds its stage (1F1B p=2 m=2, link 0.5: 7, and 7.5 when sends wait)");
     lp_simulation_free(&sim);
     // broken lists. 1F1B, p=4, m=8: stage 0 runs F0 F1 F2 F3 B0 ..., stage 1 F0 F1 F2 B0 ..., stage 2
     // F0 F1 B0 F2 ..., stage 3 F0 B0 F1 B1 ...
-    lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 1, 8, 1.0, 1.0, NULL, 0.0, why, sizeof(why));
+    lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 1, 8, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why));
     LPAction *st0 = sim.actions, *st1 = sim.actions + sim.per_stage, *st2 = sim.actions + 2 * sim.per_stage, keep;
     keep = st0[0];  // stage 0 starting with B7, before F7
     st0[0] = st0[sim.per_stage - 1];
@@ -1276,7 +1285,7 @@ static void test_schedules(void) {
 // any build; a tensor group across nodes pays the network. A plan that fits nothing is one error line.
 static void test_plan(void) {
     const double GiB = 1073741824.0;
-    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"));
+    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"), lp_software_named("llmpar"));
     LPConfig small, xl;
     lp_config_from_name(&small, "d12");
     lp_config_from_name(&xl, "d48");
@@ -1401,12 +1410,62 @@ static void test_plan(void) {
            "plan: TP 16 across two nodes of 8 costs its collectives at the network's bandwidth (a slower step than TP 8 inside)");
     free(plans);
     free(other);
+    // TP's collectives per layer: an all-reduce of the B T C activations twice each way; SP's all-gathers and
+    // reduce-scatters move the same bytes forward, and backward gathers the LayerNorms' outputs again: 6, not 4
+    LPParallel tp2 = lp_parallel_one, sp2;
+    tp2.tp = 2, sp2 = tp2, sp2.sp = 1;
+    LPPipeShape s_tp = {&tp2, 4, 1024, LP_ATTENTION_FLASH, 1}, s_sp = {&sp2, 4, 1024, LP_ATTENTION_FLASH, 1};
+    LPChunkTime c_tp = lp_plan_chunk(&small, &s_tp, &h100, 1, 1), c_sp = lp_plan_chunk(&small, &s_sp, &h100, 1, 1);
+    double act = 4.0 * 1024 * small.channels * 2.0, half = 0.5 * act / h100.node_bw + h100.latency;
+    expect(fabs(c_tp.tp - 4.0 * (act / h100.node_bw + h100.latency)) < 1e-12 && fabs(c_sp.tp - 10.0 * half) < 1e-12,
+           "plan: a layer's TP collectives: 4 all-reduces; with SP 4 all-gathers or reduce-scatters forward, 6 backward");
+    // ZeRO-3's gather of a layer's weights and backward's reduce-scatter of its gradients share the data-parallel
+    // link: backward exposes whatever of the two together its compute does not hide (a link 1.5 backwards long each:
+    // 2 backwards exposed; each apart would have exposed 0.5 + 0.5)
+    LPParallel z0 = lp_parallel_one, z3;
+    z0.dp = 16, z3 = z0, z3.zero = 3;  // (d 16 spans two nodes of 8: the network)
+    LPPipeShape s_z0 = {&z0, 4, 1024, LP_ATTENTION_FLASH, 1}, s_z3 = {&z3, 4, 1024, LP_ATTENTION_FLASH, 1};
+    LPChunkTime c_z0 = lp_plan_chunk(&small, &s_z0, &h100, 1, 1);
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, &small, 1);
+    double layer = 0.0;
+    for (int i = 0; i < LP_NUM_PARAMS; i++)
+        if (lp_is_layer_tensor(i)) layer += (double)sizes[i] / small.num_layers;
+    LPPlanMachine zlink = h100;
+    zlink.net_bw = layer * 2.0 * (15.0 / 16.0) / (1.5 * c_z0.bwd - h100.latency);
+    LPChunkTime c_z3 = lp_plan_chunk(&small, &s_z3, &zlink, 1, 1);
+    double exposed = fmax(0.0, 1.5 * c_z0.bwd - c_z0.fwd) + 2.0 * c_z0.bwd;
+    expect(fabs(c_z3.fwd + c_z3.bwd - c_z0.fwd - c_z0.bwd - exposed) < 1e-9 * exposed && fabs(c_z3.dp - exposed) < 1e-9 * exposed,
+           "plan: ZeRO-3's gathers and backward's reduce-scatter share one link (a layer is never shorter than its collectives)");
+    // the software: Megatron-LM's pipeline sends wait for delivery, so scatter/gather (1/t of a boundary over the
+    // network) gains more for it than for this engine, whose sends go on under the next chunk (GPT-3 175B on 96 A100s,
+    // t 8, p 12, v 4, batch 60: the PTD-P paper measured ~11%)
+    LPConfig gpt3;
+    lp_config_from_name(&gpt3, "96,12288,96,51200");
+    LPPlanLimits sg = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SG, lp_parallel_one, 1};
+    sg.par.tp = 8, sg.par.pp = 12, sg.par.vpp = 4, sg.par.recompute = LP_RECOMPUTE_FULL;
+    double gain[2];
+    for (int w = 0; w < 2; w++) {
+        LPPlanMachine selene = lp_plan_machine(lp_cluster_named("dgx-a100"), lp_software_named(w ? "megatron" : "llmpar"));
+        double step[2];
+        for (int on = 0; on < 2; on++) {
+            sg.par.scatter_gather = on;
+            n = lp_plan(&gpt3, 2048, 60 * 2048, 96, LP_ATTENTION_CUBLAS, &selene, &sg, 1, &plans);
+            step[on] = n > 0 && plans[0].simulated ? plans[0].step_s : NAN;
+            free(plans);
+        }
+        gain[w] = step[0] / step[1];
+    }
+    expect(gain[1] > 1.05 && gain[1] > gain[0] + 0.02, "plan: scatter/gather gains more (> 5%) for Megatron-LM's waiting sends than for this engine's");
     expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of 2 GiB per GPU (-t 1024, -d 8192); "
                  "the least needs 3.57 GiB", "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 2");
     expect_error("--gpu-mem: negative", "flags --gpu-mem --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
                  "--plan 8 --gpu-mem -1");
     expect_error("--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
     expect_error("--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
+    expect_error("--software: unknown", "flag --software: no software 'deepspeed' (llmpar, megatron)", "--plan 8 --software deepspeed");
+    expect_error("--gemm-share: above 1", "flag --gemm-share: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got 1.5",
+                 "--plan 8 --gemm-share 1.5");
     expect_error("--plan: -t beyond the model", "flag -t: sequence length 4096 exceeds the model's maximum 1024", "--plan 8 -e d12 -t 4096");
 }
 

@@ -57,6 +57,8 @@ typedef struct {
     int node_gpus;           // --node-gpus: GPUs per node (0: the cluster's)
     float node_gbs, net_gbs; // --node-gbs, --net-gbs: GB/s per GPU inside a node, between nodes (0: the cluster's)
     float latency_us;        // --latency-us: per collective or send (0: the cluster's)
+    const char* software;    // --software: what runs the step (lp_softwares)
+    float gemm_share;        // --gemm-share: of the GPU's peak its GEMMs reach at best (0: the GPU's best times the software's)
     float train_tokens;      // --train-tokens: --plan's time to train this many tokens (0: not printed)
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
@@ -278,6 +280,11 @@ static const LPFlagSpec lp_flag_specs[] = {
      "for --plan: GB/s per GPU between nodes (0: the cluster's ports shared by a node's GPUs)"},
     {"--latency-us", NULL, LP_FLAG_FLOAT, LP_FIELD(latency_us), "0", "0", "F", NULL, NULL,
      "for --plan: microseconds per collective or send (0: the cluster's)"},
+    {"--software", NULL, LP_FLAG_STRING, LP_FIELD(software), "llmpar", "llmpar", "NAME", NULL, NULL,
+     "for --plan: llmpar (this engine) or megatron (Megatron-LM as the PTD-P paper's runs used it: dropout, "
+     "pipeline sends that wait, its GEMMs' fitted share; to set the plan against published runs)"},
+    {"--gemm-share", NULL, LP_FLAG_FLOAT, LP_FIELD(gemm_share), "0", "0", "F", NULL, NULL,
+     "for --plan: the share of the GPU's peak its fastest GEMMs reach (0: the GPU's measured best times the software's)"},
     {"--train-tokens", NULL, LP_FLAG_FLOAT, LP_FIELD(train_tokens), "0", "0", "F", NULL, NULL,
      "for --plan: also the days the fastest takes to train F tokens (e.g. 300e9), and 8TP/(nX) beside them"},
     {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL, NULL,
@@ -549,6 +556,9 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (f->gpu_mem < 0.0f || f->node_gpus < 0 || f->node_gbs < 0.0f || f->net_gbs < 0.0f || f->latency_us < 0.0f || f->train_tokens < 0.0f)
         lp_fail_all("flags %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_FLAG_NAME(gpu_mem), LP_FLAG_NAME(node_gpus),
                     LP_FLAG_NAME(node_gbs), LP_FLAG_NAME(net_gbs), LP_FLAG_NAME(latency_us), LP_FLAG_NAME(train_tokens));
+    if (!(f->gemm_share >= 0.0f && f->gemm_share <= 1.0f))
+        lp_fail_all("flag %s: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got %g", LP_FLAG_NAME(gemm_share),
+                    f->gemm_share);
     if (!(f->final_lr_frac >= 0.0f && f->final_lr_frac <= 1.0f))
         lp_fail_all("flag %s: the final learning rate is a fraction of %s, 0 .. 1, got %g", LP_FLAG_NAME(final_lr_frac),
                     LP_FLAG_NAME(lr), f->final_lr_frac);
@@ -1431,7 +1441,7 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
         first += layers[k];
     }
     LPSimulation sim;
-    if (lp_schedule_simulate(&sim, par.schedule, par.pp, par.vpp, par.micro_batches, 1.0, 2.0, NULL, 0.0, why, sizeof(why)))
+    if (lp_schedule_simulate(&sim, par.schedule, par.pp, par.vpp, par.micro_batches, 1.0, 2.0, NULL, 0.0, 0, why, sizeof(why)))
         lp_fail_all("%s", why);
     if (proc->rank == 0) lp_schedule_print(stdout, &sim, par.schedule);
     lp_simulation_free(&sim);
@@ -1444,15 +1454,20 @@ static int lp_flag_typed(const LPFlags* f, size_t field) {
     return 0;
 }
 
-// The machine --plan plans for: --cluster's preset, with --gpu, --gpu-mem, --node-gpus, --node-gbs, --net-gbs
-// and --latency-us over it.
+// The machine --plan plans for: --cluster's preset running --software, with --gpu, --gpu-mem, --gemm-share,
+// --node-gpus, --node-gbs, --net-gbs and --latency-us over it.
 static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** cluster) {
     char names[256] = "";
     const LPCluster* k = *cluster = lp_cluster_named(f->cluster);
     for (size_t j = 0; j < sizeof(lp_clusters) / sizeof(lp_clusters[0]); j++)
         snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_clusters[j].name);
     if (!k) lp_fail_all("flag %s: no cluster '%s' (%s)", LP_FLAG_NAME(cluster), f->cluster, names);
-    LPPlanMachine mach = lp_plan_machine(k);
+    const LPSoftware* sw = lp_software_named(f->software);
+    names[0] = '\0';
+    for (size_t j = 0; j < sizeof(lp_softwares) / sizeof(lp_softwares[0]); j++)
+        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_softwares[j].name);
+    if (!sw) lp_fail_all("flag %s: no software '%s' (%s)", LP_FLAG_NAME(software), f->software, names);
+    LPPlanMachine mach = lp_plan_machine(k, sw);
     if (f->gpu[0]) {
         const LPGpu* g = lp_gpu_named(f->gpu);
         names[0] = '\0';
@@ -1460,8 +1475,10 @@ static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** c
             snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_gpus[j].name);
         if (!g) lp_fail_all("flag %s: no GPU '%s' (%s)", LP_FLAG_NAME(gpu), f->gpu, names);
         mach.gpu = *g;
+        mach.gpu.gemm *= sw->gemm;
         mach.gpu_bytes = 0.9 * g->memory;
     }
+    if (f->gemm_share > 0.0f) mach.gpu.gemm = f->gemm_share;
     if (f->gpu_mem > 0.0f) mach.gpu_bytes = 0.9 * f->gpu_mem * 1073741824.0;
     if (f->node_gpus > 0) mach.gpus_per_node = f->node_gpus;
     if (f->node_gbs > 0.0f) mach.node_bw = f->node_gbs * 1e9;
@@ -1503,11 +1520,12 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
            cfg.channels, cfg.num_heads, lp_config_num_params(&cfg) / 1e9, n, f->T, tokens);
     lp_log("machine: %s%s: %s, %.0f TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%), %.3g GiB (90%% for the plan), %.0f GB/s "
            "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %.0f us per collective or send; offload: %.0f "
-           "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's)\n", cluster->name,
-           f->gpu[0] || f->gpu_mem > 0.0f || f->node_gpus || f->node_gbs > 0.0f || f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
+           "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's); software: %s (%s)\n",
+           cluster->name, f->gpu[0] || f->gpu_mem > 0.0f || f->gemm_share > 0.0f || f->node_gpus || f->node_gbs > 0.0f ||
+           f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
            mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, mach.gpu_bytes / 0.9 / GiB,
            mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, mach.latency * 1e6, mach.host_bw / 1e9,
-           mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9);
+           mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9, f->software, lp_software_named(f->software)->about);
     int shown = 0;
     while (shown < fit && shown < 10 && plans[shown].simulated) shown++;
     lp_log("%d configurations, %d of them estimated (the rest bounded out: their steps cannot be shorter than the %d "
@@ -1549,6 +1567,7 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     if (b->ep > 1) lp_log(" --ep %d", b->ep);
     if (b->vpp > 1) lp_log(" --vpp %d --schedule interleaved", b->vpp);
     if (b->zero) lp_log(" --zero %d", b->zero);
+    if (!b->overlap) lp_log(" --overlap 0");
     if (b->recompute) lp_log(" --recompute %s", lp_recompute_names[b->recompute]);
     if (f->attention != LP_ATTENTION_FLASH) lp_log(" --attention %s", lp_attention_names[f->attention]);
     if (b->offload) lp_log(" --offload %s%s", lp_offload_names[b->offload], b->offload == LP_OFFLOAD_NVME ? " --offload-dir DIR" : "");
