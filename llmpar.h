@@ -147,6 +147,7 @@ the divergence guard); README.md.
 #endif
 typedef float floatX;  // the CPU build computes in fp32 throughout
 #define LP_HD
+#define LP_BUILD_GPU 0  // which engine this build is (memory counts name the one they count: LPPipeShape.gpu)
 #else
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -156,6 +157,7 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 #endif
 typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights and Adam state are fp32
 #define LP_HD __host__ __device__
+#define LP_BUILD_GPU 1
 #endif
 // The optimizer's fp32 master weights are a copy beside bf16 params; fp32 params are their own.
 #define LP_MASTER_COPY (sizeof(floatX) != sizeof(float))
@@ -1025,31 +1027,35 @@ typedef struct {
     double* cost;            // ... or (2, p*v) of each virtual stage: forwards, then backwards (NULL: f, b)
     double link;             // the time a message between two stages takes (0: none)
     int blocking;            // 1: a stage that sends a message waits until it is delivered (0: it sends and goes on)
+    double alone;            // how much faster a stage runs while the others wait (> 1: they share cores that a
+                             // waiting stage leaves to the rest, the CPU engine's ranks on fewer cores; 1: GPUs)
     double makespan;         // when the last action ends
     double work;             // the busiest stage's compute: m*v*(f+b) with uniform costs
     double bubble;           // idle share of the busiest stage: (makespan - work) / work
     int* peak;               // (p): most micro-batch chunks whose activations a stage holds at once
 } LPSimulation;
 
-// Run sim's lists (sim->actions) with sim's costs per chunk forward and backward, each message between
-// stages taking sim->link: an action starts when its stage is free and its input has arrived (with
-// sim->blocking, a stage is free only once the message its last action sent is delivered). Each stage's list must hold
-// each (micro-batch, chunk) forward and backward once, a backward after its forward. Returns NULL, or why
-// not (an action out of range or repeated, a backward before its forward, or the stages waiting on each
-// other forever, naming one waiting action).
+// Run sim's lists (sim->actions) with sim's costs per chunk forward and backward, in time order: an action
+// starts when its stage is free and its input has arrived (each message between stages taking sim->link;
+// with sim->blocking a stage is free only once the message its last action sent is delivered). While n of
+// the p stages run, each runs at min(sim->alone, p/n) times its cost's pace (1 with alone <= 1). Each
+// stage's list must hold each (micro-batch, chunk) forward and backward once, a backward after its forward.
+// Returns NULL, or why not (an action out of range or repeated, a backward before its forward, or the
+// stages waiting on each other forever, naming each waiting action).
 static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t size) {
     int p = sim->p, v = sim->v, m = sim->m, per = sim->per_stage, V = p * v;
-    double f = sim->f, b = sim->b;
     sim->makespan = 0.0;
     // done[(fwd, virtual stage, micro)]: when that action ends, -1 until it has run
     double* done = (double*)lp_host_malloc((size_t)2 * V * m * sizeof(double), "schedule");
     int* next = (int*)lp_host_malloc((size_t)p * sizeof(int), "schedule");
     double* free_at = (double*)lp_host_malloc((size_t)p * sizeof(double), "schedule");
+    double* left = (double*)lp_host_malloc((size_t)p * sizeof(double), "schedule");  // the running action's work left, -1 idle
     for (size_t i = 0; i < (size_t)2 * V * m; i++) done[i] = -1.0;
     const char* err = NULL;
     for (int s = 0; s < p && !err; s++) {
         next[s] = 0;
         free_at[s] = 0.0;
+        left[s] = -1.0;
         sim->peak[s] = 0;
         LPAction* a = sim->actions + (size_t)s * per;
         int* seen = (int*)calloc((size_t)2 * v * m, sizeof(int));  // each (fwd, chunk, micro) once
@@ -1062,43 +1068,47 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
         }
         free(seen);
     }
-    int left = p * per;
+    int remaining = p * per, running = 0;
     int* in_flight = (int*)calloc((size_t)p, sizeof(int));
-    while (left > 0 && !err) {
-        int progressed = 0;
-        for (int s = 0; s < p; s++) {
-            while (next[s] < per) {  // run this stage's actions while their inputs are there
-                LPAction* a = sim->actions + (size_t)s * per + next[s];
-                int k = a->chunk * p + s;  // virtual stage
-                double* mine = done + ((size_t)a->forward * V + k) * m + a->micro;
-                double ready;
-                if (a->forward) {
-                    ready = k == 0 ? 0.0 : done[((size_t)1 * V + k - 1) * m + a->micro];
-                    if (k > 0 && ready >= 0.0) ready += sim->link;
-                } else {
-                    double fwd = done[((size_t)1 * V + k) * m + a->micro];
-                    if (fwd < 0.0) {
-                        snprintf(why, size, "stage %d: backward of micro-batch %d, chunk %d comes before its forward", s, a->micro, a->chunk);
-                        err = why;
-                        break;
-                    }
-                    ready = k == V - 1 ? fwd : done[((size_t)0 * V + k + 1) * m + a->micro];
-                    if (k < V - 1 && ready >= 0.0) ready += sim->link;
+    double now = 0.0;
+    while (remaining > 0 && !err) {
+        double soonest = INFINITY;  // the next time a stage that waits could start
+        for (int s = 0; s < p && !err; s++) {  // start every action whose stage is free and whose input is there
+            if (left[s] >= 0.0 || next[s] == per) continue;
+            LPAction* a = sim->actions + (size_t)s * per + next[s];
+            int k = a->chunk * p + s;  // virtual stage
+            double ready;
+            if (a->forward) {
+                ready = k == 0 ? 0.0 : done[((size_t)1 * V + k - 1) * m + a->micro];
+                if (k > 0 && ready >= 0.0) ready += sim->link;
+            } else {
+                double fwd = done[((size_t)1 * V + k) * m + a->micro];
+                if (fwd < 0.0) {  // (this stage's earlier actions have all ended: its forward is later in the list)
+                    snprintf(why, size, "stage %d: backward of micro-batch %d, chunk %d comes before its forward", s, a->micro, a->chunk);
+                    err = why;
+                    break;
                 }
-                if (ready < 0.0) break;  // its input has not been produced yet
-                double t0 = ready > free_at[s] ? ready : free_at[s];
-                sim->start[(size_t)s * per + next[s]] = t0;
-                free_at[s] = *mine = t0 + (sim->cost ? sim->cost[(size_t)!a->forward * V + k] : a->forward ? f : b);
-                if (sim->blocking && (a->forward ? k < V - 1 : k > 0)) free_at[s] += sim->link;  // (it sent its output)
-                in_flight[s] += a->forward ? 1 : -1;
-                if (in_flight[s] > sim->peak[s]) sim->peak[s] = in_flight[s];
-                next[s]++;
-                left--;
-                progressed = 1;
+                ready = k == V - 1 ? fwd : done[((size_t)0 * V + k + 1) * m + a->micro];
+                if (k < V - 1 && ready >= 0.0) ready += sim->link;
             }
-            if (err) break;
+            if (ready < 0.0) continue;  // its input has not been produced yet: a finish will produce it
+            double t0 = fmax(ready, free_at[s]);
+            if (t0 > now) {
+                soonest = fmin(soonest, t0);
+                continue;
+            }
+            sim->start[(size_t)s * per + next[s]] = now;
+            left[s] = sim->cost ? sim->cost[(size_t)!a->forward * V + k] : a->forward ? sim->f : sim->b;
+            running++;
+            in_flight[s] += a->forward ? 1 : -1;
+            if (in_flight[s] > sim->peak[s]) sim->peak[s] = in_flight[s];
         }
-        if (!progressed && !err) {  // every unfinished stage waits on another: a deadlock; name them all
+        if (err) break;
+        if (running == 0) {
+            if (soonest < INFINITY) {
+                now = soonest;
+                continue;
+            }  // every unfinished stage waits on another: a deadlock; name them all
             size_t len = (size_t)snprintf(why, size, "deadlock, stages wait forever:");
             for (int s = 0; s < p && len < size; s++)
                 if (next[s] < per) {
@@ -1108,12 +1118,31 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
                 }
             if (len < size) why[len - 1] = '\0';  // the last ';'
             err = why;
+            break;
         }
+        // run until the first running action ends or a waiting one can start, all at one pace
+        double pace = fmax(1.0, fmin(sim->alone, (double)p / running)), until = soonest;
+        for (int s = 0; s < p; s++)
+            if (left[s] >= 0.0) until = fmin(until, now + left[s] / pace);
+        for (int s = 0; s < p; s++) {
+            if (left[s] < 0.0) continue;
+            const LPAction* a = sim->actions + (size_t)s * per + next[s];
+            int k = a->chunk * p + s;
+            left[s] = now + left[s] / pace <= until ? 0.0 : left[s] - (until - now) * pace;
+            if (left[s] > 0.0) continue;
+            done[((size_t)a->forward * V + k) * m + a->micro] = free_at[s] = until;  // it ends
+            if (sim->blocking && (a->forward ? k < V - 1 : k > 0)) free_at[s] += sim->link;  // (it sent its output)
+            left[s] = -1.0;
+            running--;
+            remaining--;
+            next[s]++;
+        }
+        now = until;
     }
     sim->work = 0.0;
     for (int s = 0; s < p; s++) {
         double work = 0.0;
-        for (int c = 0; c < v; c++) work += m * (sim->cost ? sim->cost[c * p + s] + sim->cost[V + c * p + s] : f + b);
+        for (int c = 0; c < v; c++) work += m * (sim->cost ? sim->cost[c * p + s] + sim->cost[V + c * p + s] : sim->f + sim->b);
         if (work > sim->work) sim->work = work;
         if (free_at[s] > sim->makespan) sim->makespan = free_at[s];
     }
@@ -1122,19 +1151,20 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
     free(done);
     free(next);
     free(free_at);
+    free(left);
     return err;
 }
 
-// Simulate schedule `kind` for p stages, v chunks each, m micro-batches, with costs f and b for every
-// chunk (unit costs: 1 and 1), or with each virtual stage's own (cost: forwards, then backwards, as
-// measured), each message between stages taking `link` (`blocking`: its sender waiting for it too).
-// Returns NULL, or why it cannot run; sim is freed by the caller either way.
-static inline const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b,
-                                               const double* cost, double link, int blocking, char* why, size_t size) {
+// Fill sim with schedule `kind`'s lists for p stages, v chunks each, m micro-batches, with costs f and b for
+// every chunk (unit costs: 1 and 1), or with each virtual stage's own (cost: forwards, then backwards, as
+// measured); no time between stages, stages that do not share (set sim's link, blocking and alone before
+// lp_schedule_run to change them). Returns NULL, or why the schedule cannot run; sim is freed by the caller
+// either way.
+static inline const char* lp_schedule_lists(LPSimulation* sim, int kind, int p, int v, int m, double f, double b, const double* cost,
+                                            char* why, size_t size) {
     memset(sim, 0, sizeof(*sim));
     if (lp_schedule_check(kind, p, v, m, why, size)) return why;
-    sim->p = p; sim->v = v; sim->m = m; sim->per_stage = 2 * m * v; sim->f = f; sim->b = b; sim->link = link;
-    sim->blocking = blocking;
+    sim->p = p; sim->v = v; sim->m = m; sim->per_stage = 2 * m * v; sim->f = f; sim->b = b; sim->alone = 1.0;
     if (cost) {
         sim->cost = (double*)lp_host_malloc((size_t)2 * p * v * sizeof(double), "schedule");
         memcpy(sim->cost, cost, (size_t)2 * p * v * sizeof(double));
@@ -1143,7 +1173,13 @@ static inline const char* lp_schedule_simulate(LPSimulation* sim, int kind, int 
     sim->start = (double*)lp_host_malloc((size_t)p * sim->per_stage * sizeof(double), "schedule");
     sim->peak = (int*)lp_host_malloc((size_t)p * sizeof(int), "schedule");
     for (int s = 0; s < p; s++) lp_schedule_stage(kind, p, v, m, s, sim->actions + (size_t)s * sim->per_stage);
-    return lp_schedule_run(sim, why, size);
+    return NULL;
+}
+
+// The lists of lp_schedule_lists, run (lp_schedule_run). Returns NULL, or why they cannot run.
+static inline const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b,
+                                               const double* cost, char* why, size_t size) {
+    return lp_schedule_lists(sim, kind, p, v, m, f, b, cost, why, size) ? why : lp_schedule_run(sim, why, size);
 }
 
 static inline void lp_simulation_free(LPSimulation* sim) {
@@ -5879,8 +5915,8 @@ static inline void lp_model_init_random(LPModel* m, uint64_t seed) {
 
 // Lay out one slot of the activations: the ones backward reads at `stored`, the scratch at `scratch`.
 // Called to count (NULL bases), then to carve. Returns the stored bytes; *scratch_bytes the scratch's.
-// gpu: count them as the CUDA build keeps them (bf16, and flash attention's no probabilities) on any build,
-// as --plan does; 0 to carve.
+// gpu: count them as the CUDA build keeps them (bf16, and flash attention's no probabilities), 0 as the CPU
+// build does (fp32, the probabilities kept), on any build as --plan does; a carve passes LP_BUILD_GPU.
 static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, int B, int T, int gpu, char* stored, char* scratch,
                                            size_t* scratch_bytes) {
     const LPConfig* c = &m->cfg;
@@ -5890,8 +5926,8 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     // recomputed activations: one layer's room, in scratch (region 1). Full recomputation keeps only the
     // residual stream (residual3, and encoded); selective drops the attention probabilities and GELU output
     int full = m->par->recompute == LP_RECOMPUTE_FULL, sel = m->par->recompute != LP_RECOMPUTE_NONE;
-    size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L, x = gpu ? 2 : sizeof(floatX);
-    size_t mat = gpu ? m->attention == LP_ATTENTION_CUBLAS : lp_attention_materialised(m->attention);
+    size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L, x = gpu ? 2 : 4;
+    size_t mat = gpu ? m->attention == LP_ATTENTION_CUBLAS : 1;
     size_t E = c->moe_experts, K = c->moe_topk, Lm = lp_layers_having(c, LP_ROUTERW, m->layer0, m->layer0 + m->L), Ld = L - Lm;
     size_t Ldf = full ? (Ld > 0) : Ld, Lds = sel ? (Ld > 0) : Ld, Lmf = full ? (Lm > 0) : Lm, Lms = sel ? (Lm > 0) : Lm;
 #define LP_BYTES_floatX x
@@ -5979,14 +6015,15 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
     m->B = B;
     m->T = T;
     m->num_slots = slots;
-    size_t scratch, stored = lp_activations_layout(&m->act, m, B, T, 0, NULL, NULL, &scratch);
+    size_t scratch, stored = lp_activations_layout(&m->act, m, B, T, LP_BUILD_GPU, NULL, NULL, &scratch);
     m->act_bytes = scratch + slots * stored;
     m->act_memory = lp_device_malloc(m->act_bytes, "activations");
     size_t BT = (size_t)B * T;
     m->slot_act = (LPActivations*)lp_host_malloc(slots * sizeof(LPActivations), "activation slots");
     m->slot_inputs = (int*)lp_host_malloc(slots * BT * sizeof(int), "input tokens");
     for (int k = 0; k < slots; k++)
-        lp_activations_layout(&m->slot_act[k], m, B, T, 0, (char*)m->act_memory + scratch + k * stored, (char*)m->act_memory, &scratch);
+        lp_activations_layout(&m->slot_act[k], m, B, T, LP_BUILD_GPU, (char*)m->act_memory + scratch + k * stored, (char*)m->act_memory,
+                              &scratch);
     m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
     m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
     size_t Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
@@ -7545,13 +7582,14 @@ typedef struct {
     const LPParallel* par;
     int B, T;           // micro-batch
     int attention;      // LP_ATTENTION_*: which attention activations each micro-batch keeps
-    int gpu;            // 1: count bytes as the CUDA build keeps them (bf16 values, fp32 master weights) on any
-                        // build (--plan plans GPUs); 0: as this build does (its balanced partition)
+    int gpu;            // 1: count bytes as the CUDA build keeps them (bf16 values, fp32 master weights), 0: as
+                        // the CPU build does (fp32 values, attention's probabilities kept), on any build (--plan
+                        // plans either; the engine's own partition passes LP_BUILD_GPU)
 } LPPipeShape;
 
 // The bytes of a stored value, and whether fp32 master weights are kept beside them, for shape s.
-static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : sizeof(floatX); }
-static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu || LP_MASTER_COPY; }
+static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : 4; }
+static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
 
 // Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
 // of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
@@ -7822,7 +7860,7 @@ static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPMod
     int p = par->pp, v = par->vpp, m = par->micro_batches;
     st->s = proc->coord[LP_PP];
     st->pp = &proc->group[LP_PP];
-    LPPipeShape shape = {par, B, T, base->attention, 0};
+    LPPipeShape shape = {par, B, T, base->attention, LP_BUILD_GPU};
     char why[512];
     if (lp_pp_partition(cfg, &shape, st->layers, why, sizeof(why))) lp_fail_all("%s", why);
     if (base->num_aux > LP_MAX_AUX) lp_fail_all("at most %d auxiliary losses, got %d", LP_MAX_AUX, base->num_aux);
@@ -8025,10 +8063,10 @@ static inline LPBubble lp_stage_bubble(LPStage* st) {
     b.measured = wall / b.busy_s - 1.0;
     LPSimulation sim;
     char why[512];
-    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
     b.unit = sim.bubble;
     lp_simulation_free(&sim);
-    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, 0.0, 0, why, sizeof(why))) lp_fail_all("%s", why);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
     b.simulated = sim.bubble;
     lp_simulation_free(&sim);
     free(sum);
@@ -8194,7 +8232,8 @@ static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdam
 //             reductions and gathers overlap the layer beside them (--overlap), their excess exposed;
 //   pipeline  the schedule's own action lists (lp_schedule_stage) run by the simulator (lp_schedule_run),
 //             each message between stages taking its time: B T C values, 1/t of them per TP rank with
-//             scatter/gather (then all-gathered inside the node) or SP;
+//             scatter/gather (then all-gathered inside the node) or SP; the sender held until delivery
+//             where the software's sends wait; on shared cores (LPCluster.alone) a stage alone faster;
 //   step end  what the engine does after backward, exposed: ZeRO-0's all-reduce beyond what hides under
 //             the last micro-batch's backward (all of it without --overlap), ZeRO-1's reduce-scatter and
 //             all-gather, ZeRO-2's all-gather of the updated weights; AdamW's 32 bytes per value of the
@@ -8241,21 +8280,23 @@ typedef struct {
     double node_bw;     // NCCL's bus bandwidth per GPU among them, bytes/s (measured, large messages)
     int ports;          // network ports per node ...
     double port_bw;     // ... and what NCCL moves through each, bytes/s
-    double latency;     // seconds per collective or send, whatever its size
+    int nccl;           // 1: collectives are NCCL's rings (lp_nccl_protocols); 0: MPI's, at `latency` each
+    double latency;     // seconds each collective or send takes beyond its bytes, whatever its size, on top
+    double alone;       // how much faster a rank runs while the other ranks of its node wait (1: a GPU each;
+                        // more where ranks share fewer cores, a waiting rank's share serving the others)
     const char* about;
 } LPCluster;
 
 // Bus bandwidths: NCCL's maintainers in nccl-tests issues 149 (A100, ~230 GB/s) and 212 (H100 ring,
 // ~370); B200 740 GB/s measured at 4 GiB (ml-engineering, network). Ports: 46 GB/s of a 400 Gb/s NDR
-// port (nccl-tests issue 290), 23 of a 200 Gb/s HDR one (the same share). Latency: ~10 us for a small
-// all-reduce inside a node, ~46 between two (nccl-tests 331, nccl 1244): 20 us here. cpu: Open MPI's
-// all-reduce among 4 ranks on 2 cores, measured (a quiet machine, 2026-11-26): 9 us for 4 bytes, 1.1 GB/s
-// of bus bandwidth at 256 KB to 1 MB.
+// port (nccl-tests issue 290), 23 of a 200 Gb/s HDR one (the same share). cpu: Open MPI's all-reduce
+// among 4 ranks on 2 cores, measured (a quiet machine, 2026-11-26): 9 us for 4 bytes, 1.1 GB/s of bus
+// bandwidth at 256 KB to 1 MB.
 static const LPCluster lp_clusters[] = {
-    {"dgx-a100", "a100", 8, 230e9, 8, 23e9, 20e-6, "DGX A100 SuperPOD (the PTD-P paper's Selene): 8 A100 80GB on NVSwitch, 8 HDR 200 Gb/s ports a node"},
-    {"dgx-h100", "h100", 8, 370e9, 8, 46e9, 20e-6, "DGX H100: 8 H100 on NVSwitch, 8 NDR 400 Gb/s ports a node"},
-    {"nvl72", "gb200", 72, 740e9, 72, 46e9, 20e-6, "GB200 NVL72: 72 GPUs on one NVLink domain, a 400 Gb/s port each"},
-    {"cpu", "cpu", 4, 1.1e9, 4, 1.1e9, 9e-6, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
+    {"dgx-a100", "a100", 8, 230e9, 8, 23e9, 1, 0.0, 1.0, "DGX A100 SuperPOD (the PTD-P paper's Selene): 8 A100 80GB on NVSwitch, 8 HDR 200 Gb/s ports a node"},
+    {"dgx-h100", "h100", 8, 370e9, 8, 46e9, 1, 0.0, 1.0, "DGX H100: 8 H100 on NVSwitch, 8 NDR 400 Gb/s ports a node"},
+    {"nvl72", "gb200", 72, 740e9, 72, 46e9, 1, 0.0, 1.0, "GB200 NVL72: 72 GPUs on one NVLink domain, a 400 Gb/s port each"},
+    {"cpu", "cpu", 4, 1.1e9, 4, 1.1e9, 0, 9e-6, 2.0, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
 };
 
 // The software running the step: this engine, or Megatron-LM as the published runs on the PTD-P paper's
@@ -8277,18 +8318,20 @@ typedef struct {
 
 static const LPSoftware lp_softwares[] = {
     {"llmpar", 1.0, 0, 0, "this engine: sends that do not wait, no dropout"},
-    {"megatron", 0.84, 1, 1, "Megatron-LM as the PTD-P paper ran it: fp16, dropout 0.1, blocking pipeline sends, GEMMs at a fitted share"},
+    {"megatron", 0.85, 1, 1, "Megatron-LM as the PTD-P paper ran it: fp16, dropout 0.1, blocking pipeline sends, GEMMs at a fitted share"},
 };
 
 typedef struct {
     LPGpu gpu;          // (gpu.gemm: the software's share of the peak)
     int blocking;       // the software's pipeline sends wait for delivery
     int dropout;        // the software drops out (LPSoftware)
+    double alone;       // a pipeline stage's pace while the others wait (LPCluster)
     double gpu_bytes;   // memory a plan may fill per GPU
     int gpus_per_node;  // GPUs sharing one NVLink domain
     double node_bw;     // NCCL bus bandwidth per GPU inside a node, bytes/s
     double net_bw;      // ... between nodes: the node's ports shared by its GPUs
-    double latency;     // seconds per collective or send, whatever its size
+    int nccl;           // collectives as NCCL's rings (lp_nccl_protocols), else MPI's
+    double latency;     // seconds each collective or send takes beyond NCCL's model (MPI: all of its latency)
     double host_bw;     // bytes/s per GPU each way between the GPU and host memory (--offload)
     double host_mem_bw; // bytes/s of host memory per GPU for the CPU's AdamW (--offload)
     double nvme_bw;     // bytes/s per GPU to and from its offload files (--offload nvme)
@@ -8323,7 +8366,9 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPSoftware
     m.gpus_per_node = k->node_gpus;
     m.node_bw = k->node_bw;
     m.net_bw = k->ports * k->port_bw / k->node_gpus;
+    m.nccl = k->nccl;
     m.latency = k->latency;
+    m.alone = k->alone;
     m.host_bw = 55e9;
     m.host_mem_bw = 50e9;
     m.nvme_bw = 6e9;
@@ -8347,14 +8392,48 @@ static inline void lp_linear_seconds(const LPGpu* g, double M, double K, double 
     *b += lp_gemm_seconds(g, M, K, N, batch) + lp_gemm_seconds(g, K, N, M, batch);
 }
 
-// A ring collective moving `share` of `bytes` per rank at bus bandwidth bw, with its latency.
-static inline double lp_comm_seconds(double bytes, double share, double bw, double latency) {
-    return share * bytes / bw + latency;
-}
-
 // The link of a group whose ranks, with every axis inside it, span `inner` consecutive ranks.
 static inline double lp_plan_link(const LPPlanMachine* mach, int inner) {
     return mach->gpus_per_node % inner == 0 ? mach->node_bw : mach->net_bw;
+}
+
+// NCCL's rings by protocol, as NCCL's own tuning model prices them (src/graph/tuning.cc of NCCL 2.8, the
+// PTD-P paper's time): the latency at the start, of each step of the ring over NVLink and of each between
+// nodes, and the share of the bus bandwidth it reaches (LL: a flag in every 8 bytes, a quarter; LL128: 120
+// of 128 bytes). NCCL runs each collective in whichever protocol is fastest for its size: LL for small
+// messages, Simple for large.
+typedef struct {
+    double start, hop_node, hop_net, share;
+} LPNcclProtocol;
+static const LPNcclProtocol lp_nccl_protocols[] = {
+    {3.6e-6, 0.47e-6, 2.7e-6, 0.25},  // LL
+    {10.0e-6, 1.9e-6, 4.0e-6, 0.92},  // LL128
+    {8.4e-6, 3.4e-6, 9.6e-6, 1.0},    // Simple
+};
+
+// `steps` steps of a ring, `across` of them between nodes, each moving `bytes` at bus bandwidth bw.
+static inline double lp_ring_seconds(const LPPlanMachine* mach, double steps, double across, double bytes, double bw) {
+    if (!mach->nccl) return steps * bytes / bw + mach->latency;
+    double best = INFINITY;
+    for (size_t k = 0; k < sizeof(lp_nccl_protocols) / sizeof(lp_nccl_protocols[0]); k++) {
+        const LPNcclProtocol* q = &lp_nccl_protocols[k];
+        best = fmin(best, q->start + (steps - across) * q->hop_node + across * q->hop_net + steps * bytes / (q->share * bw));
+    }
+    return best + mach->latency;
+}
+
+// One collective of a group of g ranks spanning `inner` consecutive ranks (lp_plan_link), each holding
+// `bytes`, as a ring: an all-reduce (`allreduce` 1) takes 2(g-1) steps, a reduce-scatter, all-gather or
+// all-to-all g-1, each moving 1/g of the bytes; one step between nodes for each node the ring crosses.
+static inline double lp_collective_seconds(const LPPlanMachine* mach, double bytes, int allreduce, double g, int inner) {
+    double nodes = mach->gpus_per_node % inner == 0 ? 1.0 : fmax(2.0, ceil((double)inner / mach->gpus_per_node));
+    double steps = (allreduce ? 2.0 : 1.0) * (g - 1.0), across = fmin(steps, (allreduce ? 2.0 : 1.0) * (nodes - 1.0));
+    return lp_ring_seconds(mach, steps, across, bytes / g, lp_plan_link(mach, inner));
+}
+
+// A message of `bytes` between two ranks of a group spanning `inner` consecutive ranks: one step.
+static inline double lp_send_seconds(const LPPlanMachine* mach, double bytes, int inner) {
+    return lp_ring_seconds(mach, 1.0, mach->gpus_per_node % inner != 0, bytes, lp_plan_link(mach, inner));
 }
 
 // One micro-batch of chunk k (running `layers` layers) on one rank: seconds of its forward and backward,
@@ -8368,7 +8447,7 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     const LPGpu* g = &mach->gpu;
     const LPParallel* par = s->par;
     double t = par->tp, d = par->dp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = g->fp32 ? 4.0 : 2.0;
-    double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk, lat = mach->latency;
+    double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk;
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
     // an average layer's compute: attention's linear layers, the MLP's (a MoE layer's router and its E/ep
     // experts, each taking K N ep / E rows on average)
@@ -8404,12 +8483,9 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     // TP: 2 all-reduces of the B T C activations forward and 2 backward (SP: 2 all-gathers and 2 reduce-scatters
     // forward; backward 4 all-gathers, the LayerNorms' outputs gathered again for the weights' gradients, and 2
     // reduce-scatters)
-    double tp_bw = lp_plan_link(mach, par->tp);
-    double tp_f = t > 1 ? (par->sp ? 4.0 * lp_comm_seconds(N * C * X, (t - 1) / t, tp_bw, lat)
-                                   : 2.0 * lp_comm_seconds(N * C * X, 2.0 * (t - 1) / t, tp_bw, lat))
-                        : 0.0;
+    double tp_f = t > 1 ? (par->sp ? 4.0 : 2.0) * lp_collective_seconds(mach, N * C * X, !par->sp, t, par->tp) : 0.0;
     double tp_b = par->sp ? 1.5 * tp_f : tp_f;
-    double ep_f = ep > 1 ? moe * 2.0 * lp_comm_seconds(K * N * C * X, (ep - 1) / ep, lp_plan_link(mach, par->tp * par->ep), lat) : 0.0;
+    double ep_f = ep > 1 ? moe * 2.0 * lp_collective_seconds(mach, K * N * C * X, 0, ep, par->tp * par->ep) : 0.0;
     double full = par->recompute == LP_RECOMPUTE_FULL ? 1.0 : 0.0;
     // ZeRO-2/3: each layer's gradients reduce-scattered in backward, ZeRO-3's weights gathered before its forward and
     // backward; the dense part over d, the experts over their d/ep replicas
@@ -8417,11 +8493,11 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     if (d > 1 && par->zero >= 2) {
         size_t sizes[LP_NUM_PARAMS];
         lp_param_sizes(sizes, c, par->tp);
-        double dense = 0.0, experts = 0.0, bw = lp_plan_link(mach, par->tp * par->dp), de = d / ep;
+        double dense = 0.0, experts = 0.0, de = d / ep;
         for (int i = 0; i < LP_NUM_PARAMS; i++)
             if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
-        double once = lp_comm_seconds(dense * X, (d - 1) / d, bw, lat);  // (a reduce-scatter or a gather of a layer)
-        if (experts > 0.0 && de > 1) once += lp_comm_seconds(experts / ep * X, (de - 1) / de, bw, lat);
+        double once = lp_collective_seconds(mach, dense * X, 0, d, par->tp * par->dp);  // (a reduce-scatter or a gather of a layer)
+        if (experts > 0.0 && de > 1) once += lp_collective_seconds(mach, experts / ep * X, 0, de, par->tp * par->dp);
         // (backward's reduce-scatter and ZeRO-3's gather share the DP link: together they outlast the layer or not)
         double hide_f = par->overlap ? f : 0.0, hide_b = par->overlap ? b : 0.0;
         dz_b = fmax(0.0, (par->zero >= 3 ? 2.0 : 1.0) * once - hide_b);
@@ -8481,9 +8557,9 @@ static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const 
                                  double bwd, double* host) {
     const LPParallel* par = s->par;
     double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = mach->gpu.fp32 ? 4.0 : 2.0, end = 0.0;
-    double stage_layers = ceil((double)c->num_layers / par->pp), bw = lp_plan_link(mach, par->tp * par->dp), lat = mach->latency;
-    double rs = d > 1 ? lp_comm_seconds((params - experts) * X, (d - 1) / d, bw, lat * stage_layers) : 0.0;  // a reduce-scatter or all-gather
-    if (de > 1 && experts > 0.0) rs += lp_comm_seconds(experts * X, (de - 1) / de, bw, lat * stage_layers);
+    double stage_layers = ceil((double)c->num_layers / par->pp), inner = par->tp * par->dp;  // (a collective a layer)
+    double rs = d > 1 ? stage_layers * lp_collective_seconds(mach, (params - experts) * X / stage_layers, 0, d, inner) : 0.0;  // a reduce-scatter or all-gather
+    if (de > 1 && experts > 0.0) rs += stage_layers * lp_collective_seconds(mach, experts * X / stage_layers, 0, de, inner);
     if (par->zero == 0) end = par->overlap ? fmax(2.0 * rs / stage_layers, 2.0 * rs - bwd) : 2.0 * rs;  // an all-reduce
     if (par->zero == 1) end = 2.0 * rs;
     if (par->zero == 2) end = rs;  // the updated weights gathered
@@ -8567,12 +8643,14 @@ static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, con
     }
     // a boundary: B T C values, a TP rank's 1/t with scatter/gather (then all-gathered in the node) or SP
     double split = t > 1 && (par->sp || par->scatter_gather), bytes = N * c->channels * X / (split ? t : 1.0);
-    double link = lp_comm_seconds(bytes, 1.0, lp_plan_link(mach, par->tp * par->dp * par->pp), mach->latency);
-    if (t > 1 && par->scatter_gather && !par->sp) link += lp_comm_seconds(N * c->channels * X, (t - 1) / t, lp_plan_link(mach, par->tp), mach->latency);
+    double link = lp_send_seconds(mach, bytes, par->tp * par->dp * par->pp);
+    if (t > 1 && par->scatter_gather && !par->sp) link += lp_collective_seconds(mach, N * c->channels * X, 0, t, par->tp);
     LPSimulation sim;
     for (int pass = 0; pass < (sends ? 2 : 1); pass++) {
-        if (lp_schedule_simulate(&sim, par->schedule, par->pp, par->vpp, par->micro_batches, 0.0, 0.0, cost, pass ? 0.0 : link, mach->blocking, why, sizeof(why)))
+        if (lp_schedule_lists(&sim, par->schedule, par->pp, par->vpp, par->micro_batches, 0.0, 0.0, cost, why, sizeof(why)))
             lp_fail("internal: plan %s", why);
+        sim.link = pass ? 0.0 : link, sim.blocking = mach->blocking, sim.alone = mach->alone;
+        if (lp_schedule_run(&sim, why, sizeof(why))) lp_fail("internal: plan %s", why);
         if (pass == 0) {
             x->bubble_s = sim.makespan - x->busy_s;
             if (x->bubble_s < 1e-9 * sim.makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)

@@ -1057,6 +1057,20 @@ static void test_flags(void) {
     expect_error("flags: --eps not a number", "flag --eps: 'x' is not a number", "--eps x");
 }
 
+// The makespan of schedule kind with p stages and m micro-batches (unit costs), each message between stages
+// taking link, with sends that wait or not, and a stage `alone` times faster while the other waits.
+static double simulated_makespan(int kind, int p, int m, double link, int blocking, double alone) {
+    LPSimulation sim;
+    char why[256];
+    double t = NAN;
+    if (!lp_schedule_lists(&sim, kind, p, 1, m, 1.0, 1.0, NULL, why, sizeof(why))) {
+        sim.link = link, sim.blocking = blocking, sim.alone = alone;
+        if (!lp_schedule_run(&sim, why, sizeof(why))) t = sim.makespan;
+    }
+    lp_simulation_free(&sim);
+    return t;
+}
+
 // Pipeline schedules, simulated with unit costs and with backward twice forward: every dependency met, no
 // deadlock; bubble (p-1)/m for GPipe and 1F1B, (p-1)/(v m) for interleaved; 1F1B keeps at most p-s
 // micro-batches in flight on stage s, GPipe all m. A broken list is caught.
@@ -1070,7 +1084,7 @@ static void test_schedules(void) {
                     if (kind == LP_SCHEDULE_INTERLEAVED && (m % p || m < 2 * p)) continue;  // m = p: all warm-up, below
                     for (int costs = 0; costs < 2; costs++) {
                         LPSimulation sim;
-                        const char* err = lp_schedule_simulate(&sim, kind, p, v, m, 1.0, costs ? 2.0 : 1.0, NULL, 0.0, 0, why, sizeof(why));
+                        const char* err = lp_schedule_simulate(&sim, kind, p, v, m, 1.0, costs ? 2.0 : 1.0, NULL, why, sizeof(why));
                         double want = (double)(p - 1) / (v * m);
                         int ok = !err && fabs(sim.bubble - want) < 1e-12;
                         for (int st = 0; ok && st < p; st++) {
@@ -1089,41 +1103,46 @@ static void test_schedules(void) {
     expect(bad == 0, name);
     // interleaved with m = p runs all forwards first: valid, in flight m*v, bubble as GPipe's
     LPSimulation sim;
-    const char* err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 4, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why));
+    const char* err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 4, 1.0, 1.0, NULL, why, sizeof(why));
     expect(!err && sim.peak[0] == 8, "interleaved with m = p: all warm-up, runs");
     lp_simulation_free(&sim);
     // each virtual stage's own costs (as measured): 1F1B, p=2, m=4, stage 1 twice as slow (forward and
     // backward 2 each, stage 0's 1). Worked by hand: stage 1 runs F0 B0 F1 B1 ... from t=1 without a gap
     // until 17, stage 0's last backward ends at 18; the busiest stage works 16, so the bubble is 2/16
     const double slow[4] = {1.0, 2.0, 1.0, 2.0};  // forwards of virtual stages 0, 1, then backwards
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 4, 0.0, 0.0, slow, 0.0, 0, why, sizeof(why));
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 4, 0.0, 0.0, slow, why, sizeof(why));
     expect(!err && fabs(sim.makespan - 18.0) < 1e-9 && fabs(sim.work - 16.0) < 1e-9 && fabs(sim.bubble - 0.125) < 1e-9,
            "simulator with per-stage costs: a stage twice as slow gives makespan 18, bubble 12.5% of the busiest stage");
     lp_simulation_free(&sim);
     // errors: m not a multiple of p for interleaved; chunks without interleaving
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 6, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why));
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_INTERLEAVED, 4, 2, 6, 1.0, 1.0, NULL, why, sizeof(why));
     expect(err && strstr(err, "the 6 micro-batches per step (LPParallel.micro_batches) must be a multiple of LPParallel.pp 4"),
            "interleaved with m not a multiple of p is refused");
     lp_simulation_free(&sim);
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 2, 8, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why));
+    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 2, 8, 1.0, 1.0, NULL, why, sizeof(why));
     expect(err && strstr(err, "LPParallel.vpp 2: chunks per stage need LPParallel.schedule interleaved"), "1f1b with --vpp 2 is refused");
     lp_simulation_free(&sim);
     // messages between stages (the plan's): one micro-batch through 2 stages is F0, send, F1, B1, send, B0
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 1, 1.0, 1.0, NULL, 0.5, 0, why, sizeof(why));
-    expect(!err && fabs(sim.makespan - 5.0) < 1e-12, "simulator: each message between stages takes its time (1F1B p=2 m=1: 4 + 2 x 0.5)");
-    lp_simulation_free(&sim);
+    expect(fabs(simulated_makespan(LP_SCHEDULE_1F1B, 2, 1, 0.5, 0, 1.0) - 5.0) < 1e-12,
+           "simulator: each message between stages takes its time (1F1B p=2 m=1: 4 + 2 x 0.5)");
     // sends that wait for delivery (Megatron-LM's): 1F1B p=2 m=2, stage 0 F0 F1 B0 B1, stage 1 F0 B0 F1 B1. Stage 1's
     // F1 waits for its B0's message to be delivered (4.0, not 3.5), so B1's message reaches stage 0 at 6.5, not 6
-    err = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 2, 1.0, 1.0, NULL, 0.5, 0, why, sizeof(why));
-    double free_sends = sim.makespan;
-    lp_simulation_free(&sim);
-    const char* err2 = lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 2, 1, 2, 1.0, 1.0, NULL, 0.5, 1, why, sizeof(why));
-    expect(!err && !err2 && fabs(free_sends - 7.0) < 1e-12 && fabs(sim.makespan - 7.5) < 1e-12,
+    expect(fabs(simulated_makespan(LP_SCHEDULE_1F1B, 2, 2, 0.5, 0, 1.0) - 7.0) < 1e-12 &&
+               fabs(simulated_makespan(LP_SCHEDULE_1F1B, 2, 2, 0.5, 1, 1.0) - 7.5) < 1e-12,
            "simulator: a send that waits for its delivery holds its stage (1F1B p=2 m=2, link 0.5: 7, and 7.5 when sends wait)");
-    lp_simulation_free(&sim);
+    // stages sharing cores (the CPU engine's ranks on fewer cores), a stage alone running twice as fast: 1F1B p=2
+    // m=1 is F0 (0.5), F0 and B0 on stage 1 (1.5), B0 (2): 2 units, not 4. m=2: F0 alone (0.5); stage 0's F1 beside
+    // stage 1's F0, each at its own pace (1.5); stage 1's B0 alone (2); stage 0's B0 beside stage 1's F1 (3); stage 1's
+    // B1 alone (3.5), stage 0's (4): the 8 units of work on 2 shared devices without a bubble, not 6
+    expect(fabs(simulated_makespan(LP_SCHEDULE_1F1B, 2, 1, 0.0, 0, 2.0) - 2.0) < 1e-12 &&
+               fabs(simulated_makespan(LP_SCHEDULE_1F1B, 2, 1, 0.0, 0, 1.0) - 4.0) < 1e-12 &&
+               fabs(simulated_makespan(LP_SCHEDULE_1F1B, 2, 2, 0.0, 0, 2.0) - 4.0) < 1e-12 &&
+               fabs(simulated_makespan(LP_SCHEDULE_1F1B, 2, 2, 0.0, 0, 1.0) - 6.0) < 1e-12,
+           "simulator: stages on shared cores: a stage alone runs faster, the idle one's share serving it (1F1B p=2: m=1 2 "
+           "units, not 4; m=2 4, not 6)");
     // broken lists. 1F1B, p=4, m=8: stage 0 runs F0 F1 F2 F3 B0 ..., stage 1 F0 F1 F2 B0 ..., stage 2
     // F0 F1 B0 F2 ..., stage 3 F0 B0 F1 B1 ...
-    lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 1, 8, 1.0, 1.0, NULL, 0.0, 0, why, sizeof(why));
+    lp_schedule_simulate(&sim, LP_SCHEDULE_1F1B, 4, 1, 8, 1.0, 1.0, NULL, why, sizeof(why));
     LPAction *st0 = sim.actions, *st1 = sim.actions + sim.per_stage, *st2 = sim.actions + 2 * sim.per_stage, keep;
     keep = st0[0];  // stage 0 starting with B7, before F7
     st0[0] = st0[sim.per_stage - 1];
@@ -1314,9 +1333,9 @@ static void test_plan(void) {
            plans[0].par.offload == LP_OFFLOAD_NONE, "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without "
            "recomputation or offload");
     free(plans);
-    LPConfig d4;  // the CPU default, 2048 tokens per step: TP's and PP's collectives per micro-batch cost more than they save
-    lp_config_from_name(&d4, "d4");
-    n = lp_plan(&d4, 64, 2048, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
+    LPConfig d4;  // the CPU default at T=64, 65536 tokens a step (a step of a few ms; at 2048 tokens one of less than
+    lp_config_from_name(&d4, "d4");  // a millisecond, where the kernel launches the plan does not count would decide)
+    n = lp_plan(&d4, 64, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     expect(n > 0 && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
     free(plans);
@@ -1416,9 +1435,11 @@ static void test_plan(void) {
     tp2.tp = 2, sp2 = tp2, sp2.sp = 1;
     LPPipeShape s_tp = {&tp2, 4, 1024, LP_ATTENTION_FLASH, 1}, s_sp = {&sp2, 4, 1024, LP_ATTENTION_FLASH, 1};
     LPChunkTime c_tp = lp_plan_chunk(&small, &s_tp, &h100, 1, 1), c_sp = lp_plan_chunk(&small, &s_sp, &h100, 1, 1);
-    double act = 4.0 * 1024 * small.channels * 2.0, half = 0.5 * act / h100.node_bw + h100.latency;
-    expect(fabs(c_tp.tp - 4.0 * (act / h100.node_bw + h100.latency)) < 1e-12 && fabs(c_sp.tp - 10.0 * half) < 1e-12,
-           "plan: a layer's TP collectives: 4 all-reduces; with SP 4 all-gathers or reduce-scatters forward, 6 backward");
+    double act = 4.0 * 1024 * small.channels * 2.0, all = lp_collective_seconds(&h100, act, 1, 2, 2), half = lp_collective_seconds(&h100, act, 0, 2, 2);
+    expect(fabs(all - (act / h100.node_bw + 8.4e-6 + 2.0 * 3.4e-6)) < 1e-12 && fabs(half - (0.5 * act / h100.node_bw + 8.4e-6 + 3.4e-6)) < 1e-12 &&
+               fabs(c_tp.tp - 4.0 * all) < 1e-12 && fabs(c_sp.tp - 10.0 * half) < 1e-12,
+           "plan: a layer's TP collectives: 4 all-reduces (a ring of 2: 2 steps of NCCL's Simple protocol at these 3 MiB); "
+           "with SP 4 all-gathers or reduce-scatters forward, 6 backward (1 step each)");
     // ZeRO-3's gather of a layer's weights and backward's reduce-scatter of its gradients share the data-parallel
     // link: backward exposes whatever of the two together its compute does not hide (a link 1.5 backwards long each:
     // 2 backwards exposed; each apart would have exposed 0.5 + 0.5)
@@ -1431,8 +1452,8 @@ static void test_plan(void) {
     double layer = 0.0;
     for (int i = 0; i < LP_NUM_PARAMS; i++)
         if (lp_is_layer_tensor(i)) layer += (double)sizes[i] / small.num_layers;
-    LPPlanMachine zlink = h100;
-    zlink.net_bw = layer * 2.0 * (15.0 / 16.0) / (1.5 * c_z0.bwd - h100.latency);
+    LPPlanMachine zlink = h100;  // (a ring of 16 over 2 nodes: 15 steps, one of them between the nodes; Simple)
+    zlink.net_bw = layer * 2.0 * (15.0 / 16.0) / (1.5 * c_z0.bwd - 8.4e-6 - 14.0 * 3.4e-6 - 9.6e-6);
     LPChunkTime c_z3 = lp_plan_chunk(&small, &s_z3, &zlink, 1, 1);
     double exposed = fmax(0.0, 1.5 * c_z0.bwd - c_z0.fwd) + 2.0 * c_z0.bwd;
     expect(fabs(c_z3.fwd + c_z3.bwd - c_z0.fwd - c_z0.bwd - exposed) < 1e-9 * exposed && fabs(c_z3.dp - exposed) < 1e-9 * exposed,
@@ -4804,7 +4825,7 @@ static double activation_bytes_124m(int T, int attention) {
     shape.last = 1;
     shape.attention = attention;
     LPActivations a;
-    size_t scratch, stored = lp_activations_layout(&a, &shape, 1, T, 0, NULL, NULL, &scratch);
+    size_t scratch, stored = lp_activations_layout(&a, &shape, 1, T, LP_BUILD_GPU, NULL, NULL, &scratch);
     return (double)stored + scratch;
 }
 

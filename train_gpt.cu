@@ -56,7 +56,7 @@ typedef struct {
     float gpu_mem;           // --gpu-mem: GiB per GPU (0: the GPU's)
     int node_gpus;           // --node-gpus: GPUs per node (0: the cluster's)
     float node_gbs, net_gbs; // --node-gbs, --net-gbs: GB/s per GPU inside a node, between nodes (0: the cluster's)
-    float latency_us;        // --latency-us: per collective or send (0: the cluster's)
+    float latency_us;        // --latency-us: beyond NCCL's ring latencies, each collective or send (0: the cluster's)
     const char* software;    // --software: what runs the step (lp_softwares)
     float gemm_share;        // --gemm-share: of the GPU's peak its GEMMs reach at best (0: the GPU's best times the software's)
     float train_tokens;      // --train-tokens: --plan's time to train this many tokens (0: not printed)
@@ -279,7 +279,8 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--net-gbs", NULL, LP_FLAG_FLOAT, LP_FIELD(net_gbs), "0", "0", "F", NULL, NULL,
      "for --plan: GB/s per GPU between nodes (0: the cluster's ports shared by a node's GPUs)"},
     {"--latency-us", NULL, LP_FLAG_FLOAT, LP_FIELD(latency_us), "0", "0", "F", NULL, NULL,
-     "for --plan: microseconds per collective or send (0: the cluster's)"},
+     "for --plan: microseconds each collective or send takes beyond its bytes: added to NCCL's ring latencies on a GPU "
+     "cluster, all of MPI's on cpu (0: the cluster's)"},
     {"--software", NULL, LP_FLAG_STRING, LP_FIELD(software), "llmpar", "llmpar", "NAME", NULL, NULL,
      "for --plan: llmpar (this engine) or megatron (Megatron-LM as the PTD-P paper's runs used it: dropout, "
      "pipeline sends that wait, its GEMMs' fitted share; to set the plan against published runs)"},
@@ -1423,7 +1424,7 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     par.micro_batches = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
-    LPPipeShape shape = {&par, f->B, f->T, f->attention, 0};
+    LPPipeShape shape = {&par, f->B, f->T, f->attention, LP_BUILD_GPU};
     char why[512];
     if (lp_pp_partition(&cfg, &shape, layers, why, sizeof(why))) lp_fail_all("%s", why);
     lp_log("partition %s of %d layers (L=%d C=%d Vp=%d; B=%d T=%d t=%d d=%d ZeRO-%d%s%s), per chunk: training FLOPs per token, "
@@ -1441,7 +1442,7 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
         first += layers[k];
     }
     LPSimulation sim;
-    if (lp_schedule_simulate(&sim, par.schedule, par.pp, par.vpp, par.micro_batches, 1.0, 2.0, NULL, 0.0, 0, why, sizeof(why)))
+    if (lp_schedule_simulate(&sim, par.schedule, par.pp, par.vpp, par.micro_batches, 1.0, 2.0, NULL, why, sizeof(why)))
         lp_fail_all("%s", why);
     if (proc->rank == 0) lp_schedule_print(stdout, &sim, par.schedule);
     lp_simulation_free(&sim);
@@ -1518,13 +1519,16 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     }
     lp_log("plan: %s (L=%d C=%d NH=%d, %.4g B parameters) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers,
            cfg.channels, cfg.num_heads, lp_config_num_params(&cfg) / 1e9, n, f->T, tokens);
+    char latency[64] = "collectives as NCCL's rings";
+    if (!mach.nccl) snprintf(latency, sizeof(latency), "%.0f us per collective or send", mach.latency * 1e6);
+    else if (mach.latency > 0.0) snprintf(latency, sizeof(latency), "collectives as NCCL's rings and %.0f us", mach.latency * 1e6);
     lp_log("machine: %s%s: %s, %.0f TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%), %.3g GiB (90%% for the plan), %.0f GB/s "
-           "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %.0f us per collective or send; offload: %.0f "
+           "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %s; offload: %.0f "
            "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's); software: %s (%s)\n",
            cluster->name, f->gpu[0] || f->gpu_mem > 0.0f || f->gemm_share > 0.0f || f->node_gpus || f->node_gbs > 0.0f ||
            f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
            mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, mach.gpu_bytes / 0.9 / GiB,
-           mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, mach.latency * 1e6, mach.host_bw / 1e9,
+           mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, latency, mach.host_bw / 1e9,
            mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9, f->software, lp_software_named(f->software)->about);
     int shown = 0;
     while (shown < fit && shown < 10 && plans[shown].simulated) shown++;

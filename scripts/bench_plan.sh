@@ -9,10 +9,12 @@
 # F = 96 B s l h^2 (1 + s/6h + V/16lh) per step (its eq. 3: GEMMs, recomputation included). Then the
 # plan's own choice for this engine (--software llmpar) on the same model, GPUs and batch. The engine's attention nearest the paper's
 # (materialised probabilities, batched GEMMs) is --attention cublas.
-# `cpu`: the plan's calibration on a machine we have: 8 grids of the CPU engine on 4 ranks (the d4 model,
-# B=4, T=64, 4096 tokens a step), each step measured (the median of the step lines after the first, over
-# ROUNDS rounds that alternate the grids) beside the plan's prediction on --cluster cpu (this machine
-# kind's measured sgemm, memory and MPI figures), and both orders. Needs a quiet machine (minutes).
+# `cpu`: the plan's calibration on a machine we have: 10 grids of the CPU engine on 4 ranks (the d4 model,
+# B=4, T=64, 4096 tokens a step; two of them with full recomputation), each step measured (the median of
+# the step lines after the first, over ROUNDS rounds that alternate the grids) beside the plan's prediction
+# on --cluster cpu (this machine kind's measured sgemm, memory and MPI figures; a stage alone on the shared
+# cores up to twice as fast) at the GEMM share that predicts one rank on one core, measured in the same
+# rounds; and how many pairs measured more than 10% apart it orders alike. Needs a quiet machine (minutes).
 # Usage: bash scripts/bench_plan.sh [fit|table1|table2|ablations|train|all|cpu]   (CPU build; seconds, cpu minutes)
 set -u
 cd "$(dirname "$0")/.."
@@ -171,23 +173,53 @@ if [ "$what" = cpu ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     rounds=${ROUNDS:-2}
     grids=("--tp 1 --pp 1 --zero 0" "--tp 1 --pp 1 --zero 1" "--tp 1 --pp 1 --zero 3" "--tp 2 --pp 1 --zero 0" "--tp 4 --pp 1 --zero 0"
-           "--tp 1 --pp 2 --zero 0" "--tp 1 --pp 4 --zero 0" "--tp 2 --pp 2 --zero 0")
+           "--tp 1 --pp 2 --zero 0" "--tp 1 --pp 4 --zero 0" "--tp 2 --pp 2 --zero 0" "--tp 1 --pp 1 --zero 0 --recompute full"
+           "--tp 1 --pp 4 --zero 0 --recompute full")
+    median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "-" }'; }
+    steps() { awk -F'|' '/^step [2-9]/ { sub(/ ms.*/, "", $5); print $5 }' | tr '\n' ' '; }
     declare -A ms
+    one=""
     for r in $(seq "$rounds"); do
+        # the calibration: one rank on one core (a quarter of the 4 ranks' tokens), the rest predicted from it
+        one+="$(OMP_NUM_THREADS=1 "$bin" -e d4 -b 4 -t 64 -d 1024 -x 4 -v 0 -s 0 2>&1 | steps)"
         for g in "${grids[@]}"; do
             out=$(mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "$bin" -e d4 -b 4 -t 64 -d 4096 -x 4 -v 0 -s 0 $g 2>&1)
-            ms[$g]+="$(echo "$out" | awk -F'|' '/^step [2-9]/ { sub(/ ms.*/, "", $5); print $5 }' | tr '\n' ' ')"
+            ms[$g]+="$(echo "$out" | steps)"
         done
     done
-    echo "The CPU engine on 4 ranks of 2 cores (d4, B=4, T=64, 4096 tokens a step; ZeRO as given, no recomputation): measured and --plan --cluster cpu"
+    # the share of the peak whose prediction for that one rank (on half a core, the cpu preset's rank) is twice
+    # the measured time on a whole core
+    alone=$(echo "$one" | median)
+    share=$(for x in $(seq 0.20 0.01 1.00); do
+        "$bin" --plan 1 --cluster cpu -e d4 -t 64 -d 1024 -b 4 --recompute none --offload none --gemm-share "$x" 2>&1 |
+            sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p' | awk -v x="$x" -v m="$alone" '{ d = $1 * 500 - m; print (d < 0 ? -d : d), x }'
+    done | sort -g | head -n 1 | cut -d' ' -f2)
+    preset=$(awk '/^    {"cpu", 145.5e9/ { gsub(/,/, ""); print $(NF - 2) }' llmpar.h)
+    echo "one rank on one core (d4, B=4, T=64, 1024 tokens a step): $alone ms a step, the plan's at a GEMM share of $share" \
+         "(the cpu preset carries $preset)"
+    echo
+    echo "The CPU engine on 4 ranks of 2 cores (d4, B=4, T=64, 4096 tokens a step): measured and --plan --cluster cpu --gemm-share $share"
     echo "| grid | measured ms/step (median) | plan ms/step | plan / measured |"
     echo "|---|---|---|---|"
+    declare -A planned measured
     for g in "${grids[@]}"; do
-        measured=$(echo "${ms[$g]}" | tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "-" }')
+        measured[$g]=$(echo "${ms[$g]}" | median)
         sg="--pp-scatter-gather 0"
         case "$g" in *"--tp 2 --pp 2"*) sg="--pp-scatter-gather 1";; esac
-        planned=$("$bin" --plan 4 --cluster cpu -e d4 -t 64 -d 4096 -b 4 --vpp 1 --recompute none --offload none $sg $g 2>&1 |
+        case "$g" in *recompute*) ;; *) sg="$sg --recompute none";; esac
+        planned[$g]=$("$bin" --plan 4 --cluster cpu --gemm-share "$share" -e d4 -t 64 -d 4096 -b 4 --vpp 1 --offload none $sg $g 2>&1 |
             sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p' | awk '{ printf "%.0f", $1 * 1000 }')
-        echo "| $g | $measured | $planned | $(awk -v a="$planned" -v b="$measured" 'BEGIN { printf "%.2f", a / b }') |"
+        echo "| $g | ${measured[$g]} | ${planned[$g]} | $(awk -v a="${planned[$g]}" -v b="${measured[$g]}" 'BEGIN { printf "%.2f", a / b }') |"
     done
+    # the order: every pair of grids measured more than 10% apart (the noise of a few rounds is less), ordered alike?
+    pairs=0 alike=0
+    for ((i = 0; i < ${#grids[@]}; i++)); do
+        for ((j = i + 1; j < ${#grids[@]}; j++)); do
+            a=${grids[$i]} b=${grids[$j]}
+            read -r far same <<< "$(awk -v ma="${measured[$a]}" -v mb="${measured[$b]}" -v pa="${planned[$a]}" -v pb="${planned[$b]}" \
+                'BEGIN { far = ma > 1.1 * mb || mb > 1.1 * ma; print far, far && (ma < mb) == (pa < pb) }')"
+            pairs=$((pairs + far)) alike=$((alike + same))
+        done
+    done
+    echo "pairs of grids measured more than 10% apart: $pairs, the plan orders $alike of them alike"
 fi

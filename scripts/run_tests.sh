@@ -167,11 +167,12 @@ kernels_hazard_free() {
 # memory and the command for ./train_gpt included (a dense and a MoE model, flash and cublas). One check.
 plan_same_on_both_builds() {
     local ok=1 args
-    for args in "--plan 64 -e d12 -t 1024 -d 524288" "--plan 16 -e d6 -t 1024 -d 65536 --moe-experts 8 --attention cublas"; do
+    for args in "--plan 64 -e d12 -t 1024 -d 524288" "--plan 16 -e d6 -t 1024 -d 65536 --moe-experts 8 --attention cublas" \
+                "--plan 4 --cluster cpu -e d4 -t 64 -d 4096"; do
         cmp -s <(./train_gpt_cpu $args 2>&1) <(./train_gpt_emu $args 2>&1) || { echo "differs: $args"; ok=0; }
     done
     if [ $ok = 1 ]; then
-        echo "     --plan: the CPU build's plans equal the CUDA build's, byte for byte (bf16 memory on both)"
+        echo "     --plan: the CPU build's plans equal the CUDA build's, byte for byte (GPUs' bf16 memory, and the CPU engine's fp32, on both)"
         passed=$((passed + 1))
     else
         echo "FAIL --plan prints other plans on the CPU build than on the CUDA build"
