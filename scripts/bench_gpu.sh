@@ -11,7 +11,7 @@
 #        bash scripts/bench_gpu.sh emu kernels   only the first part (~10 min); emu zero: only the second (~20 min)
 #        bash scripts/bench_gpu.sh emu large     GPT-2 774M (B=16) and 1.5B (B=8) at T=1024 on an H100, MODELLED
 #                                             from counts of their layers one and two at a time, per micro-batch
-#                                             and per step of llm.c's tokens per GPU (65536, 131072; ~40 min)
+#                                             and per step of llm.c's tokens per GPU (65536, 131072; ~1 hour)
 #        bash scripts/bench_gpu.sh emu check     every roof of single launches on an H100 and an A100, MODELLED:
 #                                             two shared-memory test kernels (conflict-free, 32-way conflicted),
 #                                             124M's attention and LayerNorm kernels at B=64 T=1024, under the
