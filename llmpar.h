@@ -8263,14 +8263,16 @@ typedef struct {
 // not published for it and is taken as the H100's share (an assumption). cpu: a rank of the CPU engine
 // on the CI machine's kind, 2 AMD EPYC cores shared by 4 ranks (the plan's calibration on a machine we
 // have): a quarter of OpenBLAS's measured sgemm on both cores (dev/bench_sgemm.c, 145.5 GFLOP/s) and of
-// the memory bandwidth measured (two numpy copies at once: 19.4 GB/s, read and written).
+// the memory bandwidth measured (two numpy copies at once: 19.4 GB/s, read and written); `gemm` is the
+// share of that rate the engine's d4 step reaches on one rank and one core (`bench_plan.sh cpu`: 0.56 and
+// 0.76 in two runs 15 minutes apart, the noise of a shared machine).
 static const LPGpu lp_gpus[] = {
     {"a100", 312e12, 80.0 * 1073741824.0, 2.039e12, 108, 0.869, 0.38, 0},
     {"h100", 989.4e12, 80.0 * 1073741824.0, 3.35e12, 132, 0.803, 0.19, 0},
     {"h200", 989.4e12, 141e9, 4.8e12, 132, 0.803, 0.19, 0},
     {"b200", 2250e12, 180e9, 8.0e12, 148, 0.776, 0.19, 0},
     {"gb200", 2500e12, 186e9, 8.0e12, 148, 0.729, 0.19, 0},
-    {"cpu", 145.5e9 / 4, 24.0 * 1073741824.0 / 4, 20e9 / 4, 1, 1.0, 0.0, 1},
+    {"cpu", 145.5e9 / 4, 24.0 * 1073741824.0 / 4, 20e9 / 4, 1, 0.65, 0.0, 1},
 };
 
 typedef struct {
@@ -8280,7 +8282,10 @@ typedef struct {
     double node_bw;     // NCCL's bus bandwidth per GPU among them, bytes/s (measured, large messages)
     int ports;          // network ports per node ...
     double port_bw;     // ... and what NCCL moves through each, bytes/s
-    int nccl;           // 1: collectives are NCCL's rings (lp_nccl_protocols); 0: MPI's, at `latency` each
+    int nccl;           // 1: collectives are NCCL's rings (lp_nccl_protocols), on a stream of their own beside
+                        // the compute; 0: MPI's, at `latency` each, progressing only inside MPI's calls (Open MPI
+                        // has no progress thread: nothing overlaps) and its sends of more than a few KB waiting
+                        // for their receiver
     double latency;     // seconds each collective or send takes beyond its bytes, whatever its size, on top
     double alone;       // how much faster a rank runs while the other ranks of its node wait (1: a GPU each;
                         // more where ranks share fewer cores, a waiting rank's share serving the others)
@@ -8330,7 +8335,7 @@ typedef struct {
     int gpus_per_node;  // GPUs sharing one NVLink domain
     double node_bw;     // NCCL bus bandwidth per GPU inside a node, bytes/s
     double net_bw;      // ... between nodes: the node's ports shared by its GPUs
-    int nccl;           // collectives as NCCL's rings (lp_nccl_protocols), else MPI's
+    int nccl;           // collectives as NCCL's rings (lp_nccl_protocols) beside the compute, else MPI's (LPCluster)
     double latency;     // seconds each collective or send takes beyond NCCL's model (MPI: all of its latency)
     double host_bw;     // bytes/s per GPU each way between the GPU and host memory (--offload)
     double host_mem_bw; // bytes/s of host memory per GPU for the CPU's AdamW (--offload)
@@ -8360,7 +8365,7 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPSoftware
     LPPlanMachine m;
     m.gpu = *lp_gpu_named(k->gpu);
     m.gpu.gemm *= sw->gemm;
-    m.blocking = sw->blocking;
+    m.blocking = sw->blocking || !k->nccl;  // (MPI's sends of more than a few KB wait for their receiver)
     m.dropout = sw->dropout;
     m.gpu_bytes = 0.9 * m.gpu.memory;
     m.gpus_per_node = k->node_gpus;
@@ -8499,7 +8504,7 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
         double once = lp_collective_seconds(mach, dense * X, 0, d, par->tp * par->dp);  // (a reduce-scatter or a gather of a layer)
         if (experts > 0.0 && de > 1) once += lp_collective_seconds(mach, experts / ep * X, 0, de, par->tp * par->dp);
         // (backward's reduce-scatter and ZeRO-3's gather share the DP link: together they outlast the layer or not)
-        double hide_f = par->overlap ? f : 0.0, hide_b = par->overlap ? b : 0.0;
+        double hide_f = par->overlap && mach->nccl ? f : 0.0, hide_b = par->overlap && mach->nccl ? b : 0.0;
         dz_b = fmax(0.0, (par->zero >= 3 ? 2.0 : 1.0) * once - hide_b);
         if (par->zero >= 3) dz_f = fmax(0.0, once - hide_f);
     }
@@ -8560,7 +8565,7 @@ static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const 
     double stage_layers = ceil((double)c->num_layers / par->pp), inner = par->tp * par->dp;  // (a collective a layer)
     double rs = d > 1 ? stage_layers * lp_collective_seconds(mach, (params - experts) * X / stage_layers, 0, d, inner) : 0.0;  // a reduce-scatter or all-gather
     if (de > 1 && experts > 0.0) rs += stage_layers * lp_collective_seconds(mach, experts * X / stage_layers, 0, de, inner);
-    if (par->zero == 0) end = par->overlap ? fmax(2.0 * rs / stage_layers, 2.0 * rs - bwd) : 2.0 * rs;  // an all-reduce
+    if (par->zero == 0) end = par->overlap && mach->nccl ? fmax(2.0 * rs / stage_layers, 2.0 * rs - bwd) : 2.0 * rs;  // an all-reduce
     if (par->zero == 1) end = 2.0 * rs;
     if (par->zero == 2) end = rs;  // the updated weights gathered
     double shard = par->zero >= 1 ? ceil(params / d) : params;  // the busiest rank's
