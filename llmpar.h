@@ -8359,11 +8359,11 @@ static inline const LPSoftware* lp_software_named(const char* name) {
     return NULL;
 }
 
-// The machine of cluster preset k running software sw, 90% of a GPU's memory for the plan (10% for CUDA,
+// The machine of cluster preset k with its GPUs (or `gpu`'s, when not NULL) running software sw, 90% of a GPU's memory for the plan (10% for CUDA,
 // cuBLAS, NCCL); the host side: PCIe 5 x16, a 400 GB/s host shared by 8 GPUs, one PCIe 4 NVMe drive per GPU.
-static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPSoftware* sw) {
+static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu, const LPSoftware* sw) {
     LPPlanMachine m;
-    m.gpu = *lp_gpu_named(k->gpu);
+    m.gpu = gpu ? *gpu : *lp_gpu_named(k->gpu);
     m.gpu.gemm *= sw->gemm;
     m.blocking = sw->blocking || !k->nccl;  // (MPI's sends of more than a few KB wait for their receiver)
     m.dropout = sw->dropout;

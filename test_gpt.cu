@@ -1304,7 +1304,7 @@ static void test_schedules(void) {
 // any build; a tensor group across nodes pays the network. A plan that fits nothing is one error line.
 static void test_plan(void) {
     const double GiB = 1073741824.0;
-    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"), lp_software_named("llmpar"));
+    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("llmpar"));
     LPConfig small, xl;
     lp_config_from_name(&small, "d12");
     lp_config_from_name(&xl, "d48");
@@ -1467,7 +1467,7 @@ static void test_plan(void) {
     sg.par.tp = 8, sg.par.pp = 12, sg.par.vpp = 4, sg.par.recompute = LP_RECOMPUTE_FULL;
     double gain[2];
     for (int w = 0; w < 2; w++) {
-        LPPlanMachine selene = lp_plan_machine(lp_cluster_named("dgx-a100"), lp_software_named(w ? "megatron" : "llmpar"));
+        LPPlanMachine selene = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named(w ? "megatron" : "llmpar"));
         double step[2];
         for (int on = 0; on < 2; on++) {
             sg.par.scatter_gather = on;

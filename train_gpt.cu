@@ -1468,17 +1468,15 @@ static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** c
     for (size_t j = 0; j < sizeof(lp_softwares) / sizeof(lp_softwares[0]); j++)
         snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_softwares[j].name);
     if (!sw) lp_fail_all("flag %s: no software '%s' (%s)", LP_FLAG_NAME(software), f->software, names);
-    LPPlanMachine mach = lp_plan_machine(k, sw);
+    const LPGpu* g = NULL;  // (the cluster's)
     if (f->gpu[0]) {
-        const LPGpu* g = lp_gpu_named(f->gpu);
+        g = lp_gpu_named(f->gpu);
         names[0] = '\0';
         for (size_t j = 0; j < sizeof(lp_gpus) / sizeof(lp_gpus[0]); j++)
             snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_gpus[j].name);
         if (!g) lp_fail_all("flag %s: no GPU '%s' (%s)", LP_FLAG_NAME(gpu), f->gpu, names);
-        mach.gpu = *g;
-        mach.gpu.gemm *= sw->gemm;
-        mach.gpu_bytes = 0.9 * g->memory;
     }
+    LPPlanMachine mach = lp_plan_machine(k, g, sw);
     if (f->gemm_share > 0.0f) mach.gpu.gemm = f->gemm_share;
     if (f->gpu_mem > 0.0f) mach.gpu_bytes = 0.9 * f->gpu_mem * 1073741824.0;
     if (f->node_gpus > 0) mach.gpus_per_node = f->node_gpus;

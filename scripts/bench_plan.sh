@@ -21,13 +21,14 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 bin=./train_gpt_cpu
 [ -x "$bin" ] || make train_gpt_cpu > /dev/null
+fastest() { sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p'; }  # a plan's output: its fastest step, seconds
 plan() {  # n L C NH global-batch flags...: prints "step_s X_paper" (the paper's count)
     local n=$1 L=$2 C=$3 NH=$4 batch=$5
     shift 5
     local out
     out=$("$bin" --plan "$n" --cluster dgx-a100 --software megatron -e "$L,$C,$NH,51200" -t 2048 -d $((batch * 2048)) --attention cublas "$@" 2>&1)
     local step
-    step=$(echo "$out" | sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p')
+    step=$(echo "$out" | fastest)
     if [ -z "$step" ]; then echo "- -"; return; fi
     awk -v s="$step" -v n="$n" -v l="$L" -v h="$C" -v B="$batch" 'BEGIN {
         F = 96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * l * h)); printf "%.4g %.0f\n", s, F / (s * n) / 1e12 }'
@@ -59,7 +60,7 @@ if [ "$what" = fit ] || [ "$what" = all ]; then
             local s
             s=$("$bin" --plan "$n" --cluster dgx-a100 --software megatron -e "$L,$C,$NH,51200" -t 2048 -d $((batch * 2048)) \
                 --attention cublas --tp 8 --pp "$p" --vpp "$v" -b "$b" --zero 0 --offload none $how "$@" 2>&1 |
-                sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p')
+                fastest)
             echo "$name $r $pub ${s:--}"
         done <<< "$rows"
     }
@@ -192,7 +193,7 @@ if [ "$what" = cpu ]; then
     alone=$(echo "$one" | median)
     share=$(for x in $(seq 0.20 0.01 1.00); do
         "$bin" --plan 1 --cluster cpu -e d4 -t 64 -d 1024 -b 4 --recompute none --offload none --gemm-share "$x" 2>&1 |
-            sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p' | awk -v x="$x" -v m="$alone" '{ d = $1 * 500 - m; print (d < 0 ? -d : d), x }'
+            fastest | awk -v x="$x" -v m="$alone" '{ d = $1 * 500 - m; print (d < 0 ? -d : d), x }'
     done | sort -g | head -n 1 | cut -d' ' -f2)
     preset=$(awk '/^    {"cpu", 145.5e9/ { gsub(/,/, ""); print $(NF - 2) }' llmpar.h)
     echo "one rank on one core (d4, B=4, T=64, 1024 tokens a step): $alone ms a step, the plan's at a GEMM share of $share" \
@@ -208,7 +209,7 @@ if [ "$what" = cpu ]; then
         case "$g" in *"--tp 2 --pp 2"*) sg="--pp-scatter-gather 1";; esac
         case "$g" in *recompute*) ;; *) sg="$sg --recompute none";; esac
         planned[$g]=$("$bin" --plan 4 --cluster cpu --gemm-share "$share" -e d4 -t 64 -d 4096 -b 4 --vpp 1 --offload none $sg $g 2>&1 |
-            sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p' | awk '{ printf "%.0f", $1 * 1000 }')
+            fastest | awk '{ printf "%.0f", $1 * 1000 }')
         echo "| $g | ${measured[$g]} | ${planned[$g]} | $(awk -v a="${planned[$g]}" -v b="${measured[$g]}" 'BEGIN { printf "%.2f", a / b }') |"
     done
     # the order: every pair of grids measured more than 10% apart (the noise of a few rounds is less), ordered alike?
