@@ -8359,8 +8359,9 @@ static inline const LPSoftware* lp_software_named(const char* name) {
     return NULL;
 }
 
-// The machine of cluster preset k with its GPUs (or `gpu`'s, when not NULL) running software sw, 90% of a GPU's memory for the plan (10% for CUDA,
-// cuBLAS, NCCL); the host side: PCIe 5 x16, a 400 GB/s host shared by 8 GPUs, one PCIe 4 NVMe drive per GPU.
+// The machine of cluster preset k with its GPUs (or `gpu`'s, when not NULL) running software sw, 90% of a
+// GPU's memory for the plan (10% for CUDA, cuBLAS, NCCL); the host side: PCIe 5 x16, a 400 GB/s host shared
+// by 8 GPUs, one PCIe 4 NVMe drive per GPU.
 static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu, const LPSoftware* sw) {
     LPPlanMachine m;
     m.gpu = gpu ? *gpu : *lp_gpu_named(k->gpu);
@@ -8562,7 +8563,8 @@ static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const 
                                  double bwd, double* host) {
     const LPParallel* par = s->par;
     double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = mach->gpu.fp32 ? 4.0 : 2.0, end = 0.0;
-    double stage_layers = ceil((double)c->num_layers / par->pp), inner = par->tp * par->dp;  // (a collective a layer)
+    double stage_layers = ceil((double)c->num_layers / par->pp);  // (a collective a layer)
+    int inner = par->tp * par->dp;
     double rs = d > 1 ? stage_layers * lp_collective_seconds(mach, (params - experts) * X / stage_layers, 0, d, inner) : 0.0;  // a reduce-scatter or all-gather
     if (de > 1 && experts > 0.0) rs += stage_layers * lp_collective_seconds(mach, experts * X / stage_layers, 0, de, inner);
     if (par->zero == 0) end = par->overlap && mach->nccl ? fmax(2.0 * rs / stage_layers, 2.0 * rs - bwd) : 2.0 * rs;  // an all-reduce
