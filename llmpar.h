@@ -1978,14 +1978,6 @@ static inline LP_HD float lp_gelu_grad(float x) {
 // buffers that grow on demand, and one cuBLASLt GEMM used by every matmul.
 #define LP_THREADS 256
 static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
-// Warps per block for a kernel whose block keeps block_bytes of shared memory and each warp warp_bytes more:
-// as many as fit `budget` bytes, at most `most`, at least 1. A launch gets 48 KiB without opting in.
-#define LP_SHARED_DEFAULT 49152
-static inline int lp_block_warps(size_t budget, size_t block_bytes, size_t warp_bytes, int most) {
-    int w = most;
-    while (w > 1 && block_bytes + w * warp_bytes > budget) w--;
-    return w;
-}
 
 // Launch a kernel on the compute stream and check the launch. LP_SHARED is the launch's dynamic shared
 // memory as an array. Under the CUDA emulator (dev/cudaemu, no GPU) the same lines run on the CPU.
@@ -2365,64 +2357,82 @@ static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, 
 }
 
 #ifndef LLMPAR_CPU
-// Rows of LayerNorm: a block of warps walks the rows, a warp per row. Everything is read from global memory
-// once: the block stages w, b (and the residual's bias) in shared memory, each warp its row, which the
-// statistics and the output then read from there. A row in shared memory is padded to whole packs
-// (lp_ln_width), its padding 0. Blocks at most LP_LN_BLOCKS: enough for every SM, and w, b read per block.
-#define LP_LN_BLOCKS 512
-static __host__ __device__ inline int lp_ln_width(int C) { return (C + LP_PACK - 1) / LP_PACK * LP_PACK; }
-static inline int lp_ln_blocks(int N, int warps) {
-    int blocks = (N + warps - 1) / warps;
-    return blocks < LP_LN_BLOCKS ? blocks : LP_LN_BLOCKS;
+// Rows of LayerNorm on the GPU: a block walks a fixed set of rows, one row at a time, each thread owning one
+// 128-bit pack of channels (LPPack), so a block is C / 8 threads rounded up to whole warps; a row wider than
+// 1024 packs is split into chunks (blockIdx.y), each chunk's blocks reading the whole row for its sums and
+// writing their own packs. A thread keeps its pack's values and its w, b in registers from the row's sums
+// to its output: everything is read from global memory once, and nothing is staged in shared memory.
+// A row's sums are the block's (a warp's in a fixed tree, then the warps' in order: lp_block_reduce).
+// Blocks: enough to give every SM 1024 threads, which 64 registers a thread keep resident at once (the
+// launch bounds hold nvcc to them, and let a block of 1024 threads launch at all).
+#define LP_LN_SM_THREADS 1024
+static inline int lp_ln_threads(int C, int* chunks) {
+    int packs = (C + LP_PACK - 1) / LP_PACK;
+    *chunks = (packs + 1023) / 1024;
+    int per = (packs + *chunks - 1) / *chunks;
+    return (per + 31) / 32 * 32;
+}
+static inline int lp_ln_blocks(int N, int C) {
+    int chunks, threads = lp_ln_threads(C, &chunks);
+    int blocks = lp_device_prop.multiProcessorCount * (LP_LN_SM_THREADS / threads) / chunks;
+    if (blocks < 1) blocks = 1;
+    return blocks < N ? blocks : N;
+}
+// Two sums over the block with one pair of barriers; every thread gets both. blockDim.x is a multiple of 32.
+static __device__ inline float2 lp_block_sum2(float a, float b) {
+    __shared__ float2 partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    a = lp_warp_sum(a);
+    b = lp_warp_sum(b);
+    __syncthreads();  // the previous call's readers are done with `partial`
+    if (lane == 0) partial[warp] = make_float2(a, b);
+    __syncthreads();
+    float2 p = lane < warps ? partial[lane] : make_float2(0.0f, 0.0f);
+    return make_float2(lp_warp_sum(p.x), lp_warp_sum(p.y));
 }
 
 // Forward. With inp2 non-NULL the row is first residual = inp1 + (inp2 + bias) (stored, rounded to bf16)
 // and the LayerNorm reads the rounded values, exactly what the backward pass will see; with out NULL it
-// stops there.
-static __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1,
-                                                   const floatX* inp2, const floatX* bias, const floatX* w, const floatX* b,
-                                                   int N, int C) {
-    LP_SHARED(floatX, share);  // w, b, bias, then each warp's row: Cp values each
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, Cp = lp_ln_width(C);
-    floatX *ws = share, *bs = share + Cp, *biass = share + 2 * Cp, *x = share + (size_t)(3 + warp) * Cp;
-    for (int c = threadIdx.x * LP_PACK; c < Cp; c += blockDim.x * LP_PACK) {
-        lp_store_pack(ws, c, Cp, lp_load_pack(w, c, C));
-        lp_store_pack(bs, c, Cp, lp_load_pack(b, c, C));
-        if (inp2) lp_store_pack(biass, c, Cp, bias ? lp_load_pack(bias, c, C) : lp_load_pack(bias, c, 0));  // (none: zeros)
+// stops there. The mean, then the variance about it (two sums, as the CPU loop).
+static __device__ inline LPPack lp_ln_row_pack(const floatX* inp1, const floatX* inp2, LPPack bias, size_t base, int c, int C) {
+    LPPack p = lp_load_pack(inp1 + base, c, C);
+    if (inp2) {
+        LPPack q = lp_load_pack(inp2 + base, c, C);
+        for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf(lp_bf(p.x[k]) + (lp_bf(q.x[k]) + lp_bf(bias.x[k])));
     }
-    __syncthreads();
-    for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
+    return p;  // (padding reads as 0)
+}
+static __global__ void __launch_bounds__(LP_LN_SM_THREADS)
+lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1, const floatX* inp2,
+                            const floatX* bias, const floatX* w, const floatX* b, int N, int C) {
+    int mine = (blockIdx.y * blockDim.x + threadIdx.x) * LP_PACK;  // this thread's first channel
+    int Cb = inp2 && bias ? C : 0;                                 // (no bias: zeros)
+    LPPack wc = lp_load_pack(w, mine, C), bc = lp_load_pack(b, mine, C), biasc = lp_load_pack(bias, mine, Cb), x = wc;
+    for (int row = blockIdx.x; row < N; row += gridDim.x) {
         size_t base = (size_t)row * C;
-        // lane l takes channels [8 l, 8 l + 8), then 256 further on, ...: 128-bit packs (LPPack); it reads
-        // back from shared memory only what it wrote, so the warp needs no barrier
         float s = 0.0f;
-        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-            LPPack p = lp_load_pack(inp1 + base, c, C);
-            if (inp2) {
-                LPPack q = lp_load_pack(inp2 + base, c, C), o = lp_load_pack(biass, c, Cp);
-                for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf(lp_bf(p.x[k]) + (lp_bf(q.x[k]) + lp_bf(o.x[k])));
-                lp_store_pack(residual + base, c, C, p);
-            }
-            lp_store_pack(x, c, Cp, p);
-            for (int k = 0; k < LP_PACK; k++) s += lp_bf(p.x[k]);  // (padding reads as 0)
+        for (int c = threadIdx.x * LP_PACK; c < C; c += blockDim.x * LP_PACK) {  // (once, unless the row is chunked)
+            LPPack p = lp_ln_row_pack(inp1, inp2, c == mine ? biasc : lp_load_pack(bias, c, Cb), base, c, C);
+            if (c == mine) x = p;
+            for (int k = 0; k < LP_PACK; k++) s += lp_bf(p.x[k]);
         }
+        if (inp2 && mine < C) lp_store_pack(residual + base, mine, C, x);
         if (!out) continue;
-        float m = lp_warp_sum(s) / C;
-        float v = 0.0f;
-        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-            LPPack p = lp_load_pack(x, c, Cp);
+        float m = lp_block_reduce(s, 0) / C, v = 0.0f;
+        for (int c = threadIdx.x * LP_PACK; c < C; c += blockDim.x * LP_PACK) {
+            LPPack p = c == mine ? x : lp_ln_row_pack(inp1, inp2, lp_load_pack(bias, c, Cb), base, c, C);
             for (int k = 0; k < LP_PACK; k++) {
                 float d = c + k < C ? lp_bf(p.x[k]) - m : 0.0f;
                 v += d * d;
             }
         }
-        float r = rsqrtf(lp_warp_sum(v) / C + 1e-5f);
-        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-            LPPack p = lp_load_pack(x, c, Cp), g = lp_load_pack(ws, c, Cp), o = lp_load_pack(bs, c, Cp);
-            for (int k = 0; k < LP_PACK; k++) p.x[k] = lp_xf((lp_bf(p.x[k]) - m) * r * lp_bf(g.x[k]) + lp_bf(o.x[k]));
-            lp_store_pack(out + base, c, C, p);
+        float r = rsqrtf(lp_block_reduce(v, 0) / C + 1e-5f);
+        if (mine < C) {
+#pragma unroll
+            for (int k = 0; k < LP_PACK; k++) x.x[k] = lp_xf((lp_bf(x.x[k]) - m) * r * lp_bf(wc.x[k]) + lp_bf(bc.x[k]));
+            lp_store_pack(out + base, mine, C, x);
         }
-        if (lane == 0) {
+        if (threadIdx.x == 0 && blockIdx.y == 0) {
             mean[row] = m;
             rstd[row] = r;
         }
@@ -2431,89 +2441,86 @@ static __global__ void lp_layernorm_forward_kernel(floatX* residual, floatX* out
 static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* out, float* mean, float* rstd,
                                                      const floatX* inp1, const floatX* inp2, const floatX* bias,
                                                      const floatX* w, const floatX* b, int N, int C) {
-    size_t row = (size_t)lp_ln_width(C) * sizeof(floatX);
-    int warps = lp_block_warps(LP_SHARED_DEFAULT, 3 * row, row, 8);
-    LP_LAUNCH(lp_layernorm_forward_kernel, lp_ln_blocks(N, warps), 32 * warps, (3 + warps) * row, residual, out, mean, rstd,
-              inp1, inp2, bias, w, b, N, C);
+    int chunks, threads = lp_ln_threads(C, &chunks);
+    LP_LAUNCH(lp_layernorm_forward_kernel, dim3(lp_ln_blocks(N, C), chunks), threads, 0, residual, out, mean, rstd, inp1, inp2,
+              bias, w, b, N, C);
 }
 static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
                                             const floatX* b, int N, int C) {
     lp_residual_layernorm_forward_gpu(NULL, out, mean, rstd, inp, NULL, NULL, w, b, N, C);
 }
 
-// Backward in two passes, deterministic: each block walks a fixed set of rows, a warp per row, and adds into
-// dinp; each warp keeps its share of dw and db in its own slice of shared memory (lane l owns the 8 channels
-// from 8 l, and those 256 further on, ...); the block adds its warps' slices in warp order into its
-// partials, and a second kernel sums the blocks' partials in block order. No atomics: a run repeats bit for
-// bit. As in the forward, w is staged once per block and a row's inp and dout once per row.
-// A slice holds channel c at lp_ln_slot(c): the k-th channel of every lane's pack side by side, so the 32
-// lanes adding into their k-th channels touch 32 banks (in channel order, 8 apart, they would share 4).
-static __host__ __device__ inline int lp_ln_slots(int C) { return (C + 255) / 256 * 256; }
-static __device__ inline int lp_ln_slot(int c) { return (c / 256 * LP_PACK + c % LP_PACK) * 32 + c % 256 / LP_PACK; }
-static __global__ void lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
-                                                    const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    LP_SHARED(floatX, share);  // w, each warp's inp and dout rows (Cp values each), then (warps, 2, S) floats: dw, db
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, Cp = lp_ln_width(C), S = lp_ln_slots(C);
-    floatX *ws = share, *xs = share + (size_t)(1 + 2 * warp) * Cp, *gs = xs + Cp;
-    float *sums = (float*)(share + (size_t)(1 + 2 * warps) * Cp), *mine = sums + (size_t)warp * 2 * S;
-    for (int c = lane; c < 2 * S; c += 32) mine[c] = 0.0f;
-    for (int c = threadIdx.x * LP_PACK; c < Cp; c += blockDim.x * LP_PACK) lp_store_pack(ws, c, Cp, lp_load_pack(w, c, C));
-    __syncthreads();
-    for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
+// Backward in two passes, deterministic: each thread keeps its channels' shares of dw and db in registers
+// over all its block's rows and writes them once as the block's partials; a second kernel sums the blocks'
+// partials in block order. No atomics: a run repeats bit for bit.
+static __global__ void __launch_bounds__(LP_LN_SM_THREADS)
+lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp, const floatX* w,
+                             const float* mean, const float* rstd, int N, int C) {
+    int mine = (blockIdx.y * blockDim.x + threadIdx.x) * LP_PACK;  // this thread's first channel
+    LPPack wc = lp_load_pack(w, mine, C), x = wc, g = wc;
+    float dw[LP_PACK] = {0}, db[LP_PACK] = {0};
+    for (int row = blockIdx.x; row < N; row += gridDim.x) {
         size_t base = (size_t)row * C;
-        float m = mean[row], r = rstd[row], dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        // lane l takes channels [8 l, 8 l + 8), then 256 further on, ...: 128-bit packs (padding: dout 0)
-        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-            LPPack x = lp_load_pack(inp + base, c, C), g = lp_load_pack(dout + base, c, C), wc = lp_load_pack(ws, c, Cp);
-            lp_store_pack(xs, c, Cp, x);
-            lp_store_pack(gs, c, Cp, g);
-            for (int k = 0; k < LP_PACK; k++) {
-                float norm = (lp_bf(x.x[k]) - m) * r, d = lp_bf(g.x[k]) * lp_bf(wc.x[k]);
-                dnorm_mean += d;
-                dnorm_norm_mean += d * norm;
+        float m = mean[row], r = rstd[row], dnorm = 0.0f, dnorm_norm = 0.0f;
+        for (int c = threadIdx.x * LP_PACK; c < C; c += blockDim.x * LP_PACK) {  // (once, unless the row is chunked)
+            LPPack xc = lp_load_pack(inp + base, c, C), gc = lp_load_pack(dout + base, c, C);
+            LPPack wk = c == mine ? wc : lp_load_pack(w, c, C);
+            if (c == mine) {
+                x = xc;
+                g = gc;
+            }
+            for (int k = 0; k < LP_PACK; k++) {  // (padding: dout 0)
+                float d = lp_bf(gc.x[k]) * lp_bf(wk.x[k]);
+                dnorm += d;
+                dnorm_norm += d * (lp_bf(xc.x[k]) - m) * r;
             }
         }
-        dnorm_mean = lp_warp_sum(dnorm_mean) / C;
-        dnorm_norm_mean = lp_warp_sum(dnorm_norm_mean) / C;
-        for (int c = lane * LP_PACK; c < C; c += 32 * LP_PACK) {
-            LPPack x = lp_load_pack(xs, c, Cp), g = lp_load_pack(gs, c, Cp), wc = lp_load_pack(ws, c, Cp);
-            LPPack di = lp_load_pack(dinp + base, c, C);
+        float2 sums = lp_block_sum2(dnorm, dnorm_norm);
+        if (mine >= C) continue;
+        float dnorm_mean = sums.x / C, dnorm_norm_mean = sums.y / C;
+        LPPack di = lp_load_pack(dinp + base, mine, C);
 #pragma unroll
-            for (int k = 0; k < LP_PACK; k++) {
-                float norm = (lp_bf(x.x[k]) - m) * r, gk = lp_bf(g.x[k]);
-                di.x[k] = lp_xf(lp_bf(di.x[k]) + (gk * lp_bf(wc.x[k]) - dnorm_mean - norm * dnorm_norm_mean) * r);
-                if (c + k < C) {
-                    mine[lp_ln_slot(c + k)] += gk * norm;
-                    mine[S + lp_ln_slot(c + k)] += gk;
-                }
-            }
-            lp_store_pack(dinp + base, c, C, di);
+        for (int k = 0; k < LP_PACK; k++) {
+            float norm = (lp_bf(x.x[k]) - m) * r, gk = lp_bf(g.x[k]);
+            di.x[k] = lp_xf(lp_bf(di.x[k]) + (gk * lp_bf(wc.x[k]) - dnorm_mean - norm * dnorm_norm_mean) * r);
+            dw[k] += gk * norm;
+            db[k] += gk;
         }
+        lp_store_pack(dinp + base, mine, C, di);
     }
-    __syncthreads();
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-        int at = c < C ? lp_ln_slot(c) : S + lp_ln_slot(c - C);
-        float sum = 0.0f;
-        for (int k = 0; k < warps; k++) sum += sums[(size_t)k * 2 * S + at];
-        partials[(size_t)blockIdx.x * 2 * C + c] = sum;
-    }
+    float* out = partials + (size_t)blockIdx.x * 2 * C;
+#pragma unroll
+    for (int k = 0; k < LP_PACK; k++)
+        if (mine + k < C) {
+            out[mine + k] = dw[k];
+            out[C + mine + k] = db[k];
+        }
 }
-static __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int blocks, int stride, int n) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= n) return;
+// out[c] += the sum of partials' rows (rows, stride floats apart) at column c < n, in a fixed order: each block
+// sums 32 columns, its 8 warps reading 8 rows at a time (a warp a row, coalesced), then adds their 8 sums.
+static __global__ void lp_sum_partials_kernel(floatX* out, const float* partials, int rows, int stride, int n) {
+    __shared__ float sums[8][32];
+    int c = blockIdx.x * 32 + threadIdx.x;
     float s = 0.0f;
-    for (int p = 0; p < blocks; p++) s += partials[(size_t)p * stride + c];
+    if (c < n)
+        for (int p = threadIdx.y; p < rows; p += 8) s += partials[(size_t)p * stride + c];
+    sums[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y > 0 || c >= n) return;
+    s = 0.0f;
+    for (int k = 0; k < 8; k++) s += sums[k][threadIdx.x];
     out[c] = lp_xf(lp_bf(out[c]) + s);
+}
+static inline void lp_sum_partials_gpu(floatX* out, const float* partials, int rows, int stride, int n) {
+    LP_LAUNCH(lp_sum_partials_kernel, lp_grid(n, 32), dim3(32, 8), 0, out, partials, rows, stride, n);
 }
 static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* db, const floatX* dout, const floatX* inp,
                                              const floatX* w, const float* mean, const float* rstd, int N, int C) {
-    size_t row = (size_t)lp_ln_width(C) * sizeof(floatX), warp_bytes = 2 * row + 2 * (size_t)lp_ln_slots(C) * sizeof(float);
-    int warps = lp_block_warps(LP_SHARED_DEFAULT, row, warp_bytes, 4), blocks = lp_ln_blocks(N, warps);
+    int chunks, threads = lp_ln_threads(C, &chunks), blocks = lp_ln_blocks(N, C);
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
-    LP_LAUNCH(lp_layernorm_backward_kernel, blocks, 32 * warps, row + warps * warp_bytes, dinp, partials, dout, inp, w, mean,
-              rstd, N, C);
-    LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, dw, partials, blocks, 2 * C, C);
-    LP_LAUNCH(lp_sum_partials_kernel, lp_grid(C, LP_THREADS), LP_THREADS, 0, db, partials + C, blocks, 2 * C, C);
+    LP_LAUNCH(lp_layernorm_backward_kernel, dim3(blocks, chunks), threads, 0, dinp, partials, dout, inp, w, mean, rstd, N, C);
+    lp_sum_partials_gpu(dw, partials, blocks, 2 * C, C);
+    lp_sum_partials_gpu(db, partials + C, blocks, 2 * C, C);
 }
 #endif
 
@@ -2759,7 +2766,7 @@ static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX*
         float* partials = (float*)bgrad;
         dim3 grid(lp_grid(OC, LP_THREADS), LP_BIAS_CHUNKS);
         LP_LAUNCH(lp_bias_partials_kernel, grid, LP_THREADS, 0, partials, dout, N, OC);
-        LP_LAUNCH(lp_sum_partials_kernel, lp_grid(OC, LP_THREADS), LP_THREADS, 0, dbias, partials, LP_BIAS_CHUNKS, OC, OC);
+        lp_sum_partials_gpu(dbias, partials, LP_BIAS_CHUNKS, OC, OC);
     }
 }
 
@@ -4106,7 +4113,7 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 // gradients of up to 4C outputs), sized once at set-up: growing one later frees it, and cudaFree waits
 // for the whole device.
 static inline void lp_scratch_reserve(size_t N, int C, int NH) {
-    size_t partials = (size_t)LP_LN_BLOCKS * 2 * C;  // layernorm backward
+    size_t partials = (size_t)lp_ln_blocks((int)N, C) * 2 * C;  // layernorm backward
     if ((size_t)LP_BIAS_CHUNKS * 4 * C > partials) partials = (size_t)LP_BIAS_CHUNKS * 4 * C;
     if (N * NH > partials) partials = N * NH;  // attention backward's D
     lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");

@@ -3982,11 +3982,12 @@ static void tier4_encoder(uint64_t* rng, int C) {
 }
 
 static void tier4_layernorm(uint64_t* rng) {
-    // 776: 97 packs of 8 channels, so lanes go round up to 4 times; 100 and 33: channels not a multiple of
-    // the warp size (nor rows of 16 bytes: value by value); 4133 rows of 33: more rows than either kernel's
-    // 512 blocks take in one sweep (of 8 warps forward, 4 backward), and not a multiple of 4
-    int widths[4] = {776, 100, 33, 33};
-    for (int pass = 0; pass < 4; pass++) {
+    // 776: 97 packs of 8 channels, so the forward's lanes go round up to 4 times; 100 and 33: channels not a
+    // multiple of the warp size (nor rows of 16 bytes: value by value); 4133 rows of 33: more rows than the
+    // forward's 512 blocks of 8 warps take in one sweep, and not a multiple of 4; 8200: 1025 packs, so the
+    // backward splits a row into two chunks, and its 66 blocks go round for 96 rows
+    int widths[5] = {776, 100, 33, 33, 8200};
+    for (int pass = 0; pass < 5; pass++) {
         int N = pass == 3 ? 4133 : 96, C = widths[pass];
         size_t n = (size_t)N * C;
         float *x1 = host_rand(n, rng, 2.0f), *x2 = host_rand(n, rng, 2.0f), *w = host_rand(C, rng, 1.0f), *b = host_rand(C, rng, 1.0f);

@@ -141,23 +141,30 @@ def waits(recs):
     return sum(1 for kind, _, _ in recs if kind == "wait")
 
 
-LN_BLOCKS = 512  # llmpar.h's LP_LN_BLOCKS: the LayerNorm kernels' grid stops there
+EMU_SMS, LN_SM_THREADS = 132, 1024  # the emulator's SMs; llmpar.h's LP_LN_SM_THREADS
+
+
+def ln_blocks(threads):
+    """Where a LayerNorm kernel's grid stops growing with the rows (llmpar.h's lp_ln_blocks): enough blocks
+    of `threads` to give each of the emulator's SMs LN_SM_THREADS."""
+    return EMU_SMS * (LN_SM_THREADS // int(threads))
 
 
 def extrapolate(r1, r2, b1, b2, b):
     """Each launch's name and counts at B=b, by key. A launch at one size only (the embedding backward
     under ZeRO-2/3 runs once per piece of wte that has tokens in the batch, and copies its index up)
     counts 0 at the other; any other difference stops the model. The LayerNorm kernels' grid grows with
-    B up to LN_BLOCKS blocks, and the sums of their partials (lp_sum_partials_kernel, a row per block) grow
+    B up to ln_blocks blocks, and the sums of their partials (lp_sum_partials_kernel, a row per block) grow
     with it: their blocks, and those sums' counts, stop where the grid does."""
     k1, k2 = (keyed([x for x in r if x[0] != "wait"]) for r in (r1, r2))
     odd = [k for k in set(k1) ^ set(k2) if "embedding_backward" not in k[1] and "HtoD" not in k[1]]
     if odd:
         sys.exit("the two batch sizes launch different work: " + str(sorted(odd)[:5]))
     at = lambda x1, x2, b: x1 + (x2 - x1) * (b - b1) / (b2 - b1)
-    ln = [(k1[k][1][C["blocks"]], k2[k][1][C["blocks"]]) for k in k1 if "layernorm" in k[1] and k in k2]
-    grows = [(x, y) for x, y in ln if y > x]
-    capped = min([b] + [b1 + (LN_BLOCKS - x) * (b2 - b1) / (y - x) for x, y in grows])  # the B where the grid stops
+    ln = [(k1[k][1][C["blocks"]], k2[k][1][C["blocks"]], ln_blocks(k2[k][1][C["threads"]])) for k in k1
+          if "layernorm" in k[1] and k in k2]
+    grows = [(x, y, cap) for x, y, cap in ln if y > x]
+    capped = min([b] + [b1 + (cap - x) * (b2 - b1) / (y - x) for x, y, cap in grows])  # the B where the grid stops
     out = {}
     for key in k1.keys() | k2.keys():
         n1, v1 = k1.get(key, (None, [0.0] * len(COUNTS)))
@@ -169,7 +176,7 @@ def extrapolate(r1, r2, b1, b2, b):
         for i in (C["threads"], C["shmem"]):  # a block's shape, not its work: as counted (a launch at one size has it once)
             v[i] = max(v1[i], v2[i])
         if "layernorm" in key[1]:
-            v[C["blocks"]] = min(v[C["blocks"]], max(LN_BLOCKS, v2[C["blocks"]]))
+            v[C["blocks"]] = min(v[C["blocks"]], max(ln_blocks(v[C["threads"]]), v2[C["blocks"]]))
         out[key] = (name, v)
     return out
 
