@@ -3846,22 +3846,26 @@ static inline void lp_classifier_grad_cpu(float* logits, float* losses, const fl
 
 #ifndef LLMPAR_CPU
 // One block per row. Stats: one read of the bf16 row, each thread keeping a running (max, sum) that the
-// block then rescales to the common max and adds up. Grad: one more read and a write.
+// block then rescales to the common max and adds up. Grad: one more read and a write. exp as 2^x on the
+// SFU (lp_exp2, as the flash kernels) and the running sum rescaled once a pack: a handful of instructions
+// a value, so HBM sets their pace, not the issue slots (with expf and a rescale a value it did not).
 static __global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
     const floatX* row = logits + (size_t)blockIdx.x * Vl;
-    float maxv = -INFINITY, sum = 0.0f;
+    float maxv = -INFINITY, sum = 0.0f;  // sum of exp(x - maxv), as 2^(x log2(e) - maxv log2(e)) on the SFU
     for (int v = threadIdx.x * LP_PACK; v < real; v += blockDim.x * LP_PACK) {
         LPPack p = lp_load_pack(row, v, real);
+        float x[LP_PACK], top = maxv;
 #pragma unroll
         for (int k = 0; k < LP_PACK; k++) {
-            float x = v + k < real ? lp_bf(p.x[k]) : -INFINITY;  // (a value past the vocabulary adds exp(-inf) = 0)
-            if (x > maxv) {
-                sum = sum * expf(maxv - x) + 1.0f;
-                maxv = x;
-            } else {
-                sum += expf(x - maxv);
-            }
+            x[k] = v + k < real ? lp_bf(p.x[k]) : -INFINITY;  // (a value past the vocabulary adds exp(-inf) = 0)
+            top = fmaxf(top, x[k]);
         }
+        if (top > maxv) {  // rescaled once a pack, not once a value
+            sum *= lp_exp2((maxv - top) * LP_LOG2E);
+            maxv = top;
+        }
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++) sum += lp_exp2(fmaf(x[k], LP_LOG2E, -maxv * LP_LOG2E));
     }
     float block_max = lp_block_reduce(maxv, 1);
     sum = lp_block_reduce(sum > 0.0f ? sum * expf(maxv - block_max) : 0.0f, 0);
@@ -3885,10 +3889,14 @@ static __global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, 
     if (threadIdx.x == 0) losses[i] = logf(sum) + maxv - target_logit;
     floatX* row = logits + (size_t)i * Vl;
     int target = targets[i] - v0;
+    float scale = dloss / sum, m2 = maxv * LP_LOG2E;
     for (int v = threadIdx.x * LP_PACK; v < Vl; v += blockDim.x * LP_PACK) {
         LPPack p = lp_load_pack(row, v, Vl);
-        for (int k = 0; k < LP_PACK; k++)
-            p.x[k] = lp_xf(v0 + v + k < V ? (expf(lp_bf(p.x[k]) - maxv) / sum - (v + k == target ? 1.0f : 0.0f)) * dloss : 0.0f);
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++) {
+            float g = lp_exp2(fmaf(lp_bf(p.x[k]), LP_LOG2E, -m2)) * scale - (v + k == target ? dloss : 0.0f);
+            p.x[k] = lp_xf(v0 + v + k < V ? g : 0.0f);
+        }
         lp_store_pack(row, v, Vl, p);
     }
 }
