@@ -2070,6 +2070,20 @@ static __device__ inline float lp_block_reduce(float v, int is_max) {
     return is_max ? lp_warp_max(v) : lp_warp_sum(v);
 }
 
+// Two sums over the block at once, in the same order, with one pair of barriers (the LayerNorm backward's
+// two per row); every thread gets both. blockDim.x is a multiple of 32.
+static __device__ inline float2 lp_block_sum2(float a, float b) {
+    __shared__ float2 partial[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    a = lp_warp_sum(a);
+    b = lp_warp_sum(b);
+    __syncthreads();  // the previous call's readers are done with `partial`
+    if (lane == 0) partial[warp] = make_float2(a, b);
+    __syncthreads();
+    float2 p = lane < warps ? partial[lane] : make_float2(0.0f, 0.0f);
+    return make_float2(lp_warp_sum(p.x), lp_warp_sum(p.y));
+}
+
 // A device buffer that grows to the largest size asked for; kernels use it for partial sums.
 typedef struct { void* ptr; size_t bytes; } LPScratch;
 static inline void* lp_scratch(LPScratch* s, size_t bytes, const char* what) {
@@ -2377,18 +2391,6 @@ static inline int lp_ln_blocks(int N, int C) {
     int blocks = lp_device_prop.multiProcessorCount * (LP_LN_SM_THREADS / threads) / chunks;
     if (blocks < 1) blocks = 1;
     return blocks < N ? blocks : N;
-}
-// Two sums over the block with one pair of barriers; every thread gets both. blockDim.x is a multiple of 32.
-static __device__ inline float2 lp_block_sum2(float a, float b) {
-    __shared__ float2 partial[32];
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    a = lp_warp_sum(a);
-    b = lp_warp_sum(b);
-    __syncthreads();  // the previous call's readers are done with `partial`
-    if (lane == 0) partial[warp] = make_float2(a, b);
-    __syncthreads();
-    float2 p = lane < warps ? partial[lane] : make_float2(0.0f, 0.0f);
-    return make_float2(lp_warp_sum(p.x), lp_warp_sum(p.y));
 }
 
 // Forward. With inp2 non-NULL the row is first residual = inp1 + (inp2 + bias) (stored, rounded to bf16)
