@@ -30,7 +30,8 @@ cd "$root"
 # The kernels: NAME FILE VERSION BLOCK_SIZE B T C GPU PUBLISHED_US SOURCE. Each runs the file's own dispatch
 # at its benchmark's shape (dev/cuda/layernorm_forward.cu: B 8, T 1024, C 768, fp32), timed there by CUDA
 # events around one launch after a memset of the L2's size (benchmark_kernel in dev/cuda/common.h), so the
-# published time includes the launch's own latency. GB/s figures are the benchmark's: 2 B T C 4 bytes
+# published time includes the launch's own latency, and the write-back of the memset's dirty lines as the
+# kernel evicts them (roofline.py check --dirty-l2). GB/s figures are the benchmark's: 2 B T C 4 bytes
 # (50331648) over the time.
 KERNELS=(
     # PR 600 (H100, kernels 3 and 5 at their best block sizes, 1191.38 and 1244.5 GB/s): 50331648 / GB/s
@@ -147,7 +148,7 @@ done
         [ "$gpu" = A100 ] && arch=80
         sass=()
         [ -s "$out/$f.sm_$arch.sass" ] && sass=(--sass "$out/$f.sm_$arch.sass")
-        python3 dev/cudaemu/roofline.py check "$out/$name.tsv" --gpu "$gpu" --ptxas "$out/ptxas_sm$arch.txt" ${sass[@]+"${sass[@]}"} \
+        python3 dev/cudaemu/roofline.py check "$out/$name.tsv" --gpu "$gpu" --ptxas "$out/ptxas_sm$arch.txt" ${sass[@]+"${sass[@]}"} --dirty-l2 \
             > "$out/$name.check.md"
         # the launches' rows: name, ..., bound, modelled us (the last two cells); summed over the launches
         awk -F'|' -v name="$name" -v f="$f" -v v="$version" -v bs="$block" -v gpu="$gpu" -v shape="B $B, T $T, C $C" \

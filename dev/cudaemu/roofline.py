@@ -26,7 +26,7 @@ those the emulator counts. The units work side by side, on different warps, so t
 the calibration (dev/docs/figures.md) says how far measured kernels are from it. Matmuls move each matrix
 once and run at GEMM_EFFICIENCY of dense bf16 peak; host copies go at PCIE; an NCCL call LATENCY plus the
 larger of the bytes it sends and receives (a ring's) over --link. Launch latency and caches are not
-modelled.
+modelled (but for check --dirty-l2: the written lines a benchmark's L2 flush leaves behind).
 
 The step is modelled twice: serial (the sum of every launch's time) and replayed: each stream's work in
 its order, a stream's wait for an event after that event's record, work the host queued after one of its
@@ -49,18 +49,22 @@ from collections import defaultdict
 # note 1, citing Luo et al., arXiv 2402.13499); on an A100 all of it. l2: the L2's bandwidth in bytes a
 # clock (A100 whitepaper: 5120; NVIDIA gives none for the H100: taken as the A100's 47.4 a clock per SM).
 # The H200 is an H100 with HBM3e at 4.8 TB/s (NVIDIA's H200 datasheet), here for the kernels timed on one.
+# l2size: the L2's bytes as cudaDeviceProp.l2CacheSize gives them (50 MiB on the H100 and H200, 40 on the A100),
+# for --dirty-l2.
 # Per SM: 65536 registers, at most 2048 threads and 32 blocks, shared memory for blocks (each also takes
 # 1 KiB the system reserves), and per clock 4 warp instructions issued (a scheduler each), one
 # shared-memory wavefront of 128 bytes (32 banks of 4 bytes), 16 special-function lanes (the same post,
 # note 2, for the H100; the CUDA C Programming Guide's throughput table for 8.0 and 9.0).
 GPUS = {
     "H100": dict(name="H100 SXM", sms=132, clock=1.83e9, hbm=3.35e12, l2=5120 * 132 / 108, peak=989.4e12, mma=2 / 3,
-                 smem=228 * 1024),
+                 smem=228 * 1024, l2size=50 << 20),
     "H200": dict(name="H200 SXM", sms=132, clock=1.83e9, hbm=4.8e12, l2=5120 * 132 / 108, peak=989.4e12, mma=2 / 3,
-                 smem=228 * 1024),
-    "A100": dict(name="A100 SXM 80GB", sms=108, clock=1.41e9, hbm=2.039e12, l2=5120, peak=312e12, mma=1.0, smem=164 * 1024),
+                 smem=228 * 1024, l2size=50 << 20),
+    "A100": dict(name="A100 SXM 80GB", sms=108, clock=1.41e9, hbm=2.039e12, l2=5120, peak=312e12, mma=1.0, smem=164 * 1024,
+                 l2size=40 << 20),
 }
 GPU = GPUS["H100"]      # --gpu sets it
+DIRTY_L2 = False        # check --dirty-l2 sets it
 REGISTERS, THREADS, BLOCKS, RESERVED = 65536, 2048, 32, 1024
 ISSUE, WAVEFRONTS, SFU_LANES = 4, 1, 16  # per SM per clock
 # Cycles a warp waits, on average, between two of its instructions when nothing else delays it (its
@@ -272,7 +276,10 @@ def kernel_roofs(name, v):
     time, the largest roof. Blocks are spread evenly over the SMs, so the SMs' own units (tensor, issue,
     shared, SFU) wait for the SM given the most (ceil(blocks / SMs)); HBM and L2 serve whichever SMs run.
     Latency: a warp issues at most one instruction every WARP_CPI clocks, so a block takes as long as its
-    warps' instructions times WARP_CPI, and that SM runs its blocks in rounds of as many as fit at once."""
+    warps' instructions times WARP_CPI, and that SM runs its blocks in rounds of as many as fit at once.
+    With DIRTY_L2 the launch starts with the L2 full of another's written lines (a benchmark's flush by a
+    memset of the L2's size): each line the launch brings in takes the place of one, which the L2 (write-back)
+    must first write to HBM, so HBM also carries the smaller of the L2's size and the launch's distinct bytes."""
     kernel = re.match(r"\w+(<[\d,]*>)?", name).group(0)
     regs, static = PTXAS.get(kernel, (0, 0))
     sm_clocks = GPU["sms"] * GPU["clock"]
@@ -282,7 +289,8 @@ def kernel_roofs(name, v):
     l2 = GPU["l2"] * GPU["clock"] * active / GPU["sms"]  # blocks on few SMs reach only their share of it
     busiest = math.ceil(blocks / GPU["sms"]) if blocks else 0
     spread = busiest / (blocks / GPU["sms"]) if blocks else 1.0
-    roofs = {"HBM": (v[C["distinct_read"]] + v[C["distinct_written"]]) / min(GPU["hbm"], l2),
+    distinct = v[C["distinct_read"]] + v[C["distinct_written"]]
+    roofs = {"HBM": (distinct + (min(GPU["l2size"], distinct) if DIRTY_L2 else 0)) / min(GPU["hbm"], l2),
              "L2": (v[C["read"]] + v[C["written"]]) / l2, "tensor": spread * v[C["flops"]] / (GPU["mma"] * GPU["peak"]),
              "issue": spread * inst / (ISSUE * sm_clocks),
              "shared": spread * (v[C["waves_ld"]] + v[C["waves_st"]]) / (WAVEFRONTS * sm_clocks),
@@ -465,7 +473,11 @@ def check(argv):
     ap.add_argument("--sass", nargs="*", default=[], help="nvdisasm -gi's listing of the same build, for each --gpu")
     ap.add_argument("--scale", action="append", default=[], metavar="REGEX=K")
     ap.add_argument("--measured", help="launches timed on GPUs: lines 'GPU<TAB>launch<TAB>us per launch<TAB>source'")
+    ap.add_argument("--dirty-l2", action="store_true", help="each launch timed after a memset of the L2's size "
+                    "(llm.c's benchmark_kernel): the L2's dirty lines are written back as the launch evicts them")
     a = ap.parse_args(argv)
+    global DIRTY_L2
+    DIRTY_L2 = a.dirty_l2
     measured = defaultdict(dict)
     if a.measured:
         with open(a.measured) as f:
