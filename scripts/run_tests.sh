@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 passed=0
 failed=0
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # mpirun refuses root unless told
+jobs=$(nproc 2> /dev/null || echo 1)  # a make of several binaries builds them side by side, one a core
 
 run_tier() {  # run a test binary, echo its output, add its closing "N passed, N failed" to the totals
     local log
@@ -182,7 +183,7 @@ plan_same_on_both_builds() {
 
 # tier 4 on the CUDA emulator: the emulator's own tests, then the CUDA engine's
 emulated_tier() {
-    if ! make -s train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu; then
+    if ! make -s -j"$jobs" train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu; then
         echo "FAIL the emulated CUDA build (make train_gpt_emu test_gpt_emu)"
         failed=$((failed + 1))
         return
@@ -191,7 +192,7 @@ emulated_tier() {
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
     plan_same_on_both_builds
-    if make -s dev/examples/train_loop_emu dev/examples/two_files_emu; then
+    if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
         example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
         example_two_files "CUDA emulated, 12 steps" dev/examples/two_files_emu 12
     else
@@ -214,7 +215,7 @@ has_gpu=0
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then has_gpu=1; fi
 if command -v nvcc > /dev/null 2>&1; then
     echo "building the CUDA engine (train_gpt, test_gpt) ..."
-    if ! make -s train_gpt test_gpt; then
+    if ! make -s -j"$jobs" train_gpt test_gpt; then
         echo "FAIL the CUDA build"
         failed=$((failed + 1))
     fi
@@ -269,7 +270,7 @@ else
     echo "FAIL the usage loop at the top of llmpar.h is dev/examples/train_loop.cu's main, verbatim"
     failed=$((failed + 1))
 fi
-if make -s dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/two_files_cpu dev/examples/two_files_nompi; then
+if make -s -j"$jobs" dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/two_files_cpu dev/examples/two_files_nompi; then
     example_trains "CPU, one process" dev/examples/train_loop_cpu 20
     one_process=$example_out
     example_two_files "CPU, one process" dev/examples/two_files_cpu 20
@@ -300,7 +301,7 @@ example_needs_implementation
 if command -v nvcc > /dev/null 2>&1; then
     arch=()  # without a GPU they are only compiled: one architecture checks that (a third of the time)
     [ "$has_gpu" = 1 ] || arch=(CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-    if ! make -s dev/examples/train_loop dev/examples/two_files "${arch[@]}"; then
+    if ! make -s -j"$jobs" dev/examples/train_loop dev/examples/two_files "${arch[@]}"; then
         echo "FAIL the library examples build with nvcc (make dev/examples/train_loop two_files)"
         failed=$((failed + 1))
     elif [ "$has_gpu" = 1 ]; then
