@@ -8281,15 +8281,15 @@ typedef struct {
 // on the CI machine's kind, 2 AMD EPYC cores shared by 4 ranks (the plan's calibration on a machine we
 // have): a quarter of OpenBLAS's measured sgemm on both cores (dev/bench_sgemm.c, 145.5 GFLOP/s) and of
 // the memory bandwidth measured (two numpy copies at once: 19.4 GB/s, read and written); `gemm` is the
-// share of that rate the engine's d4 step reaches on one rank and one core (`bench_plan.sh cpu`: 0.56 and
-// 0.76 in two runs 15 minutes apart, the noise of a shared machine).
+// share of that rate the engine's d4 step reaches with data parallelism on the 4 ranks (`bench_plan.sh
+// cpu`: 0.54 and 0.55 in two runs).
 static const LPGpu lp_gpus[] = {
     {"a100", 312e12, 80.0 * 1073741824.0, 2.039e12, 108, 0.869, 0.38, 0},
     {"h100", 989.4e12, 80.0 * 1073741824.0, 3.35e12, 132, 0.803, 0.19, 0},
     {"h200", 989.4e12, 141e9, 4.8e12, 132, 0.803, 0.19, 0},
     {"b200", 2250e12, 180e9, 8.0e12, 148, 0.776, 0.19, 0},
     {"gb200", 2500e12, 186e9, 8.0e12, 148, 0.729, 0.19, 0},
-    {"cpu", 145.5e9 / 4, 24.0 * 1073741824.0 / 4, 20e9 / 4, 1, 0.65, 0.0, 1},
+    {"cpu", 145.5e9 / 4, 24.0 * 1073741824.0 / 4, 20e9 / 4, 1, 0.55, 0.0, 1},
 };
 
 typedef struct {

@@ -13,8 +13,9 @@
 # B=4, T=64, 4096 tokens a step; two of them with full recomputation), each step measured (the median of
 # the step lines after the first, over ROUNDS rounds that alternate the grids) beside the plan's prediction
 # on --cluster cpu (this machine kind's measured sgemm, memory and MPI figures; a stage alone on the shared
-# cores up to twice as fast) at the GEMM share that predicts one rank on one core, measured in the same
-# rounds; and how many pairs measured more than 10% apart it orders alike. Needs a quiet machine (minutes).
+# cores up to twice as fast) at the GEMM share that predicts the first grid (data parallelism alone, under
+# the same sharing of cores and memory as the rest), the other nine predicted; and how many pairs measured
+# more than 10% apart it orders alike. Needs a quiet machine (~6 minutes a round).
 # Usage: bash scripts/bench_plan.sh [fit|table1|table2|ablations|train|all|cpu]   (CPU build; seconds, cpu minutes)
 set -u
 cd "$(dirname "$0")/.."
@@ -179,28 +180,26 @@ if [ "$what" = cpu ]; then
     median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "-" }'; }
     steps() { awk -F'|' '/^step [2-9]/ { sub(/ ms.*/, "", $5); print $5 }' | tr '\n' ' '; }
     declare -A ms
-    one=""
     for r in $(seq "$rounds"); do
-        # the calibration: one rank on one core (a quarter of the 4 ranks' tokens), the rest predicted from it
-        one+="$(OMP_NUM_THREADS=1 "$bin" -e d4 -b 4 -t 64 -d 1024 -x 4 -v 0 -s 0 2>&1 | steps)"
-        for g in "${grids[@]}"; do
+        for i in "${!grids[@]}"; do  # each round starts one grid later: none always runs first (or after the same one)
+            g=${grids[$(((i + r - 1) % ${#grids[@]}))]}
             out=$(mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "$bin" -e d4 -b 4 -t 64 -d 4096 -x 4 -v 0 -s 0 $g 2>&1)
             ms[$g]+="$(echo "$out" | steps)"
         done
     done
-    # the share of the peak whose prediction for that one rank (on half a core, the cpu preset's rank) is twice
-    # the measured time on a whole core
-    alone=$(echo "$one" | median)
+    # the calibration: the first grid (data parallelism alone, 4 ranks on the 2 cores, measured in the same rounds
+    # as the others, so under the same sharing of cores and memory): the GEMM share whose plan for it is its
+    # measured step; the other nine are predicted with that share
+    base=$(echo "${ms[${grids[0]}]}" | median)
     share=$(for x in $(seq 0.20 0.01 1.00); do
-        "$bin" --plan 1 --cluster cpu -e d4 -t 64 -d 1024 -b 4 --recompute none --offload none --gemm-share "$x" 2>&1 |
-            fastest | awk -v x="$x" -v m="$alone" '{ d = $1 * 500 - m; print (d < 0 ? -d : d), x }'
+        "$bin" --plan 4 --cluster cpu -e d4 -t 64 -d 4096 -b 4 --vpp 1 --offload none --pp-scatter-gather 0 --recompute none \
+            ${grids[0]} --gemm-share "$x" 2>&1 | fastest | awk -v x="$x" -v m="$base" '{ d = $1 * 1000 - m; print (d < 0 ? -d : d), x }'
     done | sort -g | head -n 1 | cut -d' ' -f2)
     preset=$(awk '/^    {"cpu", 145.5e9/ { gsub(/,/, ""); print $(NF - 2) }' llmpar.h)
-    echo "one rank on one core (d4, B=4, T=64, 1024 tokens a step): $alone ms a step, the plan's at a GEMM share of $share" \
-         "(the cpu preset carries $preset)"
+    echo "the calibration, ${grids[0]} on 4 ranks: $base ms a step, the plan's at a GEMM share of $share (the cpu preset carries $preset)"
     echo
     echo "The CPU engine on 4 ranks of 2 cores (d4, B=4, T=64, 4096 tokens a step): measured and --plan --cluster cpu --gemm-share $share"
-    echo "| grid | measured ms/step (median) | plan ms/step | plan / measured |"
+    echo "| grid | measured ms/step (median; fastest-slowest) | plan ms/step | plan / measured |"
     echo "|---|---|---|---|"
     declare -A planned measured
     for g in "${grids[@]}"; do
@@ -210,7 +209,8 @@ if [ "$what" = cpu ]; then
         case "$g" in *recompute*) ;; *) sg="$sg --recompute none";; esac
         planned[$g]=$("$bin" --plan 4 --cluster cpu --gemm-share "$share" -e d4 -t 64 -d 4096 -b 4 --vpp 1 --offload none $sg $g 2>&1 |
             fastest | awk '{ printf "%.0f", $1 * 1000 }')
-        echo "| $g | ${measured[$g]} | ${planned[$g]} | $(awk -v a="${planned[$g]}" -v b="${measured[$g]}" 'BEGIN { printf "%.2f", a / b }') |"
+        spread=$(echo "${ms[$g]}" | tr ' ' '\n' | grep . | sort -g | sed -n '1p;$p' | tr '\n' ' ' | awk '{ printf "%.0f-%.0f", $1, $2 }')
+        echo "| $g | ${measured[$g]} ($spread) | ${planned[$g]} | $(awk -v a="${planned[$g]}" -v b="${measured[$g]}" 'BEGIN { printf "%.2f", a / b }') |"
     done
     # the order: every pair of grids measured more than 10% apart (the noise of a few rounds is less), ordered alike?
     pairs=0 alike=0
