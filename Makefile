@@ -141,9 +141,8 @@ llmc_driver: dev/cudaemu/llmc_driver.cu dev/cudaemu/cudaemu.o
 
 # Tiers 1-3 on the CPU build; tier 4 with the CUDA build on a GPU, or else under the emulator. Ends with
 # the totals.
-# (the two binaries built side by side, one a core, as run_tests.sh builds the others)
+# (run_tests.sh builds what it runs, several binaries side by side, one a core)
 test:
-	@$(MAKE) -s -j$(shell nproc 2>/dev/null || echo 1) train_gpt_cpu test_gpt_cpu
 	@bash scripts/run_tests.sh
 
 # Tier 4 under the emulator alone (and the emulator's own tests).

@@ -211,6 +211,12 @@ if [ "${1:-}" = emu ]; then
     exit
 fi
 
+echo "building the CPU engine (train_gpt_cpu, test_gpt_cpu) ..."
+if ! make -s -j"$jobs" train_gpt_cpu test_gpt_cpu; then
+    echo "FAIL the CPU build"
+    echo "$passed passed, $((failed + 1)) failed"
+    exit 1
+fi
 has_gpu=0
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then has_gpu=1; fi
 if command -v nvcc > /dev/null 2>&1; then
