@@ -1480,7 +1480,7 @@ static void test_plan(void) {
     expect(gain[1] > 1.05 && gain[1] > gain[0] + 0.02, "plan: scatter/gather gains more (> 5%) for Megatron-LM's waiting sends than for this engine's");
     expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of 2 GiB per GPU (-t 1024, -d 8192); "
                  "the least needs 3.57 GiB", "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 2");
-    expect_error("--gpu-mem: negative", "flags --gpu-mem --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
+    expect_error("--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
                  "--plan 8 --gpu-mem -1");
     expect_error("--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
     expect_error("--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
@@ -3565,6 +3565,19 @@ static void test_plan_runs(void) {
     expect(rc == 0 && rows >= 1 && kept && parsed && fabs(days - 300e9 / tokens_s / 86400.0) < 0.06 &&
                fabs(tp_days - 8.0 * 300e9 * P / (1536 * x * 1e12) / 86400.0) < 0.06 * tp_days,
            what);
+    // a GPU described by its figures (--gpu-tflops, --gpu-gbs): an A100 of twice the peak and HBM plans a shorter step
+    double steps[2] = {0, 0};
+    const char* twice[2] = {"", "--gpu-tflops 624 --gpu-gbs 4078"};
+    int described = 1;
+    for (int k = 0; k < 2; k++) {
+        rc = run_cmd(out, sizeof(out), "%s --plan 8 --cluster dgx-a100 -e d12 -t 1024 -d 524288 %s", TRAIN_BIN, twice[k]);
+        best = strstr(out, "the fastest: ");
+        described &= rc == 0 && best && sscanf(best, "the fastest: %lf s", &steps[k]) == 1 &&
+                     (k == 0 || (strstr(out, "machine: dgx-a100 as changed: a100, 624 TFLOP/s") && strstr(out, "4078 GB/s HBM")));
+    }
+    snprintf(what, sizeof(what), "--gpu-tflops, --gpu-gbs describe the GPU: the machine line says so, the step %.4g s -> %.4g s "
+             "at twice the A100's peak and HBM", steps[0], steps[1]);
+    expect(described && steps[1] > 0.45 * steps[0] && steps[1] < 0.75 * steps[0], what);
     float losses[8];
     rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -i %s -j '' -x 2 -v 0 -s 0", cmd,
                  tmp_path("dp_shard.bin"));

@@ -54,6 +54,7 @@ typedef struct {
     const char* cluster;     // --cluster: the machine --plan plans for (lp_clusters), changed by:
     const char* gpu;         // --gpu: its GPU (lp_gpus; "": the cluster's)
     float gpu_mem;           // --gpu-mem: GiB per GPU (0: the GPU's)
+    float gpu_tflops, gpu_gbs; // --gpu-tflops, --gpu-gbs: its dense peak and memory bandwidth (0: the GPU's)
     int node_gpus;           // --node-gpus: GPUs per node (0: the cluster's)
     float node_gbs, net_gbs; // --node-gbs, --net-gbs: GB/s per GPU inside a node, between nodes (0: the cluster's)
     float latency_us;        // --latency-us: beyond NCCL's ring latencies, each collective or send (0: the cluster's)
@@ -272,6 +273,10 @@ static const LPFlagSpec lp_flag_specs[] = {
      "for --plan: a100, h100, h200, b200, gb200 or cpu (\"\": the cluster's)"},
     {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "0", "0", "F", NULL, NULL,
      "for --plan: GiB per GPU (0: the GPU's; plans use 90% of it)"},
+    {"--gpu-tflops", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_tflops), "0", "0", "F", NULL, NULL,
+     "for --plan: the GPU's dense peak, TFLOP/s (bf16; on cpu the rank's share of sgemm's rate) (0: the GPU's)"},
+    {"--gpu-gbs", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_gbs), "0", "0", "F", NULL, NULL,
+     "for --plan: the GPU's memory bandwidth, GB/s (on cpu the rank's share of the memory's) (0: the GPU's)"},
     {"--node-gpus", NULL, LP_FLAG_INT, LP_FIELD(node_gpus), "0", "0", "N", NULL, NULL,
      "for --plan: GPUs per node, on one NVLink domain (0: the cluster's)"},
     {"--node-gbs", NULL, LP_FLAG_FLOAT, LP_FIELD(node_gbs), "0", "0", "F", NULL, NULL,
@@ -554,9 +559,11 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (par->bucket_mb < 0.0f) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(par.bucket_mb), par->bucket_mb);
     if (f->plan < 0 || f->plan > 1 << 20)
         lp_fail_all("flag %s: the number of GPUs must be 1 .. %d (0: no plan), got %d", LP_FLAG_NAME(plan), 1 << 20, f->plan);
-    if (f->gpu_mem < 0.0f || f->node_gpus < 0 || f->node_gbs < 0.0f || f->net_gbs < 0.0f || f->latency_us < 0.0f || f->train_tokens < 0.0f)
-        lp_fail_all("flags %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_FLAG_NAME(gpu_mem), LP_FLAG_NAME(node_gpus),
-                    LP_FLAG_NAME(node_gbs), LP_FLAG_NAME(net_gbs), LP_FLAG_NAME(latency_us), LP_FLAG_NAME(train_tokens));
+    if (f->gpu_mem < 0.0f || f->gpu_tflops < 0.0f || f->gpu_gbs < 0.0f || f->node_gpus < 0 || f->node_gbs < 0.0f || f->net_gbs < 0.0f ||
+        f->latency_us < 0.0f || f->train_tokens < 0.0f)
+        lp_fail_all("flags %s %s %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_FLAG_NAME(gpu_mem), LP_FLAG_NAME(gpu_tflops),
+                    LP_FLAG_NAME(gpu_gbs), LP_FLAG_NAME(node_gpus), LP_FLAG_NAME(node_gbs), LP_FLAG_NAME(net_gbs), LP_FLAG_NAME(latency_us),
+                    LP_FLAG_NAME(train_tokens));
     if (!(f->gemm_share >= 0.0f && f->gemm_share <= 1.0f))
         lp_fail_all("flag %s: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got %g", LP_FLAG_NAME(gemm_share),
                     f->gemm_share);
@@ -1455,8 +1462,8 @@ static int lp_flag_typed(const LPFlags* f, size_t field) {
     return 0;
 }
 
-// The machine --plan plans for: --cluster's preset running --software, with --gpu, --gpu-mem, --gemm-share,
-// --node-gpus, --node-gbs, --net-gbs and --latency-us over it.
+// The machine --plan plans for: --cluster's preset running --software, with --gpu, --gpu-mem, --gpu-tflops,
+// --gpu-gbs, --gemm-share, --node-gpus, --node-gbs, --net-gbs and --latency-us over it.
 static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** cluster) {
     char names[256] = "";
     const LPCluster* k = *cluster = lp_cluster_named(f->cluster);
@@ -1479,6 +1486,8 @@ static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** c
     LPPlanMachine mach = lp_plan_machine(k, g, sw);
     if (f->gemm_share > 0.0f) mach.gpu.gemm = f->gemm_share;
     if (f->gpu_mem > 0.0f) mach.gpu_bytes = 0.9 * f->gpu_mem * 1073741824.0;
+    if (f->gpu_tflops > 0.0f) mach.gpu.peak_flops = f->gpu_tflops * 1e12;
+    if (f->gpu_gbs > 0.0f) mach.gpu.hbm_bw = f->gpu_gbs * 1e9;
     if (f->node_gpus > 0) mach.gpus_per_node = f->node_gpus;
     if (f->node_gbs > 0.0f) mach.node_bw = f->node_gbs * 1e9;
     if (f->net_gbs > 0.0f) mach.net_bw = f->net_gbs * 1e9;
@@ -1520,10 +1529,11 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     char latency[64] = "collectives as NCCL's rings";
     if (!mach.nccl) snprintf(latency, sizeof(latency), "%.0f us per collective or send", mach.latency * 1e6);
     else if (mach.latency > 0.0) snprintf(latency, sizeof(latency), "collectives as NCCL's rings and %.0f us", mach.latency * 1e6);
-    lp_log("machine: %s%s: %s, %.0f TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%), %.3g GiB (90%% for the plan), %.0f GB/s "
+    lp_log("machine: %s%s: %s, %.4g TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%), %.3g GiB (90%% for the plan), %.0f GB/s "
            "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %s; offload: %.0f "
            "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's); software: %s (%s)\n",
-           cluster->name, f->gpu[0] || f->gpu_mem > 0.0f || f->gemm_share > 0.0f || f->node_gpus || f->node_gbs > 0.0f ||
+           cluster->name, f->gpu[0] || f->gpu_mem > 0.0f || f->gpu_tflops > 0.0f || f->gpu_gbs > 0.0f || f->gemm_share > 0.0f ||
+           f->node_gpus || f->node_gbs > 0.0f ||
            f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
            mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, mach.gpu_bytes / 0.9 / GiB,
            mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, latency, mach.host_bw / 1e9,

@@ -1,11 +1,15 @@
 // bench_sgemm: the fp32 matrix-multiply rate this CPU reaches through OpenBLAS, as a yardstick for the
-// CPU engine (scripts/bench_cpu.sh). Times cblas_sgemm C = A*B on n x n x n matrices (default n = 2048):
-// one warm-up call, then the best of REPS calls, with OpenBLAS's thread count from OMP_NUM_THREADS.
-// Prints "sgemm n=N threads=P: X GFLOP/s", counting 2*n^3 floating-point operations per call.
+// CPU engine (scripts/bench_cpu.sh), and the memory bandwidth its threads reach copying (the CPU machine
+// of --plan --cluster cpu: scripts/bench_plan.sh cpu). Times cblas_sgemm C = A*B on n x n x n matrices
+// (default n = 2048): one warm-up call, then the best of REPS calls, with OpenBLAS's thread count from
+// OMP_NUM_THREADS; then each thread copying its own 256 MiB, the best of REPS rounds.
+// Prints "sgemm n=N threads=P: X GFLOP/s", counting 2*n^3 floating-point operations per call, and
+// "copy threads=P: Y GB/s", counting the bytes read and written.
 //   cc -O3 -march=native -fopenmp dev/bench_sgemm.c $(pkg-config --cflags --libs openblas) -o bench_sgemm
 //   OMP_NUM_THREADS=2 ./bench_sgemm [n]
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <omp.h>
 #include <cblas.h>
@@ -38,5 +42,30 @@ int main(int argc, char** argv) {
     }
     printf("sgemm n=%d threads=%d: %.1f GFLOP/s\n", n, omp_get_max_threads(), 2.0 * n * n * n / best / 1e9);
     free(a); free(b); free(c);
+    // memory: far larger than any cache, each thread's pages first touched by that thread
+    size_t len = (size_t)256 << 20;
+    int threads = omp_get_max_threads(), failed = 0;
+    best = 1e30;
+#pragma omp parallel reduction(max: failed)
+    {
+        char* src = malloc(len);
+        char* dst = malloc(len);
+        failed = !src || !dst;
+        if (!failed) memset(src, 1, len), memset(dst, 0, len);
+        for (int r = 0; r <= REPS; r++) {
+#pragma omp barrier
+            double t0 = now_s();
+            if (!failed) memcpy(dst, src, len);
+#pragma omp barrier
+#pragma omp master
+            {
+                double t = now_s() - t0;
+                if (r > 0 && t < best) best = t;
+            }
+        }
+        free(src); free(dst);
+    }
+    if (failed) { fprintf(stderr, "bench_sgemm: out of memory\n"); return 1; }
+    printf("copy threads=%d: %.1f GB/s\n", threads, 2.0 * len * threads / best / 1e9);
     return 0;
 }

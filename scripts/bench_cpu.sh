@@ -23,22 +23,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT   # it holds a 1.5 GB checkpoint with llm.c
 trap 'exit 130' INT TERM
 
-# the yardstick: OpenBLAS sgemm at 2048^3 on the same threads
-blas=$(pkg-config --cflags --libs openblas 2> /dev/null)
-if [ -z "$blas" ] && [ -f /usr/include/x86_64-linux-gnu/openblas-openmp/cblas.h ]; then
-    blas="-I/usr/include/x86_64-linux-gnu/openblas-openmp -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas"
-fi
-# the kernels the engine runs (OpenBLAS's choice, or the better set lp_blas_init asks for), the
-# yardstick's sgemm on the same
+# the yardstick: OpenBLAS sgemm at 2048^3 on the same threads and the kernels the engine runs
 engine=$(./train_gpt_cpu -e d1 -x 0 -v 0 -s 0 -j "" 2>&1 | sed -n 's/^engine *//p')
-kernels=$(echo "$engine" | sed -n 's/.* on its \([A-Za-z0-9]*\) kernels.*/\1/p')
-sgemm=n/a
-if [ -n "$blas" ] && cc -O3 -march=native -fopenmp dev/bench_sgemm.c $blas -o "$work/bench_sgemm" 2> "$work/cc.log"; then
-    sgemm=$(env ${kernels:+OPENBLAS_CORETYPE=$kernels} "$work/bench_sgemm" | awk '/GFLOP/ { print $(NF - 1) }')
-    [ -n "$sgemm" ] || { echo "bench_sgemm failed"; sgemm=n/a; }
-else
-    echo "no OpenBLAS found (pkg-config openblas, libopenblas-openmp-dev): no sgemm yardstick"
-fi
+rates=$(bash scripts/cpu_rates.sh)
+kernels=$(echo "$rates" | awk '$1 == "kernels" && $2 != "n/a" { print $2 }')
+sgemm=$(echo "$rates" | awk '$1 == "sgemm" { print $2 }')
 
 # configurations: engine model B T; llm.c right after llmpar's d12 T=64, so that the two form a pair
 configs=("llmpar d4 4 64" "llmpar d4 4 256" "llmpar d12 4 64" "llmpar d12 4 256")

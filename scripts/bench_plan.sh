@@ -9,13 +9,17 @@
 # F = 96 B s l h^2 (1 + s/6h + V/16lh) per step (its eq. 3: GEMMs, recomputation included). Then the
 # plan's own choice for this engine (--software llmpar) on the same model, GPUs and batch. The engine's attention nearest the paper's
 # (materialised probabilities, batched GEMMs) is --attention cublas.
-# `cpu`: the plan's calibration on a machine we have: 10 grids of the CPU engine on 4 ranks (the d4 model,
-# B=4, T=64, 4096 tokens a step; two of them with full recomputation), each step measured (the median of
-# the step lines after the first, over ROUNDS rounds that alternate the grids) beside the plan's prediction
-# on --cluster cpu (this machine kind's measured sgemm, memory and MPI figures; a stage alone on the shared
-# cores up to twice as fast) at the GEMM share that predicts the first grid (data parallelism alone, under
-# the same sharing of cores and memory as the rest), the other nine predicted; and how many pairs measured
-# more than 10% apart it orders alike. Needs a quiet machine (~6 minutes a round).
+# `cpu`: the plan's calibration on a machine we have: 9 grids of the CPU engine on 4 ranks (a 16-layer model of
+# C=256, T=64, 2048 tokens a step, its transformer blocks half the work and the LM head the other half; micro-
+# batches of 8 to 32, full recomputation on some), chosen so that the plan's steps form a ladder from 1x to 2.2x,
+# each rung 15-20% above the one below, with three grids beside the first rung (ZeRO-3, t=4, t=2 x p=2). Each
+# step measured (the median of the step lines after the first, over ROUNDS rounds that alternate the grids, each
+# round starting one grid later) beside the plan's prediction on --cluster cpu (this machine's sgemm and copy rates,
+# measured first by scripts/cpu_rates.sh; the cpu preset's MPI figures; a stage alone on the shared cores up to
+# twice as fast) at the GEMM share that
+# predicts the first grid (data parallelism alone, under the same sharing of cores and memory as the rest), the
+# other eight predicted; then how many pairs measured more than 10% apart it orders alike, and the most grids
+# it ranks in the measured order. Needs a quiet machine (~6 minutes a round).
 # Usage: bash scripts/bench_plan.sh [fit|table1|table2|ablations|train|all|cpu]   (CPU build; seconds, cpu minutes)
 set -u
 cd "$(dirname "$0")/.."
@@ -174,31 +178,39 @@ fi
 if [ "$what" = cpu ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     rounds=${ROUNDS:-2}
-    grids=("--tp 1 --pp 1 --zero 0" "--tp 1 --pp 1 --zero 1" "--tp 1 --pp 1 --zero 3" "--tp 2 --pp 1 --zero 0" "--tp 4 --pp 1 --zero 0"
-           "--tp 1 --pp 2 --zero 0" "--tp 1 --pp 4 --zero 0" "--tp 2 --pp 2 --zero 0" "--tp 1 --pp 1 --zero 0 --recompute full"
-           "--tp 1 --pp 4 --zero 0 --recompute full")
+    # this machine's rates (the cpu preset's are the CI machine's AVX2 kind): a rank's quarter of sgemm on both
+    # cores and of the memory bandwidth both cores reach copying
+    rates=$(OMP_NUM_THREADS=2 bash scripts/cpu_rates.sh)
+    sgemm=$(echo "$rates" | awk '$1 == "sgemm" { print $2 }') copy=$(echo "$rates" | awk '$1 == "copy" { print $2 }')
+    [ "$sgemm" != n/a ] || { echo "bench_plan.sh cpu: no sgemm rate (OpenBLAS)"; exit 1; }
+    machine="--cluster cpu --gpu-tflops $(awk -v s="$sgemm" 'BEGIN { print s / 4 / 1000 }') --gpu-gbs $(awk -v c="$copy" 'BEGIN { print c / 4 }')"
+    echo "this machine: sgemm on both cores $sgemm GFLOP/s, copying $copy GB/s: the plan's rank $machine"
+    model="-e 16,256,4 -t 64 -d 2048"
+    grids=("--tp 1 --pp 1 --zero 0 -b 8" "--tp 1 --pp 1 --zero 3 -b 8" "--tp 4 --pp 1 --zero 0 -b 8" "--tp 2 --pp 2 --zero 0 -b 8"
+           "--tp 1 --pp 1 --zero 0 -b 8 --recompute full" "--tp 1 --pp 4 --zero 0 -b 8 --recompute full"
+           "--tp 1 --pp 4 --zero 0 -b 16 --recompute full" "--tp 1 --pp 4 --zero 0 -b 32" "--tp 1 --pp 4 --zero 0 -b 32 --recompute full")
     median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : "-" }'; }
     steps() { awk -F'|' '/^step [2-9]/ { sub(/ ms.*/, "", $5); print $5 }' | tr '\n' ' '; }
     declare -A ms
     for r in $(seq "$rounds"); do
         for i in "${!grids[@]}"; do  # each round starts one grid later: none always runs first (or after the same one)
             g=${grids[$(((i + r - 1) % ${#grids[@]}))]}
-            out=$(mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "$bin" -e d4 -b 4 -t 64 -d 4096 -x 4 -v 0 -s 0 $g 2>&1)
+            out=$(mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "$bin" $model -x 4 -v 0 -s 0 $g 2>&1)
             ms[$g]+="$(echo "$out" | steps)"
         done
     done
     # the calibration: the first grid (data parallelism alone, 4 ranks on the 2 cores, measured in the same rounds
     # as the others, so under the same sharing of cores and memory): the GEMM share whose plan for it is its
-    # measured step; the other nine are predicted with that share
+    # measured step; the other eight are predicted with that share
     base=$(echo "${ms[${grids[0]}]}" | median)
     share=$(for x in $(seq 0.20 0.01 1.00); do
-        "$bin" --plan 4 --cluster cpu -e d4 -t 64 -d 4096 -b 4 --vpp 1 --offload none --pp-scatter-gather 0 --recompute none \
+        "$bin" --plan 4 $machine $model --vpp 1 --offload none --pp-scatter-gather 0 --recompute none \
             ${grids[0]} --gemm-share "$x" 2>&1 | fastest | awk -v x="$x" -v m="$base" '{ d = $1 * 1000 - m; print (d < 0 ? -d : d), x }'
     done | sort -g | head -n 1 | cut -d' ' -f2)
     preset=$(awk '/^    {"cpu", 145.5e9/ { gsub(/,/, ""); print $(NF - 2) }' llmpar.h)
     echo "the calibration, ${grids[0]} on 4 ranks: $base ms a step, the plan's at a GEMM share of $share (the cpu preset carries $preset)"
     echo
-    echo "The CPU engine on 4 ranks of 2 cores (d4, B=4, T=64, 4096 tokens a step): measured and --plan --cluster cpu --gemm-share $share"
+    echo "The CPU engine on 4 ranks of 2 cores (L=16, C=256, NH=4, T=64, 2048 tokens a step): measured and --plan $machine --gemm-share $share"
     echo "| grid | measured ms/step (median; fastest-slowest) | plan ms/step | plan / measured |"
     echo "|---|---|---|---|"
     declare -A planned measured
@@ -207,7 +219,7 @@ if [ "$what" = cpu ]; then
         sg="--pp-scatter-gather 0"
         case "$g" in *"--tp 2 --pp 2"*) sg="--pp-scatter-gather 1";; esac
         case "$g" in *recompute*) ;; *) sg="$sg --recompute none";; esac
-        planned[$g]=$("$bin" --plan 4 --cluster cpu --gemm-share "$share" -e d4 -t 64 -d 4096 -b 4 --vpp 1 --offload none $sg $g 2>&1 |
+        planned[$g]=$("$bin" --plan 4 $machine --gemm-share "$share" $model --vpp 1 --offload none $sg $g 2>&1 |
             fastest | awk '{ printf "%.0f", $1 * 1000 }')
         spread=$(echo "${ms[$g]}" | tr ' ' '\n' | grep . | sort -g | sed -n '1p;$p' | tr '\n' ' ' | awk '{ printf "%.0f-%.0f", $1, $2 }')
         echo "| $g | ${measured[$g]} ($spread) | ${planned[$g]} | $(awk -v a="${planned[$g]}" -v b="${measured[$g]}" 'BEGIN { printf "%.2f", a / b }') |"
@@ -223,4 +235,10 @@ if [ "$what" = cpu ]; then
         done
     done
     echo "pairs of grids measured more than 10% apart: $pairs, the plan orders $alike of them alike"
+    # the most grids the plan ranks in the measured order: the longest run of grids, taken in the plan's order,
+    # whose measured steps rise too
+    chain=$(for g in "${grids[@]}"; do echo "${planned[$g]} ${measured[$g]}"; done | sort -g |
+        awk '{ m[NR] = $2; best[NR] = 1; for (i = 1; i < NR; i++) if (m[i] < m[NR] && best[i] + 1 > best[NR]) best[NR] = best[i] + 1
+               if (best[NR] > top) top = best[NR] } END { print top }')
+    echo "the most grids the plan ranks in the measured order: $chain of ${#grids[@]}"
 fi
