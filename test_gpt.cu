@@ -1478,6 +1478,32 @@ static void test_plan(void) {
         gain[w] = step[0] / step[1];
     }
     expect(gain[1] > 1.05 && gain[1] > gain[0] + 0.02, "plan: scatter/gather gains more (> 5%) for Megatron-LM's waiting sends than for this engine's");
+    // Megatron-LM's materialised attention: each output tile of its batched products costs attention_tile_k more steps
+    // of K (q k^T of GPT-3 175B's heads, 2048 x 2048 over 128, 96 of them: compute-bound with it, HBM-bound without); the
+    // linear layers and flash attention do not pay it
+    LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("megatron")), plain = mega;
+    plain.attention_tile_k = 0.0;
+    const LPGpu* sxm = &mega.gpu;
+    double qk = lp_gemm_seconds(sxm, 2048, 2048, 128, 96, mega.attention_tile_k);
+    double tiles = 96.0 * 16 * 16, waves = ceil(tiles / sxm->sms), used = tiles / (waves * sxm->sms);
+    double want = 2.0 * 96 * 2048 * 2048 * (128 + mega.attention_tile_k) / (sxm->peak_flops * sxm->gemm * used);
+    double hbm = 2.0 * 96 * (2048.0 * 128 * 2 + 2048.0 * 2048) / sxm->hbm_bw;
+    int tiled = mega.attention_tile_k > 0.0 && fabs(qk - want) < 1e-12 * want && lp_gemm_seconds(sxm, 2048, 2048, 128, 96, 0.0) == hbm;
+    LPParallel t8 = lp_parallel_one;
+    t8.tp = 8;
+    LPPipeShape s_flash = {&t8, 1, 2048, LP_ATTENTION_FLASH, 1}, s_mat = {&t8, 1, 2048, LP_ATTENTION_CUBLAS, 1};
+    LPChunkTime fm = lp_plan_chunk(&gpt3, &s_flash, &mega, 1, 1), fp = lp_plan_chunk(&gpt3, &s_flash, &plain, 1, 1);
+    LPChunkTime mm = lp_plan_chunk(&gpt3, &s_mat, &mega, 1, 1), mp = lp_plan_chunk(&gpt3, &s_mat, &plain, 1, 1);
+    double heads = 96 / 8, extra = lp_gemm_seconds(sxm, 2048, 2048, 128, heads, mega.attention_tile_k) +
+                                   lp_gemm_seconds(sxm, 2048, 128, 2048, heads, mega.attention_tile_k) -
+                                   lp_gemm_seconds(sxm, 2048, 2048, 128, heads, 0.0) - lp_gemm_seconds(sxm, 2048, 128, 2048, heads, 0.0);
+    tiled &= fm.fwd == fp.fwd && fm.bwd == fp.bwd && extra > 0.0 && fabs(mm.fwd - mp.fwd - extra) < 1e-9 * mm.fwd &&
+             fabs(mm.bwd - mp.bwd - 2.0 * extra) < 1e-9 * mm.bwd;
+    char what[300];
+    snprintf(what, sizeof(what), "plan: Megatron-LM's materialised attention pays %.0f steps of K a tile (q k^T %.3g ms, HBM's pace %.3g); "
+             "a layer's forward %.3g ms more, backward twice that, flash attention none", mega.attention_tile_k, qk * 1e3, hbm * 1e3,
+             extra * 1e3);
+    expect(tiled, what);
     expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of 2 GiB per GPU (-t 1024, -d 8192); "
                  "the least needs 3.57 GiB", "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 2");
     expect_error("--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
@@ -1485,6 +1511,8 @@ static void test_plan(void) {
     expect_error("--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
     expect_error("--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
     expect_error("--software: unknown", "flag --software: no software 'deepspeed' (llmpar, megatron)", "--plan 8 --software deepspeed");
+    expect_error("--attention-tile-k: negative", "flag --attention-tile-k: steps of the inner dimension, >= 0 (-1: the software's), got -2",
+                 "--plan 8 --attention-tile-k -2");
     expect_error("--gemm-share: above 1", "flag --gemm-share: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got 1.5",
                  "--plan 8 --gemm-share 1.5");
     expect_error("--plan: -t beyond the model", "flag -t: sequence length 4096 exceeds the model's maximum 1024", "--plan 8 -e d12 -t 4096");

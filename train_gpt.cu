@@ -60,6 +60,7 @@ typedef struct {
     float latency_us;        // --latency-us: beyond NCCL's ring latencies, each collective or send (0: the cluster's)
     const char* software;    // --software: what runs the step (lp_softwares)
     float gemm_share;        // --gemm-share: of the GPU's peak its GEMMs reach at best (0: the GPU's best times the software's)
+    float attention_tile_k;  // --attention-tile-k: the software's cost per tile of materialised attention's products (-1: its own)
     float train_tokens;      // --train-tokens: --plan's time to train this many tokens (0: not printed)
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
@@ -291,6 +292,9 @@ static const LPFlagSpec lp_flag_specs[] = {
      "pipeline sends that wait, its GEMMs' fitted share; to set the plan against published runs)"},
     {"--gemm-share", NULL, LP_FLAG_FLOAT, LP_FIELD(gemm_share), "0", "0", "F", NULL, NULL,
      "for --plan: the share of the GPU's peak its fastest GEMMs reach (0: the GPU's measured best times the software's)"},
+    {"--attention-tile-k", NULL, LP_FLAG_FLOAT, LP_FIELD(attention_tile_k), "-1", "-1", "F", NULL, NULL,
+     "for --plan: with --attention cublas, a fixed cost per 128 x 128 output tile of attention's batched products, in "
+     "steps of their inner dimension (-1: the software's; megatron's is fitted with its GEMM share)"},
     {"--train-tokens", NULL, LP_FLAG_FLOAT, LP_FIELD(train_tokens), "0", "0", "F", NULL, NULL,
      "for --plan: also the days the fastest takes to train F tokens (e.g. 300e9), and 8TP/(nX) beside them"},
     {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL, NULL,
@@ -564,6 +568,9 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flags %s %s %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_FLAG_NAME(gpu_mem), LP_FLAG_NAME(gpu_tflops),
                     LP_FLAG_NAME(gpu_gbs), LP_FLAG_NAME(node_gpus), LP_FLAG_NAME(node_gbs), LP_FLAG_NAME(net_gbs), LP_FLAG_NAME(latency_us),
                     LP_FLAG_NAME(train_tokens));
+    if (f->attention_tile_k < 0.0f && f->attention_tile_k != -1.0f)
+        lp_fail_all("flag %s: steps of the inner dimension, >= 0 (-1: the software's), got %g", LP_FLAG_NAME(attention_tile_k),
+                    f->attention_tile_k);
     if (!(f->gemm_share >= 0.0f && f->gemm_share <= 1.0f))
         lp_fail_all("flag %s: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got %g", LP_FLAG_NAME(gemm_share),
                     f->gemm_share);
@@ -1463,7 +1470,7 @@ static int lp_flag_typed(const LPFlags* f, size_t field) {
 }
 
 // The machine --plan plans for: --cluster's preset running --software, with --gpu, --gpu-mem, --gpu-tflops,
-// --gpu-gbs, --gemm-share, --node-gpus, --node-gbs, --net-gbs and --latency-us over it.
+// --gpu-gbs, --gemm-share, --attention-tile-k, --node-gpus, --node-gbs, --net-gbs and --latency-us over it.
 static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** cluster) {
     char names[256] = "";
     const LPCluster* k = *cluster = lp_cluster_named(f->cluster);
@@ -1485,6 +1492,7 @@ static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** c
     }
     LPPlanMachine mach = lp_plan_machine(k, g, sw);
     if (f->gemm_share > 0.0f) mach.gpu.gemm = f->gemm_share;
+    if (f->attention_tile_k >= 0.0f) mach.attention_tile_k = f->attention_tile_k;
     if (f->gpu_mem > 0.0f) mach.gpu_bytes = 0.9 * f->gpu_mem * 1073741824.0;
     if (f->gpu_tflops > 0.0f) mach.gpu.peak_flops = f->gpu_tflops * 1e12;
     if (f->gpu_gbs > 0.0f) mach.gpu.hbm_bw = f->gpu_gbs * 1e9;
@@ -1529,13 +1537,14 @@ static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
     char latency[64] = "collectives as NCCL's rings";
     if (!mach.nccl) snprintf(latency, sizeof(latency), "%.0f us per collective or send", mach.latency * 1e6);
     else if (mach.latency > 0.0) snprintf(latency, sizeof(latency), "collectives as NCCL's rings and %.0f us", mach.latency * 1e6);
-    lp_log("machine: %s%s: %s, %.4g TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%), %.3g GiB (90%% for the plan), %.0f GB/s "
+    char tiles[64] = "";
+    if (mach.attention_tile_k > 0.0) snprintf(tiles, sizeof(tiles), "; materialised: %.0f more K a tile", mach.attention_tile_k);
+    lp_log("machine: %s%s: %s, %.4g TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%%s), %.3g GiB (90%% for the plan), %.0f GB/s "
            "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %s; offload: %.0f "
            "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's); software: %s (%s)\n",
            cluster->name, f->gpu[0] || f->gpu_mem > 0.0f || f->gpu_tflops > 0.0f || f->gpu_gbs > 0.0f || f->gemm_share > 0.0f ||
-           f->node_gpus || f->node_gbs > 0.0f ||
-           f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
-           mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, mach.gpu_bytes / 0.9 / GiB,
+           f->attention_tile_k >= 0.0f || f->node_gpus || f->node_gbs > 0.0f || f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
+           mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, tiles, mach.gpu_bytes / 0.9 / GiB,
            mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, latency, mach.host_bw / 1e9,
            mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9, f->software, lp_software_named(f->software)->about);
     int shown = 0;

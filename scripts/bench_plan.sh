@@ -45,11 +45,11 @@ choice() {  # the plan's own configuration, as "t p v d sp ZeRO recompute B | MF
 fixed="--recompute full --offload none --pp-scatter-gather 1"
 paper="--zero 0 --overlap 0 $fixed"  # (--DDP-impl local: the gradients all-reduced after the pipeline's flush)
 if [ "$what" = fit ] || [ "$what" = all ]; then
-    # Megatron-LM's GEMMs' share of the A100's peak, fitted (least squares in log step time) to the eight step
-    # times of the selective-recomputation paper (Korthikanti et al., arXiv 2205.05198, Table 5: full recomputation,
+    # Megatron-LM's GEMMs' share of the A100's peak and its attention's cost per tile, fitted (least squares in log
+    # step time) to the eight step times of the selective-recomputation paper (Korthikanti et al., arXiv 2205.05198, Table 5: full recomputation,
     # and selective recomputation with SP; t=8, d=1, b=1 but 22B's 4; configurations as calculon-ai/calculon's
     # validation files state them), then those eight at the share --software megatron carries
-    echo "Megatron-LM's GEMM share on an A100, fitted to the selective-recomputation paper's Table 5 (step seconds)"
+    echo "Megatron-LM's GEMM share and attention tile cost on an A100, fitted to the selective-recomputation paper's Table 5 (step seconds)"
     rows='22B 48 6144 64 8 4 4 1 1 full 1.42
 22B 48 6144 64 8 4 4 1 1 selective 1.10
 175B 96 12288 96 64 64 1 8 3 full 18.13
@@ -69,13 +69,19 @@ if [ "$what" = fit ] || [ "$what" = all ]; then
             echo "$name $r $pub ${s:--}"
         done <<< "$rows"
     }
-    best=$(for share in $(seq 0.60 0.005 0.87); do
-        table5 --gemm-share "$share" | awk -v share="$share" '{ e += log($4 / $3) ^ 2 } END { printf "%.4f %s\n", e, share }'
+    # the two together: each tile cost of attention's products (steps of 64), then the share (at most the A100's best)
+    best=$(for tile in $(seq 0 64 768); do
+        for share in $(seq 0.60 0.005 0.87); do
+            table5 --gemm-share "$share" --attention-tile-k "$tile" |
+                awk -v share="$share" -v tile="$tile" '{ e += log($4 / $3) ^ 2 } END { printf "%.4f %s %s\n", e, share, tile }'
+        done
     done | sort -g | head -n 1)
+    read -r err share tile <<< "$best"
     a100=$(awk '/^    {"a100",/ { gsub(/,/, ""); print $(NF - 2) }' llmpar.h)
-    preset=$(awk '/^    {"megatron",/ { gsub(/,/, ""); print $2 }' llmpar.h)
-    echo "fitted: ${best#* } of the peak, $(awk -v s="${best#* }" -v g="$a100" 'BEGIN { printf "%.3f", s / g }') of the A100's best GEMM ($a100);" \
-         "--software megatron carries $preset (rms of log(predicted/published): $(awk -v e="${best% *}" 'BEGIN { printf "%.3f", sqrt(e / 8) }'))"
+    preset=$(awk '/^    {"megatron",/ { gsub(/,/, ""); print $2, $3 }' llmpar.h)
+    echo "fitted: GEMMs at $share of the peak, $(awk -v s="$share" -v g="$a100" 'BEGIN { printf "%.3f", s / g }') of the A100's best ($a100);" \
+         "attention's batched products $tile more K a tile; --software megatron carries ${preset% *} and ${preset#* }" \
+         "(rms of log(predicted/published): $(awk -v e="$err" 'BEGIN { printf "%.3f", sqrt(e / 8) }'))"
     echo "| model | recompute | published s | predicted s | predicted/published |"
     echo "|---|---|---|---|---|"
     table5 | while read -r name r pub s; do
@@ -87,6 +93,7 @@ if [ "$what" = table1 ] || [ "$what" = all ]; then
     echo "Table 1 (weak scaling; published: the paper's TFLOP/s per GPU)"
     echo "| model | t | p | v | GPUs | batch | b | published | predicted | ratio | the plan's choice (t p v d sp ZeRO recompute b) | its MFU |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    pairs_file=$(mktemp)
     # name L C NH t p v n batch b published DDP (the script's --DDP-impl)
     while read -r name L C NH t p v n batch b pub ddp; do
         sg=$fixed
@@ -95,6 +102,7 @@ if [ "$what" = table1 ] || [ "$what" = all ]; then
         read -r step x <<< "$(plan "$n" "$L" "$C" "$NH" "$batch" --tp "$t" --pp "$p" --vpp "$v" -b "$b" --zero 0 $sg)"
         own=$(choice "$n" --cluster dgx-a100 -e "$L,$C,$NH,51200" -t 2048 -d $((batch * 2048)) --attention cublas)
         echo "| $name | $t | $p | $v | $n | $batch | $b | $pub | $x | $(awk -v a="$x" -v b="$pub" 'BEGIN { printf "%.2f", a / b }') | $own |"
+        echo "$pub $x" >> "$pairs_file"
     done << 'ROWS'
 1.7B 24 2304 24 1 1 1 32 512 16 137 torch
 3.6B 30 3072 32 2 1 1 64 512 16 138 torch
@@ -107,6 +115,16 @@ if [ "$what" = table1 ] || [ "$what" = all ]; then
 529.6B 105 20480 128 8 35 3 2520 2520 1 163 local
 1008B 128 25600 160 8 64 1 3072 3072 1 163 local
 ROWS
+    # the order: the pairs of rows the paper measured more than 5% apart, ordered alike? and Spearman's rank correlation
+    awk '{ p[NR] = $1; q[NR] = $2 } END {
+        for (i = 1; i <= NR; i++) for (j = i + 1; j <= NR; j++)
+            if (p[i] > 1.05 * p[j] || p[j] > 1.05 * p[i]) { far++; alike += (p[i] < p[j]) == (q[i] < q[j]) }
+        for (i = 1; i <= NR; i++) { rp[i] = rq[i] = 1
+            for (j = 1; j <= NR; j++) { rp[i] += (p[j] < p[i]) + 0.5 * (j != i && p[j] == p[i]); rq[i] += (q[j] < q[i]) + 0.5 * (j != i && q[j] == q[i]) } }
+        for (i = 1; i <= NR; i++) { mp += rp[i] / NR; mq += rq[i] / NR }
+        for (i = 1; i <= NR; i++) { c += (rp[i] - mp) * (rq[i] - mq); vp += (rp[i] - mp) ^ 2; vq += (rq[i] - mq) ^ 2 }
+        printf "the order: of the %d pairs of rows published more than 5%% apart, %d predicted in the same order; Spearman rank correlation %.2f\n", far, alike, c / sqrt(vp * vq) }' "$pairs_file"
+    rm -f "$pairs_file"
 fi
 if [ "$what" = table2 ] || [ "$what" = all ]; then
     echo
