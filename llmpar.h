@@ -8278,11 +8278,12 @@ typedef struct {
 // best shape of a sweep (stas00/ml-engineering, compute/accelerator). attention: FlashAttention-2's
 // published forward + backward at head size 64, causal (A100 ~119 TFLOP/s, H100 ~192); Blackwell's is
 // not published for it and is taken as the H100's share (an assumption). cpu: a rank of the CPU engine
-// on the CI machine's kind, 2 AMD EPYC cores shared by 4 ranks (the plan's calibration on a machine we
-// have): a quarter of OpenBLAS's measured sgemm on both cores (dev/bench_sgemm.c, 145.5 GFLOP/s) and of
-// the memory bandwidth measured (two numpy copies at once: 19.4 GB/s, read and written); `gemm` is the
-// share of that rate the engine's d4 step reaches with data parallelism on the 4 ranks (`bench_plan.sh
-// cpu`: 0.54 and 0.55 in two runs).
+// on one of the CI machine's kinds (AVX2 AMD EPYC), 2 cores shared by 4 ranks (the plan's calibration on
+// a machine we have): a quarter of OpenBLAS's measured sgemm on both cores (dev/bench_sgemm.c, 145.5
+// GFLOP/s) and of the memory bandwidth measured (two numpy copies at once: 19.4 GB/s, read and written);
+// `gemm` is the share of that rate the engine's d4 step reached with data parallelism on the 4 ranks
+// (0.54 and 0.55 in two runs). `bench_plan.sh cpu` measures the machine it runs on instead (--gpu-tflops,
+// --gpu-gbs) and fits its own share.
 static const LPGpu lp_gpus[] = {
     {"a100", 312e12, 80.0 * 1073741824.0, 2.039e12, 108, 0.869, 0.38, 0},
     {"h100", 989.4e12, 80.0 * 1073741824.0, 3.35e12, 132, 0.803, 0.19, 0},
