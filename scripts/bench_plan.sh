@@ -16,10 +16,10 @@
 # step measured (the median of the step lines after the first, over ROUNDS rounds that alternate the grids, each
 # round starting one grid later) beside the plan's prediction on --cluster cpu (this machine's sgemm and copy rates,
 # measured first by scripts/cpu_rates.sh; the cpu preset's MPI figures; a stage alone on the shared cores up to
-# twice as fast) at the GEMM share that
-# predicts the first grid (data parallelism alone, under the same sharing of cores and memory as the rest), the
-# other eight predicted; then how many pairs measured more than 10% apart it orders alike, and the most grids
-# it ranks in the measured order. Needs a quiet machine (~6 minutes a round).
+# twice as fast) at the GEMM share that predicts the first grid (data parallelism alone, under the same sharing
+# of cores and memory as the rest), the other eight predicted; then how many pairs measured more than 10% apart
+# it orders alike, and the most grids it ranks in the measured order. Needs a quiet machine (~3 minutes a round
+# on the CI machine's AVX-512 kind).
 # Usage: bash scripts/bench_plan.sh [fit|table1|table2|ablations|train|all|cpu]   (CPU build; seconds, cpu minutes)
 set -u
 cd "$(dirname "$0")/.."
