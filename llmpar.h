@@ -8340,19 +8340,22 @@ typedef struct {
     double gemm;   // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
     double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
                               // steps of the inner dimension (0: none beyond the GEMM's share)
+    int recompute_all;  // full recomputation reruns: 1, a layer's whole forward (a checkpointed layer); 0, up to the
+                        // MLP's GELU (this engine: backward needs no output of the MLP's second projection)
     int blocking;  // 1: a pipeline send holds its stage until the message is delivered
     int dropout;   // 1: dropout on the residual branches and on materialised attention probabilities (masks of a byte a value)
     const char* about;
 } LPSoftware;
 
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1.0, 0.0, 0, 0, "this engine: sends that do not wait, no dropout"},
-    {"megatron", 0.903, 576.0, 1, 1, "Megatron-LM as the PTD-P paper ran it: fp16, dropout 0.1, blocking pipeline sends, GEMMs and attention at fitted costs"},
+    {"llmpar", 1.0, 0.0, 0, 0, 0, "this engine: sends that do not wait, no dropout"},
+    {"megatron", 0.903, 576.0, 1, 1, 1, "Megatron-LM as the PTD-P paper ran it: fp16, dropout 0.1, blocking pipeline sends, GEMMs and attention at fitted costs"},
 };
 
 typedef struct {
     LPGpu gpu;          // (gpu.gemm: the software's share of the peak)
     double attention_tile_k;  // the software's materialised attention: a fixed cost per tile of its batched products (LPSoftware)
+    int recompute_all;  // the software's full recomputation reruns the whole layer (LPSoftware)
     int blocking;       // the software's pipeline sends wait for delivery
     int dropout;        // the software drops out (LPSoftware)
     double alone;       // a pipeline stage's pace while the others wait (LPCluster)
@@ -8394,6 +8397,7 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
     m.blocking = sw->blocking || !k->nccl;  // (MPI's sends of more than a few KB wait for their receiver)
     m.dropout = sw->dropout;
     m.attention_tile_k = sw->attention_tile_k;
+    m.recompute_all = sw->recompute_all;
     m.gpu_bytes = 0.9 * m.gpu.memory;
     m.gpus_per_node = k->node_gpus;
     m.node_bw = k->node_bw;
@@ -8484,11 +8488,12 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
     // an average layer's compute: attention's linear layers, the MLP's (a MoE layer's router and its E/ep
     // experts, each taking K N ep / E rows on average)
-    double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0;
+    double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0, pf = 0.0, pb = 0.0;
     lp_linear_seconds(g, N, C, 3.0 * Cl, 1.0, &f, &b);
     lp_linear_seconds(g, N, Cl, C, 1.0, &f, &b);
     lp_linear_seconds(g, N, C, 4.0 * Cl, 1.0, &mf, &mb);
-    lp_linear_seconds(g, N, 4.0 * Cl, C, 1.0, &mf, &mb);
+    lp_linear_seconds(g, N, 4.0 * Cl, C, 1.0, &pf, &pb);  // (the dense MLP's second projection)
+    mf += pf, mb += pb;
     if (moe > 0.0) {
         lp_linear_seconds(g, N, C, E, 1.0, &ef, &eb);
         lp_linear_seconds(g, K * N * ep / E, C, 4.0 * Cl, E / ep, &ef, &eb);
@@ -8512,13 +8517,17 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     double ew = X * (10.0 * rows * C + 8.0 * N * Cl) / g->hbm_bw, masks = mach->dropout * 2.0 * rows * C / g->hbm_bw;
     f += af + ew + masks;  // (dropout's two masks written forward, read backward)
     b += ab + 2.0 * ew + masks;
-    if (par->recompute == LP_RECOMPUTE_FULL) b += f;
+    // full recomputation: the forward again, this engine's without the dense MLP's second projection
+    if (par->recompute == LP_RECOMPUTE_FULL) b += f - (mach->recompute_all ? 0.0 : (1.0 - moe) * pf);
     if (par->recompute == LP_RECOMPUTE_SELECTIVE) b += af;
     // TP: 2 all-reduces of the B T C activations forward and 2 backward (SP: 2 all-gathers and 2 reduce-scatters
     // forward; backward 4 all-gathers, the LayerNorms' outputs gathered again for the weights' gradients, and 2
     // reduce-scatters)
     double tp_f = t > 1 ? (par->sp ? 4.0 : 2.0) * lp_collective_seconds(mach, N * C * X, !par->sp, t, par->tp) : 0.0;
     double tp_b = par->sp ? 1.5 * tp_f : tp_f;
+    // ... and under full recomputation forward's again, this engine's up to the GELU (of a dense layer's 2 all-reduces
+    // the first; SP: 3 of its 4 collectives)
+    double tp_r = mach->recompute_all ? tp_f : tp_f * (moe + (1.0 - moe) * (par->sp ? 0.75 : 0.5));
     double ep_f = ep > 1 ? moe * 2.0 * lp_collective_seconds(mach, K * N * C * X, 0, ep, par->tp * par->ep) : 0.0;
     double full = par->recompute == LP_RECOMPUTE_FULL ? 1.0 : 0.0;
     // ZeRO-2/3: each layer's gradients reduce-scattered in backward, ZeRO-3's weights gathered before its forward and
@@ -8539,11 +8548,11 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     }
     LPChunkTime out;
     out.compute = layers * (f + b);
-    out.tp = layers * (tp_f * (1.0 + full) + tp_b);
+    out.tp = layers * (tp_f + tp_r * full + tp_b);
     out.ep = layers * ep_f * (2.0 + full);
     out.dp = layers * (dz_f + dz_b);
     out.fwd = layers * (f + tp_f + ep_f + dz_f);
-    out.bwd = layers * (b + tp_f * full + tp_b + ep_f * (1.0 + full) + dz_b);
+    out.bwd = layers * (b + tp_r * full + tp_b + ep_f * (1.0 + full) + dz_b);
     double hf = 0.0, hb = 0.0, Vl = c->padded_vocab_size / t;  // the first chunk's embedding, the last's head and loss
     if (k == 0) hf += 2.0 * X * N * C / g->hbm_bw, hb += 2.0 * X * N * C / g->hbm_bw;
     if (k == par->pp * par->vpp - 1) {
@@ -8722,8 +8731,11 @@ static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LP
     x->par = *s->par;
     x->B = s->B;
     x->step_s = lp_plan_bound(c, s, mach);
+    double up, down, moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
+    lp_mlp_active_weights(c, &up, &down);  // (a software that reruns the whole layer reruns the dense MLP's projection too)
+    double rerun = mach->recompute_all && s->par->recompute == LP_RECOMPUTE_FULL ? 2.0 * (1.0 - moe) * down : 0.0;
     x->flops = (double)s->par->micro_batches * s->par->dp * s->B * s->T *
-               (c->num_layers * lp_layer_flops(c, s->T, s->par->recompute) + 6.0 * c->padded_vocab_size * c->channels);
+               (c->num_layers * (lp_layer_flops(c, s->T, s->par->recompute) + rerun) + 6.0 * c->padded_vocab_size * c->channels);
 }
 
 // Every configuration of n GPUs with the given attention path (LP_ATTENTION_*) and limits (NULL: none)

@@ -1504,6 +1504,29 @@ static void test_plan(void) {
              "a layer's forward %.3g ms more, backward twice that, flash attention none", mega.attention_tile_k, qk * 1e3, hbm * 1e3,
              extra * 1e3);
     expect(tiled, what);
+    // full recomputation: Megatron-LM reruns a layer's whole forward, this engine all of it but the MLP's second
+    // projection (backward needs none of its outputs); the count of FLOPs follows
+    LPParallel rerun = lp_parallel_one, kept = lp_parallel_one;
+    rerun.recompute = LP_RECOMPUTE_FULL;
+    LPPipeShape s_rerun = {&rerun, 1, 2048, LP_ATTENTION_CUBLAS, 1}, s_kept = {&kept, 1, 2048, LP_ATTENTION_CUBLAS, 1};
+    LPPlanMachine ours = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("llmpar"));
+    double proj = lp_gemm_seconds(&ours.gpu, 2048, 12288, 4 * 12288, 1, 0.0), again[2], counted[2];
+    for (int w = 0; w < 2; w++) {
+        const LPPlanMachine* sw = w ? &mega : &ours;
+        LPChunkTime r = lp_plan_chunk(&gpt3, &s_rerun, sw, 1, 1), k0 = lp_plan_chunk(&gpt3, &s_kept, sw, 1, 1);
+        again[w] = (r.bwd - k0.bwd) / k0.fwd;
+        int count = 0, room = 1;
+        LPPlan* one = (LPPlan*)malloc(sizeof(LPPlan));
+        lp_plan_add(&gpt3, &s_rerun, sw, &one, &count, &room);
+        counted[w] = one->flops;
+        free(one);
+    }
+    double fwd = lp_plan_chunk(&gpt3, &s_kept, &ours, 1, 1).fwd;
+    snprintf(what, sizeof(what), "plan: full recomputation reruns %.3f of a layer's forward for this engine (its MLP's second "
+             "projection not), 1 for Megatron-LM, whose FLOPs count the projection too", again[0]);
+    expect(fabs(again[0] - (fwd - proj) / fwd) < 1e-9 && fabs(again[1] - 1.0) < 1e-9 &&
+               fabs(counted[1] - counted[0] - 2048.0 * 96 * 2.0 * 4.0 * 12288.0 * 12288.0) < 1e-6 * counted[0],
+           what);
     expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of 2 GiB per GPU (-t 1024, -d 8192); "
                  "the least needs 3.57 GiB", "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 2");
     expect_error("--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
