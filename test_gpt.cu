@@ -327,8 +327,11 @@ static void test_watchdog(void) {
     char args[2048], dir[LP_PATH_MAX], name[256];
 #ifdef LLMPAR_CPU
     const char* comm = "";
+    int steps = 200;  // (the supervised run below: on a fast machine 40 steps of this model end within the 10 ms its
+                      // stop waits for, and a rank stopped in its teardown hangs the job)
 #else
     const char* comm = "--comm nccl";  // the CUDA build's collectives stall in NCCL (emulated: over MPI underneath)
+    int steps = 40;
 #endif
     write_random_shard(tmp_path("watchdog_shard.bin"), 4000, 77);
     snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 --timeout-minutes 0.05 %s",
@@ -357,10 +360,10 @@ static void test_watchdog(void) {
         expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1 && aborting == aborts, name);
         if (!(rc != 0 && lines >= 1 && named == lines && waiting >= 1 && aborting == aborts)) printf("%s\n", out);
     }
-    // under the supervisor: stopped at step ~12 of 40 (checkpoints every 5), relaunched with --resume
-    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x 40 -n 5 --timeout-minutes 0.05 %s",
-             tmp_path("watchdog_shard.bin"), comm);
-    int same = 0, rc = run_supervised_victim(out, sizeof(out), args, 40, tmp_path("watchdog_sup"),
+    // under the supervisor: stopped at step ~12 (checkpoints every 5), relaunched with --resume
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x %d -n 5 --timeout-minutes 0.05 %s",
+             tmp_path("watchdog_shard.bin"), steps, comm);
+    int same = 0, rc = run_supervised_victim(out, sizeof(out), args, steps, tmp_path("watchdog_sup"),
                                              "grep -q '^step 12/' %s.log 2> /dev/null", "STOP", &same);
     expect(rc == 0 && strstr(out, "no progress for") && strstr(out, "restart 1 of 3, resuming from step_") &&
                strstr(out, "the run ended well after 1 restart(s)"),
