@@ -7610,20 +7610,21 @@ static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
 
 // Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
 // of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
-// (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), under selective q k^T (2 C T).
-static inline double lp_layer_flops(const LPConfig* c, int T, int recompute) {
+// (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the whole forward (a
+// checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
+static inline double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole) {
     double C = c->channels, up, down;
     lp_mlp_active_weights(c, &up, &down);
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
     double flops = 6.0 * (4.0 * C * C + up + down) + 12.0 * C * T;
-    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (4.0 * C * C + up + moe * down) + 4.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (4.0 * C * C + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
     if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
     return flops;
 }
 // ... and of chunk k running `layers` layers (the last chunk also the LM head).
 static inline double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
     double head = k == s->par->pp * s->par->vpp - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0;
-    return layers * lp_layer_flops(c, s->T, s->par->recompute) + head;
+    return layers * lp_layer_flops(c, s->T, s->par->recompute, 0) + head;
 }
 
 // The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule.
@@ -8731,11 +8732,9 @@ static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LP
     x->par = *s->par;
     x->B = s->B;
     x->step_s = lp_plan_bound(c, s, mach);
-    double up, down, moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
-    lp_mlp_active_weights(c, &up, &down);  // (a software that reruns the whole layer reruns the dense MLP's projection too)
-    double rerun = mach->recompute_all && s->par->recompute == LP_RECOMPUTE_FULL ? 2.0 * (1.0 - moe) * down : 0.0;
     x->flops = (double)s->par->micro_batches * s->par->dp * s->B * s->T *
-               (c->num_layers * (lp_layer_flops(c, s->T, s->par->recompute) + rerun) + 6.0 * c->padded_vocab_size * c->channels);
+               (c->num_layers * lp_layer_flops(c, s->T, s->par->recompute, mach->recompute_all) +
+                6.0 * c->padded_vocab_size * c->channels);
 }
 
 // Every configuration of n GPUs with the given attention path (LP_ATTENTION_*) and limits (NULL: none)

@@ -24,8 +24,8 @@ trap 'rm -rf "$work"' EXIT   # it holds a 1.5 GB checkpoint with llm.c
 trap 'exit 130' INT TERM
 
 # the yardstick: OpenBLAS sgemm at 2048^3 on the same threads and the kernels the engine runs
-engine=$(./train_gpt_cpu -e d1 -x 0 -v 0 -s 0 -j "" 2>&1 | sed -n 's/^engine *//p')
 rates=$(bash scripts/cpu_rates.sh)
+engine=$(echo "$rates" | sed -n 's/^engine //p')
 kernels=$(echo "$rates" | awk '$1 == "kernels" && $2 != "n/a" { print $2 }')
 sgemm=$(echo "$rates" | awk '$1 == "sgemm" { print $2 }')
 

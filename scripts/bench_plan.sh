@@ -27,6 +27,8 @@ what=${1:-all}
 bin=./train_gpt_cpu
 [ -x "$bin" ] || make train_gpt_cpu > /dev/null
 fastest() { sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p'; }  # a plan's output: its fastest step, seconds
+# the paper's FLOPs of a step (its eq. 3) as an awk expression of l, h and B (layers, width, sequences of 2048)
+paper_flops='96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * l * h))'
 plan() {  # n L C NH global-batch flags...: prints "step_s X_paper" (the paper's count)
     local n=$1 L=$2 C=$3 NH=$4 batch=$5
     shift 5
@@ -35,8 +37,7 @@ plan() {  # n L C NH global-batch flags...: prints "step_s X_paper" (the paper's
     local step
     step=$(echo "$out" | fastest)
     if [ -z "$step" ]; then echo "- -"; return; fi
-    awk -v s="$step" -v n="$n" -v l="$L" -v h="$C" -v B="$batch" 'BEGIN {
-        F = 96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * l * h)); printf "%.4g %.0f\n", s, F / (s * n) / 1e12 }'
+    awk -v s="$step" -v n="$n" -v l="$L" -v h="$C" -v B="$batch" "BEGIN { F = $paper_flops; printf \"%.4g %.0f\\n\", s, F / (s * n) / 1e12 }"
 }
 choice() {  # the plan's own configuration, as "t p v d sp ZeRO recompute B | MFU"
     "$bin" --plan "$@" 2>&1 | awk -F'|' '/^\| [0-9]/ { gsub(/ /, ""); print $2, $3, $4, $5, $6, $8, $9, $11, "|", $(NF - 1); exit }'
@@ -193,11 +194,11 @@ if [ "$what" = train ] || [ "$what" = all ]; then
     # runs' gradient all-reduce too, which the plan prices already: under 1% of those steps); the third line of
     # Megatron-LM below is the plan on an A100 that much slower in FLOP/s and HBM, the machine as the 2021
     # software saw it.
-    slow=$(awk 'BEGIN { s530 = 96 * 2520 * 2048 * 105 * 20480 ^ 2 * (1 + 2048 / (6 * 20480) + 51200 / (16 * 105 * 20480)) / (2520 * 163e12)
-                        s1t = 96 * 3072 * 2048 * 128 * 25600 ^ 2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600)) / (3072 * 163e12)
-                        printf "%.3f %.3f %.3f\n", s530 / 49.05, s1t / 94.42, (s530 / 49.05 + s1t / 94.42) / 2 }')
-    read -r slow530 slow1t slow <<< "$slow"
-    older="--gpu-tflops $(awk -v f="$slow" 'BEGIN { print 312 / f }') --gpu-gbs $(awk -v f="$slow" 'BEGIN { print 2039 / f }')"
+    paper_step() { awk -v l="$1" -v h="$2" -v B="$3" "BEGIN { print $paper_flops / ($3 * 163e12) }"; }  # (both at 163 TFLOP/s, B GPUs)
+    read -r slow530 slow1t slow <<< "$(awk -v a="$(paper_step 105 20480 2520)" -v b="$(paper_step 128 25600 3072)" \
+        'BEGIN { printf "%.3f %.3f %.3f\n", a / 49.05, b / 94.42, (a / 49.05 + b / 94.42) / 2 }')"
+    read -r peak hbm <<< "$(awk '/^    {"a100",/ { gsub(/,/, ""); print $2, $6 }' llmpar.h)"  # (the preset's A100)
+    older="--gpu-tflops $(awk -v f="$slow" -v p="$peak" 'BEGIN { print p / f / 1e12 }') --gpu-gbs $(awk -v f="$slow" -v h="$hbm" 'BEGIN { print h / f / 1e9 }')"
     for sw in "megatron --tp 8 $paper" "megatron --tp 8 $paper $older" llmpar; do
         case "$sw" in
             *gpu-tflops*) echo "Megatron-LM with the 2021 software's slowdown, ${slow}x (530B ${slow530}x, 1T ${slow1t}x): $older" ;;
