@@ -59,13 +59,19 @@ endif
 
 .PHONY: all test test-emu readme-flags clean llmc_driver
 
-all: train_gpt_cpu test_gpt_cpu
+all: train_gpt_cpu test_gpt_cpu plan_gpt
 
 train_gpt_cpu: train_gpt.cu llmpar.h
 	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) train_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
 test_gpt_cpu: test_gpt.cu llmpar.h
 	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) test_gpt.cu -o $@ $(BLAS_LIBS) -lm
+
+# The cluster planner (dev/plan): one build, plain C without MPI; it plans GPUs on any machine. For the
+# machine's own code (no -march=native) and no contracted multiply-adds, so every machine prints the same
+# plans to the last digit (dev/plan/plans.txt, checked by make test).
+plan_gpt: dev/plan/plan_gpt.c dev/plan/plan.h llmpar.h
+	$(CC) $(filter-out -march=native,$(CFLAGS_CPU)) -ffp-contract=off dev/plan/plan_gpt.c -o $@ -lm
 
 train_gpt: train_gpt.cu llmpar.h
 	$(NCCL_NOTICE)
@@ -158,6 +164,6 @@ readme-flags: train_gpt_cpu
 	    README.md > README.md.new && mv README.md.new README.md; rc=$$?; rm -f README.md.flags README.md.new; exit $$rc
 
 clean:
-	rm -f train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check
+	rm -f plan_gpt train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check
 	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu
 	rm -f dev/examples/two_files dev/examples/two_files_cpu dev/examples/two_files_nompi dev/examples/two_files_emu

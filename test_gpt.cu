@@ -18,6 +18,7 @@ Prints `N passed, N failed` last.
 #include <sys/wait.h>
 #define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "llmpar.h"
+#include "dev/plan/plan.h"  // the cluster planner, a tool built on the header (tier 1 and 3 check it)
 
 static int tests_passed, tests_failed;
 
@@ -103,6 +104,7 @@ static int no_mpirun(const char* what) {
 #else
 #define TRAIN_BIN "./train_gpt"
 #endif
+#define PLAN_BIN "./plan_gpt"  // the cluster planner's program (dev/plan), one build for all
 
 static void write_shard(const char* path, const int* tokens, size_t n) {
     int h[LP_HEADER_INTS] = {0};
@@ -711,13 +713,14 @@ static void test_utf8_out(void) {
 }
 
 // Bad input: each a one-line error naming the file or flag, a non-zero exit, never a crash.
-static void expect_error(const char* name, const char* needle, const char* args) {
+static void expect_error_of(const char* bin, const char* name, const char* needle, const char* args) {
     char out[16384];
-    int rc = run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, args);
+    int rc = run_cmd(out, sizeof(out), "%s %s", bin, args);
     int ok = rc > 0 && strstr(out, "llmpar: error: ") && strstr(out, needle);
     expect(ok, name);
     if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
 }
+static void expect_error(const char* name, const char* needle, const char* args) { expect_error_of(TRAIN_BIN, name, needle, args); }
 
 // Fork a child that loads model_path and saves a checkpoint into dir with file sizes limited to
 // limit_bytes; returns its exit status with its stderr in out.
@@ -1530,18 +1533,24 @@ static void test_plan(void) {
     expect(fabs(again[0] - (fwd - proj) / fwd) < 1e-9 && fabs(again[1] - 1.0) < 1e-9 &&
                fabs(counted[1] - counted[0] - 2048.0 * 96 * 2.0 * 4.0 * 12288.0 * 12288.0) < 1e-6 * counted[0],
            what);
-    expect_error("--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of 2 GiB per GPU (-t 1024, -d 8192); "
+    expect_error_of(PLAN_BIN, "--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of 2 GiB per GPU (-t 1024, -d 8192); "
                  "the least needs 3.57 GiB", "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 2");
-    expect_error("--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
+    expect_error_of(PLAN_BIN, "--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
                  "--plan 8 --gpu-mem -1");
-    expect_error("--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
-    expect_error("--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
-    expect_error("--software: unknown", "flag --software: no software 'deepspeed' (llmpar, megatron)", "--plan 8 --software deepspeed");
-    expect_error("--attention-tile-k: negative", "flag --attention-tile-k: steps of the inner dimension, >= 0 (-1: the software's), got -2",
+    expect_error_of(PLAN_BIN, "--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
+    expect_error_of(PLAN_BIN, "--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
+    expect_error_of(PLAN_BIN, "--software: unknown", "flag --software: no software 'deepspeed' (llmpar, megatron)", "--plan 8 --software deepspeed");
+    expect_error_of(PLAN_BIN, "--attention-tile-k: negative", "flag --attention-tile-k: steps of the inner dimension, >= 0 (-1: the software's), got -2",
                  "--plan 8 --attention-tile-k -2");
-    expect_error("--gemm-share: above 1", "flag --gemm-share: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got 1.5",
+    expect_error_of(PLAN_BIN, "--gemm-share: above 1", "flag --gemm-share: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got 1.5",
                  "--plan 8 --gemm-share 1.5");
-    expect_error("--plan: -t beyond the model", "flag -t: sequence length 4096 exceeds the model's maximum 1024", "--plan 8 -e d12 -t 4096");
+    char out[16384];
+    int rc = run_cmd(out, sizeof(out), "%s --plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 24", PLAN_BIN);
+    expect(rc == 0 && strstr(out, "./train_gpt -e d48 -t 1024 -d 8192 -b ") && strstr(out, " --offload optimizer\n"),
+           "--plan 1 for GPT-2 1.5B on a 24 GiB GPU suggests --offload optimizer (16 bytes per parameter do not fit)");
+    expect_error("train_gpt --plan: names the planner's program", "flag --plan is the planner's, a program of its own: make plan_gpt && "
+                 "./plan_gpt --plan N", "--plan 8 -e d12");
+    expect_error_of(PLAN_BIN, "--plan: -t beyond the model", "flag -t: sequence length 4096 exceeds the model's maximum 1024", "--plan 8 -e d12 -t 4096");
 }
 
 // An llm.c eval file (HellaSwag's format) of n examples of 4 completions, random tokens below the tiny
@@ -3592,7 +3601,7 @@ static void test_offload(void) {
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 --plan")) return;
-    int rc = run_cmd(out, sizeof(out), "%s --plan 4 -e dev/ref/tiny_model.bin -t 16 -d 512", TRAIN_BIN);
+    int rc = run_cmd(out, sizeof(out), "%s --plan 4 -e dev/ref/tiny_model.bin -t 16 -d 512", PLAN_BIN);
     const char* line = strstr(out, "mpirun -np 4 ./train_gpt ");  // (it plans GPUs: the CUDA build's command, run here by this build)
     char cmd[1024] = "";
     if (line) snprintf(cmd, sizeof(cmd), "%s %.*s", TRAIN_BIN, (int)strcspn(line + 25, "\n"), line + 25);
@@ -3600,7 +3609,7 @@ static void test_plan_runs(void) {
     // a published configuration predicted alone (the typed grid kept), and the time to train: the days
     // simulated and 8TP/(nX) from the printed X (GPT-3 175B, 300B tokens, 1,536 A100s, the paper's grid)
     rc = run_cmd(out, sizeof(out), "%s --plan 1536 --cluster dgx-a100 -e 96,12288,96,51200 -t 2048 -d 3145728 --tp 8 --pp 12 -b 1 "
-                 "--recompute full --offload none --pp-scatter-gather 1 --train-tokens 300e9", TRAIN_BIN);
+                 "--recompute full --offload none --pp-scatter-gather 1 --train-tokens 300e9", PLAN_BIN);
     int rows = 0, kept = 1;
     for (const char* q = strstr(out, "|---"); q && (q = strstr(q + 1, "\n| ")) != NULL; rows++)
         kept &= strncmp(q, "\n| 8 | 12 | ", 12) == 0 && strstr(q, "| full | none | 1 | ") != NULL;
@@ -3624,7 +3633,7 @@ static void test_plan_runs(void) {
     const char* twice[2] = {"", "--gpu-tflops 624 --gpu-gbs 4078"};
     int described = 1;
     for (int k = 0; k < 2; k++) {
-        rc = run_cmd(out, sizeof(out), "%s --plan 8 --cluster dgx-a100 -e d12 -t 1024 -d 524288 %s", TRAIN_BIN, twice[k]);
+        rc = run_cmd(out, sizeof(out), "%s --plan 8 --cluster dgx-a100 -e d12 -t 1024 -d 524288 %s", PLAN_BIN, twice[k]);
         best = strstr(out, "the fastest: ");
         described &= rc == 0 && best && sscanf(best, "the fastest: %lf s", &steps[k]) == 1 &&
                      (k == 0 || (strstr(out, "machine: dgx-a100 as changed: a100, 624 TFLOP/s") && strstr(out, "4078 GB/s HBM")));
@@ -4849,9 +4858,6 @@ static void test_offload_host(void) {
     unsetenv("LLMPAR_OFFLOAD_CHUNK");
     int rc = run_cmd(out, sizeof(out), "%s --offload params --zero 1", TRAIN_BIN);
     expect(rc > 0 && strstr(out, "llmpar: error: flag --offload params: needs --zero 3"), "--offload params without ZeRO-3: one error line");
-    rc = run_cmd(out, sizeof(out), "%s --plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 24", TRAIN_BIN);
-    expect(rc == 0 && strstr(out, "./train_gpt -e d48 -t 1024 -d 8192 -b ") && strstr(out, " --offload optimizer\n"),
-           "--plan 1 for GPT-2 1.5B on a 24 GiB GPU suggests --offload optimizer (16 bytes per parameter do not fit)");
 }
 
 // ZeRO's savings, measured: 2 data-parallel ranks, one step each for ZeRO 0..3, of a model whose

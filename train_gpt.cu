@@ -50,18 +50,6 @@ typedef struct {
     LPParallel par;
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int print_flags;         // --print-flags: print every flag's value and exit
-    int plan;                // --plan N: the configurations for N GPUs, and exit
-    const char* cluster;     // --cluster: the machine --plan plans for (lp_clusters), changed by:
-    const char* gpu;         // --gpu: its GPU (lp_gpus; "": the cluster's)
-    float gpu_mem;           // --gpu-mem: GiB per GPU (0: the GPU's)
-    float gpu_tflops, gpu_gbs; // --gpu-tflops, --gpu-gbs: its dense peak and memory bandwidth (0: the GPU's)
-    int node_gpus;           // --node-gpus: GPUs per node (0: the cluster's)
-    float node_gbs, net_gbs; // --node-gbs, --net-gbs: GB/s per GPU inside a node, between nodes (0: the cluster's)
-    float latency_us;        // --latency-us: beyond NCCL's ring latencies, each collective or send (0: the cluster's)
-    const char* software;    // --software: what runs the step (lp_softwares)
-    float gemm_share;        // --gemm-share: of the GPU's peak its GEMMs reach at best (0: the GPU's best times the software's)
-    float attention_tile_k;  // --attention-tile-k: the software's cost per tile of materialised attention's products (-1: its own)
-    float train_tokens;      // --train-tokens: --plan's time to train this many tokens (0: not printed)
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
     float aux_weight;        // --aux-loss-weight
     int attention;           // --attention: flash | cublas (LP_ATTENTION_*)
@@ -70,7 +58,7 @@ typedef struct {
     int shuffle;             // --shuffle: each epoch's shards and windows in a seeded random order
     int check_data;          // --check-data: manifest | full (lp_check_data_names)
     unsigned long long seed; // --seed
-    unsigned char given[128];// given[k]: flag row k was typed (--plan keeps the grid settings typed)
+    unsigned char given[128];// given[k]: flag row k was typed
 } LPFlags;
 
 // The flags, one row each: the table below is the only list of them. Parsing, the defaults, -h (and so
@@ -262,41 +250,6 @@ static const LPFlagSpec lp_flag_specs[] = {
      "its own)"},
     {"--comm", NULL, LP_FLAG_STRING, LP_FIELD(par.comm), "auto", "auto", "NAME", NULL, NULL,
      "collectives: auto (NCCL on the CUDA build; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi"},
-    {"--plan", NULL, LP_FLAG_INT, LP_FIELD(plan), "0", "0", "N", NULL, NULL,
-     "print the ways to train -e with -t and -d tokens per step on N GPUs of --cluster (t x p x d grid, "
-     "interleaving, SP, scatter/gather, ZeRO stage, recomputation, offload, ep, -b; those of them typed are kept, "
-     "--pp-scatter-gather with SP off) that fit a GPU, fastest first by a simulated step, the fastest's MFU, bubble and "
-     "exposed communication, and the command that runs it; then exit (0: train)"},
-    {"--cluster", NULL, LP_FLAG_STRING, LP_FIELD(cluster), "dgx-h100", "dgx-h100", "NAME", NULL, NULL,
-     "for --plan: dgx-a100 (the PTD-P paper's Selene), dgx-h100, nvl72 (GB200 NVL72) or cpu (2 cores under 4 ranks of the "
-     "CPU engine: the plan's calibration); the flags below change it"},
-    {"--gpu", NULL, LP_FLAG_STRING, LP_FIELD(gpu), "", "", "NAME", NULL, NULL,
-     "for --plan: a100, h100, h200, b200, gb200 or cpu (\"\": the cluster's)"},
-    {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "0", "0", "F", NULL, NULL,
-     "for --plan: GiB per GPU (0: the GPU's; plans use 90% of it)"},
-    {"--gpu-tflops", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_tflops), "0", "0", "F", NULL, NULL,
-     "for --plan: the GPU's dense peak, TFLOP/s (bf16; on cpu the rank's share of sgemm's rate) (0: the GPU's)"},
-    {"--gpu-gbs", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_gbs), "0", "0", "F", NULL, NULL,
-     "for --plan: the GPU's memory bandwidth, GB/s (on cpu the rank's share of the memory's) (0: the GPU's)"},
-    {"--node-gpus", NULL, LP_FLAG_INT, LP_FIELD(node_gpus), "0", "0", "N", NULL, NULL,
-     "for --plan: GPUs per node, on one NVLink domain (0: the cluster's)"},
-    {"--node-gbs", NULL, LP_FLAG_FLOAT, LP_FIELD(node_gbs), "0", "0", "F", NULL, NULL,
-     "for --plan: GB/s per GPU inside a node, NCCL's bus bandwidth (0: the cluster's)"},
-    {"--net-gbs", NULL, LP_FLAG_FLOAT, LP_FIELD(net_gbs), "0", "0", "F", NULL, NULL,
-     "for --plan: GB/s per GPU between nodes (0: the cluster's ports shared by a node's GPUs)"},
-    {"--latency-us", NULL, LP_FLAG_FLOAT, LP_FIELD(latency_us), "0", "0", "F", NULL, NULL,
-     "for --plan: microseconds each collective or send takes beyond its bytes: added to NCCL's ring latencies on a GPU "
-     "cluster, all of MPI's on cpu (0: the cluster's)"},
-    {"--software", NULL, LP_FLAG_STRING, LP_FIELD(software), "llmpar", "llmpar", "NAME", NULL, NULL,
-     "for --plan: llmpar (this engine) or megatron (Megatron-LM as the PTD-P paper's runs used it: dropout, "
-     "pipeline sends that wait, its GEMMs' fitted share; to set the plan against published runs)"},
-    {"--gemm-share", NULL, LP_FLAG_FLOAT, LP_FIELD(gemm_share), "0", "0", "F", NULL, NULL,
-     "for --plan: the share of the GPU's peak its fastest GEMMs reach (0: the GPU's measured best times the software's)"},
-    {"--attention-tile-k", NULL, LP_FLAG_FLOAT, LP_FIELD(attention_tile_k), "-1", "-1", "F", NULL, NULL,
-     "for --plan: with --attention cublas, a fixed cost per 128 x 128 output tile of attention's batched products, in "
-     "steps of their inner dimension (-1: the software's; megatron's is fitted with its GEMM share)"},
-    {"--train-tokens", NULL, LP_FLAG_FLOAT, LP_FIELD(train_tokens), "0", "0", "F", NULL, NULL,
-     "for --plan: also the days the fastest takes to train F tokens (e.g. 300e9), and 8TP/(nX) beside them"},
     {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL, NULL,
      "draw the timeline of --pp, --vpp, --schedule and the micro-batches per step (-d / (-b*-t*d)) from the "
      "simulator, with unit costs, and exit"},
@@ -500,6 +453,8 @@ static void lp_flag_unknown(const char* a) {
             lp_fail_all("flag %s is llm.c's (%s) and has no counterpart here: %s", a, lp_llmc_absent[k].meaning,
                         lp_llmc_absent[k].here);
     }
+    if (strcmp(a, "--plan") == 0)
+        lp_fail_all("flag --plan is the planner's, a program of its own: make plan_gpt && ./plan_gpt --plan N (dev/plan/plan_gpt.c)");
     lp_fail_all("unknown flag %s (see -h)", a);
 }
 
@@ -561,19 +516,6 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (par->offload_dir[0] && !S_ISDIR(dir_st.st_mode))
         lp_fail_all("flag %s: %s is not a directory", LP_FLAG_NAME(par.offload_dir), par->offload_dir);
     if (par->bucket_mb < 0.0f) lp_fail_all("flag %s: must be >= 0, got %g", LP_FLAG_NAME(par.bucket_mb), par->bucket_mb);
-    if (f->plan < 0 || f->plan > 1 << 20)
-        lp_fail_all("flag %s: the number of GPUs must be 1 .. %d (0: no plan), got %d", LP_FLAG_NAME(plan), 1 << 20, f->plan);
-    if (f->gpu_mem < 0.0f || f->gpu_tflops < 0.0f || f->gpu_gbs < 0.0f || f->node_gpus < 0 || f->node_gbs < 0.0f || f->net_gbs < 0.0f ||
-        f->latency_us < 0.0f || f->train_tokens < 0.0f)
-        lp_fail_all("flags %s %s %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_FLAG_NAME(gpu_mem), LP_FLAG_NAME(gpu_tflops),
-                    LP_FLAG_NAME(gpu_gbs), LP_FLAG_NAME(node_gpus), LP_FLAG_NAME(node_gbs), LP_FLAG_NAME(net_gbs), LP_FLAG_NAME(latency_us),
-                    LP_FLAG_NAME(train_tokens));
-    if (f->attention_tile_k < 0.0f && f->attention_tile_k != -1.0f)
-        lp_fail_all("flag %s: steps of the inner dimension, >= 0 (-1: the software's), got %g", LP_FLAG_NAME(attention_tile_k),
-                    f->attention_tile_k);
-    if (!(f->gemm_share >= 0.0f && f->gemm_share <= 1.0f))
-        lp_fail_all("flag %s: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got %g", LP_FLAG_NAME(gemm_share),
-                    f->gemm_share);
     if (!(f->final_lr_frac >= 0.0f && f->final_lr_frac <= 1.0f))
         lp_fail_all("flag %s: the final learning rate is a fraction of %s, 0 .. 1, got %g", LP_FLAG_NAME(final_lr_frac),
                     LP_FLAG_NAME(lr), f->final_lr_frac);
@@ -1462,140 +1404,6 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     lp_simulation_free(&sim);
 }
 
-// Whether the flag of LPFlags field `field` was typed.
-static int lp_flag_typed(const LPFlags* f, size_t field) {
-    for (int k = 0; k < LP_NUM_FLAGS; k++)
-        if (lp_flag_specs[k].field == field) return f->given[k];
-    return 0;
-}
-
-// The machine --plan plans for: --cluster's preset running --software, with --gpu, --gpu-mem, --gpu-tflops,
-// --gpu-gbs, --gemm-share, --attention-tile-k, --node-gpus, --node-gbs, --net-gbs and --latency-us over it.
-static LPPlanMachine lp_plan_flags_machine(const LPFlags* f, const LPCluster** cluster) {
-    char names[256] = "";
-    const LPCluster* k = *cluster = lp_cluster_named(f->cluster);
-    for (size_t j = 0; j < sizeof(lp_clusters) / sizeof(lp_clusters[0]); j++)
-        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_clusters[j].name);
-    if (!k) lp_fail_all("flag %s: no cluster '%s' (%s)", LP_FLAG_NAME(cluster), f->cluster, names);
-    const LPSoftware* sw = lp_software_named(f->software);
-    names[0] = '\0';
-    for (size_t j = 0; j < sizeof(lp_softwares) / sizeof(lp_softwares[0]); j++)
-        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_softwares[j].name);
-    if (!sw) lp_fail_all("flag %s: no software '%s' (%s)", LP_FLAG_NAME(software), f->software, names);
-    const LPGpu* g = NULL;  // (the cluster's)
-    if (f->gpu[0]) {
-        g = lp_gpu_named(f->gpu);
-        names[0] = '\0';
-        for (size_t j = 0; j < sizeof(lp_gpus) / sizeof(lp_gpus[0]); j++)
-            snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j ? ", " : "", lp_gpus[j].name);
-        if (!g) lp_fail_all("flag %s: no GPU '%s' (%s)", LP_FLAG_NAME(gpu), f->gpu, names);
-    }
-    LPPlanMachine mach = lp_plan_machine(k, g, sw);
-    if (f->gemm_share > 0.0f) mach.gpu.gemm = f->gemm_share;
-    if (f->attention_tile_k >= 0.0f) mach.attention_tile_k = f->attention_tile_k;
-    if (f->gpu_mem > 0.0f) mach.gpu_bytes = 0.9 * f->gpu_mem * 1073741824.0;
-    if (f->gpu_tflops > 0.0f) mach.gpu.peak_flops = f->gpu_tflops * 1e12;
-    if (f->gpu_gbs > 0.0f) mach.gpu.hbm_bw = f->gpu_gbs * 1e9;
-    if (f->node_gpus > 0) mach.gpus_per_node = f->node_gpus;
-    if (f->node_gbs > 0.0f) mach.node_bw = f->node_gbs * 1e9;
-    if (f->net_gbs > 0.0f) mach.net_bw = f->net_gbs * 1e9;
-    if (f->latency_us > 0.0f) mach.latency = f->latency_us * 1e-6;
-    return mach;
-}
-
-// --plan N: every way to train the -e model on N GPUs of the machine with -t and -d tokens per step (the
-// grid settings typed kept), those that fit first, fastest first (lp_plan: each step simulated), what the
-// fastest achieves, and the command that runs it.
-static void lp_print_plan(const LPFlags* f, const LPProcess* proc) {
-    LPConfig cfg;
-    lp_model_config(f, proc, &cfg);
-    int n = f->plan;
-    if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
-    long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * n;
-    const LPCluster* cluster;
-    LPPlanMachine mach = lp_plan_flags_machine(f, &cluster);
-    struct { size_t field; unsigned bit; } kept[] = {
-        {LP_FIELD(par.tp), LP_FIX_TP}, {LP_FIELD(par.pp), LP_FIX_PP}, {LP_FIELD(par.vpp), LP_FIX_VPP}, {LP_FIELD(par.ep), LP_FIX_EP},
-        {LP_FIELD(par.zero), LP_FIX_ZERO}, {LP_FIELD(par.recompute), LP_FIX_RECOMPUTE}, {LP_FIELD(par.offload), LP_FIX_OFFLOAD},
-        {LP_FIELD(par.sp), LP_FIX_SP}, {LP_FIELD(par.scatter_gather), LP_FIX_SG}, {LP_FIELD(B), LP_FIX_B}};
-    LPPlanLimits limits = {0, f->par, f->B};
-    for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
-        if (lp_flag_typed(f, kept[k].field)) limits.fixed |= kept[k].bit;
-    LPPlan* plans;
-    int count = lp_plan(&cfg, f->T, tokens, n, f->attention, &mach, &limits, 10, &plans), fit = 0, estimated = 0;
-    while (fit < count && plans[fit].fits) fit++;
-    double least = INFINITY, GiB = 1073741824.0;
-    for (int k = 0; k < count; k++)
-        if (plans[k].estimated) estimated++, least = fmin(least, plans[k].memory);
-    if (fit == 0) {
-        if (count == 0) lp_fail_all("--plan %d: no grid of %d GPU(s) can run %s with -t %d and -d %lld", n, n, f->init, f->T, tokens);
-        lp_fail_all("--plan %d: no configuration of %s on %d GPU(s) fits 90%% of %.3g GiB per GPU (-t %d, -d %lld); the least needs %.3g GiB",
-                    n, f->init, n, mach.gpu_bytes / 0.9 / GiB, f->T, tokens, least / GiB);
-    }
-    lp_log("plan: %s (L=%d C=%d NH=%d, %.4g B parameters) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers,
-           cfg.channels, cfg.num_heads, lp_config_num_params(&cfg) / 1e9, n, f->T, tokens);
-    char latency[64] = "collectives as NCCL's rings";
-    if (!mach.nccl) snprintf(latency, sizeof(latency), "%.0f us per collective or send", mach.latency * 1e6);
-    else if (mach.latency > 0.0) snprintf(latency, sizeof(latency), "collectives as NCCL's rings and %.0f us", mach.latency * 1e6);
-    char tiles[64] = "";
-    if (mach.attention_tile_k > 0.0) snprintf(tiles, sizeof(tiles), "; materialised: %.0f more K a tile", mach.attention_tile_k);
-    lp_log("machine: %s%s: %s, %.4g TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%%s), %.3g GiB (90%% for the plan), %.0f GB/s "
-           "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %s; offload: %.0f "
-           "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's); software: %s (%s)\n",
-           cluster->name, f->gpu[0] || f->gpu_mem > 0.0f || f->gpu_tflops > 0.0f || f->gpu_gbs > 0.0f || f->gemm_share > 0.0f ||
-           f->attention_tile_k >= 0.0f || f->node_gpus || f->node_gbs > 0.0f || f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
-           mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, tiles, mach.gpu_bytes / 0.9 / GiB,
-           mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, latency, mach.host_bw / 1e9,
-           mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9, f->software, lp_software_named(f->software)->about);
-    int shown = 0;
-    while (shown < fit && shown < 10 && plans[shown].simulated) shown++;
-    lp_log("%d configurations, %d of them estimated (the rest bounded out: their steps cannot be shorter than the %d "
-           "fastest's); the fastest %d that fit, each step simulated (ms per step, on the busiest stage):\n", count, estimated, shown, shown);
-    int moe = cfg.moe_experts > 0;  // (a mixture of experts: expert parallelism's columns too)
-    lp_log("| t | p | v | d |%s sp | sg | ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute | TP |%s ZeRO comm | bubble "
-           "| end | step | MFU |\n", moe ? " ep |" : "", moe ? " EP |" : "");
-    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|---|---|%s---|---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
-    double model_flops = lp_flops_per_token(&cfg, f->T) * (double)tokens, peak = n * mach.gpu.peak_flops;
-    for (int k = 0; k < shown; k++) {
-        const LPPlan* x = &plans[k];
-        char ep[16] = "", ep_ms[24] = "";
-        if (moe) snprintf(ep, sizeof(ep), " %d |", x->par.ep), snprintf(ep_ms, sizeof(ep_ms), " %.4g |", x->ep_s * 1e3);
-        lp_log("| %d | %d | %d | %d |%s %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.4g | %.4g |%s %.4g | %.4g | %.4g | %.4g | %.1f%% |\n",
-               x->par.tp, x->par.pp, x->par.vpp, x->par.dp, ep, x->par.sp, x->par.scatter_gather, x->par.zero,
-               lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload], x->B, x->par.micro_batches, x->memory / GiB,
-               x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, ep_ms, x->zero_s * 1e3, x->bubble_s * 1e3, x->end_s * 1e3,
-               x->step_s * 1e3, 100.0 * model_flops / (x->step_s * peak));
-    }
-    LPPlan best = plans[0];
-    double sends;
-    lp_plan_simulate(&cfg, f->T, f->attention, &mach, &best, &sends);
-    double per_gpu = best.flops / best.step_s / n;
-    lp_log("the fastest: %.4g s per step, %.4g tokens/s, MFU %.1f%% (model FLOPs: %.4g per token), %.4g TFLOP/s per GPU with "
-           "recomputation counted; bubble %.1f%% of the step; exposed communication %.4g s (TP %.4g, EP %.4g, ZeRO-2/3 %.4g, "
-           "pipeline sends %.4g, step end %.4g)\n", best.step_s, tokens / best.step_s, 100.0 * model_flops / (best.step_s * peak),
-           lp_flops_per_token(&cfg, f->T), per_gpu / 1e12, 100.0 * best.bubble_s / best.step_s,
-           best.tp_s + best.ep_s + best.zero_s + sends + best.end_s, best.tp_s, best.ep_s, best.zero_s, sends, best.end_s);
-    if (f->train_tokens > 0.0f) {
-        double P = (double)lp_config_num_params(&cfg), D = f->train_tokens;
-        lp_log("time to train %.4g tokens: %.1f days simulated; 8TP/(nX) with X = %.4g TFLOP/s: %.1f days\n", D,
-               D / (tokens / best.step_s) / 86400.0, per_gpu / 1e12, 8.0 * D * P / (n * per_gpu) / 86400.0);
-    }
-    const LPParallel* b = &best.par;
-    lp_log("run the fastest:\n  mpirun -np %d ./train_gpt -e %s -t %d -d %lld -b %d", n, f->init, f->T, tokens, best.B);
-    if (f->moe_experts) lp_log(" --moe-experts %d --moe-topk %d --moe-every %d", f->moe_experts, f->moe_topk, f->moe_every);
-    if (b->tp > 1) lp_log(" --tp %d%s%s", b->tp, b->sp ? " --sp" : "", b->pp > 1 && !b->sp ? (b->scatter_gather ? "" : " --pp-scatter-gather 0") : "");
-    if (b->pp > 1) lp_log(" --pp %d", b->pp);
-    if (b->ep > 1) lp_log(" --ep %d", b->ep);
-    if (b->vpp > 1) lp_log(" --vpp %d --schedule interleaved", b->vpp);
-    if (b->zero) lp_log(" --zero %d", b->zero);
-    if (!b->overlap) lp_log(" --overlap 0");
-    if (b->recompute) lp_log(" --recompute %s", lp_recompute_names[b->recompute]);
-    if (f->attention != LP_ATTENTION_FLASH) lp_log(" --attention %s", lp_attention_names[f->attention]);
-    if (b->offload) lp_log(" --offload %s%s", lp_offload_names[b->offload], b->offload == LP_OFFLOAD_NVME ? " --offload-dir DIR" : "");
-    lp_log("\n");
-    free(plans);
-}
-
 int main(int argc, char** argv) {
     LPProcess proc;
     lp_process_init(&proc, &argc, &argv);
@@ -1606,11 +1414,10 @@ int main(int argc, char** argv) {
         lp_usage();
     } else if (flags.print_flags) {
         lp_print_flags(&flags);
-    } else if (flags.print_schedule || flags.plan) {
+    } else if (flags.print_schedule) {
         LPParallel alone = lp_parallel_one;  // the world group only: rank 0 reads an -e file before the others
         lp_grid_init(&proc, &alone);
-        if (flags.plan) lp_print_plan(&flags, &proc);
-        else lp_print_schedule(&flags, &proc);
+        lp_print_schedule(&flags, &proc);
     } else {
         lp_grid_init(&proc, &flags.par);
         lp_device_init(&proc);

@@ -1,6 +1,6 @@
 // bench_sgemm: the fp32 matrix-multiply rate this CPU reaches through OpenBLAS, as a yardstick for the
 // CPU engine (scripts/bench_cpu.sh), and the memory bandwidth its threads reach copying (the CPU machine
-// of --plan --cluster cpu: scripts/bench_plan.sh cpu). Times cblas_sgemm C = A*B on n x n x n matrices
+// of plan_gpt --cluster cpu: dev/plan/bench_plan.sh cpu). Times cblas_sgemm C = A*B on n x n x n matrices
 // (default n = 2048): one warm-up call, then the best of REPS calls, with OpenBLAS's thread count from
 // OMP_NUM_THREADS; then each thread copying its own 256 MiB, the best of REPS rounds.
 // Prints "sgemm n=N threads=P: X GFLOP/s", counting 2*n^3 floating-point operations per call, and

@@ -6,7 +6,7 @@
 #     layer 8 experts top-2; dense: 10 layers of C=384 (a layer's active weights: 4C^2 of attention + 2 x
 #     8C^2 of experts = 20C^2 against a dense layer's 12C^2, so 6 x 20 = 10 x 12).
 #  2. MODELLED, not measured: the GPU step of GPT-2 124M with 8 experts top-2 on 8 GPUs of 80 GiB, and
-#     with 64 experts on GPUs of 16 GiB, by --plan's machine model (llmpar.h section 15): the fastest
+#     with 64 experts on GPUs of 16 GiB, by the planner's machine model (dev/plan/plan.h): the fastest
 #     configurations that fit, with their expert parallelism (ep), memory per GPU and all-to-alls' time
 #     (EP ms) beside the compute.
 #  3. With `curve`: the tinyshakespeare loss of a depth-4 MoE (8 experts, top-2) and its dense twin, STEPS
@@ -14,7 +14,7 @@
 # Usage: bash scripts/bench_moe.sh [RUNS] [STEPS]      bash scripts/bench_moe.sh curve [STEPS]
 set -u
 cd "$(dirname "$0")/.."
-make -s train_gpt_cpu || exit 1
+make -s train_gpt_cpu plan_gpt || exit 1
 dir=$(mktemp -d "${TMPDIR:-/tmp}/llmpar_moe.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 if [ "${1:-}" = curve ]; then
@@ -58,8 +58,8 @@ echo
 for experts in 8 64; do
     mem=80
     [ "$experts" = 64 ] && mem=16
-    echo "MODELLED, not measured (--plan's simulated step on its default cluster, dgx-h100): GPT-2 124M"
+    echo "MODELLED, not measured (plan_gpt's simulated step on its default cluster, dgx-h100): GPT-2 124M"
     echo "with $experts experts top-2 in every layer on 8 GPUs of $mem GiB, -t 1024, 524288 tokens a step; the fastest that fit:"
-    ./train_gpt_cpu -e d12 --moe-experts "$experts" --moe-topk 2 --plan 8 -t 1024 -d 524288 --gpu-mem "$mem" 2>&1 | grep '^|' | head -7
+    ./plan_gpt -e d12 --moe-experts "$experts" --moe-topk 2 --plan 8 -t 1024 -d 524288 --gpu-mem "$mem" 2>&1 | grep '^|' | head -7
     echo
 done

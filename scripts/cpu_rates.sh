@@ -3,7 +3,7 @@
 # kernels the CPU engine runs (OpenBLAS's choice, or the better set lp_blas_init asks for), and the memory
 # bandwidth of the threads copying at once. Prints "engine E" (the engine's own line), "kernels K", "sgemm X"
 # (GFLOP/s) and "copy Y" (GB/s, read and written), "n/a" where no OpenBLAS is found. Used by bench_cpu.sh and
-# bench_plan.sh cpu.
+# dev/plan/bench_plan.sh cpu.
 # Usage: OMP_NUM_THREADS=2 bash scripts/cpu_rates.sh
 set -u
 cd "$(dirname "$0")/.."

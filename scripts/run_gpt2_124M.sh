@@ -9,7 +9,7 @@
 #   TRAIN='fineweb10B/*train*.bin' VAL='fineweb10B/*val*.bin' TOKENS=524288 STEPS=18865 WARMUP=700 \
 #     bash scripts/run_gpt2_124M.sh
 # GPUS overrides the count nvidia-smi gives. Flags given to the script are added last and win.
-# `./train_gpt --plan N -e d12 -d TOKENS` shows other ways to run it.
+# `make plan_gpt && ./plan_gpt --plan N -e d12 -d TOKENS` shows other ways to run it (dev/plan).
 set -eu
 cd "$(dirname "$0")/.."
 # mpirun refuses to start as root (containers, cloud shells) unless these say it may

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check the relative links of README.md and dev/docs/*.md: every `](target)` names an existing file and,
+"""Check the relative links of README.md, dev/docs/*.md and dev/*/README.md: every `](target)` names an existing file and,
 with a #fragment, a heading of that file (GitHub's anchors: lower case, punctuation dropped, spaces to
 hyphens). Run from anywhere: python3 dev/docs/check_links.py. Prints each broken link; exit 1 if any."""
 import glob, os, re, sys
@@ -17,7 +17,7 @@ def anchors(path):
     return out
 
 bad = 0
-files = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "dev/docs/*.md")))
+files = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "dev/docs/*.md")) + glob.glob(os.path.join(root, "dev/*/README.md")))
 for md in files:
     text = re.sub(r"```.*?```", "", open(md, encoding="utf-8").read(), flags=re.S)  # not inside code blocks
     for target in re.findall(r"\]\(([^)\s]+)\)", text):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# --plan against the PTD-P paper's published measurements (Narayanan et al., SC'21, arXiv 2104.04473),
+# plan_gpt against the PTD-P paper's published measurements (Narayanan et al., SC'21, arXiv 2104.04473),
 # on its machine (--cluster dgx-a100: Selene, A100 80GB, 8 per node, 8 HDR ports a node) and its software
 # (--software megatron: dropout, pipeline sends that wait, its GEMMs' share of the A100's best fitted by
 # `fit` to the selective-recomputation paper's 8 step times). For each configuration the paper measured,
@@ -20,12 +20,13 @@
 # of cores and memory as the rest), the other eight predicted; then how many pairs measured more than 10% apart
 # it orders alike, and the most grids it ranks in the measured order. Needs a quiet machine (~3 minutes a round
 # on the CI machine's AVX-512 kind).
-# Usage: bash scripts/bench_plan.sh [fit|table1|table2|ablations|train|all|cpu]   (CPU build; seconds, cpu minutes)
+# Usage: bash dev/plan/bench_plan.sh [fit|table1|table2|ablations|train|all|cpu]   (seconds; cpu: minutes)
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 what=${1:-all}
-bin=./train_gpt_cpu
-[ -x "$bin" ] || make train_gpt_cpu > /dev/null
+bin=./plan_gpt      # the planner
+engine=./train_gpt_cpu  # cpu: the engine whose steps it predicts
+make -s plan_gpt train_gpt_cpu > /dev/null || exit 1
 fastest() { sed -n 's/^the fastest: \([0-9.e+-]*\) s per step.*/\1/p'; }  # a plan's output: its fastest step, seconds
 # the paper's FLOPs of a step (its eq. 3) as an awk expression of l, h and B (layers, width, sequences of 2048)
 paper_flops='96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * l * h))'
@@ -231,7 +232,7 @@ if [ "$what" = cpu ]; then
     for r in $(seq "$rounds"); do
         for i in "${!grids[@]}"; do  # each round starts one grid later: none always runs first (or after the same one)
             g=${grids[$(((i + r - 1) % ${#grids[@]}))]}
-            out=$(mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "$bin" $model -x 4 -v 0 -s 0 $g 2>&1)
+            out=$(mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 "$engine" $model -x 4 -v 0 -s 0 $g 2>&1)
             ms[$g]+="$(echo "$out" | steps)"
         done
     done

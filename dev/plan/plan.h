@@ -1,0 +1,592 @@
+/*
+dev/plan/plan.h: the cluster planner, a tool built on llmpar.h (not part of it: a copier of llmpar.h gets
+the engine alone). It answers "how should I run this model on N GPUs?": every t x p x d grid, ZeRO stage,
+recomputation and offload that fits a GPU, each step simulated on a stated machine from the engine's own
+costs (llmpar.h section 12: FLOPs, memory, the pipeline partition) and schedules (section 4). Include it
+after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
+
+    defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
+             lp_gemm_seconds, lp_plan_chunk, LPPlan, lp_plan_simulate, LPPlanLimits, lp_plan
+*/
+#ifndef LLMPAR_PLAN_H
+#define LLMPAR_PLAN_H
+// The configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
+// `tokens` per step (t x p x d grid, interleaving, sequence parallelism, scatter/gather, ZeRO stage,
+// recomputation, offload, expert parallelism, micro-batch B) that fit a GPU's memory, fastest first, each
+// step simulated on a stated machine. It plans GPUs on any build: memory as the CUDA build keeps it (bf16).
+//
+// The machine (LPPlanMachine): a GPU (lp_gpus: peak, memory, HBM, SMs, and the share of the peak its
+// fastest GEMM and flash attention reach, as others measured them), a node (the GPUs of one NVLink
+// domain and NCCL's bus bandwidth per GPU among them), the network (per GPU: the node's ports shared by
+// its GPUs), a latency per collective or send. lp_clusters holds whole clusters as presets.
+//
+// One step, simulated:
+//   chunk     one micro-batch's forward and backward of each chunk on one rank (lp_plan_chunk): its GEMMs,
+//             each at lp_gemm_seconds; flash attention's products at the GPU's attention share (the masked
+//             half skipped), the cublas path's as batched GEMMs and its probabilities through HBM;
+//             LayerNorms, residual adds and GELU read and written once at HBM bandwidth; backward twice the
+//             forward's GEMMs plus what it recomputes. On the critical path as the engine runs them: TP's
+//             all-reduces (SP: all-gathers and reduce-scatters), EP's all-to-alls; ZeRO-2/3's per-layer
+//             reductions and gathers overlap the layer beside them (--overlap), their excess exposed;
+//   pipeline  the schedule's own action lists (lp_schedule_stage) run by the simulator (lp_schedule_run),
+//             each message between stages taking its time: B T C values, 1/t of them per TP rank with
+//             scatter/gather (then all-gathered inside the node) or SP; the sender held until delivery
+//             where the software's sends wait; on shared cores (LPCluster.alone) a stage alone faster;
+//   step end  what the engine does after backward, exposed: ZeRO-0's all-reduce beyond what hides under
+//             the last micro-batch's backward (all of it without --overlap), ZeRO-1's reduce-scatter and
+//             all-gather, ZeRO-2's all-gather of the updated weights; AdamW's 32 bytes per value of the
+//             shard through HBM; or offload's host link, host memory and NVMe (the slowest of the three).
+// Collectives run as NCCL's rings: an all-reduce moves 2 (g-1)/g of its bytes per rank, a reduce-scatter,
+// all-gather or all-to-all (g-1)/g, at the bus bandwidth of its link, plus the latency. A group's link is
+// the node's when its ranks (neighbours in rank order, with every axis inside it) fill whole groups of a
+// node, else the network. A TP group is planned inside a node (t divides its GPUs) or over whole nodes
+// (then at the network's bandwidth), never straddling two.
+// Pruning: a configuration's busiest stage's work plus its step end bounds its step from below. Those that
+// fit are simulated in the order of their bounds until a bound passes the slowest of the best ten
+// simulated: none after it could enter the table (they keep their bound as their step, marked).
+typedef struct {
+    const char* name;
+    double peak_flops;  // dense bf16 FLOP/s
+    double memory;      // bytes of HBM
+    double hbm_bw;      // bytes/s of HBM
+    int sms;            // streaming multiprocessors: a GEMM's output tiles run in waves of one per SM
+    double gemm;        // the share of the peak the fastest bf16 GEMM of any shape reaches (measured)
+    double attention;   // the share of the peak a causal flash attention's forward and backward reach (measured)
+    int fp32;           // 1: the CPU engine (fp32 values, attention's probabilities kept, BLAS without GEMM tiles)
+} LPGpu;
+
+// Peaks, memory and HBM: NVIDIA's data sheets. gemm: the "maximum achievable matmul FLOPS" measured by the
+// best shape of a sweep (stas00/ml-engineering, compute/accelerator). attention: FlashAttention-2's
+// published forward + backward at head size 64, causal (A100 ~119 TFLOP/s, H100 ~192); Blackwell's is
+// not published for it and is taken as the H100's share (an assumption). cpu: a rank of the CPU engine
+// on one of the CI machine's kinds (AVX2 AMD EPYC), 2 cores shared by 4 ranks (the plan's calibration on
+// a machine we have): a quarter of OpenBLAS's measured sgemm on both cores (dev/bench_sgemm.c, 145.5
+// GFLOP/s) and of the memory bandwidth measured (two numpy copies at once: 19.4 GB/s, read and written);
+// `gemm` is the share of that rate the engine's d4 step reached with data parallelism on the 4 ranks
+// (0.54 and 0.55 in two runs). `bench_plan.sh cpu` measures the machine it runs on instead (--gpu-tflops,
+// --gpu-gbs) and fits its own share.
+static const LPGpu lp_gpus[] = {
+    {"a100", 312e12, 80.0 * 1073741824.0, 2.039e12, 108, 0.869, 0.38, 0},
+    {"h100", 989.4e12, 80.0 * 1073741824.0, 3.35e12, 132, 0.803, 0.19, 0},
+    {"h200", 989.4e12, 141e9, 4.8e12, 132, 0.803, 0.19, 0},
+    {"b200", 2250e12, 180e9, 8.0e12, 148, 0.776, 0.19, 0},
+    {"gb200", 2500e12, 186e9, 8.0e12, 148, 0.729, 0.19, 0},
+    {"cpu", 145.5e9 / 4, 24.0 * 1073741824.0 / 4, 20e9 / 4, 1, 0.55, 0.0, 1},
+};
+
+typedef struct {
+    const char* name;
+    const char* gpu;    // lp_gpus' name
+    int node_gpus;      // GPUs on one NVLink domain
+    double node_bw;     // NCCL's bus bandwidth per GPU among them, bytes/s (measured, large messages)
+    int ports;          // network ports per node ...
+    double port_bw;     // ... and what NCCL moves through each, bytes/s
+    int nccl;           // 1: collectives are NCCL's rings (lp_nccl_protocols), on a stream of their own beside
+                        // the compute; 0: MPI's, at `latency` each, progressing only inside MPI's calls (Open MPI
+                        // has no progress thread: nothing overlaps) and its sends of more than a few KB waiting
+                        // for their receiver
+    double latency;     // seconds each collective or send takes beyond its bytes, whatever its size, on top
+    double alone;       // how much faster a rank runs while the other ranks of its node wait (1: a GPU each;
+                        // more where ranks share fewer cores, a waiting rank's share serving the others)
+    const char* about;
+} LPCluster;
+
+// Bus bandwidths: NCCL's maintainers in nccl-tests issues 149 (A100, ~230 GB/s) and 212 (H100 ring,
+// ~370); B200 740 GB/s measured at 4 GiB (ml-engineering, network). Ports: 46 GB/s of a 400 Gb/s NDR
+// port (nccl-tests issue 290), 23 of a 200 Gb/s HDR one (the same share). cpu: Open MPI's all-reduce
+// among 4 ranks on 2 cores, measured (a quiet machine, 2026-11-26): 9 us for 4 bytes, 1.1 GB/s of bus
+// bandwidth at 256 KB to 1 MB.
+static const LPCluster lp_clusters[] = {
+    {"dgx-a100", "a100", 8, 230e9, 8, 23e9, 1, 0.0, 1.0, "DGX A100 SuperPOD (the PTD-P paper's Selene): 8 A100 80GB on NVSwitch, 8 HDR 200 Gb/s ports a node"},
+    {"dgx-h100", "h100", 8, 370e9, 8, 46e9, 1, 0.0, 1.0, "DGX H100: 8 H100 on NVSwitch, 8 NDR 400 Gb/s ports a node"},
+    {"nvl72", "gb200", 72, 740e9, 72, 46e9, 1, 0.0, 1.0, "GB200 NVL72: 72 GPUs on one NVLink domain, a 400 Gb/s port each"},
+    {"cpu", "cpu", 4, 1.1e9, 4, 1.1e9, 0, 9e-6, 2.0, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
+};
+
+// The software running the step: this engine, or Megatron-LM as the published runs on the PTD-P paper's
+// machine ran it (the plan is checked against their measurements: dev/docs/parallelism.md). Megatron-LM
+// then (the paper's commit 6985e58 and its examples/sc21 scripts; the same on the selective-recomputation
+// paper's runs, arXiv 2205.05198): fp16; dropout 0.1 on attention's probabilities and on both residual
+// branches (its --attention-dropout and --hidden-dropout defaults); pipeline messages through
+// torch.distributed.batch_isend_irecv, waited on, then torch.cuda.synchronize(): the sender holds until its
+// message is delivered. Its materialised attention (torch.baddbmm into a buffer of the scores, the fused
+// masked softmax, dropout, torch.bmm; the same backward) costs more than its FLOPs and bytes: its batched
+// products are priced with a fixed cost per output tile (`attention_tile_k`: as if each tile's inner
+// dimension were that much longer; q k^T's is the head size, 96-160 here, so the tile is mostly overhead).
+// Neither that cost nor its GEMMs' share of the GPU's best is published: both are fitted together to the
+// selective-recomputation paper's eight step times (its Table 5) by `bash dev/plan/bench_plan.sh fit`, and the
+// PTD-P paper's figures are then predicted with them.
+typedef struct {
+    const char* name;
+    double gemm;   // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
+    double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
+                              // steps of the inner dimension (0: none beyond the GEMM's share)
+    int recompute_all;  // full recomputation reruns: 1, a layer's whole forward (a checkpointed layer); 0, up to the
+                        // MLP's GELU (this engine: backward needs no output of the MLP's second projection)
+    int blocking;  // 1: a pipeline send holds its stage until the message is delivered
+    int dropout;   // 1: dropout on the residual branches and on materialised attention probabilities (masks of a byte a value)
+    const char* about;
+} LPSoftware;
+
+static const LPSoftware lp_softwares[] = {
+    {"llmpar", 1.0, 0.0, 0, 0, 0, "this engine: sends that do not wait, no dropout"},
+    {"megatron", 0.903, 576.0, 1, 1, 1, "Megatron-LM as the PTD-P paper ran it: fp16, dropout 0.1, blocking pipeline sends, GEMMs and attention at fitted costs"},
+};
+
+typedef struct {
+    LPGpu gpu;          // (gpu.gemm: the software's share of the peak)
+    double attention_tile_k;  // the software's materialised attention: a fixed cost per tile of its batched products (LPSoftware)
+    int recompute_all;  // the software's full recomputation reruns the whole layer (LPSoftware)
+    int blocking;       // the software's pipeline sends wait for delivery
+    int dropout;        // the software drops out (LPSoftware)
+    double alone;       // a pipeline stage's pace while the others wait (LPCluster)
+    double gpu_bytes;   // memory a plan may fill per GPU
+    int gpus_per_node;  // GPUs sharing one NVLink domain
+    double node_bw;     // NCCL bus bandwidth per GPU inside a node, bytes/s
+    double net_bw;      // ... between nodes: the node's ports shared by its GPUs
+    int nccl;           // collectives as NCCL's rings (lp_nccl_protocols) beside the compute, else MPI's (LPCluster)
+    double latency;     // seconds each collective or send takes beyond NCCL's model (MPI: all of its latency)
+    double host_bw;     // bytes/s per GPU each way between the GPU and host memory (--offload)
+    double host_mem_bw; // bytes/s of host memory per GPU for the CPU's AdamW (--offload)
+    double nvme_bw;     // bytes/s per GPU to and from its offload files (--offload nvme)
+} LPPlanMachine;
+
+// The GPU or cluster of that name, or NULL.
+static inline const LPGpu* lp_gpu_named(const char* name) {
+    for (size_t k = 0; k < sizeof(lp_gpus) / sizeof(lp_gpus[0]); k++)
+        if (strcmp(lp_gpus[k].name, name) == 0) return &lp_gpus[k];
+    return NULL;
+}
+static inline const LPCluster* lp_cluster_named(const char* name) {
+    for (size_t k = 0; k < sizeof(lp_clusters) / sizeof(lp_clusters[0]); k++)
+        if (strcmp(lp_clusters[k].name, name) == 0) return &lp_clusters[k];
+    return NULL;
+}
+static inline const LPSoftware* lp_software_named(const char* name) {
+    for (size_t k = 0; k < sizeof(lp_softwares) / sizeof(lp_softwares[0]); k++)
+        if (strcmp(lp_softwares[k].name, name) == 0) return &lp_softwares[k];
+    return NULL;
+}
+
+// The machine of cluster preset k with its GPUs (or `gpu`'s, when not NULL) running software sw, 90% of a
+// GPU's memory for the plan (10% for CUDA, cuBLAS, NCCL); the host side: PCIe 5 x16, a 400 GB/s host shared
+// by 8 GPUs, one PCIe 4 NVMe drive per GPU.
+static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu, const LPSoftware* sw) {
+    LPPlanMachine m;
+    m.gpu = gpu ? *gpu : *lp_gpu_named(k->gpu);
+    m.gpu.gemm *= sw->gemm;
+    m.blocking = sw->blocking || !k->nccl;  // (MPI's sends of more than a few KB wait for their receiver)
+    m.dropout = sw->dropout;
+    m.attention_tile_k = sw->attention_tile_k;
+    m.recompute_all = sw->recompute_all;
+    m.gpu_bytes = 0.9 * m.gpu.memory;
+    m.gpus_per_node = k->node_gpus;
+    m.node_bw = k->node_bw;
+    m.net_bw = k->ports * k->port_bw / k->node_gpus;
+    m.nccl = k->nccl;
+    m.latency = k->latency;
+    m.alone = k->alone;
+    m.host_bw = 55e9;
+    m.host_mem_bw = 50e9;
+    m.nvme_bw = 6e9;
+    return m;
+}
+
+// Seconds of `batch` GEMMs of an M x N output summed over K on g: at the share of the peak its fastest
+// GEMM reaches, less tile quantization (128 x 128 output tiles, cuBLAS's for large problems) and wave
+// quantization (tiles run in waves of one per SM: a part-full last wave idles the rest), each tile paying
+// tile_k steps of K more where the software's kernels have a fixed cost per tile, or, when thin, at HBM's
+// pace (bf16 inputs read and the output written once).
+static inline double lp_gemm_seconds(const LPGpu* g, double M, double N, double K, double batch, double tile_k) {
+    double tiles = batch * ceil(M / 128.0) * ceil(N / 128.0), waves = ceil(tiles / g->sms), X = g->fp32 ? 4.0 : 2.0;
+    double used = g->fp32 ? 1.0 : batch * M * N / (waves * g->sms * 128.0 * 128.0);  // of what the waves' tiles could compute
+    return fmax(2.0 * batch * M * N * (K + tile_k) / (g->peak_flops * g->gemm * used), X * batch * (M * K + K * N + M * N) / g->hbm_bw);
+}
+
+// A linear layer of M rows, K inputs and N outputs (`batch` of them): its forward GEMM into *f, its
+// backward's two (the input's gradient, M x K over N; the weight's, K x N over M) into *b.
+static inline void lp_linear_seconds(const LPGpu* g, double M, double K, double N, double batch, double* f, double* b) {
+    *f += lp_gemm_seconds(g, M, N, K, batch, 0.0);
+    *b += lp_gemm_seconds(g, M, K, N, batch, 0.0) + lp_gemm_seconds(g, K, N, M, batch, 0.0);
+}
+
+// The link of a group whose ranks, with every axis inside it, span `inner` consecutive ranks.
+static inline double lp_plan_link(const LPPlanMachine* mach, int inner) {
+    return mach->gpus_per_node % inner == 0 ? mach->node_bw : mach->net_bw;
+}
+
+// NCCL's rings by protocol, as NCCL's own tuning model prices them (src/graph/tuning.cc of NCCL 2.8, the
+// PTD-P paper's time): the latency at the start, of each step of the ring over NVLink and of each between
+// nodes, and the share of the bus bandwidth it reaches (LL: a flag in every 8 bytes, a quarter; LL128: 120
+// of 128 bytes). NCCL runs each collective in whichever protocol is fastest for its size: LL for small
+// messages, Simple for large.
+typedef struct {
+    double start, hop_node, hop_net, share;
+} LPNcclProtocol;
+static const LPNcclProtocol lp_nccl_protocols[] = {
+    {3.6e-6, 0.47e-6, 2.7e-6, 0.25},  // LL
+    {10.0e-6, 1.9e-6, 4.0e-6, 0.92},  // LL128
+    {8.4e-6, 3.4e-6, 9.6e-6, 1.0},    // Simple
+};
+
+// `steps` steps of a ring, `across` of them between nodes, each moving `bytes` at bus bandwidth bw.
+static inline double lp_ring_seconds(const LPPlanMachine* mach, double steps, double across, double bytes, double bw) {
+    if (!mach->nccl) return steps * bytes / bw + mach->latency;
+    double best = INFINITY;
+    for (size_t k = 0; k < sizeof(lp_nccl_protocols) / sizeof(lp_nccl_protocols[0]); k++) {
+        const LPNcclProtocol* q = &lp_nccl_protocols[k];
+        best = fmin(best, q->start + (steps - across) * q->hop_node + across * q->hop_net + steps * bytes / (q->share * bw));
+    }
+    return best + mach->latency;
+}
+
+// One collective of a group of g ranks spanning `inner` consecutive ranks (lp_plan_link), each holding
+// `bytes`, as a ring: an all-reduce (`allreduce` 1) takes 2(g-1) steps, a reduce-scatter, all-gather or
+// all-to-all g-1, each moving 1/g of the bytes; one step between nodes for each node the ring crosses.
+static inline double lp_collective_seconds(const LPPlanMachine* mach, double bytes, int allreduce, double g, int inner) {
+    double nodes = mach->gpus_per_node % inner == 0 ? 1.0 : fmax(2.0, ceil((double)inner / mach->gpus_per_node));
+    double steps = (allreduce ? 2.0 : 1.0) * (g - 1.0), across = fmin(steps, (allreduce ? 2.0 : 1.0) * (nodes - 1.0));
+    return lp_ring_seconds(mach, steps, across, bytes / g, lp_plan_link(mach, inner));
+}
+
+// A message of `bytes` between two ranks of a group spanning `inner` consecutive ranks: one step.
+static inline double lp_send_seconds(const LPPlanMachine* mach, double bytes, int inner) {
+    return lp_ring_seconds(mach, 1.0, mach->gpus_per_node % inner != 0, bytes, lp_plan_link(mach, inner));
+}
+
+// One micro-batch of chunk k (running `layers` layers) on one rank: seconds of its forward and backward,
+// and of what they hold (compute, TP's collectives, EP's all-to-alls, ZeRO-2/3's exposed collectives).
+typedef struct {
+    double fwd, bwd;
+    double compute, tp, ep, dp;
+} LPChunkTime;
+
+static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers) {
+    const LPGpu* g = &mach->gpu;
+    const LPParallel* par = s->par;
+    double t = par->tp, d = par->dp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = g->fp32 ? 4.0 : 2.0;
+    double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk;
+    double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
+    // an average layer's compute: attention's linear layers, the MLP's (a MoE layer's router and its E/ep
+    // experts, each taking K N ep / E rows on average)
+    double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0, pf = 0.0, pb = 0.0;
+    lp_linear_seconds(g, N, C, 3.0 * Cl, 1.0, &f, &b);
+    lp_linear_seconds(g, N, Cl, C, 1.0, &f, &b);
+    lp_linear_seconds(g, N, C, 4.0 * Cl, 1.0, &mf, &mb);
+    lp_linear_seconds(g, N, 4.0 * Cl, C, 1.0, &pf, &pb);  // (the dense MLP's second projection)
+    mf += pf, mb += pb;
+    if (moe > 0.0) {
+        lp_linear_seconds(g, N, C, E, 1.0, &ef, &eb);
+        lp_linear_seconds(g, K * N * ep / E, C, 4.0 * Cl, E / ep, &ef, &eb);
+        lp_linear_seconds(g, K * N * ep / E, 4.0 * Cl, C, E / ep, &ef, &eb);
+    }
+    f += (1.0 - moe) * mf + moe * ef;
+    b += (1.0 - moe) * mb + moe * eb;
+    double af, ab;  // attention's products
+    if (s->attention == LP_ATTENTION_FLASH && !g->fp32) {  // causal: half of q k^T's and att v's 4 T^2 hs per head; backward 5 to 2
+        af = 2.0 * s->B * heads * T * T * hs / (g->peak_flops * g->attention);
+        ab = 2.5 * af;
+    } else {  // batched GEMMs; the probabilities written, then read, and backward's read and written (dropout: read,
+              // written and a mask of a byte each way)
+        double tk = mach->attention_tile_k;
+        af = lp_gemm_seconds(g, T, T, hs, s->B * heads, tk) + lp_gemm_seconds(g, T, hs, T, s->B * heads, tk);
+        ab = 2.0 * af;
+        af += (2.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
+        ab += (3.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
+    }
+    double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU (8 C/t)
+    double ew = X * (10.0 * rows * C + 8.0 * N * Cl) / g->hbm_bw, masks = mach->dropout * 2.0 * rows * C / g->hbm_bw;
+    f += af + ew + masks;  // (dropout's two masks written forward, read backward)
+    b += ab + 2.0 * ew + masks;
+    // full recomputation: the forward again, this engine's without the dense MLP's second projection
+    if (par->recompute == LP_RECOMPUTE_FULL) b += f - (mach->recompute_all ? 0.0 : (1.0 - moe) * pf);
+    if (par->recompute == LP_RECOMPUTE_SELECTIVE) b += af;
+    // TP: 2 all-reduces of the B T C activations forward and 2 backward (SP: 2 all-gathers and 2 reduce-scatters
+    // forward; backward 4 all-gathers, the LayerNorms' outputs gathered again for the weights' gradients, and 2
+    // reduce-scatters)
+    double tp_f = t > 1 ? (par->sp ? 4.0 : 2.0) * lp_collective_seconds(mach, N * C * X, !par->sp, t, par->tp) : 0.0;
+    double tp_b = par->sp ? 1.5 * tp_f : tp_f;
+    // ... and under full recomputation forward's again, this engine's up to the GELU (of a dense layer's 2 all-reduces
+    // the first; SP: 3 of its 4 collectives)
+    double tp_r = mach->recompute_all ? tp_f : tp_f * (moe + (1.0 - moe) * (par->sp ? 0.75 : 0.5));
+    double ep_f = ep > 1 ? moe * 2.0 * lp_collective_seconds(mach, K * N * C * X, 0, ep, par->tp * par->ep) : 0.0;
+    double full = par->recompute == LP_RECOMPUTE_FULL ? 1.0 : 0.0;
+    // ZeRO-2/3: each layer's gradients reduce-scattered in backward, ZeRO-3's weights gathered before its forward and
+    // backward; the dense part over d, the experts over their d/ep replicas
+    double dz_f = 0.0, dz_b = 0.0;
+    if (d > 1 && par->zero >= 2) {
+        size_t sizes[LP_NUM_PARAMS];
+        lp_param_sizes(sizes, c, par->tp);
+        double dense = 0.0, experts = 0.0, de = d / ep;
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
+        double once = lp_collective_seconds(mach, dense * X, 0, d, par->tp * par->dp);  // (a reduce-scatter or a gather of a layer)
+        if (experts > 0.0 && de > 1) once += lp_collective_seconds(mach, experts / ep * X, 0, de, par->tp * par->dp);
+        // (backward's reduce-scatter and ZeRO-3's gather share the DP link: together they outlast the layer or not)
+        double hide_f = par->overlap && mach->nccl ? f : 0.0, hide_b = par->overlap && mach->nccl ? b : 0.0;
+        dz_b = fmax(0.0, (par->zero >= 3 ? 2.0 : 1.0) * once - hide_b);
+        if (par->zero >= 3) dz_f = fmax(0.0, once - hide_f);
+    }
+    LPChunkTime out;
+    out.compute = layers * (f + b);
+    out.tp = layers * (tp_f + tp_r * full + tp_b);
+    out.ep = layers * ep_f * (2.0 + full);
+    out.dp = layers * (dz_f + dz_b);
+    out.fwd = layers * (f + tp_f + ep_f + dz_f);
+    out.bwd = layers * (b + tp_r * full + tp_b + ep_f * (1.0 + full) + dz_b);
+    double hf = 0.0, hb = 0.0, Vl = c->padded_vocab_size / t;  // the first chunk's embedding, the last's head and loss
+    if (k == 0) hf += 2.0 * X * N * C / g->hbm_bw, hb += 2.0 * X * N * C / g->hbm_bw;
+    if (k == par->pp * par->vpp - 1) {
+        lp_linear_seconds(g, N, C, Vl, 1.0, &hf, &hb);
+        hf += X * (rows * 2.0 * C + 2.0 * N * Vl) / g->hbm_bw;  // the final LayerNorm; the logits written and read for the loss
+        hb += X * (rows * 4.0 * C + 2.0 * N * Vl) / g->hbm_bw;
+    }
+    out.compute += hf + hb;
+    out.fwd += hf;
+    out.bwd += hb;
+    return out;
+}
+
+typedef struct {
+    LPParallel par;         // the configuration
+    int B;                  // and its micro-batch
+    int estimated;          // its partition and memory known (0: bounded out, step_s is a lower bound)
+    int fits;               // memory <= the GPU's (when estimated)
+    int simulated;          // its pipeline simulated (0: step_s is the busiest stage's work and the step end)
+    double memory, host_memory;  // bytes on the fullest rank; of state in host memory
+    // seconds per step: the busiest stage's compute, TP collectives, EP all-to-alls and ZeRO-2/3's exposed
+    // collectives; the pipeline's idle time on it (bubble and waits on messages); the step's end
+    // (exposed DP collectives, the optimizer or offload); the whole step
+    double compute_s, tp_s, ep_s, zero_s, bubble_s, end_s, step_s;
+    double busy_s;          // the busiest stage's work: compute + tp + ep + zero
+    double flops;           // training FLOPs of a step, recomputation counted
+} LPPlan;
+
+// Those that fit first, fastest first (simulated, then estimated, then bounded); among equally fast plans
+// the larger micro-batch (GEMMs run better), then less memory.
+static inline int lp_plan_order(const void* a, const void* b) {
+    const LPPlan *x = (const LPPlan*)a, *y = (const LPPlan*)b;
+    if (x->fits != y->fits) return x->fits ? -1 : 1;
+    if (x->estimated != y->estimated) return x->estimated ? -1 : 1;
+    if (x->simulated != y->simulated) return x->simulated ? -1 : 1;
+    if (x->step_s != y->step_s) return x->step_s < y->step_s ? -1 : 1;
+    if (x->B != y->B) return x->B > y->B ? -1 : 1;
+    return x->memory < y->memory ? -1 : x->memory > y->memory;
+}
+
+// The step's end on a stage holding `params` parameters per rank (`experts` of them a mixture of experts')
+// whose backward of one micro-batch takes `bwd`: its shard's exposed DP collectives (the experts' over
+// their d/ep replicas), then AdamW's or offload's update; *host: the state offload keeps in host memory.
+static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, double params, double experts,
+                                 double bwd, double* host) {
+    const LPParallel* par = s->par;
+    double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = mach->gpu.fp32 ? 4.0 : 2.0, end = 0.0;
+    double stage_layers = ceil((double)c->num_layers / par->pp);  // (a collective a layer)
+    int inner = par->tp * par->dp;
+    double rs = d > 1 ? stage_layers * lp_collective_seconds(mach, (params - experts) * X / stage_layers, 0, d, inner) : 0.0;  // a reduce-scatter or all-gather
+    if (de > 1 && experts > 0.0) rs += stage_layers * lp_collective_seconds(mach, experts * X / stage_layers, 0, de, inner);
+    if (par->zero == 0) end = par->overlap && mach->nccl ? fmax(2.0 * rs / stage_layers, 2.0 * rs - bwd) : 2.0 * rs;  // an all-reduce
+    if (par->zero == 1) end = 2.0 * rs;
+    if (par->zero == 2) end = rs;  // the updated weights gathered
+    double shard = par->zero >= 1 ? ceil(params / d) : params;  // the busiest rank's
+    double update = 32.0 * shard / mach->gpu.hbm_bw;  // AdamW: fp32 master, m and v read and written, bf16 gradient in, weight out
+    *host = 0.0;
+    if (par->offload != LP_OFFLOAD_NONE) {  // the CPU's AdamW instead, its state in host memory (nvme: in files)
+        int params_too = par->offload == LP_OFFLOAD_PARAMS;  // (the updated weights then stay on the host)
+        double link = (params_too ? 1.0 : 2.0) * X * shard / mach->host_bw;
+        double cpu = 28.0 * shard / mach->host_mem_bw;
+        double file = par->offload == LP_OFFLOAD_NVME ? 16.0 * shard / mach->nvme_bw : 0.0;
+        double gathers = params_too ? 2.0 * m * X * shard / mach->host_bw : 0.0;  // each layer's part up, twice per micro-batch
+        update = fmax(link, fmax(cpu, file)) + gathers;
+        *host = (par->offload == LP_OFFLOAD_NVME ? 4.0 : params_too ? 12.0 + X : 12.0) * shard;
+    }
+    return end + update;
+}
+
+// A lower bound of configuration s's step, before its partition, memory or pipeline: a stage's share of the
+// whole model's work w per micro-batch, over the m micro-batches and the pipeline's fill and drain
+// ((m + (p-1)/v) w: the first micro-batch passes every stage, and the busiest stage does at least the
+// average), and the step end of a stage holding its share of the parameters (the end grows with them)
+// under the whole model's backward (which hides the most).
+static inline double lp_plan_bound(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach) {
+    int chunks = s->par->pp * s->par->vpp;
+    LPChunkTime all = lp_plan_chunk(c, s, mach, 0, c->num_layers), head = lp_plan_chunk(c, s, mach, chunks - 1, 0);
+    double work = (all.fwd + all.bwd + (chunks > 1 ? head.fwd + head.bwd : 0.0)) / s->par->pp, experts = 0.0, host;
+    double params = lp_chunk_params(c, s, 0, c->num_layers, &experts);
+    return (s->par->micro_batches + (s->par->pp - 1.0) / s->par->vpp) * work +
+           lp_plan_end(c, s, mach, params / s->par->pp, experts / s->par->pp, all.bwd + head.bwd, &host);
+}
+
+// Estimate configuration s without its pipeline simulated (step_s: its busiest stage's work and step end):
+// 0 and *out filled if it can run (fitting or not).
+static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
+    int layers[LP_MAX_CHUNKS], chunks = s->par->pp * s->par->vpp;
+    double stage_memory[LP_MAX_CHUNKS], stage_params[LP_MAX_CHUNKS], stage_busy[LP_MAX_CHUNKS], stage_bwd[LP_MAX_CHUNKS];
+    char why[256];
+    if (lp_pp_partition(c, s, layers, why, sizeof(why))) return 1;
+    double m = s->par->micro_batches, memory = 0.0, params = 0.0, experts = 0.0, busy = 0.0, bwd = 0.0;
+    LPChunkTime ct[LP_MAX_CHUNKS];
+    int busiest = 0;
+    for (int k = 0; k < chunks; k++) {  // chunk k runs on stage k % p
+        int st = k % s->par->pp;
+        double ex = 0.0;
+        if (k < s->par->pp) stage_memory[st] = stage_params[st] = stage_busy[st] = stage_bwd[st] = 0.0;
+        stage_memory[st] += lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
+        stage_params[st] += lp_chunk_params(c, s, k, layers[k], &ex);
+        ct[k] = lp_plan_chunk(c, s, mach, k, layers[k]);
+        stage_busy[st] += m * (ct[k].fwd + ct[k].bwd);
+        stage_bwd[st] += ct[k].bwd;
+        memory = fmax(memory, stage_memory[st]);
+        if (stage_params[st] > params) params = stage_params[st], experts = ex;
+        if (stage_busy[st] > busy) busy = stage_busy[st], bwd = stage_bwd[st], busiest = st;
+    }
+    out->compute_s = out->tp_s = out->ep_s = out->zero_s = 0.0;  // the busiest stage's totals over its chunks
+    for (int k = busiest; k < chunks; k += s->par->pp)
+        out->compute_s += m * ct[k].compute, out->tp_s += m * ct[k].tp, out->ep_s += m * ct[k].ep, out->zero_s += m * ct[k].dp;
+    out->estimated = 1;
+    out->memory = memory;
+    out->fits = memory <= mach->gpu_bytes;
+    out->busy_s = busy;
+    out->end_s = lp_plan_end(c, s, mach, params, experts, bwd, &out->host_memory);
+    out->step_s = busy + out->end_s;
+    return 0;
+}
+
+// Simulate plan x's pipeline (the schedule's action lists, lp_plan_chunk's costs, messages between stages
+// taking their time): its step, bubble, and the time its messages add (*sends, when not NULL: the same
+// pipeline simulated without them).
+static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, const LPPlanMachine* mach, LPPlan* x, double* sends) {
+    const LPParallel* par = &x->par;
+    LPPipeShape s = {par, x->B, T, attention, !mach->gpu.fp32};
+    int layers[LP_MAX_CHUNKS], V = par->pp * par->vpp;
+    char why[256];
+    if (lp_pp_partition(c, &s, layers, why, sizeof(why))) lp_fail("internal: plan %s", why);
+    double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = mach->gpu.fp32 ? 4.0 : 2.0, N = (double)x->B * T;
+    for (int k = 0; k < V; k++) {
+        LPChunkTime ct = lp_plan_chunk(c, &s, mach, k, layers[k]);
+        cost[k] = ct.fwd, cost[V + k] = ct.bwd;
+    }
+    // a boundary: B T C values, a TP rank's 1/t with scatter/gather (then all-gathered in the node) or SP
+    double split = t > 1 && (par->sp || par->scatter_gather), bytes = N * c->channels * X / (split ? t : 1.0);
+    double link = lp_send_seconds(mach, bytes, par->tp * par->dp * par->pp);
+    if (t > 1 && par->scatter_gather && !par->sp) link += lp_collective_seconds(mach, N * c->channels * X, 0, t, par->tp);
+    LPSimulation sim;
+    for (int pass = 0; pass < (sends ? 2 : 1); pass++) {
+        if (lp_schedule_lists(&sim, par->schedule, par->pp, par->vpp, par->micro_batches, 0.0, 0.0, cost, why, sizeof(why)))
+            lp_fail("internal: plan %s", why);
+        sim.link = pass ? 0.0 : link, sim.blocking = mach->blocking, sim.alone = mach->alone;
+        if (lp_schedule_run(&sim, why, sizeof(why))) lp_fail("internal: plan %s", why);
+        if (pass == 0) {
+            x->bubble_s = sim.makespan - x->busy_s;
+            if (x->bubble_s < 1e-9 * sim.makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
+            x->step_s = sim.makespan + x->end_s;
+        } else {
+            *sends = x->step_s - x->end_s - sim.makespan;
+            if (*sends < 1e-9 * sim.makespan) *sends = 0.0;
+        }
+        lp_simulation_free(&sim);
+    }
+    x->simulated = 1;
+}
+
+// What a plan may not choose: the bits of `fixed` name the settings taken from `par` and B. A fixed
+// scatter/gather (either way) also keeps SP off unless SP is fixed too: it chooses between the boundary's
+// two forms without SP.
+enum { LP_FIX_TP = 1, LP_FIX_PP = 2, LP_FIX_VPP = 4, LP_FIX_EP = 8, LP_FIX_ZERO = 16, LP_FIX_RECOMPUTE = 32, LP_FIX_OFFLOAD = 64,
+       LP_FIX_SP = 128, LP_FIX_SG = 256, LP_FIX_B = 512 };
+typedef struct {
+    unsigned fixed;
+    LPParallel par;
+    int B;
+} LPPlanLimits;
+
+// Add configuration s to the n plans in *plans (room for *cap, grown as needed), with its bound.
+static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
+    if (*n == *cap) {
+        *cap *= 2;
+        *plans = (LPPlan*)realloc(*plans, *cap * sizeof(LPPlan));
+        if (!*plans) lp_fail("out of host memory for the plans");
+    }
+    LPPlan* x = &(*plans)[(*n)++];
+    memset(x, 0, sizeof(*x));
+    x->par = *s->par;
+    x->B = s->B;
+    x->step_s = lp_plan_bound(c, s, mach);
+    x->flops = (double)s->par->micro_batches * s->par->dp * s->B * s->T *
+               (c->num_layers * lp_layer_flops(c, s->T, s->par->recompute, mach->recompute_all) +
+                6.0 * c->padded_vocab_size * c->channels);
+}
+
+// Every configuration of n GPUs with the given attention path (LP_ATTENTION_*) and limits (NULL: none)
+// into *plans (malloc'd), those that fit first, fastest first; returns how many. In the order of their
+// bounds each is estimated and, if it fits, simulated, until a bound passes the `shown`-th fastest step
+// simulated: no configuration after it could be among the fastest `shown` (they stay bounded, unestimated).
+// With none fitting every one is estimated (the least memory is known).
+static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int attention, const LPPlanMachine* mach,
+                          const LPPlanLimits* limits, int shown, LPPlan** plans) {
+    int count = 0, cap = 64;
+    unsigned fix = limits ? limits->fixed : 0;
+    const LPParallel* want = limits ? &limits->par : &lp_parallel_one;
+    *plans = (LPPlan*)lp_host_malloc(cap * sizeof(LPPlan), "plans");
+    char why[256];
+    for (int t = 1; t <= n; t++) {  // (a TP group inside a node, or whole nodes over the network: never a straddle)
+        if (n % t || (mach->gpus_per_node % t && t % mach->gpus_per_node) || lp_tp_check(c, t, why, sizeof(why)) ||
+            (fix & LP_FIX_TP && t != want->tp))
+            continue;
+        for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
+            if (n / t % p || (fix & LP_FIX_PP && p != want->pp)) continue;
+            int d = n / t / p;
+            for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
+                if (tokens % (B * T * d) || (fix & LP_FIX_B && B != limits->B)) continue;
+                int m = (int)(tokens / (B * T * d));
+                for (int v = 1; v <= (p > 1 ? 8 : 1); v++)
+                    for (int sp = 0; sp <= (t > 1 && T % t == 0); sp++)
+                        for (int sg = 0; sg <= (t > 1 && p > 1 && !sp); sg++)
+                            for (int zero = 0; zero <= 3; zero++)
+                                for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
+                                    for (int off = LP_OFFLOAD_NONE; off <= LP_OFFLOAD_PARAMS; off++)
+                                        for (int ep = 1; ep <= (c->moe_experts ? d : 1); ep++) {  // (a mixture of experts: every ep)
+                                            if (d % ep || (c->moe_experts && c->moe_experts % ep)) continue;
+                                            if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
+                                            if ((fix & LP_FIX_VPP && v != want->vpp) || (fix & LP_FIX_SP && sp != want->sp) ||
+                                                (fix & LP_FIX_SG && (sg != want->scatter_gather || (sp && !(fix & LP_FIX_SP)))) ||
+                                                (fix & LP_FIX_ZERO && zero != want->zero) || (fix & LP_FIX_RECOMPUTE && r != want->recompute) ||
+                                                (fix & LP_FIX_OFFLOAD && off != want->offload) || (fix & LP_FIX_EP && ep != want->ep))
+                                                continue;
+                                            if (v > 1 && c->num_layers < p * v) continue;
+                                            LPParallel x = lp_parallel_one;
+                                            x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
+                                            x.offload = off, x.sp = sp, x.scatter_gather = sg, x.overlap = want->overlap;
+                                            x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+                                            LPPipeShape s = {&x, (int)B, T, attention, !mach->gpu.fp32};
+                                            lp_plan_add(c, &s, mach, plans, &count, &cap);
+                                        }
+            }
+        }
+    }
+    qsort(*plans, count, sizeof(LPPlan), lp_plan_order);  // (by bound: none is estimated yet)
+    double* best = (double*)lp_host_malloc((size_t)(shown > 0 ? shown : 1) * sizeof(double), "plans");  // ascending
+    int have = 0;
+    for (int k = 0; k < count; k++) {
+        LPPlan* x = &(*plans)[k];
+        if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
+        LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
+        if (lp_plan_one(c, &s, mach, x)) x->B = 0;  // (it cannot run: dropped below)
+        if (!x->fits || shown <= 0) continue;
+        lp_plan_simulate(c, T, attention, mach, x, NULL);
+        if (have < shown) have++;
+        else if (x->step_s >= best[shown - 1]) continue;
+        int at = have - 1;
+        while (at > 0 && best[at - 1] > x->step_s) best[at] = best[at - 1], at--;
+        best[at] = x->step_s;
+    }
+    free(best);
+    int kept = 0;
+    for (int k = 0; k < count; k++)
+        if ((*plans)[k].B) (*plans)[kept++] = (*plans)[k];
+    qsort(*plans, kept, sizeof(LPPlan), lp_plan_order);
+    return kept;
+}
+
+
+#endif  // LLMPAR_PLAN_H
