@@ -57,7 +57,7 @@ ifneq ($(strip $(BLAS_LIBS)),)
   BLAS_CFLAGS := -DLLMPAR_BLAS $(shell pkg-config --cflags $(BLAS))
 endif
 
-.PHONY: all test test-emu readme-flags clean llmc_driver
+.PHONY: all test test-emu flags-doc readme-flags clean llmc_driver
 
 all: train_gpt_cpu test_gpt_cpu plan_gpt
 
@@ -155,13 +155,15 @@ test:
 test-emu: train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu
 	@bash scripts/run_tests.sh emu
 
-# The README's flags block is `./train_gpt_cpu -h` verbatim, between its two marker lines: this rewrites it
-# (tier 1 fails while they differ). awk fails when the markers are missing.
-readme-flags: train_gpt_cpu
-	./train_gpt_cpu -h > README.md.flags && awk -v help=README.md.flags \
+# dev/docs/flags.md's flags block is `./train_gpt_cpu -h` verbatim, between its two marker lines: this
+# rewrites it (tier 1 fails while they differ). awk fails when the markers are missing. readme-flags: its
+# name before the block left the README.
+FLAGS_DOC = dev/docs/flags.md
+flags-doc readme-flags: train_gpt_cpu
+	./train_gpt_cpu -h > $(FLAGS_DOC).help && awk -v help=$(FLAGS_DOC).help \
 	    '/^<!-- flags: end/ { skip = 0 } !skip { print } /^<!-- flags: begin/ { print "```text"; \
 	     while ((getline line < help) > 0) print line; print "```"; skip = 1; found = 1 } END { exit !found }' \
-	    README.md > README.md.new && mv README.md.new README.md; rc=$$?; rm -f README.md.flags README.md.new; exit $$rc
+	    $(FLAGS_DOC) > $(FLAGS_DOC).new && mv $(FLAGS_DOC).new $(FLAGS_DOC); rc=$$?; rm -f $(FLAGS_DOC).help $(FLAGS_DOC).new; exit $$rc
 
 clean:
 	rm -f plan_gpt train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check

@@ -1000,11 +1000,11 @@ static void test_bad_input(void) {
 #undef BAD
 }
 
-// The flag table of train_gpt.cu: -h lists every row (--print-flags names them), README.md's flags block
-// is -h verbatim, llm.c's letters set what the long forms set (--print-flags of both compared), and bad
+// The flag table of train_gpt.cu: -h lists every row (--print-flags names them), dev/docs/flags.md's flags
+// block is -h verbatim, llm.c's letters set what the long forms set (--print-flags of both compared), and bad
 // flags get one-line errors naming them.
 static void test_flags(void) {
-    static char help[1 << 16], rows[1 << 14], a[1 << 14], b[1 << 14], want[(1 << 16) + 16], readme[1 << 20];
+    static char help[1 << 16], rows[1 << 14], a[1 << 14], b[1 << 14], want[(1 << 16) + 16], doc[1 << 20];
     int rc = run_cmd(help, sizeof(help), "%s -h", TRAIN_BIN);
     rc |= run_cmd(rows, sizeof(rows), "%s --print-flags", TRAIN_BIN);
     int n = 0, listed = 1;
@@ -1020,16 +1020,16 @@ static void test_flags(void) {
     for (size_t i = 0; i < sizeof(added) / sizeof(added[0]); i++) listed &= strstr(help, added[i]) != NULL;
     expect(rc == 0 && listed && n >= 48, "-h lists every row of the flag table, llm.c's letters and the flags llm.c has and this has not");
 
-    FILE* f = fopen("README.md", "r");
-    size_t len = f ? fread(readme, 1, sizeof(readme) - 1, f) : 0;
-    readme[len] = '\0';
+    FILE* f = fopen("dev/docs/flags.md", "r");
+    size_t len = f ? fread(doc, 1, sizeof(doc) - 1, f) : 0;
+    doc[len] = '\0';
     if (f) fclose(f);
-    const char* begin = strstr(readme, "\n<!-- flags: begin");
+    const char* begin = strstr(doc, "\n<!-- flags: begin");
     const char* end = begin ? strstr(begin, "\n<!-- flags: end") : NULL;
     begin = end ? strchr(begin + 1, '\n') + 1 : NULL;  // the block: from the line after the begin marker
     snprintf(want, sizeof(want), "```text\n%s```\n", help);
     int same = begin && (size_t)(end + 1 - begin) == strlen(want) && memcmp(begin, want, strlen(want)) == 0;
-    expect(same, "README.md's flags block is ./train_gpt_cpu -h verbatim (make readme-flags writes it)");
+    expect(same, "dev/docs/flags.md's flags block is ./train_gpt_cpu -h verbatim (make flags-doc writes it)");
 
     // llm.c's letter and the long form, alone and all together; `changes`: the defaults differ from them
     struct { const char *letter, *name; int changes; } forms[] = {

@@ -62,7 +62,7 @@ typedef struct {
 } LPFlags;
 
 // The flags, one row each: the table below is the only list of them. Parsing, the defaults, -h (and so
-// the README's flags block, `make readme-flags`), --print-flags and the flag names in the errors after
+// dev/docs/flags.md's flags block, `make flags-doc`), --print-flags and the flag names in the errors after
 // parsing all come from it.
 // A switch takes no value; its llm.c letter takes llm.c's 0 or 1. LP_FLAG_SEED is an integer as typed,
 // kept in 64 bits. LP_FLAG_CHOICE is one of the names in `choices`, kept as its index (an LP_* constant).

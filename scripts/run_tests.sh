@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `make test`: tiers 1-3 on the CPU build (./test_gpt_cpu), two steps of each CPU run script, the data path
-# (scripts/test_data_path.sh: prepare.py's shards train, plot.py draws them), Hugging Face export and import
-# (scripts/test_hf.sh), then tier 4:
+# `make test`: tiers 1-3 on the CPU build (./test_gpt_cpu), two steps of each CPU run script, the docs'
+# links, the data path (scripts/test_data_path.sh: prepare.py's shards train, plot.py draws them, the README's
+# own-text block runs as written), Hugging Face export and import (scripts/test_hf.sh), then tier 4:
 # on the CUDA build (./test_gpt) when a GPU is present, else on the CUDA emulator (./test_gpt_emu, after
 # the emulator's own tests). With nvcc but no GPU, both CUDA binaries are still built, so the CUDA code
 # keeps compiling warning-free and tier 1 checks ./train_gpt's "no GPU" error.
@@ -305,6 +305,13 @@ if command -v nvcc > /dev/null 2>&1; then
     else
         passed=$((passed + 1))  # they compile; no GPU here to run them
     fi
+fi
+# the README's and dev/docs' relative links name files and headings that exist (dev/docs/check_links.py)
+if python3 dev/docs/check_links.py; then
+    passed=$((passed + 1))
+else
+    echo "FAIL a link of README.md or dev/docs/*.md names a missing file or heading"
+    failed=$((failed + 1))
 fi
 # the user's data path: text -> shards (dev/data/prepare.py) -> two steps -> plot (skips without tiktoken)
 run_tier bash scripts/test_data_path.sh

@@ -2,7 +2,8 @@
 # The user's data path, end to end: dev/data/prepare.py turns two small texts of our own (non-ASCII
 # included) into shards (header, tokens that decode back to the texts, the --val-fraction split, one-line
 # errors that leave nothing behind, --force), the command it prints trains ./train_gpt_cpu for two steps,
-# dev/plot.py draws that run, and tinyshakespeare.py rebuilds the shipped shards byte for byte (when
+# dev/plot.py draws that run, the README's own-text block runs as written in a fresh copy of the checkout,
+# and tinyshakespeare.py rebuilds the shipped shards byte for byte (when
 # ../shared/data holds the text). Needs python3 with tiktoken, else it skips; and ./train_gpt_cpu (make).
 # Prints "N passed, N failed" last.
 set -u
@@ -38,7 +39,7 @@ if ! python3 -c "import tiktoken" > /dev/null 2>&1; then
     echo "0 passed, 0 failed"
     exit 0
 fi
-echo "data path: dev/data/prepare.py, the printed train command, dev/plot.py, tinyshakespeare.py"
+echo "data path: dev/data/prepare.py, the printed train command, dev/plot.py, the README's own-text block, tinyshakespeare.py"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -195,14 +196,15 @@ EOF
 # corpora: .jsonl.zst, .jsonl.gz and .parquet documents, a folder and a glob; --workers 2 (small pieces, so
 # several are in flight) writes the same bytes as --workers 1; an interrupted run continues from its pieces
 if python3 -c "import zstandard, pyarrow" > /dev/null 2>&1; then
-    tally python3 - "$tmp" "$root/README.md" <<'EOF'
+    tally python3 - "$tmp" "$root/README.md" "$root/dev/docs/flags.md" <<'EOF'
 import filecmp, gzip, json, os, subprocess, sys
 import pyarrow, pyarrow.parquet, zstandard
-tmp, readme = sys.argv[1:]
+tmp, readmes = sys.argv[1], sys.argv[2:]
 corpus = f"{tmp}/corpus"
 os.makedirs(f"{corpus}/more")
-paras = [p for p in open(readme, encoding="utf-8").read().split("\n\n") if p.strip()]
-# documents in the field "body" (--text-field body): the README's paragraphs, an empty one, a blank line
+paras = [p for r in readmes for p in open(r, encoding="utf-8").read().split("\n\n") if p.strip()]
+# documents in the field "body" (--text-field body): the paragraphs of the README and of dev/docs/flags.md
+# (the README's flags block before it moved there), an empty one, a blank line
 lines = [json.dumps({"body": p, "n": i}) for i, p in enumerate(paras)] + ['{"body": ""}', ""]
 open(f"{corpus}/a.jsonl.zst", "wb").write(zstandard.ZstdCompressor().compress("\n".join(lines).encode()))
 open(f"{corpus}/more/c.jsonl.gz", "wb").write(gzip.compress("\n".join(reversed(lines)).encode()))
@@ -263,6 +265,38 @@ if python3 -c "import matplotlib" > /dev/null 2>&1; then
     check "plot.py draws that run into a PNG ($(cat "$tmp/err"))" [ "$(head -c 4 "$tmp/loss.png" 2> /dev/null | tail -c 3)" = PNG ]
 else
     echo "skip: dev/plot.py (needs matplotlib: pip install -r dev/data/requirements.txt)"
+fi
+
+# the README's "Train on your own text" block, as written, a line at a time, in a fresh copy of this checkout
+# (its files as `git ls-files` lists them, plus ./train_gpt_cpu, which the README's setup command builds)
+# with two texts of its own in books/; prepare.py prints the block's second and third lines
+readme_block() { awk '/^## Train on your own text/ { s = 1 } s && /^```/ { if (b) exit; b = 1; next } b && NF' "$root/README.md"; }
+if ! python3 -c "import numpy, matplotlib" > /dev/null 2>&1; then
+    echo "skip: the README's own-text block (needs numpy and matplotlib: pip install -r dev/data/requirements.txt)"
+elif ! files=$(git -C "$root" ls-files -co --exclude-standard 2> /dev/null); then
+    echo "skip: the README's own-text block (not a git checkout: nothing to copy fresh)"
+else
+    clone=$tmp/clone
+    mkdir -p "$clone/books"
+    (cd "$root" && while IFS= read -r f; do [ -f "$f" ] && cp --parents "$f" "$clone"; done) <<< "$files"
+    cp "$root/train_gpt_cpu" "$clone/"
+    cp "$tmp/one.txt" "$clone/books/one.txt"
+    cp "$root/dev/docs/parallelism.md" "$clone/books/two.txt"
+    n=0
+    while IFS= read -r line; do
+        n=$((n + 1))
+        (cd "$clone" && bash -c "$line") < /dev/null > "$tmp/own_$n.log" 2>&1
+        rc=$?
+        check "the README's own-text line $n runs as written in a fresh copy: $line (exit $rc: $(tail -n 2 "$tmp/own_$n.log"))" [ "$rc" = 0 ]
+    done < <(readme_block)
+    check "the README has its own-text block, of at least 3 lines (found $n)" [ "$n" -ge 3 ]
+    printed=$(sed -n '/^train on it/,$p' "$tmp/own_1.log" | sed -n '2,$s/^  //p')
+    check "prepare.py prints the README block's lines 2 and 3 (it printed: $printed)" [ "$printed" = "$(readme_block | sed -n 2,3p)" ]
+    check "the README's train line trains every step it says and saves its checkpoint" \
+        grep -qE '^saved checkpoint out/mine/step_00000040$' "$tmp/own_2.log"
+    check "the README's plot line writes a PNG" [ "$(head -c 4 "$clone/out/mine/loss.png" 2> /dev/null | tail -c 3)" = PNG ]
+    check "the README's sample line prints a sample" grep -q '^--- sample at step 0 ---$' "$tmp/own_4.log"
+    check "the README's export line writes a Hugging Face directory" [ -s "$clone/hf/mine/model.safetensors" ]
 fi
 
 shared=../shared/data/tinyshakespeare.txt
