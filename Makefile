@@ -57,7 +57,29 @@ ifneq ($(strip $(BLAS_LIBS)),)
   BLAS_CFLAGS := -DLLMPAR_BLAS $(shell pkg-config --cflags $(BLAS))
 endif
 
-.PHONY: all test test-emu flags-doc readme-flags clean llmc_driver
+# cuDNN's fused attention (--attention cudnn), as llm.c's USE_CUDNN: `make cudnn-frontend` once (cudnn-frontend's
+# C++ headers from PyPI's nvidia-cudnn-frontend into .cudnn-frontend/, ignored by git), then `make USE_CUDNN=1
+# train_gpt`. cuDNN 9 itself ships with the CUDA toolkit. Its code is llmpar_cudnn.cu, a translation unit of its own.
+USE_CUDNN ?= 0
+CUDNN_FRONTEND ?= .cudnn-frontend/include
+ifeq ($(USE_CUDNN),1)
+  ifeq ($(wildcard $(CUDNN_FRONTEND)/cudnn_frontend.h),)
+    $(error USE_CUDNN=1: no cudnn_frontend.h in $(CUDNN_FRONTEND); run make cudnn-frontend first, or set CUDNN_FRONTEND)
+  endif
+  CUDNN_OBJ = llmpar_cudnn.o
+  NVCC_CUDNN = -DLLMPAR_CUDNN $(CUDNN_OBJ) -lcudnn -lnvrtc  # (NVRTC: cudnn-frontend compiles some engines at run time)
+endif
+
+llmpar_cudnn.o: llmpar_cudnn.cu
+	$(NVCC) $(NVCC_FLAGS) -isystem $(CUDNN_FRONTEND) -c $< -o $@  # (-isystem: the frontend's own warnings are not ours)
+
+cudnn-frontend:
+	rm -rf .cudnn-frontend && python3 -m pip download -q --no-deps nvidia-cudnn-frontend -d .cudnn-frontend/wheel && \
+	    python3 -c "import glob, zipfile; zipfile.ZipFile(glob.glob('.cudnn-frontend/wheel/*.whl')[0]).extractall('.cudnn-frontend')" && \
+	    cd .cudnn-frontend && rm -rf wheel cudnn *.dist-info && cd .. && \
+	    test -f $(CUDNN_FRONTEND)/cudnn_frontend.h && echo "cudnn-frontend's headers in $(CUDNN_FRONTEND)"
+
+.PHONY: all test test-emu flags-doc readme-flags clean llmc_driver cudnn-frontend
 
 all: train_gpt_cpu test_gpt_cpu plan_gpt
 
@@ -73,9 +95,9 @@ test_gpt_cpu: test_gpt.cu llmpar.h
 plan_gpt: dev/plan/plan_gpt.c dev/plan/plan.h llmpar.h
 	$(CC) $(filter-out -march=native,$(CFLAGS_CPU)) -ffp-contract=off dev/plan/plan_gpt.c -o $@ -lm
 
-train_gpt: train_gpt.cu llmpar.h
+train_gpt: train_gpt.cu llmpar.h $(CUDNN_OBJ)
 	$(NCCL_NOTICE)
-	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) train_gpt.cu -o $@ $(NVCC_LIBS)
+	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) train_gpt.cu $(NVCC_CUDNN) -o $@ $(NVCC_LIBS)
 
 test_gpt: test_gpt.cu llmpar.h
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) test_gpt.cu -o $@ $(NVCC_LIBS)
@@ -166,6 +188,6 @@ flags-doc readme-flags: train_gpt_cpu
 	    $(FLAGS_DOC) > $(FLAGS_DOC).new && mv $(FLAGS_DOC).new $(FLAGS_DOC); rc=$$?; rm -f $(FLAGS_DOC).help $(FLAGS_DOC).new; exit $$rc
 
 clean:
-	rm -f plan_gpt train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check
+	rm -f llmpar_cudnn.o plan_gpt train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check
 	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu
 	rm -f dev/examples/two_files dev/examples/two_files_cpu dev/examples/two_files_nompi dev/examples/two_files_emu

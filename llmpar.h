@@ -157,6 +157,13 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights and Adam state are fp32
 #define LP_HD __host__ __device__
 #define LP_BUILD_GPU 1
+#ifdef LLMPAR_CUDNN
+// --attention cudnn (llmpar_cudnn.cu, make USE_CUDNN=1): the flash path's layouts and results. NULL, or why not.
+const char* lp_cudnn_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH);
+const char* lp_cudnn_attention_backward(void* dqkv, const void* dout, const void* out, const void* qkv, const float* lse, int B, int T,
+                                        int C, int NH);
+void lp_cudnn_free(void);
+#endif
 #endif
 // The optimizer's fp32 master weights are a copy beside bf16 params; fp32 params are their own.
 #define LP_MASTER_COPY (sizeof(floatX) != sizeof(float))
@@ -942,6 +949,9 @@ static inline void lp_process_finish(LPProcess* proc) {
         lp_device_free(lp_cublaslt_workspace);
         cublasLtDestroy(lp_cublaslt);
     }
+#endif
+#ifdef LLMPAR_CUDNN
+    lp_cudnn_free();
 #endif
     (void)proc;
     lp_mpi_finalize();
@@ -5504,9 +5514,10 @@ static const char* const lp_recompute_names[] = {"none", "selective", "full", NU
 
 // Attention (--attention): the CUDA build's choice of path. flash: FlashAttention-2's form, keeping q, k, v as
 // the projection wrote them and each row's logsumexp; cublas: llm.c's attention without cuDNN, keeping q, k,
-// v permuted per head and the (B,NH,T,T) probabilities, as the CPU build's loops always do.
-enum { LP_ATTENTION_FLASH, LP_ATTENTION_CUBLAS };
-static const char* const lp_attention_names[] = {"flash", "cublas", NULL};
+// v permuted per head and the (B,NH,T,T) probabilities, as the CPU build's loops always do; cudnn: cuDNN's
+// fused attention (a build with it: make USE_CUDNN=1, llmpar_cudnn.cu), keeping what flash keeps.
+enum { LP_ATTENTION_FLASH, LP_ATTENTION_CUBLAS, LP_ATTENTION_CUDNN };
+static const char* const lp_attention_names[] = {"flash", "cublas", "cudnn", NULL};
 // Whether attention keeps its probabilities (the CPU build's loops, the CUDA build's cublas path).
 static inline int lp_attention_materialised(int attention) {
 #ifdef LLMPAR_CPU
@@ -5516,6 +5527,33 @@ static inline int lp_attention_materialised(int attention) {
     return attention == LP_ATTENTION_CUBLAS;
 #endif
 }
+
+#ifndef LLMPAR_CPU
+// The attention that keeps no probabilities (lp_attention_materialised is 0): flash, or cuDNN's.
+static inline void lp_fused_attention_forward_gpu(int attention, floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+#ifdef LLMPAR_CUDNN
+    if (attention == LP_ATTENTION_CUDNN) {
+        const char* why = lp_cudnn_attention_forward(out, lse, qkv, B, T, C, NH);
+        if (why) lp_fail("%s", why);
+        return;
+    }
+#endif
+    (void)attention;
+    lp_flash_attention_forward_gpu(out, lse, qkv, B, T, C, NH);
+}
+static inline void lp_fused_attention_backward_gpu(int attention, floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+                                                   const float* lse, int B, int T, int C, int NH) {
+#ifdef LLMPAR_CUDNN
+    if (attention == LP_ATTENTION_CUDNN) {
+        const char* why = lp_cudnn_attention_backward(dqkv, dout, out, qkv, lse, B, T, C, NH);
+        if (why) lp_fail("%s", why);
+        return;
+    }
+#endif
+    (void)attention;
+    lp_flash_attention_backward_gpu(dqkv, dout, out, qkv, lse, B, T, C, NH);
+}
+#endif
 
 typedef struct {
     floatX* encoded;    // (Nr,C)      wte + wpe: the residual stream entering layer 0
@@ -5806,6 +5844,10 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPMode
         lp_fail("a mixture of experts' capacity %g, balance loss %g and z-loss %g coefficients must be 0 or more", m->moe.capacity,
                 m->moe.aux_coef, m->moe.z_coef);
     m->attention = split->attention;
+#if !defined(LLMPAR_CPU) && !defined(LLMPAR_CUDNN)
+    if (m->attention == LP_ATTENTION_CUDNN)
+        lp_fail_all("flag --attention cudnn: this build has no cuDNN; build one with make cudnn-frontend && make USE_CUDNN=1 train_gpt");
+#endif
     for (int j = 0; j < split->num_aux; j++) {
         int l = split->aux[j] - 1 - m->layer0;  // the local layer whose output it is
         if (l < 0 || l >= m->L) continue;
@@ -6441,7 +6483,7 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
                        lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
     if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
 #ifndef LLMPAR_CPU
-    else lp_flash_attention_forward_gpu(x->atty, x->lse, x->qkvs, B, T, Cl, NHl);
+    else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, x->qkvs, B, T, Cl, NHl);
 #endif
     lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
@@ -6649,7 +6691,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
         if (lp_attention_materialised(m->attention))
             lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
 #ifndef LLMPAR_CPU
-        else lp_flash_attention_backward_gpu(a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
+        else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
 #endif
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl, NULL);

@@ -4570,6 +4570,14 @@ static void test_head_size_refused(void) {
     int ok = rc > 0 && strstr(out, "llmpar: error: ") && strstr(out, "head256.bin: head size C/NH = 256/1 = 256 is above 128");
     expect(ok, "a head size of 256 is refused with a line naming the model file");
     if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
+#ifdef LLMPAR_CUDAEMU
+    // the emulator has no cuDNN (a real GPU's make test builds train_gpt with it where it can)
+    rc = run_cmd(out, sizeof(out), "%s -e d1 -b 1 -t 16 -x 1 --attention cudnn", TRAIN_BIN);
+    ok = rc > 0 && strstr(out, "llmpar: error: flag --attention cudnn: this build has no cuDNN; build one with make cudnn-frontend && "
+                               "make USE_CUDNN=1 train_gpt") && !strstr(out, "step 1/1");
+    expect(ok, "--attention cudnn on a build without cuDNN: one line saying how to build one");
+    if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
+#endif
 }
 
 #ifdef LLMPAR_CUDAEMU

@@ -225,9 +225,10 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--attention", NULL, LP_FLAG_CHOICE, LP_FIELD(attention), "flash", "flash", "NAME", NULL, lp_attention_names,
      "the CUDA build's attention: flash (FlashAttention-2's form; keeps each row's logsumexp) | cublas (llm.c's "
      "without cuDNN: cuBLASLt batched products and a softmax kernel; keeps the B*NH*T*T probabilities of every layer, "
-     "or of one under --recompute). flash is the default: as fast on an H100 at 124M with less memory when measured "
-     "(dev/gpu_results.md), 2.3x faster since in the GPU model (dev/docs/figures.md). The CPU build has one "
-     "attention, its loops (which keep the probabilities), and takes either value"},
+     "or of one under --recompute) | cudnn (cuDNN's fused attention, as llm.c's USE_CUDNN; keeps what flash keeps; a "
+     "build made with make USE_CUDNN=1, run on a GPU only). flash is the default: as fast on an H100 at 124M with less "
+     "memory when measured (dev/gpu_results.md), 2.3x faster since in the GPU model (dev/docs/figures.md). The CPU "
+     "build has one attention, its loops (which keep the probabilities), and takes any value"},
     {"--zero", "-z", LP_FLAG_INT, LP_FIELD(par.zero), "0", "0", "N", NULL, NULL,
      "ZeRO stage. 0: every data-parallel rank holds the full AdamW state; 1: the fp32 master weights and AdamW state "
      "are sharded over the d ranks; 2: the gradients too; 3: the weights too, gathered a layer at a time"},
