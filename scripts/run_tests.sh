@@ -202,8 +202,12 @@ fi
 has_gpu=0
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then has_gpu=1; fi
 if command -v nvcc > /dev/null 2>&1; then
-    echo "building the CUDA engine (train_gpt, test_gpt) ..."
-    if ! make -s -j"$jobs" train_gpt test_gpt; then
+    # with cuDNN's attention (llmpar_cudnn.cu) where cudnn-frontend's headers are here (`make cudnn-frontend`,
+    # which .ci/run does) and the toolkit has cuDNN: it compiles everywhere, and runs on a GPU only
+    cudnn=0
+    [ -f .cudnn-frontend/include/cudnn_frontend.h ] && [ -f "$(dirname "$(dirname "$(command -v nvcc)")")/include/cudnn.h" ] && cudnn=1
+    echo "building the CUDA engine (train_gpt$([ $cudnn = 1 ] && echo " with cuDNN's attention"), test_gpt) ..."
+    if ! make -s -j"$jobs" USE_CUDNN=$cudnn train_gpt test_gpt; then
         echo "FAIL the CUDA build"
         failed=$((failed + 1))
     fi
@@ -231,6 +235,22 @@ fi
 rm -f /tmp/llmpar_nompi_$$
 
 run_tier ./test_gpt_cpu
+
+# the GPU session's protocol (scripts/gpu_check.sh) as a dry run against stand-ins: its steps in order (Nsight
+# Compute first after the build, then the timed steps beside llm.c's, the kernels, the hang-prone test last),
+# each with its budget, the budgets summing to at most 480 s. One check.
+dry=$(OUT=$(mktemp -d) bash scripts/gpu_check.sh --dry-run 2>&1)
+order=$(grep '^## ' <<< "$dry" | sed 's/ (budget.*//' | tr '\n' '/')
+total=$(sed -n 's/^budget: \([0-9]*\) s of 480$/\1/p' <<< "$dry")
+if [ "$order" = "## machine/## build, for this GPU alone/## Nsight Compute over one step of 124M, flash (ncu_step.csv)/## GPT-2 124M, B=64, T=1024: flash/## GPT-2 124M, B=64, T=1024: cublas/## GPT-2 124M, B=64, T=1024: cudnn/## GPT-2 124M, B=64, T=1024: llm.c/## the kernels against their CPU loops/## the hang-prone test alone/" ] &&
+    [ -n "$total" ] && [ "$total" -le 480 ]; then
+    echo "     the GPU protocol's dry run: 9 steps in order, $total s of budget (at most 480)"
+    passed=$((passed + 1))
+else
+    echo "$dry"
+    echo "FAIL the GPU protocol's dry run (scripts/gpu_check.sh --dry-run): its steps in order, a budget of at most 480 s"
+    failed=$((failed + 1))
+fi
 
 # the planner's plans, byte for byte as stored (dev/plan/plans.txt; the same on every machine)
 if bash dev/plan/check_plans.sh; then
