@@ -153,7 +153,7 @@ def gpt2_shape(cfg, key):
     m = re.fullmatch(r"h\.(0|[1-9][0-9]*)\.(.+)", key)
     if m is None:
         return top.get(key)
-    return layer.get(m[2]) if int(m[1]) < cfg["L"] else None
+    return layer.get(m[2]) if len(m[1]) <= 10 and int(m[1]) < cfg["L"] else None  # L < 2^31: 10 digits
 
 
 def check_weights(cfg, weights):

@@ -321,6 +321,8 @@ def check_hostile_inputs(tmp):
         ("a layer beyond config.json's n_layer", st, "transformer.h.2.ln_1.weight: not a tensor of GPT2LMHeadModel "
          "with config.json's n_layer 2",
          spoil(lambda h: h.update({"transformer.h.2.ln_1.weight": h.pop("transformer.h.1.ln_1.weight")}))),
+        ("a layer number of 5000 digits", st, "transformer.h.11111111111111111111",
+         spoil(lambda h: h.update({f"transformer.h.{'1' * 5000}.ln_1.weight": h.pop("transformer.h.1.ln_1.weight")}))),
         ("a name with a line break", st, "'transformer.wte.weight\\nx': not a tensor",
          spoil(lambda h: h.update({"transformer.wte.weight\nx": h.pop(wte)}))),
         ("a tensor with and without transformer.", st, "wte.weight and transformer.wte.weight are the same tensor",
@@ -379,6 +381,9 @@ def check_hostile_inputs(tmp):
         shutil.copytree(os.path.join(tmp, "tiny"), d)
         make(d)
         out = os.path.join(tmp, "hostile.bin")
+        for left in (out, out + ".tmp"):  # a failure of a case before would show as this one's
+            if os.path.exists(left):
+                os.remove(left)
         try:
             rc, err = import_py(d, out, timeout=60)
         except subprocess.TimeoutExpired:
