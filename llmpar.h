@@ -4419,7 +4419,8 @@ static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
         if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1)", path, header[1]);
         long long expect = (long long)LP_HEADER_INTS * 4 + 2LL * (unsigned)header[2];
         long long size = lp_file_size(path);
-        if (size < expect) lp_fail("%s: file is truncated (header says %d tokens: %lld bytes, file has %lld)", path, header[2], expect, size);
+        if (size < expect)
+            lp_fail("%s: file is truncated (header says %u tokens: %lld bytes, file has %lld)", path, (unsigned)header[2], expect, size);
         if (size > expect) lp_fail("%s: file is longer than its header says (%lld bytes, expected %lld)", path, size, expect);
         d->shard_tokens[s] = (unsigned)header[2];
         if (d->shard_tokens[s] < d->window + 1)
@@ -4520,7 +4521,12 @@ static inline void lp_evalset_load(LPEvalSet* s, const char* path, const char* l
         lp_fail("%s %s: not an llm.c eval file (magic %d, expected %d; dev/data/hellaswag.py writes one)", label, path,
                 header[0], LP_EVAL_MAGIC);
     if (header[1] != 1) lp_fail("%s %s: eval file version %d is not supported (expected 1)", label, path, header[1]);
-    if (header[2] < 1) lp_fail("%s %s: the header says %d examples", label, path, header[2]);
+    // the smallest example is 9 words (6 fields, a context token, a completion's length and token): the file bounds
+    // the count before anything of that size is allocated
+    if (header[2] < 1 || header[2] > words / 9)
+        lp_fail("%s %s: the header says %d examples, its %lld bytes after the header hold 1 .. %lld", label, path, header[2],
+                size - LP_HEADER_INTS * 4, words / 9);
+    if (words > INT_MAX) lp_fail("%s %s: %lld bytes, more than this format's int offsets reach", label, path, size);
     s->num_examples = header[2];
     s->tokens = (uint16_t*)lp_host_malloc((size_t)words * sizeof(uint16_t), "eval file");
     if (fread(s->tokens, sizeof(uint16_t), (size_t)words, f) != (size_t)words) lp_fail("%s %s: read failed", label, path);
@@ -6966,11 +6972,7 @@ static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f)
 // *version; returns it positioned at the weights.
 static inline FILE* lp_model_file_open(const char* path, LPConfig* cfg, int* version) {
     FILE* f = lp_fopen(path, "rb");
-    *version = lp_model_file_header(path, cfg, f);
-    size_t n = lp_config_num_params(cfg), elem = *version == 5 ? 2 : 4;
-    long long expect = LP_HEADER_INTS * 4LL + (long long)(n * elem), size = lp_file_size(path);
-    if (size < expect) lp_fail("%s: file is truncated (%lld bytes, this shape needs %lld)", path, size, expect);
-    if (size > expect) lp_fail("%s: file is longer than this shape needs (%lld bytes, expected %lld)", path, size, expect);
+    *version = lp_model_file_header(path, cfg, f);  // the file's size checked against the header's shape too
     return f;
 }
 
@@ -7518,17 +7520,27 @@ static inline int lp_tokenizer_load(LPTokenizer* t, const char* path) {
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
     if (h[0] != LP_TOKENIZER_MAGIC) lp_fail("%s: not a tokenizer file (magic %d, expected %d)", path, h[0], LP_TOKENIZER_MAGIC);
     if (h[1] != 1 && h[1] != 2) lp_fail("%s: tokenizer version %d is not supported (1 or 2)", path, h[1]);
+    // each token takes at least its length byte: the file bounds the count before anything of that size is allocated
+    long long size = lp_file_size(path), most = size - LP_HEADER_INTS * 4;
+    if (h[2] < 1 || h[2] > most)
+        lp_fail("%s: the header says %d tokens, its %lld bytes after the header hold 1 .. %lld", path, h[2], most, most);
+    if (h[1] == 2 && (h[3] < 0 || h[3] >= h[2])) lp_fail("%s: end-of-text token %d is outside its %d tokens", path, h[3], h[2]);
     t->vocab_size = h[2];
     t->eot = h[1] == 2 ? h[3] : 50256;
     t->tokens = (char**)lp_host_malloc((size_t)t->vocab_size * sizeof(char*), "tokenizer");
+    long long at = LP_HEADER_INTS * 4;
     for (int i = 0; i < t->vocab_size; i++) {
-        unsigned char len;
-        lp_fread(&len, 1, 1, f, path);
+        unsigned char len = 0;
+        if (at < size) lp_fread(&len, 1, 1, f, path);
+        if (at >= size || at + 1 + len > size)
+            lp_fail("%s: file is truncated in token %d of the %d its header says", path, i, t->vocab_size);
         t->tokens[i] = (char*)lp_host_malloc((size_t)len + 1, "tokenizer");
         lp_fread(t->tokens[i], 1, len, f, path);
         t->tokens[i][len] = '\0';
+        at += 1 + len;
     }
     fclose(f);
+    if (at != size) lp_fail("%s: file is longer than its %d tokens (%lld bytes more)", path, t->vocab_size, size - at);
     return 1;
 }
 

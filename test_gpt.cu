@@ -456,6 +456,11 @@ static void corrupt_file(const char* in, const char* out, int idx, int value, lo
     free(buf);
 }
 
+// Add `extra` zero bytes at the end of the file at path (bytes after what its header describes).
+static void grow_file(const char* path, long extra) {
+    if (truncate(path, (off_t)(lp_file_size(path) + extra)) != 0) lp_fail("%s: cannot grow: %s", path, strerror(errno));
+}
+
 
 // ----------------------------------------------------------------------------------------------------
 // tier 1: host logic, file formats, bad input
@@ -722,6 +727,70 @@ static void expect_error_of(const char* bin, const char* name, const char* needl
 }
 static void expect_error(const char* name, const char* needle, const char* args) { expect_error_of(TRAIN_BIN, name, needle, args); }
 
+// A tokenizer file: header [magic, version, vocab, eot], then `written` tokens ("t0", "t1", ...; the last one's
+// length byte `last_len` when > 0, its bytes cut there) and `extra` zero bytes.
+static void write_tokenizer(const char* path, int version, int vocab, int eot, int written, int last_len, int extra) {
+    int h[LP_HEADER_INTS] = {0};
+    h[0] = LP_TOKENIZER_MAGIC;
+    h[1] = version;
+    h[2] = vocab;
+    h[3] = eot;
+    FILE* f = lp_fopen(path, "wb");
+    fwrite(h, sizeof(int), LP_HEADER_INTS, f);
+    for (int i = 0; i < written; i++) {
+        char token[16];
+        unsigned char len = (unsigned char)snprintf(token, sizeof(token), "t%d", i);
+        if (i == written - 1 && last_len > 0) len = (unsigned char)last_len;
+        fputc(len, f);
+        fwrite(token, 1, len < strlen(token) ? len : strlen(token), f);
+    }
+    for (int i = 0; i < extra; i++) fputc(0, f);
+    fclose(f);
+}
+
+// A damaged tokenizer (--tokenizer, read when samples are printed) is refused in one line naming it, before
+// anything its header's size asks for is allocated: a negative count asked malloc for 16 EB.
+static void test_tokenizer_bad_files(void) {
+    char shard[LP_PATH_MAX], path[LP_PATH_MAX], needle[LP_PATH_MAX + 200], args[LP_PATH_MAX * 2 + 200];
+    lp_path(shard, "%s", tmp_path("tok_shard.bin"));
+    write_random_shard(shard, 4000, 9);
+    write_tokenizer(tmp_path("tok_ok.bin"), 2, 5, 4, 5, 0, 0);
+    LPTokenizer t;
+    expect(lp_tokenizer_load(&t, tmp_path("tok_ok.bin")) && t.vocab_size == 5 && t.eot == 4 && strcmp(t.tokens[3], "t3") == 0,
+           "tokenizer: a 5-token file written here reads back");
+    lp_tokenizer_free(&t);
+    struct {
+        const char *what, *file, *says;
+        int version, vocab, eot, written, last_len, extra, magic;
+    } bad[] = {
+        {"a negative vocabulary", "tok_neg.bin", "the header says -1 tokens, its 15 bytes after the header hold 1 .. 15", 2, -1, 0, 5, 0, 0, 0},
+        {"no tokens", "tok_zero.bin", "the header says 0 tokens", 2, 0, 0, 5, 0, 0, 0},
+        {"INT_MAX tokens", "tok_huge.bin", "the header says 2147483647 tokens, its 15 bytes", 2, INT_MAX, 0, 5, 0, 0, 0},
+        {"more tokens than the file holds", "tok_more.bin", "file is truncated in token 5 of the 10 its header says", 2, 10, 0, 5, 0, 0, 0},
+        {"a length byte beyond the file", "tok_len.bin", "file is truncated in token 4 of the 5", 2, 5, 0, 5, 200, 0, 0},
+        {"bytes after the last token", "tok_long.bin", "file is longer than its 5 tokens (3 bytes more)", 2, 5, 4, 5, 0, 3, 0},
+        {"end-of-text beyond the tokens", "tok_eot.bin", "end-of-text token 5 is outside its 5 tokens", 2, 5, 5, 5, 0, 0, 0},
+        {"a negative end-of-text", "tok_eotneg.bin", "end-of-text token -1 is outside its 5 tokens", 2, 5, -1, 5, 0, 0, 0},
+        {"version 3", "tok_v3.bin", "tokenizer version 3 is not supported (1 or 2)", 3, 5, 4, 5, 0, 0, 0},
+        {"another magic", "tok_magic.bin", "not a tokenizer file (magic 20240520, expected 20240328)", 2, 5, 4, 5, 0, 0, LP_SHARD_MAGIC},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        lp_path(path, "%s", tmp_path(bad[k].file));
+        write_tokenizer(path, bad[k].version, bad[k].vocab, bad[k].eot, bad[k].written, bad[k].last_len, bad[k].extra);
+        if (bad[k].magic) corrupt_file(path, path, 0, bad[k].magic, 0);
+        snprintf(needle, sizeof(needle), "%s: %s", path, bad[k].says);
+        snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -x 0 -v 0 -s 1 --tokenizer %s", shard, path);
+        char name[200];
+        snprintf(name, sizeof(name), "tokenizer bad file: %s, refused in one line naming it", bad[k].what);
+        expect_error(name, needle, args);
+    }
+    corrupt_file(tmp_path("tok_ok.bin"), tmp_path("tok_short.bin"), -1, 0, 100);
+    lp_path(path, "%s", tmp_path("tok_short.bin"));
+    snprintf(needle, sizeof(needle), "%s: file is truncated (wanted 1024 bytes, got 100)", path);
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -x 0 -v 0 -s 1 --tokenizer %s", shard, path);
+    expect_error("tokenizer bad file: shorter than its header, refused in one line naming it", needle, args);
+}
+
 // Fork a child that loads model_path and saves a checkpoint into dir with file sizes limited to
 // limit_bytes; returns its exit status with its stderr in out.
 static int checkpoint_under_file_limit(const char* model_path, const char* dir, long limit_bytes, char* out, size_t out_size) {
@@ -928,6 +997,50 @@ static void test_bad_input(void) {
         tmp_path("layers_huge.bin"), tmp_path("ok.bin"), base);
     BAD("bad input: model header bigger than its file", "layers_3.bin: file is truncated (its header's model needs", "-e %s -i %s %s",
         tmp_path("layers_3.bin"), tmp_path("ok.bin"), base);
+    // the header's other fields: negative, absurd or inconsistent sizes; a file shorter than its header or longer than its model
+    corrupt_file(good, tmp_path("vocab_neg.bin"), 3, -5, 0);
+    corrupt_file(good, tmp_path("channels_neg.bin"), 6, -32, 0);
+    corrupt_file(good, tmp_path("padded_small.bin"), 7, 64, 0);
+    corrupt_file(good, tmp_path("padded_huge.bin"), 7, 1 << 30, 0);
+    corrupt_file(good, tmp_path("maxt_huge.bin"), 2, INT_MAX, 0);
+    corrupt_file(good, tmp_path("header_short.bin"), -1, 0, 100);
+    corrupt_file(good, tmp_path("model_long.bin"), -1, 0, (long)lp_file_size(good));
+    grow_file(tmp_path("model_long.bin"), 4);
+    corrupt_file(good, tmp_path("moe_topk.bin"), 1, 6, 0);
+    corrupt_file(tmp_path("moe_topk.bin"), tmp_path("moe_topk.bin"), 8, 2, 0);
+    const char* model_cases[][3] = {
+        {"a negative vocabulary", "vocab_neg.bin", "vocab_neg.bin: model shape must be positive (L=2 C=32 NH=4 maxT=16 V=-5)"},
+        {"negative channels", "channels_neg.bin", "channels_neg.bin: model shape must be positive (L=2 C=-32"},
+        {"a padded vocabulary below the vocabulary", "padded_small.bin", "padded_small.bin: padded vocab 64 smaller than vocab 97"},
+        {"a padded vocabulary of 2^30", "padded_huge.bin", "padded_huge.bin: model shape out of range"},
+        {"maxT INT_MAX", "maxt_huge.bin", "maxt_huge.bin: model shape out of range"},
+        {"shorter than its header", "header_short.bin", "header_short.bin: file is truncated (wanted 1024 bytes, got 100)"},
+        {"longer than its header's model", "model_long.bin", "model_long.bin: file is longer than its header's model"},
+        {"version 6 with top-0 routing", "moe_topk.bin", "moe_topk.bin: top-0 routing: a token's experts must be 1 .. 16, at most the layer's 2"},
+    };
+    for (size_t k = 0; k < sizeof(model_cases) / sizeof(model_cases[0]); k++) {
+        char name[200];
+        snprintf(name, sizeof(name), "bad input: model file %s", model_cases[k][0]);
+        BAD(name, model_cases[k][2], "-e %s -i %s %s", tmp_path(model_cases[k][1]), tmp_path("ok.bin"), base);
+    }
+    // token shards: a negative count (read as 2^32 - 1), bytes after the tokens, shorter than the header, no tokens
+    corrupt_file(tmp_path("ok.bin"), tmp_path("shard_neg.bin"), 2, -1, 0);
+    corrupt_file(tmp_path("ok.bin"), tmp_path("shard_long.bin"), -1, 0, (long)lp_file_size(tmp_path("ok.bin")));
+    grow_file(tmp_path("shard_long.bin"), 2);
+    corrupt_file(tmp_path("ok.bin"), tmp_path("shard_header.bin"), -1, 0, 100);
+    corrupt_file(tmp_path("ok.bin"), tmp_path("shard_empty.bin"), -1, 0, 1024);
+    corrupt_file(tmp_path("shard_empty.bin"), tmp_path("shard_empty.bin"), 2, 0, 0);
+    const char* shard_cases[][3] = {
+        {"a negative token count", "shard_neg.bin", "shard_neg.bin: file is truncated (header says 4294967295 tokens: 8589935614 bytes, file has 1824)"},
+        {"bytes after its tokens", "shard_long.bin", "shard_long.bin: file is longer than its header says (1826 bytes, expected 1824)"},
+        {"shorter than its header", "shard_header.bin", "shard_header.bin: file is truncated (wanted 1024 bytes, got 100)"},
+        {"no tokens", "shard_empty.bin", "shard_empty.bin: 0 tokens is too few for one step"},
+    };
+    for (size_t k = 0; k < sizeof(shard_cases) / sizeof(shard_cases[0]); k++) {
+        char name[200];
+        snprintf(name, sizeof(name), "bad input: token shard %s", shard_cases[k][0]);
+        BAD(name, shard_cases[k][2], "-e %s -i %s %s", good, tmp_path(shard_cases[k][1]), base);
+    }
     // a mixture of experts: impossible routing, flags that do not fit the file, a version-6 header without experts,
     // a MoE checkpoint resumed as a dense model
     BAD("bad input: top-k above the experts", "-e d2 --moe-experts 4 --moe-topk 5 --moe-every 1: top-5 routing: a token's experts must be "
@@ -1662,6 +1775,16 @@ static void test_hellaswag_file(void) {
     corrupt_file(good, tmp_path("hs_short.bin"), -1, 0, (long)lp_file_size(good) - 6);
     corrupt_file(good, tmp_path("hs_count.bin"), 2, 6, 0);
     corrupt_file(good, tmp_path("hs_fewer.bin"), 2, 4, 0);
+    corrupt_file(good, tmp_path("hs_neg.bin"), 2, -1, 0);
+    corrupt_file(good, tmp_path("hs_huge.bin"), 2, INT_MAX, 0);
+    corrupt_file(good, tmp_path("hs_header.bin"), -1, 0, 100);
+    corrupt_file(good, tmp_path("hs_odd.bin"), LP_HEADER_INTS, 65535 | 31 << 16, 0);  // example 0's words 0, 1: delimiter, bytes
+    corrupt_file(good, tmp_path("hs_label.bin"), LP_HEADER_INTS + 1, 0 | 7 << 16, 0);  // words 2, 3: index, label
+    corrupt_file(good, tmp_path("hs_byte.bin"), -1, 0, (long)lp_file_size(good));
+    grow_file(tmp_path("hs_byte.bin"), 1);
+    char hs_neg_says[200];
+    snprintf(hs_neg_says, sizeof(hs_neg_says), "the header says -1 examples, its %lld bytes after the header hold 1 .. %lld",
+             lp_file_size(good) - 1024, (lp_file_size(good) - 1024) / 2 / 9);
     write_eval_file(tmp_path("hs_oov.bin"), 5, 11, labels, 0, 200);
     write_eval_file(tmp_path("hs_long.bin"), 5, 11, labels, 16, 0);  // 16 + 1 to 5 tokens: more than -t 8 and than 16
     write_random_shard(tmp_path("hs_shard.bin"), 4000, 5);
@@ -1674,6 +1797,12 @@ static void test_hellaswag_file(void) {
         {"truncated", "hs_short.bin", "file is truncated in example 4", "", "-t 16"},
         {"more examples in the header than the file", "hs_count.bin", "file is truncated at example 5 of the 6", "", "-t 16"},
         {"fewer examples in the header than the file", "hs_fewer.bin", "file is longer than its 4 examples (", "", "-t 16"},
+        {"a negative example count", "hs_neg.bin", hs_neg_says, "", "-t 16"},
+        {"INT_MAX examples", "hs_huge.bin", "the header says 2147483647 examples", "", "-t 16"},
+        {"shorter than its header", "hs_header.bin", "file is truncated (100 bytes, shorter than the 1024-byte header)", "", "-t 16"},
+        {"an odd byte count", "hs_odd.bin", "example 0 says it is 31 bytes, an odd number", "", "-t 16"},
+        {"a label beyond the completions", "hs_label.bin", "example 0: label 7 of 4 completions", "", "-t 16"},
+        {"a byte after the last example", "hs_byte.bin", "file is longer than its 5 examples (1 bytes more)", "", "-t 16"},
         {"token id >= vocab", "hs_oov.bin", "example 4: token id 200 is >= the model's vocabulary size 97", "", "-t 16"},
         {"an example longer than -t", "hs_long.bin", "example 4's context + completion is", "more than -t 8 and than the model's maximum 16", "-t 8"},
         {"an example longer than the model's maximum", "hs_long.bin", "example 4's context + completion is",
@@ -4984,6 +5113,7 @@ int main(int argc, char** argv) {
     RUN(test_lr_schedule);
     RUN(test_checkpoint_roundtrip);
     RUN(test_tokenizer);
+    RUN(test_tokenizer_bad_files);
     RUN(test_utf8_out);
     RUN(test_schedules);
     RUN(test_plan);

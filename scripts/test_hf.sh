@@ -120,6 +120,18 @@ bad_export "a missing file" "$tmp/none.bin: No such file" "$tmp/none.bin"
 bad_export "a token shard" "tiny_tokens.bin: not an llm.c model file" dev/ref/tiny_tokens.bin
 head -c 5000 dev/ref/tiny_model.bin > "$tmp/short.bin"
 bad_export "a truncated model file" "short.bin: 5000 bytes, its header's shape needs" "$tmp/short.bin"
+python3 - "$tmp" <<'EOF'
+import struct, sys
+good = open("dev/ref/tiny_model.bin", "rb").read()
+def spoilt(name, index, value, tail=b""):  # tiny_model.bin with header int `index` set to value, tail appended
+    open(f"{sys.argv[1]}/{name}", "wb").write(good[:4 * index] + struct.pack("<i", value) + good[4 * index + 4:] + tail)
+spoilt("negvocab.bin", 3, -5)
+spoilt("hugelayers.bin", 4, 2**31 - 1)
+spoilt("long.bin", 0, 20240326, bytes(4))
+EOF
+bad_export "a negative vocabulary in the header" "negvocab.bin: bad shape in the header (maxT 16 V -5" "$tmp/negvocab.bin"
+bad_export "2^31 - 1 layers in the header" "hugelayers.bin: 121344 bytes, its header's shape needs" "$tmp/hugelayers.bin"
+bad_export "bytes after the model" "long.bin: 121348 bytes, its header's shape needs 121344" "$tmp/long.bin"
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

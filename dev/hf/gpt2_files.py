@@ -6,6 +6,7 @@ llm.c keeps each layer's tensors stacked over the layers, matrices as (out, in);
 set of names per layer, and its Conv1D matrices as (in, out). Everything else is the same numbers.
 """
 import json
+import math
 import os
 import struct
 
@@ -72,13 +73,13 @@ def read_llmc(path):
         raise FileError(f"{path}: bad shape in the header (maxT {maxT} V {V} L {L} NH {NH} C {C} Vp {Vp})")
     shapes = llmc_shapes(maxT, L, C, Vp)
     dtype = np.dtype("<f4") if version == 3 else np.dtype("<u2")
-    want = 1024 + sum(int(np.prod(s)) for s in shapes) * dtype.itemsize
+    want = 1024 + sum(math.prod(s) for s in shapes) * dtype.itemsize
     if size != want:
         raise FileError(f"{path}: {size} bytes, its header's shape needs {want}")
     flat = np.memmap(path, dtype=dtype, mode="r", offset=1024)
     tensors, off = [], 0
     for s in shapes:
-        n = int(np.prod(s))
+        n = math.prod(s)
         tensors.append(flat[off:off + n].reshape(s))
         off += n
     return dict(version=version, maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp), tensors
@@ -122,37 +123,134 @@ def write_safetensors(path, tensors, dtype):
             f.write(np.ascontiguousarray(a).tobytes())
 
 
+def show(x, limit=60):
+    """A value as a one-line message shows it: its repr (which escapes line breaks), cut to limit."""
+    s = repr(x)
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
+def show_name(name):
+    """A name as a one-line message shows it: as it is when printable, else as show gives it."""
+    return name if isinstance(name, str) and name.isprintable() and len(name) <= 200 else show(name)
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _unique_keys(pairs):
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise _Duplicate(k)
+        seen.add(k)
+    return dict(pairs)
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(path, text, what=""):
+    """text (bytes or str) as strict JSON: no NaN or Infinity, no key twice in an object (json would keep
+    the last silently); else one line naming path."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except _Duplicate as e:
+        raise FileError(f"{path}: {show_name(e.args[0])} is named twice") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FileError(f"{path}: {what}not JSON ({' '.join(str(e).split())[:80]})") from None
+    except RecursionError:
+        raise FileError(f"{path}: {what}not JSON (nested too deep)") from None
+
+
+def read_json(path):
+    """The strict JSON in the file at path (parse_json); a file that cannot be read is one line too."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise FileError(f"{path}: {e.strerror}") from None
+    return parse_json(path, text)
+
+
+def is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_safetensors_header(path, header, data_size):
+    """{name: (dtype name, shape, begin)} of a parsed safetensors header, after checking every field
+    against the data_size bytes after it, before any tensor byte is read: each entry an object with a known
+    dtype, a shape of non-negative integers and data_offsets [begin, end] with 0 <= begin <= end <= data_size
+    and end - begin = the bytes of dtype x shape; the tensors tile the data exactly, as the safetensors
+    library writes and demands (no overlap, no byte of no tensor). Else one line naming path and the cause."""
+    if not isinstance(header, dict):
+        raise FileError(f"{path}: its header is a JSON {type(header).__name__}, not an object of tensors")
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            if not isinstance(t, dict):
+                raise FileError(f"{path}: __metadata__ is {show(t)}, not an object")
+            continue
+        if not isinstance(t, dict):
+            raise FileError(f"{path}: {show_name(name)}: {show(t)}, not an object with dtype, shape and data_offsets")
+        for key in ("dtype", "shape", "data_offsets"):
+            if key not in t:
+                raise FileError(f"{path}: {show_name(name)}: no {key}")
+        dtype, shape, offsets = t["dtype"], t["shape"], t["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in ST_DTYPES:
+            raise FileError(f"{path}: {show_name(name)}: dtype {show(dtype)} (want F32, F16 or BF16)")
+        if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
+            raise FileError(f"{path}: {show_name(name)}: shape {show(shape)} is not a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(is_int, offsets))
+                and 0 <= offsets[0] <= offsets[1]):
+            raise FileError(f"{path}: {show_name(name)}: data_offsets {show(offsets)} are not [begin, end] "
+                            f"with 0 <= begin <= end")
+        begin, end = offsets
+        if end > data_size:
+            raise FileError(f"{path}: {show_name(name)}: data_offsets [{begin}, {end}] end beyond the file's "
+                            f"{data_size} bytes of data")
+        need = math.prod(shape) * ST_DTYPES[dtype].itemsize
+        if end - begin != need:
+            raise FileError(f"{path}: {show_name(name)}: data_offsets [{begin}, {end}] hold {end - begin} bytes, "
+                            f"its {dtype} shape {tuple(shape)} needs {need}")
+        out[name] = (dtype, tuple(shape), begin)
+    at, prev = 0, None  # the tensors in data order: each begins where the one before ends
+    for name, (begin, end) in sorted(((k, tuple(header[k]["data_offsets"])) for k in out), key=lambda kv: kv[1]):
+        if begin < at:
+            raise FileError(f"{path}: {show_name(name)}'s data [{begin}, {end}] overlaps {show_name(prev)}'s, which ends at {at}")
+        if begin > at:
+            raise FileError(f"{path}: bytes [{at}, {begin}) of the data belong to no tensor")
+        at, prev = end, name
+    if at != data_size:
+        raise FileError(f"{path}: bytes [{at}, {data_size}) of the data belong to no tensor")
+    return out
+
+
 def read_safetensors(path):
-    """{name: (dtype name, shape, loader)} of a safetensors file; each loader returns the tensor as float32
+    """{name: (dtype name, shape, loader)} of a safetensors file, its header checked whole
+    (check_safetensors_header) before any tensor byte is read; each loader returns the tensor as float32
     (from F32, F16 or BF16), memory-mapped where it can be."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
+            head = f.read(8)
+            if len(head) < 8:
+                raise FileError(f"{path}: {size} bytes, not a safetensors file (its header's length alone is 8)")
+            n = struct.unpack("<Q", head)[0]
             if n > size - 8:
-                raise ValueError
-            header = json.loads(f.read(n))
+                raise FileError(f"{path}: header length {n} is beyond the file's {size} bytes")
+            text = f.read(n)
     except OSError as e:
         raise FileError(f"{path}: {e.strerror}") from None
-    except (struct.error, ValueError, UnicodeDecodeError):
-        raise FileError(f"{path}: not a safetensors file (bad header)") from None
+    tensors = check_safetensors_header(path, parse_json(path, text, "its header is "), size - 8 - n)
     out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        dt = ST_DTYPES.get(t.get("dtype"))
-        if dt is None:
-            raise FileError(f"{path}: {name}: dtype {t.get('dtype')} (want F32, F16 or BF16)")
-        begin, end = t["data_offsets"]
-        shape = tuple(t["shape"])
-        if end - begin != int(np.prod(shape)) * dt.itemsize or 8 + n + end > size:
-            raise FileError(f"{path}: {name}: its data_offsets do not fit its shape or the file")
+    for name, (dtype, shape, begin) in tensors.items():
+        def load(begin=begin, shape=shape, dtype=dtype):
+            a = np.memmap(path, dtype=ST_DTYPES[dtype], mode="r", offset=8 + n + begin, shape=shape)
+            return bf16_to_fp32(a) if dtype == "BF16" else a.astype("<f4", copy=False)
 
-        def load(begin=begin, shape=shape, dt=dt, name=t["dtype"]):
-            a = np.memmap(path, dtype=dt, mode="r", offset=8 + n + begin, shape=shape)
-            return bf16_to_fp32(a) if name == "BF16" else a.astype("<f4", copy=False)
-
-        out[name] = (t["dtype"], shape, load)
+        out[name] = (dtype, shape, load)
     return out
 
 

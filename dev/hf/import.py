@@ -12,56 +12,67 @@ lm_head.weight must equal wte (llm.c ties them). The vocabulary is padded as llm
 of 128 with zero rows. Errors are one line naming the file, and leave no output file.
 """
 import argparse
-import json
 import os
+import re
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2_files import TENSORS, FileError, llmc_header, padded_vocab, read_safetensors
+from gpt2_files import (TENSORS, FileError, is_int, llmc_header, padded_vocab, read_json, read_safetensors, show,
+                        show_name)
 
 # Activations that are GELU's tanh form, the engine's
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 PREFIX = "transformer."
+INT32_MAX = 2**31 - 1
 
 
 def read_config(d):
-    """The llm.c shape (maxT, V, L, NH, C, Vp) of the GPT-2 in d/config.json, after checking that the
-    engine computes the same model: tanh GELU, LayerNorm eps 1e-5, MLP width 4C, tied head, scaled
-    attention, no cross-attention."""
+    """The llm.c shape (maxT, V, L, NH, C, Vp) of the GPT-2 in d/config.json, after checking each field's
+    type and that the engine computes the same model: tanh GELU, LayerNorm eps 1e-5, MLP width 4C, tied
+    head, scaled attention, no cross-attention. The sizes must fit the llm.c header's int32s; what the
+    weights hold bounds them further (check_weights)."""
     path = os.path.join(d, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            c = json.load(f)
-    except OSError as e:
-        raise FileError(f"{path}: {e.strerror}") from None
-    except ValueError as e:
-        raise FileError(f"{path}: not JSON ({e})") from None
+    c = read_json(path)
     if not isinstance(c, dict):
         raise FileError(f"{path}: not a model config (a JSON object)")
     if c.get("model_type") != "gpt2":
-        raise FileError(f"{path}: model_type {c.get('model_type')!r}, not a GPT-2 (want 'gpt2')")
+        raise FileError(f"{path}: model_type {show(c.get('model_type'))}, not a GPT-2 (want 'gpt2')")
     archs = c.get("architectures") or ["GPT2LMHeadModel"]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise FileError(f"{path}: architectures {show(archs)} is not a list of names")
     if not set(archs) & {"GPT2LMHeadModel", "GPT2Model"}:
-        raise FileError(f"{path}: architectures {archs}: want GPT2LMHeadModel or GPT2Model")
-    try:
-        C, L, NH, V, maxT = (int(c[k]) for k in ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"))
-    except (KeyError, TypeError, ValueError) as e:
-        raise FileError(f"{path}: missing or bad {e}") from None
+        raise FileError(f"{path}: architectures {show(archs)}: want GPT2LMHeadModel or GPT2Model")
+    sizes = {}
+    for key in ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"):
+        v = c.get(key)
+        if key not in c:
+            raise FileError(f"{path}: no {key}")
+        if not is_int(v) or v <= 0:
+            raise FileError(f"{path}: {key} {show(v)} is not a positive integer")
+        if v > INT32_MAX:
+            raise FileError(f"{path}: {key} {v} is beyond the llm.c header's int32 ({INT32_MAX})")
+        sizes[key] = v
+    C, L, NH, V, maxT = sizes.values()
+    if padded_vocab(V) > INT32_MAX:
+        raise FileError(f"{path}: vocab_size {V} padded to {padded_vocab(V)} is beyond the llm.c header's int32")
+    eps = c.get("layer_norm_epsilon", 1e-5)
+    if not (is_int(eps) or isinstance(eps, float)):
+        raise FileError(f"{path}: layer_norm_epsilon {show(eps)} is not a number")
     problems = []
-    if min(C, L, NH, V, maxT) <= 0 or C % NH:
-        problems.append(f"shape n_embd {C} n_layer {L} n_head {NH} vocab_size {V} n_positions {maxT}")
+    if C % NH:
+        problems.append(f"n_embd {C} is not a multiple of n_head {NH}")
     if c.get("n_inner") not in (None, 4 * C):
-        problems.append(f"n_inner {c['n_inner']} (the engine's MLP is 4 * n_embd = {4 * C})")
+        problems.append(f"n_inner {show(c['n_inner'])} (the engine's MLP is 4 * n_embd = {4 * C})")
     if c.get("activation_function", "gelu_new") not in TANH_GELU:
-        problems.append(f"activation_function {c['activation_function']!r} (the engine's is tanh GELU, gelu_new)")
-    if abs(c.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
-        problems.append(f"layer_norm_epsilon {c['layer_norm_epsilon']} (the engine's is 1e-5)")
+        problems.append(f"activation_function {show(c['activation_function'])} (the engine's is tanh GELU, gelu_new)")
+    if abs(eps - 1e-5) > 1e-12:
+        problems.append(f"layer_norm_epsilon {eps} (the engine's is 1e-5)")
     for key, want in (("tie_word_embeddings", True), ("scale_attn_weights", True),
                       ("scale_attn_by_inverse_layer_idx", False), ("add_cross_attention", False)):
-        if c.get(key, want) != want:
-            problems.append(f"{key} {c[key]} (the engine needs {want})")
+        if c.get(key, want) is not want:
+            problems.append(f"{key} {show(c[key])} (the engine needs {want})")
     if problems:
         raise FileError(f"{path}: {'; '.join(problems)}")
     return dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=padded_vocab(V))
@@ -82,70 +93,99 @@ def read_torch(path):
     return {k: (str(v.dtype), tuple(v.shape), lambda v=v: v.float().numpy()) for k, v in state.items()}
 
 
+def read_index(index):
+    """{tensor name: shard file} of a model.safetensors.index.json: plain file names in its directory."""
+    index_json = read_json(index)
+    weight_map = index_json.get("weight_map") if isinstance(index_json, dict) else None
+    if not isinstance(weight_map, dict):
+        raise FileError(f"{index}: no weight_map object (not a safetensors index)")
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or file in ("", ".", "..") or os.path.basename(file) != file:
+            raise FileError(f"{index}: {show_name(name)}: {show(file)} is not a file name in its directory")
+    return weight_map
+
+
 def read_weights(d):
     """{name: (file, shape, loader)} of every tensor in d, from the first of model.safetensors,
-    model.safetensors.index.json (shards) and pytorch_model.bin that is there."""
+    model.safetensors.index.json (shards) and pytorch_model.bin that is there. Each shard holds exactly
+    the tensors its index gives it."""
     single = os.path.join(d, "model.safetensors")
     index = os.path.join(d, "model.safetensors.index.json")
     torch_bin = os.path.join(d, "pytorch_model.bin")
     if os.path.exists(single):
-        files = [single]
-    elif os.path.exists(index):
-        try:
-            with open(index, encoding="utf-8") as f:
-                files = sorted({os.path.join(d, v) for v in json.load(f)["weight_map"].values()})
-        except (OSError, ValueError, KeyError, AttributeError) as e:
-            raise FileError(f"{index}: not a safetensors index ({e})") from None
-    elif os.path.exists(torch_bin):
-        return {k: (torch_bin, shape, load) for k, (_, shape, load) in read_torch(torch_bin).items()}
-    else:
+        return {k: (single, shape, load) for k, (_, shape, load) in read_safetensors(single).items()}
+    if not os.path.exists(index):
+        if os.path.exists(torch_bin):
+            return {k: (torch_bin, shape, load) for k, (_, shape, load) in read_torch(torch_bin).items()}
         raise FileError(f"{single}: No such file (nor model.safetensors.index.json or pytorch_model.bin)")
+    weight_map = read_index(index)
     out = {}
-    for path in files:
-        out.update({k: (path, shape, load) for k, (_, shape, load) in read_safetensors(path).items()})
+    for file in sorted(set(weight_map.values())):
+        path = os.path.join(d, file)
+        for k, (_, shape, load) in read_safetensors(path).items():
+            if weight_map.get(k) != file:
+                raise FileError(f"{path}: {show_name(k)}: {index} puts it "
+                                + (f"in {show(weight_map[k])}" if k in weight_map else "in no file"))
+            out[k] = (path, shape, load)
+    missing = [k for k in weight_map if k not in out]
+    if missing:
+        raise FileError(f"{os.path.join(d, weight_map[missing[0]])}: no {show_name(missing[0])}, which {index} puts there")
     return out
 
 
-def hf_shapes(cfg):
-    """{Hugging Face name (without "transformer."): shape} of a GPT2LMHeadModel of this shape (each name
-    found by the part of it that tells it from the others)."""
-    C, V, maxT = cfg["C"], cfg["V"], cfg["maxT"]
-    shapes = {"wte": (V, C), "wpe": (maxT, C), "ln_1": (C,), "c_attn.weight": (C, 3 * C), "c_attn.bias": (3 * C,),
-              "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,), "ln_2": (C,), "c_fc.weight": (C, 4 * C),
-              "c_fc.bias": (4 * C,), "mlp.c_proj.weight": (4 * C, C), "mlp.c_proj.bias": (C,), "ln_f": (C,)}
-    out = {}
+def gpt2_names(L):
+    """The names (without "transformer.") of a GPT2LMHeadModel with L layers, in llm.c's file order."""
     for _, hf_name, _ in TENSORS:
         name = hf_name[len(PREFIX):]
-        for layer in range(cfg["L"]) if "{l}" in name else [0]:
-            key = name.format(l=layer)
-            out[key] = next(s for part, s in shapes.items() if part in key)
-    return out
+        for layer in range(L) if "{l}" in name else [0]:
+            yield name.format(l=layer)
+
+
+def gpt2_shape(cfg, key):
+    """The shape of the tensor key (a name without "transformer.") in a GPT2LMHeadModel of cfg's shape, or
+    None when that model has no such tensor."""
+    C = cfg["C"]
+    top = {"wte.weight": (cfg["V"], C), "wpe.weight": (cfg["maxT"], C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
+    layer = {"ln_1.weight": (C,), "ln_1.bias": (C,), "attn.c_attn.weight": (C, 3 * C), "attn.c_attn.bias": (3 * C,),
+             "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,), "ln_2.weight": (C,), "ln_2.bias": (C,),
+             "mlp.c_fc.weight": (C, 4 * C), "mlp.c_fc.bias": (4 * C,), "mlp.c_proj.weight": (4 * C, C),
+             "mlp.c_proj.bias": (C,)}
+    m = re.fullmatch(r"h\.(0|[1-9][0-9]*)\.(.+)", key)
+    if m is None:
+        return top.get(key)
+    return layer.get(m[2]) if len(m[1]) <= 10 and int(m[1]) < cfg["L"] else None  # L < 2^31: 10 digits
 
 
 def check_weights(cfg, weights):
     """weights keyed by the names without "transformer.", the buffers dropped, after checking that the
-    names and shapes are exactly a GPT-2 of cfg's shape."""
-    want = hf_shapes(cfg)
-    found = {}
+    names and shapes are exactly a GPT-2 of cfg's shape: every name known, none twice (with and without
+    "transformer."), every shape config.json's, none missing. The config's n_layer is bounded by the file:
+    the names are never built beyond the first missing one."""
+    found, names = {}, {}
     for name, (path, shape, load) in weights.items():
         key = name[len(PREFIX):] if name.startswith(PREFIX) else name
-        if key.endswith((".attn.bias", ".attn.masked_bias")) and key not in want:
+        want = gpt2_shape(cfg, key)
+        if want is None and key.endswith((".attn.bias", ".attn.masked_bias")):
             continue  # the causal mask, a buffer older transformers saved
+        if key in names:
+            raise FileError(f"{path}: {show_name(name)} and {show_name(names[key])} are the same tensor")
+        names[key] = name
         if key == "lm_head.weight":
             continue  # checked against wte below
-        if key not in want:
-            raise FileError(f"{path}: {name}: not a tensor of GPT2LMHeadModel with config.json's n_layer {cfg['L']}")
-        if tuple(shape) != want[key]:
-            raise FileError(f"{path}: {name} has shape {tuple(shape)}, config.json's shape needs {want[key]}")
+        if want is None:
+            raise FileError(f"{path}: {show_name(name)}: not a tensor of GPT2LMHeadModel with config.json's n_layer {cfg['L']}")
+        if tuple(shape) != want:
+            raise FileError(f"{path}: {show_name(name)} has shape {tuple(shape)}, config.json's shape needs {want}")
         found[key] = (path, load)
-    missing = [k for k in want if k not in found]
-    if missing:
+    total = 12 * cfg["L"] + 4
+    if len(found) < total:
+        missing = next(k for k in gpt2_names(cfg["L"]) if k not in found)
         some = next(iter(weights.values()))[0] if weights else "the weights"
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise FileError(f"{some}: no {PREFIX}{missing[0]}{more}")
-    if "lm_head.weight" in weights or PREFIX + "lm_head.weight" in weights:
-        path, shape, load = weights.get("lm_head.weight") or weights[PREFIX + "lm_head.weight"]
-        if tuple(shape) != want["wte.weight"] or not np.array_equal(load(), found["wte.weight"][1]()):
+        raise FileError(f"{some}: no {PREFIX}{missing} (it holds {len(found)} of the {total} tensors of "
+                        f"config.json's n_layer {cfg['L']})")
+    if "lm_head.weight" in names:
+        path, shape, load = weights[names["lm_head.weight"]]
+        if tuple(shape) != gpt2_shape(cfg, "wte.weight") or not np.array_equal(load(), found["wte.weight"][1]()):
             raise FileError(f"{path}: lm_head.weight differs from wte.weight: llm.c's head is tied to wte")
     return {k: load for k, (_, load) in found.items()}
 

@@ -10,8 +10,10 @@ transformers itself. Prints "PASS ..." and "FAIL ..." lines, and "skip: ..." for
 """
 import filecmp
 import json
+import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -109,10 +111,10 @@ def check_import_of_bf16(tmp):
           "import of the bf16 export: an fp32 file holding tiny_model_bf16.bin's values exactly")
 
 
-def import_py(hf_dir, out):
+def import_py(hf_dir, out, timeout=None):
     """import.py's exit status and stderr"""
     run = subprocess.run([sys.executable, os.path.join(HERE, "import.py"), hf_dir, "--out", out],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, timeout=timeout)
     return run.returncode, run.stderr.strip()
 
 
@@ -161,6 +163,236 @@ def check_import_layouts(tmp):
     check(rc != 0 and err.count("\n") == 0 and "untied/model.safetensors: lm_head.weight differs from wte" in err
           and not os.path.exists(out) and not os.path.exists(out + ".tmp"),
           f"import.py of an untied lm_head: one line naming the file, no output ({err})")
+
+
+# (5) hostile input to import.py: every field of a safetensors header, config.json and the shards' index
+# spoilt, each way by itself. Each must give exit 1, exactly one line "import.py: error: FILE: CAUSE" (no
+# traceback, no hang) and no output file.
+def st_parts(path):
+    """(header, data) of a safetensors file, the header as the dict it holds"""
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_raw_safetensors(path, header, data, length=None):
+    """a safetensors file as given: header a dict (or the header's raw bytes), length the header length
+    written (default: the header's)"""
+    text = header if isinstance(header, bytes) else json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text) if length is None else length) + text + data)
+
+
+def spoil(edit, grow=b""):
+    """a case's maker: the tiny export's header after edit(header), its data + grow"""
+    def make(d):
+        header, data = st_parts(os.path.join(d, "model.safetensors"))
+        edit(header)
+        write_raw_safetensors(os.path.join(d, "model.safetensors"), header, data + grow)
+    return make
+
+
+def entry(name, **fields):
+    """an edit that sets fields of tensor name (a field set to None is deleted)"""
+    def edit(header):
+        for k, v in fields.items():
+            if v is None:
+                del header[name][k]
+            else:
+                header[name][k] = v
+    return edit
+
+
+def raw(text, data=b"", length=None):
+    return lambda d: write_raw_safetensors(os.path.join(d, "model.safetensors"), text, data, length)
+
+
+def config(drop=(), **fields):
+    """a case's maker: config.json with fields set and the keys in drop deleted"""
+    def make(d):
+        path = os.path.join(d, "config.json")
+        c = {k: v for k, v in json.load(open(path)).items() if k not in drop}
+        open(path, "w").write(json.dumps(dict(c, **fields)))
+    return make
+
+
+def write_file(name, text):
+    def make(d):
+        open(os.path.join(d, name), "w").write(text)
+    return make
+
+
+def sharded(edit_index=None, move=None):
+    """a case's maker: the weights as two shards and an index, after edit_index(weight_map) and moving tensor
+    `move` from shard 1 to shard 2 (without telling the index)"""
+    def make(d):
+        header, data = st_parts(os.path.join(d, "model.safetensors"))
+        os.remove(os.path.join(d, "model.safetensors"))
+        names = [k for k in header if k != "__metadata__"]
+        parts = {"a.safetensors": names[:10], "b.safetensors": names[10:]}
+        if move:
+            parts["a.safetensors"].remove(move)
+            parts["b.safetensors"].append(move)
+        weight_map = {k: f for f, part in parts.items() for k in part}
+        if move:
+            weight_map[move] = "a.safetensors"
+        for file, part in parts.items():
+            write_safetensors(os.path.join(d, file), [(k, np.frombuffer(data, "<f4", math.prod(header[k]["shape"]),
+                                                                        header[k]["data_offsets"][0])) for k in part],
+                              "F32")
+        if edit_index:
+            edit_index(weight_map)
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    return make
+
+
+def check_hostile_inputs(tmp):
+    wte, wpe, lnfb = "transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.bias"
+    tiny_header, tiny_data = st_parts(os.path.join(tmp, "tiny", "model.safetensors"))
+    size = len(tiny_data)
+    lnfb_at = tiny_header[lnfb]["data_offsets"]
+    header_text = json.dumps(tiny_header).encode()
+    st, cj, ix = "model.safetensors", "config.json", "model.safetensors.index.json"
+    cases = [  # (what, the file the error names, what it says of it, the maker)
+        # the header's length and its JSON
+        ("a file shorter than 8 bytes", st, "3 bytes, not a safetensors file",
+         lambda d: open(os.path.join(d, st), "wb").write(b"abc")),
+        ("a header length beyond the file", st, f"header length 1000000 is beyond the file's {8 + len(header_text) + size} "
+         "bytes", raw(header_text, tiny_data, length=10**6)),
+        ("a header length of 2^64 - 1", st, f"header length {2**64 - 1} is beyond", raw(b"{}", length=2**64 - 1)),
+        ("a header that is not JSON", st, "its header is not JSON", raw(b"\x00garbage\xff")),
+        ("a header nested 100000 deep", st, "its header is not JSON (nested too deep)", raw(b"[" * 100000)),
+        ("NaN in the header", st, "its header is not JSON (NaN is not a JSON number)",
+         raw(header_text.replace(b"[97, 32]", b"[NaN, 32]"), tiny_data)),
+        ("a tensor named twice in the header", st, f"{wte} is named twice",
+         raw(header_text[:-1] + b', "' + wte.encode() + b'": ' + json.dumps(tiny_header[wte]).encode() + b"}",
+             tiny_data)),
+        ("a header that is a list", st, "its header is a JSON list, not an object of tensors", raw(b"[1, 2]")),
+        ("a header that is a number", st, "its header is a JSON int", raw(b"7")),
+        ("__metadata__ a string", st, "__metadata__ is 'pt', not an object",
+         spoil(lambda h: h.update(__metadata__="pt"))),
+        # one entry's fields
+        ("an entry that is an int", st, f"{wte}: 5, not an object with dtype, shape and data_offsets",
+         spoil(lambda h: h.update({wte: 5}))),
+        ("an entry that is a list", st, f"{wte}: ['F32'], not an object", spoil(lambda h: h.update({wte: ["F32"]}))),
+        ("no data_offsets", st, f"{wte}: no data_offsets", spoil(entry(wte, data_offsets=None))),
+        ("no shape", st, f"{wte}: no shape", spoil(entry(wte, shape=None))),
+        ("no dtype", st, f"{wte}: no dtype", spoil(entry(wte, dtype=None))),
+        ("an unknown dtype", st, f"{wte}: dtype 'F64' (want F32, F16 or BF16)", spoil(entry(wte, dtype="F64"))),
+        ("a dtype that is a number", st, f"{wte}: dtype 32 (want", spoil(entry(wte, dtype=32))),
+        ("a string shape", st, f"{wte}: shape '97,32' is not a list of non-negative integers",
+         spoil(entry(wte, shape="97,32"))),
+        ("a negative shape of the right size", st, f"{wte}: shape [-97, -32] is not a list",
+         spoil(entry(wte, shape=[-97, -32]))),
+        ("a float in the shape", st, f"{wte}: shape [97.0, 32] is not", spoil(entry(wte, shape=[97.0, 32]))),
+        ("a boolean in the shape", st, f"{wte}: shape [True, 97, 32] is not", spoil(entry(wte, shape=[True, 97, 32]))),
+        ("a shape whose size wraps in 64 bits to the bytes given", st,
+         f"{wte}: data_offsets [0, 12416] hold 12416 bytes, its F32 shape ({2**62 + 3104},) needs",
+         spoil(entry(wte, shape=[2**62 + 3104]))),
+        # data_offsets
+        ("negative data_offsets (a tensor read from the header's bytes)", st,
+         f"{lnfb}: data_offsets [-128, 0] are not [begin, end] with 0 <= begin <= end",
+         spoil(entry(lnfb, data_offsets=[-128, 0]))),
+        ("reversed data_offsets", st, f"{wte}: data_offsets [12416, 0] are not [begin, end]",
+         spoil(entry(wte, data_offsets=[12416, 0]))),
+        ("data_offsets of one number", st, f"{wte}: data_offsets [12416] are not", spoil(entry(wte, data_offsets=[12416]))),
+        ("data_offsets that are strings", st, f"{wte}: data_offsets ['0', '12416'] are not",
+         spoil(entry(wte, data_offsets=["0", "12416"]))),
+        ("data_offsets ending beyond the file", st, f"{lnfb}: data_offsets [116228, 116356] end beyond the file's "
+         f"{size} bytes of data", spoil(entry(lnfb, data_offsets=[lnfb_at[0] + 4, lnfb_at[1] + 4]))),
+        ("data_offsets of another size than dtype x shape", st,
+         f"{wte}: data_offsets [0, 12416] hold 12416 bytes, its F16 shape (97, 32) needs 6208",
+         spoil(entry(wte, dtype="F16"))),
+        ("overlapping tensors", st, f"{wte}'s data [0, 12416] overlaps {wpe}'s, which ends at 2048",
+         spoil(entry(wpe, data_offsets=[0, 2048]))),
+        ("a gap between tensors", st, f"bytes [{lnfb_at[0]}, {lnfb_at[0] + 4}) of the data belong to no tensor",
+         spoil(entry(lnfb, data_offsets=[lnfb_at[0] + 4, lnfb_at[1] + 4]), grow=bytes(4))),
+        ("bytes after the last tensor", st, f"bytes [{size}, {size + 8}) of the data belong to no tensor",
+         spoil(lambda h: None, grow=bytes(8))),
+        ("a truncated file", st, f"{lnfb}: data_offsets [{lnfb_at[0]}, {lnfb_at[1]}] end beyond the file's "
+         f"{size - 100} bytes of data", lambda d: write_raw_safetensors(os.path.join(d, st), tiny_header,
+                                                                        tiny_data[:-100])),
+        # names
+        ("an unknown tensor name", st, "transformer.h.0.ln_3.weight: not a tensor of GPT2LMHeadModel",
+         spoil(lambda h: h.update({"transformer.h.0.ln_3.weight": h.pop("transformer.h.0.ln_1.weight")}))),
+        ("a layer number with a leading zero", st, "transformer.h.01.ln_1.weight: not a tensor",
+         spoil(lambda h: h.update({"transformer.h.01.ln_1.weight": h.pop("transformer.h.1.ln_1.weight")}))),
+        ("a layer beyond config.json's n_layer", st, "transformer.h.2.ln_1.weight: not a tensor of GPT2LMHeadModel "
+         "with config.json's n_layer 2",
+         spoil(lambda h: h.update({"transformer.h.2.ln_1.weight": h.pop("transformer.h.1.ln_1.weight")}))),
+        ("a layer number of 5000 digits", st, "transformer.h.11111111111111111111",
+         spoil(lambda h: h.update({f"transformer.h.{'1' * 5000}.ln_1.weight": h.pop("transformer.h.1.ln_1.weight")}))),
+        ("a name with a line break", st, "'transformer.wte.weight\\nx': not a tensor",
+         spoil(lambda h: h.update({"transformer.wte.weight\nx": h.pop(wte)}))),
+        ("a tensor with and without transformer.", st, "wte.weight and transformer.wte.weight are the same tensor",
+         spoil(lambda h: h.update({"wte.weight": dict(h[wte], data_offsets=[size, size + 12416])}),
+               grow=tiny_data[:12416])),
+        ("a missing tensor", st, f"no {lnfb} (it holds 27 of the 28 tensors of config.json's n_layer 2)",
+         lambda d: write_raw_safetensors(os.path.join(d, st), {k: v for k, v in tiny_header.items() if k != lnfb},
+                                         tiny_data[:lnfb_at[0]])),
+        # config.json: types, values, and sizes bounded by the weights
+        ("n_layer 10^9 (no hang building names)", st, "no transformer.h.2.ln_1.weight (it holds 28 of the "
+         "12000000004 tensors of config.json's n_layer 1000000000)", config(n_layer=10**9)),
+        ("n_embd beyond the llm.c header's int32", cj, "n_embd 1000000000000 is beyond the llm.c header's int32",
+         config(n_embd=10**12)),
+        ("vocab_size that pads beyond int32", cj, "vocab_size 2147483600 padded to 2147483648 is beyond",
+         config(vocab_size=2147483600)),
+        ("vocab_size beyond what the weights hold", st, f"{wte} has shape (97, 32), config.json's shape needs "
+         "(100000, 32)", config(vocab_size=100000)),
+        ("n_positions beyond what the weights hold", st, f"{wpe} has shape (16, 32), config.json's shape needs "
+         "(1000000000, 32)", config(n_positions=10**9)),
+        ("n_layer a string", cj, "n_layer '2' is not a positive integer", config(n_layer="2")),
+        ("n_layer a float", cj, "n_layer 2.0 is not a positive integer", config(n_layer=2.0)),
+        ("n_layer a boolean", cj, "n_layer True is not a positive integer", config(n_layer=True)),
+        ("n_layer 0", cj, "n_layer 0 is not a positive integer", config(n_layer=0)),
+        ("n_head negative", cj, "n_head -4 is not a positive integer", config(n_head=-4)),
+        ("vocab_size null", cj, "vocab_size None is not a positive integer", config(vocab_size=None)),
+        ("no n_embd", cj, "no n_embd", config(drop=["n_embd"])),
+        ("n_embd not a multiple of n_head", cj, "n_embd 32 is not a multiple of n_head 5", config(n_head=5)),
+        ("layer_norm_epsilon a string", cj, "layer_norm_epsilon '1e-5' is not a number",
+         config(layer_norm_epsilon="1e-5")),
+        ("layer_norm_epsilon NaN", cj, "not JSON (NaN is not a JSON number)",
+         write_file(cj, '{"model_type": "gpt2", "layer_norm_epsilon": NaN}')),
+        ("tie_word_embeddings 1, not true", cj, "tie_word_embeddings 1 (the engine needs True)",
+         config(tie_word_embeddings=1)),
+        ("architectures a string", cj, "architectures 'GPT2Model' is not a list of names",
+         config(architectures="GPT2Model")),
+        ("architectures a number", cj, "architectures 5 is not a list of names", config(architectures=5)),
+        ("a config that is a list", cj, "not a model config (a JSON object)", write_file(cj, "[]")),
+        ("a config that is not JSON", cj, "not JSON", write_file(cj, "{model_type: gpt2")),
+        ("a config key twice", cj, "n_layer is named twice",
+         write_file(cj, '{"model_type": "gpt2", "n_layer": 2, "n_layer": 12}')),
+        # the shards' index
+        ("an index whose weight_map is a list", ix, "no weight_map object",
+         lambda d: (sharded()(d), write_file(ix, '{"weight_map": []}')(d))),
+        ("an index that is not JSON", ix, "not JSON", lambda d: (sharded()(d), write_file(ix, "{")(d))),
+        ("an index naming a file outside the directory", ix, f"{wte}: '../a.safetensors' is not a file name",
+         sharded(lambda m: m.update({wte: "../a.safetensors"}))),
+        ("an index naming a file by a number", ix, f"{wte}: 1 is not a file name", sharded(lambda m: m.update({wte: 1}))),
+        ("a tensor in another shard than the index says", "b.safetensors",
+         f"{wpe}: {tmp}/hostile/{ix} puts it in 'a.safetensors'", sharded(move=wpe)),
+        ("an index naming a tensor no shard holds", "a.safetensors", "no transformer.h.9.ln_1.weight, which",
+         sharded(lambda m: m.update({"transformer.h.9.ln_1.weight": "a.safetensors"}))),
+    ]
+    for what, file, says, make in cases:
+        d = os.path.join(tmp, "hostile")
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(os.path.join(tmp, "tiny"), d)
+        make(d)
+        out = os.path.join(tmp, "hostile.bin")
+        for left in (out, out + ".tmp"):  # a failure of a case before would show as this one's
+            if os.path.exists(left):
+                os.remove(left)
+        try:
+            rc, err = import_py(d, out, timeout=60)
+        except subprocess.TimeoutExpired:
+            rc, err = "a hang (60 s)", ""
+        want = f"import.py: error: {os.path.join(d, file)}: "
+        ok = (rc == 1 and len(err.splitlines()) == 1 and err.startswith(want) and says in err
+              and not os.path.exists(out) and not os.path.exists(out + ".tmp"))
+        check(ok, f"import.py, {what}: exit 1, one line naming {file} and the cause" + ("" if ok else
+              f" '{says}' (got exit {rc}: {err[-300:]!r})"))
 
 
 # (3) GPT-2's BPE as GPT2Tokenizer runs it, from vocab.json and merges.txt alone: the text cut by the
@@ -300,6 +532,7 @@ def main():
     check_logits(tmp, d2_model)
     check_import_of_bf16(tmp)
     check_import_layouts(tmp)
+    check_hostile_inputs(tmp)
     docs = check_tokenizer(tmp)
     check_transformers(tmp, docs, engine)
 
