@@ -119,6 +119,7 @@ the divergence guard); README.md.
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>  // sched_getaffinity: the cores OpenMP may use (lp_threads_bound)
 #include <fnmatch.h>
 #include <glob.h>
 #include <limits.h>
@@ -850,6 +851,20 @@ static inline void lp_blas_init(char** argv) {
 #endif
 }
 
+// OpenMP's threads at most the cores this process may run on, before any parallel region: more only
+// oversubscribe them, and an absurd OMP_NUM_THREADS (100000) crashes inside the OpenMP runtime at the first
+// region. A notice says so. Results do not depend on the thread count (fixed-order reductions).
+static inline void lp_threads_bound(void) {
+#ifdef _OPENMP
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int asked = omp_get_max_threads();
+    if (cores < 1 || asked <= cores) return;
+    omp_set_num_threads(cores);
+    lp_log("notice: %d OpenMP threads asked (OMP_NUM_THREADS), %d cores to run them: using %d\n", asked, cores, cores);
+#endif
+}
+
 static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
     lp_blas_init(*argv);
     memset(proc, 0, sizeof(*proc));
@@ -866,6 +881,7 @@ static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
     (void)argv;
 #endif
     lp_rank = proc->rank;
+    lp_threads_bound();
 }
 
 // Picks the GPU from the launcher's local rank (Open MPI, then Slurm, else rank) and sets up cuBLASLt.
@@ -7861,19 +7877,22 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     }
     double params = s->par->zero >= 3 ? outside + (s->par->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
     double grads = s->par->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
-    LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes (the rest of
-    shape.cfg = *c;  // an LPModel, its ZeRO state's buffers of pending collectives, is ~0.8 MB: not cleared here)
-    shape.par = s->par;
-    shape.tp_size = s->par->tp;
-    shape.ep_size = s->par->ep;
-    shape.attention = s->attention;
-    shape.L = layers;
-    shape.layer0 = 0;
-    shape.last = k == chunks - 1;
-    shape.num_aux = 0;
-    shape.moe.capacity = 0.0f;  // (a mixture of experts' buffers for the most rows an expert may take)
+    // only what lp_activations_layout reads, to count the chunk's activation bytes (the rest of an LPModel,
+    // its ZeRO state's buffers of pending collectives, is ~0.8 MB: on the heap, not the stack, and not cleared)
+    LPModel* shape = (LPModel*)lp_host_malloc(sizeof(LPModel), "chunk shape");
+    shape->cfg = *c;
+    shape->par = s->par;
+    shape->tp_size = s->par->tp;
+    shape->ep_size = s->par->ep;
+    shape->attention = s->attention;
+    shape->L = layers;
+    shape->layer0 = 0;
+    shape->last = k == chunks - 1;
+    shape->num_aux = 0;
+    shape->moe.capacity = 0.0f;  // (a mixture of experts' buffers for the most rows an expert may take)
     LPActivations a;
-    size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, s->gpu, NULL, NULL, &scratch);
+    size_t scratch, stored = lp_activations_layout(&a, shape, s->B, s->T, s->gpu, NULL, NULL, &scratch);
+    free(shape);
     int master = lp_shape_master_copy(s);
     double state = (master ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v
     if (s->par->offload != LP_OFFLOAD_NONE)  // the CUDA build: all of it on the host; the CPU build's file: two buffers of m, v

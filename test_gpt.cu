@@ -12,6 +12,7 @@ subprocesses, reading the `step N/M | loss L` lines and the one-line errors user
 repository root; an argument runs only the tests whose name holds it (./test_gpt_cpu divergence).
 Prints `N passed, N failed` last.
 */
+#define _GNU_SOURCE  // before any header, as llmpar.h would have it (sched_getaffinity)
 #include <signal.h>
 #include <strings.h>  // strcasecmp
 #include <sys/resource.h>
@@ -1131,6 +1132,41 @@ static void test_model_flags(void) {
     rc = run_cmd(out, sizeof(out), "%s -e d2 --moe-experts 4 %s -x 3 --resume -o %s", TRAIN_BIN, base, dir);
     expect(rc == 0 && strstr(out, "resumed from") && strstr(out, "step_00000002") && strstr(out, "step 3/3"),
            "model flags: the refused checkpoint resumes with the flags that made it");
+}
+
+// The engine needs no large stack (no function keeps over 128 KiB: -Wframe-larger-than on train_gpt_cpu)
+// and bounds OpenMP's threads by the cores before any parallel region: under `ulimit -s 512` a run (and
+// --pp 2 under mpirun, and --plan) trains to the same losses as with the default stack; OMP_NUM_THREADS of
+// 100000, and of the cores + 1, are each a notice and the same losses, bit for bit (the results do not
+// depend on the thread count).
+static void test_stack_and_threads(void) {
+    static char out[1 << 15], ref[1 << 15];
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0 -x 3";
+    float want[8], got[8];
+    int rc = run_cmd(ref, sizeof(ref), "%s %s", TRAIN_BIN, args), n = parse_losses(ref, want, 8);
+    rc = run_cmd(out, sizeof(out), "ulimit -s 512 && %s %s", TRAIN_BIN, args);
+    expect(rc == 0 && n == 3 && parse_losses(out, got, 8) == 3 && memcmp(got, want, sizeof(float) * 3) == 0,
+           "stack: a run under ulimit -s 512 trains to the default stack's losses");
+    if (rc != 0) printf("     exit %d:\n%s\n", rc, out);
+    rc = run_cmd(out, sizeof(out), "ulimit -s 512 && %s -e d12 -t 1024 -d 524288 --plan 64", TRAIN_BIN);
+    expect(rc == 0 && strstr(out, "run the fastest:"), "stack: --plan under ulimit -s 512");
+    if (system("command -v mpirun > /dev/null 2>&1") == 0) {
+        rc = run_cmd(out, sizeof(out), "ulimit -s 512 && mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s --pp 2", TRAIN_BIN, args);
+        expect(rc == 0 && parse_losses(out, got, 8) == 3 && fabsf(got[2] - want[2]) <= 1e-5f * fabsf(want[2]),
+               "stack: --pp 2 under mpirun and ulimit -s 512 trains (losses within 1e-5 of one rank's)");
+    }
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int asked[2] = {100000, cores + 1};
+    for (int k = 0; k < 2; k++) {
+        char notice[128], name[256];
+        snprintf(notice, sizeof(notice), "notice: %d OpenMP threads asked (OMP_NUM_THREADS), %d cores to run them: using %d", asked[k], cores, cores);
+        rc = run_cmd(out, sizeof(out), "OMP_NUM_THREADS=%d %s %s", asked[k], TRAIN_BIN, args);
+        snprintf(name, sizeof(name), "threads: OMP_NUM_THREADS=%d is bounded by the %d cores with a notice, the losses bit for bit the same",
+                 asked[k], cores);
+        expect(rc == 0 && strstr(out, notice) && parse_losses(out, got, 8) == 3 && memcmp(got, want, sizeof(float) * 3) == 0, name);
+        if (rc != 0 || !strstr(out, notice)) printf("     exit %d:\n%s\n", rc, out);
+    }
 }
 
 // The output directory is the run's own or the run stops before step 1, with -o as it was: a lock or
@@ -5291,6 +5327,7 @@ int main(int argc, char** argv) {
     RUN(test_output_owned);
     RUN(test_run_identity);
     RUN(test_model_flags);
+    RUN(test_stack_and_threads);
     RUN(test_flags);
     RUN(test_hellaswag_file);
     printf("tier 2: CPU model\n");
