@@ -1044,16 +1044,20 @@ static void lp_run_open_output(LPTrainRun* r) {
     if (f->resume) {
         int latest = lp_checkpoint_latest(f->out_dir, INT_MAX);
         if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
-        LPConfig saved;  // a checkpoint of another shape is not damaged: the flag that makes this run's shape is named
+        // a checkpoint of another shape, whole as that shape (sizes and checksums), is not damaged: the flag that
+        // makes this run's shape is named
+        LPConfig saved;
+        int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
         int k = proc->rank == 0 && lp_checkpoint_shape(f->out_dir, latest, &saved) == 0 ? lp_config_differs(&saved, &r->cfg) : -1;
-        if (k >= 0) {
+        if (k >= 0 && !lp_checkpoint_problem(f->out_dir, latest, &saved, optim_h, state_h, 1, why, sizeof(why))) {
             const char* moe_flags[3] = {"--moe-experts", "--moe-topk", "--moe-every"};
             snprintf(why, sizeof(why), "flag %s: checkpoint step %d holds a model of %d %s, this run's (-e %s) has %d; resume with the "
                      "flags that made it", r->preset && k >= 6 ? moe_flags[k - 6] : "-e", latest, LP_CONFIG_FIELD(&saved, k),
                      lp_config_fields[k].what, f->init, LP_CONFIG_FIELD(&r->cfg, k));
+        } else {
+            why[0] = '\0';  // (a checkpoint that is not whole is damaged: reported below)
         }
         lp_fail_all_from_rank0(proc, why);
-        int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
         for (;;) {
             float bad = proc->rank == 0 && lp_checkpoint_problem(f->out_dir, latest, &r->cfg, optim_h, state_h, 1, why, sizeof(why));
             lp_all_reduce_host(&proc->world_group, &bad, 1, 0);
