@@ -1419,6 +1419,29 @@ static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int 
 #endif
 }
 
+// Every rank's `bytes` at mine into all (rank-major, world * bytes), over the whole job; and a broadcast
+// from `root` over it. For the start, before the grid's groups exist (lp_grid_init).
+static inline void lp_world_all_gather(const LPProcess* proc, const void* mine, size_t bytes, void* all) {
+    memcpy(all, mine, bytes);
+#ifdef LLMPAR_MPI
+    if (proc->world > 1 && MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD) != MPI_SUCCESS)
+        lp_fail("MPI_Allgather of %zu bytes at the start failed", bytes);
+#else
+    (void)proc;
+#endif
+}
+static inline void lp_world_broadcast(const LPProcess* proc, void* buf, size_t bytes, int root) {
+#ifdef LLMPAR_MPI
+    if (proc->world > 1 && MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
+        lp_fail("MPI_Bcast of %zu bytes at the start failed", bytes);
+#else
+    (void)proc;
+    (void)buf;
+    (void)bytes;
+    (void)root;
+#endif
+}
+
 // Send `bytes` of host memory from the group's rank `root` to all its ranks (one reader of a model file
 // serves the whole group).
 static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, int root) {

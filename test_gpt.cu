@@ -3811,6 +3811,50 @@ static void test_output_lock(void) {
     if (rc != 0) printf("%s\n", out);
 }
 
+// Ranks agree or stop: an MPMD launch (mpirun A : B) whose ranks were given different flags stops before
+// any step with one line naming the first rank that differs, the flag and both values: -b (which trained on,
+// exit 0, with the wrong tokens per step), -e (another model: 12 lines of MPI errors and none of ours),
+// --tp, --seed, a value typed otherwise on one rank only; the same -e path holding a model file of another
+// shape on one rank's machine (here: another working directory) names the header's field; the same flags
+// typed in another order agree and train.
+static void test_ranks_agree(void) {
+    static char out[1 << 16];
+    if (no_mpirun("tier 3 ranks agree")) return;
+    char args[2048], dirs[2][LP_PATH_MAX], path[LP_PATH_MAX];
+    snprintf(args, sizeof(args), "-i %s -j '' -t 16 -v 0 -s 0 -x 1", tmp_path("dp_shard.bin"));
+    const char* mpmd = "mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1";
+    static const struct { const char *rank0, *rank1, *needle; } cases[] = {
+        {"-b 2", "-b 4", "rank 1 was given -b 4, rank 0 -b 2: every rank must be given the same flags"},
+        {"-b 2", "-b 2 -e d2", "rank 1 was given -e d2, rank 0 -e dev/ref/tiny_model.bin"},
+        {"-b 2 --tp 2", "-b 2", "rank 1 was given --tp 1, rank 0 --tp 2"},
+        {"-b 2", "-b 2 --seed 7", "rank 1 was given --seed 7, rank 0 --seed 1337"},
+        {"-b 2 --zero 1", "-b 2 -z 0", "rank 1 was given --zero 0, rank 0 --zero 1"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int rc = run_cmd(out, sizeof(out), "%s -np 1 %s -e dev/ref/tiny_model.bin %s %s : -np 1 %s -e dev/ref/tiny_model.bin %s %s", mpmd,
+                         TRAIN_BIN, args, cases[k].rank0, TRAIN_BIN, args, cases[k].rank1);
+        char name[256];
+        snprintf(name, sizeof(name), "ranks agree: rank 0 '%s', rank 1 '%s': refused before any step, naming rank 1 and the flag",
+                 cases[k].rank0, cases[k].rank1);
+        expect_stops(name, cases[k].needle, rc, out);
+    }
+    int rc = run_cmd(out, sizeof(out), "%s -np 1 %s -e dev/ref/tiny_model.bin %s -b 2 --zero 1 : -np 1 %s --zero 1 -b 2 %s -e dev/ref/tiny_model.bin",
+                     mpmd, TRAIN_BIN, args, TRAIN_BIN, args);
+    expect(rc == 0 && strstr(out, "step 1/1"), "ranks agree: the same flags in another order train");
+    for (int r = 0; r < 2; r++) {  // model.bin in each rank's working directory: 2 layers on rank 0, 3 on rank 1
+        lp_path(dirs[r], "%s_%d", tmp_path("agree_wdir"), r);
+        mkdir(dirs[r], 0755);
+        lp_path(path, "%s/model.bin", dirs[r]);
+        save_tiny_model(path, 2 + r, 5);
+    }
+    char bin[LP_PATH_MAX];
+    if (!realpath(TRAIN_BIN, bin)) lp_fail("realpath %s: %s", TRAIN_BIN, strerror(errno));
+    rc = run_cmd(out, sizeof(out), "%s -np 1 -wdir %s %s -e model.bin %s -b 2 : -np 1 -wdir %s %s -e model.bin %s -b 2", mpmd, dirs[0], bin,
+                 args, dirs[1], bin, args);
+    expect_stops("ranks agree: -e model.bin of 3 layers on rank 1's machine, 2 on rank 0's: refused naming the header's field",
+                 "flag -e model.bin: rank 1 reads a model file with another header than rank 0's (layers 3 there, 2 on rank 0)", rc, out);
+}
+
 // --offload nvme: AdamW m and v in a file under --offload-dir, streamed a chunk at a time (here chunks of
 // 1024 values, LLMPAR_OFFLOAD_CHUNK, so the tiny model's shards span many). The update is the same
 // arithmetic on the same values, so losses, weights and optimizer state equal the in-memory run's bit for
@@ -5359,6 +5403,7 @@ int main(int argc, char** argv) {
     RUN(test_divergence_grids);
     RUN(test_supervisor_kill);
     RUN(test_output_lock);
+    RUN(test_ranks_agree);
     RUN(test_watchdog);
     RUN(test_stragglers);
     RUN(test_offload);

@@ -539,6 +539,11 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_flag_set(f, s, a, v);
         f->given[s - lp_flag_specs] = 1;
     }
+    return 1;
+}
+
+// The flags' values checked, each against its range and the others; a bad one is one line naming it.
+static void lp_check_flags(LPFlags* f) {
     // the flags' names below come from the table: LP_FLAG_NAME(B) is "-b"
     if (f->B < 1) lp_fail_all("flag %s: micro-batch size must be >= 1, got %d", LP_FLAG_NAME(B), f->B);
     if (f->T < 1) lp_fail_all("flag %s: sequence length must be >= 1, got %d", LP_FLAG_NAME(T), f->T);
@@ -625,7 +630,6 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (par->sp && f->T % par->tp)
         lp_fail_all("flag %s: sequence length %s %d does not split over %s %d ranks", LP_FLAG_NAME(par.sp), LP_FLAG_NAME(T), f->T,
                     LP_FLAG_NAME(par.tp), par->tp);
-    return 1;
 }
 
 // A flag's value as parsed, as text in buf: a switch 1 on, 0 off; an empty string ""; a number in as few
@@ -646,6 +650,62 @@ static const char* lp_flag_value(const LPFlags* f, const LPFlagSpec* s, char* bu
     case LP_FLAG_CHOICE: snprintf(buf, size, "%s", s->choices[*(const int*)p]); break;
     }
     return buf;
+}
+
+// Ranks agree or stop. Every rank must be given the same flags (an MPMD launch, or a script that builds
+// each rank's command, can give them different ones: with another -b a rank trained on with the wrong
+// tokens per step; with another model the job ended in MPI's errors), run the same build, and find the same
+// header in -e's model file (the file can differ between machines). At the start, one all-gather of a
+// digest (CRC32C) of each flag's value (--offload-dir aside: a folder of each machine's), of the build and of
+// the header; where a rank differs from rank 0, every rank stops with one line naming the first such rank and
+// what differs, with both values.
+static void lp_ranks_agree(const LPFlags* f, const LPProcess* proc) {
+    if (proc->world == 1) return;
+    enum { BUILD = LP_NUM_FLAGS, HEADER, N };
+    struct { char text[LP_PATH_MAX]; int h[LP_HEADER_INTS]; } mine, theirs;
+    uint32_t digest[N];
+    for (int k = 0; k < LP_NUM_FLAGS; k++) {
+        lp_flag_value(f, &lp_flag_specs[k], mine.text, sizeof(mine.text));
+        int local = lp_flag_specs[k].field == LP_FIELD(par.offload_dir);
+        digest[k] = local ? 0 : lp_crc32c(0, (const unsigned char*)mine.text, strlen(mine.text));
+    }
+    snprintf(mine.text, sizeof(mine.text), "%s build (%s)", LP_BUILD_GPU ? "CUDA" : "CPU", sizeof(floatX) == 2 ? "bf16" : "fp32");
+    digest[BUILD] = lp_crc32c(0, (const unsigned char*)mine.text, strlen(mine.text));
+    memset(mine.h, 0, sizeof(mine.h));  // (a preset, or a file this rank cannot read: 0s, and the usual error later)
+    FILE* file = fopen(f->init, "rb");
+    if (file && fread(mine.h, sizeof(int), LP_HEADER_INTS, file) != LP_HEADER_INTS) memset(mine.h, 0, sizeof(mine.h));
+    if (file) fclose(file);
+    digest[HEADER] = lp_crc32c(0, (const unsigned char*)mine.h, sizeof(mine.h));
+    uint32_t* all = (uint32_t*)lp_host_malloc((size_t)proc->world * sizeof(digest), "the ranks' flag digests");
+    lp_world_all_gather(proc, digest, sizeof(digest), all);
+    int rank = 0, k = 0;
+    for (int r = 1; r < proc->world && !rank; r++)
+        for (k = 0; k < N && !rank; k++)
+            if (all[(size_t)r * N + k] != all[k]) rank = r;
+    free(all);
+    if (!rank) return;
+    k--;
+    if (k < LP_NUM_FLAGS) lp_flag_value(f, &lp_flag_specs[k], mine.text, sizeof(mine.text));
+    else if (k == HEADER) snprintf(mine.text, sizeof(mine.text), "%s", f->init);
+    theirs = mine;
+    lp_world_broadcast(proc, &theirs, sizeof(theirs), rank);
+    const char* same = "every rank must be given the same flags (an MPMD launch, or a script, gave them different ones)";
+    if (k < LP_NUM_FLAGS)
+        lp_fail_all("rank %d was given %s %s, rank 0 %s %s: %s", rank, lp_flag_name(&lp_flag_specs[k]), theirs.text,
+                    lp_flag_name(&lp_flag_specs[k]), mine.text, same);
+    if (k == BUILD) lp_fail_all("rank %d runs the %s, rank 0 the %s: every rank must run the same program", rank, theirs.text, mine.text);
+    LPConfig a, b;  // the header: its first field that differs
+    lp_config_of_header(theirs.h, &a);
+    lp_config_of_header(mine.h, &b);
+    int field = lp_config_differs(&a, &b);
+    char what[128] = "its header differs";
+    if (theirs.h[0] != mine.h[0] || theirs.h[1] != mine.h[1])
+        snprintf(what, sizeof(what), "magic %d version %d there, %d %d on rank 0", theirs.h[0], theirs.h[1], mine.h[0], mine.h[1]);
+    else if (field >= 0)
+        snprintf(what, sizeof(what), "%s %d there, %d on rank 0", lp_config_fields[field].what, LP_CONFIG_FIELD(&a, field),
+                 LP_CONFIG_FIELD(&b, field));
+    lp_fail_all("flag -e %s: rank %d reads a model file with another header than rank 0's (%s): the file differs between the "
+                "ranks' machines; every rank must read the same model", f->init, rank, what);
 }
 
 // --print-flags: every flag's value as parsed, one line each under its name
@@ -1735,7 +1795,12 @@ int main(int argc, char** argv) {
     LPFlags flags;
     lp_setting_namer = lp_setting_flag;  // the header's errors name this driver's flags
     int stopped = 0;  // the signal that stopped the run (lp_train)
-    if (!lp_parse_flags(&flags, argc, argv)) {
+    int flags_given = lp_parse_flags(&flags, argc, argv);
+    if (flags_given) {
+        lp_ranks_agree(&flags, &proc);
+        lp_check_flags(&flags);
+    }
+    if (!flags_given) {
         lp_usage();
     } else if (flags.print_flags) {
         lp_print_flags(&flags);
