@@ -12,7 +12,9 @@ subprocesses, reading the `step N/M | loss L` lines and the one-line errors user
 repository root; an argument runs only the tests whose name holds it (./test_gpt_cpu divergence).
 Prints `N passed, N failed` last.
 */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE  // before any header, as llmpar.h would have it (sched_getaffinity)
+#endif
 #include <signal.h>
 #include <strings.h>  // strcasecmp
 #include <sys/resource.h>
