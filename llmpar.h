@@ -118,6 +118,8 @@ the divergence guard); README.md.
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>  // sched_getaffinity: the cores OpenMP may use (lp_threads_bound)
+#include <fnmatch.h>
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
@@ -437,6 +439,22 @@ typedef struct {
     // one's shape when l % moe_every == 0 (every layer for 1), each token sent to moe_topk of them (section 9)
     int moe_experts, moe_topk, moe_every;
 } LPConfig;
+
+// LPConfig's fields by what they mean, for errors that say how two shapes differ (lp_config_differs); the
+// mixture of experts' three last.
+static const struct { const char* what; size_t offset; } lp_config_fields[] = {
+    {"layers", offsetof(LPConfig, num_layers)}, {"channels", offsetof(LPConfig, channels)}, {"heads", offsetof(LPConfig, num_heads)},
+    {"vocabulary size", offsetof(LPConfig, vocab_size)}, {"padded vocabulary size", offsetof(LPConfig, padded_vocab_size)},
+    {"maximum sequence length", offsetof(LPConfig, max_seq_len)}, {"experts per MoE layer", offsetof(LPConfig, moe_experts)},
+    {"experts per token (top-k)", offsetof(LPConfig, moe_topk)}, {"MoE layer spacing (every)", offsetof(LPConfig, moe_every)}};
+#define LP_CONFIG_FIELD(c, k) (*(const int*)((const char*)(c) + lp_config_fields[k].offset))
+
+// The first of lp_config_fields in which a and b differ, or -1.
+static inline int lp_config_differs(const LPConfig* a, const LPConfig* b) {
+    for (int k = 0; k < (int)(sizeof(lp_config_fields) / sizeof(lp_config_fields[0])); k++)
+        if (LP_CONFIG_FIELD(a, k) != LP_CONFIG_FIELD(b, k)) return k;
+    return -1;
+}
 
 // The parameter tensors in file order: llm.c's 16, then a mixture of experts' 5 (none in a dense model).
 // Weights are (out, in) row-major. A layer tensor holds one matrix per layer that has it: the dense MLP's
@@ -839,6 +857,20 @@ static inline void lp_blas_init(char** argv) {
 #endif
 }
 
+// OpenMP's threads at most the cores this process may run on, before any parallel region: more only
+// oversubscribe them, and an absurd OMP_NUM_THREADS (100000) crashes inside the OpenMP runtime at the first
+// region. A notice says so. Results do not depend on the thread count (fixed-order reductions).
+static inline void lp_threads_bound(void) {
+#ifdef _OPENMP
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int asked = omp_get_max_threads();
+    if (cores < 1 || asked <= cores) return;
+    omp_set_num_threads(cores);
+    lp_log("notice: %d OpenMP threads asked (OMP_NUM_THREADS), %d cores to run them: using %d\n", asked, cores, cores);
+#endif
+}
+
 static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
     lp_blas_init(*argv);
     memset(proc, 0, sizeof(*proc));
@@ -855,6 +887,7 @@ static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
     (void)argv;
 #endif
     lp_rank = proc->rank;
+    lp_threads_bound();
 }
 
 // Picks the GPU from the launcher's local rank (Open MPI, then Slurm, else rank) and sets up cuBLASLt.
@@ -1392,6 +1425,29 @@ static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int 
     (void)x;
     (void)n;
     (void)average;
+#endif
+}
+
+// Every rank's `bytes` at mine into all (rank-major, world * bytes), over the whole job; and a broadcast
+// from `root` over it. For the start, before the grid's groups exist (lp_grid_init).
+static inline void lp_world_all_gather(const LPProcess* proc, const void* mine, size_t bytes, void* all) {
+    memcpy(all, mine, bytes);
+#ifdef LLMPAR_MPI
+    if (proc->world > 1 && MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD) != MPI_SUCCESS)
+        lp_fail("MPI_Allgather of %zu bytes at the start failed", bytes);
+#else
+    (void)proc;
+#endif
+}
+static inline void lp_world_broadcast(const LPProcess* proc, void* buf, size_t bytes, int root) {
+#ifdef LLMPAR_MPI
+    if (proc->world > 1 && MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
+        lp_fail("MPI_Bcast of %zu bytes at the start failed", bytes);
+#else
+    (void)proc;
+    (void)buf;
+    (void)bytes;
+    (void)root;
 #endif
 }
 
@@ -4373,6 +4429,53 @@ static inline int lp_shard_check_manifest(LPShardManifest* m, const char* path, 
     return 1;
 }
 
+// A data set is whole or refused (rank 0, when it checks the shards): in each folder of the shards found,
+// no shard its manifest lists that the pattern matches may be missing, and no dev/data/prepare.py job for
+// these shards may be unfinished (its staging folder .NAME.prepare.tmp/ with job.json is left by a job
+// killed before it moved every shard into place, which then leaves some shards, or old ones, under the
+// manifest's names). Either is an error naming what is missing; --check-data full does not change that.
+static inline void lp_shards_whole(const glob_t* found, const char* pattern, const char* flag) {
+    LPShardManifest m = {0};
+    char dir[LP_PATH_MAX], path[LP_PATH_MAX];
+    for (size_t s = 0; s < found->gl_pathc; s++) {
+        const char* shard = found->gl_pathv[s];
+        const char* slash = strrchr(shard, '/');
+        int prefix = slash ? (int)(slash - shard) + 1 : 0;  // the path up to the name, as the pattern spelled it
+        lp_path(dir, "%.*s", slash ? prefix - 1 : 1, slash ? shard : ".");
+        if (slash == shard) lp_path(dir, "/");
+        if (m.dir[0] && strcmp(dir, m.dir) == 0) continue;
+        lp_shard_manifest_load(&m, dir);
+        int missing = 0, listed = 0;
+        const char* first = NULL;
+        for (int k = 0; k < m.n; k++) {
+            lp_path(path, "%.*s%s", prefix, shard, m.e[k].name);
+            if (fnmatch(pattern, path, FNM_PATHNAME | FNM_PERIOD) != 0) continue;
+            listed++;
+            size_t j = 0;
+            while (j < found->gl_pathc && strcmp(found->gl_pathv[j], path) != 0) j++;
+            if (j == found->gl_pathc && !missing++) first = m.e[k].name;
+        }
+        if (missing)
+            lp_fail("%s %s: %s lists %s, which is not there (%d of the %d shards it lists that the pattern matches are missing: "
+                    "a dev/data/prepare.py that did not finish? run it again)", flag, pattern, m.path, first, missing, listed);
+        glob_t jobs;
+        lp_path(path, "%.*s.*.prepare.tmp/job.json", prefix, shard);
+        if (glob(path, 0, NULL, &jobs) != 0) continue;
+        for (size_t j = 0; j < jobs.gl_pathc; j++) {
+            const char* job = jobs.gl_pathv[j] + prefix + 1;  // NAME.prepare.tmp/job.json
+            int name = (int)(strstr(job, ".prepare.tmp/") - job);
+            for (size_t k = 0; k < found->gl_pathc; k++) {
+                const char* base = found->gl_pathv[k] + prefix;
+                if (strncmp(found->gl_pathv[k], shard, prefix) == 0 && strncmp(base, job, name) == 0 && base[name] == '_')
+                    lp_fail("%s %s: %s: dev/data/prepare.py has not finished making the %.*s shards (run the same command again: it "
+                            "continues)", flag, pattern, jobs.gl_pathv[j], name, job);
+            }
+        }
+        globfree(&jobs);
+    }
+    free(m.e);
+}
+
 // What a loader reads: set by name, the rest 0 (`LPDataOptions o = {.pattern = "x_*.bin", .B = 4, .T = 64};`).
 typedef struct {
     const char* pattern;  // the shards: a path, or a glob
@@ -4431,6 +4534,7 @@ static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
             lp_shard_scan(path, d->shard_tokens[s], o->vocab_size);
     }
     free(manifest.e);
+    if (o->scan) lp_shards_whole(&d->files, o->pattern, flag);
     d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
     d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
     d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
@@ -5656,7 +5760,7 @@ static const LPParallel lp_parallel_one = {
 // How a mixture of experts trains (section 9's MoE layer): what its experts take and the losses that
 // balance them. Zeros: no dropping, no balance loss, no z-loss.
 typedef struct {
-    float capacity;  // an expert takes at most capacity * K N / E of a micro-batch's K N rows (0: all of them)
+    float capacity;  // an expert takes at most ceil(capacity * K N / E) of a micro-batch's K N rows (0: all of them)
     float aux_coef;  // the balance loss's coefficient (Switch: E * sum_e f_e P_e)
     float z_coef;    // the router z-loss's (ST-MoE: the mean squared logsumexp of the router's logits)
 } LPMoEOptions;
@@ -6293,11 +6397,12 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
 //            |                                                              |
 //          combine: y[t] = sum_k gate[t,k] * out[pos[t,k]]  --------------------
 //
-// Capacity (--moe-capacity F): an expert takes at most F K N / E of a micro-batch's K N rows, first come
-// first served in token order; a dropped row adds nothing (its token goes on by the residual alone). The
+// Capacity (--moe-capacity F): an expert takes at most ceil(F K N / E) of a micro-batch's K N rows, first
+// come first served in token order; a dropped row adds nothing (its token goes on by the residual alone). The
 // balance loss (Switch) coef * E * sum_e f_e P_e (f_e the share of the rows that chose e, P_e the mean
 // probability of e) pushes the router toward even loads; the z-loss coef * mean(logsumexp^2) keeps its
-// logits small. Both are a micro-batch's, weighted like its loss, and reach the router alone.
+// logits small. Both are a micro-batch's, weighted like its loss; their gradients reach the router's weights
+// and, through its input (ln2's output), the layers below, as any loss's do.
 // Tensor parallelism splits each expert's MLP as it splits the dense one (column- then row-parallel): the
 // routing is every TP rank's (the same rows, the same router); TP rank 0 adds each expert's output bias; the
 // combined output is a partial sum that the g after it adds up, as a dense MLP's is.
@@ -6939,19 +7044,13 @@ static inline float lp_bf16_to_float(uint16_t b) {
     return f;
 }
 
-// Read a model file's header into cfg; returns the version (3, 5 or 6).
-static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f) {
-    int h[LP_HEADER_INTS];
-    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
-    if (h[0] != LP_MODEL_MAGIC) lp_fail("%s: not an llm.c model file (magic %d, expected %d)", path, h[0], LP_MODEL_MAGIC);
-    if (h[1] != 3 && h[1] != 5 && h[1] != 6)
-        lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16, 6 = fp32 mixture of experts)", path, h[1]);
+// The shape a model file's header h gives, unchecked.
+static inline void lp_config_of_header(const int h[LP_HEADER_INTS], LPConfig* cfg) {
     memset(cfg, 0, sizeof(*cfg));
     if (h[1] == 6) {
         cfg->moe_experts = h[8];
         cfg->moe_topk = h[9];
         cfg->moe_every = h[10];
-        if (cfg->moe_experts < 1) lp_fail("%s: a mixture-of-experts file (version 6) with %d experts", path, cfg->moe_experts);
     }
     cfg->max_seq_len = h[2];
     cfg->vocab_size = h[3];
@@ -6959,6 +7058,17 @@ static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f)
     cfg->num_heads = h[5];
     cfg->channels = h[6];
     cfg->padded_vocab_size = h[7];
+}
+
+// Read a model file's header into cfg; returns the version (3, 5 or 6).
+static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f) {
+    int h[LP_HEADER_INTS];
+    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
+    if (h[0] != LP_MODEL_MAGIC) lp_fail("%s: not an llm.c model file (magic %d, expected %d)", path, h[0], LP_MODEL_MAGIC);
+    if (h[1] != 3 && h[1] != 5 && h[1] != 6)
+        lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16, 6 = fp32 mixture of experts)", path, h[1]);
+    lp_config_of_header(h, cfg);
+    if (h[1] == 6 && cfg->moe_experts < 1) lp_fail("%s: a mixture-of-experts file (version 6) with %d experts", path, cfg->moe_experts);
     lp_config_validate(cfg, path);
     // the size the header implies, before anything of that size is allocated (a damaged header can ask for a lot)
     long long expect = LP_HEADER_INTS * 4LL + (long long)lp_config_num_params(cfg) * (h[1] == 5 ? 2 : 4);
@@ -7102,10 +7212,13 @@ static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* siz
 // manifest.txt, written last: "llmpar checkpoint 1", then per file "NAME BYTES CRC32C" (hex).
 // optim.bin: header [20241122, 1, adam step, n low 31 bits, n high bits] then m and v (fp32, the model
 // file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step, run id,
-// epoch, shuffle, data seed (3)]; checkpoints from before the epoch field read as epoch 0 in file order.
+// epoch, shuffle, data seed (3), identity bytes], then that many bytes of the run's identity (text, the
+// driver's: the flags that shape its trajectory, lp_checkpoint_identity); checkpoints from before the epoch
+// field read as epoch 0 in file order, from before the identity as having none.
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123
+#define LP_IDENTITY_MAX 65536  // bytes of a run's identity in state.bin
 
 typedef struct {
     int step;            // steps completed
@@ -7115,22 +7228,34 @@ typedef struct {
     uint64_t data_seed;
     uint64_t rng;        // sampling RNG
     int B, T, total_batch;
-    int run_id;          // the run's identity: random, drawn by its first launch and kept by every resume
+    int run_id;          // the run's name: random, drawn by its first launch and kept by every resume
+    const char* identity;// what makes the run this run (text; NULL: none), saved for a resume to compare; load leaves it
 } LPTrainState;
 
-// Remove a checkpoint directory and whatever it holds (a save killed mid-write leaves files like
+// Remove a checkpoint directory and the files in it (a save killed mid-write leaves files like
 // state.bin.tmp, which would keep the directory and so every later save of that step from working).
-static inline void lp_checkpoint_remove(const char* dir) {
+// state.bin goes first: without it the directory is no checkpoint (lp_checkpoint_latest), so a removal
+// stopped half-way never leaves one that looks whole. A folder inside, which no save makes, is not removed
+// and stops it. Returns 0 (also when dir does not exist), or an errno with the path it stopped at in
+// `failed` (LP_PATH_MAX).
+static inline int lp_checkpoint_remove(const char* dir, char* failed) {
+    lp_path(failed, "%s/state.bin", dir);
+    if (unlink(failed) != 0 && errno != ENOENT) return errno;
     DIR* d = opendir(dir);
-    if (!d) return;
-    char path[LP_PATH_MAX];
-    for (struct dirent* e; (e = readdir(d)) != NULL;) {
+    if (!d) {
+        lp_path(failed, "%s", dir);
+        return errno == ENOENT ? 0 : errno;
+    }
+    int err = 0;
+    for (struct dirent* e; !err && (e = readdir(d)) != NULL;) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        lp_path(path, "%s/%s", dir, e->d_name);
-        remove(path);
+        lp_path(failed, "%s/%s", dir, e->d_name);
+        if (remove(failed) != 0) err = errno;
     }
     closedir(d);
-    rmdir(dir);
+    if (err) return err;
+    lp_path(failed, "%s", dir);
+    return rmdir(dir) != 0 ? errno : 0;
 }
 
 // A file of header + payload_bytes (zeros until the ranks fill it in place). Returns 0 or an errno.
@@ -7182,15 +7307,17 @@ static inline int lp_write_offloaded(const LPModel* m, int p, const char* path, 
 
 // End of a write phase: if any rank failed, each failing rank says why, rank 0 removes the partial
 // checkpoint, and every rank stops.
-static inline void lp_checkpoint_check(const LPGroup* world, int err, const char* path, const char* tmp_dir) {
+// `verb` says what failed on path ("write", "remove").
+static inline void lp_checkpoint_check(const LPGroup* world, int err, const char* verb, const char* path, const char* tmp_dir) {
     float bad = err ? 1.0f : 0.0f;
     lp_all_reduce_host(world, &bad, 1, 0);
     if (bad == 0.0f) return;
     if (err) {
-        fprintf(stderr, "llmpar: error: cannot write %s: %s\n", path, strerror(err));
+        fprintf(stderr, "llmpar: error: cannot %s %s: %s\n", verb, path, strerror(err));
         fflush(stderr);
     }
-    if (world->rank == 0) lp_checkpoint_remove(tmp_dir);
+    char failed[LP_PATH_MAX];  // (a partial step_N.tmp/ is no checkpoint, and the next save clears it: a second line would only add noise)
+    if (world->rank == 0) lp_checkpoint_remove(tmp_dir, failed);
     lp_exit_all();
 }
 
@@ -7214,11 +7341,13 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
     lp_path(state_path, "%s/state.bin", tmp_dir);
     size_t n = m->total_params;
     int err = 0;
+    char removing[LP_PATH_MAX];
     const char* failed = tmp_dir;
+    const char* verb = "write";
     if (world->rank == 0) {
-        lp_checkpoint_remove(tmp_dir);  // what a crashed save may have left
+        if ((err = lp_checkpoint_remove(tmp_dir, removing))) failed = removing, verb = "remove";  // what a crashed save may have left
         lp_crash_point();
-        if (mkdir(tmp_dir, 0755) != 0) err = errno;
+        if (!err && mkdir(tmp_dir, 0755) != 0) err = errno;
         lp_crash_point();
         int h[LP_HEADER_INTS];
         lp_model_file_header_of(h, &m->cfg);
@@ -7251,10 +7380,11 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         h[15] = (int)(st->data_seed & 0x7fffffff);
         h[16] = (int)((st->data_seed >> 31) & 0x7fffffff);
         h[17] = (int)(st->data_seed >> 62);
-        if (!err && (err = lp_write_file(state_path, h, NULL, 0))) failed = state_path;
+        h[18] = st->identity ? (int)strlen(st->identity) : 0;
+        if (!err && (err = lp_write_file(state_path, h, st->identity, (size_t)h[18]))) failed = state_path;
         lp_crash_point();
     }
-    lp_checkpoint_check(world, err, failed, tmp_dir);
+    lp_checkpoint_check(world, err, verb, failed, tmp_dir);
     for (int k = 0; k < n_models && !err; k++) {
         m = &ms[k];
         for (int p = 0; p < m->parts && !err; p++) {
@@ -7275,7 +7405,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
             }
         }
     }
-    lp_checkpoint_check(world, err, failed, tmp_dir);
+    lp_checkpoint_check(world, err, verb, failed, tmp_dir);
     if (world->rank == 0) {  // the manifest: every file's size and checksum, once all are complete
         char manifest[LP_PATH_MAX], line[3][LP_PATH_MAX + 64];
         const char* paths[3] = {model_path, optim_path, state_path};
@@ -7295,9 +7425,10 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         }
         lp_crash_point();
     }
-    lp_checkpoint_check(world, err, failed, tmp_dir);
+    lp_checkpoint_check(world, err, verb, failed, tmp_dir);
     if (world->rank == 0) {
-        lp_checkpoint_remove(final_dir);  // a fresh run replaces an older run's checkpoint of the same step
+        if ((err = lp_checkpoint_remove(final_dir, removing)))  // a damaged checkpoint of this step, which --resume passed over
+            lp_fail("cannot remove %s (to replace %s with this save): %s", removing, final_dir, strerror(err));
         lp_crash_point();
         if (rename(tmp_dir, final_dir) != 0) lp_fail("cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
         lp_crash_point();
@@ -7307,27 +7438,37 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
 
 // One run per output directory: an exclusive flock(2) on DIR/lock, held while the returned descriptor is
 // open, so for the run's life. The kernel releases it when the process ends, however it ends, so a killed
-// run's lock never stands in a resume's way. The file names its holder ("host H pid P since DATE"). When
-// another process holds it: -1, and that line in `holder` (waiting up to a second for a holder that has
-// the lock but has not yet written its name).
-static inline int lp_dir_lock(const char* dir, char* holder, size_t size) {
+// run's lock never stands in a resume's way: the lock is the flock, not the file's existence, which is why
+// the file is not created with O_EXCL (a killed run's file stays behind and is taken over). It is opened with
+// O_NOFOLLOW and must be a regular file: a symbolic link named lock is refused, never followed to overwrite
+// its target. Returns the descriptor, or -1 with the reason in `why`: another process holds it (the line
+// its file holds, "host H pid P since DATE", waiting up to a second for a holder that has the lock but has
+// not yet written it), or the file cannot be made or taken.
+static inline int lp_dir_lock(const char* dir, char* why, size_t size) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/lock", dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) lp_fail("cannot create %s: %s", path, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        if (errno != EWOULDBLOCK) lp_fail("cannot lock %s: %s", path, strerror(errno));
-        snprintf(holder, size, "a process that has not said which");
-        for (int tries = 0; tries < 20; tries++) {
-            ssize_t n = pread(fd, holder, size - 1, 0);
-            if (n > 0) {
-                holder[n] = '\0';
-                holder[strcspn(holder, "\n")] = '\0';
-                break;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        if (fd < 0 && err == ELOOP) snprintf(why, size, "%s: is a symbolic link; the lock is a file of the run's own (remove the link)", path);
+        else if (fd < 0) snprintf(why, size, "cannot create %s: %s", path, strerror(err));
+        else if (!S_ISREG(sb.st_mode)) snprintf(why, size, "%s: is not a regular file; the lock is a file of the run's own", path);
+        else if (err != EWOULDBLOCK) snprintf(why, size, "cannot lock %s: %s", path, strerror(err));
+        else {
+            char holder[256] = "a process that has not said which";
+            for (int tries = 0; tries < 20; tries++) {
+                ssize_t n = pread(fd, holder, sizeof(holder) - 1, 0);
+                if (n > 0) {
+                    holder[n] = '\0';
+                    holder[strcspn(holder, "\n")] = '\0';
+                    break;
+                }
+                usleep(50000);
             }
-            usleep(50000);
+            snprintf(why, size, "%s is in use by another run (%s: %s)", dir, path, holder);
         }
-        close(fd);
+        if (fd >= 0) close(fd);
         return -1;
     }
     char line[512], host[256] = "?";
@@ -7336,7 +7477,11 @@ static inline int lp_dir_lock(const char* dir, char* holder, size_t size) {
     char when[64];
     strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime(&now));
     int len = snprintf(line, sizeof(line), "host %s pid %d since %s\n", host, (int)getpid(), when);
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) lp_fail("cannot write %s: %s", path, strerror(errno));
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+        snprintf(why, size, "cannot write %s: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
     return fd;
 }
 
@@ -7389,10 +7534,11 @@ static inline const char* lp_checkpoint_problem(const char* dir, int step, const
             snprintf(why, size, "%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
         else if (i == 1 && fn != n)
             snprintf(why, size, "%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
-        else if (i == 2 && (h[0] != LP_STATE_MAGIC || h[1] != 1))
+        else if (i == 2 && (h[0] != LP_STATE_MAGIC || h[1] != 1 || h[18] < 0 || h[18] > LP_IDENTITY_MAX))
             snprintf(why, size, "%s: not an llmpar state file (magic %d version %d)", path, h[0], h[1]);
-        else if ((long long)sb.st_size != sizes[i])
-            snprintf(why, size, "%s: file is truncated or too long (%lld bytes, expected %lld)", path, (long long)sb.st_size, sizes[i]);
+        else if ((long long)sb.st_size != sizes[i] + (i == 2 ? h[18] : 0))
+            snprintf(why, size, "%s: file is truncated or too long (%lld bytes, expected %lld)", path, (long long)sb.st_size,
+                     sizes[i] + (i == 2 ? h[18] : 0));
         else
             continue;
         return why;
@@ -7424,15 +7570,82 @@ static inline const char* lp_checkpoint_problem(const char* dir, int step, const
     return NULL;
 }
 
-// Remove the checkpoints under dir but the newest `keep` (0: all of them).
-static inline void lp_checkpoint_prune(const char* dir, int keep) {
+// The model shape of DIR/step_NNNNNNNN/model.bin's header into cfg: 0, or -1 where it has none (no such
+// file, or not a model file: a damaged checkpoint, which lp_checkpoint_problem names).
+static inline int lp_checkpoint_shape(const char* dir, int step, LPConfig* cfg) {
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/step_%08d/model.bin", dir, step);
+    int h[LP_HEADER_INTS];
+    FILE* f = fopen(path, "rb");
+    int ok = f && fread(h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS && h[0] == LP_MODEL_MAGIC;
+    if (f) fclose(f);
+    if (ok) lp_config_of_header(h, cfg);
+    return ok ? 0 : -1;
+}
+
+// The run identity DIR/step_NNNNNNNN/state.bin holds (a checkpoint lp_checkpoint_problem passed), as a string
+// the caller frees; NULL for a checkpoint saved without one.
+static inline char* lp_checkpoint_identity(const char* dir, int step) {
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/step_%08d/state.bin", dir, step);
+    FILE* f = lp_fopen(path, "rb");
+    int h[LP_HEADER_INTS];
+    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
+    char* text = NULL;
+    if (h[18] > 0 && h[18] <= LP_IDENTITY_MAX) {
+        text = (char*)lp_host_malloc((size_t)h[18] + 1, "run identity");
+        lp_fread(text, 1, (size_t)h[18], f, path);
+        text[h[18]] = '\0';
+    }
+    fclose(f);
+    return text;
+}
+
+// Remove the checkpoints under dir but the newest `keep`. Returns 0, or an errno with the path in `failed`.
+static inline int lp_checkpoint_prune(const char* dir, int keep, char* failed) {
     char path[LP_PATH_MAX];
     int kept = 0;
     for (int step = lp_checkpoint_latest(dir, INT_MAX); step >= 0; step = lp_checkpoint_latest(dir, step))
         if (++kept > keep) {
             lp_path(path, "%s/step_%08d", dir, step);
-            lp_checkpoint_remove(path);
+            int err = lp_checkpoint_remove(path, failed);
+            if (err) return err;
         }
+    return 0;
+}
+
+// Take every checkpoint under dir away (--overwrite). Each is first renamed to step_NNNNNNNN.removed, out of
+// --resume's sight: when a rename fails, those renamed are put back, so the old run is either wholly there
+// (and resumable) or wholly gone, never half. Then the renamed ones are removed. Returns 0, or an errno with
+// the path in `failed` and *hidden: 0 when a rename failed (nothing changed), 1 when only a removal did.
+static inline int lp_checkpoint_clear(const char* dir, char* failed, int* hidden) {
+    int n = 0, cap = 16, err = 0;
+    int* steps = (int*)lp_host_malloc(cap * sizeof(int), "checkpoint list");
+    for (int step = lp_checkpoint_latest(dir, INT_MAX); step >= 0; step = lp_checkpoint_latest(dir, step)) {
+        if (n == cap) {
+            int* grown = (int*)realloc(steps, (cap *= 2) * sizeof(int));
+            if (!grown) lp_fail("out of host memory listing the checkpoints in %s", dir);
+            steps = grown;
+        }
+        steps[n++] = step;
+    }
+    char from[LP_PATH_MAX], to[LP_PATH_MAX];
+    int renamed = 0;
+    for (; renamed < n && !err; renamed++) {
+        lp_path(from, "%s/step_%08d", dir, steps[renamed]);
+        lp_path(to, "%s.removed", from);
+        if (rename(from, to) != 0) err = errno, lp_path(failed, "%s", from);
+    }
+    *hidden = !err;
+    if (err) renamed--;  // (the one that failed)
+    for (int k = 0; k < renamed; k++) {
+        lp_path(from, "%s/step_%08d", dir, steps[k]);
+        lp_path(to, "%s.removed", from);
+        if (!*hidden) rename(to, from);  // put back (it was just renamed the other way: it goes back)
+        else if (!err) err = lp_checkpoint_remove(to, failed);
+    }
+    free(steps);
+    return err;
 }
 
 // Load weights, optimizer state and training state from DIR/step_NNNNNNNN into the n models ms (created
@@ -7740,19 +7953,22 @@ static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, in
     }
     double params = s->par->zero >= 3 ? outside + (s->par->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
     double grads = s->par->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
-    LPModel shape;  // only what lp_activations_layout reads, to count the chunk's activation bytes (the rest of
-    shape.cfg = *c;  // an LPModel, its ZeRO state's buffers of pending collectives, is ~0.8 MB: not cleared here)
-    shape.par = s->par;
-    shape.tp_size = s->par->tp;
-    shape.ep_size = s->par->ep;
-    shape.attention = s->attention;
-    shape.L = layers;
-    shape.layer0 = 0;
-    shape.last = k == chunks - 1;
-    shape.num_aux = 0;
-    shape.moe.capacity = 0.0f;  // (a mixture of experts' buffers for the most rows an expert may take)
+    // only what lp_activations_layout reads, to count the chunk's activation bytes (the rest of an LPModel,
+    // its ZeRO state's buffers of pending collectives, is ~0.8 MB: on the heap, not the stack, and not cleared)
+    LPModel* shape = (LPModel*)lp_host_malloc(sizeof(LPModel), "chunk shape");
+    shape->cfg = *c;
+    shape->par = s->par;
+    shape->tp_size = s->par->tp;
+    shape->ep_size = s->par->ep;
+    shape->attention = s->attention;
+    shape->L = layers;
+    shape->layer0 = 0;
+    shape->last = k == chunks - 1;
+    shape->num_aux = 0;
+    shape->moe.capacity = 0.0f;  // (a mixture of experts' buffers for the most rows an expert may take)
     LPActivations a;
-    size_t scratch, stored = lp_activations_layout(&a, &shape, s->B, s->T, s->gpu, NULL, NULL, &scratch);
+    size_t scratch, stored = lp_activations_layout(&a, shape, s->B, s->T, s->gpu, NULL, NULL, &scratch);
+    free(shape);
     int master = lp_shape_master_copy(s);
     double state = (master ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v
     if (s->par->offload != LP_OFFLOAD_NONE)  // the CUDA build: all of it on the host; the CPU build's file: two buffers of m, v

@@ -12,6 +12,9 @@ subprocesses, reading the `step N/M | loss L` lines and the one-line errors user
 repository root; an argument runs only the tests whose name holds it (./test_gpt_cpu divergence).
 Prints `N passed, N failed` last.
 */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  // before any header, as llmpar.h would have it (sched_getaffinity)
+#endif
 #include <signal.h>
 #include <strings.h>  // strcasecmp
 #include <sys/resource.h>
@@ -822,6 +825,22 @@ static int checkpoint_under_file_limit(const char* model_path, const char* dir, 
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+// mkdir -p
+static void make_dirs(const char* path) {
+    char cmd[LP_PATH_MAX + 16];
+    lp_path(cmd, "mkdir -p %s", path);
+    if (system(cmd) != 0) lp_fail("cannot create %s", path);
+}
+
+// A run that stops before its first step (bad input that only shows once -o is reached): a non-zero exit,
+// exactly one error line, holding needle, and no step trained.
+static void expect_stops(const char* name, const char* needle, int rc, const char* out) {
+    const char* err = strstr(out, "llmpar: error: ");
+    int ok = rc > 0 && err && strstr(err, needle) && !strstr(err + 1, "llmpar: error: ") && !strstr(out, "step 1/");
+    expect(ok, name);
+    if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
+}
+
 // Bytes this process has read so far (/proc/self/io's rchar: every read(2), page cache or not); -1 without it.
 static long long bytes_read_so_far(void) {
     FILE* f = fopen("/proc/self/io", "r");
@@ -903,6 +922,76 @@ static void test_data_manifest(void) {
     lp_model_free(&m);
     expect_error("data manifest: a largest id outside the vocabulary is refused from the manifest alone",
                  "m_train_000000.bin: token id 96 (the largest, from", args);
+}
+
+// A data set is whole or refused: a folder's manifest that lists a shard the -i or -j glob matches but does
+// not find (dev/data/prepare.py killed while it moved its shards into place: the manifest names six, one
+// is there), or an unfinished prepare.py job for those shards (its .NAME.prepare.tmp/job.json), stops the
+// driver in one line naming what is missing, before any step, under --check-data full too; a pattern that
+// picks some of the shards, and another name's unfinished job, do not.
+static void test_data_whole(void) {
+    char dir[LP_PATH_MAX], path[LP_PATH_MAX], args[4 * LP_PATH_MAX], out[16384];
+    lp_path(dir, "%s", tmp_path("whole"));
+    mkdir(dir, 0755);
+    FILE* m = lp_fopen(tmp_path("whole/manifest.txt"), "w");
+    fputs(LP_SHARD_MANIFEST_HEAD "\n", m);
+    for (int s = 0; s < 7; s++) {  // w_val_000000.bin, w_train_000000..5.bin as prepare.py names them
+        if (s == 0) lp_path(path, "%s/w_val_000000.bin", dir);
+        else lp_path(path, "%s/w_train_%06d.bin", dir, s - 1);
+        write_random_shard(path, 400, 200 + s);
+        uint32_t crc;
+        long long size;
+        lp_file_crc32c(path, &crc, &size);
+        fprintf(m, "%s %lld %d %d %08x\n", strrchr(path, '/') + 1, size, 400, 96, crc);
+    }
+    fclose(m);
+    const char* base = "-e dev/ref/tiny_model.bin -b 2 -t 16 -x 1 -v 1 -s 0";
+    snprintf(args, sizeof(args), "%s -i '%s/w_train_*.bin' -j '%s/w_val_*.bin'", base, dir, dir);
+    int rc = run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, args);
+    expect(rc == 0 && strstr(out, "6 train shard(s)"), "whole data: the six train shards the manifest lists train");
+    for (int s = 1; s < 6; s++) {  // as a prepare.py killed after moving the first train shard leaves them
+        lp_path(path, "%s/w_train_%06d.bin", dir, s);
+        unlink(path);
+    }
+    for (int full = 0; full < 2; full++) {
+        rc = run_cmd(out, sizeof(out), "%s %s%s", TRAIN_BIN, args, full ? " --check-data full" : "");
+        expect_stops(full ? "whole data: --check-data full refuses the partial set too" : "whole data: 1 of the 6 train shards the manifest lists is refused",
+                     "whole/manifest.txt lists w_train_000001.bin, which is not there (5 of the 6 shards it lists that the pattern matches are missing", rc, out);
+    }
+    snprintf(args, sizeof(args), "%s -i '%s/w_train_000000.bin' -j '%s/w_val_*.bin'", base, dir, dir);
+    rc = run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, args);
+    expect(rc == 0 && strstr(out, "1 train shard(s)"), "whole data: a pattern that picks one shard of the manifest's trains on it");
+    lp_path(path, "%s/w_val_000000.bin", dir);
+    unlink(path);
+    snprintf(args, sizeof(args), "%s -i '%s/w_train_000000.bin' -j '%s/w_val_00000?.bin'", base, dir, dir);
+    rc = run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, args);
+    expect_stops("whole data: -j is held to its manifest too", "-j ", rc, out);
+    // the manifest whole again (the set the killed job left: shard 0 and the val shard), an unfinished job in the folder
+    m = lp_fopen(tmp_path("whole/manifest.txt"), "w");
+    fputs(LP_SHARD_MANIFEST_HEAD "\n", m);
+    lp_path(path, "%s/w_train_000000.bin", dir);
+    uint32_t crc;
+    long long size;
+    lp_file_crc32c(path, &crc, &size);
+    fprintf(m, "w_train_000000.bin %lld 400 96 %08x\n", size, crc);
+    fclose(m);
+    make_dirs(tmp_path("whole/.other.prepare.tmp"));
+    FILE* j = lp_fopen(tmp_path("whole/.other.prepare.tmp/job.json"), "w");
+    fputs("{}\n", j);
+    fclose(j);
+    snprintf(args, sizeof(args), "%s -i '%s/w_train_*.bin' -j ''", base, dir);
+    rc = run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, args);
+    expect(rc == 0, "whole data: another name's unfinished prepare.py job does not stop these shards");
+    make_dirs(tmp_path("whole/.w.prepare.tmp"));
+    j = lp_fopen(tmp_path("whole/.w.prepare.tmp/job.json"), "w");
+    fputs("{}\n", j);
+    fclose(j);
+    for (int full = 0; full < 2; full++) {
+        rc = run_cmd(out, sizeof(out), "%s %s%s", TRAIN_BIN, args, full ? " --check-data full" : "");
+        expect_stops(full ? "whole data: an unfinished prepare.py job stops --check-data full too"
+                          : "whole data: an unfinished prepare.py job for these shards is refused, naming its job.json",
+                     "whole/.w.prepare.tmp/job.json: dev/data/prepare.py has not finished making the w shards (run the same command again", rc, out);
+    }
 }
 
 static void test_bad_input(void) {
@@ -1054,7 +1143,7 @@ static void test_bad_input(void) {
     char moe_out[16384];
     run_cmd(moe_out, sizeof(moe_out), "%s -e dev/ref/tiny_moe_model.bin -i %s -j '' %s -x 1 -n 1 -o %s", TRAIN_BIN, tmp_path("ok.bin"),
             base, tmp_path("moe_ckpt"));
-    BAD("bad input: a MoE checkpoint resumed by a dense model", "checkpoint model shape differs from the model being trained",
+    BAD("bad input: a MoE checkpoint resumed by a dense model", "flag -e: checkpoint step 1 holds a model of 3 layers, this run's",
         "-e %s -i %s %s -x 2 --resume -o %s", good, tmp_path("ok.bin"), base, tmp_path("moe_ckpt"));
     // a diverged run writes no checkpoint: with -l 3.4e38 step 1's loss and gradient norm are finite, its weights not
     char pattern[LP_PATH_MAX], diverged[16384];
@@ -1111,6 +1200,268 @@ static void test_bad_input(void) {
         printf("skip: no-GPU error of ./train_gpt (not built, or a GPU is present)\n");
     }
 #undef BAD
+}
+
+// A flag the model contradicts is refused in one line naming both values, never overridden: --moe-experts,
+// --moe-topk, --moe-every against a model file's own (MoE or dense), --moe-topk or --moe-every without
+// --moe-experts on a new model; and on --resume a checkpoint of another shape is not "damaged" (no fallback to
+// an older one, no "no usable checkpoint") but refused naming the flag that makes this run's shape, the
+// checkpoint resuming with the flags that made it.
+static void test_model_flags(void) {
+    static char out[1 << 15];
+    const char* base = "-i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0";
+    const char* moe = "dev/ref/tiny_moe_model.bin";  // 3 layers, 4 experts, top-2, MoE layers 0 and 2
+    char args[4 * LP_PATH_MAX], dir[LP_PATH_MAX];
+    static const struct { const char *flags, *needle; } refused[] = {
+        {"--moe-topk 1", "flag --moe-topk 1: dev/ref/tiny_moe_model.bin sends each token to 2 experts (a model file's shape is its own"},
+        {"--moe-every 1", "flag --moe-every 1: dev/ref/tiny_moe_model.bin has a MoE layer every 2 layers (a model file's shape is its own"},
+        {"--moe-experts 8", "flag --moe-experts 8: dev/ref/tiny_moe_model.bin has 4 experts per MoE layer"},
+    };
+    for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++) {
+        snprintf(args, sizeof(args), "-e %s %s -x 1 %s", moe, base, refused[k].flags);
+        char name[256];
+        snprintf(name, sizeof(name), "model flags: %s on a top-2 MoE file is refused, naming both values", refused[k].flags);
+        expect_error(name, refused[k].needle, args);
+    }
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin %s -x 1 --moe-topk 2", base);
+    expect_error("model flags: --moe-topk on a dense model file is refused", "flag --moe-topk 2: dev/ref/tiny_model.bin is a dense model", args);
+    expect_error("model flags: --moe-every without --moe-experts on a new model is refused",
+                 "flag --moe-every: only with --moe-experts (-e d2 without it is a dense model)", "-e d2 --moe-every 2");
+    int rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 1 --moe-experts 4 --moe-topk 2 --moe-every 2", TRAIN_BIN, moe, base);
+    expect(rc == 0 && strstr(out, "top-2"), "model flags: the file's own values, typed, are taken");
+    // resumes against a checkpoint of another shape: dense -e d2, MoE -e d2 --moe-experts 4 (top-2), the MoE file
+    lp_path(dir, "%s", tmp_path("model_flags_dense"));
+    rc = run_cmd(out, sizeof(out), "%s -e d2 %s -x 2 -n 1 -o %s", TRAIN_BIN, base, dir);
+    snprintf(args, sizeof(args), "-e d2 %s -x 3 --moe-experts 4 --resume -o %s", base, dir);
+    rc = run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, args);
+    expect_stops("model flags: --moe-experts 4 resuming a dense checkpoint is refused naming --moe-experts, not called damaged",
+                 "flag --moe-experts: checkpoint step 2 holds a model of 0 experts per MoE layer, this run's (-e d2) has 4", rc, out);
+    expect(!strstr(out, "damaged") && !strstr(out, "no usable checkpoint"), "model flags: no checkpoint is called damaged for its shape");
+    lp_path(dir, "%s", tmp_path("model_flags_moe"));
+    rc = run_cmd(out, sizeof(out), "%s -e d2 --moe-experts 4 %s -x 2 -n 1 -o %s", TRAIN_BIN, base, dir);
+    rc = run_cmd(out, sizeof(out), "%s -e d2 --moe-experts 4 --moe-topk 1 %s -x 3 --resume -o %s", TRAIN_BIN, base, dir);
+    expect_stops("model flags: --moe-topk 1 resuming a top-2 checkpoint is refused naming --moe-topk",
+                 "flag --moe-topk: checkpoint step 2 holds a model of 2 experts per token (top-k), this run's (-e d2) has 1", rc, out);
+    rc = run_cmd(out, sizeof(out), "%s -e d2 --moe-experts 4 --moe-every 2 %s -x 3 --resume -o %s", TRAIN_BIN, base, dir);
+    expect_stops("model flags: --moe-every 2 resuming an every-layer checkpoint is refused naming --moe-every",
+                 "flag --moe-every: checkpoint step 2 holds a model of 1 MoE layer spacing (every), this run's (-e d2) has 2", rc, out);
+    rc = run_cmd(out, sizeof(out), "%s -e %s %s -x 3 --resume -o %s", TRAIN_BIN, moe, base, dir);
+    expect_stops("model flags: a MoE file of another shape resuming is refused naming -e", "flag -e: checkpoint step 2 holds a model of 2 layers, this run's (-e dev/ref/tiny_moe_model.bin) has 3", rc, out);
+    rc = run_cmd(out, sizeof(out), "%s -e d2 --moe-experts 4 %s -x 3 --resume -o %s", TRAIN_BIN, base, dir);
+    expect(rc == 0 && strstr(out, "resumed from") && strstr(out, "step_00000002") && strstr(out, "step 3/3"),
+           "model flags: the refused checkpoint resumes with the flags that made it");
+}
+
+// The engine needs no large stack (no function keeps over 128 KiB: -Wframe-larger-than on train_gpt_cpu)
+// and bounds OpenMP's threads by the cores before any parallel region: under `ulimit -s 512` a run (and
+// --pp 2 under mpirun, and --plan) trains to the same losses as with the default stack; OMP_NUM_THREADS of
+// 100000, and of the cores + 1, are each a notice and the same losses, bit for bit (the results do not
+// depend on the thread count).
+static void test_stack_and_threads(void) {
+    static char out[1 << 15], ref[1 << 15];
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0 -x 3";
+    float want[8], got[8];
+    int rc = run_cmd(ref, sizeof(ref), "%s %s", TRAIN_BIN, args), n = parse_losses(ref, want, 8);
+    rc = run_cmd(out, sizeof(out), "ulimit -s 512 && %s %s", TRAIN_BIN, args);
+    expect(rc == 0 && n == 3 && parse_losses(out, got, 8) == 3 && memcmp(got, want, sizeof(float) * 3) == 0,
+           "stack: a run under ulimit -s 512 trains to the default stack's losses");
+    if (rc != 0) printf("     exit %d:\n%s\n", rc, out);
+    rc = run_cmd(out, sizeof(out), "ulimit -s 512 && %s -e d12 -t 1024 -d 524288 --plan 64", PLAN_BIN);
+    expect(rc == 0 && strstr(out, "run the fastest:"), "stack: --plan under ulimit -s 512");
+    if (system("command -v mpirun > /dev/null 2>&1") == 0) {
+        rc = run_cmd(out, sizeof(out), "ulimit -s 512 && mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s --pp 2", TRAIN_BIN, args);
+        expect(rc == 0 && parse_losses(out, got, 8) == 3 && fabsf(got[2] - want[2]) <= 1e-5f * fabsf(want[2]),
+               "stack: --pp 2 under mpirun and ulimit -s 512 trains (losses within 1e-5 of one rank's)");
+    }
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int asked[2] = {100000, cores + 1};
+    for (int k = 0; k < 2; k++) {
+        char notice[128], name[256];
+        snprintf(notice, sizeof(notice), "notice: %d OpenMP threads asked (OMP_NUM_THREADS), %d cores to run them: using %d", asked[k], cores, cores);
+        rc = run_cmd(out, sizeof(out), "OMP_NUM_THREADS=%d %s %s", asked[k], TRAIN_BIN, args);
+        snprintf(name, sizeof(name), "threads: OMP_NUM_THREADS=%d is bounded by the %d cores with a notice, the losses bit for bit the same",
+                 asked[k], cores);
+        expect(rc == 0 && strstr(out, notice) && parse_losses(out, got, 8) == 3 && memcmp(got, want, sizeof(float) * 3) == 0, name);
+        if (rc != 0 || !strstr(out, notice)) printf("     exit %d:\n%s\n", rc, out);
+    }
+}
+
+// The output directory is the run's own or the run stops before step 1, with -o as it was: a lock or
+// main.log that is a symbolic link (not followed: its target unchanged) or not a file; an -o that is a
+// file; --overwrite that cannot rename a checkpoint out of the way (the old run left whole and resumable) or
+// cannot remove one it renamed (a notice: the old run is out of sight, so a later --resume continues the new
+// run, never the old); --keep that cannot remove one (a notice, the run goes on); a save that cannot clear
+// a killed save's step_N.tmp/ or a damaged step_N/ (one line, the checkpoint before it resumable). Folders
+// no save makes (a non-empty one inside a step directory) are what cannot be removed here: that holds for
+// root too, where permissions would not.
+static void test_output_owned(void) {
+    static char out[1 << 16];
+    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0";
+    char dir[LP_PATH_MAX], path[LP_PATH_MAX], target[LP_PATH_MAX];
+    int rc;
+    lp_path(dir, "%s", tmp_path("own_link"));
+    lp_path(target, "%s", tmp_path("own_target.txt"));
+    mkdir(dir, 0755);
+    FILE* t = lp_fopen(target, "w");
+    fputs("precious\n", t);
+    fclose(t);
+    for (int k = 0; k < 2; k++) {  // the lock, then main.log, a symbolic link to a file of someone else's
+        lp_path(path, "%s/%s", dir, k ? "main.log" : "lock");
+        if (symlink(target, path) != 0) lp_fail("symlink %s: %s", path, strerror(errno));
+        rc = run_cmd(out, sizeof(out), "%s %s -x 1 -o %s", TRAIN_BIN, args, dir);
+        expect_stops(k ? "-o: main.log a symbolic link is refused, not followed" : "-o: a lock that is a symbolic link is refused, not followed",
+                     k ? "main.log: it is a symbolic link" : "/lock: is a symbolic link", rc, out);
+        char text[64] = "";
+        t = lp_fopen(target, "r");
+        expect(fgets(text, sizeof(text), t) && strcmp(text, "precious\n") == 0 && lp_file_size(target) == 9,
+               k ? "-o: main.log's link target is left as it was" : "-o: the lock's link target is left as it was");
+        fclose(t);
+        unlink(path);
+    }
+    lp_path(path, "%s/lock", dir);
+    unlink(path);  // (the file the main.log case's run made)
+    mkdir(path, 0755);
+    rc = run_cmd(out, sizeof(out), "%s %s -x 1 -o %s", TRAIN_BIN, args, dir);
+    expect_stops("-o: a lock that is a folder is refused", "/lock: Is a directory", rc, out);
+    rmdir(path);
+    rc = run_cmd(out, sizeof(out), "%s %s -x 1 -o %s", TRAIN_BIN, args, target);
+    expect_stops("-o: a file, not a folder, is refused", "own_target.txt/lock: Not a directory", rc, out);
+
+    // --overwrite: one checkpoint cannot be renamed out of the way (step_1.removed/ holds a folder): nothing changes
+    lp_path(dir, "%s", tmp_path("own_overwrite"));
+    rc = run_cmd(out, sizeof(out), "%s %s -x 2 -n 1 -o %s", TRAIN_BIN, args, dir);
+    lp_path(path, "%s/step_00000001.removed/junk", dir);
+    make_dirs(path);
+    rc = run_cmd(out, sizeof(out), "%s %s -x 3 -l 2e-3 -n 1 -o %s --overwrite", TRAIN_BIN, args, dir);
+    expect_stops("--overwrite: a checkpoint that cannot be renamed out of the way stops the new run in one line",
+                 "flag --overwrite: cannot move ", rc, out);
+    expect(strstr(out, "step_00000001 out of the way") && strstr(out, "Directory not empty; the run in"), "--overwrite: the line names the checkpoint and the cause");
+    rc = run_cmd(out, sizeof(out), "%s %s -x 3 -n 1 -o %s --resume", TRAIN_BIN, args, dir);
+    lp_path(path, "resumed from %s/step_00000002", dir);
+    expect(rc == 0 && strstr(out, path), "--overwrite refused: the old run is whole, and --resume continues it from its newest (renamed back)");
+    lp_path(path, "rm -rf %s/step_00000001.removed", dir);
+    run_cmd(out, sizeof(out), "%s", path);
+    // --overwrite: a renamed checkpoint cannot be removed (a folder in it): a notice, the new run trains, and a
+    // later --resume continues the new run (its -l), never the old
+    lp_path(path, "%s/step_00000002/junk/x", dir);
+    make_dirs(path);
+    rc = run_cmd(out, sizeof(out), "%s %s -x 2 -l 2e-3 -n 1 -o %s --overwrite", TRAIN_BIN, args, dir);
+    expect(rc == 0 && strstr(out, "notice: --overwrite: the checkpoints in") && strstr(out, "step_00000002.removed/junk cannot be removed: Directory not empty"),
+           "--overwrite: a checkpoint it cannot remove is a notice naming it; the new run trains");
+    rc = run_cmd(out, sizeof(out), "%s %s -x 3 -n 1 -o %s --resume", TRAIN_BIN, args, dir);
+    expect_stops("--overwrite then --resume with the old run's flags: refused, naming -l (the checkpoints are the new run's)",
+                 "flag -l: checkpoint step 2 was made by a run with '-l 0.002', this run has '-l 0.001'", rc, out);
+    rc = run_cmd(out, sizeof(out), "%s %s -x 3 -l 2e-3 -n 1 -o %s --resume", TRAIN_BIN, args, dir);
+    expect(rc == 0 && strstr(out, "resumed from") && strstr(out, "step 3/3"), "--overwrite then --resume continues the new run");
+    // --keep: an old checkpoint that cannot be removed is a notice; the run goes on
+    lp_path(path, "%s/step_00000001/junk/x", dir);
+    make_dirs(path);
+    rc = run_cmd(out, sizeof(out), "%s %s -x 5 -l 2e-3 -n 1 --keep 1 -o %s --resume", TRAIN_BIN, args, dir);
+    lp_path(path, "%s/step_00000005/state.bin", dir);
+    expect(rc == 0 && strstr(out, "notice: --keep 1: cannot remove ") && strstr(out, "step_00000001/junk: Directory not empty (the run goes on)") &&
+               access(path, R_OK) == 0 && lp_checkpoint_latest(dir, 5) == -1,
+           "--keep: a checkpoint it cannot remove is a notice naming it, the run goes on and keeps only the newest");
+    // a save that cannot clear what a killed save left (step_6.tmp/ holding a folder), or a damaged step_7/
+    // it would replace: one line, exit 1, the checkpoint before it resumable
+    for (int k = 0; k < 2; k++) {
+        lp_path(path, k ? "%s/step_00000007/junk/x" : "%s/step_00000006.tmp/junk/x", dir);
+        make_dirs(path);
+        rc = run_cmd(out, sizeof(out), "%s %s -x %d -l 2e-3 -n 1 -o %s --resume", TRAIN_BIN, args, 6 + k, dir);
+        const char* err = strstr(out, "llmpar: error: cannot remove ");
+        expect(rc > 0 && err && strstr(err, k ? "step_00000007/junk" : "step_00000006.tmp/junk") && strstr(err, "Directory not empty") &&
+                   !strstr(err + 1, "llmpar: error: ") && lp_checkpoint_latest(dir, INT_MAX) == 5 + k,
+               k ? "a save that cannot remove a damaged step_N/ it replaces stops in one line; the checkpoint before stays"
+                 : "a save that cannot clear a killed save's step_N.tmp/ stops in one line; the checkpoint before stays");
+        if (rc == 0 || !err) printf("%s\n", out);
+        lp_path(path, "rm -rf %s/step_0000000%d%s/junk", dir, 6 + k, k ? "" : ".tmp");
+        run_cmd(out, sizeof(out), "%s", path);
+    }
+    rc = run_cmd(out, sizeof(out), "%s %s -x 8 -l 2e-3 -n 1 -o %s --resume", TRAIN_BIN, args, dir);
+    expect(rc == 0 && strstr(out, "step 8/8"), "once the folders are gone the run resumes and saves again");
+}
+
+// --resume continues only the run whose checkpoint it finds: one that differs in a flag of the run's identity
+// (the model it started from, the data, the optimizer and schedule, the seed) is refused, naming the flag with
+// both values, exit 1, nothing trained or written; --resume-changed continues it, each difference a notice,
+// and the checkpoints after carry the new flags; -b, -x and the grid may change without it; a checkpoint
+// saved without an identity (an older llmpar's) resumes with a notice.
+static void test_run_identity(void) {
+    static char out[1 << 16];
+    const char* args = "-e dev/ref/tiny_model.bin -j '' -b 2 -t 16 -v 0 -s 0 -n 1";
+    char dir[LP_PATH_MAX], data[LP_PATH_MAX], cmd[4 * LP_PATH_MAX], path[LP_PATH_MAX];
+    lp_path(dir, "%s", tmp_path("identity"));
+    lp_path(data, "%s", tmp_path("identity_data"));
+    mkdir(data, 0755);
+    lp_path(path, "%s/a.bin", data);
+    write_random_shard(path, 400, 11);
+    int rc = run_cmd(out, sizeof(out), "%s %s -i '%s/*.bin' -x 2 -o %s", TRAIN_BIN, args, data, dir);
+    expect(rc == 0, "identity: a first run saves its checkpoints");
+    static const struct { const char *flags, *needle; } changed[] = {
+        {"-l 2e-3", "flag -l: checkpoint step 2 was made by a run with '-l 0.001', this run has '-l 0.002'"},
+        {"-u 1 -q 0.5", "flag -u: checkpoint step 2 was made by a run with '-u 5', this run has '-u 1' (and -q)"},
+        {"-k linear", "flag -k: checkpoint step 2 was made by a run with '-k cosine', this run has '-k linear'"},
+        {"--beta2 0.99", "flag --beta2: "},
+        {"--grad-clip 0", "flag --grad-clip: "},
+        {"-c 0", "flag -c: "},
+        {"--seed 7 --shuffle 0", "flags --shuffle --seed: checkpoint step 2 read its data shuffled with --seed 1337"},
+        {"--aux-loss-layers 1", "flag --aux-loss-layers: "},
+        {"--moe-z-coef 0.1", "flag --moe-z-coef: "},
+    };
+    for (size_t k = 0; k < sizeof(changed) / sizeof(changed[0]); k++) {
+        rc = run_cmd(out, sizeof(out), "%s %s -i '%s/*.bin' -x 3 %s -o %s --resume", TRAIN_BIN, args, data, changed[k].flags, dir);
+        char name[256];
+        snprintf(name, sizeof(name), "identity: --resume with %s is refused in one line naming the flag", changed[k].flags);
+        expect_stops(name, changed[k].needle, rc, out);
+    }
+    expect(lp_checkpoint_latest(dir, INT_MAX) == 2, "identity: the refused resumes wrote nothing");
+    lp_path(path, "%s/b.bin", data);  // the same -i now finds another shard too
+    write_random_shard(path, 400, 12);
+    rc = run_cmd(out, sizeof(out), "%s %s -i '%s/*.bin' -x 3 -o %s --resume", TRAIN_BIN, args, data, dir);
+    expect_stops("identity: --resume whose -i finds other shards is refused, naming -i and both sets",
+                 "flag -i: checkpoint step 2 was made by a run with '-i (1 shard(s), 400 tokens)', this run has '-i (2 shard(s), 800 tokens)'", rc, out);
+    unlink(path);
+    lp_path(path, "%s/a.bin", data);
+    rc = run_cmd(out, sizeof(out), "%s %s -i %s -x 3 -o %s --resume", TRAIN_BIN, args, path, dir);
+    expect_stops("identity: --resume with another -i pattern is refused, naming -i", "flag -i: checkpoint step 2 was made by a run with '-i ", rc, out);
+    rc = run_cmd(out, sizeof(out), "%s %s -i '%s/*.bin' -x 3 -b 1 -d 32 -o %s --resume", TRAIN_BIN, args, data, dir);
+    expect(rc == 0 && strstr(out, "resumed from") && !strstr(out, "notice: --resume-changed"), "identity: -b and -x may change on --resume");
+    rc = run_cmd(out, sizeof(out), "%s %s -i '%s/*.bin' -x 4 -l 2e-3 -u 1 -o %s --resume --resume-changed", TRAIN_BIN, args, data, dir);
+    expect(rc == 0 && strstr(out, "notice: --resume-changed: checkpoint step 3's run had '-l 0.001', this run has '-l 0.002'") &&
+               strstr(out, "had '-u 5', this run has '-u 1'") && strstr(out, "step 4/4"),
+           "identity: --resume-changed continues, each difference a notice");
+    rc = run_cmd(out, sizeof(out), "%s %s -i '%s/*.bin' -x 5 -l 2e-3 -u 1 -o %s --resume", TRAIN_BIN, args, data, dir);
+    expect(rc == 0 && strstr(out, "step 5/5") && !strstr(out, "notice: --resume-changed"),
+           "identity: the checkpoints after --resume-changed carry the new flags");
+    snprintf(cmd, sizeof(cmd), "--resume-changed -o %s", dir);
+    expect_error("identity: --resume-changed without --resume", "flag --resume-changed: only with --resume", cmd);
+    // an older llmpar's checkpoint: state.bin without the identity (its header's count 0, the bytes gone), the
+    // manifest's line for it rewritten
+    char state[LP_PATH_MAX], manifest[LP_PATH_MAX];
+    lp_path(state, "%s/step_00000005/state.bin", dir);
+    lp_path(manifest, "%s/step_00000005/manifest.txt", dir);
+    int h[LP_HEADER_INTS];
+    FILE* f = lp_fopen(state, "rb");
+    lp_fread(h, sizeof(int), LP_HEADER_INTS, f, state);
+    fclose(f);
+    h[18] = 0;
+    f = lp_fopen(state, "wb");
+    fwrite(h, sizeof(int), LP_HEADER_INTS, f);
+    fclose(f);
+    uint32_t crc;
+    long long size;
+    lp_file_crc32c(state, &crc, &size);
+    char lines[3][256];
+    f = lp_fopen(manifest, "r");
+    char head[64];
+    int got = fgets(head, sizeof(head), f) && fgets(lines[0], 256, f) && fgets(lines[1], 256, f) && fgets(lines[2], 256, f);
+    fclose(f);
+    f = lp_fopen(manifest, "w");
+    fprintf(f, "%s%s%sstate.bin %lld %08x\n", head, lines[0], lines[1], size, crc);
+    fclose(f);
+    rc = run_cmd(out, sizeof(out), "%s %s -i '%s/*.bin' -x 6 -l 5e-3 -o %s --resume", TRAIN_BIN, args, data, dir);
+    expect(got && rc == 0 && strstr(out, "notice: checkpoint step 5 was saved without its run's identity") && strstr(out, "step 6/6"),
+           "identity: a checkpoint saved without one (an older llmpar's) resumes with a notice");
 }
 
 // The flag table of train_gpt.cu: -h lists every row (--print-flags names them), dev/docs/flags.md's flags
@@ -3600,6 +3951,50 @@ static void test_output_lock(void) {
     if (rc != 0) printf("%s\n", out);
 }
 
+// Ranks agree or stop: an MPMD launch (mpirun A : B) whose ranks were given different flags stops before
+// any step with one line naming the first rank that differs, the flag and both values: -b (which trained on,
+// exit 0, with the wrong tokens per step), -e (another model: 12 lines of MPI errors and none of ours),
+// --tp, --seed, a value typed otherwise on one rank only; the same -e path holding a model file of another
+// shape on one rank's machine (here: another working directory) names the header's field; the same flags
+// typed in another order agree and train.
+static void test_ranks_agree(void) {
+    static char out[1 << 16];
+    if (no_mpirun("tier 3 ranks agree")) return;
+    char args[2048], dirs[2][LP_PATH_MAX], path[LP_PATH_MAX];
+    snprintf(args, sizeof(args), "-i %s -j '' -t 16 -v 0 -s 0 -x 1", tmp_path("dp_shard.bin"));
+    const char* mpmd = "mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1";
+    static const struct { const char *rank0, *rank1, *needle; } cases[] = {
+        {"-b 2", "-b 4", "rank 1 was given -b 4, rank 0 -b 2: every rank must be given the same flags"},
+        {"-b 2", "-b 2 -e d2", "rank 1 was given -e d2, rank 0 -e dev/ref/tiny_model.bin"},
+        {"-b 2 --tp 2", "-b 2", "rank 1 was given --tp 1, rank 0 --tp 2"},
+        {"-b 2", "-b 2 --seed 7", "rank 1 was given --seed 7, rank 0 --seed 1337"},
+        {"-b 2 --zero 1", "-b 2 -z 0", "rank 1 was given --zero 0, rank 0 --zero 1"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        int rc = run_cmd(out, sizeof(out), "%s -np 1 %s -e dev/ref/tiny_model.bin %s %s : -np 1 %s -e dev/ref/tiny_model.bin %s %s", mpmd,
+                         TRAIN_BIN, args, cases[k].rank0, TRAIN_BIN, args, cases[k].rank1);
+        char name[256];
+        snprintf(name, sizeof(name), "ranks agree: rank 0 '%s', rank 1 '%s': refused before any step, naming rank 1 and the flag",
+                 cases[k].rank0, cases[k].rank1);
+        expect_stops(name, cases[k].needle, rc, out);
+    }
+    int rc = run_cmd(out, sizeof(out), "%s -np 1 %s -e dev/ref/tiny_model.bin %s -b 2 --zero 1 : -np 1 %s --zero 1 -b 2 %s -e dev/ref/tiny_model.bin",
+                     mpmd, TRAIN_BIN, args, TRAIN_BIN, args);
+    expect(rc == 0 && strstr(out, "step 1/1"), "ranks agree: the same flags in another order train");
+    for (int r = 0; r < 2; r++) {  // model.bin in each rank's working directory: 2 layers on rank 0, 3 on rank 1
+        lp_path(dirs[r], "%s_%d", tmp_path("agree_wdir"), r);
+        mkdir(dirs[r], 0755);
+        lp_path(path, "%s/model.bin", dirs[r]);
+        save_tiny_model(path, 2 + r, 5);
+    }
+    char bin[LP_PATH_MAX];
+    if (!realpath(TRAIN_BIN, bin)) lp_fail("realpath %s: %s", TRAIN_BIN, strerror(errno));
+    rc = run_cmd(out, sizeof(out), "%s -np 1 -wdir %s %s -e model.bin %s -b 2 : -np 1 -wdir %s %s -e model.bin %s -b 2", mpmd, dirs[0], bin,
+                 args, dirs[1], bin, args);
+    expect_stops("ranks agree: -e model.bin of 3 layers on rank 1's machine, 2 on rank 0's: refused naming the header's field",
+                 "flag -e model.bin: rank 1 reads a model file with another header than rank 0's (layers 3 there, 2 on rank 0)", rc, out);
+}
+
 // --offload nvme: AdamW m and v in a file under --offload-dir, streamed a chunk at a time (here chunks of
 // 1024 values, LLMPAR_OFFLOAD_CHUNK, so the tiny model's shards span many). The update is the same
 // arithmetic on the same values, so losses, weights and optimizer state equal the in-memory run's bit for
@@ -5110,6 +5505,7 @@ int main(int argc, char** argv) {
     RUN(test_model_file_roundtrip);
     RUN(test_dataloader);
     RUN(test_data_manifest);
+    RUN(test_data_whole);
     RUN(test_lr_schedule);
     RUN(test_checkpoint_roundtrip);
     RUN(test_tokenizer);
@@ -5118,6 +5514,10 @@ int main(int argc, char** argv) {
     RUN(test_schedules);
     RUN(test_plan);
     RUN(test_bad_input);
+    RUN(test_output_owned);
+    RUN(test_run_identity);
+    RUN(test_model_flags);
+    RUN(test_stack_and_threads);
     RUN(test_flags);
     RUN(test_hellaswag_file);
     printf("tier 2: CPU model\n");
@@ -5149,6 +5549,7 @@ int main(int argc, char** argv) {
     RUN(test_divergence_grids);
     RUN(test_supervisor_kill);
     RUN(test_output_lock);
+    RUN(test_ranks_agree);
     RUN(test_watchdog);
     RUN(test_stragglers);
     RUN(test_offload);

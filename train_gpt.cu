@@ -45,6 +45,7 @@ typedef struct {
     int on_divergence;       // --on-divergence: stop | skip | rollback (lp_divergence_names)
     float loss_spike;        // --loss-spike: a loss above this times the recent mean is a spike (0: off)
     int resume;              // --resume
+    int resume_changed;      // --resume-changed: a resume may change flags of the run's identity (lp_run_identity)
     // --tp --pp --ep --vpp --schedule --pp-partition --sp --pp-scatter-gather --zero --overlap --bucket-mb
     // --recompute --offload --offload-dir --comm: how the run is split over the ranks (d = ranks / (t p))
     LPParallel par;
@@ -147,15 +148,23 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--check-data", NULL, LP_FLAG_CHOICE, LP_FIELD(check_data), "manifest", "manifest", "NAME", NULL, lp_check_data_names,
      "how rank 0 checks the shards' token ids at the start: manifest (the shards' folder's manifest.txt from "
      "dev/data/prepare.py where there is one: only headers are read; a manifest that does not match the shards is an "
-     "error) | full (read every token)"},
+     "error) | full (read every token). Under both, a manifest that lists shards the pattern matches but does not find, "
+     "or an unfinished prepare.py job for these shards, is an error naming what is missing"},
     {NULL, "-n", LP_FLAG_INT, LP_FIELD(ckpt_every), "0", "0", "N", NULL, NULL,
      "checkpoint every N steps (needs -o; a checkpoint is always written at the end when -o is given)"},
     {"--resume", "-y", LP_FLAG_SWITCH, LP_FIELD(resume), NULL, NULL, NULL, NULL, NULL,
      "continue from the newest complete checkpoint in -o; one that is damaged (a bad header or size, or a checksum "
      "that differs from its manifest) is reported in one line and the one before it is used. -y 1 is llm.c's "
      "spelling; -y 0 (llm.c: restart) starts afresh, and an -o holding checkpoints still needs --overwrite"},
+    {"--resume-changed", NULL, LP_FLAG_SWITCH, LP_FIELD(resume_changed), NULL, NULL, NULL, NULL, NULL,
+     "with --resume: continue even though flags of the run's identity differ from its checkpoint's (-e, -i and the "
+     "shards it finds, -l, -u, -q, -k, -c, --beta1, --beta2, --eps, --grad-clip, --seed, --shuffle, --aux-loss-layers, "
+     "--aux-loss-weight, --moe-capacity, --moe-aux-coef, --moe-z-coef): each difference is printed as a notice and the "
+     "checkpoints from then on carry this run's. Without it such a resume is refused, naming the flag. The grid, -b and "
+     "-x may change without it; -t, -d and the data order never"},
     {"--keep", "-nk", LP_FLAG_INT, LP_FIELD(keep), "0", "0", "N", NULL, NULL,
-     "after each save keep the newest N checkpoints, removing older ones (0: all)"},
+     "after each save keep the newest N checkpoints, removing older ones (0: all; one that cannot be removed is a "
+     "notice, and the run goes on)"},
     {"--ckpt-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(ckpt_minutes), "0", "0", "M", NULL, NULL,
      "also checkpoint once M minutes have passed since the start or the last checkpoint (rank 0's clock decides; "
      "needs -o; 0: off)"},
@@ -169,7 +178,8 @@ static const LPFlagSpec lp_flag_specs[] = {
      "in one line, with its host and t, p, d coordinates, and in the end report (0: off)"},
     {"--overwrite", NULL, LP_FLAG_SWITCH, LP_FIELD(overwrite), NULL, NULL, NULL, NULL, NULL,
      "without --resume, start even though -o holds checkpoints, removing them (otherwise that is an error: a later "
-     "--resume would take the newest of either run)"},
+     "--resume would take the newest of either run). They are all renamed out of --resume's sight first: where one "
+     "cannot be, the old run is left whole and this one stops before its first step"},
     {"--on-divergence", NULL, LP_FLAG_CHOICE, LP_FIELD(on_divergence), "stop", "stop", "NAME", NULL, lp_divergence_names,
      "a step whose loss or gradient norm is not finite, or whose update makes a weight not finite, or (skip, "
      "rollback) whose loss is a spike: stop (the newest checkpoint is the last good one) | skip (drop its batch and "
@@ -211,7 +221,7 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--moe-every", NULL, LP_FLAG_INT, LP_FIELD(moe_every), "1", "1", "N", NULL, NULL,
      "with --moe-experts: layers 0, N, 2N, ... (counted from 0) are MoE layers, the others dense (1: every layer)"},
     {"--moe-capacity", NULL, LP_FLAG_FLOAT, LP_FIELD(moe.capacity), "0", "0", "F", NULL, NULL,
-     "capacity factor: an expert takes at most F*K*N/E of a micro-batch's K*N token choices, first come first "
+     "capacity factor: an expert takes at most ceil(F*K*N/E) of a micro-batch's K*N token choices, first come first "
      "served in token order; the rest are dropped (the token goes on by the residual alone). 0: none dropped"},
     {"--moe-aux-coef", NULL, LP_FLAG_FLOAT, LP_FIELD(moe.aux_coef), "0.01", "0.01", "F", NULL, NULL,
      "the load-balancing loss's coefficient (Switch Transformer: coef * E * sum_e f_e P_e per MoE layer)"},
@@ -485,6 +495,11 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_flag_set(f, s, a, v);
         f->given[s - lp_flag_specs] = 1;
     }
+    return 1;
+}
+
+// The flags' values checked, each against its range and the others; a bad one is one line naming it.
+static void lp_check_flags(LPFlags* f) {
     // the flags' names below come from the table: LP_FLAG_NAME(B) is "-b"
     if (f->B < 1) lp_fail_all("flag %s: micro-batch size must be >= 1, got %d", LP_FLAG_NAME(B), f->B);
     if (f->T < 1) lp_fail_all("flag %s: sequence length must be >= 1, got %d", LP_FLAG_NAME(T), f->T);
@@ -544,6 +559,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
         lp_fail_all("flag %s rollback: needs %s DIR, for the checkpoints to roll back to", LP_FLAG_NAME(on_divergence),
                     LP_FLAG_NAME(out_dir));
     if (f->loss_spike < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: off), got %g", LP_FLAG_NAME(loss_spike), f->loss_spike);
+    if (f->resume_changed && !f->resume)
+        lp_fail_all("flag %s: only with %s", LP_FLAG_NAME(resume_changed), LP_FLAG_NAME(resume));
     if (f->resume && f->overwrite)
         lp_fail_all("flags %s and %s: continue the run in %s, or replace it, not both", LP_FLAG_NAME(resume),
                     LP_FLAG_NAME(overwrite), LP_FLAG_NAME(out_dir));
@@ -556,25 +573,88 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     if (par->sp && f->T % par->tp)
         lp_fail_all("flag %s: sequence length %s %d does not split over %s %d ranks", LP_FLAG_NAME(par.sp), LP_FLAG_NAME(T), f->T,
                     LP_FLAG_NAME(par.tp), par->tp);
-    return 1;
 }
 
-// --print-flags: every flag's value as parsed, one line each under its name (a switch: 1 on, 0 off; an
-// empty string: "")
-static void lp_print_flags(const LPFlags* f) {
-    for (int k = 0; k < LP_NUM_FLAGS; k++) {
-        const LPFlagSpec* s = &lp_flag_specs[k];
-        const char* p = (const char*)f + s->field;
-        lp_log("%-20s ", lp_flag_name(s));
-        switch (s->type) {
-        case LP_FLAG_INT:
-        case LP_FLAG_SWITCH: lp_log("%d\n", *(const int*)p); break;
-        case LP_FLAG_SEED: lp_log("%llu\n", *(const unsigned long long*)p); break;
-        case LP_FLAG_FLOAT: lp_log("%g\n", *(const float*)p); break;
-        case LP_FLAG_STRING: lp_log("%s\n", (*(const char* const*)p)[0] ? *(const char* const*)p : "\"\""); break;
-        case LP_FLAG_CHOICE: lp_log("%s\n", s->choices[*(const int*)p]); break;
-        }
+// A flag's value as parsed, as text in buf: a switch 1 on, 0 off; an empty string ""; a number in as few
+// digits as give it back exactly.
+static const char* lp_flag_value(const LPFlags* f, const LPFlagSpec* s, char* buf, size_t size) {
+    const char* p = (const char*)f + s->field;
+    switch (s->type) {
+    case LP_FLAG_INT:
+    case LP_FLAG_SWITCH: snprintf(buf, size, "%d", *(const int*)p); break;
+    case LP_FLAG_SEED: snprintf(buf, size, "%llu", *(const unsigned long long*)p); break;
+    case LP_FLAG_FLOAT: {
+        float x = *(const float*)p;
+        snprintf(buf, size, "%g", x);
+        if (strtof(buf, NULL) != x) snprintf(buf, size, "%.9g", x);
+        break;
     }
+    case LP_FLAG_STRING: snprintf(buf, size, "%s", (*(const char* const*)p)[0] ? *(const char* const*)p : "\"\""); break;
+    case LP_FLAG_CHOICE: snprintf(buf, size, "%s", s->choices[*(const int*)p]); break;
+    }
+    return buf;
+}
+
+// Ranks agree or stop. Every rank must be given the same flags (an MPMD launch, or a script that builds
+// each rank's command, can give them different ones: with another -b a rank trained on with the wrong
+// tokens per step; with another model the job ended in MPI's errors), run the same build, and find the same
+// header in -e's model file (the file can differ between machines). At the start, one all-gather of a
+// digest (CRC32C) of each flag's value (--offload-dir aside: a folder of each machine's), of the build and of
+// the header; where a rank differs from rank 0, every rank stops with one line naming the first such rank and
+// what differs, with both values.
+static void lp_ranks_agree(const LPFlags* f, const LPProcess* proc) {
+    if (proc->world == 1) return;
+    enum { BUILD = LP_NUM_FLAGS, HEADER, N };
+    struct { char text[LP_PATH_MAX]; int h[LP_HEADER_INTS]; } mine, theirs;
+    uint32_t digest[N];
+    for (int k = 0; k < LP_NUM_FLAGS; k++) {
+        lp_flag_value(f, &lp_flag_specs[k], mine.text, sizeof(mine.text));
+        int local = lp_flag_specs[k].field == LP_FIELD(par.offload_dir);
+        digest[k] = local ? 0 : lp_crc32c(0, (const unsigned char*)mine.text, strlen(mine.text));
+    }
+    snprintf(mine.text, sizeof(mine.text), "%s build (%s)", LP_BUILD_GPU ? "CUDA" : "CPU", sizeof(floatX) == 2 ? "bf16" : "fp32");
+    digest[BUILD] = lp_crc32c(0, (const unsigned char*)mine.text, strlen(mine.text));
+    memset(mine.h, 0, sizeof(mine.h));  // (a preset, or a file this rank cannot read: 0s, and the usual error later)
+    FILE* file = fopen(f->init, "rb");
+    if (file && fread(mine.h, sizeof(int), LP_HEADER_INTS, file) != LP_HEADER_INTS) memset(mine.h, 0, sizeof(mine.h));
+    if (file) fclose(file);
+    digest[HEADER] = lp_crc32c(0, (const unsigned char*)mine.h, sizeof(mine.h));
+    uint32_t* all = (uint32_t*)lp_host_malloc((size_t)proc->world * sizeof(digest), "the ranks' flag digests");
+    lp_world_all_gather(proc, digest, sizeof(digest), all);
+    int rank = 0, k = 0;
+    for (int r = 1; r < proc->world && !rank; r++)
+        for (k = 0; k < N && !rank; k++)
+            if (all[(size_t)r * N + k] != all[k]) rank = r;
+    free(all);
+    if (!rank) return;
+    k--;
+    if (k < LP_NUM_FLAGS) lp_flag_value(f, &lp_flag_specs[k], mine.text, sizeof(mine.text));
+    else if (k == HEADER) snprintf(mine.text, sizeof(mine.text), "%s", f->init);
+    theirs = mine;
+    lp_world_broadcast(proc, &theirs, sizeof(theirs), rank);
+    const char* same = "every rank must be given the same flags (an MPMD launch, or a script, gave them different ones)";
+    if (k < LP_NUM_FLAGS)
+        lp_fail_all("rank %d was given %s %s, rank 0 %s %s: %s", rank, lp_flag_name(&lp_flag_specs[k]), theirs.text,
+                    lp_flag_name(&lp_flag_specs[k]), mine.text, same);
+    if (k == BUILD) lp_fail_all("rank %d runs the %s, rank 0 the %s: every rank must run the same program", rank, theirs.text, mine.text);
+    LPConfig a, b;  // the header: its first field that differs
+    lp_config_of_header(theirs.h, &a);
+    lp_config_of_header(mine.h, &b);
+    int field = lp_config_differs(&a, &b);
+    char what[128] = "its header differs";
+    if (theirs.h[0] != mine.h[0] || theirs.h[1] != mine.h[1])
+        snprintf(what, sizeof(what), "magic %d version %d there, %d %d on rank 0", theirs.h[0], theirs.h[1], mine.h[0], mine.h[1]);
+    else if (field >= 0)
+        snprintf(what, sizeof(what), "%s %d there, %d on rank 0", lp_config_fields[field].what, LP_CONFIG_FIELD(&a, field),
+                 LP_CONFIG_FIELD(&b, field));
+    lp_fail_all("flag -e %s: rank %d reads a model file with another header than rank 0's (%s): the file differs between the "
+                "ranks' machines; every rank must read the same model", f->init, rank, what);
+}
+
+// --print-flags: every flag's value as parsed, one line each under its name
+static void lp_print_flags(const LPFlags* f) {
+    char value[LP_PATH_MAX];
+    for (int k = 0; k < LP_NUM_FLAGS; k++) lp_log("%-20s %s\n", lp_flag_name(&lp_flag_specs[k]), lp_flag_value(f, &lp_flag_specs[k], value, sizeof(value)));
 }
 
 #define LP_STRIKES 3  // --on-divergence skip or rollback: divergences in a row (skip) or back to one checkpoint (rollback)
@@ -719,6 +799,13 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
     free(probs);
 }
 
+// Whether the flag of LPFlags field `field` was typed.
+static int lp_flag_typed(const LPFlags* f, size_t field) {
+    for (int k = 0; k < LP_NUM_FLAGS; k++)
+        if (lp_flag_specs[k].field == field) return f->given[k];
+    return 0;
+}
+
 // The model's shape from -e: a dN preset, or an llm.c file's header. Returns 1 for a preset (a new model).
 static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cfg) {
     int preset = lp_config_from_name(cfg, f->init);
@@ -727,7 +814,11 @@ static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cf
     // checked by rank 0 first (lp_fail there stops everyone), so a bad preset or file is reported once
     for (int pass = 0; pass < 2; pass++) {
         if ((proc->rank == 0) == (pass == 0)) {
+            int topk_typed = lp_flag_typed(f, LP_FIELD(moe_topk)), every_typed = lp_flag_typed(f, LP_FIELD(moe_every));
             if (preset) {
+                if (!f->moe_experts && (topk_typed || every_typed))
+                    lp_fail("flag %s: only with %s (-e %s without it is a dense model)", topk_typed ? "--moe-topk" : "--moe-every",
+                            "--moe-experts", f->init);
                 if (f->moe_experts) {
                     cfg->moe_experts = f->moe_experts;
                     cfg->moe_topk = f->moe_topk;
@@ -740,9 +831,17 @@ static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cf
                 FILE* file = lp_fopen(f->init, "rb");
                 lp_model_file_header(f->init, cfg, file);
                 fclose(file);
+                // a model file's shape is its own: a flag that says otherwise is refused, never overridden
+                const char* own = "(a model file's shape is its own: leave the flag out, or give the file's)";
                 if (f->moe_experts && f->moe_experts != cfg->moe_experts)
-                    lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts,
-                            f->init, cfg->moe_experts);
+                    lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer %s", f->moe_experts, f->init, cfg->moe_experts, own);
+                if ((topk_typed || every_typed) && !cfg->moe_experts)
+                    lp_fail("flag %s %d: %s is a dense model %s", topk_typed ? "--moe-topk" : "--moe-every", topk_typed ? f->moe_topk : f->moe_every,
+                            f->init, own);
+                if (topk_typed && f->moe_topk != cfg->moe_topk)
+                    lp_fail("flag --moe-topk %d: %s sends each token to %d experts %s", f->moe_topk, f->init, cfg->moe_topk, own);
+                if (every_typed && f->moe_every != cfg->moe_every)
+                    lp_fail("flag --moe-every %d: %s has a MoE layer every %d layers %s", f->moe_every, f->init, cfg->moe_every, own);
             }
         }
         lp_barrier(&proc->world_group);
@@ -774,6 +873,7 @@ typedef struct {
     const LPFlags* f;
     const LPProcess* proc;
     LPConfig cfg;
+    int preset;                  // the model is new, of -e's preset shape (else from -e's file)
     LPStage stage;               // this rank's chunks of the model
     int aux[LP_MAX_AUX];         // --aux-loss-layers
     int total_batch, accum;      // tokens per step; micro-batches per step (the pipeline's m)
@@ -783,6 +883,7 @@ typedef struct {
     LPTokenizer tok;
     LPAdamW opt;
     LPTrainState state;          // what a checkpoint holds besides weights and optimizer state
+    char* identity;              // the run's identity (lp_run_identity), which state.identity points to
     FILE* logf;                  // -o DIR/main.log, rank 0
     int lock_fd;                 // -o DIR/lock, held by rank 0 for the run (lp_dir_lock); -1 on the other ranks
     int first_step;              // 0, or the step resumed from
@@ -865,23 +966,101 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
                z->off ? par->offload_dir : "", z->off ? ", " : "", z->off ? io : "", z->off ? " I/O)" : "", z->state_chunk);
 }
 
+// An error rank 0 found, its line in why ("" on the other ranks, and where there is none): printed once,
+// and every rank stops.
+static void lp_fail_all_from_rank0(const LPProcess* proc, const char* why) {
+    float bad = proc->rank == 0 && why[0];
+    lp_all_reduce_host(&proc->world_group, &bad, 1, 0);
+    if (bad != 0.0f) lp_fail_all("%s", why);
+}
+
+// The flags of a run's identity: those that shape its trajectory, which a resume keeps unless told
+// (--resume-changed). Not among them, as a resume may change them: the grid (checkpoints reshard), -b (the
+// same tokens per step, split otherwise), -x (a run may be extended), and the flags of evaluation, logging
+// and checkpoints; -t, -d and the data order are checked on their own, and never change.
+static const size_t lp_identity_fields[] = {
+    LP_FIELD(init), LP_FIELD(train_data), LP_FIELD(lr), LP_FIELD(warmup), LP_FIELD(final_lr_frac), LP_FIELD(decay),
+    LP_FIELD(weight_decay), LP_FIELD(beta1), LP_FIELD(beta2), LP_FIELD(eps), LP_FIELD(grad_clip), LP_FIELD(seed),
+    LP_FIELD(shuffle), LP_FIELD(aux_layers), LP_FIELD(aux_weight), LP_FIELD(moe.capacity), LP_FIELD(moe.aux_coef),
+    LP_FIELD(moe.z_coef)};
+
+// The run's identity as a checkpoint keeps it: a line "FLAG VALUE" for each of lp_identity_fields, and one
+// for the train shards -i finds, "-i (N shard(s), M tokens)" (the caller frees it).
+static char* lp_run_identity(const LPTrainRun* r) {
+    size_t size = 2 * LP_PATH_MAX + 2048, len = 0;
+    char* text = (char*)lp_host_malloc(size, "run identity");
+    char value[LP_PATH_MAX];
+    for (size_t k = 0; k < sizeof(lp_identity_fields) / sizeof(lp_identity_fields[0]); k++) {
+        const LPFlagSpec* s = lp_flag_specs;
+        while (s->field != lp_identity_fields[k]) s++;
+        len += snprintf(text + len, size - len, "%s %s\n", lp_flag_name(s), lp_flag_value(r->f, s, value, sizeof(value)));
+    }
+    size_t tokens = 0;
+    for (int s = 0; s < r->train.num_files; s++) tokens += r->train.shard_tokens[s];
+    snprintf(text + len, size - len, "%s (%d shard(s), %zu tokens)\n", LP_FLAG_NAME(train_data), r->train.num_files, tokens);
+    return text;
+}
+
+// Compares a checkpoint's identity (was) with this run's (now), line by line. Returns how many lines differ,
+// the first in why as "FLAG: ... WAS ..., this run has NOW" (with the other flags that differ), or, with
+// `notice`, each printed as a notice.
+static int lp_identity_differs(const char* was, const char* now, int step, int notice, char* why, size_t size) {
+    int n = 0;
+    size_t len = 0;
+    while (*was || *now) {
+        size_t a = strcspn(was, "\n"), b = strcspn(now, "\n");
+        if (a != b || memcmp(was, now, a) != 0) {
+            int name = (int)strcspn(now, " \n");
+            if (notice) lp_log("notice: %s: checkpoint step %d's run had '%.*s', this run has '%.*s'\n", LP_FLAG_NAME(resume_changed), step,
+                               (int)a, was, (int)b, now);
+            else if (n == 0) len = snprintf(why, size, "flag %.*s: checkpoint step %d was made by a run with '%.*s', this run has '%.*s'",
+                                            name, now, step, (int)a, was, (int)b, now);
+            else if (len < size) len += snprintf(why + len, size - len, "%s%.*s", n == 1 ? " (and " : ", ", name, now);
+            n++;
+        }
+        was += a + (was[a] == '\n');
+        now += b + (now[b] == '\n');
+    }
+    if (n > 1 && !notice && len < size) snprintf(why + len, size - len, ")");
+    return n;
+}
+
 // -o: the directory and its lock (rank 0 holds it for the job: one run per directory), then either the
 // newest usable checkpoint (--resume: rank 0 checks it, checksums too; a damaged one is reported once and
-// the one before it tried) or a fresh run's id; then main.log.
+// the one before it tried; one of another run identity is refused) or a fresh run's id, the checkpoints of
+// an earlier run taken away (--overwrite), and main.log emptied. Whatever stops the run here stops it before
+// its first step, with -o as it was.
 static void lp_run_open_output(LPTrainRun* r) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     lp_mkdirs(f->out_dir);
-    char holder[256] = "";
-    r->lock_fd = proc->rank == 0 ? lp_dir_lock(f->out_dir, holder, sizeof(holder)) : -1;
-    float busy = proc->rank == 0 && r->lock_fd < 0;
-    lp_all_reduce_host(&proc->world_group, &busy, 1, 0);
-    if (busy != 0.0f) lp_fail_all("flag -o: %s is in use by another run (%s/lock: %s)", f->out_dir, f->out_dir, holder);
+    char why[2 * LP_PATH_MAX + 512] = "";
+    r->lock_fd = proc->rank == 0 ? lp_dir_lock(f->out_dir, why, sizeof(why)) : -1;
+    lp_fail_all_from_rank0(proc, why);
+    char path[LP_PATH_MAX];  // main.log, opened now (not through a symbolic link, as the lock) and emptied for a fresh run once it has -o
+    lp_path(path, "%s/main.log", f->out_dir);
+    int log_fd = proc->rank == 0 ? open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_APPEND, 0644) : -1;
+    if (proc->rank == 0 && log_fd < 0) snprintf(why, sizeof(why), "cannot write %s: %s", path, errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+    lp_fail_all_from_rank0(proc, why);
+    r->identity = lp_run_identity(r);
+    r->state.identity = r->identity;
     if (f->resume) {
         int latest = lp_checkpoint_latest(f->out_dir, INT_MAX);
         if (latest < 0) lp_fail_all("flag --resume: no complete checkpoint in %s", f->out_dir);
+        // a checkpoint of another shape, whole as that shape (sizes and checksums), is not damaged: the flag that
+        // makes this run's shape is named
+        LPConfig saved;
         int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
-        char why[LP_PATH_MAX + 200] = "";
+        int k = proc->rank == 0 && lp_checkpoint_shape(f->out_dir, latest, &saved) == 0 ? lp_config_differs(&saved, &r->cfg) : -1;
+        if (k >= 0 && !lp_checkpoint_problem(f->out_dir, latest, &saved, optim_h, state_h, 1, why, sizeof(why))) {
+            const char* moe_flags[3] = {"--moe-experts", "--moe-topk", "--moe-every"};
+            snprintf(why, sizeof(why), "flag %s: checkpoint step %d holds a model of %d %s, this run's (-e %s) has %d; resume with the "
+                     "flags that made it", r->preset && k >= 6 ? moe_flags[k - 6] : "-e", latest, LP_CONFIG_FIELD(&saved, k),
+                     lp_config_fields[k].what, f->init, LP_CONFIG_FIELD(&r->cfg, k));
+        } else {
+            why[0] = '\0';  // (a checkpoint that is not whole is damaged: reported below)
+        }
+        lp_fail_all_from_rank0(proc, why);
         for (;;) {
             float bad = proc->rank == 0 && lp_checkpoint_problem(f->out_dir, latest, &r->cfg, optim_h, state_h, 1, why, sizeof(why));
             lp_all_reduce_host(&proc->world_group, &bad, 1, 0);
@@ -902,6 +1081,16 @@ static void lp_run_open_output(LPTrainRun* r) {
                         lp_data_order(was, sizeof(was), state->shuffle, state->data_seed),
                         lp_data_order(now, sizeof(now), f->shuffle, f->seed));
         }
+        why[0] = '\0';
+        if (proc->rank == 0) {
+            char* was = lp_checkpoint_identity(f->out_dir, latest);
+            if (!was) lp_log("notice: checkpoint step %d was saved without its run's identity (an older llmpar): its flags are not "
+                             "checked against this run's\n", latest);
+            else if (lp_identity_differs(was, r->identity, latest, f->resume_changed, why, sizeof(why)) && !f->resume_changed)
+                snprintf(why + strlen(why), sizeof(why) - strlen(why), "; %s continues it with this run's", LP_FLAG_NAME(resume_changed));
+            free(was);
+        }
+        lp_fail_all_from_rank0(proc, why);
         lp_dataloader_seek(&r->train, state->epoch, state->shard, state->pos);
         lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, state->run_id);
         if (latest >= f->max_steps)
@@ -912,16 +1101,24 @@ static void lp_run_open_output(LPTrainRun* r) {
         if (existing >= 0 && !f->overwrite)
             lp_fail_all("flag -o: %s already holds checkpoints (the newest is step %d): continue that run with --resume, "
                         "choose another -o, or pass --overwrite to remove them", f->out_dir, existing);
-        if (existing >= 0 && proc->rank == 0) lp_checkpoint_prune(f->out_dir, 0);
+        if (existing >= 0 && proc->rank == 0) {
+            char failed[LP_PATH_MAX];
+            int hidden, err = lp_checkpoint_clear(f->out_dir, failed, &hidden);
+            if (err && !hidden)
+                snprintf(why, sizeof(why), "flag --overwrite: cannot move %s out of the way (to %s.removed): %s; the run in %s is "
+                         "left as it was", failed, failed, strerror(err), f->out_dir);
+            else if (err)
+                lp_log("notice: --overwrite: the checkpoints in %s are out of --resume's sight, but %s cannot be removed: %s\n",
+                       f->out_dir, failed, strerror(err));
+        }
+        lp_fail_all_from_rank0(proc, why);
         uint64_t now = (uint64_t)(lp_time_s() * 1e9) ^ ((uint64_t)getpid() << 32);
         r->state.run_id = (int)(lp_rand_u32(&now) % 0x7fffffffu) + 1;  // 1 .. 2^31-1 (0: a checkpoint from before ids)
         lp_broadcast_host(&proc->world_group, &r->state.run_id, sizeof(r->state.run_id), 0);  // rank 0's
         lp_log("run %08x: a fresh run; its checkpoints carry this id\n", r->state.run_id);
     }
-    char path[LP_PATH_MAX];
-    lp_path(path, "%s/main.log", f->out_dir);
-    if (proc->rank == 0) r->logf = fopen(path, f->resume ? "a" : "w");
-    if (proc->rank == 0 && !r->logf) lp_fail("cannot write %s: %s", path, strerror(errno));
+    if (proc->rank == 0 && ((!f->resume && ftruncate(log_fd, 0) != 0) || !(r->logf = fdopen(log_fd, "a"))))
+        lp_fail("cannot write %s: %s", path, strerror(errno));
 }
 
 // --eval-hellaswag: the file checked against the model (every token in its vocabulary, every row in -t).
@@ -945,7 +1142,7 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     memset(r, 0, sizeof(*r));
     r->f = f;
     r->proc = proc;
-    int from_scratch = lp_model_config(f, proc, &r->cfg);
+    int from_scratch = r->preset = lp_model_config(f, proc, &r->cfg);
     lp_grid_check(proc, &r->cfg);
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->par->dp;
@@ -1096,7 +1293,9 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     state->T = f->T;
     state->total_batch = r->total_batch;
     lp_checkpoint_save(r->stage.chunks, r->stage.par->vpp, state, f->out_dir, &proc->world_group);
-    if (f->keep && proc->rank == 0) lp_checkpoint_prune(f->out_dir, f->keep);
+    char failed[LP_PATH_MAX];
+    int err = f->keep && proc->rank == 0 ? lp_checkpoint_prune(f->out_dir, f->keep, failed) : 0;
+    if (err) lp_log("notice: %s %d: cannot remove %s: %s (the run goes on)\n", LP_FLAG_NAME(keep), f->keep, failed, strerror(err));
     r->last_save_s = lp_time_s();
     r->on_disk = step;
     if (r->rollback) r->strikes = 0;
@@ -1304,6 +1503,7 @@ static void lp_report_end(LPTrainRun* r) {
 
 static void lp_run_free(LPTrainRun* r) {
     if (r->logf) fclose(r->logf);
+    free(r->identity);
     if (r->f->out_dir[0] && r->lock_fd >= 0) close(r->lock_fd);
     lp_tokenizer_free(&r->tok);
     if (r->has_val) lp_dataloader_free(&r->val);
@@ -1411,7 +1611,12 @@ int main(int argc, char** argv) {
     LPFlags flags;
     lp_setting_namer = lp_setting_flag;  // the header's errors name this driver's flags
     int stopped = 0;  // the signal that stopped the run (lp_train)
-    if (!lp_parse_flags(&flags, argc, argv)) {
+    int flags_given = lp_parse_flags(&flags, argc, argv);
+    if (flags_given) {
+        lp_ranks_agree(&flags, &proc);
+        lp_check_flags(&flags);
+    }
+    if (!flags_given) {
         lp_usage();
     } else if (flags.print_flags) {
         lp_print_flags(&flags);

@@ -134,6 +134,37 @@ prep ok.txt --out data --name f --force > /dev/null 2>&1
 check "--force: the new shards replace all the old ones ($(cd "$tmp/data" && echo f_*))" \
     [ "$(cd "$tmp/data" && echo f_*)" = "f_train_000000.bin f_val_000000.bin" ]
 
+# a prepare.py killed while it moves its shards into place (here: once the val shards and one train shard of
+# several are there) leaves a partial set: train_gpt refuses it in one line naming a missing shard, rather
+# than train on it; the same command (no --force) then finishes the job, and the set trains
+prep_killed_moving() {  # prep_killed_moving ARGS...: prepare.py ARGS, killed (exit 137) once it moved a train shard into --out
+    (cd "$tmp" && python3 -c '
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import prepare
+replace = os.replace
+def killing_replace(src, dst):
+    replace(src, dst)
+    if "_train_" in dst and ".prepare.tmp" not in dst:
+        os._exit(137)
+os.replace = killing_replace
+sys.argv = sys.argv[1:]
+prepare.main()' "$root/dev/data" "$@")
+}
+prep_killed_moving one.txt two.txt --out data --name k --val-fraction 0.25 --shard-tokens 300 > /dev/null 2>&1
+rc=$?
+check "prepare.py killed while moving shards: exit 137, one train shard of several in place ($rc: $(cd "$tmp/data" && echo k_*))" \
+    [ "$rc" = 137 -a "$(cd "$tmp/data" && echo k_train_*)" = "k_train_000000.bin" ]
+train_k() { (cd "$tmp" && "$root/train_gpt_cpu" -e d2 -i 'data/k_train_*.bin' -j 'data/k_val_*.bin' -b 2 -t 32 -x 1 -v 1 -m 1 -s 0); }
+train_k > "$tmp/k.log" 2> "$tmp/err"
+rc=$?
+check "train_gpt on the partial set: non-zero exit, one line naming a missing shard, no step (got $rc: $(cat "$tmp/err"))" \
+    [ "$rc" != 0 -a "$(wc -l < "$tmp/err")" = 1 -a -n "$(grep 'llmpar: error: -i data/k_train_\*.bin: data/manifest.txt lists k_train_000001.bin, which is not there' "$tmp/err")" -a -z "$(grep '^step' "$tmp/k.log")" ]
+prep one.txt two.txt --out data --name k --val-fraction 0.25 --shard-tokens 300 > /dev/null 2> "$tmp/err"
+check "the same command, without --force, finishes the killed job ($(cat "$tmp/err"))" grep -q "continuing the interrupted run" "$tmp/err"
+train_k > "$tmp/k.log" 2>&1
+check "then the whole set trains ($(tail -n 1 "$tmp/k.log"))" grep -qE '^step 1/1 \| loss' "$tmp/k.log"
+
 # a reader that leaves early (| head -1): no traceback, the shards written all the same
 prep ok.txt --out data --name piped 2> "$tmp/err" | head -n 1 > /dev/null
 check "prepare.py | head -1: no traceback ($(head -c 200 "$tmp/err"))" [ ! -s "$tmp/err" ]

@@ -26,8 +26,11 @@ Resumable: each piece's tokens go to a file of their own in a staging folder ins
 under a temporary name and renamed, so a file there is a finished piece), and the shards are made there
 too; only at the end are they moved into place. Ctrl-C or a kill keeps the staging folder, and the same
 command continues from the finished pieces and shards (with other arguments, or inputs whose size or
-time changed, it starts afresh). A bad input stops it with one line and leaves nothing. Existing shards
-of the same name are only replaced with --force. Offline: the GPT-2 BPE ranks are dev/data/gpt2.tiktoken.
+time changed, it starts afresh), also when it was killed while moving the shards into place, which
+leaves some of them there (train_gpt refuses such a set: the manifest lists shards that are missing). A
+bad input stops it with one line and leaves nothing. Existing shards of the same name are only replaced
+with --force (or by the same command continuing a job that was allowed to replace them). Offline: the
+GPT-2 BPE ranks are dev/data/gpt2.tiktoken.
 Needs tiktoken and numpy; zstandard for .zst, pyarrow for .parquet.
 """
 import argparse
@@ -506,24 +509,27 @@ def prepare(args):
     out, name = args.out, args.name
     patterns = [os.path.join(out, f"{name}_{split}_*.bin") for split in ("val", "train")]
     old = sorted(path for pattern in patterns for path in glob.glob(pattern))  # what the engine's -i/-j would read
-    if old and not args.force:
-        raise PrepareError(f"{old[0]} exists ({len(old)} shard(s) of this name in {out}): pass --force to "
-                           "replace them, or choose another --name or --out")
     read_manifest(out)  # a foreign manifest.txt stops the run before the work
     sizes = {path: os.path.getsize(path) for path in files}
     if not any(sizes.values()):
         raise PrepareError(f"{files[0]}: empty" if len(files) == 1 else "no text: every input file is empty")
-    gpt2_encoding()  # tiktoken present, before any work
-    made_out = not os.path.isdir(out)
     staging = os.path.join(out, f".{name}.prepare.tmp")
     # what the staging folder's work depends on: a different job starts afresh
     job = json.dumps({"version": 1, "inputs": [[p, sizes[p], os.stat(p).st_mtime_ns] for p in files],
                       "text_field": args.text_field, "piece": PIECE_TARGET, "val_fraction": args.val_fraction,
                       "shard_tokens": args.shard_tokens}, indent=1)
+    job_path = os.path.join(staging, "job.json")
+    same_job = os.path.exists(job_path) and open(job_path).read() == job
+    # shards of this name are replaced with --force only; the same job killed while it moved its shards into
+    # place (it was allowed to replace them) continues without it
+    if old and not args.force and not same_job:
+        raise PrepareError(f"{old[0]} exists ({len(old)} shard(s) of this name in {out}): pass --force to "
+                           "replace them, or choose another --name or --out")
+    gpt2_encoding()  # tiktoken present, before any work
+    made_out = not os.path.isdir(out)
     try:
         os.makedirs(out, exist_ok=True)
-        job_path = os.path.join(staging, "job.json")
-        if os.path.exists(job_path) and open(job_path).read() == job:
+        if same_job:
             print(f"notice: continuing the interrupted run in {staging}", file=sys.stderr)
         else:
             shutil.rmtree(staging, ignore_errors=True)
