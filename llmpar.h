@@ -684,6 +684,14 @@ typedef struct {
 } LPGroup;
 enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER, LP_SEND, LP_ALL_TO_ALL };
 
+// The watchdog (section 5) watches the set-up too: MPI's start, the splits into groups, NCCL's start.
+static inline void lp_watchdog_start(double timeout_s);
+static inline void lp_watchdog_stop(void);
+static inline double lp_watchdog_timeout_or(double fallback);
+static inline void lp_watch_phase(const char* what);
+static inline void lp_watch(const char* what, const LPGroup* g);
+static inline void lp_watch_done(void);
+
 typedef struct {
     int rank, world;
     const LPParallel* par;          // the grid's sizes and every parallel setting (lp_grid_init)
@@ -746,7 +754,9 @@ static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
         // groups of one need no communicator (nor MPI_Init); the members of a group share every other
         // coordinate, so the rank with this one zeroed names the group
         if (proc->world > 1) {
+            lp_watch("splitting the world into groups (MPI_Comm_split)", NULL);
             MPI_Comm_split(MPI_COMM_WORLD, proc->rank - proc->coord[a] * stride, proc->coord[a], &g->comm);
+            lp_watch_done();
             MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);  // so failures name the collective
         }
 #endif
@@ -764,7 +774,9 @@ static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
         g->rank = sub[k];
 #ifdef LLMPAR_MPI
         if (proc->world > 1) {
+            lp_watch("splitting the world into groups (MPI_Comm_split)", NULL);
             MPI_Comm_split(proc->group[LP_DP].comm, sub[1 - k], sub[k], &g->comm);
+            lp_watch_done();
             MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
         }
 #endif
@@ -878,9 +890,16 @@ static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
     proc->shares_gpu_with = -1;
 #ifdef LLMPAR_MPI
     if (lp_launched_by_mpi()) {
+        // the watchdog from MPI's start on: a rank that never comes, or stops in the set-up, ends the job
+        // (its timeout: lp_watchdog.timeout_s where the program set it before this call, else 10 minutes)
+        lp_watchdog_start(lp_watchdog_timeout_or(600.0));
+        lp_watch_phase("MPI's start (MPI_Init)");
         MPI_Init(argc, argv);
         MPI_Comm_rank(MPI_COMM_WORLD, &proc->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &proc->world);
+        lp_rank = proc->rank;
+        if (proc->world == 1) lp_watchdog_stop();  // (nobody to wait for)
+        lp_watch_phase("the set-up");
     }
 #else
     (void)argc;
@@ -1303,14 +1322,17 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
 }
 
 // Every NCCL communicator the process holds, for the watchdog to abort: made and destroyed through these
-// two, at set-up and teardown, while the watchdog is not armed.
+// two, at set-up and teardown (a communicator joins the list once made: its slot is written before the count).
 #define LP_MAX_NCCL_COMMS 16  // a rank's groups (5), its stage's head (1) and links (4 at most)
 LP_STATE ncclComm_t lp_nccl_comms[LP_MAX_NCCL_COMMS];
 LP_STATE int lp_nccl_comm_count;
 static inline void lp_nccl_comm_init(ncclComm_t* comm, int ranks, ncclUniqueId id, int rank, const char* op, const LPGroup* g) {
     if (lp_nccl_comm_count == LP_MAX_NCCL_COMMS) lp_fail("internal: more than %d NCCL communicators", LP_MAX_NCCL_COMMS);
+    lp_watch("NCCL's start (ncclCommInitRank)", g);
     lp_nccl_check(ncclCommInitRank(comm, ranks, id, rank), op, g);
-    lp_nccl_comms[lp_nccl_comm_count++] = *comm;
+    lp_watch_done();
+    lp_nccl_comms[lp_nccl_comm_count] = *comm;
+    lp_nccl_comm_count++;
 }
 static inline void lp_nccl_comm_destroy(ncclComm_t comm) {
     for (int k = 0; k < lp_nccl_comm_count; k++)
@@ -1337,6 +1359,7 @@ typedef struct {
     volatile int peer;              // a receive's sender, as the group's rank (-1: a collective)
     volatile int step;              // the step under way (counted from 1)
     volatile double timeout_s;      // 0: off
+    int running;                    // its thread started
     int waiting;                    // inside a marked call (one made inside another counts once)
     double wait_start, waited;      // its start; seconds waited in marked calls so far
 } LPWatchdog;
@@ -1387,8 +1410,10 @@ static inline void* lp_watchdog_loop(void* arg) {
             snprintf(aborting, sizeof(aborting), "aborting its %d NCCL communicator%s and ", lp_nccl_comm_count,
                      lp_nccl_comm_count > 1 ? "s" : "");
 #endif
-        fprintf(stderr, "llmpar: error: rank %d: no progress for %.0f s at step %d, %s; %sending the job (a rank it waits for "
-                "has stopped? --timeout-minutes)\n", lp_rank, idle, lp_watchdog.step, where, aborting);
+        char when[32] = "in the set-up";
+        if (lp_watchdog.step > 0) snprintf(when, sizeof(when), "at step %d", lp_watchdog.step);
+        fprintf(stderr, "llmpar: error: rank %d: no progress for %.0f s %s, %s; %sending the job (a rank it waits for "
+                "has stopped? --timeout-minutes)\n", lp_rank, idle, when, where, aborting);
         fflush(stderr);
 #ifdef LLMPAR_NCCL
         alarm(10);  // an abort can itself hang behind a kernel that never ends: SIGALRM then ends the process
@@ -1398,13 +1423,19 @@ static inline void* lp_watchdog_loop(void* arg) {
     }
     return NULL;
 }
+// Arm the watchdog with timeout_s (its thread started once; lp_process_init does, under MPI).
 static inline void lp_watchdog_start(double timeout_s) {
     lp_watch_phase("the set-up");
     lp_watchdog.timeout_s = timeout_s;
+    if (lp_watchdog.running) return;
     pthread_t thread;
     if (pthread_create(&thread, NULL, lp_watchdog_loop, NULL) != 0) lp_fail("cannot start the watchdog thread");
     pthread_detach(thread);
+    lp_watchdog.running = 1;
 }
+static inline void lp_watchdog_stop(void) { lp_watchdog.timeout_s = 0.0; }  // (its thread idles)
+// The timeout a program set before lp_process_init, or fallback.
+static inline double lp_watchdog_timeout_or(double fallback) { return lp_watchdog.timeout_s > 0.0 ? lp_watchdog.timeout_s : fallback; }
 
 // Count a collective on g's device tensors (the groups are the process's own: counting is their only change).
 static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {

@@ -365,10 +365,23 @@ static void test_watchdog(void) {
         expect(rc != 0 && ms >= 0 && ms <= 23000 && lines >= 1 && named == lines && waiting >= 1 && aborting == aborts, name);
         if (!(rc != 0 && lines >= 1 && named == lines && waiting >= 1 && aborting == aborts)) printf("%s\n", out);
     }
+    // a rank that stops before MPI's start (it stops itself before it runs train_gpt): the watchdog, armed
+    // before MPI_Init, ends the job from the set-up, naming it, wherever the other rank waits for it
+    int rc = run_cmd(out, sizeof(out), "t0=$(date +%%s%%N); mpirun --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 -np 1 %s %s -x 5 : "
+                     "-np 1 sh -c 'kill -STOP $$; exec %s %s -x 5' 2>&1; rc=$?; echo \"ended after $(( ($(date +%%s%%N) - t0) / 1000000 )) "
+                     "ms\"; exit $rc", TRAIN_BIN, args, TRAIN_BIN, args);
+    const char* ended = strstr(out, "ended after ");
+    long ms = ended ? atol(ended + 12) : -1;
+    snprintf(name, sizeof(name), "watchdog, a rank stopped before MPI's start: the job ends in %.1f s (<= 3 + 20), status %d, one line "
+             "naming the set-up", ms / 1000.0, rc);
+    int ok = rc != 0 && ms >= 0 && ms <= 23000 && strstr(out, "llmpar: error: rank 0: no progress for ") && strstr(out, "s in the set-up, ");
+    expect(ok, name);
+    if (!ok) printf("%s\n", out);
     // under the supervisor: stopped at step ~12 (checkpoints every 5), relaunched with --resume
     snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -x %d -n 5 --timeout-minutes 0.05 %s",
              tmp_path("watchdog_shard.bin"), steps, comm);
-    int same = 0, rc = run_supervised_victim(out, sizeof(out), args, steps, tmp_path("watchdog_sup"),
+    int same = 0;
+    rc = run_supervised_victim(out, sizeof(out), args, steps, tmp_path("watchdog_sup"),
                                              "grep -q '^step 12/' %s.log 2> /dev/null", "STOP", &same);
     expect(rc == 0 && strstr(out, "no progress for") && strstr(out, "restart 1 of 3, resuming from step_") &&
                strstr(out, "the run ended well after 1 restart(s)"),
@@ -1762,7 +1775,7 @@ static void test_schedules(void) {
     expect_error("--schedule: unknown name", "flag --schedule: must be gpipe, 1f1b or interleaved, got 'zigzag'",
                  "--schedule zigzag");
     expect_error("--recompute: unknown name", "flag --recompute: must be none, selective or full, got 'some'", "--recompute some");
-    expect_error("--attention: unknown name", "flag --attention: must be flash or cublas, got 'foo'", "--attention foo");
+    expect_error("--attention: unknown name", "flag --attention: must be flash, cublas or cudnn, got 'foo'", "--attention foo");
 }
 
 // The configuration advisor on a DGX H100 cluster: GPT-2 124M on 8 GPUs of 80 GiB trains fastest as plain

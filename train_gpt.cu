@@ -170,8 +170,10 @@ static const LPFlagSpec lp_flag_specs[] = {
      "needs -o; 0: off)"},
     {"--timeout-minutes", NULL, LP_FLAG_FLOAT, LP_FIELD(timeout_minutes), "0", "0", "M", NULL, NULL,
      "with 2 or more ranks, a rank that has waited M minutes in one collective or send/receive (a peer stopped, "
-     "hung or gone) ends the job with one line naming the step and the call, exit status 124, for a supervisor to "
-     "relaunch (0: max(10 minutes, 20 times the median step so far))"},
+     "hung or gone), or made no progress for M minutes in the set-up (MPI's start, the groups' splits, NCCL's "
+     "start, loading), ends the job with one line naming the step or the set-up and the call, exit status 124, for "
+     "a supervisor to relaunch; watched from MPI's start to the last checkpoint (0: max(10 minutes, 20 times the "
+     "median step so far))"},
     {"--straggler", NULL, LP_FLAG_FLOAT, LP_FIELD(straggler), "0.1", "0.1", "F", NULL, NULL,
      "with 2 or more ranks, every 10 steps the ranks compare their compute time per step (forward-backward less "
      "its waits for other ranks), and a rank behind the median rank by more than F of a step (0.1: 10%) is named "
@@ -1605,8 +1607,17 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     lp_simulation_free(&sim);
 }
 
+// The watchdog's timeout over the set-up, read before the flags are (MPI starts first): --timeout-minutes
+// as typed, else 0 (lp_process_init's 10 minutes).
+static double lp_setup_timeout_s(int argc, char** argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--timeout-minutes") == 0) return 60.0 * atof(argv[i + 1]);
+    return 0.0;
+}
+
 int main(int argc, char** argv) {
     LPProcess proc;
+    lp_watchdog.timeout_s = lp_setup_timeout_s(argc, argv);
     lp_process_init(&proc, &argc, &argv);
     LPFlags flags;
     lp_setting_namer = lp_setting_flag;  // the header's errors name this driver's flags
