@@ -4521,6 +4521,22 @@ static void tier4_kernel_tests(void) {
     tier4_layernorm(&rng);
     tier4_matmul(&rng);
     tier4_gemm_strided(&rng);
+    tier4_classifier(&rng);
+    tier4_moe(&rng, 100, 8, 2, 40);  // C not a multiple of 8
+    tier4_moe(&rng, 64, 4, 1, 64);   // top-1: the gate is the probability
+    tier4_moe(&rng, 33, 64, 4, 16);  // many experts, top-4
+    tier4_optimizer(&rng);
+#ifdef LLMPAR_CUDAEMU
+    cudaemu_racecheck(0);
+#endif
+}
+
+// Both attention paths on shapes that reach every edge of the flash kernels' tiles, under the race check.
+static void tier4_attention_kernels(void) {
+    uint64_t rng = 4343;
+#ifdef LLMPAR_CUDAEMU
+    cudaemu_racecheck(1);
+#endif
     const int shapes[][4] = {  // B, T, C, NH: both attention paths
         {2, 1, 128, 2},    // a single row; HS=64
         {2, 37, 128, 2},   // ragged T (rows not 16-byte aligned); HS=64
@@ -4537,11 +4553,6 @@ static void tier4_kernel_tests(void) {
         tier4_flash_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3]);
         tier4_cublas_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3]);
     }
-    tier4_classifier(&rng);
-    tier4_moe(&rng, 100, 8, 2, 40);  // C not a multiple of 8
-    tier4_moe(&rng, 64, 4, 1, 64);   // top-1: the gate is the probability
-    tier4_moe(&rng, 33, 64, 4, 16);  // many experts, top-4
-    tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
 #endif
@@ -5017,6 +5028,7 @@ int main(int argc, char** argv) {
     RUN(test_no_free_in_steps);
 #endif
     RUN(tier4_kernel_tests);
+    RUN(tier4_attention_kernels);
     RUN(test_head_size_refused);
     RUN(test_step_vs_cpu_build);
     RUN(test_stop_signal);

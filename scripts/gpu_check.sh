@@ -33,7 +33,7 @@ step() {
 # the report), to set against the model (dev/docs/figures.md) and into dev/gpu_measured.tsv.
 profile() {
     local run="./train_gpt -e d12 -b 64 -t 1024 -v 0 -s 0"
-    step 150 "the kernels against their CPU loops (./test_gpt tier4_kernel_tests)" ./test_gpt tier4_kernel_tests
+    step 150 "the kernels against their CPU loops (./test_gpt tier4_: tier4_kernel_tests, tier4_attention_kernels)" ./test_gpt tier4_
     step 130 "the first session's hang alone (./test_gpt test_stop_signal, 120 s)" bash -c \
         'timeout 120 ./test_gpt test_stop_signal; echo "exit $?"; pgrep -a -x train_gpt || echo "no train_gpt left"'
     step 80 "GPT-2 124M, B=64, T=1024, flash attention (the model: dev/docs/figures.md)" $run -x 14 --attention flash
