@@ -3028,22 +3028,28 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 #ifndef LLMPAR_CPU
 // Flash attention, in FlashAttention-2's form: the results of lp_attention_forward_cpu and
 // lp_attention_backward_cpu (their oracles) without the (B,NH,T,T) probabilities. A block of 4 warps owns 64
-// rows of one (b,h) (queries in the forward and dq, keys in dk, dv), 16 per warp, and walks the tiles of 64
-// of the other side at or below the diagonal, each staged once in shared memory for all its warps; only the
-// diagonal tile is masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32 accumulate) with
+// or 128 rows of one (b,h) (queries in the forward and dq, keys in dk, dv), 16 or 32 per warp, and walks the
+// tiles of 64 of the other side at or below the diagonal, each staged once in shared memory for all its
+// warps by cp.async; only the tiles the diagonal crosses are masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32 accumulate) with
 // a warp's own operands, scores and accumulators in registers: scores never touch shared memory, and the
 // probabilities become the next product's A operand in place. q, k, v are read from qkv (B,T,3C) in place,
 // y written to out (B,T,C), gradients straight into dqkv (B,T,3C). The head size HS is padded to HP in
 // {16, 32, 64, 128}, a template parameter (register arrays need compile-time sizes); the padding and rows
 // past T read as zeros. lp_config_validate refuses larger heads.
-#define LP_FLASH_ROWS 64     // rows a block owns, and keys (queries) per staged tile
-#define LP_FLASH_THREADS 128  // 4 warps of 16 rows
+#define LP_FLASH_ROWS 64     // rows a block of the backward owns, and keys (queries) per staged tile
+#define LP_FLASH_THREADS 128  // 4 warps
 // Blocks of a flash kernel an SM must hold at once (at most 168 registers a thread for 3): a warp's work is a
 // chain of dependent instructions, so more warps are what hides their latency (the GPU model's latency
 // roof; Nsight Compute measured 2-4 warps a scheduler, 0.2-0.35 of them ready, before this bound). At
 // HP 128 the accumulators need 2 blocks' registers; below it 3 spill at most 52 bytes a thread (nvcc
 // -Xptxas -v for sm_90; about 1% of the instructions the dq kernel executes).
 #define LP_FLASH_BLOCKS(HP) ((HP) > 64 ? 2 : 3)
+// The forward's m-tiles (16 query rows each) per warp: 2 (blocks of 128 rows, as FlashAttention-2's for
+// heads up to 64) where registers allow, which halves the ldmatrix per mma, at 2 blocks an SM; at HP 128
+// the accumulators of 2 would need more than 255 registers, and it keeps 1 (dev/docs/figures.md has
+// ptxas's report for each).
+#define LP_FLASH_MT(HP) ((HP) <= 64 ? 2 : 1)
+#define LP_FLASH_FWD_BLOCKS(HP) (LP_FLASH_MT(HP) == 2 ? 2 : LP_FLASH_BLOCKS(HP))
 static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : HS <= 128 ? 128 : 0; }
 #define LP_LN2 0.6931471805599453f
 
@@ -3068,6 +3074,9 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 #define LP_PTX_MMA(d, a, b, c) cudaemu_mma_m16n8k16(d, a, b, c)
 #define LP_PTX_LDMATRIX(d, row, trans) cudaemu_ldmatrix_x4(d, row, trans)
 #define LP_PTX_EX2(y, x) ((y) = exp2f(x))
+#define LP_PTX_CP_ASYNC16(dst, src, bytes) cudaemu_cp_async16(dst, src, bytes)
+#define LP_PTX_CP_COMMIT() cudaemu_cp_async_commit()
+#define LP_PTX_CP_WAIT(n) cudaemu_cp_async_wait(n)
 #else
 #define LP_PTX_MMA(d, a, b, c)                                                                                          \
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "  \
@@ -3086,6 +3095,12 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
                          : "r"(row));                                                                                   \
     } while (0)
 #define LP_PTX_EX2(y, x) asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x))
+#define LP_PTX_CP_ASYNC16(dst, src, bytes)                                                                              \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), \
+                 "r"(bytes)                                                                                             \
+                 : "memory")
+#define LP_PTX_CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define LP_PTX_CP_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 #endif
 
 // D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
@@ -3113,6 +3128,18 @@ static __device__ inline float lp_exp2(float x) {
     float y;
     LP_PTX_EX2(y, x);
     return y;
+}
+// Asynchronous copies of 16 bytes from global to shared memory (PTX ISA, cp.async,
+// docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-cp-async): the
+// copy runs beside the thread's work; src_bytes of the 16 come from src (the rest are zeros, so a piece past
+// the matrix reads nothing), both addresses 16-byte aligned. lp_cp_async_commit makes the thread's copies
+// since the last commit a group; lp_cp_async_wait<N> waits until at most the N most recent groups are in
+// flight, after which their bytes are visible to this thread, and to the block after a barrier.
+static __device__ inline void lp_cp_async16(floatX* dst, const floatX* src, int src_bytes) { LP_PTX_CP_ASYNC16(dst, src, src_bytes); }
+static __device__ inline void lp_cp_async_commit(void) { LP_PTX_CP_COMMIT(); }
+template <int N>
+static __device__ inline void lp_cp_async_wait(void) {
+    LP_PTX_CP_WAIT(N);
 }
 // Two fp32 values as bf16 in a register, the first in the low half.
 static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
@@ -3160,33 +3187,25 @@ static __device__ inline void lp_frag_a(uint32_t a[4], lp_smem at) { lp_ldmatrix
 
 // ROWS rows t0.. of a (T,stride) matrix's channels 0 .. HS - 1 (src: its row 0, first channel) into a
 // tile, zero past T and HS; or back (lp_flash_store, rows past T and channels past HS left alone). In
-// 16-byte pieces, by threads first, first + STEP, ... of the block or the warp. A whole tile in range
-// (every row below T, HS = HP, aligned) takes the straight path: each thread's pieces lie STEP / (HP / 8)
-// rows apart at one column, all loaded before any is stored, so their latencies overlap.
+// 16-byte pieces, by threads first, first + STEP, ... of the block or the warp. Where the rows allow (HS and
+// the stride multiples of 8, src 16-byte aligned) each piece is a cp.async, zero-filled past T and HS, in
+// flight until the thread's lp_cp_async_wait covers it (the caller commits the group); else the thread
+// loads and stores it itself.
 template <int HP, int ROWS, int STEP>
 static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, int stride, int t0, int T, int HS, int first) {
-    const int PER_ROW = HP / 8, N = ROWS * PER_ROW / STEP, DR = STEP / PER_ROW;
+    const int PER_ROW = HP / 8;
     int vec = HS % 8 == 0 && stride % 8 == 0 && ((uintptr_t)src & 15) == 0;
-    if (vec && HS == HP && t0 + ROWS <= T) {
-        const floatX* s = src + (size_t)(t0 + first / PER_ROW) * stride + first % PER_ROW * 8;
-        floatX* d = tile + first / PER_ROW * (HP + 8) + first % PER_ROW * 8;
-        uint4 piece[N];
 #pragma unroll
-        for (int k = 0; k < N; k++) piece[k] = *(const uint4*)(s + (size_t)k * DR * stride);
-#pragma unroll
-        for (int k = 0; k < N; k++) *(uint4*)(d + k * DR * (HP + 8)) = piece[k];
-        return;
-    }
-    for (int i = first; i < ROWS * PER_ROW; i += STEP) {
-        int r = i / PER_ROW, d = i % PER_ROW * 8, t = t0 + r;
+    for (int k = 0; k < ROWS * PER_ROW / STEP; k++) {
+        int i = first + k * STEP, r = i / PER_ROW, d = i % PER_ROW * 8, t = t0 + r, in = t < T && d < HS;
         const floatX* s = src + (size_t)t * stride + d;
-        LPPack q;
-        if (vec && t < T && d < HS) {
-            q.bits = *(const uint4*)s;
-        } else {
-#pragma unroll
-            for (int k = 0; k < 8; k++) q.x[k] = t < T && d + k < HS ? s[k] : lp_xf(0.0f);
+        if (vec) {
+            lp_cp_async16(tile + r * (HP + 8) + d, in ? s : src, in ? 16 : 0);
+            continue;
         }
+        LPPack q;
+#pragma unroll
+        for (int e = 0; e < 8; e++) q.x[e] = t < T && d + e < HS ? s[e] : lp_xf(0.0f);
         *(uint4*)(tile + r * (HP + 8) + d) = q.bits;
     }
 }
@@ -3221,18 +3240,21 @@ static __device__ inline void lp_flash_put(floatX* tile, const float acc[HP / 8]
     }
 }
 
-// The warp's two products per tile. s (16,8NB) = a b^T: a (16,HP) as A fragments in registers, b the
-// tile's first 8NB rows (NB = 8: all 64; tile: the lane's address at lp_lane_rows2); s[j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2),
-// column 8j + 2t + e % 2). Only the column blocks j in [lo, hi) are computed, the others are zeros (wholly
-// masked, or past T).
+// The warp's two products per tile, for its MT blocks of 16 rows (m-tiles). s (16,8NB) = a b^T per m-tile:
+// a (16,HP) as A fragments in registers, b the tile's first 8NB rows (NB = 8: all 64; tile: the lane's
+// address at lp_lane_rows2); s[mt][j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2), column
+// 8j + 2t + e % 2). Only the column blocks j in [lo, hi) are computed, the others are zeros (wholly masked,
+// or past T). Each B fragment is loaded once for all MT m-tiles: two m-tiles halve the ldmatrix per mma.
 // The column blocks are the inner loop, so that consecutive products go to different accumulators (one
 // accumulator's chain of products would wait on each in turn).
 // Column blocks go in pairs, one ldmatrix each (lo is even; a pair's block at or past hi is loaded, from the
 // tile, and not used).
-template <int HP, int NB>
-static __device__ inline void lp_flash_abt(float s[NB][4], const uint32_t a[HP / 16][4], lp_smem tile, int lo, int hi) {
+template <int HP, int NB, int MT>
+static __device__ inline void lp_flash_abt(float s[][NB][4], const uint32_t a[][HP / 16][4], lp_smem tile, int lo, int hi) {
 #pragma unroll
-    for (int j = 0; j < NB; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < NB; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
 #pragma unroll
     for (int k = 0; k < HP / 16; k++)
 #pragma unroll
@@ -3240,26 +3262,37 @@ static __device__ inline void lp_flash_abt(float s[NB][4], const uint32_t a[HP /
             if (j < lo || j >= hi) continue;
             uint32_t b[2][2];
             lp_frag_rows2(b, lp_smem_at(tile, 8 * j * (HP + 8) + 16 * k));
-            lp_mma(s[j], a[k], b[0], s[j]);
-            if (j + 1 < hi) lp_mma(s[j + 1], a[k], b[1], s[j + 1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                lp_mma(s[mt][j], a[mt][k], b[0], s[mt][j]);
+                if (j + 1 < hi) lp_mma(s[mt][j + 1], a[mt][k], b[1], s[mt][j + 1]);
+            }
         }
 }
-// acc (16,HP) += p b: p (16,8NB) the fp32 accumulators of lp_flash_abt, rounded to bf16 as A fragments
-// in place (columns 16k .. 16k + 15 are s[2k] and s[2k + 1]: FlashAttention-2's register reuse), b the
-// tile's first 8NB rows (tile: the lane's address at lp_lane_cols); the 16-column steps wholly outside [lo, hi) are skipped.
-template <int HP, int NB>
-static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[NB][4], lp_smem tile, int lo, int hi) {
+// acc (16,HP) += p b per m-tile: p (16,8NB) the fp32 accumulators of lp_flash_abt, rounded to bf16 as A
+// fragments in place (columns 16k .. 16k + 15 are s[2k] and s[2k + 1]: FlashAttention-2's register reuse),
+// b the tile's first 8NB rows (tile: the lane's address at lp_lane_cols), each fragment loaded once for
+// every m-tile; the 16-column steps wholly outside [lo, hi) are skipped.
+template <int HP, int NB, int MT>
+static __device__ inline void lp_flash_apb(float acc[][HP / 8][4], const float p[][NB][4], lp_smem tile, int lo, int hi) {
 #pragma unroll
     for (int k = 0; k < NB / 2; k++) {
         if (2 * k + 1 < lo || 2 * k >= hi) continue;
-        uint32_t a[4] = {lp_pack2f(p[2 * k][0], p[2 * k][1]), lp_pack2f(p[2 * k][2], p[2 * k][3]),
-                         lp_pack2f(p[2 * k + 1][0], p[2 * k + 1][1]), lp_pack2f(p[2 * k + 1][2], p[2 * k + 1][3])};
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            a[mt][0] = lp_pack2f(p[mt][2 * k][0], p[mt][2 * k][1]), a[mt][1] = lp_pack2f(p[mt][2 * k][2], p[mt][2 * k][3]);
+            a[mt][2] = lp_pack2f(p[mt][2 * k + 1][0], p[mt][2 * k + 1][1]), a[mt][3] = lp_pack2f(p[mt][2 * k + 1][2], p[mt][2 * k + 1][3]);
+        }
 #pragma unroll
         for (int n = 0; n < HP / 8; n += 2) {
             uint32_t b[2][2];
             lp_frag_cols(b, lp_smem_at(tile, 16 * k * (HP + 8) + 8 * n));
-            lp_mma(acc[n], a, b[0], acc[n]);
-            lp_mma(acc[n + 1], a, b[1], acc[n + 1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                lp_mma(acc[mt][n], a[mt], b[0], acc[mt][n]);
+                lp_mma(acc[mt][n + 1], a[mt], b[1], acc[mt][n + 1]);
+            }
         }
     }
 }
@@ -3308,60 +3341,93 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
     }
 }
 
-// Forward: each warp keeps its 16 rows of q as A fragments, and per row the running max m, sum l and
+// Forward: each warp keeps its 16 MT rows of q as A fragments, and per row the running max m, sum l and
 // output o (online softmax), in registers, over the key tiles up to its diagonal; at the end y = o / l
 // goes out through shared memory (whole 16-byte pieces), and lse = (m + log2 l) ln 2, the natural
-// logsumexp of the scaled scores, is kept for the backward. Blocks with the most key tiles start first.
+// logsumexp of the scaled scores, is kept for the backward. The key tiles (k and v, 64 rows each) stream
+// through two buffers: while the warps work on one tile, the next one's cp.async copies are in flight
+// into the other (q, at the start, is staged in the second). A block's query tiles run along x, the
+// grid's fast axis, so the blocks resident at once are mostly one head's and share its k and v in L2;
+// within a head, the tiles with the most keys start first.
 template <int HP>
-static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
+static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS(HP))
     lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
-    const int LD = HP + 8;
-    int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int q0 = (gridDim.y - 1 - blockIdx.y) * LP_FLASH_ROWS, r0 = q0 + 16 * warp;  // the block's and the warp's first row
+    const int LD = HP + 8, MT = LP_FLASH_MT(HP), WR = 16 * MT, KR = LP_FLASH_ROWS;  // rows: a warp's queries, a tile's keys
+    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * 4 * WR, r0 = q0 + WR * warp;  // the block's and the warp's first row
+    int tiles = (min(q0 + 4 * WR, T) - 1) / KR + 1;                        // key tiles up to the block's last row
     LP_SHARED(floatX, smem);
-    floatX *ks = smem, *vs = smem + LP_FLASH_ROWS * LD;  // (64,HP) each, pitch LD
+    floatX* buf1 = smem + 2 * KR * LD;  // two buffers (smem, buf1) of a k tile and a v tile (KR,HP) each, pitch LD
     const floatX* src = qkv + (size_t)b * T * 3 * C + h * HS;
-    lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src, 3 * C, q0, T, HS, threadIdx.x);  // q, staged in the k tile
+    lp_flash_load<HP, 4 * WR, LP_FLASH_THREADS>(buf1, src, 3 * C, q0, T, HS, threadIdx.x);  // q (4 WR <= 2 KR rows)
+    lp_cp_async_commit();
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem, src + C, 3 * C, 0, T, HS, threadIdx.x);
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem + KR * LD, src + 2 * C, 3 * C, 0, T, HS, threadIdx.x);
+    lp_cp_async_commit();
+    lp_cp_async_wait<1>();  // q has landed (tile 0 may still be in flight)
     __syncthreads();
-    lp_smem kr = lp_smem_of(ks + lp_lane_rows2(LD)), kc = lp_smem_of(ks + lp_lane_cols(LD)), vc = lp_smem_of(vs + lp_lane_cols(LD));
-    uint32_t qf[HP / 16][4];
+    uint32_t qf[MT][HP / 16][4];
 #pragma unroll
-    for (int k = 0; k < HP / 16; k++) lp_frag_a(qf[k], lp_smem_at(kc, 16 * warp * LD + 16 * k));
-    float o[HP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, sl2 = scale * LP_LOG2E;
-    for (int j0 = 0; j0 <= q0; j0 += LP_FLASH_ROWS) {  // key tiles up to the diagonal
-        __syncthreads();                               // the last tile (or q) has been read
-        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src + C, 3 * C, j0, T, HS, threadIdx.x);
-        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(vs, src + 2 * C, 3 * C, j0, T, HS, threadIdx.x);
-        __syncthreads();
-        if (r0 >= T) continue;  // a warp past T (the last block of a ragged T) only helps load
-        int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);  // key blocks of 8 that any row sees
-        float s[8][4];
-        if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
-            lp_flash_abt<HP, 8>(s, qf, kr, 0, 8);  // s = q k^T
-            lp_flash_softmax<HP>(s, m, l, o, sl2);
-            lp_flash_apb<HP, 8>(o, s, vc, 0, 8);  // o += p v
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int k = 0; k < HP / 16; k++) lp_frag_a(qf[mt][k], lp_smem_of(buf1 + (r0 - q0 + 16 * mt) * LD + lp_lane_cols(LD) + 16 * k));
+    float o[MT][HP / 8][4] = {}, m[MT][2], l[MT][2] = {}, sl2 = scale * LP_LOG2E;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY;
+    for (int j = 0; j < tiles; j++) {
+        int j0 = j * KR;
+        __syncthreads();  // every warp is done with the buffer the next tile goes into (tile j - 1, or q)
+        if (j + 1 < tiles) {
+            floatX* next = (j + 1) % 2 ? buf1 : smem;
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next, src + C, 3 * C, j0 + KR, T, HS, threadIdx.x);
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next + KR * LD, src + 2 * C, 3 * C, j0 + KR, T, HS, threadIdx.x);
+        }
+        lp_cp_async_commit();   // (an empty group after the last tile, so that one wait fits every tile)
+        lp_cp_async_wait<1>();  // this thread's part of tile j has landed ...
+        __syncthreads();        // ... and every thread's
+        // Skipped: a warp past T (the last block of a ragged T; it only helps load), and a tile wholly after
+        // the warp's rows (the last of a block of 128 rows, for its first warps). Every row a warp works on
+        // sees the tile's first key, so its running max is finite from its first tile on.
+        if (r0 >= T || j0 > r0 + WR - 1) continue;
+        const floatX *ks = j % 2 ? buf1 : smem, *vs = ks + KR * LD;
+        lp_smem kr = lp_smem_of(ks + lp_lane_rows2(LD)), vc = lp_smem_of(vs + lp_lane_cols(LD));
+        int hi = min(min(8, (r0 + WR - j0 + 7) / 8), (T - j0 + 7) / 8);  // key blocks of 8 that any of its rows sees
+        int masked = j0 + 8 * hi - 1 > r0;                               // some key comes after some row
+        float s[MT][8][4];
+        if (hi == 8 && !masked) {  // a whole tile, most of them: with constant bounds the checks compile away
+            lp_flash_abt<HP, 8, MT>(s, qf, kr, 0, 8);  // s = q k^T
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) lp_flash_softmax<HP>(s[mt], m[mt], l[mt], o[mt], sl2);
+            lp_flash_apb<HP, 8, MT>(o, s, vc, 0, 8);  // o += p v
             continue;
         }
-        lp_flash_abt<HP, 8>(s, qf, kr, 0, hi);
-        if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
-        lp_flash_softmax<HP>(s, m, l, o, sl2);
-        lp_flash_apb<HP, 8>(o, s, vc, 0, hi);
-    }
-    __syncthreads();  // every warp is done with the k tile, which now takes y
-    if (r0 >= T) return;
+        lp_flash_abt<HP, 8, MT>(s, qf, kr, 0, hi);
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        for (int mt = 0; mt < MT; mt++) {
+            lp_flash_mask<8>(s[mt], r0 + 16 * mt - j0, 0);
+            lp_flash_softmax<HP>(s[mt], m[mt], l[mt], o[mt], sl2);
+        }
+        lp_flash_apb<HP, 8, MT>(o, s, vc, 0, hi);
     }
-    floatX* ys = ks + 16 * warp * LD;  // the warp's own rows
-    lp_flash_put<HP>(ys, o, 1.0f / l[0], 1.0f / l[1]);
+    __syncthreads();  // every warp is done with the tiles; the first buffer now takes y
+    if (r0 >= T) return;
+    floatX* ys = smem + (r0 - q0) * LD;  // the warp's own rows
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
+            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
+        }
+        lp_flash_put<HP>(ys + 16 * mt * LD, o[mt], 1.0f / l[mt][0], 1.0f / l[mt][1]);
+    }
     __syncwarp();
-    lp_flash_store<HP>(out + (size_t)b * T * C + h * HS, C, ys, r0, T, HS, 16, lane, 32);
-    for (int i = 0; i < 2 && lane % 4 == 0; i++) {
-        int t = r0 + lane / 4 + 8 * i;
-        if (t < T) lse[(size_t)bh * T + t] = (m[i] + log2f(l[i])) * LP_LN2;
-    }
+    lp_flash_store<HP>(out + (size_t)b * T * C + h * HS, C, ys, r0, T, HS, WR, lane, 32);
+    for (int mt = 0; mt < MT; mt++)
+        for (int i = 0; i < 2 && lane % 4 == 0; i++) {
+            int t = r0 + 16 * mt + lane / 4 + 8 * i;
+            if (t < T) lse[(size_t)bh * T + t] = (m[mt][i] + log2f(l[mt][i])) * LP_LN2;
+        }
 }
 
 // Backward, with D = rowsum(dy * y) per query row: p = exp(scale q k^T - lse) (recomputed), dp = dy v^T,
@@ -3417,6 +3483,8 @@ static __device__ inline void lp_flash_grads(float s[NB][4], float dp[NB][4], co
 template <int HP>
 static __device__ inline void lp_flash_frags(uint32_t f[HP / 16][4], floatX* tile, const floatX* src, int stride, int r0, int T, int HS) {
     lp_flash_load<HP, 16, 32>(tile, src, stride, r0, T, HS, threadIdx.x % 32);
+    lp_cp_async_commit();
+    lp_cp_async_wait<0>();
     __syncwarp();
     lp_smem at = lp_smem_of(tile + lp_lane_cols(HP + 8));
 #pragma unroll
@@ -3451,6 +3519,8 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
             ls[threadIdx.x] = t < T ? lse[(size_t)bh * T + t] * LP_LOG2E : INFINITY;
             Ds[threadIdx.x] = t < T ? D[(size_t)bh * T + t] : 0.0f;
         }
+        lp_cp_async_commit();
+        lp_cp_async_wait<0>();
         __syncthreads();
         if (c0 >= T) continue;  // a warp past T only helps load
         int diag = i0 == k0, lo = diag ? 2 * warp : 0, hi = min(8, (T - i0 + 7) / 8);  // query blocks of 8 that see a key
@@ -3460,19 +3530,19 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
             int at = 8 * c * LD;  // the pass's first query row
             float s[NB][4], dp[NB][4];
             if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
-                lp_flash_abt<HP, NB>(s, kf, lp_smem_at(qr, at), 0, NB);    // s^T = k q^T
-                lp_flash_abt<HP, NB>(dp, vf, lp_smem_at(dyr, at), 0, NB);  // dp^T = v dy^T
+                lp_flash_abt<HP, NB, 1>(&s, &kf, lp_smem_at(qr, at), 0, NB);    // s^T = k q^T
+                lp_flash_abt<HP, NB, 1>(&dp, &vf, lp_smem_at(dyr, at), 0, NB);  // dp^T = v dy^T
                 lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
-                lp_flash_apb<HP, NB>(dv, s, lp_smem_at(dyc, at), 0, NB);  // dv += p^T dy
-                lp_flash_apb<HP, NB>(dk, dp, lp_smem_at(qc, at), 0, NB);  // dk += ds^T q
+                lp_flash_apb<HP, NB, 1>(&dv, &s, lp_smem_at(dyc, at), 0, NB);  // dv += p^T dy
+                lp_flash_apb<HP, NB, 1>(&dk, &dp, lp_smem_at(qc, at), 0, NB);  // dk += ds^T q
                 continue;
             }
-            lp_flash_abt<HP, NB>(s, kf, lp_smem_at(qr, at), lo - c, hi - c);
-            lp_flash_abt<HP, NB>(dp, vf, lp_smem_at(dyr, at), lo - c, hi - c);
+            lp_flash_abt<HP, NB, 1>(&s, &kf, lp_smem_at(qr, at), lo - c, hi - c);
+            lp_flash_abt<HP, NB, 1>(&dp, &vf, lp_smem_at(dyr, at), lo - c, hi - c);
             if (diag) lp_flash_mask<NB>(s, 8 * c - 16 * warp, 1);
             lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
-            lp_flash_apb<HP, NB>(dv, s, lp_smem_at(dyc, at), lo - c, hi - c);
-            lp_flash_apb<HP, NB>(dk, dp, lp_smem_at(qc, at), lo - c, hi - c);
+            lp_flash_apb<HP, NB, 1>(&dv, &s, lp_smem_at(dyc, at), lo - c, hi - c);
+            lp_flash_apb<HP, NB, 1>(&dk, &dp, lp_smem_at(qc, at), lo - c, hi - c);
         }
     }
     __syncthreads();  // every warp is done with the tiles, which now take dk and dv
@@ -3511,22 +3581,24 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
         __syncthreads();                               // the last tile (or q, dy) has been read
         lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src + C, 3 * C, j0, T, HS, threadIdx.x);
         lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(vs, src + 2 * C, 3 * C, j0, T, HS, threadIdx.x);
+        lp_cp_async_commit();
+        lp_cp_async_wait<0>();
         __syncthreads();
         if (r0 >= T) continue;  // a warp past T only helps load
         int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);
         float s[8][4], dp[8][4];
         if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
-            lp_flash_abt<HP, 8>(s, qf, kr, 0, 8);   // s = q k^T
-            lp_flash_abt<HP, 8>(dp, df, vr, 0, 8);  // dp = dy v^T
+            lp_flash_abt<HP, 8, 1>(&s, &qf, kr, 0, 8);   // s = q k^T
+            lp_flash_abt<HP, 8, 1>(&dp, &df, vr, 0, 8);  // dp = dy v^T
             lp_flash_grads<8>(s, dp, lse2, Dr, 0, sl2, scale);
-            lp_flash_apb<HP, 8>(dq, dp, kc, 0, 8);  // dq += ds k
+            lp_flash_apb<HP, 8, 1>(&dq, &dp, kc, 0, 8);  // dq += ds k
             continue;
         }
-        lp_flash_abt<HP, 8>(s, qf, kr, 0, hi);
-        lp_flash_abt<HP, 8>(dp, df, vr, 0, hi);
+        lp_flash_abt<HP, 8, 1>(&s, &qf, kr, 0, hi);
+        lp_flash_abt<HP, 8, 1>(&dp, &df, vr, 0, hi);
         if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
         lp_flash_grads<8>(s, dp, lse2, Dr, 0, sl2, scale);
-        lp_flash_apb<HP, 8>(dq, dp, kc, 0, hi);
+        lp_flash_apb<HP, 8, 1>(&dq, &dp, kc, 0, hi);
     }
     __syncthreads();  // every warp is done with the k tile, which now takes dq
     if (r0 >= T) return;
@@ -3538,10 +3610,18 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
 
 // Launches for one HP: a block per 64 rows of each (b,h), (b,h) along x (no limit), the 64-row blocks along
 // y (up to 65535 of them: T up to 4M).
+// The forward: its query tiles of 64 MT rows along x, the (b,h) along y (up to 65535 of them); two
+// buffers of a k and a v tile, above the 48 KiB a kernel gets unasked at HP 128.
 template <int HP>
 static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    dim3 grid(B * NH, (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS);
-    size_t bytes = 2 * LP_FLASH_ROWS * (HP + 8) * sizeof(floatX);
+    const int rows = 4 * 16 * LP_FLASH_MT(HP);
+    if (B * NH > 65535) lp_fail("flash attention: B * NH = %d heads, more than the grid's 65535", B * NH);
+    dim3 grid((T + rows - 1) / rows, B * NH);
+    size_t bytes = 4 * LP_FLASH_ROWS * (HP + 8) * sizeof(floatX);
+    static int opted_in;
+    if (!opted_in)
+        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_forward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    opted_in = 1;
     LP_LAUNCH(lp_flash_attention_forward_kernel<HP>, grid, LP_FLASH_THREADS, bytes, out, lse, qkv, T, C, NH, lp_attention_scale(C, NH));
 }
 template <int HP>
