@@ -3028,15 +3028,16 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 #ifndef LLMPAR_CPU
 // Flash attention, in FlashAttention-2's form: the results of lp_attention_forward_cpu and
 // lp_attention_backward_cpu (their oracles) without the (B,NH,T,T) probabilities. A block of 4 warps owns 64
-// or 128 rows of one (b,h) (queries in the forward and dq, keys in dk, dv), 16 or 32 per warp, and walks the
-// tiles of 64 of the other side at or below the diagonal, each staged once in shared memory for all its
-// warps by cp.async; only the tiles the diagonal crosses are masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32 accumulate) with
-// a warp's own operands, scores and accumulators in registers: scores never touch shared memory, and the
-// probabilities become the next product's A operand in place. q, k, v are read from qkv (B,T,3C) in place,
+// or 128 rows of one (b,h) (queries in the forward, 16 or 32 a warp; a tile of 64 keys at a time in the
+// backward), and walks the tiles of 64 of the other side at or below the diagonal, each staged once in
+// shared memory for all its warps by cp.async, the next one in flight while this one computes; only the
+// tiles the diagonal crosses are masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32
+// accumulate) with a warp's own operands, scores and accumulators in registers: the forward's scores never
+// touch shared memory, and the probabilities become the next product's A operand in place. q, k, v are read from qkv (B,T,3C) in place,
 // y written to out (B,T,C), gradients straight into dqkv (B,T,3C). The head size HS is padded to HP in
 // {16, 32, 64, 128}, a template parameter (register arrays need compile-time sizes); the padding and rows
 // past T read as zeros. lp_config_validate refuses larger heads.
-#define LP_FLASH_ROWS 64     // rows a block of the backward owns, and keys (queries) per staged tile
+#define LP_FLASH_ROWS 64      // rows of a staged tile (keys, or the backward's queries)
 #define LP_FLASH_THREADS 128  // 4 warps
 // Blocks of a flash kernel an SM must hold at once (__launch_bounds__: at most 255 registers a thread for 2,
 // 168 for 3): a warp's work is a chain of dependent instructions, so more warps are what hides their
@@ -3441,7 +3442,7 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
 // per (key tile, query tile) a read and a write of the query tile's 64 x HS fp32 partial beside its 2 x 64
 // x HS bf16 of q and dy, then the last kernel's pass over the partials; splits is as small as reaching
 // LP_FLASH_BLOCKS_WANTED blocks allows (1 for GPT-2 124M at B = 64: a block walks all 16 key tiles of a head).
-// D for every query row, (B,NH,T) like lse, once before the tile kernels: `lanes` lanes a row (a power of
+// D for every query row, (B,NH,T) like lse, once before the tile kernel: `lanes` lanes a row (a power of
 // 2, lp_flash_d_lanes), each over 8 channels at a time in one 16-byte load where the row allows, so that a
 // warp sums 32 / lanes rows at once (one row a warp issued ~190 instructions for 64 channels).
 static inline int lp_flash_d_lanes(int HS) {
