@@ -3124,22 +3124,28 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 #ifndef LLMPAR_CPU
 // Flash attention, in FlashAttention-2's form: the results of lp_attention_forward_cpu and
 // lp_attention_backward_cpu (their oracles) without the (B,NH,T,T) probabilities. A block of 4 warps owns 64
-// rows of one (b,h) (queries in the forward and dq, keys in dk, dv), 16 per warp, and walks the tiles of 64
-// of the other side at or below the diagonal, each staged once in shared memory for all its warps; only the
-// diagonal tile is masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32 accumulate) with
-// a warp's own operands, scores and accumulators in registers: scores never touch shared memory, and the
-// probabilities become the next product's A operand in place. q, k, v are read from qkv (B,T,3C) in place,
+// or 128 rows of one (b,h) (queries in the forward, 16 or 32 a warp; a tile of 64 keys at a time in the
+// backward), and walks the tiles of 64 of the other side at or below the diagonal, each staged once in
+// shared memory for all its warps by cp.async, the next one in flight while this one computes; only the
+// tiles the diagonal crosses are masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32
+// accumulate) with a warp's own operands, scores and accumulators in registers: the forward's scores never
+// touch shared memory, and the probabilities become the next product's A operand in place. q, k, v are read from qkv (B,T,3C) in place,
 // y written to out (B,T,C), gradients straight into dqkv (B,T,3C). The head size HS is padded to HP in
 // {16, 32, 64, 128}, a template parameter (register arrays need compile-time sizes); the padding and rows
 // past T read as zeros. lp_config_validate refuses larger heads.
-#define LP_FLASH_ROWS 64     // rows a block owns, and keys (queries) per staged tile
-#define LP_FLASH_THREADS 128  // 4 warps of 16 rows
-// Blocks of a flash kernel an SM must hold at once (at most 168 registers a thread for 3): a warp's work is a
-// chain of dependent instructions, so more warps are what hides their latency (the GPU model's latency
-// roof; Nsight Compute measured 2-4 warps a scheduler, 0.2-0.35 of them ready, before this bound). At
-// HP 128 the accumulators need 2 blocks' registers; below it 3 spill at most 52 bytes a thread (nvcc
-// -Xptxas -v for sm_90; about 1% of the instructions the dq kernel executes).
-#define LP_FLASH_BLOCKS(HP) ((HP) > 64 ? 2 : 3)
+#define LP_FLASH_ROWS 64      // rows of a staged tile (keys, or the backward's queries)
+#define LP_FLASH_THREADS 128  // 4 warps
+// Blocks of a flash kernel an SM must hold at once (__launch_bounds__: at most 255 registers a thread for 2,
+// 168 for 3): a warp's work is a chain of dependent instructions, so more warps are what hides their
+// latency (the GPU model's latency roof; Nsight Compute measured 2-4 warps a scheduler, 0.2-0.35 of them
+// ready, with 3 blocks of the earlier kernels). The forward's m-tiles (16 query rows each) per warp: 2
+// (blocks of 128 rows, as FlashAttention-2's for heads up to 64), which halves the ldmatrix per mma, where
+// registers allow, at 2 blocks an SM; at HP 128 two would need more than 255 registers (ptxas spills 1.3
+// KB), and it keeps 1, also at 2 blocks. The backward holds 3 below HP 64 and 2 from it, where 3 would
+// spill (nvcc -Xptxas -v for sm_90: dev/docs/figures.md).
+#define LP_FLASH_MT(HP) ((HP) <= 64 ? 2 : 1)
+#define LP_FLASH_FWD_BLOCKS 2
+#define LP_FLASH_BWD_BLOCKS(HP) ((HP) >= 64 ? 2 : 3)
 static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : HS <= 128 ? 128 : 0; }
 #define LP_LN2 0.6931471805599453f
 
@@ -3164,6 +3170,9 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 #define LP_PTX_MMA(d, a, b, c) cudaemu_mma_m16n8k16(d, a, b, c)
 #define LP_PTX_LDMATRIX(d, row, trans) cudaemu_ldmatrix_x4(d, row, trans)
 #define LP_PTX_EX2(y, x) ((y) = exp2f(x))
+#define LP_PTX_CP_ASYNC16(dst, src, bytes) cudaemu_cp_async16(dst, src, bytes)
+#define LP_PTX_CP_COMMIT() cudaemu_cp_async_commit()
+#define LP_PTX_CP_WAIT(n) cudaemu_cp_async_wait(n)
 #else
 #define LP_PTX_MMA(d, a, b, c)                                                                                          \
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "  \
@@ -3182,6 +3191,12 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
                          : "r"(row));                                                                                   \
     } while (0)
 #define LP_PTX_EX2(y, x) asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x))
+#define LP_PTX_CP_ASYNC16(dst, src, bytes)                                                                              \
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src), \
+                 "r"(bytes)                                                                                             \
+                 : "memory")
+#define LP_PTX_CP_COMMIT() asm volatile("cp.async.commit_group;" ::: "memory")
+#define LP_PTX_CP_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 #endif
 
 // D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
@@ -3209,6 +3224,18 @@ static __device__ inline float lp_exp2(float x) {
     float y;
     LP_PTX_EX2(y, x);
     return y;
+}
+// Asynchronous copies of 16 bytes from global to shared memory (PTX ISA, cp.async,
+// docs.nvidia.com/cuda/parallel-thread-execution/#data-movement-and-conversion-instructions-cp-async): the
+// copy runs beside the thread's work; src_bytes of the 16 come from src (the rest are zeros, so a piece past
+// the matrix reads nothing), both addresses 16-byte aligned. lp_cp_async_commit makes the thread's copies
+// since the last commit a group; lp_cp_async_wait<N> waits until at most the N most recent groups are in
+// flight, after which their bytes are visible to this thread, and to the block after a barrier.
+static __device__ inline void lp_cp_async16(floatX* dst, const floatX* src, int src_bytes) { LP_PTX_CP_ASYNC16(dst, src, src_bytes); }
+static __device__ inline void lp_cp_async_commit(void) { LP_PTX_CP_COMMIT(); }
+template <int N>
+static __device__ inline void lp_cp_async_wait(void) {
+    LP_PTX_CP_WAIT(N);
 }
 // Two fp32 values as bf16 in a register, the first in the low half.
 static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
@@ -3256,33 +3283,25 @@ static __device__ inline void lp_frag_a(uint32_t a[4], lp_smem at) { lp_ldmatrix
 
 // ROWS rows t0.. of a (T,stride) matrix's channels 0 .. HS - 1 (src: its row 0, first channel) into a
 // tile, zero past T and HS; or back (lp_flash_store, rows past T and channels past HS left alone). In
-// 16-byte pieces, by threads first, first + STEP, ... of the block or the warp. A whole tile in range
-// (every row below T, HS = HP, aligned) takes the straight path: each thread's pieces lie STEP / (HP / 8)
-// rows apart at one column, all loaded before any is stored, so their latencies overlap.
+// 16-byte pieces, by threads first, first + STEP, ... of the block or the warp. Where the rows allow (HS and
+// the stride multiples of 8, src 16-byte aligned) each piece is a cp.async, zero-filled past T and HS, in
+// flight until the thread's lp_cp_async_wait covers it (the caller commits the group); else the thread
+// loads and stores it itself.
 template <int HP, int ROWS, int STEP>
 static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, int stride, int t0, int T, int HS, int first) {
-    const int PER_ROW = HP / 8, N = ROWS * PER_ROW / STEP, DR = STEP / PER_ROW;
+    const int PER_ROW = HP / 8;
     int vec = HS % 8 == 0 && stride % 8 == 0 && ((uintptr_t)src & 15) == 0;
-    if (vec && HS == HP && t0 + ROWS <= T) {
-        const floatX* s = src + (size_t)(t0 + first / PER_ROW) * stride + first % PER_ROW * 8;
-        floatX* d = tile + first / PER_ROW * (HP + 8) + first % PER_ROW * 8;
-        uint4 piece[N];
 #pragma unroll
-        for (int k = 0; k < N; k++) piece[k] = *(const uint4*)(s + (size_t)k * DR * stride);
-#pragma unroll
-        for (int k = 0; k < N; k++) *(uint4*)(d + k * DR * (HP + 8)) = piece[k];
-        return;
-    }
-    for (int i = first; i < ROWS * PER_ROW; i += STEP) {
-        int r = i / PER_ROW, d = i % PER_ROW * 8, t = t0 + r;
+    for (int k = 0; k < ROWS * PER_ROW / STEP; k++) {
+        int i = first + k * STEP, r = i / PER_ROW, d = i % PER_ROW * 8, t = t0 + r, in = t < T && d < HS;
         const floatX* s = src + (size_t)t * stride + d;
-        LPPack q;
-        if (vec && t < T && d < HS) {
-            q.bits = *(const uint4*)s;
-        } else {
-#pragma unroll
-            for (int k = 0; k < 8; k++) q.x[k] = t < T && d + k < HS ? s[k] : lp_xf(0.0f);
+        if (vec) {
+            lp_cp_async16(tile + r * (HP + 8) + d, in ? s : src, in ? 16 : 0);
+            continue;
         }
+        LPPack q;
+#pragma unroll
+        for (int e = 0; e < 8; e++) q.x[e] = t < T && d + e < HS ? s[e] : lp_xf(0.0f);
         *(uint4*)(tile + r * (HP + 8) + d) = q.bits;
     }
 }
@@ -3305,30 +3324,33 @@ static __device__ inline void lp_flash_store(floatX* dst, int stride, const floa
         }
     }
 }
-// A warp's (16,HP) fp32 accumulators as bf16 rows of a tile, rows g scaled by f0 and g + 8 by f8.
-template <int HP>
-static __device__ inline void lp_flash_put(floatX* tile, const float acc[HP / 8][4], float f0, float f8) {
+// A warp's (16,8N) fp32 accumulators as bf16 rows of a tile at pitch ld, rows g scaled by f0 and g + 8 by f8.
+template <int N>
+static __device__ inline void lp_flash_put(floatX* tile, int ld, const float acc[N][4], float f0, float f8) {
     int lane = threadIdx.x % 32;
-    floatX* p = tile + lane / 4 * (HP + 8) + 2 * (lane % 4);
+    floatX* p = tile + lane / 4 * ld + 2 * (lane % 4);
 #pragma unroll
-    for (int n = 0; n < HP / 8; n++) {
+    for (int n = 0; n < N; n++) {
         *(uint32_t*)(p + 8 * n) = lp_pack2f(acc[n][0] * f0, acc[n][1] * f0);
-        *(uint32_t*)(p + 8 * (HP + 8) + 8 * n) = lp_pack2f(acc[n][2] * f8, acc[n][3] * f8);
+        *(uint32_t*)(p + 8 * ld + 8 * n) = lp_pack2f(acc[n][2] * f8, acc[n][3] * f8);
     }
 }
 
-// The warp's two products per tile. s (16,8NB) = a b^T: a (16,HP) as A fragments in registers, b the
-// tile's first 8NB rows (NB = 8: all 64; tile: the lane's address at lp_lane_rows2); s[j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2),
-// column 8j + 2t + e % 2). Only the column blocks j in [lo, hi) are computed, the others are zeros (wholly
-// masked, or past T).
+// The warp's two products per tile, for its MT blocks of 16 rows (m-tiles). s (16,8NB) = a b^T per m-tile:
+// a (16,HP) as A fragments in registers, b the tile's first 8NB rows (NB = 8: all 64; tile: the lane's
+// address at lp_lane_rows2); s[mt][j] holds columns 8j .. 8j + 7 (element e: row g + 8 (e >= 2), column
+// 8j + 2t + e % 2). Only the column blocks j in [lo, hi) are computed, the others are zeros (wholly masked,
+// or past T). Each B fragment is loaded once for all MT m-tiles: two m-tiles halve the ldmatrix per mma.
 // The column blocks are the inner loop, so that consecutive products go to different accumulators (one
 // accumulator's chain of products would wait on each in turn).
 // Column blocks go in pairs, one ldmatrix each (lo is even; a pair's block at or past hi is loaded, from the
 // tile, and not used).
-template <int HP, int NB>
-static __device__ inline void lp_flash_abt(float s[NB][4], const uint32_t a[HP / 16][4], lp_smem tile, int lo, int hi) {
+template <int HP, int NB, int MT>
+static __device__ inline void lp_flash_abt(float s[][NB][4], const uint32_t a[][HP / 16][4], lp_smem tile, int lo, int hi) {
 #pragma unroll
-    for (int j = 0; j < NB; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < NB; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
 #pragma unroll
     for (int k = 0; k < HP / 16; k++)
 #pragma unroll
@@ -3336,26 +3358,37 @@ static __device__ inline void lp_flash_abt(float s[NB][4], const uint32_t a[HP /
             if (j < lo || j >= hi) continue;
             uint32_t b[2][2];
             lp_frag_rows2(b, lp_smem_at(tile, 8 * j * (HP + 8) + 16 * k));
-            lp_mma(s[j], a[k], b[0], s[j]);
-            if (j + 1 < hi) lp_mma(s[j + 1], a[k], b[1], s[j + 1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                lp_mma(s[mt][j], a[mt][k], b[0], s[mt][j]);
+                if (j + 1 < hi) lp_mma(s[mt][j + 1], a[mt][k], b[1], s[mt][j + 1]);
+            }
         }
 }
-// acc (16,HP) += p b: p (16,8NB) the fp32 accumulators of lp_flash_abt, rounded to bf16 as A fragments
-// in place (columns 16k .. 16k + 15 are s[2k] and s[2k + 1]: FlashAttention-2's register reuse), b the
-// tile's first 8NB rows (tile: the lane's address at lp_lane_cols); the 16-column steps wholly outside [lo, hi) are skipped.
-template <int HP, int NB>
-static __device__ inline void lp_flash_apb(float acc[HP / 8][4], const float p[NB][4], lp_smem tile, int lo, int hi) {
+// acc (16,HP) += p b per m-tile: p (16,8NB) the fp32 accumulators of lp_flash_abt, rounded to bf16 as A
+// fragments in place (columns 16k .. 16k + 15 are s[2k] and s[2k + 1]: FlashAttention-2's register reuse),
+// b the tile's first 8NB rows (tile: the lane's address at lp_lane_cols), each fragment loaded once for
+// every m-tile; the 16-column steps wholly outside [lo, hi) are skipped.
+template <int HP, int NB, int MT>
+static __device__ inline void lp_flash_apb(float acc[][HP / 8][4], const float p[][NB][4], lp_smem tile, int lo, int hi) {
 #pragma unroll
     for (int k = 0; k < NB / 2; k++) {
         if (2 * k + 1 < lo || 2 * k >= hi) continue;
-        uint32_t a[4] = {lp_pack2f(p[2 * k][0], p[2 * k][1]), lp_pack2f(p[2 * k][2], p[2 * k][3]),
-                         lp_pack2f(p[2 * k + 1][0], p[2 * k + 1][1]), lp_pack2f(p[2 * k + 1][2], p[2 * k + 1][3])};
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            a[mt][0] = lp_pack2f(p[mt][2 * k][0], p[mt][2 * k][1]), a[mt][1] = lp_pack2f(p[mt][2 * k][2], p[mt][2 * k][3]);
+            a[mt][2] = lp_pack2f(p[mt][2 * k + 1][0], p[mt][2 * k + 1][1]), a[mt][3] = lp_pack2f(p[mt][2 * k + 1][2], p[mt][2 * k + 1][3]);
+        }
 #pragma unroll
         for (int n = 0; n < HP / 8; n += 2) {
             uint32_t b[2][2];
             lp_frag_cols(b, lp_smem_at(tile, 16 * k * (HP + 8) + 8 * n));
-            lp_mma(acc[n], a, b[0], acc[n]);
-            lp_mma(acc[n + 1], a, b[1], acc[n + 1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                lp_mma(acc[mt][n], a[mt], b[0], acc[mt][n]);
+                lp_mma(acc[mt][n + 1], a[mt], b[1], acc[mt][n + 1]);
+            }
         }
     }
 }
@@ -3404,69 +3437,108 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
     }
 }
 
-// Forward: each warp keeps its 16 rows of q as A fragments, and per row the running max m, sum l and
+// Forward: each warp keeps its 16 MT rows of q as A fragments, and per row the running max m, sum l and
 // output o (online softmax), in registers, over the key tiles up to its diagonal; at the end y = o / l
 // goes out through shared memory (whole 16-byte pieces), and lse = (m + log2 l) ln 2, the natural
-// logsumexp of the scaled scores, is kept for the backward. Blocks with the most key tiles start first.
+// logsumexp of the scaled scores, is kept for the backward. The key tiles (k and v, 64 rows each) stream
+// through two buffers: while the warps work on one tile, the next one's cp.async copies are in flight
+// into the other (q, at the start, is staged in the second). A block's query tiles run along x, the
+// grid's fast axis, so the blocks resident at once are mostly one head's and share its k and v in L2;
+// within a head, the tiles with the most keys start first.
 template <int HP>
-static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
+static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
     lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
-    const int LD = HP + 8;
-    int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int q0 = (gridDim.y - 1 - blockIdx.y) * LP_FLASH_ROWS, r0 = q0 + 16 * warp;  // the block's and the warp's first row
+    const int LD = HP + 8, MT = LP_FLASH_MT(HP), WR = 16 * MT, KR = LP_FLASH_ROWS;  // rows: a warp's queries, a tile's keys
+    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * 4 * WR, r0 = q0 + WR * warp;  // the block's and the warp's first row
+    int tiles = (min(q0 + 4 * WR, T) - 1) / KR + 1;                        // key tiles up to the block's last row
     LP_SHARED(floatX, smem);
-    floatX *ks = smem, *vs = smem + LP_FLASH_ROWS * LD;  // (64,HP) each, pitch LD
+    floatX* buf1 = smem + 2 * KR * LD;  // two buffers (smem, buf1) of a k tile and a v tile (KR,HP) each, pitch LD
     const floatX* src = qkv + (size_t)b * T * 3 * C + h * HS;
-    lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src, 3 * C, q0, T, HS, threadIdx.x);  // q, staged in the k tile
+    lp_flash_load<HP, 4 * WR, LP_FLASH_THREADS>(buf1, src, 3 * C, q0, T, HS, threadIdx.x);  // q (4 WR <= 2 KR rows)
+    lp_cp_async_commit();
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem, src + C, 3 * C, 0, T, HS, threadIdx.x);
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem + KR * LD, src + 2 * C, 3 * C, 0, T, HS, threadIdx.x);
+    lp_cp_async_commit();
+    lp_cp_async_wait<1>();  // q has landed (tile 0 may still be in flight)
     __syncthreads();
-    lp_smem kr = lp_smem_of(ks + lp_lane_rows2(LD)), kc = lp_smem_of(ks + lp_lane_cols(LD)), vc = lp_smem_of(vs + lp_lane_cols(LD));
-    uint32_t qf[HP / 16][4];
+    uint32_t qf[MT][HP / 16][4];
 #pragma unroll
-    for (int k = 0; k < HP / 16; k++) lp_frag_a(qf[k], lp_smem_at(kc, 16 * warp * LD + 16 * k));
-    float o[HP / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, sl2 = scale * LP_LOG2E;
-    for (int j0 = 0; j0 <= q0; j0 += LP_FLASH_ROWS) {  // key tiles up to the diagonal
-        __syncthreads();                               // the last tile (or q) has been read
-        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src + C, 3 * C, j0, T, HS, threadIdx.x);
-        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(vs, src + 2 * C, 3 * C, j0, T, HS, threadIdx.x);
-        __syncthreads();
-        if (r0 >= T) continue;  // a warp past T (the last block of a ragged T) only helps load
-        int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);  // key blocks of 8 that any row sees
-        float s[8][4];
-        if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
-            lp_flash_abt<HP, 8>(s, qf, kr, 0, 8);  // s = q k^T
-            lp_flash_softmax<HP>(s, m, l, o, sl2);
-            lp_flash_apb<HP, 8>(o, s, vc, 0, 8);  // o += p v
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int k = 0; k < HP / 16; k++) lp_frag_a(qf[mt][k], lp_smem_of(buf1 + (r0 - q0 + 16 * mt) * LD + lp_lane_cols(LD) + 16 * k));
+    float o[MT][HP / 8][4] = {}, m[MT][2], l[MT][2] = {}, sl2 = scale * LP_LOG2E;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY;
+    for (int j = 0; j < tiles; j++) {
+        int j0 = j * KR;
+        __syncthreads();  // every warp is done with the buffer the next tile goes into (tile j - 1, or q)
+        if (j + 1 < tiles) {
+            floatX* next = (j + 1) % 2 ? buf1 : smem;
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next, src + C, 3 * C, j0 + KR, T, HS, threadIdx.x);
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next + KR * LD, src + 2 * C, 3 * C, j0 + KR, T, HS, threadIdx.x);
+        }
+        lp_cp_async_commit();   // (an empty group after the last tile, so that one wait fits every tile)
+        lp_cp_async_wait<1>();  // this thread's part of tile j has landed ...
+        __syncthreads();        // ... and every thread's
+        // Skipped: a warp past T (the last block of a ragged T; it only helps load), and a tile wholly after
+        // the warp's rows (the last of a block of 128 rows, for its first warps). Every row a warp works on
+        // sees the tile's first key, so its running max is finite from its first tile on.
+        if (r0 >= T || j0 > r0 + WR - 1) continue;
+        const floatX *ks = j % 2 ? buf1 : smem, *vs = ks + KR * LD;
+        lp_smem kr = lp_smem_of(ks + lp_lane_rows2(LD)), vc = lp_smem_of(vs + lp_lane_cols(LD));
+        int hi = min(min(8, (r0 + WR - j0 + 7) / 8), (T - j0 + 7) / 8);  // key blocks of 8 that any of its rows sees
+        int masked = j0 + 8 * hi - 1 > r0;                               // some key comes after some row
+        float s[MT][8][4];
+        if (hi == 8 && !masked) {  // a whole tile, most of them: with constant bounds the checks compile away
+            lp_flash_abt<HP, 8, MT>(s, qf, kr, 0, 8);  // s = q k^T
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) lp_flash_softmax<HP>(s[mt], m[mt], l[mt], o[mt], sl2);
+            lp_flash_apb<HP, 8, MT>(o, s, vc, 0, 8);  // o += p v
             continue;
         }
-        lp_flash_abt<HP, 8>(s, qf, kr, 0, hi);
-        if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
-        lp_flash_softmax<HP>(s, m, l, o, sl2);
-        lp_flash_apb<HP, 8>(o, s, vc, 0, hi);
-    }
-    __syncthreads();  // every warp is done with the k tile, which now takes y
-    if (r0 >= T) return;
+        lp_flash_abt<HP, 8, MT>(s, qf, kr, 0, hi);
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        for (int mt = 0; mt < MT; mt++) {
+            lp_flash_mask<8>(s[mt], r0 + 16 * mt - j0, 0);
+            lp_flash_softmax<HP>(s[mt], m[mt], l[mt], o[mt], sl2);
+        }
+        lp_flash_apb<HP, 8, MT>(o, s, vc, 0, hi);
     }
-    floatX* ys = ks + 16 * warp * LD;  // the warp's own rows
-    lp_flash_put<HP>(ys, o, 1.0f / l[0], 1.0f / l[1]);
+    __syncthreads();  // every warp is done with the tiles; the first buffer now takes y
+    if (r0 >= T) return;
+    floatX* ys = smem + (r0 - q0) * LD;  // the warp's own rows
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
+            l[mt][i] += __shfl_xor_sync(0xffffffffu, l[mt][i], 2);
+        }
+        lp_flash_put<HP / 8>(ys + 16 * mt * LD, LD, o[mt], 1.0f / l[mt][0], 1.0f / l[mt][1]);
+    }
     __syncwarp();
-    lp_flash_store<HP>(out + (size_t)b * T * C + h * HS, C, ys, r0, T, HS, 16, lane, 32);
-    for (int i = 0; i < 2 && lane % 4 == 0; i++) {
-        int t = r0 + lane / 4 + 8 * i;
-        if (t < T) lse[(size_t)bh * T + t] = (m[i] + log2f(l[i])) * LP_LN2;
-    }
+    lp_flash_store<HP>(out + (size_t)b * T * C + h * HS, C, ys, r0, T, HS, WR, lane, 32);
+    for (int mt = 0; mt < MT; mt++)
+        for (int i = 0; i < 2 && lane % 4 == 0; i++) {
+            int t = r0 + 16 * mt + lane / 4 + 8 * i;
+            if (t < T) lse[(size_t)bh * T + t] = (m[mt][i] + log2f(l[mt][i])) * LP_LN2;
+        }
 }
 
-// Backward, with D = rowsum(dy * y) per query row: p = exp(scale q k^T - lse) (recomputed), dp = dy v^T,
-// ds = scale p (dp - D); dv = p^T dy, dk = ds^T q, dq = ds k. Deterministic without atomics, as in
-// FlashAttention-2 but with dq in a kernel of its own: one kernel's warps own 16 keys each and sum dk, dv
-// over the query tiles at or below the diagonal (working on the transposes, p^T = exp(scale k q^T - lse));
-// another's own 16 queries and sum dq over the key tiles up to theirs (recomputing p and ds), so every
-// gradient has one writer.
-// D for every query row, (B,NH,T) like lse, once before the tile kernels: `lanes` lanes a row (a power of
+// Backward, in FlashAttention-2's one pass per key tile, with D = rowsum(dy * y) per query row: for each
+// query tile at or below the key tile's diagonal, five products: s = q k^T and dp = dy v^T (recomputed as
+// their transposes, keys in the rows: p^T = exp(scale k q^T - lse)), ds = scale p (dp - D), then dv += p^T
+// dy and dk += ds^T q, which the key tile's block sums over its query tiles in registers, and dq += ds k,
+// whose contributions from a head's key tiles must meet. They meet without atomics, in a fixed order: a
+// head's key tiles are dealt to `splits` blocks (tile j to block j mod splits, which walks its tiles in
+// turn), each block adds its contributions into its own fp32 partial of the head's dq (its first key tile
+// writes it), and a last kernel sums the partials in split order into dqkv (FlashAttention-2's
+// deterministic mode keeps partials too). What that costs: the partials, splits x B NH T HS floats, and
+// per (key tile, query tile) a read and a write of the query tile's 64 x HS fp32 partial beside its 2 x 64
+// x HS bf16 of q and dy, then the last kernel's pass over the partials; splits is as small as reaching
+// LP_FLASH_BLOCKS_WANTED blocks allows (1 for GPT-2 124M at B = 64: a block walks all 16 key tiles of a head).
+// D for every query row, (B,NH,T) like lse, once before the tile kernel: `lanes` lanes a row (a power of
 // 2, lp_flash_d_lanes), each over 8 channels at a time in one 16-byte load where the row allows, so that a
 // warp sums 32 / lanes rows at once (one row a warp issued ~190 instructions for 64 channels).
 static inline int lp_flash_d_lanes(int HS) {
@@ -3508,147 +3580,195 @@ static __device__ inline void lp_flash_grads(float s[NB][4], float dp[NB][4], co
             dp[j][e] = scale * p * (dp[j][e] - D[q]);
         }
 }
-// A warp's 16 rows of the (T,HP) matrix at src (row stride `stride`), rows r0.., as A fragments, staged
-// through the warp's rows of a tile.
-template <int HP>
-static __device__ inline void lp_flash_frags(uint32_t f[HP / 16][4], floatX* tile, const floatX* src, int stride, int r0, int T, int HS) {
-    lp_flash_load<HP, 16, 32>(tile, src, stride, r0, T, HS, threadIdx.x % 32);
-    __syncwarp();
-    lp_smem at = lp_smem_of(tile + lp_lane_cols(HP + 8));
-#pragma unroll
-    for (int k = 0; k < HP / 16; k++) lp_frag_a(f[k], lp_smem_at(at, 16 * k));
-    __syncwarp();
+// The backward's blocks per (b,h): at least LP_FLASH_BLOCKS_WANTED in all where the key tiles allow (about
+// two rounds of an H100's 132 SMs at 2 blocks each); and the floats of their dq partials for any number of
+// heads up to B NH (a TP rank's share too): splits x heads is at most both of these bounds.
+#define LP_FLASH_BLOCKS_WANTED 512
+static inline int lp_flash_splits(int heads, int T) {
+    int tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS, s = LP_FLASH_BLOCKS_WANTED / heads;
+    return s < 1 ? 1 : s > tiles ? tiles : s;
 }
-// dk, dv: a warp's k and v as A fragments, its dk and dv in registers. The block stages each query tile:
-// q, dy and the queries' lse2 and D. Blocks with the most query tiles (the first keys) start first.
+static inline size_t lp_flash_dq_partial_floats(int B, int T, int C, int NH) {
+    size_t heads = (size_t)B * NH, tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS;
+    size_t blocks = heads > LP_FLASH_BLOCKS_WANTED ? heads : LP_FLASH_BLOCKS_WANTED;
+    if (tiles * heads < blocks) blocks = tiles * heads;
+    return blocks * T * (C / NH);
+}
+// Query tile i0.. into a buffer of the backward: q and dy (R,HP) by cp.async (the caller commits), and the
+// rows' lse2 = lse log2(e) (+inf past T, so that p = 0 there) and D by the first R threads.
 template <int HP>
-static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
-    lp_flash_attention_backward_kv_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
-                                          int C, int NH, float scale) {
-    const int LD = HP + 8, NB = 4;  // query blocks of 8 per pass: half a tile at HP 128, where registers run short
-    int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int k0 = blockIdx.y * LP_FLASH_ROWS, c0 = k0 + 16 * warp;  // the block's and the warp's first key
-    LP_SHARED(floatX, smem);
-    floatX *qs = smem, *dys = smem + LP_FLASH_ROWS * LD;        // (64,HP) each, pitch LD
-    float *ls = (float*)(dys + LP_FLASH_ROWS * LD), *Ds = ls + LP_FLASH_ROWS;  // (64) each
+static __device__ inline void lp_flash_load_queries(floatX* qs, float* stats, const floatX* src, const floatX* dsrc, const float* lse,
+                                                    const float* D, int bh, int i0, int T, int C, int HS) {
+    const int R = LP_FLASH_ROWS;
+    lp_flash_load<HP, R, LP_FLASH_THREADS>(qs, src, 3 * C, i0, T, HS, threadIdx.x);
+    lp_flash_load<HP, R, LP_FLASH_THREADS>(qs + R * (HP + 8), dsrc, C, i0, T, HS, threadIdx.x);
+    if (threadIdx.x < R) {
+        int t = i0 + threadIdx.x;
+        stats[threadIdx.x] = t < T ? lse[(size_t)bh * T + t] * LP_LOG2E : INFINITY;
+        stats[R + threadIdx.x] = t < T ? D[(size_t)bh * T + t] : 0.0f;
+    }
+}
+// A block walks its key tiles; for each, warps own 16 keys each for dk and dv (k and v as A fragments,
+// dk and dv in registers) and 16 queries each of every query tile for dq. The query tiles (q, dy, lse2, D)
+// stream through two buffers, the next in flight while this one computes; ds^T goes from the key-owning
+// warps to the query-owning ones through shared memory, where ldmatrix's transposing load reads it back as
+// dS's A fragments. Blocks run along x, (b,h) along y (up to 65535).
+template <int HP>
+static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(HP))
+    lp_flash_attention_backward_kernel(floatX* dqkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
+                                       const float* lse, int T, int C, int NH, float scale) {
+    const int LD = HP + 8, R = LP_FLASH_ROWS, LDS = R + 8;  // LDS: the pitch of ds^T (keys, queries)
+    const int NB = HP > 64 ? 2 : 4, NQ = HP / 8 > 4 ? 4 : HP / 8;  // query blocks of 8, and dq's columns of 8, per pass: registers
+    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int tiles = (T + R - 1) / R;
+    LP_SHARED(floatX, smem);  // buffer u (0, 1): q at smem + 2 R LD u, dy R LD further; then k, ds^T, lse2 and D per buffer
+    floatX *ks = smem + 4 * R * LD, *dss = ks + R * LD;
+    float* stats = (float*)(dss + R * LDS);
     const floatX *src = qkv + (size_t)b * T * 3 * C + h * HS, *dsrc = dout + (size_t)b * T * C + h * HS;
-    uint32_t kf[HP / 16][4], vf[HP / 16][4];
-    lp_flash_frags<HP>(kf, qs + 16 * warp * LD, src + C, 3 * C, c0, T, HS);
-    lp_flash_frags<HP>(vf, qs + 16 * warp * LD, src + 2 * C, 3 * C, c0, T, HS);
-    float dk[HP / 8][4] = {}, dv[HP / 8][4] = {}, sl2 = scale * LP_LOG2E;
-    lp_smem qr = lp_smem_of(qs + lp_lane_rows2(LD)), qc = lp_smem_of(qs + lp_lane_cols(LD));
-    lp_smem dyr = lp_smem_of(dys + lp_lane_rows2(LD)), dyc = lp_smem_of(dys + lp_lane_cols(LD));
-    for (int i0 = k0; i0 < T; i0 += LP_FLASH_ROWS) {  // query tiles from the diagonal down
-        __syncthreads();                              // the last tile (or k, v) has been read
-        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(qs, src, 3 * C, i0, T, HS, threadIdx.x);
-        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(dys, dsrc, C, i0, T, HS, threadIdx.x);
-        if (threadIdx.x < LP_FLASH_ROWS) {
-            int t = i0 + threadIdx.x;
-            ls[threadIdx.x] = t < T ? lse[(size_t)bh * T + t] * LP_LOG2E : INFINITY;
-            Ds[threadIdx.x] = t < T ? D[(size_t)bh * T + t] : 0.0f;
-        }
-        __syncthreads();
-        if (c0 >= T) continue;  // a warp past T only helps load
-        int diag = i0 == k0, lo = diag ? 2 * warp : 0, hi = min(8, (T - i0 + 7) / 8);  // query blocks of 8 that see a key
+    float* part = dq_partials + ((size_t)blockIdx.x * gridDim.y + bh) * T * HS;  // the block's dq partial of its head
+    float sl2 = scale * LP_LOG2E;
+    lp_smem dsa = lp_smem_of(dss + lp_lane_rows2(LDS) + 16 * warp), kc = lp_smem_of(ks + lp_lane_cols(LD));
+    for (int j = blockIdx.x; j < tiles; j += gridDim.x) {  // the block's key tiles
+        int k0 = j * R, c0 = k0 + 16 * warp;                // the tile's and the warp's first key
+        __syncthreads();                                    // the last key tile's readers are done
+        lp_flash_load<HP, R, LP_FLASH_THREADS>(ks, src + C, 3 * C, k0, T, HS, threadIdx.x);
+        lp_flash_load<HP, R, LP_FLASH_THREADS>(smem + 2 * R * LD, src + 2 * C, 3 * C, k0, T, HS, threadIdx.x);  // v, staged in buffer 1
+        lp_cp_async_commit();
+        lp_flash_load_queries<HP>(smem, stats, src, dsrc, lse, D, bh, k0, T, C, HS);  // the diagonal's query tile
+        lp_cp_async_commit();
+        lp_cp_async_wait<1>();  // k and v have landed ...
+        __syncthreads();        // ... every thread's
+        uint32_t kf[HP / 16][4], vf[HP / 16][4];  // k's fragments are reloaded for every pass at HP 128 (registers)
 #pragma unroll
-        for (int c = 0; c < 8; c += NB) {  // the tile's query blocks c .. c + NB - 1
-            if (hi <= c || lo >= c + NB) continue;
-            int at = 8 * c * LD;  // the pass's first query row
-            float s[NB][4], dp[NB][4];
-            if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
-                lp_flash_abt<HP, NB>(s, kf, lp_smem_at(qr, at), 0, NB);    // s^T = k q^T
-                lp_flash_abt<HP, NB>(dp, vf, lp_smem_at(dyr, at), 0, NB);  // dp^T = v dy^T
-                lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
-                lp_flash_apb<HP, NB>(dv, s, lp_smem_at(dyc, at), 0, NB);  // dv += p^T dy
-                lp_flash_apb<HP, NB>(dk, dp, lp_smem_at(qc, at), 0, NB);  // dk += ds^T q
-                continue;
+        for (int k = 0; k < HP / 16; k++) {
+            if (HP <= 64) lp_frag_a(kf[k], lp_smem_at(kc, 16 * warp * LD + 16 * k));
+            lp_frag_a(vf[k], lp_smem_of(smem + 2 * R * LD + 16 * warp * LD + lp_lane_cols(LD) + 16 * k));
+        }
+        float dk[HP / 8][4] = {}, dv[HP / 8][4] = {};
+        for (int i = j; i < tiles; i++) {  // query tiles from the diagonal down
+            int i0 = i * R, u = (i - j) % 2, diag = i == j;
+            __syncthreads();  // every warp is done with the other buffer (v, or query tile i - 1) and with ds^T
+            if (i + 1 < tiles)
+                lp_flash_load_queries<HP>(smem + 2 * R * LD * (1 - u), stats + 2 * R * (1 - u), src, dsrc, lse, D, bh, i0 + R, T, C, HS);
+            lp_cp_async_commit();   // (an empty group after the last tile, so that one wait fits every tile)
+            lp_cp_async_wait<1>();  // this thread's part of query tile i has landed ...
+            __syncthreads();        // ... and every thread's
+            const floatX *qs = smem + 2 * R * LD * u, *dys = qs + R * LD;
+            const float *ls = stats + 2 * R * u, *Ds = ls + R;
+            lp_smem qr = lp_smem_of(qs + lp_lane_rows2(LD)), qc = lp_smem_of(qs + lp_lane_cols(LD));
+            lp_smem dyr = lp_smem_of(dys + lp_lane_rows2(LD)), dyc = lp_smem_of(dys + lp_lane_cols(LD));
+            // dk, dv and ds^T by the warp's keys: query blocks of 8 that see a key, none for keys past T
+            int lo = diag ? 2 * warp : 0, hi = c0 < T ? min(8, (T - i0 + 7) / 8) : 0;
+#pragma unroll
+            for (int c = 0; c < 8; c += NB) {  // the tile's query blocks c .. c + NB - 1
+                int at = 8 * c * LD;          // the pass's first query row
+                float s[NB][4], dp[NB][4];
+#pragma unroll
+                for (int k = 0; k < HP / 16 && HP > 64; k++) lp_frag_a(kf[k], lp_smem_at(kc, 16 * warp * LD + 16 * k));
+                if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
+                    lp_flash_abt<HP, NB, 1>(&s, &kf, lp_smem_at(qr, at), 0, NB);    // s^T = k q^T
+                    lp_flash_abt<HP, NB, 1>(&dp, &vf, lp_smem_at(dyr, at), 0, NB);  // dp^T = v dy^T
+                    lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
+                    lp_flash_apb<HP, NB, 1>(&dv, &s, lp_smem_at(dyc, at), 0, NB);  // dv += p^T dy
+                    lp_flash_apb<HP, NB, 1>(&dk, &dp, lp_smem_at(qc, at), 0, NB);  // dk += ds^T q
+                } else if (hi <= c || lo >= c + NB) {  // no query of the pass sees the warp's keys: ds = 0
+#pragma unroll
+                    for (int q = 0; q < NB; q++) dp[q][0] = dp[q][1] = dp[q][2] = dp[q][3] = 0.0f;
+                } else {
+                    lp_flash_abt<HP, NB, 1>(&s, &kf, lp_smem_at(qr, at), lo - c, hi - c);
+                    lp_flash_abt<HP, NB, 1>(&dp, &vf, lp_smem_at(dyr, at), lo - c, hi - c);
+                    if (diag) lp_flash_mask<NB>(s, 8 * c - 16 * warp, 1);  // (blocks before lo too: their ds is 0)
+                    lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
+                    lp_flash_apb<HP, NB, 1>(&dv, &s, lp_smem_at(dyc, at), lo - c, hi - c);
+                    lp_flash_apb<HP, NB, 1>(&dk, &dp, lp_smem_at(qc, at), lo - c, hi - c);
+                }
+                lp_flash_put<NB>(dss + 16 * warp * LDS + 8 * c, LDS, dp, 1.0f, 1.0f);  // ds^T, every query of the pass
             }
-            lp_flash_abt<HP, NB>(s, kf, lp_smem_at(qr, at), lo - c, hi - c);
-            lp_flash_abt<HP, NB>(dp, vf, lp_smem_at(dyr, at), lo - c, hi - c);
-            if (diag) lp_flash_mask<NB>(s, 8 * c - 16 * warp, 1);
-            lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
-            lp_flash_apb<HP, NB>(dv, s, lp_smem_at(dyc, at), lo - c, hi - c);
-            lp_flash_apb<HP, NB>(dk, dp, lp_smem_at(qc, at), lo - c, hi - c);
+            __syncthreads();  // ds^T is whole
+            // dq += ds k by the warp's queries, HP / 8 / NQ passes of NQ column blocks, added to the partial
+            int r0 = i0 + 16 * warp;
+            if (r0 >= T) continue;
+#pragma unroll
+            for (int n0 = 0; n0 < HP / 8; n0 += NQ) {
+                float dq[NQ][4] = {};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {  // keys 16k .. 16k + 15
+                    if (diag && k > warp) break;  // keys after every query of the warp: ds = 0
+                    uint32_t a[4];
+                    lp_ldmatrix(a, lp_smem_at(dsa, 16 * k * LDS), 1);  // ds (16 queries, 16 keys) from ds^T
+#pragma unroll
+                    for (int n = 0; n < NQ; n += 2) {
+                        uint32_t bk[2][2];
+                        lp_frag_cols(bk, lp_smem_at(kc, 16 * k * LD + 8 * (n0 + n)));
+                        lp_mma(dq[n], a, bk[0], dq[n]);
+                        lp_mma(dq[n + 1], a, bk[1], dq[n + 1]);
+                    }
+                }
+#pragma unroll
+                for (int n = 0; n < NQ; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int t = r0 + lane / 4 + 8 * (e / 2), d = 8 * (n0 + n) + 2 * (lane % 4) + e % 2;
+                        if (t >= T || d >= HS) continue;
+                        float* p = part + (size_t)t * HS + d;
+                        *p = j == (int)blockIdx.x ? dq[n][e] : *p + dq[n][e];  // the block's first key tile writes
+                    }
+            }
         }
+        __syncthreads();  // every warp is done with the tiles; buffer 0 takes dk and dv
+        if (c0 >= T) continue;
+        floatX *dks = smem + 16 * warp * LD, *dvs = dks + R * LD;
+        lp_flash_put<HP / 8>(dks, LD, dk, 1.0f, 1.0f);
+        lp_flash_put<HP / 8>(dvs, LD, dv, 1.0f, 1.0f);
+        __syncwarp();
+        floatX* dst = dqkv + (size_t)b * T * 3 * C + h * HS;
+        lp_flash_store<HP>(dst + C, 3 * C, dks, c0, T, HS, 16, lane, 32);
+        lp_flash_store<HP>(dst + 2 * C, 3 * C, dvs, c0, T, HS, 16, lane, 32);
     }
-    __syncthreads();  // every warp is done with the tiles, which now take dk and dv
-    if (c0 >= T) return;
-    floatX *dks = qs + 16 * warp * LD, *dvs = dys + 16 * warp * LD;
-    lp_flash_put<HP>(dks, dk, 1.0f, 1.0f);
-    lp_flash_put<HP>(dvs, dv, 1.0f, 1.0f);
-    __syncwarp();
-    floatX* dst = dqkv + (size_t)b * T * 3 * C + h * HS;
-    lp_flash_store<HP>(dst + C, 3 * C, dks, c0, T, HS, 16, lane, 32);
-    lp_flash_store<HP>(dst + 2 * C, 3 * C, dvs, c0, T, HS, 16, lane, 32);
 }
-// dq: a warp's q and dy as A fragments, its rows' lse2 and D and its dq in registers; the block stages each
-// key tile (k, v). Blocks with the most key tiles start first.
-template <int HP>
-static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BLOCKS(HP))
-    lp_flash_attention_backward_q_kernel(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int T,
-                                         int C, int NH, float scale) {
-    const int LD = HP + 8;
-    int HS = C / NH, bh = blockIdx.x, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int q0 = (gridDim.y - 1 - blockIdx.y) * LP_FLASH_ROWS, r0 = q0 + 16 * warp;  // the block's and the warp's first query
-    LP_SHARED(floatX, smem);
-    floatX *ks = smem, *vs = smem + LP_FLASH_ROWS * LD;  // (64,HP) each, pitch LD
-    const floatX* src = qkv + (size_t)b * T * 3 * C + h * HS;
-    uint32_t qf[HP / 16][4], df[HP / 16][4];
-    lp_flash_frags<HP>(qf, ks + 16 * warp * LD, src, 3 * C, r0, T, HS);
-    lp_flash_frags<HP>(df, ks + 16 * warp * LD, dout + (size_t)b * T * C + h * HS, C, r0, T, HS);
-    float lse2[2], Dr[2], dq[HP / 8][4] = {}, sl2 = scale * LP_LOG2E;
-    for (int i = 0; i < 2; i++) {
-        int t = r0 + lane / 4 + 8 * i;
-        lse2[i] = t < T ? lse[(size_t)bh * T + t] * LP_LOG2E : INFINITY;
-        Dr[i] = t < T ? D[(size_t)bh * T + t] : 0.0f;
-    }
-    lp_smem kr = lp_smem_of(ks + lp_lane_rows2(LD)), kc = lp_smem_of(ks + lp_lane_cols(LD)), vr = lp_smem_of(vs + lp_lane_rows2(LD));
-    for (int j0 = 0; j0 <= q0; j0 += LP_FLASH_ROWS) {  // key tiles up to the diagonal
-        __syncthreads();                               // the last tile (or q, dy) has been read
-        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(ks, src + C, 3 * C, j0, T, HS, threadIdx.x);
-        lp_flash_load<HP, LP_FLASH_ROWS, LP_FLASH_THREADS>(vs, src + 2 * C, 3 * C, j0, T, HS, threadIdx.x);
-        __syncthreads();
-        if (r0 >= T) continue;  // a warp past T only helps load
-        int diag = j0 == q0, hi = min(diag ? 2 * warp + 2 : 8, (T - j0 + 7) / 8);
-        float s[8][4], dp[8][4];
-        if (hi == 8 && !diag) {  // a whole tile, most of them: with constant bounds the checks compile away
-            lp_flash_abt<HP, 8>(s, qf, kr, 0, 8);   // s = q k^T
-            lp_flash_abt<HP, 8>(dp, df, vr, 0, 8);  // dp = dy v^T
-            lp_flash_grads<8>(s, dp, lse2, Dr, 0, sl2, scale);
-            lp_flash_apb<HP, 8>(dq, dp, kc, 0, 8);  // dq += ds k
-            continue;
-        }
-        lp_flash_abt<HP, 8>(s, qf, kr, 0, hi);
-        lp_flash_abt<HP, 8>(dp, df, vr, 0, hi);
-        if (diag) lp_flash_mask<8>(s, 16 * warp, 0);
-        lp_flash_grads<8>(s, dp, lse2, Dr, 0, sl2, scale);
-        lp_flash_apb<HP, 8>(dq, dp, kc, 0, hi);
-    }
-    __syncthreads();  // every warp is done with the k tile, which now takes dq
-    if (r0 >= T) return;
-    floatX* dqs = ks + 16 * warp * LD;
-    lp_flash_put<HP>(dqs, dq, 1.0f, 1.0f);
-    __syncwarp();
-    lp_flash_store<HP>(dqkv + (size_t)b * T * 3 * C + h * HS, 3 * C, dqs, r0, T, HS, 16, lane, 32);
+// dq = the splits' partials summed in split order (those of the splits that reached the row's query tile:
+// split s's first key tile is s), as bf16 into dqkv; a thread per value of (B,NH,T,HS).
+static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const float* dq_partials, int B, int T, int C, int NH,
+                                                             int splits) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)B * T * C;
+    if (i >= n) return;
+    int HS = C / NH, d = (int)(i % HS), t = (int)(i / HS % T), bh = (int)(i / HS / T), b = bh / NH, h = bh % NH;
+    int last = min(splits - 1, t / LP_FLASH_ROWS);
+    float sum = 0.0f;
+    for (int s = 0; s <= last; s++) sum += dq_partials[(size_t)s * n + i];
+    dqkv[((size_t)b * T + t) * 3 * C + h * HS + d] = lp_xf(sum);
 }
 
-// Launches for one HP: a block per 64 rows of each (b,h), (b,h) along x (no limit), the 64-row blocks along
-// y (up to 65535 of them: T up to 4M).
+// Launches for one HP. The forward: its query tiles of 64 MT rows along x, the (b,h) along y (up to 65535 of
+// them); two buffers of a k and a v tile, above the 48 KiB a kernel gets unasked at HP 128. The backward:
+// splits along x, the (b,h) along y; two buffers of a query tile, the key tile and ds^T.
 template <int HP>
 static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    dim3 grid(B * NH, (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS);
-    size_t bytes = 2 * LP_FLASH_ROWS * (HP + 8) * sizeof(floatX);
+    const int rows = 4 * 16 * LP_FLASH_MT(HP);
+    if (B * NH > 65535) lp_fail("flash attention: B * NH = %d heads, more than the grid's 65535", B * NH);
+    dim3 grid((T + rows - 1) / rows, B * NH);
+    size_t bytes = 4 * LP_FLASH_ROWS * (HP + 8) * sizeof(floatX);
+    static int opted_in;
+    if (!opted_in)
+        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_forward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    opted_in = 1;
     LP_LAUNCH(lp_flash_attention_forward_kernel<HP>, grid, LP_FLASH_THREADS, bytes, out, lse, qkv, T, C, NH, lp_attention_scale(C, NH));
 }
 template <int HP>
-static inline void lp_flash_backward_hp(floatX* dqkv, const floatX* dout, const float* D, const floatX* qkv, const float* lse, int B,
-                                        int T, int C, int NH) {
-    dim3 grid(B * NH, (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS);
-    size_t tiles = 2 * LP_FLASH_ROWS * (HP + 8) * sizeof(floatX);
-    float scale = lp_attention_scale(C, NH);
-    LP_LAUNCH(lp_flash_attention_backward_kv_kernel<HP>, grid, LP_FLASH_THREADS, tiles + 2 * LP_FLASH_ROWS * sizeof(float), dqkv, dout,
-              D, qkv, lse, T, C, NH, scale);
-    LP_LAUNCH(lp_flash_attention_backward_q_kernel<HP>, grid, LP_FLASH_THREADS, tiles, dqkv, dout, D, qkv, lse, T, C, NH, scale);
+static inline void lp_flash_backward_hp(floatX* dqkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
+                                        const float* lse, int B, int T, int C, int NH) {
+    const int R = LP_FLASH_ROWS;
+    if (B * NH > 65535) lp_fail("flash attention: B * NH = %d heads, more than the grid's 65535", B * NH);
+    int splits = lp_flash_splits(B * NH, T);
+    size_t bytes = (5 * R * (HP + 8) + R * (R + 8)) * sizeof(floatX) + 4 * R * sizeof(float);
+    static int opted_in;
+    if (!opted_in)
+        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_backward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    opted_in = 1;
+    LP_LAUNCH(lp_flash_attention_backward_kernel<HP>, dim3(splits, B * NH), LP_FLASH_THREADS, bytes, dqkv, dq_partials, dout, D, qkv,
+              lse, T, C, NH, lp_attention_scale(C, NH));
+    size_t n = (size_t)B * T * C;
+    LP_LAUNCH(lp_flash_attention_backward_dq_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dqkv, dq_partials, B, T, C, NH, splits);
 }
 // f<HP>(args) for the head size's padded width.
 #define LP_FLASH_DISPATCH(HS, f, ...)                                                                              \
@@ -3663,14 +3783,15 @@ static inline void lp_flash_backward_hp(floatX* dqkv, const floatX* dout, const 
 static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
     LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, lse, qkv, B, T, C, NH);
 }
-// dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
+// dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them. D and the dq partials
+// share the reduction scratch (lp_scratch_reserve sizes it for the model's shapes).
 static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
                                                    const float* lse, int B, int T, int C, int NH) {
     size_t rows = (size_t)B * NH * T;
-    float* D = (float*)lp_scratch(&lp_partials, rows * sizeof(float), "reduction partials");
+    float* D = (float*)lp_scratch(&lp_partials, (rows + lp_flash_dq_partial_floats(B, T, C, NH)) * sizeof(float), "reduction partials");
     int lanes = lp_flash_d_lanes(C / NH);
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * lanes, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH, lanes);
-    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, dout, D, qkv, lse, B, T, C, NH);
+    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, D + rows, dout, D, qkv, lse, B, T, C, NH);
 }
 #endif
 
@@ -4218,10 +4339,11 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 // The scratch buffers at their largest for batches of up to N rows of C channels in NH heads (bias
 // gradients of up to 4C outputs), sized once at set-up: growing one later frees it, and cudaFree waits
 // for the whole device.
-static inline void lp_scratch_reserve(size_t N, int C, int NH) {
-    size_t partials = (size_t)lp_ln_blocks((int)N, C) * 2 * C;  // layernorm backward
+static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
+    size_t N = (size_t)B * T, partials = (size_t)lp_ln_blocks((int)N, C) * 2 * C;  // layernorm backward
     if ((size_t)LP_BIAS_CHUNKS * 4 * C > partials) partials = (size_t)LP_BIAS_CHUNKS * 4 * C;
-    if (N * NH > partials) partials = N * NH;  // attention backward's D
+    size_t attention = N * NH + lp_flash_dq_partial_floats(B, T, C, NH);  // flash attention backward's D and dq partials
+    if (attention > partials) partials = attention;
     lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");
     lp_scratch(&lp_embedding_index, (3 * N + 1) * sizeof(int), "embedding backward index");  // 2U + 1 + M, U and M <= N
 }
@@ -6235,7 +6357,7 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
     m->act = m->slot_act[0];
     m->inputs_host = m->slot_inputs;
 #ifndef LLMPAR_CPU
-    lp_scratch_reserve(BT, m->cfg.channels, m->cfg.num_heads);
+    lp_scratch_reserve(B, T, m->cfg.channels, m->cfg.num_heads);
 #endif
 }
 

@@ -14,7 +14,7 @@
 #               anything later can run out of time
 #   4 steps     GPT-2 124M, B=64, T=1024, 10 steps each: --attention flash, cublas, cudnn, then llm.c's
 #               train_gpt2cu with the same settings; the median step's tokens/s of each and its ratio to llm.c's
-#   5 kernels   ./test_gpt tier4_kernel_tests: every kernel against its CPU loop on the hardware
+#   5 kernels   ./test_gpt tier4_: every kernel against its CPU loop on the hardware (the attention kernels too)
 #   6 hangs     the hang-prone test alone (test_stop_signal: a signal ends a run at a step's end)
 # Usage, through the device tool (the carried folders are ignored by git, never committed):
 #   run: bash scripts/gpu_check.sh     carry: .cudnn-frontend .llmc
@@ -133,7 +133,7 @@ main() {
         -k regex:lp_ --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
         ./train_gpt $run124 $data -x 1 --attention flash
     steps
-    step 70 "the kernels against their CPU loops" ./test_gpt tier4_kernel_tests
+    step 70 "the kernels against their CPU loops (tier4_kernel_tests, tier4_attention_kernels)" ./test_gpt tier4_
     gpu_idle
     step 30 "the hang-prone test alone" ./test_gpt test_stop_signal
     gpu_idle

@@ -165,6 +165,14 @@ static thread_local StackPool stack_pool;
 // 3. a block of threads: run until every thread is done, releasing barriers and warp operations
 
 enum { F_NEW, F_RUN, F_BARRIER, F_WARP, F_DONE };
+struct AsyncCopy {  // a cp.async of a thread: 16 bytes to shared memory, `bytes` of them from src, the rest zeros
+    char* dst;
+    const char* src;
+    int bytes;
+    uint32_t group;  // the group it belongs to: the thread's count of committed groups when it was issued
+    bool landed;     // written to shared memory already (it may land any time before the wait that covers it)
+    uintptr_t site;
+};
 struct Fiber {
     cudaemu_thread t;  // first: cudaemu_self points here
     void* sp;
@@ -175,6 +183,8 @@ struct Fiber {
     unsigned mask;
     uint64_t in, out;
     uint32_t bars, wops;  // barriers passed; the last warp operation it took part in (its warp's count then)
+    std::vector<struct AsyncCopy> copies;  // its cp.async copies not yet waited for, oldest first
+    uint32_t groups;                       // cp.async groups it committed
 };
 struct BlockRun {
     cudaemu_block blk;
@@ -208,6 +218,7 @@ static void prof_access(uintptr_t a, size_t size, int write, uintptr_t site);  /
 enum { S_GLD, S_GST, S_LDS, S_STS, S_SHFL, S_VOTE, S_WARPSYNC, S_BAR, S_MMA, S_SFU, S_CLASSES };
 static void prof_site_inst(uintptr_t site, int cls, unsigned width, double n = 1);
 static void haz_block_start(void);
+static void haz_async(uintptr_t a, int pending, const struct Fiber* f, uintptr_t site);  // a cp.async's bytes: pending, or waited for
 #define PROF_SITE ((uintptr_t)__builtin_return_address(0))  // where a hook was called from: the access site
 
 static Fiber* cur_fiber(const char* what) {
@@ -215,9 +226,14 @@ static Fiber* cur_fiber(const char* what) {
     return (Fiber*)cudaemu_self;
 }
 
+static void async_land_all(Fiber* f);
+static bool mem_range_ok(const void* p, size_t bytes, int kind);  // section 4, and its kinds of memory:
+enum { MEM_DEVICE, MEM_PINNED };
+
 static void fiber_main(void* arg) {
     Fiber* f = (Fiber*)arg;
     (*cur_run->body)();
+    async_land_all(f);  // its copies still land (the hazard check still sees them pending: no wait covered them)
     f->state = F_DONE;
     cudaemu_ctx_switch(&f->sp, cur_run->sched_sp);
 }
@@ -242,9 +258,12 @@ static std::string block_name(const BlockRun* R) {
 
 static bool same_site(const char* a, const char* b) { return a == b || strcmp(a, b) == 0; }
 
+static void async_maybe_land(Fiber* f);
+
 void cudaemu_syncthreads(const char* site) {
     Fiber* f = cur_fiber("__syncthreads");
     BlockRun* R = cur_run;
+    async_maybe_land(f);
     f->state = F_BARRIER;
     f->site = site;
     if (++R->at_barrier == R->n) {
@@ -273,6 +292,7 @@ static uint64_t warp_op(const char* site, uintptr_t pc, int kind, unsigned mask,
                         void (*collective)(void* const* lanes)) {
     Fiber* f = cur_fiber("a warp operation");
     BlockRun* R = cur_run;
+    async_maybe_land(f);
     int lane = f->linear % 32, base = f->linear - lane, lanes = std::min(32, R->n - base);
     if (!(mask >> lane & 1u))
         emu_fatal("%s thread %d: %s: the mask 0x%08x leaves out the calling lane %d", block_name(R).c_str(), f->linear, site,
@@ -424,6 +444,74 @@ void cudaemu_ldmatrix_x4(uint32_t d[4], const void* row, int trans) {
             32, trans ? ldmatrix_x4_trans_all : ldmatrix_x4_all);
 }
 
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes; cp.async.commit_group; cp.async.wait_group n (PTX ISA,
+// "Data Movement and Conversion Instructions: cp.async"). A copy is asynchronous: it reads its source and
+// writes shared memory at some time between its issue and the wait_group that covers its group, which
+// makes its bytes visible to the waiting thread alone (others see them after a barrier). Each thread order
+// picks a different legal time: forward lands a copy at that wait (the latest), reversed at its issue (the
+// earliest), shuffled at random points of the thread between the two (its barriers, warp operations and
+// cp.async calls). So a read before the wait, or a copy into bytes other warps still read, gives other
+// bytes in one of the orders; the hazard check (section 10) names it whatever the bytes.
+static void async_land(AsyncCopy& c) {
+    if (c.landed) return;
+    memcpy(c.dst, c.src, c.bytes);
+    memset(c.dst + c.bytes, 0, 16 - c.bytes);
+    c.landed = true;
+}
+static void async_land_all(Fiber* f) {
+    for (AsyncCopy& c : f->copies) async_land(c);
+}
+static void async_maybe_land(Fiber* f) {
+    if (cur_run->order != ORDER_SHUFFLE) return;
+    for (AsyncCopy& c : f->copies)
+        if (rng_next(&cur_run->rng) & 1) async_land(c);
+}
+
+void cudaemu_cp_async16(void* dst, const void* src, int src_bytes) {
+    Fiber* f = cur_fiber("cp.async");
+    BlockRun* R = cur_run;
+    uintptr_t d = (uintptr_t)dst, shared = (uintptr_t)R->blk.dynamic_shared;
+    if (d % 16 || (src_bytes > 0 && (uintptr_t)src % 16))
+        emu_fatal("%s thread %d: cp.async: the %s address %p is not 16-byte aligned", block_name(R).c_str(), f->linear,
+                  d % 16 ? "shared" : "global", d % 16 ? dst : src);
+    if (src_bytes < 0 || src_bytes > 16)
+        emu_fatal("%s thread %d: cp.async: %d source bytes, not 0 to 16", block_name(R).c_str(), f->linear, src_bytes);
+    if (d - shared + 16 > R->shmem)
+        emu_fatal("%s thread %d: cp.async: the destination %p is not in the block's dynamic shared memory", block_name(R).c_str(),
+                  f->linear, dst);
+    if (src_bytes > 0 && !mem_range_ok(src, src_bytes, MEM_DEVICE))
+        emu_fatal("%s thread %d: cp.async: the source %p (%d bytes) is not in a device allocation", block_name(R).c_str(), f->linear,
+                  src, src_bytes);
+    async_maybe_land(f);
+    uintptr_t site = PROF_SITE;
+    if (src_bytes > 0) prof_access((uintptr_t)src, src_bytes, 0, site);  // the global load and the shared store (counts, hazards)
+    prof_access(d, 16, 1, site);
+    if (haz_in_kernel) haz_async(d, 1, f, site);
+    f->copies.push_back(AsyncCopy{(char*)dst, (const char*)src, src_bytes, f->groups, false, site});
+    if (R->order == ORDER_REVERSE) async_land(f->copies.back());
+}
+void cudaemu_cp_async_commit(void) {
+    Fiber* f = cur_fiber("cp.async.commit_group");
+    async_maybe_land(f);
+    f->groups++;
+}
+// Every group but the n most recently committed is complete: their copies land (if they have not) and their
+// bytes are this thread's writes from now on. Uncommitted copies are not waited for.
+void cudaemu_cp_async_wait(int n) {
+    Fiber* f = cur_fiber("cp.async.wait_group");
+    size_t kept = 0;
+    for (size_t i = 0; i < f->copies.size(); i++) {
+        AsyncCopy& c = f->copies[i];
+        if (c.group + (uint32_t)n < f->groups) {
+            async_land(c);
+            if (haz_in_kernel) haz_async((uintptr_t)c.dst, 0, f, c.site);
+        } else {
+            f->copies[kept++] = c;
+        }
+    }
+    f->copies.resize(kept);
+}
+
 void* cudaemu_dynamic_shared(void) {
     cur_fiber("dynamic shared memory");
     return cur_run->blk.dynamic_shared;
@@ -459,7 +547,7 @@ static void run_block(BlockRun* R, const std::vector<int>& first_order) {
     R->warp_waiting.assign((R->n + 31) / 32, 0);
     R->warp_ops.assign((R->n + 31) / 32, std::vector<unsigned>());
     R->runq.assign(first_order.begin(), first_order.end());
-    for (int i = 0; i < R->n; i++) R->f[i].state = F_NEW, R->f[i].bars = R->f[i].wops = 0;
+    for (int i = 0; i < R->n; i++) R->f[i].state = F_NEW, R->f[i].bars = R->f[i].wops = R->f[i].groups = 0, R->f[i].copies.clear();
     while (!R->runq.empty()) {
         size_t at = R->order == ORDER_SHUFFLE ? rng_next(&R->rng) % R->runq.size() : 0;
         int i = R->runq[at];
@@ -534,7 +622,6 @@ static void run_grid(const Launch& L, int order, uint64_t seed) {
 
 static const size_t kGuard = 256;
 static const unsigned char kGuardByte = 0xcd;
-enum { MEM_DEVICE, MEM_PINNED };
 struct Alloc {
     size_t size, span;  // asked for; guards and padding included
     int kind;
@@ -2472,6 +2559,7 @@ struct HazByte {
     uint32_t w_bars, w_wops, r_bars, r_wops;
     uint32_t readers, r_lanes;           // warps that read since the write (in r_bars), and their lanes (one warp)
     uintptr_t w_site, r_site;
+    int32_t async;  // the thread whose cp.async into it has not been waited for (-1: none)
 };
 }  // namespace
 static std::vector<HazByte> haz_dynamic;                 // the dynamic shared memory's bytes
@@ -2508,7 +2596,12 @@ static void haz_access(uintptr_t byte, const char* region, HazByte& h, int write
     Fiber* f = (Fiber*)cudaemu_self;
     int me = f->linear, warp = me / 32;
     unsigned lane = 1u << (me % 32);
-    if (h.gen != haz_gen) h = HazByte{haz_gen, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (h.gen != haz_gen) h = HazByte{haz_gen, -1, 0, 0, 0, 0, 0, 0, 0, 0, -1};
+    if (h.async >= 0)  // its copy may land at any time until the wait: any access before it is a hazard
+        emu_fatal("%s: a shared-memory hazard (%s before the cp.async into it was waited for): thread %d at %s and thread %d's "
+                  "cp.async at %s, %s 0x%lx, before a cp.async.wait_group of thread %d covers the copy",
+                  block_name(cur_run).c_str(), write ? "write" : "read", me, code_line(site).c_str(), h.async,
+                  code_line(h.w_site).c_str(), region, (unsigned long)byte, h.async);
     if (h.writer >= 0 && h.writer != me && h.w_bars == f->bars &&
         (h.writer / 32 != warp || !haz_ordered(warp, h.w_wops, f->wops, lane | 1u << (h.writer % 32))))
         haz_report(write ? "write after write" : "read after write", byte, region, f, site, h.writer, h.w_site);
@@ -2522,6 +2615,16 @@ static void haz_access(uintptr_t byte, const char* region, HazByte& h, int write
     if (!h.readers || h.r_bars != f->bars) h.readers = h.r_lanes = 0, h.r_bars = f->bars, h.r_wops = f->wops;
     if (!(h.readers >> warp & 1u) && h.readers) h.r_lanes = 0;  // two warps read: any write before a barrier is a hazard
     h.readers |= 1u << warp, h.r_lanes |= lane, h.r_wops = std::min(h.r_wops, f->wops), h.r_site = site;
+}
+
+// A cp.async's 16 bytes of dynamic shared memory at a, issued (pending: haz_access has checked them as a
+// write) or covered by a wait of thread f: from then on its write, made at the wait.
+static void haz_async(uintptr_t a, int pending, const Fiber* f, uintptr_t site) {
+    for (uintptr_t b = a - (uintptr_t)cur_run->blk.dynamic_shared, e = b + 16; b < e; b++) {
+        HazByte& h = haz_dynamic[b];
+        h.async = pending ? f->linear : -1;
+        if (!pending) h.writer = f->linear, h.w_bars = f->bars, h.w_wops = f->wops, h.w_site = site, h.readers = 0;
+    }
 }
 
 // Where this OS thread's __shared__ variables live: cudaemu.h makes them thread_local, and this program's

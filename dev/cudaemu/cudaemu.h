@@ -118,6 +118,16 @@ void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], 
 // 2 (l % 4) + 1 (the lower column in the low half); with trans, its column l / 4 at those rows: what mma
 // wants as B from a row-major tile.
 void cudaemu_ldmatrix_x4(uint32_t d[4], const void* row, int trans);
+// Asynchronous copies to shared memory (llmpar's lp_cp_async16, lp_cp_async_commit, lp_cp_async_wait), the
+// PTX instructions cp.async.cg.shared.global [dst], [src], 16, src_bytes (16 bytes to dynamic shared memory,
+// both addresses 16-byte aligned: src_bytes of them from global memory, the rest zeros), cp.async.commit_group
+// (the thread's copies since its last commit become a group) and cp.async.wait_group n (every group but the
+// n most recent is complete, and its bytes visible to this thread; other threads see them after a barrier).
+// A copy lands at any legal time, a different one in each thread order; with the hazard check, a read or
+// write of its bytes before the wait that covers it is an error.
+void cudaemu_cp_async16(void* dst, const void* src, int src_bytes);
+void cudaemu_cp_async_commit(void);
+void cudaemu_cp_async_wait(int n);
 
 // ---- device intrinsics the host compiler lacks
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }

@@ -231,6 +231,28 @@ __global__ void ldmatrix_partial_warp(uint32_t* d, const uint16_t* m) {  // lane
     d[threadIdx.x] = r[0];
 }
 
+// Tiles of 64 x 4 ints streamed through two shared buffers by cp.async, the next tile in flight while this
+// one is read (a double-buffered pipeline, as the flash kernels run): each thread copies its own 16 bytes
+// (the last 4 threads only 4 of them from global memory, the rest zeros) and reads its neighbour's, so each
+// read needs the copier's wait and a barrier. out[i] = the sum over tiles of thread i + 1's 4 elements
+// (mod 64). wait = 1 is correct; 2 reads a tile before its wait covers it; reuse = 0 leaves out the
+// barrier before a buffer is copied into again (its readers may not be done).
+__global__ void async_tiles(int* out, const int* in, int tiles, int wait, int reuse) {
+    int* buf = (int*)cudaemu_dynamic_shared();  // 2 x 256 ints
+    int i = threadIdx.x, next = (i + 1) % 64, bytes = i < 60 ? 16 : 4, sum = 0;
+    cudaemu_cp_async16(buf + 4 * i, in + 4 * i, bytes);
+    cudaemu_cp_async_commit();
+    for (int t = 0; t < tiles; t++) {
+        if (t + 1 < tiles) cudaemu_cp_async16(buf + 256 * ((t + 1) % 2) + 4 * i, in + 256 * (t + 1) + 4 * i, bytes);
+        cudaemu_cp_async_commit();  // (an empty group on the last tile, so that one wait fits every tile)
+        cudaemu_cp_async_wait(wait);
+        __syncthreads();
+        for (int k = 0; k < 4; k++) sum += buf[256 * (t % 2) + 4 * next + k];
+        if (reuse) __syncthreads();
+    }
+    out[i] = sum;
+}
+
 // ---- cases: 0 and the right values, or an error
 
 // mma.m16n8k16 for two warps, each with its own random bf16 A (16 x 16), B (16 x 8) and fp32 C, against a
@@ -327,6 +349,27 @@ static int case_ldmatrix(int skew, int trans) {
                 return 2;
             }
         }
+    return 0;
+}
+
+// The pipeline above: correct, it gives the sums in every thread order (the race check) and passes the
+// hazard check; which = 1 (read before the wait) must fail the race check, 2 the same the hazard check, 3
+// (a buffer copied into before its readers are done) the hazard check.
+static int case_cp_async(int which) {
+    enum { TILES = 5 };
+    int h[TILES * 256], want[64] = {};
+    srand((unsigned)time(NULL));
+    for (int i = 0; i < TILES * 256; i++) h[i] = rand() % 1000;
+    for (int t = 0; t < TILES; t++)
+        for (int i = 0; i < 64; i++)
+            for (int k = 0; k < ((i + 1) % 64 < 60 ? 4 : 1); k++) want[i] += h[256 * t + 4 * ((i + 1) % 64) + k];
+    int *in = device_ints(TILES * 256), *out = device_ints(64);
+    CHECK(cudaMemcpy(in, h, sizeof(h), cudaMemcpyHostToDevice));
+    if (which <= 1) cudaemu_racecheck(1);
+    if (which == 0 || which >= 2) cudaemu_hazards(1);
+    LAUNCH(async_tiles, 1, 64, 2 * 256 * sizeof(int), 0, out, in, TILES, which == 1 || which == 2 ? 2 : 1, which != 3);
+    CHECK(cudaDeviceSynchronize());
+    expect_ints(out, want, 64, "cp.async pipeline");
     return 0;
 }
 
@@ -662,6 +705,10 @@ static int run_case(const char* name) {
     if (!strcmp(name, "counts")) return case_counts();
     if (!strcmp(name, "bad_gemm_ld")) return case_gemm_ld(8);
     if (!strcmp(name, "shared_counts")) return case_shared_counts();
+    if (!strcmp(name, "cp_async")) return case_cp_async(0);
+    if (!strcmp(name, "cp_async_early_read")) return case_cp_async(1);
+    if (!strcmp(name, "cp_async_early_read_hazard")) return case_cp_async(2);
+    if (!strcmp(name, "cp_async_buffer_reused")) return case_cp_async(3);
     if (!strcmp(name, "hazards_clean")) return case_hazards(0);
     if (!strcmp(name, "same_value_race")) return case_hazards(1);
     if (!strcmp(name, "same_value_hazard")) return case_hazards(2);
@@ -748,6 +795,11 @@ int main(int argc, char** argv) {
         {"counts", "", 1, ""},
         {"bad_gemm_ld", "", 0, "matrix A: leading dimension 8 is less than its 16 rows"},
         {"shared_counts", "", 1, ""},
+        {"cp_async", "", 1, ""},
+        {"cp_async_early_read", "", 0, "cudaemu: error: async_tiles: a race"},
+        {"cp_async_early_read_hazard", "", 0,
+         "a shared-memory hazard (read before the cp.async into it was waited for): thread 0 at test_cudaemu.cu:"},
+        {"cp_async_buffer_reused", "", 0, "async_tiles block (0,0,0): a shared-memory hazard (write after read): thread"},
         {"hazards_clean", "", 1, ""},
         {"same_value_race", "", 1, ""},
         {"same_value_hazard", "", 0, "a shared-memory hazard (write after write): thread 1 at test_cudaemu.cu:"},
