@@ -3750,7 +3750,7 @@ static inline void lp_moe_router_backward_cpu(float* dlogits, const float* probs
 
 #ifndef LLMPAR_CPU
 // The kernels: a thread per token for the routing and the router's backward, per (row, channel) for the
-// moves and the gated sum, per (token, choice) for the gates' gradients; each sums in the CPU loop's order.
+// moves and the gated sum; each sums in the CPU loop's order.
 static __global__ void lp_moe_route_kernel(float* probs, float* lse, int* expert, float* gate, const floatX* logits, int N, int E,
                                            int K) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -3891,22 +3891,39 @@ static inline void lp_moe_unpermute_gpu(floatX* dx, const floatX* dxp, const int
 static inline void lp_moe_combine_gpu(floatX* y, const floatX* yp, const int* pos, const float* gate, int N, int K, int C) {
     LP_LAUNCH(lp_moe_gather_sum_kernel, lp_grid((size_t)N * C, LP_THREADS), LP_THREADS, 0, y, yp, pos, gate, N, K, C);
 }
+// lp_moe_combine_backward_cpu's: a warp per 32 choices, their rows moved 32 channels at a time (a lane a
+// channel: coalesced); each choice's dot product summed by its own lane, in channel order as the CPU loop's,
+// from the products the warp leaves in shared memory.
+#define LP_MOE_WARPS 4  // the combine backward's warps per block
 static __global__ void lp_moe_combine_backward_kernel(floatX* dyp, float* dgate, const floatX* dy, const floatX* yp, const int* pos,
                                                       const float* gate, int N, int K, int C) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N * K) return;
-    int j = pos[i];
-    size_t t = i / K;
+    __shared__ float prod[LP_MOE_WARPS][32][33];  // (padded: a lane's row of 32 on 32 banks)
+    __shared__ int rows[LP_MOE_WARPS][32];
+    __shared__ float gates[LP_MOE_WARPS][32];
+    int lane = threadIdx.x, w = threadIdx.y, i0 = (blockIdx.x * LP_MOE_WARPS + w) * 32, mine = i0 + lane;
+    rows[w][lane] = mine < N * K ? pos[mine] : -1;
+    gates[w][lane] = mine < N * K ? gate[mine] : 0.0f;
+    __syncwarp();
     float dot = 0.0f;
-    for (int c = 0; c < C && j >= 0; c++) {
-        dyp[(size_t)j * C + c] = lp_xf(gate[i] * lp_bf(dy[t * C + c]));
-        dot += lp_bf(dy[t * C + c]) * lp_bf(yp[(size_t)j * C + c]);
+    for (int c0 = 0; c0 < C; c0 += 32) {
+        int c = c0 + lane;
+        for (int r = 0; r < 32; r++) {
+            int j = rows[w][r];
+            if (j < 0 || c >= C) continue;
+            float d = lp_bf(dy[(size_t)(i0 + r) / K * C + c]);
+            dyp[(size_t)j * C + c] = lp_xf(gates[w][r] * d);
+            prod[w][r][lane] = d * lp_bf(yp[(size_t)j * C + c]);
+        }
+        __syncwarp();
+        for (int k = 0; k < 32 && c0 + k < C && rows[w][lane] >= 0; k++) dot += prod[w][lane][k];
+        __syncwarp();
     }
-    dgate[i] = dot;
+    if (mine < N * K) dgate[mine] = dot;
 }
 static inline void lp_moe_combine_backward_gpu(floatX* dyp, float* dgate, const floatX* dy, const floatX* yp, const int* pos,
                                                const float* gate, int N, int K, int C) {
-    LP_LAUNCH(lp_moe_combine_backward_kernel, lp_grid((size_t)N * K, LP_THREADS), LP_THREADS, 0, dyp, dgate, dy, yp, pos, gate, N, K, C);
+    LP_LAUNCH(lp_moe_combine_backward_kernel, lp_grid((size_t)N * K, 32 * LP_MOE_WARPS), dim3(32, LP_MOE_WARPS), 0, dyp, dgate, dy, yp, pos,
+              gate, N, K, C);
 }
 static __global__ void lp_moe_aux_grad_kernel(float* daux, const int* routes, float coef, float dloss, int N, int E, int K) {
     int e = blockIdx.x * blockDim.x + threadIdx.x;
