@@ -3642,8 +3642,8 @@ static inline void lp_moe_stats_cpu(float* sums, const float* probs, const float
 // layer's routes (its E+1 row offsets, expert e's rows [offsets[e], offsets[e + 1]), then the E counts before
 // dropping, then room for lp_moe_stats' E+1 sums: so the host gets all three in one copy), each choice's row
 // pos (-1: dropped) and each row's token src.
-static inline int* lp_moe_counts(int* routes, int E) { return routes + E + 1; }
-static inline float* lp_moe_sums(int* routes, int E) { return (float*)(routes + 2 * E + 1); }  // (lp_moe_stats' E+1)
+static inline LP_HD int* lp_moe_counts(int* routes, int E) { return routes + E + 1; }
+static inline LP_HD float* lp_moe_sums(int* routes, int E) { return (float*)(routes + 2 * E + 1); }  // (lp_moe_stats' E+1)
 static inline size_t lp_moe_dispatch_ints(int E) { return 3 * (size_t)E + 2; }
 static inline void lp_moe_dispatch_cpu(int* pos, int* src, int* routes, const int* expert, int N, int E, int K, int cap) {
     int *offsets = routes, *counts = lp_moe_counts(routes, E), taken[LP_MAX_EXPERTS] = {0};
