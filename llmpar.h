@@ -3658,6 +3658,29 @@ static inline void lp_moe_dispatch_cpu(int* pos, int* src, int* routes, const in
     }
 }
 
+// Expert parallelism's order of the R rows a rank receives (sender by sender, each sender's in its expert
+// order) among its experts' rows (expert by expert, each expert's sender by sender): the received rows come
+// in `groups` runs (sender r, local expert j: r * El + j), run g beginning at plan[g] among those received
+// and at plan[groups + g] among the experts' (lp_moe_exchange_plan). order[k]: the received row that is
+// the experts' row k; inv, the reverse.
+static inline LP_HD int lp_moe_run_of(const int* begin, int groups, int q) {  // the last run that begins at or before q
+    int lo = 0, hi = groups - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (begin[mid] <= q) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+static inline void lp_moe_exchange_order_cpu(int* order, int* inv, const int* plan, int groups, int R) {
+#pragma omp parallel for
+    for (int q = 0; q < R; q++) {
+        int g = lp_moe_run_of(plan, groups, q), k = plan[groups + g] + q - plan[g];
+        order[k] = q;
+        inv[q] = k;
+    }
+}
+
 // Rows into expert order: xp[j] = x[src[j]] for the M rows kept.
 static inline void lp_moe_permute_cpu(float* xp, const float* x, const int* src, int M, int C) {
 #pragma omp parallel for
@@ -3866,6 +3889,16 @@ static inline void lp_moe_dispatch_gpu(int* pos, int* src, int* routes, const in
     LP_LAUNCH(lp_moe_scan_tiles_kernel, E, LP_THREADS, 0, routes, tiles, ntiles, E);
     LP_LAUNCH(lp_moe_offsets_kernel, 1, lp_grid(E, 32) * 32, 0, routes, E, cap);
     LP_LAUNCH(lp_moe_place_kernel, ntiles, LP_MOE_TILE, 0, pos, src, routes, tiles, expert, n, E, K);
+}
+static __global__ void lp_moe_exchange_order_kernel(int* order, int* inv, const int* plan, int groups, int R) {
+    int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= R) return;
+    int g = lp_moe_run_of(plan, groups, q), k = plan[groups + g] + q - plan[g];
+    order[k] = q;
+    inv[q] = k;
+}
+static inline void lp_moe_exchange_order_gpu(int* order, int* inv, const int* plan, int groups, int R) {
+    if (R > 0) LP_LAUNCH(lp_moe_exchange_order_kernel, lp_grid(R, LP_THREADS), LP_THREADS, 0, order, inv, plan, groups, R);
 }
 static __global__ void lp_moe_permute_kernel(floatX* xp, const floatX* x, const int* src, int M, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -4308,6 +4341,7 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_moe_route                  lp_moe_route_cpu
 #define lp_moe_stats                  lp_moe_stats_cpu
 #define lp_moe_dispatch               lp_moe_dispatch_cpu
+#define lp_moe_exchange_order         lp_moe_exchange_order_cpu
 #define lp_moe_permute                lp_moe_permute_cpu
 #define lp_moe_unpermute              lp_moe_unpermute_cpu
 #define lp_moe_combine                lp_moe_combine_cpu
@@ -4339,6 +4373,7 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_moe_route                  lp_moe_route_gpu
 #define lp_moe_stats                  lp_moe_stats_gpu
 #define lp_moe_dispatch               lp_moe_dispatch_gpu
+#define lp_moe_exchange_order         lp_moe_exchange_order_gpu
 #define lp_moe_permute                lp_moe_permute_gpu
 #define lp_moe_unpermute              lp_moe_unpermute_gpu
 #define lp_moe_combine                lp_moe_combine_gpu
@@ -5732,6 +5767,7 @@ typedef struct {
     floatX* rlogits;    // (N,E)    a MoE layer's router logits, then their gradient
     float* dgate;       // (t,N,K)  the gates' gradients, each TP rank's part (of its experts' partial outputs)
     float* daux;        // (E)      the balance loss's gradient of each expert's probability
+    int* eplan;         // (2E)     expert parallelism: where the received rows' runs begin (lp_moe_exchange_order)
     floatX* dyp;        // (KN,C)   the experts' output gradients for this rank's rows, then their input gradients
     floatX* dye;        // (R,C)    expert parallelism: the same in its experts' order (forward: their outputs)
     floatX* dyr;        // (R,C)    expert parallelism: as received, in the senders' order (forward: the inputs)
@@ -5851,7 +5887,7 @@ typedef struct {
     // each MoE layer's dispatch, host (backward reads it): of each slot and MoE layer, its E+1 row offsets
     // and its E counts (LPLayerActs.offsets, counts); moe_routes is the slot's in use
     int *slot_moe_routes, *moe_routes;
-    int* moe_host;      // (2R) host scratch: expert parallelism's eorder and einv (R each: lp_moe_expert_rows)
+    int* moe_host;      // (2E) host scratch: expert parallelism's plan of the received rows (lp_moe_exchange_order)
     void* act_memory;
     size_t act_bytes;
     int* inputs;        // (B,T) device
@@ -6165,6 +6201,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, rlogits, floatX, moe * N * E);
     LP_CARVE(1, dgate, float, moe * t * N * K);
     LP_CARVE(1, daux, float, moe * E);
+    LP_CARVE(1, eplan, int, ep * 2 * E);
     LP_CARVE(1, dyp, floatX, moe * K * N * C);
     LP_CARVE(1, dye, floatX, ep * R * C);
     LP_CARVE(1, dyr, floatX, ep * R * C);
@@ -6206,7 +6243,7 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
     size_t Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
     if (Lm) {
         m->slot_moe_routes = (int*)lp_host_malloc(slots * Lm * lp_moe_route_ints(m) * sizeof(int), "expert routes");
-        m->moe_host = (int*)lp_host_malloc(2 * lp_moe_expert_rows(m, BT) * sizeof(int), "expert routes");
+        m->moe_host = (int*)lp_host_malloc(2 * (size_t)m->cfg.moe_experts * sizeof(int), "expert routes");
         m->moe_routes = m->slot_moe_routes;
     }
     m->losses_host = (float*)lp_host_malloc(BT * sizeof(float), "losses");
@@ -6434,7 +6471,8 @@ static inline int lp_moe_dispatch_layer(LPModel* m, const LPLayerActs* x, int N)
 // round (an all-reduce of its row of an ep x E table), so this rank knows what it sends each rank (that
 // rank's experts' rows: contiguous in expert order), what it receives from each (in the sender's expert
 // order), and where each received row goes among its own experts' rows (local expert j's: rank 0's, then
-// rank 1's, ...). Fills x->sends, recvs, eoffsets (host) and eorder, einv (device).
+// rank 1's, ...). Fills x->sends, recvs, eoffsets (host) and eorder, einv (device, from one copy of where
+// each sender's rows of each local expert begin on either side).
 static inline void lp_moe_exchange_plan(LPModel* m, const LPLayerActs* x) {
     int E = m->cfg.moe_experts, ep = m->ep_size, El = E / ep, me = m->ep_rank;
     float* table = (float*)lp_host_malloc((size_t)ep * E * sizeof(float), "expert exchange");  // (row counts: exact in fp32)
@@ -6448,22 +6486,21 @@ static inline void lp_moe_exchange_plan(LPModel* m, const LPLayerActs* x) {
         for (int j = 0; j < El; j++) x->recvs[r] += (int)table[(size_t)r * E + me * El + j];
         start[r + 1] = start[r] + x->recvs[r];
     }
-    int *order = m->moe_host, *inv = order + start[ep], k = 0;
+    int *plan = m->moe_host, groups = ep * El;  // (run r * El + j: sender r's rows of local expert j)
     x->eoffsets[0] = 0;
     for (int j = 0; j < El; j++) {
+        int k = x->eoffsets[j];
         for (int r = 0; r < ep; r++) {
-            int at = start[r], n = (int)table[(size_t)r * E + me * El + j];
-            for (int i = 0; i < j; i++) at += (int)table[(size_t)r * E + me * El + i];
-            for (int i = 0; i < n; i++, k++) {
-                order[k] = at + i;
-                inv[at + i] = k;
-            }
+            int n = (int)table[(size_t)r * E + me * El + j];
+            plan[r * El + j] = j == 0 ? start[r] : plan[r * El + j - 1] + (int)table[(size_t)r * E + me * El + j - 1];
+            plan[groups + r * El + j] = k;
+            k += n;
         }
         x->eoffsets[j + 1] = k;
     }
     free(table);
-    lp_copy_to_device(x->eorder, order, (size_t)k * sizeof(int));
-    lp_copy_to_device(x->einv, inv, (size_t)k * sizeof(int));
+    lp_copy_to_device(m->act.eplan, plan, 2 * (size_t)groups * sizeof(int));
+    lp_moe_exchange_order(x->eorder, x->einv, m->act.eplan, groups, start[ep]);
 }
 
 // The rows layer x's experts on this rank take (with expert parallelism, from every EP rank).

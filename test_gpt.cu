@@ -4340,6 +4340,35 @@ static int tier4_moe_dispatch(const int* expert, int* pos, int* src, int N, int 
     return M;
 }
 
+// Expert parallelism's order of the rows a rank receives from ep senders for its El experts (n[r][j] rows
+// of sender r for local expert j, some none): lp_moe_exchange_order on both builds equals the nested
+// loops that walk the experts' order (expert by expert, sender by sender), exactly.
+static void tier4_moe_exchange_order(uint64_t* rng, int ep, int El) {
+    int n[8][64], R = 0, groups = ep * El, k = 0;
+    for (int r = 0; r < ep; r++)
+        for (int j = 0; j < El; j++) R += n[r][j] = (int)(lp_rand_u32(rng) % 4) * (int)(lp_rand_u32(rng) % 3);  // 0 .. 6, often 0
+    int *plan = (int*)lp_host_malloc(2 * (size_t)groups * 4, "test"), *want = (int*)lp_host_malloc(2 * (size_t)R * 4 + 4, "test");
+    int *got = (int*)lp_host_malloc(2 * (size_t)R * 4 + 4, "test"), *gpu = (int*)lp_host_malloc(2 * (size_t)R * 4 + 4, "test");
+    for (int g = 0, at = 0; g < groups; at += n[g / El][g % El], g++) plan[g] = at;  // received: sender by sender
+    for (int j = 0; j < El; j++)
+        for (int r = 0; r < ep; r++) {
+            plan[groups + r * El + j] = k;
+            for (int i = 0; i < n[r][j]; i++, k++) {
+                want[k] = plan[r * El + j] + i;
+                want[R + plan[r * El + j] + i] = k;
+            }
+        }
+    int *d_plan = (int*)dev_copy(plan, 2 * (size_t)groups * 4), *d_out = (int*)lp_device_malloc(2 * (size_t)R * 4 + 4, "test");
+    lp_moe_exchange_order_cpu(got, got + R, plan, groups, R);
+    lp_moe_exchange_order_gpu(d_out, d_out + R, d_plan, groups, R);
+    lp_copy_to_host(gpu, d_out, 2 * (size_t)R * 4);
+    char name[160];
+    snprintf(name, sizeof(name), "moe_exchange_order of %d rows from %d senders for %d experts: the CPU loop and the GPU's, exactly", R, ep, El);
+    expect(memcmp(got, want, 2 * (size_t)R * 4) == 0 && memcmp(gpu, want, 2 * (size_t)R * 4) == 0, name);
+    free(plan); free(want); free(got); free(gpu);
+    lp_device_free(d_plan); lp_device_free(d_out);
+}
+
 // A mixture of experts' ops on N tokens, E experts, top-K: the routing (the same choices exactly; fp32
 // probabilities, logsumexps and gates to 1e-5), the statistics, the dispatch (exact) and the rows into
 // expert order (a copy: exact), the gated sum and the permutation's backward, the gates' and the router's
@@ -4571,6 +4600,8 @@ static void tier4_kernel_tests(void) {
     tier4_moe(&rng, 100, 8, 2, 40);  // C not a multiple of 8
     tier4_moe(&rng, 64, 4, 1, 64);   // top-1: the gate is the probability
     tier4_moe(&rng, 33, 64, 4, 16);  // many experts, top-4
+    tier4_moe_exchange_order(&rng, 3, 5);
+    tier4_moe_exchange_order(&rng, 8, 64);
     {  // the dispatch alone at scale: 267 tiles (more than a block of the prefix sum), the most experts
         int N = 17000, K = 4, E = LP_MAX_EXPERTS, n = N * K;
         int *expert = (int*)lp_host_malloc((size_t)n * 4, "test"), *pos = (int*)lp_host_malloc((size_t)n * 4, "test");
