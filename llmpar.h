@@ -3833,14 +3833,68 @@ static inline void lp_moe_route_cpu(float* probs, float* lse, int* expert, float
     }
 }
 
-// The balance and z-losses' statistics: sums[e] = the probabilities of expert e summed over the N tokens (in
-// token order), sums[E] = the tokens' squared logsumexps summed.
+// The balance and z-losses' statistics: sums[e] = the probabilities of expert e summed over the N tokens,
+// sums[E] = the tokens' squared logsumexps summed. In the order the GPU's two passes sum (so both builds give
+// the same bits): chunks of LP_MOE_STATS_ROWS tokens, each 8 running sums over its tokens in turn added in
+// order; then 8 running sums over the chunks in turn, added in order.
+#define LP_MOE_STATS_ROWS 256
 static inline void lp_moe_stats_cpu(float* sums, const float* probs, const float* lse, int N, int E) {
 #pragma omp parallel for
     for (int e = 0; e <= E; e++) {
+        float total[8] = {0.0f};
+        for (int p = 0, t0 = 0; t0 < N; p++, t0 += LP_MOE_STATS_ROWS) {
+            float part[8] = {0.0f}, chunk = 0.0f;
+            for (int t = t0; t < N && t < t0 + LP_MOE_STATS_ROWS; t++) part[(t - t0) % 8] += e < E ? probs[(size_t)t * E + e] : lse[t] * lse[t];
+            for (int y = 0; y < 8; y++) chunk += part[y];
+            total[p % 8] += chunk;
+        }
         float s = 0.0f;
-        for (int t = 0; t < N; t++) s += e < E ? probs[(size_t)t * E + e] : lse[t] * lse[t];
+        for (int y = 0; y < 8; y++) s += total[y];
         sums[e] = s;
+    }
+}
+
+// The dispatch of N tokens' K choices each (expert, (N,K)) into expert order: expert e takes at most cap of
+// the rows that chose it, first come first served in token order; the others are dropped. Writes the
+// layer's routes (its E+1 row offsets, expert e's rows [offsets[e], offsets[e + 1]), then the E counts before
+// dropping, then room for lp_moe_stats' E+1 sums: so the host gets all three in one copy), each choice's row
+// pos (-1: dropped) and each row's token src.
+static inline LP_HD int* lp_moe_counts(int* routes, int E) { return routes + E + 1; }
+static inline LP_HD float* lp_moe_sums(int* routes, int E) { return (float*)(routes + 2 * E + 1); }  // (lp_moe_stats' E+1)
+static inline size_t lp_moe_dispatch_ints(int E) { return 3 * (size_t)E + 2; }
+static inline void lp_moe_dispatch_cpu(int* pos, int* src, int* routes, const int* expert, int N, int E, int K, int cap) {
+    int *offsets = routes, *counts = lp_moe_counts(routes, E), taken[LP_MAX_EXPERTS] = {0};
+    memset(counts, 0, (size_t)E * sizeof(int));
+    for (int i = 0; i < N * K; i++) counts[expert[i]]++;
+    offsets[0] = 0;
+    for (int e = 0; e < E; e++) offsets[e + 1] = offsets[e] + (counts[e] < cap ? counts[e] : cap);
+    for (int i = 0; i < N * K; i++) {
+        int e = expert[i];
+        pos[i] = taken[e] < offsets[e + 1] - offsets[e] ? offsets[e] + taken[e]++ : -1;
+        if (pos[i] >= 0) src[pos[i]] = i / K;
+    }
+}
+
+// Expert parallelism's order of the R rows a rank receives (sender by sender, each sender's in its expert
+// order) among its experts' rows (expert by expert, each expert's sender by sender): the received rows come
+// in `groups` runs (sender r, local expert j: r * El + j), run g beginning at plan[g] among those received
+// and at plan[groups + g] among the experts' (lp_moe_exchange_plan). order[k]: the received row that is
+// the experts' row k; inv, the reverse.
+static inline LP_HD int lp_moe_run_of(const int* begin, int groups, int q) {  // the last run that begins at or before q
+    int lo = 0, hi = groups - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (begin[mid] <= q) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+static inline void lp_moe_exchange_order_cpu(int* order, int* inv, const int* plan, int groups, int R) {
+#pragma omp parallel for
+    for (int q = 0; q < R; q++) {
+        int g = lp_moe_run_of(plan, groups, q), k = plan[groups + g] + q - plan[g];
+        order[k] = q;
+        inv[q] = k;
     }
 }
 
@@ -3913,6 +3967,14 @@ static inline LP_HD float lp_moe_router_dlogit(int e, const float* coef, float s
     for (int k = 0; k < K; k++) dp += expert[k] == e ? coef[k] : 0.0f;
     return probs[e] * (dp - s) + dz * 2.0f * lse * probs[e];
 }
+// The balance loss's gradient of each expert's probability, daux[e] = its coefficient times E times the
+// share of the K N rows that chose e (the routes' counts), weighted as the loss is (dloss).
+static inline LP_HD float lp_moe_aux_grad_of(float coef, int E, int count, int N, int K, float dloss) {
+    return coef * E * ((float)count / ((float)N * K)) * dloss;
+}
+static inline void lp_moe_aux_grad_cpu(float* daux, const int* routes, float coef, float dloss, int N, int E, int K) {
+    for (int e = 0; e < E; e++) daux[e] = lp_moe_aux_grad_of(coef, E, routes[E + 1 + e], N, K, dloss);
+}
 static inline void lp_moe_router_backward_cpu(float* dlogits, const float* probs, const float* lse, const int* expert,
                                               const float* gate, const float* dgate, int parts, const float* daux, float dz,
                                               int N, int E, int K) {
@@ -3927,9 +3989,8 @@ static inline void lp_moe_router_backward_cpu(float* dlogits, const float* probs
 }
 
 #ifndef LLMPAR_CPU
-// The kernels: a thread per token for the routing and the router's backward, per column for the statistics,
-// per (row, channel) for the moves and the gated sum, per (token, choice) for the gates' gradients; each
-// sums in the CPU loop's order.
+// The kernels: a thread per token for the routing and the router's backward, per (row, channel) for the
+// moves and the gated sum; each sums in the CPU loop's order.
 static __global__ void lp_moe_route_kernel(float* probs, float* lse, int* expert, float* gate, const floatX* logits, int N, int E,
                                            int K) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -3941,15 +4002,120 @@ static __global__ void lp_moe_route_kernel(float* probs, float* lse, int* expert
 static inline void lp_moe_route_gpu(float* probs, float* lse, int* expert, float* gate, const floatX* logits, int N, int E, int K) {
     LP_LAUNCH(lp_moe_route_kernel, lp_grid(N, LP_THREADS), LP_THREADS, 0, probs, lse, expert, gate, logits, N, E, K);
 }
-static __global__ void lp_moe_stats_kernel(float* sums, const float* probs, const float* lse, int N, int E) {
-    int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e > E) return;
+// The statistics in two passes: blocks of (32, 8) threads, a column each 32 (of the E+1) and 8 running sums
+// each over LP_MOE_STATS_ROWS tokens (a chunk) into partials (chunks, E+1); then the same over the chunks.
+static __global__ void lp_moe_stats_kernel(float* partials, const float* probs, const float* lse, int N, int E) {
+    __shared__ float part[8][32];
+    int e = blockIdx.x * 32 + threadIdx.x, t0 = blockIdx.y * LP_MOE_STATS_ROWS, t1 = min(N, t0 + LP_MOE_STATS_ROWS);
     float s = 0.0f;
-    for (int t = 0; t < N; t++) s += e < E ? probs[(size_t)t * E + e] : lse[t] * lse[t];
-    sums[e] = s;
+    for (int t = t0 + threadIdx.y; t < t1 && e <= E; t += 8) s += e < E ? probs[(size_t)t * E + e] : lse[t] * lse[t];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y > 0 || e > E) return;
+    s = 0.0f;
+    for (int y = 0; y < 8; y++) s += part[y][threadIdx.x];
+    partials[(size_t)blockIdx.y * (E + 1) + e] = s;
 }
+static __global__ void lp_moe_stats_sum_kernel(float* sums, const float* partials, int chunks, int n) {
+    __shared__ float part[8][32];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    for (int p = threadIdx.y; p < chunks && c < n; p += 8) s += partials[(size_t)p * n + c];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y > 0 || c >= n) return;
+    s = 0.0f;
+    for (int y = 0; y < 8; y++) s += part[y][threadIdx.x];
+    sums[c] = s;
+}
+// The scratch of the statistics' partial sums and the dispatch's counts per tile: at most so many bytes.
+LP_STATE LPScratch lp_moe_scratch;
+#define LP_MOE_TILE 256  // the dispatch's choices per block
+static inline size_t lp_moe_scratch_bytes(size_t N, int E, int K) { return lp_grid(N * K, LP_MOE_TILE) * ((size_t)E + 1) * 4; }
 static inline void lp_moe_stats_gpu(float* sums, const float* probs, const float* lse, int N, int E) {
-    LP_LAUNCH(lp_moe_stats_kernel, lp_grid(E + 1, LP_THREADS), LP_THREADS, 0, sums, probs, lse, N, E);
+    int chunks = lp_grid(N, LP_MOE_STATS_ROWS);
+    float* partials = (float*)lp_scratch(&lp_moe_scratch, lp_moe_scratch_bytes(N, E, 1), "expert statistics");
+    LP_LAUNCH(lp_moe_stats_kernel, dim3(lp_grid(E + 1, 32), chunks), dim3(32, 8), 0, partials, probs, lse, N, E);
+    LP_LAUNCH(lp_moe_stats_sum_kernel, lp_grid(E + 1, 32), dim3(32, 8), 0, sums, partials, chunks, E + 1);
+}
+
+// The dispatch, as a counting sort in four launches (no atomics, no host): each block of LP_MOE_TILE
+// choices counts each expert's choices in it (tiles: (tiles, E)) and ranks each choice among its tile's of
+// the same expert; a block per expert turns its column of counts into each tile's first rank (a prefix sum
+// over the tiles) and its total; one block sums the kept rows (capacity) into the offsets; and each choice
+// takes its row, or is dropped. So the rows of an expert stay in token order, as the CPU loop's.
+// An exclusive prefix sum of v over the block's threads (a multiple of 32); *total: the block's sum.
+static __device__ inline int lp_block_prefix_sum(int v, int* total) {
+    __shared__ int warp_sums[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, x = v, before = 0;
+    for (int d = 1; d < 32; d *= 2) {
+        int y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
+    }
+    __syncthreads();  // the previous call's readers are done with warp_sums
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    *total = 0;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) {
+        before += w < warp ? warp_sums[w] : 0;
+        *total += warp_sums[w];
+    }
+    return before + x - v;
+}
+static __global__ void lp_moe_count_kernel(int* pos, int* tiles, const int* expert, int n, int E) {
+    __shared__ int chosen[LP_MOE_TILE];
+    int i = blockIdx.x * LP_MOE_TILE + threadIdx.x, len = min(LP_MOE_TILE, n - (int)blockIdx.x * LP_MOE_TILE);
+    int e = i < n ? expert[i] : -1, before = 0, after = 0;
+    int* count = tiles + (size_t)blockIdx.x * E;
+    chosen[threadIdx.x] = e;
+    for (int j = threadIdx.x; j < E; j += LP_MOE_TILE) count[j] = 0;
+    __syncthreads();
+    for (int j = 0; j < len; j++) {
+        before += j < (int)threadIdx.x && chosen[j] == e;
+        after += j > (int)threadIdx.x && chosen[j] == e;
+    }
+    if (i >= n) return;
+    pos[i] = before;                       // its rank in the tile, until lp_moe_place_kernel
+    if (after == 0) count[e] = before + 1;  // the tile's last choice of e counts them
+}
+static __global__ void lp_moe_scan_tiles_kernel(int* routes, int* tiles, int ntiles, int E) {
+    int e = blockIdx.x, carry = 0;
+    for (int i0 = 0; i0 < ntiles; i0 += blockDim.x) {
+        int i = i0 + threadIdx.x, total, n = i < ntiles ? tiles[(size_t)i * E + e] : 0, before = lp_block_prefix_sum(n, &total);
+        if (i < ntiles) tiles[(size_t)i * E + e] = carry + before;
+        carry += total;
+    }
+    if (threadIdx.x == 0) lp_moe_counts(routes, E)[e] = carry;
+}
+static __global__ void lp_moe_offsets_kernel(int* routes, int E, int cap) {
+    int e = threadIdx.x, total, kept = e < E ? min(lp_moe_counts(routes, E)[e], cap) : 0, before = lp_block_prefix_sum(kept, &total);
+    if (e < E) routes[e] = before;
+    if (e == 0) routes[E] = total;
+}
+static __global__ void lp_moe_place_kernel(int* pos, int* src, const int* routes, const int* tiles, const int* expert, int n, int E, int K) {
+    int i = blockIdx.x * LP_MOE_TILE + threadIdx.x;
+    if (i >= n) return;
+    int e = expert[i], r = tiles[(size_t)blockIdx.x * E + e] + pos[i], kept = routes[e + 1] - routes[e];
+    pos[i] = r < kept ? routes[e] + r : -1;
+    if (r < kept) src[routes[e] + r] = i / K;
+}
+static inline void lp_moe_dispatch_gpu(int* pos, int* src, int* routes, const int* expert, int N, int E, int K, int cap) {
+    int n = N * K, ntiles = lp_grid(n, LP_MOE_TILE);
+    int* tiles = (int*)lp_scratch(&lp_moe_scratch, lp_moe_scratch_bytes(N, E, K), "expert dispatch");
+    LP_LAUNCH(lp_moe_count_kernel, ntiles, LP_MOE_TILE, 0, pos, tiles, expert, n, E);
+    LP_LAUNCH(lp_moe_scan_tiles_kernel, E, LP_THREADS, 0, routes, tiles, ntiles, E);
+    LP_LAUNCH(lp_moe_offsets_kernel, 1, lp_grid(E, 32) * 32, 0, routes, E, cap);
+    LP_LAUNCH(lp_moe_place_kernel, ntiles, LP_MOE_TILE, 0, pos, src, routes, tiles, expert, n, E, K);
+}
+static __global__ void lp_moe_exchange_order_kernel(int* order, int* inv, const int* plan, int groups, int R) {
+    int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= R) return;
+    int g = lp_moe_run_of(plan, groups, q), k = plan[groups + g] + q - plan[g];
+    order[k] = q;
+    inv[q] = k;
+}
+static inline void lp_moe_exchange_order_gpu(int* order, int* inv, const int* plan, int groups, int R) {
+    if (R > 0) LP_LAUNCH(lp_moe_exchange_order_kernel, lp_grid(R, LP_THREADS), LP_THREADS, 0, order, inv, plan, groups, R);
 }
 static __global__ void lp_moe_permute_kernel(floatX* xp, const floatX* x, const int* src, int M, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3975,22 +4141,46 @@ static inline void lp_moe_unpermute_gpu(floatX* dx, const floatX* dxp, const int
 static inline void lp_moe_combine_gpu(floatX* y, const floatX* yp, const int* pos, const float* gate, int N, int K, int C) {
     LP_LAUNCH(lp_moe_gather_sum_kernel, lp_grid((size_t)N * C, LP_THREADS), LP_THREADS, 0, y, yp, pos, gate, N, K, C);
 }
+// lp_moe_combine_backward_cpu's: a warp per 32 choices, their rows moved 32 channels at a time (a lane a
+// channel: coalesced); each choice's dot product summed by its own lane, in channel order as the CPU loop's,
+// from the products the warp leaves in shared memory.
+#define LP_MOE_WARPS 4  // the combine backward's warps per block
 static __global__ void lp_moe_combine_backward_kernel(floatX* dyp, float* dgate, const floatX* dy, const floatX* yp, const int* pos,
                                                       const float* gate, int N, int K, int C) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N * K) return;
-    int j = pos[i];
-    size_t t = i / K;
+    __shared__ float prod[LP_MOE_WARPS][32][33];  // (padded: a lane's row of 32 on 32 banks)
+    __shared__ int rows[LP_MOE_WARPS][32];
+    __shared__ float gates[LP_MOE_WARPS][32];
+    int lane = threadIdx.x, w = threadIdx.y, i0 = (blockIdx.x * LP_MOE_WARPS + w) * 32, mine = i0 + lane;
+    rows[w][lane] = mine < N * K ? pos[mine] : -1;
+    gates[w][lane] = mine < N * K ? gate[mine] : 0.0f;
+    __syncwarp();
     float dot = 0.0f;
-    for (int c = 0; c < C && j >= 0; c++) {
-        dyp[(size_t)j * C + c] = lp_xf(gate[i] * lp_bf(dy[t * C + c]));
-        dot += lp_bf(dy[t * C + c]) * lp_bf(yp[(size_t)j * C + c]);
+    for (int c0 = 0; c0 < C; c0 += 32) {
+        int c = c0 + lane;
+        for (int r = 0; r < 32; r++) {
+            int j = rows[w][r];
+            if (j < 0 || c >= C) continue;
+            float d = lp_bf(dy[(size_t)(i0 + r) / K * C + c]);
+            dyp[(size_t)j * C + c] = lp_xf(gates[w][r] * d);
+            prod[w][r][lane] = d * lp_bf(yp[(size_t)j * C + c]);
+        }
+        __syncwarp();
+        for (int k = 0; k < 32 && c0 + k < C && rows[w][lane] >= 0; k++) dot += prod[w][lane][k];
+        __syncwarp();
     }
-    dgate[i] = dot;
+    if (mine < N * K) dgate[mine] = dot;
 }
 static inline void lp_moe_combine_backward_gpu(floatX* dyp, float* dgate, const floatX* dy, const floatX* yp, const int* pos,
                                                const float* gate, int N, int K, int C) {
-    LP_LAUNCH(lp_moe_combine_backward_kernel, lp_grid((size_t)N * K, LP_THREADS), LP_THREADS, 0, dyp, dgate, dy, yp, pos, gate, N, K, C);
+    LP_LAUNCH(lp_moe_combine_backward_kernel, lp_grid((size_t)N * K, 32 * LP_MOE_WARPS), dim3(32, LP_MOE_WARPS), 0, dyp, dgate, dy, yp, pos,
+              gate, N, K, C);
+}
+static __global__ void lp_moe_aux_grad_kernel(float* daux, const int* routes, float coef, float dloss, int N, int E, int K) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < E) daux[e] = lp_moe_aux_grad_of(coef, E, routes[E + 1 + e], N, K, dloss);
+}
+static inline void lp_moe_aux_grad_gpu(float* daux, const int* routes, float coef, float dloss, int N, int E, int K) {
+    LP_LAUNCH(lp_moe_aux_grad_kernel, lp_grid(E, LP_THREADS), LP_THREADS, 0, daux, routes, coef, dloss, N, E, K);
 }
 static __global__ void lp_moe_router_backward_kernel(floatX* dlogits, const float* probs, const float* lse, const int* expert,
                                                      const float* gate, const float* dgate, int parts, const float* daux, float dz,
@@ -4368,11 +4558,14 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_attention_backward         lp_attention_backward_cpu
 #define lp_moe_route                  lp_moe_route_cpu
 #define lp_moe_stats                  lp_moe_stats_cpu
+#define lp_moe_dispatch               lp_moe_dispatch_cpu
+#define lp_moe_exchange_order         lp_moe_exchange_order_cpu
 #define lp_moe_permute                lp_moe_permute_cpu
 #define lp_moe_unpermute              lp_moe_unpermute_cpu
 #define lp_moe_combine                lp_moe_combine_cpu
 #define lp_moe_combine_backward       lp_moe_combine_backward_cpu
 #define lp_moe_router_backward        lp_moe_router_backward_cpu
+#define lp_moe_aux_grad               lp_moe_aux_grad_cpu
 #define lp_classifier_stats           lp_classifier_stats_cpu
 #define lp_classifier_grad            lp_classifier_grad_cpu
 #define lp_add_scaled                 lp_add_scaled_cpu
@@ -4397,11 +4590,14 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_attention_backward         lp_attention_backward_gpu
 #define lp_moe_route                  lp_moe_route_gpu
 #define lp_moe_stats                  lp_moe_stats_gpu
+#define lp_moe_dispatch               lp_moe_dispatch_gpu
+#define lp_moe_exchange_order         lp_moe_exchange_order_gpu
 #define lp_moe_permute                lp_moe_permute_gpu
 #define lp_moe_unpermute              lp_moe_unpermute_gpu
 #define lp_moe_combine                lp_moe_combine_gpu
 #define lp_moe_combine_backward       lp_moe_combine_backward_gpu
 #define lp_moe_router_backward        lp_moe_router_backward_gpu
+#define lp_moe_aux_grad               lp_moe_aux_grad_gpu
 #define lp_classifier_stats           lp_classifier_stats_gpu
 #define lp_classifier_grad            lp_classifier_grad_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu
@@ -5842,6 +6038,7 @@ typedef struct {
     float* gate;        // (Lm,N,K)    and their gates
     int* pos;           // (Lm,N,K)    the row of each (token, choice) in expert order; -1: dropped
     int* src;           // (Lm,KN)     the token of each row in expert order
+    int* routes;        // (Lm,3E+2)   the dispatch's row offsets and counts, the statistics' sums (lp_moe_dispatch)
     floatX* xp;         // (Lm,KN,C)   the MLP's input rows in expert order
     // the rows this rank's experts take: its own (R = KN), or with expert parallelism every EP rank's that
     // chose its experts (R: lp_moe_expert_rows), in its experts' order
@@ -5870,7 +6067,7 @@ typedef struct {
     floatX* rlogits;    // (N,E)    a MoE layer's router logits, then their gradient
     float* dgate;       // (t,N,K)  the gates' gradients, each TP rank's part (of its experts' partial outputs)
     float* daux;        // (E)      the balance loss's gradient of each expert's probability
-    float* rsums;       // (E+1)    lp_moe_stats's sums
+    int* eplan;         // (2E)     expert parallelism: where the received rows' runs begin (lp_moe_exchange_order)
     floatX* dyp;        // (KN,C)   the experts' output gradients for this rank's rows, then their input gradients
     floatX* dye;        // (R,C)    expert parallelism: the same in its experts' order (forward: their outputs)
     floatX* dyr;        // (R,C)    expert parallelism: as received, in the senders' order (forward: the inputs)
@@ -5990,8 +6187,7 @@ typedef struct {
     // each MoE layer's dispatch, host (backward reads it): of each slot and MoE layer, its E+1 row offsets
     // and its E counts (LPLayerActs.offsets, counts); moe_routes is the slot's in use
     int *slot_moe_routes, *moe_routes;
-    int* moe_host;      // (3KN+2R) host scratch: a layer's choices (N,K), rows (N,K) and their tokens, for the dispatch;
-                        // expert parallelism's eorder and einv (R each: lp_moe_expert_rows)
+    int* moe_host;      // (2E) host scratch: expert parallelism's plan of the received rows (lp_moe_exchange_order)
     void* act_memory;
     size_t act_bytes;
     int* inputs;        // (B,T) device
@@ -6023,11 +6219,11 @@ static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size
     r->copy = copy;
 }
 
-// A MoE layer's dispatch on the host, of each slot (LPLayerActs.offsets ...): its E+1 row offsets and E
-// counts, and with expert parallelism the rows sent to and received from each of the ep ranks and its own
+// A MoE layer's dispatch on the host, of each slot (LPLayerActs.offsets ...): its E+1 row offsets, E
+// counts and E+1 statistics (the device's routes, copied), and with expert parallelism the rows sent to and received from each of the ep ranks and its own
 // experts' E/ep+1 row offsets: so many ints.
 static inline size_t lp_moe_route_ints(const LPModel* m) {
-    return 2 * (size_t)m->cfg.moe_experts + 1 + 2 * (size_t)m->ep_size + (size_t)m->cfg.moe_experts / m->ep_size + 1;
+    return lp_moe_dispatch_ints(m->cfg.moe_experts) + 2 * (size_t)m->ep_size + (size_t)m->cfg.moe_experts / m->ep_size + 1;
 }
 // The rows a rank's experts may take in a MoE layer of a micro-batch of N rows: its own K N without
 // expert parallelism; with it, every rank's choices of its experts: ep K N at most, or E per-expert
@@ -6281,6 +6477,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(full, gate, float, Lmf * N * K);
     LP_CARVE(full, pos, int, Lmf * N * K);
     LP_CARVE(full, src, int, Lmf * K * N);
+    LP_CARVE(full, routes, int, Lmf * lp_moe_dispatch_ints(E));
     LP_CARVE(full, xp, floatX, Lmf * K * N * C);
     size_t R = Lm ? lp_moe_expert_rows(m, N) : 0, ep = m->ep_size > 1;
     LP_CARVE(full, xe, floatX, ep * Lmf * R * C);
@@ -6308,7 +6505,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, rlogits, floatX, moe * N * E);
     LP_CARVE(1, dgate, float, moe * t * N * K);
     LP_CARVE(1, daux, float, moe * E);
-    LP_CARVE(1, rsums, float, moe * (E + 1));
+    LP_CARVE(1, eplan, int, ep * 2 * E);
     LP_CARVE(1, dyp, floatX, moe * K * N * C);
     LP_CARVE(1, dye, floatX, ep * R * C);
     LP_CARVE(1, dyr, floatX, ep * R * C);
@@ -6350,7 +6547,7 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
     size_t Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
     if (Lm) {
         m->slot_moe_routes = (int*)lp_host_malloc(slots * Lm * lp_moe_route_ints(m) * sizeof(int), "expert routes");
-        m->moe_host = (int*)lp_host_malloc((3 * BT * m->cfg.moe_topk + 2 * lp_moe_expert_rows(m, BT)) * sizeof(int), "expert routes");
+        m->moe_host = (int*)lp_host_malloc(2 * (size_t)m->cfg.moe_experts * sizeof(int), "expert routes");
         m->moe_routes = m->slot_moe_routes;
     }
     m->losses_host = (float*)lp_host_malloc(BT * sizeof(float), "losses");
@@ -6358,6 +6555,7 @@ static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slot
     m->inputs_host = m->slot_inputs;
 #ifndef LLMPAR_CPU
     lp_scratch_reserve(B, T, m->cfg.channels, m->cfg.num_heads);
+    if (Lm) lp_scratch(&lp_moe_scratch, lp_moe_scratch_bytes(BT, m->cfg.moe_experts, m->cfg.moe_topk), "expert dispatch");
 #endif
 }
 
@@ -6477,8 +6675,9 @@ typedef struct {
     float *probs, *rlse, *gate;
     int *expert, *pos, *src;
     floatX *xp, *efch, *efch_gelu, *yp;
+    int* routes;          // (3E+2) device: the dispatch's offsets and counts, the statistics' sums (lp_moe_dispatch)
     int* offsets;         // (E+1) host: expert e's rows are [offsets[e], offsets[e + 1]) in expert order
-    int* counts;          // (E) host: the rows that chose expert e, before any were dropped
+    int* counts;          // (E) host: the rows that chose expert e, before any were dropped (then the sums)
     // expert parallelism: the rows sent to and received from each EP rank (ep each, host); the rows this
     // rank's experts take, in expert order (R of them: xe; without it, xp), local expert j's
     // [eoffsets[j], eoffsets[j + 1]) (host); where each came from in the received rows (eorder) and back (einv)
@@ -6519,13 +6718,14 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.gate = a->gate + kf * N * K;
     x.pos = a->pos + kf * N * K;
     x.src = a->src + kf * K * N;
+    x.routes = a->routes + kf * lp_moe_dispatch_ints(E);
     x.xp = a->xp + kf * K * N * C;
     x.efch = a->efch + kf * lp_moe_expert_rows(m, N) * Fl;
     x.efch_gelu = a->efch_gelu + ks * lp_moe_expert_rows(m, N) * Fl;
     x.yp = a->yp + kf * K * N * C;
     x.offsets = m->moe_routes + kind * lp_moe_route_ints(m);
-    x.counts = x.offsets + E + 1;
-    x.sends = x.counts + E;
+    x.counts = lp_moe_counts(x.offsets, E);
+    x.sends = x.offsets + lp_moe_dispatch_ints(E);
     x.recvs = x.sends + m->ep_size;
     x.eoffsets = x.recvs + m->ep_size;
     size_t R = lp_moe_expert_rows(m, N), ep = m->ep_size > 1;
@@ -6560,26 +6760,15 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
 // routing is every TP rank's (the same rows, the same router); TP rank 0 adds each expert's output bias; the
 // combined output is a partial sum that the g after it adds up, as a dense MLP's is.
 
-// The dispatch of layer x's routed choices, on the host: expert e takes at most the capacity of the rows
-// that chose it, in token order; the others are dropped. Fills x->counts (before dropping), x->offsets,
-// and the device's x->pos and x->src; returns the rows kept, M.
-static inline int lp_moe_dispatch(LPModel* m, const LPLayerActs* x, int N) {
-    int E = m->cfg.moe_experts, K = m->cfg.moe_topk, taken[LP_MAX_EXPERTS];
-    int *expert = m->moe_host, *pos = expert + (size_t)N * K, *src = pos + (size_t)N * K;
-    lp_copy_to_host(expert, x->expert, (size_t)N * K * sizeof(int));
-    double cap = m->moe.capacity > 0.0f ? ceil((double)m->moe.capacity * K * N / E) : (double)N;
-    memset(x->counts, 0, (size_t)E * sizeof(int));
-    memset(taken, 0, (size_t)E * sizeof(int));
-    for (int i = 0; i < N * K; i++) x->counts[expert[i]]++;
-    x->offsets[0] = 0;
-    for (int e = 0; e < E; e++) x->offsets[e + 1] = x->offsets[e] + (x->counts[e] < cap ? x->counts[e] : (int)cap);
-    for (int i = 0; i < N * K; i++) {
-        int e = expert[i];
-        pos[i] = taken[e] < x->offsets[e + 1] - x->offsets[e] ? x->offsets[e] + taken[e]++ : -1;
-        if (pos[i] >= 0) src[pos[i]] = i / K;
-    }
-    lp_copy_to_device(x->pos, pos, (size_t)N * K * sizeof(int));
-    lp_copy_to_device(x->src, src, (size_t)x->offsets[E] * sizeof(int));
+// Layer x's dispatch (lp_moe_dispatch_cpu) and routing statistics on the device, then the one copy of the
+// layer's routing to the host (synchronous: the host needs its row offsets to launch the experts'
+// matmuls, and its loads for the statistics): x->offsets, x->counts, the sums. Returns the rows kept, M.
+static inline int lp_moe_dispatch_layer(LPModel* m, const LPLayerActs* x, int N) {
+    int E = m->cfg.moe_experts, K = m->cfg.moe_topk;
+    double cap = m->moe.capacity > 0.0f ? ceil((double)m->moe.capacity * K * N / E) : (double)N;  // (a count is at most N)
+    lp_moe_dispatch(x->pos, x->src, x->routes, x->expert, N, E, K, cap < N ? (int)cap : N);
+    lp_moe_stats(lp_moe_sums(x->routes, E), x->probs, x->rlse, N, E);
+    lp_copy_to_host(x->offsets, x->routes, lp_moe_dispatch_ints(E) * sizeof(int));
     return x->offsets[E];
 }
 
@@ -6587,8 +6776,9 @@ static inline int lp_moe_dispatch(LPModel* m, const LPLayerActs* x, int N) {
 // round (an all-reduce of its row of an ep x E table), so this rank knows what it sends each rank (that
 // rank's experts' rows: contiguous in expert order), what it receives from each (in the sender's expert
 // order), and where each received row goes among its own experts' rows (local expert j's: rank 0's, then
-// rank 1's, ...). Fills x->sends, recvs, eoffsets (host) and eorder, einv (device).
-static inline void lp_moe_exchange_plan(LPModel* m, const LPLayerActs* x, int N) {
+// rank 1's, ...). Fills x->sends, recvs, eoffsets (host) and eorder, einv (device, from one copy of where
+// each sender's rows of each local expert begin on either side).
+static inline void lp_moe_exchange_plan(LPModel* m, const LPLayerActs* x) {
     int E = m->cfg.moe_experts, ep = m->ep_size, El = E / ep, me = m->ep_rank;
     float* table = (float*)lp_host_malloc((size_t)ep * E * sizeof(float), "expert exchange");  // (row counts: exact in fp32)
     memset(table, 0, (size_t)ep * E * sizeof(float));
@@ -6601,22 +6791,21 @@ static inline void lp_moe_exchange_plan(LPModel* m, const LPLayerActs* x, int N)
         for (int j = 0; j < El; j++) x->recvs[r] += (int)table[(size_t)r * E + me * El + j];
         start[r + 1] = start[r] + x->recvs[r];
     }
-    int *order = m->moe_host + (size_t)3 * N * m->cfg.moe_topk, *inv = order + start[ep], k = 0;
+    int *plan = m->moe_host, groups = ep * El;  // (run r * El + j: sender r's rows of local expert j)
     x->eoffsets[0] = 0;
     for (int j = 0; j < El; j++) {
+        int k = x->eoffsets[j];
         for (int r = 0; r < ep; r++) {
-            int at = start[r], n = (int)table[(size_t)r * E + me * El + j];
-            for (int i = 0; i < j; i++) at += (int)table[(size_t)r * E + me * El + i];
-            for (int i = 0; i < n; i++, k++) {
-                order[k] = at + i;
-                inv[at + i] = k;
-            }
+            int n = (int)table[(size_t)r * E + me * El + j];
+            plan[r * El + j] = j == 0 ? start[r] : plan[r * El + j - 1] + (int)table[(size_t)r * E + me * El + j - 1];
+            plan[groups + r * El + j] = k;
+            k += n;
         }
         x->eoffsets[j + 1] = k;
     }
     free(table);
-    lp_copy_to_device(x->eorder, order, (size_t)k * sizeof(int));
-    lp_copy_to_device(x->einv, inv, (size_t)k * sizeof(int));
+    lp_copy_to_device(m->act.eplan, plan, 2 * (size_t)groups * sizeof(int));
+    lp_moe_exchange_order(x->eorder, x->einv, m->act.eplan, groups, start[ep]);
 }
 
 // The rows layer x's experts on this rank take (with expert parallelism, from every EP rank).
@@ -6644,11 +6833,11 @@ static inline void lp_moe_forward(LPModel* m, int l, const LPLayerActs* x) {
     const floatX* in = lp_tp_f_forward(m, x->ln2, N, C);
     lp_matmul_forward(a->rlogits, NULL, in, lp_layer_param(m, LP_ROUTERW, l), NULL, N, C, E);
     lp_moe_route(x->probs, x->rlse, x->expert, x->gate, a->rlogits, N, E, K);
-    lp_moe_permute(x->xp, in, x->src, lp_moe_dispatch(m, x, N), C);
+    lp_moe_permute(x->xp, in, x->src, lp_moe_dispatch_layer(m, x, N), C);
     const int* off = x->offsets;  // this rank's experts' rows in xe
     floatX* out = x->yp;          // and where their outputs go
     if (m->ep_size > 1) {         // every EP rank's rows for this rank's experts, received, in its experts' order
-        lp_moe_exchange_plan(m, x, N);
+        lp_moe_exchange_plan(m, x);
         lp_all_to_all(m->ep, x->xp, x->sends, a->dyr, x->recvs, C * sizeof(floatX));
         lp_moe_permute(x->xe, a->dyr, x->eorder, lp_moe_rows_taken(m, x), C);
         off = x->eoffsets;
@@ -6673,9 +6862,8 @@ static inline void lp_moe_forward(LPModel* m, int l, const LPLayerActs* x) {
 // only: full recomputation routes again in backward, the same way).
 static inline void lp_moe_account(LPModel* m, const LPLayerActs* x, int N) {
     int E = m->cfg.moe_experts, K = m->cfg.moe_topk;
-    float sums[LP_MAX_EXPERTS + 1];
-    lp_moe_stats(m->act.rsums, x->probs, x->rlse, N, E);
-    lp_copy_to_host(sums, m->act.rsums, (size_t)(E + 1) * sizeof(float));
+    float sums[LP_MAX_EXPERTS + 1];  // (lp_moe_dispatch_layer's, after the counts)
+    memcpy(sums, x->counts + E, (size_t)(E + 1) * sizeof(float));
     double balance = 0.0, busiest = 0.0, weight = (double)m->dloss * N;  // (a micro-batch's weight in the step: 1 / micro-batches)
     for (int e = 0; e < E; e++) {
         double f = (double)x->counts[e] / ((double)N * K);
@@ -6722,9 +6910,7 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
     }
     lp_moe_unpermute(a->btc, a->dyp, x->pos, N, K, C);
     // the router: the balance loss's gradient of each probability, the gates', the z-loss's, into its logits
-    float daux[LP_MAX_EXPERTS];
-    for (int e = 0; e < E; e++) daux[e] = m->moe.aux_coef * E * ((float)x->counts[e] / ((float)N * K)) * m->dloss;
-    lp_copy_to_device(a->daux, daux, (size_t)E * sizeof(float));
+    lp_moe_aux_grad(a->daux, x->routes, m->moe.aux_coef, m->dloss, N, E, K);
     lp_moe_router_backward(a->rlogits, x->probs, x->rlse, x->expert, x->gate, a->dgate, t, a->daux, m->moe.z_coef * m->dloss, N, E, K);
     lp_matmul_backward(a->rdx, lp_layer_grad(m, LP_ROUTERW, l), NULL, a->rlogits, lp_tp_f_forward(m, x->ln2, N, C),
                        lp_layer_param(m, LP_ROUTERW, l), N, C, E, NULL);

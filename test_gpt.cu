@@ -4879,10 +4879,64 @@ static void tier4_classifier(uint64_t* rng) {
     }
 }
 
+// The dispatch of N tokens' K choices each among E experts, capacity cap: the routes (row offsets and
+// counts), each choice's row and each row's token exactly the CPU loop's. Returns the rows kept.
+static int tier4_moe_dispatch(const int* expert, int* pos, int* src, int N, int E, int K, int cap) {
+    int* routes = (int*)lp_host_malloc(lp_moe_dispatch_ints(E) * 4, "test");
+    int *d_expert = (int*)dev_copy(expert, (size_t)N * K * 4), *d_routes = (int*)lp_device_malloc(lp_moe_dispatch_ints(E) * 4, "test");
+    int *d_pos = (int*)lp_device_malloc((size_t)N * K * 4, "test"), *d_src = (int*)lp_device_malloc((size_t)N * K * 4, "test");
+    lp_moe_dispatch_cpu(pos, src, routes, expert, N, E, K, cap);
+    lp_moe_dispatch_gpu(d_pos, d_src, d_routes, d_expert, N, E, K, cap);
+    int M = routes[E], *g = (int*)lp_host_malloc((size_t)N * K * 4, "test"), same;
+    lp_copy_to_host(g, d_routes, (2 * (size_t)E + 1) * 4);
+    same = memcmp(g, routes, (2 * (size_t)E + 1) * 4) == 0;
+    lp_copy_to_host(g, d_pos, (size_t)N * K * 4);
+    same &= memcmp(g, pos, (size_t)N * K * 4) == 0;
+    lp_copy_to_host(g, d_src, (size_t)M * 4);
+    same &= memcmp(g, src, (size_t)M * 4) == 0;
+    char name[160];
+    snprintf(name, sizeof(name), "gpu moe_dispatch of %d x %d choices among %d experts, capacity %d (%d rows kept): exactly the CPU's",
+             N, K, E, cap, M);
+    expect(same, name);
+    free(routes); free(g);
+    lp_device_free(d_expert); lp_device_free(d_routes); lp_device_free(d_pos); lp_device_free(d_src);
+    return M;
+}
+
+// Expert parallelism's order of the rows a rank receives from ep senders for its El experts (n[r][j] rows
+// of sender r for local expert j, some none): lp_moe_exchange_order on both builds equals the nested
+// loops that walk the experts' order (expert by expert, sender by sender), exactly.
+static void tier4_moe_exchange_order(uint64_t* rng, int ep, int El) {
+    int n[8][64], R = 0, groups = ep * El, k = 0;
+    for (int r = 0; r < ep; r++)
+        for (int j = 0; j < El; j++) R += n[r][j] = (int)(lp_rand_u32(rng) % 4) * (int)(lp_rand_u32(rng) % 3);  // 0 .. 6, often 0
+    int *plan = (int*)lp_host_malloc(2 * (size_t)groups * 4, "test"), *want = (int*)lp_host_malloc(2 * (size_t)R * 4 + 4, "test");
+    int *got = (int*)lp_host_malloc(2 * (size_t)R * 4 + 4, "test"), *gpu = (int*)lp_host_malloc(2 * (size_t)R * 4 + 4, "test");
+    for (int g = 0, at = 0; g < groups; at += n[g / El][g % El], g++) plan[g] = at;  // received: sender by sender
+    for (int j = 0; j < El; j++)
+        for (int r = 0; r < ep; r++) {
+            plan[groups + r * El + j] = k;
+            for (int i = 0; i < n[r][j]; i++, k++) {
+                want[k] = plan[r * El + j] + i;
+                want[R + plan[r * El + j] + i] = k;
+            }
+        }
+    int *d_plan = (int*)dev_copy(plan, 2 * (size_t)groups * 4), *d_out = (int*)lp_device_malloc(2 * (size_t)R * 4 + 4, "test");
+    lp_moe_exchange_order_cpu(got, got + R, plan, groups, R);
+    lp_moe_exchange_order_gpu(d_out, d_out + R, d_plan, groups, R);
+    lp_copy_to_host(gpu, d_out, 2 * (size_t)R * 4);
+    char name[160];
+    snprintf(name, sizeof(name), "moe_exchange_order of %d rows from %d senders for %d experts: the CPU loop and the GPU's, exactly", R, ep, El);
+    expect(memcmp(got, want, 2 * (size_t)R * 4) == 0 && memcmp(gpu, want, 2 * (size_t)R * 4) == 0, name);
+    free(plan); free(want); free(got); free(gpu);
+    lp_device_free(d_plan); lp_device_free(d_out);
+}
+
 // A mixture of experts' ops on N tokens, E experts, top-K: the routing (the same choices exactly; fp32
-// probabilities, logsumexps and gates to 1e-5), the statistics, the rows into expert order (a copy: exact),
-// the gated sum and the permutation's backward, the gates' and the router's backward (TP's two parts of the
-// gates' gradients). The choices come from the routing itself; capacity drops every fifth row.
+// probabilities, logsumexps and gates to 1e-5), the statistics, the dispatch (exact) and the rows into
+// expert order (a copy: exact), the gated sum and the permutation's backward, the gates' and the router's
+// backward (TP's two parts of the gates' gradients) and the balance loss's gradient. The choices come from
+// the routing itself; the capacity is 3/4 of an even share, so the busier experts drop rows.
 static void tier4_moe(uint64_t* rng, int N, int E, int K, int C) {
     char name[160];
     float* logits = host_rand((size_t)N * E, rng, 2.0f);
@@ -4909,14 +4963,10 @@ static void tier4_moe(uint64_t* rng, int N, int E, int K, int C) {
     float* gs = host_from_f32(d_sums, E + 1);
     snprintf(name, sizeof(name), "gpu moe_stats N=%d E=%d: column sums and squared logsumexps to 1e-5", N, E);
     expect_close(name, gs, sums, E + 1, 1e-5f, 1e-5f);
-    // the dispatch (as lp_moe_dispatch, every fifth choice dropped): rows in expert order
-    int *pos = (int*)lp_host_malloc((size_t)N * K * 4, "test"), *src = (int*)lp_host_malloc((size_t)N * K * 4, "test"), M = 0;
-    for (int e = 0; e < E; e++)
-        for (int i = 0; i < N * K; i++)
-            if (expert[i] == e) {
-                pos[i] = i % 5 == 4 ? -1 : M;
-                if (pos[i] >= 0) src[M++] = i / K;
-            }
+    // the dispatch: rows in expert order
+    int *pos = (int*)lp_host_malloc((size_t)N * K * 4, "test"), *src = (int*)lp_host_malloc((size_t)N * K * 4, "test");
+    int M = tier4_moe_dispatch(expert, pos, src, N, E, K, (3 * N * K / E + 3) / 4);
+    expect(M < N * K, "tier4_moe: the capacity drops rows");
     int *d_pos = (int*)dev_copy(pos, (size_t)N * K * 4), *d_src = (int*)dev_copy(src, (size_t)M * 4);
     float *x = host_rand((size_t)N * C, rng, 1.0f), *xp = (float*)lp_host_malloc((size_t)M * C * 4, "test");
     floatX *d_x = dev_bf16(x, (size_t)N * C), *d_xp = (floatX*)lp_device_malloc((size_t)M * C * sizeof(floatX), "test");
@@ -4951,8 +5001,16 @@ static void tier4_moe(uint64_t* rng, int N, int E, int K, int C) {
     snprintf(name, sizeof(name), "gpu moe_combine_backward N=%d K=%d C=%d: the rows' and the gates' gradients", N, K, C);
     expect_close(name, gdyp, dyp, (size_t)M * C, 1e-2f, 1e-2f);
     expect_close_scaled(name, gdg, dgate, (size_t)2 * N * K, 1e-4f);
-    float* daux = host_rand(E, rng, 0.01f);
-    float *dlogits = (float*)lp_host_malloc((size_t)N * E * 4, "test"), *d_daux = (float*)dev_copy(daux, E * 4);
+    int* routes = (int*)lp_host_malloc(lp_moe_dispatch_ints(E) * 4, "test");
+    lp_moe_dispatch_cpu(pos, src, routes, expert, N, E, K, N);  // (its counts)
+    int* d_routes = (int*)dev_copy(routes, lp_moe_dispatch_ints(E) * 4);
+    float *daux = (float*)lp_host_malloc(E * 4, "test"), *d_daux = (float*)lp_device_malloc(E * 4, "test");
+    lp_moe_aux_grad_cpu(daux, routes, 0.1f, 1.0f / N, N, E, K);
+    lp_moe_aux_grad_gpu(d_daux, d_routes, 0.1f, 1.0f / N, N, E, K);
+    float* gda = host_from_f32(d_daux, E);
+    snprintf(name, sizeof(name), "gpu moe_aux_grad E=%d: the balance loss's gradients exactly", E);
+    expect(memcmp(gda, daux, E * 4) == 0, name);
+    float* dlogits = (float*)lp_host_malloc((size_t)N * E * 4, "test");
     lp_moe_router_backward_cpu(dlogits, probs, lse, expert, gate, dgate, 2, daux, 1e-3f, N, E, K);
     lp_moe_router_backward_gpu(d_logits, d_probs, d_lse, d_expert, d_gate, d_dgate, 2, d_daux, 1e-3f, N, E, K);
     float* gdl = host_from(d_logits, (size_t)N * E);
@@ -4960,10 +5018,11 @@ static void tier4_moe(uint64_t* rng, int N, int E, int K, int C) {
     expect_close_scaled(name, gdl, dlogits, (size_t)N * E, 1e-2f);
     free(logits); free(probs); free(lse); free(gate); free(expert); free(gp); free(gl); free(gg); free(ge); free(sums); free(gs);
     free(pos); free(src); free(x); free(xp); free(gx); free(yp); free(y); free(gy); free(dy); free(dyp); free(dgate); free(gdyp);
-    free(gdg); free(daux); free(dlogits); free(gdl);
+    free(gdg); free(daux); free(dlogits); free(gdl); free(routes); free(gda);
     lp_device_free(d_logits); lp_device_free(d_probs); lp_device_free(d_lse); lp_device_free(d_gate); lp_device_free(d_expert);
     lp_device_free(d_sums); lp_device_free(d_pos); lp_device_free(d_src); lp_device_free(d_x); lp_device_free(d_xp);
     lp_device_free(d_yp); lp_device_free(d_y); lp_device_free(d_dy); lp_device_free(d_dyp); lp_device_free(d_dgate); lp_device_free(d_daux);
+    lp_device_free(d_routes);
 }
 
 static void tier4_optimizer(uint64_t* rng) {
@@ -5088,6 +5147,27 @@ static void tier4_kernel_tests(void) {
     tier4_moe(&rng, 100, 8, 2, 40);  // C not a multiple of 8
     tier4_moe(&rng, 64, 4, 1, 64);   // top-1: the gate is the probability
     tier4_moe(&rng, 33, 64, 4, 16);  // many experts, top-4
+    tier4_moe_exchange_order(&rng, 3, 5);
+    tier4_moe_exchange_order(&rng, 8, 64);
+    {  // the dispatch alone at scale: 267 tiles (more than a block of the prefix sum), the most experts
+        int N = 17000, K = 4, E = LP_MAX_EXPERTS, n = N * K;
+        int *expert = (int*)lp_host_malloc((size_t)n * 4, "test"), *pos = (int*)lp_host_malloc((size_t)n * 4, "test");
+        int* src = (int*)lp_host_malloc((size_t)n * 4, "test");
+        for (int i = 0; i < n; i++) expert[i] = i % 3 ? (int)(lp_rand_u32(&rng) % E) : 5 + i % 7;  // 7 experts in demand
+        tier4_moe_dispatch(expert, pos, src, N, E, K, N);
+        tier4_moe_dispatch(expert, pos, src, N, E, K, 100);
+        free(expert); free(pos); free(src);
+        int Es = 40;  // the statistics over 67 chunks of tokens (more than 8), two blocks of columns
+        float *probs = host_rand((size_t)N * Es, &rng, 1.0f), *lse = host_rand(N, &rng, 3.0f), *sums = (float*)lp_host_malloc((Es + 1) * 4, "test");
+        float *d_probs = (float*)dev_copy(probs, (size_t)N * Es * 4), *d_lse = (float*)dev_copy(lse, N * 4);
+        float* d_sums = (float*)lp_device_malloc((Es + 1) * 4, "test");
+        lp_moe_stats_cpu(sums, probs, lse, N, Es);
+        lp_moe_stats_gpu(d_sums, d_probs, d_lse, N, Es);
+        float* gs = host_from_f32(d_sums, Es + 1);
+        expect_close("gpu moe_stats N=17000 E=40: column sums and squared logsumexps to 1e-5", gs, sums, Es + 1, 1e-5f, 1e-5f);
+        free(probs); free(lse); free(sums); free(gs);
+        lp_device_free(d_probs); lp_device_free(d_lse); lp_device_free(d_sums);
+    }
     tier4_optimizer(&rng);
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
