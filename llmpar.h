@@ -3808,23 +3808,23 @@ static inline void lp_moe_router_backward_gpu(floatX* dlogits, const float* prob
 // classifier_stats writes this slice's (max, sum of exp(logit - max), target's logit or 0) over the real
 // tokens (< V); the ranks' triples are all-gathered (t of them); classifier_grad combines them into the
 // row's softmax normaliser, writes loss = log(sum) + max - target logit, and overwrites the logits with
-// their gradient (softmax - onehot) * dloss (0 on the padding). Without TP, t = 1 and v0 = 0.
+// their gradient (softmax - onehot) * dloss (0 on the padding). Without TP (t = 1, v0 = 0) nothing crosses
+// ranks and classifier_fused does both in one pass over the rows (the same arithmetic, the same bits).
+static inline void lp_classifier_row_stats_cpu(float* stats, const float* row, int target, int real) {
+    float maxv = -INFINITY, sum = 0.0f;
+    // simd: a vector of partial maxima and sums (a fixed order, so still deterministic)
+#pragma omp simd reduction(max : maxv)
+    for (int v = 0; v < real; v++) maxv = row[v] > maxv ? row[v] : maxv;
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < real; v++) sum += lp_expf(row[v] - maxv);
+    stats[0] = maxv;
+    stats[1] = sum;
+    stats[2] = target >= 0 && target < real ? row[target] : 0.0f;
+}
 static inline void lp_classifier_stats_cpu(float* stats, const float* logits, const int* targets, int N, int Vl, int v0, int V) {
     int real = V - v0 < Vl ? V - v0 : Vl;  // real tokens in the slice (may be none)
 #pragma omp parallel for
-    for (int i = 0; i < N; i++) {
-        const float* row = logits + (size_t)i * Vl;
-        float maxv = -INFINITY, sum = 0.0f;
-        // simd: a vector of partial maxima and sums (a fixed order, so still deterministic)
-#pragma omp simd reduction(max : maxv)
-        for (int v = 0; v < real; v++) maxv = row[v] > maxv ? row[v] : maxv;
-#pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < real; v++) sum += lp_expf(row[v] - maxv);
-        int target = targets[i] - v0;
-        stats[3 * i] = maxv;
-        stats[3 * i + 1] = sum;
-        stats[3 * i + 2] = target >= 0 && target < real ? row[target] : 0.0f;
-    }
+    for (int i = 0; i < N; i++) lp_classifier_row_stats_cpu(stats + 3 * i, logits + (size_t)i * Vl, targets[i] - v0, real);
 }
 
 // The softmax normaliser of row i from the t slices' stats (t, N, 3): max and sum over the whole row.
@@ -3841,17 +3841,30 @@ static inline LP_HD void lp_classifier_combine(const float* stats, int t, int N,
     *target = x;
 }
 
+// A row's loss, and its logits overwritten by their gradient, from the whole row's max, sum and target logit.
+static inline void lp_classifier_row_grad_cpu(float* row, float* loss, float maxv, float sum, float target_logit, float dloss,
+                                              int target, int Vl, int v0, int V) {
+    *loss = logf(sum) + maxv - target_logit;
+    for (int v = 0; v < Vl; v++)
+        row[v] = v0 + v < V ? (lp_expf(row[v] - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+}
 static inline void lp_classifier_grad_cpu(float* logits, float* losses, const float* stats, int t, float dloss,
                                           const int* targets, int N, int Vl, int v0, int V) {
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         float maxv, sum, target_logit;
         lp_classifier_combine(stats, t, N, i, &maxv, &sum, &target_logit);
-        losses[i] = logf(sum) + maxv - target_logit;
-        float* row = logits + (size_t)i * Vl;
-        int target = targets[i] - v0;
-        for (int v = 0; v < Vl; v++)
-            row[v] = v0 + v < V ? (lp_expf(row[v] - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+        lp_classifier_row_grad_cpu(logits + (size_t)i * Vl, losses + i, maxv, sum, target_logit, dloss, targets[i] - v0, Vl, v0, V);
+    }
+}
+
+// t = 1: the whole padded row (N,Vp) with its V real tokens, both steps a row at a time.
+static inline void lp_classifier_fused_cpu(float* logits, float* losses, float dloss, const int* targets, int N, int Vp, int V) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        float st[3], *row = logits + (size_t)i * Vp;
+        lp_classifier_row_stats_cpu(st, row, targets[i], V);
+        lp_classifier_row_grad_cpu(row, losses + i, st[0], st[1], st[2], dloss, targets[i], Vp, 0, V);
     }
 }
 
@@ -3860,8 +3873,12 @@ static inline void lp_classifier_grad_cpu(float* logits, float* losses, const fl
 // block then rescales to the common max and adds up. Grad: one more read and a write. exp as 2^x on the
 // SFU (lp_exp2, as the flash kernels) and the running sum rescaled once a pack: a handful of instructions
 // a value, so HBM sets their pace, not the issue slots (with expf and a rescale a value it did not).
-static __global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
-    const floatX* row = logits + (size_t)blockIdx.x * Vl;
+// The fused kernel runs both on a row in one launch: its second read finds the row (~100 KB at GPT-2's
+// vocabulary) still in L2, so HBM sees it read once and written once, as llm.c's fused classifier.
+// Every thread gets the row's (max, sum); thread 0 reads the target's logit, before any thread can
+// overwrite it.
+static __device__ inline void lp_classifier_row_stats(const floatX* row, int target, int real, float* maxv_out, float* sum_out,
+                                                      float* target_logit) {
     float maxv = -INFINITY, sum = 0.0f;  // sum of exp(x - maxv), as 2^(x log2(e) - maxv log2(e)) on the SFU
     for (int v = threadIdx.x * LP_PACK; v < real; v += blockDim.x * LP_PACK) {
         LPPack p = lp_load_pack(row, v, real);
@@ -3878,14 +3895,32 @@ static __global__ void lp_classifier_stats_kernel(float* stats, const floatX* lo
 #pragma unroll
         for (int k = 0; k < LP_PACK; k++) sum += lp_exp2(fmaf(x[k], LP_LOG2E, -maxv * LP_LOG2E));
     }
-    float block_max = lp_block_reduce(maxv, 1);
-    sum = lp_block_reduce(sum > 0.0f ? sum * expf(maxv - block_max) : 0.0f, 0);
+    if (threadIdx.x == 0) *target_logit = target >= 0 && target < real ? lp_bf(row[target]) : 0.0f;
+    float block_max = lp_block_reduce(maxv, 1);  // (its barriers order thread 0's read before any write)
+    *sum_out = lp_block_reduce(sum > 0.0f ? sum * expf(maxv - block_max) : 0.0f, 0);
+    *maxv_out = block_max;
+}
+static __device__ inline void lp_classifier_row_grad(floatX* row, float maxv, float sum, float dloss, int target, int Vl, int v0,
+                                                     int V) {
+    float scale = dloss / sum, m2 = maxv * LP_LOG2E;
+    for (int v = threadIdx.x * LP_PACK; v < Vl; v += blockDim.x * LP_PACK) {
+        LPPack p = lp_load_pack(row, v, Vl);
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++) {
+            float g = lp_exp2(fmaf(lp_bf(p.x[k]), LP_LOG2E, -m2)) * scale - (v + k == target ? dloss : 0.0f);
+            p.x[k] = lp_xf(v0 + v + k < V ? g : 0.0f);
+        }
+        lp_store_pack(row, v, Vl, p);
+    }
+}
+static __global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
+    float maxv, sum, target_logit = 0.0f;
+    lp_classifier_row_stats(logits + (size_t)blockIdx.x * Vl, targets[blockIdx.x] - v0, real, &maxv, &sum, &target_logit);
     if (threadIdx.x == 0) {
-        int target = targets[blockIdx.x] - v0;
         float* st = stats + 3 * (size_t)blockIdx.x;
-        st[0] = block_max;
+        st[0] = maxv;
         st[1] = sum;
-        st[2] = target >= 0 && target < real ? lp_bf(row[target]) : 0.0f;
+        st[2] = target_logit;
     }
 }
 static inline void lp_classifier_stats_gpu(float* stats, const floatX* logits, const int* targets, int N, int Vl, int v0, int V) {
@@ -3898,22 +3933,23 @@ static __global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, 
     float maxv, sum, target_logit;
     lp_classifier_combine(stats, t, N, i, &maxv, &sum, &target_logit);
     if (threadIdx.x == 0) losses[i] = logf(sum) + maxv - target_logit;
-    floatX* row = logits + (size_t)i * Vl;
-    int target = targets[i] - v0;
-    float scale = dloss / sum, m2 = maxv * LP_LOG2E;
-    for (int v = threadIdx.x * LP_PACK; v < Vl; v += blockDim.x * LP_PACK) {
-        LPPack p = lp_load_pack(row, v, Vl);
-#pragma unroll
-        for (int k = 0; k < LP_PACK; k++) {
-            float g = lp_exp2(fmaf(lp_bf(p.x[k]), LP_LOG2E, -m2)) * scale - (v + k == target ? dloss : 0.0f);
-            p.x[k] = lp_xf(v0 + v + k < V ? g : 0.0f);
-        }
-        lp_store_pack(row, v, Vl, p);
-    }
+    lp_classifier_row_grad(logits + (size_t)i * Vl, maxv, sum, dloss, targets[i] - v0, Vl, v0, V);
 }
 static inline void lp_classifier_grad_gpu(floatX* logits, float* losses, const float* stats, int t, float dloss,
                                           const int* targets, int N, int Vl, int v0, int V) {
     LP_LAUNCH(lp_classifier_grad_kernel, N, 1024, 0, logits, losses, stats, t, dloss, targets, N, Vl, v0, V);
+}
+static __global__ void lp_classifier_fused_kernel(floatX* logits, float* losses, float dloss, const int* targets, int Vp, int V) {
+    floatX* row = logits + (size_t)blockIdx.x * Vp;
+    int target = targets[blockIdx.x];
+    float maxv, sum, target_logit = 0.0f;
+    lp_classifier_row_stats(row, target, V, &maxv, &sum, &target_logit);
+    // as classifier_combine over one slice: its sum times expf(0) = 1, so the same bits as the two launches
+    if (threadIdx.x == 0) losses[blockIdx.x] = logf(sum) + maxv - target_logit;
+    lp_classifier_row_grad(row, maxv, sum, dloss, target, Vp, 0, V);
+}
+static inline void lp_classifier_fused_gpu(floatX* logits, float* losses, float dloss, const int* targets, int N, int Vp, int V) {
+    LP_LAUNCH(lp_classifier_fused_kernel, N, 1024, 0, logits, losses, dloss, targets, Vp, V);
 }
 #endif
 
@@ -4166,6 +4202,7 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_moe_router_backward        lp_moe_router_backward_cpu
 #define lp_classifier_stats           lp_classifier_stats_cpu
 #define lp_classifier_grad            lp_classifier_grad_cpu
+#define lp_classifier_fused           lp_classifier_fused_cpu
 #define lp_add_scaled                 lp_add_scaled_cpu
 #define lp_adamw                      lp_adamw_cpu
 #define lp_norm_squared               lp_norm_squared_cpu
@@ -4195,6 +4232,7 @@ static inline void lp_scratch_reserve(size_t N, int C, int NH) {
 #define lp_moe_router_backward        lp_moe_router_backward_gpu
 #define lp_classifier_stats           lp_classifier_stats_gpu
 #define lp_classifier_grad            lp_classifier_grad_gpu
+#define lp_classifier_fused           lp_classifier_fused_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu
 #define lp_adamw                      lp_adamw_gpu
 #define lp_norm_squared               lp_norm_squared_gpu
@@ -6164,9 +6202,13 @@ static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float
     const LPConfig* c = &m->cfg;
     LPActivations* a = &m->act;
     int t = m->tp_size, Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
-    lp_classifier_stats(a->stats + (size_t)3 * N * m->tp_rank, logits, m->targets, N, Vl, v0, c->vocab_size);
-    if (t > 1) lp_all_gather(m->tp, a->stats, (size_t)3 * N * sizeof(float));
-    lp_classifier_grad(logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, c->vocab_size);
+    if (t == 1)
+        lp_classifier_fused(logits, a->losses, dloss, m->targets, N, Vl, c->vocab_size);
+    else {  // the slices' stats cross the group between the two launches
+        lp_classifier_stats(a->stats + (size_t)3 * N * m->tp_rank, logits, m->targets, N, Vl, v0, c->vocab_size);
+        lp_all_gather(m->tp, a->stats, (size_t)3 * N * sizeof(float));
+        lp_classifier_grad(logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, c->vocab_size);
+    }
     lp_copy_to_host(m->losses_host, a->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += m->losses_host[i];

@@ -2015,6 +2015,15 @@ static void test_op_gradients(void) {
         for (int i = 0; i < N; i++)
             for (int v = V; v < Vp; v++) pad_zero &= c.work[i * Vp + v] == 0.0f;
         expect(pad_zero, "classifier: padding gets zero gradient");
+        {   // t = 1's single pass: the two steps' bits
+            float *fused = zeros(N * Vp), *fused_losses = zeros(N);
+            memcpy(fused, c.logits, N * Vp * sizeof(float));
+            cls_fwd(&c, losses);
+            lp_classifier_fused_cpu(fused, fused_losses, 1.0f, targets, N, Vp, V);
+            expect(memcmp(fused, c.work, N * Vp * sizeof(float)) == 0 && memcmp(fused_losses, losses, N * sizeof(float)) == 0,
+                   "classifier_fused: the same losses and dlogits as classifier_stats then classifier_grad, bit for bit");
+            free(fused); free(fused_losses);
+        }
         // vocab-parallel: t slices of Vp/t columns each (t = 4: the last slice holds only padding) give the
         // same losses and gradients from the all-gathered statistics
         cls_fwd(&c, losses);  // the unperturbed reference again (fd_check used losses as scratch)
@@ -4418,7 +4427,8 @@ static void tier4_cublas_attention(uint64_t* rng, int B, int T, int C, int NH) {
     lp_device_free(d_dqkv); lp_device_free(d_dqkvr); lp_device_free(d_datt); lp_device_free(d_dy);
 }
 
-// The classifier over the whole row (t = 1) and over 2 vocabulary slices, as a TP group runs it.
+// The classifier over the whole row (t = 1) and over 2 vocabulary slices, as a TP group runs it; at t = 1
+// also its single pass (classifier_fused), which must give the two launches' bits.
 static void tier4_classifier(uint64_t* rng) {
     int N = 64, V = 997, Vp = 1024;  // V not a multiple of 8: a part-filled pack
     int targets[64];
@@ -4449,6 +4459,20 @@ static void tier4_classifier(uint64_t* rng) {
         expect_close(name, gl, losses, N, 1e-4f, 1e-4f);
         snprintf(name, sizeof(name), "gpu classifier_grad dlogits over %d slice(s) (padding zero)", t);
         expect_close_scaled(name, gd, slices, (size_t)N * Vp, 1e-2f);
+        if (t == 1) {  // the single pass: against its CPU loop, and the two launches' bits
+            float* fused_losses = host_rand(N, rng, 1.0f);
+            floatX* d_fused = dev_bf16(logits, (size_t)N * Vp);
+            float* d_fused_losses = (float*)dev_copy(fused_losses, N * 4);
+            lp_classifier_fused_cpu(logits, fused_losses, 1.0f / N, targets, N, Vp, V);
+            lp_classifier_fused_gpu(d_fused, d_fused_losses, 1.0f / N, d_targets, N, Vp, V);
+            float *fl = host_from_f32(d_fused_losses, N), *fd = host_from(d_fused, (size_t)N * Vp);
+            expect_close("gpu classifier_fused losses", fl, fused_losses, N, 1e-4f, 1e-4f);
+            expect_close_scaled("gpu classifier_fused dlogits (padding zero)", fd, logits, (size_t)N * Vp, 1e-2f);
+            expect(memcmp(fl, gl, N * 4) == 0 && memcmp(fd, gd, (size_t)N * Vp * 4) == 0,
+                   "gpu classifier_fused: the two launches' losses and dlogits, bit for bit");
+            free(fused_losses); free(fl); free(fd);
+            lp_device_free(d_fused); lp_device_free(d_fused_losses);
+        }
         free(logits); free(losses); free(stats); free(slices); free(gs); free(gl); free(gd);
         lp_device_free(d_slices); lp_device_free(d_losses); lp_device_free(d_stats); lp_device_free(d_targets);
     }
