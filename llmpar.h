@@ -2577,9 +2577,24 @@ static inline void lp_matmul_forward_loops(float* out, float* pre_gelu, const fl
     if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
 }
 
+// dbias (OC) += the column sums of dout (N,OC), each column in row order, a block of 64 columns per task so
+// the reads run along rows (the same result as one column at a time)
+static inline void lp_bias_backward_cpu(float* dbias, const float* dout, int N, int OC) {
+#pragma omp parallel for
+    for (int o0 = 0; o0 < OC; o0 += 64) {
+        int cols = OC - o0 < 64 ? OC - o0 : 64;
+        float sb[64] = {0};
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < cols; o++) sb[o] += dout[(size_t)i * OC + o0 + o];
+        for (int o = 0; o < cols; o++) dbias[o0 + o] += sb[o];
+    }
+}
+
 // dinp = dout @ weight (overwritten; with pre_gelu non-NULL, times GELU's derivative there: the backward
-// of a GELU that fed this matmul, fused); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL)
-static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* dbias, const float* dout,
+// of a GELU that fed this matmul, fused); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL);
+// dpre_bias += column sums of dinp (if non-NULL): the bias gradient of the matmul whose output fed that GELU
+// (fc's, in fcproj's backward), so that matmul's own backward is given no dbias
+static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* dbias, float* dpre_bias, const float* dout,
                                             const float* inp, const float* weight, int N, int C, int OC, const float* pre_gelu) {
 #pragma omp parallel for
     for (int i0 = 0; i0 < N; i0 += LP_ROW_BLOCK) {
@@ -2595,6 +2610,7 @@ static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* 
         }
     }
     if (pre_gelu) lp_gelu_backward_cpu(dinp, pre_gelu, dinp, N * C);
+    if (dpre_bias) lp_bias_backward_cpu(dpre_bias, dinp, N, C);
 #pragma omp parallel for
     for (int o = 0; o < OC; o++) {
         float* dw = dweight + (size_t)o * C;
@@ -2684,22 +2700,13 @@ static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const floa
     }
     if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
 }
-static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
+static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, float* dpre_bias, const float* dout,
                                           const float* inp, const float* weight, int N, int C, int OC, const float* pre_gelu) {
     lp_gemm_strided_cpu(0, 0, N, C, OC, dout, OC, weight, C, 0, dinp, C);
     if (pre_gelu) lp_gelu_backward_cpu(dinp, pre_gelu, dinp, N * C);
+    if (dpre_bias) lp_bias_backward_cpu(dpre_bias, dinp, N, C);
     lp_gemm_strided_cpu(1, 0, OC, C, N, dout, OC, inp, C, 1, dweight, C);
-    if (!dbias) return;
-    // column sums of dout, a block of 64 columns per task so the reads run along rows (each column is still
-    // summed in row order: the same result as one column at a time)
-#pragma omp parallel for
-    for (int o0 = 0; o0 < OC; o0 += 64) {
-        int cols = OC - o0 < 64 ? OC - o0 : 64;
-        float sb[64] = {0};
-        for (int i = 0; i < N; i++)
-            for (int o = 0; o < cols; o++) sb[o] += dout[(size_t)i * OC + o0 + o];
-        for (int o = 0; o < cols; o++) dbias[o0 + o] += sb[o];
-    }
+    if (dbias) lp_bias_backward_cpu(dbias, dout, N, OC);
 }
 #else
 #define lp_matmul_forward_cpu lp_matmul_forward_loops
@@ -2743,7 +2750,8 @@ static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const fl
     lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, pre_gelu);
 }
 
-// Column sums of dout (N,OC), two passes for determinism: row chunks into partials, then in order.
+// Column sums of dout (N,OC) added to dbias, two passes for determinism: row chunks into partials, then in
+// order (where no cuBLASLt epilogue takes them).
 #define LP_BIAS_CHUNKS 64
 static __global__ void lp_bias_partials_kernel(float* partials, const floatX* dout, int N, int OC) {
     int o = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
@@ -2753,32 +2761,41 @@ static __global__ void lp_bias_partials_kernel(float* partials, const floatX* do
     for (int i = chunk * rows; i < end; i++) s += lp_bf(dout[(size_t)i * OC + o]);
     partials[(size_t)chunk * OC + o] = s;
 }
+static inline void lp_bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC) {
+    float* partials = (float*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * OC * sizeof(float), "reduction partials");
+    dim3 grid(lp_grid(OC, LP_THREADS), LP_BIAS_CHUNKS);
+    LP_LAUNCH(lp_bias_partials_kernel, grid, LP_THREADS, 0, partials, dout, N, OC);
+    lp_sum_partials_gpu(dbias, partials, LP_BIAS_CHUNKS, OC, OC);
+}
 static inline void lp_add_scaled_gpu(floatX* dst, const floatX* src, size_t n, float scale);  // (below)
-static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
+static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX* dbias, floatX* dpre_bias, const floatX* dout,
                                           const floatX* inp, const floatX* weight, int N, int C, int OC, const floatX* pre_gelu) {
+    // The bias gradients the epilogues write (bf16, in lp_partials' scratch) before they are added in
+    floatX* bgrad = dbias || dpre_bias ? (floatX*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * (OC > C ? OC : C) * sizeof(float),
+                                                             "reduction partials")
+                                       : NULL;
     // dinp (N,C) = dout (N,OC) @ weight (OC,C): column-major m=C, n=N, k=OC; overwritten. GELU's backward
     // rides in cuBLASLt's DGELU epilogue where it has one (the pre-activation's leading dimension a multiple
-    // of 8), else a kernel
-    if (!(pre_gelu && C % 8 == 0 &&
-          lp_gemm_epilogue(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, CUBLASLT_EPILOGUE_DGELU, NULL, pre_gelu))) {
+    // of 8), and with dpre_bias in its DGELU_BGRAD: dinp's column sums are D's row sums, written as the
+    // epilogue makes D (fc's bias gradient without a pass of its own over dinp); else kernels
+    cublasLtEpilogue_t dgelu = dpre_bias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    if (pre_gelu && C % 8 == 0 && lp_gemm_epilogue(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, dgelu,
+                                                   dpre_bias ? bgrad : NULL, pre_gelu)) {
+        if (dpre_bias) lp_add_scaled_gpu(dpre_bias, bgrad, (size_t)C, 1.0f);
+    } else {
         lp_gemm(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, NULL, NULL);
         if (pre_gelu) lp_gelu_backward_gpu(dinp, pre_gelu, dinp, N * C);
+        if (dpre_bias) lp_bias_backward_gpu(dpre_bias, dinp, N, C);
     }
     // dweight (OC,C) += dout^T @ inp: column-major m=C, n=OC, k=N; accumulated (beta 1). The bias gradient,
     // dout's column sums, is op(B)'s sums over k: cuBLASLt's BGRADB epilogue writes them (in bf16) as the
     // GEMM reads dout, and they are added in; where it has no algorithm, a deterministic two-pass kernel
-    floatX* bgrad = dbias ? (floatX*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * OC * sizeof(float), "reduction partials") : NULL;
     if (dbias && lp_gemm_epilogue(0, 1, C, OC, N, inp, C, 0, dout, OC, 0, dweight, C, 0, 1, 1.0f, 1.0f, CUBLASLT_EPILOGUE_BGRADB, bgrad, NULL)) {
         lp_add_scaled_gpu(dbias, bgrad, (size_t)OC, 1.0f);
         return;
     }
     lp_gemm(0, 1, C, OC, N, inp, C, 0, dout, OC, 0, dweight, C, 0, 1, 1.0f, 1.0f, NULL, NULL);
-    if (dbias) {
-        float* partials = (float*)bgrad;
-        dim3 grid(lp_grid(OC, LP_THREADS), LP_BIAS_CHUNKS);
-        LP_LAUNCH(lp_bias_partials_kernel, grid, LP_THREADS, 0, partials, dout, N, OC);
-        lp_sum_partials_gpu(dbias, partials, LP_BIAS_CHUNKS, OC, OC);
-    }
+    if (dbias) lp_bias_backward_gpu(dbias, dout, N, OC);
 }
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B's storage read as column-major is B^T,
@@ -6495,9 +6512,9 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
         size_t o = off[e];
         int n = off[e + 1] - off[e];
         if (n == 0) continue;
-        lp_matmul_backward(a->defch + o * Fl, lp_expert_grad(m, LP_EXPFCPROJW, l, e), lp_expert_grad(m, LP_EXPFCPROJB, l, e),
+        lp_matmul_backward(a->defch + o * Fl, lp_expert_grad(m, LP_EXPFCPROJW, l, e), lp_expert_grad(m, LP_EXPFCPROJB, l, e), NULL,
                            d + o * C, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e), n, Fl, C, x->efch + o * Fl);
-        lp_matmul_backward(d + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), a->defch + o * Fl,
+        lp_matmul_backward(d + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), NULL, a->defch + o * Fl,
                            x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e), n, C, Fl, NULL);
     }
     if (m->ep_size > 1) {  // the input rows' gradients back to their ranks
@@ -6510,7 +6527,7 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
     for (int e = 0; e < E; e++) daux[e] = m->moe.aux_coef * E * ((float)x->counts[e] / ((float)N * K)) * m->dloss;
     lp_copy_to_device(a->daux, daux, (size_t)E * sizeof(float));
     lp_moe_router_backward(a->rlogits, x->probs, x->rlse, x->expert, x->gate, a->dgate, t, a->daux, m->moe.z_coef * m->dloss, N, E, K);
-    lp_matmul_backward(a->rdx, lp_layer_grad(m, LP_ROUTERW, l), NULL, a->rlogits, lp_tp_f_forward(m, x->ln2, N, C),
+    lp_matmul_backward(a->rdx, lp_layer_grad(m, LP_ROUTERW, l), NULL, NULL, a->rlogits, lp_tp_f_forward(m, x->ln2, N, C),
                        lp_layer_param(m, LP_ROUTERW, l), N, C, E, NULL);
     floatX* rows = lp_tp_f_backward(m, a->btc, N, C);  // the experts' parts summed over TP, then the router's (every rank's)
     lp_add_scaled(rows, a->rdx + (m->par->sp ? (size_t)m->tp_rank * Nr * C : 0), (size_t)Nr * C, 1.0f);
@@ -6724,24 +6741,25 @@ static inline void lp_model_backward(LPModel* m, int last) {
         if (x.moe) {
             dln2 = lp_moe_backward(m, l, &x, lp_tp_g_backward(m, a->dresidual, N, C));
         } else {
-            lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
+            // through the GELU too: dfch is fc's output gradient, and its column sums fc's bias gradient
+            lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l), lp_layer_grad(m, LP_FCB, l),
                                 lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl,
-                                C, x.fch);  // through the GELU too: dfch is fc's output gradient
-            lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
+                                C, x.fch);
+            lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), NULL, NULL, a->dfch,
                                 lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl, NULL);
             dln2 = lp_tp_f_backward(m, a->btc, N, C);
         }
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l), dln2, x.residual2,
                                lp_layer_param(m, LP_LN2W, l), x.ln2_mean, x.ln2_rstd, Nr, C);
         // attention half
-        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
+        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l), NULL,
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C, NULL);
         if (lp_attention_materialised(m->attention))
             lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
 #ifndef LLMPAR_CPU
         else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
 #endif
-        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
+        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), NULL, a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
                                lp_tp_f_backward(m, a->btc, N, C), x.input, lp_layer_param(m, LP_LN1W, l), x.ln1_mean,
