@@ -2664,9 +2664,24 @@ static inline void lp_matmul_forward_loops(float* out, float* pre_gelu, const fl
     if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
 }
 
+// dbias (OC) += the column sums of dout (N,OC), each column in row order, a block of 64 columns per task so
+// the reads run along rows (the same result as one column at a time)
+static inline void lp_bias_backward_cpu(float* dbias, const float* dout, int N, int OC) {
+#pragma omp parallel for
+    for (int o0 = 0; o0 < OC; o0 += 64) {
+        int cols = OC - o0 < 64 ? OC - o0 : 64;
+        float sb[64] = {0};
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < cols; o++) sb[o] += dout[(size_t)i * OC + o0 + o];
+        for (int o = 0; o < cols; o++) dbias[o0 + o] += sb[o];
+    }
+}
+
 // dinp = dout @ weight (overwritten; with pre_gelu non-NULL, times GELU's derivative there: the backward
-// of a GELU that fed this matmul, fused); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL)
-static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* dbias, const float* dout,
+// of a GELU that fed this matmul, fused); dweight += dout^T @ inp; dbias += column sums of dout (if non-NULL);
+// dpre_bias += column sums of dinp (if non-NULL): the bias gradient of the matmul whose output fed that GELU
+// (fc's, in fcproj's backward), so that matmul's own backward is given no dbias
+static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* dbias, float* dpre_bias, const float* dout,
                                             const float* inp, const float* weight, int N, int C, int OC, const float* pre_gelu) {
 #pragma omp parallel for
     for (int i0 = 0; i0 < N; i0 += LP_ROW_BLOCK) {
@@ -2682,6 +2697,7 @@ static inline void lp_matmul_backward_loops(float* dinp, float* dweight, float* 
         }
     }
     if (pre_gelu) lp_gelu_backward_cpu(dinp, pre_gelu, dinp, N * C);
+    if (dpre_bias) lp_bias_backward_cpu(dpre_bias, dinp, N, C);
 #pragma omp parallel for
     for (int o = 0; o < OC; o++) {
         float* dw = dweight + (size_t)o * C;
@@ -2771,22 +2787,13 @@ static inline void lp_matmul_forward_cpu(float* out, float* pre_gelu, const floa
     }
     if (pre_gelu) lp_gelu_forward_cpu(out, pre_gelu, (size_t)N * OC);
 }
-static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, const float* dout,
+static inline void lp_matmul_backward_cpu(float* dinp, float* dweight, float* dbias, float* dpre_bias, const float* dout,
                                           const float* inp, const float* weight, int N, int C, int OC, const float* pre_gelu) {
     lp_gemm_strided_cpu(0, 0, N, C, OC, dout, OC, weight, C, 0, dinp, C);
     if (pre_gelu) lp_gelu_backward_cpu(dinp, pre_gelu, dinp, N * C);
+    if (dpre_bias) lp_bias_backward_cpu(dpre_bias, dinp, N, C);
     lp_gemm_strided_cpu(1, 0, OC, C, N, dout, OC, inp, C, 1, dweight, C);
-    if (!dbias) return;
-    // column sums of dout, a block of 64 columns per task so the reads run along rows (each column is still
-    // summed in row order: the same result as one column at a time)
-#pragma omp parallel for
-    for (int o0 = 0; o0 < OC; o0 += 64) {
-        int cols = OC - o0 < 64 ? OC - o0 : 64;
-        float sb[64] = {0};
-        for (int i = 0; i < N; i++)
-            for (int o = 0; o < cols; o++) sb[o] += dout[(size_t)i * OC + o0 + o];
-        for (int o = 0; o < cols; o++) dbias[o0 + o] += sb[o];
-    }
+    if (dbias) lp_bias_backward_cpu(dbias, dout, N, OC);
 }
 #else
 #define lp_matmul_forward_cpu lp_matmul_forward_loops
@@ -2830,7 +2837,8 @@ static inline void lp_matmul_forward_gpu(floatX* out, floatX* pre_gelu, const fl
     lp_gemm(1, 0, OC, N, C, weight, C, 0, inp, C, 0, out, OC, 0, 1, 1.0f, 0.0f, bias, pre_gelu);
 }
 
-// Column sums of dout (N,OC), two passes for determinism: row chunks into partials, then in order.
+// Column sums of dout (N,OC) added to dbias, two passes for determinism: row chunks into partials, then in
+// order (where no cuBLASLt epilogue takes them).
 #define LP_BIAS_CHUNKS 64
 static __global__ void lp_bias_partials_kernel(float* partials, const floatX* dout, int N, int OC) {
     int o = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
@@ -2840,32 +2848,41 @@ static __global__ void lp_bias_partials_kernel(float* partials, const floatX* do
     for (int i = chunk * rows; i < end; i++) s += lp_bf(dout[(size_t)i * OC + o]);
     partials[(size_t)chunk * OC + o] = s;
 }
+static inline void lp_bias_backward_gpu(floatX* dbias, const floatX* dout, int N, int OC) {
+    float* partials = (float*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * OC * sizeof(float), "reduction partials");
+    dim3 grid(lp_grid(OC, LP_THREADS), LP_BIAS_CHUNKS);
+    LP_LAUNCH(lp_bias_partials_kernel, grid, LP_THREADS, 0, partials, dout, N, OC);
+    lp_sum_partials_gpu(dbias, partials, LP_BIAS_CHUNKS, OC, OC);
+}
 static inline void lp_add_scaled_gpu(floatX* dst, const floatX* src, size_t n, float scale);  // (below)
-static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout,
+static inline void lp_matmul_backward_gpu(floatX* dinp, floatX* dweight, floatX* dbias, floatX* dpre_bias, const floatX* dout,
                                           const floatX* inp, const floatX* weight, int N, int C, int OC, const floatX* pre_gelu) {
+    // The bias gradients the epilogues write (bf16, in lp_partials' scratch) before they are added in
+    floatX* bgrad = dbias || dpre_bias ? (floatX*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * (OC > C ? OC : C) * sizeof(float),
+                                                             "reduction partials")
+                                       : NULL;
     // dinp (N,C) = dout (N,OC) @ weight (OC,C): column-major m=C, n=N, k=OC; overwritten. GELU's backward
     // rides in cuBLASLt's DGELU epilogue where it has one (the pre-activation's leading dimension a multiple
-    // of 8), else a kernel
-    if (!(pre_gelu && C % 8 == 0 &&
-          lp_gemm_epilogue(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, CUBLASLT_EPILOGUE_DGELU, NULL, pre_gelu))) {
+    // of 8), and with dpre_bias in its DGELU_BGRAD: dinp's column sums are D's row sums, written as the
+    // epilogue makes D (fc's bias gradient without a pass of its own over dinp); else kernels
+    cublasLtEpilogue_t dgelu = dpre_bias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    if (pre_gelu && C % 8 == 0 && lp_gemm_epilogue(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, dgelu,
+                                                   dpre_bias ? bgrad : NULL, pre_gelu)) {
+        if (dpre_bias) lp_add_scaled_gpu(dpre_bias, bgrad, (size_t)C, 1.0f);
+    } else {
         lp_gemm(0, 0, C, N, OC, weight, C, 0, dout, OC, 0, dinp, C, 0, 1, 1.0f, 0.0f, NULL, NULL);
         if (pre_gelu) lp_gelu_backward_gpu(dinp, pre_gelu, dinp, N * C);
+        if (dpre_bias) lp_bias_backward_gpu(dpre_bias, dinp, N, C);
     }
     // dweight (OC,C) += dout^T @ inp: column-major m=C, n=OC, k=N; accumulated (beta 1). The bias gradient,
     // dout's column sums, is op(B)'s sums over k: cuBLASLt's BGRADB epilogue writes them (in bf16) as the
     // GEMM reads dout, and they are added in; where it has no algorithm, a deterministic two-pass kernel
-    floatX* bgrad = dbias ? (floatX*)lp_scratch(&lp_partials, (size_t)LP_BIAS_CHUNKS * OC * sizeof(float), "reduction partials") : NULL;
     if (dbias && lp_gemm_epilogue(0, 1, C, OC, N, inp, C, 0, dout, OC, 0, dweight, C, 0, 1, 1.0f, 1.0f, CUBLASLT_EPILOGUE_BGRADB, bgrad, NULL)) {
         lp_add_scaled_gpu(dbias, bgrad, (size_t)OC, 1.0f);
         return;
     }
     lp_gemm(0, 1, C, OC, N, inp, C, 0, dout, OC, 0, dweight, C, 0, 1, 1.0f, 1.0f, NULL, NULL);
-    if (dbias) {
-        float* partials = (float*)bgrad;
-        dim3 grid(lp_grid(OC, LP_THREADS), LP_BIAS_CHUNKS);
-        LP_LAUNCH(lp_bias_partials_kernel, grid, LP_THREADS, 0, partials, dout, N, OC);
-        lp_sum_partials_gpu(dbias, partials, LP_BIAS_CHUNKS, OC, OC);
-    }
+    if (dbias) lp_bias_backward_gpu(dbias, dout, N, OC);
 }
 
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: B's storage read as column-major is B^T,
@@ -4206,23 +4223,23 @@ static inline void lp_moe_router_backward_gpu(floatX* dlogits, const float* prob
 // classifier_stats writes this slice's (max, sum of exp(logit - max), target's logit or 0) over the real
 // tokens (< V); the ranks' triples are all-gathered (t of them); classifier_grad combines them into the
 // row's softmax normaliser, writes loss = log(sum) + max - target logit, and overwrites the logits with
-// their gradient (softmax - onehot) * dloss (0 on the padding). Without TP, t = 1 and v0 = 0.
+// their gradient (softmax - onehot) * dloss (0 on the padding). Without TP (t = 1, v0 = 0) nothing crosses
+// ranks and classifier_fused does both in one pass over the rows (the same arithmetic, the same bits).
+static inline void lp_classifier_row_stats_cpu(float* stats, const float* row, int target, int real) {
+    float maxv = -INFINITY, sum = 0.0f;
+    // simd: a vector of partial maxima and sums (a fixed order, so still deterministic)
+#pragma omp simd reduction(max : maxv)
+    for (int v = 0; v < real; v++) maxv = row[v] > maxv ? row[v] : maxv;
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < real; v++) sum += lp_expf(row[v] - maxv);
+    stats[0] = maxv;
+    stats[1] = sum;
+    stats[2] = target >= 0 && target < real ? row[target] : 0.0f;
+}
 static inline void lp_classifier_stats_cpu(float* stats, const float* logits, const int* targets, int N, int Vl, int v0, int V) {
     int real = V - v0 < Vl ? V - v0 : Vl;  // real tokens in the slice (may be none)
 #pragma omp parallel for
-    for (int i = 0; i < N; i++) {
-        const float* row = logits + (size_t)i * Vl;
-        float maxv = -INFINITY, sum = 0.0f;
-        // simd: a vector of partial maxima and sums (a fixed order, so still deterministic)
-#pragma omp simd reduction(max : maxv)
-        for (int v = 0; v < real; v++) maxv = row[v] > maxv ? row[v] : maxv;
-#pragma omp simd reduction(+ : sum)
-        for (int v = 0; v < real; v++) sum += lp_expf(row[v] - maxv);
-        int target = targets[i] - v0;
-        stats[3 * i] = maxv;
-        stats[3 * i + 1] = sum;
-        stats[3 * i + 2] = target >= 0 && target < real ? row[target] : 0.0f;
-    }
+    for (int i = 0; i < N; i++) lp_classifier_row_stats_cpu(stats + 3 * i, logits + (size_t)i * Vl, targets[i] - v0, real);
 }
 
 // The softmax normaliser of row i from the t slices' stats (t, N, 3): max and sum over the whole row.
@@ -4239,17 +4256,30 @@ static inline LP_HD void lp_classifier_combine(const float* stats, int t, int N,
     *target = x;
 }
 
+// A row's loss, and its logits overwritten by their gradient, from the whole row's max, sum and target logit.
+static inline void lp_classifier_row_grad_cpu(float* row, float* loss, float maxv, float sum, float target_logit, float dloss,
+                                              int target, int Vl, int v0, int V) {
+    *loss = logf(sum) + maxv - target_logit;
+    for (int v = 0; v < Vl; v++)
+        row[v] = v0 + v < V ? (lp_expf(row[v] - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+}
 static inline void lp_classifier_grad_cpu(float* logits, float* losses, const float* stats, int t, float dloss,
                                           const int* targets, int N, int Vl, int v0, int V) {
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         float maxv, sum, target_logit;
         lp_classifier_combine(stats, t, N, i, &maxv, &sum, &target_logit);
-        losses[i] = logf(sum) + maxv - target_logit;
-        float* row = logits + (size_t)i * Vl;
-        int target = targets[i] - v0;
-        for (int v = 0; v < Vl; v++)
-            row[v] = v0 + v < V ? (lp_expf(row[v] - maxv) / sum - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+        lp_classifier_row_grad_cpu(logits + (size_t)i * Vl, losses + i, maxv, sum, target_logit, dloss, targets[i] - v0, Vl, v0, V);
+    }
+}
+
+// t = 1: the whole padded row (N,Vp) with its V real tokens, both steps a row at a time.
+static inline void lp_classifier_fused_cpu(float* logits, float* losses, float dloss, const int* targets, int N, int Vp, int V) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++) {
+        float st[3], *row = logits + (size_t)i * Vp;
+        lp_classifier_row_stats_cpu(st, row, targets[i], V);
+        lp_classifier_row_grad_cpu(row, losses + i, st[0], st[1], st[2], dloss, targets[i], Vp, 0, V);
     }
 }
 
@@ -4258,8 +4288,12 @@ static inline void lp_classifier_grad_cpu(float* logits, float* losses, const fl
 // block then rescales to the common max and adds up. Grad: one more read and a write. exp as 2^x on the
 // SFU (lp_exp2, as the flash kernels) and the running sum rescaled once a pack: a handful of instructions
 // a value, so HBM sets their pace, not the issue slots (with expf and a rescale a value it did not).
-static __global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
-    const floatX* row = logits + (size_t)blockIdx.x * Vl;
+// The fused kernel runs both on a row in one launch: its second read finds the row (~100 KB at GPT-2's
+// vocabulary) still in L2, so HBM sees it read once and written once, as llm.c's fused classifier.
+// Every thread gets the row's (max, sum); thread 0 reads the target's logit, before any thread can
+// overwrite it.
+static __device__ inline void lp_classifier_row_stats(const floatX* row, int target, int real, float* maxv_out, float* sum_out,
+                                                      float* target_logit) {
     float maxv = -INFINITY, sum = 0.0f;  // sum of exp(x - maxv), as 2^(x log2(e) - maxv log2(e)) on the SFU
     for (int v = threadIdx.x * LP_PACK; v < real; v += blockDim.x * LP_PACK) {
         LPPack p = lp_load_pack(row, v, real);
@@ -4276,14 +4310,32 @@ static __global__ void lp_classifier_stats_kernel(float* stats, const floatX* lo
 #pragma unroll
         for (int k = 0; k < LP_PACK; k++) sum += lp_exp2(fmaf(x[k], LP_LOG2E, -maxv * LP_LOG2E));
     }
-    float block_max = lp_block_reduce(maxv, 1);
-    sum = lp_block_reduce(sum > 0.0f ? sum * expf(maxv - block_max) : 0.0f, 0);
+    if (threadIdx.x == 0) *target_logit = target >= 0 && target < real ? lp_bf(row[target]) : 0.0f;
+    float block_max = lp_block_reduce(maxv, 1);  // (its barriers order thread 0's read before any write)
+    *sum_out = lp_block_reduce(sum > 0.0f ? sum * expf(maxv - block_max) : 0.0f, 0);
+    *maxv_out = block_max;
+}
+static __device__ inline void lp_classifier_row_grad(floatX* row, float maxv, float sum, float dloss, int target, int Vl, int v0,
+                                                     int V) {
+    float scale = dloss / sum, m2 = maxv * LP_LOG2E;
+    for (int v = threadIdx.x * LP_PACK; v < Vl; v += blockDim.x * LP_PACK) {
+        LPPack p = lp_load_pack(row, v, Vl);
+#pragma unroll
+        for (int k = 0; k < LP_PACK; k++) {
+            float g = lp_exp2(fmaf(lp_bf(p.x[k]), LP_LOG2E, -m2)) * scale - (v + k == target ? dloss : 0.0f);
+            p.x[k] = lp_xf(v0 + v + k < V ? g : 0.0f);
+        }
+        lp_store_pack(row, v, Vl, p);
+    }
+}
+static __global__ void lp_classifier_stats_kernel(float* stats, const floatX* logits, const int* targets, int Vl, int v0, int real) {
+    float maxv, sum, target_logit = 0.0f;
+    lp_classifier_row_stats(logits + (size_t)blockIdx.x * Vl, targets[blockIdx.x] - v0, real, &maxv, &sum, &target_logit);
     if (threadIdx.x == 0) {
-        int target = targets[blockIdx.x] - v0;
         float* st = stats + 3 * (size_t)blockIdx.x;
-        st[0] = block_max;
+        st[0] = maxv;
         st[1] = sum;
-        st[2] = target >= 0 && target < real ? lp_bf(row[target]) : 0.0f;
+        st[2] = target_logit;
     }
 }
 static inline void lp_classifier_stats_gpu(float* stats, const floatX* logits, const int* targets, int N, int Vl, int v0, int V) {
@@ -4296,22 +4348,23 @@ static __global__ void lp_classifier_grad_kernel(floatX* logits, float* losses, 
     float maxv, sum, target_logit;
     lp_classifier_combine(stats, t, N, i, &maxv, &sum, &target_logit);
     if (threadIdx.x == 0) losses[i] = logf(sum) + maxv - target_logit;
-    floatX* row = logits + (size_t)i * Vl;
-    int target = targets[i] - v0;
-    float scale = dloss / sum, m2 = maxv * LP_LOG2E;
-    for (int v = threadIdx.x * LP_PACK; v < Vl; v += blockDim.x * LP_PACK) {
-        LPPack p = lp_load_pack(row, v, Vl);
-#pragma unroll
-        for (int k = 0; k < LP_PACK; k++) {
-            float g = lp_exp2(fmaf(lp_bf(p.x[k]), LP_LOG2E, -m2)) * scale - (v + k == target ? dloss : 0.0f);
-            p.x[k] = lp_xf(v0 + v + k < V ? g : 0.0f);
-        }
-        lp_store_pack(row, v, Vl, p);
-    }
+    lp_classifier_row_grad(logits + (size_t)i * Vl, maxv, sum, dloss, targets[i] - v0, Vl, v0, V);
 }
 static inline void lp_classifier_grad_gpu(floatX* logits, float* losses, const float* stats, int t, float dloss,
                                           const int* targets, int N, int Vl, int v0, int V) {
     LP_LAUNCH(lp_classifier_grad_kernel, N, 1024, 0, logits, losses, stats, t, dloss, targets, N, Vl, v0, V);
+}
+static __global__ void lp_classifier_fused_kernel(floatX* logits, float* losses, float dloss, const int* targets, int Vp, int V) {
+    floatX* row = logits + (size_t)blockIdx.x * Vp;
+    int target = targets[blockIdx.x];
+    float maxv, sum, target_logit = 0.0f;
+    lp_classifier_row_stats(row, target, V, &maxv, &sum, &target_logit);
+    // as classifier_combine over one slice: its sum times expf(0) = 1, so the same bits as the two launches
+    if (threadIdx.x == 0) losses[blockIdx.x] = logf(sum) + maxv - target_logit;
+    lp_classifier_row_grad(row, maxv, sum, dloss, target, Vp, 0, V);
+}
+static inline void lp_classifier_fused_gpu(floatX* logits, float* losses, float dloss, const int* targets, int N, int Vp, int V) {
+    LP_LAUNCH(lp_classifier_fused_kernel, N, 1024, 0, logits, losses, dloss, targets, Vp, V);
 }
 #endif
 
@@ -4568,6 +4621,7 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_moe_aux_grad               lp_moe_aux_grad_cpu
 #define lp_classifier_stats           lp_classifier_stats_cpu
 #define lp_classifier_grad            lp_classifier_grad_cpu
+#define lp_classifier_fused           lp_classifier_fused_cpu
 #define lp_add_scaled                 lp_add_scaled_cpu
 #define lp_adamw                      lp_adamw_cpu
 #define lp_norm_squared               lp_norm_squared_cpu
@@ -4600,6 +4654,7 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_moe_aux_grad               lp_moe_aux_grad_gpu
 #define lp_classifier_stats           lp_classifier_stats_gpu
 #define lp_classifier_grad            lp_classifier_grad_gpu
+#define lp_classifier_fused           lp_classifier_fused_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu
 #define lp_adamw                      lp_adamw_gpu
 #define lp_norm_squared               lp_norm_squared_gpu
@@ -6619,9 +6674,13 @@ static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float
     const LPConfig* c = &m->cfg;
     LPActivations* a = &m->act;
     int t = m->tp_size, Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
-    lp_classifier_stats(a->stats + (size_t)3 * N * m->tp_rank, logits, m->targets, N, Vl, v0, c->vocab_size);
-    if (t > 1) lp_all_gather(m->tp, a->stats, (size_t)3 * N * sizeof(float));
-    lp_classifier_grad(logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, c->vocab_size);
+    if (t == 1)
+        lp_classifier_fused(logits, a->losses, dloss, m->targets, N, Vl, c->vocab_size);
+    else {  // the slices' stats cross the group between the two launches
+        lp_classifier_stats(a->stats + (size_t)3 * N * m->tp_rank, logits, m->targets, N, Vl, v0, c->vocab_size);
+        lp_all_gather(m->tp, a->stats, (size_t)3 * N * sizeof(float));
+        lp_classifier_grad(logits, a->losses, a->stats, t, dloss, m->targets, N, Vl, v0, c->vocab_size);
+    }
     lp_copy_to_host(m->losses_host, a->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += m->losses_host[i];
@@ -6899,9 +6958,9 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
         size_t o = off[e];
         int n = off[e + 1] - off[e];
         if (n == 0) continue;
-        lp_matmul_backward(a->defch + o * Fl, lp_expert_grad(m, LP_EXPFCPROJW, l, e), lp_expert_grad(m, LP_EXPFCPROJB, l, e),
+        lp_matmul_backward(a->defch + o * Fl, lp_expert_grad(m, LP_EXPFCPROJW, l, e), lp_expert_grad(m, LP_EXPFCPROJB, l, e), NULL,
                            d + o * C, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e), n, Fl, C, x->efch + o * Fl);
-        lp_matmul_backward(d + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), a->defch + o * Fl,
+        lp_matmul_backward(d + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), NULL, a->defch + o * Fl,
                            x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e), n, C, Fl, NULL);
     }
     if (m->ep_size > 1) {  // the input rows' gradients back to their ranks
@@ -6912,7 +6971,7 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
     // the router: the balance loss's gradient of each probability, the gates', the z-loss's, into its logits
     lp_moe_aux_grad(a->daux, x->routes, m->moe.aux_coef, m->dloss, N, E, K);
     lp_moe_router_backward(a->rlogits, x->probs, x->rlse, x->expert, x->gate, a->dgate, t, a->daux, m->moe.z_coef * m->dloss, N, E, K);
-    lp_matmul_backward(a->rdx, lp_layer_grad(m, LP_ROUTERW, l), NULL, a->rlogits, lp_tp_f_forward(m, x->ln2, N, C),
+    lp_matmul_backward(a->rdx, lp_layer_grad(m, LP_ROUTERW, l), NULL, NULL, a->rlogits, lp_tp_f_forward(m, x->ln2, N, C),
                        lp_layer_param(m, LP_ROUTERW, l), N, C, E, NULL);
     floatX* rows = lp_tp_f_backward(m, a->btc, N, C);  // the experts' parts summed over TP, then the router's (every rank's)
     lp_add_scaled(rows, a->rdx + (m->par->sp ? (size_t)m->tp_rank * Nr * C : 0), (size_t)Nr * C, 1.0f);
@@ -7126,24 +7185,25 @@ static inline void lp_model_backward(LPModel* m, int last) {
         if (x.moe) {
             dln2 = lp_moe_backward(m, l, &x, lp_tp_g_backward(m, a->dresidual, N, C));
         } else {
-            lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l),
+            // through the GELU too: dfch is fc's output gradient, and its column sums fc's bias gradient
+            lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l), lp_layer_grad(m, LP_FCB, l),
                                 lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl,
-                                C, x.fch);  // through the GELU too: dfch is fc's output gradient
-            lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), a->dfch,
+                                C, x.fch);
+            lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), NULL, NULL, a->dfch,
                                 lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, Fl, NULL);
             dln2 = lp_tp_f_backward(m, a->btc, N, C);
         }
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN2W, l), lp_layer_grad(m, LP_LN2B, l), dln2, x.residual2,
                                lp_layer_param(m, LP_LN2W, l), x.ln2_mean, x.ln2_rstd, Nr, C);
         // attention half
-        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l),
+        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l), NULL,
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C, NULL);
         if (lp_attention_materialised(m->attention))
             lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
 #ifndef LLMPAR_CPU
         else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
 #endif
-        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), a->qkv,
+        lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), NULL, a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
                                lp_tp_f_backward(m, a->btc, N, C), x.input, lp_layer_param(m, LP_LN1W, l), x.ln1_mean,

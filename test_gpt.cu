@@ -2319,7 +2319,7 @@ static void test_op_gradients(void) {
         mm_fwd(&c, out);
         if (gelu) lp_gelu_backward_cpu(dout, c.pre, r, N * OC);
         else memcpy(dout, r, N * OC * 4);
-        lp_matmul_backward_cpu(dinp, dw, db, dout, c.inp, c.w, N, C, OC, NULL);
+        lp_matmul_backward_cpu(dinp, dw, db, NULL, dout, c.inp, c.w, N, C, OC, NULL);
         fd_check(gelu ? "fd matmul+gelu dinp" : "fd matmul dinp", mm_fwd, &c, c.inp, N * C, dinp, out, r, N * OC, &rng);
         fd_check(gelu ? "fd matmul+gelu dweight" : "fd matmul dweight", mm_fwd, &c, c.w, OC * C, dw, out, r, N * OC, &rng);
         fd_check(gelu ? "fd matmul+gelu dbias" : "fd matmul dbias", mm_fwd, &c, c.b, OC, db, out, r, N * OC, &rng);
@@ -2379,6 +2379,15 @@ static void test_op_gradients(void) {
         for (int i = 0; i < N; i++)
             for (int v = V; v < Vp; v++) pad_zero &= c.work[i * Vp + v] == 0.0f;
         expect(pad_zero, "classifier: padding gets zero gradient");
+        {   // t = 1's single pass: the two steps' bits
+            float *fused = zeros(N * Vp), *fused_losses = zeros(N);
+            memcpy(fused, c.logits, N * Vp * sizeof(float));
+            cls_fwd(&c, losses);
+            lp_classifier_fused_cpu(fused, fused_losses, 1.0f, targets, N, Vp, V);
+            expect(memcmp(fused, c.work, N * Vp * sizeof(float)) == 0 && memcmp(fused_losses, losses, N * sizeof(float)) == 0,
+                   "classifier_fused: the same losses and dlogits as classifier_stats then classifier_grad, bit for bit");
+            free(fused); free(fused_losses);
+        }
         // vocab-parallel: t slices of Vp/t columns each (t = 4: the last slice holds only padding) give the
         // same losses and gradients from the all-gathered statistics
         cls_fwd(&c, losses);  // the unperturbed reference again (fd_check used losses as scratch)
@@ -2430,17 +2439,26 @@ static void test_blas_matmul(void) {
         memcpy(dw2, dw0, (size_t)OC * C * sizeof(float));
         memcpy(db1, db0, OC * sizeof(float));
         memcpy(db2, db0, OC * sizeof(float));
-        lp_matmul_backward_loops(di1, dw1, db1, dout, x, w, N, C, OC, NULL);
-        lp_matmul_backward_cpu(di2, dw2, db2, dout, x, w, N, C, OC, NULL);
+        lp_matmul_backward_loops(di1, dw1, db1, NULL, dout, x, w, N, C, OC, NULL);
+        lp_matmul_backward_cpu(di2, dw2, db2, NULL, dout, x, w, N, C, OC, NULL);
         snprintf(name, sizeof(name), "BLAS matmul backward equals the loops (dinp, dweight += , dbias +=): N=%d C=%d OC=%d", N, C, OC);
         expect_close(name, di2, di1, (size_t)N * C, 1e-6f, 1e-5f);
         expect_close(name, dw2, dw1, (size_t)OC * C, 1e-6f, 1e-5f);
         expect_close(name, db2, db1, OC, 1e-6f, 1e-5f);
-        lp_matmul_backward_loops(di1, dw1, NULL, dout, x, w, N, C, OC, x);  // through a GELU at x
-        lp_matmul_backward_cpu(di2, dw2, NULL, dout, x, w, N, C, OC, x);
+        // through a GELU at x, with the bias gradient of the GELU's input (dinp's column sums) accumulated
+        float *pb1 = rnd(C, &rng, 1.0f), *pb2 = zeros(C), *pb_want = zeros(C);
+        memcpy(pb2, pb1, C * sizeof(float));
+        memcpy(pb_want, pb1, C * sizeof(float));
+        lp_matmul_backward_loops(di1, dw1, NULL, pb1, dout, x, w, N, C, OC, x);
+        lp_matmul_backward_cpu(di2, dw2, NULL, pb2, dout, x, w, N, C, OC, x);
         snprintf(name, sizeof(name), "BLAS matmul backward through a GELU equals the loops (dinp): N=%d C=%d OC=%d", N, C, OC);
         expect_close(name, di2, di1, (size_t)N * C, 1e-6f, 1e-5f);
-        float* all[] = {x, w, b, dout, dw0, db0, o1, o2, p1, p2, di1, di2, dw1, dw2, db1, db2};
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < N; i++) pb_want[c] += di1[(size_t)i * C + c];
+        snprintf(name, sizeof(name), "matmul backward through a GELU: dpre_bias += dinp's column sums (loops, BLAS): N=%d C=%d", N, C);
+        expect_close(name, pb1, pb_want, C, 1e-6f, 1e-5f);
+        expect_close(name, pb2, pb_want, C, 1e-6f, 1e-5f);
+        float* all[] = {x, w, b, dout, dw0, db0, o1, o2, p1, p2, di1, di2, dw1, dw2, db1, db2, pb1, pb2, pb_want};
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
     }
 }
@@ -4667,7 +4685,7 @@ static void tier4_matmul(uint64_t* rng) {
         lp_matmul_forward_cpu(out, gelu ? pre : NULL, x, w, mode ? b : NULL, N, C, OC);
         lp_matmul_forward_gpu(d_out, gelu ? d_pre : NULL, d_x, d_w, mode ? d_b : NULL, N, C, OC);
         float* g = host_from(d_out, (size_t)N * OC);
-        char name[128];
+        char name[192];
         snprintf(name, sizeof(name), "gpu matmul_forward %s out", tag);
         expect_close_scaled(name, g, out, (size_t)N * OC, 1e-2f);
         free(g);
@@ -4678,14 +4696,15 @@ static void tier4_matmul(uint64_t* rng) {
             free(g);
         }
         // backward: dinp overwritten (GELU modes: through a GELU at x, as fcproj's backward runs through fc's:
-        // cuBLASLt's DGELU epilogue at C = 256, the kernel at 33), dweight and dbias accumulate (dbias in the
-        // dweight GEMM's BGRADB epilogue); under the emulator again with cuBLASLt refusing both epilogues, as
-        // it may for a shape: the fallback kernels
+        // cuBLASLt's DGELU epilogue at C = 256, the kernel at 33; with fc's bias gradient, dinp's column sums,
+        // accumulated: DGELU_BGRAD at 256, the two-pass kernel at 33), dweight and dbias accumulate (dbias in
+        // the dweight GEMM's BGRADB epilogue); under the emulator again with cuBLASLt refusing the epilogues,
+        // as it may for a shape: the fallback kernels
         float *dout = host_rand((size_t)N * OC, rng, 1.0f), *dinp = host_rand((size_t)N * C, rng, 1.0f);
-        float *dw = host_rand((size_t)OC * C, rng, 1.0f), *db = host_rand(OC, rng, 1.0f);
+        float *dw = host_rand((size_t)OC * C, rng, 1.0f), *db = host_rand(OC, rng, 1.0f), *pb = host_rand(C, rng, 1.0f);
         floatX *d_dout = dev_bf16(dout, (size_t)N * OC), *d_dinp0 = dev_bf16(dinp, (size_t)N * C);
-        floatX *d_dw0 = dev_bf16(dw, (size_t)OC * C), *d_db0 = dev_bf16(db, OC);
-        lp_matmul_backward_cpu(dinp, dw, mode ? db : NULL, dout, x, w, N, C, OC, gelu ? x : NULL);
+        floatX *d_dw0 = dev_bf16(dw, (size_t)OC * C), *d_db0 = dev_bf16(db, OC), *d_pb0 = dev_bf16(pb, C);
+        lp_matmul_backward_cpu(dinp, dw, mode ? db : NULL, gelu ? pb : NULL, dout, x, w, N, C, OC, gelu ? x : NULL);
         for (int refuse = 0; refuse < 2; refuse++) {
 #ifdef LLMPAR_CUDAEMU
             cudaemu_refuse_grad_epilogues(refuse);
@@ -4695,27 +4714,35 @@ static void tier4_matmul(uint64_t* rng) {
             floatX* d_dinp = (floatX*)lp_device_malloc((size_t)N * C * sizeof(floatX), "test");
             floatX* d_dw = (floatX*)lp_device_malloc((size_t)OC * C * sizeof(floatX), "test");
             floatX* d_db = (floatX*)lp_device_malloc(OC * sizeof(floatX), "test");
+            floatX* d_pb = (floatX*)lp_device_malloc(C * sizeof(floatX), "test");
             lp_copy_device(d_dinp, d_dinp0, (size_t)N * C * sizeof(floatX));
             lp_copy_device(d_dw, d_dw0, (size_t)OC * C * sizeof(floatX));
             lp_copy_device(d_db, d_db0, OC * sizeof(floatX));
-            lp_matmul_backward_gpu(d_dinp, d_dw, mode ? d_db : NULL, d_dout, d_x, d_w, N, C, OC, gelu ? d_x : NULL);
+            lp_copy_device(d_pb, d_pb0, C * sizeof(floatX));
+            lp_matmul_backward_gpu(d_dinp, d_dw, mode ? d_db : NULL, gelu ? d_pb : NULL, d_dout, d_x, d_w, N, C, OC, gelu ? d_x : NULL);
             float *g1 = host_from(d_dinp, (size_t)N * C), *g2 = host_from(d_dw, (size_t)OC * C), *g3 = host_from(d_db, OC);
-            const char* how = refuse ? ", cuBLASLt refusing DGELU and BGRADB" : "";
+            const char* how = refuse ? ", cuBLASLt refusing DGELU(_BGRAD) and BGRADB" : "";
             snprintf(name, sizeof(name), "gpu matmul_backward %s dinp%s", tag, how);
             expect_close_scaled(name, g1, dinp, (size_t)N * C, 2e-2f);
             snprintf(name, sizeof(name), "gpu matmul_backward %s dweight (accumulating)%s", tag, how);
             expect_close_scaled(name, g2, dw, (size_t)OC * C, 2e-2f);
             snprintf(name, sizeof(name), "gpu matmul_backward %s dbias (accumulating)%s", tag, how);
             expect_close_scaled(name, g3, db, OC, 2e-2f);
+            if (gelu) {
+                float* g4 = host_from(d_pb, C);
+                snprintf(name, sizeof(name), "gpu matmul_backward %s dpre_bias, dinp's column sums (accumulating)%s", tag, how);
+                expect_close_scaled(name, g4, pb, C, 2e-2f);
+                free(g4);
+            }
             free(g1); free(g2); free(g3);
-            lp_device_free(d_dinp); lp_device_free(d_dw); lp_device_free(d_db);
+            lp_device_free(d_dinp); lp_device_free(d_dw); lp_device_free(d_db); lp_device_free(d_pb);
         }
 #ifdef LLMPAR_CUDAEMU
         cudaemu_refuse_grad_epilogues(0);
 #endif
-        free(x); free(w); free(b); free(out); free(pre); free(dout); free(dinp); free(dw); free(db);
+        free(x); free(w); free(b); free(out); free(pre); free(dout); free(dinp); free(dw); free(db); free(pb);
         lp_device_free(d_x); lp_device_free(d_w); lp_device_free(d_b); lp_device_free(d_out); lp_device_free(d_pre);
-        lp_device_free(d_dout); lp_device_free(d_dinp0); lp_device_free(d_dw0); lp_device_free(d_db0);
+        lp_device_free(d_dout); lp_device_free(d_dinp0); lp_device_free(d_dw0); lp_device_free(d_db0); lp_device_free(d_pb0);
     }
     int n = 4096;
     float *x = host_rand(n, rng, 4.0f), *dout = host_rand(n, rng, 1.0f), *dinp = host_rand(n, rng, 1.0f);
@@ -4843,7 +4870,8 @@ static void tier4_cublas_attention(uint64_t* rng, int B, int T, int C, int NH) {
     lp_device_free(d_dqkv); lp_device_free(d_dqkvr); lp_device_free(d_datt); lp_device_free(d_dy);
 }
 
-// The classifier over the whole row (t = 1) and over 2 vocabulary slices, as a TP group runs it.
+// The classifier over the whole row (t = 1) and over 2 vocabulary slices, as a TP group runs it; at t = 1
+// also its single pass (classifier_fused), which must give the two launches' bits.
 static void tier4_classifier(uint64_t* rng) {
     int N = 64, V = 997, Vp = 1024;  // V not a multiple of 8: a part-filled pack
     int targets[64];
@@ -4874,6 +4902,20 @@ static void tier4_classifier(uint64_t* rng) {
         expect_close(name, gl, losses, N, 1e-4f, 1e-4f);
         snprintf(name, sizeof(name), "gpu classifier_grad dlogits over %d slice(s) (padding zero)", t);
         expect_close_scaled(name, gd, slices, (size_t)N * Vp, 1e-2f);
+        if (t == 1) {  // the single pass: against its CPU loop, and the two launches' bits
+            float* fused_losses = host_rand(N, rng, 1.0f);
+            floatX* d_fused = dev_bf16(logits, (size_t)N * Vp);
+            float* d_fused_losses = (float*)dev_copy(fused_losses, N * 4);
+            lp_classifier_fused_cpu(logits, fused_losses, 1.0f / N, targets, N, Vp, V);
+            lp_classifier_fused_gpu(d_fused, d_fused_losses, 1.0f / N, d_targets, N, Vp, V);
+            float *fl = host_from_f32(d_fused_losses, N), *fd = host_from(d_fused, (size_t)N * Vp);
+            expect_close("gpu classifier_fused losses", fl, fused_losses, N, 1e-4f, 1e-4f);
+            expect_close_scaled("gpu classifier_fused dlogits (padding zero)", fd, logits, (size_t)N * Vp, 1e-2f);
+            expect(memcmp(fl, gl, N * 4) == 0 && memcmp(fd, gd, (size_t)N * Vp * 4) == 0,
+                   "gpu classifier_fused: the two launches' losses and dlogits, bit for bit");
+            free(fused_losses); free(fl); free(fd);
+            lp_device_free(d_fused); lp_device_free(d_fused_losses);
+        }
         free(logits); free(losses); free(stats); free(slices); free(gs); free(gl); free(gd);
         lp_device_free(d_slices); lp_device_free(d_losses); lp_device_free(d_stats); lp_device_free(d_targets);
     }

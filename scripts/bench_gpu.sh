@@ -14,7 +14,7 @@
 #                                             and per step of llm.c's tokens per GPU (65536, 131072; ~1 hour)
 #        bash scripts/bench_gpu.sh emu check     every roof of single launches on an H100 and an A100, MODELLED:
 #                                             two shared-memory test kernels (conflict-free, 32-way conflicted),
-#                                             124M's attention and LayerNorm kernels at B=64 T=1024, under the
+#                                             124M's attention, LayerNorm and classifier kernels at B=64 T=1024, under the
 #                                             hazard check; registers from nvcc's report (~5 min)
 set -u
 cd "$(dirname "$0")/.."
@@ -64,7 +64,8 @@ if [ "${1:-}" = emu ]; then
         [ ${#ptxas[@]} = 2 ] && regs=(--ptxas "${ptxas[@]}")
         [ ${#sass[@]} = 2 ] && regs+=(--sass "${sass[@]}")
         exec python3 dev/cudaemu/roofline.py check "$counts/check.tsv" --gpu H100 A100 ${regs[@]+"${regs[@]}"} \
-            --scale 'shared_conflict=16' --scale 'attention=768' --scale '^cublasLt=768'
+            --scale 'shared_conflict=16' --scale 'attention=768' --scale '^cublasLt=768' \
+            --scale 'classifier=64'
     fi
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT

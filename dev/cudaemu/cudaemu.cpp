@@ -59,7 +59,7 @@ static struct {
     int eager;        // CUDAEMU_EAGER=1: run queued work at once instead of when the host waits or idles
     int shared_gpu;   // CUDAEMU_SHARED_GPU=1: every rank reports the same PCI bus id (ranks sharing a GPU)
     int refuse_grads; // CUDAEMU_REFUSE_GRAD_EPILOGUES=1, or cudaemu_refuse_grad_epilogues(1): the heuristic finds no
-                      // algorithm for DGELU or BGRADB, as cuBLASLt may for a shape, so the caller's fallback runs
+                      // algorithm for DGELU(_BGRAD) or BGRADB, as cuBLASLt may for a shape, so the caller's fallback runs
     const char* profile;  // CUDAEMU_PROFILE=FILE: count bytes and FLOPs into FILE (section 10)
     int profile_skip;     // CUDAEMU_PROFILE_SKIP=N: count from the N-th cudaDeviceSynchronize on
 } cfg;
@@ -1419,11 +1419,13 @@ static void lt_check(const char* call, const Desc& d, const Layout& A, const Lay
         lt_rule(call, "D's CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET %lld is smaller than one matrix (%lld): the batches overlap",
                 (long long)D.stride, (long long)(D.ld * (int64_t)n));
     bool wants_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    bool dgelu_bgrad = d.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
     bool wants_aux = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
-                     d.epilogue == CUBLASLT_EPILOGUE_DGELU;
+                     d.epilogue == CUBLASLT_EPILOGUE_DGELU || dgelu_bgrad;
     bool bgradb = d.epilogue == CUBLASLT_EPILOGUE_BGRADB;
     if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && !wants_bias && !wants_aux && !bgradb)
-        lt_rule(call, "epilogue %d is not emulated (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADB are)", (int)d.epilogue);
+        lt_rule(call, "epilogue %d is not emulated (DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU, DGELU_BGRAD, BGRADB are)",
+                (int)d.epilogue);
     if (wants_bias && !d.bias) lt_rule(call, "the BIAS epilogues need CUBLASLT_MATMUL_DESC_BIAS_POINTER");
     if (wants_bias && d.bias_type_set && d.bias_type != D.type && d.bias_type != CUDA_R_32F)
         lt_rule(call, "CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE must be D's type or CUDA_R_32F");
@@ -1431,6 +1433,10 @@ static void lt_check(const char* call, const Desc& d, const Layout& A, const Lay
         if (!d.bias) lt_rule(call, "BGRADB needs CUBLASLT_MATMUL_DESC_BIAS_POINTER (where the bias gradient goes)");
         if (d.bias_type_set && d.bias_type != C.type) lt_rule(call, "BGRADB: the bias gradient's type must be C's");
         if (D.batch > 1) lt_rule(call, "BGRADB with batches is not emulated");
+    }
+    if (dgelu_bgrad) {  // the bias gradient: D's row sums after the GELU gradient, one per row of D, in C's type
+        if (!d.bias) lt_rule(call, "DGELU_BGRAD needs CUBLASLT_MATMUL_DESC_BIAS_POINTER (where the bias gradient goes)");
+        if (d.bias_type_set && d.bias_type != C.type) lt_rule(call, "DGELU_BGRAD: the bias gradient's type must be C's");
     }
     if (wants_aux) {
         if (!d.aux) lt_rule(call, "the GELU_AUX and DGELU epilogues need CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
@@ -1496,7 +1502,7 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
     // derivative at the pre-activation read from aux
     bool add_bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     bool gelu = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX || d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU;
+    bool dgelu_bgrad = d.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD, dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU || dgelu_bgrad;
     static std::vector<float> a, b;
     if (d.epilogue == CUBLASLT_EPILOGUE_BGRADB)  // (one batch) the bias gradient: each column of op(B) summed over k, in order
         for (size_t j = 0; j < n; j++) {
@@ -1517,6 +1523,7 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
         // each output element is written by one task (its rows), so the tasks' order does not matter
 #pragma omp parallel for schedule(dynamic, 1)
         for (size_t i0 = 0; i0 < m; i0 += rows_per_task) {
+            float row_sums[rows_per_task] = {0};  // DGELU_BGRAD's: each row of D over its columns in order, before rounding
             for (size_t j0 = 0; j0 < n; j0 += 4) {
                 size_t jn = std::min<size_t>(4, n - j0);
                 const float* y[4];
@@ -1533,13 +1540,16 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
                         if (gelu) {  // GELU_AUX(_BIAS): the pre-activation is written
                             lt_store(d.aux, LD.type, i + j * d.aux_ld, v);
                             v = gelu_tanh(v);
-                        } else if (dgelu) {  // DGELU: it is read
+                        } else if (dgelu) {  // DGELU(_BGRAD): it is read
                             v *= gelu_tanh_grad(lt_load(d.aux, LD.type, i + j * d.aux_ld));
+                            row_sums[i - i0] += v;
                         }
                         lt_store(Dp, LD.type, od + i + j * LD.ld, v);
                     }
                 }
             }
+            if (dgelu_bgrad)  // (the bias gradient case: an output)
+                for (size_t i = i0; i < std::min(m, i0 + rows_per_task); i++) lt_store((void*)d.bias, LC.type, i, row_sums[i - i0]);
         }
     }
 }
@@ -1652,7 +1662,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     lt_check("cublasLtMatmulAlgoGetHeuristic", *(Desc*)desc, *(Layout*)a, *(Layout*)b, *(Layout*)c, *(Layout*)d);
     memset(out, 0, sizeof(*out));
     cublasLtEpilogue_t e = ((Desc*)desc)->epilogue;
-    if (cfg.refuse_grads && (e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_BGRADB)) {
+    if (cfg.refuse_grads && (e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD || e == CUBLASLT_EPILOGUE_BGRADB)) {
         *returned = 0;  // what cuBLASLt answers when no algorithm fits
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
@@ -2313,14 +2323,16 @@ static void prof_gemm(const Desc& d, const Layout& LA, const Layout& LB, const L
     double m = LD.rows, n = LD.cols, k = d.transa ? LA.rows : LA.cols, batch = LD.batch;
     double read = batch * (LA.rows * LA.cols * type_bytes(LA.type) + LB.rows * LB.cols * type_bytes(LB.type));
     if (beta != 0.0f) read += batch * LC.rows * LC.cols * type_bytes(LC.type);
-    bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU, bgradb = d.epilogue == CUBLASLT_EPILOGUE_BGRADB;
-    if (d.bias && !bgradb) read += m * type_bytes(d.bias_type_set ? d.bias_type : LD.type);
+    bool dgelu_bgrad = d.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD, dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU || dgelu_bgrad;
+    bool bgradb = d.epilogue == CUBLASLT_EPILOGUE_BGRADB;
+    if (d.bias && !bgradb && !dgelu_bgrad) read += m * type_bytes(d.bias_type_set ? d.bias_type : LD.type);
     if (d.aux && dgelu) read += m * n * type_bytes(LD.type);  // DGELU reads the pre-activation, GELU_AUX writes it
     double written = batch * m * n * type_bytes(LD.type) + (d.aux && !dgelu ? m * n * type_bytes(LD.type) : 0);
     if (bgradb) written += n * type_bytes(LC.type);  // the bias gradient (B itself is read once for both)
+    if (dgelu_bgrad) written += m * type_bytes(LC.type);  // the bias gradient, from D as it is made
     char name[160];
     snprintf(name, sizeof(name), "cublasLt %c%c %.0fx%.0fx%.0f%s%s%s", d.transa ? 'T' : 'N', d.transb ? 'T' : 'N', m, n, k,
-             beta != 0.0f ? " +C" : "", d.bias ? (bgradb ? " +bgradb" : " +bias") : "", d.aux ? (dgelu ? " +dgelu" : " +gelu") : "");
+             beta != 0.0f ? " +C" : "", d.bias ? (bgradb ? " +bgradb" : dgelu_bgrad ? " +bgrad" : " +bias") : "", d.aux ? (dgelu ? " +dgelu" : " +gelu") : "");
     if (batch > 1) snprintf(name + strlen(name), sizeof(name) - strlen(name), " x%.0f", batch);
     prof_record("gemm", name, read, written, read, written, 2 * m * n * k * batch);
 }

@@ -253,7 +253,7 @@ static inline T reduce(const thread_block_tile<N>& t, T v, Op op) {  // every la
 // ---- controls for tests: the race check reruns every launch in three thread orders (forward, reversed,
 // shuffled) from the same starting bytes and stops with an error naming the kernel when they differ.
 void cudaemu_racecheck(int on);
-void cudaemu_refuse_grad_epilogues(int on);  // as CUDAEMU_REFUSE_GRAD_EPILOGUES=1: no algorithm for DGELU or BGRADB
+void cudaemu_refuse_grad_epilogues(int on);  // as CUDAEMU_REFUSE_GRAD_EPILOGUES=1: no algorithm for DGELU(_BGRAD) or BGRADB
 // cudaFree calls so far (each waits for the whole device on a GPU: a training step should make none).
 long cudaemu_device_frees(void);
 

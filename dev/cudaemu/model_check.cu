@@ -4,7 +4,9 @@ model_check.cu: the launches `scripts/bench_gpu.sh emu check` models one by one,
 conflict (every lane of a warp on its own bank, or all 32 on one), the attention kernels of both paths
 (flash, and cublas: its permutes, softmax kernels and batched products) for one head at GPT-2 124M's
 T = 1024 and head size 64 (modelled at B = 64 and 12 heads: 768 such heads), and the
-LayerNorm kernels at 124M's B = 64, T = 1024, C = 768, all on fresh random data. Run it with
+LayerNorm kernels at 124M's B = 64, T = 1024, C = 768, and the classifier's (the two launches of a
+vocab-parallel rank and t = 1's single pass) at 124M's vocabulary for B = 1 (modelled at B = 64), all on
+fresh random data. Run it with
 CUDAEMU_PROFILE=FILE (and CUDAEMU_HAZARDS=1: every launch is checked for shared-memory hazards too), then
 `dev/cudaemu/roofline.py check FILE` prints each launch's roofs.
 
@@ -72,6 +74,18 @@ int main(void) {
     float *mean = (float*)lp_device_malloc(N * sizeof(float), "model_check"), *rstd = (float*)lp_device_malloc(N * sizeof(float), "model_check");
     lp_layernorm_forward_gpu(ln, mean, rstd, x, w, b, N, C);
     lp_layernorm_backward_gpu(dx, dw, db, dln, x, w, mean, rstd, N, C);
+
+    N = 1024;  // 124M's classifier rows at B = 1, its (padded) vocabulary
+    int V = 50257, Vp = 50304;
+    floatX *logits = random_bf16((size_t)N * Vp, &rng), *logits2 = random_bf16((size_t)N * Vp, &rng);
+    int* targets_host = (int*)lp_host_malloc(N * sizeof(int), "model_check");
+    for (int i = 0; i < N; i++) targets_host[i] = (int)(lp_rand_u32(&rng) % V);
+    int* targets = (int*)lp_device_malloc(N * sizeof(int), "model_check");
+    cudaCheck(cudaMemcpy(targets, targets_host, N * sizeof(int), cudaMemcpyHostToDevice));
+    float *stats = (float*)lp_device_malloc(3 * N * sizeof(float), "model_check"), *losses = (float*)lp_device_malloc(N * sizeof(float), "model_check");
+    lp_classifier_stats_gpu(stats, logits, targets, N, Vp, 0, V);
+    lp_classifier_grad_gpu(logits, losses, stats, 1, 1.0f / N, targets, N, Vp, 0, V);
+    lp_classifier_fused_gpu(logits2, losses, 1.0f / N, targets, N, Vp, V);
     cudaCheck(cudaDeviceSynchronize());
     printf("model_check: counted\n");
     return 0;
