@@ -3686,6 +3686,12 @@ static void test_pipeline_parallel(void) {
         lp_path(dir, "%s_%zu", tmp_path("pp_case"), k);
         expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw, NULL, 0);
     }
+    // a stage with no layer says why: the head alone (its FLOPs as so many layers)
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -b 8 -x 1 --pp 2 "
+                     "--pp-partition 4,0", TRAIN_BIN, base);
+    expect(rc == 0 && strstr(out, "layers per chunk 4,0\n") &&
+               strstr(out, "the last chunk holds the final LayerNorm and the LM head alone: 6 Vp C FLOPs a token, as many as "),
+           "PP: a last stage without layers is explained in one line (the LM head alone)");
 
     // auxiliary losses on layers 1 and 3 (weight 0.5): the pipeline equals the same aux-loss model on 1 rank,
     // the head's copies on the stages in between included; the aux losses themselves too
@@ -3749,7 +3755,7 @@ static void test_pipeline_parallel(void) {
     // the tiny llm.c model loaded on p=2 with an aux loss on layer 1 (so stage 0 holds a copy of lnf, stage
     // 1 of wte) and saved back (-x 0) is the same file
     lp_path(dir, "%s", tmp_path("pp_roundtrip"));
-    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 0 --pp 2 "
+    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 0 --pp 2 "
                      "--aux-loss-layers 1 -o %s && cmp dev/ref/tiny_model.bin %s/step_00000000/model.bin", TRAIN_BIN,
                      tmp_path("dp_shard.bin"), dir, dir);
     expect(rc == 0, "llm.c model file loaded with p=2 (and an aux loss) and saved back is byte-identical");

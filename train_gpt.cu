@@ -934,8 +934,13 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     if (par->pp > 1) {
         lp_log("pipeline         %d stages x %d chunks, schedule %s, layers per chunk", par->pp, par->vpp,
                lp_schedule_names[par->schedule]);
-        for (int k = 0; k < par->pp * par->vpp; k++) lp_log("%s%d", k ? "," : " ", r->stage.layers[k]);
+        int chunks = par->pp * par->vpp;
+        for (int k = 0; k < chunks; k++) lp_log("%s%d", k ? "," : " ", r->stage.layers[k]);
         lp_log("%s\n", par->tp > 1 && !par->sp && par->scatter_gather ? ", boundaries scatter-gathered over TP" : "");
+        if (r->stage.layers[chunks - 1] == 0)  // (why a stage may hold no layer: the balanced partition's head)
+            lp_log("                 the last chunk holds the final LayerNorm and the LM head alone: 6 Vp C FLOPs a token, "
+                   "as many as %.1f layers\n", 6.0 * r->cfg.padded_vocab_size * r->cfg.channels /
+                   lp_layer_flops(&r->cfg, f->T, par->recompute, 0));
         lp_log("                 stage 0 keeps activations of up to");
         for (int c = 0; c < par->vpp; c++) lp_log("%s %d", c ? "," : "", r->stage.chunks[c].num_slots);
         lp_log(" micro-batches (per chunk) of %d\n", par->micro_batches);
@@ -1158,8 +1163,8 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     lp_stage_create(&r->stage, &r->cfg, &chunks, f->B, f->T);
     float* weights = NULL;
     if (from_scratch) {
-        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu\n", r->cfg.num_layers, r->cfg.channels,
-               r->cfg.num_heads, f->seed);
+        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers, r->cfg.channels,
+               r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
     } else {
         lp_log("loading %s\n", f->init);
         weights = lp_model_file_read_shared(f->init, &r->cfg, &proc->world_group);
