@@ -28,8 +28,11 @@ dry=0
 [ "${1:-}" = --dry-run ] && dry=1
 out=${OUT:-.}
 report=$out/gpu_check.md
-run124="-e d12 -b 64 -t 1024 -v 0 -s 0"  # (llmpar's and llm.c's flags agree here)
-data="-i dev/data/tinyshakespeare/tiny_shakespeare_train.bin -j dev/data/tinyshakespeare/tiny_shakespeare_val.bin"
+run124="-e d12 -b 64 -t 1024"  # (llmpar's and llm.c's flags agree here)
+train=dev/data/tinyshakespeare/tiny_shakespeare_train.bin
+data="-i $train -j '' -v 0 -s 0"  # no val (its shard is smaller than one batch of 64 x 1024)
+# llm.c: -v 0 would divide by zero; its val loader needs a shard of a batch or more, so the train shard, 1 batch
+llmc_data="-i $train -j $train -v 1000 -m 1 -s 1000 -g 0"
 
 if [ $dry = 1 ]; then  # stand-ins: an H100 that runs nothing, an ncu that writes its CSV, runs that print steps
     stand=$(mktemp -d)
@@ -89,6 +92,14 @@ build() {
     make -s -j"$jobs" train_gpt test_gpt USE_CUDNN=$cudnn CUDA_ARCH="-gencode arch=compute_$cc,code=sm_$cc" &
     local ours=$!
     if [ -f .llmc/train_gpt2.cu ]; then
+        [ $cudnn = 1 ] && ln -sfn ../.cudnn-frontend .llmc/cudnn-frontend  # (llm.c's Makefile looks there first)
+        # llm.c at f1e2ace predates CUDA 13, whose cudaMemAdvise takes a cudaMemLocation (its one compile error there)
+        nvcc --version | grep -q 'release 1[3-9]' && sed -i 's/cudaMemAdviseSetPreferredLocation, cudaCpuDeviceId)/cudaMemAdviseSetPreferredLocation, cudaMemLocation{cudaMemLocationTypeHost, 0})/' \
+            .llmc/llmc/cuda_utils.cuh
+        # llm.c links NVML (-lnvidia-ml): the driver's libnvidia-ml.so.1, through a link of the name ld looks for
+        local nvml
+        nvml=$(ldconfig -p | awk '/libnvidia-ml.so.1 / { print $NF; exit }')
+        [ -n "$nvml" ] && mkdir -p /tmp/nvml && ln -sf "$nvml" /tmp/nvml/libnvidia-ml.so && export LIBRARY_PATH=/tmp/nvml:${LIBRARY_PATH:-}
         make -s -C .llmc -j"$jobs" train_gpt2cu USE_CUDNN=$cudnn NO_MULTI_GPU=1 GPU_COMPUTE_CAPABILITY="$cc" \
             CUDNN_FRONTEND_PATH="$PWD/.cudnn-frontend/include" > /tmp/llmc_build.log 2>&1 || { echo "llm.c's build failed:"; tail -n 5 /tmp/llmc_build.log; }
     else
@@ -103,13 +114,13 @@ steps() {
     for name in flash cublas cudnn llm.c; do
         if [ "$name" = llm.c ]; then
             [ -x .llmc/train_gpt2cu ] || [ $dry = 1 ] || continue
-            cmd=".llmc/train_gpt2cu $run124 $data -x 10 -d 65536 -g 0 -n 0"
+            cmd=".llmc/train_gpt2cu $run124 $llmc_data -x 10 -d 65536 -n 0"
         else
             cmd="./train_gpt $run124 $data -x 10 --attention $name"
         fi
         gpu_idle
         rm -f /tmp/step_$name.log
-        step 30 "GPT-2 124M, B=64, T=1024: $name" bash -c "$cmd > /tmp/step_$name.log 2>&1; tail -n 4 /tmp/step_$name.log"
+        step 25 "GPT-2 124M, B=64, T=1024: $name" bash -c "$cmd > /tmp/step_$name.log 2>&1; tail -n 4 /tmp/step_$name.log"
         rate=$([ -f /tmp/step_$name.log ] && tokens_s < /tmp/step_$name.log)
         rates[$name]=${rate:--}
         [ "$name" = llm.c ] && llmc=${rate:--}
@@ -127,13 +138,13 @@ main() {
     step 10 "machine" bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nvcc --version | tail -n 1;
         grep -h "define CUDNN_M[AI]" /usr/include/cudnn_version.h /usr/local/cuda/include/cudnn_version.h 2> /dev/null | tr "\n" " "; echo;
         echo "mpicc: $(command -v mpicc || echo none)"'
-    step 150 "build, for this GPU alone" build
+    step 200 "build, for this GPU alone" build
     gpu_idle
-    step 100 "Nsight Compute over one step of 124M, flash (ncu_step.csv)" ncu --clock-control none --csv --log-file "$out/ncu_step.csv" \
+    step 80 "Nsight Compute over one step of 124M, flash (ncu_step.csv)" bash -c "ncu --clock-control none --csv --log-file $out/ncu_step.csv \
         -k regex:lp_ --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
-        ./train_gpt $run124 $data -x 1 --attention flash
+        ./train_gpt $run124 $data -x 1 --attention flash > /dev/null; echo \"\$(grep -c '\"lp_' $out/ncu_step.csv) rows\""
     steps
-    step 70 "the kernels against their CPU loops (tier4_kernel_tests, tier4_attention_kernels)" ./test_gpt tier4_
+    step 60 "the kernels against their CPU loops (tier4_kernel_tests, tier4_attention_kernels)" ./test_gpt tier4_
     gpu_idle
     step 30 "the hang-prone test alone" ./test_gpt test_stop_signal
     gpu_idle
