@@ -243,6 +243,16 @@ static inline long long lp_file_size(const char* path) {
     return (long long)st.st_size;
 }
 
+// A NULL-terminated list of names as an error message lists them: "a, b or c".
+static inline const char* lp_names_text(char* buf, size_t size, const char* const* names) {
+    int n = 0;
+    buf[0] = '\0';
+    while (names[n]) n++;
+    for (int j = 0; j < n; j++)
+        snprintf(buf + strlen(buf), size - strlen(buf), "%s%s", j == 0 ? "" : j == n - 1 ? " or " : ", ", names[j]);
+    return buf;
+}
+
 // Format a file path; a path too long for the buffer is an error, never silently cut.
 #define LP_PATH_MAX 4096
 static inline LP_PRINTF(2, 3) void lp_path(char* buf, const char* fmt, ...) {

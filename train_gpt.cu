@@ -421,17 +421,14 @@ static void lp_flag_set(LPFlags* f, const LPFlagSpec* s, const char* as, const c
     case LP_FLAG_STRING: *(const char**)p = v; break;
     case LP_FLAG_SWITCH: *(int*)p = !v || strcmp(v, "0") != 0; break;
     case LP_FLAG_CHOICE: {
-        int k = 0, n = 0;
+        int k = 0;
         while (s->choices[k] && strcmp(v, s->choices[k]) != 0) k++;
         if (s->choices[k]) {
             *(int*)p = k;
             break;
         }
-        char names[256] = "";
-        while (s->choices[n]) n++;
-        for (int j = 0; j < n; j++)
-            snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j == 0 ? "" : j == n - 1 ? " or " : ", ", s->choices[j]);
-        lp_fail_all("flag %s: must be %s, got '%s'", as, names, v);
+        char names[256];
+        lp_fail_all("flag %s: must be %s, got '%s'", as, lp_names_text(names, sizeof(names), s->choices), v);
     }
     }
 }

@@ -135,15 +135,12 @@ static void lp_plan_flag_set(LPPlanFlags* f, const LPPlanFlag* s, const char* v)
     case LP_PF_STRING: *(const char**)p = v; break;
     case LP_PF_SWITCH: *(int*)p = 1; break;
     case LP_PF_CHOICE: {
-        int k = 0, n = 0;
+        int k = 0;
         while (s->choices[k] && strcmp(v, s->choices[k]) != 0) k++;
         *(int*)p = k;
         if (s->choices[k]) break;
-        char names[256] = "";
-        while (s->choices[n]) n++;
-        for (int j = 0; j < n; j++)
-            snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", j == 0 ? "" : j == n - 1 ? " or " : ", ", s->choices[j]);
-        lp_fail("flag %s: must be %s, got '%s'", s->name, names, v);
+        char names[256];
+        lp_fail("flag %s: must be %s, got '%s'", s->name, lp_names_text(names, sizeof(names), s->choices), v);
     }
     }
 }
