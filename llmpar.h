@@ -160,7 +160,7 @@ typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights 
 #define LP_HD __host__ __device__
 #define LP_BUILD_GPU 1
 #ifdef LLMPAR_CUDNN
-// --attention cudnn (llmpar_cudnn.cu, make USE_CUDNN=1): the flash path's layouts and results. NULL, or why not.
+// --attention cudnn (llmpar_cudnn.cpp, make USE_CUDNN=1): the flash path's layouts and results. NULL, or why not.
 const char* lp_cudnn_attention_forward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH);
 const char* lp_cudnn_attention_backward(void* dqkv, const void* dout, const void* out, const void* qkv, const float* lse, int B, int T,
                                         int C, int NH);
@@ -6039,7 +6039,7 @@ static const char* const lp_recompute_names[] = {"none", "selective", "full", NU
 // Attention (--attention): the CUDA build's choice of path. flash: FlashAttention-2's form, keeping q, k, v as
 // the projection wrote them and each row's logsumexp; cublas: llm.c's attention without cuDNN, keeping q, k,
 // v permuted per head and the (B,NH,T,T) probabilities, as the CPU build's loops always do; cudnn: cuDNN's
-// fused attention (a build with it: make USE_CUDNN=1, llmpar_cudnn.cu), keeping what flash keeps.
+// fused attention (a build with it: make USE_CUDNN=1, llmpar_cudnn.cpp), keeping what flash keeps.
 enum { LP_ATTENTION_FLASH, LP_ATTENTION_CUBLAS, LP_ATTENTION_CUDNN };
 static const char* const lp_attention_names[] = {"flash", "cublas", "cudnn", NULL};
 // Whether attention keeps its probabilities (the CPU build's loops, the CUDA build's cublas path).

@@ -202,7 +202,7 @@ fi
 has_gpu=0
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then has_gpu=1; fi
 if command -v nvcc > /dev/null 2>&1; then
-    # with cuDNN's attention (llmpar_cudnn.cu) where cudnn-frontend's headers are here (`make cudnn-frontend`,
+    # with cuDNN's attention (llmpar_cudnn.cpp) where cudnn-frontend's headers are here (`make cudnn-frontend`,
     # which .ci/run does) and the toolkit has cuDNN: it compiles everywhere, and runs on a GPU only
     cudnn=0
     [ -f .cudnn-frontend/include/cudnn_frontend.h ] && [ -f "$(dirname "$(dirname "$(command -v nvcc)")")/include/cudnn.h" ] && cudnn=1

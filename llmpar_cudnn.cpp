@@ -1,4 +1,4 @@
-// llmpar_cudnn.cu: --attention cudnn, cuDNN's fused attention (SDPA) forward and backward through
+// llmpar_cudnn.cpp: --attention cudnn, cuDNN's fused attention (SDPA) forward and backward through
 // cudnn-frontend's graphs, as llm.c's USE_CUDNN. Its own translation unit because the frontend is C++
 // (header-only, heavy to compile); built and linked only by `make USE_CUDNN=1 train_gpt`, which defines
 // LLMPAR_CUDNN for llmpar.h. It runs only on a GPU: the CUDA emulator has no cuDNN.
