@@ -573,7 +573,6 @@ static inline void lp_config_validate(const LPConfig* c, const char* source) {
         lp_fail("%s: channels %d not divisible by heads %d", source, c->channels, c->num_heads);
     if (c->padded_vocab_size < c->vocab_size)
         lp_fail("%s: padded vocab %d smaller than vocab %d", source, c->padded_vocab_size, c->vocab_size);
-    if (c->vocab_size > 65536) lp_fail("%s: vocab %d does not fit uint16 token shards", source, c->vocab_size);
     if (c->moe_experts < 0 || c->moe_experts > LP_MAX_EXPERTS)
         lp_fail("%s: %d experts per MoE layer, outside 0 .. %d", source, c->moe_experts, LP_MAX_EXPERTS);
     if (c->moe_experts && (c->moe_topk < 1 || c->moe_topk > c->moe_experts || c->moe_topk > LP_MAX_TOPK))
@@ -4674,7 +4673,9 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 // ----------------------------------------------------------------------------------------------------
 // 7. data
 //
-// llm.c token shards: a 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens.
+// llm.c token shards: a 256 x int32 header (magic, version, token count), then the tokens: GPT-2's format
+// (20240520, version 1) holds them as uint16, the Llama 3 one (20240801, version 7) as uint32, for
+// vocabularies beyond 65,536. One data set is one of the two: a pattern matching both is refused.
 // The loader cuts each shard into windows of `window` tokens (+1 for the last target; training: the tokens
 // of one optimizer step, so a step never straddles shards and reads the same tokens on every grid). It
 // visits the shards in an order and each shard's windows in an order: file order, or shuffled (llm.c's
@@ -4683,7 +4684,8 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 // taking the r-th B*T slice. (epoch, shard, pos) is the whole state, so runs resume exactly.
 
 #define LP_HEADER_INTS 256
-#define LP_SHARD_MAGIC 20240520
+#define LP_SHARD_MAGIC 20240520        // uint16 tokens, version 1
+#define LP_SHARD32_MAGIC 20240801      // uint32 tokens, version 7
 #define LP_MODEL_MAGIC 20240326
 #define LP_TOKENIZER_MAGIC 20240328
 
@@ -4701,7 +4703,8 @@ typedef struct {
     size_t* shard_order;   // this epoch's order of the shards
     size_t* window_order;  // the current shard's order of its windows
     FILE* file;
-    uint16_t* buffer;      // B*T+1 tokens read
+    int token_bytes;       // 2 (uint16 shards) or 4 (uint32)
+    unsigned char* buffer; // B*T+1 tokens read
     int* inputs;           // (B,T)
     int* targets;          // (B,T)
 } LPDataLoader;
@@ -4740,19 +4743,43 @@ static inline void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, siz
 }
 
 // `flag` names the option the pattern came from (-i or -j) for the error messages.
-// Every token of the shard at path (n tokens after the header) is below vocab_size: one pass when the
-// data is opened, so a bad token stops the run at its start rather than when training reaches it.
-static inline void lp_shard_scan(const char* path, size_t n, int vocab_size) {
+// Token i of n stored as uint16 or uint32 (bytes = 2 or 4), little-endian as the files are.
+static inline unsigned lp_token_at(const unsigned char* p, int bytes, size_t i) {
+    if (bytes == 2) { uint16_t t; memcpy(&t, p + 2 * i, 2); return t; }
+    uint32_t t;
+    memcpy(&t, p + 4 * i, 4);
+    return t;
+}
+
+// A token shard's header: the bytes of its tokens (2 or 4), or an error naming the file.
+static inline int lp_shard_token_bytes(const char* path, const int* header) {
+    if (header[0] == LP_SHARD_MAGIC) {
+        if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1 for uint16 tokens)", path, header[1]);
+        return 2;
+    }
+    if (header[0] == LP_SHARD32_MAGIC) {
+        if (header[1] != 7) lp_fail("%s: token shard version %d is not supported (expected 7 for uint32 tokens)", path, header[1]);
+        return 4;
+    }
+    lp_fail("%s: not a token shard (magic %d, expected %d for uint16 tokens or %d for uint32; dev/data/prepare.py makes shards "
+            "of text)", path, header[0], LP_SHARD_MAGIC, LP_SHARD32_MAGIC);
+    return 0;
+}
+
+// Every token of the shard at path (n tokens of `bytes` each after the header) is below vocab_size: one
+// pass when the data is opened, so a bad token stops the run at its start rather than when training reaches it.
+static inline void lp_shard_scan(const char* path, size_t n, int bytes, int vocab_size) {
     size_t chunk = (size_t)1 << 20;
-    uint16_t* buf = (uint16_t*)lp_host_malloc(chunk * sizeof(uint16_t), "token scan");
+    unsigned char* buf = (unsigned char*)lp_host_malloc(chunk * bytes, "token scan");
     FILE* f = lp_fopen(path, "rb");
     if (fseek(f, LP_HEADER_INTS * 4, SEEK_SET) != 0) lp_fail("%s: seek failed", path);
     for (size_t done = 0; done < n; done += chunk) {
         size_t k = n - done < chunk ? n - done : chunk;
-        lp_fread(buf, sizeof(uint16_t), k, f, path);
+        lp_fread(buf, bytes, k, f, path);
         for (size_t i = 0; i < k; i++)
-            if (buf[i] >= vocab_size)
-                lp_fail("%s: token id %d at token %zu is >= the model's vocabulary size %d", path, buf[i], done + i, vocab_size);
+            if (lp_token_at(buf, bytes, i) >= (unsigned)vocab_size)
+                lp_fail("%s: token id %u at token %zu is >= the model's vocabulary size %d", path, lp_token_at(buf, bytes, i),
+                        done + i, vocab_size);
     }
     fclose(f);
     free(buf);
@@ -4930,11 +4957,12 @@ static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
         int header[LP_HEADER_INTS];
         lp_fread(header, sizeof(int), LP_HEADER_INTS, f, path);
         fclose(f);
-        if (header[0] != LP_SHARD_MAGIC)
-            lp_fail("%s: not a token shard (magic %d, expected %d; dev/data/prepare.py makes shards of text)", path, header[0],
-                    LP_SHARD_MAGIC);
-        if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1)", path, header[1]);
-        long long expect = (long long)LP_HEADER_INTS * 4 + 2LL * (unsigned)header[2];
+        int bytes = lp_shard_token_bytes(path, header);
+        if (s > 0 && bytes != d->token_bytes)
+            lp_fail("%s %s: %s holds uint%d tokens, %s uint%d: one data set, one token format", flag, o->pattern, path, 8 * bytes,
+                    d->files.gl_pathv[0], 8 * d->token_bytes);
+        d->token_bytes = bytes;
+        long long expect = (long long)LP_HEADER_INTS * 4 + (long long)bytes * (unsigned)header[2];
         long long size = lp_file_size(path);
         if (size < expect)
             lp_fail("%s: file is truncated (header says %u tokens: %lld bytes, file has %lld)", path, (unsigned)header[2], expect, size);
@@ -4945,11 +4973,11 @@ static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
                     window ? "step" : "batch of ranks*B*T", d->window);
         if (o->scan && !(o->check == LP_CHECK_MANIFEST &&
                          lp_shard_check_manifest(&manifest, path, size, d->shard_tokens[s], o->vocab_size)))
-            lp_shard_scan(path, d->shard_tokens[s], o->vocab_size);
+            lp_shard_scan(path, d->shard_tokens[s], bytes, o->vocab_size);
     }
     free(manifest.e);
     if (o->scan) lp_shards_whole(&d->files, o->pattern, flag);
-    d->buffer = (uint16_t*)lp_host_malloc((size_t)(B * T + 1) * sizeof(uint16_t), "token buffer");
+    d->buffer = (unsigned char*)lp_host_malloc((size_t)(B * T + 1) * d->token_bytes, "token buffer");
     d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
     d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
     d->shard_order = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard order");
@@ -4969,11 +4997,11 @@ static inline void lp_dataloader_next(LPDataLoader* d) {
     size_t start = d->window_order[d->pos / d->window] * d->window + d->pos % d->window + (size_t)d->rank * d->B * d->T;
     size_t n = (size_t)d->B * d->T;
     const char* path = d->files.gl_pathv[d->shard_order[d->shard]];
-    if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * 2), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
-    lp_fread(d->buffer, sizeof(uint16_t), n + 1, d->file, path);  // ids checked when opened (scan or manifest)
+    if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * d->token_bytes), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
+    lp_fread(d->buffer, d->token_bytes, n + 1, d->file, path);  // ids checked when opened (scan or manifest)
     for (size_t i = 0; i < n; i++) {
-        d->inputs[i] = d->buffer[i];
-        d->targets[i] = d->buffer[i + 1];
+        d->inputs[i] = (int)lp_token_at(d->buffer, d->token_bytes, i);
+        d->targets[i] = (int)lp_token_at(d->buffer, d->token_bytes, i + 1);
     }
     d->pos += global;
 }

@@ -109,19 +109,23 @@ static int no_mpirun(const char* what) {
 #endif
 #define PLAN_BIN "./plan_gpt"  // the cluster planner's program (dev/plan), one build for all
 
-static void write_shard(const char* path, const int* tokens, size_t n) {
+// A token shard of n tokens stored in `bytes` each: 2 (GPT-2's uint16 format) or 4 (Llama 3's uint32).
+static void write_shard_as(const char* path, const int* tokens, size_t n, int bytes) {
     int h[LP_HEADER_INTS] = {0};
-    h[0] = LP_SHARD_MAGIC;
-    h[1] = 1;
+    h[0] = bytes == 2 ? LP_SHARD_MAGIC : LP_SHARD32_MAGIC;
+    h[1] = bytes == 2 ? 1 : 7;
     h[2] = (int)n;
-    uint16_t* t = (uint16_t*)lp_host_malloc(n * sizeof(uint16_t), "test shard");
-    for (size_t i = 0; i < n; i++) t[i] = (uint16_t)tokens[i];
     FILE* f = lp_fopen(path, "wb");
     fwrite(h, sizeof(int), LP_HEADER_INTS, f);
-    fwrite(t, sizeof(uint16_t), n, f);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t t16 = (uint16_t)tokens[i];
+        uint32_t t32 = (uint32_t)tokens[i];
+        fwrite(bytes == 2 ? (const void*)&t16 : (const void*)&t32, bytes, 1, f);
+    }
     fclose(f);
-    free(t);
 }
+
+static void write_shard(const char* path, const int* tokens, size_t n) { write_shard_as(path, tokens, n, 2); }
 
 // A shard of n random token ids below the tiny model's vocabulary (97), from seed.
 static void write_random_shard(const char* path, int n, uint64_t seed) {
@@ -567,6 +571,17 @@ static void test_dataloader(void) {
     lp_dataloader_seek(&d, 0, 1, 8);
     lp_dataloader_next(&d);
     expect(d.inputs[0] == 108, "loader seek resumes at (epoch, shard, pos)");
+    lp_dataloader_free(&d);
+    // uint32 shards (Llama 3's format): the same batches, and ids beyond uint16
+    for (int i = 0; i < 40; i++) t1[i] = 65530 + 3 * i;
+    write_shard_as(tmp_path("wide_000.bin"), t1, 40, 4);
+    LPDataOptions wide = o;
+    wide.pattern = tmp_path("wide_*.bin"), wide.vocab_size = 70000;
+    lp_dataloader_init(&d, &wide);
+    lp_dataloader_next(&d);
+    lp_dataloader_next(&d);
+    expect(d.token_bytes == 4 && d.inputs[0] == 65530 + 24 && d.inputs[7] == 65530 + 45 && d.targets[7] == 65530 + 48,
+           "loader reads uint32 shards (ids above 65,535)");
     lp_dataloader_free(&d);
     // rank slicing: rank 1 of 2 reads the second B*T slice of each global batch
     LPDataOptions sliced = o;
@@ -1024,6 +1039,15 @@ static void test_bad_input(void) {
     corrupt_file(tmp_path("ok.bin"), tmp_path("shard_magic.bin"), 0, 123, 0);
     corrupt_file(tmp_path("ok.bin"), tmp_path("shard_version.bin"), 1, 2, 0);
     corrupt_file(tmp_path("ok.bin"), tmp_path("shard_short.bin"), -1, 0, 1024 + 500);
+    for (int i = 0; i < 400; i++) tok[i] = (i * 7) % 97;
+    write_shard_as(tmp_path("ok32.bin"), tok, 400, 4);
+    corrupt_file(tmp_path("ok32.bin"), tmp_path("shard32_version.bin"), 1, 1, 0);
+    corrupt_file(tmp_path("ok32.bin"), tmp_path("shard32_short.bin"), -1, 0, 1024 + 1000);
+    make_dirs(tmp_path("mixed"));
+    write_shard(tmp_path("mixed/m_000.bin"), tok, 400);
+    write_shard_as(tmp_path("mixed/m_001.bin"), tok, 400, 4);
+    tok[150] = 70000;  // beyond uint16, outside V = 97
+    write_shard_as(tmp_path("oov32.bin"), tok, 400, 4);
     corrupt_file(good, tmp_path("magic.bin"), 0, 42, 0);
     corrupt_file(good, tmp_path("version.bin"), 1, 4, 0);
     corrupt_file(good, tmp_path("short.bin"), -1, 0, 4000);
@@ -1045,6 +1069,23 @@ static void test_bad_input(void) {
     BAD("bad input: shard wrong version", "shard_version.bin: token shard version 2", "-e %s -i %s %s", good, tmp_path("shard_version.bin"), base);
     BAD("bad input: truncated shard", "shard_short.bin: file is truncated", "-e %s -i %s %s", good, tmp_path("shard_short.bin"), base);
     BAD("bad input: token id >= vocab", "oov.bin: token id 200 at token 150 is >= the model's vocabulary size 97", "-e %s -i %s -j '' %s -x 20", good, tmp_path("oov.bin"), base);
+    BAD("bad input: uint32 shard, version not 7", "shard32_version.bin: token shard version 1 is not supported (expected 7 for uint32 tokens)",
+        "-e %s -i %s %s", good, tmp_path("shard32_version.bin"), base);
+    BAD("bad input: truncated uint32 shard", "shard32_short.bin: file is truncated (header says 400 tokens: 2624 bytes, file has 2024)",
+        "-e %s -i %s %s", good, tmp_path("shard32_short.bin"), base);
+    BAD("bad input: uint32 token id >= vocab", "oov32.bin: token id 70000 at token 150 is >= the model's vocabulary size 97",
+        "-e %s -i %s -j '' %s", good, tmp_path("oov32.bin"), base);
+    BAD("bad input: uint16 and uint32 shards in one pattern", "m_001.bin holds uint32 tokens", "-e %s -i '%s' -j '' %s", good,
+        tmp_path("mixed/m_*.bin"), base);
+    {
+        static char out16[1 << 14], out32[1 << 14];
+        float l16[2], l32[2];
+        int rc16 = run_cmd(out16, sizeof(out16), "%s -e %s -i %s -j '' %s", TRAIN_BIN, good, tmp_path("ok.bin"), base);
+        int rc32 = run_cmd(out32, sizeof(out32), "%s -e %s -i %s -j '' %s", TRAIN_BIN, good, tmp_path("ok32.bin"), base);
+        expect(rc16 == 0 && rc32 == 0 && parse_losses(out16, l16, 2) == 2 && parse_losses(out32, l32, 2) == 2 && l16[0] == l32[0] &&
+                   l16[1] == l32[1],
+               "the same tokens in uint16 and uint32 shards train to the same losses");
+    }
     int far[12000];  // a bad token far beyond the one step this run trains: found when the shard is opened
     for (int i = 0; i < 12000; i++) far[i] = (i * 5) % 97;
     far[11000] = 300;

@@ -179,9 +179,33 @@ check "the printed command trains: exit 0 (got $rc: $(tail -n 2 "$tmp/train.log"
 check "the printed command trains: step 2/2 with a finite loss" grep -qE '^step 2/2 \| loss [0-9]+\.[0-9]+ ' "$tmp/train.log"
 check "the printed command trains: a finite val loss" grep -qE '^val loss [0-9]+\.[0-9]+$' "$tmp/train.log"
 
+# --tokens uint32 (llm.c's Llama 3 format, [20240801, 7, count]): the same tokens, and the same steps
+steps() { grep -E '^(step|val loss)' "$1" | sed 's/ | [0-9.]* ms .*//'; }
+prep one.txt two.txt --out data32 --name mix --val-fraction 0.25 --shard-tokens 1000 --tokens uint32 > /dev/null 2> "$tmp/err"
+check "prepare.py --tokens uint32 exits 0 ($(head -c 300 "$tmp/err"))" [ $? = 0 ]
+tally python3 - "$tmp" <<'EOF'
+import array, glob, os, struct, sys
+tmp = sys.argv[1]
+
+def tokens(path, code):
+    data = open(path, "rb").read()
+    t = array.array(code, data[1024:])
+    if sys.byteorder != "little":
+        t.byteswap()
+    return struct.unpack("<3i", data[:12]), list(t)
+
+narrow = [tokens(p, "H") for p in sorted(glob.glob(f"{tmp}/data/mix_*_*.bin"))]
+wide = [tokens(p, "I") for p in sorted(glob.glob(f"{tmp}/data32/mix_*_*.bin"))]
+print(("PASS " if len(wide) == len(narrow) and all(h == (20240801, 7, len(t)) for h, t in wide) else "FAIL ") +
+      "--tokens uint32: each shard's header is [20240801, 7, token count]")
+print(("PASS " if [t for _, t in wide] == [t for _, t in narrow] else "FAIL ") + "--tokens uint32: the uint16 shards' tokens")
+EOF
+(cd "$tmp" && "$root/train_gpt_cpu" -i 'data32/mix_train_*.bin' -j 'data32/mix_val_*.bin' -e d2 -b 2 -t 32 -x 2 -v 2 -m 1 -s 0) > "$tmp/train32.log" 2>&1
+check "uint32 shards train to the uint16 shards' steps ($(steps "$tmp/train32.log" | head -c 300))" \
+    [ -n "$(steps "$tmp/train.log")" -a "$(steps "$tmp/train.log")" = "$(steps "$tmp/train32.log")" ]
+
 # the manifest: with it the same steps as reading every token (--check-data full); one that does not match is
 # refused in one line naming it
-steps() { grep -E '^(step|val loss)' "$1" | sed 's/ | [0-9.]* ms .*//'; }
 (cd "$tmp" && eval "$cmd -e d2 -b 2 -t 32 -x 2 -v 2 -m 1 -s 0 -o out/full --check-data full") > "$tmp/full.log" 2>&1
 check "with the manifest, the steps equal --check-data full's ($(steps "$tmp/train.log" | head -c 300))" \
     [ -n "$(steps "$tmp/train.log")" -a "$(steps "$tmp/train.log")" = "$(steps "$tmp/full.log")" ]

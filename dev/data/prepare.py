@@ -17,7 +17,8 @@ Split: the first --val-fraction of all tokens (documents in input order) are the
 train (at least one token each).
 Shards: each split is cut into equal shards of at most --shard-tokens tokens, NAME_val_000000.bin ...
 and NAME_train_000000.bin ..., in llm.c's format: a 256 x int32 header [20240520, 1, token count, 0...],
-then the tokens as uint16 (little-endian). OUT/manifest.txt lists each shard's size, token count,
+then the tokens as uint16 (little-endian); with --tokens uint32, llm.c's Llama 3 format: [20240801, 7,
+token count, 0...], then uint32 (the engine reads both; GPT-2's 50,257 ids fit either). OUT/manifest.txt lists each shard's size, token count,
 largest token id and CRC32C, so that the engine need not read every token to check them.
 Workers: the input is read in order and cut into pieces of about 4M characters (at document ends, or
 where a long text's tokens do not change); --workers processes encode them, and the pieces' tokens are
@@ -58,7 +59,8 @@ RANKS = os.path.join(HERE, "gpt2.tiktoken")
 # GPT-2's pre-tokenizer pattern (as in tiktoken's r50k/gpt2 encodings)
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 EOT = 50256
-SHARD_MAGIC = 20240520
+SHARD_MAGIC = 20240520    # uint16 tokens, version 1
+SHARD32_MAGIC = 20240801  # uint32 tokens, version 7
 # A cut before a space or newline that follows a non-space character leaves GPT-2's tokens unchanged: no
 # piece of the pattern above runs on from a non-space character into whitespace, and the pattern looks
 # at nothing before a piece's start. So long texts are encoded in pieces cut there.
@@ -102,13 +104,16 @@ def write_file(path, header, payload):
         raise
 
 
-def write_shard(path, tokens):
-    """An llm.c token shard: header [20240520, 1, count], then the tokens (a sequence of ids) as uint16."""
-    if sys.byteorder != "little" or not (isinstance(tokens, array.array) and tokens.typecode == "H"):
-        tokens = array.array("H", tokens)  # a copy; OverflowError for an id beyond uint16
+def write_shard(path, tokens, width="uint16"):
+    """An llm.c token shard: header [20240520, 1, count], then the tokens (a sequence of ids) as uint16;
+    width "uint32": header [20240801, 7, count], then uint32."""
+    code = "H" if width == "uint16" else "I"
+    if sys.byteorder != "little" or not (isinstance(tokens, array.array) and tokens.typecode == code):
+        tokens = array.array(code, tokens)  # a copy; OverflowError for an id beyond the width
         if sys.byteorder != "little":
             tokens.byteswap()
-    write_file(path, [SHARD_MAGIC, 1, len(tokens)], tokens)
+    assert tokens.itemsize == (2 if code == "H" else 4)
+    write_file(path, [SHARD_MAGIC, 1, len(tokens)] if code == "H" else [SHARD32_MAGIC, 7, len(tokens)], tokens)
 
 
 def read_text(path):
@@ -457,7 +462,7 @@ def shard_entry(path):
     """A manifest line's fields for the shard at path."""
     import numpy as np
     data = open(path, "rb").read()
-    tokens = np.frombuffer(data, dtype="<u2", offset=1024)
+    tokens = np.frombuffer(data, dtype="<u4" if struct.unpack("<i", data[:4])[0] == SHARD32_MAGIC else "<u2", offset=1024)
     return [os.path.basename(path), len(data), len(tokens), int(tokens.max()) if len(tokens) else 0, crc32c(data)]
 
 
@@ -517,7 +522,7 @@ def prepare(args):
     # what the staging folder's work depends on: a different job starts afresh
     job = json.dumps({"version": 1, "inputs": [[p, sizes[p], os.stat(p).st_mtime_ns] for p in files],
                       "text_field": args.text_field, "piece": PIECE_TARGET, "val_fraction": args.val_fraction,
-                      "shard_tokens": args.shard_tokens}, indent=1)
+                      "shard_tokens": args.shard_tokens, "tokens": args.tokens}, indent=1)
     job_path = os.path.join(staging, "job.json")
     same_job = os.path.exists(job_path) and open(job_path).read() == job
     # shards of this name are replaced with --force only; the same job killed while it moved its shards into
@@ -643,7 +648,7 @@ def cut_shards(args, staging, stats):
         if os.path.exists(path):
             stream.skip(count)
         else:
-            write_shard(path, stream.read(count))
+            write_shard(path, stream.read(count), args.tokens)
     return shards
 
 
@@ -722,6 +727,8 @@ def main():
     ap.add_argument("--name", help="shard name prefix [the first TEXT's name without its extension]")
     ap.add_argument("--val-fraction", type=float, default=0.1, help="share of the tokens for val (0: none) [0.1]")
     ap.add_argument("--shard-tokens", type=int, default=100_000_000, help="most tokens per shard [100000000]")
+    ap.add_argument("--tokens", choices=("uint16", "uint32"), default="uint16",
+                    help="the shards' token format: uint16 (GPT-2's, magic 20240520) or uint32 (Llama 3's, 20240801) [uint16]")
     ap.add_argument("--force", action="store_true", help="replace existing shards of the same name")
     ap.add_argument("--text-field", default="text", help="the JSON field or parquet column of the text [text]")
     ap.add_argument("--workers", type=int, default=1,
