@@ -13,11 +13,12 @@ failed=0
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # mpirun refuses root unless told
 jobs=$(nproc 2> /dev/null || echo 1)  # a make of several binaries builds them side by side, one a core
 
-run_tier() {  # run a test binary, echo its output, add its closing "N passed, N failed" to the totals
-    local log
+run_tier() {  # run a test binary, echo its output and its time, add its closing "N passed, N failed" to the totals
+    local log start=$SECONDS
     log=$(mktemp)
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
+    echo "     ($* took $((SECONDS - start)) s; make test at $SECONDS s)"
     local line
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
     rm -f "$log"
@@ -171,7 +172,7 @@ emulated_tier() {
         failed=$((failed + 1))
         return
     fi
-    echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests"
+    echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests (its build done at $SECONDS s)"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
     if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
@@ -234,6 +235,7 @@ if command -v nvcc > /dev/null 2>&1; then
 fi
 rm -f /tmp/llmpar_nompi_$$
 
+echo "     (the builds took $SECONDS s)"
 run_tier ./test_gpt_cpu
 
 # the GPU session's protocol (scripts/gpu_check.sh) as a dry run against stand-ins: its steps in order (Nsight
