@@ -221,9 +221,12 @@ static inline void* lp_host_malloc(size_t bytes, const char* what) {
     return p;
 }
 
+// (A folder opens for reading on Linux, and its first read fails: refused here, named as what it is.)
 static inline FILE* lp_fopen(const char* path, const char* mode) {
     FILE* f = fopen(path, mode);
     if (!f) lp_fail("cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) lp_fail("%s: is a folder, not a file", path);
     return f;
 }
 

@@ -1103,6 +1103,15 @@ static void test_bad_input(void) {
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) listed &= strstr(help, flags[i]) != NULL;
     expect(listed, "-h lists every flag and exits 0");
     BAD("bad input: unknown flag", "unknown flag -Q", "-Q 3");
+    BAD("bad input: a folder as the model file", "/tmp: is a folder, not a file", "-e /tmp -i %s %s", tmp_path("ok.bin"), base);
+    BAD("bad input: a folder as the token shard", "/tmp: is a folder, not a file", "-e %s -i /tmp %s", good, base);
+    BAD("bad input: a negative seed", "flag --seed: '-5' is not a seed (an integer from 0 to 18446744073709551615)", "--seed -5");
+    BAD("bad input: a seed beyond 64 bits", "flag --seed: '18446744073709551616' is not a seed", "--seed 18446744073709551616");
+    {
+        static char seeded[1 << 14];
+        int rc = run_cmd(seeded, sizeof(seeded), "%s --seed 18446744073709551615 --print-flags", TRAIN_BIN);
+        expect(rc == 0 && strstr(seeded, "--seed               18446744073709551615\n"), "--seed takes every 64-bit value (2^64 - 1 here)");
+    }
     BAD("bad input: flag without value", "flag -b needs a value", "-b");
     BAD("bad input: non-integer value", "flag -x: 'ten' is not an integer", "-x ten");
     BAD("bad input: bad schedule", "flag -k: must be cosine or linear, got 'step'", "-k step");

@@ -404,6 +404,16 @@ static int lp_parse_int(const char* flag, const char* v) {
     return (int)x;
 }
 
+// A seed: any of the 2^64 values, written in decimal (a sign is refused: strtoull would wrap "-5" around).
+static unsigned long long lp_parse_seed(const char* flag, const char* v) {
+    char* end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*v < '0' || *v > '9' || *end != '\0' || errno == ERANGE)
+        lp_fail_all("flag %s: '%s' is not a seed (an integer from 0 to 18446744073709551615)", flag, v);
+    return x;
+}
+
 static float lp_parse_float(const char* flag, const char* v) {
     char* end;
     float x = strtof(v, &end);
@@ -416,7 +426,7 @@ static void lp_flag_set(LPFlags* f, const LPFlagSpec* s, const char* as, const c
     char* p = (char*)f + s->field;
     switch (s->type) {
     case LP_FLAG_INT: *(int*)p = lp_parse_int(as, v); break;
-    case LP_FLAG_SEED: *(unsigned long long*)p = (unsigned long long)lp_parse_int(as, v); break;
+    case LP_FLAG_SEED: *(unsigned long long*)p = lp_parse_seed(as, v); break;
     case LP_FLAG_FLOAT: *(float*)p = lp_parse_float(as, v); break;
     case LP_FLAG_STRING: *(const char**)p = v; break;
     case LP_FLAG_SWITCH: *(int*)p = !v || strcmp(v, "0") != 0; break;
