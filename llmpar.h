@@ -104,6 +104,11 @@ lp_model_forward(&m, inputs, targets, B, T, 1.0f / (B * T)) then lp_model_backwa
 Build: CPU `cc -x c -std=gnu11 -O3 -fopenmp -DLLMPAR_CPU app.cu -lm` (mpicc and -DLLMPAR_MPI for ranks,
 -DLLMPAR_BLAS and OpenBLAS for fast matmuls); CUDA `nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -fopenmp
 app.cu -lcublasLt -lcublas` (the Makefile's dev/examples targets show both, MPI and NCCL flags included).
+Options, defined before the include (in each file, as stb's STBI_NO_*): LLMPAR_NO_WATCHDOG leaves out the
+watchdog (section 5: a thread per rank that ends the job when a rank has waited past a timeout; train_gpt.cu
+needs it), LLMPAR_NO_REEXEC keeps the program from executing itself again for better OpenBLAS kernels
+(lp_blas_init). LLMPAR_TEST_HOOKS is for llmpar's own tests: crashes, losses and offload chunk sizes injected
+through environment variables (make's train_gpt_cpu_hooks and co.); no other build reads them.
 More: LPParallel (section 3) lists every setting (ZeRO, recomputation, schedules, offload, ...), each call's
 comment says what it does; train_gpt.cu's lp_train is the full driver (LR schedule, checkpoints, evaluation,
 the divergence guard); README.md.
@@ -183,12 +188,16 @@ void lp_cudnn_free(void);
 #endif
 
 LP_STATE int lp_rank;  // this process's rank, set by lp_process_init (0 before); only rank 0 prints progress
+#ifndef LLMPAR_NO_WATCHDOG
 LP_STATE volatile int lp_ending;  // the watchdog (section 5) is ending the job: lp_fail leaves the last word to it
+#endif
 #define LP_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))  // the compiler checks the arguments against the format
 
 // Print one line naming what failed, then stop every rank with a non-zero exit.
 static inline LP_PRINTF(1, 2) void lp_fail(const char* fmt, ...) {
+#ifndef LLMPAR_NO_WATCHDOG
     while (lp_ending) pause();  // (an error the watchdog's abort caused, on another thread: its exit comes)
+#endif
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "llmpar: error: ");
@@ -696,7 +705,8 @@ typedef struct {
 } LPGroup;
 enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER, LP_SEND, LP_ALL_TO_ALL };
 
-// The watchdog (section 5) watches the set-up too: MPI's start, the splits into groups, NCCL's start.
+// The watchdog (section 5) watches the set-up too: MPI's start, the splits into groups, NCCL's start
+// (LLMPAR_NO_WATCHDOG: these do nothing).
 static inline void lp_watchdog_start(double timeout_s);
 static inline void lp_watchdog_stop(void);
 static inline double lp_watchdog_timeout_or(double fallback);
@@ -864,13 +874,14 @@ static inline const char* lp_blas_better_kernels(const char* chosen, int avx512)
 }
 // The BLAS set up for the engine, first thing (before MPI starts, so each rank does so). Where
 // lp_blas_better_kernels names a set and the user set no OPENBLAS_CORETYPE, the program executes itself
-// again with it set (OpenBLAS reads it only as it loads). An OpenBLAS built with its own threads (not
-// OpenMP's) keeps one: the engine's tiles are the parallelism (lp_gemm_strided_cpu).
+// again with it set (OpenBLAS reads it only as it loads; LLMPAR_NO_REEXEC: never, OpenBLAS's choice runs).
+// An OpenBLAS built with its own threads (not OpenMP's) keeps one: the engine's tiles are the parallelism
+// (lp_gemm_strided_cpu).
 static inline void lp_blas_init(char** argv) {
 #if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION)
     if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
 #endif
-#if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION)
+#if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION) && !defined(LLMPAR_NO_REEXEC)
     if (getenv("OPENBLAS_CORETYPE")) return;
     const char* better = lp_blas_better_kernels(openblas_get_corename(), lp_cpu_has_avx512());
     if (!better) return;
@@ -1364,6 +1375,8 @@ static inline void lp_nccl_comm_destroy(ncclComm_t comm) {
 // uncompleted operations, called from this thread as PyTorch's NCCL watchdog does), so that a collective
 // stuck in the GPU ends and the process can exit. A call's return is marked too (lp_watch_done): the time
 // between is the rank's waiting, which the straggler report leaves out of its compute time.
+// Optional: a program built with LLMPAR_NO_WATCHDOG has none (no thread; the marks below do nothing).
+#ifndef LLMPAR_NO_WATCHDOG
 typedef struct {
     volatile double moved;          // lp_time_s() of the last mark
     const char* volatile what;      // the call waited in, or the phase between calls
@@ -1448,6 +1461,15 @@ static inline void lp_watchdog_start(double timeout_s) {
 static inline void lp_watchdog_stop(void) { lp_watchdog.timeout_s = 0.0; }  // (its thread idles)
 // The timeout a program set before lp_process_init, or fallback.
 static inline double lp_watchdog_timeout_or(double fallback) { return lp_watchdog.timeout_s > 0.0 ? lp_watchdog.timeout_s : fallback; }
+#else
+static inline void lp_watch_phase(const char* what) { (void)what; }
+static inline void lp_watch_peer(const char* what, const LPGroup* g, int peer) { (void)what, (void)g, (void)peer; }
+static inline void lp_watch(const char* what, const LPGroup* g) { (void)what, (void)g; }
+static inline void lp_watch_done(void) {}
+static inline void lp_watchdog_start(double timeout_s) { (void)timeout_s; }
+static inline void lp_watchdog_stop(void) {}
+static inline double lp_watchdog_timeout_or(double fallback) { return fallback; }
+#endif
 
 // Count a collective on g's device tensors (the groups are the process's own: counting is their only change).
 static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {
@@ -5232,7 +5254,7 @@ typedef struct {
     struct { int write; size_t chunk; float* buf; } job[LP_OFFLOAD_JOBS];
     long queued, done, ready[2];  // ready[b]: the job that fills buffer b
     int err, err_write, stop;
-    long crash_at, writes;  // LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137, as killed) after the k-th chunk written
+    long crash_at, writes;  // tests (LLMPAR_TEST_HOOKS), LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137) after the k-th chunk written
 } LPOffload;
 
 // Read (write = 0) or write chunk k of the file from or into buf, all of it; returns 0 or an errno. A
@@ -5304,11 +5326,13 @@ static inline void lp_offload_wait(LPOffload* o, long id) {
         lp_fail("%s: cannot %s the optimizer state in %s: %s", LP_SETTING(offload_dir), write ? "write" : "read", o->path, strerror(err));
 }
 
-// Values per chunk for a state of `values` values: LP_OFFLOAD_CHUNK (tests: LLMPAR_OFFLOAD_CHUNK, so a tiny
-// model spans many), or all of them when fewer, in whole aligned blocks.
+// Values per chunk for a state of `values` values: LP_OFFLOAD_CHUNK (tests: LLMPAR_OFFLOAD_CHUNK in a
+// LLMPAR_TEST_HOOKS build, so a tiny model spans many), or all of them when fewer, in whole aligned blocks.
 static inline size_t lp_offload_chunk(size_t values) {
     size_t align = LP_OFFLOAD_ALIGN / sizeof(float), most = LP_OFFLOAD_CHUNK;
+#ifdef LLMPAR_TEST_HOOKS
     if (getenv("LLMPAR_OFFLOAD_CHUNK")) most = (size_t)atol(getenv("LLMPAR_OFFLOAD_CHUNK")) / align * align;
+#endif
     if (most == 0) most = align;
     size_t chunk = values < most ? (values + align - 1) / align * align : most;
     return chunk ? chunk : align;
@@ -5318,7 +5342,9 @@ static inline size_t lp_offload_chunk(size_t values) {
 static inline LPOffload* lp_offload_open(const char* dir, int tag, size_t values) {
     LPOffload* o = (LPOffload*)lp_host_malloc(sizeof(LPOffload), "offload");
     memset(o, 0, sizeof(*o));
+#ifdef LLMPAR_TEST_HOOKS
     o->crash_at = getenv("LLMPAR_OFFLOAD_CRASH_AT") ? atol(getenv("LLMPAR_OFFLOAD_CRASH_AT")) : 0;
+#endif
     o->chunk = lp_offload_chunk(values);
     o->chunks = (values + o->chunk - 1) / o->chunk;
     lp_path(o->path, "%s/llmpar-offload-%d-%d.bin", dir, (int)getpid(), tag);
@@ -6791,6 +6817,7 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     size_t Cl = C / t, Fl = 4 * C / t, NHl = m->cfg.num_heads / t;
     size_t f = m->par->recompute == LP_RECOMPUTE_FULL ? 0 : l, s = m->par->recompute == LP_RECOMPUTE_NONE ? l : 0;  // layer slots
     LPLayerActs x;
+    memset(&x, 0, sizeof(x));  // (a dense layer's MoE fields stay NULL)
     // the MLP's: among the chunk's dense layers, or its MoE layers
     const LPConfig* c = &m->cfg;
     size_t E = c->moe_experts, K = c->moe_topk;
@@ -6812,6 +6839,8 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.ln2_rstd = a->ln2_rstd + f * Nr;
     x.fch = a->fch + kf * N * Fl;
     x.fch_gelu = a->fch_gelu + ks * N * Fl;
+    x.residual3 = a->residual3 + (size_t)l * Nr * C;
+    if (!x.moe) return x;  // a dense layer: no routing, no experts
     x.probs = a->probs + kf * N * E;
     x.rlse = a->rlse + kf * N;
     x.expert = a->expert + kf * N * K;
@@ -6832,7 +6861,6 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.xe = ep ? a->xe + kf * R * C : x.xp;
     x.eorder = a->eorder + kf * R;
     x.einv = a->einv + kf * R;
-    x.residual3 = a->residual3 + (size_t)l * Nr * C;
     return x;
 }
 
@@ -7761,13 +7789,18 @@ static inline void lp_checkpoint_check(const LPGroup* world, int err, const char
     lp_exit_all();
 }
 
-// Crash injection for the tests: with LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at
-// the k-th of these points, counted over the run's checkpoint saves: one after each file operation.
+// Crash injection for the tests, in a build with LLMPAR_TEST_HOOKS (make's *_hooks binaries): with
+// LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at the k-th of these points, counted over
+// the run's checkpoint saves: one after each file operation. Other builds: nothing.
+#ifdef LLMPAR_TEST_HOOKS
 LP_STATE int lp_crash_points;  // the points passed so far (one count, whichever file saves)
 static inline void lp_crash_point(void) {
     const char* at = getenv("LLMPAR_CRASH_AT");
     if (at && ++lp_crash_points == atoi(at)) _exit(137);
 }
+#else
+static inline void lp_crash_point(void) {}
+#endif
 
 // Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.
 // The weights are finite: model files are checked when read, and every update after it (lp_models_adamw).

@@ -107,6 +107,9 @@ static int no_mpirun(const char* what) {
 #else
 #define TRAIN_BIN "./train_gpt"
 #endif
+// Its build with the tests' hooks (LLMPAR_TEST_HOOKS: LLMPAR_CRASH_AT, LLMPAR_LOSS_AT, LLMPAR_OFFLOAD_CHUNK and
+// LLMPAR_OFFLOAD_CRASH_AT read), for the tests that set them: make train_gpt_cpu_hooks (_emu_hooks, _hooks).
+#define HOOKS_BIN TRAIN_BIN "_hooks"
 #define PLAN_BIN "./plan_gpt"  // the cluster planner's program (dev/plan), one build for all
 
 // A token shard of n tokens stored in `bytes` each: 2 (GPT-2's uint16 format) or 4 (Llama 3's uint32).
@@ -171,12 +174,15 @@ static float* run_weights(const char* dir, int step, size_t* n) {
     return w;
 }
 
-// Run the CPU engine on `ranks` processes (plain ./train_gpt_cpu for 1); returns the losses found.
+// The engine run_ranks runs: TRAIN_BIN, or HOOKS_BIN while a test has set one of the hooks' variables.
+static const char* train_bin = TRAIN_BIN;
+
+// Run the engine on `ranks` processes (plain ./train_gpt_cpu for 1); returns the losses found.
 static int run_ranks(int ranks, const char* args, const char* out_dir, float* losses, char* out, size_t out_size) {
     int rc;
-    if (ranks == 1) rc = run_cmd(out, out_size, "%s %s -o %s", TRAIN_BIN, args, out_dir);
+    if (ranks == 1) rc = run_cmd(out, out_size, "%s %s -o %s", train_bin, args, out_dir);
     else rc = run_cmd(out, out_size, "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -o %s",
-                      ranks, TRAIN_BIN, args, out_dir);
+                      ranks, train_bin, args, out_dir);
     int n = parse_losses(out, losses, 64);
     return rc == 0 ? n : -1;
 }
@@ -3122,7 +3128,7 @@ static void test_crash_during_saves(void) {
     for (int k = 1; k <= 22 && ref; k++) {
         char dir[LP_PATH_MAX], pattern[LP_PATH_MAX];
         lp_path(dir, "%s/crash_%d", tmp_dir, k);
-        killed += run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=%d %s %s -o %s", k, TRAIN_BIN, args, dir) == 137;
+        killed += run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=%d %s %s -o %s", k, HOOKS_BIN, args, dir) == 137;
         int resume = lp_checkpoint_latest(dir, INT_MAX) >= 0;
         int rc = run_cmd(out, sizeof(out), "%s %s -o %s%s", TRAIN_BIN, args, dir, resume ? " --resume" : "");
         float* w = run_weights(dir, 2, &n);
@@ -3138,6 +3144,14 @@ static void test_crash_during_saves(void) {
     }
     expect(ref && killed == 22, "LLMPAR_CRASH_AT=1..22 kills the run at each file operation of its two saves");
     expect(ref && bad == 0, "a run killed at any file operation of a save restarts to the uninterrupted weights, no .tmp left");
+    // the engine users run has no hooks: there the variable changes nothing
+    size_t np = 0;
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=1 %s %s -o %s", TRAIN_BIN, args, tmp_path("crash_plain"));
+    float* w = run_weights(tmp_path("crash_plain"), 2, &np);
+    size_t worst = 0;
+    expect(ref && rc == 0 && w && np == nref && all_close(w, ref, np, 0.0f, 0.0f, &worst),
+           TRAIN_BIN " (no LLMPAR_TEST_HOOKS) ignores LLMPAR_CRASH_AT=1: the run ends with the uninterrupted weights");
+    free(w);
     free(ref);
 }
 
@@ -3159,7 +3173,7 @@ static void test_divergence_guard(void) {
 
     // skip: step 3's batch and update dropped (its checkpoint holds step 2's weights and optimizer state); the
     // steps after equal a run on the shard without batch 3
-    int rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 --on-divergence skip -o %s", TRAIN_BIN, args,
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 --on-divergence skip -o %s", HOOKS_BIN, args,
                      tmp_path("div.bin"), tmp_path("skip_out"));
     int na = parse_losses(out, a, 64);
     expect(rc == 0 && na == 5 && strstr(out, "step 3/6 | skipped, its batch and update dropped: loss nan, gradient norm"),
@@ -3185,7 +3199,7 @@ static void test_divergence_guard(void) {
 
     // rollback: step 4 diverges, the run goes back to its step-2 checkpoint and on with batch 5: the run on the
     // shard without batches 3 and 4
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=4:inf %s %s -i %s -x 6 -n 2 --on-divergence rollback -o %s", TRAIN_BIN, args,
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=4:inf %s %s -i %s -x 6 -n 2 --on-divergence rollback -o %s", HOOKS_BIN, args,
                  tmp_path("div.bin"), tmp_path("rollback_out"));
     na = parse_losses(out, a, 64);
     expect(rc == 0 && na == 7 && strstr(out, "step 4/6 | rolled back to checkpoint step 2, the batches of the 2 step(s) since skipped: loss inf"),
@@ -3203,7 +3217,7 @@ static void test_divergence_guard(void) {
     expect(same_file(p1, p2), "--on-divergence rollback: the final weights equal the run without batches 3-4, byte for byte");
 
     // stop (the default): the error names the step; the newest checkpoint is the last good one
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 -o %s", TRAIN_BIN, args, tmp_path("div.bin"),
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 -o %s", HOOKS_BIN, args, tmp_path("div.bin"),
                  tmp_path("stop_out"));
     expect(rc > 0 && strstr(out, "llmpar: error: step 3: loss nan, gradient norm") &&
                strstr(out, "the run diverged and stops; its newest checkpoint is the last good one") &&
@@ -3211,14 +3225,14 @@ static void test_divergence_guard(void) {
            "--on-divergence stop: a nan loss stops the run with one line; step 2's checkpoint stays the newest");
 
     // a loss spike: reported under stop, and training goes on; skipped under skip (after a window of 20 steps)
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25", TRAIN_BIN, args, tmp_path("div.bin"));
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25", HOOKS_BIN, args, tmp_path("div.bin"));
     expect(rc == 0 && parse_losses(out, a, 64) == 25 && strstr(out, "notice: step 24: loss 1000000000.000000 is a spike, above 3 times the mean"),
            "--loss-spike 3 (default): a spike is reported and, under stop, training goes on");
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --on-divergence skip --loss-spike 2", TRAIN_BIN, args,
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --on-divergence skip --loss-spike 2", HOOKS_BIN, args,
                  tmp_path("div.bin"));
     expect(rc == 0 && parse_losses(out, a, 64) == 24 && strstr(out, "step 24/25 | skipped, its batch and update dropped: loss 1000000000.000000 is a spike, above 2 times"),
            "--on-divergence skip --loss-spike 2: the spike's step is skipped");
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --loss-spike 0", TRAIN_BIN, args, tmp_path("div.bin"));
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --loss-spike 0", HOOKS_BIN, args, tmp_path("div.bin"));
     expect(rc == 0 && !strstr(out, "spike"), "--loss-spike 0: no spike is reported");
 
     // a learning rate that makes every update overflow: rollback gives up after 3, skip cannot take an update back
@@ -3241,7 +3255,7 @@ static void test_supervisor(void) {
     const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0 -x 4 -n 1";
     size_t nref = 0, n = 0;
     float* ref = reference_weights(args, tmp_path("sup_ref"), 4, &nref);
-    int rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh %s %s -o %s --overwrite", TRAIN_BIN, args,
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh %s %s -o %s --overwrite", HOOKS_BIN, args,
                      tmp_path("sup_out"));
     float* w = run_weights(tmp_path("sup_out"), 4, &n);
     size_t worst = 0;
@@ -3257,9 +3271,9 @@ static void test_supervisor(void) {
     if (f) fclose(f);
     expect(strstr(logged, "exit 137; restart 1 of 3, resuming from step_00000001") != NULL,
            "train_resilient.sh: the restarts are logged in DIR/restarts.log, with the exit status");
-    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh -r 2 %s %s -o %s", TRAIN_BIN, args, tmp_path("sup_out2"));
+    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh -r 2 %s %s -o %s", HOOKS_BIN, args, tmp_path("sup_out2"));
     expect(rc == 137 && strstr(out, "exit 137 after 2 restart(s): giving up"), "train_resilient.sh -r 2: gives up after 2 restarts, with the run's exit status");
-    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=5 scripts/train_resilient.sh %s %s -o %s", TRAIN_BIN, args, tmp_path("sup_out3"));
+    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=5 scripts/train_resilient.sh %s %s -o %s", HOOKS_BIN, args, tmp_path("sup_out3"));
     expect(rc == 137 && strstr(out, "restart 1 of 3, from the start (no checkpoint yet)") &&
                strstr(out, "exit 137 again with no new checkpoint since the last launch: giving up") && !strstr(out, "restart 2"),
            "train_resilient.sh: a run that dies before its first checkpoint twice running is given up after one restart");
@@ -3951,6 +3965,7 @@ static void test_divergence_grids(void) {
         {"skip", "4", "-b 4 --tp 2 --zero 1"},
     };
     setenv("LLMPAR_LOSS_AT", "4:nan", 1);
+    train_bin = HOOKS_BIN;
     for (int k = 0; k < 4; k++) {
         char args[4096], ref_dir[LP_PATH_MAX], dir[LP_PATH_MAX], name[256];
         float ref[64], got[64];
@@ -3983,6 +3998,7 @@ static void test_divergence_grids(void) {
         free(wref);
     }
     unsetenv("LLMPAR_LOSS_AT");
+    train_bin = TRAIN_BIN;
 }
 
 // The supervisor under mpirun: one rank of two killed (kill -9) mid-run; mpirun fails, train_resilient.sh
@@ -4092,6 +4108,7 @@ static void test_offload(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 offload")) return;
     setenv("LLMPAR_OFFLOAD_CHUNK", "1024", 1);
+    train_bin = HOOKS_BIN;
     static char base[2 * LP_PATH_MAX], off[2 * LP_PATH_MAX], args[8 * LP_PATH_MAX], name[4 * LP_PATH_MAX];
     char odir[LP_PATH_MAX], a[LP_PATH_MAX], b[LP_PATH_MAX];
     lp_path(odir, "%s", tmp_path("offload_files"));
@@ -4163,7 +4180,7 @@ static void test_offload(void) {
     size_t chunks = (lp_config_num_params(&c) + 1023) / 1024;
     lp_path(dir, "%s", tmp_path("offload_kill"));
     snprintf(args, sizeof(args), "%s -b 8 -n 5 %s", base, off);
-    int rc = run_cmd(out, sizeof(out), "LLMPAR_OFFLOAD_CRASH_AT=%zu %s %s -o %s", chunks * 6 + chunks / 2, TRAIN_BIN, args, dir);
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_OFFLOAD_CRASH_AT=%zu %s %s -o %s", chunks * 6 + chunks / 2, HOOKS_BIN, args, dir);
     int steps = parse_losses(out, losses, 64);
     snprintf(args, sizeof(args), "%s -b 8 -n 5 --resume %s", base, off);
     n = run_ranks(1, args, dir, losses, out, sizeof(out));
@@ -4188,7 +4205,7 @@ static void test_offload(void) {
     snprintf(name, sizeof(name), "--offload-dir: cannot create %s/llmpar-offload-", ro);
     expect_error("bad input: --offload-dir read-only", name, args);
     lp_path(dir, "%s", tmp_path("offload_full"));
-    rc = run_cmd(out, sizeof(out), "trap '' XFSZ; ulimit -f 64; exec %s %s -b 8 -n 1 %s -o %s", TRAIN_BIN, base, off, dir);
+    rc = run_cmd(out, sizeof(out), "trap '' XFSZ; ulimit -f 64; exec %s %s -b 8 -n 1 %s -o %s", train_bin, base, off, dir);
     char pattern[LP_PATH_MAX];
     glob_t g;
     lp_path(pattern, "%s/step_*", dir);
@@ -4201,6 +4218,7 @@ static void test_offload(void) {
            "bad input: --offload-dir full mid-run (a file-size limit): one error line naming it, no file or checkpoint left");
     if (rc <= 0 || lines != 1) printf("     exit %d, output:\n%s\n", rc, out);
     unsetenv("LLMPAR_OFFLOAD_CHUNK");
+    train_bin = TRAIN_BIN;
 }
 
 // --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
@@ -5559,6 +5577,7 @@ static void test_offload_host(void) {
         {8, "-b 4 --tp 2 --pp 2 --zero 1", 1 << LP_OFFLOAD_OPTIMIZER},
         {8, "-b 4 --tp 2 --pp 2 --zero 3", 1 << LP_OFFLOAD_PARAMS}};
     setenv("LLMPAR_OFFLOAD_CHUNK", "1024", 1);
+    train_bin = HOOKS_BIN;
     for (int x = 0; x < (int)(sizeof(grids) / sizeof(grids[0])); x++) {
         float want[8], got[8];
         lp_path(a, "%s/offload_mem%d", tmp_dir, x);
@@ -5608,6 +5627,7 @@ static void test_offload_host(void) {
         }
     }
     unsetenv("LLMPAR_OFFLOAD_CHUNK");
+    train_bin = TRAIN_BIN;
     int rc = run_cmd(out, sizeof(out), "%s --offload params --zero 1", TRAIN_BIN);
     expect(rc > 0 && strstr(out, "llmpar: error: flag --offload params: needs --zero 3"), "--offload params without ZeRO-3: one error line");
 }

@@ -9,6 +9,9 @@ llm.c's where they overlap; run with -h for the list.
 */
 #define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "llmpar.h"
+#ifdef LLMPAR_NO_WATCHDOG
+#error "train_gpt.cu needs llmpar.h's watchdog (--timeout-minutes, --straggler): build it without LLMPAR_NO_WATCHDOG"
+#endif
 #include <stddef.h>        // offsetof: the flag table names LPFlags fields
 #include <signal.h>        // sigaction: a signal stops the run at a step's end, with a checkpoint
 #include <sys/resource.h>  // getrusage: the peak host memory, printed at the end
@@ -668,13 +671,17 @@ static void lp_print_flags(const LPFlags* f) {
 
 #define LP_STRIKES 3  // --on-divergence skip or rollback: divergences in a row (skip) or back to one checkpoint (rollback)
 
-// Test hook for the divergence guard: LLMPAR_LOSS_AT=k:x makes the loss of this process's k-th training
-// step read x (nan, 1e9).
+// Test hook for the divergence guard, in a build with LLMPAR_TEST_HOOKS (make's train_gpt_*_hooks):
+// LLMPAR_LOSS_AT=k:x makes the loss of this process's k-th training step read x (nan, 1e9).
 static float lp_injected_loss(int k, float loss) {
     static int at = -1;  // the variable is read once, not every step
     static float value;
     if (at < 0) {
+#ifdef LLMPAR_TEST_HOOKS
         const char* e = getenv("LLMPAR_LOSS_AT");
+#else
+        const char* e = NULL;
+#endif
         char* end = NULL;
         at = e ? (int)strtol(e, &end, 10) : 0;
         if (!e || *end != ':') at = 0;
