@@ -4098,6 +4098,54 @@ static void test_ranks_agree(void) {
                  "flag -e model.bin: rank 1 reads a model file with another header than rank 0's (layers 3 there, 2 on rank 0)", rc, out);
 }
 
+// The timeline (--trace): a t2 p2 d2 run's file passes dev/timeline/check.py's strict checks (Chrome's
+// format, every rank, nesting, 1F1B's order on each stage, the phases covering each step, rank 0's step
+// as long as the step line says); the same losses as without it; one rank with recomputation records it;
+// a run stopped inside the window writes what it recorded; bad --trace-steps one line.
+static void test_timeline(void) {
+    static char out[2][1 << 16];
+    if (no_mpirun("the timeline")) return;
+    if (system("python3 -c 'import json' > /dev/null 2>&1") != 0) {
+        printf("skip: the timeline's checks (no python3)\n");
+        return;
+    }
+    char args[2048], check[4 * LP_PATH_MAX];
+    snprintf(args, sizeof(args), "-e d2 -i %s -j '' -b 2 -t 32 -d 256 -v 0 -s 0 -x 3 --tp 2 --pp 2", tmp_path("dp_shard.bin"));
+    float traced[8], plain[8];
+    int nt = run_ranks(8, args, tmp_path("tl_plain"), plain, out[0], sizeof(out[0]));
+    char with[2048 + LP_PATH_MAX];
+    snprintf(with, sizeof(with), "%s --trace %s", args, tmp_path("tl.json"));
+    int n = run_ranks(8, with, tmp_path("tl_traced"), traced, out[1], sizeof(out[1]));
+    const char* line = strstr(out[1], "step 2/3 | ");
+    const char* at = line ? strstr(line, " ms |") : NULL;  // the step line's time: "| 1125.0 ms |"
+    while (at && at > line && at[-1] != '|') at--;
+    float ms = at ? strtof(at, NULL) : 0.0f;
+    expect(n == 3 && nt == 3 && ms > 0.0f && strstr(out[1], "timeline of steps 2-2: ") && strstr(out[1], "events of 8 ranks in "),
+           "--trace on t2 p2 d2 trains 3 steps and says where the timeline of step 2 is");
+    if (n == 3 && nt == 3) expect_close("--trace changes no loss (t2 p2 d2, 3 steps)", traced, plain, 3, 0.0f, 0.0f);
+    snprintf(check, sizeof(check), "python3 dev/timeline/check.py %s --ranks 8 --pp 2 --micro-batches 2 --step-ms %.1f", tmp_path("tl.json"), ms);
+    int rc = run_cmd(out[0], sizeof(out[0]), "%s", check);
+    expect(rc == 0 && strstr(out[0], "7 passed, 0 failed"), "the t2 p2 d2 timeline passes dev/timeline/check.py (format, ranks, nesting, "
+                                                          "1F1B's order, phases covering 95% of the step, the step line's time)");
+    if (rc != 0) printf("%s\n", out[0]);
+    // one rank, full recomputation, steps 2:3, a run of 2 steps: what it recorded (step 2) is written
+    snprintf(args, sizeof(args), "-e d2 -i %s -j '' -b 2 -t 32 -v 0 -s 0 -x 2 --recompute full --trace %s --trace-steps 2:3",
+             tmp_path("dp_shard.bin"), tmp_path("tl1.json"));
+    n = run_ranks(1, args, tmp_path("tl_one"), traced, out[0], sizeof(out[0]));
+    rc = run_cmd(out[1], sizeof(out[1]), "python3 dev/timeline/check.py %s --ranks 1 && grep -c '\"name\": \"recompute\"' %s",
+                 tmp_path("tl1.json"), tmp_path("tl1.json"));
+    expect(n == 2 && rc == 0 && strstr(out[0], "timeline of steps 2-2: ") && strstr(out[1], "5 passed, 0 failed\n2\n"),
+           "one rank, --recompute full, --trace-steps 2:3 in a 2-step run: step 2 written, its 2 layers' recomputation on it");
+    if (rc != 0) printf("%s\n%s\n", out[0], out[1]);
+    const char* bad[][2] = {{"--trace x.json --trace-steps 3:2", "flag --trace-steps: '3:2' is not A:B with 1 <= A <= B"},
+                            {"--trace x.json --trace-steps 0:1", "flag --trace-steps: '0:1' is not A:B"},
+                            {"--trace-steps 1:2", "flag --trace-steps: only with --trace FILE"}};
+    for (int k = 0; k < 3; k++) {
+        snprintf(args, sizeof(args), "-e d2 -x 2 %s", bad[k][0]);
+        expect_error("bad input: --trace-steps", bad[k][1], args);
+    }
+}
+
 // --offload nvme: AdamW m and v in a file under --offload-dir, streamed a chunk at a time (here chunks of
 // 1024 values, LLMPAR_OFFLOAD_CHUNK, so the tiny model's shards span many). The update is the same
 // arithmetic on the same values, so losses, weights and optimizer state equal the in-memory run's bit for
@@ -5792,6 +5840,7 @@ int main(int argc, char** argv) {
     RUN(test_ranks_agree);
     RUN(test_watchdog);
     RUN(test_stragglers);
+    RUN(test_timeline);
     RUN(test_offload);
     RUN(test_plan_runs);
     RUN(test_slurm);
