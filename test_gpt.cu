@@ -5390,6 +5390,15 @@ static void test_head_size_refused(void) {
 #endif
 }
 
+// The CUDA engine refuses --trace in one line (its events would be the host's clock, not the streams').
+static void test_trace_refused(void) {
+    char out[4096];
+    int rc = run_cmd(out, sizeof(out), "%s -e d1 -x 1 --trace %s", TRAIN_BIN, tmp_path("t.json"));
+    int ok = rc > 0 && strstr(out, "llmpar: error: flag --trace: the CUDA engine's timeline is not built yet") && !strstr(out, "step 1/1");
+    expect(ok, "--trace on the CUDA engine: refused in one line");
+    if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
+}
+
 #ifdef LLMPAR_CUDAEMU
 // Training steps free no device memory: cudaFree waits for the whole GPU. Run first in tier 4, so the
 // scratch buffers start empty and only the set-up (lp_model_alloc_activations) can have sized them.
@@ -5853,6 +5862,7 @@ int main(int argc, char** argv) {
     RUN(tier4_kernel_tests);
     RUN(tier4_attention_kernels);
     RUN(test_head_size_refused);
+    RUN(test_trace_refused);
     RUN(test_step_vs_cpu_build);
     RUN(test_stop_signal);
     RUN(test_watchdog);
