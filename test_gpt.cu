@@ -4128,6 +4128,15 @@ static void test_timeline(void) {
     expect(rc == 0 && strstr(out[0], "7 passed, 0 failed"), "the t2 p2 d2 timeline passes dev/timeline/check.py (format, ranks, nesting, "
                                                           "1F1B's order, phases covering 95% of the step, the step line's time)");
     if (rc != 0) printf("%s\n", out[0]);
+    if (system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0) {  // the timeline drawn, the bubble read from it
+        rc = run_cmd(out[0], sizeof(out[0]), "python3 dev/plot.py --trace %s -o %s", tmp_path("tl.json"), tmp_path("tl.png"));
+        expect(rc == 0 && strstr(out[0], "step 2: pipeline bubble measured ") && strstr(out[0], "(p=2 v=1 m=2; ") &&
+                   strstr(out[0], "the ideal schedule's 50.0%") && lp_file_size(tmp_path("tl.png")) > 1000,
+               "dev/plot.py --trace draws the t2 p2 d2 timeline and prints its bubble beside the ideal 1F1B's (p-1)/m = 50%");
+        if (rc != 0) printf("%s\n", out[0]);
+    } else {
+        printf("skip: dev/plot.py --trace (no matplotlib)\n");
+    }
     // one rank, full recomputation, steps 2:3, a run of 2 steps: what it recorded (step 2) is written
     snprintf(args, sizeof(args), "-e d2 -i %s -j '' -b 2 -t 32 -v 0 -s 0 -x 2 --recompute full --trace %s --trace-steps 2:3",
              tmp_path("dp_shard.bin"), tmp_path("tl1.json"));
