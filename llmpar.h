@@ -283,7 +283,8 @@ static inline double lp_time_s(void) {
 
 // --- the step's timeline (--trace): what this rank does, as begin/end events on its clock, kept in memory
 // while lp_trace.on; the driver gathers every rank's and writes them as one Chrome trace (train_gpt.cu).
-// An event names what it is ("F", "B", "all-reduce", ...), its kind ("compute", "comm", "step", "io"),
+// An event names what it is ("F", "B", "all-reduce", ...), its kind ("compute", "step", "io", "comm": a
+// blocking call, "launch": a collective started without blocking or a send posted, an instant),
 // for a collective or a send its group and bytes, for a micro-batch its number and chunk. Off, each mark
 // returns at its first test. On the CPU engine the clock is the work's; the CUDA engine records when the
 // host issued the work, so it refuses --trace until its events come from the streams.
@@ -1552,14 +1553,20 @@ static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {
     static const char* const names[] = {"all-reduce start", "reduce-scatter start", "all-gather start", "send", "all-to-all start"};
     ((LPGroup*)g)->calls[kind]++;
     ((LPGroup*)g)->bytes[kind] += (double)bytes;
-    if (lp_trace.wait) lp_trace_wait_bytes((double)bytes);
-    else lp_trace_end(lp_trace_comm(names[kind], g->name, (double)bytes, -1));
+    if (lp_trace.wait) {
+        lp_trace_wait_bytes((double)bytes);
+    } else if (lp_trace.on) {
+        int id = lp_trace_comm(names[kind], g->name, (double)bytes, -1);
+        snprintf(lp_trace.ev[id].kind, sizeof(lp_trace.ev[id].kind), "launch");
+        lp_trace_end(id);
+    }
 }
 
 // Sum (or average) n host floats over the group, in place: losses, norms, error flags, staged tensors.
 static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int average) {
-    if (g->size == 1) return;
+    if (g->size == 1 || n == 0) return;  // (MPI's of 0 values would return at once, waiting for no peer)
     lp_watch("an all-reduce of host values", g);
+    lp_trace_wait_bytes((double)(n * sizeof(float)));
 #ifdef LLMPAR_MPI
     lp_mpi_all_reduce_f32(g, x, n);
     lp_watch_done();

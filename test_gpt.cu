@@ -4125,8 +4125,9 @@ static void test_timeline(void) {
     if (n == 3 && nt == 3) expect_close("--trace changes no loss (t2 p2 d2, 3 steps)", traced, plain, 3, 0.0f, 0.0f);
     snprintf(check, sizeof(check), "python3 dev/timeline/check.py %s --ranks 8 --pp 2 --micro-batches 2 --step-ms %.1f", tmp_path("tl.json"), ms);
     int rc = run_cmd(out[0], sizeof(out[0]), "%s", check);
-    expect(rc == 0 && strstr(out[0], "7 passed, 0 failed"), "the t2 p2 d2 timeline passes dev/timeline/check.py (format, ranks, nesting, "
-                                                          "1F1B's order, phases covering 95% of the step, the step line's time)");
+    expect(rc == 0 && strstr(out[0], "8 passed, 0 failed"), "the t2 p2 d2 timeline passes dev/timeline/check.py (format, ranks, nesting, "
+                                                          "1F1B's order, each collective's wait for its peers within its length, "
+                                                          "phases covering 95% of the step, the step line's time)");
     if (rc != 0) printf("%s\n", out[0]);
     if (system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0) {  // the timeline drawn, the bubble read from it
         rc = run_cmd(out[0], sizeof(out[0]), "python3 dev/plot.py --trace %s -o %s", tmp_path("tl.json"), tmp_path("tl.png"));
@@ -4143,7 +4144,7 @@ static void test_timeline(void) {
     n = run_ranks(1, args, tmp_path("tl_one"), traced, out[0], sizeof(out[0]));
     rc = run_cmd(out[1], sizeof(out[1]), "python3 dev/timeline/check.py %s --ranks 1 && grep -c '\"name\": \"recompute\"' %s",
                  tmp_path("tl1.json"), tmp_path("tl1.json"));
-    expect(n == 2 && rc == 0 && strstr(out[0], "timeline of steps 2-2: ") && strstr(out[1], "5 passed, 0 failed\n2\n"),
+    expect(n == 2 && rc == 0 && strstr(out[0], "timeline of steps 2-2: ") && strstr(out[1], "6 passed, 0 failed\n2\n"),
            "one rank, --recompute full, --trace-steps 2:3 in a 2-step run: step 2 written, its 2 layers' recomputation on it");
     if (rc != 0) printf("%s\n%s\n", out[0], out[1]);
     const char* bad[][2] = {{"--trace x.json --trace-steps 3:2", "flag --trace-steps: '3:2' is not A:B with 1 <= A <= B"},

@@ -1562,9 +1562,11 @@ static void lp_run_free(LPTrainRun* r) {
 // --- the timeline (--trace): the events llmpar.h's marks record (section 1's lp_trace) during --trace-steps,
 // every rank's gathered by rank 0 into one Chrome trace-event file (the JSON object format: traceEvents, each
 // a complete event "X" with ts and dur in microseconds; metadata events "M" name each process by its rank
-// and t, p, d coordinates). The ranks' clocks share a zero: each takes its time as it leaves one barrier
-// (lp_trace_start), so they agree to within the barrier's exit skew (microseconds on one host; a network's
-// latency across hosts). Written to FILE.tmp, then renamed: the file is whole or absent.
+// and t, p, d coordinates). The ranks' clocks share a zero (lp_trace_start): rank 0's time as it left a
+// barrier over all ranks, exactly, on rank 0's host (one monotonic clock for all its processes); a rank on
+// another host takes its own time as it left that barrier, so it agrees to within the barrier's exit skew
+// (a network latency, and any time a process waits for a core). Written to FILE.tmp, then renamed: the
+// file is whole or absent.
 
 // --trace-steps A:B, or the default: step 2 (step 1 warms up), or step 1 of a one-step run.
 static void lp_trace_window(const LPFlags* f, int* from, int* to) {
@@ -1577,7 +1579,11 @@ static void lp_trace_window(const LPFlags* f, int* from, int* to) {
 
 static void lp_trace_start(const LPProcess* proc) {
     lp_barrier(&proc->world_group);  // (not itself on the timeline: it is off until the line below)
-    lp_trace.origin = lp_time_s();
+    struct { double t; char host[64]; } zero = {lp_time_s(), ""}, mine;
+    gethostname(zero.host, sizeof(zero.host) - 1);
+    mine = zero;
+    lp_world_broadcast(proc, &zero, sizeof(zero), 0);
+    lp_trace.origin = strcmp(zero.host, mine.host) == 0 ? zero.t : mine.t;
     lp_trace.n = 0;
     lp_trace.wait = 0;
     lp_trace.on = 1;
@@ -1591,6 +1597,60 @@ static void lp_json_string(FILE* out, const char* s) {
         fputc(*s, out);
     }
     fputc('"', out);
+}
+
+// How long each blocking collective of the tp, pp, dp and world groups waited for its group's last rank to
+// arrive (seconds; -1 where not known: a receive, a launch, a wait for an overlapped collective started
+// earlier, a broadcast, whose root need not wait, an ep or edp group): a group's members call its
+// collectives in one order, so the k-th of each member's on the group is one call, and it began for all
+// once the last member's began. The groups from the coordinates: tp shares p and d, pp t and d, dp t and p.
+static int lp_trace_is_collective(const LPTraceEvent* e, const char* group) {
+    static const char* const arrivals[] = {"all-reduce", "all-reduce of host values", "reduce-scatter", "all-gather", "all-to-all", "barrier"};
+    if (strcmp(e->kind, "comm") || strcmp(e->group, group)) return 0;
+    for (int k = 0; k < (int)(sizeof(arrivals) / sizeof(arrivals[0])); k++)
+        if (!strcmp(e->name, arrivals[k])) return 1;
+    return 0;
+}
+static double* lp_trace_peer_waits(const LPTraceEvent* all, const int* count, const int* coords, int n) {
+    static const char* const groups[] = {"tp", "pp", "dp", "world"};
+    size_t total = 0;
+    size_t* first = (size_t*)lp_host_malloc((size_t)n * sizeof(size_t), "trace offsets");
+    for (int k = 0; k < n; k++) first[k] = total, total += (size_t)count[k];
+    double* waited = (double*)lp_host_malloc((total + 1) * sizeof(double), "trace waits");
+    for (size_t i = 0; i < total; i++) waited[i] = -1.0;
+    size_t* at = (size_t*)lp_host_malloc((size_t)n * sizeof(size_t), "trace cursors");
+    int* members = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace group");
+    for (int g = 0; g < 4; g++) {
+        int same[4][2] = {{1, 2}, {0, 2}, {0, 1}, {-1, -1}};  // the coordinates (t 0, p 1, d 2) a group's members share
+        for (int k = 0; k < n; k++) {
+            int size = 0, leader = 1;
+            for (int j = 0; j < n; j++) {
+                int in = g == 3 || (coords[3 * j + same[g][0]] == coords[3 * k + same[g][0]] &&
+                                    coords[3 * j + same[g][1]] == coords[3 * k + same[g][1]]);
+                if (in && j < k) leader = 0;
+                if (in) members[size++] = j;
+            }
+            if (!leader || size < 2) continue;  // (each group once, from its lowest rank)
+            for (int q = 0; q < size; q++) at[q] = first[members[q]];
+            for (;;) {  // the next call: each member's next collective on g
+                double last = -1.0;
+                int found = 0;
+                for (int q = 0; q < size; q++) {
+                    size_t end = first[members[q]] + (size_t)count[members[q]];
+                    while (at[q] < end && !lp_trace_is_collective(&all[at[q]], groups[g])) at[q]++;
+                    if (at[q] == end) break;
+                    found++;
+                    if (all[at[q]].t0 > last) last = all[at[q]].t0;
+                }
+                if (found < size) break;  // (a member recorded fewer: the window's edge)
+                for (int q = 0; q < size; q++) waited[at[q]] = last - all[at[q]].t0, at[q]++;
+            }
+        }
+    }
+    free(members);
+    free(at);
+    free(first);
+    return waited;
 }
 
 // Stop recording and write every rank's events (collective: every rank calls it).
@@ -1607,12 +1667,15 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
     LPTraceEvent* all = (LPTraceEvent*)lp_host_malloc(proc->rank == 0 ? total + 1 : 1, "trace events");
     lp_world_gather(proc, lp_trace.ev, bytes, all);
     if (proc->rank == 0) {
+        int* count = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace counts");
+        for (int k = 0; k < n; k++) count[k] = bytes[k] / (int)sizeof(LPTraceEvent);
+        double* waited = lp_trace_peer_waits(all, count, coords, n);
         char tmp[LP_PATH_MAX];
         lp_path(tmp, "%s.tmp", r->f->trace);
         FILE* out = fopen(tmp, "w");
         if (!out) lp_fail("flag %s: cannot write %s: %s", LP_FLAG_NAME(trace), tmp, strerror(errno));
-        fprintf(out, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"steps\": \"%d:%d\", \"ranks\": %d, \"clock\": \"each rank's "
-                "monotonic clock from the moment it left a barrier over all ranks\"},\n \"traceEvents\": [\n", from, to, n);
+        fprintf(out, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"steps\": \"%d:%d\", \"ranks\": %d, \"clock\": \"the monotonic "
+                "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\"},\n \"traceEvents\": [\n", from, to, n);
         for (int k = 0; k < n; k++) {  // (the events follow these, each after a comma)
             fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d "
                     "p%d d%d\"}},\n", k, k, coords[3 * k], coords[3 * k + 1], coords[3 * k + 2]);
@@ -1635,7 +1698,8 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
                 if (e->micro >= 0) fprintf(out, "\"micro\": %d", e->micro), sep = ", ";
                 if (e->chunk >= 0) fprintf(out, "%s\"chunk\": %d", sep, e->chunk), sep = ", ";
                 if (e->group[0]) fprintf(out, "%s\"group\": \"%s\", \"bytes\": %.0f", sep, e->group, e->bytes), sep = ", ";
-                if (e->peer >= 0) fprintf(out, "%s\"peer\": %d", sep, e->peer);
+                if (e->peer >= 0) fprintf(out, "%s\"peer\": %d", sep, e->peer), sep = ", ";
+                if (waited[e - all] >= 0.0) fprintf(out, "%s\"waited_for_peers_us\": %.3f", sep, waited[e - all] * 1e6);
                 fprintf(out, "}}");
             }
         fprintf(out, "\n ]}\n");
@@ -1647,6 +1711,8 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
         if (rename(tmp, r->f->trace) != 0) lp_fail("flag %s: cannot rename %s to %s: %s", LP_FLAG_NAME(trace), tmp, r->f->trace, strerror(errno));
         lp_log("timeline of steps %d-%d: %zu events of %d ranks in %s (Chrome trace: Perfetto, chrome://tracing)\n", from, to,
                total / sizeof(LPTraceEvent), n, r->f->trace);
+        free(waited);
+        free(count);
     }
     free(all);
     free(coords);

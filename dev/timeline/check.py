@@ -3,7 +3,7 @@
 Check a timeline that `train_gpt --trace FILE` wrote, strictly, and print a PASS or FAIL line per check
 (then "N passed, N failed"; the exit status is the number failed, at most 1):
 
-  python3 dev/timeline/check.py FILE --ranks N [--pp P --micro-batches M] [--step-ms MS]
+  python3 dev/timeline/check.py FILE --ranks N [--pp P --micro-batches M] [--step-ms MS] [--skew-us US]
 
 - the format: Chrome's trace-event JSON object format (a "traceEvents" list; each event a complete event
   "X" with name, cat, ts and dur in microseconds (non-negative numbers), integer pid and tid, an args
@@ -14,6 +14,9 @@ Check a timeline that `train_gpt --trace FILE` wrote, strictly, and print a PASS
   in 1F1B's order for its stage (stage s runs min(P - s - 1, M) forwards, then alternates, then the rest
   of the backwards);
 - each step's phases (the events directly inside a "step N" event) cover at least 95% of it, on every rank;
+- collectives carry the time they waited for their group's last rank (args "waited_for_peers_us"), at least
+  0 and at most their own length (a call cannot end before its last member arrives) plus --skew-us, the
+  ranks' clock disagreement (default 50: one host, one clock);
 - with --step-ms: rank 0's "step N" events last within 5% of MS (the step line's time).
 """
 import argparse
@@ -29,6 +32,7 @@ def main():
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--micro-batches", type=int, default=1)
     ap.add_argument("--step-ms", type=float)
+    ap.add_argument("--skew-us", type=float, default=50.0)
     args = ap.parse_args()
     results = []
 
@@ -99,6 +103,12 @@ def main():
             if got != order * steps or not steps:
                 wrong.append((pid, got[:8], order))
         check(not wrong, f"each pipeline rank runs its forwards and backwards in 1F1B's order ({wrong[:2]})")
+
+    waits = [e for e in spans if "waited_for_peers_us" in e["args"]]
+    off = [(e["pid"], e["name"], e["args"]["waited_for_peers_us"], e["dur"]) for e in waits
+           if not 0 <= e["args"]["waited_for_peers_us"] <= e["dur"] + args.skew_us]
+    check((waits or args.ranks == 1) and not off, f"{len(waits)} collectives carry their wait for peers, each within [0, its length + "
+          f"{args.skew_us} us] ({off[:3]})")
 
     short, step_ms = [], []
     for e in spans:
