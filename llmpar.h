@@ -4871,7 +4871,7 @@ static inline int lp_norm_blocks(size_t n) {
 LP_STATE LPScratch lp_norm_scratch;  // the spans, their first blocks and each block's span; the partial sums; the spans' sums
 #ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_norm_squared_spans_gpu(float* parts, const floatX* x, const LPSpan* spans, int n) {
-    if (n == 0) return;
+    if (n <= 0) return;
     int total = 0;
     for (int k = 0; k < n; k++) total += lp_norm_blocks(spans[k].n);
     size_t table = ((size_t)n * sizeof(LPSpan) + (n + 1 + (size_t)total) * sizeof(int) + 255) / 256 * 256;
