@@ -2016,7 +2016,7 @@ static void test_plan(void) {
                  "--plan 8 --gpu-mem -1");
     expect_error_of(PLAN_BIN, "--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
     expect_error_of(PLAN_BIN, "--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
-    expect_error_of(PLAN_BIN, "--software: unknown", "flag --software: no software 'deepspeed' (llmpar, megatron)", "--plan 8 --software deepspeed");
+    expect_error_of(PLAN_BIN, "--software: unknown", "flag --software: no software 'colossal' (llmpar, megatron, deepspeed)", "--plan 8 --software colossal");
     expect_error_of(PLAN_BIN, "--attention-tile-k: negative", "flag --attention-tile-k: steps of the inner dimension, >= 0 (-1: the software's), got -2",
                  "--plan 8 --attention-tile-k -2");
     expect_error_of(PLAN_BIN, "--gemm-share: above 1", "flag --gemm-share: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got 1.5",
@@ -4159,6 +4159,61 @@ static void test_offload(void) {
 // rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 hold wte in pieces,
 // and p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone, which keeps wte whole); at d=2 what ZeRO
 // keeps (params + grads + AdamW) falls with every stage.
+// The software as described (dev/plan/plan.h, LPSoftware): the search offers only the grids it can run (Megatron-LM:
+// ZeRO up to 1, no offload; Megatron-DeepSpeed: no SP, interleaving, scatter/gather or selective recomputation, ZeRO-2/3
+// only without a pipeline), a grid typed that it cannot run is one error line, and Megatron-LM's memory is the
+// selective-recomputation paper's count: on its own grids (Korthikanti et al. 2022, Table 5: 22B on t=8 with 4
+// sequences a micro-batch, 530B on t=8, p=35, v=3; selective recomputation with SP) the plan's fullest GPU within 10% of
+// 18 bytes a parameter of its stage (12 h^2 a layer over t, and the embeddings) plus 34 s b h L/t of activations, times
+// (1 + (p-1)/(p v)) interleaved (the paper's section 4).
+static void test_plan_software(void) {
+    LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("megatron"));
+    LPPlanMachine ds = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("deepspeed"));
+    LPConfig c;
+    lp_config_from_name(&c, "24,2048,16,51200");
+    LPPlan* plans;
+    int n = lp_plan(&c, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &mega, NULL, 0, &plans), runs = n > 100;
+    for (int k = 0; k < n; k++) runs &= plans[k].par.zero <= 1 && plans[k].par.offload == LP_OFFLOAD_NONE;
+    free(plans);
+    expect(runs, "plan --software megatron: only ZeRO-0/1 and no offload searched");
+    n = lp_plan(&c, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &ds, NULL, 0, &plans), runs = n > 100;
+    int zero3 = 0;
+    for (int k = 0; k < n; k++) {
+        const LPParallel* x = &plans[k].par;
+        runs &= !x->sp && x->vpp == 1 && !(x->pp > 1 && x->zero > 1) && x->recompute != LP_RECOMPUTE_SELECTIVE && !(x->pp > 1 && x->overlap);
+        runs &= !(x->pp > 1 && x->tp > 1 && x->scatter_gather);
+        zero3 |= x->zero == 3;
+    }
+    free(plans);
+    expect(runs && zero3, "plan --software deepspeed: no SP, interleaving, scatter/gather or selective recomputation; ZeRO-2/3 only "
+           "without a pipeline; gradients reduced after the flush");
+    const struct { const char* shape; int n, tokens, t, p, v, B; } grids[] = {
+        {"48,6144,64,51200", 8, 4 * 2048, 8, 1, 1, 4}, {"105,20480,128,51200", 280, 280 * 2048, 8, 35, 3, 1}};
+    for (int g = 0; g < 2; g++) {
+        lp_config_from_name(&c, grids[g].shape);
+        LPPlanLimits lim = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SP,
+                            lp_parallel_one, grids[g].B};
+        lim.par.tp = grids[g].t, lim.par.pp = grids[g].p, lim.par.vpp = grids[g].v, lim.par.sp = 1;
+        lim.par.recompute = LP_RECOMPUTE_SELECTIVE;
+        n = lp_plan(&c, 2048, grids[g].tokens, grids[g].n, LP_ATTENTION_CUBLAS, &mega, &lim, 1, &plans);
+        double h = c.channels, t = grids[g].t, p = grids[g].p, v = grids[g].v, L = c.num_layers, sbh = 2048.0 * grids[g].B * h;
+        double params = 12.0 * h * h / t * L / p + 51200.0 * h / t + 2048.0 * h;  // (the first stage's: its layers, wte and wpe)
+        double paper = 18.0 * params + 34.0 * sbh * L / t * (v > 1 ? 1.0 + (p - 1.0) / (p * v) : 1.0);
+        char what[200];
+        snprintf(what, sizeof(what), "plan --software megatron: %s's fullest GPU %.1f GiB, the paper's count %.1f GiB (within 10%%)",
+                 grids[g].shape, n > 0 ? plans[0].memory / 1073741824.0 : 0.0, paper / 1073741824.0);
+        expect(n > 0 && fabs(plans[0].memory / paper - 1.0) < 0.1, what);
+        free(plans);
+    }
+    expect_error_of(PLAN_BIN, "--software megatron refuses ZeRO-3", "flag --software megatron: --zero 3: megatron has ZeRO up to stage 1",
+                    "--plan 96 --cluster dgx-a100 --software megatron -e 96,12288,96,51200 -t 2048 -d 196608 --zero 3 --pp 12");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses ZeRO-3 with PP",
+                    "flag --software deepspeed: --zero 3 with --pp 12: deepspeed combines ZeRO up to stage 1 with a pipeline",
+                    "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --zero 3 --pp 12");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses SP", "flag --software deepspeed: --sp: deepspeed has no sequence parallelism",
+                    "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --sp");
+}
+
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 --plan")) return;
@@ -5683,6 +5738,7 @@ int main(int argc, char** argv) {
     RUN(test_utf8_out);
     RUN(test_schedules);
     RUN(test_plan);
+    RUN(test_plan_software);
     RUN(test_bad_input);
     RUN(test_output_owned);
     RUN(test_run_identity);

@@ -103,37 +103,79 @@ static const LPCluster lp_clusters[] = {
     {"cpu", "cpu", 4, 1.1e9, 4, 1.1e9, 0, 9e-6, 2.0, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
 };
 
-// The software running the step: this engine, or Megatron-LM as the published runs on the PTD-P paper's
-// machine ran it (the plan is checked against their measurements: dev/docs/parallelism.md). Megatron-LM
-// then (the paper's commit 6985e58 and its examples/sc21 scripts; the same on the selective-recomputation
-// paper's runs, arXiv 2205.05198): fp16; dropout 0.1 on attention's probabilities and on both residual
-// branches (its --attention-dropout and --hidden-dropout defaults); pipeline messages through
-// torch.distributed.batch_isend_irecv, waited on, then torch.cuda.synchronize(): the sender holds until its
-// message is delivered. Its materialised attention (torch.baddbmm into a buffer of the scores, the fused
-// masked softmax, dropout, torch.bmm; the same backward) costs more than its FLOPs and bytes: its batched
-// products are priced with a fixed cost per output tile (`attention_tile_k`: as if each tile's inner
-// dimension were that much longer; q k^T's is the head size, 96-160 here, so the tile is mostly overhead).
-// Neither that cost nor its GEMMs' share of the GPU's best is published: both are fitted together to the
-// selective-recomputation paper's eight step times (its Table 5) by `bash dev/plan/bench_plan.sh fit`, and the
-// PTD-P paper's figures are then predicted with them.
+// The software running the step, described: what it can run (the search offers only those grids, and a grid
+// typed that it cannot run is refused), how it runs a step, how it keeps its memory, and how far its
+// predictions have been checked (its calibration: dev/plan/README.md, "How far the plan can be believed").
+//   llmpar     this engine: every setting the planner knows, sends that do not wait, no dropout, memory as
+//              its CUDA build keeps it (llmpar.h section 12, lp_chunk_memory);
+//   megatron   Megatron-LM as the selective-recomputation paper ran it (arXiv 2205.05198; the PTD-P paper's
+//              runs, arXiv 2104.04473 with commit 6985e58 and examples/sc21, the same but for SP and selective
+//              recomputation, which they did not have): TP with SP, interleaved 1F1B with scatter/gather,
+//              full or selective recomputation, its distributed optimizer (ZeRO-1, with or without a
+//              pipeline) and no ZeRO-2/3 or offload; dropout 0.1 on attention's probabilities and both
+//              residual branches (masks of a byte a value); pipeline messages through batch_isend_irecv,
+//              waited on, then torch.cuda.synchronize() (a stage that sends holds until delivery); with a
+//              pipeline its gradients reduced after the flush; full recomputation reruns a layer's whole
+//              forward; its materialised attention (torch.baddbmm into a buffer of the scores, the fused
+//              masked softmax, dropout, torch.bmm) priced with a fixed cost per output tile, and its GEMMs at a
+//              share of the GPU's best: both fitted together to that paper's eight step times (its Table 5)
+//              by `bash dev/plan/bench_plan.sh fit`. Memory by that paper's count (lp_software_memory);
+//   deepspeed  Megatron-DeepSpeed (BLOOM's and MT-NLG's software): Megatron-LM's layers (its TP without SP,
+//              its GEMMs and attention as above) under DeepSpeed: ZeRO 1-3 without a pipeline, only ZeRO-1
+//              with one (its PipelineEngine refuses ZeRO-2/3), ZeRO-Offload of the optimizer and ZeRO-3's
+//              parameters (ZeRO-Infinity: NVMe); its pipeline engine runs plain 1F1B (no interleaving), sends a
+//              whole boundary from every TP rank (no scatter/gather) and waits for it, reduces gradients after
+//              the flush; full recomputation only (DeepSpeed's activation checkpointing). Memory by the ZeRO
+//              paper's count (Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes a parameter, sharded by
+//              stage) and the selective-recomputation paper's activations.
+// Context parallelism (`cp`) is described but not planned: the planner splits no sequence.
+enum { LP_MEMORY_ENGINE, LP_MEMORY_MEGATRON, LP_MEMORY_DEEPSPEED };
 typedef struct {
     const char* name;
-    double gemm;   // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
+    // what it can run
+    int pp;              // pipeline parallelism
+    int sp;              // sequence parallelism in the TP group
+    int interleaved;     // interleaved 1F1B (v > 1)
+    int scatter_gather;  // a boundary sent 1/t by each TP rank
+    int selective;       // selective recomputation (full recomputation: every software)
+    int zero, zero_pp;   // the highest ZeRO stage without a pipeline, and with one
+    unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
+    int cp;              // context parallelism (described only)
+    // how it runs a step
+    double gemm;         // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
     double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
                               // steps of the inner dimension (0: none beyond the GEMM's share)
-    int recompute_all;  // full recomputation reruns: 1, a layer's whole forward (a checkpointed layer); 0, up to the
-                        // MLP's GELU (this engine: backward needs no output of the MLP's second projection)
-    int blocking;  // 1: a pipeline send holds its stage until the message is delivered
-    int dropout;   // 1: dropout on the residual branches and on materialised attention probabilities (masks of a byte a value)
+    int recompute_all;   // full recomputation reruns: 1, a layer's whole forward; 0, up to the MLP's GELU (this
+                         // engine: backward needs no output of the MLP's second projection)
+    int blocking;        // 1: a pipeline send holds its stage until the message is delivered
+    int dropout;         // 1: dropout on the residual branches and on materialised attention probabilities
+    int pp_overlap;      // with a pipeline, 1: gradients reduced under backward; 0: after the flush
+    int memory;          // LP_MEMORY_*: how it keeps its memory
+    // how far it is believed: predicted/published throughput over its calibration set, lowest and highest (a
+    // prediction P's band: published within P/hi .. P/lo), and the runs that set spans
+    double lo, hi;
+    const char* calibrated_gpu;  // the GPUs (lp_gpus' names, space-separated) its calibration ran on
+    int calibrated_gpus, calibrated_T;  // the most GPUs and the longest sequence in it
+    const char* calibration;
     const char* about;
 } LPSoftware;
 
+#define LP_OFFLOAD_ALL (1u << LP_OFFLOAD_NONE | 1u << LP_OFFLOAD_OPTIMIZER | 1u << LP_OFFLOAD_PARAMS | 1u << LP_OFFLOAD_NVME)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1.0, 0.0, 0, 0, 0, "this engine: sends that do not wait, no dropout"},
-    {"megatron", 0.903, 576.0, 1, 1, 1, "Megatron-LM as the PTD-P paper ran it: fp16, dropout 0.1, blocking pipeline sends, GEMMs and attention at fitted costs"},
+    {"llmpar", 1, 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 1.0, 0.0, 0, 0, 0, 1, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+     "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
+    {"megatron", 1, 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 0.903, 576.0, 1, 1, 1, 0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+     2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
+     "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
+     "fitted costs, memory by Korthikanti et al."},
+    {"deepspeed", 1, 0, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0.903, 576.0, 1, 1, 1, 0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
+     "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
+     "Megatron-DeepSpeed: Megatron-LM's layers without SP, ZeRO 1-3 (1 with a pipeline), offload, DeepSpeed's 1F1B pipeline "
+     "(blocking sends, no scatter/gather or interleaving), memory by the ZeRO paper"},
 };
 
 typedef struct {
+    const LPSoftware* software;  // what runs the step: its features bound the search, its memory accounting (LPSoftware)
     LPGpu gpu;          // (gpu.gemm: the software's share of the peak)
     double attention_tile_k;  // the software's materialised attention: a fixed cost per tile of its batched products (LPSoftware)
     int recompute_all;  // the software's full recomputation reruns the whole layer (LPSoftware)
@@ -174,6 +216,7 @@ static inline const LPSoftware* lp_software_named(const char* name) {
 static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu, const LPSoftware* sw) {
     LPPlanMachine m;
     m.gpu = gpu ? *gpu : *lp_gpu_named(k->gpu);
+    m.software = sw;
     m.gpu.gemm *= sw->gemm;
     m.blocking = sw->blocking || !k->nccl;  // (MPI's sends of more than a few KB wait for their receiver)
     m.dropout = sw->dropout;
@@ -190,6 +233,58 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
     m.host_mem_bw = 50e9;
     m.nvme_bw = 6e9;
     return m;
+}
+
+// NULL when software sw can run configuration par, else why not (naming the flags). Only the settings in
+// `fixed` (LP_FIX_* bits, below) are weighed: the search passes all, plan_gpt those typed.
+static inline const char* lp_software_refuses(const LPSoftware* sw, const LPParallel* par, unsigned fixed, char* why, size_t size);
+
+// Bytes one rank of chunk k (`layers` layers, `slots` micro-batches' activations kept) holds as software
+// mach->software keeps them. This engine: lp_chunk_memory. Megatron-LM and Megatron-DeepSpeed: model states
+// (Megatron-LM: bf16 weights, fp32 gradients, fp32 master weights, m and v, 18 bytes a parameter, the last 12
+// sharded over d by its distributed optimizer; DeepSpeed: the ZeRO paper's 2 + 2 + 12, each stage sharding one
+// more of them over d; ZeRO-3 gathers two layers' weights at a time; offload moves the sharded optimizer state
+// to the host, ZeRO-3's weights too), and activations by the selective-recomputation paper's count (Korthikanti
+// et al. 2022, section 4; s b h bytes a unit for a micro-batch of b sequences of s tokens, h channels, a heads):
+// a layer keeps s b h (10 + 24/t + 5 a s/(h t)) without SP, s b h (34 + 5 a s/h)/t with it; selective
+// recomputation drops the 5 a s/h term; full recomputation keeps the layer's input, 2 s b h (/t with SP), and
+// one layer's whole set while it reruns; the micro-batches in flight as Megatron-LM's schedules keep them (the
+// paper's p on the first stage of 1F1B, (1 + (p-1)/(p v)) p interleaved: fewer than this engine's schedule, whose
+// chunks' peaks are summed); the first chunk a byte a value of the embeddings' dropout mask, the
+// last its LayerNorm's 4 s b h (/t with SP) and the logits in fp32 for the loss, 4 s b V/t.
+static inline double lp_plan_memory(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers, int slots) {
+    // (`slots`: this engine's schedule's count for the chunk; the others count their own schedules' in-flight micro-batches)
+    const LPSoftware* sw = mach->software;
+    if (sw->memory == LP_MEMORY_ENGINE) return lp_chunk_memory(c, s, k, layers, slots);
+    const LPParallel* par = s->par;
+    int chunks = par->pp * par->vpp;
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, par->tp);
+    double t = par->tp, d = par->dp, n = lp_chunk_params(c, s, k, layers, NULL), layer = 0.0, states;  // (layer: an average one's)
+    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers : 0.0;
+    if (sw->memory == LP_MEMORY_MEGATRON) {
+        states = 6.0 * n + 12.0 * n / (par->zero >= 1 ? d : 1.0);
+    } else {
+        double shard = n / d, offloaded = par->offload != LP_OFFLOAD_NONE;
+        if (par->zero == 0) states = 16.0 * n;
+        else if (par->zero == 1) states = 4.0 * n + 12.0 * (1.0 - offloaded) * shard;
+        else if (par->zero == 2) states = 2.0 * n + 2.0 * shard + 12.0 * (1.0 - offloaded) * shard;
+        else states = (par->offload == LP_OFFLOAD_PARAMS ? 0.0 : 4.0 * shard) +
+                      12.0 * (1.0 - offloaded) * shard + 2.0 * 2.0 * (layers ? layer : 0.0);
+    }
+    double S = s->T, b = s->B, h = c->channels, a = c->num_heads, sbh = S * b * h, attention = 5.0 * a * S / h;
+    double full = par->sp ? sbh * (34.0 + attention) / t : sbh * (10.0 + 24.0 / t + attention / t);
+    double kept = full;
+    if (par->recompute == LP_RECOMPUTE_SELECTIVE) kept = par->sp ? 34.0 * sbh / t : sbh * (10.0 + 24.0 / t);
+    if (par->recompute == LP_RECOMPUTE_FULL) kept = 2.0 * sbh / (par->sp ? t : 1.0);
+    // micro-batches in flight on the chunk's stage as Megatron-LM's schedules keep them (stage r of 1F1B: p - r; interleaved:
+    // its warm-up's 2 (p - r - 1) + (v - 1) p chunks' forwards and one more), an even share of them the chunk's
+    double p = par->pp, v = par->vpp, r = k % par->pp;
+    double inflight = fmin((double)par->micro_batches * v, v > 1 ? 2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0 : p - r) / v;
+    double activations = inflight * layers * kept + (par->recompute == LP_RECOMPUTE_FULL && layers ? full : 0.0);
+    if (k == 0) activations += inflight * sbh / (par->sp ? t : 1.0);
+    if (k == chunks - 1) activations += 4.0 * sbh / (par->sp ? t : 1.0) + 4.0 * S * b * c->padded_vocab_size / t;
+    return states + activations;
 }
 
 // Seconds of `batch` GEMMs of an M x N output summed over K on g: at the share of the peak its fastest
@@ -431,7 +526,7 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
         int st = k % s->par->pp;
         double ex = 0.0;
         if (k < s->par->pp) stage_memory[st] = stage_params[st] = stage_busy[st] = stage_bwd[st] = 0.0;
-        stage_memory[st] += lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
+        stage_memory[st] += lp_plan_memory(c, s, mach, k, layers[k], lp_chunk_slots(s, k));
         stage_params[st] += lp_chunk_params(c, s, k, layers[k], &ex);
         ct[k] = lp_plan_chunk(c, s, mach, k, layers[k]);
         stage_busy[st] += m * (ct[k].fwd + ct[k].bwd);
@@ -500,6 +595,59 @@ typedef struct {
     int B;
 } LPPlanLimits;
 
+static inline const char* lp_software_refuses(const LPSoftware* sw, const LPParallel* par, unsigned fixed, char* why, size_t size) {
+    const char* off = lp_offload_names[par->offload];
+    if (fixed & LP_FIX_PP && par->pp > 1 && !sw->pp)
+        snprintf(why, size, "%s %d: %s has no pipeline parallelism", LP_SETTING(pp), par->pp, sw->name);
+    else if (fixed & LP_FIX_SP && par->sp && !sw->sp)
+        snprintf(why, size, "%s: %s has no sequence parallelism", LP_SETTING(sp), sw->name);
+    else if (fixed & LP_FIX_VPP && par->vpp > 1 && !sw->interleaved)
+        snprintf(why, size, "%s %d: %s's pipeline does not interleave chunks", LP_SETTING(vpp), par->vpp, sw->name);
+    else if (fixed & LP_FIX_SG && fixed & LP_FIX_PP && par->scatter_gather && par->pp > 1 && par->tp > 1 && !sw->scatter_gather)
+        snprintf(why, size, "%s 1: %s's pipeline sends a whole boundary from every TP rank", LP_SETTING(scatter_gather), sw->name);
+    else if (fixed & LP_FIX_RECOMPUTE && par->recompute == LP_RECOMPUTE_SELECTIVE && !sw->selective)
+        snprintf(why, size, "%s selective: %s recomputes whole layers only (full)", LP_SETTING(recompute), sw->name);
+    else if (fixed & LP_FIX_ZERO && par->zero > sw->zero)
+        snprintf(why, size, "%s %d: %s has ZeRO up to stage %d", LP_SETTING(zero), par->zero, sw->name, sw->zero);
+    else if (fixed & LP_FIX_ZERO && fixed & LP_FIX_PP && par->pp > 1 && par->zero > sw->zero_pp)
+        snprintf(why, size, "%s %d with %s %d: %s combines ZeRO up to stage %d with a pipeline", LP_SETTING(zero), par->zero,
+                 LP_SETTING(pp), par->pp, sw->name, sw->zero_pp);
+    else if (fixed & LP_FIX_OFFLOAD && !(sw->offload & 1u << par->offload))
+        snprintf(why, size, "%s %s: %s does not offload that", LP_SETTING(offload), off, sw->name);
+    else
+        return NULL;
+    return why;
+}
+
+// The best MFU published for dense bf16 training on a GPU (model FLOPs, recomputation not counted), whatever the
+// software: A100 56.3% (Korthikanti et al. 2022, Table 5: the 1T model, selective recomputation, 512 GPUs), H100
+// 48% (Megatron-LM's README, "Training Speed and Scalability": 47-48% for its largest weak-scaled models, up to
+// 6,144 H100s). No other GPU has one here.
+static const struct { const char* gpu; double mfu; } lp_published_mfu[] = {{"a100", 0.563}, {"h100", 0.48}};
+
+// Where plan x (n GPUs, sequences of T, at MFU mfu) lies outside what its software's calibration covers: the
+// reasons, comma-separated, into why (empty when inside); returns how many. gpu: not the GPU it was calibrated
+// on; gpus: more GPUs than its largest calibrated run; T: longer sequences; zero3>1k: ZeRO-3 over more than 1,000
+// ranks (the PTD-P paper's ZeRO-3 runs at 1,536 and 2,240 GPUs came 1.3-1.5x slower than this model prices them);
+// mfu: above the best published for that GPU (lp_published_mfu), or none published.
+static inline int lp_plan_outside(const LPPlanMachine* mach, int T, int n, const LPPlan* x, double mfu, char* why, size_t size) {
+    const LPSoftware* sw = mach->software;
+    double best = 0.0;
+    for (size_t k = 0; k < sizeof(lp_published_mfu) / sizeof(lp_published_mfu[0]); k++)
+        if (strcmp(lp_published_mfu[k].gpu, mach->gpu.name) == 0) best = lp_published_mfu[k].mfu;
+    const char* tag[5] = {"gpu", "gpus", "T", "zero3>1k", "mfu"};
+    char name[32];
+    snprintf(name, sizeof(name), " %s ", mach->gpu.name);
+    char calibrated[64];
+    snprintf(calibrated, sizeof(calibrated), " %s ", sw->calibrated_gpu);
+    int out[5] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
+                  x->par.zero == 3 && x->par.dp > 1000, mfu > best}, count = 0;
+    why[0] = '\0';
+    for (int k = 0; k < 5; k++)
+        if (out[k]) snprintf(why + strlen(why), size - strlen(why), "%s%s", count++ ? "," : "", tag[k]);
+    return count;
+}
+
 // Add configuration s to the n plans in *plans (room for *cap, grown as needed), with its bound.
 static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
     if (*n == *cap) {
@@ -556,7 +704,9 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
                                             if (v > 1 && c->num_layers < p * v) continue;
                                             LPParallel x = lp_parallel_one;
                                             x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
-                                            x.offload = off, x.sp = sp, x.scatter_gather = sg, x.overlap = want->overlap;
+                                            x.offload = off, x.sp = sp, x.scatter_gather = sg;
+                                            x.overlap = want->overlap && (p == 1 || mach->software->pp_overlap);
+                                            if (lp_software_refuses(mach->software, &x, ~0u, why, sizeof(why))) continue;
                                             x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
                                             LPPipeShape s = {&x, (int)B, T, attention, !mach->gpu.fp32};
                                             lp_plan_add(c, &s, mach, plans, &count, &cap);

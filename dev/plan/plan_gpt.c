@@ -42,7 +42,8 @@ typedef struct {
 static const LPPlanFlag lp_plan_flags[] = {
     {"--plan", LP_PF_INT, LP_PF(plan), NULL, NULL, "N: the number of GPUs to plan for, 1 .. 1048576 (needed)"},
     {"-e", LP_PF_STRING, LP_PF(init), "d12", NULL,
-     "the model, as train_gpt's -e: an llm.c model file, dN (GPT-2 of depth N) or L,C,NH[,V]"},
+     "the model, as train_gpt's -e: an llm.c model file, dN (GPT-2 of depth N) or L,C,NH[,V] (here V up to 262144, and -t up "
+     "to 131072)"},
     {"-t", LP_PF_INT, LP_PF(T), "1024", NULL, "sequence length"},
     {"-d", LP_PF_INT, LP_PF(total_batch), "0", NULL, "tokens per optimizer step (0: -b * -t * N)"},
     {"-b", LP_PF_INT, LP_PF(B), "16", NULL, "micro-batch size: kept when typed"},
@@ -76,8 +77,9 @@ static const LPPlanFlag lp_plan_flags[] = {
      "microseconds each collective or send takes beyond its bytes: added to NCCL's ring latencies on a GPU cluster, all "
      "of MPI's on cpu (0: the cluster's)"},
     {"--software", LP_PF_STRING, LP_PF(software), "llmpar", NULL,
-     "llmpar (this engine) or megatron (Megatron-LM as the PTD-P paper's runs used it: dropout, pipeline sends that "
-     "wait, its GEMMs' fitted share; to set the plan against published runs)"},
+     "what runs the step, described (dev/plan/README.md): llmpar (this engine), megatron (Megatron-LM 2022: SP, "
+     "interleaving, selective recomputation, ZeRO-1, no offload) or deepspeed (Megatron-DeepSpeed: ZeRO 1-3, 1 with a pipeline, "
+     "offload, plain 1F1B): only grids it can run, its memory as it keeps it"},
     {"--gemm-share", LP_PF_FLOAT, LP_PF(gemm_share), "0", NULL,
      "the share of the GPU's peak its fastest GEMMs reach (0: the GPU's measured best times the software's)"},
     {"--attention-tile-k", LP_PF_FLOAT, LP_PF(attention_tile_k), "-1", NULL,
@@ -198,7 +200,13 @@ static void lp_plan_model(const LPPlanFlags* f, LPConfig* cfg) {
             cfg->moe_every = f->moe_every;
             lp_path(source, "-e %s --moe-experts %d --moe-topk %d --moe-every %d", f->init, f->moe_experts, f->moe_topk, f->moe_every);
         }
-        lp_config_validate(cfg, source);
+        // the planner reads no token shards: vocabularies past uint16's 65,536 up to 262,144 (the checks but that one are
+        // the engine's); an L,C,NH shape takes -t up to 131,072, its position table as long
+        LPConfig shards = *cfg;
+        if (cfg->vocab_size > 262144) lp_fail("%s: vocabulary %d, the planner takes up to 262144", source, cfg->vocab_size);
+        shards.vocab_size = shards.padded_vocab_size = cfg->vocab_size < 65536 ? cfg->vocab_size : 65536;
+        if (f->init[0] >= '0' && f->init[0] <= '9' && f->T > cfg->max_seq_len && f->T <= 131072) cfg->max_seq_len = shards.max_seq_len = f->T;
+        lp_config_validate(&shards, source);
         return;
     }
     FILE* file = lp_fopen(f->init, "rb");
@@ -261,6 +269,9 @@ static void lp_print_plan(const LPPlanFlags* f) {
     LPPlanLimits limits = {0, f->par, f->B};
     for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
         if (f->given[lp_plan_flag_of(kept[k].field) - lp_plan_flags]) limits.fixed |= kept[k].bit;
+    char why[256];
+    if (lp_software_refuses(mach.software, &limits.par, limits.fixed, why, sizeof(why)))
+        lp_fail("flag %s %s: %s", LP_PLAN_FLAG(software), f->software, why);
     LPPlan* plans;
     int count = lp_plan(&cfg, f->T, tokens, n, f->attention, &mach, &limits, 10, &plans), fit = 0, estimated = 0;
     while (fit < count && plans[fit].fits) fit++;
@@ -293,28 +304,39 @@ static void lp_print_plan(const LPPlanFlags* f) {
            "fastest's); the fastest %d that fit, each step simulated (ms per step, on the busiest stage):\n", count, estimated, shown, shown);
     int moe = cfg.moe_experts > 0;  // (a mixture of experts: expert parallelism's columns too)
     lp_log("| t | p | v | d |%s sp | sg | ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute | TP |%s ZeRO comm | bubble "
-           "| end | step | MFU |\n", moe ? " ep |" : "", moe ? " EP |" : "");
-    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|---|---|%s---|---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
+           "| end | step | MFU | band | outside |\n", moe ? " ep |" : "", moe ? " EP |" : "");
+    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|---|---|%s---|---|---|---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
     double model_flops = lp_flops_per_token(&cfg, f->T) * (double)tokens, peak = n * mach.gpu.peak_flops;
     for (int k = 0; k < shown; k++) {
         const LPPlan* x = &plans[k];
         char ep[16] = "", ep_ms[24] = "";
         if (moe) snprintf(ep, sizeof(ep), " %d |", x->par.ep), snprintf(ep_ms, sizeof(ep_ms), " %.4g |", x->ep_s * 1e3);
-        lp_log("| %d | %d | %d | %d |%s %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.4g | %.4g |%s %.4g | %.4g | %.4g | %.4g | %.1f%% |\n",
-               x->par.tp, x->par.pp, x->par.vpp, x->par.dp, ep, x->par.sp, x->par.scatter_gather, x->par.zero,
+        double mfu = model_flops / (x->step_s * peak);
+        char outside[64];
+        lp_plan_outside(&mach, f->T, n, x, mfu, outside, sizeof(outside));
+        lp_log("| %d | %d | %d | %d |%s %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.4g | %.4g |%s %.4g | %.4g | %.4g | %.4g | %.1f%% | "
+               "%.1f-%.1f%% | %s |\n", x->par.tp, x->par.pp, x->par.vpp, x->par.dp, ep, x->par.sp, x->par.scatter_gather, x->par.zero,
                lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload], x->B, x->par.micro_batches, x->memory / GiB,
                x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, ep_ms, x->zero_s * 1e3, x->bubble_s * 1e3, x->end_s * 1e3,
-               x->step_s * 1e3, 100.0 * model_flops / (x->step_s * peak));
+               x->step_s * 1e3, 100.0 * mfu, 100.0 * mfu / mach.software->hi, 100.0 * mfu / mach.software->lo, outside[0] ? outside : "-");
     }
     LPPlan best = plans[0];
     double sends;
     lp_plan_simulate(&cfg, f->T, f->attention, &mach, &best, &sends);
-    double per_gpu = best.flops / best.step_s / n;
+    double per_gpu = best.flops / best.step_s / n, mfu = model_flops / (best.step_s * peak);
+    const LPSoftware* sw = mach.software;
+    char outside[64];
     lp_log("the fastest: %.4g s per step, %.4g tokens/s, MFU %.1f%% (model FLOPs: %.4g per token), %.4g TFLOP/s per GPU with "
            "recomputation counted; bubble %.1f%% of the step; exposed communication %.4g s (TP %.4g, EP %.4g, ZeRO-2/3 %.4g, "
            "pipeline sends %.4g, step end %.4g)\n", best.step_s, tokens / best.step_s, 100.0 * model_flops / (best.step_s * peak),
            lp_flops_per_token(&cfg, f->T), per_gpu / 1e12, 100.0 * best.bubble_s / best.step_s,
            best.tp_s + best.ep_s + best.zero_s + sends + best.end_s, best.tp_s, best.ep_s, best.zero_s, sends, best.end_s);
+    lp_log("its band: %.4g-%.4g TFLOP/s per GPU, MFU %.1f-%.1f%% (%s's predictions were %.2f-%.2fx the throughput of its calibration "
+           "set: %s)\n", per_gpu / sw->hi / 1e12, per_gpu / sw->lo / 1e12, 100.0 * mfu / sw->hi, 100.0 * mfu / sw->lo, sw->name, sw->lo,
+           sw->hi, sw->calibration);
+    if (lp_plan_outside(&mach, f->T, n, &best, mfu, outside, sizeof(outside)))
+        lp_log("outside its calibration: %s (%s was calibrated on %s, up to %d GPUs and T=%d; MFU above the best published for the "
+               "GPU is not believed)\n", outside, sw->name, sw->calibrated_gpu, sw->calibrated_gpus, sw->calibrated_T);
     if (f->train_tokens > 0.0f) {
         double P = (double)lp_config_num_params(&cfg), D = f->train_tokens;
         lp_log("time to train %.4g tokens: %.1f days simulated; 8TP/(nX) with X = %.4g TFLOP/s: %.1f days\n", D,
