@@ -234,25 +234,36 @@ if [ "$what" = heldout ] || [ "$what" = all ]; then
     echo "| run | software | GPUs | grid | published | predicted | predicted/published | its band | inside | outside its calibration |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
     inside=0 total=0 near=0
-    while IFS='|' read -r name sw n L C NH V batch grid machine pub; do
-        out=$("$bin" --plan "$n" --software "$sw" $machine -e "$L,$C,$NH,$V" -t 2048 -d $((batch * 2048)) --attention cublas $grid 2>&1)
+    # name|software|GPUs|-e|T|batch (sequences)|grid|machine|published TFLOP/s per GPU|its count: "ptdp L C V" (the PTD-P
+    # paper's, recomputation counted) or "model" (the model's FLOPs: MFU times the peak)
+    while IFS='|' read -r name sw n model T batch grid machine pub count; do
+        out=$("$bin" --plan "$n" --software "$sw" $machine -e "$model" -t "$T" -d $((batch * T)) $grid 2>&1)
         step=$(echo "$out" | fastest)
-        x=$(awk -v s="$step" -v n="$n" -v l="$L" -v h="$C" -v B="$batch" -v V="$V" \
-            'BEGIN { printf "%.0f", 96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + V / (16 * l * h)) / (s * n) / 1e12 }')
+        if [ "${count%% *}" = ptdp ]; then
+            read -r _ L C V <<< "$count"
+            x=$(awk -v s="$step" -v n="$n" -v l="$L" -v h="$C" -v B="$batch" -v V="$V" \
+                'BEGIN { printf "%.0f", 96 * B * 2048 * l * h * h * (1 + 2048 / (6 * h) + V / (16 * l * h)) / (s * n) / 1e12 }')
+        else
+            x=$(echo "$out" | sed -n 's/^the fastest: .*(model FLOPs: \([0-9.e+]*\) per token).*/\1/p' |
+                awk -v s="$step" -v n="$n" -v tokens=$((batch * T)) '{ printf "%.0f", $1 * tokens / (s * n) / 1e12 }')
+        fi
         band=$(echo "$out" | sed -n 's/^its band: [^(]*(.* were \([0-9.]*\)-\([0-9.]*\)x.*/\1 \2/p')
         read -r blo bhi <<< "$band"
         flags=$(echo "$out" | sed -n 's/^outside its calibration: \([^ ]*\) .*/\1/p')
+        chosen=$(echo "$out" | awk -F'|' '/^\| [0-9]/ { gsub(/ /, ""); print "v " $4 ", sp " $6 ", ZeRO " $8 ", " $9; exit }')
         read -r ratio low high in <<< "$(awk -v x="$x" -v p="$pub" -v a="$blo" -v b="$bhi" 'BEGIN {
             r = x / p; printf "%.2f %.0f %.0f %d\n", r, x / b, x / a, (r >= a && r <= b) }')"
         total=$((total + 1)) inside=$((inside + in))
         near=$((near + $(awk -v r="$ratio" 'BEGIN { print (r >= 0.8 && r <= 1.25) }')))
-        echo "| $name | $sw | $n | $grid | $pub | $x | $ratio | $low-$high | $([ "$in" = 1 ] && echo yes || echo no) | ${flags:--} |"
+        echo "| $name | $sw | $n | $grid ($chosen) | $pub | $x | $ratio | $low-$high | $([ "$in" = 1 ] && echo yes || echo no) | ${flags:--} |"
     done << 'ROWS'
-BLOOM-176B|deepspeed|384|70|14336|112|250880|2048|--tp 4 --pp 12 -b 2 --zero 1 --recompute full --pp-scatter-gather 0 --offload none|--cluster dgx-a100 --net-gbs 5.75|150
-MT-NLG 530B|deepspeed|2240|105|20480|128|50257|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none|--cluster dgx-a100|126
-MT-NLG 530B|deepspeed|2800|105|20480|128|50257|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none|--cluster dgx-a100|121
-MT-NLG 530B|deepspeed|3360|105|20480|128|50257|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none|--cluster dgx-a100|113
-OPT-175B|deepspeed|992|96|12288|96|50272|992|--tp 8 --pp 1 --zero 3 --recompute full --offload none|--cluster dgx-a100|147
+BLOOM-176B|deepspeed|384|70,14336,112,250880|2048|2048|--tp 4 --pp 12 -b 2 --zero 1 --recompute full --pp-scatter-gather 0 --offload none --attention cublas|--cluster dgx-a100 --net-gbs 5.75|150|ptdp 70 14336 250880
+MT-NLG 530B|deepspeed|2240|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none --attention cublas|--cluster dgx-a100|126|ptdp 105 20480 50257
+MT-NLG 530B|deepspeed|2800|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none --attention cublas|--cluster dgx-a100|121|ptdp 105 20480 50257
+MT-NLG 530B|deepspeed|3360|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none --attention cublas|--cluster dgx-a100|113|ptdp 105 20480 50257
+OPT-175B|deepspeed|992|96,12288,96,50272|2048|992|--tp 8 --pp 1 --zero 3 --recompute full --offload none --attention cublas|--cluster dgx-a100|147|ptdp 96 12288 50272
+Llama 3 405B|megatron|8192|llama3-405b|8192|2048|--tp 8 --pp 16 -b 1 --attention flash|--cluster dgx-h100|430|model
+Llama 3 405B|megatron|16384|llama3-405b|8192|2048|--tp 8 --pp 16 -b 1 --attention flash|--cluster dgx-h100|400|model
 ROWS
     echo "held out: $total runs, $near within 0.8-1.25 of the published throughput, $inside inside the plan's own band"
 fi

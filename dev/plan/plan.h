@@ -141,6 +141,7 @@ typedef struct {
     int zero, zero_pp;   // the highest ZeRO stage without a pipeline, and with one
     unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
     int cp;              // context parallelism (described only)
+    int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel)
     // how it runs a step
     double gemm;         // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
     double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
@@ -162,13 +163,13 @@ typedef struct {
 
 #define LP_OFFLOAD_ALL (1u << LP_OFFLOAD_NONE | 1u << LP_OFFLOAD_OPTIMIZER | 1u << LP_OFFLOAD_PARAMS | 1u << LP_OFFLOAD_NVME)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 1.0, 0.0, 0, 0, 0, 1, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 0, 1.0, 0.0, 0, 0, 0, 1, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
-    {"megatron", 1, 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 0.903, 576.0, 1, 1, 1, 0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+    {"megatron", 1, 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 1, 0.903, 576.0, 1, 1, 1, 0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"deepspeed", 1, 0, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0.903, 576.0, 1, 1, 1, 0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
+    {"deepspeed", 1, 0, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
      "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
      "Megatron-DeepSpeed: Megatron-LM's layers without SP, ZeRO 1-3 (1 with a pipeline), offload, DeepSpeed's 1F1B pipeline "
      "(blocking sends, no scatter/gather or interleaving), memory by the ZeRO paper"},
@@ -235,6 +236,70 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
     return m;
 }
 
+// The model planned: the engine's shape (LPConfig: GPT-2's blocks, or a mixture of experts), or a modern dense one
+// the engine does not run but Megatron-LM does (Llama's): grouped-query attention (kv_heads key/value heads shared by
+// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. Its
+// weights, FLOPs and GEMMs are the planner's own (lp_plan_layer_params, lp_plan_layer_flops); the pipeline
+// partition weighs the engine's GPT-2 layers of the same L, C, NH and V (the same share of a layer against the head).
+typedef struct {
+    LPConfig cfg;
+    int kv_heads;  // key/value heads (cfg.num_heads: every head its own)
+    int ffn;       // the MLP's hidden width (4 C: GPT-2's)
+    int swiglu;    // 1: a gated MLP (SwiGLU), 0: GELU's
+} LPPlanModel;
+
+// GPT-2's blocks (the engine's) of shape c.
+static inline LPPlanModel lp_plan_model_gpt(const LPConfig* c) {
+    LPPlanModel m = {*c, c->num_heads, 4 * c->channels, 0};
+    return m;
+}
+static inline int lp_plan_model_is_gpt(const LPPlanModel* model) {
+    return model->kv_heads == model->cfg.num_heads && model->ffn == 4 * model->cfg.channels && !model->swiglu;
+}
+
+// The weights of an average layer on a TP rank of t: the engine's (lp_param_sizes, biases and LayerNorms too) for its
+// blocks; else attention's C (C + 2 kv hs) + C^2, the MLP's (2 or 3) C F, over t, and two RMSNorms' C.
+static inline double lp_plan_layer_params(const LPPlanModel* model, int t) {
+    const LPConfig* c = &model->cfg;
+    double C = c->channels, hs = C / c->num_heads, layer = 0.0;
+    if (!lp_plan_model_is_gpt(model)) return (C * (C + 2.0 * model->kv_heads * hs) + C * C + (model->swiglu ? 3.0 : 2.0) * C * model->ffn) / t + 2.0 * C;
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, t);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers : 0.0;
+    return layer;
+}
+
+// Parameters one rank of chunk k with `layers` layers holds (lp_chunk_params for the engine's blocks; else its layers
+// and, on the first chunk, the embeddings, on the last the final norm and an untied LM head).
+static inline double lp_plan_chunk_params(const LPPlanModel* model, const LPPipeShape* s, int k, int layers, double* experts) {
+    if (lp_plan_model_is_gpt(model)) return lp_chunk_params(&model->cfg, s, k, layers, experts);
+    double C = model->cfg.channels, Vl = (double)model->cfg.padded_vocab_size / s->par->tp, last = k == s->par->pp * s->par->vpp - 1;
+    return layers * lp_plan_layer_params(model, s->par->tp) + (k == 0 ? Vl * C : 0.0) + (last ? Vl * C + C : 0.0);
+}
+
+// Training FLOPs per token of an average layer (lp_layer_flops for the engine's blocks): 6 per weight of its GEMMs
+// and 12 C T of attention, and what recomputation reruns (full: the whole forward; selective: q k^T, 2 C T).
+static inline double lp_plan_layer_flops(const LPPlanModel* model, int T, int recompute, int whole) {
+    const LPConfig* c = &model->cfg;
+    if (lp_plan_model_is_gpt(model)) return lp_layer_flops(c, T, recompute, whole);
+    double C = c->channels, weights = (lp_plan_layer_params(model, 1) - 2.0 * C), flops = 6.0 * weights + 12.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * weights + 4.0 * C * T;
+    if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
+    return flops;
+}
+
+// Model FLOPs per token (lp_flops_per_token for the engine's blocks): the layers' and the LM head's 6 V C.
+static inline double lp_plan_flops_per_token(const LPPlanModel* model, int T) {
+    if (lp_plan_model_is_gpt(model)) return lp_flops_per_token(&model->cfg, T);
+    return model->cfg.num_layers * lp_plan_layer_flops(model, T, LP_RECOMPUTE_NONE, 0) + 6.0 * model->cfg.padded_vocab_size * model->cfg.channels;
+}
+
+// The model's parameters (lp_config_num_params for the engine's blocks).
+static inline double lp_plan_model_params(const LPPlanModel* model) {
+    if (lp_plan_model_is_gpt(model)) return (double)lp_config_num_params(&model->cfg);
+    return model->cfg.num_layers * lp_plan_layer_params(model, 1) + 2.0 * model->cfg.padded_vocab_size * model->cfg.channels + model->cfg.channels;
+}
+
 // NULL when software sw can run configuration par, else why not (naming the flags). Only the settings in
 // `fixed` (LP_FIX_* bits, below) are weighed: the search passes all, plan_gpt those typed.
 static inline const char* lp_software_refuses(const LPSoftware* sw, const LPParallel* par, unsigned fixed, char* why, size_t size);
@@ -252,16 +317,14 @@ static inline const char* lp_software_refuses(const LPSoftware* sw, const LPPara
 // paper's p on the first stage of 1F1B, (1 + (p-1)/(p v)) p interleaved: fewer than this engine's schedule, whose
 // chunks' peaks are summed); the first chunk a byte a value of the embeddings' dropout mask, the
 // last its LayerNorm's 4 s b h (/t with SP) and the logits in fp32 for the loss, 4 s b V/t.
-static inline double lp_plan_memory(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers, int slots) {
+static inline double lp_plan_memory(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers, int slots) {
     // (`slots`: this engine's schedule's count for the chunk; the others count their own schedules' in-flight micro-batches)
     const LPSoftware* sw = mach->software;
+    const LPConfig* c = &model->cfg;
     if (sw->memory == LP_MEMORY_ENGINE) return lp_chunk_memory(c, s, k, layers, slots);
     const LPParallel* par = s->par;
     int chunks = par->pp * par->vpp;
-    size_t sizes[LP_NUM_PARAMS];
-    lp_param_sizes(sizes, c, par->tp);
-    double t = par->tp, d = par->dp, n = lp_chunk_params(c, s, k, layers, NULL), layer = 0.0, states;  // (layer: an average one's)
-    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers : 0.0;
+    double t = par->tp, d = par->dp, n = lp_plan_chunk_params(model, s, k, layers, NULL), layer = lp_plan_layer_params(model, par->tp), states;
     if (sw->memory == LP_MEMORY_MEGATRON) {
         states = 6.0 * n + 12.0 * n / (par->zero >= 1 ? d : 1.0);
     } else {
@@ -272,10 +335,16 @@ static inline double lp_plan_memory(const LPConfig* c, const LPPipeShape* s, con
         else states = (par->offload == LP_OFFLOAD_PARAMS ? 0.0 : 4.0 * shard) +
                       12.0 * (1.0 - offloaded) * shard + 2.0 * 2.0 * (layers ? layer : 0.0);
     }
-    double S = s->T, b = s->B, h = c->channels, a = c->num_heads, sbh = S * b * h, attention = 5.0 * a * S / h;
-    double full = par->sp ? sbh * (34.0 + attention) / t : sbh * (10.0 + 24.0 / t + attention / t);
+    // a layer's bytes, in units of s b h: 10 that TP does not split (the two norms' inputs, the two blocks' inputs, the
+    // two dropout masks), and split by t: q, k and v (2 + 4 kv/a), attention's output (2), the MLP's (GELU's input and
+    // output, 4 F/h; SwiGLU's two up projections and their product, 6 F/h), materialised attention's scores,
+    // probabilities, mask and dropped probabilities (5 a s/h; flash keeps none): GPT's 10 + 24 + 5 a s/h
+    double S = s->T, b = s->B, h = c->channels, a = c->num_heads, sbh = S * b * h;
+    double split = 4.0 + 4.0 * model->kv_heads / a + (model->swiglu ? 6.0 : 4.0) * model->ffn / h;
+    double attention = s->attention == LP_ATTENTION_CUBLAS ? 5.0 * a * S / h : 0.0;
+    double full = par->sp ? sbh * (10.0 + split + attention) / t : sbh * (10.0 + split / t + attention / t);
     double kept = full;
-    if (par->recompute == LP_RECOMPUTE_SELECTIVE) kept = par->sp ? 34.0 * sbh / t : sbh * (10.0 + 24.0 / t);
+    if (par->recompute == LP_RECOMPUTE_SELECTIVE) kept = par->sp ? sbh * (10.0 + split) / t : sbh * (10.0 + split / t);
     if (par->recompute == LP_RECOMPUTE_FULL) kept = 2.0 * sbh / (par->sp ? t : 1.0);
     // micro-batches in flight on the chunk's stage as Megatron-LM's schedules keep them (stage r of 1F1B: p - r; interleaved:
     // its warm-up's 2 (p - r - 1) + (v - 1) p chunks' forwards and one more), an even share of them the chunk's
@@ -356,19 +425,21 @@ typedef struct {
     double compute, tp, ep, dp;
 } LPChunkTime;
 
-static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers) {
+static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers) {
+    const LPConfig* c = &model->cfg;
     const LPGpu* g = &mach->gpu;
     const LPParallel* par = s->par;
     double t = par->tp, d = par->dp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = g->fp32 ? 4.0 : 2.0;
     double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk;
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
-    // an average layer's compute: attention's linear layers, the MLP's (a MoE layer's router and its E/ep
-    // experts, each taking K N ep / E rows on average)
+    double Fl = (double)model->ffn / t;  // the MLP's hidden width on a TP rank
+    // an average layer's compute: attention's linear layers (q, and k and v of its kv heads), the MLP's (SwiGLU: two up
+    // projections; a MoE layer's router and its E/ep experts, each taking K N ep / E rows on average)
     double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0, pf = 0.0, pb = 0.0;
-    lp_linear_seconds(g, N, C, 3.0 * Cl, 1.0, &f, &b);
+    lp_linear_seconds(g, N, C, Cl + 2.0 * model->kv_heads * hs / t, 1.0, &f, &b);
     lp_linear_seconds(g, N, Cl, C, 1.0, &f, &b);
-    lp_linear_seconds(g, N, C, 4.0 * Cl, 1.0, &mf, &mb);
-    lp_linear_seconds(g, N, 4.0 * Cl, C, 1.0, &pf, &pb);  // (the dense MLP's second projection)
+    lp_linear_seconds(g, N, C, (model->swiglu ? 2.0 : 1.0) * Fl, 1.0, &mf, &mb);
+    lp_linear_seconds(g, N, Fl, C, 1.0, &pf, &pb);  // (the dense MLP's second projection)
     mf += pf, mb += pb;
     if (moe > 0.0) {
         lp_linear_seconds(g, N, C, E, 1.0, &ef, &eb);
@@ -389,8 +460,9 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
         af += (2.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
         ab += (3.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
     }
-    double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU (8 C/t)
-    double ew = X * (10.0 * rows * C + 8.0 * N * Cl) / g->hbm_bw, masks = mach->dropout * 2.0 * rows * C / g->hbm_bw;
+    double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU
+                                        // (F/t read and written; SwiGLU: 2 F/t read, F/t written)
+    double ew = X * (10.0 * rows * C + (model->swiglu ? 3.0 : 2.0) * N * Fl) / g->hbm_bw, masks = mach->dropout * 2.0 * rows * C / g->hbm_bw;
     f += af + ew + masks;  // (dropout's two masks written forward, read backward)
     b += ab + 2.0 * ew + masks;
     // full recomputation: the forward again, this engine's without the dense MLP's second projection
@@ -413,8 +485,10 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
         size_t sizes[LP_NUM_PARAMS];
         lp_param_sizes(sizes, c, par->tp);
         double dense = 0.0, experts = 0.0, de = d / ep;
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
+        if (!lp_plan_model_is_gpt(model)) dense = lp_plan_layer_params(model, par->tp);
+        else
+            for (int i = 0; i < LP_NUM_PARAMS; i++)
+                if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
         double once = lp_collective_seconds(mach, dense * X, 0, d, par->tp * par->dp);  // (a reduce-scatter or a gather of a layer)
         if (experts > 0.0 && de > 1) once += lp_collective_seconds(mach, experts / ep * X, 0, de, par->tp * par->dp);
         // (backward's reduce-scatter and ZeRO-3's gather share the DP link: together they outlast the layer or not)
@@ -472,8 +546,9 @@ static inline int lp_plan_order(const void* a, const void* b) {
 // The step's end on a stage holding `params` parameters per rank (`experts` of them a mixture of experts')
 // whose backward of one micro-batch takes `bwd`: its shard's exposed DP collectives (the experts' over
 // their d/ep replicas), then AdamW's or offload's update; *host: the state offload keeps in host memory.
-static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, double params, double experts,
+static inline double lp_plan_end(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, double params, double experts,
                                  double bwd, double* host) {
+    const LPConfig* c = &model->cfg;
     const LPParallel* par = s->par;
     double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = mach->gpu.fp32 ? 4.0 : 2.0, end = 0.0;
     double stage_layers = ceil((double)c->num_layers / par->pp);  // (a collective a layer)
@@ -503,18 +578,20 @@ static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const 
 // ((m + (p-1)/v) w: the first micro-batch passes every stage, and the busiest stage does at least the
 // average), and the step end of a stage holding its share of the parameters (the end grows with them)
 // under the whole model's backward (which hides the most).
-static inline double lp_plan_bound(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach) {
+static inline double lp_plan_bound(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach) {
+    const LPConfig* c = &model->cfg;
     int chunks = s->par->pp * s->par->vpp;
-    LPChunkTime all = lp_plan_chunk(c, s, mach, 0, c->num_layers), head = lp_plan_chunk(c, s, mach, chunks - 1, 0);
+    LPChunkTime all = lp_plan_chunk(model, s, mach, 0, c->num_layers), head = lp_plan_chunk(model, s, mach, chunks - 1, 0);
     double work = (all.fwd + all.bwd + (chunks > 1 ? head.fwd + head.bwd : 0.0)) / s->par->pp, experts = 0.0, host;
-    double params = lp_chunk_params(c, s, 0, c->num_layers, &experts);
+    double params = lp_plan_chunk_params(model, s, 0, c->num_layers, &experts);
     return (s->par->micro_batches + (s->par->pp - 1.0) / s->par->vpp) * work +
-           lp_plan_end(c, s, mach, params / s->par->pp, experts / s->par->pp, all.bwd + head.bwd, &host);
+           lp_plan_end(model, s, mach, params / s->par->pp, experts / s->par->pp, all.bwd + head.bwd, &host);
 }
 
 // Estimate configuration s without its pipeline simulated (step_s: its busiest stage's work and step end):
 // 0 and *out filled if it can run (fitting or not).
-static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
+static inline int lp_plan_one(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
+    const LPConfig* c = &model->cfg;
     int layers[LP_MAX_CHUNKS], chunks = s->par->pp * s->par->vpp;
     double stage_memory[LP_MAX_CHUNKS], stage_params[LP_MAX_CHUNKS], stage_busy[LP_MAX_CHUNKS], stage_bwd[LP_MAX_CHUNKS];
     char why[256];
@@ -526,9 +603,9 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
         int st = k % s->par->pp;
         double ex = 0.0;
         if (k < s->par->pp) stage_memory[st] = stage_params[st] = stage_busy[st] = stage_bwd[st] = 0.0;
-        stage_memory[st] += lp_plan_memory(c, s, mach, k, layers[k], lp_chunk_slots(s, k));
-        stage_params[st] += lp_chunk_params(c, s, k, layers[k], &ex);
-        ct[k] = lp_plan_chunk(c, s, mach, k, layers[k]);
+        stage_memory[st] += lp_plan_memory(model, s, mach, k, layers[k], lp_chunk_slots(s, k));
+        stage_params[st] += lp_plan_chunk_params(model, s, k, layers[k], &ex);
+        ct[k] = lp_plan_chunk(model, s, mach, k, layers[k]);
         stage_busy[st] += m * (ct[k].fwd + ct[k].bwd);
         stage_bwd[st] += ct[k].bwd;
         memory = fmax(memory, stage_memory[st]);
@@ -542,7 +619,7 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     out->memory = memory;
     out->fits = memory <= mach->gpu_bytes;
     out->busy_s = busy;
-    out->end_s = lp_plan_end(c, s, mach, params, experts, bwd, &out->host_memory);
+    out->end_s = lp_plan_end(model, s, mach, params, experts, bwd, &out->host_memory);
     out->step_s = busy + out->end_s;
     return 0;
 }
@@ -550,7 +627,8 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
 // Simulate plan x's pipeline (the schedule's action lists, lp_plan_chunk's costs, messages between stages
 // taking their time): its step, bubble, and the time its messages add (*sends, when not NULL: the same
 // pipeline simulated without them).
-static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, const LPPlanMachine* mach, LPPlan* x, double* sends) {
+static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x, double* sends) {
+    const LPConfig* c = &model->cfg;
     const LPParallel* par = &x->par;
     LPPipeShape s = {par, x->B, T, attention, !mach->gpu.fp32};
     int layers[LP_MAX_CHUNKS], V = par->pp * par->vpp;
@@ -558,7 +636,7 @@ static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, con
     if (lp_pp_partition(c, &s, layers, why, sizeof(why))) lp_fail("internal: plan %s", why);
     double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = mach->gpu.fp32 ? 4.0 : 2.0, N = (double)x->B * T;
     for (int k = 0; k < V; k++) {
-        LPChunkTime ct = lp_plan_chunk(c, &s, mach, k, layers[k]);
+        LPChunkTime ct = lp_plan_chunk(model, &s, mach, k, layers[k]);
         cost[k] = ct.fwd, cost[V + k] = ct.bwd;
     }
     // a boundary: B T C values, a TP rank's 1/t with scatter/gather (then all-gathered in the node) or SP
@@ -629,27 +707,30 @@ static const struct { const char* gpu; double mfu; } lp_published_mfu[] = {{"a10
 // reasons, comma-separated, into why (empty when inside); returns how many. gpu: not the GPU it was calibrated
 // on; gpus: more GPUs than its largest calibrated run; T: longer sequences; zero3>1k: ZeRO-3 over more than 1,000
 // ranks (the PTD-P paper's ZeRO-3 runs at 1,536 and 2,240 GPUs came 1.3-1.5x slower than this model prices them);
-// mfu: above the best published for that GPU (lp_published_mfu), or none published.
-static inline int lp_plan_outside(const LPPlanMachine* mach, int T, int n, const LPPlan* x, double mfu, char* why, size_t size) {
+// mfu: above the best published for that GPU (lp_published_mfu), or none published; shape: not GPT-2's blocks (every
+// calibration ran them; GQA and SwiGLU are counted, not measured).
+static inline int lp_plan_outside(const LPPlanModel* model, const LPPlanMachine* mach, int T, int n, const LPPlan* x, double mfu, char* why,
+                                  size_t size) {
     const LPSoftware* sw = mach->software;
     double best = 0.0;
     for (size_t k = 0; k < sizeof(lp_published_mfu) / sizeof(lp_published_mfu[0]); k++)
         if (strcmp(lp_published_mfu[k].gpu, mach->gpu.name) == 0) best = lp_published_mfu[k].mfu;
-    const char* tag[5] = {"gpu", "gpus", "T", "zero3>1k", "mfu"};
+    const char* tag[6] = {"gpu", "gpus", "T", "zero3>1k", "mfu", "shape"};
     char name[32];
     snprintf(name, sizeof(name), " %s ", mach->gpu.name);
     char calibrated[64];
     snprintf(calibrated, sizeof(calibrated), " %s ", sw->calibrated_gpu);
-    int out[5] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
-                  x->par.zero == 3 && x->par.dp > 1000, mfu > best}, count = 0;
+    int out[6] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
+                  x->par.zero == 3 && x->par.dp > 1000, mfu > best, !lp_plan_model_is_gpt(model)}, count = 0;
     why[0] = '\0';
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < 6; k++)
         if (out[k]) snprintf(why + strlen(why), size - strlen(why), "%s%s", count++ ? "," : "", tag[k]);
     return count;
 }
 
 // Add configuration s to the n plans in *plans (room for *cap, grown as needed), with its bound.
-static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
+static inline void lp_plan_add(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
+    const LPConfig* c = &model->cfg;
     if (*n == *cap) {
         *cap *= 2;
         *plans = (LPPlan*)realloc(*plans, *cap * sizeof(LPPlan));
@@ -659,9 +740,9 @@ static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LP
     memset(x, 0, sizeof(*x));
     x->par = *s->par;
     x->B = s->B;
-    x->step_s = lp_plan_bound(c, s, mach);
+    x->step_s = lp_plan_bound(model, s, mach);
     x->flops = (double)s->par->micro_batches * s->par->dp * s->B * s->T *
-               (c->num_layers * lp_layer_flops(c, s->T, s->par->recompute, mach->recompute_all) +
+               (c->num_layers * lp_plan_layer_flops(model, s->T, s->par->recompute, mach->recompute_all) +
                 6.0 * c->padded_vocab_size * c->channels);
 }
 
@@ -670,8 +751,9 @@ static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LP
 // bounds each is estimated and, if it fits, simulated, until a bound passes the `shown`-th fastest step
 // simulated: no configuration after it could be among the fastest `shown` (they stay bounded, unestimated).
 // With none fitting every one is estimated (the least memory is known).
-static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int attention, const LPPlanMachine* mach,
+static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int n, int attention, const LPPlanMachine* mach,
                           const LPPlanLimits* limits, int shown, LPPlan** plans) {
+    const LPConfig* c = &model->cfg;
     int count = 0, cap = 64;
     unsigned fix = limits ? limits->fixed : 0;
     const LPParallel* want = limits ? &limits->par : &lp_parallel_one;
@@ -709,7 +791,7 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
                                             if (lp_software_refuses(mach->software, &x, ~0u, why, sizeof(why))) continue;
                                             x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
                                             LPPipeShape s = {&x, (int)B, T, attention, !mach->gpu.fp32};
-                                            lp_plan_add(c, &s, mach, plans, &count, &cap);
+                                            lp_plan_add(model, &s, mach, plans, &count, &cap);
                                         }
             }
         }
@@ -721,9 +803,9 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
         LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
-        if (lp_plan_one(c, &s, mach, x)) x->B = 0;  // (it cannot run: dropped below)
+        if (lp_plan_one(model, &s, mach, x)) x->B = 0;  // (it cannot run: dropped below)
         if (!x->fits || shown <= 0) continue;
-        lp_plan_simulate(c, T, attention, mach, x, NULL);
+        lp_plan_simulate(model, T, attention, mach, x, NULL);
         if (have < shown) have++;
         else if (x->step_s >= best[shown - 1]) continue;
         int at = have - 1;
