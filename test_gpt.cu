@@ -2019,7 +2019,7 @@ static void test_plan(void) {
            what);
     expect_error_of(PLAN_BIN, "--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of 2 GiB per GPU (-t 1024, -d 8192); "
                  "the least needs 3.57 GiB", "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 2");
-    expect_error_of(PLAN_BIN, "--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
+    expect_error_of(PLAN_BIN, "--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens --jitter must not be negative",
                  "--plan 8 --gpu-mem -1");
     expect_error_of(PLAN_BIN, "--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
     expect_error_of(PLAN_BIN, "--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
@@ -4249,6 +4249,28 @@ static void test_plan_software(void) {
                     "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --sp");
 }
 
+// Scale (dev/plan/plan.h): an all-reduce across nodes is NCCL's faster of its ring and its tree (tuning.cc's model):
+// over 2,048 nodes a ring's 4,094 steps of latency lose to a tree's 2 log2(2048) hops even for 1 GiB, while over 8
+// nodes the ring's bandwidth wins at 1 GiB; and stragglers: a step waits for the slowest of N ranks, jitter x sqrt(2
+// ln N) above the mean.
+static void test_plan_scale(void) {
+    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("megatron"));
+    double GiB = 1073741824.0, bw = h100.net_bw;
+    double wide_small = lp_allreduce_seconds(&h100, 1048576.0, 2048, 8 * 2048), ring_small = lp_collective_seconds(&h100, 1048576.0, 1, 2048, 8 * 2048);
+    double tree_lat = 2.0 * 11.0 * 50e-6;  // (Simple's hops between nodes; one rank a node)
+    double wide_big = lp_allreduce_seconds(&h100, GiB, 2048, 8 * 2048), tree_big = tree_lat + GiB / (0.5 * 0.9 * bw);
+    double few_big = lp_allreduce_seconds(&h100, GiB, 8, 64), ring_bw = 2.0 * 7.0 / 8.0 * GiB / bw;
+    char what[300];
+    snprintf(what, sizeof(what), "plan: an all-reduce over 2,048 nodes, 1 MiB: %.3g ms (a ring alone %.3g); 1 GiB: %.4g ms (the tree's "
+             "%.4g); over 8 nodes, 1 GiB: %.4g ms (the ring's bandwidth %.4g)", wide_small * 1e3, ring_small * 1e3, wide_big * 1e3,
+             tree_big * 1e3, few_big * 1e3, ring_bw * 1e3);
+    expect(wide_small < ring_small / 10.0 && fabs(wide_big / tree_big - 1.0) < 0.01 && few_big > ring_bw && few_big < 1.01 * ring_bw + 1e-3, what);
+    h100.jitter = 0.01;
+    double tail = lp_plan_straggle(&h100, 16384), one = lp_plan_straggle(&h100, 1);
+    snprintf(what, sizeof(what), "plan: stragglers at 1%% jitter add %.2f%% of a step's work on 16,384 GPUs, none on one", 100.0 * tail);
+    expect(fabs(tail - 0.01 * sqrt(2.0 * log(16384.0))) < 1e-12 && one == 0.0, what);
+}
+
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 --plan")) return;
@@ -5774,6 +5796,7 @@ int main(int argc, char** argv) {
     RUN(test_schedules);
     RUN(test_plan);
     RUN(test_plan_software);
+    RUN(test_plan_scale);
     RUN(test_bad_input);
     RUN(test_output_owned);
     RUN(test_run_identity);

@@ -151,6 +151,7 @@ typedef struct {
     int blocking;        // 1: a pipeline send holds its stage until the message is delivered
     int dropout;         // 1: dropout on the residual branches and on materialised attention probabilities
     int pp_overlap;      // with a pipeline, 1: gradients reduced under backward; 0: after the flush
+    double bucket_mb;    // ZeRO-0 all-reduces its gradients in buckets of this many MiB (at least a layer's; 0: all at once)
     int memory;          // LP_MEMORY_*: how it keeps its memory
     // how far it is believed: predicted/published throughput over its calibration set, lowest and highest (a
     // prediction P's band: published within P/hi .. P/lo), and the runs that set spans
@@ -163,13 +164,13 @@ typedef struct {
 
 #define LP_OFFLOAD_ALL (1u << LP_OFFLOAD_NONE | 1u << LP_OFFLOAD_OPTIMIZER | 1u << LP_OFFLOAD_PARAMS | 1u << LP_OFFLOAD_NVME)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 0, 1.0, 0.0, 0, 0, 0, 1, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
-    {"megatron", 1, 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 1, 0.903, 576.0, 1, 1, 1, 0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+    {"megatron", 1, 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"deepspeed", 1, 0, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
+    {"deepspeed", 1, 0, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
      "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
      "Megatron-DeepSpeed: Megatron-LM's layers without SP, ZeRO 1-3 (1 with a pipeline), offload, DeepSpeed's 1F1B pipeline "
      "(blocking sends, no scatter/gather or interleaving), memory by the ZeRO paper"},
@@ -183,6 +184,7 @@ typedef struct {
     int blocking;       // the software's pipeline sends wait for delivery
     int dropout;        // the software drops out (LPSoftware)
     double alone;       // a pipeline stage's pace while the others wait (LPCluster)
+    double jitter;      // stragglers: the coefficient of variation of a rank's work in a step (lp_plan_straggle; 0: none)
     double gpu_bytes;   // memory a plan may fill per GPU
     int gpus_per_node;  // GPUs sharing one NVLink domain
     double node_bw;     // NCCL bus bandwidth per GPU inside a node, bytes/s
@@ -230,6 +232,7 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
     m.nccl = k->nccl;
     m.latency = k->latency;
     m.alone = k->alone;
+    m.jitter = 0.0;
     m.host_bw = 55e9;
     m.host_mem_bw = 50e9;
     m.nvme_bw = 6e9;
@@ -356,6 +359,13 @@ static inline double lp_plan_memory(const LPPlanModel* model, const LPPipeShape*
     return states + activations;
 }
 
+// Stragglers: each rank's work in a step varies independently, normally, by a coefficient of variation `jitter`;
+// a step waits for the slowest of its n ranks, on average jitter sqrt(2 ln n) above the mean (the maximum of n
+// normals, to first order): the share a step's work grows by. 1% costs 2.9% on 64 GPUs, 4.3% on 8,192, 4.4% on 16,384.
+static inline double lp_plan_straggle(const LPPlanMachine* mach, int n) {
+    return n > 1 ? mach->jitter * sqrt(2.0 * log((double)n)) : 0.0;
+}
+
 // Seconds of `batch` GEMMs of an M x N output summed over K on g: at the share of the peak its fastest
 // GEMM reaches, less tile quantization (128 x 128 output tiles, cuBLAS's for large problems) and wave
 // quantization (tiles run in waves of one per SM: a part-full last wave idles the rest), each tile paying
@@ -404,13 +414,56 @@ static inline double lp_ring_seconds(const LPPlanMachine* mach, double steps, do
     return best + mach->latency;
 }
 
+// The nodes a group spanning `inner` consecutive ranks reaches (1: inside one node).
+static inline double lp_group_nodes(const LPPlanMachine* mach, int inner) {
+    return mach->gpus_per_node % inner == 0 ? 1.0 : fmax(2.0, ceil((double)inner / mach->gpus_per_node));
+}
+
 // One collective of a group of g ranks spanning `inner` consecutive ranks (lp_plan_link), each holding
 // `bytes`, as a ring: an all-reduce (`allreduce` 1) takes 2(g-1) steps, a reduce-scatter, all-gather or
 // all-to-all g-1, each moving 1/g of the bytes; one step between nodes for each node the ring crosses.
 static inline double lp_collective_seconds(const LPPlanMachine* mach, double bytes, int allreduce, double g, int inner) {
-    double nodes = mach->gpus_per_node % inner == 0 ? 1.0 : fmax(2.0, ceil((double)inner / mach->gpus_per_node));
+    double nodes = lp_group_nodes(mach, inner);
     double steps = (allreduce ? 2.0 : 1.0) * (g - 1.0), across = fmin(steps, (allreduce ? 2.0 : 1.0) * (nodes - 1.0));
     return lp_ring_seconds(mach, steps, across, bytes / g, lp_plan_link(mach, inner));
+}
+
+// NCCL's trees for an all-reduce across nodes (the same tuning.cc): a reduction up a tree and a broadcast down it,
+// latency at the start and per hop, 2 ((ranks a node - 1) hops inside it + log2(nodes) between nodes), whatever the
+// number of nodes; half the bus bandwidth (each byte crosses a link up and down), 0.9 of the ring's and at most 80
+// GB/s over more than 2 nodes (LL a 3.8th of that, LL128 0.915), and less at medium sizes (NCCL's own correction
+// table, by log2 of the bytes over 64, 64 B to 128 MB). Simple's hops are a 256 kB chunk's.
+static const LPNcclProtocol lp_nccl_trees[] = {
+    {4.4e-6, 0.52e-6, 5.0e-6, 1.0 / 3.8},  // LL
+    {4.4e-6, 1.2e-6, 8.5e-6, 0.915},      // LL128
+    {0.0, 28e-6, 50e-6, 1.0},             // Simple
+};
+static const float lp_nccl_tree_correction[3][22] = {
+    {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0},
+    {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9, 1.0},
+    {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9}};
+
+// An all-reduce of `bytes` over g ranks spanning `inner` consecutive ranks: inside a node NCCL's ring
+// (lp_collective_seconds); across nodes the faster of its ring and its tree in each protocol, as NCCL's model
+// prices them: the ring's Simple latency 1.9x for messages of at least g/16 x 64 KiB (its "plateau"), LL's hops
+// inside a node 1.8x. A ring's latency grows with the ranks (2 (g-1) steps), a tree's with log2 of the nodes: at
+// thousands of ranks the tree wins up to tens of MB.
+static inline double lp_allreduce_seconds(const LPPlanMachine* mach, double bytes, double g, int inner) {
+    double nodes = fmin(lp_group_nodes(mach, inner), g);
+    if (!mach->nccl || nodes < 2.0) return lp_collective_seconds(mach, bytes, 1, g, inner);
+    double bw = lp_plan_link(mach, inner), ppn = fmax(1.0, g / nodes), steps = 2.0 * (g - 1.0), across = 2.0 * (nodes - 1.0);
+    int size = (int)floor(log2(fmax(bytes / 64.0, 1.0))), best_set = 0;
+    double best = 0.0;
+    for (int p = 0; p < 3; p++) {
+        const LPNcclProtocol *r = &lp_nccl_protocols[p], *q = &lp_nccl_trees[p];
+        double ll = p == 0 ? 1.8 : 1.0, plateau = p == 2 && bytes >= g / 16.0 * 65536.0 ? 1.9 : 1.0;
+        double ring = (r->start + (steps - across) * ll * r->hop_node + across * r->hop_net) * plateau + steps * bytes / g / (r->share * bw);
+        double tree_bw = 0.5 * fmin(0.9 * bw, nodes > 2.0 ? 80e9 : 110e9) * q->share * (size < 22 ? lp_nccl_tree_correction[p][size] : 1.0);
+        double tree = q->start + 2.0 * ((ppn - 1.0) * ll * q->hop_node + floor(log2(nodes)) * q->hop_net) + bytes / tree_bw;
+        double t = fmin(ring, tree);
+        if (!best_set || t < best) best = t, best_set = 1;
+    }
+    return best + mach->latency;
 }
 
 // A message of `bytes` between two ranks of a group spanning `inner` consecutive ranks: one step.
@@ -471,7 +524,7 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     // TP: 2 all-reduces of the B T C activations forward and 2 backward (SP: 2 all-gathers and 2 reduce-scatters
     // forward; backward 4 all-gathers, the LayerNorms' outputs gathered again for the weights' gradients, and 2
     // reduce-scatters)
-    double tp_f = t > 1 ? (par->sp ? 4.0 : 2.0) * lp_collective_seconds(mach, N * C * X, !par->sp, t, par->tp) : 0.0;
+    double tp_f = !(t > 1) ? 0.0 : par->sp ? 4.0 * lp_collective_seconds(mach, N * C * X, 0, t, par->tp) : 2.0 * lp_allreduce_seconds(mach, N * C * X, t, par->tp);
     double tp_b = par->sp ? 1.5 * tp_f : tp_f;
     // ... and under full recomputation forward's again, this engine's up to the GELU (of a dense layer's 2 all-reduces
     // the first; SP: 3 of its 4 collectives)
@@ -554,8 +607,14 @@ static inline double lp_plan_end(const LPPlanModel* model, const LPPipeShape* s,
     double stage_layers = ceil((double)c->num_layers / par->pp);  // (a collective a layer)
     int inner = par->tp * par->dp;
     double rs = d > 1 ? stage_layers * lp_collective_seconds(mach, (params - experts) * X / stage_layers, 0, d, inner) : 0.0;  // a reduce-scatter or all-gather
+    double rs_dense = rs;
     if (de > 1 && experts > 0.0) rs += stage_layers * lp_collective_seconds(mach, experts * X / stage_layers, 0, de, inner);
-    if (par->zero == 0) end = par->overlap && mach->nccl ? fmax(2.0 * rs / stage_layers, 2.0 * rs - bwd) : 2.0 * rs;  // an all-reduce
+    if (par->zero == 0 && d > 1) {  // an all-reduce, in the software's buckets (at least a layer; the dense part's, the experts' as above)
+        double total = (params - experts) * X, bucket = mach->software->bucket_mb * 1048576.0;
+        double message = bucket > 0.0 ? fmin(total, fmax(bucket, total / stage_layers)) : total, count = ceil(total / message - 1e-9);
+        double all = count * lp_allreduce_seconds(mach, total / count, d, inner) + (de > 1 && experts > 0.0 ? 2.0 * (rs - rs_dense) : 0.0);
+        end = par->overlap && mach->nccl ? fmax(all / count, all - bwd) : all;
+    }
     if (par->zero == 1) end = 2.0 * rs;
     if (par->zero == 2) end = rs;  // the updated weights gathered
     double shard = par->zero >= 1 ? ceil(params / d) : params;  // the busiest rank's
@@ -589,10 +648,10 @@ static inline double lp_plan_bound(const LPPlanModel* model, const LPPipeShape* 
 }
 
 // Estimate configuration s without its pipeline simulated (step_s: its busiest stage's work and step end):
-// 0 and *out filled if it can run (fitting or not).
-static inline int lp_plan_one(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
+// 0, *out and its partition layers[p v] filled if it can run (fitting or not).
+static inline int lp_plan_one(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out, int* layers) {
     const LPConfig* c = &model->cfg;
-    int layers[LP_MAX_CHUNKS], chunks = s->par->pp * s->par->vpp;
+    int chunks = s->par->pp * s->par->vpp;
     double stage_memory[LP_MAX_CHUNKS], stage_params[LP_MAX_CHUNKS], stage_busy[LP_MAX_CHUNKS], stage_bwd[LP_MAX_CHUNKS];
     char why[256];
     if (lp_pp_partition(c, s, layers, why, sizeof(why))) return 1;
@@ -620,20 +679,22 @@ static inline int lp_plan_one(const LPPlanModel* model, const LPPipeShape* s, co
     out->fits = memory <= mach->gpu_bytes;
     out->busy_s = busy;
     out->end_s = lp_plan_end(model, s, mach, params, experts, bwd, &out->host_memory);
-    out->step_s = busy + out->end_s;
+    out->step_s = busy * (1.0 + lp_plan_straggle(mach, s->par->tp * s->par->pp * s->par->dp)) + out->end_s;
     return 0;
 }
 
 // Simulate plan x's pipeline (the schedule's action lists, lp_plan_chunk's costs, messages between stages
 // taking their time): its step, bubble, and the time its messages add (*sends, when not NULL: the same
-// pipeline simulated without them).
-static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x, double* sends) {
+// pipeline simulated without them). `partition`: its layers per chunk as lp_plan_one found them (NULL: found again).
+static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x,
+                                    const int* partition, double* sends) {
     const LPConfig* c = &model->cfg;
     const LPParallel* par = &x->par;
     LPPipeShape s = {par, x->B, T, attention, !mach->gpu.fp32};
-    int layers[LP_MAX_CHUNKS], V = par->pp * par->vpp;
+    int found[LP_MAX_CHUNKS], V = par->pp * par->vpp;
+    const int* layers = partition ? partition : found;
     char why[256];
-    if (lp_pp_partition(c, &s, layers, why, sizeof(why))) lp_fail("internal: plan %s", why);
+    if (!partition && lp_pp_partition(c, &s, found, why, sizeof(why))) lp_fail("internal: plan %s", why);
     double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = mach->gpu.fp32 ? 4.0 : 2.0, N = (double)x->B * T;
     for (int k = 0; k < V; k++) {
         LPChunkTime ct = lp_plan_chunk(model, &s, mach, k, layers[k]);
@@ -652,7 +713,7 @@ static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attenti
         if (pass == 0) {
             x->bubble_s = sim.makespan - x->busy_s;
             if (x->bubble_s < 1e-9 * sim.makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
-            x->step_s = sim.makespan + x->end_s;
+            x->step_s = sim.makespan * (1.0 + lp_plan_straggle(mach, par->tp * par->pp * par->dp)) + x->end_s;
         } else {
             *sends = x->step_s - x->end_s - sim.makespan;
             if (*sends < 1e-9 * sim.makespan) *sends = 0.0;
@@ -797,15 +858,16 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
         }
     }
     qsort(*plans, count, sizeof(LPPlan), lp_plan_order);  // (by bound: none is estimated yet)
+    int layers[LP_MAX_CHUNKS];  // (the partition of the configuration estimated last)
     double* best = (double*)lp_host_malloc((size_t)(shown > 0 ? shown : 1) * sizeof(double), "plans");  // ascending
     int have = 0;
     for (int k = 0; k < count; k++) {
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
         LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
-        if (lp_plan_one(model, &s, mach, x)) x->B = 0;  // (it cannot run: dropped below)
+        if (lp_plan_one(model, &s, mach, x, layers)) x->B = 0;  // (it cannot run: dropped below)
         if (!x->fits || shown <= 0) continue;
-        lp_plan_simulate(model, T, attention, mach, x, NULL);
+        lp_plan_simulate(model, T, attention, mach, x, layers, NULL);
         if (have < shown) have++;
         else if (x->step_s >= best[shown - 1]) continue;
         int at = have - 1;

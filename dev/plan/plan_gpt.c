@@ -23,7 +23,7 @@ typedef struct {
     const char* gpu;          // --gpu (lp_gpus; "": the cluster's)
     float gpu_mem, gpu_tflops, gpu_gbs;
     int node_gpus;
-    float node_gbs, net_gbs, latency_us;
+    float node_gbs, net_gbs, latency_us, jitter;
     const char* software;     // --software (lp_softwares)
     float gemm_share, attention_tile_k, train_tokens;
     unsigned char given[64];  // given[k]: row k of lp_plan_flags was typed
@@ -81,6 +81,9 @@ static const LPPlanFlag lp_plan_flags[] = {
     {"--latency-us", LP_PF_FLOAT, LP_PF(latency_us), "0", NULL,
      "microseconds each collective or send takes beyond its bytes: added to NCCL's ring latencies on a GPU cluster, all "
      "of MPI's on cpu (0: the cluster's)"},
+    {"--jitter", LP_PF_FLOAT, LP_PF(jitter), "0", NULL,
+     "stragglers: the coefficient of variation of a rank's work in a step, e.g. 0.01; a step waits for the slowest of its N "
+     "ranks, jitter x sqrt(2 ln N) above the mean (0: none)"},
     {"--software", LP_PF_STRING, LP_PF(software), "llmpar", NULL,
      "what runs the step, described (dev/plan/README.md): llmpar (this engine), megatron (Megatron-LM 2022: SP, "
      "interleaving, selective recomputation, ZeRO-1, no offload) or deepspeed (Megatron-DeepSpeed: ZeRO 1-3, 1 with a pipeline, "
@@ -181,10 +184,10 @@ static int lp_plan_parse(LPPlanFlags* f, int argc, char** argv) {
         lp_fail("flags %s %s %s %s must be >= 1 and %s 0..3", LP_PLAN_FLAG(par.tp), LP_PLAN_FLAG(par.pp), LP_PLAN_FLAG(par.vpp),
                 LP_PLAN_FLAG(par.ep), LP_PLAN_FLAG(par.zero));
     if (f->gpu_mem < 0.0f || f->gpu_tflops < 0.0f || f->gpu_gbs < 0.0f || f->node_gpus < 0 || f->node_gbs < 0.0f || f->net_gbs < 0.0f ||
-        f->latency_us < 0.0f || f->train_tokens < 0.0f)
-        lp_fail("flags %s %s %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_PLAN_FLAG(gpu_mem), LP_PLAN_FLAG(gpu_tflops),
+        f->latency_us < 0.0f || f->train_tokens < 0.0f || f->jitter < 0.0f)
+        lp_fail("flags %s %s %s %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_PLAN_FLAG(gpu_mem), LP_PLAN_FLAG(gpu_tflops),
                 LP_PLAN_FLAG(gpu_gbs), LP_PLAN_FLAG(node_gpus), LP_PLAN_FLAG(node_gbs), LP_PLAN_FLAG(net_gbs), LP_PLAN_FLAG(latency_us),
-                LP_PLAN_FLAG(train_tokens));
+                LP_PLAN_FLAG(train_tokens), LP_PLAN_FLAG(jitter));
     if (f->attention_tile_k < 0.0f && f->attention_tile_k != -1.0f)
         lp_fail("flag %s: steps of the inner dimension, >= 0 (-1: the software's), got %g", LP_PLAN_FLAG(attention_tile_k),
                 f->attention_tile_k);
@@ -276,6 +279,7 @@ static LPPlanMachine lp_plan_flags_machine(const LPPlanFlags* f, const LPCluster
     if (f->node_gbs > 0.0f) mach.node_bw = f->node_gbs * 1e9;
     if (f->net_gbs > 0.0f) mach.net_bw = f->net_gbs * 1e9;
     if (f->latency_us > 0.0f) mach.latency = f->latency_us * 1e-6;
+    mach.jitter = f->jitter;
     return mach;
 }
 
@@ -320,16 +324,19 @@ static void lp_print_plan(const LPPlanFlags* f) {
         snprintf(block, sizeof(block), " KV=%d F=%d%s", model.kv_heads, model.ffn, model.swiglu ? " SwiGLU" : "");
     lp_log("plan: %s (L=%d C=%d NH=%d%s, %.4g B parameters) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers,
            cfg.channels, cfg.num_heads, block, lp_plan_model_params(&model) / 1e9, n, f->T, tokens);
-    char latency[64] = "collectives as NCCL's rings";
+    char latency[128] = "collectives as NCCL's rings and trees";
     if (!mach.nccl) snprintf(latency, sizeof(latency), "%.0f us per collective or send", mach.latency * 1e6);
-    else if (mach.latency > 0.0) snprintf(latency, sizeof(latency), "collectives as NCCL's rings and %.0f us", mach.latency * 1e6);
+    else if (mach.latency > 0.0) snprintf(latency, sizeof(latency), "collectives as NCCL's rings and trees and %.0f us", mach.latency * 1e6);
+    if (mach.jitter > 0.0)
+        snprintf(latency + strlen(latency), sizeof(latency) - strlen(latency), "; stragglers: jitter %.3g, +%.2g%% of the work", mach.jitter,
+                 100.0 * lp_plan_straggle(&mach, n));
     char tiles[64] = "";
     if (mach.attention_tile_k > 0.0) snprintf(tiles, sizeof(tiles), "; materialised: %.0f more K a tile", mach.attention_tile_k);
     lp_log("machine: %s%s: %s, %.4g TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%%s), %.3g GiB (90%% for the plan), %.0f GB/s "
            "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %s; offload: %.0f "
            "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's); software: %s (%s)\n",
            cluster->name, f->gpu[0] || f->gpu_mem > 0.0f || f->gpu_tflops > 0.0f || f->gpu_gbs > 0.0f || f->gemm_share > 0.0f ||
-           f->attention_tile_k >= 0.0f || f->node_gpus || f->node_gbs > 0.0f || f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
+           f->attention_tile_k >= 0.0f || f->node_gpus || f->node_gbs > 0.0f || f->net_gbs > 0.0f || f->latency_us > 0.0f || f->jitter > 0.0f ? " as changed" : "",
            mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, tiles, mach.gpu_bytes / 0.9 / GiB,
            mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, latency, mach.host_bw / 1e9,
            mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9, f->software, lp_software_named(f->software)->about);
@@ -357,7 +364,7 @@ static void lp_print_plan(const LPPlanFlags* f) {
     }
     LPPlan best = plans[0];
     double sends;
-    lp_plan_simulate(&model, f->T, f->attention, &mach, &best, &sends);
+    lp_plan_simulate(&model, f->T, f->attention, &mach, &best, NULL, &sends);
     double per_gpu = best.flops / best.step_s / n, mfu = model_flops / (best.step_s * peak);
     const LPSoftware* sw = mach.software;
     char outside[64];
