@@ -2023,7 +2023,7 @@ static void test_plan(void) {
                  "--plan 8 --gpu-mem -1");
     expect_error_of(PLAN_BIN, "--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
     expect_error_of(PLAN_BIN, "--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
-    expect_error_of(PLAN_BIN, "--software: unknown", "flag --software: no software 'colossal' (llmpar, megatron, deepspeed)", "--plan 8 --software colossal");
+    expect_error_of(PLAN_BIN, "--software: unknown", "flag --software: no software 'colossal' (llmpar, megatron, megatron-2021, deepspeed)", "--plan 8 --software colossal");
     expect_error_of(PLAN_BIN, "--attention-tile-k: negative", "flag --attention-tile-k: steps of the inner dimension, >= 0 (-1: the software's), got -2",
                  "--plan 8 --attention-tile-k -2");
     expect_error_of(PLAN_BIN, "--gemm-share: above 1", "flag --gemm-share: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got 1.5",
@@ -4167,8 +4167,8 @@ static void test_offload(void) {
 // and p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone, which keeps wte whole); at d=2 what ZeRO
 // keeps (params + grads + AdamW) falls with every stage.
 // The software as described (dev/plan/plan.h, LPSoftware): the search offers only the grids it can run (Megatron-LM:
-// ZeRO up to 1, no offload; Megatron-DeepSpeed: no SP, interleaving, scatter/gather or selective recomputation, ZeRO-2/3
-// only without a pipeline), a grid typed that it cannot run is one error line, and Megatron-LM's memory is the
+// ZeRO up to 1, no offload; its 2021 version none of SP, selective recomputation or ZeRO; Megatron-DeepSpeed: no SP,
+// interleaving, scatter/gather or selective recomputation, ZeRO-2/3 only without a pipeline), a grid typed that it cannot run is one error line, and Megatron-LM's memory is the
 // selective-recomputation paper's count: on its own grids (Korthikanti et al. 2022, Table 5: 22B on t=8 with 4
 // sequences a micro-batch, 530B on t=8, p=35, v=3; selective recomputation with SP) the plan's fullest GPU within 10% of
 // 18 bytes a parameter of its stage (12 h^2 a layer over t, and the embeddings) plus 34 s b h L/t of activations, times
@@ -4185,6 +4185,13 @@ static void test_plan_software(void) {
     for (int k = 0; k < n; k++) runs &= plans[k].par.zero <= 1 && plans[k].par.offload == LP_OFFLOAD_NONE;
     free(plans);
     expect(runs, "plan --software megatron: only ZeRO-0/1 and no offload searched");
+    LPPlanMachine older = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("megatron-2021"));
+    n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &older, NULL, 0, &plans), runs = n > 100;
+    for (int k = 0; k < n; k++) runs &= plans[k].par.zero == 0 && !plans[k].par.sp && plans[k].par.recompute != LP_RECOMPUTE_SELECTIVE;
+    free(plans);
+    expect(runs && fabs(older.gpu.peak_flops * 1.095 - 312e12) < 1e3 && fabs(older.gpu.hbm_bw * 1.095 - mega.gpu.hbm_bw) < 1e3 &&
+               older.gpu.gemm == mega.gpu.gemm,
+           "plan --software megatron-2021: no SP, selective recomputation or ZeRO searched; megatron's costs on an A100 paced 1/1.095");
     n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &ds, NULL, 0, &plans), runs = n > 100;
     int zero3 = 0;
     for (int k = 0; k < n; k++) {

@@ -198,17 +198,15 @@ if [ "$what" = train ] || [ "$what" = all ]; then
     # (2022), which --software megatron is fitted to: both papers ran the same pipelines for 530B (t 8, p 35, v 3,
     # b 1, 280 micro-batches a pipeline) and 1T (t 8, p 64, b 1, 512), the 2021 runs with d 9 and 6 beside them.
     # Their steps, the 2021 ones from Table 1's TFLOP/s by the paper's count, set one slowdown (it holds the 2021
-    # runs' gradient all-reduce too, which the plan prices already: under 1% of those steps); the third line of
-    # Megatron-LM below is the plan on an A100 that much slower in FLOP/s and HBM, the machine as the 2021
-    # software saw it.
+    # runs' gradient all-reduce too, which the plan prices already: under 1% of those steps), which --software
+    # megatron-2021 carries as its pace (the A100's FLOP/s and HBM as the 2021 software reached them)
     paper_step() { awk -v l="$1" -v h="$2" -v B="$3" "BEGIN { print $paper_flops / ($3 * 163e12) }"; }  # (both at 163 TFLOP/s, B GPUs)
     read -r slow530 slow1t slow <<< "$(awk -v a="$(paper_step 105 20480 2520)" -v b="$(paper_step 128 25600 3072)" \
         'BEGIN { printf "%.3f %.3f %.3f\n", a / 49.05, b / 94.42, (a / 49.05 + b / 94.42) / 2 }')"
-    read -r peak hbm <<< "$(awk '/^    {"a100",/ { gsub(/,/, ""); print $2, $6 }' dev/plan/plan.h)"  # (the preset's A100)
-    older="--gpu-tflops $(awk -v f="$slow" -v p="$peak" 'BEGIN { print p / f / 1e12 }') --gpu-gbs $(awk -v f="$slow" -v h="$hbm" 'BEGIN { print h / f / 1e9 }')"
-    for sw in "megatron --tp 8 $paper" "megatron --tp 8 $paper $older" llmpar; do
+    pace=$(awk '/^    {"megatron-2021",/ { gsub(/,/, ""); print $(NF - 1) }' dev/plan/plan.h)
+    for sw in "megatron --tp 8 $paper" "megatron-2021 --tp 8 $paper" llmpar; do
         case "$sw" in
-            *gpu-tflops*) echo "Megatron-LM with the 2021 software's slowdown, ${slow}x (530B ${slow530}x, 1T ${slow1t}x): $older" ;;
+            megatron-2021*) echo "Megatron-LM 2021: the slowdown ${slow}x (530B ${slow530}x, 1T ${slow1t}x); --software megatron-2021 runs at 1/$pace of the A100" ;;
             megatron*) echo "Megatron-LM as fitted to the 2022 runs" ;;
             *) echo "this engine's own choice" ;;
         esac

@@ -152,6 +152,7 @@ typedef struct {
     int dropout;         // 1: dropout on the residual branches and on materialised attention probabilities
     int pp_overlap;      // with a pipeline, 1: gradients reduced under backward; 0: after the flush
     double bucket_mb;    // ZeRO-0 all-reduces its gradients in buckets of this many MiB (at least a layer's; 0: all at once)
+    double pace;         // the GPU's peak and HBM bandwidth as its kernels and framework reach them, a share (1: as measured)
     int memory;          // LP_MEMORY_*: how it keeps its memory
     // how far it is believed: predicted/published throughput over its calibration set, lowest and highest (a
     // prediction P's band: published within P/hi .. P/lo), and the runs that set spans
@@ -164,13 +165,17 @@ typedef struct {
 
 #define LP_OFFLOAD_ALL (1u << LP_OFFLOAD_NONE | 1u << LP_OFFLOAD_OPTIMIZER | 1u << LP_OFFLOAD_PARAMS | 1u << LP_OFFLOAD_NVME)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
-    {"megatron", 1, 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+    {"megatron", 1, 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"deepspeed", 1, 0, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
+    {"megatron-2021", 1, 0, 1, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0 / 1.095, LP_MEMORY_MEGATRON,
+     0.91, 1.04, "a100", 3072, 2048, "the PTD-P paper's Tables 1 and 2 (16 runs; its 530B and 1T rows set the pace)",
+     "Megatron-LM as the PTD-P paper ran it (2021): no SP, selective recomputation or distributed optimizer; megatron's fitted costs "
+     "on an A100 paced 1/1.095 (the two papers' steps on the same pipelines)"},
+    {"deepspeed", 1, 0, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, 1.0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
      "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
      "Megatron-DeepSpeed: Megatron-LM's layers without SP, ZeRO 1-3 (1 with a pipeline), offload, DeepSpeed's 1F1B pipeline "
      "(blocking sends, no scatter/gather or interleaving), memory by the ZeRO paper"},
@@ -221,6 +226,8 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
     m.gpu = gpu ? *gpu : *lp_gpu_named(k->gpu);
     m.software = sw;
     m.gpu.gemm *= sw->gemm;
+    m.gpu.peak_flops *= sw->pace;
+    m.gpu.hbm_bw *= sw->pace;
     m.blocking = sw->blocking || !k->nccl;  // (MPI's sends of more than a few KB wait for their receiver)
     m.dropout = sw->dropout;
     m.attention_tile_k = sw->attention_tile_k;

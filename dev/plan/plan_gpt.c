@@ -86,8 +86,9 @@ static const LPPlanFlag lp_plan_flags[] = {
      "ranks, jitter x sqrt(2 ln N) above the mean (0: none)"},
     {"--software", LP_PF_STRING, LP_PF(software), "llmpar", NULL,
      "what runs the step, described (dev/plan/README.md): llmpar (this engine), megatron (Megatron-LM 2022: SP, "
-     "interleaving, selective recomputation, ZeRO-1, no offload) or deepspeed (Megatron-DeepSpeed: ZeRO 1-3, 1 with a pipeline, "
-     "offload, plain 1F1B): only grids it can run, its memory as it keeps it"},
+     "interleaving, selective recomputation, ZeRO-1, no offload), megatron-2021 (the PTD-P paper's: none of SP, selective "
+     "recomputation or ZeRO) or deepspeed (Megatron-DeepSpeed: ZeRO 1-3, 1 with a pipeline, offload, plain 1F1B): only grids "
+     "it can run, its memory as it keeps it"},
     {"--gemm-share", LP_PF_FLOAT, LP_PF(gemm_share), "0", NULL,
      "the share of the GPU's peak its fastest GEMMs reach (0: the GPU's measured best times the software's)"},
     {"--attention-tile-k", LP_PF_FLOAT, LP_PF(attention_tile_k), "-1", NULL,
