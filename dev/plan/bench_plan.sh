@@ -255,10 +255,10 @@ if [ "$what" = heldout ] || [ "$what" = all ]; then
         near=$((near + $(awk -v r="$ratio" 'BEGIN { print (r >= 0.8 && r <= 1.25) }')))
         echo "| $name | $sw | $n | $grid ($chosen) | $pub | $x | $ratio | $low-$high | $([ "$in" = 1 ] && echo yes || echo no) | ${flags:--} |"
     done << 'ROWS'
-BLOOM-176B|deepspeed|384|70,14336,112,250880|2048|2048|--tp 4 --pp 12 -b 2 --zero 1 --recompute full --pp-scatter-gather 0 --offload none --attention cublas|--cluster dgx-a100 --net-gbs 5.75|150|ptdp 70 14336 250880
-MT-NLG 530B|deepspeed|2240|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none --attention cublas|--cluster dgx-a100|126|ptdp 105 20480 50257
-MT-NLG 530B|deepspeed|2800|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none --attention cublas|--cluster dgx-a100|121|ptdp 105 20480 50257
-MT-NLG 530B|deepspeed|3360|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 0 --offload none --attention cublas|--cluster dgx-a100|113|ptdp 105 20480 50257
+BLOOM-176B|deepspeed|384|70,14336,112,250880|2048|2048|--tp 4 --pp 12 -b 2 --zero 1 --recompute full --pp-scatter-gather 1 --offload none --attention cublas|--cluster dgx-a100 --net-gbs 5.75|150|ptdp 70 14336 250880
+MT-NLG 530B|deepspeed|2240|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 1 --offload none --attention cublas|--cluster dgx-a100|126|ptdp 105 20480 50257
+MT-NLG 530B|deepspeed|2800|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 1 --offload none --attention cublas|--cluster dgx-a100|121|ptdp 105 20480 50257
+MT-NLG 530B|deepspeed|3360|105,20480,128,50257|2048|1920|--tp 8 --pp 35 -b 1 --zero 1 --recompute full --pp-scatter-gather 1 --offload none --attention cublas|--cluster dgx-a100|113|ptdp 105 20480 50257
 OPT-175B|deepspeed|992|96,12288,96,50272|2048|992|--tp 8 --pp 1 --zero 3 --recompute full --offload none --attention cublas|--cluster dgx-a100|147|ptdp 96 12288 50272
 Llama 3 405B|megatron|8192|llama3-405b|8192|2048|--tp 8 --pp 16 -b 1 --attention flash|--cluster dgx-h100|430|model
 Llama 3 405B|megatron|16384|llama3-405b|8192|2048|--tp 8 --pp 16 -b 1 --attention flash|--cluster dgx-h100|400|model

@@ -123,9 +123,10 @@ static const LPCluster lp_clusters[] = {
 //   deepspeed  Megatron-DeepSpeed (BLOOM's and MT-NLG's software): Megatron-LM's layers (its TP without SP,
 //              its GEMMs and attention as above) under DeepSpeed: ZeRO 1-3 without a pipeline, only ZeRO-1
 //              with one (its PipelineEngine refuses ZeRO-2/3), ZeRO-Offload of the optimizer and ZeRO-3's
-//              parameters (ZeRO-Infinity: NVMe); its pipeline engine runs plain 1F1B (no interleaving), sends a
-//              whole boundary from every TP rank (no scatter/gather) and waits for it, reduces gradients after
-//              the flush; full recomputation only (DeepSpeed's activation checkpointing). Memory by the ZeRO
+//              parameters (ZeRO-Infinity: NVMe); its pipeline engine runs plain 1F1B (no interleaving; DeepSpeed
+//              issue 1110), partitions a boundary over the TP ranks (is_pipe_partitioned: scatter/gather), waits
+//              for its sends, reduces gradients after the flush (ZeRO's overlap_comm is refused with a pipeline);
+//              full recomputation only (DeepSpeed's activation checkpointing). Memory by the ZeRO
 //              paper's count (Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes a parameter, sharded by
 //              stage) and the selective-recomputation paper's activations.
 // Context parallelism (`cp`) is described but not planned: the planner splits no sequence.
@@ -136,7 +137,6 @@ typedef struct {
     int pp;              // pipeline parallelism
     int sp;              // sequence parallelism in the TP group
     int interleaved;     // interleaved 1F1B (v > 1)
-    int scatter_gather;  // a boundary sent 1/t by each TP rank
     int selective;       // selective recomputation (full recomputation: every software)
     int zero, zero_pp;   // the highest ZeRO stage without a pipeline, and with one
     unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
@@ -165,20 +165,20 @@ typedef struct {
 
 #define LP_OFFLOAD_ALL (1u << LP_OFFLOAD_NONE | 1u << LP_OFFLOAD_OPTIMIZER | 1u << LP_OFFLOAD_PARAMS | 1u << LP_OFFLOAD_NVME)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
-    {"megatron", 1, 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"megatron-2021", 1, 0, 1, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0 / 1.095, LP_MEMORY_MEGATRON,
+    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0 / 1.095, LP_MEMORY_MEGATRON,
      0.91, 1.04, "a100", 3072, 2048, "the PTD-P paper's Tables 1 and 2 (16 runs; its 530B and 1T rows set the pace)",
      "Megatron-LM as the PTD-P paper ran it (2021): no SP, selective recomputation or distributed optimizer; megatron's fitted costs "
      "on an A100 paced 1/1.095 (the two papers' steps on the same pipelines)"},
-    {"deepspeed", 1, 0, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, 1.0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
+    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, 1.0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
      "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
      "Megatron-DeepSpeed: Megatron-LM's layers without SP, ZeRO 1-3 (1 with a pipeline), offload, DeepSpeed's 1F1B pipeline "
-     "(blocking sends, no scatter/gather or interleaving), memory by the ZeRO paper"},
+     "(blocking sends, no interleaving), memory by the ZeRO paper"},
 };
 
 typedef struct {
@@ -749,8 +749,6 @@ static inline const char* lp_software_refuses(const LPSoftware* sw, const LPPara
         snprintf(why, size, "%s: %s has no sequence parallelism", LP_SETTING(sp), sw->name);
     else if (fixed & LP_FIX_VPP && par->vpp > 1 && !sw->interleaved)
         snprintf(why, size, "%s %d: %s's pipeline does not interleave chunks", LP_SETTING(vpp), par->vpp, sw->name);
-    else if (fixed & LP_FIX_SG && fixed & LP_FIX_PP && par->scatter_gather && par->pp > 1 && par->tp > 1 && !sw->scatter_gather)
-        snprintf(why, size, "%s 1: %s's pipeline sends a whole boundary from every TP rank", LP_SETTING(scatter_gather), sw->name);
     else if (fixed & LP_FIX_RECOMPUTE && par->recompute == LP_RECOMPUTE_SELECTIVE && !sw->selective)
         snprintf(why, size, "%s selective: %s recomputes whole layers only (full)", LP_SETTING(recompute), sw->name);
     else if (fixed & LP_FIX_ZERO && par->zero > sw->zero)
