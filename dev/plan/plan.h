@@ -6,14 +6,18 @@ costs (llmpar.h section 12: FLOPs, memory, the pipeline partition) and schedules
 after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
 
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
-             lp_gemm_seconds, lp_plan_chunk, LPPlan, lp_plan_simulate, LPPlanLimits, lp_plan
+             LPPlanModel, lp_plan_model_gpt, lp_plan_layer_params, lp_plan_layer_flops, lp_plan_flops_per_token,
+             lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle, lp_gemm_seconds,
+             lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_simulate, LPPlanLimits, lp_published_mfu,
+             lp_plan_outside, lp_plan
 */
 #ifndef LLMPAR_PLAN_H
 #define LLMPAR_PLAN_H
 // The configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
 // `tokens` per step (t x p x d grid, interleaving, sequence parallelism, scatter/gather, ZeRO stage,
 // recomputation, offload, expert parallelism, micro-batch B) that fit a GPU's memory, fastest first, each
-// step simulated on a stated machine. It plans GPUs on any build: memory as the CUDA build keeps it (bf16).
+// step simulated on a stated machine running a stated software (LPSoftware: what it can run, how, how it
+// keeps its memory, how far its predictions were checked). It plans GPUs on any build (bf16 memory).
 //
 // The machine (LPPlanMachine): a GPU (lp_gpus: peak, memory, HBM, SMs, and the share of the peak its
 // fastest GEMM and flash attention reach, as others measured them), a node (the GPUs of one NVLink
@@ -32,12 +36,15 @@ after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt
 //             each message between stages taking its time: B T C values, 1/t of them per TP rank with
 //             scatter/gather (then all-gathered inside the node) or SP; the sender held until delivery
 //             where the software's sends wait; on shared cores (LPCluster.alone) a stage alone faster;
-//   step end  what the engine does after backward, exposed: ZeRO-0's all-reduce beyond what hides under
-//             the last micro-batch's backward (all of it without --overlap), ZeRO-1's reduce-scatter and
+//   step end  what the engine does after backward, exposed: ZeRO-0's all-reduce (in the software's buckets)
+//             beyond what hides under the last micro-batch's backward (all of it without --overlap), ZeRO-1's
+//             reduce-scatter and
 //             all-gather, ZeRO-2's all-gather of the updated weights; AdamW's 32 bytes per value of the
-//             shard through HBM; or offload's host link, host memory and NVMe (the slowest of the three).
+//             shard through HBM; or offload's host link, host memory and NVMe (the slowest of the three);
+//   stragglers  the work stretched by the slowest of the n ranks (lp_plan_straggle; none unless asked).
 // Collectives run as NCCL's rings: an all-reduce moves 2 (g-1)/g of its bytes per rank, a reduce-scatter,
-// all-gather or all-to-all (g-1)/g, at the bus bandwidth of its link, plus the latency. A group's link is
+// all-gather or all-to-all (g-1)/g, at the bus bandwidth of its link, plus the latency; an all-reduce across
+// nodes runs as NCCL's tree where its model says so (lp_allreduce_seconds). A group's link is
 // the node's when its ranks (neighbours in rank order, with every axis inside it) fill whole groups of a
 // node, else the network. A TP group is planned inside a node (t divides its GPUs) or over whole nodes
 // (then at the network's bandwidth), never straddling two.
@@ -119,7 +126,10 @@ static const LPCluster lp_clusters[] = {
 //              forward; its materialised attention (torch.baddbmm into a buffer of the scores, the fused
 //              masked softmax, dropout, torch.bmm) priced with a fixed cost per output tile, and its GEMMs at a
 //              share of the GPU's best: both fitted together to that paper's eight step times (its Table 5)
-//              by `bash dev/plan/bench_plan.sh fit`. Memory by that paper's count (lp_software_memory);
+//              by `bash dev/plan/bench_plan.sh fit`. Memory by that paper's count (lp_plan_memory);
+//   megatron-2021  the same a year older, as the PTD-P paper ran it: no SP, selective recomputation or
+//              distributed optimizer, on a GPU paced 1/1.095 (both papers ran the same 530B and 1T pipelines:
+//              the older steps were 1.103x and 1.087x);
 //   deepspeed  Megatron-DeepSpeed (BLOOM's and MT-NLG's software): Megatron-LM's layers (its TP without SP,
 //              its GEMMs and attention as above) under DeepSpeed: ZeRO 1-3 without a pipeline, only ZeRO-1
 //              with one (its PipelineEngine refuses ZeRO-2/3), ZeRO-Offload of the optimizer and ZeRO-3's
@@ -129,7 +139,7 @@ static const LPCluster lp_clusters[] = {
 //              full recomputation only (DeepSpeed's activation checkpointing). Memory by the ZeRO
 //              paper's count (Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes a parameter, sharded by
 //              stage) and the selective-recomputation paper's activations.
-// Context parallelism (`cp`) is described but not planned: the planner splits no sequence.
+// Context parallelism: none of them has it here (the planner splits no sequence).
 enum { LP_MEMORY_ENGINE, LP_MEMORY_MEGATRON, LP_MEMORY_DEEPSPEED };
 typedef struct {
     const char* name;
@@ -140,7 +150,6 @@ typedef struct {
     int selective;       // selective recomputation (full recomputation: every software)
     int zero, zero_pp;   // the highest ZeRO stage without a pipeline, and with one
     unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
-    int cp;              // context parallelism (described only)
     int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel)
     // how it runs a step
     double gemm;         // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
@@ -165,17 +174,17 @@ typedef struct {
 
 #define LP_OFFLOAD_ALL (1u << LP_OFFLOAD_NONE | 1u << LP_OFFLOAD_OPTIMIZER | 1u << LP_OFFLOAD_PARAMS | 1u << LP_OFFLOAD_NVME)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
-    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 0, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0 / 1.095, LP_MEMORY_MEGATRON,
+    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0 / 1.095, LP_MEMORY_MEGATRON,
      0.91, 1.04, "a100", 3072, 2048, "the PTD-P paper's Tables 1 and 2 (16 runs; its 530B and 1T rows set the pace)",
      "Megatron-LM as the PTD-P paper ran it (2021): no SP, selective recomputation or distributed optimizer; megatron's fitted costs "
      "on an A100 paced 1/1.095 (the two papers' steps on the same pipelines)"},
-    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, 1.0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
+    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, 1.0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
      "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
      "Megatron-DeepSpeed: Megatron-LM's layers without SP, ZeRO 1-3 (1 with a pipeline), offload, DeepSpeed's 1F1B pipeline "
      "(blocking sends, no interleaving), memory by the ZeRO paper"},
