@@ -32,8 +32,10 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  forward, backward
                  defines: lp_parallel_one, LPMoEOptions, LPModelOptions, LPModel, LPLayerActs, lp_model_create,
                  lp_moe_forward, lp_model_forward, lp_model_backward
- 10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
-                 defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
+ 10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, replicas that train apart (DiLoCo's
+                 outer step, gossip's mixing), LR schedule
+                 defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, LPOuterSGD, lp_replicas_outer,
+                 lp_replicas_gossip, lp_lr_schedule, LPLossWindow
  11. files       model files (llm.c format; llmpar's version 6 for experts), checkpoints, tokenizer (samples printed as valid UTF-8)
                  defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
                  LPUtf8
@@ -43,7 +45,8 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
  13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv of a micro-batch's boundary
                  defines: LPStage, lp_stage_create, lp_stage_forward, lp_stage_backward, lp_stage_bubble
  14. step        one optimizer step in four phases, each one call, each naming where ranks communicate
-                 defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update
+                 defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update,
+                 lp_step_replicas
 
 Not here: the cluster planner (how to run a model on N GPUs, each step simulated), a tool built on this
 header's costs and schedules: dev/plan (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
@@ -7577,7 +7580,8 @@ static inline void lp_outer_piece(const LPZero* z, const LPStatePiece* s, int i,
 }
 static inline void lp_mix_piece(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx) {
     (void)i0, (void)ctx;
-    lp_mix(s->params + at, s->master + at, z->mix + s->lo + at, lp_zero_shard_count(z), z->par->gossip, n, lp_adamw_seed(z->adam_step, i));
+    lp_mix(s->params + at, s->master + at, z->mix + s->lo + at, lp_zero_shard_count(z), z->par->gossip, n,
+           lp_adamw_seed(z->adam_step, i));
 }
 
 // DiLoCo, before a round's first inner step: the weights now are its outer weights.
@@ -7620,7 +7624,7 @@ static inline void lp_replicas_gossip(LPModel* ms, int n, float sums[2]) {
             lp_copy_to_host(own, z->master, count * sizeof(float));
             for (int j = 0; j < K; j++) {
                 int hop = 1 << j;
-                lp_sendrecv_host(g, own, (g->rank + hop) % d, in + j * count, (g->rank - hop % d + d) % d, count);
+                lp_sendrecv_host(g, own, (g->rank + hop) % d, in + j * count, (g->rank - hop + d) % d, count);  // (hop < d)
                 lp_traffic(g, LP_SEND, count * sizeof(float));
             }
             double sq = 0.0;
@@ -7844,10 +7848,10 @@ static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* siz
 // file's layout); a DiLoCo run's (par->diloco), whose R replicas each keep their own AdamW state, is version 2:
 // header [20241122, 2, adam step, n low, n high, R] then replica 0's m and v, replica 1's, ..., and the outer
 // momentum (its outer weights are model.bin's: it saves only between rounds, its replicas equal); a reader of
-// version 1 alone refuses it, naming the version. state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step, run id,
-// epoch, shuffle, data seed (3), identity bytes], then that many bytes of the run's identity (text, the
-// driver's: the flags that shape its trajectory, lp_checkpoint_identity); checkpoints from before the epoch
-// field read as epoch 0 in file order, from before the identity as having none.
+// version 1 alone refuses it, naming the version. state.bin: header [20241123, 1, step, shard, pos (2), rng (3),
+// B, T, tokens per step, run id, epoch, shuffle, data seed (3), identity bytes], then that many bytes of the
+// run's identity (text, the driver's: the flags that shape its trajectory, lp_checkpoint_identity);
+// checkpoints from before the epoch field read as epoch 0 in file order, from before the identity as having none.
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123

@@ -47,7 +47,8 @@ typedef struct {
     int resume;              // --resume
     int resume_changed;      // --resume-changed: a resume may change flags of the run's identity (lp_run_identity)
     // --tp --pp --ep --vpp --schedule --pp-partition --sp --pp-scatter-gather --zero --overlap --bucket-mb
-    // --recompute --offload --offload-dir --comm --diloco --gossip: how the run is split over the ranks (d = ranks / (t p))
+    // --recompute --offload --offload-dir --comm --diloco --gossip: how the run is split over the ranks
+    // (d = ranks / (t p))
     LPParallel par;
     LPOuterSGD outer;        // --outer-lr, --outer-momentum: DiLoCo's outer step
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
@@ -160,8 +161,8 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--resume-changed", NULL, LP_FLAG_SWITCH, LP_FIELD(resume_changed), NULL, NULL, NULL, NULL, NULL,
      "with --resume: continue even though flags of the run's identity differ from its checkpoint's (-e, -i and the "
      "shards it finds, -l, -u, -q, -k, -c, --beta1, --beta2, --eps, --grad-clip, --seed, --shuffle, --aux-loss-layers, "
-     "--aux-loss-weight, --moe-capacity, --moe-aux-coef, --moe-z-coef, --diloco, --outer-lr, --outer-momentum, --gossip): each difference is printed as a notice and the "
-     "checkpoints from then on carry this run's. Without it such a resume is refused, naming the flag. The grid, -b and "
+     "--aux-loss-weight, --moe-capacity, --moe-aux-coef, --moe-z-coef, --diloco, --outer-lr, --outer-momentum, --gossip): "
+     "each difference is printed as a notice and the checkpoints from then on carry this run's. Without it such a resume is refused, naming the flag. The grid, -b and "
      "-x may change without it; -t, -d and the data order never"},
     {"--keep", "-nk", LP_FLAG_INT, LP_FIELD(keep), "0", "0", "N", NULL, NULL,
      "after each save keep the newest N checkpoints, removing older ones (0: all; one that cannot be removed is a "
@@ -268,8 +269,9 @@ static const LPFlagSpec lp_flag_specs[] = {
      "DiLoCo: the d data-parallel replicas (each may be a t x p grid) train apart, each with its own AdamW state and no "
      "gradient all-reduce, and after every H steps all-reduce their weights once (fp32) and take the same outer step "
      "(SGD with Nesterov momentum) on the mean change since the last: H times fewer data-parallel bytes than plain "
-     "data parallelism's gradient all-reduce (H/2 on the CUDA build, whose gradients are bf16). Needs d >= 2, --zero 0, no --ep or --offload, -n a multiple of "
-     "H; the run's last step, and a stop by signal, end the round under way with an outer step (0: off)"},
+     "data parallelism's gradient all-reduce (H/2 on the CUDA build, whose gradients are bf16). Needs d >= 2, --zero "
+     "0, no --ep or --offload, -n a multiple of H; the run's last step, and a stop by signal, end the round under way "
+     "with an outer step (0: off)"},
     {"--outer-lr", NULL, LP_FLAG_FLOAT, LP_FIELD(outer.lr), "0.7", "0.7", "F", NULL, NULL,
      "with --diloco: the outer step's learning rate, > 0 (DiLoCo's 0.7; 1 with --outer-momentum 0 sets the weights "
      "to the replicas' mean)"},
@@ -1309,7 +1311,7 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     const LPProcess* proc = r->proc;
     int last = step == f->max_steps;
     LPGroup dp_before = proc->group[LP_DP];
-    if (last || stopping) lp_step_outer(&r->stage, &f->outer);  // --diloco: the round under way ends here (counted as the steps')
+    if (last || stopping) lp_step_outer(&r->stage, &f->outer);  // --diloco: the round under way ends (its bytes the steps')
     lp_traffic_since(&r->dp_traffic, &proc->group[LP_DP], &dp_before);
     if (r->has_val && !stopping && (step % f->val_every == 0 || last)) {
         float vl = lp_evaluate(&r->stage, &r->val, f->val_batches);
