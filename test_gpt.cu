@@ -428,11 +428,12 @@ static void expect_bytes_line(const char* out, const char* what, const char* say
 //   the uninterrupted run's losses and weights, bit for bit.
 // CPU engine (tier 3): a grid that only splits the model (p=2) gives d=2's DiLoCo bit for bit; the bytes
 // sent per step (the end report's line), as many as plain data parallelism's all-reduce for itself, H times
-// fewer for DiLoCo H, K sends of the model for gossip (1.5x fewer than the all-reduce's 2 (d-1)/d at d=4, K=1); gossip's spread printed every step, at the end
-// of a run whose learning rate decays to 0 below a third of its peak, and smaller with K=2 than K=1; a
-// replica stopped mid-run (the watchdog ends the job in one line) and relaunched by train_resilient.sh ends
-// with the uninterrupted run's weights; the bad combinations refused in one line naming the flags; a plain
-// run refuses a DiLoCo checkpoint, and DiLoCo resumes a plain one.
+// fewer for DiLoCo H, K sends of the model for gossip (1.5x fewer than the all-reduce's 2 (d-1)/d at d=4,
+// K=1); gossip's spread printed every step, at the end of a run whose learning rate decays to 0 below a
+// third of its peak, and smaller with K=2 than K=1; a stop by signal mid-round saves (the round ended early)
+// and resumes; a replica stopped mid-run (the watchdog ends the job in one line) and relaunched by
+// train_resilient.sh ends with the uninterrupted run's weights; the bad combinations refused in one line
+// naming the flags; a plain run refuses a DiLoCo checkpoint, and DiLoCo resumes a plain one.
 // CUDA engine (tier 4): the identity check on 2 ranks, a resume, and DiLoCo H=2 on d=2 against the CPU
 // engine's within bf16's tolerance (losses 1e-2 relative, weights 6e-3).
 static void test_replicas(void) {
@@ -560,6 +561,20 @@ static void test_replicas(void) {
         snprintf(name, sizeof(name), "%s on %d rank(s) is refused in one line: %s", bad[k].flags, bad[k].ranks, bad[k].says);
         expect(rc != 0 && e && strstr(e, bad[k].says) && !strstr(e + 1, "llmpar: error: ") && !strstr(out, "step 1/"), name);
     }
+
+    // a stop by signal mid-round: the round ends early with an outer step, the checkpoint (between rounds) is
+    // saved, and --resume goes on from it
+    lp_path(a, "%s_signal", tmp_path("rep"));
+    char cmd[LP_PATH_MAX + 2048];
+    snprintf(cmd, sizeof(cmd), "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -x 100000 --diloco 1000 -o %s",
+             TRAIN_BIN, base, a);
+    rc = run_and_signal(out, sizeof(out), cmd, "kill -USR1 $pid", tmp_path("rep_signal.log"));
+    int step = stopped_with_checkpoint(out, "SIGUSR1", a);
+    snprintf(args, sizeof(args), "%s -x %d --diloco 1000 --resume", base, step + 2);
+    int resumed = step >= 3 ? run_ranks(2, args, a, la, out, sizeof(out)) : -1;
+    snprintf(name, sizeof(name), "--diloco 1000, SIGUSR1 to mpirun at step %d: the round ends there with an outer step, the checkpoint "
+             "is saved (exit %d), and --resume trains on (%d steps)", step, rc, resumed);
+    expect(rc == 138 && step >= 3 && resumed == 2, name);
 
     // a replica stopped mid-round: the watchdog ends the job in one line; relaunched from the newest checkpoint
     // (between rounds), the run ends with the uninterrupted run's weights
