@@ -32,8 +32,10 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  forward, backward
                  defines: lp_parallel_one, LPMoEOptions, LPModelOptions, LPModel, LPLayerActs, lp_model_create,
                  lp_moe_forward, lp_model_forward, lp_model_backward
- 10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
-                 defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
+ 10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, replicas that train apart (DiLoCo's
+                 outer step, gossip's mixing), LR schedule
+                 defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, LPOuterSGD, lp_replicas_outer,
+                 lp_replicas_gossip, lp_lr_schedule, LPLossWindow
  11. files       model files (llm.c format; llmpar's version 6 for experts), checkpoints, tokenizer (samples printed as valid UTF-8)
                  defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
                  LPUtf8
@@ -43,7 +45,8 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
  13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv of a micro-batch's boundary
                  defines: LPStage, lp_stage_create, lp_stage_forward, lp_stage_backward, lp_stage_bubble
  14. step        one optimizer step in four phases, each one call, each naming where ranks communicate
-                 defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update
+                 defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update,
+                 lp_step_replicas
 
 Not here: the cluster planner (how to run a model on N GPUs, each step simulated), a tool built on this
 header's costs and schedules: dev/plan (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
@@ -935,6 +938,9 @@ typedef struct LPParallel {
     int offload;             // where the optimizer state lives, LP_OFFLOAD_* (section 8)
     const char* offload_dir; // LP_OFFLOAD_NVME's directory
     const char* comm;        // the transport of device tensors: "auto", "nccl" or "mpi" (lp_comm_init)
+    // data-parallel replicas that train apart, no gradient all-reduce between them (section 10, lp_replicas_*):
+    int diloco;              // DiLoCo: H inner steps, then one outer step on the replicas' mean change (0: off)
+    int gossip;              // gossip: after each step a replica mixes its weights with K neighbours' (0: off)
 } LPParallel;
 
 // Errors about a setting name it as the user of the program knows it: "LPParallel.tp", or what the
@@ -1037,6 +1043,36 @@ LP_PRINTF(1, 2) void lp_fail_all(const char* fmt, ...) {
     lp_exit_all();
 }
 
+// Replicas that train apart (diloco, gossip) hold each its whole state, weights and optimizer alike: nothing
+// that shards or spreads across the d data-parallel ranks (ZeRO, expert parallelism, the optimizer state
+// elsewhere) goes with them. Every rank checks alike; one line names the settings.
+static inline void lp_replicas_check(const LPParallel* par) {
+    const char* mode = par->diloco ? LP_SETTING(diloco) : LP_SETTING(gossip);
+    int value = par->diloco ? par->diloco : par->gossip;
+    if (par->diloco < 0 || par->gossip < 0)
+        lp_fail_all("%s %d %s %d: must be >= 0 (0: off)", LP_SETTING(diloco), par->diloco, LP_SETTING(gossip), par->gossip);
+    if (!value) return;
+    if (par->diloco && par->gossip)
+        lp_fail_all("%s %d and %s %d: two ways of training the replicas apart; choose one", LP_SETTING(diloco), par->diloco,
+                    LP_SETTING(gossip), par->gossip);
+    if (par->dp < 2)
+        lp_fail_all("%s %d: needs 2 or more data-parallel replicas, this grid has d = ranks / (t p) = %d", mode, value, par->dp);
+    int most = 0;  // the most neighbours: hops 2^(K-1) < d
+    while (most < 30 && (1 << most) < par->dp) most++;
+    if (par->gossip > most)
+        lp_fail_all("%s %d: the graph's hops 1, 2, ..., 2^(K-1) must each be below d = %d, so that the K neighbours are distinct "
+                    "replicas (K <= %d here)", mode, value, par->dp, most);
+    if (par->zero)
+        lp_fail_all("%s %d with %s %d: ZeRO shards the weights and optimizer state over the data-parallel replicas, which %s "
+                    "trains apart (each holds its whole state); use %s 0", mode, value, LP_SETTING(zero), par->zero, mode,
+                    LP_SETTING(zero));
+    if (par->ep > 1)
+        lp_fail_all("%s %d with %s %d: expert parallelism spreads the experts over the data-parallel replicas, which %s trains "
+                    "apart", mode, value, LP_SETTING(ep), par->ep, mode);
+    if (par->offload)  // (not LP_OFFLOAD_NONE, 0)
+        lp_fail_all("%s %d with %s: the replicas' exchange works on the optimizer state in memory", mode, value, LP_SETTING(offload));
+}
+
 // Place this rank on the grid par describes, d = world / (t p) (par->dp is set), and make its group on each
 // axis. par is the caller's and must outlive proc.
 void lp_grid_init(LPProcess* proc, LPParallel* par) {
@@ -1087,6 +1123,7 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
         }
 #endif
     }
+    lp_replicas_check(par);
     proc->world_group.name = "world";
     proc->world_group.size = proc->world;
     proc->world_group.rank = proc->rank;
@@ -1890,6 +1927,23 @@ void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, int root) {
     (void)bytes;
     (void)root;
 #endif
+}
+
+// Send n host floats to the group's rank `to` while receiving n from rank `from` (gossip's exchange with
+// a neighbour: each rank sends to one and receives from another, so no pair waits on the other).
+static inline void lp_sendrecv_host(const LPGroup* g, const float* send, int to, float* recv, int from, size_t n) {
+    lp_watch_peer("an exchange of weights", g, from);
+#ifdef LLMPAR_MPI
+    for (size_t off = 0; off < n; off += (size_t)1 << 28) {
+        int count = (int)(n - off < ((size_t)1 << 28) ? n - off : ((size_t)1 << 28));
+        lp_mpi_check(MPI_Sendrecv(send + off, count, MPI_FLOAT, to, 0, recv + off, count, MPI_FLOAT, from, 0, g->comm,
+                                  MPI_STATUS_IGNORE), "send-receive", g);
+    }
+#else
+    (void)send, (void)to, (void)recv, (void)n;
+    lp_fail("send-receive on group %s: this build has no MPI", g->name);
+#endif
+    lp_watch_done();
 }
 
 // Sum a device tensor of the compute type over the group, in place; divide by the group size when
@@ -4923,6 +4977,62 @@ static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* gra
 }
 #endif
 
+// --- the replicas' exchange (section 10, lp_replicas_*). DiLoCo's outer step: SGD with Nesterov momentum
+// mu and learning rate lr on the pseudo-gradient delta = outer - mean (outer: the weights at the round's
+// start, as the last outer step left them; mean: the replicas' mean weights after their inner steps):
+//   mom <- mu mom + delta;   w <- outer - lr (delta + mu mom)
+// written from the mean, w = mean + (1 - lr) delta - lr mu mom: equal in exact arithmetic, and in floats
+// the mean itself, bit for bit, at lr 1 and mu 0 (the replicas plainly averaged). w is the next round's outer.
+static inline LP_HD float lp_outer_value(float mean, float* outer, float* mom, float lr, float mu) {
+    float delta = *outer - mean, m = mu * *mom + delta;
+    float w = mean + (1.0f - lr) * delta - lr * mu * m;
+    *mom = m;
+    *outer = w;
+    return w;
+}
+// Gossip's mixing: a replica's weight w and its K neighbours' (recv[k * stride]), each weighted 1/(K+1).
+static inline LP_HD float lp_mix_value(float w, const float* recv, size_t stride, int K) {
+    for (int k = 0; k < K; k++) w += recv[k * stride];
+    return w / (float)(K + 1);
+}
+// Each over n values of a tensor: the master weights updated, and (CUDA) the compute-type weights rounded
+// from them stochastically, with the draws of the AdamW step just taken (seed), as a resume rounds them.
+static inline void lp_outer_step_cpu(floatX* params, float* master, float* outer, float* mom, const float* mean, size_t n,
+                                     float lr, float mu, uint32_t seed) {
+    (void)params, (void)seed;  // (the CPU build's params are its master weights)
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) master[i] = lp_outer_value(mean[i], &outer[i], &mom[i], lr, mu);
+}
+static inline void lp_mix_cpu(floatX* params, float* master, const float* recv, size_t stride, int K, size_t n, uint32_t seed) {
+    (void)params, (void)seed;
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) master[i] = lp_mix_value(master[i], recv + i, stride, K);
+}
+#ifndef LLMPAR_CPU
+static __global__ void lp_outer_step_kernel(floatX* params, float* master, float* outer, float* mom, const float* mean, size_t n,
+                                            float lr, float mu, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float w = lp_outer_value(mean[i], &outer[i], &mom[i], lr, mu);
+    master[i] = w;
+    params[i] = lp_stochastic_round(w, seed, i);
+}
+static inline void lp_outer_step_gpu(floatX* params, float* master, float* outer, float* mom, const float* mean, size_t n,
+                                     float lr, float mu, uint32_t seed) {
+    if (n) LP_LAUNCH(lp_outer_step_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, params, master, outer, mom, mean, n, lr, mu, seed);
+}
+static __global__ void lp_mix_kernel(floatX* params, float* master, const float* recv, size_t stride, int K, size_t n, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float w = lp_mix_value(master[i], recv + i, stride, K);
+    master[i] = w;
+    params[i] = lp_stochastic_round(w, seed, i);
+}
+static inline void lp_mix_gpu(floatX* params, float* master, const float* recv, size_t stride, int K, size_t n, uint32_t seed) {
+    if (n) LP_LAUNCH(lp_mix_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, params, master, recv, stride, K, n, seed);
+}
+#endif
+
 // --- sums of squares (the gradient norm, the finiteness check of the weights). The CPU loop sums blocks of
 // a fixed size in double, each a vector of partial sums, then the blocks in order: the same bits for any
 // thread count (an OpenMP reduction would combine the threads' sums in their number and in any order). The
@@ -5066,6 +5176,8 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_classifier_fused           lp_classifier_fused_cpu
 #define lp_add_scaled                 lp_add_scaled_cpu
 #define lp_adamw                      lp_adamw_cpu
+#define lp_outer_step                 lp_outer_step_cpu
+#define lp_mix                        lp_mix_cpu
 #define lp_norm_squared               lp_norm_squared_cpu
 #define lp_norm_squared_spans         lp_norm_squared_spans_cpu
 #else
@@ -5099,6 +5211,8 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_classifier_fused           lp_classifier_fused_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu
 #define lp_adamw                      lp_adamw_gpu
+#define lp_outer_step                 lp_outer_step_gpu
+#define lp_mix                        lp_mix_gpu
 #define lp_norm_squared               lp_norm_squared_gpu
 #define lp_norm_squared_spans         lp_norm_squared_spans_gpu
 #endif
@@ -5891,6 +6005,11 @@ typedef struct LPZero {
 #endif
     int adam_step;
     float grad_scale;           // what the optimizer and the norm scale the averaged gradients by (expert parallelism's 1/ep)
+    // replicas that train apart (par->diloco, par->gossip; dp is NULL): their group, and fp32 buffers of this
+    // rank's values: DiLoCo's outer weights (as the last outer step left them) and outer momentum; `mix`, what
+    // the exchange brings (DiLoCo: the replicas' mean weights; gossip: the K neighbours' weights, in turn)
+    const LPGroup* replicas;
+    float *outer_w, *outer_m, *mix;
     size_t param_bytes, grad_bytes;  // weight and gradient memory of this rank
     // stage 0 with overlap: layers [l+1, unreduced) are done but not yet reducing; once reductions were
     // started (layers_reducing), lp_zero_average waits for them
@@ -6064,6 +6183,21 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
     }
 }
 
+// Replicas that train apart (par->diloco or par->gossip): the group of the d replicas, which z averages
+// nothing over (its dp is NULL), and the buffers their exchange needs (LPZero.replicas), zeroed.
+static inline void lp_zero_replicas(LPZero* z, const LPGroup* replicas) {
+    size_t k = z->shard_size, mixed = z->par->diloco ? 1 : (size_t)z->par->gossip;
+    z->replicas = replicas;
+    if (z->par->diloco) {
+        z->outer_w = (float*)lp_device_malloc(k * sizeof(float), "DiLoCo's outer weights");
+        z->outer_m = (float*)lp_device_malloc(k * sizeof(float), "DiLoCo's outer momentum");
+        lp_device_zero(z->outer_w, k * sizeof(float));
+        lp_device_zero(z->outer_m, k * sizeof(float));
+    }
+    z->mix = (float*)lp_device_malloc(mixed * k * sizeof(float), "the replicas' exchange");
+    lp_device_zero(z->mix, mixed * k * sizeof(float));
+}
+
 static inline void lp_zero_free(LPZero* z) {
     lp_device_free(z->params);
     lp_device_free(z->grads);
@@ -6089,6 +6223,9 @@ static inline void lp_zero_free(LPZero* z) {
         lp_device_free(z->adam_v);
     }
     lp_offload_close(z->off);
+    lp_device_free(z->outer_w);
+    lp_device_free(z->outer_m);
+    lp_device_free(z->mix);
     for (int b = 0; b < 2; b++) {
         lp_device_free(z->piece_w[b]);
         lp_pending_free(&z->reducing_buf[b]);
@@ -6652,7 +6789,8 @@ static const LPParallel lp_parallel_one = {
     0, 1,              // sp, scatter_gather
     0, 1, 25.0f,       // zero, overlap, bucket_mb
     LP_RECOMPUTE_NONE, LP_OFFLOAD_NONE, "",  // recompute, offload, offload_dir
-    "auto"             // comm
+    "auto",            // comm
+    0, 0               // diloco, gossip
 };
 
 // How a mixture of experts trains (section 9's MoE layer): what its experts take and the losses that
@@ -6883,7 +7021,8 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
         if (lp_is_expert_tensor(i)) sizes[0][i] = 0;
     }
     size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    const LPGroup* dp = proc ? &proc->group[LP_DP] : NULL;
+    int apart = m->par->diloco || m->par->gossip;  // replicas that train apart average no gradients
+    const LPGroup* dp = proc && !apart ? &proc->group[LP_DP] : NULL;
     lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, m->first && m->last, dp, m->par, split->chunk);
     if (m->parts > 1) {  // the experts: with expert parallelism averaged over their replicas (edp), their gradients
                          // sums over the ep ranks' batches, so the optimizer takes 1/ep of them (grad_scale)
@@ -6891,6 +7030,7 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
                        LP_MAX_CHUNKS + split->chunk);
         m->experts.grad_scale = 1.0f / m->ep_size;
     }
+    for (int p = 0; p < m->parts && apart && proc; p++) lp_zero_replicas(lp_model_part(m, p), &proc->group[LP_DP]);
     lp_model_build_runs(m);
 }
 
@@ -7910,6 +8050,93 @@ int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm,
 }
 #endif  // LLMPAR_IMPLEMENTATION
 
+// --- replicas that train apart (par->diloco, par->gossip). The d data-parallel replicas (each one rank, or a
+// t x p grid) average no gradients: each takes AdamW steps on its own batches with its own AdamW state, and
+// every rank exchanges its values in fp32 with the ranks at its place in the other replicas (its DP group),
+// host-staged over MPI in both builds:
+//   DiLoCo (Douillard et al. 2023): after H inner steps the replicas' weights are all-reduced to their mean,
+//     once, and every replica takes the same outer step from it (lp_outer_value), so they start each round
+//     equal. A ring all-reduce sends 2 (d-1)/d of the model per rank every H steps, where plain data
+//     parallelism all-reduces the gradients every step.
+//   gossip (decentralized SGD, Lian et al. 2017, on the exponential graph of Assran et al. 2019): after each
+//     step replica i sends its weights to i + 1, i + 2, ..., i + 2^(K-1) and mixes its own with those of
+//     i - 1, ..., i - 2^(K-1) (mod d), each weighted 1/(K+1). The mixing matrix is circulant and doubly
+//     stochastic: the replicas' mean is kept and their spread shrinks; no collective, K sends of the model.
+// The bytes are counted on the DP group as its device collectives are, for the end report.
+
+typedef struct {
+    float lr, momentum;  // DiLoCo's outer SGD: learning rate, Nesterov momentum
+} LPOuterSGD;
+
+#ifdef LLMPAR_IMPLEMENTATION
+static inline void lp_outer_piece(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx) {
+    const LPOuterSGD* o = (const LPOuterSGD*)ctx;
+    size_t x = s->lo + at;
+    (void)i0;  // (in device memory the chunk is the whole shard)
+    lp_outer_step(s->params + at, s->master + at, z->outer_w + x, z->outer_m + x, z->mix + x, n, o->lr, o->momentum,
+                  lp_adamw_seed(z->adam_step, i));
+}
+static inline void lp_mix_piece(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx) {
+    (void)i0, (void)ctx;
+    lp_mix(s->params + at, s->master + at, z->mix + s->lo + at, lp_zero_shard_count(z), z->par->gossip, n,
+           lp_adamw_seed(z->adam_step, i));
+}
+
+// DiLoCo, before a round's first inner step: the weights now are its outer weights.
+static inline void lp_replicas_round_start(LPModel* ms, int n) {
+    for (int k = 0; k < n; k++)
+        for (int p = 0; p < ms[k].parts; p++) {
+            LPZero* z = lp_model_part(&ms[k], p);
+            lp_copy_device(z->outer_w, z->master, lp_zero_shard_count(z) * sizeof(float));
+        }
+}
+
+// DiLoCo's outer step, after a round's inner steps: the replicas' mean weights, then the step from them.
+static inline void lp_replicas_outer(LPModel* ms, int n, const LPOuterSGD* o) {
+    for (int k = 0; k < n; k++) {
+        for (int p = 0; p < ms[k].parts; p++) {
+            LPZero* z = lp_model_part(&ms[k], p);
+            size_t count = lp_zero_shard_count(z);
+            float* h = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "the replicas' mean weights");
+            lp_copy_to_host(h, z->master, count * sizeof(float));
+            lp_all_reduce_host(z->replicas, h, count, 1);
+            lp_traffic(z->replicas, LP_ALL_REDUCE, count * sizeof(float));
+            lp_copy_to_device(z->mix, h, count * sizeof(float));
+            free(h);
+        }
+        lp_model_update_shard(&ms[k], lp_outer_piece, o);
+    }
+}
+
+// Gossip's exchange and mixing. Adds to sums[0] the squares of this rank's differences from its nearest
+// in-neighbour's weights (before mixing), to sums[1] their count: the spread of the replicas.
+static inline void lp_replicas_gossip(LPModel* ms, int n, float sums[2]) {
+    for (int k = 0; k < n; k++) {
+        for (int p = 0; p < ms[k].parts; p++) {
+            LPZero* z = lp_model_part(&ms[k], p);
+            const LPGroup* g = z->replicas;
+            int K = z->par->gossip, d = g->size;
+            size_t count = lp_zero_shard_count(z);
+            float* own = (float*)lp_host_malloc((K + 1) * (count ? count : 1) * sizeof(float), "the neighbours' weights");
+            float* in = own + count;
+            lp_copy_to_host(own, z->master, count * sizeof(float));
+            for (int j = 0; j < K; j++) {
+                int hop = 1 << j;
+                lp_sendrecv_host(g, own, (g->rank + hop) % d, in + j * count, (g->rank - hop + d) % d, count);  // (hop < d)
+                lp_traffic(g, LP_SEND, count * sizeof(float));
+            }
+            double sq = 0.0;
+            for (size_t i = 0; i < count; i++) sq += (double)(own[i] - in[i]) * (own[i] - in[i]);
+            sums[0] += (float)sq;
+            sums[1] += (float)count;
+            lp_copy_to_device(z->mix, in, K * count * sizeof(float));
+            free(own);
+        }
+        lp_model_update_shard(&ms[k], lp_mix_piece, NULL);
+    }
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
 // The recent losses, for spotting a spike: a step's loss far above their mean. The mean is 0 until the
 // window is full (early losses fall fast, so a shorter history would flag ordinary steps).
 #define LP_SPIKE_WINDOW 20
@@ -8121,10 +8348,13 @@ static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* siz
 // canonical offset, so the files never depend on how the run was split and can be resumed on any grid.
 // manifest.txt, written last: "llmpar checkpoint 1", then per file "NAME BYTES CRC32C" (hex).
 // optim.bin: header [20241122, 1, adam step, n low 31 bits, n high bits] then m and v (fp32, the model
-// file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step, run id,
-// epoch, shuffle, data seed (3), identity bytes], then that many bytes of the run's identity (text, the
-// driver's: the flags that shape its trajectory, lp_checkpoint_identity); checkpoints from before the epoch
-// field read as epoch 0 in file order, from before the identity as having none.
+// file's layout); a DiLoCo run's (par->diloco), whose R replicas each keep their own AdamW state, is version 2:
+// header [20241122, 2, adam step, n low, n high, R] then replica 0's m and v, replica 1's, ..., and the outer
+// momentum (its outer weights are model.bin's: it saves only between rounds, its replicas equal); a reader of
+// version 1 alone refuses it, naming the version. state.bin: header [20241123, 1, step, shard, pos (2), rng (3),
+// B, T, tokens per step, run id, epoch, shuffle, data seed (3), identity bytes], then that many bytes of the
+// run's identity (text, the driver's: the flags that shape its trajectory, lp_checkpoint_identity);
+// checkpoints from before the epoch field read as epoch 0 in file order, from before the identity as having none.
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123
@@ -8251,6 +8481,9 @@ static inline void lp_crash_point(void) {}
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
+// The replicas whose AdamW states optim.bin holds: DiLoCo's d (version 2), else 1.
+static inline int lp_optim_replicas(const LPModel* m) { return m->par->diloco ? m->zero.replicas->size : 1; }
+
 // Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.
 // The weights are finite: model files are checked when read, and every update after it (lp_models_adamw).
 void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st, const char* dir, const LPGroup* world) {
@@ -8262,7 +8495,7 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
     lp_path(optim_path, "%s/optim.bin", tmp_dir);
     lp_path(state_path, "%s/state.bin", tmp_dir);
     size_t n = m->total_params;
-    int err = 0;
+    int err = 0, replicas = lp_optim_replicas(m);
     char removing[LP_PATH_MAX];
     const char* failed = tmp_dir;
     const char* verb = "write";
@@ -8277,11 +8510,12 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_OPTIM_MAGIC;
-        h[1] = 1;
+        h[1] = replicas > 1 ? 2 : 1;
         h[2] = m->zero.adam_step;
         h[3] = (int)(n & 0x7fffffff);
         h[4] = (int)(n >> 31);
-        if (!err && (err = lp_create_file(optim_path, h, 2LL * n * 4))) failed = optim_path;
+        h[5] = replicas > 1 ? replicas : 0;
+        if (!err && (err = lp_create_file(optim_path, h, (2LL * replicas + (replicas > 1)) * n * 4))) failed = optim_path;
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_STATE_MAGIC;
@@ -8311,20 +8545,25 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         m = &ms[k];
         for (int p = 0; p < m->parts && !err; p++) {
             const LPZero* z = lp_model_part(m, p);
-            if (m->par->zero == 0 && z->dp && z->dp->rank > 0) continue;  // unsharded DP replicas are equal: the first writes
+            int replica = z->replicas ? z->replicas->rank : 0;  // (replicas that train apart: this rank's)
+            if (m->par->zero == 0 && ((z->dp && z->dp->rank > 0) || (replica > 0 && replicas == 1)))
+                continue;  // unsharded DP replicas are equal: the first writes (gossip's: the first's weights and state)
             size_t lo = z->shard_start, count = lp_zero_shard_count(z);
-            long long base = LP_HEADER_INTS * 4LL;
-            if ((err = lp_write_shard(m, p, model_path, base, z->master, lo, count))) failed = model_path;
+            long long base = LP_HEADER_INTS * 4LL, own = base + (replicas > 1 ? 8LL * (long long)n * replica : 0);
+            if (replica == 0 && (err = lp_write_shard(m, p, model_path, base, z->master, lo, count))) failed = model_path;
             lp_crash_point();
             if (z->off) {  // offloaded: m and v a chunk at a time from the file
                 if (!err && (err = lp_write_offloaded(m, p, optim_path, base, n))) failed = optim_path;
                 lp_crash_point();
             } else {
-                if (!err && (err = lp_write_shard(m, p, optim_path, base, z->adam_m, lo, count))) failed = optim_path;
+                if (!err && (err = lp_write_shard(m, p, optim_path, own, z->adam_m, lo, count))) failed = optim_path;
                 lp_crash_point();
-                if (!err && (err = lp_write_shard(m, p, optim_path, base + (long long)n * 4, z->adam_v, lo, count))) failed = optim_path;
+                if (!err && (err = lp_write_shard(m, p, optim_path, own + (long long)n * 4, z->adam_v, lo, count))) failed = optim_path;
                 lp_crash_point();
             }
+            if (replicas > 1 && replica == 0 && !err &&
+                (err = lp_write_shard(m, p, optim_path, base + 8LL * (long long)n * replicas, z->outer_m, lo, count)))
+                failed = optim_path;
         }
     }
     lp_checkpoint_check(world, err, verb, failed, tmp_dir);
@@ -8436,7 +8675,7 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
     int* headers[3] = {model_h, optim_h, state_h};
     lp_model_file_header_of(want, cfg);
     size_t n = lp_config_num_params(cfg);
-    long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, LP_HEADER_INTS * 4LL + 8LL * (long long)n, LP_HEADER_INTS * 4LL};
+    long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, 0, LP_HEADER_INTS * 4LL};
     char path[LP_PATH_MAX];
     for (int i = 0; i < 3; i++) {
         lp_path(path, "%s/step_%08d/%s", dir, step, names[i]);
@@ -8450,9 +8689,11 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
         }
         int* h = headers[i];
         size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
+        int replicas = h[1] == 2 ? h[5] : 1;  // optim.bin's AdamW states (version 2: DiLoCo's replicas, and its momentum)
+        if (i == 1) sizes[1] = LP_HEADER_INTS * 4LL + (8LL * replicas + 4LL * (replicas > 1)) * (long long)n;
         if (i == 0 && memcmp(h, want, sizeof(want)) != 0)
             snprintf(why, size, "%s: checkpoint model shape differs from the model being trained", path);
-        else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || h[1] != 1))
+        else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || (h[1] != 1 && h[1] != 2) || (h[1] == 2 && (replicas < 2 || replicas > 1 << 20))))
             snprintf(why, size, "%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
         else if (i == 1 && fn != n)
             snprintf(why, size, "%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
@@ -8585,6 +8826,10 @@ void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char*
     free(w);
 
     lp_path(path, "%s/step_%08d/optim.bin", dir, step);
+    int saved = optim_h[1] == 2 ? optim_h[5] : 1, replicas = lp_optim_replicas(ms);
+    if (saved > 1 && saved != replicas)  // (one replica's state from a file of one: every DiLoCo replica starts from it)
+        lp_fail_all("%s: holds the AdamW states of %d DiLoCo replicas; resume it with %s and %d data-parallel replicas", path,
+                    saved, LP_SETTING(diloco), saved);
     FILE* f = lp_fopen(path, "rb");
     size_t n = ms->total_params;
     for (int c = 0; c < n_models; c++) {
@@ -8592,6 +8837,7 @@ void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char*
         for (int p = 0; p < m->parts; p++) {
             LPZero* z = lp_model_part(m, p);
             size_t count = lp_zero_shard_count(z);
+            long long own = LP_HEADER_INTS * 4LL + (saved > 1 ? 8LL * (long long)n * z->replicas->rank : 0);
             z->adam_step = optim_h[2];
             LPOffload* o = z->off;
             if (o) {  // offloaded: read m and v a chunk at a time into its buffer, and write it to the file
@@ -8610,9 +8856,11 @@ void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char*
                 continue;
             }
             float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
-            float* dst[2] = {z->adam_m, z->adam_v};
-            for (int k = 0; k < 2; k++) {
-                int err = lp_model_canonical_io(m, p, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, z->shard_start, count, 0);
+            float* dst[3] = {z->adam_m, z->adam_v, z->outer_m};  // (DiLoCo's momentum: 0 from a file without it)
+            long long at[3] = {own, own + 4LL * (long long)n, LP_HEADER_INTS * 4LL + 8LL * (long long)n * saved};
+            for (int k = 0; k < (replicas > 1 ? 3 : 2); k++) {
+                memset(buf, 0, (count ? count : 1) * sizeof(float));
+                int err = k < 2 || saved > 1 ? lp_model_canonical_io(m, p, f, at[k], buf, z->shard_start, count, 0) : 0;
                 if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
                 lp_zero_state_in(z, dst[k], buf, count * sizeof(float));
             }
@@ -9047,6 +9295,7 @@ typedef struct LPStage {
     int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
     int* tokens;            // (m, 2, B, T) the step's inputs and targets
     LPSends sends;          // MPI sends in flight
+    int inner;              // DiLoCo (par->diloco): inner steps taken in the round under way (0: none since an outer step)
 #ifdef LLMPAR_NCCL
     // NCCL point-to-point, when the pipeline group runs on NCCL: a two-rank communicator per link between
     // neighbouring stages and direction, so each is used from one stream only. link[0] carries
@@ -9341,6 +9590,8 @@ void lp_stage_free(LPStage* st) {
 //                             holding them, then every gradient averaged over DP (ZeRO 1-3: to its shard)
 //   lp_step_grad_norm         the global gradient norm: each rank's part, summed over the grid
 //   lp_step_update            clipping and AdamW on this rank's shard; ZeRO 1-3 all-gather the new weights
+//   lp_step_replicas          replicas that train apart (no DP in the phases above): DiLoCo's outer step
+//                             after every H-th update (an all-reduce over DP), or gossip's mixing (K sends)
 // The driver looks at the loss and the norm before it updates (the divergence guard).
 
 #ifdef LLMPAR_IMPLEMENTATION
@@ -9387,7 +9638,8 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
                 if (st->chunks[c].aux_id[q] == st->aux[j]) st->aux_loss[j] += st->chunks[c].aux_loss[q] / m;
     }
     lp_all_reduce_host(st->pp, st->aux_loss, st->num_aux, 0);
-    const LPGroup* dp = st->chunks[0].zero.dp;  // the replicas' batches: their mean
+    const LPZero* z = &st->chunks[0].zero;  // the replicas' batches: their mean (of replicas that train apart too: the log's)
+    const LPGroup* dp = z->dp ? z->dp : z->replicas;
     if (dp) lp_all_reduce_host(dp, &loss, 1, 1);
     if (dp && st->num_aux) lp_all_reduce_host(dp, st->aux_loss, st->num_aux, 1);
     if (st->chunks[0].cfg.moe_experts) {  // the MoE layers' statistics: of every stage and replica (TP ranks have the same)
@@ -9443,9 +9695,35 @@ float lp_step_grad_norm(LPStage* st) {
 // needs them. Returns whether all the updated weights are finite (on every rank alike).
 int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt) {
     int phase = lp_trace_begin("step", "optimizer", -1, -1);
+    if (st->par->diloco && st->inner == 0) lp_replicas_round_start(st->chunks, st->par->vpp);
     int finite = lp_models_adamw(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
     lp_trace_end(phase);
     return finite;
+}
+
+// DiLoCo's outer step now, ending the round under way (after its H-th inner step; the driver ends a round
+// early at the run's last step and before a save a signal asks for, so every checkpoint is of equal replicas).
+static inline void lp_step_outer(LPStage* st, const LPOuterSGD* o) {
+    if (st->inner == 0) return;
+    lp_replicas_outer(st->chunks, st->par->vpp, o);
+    st->inner = 0;
+}
+
+// After an update: DiLoCo counts the round's inner steps and takes the outer step after the H-th; gossip
+// mixes the weights with the neighbours'. Returns gossip's spread, the root-mean-square difference of a
+// replica's weights from its nearest in-neighbour's before mixing, over the grid (one all-reduce of 2
+// values, for the step line); otherwise 0.
+static inline float lp_step_replicas(LPStage* st, const LPOuterSGD* o) {
+    const LPParallel* par = st->par;
+    if (par->diloco && ++st->inner == par->diloco) lp_step_outer(st, o);
+    if (!par->gossip) return 0.0f;
+    float sums[2] = {0.0f, 0.0f};
+    lp_replicas_gossip(st->chunks, par->vpp, sums);
+    const LPModel* m = &st->chunks[0];
+    lp_all_reduce_host(m->zero.replicas, sums, 2, 0);
+    if (m->tp_size > 1) lp_all_reduce_host(m->tp, sums, 2, 0);
+    lp_all_reduce_host(st->pp, sums, 2, 0);
+    return sqrtf(sums[0] / sums[1]);
 }
 #endif  // LLMPAR_IMPLEMENTATION
 

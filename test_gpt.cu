@@ -400,6 +400,220 @@ static void test_watchdog(void) {
     if (rc != 0) printf("%s\n", out);
 }
 
+// Whether runs a and b (their output directories, each with a checkpoint at `step`) ended with the same weights, bit for bit.
+static int same_weights(const char* a, const char* b, int step) {
+    size_t na = 0, nb = 0;
+    float *wa = run_weights(a, step, &na), *wb = run_weights(b, step, &nb);
+    int same = wa && wb && na == nb && memcmp(wa, wb, na * sizeof(float)) == 0;
+    free(wa);
+    free(wb);
+    return same;
+}
+
+#ifdef LLMPAR_CPU
+// The values after "| spread " in the step lines (--gossip), in order.
+static int parse_spreads(const char* out, float* values, int max) {
+    int n = 0;
+    for (const char* s = strstr(out, "| spread "); s && n < max; s = strstr(s + 1, "| spread ")) values[n++] = strtof(s + 9, NULL);
+    return n;
+}
+
+// The end report's line of data-parallel bytes sent per step (against plain data parallelism's) holds `says`.
+static void expect_bytes_line(const char* out, const char* what, const char* says) {
+    const char* line = strstr(out, "data-parallel bytes sent per step and rank: ");
+    char name[512];
+    snprintf(name, sizeof(name), "%s: %.*s", what, line ? (int)strcspn(line, "\n") : 7, line ? line : "no line");
+    expect(line && strstr(line, says) && strstr(line, says) < line + strcspn(line, "\n"), name);
+}
+#endif
+
+// Replicas that train apart (--diloco, --gossip), on the engine under test.
+// - The identity check: DiLoCo with H = 1, outer lr 1 and momentum 0 sets the weights to the replicas' mean
+//   after each step, and so does gossip on 2 replicas (K = 1: each mixes with the other, 1/2 each): two code
+//   paths, one all-reduce and one exchange, give the same losses and weights, bit for bit, on d=2 (2 ranks)
+//   and on d=2 of 2-stage pipelines (4 ranks). (Plain data parallelism is not this: AdamW's step is not
+//   linear in the gradient, so the mean of d replicas' AdamW steps is not the AdamW step of the mean
+//   gradient; the CPU run prints how far apart they are.)
+// - DiLoCo's checkpoint (each replica's AdamW state and the outer momentum, optim.bin version 2) resumes to
+//   the uninterrupted run's losses and weights, bit for bit.
+// CPU engine (tier 3): a grid that only splits the model (p=2) gives d=2's DiLoCo bit for bit; the bytes
+// sent per step (the end report's line), as many as plain data parallelism's all-reduce for itself, H times
+// fewer for DiLoCo H, K sends of the model for gossip (1.5x fewer than the all-reduce's 2 (d-1)/d at d=4,
+// K=1); gossip's spread printed every step, at the end of a run whose learning rate decays to 0 below a
+// third of its peak, and smaller with K=2 than K=1; a stop by signal mid-round saves (the round ended early)
+// and resumes; a replica stopped mid-run (the watchdog ends the job in one line) and relaunched by
+// train_resilient.sh ends with the uninterrupted run's weights; the bad combinations refused in one line
+// naming the flags; a plain run refuses a DiLoCo checkpoint, and DiLoCo resumes a plain one.
+// CUDA engine (tier 4): the identity check on 2 ranks, a resume, and DiLoCo H=2 on d=2 against the CPU
+// engine's within bf16's tolerance (losses 1e-2 relative, weights 6e-3).
+static void test_replicas(void) {
+    static char out[1 << 18];
+    if (no_mpirun("replicas that train apart")) return;
+    write_random_shard(tmp_path("rep_shard.bin"), 8000, 91);
+    char base[1024], args[2048], name[512], a[LP_PATH_MAX], b[LP_PATH_MAX];
+    float la[64], lb[64];
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -l 1e-2 -u 2", tmp_path("rep_shard.bin"));
+    const struct { int ranks; const char* grid; } identity[2] = {{2, ""}, {4, "--pp 2"}};
+    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 2); k++) {  // (the CUDA engine's 4 ranks under the emulator: a minute more)
+        lp_path(a, "%s_id_diloco%d", tmp_path("rep"), k);
+        lp_path(b, "%s_id_gossip%d", tmp_path("rep"), k);
+        snprintf(args, sizeof(args), "%s -x 6 %s --diloco 1 --outer-lr 1 --outer-momentum 0", base, identity[k].grid);
+        int na = run_ranks(identity[k].ranks, args, a, la, out, sizeof(out));
+        snprintf(args, sizeof(args), "%s -x 6 %s --gossip 1", base, identity[k].grid);
+        int nb = run_ranks(identity[k].ranks, args, b, lb, out, sizeof(out));
+        snprintf(name, sizeof(name), "d=2%s%s: --diloco 1 --outer-lr 1 --outer-momentum 0 (the replicas' mean after each step) equals "
+                 "--gossip 1 (each mixes with the other): losses and weights, bit for bit", identity[k].grid[0] ? " " : "", identity[k].grid);
+        int ok = na == 6 && nb == 6 && memcmp(la, lb, sizeof(float) * 6) == 0 && same_weights(a, b, 6);
+        expect(ok, name);
+        if (!ok) printf("%s\n", out);
+    }
+    // resume: 8 steps with H=2, a checkpoint every 4, against 4 then --resume to 8
+    lp_path(a, "%s_straight", tmp_path("rep"));
+    lp_path(b, "%s_resumed", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 8 -n 4 --diloco 2", base);
+    int na = run_ranks(2, args, a, la, out, sizeof(out));
+    int nb = -1;
+    if (na == 8) {
+        char first[LP_PATH_MAX];
+        lp_path(first, "%s/step_00000004", a);
+        run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s %s/", b, b, first, b);
+        snprintf(args, sizeof(args), "%s -x 8 -n 4 --diloco 2 --resume", base);
+        nb = run_ranks(2, args, b, lb, out, sizeof(out));
+    }
+    int ok = na == 8 && nb == 4 && memcmp(la + 4, lb, sizeof(float) * 4) == 0 && same_weights(a, b, 8);
+    expect(ok, "--diloco 2 on d=2: resumed from step 4's checkpoint, steps 5-8 and the final weights equal the uninterrupted run's, "
+               "bit for bit");
+    if (!ok) printf("%s\n", out);
+#ifdef LLMPAR_CPU
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/step_00000008/optim.bin", a);
+    FILE* f = fopen(path, "rb");
+    int h[LP_HEADER_INTS] = {0};
+    if (f) {
+        if (fread(h, sizeof(int), LP_HEADER_INTS, f) != LP_HEADER_INTS) h[0] = 0;
+        fclose(f);
+    }
+    size_t nw = 0;
+    float* w = run_weights(a, 8, &nw);
+    snprintf(name, sizeof(name), "a DiLoCo checkpoint's optim.bin is version 2 of 2 replicas: %lld bytes = header + (2 x (m, v) + "
+             "momentum) x %zu parameters", lp_file_size(path), nw);
+    expect(h[0] == 20241122 && h[1] == 2 && h[5] == 2 && lp_file_size(path) == LP_HEADER_INTS * 4LL + 20LL * (long long)nw, name);
+    free(w);
+    // a plain run refuses it (as a reader of version 1 alone does, naming the version); DiLoCo resumes a plain checkpoint
+    snprintf(args, sizeof(args), "%s -x 10 --resume --resume-changed", base);
+    int rc = run_ranks(2, args, a, la, out, sizeof(out));
+    expect(rc < 0 && strstr(out, "optim.bin: holds the AdamW states of 2 DiLoCo replicas; resume it with --diloco and 2 "
+                                 "data-parallel replicas"), "a plain run refuses a DiLoCo checkpoint in one line naming the file");
+    lp_path(b, "%s_plain", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 4", base);
+    run_ranks(2, args, b, la, out, sizeof(out));
+    snprintf(args, sizeof(args), "%s -x 8 --diloco 2 --resume --resume-changed", base);
+    rc = run_ranks(2, args, b, la, out, sizeof(out));
+    expect(rc == 4, "--diloco 2 resumes a plain run's checkpoint (every replica from its AdamW state, the outer momentum 0)");
+
+    // a grid that only splits the model: d=2 of 2-stage pipelines equals d=2, bit for bit
+    lp_path(a, "%s_p1", tmp_path("rep"));
+    lp_path(b, "%s_p2", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 8 --diloco 3", base);
+    na = run_ranks(2, args, a, la, out, sizeof(out));
+    expect_bytes_line(out, "--diloco 3 on d=2, 8 steps (rounds end at steps 3, 6 and the last)", "2.67x this");
+    snprintf(args, sizeof(args), "%s -x 8 --diloco 3 --pp 2", base);
+    nb = run_ranks(4, args, b, lb, out, sizeof(out));
+    ok = na == 8 && nb == 8 && memcmp(la, lb, sizeof(float) * 8) == 0 && same_weights(a, b, 8);
+    expect(ok, "--diloco 3 (lr 0.7, Nesterov 0.9) on d=2 with --pp 2 (4 ranks) equals d=2 on 2 ranks, losses and weights bit for bit");
+    if (!ok) printf("%s\n", out);
+
+    // how far DiLoCo H=1 (the replicas' mean) is from plain data parallelism (the mean gradient's step)
+    lp_path(a, "%s_dp", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 6", base);
+    na = run_ranks(2, args, a, la, out, sizeof(out));
+    expect_bytes_line(out, "plain data parallelism on d=2", "1.00x this");
+    lp_path(b, "%s_id_diloco0", tmp_path("rep"));
+    size_t n1 = 0, n2 = 0;
+    float *w1 = run_weights(a, 6, &n1), *w2 = run_weights(b, 6, &n2);
+    double worst = 0.0;
+    for (size_t i = 0; w1 && w2 && i < n1 && n1 == n2; i++) worst = fmax(worst, fabs((double)w1[i] - w2[i]));
+    printf("     d=2, 6 steps at lr 1e-2: DiLoCo H=1 lr 1 momentum 0 vs plain data parallelism: weights differ by up to %.3g\n", worst);
+    free(w1);
+    free(w2);
+
+    // gossip: the spread, printed every step, falls once the learning rate decays (to 0 at the end)
+    float spread[2][64];
+    int ns[2];
+    for (int K = 1; K <= 2; K++) {
+        lp_path(a, "%s_spread%d", tmp_path("rep"), K);
+        snprintf(args, sizeof(args), "%s -x 40 -q 0 --gossip %d", base, K);
+        rc = run_ranks(4, args, a, la, out, sizeof(out));
+        expect_bytes_line(out, K == 1 ? "--gossip 1 on d=4" : "--gossip 2 on d=4", K == 1 ? "1.50x this" : "0.75x this");
+        ns[K - 1] = parse_spreads(out, spread[K - 1], 64);
+        float peak = 0.0f, *s = spread[K - 1], end = s[ns[K - 1] - 1];
+        for (int i = 0; i < ns[K - 1]; i++) peak = fmaxf(peak, s[i]);
+        snprintf(name, sizeof(name), "d=4 --gossip %d, 40 steps, lr decaying to 0: the spread, printed each step, rises to %.3g and "
+                 "falls to %.3g (below a third of it)", K, peak, end);
+        expect(rc == 40 && ns[K - 1] == 40 && end < peak / 3.0f, name);
+    }
+    snprintf(name, sizeof(name), "d=4: gossip with K=2 neighbours ends closer together than with K=1 (spread %.3g < %.3g)",
+             spread[1][39], spread[0][39]);
+    expect(ns[0] == 40 && ns[1] == 40 && spread[1][39] < spread[0][39], name);
+
+    // bad combinations, each refused in one line naming the flags
+    const struct { int ranks; const char* flags; const char* says; } bad[7] = {
+        {1, "--diloco 2", "--diloco 2: needs 2 or more data-parallel replicas, this grid has d = ranks / (t p) = 1"},
+        {2, "--gossip 2", "--gossip 2: the graph's hops 1, 2, ..., 2^(K-1) must each be below d = 2"},
+        {2, "--diloco 2 --gossip 1", "--diloco 2 and --gossip 1: two ways of training the replicas apart; choose one"},
+        {2, "--diloco 2 --zero 1", "--diloco 2 with --zero 1: ZeRO shards the weights and optimizer state over the data-parallel replicas"},
+        {2, "--gossip 1 --zero 3", "--gossip 1 with --zero 3: ZeRO shards"},
+        {2, "--outer-lr 0.5", "flags --outer-lr --outer-momentum: only with --diloco H"},
+        {2, "--diloco 4 -n 6 -o /nonexistent", "flag -n 6 with --diloco 4: DiLoCo saves between rounds, when its replicas are equal; make -n a multiple of 4"}};
+    for (int k = 0; k < 7; k++) {
+        rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none %s %s -x 2 %s", bad[k].ranks, TRAIN_BIN, base, bad[k].flags);
+        const char* e = strstr(out, "llmpar: error: ");
+        snprintf(name, sizeof(name), "%s on %d rank(s) is refused in one line: %s", bad[k].flags, bad[k].ranks, bad[k].says);
+        expect(rc != 0 && e && strstr(e, bad[k].says) && !strstr(e + 1, "llmpar: error: ") && !strstr(out, "step 1/"), name);
+    }
+
+    // a stop by signal mid-round: the round ends early with an outer step, the checkpoint (between rounds) is
+    // saved, and --resume goes on from it
+    lp_path(a, "%s_signal", tmp_path("rep"));
+    char cmd[LP_PATH_MAX + 2048];
+    snprintf(cmd, sizeof(cmd), "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -x 100000 --diloco 1000 -o %s",
+             TRAIN_BIN, base, a);
+    rc = run_and_signal(out, sizeof(out), cmd, "kill -USR1 $pid", tmp_path("rep_signal.log"));
+    int step = stopped_with_checkpoint(out, "SIGUSR1", a);
+    snprintf(args, sizeof(args), "%s -x %d --diloco 1000 --resume", base, step + 2);
+    int resumed = step >= 3 ? run_ranks(2, args, a, la, out, sizeof(out)) : -1;
+    snprintf(name, sizeof(name), "--diloco 1000, SIGUSR1 to mpirun at step %d: the round ends there with an outer step, the checkpoint "
+             "is saved (exit %d), and --resume trains on (%d steps)", step, rc, resumed);
+    expect(rc == 138 && step >= 3 && resumed == 2, name);
+
+    // a replica stopped mid-round: the watchdog ends the job in one line; relaunched from the newest checkpoint
+    // (between rounds), the run ends with the uninterrupted run's weights
+    snprintf(args, sizeof(args), "%s -x 200 -n 10 --diloco 5 --timeout-minutes 0.05", base);
+    int same = 0;
+    rc = run_supervised_victim(out, sizeof(out), args, 200, tmp_path("rep_victim"), "grep -q '^step 13/' %s.log 2> /dev/null", "STOP", &same);
+    ok = rc == 0 && strstr(out, "no progress for") && strstr(out, "restart 1 of 3, resuming from step_") && same;
+    expect(ok, "--diloco 5 on d=2, a replica stopped at step ~13: the watchdog ends the job, train_resilient.sh resumes it from the "
+               "checkpoint between rounds, and the run ends with the uninterrupted run's weights, exactly");
+    if (!ok) printf("%s\n", out);
+#else
+    // the CUDA engine against the CPU engine: DiLoCo H=2, 3 steps (the last ends a round early)
+    if (access("./train_gpt_cpu", X_OK) != 0) return;
+    lp_path(a, "%s_cpu", tmp_path("rep"));
+    lp_path(b, "%s_cuda", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 3 -l 1e-3 --diloco 2", base);
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 ./train_gpt_cpu %s -o %s", args, a);
+    na = parse_losses(out, la, 8);
+    nb = run_ranks(2, args, b, lb, out, sizeof(out));
+    size_t n1 = 0, n2 = 0;
+    float *w1 = run_weights(a, 3, &n1), *w2 = run_weights(b, 3, &n2);
+    expect(rc == 0 && na == 3 && nb == 3 && w1 && w2 && n1 == n2, "--diloco 2 on d=2: 3 steps on the CPU and the CUDA engine");
+    if (na == 3 && nb == 3) expect_close("--diloco 2 on d=2: the CUDA engine's losses equal the CPU engine's (1e-2 relative)", lb, la, 3, 0.0f, 1e-2f);
+    if (w1 && w2 && n1 == n2) expect_close("--diloco 2 on d=2: the CUDA engine's weights equal the CPU engine's (atol 6e-3)", w2, w1, n1, 6e-3f, 0.0f);
+    free(w1);
+    free(w2);
+#endif
+}
+
 #ifdef LLMPAR_CPU
 // The straggler check (--straggler) on 2 ranks, d=2, 21 steps (two windows of 10 after the warm-up step): a
 // healthy run names no rank; a run whose rank 1 the test stops for half of every 0.3 s (SIGSTOP, SIGCONT)
@@ -5399,6 +5613,33 @@ static void tier4_optimizer(uint64_t* rng) {
     }
     free(dst); free(src); free(gd);
     lp_device_free(d_dst); lp_device_free(d_src);
+    {  // the replicas' exchange: DiLoCo's outer step (Nesterov) and gossip's mixing of K = 2 neighbours, unaligned
+        float *mean = host_rand(n, rng, 1.0f), *outer = host_rand(n, rng, 1.0f), *mom = host_rand(n, rng, 0.1f);
+        float *recv = host_rand(2 * n, rng, 1.0f), *mw = host_rand(n, rng, 1.0f);
+        float *d_mean = (float*)dev_copy(mean, n * 4), *d_outer = (float*)dev_copy(outer, n * 4), *d_mom = (float*)dev_copy(mom, n * 4);
+        float *d_recv = (float*)dev_copy(recv, 2 * n * 4), *d_mw = (float*)dev_copy(mw, n * 4);
+        lp_outer_step_cpu(NULL, mw + 3, outer + 3, mom + 3, mean + 3, n - 8, 0.7f, 0.9f, 5);
+        lp_outer_step_gpu(d_p + 3, d_mw + 3, d_outer + 3, d_mom + 3, d_mean + 3, n - 8, 0.7f, 0.9f, 5);
+        float *go = host_from_f32(d_outer, n), *gmo = host_from_f32(d_mom, n), *gmw = host_from_f32(d_mw, n), *gpo = host_from(d_p, n);
+        expect_close("gpu outer_step (lr 0.7, Nesterov 0.9): weights", gmw, mw, n, 1e-6f, 1e-6f);
+        expect_close("gpu outer_step: the next round's outer weights are the weights", go + 3, gmw + 3, n - 8, 0.0f, 0.0f);
+        expect_close("gpu outer_step: momentum", gmo, mom, n, 1e-6f, 1e-6f);
+        size_t drawn = 0;
+        for (size_t i = 3; i < n - 5; i++) drawn += gpo[i] == __bfloat162float(lp_stochastic_round(gmw[i], 5, i - 3));
+        expect(drawn == n - 8, "gpu outer_step rounds the bf16 weights as adamw does (the draw of index i)");
+        lp_outer_step_gpu(d_p, d_mw, d_outer, d_mom, d_mean, n, 1.0f, 0.0f, 5);  // lr 1, no momentum: the mean itself
+        free(gmw);
+        gmw = host_from_f32(d_mw, n);
+        expect(memcmp(gmw, mean, n * 4) == 0, "gpu outer_step at lr 1, momentum 0 gives the replicas' mean, bit for bit");
+        float* before = host_from_f32(d_mw, n);  // (the mean): mixed on the CPU and on the GPU
+        lp_mix_cpu(NULL, before + 3, recv + 3, n, 2, n - 8, 6);
+        lp_mix_gpu(d_p + 3, d_mw + 3, d_recv + 3, n, 2, n - 8, 6);
+        free(gmw);
+        gmw = host_from_f32(d_mw, n);
+        expect_close("gpu mix of 2 neighbours (1/3 each)", gmw, before, n, 0.0f, 1e-6f);
+        free(mean); free(outer); free(mom); free(recv); free(mw); free(go); free(gmo); free(gmw); free(gpo); free(before);
+        lp_device_free(d_mean); lp_device_free(d_outer); lp_device_free(d_mom); lp_device_free(d_recv); lp_device_free(d_mw);
+    }
     free(w); free(g); free(m); free(v); free(p); free(gw); free(gm); free(gv); free(gp); free(q); free(x);
     lp_device_free(d_g); lp_device_free(d_p); lp_device_free(d_w); lp_device_free(d_m); lp_device_free(d_v);
     lp_device_free(d_x);
@@ -5978,6 +6219,7 @@ int main(int argc, char** argv) {
     RUN(test_output_lock);
     RUN(test_ranks_agree);
     RUN(test_watchdog);
+    RUN(test_replicas);
     RUN(test_stragglers);
     RUN(test_timeline);
     RUN(test_offload);
@@ -5996,6 +6238,7 @@ int main(int argc, char** argv) {
     RUN(test_step_vs_cpu_build);
     RUN(test_stop_signal);
     RUN(test_watchdog);
+    RUN(test_replicas);
     RUN(test_parallel_grids);
     RUN(test_offload_host);
     RUN(test_resume_exact);
