@@ -757,41 +757,36 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
     free(loss);
 }
 
-// Sample from the model, starting from <|endoftext|>. The forward runs on (1, t) so each new token costs
-// one pass over the tokens so far.
+// Sample from the model, starting from <|endoftext|>: each token through the model once, the keys and values
+// of those before it in the key-value caches (one forward of a row per token), the next drawn from its logits.
 // The logits are on the last pipeline stage, and with tensor parallelism each of its ranks has a slice:
 // the row is summed over the TP and pipeline groups from zero-padded slices, so every rank draws the same
-// token. Sequence parallelism needs the rows to split over the group: the forward runs on t rounded up to
-// a multiple of its size, the extra positions (after the ones sampled from, so causal attention keeps
-// them out) filled with <|endoftext|>.
+// token. Sequence parallelism needs the rows to split over the group: each forward runs the block of t rows
+// (t the group's size) holding the token, those before it again (the cache takes the same keys and values)
+// and those after it <|endoftext|> (attention is causal, and the next forwards overwrite their keys).
 static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng, int step) {
     const LPModel* m = &st->chunks[st->par->vpp - 1];  // on the last stage: the model's last chunk
     const LPConfig* c = &m->cfg;
     int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T, Vl = c->padded_vocab_size / m->tp_size;
-    int* tokens = (int*)lp_host_malloc((size_t)m->T * sizeof(int), "sample tokens");
+    int rows = m->par->sp ? m->tp_size : 1, positions = (n + rows - 1) / rows * rows;  // (the last block whole)
+    int* tokens = (int*)lp_host_malloc((size_t)positions * sizeof(int), "sample tokens");
     float* probs = (float*)lp_host_malloc((size_t)c->padded_vocab_size * sizeof(float), "sample logits");
-    for (int t = 0; t < m->T; t++) tokens[t] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
+    for (int t = 0; t < positions; t++) tokens[t] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
     LPUtf8 text = {{0}, 0, 0};
     lp_log("--- sample at step %d ---\n", step);
-    for (int t = 1; t < n; t++) {
-        int rows = m->par->sp ? (t + m->tp_size - 1) / m->tp_size * m->tp_size : t;
-        lp_stage_forward_only(st, tokens, NULL, 1, rows);
+    lp_stage_cache_alloc(st, 1, positions);
+    for (int t = 1; t < n; t++) {  // token t from the logits of token t - 1
+        int p0 = (t - 1) / rows * rows;
+        lp_stage_forward_cached(st, tokens + p0, 1, rows, p0);
         memset(probs, 0, (size_t)c->padded_vocab_size * sizeof(float));
-        if (m->last) lp_to_host_float(probs + (size_t)m->tp_rank * Vl, m->act.logits + (size_t)(t - 1) * Vl, Vl);
+        if (m->last) lp_to_host_float(probs + (size_t)m->tp_rank * Vl, m->act.logits + (size_t)(t - 1 - p0) * Vl, Vl);
         if (m->tp_size > 1) lp_all_reduce_host(m->tp, probs, c->padded_vocab_size, 0);
         lp_all_reduce_host(st->pp, probs, c->padded_vocab_size, 0);
-        float maxv = probs[0], sum = 0.0f;
-        for (int v = 1; v < c->vocab_size; v++) if (probs[v] > maxv) maxv = probs[v];
-        for (int v = 0; v < c->vocab_size; v++) sum += probs[v] = expf(probs[v] - maxv);
-        float coin = lp_rand_f32(rng) * sum, acc = 0.0f;
-        int next = c->vocab_size - 1;
-        for (int v = 0; v < c->vocab_size; v++) {
-            acc += probs[v];
-            if (coin < acc) { next = v; break; }
-        }
+        int next = lp_sample_draw(probs, c->vocab_size, lp_rand_f32(rng));
         tokens[t] = next;
         if (lp_rank == 0) lp_tokenizer_print(tok, next, &text, stdout);
     }
+    lp_stage_cache_free(st);
     lp_utf8_end(&text, stdout);
     lp_log("\n--- end of sample ---\n");
     free(tokens);
