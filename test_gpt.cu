@@ -4165,6 +4165,49 @@ static void test_sample_cache_grids(void) {
     }
 }
 
+// -x 0 needs no data: run from a directory without dev/data (a model file from elsewhere), it reads no train
+// shard, gives no val loss with a notice (the default -j is not there), and samples the model's text (the
+// default tokenizer taken from beside the program). A checkpoint it saves (-o) says it read no train shard,
+// and training resumes from it with this -i (the identity's -i line matches any); a -j that is typed and
+// missing is still an error.
+static void test_sample_no_data(void) {
+    char out[1 << 14], bin[LP_PATH_MAX], dir[LP_PATH_MAX], model[LP_PATH_MAX];
+    if (!realpath(TRAIN_BIN, bin)) lp_fail("realpath %s: %s", TRAIN_BIN, strerror(errno));
+    lp_path(dir, "%s", tmp_path("no_data"));
+    lp_path(model, "%s", tmp_path("no_data.bin"));
+    mkdir(dir, 0755);
+    LPConfig c;
+    lp_config_from_name(&c, "d1");
+    c.max_seq_len = 32;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, 3);
+    lp_model_save(&m, model);
+    lp_model_free(&m);
+    int rc = run_cmd(out, sizeof(out), "cd %s && %s -e %s -b 1 -t 32 -x 0 -s 1 -g 20", dir, bin, model);
+    const char *s = strstr(out, "--- sample at step 0 ---\n"), *e = s ? strstr(s, "--- end of sample ---") : NULL;
+    int ok = rc == 0 && strstr(out, "data             no train shard read (-x 0); 0 val shard(s)") &&
+             strstr(out, "notice: -x 0 without -j: the default val shards dev/data/tinyshakespeare/tiny_shakespeare_val.bin are not here, no val loss") &&
+             !strstr(out, "samples print token ids") && e && e - s > 40 && !memchr(s, '<', (size_t)(e - s));
+    expect(ok, "-x 0 -s 1 outside the checkout, no data: a sample of the model's text, one notice for the val set");
+    if (!ok) printf("%s\n", out);
+    rc = run_cmd(out, sizeof(out), "cd %s && %s -e %s -b 1 -t 32 -x 0 -s 1 -j 'none_*.bin'", dir, bin, model);
+    expect_stops("-x 0 with a -j that matches nothing: refused naming it", "-j none_*.bin", rc, out);
+
+    char ckpt[LP_PATH_MAX], shard[LP_PATH_MAX];
+    lp_path(ckpt, "%s/out", dir);
+    lp_path(shard, "%s", tmp_path("no_data_shard.bin"));
+    write_random_shard(shard, 2000, 4);
+    rc = run_cmd(out, sizeof(out), "cd %s && %s -e %s -b 1 -t 32 -x 0 -o %s && grep -a '^-i ' %s/step_00000000/state.bin", dir, bin,
+                 model, ckpt, ckpt);
+    expect(rc == 0 && strstr(out, "-i dev/data/tinyshakespeare/tiny_shakespeare_train.bin (not read: -x 0)\n-i (not read: -x 0)\n"),
+           "-x 0 -o: the checkpoint's identity says no train shard was read");
+    rc = run_cmd(out, sizeof(out), "%s -e %s -b 1 -t 32 -x 2 -i %s -j '' --resume -o %s", bin, model, shard, ckpt);
+    ok = rc == 0 && strstr(out, "resumed from") && strstr(out, "step 2/2") && !strstr(out, "notice: --resume-changed");
+    expect(ok, "training resumes from the -x 0 checkpoint with its own -i, the identity matching");
+    if (!ok) printf("%s\n", out);
+}
+
 // --offload nvme: AdamW m and v in a file under --offload-dir, streamed a chunk at a time (here chunks of
 // 1024 values, LLMPAR_OFFLOAD_CHUNK, so the tiny model's shards span many). The update is the same
 // arithmetic on the same values, so losses, weights and optimizer state equal the in-memory run's bit for
@@ -5874,6 +5917,7 @@ int main(int argc, char** argv) {
     RUN(test_hellaswag_reference);
     RUN(test_training_runs);
     RUN(test_sample_cache);
+    RUN(test_sample_no_data);
     RUN(test_adamw_flags);
     RUN(test_crash_during_saves);
     RUN(test_divergence_guard);

@@ -800,6 +800,17 @@ static int lp_flag_typed(const LPFlags* f, size_t field) {
     return 0;
 }
 
+// A default file (the tokenizer) that is not in the working directory is taken from beside the program when
+// it is there, so a run from another directory finds the checkout's; else path as it is (its own notice).
+static const char* lp_beside_program(const char* path, char* buf, size_t size) {
+    char exe[LP_PATH_MAX];
+    ssize_t n = access(path, F_OK) == 0 || path[0] == '/' ? -1 : readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) return path;
+    exe[n] = '\0';
+    snprintf(buf, size, "%.*s/%s", (int)(strrchr(exe, '/') - exe), exe, path);
+    return access(buf, F_OK) == 0 ? buf : path;
+}
+
 // The model's shape from -e: a dN preset, or an llm.c file's header. Returns 1 for a preset (a new model).
 static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cfg) {
     int preset = lp_config_from_name(cfg, f->init);
@@ -937,9 +948,10 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
         for (int c = 0; c < par->vpp; c++) lp_log("%s %d", c ? "," : "", r->stage.chunks[c].num_slots);
         lp_log(" micro-batches (per chunk) of %d\n", par->micro_batches);
     }
-    lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", r->train.num_files,
-           lp_dataloader_batches_per_epoch(&r->train) / par->micro_batches, f->shuffle ? "shuffled" : "in file order",
-           r->has_val ? r->val.num_files : 0);
+    if (f->max_steps == 0) lp_log("data             no train shard read (-x 0); %d val shard(s)\n", r->has_val ? r->val.num_files : 0);
+    else lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", r->train.num_files,
+                lp_dataloader_batches_per_epoch(&r->train) / par->micro_batches, f->shuffle ? "shuffled" : "in file order",
+                r->has_val ? r->val.num_files : 0);
     if (r->hellaswag.num_examples)
         lp_log("hellaswag        %s: %d examples, %d completions, the longest %d tokens (context + completion)\n", f->hellaswag,
                r->hellaswag.num_examples, r->hellaswag.num_rows, r->hellaswag.longest_row);
@@ -984,7 +996,13 @@ static const size_t lp_identity_fields[] = {
     LP_FIELD(moe.z_coef)};
 
 // The run's identity as a checkpoint keeps it: a line "FLAG VALUE" for each of lp_identity_fields, and one
-// for the train shards -i finds, "-i (N shard(s), M tokens)" (the caller frees it).
+// for the train shards -i finds, "-i (N shard(s), M tokens)". -x 0 reads none: its two -i lines end in "(not
+// read: -x 0)", which matches any line (the caller frees it).
+static const char lp_identity_unread[] = "(not read: -x 0)";
+static int lp_identity_unread_line(const char* line, size_t n) {
+    size_t k = strlen(lp_identity_unread);
+    return n >= k && memcmp(line + n - k, lp_identity_unread, k) == 0;
+}
 static char* lp_run_identity(const LPTrainRun* r) {
     size_t size = 2 * LP_PATH_MAX + 2048, len = 0;
     char* text = (char*)lp_host_malloc(size, "run identity");
@@ -992,11 +1010,14 @@ static char* lp_run_identity(const LPTrainRun* r) {
     for (size_t k = 0; k < sizeof(lp_identity_fields) / sizeof(lp_identity_fields[0]); k++) {
         const LPFlagSpec* s = lp_flag_specs;
         while (s->field != lp_identity_fields[k]) s++;
-        len += snprintf(text + len, size - len, "%s %s\n", lp_flag_name(s), lp_flag_value(r->f, s, value, sizeof(value)));
+        int unread = s->field == LP_FIELD(train_data) && r->f->max_steps == 0;
+        len += snprintf(text + len, size - len, "%s %s%s%s\n", lp_flag_name(s), lp_flag_value(r->f, s, value, sizeof(value)),
+                        unread ? " " : "", unread ? lp_identity_unread : "");
     }
     size_t tokens = 0;
     for (int s = 0; s < r->train.num_files; s++) tokens += r->train.shard_tokens[s];
-    snprintf(text + len, size - len, "%s (%d shard(s), %zu tokens)\n", LP_FLAG_NAME(train_data), r->train.num_files, tokens);
+    if (r->f->max_steps == 0) snprintf(text + len, size - len, "%s %s\n", LP_FLAG_NAME(train_data), lp_identity_unread);
+    else snprintf(text + len, size - len, "%s (%d shard(s), %zu tokens)\n", LP_FLAG_NAME(train_data), r->train.num_files, tokens);
     return text;
 }
 
@@ -1008,7 +1029,7 @@ static int lp_identity_differs(const char* was, const char* now, int step, int n
     size_t len = 0;
     while (*was || *now) {
         size_t a = strcspn(was, "\n"), b = strcspn(now, "\n");
-        if (a != b || memcmp(was, now, a) != 0) {
+        if (!lp_identity_unread_line(was, a) && !lp_identity_unread_line(now, b) && (a != b || memcmp(was, now, a) != 0)) {
             int name = (int)strcspn(now, " \n");
             if (notice) lp_log("notice: %s: checkpoint step %d's run had '%.*s', this run has '%.*s'\n", LP_FLAG_NAME(resume_changed), step,
                                (int)a, was, (int)b, now);
@@ -1090,7 +1111,7 @@ static void lp_run_open_output(LPTrainRun* r) {
             free(was);
         }
         lp_fail_all_from_rank0(proc, why);
-        lp_dataloader_seek(&r->train, state->epoch, state->shard, state->pos);
+        if (f->max_steps > 0) lp_dataloader_seek(&r->train, state->epoch, state->shard, state->pos);
         lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, state->run_id);
         if (latest >= f->max_steps)
             lp_log("notice: the run has done %d steps, -x asks for %d: nothing left to train (a larger -x trains on)\n",
@@ -1185,7 +1206,15 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
         act_bytes += mc->act_bytes;
     }
     free(weights);
+    // -x 0 trains on nothing: it reads no train shard, and a val set left at its default that is not there (a run
+    // outside the checkout) gives no val loss, with a notice; so a model file is sampled with no data at all
     r->has_val = f->val_data[0] != '\0' && f->val_every > 0;
+    if (f->max_steps == 0 && r->has_val && !lp_flag_typed(f, LP_FIELD(val_data))) {
+        glob_t g;
+        r->has_val = glob(f->val_data, 0, NULL, &g) == 0;
+        globfree(&g);
+        if (!r->has_val) lp_log("notice: -x 0 without -j: the default val shards %s are not here, no val loss\n", f->val_data);
+    }
     for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first (their token ids), as with the model file
         if ((proc->rank == 0) == (pass == 0)) {
             LPDataOptions train = {.pattern = f->train_data, .label = "-i", .B = f->B, .T = f->T, .rank = proc->coord[LP_DP],
@@ -1194,14 +1223,16 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
             LPDataOptions val = {.pattern = f->val_data, .label = "-j", .B = f->B, .T = f->T, .rank = proc->coord[LP_DP],
                                  .ranks = proc->par->dp, .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0,
                                  .check = f->check_data};
-            lp_dataloader_init(&r->train, &train);
+            if (f->max_steps > 0) lp_dataloader_init(&r->train, &train);
             if (r->has_val) lp_dataloader_init(&r->val, &val);
             if (f->hellaswag[0]) lp_hellaswag_load(r);
         }
         lp_barrier(&proc->world_group);
     }
-    if (f->sample_every > 0 && lp_tokenizer_load(&r->tok, f->tokenizer) && r->tok.vocab_size != r->cfg.vocab_size) {
-        lp_log("notice: tokenizer %s has %d tokens, the model %d: samples print token ids\n", f->tokenizer,
+    char beside[LP_PATH_MAX];
+    const char* tokenizer = lp_flag_typed(f, LP_FIELD(tokenizer)) ? f->tokenizer : lp_beside_program(f->tokenizer, beside, sizeof(beside));
+    if (f->sample_every > 0 && lp_tokenizer_load(&r->tok, tokenizer) && r->tok.vocab_size != r->cfg.vocab_size) {
+        lp_log("notice: tokenizer %s has %d tokens, the model %d: samples print token ids\n", tokenizer,
                r->tok.vocab_size, r->cfg.vocab_size);
         lp_tokenizer_free(&r->tok);
     }
