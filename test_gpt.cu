@@ -4100,6 +4100,22 @@ static void test_ranks_agree(void) {
                  cases[k].rank0, cases[k].rank1);
         expect_stops(name, cases[k].needle, rc, out);
     }
+    // a flag that one rank's parse refuses: every rank stops in one line naming that rank and the flag (the
+    // parse's errors are agreed before any other collective); the same error on every rank as one rank prints it
+    static const struct { const char *rank0, *rank1, *needle; } bad[] = {
+        {"-b 2", "-b 2 --bogus", "rank 1: unknown flag --bogus (see -h); every rank must be given the same flags"},
+        {"-b 2 --bogus", "-b 2", "rank 0: unknown flag --bogus (see -h); every rank must be given the same flags"},
+        {"-b 2", "-b x", "rank 1: flag -b: 'x' is not an integer; every rank must be given the same flags"},
+        {"-b 2", "-b 2 -h", "rank 1 was given -h, rank 0 not: every rank must be given the same flags"},
+        {"-b 2 --bogus", "-b 2 --bogus", "error: unknown flag --bogus (see -h)\n"},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        int rc = run_cmd(out, sizeof(out), "%s -np 1 %s -e dev/ref/tiny_model.bin %s %s : -np 1 %s -e dev/ref/tiny_model.bin %s %s", mpmd,
+                         TRAIN_BIN, args, bad[k].rank0, TRAIN_BIN, args, bad[k].rank1);
+        char name[256];
+        snprintf(name, sizeof(name), "ranks agree: rank 0 '%s', rank 1 '%s': one line, naming the rank and the flag", bad[k].rank0, bad[k].rank1);
+        expect_stops(name, bad[k].needle, rc, out);
+    }
     int rc = run_cmd(out, sizeof(out), "%s -np 1 %s -e dev/ref/tiny_model.bin %s -b 2 --zero 1 : -np 1 %s --zero 1 -b 2 %s -e dev/ref/tiny_model.bin",
                      mpmd, TRAIN_BIN, args, TRAIN_BIN, args);
     expect(rc == 0 && strstr(out, "step 1/1"), "ranks agree: the same flags in another order train");

@@ -10,6 +10,7 @@ llm.c's where they overlap; run with -h for the list.
 #define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "llmpar.h"
 #include <stddef.h>        // offsetof: the flag table names LPFlags fields
+#include <setjmp.h>        // longjmp: a flag error returns to lp_parse_flags (lp_flag_fail)
 #include <signal.h>        // sigaction: a signal stops the run at a step's end, with a checkpoint
 #include <sys/resource.h>  // getrusage: the peak host memory, printed at the end
 
@@ -396,18 +397,32 @@ static void lp_usage(void) {
     }
 }
 
+// An error in the flags a rank was given. Each rank parses its own command line, and an MPMD launch may give
+// the ranks different ones, so no rank may stop alone (the others would wait in their first collective): the
+// error's line is kept and the parser returns to lp_parse_flags (a jump), and lp_flags_agree prints one line
+// for the whole job.
+static jmp_buf lp_flag_jump;
+static char lp_flag_error[512];
+static LP_PRINTF(1, 2) void lp_flag_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(lp_flag_error, sizeof(lp_flag_error), fmt, ap);
+    va_end(ap);
+    longjmp(lp_flag_jump, 1);
+}
+
 static int lp_parse_int(const char* flag, const char* v) {
     char* end;
     long x = strtol(v, &end, 10);
     if (*v == '\0' || *end != '\0' || x < -2147483647L || x > 2147483647L)
-        lp_fail_all("flag %s: '%s' is not an integer", flag, v);
+        lp_flag_fail("flag %s: '%s' is not an integer", flag, v);
     return (int)x;
 }
 
 static float lp_parse_float(const char* flag, const char* v) {
     char* end;
     float x = strtof(v, &end);
-    if (*v == '\0' || *end != '\0' || !isfinite(x)) lp_fail_all("flag %s: '%s' is not a number", flag, v);
+    if (*v == '\0' || *end != '\0' || !isfinite(x)) lp_flag_fail("flag %s: '%s' is not a number", flag, v);
     return x;
 }
 
@@ -428,7 +443,7 @@ static void lp_flag_set(LPFlags* f, const LPFlagSpec* s, const char* as, const c
             break;
         }
         char names[256];
-        lp_fail_all("flag %s: must be %s, got '%s'", as, lp_names_text(names, sizeof(names), s->choices), v);
+        lp_flag_fail("flag %s: must be %s, got '%s'", as, lp_names_text(names, sizeof(names), s->choices), v);
     }
     }
 }
@@ -460,34 +475,35 @@ static void lp_flag_unknown(const char* a) {
         const char* w = strstr(lp_llmc_absent[k].letters, a);
         size_t n = strlen(a);
         if (w && (w == lp_llmc_absent[k].letters || w[-1] == ' ') && (w[n] == ' ' || w[n] == '\0'))
-            lp_fail_all("flag %s is llm.c's (%s) and has no counterpart here: %s", a, lp_llmc_absent[k].meaning,
+            lp_flag_fail("flag %s is llm.c's (%s) and has no counterpart here: %s", a, lp_llmc_absent[k].meaning,
                         lp_llmc_absent[k].here);
     }
     if (strcmp(a, "--plan") == 0)
-        lp_fail_all("flag --plan is the planner's, a program of its own: make plan_gpt && ./plan_gpt --plan N (dev/plan/plan_gpt.c)");
-    lp_fail_all("unknown flag %s (see -h)", a);
+        lp_flag_fail("flag --plan is the planner's, a program of its own: make plan_gpt && ./plan_gpt --plan N (dev/plan/plan_gpt.c)");
+    lp_flag_fail("unknown flag %s (see -h)", a);
 }
 
 // llm.c's number after a letter (-y 1, -r 2) as this flag's value: a switch's 0 or 1, or the level's name.
 static const char* lp_llmc_value(const LPFlagSpec* s, const char* as, const char* v) {
     int n = lp_llmc_count(s), k = lp_parse_int(as, v);
-    if (k < 0 || k >= n) lp_fail_all("flag %s: must be 0 .. %d (llm.c's values), got %d", as, n - 1, k);
+    if (k < 0 || k >= n) lp_flag_fail("flag %s: must be 0 .. %d (llm.c's values), got %d", as, n - 1, k);
     return s->levels ? s->levels[k] : k ? "1" : "0";
 }
 
-// Returns 0 when -h was given.
+// Returns 1, 0 when -h was given, or -1 for an error (its line in lp_flag_error).
 static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
+    if (setjmp(lp_flag_jump)) return -1;
     lp_flags_default(f);
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 0;
-        if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
+        if (a[0] != '-') lp_flag_fail("unexpected argument '%s' (flags start with -, see -h)", a);
         int by_letter;
         const LPFlagSpec* s = lp_flag_find(a, &by_letter);
         if (!s) lp_flag_unknown(a);
         const char* v = NULL;  // a switch's long form takes no value
         if (s->type != LP_FLAG_SWITCH || by_letter) {
-            if (i + 1 >= argc) lp_fail_all("flag %s needs a value", a);
+            if (i + 1 >= argc) lp_flag_fail("flag %s needs a value", a);
             v = argv[++i];
         }
         if (by_letter && (s->type == LP_FLAG_SWITCH || s->levels)) v = lp_llmc_value(s, a, v);
@@ -648,6 +664,31 @@ static void lp_ranks_agree(const LPFlags* f, const LPProcess* proc) {
                  LP_CONFIG_FIELD(&b, field));
     lp_fail_all("flag -e %s: rank %d reads a model file with another header than rank 0's (%s): the file differs between the "
                 "ranks' machines; every rank must read the same model", f->init, rank, what);
+}
+
+// The ranks' parses of their flags (lp_parse_flags' results), agreed before anything else: one all-gather of
+// each rank's result and error line. An error stops every rank with one line: as a one-rank run prints it
+// when every rank met the same, else naming the first rank that met one; so does -h given to some ranks
+// only. Returns the result, the same on every rank.
+static int lp_flags_agree(const LPProcess* proc, int result) {
+    typedef struct { int result; char why[sizeof(lp_flag_error)]; } LPParse;
+    LPParse mine, *all = (LPParse*)lp_host_malloc((size_t)proc->world * sizeof(LPParse), "the ranks' flag parses");
+    memset(&mine, 0, sizeof(mine));
+    mine.result = result;
+    if (result < 0) memcpy(mine.why, lp_flag_error, sizeof(mine.why));
+    lp_world_all_gather(proc, &mine, sizeof(mine), all);
+    int first = -1, differ = -1;  // the first rank with an error, the first whose parse differs from rank 0's
+    for (int r = 0; r < proc->world; r++) {
+        if (first < 0 && all[r].result < 0) first = r;
+        if (differ < 0 && memcmp(&all[r], &all[0], sizeof(LPParse)) != 0) differ = r;
+    }
+    LPParse theirs = all[first < 0 ? 0 : first];
+    free(all);
+    const char* same = "every rank must be given the same flags (an MPMD launch, or a script, gave them different ones)";
+    if (first >= 0 && differ < 0) lp_fail_all("%s", theirs.why);
+    if (first >= 0) lp_fail_all("rank %d: %s; %s", first, theirs.why, same);
+    if (differ >= 0) lp_fail_all("rank %d was given -h, rank %d not: %s", result ? differ : 0, result ? 0 : differ, same);
+    return result;
 }
 
 // --print-flags: every flag's value as parsed, one line each under its name
@@ -1650,7 +1691,7 @@ int main(int argc, char** argv) {
     LPFlags flags;
     lp_setting_namer = lp_setting_flag;  // the header's errors name this driver's flags
     int stopped = 0;  // the signal that stopped the run (lp_train)
-    int flags_given = lp_parse_flags(&flags, argc, argv);
+    int flags_given = lp_flags_agree(&proc, lp_parse_flags(&flags, argc, argv));
     if (flags_given) {
         lp_ranks_agree(&flags, &proc);
         lp_check_flags(&flags);
