@@ -2754,7 +2754,7 @@ static inline void lp_gemm_strided_loops(int ta, int tb, int M, int N, int K, co
 // splits the model equals one rank bit for bit, on any machine), but a BLAS's own threads split a product
 // by their count, which changes its kernels' summation order (OpenBLAS's Haswell kernels: 1 and 2 threads
 // differ in 9% of a 256x768x768 product's values). So C is cut into tiles whose shape follows from the
-// product alone, each tile one single-threaded sgemm inside our parallel loop (OpenBLAS's OpenMP build runs
+// product alone, each tile one single-threaded sgemm (sgemv for one row) inside our parallel loop (OpenBLAS's OpenMP build runs
 // single-threaded inside an OpenMP region): every value is summed by the same call on any thread. Tiles:
 // a power of two of them, up to 16, about 64M multiply-adds each, in strips of at least 256 along each side
 // (each tile packs its own parts of A and B, so fewer, larger tiles repack less).
@@ -2775,6 +2775,11 @@ static inline void lp_gemm_strided_cpu(int ta, int tb, int M, int N, int K, cons
     for (int t = 0; t < nm * nn; t++) {
         int i0 = t / nn * tm, j0 = t % nn * tn;
         int m = M - i0 < tm ? M - i0 : tm, n = N - j0 < tn ? N - j0 : tn;
+        if (m == 1) {  // one row (a sampled token's): sgemv reads op(B) once, where sgemm would copy all of it first
+            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? n : K, tb ? K : n, 1.0f, tb ? B + (size_t)j0 * ldb : B + j0,
+                        ldb, ta ? A + i0 : A + (size_t)i0 * lda, ta ? lda : 1, accumulate ? 1.0f : 0.0f, C + (size_t)i0 * ldc + j0, 1);
+            continue;
+        }
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, K, 1.0f,
                     ta ? A + i0 : A + (size_t)i0 * lda, lda, tb ? B + (size_t)j0 * ldb : B + j0, ldb, accumulate ? 1.0f : 0.0f,
                     C + (size_t)i0 * ldc + j0, ldc);

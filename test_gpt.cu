@@ -2550,12 +2550,13 @@ static void test_blas_matmul(void) {
 
 // The strided matmul (the LM head on a piece of the vocabulary) in its three uses, each transpose with
 // leading dimensions wider than the matrices and with accumulation, against a float64 loop: the loops to
-// 1e-5 relative, the BLAS path (when built with one) likewise.
+// 1e-5 relative, the BLAS path (when built with one) likewise; of 37 rows, and of one (a sampled token's:
+// the BLAS path's sgemv).
 static void test_gemm_strided(void) {
     uint64_t rng = 37;
     const int uses[3][2] = {{0, 1}, {0, 0}, {1, 0}};  // logits piece = x W^T; dx += dlogits W; dW += dlogits^T x
-    for (int u = 0; u < 3; u++) {
-        int ta = uses[u][0], tb = uses[u][1], M = 37, N = 29, K = 45, lda = 53, ldb = 61, ldc = 40;
+    for (int u = 0; u < 6; u++) {
+        int ta = uses[u % 3][0], tb = uses[u % 3][1], M = u < 3 ? 37 : 1, N = 29, K = 45, lda = 53, ldb = 61, ldc = 40;
         size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
         float *A = rnd(na, &rng, 1.0f), *B = rnd(nb, &rng, 1.0f), *C0 = rnd(nc, &rng, 1.0f);
         float *want = zeros(nc), *c1 = zeros(nc), *c2 = zeros(nc);
@@ -2574,10 +2575,10 @@ static void test_gemm_strided(void) {
             lp_gemm_strided_loops(ta, tb, M, N, K, A, lda, B, ldb, acc, c1, ldc);
             lp_gemm_strided_cpu(ta, tb, M, N, K, A, lda, B, ldb, acc, c2, ldc);
             char name[160];
-            snprintf(name, sizeof(name), "strided matmul ta=%d tb=%d%s: the loops equal float64, columns past N untouched", ta, tb,
-                     acc ? ", accumulating" : "");
+            snprintf(name, sizeof(name), "strided matmul M=%d ta=%d tb=%d%s: the loops equal float64, columns past N untouched", M, ta,
+                     tb, acc ? ", accumulating" : "");
             expect_close(name, c1, want, nc, 1e-5f, 1e-5f);
-            snprintf(name, sizeof(name), "strided matmul ta=%d tb=%d%s: this build's (BLAS or loops) equals float64", ta, tb,
+            snprintf(name, sizeof(name), "strided matmul M=%d ta=%d tb=%d%s: this build's (BLAS or loops) equals float64", M, ta, tb,
                      acc ? ", accumulating" : "");
             expect_close(name, c2, want, nc, 1e-5f, 1e-5f);
         }

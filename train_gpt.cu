@@ -109,8 +109,9 @@ static const LPFlagSpec lp_flag_specs[] = {
      "tokens per optimizer step; gradient accumulation steps = N / (b*t*d), d the data-parallel size "
      "(0: b*t*d, no accumulation)"},
     {NULL, "-x", LP_FLAG_INT, LP_FIELD(max_steps), "40", "200", "N", NULL, NULL,
-     "training steps (0: no training: the val loss, a sample with -s N, and with -o the model as loaded saved as "
-     "checkpoint step_00000000, e.g. to convert or re-split a file; llm.c's -1, one epoch, is not here)"},
+     "training steps (0: no training and no train shard read: the val loss (none when -j is left at its default "
+     "and that is not there), a sample with -s N, and with -o the model as loaded saved as checkpoint "
+     "step_00000000, e.g. to convert or re-split a file; llm.c's -1, one epoch, is not here)"},
     {NULL, "-l", LP_FLAG_FLOAT, LP_FIELD(lr), "1e-3", "6e-4", "LR", NULL, NULL, "peak learning rate"},
     {NULL, "-u", LP_FLAG_INT, LP_FIELD(warmup), "5", "20", "N", NULL, NULL, "linear warmup steps"},
     {NULL, "-q", LP_FLAG_FLOAT, LP_FIELD(final_lr_frac), "0.1", "0.1", "F", NULL, NULL,
@@ -137,10 +138,11 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--eval-every", NULL, LP_FLAG_INT, LP_FIELD(eval_every), "0", "0", "N", NULL, NULL,
      "with --eval-hellaswag: evaluate every N steps and at the end (0: every -v steps; at the end only when -v is 0)"},
     {NULL, "-s", LP_FLAG_INT, LP_FIELD(sample_every), "0", "50", "N", NULL, NULL,
-     "print a sample every N steps and at the end (0: never)"},
+     "print a sample every N steps and at the end (0: never); each token is one forward of its own row, the "
+     "tokens before it held in a key-value cache"},
     {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, NULL, "tokens per sample (at most -t minus 1, the positions after <|endoftext|>)"},
     {"--tokenizer", NULL, LP_FLAG_STRING, LP_FIELD(tokenizer), "gpt2_tokenizer.bin", "gpt2_tokenizer.bin", "PATH", NULL, NULL,
-     "tokenizer for samples"},
+     "tokenizer for samples (the default, when the working directory has none: the one beside the program)"},
     {"--seed", NULL, LP_FLAG_SEED, LP_FIELD(seed), "1337", "1337", "N", NULL, NULL,
      "seed of the initial weights, of sampling and of the data order"},
     {"--shuffle", NULL, LP_FLAG_INT, LP_FIELD(shuffle), "1", "1", "N", NULL, NULL,
@@ -816,6 +818,12 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
     LPUtf8 text = {{0}, 0, 0};
     lp_log("--- sample at step %d ---\n", step);
     lp_stage_cache_alloc(st, 1, positions);
+#if defined(LLMPAR_CPU) && defined(_OPENMP)
+    // one row's forward is too small to share between threads: its ~40 parallel regions a layer cost a barrier
+    // each, more than they save (on a loaded machine, a time slice each); the results are the same on any
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+#endif
     for (int t = 1; t < n; t++) {  // token t from the logits of token t - 1
         int p0 = (t - 1) / rows * rows;
         lp_stage_forward_cached(st, tokens + p0, 1, rows, p0);
@@ -827,6 +835,9 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
         tokens[t] = next;
         if (lp_rank == 0) lp_tokenizer_print(tok, next, &text, stdout);
     }
+#if defined(LLMPAR_CPU) && defined(_OPENMP)
+    omp_set_num_threads(threads);
+#endif
     lp_stage_cache_free(st);
     lp_utf8_end(&text, stdout);
     lp_log("\n--- end of sample ---\n");
