@@ -3217,7 +3217,7 @@ static inline void lp_gemm_strided_loops(int ta, int tb, int M, int N, int K, co
 // splits the model equals one rank bit for bit, on any machine), but a BLAS's own threads split a product
 // by their count, which changes its kernels' summation order (OpenBLAS's Haswell kernels: 1 and 2 threads
 // differ in 9% of a 256x768x768 product's values). So C is cut into tiles whose shape follows from the
-// product alone, each tile one single-threaded sgemm inside our parallel loop (OpenBLAS's OpenMP build runs
+// product alone, each tile one single-threaded sgemm (sgemv for one row) inside our parallel loop (OpenBLAS's OpenMP build runs
 // single-threaded inside an OpenMP region): every value is summed by the same call on any thread. Tiles:
 // a power of two of them, up to 16, about 64M multiply-adds each, in strips of at least 256 along each side
 // (each tile packs its own parts of A and B, so fewer, larger tiles repack less).
@@ -3238,6 +3238,11 @@ static inline void lp_gemm_strided_cpu(int ta, int tb, int M, int N, int K, cons
     for (int t = 0; t < nm * nn; t++) {
         int i0 = t / nn * tm, j0 = t % nn * tn;
         int m = M - i0 < tm ? M - i0 : tm, n = N - j0 < tn ? N - j0 : tn;
+        if (m == 1) {  // one row (a sampled token's): sgemv reads op(B) once, where sgemm would copy all of it first
+            cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, tb ? n : K, tb ? K : n, 1.0f, tb ? B + (size_t)j0 * ldb : B + j0,
+                        ldb, ta ? A + i0 : A + (size_t)i0 * lda, ta ? lda : 1, accumulate ? 1.0f : 0.0f, C + (size_t)i0 * ldc + j0, 1);
+            continue;
+        }
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, K, 1.0f,
                     ta ? A + i0 : A + (size_t)i0 * lda, lda, tb ? B + (size_t)j0 * ldb : B + j0, ldb, accumulate ? 1.0f : 0.0f,
                     C + (size_t)i0 * ldc + j0, ldc);
@@ -3608,6 +3613,111 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
     lp_heads_gemm_gpu(0, 0, T, HS, T, datt, k, dq, heads);  // dq = dpre k
     lp_heads_gemm_gpu(1, 0, T, HS, T, datt, q, dk, heads);  // dk = dpre^T q
     lp_attention_permute_gpu(dqkv, dqkvr, B, T, 3, NH, HS, 0);
+}
+#endif
+#endif  // LLMPAR_IMPLEMENTATION
+
+// --- attention with a key-value cache (sampling: lp_model_forward with LPModel.cache): N new rows of each of
+// B sequences, at positions [pos, pos + N), first add their keys and values to the cache at those positions,
+// then each row's query attends to the cache's positions [0, its own]. cache (2,B,NH,Tc,HS): keys, then
+// values, each head's positions contiguous (qkvr's layout without q); qkv (B,N,3C) as the qkv projection
+// writes it; out (B,N,C). The causal softmax of lp_attention_forward_cpu, each query alone and in one pass
+// over its keys (a running max rescales the sum and the output when it grows), so one sampled token costs
+// its own row's work, not a (T,T) product.
+#ifdef LLMPAR_IMPLEMENTATION
+static inline void lp_attention_cached_forward_cpu(float* out, float* cache, const float* qkv, int B, int N, int pos, int Tc, int C,
+                                                   int NH) {
+    int HS = C / NH;
+    size_t plane = (size_t)B * NH * Tc * HS;
+    float scale = lp_attention_scale(C, NH);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < N; i++)
+            for (int which = 0; which < 2; which++)
+                for (int c = 0; c < C; c++)
+                    cache[which * plane + (((size_t)b * NH + c / HS) * Tc + pos + i) * HS + c % HS] =
+                        qkv[((size_t)b * N + i) * 3 * C + (1 + which) * C + c];
+#pragma omp parallel for
+    for (int r = 0; r < B * N * NH; r++) {
+        int h = r % NH, i = r / NH % N, b = r / NH / N;
+        const float* q = qkv + ((size_t)b * N + i) * 3 * C + h * HS;
+        const float* k = cache + ((size_t)b * NH + h) * Tc * HS;
+        const float* v = k + plane;
+        float* y = out + ((size_t)b * N + i) * C + h * HS;
+        float m = -INFINITY, l = 0.0f;
+        for (int d = 0; d < HS; d++) y[d] = 0.0f;
+        for (int j = 0; j <= pos + i; j++) {
+            float s = 0.0f;
+            for (int d = 0; d < HS; d++) s += q[d] * k[(size_t)j * HS + d];
+            if (s > m) {  // (the first key: exp(-inf) = 0 scales nothing yet)
+                float shrink = expf(scale * (m - s));
+                l *= shrink;
+                for (int d = 0; d < HS; d++) y[d] *= shrink;
+                m = s;
+            }
+            float p = expf(scale * (s - m));
+            l += p;
+            for (int d = 0; d < HS; d++) y[d] += p * v[(size_t)j * HS + d];
+        }
+        for (int d = 0; d < HS; d++) y[d] /= l;
+    }
+}
+
+#ifndef LLMPAR_CPU
+// The same on the GPU: a thread copies one key or value into the cache; then a warp takes one (row, head),
+// lane l holding dimensions l, l + 32, ... of its query and output (HS <= 128: 4 each), each key's score a
+// warp sum, the running max and sum the same in every lane.
+static __global__ void lp_kv_append_kernel(floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C, int NH) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * N * 2 * C) return;
+    int c = (int)(idx % C), which = (int)(idx / C % 2), i = (int)(idx / C / 2 % N), b = (int)(idx / C / 2 / N), HS = C / NH;
+    cache[which * (size_t)B * NH * Tc * HS + (((size_t)b * NH + c / HS) * Tc + pos + i) * HS + c % HS] =
+        qkv[((size_t)b * N + i) * 3 * C + (1 + which) * C + c];
+}
+#define LP_CACHED_DIMS (LP_FLASH_MAX_HS / 32)
+static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc,
+                                                  int C, int NH, float scale) {
+    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (r >= B * N * NH) return;  // (a whole warp)
+    int h = r % NH, i = r / NH % N, b = r / NH / N, HS = C / NH;
+    const floatX* q = qkv + ((size_t)b * N + i) * 3 * C + h * HS;
+    const floatX* k = cache + ((size_t)b * NH + h) * Tc * HS;
+    const floatX* v = k + (size_t)B * NH * Tc * HS;
+    float qd[LP_CACHED_DIMS], y[LP_CACHED_DIMS], m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++) {
+        int d = lane + 32 * u;
+        qd[u] = d < HS ? lp_bf(q[d]) : 0.0f;
+        y[u] = 0.0f;
+    }
+    for (int j = 0; j <= pos + i; j++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int u = 0; u < LP_CACHED_DIMS; u++)
+            if (lane + 32 * u < HS) s += qd[u] * lp_bf(k[(size_t)j * HS + lane + 32 * u]);
+        s = lp_warp_sum(s);
+        if (s > m) {
+            float shrink = expf(scale * (m - s));
+            l *= shrink;
+#pragma unroll
+            for (int u = 0; u < LP_CACHED_DIMS; u++) y[u] *= shrink;
+            m = s;
+        }
+        float p = expf(scale * (s - m));
+        l += p;
+#pragma unroll
+        for (int u = 0; u < LP_CACHED_DIMS; u++)
+            if (lane + 32 * u < HS) y[u] += p * lp_bf(v[(size_t)j * HS + lane + 32 * u]);
+    }
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++)
+        if (lane + 32 * u < HS) out[((size_t)b * N + i) * C + h * HS + lane + 32 * u] = lp_xf(y[u] / l);
+}
+static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C,
+                                                   int NH) {
+    size_t n = (size_t)B * N * 2 * C, warps = (size_t)B * N * NH;
+    LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH);
+    LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH,
+              lp_attention_scale(C, NH));
 }
 #endif
 #endif  // LLMPAR_IMPLEMENTATION
@@ -5161,6 +5271,7 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_attention_probs            lp_attention_probs_cpu
 #define lp_attention_forward          lp_attention_forward_cpu
 #define lp_attention_backward         lp_attention_backward_cpu
+#define lp_attention_cached_forward   lp_attention_cached_forward_cpu
 #define lp_moe_route                  lp_moe_route_cpu
 #define lp_moe_stats                  lp_moe_stats_cpu
 #define lp_moe_dispatch               lp_moe_dispatch_cpu
@@ -5196,6 +5307,7 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_attention_probs            lp_attention_probs_gpu
 #define lp_attention_forward          lp_attention_forward_gpu
 #define lp_attention_backward         lp_attention_backward_gpu
+#define lp_attention_cached_forward   lp_attention_cached_forward_gpu
 #define lp_moe_route                  lp_moe_route_gpu
 #define lp_moe_stats                  lp_moe_stats_gpu
 #define lp_moe_dispatch               lp_moe_dispatch_gpu
@@ -6827,6 +6939,15 @@ typedef struct LPModelOptions {
     LPMoEOptions moe;  // a mixture of experts' training settings (the shape is cfg's)
 } LPModelOptions;
 
+// Sampling's key-value cache (lp_model_cache_alloc; kv NULL when not sampling): every layer's keys and values
+// for positions [0, T) of B sequences, this rank's heads. A forward while it is set runs its (B, N) rows at
+// positions [pos, pos + N): the rows' keys and values join the cache there and their queries attend to the
+// positions up to their own (lp_attention_cached_forward), so a sampled token's forward is its row alone.
+typedef struct {
+    floatX* kv;  // (L,2,B,NHl,T,HS)
+    int B, T, pos;
+} LPKVCache;
+
 typedef struct LPModel {
     LPConfig cfg;         // the whole model's shape
     // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l). The
@@ -6884,6 +7005,7 @@ typedef struct LPModel {
     floatX* emb_grad;
     int *emb_row, *emb_tokens, emb_rows, emb_cap;
     float* losses_host; // (B,T)
+    LPKVCache cache;    // sampling's (kv NULL: a forward runs at positions [0, T) and keeps no cache)
 } LPModel;
 
 #ifdef LLMPAR_IMPLEMENTATION
@@ -7625,12 +7747,16 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->par->sp ? N / t : N;
     int C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
     LPActivations* a = &m->act;
-    int mat = lp_attention_materialised(m->attention);  // (materialised: qkv is scratch, permuted into qkvr)
-    lp_matmul_forward(mat ? a->qkv : x->qkvs, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l),
-                       lp_layer_param(m, LP_QKVB, l), N, C, 3 * Cl);
-    if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, a->qkv, B, T, Cl, NHl);
+    // materialised attention and the cache's take qkv as scratch (the first permutes it into qkvr)
+    const LPKVCache* kv = &m->cache;
+    int mat = lp_attention_materialised(m->attention);
+    floatX* qkv = mat || kv->kv ? a->qkv : x->qkvs;
+    lp_matmul_forward(qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l), lp_layer_param(m, LP_QKVB, l), N, C,
+                      3 * Cl);
+    if (kv->kv) lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * Cl, qkv, B, T, kv->pos, kv->T, Cl, NHl);
+    else if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, qkv, B, T, Cl, NHl);
 #ifndef LLMPAR_CPU
-    else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, x->qkvs, B, T, Cl, NHl);
+    else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl);
 #endif
     lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
@@ -7646,7 +7772,8 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
 // dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss.
 // A pipeline chunk other than the first takes no tokens: its input, the residual stream after the chunk
 // before, is already in act.encoded; one other than the last takes no targets and leaves its output at
-// lp_model_output.
+// lp_model_output. With m->cache set (sampling) the T rows are positions [cache.pos, cache.pos + T) of the
+// cached sequences, attending to the cache (forward only: no backward follows).
 float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     const LPConfig* c = &m->cfg;
     if (m->act_memory == NULL) lp_model_alloc_activations(m, B, T, 1);
@@ -7654,6 +7781,10 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
         lp_fail("forward with (B=%d, T=%d) but activations were sized for (B=%d, T=%d)", B, T, m->B, m->T);
     int t = m->tp_size, N = B * T, Nr = m->par->sp ? N / t : N;
     if (m->par->sp && N % t) lp_fail("sequence parallelism: the %d x %d rows do not split over %d ranks", B, T, t);
+    int pos = m->cache.kv ? m->cache.pos : 0;  // the first row's position
+    if (m->cache.kv && (B != m->cache.B || pos < 0 || pos + T > m->cache.T))
+        lp_fail("forward of (B=%d) x positions [%d, %d) outside the key-value cache's (B=%d) x [0, %d)", B, pos, pos + T, m->cache.B,
+                m->cache.T);
     m->cur_B = B;
     m->cur_T = T;
     m->dloss = dloss;
@@ -7671,7 +7802,8 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
             size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
             lp_embedding_forward(a->btc, m->inputs, lp_zero_wte(&m->zero, k), v0 + (int)r0, (int)rows, N, C);
         }
-        lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), w[LP_WPE], m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), w[LP_WPE] + (size_t)pos * C, m->par->sp ? m->tp_rank * Nr : 0,
+                             Nr, T, C);
     }
     if (L > 0) {
         lp_model_fetch(m, 0, -1);
@@ -7864,6 +7996,22 @@ void lp_model_backward(LPModel* m, int last) {
         for (int k = 0; k < 3; k++)
             if (m->zero.param_sizes[rows_only[k]]) lp_all_reduce(m->tp, g[rows_only[k]], m->zero.param_sizes[rows_only[k]], 0);
     }
+}
+
+// Sampling's key-value cache for B sequences of up to T positions (LPKVCache): L x 2 x B x T x C/t values,
+// made when a sample begins and freed when it ends (lp_model_cache_free), so training never holds it.
+static inline void lp_model_cache_alloc(LPModel* m, int B, int T) {
+    if (T > m->cfg.max_seq_len) lp_fail("a key-value cache of %d positions exceeds the model's maximum %d", T, m->cfg.max_seq_len);
+    m->cache.B = B;
+    m->cache.T = T;
+    m->cache.pos = 0;
+    // (a chunk without layers keeps one layer's room: a kv that is not NULL says the cache is on)
+    m->cache.kv = (floatX*)lp_device_malloc((size_t)(m->L ? m->L : 1) * 2 * B * T * (m->cfg.channels / m->tp_size) * sizeof(floatX),
+                                            "key-value cache");
+}
+static inline void lp_model_cache_free(LPModel* m) {
+    lp_device_free(m->cache.kv);
+    memset(&m->cache, 0, sizeof(m->cache));
 }
 
 void lp_model_free(LPModel* m) {
@@ -9496,6 +9644,35 @@ float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, 
     lp_sends_wait(st->pp, &st->sends);
     lp_all_reduce_host(st->pp, &loss, 1, 0);
     return loss;
+}
+
+// Sampling: every chunk's key-value cache for B sequences of up to T positions (lp_model_cache_alloc), for
+// lp_stage_forward_cached's passes; lp_stage_cache_free ends it.
+static inline void lp_stage_cache_alloc(LPStage* st, int B, int T) {
+    for (int c = 0; c < st->par->vpp; c++) lp_model_cache_alloc(&st->chunks[c], B, T);
+}
+static inline void lp_stage_cache_free(LPStage* st) {
+    for (int c = 0; c < st->par->vpp; c++) lp_model_cache_free(&st->chunks[c]);
+}
+// lp_stage_forward_only's pass of (B, N) tokens at positions [pos, pos + N) of the cached sequences: their
+// keys and values join the caches, and the last chunk's logits are theirs.
+static inline void lp_stage_forward_cached(LPStage* st, const int* inputs, int B, int N, int pos) {
+    for (int c = 0; c < st->par->vpp; c++) st->chunks[c].cache.pos = pos;
+    lp_stage_forward_only(st, inputs, NULL, B, N);
+}
+
+// The token drawn from a row of logits over the V tokens of the vocabulary with coin in [0, 1): the first
+// whose cumulative softmax probability passes coin. Overwrites logits with exp(logit - max).
+static inline int lp_sample_draw(float* logits, int V, float coin) {
+    float maxv = logits[0], sum = 0.0f;
+    for (int v = 1; v < V; v++) if (logits[v] > maxv) maxv = logits[v];
+    for (int v = 0; v < V; v++) sum += logits[v] = expf(logits[v] - maxv);
+    float target = coin * sum, acc = 0.0f;
+    for (int v = 0; v < V; v++) {
+        acc += logits[v];
+        if (target < acc) return v;
+    }
+    return V - 1;
 }
 
 // Add the last step's timings to the sums the bubble report reads (the driver leaves out the first step,

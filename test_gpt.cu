@@ -614,6 +614,91 @@ static void test_replicas(void) {
 #endif
 }
 
+// The sampler before the key-value cache, the reference: token t drawn from the logits of a forward over
+// tokens 0 .. t-1 (one rank), by train_gpt's draw from its RNG for --seed `seed`; ids gets the n tokens from
+// <|endoftext|> on. With `cached` (a model of the same weights) each step also runs the cached sampler's
+// forward of token t-1 alone at its position, draws its own tokens into cached_ids from a second RNG of the
+// same seed, and keeps in *worst the largest difference of the two logits over the largest |logit|.
+static void sample_reference(LPModel* m, LPModel* cached, int n, uint64_t seed, int* ids, int* cached_ids, float* worst) {
+    int V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
+    uint64_t rng = seed ^ 0x9E3779B97F4A7C15ull, cached_rng = rng;  // (train_gpt's sampling RNG)
+    float* a = (float*)lp_host_malloc((size_t)Vp * sizeof(float), "test logits");
+    float* b = (float*)lp_host_malloc((size_t)Vp * sizeof(float), "test logits");
+    if (!m->act_memory) lp_model_alloc_activations(m, 1, n, 1);
+    ids[0] = V - 1;
+    if (cached) {
+        if (!cached->act_memory) lp_model_alloc_activations(cached, 1, n, 1);
+        lp_model_cache_alloc(cached, 1, n);
+        cached_ids[0] = V - 1;
+        *worst = 0.0f;
+    }
+    for (int t = 1; t < n; t++) {
+        lp_model_forward(m, ids, NULL, 1, t, 0.0f);
+        lp_to_host_float(a, m->act.logits + (size_t)(t - 1) * Vp, Vp);
+        if (cached) {
+            cached->cache.pos = t - 1;
+            lp_model_forward(cached, cached_ids + t - 1, NULL, 1, 1, 0.0f);
+            lp_to_host_float(b, cached->act.logits, Vp);
+            float scale = 0.0f, diff = 0.0f;
+            for (int v = 0; v < V; v++) {
+                scale = fmaxf(scale, fabsf(a[v]));
+                diff = fmaxf(diff, fabsf(a[v] - b[v]));
+            }
+            *worst = fmaxf(*worst, diff / scale);
+            cached_ids[t] = lp_sample_draw(b, V, lp_rand_f32(&cached_rng));
+        }
+        ids[t] = lp_sample_draw(a, V, lp_rand_f32(&rng));
+    }
+    if (cached) lp_model_cache_free(cached);
+    free(a);
+    free(b);
+}
+
+// Sampling with the key-value cache (each token's forward is its own row at its position) draws the tokens
+// of the sampler before it, from the same seed, and its logits agree with the whole forward's within summation
+// order (the CPU build, fp32: 1e-5 of the largest) or bf16 rounding (the CUDA build: 3e-2). The CPU build:
+// GPT-2 d4's shape (C=256, 4 heads, GPT-2's vocabulary) over 24 positions and a mixture of experts of it
+// (4 experts, top-2, every second layer); the CUDA build (the emulator) the same on a tiny model. A new
+// model's logits are nearly equal (a draw over 50257 tokens of ~2e-5 each, where fp32's last digit of
+// the cumulative sum picks between neighbours), so lnf's weight is scaled up: a trained model's are spread.
+static void test_sample_cache(void) {
+    LPConfig c;
+#ifdef LLMPAR_CPU
+    lp_config_from_name(&c, "d4");
+    int n = 24;
+    float tol = 1e-5f;
+#else
+    c = tiny_config();
+    int n = c.max_seq_len;
+    float tol = 3e-2f;
+#endif
+    for (int moe = 0; moe < 2; moe++) {
+        c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
+        for (uint64_t seed = 1; seed <= (uint64_t)(2 - moe); seed++) {
+            LPModel m, cached;
+            lp_model_create(&m, &c, NULL);
+            lp_model_create(&cached, &c, NULL);
+            LPModel* both[2] = {&m, &cached};
+            for (int k = 0; k < 2; k++) {  // lnf's weight x 16: logits spread as a trained model's (see above)
+                lp_model_init_random(both[k], 40 + seed);
+                lp_add_scaled(both[k]->zero.w[LP_LNFW], both[k]->zero.w[LP_LNFW], (size_t)c.channels, 15.0f);
+            }
+            int ids[64], cached_ids[64];
+            float worst;
+            sample_reference(&m, &cached, n, seed, ids, cached_ids, &worst);
+            char name[256];
+            snprintf(name, sizeof(name), "%s L=%d C=%d V=%d, seed %d: the cached sampler draws the same %d tokens as the whole forward's",
+                     moe ? "MoE" : "dense", c.num_layers, c.channels, c.vocab_size, (int)seed, n - 1);
+            expect(memcmp(ids, cached_ids, (size_t)n * sizeof(int)) == 0, name);
+            snprintf(name, sizeof(name), "%s seed %d: logits agree, largest difference %.2g of the largest |logit| (at most %g)",
+                     moe ? "MoE" : "dense", (int)seed, worst, tol);
+            expect(worst <= tol, name);
+            lp_model_free(&m);
+            lp_model_free(&cached);
+        }
+    }
+}
+
 #ifdef LLMPAR_CPU
 // The straggler check (--straggler) on 2 ranks, d=2, 21 steps (two windows of 10 after the warm-up step): a
 // healthy run names no rank; a run whose rank 1 the test stops for half of every 0.3 s (SIGSTOP, SIGCONT)
@@ -2742,12 +2827,13 @@ static void test_blas_matmul(void) {
 
 // The strided matmul (the LM head on a piece of the vocabulary) in its three uses, each transpose with
 // leading dimensions wider than the matrices and with accumulation, against a float64 loop: the loops to
-// 1e-5 relative, the BLAS path (when built with one) likewise.
+// 1e-5 relative, the BLAS path (when built with one) likewise; of 37 rows, and of one (a sampled token's:
+// the BLAS path's sgemv).
 static void test_gemm_strided(void) {
     uint64_t rng = 37;
     const int uses[3][2] = {{0, 1}, {0, 0}, {1, 0}};  // logits piece = x W^T; dx += dlogits W; dW += dlogits^T x
-    for (int u = 0; u < 3; u++) {
-        int ta = uses[u][0], tb = uses[u][1], M = 37, N = 29, K = 45, lda = 53, ldb = 61, ldc = 40;
+    for (int u = 0; u < 6; u++) {
+        int ta = uses[u % 3][0], tb = uses[u % 3][1], M = u < 3 ? 37 : 1, N = 29, K = 45, lda = 53, ldb = 61, ldc = 40;
         size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
         float *A = rnd(na, &rng, 1.0f), *B = rnd(nb, &rng, 1.0f), *C0 = rnd(nc, &rng, 1.0f);
         float *want = zeros(nc), *c1 = zeros(nc), *c2 = zeros(nc);
@@ -2766,10 +2852,10 @@ static void test_gemm_strided(void) {
             lp_gemm_strided_loops(ta, tb, M, N, K, A, lda, B, ldb, acc, c1, ldc);
             lp_gemm_strided_cpu(ta, tb, M, N, K, A, lda, B, ldb, acc, c2, ldc);
             char name[160];
-            snprintf(name, sizeof(name), "strided matmul ta=%d tb=%d%s: the loops equal float64, columns past N untouched", ta, tb,
-                     acc ? ", accumulating" : "");
+            snprintf(name, sizeof(name), "strided matmul M=%d ta=%d tb=%d%s: the loops equal float64, columns past N untouched", M, ta,
+                     tb, acc ? ", accumulating" : "");
             expect_close(name, c1, want, nc, 1e-5f, 1e-5f);
-            snprintf(name, sizeof(name), "strided matmul ta=%d tb=%d%s: this build's (BLAS or loops) equals float64", ta, tb,
+            snprintf(name, sizeof(name), "strided matmul M=%d ta=%d tb=%d%s: this build's (BLAS or loops) equals float64", M, ta, tb,
                      acc ? ", accumulating" : "");
             expect_close(name, c2, want, nc, 1e-5f, 1e-5f);
         }
@@ -4302,6 +4388,22 @@ static void test_ranks_agree(void) {
                  cases[k].rank0, cases[k].rank1);
         expect_stops(name, cases[k].needle, rc, out);
     }
+    // a flag that one rank's parse refuses: every rank stops in one line naming that rank and the flag (the
+    // parse's errors are agreed before any other collective); the same error on every rank as one rank prints it
+    static const struct { const char *rank0, *rank1, *needle; } bad[] = {
+        {"-b 2", "-b 2 --bogus", "rank 1: unknown flag --bogus (see -h); every rank must be given the same flags"},
+        {"-b 2 --bogus", "-b 2", "rank 0: unknown flag --bogus (see -h); every rank must be given the same flags"},
+        {"-b 2", "-b x", "rank 1: flag -b: 'x' is not an integer; every rank must be given the same flags"},
+        {"-b 2", "-b 2 -h", "rank 1 was given -h, rank 0 not: every rank must be given the same flags"},
+        {"-b 2 --bogus", "-b 2 --bogus", "error: unknown flag --bogus (see -h)\n"},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        int rc = run_cmd(out, sizeof(out), "%s -np 1 %s -e dev/ref/tiny_model.bin %s %s : -np 1 %s -e dev/ref/tiny_model.bin %s %s", mpmd,
+                         TRAIN_BIN, args, bad[k].rank0, TRAIN_BIN, args, bad[k].rank1);
+        char name[256];
+        snprintf(name, sizeof(name), "ranks agree: rank 0 '%s', rank 1 '%s': one line, naming the rank and the flag", bad[k].rank0, bad[k].rank1);
+        expect_stops(name, bad[k].needle, rc, out);
+    }
     int rc = run_cmd(out, sizeof(out), "%s -np 1 %s -e dev/ref/tiny_model.bin %s -b 2 --zero 1 : -np 1 %s --zero 1 -b 2 %s -e dev/ref/tiny_model.bin",
                      mpmd, TRAIN_BIN, args, TRAIN_BIN, args);
     expect(rc == 0 && strstr(out, "step 1/1"), "ranks agree: the same flags in another order train");
@@ -4375,6 +4477,97 @@ static void test_timeline(void) {
         snprintf(args, sizeof(args), "-e d2 -x 2 %s", bad[k][0]);
         expect_error("bad input: --trace-steps", bad[k][1], args);
     }
+}
+
+// The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
+static int parse_sample_ids(const char* out, int* ids, int max) {
+    const char *s = strstr(out, "--- sample at step "), *end = s ? strstr(s, "--- end of sample ---") : NULL;
+    int n = 0;
+    for (const char* p = s ? strchr(s, '<') : NULL; p && p < end && n < max; p = strchr(p + 1, '<')) ids[n++] = atoi(p + 1);
+    return n;
+}
+
+// The sampler on grids draws the reference sampler's tokens (sample_reference: the forward over all the tokens
+// so far, one rank, in this process) from the same model file and --seed: its key-value caches hold each TP
+// rank's heads, the token's row crosses the pipeline's stages (interleaved chunks too), SP runs the block of
+// t rows holding it, ZeRO-3 gathers each layer's weights, a MoE layer routes the row; a dense and a MoE model.
+static void test_sample_cache_grids(void) {
+    static char out[1 << 16];
+    if (no_mpirun("tier 3 sampling grids")) return;
+    LPConfig c = tiny_config();
+    c.num_layers = 4;
+    static const char* const grids[2][8][2] = {
+        {{"1", ""}, {"2", "--tp 2"}, {"2", "--pp 2"}, {"2", "--pp 2 --vpp 2 --schedule interleaved -d 128"}, {"2", "--tp 2 --sp"},
+         {"2", "--zero 3"}, {"4", "--tp 2 --pp 2 --sp"}},
+        {{"1", ""}, {"2", "--tp 2"}, {"2", "--pp 2"}, {"2", "--ep 2"}},
+    };
+    for (int moe = 0; moe < 2; moe++) {
+        c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
+        char model[LP_PATH_MAX];
+        lp_path(model, "%s", tmp_path(moe ? "sample_moe.bin" : "sample_dense.bin"));
+        LPModel m;
+        lp_model_create(&m, &c, NULL);
+        lp_model_init_random(&m, 91 + moe);
+        lp_model_save(&m, model);
+        int want[16], got[16];
+        sample_reference(&m, NULL, 16, 5, want, NULL, NULL);
+        lp_model_free(&m);
+        for (int k = 0; k < 8 && grids[moe][k][0]; k++) {
+            const char* const* grid = grids[moe][k];
+            int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e %s -i %s -j '' -t 16 "
+                             "-x 0 -v 0 -s 1 -g 15 --seed 5 --tokenizer none %s", grid[0], TRAIN_BIN, model, tmp_path("dp_shard.bin"), grid[1]);
+            int n = parse_sample_ids(out, got, 15);
+            char name[256];
+            snprintf(name, sizeof(name), "%s model, -np %s %s: the sample's 15 tokens are the whole-forward sampler's", moe ? "MoE" : "dense", grid[0],
+                     grid[1]);
+            int ok = rc == 0 && n == 15 && memcmp(got, want + 1, sizeof(int) * 15) == 0;
+            expect(ok, name);
+            if (!ok) printf("%s\n", out);
+        }
+    }
+}
+
+// -x 0 needs no data: run from a directory without dev/data (a model file from elsewhere), it reads no train
+// shard, gives no val loss with a notice (the default -j is not there), and samples the model's text (the
+// default tokenizer taken from beside the program). A checkpoint it saves (-o) says it read no train shard,
+// and training resumes from it with this -i (the identity's -i line matches any); a -j that is typed and
+// missing is still an error.
+static void test_sample_no_data(void) {
+    char out[1 << 14], bin[LP_PATH_MAX], dir[LP_PATH_MAX], model[LP_PATH_MAX];
+    if (!realpath(TRAIN_BIN, bin)) lp_fail("realpath %s: %s", TRAIN_BIN, strerror(errno));
+    lp_path(dir, "%s", tmp_path("no_data"));
+    lp_path(model, "%s", tmp_path("no_data.bin"));
+    mkdir(dir, 0755);
+    LPConfig c;
+    lp_config_from_name(&c, "d1");
+    c.max_seq_len = 32;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, 3);
+    lp_model_save(&m, model);
+    lp_model_free(&m);
+    int rc = run_cmd(out, sizeof(out), "cd %s && %s -e %s -b 1 -t 32 -x 0 -s 1 -g 20", dir, bin, model);
+    const char *s = strstr(out, "--- sample at step 0 ---\n"), *e = s ? strstr(s, "--- end of sample ---") : NULL;
+    int ok = rc == 0 && strstr(out, "data             no train shard read (-x 0); 0 val shard(s)") &&
+             strstr(out, "notice: -x 0 without -j: the default val shards dev/data/tinyshakespeare/tiny_shakespeare_val.bin are not here, no val loss") &&
+             !strstr(out, "samples print token ids") && e && e - s > 40 && !memchr(s, '<', (size_t)(e - s));
+    expect(ok, "-x 0 -s 1 outside the checkout, no data: a sample of the model's text, one notice for the val set");
+    if (!ok) printf("%s\n", out);
+    rc = run_cmd(out, sizeof(out), "cd %s && %s -e %s -b 1 -t 32 -x 0 -s 1 -j 'none_*.bin'", dir, bin, model);
+    expect_stops("-x 0 with a -j that matches nothing: refused naming it", "-j none_*.bin", rc, out);
+
+    char ckpt[LP_PATH_MAX], shard[LP_PATH_MAX];
+    lp_path(ckpt, "%s/out", dir);
+    lp_path(shard, "%s", tmp_path("no_data_shard.bin"));
+    write_random_shard(shard, 2000, 4);
+    rc = run_cmd(out, sizeof(out), "cd %s && %s -e %s -b 1 -t 32 -x 0 -o %s && grep -a '^-i ' %s/step_00000000/state.bin", dir, bin,
+                 model, ckpt, ckpt);
+    expect(rc == 0 && strstr(out, "-i dev/data/tinyshakespeare/tiny_shakespeare_train.bin (not read: -x 0)\n-i (not read: -x 0)\n"),
+           "-x 0 -o: the checkpoint's identity says no train shard was read");
+    rc = run_cmd(out, sizeof(out), "%s -e %s -b 1 -t 32 -x 2 -i %s -j '' --resume -o %s", bin, model, shard, ckpt);
+    ok = rc == 0 && strstr(out, "resumed from") && strstr(out, "step 2/2") && !strstr(out, "notice: --resume-changed");
+    expect(ok, "training resumes from the -x 0 checkpoint with its own -i, the identity matching");
+    if (!ok) printf("%s\n", out);
 }
 
 // --offload nvme: AdamW m and v in a file under --offload-dir, streamed a chunk at a time (here chunks of
@@ -5334,6 +5527,25 @@ static void tier4_cublas_attention(uint64_t* rng, int B, int T, int C, int NH) {
     lp_device_free(d_dqkv); lp_device_free(d_dqkvr); lp_device_free(d_datt); lp_device_free(d_dy);
 }
 
+// Attention with a key-value cache (sampling): N rows at positions [pos, pos + N) of B sequences join a cache
+// of Tc positions whose earlier positions hold random keys and values, and attend to it; the GPU's output and
+// cache against the CPU loop's (the cache's new rows are copies: exact).
+static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc, int C, int NH) {
+    char name[160];
+    size_t n3 = (size_t)B * N * 3 * C, n1 = (size_t)B * N * C, nc = (size_t)2 * B * Tc * C;
+    float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *cache = host_rand(nc, rng, 1.0f);
+    floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_cache = dev_bf16(cache, nc);
+    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH);
+    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH);
+    float *g = host_from(d_out, n1), *gc = host_from(d_cache, nc);
+    snprintf(name, sizeof(name), "gpu attention_cached_forward B=%d N=%d pos=%d Tc=%d C=%d NH=%d (HS=%d) out", B, N, pos, Tc, C, NH, C / NH);
+    expect_close_scaled(name, g, out, n1, 2e-2f);
+    snprintf(name, sizeof(name), "gpu attention_cached_forward B=%d N=%d pos=%d Tc=%d C=%d NH=%d cache", B, N, pos, Tc, C, NH);
+    expect_close(name, gc, cache, nc, 0.0f, 0.0f);
+    free(qkv); free(out); free(cache); free(g); free(gc);
+    lp_device_free(d_qkv); lp_device_free(d_out); lp_device_free(d_cache);
+}
+
 // The classifier over the whole row (t = 1) and over 2 vocabulary slices, as a TP group runs it; at t = 1
 // also its single pass (classifier_fused), which must give the two launches' bits.
 static void tier4_classifier(uint64_t* rng) {
@@ -5730,6 +5942,25 @@ static void tier4_attention_kernels(void) {
         tier4_flash_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3]);
         tier4_cublas_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3]);
     }
+#ifdef LLMPAR_CUDAEMU
+    cudaemu_racecheck(0);
+#endif
+}
+
+// Sampling's attention with the key-value cache, against its CPU loop.
+static void tier4_sample_cache_attention(void) {
+    uint64_t rng = 4747;
+#ifdef LLMPAR_CUDAEMU
+    cudaemu_racecheck(1);
+#endif
+    const int shapes[][6] = {  // B, N, pos, Tc, C, NH
+        {1, 1, 0, 16, 32, 4},      // the first token; HS=8
+        {2, 3, 5, 16, 128, 2},     // 3 rows of 2 sequences; HS=64
+        {1, 1, 100, 130, 100, 4},  // a long cache; HS=25
+        {1, 2, 62, 64, 256, 2},    // the cache's last 2 positions; HS=128, the largest head
+    };
+    for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++)
+        tier4_cached_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], shapes[k][4], shapes[k][5]);
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
 #endif
@@ -6200,6 +6431,8 @@ int main(int argc, char** argv) {
     RUN(test_moe_reference);
     RUN(test_hellaswag_reference);
     RUN(test_training_runs);
+    RUN(test_sample_cache);
+    RUN(test_sample_no_data);
     RUN(test_adamw_flags);
     RUN(test_crash_during_saves);
     RUN(test_divergence_guard);
@@ -6218,6 +6451,7 @@ int main(int argc, char** argv) {
     RUN(test_supervisor_kill);
     RUN(test_output_lock);
     RUN(test_ranks_agree);
+    RUN(test_sample_cache_grids);
     RUN(test_watchdog);
     RUN(test_replicas);
     RUN(test_stragglers);
@@ -6233,9 +6467,11 @@ int main(int argc, char** argv) {
 #endif
     RUN(tier4_kernel_tests);
     RUN(tier4_attention_kernels);
+    RUN(tier4_sample_cache_attention);
     RUN(test_head_size_refused);
     RUN(test_trace_refused);
     RUN(test_step_vs_cpu_build);
+    RUN(test_sample_cache);
     RUN(test_stop_signal);
     RUN(test_watchdog);
     RUN(test_replicas);

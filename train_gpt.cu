@@ -13,6 +13,7 @@ llm.c's where they overlap; run with -h for the list.
 #error "train_gpt.cu needs llmpar.h's watchdog (--timeout-minutes, --straggler): build it without LLMPAR_NO_WATCHDOG"
 #endif
 #include <stddef.h>        // offsetof: the flag table names LPFlags fields
+#include <setjmp.h>        // longjmp: a flag error returns to lp_parse_flags (lp_flag_fail)
 #include <signal.h>        // sigaction: a signal stops the run at a step's end, with a checkpoint
 #include <sys/resource.h>  // getrusage: the peak host memory, printed at the end
 
@@ -115,8 +116,9 @@ static const LPFlagSpec lp_flag_specs[] = {
      "tokens per optimizer step; gradient accumulation steps = N / (b*t*d), d the data-parallel size "
      "(0: b*t*d, no accumulation)"},
     {NULL, "-x", LP_FLAG_INT, LP_FIELD(max_steps), "40", "200", "N", NULL, NULL,
-     "training steps (0: no training: the val loss, a sample with -s N, and with -o the model as loaded saved as "
-     "checkpoint step_00000000, e.g. to convert or re-split a file; llm.c's -1, one epoch, is not here)"},
+     "training steps (0: no training and no train shard read: the val loss (none when -j is left at its default "
+     "and that is not there), a sample with -s N, and with -o the model as loaded saved as checkpoint "
+     "step_00000000, e.g. to convert or re-split a file; llm.c's -1, one epoch, is not here)"},
     {NULL, "-l", LP_FLAG_FLOAT, LP_FIELD(lr), "1e-3", "6e-4", "LR", NULL, NULL, "peak learning rate"},
     {NULL, "-u", LP_FLAG_INT, LP_FIELD(warmup), "5", "20", "N", NULL, NULL, "linear warmup steps"},
     {NULL, "-q", LP_FLAG_FLOAT, LP_FIELD(final_lr_frac), "0.1", "0.1", "F", NULL, NULL,
@@ -143,10 +145,11 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--eval-every", NULL, LP_FLAG_INT, LP_FIELD(eval_every), "0", "0", "N", NULL, NULL,
      "with --eval-hellaswag: evaluate every N steps and at the end (0: every -v steps; at the end only when -v is 0)"},
     {NULL, "-s", LP_FLAG_INT, LP_FIELD(sample_every), "0", "50", "N", NULL, NULL,
-     "print a sample every N steps and at the end (0: never)"},
+     "print a sample every N steps and at the end (0: never); each token is one forward of its own row, the "
+     "tokens before it held in a key-value cache"},
     {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, NULL, "tokens per sample (at most -t minus 1, the positions after <|endoftext|>)"},
     {"--tokenizer", NULL, LP_FLAG_STRING, LP_FIELD(tokenizer), "gpt2_tokenizer.bin", "gpt2_tokenizer.bin", "PATH", NULL, NULL,
-     "tokenizer for samples"},
+     "tokenizer for samples (the default, when the working directory has none: the one beside the program)"},
     {"--seed", NULL, LP_FLAG_SEED, LP_FIELD(seed), "1337", "1337", "N", NULL, NULL,
      "seed of the initial weights, of sampling and of the data order"},
     {"--shuffle", NULL, LP_FLAG_INT, LP_FIELD(shuffle), "1", "1", "N", NULL, NULL,
@@ -429,11 +432,25 @@ static void lp_usage(void) {
     }
 }
 
+// An error in the flags a rank was given. Each rank parses its own command line, and an MPMD launch may give
+// the ranks different ones, so no rank may stop alone (the others would wait in their first collective): the
+// error's line is kept and the parser returns to lp_parse_flags (a jump), and lp_flags_agree prints one line
+// for the whole job.
+static jmp_buf lp_flag_jump;
+static char lp_flag_error[512];
+static LP_PRINTF(1, 2) void lp_flag_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(lp_flag_error, sizeof(lp_flag_error), fmt, ap);
+    va_end(ap);
+    longjmp(lp_flag_jump, 1);
+}
+
 static int lp_parse_int(const char* flag, const char* v) {
     char* end;
     long x = strtol(v, &end, 10);
     if (*v == '\0' || *end != '\0' || x < -2147483647L || x > 2147483647L)
-        lp_fail_all("flag %s: '%s' is not an integer", flag, v);
+        lp_flag_fail("flag %s: '%s' is not an integer", flag, v);
     return (int)x;
 }
 
@@ -450,7 +467,7 @@ static unsigned long long lp_parse_seed(const char* flag, const char* v) {
 static float lp_parse_float(const char* flag, const char* v) {
     char* end;
     float x = strtof(v, &end);
-    if (*v == '\0' || *end != '\0' || !isfinite(x)) lp_fail_all("flag %s: '%s' is not a number", flag, v);
+    if (*v == '\0' || *end != '\0' || !isfinite(x)) lp_flag_fail("flag %s: '%s' is not a number", flag, v);
     return x;
 }
 
@@ -471,7 +488,7 @@ static void lp_flag_set(LPFlags* f, const LPFlagSpec* s, const char* as, const c
             break;
         }
         char names[256];
-        lp_fail_all("flag %s: must be %s, got '%s'", as, lp_names_text(names, sizeof(names), s->choices), v);
+        lp_flag_fail("flag %s: must be %s, got '%s'", as, lp_names_text(names, sizeof(names), s->choices), v);
     }
     }
 }
@@ -503,34 +520,35 @@ static void lp_flag_unknown(const char* a) {
         const char* w = strstr(lp_llmc_absent[k].letters, a);
         size_t n = strlen(a);
         if (w && (w == lp_llmc_absent[k].letters || w[-1] == ' ') && (w[n] == ' ' || w[n] == '\0'))
-            lp_fail_all("flag %s is llm.c's (%s) and has no counterpart here: %s", a, lp_llmc_absent[k].meaning,
+            lp_flag_fail("flag %s is llm.c's (%s) and has no counterpart here: %s", a, lp_llmc_absent[k].meaning,
                         lp_llmc_absent[k].here);
     }
     if (strcmp(a, "--plan") == 0)
-        lp_fail_all("flag --plan is the planner's, a program of its own: make plan_gpt && ./plan_gpt --plan N (dev/plan/plan_gpt.c)");
-    lp_fail_all("unknown flag %s (see -h)", a);
+        lp_flag_fail("flag --plan is the planner's, a program of its own: make plan_gpt && ./plan_gpt --plan N (dev/plan/plan_gpt.c)");
+    lp_flag_fail("unknown flag %s (see -h)", a);
 }
 
 // llm.c's number after a letter (-y 1, -r 2) as this flag's value: a switch's 0 or 1, or the level's name.
 static const char* lp_llmc_value(const LPFlagSpec* s, const char* as, const char* v) {
     int n = lp_llmc_count(s), k = lp_parse_int(as, v);
-    if (k < 0 || k >= n) lp_fail_all("flag %s: must be 0 .. %d (llm.c's values), got %d", as, n - 1, k);
+    if (k < 0 || k >= n) lp_flag_fail("flag %s: must be 0 .. %d (llm.c's values), got %d", as, n - 1, k);
     return s->levels ? s->levels[k] : k ? "1" : "0";
 }
 
-// Returns 0 when -h was given.
+// Returns 1, 0 when -h was given, or -1 for an error (its line in lp_flag_error).
 static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
+    if (setjmp(lp_flag_jump)) return -1;
     lp_flags_default(f);
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 0;
-        if (a[0] != '-') lp_fail_all("unexpected argument '%s' (flags start with -, see -h)", a);
+        if (a[0] != '-') lp_flag_fail("unexpected argument '%s' (flags start with -, see -h)", a);
         int by_letter;
         const LPFlagSpec* s = lp_flag_find(a, &by_letter);
         if (!s) lp_flag_unknown(a);
         const char* v = NULL;  // a switch's long form takes no value
         if (s->type != LP_FLAG_SWITCH || by_letter) {
-            if (i + 1 >= argc) lp_fail_all("flag %s needs a value", a);
+            if (i + 1 >= argc) lp_flag_fail("flag %s needs a value", a);
             v = argv[++i];
         }
         if (by_letter && (s->type == LP_FLAG_SWITCH || s->levels)) v = lp_llmc_value(s, a, v);
@@ -722,6 +740,31 @@ static void lp_ranks_agree(const LPFlags* f, const LPProcess* proc) {
                 "ranks' machines; every rank must read the same model", f->init, rank, what);
 }
 
+// The ranks' parses of their flags (lp_parse_flags' results), agreed before anything else: one all-gather of
+// each rank's result and error line. An error stops every rank with one line: as a one-rank run prints it
+// when every rank met the same, else naming the first rank that met one; so does -h given to some ranks
+// only. Returns the result, the same on every rank.
+static int lp_flags_agree(const LPProcess* proc, int result) {
+    typedef struct { int result; char why[sizeof(lp_flag_error)]; } LPParse;
+    LPParse mine, *all = (LPParse*)lp_host_malloc((size_t)proc->world * sizeof(LPParse), "the ranks' flag parses");
+    memset(&mine, 0, sizeof(mine));
+    mine.result = result;
+    if (result < 0) memcpy(mine.why, lp_flag_error, sizeof(mine.why));
+    lp_world_all_gather(proc, &mine, sizeof(mine), all);
+    int first = -1, differ = -1;  // the first rank with an error, the first whose parse differs from rank 0's
+    for (int r = 0; r < proc->world; r++) {
+        if (first < 0 && all[r].result < 0) first = r;
+        if (differ < 0 && memcmp(&all[r], &all[0], sizeof(LPParse)) != 0) differ = r;
+    }
+    LPParse theirs = all[first < 0 ? 0 : first];
+    free(all);
+    const char* same = "every rank must be given the same flags (an MPMD launch, or a script, gave them different ones)";
+    if (first >= 0 && differ < 0) lp_fail_all("%s", theirs.why);
+    if (first >= 0) lp_fail_all("rank %d: %s; %s", first, theirs.why, same);
+    if (differ >= 0) lp_fail_all("rank %d was given -h, rank %d not: %s", result ? differ : 0, result ? 0 : differ, same);
+    return result;
+}
+
 // --print-flags: every flag's value as parsed, one line each under its name
 static void lp_print_flags(const LPFlags* f) {
     char value[LP_PATH_MAX];
@@ -833,45 +876,60 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
     free(loss);
 }
 
-// Sample from the model, starting from <|endoftext|>. The forward runs on (1, t) so each new token costs
-// one pass over the tokens so far.
+// Sample from the model, starting from <|endoftext|>: each token through the model once, the keys and values
+// of those before it in the key-value caches (one forward of a row per token), the next drawn from its logits.
 // The logits are on the last pipeline stage, and with tensor parallelism each of its ranks has a slice:
 // the row is summed over the TP and pipeline groups from zero-padded slices, so every rank draws the same
-// token. Sequence parallelism needs the rows to split over the group: the forward runs on t rounded up to
-// a multiple of its size, the extra positions (after the ones sampled from, so causal attention keeps
-// them out) filled with <|endoftext|>.
+// token. Sequence parallelism needs the rows to split over the group: each forward runs the block of t rows
+// (t the group's size) holding the token, those before it again (the cache takes the same keys and values)
+// and those after it <|endoftext|> (attention is causal, and the next forwards overwrite their keys).
 static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng, int step) {
     const LPModel* m = &st->chunks[st->par->vpp - 1];  // on the last stage: the model's last chunk
     const LPConfig* c = &m->cfg;
     int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T, Vl = c->padded_vocab_size / m->tp_size;
-    int* tokens = (int*)lp_host_malloc((size_t)m->T * sizeof(int), "sample tokens");
+    int rows = m->par->sp ? m->tp_size : 1, positions = (n + rows - 1) / rows * rows;  // (the last block whole)
+    int* tokens = (int*)lp_host_malloc((size_t)positions * sizeof(int), "sample tokens");
     float* probs = (float*)lp_host_malloc((size_t)c->padded_vocab_size * sizeof(float), "sample logits");
-    for (int t = 0; t < m->T; t++) tokens[t] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
+    for (int t = 0; t < positions; t++) tokens[t] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
     LPUtf8 text = {{0}, 0, 0};
     lp_log("--- sample at step %d ---\n", step);
-    for (int t = 1; t < n; t++) {
-        int rows = m->par->sp ? (t + m->tp_size - 1) / m->tp_size * m->tp_size : t;
-        lp_stage_forward_only(st, tokens, NULL, 1, rows);
+    lp_stage_cache_alloc(st, 1, positions);
+#if defined(LLMPAR_CPU) && defined(_OPENMP)
+    // one row's forward is too small to share between threads: its ~40 parallel regions a layer cost a barrier
+    // each, more than they save (on a loaded machine, a time slice each); the results are the same on any
+    int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+#endif
+    for (int t = 1; t < n; t++) {  // token t from the logits of token t - 1
+        int p0 = (t - 1) / rows * rows;
+        lp_stage_forward_cached(st, tokens + p0, 1, rows, p0);
         memset(probs, 0, (size_t)c->padded_vocab_size * sizeof(float));
-        if (m->last) lp_to_host_float(probs + (size_t)m->tp_rank * Vl, m->act.logits + (size_t)(t - 1) * Vl, Vl);
+        if (m->last) lp_to_host_float(probs + (size_t)m->tp_rank * Vl, m->act.logits + (size_t)(t - 1 - p0) * Vl, Vl);
         if (m->tp_size > 1) lp_all_reduce_host(m->tp, probs, c->padded_vocab_size, 0);
         lp_all_reduce_host(st->pp, probs, c->padded_vocab_size, 0);
-        float maxv = probs[0], sum = 0.0f;
-        for (int v = 1; v < c->vocab_size; v++) if (probs[v] > maxv) maxv = probs[v];
-        for (int v = 0; v < c->vocab_size; v++) sum += probs[v] = expf(probs[v] - maxv);
-        float coin = lp_rand_f32(rng) * sum, acc = 0.0f;
-        int next = c->vocab_size - 1;
-        for (int v = 0; v < c->vocab_size; v++) {
-            acc += probs[v];
-            if (coin < acc) { next = v; break; }
-        }
+        int next = lp_sample_draw(probs, c->vocab_size, lp_rand_f32(rng));
         tokens[t] = next;
         if (lp_rank == 0) lp_tokenizer_print(tok, next, &text, stdout);
     }
+#if defined(LLMPAR_CPU) && defined(_OPENMP)
+    omp_set_num_threads(threads);
+#endif
+    lp_stage_cache_free(st);
     lp_utf8_end(&text, stdout);
     lp_log("\n--- end of sample ---\n");
     free(tokens);
     free(probs);
+}
+
+// A default file (the tokenizer) that is not in the working directory is taken from beside the program when
+// it is there, so a run from another directory finds the checkout's; else path as it is (its own notice).
+static const char* lp_beside_program(const char* path, char* buf, size_t size) {
+    char exe[LP_PATH_MAX];
+    ssize_t n = access(path, F_OK) == 0 || path[0] == '/' ? -1 : readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) return path;
+    exe[n] = '\0';
+    snprintf(buf, size, "%.*s/%s", (int)(strrchr(exe, '/') - exe), exe, path);
+    return access(buf, F_OK) == 0 ? buf : path;
 }
 
 // The model's shape from -e: a dN preset, or an llm.c file's header. Returns 1 for a preset (a new model).
@@ -1021,9 +1079,10 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
         for (int c = 0; c < par->vpp; c++) lp_log("%s %d", c ? "," : "", r->stage.chunks[c].num_slots);
         lp_log(" micro-batches (per chunk) of %d\n", par->micro_batches);
     }
-    lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", r->train.num_files,
-           lp_dataloader_batches_per_epoch(&r->train) / par->micro_batches, f->shuffle ? "shuffled" : "in file order",
-           r->has_val ? r->val.num_files : 0);
+    if (f->max_steps == 0) lp_log("data             no train shard read (-x 0); %d val shard(s)\n", r->has_val ? r->val.num_files : 0);
+    else lp_log("data             %d train shard(s), %zu steps per epoch, %s; %d val shard(s)\n", r->train.num_files,
+                lp_dataloader_batches_per_epoch(&r->train) / par->micro_batches, f->shuffle ? "shuffled" : "in file order",
+                r->has_val ? r->val.num_files : 0);
     if (r->hellaswag.num_examples)
         lp_log("hellaswag        %s: %d examples, %d completions, the longest %d tokens (context + completion)\n", f->hellaswag,
                r->hellaswag.num_examples, r->hellaswag.num_rows, r->hellaswag.longest_row);
@@ -1068,7 +1127,13 @@ static const size_t lp_identity_fields[] = {
     LP_FIELD(moe.z_coef), LP_FIELD(par.diloco), LP_FIELD(outer.lr), LP_FIELD(outer.momentum), LP_FIELD(par.gossip)};
 
 // The run's identity as a checkpoint keeps it: a line "FLAG VALUE" for each of lp_identity_fields, and one
-// for the train shards -i finds, "-i (N shard(s), M tokens)" (the caller frees it).
+// for the train shards -i finds, "-i (N shard(s), M tokens)". -x 0 reads none: its two -i lines end in "(not
+// read: -x 0)", which matches any line (the caller frees it).
+static const char lp_identity_unread[] = "(not read: -x 0)";
+static int lp_identity_unread_line(const char* line, size_t n) {
+    size_t k = strlen(lp_identity_unread);
+    return n >= k && memcmp(line + n - k, lp_identity_unread, k) == 0;
+}
 static char* lp_run_identity(const LPTrainRun* r) {
     size_t size = 2 * LP_PATH_MAX + 2048, len = 0;
     char* text = (char*)lp_host_malloc(size, "run identity");
@@ -1076,11 +1141,14 @@ static char* lp_run_identity(const LPTrainRun* r) {
     for (size_t k = 0; k < sizeof(lp_identity_fields) / sizeof(lp_identity_fields[0]); k++) {
         const LPFlagSpec* s = lp_flag_specs;
         while (s->field != lp_identity_fields[k]) s++;
-        len += snprintf(text + len, size - len, "%s %s\n", lp_flag_name(s), lp_flag_value(r->f, s, value, sizeof(value)));
+        int unread = s->field == LP_FIELD(train_data) && r->f->max_steps == 0;
+        len += snprintf(text + len, size - len, "%s %s%s%s\n", lp_flag_name(s), lp_flag_value(r->f, s, value, sizeof(value)),
+                        unread ? " " : "", unread ? lp_identity_unread : "");
     }
     size_t tokens = 0;
     for (int s = 0; s < r->train.num_files; s++) tokens += r->train.shard_tokens[s];
-    snprintf(text + len, size - len, "%s (%d shard(s), %zu tokens)\n", LP_FLAG_NAME(train_data), r->train.num_files, tokens);
+    if (r->f->max_steps == 0) snprintf(text + len, size - len, "%s %s\n", LP_FLAG_NAME(train_data), lp_identity_unread);
+    else snprintf(text + len, size - len, "%s (%d shard(s), %zu tokens)\n", LP_FLAG_NAME(train_data), r->train.num_files, tokens);
     return text;
 }
 
@@ -1092,7 +1160,7 @@ static int lp_identity_differs(const char* was, const char* now, int step, int n
     size_t len = 0;
     while (*was || *now) {
         size_t a = strcspn(was, "\n"), b = strcspn(now, "\n");
-        if (a != b || memcmp(was, now, a) != 0) {
+        if (!lp_identity_unread_line(was, a) && !lp_identity_unread_line(now, b) && (a != b || memcmp(was, now, a) != 0)) {
             int name = (int)strcspn(now, " \n");
             if (notice) lp_log("notice: %s: checkpoint step %d's run had '%.*s', this run has '%.*s'\n", LP_FLAG_NAME(resume_changed), step,
                                (int)a, was, (int)b, now);
@@ -1174,7 +1242,7 @@ static void lp_run_open_output(LPTrainRun* r) {
             free(was);
         }
         lp_fail_all_from_rank0(proc, why);
-        lp_dataloader_seek(&r->train, state->epoch, state->shard, state->pos);
+        if (f->max_steps > 0) lp_dataloader_seek(&r->train, state->epoch, state->shard, state->pos);
         lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, state->run_id);
         if (latest >= f->max_steps)
             lp_log("notice: the run has done %d steps, -x asks for %d: nothing left to train (a larger -x trains on)\n",
@@ -1269,7 +1337,15 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
         act_bytes += mc->act_bytes;
     }
     free(weights);
+    // -x 0 trains on nothing: it reads no train shard, and a val set left at its default that is not there (a run
+    // outside the checkout) gives no val loss, with a notice; so a model file is sampled with no data at all
     r->has_val = f->val_data[0] != '\0' && f->val_every > 0;
+    if (f->max_steps == 0 && r->has_val && !lp_flag_typed(f, LP_FIELD(val_data))) {
+        glob_t g;
+        r->has_val = glob(f->val_data, 0, NULL, &g) == 0;
+        globfree(&g);
+        if (!r->has_val) lp_log("notice: -x 0 without -j: the default val shards %s are not here, no val loss\n", f->val_data);
+    }
     for (int pass = 0; pass < 2; pass++) {  // rank 0 checks the shards first (their token ids), as with the model file
         if ((proc->rank == 0) == (pass == 0)) {
             LPDataOptions train = {.pattern = f->train_data, .label = "-i", .B = f->B, .T = f->T, .rank = proc->coord[LP_DP],
@@ -1278,14 +1354,16 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
             LPDataOptions val = {.pattern = f->val_data, .label = "-j", .B = f->B, .T = f->T, .rank = proc->coord[LP_DP],
                                  .ranks = proc->par->dp, .vocab_size = r->cfg.vocab_size, .scan = proc->rank == 0,
                                  .check = f->check_data};
-            lp_dataloader_init(&r->train, &train);
+            if (f->max_steps > 0) lp_dataloader_init(&r->train, &train);
             if (r->has_val) lp_dataloader_init(&r->val, &val);
             if (f->hellaswag[0]) lp_hellaswag_load(r);
         }
         lp_barrier(&proc->world_group);
     }
-    if (f->sample_every > 0 && lp_tokenizer_load(&r->tok, f->tokenizer) && r->tok.vocab_size != r->cfg.vocab_size) {
-        lp_log("notice: tokenizer %s has %d tokens, the model %d: samples print token ids\n", f->tokenizer,
+    char beside[LP_PATH_MAX];
+    const char* tokenizer = lp_flag_typed(f, LP_FIELD(tokenizer)) ? f->tokenizer : lp_beside_program(f->tokenizer, beside, sizeof(beside));
+    if (f->sample_every > 0 && lp_tokenizer_load(&r->tok, tokenizer) && r->tok.vocab_size != r->cfg.vocab_size) {
+        lp_log("notice: tokenizer %s has %d tokens, the model %d: samples print token ids\n", tokenizer,
                r->tok.vocab_size, r->cfg.vocab_size);
         lp_tokenizer_free(&r->tok);
     }
@@ -1907,7 +1985,7 @@ int main(int argc, char** argv) {
     LPFlags flags;
     lp_setting_namer = lp_setting_flag;  // the header's errors name this driver's flags
     int stopped = 0;  // the signal that stopped the run (lp_train)
-    int flags_given = lp_parse_flags(&flags, argc, argv);
+    int flags_given = lp_flags_agree(&proc, lp_parse_flags(&flags, argc, argv));
     if (flags_given) {
         lp_ranks_agree(&flags, &proc);
         lp_check_flags(&flags);
