@@ -92,6 +92,18 @@ train_gpt_cpu: train_gpt.cu llmpar.h
 test_gpt_cpu: test_gpt.cu llmpar.h
 	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) test_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
+# The engines with the tests' hooks (LLMPAR_TEST_HOOKS: a crash at the k-th checkpoint file operation or
+# offloaded chunk, an injected loss, small offload chunks, each asked for by an environment variable), for
+# the tests that use them; the engines users run have none. One for each build: _cpu_hooks, _emu_hooks, _hooks.
+train_gpt_cpu_hooks: train_gpt.cu llmpar.h
+	$(CC_CPU) $(CFLAGS_CPU) -DLLMPAR_TEST_HOOKS $(BLAS_CFLAGS) train_gpt.cu -o $@ $(BLAS_LIBS) -lm
+
+train_gpt_hooks: train_gpt.cu llmpar.h $(CUDNN_OBJ)
+	$(NVCC) $(NVCC_FLAGS) -DLLMPAR_TEST_HOOKS $(NVCC_MPI) train_gpt.cu $(NVCC_CUDNN) -o $@ $(NVCC_LIBS)
+
+train_gpt_emu_hooks: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) -DLLMPAR_TEST_HOOKS $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h train_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
 # The cluster planner (dev/plan): one build, plain C without MPI; it plans GPUs on any machine. For the
 # machine's own code (no -march=native) and no contracted multiply-adds, so every machine prints the same
 # plans to the last digit (dev/plan/plans.txt, checked by make test).
@@ -149,10 +161,10 @@ dev/examples/train_loop_emu: $(EXAMPLE) llmpar.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h $(EXAMPLE) -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
 # The library from two files (dev/examples/two_files_main.cu defines LLMPAR_IMPLEMENTATION, two_files_eval.cu
-# includes llmpar.h plain), the same builds.
+# includes llmpar.h plain), the same builds; the CPU one with llmpar.h's opt-outs (no watchdog, no re-execution).
 TWO_FILES = dev/examples/two_files_main.cu dev/examples/two_files_eval.cu
 dev/examples/two_files_cpu: $(TWO_FILES) llmpar.h
-	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) $(TWO_FILES) -o $@ $(BLAS_LIBS) -lm
+	$(CC_CPU) $(CFLAGS_CPU) -DLLMPAR_NO_WATCHDOG -DLLMPAR_NO_REEXEC $(BLAS_CFLAGS) $(TWO_FILES) -o $@ $(BLAS_LIBS) -lm
 
 dev/examples/two_files_nompi: $(TWO_FILES) llmpar.h
 	$(CC) $(CFLAGS_CPU) $(BLAS_CFLAGS) $(TWO_FILES) -o $@ $(BLAS_LIBS) -lm
@@ -177,7 +189,7 @@ test:
 	@bash scripts/run_tests.sh
 
 # Tier 4 under the emulator alone (and the emulator's own tests).
-test-emu: train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu
+test-emu: train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu
 	@bash scripts/run_tests.sh emu
 
 # dev/docs/flags.md's flags block is `./train_gpt_cpu -h` verbatim, between its two marker lines: this
@@ -192,5 +204,6 @@ flags-doc readme-flags: train_gpt_cpu
 
 clean:
 	rm -f llmpar_cudnn.o plan_gpt train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check
+	rm -f train_gpt_hooks train_gpt_cpu_hooks train_gpt_emu_hooks
 	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu
 	rm -f dev/examples/two_files dev/examples/two_files_cpu dev/examples/two_files_nompi dev/examples/two_files_emu

@@ -104,6 +104,11 @@ lp_model_forward(&m, inputs, targets, B, T, 1.0f / (B * T)) then lp_model_backwa
 Build: CPU `cc -x c -std=gnu11 -O3 -fopenmp -DLLMPAR_CPU app.cu -lm` (mpicc and -DLLMPAR_MPI for ranks,
 -DLLMPAR_BLAS and OpenBLAS for fast matmuls); CUDA `nvcc -O3 -std=c++17 -arch=sm_90 -Xcompiler -fopenmp
 app.cu -lcublasLt -lcublas` (the Makefile's dev/examples targets show both, MPI and NCCL flags included).
+Options, defined before the include (in each file, as stb's STBI_NO_*): LLMPAR_NO_WATCHDOG leaves out the
+watchdog (section 5: a thread per rank that ends the job when a rank has waited past a timeout; train_gpt.cu
+needs it), LLMPAR_NO_REEXEC keeps the program from executing itself again for better OpenBLAS kernels
+(lp_blas_init). LLMPAR_TEST_HOOKS is for llmpar's own tests: crashes, losses and offload chunk sizes injected
+through environment variables (make's train_gpt_cpu_hooks and co.); no other build reads them.
 More: LPParallel (section 3) lists every setting (ZeRO, recomputation, schedules, offload, ...), each call's
 comment says what it does; train_gpt.cu's lp_train is the full driver (LR schedule, checkpoints, evaluation,
 the divergence guard); README.md.
@@ -183,12 +188,16 @@ void lp_cudnn_free(void);
 #endif
 
 LP_STATE int lp_rank;  // this process's rank, set by lp_process_init (0 before); only rank 0 prints progress
+#ifndef LLMPAR_NO_WATCHDOG
 LP_STATE volatile int lp_ending;  // the watchdog (section 5) is ending the job: lp_fail leaves the last word to it
+#endif
 #define LP_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))  // the compiler checks the arguments against the format
 
 // Print one line naming what failed, then stop every rank with a non-zero exit.
 static inline LP_PRINTF(1, 2) void lp_fail(const char* fmt, ...) {
+#ifndef LLMPAR_NO_WATCHDOG
     while (lp_ending) pause();  // (an error the watchdog's abort caused, on another thread: its exit comes)
+#endif
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, "llmpar: error: ");
@@ -221,9 +230,12 @@ static inline void* lp_host_malloc(size_t bytes, const char* what) {
     return p;
 }
 
+// (A folder opens for reading on Linux, and its first read fails: refused here, named as what it is.)
 static inline FILE* lp_fopen(const char* path, const char* mode) {
     FILE* f = fopen(path, mode);
     if (!f) lp_fail("cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) lp_fail("%s: is a folder, not a file", path);
     return f;
 }
 
@@ -267,6 +279,61 @@ static inline double lp_time_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// --- the step's timeline (--trace): what this rank does, as begin/end events on its clock, kept in memory
+// while lp_trace.on; the driver gathers every rank's and writes them as one Chrome trace (train_gpt.cu).
+// An event names what it is ("F", "B", "all-reduce", ...), its kind ("compute", "step", "io", "comm": a
+// blocking call, "launch": a collective started without blocking or a send posted, an instant),
+// for a collective or a send its group and bytes, for a micro-batch its number and chunk. Off, each mark
+// returns at its first test. On the CPU engine the clock is the work's; the CUDA engine records when the
+// host issued the work, so it refuses --trace until its events come from the streams.
+typedef struct {
+    char name[40], kind[8], group[8];  // (fixed sizes, cut to fit: events travel between ranks as bytes)
+    double t0, t1;                     // seconds since the trace started (lp_trace_start)
+    double bytes;                      // a collective's tensor, a send's or receive's message; else 0
+    int micro, chunk, peer;            // -1 where they do not apply
+} LPTraceEvent;
+typedef struct {
+    int on;
+    double origin;  // lp_time_s() at the start
+    LPTraceEvent* ev;
+    int n, cap;
+    int wait;       // 1 + the event of the blocking call under way (lp_watch's), or 0
+} LPTrace;
+LP_STATE LPTrace lp_trace;
+
+// Begin an event; returns its number for lp_trace_end (-1 when off).
+static inline int lp_trace_begin(const char* kind, const char* name, int micro, int chunk) {
+    if (!lp_trace.on) return -1;
+    if (lp_trace.n == lp_trace.cap) {
+        int cap = lp_trace.cap ? 2 * lp_trace.cap : 1024;
+        LPTraceEvent* grown = (LPTraceEvent*)realloc(lp_trace.ev, (size_t)cap * sizeof(LPTraceEvent));
+        if (!grown) lp_fail("out of host memory for the trace's %d events", cap);
+        lp_trace.ev = grown;
+        lp_trace.cap = cap;
+    }
+    LPTraceEvent* e = &lp_trace.ev[lp_trace.n];
+    memset(e, 0, sizeof(*e));
+    snprintf(e->kind, sizeof(e->kind), "%.*s", (int)sizeof(e->kind) - 1, kind);
+    snprintf(e->name, sizeof(e->name), "%.*s", (int)sizeof(e->name) - 1, name);
+    e->micro = micro;
+    e->chunk = chunk;
+    e->peer = -1;
+    e->t0 = lp_time_s() - lp_trace.origin;
+    return lp_trace.n++;
+}
+// A communication event: its group ("tp", "dp", ...; NULL: none), bytes and peer (-1: a collective).
+static inline int lp_trace_comm(const char* name, const char* group, double bytes, int peer) {
+    int id = lp_trace_begin("comm", name, -1, -1);
+    if (id < 0) return id;
+    snprintf(lp_trace.ev[id].group, sizeof(lp_trace.ev[id].group), "%.*s", (int)sizeof(lp_trace.ev[id].group) - 1, group ? group : "");
+    lp_trace.ev[id].bytes = bytes;
+    lp_trace.ev[id].peer = peer;
+    return id;
+}
+static inline void lp_trace_end(int id) {
+    if (id >= 0) lp_trace.ev[id].t1 = lp_time_s() - lp_trace.origin;
 }
 
 // xorshift64*: small, fast, and the same sequence on every build
@@ -796,7 +863,8 @@ typedef struct {
 } LPGroup;
 enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER, LP_SEND, LP_ALL_TO_ALL };
 
-// The watchdog (section 5) watches the set-up too: MPI's start, the splits into groups, NCCL's start.
+// The watchdog (section 5) watches the set-up too: MPI's start, the splits into groups, NCCL's start
+// (LLMPAR_NO_WATCHDOG: these do nothing).
 static inline void lp_watchdog_start(double timeout_s);
 static inline void lp_watchdog_stop(void);
 static inline double lp_watchdog_timeout_or(double fallback);
@@ -975,13 +1043,14 @@ static inline const char* lp_blas_better_kernels(const char* chosen, int avx512)
 }
 // The BLAS set up for the engine, first thing (before MPI starts, so each rank does so). Where
 // lp_blas_better_kernels names a set and the user set no OPENBLAS_CORETYPE, the program executes itself
-// again with it set (OpenBLAS reads it only as it loads). An OpenBLAS built with its own threads (not
-// OpenMP's) keeps one: the engine's tiles are the parallelism (lp_gemm_strided_cpu).
+// again with it set (OpenBLAS reads it only as it loads; LLMPAR_NO_REEXEC: never, OpenBLAS's choice runs).
+// An OpenBLAS built with its own threads (not OpenMP's) keeps one: the engine's tiles are the parallelism
+// (lp_gemm_strided_cpu).
 static inline void lp_blas_init(char** argv) {
 #if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION)
     if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
 #endif
-#if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION)
+#if defined(LLMPAR_CPU) && defined(OPENBLAS_VERSION) && !defined(LLMPAR_NO_REEXEC)
     if (getenv("OPENBLAS_CORETYPE")) return;
     const char* better = lp_blas_better_kernels(openblas_get_corename(), lp_cpu_has_avx512());
     if (!better) return;
@@ -1475,6 +1544,8 @@ static inline void lp_nccl_comm_destroy(ncclComm_t comm) {
 // uncompleted operations, called from this thread as PyTorch's NCCL watchdog does), so that a collective
 // stuck in the GPU ends and the process can exit. A call's return is marked too (lp_watch_done): the time
 // between is the rank's waiting, which the straggler report leaves out of its compute time.
+// Optional: a program built with LLMPAR_NO_WATCHDOG has none (no thread; the marks below do nothing).
+#ifndef LLMPAR_NO_WATCHDOG
 typedef struct {
     volatile double moved;          // lp_time_s() of the last mark
     const char* volatile what;      // the call waited in, or the phase between calls
@@ -1487,13 +1558,13 @@ typedef struct {
     double wait_start, waited;      // its start; seconds waited in marked calls so far
 } LPWatchdog;
 LP_STATE LPWatchdog lp_watchdog;
-// A phase of the loop ("the step"), not a wait.
+// Its state at each mark (below): a phase of the loop ("the step", not a wait), a blocking call's start, its return.
 static inline void lp_watch_phase(const char* what) {
     lp_watchdog.what = what;
     lp_watchdog.group = NULL;
     lp_watchdog.moved = lp_time_s();
 }
-static inline void lp_watch_peer(const char* what, const LPGroup* g, int peer) {
+static inline void lp_watchdog_wait(const char* what, const LPGroup* g, int peer) {
     double now = lp_time_s();
     lp_watchdog.what = what;
     lp_watchdog.group = g;
@@ -1504,8 +1575,7 @@ static inline void lp_watch_peer(const char* what, const LPGroup* g, int peer) {
         lp_watchdog.wait_start = now;
     }
 }
-static inline void lp_watch(const char* what, const LPGroup* g) { lp_watch_peer(what, g, -1); }
-static inline void lp_watch_done(void) {
+static inline void lp_watchdog_done(void) {
     if (!lp_watchdog.waiting) return;  // (the inner call of two ended the wait)
     lp_watchdog.waiting = 0;
     lp_watchdog.waited += lp_time_s() - lp_watchdog.wait_start;
@@ -1559,17 +1629,58 @@ static inline void lp_watchdog_start(double timeout_s) {
 static inline void lp_watchdog_stop(void) { lp_watchdog.timeout_s = 0.0; }  // (its thread idles)
 // The timeout a program set before lp_process_init, or fallback.
 static inline double lp_watchdog_timeout_or(double fallback) { return lp_watchdog.timeout_s > 0.0 ? lp_watchdog.timeout_s : fallback; }
+#else
+static inline void lp_watch_phase(const char* what) { (void)what; }
+static inline void lp_watchdog_wait(const char* what, const LPGroup* g, int peer) { (void)what, (void)g, (void)peer; }
+static inline void lp_watchdog_done(void) {}
+static inline void lp_watchdog_start(double timeout_s) { (void)timeout_s; }
+static inline void lp_watchdog_stop(void) {}
+static inline double lp_watchdog_timeout_or(double fallback) { return fallback; }
+#endif
+
+// The marks: each blocking call marks what it waits in, its group and a receive's sender (lp_watch_peer),
+// and its return (lp_watch_done): the watchdog and the timeline listen (the loop's phases, lp_watch_phase,
+// are the watchdog's alone). A call made inside another (lp_all_reduce's host staging) counts as the outer one.
+static inline void lp_watch_peer(const char* what, const LPGroup* g, int peer) {
+    lp_watchdog_wait(what, g, peer);
+    if (lp_trace.on && !lp_trace.wait) {  // named without its article: "an all-reduce" -> "all-reduce"
+        const char* name = strncmp(what, "an ", 3) == 0 ? what + 3 : strncmp(what, "a ", 2) == 0 ? what + 2
+                           : strncmp(what, "the ", 4) == 0 ? what + 4 : what;
+        lp_trace.wait = 1 + lp_trace_comm(name, g->name, 0.0, peer);
+    }
+}
+static inline void lp_watch(const char* what, const LPGroup* g) { lp_watch_peer(what, g, -1); }
+// The bytes the blocking call under way moves, on its timeline event.
+static inline void lp_trace_wait_bytes(double bytes) {
+    if (lp_trace.wait) lp_trace.ev[lp_trace.wait - 1].bytes = bytes;
+}
+static inline void lp_watch_done(void) {
+    lp_watchdog_done();
+    if (lp_trace.wait) lp_trace_end(lp_trace.wait - 1);
+    lp_trace.wait = 0;
+}
 
 // Count a collective on g's device tensors (the groups are the process's own: counting is their only change).
+// On the timeline: the bytes of the blocking call under way; a collective started without blocking (and a
+// send, which never blocks) as an instant event of its own.
 static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {
+    static const char* const names[] = {"all-reduce start", "reduce-scatter start", "all-gather start", "send", "all-to-all start"};
     ((LPGroup*)g)->calls[kind]++;
     ((LPGroup*)g)->bytes[kind] += (double)bytes;
+    if (lp_trace.wait) {
+        lp_trace_wait_bytes((double)bytes);
+    } else if (lp_trace.on) {
+        int id = lp_trace_comm(names[kind], g->name, (double)bytes, -1);
+        snprintf(lp_trace.ev[id].kind, sizeof(lp_trace.ev[id].kind), "launch");
+        lp_trace_end(id);
+    }
 }
 
 // Sum (or average) n host floats over the group, in place: losses, norms, error flags, staged tensors.
 static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int average) {
-    if (g->size == 1) return;
+    if (g->size == 1 || n == 0) return;  // (MPI's of 0 values would return at once, waiting for no peer)
     lp_watch("an all-reduce of host values", g);
+    lp_trace_wait_bytes((double)(n * sizeof(float)));
 #ifdef LLMPAR_MPI
     lp_mpi_all_reduce_f32(g, x, n);
     lp_watch_done();
@@ -1603,6 +1714,29 @@ static inline void lp_world_broadcast(const LPProcess* proc, void* buf, size_t b
     (void)bytes;
     (void)root;
 #endif
+}
+
+// Rank r's bytes[r] bytes at mine to rank 0, into all one after another in rank order (the timeline's
+// events, a different number on each rank); all is read on rank 0 only.
+static inline void lp_world_gather(const LPProcess* proc, const void* mine, const int* bytes, void* all) {
+#ifdef LLMPAR_MPI
+    if (proc->world > 1) {
+        int* at = (int*)lp_host_malloc((size_t)proc->world * sizeof(int), "gather offsets");
+        long long total = 0;
+        for (int r = 0; r < proc->world; r++) {
+            if (total + bytes[r] > INT_MAX) lp_fail("gathering %lld bytes to rank 0: more than MPI's int counts", total + bytes[r]);
+            at[r] = (int)total;
+            total += bytes[r];
+        }
+        lp_watch("a gather to rank 0", &proc->world_group);
+        lp_mpi_check(MPI_Gatherv(mine, bytes[proc->rank], MPI_BYTE, all, bytes, at, MPI_BYTE, 0, MPI_COMM_WORLD), "gather",
+                     &proc->world_group);
+        lp_watch_done();
+        free(at);
+        return;
+    }
+#endif
+    memcpy(all, mine, (size_t)bytes[0]);
 }
 
 // Send `bytes` of host memory from the group's rank `root` to all its ranks (one reader of a model file
@@ -1830,6 +1964,7 @@ static inline void lp_send(const LPGroup* g, const floatX* x, size_t n, int peer
 // Receive n values from the group's rank `peer` into x; blocks until they have arrived.
 static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int tag) {
     lp_watch_peer("a receive", g, peer);
+    lp_trace_wait_bytes((double)(n * sizeof(floatX)));
 #ifdef LLMPAR_MPI
     size_t bytes = n * sizeof(floatX);
     if (bytes > (size_t)INT_MAX) lp_fail("receive on group %s: %zu bytes is too large for one MPI message", g->name, bytes);
@@ -5434,7 +5569,7 @@ typedef struct {
     struct { int write; size_t chunk; float* buf; } job[LP_OFFLOAD_JOBS];
     long queued, done, ready[2];  // ready[b]: the job that fills buffer b
     int err, err_write, stop;
-    long crash_at, writes;  // LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137, as killed) after the k-th chunk written
+    long crash_at, writes;  // tests (LLMPAR_TEST_HOOKS), LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137) after the k-th chunk written
 } LPOffload;
 
 // Read (write = 0) or write chunk k of the file from or into buf, all of it; returns 0 or an errno. A
@@ -5506,11 +5641,13 @@ static inline void lp_offload_wait(LPOffload* o, long id) {
         lp_fail("%s: cannot %s the optimizer state in %s: %s", LP_SETTING(offload_dir), write ? "write" : "read", o->path, strerror(err));
 }
 
-// Values per chunk for a state of `values` values: LP_OFFLOAD_CHUNK (tests: LLMPAR_OFFLOAD_CHUNK, so a tiny
-// model spans many), or all of them when fewer, in whole aligned blocks.
+// Values per chunk for a state of `values` values: LP_OFFLOAD_CHUNK (tests: LLMPAR_OFFLOAD_CHUNK in a
+// LLMPAR_TEST_HOOKS build, so a tiny model spans many), or all of them when fewer, in whole aligned blocks.
 static inline size_t lp_offload_chunk(size_t values) {
     size_t align = LP_OFFLOAD_ALIGN / sizeof(float), most = LP_OFFLOAD_CHUNK;
+#ifdef LLMPAR_TEST_HOOKS
     if (getenv("LLMPAR_OFFLOAD_CHUNK")) most = (size_t)atol(getenv("LLMPAR_OFFLOAD_CHUNK")) / align * align;
+#endif
     if (most == 0) most = align;
     size_t chunk = values < most ? (values + align - 1) / align * align : most;
     return chunk ? chunk : align;
@@ -5520,7 +5657,9 @@ static inline size_t lp_offload_chunk(size_t values) {
 static inline LPOffload* lp_offload_open(const char* dir, int tag, size_t values) {
     LPOffload* o = (LPOffload*)lp_host_malloc(sizeof(LPOffload), "offload");
     memset(o, 0, sizeof(*o));
+#ifdef LLMPAR_TEST_HOOKS
     o->crash_at = getenv("LLMPAR_OFFLOAD_CRASH_AT") ? atol(getenv("LLMPAR_OFFLOAD_CRASH_AT")) : 0;
+#endif
     o->chunk = lp_offload_chunk(values);
     o->chunks = (values + o->chunk - 1) / o->chunk;
     lp_path(o->path, "%s/llmpar-offload-%d-%d.bin", dir, (int)getpid(), tag);
@@ -7020,6 +7159,7 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     size_t QKVl = lp_qkv_rows(&m->cfg) / t;
     size_t f = m->par->recompute == LP_RECOMPUTE_FULL ? 0 : l, s = m->par->recompute == LP_RECOMPUTE_NONE ? l : 0;  // layer slots
     LPLayerActs x;
+    memset(&x, 0, sizeof(x));  // (a dense layer's MoE fields stay NULL)
     // the MLP's: among the chunk's dense layers, or its MoE layers
     const LPConfig* c = &m->cfg;
     size_t E = c->moe_experts, K = c->moe_topk;
@@ -7041,6 +7181,8 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.ln2_rstd = a->ln2_rstd + f * Nr;
     x.fch = a->fch + kf * N * Ff;
     x.fch_gelu = a->fch_gelu + ks * N * Fl;
+    x.residual3 = a->residual3 + (size_t)l * Nr * C;
+    if (!x.moe) return x;  // a dense layer: no routing, no experts
     x.probs = a->probs + kf * N * E;
     x.rlse = a->rlse + kf * N;
     x.expert = a->expert + kf * N * K;
@@ -7061,7 +7203,6 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.xe = ep ? a->xe + kf * R * C : x.xp;
     x.eorder = a->eorder + kf * R;
     x.einv = a->einv + kf * R;
-    x.residual3 = a->residual3 + (size_t)l * Nr * C;
     return x;
 }
 
@@ -7453,6 +7594,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
         }
         lp_model_fetch(m, l, l - 1);     // ZeRO-3: the layer below arrives while this one runs
         lp_model_layer_begin(m, l);      // ZeRO-2/3: a clean one-layer gradient buffer
+        int redo = m->par->recompute ? lp_trace_begin("compute", "recompute", -1, -1) : -1;  // (on the timeline)
         if (m->par->recompute == LP_RECOMPUTE_FULL) {  // the layer's forward again, from its input
             lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, lp_layer_param(m, LP_LN1W, l),
                                   lp_layer_param(m, LP_LN1B, l), Nr, C, eps);
@@ -7464,6 +7606,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
             else if (c->swiglu) lp_swiglu_forward(x.fch_gelu, x.fch, N, Fl);
             else lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
+        lp_trace_end(redo);
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
         // it is also fcproj's output gradient (g backward)
         floatX* dln2;
@@ -8111,13 +8254,18 @@ static inline void lp_checkpoint_check(const LPGroup* world, int err, const char
     lp_exit_all();
 }
 
-// Crash injection for the tests: with LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at
-// the k-th of these points, counted over the run's checkpoint saves: one after each file operation.
+// Crash injection for the tests, in a build with LLMPAR_TEST_HOOKS (make's *_hooks binaries): with
+// LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at the k-th of these points, counted over
+// the run's checkpoint saves: one after each file operation. Other builds: nothing.
+#ifdef LLMPAR_TEST_HOOKS
 LP_STATE int lp_crash_points;  // the points passed so far (one count, whichever file saves)
 static inline void lp_crash_point(void) {
     const char* at = getenv("LLMPAR_CRASH_AT");
     if (at && ++lp_crash_points == atoi(at)) _exit(137);
 }
+#else
+static inline void lp_crash_point(void) {}
+#endif
 
 // Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.
 // The weights are finite: model files are checked when read, and every update after it (lp_models_adamw).
@@ -9071,7 +9219,9 @@ static inline float lp_stage_forward(LPStage* st, int c, int i, int slot, const 
     lp_model_use_slot(mc, slot);
     if (k > 0) lp_stage_recv(st, mc, mc->act.encoded, B, T, k, i, 0);
     double t0 = lp_time_s();
+    int ev = lp_trace_begin("compute", "F", i, c);
     float loss = lp_model_forward(mc, k == 0 ? inputs : NULL, k == K - 1 || mc->num_aux ? targets : NULL, B, T, dloss);
+    lp_trace_end(ev);
     if (k < K - 1) lp_stage_send(st, mc, lp_model_output(mc), B, T, k + 1, i, 0);
     lp_compute_sync();
     st->chunk_s[c] += lp_time_s() - t0;
@@ -9087,7 +9237,9 @@ static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int la
     if (mc->num_aux) lp_copy_to_device(mc->targets, targets, (size_t)B * T * sizeof(int));
     if (k < K - 1) lp_stage_recv(st, mc, mc->act.dresidual, B, T, k, i, 1);
     double t0 = lp_time_s();
+    int ev = lp_trace_begin("compute", "B", i, c);
     lp_model_backward(mc, last);
+    lp_trace_end(ev);
     if (k > 0) lp_stage_send(st, mc, mc->act.dresidual, B, T, k - 1, i, 1);
     lp_compute_sync();
     st->chunk_s[st->par->vpp + c] += lp_time_s() - t0;
@@ -9202,10 +9354,13 @@ static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
     int B = train->B, T = train->T, m = st->par->micro_batches, v = st->par->vpp;
     size_t BT = (size_t)B * T;
     double t0 = lp_time_s();
+    int phase = lp_trace_begin("step", "forward-backward", -1, -1);
     memset(st->chunk_s, 0, (size_t)2 * v * sizeof(double));
     st->wait_s = 0.0;
     for (int i = 0; i < m; i++) {
+        int ev = lp_trace_begin("io", "data", i, -1);
         lp_dataloader_next(train);
+        lp_trace_end(ev);
         memcpy(st->tokens + 2 * i * BT, train->inputs, BT * sizeof(int));
         memcpy(st->tokens + (2 * i + 1) * BT, train->targets, BT * sizeof(int));
     }
@@ -9248,6 +9403,7 @@ static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
         st->moe_stats.aux /= dp ? dp->size : 1;
         st->moe_stats.z /= dp ? dp->size : 1;
     }
+    lp_trace_end(phase);
     st->wall_s = lp_time_s() - t0;
     return loss;
 }
@@ -9258,6 +9414,7 @@ static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
 // then each chunk's gradients are averaged over DP (lp_zero_average: what backward started arrives, the
 // rest is reduced now).
 static inline void lp_step_reduce_grads(LPStage* st) {
+    int phase = lp_trace_begin("step", "gradient reduction", -1, -1);
     const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
     LPModel* sum = NULL;  // this rank's first chunk holding the head
     for (int c = 0; c < st->par->vpp; c++) {
@@ -9273,17 +9430,24 @@ static inline void lp_step_reduce_grads(LPStage* st) {
             for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].zero.g[head[k]], sum->zero.g[head[k]], sum->zero.param_sizes[head[k]] * sizeof(floatX));
     for (int c = 0; c < st->par->vpp; c++)
         for (int p = 0; p < st->chunks[c].parts; p++) lp_zero_average(lp_model_part(&st->chunks[c], p));
+    lp_trace_end(phase);
 }
 
 // The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
 static inline float lp_step_grad_norm(LPStage* st) {
-    return lp_models_grad_norm(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL);
+    int phase = lp_trace_begin("step", "gradient norm", -1, -1);
+    float norm = lp_models_grad_norm(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL);
+    lp_trace_end(phase);
+    return norm;
 }
 
 // Clipping to opt->grad_clip given the norm, AdamW on every chunk, the new weights made whole where forward
 // needs them. Returns whether all the updated weights are finite (on every rank alike).
 static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt) {
-    return lp_models_adamw(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
+    int phase = lp_trace_begin("step", "optimizer", -1, -1);
+    int finite = lp_models_adamw(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
+    lp_trace_end(phase);
+    return finite;
 }
 
 #endif  // LLMPAR_H

@@ -107,6 +107,9 @@ static int no_mpirun(const char* what) {
 #else
 #define TRAIN_BIN "./train_gpt"
 #endif
+// Its build with the tests' hooks (LLMPAR_TEST_HOOKS: LLMPAR_CRASH_AT, LLMPAR_LOSS_AT, LLMPAR_OFFLOAD_CHUNK and
+// LLMPAR_OFFLOAD_CRASH_AT read), for the tests that set them: make train_gpt_cpu_hooks (_emu_hooks, _hooks).
+#define HOOKS_BIN TRAIN_BIN "_hooks"
 #define PLAN_BIN "./plan_gpt"  // the cluster planner's program (dev/plan), one build for all
 
 // A token shard of n tokens stored in `bytes` each: 2 (GPT-2's uint16 format) or 4 (Llama 3's uint32).
@@ -183,12 +186,15 @@ static float* run_weights(const char* dir, int step, size_t* n) {
     return w;
 }
 
-// Run the CPU engine on `ranks` processes (plain ./train_gpt_cpu for 1); returns the losses found.
+// The engine run_ranks runs: TRAIN_BIN, or HOOKS_BIN while a test has set one of the hooks' variables.
+static const char* train_bin = TRAIN_BIN;
+
+// Run the engine on `ranks` processes (plain ./train_gpt_cpu for 1); returns the losses found.
 static int run_ranks(int ranks, const char* args, const char* out_dir, float* losses, char* out, size_t out_size) {
     int rc;
-    if (ranks == 1) rc = run_cmd(out, out_size, "%s %s -o %s", TRAIN_BIN, args, out_dir);
+    if (ranks == 1) rc = run_cmd(out, out_size, "%s %s -o %s", train_bin, args, out_dir);
     else rc = run_cmd(out, out_size, "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -o %s",
-                      ranks, TRAIN_BIN, args, out_dir);
+                      ranks, train_bin, args, out_dir);
     int n = parse_losses(out, losses, 64);
     return rc == 0 ? n : -1;
 }
@@ -1115,6 +1121,15 @@ static void test_bad_input(void) {
     for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) listed &= strstr(help, flags[i]) != NULL;
     expect(listed, "-h lists every flag and exits 0");
     BAD("bad input: unknown flag", "unknown flag -Q", "-Q 3");
+    BAD("bad input: a folder as the model file", "/tmp: is a folder, not a file", "-e /tmp -i %s %s", tmp_path("ok.bin"), base);
+    BAD("bad input: a folder as the token shard", "/tmp: is a folder, not a file", "-e %s -i /tmp %s", good, base);
+    BAD("bad input: a negative seed", "flag --seed: '-5' is not a seed (an integer from 0 to 18446744073709551615)", "--seed -5");
+    BAD("bad input: a seed beyond 64 bits", "flag --seed: '18446744073709551616' is not a seed", "--seed 18446744073709551616");
+    {
+        static char seeded[1 << 14];
+        int rc = run_cmd(seeded, sizeof(seeded), "%s --seed 18446744073709551615 --print-flags", TRAIN_BIN);
+        expect(rc == 0 && strstr(seeded, "--seed               18446744073709551615\n"), "--seed takes every 64-bit value (2^64 - 1 here)");
+    }
     BAD("bad input: flag without value", "flag -b needs a value", "-b");
     BAD("bad input: non-integer value", "flag -x: 'ten' is not an integer", "-x ten");
     BAD("bad input: bad schedule", "flag -k: must be cosine or linear, got 'step'", "-k step");
@@ -3351,7 +3366,7 @@ static void test_crash_during_saves(void) {
     for (int k = 1; k <= 22 && ref; k++) {
         char dir[LP_PATH_MAX], pattern[LP_PATH_MAX];
         lp_path(dir, "%s/crash_%d", tmp_dir, k);
-        killed += run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=%d %s %s -o %s", k, TRAIN_BIN, args, dir) == 137;
+        killed += run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=%d %s %s -o %s", k, HOOKS_BIN, args, dir) == 137;
         int resume = lp_checkpoint_latest(dir, INT_MAX) >= 0;
         int rc = run_cmd(out, sizeof(out), "%s %s -o %s%s", TRAIN_BIN, args, dir, resume ? " --resume" : "");
         float* w = run_weights(dir, 2, &n);
@@ -3367,6 +3382,14 @@ static void test_crash_during_saves(void) {
     }
     expect(ref && killed == 22, "LLMPAR_CRASH_AT=1..22 kills the run at each file operation of its two saves");
     expect(ref && bad == 0, "a run killed at any file operation of a save restarts to the uninterrupted weights, no .tmp left");
+    // the engine users run has no hooks: there the variable changes nothing
+    size_t np = 0;
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=1 %s %s -o %s", TRAIN_BIN, args, tmp_path("crash_plain"));
+    float* w = run_weights(tmp_path("crash_plain"), 2, &np);
+    size_t worst = 0;
+    expect(ref && rc == 0 && w && np == nref && all_close(w, ref, np, 0.0f, 0.0f, &worst),
+           TRAIN_BIN " (no LLMPAR_TEST_HOOKS) ignores LLMPAR_CRASH_AT=1: the run ends with the uninterrupted weights");
+    free(w);
     free(ref);
 }
 
@@ -3388,7 +3411,7 @@ static void test_divergence_guard(void) {
 
     // skip: step 3's batch and update dropped (its checkpoint holds step 2's weights and optimizer state); the
     // steps after equal a run on the shard without batch 3
-    int rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 --on-divergence skip -o %s", TRAIN_BIN, args,
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 --on-divergence skip -o %s", HOOKS_BIN, args,
                      tmp_path("div.bin"), tmp_path("skip_out"));
     int na = parse_losses(out, a, 64);
     expect(rc == 0 && na == 5 && strstr(out, "step 3/6 | skipped, its batch and update dropped: loss nan, gradient norm"),
@@ -3414,7 +3437,7 @@ static void test_divergence_guard(void) {
 
     // rollback: step 4 diverges, the run goes back to its step-2 checkpoint and on with batch 5: the run on the
     // shard without batches 3 and 4
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=4:inf %s %s -i %s -x 6 -n 2 --on-divergence rollback -o %s", TRAIN_BIN, args,
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=4:inf %s %s -i %s -x 6 -n 2 --on-divergence rollback -o %s", HOOKS_BIN, args,
                  tmp_path("div.bin"), tmp_path("rollback_out"));
     na = parse_losses(out, a, 64);
     expect(rc == 0 && na == 7 && strstr(out, "step 4/6 | rolled back to checkpoint step 2, the batches of the 2 step(s) since skipped: loss inf"),
@@ -3432,7 +3455,7 @@ static void test_divergence_guard(void) {
     expect(same_file(p1, p2), "--on-divergence rollback: the final weights equal the run without batches 3-4, byte for byte");
 
     // stop (the default): the error names the step; the newest checkpoint is the last good one
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 -o %s", TRAIN_BIN, args, tmp_path("div.bin"),
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=3:nan %s %s -i %s -x 6 -n 1 -o %s", HOOKS_BIN, args, tmp_path("div.bin"),
                  tmp_path("stop_out"));
     expect(rc > 0 && strstr(out, "llmpar: error: step 3: loss nan, gradient norm") &&
                strstr(out, "the run diverged and stops; its newest checkpoint is the last good one") &&
@@ -3440,14 +3463,14 @@ static void test_divergence_guard(void) {
            "--on-divergence stop: a nan loss stops the run with one line; step 2's checkpoint stays the newest");
 
     // a loss spike: reported under stop, and training goes on; skipped under skip (after a window of 20 steps)
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25", TRAIN_BIN, args, tmp_path("div.bin"));
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25", HOOKS_BIN, args, tmp_path("div.bin"));
     expect(rc == 0 && parse_losses(out, a, 64) == 25 && strstr(out, "notice: step 24: loss 1000000000.000000 is a spike, above 3 times the mean"),
            "--loss-spike 3 (default): a spike is reported and, under stop, training goes on");
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --on-divergence skip --loss-spike 2", TRAIN_BIN, args,
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --on-divergence skip --loss-spike 2", HOOKS_BIN, args,
                  tmp_path("div.bin"));
     expect(rc == 0 && parse_losses(out, a, 64) == 24 && strstr(out, "step 24/25 | skipped, its batch and update dropped: loss 1000000000.000000 is a spike, above 2 times"),
            "--on-divergence skip --loss-spike 2: the spike's step is skipped");
-    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --loss-spike 0", TRAIN_BIN, args, tmp_path("div.bin"));
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=24:1e9 %s %s -i %s -x 25 --loss-spike 0", HOOKS_BIN, args, tmp_path("div.bin"));
     expect(rc == 0 && !strstr(out, "spike"), "--loss-spike 0: no spike is reported");
 
     // a learning rate that makes every update overflow: rollback gives up after 3, skip cannot take an update back
@@ -3470,7 +3493,7 @@ static void test_supervisor(void) {
     const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -v 0 -s 0 -x 4 -n 1";
     size_t nref = 0, n = 0;
     float* ref = reference_weights(args, tmp_path("sup_ref"), 4, &nref);
-    int rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh %s %s -o %s --overwrite", TRAIN_BIN, args,
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh %s %s -o %s --overwrite", HOOKS_BIN, args,
                      tmp_path("sup_out"));
     float* w = run_weights(tmp_path("sup_out"), 4, &n);
     size_t worst = 0;
@@ -3486,9 +3509,9 @@ static void test_supervisor(void) {
     if (f) fclose(f);
     expect(strstr(logged, "exit 137; restart 1 of 3, resuming from step_00000001") != NULL,
            "train_resilient.sh: the restarts are logged in DIR/restarts.log, with the exit status");
-    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh -r 2 %s %s -o %s", TRAIN_BIN, args, tmp_path("sup_out2"));
+    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=15 scripts/train_resilient.sh -r 2 %s %s -o %s", HOOKS_BIN, args, tmp_path("sup_out2"));
     expect(rc == 137 && strstr(out, "exit 137 after 2 restart(s): giving up"), "train_resilient.sh -r 2: gives up after 2 restarts, with the run's exit status");
-    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=5 scripts/train_resilient.sh %s %s -o %s", TRAIN_BIN, args, tmp_path("sup_out3"));
+    rc = run_cmd(out, sizeof(out), "LLMPAR_CRASH_AT=5 scripts/train_resilient.sh %s %s -o %s", HOOKS_BIN, args, tmp_path("sup_out3"));
     expect(rc == 137 && strstr(out, "restart 1 of 3, from the start (no checkpoint yet)") &&
                strstr(out, "exit 137 again with no new checkpoint since the last launch: giving up") && !strstr(out, "restart 2"),
            "train_resilient.sh: a run that dies before its first checkpoint twice running is given up after one restart");
@@ -4180,6 +4203,7 @@ static void test_divergence_grids(void) {
         {"skip", "4", "-b 4 --tp 2 --zero 1"},
     };
     setenv("LLMPAR_LOSS_AT", "4:nan", 1);
+    train_bin = HOOKS_BIN;
     for (int k = 0; k < 4; k++) {
         char args[4096], ref_dir[LP_PATH_MAX], dir[LP_PATH_MAX], name[256];
         float ref[64], got[64];
@@ -4212,6 +4236,7 @@ static void test_divergence_grids(void) {
         free(wref);
     }
     unsetenv("LLMPAR_LOSS_AT");
+    train_bin = TRAIN_BIN;
 }
 
 // The supervisor under mpirun: one rank of two killed (kill -9) mid-run; mpirun fails, train_resilient.sh
@@ -4311,6 +4336,64 @@ static void test_ranks_agree(void) {
                  "flag -e model.bin: rank 1 reads a model file with another header than rank 0's (layers 3 there, 2 on rank 0)", rc, out);
 }
 
+// The timeline (--trace): a t2 p2 d2 run's file passes dev/timeline/check.py's strict checks (Chrome's
+// format, every rank, nesting, 1F1B's order on each stage, the phases covering each step, rank 0's step
+// as long as the step line says); the same losses as without it; one rank with recomputation records it;
+// a run stopped inside the window writes what it recorded; bad --trace-steps one line.
+static void test_timeline(void) {
+    static char out[2][1 << 16];
+    if (no_mpirun("the timeline")) return;
+    if (system("python3 -c 'import json' > /dev/null 2>&1") != 0) {
+        printf("skip: the timeline's checks (no python3)\n");
+        return;
+    }
+    char args[2048], check[4 * LP_PATH_MAX];
+    snprintf(args, sizeof(args), "-e d2 -i %s -j '' -b 2 -t 32 -d 256 -v 0 -s 0 -x 3 --tp 2 --pp 2", tmp_path("dp_shard.bin"));
+    float traced[8], plain[8];
+    int nt = run_ranks(8, args, tmp_path("tl_plain"), plain, out[0], sizeof(out[0]));
+    char with[2048 + LP_PATH_MAX];
+    snprintf(with, sizeof(with), "%s --trace %s", args, tmp_path("tl.json"));
+    int n = run_ranks(8, with, tmp_path("tl_traced"), traced, out[1], sizeof(out[1]));
+    const char* line = strstr(out[1], "step 2/3 | ");
+    const char* at = line ? strstr(line, " ms |") : NULL;  // the step line's time: "| 1125.0 ms |"
+    while (at && at > line && at[-1] != '|') at--;
+    float ms = at ? strtof(at, NULL) : 0.0f;
+    expect(n == 3 && nt == 3 && ms > 0.0f && strstr(out[1], "timeline of steps 2-2: ") && strstr(out[1], "events of 8 ranks in "),
+           "--trace on t2 p2 d2 trains 3 steps and says where the timeline of step 2 is");
+    if (n == 3 && nt == 3) expect_close("--trace changes no loss (t2 p2 d2, 3 steps)", traced, plain, 3, 0.0f, 0.0f);
+    snprintf(check, sizeof(check), "python3 dev/timeline/check.py %s --ranks 8 --pp 2 --micro-batches 2 --step-ms %.1f", tmp_path("tl.json"), ms);
+    int rc = run_cmd(out[0], sizeof(out[0]), "%s", check);
+    expect(rc == 0 && strstr(out[0], "8 passed, 0 failed"), "the t2 p2 d2 timeline passes dev/timeline/check.py (format, ranks, nesting, "
+                                                          "1F1B's order, each collective's wait for its peers within its length, "
+                                                          "phases covering 95% of the step, the step line's time)");
+    if (rc != 0) printf("%s\n", out[0]);
+    if (system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0) {  // the timeline drawn, the bubble read from it
+        rc = run_cmd(out[0], sizeof(out[0]), "python3 dev/plot.py --trace %s -o %s", tmp_path("tl.json"), tmp_path("tl.png"));
+        expect(rc == 0 && strstr(out[0], "step 2: pipeline bubble measured ") && strstr(out[0], "(p=2 v=1 m=2; ") &&
+                   strstr(out[0], "the ideal schedule's 50.0%") && lp_file_size(tmp_path("tl.png")) > 1000,
+               "dev/plot.py --trace draws the t2 p2 d2 timeline and prints its bubble beside the ideal 1F1B's (p-1)/m = 50%");
+        if (rc != 0) printf("%s\n", out[0]);
+    } else {
+        printf("skip: dev/plot.py --trace (no matplotlib)\n");
+    }
+    // one rank, full recomputation, steps 2:3, a run of 2 steps: what it recorded (step 2) is written
+    snprintf(args, sizeof(args), "-e d2 -i %s -j '' -b 2 -t 32 -v 0 -s 0 -x 2 --recompute full --trace %s --trace-steps 2:3",
+             tmp_path("dp_shard.bin"), tmp_path("tl1.json"));
+    n = run_ranks(1, args, tmp_path("tl_one"), traced, out[0], sizeof(out[0]));
+    rc = run_cmd(out[1], sizeof(out[1]), "python3 dev/timeline/check.py %s --ranks 1 && grep -c '\"name\": \"recompute\"' %s",
+                 tmp_path("tl1.json"), tmp_path("tl1.json"));
+    expect(n == 2 && rc == 0 && strstr(out[0], "timeline of steps 2-2: ") && strstr(out[1], "6 passed, 0 failed\n2\n"),
+           "one rank, --recompute full, --trace-steps 2:3 in a 2-step run: step 2 written, its 2 layers' recomputation on it");
+    if (rc != 0) printf("%s\n%s\n", out[0], out[1]);
+    const char* bad[][2] = {{"--trace x.json --trace-steps 3:2", "flag --trace-steps: '3:2' is not A:B with 1 <= A <= B"},
+                            {"--trace x.json --trace-steps 0:1", "flag --trace-steps: '0:1' is not A:B"},
+                            {"--trace-steps 1:2", "flag --trace-steps: only with --trace FILE"}};
+    for (int k = 0; k < 3; k++) {
+        snprintf(args, sizeof(args), "-e d2 -x 2 %s", bad[k][0]);
+        expect_error("bad input: --trace-steps", bad[k][1], args);
+    }
+}
+
 // --offload nvme: AdamW m and v in a file under --offload-dir, streamed a chunk at a time (here chunks of
 // 1024 values, LLMPAR_OFFLOAD_CHUNK, so the tiny model's shards span many). The update is the same
 // arithmetic on the same values, so losses, weights and optimizer state equal the in-memory run's bit for
@@ -4321,6 +4404,7 @@ static void test_offload(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 offload")) return;
     setenv("LLMPAR_OFFLOAD_CHUNK", "1024", 1);
+    train_bin = HOOKS_BIN;
     static char base[2 * LP_PATH_MAX], off[2 * LP_PATH_MAX], args[8 * LP_PATH_MAX], name[4 * LP_PATH_MAX];
     char odir[LP_PATH_MAX], a[LP_PATH_MAX], b[LP_PATH_MAX];
     lp_path(odir, "%s", tmp_path("offload_files"));
@@ -4392,7 +4476,7 @@ static void test_offload(void) {
     size_t chunks = (lp_config_num_params(&c) + 1023) / 1024;
     lp_path(dir, "%s", tmp_path("offload_kill"));
     snprintf(args, sizeof(args), "%s -b 8 -n 5 %s", base, off);
-    int rc = run_cmd(out, sizeof(out), "LLMPAR_OFFLOAD_CRASH_AT=%zu %s %s -o %s", chunks * 6 + chunks / 2, TRAIN_BIN, args, dir);
+    int rc = run_cmd(out, sizeof(out), "LLMPAR_OFFLOAD_CRASH_AT=%zu %s %s -o %s", chunks * 6 + chunks / 2, HOOKS_BIN, args, dir);
     int steps = parse_losses(out, losses, 64);
     snprintf(args, sizeof(args), "%s -b 8 -n 5 --resume %s", base, off);
     n = run_ranks(1, args, dir, losses, out, sizeof(out));
@@ -4417,7 +4501,7 @@ static void test_offload(void) {
     snprintf(name, sizeof(name), "--offload-dir: cannot create %s/llmpar-offload-", ro);
     expect_error("bad input: --offload-dir read-only", name, args);
     lp_path(dir, "%s", tmp_path("offload_full"));
-    rc = run_cmd(out, sizeof(out), "trap '' XFSZ; ulimit -f 64; exec %s %s -b 8 -n 1 %s -o %s", TRAIN_BIN, base, off, dir);
+    rc = run_cmd(out, sizeof(out), "trap '' XFSZ; ulimit -f 64; exec %s %s -b 8 -n 1 %s -o %s", train_bin, base, off, dir);
     char pattern[LP_PATH_MAX];
     glob_t g;
     lp_path(pattern, "%s/step_*", dir);
@@ -4430,6 +4514,7 @@ static void test_offload(void) {
            "bad input: --offload-dir full mid-run (a file-size limit): one error line naming it, no file or checkpoint left");
     if (rc <= 0 || lines != 1) printf("     exit %d, output:\n%s\n", rc, out);
     unsetenv("LLMPAR_OFFLOAD_CHUNK");
+    train_bin = TRAIN_BIN;
 }
 
 // --plan's advice runs: the command it prints for 4 ranks of the tiny model trains (2 steps, on this
@@ -5553,6 +5638,15 @@ static void test_head_size_refused(void) {
 #endif
 }
 
+// The CUDA engine refuses --trace in one line (its events would be the host's clock, not the streams').
+static void test_trace_refused(void) {
+    char out[4096];
+    int rc = run_cmd(out, sizeof(out), "%s -e d1 -x 1 --trace %s", TRAIN_BIN, tmp_path("t.json"));
+    int ok = rc > 0 && strstr(out, "llmpar: error: flag --trace: the CUDA engine's timeline is not built yet") && !strstr(out, "step 1/1");
+    expect(ok, "--trace on the CUDA engine: refused in one line");
+    if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
+}
+
 #ifdef LLMPAR_CUDAEMU
 // Training steps free no device memory: cudaFree waits for the whole GPU. Run first in tier 4, so the
 // scratch buffers start empty and only the set-up (lp_model_alloc_activations) can have sized them.
@@ -5788,6 +5882,7 @@ static void test_offload_host(void) {
         {8, "-b 4 --tp 2 --pp 2 --zero 1", 1 << LP_OFFLOAD_OPTIMIZER},
         {8, "-b 4 --tp 2 --pp 2 --zero 3", 1 << LP_OFFLOAD_PARAMS}};
     setenv("LLMPAR_OFFLOAD_CHUNK", "1024", 1);
+    train_bin = HOOKS_BIN;
     for (int x = 0; x < (int)(sizeof(grids) / sizeof(grids[0])); x++) {
         float want[8], got[8];
         lp_path(a, "%s/offload_mem%d", tmp_dir, x);
@@ -5837,6 +5932,7 @@ static void test_offload_host(void) {
         }
     }
     unsetenv("LLMPAR_OFFLOAD_CHUNK");
+    train_bin = TRAIN_BIN;
     int rc = run_cmd(out, sizeof(out), "%s --offload params --zero 1", TRAIN_BIN);
     expect(rc > 0 && strstr(out, "llmpar: error: flag --offload params: needs --zero 3"), "--offload params without ZeRO-3: one error line");
 }
@@ -6003,6 +6099,7 @@ int main(int argc, char** argv) {
     RUN(test_ranks_agree);
     RUN(test_watchdog);
     RUN(test_stragglers);
+    RUN(test_timeline);
     RUN(test_offload);
     RUN(test_plan_runs);
     RUN(test_slurm);
@@ -6015,6 +6112,7 @@ int main(int argc, char** argv) {
     RUN(tier4_kernel_tests);
     RUN(tier4_attention_kernels);
     RUN(test_head_size_refused);
+    RUN(test_trace_refused);
     RUN(test_step_vs_cpu_build);
     RUN(test_stop_signal);
     RUN(test_watchdog);

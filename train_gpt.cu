@@ -9,6 +9,9 @@ llm.c's where they overlap; run with -h for the list.
 */
 #define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "llmpar.h"
+#ifdef LLMPAR_NO_WATCHDOG
+#error "train_gpt.cu needs llmpar.h's watchdog (--timeout-minutes, --straggler): build it without LLMPAR_NO_WATCHDOG"
+#endif
 #include <stddef.h>        // offsetof: the flag table names LPFlags fields
 #include <signal.h>        // sigaction: a signal stops the run at a step's end, with a checkpoint
 #include <sys/resource.h>  // getrusage: the peak host memory, printed at the end
@@ -41,6 +44,8 @@ typedef struct {
     float ckpt_minutes;      // --ckpt-minutes: also checkpoint once this long has passed since the last (0: off)
     float timeout_minutes;   // --timeout-minutes: the watchdog's (0: max(10 minutes, 20x the median step so far))
     float straggler;         // --straggler: name a rank behind the median by more than this share of a step (0: off)
+    const char* trace;       // --trace: the timeline's Chrome trace file ("" for none)
+    const char* trace_steps; // --trace-steps A:B (""): the steps it records (default: the second step, or the first)
     int overwrite;           // --overwrite: a fresh run may replace the checkpoints in -o
     int on_divergence;       // --on-divergence: stop | skip | rollback (lp_divergence_names)
     float loss_spike;        // --loss-spike: a loss above this times the recent mean is a spike (0: off)
@@ -179,6 +184,14 @@ static const LPFlagSpec lp_flag_specs[] = {
      "with 2 or more ranks, every 10 steps the ranks compare their compute time per step (forward-backward less "
      "its waits for other ranks), and a rank behind the median rank by more than F of a step (0.1: 10%) is named "
      "in one line, with its host and t, p, d coordinates, and in the end report (0: off)"},
+    {"--trace", NULL, LP_FLAG_STRING, LP_FIELD(trace), "", "", "FILE", NULL, NULL,
+     "write the timeline of --trace-steps to FILE, one Chrome trace (JSON; opens in Perfetto or chrome://tracing): a "
+     "process per rank named by its t, p, d coordinates, each micro-batch's forward (F) and backward (B) per chunk, "
+     "recomputation, every collective and send/receive with its group and bytes, data loading, the gradient reduction, "
+     "norm and optimizer phases; the CPU engine (dev/docs/parallelism.md)"},
+    {"--trace-steps", NULL, LP_FLAG_STRING, LP_FIELD(trace_steps), "", "", "A:B", NULL, NULL,
+     "the steps --trace records, A to B (counted from 1; default: step 2, the first after the warm-up step, or step 1 "
+     "of a one-step run)"},
     {"--overwrite", NULL, LP_FLAG_SWITCH, LP_FIELD(overwrite), NULL, NULL, NULL, NULL, NULL,
      "without --resume, start even though -o holds checkpoints, removing them (otherwise that is an error: a later "
      "--resume would take the newest of either run). They are all renamed out of --resume's sight first: where one "
@@ -405,6 +418,16 @@ static int lp_parse_int(const char* flag, const char* v) {
     return (int)x;
 }
 
+// A seed: any of the 2^64 values, written in decimal (a sign is refused: strtoull would wrap "-5" around).
+static unsigned long long lp_parse_seed(const char* flag, const char* v) {
+    char* end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*v < '0' || *v > '9' || *end != '\0' || errno == ERANGE)
+        lp_fail_all("flag %s: '%s' is not a seed (an integer from 0 to 18446744073709551615)", flag, v);
+    return x;
+}
+
 static float lp_parse_float(const char* flag, const char* v) {
     char* end;
     float x = strtof(v, &end);
@@ -417,7 +440,7 @@ static void lp_flag_set(LPFlags* f, const LPFlagSpec* s, const char* as, const c
     char* p = (char*)f + s->field;
     switch (s->type) {
     case LP_FLAG_INT: *(int*)p = lp_parse_int(as, v); break;
-    case LP_FLAG_SEED: *(unsigned long long*)p = (unsigned long long)lp_parse_int(as, v); break;
+    case LP_FLAG_SEED: *(unsigned long long*)p = lp_parse_seed(as, v); break;
     case LP_FLAG_FLOAT: *(float*)p = lp_parse_float(as, v); break;
     case LP_FLAG_STRING: *(const char**)p = v; break;
     case LP_FLAG_SWITCH: *(int*)p = !v || strcmp(v, "0") != 0; break;
@@ -499,6 +522,8 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
 }
 
 // The flags' values checked, each against its range and the others; a bad one is one line naming it.
+static void lp_trace_window(const LPFlags* f, int* from, int* to);  // (--trace-steps, with the timeline below)
+
 static void lp_check_flags(LPFlags* f) {
     // the flags' names below come from the table: LP_FLAG_NAME(B) is "-b"
     if (f->B < 1) lp_fail_all("flag %s: micro-batch size must be >= 1, got %d", LP_FLAG_NAME(B), f->B);
@@ -516,6 +541,16 @@ static void lp_check_flags(LPFlags* f) {
         lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
     const LPParallel* par = &f->par;
     if (par->zero < 0 || par->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(par.zero), par->zero);
+#ifndef LLMPAR_CPU
+    if (f->trace[0])
+        lp_fail_all("flag %s: the CUDA engine's timeline is not built yet (its events must come from the streams, not the "
+                    "host's clock); train_gpt_cpu records it", LP_FLAG_NAME(trace));
+#endif
+    if (f->trace_steps[0] && !f->trace[0]) lp_fail_all("flag %s: only with %s FILE", LP_FLAG_NAME(trace_steps), LP_FLAG_NAME(trace));
+    if (f->trace[0]) {
+        int from, to;
+        lp_trace_window(f, &from, &to);  // (its errors before the set-up)
+    }
     if (par->offload == LP_OFFLOAD_NVME && par->offload_dir[0] == '\0')
         lp_fail_all("flag %s nvme: needs %s DIR, where the optimizer state goes", LP_FLAG_NAME(par.offload), LP_FLAG_NAME(par.offload_dir));
     if (par->offload != LP_OFFLOAD_NVME && par->offload_dir[0] != '\0')
@@ -659,13 +694,17 @@ static void lp_print_flags(const LPFlags* f) {
 
 #define LP_STRIKES 3  // --on-divergence skip or rollback: divergences in a row (skip) or back to one checkpoint (rollback)
 
-// Test hook for the divergence guard: LLMPAR_LOSS_AT=k:x makes the loss of this process's k-th training
-// step read x (nan, 1e9).
+// Test hook for the divergence guard, in a build with LLMPAR_TEST_HOOKS (make's train_gpt_*_hooks):
+// LLMPAR_LOSS_AT=k:x makes the loss of this process's k-th training step read x (nan, 1e9).
 static float lp_injected_loss(int k, float loss) {
     static int at = -1;  // the variable is read once, not every step
     static float value;
     if (at < 0) {
+#ifdef LLMPAR_TEST_HOOKS
         const char* e = getenv("LLMPAR_LOSS_AT");
+#else
+        const char* e = NULL;
+#endif
         char* end = NULL;
         at = e ? (int)strtol(e, &end, 10) : 0;
         if (!e || *end != ':') at = 0;
@@ -1268,7 +1307,9 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     const LPProcess* proc = r->proc;
     int last = step == f->max_steps;
     if (r->has_val && !stopping && (step % f->val_every == 0 || last)) {
+        int ev = lp_trace_begin("step", "val loss", -1, -1);
         float vl = lp_evaluate(&r->stage, &r->val, f->val_batches);
+        lp_trace_end(ev);
         lp_all_reduce_host(&proc->group[LP_DP], &vl, 1, 1);
         lp_log("val loss %f\n", vl);
         if (r->logf) fprintf(r->logf, "s:%d tel:%f\n", step, vl);
@@ -1301,7 +1342,9 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     state->B = f->B;
     state->T = f->T;
     state->total_batch = r->total_batch;
+    int ev = lp_trace_begin("io", "checkpoint", -1, -1);
     lp_checkpoint_save(r->stage.chunks, r->stage.par->vpp, state, f->out_dir, &proc->world_group);
+    lp_trace_end(ev);
     char failed[LP_PATH_MAX];
     int err = f->keep && proc->rank == 0 ? lp_checkpoint_prune(f->out_dir, f->keep, failed) : 0;
     if (err) lp_log("notice: %s %d: cannot remove %s: %s (the run goes on)\n", LP_FLAG_NAME(keep), f->keep, failed, strerror(err));
@@ -1521,6 +1564,166 @@ static void lp_run_free(LPTrainRun* r) {
     lp_stage_free(&r->stage);
 }
 
+// --- the timeline (--trace): the events llmpar.h's marks record (section 1's lp_trace) during --trace-steps,
+// every rank's gathered by rank 0 into one Chrome trace-event file (the JSON object format: traceEvents, each
+// a complete event "X" with ts and dur in microseconds; metadata events "M" name each process by its rank
+// and t, p, d coordinates). The ranks' clocks share a zero (lp_trace_start): rank 0's time as it left a
+// barrier over all ranks, exactly, on rank 0's host (one monotonic clock for all its processes); a rank on
+// another host takes its own time as it left that barrier, so it agrees to within the barrier's exit skew
+// (a network latency, and any time a process waits for a core). Written to FILE.tmp, then renamed: the
+// file is whole or absent.
+
+// --trace-steps A:B, or the default: step 2 (step 1 warms up), or step 1 of a one-step run.
+static void lp_trace_window(const LPFlags* f, int* from, int* to) {
+    *from = *to = f->max_steps >= 2 ? 2 : 1;
+    if (!f->trace_steps[0]) return;
+    char end;
+    if (sscanf(f->trace_steps, "%d:%d%c", from, to, &end) != 2 || *from < 1 || *to < *from)
+        lp_fail_all("flag %s: '%s' is not A:B with 1 <= A <= B (steps counted from 1)", LP_FLAG_NAME(trace_steps), f->trace_steps);
+}
+
+static void lp_trace_start(const LPProcess* proc) {
+    lp_barrier(&proc->world_group);  // (not itself on the timeline: it is off until the line below)
+    struct { double t; char host[64]; } zero = {lp_time_s(), ""}, mine;
+    gethostname(zero.host, sizeof(zero.host) - 1);
+    mine = zero;
+    lp_world_broadcast(proc, &zero, sizeof(zero), 0);
+    lp_trace.origin = strcmp(zero.host, mine.host) == 0 ? zero.t : mine.t;
+    lp_trace.n = 0;
+    lp_trace.wait = 0;
+    lp_trace.on = 1;
+}
+
+// A JSON string's characters (the events' names are ours: quote and backslash are the only ones to escape).
+static void lp_json_string(FILE* out, const char* s) {
+    fputc('"', out);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', out);
+        fputc(*s, out);
+    }
+    fputc('"', out);
+}
+
+// How long each blocking collective of the tp, pp, dp and world groups waited for its group's last rank to
+// arrive (seconds; -1 where not known: a receive, a launch, a wait for an overlapped collective started
+// earlier, a broadcast, whose root need not wait, an ep or edp group): a group's members call its
+// collectives in one order, so the k-th of each member's on the group is one call, and it began for all
+// once the last member's began. The groups from the coordinates: tp shares p and d, pp t and d, dp t and p.
+static int lp_trace_is_collective(const LPTraceEvent* e, const char* group) {
+    static const char* const arrivals[] = {"all-reduce", "all-reduce of host values", "reduce-scatter", "all-gather", "all-to-all", "barrier"};
+    if (strcmp(e->kind, "comm") || strcmp(e->group, group)) return 0;
+    for (int k = 0; k < (int)(sizeof(arrivals) / sizeof(arrivals[0])); k++)
+        if (!strcmp(e->name, arrivals[k])) return 1;
+    return 0;
+}
+static double* lp_trace_peer_waits(const LPTraceEvent* all, const int* count, const int* coords, int n) {
+    static const char* const groups[] = {"tp", "pp", "dp", "world"};
+    size_t total = 0;
+    size_t* first = (size_t*)lp_host_malloc((size_t)n * sizeof(size_t), "trace offsets");
+    for (int k = 0; k < n; k++) first[k] = total, total += (size_t)count[k];
+    double* waited = (double*)lp_host_malloc((total + 1) * sizeof(double), "trace waits");
+    for (size_t i = 0; i < total; i++) waited[i] = -1.0;
+    size_t* at = (size_t*)lp_host_malloc((size_t)n * sizeof(size_t), "trace cursors");
+    int* members = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace group");
+    for (int g = 0; g < 4; g++) {
+        int same[4][2] = {{1, 2}, {0, 2}, {0, 1}, {-1, -1}};  // the coordinates (t 0, p 1, d 2) a group's members share
+        for (int k = 0; k < n; k++) {
+            int size = 0, leader = 1;
+            for (int j = 0; j < n; j++) {
+                int in = g == 3 || (coords[3 * j + same[g][0]] == coords[3 * k + same[g][0]] &&
+                                    coords[3 * j + same[g][1]] == coords[3 * k + same[g][1]]);
+                if (in && j < k) leader = 0;
+                if (in) members[size++] = j;
+            }
+            if (!leader || size < 2) continue;  // (each group once, from its lowest rank)
+            for (int q = 0; q < size; q++) at[q] = first[members[q]];
+            for (;;) {  // the next call: each member's next collective on g
+                double last = -1.0;
+                int found = 0;
+                for (int q = 0; q < size; q++) {
+                    size_t end = first[members[q]] + (size_t)count[members[q]];
+                    while (at[q] < end && !lp_trace_is_collective(&all[at[q]], groups[g])) at[q]++;
+                    if (at[q] == end) break;
+                    found++;
+                    if (all[at[q]].t0 > last) last = all[at[q]].t0;
+                }
+                if (found < size) break;  // (a member recorded fewer: the window's edge)
+                for (int q = 0; q < size; q++) waited[at[q]] = last - all[at[q]].t0, at[q]++;
+            }
+        }
+    }
+    free(members);
+    free(at);
+    free(first);
+    return waited;
+}
+
+// Stop recording and write every rank's events (collective: every rank calls it).
+static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
+    const LPProcess* proc = r->proc;
+    lp_trace.on = 0;
+    int n = proc->world, mine = lp_trace.n * (int)sizeof(LPTraceEvent), coord[3] = {proc->coord[LP_TP], proc->coord[LP_PP], proc->coord[LP_DP]};
+    int* bytes = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace sizes");
+    int* coords = (int*)lp_host_malloc((size_t)n * 3 * sizeof(int), "trace coordinates");
+    lp_world_all_gather(proc, &mine, sizeof(int), bytes);
+    lp_world_all_gather(proc, coord, sizeof(coord), coords);
+    size_t total = 0;
+    for (int k = 0; k < n; k++) total += (size_t)bytes[k];
+    LPTraceEvent* all = (LPTraceEvent*)lp_host_malloc(proc->rank == 0 ? total + 1 : 1, "trace events");
+    lp_world_gather(proc, lp_trace.ev, bytes, all);
+    if (proc->rank == 0) {
+        int* count = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace counts");
+        for (int k = 0; k < n; k++) count[k] = bytes[k] / (int)sizeof(LPTraceEvent);
+        double* waited = lp_trace_peer_waits(all, count, coords, n);
+        char tmp[LP_PATH_MAX];
+        lp_path(tmp, "%s.tmp", r->f->trace);
+        FILE* out = fopen(tmp, "w");
+        if (!out) lp_fail("flag %s: cannot write %s: %s", LP_FLAG_NAME(trace), tmp, strerror(errno));
+        fprintf(out, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"steps\": \"%d:%d\", \"ranks\": %d, \"clock\": \"the monotonic "
+                "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\"},\n \"traceEvents\": [\n", from, to, n);
+        for (int k = 0; k < n; k++) {  // (the events follow these, each after a comma)
+            fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d "
+                    "p%d d%d\"}},\n", k, k, coords[3 * k], coords[3 * k + 1], coords[3 * k + 2]);
+            fprintf(out, "  {\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"sort_index\": %d}},\n", k, k);
+            fprintf(out, "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"%s\"}}%s\n", k,
+                    "compute and communication", k == n - 1 && total == 0 ? "" : ",");
+        }
+        const LPTraceEvent* e = all;
+        for (int k = 0; k < n; k++)
+            for (int i = 0; i < bytes[k] / (int)sizeof(LPTraceEvent); i++, e++) {
+                long long t0 = llround(e->t0 * 1e9), t1 = llround(e->t1 * 1e9);  // ns: a child's end never rounds past its parent's
+                char name[48];
+                if (e->micro >= 0 && e->chunk >= 0) snprintf(name, sizeof(name), "%s%d", e->name, e->micro);  // F3, B3
+                else snprintf(name, sizeof(name), "%s", e->name);
+                fprintf(out, "%s  {\"name\": ", e == all ? "" : ",\n");
+                lp_json_string(out, name);
+                fprintf(out, ", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %lld.%03lld, \"dur\": %lld.%03lld, "
+                        "\"args\": {", e->kind, k, t0 / 1000, t0 % 1000, (t1 - t0) / 1000, (t1 - t0) % 1000);
+                const char* sep = "";
+                if (e->micro >= 0) fprintf(out, "\"micro\": %d", e->micro), sep = ", ";
+                if (e->chunk >= 0) fprintf(out, "%s\"chunk\": %d", sep, e->chunk), sep = ", ";
+                if (e->group[0]) fprintf(out, "%s\"group\": \"%s\", \"bytes\": %.0f", sep, e->group, e->bytes), sep = ", ";
+                if (e->peer >= 0) fprintf(out, "%s\"peer\": %d", sep, e->peer), sep = ", ";
+                if (waited[e - all] >= 0.0) fprintf(out, "%s\"waited_for_peers_us\": %.3f", sep, waited[e - all] * 1e6);
+                fprintf(out, "}}");
+            }
+        fprintf(out, "\n ]}\n");
+        if (fflush(out) != 0 || ferror(out) || fclose(out) != 0) {
+            int err = errno;
+            remove(tmp);
+            lp_fail("flag %s: cannot write %s: %s", LP_FLAG_NAME(trace), tmp, strerror(err));
+        }
+        if (rename(tmp, r->f->trace) != 0) lp_fail("flag %s: cannot rename %s to %s: %s", LP_FLAG_NAME(trace), tmp, r->f->trace, strerror(errno));
+        lp_log("timeline of steps %d-%d: %zu events of %d ranks in %s (Chrome trace: Perfetto, chrome://tracing)\n", from, to,
+               total / sizeof(LPTraceEvent), n, r->f->trace);
+        free(waited);
+        free(count);
+    }
+    free(all);
+    free(coords);
+    free(bytes);
+}
+
 // The watchdog's timeout: --timeout-minutes, or max(10 minutes, 20 times the median of the last 32 steps).
 static double lp_run_timeout_s(const LPTrainRun* r) {
     if (r->f->timeout_minutes > 0.0f) return 60.0 * r->f->timeout_minutes;
@@ -1539,7 +1742,8 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
     LPTrainRun r;
     lp_run_setup(&r, f, proc);
     lp_catch_stop_signals();
-    int step = r.first_step, stop = -1;
+    int step = r.first_step, stop = -1, trace_from = 0, trace_to = -1, traced = 0;
+    if (f->trace[0]) lp_trace_window(f, &trace_from, &trace_to);
     if (proc->world > 1) lp_watchdog_start(lp_run_timeout_s(&r));
     while (step <= f->max_steps) {
         lp_watchdog.step = step + 1;
@@ -1548,9 +1752,13 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         stop = lp_run_stop_asked(proc);
         lp_run_between_steps(&r, step, stop >= 0);  // val loss, a sample, a checkpoint: each when due
         if (step == f->max_steps || stop >= 0) break;
+        if (f->trace[0] && !lp_trace.on && step + 1 >= trace_from && step + 1 <= trace_to) lp_trace_start(proc);
         // the step: TP and PP communicate inside forward-backward, DP in the reduction, the whole grid in the norm
         LPStepRecord s;
         memset(&s, 0, sizeof(s));
+        char name[24];
+        snprintf(name, sizeof(name), "step %d", step + 1);
+        int ev = lp_trace_begin("step", name, -1, -1);
         s.t0 = lp_time_s();
         double waited = lp_watchdog.waited;
         s.tp_before = proc->group[LP_TP];
@@ -1563,8 +1771,13 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         s.lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, f->decay == 0);
         if (!lp_run_diverging(&r, step, &s))      // the guard: a loss or norm that diverged is never applied
             s.bad_weights = !lp_step_update(&r.stage, s.lr, s.norm, &r.opt);  // clipping, AdamW; ZeRO gathers
+        lp_trace_end(ev);
         step = lp_run_step_end(&r, step, &s);     // the step line, or --on-divergence's
+        if (lp_trace.on && step >= trace_to) lp_trace_finish(&r, trace_from, trace_to), traced = 1;
     }
+    if (lp_trace.on) lp_trace_finish(&r, trace_from, step), traced = 1;  // stopped inside the window: what it recorded
+    if (f->trace[0] && !traced)
+        lp_log("notice: %s: no step of %d-%d ran in this launch; no timeline written\n", LP_FLAG_NAME(trace), trace_from, trace_to);
     if (stop >= 0 && r.on_disk == step)
         lp_log("stopped by %s after step %d: checkpoint %s/step_%08d saved; --resume continues the run\n",
                lp_stop_names[stop], step, f->out_dir, step);

@@ -13,11 +13,12 @@ failed=0
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # mpirun refuses root unless told
 jobs=$(nproc 2> /dev/null || echo 1)  # a make of several binaries builds them side by side, one a core
 
-run_tier() {  # run a test binary, echo its output, add its closing "N passed, N failed" to the totals
-    local log
+run_tier() {  # run a test binary, echo its output and its time, add its closing "N passed, N failed" to the totals
+    local log start=$SECONDS
     log=$(mktemp)
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
+    echo "     ($* took $((SECONDS - start)) s; make test at $SECONDS s)"
     local line
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
     rm -f "$log"
@@ -166,12 +167,12 @@ kernels_hazard_free() {
 
 # tier 4 on the CUDA emulator: the emulator's own tests, then the CUDA engine's
 emulated_tier() {
-    if ! make -s -j"$jobs" train_gpt_cpu train_gpt_emu test_gpt_emu dev/cudaemu/test_cudaemu; then
-        echo "FAIL the emulated CUDA build (make train_gpt_emu test_gpt_emu)"
+    if ! make -s -j"$jobs" train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu; then
+        echo "FAIL the emulated CUDA build (make train_gpt_emu train_gpt_emu_hooks test_gpt_emu)"
         failed=$((failed + 1))
         return
     fi
-    echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests"
+    echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests (its build done at $SECONDS s)"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
     if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
@@ -193,8 +194,8 @@ if [ "${1:-}" = emu ]; then
     exit
 fi
 
-echo "building the CPU engine (train_gpt_cpu, test_gpt_cpu) and the planner (plan_gpt) ..."
-if ! make -s -j"$jobs" train_gpt_cpu test_gpt_cpu plan_gpt; then
+echo "building the CPU engine (train_gpt_cpu, its tests' build train_gpt_cpu_hooks, test_gpt_cpu) and the planner (plan_gpt) ..."
+if ! make -s -j"$jobs" train_gpt_cpu train_gpt_cpu_hooks test_gpt_cpu plan_gpt; then
     echo "FAIL the CPU build"
     echo "$passed passed, $((failed + 1)) failed"
     exit 1
@@ -207,7 +208,9 @@ if command -v nvcc > /dev/null 2>&1; then
     cudnn=0
     [ -f .cudnn-frontend/include/cudnn_frontend.h ] && [ -f "$(dirname "$(dirname "$(command -v nvcc)")")/include/cudnn.h" ] && cudnn=1
     echo "building the CUDA engine (train_gpt$([ $cudnn = 1 ] && echo " with cuDNN's attention"), test_gpt) ..."
-    if ! make -s -j"$jobs" USE_CUDNN=$cudnn train_gpt test_gpt; then
+    hooks=()  # the tests' build (train_gpt_hooks: tier 4's offload test) only where tier 4 runs on the GPU
+    [ "$has_gpu" = 1 ] && hooks=(train_gpt_hooks)
+    if ! make -s -j"$jobs" USE_CUDNN=$cudnn train_gpt test_gpt "${hooks[@]}"; then
         echo "FAIL the CUDA build"
         failed=$((failed + 1))
     fi
@@ -234,6 +237,7 @@ if command -v nvcc > /dev/null 2>&1; then
 fi
 rm -f /tmp/llmpar_nompi_$$
 
+echo "     (the builds took $SECONDS s)"
 run_tier ./test_gpt_cpu
 
 # the GPU session's protocol (scripts/gpu_check.sh) as a dry run against stand-ins: its steps in order (Nsight
@@ -288,7 +292,7 @@ fi
 if make -s -j"$jobs" dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/two_files_cpu dev/examples/two_files_nompi; then
     example_trains "CPU, one process" dev/examples/train_loop_cpu 20
     one_process=$example_out
-    example_two_files "CPU, one process" dev/examples/two_files_cpu 20
+    example_two_files "CPU with LLMPAR_NO_WATCHDOG and LLMPAR_NO_REEXEC, one process" dev/examples/two_files_cpu 20
     example_trains "CPU without MPI" dev/examples/train_loop_nompi 20
     example_two_files "CPU without MPI" dev/examples/two_files_nompi 20
     if command -v mpicc > /dev/null 2>&1 && command -v mpirun > /dev/null 2>&1; then
@@ -305,7 +309,7 @@ if make -s -j"$jobs" dev/examples/train_loop_cpu dev/examples/train_loop_nompi d
             echo "FAIL the example on t=2 p=2 prints the one-process losses and norms (1e-3)"
             failed=$((failed + 1))
         fi
-        example_two_files "CPU, 2 ranks (each alone; rank 0 prints)" mpirun -np 2 --oversubscribe --bind-to none \
+        example_two_files "CPU with the opt-outs, 2 ranks (each alone; rank 0 prints)" mpirun -np 2 --oversubscribe --bind-to none \
             -x OMP_NUM_THREADS=1 dev/examples/two_files_cpu 20
     fi
 else
