@@ -5,7 +5,8 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
 
   1. basics      errors that name what failed, files, timers, RNG, device memory
                  defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
-  2. config      the model's shape (a mixture of experts' too), GPT-2 presets, parameter tensor sizes
+  2. config      the model's shape (a mixture of experts' too; the Llama 3 family's choices), GPT-2 and Llama presets,
+                 parameter tensor sizes
                  defines: LPConfig, lp_config_from_name, lp_param_sizes, lp_layer_has
   3. topology    every parallel setting (LPParallel), MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p
                  grid of ranks as data (its axes; expert parallelism's two inside d) and its groups, GPU choice
@@ -1736,6 +1737,7 @@ static inline void lp_world_gather(const LPProcess* proc, const void* mine, cons
         return;
     }
 #endif
+    (void)proc;  // (one rank: its own bytes)
     memcpy(all, mine, (size_t)bytes[0]);
 }
 

@@ -199,14 +199,16 @@ static void lp_plan_model(const LPPlanFlags* f, LPConfig* cfg) {
             lp_path(source, "-e %s --moe-experts %d --moe-topk %d --moe-every %d", f->init, f->moe_experts, f->moe_topk, f->moe_every);
         }
         lp_config_validate(cfg, source);
-        return;
+    } else {
+        FILE* file = lp_fopen(f->init, "rb");
+        lp_model_file_header(f->init, cfg, file);
+        fclose(file);
+        if (f->moe_experts && f->moe_experts != cfg->moe_experts)
+            lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts, f->init,
+                    cfg->moe_experts);
     }
-    FILE* file = lp_fopen(f->init, "rb");
-    lp_model_file_header(f->init, cfg, file);
-    fclose(file);
-    if (f->moe_experts && f->moe_experts != cfg->moe_experts)
-        lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts, f->init,
-                cfg->moe_experts);
+    if (!lp_config_is_gpt2(cfg))  // (section 12's FLOPs and memory count GPT-2's tensors and activations)
+        lp_fail("flag -e %s: planning is not yet for the Llama family (its FLOPs and memory are counted as GPT-2's)", f->init);
 }
 
 // The machine: --cluster's preset running --software, with --gpu, --gpu-mem, --gpu-tflops, --gpu-gbs,
