@@ -89,7 +89,7 @@ all: train_gpt_cpu test_gpt_cpu plan_gpt
 train_gpt_cpu: train_gpt.cu llmpar.h
 	$(CC_CPU) $(CFLAGS_CPU) -Wframe-larger-than=131072 $(BLAS_CFLAGS) train_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
-test_gpt_cpu: test_gpt.cu llmpar.h
+test_gpt_cpu: test_gpt.cu llmpar.h dev/plan/plan.h
 	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) test_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
 # The engines with the tests' hooks (LLMPAR_TEST_HOOKS: a crash at the k-th checkpoint file operation or
@@ -114,7 +114,7 @@ train_gpt: train_gpt.cu llmpar.h $(CUDNN_OBJ)
 	$(NCCL_NOTICE)
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) train_gpt.cu $(NVCC_CUDNN) -o $@ $(NVCC_LIBS)
 
-test_gpt: test_gpt.cu llmpar.h
+test_gpt: test_gpt.cu llmpar.h dev/plan/plan.h
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) test_gpt.cu -o $@ $(NVCC_LIBS)
 
 dev/cudaemu/cudaemu.o: dev/cudaemu/cudaemu.cpp dev/cudaemu/cudaemu.h
@@ -123,7 +123,7 @@ dev/cudaemu/cudaemu.o: dev/cudaemu/cudaemu.cpp dev/cudaemu/cudaemu.h
 train_gpt_emu: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h train_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
-test_gpt_emu: test_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+test_gpt_emu: test_gpt.cu llmpar.h dev/plan/plan.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h test_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
 # Counting builds (dev/cudaemu/README.md): GCC's -fsanitize=thread makes every load and store call a hook,

@@ -33,8 +33,10 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  forward, backward
                  defines: lp_parallel_one, LPMoEOptions, LPModelOptions, LPModel, LPLayerActs, lp_model_create,
                  lp_moe_forward, lp_model_forward, lp_model_backward
- 10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, LR schedule
-                 defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, lp_lr_schedule, LPLossWindow
+ 10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, replicas that train apart (DiLoCo's
+                 outer step, gossip's mixing), LR schedule
+                 defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, LPOuterSGD, lp_replicas_outer,
+                 lp_replicas_gossip, lp_lr_schedule, LPLossWindow
  11. files       model files (llm.c format; llmpar's version 6 for experts), checkpoints, tokenizer (samples printed as valid UTF-8)
                  defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
                  LPUtf8
@@ -44,7 +46,8 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
  13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv of a micro-batch's boundary
                  defines: LPStage, lp_stage_create, lp_stage_forward, lp_stage_backward, lp_stage_bubble
  14. step        one optimizer step in four phases, each one call, each naming where ranks communicate
-                 defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update
+                 defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update,
+                 lp_step_replicas
 
 Not here: the cluster planner (how to run a model on N GPUs, each step simulated), a tool built on this
 header's costs and schedules: dev/plan (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
@@ -61,10 +64,10 @@ Megatron-LM's papers; sections 4 and 12-14 use those letters alone, so there m i
 m is an LPModel, proc an LPProcess, st a pipeline stage (LPStage), z a model's LPZero.
 
 Use as a library: one header, stb-style. Exactly one file of the program says #define LLMPAR_IMPLEMENTATION
-before its #include "llmpar.h": it defines the library's few mutable globals (lp_rank, the GPU's handles and
-scratch buffers); every other file includes the header plain and shares them. Without the define in any
-file the program fails to link (undefined lp_rank, ...). Functions are static inline and kernels static,
-so each file compiles its own copies. A training loop on a t x d x p grid, as dev/examples/train_loop.cu
+before its #include "llmpar.h": it compiles the library's functions, kernels and few mutable globals (lp_rank,
+the GPU's handles and scratch buffers); every other file includes the header plain, which declares them (the
+interface below this comment: the functions a program calls, and the types in their sections), and shares
+them. Without the define in any file the program fails to link (undefined lp_process_init, ...). A training loop on a t x d x p grid, as dev/examples/train_loop.cu
 compiles it with the define above its main (`make test` builds and runs it on each build, with and without
 MPI, on one rank, on 2 x 2 x 2 and on t=2 p=2; the same from two files: dev/examples/two_files_main.cu and
 two_files_eval.cu):
@@ -177,6 +180,215 @@ void lp_cudnn_free(void);
 #define LP_MASTER_COPY (sizeof(floatX) != sizeof(float))
 
 // ----------------------------------------------------------------------------------------------------
+// The interface (stb-style): the functions a program calls, by section. Their types and constants are in
+// their sections below, which every file sees; the bodies, the kernels and the mutable globals are
+// compiled once, in the file that defines LLMPAR_IMPLEMENTATION (there the sections' own helpers are
+// callable too).
+#define LP_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))  // the compiler checks the arguments against the format
+typedef struct LPAction LPAction;
+typedef struct LPAdamW LPAdamW;
+typedef struct LPBubble LPBubble;
+typedef struct LPConfig LPConfig;
+typedef struct LPDataLoader LPDataLoader;
+typedef struct LPDataOptions LPDataOptions;
+typedef struct LPEvalSet LPEvalSet;
+typedef struct LPGroup LPGroup;
+typedef struct LPLossWindow LPLossWindow;
+typedef struct LPModel LPModel;
+typedef struct LPModelOptions LPModelOptions;
+typedef struct LPParallel LPParallel;
+typedef struct LPPipeShape LPPipeShape;
+typedef struct LPProcess LPProcess;
+typedef struct LPSimulation LPSimulation;
+typedef struct LPStage LPStage;
+typedef struct LPTokenizer LPTokenizer;
+typedef struct LPTrainState LPTrainState;
+typedef struct LPUtf8 LPUtf8;
+typedef struct LPZero LPZero;
+
+// 1. basics (section)
+void lp_fail(const char* fmt, ...) LP_PRINTF(1, 2);  // print one line naming what failed, then stop every rank (exit 1)
+void lp_log(const char* fmt, ...) LP_PRINTF(1, 2);  // printf on rank 0 only, flushed
+void* lp_host_malloc(size_t bytes, const char* what);  // malloc, or an error naming `what` and its size
+FILE* lp_fopen(const char* path, const char* mode);  // fopen, or an error naming the path and why
+// a NULL-terminated list of names as errors list them: "a, b or c"
+const char* lp_names_text(char* buf, size_t size, const char* const* names);
+// format a path into buf (LP_PATH_MAX); too long is an error, never cut
+void lp_path(char* buf, const char* fmt, ...) LP_PRINTF(2, 3);
+double lp_time_s(void);  // monotonic wall clock in seconds
+uint32_t lp_rand_u32(uint64_t* state);  // xorshift64*: the next 32 random bits of *state
+float lp_rand_f32(uint64_t* state);  // a uniform float in [0, 1) from *state
+void lp_to_host_float(float* dst, const floatX* src, size_t n);  // n device values of the compute type (floatX) into host floats
+
+// 2. config (section)
+int lp_config_differs(const LPConfig* a, const LPConfig* b);  // the first of lp_config_fields in which a and b differ, or -1
+int lp_is_layer_tensor(int i);  // whether parameter tensor i (LP_WTE ...) has one matrix per layer
+int lp_is_expert_tensor(int i);  // whether tensor i is one of the experts' four (a MoE layer's MLP)
+// how many of the layers [l0, l1) have tensor i (MoE layers have the router and experts)
+int lp_layers_having(const LPConfig* c, int i, int l0, int l1);
+// each tensor's size on one rank of a t-way tensor-parallel group (t = 1: the whole model)
+void lp_param_sizes(size_t* sizes, const LPConfig* c, int t);
+size_t lp_config_num_params(const LPConfig* c);  // parameters of the whole model
+// a shape the engine can run, or one error naming `source` (a file, a flag)
+void lp_config_validate(const LPConfig* c, const char* source);
+// a preset by name (d12: GPT-2 124M; dN: N layers, 64N channels); 0 if unknown
+int lp_config_from_name(LPConfig* c, const char* name);
+
+// 3. topology (section)
+// an error every rank detects alike: rank 0 prints it, every rank exits 1
+void lp_fail_all(const char* fmt, ...) LP_PRINTF(1, 2);
+// place this rank on par's t x d x p grid (sets par->dp) and make its groups
+void lp_grid_init(LPProcess* proc, LPParallel* par);
+// NULL when model c splits over t tensor-parallel ranks, else why not (into why)
+const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size);
+void lp_grid_check(const LPProcess* proc, const LPConfig* c);  // lp_tp_check on the process's grid: an error on every rank if not
+// start MPI when launched by mpirun or srun, learn this rank; BLAS and OpenMP set up first
+void lp_process_init(LPProcess* proc, int* argc, char*** argv);
+void lp_device_init(LPProcess* proc);  // CUDA: the rank's GPU (the launcher's local rank) and cuBLASLt; CPU: nothing
+void lp_device_sync(void);  // wait for the GPU's queued work (timing); CPU: nothing
+double lp_device_memory_used_mib(void);  // device memory in use, MiB (CPU: 0)
+const char* lp_engine_name(void);  // one line naming what computes: the GPU, or the CPU's matmul kernels and threads
+void lp_process_finish(LPProcess* proc);  // free the groups and leave MPI
+
+// 4. schedules (section)
+// stage s's actions for schedule `kind` (LP_SCHEDULE_*), in order, into out; their count
+int lp_schedule_stage(int kind, int p, int v, int m, int s, LPAction* out);
+// run sim's lists in time order with its costs: makespan, bubble; NULL, or why it deadlocks
+const char* lp_schedule_run(LPSimulation* sim, char* why, size_t size);
+// fill sim with a schedule's lists for p stages, v chunks, m micro-batches and its costs
+const char* lp_schedule_lists(LPSimulation* sim, int kind, int p, int v, int m, double f, double b, const double* cost,
+                              char* why, size_t size);
+// lp_schedule_lists, then lp_schedule_run: NULL, or why it cannot run
+const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b, const double* cost,
+                                 char* why, size_t size);
+void lp_simulation_free(LPSimulation* sim);  // free a simulation's lists and times
+void lp_schedule_print(FILE* out, const LPSimulation* sim, int kind);  // draw a simulated timeline, a row per stage, to out
+
+// 5. comm (section)
+// sum (average = 1: mean) n host floats over the group, in place
+void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int average);
+// every rank's `bytes` at mine into all (rank-major), over the whole job
+void lp_world_all_gather(const LPProcess* proc, const void* mine, size_t bytes, void* all);
+// rank r's bytes[r] bytes at mine to rank 0, into all one after another in rank order
+void lp_world_gather(const LPProcess* proc, const void* mine, const int* bytes, void* all);
+// `bytes` at buf from world rank root to every rank
+void lp_world_broadcast(const LPProcess* proc, void* buf, size_t bytes, int root);
+// `bytes` of host memory from the group's rank root to its ranks
+void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, int root);
+void lp_barrier(const LPGroup* g);  // wait until every rank of the group is here
+void lp_comm_init(LPProcess* proc);  // choose the transport for device tensors (NCCL, or MPI) and start it
+
+// 7. data (section)
+// go to (epoch, shard, pos), as a checkpoint's state names them
+void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos);
+// open the shards o->pattern matches, this data-parallel rank's slice of each batch
+void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o);
+void lp_dataloader_reset(LPDataLoader* d);  // back to the start (the first epoch's first batch)
+void lp_dataloader_next(LPDataLoader* d);  // fill d->inputs and d->targets with this rank's next (B, T) batch
+size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d);  // batches in one pass over the data
+void lp_dataloader_free(LPDataLoader* d);  // close the shards and free the batch
+// read and check a multiple-choice eval file (llm.c's HellaSwag format)
+void lp_evalset_load(LPEvalSet* s, const char* path, const char* label, int vocab_size);
+// rows r0 .. r0+n-1 into inputs and targets (T each), padded to `multiple` rows; returns T
+int lp_evalset_batch(const LPEvalSet* s, int r0, int n, int multiple, int* inputs, int* targets);
+// the sum of row r's completion losses, from its batch row's (T) losses
+double lp_evalset_row_loss(const LPEvalSet* s, int r, const float* losses);
+// of examples e0 .. e1-1, how many are right by summed (acc) and mean (acc_norm) loss
+void lp_evalset_score(const LPEvalSet* s, int e0, int e1, const double* loss, int* acc, int* acc_norm);
+void lp_evalset_free(LPEvalSet* s);  // free an eval set
+
+// 9. model (section)
+// whether attention kind `attention` keeps its probabilities (CPU loops, cublas path)
+int lp_attention_materialised(int attention);
+LPZero* lp_model_part(const LPModel* m, int p);  // the model's part p: 0 its dense weights' LPZero, 1 its experts'
+// allocate a model of shape cfg, split as the options say (NULL: whole, on this rank)
+void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o);
+// set the weights from fp32 host values in the canonical (llm.c file) layout
+void lp_model_set_weights(LPModel* m, const float* canon);
+void lp_model_init_random(LPModel* m, uint64_t seed);  // GPT-2's initialisation from `seed`, the same weights on any grid
+// activations for micro-batches of (B, T), `slots` of them in flight
+void lp_model_alloc_activations(LPModel* m, int B, int T, int slots);
+// forward of (B, T) host tokens; with targets the mean loss (dloss: its gradient's scale)
+float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B, int T, float dloss);
+void lp_model_zero_grad(LPModel* m);  // zero the gradients
+// backward of the last forward, adding into the gradients (last: the step's last micro-batch)
+void lp_model_backward(LPModel* m, int last);
+void lp_model_free(LPModel* m);  // free a model
+
+// 10. optimizer (section)
+// the global norm of the n models' reduced gradients, the same on every rank (pp: NULL alone)
+float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp);
+// clip to opt->grad_clip given the norm, then AdamW at lr; returns whether all weights stay finite
+int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt);
+void lp_loss_window_add(LPLossWindow* w, float loss);  // add a step's loss to the window the spike check reads
+float lp_loss_window_mean(const LPLossWindow* w);  // the window's mean loss (0 until it is full)
+// linear warmup, then cosine (or linear) decay to lr * final_frac at max_steps
+float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine);
+
+// 11. files (section)
+void lp_config_of_header(const int* h, LPConfig* cfg);  // the shape a model file's header h gives, unchecked
+// read a model file's header into cfg; returns its version (3, 5 or 6)
+int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f);
+// a model file's fp32 weights, read by one rank of `group` and sent to the others
+float* lp_model_file_read_shared(const char* path, LPConfig* cfg, const LPGroup* group);
+uint32_t lp_crc32c(uint32_t crc, const unsigned char* p, size_t n);  // CRC32C (Castagnoli) of n bytes, continuing from crc
+// save the n models (a stage's chunks) and training state as DIR/step_N, atomically; collective
+void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st, const char* dir, const LPGroup* world);
+// one run per output directory: lock dir; the descriptor, or -1 and why
+int lp_dir_lock(const char* dir, char* why, size_t size);
+int lp_checkpoint_latest(const char* dir, int before);  // the newest complete checkpoint under dir before step `before`, or -1
+// what is wrong with DIR/step_N for this config, or NULL
+const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg, int* optim_h, int* state_h, int sums,
+                                  char* why, size_t size);
+// the model shape of DIR/step_N's model.bin into cfg: 0, or -1 where it has none
+int lp_checkpoint_shape(const char* dir, int step, LPConfig* cfg);
+char* lp_checkpoint_identity(const char* dir, int step);  // the run identity DIR/step_N/state.bin holds, as a string
+// remove all but the newest `keep` checkpoints: 0, or an errno and the path in failed
+int lp_checkpoint_prune(const char* dir, int keep, char* failed);
+// remove every checkpoint under dir (--overwrite): 0, or an errno and the path in failed
+int lp_checkpoint_clear(const char* dir, char* failed, int* hidden);
+// load weights, optimizer and training state from DIR/step_N into the n models, any grid
+void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char* dir, int step);
+int lp_tokenizer_load(LPTokenizer* t, const char* path);  // read llm.c's tokenizer file; 0 (with a notice) when there is none
+void lp_utf8_end(LPUtf8* u, FILE* out);  // the text ends: an unfinished character prints as U+FFFD
+void lp_tokenizer_print(const LPTokenizer* t, int id, LPUtf8* u, FILE* out);  // print a token's bytes through u, as valid UTF-8
+void lp_tokenizer_free(LPTokenizer* t);  // free a tokenizer
+
+// 12. costs (section)
+size_t lp_active_params(const LPConfig* c);  // the parameters one token meets (a MoE layer's top-K experts, not all)
+double lp_flops_per_token(const LPConfig* c, int T);  // training FLOPs per token at sequence length T (3x forward), for MFU
+// training FLOPs per token of an average layer (recompute adds its forward again)
+double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole);
+// training FLOPs per token of pipeline chunk k with `layers` layers
+double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers);
+// the most micro-batches whose activations chunk k keeps at once under the schedule
+int lp_chunk_slots(const LPPipeShape* s, int k);
+// parameters one rank of chunk k holds (its TP slice); *experts: the experts' share
+double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts);
+// bytes one rank of chunk k holds, with `slots` micro-batches' activations
+double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots);
+// layers per chunk (par->partition: uniform, balanced or a list); NULL, or why not
+const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, int* layers, char* why, size_t size);
+double lp_device_peak_flops(void);  // this GPU's dense bf16 peak in FLOP/s, 0 when unknown
+
+// 13. pipeline (section)
+// this rank's pipeline stage: its chunks of the model, on base->proc's grid
+void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T);
+// one forward of (B, T) tokens through the whole pipeline (evaluation); the mean loss
+float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T);
+void lp_stage_time_step(LPStage* st);  // add the last step's timings to the bubble report's sums
+LPBubble lp_stage_bubble(LPStage* st);  // the pipeline bubble measured and simulated from those sums
+void lp_stage_free(LPStage* st);  // free a stage and its chunks
+
+// 14. step (section)
+// m micro-batches forward and backward in the schedule's order; the step's mean loss
+float lp_step_forward_backward(LPStage* st, LPDataLoader* train);
+void lp_step_reduce_grads(LPStage* st);  // the gradients averaged over the data-parallel replicas (ZeRO: reduce-scattered)
+float lp_step_grad_norm(LPStage* st);  // the global gradient norm over the whole grid, the same on every rank
+// clipping and AdamW on every chunk, new weights made whole; returns whether all stay finite
+int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt);
+
+// ----------------------------------------------------------------------------------------------------
 // 1. basics
 
 // The mutable globals (lp_rank below, the GPU's handles and scratch buffers, the watchdog) are declared in
@@ -192,10 +404,10 @@ LP_STATE int lp_rank;  // this process's rank, set by lp_process_init (0 before)
 #ifndef LLMPAR_NO_WATCHDOG
 LP_STATE volatile int lp_ending;  // the watchdog (section 5) is ending the job: lp_fail leaves the last word to it
 #endif
-#define LP_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))  // the compiler checks the arguments against the format
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Print one line naming what failed, then stop every rank with a non-zero exit.
-static inline LP_PRINTF(1, 2) void lp_fail(const char* fmt, ...) {
+LP_PRINTF(1, 2) void lp_fail(const char* fmt, ...) {
 #ifndef LLMPAR_NO_WATCHDOG
     while (lp_ending) pause();  // (an error the watchdog's abort caused, on another thread: its exit comes)
 #endif
@@ -216,7 +428,7 @@ static inline LP_PRINTF(1, 2) void lp_fail(const char* fmt, ...) {
 }
 
 // printf on rank 0 only, flushed so progress shows up at once under mpirun
-static inline LP_PRINTF(1, 2) void lp_log(const char* fmt, ...) {
+LP_PRINTF(1, 2) void lp_log(const char* fmt, ...) {
     if (lp_rank != 0) return;
     va_list ap;
     va_start(ap, fmt);
@@ -225,14 +437,14 @@ static inline LP_PRINTF(1, 2) void lp_log(const char* fmt, ...) {
     fflush(stdout);
 }
 
-static inline void* lp_host_malloc(size_t bytes, const char* what) {
+void* lp_host_malloc(size_t bytes, const char* what) {
     void* p = malloc(bytes ? bytes : 1);
     if (!p) lp_fail("out of host memory allocating %s (%.1f MiB)", what, bytes / 1048576.0);
     return p;
 }
 
 // (A folder opens for reading on Linux, and its first read fails: refused here, named as what it is.)
-static inline FILE* lp_fopen(const char* path, const char* mode) {
+FILE* lp_fopen(const char* path, const char* mode) {
     FILE* f = fopen(path, mode);
     if (!f) lp_fail("cannot open %s: %s", path, strerror(errno));
     struct stat st;
@@ -257,7 +469,7 @@ static inline long long lp_file_size(const char* path) {
 }
 
 // A NULL-terminated list of names as an error message lists them: "a, b or c".
-static inline const char* lp_names_text(char* buf, size_t size, const char* const* names) {
+const char* lp_names_text(char* buf, size_t size, const char* const* names) {
     int n = 0;
     buf[0] = '\0';
     while (names[n]) n++;
@@ -265,10 +477,12 @@ static inline const char* lp_names_text(char* buf, size_t size, const char* cons
         snprintf(buf + strlen(buf), size - strlen(buf), "%s%s", j == 0 ? "" : j == n - 1 ? " or " : ", ", names[j]);
     return buf;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // Format a file path; a path too long for the buffer is an error, never silently cut.
 #define LP_PATH_MAX 4096
-static inline LP_PRINTF(2, 3) void lp_path(char* buf, const char* fmt, ...) {
+#ifdef LLMPAR_IMPLEMENTATION
+LP_PRINTF(2, 3) void lp_path(char* buf, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf, LP_PATH_MAX, fmt, ap);
@@ -276,11 +490,12 @@ static inline LP_PRINTF(2, 3) void lp_path(char* buf, const char* fmt, ...) {
     if (n < 0 || n >= LP_PATH_MAX) lp_fail("path too long (over %d characters): %.60s...", LP_PATH_MAX, buf);
 }
 
-static inline double lp_time_s(void) {
+double lp_time_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // --- the step's timeline (--trace): what this rank does, as begin/end events on its clock, kept in memory
 // while lp_trace.on; the driver gathers every rank's and writes them as one Chrome trace (train_gpt.cu).
@@ -304,6 +519,7 @@ typedef struct {
 } LPTrace;
 LP_STATE LPTrace lp_trace;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Begin an event; returns its number for lp_trace_end (-1 when off).
 static inline int lp_trace_begin(const char* kind, const char* name, int micro, int chunk) {
     if (!lp_trace.on) return -1;
@@ -338,13 +554,13 @@ static inline void lp_trace_end(int id) {
 }
 
 // xorshift64*: small, fast, and the same sequence on every build
-static inline uint32_t lp_rand_u32(uint64_t* state) {
+uint32_t lp_rand_u32(uint64_t* state) {
     *state ^= *state >> 12;
     *state ^= *state << 25;
     *state ^= *state >> 27;
     return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
 }
-static inline float lp_rand_f32(uint64_t* state) { return (lp_rand_u32(state) >> 8) / 16777216.0f; }
+float lp_rand_f32(uint64_t* state) { return (lp_rand_u32(state) >> 8) / 16777216.0f; }
 static inline float lp_rand_normal(uint64_t* state) {  // Box-Muller
     float u1 = lp_rand_f32(state), u2 = lp_rand_f32(state);
     if (u1 < 1e-12f) u1 = 1e-12f;
@@ -452,11 +668,13 @@ static inline void lp_device_zero(void* p, size_t bytes) {
     cudaCheck(cudaMemset(p, 0, bytes));
 #endif
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
 // Page-locked host memory for the copies below (they then run at full PCIe speed); grows on demand.
 LP_STATE void* lp_pinned;
 LP_STATE size_t lp_pinned_bytes;
+#ifdef LLMPAR_IMPLEMENTATION
 static inline floatX* lp_pinned_buffer(size_t n) {
     if (n * sizeof(floatX) > lp_pinned_bytes) {
         lp_pinned_free(lp_pinned);
@@ -465,8 +683,10 @@ static inline floatX* lp_pinned_buffer(size_t n) {
     }
     return (floatX*)lp_pinned;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Host floats <-> device values of the compute type (loading weights; reading params, grads, logits;
 // staging collectives over MPI).
 static inline void lp_to_floatX(floatX* dst, const float* src, size_t n) {  // host to host, rounded to nearest
@@ -486,7 +706,7 @@ static inline void lp_to_device_floatX(floatX* dst, const float* src, size_t n) 
 #endif
 }
 
-static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
+void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 #ifdef LLMPAR_CPU
     memcpy(dst, src, n * sizeof(float));
 #else
@@ -495,6 +715,7 @@ static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
 #endif
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 2. config
@@ -506,7 +727,7 @@ static inline void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 #define LP_MAX_EXPERTS 1024 // experts of a MoE layer
 #define LP_MAX_TOPK 16      // experts per token
 
-typedef struct {
+typedef struct LPConfig {
     int max_seq_len;        // T of the position table (wpe), and the longest sequence (RoPE too)
     int vocab_size;         // V: real tokens (50257 for GPT-2)
     int padded_vocab_size;  // Vp: V rounded up so the LM head matmul is fast (50304); padding rows stay 0
@@ -551,12 +772,14 @@ static inline int lp_config_field(const LPConfig* c, int k) {
 }
 #define LP_CONFIG_FIELD(c, k) lp_config_field(c, k)
 
+#ifdef LLMPAR_IMPLEMENTATION
 // The first of lp_config_fields in which a and b differ, or -1.
-static inline int lp_config_differs(const LPConfig* a, const LPConfig* b) {
+int lp_config_differs(const LPConfig* a, const LPConfig* b) {
     for (int k = 0; k < (int)(sizeof(lp_config_fields) / sizeof(lp_config_fields[0])); k++)
         if (LP_CONFIG_FIELD(a, k) != LP_CONFIG_FIELD(b, k)) return k;
     return -1;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // The family's derived sizes: K and V heads (grouped-query attention: query head h reads KV head
 // h / (NH / KV)); the MLP's hidden size H as Llama computes it (2/3 of 4C, times ffn_dim_multiplier, rounded up
@@ -609,9 +832,10 @@ static const int lp_param_split[LP_NUM_PARAMS] = {
     LP_REPLICATED, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED, LP_REPLICATED, LP_REPLICATED,
     LP_SPLIT_ROWS, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED};
 
-static inline int lp_is_layer_tensor(int i) { return (i >= LP_LN1W && i <= LP_FCPROJB) || i >= LP_ROUTERW; }
+#ifdef LLMPAR_IMPLEMENTATION
+int lp_is_layer_tensor(int i) { return (i >= LP_LN1W && i <= LP_FCPROJB) || i >= LP_ROUTERW; }
 // The experts' four: with expert parallelism each rank holds some of the experts (section 9's LPModel.experts).
-static inline int lp_is_expert_tensor(int i) { return i >= LP_EXPFCW; }
+int lp_is_expert_tensor(int i) { return i >= LP_EXPFCW; }
 static inline int lp_is_moe_layer(const LPConfig* c, int l) { return c->moe_experts > 0 && l % c->moe_every == 0; }
 // Whether layer l (of the model) has tensor i.
 static inline int lp_layer_has(const LPConfig* c, int i, int l) {
@@ -620,7 +844,7 @@ static inline int lp_layer_has(const LPConfig* c, int i, int l) {
     return lp_is_layer_tensor(i);
 }
 // How many of the layers [l0, l1) have tensor i (the MoE layers among them: the multiples of every).
-static inline int lp_layers_having(const LPConfig* c, int i, int l0, int l1) {
+int lp_layers_having(const LPConfig* c, int i, int l0, int l1) {
     if (!lp_is_layer_tensor(i) || l1 <= l0) return 0;
     int moe = c->moe_experts > 0 ? (l1 + c->moe_every - 1) / c->moe_every - (l0 + c->moe_every - 1) / c->moe_every : 0;
     return i >= LP_ROUTERW ? moe : i >= LP_FCW && i <= LP_FCPROJB ? l1 - l0 - moe : l1 - l0;
@@ -682,7 +906,7 @@ static inline size_t lp_param_block(const LPConfig* c, int i, int k, size_t* r0)
 }
 
 // Sizes of the tensors one rank of a t-way tensor-parallel group holds (t = 1: the whole model).
-static inline void lp_param_sizes(size_t sizes[LP_NUM_PARAMS], const LPConfig* c, int t) {
+void lp_param_sizes(size_t* sizes, const LPConfig* c, int t) {  // (LP_NUM_PARAMS sizes)
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         size_t count, rows, cols;
         int blocks;
@@ -691,7 +915,7 @@ static inline void lp_param_sizes(size_t sizes[LP_NUM_PARAMS], const LPConfig* c
     }
 }
 
-static inline size_t lp_config_num_params(const LPConfig* c) {
+size_t lp_config_num_params(const LPConfig* c) {
     size_t sizes[LP_NUM_PARAMS], n = 0;
     lp_param_sizes(sizes, c, 1);
     for (int i = 0; i < LP_NUM_PARAMS; i++) n += sizes[i];
@@ -706,7 +930,7 @@ static inline int lp_param_decays(int i) {
 
 #define LP_FLASH_MAX_HS 128  // the largest head the CUDA build's attention kernels take (register tiles)
 // `source` names where the config came from (a file or a flag) so the error can say so.
-static inline void lp_config_validate(const LPConfig* c, const char* source) {
+void lp_config_validate(const LPConfig* c, const char* source) {
     if (c->num_layers < 1 || c->channels < 1 || c->num_heads < 1 || c->max_seq_len < 1 || c->vocab_size < 1)
         lp_fail("%s: model shape must be positive (L=%d C=%d NH=%d maxT=%d V=%d)", source, c->num_layers,
                 c->channels, c->num_heads, c->max_seq_len, c->vocab_size);
@@ -750,7 +974,7 @@ static inline void lp_config_validate(const LPConfig* c, const char* source) {
 // eps 1e-5, SwiGLU of multiple_of 256, no biases, untied head) of that shape, "llama:dN" with N/2 KV heads
 // (N odd: N) and "llama:L,C,NH,KV[,V]" with KV. Returns 0 when `name` is none of these (a file name); the
 // shape is checked by lp_config_validate.
-static inline int lp_config_from_name(LPConfig* c, const char* name) {
+int lp_config_from_name(LPConfig* c, const char* name) {
     int llama = strncmp(name, "llama:", 6) == 0;
     if (llama) name += 6;
     long v[5] = {0, 0, 0, 0, 50257};  // L, C, NH, KV (llama), V
@@ -793,6 +1017,7 @@ static inline int lp_config_from_name(LPConfig* c, const char* name) {
     }
     return 1;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 3. topology
@@ -801,7 +1026,7 @@ static inline int lp_config_from_name(LPConfig* c, const char* name) {
 // program's designated initialisers (or train_gpt.cu's flags) fill it; lp_grid_init places the ranks by
 // it, and the model, the pipeline stage, the costs and the plan read it. The letters are Megatron-LM's: a
 // grid of t x d x p ranks, v model chunks per pipeline stage, m micro-batches per step.
-typedef struct {
+typedef struct LPParallel {
     int tp, dp, pp;          // t, d, p: tensor, data and pipeline parallel sizes (dp: the ranks left, lp_grid_init sets it)
     int ep;                  // expert parallelism inside DP: a MoE layer's experts split over ep of the d ranks (section 9)
     int vpp;                 // v: model chunks per pipeline stage (interleaving)
@@ -817,15 +1042,20 @@ typedef struct {
     int offload;             // where the optimizer state lives, LP_OFFLOAD_* (section 8)
     const char* offload_dir; // LP_OFFLOAD_NVME's directory
     const char* comm;        // the transport of device tensors: "auto", "nccl" or "mpi" (lp_comm_init)
+    // data-parallel replicas that train apart, no gradient all-reduce between them (section 10, lp_replicas_*):
+    int diloco;              // DiLoCo: H inner steps, then one outer step on the replicas' mean change (0: off)
+    int gossip;              // gossip: after each step a replica mixes its weights with K neighbours' (0: off)
 } LPParallel;
 
 // Errors about a setting name it as the user of the program knows it: "LPParallel.tp", or what the
 // program's lp_setting_namer returns for that field (train_gpt.cu: its flag, "--tp").
 LP_STATE const char* (*lp_setting_namer)(size_t offset);  // offsetof(LPParallel, field) -> a name, or NULL
+#ifdef LLMPAR_IMPLEMENTATION
 static inline const char* lp_setting_name(size_t offset, const char* field) {
     const char* name = lp_setting_namer ? lp_setting_namer(offset) : NULL;
     return name ? name : field;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #define LP_SETTING(field) lp_setting_name(offsetof(LPParallel, field), "LPParallel." #field)
 
 // The grid as data: its axes, innermost first. TP is innermost because tensor-parallel ranks exchange the
@@ -845,9 +1075,11 @@ typedef struct {
 } LPAxis;
 static const LPAxis lp_axes[LP_AXES] = {{"tp", offsetof(LPParallel, tp)}, {"dp", offsetof(LPParallel, dp)},
                                         {"pp", offsetof(LPParallel, pp)}};
+#ifdef LLMPAR_IMPLEMENTATION
 static inline int lp_axis_size(const LPParallel* par, int a) { return *(const int*)((const char*)par + lp_axes[a].size); }
+#endif  // LLMPAR_IMPLEMENTATION
 
-typedef struct {
+typedef struct LPGroup {
 #ifdef LLMPAR_MPI
     MPI_Comm comm;
 #endif
@@ -866,14 +1098,16 @@ enum { LP_ALL_REDUCE, LP_REDUCE_SCATTER, LP_ALL_GATHER, LP_SEND, LP_ALL_TO_ALL }
 
 // The watchdog (section 5) watches the set-up too: MPI's start, the splits into groups, NCCL's start
 // (LLMPAR_NO_WATCHDOG: these do nothing).
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_watchdog_start(double timeout_s);
 static inline void lp_watchdog_stop(void);
 static inline double lp_watchdog_timeout_or(double fallback);
 static inline void lp_watch_phase(const char* what);
 static inline void lp_watch(const char* what, const LPGroup* g);
 static inline void lp_watch_done(void);
+#endif  // LLMPAR_IMPLEMENTATION
 
-typedef struct {
+typedef struct LPProcess {
     int rank, world;
     const LPParallel* par;          // the grid's sizes and every parallel setting (lp_grid_init)
     int coord[LP_GROUPS];           // this rank's coordinate on each axis (and DP's two): coord[LP_TP] is its TP rank
@@ -884,6 +1118,7 @@ typedef struct {
     int shares_gpu_with;            // a rank driving this rank's GPU too, or -1
 } LPProcess;
 
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_mpi_finalize(void) {
 #ifdef LLMPAR_MPI
     int inited = 0;
@@ -899,7 +1134,7 @@ static inline void lp_exit_all(void) {
 }
 
 // An error that every rank detects alike (a flag, the grid): printed once, by rank 0; every rank exits.
-static inline LP_PRINTF(1, 2) void lp_fail_all(const char* fmt, ...) {
+LP_PRINTF(1, 2) void lp_fail_all(const char* fmt, ...) {
     if (lp_rank == 0) {
         va_list ap;
         va_start(ap, fmt);
@@ -912,9 +1147,39 @@ static inline LP_PRINTF(1, 2) void lp_fail_all(const char* fmt, ...) {
     lp_exit_all();
 }
 
+// Replicas that train apart (diloco, gossip) hold each its whole state, weights and optimizer alike: nothing
+// that shards or spreads across the d data-parallel ranks (ZeRO, expert parallelism, the optimizer state
+// elsewhere) goes with them. Every rank checks alike; one line names the settings.
+static inline void lp_replicas_check(const LPParallel* par) {
+    const char* mode = par->diloco ? LP_SETTING(diloco) : LP_SETTING(gossip);
+    int value = par->diloco ? par->diloco : par->gossip;
+    if (par->diloco < 0 || par->gossip < 0)
+        lp_fail_all("%s %d %s %d: must be >= 0 (0: off)", LP_SETTING(diloco), par->diloco, LP_SETTING(gossip), par->gossip);
+    if (!value) return;
+    if (par->diloco && par->gossip)
+        lp_fail_all("%s %d and %s %d: two ways of training the replicas apart; choose one", LP_SETTING(diloco), par->diloco,
+                    LP_SETTING(gossip), par->gossip);
+    if (par->dp < 2)
+        lp_fail_all("%s %d: needs 2 or more data-parallel replicas, this grid has d = ranks / (t p) = %d", mode, value, par->dp);
+    int most = 0;  // the most neighbours: hops 2^(K-1) < d
+    while (most < 30 && (1 << most) < par->dp) most++;
+    if (par->gossip > most)
+        lp_fail_all("%s %d: the graph's hops 1, 2, ..., 2^(K-1) must each be below d = %d, so that the K neighbours are distinct "
+                    "replicas (K <= %d here)", mode, value, par->dp, most);
+    if (par->zero)
+        lp_fail_all("%s %d with %s %d: ZeRO shards the weights and optimizer state over the data-parallel replicas, which %s "
+                    "trains apart (each holds its whole state); use %s 0", mode, value, LP_SETTING(zero), par->zero, mode,
+                    LP_SETTING(zero));
+    if (par->ep > 1)
+        lp_fail_all("%s %d with %s %d: expert parallelism spreads the experts over the data-parallel replicas, which %s trains "
+                    "apart", mode, value, LP_SETTING(ep), par->ep, mode);
+    if (par->offload)  // (not LP_OFFLOAD_NONE, 0)
+        lp_fail_all("%s %d with %s: the replicas' exchange works on the optimizer state in memory", mode, value, LP_SETTING(offload));
+}
+
 // Place this rank on the grid par describes, d = world / (t p) (par->dp is set), and make its group on each
 // axis. par is the caller's and must outlive proc.
-static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
+void lp_grid_init(LPProcess* proc, LPParallel* par) {
     const char *tp = LP_SETTING(tp), *pp = LP_SETTING(pp);
     long long tpp = (long long)par->tp * par->pp, world = proc->world;
     if (par->tp < 1 || par->pp < 1 || par->ep < 1)
@@ -962,6 +1227,7 @@ static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
         }
 #endif
     }
+    lp_replicas_check(par);
     proc->world_group.name = "world";
     proc->world_group.size = proc->world;
     proc->world_group.rank = proc->rank;
@@ -972,6 +1238,7 @@ static inline void lp_grid_init(LPProcess* proc, LPParallel* par) {
     }
 #endif
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
 LP_STATE cublasLtHandle_t lp_cublaslt;
@@ -980,9 +1247,10 @@ static const size_t lp_cublaslt_workspace_size = 32 << 20;
 LP_STATE cudaDeviceProp lp_device_prop;
 #endif
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Whether model c splits over t tensor-parallel ranks (its heads, MLP width and padded vocabulary): NULL,
 // or why not (written into why). Layers over pipeline stages: lp_pp_partition.
-static inline const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
+const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
     if (t > 1 && !lp_config_is_gpt2(c))
         snprintf(why, size, "%s %d: not yet for the Llama family (one rank, t = 1)", LP_SETTING(tp), t);
     else if (c->num_heads % t)
@@ -999,7 +1267,7 @@ static inline const char* lp_tp_check(const LPConfig* c, int t, char* why, size_
 }
 // Every rank checks alike, so rank 0 alone prints. The Llama family runs on one rank so far (its parallel axes
 // come in later steps): every other setting is refused, never run on as if it were GPT-2.
-static inline void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
+void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
     const LPParallel* p = proc->par;
@@ -1076,7 +1344,7 @@ static inline void lp_threads_bound(void) {
 #endif
 }
 
-static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
+void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
     lp_blas_init(*argv);
     memset(proc, 0, sizeof(*proc));
     proc->world = 1;
@@ -1103,7 +1371,7 @@ static inline void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
 }
 
 // Picks the GPU from the launcher's local rank (Open MPI, then Slurm, else rank) and sets up cuBLASLt.
-static inline void lp_device_init(LPProcess* proc) {
+void lp_device_init(LPProcess* proc) {
 #ifdef LLMPAR_CPU
     (void)proc;
 #else
@@ -1125,7 +1393,7 @@ static inline void lp_device_init(LPProcess* proc) {
 }
 
 // Wait for the GPU's queued work (timing); nothing on the CPU build.
-static inline void lp_device_sync(void) {
+void lp_device_sync(void) {
 #ifndef LLMPAR_CPU
     cudaCheck(cudaDeviceSynchronize());
 #endif
@@ -1141,7 +1409,7 @@ static inline void lp_compute_sync(void) {
 
 // Device memory in use right now in MiB (CUDA build; 0 on the CPU build). All of llmpar's buffers are
 // allocated at start-up, so after the first step this is the run's peak.
-static inline double lp_device_memory_used_mib(void) {
+double lp_device_memory_used_mib(void) {
 #ifdef LLMPAR_CPU
     return 0.0;
 #else
@@ -1159,7 +1427,7 @@ static inline const char* lp_openblas_version(void) {  // "0.3.21" from " OpenBL
 }
 #endif
 // One line saying what computes: the GPU's name, or the CPU's matmul kernels and thread count.
-static inline const char* lp_engine_name(void) {
+const char* lp_engine_name(void) {
     static char name[512];
 #ifdef LLMPAR_CPU
     int threads = 1;
@@ -1184,7 +1452,7 @@ static inline const char* lp_engine_name(void) {
 #ifdef LLMPAR_NCCL
 static inline void lp_nccl_comm_destroy(ncclComm_t comm);  // section 5
 #endif
-static inline void lp_process_finish(LPProcess* proc) {
+void lp_process_finish(LPProcess* proc) {
 #ifdef LLMPAR_NCCL
     for (int a = 0; a < LP_GROUPS; a++)
         if (proc->group[a].nccl) lp_nccl_comm_destroy(proc->group[a].nccl);
@@ -1201,6 +1469,7 @@ static inline void lp_process_finish(LPProcess* proc) {
     (void)proc;
     lp_mpi_finalize();
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 4. schedules
@@ -1215,12 +1484,13 @@ static inline void lp_process_finish(LPProcess* proc) {
 enum { LP_SCHEDULE_GPIPE, LP_SCHEDULE_1F1B, LP_SCHEDULE_INTERLEAVED };
 static const char* const lp_schedule_names[] = {"gpipe", "1f1b", "interleaved", NULL};
 
-typedef struct {
+typedef struct LPAction {
     int forward;  // 1 forward, 0 backward
     int micro;    // micro-batch 0 .. m-1
     int chunk;    // this stage's chunk 0 .. v-1 (virtual stage chunk*p + s)
 } LPAction;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Why (schedule, p, v, m) cannot run, or NULL when it can. The settings name the fix.
 static inline const char* lp_schedule_check(int kind, int p, int v, int m, char* why, size_t size) {
     if (p < 1 || v < 1 || m < 1)
@@ -1254,7 +1524,7 @@ static inline LPAction lp_schedule_action(int k, int forward, int p, int v) {
 //   interleaved 1f1b (Megatron-LM): the same with v chunks per stage, taken in groups of p micro-batches
 //     (chunk 0 for micro-batches 0..p-1, chunk 1 for them, ..., then the next p); the warm-up is
 //     2(p-s-1) + (v-1)p chunk-forwards, and the bubble shrinks v times. When m = p it is all warm-up.
-static inline int lp_schedule_stage(int kind, int p, int v, int m, int s, LPAction* out) {
+int lp_schedule_stage(int kind, int p, int v, int m, int s, LPAction* out) {
     int n = 0, total = m * v;
     if (kind == LP_SCHEDULE_GPIPE) {
         for (int i = 0; i < m; i++) { out[n].forward = 1; out[n].micro = i; out[n++].chunk = 0; }
@@ -1271,9 +1541,10 @@ static inline int lp_schedule_stage(int kind, int p, int v, int m, int s, LPActi
     for (int k = total - warmup; k < total; k++) out[n++] = lp_schedule_action(k, 0, p, v);
     return n;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // The result of running every stage's list: each action's start time, and what the run shows.
-typedef struct {
+typedef struct LPSimulation {
     int p, v, m, per_stage;  // per_stage = 2*m*v actions
     LPAction* actions;       // (p, per_stage): stage s's list
     double* start;           // (p, per_stage): when each action starts
@@ -1289,6 +1560,7 @@ typedef struct {
     int* peak;               // (p): most micro-batch chunks whose activations a stage holds at once
 } LPSimulation;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Run sim's lists (sim->actions) with sim's costs per chunk forward and backward, in time order: an action
 // starts when its stage is free and its input has arrived (each message between stages taking sim->link;
 // with sim->blocking a stage is free only once the message its last action sent is delivered). While n of
@@ -1296,7 +1568,7 @@ typedef struct {
 // stage's list must hold each (micro-batch, chunk) forward and backward once, a backward after its forward.
 // Returns NULL, or why not (an action out of range or repeated, a backward before its forward, or the
 // stages waiting on each other forever, naming each waiting action).
-static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t size) {
+const char* lp_schedule_run(LPSimulation* sim, char* why, size_t size) {
     int p = sim->p, v = sim->v, m = sim->m, per = sim->per_stage, V = p * v;
     sim->makespan = 0.0;
     // done[(fwd, virtual stage, micro)]: when that action ends, -1 until it has run
@@ -1414,7 +1686,7 @@ static inline const char* lp_schedule_run(LPSimulation* sim, char* why, size_t s
 // measured); no time between stages, stages that do not share (set sim's link, blocking and alone before
 // lp_schedule_run to change them). Returns NULL, or why the schedule cannot run; sim is freed by the caller
 // either way.
-static inline const char* lp_schedule_lists(LPSimulation* sim, int kind, int p, int v, int m, double f, double b, const double* cost,
+const char* lp_schedule_lists(LPSimulation* sim, int kind, int p, int v, int m, double f, double b, const double* cost,
                                             char* why, size_t size) {
     memset(sim, 0, sizeof(*sim));
     if (lp_schedule_check(kind, p, v, m, why, size)) return why;
@@ -1431,12 +1703,12 @@ static inline const char* lp_schedule_lists(LPSimulation* sim, int kind, int p, 
 }
 
 // The lists of lp_schedule_lists, run (lp_schedule_run). Returns NULL, or why they cannot run.
-static inline const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b,
+const char* lp_schedule_simulate(LPSimulation* sim, int kind, int p, int v, int m, double f, double b,
                                                const double* cost, char* why, size_t size) {
     return lp_schedule_lists(sim, kind, p, v, m, f, b, cost, why, size) ? why : lp_schedule_run(sim, why, size);
 }
 
-static inline void lp_simulation_free(LPSimulation* sim) {
+void lp_simulation_free(LPSimulation* sim) {
     free(sim->actions);
     free(sim->start);
     free(sim->peak);
@@ -1446,7 +1718,7 @@ static inline void lp_simulation_free(LPSimulation* sim) {
 
 // Draw the simulated timeline, one row per stage, one cell per time unit (costs must be whole numbers):
 // "F3" a forward of micro-batch 3 (with chunks: "F3b" its chunk 1), "B3" a backward, "." idle.
-static inline void lp_schedule_print(FILE* out, const LPSimulation* sim, int kind) {
+void lp_schedule_print(FILE* out, const LPSimulation* sim, int kind) {
     int digits = 1;
     for (int x = sim->m - 1; x >= 10; x /= 10) digits++;
     int w = 2 + digits + (sim->v > 1);  // cell width: kind, micro-batch, chunk letter, a space
@@ -1481,6 +1753,7 @@ static inline int lp_schedule_slots(const LPAction* actions, int n, int c) {
         if (actions[k].chunk == c && (in_flight += actions[k].forward ? 1 : -1) > most) most = in_flight;
     return most;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 5. comm
@@ -1490,6 +1763,7 @@ static inline int lp_schedule_slots(const LPAction* actions, int n, int c) {
 // GPU (NCCL refuses that), staging bf16 tensors through host fp32 buffers (MPI has no bf16 sum). Host
 // values (losses, norms, flags) always go over MPI. A group of one rank returns at once.
 
+#ifdef LLMPAR_IMPLEMENTATION
 #ifdef LLMPAR_MPI
 static inline void lp_mpi_check(int err, const char* op, const LPGroup* g) {
     if (err == MPI_SUCCESS) return;
@@ -1507,18 +1781,22 @@ static inline void lp_mpi_all_reduce_f32(const LPGroup* g, float* x, size_t n) {
     }
 }
 #endif
+#endif  // LLMPAR_IMPLEMENTATION
 
 #ifdef LLMPAR_NCCL
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* g) {
     if (r != ncclSuccess)
         lp_fail("NCCL %s on group %s (rank %d of %d) failed: %s", op, g->name, g->rank, g->size, ncclGetErrorString(r));
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // Every NCCL communicator the process holds, for the watchdog to abort: made and destroyed through these
 // two, at set-up and teardown (a communicator joins the list once made: its slot is written before the count).
 #define LP_MAX_NCCL_COMMS 16  // a rank's groups (5), its stage's head (1) and links (4 at most)
 LP_STATE ncclComm_t lp_nccl_comms[LP_MAX_NCCL_COMMS];
 LP_STATE int lp_nccl_comm_count;
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_nccl_comm_init(ncclComm_t* comm, int ranks, ncclUniqueId id, int rank, const char* op, const LPGroup* g) {
     if (lp_nccl_comm_count == LP_MAX_NCCL_COMMS) lp_fail("internal: more than %d NCCL communicators", LP_MAX_NCCL_COMMS);
     lp_watch("NCCL's start (ncclCommInitRank)", g);
@@ -1532,6 +1810,7 @@ static inline void lp_nccl_comm_destroy(ncclComm_t comm) {
         if (lp_nccl_comms[k] == comm) lp_nccl_comms[k] = lp_nccl_comms[--lp_nccl_comm_count];
     ncclCommDestroy(comm);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
 // --- the watchdog. A rank whose peer has stopped (a hung GPU, a stalled file system, a lost link) would
@@ -1559,6 +1838,7 @@ typedef struct {
     double wait_start, waited;      // its start; seconds waited in marked calls so far
 } LPWatchdog;
 LP_STATE LPWatchdog lp_watchdog;
+#ifdef LLMPAR_IMPLEMENTATION
 // Its state at each mark (below): a phase of the loop ("the step", not a wait), a blocking call's start, its return.
 static inline void lp_watch_phase(const char* what) {
     lp_watchdog.what = what;
@@ -1630,15 +1910,19 @@ static inline void lp_watchdog_start(double timeout_s) {
 static inline void lp_watchdog_stop(void) { lp_watchdog.timeout_s = 0.0; }  // (its thread idles)
 // The timeout a program set before lp_process_init, or fallback.
 static inline double lp_watchdog_timeout_or(double fallback) { return lp_watchdog.timeout_s > 0.0 ? lp_watchdog.timeout_s : fallback; }
+#endif  // LLMPAR_IMPLEMENTATION
 #else
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_watch_phase(const char* what) { (void)what; }
 static inline void lp_watchdog_wait(const char* what, const LPGroup* g, int peer) { (void)what, (void)g, (void)peer; }
 static inline void lp_watchdog_done(void) {}
 static inline void lp_watchdog_start(double timeout_s) { (void)timeout_s; }
 static inline void lp_watchdog_stop(void) {}
 static inline double lp_watchdog_timeout_or(double fallback) { return fallback; }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
+#ifdef LLMPAR_IMPLEMENTATION
 // The marks: each blocking call marks what it waits in, its group and a receive's sender (lp_watch_peer),
 // and its return (lp_watch_done): the watchdog and the timeline listen (the loop's phases, lp_watch_phase,
 // are the watchdog's alone). A call made inside another (lp_all_reduce's host staging) counts as the outer one.
@@ -1678,7 +1962,7 @@ static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {
 }
 
 // Sum (or average) n host floats over the group, in place: losses, norms, error flags, staged tensors.
-static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int average) {
+void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int average) {
     if (g->size == 1 || n == 0) return;  // (MPI's of 0 values would return at once, waiting for no peer)
     lp_watch("an all-reduce of host values", g);
     lp_trace_wait_bytes((double)(n * sizeof(float)));
@@ -1696,7 +1980,7 @@ static inline void lp_all_reduce_host(const LPGroup* g, float* x, size_t n, int 
 
 // Every rank's `bytes` at mine into all (rank-major, world * bytes), over the whole job; and a broadcast
 // from `root` over it. For the start, before the grid's groups exist (lp_grid_init).
-static inline void lp_world_all_gather(const LPProcess* proc, const void* mine, size_t bytes, void* all) {
+void lp_world_all_gather(const LPProcess* proc, const void* mine, size_t bytes, void* all) {
     memcpy(all, mine, bytes);
 #ifdef LLMPAR_MPI
     if (proc->world > 1 && MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD) != MPI_SUCCESS)
@@ -1705,7 +1989,7 @@ static inline void lp_world_all_gather(const LPProcess* proc, const void* mine, 
     (void)proc;
 #endif
 }
-static inline void lp_world_broadcast(const LPProcess* proc, void* buf, size_t bytes, int root) {
+void lp_world_broadcast(const LPProcess* proc, void* buf, size_t bytes, int root) {
 #ifdef LLMPAR_MPI
     if (proc->world > 1 && MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD) != MPI_SUCCESS)
         lp_fail("MPI_Bcast of %zu bytes at the start failed", bytes);
@@ -1719,7 +2003,7 @@ static inline void lp_world_broadcast(const LPProcess* proc, void* buf, size_t b
 
 // Rank r's bytes[r] bytes at mine to rank 0, into all one after another in rank order (the timeline's
 // events, a different number on each rank); all is read on rank 0 only.
-static inline void lp_world_gather(const LPProcess* proc, const void* mine, const int* bytes, void* all) {
+void lp_world_gather(const LPProcess* proc, const void* mine, const int* bytes, void* all) {
 #ifdef LLMPAR_MPI
     if (proc->world > 1) {
         int* at = (int*)lp_host_malloc((size_t)proc->world * sizeof(int), "gather offsets");
@@ -1736,14 +2020,15 @@ static inline void lp_world_gather(const LPProcess* proc, const void* mine, cons
         free(at);
         return;
     }
+#else
+    (void)proc;
 #endif
-    (void)proc;  // (one rank: its own bytes)
     memcpy(all, mine, (size_t)bytes[0]);
 }
 
 // Send `bytes` of host memory from the group's rank `root` to all its ranks (one reader of a model file
 // serves the whole group).
-static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, int root) {
+void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, int root) {
     if (g->size == 1) return;
     lp_watch("a broadcast", g);
 #ifdef LLMPAR_MPI
@@ -1757,6 +2042,23 @@ static inline void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, 
     (void)bytes;
     (void)root;
 #endif
+}
+
+// Send n host floats to the group's rank `to` while receiving n from rank `from` (gossip's exchange with
+// a neighbour: each rank sends to one and receives from another, so no pair waits on the other).
+static inline void lp_sendrecv_host(const LPGroup* g, const float* send, int to, float* recv, int from, size_t n) {
+    lp_watch_peer("an exchange of weights", g, from);
+#ifdef LLMPAR_MPI
+    for (size_t off = 0; off < n; off += (size_t)1 << 28) {
+        int count = (int)(n - off < ((size_t)1 << 28) ? n - off : ((size_t)1 << 28));
+        lp_mpi_check(MPI_Sendrecv(send + off, count, MPI_FLOAT, to, 0, recv + off, count, MPI_FLOAT, from, 0, g->comm,
+                                  MPI_STATUS_IGNORE), "send-receive", g);
+    }
+#else
+    (void)send, (void)to, (void)recv, (void)n;
+    lp_fail("send-receive on group %s: this build has no MPI", g->name);
+#endif
+    lp_watch_done();
 }
 
 // Sum a device tensor of the compute type over the group, in place; divide by the group size when
@@ -1919,7 +2221,7 @@ static inline void lp_all_to_all(const LPGroup* g, const void* send, const int* 
 #endif
 }
 
-static inline void lp_barrier(const LPGroup* g) {
+void lp_barrier(const LPGroup* g) {
     if (g->size == 1) return;
     lp_watch("a barrier", g);
 #ifdef LLMPAR_MPI
@@ -1927,6 +2229,7 @@ static inline void lp_barrier(const LPGroup* g) {
 #endif
     lp_watch_done();
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // --- point-to-point between pipeline stages. A send never holds its sender up: the data is copied out
 // and handed to MPI_Isend, and lp_sends_wait finishes the sends. That is the model under which the schedule
@@ -1941,6 +2244,7 @@ typedef struct {
     int count, cap;
 } LPSends;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Send n values of x to the group's rank `peer`.
 static inline void lp_send(const LPGroup* g, const floatX* x, size_t n, int peer, int tag, LPSends* s) {
     size_t bytes = n * sizeof(floatX);
@@ -2006,6 +2310,7 @@ static inline void lp_sends_free(LPSends* s) {
     free(s->buf);
     memset(s, 0, sizeof(*s));
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // Overlap: collectives started now and finished together by lp_wait, while compute goes on. NCCL runs
 // them on a stream of their own, ordered after the compute stream's work so far; each LPPending records
@@ -2030,6 +2335,7 @@ typedef struct {
 #ifdef LLMPAR_NCCL
 LP_STATE cudaStream_t lp_comm_stream;
 LP_STATE cudaEvent_t lp_comm_event;
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_comm_stream_follows_compute(void) {
     cudaCheck(cudaEventRecord(lp_comm_event, 0));
     cudaCheck(cudaStreamWaitEvent(lp_comm_stream, lp_comm_event, 0));
@@ -2040,7 +2346,9 @@ static inline void lp_pending_enqueued(LPPending* pend) {
     cudaCheck(cudaEventRecord(pend->done, lp_comm_stream));
     pend->count++;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_pending_free(LPPending* pend) {
 #ifdef LLMPAR_NCCL
     if (pend->done) cudaCheck(cudaEventDestroy(pend->done));
@@ -2255,7 +2563,7 @@ static inline void lp_count_gpus(LPProcess* proc) {
 // share a GPU (several ranks on one card, as in tests on one GPU) the run uses MPI, with a notice.
 // The choice is LPParallel's comm: "auto", "nccl" or "mpi". Every rank calls it, after lp_device_init. (CUDA
 // build: it also counts the run's distinct GPUs, proc->gpus, which MFU divides by.)
-static inline void lp_comm_init(LPProcess* proc) {
+void lp_comm_init(LPProcess* proc) {
     const char* choice = proc->par->comm;
     if (strcmp(choice, "auto") != 0 && strcmp(choice, "nccl") != 0 && strcmp(choice, "mpi") != 0)
         lp_fail_all("%s: transport must be auto, nccl or mpi, got '%s'", LP_SETTING(comm), choice);
@@ -2283,6 +2591,7 @@ static inline void lp_comm_init(LPProcess* proc) {
     (void)proc;
 #endif
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 6. kernels
@@ -2294,6 +2603,7 @@ static inline void lp_comm_init(LPProcess* proc) {
 //     gradient accumulation over micro-batches needs no extra buffers;
 //   - layernorm_backward accumulates into dinp, which is the residual stream's gradient.
 
+#ifdef LLMPAR_IMPLEMENTATION
 // exp and tanh in plain arithmetic, which the compiler vectorises (a libm call it cannot: GELU's tanhf was
 // a tenth of the CPU step, the classifier's expf most of its time). e^x = 2^n e^r with n = round(x / ln 2),
 // |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative error below 1e-8) and 2^n put in the exponent
@@ -2328,11 +2638,13 @@ static inline LP_HD float lp_gelu_grad(float x) {
     float sech2 = 1.0f - th * th;
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * LP_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
 // CUDA building blocks shared by the kernels below: launch sizes, warp and block reductions, scratch
 // buffers that grow on demand, and one cuBLASLt GEMM used by every matmul.
 #define LP_THREADS 256
+#ifdef LLMPAR_IMPLEMENTATION
 static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 // Launch a kernel on the compute stream and check the launch. LP_SHARED is the launch's dynamic shared
@@ -2349,6 +2661,7 @@ static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + t
 
 static __device__ inline float lp_bf(floatX x) { return __bfloat162float(x); }
 static __device__ inline floatX lp_xf(float x) { return __float2bfloat16_rn(x); }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // 128-bit access for the memory-bound elementwise kernels: a thread takes 8 bf16 values [i, i + 8) with
 // one 16-byte load or store (ld.global.v4) instead of eight 2-byte ones. Where the 8 are not all there
@@ -2359,6 +2672,7 @@ typedef union {
     uint4 bits;
     floatX x[LP_PACK];
 } LPPack;
+#ifdef LLMPAR_IMPLEMENTATION
 static __device__ inline LPPack lp_load_pack(const floatX* p, size_t i, size_t n) {
     LPPack q;
     if (i + LP_PACK <= n && ((uintptr_t)(p + i) & 15) == 0) {
@@ -2378,12 +2692,14 @@ static __device__ inline void lp_store_pack(floatX* p, size_t i, size_t n, LPPac
     for (int k = 0; k < LP_PACK; k++)  // (constant indices keep the pack in registers)
         if (i + k < n) p[i + k] = q.x[k];
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // The same for fp32 values: 8 of them [i, i + 8) as two 16-byte accesses.
 typedef union {
     float4 q[2];
     float x[LP_PACK];
 } LPPackF;
+#ifdef LLMPAR_IMPLEMENTATION
 static __device__ inline LPPackF lp_load_packf(const float* p, size_t i, size_t n) {
     LPPackF q;
     if (i + LP_PACK <= n && ((uintptr_t)(p + i) & 15) == 0) {
@@ -2439,9 +2755,11 @@ static __device__ inline float2 lp_block_sum2(float a, float b) {
     float2 p = lane < warps ? partial[lane] : make_float2(0.0f, 0.0f);
     return make_float2(lp_warp_sum(p.x), lp_warp_sum(p.y));
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // A device buffer that grows to the largest size asked for; kernels use it for partial sums.
 typedef struct { void* ptr; size_t bytes; } LPScratch;
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void* lp_scratch(LPScratch* s, size_t bytes, const char* what) {
     if (bytes > s->bytes) {
         if (s->ptr) lp_device_free(s->ptr);
@@ -2450,8 +2768,10 @@ static inline void* lp_scratch(LPScratch* s, size_t bytes, const char* what) {
     }
     return s->ptr;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 LP_STATE LPScratch lp_partials;  // fp32 partial sums of the deterministic two-pass reductions
 
+#ifdef LLMPAR_IMPLEMENTATION
 // D = alpha * op(A) op(B) + beta * D in cuBLAS's column-major terms (a row-major matrix is its own
 // transpose there), bf16 in and out, fp32 accumulation, then cuBLASLt's epilogue: DEFAULT; BIAS (+ bias,
 // length m, broadcast over columns); GELU_AUX(_BIAS) (GELU, the pre-activation written to aux); DGELU
@@ -2535,8 +2855,10 @@ static inline void lp_gemm(int transA, int transB, int m, int n, int k, const fl
         lp_fail("cuBLASLt has no algorithm for a %s%s GEMM m=%d n=%d k=%d batch=%d (epilogue %d)", transA ? "T" : "N",
                 transB ? "T" : "N", m, n, k, batch, (int)epilogue);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
+#ifdef LLMPAR_IMPLEMENTATION
 // --- embedding: out[i,:] = wte[token_i] for the tokens in the slice [v0, v0 + Vl) of the vocabulary that
 // wte holds; the other rows of out are left as they are (zeroed by the caller). Tensor parallelism: each
 // rank owns Vl rows of wte, and the partial embeddings are summed over the group; ZeRO-3 fills out a
@@ -2579,8 +2901,10 @@ static inline void lp_positions_backward_cpu(float* dwpe, const float* dout, int
         for (int i = ((t - row0) % T + T) % T; i < rows; i += T)  // the rows at position t, in order
             for (int c = 0; c < C; c++) dwpe[(size_t)t * C + c] += dout[(size_t)i * C + c];
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
+#ifdef LLMPAR_IMPLEMENTATION
 static __global__ void lp_embedding_forward_kernel(floatX* out, const int* tokens, const floatX* wte, int v0, int Vl, int N, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)N * C) return;
@@ -2604,7 +2928,9 @@ static __global__ void lp_embedding_backward_kernel(floatX* dwte, const floatX* 
     size_t w = (size_t)index[u] * C + c;
     dwte[w] = lp_xf(lp_bf(dwte[w]) + s);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 LP_STATE LPScratch lp_embedding_index;  // device copy of the grouping below
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_embedding_backward_gpu(floatX* dwte, const floatX* dout, const int* tokens, int v0, int Vl, int N, int C) {
     // counting sort of this slice's positions by token on the host: deterministic sums without atomics
     int* count = (int*)calloc((size_t)Vl + 1, sizeof(int));
@@ -2659,8 +2985,10 @@ static __global__ void lp_positions_backward_kernel(floatX* dwpe, const floatX* 
 static inline void lp_positions_backward_gpu(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
     LP_LAUNCH(lp_positions_backward_kernel, lp_grid((size_t)T * C, LP_THREADS), LP_THREADS, 0, dwpe, dout, row0, rows, T, C);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
+#ifdef LLMPAR_IMPLEMENTATION
 // --- layernorm (biased variance; eps: lp_norm_eps, GPT-2's 1e-5); mean and rstd are kept in fp32 for the backward
 // pass. RMSNorm (Llama) is the same loop with the centering and the bias switched off: mean NULL (x's mean taken
 // as 0, so rstd = 1 / sqrt(mean(x^2) + eps)) and b NULL (a LayerNorm without bias: only b NULL).
@@ -3482,6 +3810,7 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
     lp_attention_permute_gpu(dqkv, dqkvr, B, T, 3, NH, HS, 0);
 }
 #endif
+#endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
 // Flash attention, in FlashAttention-2's form: the results of lp_attention_forward_cpu and
@@ -3508,7 +3837,9 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 #define LP_FLASH_MT(HP) ((HP) <= 64 ? 2 : 1)
 #define LP_FLASH_FWD_BLOCKS 2
 #define LP_FLASH_BWD_BLOCKS(HP) ((HP) >= 64 ? 2 : 3)
+#ifdef LLMPAR_IMPLEMENTATION
 static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 : HS <= 64 ? 64 : HS <= 128 ? 128 : 0; }
+#endif  // LLMPAR_IMPLEMENTATION
 #define LP_LN2 0.6931471805599453f
 
 // A shared-memory address as ldmatrix takes it: 32 bits under nvcc, so that a tile's fragments are one
@@ -3516,12 +3847,16 @@ static inline int lp_flash_width(int HS) { return HS <= 16 ? 16 : HS <= 32 ? 32 
 // under the emulator. lp_smem_at: so many bf16 elements further.
 #ifdef LLMPAR_CUDAEMU
 typedef const floatX* lp_smem;
+#ifdef LLMPAR_IMPLEMENTATION
 static __device__ inline lp_smem lp_smem_of(const floatX* p) { return p; }
 static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a + elements; }
+#endif  // LLMPAR_IMPLEMENTATION
 #else
 typedef uint32_t lp_smem;
+#ifdef LLMPAR_IMPLEMENTATION
 static __device__ inline lp_smem lp_smem_of(const floatX* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a + 2 * elements; }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
 // The instructions the flash kernels give nvcc as inline PTX, and their twins under the emulator, each
@@ -3561,6 +3896,7 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 #define LP_PTX_CP_WAIT(n) asm volatile("cp.async.wait_group %0;" ::"n"(n) : "memory")
 #endif
 
+#ifdef LLMPAR_IMPLEMENTATION
 // D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
 // instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes take part). Registers as
 // the PTX ISA places them ("Matrix Fragments for mma.m16n8k16 with floating point type",
@@ -4155,12 +4491,14 @@ static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* d
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * lanes, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH, lanes);
     LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, D + rows, dout, D, qkv, lse, B, T, C, NH);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
 // --- mixture of experts: a MoE layer (section 9) routes each token to k of its E experts. Here the router's
 // softmax and top-k, the rows moved into expert order and back, the gated sum of the experts' outputs, and
 // their backwards. Routing runs in fp32 on either build; every sum runs in a fixed order (no atomics).
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Token t's routing, from its E router logits (in probs on entry): their softmax into probs, its logsumexp
 // (the z-loss's), its k experts of highest probability (ties to the lower index), best first, and their
 // gates: the probabilities renormalised to sum 1 for k >= 2 (GShard, Mixtral), the probability itself for
@@ -4349,8 +4687,10 @@ static inline void lp_moe_router_backward_cpu(float* dlogits, const float* probs
         for (int e = 0; e < E; e++) dlogits[(size_t)t * E + e] = lp_moe_router_dlogit(e, coef, s, p, lse[t], x, daux, dz, K);
     }
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
+#ifdef LLMPAR_IMPLEMENTATION
 // The kernels: a thread per token for the routing and the router's backward, per (row, channel) for the
 // moves and the gated sum; each sums in the CPU loop's order.
 static __global__ void lp_moe_route_kernel(float* probs, float* lse, int* expert, float* gate, const floatX* logits, int N, int E,
@@ -4390,9 +4730,11 @@ static __global__ void lp_moe_stats_sum_kernel(float* sums, const float* partial
     for (int y = 0; y < 8; y++) s += part[y][threadIdx.x];
     sums[c] = s;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 // The scratch of the statistics' partial sums and the dispatch's counts per tile: at most so many bytes.
 LP_STATE LPScratch lp_moe_scratch;
 #define LP_MOE_TILE 256  // the dispatch's choices per block
+#ifdef LLMPAR_IMPLEMENTATION
 static inline size_t lp_moe_scratch_bytes(size_t N, int E, int K) { return lp_grid(N * K, LP_MOE_TILE) * ((size_t)E + 1) * 4; }
 static inline void lp_moe_stats_gpu(float* sums, const float* probs, const float* lse, int N, int E) {
     int chunks = lp_grid(N, LP_MOE_STATS_ROWS);
@@ -4561,8 +4903,10 @@ static inline void lp_moe_router_backward_gpu(floatX* dlogits, const float* prob
     LP_LAUNCH(lp_moe_router_backward_kernel, lp_grid(N, LP_THREADS), LP_THREADS, 0, dlogits, probs, lse, expert, gate, dgate, parts,
               daux, dz, N, E, K);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
+#ifdef LLMPAR_IMPLEMENTATION
 // --- classifier (cross-entropy over the vocabulary), vocab-parallel: each rank holds the logits of its
 // slice [v0, v0 + Vl) of the padded vocabulary, and the full row of logits is never gathered. Per row,
 // classifier_stats writes this slice's (max, sum of exp(logit - max), target's logit or 0) over the real
@@ -4833,6 +5177,62 @@ static inline void lp_adamw_gpu(floatX* params, float* master, const floatX* gra
 }
 #endif
 
+// --- the replicas' exchange (section 10, lp_replicas_*). DiLoCo's outer step: SGD with Nesterov momentum
+// mu and learning rate lr on the pseudo-gradient delta = outer - mean (outer: the weights at the round's
+// start, as the last outer step left them; mean: the replicas' mean weights after their inner steps):
+//   mom <- mu mom + delta;   w <- outer - lr (delta + mu mom)
+// written from the mean, w = mean + (1 - lr) delta - lr mu mom: equal in exact arithmetic, and in floats
+// the mean itself, bit for bit, at lr 1 and mu 0 (the replicas plainly averaged). w is the next round's outer.
+static inline LP_HD float lp_outer_value(float mean, float* outer, float* mom, float lr, float mu) {
+    float delta = *outer - mean, m = mu * *mom + delta;
+    float w = mean + (1.0f - lr) * delta - lr * mu * m;
+    *mom = m;
+    *outer = w;
+    return w;
+}
+// Gossip's mixing: a replica's weight w and its K neighbours' (recv[k * stride]), each weighted 1/(K+1).
+static inline LP_HD float lp_mix_value(float w, const float* recv, size_t stride, int K) {
+    for (int k = 0; k < K; k++) w += recv[k * stride];
+    return w / (float)(K + 1);
+}
+// Each over n values of a tensor: the master weights updated, and (CUDA) the compute-type weights rounded
+// from them stochastically, with the draws of the AdamW step just taken (seed), as a resume rounds them.
+static inline void lp_outer_step_cpu(floatX* params, float* master, float* outer, float* mom, const float* mean, size_t n,
+                                     float lr, float mu, uint32_t seed) {
+    (void)params, (void)seed;  // (the CPU build's params are its master weights)
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) master[i] = lp_outer_value(mean[i], &outer[i], &mom[i], lr, mu);
+}
+static inline void lp_mix_cpu(floatX* params, float* master, const float* recv, size_t stride, int K, size_t n, uint32_t seed) {
+    (void)params, (void)seed;
+#pragma omp parallel for
+    for (size_t i = 0; i < n; i++) master[i] = lp_mix_value(master[i], recv + i, stride, K);
+}
+#ifndef LLMPAR_CPU
+static __global__ void lp_outer_step_kernel(floatX* params, float* master, float* outer, float* mom, const float* mean, size_t n,
+                                            float lr, float mu, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float w = lp_outer_value(mean[i], &outer[i], &mom[i], lr, mu);
+    master[i] = w;
+    params[i] = lp_stochastic_round(w, seed, i);
+}
+static inline void lp_outer_step_gpu(floatX* params, float* master, float* outer, float* mom, const float* mean, size_t n,
+                                     float lr, float mu, uint32_t seed) {
+    if (n) LP_LAUNCH(lp_outer_step_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, params, master, outer, mom, mean, n, lr, mu, seed);
+}
+static __global__ void lp_mix_kernel(floatX* params, float* master, const float* recv, size_t stride, int K, size_t n, uint32_t seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float w = lp_mix_value(master[i], recv + i, stride, K);
+    master[i] = w;
+    params[i] = lp_stochastic_round(w, seed, i);
+}
+static inline void lp_mix_gpu(floatX* params, float* master, const float* recv, size_t stride, int K, size_t n, uint32_t seed) {
+    if (n) LP_LAUNCH(lp_mix_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, params, master, recv, stride, K, n, seed);
+}
+#endif
+
 // --- sums of squares (the gradient norm, the finiteness check of the weights). The CPU loop sums blocks of
 // a fixed size in double, each a vector of partial sums, then the blocks in order: the same bits for any
 // thread count (an OpenMP reduction would combine the threads' sums in their number and in any order). The
@@ -4854,14 +5254,17 @@ static inline float lp_norm_squared_cpu(const float* x, size_t n) {
     free(part);
     return (float)s;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 // Several spans of x, span k's sum of squares added to parts[spans[k].slot].
 typedef struct {
     size_t at, n;
     int slot;
 } LPSpan;
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_norm_squared_spans_cpu(float* parts, const float* x, const LPSpan* spans, int n) {
     for (int k = 0; k < n; k++) parts[spans[k].slot] += lp_norm_squared_cpu(x + spans[k].at, spans[k].n);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
 // All the spans in one launch: span k gets blocks [first[k], first[k+1]), one per 2048 values up to
@@ -4869,6 +5272,7 @@ static inline void lp_norm_squared_spans_cpu(float* parts, const float* x, const
 // sums and their order the same on every call: deterministic); owner[b] is block b's span. Then a block
 // per span adds its partials in order.
 #define LP_NORM_BLOCKS 512
+#ifdef LLMPAR_IMPLEMENTATION
 static __global__ void lp_norm_squared_kernel(float* partials, const floatX* x, const LPSpan* spans, const int* first, const int* owner) {
     int k = owner[blockIdx.x];
     LPSpan sp = spans[k];
@@ -4891,9 +5295,11 @@ static inline int lp_norm_blocks(size_t n) {
     size_t blocks = (n + (size_t)LP_THREADS * LP_PACK - 1) / ((size_t)LP_THREADS * LP_PACK);
     return (int)(blocks < LP_NORM_BLOCKS ? blocks : LP_NORM_BLOCKS);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 LP_STATE LPScratch lp_norm_scratch;  // the spans, their first blocks and each block's span; the partial sums; the spans' sums
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_norm_squared_spans_gpu(float* parts, const floatX* x, const LPSpan* spans, int n) {
-    if (n == 0) return;
+    if (n <= 0) return;
     int total = 0;
     for (int k = 0; k < n; k++) total += lp_norm_blocks(spans[k].n);
     size_t table = ((size_t)n * sizeof(LPSpan) + (n + 1 + (size_t)total) * sizeof(int) + 255) / 256 * 256;
@@ -4935,6 +5341,7 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
     lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");
     lp_scratch(&lp_embedding_index, (3 * N + 1) * sizeof(int), "embedding backward index");  // 2U + 1 + M, U and M <= N
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
 // The ops the model calls, bound to this build's version: the CPU loop, or the CUDA launcher.
@@ -4972,6 +5379,8 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_classifier_fused           lp_classifier_fused_cpu
 #define lp_add_scaled                 lp_add_scaled_cpu
 #define lp_adamw                      lp_adamw_cpu
+#define lp_outer_step                 lp_outer_step_cpu
+#define lp_mix                        lp_mix_cpu
 #define lp_norm_squared               lp_norm_squared_cpu
 #define lp_norm_squared_spans         lp_norm_squared_spans_cpu
 #else
@@ -5008,6 +5417,8 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_classifier_fused           lp_classifier_fused_gpu
 #define lp_add_scaled                 lp_add_scaled_gpu
 #define lp_adamw                      lp_adamw_gpu
+#define lp_outer_step                 lp_outer_step_gpu
+#define lp_mix                        lp_mix_gpu
 #define lp_norm_squared               lp_norm_squared_gpu
 #define lp_norm_squared_spans         lp_norm_squared_spans_gpu
 #endif
@@ -5031,7 +5442,7 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define LP_MODEL_MAGIC 20240326
 #define LP_TOKENIZER_MAGIC 20240328
 
-typedef struct {
+typedef struct LPDataLoader {
     glob_t files;
     int num_files;
     size_t* shard_tokens;  // tokens in each shard
@@ -5051,6 +5462,7 @@ typedef struct {
     int* targets;          // (B,T)
 } LPDataLoader;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // A permutation of 0 .. n-1 (Fisher-Yates) drawn from seed and the key; the identity without shuffle.
 static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t seed, uint64_t key) {
     for (size_t i = 0; i < n; i++) out[i] = i;
@@ -5067,7 +5479,7 @@ static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t s
 }
 
 // Go to (epoch, shard, pos): draw the epoch's shard order and that shard's window order, open it.
-static inline void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos) {
+void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos) {
     if (epoch < 0 || shard < 0 || shard >= d->num_files)
         lp_fail("data position (epoch %d, shard %d) is outside the shards given", epoch, shard);
     lp_permutation(d->shard_order, (size_t)d->num_files, d->shuffle, d->seed, (uint64_t)epoch << 32);
@@ -5126,6 +5538,7 @@ static inline void lp_shard_scan(const char* path, size_t n, int bytes, int voca
     fclose(f);
     free(buf);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // The shards' manifest, DIR/manifest.txt as dev/data/prepare.py writes it: a line "llmpar shards 1", then
 // per shard "NAME BYTES TOKENS MAX_ID CRC32C" (the CRC, in hex, of the whole file; for tools, not read here).
@@ -5152,6 +5565,7 @@ typedef struct {
     LPShardEntry* e;         // sorted by name
 } LPShardManifest;
 
+#ifdef LLMPAR_IMPLEMENTATION
 static int lp_shard_entry_cmp(const void* a, const void* b) {
     return strcmp(((const LPShardEntry*)a)->name, ((const LPShardEntry*)b)->name);
 }
@@ -5258,9 +5672,10 @@ static inline void lp_shards_whole(const glob_t* found, const char* pattern, con
     }
     free(m.e);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // What a loader reads: set by name, the rest 0 (`LPDataOptions o = {.pattern = "x_*.bin", .B = 4, .T = 64};`).
-typedef struct {
+typedef struct LPDataOptions {
     const char* pattern;  // the shards: a path, or a glob
     const char* label;    // how errors name them (train_gpt.cu: its flag, "-i"; NULL: "data")
     int B, T;             // this rank's batch
@@ -5274,9 +5689,10 @@ typedef struct {
                           // every token); LP_CHECK_FULL, every token
 } LPDataOptions;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Open the shards o->pattern matches for this data-parallel rank, in windows of o->window tokens, in file
 // order or shuffled; with o->scan, check every token id first (from the manifest where o->check allows).
-static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
+void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
     memset(d, 0, sizeof(*d));
     int B = o->B, T = o->T;
     size_t window = o->window;
@@ -5326,11 +5742,11 @@ static inline void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
     lp_dataloader_seek(d, 0, 0, 0);
 }
 
-static inline void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0, 0); }
+void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0, 0); }
 
 // Fill d->inputs and d->targets with this rank's next (B,T) batch: the next ranks*B*T tokens of the current
 // window; past the shard's last window, the next shard; past the last shard, the next epoch.
-static inline void lp_dataloader_next(LPDataLoader* d) {
+void lp_dataloader_next(LPDataLoader* d) {
     size_t global = (size_t)d->world * d->B * d->T;
     if (d->pos >= (d->shard_tokens[d->shard_order[d->shard]] - 1) / d->window * d->window) {
         if (d->shard + 1 < d->num_files) lp_dataloader_seek(d, d->epoch, d->shard + 1, 0);
@@ -5349,13 +5765,13 @@ static inline void lp_dataloader_next(LPDataLoader* d) {
 }
 
 // Batches in one pass over the data (for validation: all val shards once).
-static inline size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d) {
+size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d) {
     size_t n = 0;
     for (int s = 0; s < d->num_files; s++) n += (d->shard_tokens[s] - 1) / d->window;
     return n * (d->window / ((size_t)d->world * d->B * d->T));
 }
 
-static inline void lp_dataloader_free(LPDataLoader* d) {
+void lp_dataloader_free(LPDataLoader* d) {
     if (d->file) fclose(d->file);
     globfree(&d->files);
     free(d->shard_tokens);
@@ -5366,6 +5782,7 @@ static inline void lp_dataloader_free(LPDataLoader* d) {
     free(d->targets);
     memset(d, 0, sizeof(*d));
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // Multiple-choice evaluations (HellaSwag), llm.c's file (dev/data/hellaswag.py writes HellaSwag's val
 // split): a 256 x int32 header (magic 20240522, version 1, examples, the longest example's bytes), then per
@@ -5380,7 +5797,7 @@ typedef struct {
     int completion, completion_len;  // its completion's
 } LPEvalRow;
 
-typedef struct {
+typedef struct LPEvalSet {
     int num_examples, num_rows;
     int* label;        // (examples): the right completion
     int* first_row;    // (examples + 1): example e's completions are rows first_row[e] .. first_row[e+1]-1
@@ -5389,6 +5806,7 @@ typedef struct {
     int longest_row, longest_example;  // the most tokens in a row (context + completion), and whose
 } LPEvalSet;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Row r's tokens (context, then completion): token i of context_len + completion_len.
 static inline int lp_evalset_token(const LPEvalSet* s, int r, int i) {
     const LPEvalRow* w = &s->rows[r];
@@ -5397,7 +5815,7 @@ static inline int lp_evalset_token(const LPEvalSet* s, int r, int i) {
 
 // Read and check an eval file: every field where llm.c's format puts it, every token below vocab_size.
 // `label` names where the path came from in errors (train_gpt.cu: its flag).
-static inline void lp_evalset_load(LPEvalSet* s, const char* path, const char* label, int vocab_size) {
+void lp_evalset_load(LPEvalSet* s, const char* path, const char* label, int vocab_size) {
     memset(s, 0, sizeof(*s));
     FILE* f = fopen(path, "rb");
     if (!f) lp_fail("%s %s: cannot open: %s", label, path, strerror(errno));
@@ -5468,7 +5886,7 @@ static inline void lp_evalset_load(LPEvalSet* s, const char* path, const char* l
 // less one (the last token is only a target), rounded up to a multiple of `multiple` (sequence parallelism
 // splits the n*T positions over its ranks). Row r's completion is scored by the losses at positions
 // context_len-1 .. context_len+completion_len-2. Returns T.
-static inline int lp_evalset_batch(const LPEvalSet* s, int r0, int n, int multiple, int* inputs, int* targets) {
+int lp_evalset_batch(const LPEvalSet* s, int r0, int n, int multiple, int* inputs, int* targets) {
     int T = 1;
     for (int r = r0; r < r0 + n; r++)
         if (s->rows[r].context_len + s->rows[r].completion_len - 1 > T) T = s->rows[r].context_len + s->rows[r].completion_len - 1;
@@ -5484,7 +5902,7 @@ static inline int lp_evalset_batch(const LPEvalSet* s, int r0, int n, int multip
 }
 
 // The sum of row r's completion losses, from the (T) losses of its batch row.
-static inline double lp_evalset_row_loss(const LPEvalSet* s, int r, const float* losses) {
+double lp_evalset_row_loss(const LPEvalSet* s, int r, const float* losses) {
     double sum = 0.0;
     for (int i = 0; i < s->rows[r].completion_len; i++) sum += losses[s->rows[r].context_len - 1 + i];
     return sum;
@@ -5493,7 +5911,7 @@ static inline double lp_evalset_row_loss(const LPEvalSet* s, int r, const float*
 // How many of examples e0 .. e1-1 are right, given each row's summed completion loss (loss[r - first_row[e0]]):
 // acc counts an example right when its label's completion has the lowest sum, acc_norm when it has the lowest
 // mean per token (llm.c reports acc_norm). Ties go to the first, as llm.c's.
-static inline void lp_evalset_score(const LPEvalSet* s, int e0, int e1, const double* loss, int* acc, int* acc_norm) {
+void lp_evalset_score(const LPEvalSet* s, int e0, int e1, const double* loss, int* acc, int* acc_norm) {
     *acc = *acc_norm = 0;
     int r0 = s->first_row[e0];
     for (int e = e0; e < e1; e++) {
@@ -5507,13 +5925,14 @@ static inline void lp_evalset_score(const LPEvalSet* s, int e0, int e1, const do
     }
 }
 
-static inline void lp_evalset_free(LPEvalSet* s) {
+void lp_evalset_free(LPEvalSet* s) {
     free(s->label);
     free(s->first_row);
     free(s->rows);
     free(s->tokens);
     memset(s, 0, sizeof(*s));
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 8. zero
@@ -5574,6 +5993,7 @@ typedef struct {
     long crash_at, writes;  // tests (LLMPAR_TEST_HOOKS), LLMPAR_OFFLOAD_CRASH_AT=k: die (status 137) after the k-th chunk written
 } LPOffload;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Read (write = 0) or write chunk k of the file from or into buf, all of it; returns 0 or an errno. A
 // chunk the file does not hold yet reads as zeros.
 static inline int lp_offload_io(LPOffload* o, size_t k, float* buf, int write) {
@@ -5708,6 +6128,7 @@ static inline void lp_offload_close(LPOffload* o) {
     free(o->buf[1]);
     free(o);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // Where this rank's optimizer state (and weights) live (--offload). NVME: AdamW m and v in a file
 // (LPOffload); on the CUDA build the master weights then sit in pinned host memory and the update runs on
@@ -5727,6 +6148,7 @@ typedef struct {
     cudaEvent_t ready, got[2], sent[2];  // gradients complete; buffer b's download and upload done
 } LPHostOptim;
 
+#ifdef LLMPAR_IMPLEMENTATION
 static inline LPHostOptim* lp_host_optim_create(size_t chunk) {
     LPHostOptim* h = (LPHostOptim*)lp_host_malloc(sizeof(LPHostOptim), "host optimizer");
     for (int b = 0; b < 2; b++) {
@@ -5753,9 +6175,10 @@ static inline void lp_host_optim_free(LPHostOptim* h) {
     cudaCheck(cudaStreamDestroy(h->up));
     free(h);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
 
-typedef struct {
+typedef struct LPZero {
     const LPGroup* dp;        // gradients are averaged over this group (NULL: one replica)
     const LPParallel* par;    // its ZeRO stage (par->zero: "stage" below), overlap, buckets and offload
     // the flat parameters: tensor i at param_offsets[i], param_sizes[i] values; a layer tensor holds
@@ -5788,6 +6211,11 @@ typedef struct {
 #endif
     int adam_step;
     float grad_scale;           // what the optimizer and the norm scale the averaged gradients by (expert parallelism's 1/ep)
+    // replicas that train apart (par->diloco, par->gossip; dp is NULL): their group, and fp32 buffers of this
+    // rank's values: DiLoCo's outer weights (as the last outer step left them) and outer momentum; `mix`, what
+    // the exchange brings (DiLoCo: the replicas' mean weights; gossip: the K neighbours' weights, in turn)
+    const LPGroup* replicas;
+    float *outer_w, *outer_m, *mix;
     size_t param_bytes, grad_bytes;  // weight and gradient memory of this rank
     // stage 0 with overlap: layers [l+1, unreduced) are done but not yet reducing; once reductions were
     // started (layers_reducing), lp_zero_average waits for them
@@ -5820,6 +6248,7 @@ typedef struct {
     LPPending now;              // a collective waited for at once: a piece's, or a whole tensor's at the end
 } LPZero;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // The rows of a piece of wte (rows x cols): as many as make at most one layer's parameters, a multiple of
 // 64 when that leaves any (so each piece's columns of the logits start 128-byte aligned for the GEMM).
 static inline size_t lp_zero_piece_rows(size_t rows, size_t cols, size_t layer_params) {
@@ -5960,6 +6389,21 @@ static inline void lp_zero_create(LPZero* z, const size_t sizes[LP_NUM_PARAMS], 
     }
 }
 
+// Replicas that train apart (par->diloco or par->gossip): the group of the d replicas, which z averages
+// nothing over (its dp is NULL), and the buffers their exchange needs (LPZero.replicas), zeroed.
+static inline void lp_zero_replicas(LPZero* z, const LPGroup* replicas) {
+    size_t k = z->shard_size, mixed = z->par->diloco ? 1 : (size_t)z->par->gossip;
+    z->replicas = replicas;
+    if (z->par->diloco) {
+        z->outer_w = (float*)lp_device_malloc(k * sizeof(float), "DiLoCo's outer weights");
+        z->outer_m = (float*)lp_device_malloc(k * sizeof(float), "DiLoCo's outer momentum");
+        lp_device_zero(z->outer_w, k * sizeof(float));
+        lp_device_zero(z->outer_m, k * sizeof(float));
+    }
+    z->mix = (float*)lp_device_malloc(mixed * k * sizeof(float), "the replicas' exchange");
+    lp_device_zero(z->mix, mixed * k * sizeof(float));
+}
+
 static inline void lp_zero_free(LPZero* z) {
     lp_device_free(z->params);
     lp_device_free(z->grads);
@@ -5985,6 +6429,9 @@ static inline void lp_zero_free(LPZero* z) {
         lp_device_free(z->adam_v);
     }
     lp_offload_close(z->off);
+    lp_device_free(z->outer_w);
+    lp_device_free(z->outer_m);
+    lp_device_free(z->mix);
     for (int b = 0; b < 2; b++) {
         lp_device_free(z->piece_w[b]);
         lp_pending_free(&z->reducing_buf[b]);
@@ -6032,6 +6479,7 @@ static inline const floatX* lp_zero_shard_grads(const LPZero* z) {
 static inline floatX* lp_zero_shard_params(const LPZero* z) {
     return z->par->zero >= 3 ? z->param_shard : z->params + z->shard_start;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // The optimizer walks this rank's shard a chunk at a time: lp_zero_state_begin gives the number of chunks
 // (in device memory: one, the whole shard); lp_zero_state_get chunk c as LPStatePiece, waiting for what
@@ -6046,6 +6494,7 @@ typedef struct {
     floatX* params;         // where the updated compute-type weights go
 } LPStatePiece;
 
+#ifdef LLMPAR_IMPLEMENTATION
 static inline size_t lp_zero_state_begin(LPZero* z) {
     size_t count = lp_zero_shard_count(z), chunks = (count + z->state_chunk - 1) / z->state_chunk;
     LPOffload* o = z->off;
@@ -6366,6 +6815,7 @@ static inline void lp_zero_gather_updated(LPZero* z) {
         lp_all_gather(z->dp, z->params, z->shard_size * sizeof(floatX));
     }
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 9. model
@@ -6416,8 +6866,9 @@ static const char* const lp_recompute_names[] = {"none", "selective", "full", NU
 // fused attention (a build with it: make USE_CUDNN=1, llmpar_cudnn.cpp), keeping what flash keeps.
 enum { LP_ATTENTION_FLASH, LP_ATTENTION_CUBLAS, LP_ATTENTION_CUDNN };
 static const char* const lp_attention_names[] = {"flash", "cublas", "cudnn", NULL};
+#ifdef LLMPAR_IMPLEMENTATION
 // Whether attention keeps its probabilities (the CPU build's loops, the CUDA build's cublas path).
-static inline int lp_attention_materialised(int attention) {
+int lp_attention_materialised(int attention) {
 #ifdef LLMPAR_CPU
     (void)attention;
     return 1;
@@ -6452,6 +6903,7 @@ static inline void lp_fused_attention_backward_gpu(int attention, floatX* dqkv, 
     lp_flash_attention_backward_gpu(dqkv, dout, out, qkv, lse, B, T, C, NH);
 }
 #endif
+#endif  // LLMPAR_IMPLEMENTATION
 
 typedef struct {
     floatX* encoded;    // (Nr,C)      wte + wpe: the residual stream entering layer 0
@@ -6545,7 +6997,8 @@ static const LPParallel lp_parallel_one = {
     0, 1,              // sp, scatter_gather
     0, 1, 25.0f,       // zero, overlap, bucket_mb
     LP_RECOMPUTE_NONE, LP_OFFLOAD_NONE, "",  // recompute, offload, offload_dir
-    "auto"             // comm
+    "auto",            // comm
+    0, 0               // diloco, gossip
 };
 
 // How a mixture of experts trains (section 9's MoE layer): what its experts take and the losses that
@@ -6567,7 +7020,7 @@ typedef struct {
 
 // What lp_model_create makes, besides the shape: set by name, `LPModelOptions o = {.proc = &proc};`, the
 // rest 0. A model with no options (NULL) is the whole model on one rank.
-typedef struct {
+typedef struct LPModelOptions {
     // the grid: this rank's TP slice and DP groups, and every parallel setting (proc->par); NULL: one rank
     const LPProcess* proc;
     // pipeline: this model is chunk `chunk` of `chunks` (0: the whole model), running the model's layers
@@ -6582,7 +7035,7 @@ typedef struct {
     LPMoEOptions moe;  // a mixture of experts' training settings (the shape is cfg's)
 } LPModelOptions;
 
-typedef struct {
+typedef struct LPModel {
     LPConfig cfg;         // the whole model's shape
     // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l). The
     // first chunk holds wpe; the head (wte, lnf) is held by the first, the last, and any chunk with an
@@ -6641,6 +7094,7 @@ typedef struct {
     float* losses_host; // (B,T)
 } LPModel;
 
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_model_add_run(LPModel* m, size_t local, size_t canon, size_t n, int part, int copy, int* cap) {
     LPRun* last = m->num_runs ? &m->runs[m->num_runs - 1] : NULL;
     if (last && last->local + last->n == local && last->canon + last->n == canon && last->part == part && last->copy == copy) {
@@ -6677,7 +7131,7 @@ static inline size_t lp_moe_expert_rows(const LPModel* m, size_t N) {
 }
 
 // The model's part p: its dense tensors (0) or its experts' (1).
-static inline LPZero* lp_model_part(const LPModel* m, int p) { return (LPZero*)(p ? &m->experts : &m->zero); }
+LPZero* lp_model_part(const LPModel* m, int p) { return (LPZero*)(p ? &m->experts : &m->zero); }
 static inline LPZero* lp_tensor_part(const LPModel* m, int i) { return lp_model_part(m, m->parts > 1 && lp_is_expert_tensor(i)); }
 
 // Map this rank's flat parameters to the canonical layout, tensor by tensor (of a layer tensor, the
@@ -6722,7 +7176,7 @@ static inline void lp_model_build_runs(LPModel* m) {
 
 // Allocate a model of shape cfg as the options say (NULL: the whole model on one rank): split over the grid
 // of o->proc as its LPParallel says (ZeRO over its DP group: section 8).
-static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
+void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
     LPModelOptions none;
@@ -6778,7 +7232,8 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPMode
         if (lp_is_expert_tensor(i)) sizes[0][i] = 0;
     }
     size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    const LPGroup* dp = proc ? &proc->group[LP_DP] : NULL;
+    int apart = m->par->diloco || m->par->gossip;  // replicas that train apart average no gradients
+    const LPGroup* dp = proc && !apart ? &proc->group[LP_DP] : NULL;
     lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, m->first && m->last, dp, m->par, split->chunk);
     if (m->parts > 1) {  // the experts: with expert parallelism averaged over their replicas (edp), their gradients
                          // sums over the ep ranks' batches, so the optimizer takes 1/ep of them (grad_scale)
@@ -6786,6 +7241,7 @@ static inline void lp_model_create(LPModel* m, const LPConfig* cfg, const LPMode
                        LP_MAX_CHUNKS + split->chunk);
         m->experts.grad_scale = 1.0f / m->ep_size;
     }
+    for (int p = 0; p < m->parts && apart && proc; p++) lp_zero_replicas(lp_model_part(m, p), &proc->group[LP_DP]);
     lp_model_build_runs(m);
 }
 
@@ -6814,7 +7270,7 @@ static inline void lp_model_layer_done(LPModel* m, int l, int last) {
 
 // Set the weights from fp32 host values in the canonical layout: this rank's slice of them, as its flat
 // parameters (section 8 keeps what ZeRO says).
-static inline void lp_model_set_weights(LPModel* m, const float* canon) {
+void lp_model_set_weights(LPModel* m, const float* canon) {
     for (int p = 0; p < m->parts; p++) {
         LPZero* z = lp_model_part(m, p);
         float* host = (float*)lp_host_malloc((z->num_params ? z->num_params : 1) * sizeof(float), "weights");
@@ -6859,7 +7315,7 @@ static inline int lp_model_canonical_io(const LPModel* m, int p, FILE* f, long l
 // GPT-2 initialisation: N(0, 0.02) weights, the residual projections scaled by 1/sqrt(2L) so the
 // residual stream's variance does not grow with depth; zero biases; LayerNorm (RMSNorm) weight 1, bias 0; the
 // padding rows of wte (and of an untied head) stay zero. The whole model is drawn on every rank, so any split starts alike.
-static inline void lp_model_init_random(LPModel* m, uint64_t seed) {
+void lp_model_init_random(LPModel* m, uint64_t seed) {
     const LPConfig* c = &m->cfg;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, 1);
@@ -6980,7 +7436,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
 }
 
 // Activations for micro-batches of (B, T), `slots` of them in flight at once.
-static inline void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
+void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
     if (T > m->cfg.max_seq_len)
         lp_fail("sequence length T = %d exceeds the model's maximum %d", T, m->cfg.max_seq_len);
     if (m->par->sp && (size_t)B * T % m->tp_size)
@@ -7131,6 +7587,7 @@ static inline void lp_model_head_backward(LPModel* m, const floatX* x, const flo
     lp_layernorm_backward(a->dresidual, z->g[LP_LNFW], lp_model_grad(m, LP_LNFB), lp_tp_f_backward(m, a->btc, N, C), x, z->w[LP_LNFW],
                            mean, rstd, Nr, C);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // Layer l's activations in the slot in use, in the last forward's shape. What m->par->recompute drops has
 // one layer's room, which every layer uses in turn.
@@ -7154,6 +7611,7 @@ typedef struct {
     floatX* xe;
     int *eorder, *einv;
 } LPLayerActs;
+#ifdef LLMPAR_IMPLEMENTATION
 static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     const LPActivations* a = &m->act;
     size_t t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->par->sp ? N / t : N, C = m->cfg.channels;
@@ -7432,7 +7890,7 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
 // A pipeline chunk other than the first takes no tokens: its input, the residual stream after the chunk
 // before, is already in act.encoded; one other than the last takes no targets and leaves its output at
 // lp_model_output.
-static inline float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B, int T, float dloss) {
+float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B, int T, float dloss) {
     const LPConfig* c = &m->cfg;
     if (m->act_memory == NULL) lp_model_alloc_activations(m, B, T, 1);
     if (B > m->B || T > m->T)
@@ -7513,7 +7971,7 @@ static inline floatX* lp_model_output(const LPModel* m) {
     return m->L ? m->act.residual3 + (size_t)(m->L - 1) * lp_model_rows(m) * m->cfg.channels : m->act.encoded;
 }
 
-static inline void lp_model_zero_grad(LPModel* m) {
+void lp_model_zero_grad(LPModel* m) {
     memset(m->aux_loss, 0, sizeof(m->aux_loss));
     memset(&m->moe_stats, 0, sizeof(m->moe_stats));
     for (int p = 0; p < m->parts; p++) lp_zero_clear_grads(lp_model_part(m, p));
@@ -7570,7 +8028,7 @@ static inline void lp_model_embedding_backward(LPModel* m, const floatX* dout, i
     m->emb_rows = 0;
 }
 
-static inline void lp_model_backward(LPModel* m, int last) {
+void lp_model_backward(LPModel* m, int last) {
     const LPConfig* c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->par->sp ? N / t : N;
     int L = m->L, C = c->channels, NHl = c->num_heads / t, KVl = lp_kv_heads(c) / t, Cl = C / t, Fl = lp_ffn_hidden(c) / t;
@@ -7665,7 +8123,7 @@ static inline void lp_model_backward(LPModel* m, int last) {
     }
 }
 
-static inline void lp_model_free(LPModel* m) {
+void lp_model_free(LPModel* m) {
     for (int p = 0; p < m->parts; p++) lp_zero_free(lp_model_part(m, p));
     if (m->emb_grad) lp_device_free(m->emb_grad);
     free(m->emb_row);
@@ -7683,15 +8141,17 @@ static inline void lp_model_free(LPModel* m) {
     free(m->runs);
     memset(m, 0, sizeof(*m));
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 10. optimizer
 
-typedef struct {
+typedef struct LPAdamW {
     float beta1, beta2, eps, weight_decay;
     float grad_clip;  // clip the global gradient norm to this (0: no clipping)
 } LPAdamW;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // The squared norm of this rank's shard of the averaged gradients, counting each of the model's
 // parameters on one rank only (a tensor TP replicates on TP rank 0, a pipeline chunk's copies of the head
 // (wte, lnf) not at all), in parts: each tensor's sum of squares per layer added to parts[i * L + layer]
@@ -7718,12 +8178,14 @@ static inline void lp_model_norm2_parts(const LPModel* m, int p, float* parts) {
     lp_norm_squared_spans(parts, lp_zero_shard_grads(z), spans, n);
     free(spans);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // fn on each piece of a tensor in this rank's shard, the shard a chunk at a time (in device memory: one
 // chunk): tensor i's values [at, at + n) of the chunk s, i0 of them before it in the tensor's shard (the
 // stochastic rounding's index, as one launch over the tensor's shard would draw it); then ZeRO makes the
 // updated weights whole where forward needs them (lp_zero_gather_updated).
 typedef void (*LPPieceFn)(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx);
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_model_update_shard(LPModel* m, LPPieceFn fn, const void* ctx) {
     for (int p = 0; p < m->parts; p++) {
         LPZero* z = lp_model_part(m, p);
@@ -7745,11 +8207,13 @@ static inline void lp_model_update_shard(LPModel* m, LPPieceFn fn, const void* c
 
 // The stochastic-rounding stream of tensor i's update at AdamW step t.
 static inline uint32_t lp_adamw_seed(int t, int i) { return (uint32_t)(t * 1000003u + i * 7919u); }
+#endif  // LLMPAR_IMPLEMENTATION
 
 typedef struct {
     const LPAdamW* opt;
     float lr, scale, b1c, b2c;
 } LPAdamWStep;
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_adamw_piece(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx) {
     const LPAdamWStep* u = (const LPAdamWStep*)ctx;
     const LPAdamW* opt = u->opt;
@@ -7805,7 +8269,7 @@ static inline void lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, flo
 
 // The global norm (before clipping) of the n models' gradients once reduced (lp_zero_average), the same
 // on every rank: ms are a pipeline stage's chunks (one model: n = 1, pp NULL).
-static inline float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
+float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     int slots = LP_NUM_PARAMS * ms->cfg.num_layers;
     float* parts = (float*)calloc((size_t)2 * slots, sizeof(float));  // (a part is one rank's: the sum over pp is exact)
     if (!parts) lp_fail("out of host memory for the gradient norm");
@@ -7827,7 +8291,7 @@ static inline float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
 // Then clipping to opt->grad_clip given the norm, and AdamW. Returns whether every updated
 // weight is finite on every rank: the sum of squares of the updated shards, which overflows only for a
 // weight beyond ~1e19, so a diverged step is seen before the next forward or any checkpoint.
-static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt) {
+int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt) {
     float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f, w2 = 0.0f;
     for (int k = 0; k < n; k++) {
         LPModel* m = &ms[k];
@@ -7841,16 +8305,105 @@ static inline int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float l
     lp_models_sum_parts(ms, pp, &w2, 1);
     return isfinite(w2);
 }
+#endif  // LLMPAR_IMPLEMENTATION
+
+// --- replicas that train apart (par->diloco, par->gossip). The d data-parallel replicas (each one rank, or a
+// t x p grid) average no gradients: each takes AdamW steps on its own batches with its own AdamW state, and
+// every rank exchanges its values in fp32 with the ranks at its place in the other replicas (its DP group),
+// host-staged over MPI in both builds:
+//   DiLoCo (Douillard et al. 2023): after H inner steps the replicas' weights are all-reduced to their mean,
+//     once, and every replica takes the same outer step from it (lp_outer_value), so they start each round
+//     equal. A ring all-reduce sends 2 (d-1)/d of the model per rank every H steps, where plain data
+//     parallelism all-reduces the gradients every step.
+//   gossip (decentralized SGD, Lian et al. 2017, on the exponential graph of Assran et al. 2019): after each
+//     step replica i sends its weights to i + 1, i + 2, ..., i + 2^(K-1) and mixes its own with those of
+//     i - 1, ..., i - 2^(K-1) (mod d), each weighted 1/(K+1). The mixing matrix is circulant and doubly
+//     stochastic: the replicas' mean is kept and their spread shrinks; no collective, K sends of the model.
+// The bytes are counted on the DP group as its device collectives are, for the end report.
+
+typedef struct {
+    float lr, momentum;  // DiLoCo's outer SGD: learning rate, Nesterov momentum
+} LPOuterSGD;
+
+#ifdef LLMPAR_IMPLEMENTATION
+static inline void lp_outer_piece(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx) {
+    const LPOuterSGD* o = (const LPOuterSGD*)ctx;
+    size_t x = s->lo + at;
+    (void)i0;  // (in device memory the chunk is the whole shard)
+    lp_outer_step(s->params + at, s->master + at, z->outer_w + x, z->outer_m + x, z->mix + x, n, o->lr, o->momentum,
+                  lp_adamw_seed(z->adam_step, i));
+}
+static inline void lp_mix_piece(const LPZero* z, const LPStatePiece* s, int i, size_t at, size_t n, size_t i0, const void* ctx) {
+    (void)i0, (void)ctx;
+    lp_mix(s->params + at, s->master + at, z->mix + s->lo + at, lp_zero_shard_count(z), z->par->gossip, n,
+           lp_adamw_seed(z->adam_step, i));
+}
+
+// DiLoCo, before a round's first inner step: the weights now are its outer weights.
+static inline void lp_replicas_round_start(LPModel* ms, int n) {
+    for (int k = 0; k < n; k++)
+        for (int p = 0; p < ms[k].parts; p++) {
+            LPZero* z = lp_model_part(&ms[k], p);
+            lp_copy_device(z->outer_w, z->master, lp_zero_shard_count(z) * sizeof(float));
+        }
+}
+
+// DiLoCo's outer step, after a round's inner steps: the replicas' mean weights, then the step from them.
+static inline void lp_replicas_outer(LPModel* ms, int n, const LPOuterSGD* o) {
+    for (int k = 0; k < n; k++) {
+        for (int p = 0; p < ms[k].parts; p++) {
+            LPZero* z = lp_model_part(&ms[k], p);
+            size_t count = lp_zero_shard_count(z);
+            float* h = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "the replicas' mean weights");
+            lp_copy_to_host(h, z->master, count * sizeof(float));
+            lp_all_reduce_host(z->replicas, h, count, 1);
+            lp_traffic(z->replicas, LP_ALL_REDUCE, count * sizeof(float));
+            lp_copy_to_device(z->mix, h, count * sizeof(float));
+            free(h);
+        }
+        lp_model_update_shard(&ms[k], lp_outer_piece, o);
+    }
+}
+
+// Gossip's exchange and mixing. Adds to sums[0] the squares of this rank's differences from its nearest
+// in-neighbour's weights (before mixing), to sums[1] their count: the spread of the replicas.
+static inline void lp_replicas_gossip(LPModel* ms, int n, float sums[2]) {
+    for (int k = 0; k < n; k++) {
+        for (int p = 0; p < ms[k].parts; p++) {
+            LPZero* z = lp_model_part(&ms[k], p);
+            const LPGroup* g = z->replicas;
+            int K = z->par->gossip, d = g->size;
+            size_t count = lp_zero_shard_count(z);
+            float* own = (float*)lp_host_malloc((K + 1) * (count ? count : 1) * sizeof(float), "the neighbours' weights");
+            float* in = own + count;
+            lp_copy_to_host(own, z->master, count * sizeof(float));
+            for (int j = 0; j < K; j++) {
+                int hop = 1 << j;
+                lp_sendrecv_host(g, own, (g->rank + hop) % d, in + j * count, (g->rank - hop + d) % d, count);  // (hop < d)
+                lp_traffic(g, LP_SEND, count * sizeof(float));
+            }
+            double sq = 0.0;
+            for (size_t i = 0; i < count; i++) sq += (double)(own[i] - in[i]) * (own[i] - in[i]);
+            sums[0] += (float)sq;
+            sums[1] += (float)count;
+            lp_copy_to_device(z->mix, in, K * count * sizeof(float));
+            free(own);
+        }
+        lp_model_update_shard(&ms[k], lp_mix_piece, NULL);
+    }
+}
+#endif  // LLMPAR_IMPLEMENTATION
 
 // The recent losses, for spotting a spike: a step's loss far above their mean. The mean is 0 until the
 // window is full (early losses fall fast, so a shorter history would flag ordinary steps).
 #define LP_SPIKE_WINDOW 20
-typedef struct {
+typedef struct LPLossWindow {
     float loss[LP_SPIKE_WINDOW];
     int count;  // losses added so far
 } LPLossWindow;
-static inline void lp_loss_window_add(LPLossWindow* w, float loss) { w->loss[w->count++ % LP_SPIKE_WINDOW] = loss; }
-static inline float lp_loss_window_mean(const LPLossWindow* w) {
+#ifdef LLMPAR_IMPLEMENTATION
+void lp_loss_window_add(LPLossWindow* w, float loss) { w->loss[w->count++ % LP_SPIKE_WINDOW] = loss; }
+float lp_loss_window_mean(const LPLossWindow* w) {
     if (w->count < LP_SPIKE_WINDOW) return 0.0f;
     double s = 0.0;
     for (int k = 0; k < LP_SPIKE_WINDOW; k++) s += w->loss[k];
@@ -7858,7 +8411,7 @@ static inline float lp_loss_window_mean(const LPLossWindow* w) {
 }
 
 // Linear warmup over `warmup` steps, then cosine (or linear) decay from lr to lr * final_frac at max_steps.
-static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine) {
+float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine) {
     if (step < warmup) return lr * (step + 1) / warmup;
     float floor_lr = lr * final_frac;
     float progress = max_steps > warmup ? (float)(step - warmup) / (float)(max_steps - warmup) : 1.0f;
@@ -7866,6 +8419,7 @@ static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr
     if (cosine) return floor_lr + 0.5f * (lr - floor_lr) * (1.0f + cosf(3.14159265358979f * progress));
     return lr - (lr - floor_lr) * progress;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 11. files
@@ -7879,6 +8433,7 @@ static inline float lp_lr_schedule(int step, int max_steps, int warmup, float lr
 // layer's gate (c_fc2), fcprojw, then lnfw and the head (V rows): lp_llama_file_layout. Files and checkpoints are written under a .tmp
 // name and renamed, so a crash or a full disk never leaves a half-written file under the real name.
 
+#ifdef LLMPAR_IMPLEMENTATION
 static inline float lp_bf16_to_float(uint16_t b) {
     uint32_t u = (uint32_t)b << 16;
     float f;
@@ -7890,7 +8445,7 @@ static inline float lp_bf16_to_float(uint16_t b) {
 #define LP_LLAMA_FLOATS 256  // the Llama 3 file's float header, after the ints
 
 // The shape a model file's header h gives, unchecked (a Llama 3 file's floats: lp_config_of_llama_floats).
-static inline void lp_config_of_header(const int h[LP_HEADER_INTS], LPConfig* cfg) {
+void lp_config_of_header(const int* h, LPConfig* cfg) {  // (h: LP_HEADER_INTS ints)
     memset(cfg, 0, sizeof(*cfg));
     if (h[0] == LP_LLAMA_MAGIC) {
         cfg->max_seq_len = h[2];
@@ -7933,7 +8488,7 @@ static inline size_t lp_model_file_values(const LPConfig* c) {
 static inline long long lp_model_file_header_bytes(const LPConfig* c) { return (LP_HEADER_INTS + (c->untied ? LP_LLAMA_FLOATS : 0)) * 4LL; }
 
 // Read a model file's header into cfg; returns the version (3, 5 or 6).
-static inline int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f) {
+int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f) {
     int h[LP_HEADER_INTS];
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
     if (h[0] != LP_MODEL_MAGIC && h[0] != LP_LLAMA_MAGIC)
@@ -8015,7 +8570,7 @@ static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
 }
 
 // lp_model_file_read on one rank of `group` (NULL: this rank alone), broadcast to the others.
-static inline float* lp_model_file_read_shared(const char* path, LPConfig* cfg, const LPGroup* group) {
+float* lp_model_file_read_shared(const char* path, LPConfig* cfg, const LPGroup* group) {
     float* w = NULL;
     if (!group || group->rank == 0) w = lp_model_file_read(path, cfg);
     if (group && group->size > 1) {
@@ -8111,7 +8666,7 @@ static inline void lp_model_save(const LPModel* m, const char* path) {
 }
 
 // CRC32C (Castagnoli) of a file: a checkpoint's manifest holds each file's, checked on --resume.
-static inline uint32_t lp_crc32c(uint32_t crc, const unsigned char* p, size_t n) {
+uint32_t lp_crc32c(uint32_t crc, const unsigned char* p, size_t n) {
     static uint32_t table[256];
     if (!table[1])
         for (uint32_t i = 0; i < 256; i++) {
@@ -8140,22 +8695,26 @@ static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* siz
     free(buf);
     return err;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // --- checkpoints: DIR/step_NNNNNNNN/{model.bin, optim.bin, state.bin, manifest.txt}, built in step_NNNNNNNN.tmp/ and
 // renamed when complete. Rank 0 creates the files; then every rank writes the slice it owns at its
 // canonical offset, so the files never depend on how the run was split and can be resumed on any grid.
 // manifest.txt, written last: "llmpar checkpoint 1", then per file "NAME BYTES CRC32C" (hex).
 // optim.bin: header [20241122, 1, adam step, n low 31 bits, n high bits] then m and v (fp32, the model
-// file's layout). state.bin: header [20241123, 1, step, shard, pos (2), rng (3), B, T, tokens per step, run id,
-// epoch, shuffle, data seed (3), identity bytes], then that many bytes of the run's identity (text, the
-// driver's: the flags that shape its trajectory, lp_checkpoint_identity); checkpoints from before the epoch
-// field read as epoch 0 in file order, from before the identity as having none.
+// file's layout); a DiLoCo run's (par->diloco), whose R replicas each keep their own AdamW state, is version 2:
+// header [20241122, 2, adam step, n low, n high, R] then replica 0's m and v, replica 1's, ..., and the outer
+// momentum (its outer weights are model.bin's: it saves only between rounds, its replicas equal); a reader of
+// version 1 alone refuses it, naming the version. state.bin: header [20241123, 1, step, shard, pos (2), rng (3),
+// B, T, tokens per step, run id, epoch, shuffle, data seed (3), identity bytes], then that many bytes of the
+// run's identity (text, the driver's: the flags that shape its trajectory, lp_checkpoint_identity);
+// checkpoints from before the epoch field read as epoch 0 in file order, from before the identity as having none.
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123
 #define LP_IDENTITY_MAX 65536  // bytes of a run's identity in state.bin
 
-typedef struct {
+typedef struct LPTrainState {
     int step;            // steps completed
     int epoch, shard;    // data position of the next batch (LPDataLoader)
     size_t pos;
@@ -8167,6 +8726,7 @@ typedef struct {
     const char* identity;// what makes the run this run (text; NULL: none), saved for a resume to compare; load leaves it
 } LPTrainState;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Remove a checkpoint directory and the files in it (a save killed mid-write leaves files like
 // state.bin.tmp, which would keep the directory and so every later save of that step from working).
 // state.bin goes first: without it the directory is no checkpoint (lp_checkpoint_latest), so a removal
@@ -8255,23 +8815,32 @@ static inline void lp_checkpoint_check(const LPGroup* world, int err, const char
     if (world->rank == 0) lp_checkpoint_remove(tmp_dir, failed);
     lp_exit_all();
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // Crash injection for the tests, in a build with LLMPAR_TEST_HOOKS (make's *_hooks binaries): with
 // LLMPAR_CRASH_AT=k the process dies (exit status 137, as killed) at the k-th of these points, counted over
 // the run's checkpoint saves: one after each file operation. Other builds: nothing.
 #ifdef LLMPAR_TEST_HOOKS
 LP_STATE int lp_crash_points;  // the points passed so far (one count, whichever file saves)
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_crash_point(void) {
     const char* at = getenv("LLMPAR_CRASH_AT");
     if (at && ++lp_crash_points == atoi(at)) _exit(137);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 #else
+#ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_crash_point(void) {}
+#endif  // LLMPAR_IMPLEMENTATION
 #endif
+
+#ifdef LLMPAR_IMPLEMENTATION
+// The replicas whose AdamW states optim.bin holds: DiLoCo's d (version 2), else 1.
+static inline int lp_optim_replicas(const LPModel* m) { return m->par->diloco ? m->zero.replicas->size : 1; }
 
 // Save the n models ms (a pipeline stage's chunks; else n = 1). Collective: every rank of `world` calls it.
 // The weights are finite: model files are checked when read, and every update after it (lp_models_adamw).
-static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st, const char* dir, const LPGroup* world) {
+void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st, const char* dir, const LPGroup* world) {
     const LPModel* m = ms;
     char final_dir[LP_PATH_MAX], tmp_dir[LP_PATH_MAX], model_path[LP_PATH_MAX], optim_path[LP_PATH_MAX], state_path[LP_PATH_MAX];
     lp_path(final_dir, "%s/step_%08d", dir, st->step);
@@ -8280,7 +8849,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
     lp_path(optim_path, "%s/optim.bin", tmp_dir);
     lp_path(state_path, "%s/state.bin", tmp_dir);
     size_t n = m->total_params;
-    int err = 0;
+    int err = 0, replicas = lp_optim_replicas(m);
     char removing[LP_PATH_MAX];
     const char* failed = tmp_dir;
     const char* verb = "write";
@@ -8295,11 +8864,12 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_OPTIM_MAGIC;
-        h[1] = 1;
+        h[1] = replicas > 1 ? 2 : 1;
         h[2] = m->zero.adam_step;
         h[3] = (int)(n & 0x7fffffff);
         h[4] = (int)(n >> 31);
-        if (!err && (err = lp_create_file(optim_path, h, 2LL * n * 4))) failed = optim_path;
+        h[5] = replicas > 1 ? replicas : 0;
+        if (!err && (err = lp_create_file(optim_path, h, (2LL * replicas + (replicas > 1)) * n * 4))) failed = optim_path;
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_STATE_MAGIC;
@@ -8329,20 +8899,25 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
         m = &ms[k];
         for (int p = 0; p < m->parts && !err; p++) {
             const LPZero* z = lp_model_part(m, p);
-            if (m->par->zero == 0 && z->dp && z->dp->rank > 0) continue;  // unsharded DP replicas are equal: the first writes
+            int replica = z->replicas ? z->replicas->rank : 0;  // (replicas that train apart: this rank's)
+            if (m->par->zero == 0 && ((z->dp && z->dp->rank > 0) || (replica > 0 && replicas == 1)))
+                continue;  // unsharded DP replicas are equal: the first writes (gossip's: the first's weights and state)
             size_t lo = z->shard_start, count = lp_zero_shard_count(z);
-            long long base = LP_HEADER_INTS * 4LL;
-            if ((err = lp_write_shard(m, p, model_path, base, z->master, lo, count))) failed = model_path;
+            long long base = LP_HEADER_INTS * 4LL, own = base + (replicas > 1 ? 8LL * (long long)n * replica : 0);
+            if (replica == 0 && (err = lp_write_shard(m, p, model_path, base, z->master, lo, count))) failed = model_path;
             lp_crash_point();
             if (z->off) {  // offloaded: m and v a chunk at a time from the file
                 if (!err && (err = lp_write_offloaded(m, p, optim_path, base, n))) failed = optim_path;
                 lp_crash_point();
             } else {
-                if (!err && (err = lp_write_shard(m, p, optim_path, base, z->adam_m, lo, count))) failed = optim_path;
+                if (!err && (err = lp_write_shard(m, p, optim_path, own, z->adam_m, lo, count))) failed = optim_path;
                 lp_crash_point();
-                if (!err && (err = lp_write_shard(m, p, optim_path, base + (long long)n * 4, z->adam_v, lo, count))) failed = optim_path;
+                if (!err && (err = lp_write_shard(m, p, optim_path, own + (long long)n * 4, z->adam_v, lo, count))) failed = optim_path;
                 lp_crash_point();
             }
+            if (replicas > 1 && replica == 0 && !err &&
+                (err = lp_write_shard(m, p, optim_path, base + 8LL * (long long)n * replicas, z->outer_m, lo, count)))
+                failed = optim_path;
         }
     }
     lp_checkpoint_check(world, err, verb, failed, tmp_dir);
@@ -8384,7 +8959,7 @@ static inline void lp_checkpoint_save(const LPModel* ms, int n_models, const LPT
 // its target. Returns the descriptor, or -1 with the reason in `why`: another process holds it (the line
 // its file holds, "host H pid P since DATE", waiting up to a second for a holder that has the lock but has
 // not yet written it), or the file cannot be made or taken.
-static inline int lp_dir_lock(const char* dir, char* why, size_t size) {
+int lp_dir_lock(const char* dir, char* why, size_t size) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/lock", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -8426,7 +9001,7 @@ static inline int lp_dir_lock(const char* dir, char* why, size_t size) {
 }
 
 // The newest complete checkpoint under dir older than step `before`, as its step, or -1 when there is none.
-static inline int lp_checkpoint_latest(const char* dir, int before) {
+int lp_checkpoint_latest(const char* dir, int before) {
     glob_t g;
     char pattern[LP_PATH_MAX];
     lp_path(pattern, "%s/step_*/state.bin", dir);
@@ -8447,14 +9022,14 @@ static inline int lp_checkpoint_latest(const char* dir, int before) {
 // What is wrong with DIR/step_NNNNNNNN, or NULL: magics, versions, sizes and the model's shape against cfg,
 // and with `sums` every file's checksum against the manifest (a checkpoint without one, from an older
 // llmpar, is taken as it is). Fills the optimizer and state files' headers. The reason names the file.
-static inline const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg, int optim_h[LP_HEADER_INTS],
-                                                int state_h[LP_HEADER_INTS], int sums, char* why, size_t size) {
+const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg, int* optim_h, int* state_h, int sums,
+                                  char* why, size_t size) {  // (optim_h, state_h: LP_HEADER_INTS ints each)
     const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
     int model_h[LP_HEADER_INTS], want[LP_HEADER_INTS];
     int* headers[3] = {model_h, optim_h, state_h};
     lp_model_file_header_of(want, cfg);
     size_t n = lp_config_num_params(cfg);
-    long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, LP_HEADER_INTS * 4LL + 8LL * (long long)n, LP_HEADER_INTS * 4LL};
+    long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, 0, LP_HEADER_INTS * 4LL};
     char path[LP_PATH_MAX];
     for (int i = 0; i < 3; i++) {
         lp_path(path, "%s/step_%08d/%s", dir, step, names[i]);
@@ -8468,9 +9043,11 @@ static inline const char* lp_checkpoint_problem(const char* dir, int step, const
         }
         int* h = headers[i];
         size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
+        int replicas = h[1] == 2 ? h[5] : 1;  // optim.bin's AdamW states (version 2: DiLoCo's replicas, and its momentum)
+        if (i == 1) sizes[1] = LP_HEADER_INTS * 4LL + (8LL * replicas + 4LL * (replicas > 1)) * (long long)n;
         if (i == 0 && memcmp(h, want, sizeof(want)) != 0)
             snprintf(why, size, "%s: checkpoint model shape differs from the model being trained", path);
-        else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || h[1] != 1))
+        else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || (h[1] != 1 && h[1] != 2) || (h[1] == 2 && (replicas < 2 || replicas > 1 << 20))))
             snprintf(why, size, "%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
         else if (i == 1 && fn != n)
             snprintf(why, size, "%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
@@ -8512,7 +9089,7 @@ static inline const char* lp_checkpoint_problem(const char* dir, int step, const
 
 // The model shape of DIR/step_NNNNNNNN/model.bin's header into cfg: 0, or -1 where it has none (no such
 // file, or not a model file: a damaged checkpoint, which lp_checkpoint_problem names).
-static inline int lp_checkpoint_shape(const char* dir, int step, LPConfig* cfg) {
+int lp_checkpoint_shape(const char* dir, int step, LPConfig* cfg) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
     int h[LP_HEADER_INTS];
@@ -8525,7 +9102,7 @@ static inline int lp_checkpoint_shape(const char* dir, int step, LPConfig* cfg) 
 
 // The run identity DIR/step_NNNNNNNN/state.bin holds (a checkpoint lp_checkpoint_problem passed), as a string
 // the caller frees; NULL for a checkpoint saved without one.
-static inline char* lp_checkpoint_identity(const char* dir, int step) {
+char* lp_checkpoint_identity(const char* dir, int step) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/state.bin", dir, step);
     FILE* f = lp_fopen(path, "rb");
@@ -8542,7 +9119,7 @@ static inline char* lp_checkpoint_identity(const char* dir, int step) {
 }
 
 // Remove the checkpoints under dir but the newest `keep`. Returns 0, or an errno with the path in `failed`.
-static inline int lp_checkpoint_prune(const char* dir, int keep, char* failed) {
+int lp_checkpoint_prune(const char* dir, int keep, char* failed) {
     char path[LP_PATH_MAX];
     int kept = 0;
     for (int step = lp_checkpoint_latest(dir, INT_MAX); step >= 0; step = lp_checkpoint_latest(dir, step))
@@ -8558,7 +9135,7 @@ static inline int lp_checkpoint_prune(const char* dir, int keep, char* failed) {
 // --resume's sight: when a rename fails, those renamed are put back, so the old run is either wholly there
 // (and resumable) or wholly gone, never half. Then the renamed ones are removed. Returns 0, or an errno with
 // the path in `failed` and *hidden: 0 when a rename failed (nothing changed), 1 when only a removal did.
-static inline int lp_checkpoint_clear(const char* dir, char* failed, int* hidden) {
+int lp_checkpoint_clear(const char* dir, char* failed, int* hidden) {
     int n = 0, cap = 16, err = 0;
     int* steps = (int*)lp_host_malloc(cap * sizeof(int), "checkpoint list");
     for (int step = lp_checkpoint_latest(dir, INT_MAX); step >= 0; step = lp_checkpoint_latest(dir, step)) {
@@ -8591,7 +9168,7 @@ static inline int lp_checkpoint_clear(const char* dir, char* failed, int* hidden
 // Load weights, optimizer state and training state from DIR/step_NNNNNNNN into the n models ms (created
 // with the same shape, any split) and st. Every rank reads the whole model file (its params) and its own
 // slices of the optimizer state.
-static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char* dir, int step) {
+void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char* dir, int step) {
     int optim_h[LP_HEADER_INTS], state_h[LP_HEADER_INTS];
     char why[LP_PATH_MAX + 200];
     if (lp_checkpoint_problem(dir, step, &ms->cfg, optim_h, state_h, 0, why, sizeof(why))) lp_fail("%s", why);
@@ -8603,6 +9180,10 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
     free(w);
 
     lp_path(path, "%s/step_%08d/optim.bin", dir, step);
+    int saved = optim_h[1] == 2 ? optim_h[5] : 1, replicas = lp_optim_replicas(ms);
+    if (saved > 1 && saved != replicas)  // (one replica's state from a file of one: every DiLoCo replica starts from it)
+        lp_fail_all("%s: holds the AdamW states of %d DiLoCo replicas; resume it with %s and %d data-parallel replicas", path,
+                    saved, LP_SETTING(diloco), saved);
     FILE* f = lp_fopen(path, "rb");
     size_t n = ms->total_params;
     for (int c = 0; c < n_models; c++) {
@@ -8610,6 +9191,7 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
         for (int p = 0; p < m->parts; p++) {
             LPZero* z = lp_model_part(m, p);
             size_t count = lp_zero_shard_count(z);
+            long long own = LP_HEADER_INTS * 4LL + (saved > 1 ? 8LL * (long long)n * z->replicas->rank : 0);
             z->adam_step = optim_h[2];
             LPOffload* o = z->off;
             if (o) {  // offloaded: read m and v a chunk at a time into its buffer, and write it to the file
@@ -8628,9 +9210,11 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
                 continue;
             }
             float* buf = (float*)lp_host_malloc((count ? count : 1) * sizeof(float), "optimizer state");
-            float* dst[2] = {z->adam_m, z->adam_v};
-            for (int k = 0; k < 2; k++) {
-                int err = lp_model_canonical_io(m, p, f, LP_HEADER_INTS * 4LL + 4LL * (long long)(k * n), buf, z->shard_start, count, 0);
+            float* dst[3] = {z->adam_m, z->adam_v, z->outer_m};  // (DiLoCo's momentum: 0 from a file without it)
+            long long at[3] = {own, own + 4LL * (long long)n, LP_HEADER_INTS * 4LL + 8LL * (long long)n * saved};
+            for (int k = 0; k < (replicas > 1 ? 3 : 2); k++) {
+                memset(buf, 0, (count ? count : 1) * sizeof(float));
+                int err = k < 2 || saved > 1 ? lp_model_canonical_io(m, p, f, at[k], buf, z->shard_start, count, 0) : 0;
                 if (err) lp_fail("%s: cannot read: %s", path, strerror(err));
                 lp_zero_state_in(z, dst[k], buf, count * sizeof(float));
             }
@@ -8652,17 +9236,19 @@ static inline void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* s
     st->shuffle = state_h[14];
     st->data_seed = (uint64_t)(unsigned)state_h[15] | ((uint64_t)(unsigned)state_h[16] << 31) | ((uint64_t)(unsigned)state_h[17] << 62);
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // --- tokenizer (llm.c's gpt2_tokenizer.bin): header [20240328, version 1|2, vocab, eot (v2)], then per
 // token one length byte and the token's bytes. Only used to print samples; without it, ids are printed.
 
-typedef struct {
+typedef struct LPTokenizer {
     int vocab_size, eot;
     char** tokens;  // NUL-terminated token bytes
 } LPTokenizer;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // Returns 0 (with a notice) when the file does not exist; a corrupt file is an error.
-static inline int lp_tokenizer_load(LPTokenizer* t, const char* path) {
+int lp_tokenizer_load(LPTokenizer* t, const char* path) {
     memset(t, 0, sizeof(*t));
     FILE* f = fopen(path, "rb");
     if (!f) {
@@ -8696,16 +9282,18 @@ static inline int lp_tokenizer_load(LPTokenizer* t, const char* path) {
     if (at != size) lp_fail("%s: file is longer than its %d tokens (%lld bytes more)", path, t->vocab_size, size - at);
     return 1;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // Text out as valid UTF-8. GPT-2's tokens are bytes, and a token may end inside a character, so a
 // character's bytes wait in `held` until it is complete; a byte that can neither start nor continue one
 // prints as U+FFFD, one per maximal invalid piece, as Python's decode(errors="replace") does. Without it a
 // sample can leave a log that grep calls binary.
-typedef struct {
+typedef struct LPUtf8 {
     unsigned char held[4];
     int n, len;  // bytes held, and the length of the character they begin
 } LPUtf8;
 #define LP_UTF8_REPLACEMENT "\xEF\xBF\xBD"
+#ifdef LLMPAR_IMPLEMENTATION
 static inline int lp_utf8_length(unsigned char lead) {  // 0: not a first byte
     return lead < 0x80 ? 1 : lead < 0xC2 ? 0 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : lead < 0xF5 ? 4 : 0;
 }
@@ -8735,13 +9323,13 @@ static inline void lp_utf8_put(LPUtf8* u, unsigned char b, FILE* out) {
     else if (u->len == 1) fputc(b, out);
     else u->held[u->n++] = b;
 }
-static inline void lp_utf8_end(LPUtf8* u, FILE* out) {  // the text ends: an unfinished character is U+FFFD
+void lp_utf8_end(LPUtf8* u, FILE* out) {  // the text ends: an unfinished character is U+FFFD
     if (u->n > 0) fputs(LP_UTF8_REPLACEMENT, out);
     u->n = 0;
 }
 
 // Print a token (its id in <> without a tokenizer) through u, skipping lone control bytes.
-static inline void lp_tokenizer_print(const LPTokenizer* t, int id, LPUtf8* u, FILE* out) {
+void lp_tokenizer_print(const LPTokenizer* t, int id, LPUtf8* u, FILE* out) {
     if (!t->tokens || id < 0 || id >= t->vocab_size) {
         fprintf(out, "<%d>", id);
         return;
@@ -8751,15 +9339,17 @@ static inline void lp_tokenizer_print(const LPTokenizer* t, int id, LPUtf8* u, F
     for (; *s; s++) lp_utf8_put(u, (unsigned char)*s, out);
 }
 
-static inline void lp_tokenizer_free(LPTokenizer* t) {
+void lp_tokenizer_free(LPTokenizer* t) {
     for (int i = 0; t->tokens && i < t->vocab_size; i++) free(t->tokens[i]);
     free(t->tokens);
     memset(t, 0, sizeof(*t));
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 12. costs
 
+#ifdef LLMPAR_IMPLEMENTATION
 // The MLP weights a token meets in an average layer: in its up projection (a MoE layer: the router, and
 // top-k experts' of E) into *up, in its down projection into *down.
 static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* down) {
@@ -8770,7 +9360,7 @@ static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* 
 }
 
 // The parameters one token meets: all of a dense model's; of a MoE layer's experts, K of E.
-static inline size_t lp_active_params(const LPConfig* c) {
+size_t lp_active_params(const LPConfig* c) {
     size_t sizes[LP_NUM_PARAMS], n = lp_config_num_params(c), E = c->moe_experts, K = c->moe_topk;
     lp_param_sizes(sizes, c, 1);
     size_t experts = sizes[LP_EXPFCW] + sizes[LP_EXPFCB] + sizes[LP_EXPFCPROJW] + sizes[LP_EXPFCPROJB];
@@ -8780,12 +9370,13 @@ static inline size_t lp_active_params(const LPConfig* c) {
 // Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul that the token
 // meets (the LM head counts wte; wpe and LayerNorm do no matmul work; a MoE layer counts its router and
 // top-k experts) plus attention's q k^T and att v: 12 L C T.
-static inline double lp_flops_per_token(const LPConfig* c, int T) {
+double lp_flops_per_token(const LPConfig* c, int T) {
     double C = c->channels, up, down;
     lp_mlp_active_weights(c, &up, &down);
     double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (4.0 * C * C + up + down);
     return 6.0 * matmul_weights + 12.0 * c->num_layers * C * (double)T;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // --- pipeline partition: how many of the L layers each of the p*v chunks runs (chunk k is virtual stage
 // k: stage k % p, its chunk k / p). The first chunk also runs the embedding, the last the final LayerNorm
@@ -8801,7 +9392,7 @@ static inline double lp_flops_per_token(const LPConfig* c, int T) {
 //   L1,L2,... as listed (p v counts summing to L).
 // What the costs weigh: the grid and its settings (the schedule, its m micro-batches, how TP, SP, d, ZeRO,
 // recomputation and offload split and keep each chunk), a micro-batch's shape, and the attention path.
-typedef struct {
+typedef struct LPPipeShape {
     const LPParallel* par;
     int B, T;           // micro-batch
     int attention;      // LP_ATTENTION_*: which attention activations each micro-batch keeps
@@ -8810,6 +9401,7 @@ typedef struct {
                         // plans either; the engine's own partition passes LP_BUILD_GPU)
 } LPPipeShape;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // The bytes of a stored value, and whether fp32 master weights are kept beside them, for shape s.
 static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : 4; }
 static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
@@ -8818,7 +9410,7 @@ static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
 // of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
 // (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the whole forward (a
 // checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
-static inline double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole) {
+double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole) {
     double C = c->channels, up, down;
     lp_mlp_active_weights(c, &up, &down);
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
@@ -8828,13 +9420,13 @@ static inline double lp_layer_flops(const LPConfig* c, int T, int recompute, int
     return flops;
 }
 // ... and of chunk k running `layers` layers (the last chunk also the LM head).
-static inline double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
+double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
     double head = k == s->par->pp * s->par->vpp - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0;
     return layers * lp_layer_flops(c, s->T, s->par->recompute, 0) + head;
 }
 
 // The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule.
-static inline int lp_chunk_slots(const LPPipeShape* s, int k) {
+int lp_chunk_slots(const LPPipeShape* s, int k) {
     LPAction* actions = (LPAction*)lp_host_malloc((size_t)2 * s->par->micro_batches * s->par->vpp * sizeof(LPAction), "schedule");
     lp_schedule_stage(s->par->schedule, s->par->pp, s->par->vpp, s->par->micro_batches, k % s->par->pp, actions);
     int slots = lp_schedule_slots(actions, 2 * s->par->micro_batches * s->par->vpp, k / s->par->pp);
@@ -8844,7 +9436,7 @@ static inline int lp_chunk_slots(const LPPipeShape* s, int k) {
 
 // Parameters one rank of chunk k with `layers` layers holds (its TP slice).
 // (*experts, when not NULL: how many of them are a mixture of experts' experts, this rank's E/ep.)
-static inline double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
+double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
     int chunks = s->par->pp * s->par->vpp;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, s->par->tp);
@@ -8874,7 +9466,7 @@ static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
 // and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
 // gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
 // wte's pieces too) or weights when the chunk has layers (section 8).
-static inline double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
+double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->par->pp * s->par->vpp;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, s->par->tp);
@@ -8944,7 +9536,7 @@ static inline double lp_partition_minmax(const double* cost, int chunks, int L, 
 }
 
 // Fill layers[p v]; returns NULL, or why the partition cannot be (naming the flag).
-static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, int* layers, char* why, size_t size) {
+const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, int* layers, char* why, size_t size) {
     const char *mode = s->par->partition, *pp = LP_SETTING(pp), *vpp = LP_SETTING(vpp), *partition = LP_SETTING(partition);
     int chunks = s->par->pp * s->par->vpp, L = c->num_layers;
     if (s->par->pp < 1 || s->par->vpp < 1 || (long long)s->par->pp * s->par->vpp > LP_MAX_CHUNKS) {
@@ -9011,7 +9603,7 @@ static inline const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* 
 }
 
 // Dense bf16 peak of this GPU in FLOP/s, 0 when unknown (then MFU is not printed).
-static inline double lp_device_peak_flops(void) {
+double lp_device_peak_flops(void) {
 #ifdef LLMPAR_CPU
     return 0.0;
 #else
@@ -9026,6 +9618,7 @@ static inline double lp_device_peak_flops(void) {
     return 0.0;
 #endif
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 13. pipeline
@@ -9041,7 +9634,7 @@ static inline double lp_device_peak_flops(void) {
 // on all t ranks of a TP group, so each sends only its 1/t of the rows, and the receivers all-gather them.
 // With p = 1 the stage is the whole model and 1F1B is plain gradient accumulation: F0 B0 F1 B1 ...
 
-typedef struct {
+typedef struct LPStage {
     const LPParallel* par;  // p stages, v chunks per stage, m micro-batches per step, the schedule, ...
     int s;                  // this stage
     int layers[LP_MAX_CHUNKS];  // the partition: layers per chunk (of all p v)
@@ -9056,6 +9649,7 @@ typedef struct {
     int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
     int* tokens;            // (m, 2, B, T) the step's inputs and targets
     LPSends sends;          // MPI sends in flight
+    int inner;              // DiLoCo (par->diloco): inner steps taken in the round under way (0: none since an outer step)
 #ifdef LLMPAR_NCCL
     // NCCL point-to-point, when the pipeline group runs on NCCL: a two-rank communicator per link between
     // neighbouring stages and direction, so each is used from one stream only. link[0] carries
@@ -9075,11 +9669,12 @@ typedef struct {
     int timed_steps;
 } LPStage;
 
+#ifdef LLMPAR_IMPLEMENTATION
 // This rank's stage of the pipeline, on base->proc's grid as its LPParallel says (p = 1: the whole model): the
 // model's layers partitioned over the p v chunks (par->partition; "balanced" weighs micro-batches of B x T),
 // this stage's chunks made with base's other options (unset weights), its actions in the schedule, and
 // activations for micro-batches of B x T in as many slots as each chunk has micro-batches in flight.
-static inline void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T) {
+void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T) {
     memset(st, 0, sizeof(*st));
     const LPProcess* proc = base->proc;
     if (!proc) lp_fail("lp_stage_create: the stage needs the grid (LPModelOptions.proc, after lp_grid_init)");
@@ -9249,7 +9844,7 @@ static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int la
 
 // One forward of (B, T) tokens through the whole pipeline, chunk after chunk, in slot 0 (evaluation,
 // sampling: the last chunk keeps the logits). Returns the mean loss (with targets), on every rank.
-static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T) {
+float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T) {
     float loss = 0.0f;
     for (int c = 0; c < st->par->vpp; c++) loss += lp_stage_forward(st, c, 0, 0, inputs, targets, B, T, 0.0f);
     lp_sends_wait(st->pp, &st->sends);
@@ -9259,20 +9854,22 @@ static inline float lp_stage_forward_only(LPStage* st, const int* inputs, const 
 
 // Add the last step's timings to the sums the bubble report reads (the driver leaves out the first step,
 // which warms up).
-static inline void lp_stage_time_step(LPStage* st) {
+void lp_stage_time_step(LPStage* st) {
     for (int k = 0; k < 2 * st->par->vpp; k++) st->chunk_sum[k] += st->chunk_s[k];
     st->wall_sum += st->wall_s;
     st->timed_steps++;
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // The pipeline's bubble over the timed steps, the same on every stage (collective over the pipeline):
 // measured, the forward-backward wall time over the busiest stage's compute, less 1; and as the schedule's
 // simulator predicts it from the measured cost of each chunk's forward and backward, and from unit costs.
-typedef struct {
+typedef struct LPBubble {
     double measured, simulated, unit;  // fractions of the busiest stage's compute
     double wall_s, busy_s;             // per step
 } LPBubble;
-static inline LPBubble lp_stage_bubble(LPStage* st) {
+#ifdef LLMPAR_IMPLEMENTATION
+LPBubble lp_stage_bubble(LPStage* st) {
     int K = st->par->pp * st->par->vpp, m = st->par->micro_batches;
     LPBubble b;
     memset(&b, 0, sizeof(b));
@@ -9305,7 +9902,7 @@ static inline LPBubble lp_stage_bubble(LPStage* st) {
     return b;
 }
 
-static inline void lp_stage_free(LPStage* st) {
+void lp_stage_free(LPStage* st) {
     for (int c = 0; c < st->par->vpp; c++) lp_model_free(&st->chunks[c]);
     free(st->chunks);
     free(st->actions);
@@ -9332,6 +9929,7 @@ static inline void lp_stage_free(LPStage* st) {
 #endif
     memset(st, 0, sizeof(*st));
 }
+#endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
 // 14. step
@@ -9346,13 +9944,16 @@ static inline void lp_stage_free(LPStage* st) {
 //                             holding them, then every gradient averaged over DP (ZeRO 1-3: to its shard)
 //   lp_step_grad_norm         the global gradient norm: each rank's part, summed over the grid
 //   lp_step_update            clipping and AdamW on this rank's shard; ZeRO 1-3 all-gather the new weights
+//   lp_step_replicas          replicas that train apart (no DP in the phases above): DiLoCo's outer step
+//                             after every H-th update (an all-reduce over DP), or gossip's mixing (K sends)
 // The driver looks at the loss and the norm before it updates (the divergence guard).
 
+#ifdef LLMPAR_IMPLEMENTATION
 // The step's forwards and backwards of m micro-batches from `train`, in the schedule's order; gradients
 // accumulate in the chunks. Every stage reads the micro-batches (the first needs the inputs, the last the
 // targets, and all keep the loader's place). Returns the step's mean loss over the whole batch (summed over
 // the pipeline and averaged over DP), on every rank; the auxiliary losses' means in st->aux_loss likewise.
-static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
+float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
     int B = train->B, T = train->T, m = st->par->micro_batches, v = st->par->vpp;
     size_t BT = (size_t)B * T;
     double t0 = lp_time_s();
@@ -9391,7 +9992,8 @@ static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
                 if (st->chunks[c].aux_id[q] == st->aux[j]) st->aux_loss[j] += st->chunks[c].aux_loss[q] / m;
     }
     lp_all_reduce_host(st->pp, st->aux_loss, st->num_aux, 0);
-    const LPGroup* dp = st->chunks[0].zero.dp;  // the replicas' batches: their mean
+    const LPZero* z = &st->chunks[0].zero;  // the replicas' batches: their mean (of replicas that train apart too: the log's)
+    const LPGroup* dp = z->dp ? z->dp : z->replicas;
     if (dp) lp_all_reduce_host(dp, &loss, 1, 1);
     if (dp && st->num_aux) lp_all_reduce_host(dp, st->aux_loss, st->num_aux, 1);
     if (st->chunks[0].cfg.moe_experts) {  // the MoE layers' statistics: of every stage and replica (TP ranks have the same)
@@ -9415,7 +10017,7 @@ static inline float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
 // summed within this rank and then over the head group, so the copies take the same step and stay equal;
 // then each chunk's gradients are averaged over DP (lp_zero_average: what backward started arrives, the
 // rest is reduced now).
-static inline void lp_step_reduce_grads(LPStage* st) {
+void lp_step_reduce_grads(LPStage* st) {
     int phase = lp_trace_begin("step", "gradient reduction", -1, -1);
     const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
     LPModel* sum = NULL;  // this rank's first chunk holding the head
@@ -9436,7 +10038,7 @@ static inline void lp_step_reduce_grads(LPStage* st) {
 }
 
 // The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
-static inline float lp_step_grad_norm(LPStage* st) {
+float lp_step_grad_norm(LPStage* st) {
     int phase = lp_trace_begin("step", "gradient norm", -1, -1);
     float norm = lp_models_grad_norm(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL);
     lp_trace_end(phase);
@@ -9445,11 +10047,38 @@ static inline float lp_step_grad_norm(LPStage* st) {
 
 // Clipping to opt->grad_clip given the norm, AdamW on every chunk, the new weights made whole where forward
 // needs them. Returns whether all the updated weights are finite (on every rank alike).
-static inline int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt) {
+int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt) {
     int phase = lp_trace_begin("step", "optimizer", -1, -1);
+    if (st->par->diloco && st->inner == 0) lp_replicas_round_start(st->chunks, st->par->vpp);
     int finite = lp_models_adamw(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
     lp_trace_end(phase);
     return finite;
 }
+
+// DiLoCo's outer step now, ending the round under way (after its H-th inner step; the driver ends a round
+// early at the run's last step and before a save a signal asks for, so every checkpoint is of equal replicas).
+static inline void lp_step_outer(LPStage* st, const LPOuterSGD* o) {
+    if (st->inner == 0) return;
+    lp_replicas_outer(st->chunks, st->par->vpp, o);
+    st->inner = 0;
+}
+
+// After an update: DiLoCo counts the round's inner steps and takes the outer step after the H-th; gossip
+// mixes the weights with the neighbours'. Returns gossip's spread, the root-mean-square difference of a
+// replica's weights from its nearest in-neighbour's before mixing, over the grid (one all-reduce of 2
+// values, for the step line); otherwise 0.
+static inline float lp_step_replicas(LPStage* st, const LPOuterSGD* o) {
+    const LPParallel* par = st->par;
+    if (par->diloco && ++st->inner == par->diloco) lp_step_outer(st, o);
+    if (!par->gossip) return 0.0f;
+    float sums[2] = {0.0f, 0.0f};
+    lp_replicas_gossip(st->chunks, par->vpp, sums);
+    const LPModel* m = &st->chunks[0];
+    lp_all_reduce_host(m->zero.replicas, sums, 2, 0);
+    if (m->tp_size > 1) lp_all_reduce_host(m->tp, sums, 2, 0);
+    lp_all_reduce_host(st->pp, sums, 2, 0);
+    return sqrtf(sums[0] / sums[1]);
+}
+#endif  // LLMPAR_IMPLEMENTATION
 
 #endif  // LLMPAR_H

@@ -400,6 +400,220 @@ static void test_watchdog(void) {
     if (rc != 0) printf("%s\n", out);
 }
 
+// Whether runs a and b (their output directories, each with a checkpoint at `step`) ended with the same weights, bit for bit.
+static int same_weights(const char* a, const char* b, int step) {
+    size_t na = 0, nb = 0;
+    float *wa = run_weights(a, step, &na), *wb = run_weights(b, step, &nb);
+    int same = wa && wb && na == nb && memcmp(wa, wb, na * sizeof(float)) == 0;
+    free(wa);
+    free(wb);
+    return same;
+}
+
+#ifdef LLMPAR_CPU
+// The values after "| spread " in the step lines (--gossip), in order.
+static int parse_spreads(const char* out, float* values, int max) {
+    int n = 0;
+    for (const char* s = strstr(out, "| spread "); s && n < max; s = strstr(s + 1, "| spread ")) values[n++] = strtof(s + 9, NULL);
+    return n;
+}
+
+// The end report's line of data-parallel bytes sent per step (against plain data parallelism's) holds `says`.
+static void expect_bytes_line(const char* out, const char* what, const char* says) {
+    const char* line = strstr(out, "data-parallel bytes sent per step and rank: ");
+    char name[512];
+    snprintf(name, sizeof(name), "%s: %.*s", what, line ? (int)strcspn(line, "\n") : 7, line ? line : "no line");
+    expect(line && strstr(line, says) && strstr(line, says) < line + strcspn(line, "\n"), name);
+}
+#endif
+
+// Replicas that train apart (--diloco, --gossip), on the engine under test.
+// - The identity check: DiLoCo with H = 1, outer lr 1 and momentum 0 sets the weights to the replicas' mean
+//   after each step, and so does gossip on 2 replicas (K = 1: each mixes with the other, 1/2 each): two code
+//   paths, one all-reduce and one exchange, give the same losses and weights, bit for bit, on d=2 (2 ranks)
+//   and on d=2 of 2-stage pipelines (4 ranks). (Plain data parallelism is not this: AdamW's step is not
+//   linear in the gradient, so the mean of d replicas' AdamW steps is not the AdamW step of the mean
+//   gradient; the CPU run prints how far apart they are.)
+// - DiLoCo's checkpoint (each replica's AdamW state and the outer momentum, optim.bin version 2) resumes to
+//   the uninterrupted run's losses and weights, bit for bit.
+// CPU engine (tier 3): a grid that only splits the model (p=2) gives d=2's DiLoCo bit for bit; the bytes
+// sent per step (the end report's line), as many as plain data parallelism's all-reduce for itself, H times
+// fewer for DiLoCo H, K sends of the model for gossip (1.5x fewer than the all-reduce's 2 (d-1)/d at d=4,
+// K=1); gossip's spread printed every step, at the end of a run whose learning rate decays to 0 below a
+// third of its peak, and smaller with K=2 than K=1; a stop by signal mid-round saves (the round ended early)
+// and resumes; a replica stopped mid-run (the watchdog ends the job in one line) and relaunched by
+// train_resilient.sh ends with the uninterrupted run's weights; the bad combinations refused in one line
+// naming the flags; a plain run refuses a DiLoCo checkpoint, and DiLoCo resumes a plain one.
+// CUDA engine (tier 4): the identity check on 2 ranks, a resume, and DiLoCo H=2 on d=2 against the CPU
+// engine's within bf16's tolerance (losses 1e-2 relative, weights 6e-3).
+static void test_replicas(void) {
+    static char out[1 << 18];
+    if (no_mpirun("replicas that train apart")) return;
+    write_random_shard(tmp_path("rep_shard.bin"), 8000, 91);
+    char base[1024], args[2048], name[512], a[LP_PATH_MAX], b[LP_PATH_MAX];
+    float la[64], lb[64];
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -l 1e-2 -u 2", tmp_path("rep_shard.bin"));
+    const struct { int ranks; const char* grid; } identity[2] = {{2, ""}, {4, "--pp 2"}};
+    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 2); k++) {  // (the CUDA engine's 4 ranks under the emulator: a minute more)
+        lp_path(a, "%s_id_diloco%d", tmp_path("rep"), k);
+        lp_path(b, "%s_id_gossip%d", tmp_path("rep"), k);
+        snprintf(args, sizeof(args), "%s -x 6 %s --diloco 1 --outer-lr 1 --outer-momentum 0", base, identity[k].grid);
+        int na = run_ranks(identity[k].ranks, args, a, la, out, sizeof(out));
+        snprintf(args, sizeof(args), "%s -x 6 %s --gossip 1", base, identity[k].grid);
+        int nb = run_ranks(identity[k].ranks, args, b, lb, out, sizeof(out));
+        snprintf(name, sizeof(name), "d=2%s%s: --diloco 1 --outer-lr 1 --outer-momentum 0 (the replicas' mean after each step) equals "
+                 "--gossip 1 (each mixes with the other): losses and weights, bit for bit", identity[k].grid[0] ? " " : "", identity[k].grid);
+        int ok = na == 6 && nb == 6 && memcmp(la, lb, sizeof(float) * 6) == 0 && same_weights(a, b, 6);
+        expect(ok, name);
+        if (!ok) printf("%s\n", out);
+    }
+    // resume: 8 steps with H=2, a checkpoint every 4, against 4 then --resume to 8
+    lp_path(a, "%s_straight", tmp_path("rep"));
+    lp_path(b, "%s_resumed", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 8 -n 4 --diloco 2", base);
+    int na = run_ranks(2, args, a, la, out, sizeof(out));
+    int nb = -1;
+    if (na == 8) {
+        char first[LP_PATH_MAX];
+        lp_path(first, "%s/step_00000004", a);
+        run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s %s/", b, b, first, b);
+        snprintf(args, sizeof(args), "%s -x 8 -n 4 --diloco 2 --resume", base);
+        nb = run_ranks(2, args, b, lb, out, sizeof(out));
+    }
+    int ok = na == 8 && nb == 4 && memcmp(la + 4, lb, sizeof(float) * 4) == 0 && same_weights(a, b, 8);
+    expect(ok, "--diloco 2 on d=2: resumed from step 4's checkpoint, steps 5-8 and the final weights equal the uninterrupted run's, "
+               "bit for bit");
+    if (!ok) printf("%s\n", out);
+#ifdef LLMPAR_CPU
+    char path[LP_PATH_MAX];
+    lp_path(path, "%s/step_00000008/optim.bin", a);
+    FILE* f = fopen(path, "rb");
+    int h[LP_HEADER_INTS] = {0};
+    if (f) {
+        if (fread(h, sizeof(int), LP_HEADER_INTS, f) != LP_HEADER_INTS) h[0] = 0;
+        fclose(f);
+    }
+    size_t nw = 0;
+    float* w = run_weights(a, 8, &nw);
+    snprintf(name, sizeof(name), "a DiLoCo checkpoint's optim.bin is version 2 of 2 replicas: %lld bytes = header + (2 x (m, v) + "
+             "momentum) x %zu parameters", lp_file_size(path), nw);
+    expect(h[0] == 20241122 && h[1] == 2 && h[5] == 2 && lp_file_size(path) == LP_HEADER_INTS * 4LL + 20LL * (long long)nw, name);
+    free(w);
+    // a plain run refuses it (as a reader of version 1 alone does, naming the version); DiLoCo resumes a plain checkpoint
+    snprintf(args, sizeof(args), "%s -x 10 --resume --resume-changed", base);
+    int rc = run_ranks(2, args, a, la, out, sizeof(out));
+    expect(rc < 0 && strstr(out, "optim.bin: holds the AdamW states of 2 DiLoCo replicas; resume it with --diloco and 2 "
+                                 "data-parallel replicas"), "a plain run refuses a DiLoCo checkpoint in one line naming the file");
+    lp_path(b, "%s_plain", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 4", base);
+    run_ranks(2, args, b, la, out, sizeof(out));
+    snprintf(args, sizeof(args), "%s -x 8 --diloco 2 --resume --resume-changed", base);
+    rc = run_ranks(2, args, b, la, out, sizeof(out));
+    expect(rc == 4, "--diloco 2 resumes a plain run's checkpoint (every replica from its AdamW state, the outer momentum 0)");
+
+    // a grid that only splits the model: d=2 of 2-stage pipelines equals d=2, bit for bit
+    lp_path(a, "%s_p1", tmp_path("rep"));
+    lp_path(b, "%s_p2", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 8 --diloco 3", base);
+    na = run_ranks(2, args, a, la, out, sizeof(out));
+    expect_bytes_line(out, "--diloco 3 on d=2, 8 steps (rounds end at steps 3, 6 and the last)", "2.67x this");
+    snprintf(args, sizeof(args), "%s -x 8 --diloco 3 --pp 2", base);
+    nb = run_ranks(4, args, b, lb, out, sizeof(out));
+    ok = na == 8 && nb == 8 && memcmp(la, lb, sizeof(float) * 8) == 0 && same_weights(a, b, 8);
+    expect(ok, "--diloco 3 (lr 0.7, Nesterov 0.9) on d=2 with --pp 2 (4 ranks) equals d=2 on 2 ranks, losses and weights bit for bit");
+    if (!ok) printf("%s\n", out);
+
+    // how far DiLoCo H=1 (the replicas' mean) is from plain data parallelism (the mean gradient's step)
+    lp_path(a, "%s_dp", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 6", base);
+    na = run_ranks(2, args, a, la, out, sizeof(out));
+    expect_bytes_line(out, "plain data parallelism on d=2", "1.00x this");
+    lp_path(b, "%s_id_diloco0", tmp_path("rep"));
+    size_t n1 = 0, n2 = 0;
+    float *w1 = run_weights(a, 6, &n1), *w2 = run_weights(b, 6, &n2);
+    double worst = 0.0;
+    for (size_t i = 0; w1 && w2 && i < n1 && n1 == n2; i++) worst = fmax(worst, fabs((double)w1[i] - w2[i]));
+    printf("     d=2, 6 steps at lr 1e-2: DiLoCo H=1 lr 1 momentum 0 vs plain data parallelism: weights differ by up to %.3g\n", worst);
+    free(w1);
+    free(w2);
+
+    // gossip: the spread, printed every step, falls once the learning rate decays (to 0 at the end)
+    float spread[2][64];
+    int ns[2];
+    for (int K = 1; K <= 2; K++) {
+        lp_path(a, "%s_spread%d", tmp_path("rep"), K);
+        snprintf(args, sizeof(args), "%s -x 40 -q 0 --gossip %d", base, K);
+        rc = run_ranks(4, args, a, la, out, sizeof(out));
+        expect_bytes_line(out, K == 1 ? "--gossip 1 on d=4" : "--gossip 2 on d=4", K == 1 ? "1.50x this" : "0.75x this");
+        ns[K - 1] = parse_spreads(out, spread[K - 1], 64);
+        float peak = 0.0f, *s = spread[K - 1], end = s[ns[K - 1] - 1];
+        for (int i = 0; i < ns[K - 1]; i++) peak = fmaxf(peak, s[i]);
+        snprintf(name, sizeof(name), "d=4 --gossip %d, 40 steps, lr decaying to 0: the spread, printed each step, rises to %.3g and "
+                 "falls to %.3g (below a third of it)", K, peak, end);
+        expect(rc == 40 && ns[K - 1] == 40 && end < peak / 3.0f, name);
+    }
+    snprintf(name, sizeof(name), "d=4: gossip with K=2 neighbours ends closer together than with K=1 (spread %.3g < %.3g)",
+             spread[1][39], spread[0][39]);
+    expect(ns[0] == 40 && ns[1] == 40 && spread[1][39] < spread[0][39], name);
+
+    // bad combinations, each refused in one line naming the flags
+    const struct { int ranks; const char* flags; const char* says; } bad[7] = {
+        {1, "--diloco 2", "--diloco 2: needs 2 or more data-parallel replicas, this grid has d = ranks / (t p) = 1"},
+        {2, "--gossip 2", "--gossip 2: the graph's hops 1, 2, ..., 2^(K-1) must each be below d = 2"},
+        {2, "--diloco 2 --gossip 1", "--diloco 2 and --gossip 1: two ways of training the replicas apart; choose one"},
+        {2, "--diloco 2 --zero 1", "--diloco 2 with --zero 1: ZeRO shards the weights and optimizer state over the data-parallel replicas"},
+        {2, "--gossip 1 --zero 3", "--gossip 1 with --zero 3: ZeRO shards"},
+        {2, "--outer-lr 0.5", "flags --outer-lr --outer-momentum: only with --diloco H"},
+        {2, "--diloco 4 -n 6 -o /nonexistent", "flag -n 6 with --diloco 4: DiLoCo saves between rounds, when its replicas are equal; make -n a multiple of 4"}};
+    for (int k = 0; k < 7; k++) {
+        rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none %s %s -x 2 %s", bad[k].ranks, TRAIN_BIN, base, bad[k].flags);
+        const char* e = strstr(out, "llmpar: error: ");
+        snprintf(name, sizeof(name), "%s on %d rank(s) is refused in one line: %s", bad[k].flags, bad[k].ranks, bad[k].says);
+        expect(rc != 0 && e && strstr(e, bad[k].says) && !strstr(e + 1, "llmpar: error: ") && !strstr(out, "step 1/"), name);
+    }
+
+    // a stop by signal mid-round: the round ends early with an outer step, the checkpoint (between rounds) is
+    // saved, and --resume goes on from it
+    lp_path(a, "%s_signal", tmp_path("rep"));
+    char cmd[LP_PATH_MAX + 2048];
+    snprintf(cmd, sizeof(cmd), "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s -x 100000 --diloco 1000 -o %s",
+             TRAIN_BIN, base, a);
+    rc = run_and_signal(out, sizeof(out), cmd, "kill -USR1 $pid", tmp_path("rep_signal.log"));
+    int step = stopped_with_checkpoint(out, "SIGUSR1", a);
+    snprintf(args, sizeof(args), "%s -x %d --diloco 1000 --resume", base, step + 2);
+    int resumed = step >= 3 ? run_ranks(2, args, a, la, out, sizeof(out)) : -1;
+    snprintf(name, sizeof(name), "--diloco 1000, SIGUSR1 to mpirun at step %d: the round ends there with an outer step, the checkpoint "
+             "is saved (exit %d), and --resume trains on (%d steps)", step, rc, resumed);
+    expect(rc == 138 && step >= 3 && resumed == 2, name);
+
+    // a replica stopped mid-round: the watchdog ends the job in one line; relaunched from the newest checkpoint
+    // (between rounds), the run ends with the uninterrupted run's weights
+    snprintf(args, sizeof(args), "%s -x 200 -n 10 --diloco 5 --timeout-minutes 0.05", base);
+    int same = 0;
+    rc = run_supervised_victim(out, sizeof(out), args, 200, tmp_path("rep_victim"), "grep -q '^step 13/' %s.log 2> /dev/null", "STOP", &same);
+    ok = rc == 0 && strstr(out, "no progress for") && strstr(out, "restart 1 of 3, resuming from step_") && same;
+    expect(ok, "--diloco 5 on d=2, a replica stopped at step ~13: the watchdog ends the job, train_resilient.sh resumes it from the "
+               "checkpoint between rounds, and the run ends with the uninterrupted run's weights, exactly");
+    if (!ok) printf("%s\n", out);
+#else
+    // the CUDA engine against the CPU engine: DiLoCo H=2, 3 steps (the last ends a round early)
+    if (access("./train_gpt_cpu", X_OK) != 0) return;
+    lp_path(a, "%s_cpu", tmp_path("rep"));
+    lp_path(b, "%s_cuda", tmp_path("rep"));
+    snprintf(args, sizeof(args), "%s -x 3 -l 1e-3 --diloco 2", base);
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 ./train_gpt_cpu %s -o %s", args, a);
+    na = parse_losses(out, la, 8);
+    nb = run_ranks(2, args, b, lb, out, sizeof(out));
+    size_t n1 = 0, n2 = 0;
+    float *w1 = run_weights(a, 3, &n1), *w2 = run_weights(b, 3, &n2);
+    expect(rc == 0 && na == 3 && nb == 3 && w1 && w2 && n1 == n2, "--diloco 2 on d=2: 3 steps on the CPU and the CUDA engine");
+    if (na == 3 && nb == 3) expect_close("--diloco 2 on d=2: the CUDA engine's losses equal the CPU engine's (1e-2 relative)", lb, la, 3, 0.0f, 1e-2f);
+    if (w1 && w2 && n1 == n2) expect_close("--diloco 2 on d=2: the CUDA engine's weights equal the CPU engine's (atol 6e-3)", w2, w1, n1, 6e-3f, 0.0f);
+    free(w1);
+    free(w2);
+#endif
+}
+
 #ifdef LLMPAR_CPU
 // The straggler check (--straggler) on 2 ranks, d=2, 21 steps (two windows of 10 after the warm-up step): a
 // healthy run names no rank; a run whose rank 1 the test stops for half of every 0.3 s (SIGSTOP, SIGCONT)
@@ -1847,8 +2061,9 @@ static void test_plan(void) {
     LPConfig small, xl;
     lp_config_from_name(&small, "d12");
     lp_config_from_name(&xl, "d48");
+    LPPlanModel small_plan = lp_plan_model_gpt(&small), xl_plan = lp_plan_model_gpt(&xl);  // (the planner's: GPT-2's blocks)
     LPPlan* plans;
-    int n = lp_plan(&small, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans), ordered = 1, honest = 1, bounded = 0;
+    int n = lp_plan(&small_plan, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans), ordered = 1, honest = 1, bounded = 0;
     for (int k = 1; k < n; k++) {
         const LPPlan *a = &plans[k - 1], *b = &plans[k];
         ordered &= a->fits >= b->fits && (a->fits != b->fits || a->estimated > b->estimated || a->simulated > b->simulated ||
@@ -1863,18 +2078,20 @@ static void test_plan(void) {
     free(plans);
     LPConfig wide;  // heads divisible by 3 and 6: still no tensor group of 3 or 6 on nodes of 8
     lp_config_from_name(&wide, "4,768,24");
-    n = lp_plan(&wide, 1024, 6144, 6, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
+    LPPlanModel wide_plan = lp_plan_model_gpt(&wide);
+    n = lp_plan(&wide_plan, 1024, 6144, 6, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     for (int k = 0; k < n; k++) inside &= h100.gpus_per_node % plans[k].par.tp == 0;
     expect(n > 0 && inside, "plan: tensor groups only of sizes that divide a node (no group of 3 straddling two nodes of 8)");
     free(plans);
-    n = lp_plan(&small, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
+    n = lp_plan(&small_plan, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     expect(n > 0 && plans[0].fits && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8 && plans[0].par.recompute == LP_RECOMPUTE_NONE &&
            plans[0].par.offload == LP_OFFLOAD_NONE, "plan: GPT-2 124M on 8 GPUs of 80 GiB runs fastest as data parallelism d=8 without "
            "recomputation or offload");
     free(plans);
     LPConfig d4;  // the CPU default at T=64, 65536 tokens a step (a step of a few ms; at 2048 tokens one of less than
     lp_config_from_name(&d4, "d4");  // a millisecond, where the kernel launches the plan does not count would decide)
-    n = lp_plan(&d4, 64, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
+    LPPlanModel d4_plan = lp_plan_model_gpt(&d4);
+    n = lp_plan(&d4_plan, 64, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     expect(n > 0 && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
     free(plans);
@@ -1882,7 +2099,8 @@ static void test_plan(void) {
     // their all-to-alls cost time); with 64 experts on GPUs of 16 GiB the fastest that fits splits them
     LPConfig moe = small;
     moe.moe_experts = 8, moe.moe_topk = 2, moe.moe_every = 1;
-    n = lp_plan(&moe, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
+    LPPlanModel moe_plan = lp_plan_model_gpt(&moe);
+    n = lp_plan(&moe_plan, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
     int ep_counted = 1, ep_seen = 0;
     for (int k = 0; k < n; k++) {
         if (plans[k].par.pp == 1) ep_counted &= (plans[k].par.ep > 1) == (plans[k].ep_s > 0.0);
@@ -1892,7 +2110,8 @@ static void test_plan(void) {
            "plan: a 124M mixture of 8 experts on 8 GPUs of 80 GiB: every ep weighed (its all-to-alls timed), ep 1 fastest");
     free(plans);
     moe.moe_experts = 64;  // with 64 experts, splitting them 8 ways takes most of the memory away, at the all-to-alls' cost
-    n = lp_plan(&moe, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
+    moe_plan = lp_plan_model_gpt(&moe);
+    n = lp_plan(&moe_plan, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
     const LPPlan* by_ep[9] = {NULL};
     for (int k = 0; k < n; k++) {
         const LPParallel* x = &plans[k].par;
@@ -1906,7 +2125,7 @@ static void test_plan(void) {
     free(plans);
     LPPlanMachine a100 = h100;
     a100.gpu_bytes = 24 * GiB;
-    n = lp_plan(&xl, 1024, 524288, 8, LP_ATTENTION_FLASH, &a100, NULL, 100000, &plans);
+    n = lp_plan(&xl_plan, 1024, 524288, 8, LP_ATTENTION_FLASH, &a100, NULL, 100000, &plans);
     int replicated_fits = -1;
     for (int k = 0; k < n; k++)
         if (plans[k].par.tp == 1 && plans[k].par.pp == 1 && plans[k].par.zero == 0 && plans[k].par.recompute == LP_RECOMPUTE_NONE && plans[k].B == 4)
@@ -1916,7 +2135,7 @@ static void test_plan(void) {
     free(plans);
     LPPlanMachine small_gpu = h100;  // one GPU of 16 GiB: 16 bytes per parameter of 1.5B do not fit, offloaded they do
     small_gpu.gpu_bytes = 16 * GiB;
-    n = lp_plan(&xl, 1024, 8192, 1, LP_ATTENTION_FLASH, &small_gpu, NULL, 100000, &plans);
+    n = lp_plan(&xl_plan, 1024, 8192, 1, LP_ATTENTION_FLASH, &small_gpu, NULL, 100000, &plans);
     int fit_in = 0, host = 1;
     for (int k = 0; k < n; k++) {
         fit_in |= plans[k].fits && plans[k].par.offload == LP_OFFLOAD_NONE;
@@ -1929,13 +2148,13 @@ static void test_plan(void) {
     LPPlanMachine fast = h100, slow = h100;
     fast.net_bw = 1e15;
     slow.net_bw = 10e9;
-    n = lp_plan(&xl, 1024, 1048576, 64, LP_ATTENTION_FLASH, &fast, NULL, 10, &plans);
+    n = lp_plan(&xl_plan, 1024, 1048576, 64, LP_ATTENTION_FLASH, &fast, NULL, 10, &plans);
     expect(n > 0 && plans[0].par.pp == 1, "plan: GPT-2 1.5B on 64 GPUs with fast links between nodes: no pipeline");
     free(plans);
-    n = lp_plan(&xl, 1024, 1048576, 64, LP_ATTENTION_FLASH, &slow, NULL, 10, &plans);
+    n = lp_plan(&xl_plan, 1024, 1048576, 64, LP_ATTENTION_FLASH, &slow, NULL, 10, &plans);
     expect(n > 0 && plans[0].par.pp > 1 && plans[0].par.dp < 64, "plan: GPT-2 1.5B on 64 GPUs with slow links between nodes: a pipeline");
     free(plans);
-    n = lp_plan(&xl, 1024, 65536, 16, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);  // 8 micro-batches at most: the bubble matters
+    n = lp_plan(&xl_plan, 1024, 65536, 16, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);  // 8 micro-batches at most: the bubble matters
     int v1 = -1;
     for (int k = 0; k < n && v1 < 0; k++)
         if (plans[k].par.vpp == 1 && plans[k].par.pp == plans[0].par.pp && plans[k].par.dp == plans[0].par.dp && plans[k].par.tp == plans[0].par.tp &&
@@ -1958,11 +2177,12 @@ static void test_plan(void) {
     // a tensor group over two nodes of 8 is priced at the network's bandwidth: far slower than inside one
     LPConfig big;
     lp_config_from_name(&big, "32,20480,128");
+    LPPlanModel big_plan = lp_plan_model_gpt(&big);
     LPPlanLimits within = {LP_FIX_TP | LP_FIX_PP | LP_FIX_B | LP_FIX_RECOMPUTE, lp_parallel_one, 1}, across = within;
     within.par.tp = 8, within.par.pp = 8, across.par.tp = 16, across.par.pp = 4, within.par.recompute = across.par.recompute = LP_RECOMPUTE_FULL;
     LPPlan* other;
-    n = lp_plan(&big, 2048, 128 * 2048, 64, LP_ATTENTION_FLASH, &h100, &within, 1, &plans);
-    int m = lp_plan(&big, 2048, 128 * 2048, 64, LP_ATTENTION_FLASH, &h100, &across, 1, &other);
+    n = lp_plan(&big_plan, 2048, 128 * 2048, 64, LP_ATTENTION_FLASH, &h100, &within, 1, &plans);
+    int m = lp_plan(&big_plan, 2048, 128 * 2048, 64, LP_ATTENTION_FLASH, &h100, &across, 1, &other);
     expect(n > 0 && m > 0 && plans[0].simulated && other[0].simulated && other[0].par.tp == 16 && other[0].tp_s > 4 * plans[0].tp_s &&
                other[0].step_s > 1.2 * plans[0].step_s,
            "plan: TP 16 across two nodes of 8 costs its collectives at the network's bandwidth (a slower step than TP 8 inside)");
@@ -1973,7 +2193,7 @@ static void test_plan(void) {
     LPParallel tp2 = lp_parallel_one, sp2;
     tp2.tp = 2, sp2 = tp2, sp2.sp = 1;
     LPPipeShape s_tp = {&tp2, 4, 1024, LP_ATTENTION_FLASH, 1}, s_sp = {&sp2, 4, 1024, LP_ATTENTION_FLASH, 1};
-    LPChunkTime c_tp = lp_plan_chunk(&small, &s_tp, &h100, 1, 1), c_sp = lp_plan_chunk(&small, &s_sp, &h100, 1, 1);
+    LPChunkTime c_tp = lp_plan_chunk(&small_plan, &s_tp, &h100, 1, 1), c_sp = lp_plan_chunk(&small_plan, &s_sp, &h100, 1, 1);
     double act = 4.0 * 1024 * small.channels * 2.0, all = lp_collective_seconds(&h100, act, 1, 2, 2), half = lp_collective_seconds(&h100, act, 0, 2, 2);
     expect(fabs(all - (act / h100.node_bw + 8.4e-6 + 2.0 * 3.4e-6)) < 1e-12 && fabs(half - (0.5 * act / h100.node_bw + 8.4e-6 + 3.4e-6)) < 1e-12 &&
                fabs(c_tp.tp - 4.0 * all) < 1e-12 && fabs(c_sp.tp - 10.0 * half) < 1e-12,
@@ -1985,7 +2205,7 @@ static void test_plan(void) {
     LPParallel z0 = lp_parallel_one, z3;
     z0.dp = 16, z3 = z0, z3.zero = 3;  // (d 16 spans two nodes of 8: the network)
     LPPipeShape s_z0 = {&z0, 4, 1024, LP_ATTENTION_FLASH, 1}, s_z3 = {&z3, 4, 1024, LP_ATTENTION_FLASH, 1};
-    LPChunkTime c_z0 = lp_plan_chunk(&small, &s_z0, &h100, 1, 1);
+    LPChunkTime c_z0 = lp_plan_chunk(&small_plan, &s_z0, &h100, 1, 1);
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, &small, 1);
     double layer = 0.0;
@@ -1993,7 +2213,7 @@ static void test_plan(void) {
         if (lp_is_layer_tensor(i)) layer += (double)sizes[i] / small.num_layers;
     LPPlanMachine zlink = h100;  // (a ring of 16 over 2 nodes: 15 steps, one of them between the nodes; Simple)
     zlink.net_bw = layer * 2.0 * (15.0 / 16.0) / (1.5 * c_z0.bwd - 8.4e-6 - 14.0 * 3.4e-6 - 9.6e-6);
-    LPChunkTime c_z3 = lp_plan_chunk(&small, &s_z3, &zlink, 1, 1);
+    LPChunkTime c_z3 = lp_plan_chunk(&small_plan, &s_z3, &zlink, 1, 1);
     double exposed = fmax(0.0, 1.5 * c_z0.bwd - c_z0.fwd) + 2.0 * c_z0.bwd;
     expect(fabs(c_z3.fwd + c_z3.bwd - c_z0.fwd - c_z0.bwd - exposed) < 1e-9 * exposed && fabs(c_z3.dp - exposed) < 1e-9 * exposed,
            "plan: ZeRO-3's gathers and backward's reduce-scatter share one link (a layer is never shorter than its collectives)");
@@ -2002,6 +2222,7 @@ static void test_plan(void) {
     // t 8, p 12, v 4, batch 60: the PTD-P paper measured ~11%)
     LPConfig gpt3;
     lp_config_from_name(&gpt3, "96,12288,96,51200");
+    LPPlanModel gpt3_plan = lp_plan_model_gpt(&gpt3);
     LPPlanLimits sg = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SG, lp_parallel_one, 1};
     sg.par.tp = 8, sg.par.pp = 12, sg.par.vpp = 4, sg.par.recompute = LP_RECOMPUTE_FULL;
     double gain[2];
@@ -2010,7 +2231,7 @@ static void test_plan(void) {
         double step[2];
         for (int on = 0; on < 2; on++) {
             sg.par.scatter_gather = on;
-            n = lp_plan(&gpt3, 2048, 60 * 2048, 96, LP_ATTENTION_CUBLAS, &selene, &sg, 1, &plans);
+            n = lp_plan(&gpt3_plan, 2048, 60 * 2048, 96, LP_ATTENTION_CUBLAS, &selene, &sg, 1, &plans);
             step[on] = n > 0 && plans[0].simulated ? plans[0].step_s : NAN;
             free(plans);
         }
@@ -2031,8 +2252,8 @@ static void test_plan(void) {
     LPParallel t8 = lp_parallel_one;
     t8.tp = 8;
     LPPipeShape s_flash = {&t8, 1, 2048, LP_ATTENTION_FLASH, 1}, s_mat = {&t8, 1, 2048, LP_ATTENTION_CUBLAS, 1};
-    LPChunkTime fm = lp_plan_chunk(&gpt3, &s_flash, &mega, 1, 1), fp = lp_plan_chunk(&gpt3, &s_flash, &plain, 1, 1);
-    LPChunkTime mm = lp_plan_chunk(&gpt3, &s_mat, &mega, 1, 1), mp = lp_plan_chunk(&gpt3, &s_mat, &plain, 1, 1);
+    LPChunkTime fm = lp_plan_chunk(&gpt3_plan, &s_flash, &mega, 1, 1), fp = lp_plan_chunk(&gpt3_plan, &s_flash, &plain, 1, 1);
+    LPChunkTime mm = lp_plan_chunk(&gpt3_plan, &s_mat, &mega, 1, 1), mp = lp_plan_chunk(&gpt3_plan, &s_mat, &plain, 1, 1);
     double heads = 96 / 8, extra = lp_gemm_seconds(sxm, 2048, 2048, 128, heads, mega.attention_tile_k) +
                                    lp_gemm_seconds(sxm, 2048, 128, 2048, heads, mega.attention_tile_k) -
                                    lp_gemm_seconds(sxm, 2048, 2048, 128, heads, 0.0) - lp_gemm_seconds(sxm, 2048, 128, 2048, heads, 0.0);
@@ -2052,15 +2273,15 @@ static void test_plan(void) {
     double proj = lp_gemm_seconds(&ours.gpu, 2048, 12288, 4 * 12288, 1, 0.0), again[2], counted[2];
     for (int w = 0; w < 2; w++) {
         const LPPlanMachine* sw = w ? &mega : &ours;
-        LPChunkTime r = lp_plan_chunk(&gpt3, &s_rerun, sw, 1, 1), k0 = lp_plan_chunk(&gpt3, &s_kept, sw, 1, 1);
+        LPChunkTime r = lp_plan_chunk(&gpt3_plan, &s_rerun, sw, 1, 1), k0 = lp_plan_chunk(&gpt3_plan, &s_kept, sw, 1, 1);
         again[w] = (r.bwd - k0.bwd) / k0.fwd;
         int count = 0, room = 1;
         LPPlan* one = (LPPlan*)malloc(sizeof(LPPlan));
-        lp_plan_add(&gpt3, &s_rerun, sw, &one, &count, &room);
+        lp_plan_add(&gpt3_plan, &s_rerun, sw, &one, &count, &room);
         counted[w] = one->flops;
         free(one);
     }
-    double fwd = lp_plan_chunk(&gpt3, &s_kept, &ours, 1, 1).fwd;
+    double fwd = lp_plan_chunk(&gpt3_plan, &s_kept, &ours, 1, 1).fwd;
     snprintf(what, sizeof(what), "plan: full recomputation reruns %.3f of a layer's forward for this engine (its MLP's second "
              "projection not), 1 for Megatron-LM, whose FLOPs count the projection too", again[0]);
     expect(fabs(again[0] - (fwd - proj) / fwd) < 1e-9 && fabs(again[1] - 1.0) < 1e-9 &&
@@ -2068,11 +2289,11 @@ static void test_plan(void) {
            what);
     expect_error_of(PLAN_BIN, "--plan: nothing fits", "--plan 1: no configuration of d48 on 1 GPU(s) fits 90% of 2 GiB per GPU (-t 1024, -d 8192); "
                  "the least needs 3.57 GiB", "--plan 1 -e d48 -t 1024 -d 8192 --gpu-mem 2");
-    expect_error_of(PLAN_BIN, "--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens must not be negative",
+    expect_error_of(PLAN_BIN, "--gpu-mem: negative", "flags --gpu-mem --gpu-tflops --gpu-gbs --node-gpus --node-gbs --net-gbs --latency-us --train-tokens --jitter must not be negative",
                  "--plan 8 --gpu-mem -1");
     expect_error_of(PLAN_BIN, "--cluster: unknown", "flag --cluster: no cluster 'dgx-v100' (dgx-a100, dgx-h100, nvl72, cpu)", "--plan 8 --cluster dgx-v100");
     expect_error_of(PLAN_BIN, "--gpu: unknown", "flag --gpu: no GPU 'v100' (a100, h100, h200, b200, gb200, cpu)", "--plan 8 --gpu v100");
-    expect_error_of(PLAN_BIN, "--software: unknown", "flag --software: no software 'deepspeed' (llmpar, megatron)", "--plan 8 --software deepspeed");
+    expect_error_of(PLAN_BIN, "--software: unknown", "flag --software: no software 'colossal' (llmpar, megatron, megatron-2021, deepspeed)", "--plan 8 --software colossal");
     expect_error_of(PLAN_BIN, "--attention-tile-k: negative", "flag --attention-tile-k: steps of the inner dimension, >= 0 (-1: the software's), got -2",
                  "--plan 8 --attention-tile-k -2");
     expect_error_of(PLAN_BIN, "--gemm-share: above 1", "flag --gemm-share: a share of the GPU's peak, 0 .. 1 (0: the GPU's best times the software's), got 1.5",
@@ -4525,6 +4746,117 @@ static void test_offload(void) {
 // rank without and with full recomputation, d=2 with ZeRO 0-3, whose stages 2 and 3 hold wte in pieces,
 // and p=2 d=2 ZeRO-3 with rank 0's chunk the embedding alone, which keeps wte whole); at d=2 what ZeRO
 // keeps (params + grads + AdamW) falls with every stage.
+// The software as described (dev/plan/plan.h, LPSoftware): the search offers only the grids it can run (Megatron-LM:
+// ZeRO up to 1, no offload; its 2021 version none of SP, selective recomputation or ZeRO; Megatron-DeepSpeed: no SP,
+// interleaving or selective recomputation, ZeRO-2/3 only without a pipeline), a grid typed that it cannot run is one error line, and Megatron-LM's memory is the
+// selective-recomputation paper's count: on its own grids (Korthikanti et al. 2022, Table 5: 22B on t=8 with 4
+// sequences a micro-batch, 530B on t=8, p=35, v=3; selective recomputation with SP) the plan's fullest GPU within 10% of
+// 18 bytes a parameter of its stage (12 h^2 a layer over t, and the embeddings) plus 34 s b h L/t of activations, times
+// (1 + (p-1)/(p v)) interleaved (the paper's section 4). Modern blocks (LPPlanModel: GQA, SwiGLU): Llama 3 8B's
+// parameters and a layer's FLOPs as published and counted by hand; only software that runs them plans them.
+static void test_plan_software(void) {
+    LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("megatron"));
+    LPPlanMachine ds = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("deepspeed"));
+    LPConfig c;
+    lp_config_from_name(&c, "24,2048,16,51200");
+    LPPlanModel model = lp_plan_model_gpt(&c);
+    LPPlan* plans;
+    int n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &mega, NULL, 0, &plans), runs = n > 100;
+    for (int k = 0; k < n; k++) runs &= plans[k].par.zero <= 1 && plans[k].par.offload == LP_OFFLOAD_NONE;
+    free(plans);
+    expect(runs, "plan --software megatron: only ZeRO-0/1 and no offload searched");
+    LPPlanMachine older = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("megatron-2021"));
+    n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &older, NULL, 0, &plans), runs = n > 100;
+    for (int k = 0; k < n; k++) runs &= plans[k].par.zero == 0 && !plans[k].par.sp && plans[k].par.recompute != LP_RECOMPUTE_SELECTIVE;
+    free(plans);
+    expect(runs && fabs(older.gpu.peak_flops * 1.095 - 312e12) < 1e3 && fabs(older.gpu.hbm_bw * 1.095 - mega.gpu.hbm_bw) < 1e3 &&
+               older.gpu.gemm == mega.gpu.gemm,
+           "plan --software megatron-2021: no SP, selective recomputation or ZeRO searched; megatron's costs on an A100 paced 1/1.095");
+    n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &ds, NULL, 0, &plans), runs = n > 100;
+    int zero3 = 0;
+    for (int k = 0; k < n; k++) {
+        const LPParallel* x = &plans[k].par;
+        runs &= !x->sp && x->vpp == 1 && !(x->pp > 1 && x->zero > 1) && x->recompute != LP_RECOMPUTE_SELECTIVE && !(x->pp > 1 && x->overlap);
+        zero3 |= x->zero == 3;
+    }
+    free(plans);
+    expect(runs && zero3, "plan --software deepspeed: no SP, interleaving or selective recomputation; ZeRO-2/3 only "
+           "without a pipeline; gradients reduced after the flush");
+    const struct { const char* shape; int n, tokens, t, p, v, B; } grids[] = {
+        {"48,6144,64,51200", 8, 4 * 2048, 8, 1, 1, 4}, {"105,20480,128,51200", 280, 280 * 2048, 8, 35, 3, 1}};
+    for (int g = 0; g < 2; g++) {
+        lp_config_from_name(&c, grids[g].shape);
+        model = lp_plan_model_gpt(&c);
+        LPPlanLimits lim = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SP,
+                            lp_parallel_one, grids[g].B};
+        lim.par.tp = grids[g].t, lim.par.pp = grids[g].p, lim.par.vpp = grids[g].v, lim.par.sp = 1;
+        lim.par.recompute = LP_RECOMPUTE_SELECTIVE;
+        n = lp_plan(&model, 2048, grids[g].tokens, grids[g].n, LP_ATTENTION_CUBLAS, &mega, &lim, 1, &plans);
+        double h = c.channels, t = grids[g].t, p = grids[g].p, v = grids[g].v, L = c.num_layers, sbh = 2048.0 * grids[g].B * h;
+        double params = 12.0 * h * h / t * L / p + 51200.0 * h / t + 2048.0 * h;  // (the first stage's: its layers, wte and wpe)
+        double paper = 18.0 * params + 34.0 * sbh * L / t * (v > 1 ? 1.0 + (p - 1.0) / (p * v) : 1.0);
+        char what[200];
+        snprintf(what, sizeof(what), "plan --software megatron: %s's fullest GPU %.1f GiB, the paper's count %.1f GiB (within 10%%)",
+                 grids[g].shape, n > 0 ? plans[0].memory / 1073741824.0 : 0.0, paper / 1073741824.0);
+        expect(n > 0 && fabs(plans[0].memory / paper - 1.0) < 0.1, what);
+        free(plans);
+    }
+    // modern blocks (Llama 3 8B: 32 layers of 4096, 32 heads sharing 8 key/value heads, SwiGLU of 14336, V 128256): its
+    // published 8.03B parameters (untied embeddings, two RMSNorms a layer), a layer's training FLOPs 6 per weight of q,
+    // k, v, o and the three MLP matrices plus 12 C T, and GEMMs that shrink with the key/value heads
+    lp_config_from_name(&c, "32,4096,32,128256");
+    LPPlanModel llama = lp_plan_model_gpt(&c);
+    llama.kv_heads = 8, llama.ffn = 14336, llama.swiglu = 1;
+    double C = 4096, weights = C * (C + 2.0 * 8 * 128) + C * C + 3.0 * C * 14336;
+    double params = lp_plan_model_params(&llama), flops = lp_plan_layer_flops(&llama, 8192, LP_RECOMPUTE_NONE, 0);
+    LPParallel one = lp_parallel_one;
+    LPPipeShape shape = {&one, 1, 8192, LP_ATTENTION_FLASH, 1};
+    LPPlanModel mha = llama;
+    mha.kv_heads = 32;
+    double gqa_s = lp_plan_chunk(&llama, &shape, &mega, 1, 1).fwd, mha_s = lp_plan_chunk(&mha, &shape, &mega, 1, 1).fwd;
+    char what[240];
+    snprintf(what, sizeof(what), "plan: Llama 3 8B's blocks: %.4g parameters (published 8.03e9), a layer's FLOPs a token %.4g, "
+             "GQA's forward %.3g ms against full heads' %.3g", params, flops, gqa_s * 1e3, mha_s * 1e3);
+    expect(!lp_plan_model_is_gpt(&llama) && fabs(params / 8.03e9 - 1.0) < 0.005 && fabs(flops - (6.0 * weights + 12.0 * C * 8192)) < 1e-9 * flops &&
+               gqa_s < mha_s, what);
+    expect_error_of(PLAN_BIN, "--software llmpar refuses Llama's blocks",
+                    "flag --software llmpar: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which llmpar does not run",
+                    "--plan 8 -e llama3-8b -t 8192 -d 65536");
+    expect_error_of(PLAN_BIN, "--kv-heads: must divide the heads", "flags --kv-heads 5 --ffn 0: key/value heads must divide the 12 heads",
+                    "--plan 8 -e d12 --kv-heads 5 --software megatron");
+    expect_error_of(PLAN_BIN, "-e: a vocabulary past 262144", "-e 4,256,4,300000: vocabulary 300000, the planner takes up to 262144",
+                    "--plan 8 -e 4,256,4,300000");
+    expect_error_of(PLAN_BIN, "--software megatron refuses ZeRO-3", "flag --software megatron: --zero 3: megatron has ZeRO up to stage 1",
+                    "--plan 96 --cluster dgx-a100 --software megatron -e 96,12288,96,51200 -t 2048 -d 196608 --zero 3 --pp 12");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses ZeRO-3 with PP",
+                    "flag --software deepspeed: --zero 3 with --pp 12: deepspeed combines ZeRO up to stage 1 with a pipeline",
+                    "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --zero 3 --pp 12");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses SP", "flag --software deepspeed: --sp: deepspeed has no sequence parallelism",
+                    "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --sp");
+}
+
+// Scale (dev/plan/plan.h): an all-reduce across nodes is NCCL's faster of its ring and its tree (tuning.cc's model):
+// over 2,048 nodes a ring's 4,094 steps of latency lose to a tree's 2 log2(2048) hops even for 1 GiB, while over 8
+// nodes the ring's bandwidth wins at 1 GiB; and stragglers: a step waits for the slowest of N ranks, jitter x sqrt(2
+// ln N) above the mean.
+static void test_plan_scale(void) {
+    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("megatron"));
+    double GiB = 1073741824.0, bw = h100.net_bw;
+    double wide_small = lp_allreduce_seconds(&h100, 1048576.0, 2048, 8 * 2048), ring_small = lp_collective_seconds(&h100, 1048576.0, 1, 2048, 8 * 2048);
+    double tree_lat = 2.0 * 11.0 * 50e-6;  // (Simple's hops between nodes; one rank a node)
+    double wide_big = lp_allreduce_seconds(&h100, GiB, 2048, 8 * 2048), tree_big = tree_lat + GiB / (0.5 * 0.9 * bw);
+    double few_big = lp_allreduce_seconds(&h100, GiB, 8, 64), ring_bw = 2.0 * 7.0 / 8.0 * GiB / bw;
+    char what[300];
+    snprintf(what, sizeof(what), "plan: an all-reduce over 2,048 nodes, 1 MiB: %.3g ms (a ring alone %.3g); 1 GiB: %.4g ms (the tree's "
+             "%.4g); over 8 nodes, 1 GiB: %.4g ms (the ring's bandwidth %.4g)", wide_small * 1e3, ring_small * 1e3, wide_big * 1e3,
+             tree_big * 1e3, few_big * 1e3, ring_bw * 1e3);
+    expect(wide_small < ring_small / 10.0 && fabs(wide_big / tree_big - 1.0) < 0.01 && few_big > ring_bw && few_big < 1.01 * ring_bw + 1e-3, what);
+    h100.jitter = 0.01;
+    double tail = lp_plan_straggle(&h100, 16384), one = lp_plan_straggle(&h100, 1);
+    snprintf(what, sizeof(what), "plan: stragglers at 1%% jitter add %.2f%% of a step's work on 16,384 GPUs, none on one", 100.0 * tail);
+    expect(fabs(tail - 0.01 * sqrt(2.0 * log(16384.0))) < 1e-12 && one == 0.0, what);
+}
+
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 --plan")) return;
@@ -5521,6 +5853,33 @@ static void tier4_optimizer(uint64_t* rng) {
     }
     free(dst); free(src); free(gd);
     lp_device_free(d_dst); lp_device_free(d_src);
+    {  // the replicas' exchange: DiLoCo's outer step (Nesterov) and gossip's mixing of K = 2 neighbours, unaligned
+        float *mean = host_rand(n, rng, 1.0f), *outer = host_rand(n, rng, 1.0f), *mom = host_rand(n, rng, 0.1f);
+        float *recv = host_rand(2 * n, rng, 1.0f), *mw = host_rand(n, rng, 1.0f);
+        float *d_mean = (float*)dev_copy(mean, n * 4), *d_outer = (float*)dev_copy(outer, n * 4), *d_mom = (float*)dev_copy(mom, n * 4);
+        float *d_recv = (float*)dev_copy(recv, 2 * n * 4), *d_mw = (float*)dev_copy(mw, n * 4);
+        lp_outer_step_cpu(NULL, mw + 3, outer + 3, mom + 3, mean + 3, n - 8, 0.7f, 0.9f, 5);
+        lp_outer_step_gpu(d_p + 3, d_mw + 3, d_outer + 3, d_mom + 3, d_mean + 3, n - 8, 0.7f, 0.9f, 5);
+        float *go = host_from_f32(d_outer, n), *gmo = host_from_f32(d_mom, n), *gmw = host_from_f32(d_mw, n), *gpo = host_from(d_p, n);
+        expect_close("gpu outer_step (lr 0.7, Nesterov 0.9): weights", gmw, mw, n, 1e-6f, 1e-6f);
+        expect_close("gpu outer_step: the next round's outer weights are the weights", go + 3, gmw + 3, n - 8, 0.0f, 0.0f);
+        expect_close("gpu outer_step: momentum", gmo, mom, n, 1e-6f, 1e-6f);
+        size_t drawn = 0;
+        for (size_t i = 3; i < n - 5; i++) drawn += gpo[i] == __bfloat162float(lp_stochastic_round(gmw[i], 5, i - 3));
+        expect(drawn == n - 8, "gpu outer_step rounds the bf16 weights as adamw does (the draw of index i)");
+        lp_outer_step_gpu(d_p, d_mw, d_outer, d_mom, d_mean, n, 1.0f, 0.0f, 5);  // lr 1, no momentum: the mean itself
+        free(gmw);
+        gmw = host_from_f32(d_mw, n);
+        expect(memcmp(gmw, mean, n * 4) == 0, "gpu outer_step at lr 1, momentum 0 gives the replicas' mean, bit for bit");
+        float* before = host_from_f32(d_mw, n);  // (the mean): mixed on the CPU and on the GPU
+        lp_mix_cpu(NULL, before + 3, recv + 3, n, 2, n - 8, 6);
+        lp_mix_gpu(d_p + 3, d_mw + 3, d_recv + 3, n, 2, n - 8, 6);
+        free(gmw);
+        gmw = host_from_f32(d_mw, n);
+        expect_close("gpu mix of 2 neighbours (1/3 each)", gmw, before, n, 0.0f, 1e-6f);
+        free(mean); free(outer); free(mom); free(recv); free(mw); free(go); free(gmo); free(gmw); free(gpo); free(before);
+        lp_device_free(d_mean); lp_device_free(d_outer); lp_device_free(d_mom); lp_device_free(d_recv); lp_device_free(d_mw);
+    }
     free(w); free(g); free(m); free(v); free(p); free(gw); free(gm); free(gv); free(gp); free(q); free(x);
     lp_device_free(d_g); lp_device_free(d_p); lp_device_free(d_w); lp_device_free(d_m); lp_device_free(d_v);
     lp_device_free(d_x);
@@ -6060,6 +6419,8 @@ int main(int argc, char** argv) {
     RUN(test_utf8_out);
     RUN(test_schedules);
     RUN(test_plan);
+    RUN(test_plan_software);
+    RUN(test_plan_scale);
     RUN(test_bad_input);
     RUN(test_output_owned);
     RUN(test_run_identity);
@@ -6100,6 +6461,7 @@ int main(int argc, char** argv) {
     RUN(test_output_lock);
     RUN(test_ranks_agree);
     RUN(test_watchdog);
+    RUN(test_replicas);
     RUN(test_stragglers);
     RUN(test_timeline);
     RUN(test_offload);
@@ -6118,6 +6480,7 @@ int main(int argc, char** argv) {
     RUN(test_step_vs_cpu_build);
     RUN(test_stop_signal);
     RUN(test_watchdog);
+    RUN(test_replicas);
     RUN(test_parallel_grids);
     RUN(test_offload_host);
     RUN(test_resume_exact);

@@ -52,8 +52,10 @@ typedef struct {
     int resume;              // --resume
     int resume_changed;      // --resume-changed: a resume may change flags of the run's identity (lp_run_identity)
     // --tp --pp --ep --vpp --schedule --pp-partition --sp --pp-scatter-gather --zero --overlap --bucket-mb
-    // --recompute --offload --offload-dir --comm: how the run is split over the ranks (d = ranks / (t p))
+    // --recompute --offload --offload-dir --comm --diloco --gossip: how the run is split over the ranks
+    // (d = ranks / (t p))
     LPParallel par;
+    LPOuterSGD outer;        // --outer-lr, --outer-momentum: DiLoCo's outer step
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int print_flags;         // --print-flags: print every flag's value and exit
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
@@ -165,8 +167,8 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--resume-changed", NULL, LP_FLAG_SWITCH, LP_FIELD(resume_changed), NULL, NULL, NULL, NULL, NULL,
      "with --resume: continue even though flags of the run's identity differ from its checkpoint's (-e, -i and the "
      "shards it finds, -l, -u, -q, -k, -c, --beta1, --beta2, --eps, --grad-clip, --seed, --shuffle, --aux-loss-layers, "
-     "--aux-loss-weight, --moe-capacity, --moe-aux-coef, --moe-z-coef): each difference is printed as a notice and the "
-     "checkpoints from then on carry this run's. Without it such a resume is refused, naming the flag. The grid, -b and "
+     "--aux-loss-weight, --moe-capacity, --moe-aux-coef, --moe-z-coef, --diloco, --outer-lr, --outer-momentum, --gossip): "
+     "each difference is printed as a notice and the checkpoints from then on carry this run's. Without it such a resume is refused, naming the flag. The grid, -b and "
      "-x may change without it; -t, -d and the data order never"},
     {"--keep", "-nk", LP_FLAG_INT, LP_FIELD(keep), "0", "0", "N", NULL, NULL,
      "after each save keep the newest N checkpoints, removing older ones (0: all; one that cannot be removed is a "
@@ -277,6 +279,24 @@ static const LPFlagSpec lp_flag_specs[] = {
      "its own)"},
     {"--comm", NULL, LP_FLAG_STRING, LP_FIELD(par.comm), "auto", "auto", "NAME", NULL, NULL,
      "collectives: auto (NCCL on the CUDA build; MPI when ranks share a GPU, and on the CPU build) | nccl | mpi"},
+    {"--diloco", NULL, LP_FLAG_INT, LP_FIELD(par.diloco), "0", "0", "H", NULL, NULL,
+     "DiLoCo: the d data-parallel replicas (each may be a t x p grid) train apart, each with its own AdamW state and no "
+     "gradient all-reduce, and after every H steps all-reduce their weights once (fp32) and take the same outer step "
+     "(SGD with Nesterov momentum) on the mean change since the last: H times fewer data-parallel bytes than plain "
+     "data parallelism's gradient all-reduce (H/2 on the CUDA build, whose gradients are bf16). Needs d >= 2, --zero "
+     "0, no --ep or --offload, -n a multiple of H; the run's last step, and a stop by signal, end the round under way "
+     "with an outer step (0: off)"},
+    {"--outer-lr", NULL, LP_FLAG_FLOAT, LP_FIELD(outer.lr), "0.7", "0.7", "F", NULL, NULL,
+     "with --diloco: the outer step's learning rate, > 0 (DiLoCo's 0.7; 1 with --outer-momentum 0 sets the weights "
+     "to the replicas' mean)"},
+    {"--outer-momentum", NULL, LP_FLAG_FLOAT, LP_FIELD(outer.momentum), "0.9", "0.9", "F", NULL, NULL,
+     "with --diloco: the outer step's Nesterov momentum, 0 <= F < 1 (DiLoCo's 0.9)"},
+    {"--gossip", NULL, LP_FLAG_INT, LP_FIELD(par.gossip), "0", "0", "K", NULL, NULL,
+     "gossip: the d data-parallel replicas train apart, each with its own AdamW state and no gradient all-reduce; "
+     "after each step replica i sends its weights (fp32) to i+1, i+2, ..., i+2^(K-1) and averages its own with those "
+     "of i-1, ..., i-2^(K-1) (mod d), each weighted 1/(K+1): an exponential graph (K = 1: a ring), no collective. The "
+     "step line prints the replicas' spread. Needs 2^(K-1) < d, --zero 0, no --ep or --offload; a checkpoint holds "
+     "replica 0's weights and state, which every replica resumes from (0: off)"},
     {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL, NULL,
      "draw the timeline of --pp, --vpp, --schedule and the micro-batches per step (-d / (-b*-t*d)) from the "
      "simulator, with unit costs, and exit"},
@@ -521,6 +541,13 @@ static int lp_parse_flags(LPFlags* f, int argc, char** argv) {
     return 1;
 }
 
+// Whether the flag of LPFlags field `field` was typed.
+static int lp_flag_typed(const LPFlags* f, size_t field) {
+    for (int k = 0; k < LP_NUM_FLAGS; k++)
+        if (lp_flag_specs[k].field == field) return f->given[k];
+    return 0;
+}
+
 // The flags' values checked, each against its range and the others; a bad one is one line naming it.
 static void lp_trace_window(const LPFlags* f, int* from, int* to);  // (--trace-steps, with the timeline below)
 
@@ -605,6 +632,16 @@ static void lp_check_flags(LPFlags* f) {
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
+    if (!(f->outer.lr > 0.0f))
+        lp_fail_all("flag %s: must be > 0, got %g", LP_FLAG_NAME(outer.lr), f->outer.lr);
+    if (!(f->outer.momentum >= 0.0f && f->outer.momentum < 1.0f))
+        lp_fail_all("flag %s: must be >= 0 and < 1, got %g", LP_FLAG_NAME(outer.momentum), f->outer.momentum);
+    if (!par->diloco && (lp_flag_typed(f, LP_FIELD(outer.lr)) || lp_flag_typed(f, LP_FIELD(outer.momentum))))
+        lp_fail_all("flags %s %s: only with %s H", LP_FLAG_NAME(outer.lr), LP_FLAG_NAME(outer.momentum), LP_FLAG_NAME(par.diloco));
+    if (par->diloco > 0 && f->ckpt_every % par->diloco)
+        lp_fail_all("flag %s %d with %s %d: DiLoCo saves between rounds, when its replicas are equal; make %s a multiple of %d",
+                    LP_FLAG_NAME(ckpt_every), f->ckpt_every, LP_FLAG_NAME(par.diloco), par->diloco, LP_FLAG_NAME(ckpt_every),
+                    par->diloco);
     if (par->sp && f->T % par->tp)
         lp_fail_all("flag %s: sequence length %s %d does not split over %s %d ranks", LP_FLAG_NAME(par.sp), LP_FLAG_NAME(T), f->T,
                     LP_FLAG_NAME(par.tp), par->tp);
@@ -838,13 +875,6 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
     free(probs);
 }
 
-// Whether the flag of LPFlags field `field` was typed.
-static int lp_flag_typed(const LPFlags* f, size_t field) {
-    for (int k = 0; k < LP_NUM_FLAGS; k++)
-        if (lp_flag_specs[k].field == field) return f->given[k];
-    return 0;
-}
-
 // The model's shape from -e: a dN preset, or an llm.c file's header. Returns 1 for a preset (a new model).
 static int lp_model_config(const LPFlags* f, const LPProcess* proc, LPConfig* cfg) {
     int preset = lp_config_from_name(cfg, f->init);
@@ -936,7 +966,7 @@ typedef struct {
     // stage times its own chunks)
     double flops_per_step, peak, sum_ms, sum_update_ms;
     int timed_steps, traffic_steps;
-    LPGroup tp_traffic;
+    LPGroup tp_traffic, dp_traffic;
     // the straggler check (--straggler): this rank's sums over the window under way; the windows compared,
     // those that named a rank, and the furthest behind a rank was (its name, the window's first step)
     double window_busy_s, window_step_s;
@@ -957,6 +987,16 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     lp_log("grid             %d ranks: t=%d d=%d p=%d%s", proc->world, par->tp, par->dp, par->pp, par->sp ? ", sequence parallel" : "");
     if (par->ep > 1) lp_log(", experts over ep=%d of the d ranks (%d replicas)", par->ep, par->dp / par->ep);
     lp_log("\n");
+    if (par->diloco)
+        lp_log("replicas         DiLoCo: the d=%d replicas train apart (own AdamW state, no gradient all-reduce) for %d steps, "
+               "then all-reduce their fp32 weights once and take an outer step (Nesterov, lr %g, momentum %g)\n", par->dp,
+               par->diloco, f->outer.lr, f->outer.momentum);
+    if (par->gossip) {
+        char hops[160] = "";
+        for (int k = 0, n = 0; k < par->gossip; k++) n += snprintf(hops + n, sizeof(hops) - n, "%si-%d", k ? ", " : "", 1 << k);
+        lp_log("replicas         gossip: the d=%d replicas train apart (own AdamW state, no gradient all-reduce); after each step "
+               "replica i averages its fp32 weights with those of %s (mod d), 1/%d each\n", par->dp, hops, par->gossip + 1);
+    }
     lp_log("model            L=%d C=%d NH=%d V=%d (padded %d) maxT=%d, %zu parameters (%zu on rank 0)\n", r->cfg.num_layers,
            r->cfg.channels, r->cfg.num_heads, r->cfg.vocab_size, r->cfg.padded_vocab_size, r->cfg.max_seq_len,
            r->stage.chunks[0].total_params, rank_params);
@@ -1026,7 +1066,7 @@ static const size_t lp_identity_fields[] = {
     LP_FIELD(init), LP_FIELD(train_data), LP_FIELD(lr), LP_FIELD(warmup), LP_FIELD(final_lr_frac), LP_FIELD(decay),
     LP_FIELD(weight_decay), LP_FIELD(beta1), LP_FIELD(beta2), LP_FIELD(eps), LP_FIELD(grad_clip), LP_FIELD(seed),
     LP_FIELD(shuffle), LP_FIELD(aux_layers), LP_FIELD(aux_weight), LP_FIELD(moe.capacity), LP_FIELD(moe.aux_coef),
-    LP_FIELD(moe.z_coef)};
+    LP_FIELD(moe.z_coef), LP_FIELD(par.diloco), LP_FIELD(outer.lr), LP_FIELD(outer.momentum), LP_FIELD(par.gossip)};
 
 // The run's identity as a checkpoint keeps it: a line "FLAG VALUE" for each of lp_identity_fields, and one
 // for the train shards -i finds, "-i (N shard(s), M tokens)" (the caller frees it).
@@ -1300,12 +1340,23 @@ static int lp_run_stop_asked(const LPProcess* proc) {
     return -1;
 }
 
+// Add to sum a group's traffic since its counters read `before`.
+static void lp_traffic_since(LPGroup* sum, const LPGroup* now, const LPGroup* before) {
+    for (int k = 0; k < 5; k++) {
+        sum->calls[k] += now->calls[k] - before->calls[k];
+        sum->bytes[k] += now->bytes[k] - before->bytes[k];
+    }
+}
+
 // Before step `step` (and after the last): val loss, a sample, a checkpoint, each when due; when the run
 // stops for a signal (`stopping`), the checkpoint alone.
 static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     int last = step == f->max_steps;
+    LPGroup dp_before = proc->group[LP_DP];
+    if (last || stopping) lp_step_outer(&r->stage, &f->outer);  // --diloco: the round under way ends (its bytes the steps')
+    lp_traffic_since(&r->dp_traffic, &proc->group[LP_DP], &dp_before);
     if (r->has_val && !stopping && (step % f->val_every == 0 || last)) {
         int ev = lp_trace_begin("step", "val loss", -1, -1);
         float vl = lp_evaluate(&r->stage, &r->val, f->val_batches);
@@ -1331,7 +1382,7 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
         lp_broadcast_host(&proc->world_group, &due, sizeof(due), 0);
     }
     int wanted = (f->ckpt_every > 0 && step % f->ckpt_every == 0) || last || due || stopping || (r->rollback && r->on_disk < 0);
-    if (!f->out_dir[0] || step == r->on_disk || untrained || !wanted) return;
+    if (!f->out_dir[0] || step == r->on_disk || untrained || !wanted || r->stage.inner) return;  // (--diloco: between rounds)
     LPTrainState* state = &r->state;
     state->step = step;
     state->epoch = r->train.epoch;
@@ -1373,20 +1424,30 @@ static int lp_run_diverged(LPTrainRun* r, int step, const char* diverged, int ba
         return step + 1;
     }
     lp_checkpoint_load(r->stage.chunks, r->stage.par->vpp, &r->state, f->out_dir, r->on_disk);
+    r->stage.inner = 0;  // (--diloco: a checkpoint is between rounds)
     lp_log("step %d/%d | rolled back to checkpoint step %d, the batches of the %d step(s) since skipped: %s\n", step + 1,
            f->max_steps, r->on_disk, step + 1 - r->on_disk, diverged);
     return r->on_disk;
 }
 
+// One step's figures, as the loop gets them.
+typedef struct {
+    float loss, norm, lr;
+    double t0, t1;        // its start; forward-backward's end
+    double busy_s;        // forward-backward less its waits for other ranks (the straggler check)
+    LPGroup tp_before, dp_before;  // the TP and DP groups' traffic counters at its start
+    float spread;         // --gossip: the replicas' spread after it (lp_step_replicas)
+    char diverged[200];   // why the divergence guard stopped it, or ""
+    int bad_weights;      // the update left a weight that is not finite
+} LPStepRecord;
+
 // The step line (and main.log), and the timings and traffic the end report sums.
-static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float norm, double ms, double update_ms,
-                           const LPGroup* tp_before) {
+static void lp_report_step(LPTrainRun* r, int step, const LPStepRecord* s, double ms, double update_ms) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
-    for (int k = 0; k < 3; k++) {
-        r->tp_traffic.calls[k] += proc->group[LP_TP].calls[k] - tp_before->calls[k];
-        r->tp_traffic.bytes[k] += proc->group[LP_TP].bytes[k] - tp_before->bytes[k];
-    }
+    float loss = s->loss, lr = s->lr, norm = s->norm;
+    lp_traffic_since(&r->tp_traffic, &proc->group[LP_TP], &s->tp_before);
+    lp_traffic_since(&r->dp_traffic, &proc->group[LP_DP], &s->dp_before);
     r->traffic_steps++;
     if (step > r->first_step) {  // the first step warms up: leave it out of the means
         r->sum_ms += ms;
@@ -1401,6 +1462,7 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
     if (moe->passes > 0)
         lp_log(" | moe aux %.4f z %.4f, dropped %.1f%%, busiest %.0f%%", moe->aux, moe->z, 100.0 * moe->dropped / moe->routed,
                100.0 * moe->busiest / moe->passes);
+    if (proc->par->gossip) lp_log(" | spread %.3e", s->spread);
     if (r->stage.num_aux) {
         lp_log(" | aux loss");
         for (int j = 0; j < r->stage.num_aux; j++) lp_log(" %d: %f", r->stage.aux[j], r->stage.aux_loss[j]);
@@ -1417,16 +1479,6 @@ static void lp_report_step(LPTrainRun* r, int step, float loss, float lr, float 
         fflush(r->logf);
     }
 }
-
-// One step's figures, as the loop gets them.
-typedef struct {
-    float loss, norm, lr;
-    double t0, t1;        // its start; forward-backward's end
-    double busy_s;        // forward-backward less its waits for other ranks (the straggler check)
-    LPGroup tp_before;    // the TP group's traffic counters at its start
-    char diverged[200];   // why the divergence guard stopped it, or ""
-    int bad_weights;      // the update left a weight that is not finite
-} LPStepRecord;
 
 // The divergence guard, before the update: the loss and the gradient norm (every rank sees the same values,
 // so all decide alike). Returns whether the step diverged, saying why in s->diverged.
@@ -1516,7 +1568,7 @@ static int lp_run_step_end(LPTrainRun* r, int step, LPStepRecord* s) {
     if (s->diverged[0]) return lp_run_diverged(r, step, s->diverged, s->bad_weights);
     if (r->skip) r->strikes = 0;
     lp_loss_window_add(&r->recent, s->loss);
-    lp_report_step(r, step, s->loss, s->lr, s->norm, (t2 - s->t0) * 1000.0, (t2 - s->t1) * 1000.0, &s->tp_before);
+    lp_report_step(r, step, s, (t2 - s->t0) * 1000.0, (t2 - s->t1) * 1000.0);
     if (r->proc->world > 1 && r->f->straggler > 0.0f && step > r->first_step) lp_run_stragglers(r, step, s->busy_s, t2 - s->t0);
     return step + 1;
 }
@@ -1538,6 +1590,21 @@ static void lp_report_end(LPTrainRun* r) {
         lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
                "%.1f all-gathers (%.4f MiB)\n", (double)tr->calls[0] / steps, tr->bytes[0] / steps / MiB,
                (double)tr->calls[1] / steps, tr->bytes[1] / steps / MiB, (double)tr->calls[2] / steps, tr->bytes[2] / steps / MiB);
+    const LPGroup* dt = &r->dp_traffic;
+    if (proc->par->dp > 1 && steps > 0) {  // as ring collectives send: an all-reduce 2 (d-1)/d of its buffer, a reduce-scatter
+                                            // or an all-gather (d-1)/d of the whole, a send all it sends
+        double ring = (proc->par->dp - 1.0) / proc->par->dp, params = 0.0;
+        double sent = (2.0 * ring * dt->bytes[LP_ALL_REDUCE] + ring * (dt->bytes[LP_REDUCE_SCATTER] + dt->bytes[LP_ALL_GATHER]) +
+                       dt->bytes[LP_SEND]) / steps;
+        for (int c = 0; c < proc->par->vpp; c++)
+            for (int p = 0; p < r->stage.chunks[c].parts; p++) params += (double)lp_model_part(&r->stage.chunks[c], p)->num_params;
+        double plain = 2.0 * ring * sizeof(floatX) * params;  // ZeRO-0's all-reduce of this rank's gradients every step
+        char mode[96] = "gradients";
+        if (proc->par->diloco) snprintf(mode, sizeof(mode), "DiLoCo H=%d: fp32 weights all-reduced once a round", proc->par->diloco);
+        if (proc->par->gossip) snprintf(mode, sizeof(mode), "gossip K=%d: fp32 weights sent to %d neighbour(s)", proc->par->gossip, proc->par->gossip);
+        lp_log("data-parallel bytes sent per step and rank: %.4f MiB (%s; as ring collectives send them); plain data "
+               "parallelism's gradient all-reduce: %.4f MiB, %.2fx this\n", sent / MiB, mode, plain / MiB, sent > 0.0 ? plain / sent : 0.0);
+    }
     if (r->named_windows)
         lp_log("stragglers: a rank behind the median by more than %.0f%% of a step in %d of %d windows of %d steps; the "
                "furthest, rank %d (%s) by %.1f ms (%.0f%%) at steps %d-%d\n", 100.0 * r->f->straggler, r->named_windows, r->windows,
@@ -1762,6 +1829,7 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         s.t0 = lp_time_s();
         double waited = lp_watchdog.waited;
         s.tp_before = proc->group[LP_TP];
+        s.dp_before = proc->group[LP_DP];
         s.loss = lp_injected_loss(++r.computed, lp_step_forward_backward(&r.stage, &r.train));  // m micro-batches
         lp_device_sync();
         s.t1 = lp_time_s();
@@ -1769,8 +1837,10 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         lp_step_reduce_grads(&r.stage);           // averaged over DP (ZeRO: onto the shards); the head's copies summed
         s.norm = lp_step_grad_norm(&r.stage);     // the global norm, before clipping
         s.lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, f->decay == 0);
-        if (!lp_run_diverging(&r, step, &s))      // the guard: a loss or norm that diverged is never applied
+        if (!lp_run_diverging(&r, step, &s)) {    // the guard: a loss or norm that diverged is never applied
             s.bad_weights = !lp_step_update(&r.stage, s.lr, s.norm, &r.opt);  // clipping, AdamW; ZeRO gathers
+            if (!s.bad_weights) s.spread = lp_step_replicas(&r.stage, &f->outer);  // --diloco, --gossip: DP here
+        }
         lp_trace_end(ev);
         step = lp_run_step_end(&r, step, &s);     // the step line, or --on-divergence's
         if (lp_trace.on && step >= trace_to) lp_trace_finish(&r, trace_from, trace_to), traced = 1;

@@ -70,19 +70,19 @@ example_two_files() {
 }
 
 # llmpar.h's rule: a program that includes it, and defines LLMPAR_IMPLEMENTATION in none of its files, does
-# not link (the globals are declared, never defined). One check: the two-file example without its define.
+# not link (the functions and globals are declared, never defined). One check: the two-file example without its define.
 example_needs_implementation() {
     local out bin=/tmp/llmpar_nodef_$$
     if out=$(sed '/^#define LLMPAR_IMPLEMENTATION/d' dev/examples/two_files_main.cu | ${CC:-cc} -x c -std=gnu11 -O0 -fopenmp \
         -DLLMPAR_CPU -Idev/examples - dev/examples/two_files_eval.cu -o $bin -lm 2>&1); then
         echo "FAIL the two-file example links without LLMPAR_IMPLEMENTATION"
         failed=$((failed + 1))
-    elif grep -qE "undefined (reference to|symbol:) .?lp_rank" <<< "$out"; then
-        echo "     the example from two files without LLMPAR_IMPLEMENTATION: no link (lp_rank undefined)"
+    elif grep -qE "undefined (reference to|symbol:) .?lp_process_init" <<< "$out"; then
+        echo "     the example from two files without LLMPAR_IMPLEMENTATION: no link (lp_process_init undefined)"
         passed=$((passed + 1))
     else
         echo "$out" | tail -n 5
-        echo "FAIL the two-file example without LLMPAR_IMPLEMENTATION fails to link, for the undefined lp_rank"
+        echo "FAIL the two-file example without LLMPAR_IMPLEMENTATION fails to link, for the undefined lp_process_init"
         failed=$((failed + 1))
     fi
     rm -f $bin

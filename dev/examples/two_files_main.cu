@@ -1,9 +1,9 @@
 // llmpar.h used from two files, as a program of several files uses it: this one defines
-// LLMPAR_IMPLEMENTATION before the include, so it holds the library's globals; two_files_eval.cu includes
-// the header plain and evaluates the model on them. One model alone (no grid, no pipeline stage: the
-// model's own forward, backward and AdamW of sections 8-9), whose val loss, measured by the other file,
-// falls over the steps. scripts/run_tests.sh checks that on each build, and that the program without the
-// define fails to link.
+// LLMPAR_IMPLEMENTATION before the include, so it compiles the library (its functions, kernels and
+// globals); two_files_eval.cu includes the header plain and evaluates the model with them. One model alone
+// (no grid, no pipeline stage: the model's own forward, backward and AdamW of sections 8-9), whose val
+// loss, measured by the other file, falls over the steps. scripts/run_tests.sh checks that on each build,
+// and that the program without the define fails to link.
 //   CPU:  make dev/examples/two_files_cpu && dev/examples/two_files_cpu [steps]
 //   CUDA: make dev/examples/two_files && dev/examples/two_files [steps]
 #define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)

@@ -6,14 +6,18 @@ costs (llmpar.h section 12: FLOPs, memory, the pipeline partition) and schedules
 after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
 
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
-             lp_gemm_seconds, lp_plan_chunk, LPPlan, lp_plan_simulate, LPPlanLimits, lp_plan
+             LPPlanModel, lp_plan_model_gpt, lp_plan_layer_params, lp_plan_layer_flops, lp_plan_flops_per_token,
+             lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle, lp_gemm_seconds,
+             lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_simulate, LPPlanLimits, lp_published_mfu,
+             lp_plan_outside, lp_plan
 */
 #ifndef LLMPAR_PLAN_H
 #define LLMPAR_PLAN_H
 // The configuration advisor (--plan N): the ways to train model c on n GPUs with sequence length T and
 // `tokens` per step (t x p x d grid, interleaving, sequence parallelism, scatter/gather, ZeRO stage,
 // recomputation, offload, expert parallelism, micro-batch B) that fit a GPU's memory, fastest first, each
-// step simulated on a stated machine. It plans GPUs on any build: memory as the CUDA build keeps it (bf16).
+// step simulated on a stated machine running a stated software (LPSoftware: what it can run, how, how it
+// keeps its memory, how far its predictions were checked). It plans GPUs on any build (bf16 memory).
 //
 // The machine (LPPlanMachine): a GPU (lp_gpus: peak, memory, HBM, SMs, and the share of the peak its
 // fastest GEMM and flash attention reach, as others measured them), a node (the GPUs of one NVLink
@@ -32,12 +36,15 @@ after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt
 //             each message between stages taking its time: B T C values, 1/t of them per TP rank with
 //             scatter/gather (then all-gathered inside the node) or SP; the sender held until delivery
 //             where the software's sends wait; on shared cores (LPCluster.alone) a stage alone faster;
-//   step end  what the engine does after backward, exposed: ZeRO-0's all-reduce beyond what hides under
-//             the last micro-batch's backward (all of it without --overlap), ZeRO-1's reduce-scatter and
+//   step end  what the engine does after backward, exposed: ZeRO-0's all-reduce (in the software's buckets)
+//             beyond what hides under the last micro-batch's backward (all of it without --overlap), ZeRO-1's
+//             reduce-scatter and
 //             all-gather, ZeRO-2's all-gather of the updated weights; AdamW's 32 bytes per value of the
-//             shard through HBM; or offload's host link, host memory and NVMe (the slowest of the three).
+//             shard through HBM; or offload's host link, host memory and NVMe (the slowest of the three);
+//   stragglers  the work stretched by the slowest of the n ranks (lp_plan_straggle; none unless asked).
 // Collectives run as NCCL's rings: an all-reduce moves 2 (g-1)/g of its bytes per rank, a reduce-scatter,
-// all-gather or all-to-all (g-1)/g, at the bus bandwidth of its link, plus the latency. A group's link is
+// all-gather or all-to-all (g-1)/g, at the bus bandwidth of its link, plus the latency; an all-reduce across
+// nodes runs as NCCL's tree where its model says so (lp_allreduce_seconds). A group's link is
 // the node's when its ranks (neighbours in rank order, with every axis inside it) fill whole groups of a
 // node, else the network. A TP group is planned inside a node (t divides its GPUs) or over whole nodes
 // (then at the network's bandwidth), never straddling two.
@@ -103,43 +110,95 @@ static const LPCluster lp_clusters[] = {
     {"cpu", "cpu", 4, 1.1e9, 4, 1.1e9, 0, 9e-6, 2.0, "the CI machine's kind: 2 AMD EPYC cores under 4 ranks of the CPU engine, MPI in shared memory"},
 };
 
-// The software running the step: this engine, or Megatron-LM as the published runs on the PTD-P paper's
-// machine ran it (the plan is checked against their measurements: dev/docs/parallelism.md). Megatron-LM
-// then (the paper's commit 6985e58 and its examples/sc21 scripts; the same on the selective-recomputation
-// paper's runs, arXiv 2205.05198): fp16; dropout 0.1 on attention's probabilities and on both residual
-// branches (its --attention-dropout and --hidden-dropout defaults); pipeline messages through
-// torch.distributed.batch_isend_irecv, waited on, then torch.cuda.synchronize(): the sender holds until its
-// message is delivered. Its materialised attention (torch.baddbmm into a buffer of the scores, the fused
-// masked softmax, dropout, torch.bmm; the same backward) costs more than its FLOPs and bytes: its batched
-// products are priced with a fixed cost per output tile (`attention_tile_k`: as if each tile's inner
-// dimension were that much longer; q k^T's is the head size, 96-160 here, so the tile is mostly overhead).
-// Neither that cost nor its GEMMs' share of the GPU's best is published: both are fitted together to the
-// selective-recomputation paper's eight step times (its Table 5) by `bash dev/plan/bench_plan.sh fit`, and the
-// PTD-P paper's figures are then predicted with them.
+// The software running the step, described: what it can run (the search offers only those grids, and a grid
+// typed that it cannot run is refused), how it runs a step, how it keeps its memory, and how far its
+// predictions have been checked (its calibration: dev/plan/README.md, "How far the plan can be believed").
+//   llmpar     this engine: every setting the planner knows, sends that do not wait, no dropout, memory as
+//              its CUDA build keeps it (llmpar.h section 12, lp_chunk_memory);
+//   megatron   Megatron-LM as the selective-recomputation paper ran it (arXiv 2205.05198; the PTD-P paper's
+//              runs, arXiv 2104.04473 with commit 6985e58 and examples/sc21, the same but for SP and selective
+//              recomputation, which they did not have): TP with SP, interleaved 1F1B with scatter/gather,
+//              full or selective recomputation, its distributed optimizer (ZeRO-1, with or without a
+//              pipeline) and no ZeRO-2/3 or offload; dropout 0.1 on attention's probabilities and both
+//              residual branches (masks of a byte a value); pipeline messages through batch_isend_irecv,
+//              waited on, then torch.cuda.synchronize() (a stage that sends holds until delivery); with a
+//              pipeline its gradients reduced after the flush; full recomputation reruns a layer's whole
+//              forward; its materialised attention (torch.baddbmm into a buffer of the scores, the fused
+//              masked softmax, dropout, torch.bmm) priced with a fixed cost per output tile, and its GEMMs at a
+//              share of the GPU's best: both fitted together to that paper's eight step times (its Table 5)
+//              by `bash dev/plan/bench_plan.sh fit`. Memory by that paper's count (lp_plan_memory);
+//   megatron-2021  the same a year older, as the PTD-P paper ran it: no SP, selective recomputation or
+//              distributed optimizer, on a GPU paced 1/1.095 (both papers ran the same 530B and 1T pipelines:
+//              the older steps were 1.103x and 1.087x);
+//   deepspeed  Megatron-DeepSpeed (BLOOM's and MT-NLG's software): Megatron-LM's layers (its TP without SP,
+//              its GEMMs and attention as above) under DeepSpeed: ZeRO 1-3 without a pipeline, only ZeRO-1
+//              with one (its PipelineEngine refuses ZeRO-2/3), ZeRO-Offload of the optimizer and ZeRO-3's
+//              parameters (ZeRO-Infinity: NVMe); its pipeline engine runs plain 1F1B (no interleaving; DeepSpeed
+//              issue 1110), partitions a boundary over the TP ranks (is_pipe_partitioned: scatter/gather), waits
+//              for its sends, reduces gradients after the flush (ZeRO's overlap_comm is refused with a pipeline);
+//              full recomputation only (DeepSpeed's activation checkpointing). Memory by the ZeRO
+//              paper's count (Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes a parameter, sharded by
+//              stage) and the selective-recomputation paper's activations.
+// Context parallelism: none of them has it here (the planner splits no sequence).
+enum { LP_MEMORY_ENGINE, LP_MEMORY_MEGATRON, LP_MEMORY_DEEPSPEED };
 typedef struct {
     const char* name;
-    double gemm;   // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
+    // what it can run
+    int pp;              // pipeline parallelism
+    int sp;              // sequence parallelism in the TP group
+    int interleaved;     // interleaved 1F1B (v > 1)
+    int selective;       // selective recomputation (full recomputation: every software)
+    int zero, zero_pp;   // the highest ZeRO stage without a pipeline, and with one
+    unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
+    int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel)
+    // how it runs a step
+    double gemm;         // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
     double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
                               // steps of the inner dimension (0: none beyond the GEMM's share)
-    int recompute_all;  // full recomputation reruns: 1, a layer's whole forward (a checkpointed layer); 0, up to the
-                        // MLP's GELU (this engine: backward needs no output of the MLP's second projection)
-    int blocking;  // 1: a pipeline send holds its stage until the message is delivered
-    int dropout;   // 1: dropout on the residual branches and on materialised attention probabilities (masks of a byte a value)
+    int recompute_all;   // full recomputation reruns: 1, a layer's whole forward; 0, up to the MLP's GELU (this
+                         // engine: backward needs no output of the MLP's second projection)
+    int blocking;        // 1: a pipeline send holds its stage until the message is delivered
+    int dropout;         // 1: dropout on the residual branches and on materialised attention probabilities
+    int pp_overlap;      // with a pipeline, 1: gradients reduced under backward; 0: after the flush
+    double bucket_mb;    // ZeRO-0 all-reduces its gradients in buckets of this many MiB (at least a layer's; 0: all at once)
+    double pace;         // the GPU's peak and HBM bandwidth as its kernels and framework reach them, a share (1: as measured)
+    int memory;          // LP_MEMORY_*: how it keeps its memory
+    // how far it is believed: predicted/published throughput over its calibration set, lowest and highest (a
+    // prediction P's band: published within P/hi .. P/lo), and the runs that set spans
+    double lo, hi;
+    const char* calibrated_gpu;  // the GPUs (lp_gpus' names, space-separated) its calibration ran on
+    int calibrated_gpus, calibrated_T;  // the most GPUs and the longest sequence in it
+    const char* calibration;
     const char* about;
 } LPSoftware;
 
+#define LP_OFFLOAD_ALL (1u << LP_OFFLOAD_NONE | 1u << LP_OFFLOAD_OPTIMIZER | 1u << LP_OFFLOAD_PARAMS | 1u << LP_OFFLOAD_NVME)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1.0, 0.0, 0, 0, 0, "this engine: sends that do not wait, no dropout"},
-    {"megatron", 0.903, 576.0, 1, 1, 1, "Megatron-LM as the PTD-P paper ran it: fp16, dropout 0.1, blocking pipeline sends, GEMMs and attention at fitted costs"},
+    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+     "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
+    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+     2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
+     "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
+     "fitted costs, memory by Korthikanti et al."},
+    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0 / 1.095, LP_MEMORY_MEGATRON,
+     0.91, 1.04, "a100", 3072, 2048, "the PTD-P paper's Tables 1 and 2 (16 runs; its 530B and 1T rows set the pace)",
+     "Megatron-LM as the PTD-P paper ran it (2021): no SP, selective recomputation or distributed optimizer; megatron's fitted costs "
+     "on an A100 paced 1/1.095 (the two papers' steps on the same pipelines)"},
+    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, 1.0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
+     "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
+     "Megatron-DeepSpeed: Megatron-LM's layers without SP, ZeRO 1-3 (1 with a pipeline), offload, DeepSpeed's 1F1B pipeline "
+     "(blocking sends, no interleaving), memory by the ZeRO paper"},
 };
 
 typedef struct {
+    const LPSoftware* software;  // what runs the step: its features bound the search, its memory accounting (LPSoftware)
     LPGpu gpu;          // (gpu.gemm: the software's share of the peak)
     double attention_tile_k;  // the software's materialised attention: a fixed cost per tile of its batched products (LPSoftware)
     int recompute_all;  // the software's full recomputation reruns the whole layer (LPSoftware)
     int blocking;       // the software's pipeline sends wait for delivery
     int dropout;        // the software drops out (LPSoftware)
     double alone;       // a pipeline stage's pace while the others wait (LPCluster)
+    double jitter;      // stragglers: the coefficient of variation of a rank's work in a step (lp_plan_straggle; 0: none)
     double gpu_bytes;   // memory a plan may fill per GPU
     int gpus_per_node;  // GPUs sharing one NVLink domain
     double node_bw;     // NCCL bus bandwidth per GPU inside a node, bytes/s
@@ -174,7 +233,10 @@ static inline const LPSoftware* lp_software_named(const char* name) {
 static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu, const LPSoftware* sw) {
     LPPlanMachine m;
     m.gpu = gpu ? *gpu : *lp_gpu_named(k->gpu);
+    m.software = sw;
     m.gpu.gemm *= sw->gemm;
+    m.gpu.peak_flops *= sw->pace;
+    m.gpu.hbm_bw *= sw->pace;
     m.blocking = sw->blocking || !k->nccl;  // (MPI's sends of more than a few KB wait for their receiver)
     m.dropout = sw->dropout;
     m.attention_tile_k = sw->attention_tile_k;
@@ -186,10 +248,138 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
     m.nccl = k->nccl;
     m.latency = k->latency;
     m.alone = k->alone;
+    m.jitter = 0.0;
     m.host_bw = 55e9;
     m.host_mem_bw = 50e9;
     m.nvme_bw = 6e9;
     return m;
+}
+
+// The model planned: the engine's shape (LPConfig: GPT-2's blocks, or a mixture of experts), or a modern dense one
+// the engine does not run but Megatron-LM does (Llama's): grouped-query attention (kv_heads key/value heads shared by
+// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. Its
+// weights, FLOPs and GEMMs are the planner's own (lp_plan_layer_params, lp_plan_layer_flops); the pipeline
+// partition weighs the engine's GPT-2 layers of the same L, C, NH and V (the same share of a layer against the head).
+typedef struct {
+    LPConfig cfg;
+    int kv_heads;  // key/value heads (cfg.num_heads: every head its own)
+    int ffn;       // the MLP's hidden width (4 C: GPT-2's)
+    int swiglu;    // 1: a gated MLP (SwiGLU), 0: GELU's
+} LPPlanModel;
+
+// GPT-2's blocks (the engine's) of shape c.
+static inline LPPlanModel lp_plan_model_gpt(const LPConfig* c) {
+    LPPlanModel m = {*c, c->num_heads, 4 * c->channels, 0};
+    return m;
+}
+static inline int lp_plan_model_is_gpt(const LPPlanModel* model) {
+    return model->kv_heads == model->cfg.num_heads && model->ffn == 4 * model->cfg.channels && !model->swiglu;
+}
+
+// The weights of an average layer on a TP rank of t: the engine's (lp_param_sizes, biases and LayerNorms too) for its
+// blocks; else attention's C (C + 2 kv hs) + C^2, the MLP's (2 or 3) C F, over t, and two RMSNorms' C.
+static inline double lp_plan_layer_params(const LPPlanModel* model, int t) {
+    const LPConfig* c = &model->cfg;
+    double C = c->channels, hs = C / c->num_heads, layer = 0.0;
+    if (!lp_plan_model_is_gpt(model)) return (C * (C + 2.0 * model->kv_heads * hs) + C * C + (model->swiglu ? 3.0 : 2.0) * C * model->ffn) / t + 2.0 * C;
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, t);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers : 0.0;
+    return layer;
+}
+
+// Parameters one rank of chunk k with `layers` layers holds (lp_chunk_params for the engine's blocks; else its layers
+// and, on the first chunk, the embeddings, on the last the final norm and an untied LM head).
+static inline double lp_plan_chunk_params(const LPPlanModel* model, const LPPipeShape* s, int k, int layers, double* experts) {
+    if (lp_plan_model_is_gpt(model)) return lp_chunk_params(&model->cfg, s, k, layers, experts);
+    double C = model->cfg.channels, Vl = (double)model->cfg.padded_vocab_size / s->par->tp, last = k == s->par->pp * s->par->vpp - 1;
+    return layers * lp_plan_layer_params(model, s->par->tp) + (k == 0 ? Vl * C : 0.0) + (last ? Vl * C + C : 0.0);
+}
+
+// Training FLOPs per token of an average layer (lp_layer_flops for the engine's blocks): 6 per weight of its GEMMs
+// and 12 C T of attention, and what recomputation reruns (full: the whole forward; selective: q k^T, 2 C T).
+static inline double lp_plan_layer_flops(const LPPlanModel* model, int T, int recompute, int whole) {
+    const LPConfig* c = &model->cfg;
+    if (lp_plan_model_is_gpt(model)) return lp_layer_flops(c, T, recompute, whole);
+    double C = c->channels, weights = (lp_plan_layer_params(model, 1) - 2.0 * C), flops = 6.0 * weights + 12.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * weights + 4.0 * C * T;
+    if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
+    return flops;
+}
+
+// Model FLOPs per token (lp_flops_per_token for the engine's blocks): the layers' and the LM head's 6 V C.
+static inline double lp_plan_flops_per_token(const LPPlanModel* model, int T) {
+    if (lp_plan_model_is_gpt(model)) return lp_flops_per_token(&model->cfg, T);
+    return model->cfg.num_layers * lp_plan_layer_flops(model, T, LP_RECOMPUTE_NONE, 0) + 6.0 * model->cfg.padded_vocab_size * model->cfg.channels;
+}
+
+// The model's parameters (lp_config_num_params for the engine's blocks).
+static inline double lp_plan_model_params(const LPPlanModel* model) {
+    if (lp_plan_model_is_gpt(model)) return (double)lp_config_num_params(&model->cfg);
+    return model->cfg.num_layers * lp_plan_layer_params(model, 1) + 2.0 * model->cfg.padded_vocab_size * model->cfg.channels + model->cfg.channels;
+}
+
+// NULL when software sw can run configuration par, else why not (naming the flags). Only the settings in
+// `fixed` (LP_FIX_* bits, below) are weighed: the search passes all, plan_gpt those typed.
+static inline const char* lp_software_refuses(const LPSoftware* sw, const LPParallel* par, unsigned fixed, char* why, size_t size);
+
+// Bytes one rank of chunk k (`layers` layers, `slots` micro-batches' activations kept) holds as software
+// mach->software keeps them. This engine: lp_chunk_memory. Megatron-LM and Megatron-DeepSpeed: model states
+// (Megatron-LM: bf16 weights, fp32 gradients, fp32 master weights, m and v, 18 bytes a parameter, the last 12
+// sharded over d by its distributed optimizer; DeepSpeed: the ZeRO paper's 2 + 2 + 12, each stage sharding one
+// more of them over d; ZeRO-3 gathers two layers' weights at a time; offload moves the sharded optimizer state
+// to the host, ZeRO-3's weights too), and activations by the selective-recomputation paper's count (Korthikanti
+// et al. 2022, section 4; s b h bytes a unit for a micro-batch of b sequences of s tokens, h channels, a heads):
+// a layer keeps s b h (10 + 24/t + 5 a s/(h t)) without SP, s b h (34 + 5 a s/h)/t with it; selective
+// recomputation drops the 5 a s/h term; full recomputation keeps the layer's input, 2 s b h (/t with SP), and
+// one layer's whole set while it reruns; the micro-batches in flight as Megatron-LM's schedules keep them (the
+// paper's p on the first stage of 1F1B, (1 + (p-1)/(p v)) p interleaved: fewer than this engine's schedule, whose
+// chunks' peaks are summed); the first chunk a byte a value of the embeddings' dropout mask, the
+// last its LayerNorm's 4 s b h (/t with SP) and the logits in fp32 for the loss, 4 s b V/t.
+static inline double lp_plan_memory(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers, int slots) {
+    // (`slots`: this engine's schedule's count for the chunk; the others count their own schedules' in-flight micro-batches)
+    const LPSoftware* sw = mach->software;
+    const LPConfig* c = &model->cfg;
+    if (sw->memory == LP_MEMORY_ENGINE) return lp_chunk_memory(c, s, k, layers, slots);
+    const LPParallel* par = s->par;
+    int chunks = par->pp * par->vpp;
+    double t = par->tp, d = par->dp, n = lp_plan_chunk_params(model, s, k, layers, NULL), layer = lp_plan_layer_params(model, par->tp), states;
+    if (sw->memory == LP_MEMORY_MEGATRON) {
+        states = 6.0 * n + 12.0 * n / (par->zero >= 1 ? d : 1.0);
+    } else {
+        double shard = n / d, offloaded = par->offload != LP_OFFLOAD_NONE;
+        if (par->zero == 0) states = 16.0 * n;
+        else if (par->zero == 1) states = 4.0 * n + 12.0 * (1.0 - offloaded) * shard;
+        else if (par->zero == 2) states = 2.0 * n + 2.0 * shard + 12.0 * (1.0 - offloaded) * shard;
+        else states = (par->offload == LP_OFFLOAD_PARAMS ? 0.0 : 4.0 * shard) +
+                      12.0 * (1.0 - offloaded) * shard + 2.0 * 2.0 * (layers ? layer : 0.0);
+    }
+    // a layer's bytes, in units of s b h: 10 that TP does not split (the two norms' inputs, the two blocks' inputs, the
+    // two dropout masks), and split by t: q, k and v (2 + 4 kv/a), attention's output (2), the MLP's (GELU's input and
+    // output, 4 F/h; SwiGLU's two up projections and their product, 6 F/h), materialised attention's scores,
+    // probabilities, mask and dropped probabilities (5 a s/h; flash keeps none): GPT's 10 + 24 + 5 a s/h
+    double S = s->T, b = s->B, h = c->channels, a = c->num_heads, sbh = S * b * h;
+    double split = 4.0 + 4.0 * model->kv_heads / a + (model->swiglu ? 6.0 : 4.0) * model->ffn / h;
+    double attention = s->attention == LP_ATTENTION_CUBLAS ? 5.0 * a * S / h : 0.0;
+    double full = par->sp ? sbh * (10.0 + split + attention) / t : sbh * (10.0 + split / t + attention / t);
+    double kept = full;
+    if (par->recompute == LP_RECOMPUTE_SELECTIVE) kept = par->sp ? sbh * (10.0 + split) / t : sbh * (10.0 + split / t);
+    if (par->recompute == LP_RECOMPUTE_FULL) kept = 2.0 * sbh / (par->sp ? t : 1.0);
+    // micro-batches in flight on the chunk's stage as Megatron-LM's schedules keep them (stage r of 1F1B: p - r; interleaved:
+    // its warm-up's 2 (p - r - 1) + (v - 1) p chunks' forwards and one more), an even share of them the chunk's
+    double p = par->pp, v = par->vpp, r = k % par->pp;
+    double inflight = fmin((double)par->micro_batches * v, v > 1 ? 2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0 : p - r) / v;
+    double activations = inflight * layers * kept + (par->recompute == LP_RECOMPUTE_FULL && layers ? full : 0.0);
+    if (k == 0) activations += inflight * sbh / (par->sp ? t : 1.0);
+    if (k == chunks - 1) activations += 4.0 * sbh / (par->sp ? t : 1.0) + 4.0 * S * b * c->padded_vocab_size / t;
+    return states + activations;
+}
+
+// Stragglers: each rank's work in a step varies independently, normally, by a coefficient of variation `jitter`;
+// a step waits for the slowest of its n ranks, on average jitter sqrt(2 ln n) above the mean (the maximum of n
+// normals, to first order): the share a step's work grows by. 1% costs 2.9% on 64 GPUs, 4.3% on 8,192, 4.4% on 16,384.
+static inline double lp_plan_straggle(const LPPlanMachine* mach, int n) {
+    return n > 1 ? mach->jitter * sqrt(2.0 * log((double)n)) : 0.0;
 }
 
 // Seconds of `batch` GEMMs of an M x N output summed over K on g: at the share of the peak its fastest
@@ -240,13 +430,56 @@ static inline double lp_ring_seconds(const LPPlanMachine* mach, double steps, do
     return best + mach->latency;
 }
 
+// The nodes a group spanning `inner` consecutive ranks reaches (1: inside one node).
+static inline double lp_group_nodes(const LPPlanMachine* mach, int inner) {
+    return mach->gpus_per_node % inner == 0 ? 1.0 : fmax(2.0, ceil((double)inner / mach->gpus_per_node));
+}
+
 // One collective of a group of g ranks spanning `inner` consecutive ranks (lp_plan_link), each holding
 // `bytes`, as a ring: an all-reduce (`allreduce` 1) takes 2(g-1) steps, a reduce-scatter, all-gather or
 // all-to-all g-1, each moving 1/g of the bytes; one step between nodes for each node the ring crosses.
 static inline double lp_collective_seconds(const LPPlanMachine* mach, double bytes, int allreduce, double g, int inner) {
-    double nodes = mach->gpus_per_node % inner == 0 ? 1.0 : fmax(2.0, ceil((double)inner / mach->gpus_per_node));
+    double nodes = lp_group_nodes(mach, inner);
     double steps = (allreduce ? 2.0 : 1.0) * (g - 1.0), across = fmin(steps, (allreduce ? 2.0 : 1.0) * (nodes - 1.0));
     return lp_ring_seconds(mach, steps, across, bytes / g, lp_plan_link(mach, inner));
+}
+
+// NCCL's trees for an all-reduce across nodes (the same tuning.cc): a reduction up a tree and a broadcast down it,
+// latency at the start and per hop, 2 ((ranks a node - 1) hops inside it + log2(nodes) between nodes), whatever the
+// number of nodes; half the bus bandwidth (each byte crosses a link up and down), 0.9 of the ring's and at most 80
+// GB/s over more than 2 nodes (LL a 3.8th of that, LL128 0.915), and less at medium sizes (NCCL's own correction
+// table, by log2 of the bytes over 64, 64 B to 128 MB). Simple's hops are a 256 kB chunk's.
+static const LPNcclProtocol lp_nccl_trees[] = {
+    {4.4e-6, 0.52e-6, 5.0e-6, 1.0 / 3.8},  // LL
+    {4.4e-6, 1.2e-6, 8.5e-6, 0.915},      // LL128
+    {0.0, 28e-6, 50e-6, 1.0},             // Simple
+};
+static const float lp_nccl_tree_correction[3][22] = {
+    {1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0},
+    {1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .5, .6, .6, .7, .7, .8, .9, .9, 1.0},
+    {.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .5, .5, .6, .6, .7, .8, .9}};
+
+// An all-reduce of `bytes` over g ranks spanning `inner` consecutive ranks: inside a node NCCL's ring
+// (lp_collective_seconds); across nodes the faster of its ring and its tree in each protocol, as NCCL's model
+// prices them: the ring's Simple latency 1.9x for messages of at least g/16 x 64 KiB (its "plateau"), LL's hops
+// inside a node 1.8x. A ring's latency grows with the ranks (2 (g-1) steps), a tree's with log2 of the nodes: at
+// thousands of ranks the tree wins up to tens of MB.
+static inline double lp_allreduce_seconds(const LPPlanMachine* mach, double bytes, double g, int inner) {
+    double nodes = fmin(lp_group_nodes(mach, inner), g);
+    if (!mach->nccl || nodes < 2.0) return lp_collective_seconds(mach, bytes, 1, g, inner);
+    double bw = lp_plan_link(mach, inner), ppn = fmax(1.0, g / nodes), steps = 2.0 * (g - 1.0), across = 2.0 * (nodes - 1.0);
+    int size = (int)floor(log2(fmax(bytes / 64.0, 1.0))), best_set = 0;
+    double best = 0.0;
+    for (int p = 0; p < 3; p++) {
+        const LPNcclProtocol *r = &lp_nccl_protocols[p], *q = &lp_nccl_trees[p];
+        double ll = p == 0 ? 1.8 : 1.0, plateau = p == 2 && bytes >= g / 16.0 * 65536.0 ? 1.9 : 1.0;
+        double ring = (r->start + (steps - across) * ll * r->hop_node + across * r->hop_net) * plateau + steps * bytes / g / (r->share * bw);
+        double tree_bw = 0.5 * fmin(0.9 * bw, nodes > 2.0 ? 80e9 : 110e9) * q->share * (size < 22 ? lp_nccl_tree_correction[p][size] : 1.0);
+        double tree = q->start + 2.0 * ((ppn - 1.0) * ll * q->hop_node + floor(log2(nodes)) * q->hop_net) + bytes / tree_bw;
+        double t = fmin(ring, tree);
+        if (!best_set || t < best) best = t, best_set = 1;
+    }
+    return best + mach->latency;
 }
 
 // A message of `bytes` between two ranks of a group spanning `inner` consecutive ranks: one step.
@@ -261,19 +494,21 @@ typedef struct {
     double compute, tp, ep, dp;
 } LPChunkTime;
 
-static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers) {
+static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers) {
+    const LPConfig* c = &model->cfg;
     const LPGpu* g = &mach->gpu;
     const LPParallel* par = s->par;
     double t = par->tp, d = par->dp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = g->fp32 ? 4.0 : 2.0;
     double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk;
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
-    // an average layer's compute: attention's linear layers, the MLP's (a MoE layer's router and its E/ep
-    // experts, each taking K N ep / E rows on average)
+    double Fl = (double)model->ffn / t;  // the MLP's hidden width on a TP rank
+    // an average layer's compute: attention's linear layers (q, and k and v of its kv heads), the MLP's (SwiGLU: two up
+    // projections; a MoE layer's router and its E/ep experts, each taking K N ep / E rows on average)
     double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0, pf = 0.0, pb = 0.0;
-    lp_linear_seconds(g, N, C, 3.0 * Cl, 1.0, &f, &b);
+    lp_linear_seconds(g, N, C, Cl + 2.0 * model->kv_heads * hs / t, 1.0, &f, &b);
     lp_linear_seconds(g, N, Cl, C, 1.0, &f, &b);
-    lp_linear_seconds(g, N, C, 4.0 * Cl, 1.0, &mf, &mb);
-    lp_linear_seconds(g, N, 4.0 * Cl, C, 1.0, &pf, &pb);  // (the dense MLP's second projection)
+    lp_linear_seconds(g, N, C, (model->swiglu ? 2.0 : 1.0) * Fl, 1.0, &mf, &mb);
+    lp_linear_seconds(g, N, Fl, C, 1.0, &pf, &pb);  // (the dense MLP's second projection)
     mf += pf, mb += pb;
     if (moe > 0.0) {
         lp_linear_seconds(g, N, C, E, 1.0, &ef, &eb);
@@ -294,8 +529,9 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
         af += (2.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
         ab += (3.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
     }
-    double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU (8 C/t)
-    double ew = X * (10.0 * rows * C + 8.0 * N * Cl) / g->hbm_bw, masks = mach->dropout * 2.0 * rows * C / g->hbm_bw;
+    double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU
+                                        // (F/t read and written; SwiGLU: 2 F/t read, F/t written)
+    double ew = X * (10.0 * rows * C + (model->swiglu ? 3.0 : 2.0) * N * Fl) / g->hbm_bw, masks = mach->dropout * 2.0 * rows * C / g->hbm_bw;
     f += af + ew + masks;  // (dropout's two masks written forward, read backward)
     b += ab + 2.0 * ew + masks;
     // full recomputation: the forward again, this engine's without the dense MLP's second projection
@@ -304,7 +540,7 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
     // TP: 2 all-reduces of the B T C activations forward and 2 backward (SP: 2 all-gathers and 2 reduce-scatters
     // forward; backward 4 all-gathers, the LayerNorms' outputs gathered again for the weights' gradients, and 2
     // reduce-scatters)
-    double tp_f = t > 1 ? (par->sp ? 4.0 : 2.0) * lp_collective_seconds(mach, N * C * X, !par->sp, t, par->tp) : 0.0;
+    double tp_f = !(t > 1) ? 0.0 : par->sp ? 4.0 * lp_collective_seconds(mach, N * C * X, 0, t, par->tp) : 2.0 * lp_allreduce_seconds(mach, N * C * X, t, par->tp);
     double tp_b = par->sp ? 1.5 * tp_f : tp_f;
     // ... and under full recomputation forward's again, this engine's up to the GELU (of a dense layer's 2 all-reduces
     // the first; SP: 3 of its 4 collectives)
@@ -318,8 +554,10 @@ static inline LPChunkTime lp_plan_chunk(const LPConfig* c, const LPPipeShape* s,
         size_t sizes[LP_NUM_PARAMS];
         lp_param_sizes(sizes, c, par->tp);
         double dense = 0.0, experts = 0.0, de = d / ep;
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
+        if (!lp_plan_model_is_gpt(model)) dense = lp_plan_layer_params(model, par->tp);
+        else
+            for (int i = 0; i < LP_NUM_PARAMS; i++)
+                if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
         double once = lp_collective_seconds(mach, dense * X, 0, d, par->tp * par->dp);  // (a reduce-scatter or a gather of a layer)
         if (experts > 0.0 && de > 1) once += lp_collective_seconds(mach, experts / ep * X, 0, de, par->tp * par->dp);
         // (backward's reduce-scatter and ZeRO-3's gather share the DP link: together they outlast the layer or not)
@@ -377,15 +615,22 @@ static inline int lp_plan_order(const void* a, const void* b) {
 // The step's end on a stage holding `params` parameters per rank (`experts` of them a mixture of experts')
 // whose backward of one micro-batch takes `bwd`: its shard's exposed DP collectives (the experts' over
 // their d/ep replicas), then AdamW's or offload's update; *host: the state offload keeps in host memory.
-static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, double params, double experts,
+static inline double lp_plan_end(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, double params, double experts,
                                  double bwd, double* host) {
+    const LPConfig* c = &model->cfg;
     const LPParallel* par = s->par;
     double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = mach->gpu.fp32 ? 4.0 : 2.0, end = 0.0;
     double stage_layers = ceil((double)c->num_layers / par->pp);  // (a collective a layer)
     int inner = par->tp * par->dp;
     double rs = d > 1 ? stage_layers * lp_collective_seconds(mach, (params - experts) * X / stage_layers, 0, d, inner) : 0.0;  // a reduce-scatter or all-gather
+    double rs_dense = rs;
     if (de > 1 && experts > 0.0) rs += stage_layers * lp_collective_seconds(mach, experts * X / stage_layers, 0, de, inner);
-    if (par->zero == 0) end = par->overlap && mach->nccl ? fmax(2.0 * rs / stage_layers, 2.0 * rs - bwd) : 2.0 * rs;  // an all-reduce
+    if (par->zero == 0 && d > 1) {  // an all-reduce, in the software's buckets (at least a layer; the dense part's, the experts' as above)
+        double total = (params - experts) * X, bucket = mach->software->bucket_mb * 1048576.0;
+        double message = bucket > 0.0 ? fmin(total, fmax(bucket, total / stage_layers)) : total, count = ceil(total / message - 1e-9);
+        double all = count * lp_allreduce_seconds(mach, total / count, d, inner) + (de > 1 && experts > 0.0 ? 2.0 * (rs - rs_dense) : 0.0);
+        end = par->overlap && mach->nccl ? fmax(all / count, all - bwd) : all;
+    }
     if (par->zero == 1) end = 2.0 * rs;
     if (par->zero == 2) end = rs;  // the updated weights gathered
     double shard = par->zero >= 1 ? ceil(params / d) : params;  // the busiest rank's
@@ -408,19 +653,21 @@ static inline double lp_plan_end(const LPConfig* c, const LPPipeShape* s, const 
 // ((m + (p-1)/v) w: the first micro-batch passes every stage, and the busiest stage does at least the
 // average), and the step end of a stage holding its share of the parameters (the end grows with them)
 // under the whole model's backward (which hides the most).
-static inline double lp_plan_bound(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach) {
+static inline double lp_plan_bound(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach) {
+    const LPConfig* c = &model->cfg;
     int chunks = s->par->pp * s->par->vpp;
-    LPChunkTime all = lp_plan_chunk(c, s, mach, 0, c->num_layers), head = lp_plan_chunk(c, s, mach, chunks - 1, 0);
+    LPChunkTime all = lp_plan_chunk(model, s, mach, 0, c->num_layers), head = lp_plan_chunk(model, s, mach, chunks - 1, 0);
     double work = (all.fwd + all.bwd + (chunks > 1 ? head.fwd + head.bwd : 0.0)) / s->par->pp, experts = 0.0, host;
-    double params = lp_chunk_params(c, s, 0, c->num_layers, &experts);
+    double params = lp_plan_chunk_params(model, s, 0, c->num_layers, &experts);
     return (s->par->micro_batches + (s->par->pp - 1.0) / s->par->vpp) * work +
-           lp_plan_end(c, s, mach, params / s->par->pp, experts / s->par->pp, all.bwd + head.bwd, &host);
+           lp_plan_end(model, s, mach, params / s->par->pp, experts / s->par->pp, all.bwd + head.bwd, &host);
 }
 
 // Estimate configuration s without its pipeline simulated (step_s: its busiest stage's work and step end):
-// 0 and *out filled if it can run (fitting or not).
-static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out) {
-    int layers[LP_MAX_CHUNKS], chunks = s->par->pp * s->par->vpp;
+// 0, *out and its partition layers[p v] filled if it can run (fitting or not).
+static inline int lp_plan_one(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan* out, int* layers) {
+    const LPConfig* c = &model->cfg;
+    int chunks = s->par->pp * s->par->vpp;
     double stage_memory[LP_MAX_CHUNKS], stage_params[LP_MAX_CHUNKS], stage_busy[LP_MAX_CHUNKS], stage_bwd[LP_MAX_CHUNKS];
     char why[256];
     if (lp_pp_partition(c, s, layers, why, sizeof(why))) return 1;
@@ -431,9 +678,9 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
         int st = k % s->par->pp;
         double ex = 0.0;
         if (k < s->par->pp) stage_memory[st] = stage_params[st] = stage_busy[st] = stage_bwd[st] = 0.0;
-        stage_memory[st] += lp_chunk_memory(c, s, k, layers[k], lp_chunk_slots(s, k));
-        stage_params[st] += lp_chunk_params(c, s, k, layers[k], &ex);
-        ct[k] = lp_plan_chunk(c, s, mach, k, layers[k]);
+        stage_memory[st] += lp_plan_memory(model, s, mach, k, layers[k], lp_chunk_slots(s, k));
+        stage_params[st] += lp_plan_chunk_params(model, s, k, layers[k], &ex);
+        ct[k] = lp_plan_chunk(model, s, mach, k, layers[k]);
         stage_busy[st] += m * (ct[k].fwd + ct[k].bwd);
         stage_bwd[st] += ct[k].bwd;
         memory = fmax(memory, stage_memory[st]);
@@ -447,23 +694,26 @@ static inline int lp_plan_one(const LPConfig* c, const LPPipeShape* s, const LPP
     out->memory = memory;
     out->fits = memory <= mach->gpu_bytes;
     out->busy_s = busy;
-    out->end_s = lp_plan_end(c, s, mach, params, experts, bwd, &out->host_memory);
-    out->step_s = busy + out->end_s;
+    out->end_s = lp_plan_end(model, s, mach, params, experts, bwd, &out->host_memory);
+    out->step_s = busy * (1.0 + lp_plan_straggle(mach, s->par->tp * s->par->pp * s->par->dp)) + out->end_s;
     return 0;
 }
 
 // Simulate plan x's pipeline (the schedule's action lists, lp_plan_chunk's costs, messages between stages
 // taking their time): its step, bubble, and the time its messages add (*sends, when not NULL: the same
-// pipeline simulated without them).
-static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, const LPPlanMachine* mach, LPPlan* x, double* sends) {
+// pipeline simulated without them). `partition`: its layers per chunk as lp_plan_one found them (NULL: found again).
+static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x,
+                                    const int* partition, double* sends) {
+    const LPConfig* c = &model->cfg;
     const LPParallel* par = &x->par;
     LPPipeShape s = {par, x->B, T, attention, !mach->gpu.fp32};
-    int layers[LP_MAX_CHUNKS], V = par->pp * par->vpp;
+    int found[LP_MAX_CHUNKS], V = par->pp * par->vpp;
+    const int* layers = partition ? partition : found;
     char why[256];
-    if (lp_pp_partition(c, &s, layers, why, sizeof(why))) lp_fail("internal: plan %s", why);
+    if (!partition && lp_pp_partition(c, &s, found, why, sizeof(why))) lp_fail("internal: plan %s", why);
     double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = mach->gpu.fp32 ? 4.0 : 2.0, N = (double)x->B * T;
     for (int k = 0; k < V; k++) {
-        LPChunkTime ct = lp_plan_chunk(c, &s, mach, k, layers[k]);
+        LPChunkTime ct = lp_plan_chunk(model, &s, mach, k, layers[k]);
         cost[k] = ct.fwd, cost[V + k] = ct.bwd;
     }
     // a boundary: B T C values, a TP rank's 1/t with scatter/gather (then all-gathered in the node) or SP
@@ -479,7 +729,7 @@ static inline void lp_plan_simulate(const LPConfig* c, int T, int attention, con
         if (pass == 0) {
             x->bubble_s = sim.makespan - x->busy_s;
             if (x->bubble_s < 1e-9 * sim.makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
-            x->step_s = sim.makespan + x->end_s;
+            x->step_s = sim.makespan * (1.0 + lp_plan_straggle(mach, par->tp * par->pp * par->dp)) + x->end_s;
         } else {
             *sends = x->step_s - x->end_s - sim.makespan;
             if (*sends < 1e-9 * sim.makespan) *sends = 0.0;
@@ -500,8 +750,62 @@ typedef struct {
     int B;
 } LPPlanLimits;
 
+static inline const char* lp_software_refuses(const LPSoftware* sw, const LPParallel* par, unsigned fixed, char* why, size_t size) {
+    const char* off = lp_offload_names[par->offload];
+    if (fixed & LP_FIX_PP && par->pp > 1 && !sw->pp)
+        snprintf(why, size, "%s %d: %s has no pipeline parallelism", LP_SETTING(pp), par->pp, sw->name);
+    else if (fixed & LP_FIX_SP && par->sp && !sw->sp)
+        snprintf(why, size, "%s: %s has no sequence parallelism", LP_SETTING(sp), sw->name);
+    else if (fixed & LP_FIX_VPP && par->vpp > 1 && !sw->interleaved)
+        snprintf(why, size, "%s %d: %s's pipeline does not interleave chunks", LP_SETTING(vpp), par->vpp, sw->name);
+    else if (fixed & LP_FIX_RECOMPUTE && par->recompute == LP_RECOMPUTE_SELECTIVE && !sw->selective)
+        snprintf(why, size, "%s selective: %s recomputes whole layers only (full)", LP_SETTING(recompute), sw->name);
+    else if (fixed & LP_FIX_ZERO && par->zero > sw->zero)
+        snprintf(why, size, "%s %d: %s has ZeRO up to stage %d", LP_SETTING(zero), par->zero, sw->name, sw->zero);
+    else if (fixed & LP_FIX_ZERO && fixed & LP_FIX_PP && par->pp > 1 && par->zero > sw->zero_pp)
+        snprintf(why, size, "%s %d with %s %d: %s combines ZeRO up to stage %d with a pipeline", LP_SETTING(zero), par->zero,
+                 LP_SETTING(pp), par->pp, sw->name, sw->zero_pp);
+    else if (fixed & LP_FIX_OFFLOAD && !(sw->offload & 1u << par->offload))
+        snprintf(why, size, "%s %s: %s does not offload that", LP_SETTING(offload), off, sw->name);
+    else
+        return NULL;
+    return why;
+}
+
+// The best MFU published for dense bf16 training on a GPU (model FLOPs, recomputation not counted), whatever the
+// software: A100 56.3% (Korthikanti et al. 2022, Table 5: the 1T model, selective recomputation, 512 GPUs), H100
+// 48% (Megatron-LM's README, "Training Speed and Scalability": 47-48% for its largest weak-scaled models, up to
+// 6,144 H100s). No other GPU has one here.
+static const struct { const char* gpu; double mfu; } lp_published_mfu[] = {{"a100", 0.563}, {"h100", 0.48}};
+
+// Where plan x (n GPUs, sequences of T, at MFU mfu) lies outside what its software's calibration covers: the
+// reasons, comma-separated, into why (empty when inside); returns how many. gpu: not the GPU it was calibrated
+// on; gpus: more GPUs than its largest calibrated run; T: longer sequences; zero3>1k: ZeRO-3 over more than 1,000
+// ranks (the PTD-P paper's ZeRO-3 runs at 1,536 and 2,240 GPUs came 1.3-1.5x slower than this model prices them);
+// mfu: above the best published for that GPU (lp_published_mfu), or none published; shape: not GPT-2's blocks (every
+// calibration ran them; GQA and SwiGLU are counted, not measured).
+static inline int lp_plan_outside(const LPPlanModel* model, const LPPlanMachine* mach, int T, int n, const LPPlan* x, double mfu, char* why,
+                                  size_t size) {
+    const LPSoftware* sw = mach->software;
+    double best = 0.0;
+    for (size_t k = 0; k < sizeof(lp_published_mfu) / sizeof(lp_published_mfu[0]); k++)
+        if (strcmp(lp_published_mfu[k].gpu, mach->gpu.name) == 0) best = lp_published_mfu[k].mfu;
+    const char* tag[6] = {"gpu", "gpus", "T", "zero3>1k", "mfu", "shape"};
+    char name[32];
+    snprintf(name, sizeof(name), " %s ", mach->gpu.name);
+    char calibrated[64];
+    snprintf(calibrated, sizeof(calibrated), " %s ", sw->calibrated_gpu);
+    int out[6] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
+                  x->par.zero == 3 && x->par.dp > 1000, mfu > best, !lp_plan_model_is_gpt(model)}, count = 0;
+    why[0] = '\0';
+    for (int k = 0; k < 6; k++)
+        if (out[k]) snprintf(why + strlen(why), size - strlen(why), "%s%s", count++ ? "," : "", tag[k]);
+    return count;
+}
+
 // Add configuration s to the n plans in *plans (room for *cap, grown as needed), with its bound.
-static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
+static inline void lp_plan_add(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
+    const LPConfig* c = &model->cfg;
     if (*n == *cap) {
         *cap *= 2;
         *plans = (LPPlan*)realloc(*plans, *cap * sizeof(LPPlan));
@@ -511,9 +815,9 @@ static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LP
     memset(x, 0, sizeof(*x));
     x->par = *s->par;
     x->B = s->B;
-    x->step_s = lp_plan_bound(c, s, mach);
+    x->step_s = lp_plan_bound(model, s, mach);
     x->flops = (double)s->par->micro_batches * s->par->dp * s->B * s->T *
-               (c->num_layers * lp_layer_flops(c, s->T, s->par->recompute, mach->recompute_all) +
+               (c->num_layers * lp_plan_layer_flops(model, s->T, s->par->recompute, mach->recompute_all) +
                 6.0 * c->padded_vocab_size * c->channels);
 }
 
@@ -522,8 +826,9 @@ static inline void lp_plan_add(const LPConfig* c, const LPPipeShape* s, const LP
 // bounds each is estimated and, if it fits, simulated, until a bound passes the `shown`-th fastest step
 // simulated: no configuration after it could be among the fastest `shown` (they stay bounded, unestimated).
 // With none fitting every one is estimated (the least memory is known).
-static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int attention, const LPPlanMachine* mach,
+static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int n, int attention, const LPPlanMachine* mach,
                           const LPPlanLimits* limits, int shown, LPPlan** plans) {
+    const LPConfig* c = &model->cfg;
     int count = 0, cap = 64;
     unsigned fix = limits ? limits->fixed : 0;
     const LPParallel* want = limits ? &limits->par : &lp_parallel_one;
@@ -556,24 +861,27 @@ static inline int lp_plan(const LPConfig* c, int T, long long tokens, int n, int
                                             if (v > 1 && c->num_layers < p * v) continue;
                                             LPParallel x = lp_parallel_one;
                                             x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
-                                            x.offload = off, x.sp = sp, x.scatter_gather = sg, x.overlap = want->overlap;
+                                            x.offload = off, x.sp = sp, x.scatter_gather = sg;
+                                            x.overlap = want->overlap && (p == 1 || mach->software->pp_overlap);
+                                            if (lp_software_refuses(mach->software, &x, ~0u, why, sizeof(why))) continue;
                                             x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
                                             LPPipeShape s = {&x, (int)B, T, attention, !mach->gpu.fp32};
-                                            lp_plan_add(c, &s, mach, plans, &count, &cap);
+                                            lp_plan_add(model, &s, mach, plans, &count, &cap);
                                         }
             }
         }
     }
     qsort(*plans, count, sizeof(LPPlan), lp_plan_order);  // (by bound: none is estimated yet)
+    int layers[LP_MAX_CHUNKS];  // (the partition of the configuration estimated last)
     double* best = (double*)lp_host_malloc((size_t)(shown > 0 ? shown : 1) * sizeof(double), "plans");  // ascending
     int have = 0;
     for (int k = 0; k < count; k++) {
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
         LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
-        if (lp_plan_one(c, &s, mach, x)) x->B = 0;  // (it cannot run: dropped below)
+        if (lp_plan_one(model, &s, mach, x, layers)) x->B = 0;  // (it cannot run: dropped below)
         if (!x->fits || shown <= 0) continue;
-        lp_plan_simulate(c, T, attention, mach, x, NULL);
+        lp_plan_simulate(model, T, attention, mach, x, layers, NULL);
         if (have < shown) have++;
         else if (x->step_s >= best[shown - 1]) continue;
         int at = have - 1;

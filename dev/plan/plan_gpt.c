@@ -18,11 +18,12 @@ typedef struct {
     LPParallel par;           // --tp --pp --vpp --ep --sp --pp-scatter-gather --zero --recompute --offload --overlap
     int attention;            // --attention
     int moe_experts, moe_topk, moe_every;
+    int kv_heads, ffn, swiglu;  // a modern block: --kv-heads (GQA), --ffn, --swiglu
     const char* cluster;      // the machine: --cluster's preset (lp_clusters), changed by the flags below
     const char* gpu;          // --gpu (lp_gpus; "": the cluster's)
     float gpu_mem, gpu_tflops, gpu_gbs;
     int node_gpus;
-    float node_gbs, net_gbs, latency_us;
+    float node_gbs, net_gbs, latency_us, jitter;
     const char* software;     // --software (lp_softwares)
     float gemm_share, attention_tile_k, train_tokens;
     unsigned char given[64];  // given[k]: row k of lp_plan_flags was typed
@@ -42,7 +43,8 @@ typedef struct {
 static const LPPlanFlag lp_plan_flags[] = {
     {"--plan", LP_PF_INT, LP_PF(plan), NULL, NULL, "N: the number of GPUs to plan for, 1 .. 1048576 (needed)"},
     {"-e", LP_PF_STRING, LP_PF(init), "d12", NULL,
-     "the model, as train_gpt's -e: an llm.c model file, dN (GPT-2 of depth N) or L,C,NH[,V]"},
+     "the model, as train_gpt's -e: an llm.c model file, dN (GPT-2 of depth N) or L,C,NH[,V] (here V up to 262144, and -t up "
+     "to 131072); or llama3-8b, llama3-70b, llama3-405b (GQA and SwiGLU: --software megatron)"},
     {"-t", LP_PF_INT, LP_PF(T), "1024", NULL, "sequence length"},
     {"-d", LP_PF_INT, LP_PF(total_batch), "0", NULL, "tokens per optimizer step (0: -b * -t * N)"},
     {"-b", LP_PF_INT, LP_PF(B), "16", NULL, "micro-batch size: kept when typed"},
@@ -60,6 +62,10 @@ static const LPPlanFlag lp_plan_flags[] = {
     {"--moe-experts", LP_PF_INT, LP_PF(moe_experts), "0", NULL, "with -e dN: a mixture of E experts per MoE layer (0: dense)"},
     {"--moe-topk", LP_PF_INT, LP_PF(moe_topk), "2", NULL, "with --moe-experts: experts per token"},
     {"--moe-every", LP_PF_INT, LP_PF(moe_every), "1", NULL, "with --moe-experts: every N-th layer is a MoE layer"},
+    {"--kv-heads", LP_PF_INT, LP_PF(kv_heads), "0", NULL,
+     "with -e L,C,NH[,V]: grouped-query attention's key/value heads, dividing NH (0: NH, every head its own)"},
+    {"--ffn", LP_PF_INT, LP_PF(ffn), "0", NULL, "with -e L,C,NH[,V]: the MLP's hidden width (0: 4 C, GPT-2's)"},
+    {"--swiglu", LP_PF_SWITCH, LP_PF(swiglu), NULL, NULL, "with -e L,C,NH[,V]: a gated MLP (SwiGLU: two up projections to --ffn)"},
     {"--cluster", LP_PF_STRING, LP_PF(cluster), "dgx-h100", NULL,
      "dgx-a100 (the PTD-P paper's Selene), dgx-h100, nvl72 (GB200 NVL72) or cpu (2 cores under 4 ranks of the CPU "
      "engine: the plan's calibration); the flags below change it"},
@@ -75,9 +81,14 @@ static const LPPlanFlag lp_plan_flags[] = {
     {"--latency-us", LP_PF_FLOAT, LP_PF(latency_us), "0", NULL,
      "microseconds each collective or send takes beyond its bytes: added to NCCL's ring latencies on a GPU cluster, all "
      "of MPI's on cpu (0: the cluster's)"},
+    {"--jitter", LP_PF_FLOAT, LP_PF(jitter), "0", NULL,
+     "stragglers: the coefficient of variation of a rank's work in a step, e.g. 0.01; a step waits for the slowest of its N "
+     "ranks, jitter x sqrt(2 ln N) above the mean (0: none)"},
     {"--software", LP_PF_STRING, LP_PF(software), "llmpar", NULL,
-     "llmpar (this engine) or megatron (Megatron-LM as the PTD-P paper's runs used it: dropout, pipeline sends that "
-     "wait, its GEMMs' fitted share; to set the plan against published runs)"},
+     "what runs the step, described (dev/plan/README.md): llmpar (this engine), megatron (Megatron-LM 2022: SP, "
+     "interleaving, selective recomputation, ZeRO-1, no offload), megatron-2021 (the PTD-P paper's: none of SP, selective "
+     "recomputation or ZeRO) or deepspeed (Megatron-DeepSpeed: ZeRO 1-3, 1 with a pipeline, offload, plain 1F1B): only grids "
+     "it can run, its memory as it keeps it"},
     {"--gemm-share", LP_PF_FLOAT, LP_PF(gemm_share), "0", NULL,
      "the share of the GPU's peak its fastest GEMMs reach (0: the GPU's measured best times the software's)"},
     {"--attention-tile-k", LP_PF_FLOAT, LP_PF(attention_tile_k), "-1", NULL,
@@ -174,10 +185,10 @@ static int lp_plan_parse(LPPlanFlags* f, int argc, char** argv) {
         lp_fail("flags %s %s %s %s must be >= 1 and %s 0..3", LP_PLAN_FLAG(par.tp), LP_PLAN_FLAG(par.pp), LP_PLAN_FLAG(par.vpp),
                 LP_PLAN_FLAG(par.ep), LP_PLAN_FLAG(par.zero));
     if (f->gpu_mem < 0.0f || f->gpu_tflops < 0.0f || f->gpu_gbs < 0.0f || f->node_gpus < 0 || f->node_gbs < 0.0f || f->net_gbs < 0.0f ||
-        f->latency_us < 0.0f || f->train_tokens < 0.0f)
-        lp_fail("flags %s %s %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_PLAN_FLAG(gpu_mem), LP_PLAN_FLAG(gpu_tflops),
+        f->latency_us < 0.0f || f->train_tokens < 0.0f || f->jitter < 0.0f)
+        lp_fail("flags %s %s %s %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_PLAN_FLAG(gpu_mem), LP_PLAN_FLAG(gpu_tflops),
                 LP_PLAN_FLAG(gpu_gbs), LP_PLAN_FLAG(node_gpus), LP_PLAN_FLAG(node_gbs), LP_PLAN_FLAG(net_gbs), LP_PLAN_FLAG(latency_us),
-                LP_PLAN_FLAG(train_tokens));
+                LP_PLAN_FLAG(train_tokens), LP_PLAN_FLAG(jitter));
     if (f->attention_tile_k < 0.0f && f->attention_tile_k != -1.0f)
         lp_fail("flag %s: steps of the inner dimension, >= 0 (-1: the software's), got %g", LP_PLAN_FLAG(attention_tile_k),
                 f->attention_tile_k);
@@ -187,28 +198,61 @@ static int lp_plan_parse(LPPlanFlags* f, int argc, char** argv) {
     return 1;
 }
 
-// The model's shape from -e: a dN preset (with --moe-experts, a mixture of experts), or an llm.c file's header.
-static void lp_plan_model(const LPPlanFlags* f, LPConfig* cfg) {
+// Llama 3's shapes (Grattafiori et al. 2024, arXiv 2407.21783, Table 3): L, C, NH, V; key/value heads; SwiGLU's width.
+static const struct { const char* name; const char* shape; int kv_heads, ffn; } lp_plan_llamas[] = {
+    {"llama3-8b", "32,4096,32,128256", 8, 14336}, {"llama3-70b", "80,8192,64,128256", 8, 28672}, {"llama3-405b", "126,16384,128,128256", 8, 53248}};
+
+// The model's shape from -e: a dN preset (with --moe-experts, a mixture of experts), L,C,NH[,V] (with --kv-heads, --ffn,
+// --swiglu, a modern block), a Llama 3 preset, or an llm.c file's header.
+static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
     char source[LP_PATH_MAX];
+    LPConfig* cfg = &model->cfg;
+    const char* init = f->init;
+    int kv = f->kv_heads, ffn = f->ffn, swiglu = f->swiglu, modern = kv || ffn || swiglu;
+    for (size_t k = 0; k < sizeof(lp_plan_llamas) / sizeof(lp_plan_llamas[0]); k++)
+        if (strcmp(f->init, lp_plan_llamas[k].name) == 0) {
+            if (modern) lp_fail("flags --kv-heads --ffn --swiglu: -e %s has its own (%d, %d, SwiGLU)", f->init, lp_plan_llamas[k].kv_heads,
+                                lp_plan_llamas[k].ffn);
+            init = lp_plan_llamas[k].shape, kv = lp_plan_llamas[k].kv_heads, ffn = lp_plan_llamas[k].ffn, swiglu = 1;
+        }
     lp_path(source, "-e %s", f->init);
-    if (lp_config_from_name(cfg, f->init)) {
+    if (lp_config_from_name(cfg, init)) {
         if (f->moe_experts) {
+            if (modern) lp_fail("flag --moe-experts: the planner's experts are GPT-2's MLPs, not with --kv-heads, --ffn or --swiglu");
             cfg->moe_experts = f->moe_experts;
             cfg->moe_topk = f->moe_topk;
             cfg->moe_every = f->moe_every;
             lp_path(source, "-e %s --moe-experts %d --moe-topk %d --moe-every %d", f->init, f->moe_experts, f->moe_topk, f->moe_every);
         }
-        lp_config_validate(cfg, source);
-    } else {
-        FILE* file = lp_fopen(f->init, "rb");
-        lp_model_file_header(f->init, cfg, file);
-        fclose(file);
-        if (f->moe_experts && f->moe_experts != cfg->moe_experts)
-            lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts, f->init,
-                    cfg->moe_experts);
+        // the planner reads no token shards: vocabularies past uint16's 65,536 up to 262,144 (the checks but that one are
+        // the engine's); an L,C,NH shape takes -t up to 131,072, its position table as long
+        LPConfig shards = *cfg;
+        if (cfg->vocab_size > 262144) lp_fail("%s: vocabulary %d, the planner takes up to 262144", source, cfg->vocab_size);
+        shards.vocab_size = shards.padded_vocab_size = cfg->vocab_size < 65536 ? cfg->vocab_size : 65536;
+        if (init[0] >= '0' && init[0] <= '9' && f->T > cfg->max_seq_len && f->T <= 131072) cfg->max_seq_len = shards.max_seq_len = f->T;
+        lp_config_validate(&shards, source);
+        if (!lp_config_is_gpt2(cfg))  // (lp_plan_model_gpt would count it as GPT-2's)
+            lp_fail("flag -e %s: the planner takes the Llama family as its presets or -e L,C,NH with --kv-heads, --ffn and --swiglu, "
+                    "not yet as the engine's llama: shapes", f->init);
+        *model = lp_plan_model_gpt(cfg);
+        if (kv < 0 || kv > cfg->num_heads || (kv && cfg->num_heads % kv) || ffn < 0)
+            lp_fail("flags --kv-heads %d --ffn %d: key/value heads must divide the %d heads, the width be >= 0", kv, ffn, cfg->num_heads);
+        if (kv) model->kv_heads = kv;
+        if (ffn) model->ffn = ffn;
+        model->swiglu = swiglu;
+        return;
     }
-    if (!lp_config_is_gpt2(cfg))  // (section 12's FLOPs and memory count GPT-2's tensors and activations)
-        lp_fail("flag -e %s: planning is not yet for the Llama family (its FLOPs and memory are counted as GPT-2's)", f->init);
+    if (modern) lp_fail("flags --kv-heads --ffn --swiglu: for -e L,C,NH[,V] shapes, not the model file %s", f->init);
+    FILE* file = lp_fopen(f->init, "rb");
+    lp_model_file_header(f->init, cfg, file);
+    fclose(file);
+    if (f->moe_experts && f->moe_experts != cfg->moe_experts)
+        lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts, f->init,
+                cfg->moe_experts);
+    if (!lp_config_is_gpt2(cfg))
+        lp_fail("flag -e %s: planning a Llama 3 model file is not yet here (its presets, or -e L,C,NH with --kv-heads, --ffn and "
+                "--swiglu, plan the family)", f->init);
+    *model = lp_plan_model_gpt(cfg);
 }
 
 // The machine: --cluster's preset running --software, with --gpu, --gpu-mem, --gpu-tflops, --gpu-gbs,
@@ -242,6 +286,7 @@ static LPPlanMachine lp_plan_flags_machine(const LPPlanFlags* f, const LPCluster
     if (f->node_gbs > 0.0f) mach.node_bw = f->node_gbs * 1e9;
     if (f->net_gbs > 0.0f) mach.net_bw = f->net_gbs * 1e9;
     if (f->latency_us > 0.0f) mach.latency = f->latency_us * 1e-6;
+    mach.jitter = f->jitter;
     return mach;
 }
 
@@ -249,8 +294,9 @@ static LPPlanMachine lp_plan_flags_machine(const LPPlanFlags* f, const LPCluster
 // grid settings typed kept), those that fit first, fastest first (lp_plan: each step simulated), what the
 // fastest achieves, and the command that runs it.
 static void lp_print_plan(const LPPlanFlags* f) {
-    LPConfig cfg;
-    lp_plan_model(f, &cfg);
+    LPPlanModel model;
+    lp_plan_model(f, &model);
+    const LPConfig cfg = model.cfg;
     int n = f->plan;
     if (f->T > cfg.max_seq_len) lp_fail("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * n;
@@ -263,8 +309,14 @@ static void lp_print_plan(const LPPlanFlags* f) {
     LPPlanLimits limits = {0, f->par, f->B};
     for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
         if (f->given[lp_plan_flag_of(kept[k].field) - lp_plan_flags]) limits.fixed |= kept[k].bit;
+    char why[256];
+    if (lp_software_refuses(mach.software, &limits.par, limits.fixed, why, sizeof(why)))
+        lp_fail("flag %s %s: %s", LP_PLAN_FLAG(software), f->software, why);
     LPPlan* plans;
-    int count = lp_plan(&cfg, f->T, tokens, n, f->attention, &mach, &limits, 10, &plans), fit = 0, estimated = 0;
+    if (!lp_plan_model_is_gpt(&model) && !mach.software->llama)
+        lp_fail("flag %s %s: -e %s has grouped-query attention or another MLP than GPT-2's, which %s does not run (--software megatron)",
+                LP_PLAN_FLAG(software), f->software, f->init, f->software);
+    int count = lp_plan(&model, f->T, tokens, n, f->attention, &mach, &limits, 10, &plans), fit = 0, estimated = 0;
     while (fit < count && plans[fit].fits) fit++;
     double least = INFINITY, GiB = 1073741824.0;
     for (int k = 0; k < count; k++)
@@ -274,18 +326,24 @@ static void lp_print_plan(const LPPlanFlags* f) {
         lp_fail("--plan %d: no configuration of %s on %d GPU(s) fits 90%% of %.3g GiB per GPU (-t %d, -d %lld); the least needs %.3g GiB",
                 n, f->init, n, mach.gpu_bytes / 0.9 / GiB, f->T, tokens, least / GiB);
     }
-    lp_log("plan: %s (L=%d C=%d NH=%d, %.4g B parameters) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers,
-           cfg.channels, cfg.num_heads, lp_config_num_params(&cfg) / 1e9, n, f->T, tokens);
-    char latency[64] = "collectives as NCCL's rings";
+    char block[96] = "";
+    if (!lp_plan_model_is_gpt(&model))
+        snprintf(block, sizeof(block), " KV=%d F=%d%s", model.kv_heads, model.ffn, model.swiglu ? " SwiGLU" : "");
+    lp_log("plan: %s (L=%d C=%d NH=%d%s, %.4g B parameters) on %d GPU(s), T=%d, %lld tokens per step\n", f->init, cfg.num_layers,
+           cfg.channels, cfg.num_heads, block, lp_plan_model_params(&model) / 1e9, n, f->T, tokens);
+    char latency[128] = "collectives as NCCL's rings and trees";
     if (!mach.nccl) snprintf(latency, sizeof(latency), "%.0f us per collective or send", mach.latency * 1e6);
-    else if (mach.latency > 0.0) snprintf(latency, sizeof(latency), "collectives as NCCL's rings and %.0f us", mach.latency * 1e6);
+    else if (mach.latency > 0.0) snprintf(latency, sizeof(latency), "collectives as NCCL's rings and trees and %.0f us", mach.latency * 1e6);
+    if (mach.jitter > 0.0)
+        snprintf(latency + strlen(latency), sizeof(latency) - strlen(latency), "; stragglers: jitter %.3g, +%.2g%% of the work", mach.jitter,
+                 100.0 * lp_plan_straggle(&mach, n));
     char tiles[64] = "";
     if (mach.attention_tile_k > 0.0) snprintf(tiles, sizeof(tiles), "; materialised: %.0f more K a tile", mach.attention_tile_k);
     lp_log("machine: %s%s: %s, %.4g TFLOP/s bf16 (GEMMs at best %.0f%%, attention %.0f%%%s), %.3g GiB (90%% for the plan), %.0f GB/s "
            "HBM; %d GPUs per node at %.0f GB/s each, %.0f GB/s per GPU between nodes, %s; offload: %.0f "
            "GB/s to the host, %.0f GB/s of host memory, %.0f GB/s of NVMe per GPU; bf16 memory (the CUDA build's); software: %s (%s)\n",
            cluster->name, f->gpu[0] || f->gpu_mem > 0.0f || f->gpu_tflops > 0.0f || f->gpu_gbs > 0.0f || f->gemm_share > 0.0f ||
-           f->attention_tile_k >= 0.0f || f->node_gpus || f->node_gbs > 0.0f || f->net_gbs > 0.0f || f->latency_us > 0.0f ? " as changed" : "",
+           f->attention_tile_k >= 0.0f || f->node_gpus || f->node_gbs > 0.0f || f->net_gbs > 0.0f || f->latency_us > 0.0f || f->jitter > 0.0f ? " as changed" : "",
            mach.gpu.name, mach.gpu.peak_flops / 1e12, 100 * mach.gpu.gemm, 100 * mach.gpu.attention, tiles, mach.gpu_bytes / 0.9 / GiB,
            mach.gpu.hbm_bw / 1e9, mach.gpus_per_node, mach.node_bw / 1e9, mach.net_bw / 1e9, latency, mach.host_bw / 1e9,
            mach.host_mem_bw / 1e9, mach.nvme_bw / 1e9, f->software, lp_software_named(f->software)->about);
@@ -295,34 +353,50 @@ static void lp_print_plan(const LPPlanFlags* f) {
            "fastest's); the fastest %d that fit, each step simulated (ms per step, on the busiest stage):\n", count, estimated, shown, shown);
     int moe = cfg.moe_experts > 0;  // (a mixture of experts: expert parallelism's columns too)
     lp_log("| t | p | v | d |%s sp | sg | ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute | TP |%s ZeRO comm | bubble "
-           "| end | step | MFU |\n", moe ? " ep |" : "", moe ? " EP |" : "");
-    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|---|---|%s---|---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
-    double model_flops = lp_flops_per_token(&cfg, f->T) * (double)tokens, peak = n * mach.gpu.peak_flops;
+           "| end | step | MFU | band | outside |\n", moe ? " ep |" : "", moe ? " EP |" : "");
+    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|---|---|%s---|---|---|---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
+    double model_flops = lp_plan_flops_per_token(&model, f->T) * (double)tokens, peak = n * mach.gpu.peak_flops;
     for (int k = 0; k < shown; k++) {
         const LPPlan* x = &plans[k];
         char ep[16] = "", ep_ms[24] = "";
         if (moe) snprintf(ep, sizeof(ep), " %d |", x->par.ep), snprintf(ep_ms, sizeof(ep_ms), " %.4g |", x->ep_s * 1e3);
-        lp_log("| %d | %d | %d | %d |%s %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.4g | %.4g |%s %.4g | %.4g | %.4g | %.4g | %.1f%% |\n",
-               x->par.tp, x->par.pp, x->par.vpp, x->par.dp, ep, x->par.sp, x->par.scatter_gather, x->par.zero,
+        double mfu = model_flops / (x->step_s * peak);
+        char outside[64];
+        lp_plan_outside(&model, &mach, f->T, n, x, mfu, outside, sizeof(outside));
+        lp_log("| %d | %d | %d | %d |%s %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.4g | %.4g |%s %.4g | %.4g | %.4g | %.4g | %.1f%% | "
+               "%.1f-%.1f%% | %s |\n", x->par.tp, x->par.pp, x->par.vpp, x->par.dp, ep, x->par.sp, x->par.scatter_gather, x->par.zero,
                lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload], x->B, x->par.micro_batches, x->memory / GiB,
                x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, ep_ms, x->zero_s * 1e3, x->bubble_s * 1e3, x->end_s * 1e3,
-               x->step_s * 1e3, 100.0 * model_flops / (x->step_s * peak));
+               x->step_s * 1e3, 100.0 * mfu, 100.0 * mfu / mach.software->hi, 100.0 * mfu / mach.software->lo, outside[0] ? outside : "-");
     }
     LPPlan best = plans[0];
     double sends;
-    lp_plan_simulate(&cfg, f->T, f->attention, &mach, &best, &sends);
-    double per_gpu = best.flops / best.step_s / n;
+    lp_plan_simulate(&model, f->T, f->attention, &mach, &best, NULL, &sends);
+    double per_gpu = best.flops / best.step_s / n, mfu = model_flops / (best.step_s * peak);
+    const LPSoftware* sw = mach.software;
+    char outside[64];
     lp_log("the fastest: %.4g s per step, %.4g tokens/s, MFU %.1f%% (model FLOPs: %.4g per token), %.4g TFLOP/s per GPU with "
            "recomputation counted; bubble %.1f%% of the step; exposed communication %.4g s (TP %.4g, EP %.4g, ZeRO-2/3 %.4g, "
            "pipeline sends %.4g, step end %.4g)\n", best.step_s, tokens / best.step_s, 100.0 * model_flops / (best.step_s * peak),
-           lp_flops_per_token(&cfg, f->T), per_gpu / 1e12, 100.0 * best.bubble_s / best.step_s,
+           lp_plan_flops_per_token(&model, f->T), per_gpu / 1e12, 100.0 * best.bubble_s / best.step_s,
            best.tp_s + best.ep_s + best.zero_s + sends + best.end_s, best.tp_s, best.ep_s, best.zero_s, sends, best.end_s);
+    lp_log("its band: %.4g-%.4g TFLOP/s per GPU, MFU %.1f-%.1f%% (%s's predictions were %.2f-%.2fx the throughput of its calibration "
+           "set: %s)\n", per_gpu / sw->hi / 1e12, per_gpu / sw->lo / 1e12, 100.0 * mfu / sw->hi, 100.0 * mfu / sw->lo, sw->name, sw->lo,
+           sw->hi, sw->calibration);
+    if (lp_plan_outside(&model, &mach, f->T, n, &best, mfu, outside, sizeof(outside)))
+        lp_log("outside its calibration: %s (%s was calibrated on %s, up to %d GPUs and T=%d; MFU above the best published for the "
+               "GPU is not believed)\n", outside, sw->name, sw->calibrated_gpu, sw->calibrated_gpus, sw->calibrated_T);
     if (f->train_tokens > 0.0f) {
-        double P = (double)lp_config_num_params(&cfg), D = f->train_tokens;
+        double P = lp_plan_model_params(&model), D = f->train_tokens;
         lp_log("time to train %.4g tokens: %.1f days simulated; 8TP/(nX) with X = %.4g TFLOP/s: %.1f days\n", D,
                D / (tokens / best.step_s) / 86400.0, per_gpu / 1e12, 8.0 * D * P / (n * per_gpu) / 86400.0);
     }
     const LPParallel* b = &best.par;
+    if (!lp_plan_model_is_gpt(&model)) {  // (train_gpt's blocks are GPT-2's)
+        lp_log("run the fastest: not with train_gpt, whose blocks are GPT-2's\n");
+        free(plans);
+        return;
+    }
     lp_log("run the fastest:\n  mpirun -np %d ./train_gpt -e %s -t %d -d %lld -b %d", n, f->init, f->T, tokens, best.B);
     if (f->moe_experts) lp_log(" --moe-experts %d --moe-topk %d --moe-every %d", f->moe_experts, f->moe_topk, f->moe_every);
     if (b->tp > 1) lp_log(" --tp %d%s%s", b->tp, b->sp ? " --sp" : "", b->pp > 1 && !b->sp ? (b->scatter_gather ? "" : " --pp-scatter-gather 0") : "");
