@@ -5,7 +5,8 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
 
   1. basics      errors that name what failed, files, timers, RNG, device memory
                  defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
-  2. config      the model's shape (a mixture of experts' too), GPT-2 presets, parameter tensor sizes
+  2. config      the model's shape (a mixture of experts' too; the Llama 3 family's choices), GPT-2 and Llama presets,
+                 parameter tensor sizes
                  defines: LPConfig, lp_config_from_name, lp_param_sizes, lp_layer_has
   3. topology    every parallel setting (LPParallel), MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p
                  grid of ranks as data (its axes; expert parallelism's two inside d) and its groups, GPU choice
@@ -727,7 +728,7 @@ void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 #define LP_MAX_TOPK 16      // experts per token
 
 typedef struct LPConfig {
-    int max_seq_len;        // T of the position table (wpe)
+    int max_seq_len;        // T of the position table (wpe), and the longest sequence (RoPE too)
     int vocab_size;         // V: real tokens (50257 for GPT-2)
     int padded_vocab_size;  // Vp: V rounded up so the LM head matmul is fast (50304); padding rows stay 0
     int num_layers;         // L
@@ -736,16 +737,40 @@ typedef struct LPConfig {
     // mixture of experts (0 experts: a dense model): layer l's MLP is moe_experts expert MLPs of the dense
     // one's shape when l % moe_every == 0 (every layer for 1), each token sent to moe_topk of them (section 9)
     int moe_experts, moe_topk, moe_every;
+    // the architecture's family, each choice on its own (zeros: GPT-2's; the Llama 3 family sets all six):
+    int rope;               // positions: 0 learned (wpe), 1 rotary (RoPE on q and k: rope_theta, rope_scaled)
+    int rmsnorm;            // norms: 0 LayerNorm (weight and bias), 1 RMSNorm (weight; no centering)
+    int swiglu;             // MLP: 0 GELU of 4C, 1 SwiGLU of lp_ffn_hidden (ffn_dim_multiplier, multiple_of)
+    int num_kv_heads;       // attention's K and V heads (grouped-query): 0 or NH multi-head, 1 multi-query
+    int no_bias;            // 1: no biases in the projections (Llama)
+    int untied;             // 1: the LM head is a tensor of its own (headw), not wte
+    int rope_scaled;        // Llama 3.1's scaled RoPE (factor 8, low 1, high 4, original context 8192)
+    int multiple_of;        // SwiGLU's hidden size is a multiple of it
+    float ffn_dim_multiplier;  // and scaled by it first (0: not)
+    float rope_theta;       // RoPE's base (Llama 3: 500000)
+    float norm_eps;         // the norms' epsilon (0: GPT-2's 1e-5)
 } LPConfig;
 
 // LPConfig's fields by what they mean, for errors that say how two shapes differ (lp_config_differs); the
-// mixture of experts' three last.
+// mixture of experts' three, then the family's (the last three floats, compared by their bits).
 static const struct { const char* what; size_t offset; } lp_config_fields[] = {
     {"layers", offsetof(LPConfig, num_layers)}, {"channels", offsetof(LPConfig, channels)}, {"heads", offsetof(LPConfig, num_heads)},
     {"vocabulary size", offsetof(LPConfig, vocab_size)}, {"padded vocabulary size", offsetof(LPConfig, padded_vocab_size)},
     {"maximum sequence length", offsetof(LPConfig, max_seq_len)}, {"experts per MoE layer", offsetof(LPConfig, moe_experts)},
-    {"experts per token (top-k)", offsetof(LPConfig, moe_topk)}, {"MoE layer spacing (every)", offsetof(LPConfig, moe_every)}};
-#define LP_CONFIG_FIELD(c, k) (*(const int*)((const char*)(c) + lp_config_fields[k].offset))
+    {"experts per token (top-k)", offsetof(LPConfig, moe_topk)}, {"MoE layer spacing (every)", offsetof(LPConfig, moe_every)},
+    {"positions (rope)", offsetof(LPConfig, rope)}, {"norm (rmsnorm)", offsetof(LPConfig, rmsnorm)},
+    {"MLP (swiglu)", offsetof(LPConfig, swiglu)}, {"KV heads", offsetof(LPConfig, num_kv_heads)},
+    {"biases (no_bias)", offsetof(LPConfig, no_bias)}, {"head (untied)", offsetof(LPConfig, untied)},
+    {"scaled RoPE", offsetof(LPConfig, rope_scaled)}, {"SwiGLU multiple_of", offsetof(LPConfig, multiple_of)},
+    {"SwiGLU ffn_dim_multiplier", offsetof(LPConfig, ffn_dim_multiplier)}, {"RoPE theta", offsetof(LPConfig, rope_theta)},
+    {"norm epsilon", offsetof(LPConfig, norm_eps)}};
+// Field k's value as an int (the floats' bits: what lp_config_differs compares).
+static inline int lp_config_field(const LPConfig* c, int k) {
+    int v;
+    memcpy(&v, (const char*)c + lp_config_fields[k].offset, sizeof(v));
+    return v;
+}
+#define LP_CONFIG_FIELD(c, k) lp_config_field(c, k)
 
 #ifdef LLMPAR_IMPLEMENTATION
 // The first of lp_config_fields in which a and b differ, or -1.
@@ -756,23 +781,48 @@ int lp_config_differs(const LPConfig* a, const LPConfig* b) {
 }
 #endif  // LLMPAR_IMPLEMENTATION
 
-// The parameter tensors in file order: llm.c's 16, then a mixture of experts' 5 (none in a dense model).
-// Weights are (out, in) row-major. A layer tensor holds one matrix per layer that has it: the dense MLP's
-// four in the dense layers, the router and the experts' four in the MoE layers, the rest in every layer.
+// The family's derived sizes: K and V heads (grouped-query attention: query head h reads KV head
+// h / (NH / KV)); the MLP's hidden size H as Llama computes it (2/3 of 4C, times ffn_dim_multiplier, rounded up
+// to a multiple of multiple_of; GELU's: 4C); the norms' epsilon.
+static inline int lp_kv_heads(const LPConfig* c) { return c->num_kv_heads ? c->num_kv_heads : c->num_heads; }
+static inline int lp_ffn_hidden(const LPConfig* c) {
+    if (!c->swiglu) return 4 * c->channels;
+    long h = 2 * (4L * c->channels) / 3, k = c->multiple_of > 0 ? c->multiple_of : 1;
+    if (c->ffn_dim_multiplier > 0.0f) h = (long)(c->ffn_dim_multiplier * (float)h);  // (float, as Llama's Python computes it)
+    return (int)((h + k - 1) / k * k);
+}
+static inline size_t lp_qkv_rows(const LPConfig* c) {  // q's NH heads, then k's and v's KV heads each
+    return (size_t)c->channels + 2 * (size_t)lp_kv_heads(c) * (c->channels / c->num_heads);
+}
+static inline float lp_norm_eps(const LPConfig* c) { return c->norm_eps > 0.0f ? c->norm_eps : 1e-5f; }
+// Whether the config is GPT-2's architecture (learned positions, LayerNorm, GELU, multi-head attention, biases,
+// tied head); else the Llama family's (or a mixture of its choices).
+static inline int lp_config_is_gpt2(const LPConfig* c) {
+    return !c->rope && !c->rmsnorm && !c->swiglu && lp_kv_heads(c) == c->num_heads && !c->no_bias && !c->untied;
+}
+
+// The parameter tensors in file order: llm.c's 16, the untied LM head, then a mixture of experts' 5 (none
+// in a dense model). Weights are (out, in) row-major. A layer tensor holds one matrix per layer that has it:
+// the dense MLP's four in the dense layers, the router and the experts' four in the MoE layers, the rest in
+// every layer. A tensor the family lacks has size 0: wpe with RoPE, the LayerNorm biases with RMSNorm, the
+// projections' biases without biases, headw with a tied head. So a dense Llama's are llm.c's Llama 3 file's
+// tensors in its order (wte, ln1w, qkvw, attprojw, ln2w, fcw, fcprojw, lnfw, headw), but for fcw: per layer
+// SwiGLU's gate and up blocks, where llm.c's file holds every layer's up (c_fc), then every layer's gate (c_fc2).
 enum {
     LP_WTE, LP_WPE, LP_LN1W, LP_LN1B, LP_QKVW, LP_QKVB, LP_ATTPROJW, LP_ATTPROJB,
     LP_LN2W, LP_LN2B, LP_FCW, LP_FCB, LP_FCPROJW, LP_FCPROJB, LP_LNFW, LP_LNFB,
-    LP_ROUTERW, LP_EXPFCW, LP_EXPFCB, LP_EXPFCPROJW, LP_EXPFCPROJB, LP_NUM_PARAMS
+    LP_HEADW, LP_ROUTERW, LP_EXPFCW, LP_EXPFCB, LP_EXPFCPROJW, LP_EXPFCPROJB, LP_NUM_PARAMS
 };
 static const char* const lp_param_names[LP_NUM_PARAMS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb",
-    "routerw", "expfcw", "expfcb", "expfcprojw", "expfcprojb"};
+    "headw", "routerw", "expfcw", "expfcb", "expfcprojw", "expfcprojb"};
 
 // Tensor parallelism splits each tensor of the (out, in) weight matrices one of three ways:
-//   rows     column-parallel layers (qkv, fc, each expert's fc) and the vocab-parallel wte: each rank holds
-//            1/t of the outputs (qkv: 1/t of the heads in each of q, k and v, so its rows come in 3 blocks;
-//            the experts' fc: 1/t of each expert's, E blocks);
+//   rows     column-parallel layers (qkv, fc, each expert's fc) and the vocab-parallel wte and headw: each
+//            rank holds 1/t of the outputs of each block of rows (qkv: 1/t of the heads in each of q, k and
+//            v, so its rows come in 3 blocks, of NH, KV and KV heads; SwiGLU's fc: of its gate and up; the
+//            experts' fc: 1/t of each expert's, E blocks);
 //   columns  row-parallel layers (attproj, fcproj, the experts' fcproj): each rank holds 1/t of the inputs;
 //   none     replicated: wpe, LayerNorms, the router, and the row-parallel biases (added once, after the
 //            reduction; an expert's, before its gate: by TP rank 0).
@@ -780,7 +830,7 @@ enum { LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_COLS };
 static const int lp_param_split[LP_NUM_PARAMS] = {
     LP_SPLIT_ROWS, LP_REPLICATED, LP_REPLICATED, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED,
     LP_REPLICATED, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED, LP_REPLICATED, LP_REPLICATED,
-    LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED};
+    LP_SPLIT_ROWS, LP_REPLICATED, LP_SPLIT_ROWS, LP_SPLIT_ROWS, LP_SPLIT_COLS, LP_REPLICATED};
 
 #ifdef LLMPAR_IMPLEMENTATION
 int lp_is_layer_tensor(int i) { return (i >= LP_LN1W && i <= LP_FCPROJB) || i >= LP_ROUTERW; }
@@ -800,32 +850,59 @@ int lp_layers_having(const LPConfig* c, int i, int l0, int l1) {
     return i >= LP_ROUTERW ? moe : i >= LP_FCW && i <= LP_FCPROJB ? l1 - l0 - moe : l1 - l0;
 }
 
-// Tensor i as `count` matrices (one per layer that has it, or one) of rows x cols, the rows in `blocks` equal blocks
-// that TP splits separately (3 for q, k, v; else 1). A vector is a matrix of one row (or one column,
-// when it is the bias of a rows-split layer).
+// Whether the family has tensor i (sizes 0 where not).
+static inline int lp_family_has(const LPConfig* c, int i) {
+    switch (i) {
+        case LP_WPE: return !c->rope;
+        case LP_LN1B: case LP_LN2B: case LP_LNFB: return !c->rmsnorm;
+        case LP_QKVB: case LP_ATTPROJB: case LP_FCB: case LP_FCPROJB: case LP_EXPFCB: case LP_EXPFCPROJB: return !c->no_bias;
+        case LP_HEADW: return c->untied;
+        default: return 1;
+    }
+}
+
+// Tensor i as `count` matrices (one per layer that has it, or one) of rows x cols, the rows in `blocks` blocks
+// that TP splits separately (lp_param_block: 3 for q, k, v; 2 for SwiGLU's gate and up; E for the experts'
+// fc; else 1). A vector is a matrix of one row (or one column, when it is the bias of a rows-split layer).
 static inline void lp_param_shape(const LPConfig* c, int i, size_t* count, size_t* rows, size_t* cols, int* blocks) {
-    size_t C = c->channels;
-    size_t E = c->moe_experts;
+    size_t C = c->channels, E = c->moe_experts, QKV = lp_qkv_rows(c);
+    size_t H = lp_ffn_hidden(c), F = c->swiglu ? 2 * H : H;  // the MLP's hidden size, and fc's rows (SwiGLU: gate, up)
     *count = lp_is_layer_tensor(i) ? (size_t)lp_layers_having(c, i, 0, c->num_layers) : 1;
-    *blocks = i == LP_QKVW || i == LP_QKVB ? 3 : i == LP_EXPFCW || i == LP_EXPFCB ? (int)E : 1;
+    *blocks = i == LP_QKVW || i == LP_QKVB ? 3 : i == LP_EXPFCW || i == LP_EXPFCB ? (int)E : (i == LP_FCW || i == LP_FCB) && c->swiglu ? 2 : 1;
     *rows = 1;
     *cols = C;
     switch (i) {
-        case LP_WTE: *rows = c->padded_vocab_size; break;
+        case LP_WTE: case LP_HEADW: *rows = c->padded_vocab_size; break;
         case LP_WPE: *rows = c->max_seq_len; break;
-        case LP_QKVW: *rows = 3 * C; break;
-        case LP_QKVB: *rows = 3 * C; *cols = 1; break;
+        case LP_QKVW: *rows = QKV; break;
+        case LP_QKVB: *rows = QKV; *cols = 1; break;
         case LP_ATTPROJW: *rows = C; break;
-        case LP_FCW: *rows = 4 * C; break;
-        case LP_FCB: *rows = 4 * C; *cols = 1; break;
-        case LP_FCPROJW: *rows = C; *cols = 4 * C; break;
+        case LP_FCW: *rows = F; break;
+        case LP_FCB: *rows = F; *cols = 1; break;
+        case LP_FCPROJW: *rows = C; *cols = H; break;
         case LP_ROUTERW: *rows = E; break;
-        case LP_EXPFCW: *rows = E * 4 * C; break;
-        case LP_EXPFCB: *rows = E * 4 * C; *cols = 1; break;
-        case LP_EXPFCPROJW: *rows = E * C; *cols = 4 * C; break;
+        case LP_EXPFCW: *rows = E * H; break;
+        case LP_EXPFCB: *rows = E * H; *cols = 1; break;
+        case LP_EXPFCPROJW: *rows = E * C; *cols = H; break;
         case LP_EXPFCPROJB: *rows = E; break;
         default: break;  // LayerNorm weights and biases, row-parallel biases: one row of C
     }
+    if (!lp_family_has(c, i)) *count = 0;
+}
+
+// Block k of tensor i's rows (lp_param_shape's blocks): its first row, returns its rows. Equal blocks but qkv's:
+// q's NH heads, then k's and v's KV heads each.
+static inline size_t lp_param_block(const LPConfig* c, int i, int k, size_t* r0) {
+    size_t count, rows, cols;
+    int blocks;
+    lp_param_shape(c, i, &count, &rows, &cols, &blocks);
+    if (i == LP_QKVW || i == LP_QKVB) {
+        size_t C = c->channels, KVC = (rows - C) / 2;
+        *r0 = k == 0 ? 0 : C + (size_t)(k - 1) * KVC;
+        return k == 0 ? C : KVC;
+    }
+    *r0 = k * (rows / blocks);
+    return rows / blocks;
 }
 
 // Sizes of the tensors one rank of a t-way tensor-parallel group holds (t = 1: the whole model).
@@ -847,7 +924,7 @@ size_t lp_config_num_params(const LPConfig* c) {
 
 // Matrices get weight decay; biases and LayerNorm parameters do not (as in GPT-2 and llm.c).
 static inline int lp_param_decays(int i) {
-    return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW || i == LP_ROUTERW ||
+    return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW || i == LP_HEADW || i == LP_ROUTERW ||
            i == LP_EXPFCW || i == LP_EXPFCPROJW;
 }
 
@@ -870,7 +947,21 @@ void lp_config_validate(const LPConfig* c, const char* source) {
         lp_fail("%s: top-%d routing: a token's experts must be 1 .. %d, at most the layer's %d", source, c->moe_topk, LP_MAX_TOPK,
                 c->moe_experts);
     if (c->moe_experts && c->moe_every < 1) lp_fail("%s: MoE every %d layers: must be 1 or more", source, c->moe_every);
+    if (c->moe_experts && !lp_config_is_gpt2(c))
+        lp_fail("%s: %d experts: a mixture of experts is not yet for the Llama family", source, c->moe_experts);
+    int KV = lp_kv_heads(c);
+    if (KV < 1 || KV > c->num_heads || c->num_heads % KV)
+        lp_fail("%s: %d KV heads do not divide the %d heads into equal groups", source, KV, c->num_heads);
+    if (c->swiglu && (c->multiple_of < 1 || c->ffn_dim_multiplier < 0.0f || !(lp_ffn_hidden(c) > 0 && lp_ffn_hidden(c) <= 1 << 20)))
+        lp_fail("%s: SwiGLU's hidden size from multiple_of %d and ffn_dim_multiplier %g is %d, not 1 .. 1048576", source, c->multiple_of,
+                c->ffn_dim_multiplier, lp_ffn_hidden(c));
+    if (c->rope && (c->channels / c->num_heads % 2 || !(c->rope_theta > 1.0f) || !isfinite(c->rope_theta)))
+        lp_fail("%s: RoPE needs an even head size (C/NH = %d) and a theta above 1 (%g)", source, c->channels / c->num_heads, c->rope_theta);
+    if (!(c->norm_eps >= 0.0f && c->norm_eps < 1.0f)) lp_fail("%s: norm epsilon %g outside [0, 1)", source, c->norm_eps);
 #ifndef LLMPAR_CPU
+    if (!lp_config_is_gpt2(c))
+        lp_fail("%s: the Llama family (RoPE, RMSNorm, SwiGLU, KV heads, no biases, untied head) runs on ./train_gpt_cpu; the CUDA "
+                "build's kernels for it are not yet written", source);
     if (c->channels / c->num_heads > LP_FLASH_MAX_HS)
         lp_fail("%s: head size C/NH = %d/%d = %d is above %d, the most the CUDA build's flash attention takes (more heads, or "
                 "./train_gpt_cpu)", source, c->channels, c->num_heads, c->channels / c->num_heads, LP_FLASH_MAX_HS);
@@ -879,38 +970,51 @@ void lp_config_validate(const LPConfig* c, const char* source) {
 
 // A new model's shape by name: "dN" (GPT-2's sizes for d12/d24/d36/d48, else head size 64 with N heads;
 // maxT 1024) or "L,C,NH[,V]" (any shape: GPT-3 175B is 96,12288,96; V 50257 unless given, padded to a
-// multiple of 128; maxT 2048). Returns 0 when `name` is neither (a file name); the shape is checked by
-// lp_config_validate.
+// multiple of 128; maxT 2048). "llama:" before either is the Llama 3 family's (RoPE theta 500000, RMSNorm
+// eps 1e-5, SwiGLU of multiple_of 256, no biases, untied head) of that shape, "llama:dN" with N/2 KV heads
+// (N odd: N) and "llama:L,C,NH,KV[,V]" with KV. Returns 0 when `name` is none of these (a file name); the
+// shape is checked by lp_config_validate.
 int lp_config_from_name(LPConfig* c, const char* name) {
-    long v[4] = {0, 0, 0, 50257};
-    int n = 0;
+    int llama = strncmp(name, "llama:", 6) == 0;
+    if (llama) name += 6;
+    long v[5] = {0, 0, 0, 0, 50257};  // L, C, NH, KV (llama), V
+    int n = 0, most = llama ? 5 : 4;
     if (name[0] == 'd') {
         if (name[1] == '\0') return 0;
         for (const char* p = name + 1; *p; p++) if (*p < '0' || *p > '9') return 0;
         v[0] = strtol(name + 1, NULL, 10);
     } else {
-        for (const char* p = name;;) {  // "L,C,NH" or "L,C,NH,V": numbers and commas only
+        long got[5];
+        for (const char* p = name;;) {  // numbers and commas only
             char* end;
             if (*p < '0' || *p > '9') return 0;
-            v[n++] = strtol(p, &end, 10);
+            got[n++] = strtol(p, &end, 10);
             if (*end == '\0') break;
-            if (*end != ',' || n == 4) return 0;
+            if (*end != ',' || n == most) return 0;
             p = end + 1;
         }
-        if (n < 3) return 0;
+        if (n < most - 1) return 0;
+        for (int k = 0; k < n; k++) v[k < 3 || llama ? k : 4] = got[k];  // (GPT-2's 4th number is V)
     }
-    for (int k = 0; k < 4; k++) if (v[k] > 1 << 20) v[k] = 1 << 20;  // lp_config_validate refuses it; this keeps ints
-    memset(c, 0, sizeof(*c));  // dense: no experts
+    for (int k = 0; k < 5; k++) if (v[k] > 1 << 20) v[k] = 1 << 20;  // lp_config_validate refuses it; this keeps ints
+    memset(c, 0, sizeof(*c));  // dense, GPT-2's family
     c->num_layers = (int)v[0];
     c->max_seq_len = n ? 2048 : 1024;
-    c->vocab_size = (int)v[3];
-    c->padded_vocab_size = (int)((v[3] + 127) / 128 * 128);
+    c->vocab_size = (int)v[4];
+    c->padded_vocab_size = (int)((v[4] + 127) / 128 * 128);
     if (n) { c->channels = (int)v[1]; c->num_heads = (int)v[2]; }
-    else if (v[0] == 12) { c->channels = 768; c->num_heads = 12; }
-    else if (v[0] == 24) { c->channels = 1024; c->num_heads = 16; }
-    else if (v[0] == 36) { c->channels = 1280; c->num_heads = 20; }
-    else if (v[0] == 48) { c->channels = 1600; c->num_heads = 25; }
+    else if (v[0] == 12 && !llama) { c->channels = 768; c->num_heads = 12; }
+    else if (v[0] == 24 && !llama) { c->channels = 1024; c->num_heads = 16; }
+    else if (v[0] == 36 && !llama) { c->channels = 1280; c->num_heads = 20; }
+    else if (v[0] == 48 && !llama) { c->channels = 1600; c->num_heads = 25; }
     else { c->channels = 64 * (int)v[0]; c->num_heads = (int)v[0]; }
+    if (llama) {
+        c->rope = c->rmsnorm = c->swiglu = c->no_bias = c->untied = 1;
+        c->num_kv_heads = n ? (int)v[3] : c->num_heads % 2 ? c->num_heads : c->num_heads / 2;
+        c->multiple_of = 256;
+        c->rope_theta = 500000.0f;
+        c->norm_eps = 1e-5f;
+    }
     return 1;
 }
 #endif  // LLMPAR_IMPLEMENTATION
@@ -1147,7 +1251,9 @@ LP_STATE cudaDeviceProp lp_device_prop;
 // Whether model c splits over t tensor-parallel ranks (its heads, MLP width and padded vocabulary): NULL,
 // or why not (written into why). Layers over pipeline stages: lp_pp_partition.
 const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
-    if (c->num_heads % t)
+    if (t > 1 && !lp_config_is_gpt2(c))
+        snprintf(why, size, "%s %d: not yet for the Llama family (one rank, t = 1)", LP_SETTING(tp), t);
+    else if (c->num_heads % t)
         snprintf(why, size, "%s %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t, c->num_heads, t);
     else if (4 * c->channels % t)
         snprintf(why, size, "%s %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t,
@@ -1159,10 +1265,19 @@ const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
         return NULL;
     return why;
 }
-// Every rank checks alike, so rank 0 alone prints.
+// Every rank checks alike, so rank 0 alone prints. The Llama family runs on one rank so far (its parallel axes
+// come in later steps): every other setting is refused, never run on as if it were GPT-2.
 void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
+    const LPParallel* p = proc->par;
+    if (lp_config_is_gpt2(c)) return;
+    struct { int set; const char* name; int value; } axes[] = {
+        {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp}, {p->zero > 0, LP_SETTING(zero), p->zero},
+        {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep}, {p->offload != 0, LP_SETTING(offload), p->offload}};  // (0: LP_OFFLOAD_NONE)
+    for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++)
+        if (axes[k].set) lp_fail_all("%s %d: not yet for the Llama family (one rank so far)", axes[k].name, axes[k].value);
+    if (proc->world > 1) lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family (one rank so far)", proc->world, p->dp);
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -1949,7 +2064,7 @@ static inline void lp_sendrecv_host(const LPGroup* g, const float* send, int to,
 // Sum a device tensor of the compute type over the group, in place; divide by the group size when
 // `average` (DP gradient averaging).
 static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int average) {
-    if (g->size == 1) return;
+    if (g->size == 1 || n == 0) return;  // (a tensor the model lacks, size 0: nothing to wait for)
     lp_watch("an all-reduce", g);
     lp_traffic(g, LP_ALL_REDUCE, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
@@ -2874,20 +2989,24 @@ static inline void lp_positions_backward_gpu(floatX* dwpe, const floatX* dout, i
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
-// --- layernorm (eps 1e-5, biased variance); mean and rstd are kept in fp32 for the backward pass
+// --- layernorm (biased variance; eps: lp_norm_eps, GPT-2's 1e-5); mean and rstd are kept in fp32 for the backward
+// pass. RMSNorm (Llama) is the same loop with the centering and the bias switched off: mean NULL (x's mean taken
+// as 0, so rstd = 1 / sqrt(mean(x^2) + eps)) and b NULL (a LayerNorm without bias: only b NULL).
 static inline void lp_layernorm_forward_cpu(float* out, float* mean, float* rstd, const float* inp,
-                                            const float* w, const float* b, int N, int C) {
+                                            const float* w, const float* b, int N, int C, float eps) {
 #pragma omp parallel for
     for (int i = 0; i < N; i++) {
         const float* x = inp + (size_t)i * C;
         float m = 0.0f, v = 0.0f;
-        for (int c = 0; c < C; c++) m += x[c];
-        m /= C;
+        if (mean) {
+            for (int c = 0; c < C; c++) m += x[c];
+            m /= C;
+        }
         for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-        float s = 1.0f / sqrtf(v / C + 1e-5f);
+        float s = 1.0f / sqrtf(v / C + eps);
         float* o = out + (size_t)i * C;
-        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
-        mean[i] = m;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + (b ? b[c] : 0.0f);
+        if (mean) mean[i] = m;
         rstd[i] = s;
     }
 }
@@ -2898,12 +3017,14 @@ static inline void lp_layernorm_forward_cpu(float* out, float* mean, float* rstd
 // next chunk).
 static inline void lp_residual_layernorm_forward_cpu(float* residual, float* out, float* mean, float* rstd,
                                                      const float* inp1, const float* inp2, const float* bias,
-                                                     const float* w, const float* b, int N, int C) {
+                                                     const float* w, const float* b, int N, int C, float eps) {
 #pragma omp parallel for
     for (size_t i = 0; i < (size_t)N * C; i++) residual[i] = inp1[i] + (inp2[i] + (bias ? bias[i % C] : 0.0f));
-    if (out) lp_layernorm_forward_cpu(out, mean, rstd, residual, w, b, N, C);
+    if (out) lp_layernorm_forward_cpu(out, mean, rstd, residual, w, b, N, C, eps);
 }
 
+// dinp += the input's gradient, dw (and db, unless NULL) += the weight's (and bias's); mean NULL: RMSNorm's
+// (without the mean's term).
 static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, const float* dout,
                                              const float* inp, const float* w, const float* mean,
                                              const float* rstd, int N, int C) {
@@ -2911,17 +3032,17 @@ static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, 
     for (int i = 0; i < N; i++) {
         const float* x = inp + (size_t)i * C;
         const float* d = dout + (size_t)i * C;
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        float mi = mean ? mean[i] : 0.0f, dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
         for (int c = 0; c < C; c++) {
-            float norm = (x[c] - mean[i]) * rstd[i];
+            float norm = (x[c] - mi) * rstd[i];
             dnorm_mean += d[c] * w[c];
             dnorm_norm_mean += d[c] * w[c] * norm;
         }
-        dnorm_mean /= C;
+        dnorm_mean = mean ? dnorm_mean / C : 0.0f;
         dnorm_norm_mean /= C;
         float* di = dinp + (size_t)i * C;
         for (int c = 0; c < C; c++) {
-            float norm = (x[c] - mean[i]) * rstd[i];
+            float norm = (x[c] - mi) * rstd[i];
             di[c] += (d[c] * w[c] - dnorm_mean - norm * dnorm_norm_mean) * rstd[i];
         }
     }
@@ -2931,11 +3052,11 @@ static inline void lp_layernorm_backward_cpu(float* dinp, float* dw, float* db, 
         float sw = 0.0f, sb = 0.0f;
         for (int i = 0; i < N; i++) {
             float d = dout[(size_t)i * C + c];
-            sw += d * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
+            sw += d * (inp[(size_t)i * C + c] - (mean ? mean[i] : 0.0f)) * rstd[i];
             sb += d;
         }
         dw[c] += sw;
-        db[c] += sb;
+        if (db) db[c] += sb;
     }
 }
 
@@ -2975,7 +3096,7 @@ static __device__ inline LPPack lp_ln_row_pack(const floatX* inp1, const floatX*
 }
 static __global__ void __launch_bounds__(LP_LN_SM_THREADS)
 lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd, const floatX* inp1, const floatX* inp2,
-                            const floatX* bias, const floatX* w, const floatX* b, int N, int C) {
+                            const floatX* bias, const floatX* w, const floatX* b, int N, int C, float eps) {
     int mine = (blockIdx.y * blockDim.x + threadIdx.x) * LP_PACK;  // this thread's first channel
     int Cb = inp2 && bias ? C : 0;                                 // (no bias: zeros)
     LPPack wc = lp_load_pack(w, mine, C), bc = lp_load_pack(b, mine, C), biasc = lp_load_pack(bias, mine, Cb), x = wc;
@@ -2997,7 +3118,7 @@ lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* r
                 v += d * d;
             }
         }
-        float r = rsqrtf(lp_block_reduce(v, 0) / C + 1e-5f);
+        float r = rsqrtf(lp_block_reduce(v, 0) / C + eps);
         if (mine < C) {
 #pragma unroll
             for (int k = 0; k < LP_PACK; k++) x.x[k] = lp_xf((lp_bf(x.x[k]) - m) * r * lp_bf(wc.x[k]) + lp_bf(bc.x[k]));
@@ -3011,14 +3132,14 @@ lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* r
 }
 static inline void lp_residual_layernorm_forward_gpu(floatX* residual, floatX* out, float* mean, float* rstd,
                                                      const floatX* inp1, const floatX* inp2, const floatX* bias,
-                                                     const floatX* w, const floatX* b, int N, int C) {
+                                                     const floatX* w, const floatX* b, int N, int C, float eps) {
     int chunks, threads = lp_ln_threads(C, &chunks);
     LP_LAUNCH(lp_layernorm_forward_kernel, dim3(lp_ln_blocks(N, C), chunks), threads, 0, residual, out, mean, rstd, inp1, inp2,
-              bias, w, b, N, C);
+              bias, w, b, N, C, eps);
 }
 static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* w,
-                                            const floatX* b, int N, int C) {
-    lp_residual_layernorm_forward_gpu(NULL, out, mean, rstd, inp, NULL, NULL, w, b, N, C);
+                                            const floatX* b, int N, int C, float eps) {
+    lp_residual_layernorm_forward_gpu(NULL, out, mean, rstd, inp, NULL, NULL, w, b, N, C, eps);
 }
 
 // Backward in two passes, deterministic: each thread keeps its channels' shares of dw and db in registers
@@ -3105,6 +3226,27 @@ static inline void lp_gelu_forward_cpu(float* out, const float* inp, size_t n) {
 static inline void lp_gelu_backward_cpu(float* dinp, const float* inp, const float* dout, int N) {
 #pragma omp parallel for
     for (int i = 0; i < N; i++) dinp[i] = lp_gelu_grad(inp[i]) * dout[i];
+}
+
+// --- SwiGLU (Llama's MLP): out (N,H) = silu(gate) * up, where each row of fch (N,2H), fc's output, holds its gate
+// then its up (fc's two blocks of rows); silu(x) = x sigmoid(x). Backward: dfch (N,2H) from dout (N,H).
+static inline LP_HD float lp_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static inline void lp_swiglu_forward_cpu(float* out, const float* fch, int N, int H) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < H; j++) {
+            float g = fch[(size_t)i * 2 * H + j], u = fch[(size_t)i * 2 * H + H + j];
+            out[(size_t)i * H + j] = g * lp_sigmoid(g) * u;
+        }
+}
+static inline void lp_swiglu_backward_cpu(float* dfch, const float* fch, const float* dout, int N, int H) {
+#pragma omp parallel for
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < H; j++) {
+            float g = fch[(size_t)i * 2 * H + j], u = fch[(size_t)i * 2 * H + H + j], d = dout[(size_t)i * H + j], sg = lp_sigmoid(g);
+            dfch[(size_t)i * 2 * H + j] = d * u * sg * (1.0f + g * (1.0f - sg));
+            dfch[(size_t)i * 2 * H + H + j] = d * g * sg;
+        }
 }
 
 // --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
@@ -3384,31 +3526,33 @@ static inline float lp_attention_scale(int C, int NH) { return 1.0f / sqrtf((flo
 
 // One head's product C (M,N) = op(A) @ op(B), row-major, op transposing when ta / tb is set (A is (K,M)
 // then, B (N,K)); C is overwritten. sgemm when the CPU build has a BLAS (it runs single-threaded inside
-// the heads' parallel loop), else the plain loop. Whole (T,T) products: the masked upper triangle is
+// the heads' parallel loop), else the plain loop; accumulate: C += it. Whole (T,T) products: the masked upper triangle is
 // computed too and zeroed after.
-static inline void lp_head_gemm(int ta, int tb, int M, int N, int K, const float* A, const float* B, float* C) {
+static inline void lp_head_gemm(int ta, int tb, int M, int N, int K, const float* A, const float* B, float* C, int accumulate) {
 #ifdef LLMPAR_BLAS
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A,
-                ta ? M : K, B, tb ? K : N, 0.0f, C, N);
+                ta ? M : K, B, tb ? K : N, accumulate ? 1.0f : 0.0f, C, N);
 #else
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             float s = 0.0f;
             for (int p = 0; p < K; p++) s += (ta ? A[(size_t)p * M + i] : A[(size_t)i * K + p]) * (tb ? B[(size_t)j * K + p] : B[(size_t)p * N + j]);
-            C[(size_t)i * N + j] = s;
+            C[(size_t)i * N + j] = accumulate ? C[(size_t)i * N + j] + s : s;
         }
 #endif
 }
 
-static inline void lp_attention_probs_cpu(float* att, const float* qkvr, int B, int T, int C, int NH) {
-    int HS = C / NH;
-    size_t plane = (size_t)B * NH * T * HS;  // one of q, k, v in qkvr
+// Grouped-query attention: the qkv rows hold NH query heads, then KV key and KV value heads (KV = NH: multi-head),
+// and qkvr is q (B,NH,T,HS), k and v (B,KV,T,HS) each; query head h reads K/V head h / (NH / KV).
+static inline void lp_attention_probs_cpu(float* att, const float* qkvr, int B, int T, int C, int NH, int KV) {
+    int HS = C / NH, G = NH / KV;
+    size_t plane = (size_t)B * NH * T * HS;  // q in qkvr
     float scale = lp_attention_scale(C, NH);
 #pragma omp parallel for
     for (int bh = 0; bh < B * NH; bh++) {
         const float* q = qkvr + (size_t)bh * T * HS;
-        const float* k = q + plane;
-        lp_head_gemm(0, 1, T, T, HS, q, k, att + (size_t)bh * T * T);  // q k^T
+        const float* k = qkvr + plane + (size_t)(bh / NH * KV + bh % NH / G) * T * HS;
+        lp_head_gemm(0, 1, T, T, HS, q, k, att + (size_t)bh * T * T, 0);  // q k^T
         for (int t1 = 0; t1 < T; t1++) {
             float* a = att + ((size_t)bh * T + t1) * T;
             float maxv = -INFINITY;
@@ -3425,23 +3569,34 @@ static inline void lp_attention_probs_cpu(float* att, const float* qkvr, int B, 
     }
 }
 
-static inline void lp_attention_forward_cpu(float* out, float* qkvr, float* att, float* qkv, int B, int T,
-                                            int C, int NH) {
-    int HS = C / NH;
-    size_t plane = (size_t)B * NH * T * HS;
+// qkv (B,T,(NH+2KV)HS) <-> qkvr: to_heads 1 permutes qkv into qkvr, 0 back.
+static inline void lp_attention_permute_cpu(float* qkvr, float* qkv, int B, int T, int NH, int KV, int HS, int to_heads) {
+    int heads = NH + 2 * KV;
+    size_t plane = (size_t)B * NH * T * HS, kvplane = (size_t)B * KV * T * HS;
 #pragma omp parallel for
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
+    for (int bh = 0; bh < B * heads; bh++) {
+        int b = bh / heads, h = bh % heads, which = h < NH ? 0 : h < NH + KV ? 1 : 2, n = which ? KV : NH;
+        int hw = h - (which ? NH + (which - 1) * KV : 0);  // the head among q's, k's or v's
+        float* r = qkvr + (which ? plane + (which - 1) * kvplane : 0) + ((size_t)b * n + hw) * T * HS;
         for (int t = 0; t < T; t++)
-            for (int which = 0; which < 3; which++)
-                for (int d = 0; d < HS; d++)
-                    qkvr[which * plane + ((size_t)bh * T + t) * HS + d] =
-                        qkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d];
+            for (int d = 0; d < HS; d++) {
+                float* x = qkv + ((size_t)b * T + t) * heads * HS + (size_t)h * HS + d;
+                if (to_heads) r[(size_t)t * HS + d] = *x;
+                else *x = r[(size_t)t * HS + d];
+            }
     }
-    lp_attention_probs_cpu(att, qkvr, B, T, C, NH);
+}
+
+static inline void lp_attention_forward_cpu(float* out, float* qkvr, float* att, float* qkv, int B, int T,
+                                            int C, int NH, int KV) {
+    int HS = C / NH, G = NH / KV;
+    size_t plane = (size_t)B * NH * T * HS, kvplane = (size_t)B * KV * T * HS;
+    lp_attention_permute_cpu(qkvr, qkv, B, T, NH, KV, HS, 1);
+    lp_attention_probs_cpu(att, qkvr, B, T, C, NH, KV);
 #pragma omp parallel for
     for (int bh = 0; bh < B * NH; bh++)  // y = att v; qkv is free now: it holds y in (B,NH,T,HS)
-        lp_head_gemm(0, 0, T, HS, T, att + (size_t)bh * T * T, qkvr + 2 * plane + (size_t)bh * T * HS, qkv + (size_t)bh * T * HS);
+        lp_head_gemm(0, 0, T, HS, T, att + (size_t)bh * T * T, qkvr + plane + kvplane + (size_t)(bh / NH * KV + bh % NH / G) * T * HS,
+                     qkv + (size_t)bh * T * HS, 0);
 #pragma omp parallel for
     for (int bh = 0; bh < B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
@@ -3452,44 +3607,78 @@ static inline void lp_attention_forward_cpu(float* out, float* qkvr, float* att,
 }
 
 // Backward, same steps reversed: permute dout -> dy (scratch); datt = dy v^T; dv = att^T dy;
-// dpre = scale * softmax_backward(datt); dq = dpre k; dk = dpre^T q; unpermute dqkvr -> dqkv.
+// dpre = scale * softmax_backward(datt); dq = dpre k; dk = dpre^T q; unpermute dqkvr -> dqkv. A K/V head's
+// gradients are the sums over its group's query heads, in head order (one task a K/V head).
 static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* datt, float* scratch,
                                              const float* dout, const float* qkvr, const float* att, int B,
-                                             int T, int C, int NH) {
-    int HS = C / NH;
-    size_t plane = (size_t)B * NH * T * HS;
+                                             int T, int C, int NH, int KV) {
+    int HS = C / NH, G = NH / KV;
+    size_t plane = (size_t)B * NH * T * HS, kvplane = (size_t)B * KV * T * HS;
     float scale = lp_attention_scale(C, NH);
 #pragma omp parallel for
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        const float* q = qkvr + (size_t)bh * T * HS;
-        const float* k = q + plane;
-        const float* v = k + plane;
-        float* dq = dqkvr + (size_t)bh * T * HS;
-        float* dk = dq + plane;
-        float* dv = dk + plane;
-        float* dy = scratch + (size_t)bh * T * HS;
-        const float* a = att + (size_t)bh * T * T;
-        float* da = datt + (size_t)bh * T * T;
-        for (int t = 0; t < T; t++)
-            for (int d = 0; d < HS; d++) dy[(size_t)t * HS + d] = dout[((size_t)b * T + t) * C + h * HS + d];
-        lp_head_gemm(0, 1, T, T, HS, dy, v, da);  // datt = dy v^T
-        lp_head_gemm(1, 0, T, HS, T, a, dy, dv);  // dv = att^T dy (att is zero above the diagonal)
-        for (int t1 = 0; t1 < T; t1++) {  // the softmax backward, row by row: datt -> dpre
-            const float* ar = a + (size_t)t1 * T;
-            float* dr = da + (size_t)t1 * T;
-            float dot = 0.0f;  // sum over t2 of att * datt
-            for (int t2 = 0; t2 <= t1; t2++) dot += ar[t2] * dr[t2];
-            for (int t2 = 0; t2 <= t1; t2++) dr[t2] = scale * ar[t2] * (dr[t2] - dot);
-            for (int t2 = t1 + 1; t2 < T; t2++) dr[t2] = 0.0f;
+    for (int bg = 0; bg < B * KV; bg++) {
+        int b = bg / KV;
+        const float* k = qkvr + plane + (size_t)bg * T * HS;
+        const float* v = k + kvplane;
+        float* dk = dqkvr + plane + (size_t)bg * T * HS;
+        float* dv = dk + kvplane;
+        for (int h = bg % KV * G; h < (bg % KV + 1) * G; h++) {
+            size_t bh = (size_t)b * NH + h;
+            int first = h % G == 0;  // the group's first head writes dk and dv, the others add
+            const float* q = qkvr + bh * T * HS;
+            float* dq = dqkvr + bh * T * HS;
+            float* dy = scratch + bh * T * HS;
+            const float* a = att + bh * T * T;
+            float* da = datt + bh * T * T;
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < HS; d++) dy[(size_t)t * HS + d] = dout[((size_t)b * T + t) * C + h * HS + d];
+            lp_head_gemm(0, 1, T, T, HS, dy, v, da, 0);       // datt = dy v^T
+            lp_head_gemm(1, 0, T, HS, T, a, dy, dv, !first);  // dv (+)= att^T dy (att is zero above the diagonal)
+            for (int t1 = 0; t1 < T; t1++) {  // the softmax backward, row by row: datt -> dpre
+                const float* ar = a + (size_t)t1 * T;
+                float* dr = da + (size_t)t1 * T;
+                float dot = 0.0f;  // sum over t2 of att * datt
+                for (int t2 = 0; t2 <= t1; t2++) dot += ar[t2] * dr[t2];
+                for (int t2 = 0; t2 <= t1; t2++) dr[t2] = scale * ar[t2] * (dr[t2] - dot);
+                for (int t2 = t1 + 1; t2 < T; t2++) dr[t2] = 0.0f;
+            }
+            lp_head_gemm(0, 0, T, HS, T, da, k, dq, 0);       // dq = dpre k
+            lp_head_gemm(1, 0, T, HS, T, da, q, dk, !first);  // dk (+)= dpre^T q
         }
-        lp_head_gemm(0, 0, T, HS, T, da, k, dq);  // dq = dpre k
-        lp_head_gemm(1, 0, T, HS, T, da, q, dk);  // dk = dpre^T q
-        for (int t = 0; t < T; t++)
-            for (int which = 0; which < 3; which++)
-                for (int d = 0; d < HS; d++)
-                    dqkv[((size_t)b * T + t) * 3 * C + which * C + h * HS + d] =
-                        dqkvr[which * plane + ((size_t)bh * T + t) * HS + d];
+    }
+    lp_attention_permute_cpu(dqkvr, dqkv, B, T, NH, KV, HS, 0);
+}
+
+// --- rotary positions (RoPE), Llama's layout: in each query and key head, the pair of channels (2i, 2i+1) at
+// position p is rotated by the angle p freq_i, freq_i = theta^(-2i/HS); Llama 3.1's scaled RoPE divides the
+// low frequencies by 8 and blends the middle ones (wavelengths between 8192/4 and 8192, its original context).
+// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, the V heads untouched; inverse rotates by
+// -angle: the backward pass (a rotation's transpose), on the gradient of the rotated q and k.
+static inline double lp_rope_freq(int i, int HS, float theta, int scaled) {
+    double f = pow((double)theta, -2.0 * i / HS);
+    if (!scaled) return f;
+    double wavelen = 2.0 * M_PI / f, factor = 8.0, low = 1.0, high = 4.0, context = 8192.0;
+    if (wavelen < context / high) return f;
+    if (wavelen > context / low) return f / factor;
+    double smooth = (context / wavelen - low) / (high - low);
+    return (1.0 - smooth) * f / factor + smooth * f;
+}
+static inline void lp_rope_cpu(float* qkv, int B, int T, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+    int heads = NH + 2 * KV;
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        int pos = bt % T;
+        float* row = qkv + (size_t)bt * heads * HS;
+        for (int i = 0; i < HS / 2; i++) {
+            double angle = pos * lp_rope_freq(i, HS, theta, scaled);
+            float c = (float)cos(angle), s = inverse ? -(float)sin(angle) : (float)sin(angle);
+            for (int h = 0; h < NH + KV; h++) {
+                float* x = row + (size_t)h * HS + 2 * i;
+                float x0 = x[0], x1 = x[1];
+                x[0] = x0 * c - x1 * s;
+                x[1] = x0 * s + x1 * c;
+            }
+        }
     }
 }
 
@@ -3497,6 +3686,15 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 // The same algorithm on the GPU (--attention cublas, llm.c's attention without cuDNN): the products as
 // cuBLASLt strided batches, one (b,h) per batch entry, and small kernels for the rest. It keeps q, k, v
 // permuted (3 B NH T HS) and the bf16 probabilities (B NH T T) for backward, as the CPU loop does.
+
+// The CUDA build's kernels of the Llama family (grouped-query attention, RoPE, SwiGLU) come in a later step:
+// lp_config_validate refuses the family in this build, so these are never reached.
+static inline void lp_attention_gqa_refused(int NH, int KV) {
+    if (KV != NH) lp_fail("internal: the CUDA build's attention takes no grouped-query attention yet (%d KV heads of %d)", KV, NH);
+}
+static inline void lp_rope_gpu(floatX*, int, int, int, int, int, float, int, int) { lp_fail("internal: the CUDA build has no RoPE yet"); }
+static inline void lp_swiglu_forward_gpu(floatX*, const floatX*, int, int) { lp_fail("internal: the CUDA build has no SwiGLU yet"); }
+static inline void lp_swiglu_backward_gpu(floatX*, const floatX*, const floatX*, int, int) { lp_fail("internal: the CUDA build has no SwiGLU yet"); }
 
 // Row-major C (M,N) = op(A) op(B) for each of `heads` heads, like lp_head_gemm: each operand is one
 // contiguous matrix per head (A M*K values, B K*N, C M*N), so the batch strides follow from the shape.
@@ -3557,7 +3755,8 @@ static __global__ void lp_attention_softmax_kernel(floatX* att, int rows, int T,
         lp_store_pack(a, j, T, p);
     }
 }
-static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B, int T, int C, int NH) {
+static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B, int T, int C, int NH, int KV) {
+    lp_attention_gqa_refused(NH, KV);
     int HS = C / NH, rows = B * NH * T;
     lp_heads_gemm_gpu(0, 1, T, T, HS, qkvr, qkvr + (size_t)B * NH * T * HS, att, B * NH);  // q k^T
     LP_LAUNCH(lp_attention_softmax_kernel, lp_grid((size_t)rows * 32, LP_THREADS), LP_THREADS, 0, att, rows, T,
@@ -3565,10 +3764,10 @@ static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B
 }
 
 // qkv (B,T,3C) is scratch: it holds y afterwards, as the CPU loop leaves it.
-static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C, int NH) {
+static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C, int NH, int KV) {
     int HS = C / NH;
     lp_attention_permute_gpu(qkvr, qkv, B, T, 3, NH, HS, 1);
-    lp_attention_probs_gpu(att, qkvr, B, T, C, NH);
+    lp_attention_probs_gpu(att, qkvr, B, T, C, NH, KV);
     lp_heads_gemm_gpu(0, 0, T, HS, T, att, qkvr + 2 * (size_t)B * NH * T * HS, qkv, B * NH);  // y = att v, into qkv
     lp_attention_permute_gpu(out, qkv, B, T, 1, NH, HS, 0);
 }
@@ -3600,7 +3799,8 @@ static __global__ void lp_attention_softmax_backward_kernel(floatX* datt, const 
 // dqkv is overwritten; dqkvr, datt and scratch (dy, B NH T HS) are scratch; qkvr and att as the forward
 // (or lp_attention_probs_gpu) left them.
 static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch, const floatX* dout,
-                                             const floatX* qkvr, const floatX* att, int B, int T, int C, int NH) {
+                                             const floatX* qkvr, const floatX* att, int B, int T, int C, int NH, int KV) {
+    lp_attention_gqa_refused(NH, KV);
     int HS = C / NH, heads = B * NH, rows = heads * T;
     size_t plane = (size_t)heads * T * HS;
     const floatX *q = qkvr, *k = q + plane, *v = k + plane;
@@ -5272,6 +5472,9 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_attention_forward          lp_attention_forward_cpu
 #define lp_attention_backward         lp_attention_backward_cpu
 #define lp_attention_cached_forward   lp_attention_cached_forward_cpu
+#define lp_rope                       lp_rope_cpu
+#define lp_swiglu_forward             lp_swiglu_forward_cpu
+#define lp_swiglu_backward            lp_swiglu_backward_cpu
 #define lp_moe_route                  lp_moe_route_cpu
 #define lp_moe_stats                  lp_moe_stats_cpu
 #define lp_moe_dispatch               lp_moe_dispatch_cpu
@@ -5308,6 +5511,9 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #define lp_attention_forward          lp_attention_forward_gpu
 #define lp_attention_backward         lp_attention_backward_gpu
 #define lp_attention_cached_forward   lp_attention_cached_forward_gpu
+#define lp_rope                       lp_rope_gpu
+#define lp_swiglu_forward             lp_swiglu_forward_gpu
+#define lp_swiglu_backward            lp_swiglu_backward_gpu
 #define lp_moe_route                  lp_moe_route_gpu
 #define lp_moe_stats                  lp_moe_stats_gpu
 #define lp_moe_dispatch               lp_moe_dispatch_gpu
@@ -6817,16 +7023,16 @@ typedef struct {
     float* ln1_mean;    // (L,Nr)
     float* ln1_rstd;    // (L,Nr)
     // materialised attention (lp_attention_materialised) keeps qkvr and att, flash attention qkvs and lse
-    floatX* qkvr;       // (L,3,B,NHl,T,HS) this rank's q, k, v permuted per head
+    floatX* qkvr;       // (L,B,NHl+2KVl,T,HS) this rank's q, k, v permuted per head
     floatX* att;        // (L,B,NHl,T,T)  attention probabilities
-    floatX* qkvs;       // (L,N,3Cl)   this rank's q, k, v as the qkv projection wrote them
+    floatX* qkvs;       // (L,N,QKVl)  this rank's q, k, v as the qkv projection wrote them
     float* lse;         // (L,B,NHl,T) logsumexp of each attention row's scaled scores
     floatX* atty;       // (L,N,Cl)    attention output before its projection
     floatX* residual2;  // (L,Nr,C)    residual after attention
     floatX* ln2;        // (L,Nr,C)
     float* ln2_mean;    // (L,Nr)
     float* ln2_rstd;    // (L,Nr)
-    floatX* fch;        // (Ld,N,Fl)   MLP pre-activation (the dense layers')
+    floatX* fch;        // (Ld,N,Ff)   MLP pre-activation (the dense layers'; SwiGLU: each row's gate, then up)
     floatX* fch_gelu;   // (Ld,N,Fl)
     // the MoE layers' MLP (Lm of them): N tokens routed to K experts each, so at most KN rows in expert order
     float* probs;       // (Lm,N,E)    the router's softmax
@@ -6853,12 +7059,13 @@ typedef struct {
     float* losses;      // (N)
     float* stats;       // (t,N,3)     classifier statistics of each rank's slice of the vocabulary
     // scratch, reused within a step
-    floatX* qkv;        // (N,3Cl)  forward: qkv; backward: dqkv
+    floatX* qkv;        // (N,QKVl) forward: qkv; backward: dqkv
     floatX* btc;        // (N,C)    partial sums: row-parallel outputs, column-parallel input gradients
     floatX* full;       // (N,C)    sequence parallelism: rows gathered from the group (else unused)
     floatX* dresidual;  // (Nr,C)   gradient of the residual stream
-    floatX* dfch;       // (N,Fl)
-    floatX* dqkvr;      // (3,B,NHl,T,HS) materialised attention's backward
+    floatX* dfch;       // (N,Ff)     fc's output gradient (Ff: Fl, SwiGLU 2 Fl)
+    floatX* dact;       // (N,Fl)     SwiGLU's output gradient
+    floatX* dqkvr;      // (N,QKVl) materialised attention's backward
     floatX* datt;       // (B,NHl,T,T)
     floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
     floatX* rlogits;    // (N,E)    a MoE layer's router logits, then their gradient
@@ -6876,8 +7083,9 @@ typedef struct {
     floatX* aux_logits; // (N,Vl)   and the logits, then their gradient
 } LPActivations;
 // Shapes: N = B*T rows; Nr the rows of the residual stream this rank holds (N, or N/t with sequence
-// parallelism); Cl = C/t, NHl = NH/t, Fl = 4C/t, Vl = Vp/t: this rank's channels of attention, heads,
-// MLP width and vocabulary slice. A mixture of experts: E experts, K per token; of the chunk's L layers,
+// parallelism); Cl = C/t, NHl = NH/t, KVl = KV/t, QKVl = (NHl + 2 KVl) HS, Fl = H/t (GELU's H: 4C), Vl = Vp/t:
+// this rank's channels of attention, heads, K/V heads, qkv rows, MLP width and vocabulary slice. A norm's mean
+// is NULL with RMSNorm. A mixture of experts: E experts, K per token; of the chunk's L layers,
 // Ld dense and Lm MoE.
 
 // Where the rank's flat parameters sit in the canonical layout (the llm.c file's, unsplit): runs of values
@@ -7059,6 +7267,7 @@ static inline void lp_model_build_runs(LPModel* m) {
         size_t count, rows, cols;
         int blocks, split = lp_param_split[i], p = m->parts > 1 && lp_is_expert_tensor(i), ex = p;
         lp_param_shape(&m->cfg, i, &count, &rows, &cols, &blocks);
+        if (!count) continue;  // a tensor the family lacks
         int layer = lp_is_layer_tensor(i), l0 = layer ? m->layer0 : 0, l1 = layer ? l0 + m->L : m->zero.param_sizes[i] > 0;
         int copy = (split == LP_REPLICATED && r > 0) || (m->copies >> i & 1);
         size_t g0 = ex ? rows / E * e0 : 0, g1 = ex ? rows / E * (e0 + El) : rows;  // this rank's experts' rows
@@ -7069,9 +7278,11 @@ static inline void lp_model_build_runs(LPModel* m) {
                 lp_model_add_run(m, local[p], mat + g0 * cols, (g1 - g0) * cols, p, copy, &cap);
                 local[p] += (g1 - g0) * cols;
             } else if (split == LP_SPLIT_ROWS) {
-                size_t per = rows / blocks / t;  // this rank's rows of one block
-                for (int k = ex ? e0 : 0; k < (ex ? e0 + El : blocks); k++, local[p] += per * cols)
-                    lp_model_add_run(m, local[p], mat + (k * (rows / blocks) + r * per) * cols, per * cols, p, copy, &cap);
+                for (int k = ex ? e0 : 0; k < (ex ? e0 + El : blocks); k++) {
+                    size_t b0, per = lp_param_block(&m->cfg, i, k, &b0) / t;  // this rank's rows of block k
+                    lp_model_add_run(m, local[p], mat + (b0 + r * per) * cols, per * cols, p, copy, &cap);
+                    local[p] += per * cols;
+                }
             } else {
                 size_t w = cols / t;  // this rank's columns of each row
                 for (size_t j = g0; j < g1; j++, local[p] += w) lp_model_add_run(m, local[p], mat + j * cols + r * w, w, p, copy, &cap);
@@ -7157,8 +7368,16 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
 }
 
 // Tensor i of layer l (a layer tensor that layer has): its weights, and where its gradient accumulates.
-static inline floatX* lp_layer_param(const LPModel* m, int i, int l) { return lp_zero_weights(lp_tensor_part(m, i), i, l); }
-static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) { return lp_zero_grads(lp_tensor_part(m, i), i, l); }
+// NULL: a tensor the family lacks (a bias, an RMSNorm's), which the ops take as none.
+static inline floatX* lp_layer_param(const LPModel* m, int i, int l) {
+    return lp_family_has(&m->cfg, i) ? lp_zero_weights(lp_tensor_part(m, i), i, l) : NULL;
+}
+static inline floatX* lp_layer_grad(const LPModel* m, int i, int l) {
+    return lp_family_has(&m->cfg, i) ? lp_zero_grads(lp_tensor_part(m, i), i, l) : NULL;
+}
+// The same of a tensor outside the layers (wpe, the final norm's, the head's).
+static inline floatX* lp_model_param(const LPModel* m, int i) { return lp_family_has(&m->cfg, i) ? m->zero.w[i] : NULL; }
+static inline floatX* lp_model_grad(const LPModel* m, int i) { return lp_family_has(&m->cfg, i) ? m->zero.g[i] : NULL; }
 
 // ZeRO's hooks around a layer (section 8), on each of the model's parts.
 static inline void lp_model_fetch(LPModel* m, int l, int next) {
@@ -7216,8 +7435,8 @@ static inline int lp_model_canonical_io(const LPModel* m, int p, FILE* f, long l
 }
 
 // GPT-2 initialisation: N(0, 0.02) weights, the residual projections scaled by 1/sqrt(2L) so the
-// residual stream's variance does not grow with depth; zero biases; LayerNorm weight 1, bias 0; the
-// padding rows of wte stay zero. The whole model is drawn on every rank, so any split starts alike.
+// residual stream's variance does not grow with depth; zero biases; LayerNorm (RMSNorm) weight 1, bias 0; the
+// padding rows of wte (and of an untied head) stay zero. The whole model is drawn on every rank, so any split starts alike.
 void lp_model_init_random(LPModel* m, uint64_t seed) {
     const LPConfig* c = &m->cfg;
     size_t sizes[LP_NUM_PARAMS];
@@ -7233,7 +7452,7 @@ void lp_model_init_random(LPModel* m, uint64_t seed) {
             for (size_t j = 0; j < n; j++) t[j] = 1.0f;
         } else if (lp_param_decays(i)) {
             float std = (i == LP_ATTPROJW || i == LP_FCPROJW || i == LP_EXPFCPROJW) ? residual_std : 0.02f;
-            if (i == LP_WTE) n = (size_t)c->vocab_size * c->channels;
+            if (i == LP_WTE || i == LP_HEADW) n = sizes[i] ? (size_t)c->vocab_size * c->channels : 0;
             for (size_t j = 0; j < n; j++) t[j] = std * lp_rand_normal(&rng);
         }
     }
@@ -7248,7 +7467,8 @@ void lp_model_init_random(LPModel* m, uint64_t seed) {
 static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, int B, int T, int gpu, char* stored, char* scratch,
                                            size_t* scratch_bytes) {
     const LPConfig* c = &m->cfg;
-    size_t t = m->tp_size, L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
+    size_t t = m->tp_size, L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = lp_ffn_hidden(c) / t;
+    size_t QKVl = lp_qkv_rows(c) / t, Ff = c->swiglu ? 2 * Fl : Fl, rms = c->rmsnorm;  // (fc's outputs: SwiGLU's gate and up)
     size_t N = (size_t)B * T, Nr = m->par->sp ? N / t : N, Vl = m->last ? c->padded_vocab_size / t : 0, off[2] = {0, 0};
     size_t head = m->last ? Nr : 0;  // the final LayerNorm and the logits live on the last chunk
     // recomputed activations: one layer's room, in scratch (region 1). Full recomputation keeps only the
@@ -7269,18 +7489,18 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     } while (0)
     LP_CARVE(0, encoded, floatX, Nr * C);
     LP_CARVE(full, ln1, floatX, Lf * Nr * C);
-    LP_CARVE(full, ln1_mean, float, Lf * Nr);
+    LP_CARVE(full, ln1_mean, float, !rms * Lf * Nr);
     LP_CARVE(full, ln1_rstd, float, Lf * Nr);
-    LP_CARVE(full, qkvr, floatX, mat * Lf * N * 3 * Cl);
+    LP_CARVE(full, qkvr, floatX, mat * Lf * N * QKVl);
     LP_CARVE(sel, att, floatX, mat * Ls * B * NHl * T * T);
-    LP_CARVE(full, qkvs, floatX, !mat * Lf * N * 3 * Cl);
+    LP_CARVE(full, qkvs, floatX, !mat * Lf * N * QKVl);
     LP_CARVE(full, lse, float, !mat * Lf * B * NHl * T);
     LP_CARVE(full, atty, floatX, Lf * N * Cl);
     LP_CARVE(full, residual2, floatX, Lf * Nr * C);
     LP_CARVE(full, ln2, floatX, Lf * Nr * C);
-    LP_CARVE(full, ln2_mean, float, Lf * Nr);
+    LP_CARVE(full, ln2_mean, float, !rms * Lf * Nr);
     LP_CARVE(full, ln2_rstd, float, Lf * Nr);
-    LP_CARVE(full, fch, floatX, Ldf * N * Fl);
+    LP_CARVE(full, fch, floatX, Ldf * N * Ff);
     LP_CARVE(sel, fch_gelu, floatX, Lds * N * Fl);
     LP_CARVE(full, probs, float, Lmf * N * E);
     LP_CARVE(full, rlse, float, Lmf * N);
@@ -7299,17 +7519,18 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(full, yp, floatX, Lmf * K * N * C);
     LP_CARVE(0, residual3, floatX, L * Nr * C);
     LP_CARVE(0, lnf, floatX, head * C);
-    LP_CARVE(0, lnf_mean, float, head);
+    LP_CARVE(0, lnf_mean, float, !rms * head);
     LP_CARVE(0, lnf_rstd, float, head);
     LP_CARVE(0, logits, floatX, N * Vl);
     LP_CARVE(1, losses, float, N);
     LP_CARVE(1, stats, float, t * N * 3);
-    LP_CARVE(1, qkv, floatX, N * 3 * Cl);
+    LP_CARVE(1, qkv, floatX, N * QKVl);
     LP_CARVE(1, btc, floatX, N * C);
     LP_CARVE(1, full, floatX, m->par->sp ? N * C : 0);
     LP_CARVE(1, dresidual, floatX, Nr * C);
-    LP_CARVE(1, dfch, floatX, N * Fl);
-    LP_CARVE(1, dqkvr, floatX, mat * N * 3 * Cl);
+    LP_CARVE(1, dfch, floatX, N * Ff);
+    LP_CARVE(1, dact, floatX, c->swiglu ? N * Fl : 0);
+    LP_CARVE(1, dqkvr, floatX, mat * N * QKVl);
     LP_CARVE(1, datt, floatX, mat * B * NHl * T * T);
     LP_CARVE(1, dy, floatX, mat * N * Cl);
     size_t moe = Lm > 0;
@@ -7324,10 +7545,11 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, rdx, floatX, moe * N * C);
     size_t aux = m->num_aux ? 1 : 0;
     LP_CARVE(1, aux_lnf, floatX, aux * Nr * C);
-    LP_CARVE(1, aux_mean, float, aux * Nr);
+    LP_CARVE(1, aux_mean, float, !rms * aux * Nr);
     LP_CARVE(1, aux_rstd, float, aux * Nr);
     LP_CARVE(1, aux_logits, floatX, aux * N * c->padded_vocab_size / t);
 #undef LP_CARVE
+    if (rms) a->ln1_mean = a->ln2_mean = a->lnf_mean = a->aux_mean = NULL;  // RMSNorm: no centering (lp_layernorm_forward)
 #undef LP_BYTES_floatX
 #undef LP_BYTES_float
 #undef LP_BYTES_int
@@ -7443,7 +7665,13 @@ static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float
     return (float)(sum / N);
 }
 
-// The LM head, tied to wte and column-parallel over the vocabulary: this rank's slice of the logits (N,Vl)
+// The LM head's weights, piece k of them (rows r0 ...): wte's (tied), or headw's (untied: ZeRO-2/3 are not yet
+// for the Llama family, so headw is whole, in one piece).
+static inline const floatX* lp_model_head(LPModel* m, int k, size_t r0) {
+    return m->cfg.untied ? m->zero.w[LP_HEADW] + r0 * m->cfg.channels : lp_zero_wte(&m->zero, k);
+}
+
+// The LM head, tied to wte (or untied) and column-parallel over the vocabulary: this rank's slice of the logits (N,Vl)
 // from lnf, the final LayerNorm's output (this rank's rows of it; SP gathers them), a piece of wte's rows
 // at a time (ZeRO-2/3 hold it in pieces; else one piece, all of it). Padding rows of wte are zero.
 static inline void lp_model_logits(LPModel* m, floatX* logits, const floatX* lnf, int N) {
@@ -7451,7 +7679,7 @@ static inline void lp_model_logits(LPModel* m, floatX* logits, const floatX* lnf
     const floatX* x = lp_tp_f_forward(m, lnf, N, C);
     for (int k = 0; k < m->zero.pieces; k++) {
         size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
-        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, lp_zero_wte(&m->zero, k), C, 0, logits + r0, Vl);
+        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, lp_model_head(m, k, r0), C, 0, logits + r0, Vl);
     }
 }
 
@@ -7467,15 +7695,19 @@ static inline void lp_model_head_backward(LPModel* m, const floatX* x, const flo
     const floatX* xf = lp_tp_f_forward(m, lnf, N, C);
     for (int k = 0; k < z->pieces; k++) {
         size_t r0, rows = lp_zero_piece(z, k, &r0);
-        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, lp_zero_wte(z, k), C, k > 0, a->btc, C);
+        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, lp_model_head(m, k, r0), C, k > 0, a->btc, C);
     }
     for (int k = 0; k < z->pieces; k++) {
         size_t r0, rows = lp_zero_piece(z, k, &r0);
+        if (m->cfg.untied) {
+            lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, z->g[LP_HEADW] + r0 * C, C);
+            continue;
+        }
         lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, lp_zero_wte_grad(z, k), C);
         lp_zero_wte_grad_done(z, k);
     }
-    lp_layernorm_backward(a->dresidual, z->g[LP_LNFW], z->g[LP_LNFB], lp_tp_f_backward(m, a->btc, N, C), x, z->w[LP_LNFW], mean,
-                           rstd, Nr, C);
+    lp_layernorm_backward(a->dresidual, z->g[LP_LNFW], lp_model_grad(m, LP_LNFB), lp_tp_f_backward(m, a->btc, N, C), x, z->w[LP_LNFW],
+                           mean, rstd, Nr, C);
 }
 #endif  // LLMPAR_IMPLEMENTATION
 
@@ -7505,7 +7737,8 @@ typedef struct {
 static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     const LPActivations* a = &m->act;
     size_t t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->par->sp ? N / t : N, C = m->cfg.channels;
-    size_t Cl = C / t, Fl = 4 * C / t, NHl = m->cfg.num_heads / t;
+    size_t Fl = lp_ffn_hidden(&m->cfg) / t, Ff = m->cfg.swiglu ? 2 * Fl : Fl, NHl = m->cfg.num_heads / t, Cl = C / t;
+    size_t QKVl = lp_qkv_rows(&m->cfg) / t;
     size_t f = m->par->recompute == LP_RECOMPUTE_FULL ? 0 : l, s = m->par->recompute == LP_RECOMPUTE_NONE ? l : 0;  // layer slots
     LPLayerActs x;
     memset(&x, 0, sizeof(x));  // (a dense layer's MoE fields stay NULL)
@@ -7517,18 +7750,18 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     size_t kf = m->par->recompute == LP_RECOMPUTE_FULL ? 0 : kind, ks = m->par->recompute == LP_RECOMPUTE_NONE ? kind : 0;
     x.input = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * Nr * C;
     x.ln1 = a->ln1 + f * Nr * C;
-    x.ln1_mean = a->ln1_mean + f * Nr;
+    x.ln1_mean = a->ln1_mean ? a->ln1_mean + f * Nr : NULL;
     x.ln1_rstd = a->ln1_rstd + f * Nr;
-    x.qkvr = a->qkvr + f * 3 * N * Cl;
+    x.qkvr = a->qkvr + f * N * QKVl;
     x.att = a->att + s * B * NHl * T * T;
-    x.qkvs = a->qkvs + f * 3 * N * Cl;
+    x.qkvs = a->qkvs + f * N * QKVl;
     x.lse = a->lse + f * B * NHl * T;
     x.atty = a->atty + f * N * Cl;
     x.residual2 = a->residual2 + f * Nr * C;
     x.ln2 = a->ln2 + f * Nr * C;
-    x.ln2_mean = a->ln2_mean + f * Nr;
+    x.ln2_mean = a->ln2_mean ? a->ln2_mean + f * Nr : NULL;
     x.ln2_rstd = a->ln2_rstd + f * Nr;
-    x.fch = a->fch + kf * N * Fl;
+    x.fch = a->fch + kf * N * Ff;
     x.fch_gelu = a->fch_gelu + ks * N * Fl;
     x.residual3 = a->residual3 + (size_t)l * Nr * C;
     if (!x.moe) return x;  // a dense layer: no routing, no experts
@@ -7635,7 +7868,7 @@ static inline int lp_moe_rows_taken(const LPModel* m, const LPLayerActs* x) {
 // Expert e's tensors in layer l (e among this rank's): its rows of the TP rank's fc (4C/t of them), its
 // fcproj's columns, biases; each expert's values one after another, this many.
 static inline size_t lp_expert_size(const LPModel* m, int i) {
-    size_t C = m->cfg.channels, Fl = 4 * C / m->tp_size;
+    size_t C = m->cfg.channels, Fl = lp_ffn_hidden(&m->cfg) / m->tp_size;
     return i == LP_EXPFCW || i == LP_EXPFCPROJW ? Fl * C : i == LP_EXPFCB ? Fl : C;
 }
 static inline floatX* lp_expert_param(const LPModel* m, int i, int l, int e) { return lp_layer_param(m, i, l) + e * lp_expert_size(m, i); }
@@ -7646,7 +7879,7 @@ static inline floatX* lp_expert_grad(const LPModel* m, int i, int l, int e) { re
 // With expert parallelism the rows go to their experts' ranks first (an all-to-all over the EP group), and
 // the outputs come back the same way.
 static inline void lp_moe_forward(LPModel* m, int l, const LPLayerActs* x) {
-    int N = m->cur_B * m->cur_T, C = m->cfg.channels, Fl = 4 * C / m->tp_size, E = m->cfg.moe_experts, K = m->cfg.moe_topk;
+    int N = m->cur_B * m->cur_T, C = m->cfg.channels, Fl = lp_ffn_hidden(&m->cfg) / m->tp_size, E = m->cfg.moe_experts, K = m->cfg.moe_topk;
     int El = E / m->ep_size;
     LPActivations* a = &m->act;
     const floatX* in = lp_tp_f_forward(m, x->ln2, N, C);
@@ -7701,7 +7934,7 @@ static inline void lp_moe_account(LPModel* m, const LPLayerActs* x, int N) {
 // Backward through layer l's MoE MLP from the gradient of its output (dy, every row; TP: the whole of it),
 // into its weights' gradients; leaves ln2's gradient (this rank's rows) in the returned rows of act.btc.
 static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, const floatX* dy) {
-    int t = m->tp_size, N = m->cur_B * m->cur_T, Nr = m->par->sp ? N / t : N, C = m->cfg.channels, Fl = 4 * C / t;
+    int t = m->tp_size, N = m->cur_B * m->cur_T, Nr = m->par->sp ? N / t : N, C = m->cfg.channels, Fl = lp_ffn_hidden(&m->cfg) / t;
     int E = m->cfg.moe_experts, K = m->cfg.moe_topk;
     LPActivations* a = &m->act;
     lp_moe_combine_backward(a->dyp, a->dgate + (size_t)m->tp_rank * N * K, dy, x->yp, x->pos, x->gate, N, K, C);
@@ -7745,26 +7978,35 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
 static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* x) {
     const LPConfig* c = &m->cfg;
     int t = m->tp_size, B = m->cur_B, T = m->cur_T, N = B * T, Nr = m->par->sp ? N / t : N;
-    int C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
+    int C = c->channels, NHl = c->num_heads / t, KVl = lp_kv_heads(c) / t, Cl = C / t, Fl = lp_ffn_hidden(c) / t;
+    int QKVl = (int)lp_qkv_rows(c) / t;
     LPActivations* a = &m->act;
     // materialised attention and the cache's take qkv as scratch (the first permutes it into qkvr)
     const LPKVCache* kv = &m->cache;
     int mat = lp_attention_materialised(m->attention);
     floatX* qkv = mat || kv->kv ? a->qkv : x->qkvs;
     lp_matmul_forward(qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l), lp_layer_param(m, LP_QKVB, l), N, C,
-                      3 * Cl);
+                      QKVl);
+    if (c->rope) lp_rope(qkv, B, T, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
     if (kv->kv) lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * Cl, qkv, B, T, kv->pos, kv->T, Cl, NHl);
-    else if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, qkv, B, T, Cl, NHl);
+    else if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, qkv, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
     else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl);
 #endif
     lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
                                    lp_layer_param(m, LP_ATTPROJB, l), lp_layer_param(m, LP_LN2W, l),
-                                   lp_layer_param(m, LP_LN2B, l), Nr, C);
-    if (x->moe) lp_moe_forward(m, l, x);
-    else lp_matmul_forward(x->fch_gelu, x->fch, lp_tp_f_forward(m, x->ln2, N, C), lp_layer_param(m, LP_FCW, l),
+                                   lp_layer_param(m, LP_LN2B, l), Nr, C, lp_norm_eps(c));
+    if (x->moe) {
+        lp_moe_forward(m, l, x);
+    } else if (c->swiglu) {  // fc's gate and up, then SwiGLU
+        lp_matmul_forward(x->fch, NULL, lp_tp_f_forward(m, x->ln2, N, C), lp_layer_param(m, LP_FCW, l), lp_layer_param(m, LP_FCB, l),
+                           N, C, 2 * Fl);
+        lp_swiglu_forward(x->fch_gelu, x->fch, N, Fl);
+    } else {
+        lp_matmul_forward(x->fch_gelu, x->fch, lp_tp_f_forward(m, x->ln2, N, C), lp_layer_param(m, LP_FCW, l),
                            lp_layer_param(m, LP_FCB, l), N, C, Fl);
+    }
 }
 
 // Forward pass over (B,T) host tokens. With targets it also computes the loss, leaving dlogits =
@@ -7788,10 +8030,10 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
     m->cur_B = B;
     m->cur_T = T;
     m->dloss = dloss;
-    int L = m->L, C = c->channels, Fl = 4 * C / t, V = c->vocab_size;
+    int L = m->L, C = c->channels, Fl = lp_ffn_hidden(c) / t, V = c->vocab_size;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
+    float eps = lp_norm_eps(c);
     LPActivations* a = &m->act;
-    floatX** w = m->zero.w;  // the tensors outside the layers
 
     if (m->first) {  // vocab-parallel embedding: partial sums over the ranks' slices of wte (g), then positions
         lp_check_tokens(inputs, N, V, "input");
@@ -7802,16 +8044,18 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
             size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
             lp_embedding_forward(a->btc, m->inputs, lp_zero_wte(&m->zero, k), v0 + (int)r0, (int)rows, N, C);
         }
-        lp_positions_forward(a->encoded, lp_tp_g_forward(m, a->btc, N, C), w[LP_WPE] + (size_t)pos * C, m->par->sp ? m->tp_rank * Nr : 0,
-                             Nr, T, C);
+        const floatX* emb = lp_tp_g_forward(m, a->btc, N, C);
+        if (c->rope) lp_copy_device(a->encoded, emb, (size_t)Nr * C * sizeof(floatX));  // (RoPE turns q and k in each layer)
+        else lp_positions_forward(a->encoded, emb, lp_model_param(m, LP_WPE) + (size_t)pos * C, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     if (L > 0) {
         lp_model_fetch(m, 0, -1);
         LPLayerActs x = lp_layer_acts(m, 0);
         lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, a->encoded, lp_layer_param(m, LP_LN1W, 0),
-                              lp_layer_param(m, LP_LN1B, 0), Nr, C);
+                              lp_layer_param(m, LP_LN1B, 0), Nr, C, eps);
     } else if (m->last) {
-        lp_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, w[LP_LNFW], w[LP_LNFB], Nr, C);
+        lp_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->encoded, lp_model_param(m, LP_LNFW), lp_model_param(m, LP_LNFB), Nr,
+                              C, eps);
     }
     for (int l = 0; l < L; l++) {
         lp_model_fetch(m, l, l + 1);  // ZeRO-3: the next layer's weights arrive while this one runs
@@ -7831,10 +8075,10 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
             lp_model_fetch(m, l + 1, -1);  // its ln1 runs now, fused with this residual add (l stays)
             LPLayerActs next = lp_layer_acts(m, l + 1);
             lp_residual_layernorm_forward(x.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, x.residual2, mlp, mlp_bias,
-                                           lp_layer_param(m, LP_LN1W, l + 1), lp_layer_param(m, LP_LN1B, l + 1), Nr, C);
+                                           lp_layer_param(m, LP_LN1W, l + 1), lp_layer_param(m, LP_LN1B, l + 1), Nr, C, eps);
         } else {
             lp_residual_layernorm_forward(x.residual3, m->last ? a->lnf : NULL, a->lnf_mean, a->lnf_rstd, x.residual2, mlp,
-                                           mlp_bias, w[LP_LNFW], w[LP_LNFB], Nr, C);
+                                           mlp_bias, lp_model_param(m, LP_LNFW), lp_model_param(m, LP_LNFB), Nr, C, eps);
         }
     }
     if (targets) {  // for the loss, and for the auxiliary losses' in backward
@@ -7917,11 +8161,11 @@ static inline void lp_model_embedding_backward(LPModel* m, const floatX* dout, i
 void lp_model_backward(LPModel* m, int last) {
     const LPConfig* c = &m->cfg;
     int B = m->cur_B, T = m->cur_T, t = m->tp_size, N = B * T, Nr = m->par->sp ? N / t : N;
-    int L = m->L, C = c->channels, NHl = c->num_heads / t, Cl = C / t, Fl = 4 * C / t;
-    int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
+    int L = m->L, C = c->channels, NHl = c->num_heads / t, KVl = lp_kv_heads(c) / t, Cl = C / t, Fl = lp_ffn_hidden(c) / t;
+    int QKVl = (int)lp_qkv_rows(c) / t, Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
     int sum_sp = m->par->sp && (last || m->par->zero >= 2);
+    float eps = lp_norm_eps(c);
     LPActivations* a = &m->act;
-    floatX** w = m->zero.w;  // the tensors outside the layers
     floatX** g = m->zero.g;
 
     if (m->last) {  // the loss's gradient, through the head
@@ -7932,7 +8176,8 @@ void lp_model_backward(LPModel* m, int last) {
         LPLayerActs x = lp_layer_acts(m, l);
         for (int j = 0; j < m->num_aux; j++) {  // an auxiliary loss on this layer's output: its head, recomputed
             if (m->aux[j] != l) continue;
-            lp_layernorm_forward(a->aux_lnf, a->aux_mean, a->aux_rstd, x.residual3, w[LP_LNFW], w[LP_LNFB], Nr, C);
+            lp_layernorm_forward(a->aux_lnf, a->aux_mean, a->aux_rstd, x.residual3, lp_model_param(m, LP_LNFW), lp_model_param(m, LP_LNFB),
+                                  Nr, C, eps);
             lp_model_logits(m, a->aux_logits, a->aux_lnf, N);
             m->aux_loss[j] += lp_model_classifier(m, a->aux_logits, N, m->aux_weight * m->dloss);
             lp_model_head_backward(m, x.residual3, a->aux_lnf, a->aux_mean, a->aux_rstd, a->aux_logits, N);
@@ -7942,12 +8187,13 @@ void lp_model_backward(LPModel* m, int last) {
         int redo = m->par->recompute ? lp_trace_begin("compute", "recompute", -1, -1) : -1;  // (on the timeline)
         if (m->par->recompute == LP_RECOMPUTE_FULL) {  // the layer's forward again, from its input
             lp_layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.input, lp_layer_param(m, LP_LN1W, l),
-                                  lp_layer_param(m, LP_LN1B, l), Nr, C);
+                                  lp_layer_param(m, LP_LN1B, l), Nr, C, eps);
             lp_model_layer_forward(m, l, &x);
         } else if (m->par->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
             if (lp_attention_materialised(m->attention))  // (flash attention keeps none: nothing to redo)
-                lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl);
+                lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl, KVl);
             if (x.moe) lp_gelu_forward(x.efch_gelu, x.efch, (size_t)lp_moe_rows_taken(m, &x) * Fl);
+            else if (c->swiglu) lp_swiglu_forward(x.fch_gelu, x.fch, N, Fl);
             else lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
         lp_trace_end(redo);
@@ -7956,6 +8202,13 @@ void lp_model_backward(LPModel* m, int last) {
         floatX* dln2;
         if (x.moe) {
             dln2 = lp_moe_backward(m, l, &x, lp_tp_g_backward(m, a->dresidual, N, C));
+        } else if (c->swiglu) {  // fcproj's, SwiGLU's (into fc's gate and up), fc's
+            lp_matmul_backward(a->dact, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l), NULL,
+                                lp_tp_g_backward(m, a->dresidual, N, C), x.fch_gelu, lp_layer_param(m, LP_FCPROJW, l), N, Fl, C, NULL);
+            lp_swiglu_backward(a->dfch, x.fch, a->dact, N, Fl);
+            lp_matmul_backward(a->btc, lp_layer_grad(m, LP_FCW, l), lp_layer_grad(m, LP_FCB, l), NULL, a->dfch,
+                                lp_tp_f_forward(m, x.ln2, N, C), lp_layer_param(m, LP_FCW, l), N, C, 2 * Fl, NULL);
+            dln2 = lp_tp_f_backward(m, a->btc, N, C);
         } else {
             // through the GELU too: dfch is fc's output gradient, and its column sums fc's bias gradient
             lp_matmul_backward(a->dfch, lp_layer_grad(m, LP_FCPROJW, l), lp_layer_grad(m, LP_FCPROJB, l), lp_layer_grad(m, LP_FCB, l),
@@ -7971,24 +8224,26 @@ void lp_model_backward(LPModel* m, int last) {
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l), NULL,
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C, NULL);
         if (lp_attention_materialised(m->attention))
-            lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl);
+            lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
         else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
 #endif
+        if (c->rope) lp_rope(a->qkv, B, T, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), NULL, a->qkv,
-                            lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, 3 * Cl, NULL);
+                            lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, QKVl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
                                lp_tp_f_backward(m, a->btc, N, C), x.input, lp_layer_param(m, LP_LN1W, l), x.ln1_mean,
                                x.ln1_rstd, Nr, C);
         if (sum_sp) {
             const int ln[4] = {LP_LN1W, LP_LN1B, LP_LN2W, LP_LN2B};
-            for (int k = 0; k < 4; k++) lp_all_reduce(m->tp, lp_layer_grad(m, ln[k], l), C, 0);
+            for (int k = 0; k < 4; k++)
+                if (lp_family_has(c, ln[k])) lp_all_reduce(m->tp, lp_layer_grad(m, ln[k], l), C, 0);
         }
         lp_model_layer_done(m, l, last);  // the layer's gradients are complete: DP / ZeRO takes them
     }
     if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
         lp_model_embedding_backward(m, lp_tp_g_backward(m, a->dresidual, N, C), N, v0, Vl, last);
-        lp_positions_backward(g[LP_WPE], a->dresidual, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        if (!c->rope) lp_positions_backward(g[LP_WPE], a->dresidual, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     for (int p = 0; p < m->parts; p++) lp_zero_backward_done(lp_model_part(m, p));
     if (m->par->sp && last) {  // (ZeRO-2/3 reduce the tensors outside the layers once, in lp_zero_average)
@@ -8317,7 +8572,11 @@ float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_
 //
 // Model file (llm.c): 256 x int32 header [magic 20240326, version, maxT, V, L, NH, C, Vp], then the 16
 // tensors in order, fp32 (version 3) or bf16 (version 5). A mixture of experts (llmpar's): version 6, the
-// header's next three [E, K, every] (lp_is_moe_layer), then the 21 tensors in order, fp32. Files and checkpoints are written under a .tmp
+// header's next three [E, K, every] (lp_is_moe_layer), then the 21 tensors in order, fp32. The Llama 3 family
+// (llm.c's train_llama3.py): 256 x int32 [magic 20240803, version 3 or 5, block size (maxT), V, L, NH, KV heads,
+// C, multiple_of, use_scaled_rope, major, minor] then 256 x float32 [ffn_dim_multiplier (0: none), norm_eps,
+// rope_theta], then wte (V rows), and per layer ln1w, qkvw, attprojw, ln2w, every layer's up (c_fc), every
+// layer's gate (c_fc2), fcprojw, then lnfw and the head (V rows): lp_llama_file_layout. Files and checkpoints are written under a .tmp
 // name and renamed, so a crash or a full disk never leaves a half-written file under the real name.
 
 #ifdef LLMPAR_IMPLEMENTATION
@@ -8328,9 +8587,25 @@ static inline float lp_bf16_to_float(uint16_t b) {
     return f;
 }
 
-// The shape a model file's header h gives, unchecked.
+#define LP_LLAMA_MAGIC 20240803
+#define LP_LLAMA_FLOATS 256  // the Llama 3 file's float header, after the ints
+
+// The shape a model file's header h gives, unchecked (a Llama 3 file's floats: lp_config_of_llama_floats).
 void lp_config_of_header(const int* h, LPConfig* cfg) {  // (h: LP_HEADER_INTS ints)
     memset(cfg, 0, sizeof(*cfg));
+    if (h[0] == LP_LLAMA_MAGIC) {
+        cfg->max_seq_len = h[2];
+        cfg->vocab_size = h[3];
+        cfg->padded_vocab_size = h[3] > 0 && h[3] <= 1 << 30 ? (h[3] + 127) / 128 * 128 : h[3];  // as lp_config_from_name pads
+        cfg->num_layers = h[4];
+        cfg->num_heads = h[5];
+        cfg->num_kv_heads = h[6] > 0 ? h[6] : -1;  // (0 would read as multi-head: lp_config_validate refuses -1)
+        cfg->channels = h[7];
+        cfg->multiple_of = h[8];
+        cfg->rope_scaled = h[9] != 0;
+        cfg->rope = cfg->rmsnorm = cfg->swiglu = cfg->no_bias = cfg->untied = 1;
+        return;
+    }
     if (h[1] == 6) {
         cfg->moe_experts = h[8];
         cfg->moe_topk = h[9];
@@ -8344,18 +8619,40 @@ void lp_config_of_header(const int* h, LPConfig* cfg) {  // (h: LP_HEADER_INTS i
     cfg->padded_vocab_size = h[7];
 }
 
+// A Llama 3 file's float header into cfg.
+static inline void lp_config_of_llama_floats(const float hf[LP_LLAMA_FLOATS], LPConfig* cfg) {
+    cfg->ffn_dim_multiplier = hf[0];
+    cfg->norm_eps = hf[1];
+    cfg->rope_theta = hf[2];
+}
+
+// The values a model file of shape cfg holds (a Llama 3 file: V rows of wte and the head, not Vp), and the
+// bytes of its header.
+static inline size_t lp_model_file_values(const LPConfig* c) {
+    return lp_config_num_params(c) - (c->untied ? 2 : 0) * (size_t)(c->padded_vocab_size - c->vocab_size) * c->channels;
+}
+static inline long long lp_model_file_header_bytes(const LPConfig* c) { return (LP_HEADER_INTS + (c->untied ? LP_LLAMA_FLOATS : 0)) * 4LL; }
+
 // Read a model file's header into cfg; returns the version (3, 5 or 6).
 int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f) {
     int h[LP_HEADER_INTS];
     lp_fread(h, sizeof(int), LP_HEADER_INTS, f, path);
-    if (h[0] != LP_MODEL_MAGIC) lp_fail("%s: not an llm.c model file (magic %d, expected %d)", path, h[0], LP_MODEL_MAGIC);
-    if (h[1] != 3 && h[1] != 5 && h[1] != 6)
-        lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16, 6 = fp32 mixture of experts)", path, h[1]);
+    if (h[0] != LP_MODEL_MAGIC && h[0] != LP_LLAMA_MAGIC)
+        lp_fail("%s: not an llm.c model file (magic %d, expected %d, or %d for the Llama 3 family)", path, h[0], LP_MODEL_MAGIC,
+                LP_LLAMA_MAGIC);
+    if (h[0] == LP_LLAMA_MAGIC ? h[1] != 3 && h[1] != 5 : h[1] != 3 && h[1] != 5 && h[1] != 6)
+        lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16%s)", path, h[1],
+                h[0] == LP_LLAMA_MAGIC ? ", in a Llama 3 file" : ", 6 = fp32 mixture of experts");
     lp_config_of_header(h, cfg);
+    if (h[0] == LP_LLAMA_MAGIC) {
+        float hf[LP_LLAMA_FLOATS];
+        lp_fread(hf, sizeof(float), LP_LLAMA_FLOATS, f, path);
+        lp_config_of_llama_floats(hf, cfg);
+    }
     if (h[1] == 6 && cfg->moe_experts < 1) lp_fail("%s: a mixture-of-experts file (version 6) with %d experts", path, cfg->moe_experts);
     lp_config_validate(cfg, path);
     // the size the header implies, before anything of that size is allocated (a damaged header can ask for a lot)
-    long long expect = LP_HEADER_INTS * 4LL + (long long)lp_config_num_params(cfg) * (h[1] == 5 ? 2 : 4);
+    long long expect = lp_model_file_header_bytes(cfg) + (long long)lp_model_file_values(cfg) * (h[1] == 5 ? 2 : 4);
     long long size = lp_file_size(path);
     if (size < expect) lp_fail("%s: file is truncated (its header's model needs %lld bytes, the file has %lld)", path, expect, size);
     if (size > expect) lp_fail("%s: file is longer than its header's model (%lld bytes, expected %lld)", path, size, expect);
@@ -8370,21 +8667,48 @@ static inline FILE* lp_model_file_open(const char* path, LPConfig* cfg, int* ver
     return f;
 }
 
-// Read an llm.c model file: its shape into cfg, its weights returned as host fp32 (the caller frees).
+// A Llama 3 file's values (file) against the canonical layout (canon, lp_param_shape's): the same tensors but
+// for V rows of wte and the head where the canonical has Vp (the padding zero), and fcw, which the file holds
+// as every layer's up, then every layer's gate, and the canonical as each layer's gate, then up (its two blocks).
+// to_file 1: canon into file; 0: file into canon.
+static inline void lp_llama_file_layout(const LPConfig* c, float* file, float* canon, int to_file) {
+    size_t at = 0, C = c->channels, L = c->num_layers, H = lp_ffn_hidden(c);
+    if (!to_file) memset(canon, 0, lp_config_num_params(c) * sizeof(float));
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        size_t count, rows, cols;
+        int blocks;
+        lp_param_shape(c, i, &count, &rows, &cols, &blocks);
+        for (size_t k = 0; k < (i == LP_FCW ? 2 * L : 1); k++) {  // fcw: the file's L ups, then its L gates
+            size_t n = i == LP_WTE || i == LP_HEADW ? (size_t)c->vocab_size * C : i == LP_FCW ? H * C : count * rows * cols;
+            float* x = canon + (i == LP_FCW ? (k % L * 2 + (k < L)) * H * C : 0);  // (layer k % L's block: up 1, gate 0)
+            memcpy(to_file ? file + at : x, to_file ? x : file + at, n * sizeof(float));
+            at += n;
+        }
+        canon += count * rows * cols;
+    }
+}
+
+// Read an llm.c model file: its shape into cfg, its weights returned as host fp32 in the canonical layout (the
+// caller frees).
 static inline float* lp_model_file_read(const char* path, LPConfig* cfg) {
     int version;
     FILE* f = lp_model_file_open(path, cfg, &version);
-    size_t n = lp_config_num_params(cfg);
+    size_t n = lp_config_num_params(cfg), nf = lp_model_file_values(cfg);
     float* w = (float*)lp_host_malloc(n * sizeof(float), "model weights");
+    float* values = cfg->untied ? (float*)lp_host_malloc(nf * sizeof(float), "model weights") : w;  // (a Llama 3 file's order)
     if (version != 5) {
-        lp_fread(w, sizeof(float), n, f, path);
+        lp_fread(values, sizeof(float), nf, f, path);
     } else {
-        uint16_t* b = (uint16_t*)lp_host_malloc(n * sizeof(uint16_t), "bf16 model weights");
-        lp_fread(b, sizeof(uint16_t), n, f, path);
-        for (size_t i = 0; i < n; i++) w[i] = lp_bf16_to_float(b[i]);
+        uint16_t* b = (uint16_t*)lp_host_malloc(nf * sizeof(uint16_t), "bf16 model weights");
+        lp_fread(b, sizeof(uint16_t), nf, f, path);
+        for (size_t i = 0; i < nf; i++) values[i] = lp_bf16_to_float(b[i]);
         free(b);
     }
     fclose(f);
+    if (values != w) {
+        lp_llama_file_layout(cfg, values, w, 0);
+        free(values);
+    }
     size_t bad = 0;  // training would only spread them, and no checkpoint may hold one
     for (size_t i = 0; i < n; i++) bad += !isfinite(w[i]);
     if (bad) lp_fail("%s: %zu of its %zu weights are not finite", path, bad, n);
@@ -8445,16 +8769,44 @@ static inline int lp_write_file(const char* path, const int* header, const void*
     return err;
 }
 
-// Save an unsharded model's fp32 master weights as an llm.c version-3 model file (a mixture of experts: 6).
+// The Llama 3 file's header of c: ints h, floats hf.
+static inline void lp_llama_file_header_of(int h[LP_HEADER_INTS], float hf[LP_LLAMA_FLOATS], const LPConfig* c) {
+    memset(h, 0, LP_HEADER_INTS * sizeof(int));
+    memset(hf, 0, LP_LLAMA_FLOATS * sizeof(float));
+    int fields[12] = {LP_LLAMA_MAGIC, 3, c->max_seq_len, c->vocab_size, c->num_layers, c->num_heads, lp_kv_heads(c), c->channels,
+                      c->multiple_of, c->rope_scaled, 3, 1};  // (Llama 3.1)
+    memcpy(h, fields, sizeof(fields));
+    hf[0] = c->ffn_dim_multiplier;
+    hf[1] = lp_norm_eps(c);
+    hf[2] = c->rope_theta;
+}
+
+// Save an unsharded model's fp32 master weights as an llm.c version-3 model file (a mixture of experts: 6; the
+// Llama 3 family: llm.c's Llama 3 file, version 3). A mixture of the two families' choices has no file.
 static inline void lp_model_save(const LPModel* m, const char* path) {
-    if (m->par->zero >= 1 || m->tp_size > 1 || m->ep_size > 1 || m->L != m->cfg.num_layers)
+    const LPConfig* c = &m->cfg;
+    if (m->par->zero >= 1 || m->tp_size > 1 || m->ep_size > 1 || m->L != c->num_layers)
         lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
+    int llama = c->rope && c->rmsnorm && c->swiglu && c->no_bias && c->untied && !c->moe_experts;
+    if (!llama && !lp_config_is_gpt2(c))
+        lp_fail("%s: no llm.c model file holds this mixture of GPT-2's and Llama's choices (positions, norm, MLP, biases, head)", path);
     int h[LP_HEADER_INTS];
-    lp_model_file_header_of(h, &m->cfg);
-    size_t bytes = m->total_params * sizeof(float);
+    float hf[LP_LLAMA_FLOATS];
+    size_t bytes = m->total_params * sizeof(float), fbytes = lp_model_file_values(c) * sizeof(float);
     float* w = (float*)lp_host_malloc(bytes, "model weights");
     lp_model_get_weights(m, w);
-    int err = lp_write_file(path, h, w, bytes);
+    char* payload = (char*)w;  // the file's values after the ints: a Llama 3 file's floats, then its order
+    if (llama) {
+        lp_llama_file_header_of(h, hf, c);
+        payload = (char*)lp_host_malloc(sizeof(hf) + fbytes, "model file");
+        memcpy(payload, hf, sizeof(hf));
+        lp_llama_file_layout(c, (float*)(payload + sizeof(hf)), w, 1);
+        fbytes += sizeof(hf);
+    } else {
+        lp_model_file_header_of(h, c);
+    }
+    int err = lp_write_file(path, h, payload, fbytes);
+    if (payload != (char*)w) free(payload);
     free(w);
     if (err) lp_fail("cannot write %s: %s", path, strerror(err));
 }

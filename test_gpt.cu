@@ -2599,7 +2599,7 @@ static void fd_check(const char* name, fd_forward_fn f, void* ctx, float* x, siz
 typedef struct { float *inp, *w, *b, *mean, *rstd; int N, C; } LNCtx;
 static void ln_fwd(void* p, float* out) {
     LNCtx* c = (LNCtx*)p;
-    lp_layernorm_forward_cpu(out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+    lp_layernorm_forward_cpu(out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 1e-5f);
 }
 typedef struct { float *inp, *w, *b, *pre; int N, C, OC; } MMCtx;
 static void mm_fwd(void* p, float* out) {
@@ -2610,7 +2610,7 @@ typedef struct { float *qkv, *scratch, *qkvr, *att; int B, T, C, NH; } AttCtx;
 static void att_fwd(void* p, float* out) {
     AttCtx* c = (AttCtx*)p;
     memcpy(c->scratch, c->qkv, (size_t)c->B * c->T * 3 * c->C * sizeof(float));  // forward clobbers its input
-    lp_attention_forward_cpu(out, c->qkvr, c->att, c->scratch, c->B, c->T, c->C, c->NH);
+    lp_attention_forward_cpu(out, c->qkvr, c->att, c->scratch, c->B, c->T, c->C, c->NH, c->NH);
 }
 typedef struct { float *wte, *wpe; int* tokens; int v0, Vl, row0, N, T, C; } EncCtx;
 static void enc_fwd(void* p, float* out) {  // a vocabulary slice's embedding, then positions from row0
@@ -2702,7 +2702,7 @@ static void test_op_gradients(void) {
         float *out = zeros(B * T * C), *r = rnd(B * T * C, &rng, 1.0f);
         float *dqkv = zeros(n3), *dqkvr = zeros(n3), *datt = zeros(natt), *dy = zeros(B * T * C);
         att_fwd(&c, out);
-        lp_attention_backward_cpu(dqkv, dqkvr, datt, dy, r, c.qkvr, c.att, B, T, C, NH);
+        lp_attention_backward_cpu(dqkv, dqkvr, datt, dy, r, c.qkvr, c.att, B, T, C, NH, NH);
         fd_check("fd attention dqkv", att_fwd, &c, c.qkv, n3, dqkv, out, r, B * T * C, &rng);
         int causal = 1;  // probabilities above the diagonal are exactly zero
         for (int bh = 0; bh < B * NH; bh++)
@@ -2772,6 +2772,134 @@ static void test_op_gradients(void) {
             free(slices); free(got_losses); free(got);
         }
         free(c.logits); free(c.work); free(c.stats); free(losses); free(ones);
+    }
+}
+
+// The tiny model as the Llama 3 family: RoPE (theta 500000, scaled), RMSNorm, SwiGLU of hidden 96 (2/3 of 4C
+// = 85, a multiple of 16), 2 KV heads, no biases, an untied head.
+static LPConfig tiny_llama_config(void) {
+    LPConfig c = tiny_config();
+    c.rope = c.rmsnorm = c.swiglu = c.no_bias = c.untied = c.rope_scaled = 1;
+    c.num_kv_heads = 2;
+    c.multiple_of = 16;
+    c.ffn_dim_multiplier = 1.0f;
+    c.rope_theta = 500000.0f;
+    c.norm_eps = 1e-5f;
+    return c;
+}
+
+// The Llama family's ops on the CPU (section 6), each on fresh random data: RMSNorm (the LayerNorm loop without
+// centering and bias, fused with the residual add), RoPE (its backward the inverse rotation), SwiGLU, and
+// grouped-query attention (2 and 1 K/V heads for 4 query heads) against central differences; GQA also equals
+// multi-head attention with each K/V head repeated for its group, RoPE's scaled frequencies Llama 3.1's rule.
+typedef struct { float *res, *inp, *inp2, *w, *rstd; int N, C; } RMSCtx;
+static void rms_fwd(void* p, float* out) {  // residual = inp + inp2, then RMSNorm of it (no bias, no mean)
+    RMSCtx* c = (RMSCtx*)p;
+    lp_residual_layernorm_forward_cpu(c->res, out, NULL, c->rstd, c->inp, c->inp2, NULL, c->w, NULL, c->N, c->C, 1e-5f);
+}
+typedef struct { float* x; int B, T, NH, KV, HS, scaled; } RopeCtx;
+static void rope_fwd(void* p, float* out) {
+    RopeCtx* c = (RopeCtx*)p;
+    memcpy(out, c->x, (size_t)c->B * c->T * (c->NH + 2 * c->KV) * c->HS * sizeof(float));
+    lp_rope_cpu(out, c->B, c->T, c->NH, c->KV, c->HS, 500000.0f, c->scaled, 0);
+}
+typedef struct { float* fch; int N, H; } SwiCtx;
+static void swiglu_fwd(void* p, float* out) {
+    SwiCtx* c = (SwiCtx*)p;
+    lp_swiglu_forward_cpu(out, c->fch, c->N, c->H);
+}
+typedef struct { float *qkv, *scratch, *qkvr, *att; int B, T, C, NH, KV; } GqaCtx;
+static void gqa_fwd(void* p, float* out) {
+    GqaCtx* c = (GqaCtx*)p;
+    memcpy(c->scratch, c->qkv, (size_t)c->B * c->T * (c->NH + 2 * c->KV) * (c->C / c->NH) * sizeof(float));
+    lp_attention_forward_cpu(out, c->qkvr, c->att, c->scratch, c->B, c->T, c->C, c->NH, c->KV);
+}
+
+static void test_llama_ops(void) {
+    uint64_t rng = 4049;
+    {   // RMSNorm, fused with the residual add
+        int N = 6, C = 32;
+        RMSCtx c = {zeros(N * C), rnd(N * C, &rng, 1.0f), rnd(N * C, &rng, 1.0f), rnd(C, &rng, 1.0f), zeros(N), N, C};
+        float *out = zeros(N * C), *r = rnd(N * C, &rng, 1.0f), *dinp = zeros(N * C), *dw = zeros(C);
+        rms_fwd(&c, out);
+        double ms = 0.0;  // row 0 by hand: x / sqrt(mean(x^2) + eps) * w
+        for (int k = 0; k < C; k++) ms += (double)c.res[k] * c.res[k] / C;
+        float want0 = (float)(c.res[3] / sqrt(ms + 1e-5) * c.w[3]);
+        expect_close("rmsnorm row 0 by hand", &out[3], &want0, 1, 1e-6f, 1e-5f);
+        lp_layernorm_backward_cpu(dinp, dw, NULL, r, c.res, c.w, NULL, c.rstd, N, C);
+        fd_check("fd rmsnorm dinp (residual)", rms_fwd, &c, c.inp, N * C, dinp, out, r, N * C, &rng);
+        fd_check("fd rmsnorm dinp (projection)", rms_fwd, &c, c.inp2, N * C, dinp, out, r, N * C, &rng);
+        fd_check("fd rmsnorm dw", rms_fwd, &c, c.w, C, dw, out, r, N * C, &rng);
+        free(c.res); free(c.inp); free(c.inp2); free(c.w); free(c.rstd); free(out); free(r); free(dinp); free(dw);
+    }
+    for (int scaled = 0; scaled < 2; scaled++) {  // RoPE on q and k (NH 4, KV 2), v untouched
+        int B = 2, T = 7, NH = 4, KV = 2, HS = 8;
+        size_t n = (size_t)B * T * (NH + 2 * KV) * HS;
+        RopeCtx c = {rnd(n, &rng, 1.0f), B, T, NH, KV, HS, scaled};
+        float *out = zeros(n), *r = rnd(n, &rng, 1.0f), *d = zeros(n);
+        rope_fwd(&c, out);
+        memcpy(d, r, n * sizeof(float));
+        lp_rope_cpu(d, B, T, NH, KV, HS, 500000.0f, scaled, 1);
+        fd_check(scaled ? "fd scaled rope (backward: the inverse rotation)" : "fd rope (backward: the inverse rotation)", rope_fwd, &c,
+                 c.x, n, d, out, r, n, &rng);
+        rope_fwd(&c, out);  // (fd_check left its last probe's)
+        lp_rope_cpu(out, B, T, NH, KV, HS, 500000.0f, scaled, 1);
+        expect_close("rope: the inverse rotation gives the input back", out, c.x, n, 1e-6f, 1e-5f);
+        rope_fwd(&c, out);
+        int row = (B * T - 1) * (NH + 2 * KV) * HS, pos = T - 1, same_v = 1;  // the last row, at position T - 1
+        for (int k = (NH + KV) * HS; k < (NH + 2 * KV) * HS; k++) same_v &= out[row + k] == c.x[row + k];
+        expect(same_v, "rope leaves v as it is");
+        double a = pos * lp_rope_freq(1, HS, 500000.0f, scaled);  // k's head 0, pair 1, by hand
+        float* x = c.x + row + NH * HS + 2;
+        float want[2] = {(float)(x[0] * cos(a) - x[1] * sin(a)), (float)(x[0] * sin(a) + x[1] * cos(a))};
+        expect_close("rope: a pair of k turned by pos * freq_i", out + row + NH * HS + 2, want, 2, 1e-6f, 1e-5f);
+        free(c.x); free(out); free(r); free(d);
+    }
+    {   // Llama 3.1's scaled frequencies (HS 128, theta 500000): high kept, low divided by 8, the middle blended
+        double f0 = 1.0, f63 = pow(500000.0, -126.0 / 128), f32 = pow(500000.0, -64.0 / 128);
+        double w32 = 2 * M_PI / f32, s32 = (8192.0 / w32 - 1.0) / 3.0;
+        double got[3] = {lp_rope_freq(0, 128, 500000.0f, 1), lp_rope_freq(63, 128, 500000.0f, 1), lp_rope_freq(32, 128, 500000.0f, 1)};
+        expect(w32 > 2048 && w32 < 8192 && fabs(got[0] - f0) < 1e-15 && fabs(got[1] - f63 / 8) < 1e-12 * f63 &&
+                   fabs(got[2] - ((1 - s32) * f32 / 8 + s32 * f32)) < 1e-12 * f32,
+               "scaled rope: wavelengths under 2048 kept, over 8192 divided by 8, between them blended");
+    }
+    {   // SwiGLU
+        int N = 5, H = 12;
+        SwiCtx c = {rnd(N * 2 * H, &rng, 2.0f), N, H};
+        float *out = zeros(N * H), *r = rnd(N * H, &rng, 1.0f), *d = zeros(N * 2 * H);
+        swiglu_fwd(&c, out);
+        float g = c.fch[2 * H + 3], u = c.fch[2 * H + H + 3], want = g / (1.0f + expf(-g)) * u;
+        expect_close("swiglu: silu(gate) * up", &out[H + 3], &want, 1, 1e-6f, 1e-5f);
+        lp_swiglu_backward_cpu(d, c.fch, r, N, H);
+        fd_check("fd swiglu (gate and up)", swiglu_fwd, &c, c.fch, N * 2 * H, d, out, r, N * H, &rng);
+        free(c.fch); free(out); free(r); free(d);
+    }
+    for (int KV = 2; KV >= 1; KV--) {  // grouped-query attention: 4 query heads, 2 or 1 K/V heads
+        int B = 2, T = 5, C = 16, NH = 4, HS = C / NH;
+        size_t n = (size_t)B * T * (NH + 2 * KV) * HS, natt = (size_t)B * NH * T * T;
+        GqaCtx c = {rnd(n, &rng, 1.5f), zeros(n), zeros(n), zeros(natt), B, T, C, NH, KV};
+        float *out = zeros(B * T * C), *r = rnd(B * T * C, &rng, 1.0f);
+        float *dqkv = zeros(n), *dqkvr = zeros(n), *datt = zeros(natt), *dy = zeros(B * T * C);
+        gqa_fwd(&c, out);
+        lp_attention_backward_cpu(dqkv, dqkvr, datt, dy, r, c.qkvr, c.att, B, T, C, NH, KV);
+        char name[128];
+        snprintf(name, sizeof(name), "fd grouped-query attention dqkv (%d KV heads of %d)", KV, NH);
+        fd_check(name, gqa_fwd, &c, c.qkv, n, dqkv, out, r, B * T * C, &rng);
+        // the same as multi-head attention over K/V heads repeated for each group (transformers' repeat_kv)
+        gqa_fwd(&c, out);  // (fd_check left its last probe's)
+        size_t n3 = (size_t)B * T * 3 * C;
+        float *mha = zeros(n3), *mqkvr = zeros(n3), *mout = zeros(B * T * C);
+        for (int i = 0; i < B * T; i++)
+            for (int h = 0; h < NH; h++)
+                for (int which = 0; which < 3; which++)
+                    memcpy(mha + (size_t)i * 3 * C + which * C + h * HS,
+                           c.qkv + (size_t)i * (NH + 2 * KV) * HS + (which ? (NH + (which - 1) * KV + h / (NH / KV)) : h) * HS,
+                           HS * sizeof(float));
+        lp_attention_forward_cpu(mout, mqkvr, c.att, mha, B, T, C, NH, NH);
+        snprintf(name, sizeof(name), "grouped-query attention (%d KV heads) = multi-head attention with K/V repeated", KV);
+        expect_close(name, out, mout, B * T * C, 1e-6f, 1e-5f);
+        free(mha); free(mqkvr); free(mout);
+        free(c.qkv); free(c.scratch); free(c.qkvr); free(c.att); free(out); free(r); free(dqkv); free(dqkvr); free(datt); free(dy);
     }
 }
 
@@ -2901,9 +3029,9 @@ static void test_tanh(void) {
 // With an auxiliary loss on layer 1's output (weight 0.5) the gradients are those of main + 0.5 * aux,
 // aux being the loss of the same weights cut after layer 1 (a one-chunk model of layers [0, 1)).
 static void test_model_gradient(void) {
-    for (int variant = 0; variant < 3; variant++) {  // plain, with an auxiliary loss, a mixture of experts
-        int with_aux = variant == 1, moe = variant == 2;
-        LPConfig c = tiny_config();
+    for (int variant = 0; variant < 4; variant++) {  // plain, with an auxiliary loss, a mixture of experts, the Llama family
+        int with_aux = variant == 1, moe = variant == 2, llama = variant == 3;
+        LPConfig c = llama ? tiny_llama_config() : tiny_config();
         if (moe) c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;  // layer 0 MoE, layer 1 dense
         int aux_layer = 1;
         LPModelOptions split, cut;  // (the whole model with its auxiliary loss; a chunk of its first layer)
@@ -2971,7 +3099,9 @@ static void test_model_gradient(void) {
                 }
             }
         }
-        expect_close(moe        ? "fd whole model, layer 0 a mixture of 4 experts (top-2, capacity 1, balance and z-losses): 4 entries "
+        expect_close(llama      ? "fd whole Llama (RoPE, RMSNorm, SwiGLU, 2 KV heads of 4, no biases, untied head): 4 entries of "
+                                  "each of its 9 tensors"
+                     : moe      ? "fd whole model, layer 0 a mixture of 4 experts (top-2, capacity 1, balance and z-losses): 4 entries "
                                   "of each of the 21 tensors"
                      : with_aux ? "fd whole model with an auxiliary loss on layer 1 (weight 0.5): 4 entries of each of the 16 tensors"
                                 : "fd whole model: 4 entries of each of the 16 tensors", got, want, k, FD_ATOL, FD_RTOL);
@@ -2980,6 +3110,117 @@ static void test_model_gradient(void) {
         free(g);
         lp_model_free(&m);
         lp_model_free(&head1);
+    }
+}
+
+// The Llama 3 family on one rank: its shape by name and as tensors (absent ones of size 0, qkv's unequal blocks,
+// SwiGLU's hidden size as Llama computes it), llm.c's Llama 3 file written and read back bit for bit (V rows
+// of wte and the head; every layer's up, then every layer's gate), recomputation equal to keeping the
+// activations, and each setting not yet for the family refused in one line.
+static void test_llama_model(void) {
+    LPConfig c;
+    expect(lp_config_from_name(&c, "llama:d4") && c.num_layers == 4 && c.channels == 256 && c.num_heads == 4 && lp_kv_heads(&c) == 2 &&
+               lp_ffn_hidden(&c) == 768 && c.rope && c.rmsnorm && c.swiglu && c.no_bias && c.untied && c.rope_theta == 500000.0f &&
+               c.padded_vocab_size == 50304 && !lp_config_is_gpt2(&c),
+           "llama:d4: 4 layers of 256, 4 heads and 2 KV heads, SwiGLU of 768, the family's choices");
+    expect(lp_config_from_name(&c, "llama:2,64,4,1,1000") && lp_kv_heads(&c) == 1 && c.vocab_size == 1000 && c.padded_vocab_size == 1024 &&
+               !lp_config_from_name(&c, "llama:2,64,4") && !lp_config_from_name(&c, "llama:x"),
+           "llama:L,C,NH,KV[,V]: 4 or 5 numbers");
+    LPConfig l8 = {0};  // Llama 3 8B's MLP: 2/3 of 4 x 4096, times 1.3, up to a multiple of 1024
+    l8.channels = 4096, l8.swiglu = 1, l8.multiple_of = 1024, l8.ffn_dim_multiplier = 1.3f;
+    expect(lp_ffn_hidden(&l8) == 14336, "SwiGLU's hidden size as Llama computes it: Llama 3 8B's 14336");
+    c = tiny_llama_config();
+    size_t sizes[LP_NUM_PARAMS], r0;
+    lp_param_sizes(sizes, &c, 1);
+    expect(sizes[LP_WPE] == 0 && sizes[LP_LN1B] == 0 && sizes[LP_QKVB] == 0 && sizes[LP_FCB] == 0 && sizes[LP_LNFB] == 0 &&
+               sizes[LP_QKVW] == 2 * (32 + 2 * 2 * 8) * 32 && sizes[LP_FCW] == 2 * 2 * 96 * 32 && sizes[LP_FCPROJW] == 2 * 32 * 96 &&
+               sizes[LP_HEADW] == 128 * 32,
+           "Llama tensors: no wpe, norm or projection biases; qkv (NH + 2 KV) HS rows; fc gate and up; an untied head");
+    expect(lp_param_block(&c, LP_QKVW, 0, &r0) == 32 && r0 == 0 && lp_param_block(&c, LP_QKVW, 1, &r0) == 16 && r0 == 32 &&
+               lp_param_block(&c, LP_QKVW, 2, &r0) == 16 && r0 == 48 && lp_param_block(&c, LP_FCW, 1, &r0) == 96 && r0 == 96,
+           "qkv's three unequal blocks (q 32 rows, k 16, v 16); fc's gate and up blocks");
+    // llm.c's Llama 3 file, both ways
+    LPModel a, b;
+    lp_model_create(&a, &c, NULL);
+    lp_model_init_random(&a, 11);
+    const char* path = tmp_path("llama.bin");
+    lp_model_save(&a, path);
+    lp_model_load(&b, path, NULL);
+    float *wa = (float*)lp_host_malloc(a.total_params * 4, "test"), *wb = (float*)lp_host_malloc(a.total_params * 4, "test");
+    read_master(&a, wa);
+    read_master(&b, wb);
+    expect(lp_config_differs(&a.cfg, &b.cfg) < 0 && memcmp(wa, wb, a.total_params * 4) == 0,
+           "Llama 3 file (20240803) round trip: the shape and the weights bit for bit");
+    size_t Vr = 97 * 32, L = 2, H = 96, C = 32;  // the file: wte's V rows, ..., every layer's up then every layer's gate, ..., the head's V rows
+    expect(lp_file_size(path) == 2048 + 4LL * (long long)(a.total_params - 2 * (128 - 97) * 32), "Llama 3 file: 2048 bytes of header, V rows");
+    FILE* f = fopen(path, "rb");
+    float* file = (float*)lp_host_malloc(lp_model_file_values(&c) * 4, "test");
+    int h[256];
+    expect(f && fread(h, 4, 256, f) == 256 && fseek(f, 2048, SEEK_SET) == 0 && fread(file, 4, lp_model_file_values(&c), f) == lp_model_file_values(&c),
+           "Llama 3 file read back");
+    if (f) fclose(f);
+    size_t fc_file = Vr + L * C + sizes[LP_QKVW] + L * C * C + L * C, fc_canon = 128 * 32 + L * C + sizes[LP_QKVW] + L * C * C + L * C;
+    expect(h[0] == 20240803 && h[1] == 3 && h[3] == 97 && h[6] == 2 && h[7] == 32 && h[8] == 16 && h[9] == 1 &&
+               memcmp(file, wa, Vr * 4) == 0 && memcmp(file + fc_file, wa + fc_canon + H * C, H * C * 4) == 0 &&      // layer 0's up
+               memcmp(file + fc_file + L * H * C, wa + fc_canon, H * C * 4) == 0 &&                                    // layer 0's gate
+               memcmp(file + fc_file + (2 * L - 1) * H * C, wa + fc_canon + 2 * H * C, H * C * 4) == 0 &&              // layer 1's gate
+               memcmp(file + lp_model_file_values(&c) - Vr, wa + a.total_params - 128 * 32, Vr * 4) == 0,             // the head
+           "Llama 3 file layout: its header; wte's V rows; every layer's up, then every layer's gate; the head's V rows last");
+    free(file);
+    // recomputation gives the same loss and gradients as keeping everything (the CPU engine's bits)
+    float loss[3], *grads[3];
+    int in[32], tg[32];
+    uint64_t rng = 7;
+    for (int i = 0; i < 32; i++) { in[i] = lp_rand_u32(&rng) % 97; tg[i] = lp_rand_u32(&rng) % 97; }
+    for (int r = 0; r < 3; r++) {
+        LPParallel par = lp_parallel_one;
+        par.recompute = r;
+        LPModel m;
+        lp_model_create(&m, &c, NULL);
+        m.par = &par;  // (one rank, no grid: the setting as a grid would give it, before the activations are made)
+        lp_model_set_weights(&m, wa);
+        lp_model_zero_grad(&m);
+        loss[r] = lp_model_forward(&m, in, tg, 2, 16, 1.0f / 32);
+        lp_model_backward(&m, 1);
+        grads[r] = (float*)lp_host_malloc(m.zero.num_params * 4, "test");
+        lp_to_host_float(grads[r], m.zero.grads, m.zero.num_params);
+        lp_model_free(&m);
+    }
+    expect(loss[1] == loss[0] && loss[2] == loss[0] && memcmp(grads[1], grads[0], a.zero.num_params * 4) == 0 &&
+               memcmp(grads[2], grads[0], a.zero.num_params * 4) == 0,
+           "Llama: selective and full recomputation give the loss and gradients of keeping everything, bit for bit");
+    for (int r = 0; r < 3; r++) free(grads[r]);
+    free(wa);
+    free(wb);
+    lp_model_free(&a);
+    lp_model_free(&b);
+    // bad input and what is not yet for the family: one line each
+    char out[4096];
+    int hb[256];
+    memcpy(hb, h, sizeof(hb));
+    hb[6] = 3;  // 3 KV heads of 4
+    const char* bad = tmp_path("llama_kv3.bin");
+    float floats[256] = {1.0f, 1e-5f, 500000.0f};
+    expect(lp_write_file(bad, hb, floats, sizeof(floats)) == 0, "a Llama 3 header with 3 KV heads of 4 heads is written");
+    const struct { const char* args; const char* says; } refused[] = {
+        {"-e %s", "llama_kv3.bin: 3 KV heads do not divide the 4 heads into equal groups"},
+        {"-e llama:d2 --zero 1", "--zero 1: not yet for the Llama family"},
+        {"-e llama:d2 -o %s", "checkpoints are not yet for the Llama family"},
+        {"-e llama:d2 --moe-experts 4", "a mixture of experts is not yet for the Llama family"},
+        {"-e llama:d2 --print-schedule", "flag --print-schedule: not yet for the Llama family"},
+        {"-e llama:d2 -x 1 -s 1", "flag -s 1: sampling is not yet for the Llama family (-s 0)"},
+    };
+    char why[256];
+    expect(lp_tp_check(&c, 2, why, sizeof(why)) && strstr(why, "tp 2: not yet for the Llama family"),
+           "tensor parallelism of a Llama: not yet, in one line");
+    for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++) {
+        char args[512];
+        snprintf(args, sizeof(args), refused[k].args, k == 0 ? bad : tmp_path("llama_out"));
+        int rc = run_cmd(out, sizeof(out), "%s %s -x 1 -b 1 -t 8", TRAIN_BIN, args);
+        char name[600];
+        snprintf(name, sizeof(name), "./train_gpt_cpu %s: refused in one line (%s)", args, refused[k].says);
+        const char *e = strstr(out, "llmpar: error: "), *nl = e ? strchr(e, '\n') : NULL, *hit = e ? strstr(e, refused[k].says) : NULL;
+        expect(rc > 0 && hit && (!nl || hit < nl) && !strstr(e + 1, "llmpar: error: "), name);
     }
 }
 
@@ -5284,8 +5525,8 @@ static void tier4_layernorm(uint64_t* rng) {
         floatX *d_res = dev_bf16(res, n), *d_out = dev_bf16(out, n);
         float *d_mean = (float*)dev_copy(mean, N * 4), *d_rstd = (float*)dev_copy(rstd, N * 4);
         char name[160];
-        lp_layernorm_forward_cpu(out, mean, rstd, x1, w, b, N, C);
-        lp_layernorm_forward_gpu(d_out, d_mean, d_rstd, d_x1, d_w, d_b, N, C);
+        lp_layernorm_forward_cpu(out, mean, rstd, x1, w, b, N, C, 1e-5f);
+        lp_layernorm_forward_gpu(d_out, d_mean, d_rstd, d_x1, d_w, d_b, N, C, 1e-5f);
         float *g = host_from(d_out, n), *gm = host_from_f32(d_mean, N), *gr = host_from_f32(d_rstd, N);
         snprintf(name, sizeof(name), "gpu layernorm_forward out N=%d C=%d", N, C);
         expect_close(name, g, out, n, 2e-2f, 1e-2f);
@@ -5295,8 +5536,8 @@ static void tier4_layernorm(uint64_t* rng) {
         free(g); free(gm); free(gr);
         float* bias = host_rand(C, rng, 1.0f);
         floatX* d_bias = dev_bf16(bias, C);
-        lp_residual_layernorm_forward_cpu(res, out, mean, rstd, x1, x2, bias, w, b, N, C);
-        lp_residual_layernorm_forward_gpu(d_res, d_out, d_mean, d_rstd, d_x1, d_x2, d_bias, d_w, d_b, N, C);
+        lp_residual_layernorm_forward_cpu(res, out, mean, rstd, x1, x2, bias, w, b, N, C, 1e-5f);
+        lp_residual_layernorm_forward_gpu(d_res, d_out, d_mean, d_rstd, d_x1, d_x2, d_bias, d_w, d_b, N, C, 1e-5f);
         free(bias);
         lp_device_free(d_bias);
         float *gres = host_from(d_res, n);
@@ -5448,7 +5689,7 @@ static void tier4_flash_attention(uint64_t* rng, int B, int T, int C, int NH) {
     floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1);
     float* d_lse = (float*)dev_copy(lse, nl * sizeof(float));
     for (size_t i = 0; i < n3; i++) scratch[i] = qkv[i];  // the CPU loop uses its qkv as scratch
-    lp_attention_forward_cpu(out, qkvr, att, scratch, B, T, C, NH);
+    lp_attention_forward_cpu(out, qkvr, att, scratch, B, T, C, NH, NH);
     lp_flash_attention_forward_gpu(d_out, d_lse, d_qkv, B, T, C, NH);
     for (int bh = 0; bh < B * NH; bh++)
         for (int t = 0; t < T; t++) {
@@ -5470,7 +5711,7 @@ static void tier4_flash_attention(uint64_t* rng, int B, int T, int C, int NH) {
     expect_close(name, gl, lse, nl, 1e-5f, 1e-5f);
     float *dout = host_rand(n1, rng, 1.0f), *dqkv = host_rand(n3, rng, 1.0f), *datt = host_rand(na, rng, 1.0f);
     floatX *d_dout = dev_bf16(dout, n1), *d_dqkv = dev_bf16(dqkv, n3);
-    lp_attention_backward_cpu(dqkv, scratch, datt, out, dout, qkvr, att, B, T, C, NH);  // scratch: dqkvr, out: dy
+    lp_attention_backward_cpu(dqkv, scratch, datt, out, dout, qkvr, att, B, T, C, NH, NH);  // scratch: dqkvr, out: dy
     lp_flash_attention_backward_gpu(d_dqkv, d_dout, d_out, d_qkv, d_lse, B, T, C, NH);
     float* gd = host_from(d_dqkv, n3);
     snprintf(name, sizeof(name), "gpu flash_attention_backward B=%d T=%d C=%d NH=%d (HS=%d) dqkv", B, T, C, NH, HS);
@@ -5509,15 +5750,15 @@ static void tier4_cublas_attention(uint64_t* rng, int B, int T, int C, int NH) {
     floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_qkvr = dev_bf16(qkvr, n3), *d_att = dev_bf16(att, na);
     floatX *d_dout = dev_bf16(dout, n1), *d_dqkv = dev_bf16(dqkv, n3), *d_dqkvr = dev_bf16(dqkvr, n3), *d_datt = dev_bf16(datt, na);
     floatX* d_dy = dev_bf16(dy, n1);
-    lp_attention_forward_cpu(out, qkvr, att, qkv, B, T, C, NH);  // (qkv, the bf16 values on the GPU, is its scratch)
-    lp_attention_forward_gpu(d_out, d_qkvr, d_att, d_qkv, B, T, C, NH);
+    lp_attention_forward_cpu(out, qkvr, att, qkv, B, T, C, NH, NH);  // (qkv, the bf16 values on the GPU, is its scratch)
+    lp_attention_forward_gpu(d_out, d_qkvr, d_att, d_qkv, B, T, C, NH, NH);
     float *g = host_from(d_out, n1), *ga = host_from(d_att, na);
     snprintf(name, sizeof(name), "gpu cublas attention_forward B=%d T=%d C=%d NH=%d (HS=%d) out", B, T, C, NH, HS);
     expect_close_scaled(name, g, out, n1, 2e-2f);
     snprintf(name, sizeof(name), "gpu cublas attention_forward B=%d T=%d C=%d NH=%d (HS=%d) probabilities", B, T, C, NH, HS);
     expect_close_scaled(name, ga, att, na, 2e-2f);
-    lp_attention_backward_cpu(dqkv, dqkvr, datt, dy, dout, qkvr, att, B, T, C, NH);
-    lp_attention_backward_gpu(d_dqkv, d_dqkvr, d_datt, d_dy, d_dout, d_qkvr, d_att, B, T, C, NH);
+    lp_attention_backward_cpu(dqkv, dqkvr, datt, dy, dout, qkvr, att, B, T, C, NH, NH);
+    lp_attention_backward_gpu(d_dqkv, d_dqkvr, d_datt, d_dy, d_dout, d_qkvr, d_att, B, T, C, NH, NH);
     float* gd = host_from(d_dqkv, n3);
     snprintf(name, sizeof(name), "gpu cublas attention_backward B=%d T=%d C=%d NH=%d (HS=%d) dqkv", B, T, C, NH, HS);
     expect_close_scaled(name, gd, dqkv, n3, 3e-2f);
@@ -6421,6 +6662,8 @@ int main(int argc, char** argv) {
     RUN(test_hellaswag_file);
     printf("tier 2: CPU model\n");
     RUN(test_op_gradients);
+    RUN(test_llama_ops);
+    RUN(test_llama_model);
     RUN(test_blas_matmul);
     RUN(test_gemm_strided);
     RUN(test_expf);

@@ -106,9 +106,10 @@ static const LPFlagSpec lp_flag_specs[] = {
      "val token shards (a glob; \"\" for none); every val shard needs at least B*T*d+1 tokens, every train shard "
      "one step's (-d) + 1"},
     {NULL, "-e", LP_FLAG_STRING, LP_FIELD(init), "d4", "d12", "MODEL", NULL, NULL,
-     "llm.c model file (fp32 v3 or bf16 v5; llmpar's MoE v6), or dN: a new GPT-2 of depth N (d12/d24/d36/d48 are "
-     "GPT-2 124M/350M/774M/1558M; other N: C=64N, N heads), or L,C,NH[,V]: a new model of any shape (GPT-3 175B: "
-     "96,12288,96; V 50257 unless given; up to T=2048)"},
+     "llm.c model file (fp32 v3 or bf16 v5; llmpar's MoE v6; llm.c's Llama 3, 20240803), or dN: a new GPT-2 of depth N "
+     "(d12/d24/d36/d48 are GPT-2 124M/350M/774M/1558M; other N: C=64N, N heads), or L,C,NH[,V]: a new model of any shape "
+     "(GPT-3 175B: 96,12288,96; V 50257 unless given; up to T=2048); llama:dN or llama:L,C,NH,KV[,V]: the same as a Llama 3 "
+     "(RoPE, RMSNorm, SwiGLU, KV heads (dN: N/2), no biases, untied head; one rank of the CPU engine so far)"},
     {NULL, "-o", LP_FLAG_STRING, LP_FIELD(out_dir), "", "", "DIR", NULL, NULL, "output directory: main.log and checkpoints; one run at a time (DIR/lock)"},
     {NULL, "-b", LP_FLAG_INT, LP_FIELD(B), "4", "16", "N", NULL, NULL, "micro-batch size"},
     {NULL, "-t", LP_FLAG_INT, LP_FIELD(T), "64", "1024", "N", NULL, NULL, "sequence length (at most the model's)"},
@@ -1206,7 +1207,7 @@ static void lp_run_open_output(LPTrainRun* r) {
         if (k >= 0 && !lp_checkpoint_problem(f->out_dir, latest, &saved, optim_h, state_h, 1, why, sizeof(why))) {
             const char* moe_flags[3] = {"--moe-experts", "--moe-topk", "--moe-every"};
             snprintf(why, sizeof(why), "flag %s: checkpoint step %d holds a model of %d %s, this run's (-e %s) has %d; resume with the "
-                     "flags that made it", r->preset && k >= 6 ? moe_flags[k - 6] : "-e", latest, LP_CONFIG_FIELD(&saved, k),
+                     "flags that made it", r->preset && k >= 6 && k < 9 ? moe_flags[k - 6] : "-e", latest, LP_CONFIG_FIELD(&saved, k),
                      lp_config_fields[k].what, f->init, LP_CONFIG_FIELD(&r->cfg, k));
         } else {
             why[0] = '\0';  // (a checkpoint that is not whole is damaged: reported below)
@@ -1295,6 +1296,12 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     r->proc = proc;
     int from_scratch = r->preset = lp_model_config(f, proc, &r->cfg);
     lp_grid_check(proc, &r->cfg);
+    if (!lp_config_is_gpt2(&r->cfg) && f->out_dir[0])
+        lp_fail_all("flag -o %s: checkpoints are not yet for the Llama family (train without -o)", f->out_dir);
+    if (!lp_config_is_gpt2(&r->cfg) && f->aux_layers && f->aux_layers[0])
+        lp_fail_all("flag --aux-loss-layers %s: not yet for the Llama family", f->aux_layers);
+    if (!lp_config_is_gpt2(&r->cfg) && f->sample_every > 0)  // (its key-value cache has no RoPE offset or GQA yet)
+        lp_fail_all("flag %s %d: sampling is not yet for the Llama family (-s 0)", LP_FLAG_NAME(sample_every), f->sample_every);
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->par->dp;
     r->total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
@@ -1939,6 +1946,8 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
 static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
+    if (!lp_config_is_gpt2(&cfg))  // (section 12's FLOPs and memory count GPT-2's tensors and activations)
+        lp_fail_all("flag --print-schedule: not yet for the Llama family (-e %s; its FLOPs and memory are counted as GPT-2's)", f->init);
     LPParallel par = f->par;
     long long tp_pp = (long long)par.tp * par.pp;
     par.dp = proc->world % tp_pp == 0 ? (int)(proc->world / tp_pp) : 1;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hugging Face GPT-2 both ways (dev/hf): dev/hf/export.py writes llm.c model files (the reference fixture
+# Hugging Face GPT-2 both ways (dev/hf; the Llama 3 family: test_hf.py's check_llama): dev/hf/export.py writes llm.c model files (the reference fixture
 # in fp32 and bf16, a depth-2 model made by ./train_gpt_cpu) as Hugging Face directories and import.py
 # reads them back; dev/hf/test_hf.py checks what they wrote (logits against dev/ref/gpt2_ref.py, the
 # tokenizer files against the shipped shards' tokens, transformers itself when installed); bad input is
@@ -90,8 +90,8 @@ sed_config() { sed -i "$2" "$tmp/$1/config.json"; }
 bad_import "a missing directory" "$tmp/nothing: not a directory" "$tmp/nothing"
 variant noconfig && rm "$tmp/noconfig/config.json"
 bad_import "no config.json" "noconfig/config.json: No such file" "$tmp/noconfig"
-variant llama && sed_config llama 's/"model_type": "gpt2"/"model_type": "llama"/'
-bad_import "another model type" "llama/config.json: model_type 'llama', not a GPT-2" "$tmp/llama"
+variant mistral && sed_config mistral 's/"model_type": "gpt2"/"model_type": "mistral"/'
+bad_import "another model type" "mistral/config.json: model_type 'mistral', not a GPT-2" "$tmp/mistral"
 variant bert && sed_config bert 's/"GPT2LMHeadModel"/"BertModel"/'
 bad_import "another architecture" "bert/config.json: architectures ['BertModel']" "$tmp/bert"
 variant erf && sed_config erf 's/"gelu_new"/"gelu"/'

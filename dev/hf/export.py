@@ -10,6 +10,10 @@ reads it (vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json
 in dev/data/gpt2.tiktoken. --dtype defaults to the model file's own (v3: fp32, v5: bf16); fp32 to bf16
 rounds to nearest, ties to even. Offline, numpy only. Errors are one line; files already written by a
 failed run are removed.
+
+An llm.c Llama 3 file (magic 20240803, as ./train_gpt_cpu -e llama:... models are saved) becomes a
+LlamaForCausalLM directory: config.json and model.safetensors (q_proj's and k_proj's rows permuted back to
+Hugging Face's rotary order: dev/hf/llama_files.py), no tokenizer files.
 """
 import argparse
 import base64
@@ -21,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt2_files import TENSORS, FileError, bf16_bits, bf16_to_fp32, bytes_to_unicode, read_llmc, write_safetensors
+import llama_files
 
 RANKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "gpt2.tiktoken")
 EOT = 50256
@@ -131,11 +136,26 @@ def write_text(path, text):
         f.write(text)
 
 
+def is_llama_file(path):
+    """Whether path starts with the Llama 3 file's magic."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == llama_files.LLAMA_MAGIC.to_bytes(4, "little")
+    except OSError:
+        return False  # (read_llmc names the problem)
+
+
 def export(model_path, out_dir, dtype):
-    cfg, tensors = read_llmc(model_path)
+    llama = is_llama_file(model_path)
+    cfg, tensors = (llama_files.read_llama_llmc if llama else read_llmc)(model_path)
     dtype = dtype or ("bf16" if cfg["version"] == 5 else "fp32")
-    files = tokenizer_files(read_ranks(), cfg["maxT"])
-    files["config.json"] = json.dumps(hf_config(cfg, dtype), indent=2) + "\n"
+    if llama:
+        named = llama_files.hf_tensors(cfg, tensors, dtype)
+        files = {"config.json": llama_files.hf_config(cfg, dtype)}
+    else:
+        named = hf_tensors(cfg, tensors, dtype)
+        files = tokenizer_files(read_ranks(), cfg["maxT"])
+        files["config.json"] = json.dumps(hf_config(cfg, dtype), indent=2) + "\n"
     made_dir = not os.path.isdir(out_dir)
     written = []
     try:
@@ -148,8 +168,7 @@ def export(model_path, out_dir, dtype):
             os.replace(path + ".tmp", path)
             written.append(path)
 
-        write("model.safetensors", lambda p: write_safetensors(p, hf_tensors(cfg, tensors, dtype),
-                                                                "BF16" if dtype == "bf16" else "F32"))
+        write("model.safetensors", lambda p: write_safetensors(p, named, "BF16" if dtype == "bf16" else "F32"))
         for name, text in files.items():
             write(name, lambda p: write_text(p, text))
     except BaseException as e:
@@ -161,7 +180,7 @@ def export(model_path, out_dir, dtype):
         if isinstance(e, OSError):
             raise FileError(f"{e.filename or out_dir}: {e.strerror}") from None
         raise
-    return cfg, dtype
+    return cfg, dtype, llama
 
 
 def main():
@@ -171,10 +190,14 @@ def main():
     ap.add_argument("--dtype", choices=["fp32", "bf16"], help="the safetensors' dtype (default: the file's)")
     args = ap.parse_args()
     try:
-        cfg, dtype = export(args.model, args.out, args.dtype)
+        cfg, dtype, llama = export(args.model, args.out, args.dtype)
     except FileError as e:
         print(f"export.py: error: {e}", file=sys.stderr)
         sys.exit(1)
+    if llama:
+        print(f"{args.out}: Llama L={cfg['L']} C={cfg['C']} NH={cfg['NH']} KV={cfg['KV']} H={cfg['H']} V={cfg['V']}, {dtype}; "
+              f"load with LlamaForCausalLM.from_pretrained")
+        return
     print(f"{args.out}: GPT-2 L={cfg['L']} C={cfg['C']} NH={cfg['NH']} V={cfg['V']} maxT={cfg['maxT']}, {dtype}; "
           f"load with GPT2LMHeadModel.from_pretrained and GPT2Tokenizer.from_pretrained")
 

@@ -6,7 +6,9 @@ A Hugging Face GPT-2 directory as an llm.c model file (fp32, version 3) that tra
     ./train_gpt_cpu -e gpt2_124M.bin ...
 
 Reads config.json and the weights: model.safetensors (F32, F16 or BF16; numpy only), a sharded
-model.safetensors.index.json, or pytorch_model.bin (needs torch). Names with or without the
+model.safetensors.index.json, or pytorch_model.bin (needs torch). A LlamaForCausalLM (model_type llama)
+becomes an llm.c Llama 3 file (magic 20240803, fp32), q_proj's and k_proj's rows taken from Hugging Face's
+rotary order to the interleaved one the engine turns (dev/hf/llama_files.py). Names with or without the
 "transformer." prefix (GPT2LMHeadModel or GPT2Model); the attention mask buffers are skipped; an
 lm_head.weight must equal wte (llm.c ties them). The vocabulary is padded as llm.c pads it, to a multiple
 of 128 with zero rows. Errors are one line naming the file, and leave no output file.
@@ -21,6 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt2_files import (TENSORS, FileError, is_int, llmc_header, padded_vocab, read_json, read_safetensors, show,
                         show_name)
+import llama_files
 
 # Activations that are GELU's tanh form, the engine's
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
@@ -38,7 +41,7 @@ def read_config(d):
     if not isinstance(c, dict):
         raise FileError(f"{path}: not a model config (a JSON object)")
     if c.get("model_type") != "gpt2":
-        raise FileError(f"{path}: model_type {show(c.get('model_type'))}, not a GPT-2 (want 'gpt2')")
+        raise FileError(f"{path}: model_type {show(c.get('model_type'))}, not a GPT-2 (want 'gpt2') or a Llama ('llama')")
     archs = c.get("architectures") or ["GPT2LMHeadModel"]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise FileError(f"{path}: architectures {show(archs)} is not a list of names")
@@ -220,6 +223,14 @@ def main():
     try:
         if not os.path.isdir(args.dir):
             raise FileError(f"{args.dir}: not a directory")
+        path = os.path.join(args.dir, "config.json")
+        c = read_json(path)
+        if isinstance(c, dict) and c.get("model_type") == "llama":
+            cfg = llama_files.read_llama_config(path, c)
+            llama_files.write_llama_llmc(args.out, cfg, llama_files.check_llama_weights(cfg, read_weights(args.dir)))
+            print(f"{args.out}: llm.c Llama 3 fp32 L={cfg['L']} C={cfg['C']} NH={cfg['NH']} KV={cfg['KV']} H={cfg['H']} "
+                  f"V={cfg['V']} maxT={cfg['maxT']}")
+            return
         cfg = read_config(args.dir)
         write_llmc(args.out, cfg, check_weights(cfg, read_weights(args.dir)))
     except FileError as e:

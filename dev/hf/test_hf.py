@@ -517,6 +517,98 @@ def check_transformers(tmp, docs, engine):
           f"transformers' {hf_loss:.6f} (1e-5 relative)")
 
 
+def engine_losses(engine, model_bin, shard, *flags):
+    """The train and val losses ./train_gpt_cpu prints for a model file on a shard (B 2, T 16)."""
+    run = subprocess.run([engine, "-e", model_bin, "-i", shard, "-j", shard, "-b", "2", "-t", "16", "-s", "0", *flags],
+                         capture_output=True, text=True)
+    train = [float(l.split()[4]) for l in run.stdout.splitlines() if l.startswith("step ")]
+    val = [float(l.split()[2]) for l in run.stdout.splitlines() if l.startswith("val loss ")]
+    return train, val, (run.stderr.strip().splitlines() or [""])[-1]
+
+
+def check_llama(tmp, engine):
+    """(5) the Llama 3 family: a random transformers LlamaForCausalLM (hidden 64, 2 layers, 4 heads, 2 KV heads,
+    intermediate 172, rope_theta 500000, untied, vocabulary 1000; its weights drawn wide, so every part of the
+    model moves the loss), saved by save_pretrained (fp32 whole; bf16 in shards), imported: the engine's loss is
+    transformers' (float64); exported back, the safetensors' tensors are the saved ones byte for byte"""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        print("skip: the Llama checks (a random transformers LlamaForCausalLM imported): torch or transformers is not installed")
+        return
+    torch.manual_seed(49)
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0,
+                                      tie_word_embeddings=False, max_position_embeddings=64, rms_norm_eps=1e-5)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # norms' weights around 1, matrices of std 0.3
+        for p in model.parameters():
+            p.copy_(1.0 + 0.5 * torch.randn_like(p) if p.dim() == 1 else 0.3 * torch.randn_like(p))
+    shard = os.path.join(ROOT, "dev", "ref", "tiny_tokens.bin")
+    x, y = gpt2_ref.batch(gpt2_ref.read_tokens(shard), 2, 16)
+    with torch.no_grad():
+        logits = model.double()(torch.tensor(x)).logits
+        hf_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1000), torch.tensor(y).reshape(-1)).item()
+    model.float()
+    for dtype in ("fp32", "bf16"):
+        saved = os.path.join(tmp, f"llama_{dtype}")
+        if dtype == "fp32":
+            model.save_pretrained(saved)
+        else:  # bf16, in shards (model.safetensors.index.json)
+            model.to(torch.bfloat16).save_pretrained(saved, max_shard_size="200KB")
+        model_bin = os.path.join(tmp, f"llama_{dtype}.bin")
+        rc, err = import_py(saved, model_bin)
+        check(rc == 0, f"import.py of a LlamaForCausalLM saved by save_pretrained ({dtype}"
+              + (", sharded" if os.path.exists(os.path.join(saved, "model.safetensors.index.json")) else "") + ")"
+              + (f" ({err})" if err else ""))
+        if dtype == "fp32":
+            _, val, err = engine_losses(engine, model_bin, shard, "-x", "0", "-v", "1", "-m", "1")
+            engine_loss = val[-1] if val else float("nan")
+            check(abs(engine_loss - hf_loss) <= 1e-4, f"a random transformers LlamaForCausalLM (GQA, RoPE theta 500000, "
+                  f"untied): the engine's loss {engine_loss:.6f} = transformers' {hf_loss:.6f} (1e-4){' ' + err if not val else ''}")
+        out = os.path.join(tmp, f"llama_{dtype}_back")
+        run = subprocess.run([sys.executable, os.path.join(HERE, "export.py"), model_bin, "--out", out, "--dtype", dtype],
+                             capture_output=True, text=True)
+        back = read_safetensors(os.path.join(out, "model.safetensors")) if run.returncode == 0 else {}
+        st = [os.path.join(saved, f) for f in sorted(os.listdir(saved)) if f.endswith(".safetensors")]
+        orig = {k: v for f in st for k, v in read_safetensors(f).items()}
+        same = set(back) == set(orig) and all(back[k][0] == orig[k][0] and back[k][2]().tobytes() == orig[k][2]().tobytes()
+                                              for k in orig)
+        check(same, f"export.py of the import gives save_pretrained's {len(orig)} tensors ({dtype}) byte for byte, q_proj "
+                    f"and k_proj permuted back{' (' + run.stderr.strip() + ')' if run.returncode else ''}")
+        if dtype == "fp32":
+            again = transformers.LlamaForCausalLM.from_pretrained(out).double().eval()
+            with torch.no_grad():
+                got = again(torch.tensor(x)).logits.numpy()
+            check(np.array_equal(got, logits.numpy()), "LlamaForCausalLM.from_pretrained(export) gives the saved model's "
+                  "logits exactly (its config.json's RoPE read back)")
+    # 30 AdamW steps of the engine on the batch (lr 2e-4 constant, betas 0.9 0.95, weight decay 0.1 on the matrices,
+    # the gradient's norm clipped to 1) against torch.optim.AdamW on transformers' model in float64
+    steps, lr = 30, 2e-4
+    train, _, err = engine_losses(engine, os.path.join(tmp, "llama_fp32.bin"), shard, "-x", str(steps), "-v", "0", "-u", "0",
+                                  "-q", "1", "-l", str(lr), "--shuffle", "0")
+    ref_model = transformers.LlamaForCausalLM.from_pretrained(os.path.join(tmp, "llama_fp32")).double()
+    params = list(ref_model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() == 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    ref = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ref_model(torch.tensor(x)).logits.reshape(-1, 1000), torch.tensor(y).reshape(-1))
+        loss.backward()
+        norm = torch.sqrt(sum((p.grad ** 2).sum() for p in params))
+        if norm > 1.0:
+            for p in params:
+                p.grad /= norm
+        opt.step()
+        ref.append(loss.item())
+    worst = max((abs(a - b) / b for a, b in zip(train, ref)), default=float("inf"))
+    check(len(train) == steps and worst <= 1e-5, f"30 AdamW steps of the imported Llama: the engine's losses ({ref[0]:.4f} to "
+          f"{train[-1] if train else float('nan'):.4f}) = torch.optim.AdamW's on transformers' model in float64 (worst "
+          f"{worst:.1e} relative, tolerance 1e-5){' ' + err if not train else ''}")
+
+
 def check_moe_refused(tmp):
     """(1) a mixture of experts (version 6) is refused in one line: GPT2LMHeadModel has no experts"""
     out = os.path.join(tmp, "moe_hf")
@@ -535,6 +627,7 @@ def main():
     check_hostile_inputs(tmp)
     docs = check_tokenizer(tmp)
     check_transformers(tmp, docs, engine)
+    check_llama(tmp, engine)
 
 
 if __name__ == "__main__":

@@ -231,6 +231,9 @@ static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
         shards.vocab_size = shards.padded_vocab_size = cfg->vocab_size < 65536 ? cfg->vocab_size : 65536;
         if (init[0] >= '0' && init[0] <= '9' && f->T > cfg->max_seq_len && f->T <= 131072) cfg->max_seq_len = shards.max_seq_len = f->T;
         lp_config_validate(&shards, source);
+        if (!lp_config_is_gpt2(cfg))  // (lp_plan_model_gpt would count it as GPT-2's)
+            lp_fail("flag -e %s: the planner takes the Llama family as its presets or -e L,C,NH with --kv-heads, --ffn and --swiglu, "
+                    "not yet as the engine's llama: shapes", f->init);
         *model = lp_plan_model_gpt(cfg);
         if (kv < 0 || kv > cfg->num_heads || (kv && cfg->num_heads % kv) || ffn < 0)
             lp_fail("flags --kv-heads %d --ffn %d: key/value heads must divide the %d heads, the width be >= 0", kv, ffn, cfg->num_heads);
@@ -246,6 +249,9 @@ static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
     if (f->moe_experts && f->moe_experts != cfg->moe_experts)
         lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts, f->init,
                 cfg->moe_experts);
+    if (!lp_config_is_gpt2(cfg))
+        lp_fail("flag -e %s: planning a Llama 3 model file is not yet here (its presets, or -e L,C,NH with --kv-heads, --ffn and "
+                "--swiglu, plan the family)", f->init);
     *model = lp_plan_model_gpt(cfg);
 }
 
