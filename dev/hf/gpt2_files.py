@@ -40,6 +40,22 @@ class FileError(Exception):
     """Bad input, reported as one line that names the file."""
 
 
+def write_whole(out, write):
+    """write(f) into OUT.tmp, then renamed to OUT: the file is whole or absent (OUT.tmp removed on any failure,
+    an OSError reported as a FileError naming the file)."""
+    tmp = out + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, out)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError):
+            raise FileError(f"{e.filename or out}: {e.strerror}") from None
+        raise
+
+
 def llmc_shapes(maxT, L, C, Vp):
     """The shapes of llm.c's 16 tensors, in file order."""
     return [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C),

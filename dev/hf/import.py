@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt2_files import (TENSORS, FileError, is_int, llmc_header, padded_vocab, read_json, read_safetensors, show,
+from gpt2_files import (TENSORS, FileError, write_whole, is_int, llmc_header, padded_vocab, read_json, read_safetensors, show,
                         show_name)
 import llama_files
 
@@ -194,25 +194,17 @@ def check_weights(cfg, weights):
 
 
 def write_llmc(out, cfg, loads):
-    """The fp32 llm.c model file, tensor by tensor in its order, via OUT.tmp (removed on any failure)."""
-    tmp = out + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(llmc_header(cfg))
-            for _, hf_name, conv1d in TENSORS:
-                key = hf_name[len(PREFIX):]
-                for layer in range(cfg["L"]) if "{l}" in key else [0]:
-                    t = loads[key.format(l=layer)]()
-                    f.write(np.ascontiguousarray(t.T if conv1d else t, dtype="<f4").tobytes())
-                if key == "wte.weight":  # llm.c's padding rows
-                    f.write(bytes(4 * (cfg["Vp"] - cfg["V"]) * cfg["C"]))
-        os.replace(tmp, out)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError):
-            raise FileError(f"{e.filename or out}: {e.strerror}") from None
-        raise
+    """The fp32 llm.c model file, tensor by tensor in its order, via OUT.tmp (write_whole)."""
+    def write(f):
+        f.write(llmc_header(cfg))
+        for _, hf_name, conv1d in TENSORS:
+            key = hf_name[len(PREFIX):]
+            for layer in range(cfg["L"]) if "{l}" in key else [0]:
+                t = loads[key.format(l=layer)]()
+                f.write(np.ascontiguousarray(t.T if conv1d else t, dtype="<f4").tobytes())
+            if key == "wte.weight":  # llm.c's padding rows
+                f.write(bytes(4 * (cfg["Vp"] - cfg["V"]) * cfg["C"]))
+    write_whole(out, write)
 
 
 def main():

@@ -23,7 +23,7 @@ import struct
 
 import numpy as np
 
-from gpt2_files import FileError, bf16_to_fp32, is_int, read_json, show
+from gpt2_files import FileError, bf16_to_fp32, write_whole, is_int, read_json, show
 
 LLAMA_MAGIC = 20240803
 INT32_MAX = 2**31 - 1
@@ -153,27 +153,20 @@ def llama_header(cfg, version):
 
 def write_llama_llmc(out, cfg, loads):
     """The fp32 llm.c Llama 3 file from loads {Hugging Face name: loader of a float32 array}, q_proj's and
-    k_proj's rows taken to the interleaved order, via OUT.tmp (removed on any failure)."""
-    tmp = out + ".tmp"
+    k_proj's rows taken to the interleaved order, via OUT.tmp (write_whole)."""
     NH, KV = cfg["NH"], cfg["KV"]
-    try:
-        with open(tmp, "wb") as f:
-            f.write(llama_header(cfg, 3))
-            for name, shape, section, l in hf_layout(cfg):
-                if section == "qkvw":
-                    p = f"model.layers.{l}.self_attn."
-                    t = np.concatenate([hf_to_meta(loads[p + "q_proj.weight"](), NH), hf_to_meta(loads[p + "k_proj.weight"](), KV),
-                                        loads[p + "v_proj.weight"]()])
-                else:
-                    t = loads[name]()
-                f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
-        os.replace(tmp, out)
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError):
-            raise FileError(f"{e.filename or out}: {e.strerror}") from None
-        raise
+
+    def write(f):
+        f.write(llama_header(cfg, 3))
+        for name, shape, section, l in hf_layout(cfg):
+            if section == "qkvw":
+                p = f"model.layers.{l}.self_attn."
+                t = np.concatenate([hf_to_meta(loads[p + "q_proj.weight"](), NH), hf_to_meta(loads[p + "k_proj.weight"](), KV),
+                                    loads[p + "v_proj.weight"]()])
+            else:
+                t = loads[name]()
+            f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
+    write_whole(out, write)
 
 
 def check_llama_weights(cfg, weights):
