@@ -13,6 +13,12 @@ failed=0
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # mpirun refuses root unless told
 jobs=$(nproc 2> /dev/null || echo 1)  # a make of several binaries builds them side by side, one a core
 
+timed() {  # timed COMMAND...: run a check of this script's and say how long it took, for the time budget
+    local start=$SECONDS
+    "$@"
+    echo "     ($1 took $((SECONDS - start)) s; make test at $SECONDS s)"
+}
+
 run_tier() {  # run a test binary, echo its output and its time, add its closing "N passed, N failed" to the totals
     local log start=$SECONDS
     log=$(mktemp)
@@ -182,9 +188,10 @@ emulated_tier() {
         echo "FAIL the library examples build under the emulator (make dev/examples/train_loop_emu two_files_emu)"
         failed=$((failed + 1))
     fi
-    model_extrapolates
-    sass_solves
-    kernels_hazard_free
+    echo "     (the emulated examples done at $SECONDS s)"
+    timed model_extrapolates
+    timed sass_solves
+    timed kernels_hazard_free
 }
 
 if [ "${1:-}" = emu ]; then
@@ -263,6 +270,7 @@ else
     failed=$((failed + 1))
 fi
 
+echo "     (the GPU protocol's dry run and the stored plans done at $SECONDS s)"
 # the run scripts still run (two steps each, into a temporary directory)
 smoke_dir=$(mktemp -d)
 for run in "run_tiny.sh" "run_3d.sh cpu"; do
@@ -316,7 +324,8 @@ else
     echo "FAIL the library examples build (make dev/examples/train_loop_cpu train_loop_nompi two_files_cpu two_files_nompi)"
     failed=$((failed + 1))
 fi
-example_needs_implementation
+echo "     (the run scripts and the CPU examples done at $SECONDS s)"
+timed example_needs_implementation
 if command -v nvcc > /dev/null 2>&1; then
     arch=()  # without a GPU they are only compiled: one architecture checks that (a third of the time)
     [ "$has_gpu" = 1 ] || arch=(CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
@@ -330,6 +339,7 @@ if command -v nvcc > /dev/null 2>&1; then
         passed=$((passed + 1))  # they compile; no GPU here to run them
     fi
 fi
+echo "     (the nvcc examples built at $SECONDS s)"
 # the README's and dev/docs' relative links name files and headings that exist (dev/docs/check_links.py)
 if python3 dev/docs/check_links.py; then
     passed=$((passed + 1))
