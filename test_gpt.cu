@@ -4713,10 +4713,12 @@ static void test_timeline(void) {
     if (rc != 0) printf("%s\n%s\n", out[0], out[1]);
     const char* bad[][2] = {{"--trace x.json --trace-steps 3:2", "flag --trace-steps: '3:2' is not A:B with 1 <= A <= B"},
                             {"--trace x.json --trace-steps 0:1", "flag --trace-steps: '0:1' is not A:B"},
-                            {"--trace-steps 1:2", "flag --trace-steps: only with --trace FILE"}};
-    for (int k = 0; k < 3; k++) {
+                            {"--trace-steps 1:2", "flag --trace-steps: only with --trace FILE"},
+                            {"--trace /tmp", "flag --trace: /tmp is a folder, not a file"},
+                            {"--trace /nonexistent/t.json", "flag --trace: cannot write /nonexistent/t.json.tmp: No such file"}};
+    for (int k = 0; k < 5; k++) {
         snprintf(args, sizeof(args), "-e d2 -x 2 %s", bad[k][0]);
-        expect_error("bad input: --trace-steps", bad[k][1], args);
+        expect_error("bad input: --trace, --trace-steps (before the first step)", bad[k][1], args);
     }
 }
 

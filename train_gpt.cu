@@ -567,7 +567,8 @@ static int lp_flag_typed(const LPFlags* f, size_t field) {
 }
 
 // The flags' values checked, each against its range and the others; a bad one is one line naming it.
-static void lp_trace_window(const LPFlags* f, int* from, int* to);  // (--trace-steps, with the timeline below)
+static void lp_trace_window(const LPFlags* f, int* from, int* to);  // (--trace, --trace-steps: with the timeline below)
+static void lp_trace_check_path(const LPFlags* f, const LPProcess* proc);
 
 static void lp_check_flags(LPFlags* f) {
     // the flags' names below come from the table: LP_FLAG_NAME(B) is "-b"
@@ -1300,6 +1301,7 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
         lp_fail_all("flag -o %s: checkpoints are not yet for the Llama family (train without -o)", f->out_dir);
     if (!lp_config_is_gpt2(&r->cfg) && f->aux_layers && f->aux_layers[0])
         lp_fail_all("flag --aux-loss-layers %s: not yet for the Llama family", f->aux_layers);
+    if (f->trace[0]) lp_trace_check_path(f, proc);
     if (!lp_config_is_gpt2(&r->cfg) && f->sample_every > 0)  // (its key-value cache has no RoPE offset or GQA yet)
         lp_fail_all("flag %s %d: sampling is not yet for the Llama family (-s 0)", LP_FLAG_NAME(sample_every), f->sample_every);
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
@@ -1727,6 +1729,22 @@ static void lp_trace_window(const LPFlags* f, int* from, int* to) {
     char end;
     if (sscanf(f->trace_steps, "%d:%d%c", from, to, &end) != 2 || *from < 1 || *to < *from)
         lp_fail_all("flag %s: '%s' is not A:B with 1 <= A <= B (steps counted from 1)", LP_FLAG_NAME(trace_steps), f->trace_steps);
+}
+
+// --trace FILE is found writable before the first step, not after the window's steps (a folder, a folder that
+// is not there, no permission): rank 0 makes and removes FILE.tmp, as the write will.
+static void lp_trace_check_path(const LPFlags* f, const LPProcess* proc) {
+    char tmp[LP_PATH_MAX], why[LP_PATH_MAX + 128] = "";
+    if (proc->rank == 0) {
+        struct stat st;
+        FILE* out = NULL;
+        lp_path(tmp, "%s.tmp", f->trace);
+        if (stat(f->trace, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(why, sizeof(why), "%s is a folder, not a file", f->trace);
+        else if (!(out = fopen(tmp, "w"))) snprintf(why, sizeof(why), "cannot write %s: %s", tmp, strerror(errno));
+        if (out) fclose(out), remove(tmp);
+    }
+    lp_broadcast_host(&proc->world_group, why, sizeof(why), 0);
+    if (why[0]) lp_fail_all("flag %s: %s", LP_FLAG_NAME(trace), why);
 }
 
 static void lp_trace_start(const LPProcess* proc) {
