@@ -1,7 +1,8 @@
 /*
 llmpar.h: everything reusable for training GPT-2. Each section builds on those above it, in the order a
-training step meets them: the tokens (7), where weights and gradients live (8), forward and backward (9), the
-optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose four calls go down through the rest.
+training step meets them: the tokens (6), the ops (7), where weights and gradients live (8), forward and backward
+(9), the optimizer (10), the pipeline stage (12) and the step itself (13), whose four calls go down through the
+rest; then what keeps a run between steps, its files (14).
 
   1. basics      errors that name what failed, files, timers, RNG, device memory
                  defines: lp_fail, lp_log, lp_fopen, lp_time_s, lp_rand_u32, lp_device_malloc
@@ -10,44 +11,44 @@ optimizer (10), ..., the pipeline stage (13) and the step itself (14), whose fou
                  defines: LPConfig, lp_config_from_name, lp_param_sizes, lp_layer_has
   3. topology    every parallel setting (LPParallel), MPI start-up (the CPU's BLAS kernels chosen first), the t x d x p
                  grid of ranks as data (its axes; expert parallelism's two inside d) and its groups, GPU choice
-                 defines: LPParallel, LP_SETTING, lp_axes, LPProcess, LPGroup, lp_blas_init, lp_process_init, lp_grid_init,
-                 lp_device_init
+                 defines: LPParallel, lp_parallel_one, LP_SETTING, lp_axes, LPProcess, LPGroup, lp_blas_init,
+                 lp_process_init, lp_grid_init, lp_device_init
   4. schedules   pipeline schedules (GPipe, 1F1B, interleaved) as pure functions, their simulator
                  defines: LPAction, lp_schedule_stage (a stage's action list), LPSimulation, lp_schedule_simulate,
                  lp_schedule_slots
   5. comm        collectives on a group: NCCL (CUDA, one GPU per rank) or MPI; the watchdog over their waits
                  defines: lp_comm_init, lp_all_reduce, lp_reduce_scatter, lp_all_gather, lp_all_to_all, LPPending, lp_wait,
                  lp_watch, lp_watch_done, lp_watchdog_start
-  6. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature (a mixture of experts'
-                 routing, rows into expert order and back, gated sum among them)
-                 defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
-  7. data        llm.c token shards and their manifest, per-DP-rank slices, shuffled or file order, resumable position;
+  6. data        llm.c token shards and their manifest, per-DP-rank slices, shuffled or file order, resumable position;
                  llm.c's multiple-choice eval files (HellaSwag)
                  defines: LPDataOptions, LPDataLoader, lp_dataloader_init, lp_dataloader_next, lp_dataloader_seek,
                  LPEvalSet, lp_evalset_load, lp_evalset_batch, lp_evalset_score
+  7. kernels     each op as a CPU loop (the oracle) beside its CUDA kernel, same signature (a mixture of experts'
+                 routing, rows into expert order and back, gated sum among them)
+                 defines: lp_OP_cpu and lp_OP_gpu for each op, lp_OP bound to this build's (its last lines)
   8. zero        data parallelism and ZeRO: where weights, gradients and AdamW state live (memory, or a file:
                  offload), where gradients are averaged over dp; the hooks forward and backward call around each layer
                  defines: LPOffload, LPHostOptim, LPZero, lp_zero_create, lp_zero_fetch, lp_zero_layer_done,
-                 lp_zero_average, lp_zero_state_get/put (the optimizer's shard a chunk at a time)
+                 lp_zero_average
   9. model       parameters (one rank's TP slice), activations, the TP operators, a mixture of experts' MLP,
                  forward, backward
-                 defines: lp_parallel_one, LPMoEOptions, LPModelOptions, LPModel, LPLayerActs, lp_model_create,
+                 defines: LPMoEOptions, LPModelOptions, LPModel, LPLayerActs, lp_model_create,
                  lp_moe_forward, lp_model_forward, lp_model_backward
  10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, replicas that train apart (DiLoCo's
                  outer step, gossip's mixing), LR schedule
-                 defines: LPAdamW, lp_models_grad_norm, lp_models_adamw, LPOuterSGD, lp_replicas_outer,
-                 lp_replicas_gossip, lp_lr_schedule, LPLossWindow
- 11. files       model files (llm.c format; llmpar's version 6 for experts), checkpoints, tokenizer (samples printed as valid UTF-8)
-                 defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
-                 LPUtf8
- 12. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
+                 defines: LPAdamW, lp_zero_state_get/put (the optimizer's shard a chunk at a time), lp_models_grad_norm,
+                 lp_models_adamw, LPOuterSGD, lp_replicas_outer, lp_replicas_gossip, lp_lr_schedule, LPLossWindow
+ 11. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
                  defines: lp_active_params, lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition,
                  lp_device_peak_flops
- 13. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv of a micro-batch's boundary
+ 12. pipeline    a rank's pipeline stage: its chunks, activation slots, send/recv of a micro-batch's boundary
                  defines: LPStage, lp_stage_create, lp_stage_forward, lp_stage_backward, lp_stage_bubble
- 14. step        one optimizer step in four phases, each one call, each naming where ranks communicate
+ 13. step        one optimizer step in four phases, each one call, each naming where ranks communicate
                  defines: lp_step_forward_backward, lp_step_reduce_grads, lp_step_grad_norm, lp_step_update,
                  lp_step_replicas
+ 14. files       model files (llm.c format; llmpar's version 6 for experts), checkpoints, tokenizer (samples printed as valid UTF-8)
+                 defines: lp_model_load, lp_model_save, LPTrainState, lp_checkpoint_save/load, lp_dir_lock, LPTokenizer,
+                 LPUtf8
 
 Not here: the cluster planner (how to run a model on N GPUs, each step simulated), a tool built on this
 header's costs and schedules: dev/plan (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
@@ -55,12 +56,12 @@ header's costs and schedules: dev/plan (`make plan_gpt && ./plan_gpt --plan 8 -e
 Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
 weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
 OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
-The model code calls lp_op, bound at the end of section 6 to the build's lp_op_cpu or lp_op_gpu. Without a GPU
+The model code calls lp_op, bound at the end of section 7 to the build's lp_op_cpu or lp_op_gpu. Without a GPU
 the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of nvcc, LLMPAR_CUDAEMU).
 
 Names: B, T, C, L, V (batch, sequence, channels, layers, vocabulary) and N = B*T rows; a rank's grid is
 t x d x p (tensor, data, pipeline), with v chunks per pipeline stage and m micro-batches per step, as in
-Megatron-LM's papers; sections 4 and 12-14 use those letters alone, so there m is never a model. Elsewhere
+Megatron-LM's papers; sections 4 and 11-13 use those letters alone, so there m is never a model. Elsewhere
 m is an LPModel, proc an LPProcess, st a pipeline stage (LPStage), z a model's LPZero.
 
 Use as a library: one header, stb-style. Exactly one file of the program says #define LLMPAR_IMPLEMENTATION
@@ -278,7 +279,7 @@ void lp_broadcast_host(const LPGroup* g, void* buf, size_t bytes, int root);
 void lp_barrier(const LPGroup* g);  // wait until every rank of the group is here
 void lp_comm_init(LPProcess* proc);  // choose the transport for device tensors (NCCL, or MPI) and start it
 
-// 7. data (section)
+// 6. data (section)
 // go to (epoch, shard, pos), as a checkpoint's state names them
 void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos);
 // open the shards o->pattern matches, this data-parallel rank's slice of each batch
@@ -325,7 +326,41 @@ float lp_loss_window_mean(const LPLossWindow* w);  // the window's mean loss (0 
 // linear warmup, then cosine (or linear) decay to lr * final_frac at max_steps
 float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine);
 
-// 11. files (section)
+// 11. costs (section)
+size_t lp_active_params(const LPConfig* c);  // the parameters one token meets (a MoE layer's top-K experts, not all)
+double lp_flops_per_token(const LPConfig* c, int T);  // training FLOPs per token at sequence length T (3x forward), for MFU
+// training FLOPs per token of an average layer (recompute adds its forward again)
+double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole);
+// training FLOPs per token of pipeline chunk k with `layers` layers
+double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers);
+// the most micro-batches whose activations chunk k keeps at once under the schedule
+int lp_chunk_slots(const LPPipeShape* s, int k);
+// parameters one rank of chunk k holds (its TP slice); *experts: the experts' share
+double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts);
+// bytes one rank of chunk k holds, with `slots` micro-batches' activations
+double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots);
+// layers per chunk (par->partition: uniform, balanced or a list); NULL, or why not
+const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, int* layers, char* why, size_t size);
+double lp_device_peak_flops(void);  // this GPU's dense bf16 peak in FLOP/s, 0 when unknown
+
+// 12. pipeline (section)
+// this rank's pipeline stage: its chunks of the model, on base->proc's grid
+void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T);
+// one forward of (B, T) tokens through the whole pipeline (evaluation); the mean loss
+float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T);
+void lp_stage_time_step(LPStage* st);  // add the last step's timings to the bubble report's sums
+LPBubble lp_stage_bubble(LPStage* st);  // the pipeline bubble measured and simulated from those sums
+void lp_stage_free(LPStage* st);  // free a stage and its chunks
+
+// 13. step (section)
+// m micro-batches forward and backward in the schedule's order; the step's mean loss
+float lp_step_forward_backward(LPStage* st, LPDataLoader* train);
+void lp_step_reduce_grads(LPStage* st);  // the gradients averaged over the data-parallel replicas (ZeRO: reduce-scattered)
+float lp_step_grad_norm(LPStage* st);  // the global gradient norm over the whole grid, the same on every rank
+// clipping and AdamW on every chunk, new weights made whole; returns whether all stay finite
+int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt);
+
+// 14. files (section)
 void lp_config_of_header(const int* h, LPConfig* cfg);  // the shape a model file's header h gives, unchecked
 // read a model file's header into cfg; returns its version (3, 5 or 6)
 int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f);
@@ -353,40 +388,6 @@ int lp_tokenizer_load(LPTokenizer* t, const char* path);  // read llm.c's tokeni
 void lp_utf8_end(LPUtf8* u, FILE* out);  // the text ends: an unfinished character prints as U+FFFD
 void lp_tokenizer_print(const LPTokenizer* t, int id, LPUtf8* u, FILE* out);  // print a token's bytes through u, as valid UTF-8
 void lp_tokenizer_free(LPTokenizer* t);  // free a tokenizer
-
-// 12. costs (section)
-size_t lp_active_params(const LPConfig* c);  // the parameters one token meets (a MoE layer's top-K experts, not all)
-double lp_flops_per_token(const LPConfig* c, int T);  // training FLOPs per token at sequence length T (3x forward), for MFU
-// training FLOPs per token of an average layer (recompute adds its forward again)
-double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole);
-// training FLOPs per token of pipeline chunk k with `layers` layers
-double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers);
-// the most micro-batches whose activations chunk k keeps at once under the schedule
-int lp_chunk_slots(const LPPipeShape* s, int k);
-// parameters one rank of chunk k holds (its TP slice); *experts: the experts' share
-double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts);
-// bytes one rank of chunk k holds, with `slots` micro-batches' activations
-double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots);
-// layers per chunk (par->partition: uniform, balanced or a list); NULL, or why not
-const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, int* layers, char* why, size_t size);
-double lp_device_peak_flops(void);  // this GPU's dense bf16 peak in FLOP/s, 0 when unknown
-
-// 13. pipeline (section)
-// this rank's pipeline stage: its chunks of the model, on base->proc's grid
-void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T);
-// one forward of (B, T) tokens through the whole pipeline (evaluation); the mean loss
-float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T);
-void lp_stage_time_step(LPStage* st);  // add the last step's timings to the bubble report's sums
-LPBubble lp_stage_bubble(LPStage* st);  // the pipeline bubble measured and simulated from those sums
-void lp_stage_free(LPStage* st);  // free a stage and its chunks
-
-// 14. step (section)
-// m micro-batches forward and backward in the schedule's order; the step's mean loss
-float lp_step_forward_backward(LPStage* st, LPDataLoader* train);
-void lp_step_reduce_grads(LPStage* st);  // the gradients averaged over the data-parallel replicas (ZeRO: reduce-scattered)
-float lp_step_grad_norm(LPStage* st);  // the global gradient norm over the whole grid, the same on every rank
-// clipping and AdamW on every chunk, new weights made whole; returns whether all stay finite
-int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt);
 
 // ----------------------------------------------------------------------------------------------------
 // 1. basics
@@ -1047,6 +1048,31 @@ typedef struct LPParallel {
     int gossip;              // gossip: after each step a replica mixes its weights with K neighbours' (0: off)
 } LPParallel;
 
+// The values of its schedule, offload and recompute fields, with their flags' names (what each does:
+// sections 4, 8 and 9).
+enum { LP_SCHEDULE_GPIPE, LP_SCHEDULE_1F1B, LP_SCHEDULE_INTERLEAVED };
+static const char* const lp_schedule_names[] = {"gpipe", "1f1b", "interleaved", NULL};
+enum { LP_OFFLOAD_NONE, LP_OFFLOAD_NVME, LP_OFFLOAD_OPTIMIZER, LP_OFFLOAD_PARAMS };
+static const char* const lp_offload_names[] = {"none", "nvme", "optimizer", "params", NULL};
+enum { LP_RECOMPUTE_NONE, LP_RECOMPUTE_SELECTIVE, LP_RECOMPUTE_FULL };
+static const char* const lp_recompute_names[] = {"none", "selective", "full", NULL};
+
+// One rank alone, nothing split: a model made without a grid; a start for a program's own LPParallel (the
+// defaults of train_gpt.cu's flags).
+static const LPParallel lp_parallel_one = {
+    1, 1, 1,           // tp, dp, pp
+    1,                 // ep
+    1,                 // vpp
+    LP_SCHEDULE_1F1B,  // schedule
+    "balanced",        // partition
+    1,                 // micro_batches
+    0, 1,              // sp, scatter_gather
+    0, 1, 25.0f,       // zero, overlap, bucket_mb
+    LP_RECOMPUTE_NONE, LP_OFFLOAD_NONE, "",  // recompute, offload, offload_dir
+    "auto",            // comm
+    0, 0               // diloco, gossip
+};
+
 // Errors about a setting name it as the user of the program knows it: "LPParallel.tp", or what the
 // program's lp_setting_namer returns for that field (train_gpt.cu: its flag, "--tp").
 LP_STATE const char* (*lp_setting_namer)(size_t offset);  // offsetof(LPParallel, field) -> a name, or NULL
@@ -1479,10 +1505,8 @@ void lp_process_finish(LPProcess* proc) {
 // each stage, the ordered list of its actions: forward or backward of (micro-batch, chunk). The messages
 // follow from the chunks: a forward of virtual stage k = chunk*p + s receives its input from k-1 and
 // sends its output to k+1; a backward receives from k+1 and sends to k-1. These are pure functions of
-// (schedule, p, v, m, s); lp_schedule_simulate runs them against each other to prove they fit.
-
-enum { LP_SCHEDULE_GPIPE, LP_SCHEDULE_1F1B, LP_SCHEDULE_INTERLEAVED };
-static const char* const lp_schedule_names[] = {"gpipe", "1f1b", "interleaved", NULL};
+// (schedule, p, v, m, s); lp_schedule_simulate runs them against each other to prove they fit. The
+// schedules' values, LP_SCHEDULE_*, sit beside LPParallel (section 3).
 
 typedef struct LPAction {
     int forward;  // 1 forward, 0 backward
@@ -2594,7 +2618,518 @@ void lp_comm_init(LPProcess* proc) {
 #endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
-// 6. kernels
+// 6. data
+//
+// llm.c token shards: a 256 x int32 header (magic, version, token count), then the tokens: GPT-2's format
+// (20240520, version 1) holds them as uint16, the Llama 3 one (20240801, version 7) as uint32, for
+// vocabularies beyond 65,536. One data set is one of the two: a pattern matching both is refused.
+// The loader cuts each shard into windows of `window` tokens (+1 for the last target; training: the tokens
+// of one optimizer step, so a step never straddles shards and reads the same tokens on every grid). It
+// visits the shards in an order and each shard's windows in an order: file order, or shuffled (llm.c's
+// behaviour), a permutation drawn from (seed, epoch) for the shards and (seed, epoch, shard) for the
+// windows, new every epoch. Each call of next() reads the next ranks*B*T tokens of the window, rank r
+// taking the r-th B*T slice. (epoch, shard, pos) is the whole state, so runs resume exactly.
+
+#define LP_HEADER_INTS 256
+#define LP_SHARD_MAGIC 20240520        // uint16 tokens, version 1
+#define LP_SHARD32_MAGIC 20240801      // uint32 tokens, version 7
+#define LP_MODEL_MAGIC 20240326
+#define LP_TOKENIZER_MAGIC 20240328
+
+typedef struct LPDataLoader {
+    glob_t files;
+    int num_files;
+    size_t* shard_tokens;  // tokens in each shard
+    int B, T, rank, world;
+    size_t window;         // tokens per window, a multiple of world*B*T
+    int shuffle;           // 1: shards and windows in a seeded random order, new each epoch; 0: file order
+    uint64_t seed;
+    int epoch;             // passes over the data completed
+    int shard;             // position in this epoch's shard order
+    size_t pos;            // tokens read of that shard, in window order: window pos / window, offset pos % window
+    size_t* shard_order;   // this epoch's order of the shards
+    size_t* window_order;  // the current shard's order of its windows
+    FILE* file;
+    int token_bytes;       // 2 (uint16 shards) or 4 (uint32)
+    unsigned char* buffer; // B*T+1 tokens read
+    int* inputs;           // (B,T)
+    int* targets;          // (B,T)
+} LPDataLoader;
+
+#ifdef LLMPAR_IMPLEMENTATION
+// A permutation of 0 .. n-1 (Fisher-Yates) drawn from seed and the key; the identity without shuffle.
+static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t seed, uint64_t key) {
+    for (size_t i = 0; i < n; i++) out[i] = i;
+    if (!shuffle) return;
+    uint64_t state = (seed ^ (key + 1) * 0x9E3779B97F4A7C15ull) | 1;  // xorshift needs a nonzero state
+    for (size_t i = n - 1; i > 0; i--) {
+        uint64_t hi = lp_rand_u32(&state);  // two statements: C leaves the order of two calls in one expression open
+        uint64_t lo = lp_rand_u32(&state);
+        size_t j = ((hi << 32) | lo) % (i + 1);
+        size_t t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+}
+
+// Go to (epoch, shard, pos): draw the epoch's shard order and that shard's window order, open it.
+void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos) {
+    if (epoch < 0 || shard < 0 || shard >= d->num_files)
+        lp_fail("data position (epoch %d, shard %d) is outside the shards given", epoch, shard);
+    lp_permutation(d->shard_order, (size_t)d->num_files, d->shuffle, d->seed, (uint64_t)epoch << 32);
+    size_t file = d->shard_order[shard];
+    size_t windows = (d->shard_tokens[file] - 1) / d->window;
+    if (pos > windows * d->window) lp_fail("data position (shard %d, token %zu) is outside the shards given", shard, pos);
+    free(d->window_order);
+    d->window_order = (size_t*)lp_host_malloc(windows * sizeof(size_t), "window order");
+    lp_permutation(d->window_order, windows, d->shuffle, d->seed, ((uint64_t)epoch << 32) + 1 + file);
+    if (d->file) fclose(d->file);
+    d->file = lp_fopen(d->files.gl_pathv[file], "rb");
+    d->epoch = epoch;
+    d->shard = shard;
+    d->pos = pos;
+}
+
+// `flag` names the option the pattern came from (-i or -j) for the error messages.
+// Token i of n stored as uint16 or uint32 (bytes = 2 or 4), little-endian as the files are.
+static inline unsigned lp_token_at(const unsigned char* p, int bytes, size_t i) {
+    if (bytes == 2) { uint16_t t; memcpy(&t, p + 2 * i, 2); return t; }
+    uint32_t t;
+    memcpy(&t, p + 4 * i, 4);
+    return t;
+}
+
+// A token shard's header: the bytes of its tokens (2 or 4), or an error naming the file.
+static inline int lp_shard_token_bytes(const char* path, const int* header) {
+    if (header[0] == LP_SHARD_MAGIC) {
+        if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1 for uint16 tokens)", path, header[1]);
+        return 2;
+    }
+    if (header[0] == LP_SHARD32_MAGIC) {
+        if (header[1] != 7) lp_fail("%s: token shard version %d is not supported (expected 7 for uint32 tokens)", path, header[1]);
+        return 4;
+    }
+    lp_fail("%s: not a token shard (magic %d, expected %d for uint16 tokens or %d for uint32; dev/data/prepare.py makes shards "
+            "of text)", path, header[0], LP_SHARD_MAGIC, LP_SHARD32_MAGIC);
+    return 0;
+}
+
+// Every token of the shard at path (n tokens of `bytes` each after the header) is below vocab_size: one
+// pass when the data is opened, so a bad token stops the run at its start rather than when training reaches it.
+static inline void lp_shard_scan(const char* path, size_t n, int bytes, int vocab_size) {
+    size_t chunk = (size_t)1 << 20;
+    unsigned char* buf = (unsigned char*)lp_host_malloc(chunk * bytes, "token scan");
+    FILE* f = lp_fopen(path, "rb");
+    if (fseek(f, LP_HEADER_INTS * 4, SEEK_SET) != 0) lp_fail("%s: seek failed", path);
+    for (size_t done = 0; done < n; done += chunk) {
+        size_t k = n - done < chunk ? n - done : chunk;
+        lp_fread(buf, bytes, k, f, path);
+        for (size_t i = 0; i < k; i++)
+            if (lp_token_at(buf, bytes, i) >= (unsigned)vocab_size)
+                lp_fail("%s: token id %u at token %zu is >= the model's vocabulary size %d", path, lp_token_at(buf, bytes, i),
+                        done + i, vocab_size);
+    }
+    fclose(f);
+    free(buf);
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// The shards' manifest, DIR/manifest.txt as dev/data/prepare.py writes it: a line "llmpar shards 1", then
+// per shard "NAME BYTES TOKENS MAX_ID CRC32C" (the CRC, in hex, of the whole file; for tools, not read here).
+// Where a shard's folder has one, the start checks the shard against its line instead of reading every
+// token: the same size means the tokens prepare.py counted, whose largest id the line gives. A manifest that
+// does not match (no line for the shard, another size or count) is refused rather than passed over: the
+// shards changed after it was written, so it no longer describes them, and silently scanning instead would
+// hide that. --check-data full (LP_CHECK_FULL) reads every token and ignores manifests.
+enum { LP_CHECK_MANIFEST, LP_CHECK_FULL };
+static const char* const lp_check_data_names[] = {"manifest", "full", NULL};
+#define LP_SHARD_MANIFEST_HEAD "llmpar shards 1"
+
+typedef struct {
+    char name[256];
+    long long bytes, tokens;
+    int max_id;
+} LPShardEntry;
+
+typedef struct {
+    char dir[LP_PATH_MAX];   // the folder loaded ("" before the first)
+    char path[LP_PATH_MAX];  // its manifest.txt, for errors
+    int present;             // 0: the folder has no shard manifest (its shards are scanned)
+    int n;
+    LPShardEntry* e;         // sorted by name
+} LPShardManifest;
+
+#ifdef LLMPAR_IMPLEMENTATION
+static int lp_shard_entry_cmp(const void* a, const void* b) {
+    return strcmp(((const LPShardEntry*)a)->name, ((const LPShardEntry*)b)->name);
+}
+
+// Load dir's manifest.txt into m (a manifest.txt that does not start with the head line is not ours: absent).
+static inline void lp_shard_manifest_load(LPShardManifest* m, const char* dir) {
+    free(m->e);
+    memset(m, 0, sizeof(*m));
+    snprintf(m->dir, sizeof(m->dir), "%s", dir);
+    lp_path(m->path, "%s/manifest.txt", dir);
+    FILE* f = fopen(m->path, "r");
+    if (!f) return;
+    char line[LP_PATH_MAX];
+    if (!fgets(line, sizeof(line), f) || strcmp(line, LP_SHARD_MANIFEST_HEAD "\n") != 0) {
+        fclose(f);
+        return;
+    }
+    m->present = 1;
+    int cap = 0;
+    for (int number = 2; fgets(line, sizeof(line), f); number++) {
+        if (line[strspn(line, " \t\r\n")] == '\0') continue;
+        if (m->n == cap) {
+            cap = cap ? 2 * cap : 64;
+            LPShardEntry* grown = (LPShardEntry*)realloc(m->e, cap * sizeof(LPShardEntry));
+            if (!grown) lp_fail("out of host memory reading %s", m->path);
+            m->e = grown;
+        }
+        LPShardEntry* e = &m->e[m->n++];
+        unsigned crc;
+        if (sscanf(line, "%255s %lld %lld %d %x", e->name, &e->bytes, &e->tokens, &e->max_id, &crc) != 5)
+            lp_fail("%s: line %d is not 'NAME BYTES TOKENS MAX_ID CRC32C'", m->path, number);
+    }
+    fclose(f);
+    qsort(m->e, m->n, sizeof(LPShardEntry), lp_shard_entry_cmp);
+}
+
+// 1 when the manifest of the shard's folder vouches for the shard at path (size bytes, n tokens), its ids
+// below vocab_size; 0 when that folder has no manifest. A mismatch is an error naming the manifest.
+static inline int lp_shard_check_manifest(LPShardManifest* m, const char* path, long long size, size_t n, int vocab_size) {
+    char dir[LP_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char* slash = strrchr(dir, '/');
+    const char* name = slash ? path + (slash - dir) + 1 : path;
+    if (slash) *slash = '\0';
+    else snprintf(dir, sizeof(dir), ".");
+    if (strcmp(dir, m->dir) != 0) lp_shard_manifest_load(m, dir);
+    if (!m->present) return 0;
+    LPShardEntry key;
+    snprintf(key.name, sizeof(key.name), "%s", name);
+    const LPShardEntry* e = (const LPShardEntry*)bsearch(&key, m->e, m->n, sizeof(LPShardEntry), lp_shard_entry_cmp);
+    const char* why = "the shards changed after dev/data/prepare.py wrote it; --check-data full reads every token instead";
+    if (!e) lp_fail("%s: has no line for %s (%s)", m->path, name, why);
+    if (e->bytes != size || e->tokens != (long long)n)
+        lp_fail("%s: says %s is %lld bytes (%lld tokens), the file is %lld bytes (%zu tokens) (%s)", m->path, name, e->bytes,
+                e->tokens, size, n, why);
+    if (e->max_id >= vocab_size)
+        lp_fail("%s: token id %d (the largest, from %s) is >= the model's vocabulary size %d", path, e->max_id, m->path, vocab_size);
+    return 1;
+}
+
+// A data set is whole or refused (rank 0, when it checks the shards): in each folder of the shards found,
+// no shard its manifest lists that the pattern matches may be missing, and no dev/data/prepare.py job for
+// these shards may be unfinished (its staging folder .NAME.prepare.tmp/ with job.json is left by a job
+// killed before it moved every shard into place, which then leaves some shards, or old ones, under the
+// manifest's names). Either is an error naming what is missing; --check-data full does not change that.
+static inline void lp_shards_whole(const glob_t* found, const char* pattern, const char* flag) {
+    LPShardManifest m = {0};
+    char dir[LP_PATH_MAX], path[LP_PATH_MAX];
+    for (size_t s = 0; s < found->gl_pathc; s++) {
+        const char* shard = found->gl_pathv[s];
+        const char* slash = strrchr(shard, '/');
+        int prefix = slash ? (int)(slash - shard) + 1 : 0;  // the path up to the name, as the pattern spelled it
+        lp_path(dir, "%.*s", slash ? prefix - 1 : 1, slash ? shard : ".");
+        if (slash == shard) lp_path(dir, "/");
+        if (m.dir[0] && strcmp(dir, m.dir) == 0) continue;
+        lp_shard_manifest_load(&m, dir);
+        int missing = 0, listed = 0;
+        const char* first = NULL;
+        for (int k = 0; k < m.n; k++) {
+            lp_path(path, "%.*s%s", prefix, shard, m.e[k].name);
+            if (fnmatch(pattern, path, FNM_PATHNAME | FNM_PERIOD) != 0) continue;
+            listed++;
+            size_t j = 0;
+            while (j < found->gl_pathc && strcmp(found->gl_pathv[j], path) != 0) j++;
+            if (j == found->gl_pathc && !missing++) first = m.e[k].name;
+        }
+        if (missing)
+            lp_fail("%s %s: %s lists %s, which is not there (%d of the %d shards it lists that the pattern matches are missing: "
+                    "a dev/data/prepare.py that did not finish? run it again)", flag, pattern, m.path, first, missing, listed);
+        glob_t jobs;
+        lp_path(path, "%.*s.*.prepare.tmp/job.json", prefix, shard);
+        if (glob(path, 0, NULL, &jobs) != 0) continue;
+        for (size_t j = 0; j < jobs.gl_pathc; j++) {
+            const char* job = jobs.gl_pathv[j] + prefix + 1;  // NAME.prepare.tmp/job.json
+            int name = (int)(strstr(job, ".prepare.tmp/") - job);
+            for (size_t k = 0; k < found->gl_pathc; k++) {
+                const char* base = found->gl_pathv[k] + prefix;
+                if (strncmp(found->gl_pathv[k], shard, prefix) == 0 && strncmp(base, job, name) == 0 && base[name] == '_')
+                    lp_fail("%s %s: %s: dev/data/prepare.py has not finished making the %.*s shards (run the same command again: it "
+                            "continues)", flag, pattern, jobs.gl_pathv[j], name, job);
+            }
+        }
+        globfree(&jobs);
+    }
+    free(m.e);
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// What a loader reads: set by name, the rest 0 (`LPDataOptions o = {.pattern = "x_*.bin", .B = 4, .T = 64};`).
+typedef struct LPDataOptions {
+    const char* pattern;  // the shards: a path, or a glob
+    const char* label;    // how errors name them (train_gpt.cu: its flag, "-i"; NULL: "data")
+    int B, T;             // this rank's batch
+    int rank, ranks;      // this rank of the data-parallel ranks that share each window (0, 0: alone)
+    size_t window;        // tokens per window (0: one batch of every rank, ranks*B*T)
+    int shuffle;          // 1: shards and windows in an order drawn from seed, new each epoch; 0: file order
+    uint64_t seed;
+    int vocab_size;       // with scan: every token is checked to be below it when the loader opens
+    int scan;
+    int check;            // with scan: LP_CHECK_MANIFEST, from the folder's manifest.txt where there is one (else
+                          // every token); LP_CHECK_FULL, every token
+} LPDataOptions;
+
+#ifdef LLMPAR_IMPLEMENTATION
+// Open the shards o->pattern matches for this data-parallel rank, in windows of o->window tokens, in file
+// order or shuffled; with o->scan, check every token id first (from the manifest where o->check allows).
+void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
+    memset(d, 0, sizeof(*d));
+    int B = o->B, T = o->T;
+    size_t window = o->window;
+    const char* flag = o->label ? o->label : "data";
+    d->B = B;
+    d->T = T;
+    d->rank = o->rank;
+    d->world = o->ranks ? o->ranks : 1;
+    d->window = window ? window : (size_t)d->world * B * T;
+    d->shuffle = o->shuffle;
+    d->seed = o->seed;
+    if (glob(o->pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
+        lp_fail("%s %s: no token shard matches", flag, o->pattern);
+    d->num_files = (int)d->files.gl_pathc;
+    d->shard_tokens = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard sizes");
+    LPShardManifest manifest = {0};
+    for (int s = 0; s < d->num_files; s++) {
+        const char* path = d->files.gl_pathv[s];
+        FILE* f = lp_fopen(path, "rb");
+        int header[LP_HEADER_INTS];
+        lp_fread(header, sizeof(int), LP_HEADER_INTS, f, path);
+        fclose(f);
+        int bytes = lp_shard_token_bytes(path, header);
+        if (s > 0 && bytes != d->token_bytes)
+            lp_fail("%s %s: %s holds uint%d tokens, %s uint%d: one data set, one token format", flag, o->pattern, path, 8 * bytes,
+                    d->files.gl_pathv[0], 8 * d->token_bytes);
+        d->token_bytes = bytes;
+        long long expect = (long long)LP_HEADER_INTS * 4 + (long long)bytes * (unsigned)header[2];
+        long long size = lp_file_size(path);
+        if (size < expect)
+            lp_fail("%s: file is truncated (header says %u tokens: %lld bytes, file has %lld)", path, (unsigned)header[2], expect, size);
+        if (size > expect) lp_fail("%s: file is longer than its header says (%lld bytes, expected %lld)", path, size, expect);
+        d->shard_tokens[s] = (unsigned)header[2];
+        if (d->shard_tokens[s] < d->window + 1)
+            lp_fail("%s: %zu tokens is too few for one %s (%zu tokens + 1)", path, d->shard_tokens[s],
+                    window ? "step" : "batch of ranks*B*T", d->window);
+        if (o->scan && !(o->check == LP_CHECK_MANIFEST &&
+                         lp_shard_check_manifest(&manifest, path, size, d->shard_tokens[s], o->vocab_size)))
+            lp_shard_scan(path, d->shard_tokens[s], bytes, o->vocab_size);
+    }
+    free(manifest.e);
+    if (o->scan) lp_shards_whole(&d->files, o->pattern, flag);
+    d->buffer = (unsigned char*)lp_host_malloc((size_t)(B * T + 1) * d->token_bytes, "token buffer");
+    d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
+    d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
+    d->shard_order = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard order");
+    lp_dataloader_seek(d, 0, 0, 0);
+}
+
+void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0, 0); }
+
+// Fill d->inputs and d->targets with this rank's next (B,T) batch: the next ranks*B*T tokens of the current
+// window; past the shard's last window, the next shard; past the last shard, the next epoch.
+void lp_dataloader_next(LPDataLoader* d) {
+    size_t global = (size_t)d->world * d->B * d->T;
+    if (d->pos >= (d->shard_tokens[d->shard_order[d->shard]] - 1) / d->window * d->window) {
+        if (d->shard + 1 < d->num_files) lp_dataloader_seek(d, d->epoch, d->shard + 1, 0);
+        else lp_dataloader_seek(d, d->epoch + 1, 0, 0);
+    }
+    size_t start = d->window_order[d->pos / d->window] * d->window + d->pos % d->window + (size_t)d->rank * d->B * d->T;
+    size_t n = (size_t)d->B * d->T;
+    const char* path = d->files.gl_pathv[d->shard_order[d->shard]];
+    if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * d->token_bytes), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
+    lp_fread(d->buffer, d->token_bytes, n + 1, d->file, path);  // ids checked when opened (scan or manifest)
+    for (size_t i = 0; i < n; i++) {
+        d->inputs[i] = (int)lp_token_at(d->buffer, d->token_bytes, i);
+        d->targets[i] = (int)lp_token_at(d->buffer, d->token_bytes, i + 1);
+    }
+    d->pos += global;
+}
+
+// Batches in one pass over the data (for validation: all val shards once).
+size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d) {
+    size_t n = 0;
+    for (int s = 0; s < d->num_files; s++) n += (d->shard_tokens[s] - 1) / d->window;
+    return n * (d->window / ((size_t)d->world * d->B * d->T));
+}
+
+void lp_dataloader_free(LPDataLoader* d) {
+    if (d->file) fclose(d->file);
+    globfree(&d->files);
+    free(d->shard_tokens);
+    free(d->shard_order);
+    free(d->window_order);
+    free(d->buffer);
+    free(d->inputs);
+    free(d->targets);
+    memset(d, 0, sizeof(*d));
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// Multiple-choice evaluations (HellaSwag), llm.c's file (dev/data/hellaswag.py writes HellaSwag's val
+// split): a 256 x int32 header (magic 20240522, version 1, examples, the longest example's bytes), then per
+// example a stream of uint16: 65535, the example's bytes (these fields included), its index, the label (the
+// right completion), the number of completions, the context's length and tokens, then each completion's
+// length and tokens. A completion is scored on its own tokens only, read after the context: each of an
+// example's rows is context + completion, and the losses of the completion's tokens decide.
+#define LP_EVAL_MAGIC 20240522
+
+typedef struct {
+    int context, context_len;        // where its context's tokens start in LPEvalSet.tokens, and how many
+    int completion, completion_len;  // its completion's
+} LPEvalRow;
+
+typedef struct LPEvalSet {
+    int num_examples, num_rows;
+    int* label;        // (examples): the right completion
+    int* first_row;    // (examples + 1): example e's completions are rows first_row[e] .. first_row[e+1]-1
+    LPEvalRow* rows;   // (rows): each completion after its context
+    uint16_t* tokens;  // the file's examples as read
+    int longest_row, longest_example;  // the most tokens in a row (context + completion), and whose
+} LPEvalSet;
+
+#ifdef LLMPAR_IMPLEMENTATION
+// Row r's tokens (context, then completion): token i of context_len + completion_len.
+static inline int lp_evalset_token(const LPEvalSet* s, int r, int i) {
+    const LPEvalRow* w = &s->rows[r];
+    return i < w->context_len ? s->tokens[w->context + i] : s->tokens[w->completion + i - w->context_len];
+}
+
+// Read and check an eval file: every field where llm.c's format puts it, every token below vocab_size.
+// `label` names where the path came from in errors (train_gpt.cu: its flag).
+void lp_evalset_load(LPEvalSet* s, const char* path, const char* label, int vocab_size) {
+    memset(s, 0, sizeof(*s));
+    FILE* f = fopen(path, "rb");
+    if (!f) lp_fail("%s %s: cannot open: %s", label, path, strerror(errno));
+    int header[LP_HEADER_INTS];
+    long long size = lp_file_size(path), words = (size - LP_HEADER_INTS * 4) / 2;
+    if (size < LP_HEADER_INTS * 4 || fread(header, sizeof(int), LP_HEADER_INTS, f) != LP_HEADER_INTS)
+        lp_fail("%s %s: file is truncated (%lld bytes, shorter than the %d-byte header)", label, path, size, LP_HEADER_INTS * 4);
+    if (header[0] != LP_EVAL_MAGIC)
+        lp_fail("%s %s: not an llm.c eval file (magic %d, expected %d; dev/data/hellaswag.py writes one)", label, path,
+                header[0], LP_EVAL_MAGIC);
+    if (header[1] != 1) lp_fail("%s %s: eval file version %d is not supported (expected 1)", label, path, header[1]);
+    // the smallest example is 9 words (6 fields, a context token, a completion's length and token): the file bounds
+    // the count before anything of that size is allocated
+    if (header[2] < 1 || header[2] > words / 9)
+        lp_fail("%s %s: the header says %d examples, its %lld bytes after the header hold 1 .. %lld", label, path, header[2],
+                size - LP_HEADER_INTS * 4, words / 9);
+    if (words > INT_MAX) lp_fail("%s %s: %lld bytes, more than this format's int offsets reach", label, path, size);
+    s->num_examples = header[2];
+    s->tokens = (uint16_t*)lp_host_malloc((size_t)words * sizeof(uint16_t), "eval file");
+    if (fread(s->tokens, sizeof(uint16_t), (size_t)words, f) != (size_t)words) lp_fail("%s %s: read failed", label, path);
+    fclose(f);
+    s->label = (int*)lp_host_malloc((size_t)s->num_examples * sizeof(int), "eval labels");
+    s->first_row = (int*)lp_host_malloc((size_t)(s->num_examples + 1) * sizeof(int), "eval rows");
+    s->rows = (LPEvalRow*)lp_host_malloc((size_t)(words / 2 + 1) * sizeof(LPEvalRow), "eval rows");  // a row takes 2+ words
+    long long at = 0;
+    for (int e = 0; e < s->num_examples; e++) {
+        const uint16_t* x = s->tokens + at;  // 65535, bytes, index, label, completions, context length
+        if (at + 6 > words)
+            lp_fail("%s %s: file is truncated at example %d of the %d its header says", label, path, e, s->num_examples);
+        if (x[0] != 65535 || x[2] != (uint16_t)e)
+            lp_fail("%s %s: example %d does not start where the one before ends (delimiter %d, index %d)", label, path, e, x[0],
+                    x[2]);
+        long long end = at + x[1] / 2, next = at + 6 + x[5];
+        if (x[1] % 2) lp_fail("%s %s: example %d says it is %d bytes, an odd number (its fields are uint16)", label, path, e, x[1]);
+        if (end > words) lp_fail("%s %s: file is truncated in example %d (%d bytes)", label, path, e, x[1]);
+        if (x[4] < 1 || x[3] >= x[4]) lp_fail("%s %s: example %d: label %d of %d completions", label, path, e, x[3], x[4]);
+        if (x[5] < 1) lp_fail("%s %s: example %d has an empty context", label, path, e);
+        s->label[e] = x[3];
+        s->first_row[e] = s->num_rows;
+        for (int c = 0; c < x[4]; c++) {
+            int len = next < end ? s->tokens[next] : 0;
+            if (len < 1 || next + 1 + len > end)
+                lp_fail("%s %s: example %d: completion %d is empty or runs past the example's %d bytes", label, path, e, c, x[1]);
+            LPEvalRow row = {(int)at + 6, x[5], (int)next + 1, len};
+            s->rows[s->num_rows++] = row;
+            if (x[5] + len > s->longest_row) {
+                s->longest_row = x[5] + len;
+                s->longest_example = e;
+            }
+            next += 1 + len;
+        }
+        if (next != end) lp_fail("%s %s: example %d holds %lld bytes after its last completion", label, path, e, 2 * (end - next));
+        at = end;
+    }
+    if (size != LP_HEADER_INTS * 4 + 2 * at)
+        lp_fail("%s %s: file is longer than its %d examples (%lld bytes more)", label, path, s->num_examples,
+                size - LP_HEADER_INTS * 4 - 2 * at);
+    s->first_row[s->num_examples] = s->num_rows;
+    for (int e = 0; e < s->num_examples; e++)
+        for (int r = s->first_row[e]; r < s->first_row[e + 1]; r++)
+            for (int i = 0; i < s->rows[r].context_len + s->rows[r].completion_len; i++)
+                if (lp_evalset_token(s, r, i) >= vocab_size)
+                    lp_fail("%s %s: example %d: token id %d is >= the model's vocabulary size %d", label, path, e,
+                            lp_evalset_token(s, r, i), vocab_size);
+}
+
+// A batch of rows r0 .. r0+n-1, one per batch row, as (n, T) inputs and targets, T the longest row's tokens
+// less one (the last token is only a target), rounded up to a multiple of `multiple` (sequence parallelism
+// splits the n*T positions over its ranks). Row r's completion is scored by the losses at positions
+// context_len-1 .. context_len+completion_len-2. Returns T.
+int lp_evalset_batch(const LPEvalSet* s, int r0, int n, int multiple, int* inputs, int* targets) {
+    int T = 1;
+    for (int r = r0; r < r0 + n; r++)
+        if (s->rows[r].context_len + s->rows[r].completion_len - 1 > T) T = s->rows[r].context_len + s->rows[r].completion_len - 1;
+    T = (T + multiple - 1) / multiple * multiple;
+    for (int b = 0; b < n; b++) {
+        int r = r0 + b, len = s->rows[r].context_len + s->rows[r].completion_len;
+        for (int t = 0; t < T; t++) {  // past the row: token 0, which causal attention keeps from the row and no loss reads
+            inputs[b * T + t] = t < len ? lp_evalset_token(s, r, t) : 0;
+            targets[b * T + t] = t + 1 < len ? lp_evalset_token(s, r, t + 1) : 0;
+        }
+    }
+    return T;
+}
+
+// The sum of row r's completion losses, from the (T) losses of its batch row.
+double lp_evalset_row_loss(const LPEvalSet* s, int r, const float* losses) {
+    double sum = 0.0;
+    for (int i = 0; i < s->rows[r].completion_len; i++) sum += losses[s->rows[r].context_len - 1 + i];
+    return sum;
+}
+
+// How many of examples e0 .. e1-1 are right, given each row's summed completion loss (loss[r - first_row[e0]]):
+// acc counts an example right when its label's completion has the lowest sum, acc_norm when it has the lowest
+// mean per token (llm.c reports acc_norm). Ties go to the first, as llm.c's.
+void lp_evalset_score(const LPEvalSet* s, int e0, int e1, const double* loss, int* acc, int* acc_norm) {
+    *acc = *acc_norm = 0;
+    int r0 = s->first_row[e0];
+    for (int e = e0; e < e1; e++) {
+        int best = s->first_row[e], best_norm = best;
+        for (int r = best + 1; r < s->first_row[e + 1]; r++) {
+            if (loss[r - r0] < loss[best - r0]) best = r;
+            if (loss[r - r0] / s->rows[r].completion_len < loss[best_norm - r0] / s->rows[best_norm].completion_len) best_norm = r;
+        }
+        *acc += best - s->first_row[e] == s->label[e];
+        *acc_norm += best_norm - s->first_row[e] == s->label[e];
+    }
+}
+
+void lp_evalset_free(LPEvalSet* s) {
+    free(s->label);
+    free(s->first_row);
+    free(s->rows);
+    free(s->tokens);
+    memset(s, 0, sizeof(*s));
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// ----------------------------------------------------------------------------------------------------
+// 7. kernels
 //
 // Shapes: B batch, T time, C channels, N = B*T rows, OC output channels, NH heads, HS = C/NH.
 // The CPU loops take float; the CUDA launchers take floatX (bf16). On the CPU build floatX is float, so
@@ -5536,517 +6071,6 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 #endif
 
 // ----------------------------------------------------------------------------------------------------
-// 7. data
-//
-// llm.c token shards: a 256 x int32 header (magic, version, token count), then the tokens: GPT-2's format
-// (20240520, version 1) holds them as uint16, the Llama 3 one (20240801, version 7) as uint32, for
-// vocabularies beyond 65,536. One data set is one of the two: a pattern matching both is refused.
-// The loader cuts each shard into windows of `window` tokens (+1 for the last target; training: the tokens
-// of one optimizer step, so a step never straddles shards and reads the same tokens on every grid). It
-// visits the shards in an order and each shard's windows in an order: file order, or shuffled (llm.c's
-// behaviour), a permutation drawn from (seed, epoch) for the shards and (seed, epoch, shard) for the
-// windows, new every epoch. Each call of next() reads the next ranks*B*T tokens of the window, rank r
-// taking the r-th B*T slice. (epoch, shard, pos) is the whole state, so runs resume exactly.
-
-#define LP_HEADER_INTS 256
-#define LP_SHARD_MAGIC 20240520        // uint16 tokens, version 1
-#define LP_SHARD32_MAGIC 20240801      // uint32 tokens, version 7
-#define LP_MODEL_MAGIC 20240326
-#define LP_TOKENIZER_MAGIC 20240328
-
-typedef struct LPDataLoader {
-    glob_t files;
-    int num_files;
-    size_t* shard_tokens;  // tokens in each shard
-    int B, T, rank, world;
-    size_t window;         // tokens per window, a multiple of world*B*T
-    int shuffle;           // 1: shards and windows in a seeded random order, new each epoch; 0: file order
-    uint64_t seed;
-    int epoch;             // passes over the data completed
-    int shard;             // position in this epoch's shard order
-    size_t pos;            // tokens read of that shard, in window order: window pos / window, offset pos % window
-    size_t* shard_order;   // this epoch's order of the shards
-    size_t* window_order;  // the current shard's order of its windows
-    FILE* file;
-    int token_bytes;       // 2 (uint16 shards) or 4 (uint32)
-    unsigned char* buffer; // B*T+1 tokens read
-    int* inputs;           // (B,T)
-    int* targets;          // (B,T)
-} LPDataLoader;
-
-#ifdef LLMPAR_IMPLEMENTATION
-// A permutation of 0 .. n-1 (Fisher-Yates) drawn from seed and the key; the identity without shuffle.
-static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t seed, uint64_t key) {
-    for (size_t i = 0; i < n; i++) out[i] = i;
-    if (!shuffle) return;
-    uint64_t state = (seed ^ (key + 1) * 0x9E3779B97F4A7C15ull) | 1;  // xorshift needs a nonzero state
-    for (size_t i = n - 1; i > 0; i--) {
-        uint64_t hi = lp_rand_u32(&state);  // two statements: C leaves the order of two calls in one expression open
-        uint64_t lo = lp_rand_u32(&state);
-        size_t j = ((hi << 32) | lo) % (i + 1);
-        size_t t = out[i];
-        out[i] = out[j];
-        out[j] = t;
-    }
-}
-
-// Go to (epoch, shard, pos): draw the epoch's shard order and that shard's window order, open it.
-void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos) {
-    if (epoch < 0 || shard < 0 || shard >= d->num_files)
-        lp_fail("data position (epoch %d, shard %d) is outside the shards given", epoch, shard);
-    lp_permutation(d->shard_order, (size_t)d->num_files, d->shuffle, d->seed, (uint64_t)epoch << 32);
-    size_t file = d->shard_order[shard];
-    size_t windows = (d->shard_tokens[file] - 1) / d->window;
-    if (pos > windows * d->window) lp_fail("data position (shard %d, token %zu) is outside the shards given", shard, pos);
-    free(d->window_order);
-    d->window_order = (size_t*)lp_host_malloc(windows * sizeof(size_t), "window order");
-    lp_permutation(d->window_order, windows, d->shuffle, d->seed, ((uint64_t)epoch << 32) + 1 + file);
-    if (d->file) fclose(d->file);
-    d->file = lp_fopen(d->files.gl_pathv[file], "rb");
-    d->epoch = epoch;
-    d->shard = shard;
-    d->pos = pos;
-}
-
-// `flag` names the option the pattern came from (-i or -j) for the error messages.
-// Token i of n stored as uint16 or uint32 (bytes = 2 or 4), little-endian as the files are.
-static inline unsigned lp_token_at(const unsigned char* p, int bytes, size_t i) {
-    if (bytes == 2) { uint16_t t; memcpy(&t, p + 2 * i, 2); return t; }
-    uint32_t t;
-    memcpy(&t, p + 4 * i, 4);
-    return t;
-}
-
-// A token shard's header: the bytes of its tokens (2 or 4), or an error naming the file.
-static inline int lp_shard_token_bytes(const char* path, const int* header) {
-    if (header[0] == LP_SHARD_MAGIC) {
-        if (header[1] != 1) lp_fail("%s: token shard version %d is not supported (expected 1 for uint16 tokens)", path, header[1]);
-        return 2;
-    }
-    if (header[0] == LP_SHARD32_MAGIC) {
-        if (header[1] != 7) lp_fail("%s: token shard version %d is not supported (expected 7 for uint32 tokens)", path, header[1]);
-        return 4;
-    }
-    lp_fail("%s: not a token shard (magic %d, expected %d for uint16 tokens or %d for uint32; dev/data/prepare.py makes shards "
-            "of text)", path, header[0], LP_SHARD_MAGIC, LP_SHARD32_MAGIC);
-    return 0;
-}
-
-// Every token of the shard at path (n tokens of `bytes` each after the header) is below vocab_size: one
-// pass when the data is opened, so a bad token stops the run at its start rather than when training reaches it.
-static inline void lp_shard_scan(const char* path, size_t n, int bytes, int vocab_size) {
-    size_t chunk = (size_t)1 << 20;
-    unsigned char* buf = (unsigned char*)lp_host_malloc(chunk * bytes, "token scan");
-    FILE* f = lp_fopen(path, "rb");
-    if (fseek(f, LP_HEADER_INTS * 4, SEEK_SET) != 0) lp_fail("%s: seek failed", path);
-    for (size_t done = 0; done < n; done += chunk) {
-        size_t k = n - done < chunk ? n - done : chunk;
-        lp_fread(buf, bytes, k, f, path);
-        for (size_t i = 0; i < k; i++)
-            if (lp_token_at(buf, bytes, i) >= (unsigned)vocab_size)
-                lp_fail("%s: token id %u at token %zu is >= the model's vocabulary size %d", path, lp_token_at(buf, bytes, i),
-                        done + i, vocab_size);
-    }
-    fclose(f);
-    free(buf);
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// The shards' manifest, DIR/manifest.txt as dev/data/prepare.py writes it: a line "llmpar shards 1", then
-// per shard "NAME BYTES TOKENS MAX_ID CRC32C" (the CRC, in hex, of the whole file; for tools, not read here).
-// Where a shard's folder has one, the start checks the shard against its line instead of reading every
-// token: the same size means the tokens prepare.py counted, whose largest id the line gives. A manifest that
-// does not match (no line for the shard, another size or count) is refused rather than passed over: the
-// shards changed after it was written, so it no longer describes them, and silently scanning instead would
-// hide that. --check-data full (LP_CHECK_FULL) reads every token and ignores manifests.
-enum { LP_CHECK_MANIFEST, LP_CHECK_FULL };
-static const char* const lp_check_data_names[] = {"manifest", "full", NULL};
-#define LP_SHARD_MANIFEST_HEAD "llmpar shards 1"
-
-typedef struct {
-    char name[256];
-    long long bytes, tokens;
-    int max_id;
-} LPShardEntry;
-
-typedef struct {
-    char dir[LP_PATH_MAX];   // the folder loaded ("" before the first)
-    char path[LP_PATH_MAX];  // its manifest.txt, for errors
-    int present;             // 0: the folder has no shard manifest (its shards are scanned)
-    int n;
-    LPShardEntry* e;         // sorted by name
-} LPShardManifest;
-
-#ifdef LLMPAR_IMPLEMENTATION
-static int lp_shard_entry_cmp(const void* a, const void* b) {
-    return strcmp(((const LPShardEntry*)a)->name, ((const LPShardEntry*)b)->name);
-}
-
-// Load dir's manifest.txt into m (a manifest.txt that does not start with the head line is not ours: absent).
-static inline void lp_shard_manifest_load(LPShardManifest* m, const char* dir) {
-    free(m->e);
-    memset(m, 0, sizeof(*m));
-    snprintf(m->dir, sizeof(m->dir), "%s", dir);
-    lp_path(m->path, "%s/manifest.txt", dir);
-    FILE* f = fopen(m->path, "r");
-    if (!f) return;
-    char line[LP_PATH_MAX];
-    if (!fgets(line, sizeof(line), f) || strcmp(line, LP_SHARD_MANIFEST_HEAD "\n") != 0) {
-        fclose(f);
-        return;
-    }
-    m->present = 1;
-    int cap = 0;
-    for (int number = 2; fgets(line, sizeof(line), f); number++) {
-        if (line[strspn(line, " \t\r\n")] == '\0') continue;
-        if (m->n == cap) {
-            cap = cap ? 2 * cap : 64;
-            LPShardEntry* grown = (LPShardEntry*)realloc(m->e, cap * sizeof(LPShardEntry));
-            if (!grown) lp_fail("out of host memory reading %s", m->path);
-            m->e = grown;
-        }
-        LPShardEntry* e = &m->e[m->n++];
-        unsigned crc;
-        if (sscanf(line, "%255s %lld %lld %d %x", e->name, &e->bytes, &e->tokens, &e->max_id, &crc) != 5)
-            lp_fail("%s: line %d is not 'NAME BYTES TOKENS MAX_ID CRC32C'", m->path, number);
-    }
-    fclose(f);
-    qsort(m->e, m->n, sizeof(LPShardEntry), lp_shard_entry_cmp);
-}
-
-// 1 when the manifest of the shard's folder vouches for the shard at path (size bytes, n tokens), its ids
-// below vocab_size; 0 when that folder has no manifest. A mismatch is an error naming the manifest.
-static inline int lp_shard_check_manifest(LPShardManifest* m, const char* path, long long size, size_t n, int vocab_size) {
-    char dir[LP_PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", path);
-    char* slash = strrchr(dir, '/');
-    const char* name = slash ? path + (slash - dir) + 1 : path;
-    if (slash) *slash = '\0';
-    else snprintf(dir, sizeof(dir), ".");
-    if (strcmp(dir, m->dir) != 0) lp_shard_manifest_load(m, dir);
-    if (!m->present) return 0;
-    LPShardEntry key;
-    snprintf(key.name, sizeof(key.name), "%s", name);
-    const LPShardEntry* e = (const LPShardEntry*)bsearch(&key, m->e, m->n, sizeof(LPShardEntry), lp_shard_entry_cmp);
-    const char* why = "the shards changed after dev/data/prepare.py wrote it; --check-data full reads every token instead";
-    if (!e) lp_fail("%s: has no line for %s (%s)", m->path, name, why);
-    if (e->bytes != size || e->tokens != (long long)n)
-        lp_fail("%s: says %s is %lld bytes (%lld tokens), the file is %lld bytes (%zu tokens) (%s)", m->path, name, e->bytes,
-                e->tokens, size, n, why);
-    if (e->max_id >= vocab_size)
-        lp_fail("%s: token id %d (the largest, from %s) is >= the model's vocabulary size %d", path, e->max_id, m->path, vocab_size);
-    return 1;
-}
-
-// A data set is whole or refused (rank 0, when it checks the shards): in each folder of the shards found,
-// no shard its manifest lists that the pattern matches may be missing, and no dev/data/prepare.py job for
-// these shards may be unfinished (its staging folder .NAME.prepare.tmp/ with job.json is left by a job
-// killed before it moved every shard into place, which then leaves some shards, or old ones, under the
-// manifest's names). Either is an error naming what is missing; --check-data full does not change that.
-static inline void lp_shards_whole(const glob_t* found, const char* pattern, const char* flag) {
-    LPShardManifest m = {0};
-    char dir[LP_PATH_MAX], path[LP_PATH_MAX];
-    for (size_t s = 0; s < found->gl_pathc; s++) {
-        const char* shard = found->gl_pathv[s];
-        const char* slash = strrchr(shard, '/');
-        int prefix = slash ? (int)(slash - shard) + 1 : 0;  // the path up to the name, as the pattern spelled it
-        lp_path(dir, "%.*s", slash ? prefix - 1 : 1, slash ? shard : ".");
-        if (slash == shard) lp_path(dir, "/");
-        if (m.dir[0] && strcmp(dir, m.dir) == 0) continue;
-        lp_shard_manifest_load(&m, dir);
-        int missing = 0, listed = 0;
-        const char* first = NULL;
-        for (int k = 0; k < m.n; k++) {
-            lp_path(path, "%.*s%s", prefix, shard, m.e[k].name);
-            if (fnmatch(pattern, path, FNM_PATHNAME | FNM_PERIOD) != 0) continue;
-            listed++;
-            size_t j = 0;
-            while (j < found->gl_pathc && strcmp(found->gl_pathv[j], path) != 0) j++;
-            if (j == found->gl_pathc && !missing++) first = m.e[k].name;
-        }
-        if (missing)
-            lp_fail("%s %s: %s lists %s, which is not there (%d of the %d shards it lists that the pattern matches are missing: "
-                    "a dev/data/prepare.py that did not finish? run it again)", flag, pattern, m.path, first, missing, listed);
-        glob_t jobs;
-        lp_path(path, "%.*s.*.prepare.tmp/job.json", prefix, shard);
-        if (glob(path, 0, NULL, &jobs) != 0) continue;
-        for (size_t j = 0; j < jobs.gl_pathc; j++) {
-            const char* job = jobs.gl_pathv[j] + prefix + 1;  // NAME.prepare.tmp/job.json
-            int name = (int)(strstr(job, ".prepare.tmp/") - job);
-            for (size_t k = 0; k < found->gl_pathc; k++) {
-                const char* base = found->gl_pathv[k] + prefix;
-                if (strncmp(found->gl_pathv[k], shard, prefix) == 0 && strncmp(base, job, name) == 0 && base[name] == '_')
-                    lp_fail("%s %s: %s: dev/data/prepare.py has not finished making the %.*s shards (run the same command again: it "
-                            "continues)", flag, pattern, jobs.gl_pathv[j], name, job);
-            }
-        }
-        globfree(&jobs);
-    }
-    free(m.e);
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// What a loader reads: set by name, the rest 0 (`LPDataOptions o = {.pattern = "x_*.bin", .B = 4, .T = 64};`).
-typedef struct LPDataOptions {
-    const char* pattern;  // the shards: a path, or a glob
-    const char* label;    // how errors name them (train_gpt.cu: its flag, "-i"; NULL: "data")
-    int B, T;             // this rank's batch
-    int rank, ranks;      // this rank of the data-parallel ranks that share each window (0, 0: alone)
-    size_t window;        // tokens per window (0: one batch of every rank, ranks*B*T)
-    int shuffle;          // 1: shards and windows in an order drawn from seed, new each epoch; 0: file order
-    uint64_t seed;
-    int vocab_size;       // with scan: every token is checked to be below it when the loader opens
-    int scan;
-    int check;            // with scan: LP_CHECK_MANIFEST, from the folder's manifest.txt where there is one (else
-                          // every token); LP_CHECK_FULL, every token
-} LPDataOptions;
-
-#ifdef LLMPAR_IMPLEMENTATION
-// Open the shards o->pattern matches for this data-parallel rank, in windows of o->window tokens, in file
-// order or shuffled; with o->scan, check every token id first (from the manifest where o->check allows).
-void lp_dataloader_init(LPDataLoader* d, const LPDataOptions* o) {
-    memset(d, 0, sizeof(*d));
-    int B = o->B, T = o->T;
-    size_t window = o->window;
-    const char* flag = o->label ? o->label : "data";
-    d->B = B;
-    d->T = T;
-    d->rank = o->rank;
-    d->world = o->ranks ? o->ranks : 1;
-    d->window = window ? window : (size_t)d->world * B * T;
-    d->shuffle = o->shuffle;
-    d->seed = o->seed;
-    if (glob(o->pattern, 0, NULL, &d->files) != 0 || d->files.gl_pathc == 0)
-        lp_fail("%s %s: no token shard matches", flag, o->pattern);
-    d->num_files = (int)d->files.gl_pathc;
-    d->shard_tokens = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard sizes");
-    LPShardManifest manifest = {0};
-    for (int s = 0; s < d->num_files; s++) {
-        const char* path = d->files.gl_pathv[s];
-        FILE* f = lp_fopen(path, "rb");
-        int header[LP_HEADER_INTS];
-        lp_fread(header, sizeof(int), LP_HEADER_INTS, f, path);
-        fclose(f);
-        int bytes = lp_shard_token_bytes(path, header);
-        if (s > 0 && bytes != d->token_bytes)
-            lp_fail("%s %s: %s holds uint%d tokens, %s uint%d: one data set, one token format", flag, o->pattern, path, 8 * bytes,
-                    d->files.gl_pathv[0], 8 * d->token_bytes);
-        d->token_bytes = bytes;
-        long long expect = (long long)LP_HEADER_INTS * 4 + (long long)bytes * (unsigned)header[2];
-        long long size = lp_file_size(path);
-        if (size < expect)
-            lp_fail("%s: file is truncated (header says %u tokens: %lld bytes, file has %lld)", path, (unsigned)header[2], expect, size);
-        if (size > expect) lp_fail("%s: file is longer than its header says (%lld bytes, expected %lld)", path, size, expect);
-        d->shard_tokens[s] = (unsigned)header[2];
-        if (d->shard_tokens[s] < d->window + 1)
-            lp_fail("%s: %zu tokens is too few for one %s (%zu tokens + 1)", path, d->shard_tokens[s],
-                    window ? "step" : "batch of ranks*B*T", d->window);
-        if (o->scan && !(o->check == LP_CHECK_MANIFEST &&
-                         lp_shard_check_manifest(&manifest, path, size, d->shard_tokens[s], o->vocab_size)))
-            lp_shard_scan(path, d->shard_tokens[s], bytes, o->vocab_size);
-    }
-    free(manifest.e);
-    if (o->scan) lp_shards_whole(&d->files, o->pattern, flag);
-    d->buffer = (unsigned char*)lp_host_malloc((size_t)(B * T + 1) * d->token_bytes, "token buffer");
-    d->inputs = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "input tokens");
-    d->targets = (int*)lp_host_malloc((size_t)B * T * sizeof(int), "target tokens");
-    d->shard_order = (size_t*)lp_host_malloc(d->num_files * sizeof(size_t), "shard order");
-    lp_dataloader_seek(d, 0, 0, 0);
-}
-
-void lp_dataloader_reset(LPDataLoader* d) { lp_dataloader_seek(d, 0, 0, 0); }
-
-// Fill d->inputs and d->targets with this rank's next (B,T) batch: the next ranks*B*T tokens of the current
-// window; past the shard's last window, the next shard; past the last shard, the next epoch.
-void lp_dataloader_next(LPDataLoader* d) {
-    size_t global = (size_t)d->world * d->B * d->T;
-    if (d->pos >= (d->shard_tokens[d->shard_order[d->shard]] - 1) / d->window * d->window) {
-        if (d->shard + 1 < d->num_files) lp_dataloader_seek(d, d->epoch, d->shard + 1, 0);
-        else lp_dataloader_seek(d, d->epoch + 1, 0, 0);
-    }
-    size_t start = d->window_order[d->pos / d->window] * d->window + d->pos % d->window + (size_t)d->rank * d->B * d->T;
-    size_t n = (size_t)d->B * d->T;
-    const char* path = d->files.gl_pathv[d->shard_order[d->shard]];
-    if (fseek(d->file, LP_HEADER_INTS * 4 + (long)(start * d->token_bytes), SEEK_SET) != 0) lp_fail("%s: seek failed", path);
-    lp_fread(d->buffer, d->token_bytes, n + 1, d->file, path);  // ids checked when opened (scan or manifest)
-    for (size_t i = 0; i < n; i++) {
-        d->inputs[i] = (int)lp_token_at(d->buffer, d->token_bytes, i);
-        d->targets[i] = (int)lp_token_at(d->buffer, d->token_bytes, i + 1);
-    }
-    d->pos += global;
-}
-
-// Batches in one pass over the data (for validation: all val shards once).
-size_t lp_dataloader_batches_per_epoch(const LPDataLoader* d) {
-    size_t n = 0;
-    for (int s = 0; s < d->num_files; s++) n += (d->shard_tokens[s] - 1) / d->window;
-    return n * (d->window / ((size_t)d->world * d->B * d->T));
-}
-
-void lp_dataloader_free(LPDataLoader* d) {
-    if (d->file) fclose(d->file);
-    globfree(&d->files);
-    free(d->shard_tokens);
-    free(d->shard_order);
-    free(d->window_order);
-    free(d->buffer);
-    free(d->inputs);
-    free(d->targets);
-    memset(d, 0, sizeof(*d));
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// Multiple-choice evaluations (HellaSwag), llm.c's file (dev/data/hellaswag.py writes HellaSwag's val
-// split): a 256 x int32 header (magic 20240522, version 1, examples, the longest example's bytes), then per
-// example a stream of uint16: 65535, the example's bytes (these fields included), its index, the label (the
-// right completion), the number of completions, the context's length and tokens, then each completion's
-// length and tokens. A completion is scored on its own tokens only, read after the context: each of an
-// example's rows is context + completion, and the losses of the completion's tokens decide.
-#define LP_EVAL_MAGIC 20240522
-
-typedef struct {
-    int context, context_len;        // where its context's tokens start in LPEvalSet.tokens, and how many
-    int completion, completion_len;  // its completion's
-} LPEvalRow;
-
-typedef struct LPEvalSet {
-    int num_examples, num_rows;
-    int* label;        // (examples): the right completion
-    int* first_row;    // (examples + 1): example e's completions are rows first_row[e] .. first_row[e+1]-1
-    LPEvalRow* rows;   // (rows): each completion after its context
-    uint16_t* tokens;  // the file's examples as read
-    int longest_row, longest_example;  // the most tokens in a row (context + completion), and whose
-} LPEvalSet;
-
-#ifdef LLMPAR_IMPLEMENTATION
-// Row r's tokens (context, then completion): token i of context_len + completion_len.
-static inline int lp_evalset_token(const LPEvalSet* s, int r, int i) {
-    const LPEvalRow* w = &s->rows[r];
-    return i < w->context_len ? s->tokens[w->context + i] : s->tokens[w->completion + i - w->context_len];
-}
-
-// Read and check an eval file: every field where llm.c's format puts it, every token below vocab_size.
-// `label` names where the path came from in errors (train_gpt.cu: its flag).
-void lp_evalset_load(LPEvalSet* s, const char* path, const char* label, int vocab_size) {
-    memset(s, 0, sizeof(*s));
-    FILE* f = fopen(path, "rb");
-    if (!f) lp_fail("%s %s: cannot open: %s", label, path, strerror(errno));
-    int header[LP_HEADER_INTS];
-    long long size = lp_file_size(path), words = (size - LP_HEADER_INTS * 4) / 2;
-    if (size < LP_HEADER_INTS * 4 || fread(header, sizeof(int), LP_HEADER_INTS, f) != LP_HEADER_INTS)
-        lp_fail("%s %s: file is truncated (%lld bytes, shorter than the %d-byte header)", label, path, size, LP_HEADER_INTS * 4);
-    if (header[0] != LP_EVAL_MAGIC)
-        lp_fail("%s %s: not an llm.c eval file (magic %d, expected %d; dev/data/hellaswag.py writes one)", label, path,
-                header[0], LP_EVAL_MAGIC);
-    if (header[1] != 1) lp_fail("%s %s: eval file version %d is not supported (expected 1)", label, path, header[1]);
-    // the smallest example is 9 words (6 fields, a context token, a completion's length and token): the file bounds
-    // the count before anything of that size is allocated
-    if (header[2] < 1 || header[2] > words / 9)
-        lp_fail("%s %s: the header says %d examples, its %lld bytes after the header hold 1 .. %lld", label, path, header[2],
-                size - LP_HEADER_INTS * 4, words / 9);
-    if (words > INT_MAX) lp_fail("%s %s: %lld bytes, more than this format's int offsets reach", label, path, size);
-    s->num_examples = header[2];
-    s->tokens = (uint16_t*)lp_host_malloc((size_t)words * sizeof(uint16_t), "eval file");
-    if (fread(s->tokens, sizeof(uint16_t), (size_t)words, f) != (size_t)words) lp_fail("%s %s: read failed", label, path);
-    fclose(f);
-    s->label = (int*)lp_host_malloc((size_t)s->num_examples * sizeof(int), "eval labels");
-    s->first_row = (int*)lp_host_malloc((size_t)(s->num_examples + 1) * sizeof(int), "eval rows");
-    s->rows = (LPEvalRow*)lp_host_malloc((size_t)(words / 2 + 1) * sizeof(LPEvalRow), "eval rows");  // a row takes 2+ words
-    long long at = 0;
-    for (int e = 0; e < s->num_examples; e++) {
-        const uint16_t* x = s->tokens + at;  // 65535, bytes, index, label, completions, context length
-        if (at + 6 > words)
-            lp_fail("%s %s: file is truncated at example %d of the %d its header says", label, path, e, s->num_examples);
-        if (x[0] != 65535 || x[2] != (uint16_t)e)
-            lp_fail("%s %s: example %d does not start where the one before ends (delimiter %d, index %d)", label, path, e, x[0],
-                    x[2]);
-        long long end = at + x[1] / 2, next = at + 6 + x[5];
-        if (x[1] % 2) lp_fail("%s %s: example %d says it is %d bytes, an odd number (its fields are uint16)", label, path, e, x[1]);
-        if (end > words) lp_fail("%s %s: file is truncated in example %d (%d bytes)", label, path, e, x[1]);
-        if (x[4] < 1 || x[3] >= x[4]) lp_fail("%s %s: example %d: label %d of %d completions", label, path, e, x[3], x[4]);
-        if (x[5] < 1) lp_fail("%s %s: example %d has an empty context", label, path, e);
-        s->label[e] = x[3];
-        s->first_row[e] = s->num_rows;
-        for (int c = 0; c < x[4]; c++) {
-            int len = next < end ? s->tokens[next] : 0;
-            if (len < 1 || next + 1 + len > end)
-                lp_fail("%s %s: example %d: completion %d is empty or runs past the example's %d bytes", label, path, e, c, x[1]);
-            LPEvalRow row = {(int)at + 6, x[5], (int)next + 1, len};
-            s->rows[s->num_rows++] = row;
-            if (x[5] + len > s->longest_row) {
-                s->longest_row = x[5] + len;
-                s->longest_example = e;
-            }
-            next += 1 + len;
-        }
-        if (next != end) lp_fail("%s %s: example %d holds %lld bytes after its last completion", label, path, e, 2 * (end - next));
-        at = end;
-    }
-    if (size != LP_HEADER_INTS * 4 + 2 * at)
-        lp_fail("%s %s: file is longer than its %d examples (%lld bytes more)", label, path, s->num_examples,
-                size - LP_HEADER_INTS * 4 - 2 * at);
-    s->first_row[s->num_examples] = s->num_rows;
-    for (int e = 0; e < s->num_examples; e++)
-        for (int r = s->first_row[e]; r < s->first_row[e + 1]; r++)
-            for (int i = 0; i < s->rows[r].context_len + s->rows[r].completion_len; i++)
-                if (lp_evalset_token(s, r, i) >= vocab_size)
-                    lp_fail("%s %s: example %d: token id %d is >= the model's vocabulary size %d", label, path, e,
-                            lp_evalset_token(s, r, i), vocab_size);
-}
-
-// A batch of rows r0 .. r0+n-1, one per batch row, as (n, T) inputs and targets, T the longest row's tokens
-// less one (the last token is only a target), rounded up to a multiple of `multiple` (sequence parallelism
-// splits the n*T positions over its ranks). Row r's completion is scored by the losses at positions
-// context_len-1 .. context_len+completion_len-2. Returns T.
-int lp_evalset_batch(const LPEvalSet* s, int r0, int n, int multiple, int* inputs, int* targets) {
-    int T = 1;
-    for (int r = r0; r < r0 + n; r++)
-        if (s->rows[r].context_len + s->rows[r].completion_len - 1 > T) T = s->rows[r].context_len + s->rows[r].completion_len - 1;
-    T = (T + multiple - 1) / multiple * multiple;
-    for (int b = 0; b < n; b++) {
-        int r = r0 + b, len = s->rows[r].context_len + s->rows[r].completion_len;
-        for (int t = 0; t < T; t++) {  // past the row: token 0, which causal attention keeps from the row and no loss reads
-            inputs[b * T + t] = t < len ? lp_evalset_token(s, r, t) : 0;
-            targets[b * T + t] = t + 1 < len ? lp_evalset_token(s, r, t + 1) : 0;
-        }
-    }
-    return T;
-}
-
-// The sum of row r's completion losses, from the (T) losses of its batch row.
-double lp_evalset_row_loss(const LPEvalSet* s, int r, const float* losses) {
-    double sum = 0.0;
-    for (int i = 0; i < s->rows[r].completion_len; i++) sum += losses[s->rows[r].context_len - 1 + i];
-    return sum;
-}
-
-// How many of examples e0 .. e1-1 are right, given each row's summed completion loss (loss[r - first_row[e0]]):
-// acc counts an example right when its label's completion has the lowest sum, acc_norm when it has the lowest
-// mean per token (llm.c reports acc_norm). Ties go to the first, as llm.c's.
-void lp_evalset_score(const LPEvalSet* s, int e0, int e1, const double* loss, int* acc, int* acc_norm) {
-    *acc = *acc_norm = 0;
-    int r0 = s->first_row[e0];
-    for (int e = e0; e < e1; e++) {
-        int best = s->first_row[e], best_norm = best;
-        for (int r = best + 1; r < s->first_row[e + 1]; r++) {
-            if (loss[r - r0] < loss[best - r0]) best = r;
-            if (loss[r - r0] / s->rows[r].completion_len < loss[best_norm - r0] / s->rows[best_norm].completion_len) best_norm = r;
-        }
-        *acc += best - s->first_row[e] == s->label[e];
-        *acc_norm += best_norm - s->first_row[e] == s->label[e];
-    }
-}
-
-void lp_evalset_free(LPEvalSet* s) {
-    free(s->label);
-    free(s->first_row);
-    free(s->rows);
-    free(s->tokens);
-    memset(s, 0, sizeof(*s));
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// ----------------------------------------------------------------------------------------------------
 // 8. zero
 //
 // Data parallelism and ZeRO in one place: where a model's weights, gradients and AdamW state live on this
@@ -6246,9 +6270,7 @@ static inline void lp_offload_close(LPOffload* o) {
 // (LPOffload); on the CUDA build the master weights then sit in pinned host memory and the update runs on
 // the CPU, as with OPTIMIZER (the CUDA build's): master weights, m and v in pinned host memory. PARAMS
 // (the CUDA build's, ZeRO-3): OPTIMIZER, and the shard of bf16 weights in pinned host memory too, each
-// layer's part coming up to the GPU as its gather starts.
-enum { LP_OFFLOAD_NONE, LP_OFFLOAD_NVME, LP_OFFLOAD_OPTIMIZER, LP_OFFLOAD_PARAMS };
-static const char* const lp_offload_names[] = {"none", "nvme", "optimizer", "params", NULL};
+// layer's part coming up to the GPU as its gather starts. (LP_OFFLOAD_*: beside LPParallel, section 3.)
 
 #ifndef LLMPAR_CPU
 // --- The update on the host (the CUDA build's --offload): the CPU updates the shard a chunk at a time
@@ -6591,101 +6613,6 @@ static inline const floatX* lp_zero_shard_grads(const LPZero* z) {
 static inline floatX* lp_zero_shard_params(const LPZero* z) {
     return z->par->zero >= 3 ? z->param_shard : z->params + z->shard_start;
 }
-#endif  // LLMPAR_IMPLEMENTATION
-
-// The optimizer walks this rank's shard a chunk at a time: lp_zero_state_begin gives the number of chunks
-// (in device memory: one, the whole shard); lp_zero_state_get chunk c as LPStatePiece, waiting for what
-// comes in (the file's m and v: read ahead; the CUDA build's host update: the gradients, down); and
-// lp_zero_state_put hands it back updated (the file: written behind, the chunk after next read into its
-// buffer; the host update: the weights up, the chunk after next's gradients down); lp_zero_state_end
-// waits for the last of it.
-typedef struct {
-    size_t lo, hi;          // shard values [lo, hi); each pointer is at value lo
-    float *master, *m, *v;  // fp32 master weights and AdamW moments
-    const floatX* grads;    // the averaged gradients
-    floatX* params;         // where the updated compute-type weights go
-} LPStatePiece;
-
-#ifdef LLMPAR_IMPLEMENTATION
-static inline size_t lp_zero_state_begin(LPZero* z) {
-    size_t count = lp_zero_shard_count(z), chunks = (count + z->state_chunk - 1) / z->state_chunk;
-    LPOffload* o = z->off;
-    if (o)
-        for (size_t c = 0; c < 2 && c < o->chunks; c++) o->ready[c] = lp_offload_queue(o, c, o->buf[c], 0);
-#ifndef LLMPAR_CPU
-    LPHostOptim* h = z->host;
-    if (h) {  // the copies start once the gradients are complete on the compute stream
-        cudaCheck(cudaEventRecord(h->ready, 0));
-        cudaCheck(cudaStreamWaitEvent(h->down, h->ready, 0));
-        cudaCheck(cudaStreamWaitEvent(h->up, h->ready, 0));
-        for (size_t c = 0; c < 2 && c < chunks; c++) {
-            size_t lo = c * z->state_chunk, n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
-            cudaCheck(cudaMemcpyAsync(h->grads[c], lp_zero_shard_grads(z) + lo, n * sizeof(floatX), cudaMemcpyDeviceToHost, h->down));
-            cudaCheck(cudaEventRecord(h->got[c], h->down));
-        }
-    }
-#endif
-    return chunks;
-}
-static inline void lp_zero_state_get(LPZero* z, size_t c, LPStatePiece* s) {
-    size_t count = lp_zero_shard_count(z);
-    s->lo = c * z->state_chunk;
-    s->hi = count - s->lo < z->state_chunk ? count : s->lo + z->state_chunk;
-    s->master = z->master + s->lo;
-    s->grads = lp_zero_shard_grads(z) + s->lo;
-    s->params = lp_zero_shard_params(z) + s->lo;
-    LPOffload* o = z->off;
-    if (o) {
-        lp_offload_wait(o, o->ready[c % 2]);
-        s->m = o->buf[c % 2];
-        s->v = o->buf[c % 2] + o->chunk;
-    } else {
-        s->m = z->adam_m + s->lo;
-        s->v = z->adam_v + s->lo;
-    }
-#ifndef LLMPAR_CPU
-    LPHostOptim* h = z->host;
-    if (h) {
-        cudaCheck(cudaEventSynchronize(h->got[c % 2]));
-        if (c >= 2) cudaCheck(cudaEventSynchronize(h->sent[c % 2]));  // chunk c-2's weights have left the buffer
-        s->grads = h->grads[c % 2];
-        if (!z->params_on_host) s->params = h->params[c % 2];  // (--offload params: the shard itself, on the host)
-    }
-#endif
-}
-static inline void lp_zero_state_put(LPZero* z, size_t c) {
-    LPOffload* o = z->off;
-    if (o) {
-        lp_offload_queue(o, c, o->buf[c % 2], 1);
-        if (c + 2 < o->chunks) o->ready[c % 2] = lp_offload_queue(o, c + 2, o->buf[c % 2], 0);
-    }
-#ifndef LLMPAR_CPU
-    LPHostOptim* h = z->host;
-    if (h) {
-        size_t count = lp_zero_shard_count(z), lo = c * z->state_chunk, n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
-        if (!z->params_on_host)
-            cudaCheck(cudaMemcpyAsync(lp_zero_shard_params(z) + lo, h->params[c % 2], n * sizeof(floatX), cudaMemcpyHostToDevice, h->up));
-        cudaCheck(cudaEventRecord(h->sent[c % 2], h->up));
-        lo += 2 * z->state_chunk;
-        if (lo < count) {  // this buffer's gradients are used: chunk c+2's come into it
-            n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
-            cudaCheck(cudaMemcpyAsync(h->grads[c % 2], lp_zero_shard_grads(z) + lo, n * sizeof(floatX), cudaMemcpyDeviceToHost, h->down));
-            cudaCheck(cudaEventRecord(h->got[c % 2], h->down));
-        }
-    }
-#endif
-}
-static inline void lp_zero_state_end(LPZero* z) {
-    LPOffload* o = z->off;
-    if (o) {
-        lp_offload_wait(o, o->queued - 1);
-        o->written = o->chunks;
-    }
-#ifndef LLMPAR_CPU
-    if (z->host) cudaCheck(cudaStreamSynchronize(z->host->up));  // the weights are all up before anything reads them
-#endif
-}
-
 // Copies of fp32 optimizer state (master, adam_m, adam_v) out to and in from host memory: a memcpy when it
 // lives there (the CUDA build's --offload), else a device copy (the CPU build's: a memcpy).
 static inline void lp_zero_state_out(const LPZero* z, void* dst, const void* src, size_t bytes) {
@@ -6914,19 +6841,6 @@ static inline void lp_zero_average(LPZero* z) {
     }
     z->layers_reducing = 0;
 }
-
-// After the optimizer updated this rank's shard of the weights: stage 1-2 all-gather them, stage 3 the
-// tensors outside the layers (the layers' are gathered when forward next needs them).
-static inline void lp_zero_gather_updated(LPZero* z) {
-    if (z->par->zero >= 3) {
-        z->layer_in_buf[0] = z->layer_in_buf[1] = z->piece_in_buf[0] = z->piece_in_buf[1] = -1;
-        for (int i = 0; i < LP_NUM_PARAMS; i++)
-            if (lp_zero_whole(z, i)) lp_zero_gather_start(z, z->w[i], z->param_offsets[i], z->param_sizes[i], &z->now);
-        lp_wait(z->dp, &z->now);
-    } else if (z->par->zero >= 1) {
-        lp_all_gather(z->dp, z->params, z->shard_size * sizeof(floatX));
-    }
-}
 #endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
@@ -6969,8 +6883,7 @@ static inline void lp_zero_gather_updated(LPZero* z) {
 //   full       only each layer's input, the residual stream: backward reruns the layer's forward up to
 //              the GELU first (its TP collectives too), about a quarter more compute for the least memory.
 // What is recomputed has room for one layer, in the scratch that the micro-batches in flight share.
-enum { LP_RECOMPUTE_NONE, LP_RECOMPUTE_SELECTIVE, LP_RECOMPUTE_FULL };
-static const char* const lp_recompute_names[] = {"none", "selective", "full", NULL};
+// (LP_RECOMPUTE_*: beside LPParallel, section 3.)
 
 // Attention (--attention): the CUDA build's choice of path. flash: FlashAttention-2's form, keeping q, k, v as
 // the projection wrote them and each row's logsumexp; cublas: llm.c's attention without cuDNN, keeping q, k,
@@ -7096,22 +7009,6 @@ typedef struct {
     size_t local, canon, n;
     int part, copy;
 } LPRun;
-
-// One rank alone, nothing split: a model made without a grid; a start for a program's own LPParallel (the
-// defaults of train_gpt.cu's flags).
-static const LPParallel lp_parallel_one = {
-    1, 1, 1,           // tp, dp, pp
-    1,                 // ep
-    1,                 // vpp
-    LP_SCHEDULE_1F1B,  // schedule
-    "balanced",        // partition
-    1,                 // micro_batches
-    0, 1,              // sp, scatter_gather
-    0, 1, 25.0f,       // zero, overlap, bucket_mb
-    LP_RECOMPUTE_NONE, LP_OFFLOAD_NONE, "",  // recompute, offload, offload_dir
-    "auto",            // comm
-    0, 0               // diloco, gossip
-};
 
 // How a mixture of experts trains (section 9's MoE layer): what its experts take and the losses that
 // balance them. Zeros: no dropping, no balance loss, no z-loss.
@@ -8297,7 +8194,114 @@ typedef struct LPAdamW {
     float grad_clip;  // clip the global gradient norm to this (0: no clipping)
 } LPAdamW;
 
+// The optimizer walks this rank's shard a chunk at a time: lp_zero_state_begin gives the number of chunks
+// (in device memory: one, the whole shard); lp_zero_state_get chunk c as LPStatePiece, waiting for what
+// comes in (the file's m and v: read ahead; the CUDA build's host update: the gradients, down); and
+// lp_zero_state_put hands it back updated (the file: written behind, the chunk after next read into its
+// buffer; the host update: the weights up, the chunk after next's gradients down); lp_zero_state_end
+// waits for the last of it.
+typedef struct {
+    size_t lo, hi;          // shard values [lo, hi); each pointer is at value lo
+    float *master, *m, *v;  // fp32 master weights and AdamW moments
+    const floatX* grads;    // the averaged gradients
+    floatX* params;         // where the updated compute-type weights go
+} LPStatePiece;
+
 #ifdef LLMPAR_IMPLEMENTATION
+static inline size_t lp_zero_state_begin(LPZero* z) {
+    size_t count = lp_zero_shard_count(z), chunks = (count + z->state_chunk - 1) / z->state_chunk;
+    LPOffload* o = z->off;
+    if (o)
+        for (size_t c = 0; c < 2 && c < o->chunks; c++) o->ready[c] = lp_offload_queue(o, c, o->buf[c], 0);
+#ifndef LLMPAR_CPU
+    LPHostOptim* h = z->host;
+    if (h) {  // the copies start once the gradients are complete on the compute stream
+        cudaCheck(cudaEventRecord(h->ready, 0));
+        cudaCheck(cudaStreamWaitEvent(h->down, h->ready, 0));
+        cudaCheck(cudaStreamWaitEvent(h->up, h->ready, 0));
+        for (size_t c = 0; c < 2 && c < chunks; c++) {
+            size_t lo = c * z->state_chunk, n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
+            cudaCheck(cudaMemcpyAsync(h->grads[c], lp_zero_shard_grads(z) + lo, n * sizeof(floatX), cudaMemcpyDeviceToHost, h->down));
+            cudaCheck(cudaEventRecord(h->got[c], h->down));
+        }
+    }
+#endif
+    return chunks;
+}
+static inline void lp_zero_state_get(LPZero* z, size_t c, LPStatePiece* s) {
+    size_t count = lp_zero_shard_count(z);
+    s->lo = c * z->state_chunk;
+    s->hi = count - s->lo < z->state_chunk ? count : s->lo + z->state_chunk;
+    s->master = z->master + s->lo;
+    s->grads = lp_zero_shard_grads(z) + s->lo;
+    s->params = lp_zero_shard_params(z) + s->lo;
+    LPOffload* o = z->off;
+    if (o) {
+        lp_offload_wait(o, o->ready[c % 2]);
+        s->m = o->buf[c % 2];
+        s->v = o->buf[c % 2] + o->chunk;
+    } else {
+        s->m = z->adam_m + s->lo;
+        s->v = z->adam_v + s->lo;
+    }
+#ifndef LLMPAR_CPU
+    LPHostOptim* h = z->host;
+    if (h) {
+        cudaCheck(cudaEventSynchronize(h->got[c % 2]));
+        if (c >= 2) cudaCheck(cudaEventSynchronize(h->sent[c % 2]));  // chunk c-2's weights have left the buffer
+        s->grads = h->grads[c % 2];
+        if (!z->params_on_host) s->params = h->params[c % 2];  // (--offload params: the shard itself, on the host)
+    }
+#endif
+}
+static inline void lp_zero_state_put(LPZero* z, size_t c) {
+    LPOffload* o = z->off;
+    if (o) {
+        lp_offload_queue(o, c, o->buf[c % 2], 1);
+        if (c + 2 < o->chunks) o->ready[c % 2] = lp_offload_queue(o, c + 2, o->buf[c % 2], 0);
+    }
+#ifndef LLMPAR_CPU
+    LPHostOptim* h = z->host;
+    if (h) {
+        size_t count = lp_zero_shard_count(z), lo = c * z->state_chunk, n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
+        if (!z->params_on_host)
+            cudaCheck(cudaMemcpyAsync(lp_zero_shard_params(z) + lo, h->params[c % 2], n * sizeof(floatX), cudaMemcpyHostToDevice, h->up));
+        cudaCheck(cudaEventRecord(h->sent[c % 2], h->up));
+        lo += 2 * z->state_chunk;
+        if (lo < count) {  // this buffer's gradients are used: chunk c+2's come into it
+            n = count - lo < z->state_chunk ? count - lo : z->state_chunk;
+            cudaCheck(cudaMemcpyAsync(h->grads[c % 2], lp_zero_shard_grads(z) + lo, n * sizeof(floatX), cudaMemcpyDeviceToHost, h->down));
+            cudaCheck(cudaEventRecord(h->got[c % 2], h->down));
+        }
+    }
+#endif
+}
+static inline void lp_zero_state_end(LPZero* z) {
+    LPOffload* o = z->off;
+    if (o) {
+        lp_offload_wait(o, o->queued - 1);
+        o->written = o->chunks;
+    }
+#ifndef LLMPAR_CPU
+    if (z->host) cudaCheck(cudaStreamSynchronize(z->host->up));  // the weights are all up before anything reads them
+#endif
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+#ifdef LLMPAR_IMPLEMENTATION
+// After the optimizer updated this rank's shard of the weights: stage 1-2 all-gather them, stage 3 the
+// tensors outside the layers (the layers' are gathered when forward next needs them).
+static inline void lp_zero_gather_updated(LPZero* z) {
+    if (z->par->zero >= 3) {
+        z->layer_in_buf[0] = z->layer_in_buf[1] = z->piece_in_buf[0] = z->piece_in_buf[1] = -1;
+        for (int i = 0; i < LP_NUM_PARAMS; i++)
+            if (lp_zero_whole(z, i)) lp_zero_gather_start(z, z->w[i], z->param_offsets[i], z->param_sizes[i], &z->now);
+        lp_wait(z->dp, &z->now);
+    } else if (z->par->zero >= 1) {
+        lp_all_gather(z->dp, z->params, z->shard_size * sizeof(floatX));
+    }
+}
+
 // The squared norm of this rank's shard of the averaged gradients, counting each of the model's
 // parameters on one rank only (a tensor TP replicates on TP rank 0, a pipeline chunk's copies of the head
 // (wte, lnf) not at all), in parts: each tensor's sum of squares per layer added to parts[i * L + layer]
@@ -8568,7 +8572,771 @@ float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_
 #endif  // LLMPAR_IMPLEMENTATION
 
 // ----------------------------------------------------------------------------------------------------
-// 11. files
+// 11. costs
+
+#ifdef LLMPAR_IMPLEMENTATION
+// The MLP weights a token meets in an average layer: in its up projection (a MoE layer: the router, and
+// top-k experts' of E) into *up, in its down projection into *down.
+static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* down) {
+    double C = c->channels, L = c->num_layers, moe = lp_layers_having(c, LP_ROUTERW, 0, c->num_layers);
+    double E = c->moe_experts, K = c->moe_topk;
+    *up = ((L - moe) * 4.0 * C * C + moe * (K * 4.0 * C * C + E * C)) / L;
+    *down = ((L - moe) + moe * K) * 4.0 * C * C / L;
+}
+
+// The parameters one token meets: all of a dense model's; of a MoE layer's experts, K of E.
+size_t lp_active_params(const LPConfig* c) {
+    size_t sizes[LP_NUM_PARAMS], n = lp_config_num_params(c), E = c->moe_experts, K = c->moe_topk;
+    lp_param_sizes(sizes, c, 1);
+    size_t experts = sizes[LP_EXPFCW] + sizes[LP_EXPFCB] + sizes[LP_EXPFCPROJW] + sizes[LP_EXPFCPROJB];
+    return E ? n - experts / E * (E - K) : n;
+}
+
+// Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul that the token
+// meets (the LM head counts wte; wpe and LayerNorm do no matmul work; a MoE layer counts its router and
+// top-k experts) plus attention's q k^T and att v: 12 L C T.
+double lp_flops_per_token(const LPConfig* c, int T) {
+    double C = c->channels, up, down;
+    lp_mlp_active_weights(c, &up, &down);
+    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (4.0 * C * C + up + down);
+    return 6.0 * matmul_weights + 12.0 * c->num_layers * C * (double)T;
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// --- pipeline partition: how many of the L layers each of the p*v chunks runs (chunk k is virtual stage
+// k: stage k % p, its chunk k / p). The first chunk also runs the embedding, the last the final LayerNorm
+// and the tied LM head, which costs 6 Vp C FLOPs per token: for GPT-2 124M as much as 4.5 layers.
+//   uniform   L/(p v) layers each (L must divide);
+//   balanced  from FLOP and memory estimates: first the least work on the costliest chunk (training FLOPs
+//             per token); among the partitions that reach it, the least memory on the fullest chunk (its
+//             parameters, gradients and AdamW state as ZeRO shards them, and the activations of every
+//             micro-batch the schedule keeps in flight on it: under 1F1B stage s keeps p-s, so stage 0
+//             gives up layers first). Ties: later chunks take more layers. Only the end chunks may have
+//             no layers (the LM head alone can outweigh a layer). With v = 1 a chunk is a stage, so this
+//             is the fullest stage; with v > 1 it is the fullest chunk;
+//   L1,L2,... as listed (p v counts summing to L).
+// What the costs weigh: the grid and its settings (the schedule, its m micro-batches, how TP, SP, d, ZeRO,
+// recomputation and offload split and keep each chunk), a micro-batch's shape, and the attention path.
+typedef struct LPPipeShape {
+    const LPParallel* par;
+    int B, T;           // micro-batch
+    int attention;      // LP_ATTENTION_*: which attention activations each micro-batch keeps
+    int gpu;            // 1: count bytes as the CUDA build keeps them (bf16 values, fp32 master weights), 0: as
+                        // the CPU build does (fp32 values, attention's probabilities kept), on any build (the planner
+                        // plans either; the engine's own partition passes LP_BUILD_GPU)
+} LPPipeShape;
+
+#ifdef LLMPAR_IMPLEMENTATION
+// The bytes of a stored value, and whether fp32 master weights are kept beside them, for shape s.
+static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : 4; }
+static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
+
+// Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
+// of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
+// (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the whole forward (a
+// checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
+double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole) {
+    double C = c->channels, up, down;
+    lp_mlp_active_weights(c, &up, &down);
+    double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
+    double flops = 6.0 * (4.0 * C * C + up + down) + 12.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (4.0 * C * C + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
+    if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
+    return flops;
+}
+// ... and of chunk k running `layers` layers (the last chunk also the LM head).
+double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
+    double head = k == s->par->pp * s->par->vpp - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0;
+    return layers * lp_layer_flops(c, s->T, s->par->recompute, 0) + head;
+}
+
+// The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule.
+int lp_chunk_slots(const LPPipeShape* s, int k) {
+    LPAction* actions = (LPAction*)lp_host_malloc((size_t)2 * s->par->micro_batches * s->par->vpp * sizeof(LPAction), "schedule");
+    lp_schedule_stage(s->par->schedule, s->par->pp, s->par->vpp, s->par->micro_batches, k % s->par->pp, actions);
+    int slots = lp_schedule_slots(actions, 2 * s->par->micro_batches * s->par->vpp, k / s->par->pp);
+    free(actions);
+    return slots;
+}
+
+// Parameters one rank of chunk k with `layers` layers holds (its TP slice).
+// (*experts, when not NULL: how many of them are a mixture of experts' experts, this rank's E/ep.)
+double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
+    int chunks = s->par->pp * s->par->vpp;
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, s->par->tp);
+    double params = 0.0, held = 0.0;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        if (lp_is_layer_tensor(i)) {
+            held = (double)sizes[i] / c->num_layers * layers / (lp_is_expert_tensor(i) ? s->par->ep : 1);  // (an average layer's)
+            params += held;
+            if (experts && lp_is_expert_tensor(i)) *experts += held;
+        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) {
+            params += sizes[i];
+        }
+    }
+    return params;
+}
+
+// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 8).
+static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
+    size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank (an average layer's)
+    lp_param_sizes(sizes, c, t);
+    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? sizes[i] / c->num_layers : 0;
+    return lp_zero_piece_rows((size_t)c->padded_vocab_size / t, (size_t)c->channels, layer);
+}
+
+// Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
+// ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
+// and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
+// gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
+// wte's pieces too) or weights when the chunk has layers (section 8).
+double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
+    int chunks = s->par->pp * s->par->vpp;
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, s->par->tp);
+    double layer = 0.0, experts = 0.0;  // one layer's parameters on a TP rank (an average layer's; its experts E/ep)
+    for (int i = 0; i < LP_NUM_PARAMS; i++)
+        layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers / (lp_is_expert_tensor(i) ? s->par->ep : 1) : 0.0;
+    double n = lp_chunk_params(c, s, k, layers, &experts);
+    // ZeRO shards the dense part over d, the experts over their d/ep replicas
+    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, X = lp_shape_value_bytes(s);
+    double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
+    parts = shard > 0.0 ? n / shard : 1.0;  // (what a shard is of the whole the rank holds)
+    double buffer = layers ? layer : 0.0, piece = 0.0;
+    if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 8)
+        outside -= (double)sizes[LP_WTE];
+        piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
+    }
+    double params = s->par->zero >= 3 ? outside + (s->par->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
+    double grads = s->par->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
+    // only what lp_activations_layout reads, to count the chunk's activation bytes (the rest of an LPModel,
+    // its ZeRO state's buffers of pending collectives, is ~0.8 MB: on the heap, not the stack, and not cleared)
+    LPModel* shape = (LPModel*)lp_host_malloc(sizeof(LPModel), "chunk shape");
+    shape->cfg = *c;
+    shape->par = s->par;
+    shape->tp_size = s->par->tp;
+    shape->ep_size = s->par->ep;
+    shape->attention = s->attention;
+    shape->L = layers;
+    shape->layer0 = 0;
+    shape->last = k == chunks - 1;
+    shape->num_aux = 0;
+    shape->moe.capacity = 0.0f;  // (a mixture of experts' buffers for the most rows an expert may take)
+    LPActivations a;
+    size_t scratch, stored = lp_activations_layout(&a, shape, s->B, s->T, s->gpu, NULL, NULL, &scratch);
+    free(shape);
+    int master = lp_shape_master_copy(s);
+    double state = (master ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v
+    if (s->par->offload != LP_OFFLOAD_NONE)  // the CUDA build: all of it on the host; the CPU build's file: two buffers of m, v
+        state = master ? 0.0 : 4.0 * lp_offload_chunk((size_t)shard);
+    return (params + grads) * X + state * sizeof(float) + (double)slots * stored + scratch;
+}
+
+// The partition of L layers over the chunks whose largest cost[k][n] (chunk k running n layers; INFINITY
+// where not allowed) is least; returns that cost. Dynamic programming over the chunks in order:
+// best[k][l] is the least largest cost of chunks 0..k running layers 0..l-1.
+static inline double lp_partition_minmax(const double* cost, int chunks, int L, int* layers) {
+    if (chunks < 1 || L < 0) lp_fail("internal: a partition of %d layers over %d chunks", L, chunks);
+    double* best = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
+    int* take = (int*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(int), "partition");
+    for (int k = 0; k < chunks; k++)
+        for (int l = 0; l <= L; l++) {
+            best[k * (L + 1) + l] = INFINITY;
+            take[k * (L + 1) + l] = 0;
+            for (int n = l; n >= 0; n--) {  // from the most layers down: ties leave chunk k the most
+                double before = k ? best[(k - 1) * (L + 1) + l - n] : (n == l ? 0.0 : INFINITY);
+                double here = cost[k * (L + 1) + n], worst = before > here ? before : here;  // (not fmax: a libm call)
+                if (worst < best[k * (L + 1) + l]) {
+                    best[k * (L + 1) + l] = worst;
+                    take[k * (L + 1) + l] = n;
+                }
+            }
+        }
+    double result = best[(chunks - 1) * (L + 1) + L];
+    for (int k = chunks - 1, l = L; k >= 0; l -= layers[k], k--) layers[k] = take[k * (L + 1) + l];
+    free(best);
+    free(take);
+    return result;
+}
+
+// Fill layers[p v]; returns NULL, or why the partition cannot be (naming the flag).
+const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, int* layers, char* why, size_t size) {
+    const char *mode = s->par->partition, *pp = LP_SETTING(pp), *vpp = LP_SETTING(vpp), *partition = LP_SETTING(partition);
+    int chunks = s->par->pp * s->par->vpp, L = c->num_layers;
+    if (s->par->pp < 1 || s->par->vpp < 1 || (long long)s->par->pp * s->par->vpp > LP_MAX_CHUNKS) {
+        snprintf(why, size, "%s %d %s %d: 1 .. %d chunks", pp, s->par->pp, vpp, s->par->vpp, LP_MAX_CHUNKS);
+        return why;
+    }
+    if (s->par->vpp > 1 && s->par->pp < 2) {
+        snprintf(why, size, "%s %d: interleaving chunks needs a pipeline, %s 2 or more", vpp, s->par->vpp, pp);
+        return why;
+    }
+    if (lp_schedule_check(s->par->schedule, s->par->pp, s->par->vpp, s->par->micro_batches, why, size)) return why;
+    if (strcmp(mode, "uniform") == 0) {
+        if (L % chunks) {
+            snprintf(why, size, "%s uniform: the model's %d layers do not split evenly over %d chunks (%s %d x %s %d); "
+                     "use balanced or a list", partition, L, chunks, pp, s->par->pp, vpp, s->par->vpp);
+            return why;
+        }
+        for (int k = 0; k < chunks; k++) layers[k] = L / chunks;
+    } else if (strcmp(mode, "balanced") == 0) {
+        double* flops = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
+        double* memory = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
+        for (int k = 0; k < chunks; k++) {
+            int slots = lp_chunk_slots(s, k);
+            for (int n = 0; n <= L; n++) {
+                int allowed = n > 0 || k == 0 || k == chunks - 1;
+                flops[k * (L + 1) + n] = allowed ? lp_chunk_flops(c, s, k, n) : INFINITY;
+                memory[k * (L + 1) + n] = lp_chunk_memory(c, s, k, n, slots);
+            }
+        }
+        double least = lp_partition_minmax(flops, chunks, L, layers);
+        for (int x = 0; x < chunks * (L + 1); x++)
+            if (flops[x] > least) memory[x] = INFINITY;  // only partitions as fast as the fastest
+        lp_partition_minmax(memory, chunks, L, layers);
+        free(flops);
+        free(memory);
+    } else {
+        const char* q = mode;
+        int n = 0, sum = 0;
+        while (*q && n <= chunks) {
+            char* end;
+            long x = strtol(q, &end, 10);
+            if (end == q || x < 0 || (*end && *end != ',')) {
+                snprintf(why, size, "%s '%s': expected balanced, uniform or a list of layer counts like 4,4,3,1", partition, mode);
+                return why;
+            }
+            if (n < chunks) layers[n] = (int)x;
+            n++;
+            sum += (int)x;
+            q = *end ? end + 1 : end;
+        }
+        if (n != chunks || sum != L) {
+            snprintf(why, size, "%s %s: needs %d counts (%s %d x %s %d) summing to the model's %d layers", partition, mode, chunks,
+                     pp, s->par->pp, vpp, s->par->vpp, L);
+            return why;
+        }
+    }
+    for (int k = 1; k < chunks - 1; k++)
+        if (layers[k] == 0) {
+            snprintf(why, size, "%s %d %s %d: chunk %d of %d gets no layers (the model has %d); every chunk but the first "
+                     "and the last needs one", pp, s->par->pp, vpp, s->par->vpp, k, chunks, L);
+            return why;
+        }
+    return NULL;
+}
+
+// Dense bf16 peak of this GPU in FLOP/s, 0 when unknown (then MFU is not printed).
+double lp_device_peak_flops(void) {
+#ifdef LLMPAR_CPU
+    return 0.0;
+#else
+    const char* name = lp_device_prop.name;
+    if (strstr(name, "H100") && strstr(name, "PCIe")) return 756e12;
+    if (strstr(name, "H100") && strstr(name, "NVL")) return 835e12;
+    if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") || strstr(name, "GH200")) return 989.4e12;
+    if (strstr(name, "A100") || strstr(name, "A800")) return 312e12;
+    if (strstr(name, "L40S")) return 362e12;
+    if (strstr(name, "4090")) return 165.2e12;
+    if (strstr(name, "3090")) return 71e12;
+    return 0.0;
+#endif
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// ----------------------------------------------------------------------------------------------------
+// 12. pipeline
+//
+// This rank's stage s of a p-stage pipeline: its v chunks of the model (chunk c is virtual stage
+// k = c*p + s and runs the layers lp_pp_partition gave chunk k) and its schedule (lp_schedule_stage). A
+// forward of (micro-batch i, chunk c) receives the residual stream from virtual stage k-1 (k = 0 embeds the
+// tokens instead), runs the chunk and sends its output on to k+1 (the last computes the loss); a backward
+// receives its output's gradient from k+1 and sends its input's gradient back to k-1. A micro-batch keeps
+// its activations in one of the chunk's slots from its forward to its backward: as many slots as the
+// schedule has micro-batches in flight on that chunk (1F1B: p-s; GPipe: m).
+// Scatter-gather: with tensor parallelism but no sequence parallelism the tensor at a boundary is the same
+// on all t ranks of a TP group, so each sends only its 1/t of the rows, and the receivers all-gather them.
+// With p = 1 the stage is the whole model and 1F1B is plain gradient accumulation: F0 B0 F1 B1 ...
+
+typedef struct LPStage {
+    const LPParallel* par;  // p stages, v chunks per stage, m micro-batches per step, the schedule, ...
+    int s;                  // this stage
+    int layers[LP_MAX_CHUNKS];  // the partition: layers per chunk (of all p v)
+    LPModel* chunks;        // (v) chunk c is virtual stage c*p + s
+    const LPGroup* pp;      // this pipeline's stages
+    LPGroup head;           // the stages holding the head (wte, lnf): 0, p-1 and those with auxiliary losses
+    int num_aux;            // auxiliary losses: the model's layers whose outputs have one, and the last step's
+    int aux[LP_MAX_AUX];    // mean values (on every rank of the pipeline)
+    float aux_loss[LP_MAX_AUX];
+    LPMoEStats moe_stats;   // a mixture of experts': the last step's, summed over the grid (aux, z: their mean over DP)
+    LPAction* actions;      // (2 m v) this stage's schedule
+    int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
+    int* tokens;            // (m, 2, B, T) the step's inputs and targets
+    LPSends sends;          // MPI sends in flight
+    int inner;              // DiLoCo (par->diloco): inner steps taken in the round under way (0: none since an outer step)
+#ifdef LLMPAR_NCCL
+    // NCCL point-to-point, when the pipeline group runs on NCCL: a two-rank communicator per link between
+    // neighbouring stages and direction, so each is used from one stream only. link[0] carries
+    // activations, link[1] gradients; link[d][0] is with the next stage, link[d][1] with the previous.
+    // Sends go on their direction's stream (never holding up compute), receives on the compute stream.
+    ncclComm_t link[2][2];
+    cudaStream_t send_stream[2];
+    cudaEvent_t ready;
+#endif
+    // the last step's seconds: each chunk's forwards, then backwards (2, v), each synchronised; waiting to
+    // receive; in all
+    double* chunk_s;
+    double wait_s, wall_s;
+    // sums of these over the timed steps (lp_stage_time_step), for the bubble report (lp_stage_bubble)
+    double* chunk_sum;
+    double wall_sum;
+    int timed_steps;
+} LPStage;
+
+#ifdef LLMPAR_IMPLEMENTATION
+// This rank's stage of the pipeline, on base->proc's grid as its LPParallel says (p = 1: the whole model): the
+// model's layers partitioned over the p v chunks (par->partition; "balanced" weighs micro-batches of B x T),
+// this stage's chunks made with base's other options (unset weights), its actions in the schedule, and
+// activations for micro-batches of B x T in as many slots as each chunk has micro-batches in flight.
+void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T) {
+    memset(st, 0, sizeof(*st));
+    const LPProcess* proc = base->proc;
+    if (!proc) lp_fail("lp_stage_create: the stage needs the grid (LPModelOptions.proc, after lp_grid_init)");
+    const LPParallel* par = st->par = proc->par;
+    int p = par->pp, v = par->vpp, m = par->micro_batches;
+    st->s = proc->coord[LP_PP];
+    st->pp = &proc->group[LP_PP];
+    LPPipeShape shape = {par, B, T, base->attention, LP_BUILD_GPU};
+    char why[512];
+    if (lp_pp_partition(cfg, &shape, st->layers, why, sizeof(why))) lp_fail_all("%s", why);
+    if (base->num_aux > LP_MAX_AUX) lp_fail_all("at most %d auxiliary losses, got %d", LP_MAX_AUX, base->num_aux);
+    st->num_aux = base->num_aux;
+    for (int j = 0; j < st->num_aux; j++) st->aux[j] = base->aux[j];
+    if (2LL * p * v * m > 32767)  // the tags MPI guarantees (lp_stage_tag)
+        lp_fail_all("%s %d %s %d: %d micro-batches per step are too many to tag their messages (at most %d)", LP_SETTING(pp), p,
+                    LP_SETTING(vpp), v, m, 32767 / (2 * p * v));
+    st->actions = (LPAction*)lp_host_malloc((size_t)2 * m * v * sizeof(LPAction), "schedule");
+    st->chunk_s = (double*)calloc((size_t)2 * v, sizeof(double));
+    st->chunk_sum = (double*)calloc((size_t)2 * v, sizeof(double));
+    lp_schedule_stage(par->schedule, p, v, m, st->s, st->actions);
+    st->chunks = (LPModel*)lp_host_malloc((size_t)v * sizeof(LPModel), "model chunks");
+    for (int c = 0; c < v; c++) {
+        LPModelOptions chunk = *base;
+        chunk.chunk = c * p + st->s;
+        chunk.chunks = p * v;
+        chunk.layer0 = 0;
+        for (int k = 0; k < chunk.chunk; k++) chunk.layer0 += st->layers[k];
+        chunk.layers = st->layers[chunk.chunk];
+        lp_model_create(&st->chunks[c], cfg, &chunk);
+    }
+    st->slot_owner = (int*)lp_host_malloc((size_t)v * m * sizeof(int), "activation slots");
+    st->tokens = (int*)lp_host_malloc((size_t)m * 2 * B * T * sizeof(int), "micro-batch tokens");
+    for (int c = 0; c < v; c++) lp_model_alloc_activations(&st->chunks[c], B, T, lp_schedule_slots(st->actions, 2 * m * v, c));
+#ifdef LLMPAR_NCCL
+    if (st->pp->nccl) {  // link l joins stage l (its member 0) and stage l+1 (member 1), for each direction
+        for (int dir = 0; dir < 2; dir++)
+            for (int l = 0; l < st->par->pp; l++) {
+                ncclUniqueId id;
+                if (st->s == l) lp_nccl_check(ncclGetUniqueId(&id), "unique id", st->pp);
+                lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, l, st->pp->comm), "broadcast of the NCCL id", st->pp);
+                if (st->s == l) lp_nccl_comm_init(&st->link[dir][0], 2, id, 0, "link init", st->pp);
+                if (st->s == (l + 1) % st->par->pp) lp_nccl_comm_init(&st->link[dir][1], 2, id, 1, "link init", st->pp);
+            }
+        for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamCreateWithFlags(&st->send_stream[dir], cudaStreamNonBlocking));
+        cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
+        // send copies come from the default pool, freed on the send streams: it must never hand the compute
+        // stream a block whose send is still pending (that would make compute wait on a send, and an
+        // interleaved schedule can then deadlock); when short of memory it then fails with out of memory.
+        // The pool keeps what it has (release threshold: all of it), so each step's sends reuse the memory
+        // the first step mapped instead of mapping it again after every synchronisation.
+        cudaMemPool_t pool;
+        int never = 0;
+        uint64_t keep = UINT64_MAX;
+        cudaCheck(cudaDeviceGetDefaultMemPool(&pool, proc->device));
+        cudaCheck(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &never));
+        cudaCheck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
+#endif
+    // the head group: a communicator of the stages whose chunks hold the head
+    int holds = 0;
+    for (int c = 0; c < v; c++) holds |= st->chunks[c].head;
+    st->head.name = "head";
+    st->head.size = 1;
+#ifdef LLMPAR_MPI
+    if (st->pp->size > 1) {
+        MPI_Comm_split(st->pp->comm, holds ? 0 : MPI_UNDEFINED, st->s, &st->head.comm);
+        if (holds) {
+            MPI_Comm_size(st->head.comm, &st->head.size);
+            MPI_Comm_rank(st->head.comm, &st->head.rank);
+            MPI_Comm_set_errhandler(st->head.comm, MPI_ERRORS_RETURN);
+#ifdef LLMPAR_NCCL
+            if (st->pp->nccl) lp_group_nccl_init(&st->head);  // the head's gradient sum on the GPU, like the stages' traffic
+#endif
+        }
+    }
+#endif
+}
+
+// Messages are told apart by the virtual stage receiving them, the micro-batch and the direction.
+static inline int lp_stage_tag(const LPStage* st, int k, int micro, int backward) { return (k * st->par->micro_batches + micro) * 2 + backward; }
+
+// The tensor at a chunk's boundary in a (B, T) pass is (rows, C), rows = B*T (or this rank's B*T/t with
+// sequence parallelism). Scatter-gather sends only this TP rank's block of the rows.
+static inline int lp_stage_scatters(const LPStage* st, const LPModel* c, int B, int T) {
+    return st->par->scatter_gather && c->tp_size > 1 && !c->par->sp && (size_t)B * T % c->tp_size == 0;
+}
+static inline size_t lp_stage_boundary(const LPStage* st, const LPModel* c, int B, int T, size_t* offset) {
+    size_t n = (size_t)B * T * c->cfg.channels / (c->par->sp ? c->tp_size : 1);
+    *offset = 0;
+    if (lp_stage_scatters(st, c, B, T)) {
+        n /= c->tp_size;
+        *offset = n * c->tp_rank;
+    }
+    return n;
+}
+// Send x's boundary of micro-batch i to virtual stage k: activations (dir 0) to the next stage, gradients
+// (dir 1) to the previous one.
+static inline void lp_stage_send(LPStage* st, const LPModel* c, const floatX* x, int B, int T, int k, int i, int dir) {
+    size_t off, n = lp_stage_boundary(st, c, B, T, &off);
+#ifdef LLMPAR_NCCL
+    if (st->pp->nccl) {  // a copy, as x may change before the receiver takes it; freed when sent
+        size_t bytes = n * sizeof(floatX);
+        void* buf;
+        cudaCheck(cudaMallocAsync(&buf, bytes, 0));
+        cudaCheck(cudaMemcpyAsync(buf, x + off, bytes, cudaMemcpyDeviceToDevice, 0));
+        cudaCheck(cudaEventRecord(st->ready, 0));
+        cudaCheck(cudaStreamWaitEvent(st->send_stream[dir], st->ready, 0));
+        lp_nccl_check(ncclSend(buf, bytes, ncclChar, dir ? 0 : 1, st->link[dir][dir], st->send_stream[dir]), "send", st->pp);
+        cudaCheck(cudaFreeAsync(buf, st->send_stream[dir]));
+        lp_traffic(st->pp, LP_SEND, bytes);
+        return;
+    }
+#endif
+    lp_send(st->pp, x + off, n, (st->s + (dir ? st->par->pp - 1 : 1)) % st->par->pp, lp_stage_tag(st, k, i, dir), &st->sends);
+}
+
+// Receive into x virtual stage k's boundary of micro-batch i, sent as in lp_stage_send; time spent waiting
+// counts in wait_s.
+static inline void lp_stage_recv(LPStage* st, const LPModel* c, floatX* x, int B, int T, int k, int i, int dir) {
+    size_t off, n = lp_stage_boundary(st, c, B, T, &off);
+    double t0 = lp_time_s();
+#ifdef LLMPAR_NCCL
+    if (st->pp->nccl) {
+        lp_nccl_check(ncclRecv(x + off, n * sizeof(floatX), ncclChar, dir ? 1 : 0, st->link[dir][1 - dir], 0), "receive", st->pp);
+        lp_compute_sync();  // to time the wait
+    } else
+#endif
+    lp_recv(st->pp, x + off, n, (st->s + (dir ? 1 : st->par->pp - 1)) % st->par->pp, lp_stage_tag(st, k, i, dir));
+    st->wait_s += lp_time_s() - t0;
+    if (lp_stage_scatters(st, c, B, T)) lp_all_gather(c->tp, x, n * sizeof(floatX));
+}
+
+// Forward of micro-batch i through chunk c, its activations in slot `slot`. Returns the loss on the last
+// virtual stage (else 0).
+static inline float lp_stage_forward(LPStage* st, int c, int i, int slot, const int* inputs, const int* targets, int B, int T,
+                                     float dloss) {
+    LPModel* mc = &st->chunks[c];
+    int p = st->par->pp, k = c * p + st->s, K = p * st->par->vpp;
+    lp_model_use_slot(mc, slot);
+    if (k > 0) lp_stage_recv(st, mc, mc->act.encoded, B, T, k, i, 0);
+    double t0 = lp_time_s();
+    int ev = lp_trace_begin("compute", "F", i, c);
+    float loss = lp_model_forward(mc, k == 0 ? inputs : NULL, k == K - 1 || mc->num_aux ? targets : NULL, B, T, dloss);
+    lp_trace_end(ev);
+    if (k < K - 1) lp_stage_send(st, mc, lp_model_output(mc), B, T, k + 1, i, 0);
+    lp_compute_sync();
+    st->chunk_s[c] += lp_time_s() - t0;
+    return loss;
+}
+
+// Backward of micro-batch i through chunk c, from slot `slot`; `last`: the chunk's last backward of the
+// step. Auxiliary losses need the micro-batch's targets again.
+static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int last, const int* targets) {
+    LPModel* mc = &st->chunks[c];
+    int p = st->par->pp, k = c * p + st->s, K = p * st->par->vpp, B = mc->cur_B, T = mc->cur_T;
+    lp_model_use_slot(mc, slot);
+    if (mc->num_aux) lp_copy_to_device(mc->targets, targets, (size_t)B * T * sizeof(int));
+    if (k < K - 1) lp_stage_recv(st, mc, mc->act.dresidual, B, T, k, i, 1);
+    double t0 = lp_time_s();
+    int ev = lp_trace_begin("compute", "B", i, c);
+    lp_model_backward(mc, last);
+    lp_trace_end(ev);
+    if (k > 0) lp_stage_send(st, mc, mc->act.dresidual, B, T, k - 1, i, 1);
+    lp_compute_sync();
+    st->chunk_s[st->par->vpp + c] += lp_time_s() - t0;
+}
+
+// One forward of (B, T) tokens through the whole pipeline, chunk after chunk, in slot 0 (evaluation,
+// sampling: the last chunk keeps the logits). Returns the mean loss (with targets), on every rank.
+float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T) {
+    float loss = 0.0f;
+    for (int c = 0; c < st->par->vpp; c++) loss += lp_stage_forward(st, c, 0, 0, inputs, targets, B, T, 0.0f);
+    lp_sends_wait(st->pp, &st->sends);
+    lp_all_reduce_host(st->pp, &loss, 1, 0);
+    return loss;
+}
+
+// Sampling: every chunk's key-value cache for B sequences of up to T positions (lp_model_cache_alloc), for
+// lp_stage_forward_cached's passes; lp_stage_cache_free ends it.
+static inline void lp_stage_cache_alloc(LPStage* st, int B, int T) {
+    for (int c = 0; c < st->par->vpp; c++) lp_model_cache_alloc(&st->chunks[c], B, T);
+}
+static inline void lp_stage_cache_free(LPStage* st) {
+    for (int c = 0; c < st->par->vpp; c++) lp_model_cache_free(&st->chunks[c]);
+}
+// lp_stage_forward_only's pass of (B, N) tokens at positions [pos, pos + N) of the cached sequences: their
+// keys and values join the caches, and the last chunk's logits are theirs.
+static inline void lp_stage_forward_cached(LPStage* st, const int* inputs, int B, int N, int pos) {
+    for (int c = 0; c < st->par->vpp; c++) st->chunks[c].cache.pos = pos;
+    lp_stage_forward_only(st, inputs, NULL, B, N);
+}
+
+// The token drawn from a row of logits over the V tokens of the vocabulary with coin in [0, 1): the first
+// whose cumulative softmax probability passes coin. Overwrites logits with exp(logit - max).
+static inline int lp_sample_draw(float* logits, int V, float coin) {
+    float maxv = logits[0], sum = 0.0f;
+    for (int v = 1; v < V; v++) if (logits[v] > maxv) maxv = logits[v];
+    for (int v = 0; v < V; v++) sum += logits[v] = expf(logits[v] - maxv);
+    float target = coin * sum, acc = 0.0f;
+    for (int v = 0; v < V; v++) {
+        acc += logits[v];
+        if (target < acc) return v;
+    }
+    return V - 1;
+}
+
+// Add the last step's timings to the sums the bubble report reads (the driver leaves out the first step,
+// which warms up).
+void lp_stage_time_step(LPStage* st) {
+    for (int k = 0; k < 2 * st->par->vpp; k++) st->chunk_sum[k] += st->chunk_s[k];
+    st->wall_sum += st->wall_s;
+    st->timed_steps++;
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// The pipeline's bubble over the timed steps, the same on every stage (collective over the pipeline):
+// measured, the forward-backward wall time over the busiest stage's compute, less 1; and as the schedule's
+// simulator predicts it from the measured cost of each chunk's forward and backward, and from unit costs.
+typedef struct LPBubble {
+    double measured, simulated, unit;  // fractions of the busiest stage's compute
+    double wall_s, busy_s;             // per step
+} LPBubble;
+#ifdef LLMPAR_IMPLEMENTATION
+LPBubble lp_stage_bubble(LPStage* st) {
+    int K = st->par->pp * st->par->vpp, m = st->par->micro_batches;
+    LPBubble b;
+    memset(&b, 0, sizeof(b));
+    if (st->timed_steps == 0) return b;
+    float* sum = (float*)calloc((size_t)2 * K, sizeof(float));  // each virtual stage's forwards, then backwards
+    for (int c = 0; c < st->par->vpp; c++)
+        for (int dir = 0; dir < 2; dir++) sum[dir * K + c * st->par->pp + st->s] = (float)st->chunk_sum[dir * st->par->vpp + c];
+    lp_all_reduce_host(st->pp, sum, 2 * K, 0);  // each stage adds its chunks'
+    double* cost = (double*)calloc((size_t)2 * K, sizeof(double));
+    for (int k = 0; k < 2 * K; k++) cost[k] = sum[k] / ((double)st->timed_steps * m);  // one micro-batch
+    for (int s = 0; s < st->par->pp; s++) {  // the busiest stage's compute per step
+        double busy = 0.0;
+        for (int c = 0; c < st->par->vpp; c++) busy += (cost[c * st->par->pp + s] + cost[K + c * st->par->pp + s]) * m;
+        if (busy > b.busy_s) b.busy_s = busy;
+    }
+    float wall = (float)(st->wall_sum / st->timed_steps);
+    lp_all_reduce_host(st->pp, &wall, 1, 1);
+    b.wall_s = wall;
+    b.measured = wall / b.busy_s - 1.0;
+    LPSimulation sim;
+    char why[512];
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
+    b.unit = sim.bubble;
+    lp_simulation_free(&sim);
+    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
+    b.simulated = sim.bubble;
+    lp_simulation_free(&sim);
+    free(sum);
+    free(cost);
+    return b;
+}
+
+void lp_stage_free(LPStage* st) {
+    for (int c = 0; c < st->par->vpp; c++) lp_model_free(&st->chunks[c]);
+    free(st->chunks);
+    free(st->actions);
+    free(st->chunk_s);
+    free(st->chunk_sum);
+    free(st->slot_owner);
+    free(st->tokens);
+    lp_sends_free(&st->sends);
+#ifdef LLMPAR_MPI
+    if (st->head.size > 1) MPI_Comm_free(&st->head.comm);
+#endif
+#ifdef LLMPAR_NCCL
+    if (st->pp->nccl) {
+        cudaCheck(cudaDeviceSynchronize());
+        if (st->head.nccl) lp_nccl_comm_destroy(st->head.nccl);
+        for (int dir = 0; dir < 2; dir++)  // in the order they were made: destroying one waits for its peer
+            for (int l = 0; l < st->par->pp; l++) {
+                if (st->s == l) lp_nccl_comm_destroy(st->link[dir][0]);
+                if (st->s == (l + 1) % st->par->pp) lp_nccl_comm_destroy(st->link[dir][1]);
+            }
+        for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamDestroy(st->send_stream[dir]));
+        cudaCheck(cudaEventDestroy(st->ready));
+    }
+#endif
+    memset(st, 0, sizeof(*st));
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// ----------------------------------------------------------------------------------------------------
+// 13. step
+//
+// One optimizer step of this rank's pipeline stage (p = 1: the whole model), in four phases, each one
+// call in the driver's loop; each names where the ranks communicate:
+//   lp_step_forward_backward  m micro-batches in the schedule's order. TP inside every layer (the Megatron
+//                             all-reduces, or with SP reduce-scatters and all-gathers), PP between stages
+//                             (sends and receives), and the DP reduction of each layer's gradients started
+//                             as soon as its last backward ends (ZeRO's hooks, overlapped with the layers below)
+//   lp_step_reduce_grads      the rest of the gradient reduction: the head's copies summed over the stages
+//                             holding them, then every gradient averaged over DP (ZeRO 1-3: to its shard)
+//   lp_step_grad_norm         the global gradient norm: each rank's part, summed over the grid
+//   lp_step_update            clipping and AdamW on this rank's shard; ZeRO 1-3 all-gather the new weights
+//   lp_step_replicas          replicas that train apart (no DP in the phases above): DiLoCo's outer step
+//                             after every H-th update (an all-reduce over DP), or gossip's mixing (K sends)
+// The driver looks at the loss and the norm before it updates (the divergence guard).
+
+#ifdef LLMPAR_IMPLEMENTATION
+// The step's forwards and backwards of m micro-batches from `train`, in the schedule's order; gradients
+// accumulate in the chunks. Every stage reads the micro-batches (the first needs the inputs, the last the
+// targets, and all keep the loader's place). Returns the step's mean loss over the whole batch (summed over
+// the pipeline and averaged over DP), on every rank; the auxiliary losses' means in st->aux_loss likewise.
+float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
+    int B = train->B, T = train->T, m = st->par->micro_batches, v = st->par->vpp;
+    size_t BT = (size_t)B * T;
+    double t0 = lp_time_s();
+    int phase = lp_trace_begin("step", "forward-backward", -1, -1);
+    memset(st->chunk_s, 0, (size_t)2 * v * sizeof(double));
+    st->wait_s = 0.0;
+    for (int i = 0; i < m; i++) {
+        int ev = lp_trace_begin("io", "data", i, -1);
+        lp_dataloader_next(train);
+        lp_trace_end(ev);
+        memcpy(st->tokens + 2 * i * BT, train->inputs, BT * sizeof(int));
+        memcpy(st->tokens + (2 * i + 1) * BT, train->targets, BT * sizeof(int));
+    }
+    for (int c = 0; c < v; c++) lp_model_zero_grad(&st->chunks[c]);
+    for (int k = 0; k < v * m; k++) st->slot_owner[k] = -1;
+    int done[LP_MAX_CHUNKS] = {0};  // backwards run per chunk
+    float loss = 0.0f;
+    for (int n = 0; n < 2 * m * v; n++) {
+        LPAction a = st->actions[n];
+        int* owner = st->slot_owner + (size_t)a.chunk * m, slot = 0;
+        while (owner[slot] != (a.forward ? -1 : a.micro)) slot++;  // a free slot; the micro-batch's slot
+        owner[slot] = a.forward ? a.micro : -1;
+        if (a.forward)
+            loss += lp_stage_forward(st, a.chunk, a.micro, slot, st->tokens + 2 * a.micro * BT, st->tokens + (2 * a.micro + 1) * BT,
+                                     B, T, 1.0f / ((float)BT * m));
+        else
+            lp_stage_backward(st, a.chunk, a.micro, slot, ++done[a.chunk] == m, st->tokens + (2 * a.micro + 1) * BT);
+    }
+    lp_sends_wait(st->pp, &st->sends);
+    loss /= m;
+    lp_all_reduce_host(st->pp, &loss, 1, 0);  // only the last stage's is not zero
+    for (int j = 0; j < st->num_aux; j++) {  // each on the stage holding its layer
+        st->aux_loss[j] = 0.0f;
+        for (int c = 0; c < v; c++)
+            for (int q = 0; q < st->chunks[c].num_aux; q++)
+                if (st->chunks[c].aux_id[q] == st->aux[j]) st->aux_loss[j] += st->chunks[c].aux_loss[q] / m;
+    }
+    lp_all_reduce_host(st->pp, st->aux_loss, st->num_aux, 0);
+    const LPZero* z = &st->chunks[0].zero;  // the replicas' batches: their mean (of replicas that train apart too: the log's)
+    const LPGroup* dp = z->dp ? z->dp : z->replicas;
+    if (dp) lp_all_reduce_host(dp, &loss, 1, 1);
+    if (dp && st->num_aux) lp_all_reduce_host(dp, st->aux_loss, st->num_aux, 1);
+    if (st->chunks[0].cfg.moe_experts) {  // the MoE layers' statistics: of every stage and replica (TP ranks have the same)
+        float sums[LP_MOE_STATS] = {0};
+        for (int c = 0; c < v; c++)
+            for (int k = 0; k < LP_MOE_STATS; k++) sums[k] += (float)((const double*)&st->chunks[c].moe_stats)[k];
+        lp_all_reduce_host(st->pp, sums, LP_MOE_STATS, 0);
+        if (dp) lp_all_reduce_host(dp, sums, LP_MOE_STATS, 0);
+        double* out = (double*)&st->moe_stats;
+        for (int k = 0; k < LP_MOE_STATS; k++) out[k] = sums[k];
+        st->moe_stats.aux /= dp ? dp->size : 1;
+        st->moe_stats.z /= dp ? dp->size : 1;
+    }
+    lp_trace_end(phase);
+    st->wall_s = lp_time_s() - t0;
+    return loss;
+}
+
+// The gradient reduction's end. First every copy of the head (wte and lnf: the embedding's on the first
+// chunk, the LM head's on the last, the auxiliary losses' in between) gets the sum of all their gradients,
+// summed within this rank and then over the head group, so the copies take the same step and stay equal;
+// then each chunk's gradients are averaged over DP (lp_zero_average: what backward started arrives, the
+// rest is reduced now).
+void lp_step_reduce_grads(LPStage* st) {
+    int phase = lp_trace_begin("step", "gradient reduction", -1, -1);
+    const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
+    LPModel* sum = NULL;  // this rank's first chunk holding the head
+    for (int c = 0; c < st->par->vpp; c++) {
+        LPModel* mc = &st->chunks[c];
+        if (!mc->head) continue;
+        if (!sum) sum = mc;
+        else for (int k = 0; k < 3; k++) lp_add_scaled(sum->zero.g[head[k]], mc->zero.g[head[k]], sum->zero.param_sizes[head[k]], 1.0f);
+    }
+    if (sum && st->head.size > 1)
+        for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->zero.g[head[k]], sum->zero.param_sizes[head[k]], 0);
+    for (int c = 0; c < st->par->vpp; c++)
+        if (st->chunks[c].head && &st->chunks[c] != sum)
+            for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].zero.g[head[k]], sum->zero.g[head[k]], sum->zero.param_sizes[head[k]] * sizeof(floatX));
+    for (int c = 0; c < st->par->vpp; c++)
+        for (int p = 0; p < st->chunks[c].parts; p++) lp_zero_average(lp_model_part(&st->chunks[c], p));
+    lp_trace_end(phase);
+}
+
+// The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
+float lp_step_grad_norm(LPStage* st) {
+    int phase = lp_trace_begin("step", "gradient norm", -1, -1);
+    float norm = lp_models_grad_norm(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL);
+    lp_trace_end(phase);
+    return norm;
+}
+
+// Clipping to opt->grad_clip given the norm, AdamW on every chunk, the new weights made whole where forward
+// needs them. Returns whether all the updated weights are finite (on every rank alike).
+int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt) {
+    int phase = lp_trace_begin("step", "optimizer", -1, -1);
+    if (st->par->diloco && st->inner == 0) lp_replicas_round_start(st->chunks, st->par->vpp);
+    int finite = lp_models_adamw(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
+    lp_trace_end(phase);
+    return finite;
+}
+
+// DiLoCo's outer step now, ending the round under way (after its H-th inner step; the driver ends a round
+// early at the run's last step and before a save a signal asks for, so every checkpoint is of equal replicas).
+static inline void lp_step_outer(LPStage* st, const LPOuterSGD* o) {
+    if (st->inner == 0) return;
+    lp_replicas_outer(st->chunks, st->par->vpp, o);
+    st->inner = 0;
+}
+
+// After an update: DiLoCo counts the round's inner steps and takes the outer step after the H-th; gossip
+// mixes the weights with the neighbours'. Returns gossip's spread, the root-mean-square difference of a
+// replica's weights from its nearest in-neighbour's before mixing, over the grid (one all-reduce of 2
+// values, for the step line); otherwise 0.
+static inline float lp_step_replicas(LPStage* st, const LPOuterSGD* o) {
+    const LPParallel* par = st->par;
+    if (par->diloco && ++st->inner == par->diloco) lp_step_outer(st, o);
+    if (!par->gossip) return 0.0f;
+    float sums[2] = {0.0f, 0.0f};
+    lp_replicas_gossip(st->chunks, par->vpp, sums);
+    const LPModel* m = &st->chunks[0];
+    lp_all_reduce_host(m->zero.replicas, sums, 2, 0);
+    if (m->tp_size > 1) lp_all_reduce_host(m->tp, sums, 2, 0);
+    lp_all_reduce_host(st->pp, sums, 2, 0);
+    return sqrtf(sums[0] / sums[1]);
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// ----------------------------------------------------------------------------------------------------
+// 14. files
 //
 // Model file (llm.c): 256 x int32 header [magic 20240326, version, maxT, V, L, NH, C, Vp], then the 16
 // tensors in order, fp32 (version 3) or bf16 (version 5). A mixture of experts (llmpar's): version 6, the
@@ -9489,770 +10257,6 @@ void lp_tokenizer_free(LPTokenizer* t) {
     for (int i = 0; t->tokens && i < t->vocab_size; i++) free(t->tokens[i]);
     free(t->tokens);
     memset(t, 0, sizeof(*t));
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// ----------------------------------------------------------------------------------------------------
-// 12. costs
-
-#ifdef LLMPAR_IMPLEMENTATION
-// The MLP weights a token meets in an average layer: in its up projection (a MoE layer: the router, and
-// top-k experts' of E) into *up, in its down projection into *down.
-static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* down) {
-    double C = c->channels, L = c->num_layers, moe = lp_layers_having(c, LP_ROUTERW, 0, c->num_layers);
-    double E = c->moe_experts, K = c->moe_topk;
-    *up = ((L - moe) * 4.0 * C * C + moe * (K * 4.0 * C * C + E * C)) / L;
-    *down = ((L - moe) + moe * K) * 4.0 * C * C / L;
-}
-
-// The parameters one token meets: all of a dense model's; of a MoE layer's experts, K of E.
-size_t lp_active_params(const LPConfig* c) {
-    size_t sizes[LP_NUM_PARAMS], n = lp_config_num_params(c), E = c->moe_experts, K = c->moe_topk;
-    lp_param_sizes(sizes, c, 1);
-    size_t experts = sizes[LP_EXPFCW] + sizes[LP_EXPFCB] + sizes[LP_EXPFCPROJW] + sizes[LP_EXPFCPROJB];
-    return E ? n - experts / E * (E - K) : n;
-}
-
-// Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul that the token
-// meets (the LM head counts wte; wpe and LayerNorm do no matmul work; a MoE layer counts its router and
-// top-k experts) plus attention's q k^T and att v: 12 L C T.
-double lp_flops_per_token(const LPConfig* c, int T) {
-    double C = c->channels, up, down;
-    lp_mlp_active_weights(c, &up, &down);
-    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (4.0 * C * C + up + down);
-    return 6.0 * matmul_weights + 12.0 * c->num_layers * C * (double)T;
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// --- pipeline partition: how many of the L layers each of the p*v chunks runs (chunk k is virtual stage
-// k: stage k % p, its chunk k / p). The first chunk also runs the embedding, the last the final LayerNorm
-// and the tied LM head, which costs 6 Vp C FLOPs per token: for GPT-2 124M as much as 4.5 layers.
-//   uniform   L/(p v) layers each (L must divide);
-//   balanced  from FLOP and memory estimates: first the least work on the costliest chunk (training FLOPs
-//             per token); among the partitions that reach it, the least memory on the fullest chunk (its
-//             parameters, gradients and AdamW state as ZeRO shards them, and the activations of every
-//             micro-batch the schedule keeps in flight on it: under 1F1B stage s keeps p-s, so stage 0
-//             gives up layers first). Ties: later chunks take more layers. Only the end chunks may have
-//             no layers (the LM head alone can outweigh a layer). With v = 1 a chunk is a stage, so this
-//             is the fullest stage; with v > 1 it is the fullest chunk;
-//   L1,L2,... as listed (p v counts summing to L).
-// What the costs weigh: the grid and its settings (the schedule, its m micro-batches, how TP, SP, d, ZeRO,
-// recomputation and offload split and keep each chunk), a micro-batch's shape, and the attention path.
-typedef struct LPPipeShape {
-    const LPParallel* par;
-    int B, T;           // micro-batch
-    int attention;      // LP_ATTENTION_*: which attention activations each micro-batch keeps
-    int gpu;            // 1: count bytes as the CUDA build keeps them (bf16 values, fp32 master weights), 0: as
-                        // the CPU build does (fp32 values, attention's probabilities kept), on any build (the planner
-                        // plans either; the engine's own partition passes LP_BUILD_GPU)
-} LPPipeShape;
-
-#ifdef LLMPAR_IMPLEMENTATION
-// The bytes of a stored value, and whether fp32 master weights are kept beside them, for shape s.
-static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : 4; }
-static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
-
-// Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
-// of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
-// (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the whole forward (a
-// checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
-double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole) {
-    double C = c->channels, up, down;
-    lp_mlp_active_weights(c, &up, &down);
-    double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
-    double flops = 6.0 * (4.0 * C * C + up + down) + 12.0 * C * T;
-    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (4.0 * C * C + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
-    if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
-    return flops;
-}
-// ... and of chunk k running `layers` layers (the last chunk also the LM head).
-double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers) {
-    double head = k == s->par->pp * s->par->vpp - 1 ? 6.0 * c->padded_vocab_size * c->channels : 0.0;
-    return layers * lp_layer_flops(c, s->T, s->par->recompute, 0) + head;
-}
-
-// The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule.
-int lp_chunk_slots(const LPPipeShape* s, int k) {
-    LPAction* actions = (LPAction*)lp_host_malloc((size_t)2 * s->par->micro_batches * s->par->vpp * sizeof(LPAction), "schedule");
-    lp_schedule_stage(s->par->schedule, s->par->pp, s->par->vpp, s->par->micro_batches, k % s->par->pp, actions);
-    int slots = lp_schedule_slots(actions, 2 * s->par->micro_batches * s->par->vpp, k / s->par->pp);
-    free(actions);
-    return slots;
-}
-
-// Parameters one rank of chunk k with `layers` layers holds (its TP slice).
-// (*experts, when not NULL: how many of them are a mixture of experts' experts, this rank's E/ep.)
-double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
-    int chunks = s->par->pp * s->par->vpp;
-    size_t sizes[LP_NUM_PARAMS];
-    lp_param_sizes(sizes, c, s->par->tp);
-    double params = 0.0, held = 0.0;
-    for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        if (lp_is_layer_tensor(i)) {
-            held = (double)sizes[i] / c->num_layers * layers / (lp_is_expert_tensor(i) ? s->par->ep : 1);  // (an average layer's)
-            params += held;
-            if (experts && lp_is_expert_tensor(i)) *experts += held;
-        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) {
-            params += sizes[i];
-        }
-    }
-    return params;
-}
-
-// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 8).
-static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
-    size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank (an average layer's)
-    lp_param_sizes(sizes, c, t);
-    for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? sizes[i] / c->num_layers : 0;
-    return lp_zero_piece_rows((size_t)c->padded_vocab_size / t, (size_t)c->channels, layer);
-}
-
-// Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
-// ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
-// and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
-// gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
-// wte's pieces too) or weights when the chunk has layers (section 8).
-double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
-    int chunks = s->par->pp * s->par->vpp;
-    size_t sizes[LP_NUM_PARAMS];
-    lp_param_sizes(sizes, c, s->par->tp);
-    double layer = 0.0, experts = 0.0;  // one layer's parameters on a TP rank (an average layer's; its experts E/ep)
-    for (int i = 0; i < LP_NUM_PARAMS; i++)
-        layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers / (lp_is_expert_tensor(i) ? s->par->ep : 1) : 0.0;
-    double n = lp_chunk_params(c, s, k, layers, &experts);
-    // ZeRO shards the dense part over d, the experts over their d/ep replicas
-    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, X = lp_shape_value_bytes(s);
-    double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
-    parts = shard > 0.0 ? n / shard : 1.0;  // (what a shard is of the whole the rank holds)
-    double buffer = layers ? layer : 0.0, piece = 0.0;
-    if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 8)
-        outside -= (double)sizes[LP_WTE];
-        piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
-    }
-    double params = s->par->zero >= 3 ? outside + (s->par->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
-    double grads = s->par->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;
-    // only what lp_activations_layout reads, to count the chunk's activation bytes (the rest of an LPModel,
-    // its ZeRO state's buffers of pending collectives, is ~0.8 MB: on the heap, not the stack, and not cleared)
-    LPModel* shape = (LPModel*)lp_host_malloc(sizeof(LPModel), "chunk shape");
-    shape->cfg = *c;
-    shape->par = s->par;
-    shape->tp_size = s->par->tp;
-    shape->ep_size = s->par->ep;
-    shape->attention = s->attention;
-    shape->L = layers;
-    shape->layer0 = 0;
-    shape->last = k == chunks - 1;
-    shape->num_aux = 0;
-    shape->moe.capacity = 0.0f;  // (a mixture of experts' buffers for the most rows an expert may take)
-    LPActivations a;
-    size_t scratch, stored = lp_activations_layout(&a, shape, s->B, s->T, s->gpu, NULL, NULL, &scratch);
-    free(shape);
-    int master = lp_shape_master_copy(s);
-    double state = (master ? 3.0 : 2.0) * shard;  // fp32: the master weights (a copy: the CUDA build), m and v
-    if (s->par->offload != LP_OFFLOAD_NONE)  // the CUDA build: all of it on the host; the CPU build's file: two buffers of m, v
-        state = master ? 0.0 : 4.0 * lp_offload_chunk((size_t)shard);
-    return (params + grads) * X + state * sizeof(float) + (double)slots * stored + scratch;
-}
-
-// The partition of L layers over the chunks whose largest cost[k][n] (chunk k running n layers; INFINITY
-// where not allowed) is least; returns that cost. Dynamic programming over the chunks in order:
-// best[k][l] is the least largest cost of chunks 0..k running layers 0..l-1.
-static inline double lp_partition_minmax(const double* cost, int chunks, int L, int* layers) {
-    if (chunks < 1 || L < 0) lp_fail("internal: a partition of %d layers over %d chunks", L, chunks);
-    double* best = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
-    int* take = (int*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(int), "partition");
-    for (int k = 0; k < chunks; k++)
-        for (int l = 0; l <= L; l++) {
-            best[k * (L + 1) + l] = INFINITY;
-            take[k * (L + 1) + l] = 0;
-            for (int n = l; n >= 0; n--) {  // from the most layers down: ties leave chunk k the most
-                double before = k ? best[(k - 1) * (L + 1) + l - n] : (n == l ? 0.0 : INFINITY);
-                double here = cost[k * (L + 1) + n], worst = before > here ? before : here;  // (not fmax: a libm call)
-                if (worst < best[k * (L + 1) + l]) {
-                    best[k * (L + 1) + l] = worst;
-                    take[k * (L + 1) + l] = n;
-                }
-            }
-        }
-    double result = best[(chunks - 1) * (L + 1) + L];
-    for (int k = chunks - 1, l = L; k >= 0; l -= layers[k], k--) layers[k] = take[k * (L + 1) + l];
-    free(best);
-    free(take);
-    return result;
-}
-
-// Fill layers[p v]; returns NULL, or why the partition cannot be (naming the flag).
-const char* lp_pp_partition(const LPConfig* c, const LPPipeShape* s, int* layers, char* why, size_t size) {
-    const char *mode = s->par->partition, *pp = LP_SETTING(pp), *vpp = LP_SETTING(vpp), *partition = LP_SETTING(partition);
-    int chunks = s->par->pp * s->par->vpp, L = c->num_layers;
-    if (s->par->pp < 1 || s->par->vpp < 1 || (long long)s->par->pp * s->par->vpp > LP_MAX_CHUNKS) {
-        snprintf(why, size, "%s %d %s %d: 1 .. %d chunks", pp, s->par->pp, vpp, s->par->vpp, LP_MAX_CHUNKS);
-        return why;
-    }
-    if (s->par->vpp > 1 && s->par->pp < 2) {
-        snprintf(why, size, "%s %d: interleaving chunks needs a pipeline, %s 2 or more", vpp, s->par->vpp, pp);
-        return why;
-    }
-    if (lp_schedule_check(s->par->schedule, s->par->pp, s->par->vpp, s->par->micro_batches, why, size)) return why;
-    if (strcmp(mode, "uniform") == 0) {
-        if (L % chunks) {
-            snprintf(why, size, "%s uniform: the model's %d layers do not split evenly over %d chunks (%s %d x %s %d); "
-                     "use balanced or a list", partition, L, chunks, pp, s->par->pp, vpp, s->par->vpp);
-            return why;
-        }
-        for (int k = 0; k < chunks; k++) layers[k] = L / chunks;
-    } else if (strcmp(mode, "balanced") == 0) {
-        double* flops = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
-        double* memory = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "partition");
-        for (int k = 0; k < chunks; k++) {
-            int slots = lp_chunk_slots(s, k);
-            for (int n = 0; n <= L; n++) {
-                int allowed = n > 0 || k == 0 || k == chunks - 1;
-                flops[k * (L + 1) + n] = allowed ? lp_chunk_flops(c, s, k, n) : INFINITY;
-                memory[k * (L + 1) + n] = lp_chunk_memory(c, s, k, n, slots);
-            }
-        }
-        double least = lp_partition_minmax(flops, chunks, L, layers);
-        for (int x = 0; x < chunks * (L + 1); x++)
-            if (flops[x] > least) memory[x] = INFINITY;  // only partitions as fast as the fastest
-        lp_partition_minmax(memory, chunks, L, layers);
-        free(flops);
-        free(memory);
-    } else {
-        const char* q = mode;
-        int n = 0, sum = 0;
-        while (*q && n <= chunks) {
-            char* end;
-            long x = strtol(q, &end, 10);
-            if (end == q || x < 0 || (*end && *end != ',')) {
-                snprintf(why, size, "%s '%s': expected balanced, uniform or a list of layer counts like 4,4,3,1", partition, mode);
-                return why;
-            }
-            if (n < chunks) layers[n] = (int)x;
-            n++;
-            sum += (int)x;
-            q = *end ? end + 1 : end;
-        }
-        if (n != chunks || sum != L) {
-            snprintf(why, size, "%s %s: needs %d counts (%s %d x %s %d) summing to the model's %d layers", partition, mode, chunks,
-                     pp, s->par->pp, vpp, s->par->vpp, L);
-            return why;
-        }
-    }
-    for (int k = 1; k < chunks - 1; k++)
-        if (layers[k] == 0) {
-            snprintf(why, size, "%s %d %s %d: chunk %d of %d gets no layers (the model has %d); every chunk but the first "
-                     "and the last needs one", pp, s->par->pp, vpp, s->par->vpp, k, chunks, L);
-            return why;
-        }
-    return NULL;
-}
-
-// Dense bf16 peak of this GPU in FLOP/s, 0 when unknown (then MFU is not printed).
-double lp_device_peak_flops(void) {
-#ifdef LLMPAR_CPU
-    return 0.0;
-#else
-    const char* name = lp_device_prop.name;
-    if (strstr(name, "H100") && strstr(name, "PCIe")) return 756e12;
-    if (strstr(name, "H100") && strstr(name, "NVL")) return 835e12;
-    if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") || strstr(name, "GH200")) return 989.4e12;
-    if (strstr(name, "A100") || strstr(name, "A800")) return 312e12;
-    if (strstr(name, "L40S")) return 362e12;
-    if (strstr(name, "4090")) return 165.2e12;
-    if (strstr(name, "3090")) return 71e12;
-    return 0.0;
-#endif
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// ----------------------------------------------------------------------------------------------------
-// 13. pipeline
-//
-// This rank's stage s of a p-stage pipeline: its v chunks of the model (chunk c is virtual stage
-// k = c*p + s and runs the layers lp_pp_partition gave chunk k) and its schedule (lp_schedule_stage). A
-// forward of (micro-batch i, chunk c) receives the residual stream from virtual stage k-1 (k = 0 embeds the
-// tokens instead), runs the chunk and sends its output on to k+1 (the last computes the loss); a backward
-// receives its output's gradient from k+1 and sends its input's gradient back to k-1. A micro-batch keeps
-// its activations in one of the chunk's slots from its forward to its backward: as many slots as the
-// schedule has micro-batches in flight on that chunk (1F1B: p-s; GPipe: m).
-// Scatter-gather: with tensor parallelism but no sequence parallelism the tensor at a boundary is the same
-// on all t ranks of a TP group, so each sends only its 1/t of the rows, and the receivers all-gather them.
-// With p = 1 the stage is the whole model and 1F1B is plain gradient accumulation: F0 B0 F1 B1 ...
-
-typedef struct LPStage {
-    const LPParallel* par;  // p stages, v chunks per stage, m micro-batches per step, the schedule, ...
-    int s;                  // this stage
-    int layers[LP_MAX_CHUNKS];  // the partition: layers per chunk (of all p v)
-    LPModel* chunks;        // (v) chunk c is virtual stage c*p + s
-    const LPGroup* pp;      // this pipeline's stages
-    LPGroup head;           // the stages holding the head (wte, lnf): 0, p-1 and those with auxiliary losses
-    int num_aux;            // auxiliary losses: the model's layers whose outputs have one, and the last step's
-    int aux[LP_MAX_AUX];    // mean values (on every rank of the pipeline)
-    float aux_loss[LP_MAX_AUX];
-    LPMoEStats moe_stats;   // a mixture of experts': the last step's, summed over the grid (aux, z: their mean over DP)
-    LPAction* actions;      // (2 m v) this stage's schedule
-    int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
-    int* tokens;            // (m, 2, B, T) the step's inputs and targets
-    LPSends sends;          // MPI sends in flight
-    int inner;              // DiLoCo (par->diloco): inner steps taken in the round under way (0: none since an outer step)
-#ifdef LLMPAR_NCCL
-    // NCCL point-to-point, when the pipeline group runs on NCCL: a two-rank communicator per link between
-    // neighbouring stages and direction, so each is used from one stream only. link[0] carries
-    // activations, link[1] gradients; link[d][0] is with the next stage, link[d][1] with the previous.
-    // Sends go on their direction's stream (never holding up compute), receives on the compute stream.
-    ncclComm_t link[2][2];
-    cudaStream_t send_stream[2];
-    cudaEvent_t ready;
-#endif
-    // the last step's seconds: each chunk's forwards, then backwards (2, v), each synchronised; waiting to
-    // receive; in all
-    double* chunk_s;
-    double wait_s, wall_s;
-    // sums of these over the timed steps (lp_stage_time_step), for the bubble report (lp_stage_bubble)
-    double* chunk_sum;
-    double wall_sum;
-    int timed_steps;
-} LPStage;
-
-#ifdef LLMPAR_IMPLEMENTATION
-// This rank's stage of the pipeline, on base->proc's grid as its LPParallel says (p = 1: the whole model): the
-// model's layers partitioned over the p v chunks (par->partition; "balanced" weighs micro-batches of B x T),
-// this stage's chunks made with base's other options (unset weights), its actions in the schedule, and
-// activations for micro-batches of B x T in as many slots as each chunk has micro-batches in flight.
-void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T) {
-    memset(st, 0, sizeof(*st));
-    const LPProcess* proc = base->proc;
-    if (!proc) lp_fail("lp_stage_create: the stage needs the grid (LPModelOptions.proc, after lp_grid_init)");
-    const LPParallel* par = st->par = proc->par;
-    int p = par->pp, v = par->vpp, m = par->micro_batches;
-    st->s = proc->coord[LP_PP];
-    st->pp = &proc->group[LP_PP];
-    LPPipeShape shape = {par, B, T, base->attention, LP_BUILD_GPU};
-    char why[512];
-    if (lp_pp_partition(cfg, &shape, st->layers, why, sizeof(why))) lp_fail_all("%s", why);
-    if (base->num_aux > LP_MAX_AUX) lp_fail_all("at most %d auxiliary losses, got %d", LP_MAX_AUX, base->num_aux);
-    st->num_aux = base->num_aux;
-    for (int j = 0; j < st->num_aux; j++) st->aux[j] = base->aux[j];
-    if (2LL * p * v * m > 32767)  // the tags MPI guarantees (lp_stage_tag)
-        lp_fail_all("%s %d %s %d: %d micro-batches per step are too many to tag their messages (at most %d)", LP_SETTING(pp), p,
-                    LP_SETTING(vpp), v, m, 32767 / (2 * p * v));
-    st->actions = (LPAction*)lp_host_malloc((size_t)2 * m * v * sizeof(LPAction), "schedule");
-    st->chunk_s = (double*)calloc((size_t)2 * v, sizeof(double));
-    st->chunk_sum = (double*)calloc((size_t)2 * v, sizeof(double));
-    lp_schedule_stage(par->schedule, p, v, m, st->s, st->actions);
-    st->chunks = (LPModel*)lp_host_malloc((size_t)v * sizeof(LPModel), "model chunks");
-    for (int c = 0; c < v; c++) {
-        LPModelOptions chunk = *base;
-        chunk.chunk = c * p + st->s;
-        chunk.chunks = p * v;
-        chunk.layer0 = 0;
-        for (int k = 0; k < chunk.chunk; k++) chunk.layer0 += st->layers[k];
-        chunk.layers = st->layers[chunk.chunk];
-        lp_model_create(&st->chunks[c], cfg, &chunk);
-    }
-    st->slot_owner = (int*)lp_host_malloc((size_t)v * m * sizeof(int), "activation slots");
-    st->tokens = (int*)lp_host_malloc((size_t)m * 2 * B * T * sizeof(int), "micro-batch tokens");
-    for (int c = 0; c < v; c++) lp_model_alloc_activations(&st->chunks[c], B, T, lp_schedule_slots(st->actions, 2 * m * v, c));
-#ifdef LLMPAR_NCCL
-    if (st->pp->nccl) {  // link l joins stage l (its member 0) and stage l+1 (member 1), for each direction
-        for (int dir = 0; dir < 2; dir++)
-            for (int l = 0; l < st->par->pp; l++) {
-                ncclUniqueId id;
-                if (st->s == l) lp_nccl_check(ncclGetUniqueId(&id), "unique id", st->pp);
-                lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, l, st->pp->comm), "broadcast of the NCCL id", st->pp);
-                if (st->s == l) lp_nccl_comm_init(&st->link[dir][0], 2, id, 0, "link init", st->pp);
-                if (st->s == (l + 1) % st->par->pp) lp_nccl_comm_init(&st->link[dir][1], 2, id, 1, "link init", st->pp);
-            }
-        for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamCreateWithFlags(&st->send_stream[dir], cudaStreamNonBlocking));
-        cudaCheck(cudaEventCreateWithFlags(&st->ready, cudaEventDisableTiming));
-        // send copies come from the default pool, freed on the send streams: it must never hand the compute
-        // stream a block whose send is still pending (that would make compute wait on a send, and an
-        // interleaved schedule can then deadlock); when short of memory it then fails with out of memory.
-        // The pool keeps what it has (release threshold: all of it), so each step's sends reuse the memory
-        // the first step mapped instead of mapping it again after every synchronisation.
-        cudaMemPool_t pool;
-        int never = 0;
-        uint64_t keep = UINT64_MAX;
-        cudaCheck(cudaDeviceGetDefaultMemPool(&pool, proc->device));
-        cudaCheck(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &never));
-        cudaCheck(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
-    }
-#endif
-    // the head group: a communicator of the stages whose chunks hold the head
-    int holds = 0;
-    for (int c = 0; c < v; c++) holds |= st->chunks[c].head;
-    st->head.name = "head";
-    st->head.size = 1;
-#ifdef LLMPAR_MPI
-    if (st->pp->size > 1) {
-        MPI_Comm_split(st->pp->comm, holds ? 0 : MPI_UNDEFINED, st->s, &st->head.comm);
-        if (holds) {
-            MPI_Comm_size(st->head.comm, &st->head.size);
-            MPI_Comm_rank(st->head.comm, &st->head.rank);
-            MPI_Comm_set_errhandler(st->head.comm, MPI_ERRORS_RETURN);
-#ifdef LLMPAR_NCCL
-            if (st->pp->nccl) lp_group_nccl_init(&st->head);  // the head's gradient sum on the GPU, like the stages' traffic
-#endif
-        }
-    }
-#endif
-}
-
-// Messages are told apart by the virtual stage receiving them, the micro-batch and the direction.
-static inline int lp_stage_tag(const LPStage* st, int k, int micro, int backward) { return (k * st->par->micro_batches + micro) * 2 + backward; }
-
-// The tensor at a chunk's boundary in a (B, T) pass is (rows, C), rows = B*T (or this rank's B*T/t with
-// sequence parallelism). Scatter-gather sends only this TP rank's block of the rows.
-static inline int lp_stage_scatters(const LPStage* st, const LPModel* c, int B, int T) {
-    return st->par->scatter_gather && c->tp_size > 1 && !c->par->sp && (size_t)B * T % c->tp_size == 0;
-}
-static inline size_t lp_stage_boundary(const LPStage* st, const LPModel* c, int B, int T, size_t* offset) {
-    size_t n = (size_t)B * T * c->cfg.channels / (c->par->sp ? c->tp_size : 1);
-    *offset = 0;
-    if (lp_stage_scatters(st, c, B, T)) {
-        n /= c->tp_size;
-        *offset = n * c->tp_rank;
-    }
-    return n;
-}
-// Send x's boundary of micro-batch i to virtual stage k: activations (dir 0) to the next stage, gradients
-// (dir 1) to the previous one.
-static inline void lp_stage_send(LPStage* st, const LPModel* c, const floatX* x, int B, int T, int k, int i, int dir) {
-    size_t off, n = lp_stage_boundary(st, c, B, T, &off);
-#ifdef LLMPAR_NCCL
-    if (st->pp->nccl) {  // a copy, as x may change before the receiver takes it; freed when sent
-        size_t bytes = n * sizeof(floatX);
-        void* buf;
-        cudaCheck(cudaMallocAsync(&buf, bytes, 0));
-        cudaCheck(cudaMemcpyAsync(buf, x + off, bytes, cudaMemcpyDeviceToDevice, 0));
-        cudaCheck(cudaEventRecord(st->ready, 0));
-        cudaCheck(cudaStreamWaitEvent(st->send_stream[dir], st->ready, 0));
-        lp_nccl_check(ncclSend(buf, bytes, ncclChar, dir ? 0 : 1, st->link[dir][dir], st->send_stream[dir]), "send", st->pp);
-        cudaCheck(cudaFreeAsync(buf, st->send_stream[dir]));
-        lp_traffic(st->pp, LP_SEND, bytes);
-        return;
-    }
-#endif
-    lp_send(st->pp, x + off, n, (st->s + (dir ? st->par->pp - 1 : 1)) % st->par->pp, lp_stage_tag(st, k, i, dir), &st->sends);
-}
-
-// Receive into x virtual stage k's boundary of micro-batch i, sent as in lp_stage_send; time spent waiting
-// counts in wait_s.
-static inline void lp_stage_recv(LPStage* st, const LPModel* c, floatX* x, int B, int T, int k, int i, int dir) {
-    size_t off, n = lp_stage_boundary(st, c, B, T, &off);
-    double t0 = lp_time_s();
-#ifdef LLMPAR_NCCL
-    if (st->pp->nccl) {
-        lp_nccl_check(ncclRecv(x + off, n * sizeof(floatX), ncclChar, dir ? 1 : 0, st->link[dir][1 - dir], 0), "receive", st->pp);
-        lp_compute_sync();  // to time the wait
-    } else
-#endif
-    lp_recv(st->pp, x + off, n, (st->s + (dir ? 1 : st->par->pp - 1)) % st->par->pp, lp_stage_tag(st, k, i, dir));
-    st->wait_s += lp_time_s() - t0;
-    if (lp_stage_scatters(st, c, B, T)) lp_all_gather(c->tp, x, n * sizeof(floatX));
-}
-
-// Forward of micro-batch i through chunk c, its activations in slot `slot`. Returns the loss on the last
-// virtual stage (else 0).
-static inline float lp_stage_forward(LPStage* st, int c, int i, int slot, const int* inputs, const int* targets, int B, int T,
-                                     float dloss) {
-    LPModel* mc = &st->chunks[c];
-    int p = st->par->pp, k = c * p + st->s, K = p * st->par->vpp;
-    lp_model_use_slot(mc, slot);
-    if (k > 0) lp_stage_recv(st, mc, mc->act.encoded, B, T, k, i, 0);
-    double t0 = lp_time_s();
-    int ev = lp_trace_begin("compute", "F", i, c);
-    float loss = lp_model_forward(mc, k == 0 ? inputs : NULL, k == K - 1 || mc->num_aux ? targets : NULL, B, T, dloss);
-    lp_trace_end(ev);
-    if (k < K - 1) lp_stage_send(st, mc, lp_model_output(mc), B, T, k + 1, i, 0);
-    lp_compute_sync();
-    st->chunk_s[c] += lp_time_s() - t0;
-    return loss;
-}
-
-// Backward of micro-batch i through chunk c, from slot `slot`; `last`: the chunk's last backward of the
-// step. Auxiliary losses need the micro-batch's targets again.
-static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int last, const int* targets) {
-    LPModel* mc = &st->chunks[c];
-    int p = st->par->pp, k = c * p + st->s, K = p * st->par->vpp, B = mc->cur_B, T = mc->cur_T;
-    lp_model_use_slot(mc, slot);
-    if (mc->num_aux) lp_copy_to_device(mc->targets, targets, (size_t)B * T * sizeof(int));
-    if (k < K - 1) lp_stage_recv(st, mc, mc->act.dresidual, B, T, k, i, 1);
-    double t0 = lp_time_s();
-    int ev = lp_trace_begin("compute", "B", i, c);
-    lp_model_backward(mc, last);
-    lp_trace_end(ev);
-    if (k > 0) lp_stage_send(st, mc, mc->act.dresidual, B, T, k - 1, i, 1);
-    lp_compute_sync();
-    st->chunk_s[st->par->vpp + c] += lp_time_s() - t0;
-}
-
-// One forward of (B, T) tokens through the whole pipeline, chunk after chunk, in slot 0 (evaluation,
-// sampling: the last chunk keeps the logits). Returns the mean loss (with targets), on every rank.
-float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T) {
-    float loss = 0.0f;
-    for (int c = 0; c < st->par->vpp; c++) loss += lp_stage_forward(st, c, 0, 0, inputs, targets, B, T, 0.0f);
-    lp_sends_wait(st->pp, &st->sends);
-    lp_all_reduce_host(st->pp, &loss, 1, 0);
-    return loss;
-}
-
-// Sampling: every chunk's key-value cache for B sequences of up to T positions (lp_model_cache_alloc), for
-// lp_stage_forward_cached's passes; lp_stage_cache_free ends it.
-static inline void lp_stage_cache_alloc(LPStage* st, int B, int T) {
-    for (int c = 0; c < st->par->vpp; c++) lp_model_cache_alloc(&st->chunks[c], B, T);
-}
-static inline void lp_stage_cache_free(LPStage* st) {
-    for (int c = 0; c < st->par->vpp; c++) lp_model_cache_free(&st->chunks[c]);
-}
-// lp_stage_forward_only's pass of (B, N) tokens at positions [pos, pos + N) of the cached sequences: their
-// keys and values join the caches, and the last chunk's logits are theirs.
-static inline void lp_stage_forward_cached(LPStage* st, const int* inputs, int B, int N, int pos) {
-    for (int c = 0; c < st->par->vpp; c++) st->chunks[c].cache.pos = pos;
-    lp_stage_forward_only(st, inputs, NULL, B, N);
-}
-
-// The token drawn from a row of logits over the V tokens of the vocabulary with coin in [0, 1): the first
-// whose cumulative softmax probability passes coin. Overwrites logits with exp(logit - max).
-static inline int lp_sample_draw(float* logits, int V, float coin) {
-    float maxv = logits[0], sum = 0.0f;
-    for (int v = 1; v < V; v++) if (logits[v] > maxv) maxv = logits[v];
-    for (int v = 0; v < V; v++) sum += logits[v] = expf(logits[v] - maxv);
-    float target = coin * sum, acc = 0.0f;
-    for (int v = 0; v < V; v++) {
-        acc += logits[v];
-        if (target < acc) return v;
-    }
-    return V - 1;
-}
-
-// Add the last step's timings to the sums the bubble report reads (the driver leaves out the first step,
-// which warms up).
-void lp_stage_time_step(LPStage* st) {
-    for (int k = 0; k < 2 * st->par->vpp; k++) st->chunk_sum[k] += st->chunk_s[k];
-    st->wall_sum += st->wall_s;
-    st->timed_steps++;
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// The pipeline's bubble over the timed steps, the same on every stage (collective over the pipeline):
-// measured, the forward-backward wall time over the busiest stage's compute, less 1; and as the schedule's
-// simulator predicts it from the measured cost of each chunk's forward and backward, and from unit costs.
-typedef struct LPBubble {
-    double measured, simulated, unit;  // fractions of the busiest stage's compute
-    double wall_s, busy_s;             // per step
-} LPBubble;
-#ifdef LLMPAR_IMPLEMENTATION
-LPBubble lp_stage_bubble(LPStage* st) {
-    int K = st->par->pp * st->par->vpp, m = st->par->micro_batches;
-    LPBubble b;
-    memset(&b, 0, sizeof(b));
-    if (st->timed_steps == 0) return b;
-    float* sum = (float*)calloc((size_t)2 * K, sizeof(float));  // each virtual stage's forwards, then backwards
-    for (int c = 0; c < st->par->vpp; c++)
-        for (int dir = 0; dir < 2; dir++) sum[dir * K + c * st->par->pp + st->s] = (float)st->chunk_sum[dir * st->par->vpp + c];
-    lp_all_reduce_host(st->pp, sum, 2 * K, 0);  // each stage adds its chunks'
-    double* cost = (double*)calloc((size_t)2 * K, sizeof(double));
-    for (int k = 0; k < 2 * K; k++) cost[k] = sum[k] / ((double)st->timed_steps * m);  // one micro-batch
-    for (int s = 0; s < st->par->pp; s++) {  // the busiest stage's compute per step
-        double busy = 0.0;
-        for (int c = 0; c < st->par->vpp; c++) busy += (cost[c * st->par->pp + s] + cost[K + c * st->par->pp + s]) * m;
-        if (busy > b.busy_s) b.busy_s = busy;
-    }
-    float wall = (float)(st->wall_sum / st->timed_steps);
-    lp_all_reduce_host(st->pp, &wall, 1, 1);
-    b.wall_s = wall;
-    b.measured = wall / b.busy_s - 1.0;
-    LPSimulation sim;
-    char why[512];
-    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 1.0, 1.0, NULL, why, sizeof(why))) lp_fail_all("%s", why);
-    b.unit = sim.bubble;
-    lp_simulation_free(&sim);
-    if (lp_schedule_simulate(&sim, st->par->schedule, st->par->pp, st->par->vpp, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail_all("%s", why);
-    b.simulated = sim.bubble;
-    lp_simulation_free(&sim);
-    free(sum);
-    free(cost);
-    return b;
-}
-
-void lp_stage_free(LPStage* st) {
-    for (int c = 0; c < st->par->vpp; c++) lp_model_free(&st->chunks[c]);
-    free(st->chunks);
-    free(st->actions);
-    free(st->chunk_s);
-    free(st->chunk_sum);
-    free(st->slot_owner);
-    free(st->tokens);
-    lp_sends_free(&st->sends);
-#ifdef LLMPAR_MPI
-    if (st->head.size > 1) MPI_Comm_free(&st->head.comm);
-#endif
-#ifdef LLMPAR_NCCL
-    if (st->pp->nccl) {
-        cudaCheck(cudaDeviceSynchronize());
-        if (st->head.nccl) lp_nccl_comm_destroy(st->head.nccl);
-        for (int dir = 0; dir < 2; dir++)  // in the order they were made: destroying one waits for its peer
-            for (int l = 0; l < st->par->pp; l++) {
-                if (st->s == l) lp_nccl_comm_destroy(st->link[dir][0]);
-                if (st->s == (l + 1) % st->par->pp) lp_nccl_comm_destroy(st->link[dir][1]);
-            }
-        for (int dir = 0; dir < 2; dir++) cudaCheck(cudaStreamDestroy(st->send_stream[dir]));
-        cudaCheck(cudaEventDestroy(st->ready));
-    }
-#endif
-    memset(st, 0, sizeof(*st));
-}
-#endif  // LLMPAR_IMPLEMENTATION
-
-// ----------------------------------------------------------------------------------------------------
-// 14. step
-//
-// One optimizer step of this rank's pipeline stage (p = 1: the whole model), in four phases, each one
-// call in the driver's loop; each names where the ranks communicate:
-//   lp_step_forward_backward  m micro-batches in the schedule's order. TP inside every layer (the Megatron
-//                             all-reduces, or with SP reduce-scatters and all-gathers), PP between stages
-//                             (sends and receives), and the DP reduction of each layer's gradients started
-//                             as soon as its last backward ends (ZeRO's hooks, overlapped with the layers below)
-//   lp_step_reduce_grads      the rest of the gradient reduction: the head's copies summed over the stages
-//                             holding them, then every gradient averaged over DP (ZeRO 1-3: to its shard)
-//   lp_step_grad_norm         the global gradient norm: each rank's part, summed over the grid
-//   lp_step_update            clipping and AdamW on this rank's shard; ZeRO 1-3 all-gather the new weights
-//   lp_step_replicas          replicas that train apart (no DP in the phases above): DiLoCo's outer step
-//                             after every H-th update (an all-reduce over DP), or gossip's mixing (K sends)
-// The driver looks at the loss and the norm before it updates (the divergence guard).
-
-#ifdef LLMPAR_IMPLEMENTATION
-// The step's forwards and backwards of m micro-batches from `train`, in the schedule's order; gradients
-// accumulate in the chunks. Every stage reads the micro-batches (the first needs the inputs, the last the
-// targets, and all keep the loader's place). Returns the step's mean loss over the whole batch (summed over
-// the pipeline and averaged over DP), on every rank; the auxiliary losses' means in st->aux_loss likewise.
-float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
-    int B = train->B, T = train->T, m = st->par->micro_batches, v = st->par->vpp;
-    size_t BT = (size_t)B * T;
-    double t0 = lp_time_s();
-    int phase = lp_trace_begin("step", "forward-backward", -1, -1);
-    memset(st->chunk_s, 0, (size_t)2 * v * sizeof(double));
-    st->wait_s = 0.0;
-    for (int i = 0; i < m; i++) {
-        int ev = lp_trace_begin("io", "data", i, -1);
-        lp_dataloader_next(train);
-        lp_trace_end(ev);
-        memcpy(st->tokens + 2 * i * BT, train->inputs, BT * sizeof(int));
-        memcpy(st->tokens + (2 * i + 1) * BT, train->targets, BT * sizeof(int));
-    }
-    for (int c = 0; c < v; c++) lp_model_zero_grad(&st->chunks[c]);
-    for (int k = 0; k < v * m; k++) st->slot_owner[k] = -1;
-    int done[LP_MAX_CHUNKS] = {0};  // backwards run per chunk
-    float loss = 0.0f;
-    for (int n = 0; n < 2 * m * v; n++) {
-        LPAction a = st->actions[n];
-        int* owner = st->slot_owner + (size_t)a.chunk * m, slot = 0;
-        while (owner[slot] != (a.forward ? -1 : a.micro)) slot++;  // a free slot; the micro-batch's slot
-        owner[slot] = a.forward ? a.micro : -1;
-        if (a.forward)
-            loss += lp_stage_forward(st, a.chunk, a.micro, slot, st->tokens + 2 * a.micro * BT, st->tokens + (2 * a.micro + 1) * BT,
-                                     B, T, 1.0f / ((float)BT * m));
-        else
-            lp_stage_backward(st, a.chunk, a.micro, slot, ++done[a.chunk] == m, st->tokens + (2 * a.micro + 1) * BT);
-    }
-    lp_sends_wait(st->pp, &st->sends);
-    loss /= m;
-    lp_all_reduce_host(st->pp, &loss, 1, 0);  // only the last stage's is not zero
-    for (int j = 0; j < st->num_aux; j++) {  // each on the stage holding its layer
-        st->aux_loss[j] = 0.0f;
-        for (int c = 0; c < v; c++)
-            for (int q = 0; q < st->chunks[c].num_aux; q++)
-                if (st->chunks[c].aux_id[q] == st->aux[j]) st->aux_loss[j] += st->chunks[c].aux_loss[q] / m;
-    }
-    lp_all_reduce_host(st->pp, st->aux_loss, st->num_aux, 0);
-    const LPZero* z = &st->chunks[0].zero;  // the replicas' batches: their mean (of replicas that train apart too: the log's)
-    const LPGroup* dp = z->dp ? z->dp : z->replicas;
-    if (dp) lp_all_reduce_host(dp, &loss, 1, 1);
-    if (dp && st->num_aux) lp_all_reduce_host(dp, st->aux_loss, st->num_aux, 1);
-    if (st->chunks[0].cfg.moe_experts) {  // the MoE layers' statistics: of every stage and replica (TP ranks have the same)
-        float sums[LP_MOE_STATS] = {0};
-        for (int c = 0; c < v; c++)
-            for (int k = 0; k < LP_MOE_STATS; k++) sums[k] += (float)((const double*)&st->chunks[c].moe_stats)[k];
-        lp_all_reduce_host(st->pp, sums, LP_MOE_STATS, 0);
-        if (dp) lp_all_reduce_host(dp, sums, LP_MOE_STATS, 0);
-        double* out = (double*)&st->moe_stats;
-        for (int k = 0; k < LP_MOE_STATS; k++) out[k] = sums[k];
-        st->moe_stats.aux /= dp ? dp->size : 1;
-        st->moe_stats.z /= dp ? dp->size : 1;
-    }
-    lp_trace_end(phase);
-    st->wall_s = lp_time_s() - t0;
-    return loss;
-}
-
-// The gradient reduction's end. First every copy of the head (wte and lnf: the embedding's on the first
-// chunk, the LM head's on the last, the auxiliary losses' in between) gets the sum of all their gradients,
-// summed within this rank and then over the head group, so the copies take the same step and stay equal;
-// then each chunk's gradients are averaged over DP (lp_zero_average: what backward started arrives, the
-// rest is reduced now).
-void lp_step_reduce_grads(LPStage* st) {
-    int phase = lp_trace_begin("step", "gradient reduction", -1, -1);
-    const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
-    LPModel* sum = NULL;  // this rank's first chunk holding the head
-    for (int c = 0; c < st->par->vpp; c++) {
-        LPModel* mc = &st->chunks[c];
-        if (!mc->head) continue;
-        if (!sum) sum = mc;
-        else for (int k = 0; k < 3; k++) lp_add_scaled(sum->zero.g[head[k]], mc->zero.g[head[k]], sum->zero.param_sizes[head[k]], 1.0f);
-    }
-    if (sum && st->head.size > 1)
-        for (int k = 0; k < 3; k++) lp_all_reduce(&st->head, sum->zero.g[head[k]], sum->zero.param_sizes[head[k]], 0);
-    for (int c = 0; c < st->par->vpp; c++)
-        if (st->chunks[c].head && &st->chunks[c] != sum)
-            for (int k = 0; k < 3; k++) lp_copy_device(st->chunks[c].zero.g[head[k]], sum->zero.g[head[k]], sum->zero.param_sizes[head[k]] * sizeof(floatX));
-    for (int c = 0; c < st->par->vpp; c++)
-        for (int p = 0; p < st->chunks[c].parts; p++) lp_zero_average(lp_model_part(&st->chunks[c], p));
-    lp_trace_end(phase);
-}
-
-// The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
-float lp_step_grad_norm(LPStage* st) {
-    int phase = lp_trace_begin("step", "gradient norm", -1, -1);
-    float norm = lp_models_grad_norm(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL);
-    lp_trace_end(phase);
-    return norm;
-}
-
-// Clipping to opt->grad_clip given the norm, AdamW on every chunk, the new weights made whole where forward
-// needs them. Returns whether all the updated weights are finite (on every rank alike).
-int lp_step_update(LPStage* st, float lr, float norm, const LPAdamW* opt) {
-    int phase = lp_trace_begin("step", "optimizer", -1, -1);
-    if (st->par->diloco && st->inner == 0) lp_replicas_round_start(st->chunks, st->par->vpp);
-    int finite = lp_models_adamw(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL, lr, norm, opt);
-    lp_trace_end(phase);
-    return finite;
-}
-
-// DiLoCo's outer step now, ending the round under way (after its H-th inner step; the driver ends a round
-// early at the run's last step and before a save a signal asks for, so every checkpoint is of equal replicas).
-static inline void lp_step_outer(LPStage* st, const LPOuterSGD* o) {
-    if (st->inner == 0) return;
-    lp_replicas_outer(st->chunks, st->par->vpp, o);
-    st->inner = 0;
-}
-
-// After an update: DiLoCo counts the round's inner steps and takes the outer step after the H-th; gossip
-// mixes the weights with the neighbours'. Returns gossip's spread, the root-mean-square difference of a
-// replica's weights from its nearest in-neighbour's before mixing, over the grid (one all-reduce of 2
-// values, for the step line); otherwise 0.
-static inline float lp_step_replicas(LPStage* st, const LPOuterSGD* o) {
-    const LPParallel* par = st->par;
-    if (par->diloco && ++st->inner == par->diloco) lp_step_outer(st, o);
-    if (!par->gossip) return 0.0f;
-    float sums[2] = {0.0f, 0.0f};
-    lp_replicas_gossip(st->chunks, par->vpp, sums);
-    const LPModel* m = &st->chunks[0];
-    lp_all_reduce_host(m->zero.replicas, sums, 2, 0);
-    if (m->tp_size > 1) lp_all_reduce_host(m->tp, sums, 2, 0);
-    lp_all_reduce_host(st->pp, sums, 2, 0);
-    return sqrtf(sums[0] / sums[1]);
 }
 #endif  // LLMPAR_IMPLEMENTATION
 

@@ -2788,7 +2788,7 @@ static LPConfig tiny_llama_config(void) {
     return c;
 }
 
-// The Llama family's ops on the CPU (section 6), each on fresh random data: RMSNorm (the LayerNorm loop without
+// The Llama family's ops on the CPU (section 7), each on fresh random data: RMSNorm (the LayerNorm loop without
 // centering and bias, fused with the residual add), RoPE (its backward the inverse rotation), SwiGLU, and
 // grouped-query attention (2 and 1 K/V heads for 4 query heads) against central differences; GQA also equals
 // multi-head attention with each K/V head repeated for its group, RoPE's scaled frequencies Llama 3.1's rule.

@@ -2,7 +2,7 @@
 dev/plan/plan.h: the cluster planner, a tool built on llmpar.h (not part of it: a copier of llmpar.h gets
 the engine alone). It answers "how should I run this model on N GPUs?": every t x p x d grid, ZeRO stage,
 recomputation and offload that fits a GPU, each step simulated on a stated machine from the engine's own
-costs (llmpar.h section 12: FLOPs, memory, the pipeline partition) and schedules (section 4). Include it
+costs (llmpar.h section 11: FLOPs, memory, the pipeline partition) and schedules (section 4). Include it
 after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
 
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
@@ -114,7 +114,7 @@ static const LPCluster lp_clusters[] = {
 // typed that it cannot run is refused), how it runs a step, how it keeps its memory, and how far its
 // predictions have been checked (its calibration: dev/plan/README.md, "How far the plan can be believed").
 //   llmpar     this engine: every setting the planner knows, sends that do not wait, no dropout, memory as
-//              its CUDA build keeps it (llmpar.h section 12, lp_chunk_memory);
+//              its CUDA build keeps it (llmpar.h section 11, lp_chunk_memory);
 //   megatron   Megatron-LM as the selective-recomputation paper ran it (arXiv 2205.05198; the PTD-P paper's
 //              runs, arXiv 2104.04473 with commit 6985e58 and examples/sc21, the same but for SP and selective
 //              recomputation, which they did not have): TP with SP, interleaved 1F1B with scatter/gather,

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """dev/trace/trace.py BINARY TRACE: the calls of one training step, the call edges an instrumented build wrote
 (trace_hooks.c: from the second entry into lp_step_forward_backward to the exit of the lp_step_update after
-it; the first step warms up), against llmpar.h's sections. Prints: functions, distinct call edges, edges that cross sections (switches), each edge's distance in lines
-between the two functions' definitions in llmpar.h (jumps over 1,000 lines, median), the pairs of sections
-called both ways, calls to a later section, and the functions that ran from the MoE and offload code."""
+it; the first step warms up), against llmpar.h's sections. Prints: functions, distinct call edges, edges that
+cross sections (switches), each edge's distance in lines between the two functions' definitions in llmpar.h
+(jumps over 1,000 lines, median; the pairs of sections with the most of them), the pairs of sections called
+both ways, calls to a later section, and the functions that ran from the MoE and offload code."""
 import bisect, re, statistics, struct, subprocess, sys
 
 binary, trace = sys.argv[1], sys.argv[2]
@@ -52,6 +53,12 @@ print(f"one step: {len(functions)} functions, {len(edges)} distinct call edges")
 print(f"section switches: {len(switches)} edges cross sections")
 print(f"distance between caller and callee in llmpar.h: {sum(d > 1000 for d in dist)} edges over 1,000 lines, "
       f"median {statistics.median(dist) if dist else 0:.0f} lines, longest {max(dist) if dist else 0}")
+long = {}
+for a, b in edges:
+    if a[1] == b[1] == "llmpar.h" and abs(a[2] - b[2]) > 1000:
+        long[(section(a), section(b))] = long.get((section(a), section(b)), 0) + 1
+print("jumps over 1,000 lines by sections: " + ", ".join(f"{x} -> {y} {n}" for (x, y), n in
+                                                          sorted(long.items(), key=lambda kv: -kv[1])[:8]))
 print("sections called both ways: " + (", ".join(f"{x} <-> {y} ({pairs[(x, y)]}+{pairs[(y, x)]})" for x, y in both) or "none"))
 print(f"calls from a section to a later one: {len(later)}" +
       ("".join(f"\n  {section(a)}: {a[0]} -> {section(b)}: {b[0]}" for a, b in sorted(later, key=lambda e: e[0][2]))))
