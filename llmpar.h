@@ -1254,15 +1254,6 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
 #endif
     }
     lp_replicas_check(par);
-    proc->world_group.name = "world";
-    proc->world_group.size = proc->world;
-    proc->world_group.rank = proc->rank;
-#ifdef LLMPAR_MPI
-    if (proc->world > 1) {
-        MPI_Comm_dup(MPI_COMM_WORLD, &proc->world_group.comm);
-        MPI_Comm_set_errhandler(proc->world_group.comm, MPI_ERRORS_RETURN);
-    }
-#endif
 }
 #endif  // LLMPAR_IMPLEMENTATION
 
@@ -1385,6 +1376,10 @@ void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
         MPI_Comm_rank(MPI_COMM_WORLD, &proc->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &proc->world);
         lp_rank = proc->rank;
+        if (proc->world > 1) {  // the world group, before any grid (a program may plan its grid over it: --auto)
+            MPI_Comm_dup(MPI_COMM_WORLD, &proc->world_group.comm);
+            MPI_Comm_set_errhandler(proc->world_group.comm, MPI_ERRORS_RETURN);
+        }
         if (proc->world == 1) lp_watchdog_stop();  // (nobody to wait for)
         lp_watch_phase("the set-up");
     }
@@ -1393,6 +1388,9 @@ void lp_process_init(LPProcess* proc, int* argc, char*** argv) {
     (void)argv;
 #endif
     lp_rank = proc->rank;
+    proc->world_group.name = "world";
+    proc->world_group.size = proc->world;
+    proc->world_group.rank = proc->rank;
     lp_threads_bound();
 }
 
