@@ -2263,7 +2263,7 @@ static void test_plan(void) {
     int fit_in = 0, host = 1;
     for (int k = 0; k < n; k++) {
         fit_in |= plans[k].fits && plans[k].par.offload == LP_OFFLOAD_NONE;
-        if (plans[k].estimated) host &= (plans[k].par.offload == LP_OFFLOAD_NONE) == (plans[k].host_memory == 0.0);
+        if (plans[k].estimated && !plans[k].floored) host &= (plans[k].par.offload == LP_OFFLOAD_NONE) == (plans[k].host_memory == 0.0);
     }
     expect(n > 0 && plans[0].fits && !fit_in && plans[0].par.offload != LP_OFFLOAD_NONE && host && plans[0].end_s > 0.1,
            "plan: GPT-2 1.5B on one GPU of 16 GiB (bf16, as the CUDA build keeps it on any build) fits only offloaded, its "
@@ -5092,6 +5092,69 @@ static void test_plan_scale(void) {
     expect(fabs(tail - 0.01 * sqrt(2.0 * log(16384.0))) < 1e-12 && one == 0.0, what);
 }
 
+// The planner's memory floor (dev/plan/plan.h, lp_plan_memory_floor), which lets a plan skip the balanced partition
+// of a configuration that cannot fit: never above the memory lp_plan_one finds on the partition itself, on random
+// configurations (every software's accounting, GPU and CPU bytes, pipelines interleaved or not, ZeRO, recomputation,
+// offload, SP, a mixture of experts, Llama's blocks), 0 wherever the partition cannot be (so a skipped configuration
+// is one that runs), and close on most (within 25% on at least half of the pipelined ones); and lp_plan_least_max,
+// the partition's first criterion without its table, lp_partition_minmax's value exactly on random rising costs.
+static void test_plan_floor(void) {
+    uint64_t rng = 52;
+    int same = 1;
+    for (int trial = 0; trial < 300; trial++) {
+        int chunks = 1 + (int)(lp_rand_u32(&rng) % 12), L = (chunks > 2 ? chunks - 2 : 0) + (int)(lp_rand_u32(&rng) % 24), layers[16], hi[16];
+        double cost[16 * 40];
+        for (int k = 0; k < chunks; k++) {
+            double head = lp_rand_u32(&rng) % 3 ? 0.0 : (double)(lp_rand_u32(&rng) % 9), slope = 1.0 + lp_rand_u32(&rng) % 3;
+            for (int n = 0; n <= L; n++) cost[k * (L + 1) + n] = n == 0 && k > 0 && k < chunks - 1 ? INFINITY : head + slope * n;
+        }
+        double want = lp_partition_minmax(cost, chunks, L, layers), got = lp_plan_least_max(cost, chunks, L, hi);
+        same &= got == want;
+        for (int k = 0; k < chunks && want < INFINITY; k++) same &= cost[k * (L + 1) + layers[k]] <= got && hi[k] >= layers[k];
+    }
+    expect(same, "plan: lp_plan_least_max is lp_partition_minmax's value on 300 random rising cost tables (and holds its partition)");
+    const char* names[3] = {"llmpar", "megatron", "deepspeed"};
+    LPConfig gpt, moe;
+    lp_config_from_name(&gpt, "20,256,4,1024");
+    moe = gpt, moe.moe_experts = 4, moe.moe_topk = 2, moe.moe_every = 2;
+    int tried = 0, below = 1, zero_where_refused = 1, pipelined = 0, close = 0;
+    double worst = 0.0;
+    for (int trial = 0; trial < 1500; trial++) {
+        const LPSoftware* sw = lp_software_named(names[lp_rand_u32(&rng) % 3]);
+        int cpu = sw == lp_software_named("llmpar") && lp_rand_u32(&rng) % 4 == 0, shape = lp_rand_u32(&rng) % 3;
+        LPPlanMachine mach = lp_plan_machine(lp_cluster_named(cpu ? "cpu" : "dgx-h100"), NULL, sw);
+        LPPlanModel model = lp_plan_model_gpt(shape == 1 && sw->llama ? &gpt : shape == 1 ? &moe : &gpt);
+        if (shape == 1 && sw->llama) model.kv_heads = 2, model.ffn = 704, model.swiglu = 1;
+        LPParallel par = lp_parallel_one;
+        par.tp = 1 << lp_rand_u32(&rng) % 3, par.pp = 1 + lp_rand_u32(&rng) % 5, par.dp = 1 << lp_rand_u32(&rng) % 3;
+        par.vpp = par.pp > 1 ? 1 + lp_rand_u32(&rng) % 3 : 1, par.micro_batches = 1 + lp_rand_u32(&rng) % 12;
+        par.schedule = par.vpp > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+        par.ep = model.cfg.moe_experts && par.dp > 1 && lp_rand_u32(&rng) % 2 ? 2 : 1;
+        par.zero = lp_rand_u32(&rng) % 4, par.recompute = lp_rand_u32(&rng) % 3, par.sp = par.tp > 1 && lp_rand_u32(&rng) % 2;
+        par.offload = par.zero == 3 && lp_rand_u32(&rng) % 2 ? LP_OFFLOAD_PARAMS : lp_rand_u32(&rng) % 2 ? LP_OFFLOAD_OPTIMIZER : LP_OFFLOAD_NONE;
+        char why[256];
+        if (lp_software_refuses(sw, &par, ~0u, why, sizeof(why)) || (cpu && par.offload != LP_OFFLOAD_NONE)) continue;
+        LPPipeShape s = {&par, 1 << lp_rand_u32(&rng) % 3, 128, lp_rand_u32(&rng) % 2 ? LP_ATTENTION_FLASH : LP_ATTENTION_CUBLAS, !cpu};
+        LPPlan x;
+        memset(&x, 0, sizeof(x));
+        x.par = par, x.B = s.B;
+        int layers[LP_MAX_CHUNKS];
+        double floor = lp_plan_memory_floor(&model, &s, &mach);
+        if (lp_plan_one(&model, &s, &mach, &x, layers)) {
+            zero_where_refused &= floor == 0.0;
+            continue;
+        }
+        tried++;
+        below &= floor <= x.memory * (1.0 + 1e-12);
+        worst = fmax(worst, floor / x.memory);
+        if (par.pp > 1) pipelined++, close += floor >= 0.75 * x.memory;
+    }
+    char what[300];
+    snprintf(what, sizeof(what), "plan: the memory floor on %d random configurations that run: never above the partition's memory "
+             "(at most %.6gx), 0 where the partition cannot be; within 25%% on %d of %d pipelined", tried, worst, close, pipelined);
+    expect(tried > 300 && below && zero_where_refused && pipelined > 200 && 2 * close >= pipelined, what);
+}
+
 static void test_plan_runs(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 --plan")) return;
@@ -6730,6 +6793,7 @@ int main(int argc, char** argv) {
     RUN(test_plan);
     RUN(test_plan_software);
     RUN(test_plan_scale);
+    RUN(test_plan_floor);
     RUN(test_bad_input);
     RUN(test_output_owned);
     RUN(test_run_identity);

@@ -8,8 +8,8 @@ after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
              LPPlanModel, lp_plan_model_gpt, lp_plan_layer_params, lp_plan_layer_flops, lp_plan_flops_per_token,
              lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle, lp_gemm_seconds,
-             lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_simulate, LPPlanLimits, lp_published_mfu,
-             lp_plan_outside, lp_plan
+             lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, lp_plan_simulate,
+             LPPlanLimits, lp_published_mfu, lp_plan_outside, lp_plan
 */
 #ifndef LLMPAR_PLAN_H
 #define LLMPAR_PLAN_H
@@ -51,7 +51,9 @@ after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt
 // (then at the network's bandwidth), never straddling two.
 // Pruning: a configuration's busiest stage's work plus its step end bounds its step from below. Those that
 // fit are simulated in the order of their bounds until a bound passes the slowest of the best ten
-// simulated: none after it could enter the table (they keep their bound as their step, marked).
+// simulated: none after it could enter the table (they keep their bound as their step, marked). Before its
+// partition (most of a large plan's time), a floor under a configuration's memory (lp_plan_memory_floor)
+// sets aside one that cannot fit.
 typedef struct {
     const char* name;
     double peak_flops;  // dense bf16 FLOP/s
@@ -589,7 +591,10 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
 typedef struct {
     LPParallel par;         // the configuration
     int B;                  // and its micro-batch
-    int estimated;          // its partition and memory known (0: bounded out, step_s is a lower bound)
+    int estimated;          // its partition and memory known, or its memory floored above the GPU's (0: bounded out,
+                            // step_s is a lower bound)
+    int floored;            // memory is lp_plan_memory_floor's floor, above the GPU's: it cannot fit (not partitioned,
+                            // its times the bound's, its host memory not counted)
     int fits;               // memory <= the GPU's (when estimated)
     int simulated;          // its pipeline simulated (0: step_s is the busiest stage's work and the step end)
     double memory, host_memory;  // bytes on the fullest rank; of state in host memory
@@ -668,6 +673,120 @@ static inline double lp_plan_bound(const LPPlanModel* model, const LPPipeShape* 
     double params = lp_plan_chunk_params(model, s, 0, c->num_layers, &experts);
     return (s->par->micro_batches + (s->par->pp - 1.0) / s->par->vpp) * work +
            lp_plan_end(model, s, mach, params / s->par->pp, experts / s->par->pp, all.bwd + head.bwd, &host);
+}
+
+// The most layers each chunk can run within cost `most` (cost[k][n]: chunk k running n layers, rising with n but for
+// INFINITY at n = 0 where it must have one) into hi[k]; whether L layers can be so placed, each chunk within it.
+static inline int lp_plan_within(const double* cost, int chunks, int L, double most, int* hi) {
+    int total = 0, need = 0;
+    for (int k = 0; k < chunks; k++) {
+        const double* row = cost + (size_t)k * (L + 1);
+        int first = row[0] == INFINITY, a = first - 1, b = L;  // (the last entry within it, by bisection: row[a] <= most < row[b + 1])
+        while (a < b) {
+            int mid = (a + b + 1) / 2;
+            if (row[mid] <= most) a = mid;
+            else b = mid - 1;
+        }
+        if (a < first) return 0;
+        hi[k] = a, total += a, need += !(row[0] <= most);
+    }
+    return total >= L && need <= L;
+}
+
+// lp_partition_minmax's value without its table of every split (chunks x L^2 steps), where each chunk's cost rises
+// with its layers (INFINITY at n = 0 where it must have one), so that any counts within a level that sum to L make a
+// partition: the least entry at which the chunks reach L layers, by bisection over each distinct row; INFINITY where
+// none does. *hi: each chunk's most layers within it.
+static inline double lp_plan_least_max(const double* cost, int chunks, int L, int* hi) {
+    double least = INFINITY;
+    for (int k = 0; k < chunks; k++) {
+        const double* row = cost + (size_t)k * (L + 1);
+        if (k > 0 && memcmp(row, row - (L + 1), (L + 1) * sizeof(double)) == 0) continue;  // (the middle chunks' rows alike)
+        int a = row[0] == INFINITY, b = L + 1;  // (the first entry that reaches L: row[b]; row[a - 1] does not)
+        while (a < b) {
+            int mid = (a + b) / 2;
+            if (lp_plan_within(cost, chunks, L, row[mid], hi)) b = mid;
+            else a = mid + 1;
+        }
+        if (b <= L) least = fmin(least, row[b]);
+    }
+    if (least < INFINITY) lp_plan_within(cost, chunks, L, least, hi);
+    return least;
+}
+
+// A floor under the memory of configuration s's fullest rank, found without the engine's balanced partition (whose
+// tables weigh every chunk at every layer count: most of a large plan's time); 0 where it does not apply (another
+// partition than balanced, or a schedule the engine refuses: lp_plan_one finds out). The partition's first
+// criterion is the least work on the costliest chunk (lp_chunk_flops, lp_partition_minmax), so none it returns gives
+// chunk k more layers than keep its work within that least (hi), nor fewer than L less the others' most (lo). A
+// chunk's memory grows from lo by at least its least step between lo and hi a layer (each step evaluated; 0 if one
+// is negative); the floor is the lowest level every stage could stay under with the layers above the lo's placed
+// where they cost least (a continuous relaxation, by bisection). Tested against lp_plan_one (test_plan_floor).
+static inline double lp_plan_memory_floor(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach) {
+    const LPConfig* c = &model->cfg;
+    const LPParallel* par = s->par;
+    int chunks = par->pp * par->vpp, p = par->pp, L = c->num_layers, lo[LP_MAX_CHUNKS], hi[LP_MAX_CHUNKS], most = 0, spare = L;
+    char why[256];
+    if (strcmp(par->partition, "balanced") != 0 || chunks > LP_MAX_CHUNKS ||
+        lp_schedule_check(par->schedule, par->pp, par->vpp, par->micro_batches, why, sizeof(why)))
+        return 0.0;
+    double* flops = (double*)lp_host_malloc((size_t)chunks * (L + 1) * sizeof(double), "memory floor");
+    int rising = 1;
+    for (int k = 0; k < chunks; k++)
+        for (int n = 0; n <= L; n++) {  // (as lp_pp_partition weighs them: only the end chunks may have no layers)
+            double* x = &flops[k * (L + 1) + n];
+            *x = n > 0 || k == 0 || k == chunks - 1 ? lp_chunk_flops(c, s, k, n) : INFINITY;
+            rising &= n == 0 || *x >= x[-1] || (n == 1 && x[-1] == INFINITY);
+        }
+    double least = rising ? lp_plan_least_max(flops, chunks, L, hi) : INFINITY;
+    free(flops);
+    if (least == INFINITY) return 0.0;  // (no partition: lp_plan_one says why)
+    for (int k = 0; k < chunks; k++) most += hi[k];
+    double base[LP_MAX_CHUNKS], step[LP_MAX_CHUNKS], level = 0.0, top = 0.0;
+    for (int r = 0; r < p; r++) base[r] = 0.0;
+    for (int k = 0; k < chunks; k++) {
+        lo[k] = L - (most - hi[k]);
+        if (lo[k] < (k == 0 || k == chunks - 1 ? 0 : 1)) lo[k] = k == 0 || k == chunks - 1 ? 0 : 1;
+        int slots = lp_chunk_slots(s, k);
+        double at = lp_plan_memory(model, s, mach, k, lo[k], slots);
+        base[k % p] += at;
+        step[k] = INFINITY;
+        for (int n = lo[k]; n < hi[k]; n++) {
+            double next = lp_plan_memory(model, s, mach, k, n + 1, slots);
+            step[k] = fmin(step[k], next - at);
+            at = next;
+        }
+        if (step[k] < 0.0) return 0.0;
+        spare -= lo[k];
+        level = fmax(level, base[k % p]);
+        if (hi[k] > lo[k]) top += (hi[k] - lo[k]) * step[k];
+    }
+    // the least level z at which the stages, each filling its chunks cheapest first up to z, take the spare layers
+    int order[LP_MAX_CHUNKS];  // (the chunks by stage, each stage's cheapest first: an insertion sort)
+    for (int k = 0; k < chunks; k++) {
+        int at = k;
+        for (; at > 0; at--) {
+            int j = order[at - 1];
+            if (j % p < k % p || (j % p == k % p && step[j] <= step[k])) break;
+            order[at] = j;
+        }
+        order[at] = k;
+    }
+    top += level;
+    for (int round = 0; round < 60 && spare > 0; round++) {
+        double z = 0.5 * (level + top), taken = 0.0, budget = 0.0;
+        for (int j = 0; j < chunks; j++) {
+            int k = order[j];
+            if (j == 0 || k % p != order[j - 1] % p) budget = z - base[k % p];
+            if (hi[k] == lo[k]) continue;
+            double room = hi[k] - lo[k], take = step[k] > 0.0 ? fmin(room, fmax(0.0, budget) / step[k]) : room;
+            taken += take;
+            budget -= take * step[k];
+        }
+        if (taken >= spare) top = z;
+        else level = z;
+    }
+    return level;
 }
 
 // Estimate configuration s without its pipeline simulated (step_s: its busiest stage's work and step end):
@@ -832,7 +951,8 @@ static inline void lp_plan_add(const LPPlanModel* model, const LPPipeShape* s, c
 // into *plans (malloc'd), those that fit first, fastest first; returns how many. In the order of their
 // bounds each is estimated and, if it fits, simulated, until a bound passes the `shown`-th fastest step
 // simulated: no configuration after it could be among the fastest `shown` (they stay bounded, unestimated).
-// With none fitting every one is estimated (the least memory is known).
+// One whose memory floor is above the GPU's is not partitioned (floored: it cannot fit). With none fitting every
+// one is estimated, the floored too (the least memory is known).
 static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int n, int attention, const LPPlanMachine* mach,
                           const LPPlanLimits* limits, int shown, LPPlan** plans) {
     const LPConfig* c = &model->cfg;
@@ -881,12 +1001,18 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
     qsort(*plans, count, sizeof(LPPlan), lp_plan_order);  // (by bound: none is estimated yet)
     int layers[LP_MAX_CHUNKS];  // (the partition of the configuration estimated last)
     double* best = (double*)lp_host_malloc((size_t)(shown > 0 ? shown : 1) * sizeof(double), "plans");  // ascending
-    int have = 0;
+    int have = 0, fitting = 0;
     for (int k = 0; k < count; k++) {
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
         LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
+        double floor = lp_plan_memory_floor(model, &s, mach);
+        if (floor > mach->gpu_bytes * (1.0 + 1e-9)) {  // (it cannot fit: not partitioned, unless none fits; the margin: rounding)
+            x->estimated = x->floored = 1, x->memory = floor;
+            continue;
+        }
         if (lp_plan_one(model, &s, mach, x, layers)) x->B = 0;  // (it cannot run: dropped below)
+        fitting += x->fits;
         if (!x->fits || shown <= 0) continue;
         lp_plan_simulate(model, T, attention, mach, x, layers, NULL);
         if (have < shown) have++;
@@ -896,6 +1022,12 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
         best[at] = x->step_s;
     }
     free(best);
+    for (int k = 0; k < count && !fitting; k++) {  // (none fits: the least memory is known exactly)
+        LPPlan* x = &(*plans)[k];
+        LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
+        if (x->floored && lp_plan_one(model, &s, mach, x, layers)) x->B = 0;
+        x->floored = 0;
+    }
     int kept = 0;
     for (int k = 0; k < count; k++)
         if ((*plans)[k].B) (*plans)[kept++] = (*plans)[k];
