@@ -5005,8 +5005,10 @@ static void test_plan_software(void) {
     for (int k = 0; k < n; k++) runs &= plans[k].par.zero == 0 && !plans[k].par.sp && plans[k].par.recompute != LP_RECOMPUTE_SELECTIVE;
     free(plans);
     expect(runs && fabs(older.gpu.peak_flops * 1.095 - 312e12) < 1e3 && fabs(older.gpu.hbm_bw * 1.095 - mega.gpu.hbm_bw) < 1e3 &&
-               older.gpu.gemm == mega.gpu.gemm,
-           "plan --software megatron-2021: no SP, selective recomputation or ZeRO searched; megatron's costs on an A100 paced 1/1.095");
+               older.gpu.gemm == mega.gpu.gemm && ds.gpu.peak_flops == older.gpu.peak_flops && ds.gpu.hbm_bw == older.gpu.hbm_bw &&
+               ds.gpu.gemm == older.gpu.gemm,
+           "plan --software megatron-2021: no SP, selective recomputation or ZeRO searched; megatron's costs on an A100 paced 1/1.095, "
+           "as deepspeed's (Megatron-DeepSpeed runs Megatron-LM's layers of 2021)");
     n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &ds, NULL, 0, &plans), runs = n > 100;
     int zero3 = 0;
     for (int k = 0; k < n; k++) {
@@ -5054,6 +5056,24 @@ static void test_plan_software(void) {
              "GQA's forward %.3g ms against full heads' %.3g", params, flops, gqa_s * 1e3, mha_s * 1e3);
     expect(!lp_plan_model_is_gpt(&llama) && fabs(params / 8.03e9 - 1.0) < 0.005 && fabs(flops - (6.0 * weights + 12.0 * C * 8192)) < 1e-9 * flops &&
                gqa_s < mha_s, what);
+    // Llama's blocks drop nothing (Megatron-LM's Llama 3 recipe: both dropouts 0): --software megatron times them as
+    // without its dropout, and keeps a layer's activations of s b h (8 + q k v's 2 + 4 kv/a + 2 + SwiGLU's 6 F/h) / t
+    // with SP (no masks), its materialised probabilities 2 a s/h (no mask, no dropped copy); GPT-2's blocks keep theirs
+    LPPlanMachine dry = mega;
+    dry.dropout = 0;
+    LPParallel t8sp = lp_parallel_one;
+    t8sp.tp = 8, t8sp.sp = 1;
+    LPPipeShape s_mat = {&t8sp, 1, 8192, LP_ATTENTION_CUBLAS, 1};
+    LPChunkTime wet = lp_plan_chunk(&llama, &s_mat, &mega, 1, 1), dried = lp_plan_chunk(&llama, &s_mat, &dry, 1, 1);
+    LPPlanModel gpt_shape = lp_plan_model_gpt(&c);
+    double gpt_masked = lp_plan_chunk(&gpt_shape, &s_mat, &mega, 1, 1).fwd, gpt_dry = lp_plan_chunk(&gpt_shape, &s_mat, &dry, 1, 1).fwd;
+    double layer_bytes = lp_plan_memory(&llama, &s_mat, &mega, 1, 2, 1) - lp_plan_memory(&llama, &s_mat, &mega, 1, 1, 1) -
+                         18.0 * lp_plan_layer_params(&llama, 8);  // (one more layer: its 18 bytes a parameter and its activations)
+    double sbh = 8192.0 * 4096, units = 8.0 + 2.0 + 4.0 * 8 / 32 + 2.0 + 6.0 * 14336 / 4096 + 2.0 * 32 * 8192 / 4096;
+    snprintf(what, sizeof(what), "plan --software megatron: Llama's blocks without dropout (a layer's activations %.4g of %.4g s b h/t "
+             "bytes; GPT-2's blocks %.3g ms with dropout, %.3g without)", layer_bytes * 8 / sbh, units, gpt_masked * 1e3, gpt_dry * 1e3);
+    expect(wet.fwd == dried.fwd && wet.bwd == dried.bwd && gpt_masked > gpt_dry &&
+               fabs(layer_bytes - sbh * units / 8) < 1e-6 * layer_bytes, what);
     expect_error_of(PLAN_BIN, "--software llmpar refuses Llama's blocks",
                     "flag --software llmpar: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which llmpar does not run",
                     "--plan 8 -e llama3-8b -t 8192 -d 65536");

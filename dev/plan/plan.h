@@ -131,10 +131,12 @@ static const LPCluster lp_clusters[] = {
 //              share of the GPU's best: both fitted together to that paper's eight step times (its Table 5)
 //              by `bash dev/plan/bench_plan.sh fit`. Memory by that paper's count (lp_plan_memory);
 //   megatron-2021  the same a year older, as the PTD-P paper ran it: no SP, selective recomputation or
-//              distributed optimizer, on a GPU paced 1/1.095 (both papers ran the same 530B and 1T pipelines:
-//              the older steps were 1.103x and 1.087x);
-//   deepspeed  Megatron-DeepSpeed (BLOOM's and MT-NLG's software): Megatron-LM's layers (its TP without SP,
-//              its GEMMs and attention as above) under DeepSpeed: ZeRO 1-3 without a pipeline, only ZeRO-1
+//              distributed optimizer, on a GPU paced 1/1.095 (LP_PACE_2021: both papers ran the same 530B and 1T
+//              pipelines: the older steps were 1.103x and 1.087x);
+//   deepspeed  Megatron-DeepSpeed (BLOOM's and MT-NLG's software): Megatron-LM's layers as of 2021 (its TP without
+//              SP, its GEMMs and attention as above, at megatron-2021's pace: the fork stayed Megatron-LM of 2021,
+//              ~800 commits behind and without SP or flash attention, until July 2023: microsoft/Megatron-DeepSpeed
+//              issue 105 and PR 159; BigScience's fork of it, PR 29) under DeepSpeed: ZeRO 1-3 without a pipeline, only ZeRO-1
 //              with one (its PipelineEngine refuses ZeRO-2/3), ZeRO-Offload of the optimizer and ZeRO-3's
 //              parameters (ZeRO-Infinity: NVMe); its pipeline engine runs plain 1F1B (no interleaving; DeepSpeed
 //              issue 1110), partitions a boundary over the TP ranks (is_pipe_partitioned: scatter/gather), waits
@@ -176,6 +178,9 @@ typedef struct {
 } LPSoftware;
 
 #define LP_OFFLOAD_ALL (1u << LP_OFFLOAD_NONE | 1u << LP_OFFLOAD_OPTIMIZER | 1u << LP_OFFLOAD_PARAMS | 1u << LP_OFFLOAD_NVME)
+// Megatron-LM's layers of 2021 on an A100: the PTD-P paper's steps (2021) on the two pipelines both papers ran were 1.103x
+// and 1.087x the selective-recomputation paper's (2022), to which megatron's costs are fitted
+#define LP_PACE_2021 (1.0 / 1.095)
 static const LPSoftware lp_softwares[] = {
     {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
@@ -183,14 +188,14 @@ static const LPSoftware lp_softwares[] = {
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0 / 1.095, LP_MEMORY_MEGATRON,
+    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_PACE_2021, LP_MEMORY_MEGATRON,
      0.91, 1.04, "a100", 3072, 2048, "the PTD-P paper's Tables 1 and 2 (16 runs; its 530B and 1T rows set the pace)",
      "Megatron-LM as the PTD-P paper ran it (2021): no SP, selective recomputation or distributed optimizer; megatron's fitted costs "
      "on an A100 paced 1/1.095 (the two papers' steps on the same pipelines)"},
-    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, 1.0, LP_MEMORY_DEEPSPEED, 1.30, 1.47, "a100", 2240, 2048,
-     "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
-     "Megatron-DeepSpeed: Megatron-LM's layers without SP, ZeRO 1-3 (1 with a pipeline), offload, DeepSpeed's 1F1B pipeline "
-     "(blocking sends, no interleaving), memory by the ZeRO paper"},
+    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_PACE_2021, LP_MEMORY_DEEPSPEED, 1.29, 1.43, "a100",
+     2240, 2048, "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
+     "Megatron-DeepSpeed: Megatron-LM's layers of 2021 (megatron-2021's pace) without SP, ZeRO 1-3 (1 with a pipeline), offload, "
+     "DeepSpeed's 1F1B pipeline (blocking sends, no interleaving), memory by the ZeRO paper"},
 };
 
 typedef struct {
@@ -279,6 +284,13 @@ static inline int lp_plan_model_is_gpt(const LPPlanModel* model) {
     return model->kv_heads == model->cfg.num_heads && model->ffn == 4 * model->cfg.channels && !model->swiglu;
 }
 
+// Whether a step drops out: where its software does (LPSoftware.dropout: Megatron-LM's GPT defaults, 0.1) on GPT-2's
+// blocks. Llama's blocks have no dropout (Llama 3's architecture, as Llama 2's; Megatron-LM's own Llama 3 recipe
+// sets both to 0: examples/llama/train_llama3_8b_h100_fp8.sh, --attention-dropout 0.0 --hidden-dropout 0.0).
+static inline int lp_plan_dropout(const LPPlanModel* model, const LPPlanMachine* mach) {
+    return mach->dropout && lp_plan_model_is_gpt(model);
+}
+
 // The weights of an average layer on a TP rank of t: the engine's (lp_param_sizes, biases and LayerNorms too) for its
 // blocks; else attention's C (C + 2 kv hs) + C^2, the MLP's (2 or 3) C F, over t, and two RMSNorms' C.
 static inline double lp_plan_layer_params(const LPPlanModel* model, int t) {
@@ -358,22 +370,24 @@ static inline double lp_plan_memory(const LPPlanModel* model, const LPPipeShape*
                       12.0 * (1.0 - offloaded) * shard + 2.0 * 2.0 * (layers ? layer : 0.0);
     }
     // a layer's bytes, in units of s b h: 10 that TP does not split (the two norms' inputs, the two blocks' inputs, the
-    // two dropout masks), and split by t: q, k and v (2 + 4 kv/a), attention's output (2), the MLP's (GELU's input and
-    // output, 4 F/h; SwiGLU's two up projections and their product, 6 F/h), materialised attention's scores,
-    // probabilities, mask and dropped probabilities (5 a s/h; flash keeps none): GPT's 10 + 24 + 5 a s/h
-    double S = s->T, b = s->B, h = c->channels, a = c->num_heads, sbh = S * b * h;
+    // two dropout masks: 8 without dropout), and split by t: q, k and v (2 + 4 kv/a), attention's output (2), the MLP's
+    // (GELU's input and output, 4 F/h; SwiGLU's two up projections and their product, 6 F/h), materialised attention's
+    // probabilities, mask and dropped probabilities (5 a s/h; 2 a s/h without dropout; flash keeps none): GPT's 10 + 24
+    // + 5 a s/h
+    int dropout = lp_plan_dropout(model, mach);
+    double S = s->T, b = s->B, h = c->channels, a = c->num_heads, sbh = S * b * h, whole = dropout ? 10.0 : 8.0;
     double split = 4.0 + 4.0 * model->kv_heads / a + (model->swiglu ? 6.0 : 4.0) * model->ffn / h;
-    double attention = s->attention == LP_ATTENTION_CUBLAS ? 5.0 * a * S / h : 0.0;
-    double full = par->sp ? sbh * (10.0 + split + attention) / t : sbh * (10.0 + split / t + attention / t);
+    double attention = s->attention == LP_ATTENTION_CUBLAS ? (dropout ? 5.0 : 2.0) * a * S / h : 0.0;
+    double full = par->sp ? sbh * (whole + split + attention) / t : sbh * (whole + split / t + attention / t);
     double kept = full;
-    if (par->recompute == LP_RECOMPUTE_SELECTIVE) kept = par->sp ? sbh * (10.0 + split) / t : sbh * (10.0 + split / t);
+    if (par->recompute == LP_RECOMPUTE_SELECTIVE) kept = par->sp ? sbh * (whole + split) / t : sbh * (whole + split / t);
     if (par->recompute == LP_RECOMPUTE_FULL) kept = 2.0 * sbh / (par->sp ? t : 1.0);
     // micro-batches in flight on the chunk's stage as Megatron-LM's schedules keep them (stage r of 1F1B: p - r; interleaved:
     // its warm-up's 2 (p - r - 1) + (v - 1) p chunks' forwards and one more), an even share of them the chunk's
     double p = par->pp, v = par->vpp, r = k % par->pp;
     double inflight = fmin((double)par->micro_batches * v, v > 1 ? 2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0 : p - r) / v;
     double activations = inflight * layers * kept + (par->recompute == LP_RECOMPUTE_FULL && layers ? full : 0.0);
-    if (k == 0) activations += inflight * sbh / (par->sp ? t : 1.0);
+    if (k == 0 && dropout) activations += inflight * sbh / (par->sp ? t : 1.0);  // (the embeddings' dropout mask)
     if (k == chunks - 1) activations += 4.0 * sbh / (par->sp ? t : 1.0) + 4.0 * S * b * c->padded_vocab_size / t;
     return states + activations;
 }
@@ -505,6 +519,7 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk;
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
     double Fl = (double)model->ffn / t;  // the MLP's hidden width on a TP rank
+    int dropout = lp_plan_dropout(model, mach);
     // an average layer's compute: attention's linear layers (q, and k and v of its kv heads), the MLP's (SwiGLU: two up
     // projections; a MoE layer's router and its E/ep experts, each taking K N ep / E rows on average)
     double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0, pf = 0.0, pb = 0.0;
@@ -529,12 +544,12 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
         double tk = mach->attention_tile_k;
         af = lp_gemm_seconds(g, T, T, hs, s->B * heads, tk) + lp_gemm_seconds(g, T, hs, T, s->B * heads, tk);
         ab = 2.0 * af;
-        af += (2.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
-        ab += (3.0 * X + mach->dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
+        af += (2.0 * X + dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
+        ab += (3.0 * X + dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
     }
     double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU
                                         // (F/t read and written; SwiGLU: 2 F/t read, F/t written)
-    double ew = X * (10.0 * rows * C + (model->swiglu ? 3.0 : 2.0) * N * Fl) / g->hbm_bw, masks = mach->dropout * 2.0 * rows * C / g->hbm_bw;
+    double ew = X * (10.0 * rows * C + (model->swiglu ? 3.0 : 2.0) * N * Fl) / g->hbm_bw, masks = dropout * 2.0 * rows * C / g->hbm_bw;
     f += af + ew + masks;  // (dropout's two masks written forward, read backward)
     b += ab + 2.0 * ew + masks;
     // full recomputation: the forward again, this engine's without the dense MLP's second projection
