@@ -5159,15 +5159,15 @@ static void test_plan_floor(void) {
         memset(&x, 0, sizeof(x));
         x.par = par, x.B = s.B;
         int layers[LP_MAX_CHUNKS];
-        double floor = lp_plan_memory_floor(&model, &s, &mach);
+        double least_bytes = lp_plan_memory_floor(&model, &s, &mach);
         if (lp_plan_one(&model, &s, &mach, &x, layers)) {
-            zero_where_refused &= floor == 0.0;
+            zero_where_refused &= least_bytes == 0.0;
             continue;
         }
         tried++;
-        below &= floor <= x.memory * (1.0 + 1e-12);
-        worst = fmax(worst, floor / x.memory);
-        if (par.pp > 1) pipelined++, close += floor >= 0.75 * x.memory;
+        below &= least_bytes <= x.memory * (1.0 + 1e-12);
+        worst = fmax(worst, least_bytes / x.memory);
+        if (par.pp > 1) pipelined++, close += least_bytes >= 0.75 * x.memory;
     }
     char what[300];
     snprintf(what, sizeof(what), "plan: the memory floor on %d random configurations that run: never above the partition's memory "

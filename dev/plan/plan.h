@@ -1021,9 +1021,9 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
         LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
-        double floor = lp_plan_memory_floor(model, &s, mach);
-        if (floor > mach->gpu_bytes * (1.0 + 1e-9)) {  // (it cannot fit: not partitioned, unless none fits; the margin: rounding)
-            x->estimated = x->floored = 1, x->memory = floor;
+        double least_bytes = lp_plan_memory_floor(model, &s, mach);
+        if (least_bytes > mach->gpu_bytes * (1.0 + 1e-9)) {  // (it cannot fit: not partitioned, unless none fits; the margin: rounding)
+            x->estimated = x->floored = 1, x->memory = least_bytes;
             continue;
         }
         if (lp_plan_one(model, &s, mach, x, layers)) x->B = 0;  // (it cannot run: dropped below)
