@@ -157,16 +157,32 @@ the divergence guard); README.md.
 #include <cblas.h>  // cblas_sgemm: the CPU build's matmuls when a BLAS was found (the plain loops otherwise)
 #endif
 typedef float floatX;  // the CPU build computes in fp32 throughout
+#define LP_FLOATX_NAME "fp32"
 #define LP_HD
 #define LP_BUILD_GPU 0  // which engine this build is (memory counts name the one they count: LPPipeShape.gpu)
 #else
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #ifdef LLMPAR_NCCL
 #include <nccl.h>
 #endif
-typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights and Adam state are fp32
+// params, grads and activations; master weights and Adam state are fp32. bf16 by default; fp16 where
+// LLMPAR_FP16 is defined (make train_gpt_fp16: GPUs and recipes without bf16; dynamic loss scaling,
+// LPLossScaler, keeps its gradients in range). A build-time choice, as llm.c's PRECISION: every kernel and
+// library call is typed through floatX, its cuBLASLt type LP_CUDA_FLOATX and its NCCL type LP_NCCL_FLOATX.
+#ifdef LLMPAR_FP16
+typedef __half floatX;
+#define LP_FLOATX_NAME "fp16"
+#define LP_CUDA_FLOATX CUDA_R_16F
+#define LP_NCCL_FLOATX ncclFloat16
+#else
+typedef __nv_bfloat16 floatX;
+#define LP_FLOATX_NAME "bf16"
+#define LP_CUDA_FLOATX CUDA_R_16BF
+#define LP_NCCL_FLOATX ncclBfloat16
+#endif
 #define LP_HD __host__ __device__
 #define LP_BUILD_GPU 1
 #ifdef LLMPAR_CUDNN
@@ -194,6 +210,7 @@ typedef struct LPDataLoader LPDataLoader;
 typedef struct LPDataOptions LPDataOptions;
 typedef struct LPEvalSet LPEvalSet;
 typedef struct LPGroup LPGroup;
+typedef struct LPLossScaler LPLossScaler;
 typedef struct LPLossWindow LPLossWindow;
 typedef struct LPModel LPModel;
 typedef struct LPModelOptions LPModelOptions;
@@ -322,6 +339,9 @@ float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp);
 // clip to opt->grad_clip given the norm, then AdamW at lr; returns whether all weights stay finite
 int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt);
 void lp_loss_window_add(LPLossWindow* w, float loss);  // add a step's loss to the window the spike check reads
+// after a step's norm (lp_step_grad_norm): 1 if its gradients overflowed (skip its update; the scale backs
+// off), else 0 (a clean step counts toward growth; a norm not finite at scale 1 is left to the divergence guard)
+int lp_loss_scaler_update(LPLossScaler* s, float norm);
 float lp_loss_window_mean(const LPLossWindow* w);  // the window's mean loss (0 until it is full)
 // linear warmup, then cosine (or linear) decay to lr * final_frac at max_steps
 float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine);
@@ -1470,7 +1490,7 @@ const char* lp_engine_name(void) {
 #endif
     snprintf(name, sizeof(name), "CPU, fp32, %s, %d OpenMP threads", matmuls, threads);
 #else
-    snprintf(name, sizeof(name), "CUDA, bf16 with fp32 master weights, %s", lp_device_prop.name);
+    snprintf(name, sizeof(name), "CUDA, " LP_FLOATX_NAME " with fp32 master weights, %s", lp_device_prop.name);
 #endif
     return name;
 }
@@ -7091,7 +7111,9 @@ typedef struct LPModel {
     // needs (and its input tokens); the scratch buffers are shared. act is the slot in use.
     int B, T;
     int cur_B, cur_T;   // shape of the last forward, which backward differentiates
-    float dloss;        // the last forward's loss scale (auxiliary losses are scaled by it too)
+    float dloss;        // the last forward's gradient seed: its loss's weight in the step times loss_scale (the
+                        // auxiliary losses' seeds are scaled by it too)
+    float loss_scale;   // dynamic loss scaling's multiplier of the gradients (LPLossScaler), 1 without; the stage's
     LPActivations act;
     int num_slots;
     LPActivations* slot_act;  // (num_slots)
@@ -7215,6 +7237,7 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     if (m->layer0 < 0 || m->L < 0 || m->layer0 + m->L > cfg->num_layers)
         lp_fail("internal: chunk layers [%d, %d) outside the model's %d", m->layer0, m->layer0 + m->L, cfg->num_layers);
     m->aux_weight = split->aux_weight;
+    m->loss_scale = 1.0f;
     m->moe = split->moe;
     if (m->moe.capacity < 0.0f || m->moe.aux_coef < 0.0f || m->moe.z_coef < 0.0f)
         lp_fail("a mixture of experts' capacity %g, balance loss %g and z-loss %g coefficients must be 0 or more", m->moe.capacity,
@@ -7813,7 +7836,7 @@ static inline void lp_moe_account(LPModel* m, const LPLayerActs* x, int N) {
     int E = m->cfg.moe_experts, K = m->cfg.moe_topk;
     float sums[LP_MAX_EXPERTS + 1];  // (lp_moe_dispatch_layer's, after the counts)
     memcpy(sums, x->counts + E, (size_t)(E + 1) * sizeof(float));
-    double balance = 0.0, busiest = 0.0, weight = (double)m->dloss * N;  // (a micro-batch's weight in the step: 1 / micro-batches)
+    double balance = 0.0, busiest = 0.0, weight = (double)m->dloss / m->loss_scale * N;  // (a micro-batch's weight in the step: 1 / micro-batches)
     for (int e = 0; e < E; e++) {
         double f = (double)x->counts[e] / ((double)N * K);
         balance += f * sums[e] / N;
@@ -7907,8 +7930,8 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
 }
 
 // Forward pass over (B,T) host tokens. With targets it also computes the loss, leaving dlogits =
-// dloss * (softmax - onehot) in place for the backward pass, and returns the mean loss.
-// dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss.
+// dloss * loss_scale * (softmax - onehot) in place for the backward pass, and returns the mean loss.
+// dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss (times m->loss_scale).
 // A pipeline chunk other than the first takes no tokens: its input, the residual stream after the chunk
 // before, is already in act.encoded; one other than the last takes no targets and leaves its output at
 // lp_model_output. With m->cache set (sampling) the T rows are positions [cache.pos, cache.pos + T) of the
@@ -7926,7 +7949,7 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
                 m->cache.T);
     m->cur_B = B;
     m->cur_T = T;
-    m->dloss = dloss;
+    m->dloss = dloss * m->loss_scale;
     int L = m->L, C = c->channels, Fl = lp_ffn_hidden(c) / t, V = c->vocab_size;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
     float eps = lp_norm_eps(c);
@@ -7984,7 +8007,7 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
     }
     if (!m->last) return 0.0f;
     lp_model_logits(m, a->logits, a->lnf, N);
-    return targets ? lp_model_classifier(m, a->logits, N, dloss) : 0.0f;
+    return targets ? lp_model_classifier(m, a->logits, N, m->dloss) : 0.0f;
 }
 
 // Rows of the residual stream this rank holds in the last forward's shape.
@@ -8418,7 +8441,9 @@ static inline void lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, flo
 }
 
 // The global norm (before clipping) of the n models' gradients once reduced (lp_zero_average), the same
-// on every rank: ms are a pipeline stage's chunks (one model: n = 1, pp NULL).
+// on every rank: ms are a pipeline stage's chunks (one model: n = 1, pp NULL). Of the gradients divided by
+// the loss scale (exactly: a power of two); an inf or NaN in any of them, on any rank, makes it not finite
+// on every rank (the overflow check of loss scaling: each rank's parts carry it into the sums over the grid).
 float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     int slots = LP_NUM_PARAMS * ms->cfg.num_layers;
     float* parts = (float*)calloc((size_t)2 * slots, sizeof(float));  // (a part is one rank's: the sum over pp is exact)
@@ -8435,14 +8460,16 @@ float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     double norm2 = 0.0;
     for (int j = 0; j < slots; j++) norm2 += parts[j];
     free(parts);
-    return sqrtf((float)norm2);
+    return sqrtf((float)norm2) / ms->loss_scale;
 }
 
-// Then clipping to opt->grad_clip given the norm, and AdamW. Returns whether every updated
+// Then clipping to opt->grad_clip given the norm, and AdamW, the gradients divided by the loss scale in the
+// same factor. Returns whether every updated
 // weight is finite on every rank: the sum of squares of the updated shards, which overflows only for a
 // weight beyond ~1e19, so a diverged step is seen before the next forward or any checkpoint.
 int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt) {
-    float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f, w2 = 0.0f;
+    float clip = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f, w2 = 0.0f;
+    float scale = clip / ms->loss_scale;
     for (int k = 0; k < n; k++) {
         LPModel* m = &ms[k];
         lp_model_adamw(m, lr, scale, opt);
@@ -8558,6 +8585,43 @@ float lp_loss_window_mean(const LPLossWindow* w) {
     double s = 0.0;
     for (int k = 0; k < LP_SPIKE_WINDOW; k++) s += w->loss[k];
     return (float)(s / LP_SPIKE_WINDOW);
+}
+#endif  // LLMPAR_IMPLEMENTATION
+
+// Dynamic loss scaling, for fp16 (make train_gpt_fp16), whose gradients flush to 0 below 6e-8 and overflow
+// above 65504. Backward starts from the loss's gradient times `scale` (lp_step_forward_backward: the seed
+// of dlogits and of the auxiliary losses'), so small gradients stay representable; the norm is taken of
+// them divided by it, and AdamW takes them divided by it within the clipping factor (no pass of its own).
+// An inf or NaN in any gradient makes the global norm not finite on every rank (lp_step_grad_norm): that
+// step overflowed, its update is skipped and the scale multiplied by `backoff`; after `window` clean steps
+// in a row it is multiplied by `growth`. The scale stays within [1, 2^24]: an overflow at 1 is no scaling
+// problem but a divergence (the driver's guard takes it), and at 2^24 a gradient of 2^-8 already overflows
+// fp16 (the cap keeps the fp32 CPU engine's scale finite). The CPU engine runs the same logic in fp32, where
+// scaling by powers of two changes no bit of a run that never overflows.
+#define LP_LOSS_SCALE_MAX 16777216.0f
+typedef struct LPLossScaler {
+    float scale;            // the loss's gradient is multiplied by this; 0: no loss scaling
+    float backoff, growth;  // the scale's factor after an overflow (< 1), and after `window` clean steps (>= 1)
+    int window;
+    int clean;    // clean steps since the last overflow or growth
+    int skipped;  // steps skipped for an overflow (in the run so far, resumes included)
+} LPLossScaler;
+
+#ifdef LLMPAR_IMPLEMENTATION
+int lp_loss_scaler_update(LPLossScaler* s, float norm) {
+    if (s->scale == 0.0f) return 0;
+    if (!isfinite(norm)) {
+        if (s->scale <= 1.0f) return 0;  // (the divergence guard's)
+        s->scale = fmaxf(s->scale * s->backoff, 1.0f);
+        s->clean = 0;
+        s->skipped++;
+        return 1;
+    }
+    if (++s->clean >= s->window) {
+        s->scale = fminf(s->scale * s->growth, LP_LOSS_SCALE_MAX);
+        s->clean = 0;
+    }
+    return 0;
 }
 
 // Linear warmup over `warmup` steps, then cosine (or linear) decay from lr to lr * final_frac at max_steps.
@@ -8875,6 +8939,7 @@ typedef struct LPStage {
     int* tokens;            // (m, 2, B, T) the step's inputs and targets
     LPSends sends;          // MPI sends in flight
     int inner;              // DiLoCo (par->diloco): inner steps taken in the round under way (0: none since an outer step)
+    float loss_scale;       // the next step's loss scale (LPLossScaler.scale; 1, lp_stage_create's: none)
 #ifdef LLMPAR_NCCL
     // NCCL point-to-point, when the pipeline group runs on NCCL: a two-rank communicator per link between
     // neighbouring stages and direction, so each is used from one stream only. link[0] carries
@@ -8920,6 +8985,7 @@ void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* bas
     st->chunk_s = (double*)calloc((size_t)2 * v, sizeof(double));
     st->chunk_sum = (double*)calloc((size_t)2 * v, sizeof(double));
     lp_schedule_stage(par->schedule, p, v, m, st->s, st->actions);
+    st->loss_scale = 1.0f;
     st->chunks = (LPModel*)lp_host_malloc((size_t)v * sizeof(LPModel), "model chunks");
     for (int c = 0; c < v; c++) {
         LPModelOptions chunk = *base;
@@ -9204,7 +9270,7 @@ void lp_stage_free(LPStage* st) {
 
 #ifdef LLMPAR_IMPLEMENTATION
 // The step's forwards and backwards of m micro-batches from `train`, in the schedule's order; gradients
-// accumulate in the chunks. Every stage reads the micro-batches (the first needs the inputs, the last the
+// accumulate in the chunks, times st->loss_scale. Every stage reads the micro-batches (the first needs the inputs, the last the
 // targets, and all keep the loader's place). Returns the step's mean loss over the whole batch (summed over
 // the pipeline and averaged over DP), on every rank; the auxiliary losses' means in st->aux_loss likewise.
 float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
@@ -9221,7 +9287,10 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
         memcpy(st->tokens + 2 * i * BT, train->inputs, BT * sizeof(int));
         memcpy(st->tokens + (2 * i + 1) * BT, train->targets, BT * sizeof(int));
     }
-    for (int c = 0; c < v; c++) lp_model_zero_grad(&st->chunks[c]);
+    for (int c = 0; c < v; c++) {
+        lp_model_zero_grad(&st->chunks[c]);
+        st->chunks[c].loss_scale = st->loss_scale;
+    }
     for (int k = 0; k < v * m; k++) st->slot_owner[k] = -1;
     int done[LP_MAX_CHUNKS] = {0};  // backwards run per chunk
     float loss = 0.0f;
@@ -9291,10 +9360,19 @@ void lp_step_reduce_grads(LPStage* st) {
     lp_trace_end(phase);
 }
 
-// The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
+// The global norm of the reduced gradients (before clipping, the loss scale divided out), taken over the
+// whole grid, the same on every rank. Replicas that train apart (DiLoCo, gossip) sum no gradients, so each
+// has its own norm; there one all-reduce of the replicas' flags makes a norm that is not finite (an overflow,
+// a divergence) every replica's, and all skip or stop alike.
 float lp_step_grad_norm(LPStage* st) {
     int phase = lp_trace_begin("step", "gradient norm", -1, -1);
     float norm = lp_models_grad_norm(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL);
+    const LPGroup* replicas = st->chunks[0].zero.replicas;
+    if (replicas) {
+        float bad = !isfinite(norm);
+        lp_all_reduce_host(replicas, &bad, 1, 0);
+        if (bad > 0.0f) norm = NAN;
+    }
     lp_trace_end(phase);
     return norm;
 }
@@ -9619,10 +9697,12 @@ static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* siz
 // file's layout); a DiLoCo run's (par->diloco), whose R replicas each keep their own AdamW state, is version 2:
 // header [20241122, 2, adam step, n low, n high, R] then replica 0's m and v, replica 1's, ..., and the outer
 // momentum (its outer weights are model.bin's: it saves only between rounds, its replicas equal); a reader of
-// version 1 alone refuses it, naming the version. state.bin: header [20241123, 1, step, shard, pos (2), rng (3),
-// B, T, tokens per step, run id, epoch, shuffle, data seed (3), identity bytes], then that many bytes of the
-// run's identity (text, the driver's: the flags that shape its trajectory, lp_checkpoint_identity);
-// checkpoints from before the epoch field read as epoch 0 in file order, from before the identity as having none.
+// version 1 alone refuses it, naming the version. state.bin: header [20241123, 2, step, shard, pos (2), rng (3),
+// B, T, tokens per step, run id, epoch, shuffle, data seed (3), identity bytes, loss scale (the float's bits),
+// clean steps, skipped steps], then that many bytes of the run's identity (text, the driver's: the flags that
+// shape its trajectory, lp_checkpoint_identity); version 1, before loss scaling, is read as a run without it
+// (scale 0); checkpoints from before the epoch field read as epoch 0 in file order, from before the identity as
+// having none.
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123
@@ -9638,6 +9718,8 @@ typedef struct LPTrainState {
     int B, T, total_batch;
     int run_id;          // the run's name: random, drawn by its first launch and kept by every resume
     const char* identity;// what makes the run this run (text; NULL: none), saved for a resume to compare; load leaves it
+    LPLossScaler scaler; // dynamic loss scaling (scale 0: none): its scale, clean and skipped steps are saved and
+                         // loaded, its factors and window are the run's (load leaves them)
 } LPTrainState;
 
 #ifdef LLMPAR_IMPLEMENTATION
@@ -9787,7 +9869,7 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_STATE_MAGIC;
-        h[1] = 1;
+        h[1] = 2;
         h[2] = st->step;
         h[3] = st->shard;
         h[4] = (int)(st->pos & 0x7fffffff);
@@ -9805,6 +9887,9 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         h[16] = (int)((st->data_seed >> 31) & 0x7fffffff);
         h[17] = (int)(st->data_seed >> 62);
         h[18] = st->identity ? (int)strlen(st->identity) : 0;
+        memcpy(&h[19], &st->scaler.scale, sizeof(float));
+        h[20] = st->scaler.clean;
+        h[21] = st->scaler.skipped;
         if (!err && (err = lp_write_file(state_path, h, st->identity, (size_t)h[18]))) failed = state_path;
         lp_crash_point();
     }
@@ -9958,6 +10043,8 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
         int* h = headers[i];
         size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
         int replicas = h[1] == 2 ? h[5] : 1;  // optim.bin's AdamW states (version 2: DiLoCo's replicas, and its momentum)
+        float scale = 0.0f;  // state.bin's loss scale (version 2): 0, or 1 .. 2^24
+        if (i == 2 && h[1] == 2) memcpy(&scale, &h[19], sizeof(float));
         if (i == 1) sizes[1] = LP_HEADER_INTS * 4LL + (8LL * replicas + 4LL * (replicas > 1)) * (long long)n;
         if (i == 0 && memcmp(h, want, sizeof(want)) != 0)
             snprintf(why, size, "%s: checkpoint model shape differs from the model being trained", path);
@@ -9965,8 +10052,10 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
             snprintf(why, size, "%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
         else if (i == 1 && fn != n)
             snprintf(why, size, "%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
-        else if (i == 2 && (h[0] != LP_STATE_MAGIC || h[1] != 1 || h[18] < 0 || h[18] > LP_IDENTITY_MAX))
+        else if (i == 2 && (h[0] != LP_STATE_MAGIC || (h[1] != 1 && h[1] != 2) || h[18] < 0 || h[18] > LP_IDENTITY_MAX))
             snprintf(why, size, "%s: not an llmpar state file (magic %d version %d)", path, h[0], h[1]);
+        else if (i == 2 && (!(scale == 0.0f || (scale >= 1.0f && scale <= LP_LOSS_SCALE_MAX)) || h[20] < 0 || h[21] < 0))
+            snprintf(why, size, "%s: its loss scale %g (clean steps %d, skipped %d) is outside 0 and 1 .. 2^24", path, scale, h[20], h[21]);
         else if ((long long)sb.st_size != sizes[i] + (i == 2 ? h[18] : 0))
             snprintf(why, size, "%s: file is truncated or too long (%lld bytes, expected %lld)", path, (long long)sb.st_size,
                      sizes[i] + (i == 2 ? h[18] : 0));
@@ -10149,6 +10238,13 @@ void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char*
     st->epoch = state_h[13];
     st->shuffle = state_h[14];
     st->data_seed = (uint64_t)(unsigned)state_h[15] | ((uint64_t)(unsigned)state_h[16] << 31) | ((uint64_t)(unsigned)state_h[17] << 62);
+    st->scaler.scale = 0.0f;  // (version 1: no loss scaling)
+    st->scaler.clean = st->scaler.skipped = 0;
+    if (state_h[1] >= 2) {
+        memcpy(&st->scaler.scale, &state_h[19], sizeof(float));
+        st->scaler.clean = state_h[20];
+        st->scaler.skipped = state_h[21];
+    }
 }
 #endif  // LLMPAR_IMPLEMENTATION
 

@@ -965,6 +965,32 @@ static void test_lr_schedule(void) {
     expect(fabsf(lp_lr_schedule(55, 100, 10, 1.0f, 0.1f, 0) - 0.55f) < 1e-6f, "linear midpoint");
 }
 
+// Dynamic loss scaling's rule (lp_loss_scaler_update): a norm that is not finite skips the step and backs the
+// scale off, down to 1, where an overflow is the divergence guard's; `window` clean steps in a row grow it, up
+// to 2^24; off (scale 0) it never skips.
+static void test_loss_scaler(void) {
+    LPLossScaler s = {.scale = 65536.0f, .backoff = 0.5f, .growth = 2.0f, .window = 3};
+    int skips = lp_loss_scaler_update(&s, 1.0f) + lp_loss_scaler_update(&s, 2.0f);
+    expect(skips == 0 && s.scale == 65536.0f && s.clean == 2, "loss scaler: 2 clean steps of a window of 3 leave the scale");
+    skips += lp_loss_scaler_update(&s, INFINITY);
+    expect(skips == 1 && s.scale == 32768.0f && s.clean == 0 && s.skipped == 1,
+           "loss scaler: an infinite norm skips the step, halves the scale and starts the clean steps again");
+    skips += lp_loss_scaler_update(&s, NAN);
+    expect(skips == 2 && s.scale == 16384.0f && s.skipped == 2, "loss scaler: a NaN norm too");
+    for (int k = 0; k < 3; k++) skips += lp_loss_scaler_update(&s, 0.5f);
+    expect(skips == 2 && s.scale == 32768.0f && s.clean == 0, "loss scaler: 3 clean steps in a row (the window) double it");
+    s.scale = 1.5f;
+    expect(lp_loss_scaler_update(&s, INFINITY) == 1 && s.scale == 1.0f && s.skipped == 3, "loss scaler: backs off to 1 at the least");
+    expect(lp_loss_scaler_update(&s, INFINITY) == 0 && s.scale == 1.0f && s.skipped == 3,
+           "loss scaler: an overflow at scale 1 is not skipped (a divergence: the guard's)");
+    s.scale = LP_LOSS_SCALE_MAX;
+    s.clean = 2;
+    expect(lp_loss_scaler_update(&s, 1.0f) == 0 && s.scale == LP_LOSS_SCALE_MAX, "loss scaler: grows to 2^24 at most");
+    LPLossScaler off = {.scale = 0.0f, .backoff = 0.5f, .growth = 2.0f, .window = 1};
+    expect(lp_loss_scaler_update(&off, INFINITY) == 0 && lp_loss_scaler_update(&off, 1.0f) == 0 && off.scale == 0.0f && off.skipped == 0,
+           "loss scaler off (scale 0): never skips or grows");
+}
+
 static void test_checkpoint_roundtrip(void) {
     LPConfig c = tiny_config();
     LPModel a, b;
@@ -979,7 +1005,8 @@ static void test_checkpoint_roundtrip(void) {
     LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     expect(lp_models_adamw(&a, 1, NULL, 1e-3f, lp_models_grad_norm(&a, 1, NULL), &opt), "an update from a real gradient keeps the weights finite");
     LPTrainState st = {.step = 7, .epoch = 3, .shard = 1, .pos = 12345, .shuffle = 1, .data_seed = 0xFEEDFACE12345678ull,
-                       .rng = 0xDEADBEEFCAFEF00Dull, .B = 2, .T = 16, .total_batch = 64, .run_id = 0x5EED1234}, st2;
+                       .rng = 0xDEADBEEFCAFEF00Dull, .B = 2, .T = 16, .total_batch = 64, .run_id = 0x5EED1234,
+                       .scaler = {.scale = 2048.0f, .backoff = 0.5f, .growth = 2.0f, .window = 100, .clean = 37, .skipped = 3}}, st2;
     mkdir(tmp_path("ck"), 0755);
     lp_checkpoint_save(&a, 1, &st, tmp_path("ck"), &single.world_group);
     mkdir(tmp_path("ck/step_00000009.tmp"), 0755);  // an interrupted later save must be ignored
@@ -1003,6 +1030,8 @@ static void test_checkpoint_roundtrip(void) {
     expect(st2.step == 7 && st2.epoch == 3 && st2.shard == 1 && st2.pos == 12345 && st2.shuffle == 1 &&
                st2.data_seed == st.data_seed && st2.rng == st.rng && st2.B == 2 && st2.T == 16 && st2.total_batch == 64 &&
                st2.run_id == 0x5EED1234, "checkpoint restores the training state (data order and place) and the run id");
+    expect(st2.scaler.scale == 2048.0f && st2.scaler.clean == 37 && st2.scaler.skipped == 3,
+           "checkpoint restores loss scaling's scale, clean steps and skipped steps (state.bin version 2)");
     free(x);
     free(y);
     lp_model_free(&a);
@@ -1430,6 +1459,17 @@ static void test_bad_input(void) {
     BAD("bad input: -n without -o", "flag -n: checkpoints need -o DIR to go in", "-n 1");
     BAD("bad input: --ckpt-minutes without -o", "flag --ckpt-minutes: checkpoints need -o DIR to go in", "--ckpt-minutes 30");
     BAD("bad input: bad --on-divergence", "flag --on-divergence: must be stop, skip or rollback, got 'retry'", "--on-divergence retry");
+    const char* other = strcmp(LP_FLOATX_NAME, "bf16") ? "bf16" : "fp32";
+    char needle[160];
+    snprintf(needle, sizeof(needle), "flag --dtype %s: this engine computes in %s, a choice made when it is built", other, LP_FLOATX_NAME);
+    BAD("bad input: --dtype other than the build's", needle, "--dtype %s", other);
+    BAD("bad input: --dtype unknown", "flag --dtype: must be fp32, bf16 or fp16, got 'fp8'", "--dtype fp8");
+    BAD("bad input: --loss-scale below 1", "flag --loss-scale: must be 0 (off) or 1 .. 2^24, got 0.5", "--loss-scale 0.5");
+    BAD("bad input: --loss-scale-backoff 1", "flag --loss-scale-backoff: must be > 0 and < 1, got 1", "--loss-scale 8 --loss-scale-backoff 1");
+    BAD("bad input: --loss-scale-growth below 1", "flag --loss-scale-growth: must be 1 .. 2^24, got 0.5", "--loss-scale 8 --loss-scale-growth 0.5");
+    BAD("bad input: --loss-scale-window 0", "flag --loss-scale-window: must be >= 1, got 0", "--loss-scale 8 --loss-scale-window 0");
+    BAD("bad input: --loss-scale-window without scaling", "flags --loss-scale-backoff --loss-scale-growth --loss-scale-window: only with "
+        "--loss-scale S (loss scaling is off)", "--loss-scale 0 --loss-scale-window 5");
     BAD("bad input: rollback without -o", "flag --on-divergence rollback: needs -o DIR", "--on-divergence rollback");
     BAD("bad input: --offload nvme without a directory", "flag --offload nvme: needs --offload-dir DIR", "--offload nvme");
     BAD("bad input: unknown --offload", "flag --offload: must be none, nvme, optimizer or params, got 'disk'", "--offload disk");
@@ -3794,6 +3834,147 @@ static void test_divergence_guard(void) {
            "--on-divergence skip: an update that made the weights non-finite stops the run, saying why");
 }
 
+// The step lines' losses and norms, in order; returns how many were found.
+static int parse_norms(const char* out, float* losses, float* norms, int max) {
+    int n = 0;
+    for (const char* s = strstr(out, "step "); s && n < max; s = strstr(s + 1, "step ")) {
+        int a, b;
+        float lr;
+        if (sscanf(s, "step %d/%d | loss %f | lr %f | norm %f", &a, &b, &losses[n], &lr, &norms[n]) == 5) n++;
+    }
+    return n;
+}
+
+// The gradient norm is loss scaling's overflow check: one inf or one NaN among a model's gradients makes it
+// not finite. The scale divides out exactly: gradients seeded 2^16 times larger give the same norm and the
+// same update, bit for bit (fp32).
+static void test_loss_scaling_norm(void) {
+    LPConfig c = tiny_config();
+    LPModel m[2];
+    int in[32], tg[32];
+    for (int i = 0; i < 32; i++) { in[i] = (i * 5) % 97; tg[i] = (i * 11 + 3) % 97; }
+    LPAdamW opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    float norm[2];
+    for (int k = 0; k < 2; k++) {
+        lp_model_create(&m[k], &c, NULL);
+        lp_model_init_random(&m[k], 5);
+        m[k].loss_scale = k ? 65536.0f : 1.0f;
+        lp_model_zero_grad(&m[k]);
+        lp_model_forward(&m[k], in, tg, 2, 16, 1.0f / 32);
+        lp_model_backward(&m[k], 1);
+        norm[k] = lp_models_grad_norm(&m[k], 1, NULL);
+        lp_models_adamw(&m[k], 1, NULL, 1e-2f, norm[k], &opt);
+    }
+    size_t n = m[0].zero.num_params;
+    float *w0 = (float*)lp_host_malloc(n * 4, "test"), *w1 = (float*)lp_host_malloc(n * 4, "test");
+    read_master(&m[0], w0);
+    read_master(&m[1], w1);
+    expect(norm[0] > 0.0f && norm[0] == norm[1] && memcmp(w0, w1, n * 4) == 0,
+           "loss scale 2^16: the norm and the updated weights of scale 1, bit for bit (fp32)");
+    float* g = m[0].zero.g[LP_QKVW] + 100;
+    float keep = *g;
+    *g = INFINITY;
+    float inf_norm = lp_models_grad_norm(&m[0], 1, NULL);
+    *g = NAN;
+    float nan_norm = lp_models_grad_norm(&m[0], 1, NULL);
+    *g = keep;
+    expect(isinf(inf_norm) && isnan(nan_norm) && isfinite(lp_models_grad_norm(&m[0], 1, NULL)),
+           "one inf among the gradients makes the norm inf, one NaN makes it NaN (the overflow check)");
+    free(w0);
+    free(w1);
+    lp_model_free(&m[0]);
+    lp_model_free(&m[1]);
+}
+
+// Dynamic loss scaling on the CPU engine (fp32: the scaler's logic as the fp16 build runs it), through the
+// engine with its test hook (LLMPAR_OVERFLOW_AT=k: the gradients of step k overflow):
+//   - scaling by powers of two changes no bit of a run that never overflows;
+//   - an overflow at step 2 skips that update (its checkpoint is step 1's, byte for byte) and halves the scale,
+//     the step line and main.log say so, and the steps after equal the divergence guard's skip of step 2 (the
+//     batch dropped either way); the scale grows again after --loss-scale-window clean steps;
+//   - a resume goes on with the checkpoint's scale and clean steps, as the run it continues; a checkpoint of
+//     state.bin version 1 (no loss scaling) resumes from this run's first scale;
+//   - kept apart from the guard: an overflow at scale 1, and a loss that is not finite, are the guard's.
+static void test_loss_scaling(void) {
+    static char out[1 << 16], ref[1 << 16];
+    write_random_shard(tmp_path("ls.bin"), 2000, 17);
+    char base[1024], p1[LP_PATH_MAX], p2[LP_PATH_MAX];
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -v 0 -s 0 -u 2 -q 1 -l 1e-2", tmp_path("ls.bin"));
+    float a[64], b[64], na[64], nb[64];
+    int rc = run_cmd(out, sizeof(out), "%s %s -x 4 -o %s", TRAIN_BIN, base, tmp_path("ls_off"));
+    int rc2 = run_cmd(ref, sizeof(ref), "%s %s -x 4 --loss-scale 65536 --loss-scale-window 2 -o %s", TRAIN_BIN, base, tmp_path("ls_on"));
+    int n = parse_norms(out, a, na, 64), m = parse_norms(ref, b, nb, 64);
+    lp_path(p1, "%s/step_00000004/model.bin", tmp_path("ls_off"));
+    lp_path(p2, "%s/step_00000004/model.bin", tmp_path("ls_on"));
+    expect(rc == 0 && rc2 == 0 && n == 4 && m == 4 && memcmp(a, b, sizeof(float) * 4) == 0 && memcmp(na, nb, sizeof(float) * 4) == 0 &&
+               same_file(p1, p2) && strstr(ref, "| loss scale 65536, 0 skipped |") && strstr(ref, "| loss scale 131072, 0 skipped |"),
+           "--loss-scale 65536 (fp32, growing to 2^17 after 2 steps): the losses, norms and final weights of no scaling, bit for bit");
+
+    const char* hooked = "LLMPAR_OVERFLOW_AT=2 " HOOKS_BIN;
+    rc = run_cmd(out, sizeof(out), "%s %s -x 6 -n 1 --loss-scale 1024 --loss-scale-window 2 -o %s", hooked, base, tmp_path("ls_over"));
+    n = parse_losses(out, a, 64);
+    expect(rc == 0 && n == 6 && strstr(out, "| overflow: update skipped, loss scale 1024 -> 512, 1 skipped |") &&
+               strstr(out, "step 3/6 | loss ") && strstr(strstr(out, "step 3/6 | loss "), "| loss scale 512, 1 skipped |") &&
+               strstr(strstr(out, "step 5/6 | loss "), "| loss scale 1024, 1 skipped |") &&
+               strstr(out, "loss scale 2048 at the end; 1 step(s) skipped for an overflow of their gradients"),
+           "loss scaling: an overflow at step 2 is reported on its step line, the scale halved (1024 -> 512), then doubled after "
+           "2 clean steps (steps 3-4), twice");
+    int same = 1;
+    for (int k = 0; k < 2; k++) {
+        const char* file = k ? "optim.bin" : "model.bin";
+        lp_path(p1, "%s/step_00000001/%s", tmp_path("ls_over"), file);
+        lp_path(p2, "%s/step_00000002/%s", tmp_path("ls_over"), file);
+        same &= same_file(p1, p2);
+    }
+    expect(same, "loss scaling: the overflowed step's checkpoint holds step 1's weights and AdamW state, byte for byte");
+    lp_path(p1, "%s/main.log", tmp_path("ls_over"));
+    rc2 = run_cmd(ref, sizeof(ref), "grep -c skip %s; grep 's:2 ' %s", p1, p1);
+    expect(rc2 == 0 && strncmp(ref, "1\ns:2 trl:", 10) == 0 && strstr(ref, "\ns:2 skip:1\n"), "loss scaling: main.log counts the skipped step (s:2 skip:1)");
+    rc = run_cmd(ref, sizeof(ref), "LLMPAR_LOSS_AT=2:nan %s %s -x 6 --on-divergence skip -o %s", HOOKS_BIN, base, tmp_path("ls_guard"));
+    m = parse_losses(ref, b, 64);
+    float after[5] = {a[0], a[2], a[3], a[4], a[5]};
+    lp_path(p1, "%s/step_00000006/model.bin", tmp_path("ls_over"));
+    lp_path(p2, "%s/step_00000006/model.bin", tmp_path("ls_guard"));
+    expect(rc == 0 && m == 5 && memcmp(after, b, sizeof(after)) == 0 && same_file(p1, p2),
+           "loss scaling's skip of step 2: the losses and final weights of the divergence guard's skip of step 2, exactly");
+
+    // resume from step 3 (scale 512, one clean step, one skipped): steps 4-6 as the run had them
+    rc = run_cmd(ref, sizeof(ref), "mkdir -p %s && cp -r %s/step_00000003 %s/", tmp_path("ls_res"), tmp_path("ls_over"), tmp_path("ls_res"));
+    rc |= run_cmd(ref, sizeof(ref), "%s %s -x 6 --loss-scale 1024 --loss-scale-window 2 --resume -o %s", TRAIN_BIN, base, tmp_path("ls_res"));
+    m = parse_losses(ref, b, 64);
+    lp_path(p2, "%s/step_00000006/model.bin", tmp_path("ls_res"));
+    expect(rc == 0 && m == 3 && memcmp(a + 3, b, 3 * sizeof(float)) == 0 && same_file(p1, p2) &&
+               strstr(ref, "/step_00000003 (run ") && strstr(ref, "), loss scale 512, 1 step(s) skipped so far\n") &&
+               strstr(strstr(ref, "step 5/6 | loss "), "| loss scale 1024, 1 skipped |"),
+           "--resume from step 3 keeps the loss scale (512), its clean steps and the skipped count: steps 4-6 and the final "
+           "weights of the run never stopped, exactly");
+    // state.bin version 1 (an llmpar from before loss scaling: no manifest, as checkpoints from before manifests)
+    rc = run_cmd(ref, sizeof(ref), "mkdir -p %s && cp -r %s/step_00000003 %s/ && rm %s/step_00000003/manifest.txt", tmp_path("ls_v1"),
+                 tmp_path("ls_over"), tmp_path("ls_v1"), tmp_path("ls_v1"));
+    lp_path(p1, "%s/step_00000003/state.bin", tmp_path("ls_v1"));
+    FILE* f = lp_fopen(p1, "r+b");
+    int h[LP_HEADER_INTS];
+    expect(fread(h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS && h[1] == 2, "state.bin is version 2 (loss scaling's state)");
+    h[1] = 1;
+    h[19] = h[20] = h[21] = 0;
+    fseek(f, 0, SEEK_SET);
+    fwrite(h, sizeof(int), LP_HEADER_INTS, f);
+    fclose(f);
+    rc |= run_cmd(ref, sizeof(ref), "%s %s -x 4 --loss-scale 4096 --resume -o %s", TRAIN_BIN, base, tmp_path("ls_v1"));
+    expect(rc == 0 && strstr(ref, "), loss scale 4096, 0 step(s) skipped so far\n") && strstr(ref, "step 4/4 | loss "),
+           "a checkpoint of state.bin version 1 (before loss scaling) resumes, from this run's first scale");
+
+    // kept apart from the divergence guard
+    rc = run_cmd(out, sizeof(out), "%s %s -x 3 --loss-scale 1", hooked, base);
+    expect(rc > 0 && strstr(out, "llmpar: error: step 2: loss ") && strstr(out, "is not finite: the run diverged and stops") &&
+               !strstr(out, "| overflow:"),
+           "loss scaling: an overflow at scale 1 is a divergence, --on-divergence's (stop)");
+    rc = run_cmd(out, sizeof(out), "LLMPAR_LOSS_AT=2:nan %s %s -x 3 --loss-scale 1024 --on-divergence skip", HOOKS_BIN, base);
+    expect(rc == 0 && strstr(out, "step 2/3 | skipped, its batch and update dropped: loss nan") && !strstr(out, "| overflow:") &&
+               strstr(out, "loss scale 1024 at the end; 0 step(s) skipped"),
+           "loss scaling: a loss that is not finite is the guard's (skipped by it; the scale and the count untouched)");
+}
+
 // The supervisor, scripts/train_resilient.sh, on runs that crash in their saves (LLMPAR_CRASH_AT=15: every
 // launch dies in its second save, after one new checkpoint): it relaunches with --resume until the run
 // ends, with the uninterrupted run's weights; it gives up after -r restarts, and when a launch brings no
@@ -4546,6 +4727,76 @@ static void test_divergence_grids(void) {
         free(wref);
     }
     unsetenv("LLMPAR_LOSS_AT");
+    train_bin = TRAIN_BIN;
+}
+
+// Loss scaling on grids: gradients that overflow on one rank at step 2 make every rank skip that step. t2 p2 d2
+// (the overflow on rank 5: the last stage, TP rank 1, replica 0) and ZeRO-2 on d2 (on rank 1) against one rank
+// whose step 2 overflowed: the same step lines (the overflow on step 2), the losses to 1e-5 relative and the
+// final weights within AdamW's bounds. DiLoCo's replicas sum no gradients, so their overflow flags are
+// all-reduced: an overflow on rank 1 alone skips step 2 on both, the run of the guard's skip of step 2 exactly.
+static void test_loss_scaling_grids(void) {
+    static char out[1 << 18], ref_out[1 << 18];
+    if (no_mpirun("tier 3 loss scaling")) return;
+    char base[1024];
+    snprintf(base, sizeof(base), "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -x 5 -l 1e-2 -u 0 -v 0 -s 0 --loss-scale 1024 "
+             "--loss-scale-window 2", tmp_path("dp_shard.bin"));
+    const char* grids[][3] = {  // ranks, the rank that overflows, flags
+        {"8", "5", "-b 4 --tp 2 --pp 2 -d 256"},
+        {"2", "1", "-b 4 --zero 2 -d 256"},
+    };
+    char args[2048], name[256];
+    float ref[64], got[64];
+    size_t nw = 0, nw2 = 0;
+    train_bin = HOOKS_BIN;
+    setenv("LLMPAR_OVERFLOW_AT", "2", 1);
+    snprintf(args, sizeof(args), "%s -b 8 -d 256", base);
+    int nref = run_ranks(1, args, tmp_path("ls_grid_ref"), ref, ref_out, sizeof(ref_out));
+    float* wref = run_weights(tmp_path("ls_grid_ref"), 5, &nw);
+    const char* skipped = "| overflow: update skipped, loss scale 1024 -> 512, 1 skipped |";
+    expect(nref == 5 && wref && strstr(strstr(ref_out, "step 2/5"), skipped), "loss scaling, 1 rank: step 2 overflows and is skipped");
+    for (int k = 0; k < 2; k++) {
+        char at[16], dir[LP_PATH_MAX];
+        snprintf(at, sizeof(at), "2:%s", grids[k][1]);
+        setenv("LLMPAR_OVERFLOW_AT", at, 1);
+        snprintf(args, sizeof(args), "%s %s", base, grids[k][2]);
+        snprintf(name, sizeof(name), "ls_grid_%d", k);
+        lp_path(dir, "%s", tmp_path(name));
+        int n = run_ranks(atoi(grids[k][0]), args, dir, got, out, sizeof(out));
+        float* w = run_weights(dir, 5, &nw2);
+        const char* line = strstr(out, "step 2/5");
+        snprintf(name, sizeof(name), "loss scaling, %s ranks %s, an overflow on rank %s at step 2: every rank skips it (its step line "
+                 "says so), 5 steps", grids[k][0], grids[k][2], grids[k][1]);
+        expect(n == 5 && w && line && strstr(line, skipped) && strstr(out, "loss scale 1024 at the end; 1 step(s) skipped"), name);
+        if (n == 5 && nref == 5 && w && wref && nw == nw2) {
+            snprintf(name, sizeof(name), "loss scaling, %s ranks %s: losses equal 1 rank's (1e-5 relative)", grids[k][0], grids[k][2]);
+            expect_close(name, got, ref, 5, 0.0f, 1e-5f);
+            snprintf(name, sizeof(name), "loss scaling, %s ranks %s: final weights within AdamW's bounds of 1 rank's", grids[k][0],
+                     grids[k][2]);
+            expect_weights_within_adamw(name, NULL, w, wref, nw, 1e-2f, 4);
+        } else {
+            printf("%s\n", out);
+        }
+        free(w);
+    }
+    free(wref);
+    // DiLoCo, d = 2: the overflow on rank 1's replica alone
+    setenv("LLMPAR_OVERFLOW_AT", "2:1", 1);
+    snprintf(args, sizeof(args), "%s -b 4 --diloco 2", base);
+    int n = run_ranks(2, args, tmp_path("ls_diloco"), got, out, sizeof(out));
+    unsetenv("LLMPAR_OVERFLOW_AT");
+    setenv("LLMPAR_LOSS_AT", "2:nan", 1);
+    snprintf(args, sizeof(args), "%s -b 4 --diloco 2 --on-divergence skip", base);
+    nref = run_ranks(2, args, tmp_path("ls_diloco_guard"), ref, ref_out, sizeof(ref_out));
+    unsetenv("LLMPAR_LOSS_AT");
+    char p1[LP_PATH_MAX], p2[LP_PATH_MAX];
+    lp_path(p1, "%s/step_00000005/model.bin", tmp_path("ls_diloco"));
+    lp_path(p2, "%s/step_00000005/model.bin", tmp_path("ls_diloco_guard"));
+    float after[4] = {got[0], got[2], got[3], got[4]};
+    expect(n == 5 && nref == 4 && strstr(strstr(out, "step 2/5"), skipped) && memcmp(after, ref, sizeof(after)) == 0 && same_file(p1, p2),
+           "loss scaling, DiLoCo d=2, an overflow on rank 1 alone at step 2: both replicas skip it (their flags all-reduced), the "
+           "losses and final weights of the guard's skip of step 2 on both, exactly");
+    if (n != 5 || nref != 4) printf("%s\n%s\n", out, ref_out);
     train_bin = TRAIN_BIN;
 }
 
@@ -6647,6 +6898,7 @@ int main(int argc, char** argv) {
     RUN(test_data_manifest);
     RUN(test_data_whole);
     RUN(test_lr_schedule);
+    RUN(test_loss_scaler);
     RUN(test_checkpoint_roundtrip);
     RUN(test_tokenizer);
     RUN(test_tokenizer_bad_files);
@@ -6681,6 +6933,8 @@ int main(int argc, char** argv) {
     RUN(test_adamw_flags);
     RUN(test_crash_during_saves);
     RUN(test_divergence_guard);
+    RUN(test_loss_scaling_norm);
+    RUN(test_loss_scaling);
     RUN(test_supervisor);
     RUN(test_stop_signal);
     printf("tier 3: CPU parallel engine under mpirun\n");
@@ -6693,6 +6947,7 @@ int main(int argc, char** argv) {
     RUN(test_moe_grids);
     RUN(test_hellaswag_grids);
     RUN(test_divergence_grids);
+    RUN(test_loss_scaling_grids);
     RUN(test_supervisor_kill);
     RUN(test_output_lock);
     RUN(test_ranks_agree);
