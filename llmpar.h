@@ -35,9 +35,10 @@ rest; then what keeps a run between steps, its files (14).
                  defines: LPMoEOptions, LPModelOptions, LPModel, LPLayerActs, lp_model_create,
                  lp_moe_forward, lp_model_forward, lp_model_backward
  10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, replicas that train apart (DiLoCo's
-                 outer step, gossip's mixing), LR schedule
+                 outer step, gossip's mixing), dynamic loss scaling, LR schedule
                  defines: LPAdamW, lp_zero_state_get/put (the optimizer's shard a chunk at a time), lp_models_grad_norm,
-                 lp_models_adamw, LPOuterSGD, lp_replicas_outer, lp_replicas_gossip, lp_lr_schedule, LPLossWindow
+                 lp_models_adamw, LPOuterSGD, lp_replicas_outer, lp_replicas_gossip, LPLossScaler, lp_lr_schedule,
+                 LPLossWindow
  11. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
                  defines: lp_active_params, lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition,
                  lp_device_peak_flops
@@ -53,8 +54,9 @@ rest; then what keeps a run between steps, its files (14).
 Not here: the cluster planner (how to run a model on N GPUs, each step simulated), a tool built on this
 header's costs and schedules: dev/plan (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
 
-Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
-weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
+Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations (fp16 with
+-DLLMPAR_FP16, make train_gpt_fp16, and dynamic loss scaling: LPLossScaler), fp32 master weights and
+optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
 OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
 The model code calls lp_op, bound at the end of section 7 to the build's lp_op_cpu or lp_op_gpu. Without a GPU
 the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of nvcc, LLMPAR_CUDAEMU).
@@ -708,13 +710,31 @@ static inline floatX* lp_pinned_buffer(size_t n) {
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
+#ifndef LLMPAR_CPU
+// The compute type (bf16 or fp16) to float, and float to it rounded to nearest (even), on the host and the GPU.
+static LP_HD inline float lp_bf(floatX x) {
+#ifdef LLMPAR_FP16
+    return __half2float(x);
+#else
+    return __bfloat162float(x);
+#endif
+}
+static LP_HD inline floatX lp_xf(float x) {
+#ifdef LLMPAR_FP16
+    return __float2half_rn(x);
+#else
+    return __float2bfloat16_rn(x);
+#endif
+}
+#endif
+
 // Host floats <-> device values of the compute type (loading weights; reading params, grads, logits;
 // staging collectives over MPI).
 static inline void lp_to_floatX(floatX* dst, const float* src, size_t n) {  // host to host, rounded to nearest
 #ifdef LLMPAR_CPU
     memcpy(dst, src, n * sizeof(float));
 #else
-    for (size_t i = 0; i < n; i++) dst[i] = __float2bfloat16_rn(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = lp_xf(src[i]);
 #endif
 }
 static inline void lp_to_device_floatX(floatX* dst, const float* src, size_t n) {
@@ -733,7 +753,7 @@ void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 #else
     floatX* tmp = lp_pinned_buffer(n);
     lp_copy_to_host(tmp, src, n * sizeof(floatX));
-    for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = lp_bf(tmp[i]);
 #endif
 }
 #endif  // LLMPAR_IMPLEMENTATION
@@ -2113,7 +2133,7 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
     lp_traffic(g, LP_ALL_REDUCE, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
-        lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, average ? ncclAvg : ncclSum, g->nccl, 0), "all-reduce", g);
+        lp_nccl_check(ncclAllReduce(x, x, n, LP_NCCL_FLOATX, average ? ncclAvg : ncclSum, g->nccl, 0), "all-reduce", g);
         lp_watch_done();
         return;
     }
@@ -2138,7 +2158,7 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
     lp_traffic(g, LP_REDUCE_SCATTER, shard * g->size * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // in place: this rank's block is its output
-        lp_nccl_check(ncclReduceScatter(x, x + shard * g->rank, shard, ncclBfloat16, average ? ncclAvg : ncclSum,
+        lp_nccl_check(ncclReduceScatter(x, x + shard * g->rank, shard, LP_NCCL_FLOATX, average ? ncclAvg : ncclSum,
                                         g->nccl, 0), "reduce-scatter", g);
         lp_watch_done();
         return;
@@ -2416,7 +2436,7 @@ static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n, LP
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
         lp_comm_stream_follows_compute();
-        lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, ncclAvg, g->nccl, lp_comm_stream), "all-reduce", g);
+        lp_nccl_check(ncclAllReduce(x, x, n, LP_NCCL_FLOATX, ncclAvg, g->nccl, lp_comm_stream), "all-reduce", g);
         lp_pending_enqueued(pend);
         return;
     }
@@ -2448,7 +2468,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
         lp_comm_stream_follows_compute();
         lp_nccl_check(ncclGroupStart(), "group start", g);
         for (int r = 0, off = 0; r < g->size; r++) {
-            if (counts[r]) lp_nccl_check(ncclBroadcast(mine, out + off, counts[r], ncclBfloat16, r, g->nccl, lp_comm_stream), "broadcast", g);
+            if (counts[r]) lp_nccl_check(ncclBroadcast(mine, out + off, counts[r], LP_NCCL_FLOATX, r, g->nccl, lp_comm_stream), "broadcast", g);
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
@@ -2508,7 +2528,7 @@ static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const i
         lp_nccl_check(ncclGroupStart(), "group start", g);
         for (int r = 0, off = 0; r < g->size; r++) {
             if (counts[r])
-                lp_nccl_check(ncclReduce(x + off, x + off, counts[r], ncclBfloat16, ncclSum, r, g->nccl, lp_comm_stream), "reduce", g);
+                lp_nccl_check(ncclReduce(x + off, x + off, counts[r], LP_NCCL_FLOATX, ncclSum, r, g->nccl, lp_comm_stream), "reduce", g);
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
@@ -3214,8 +3234,6 @@ static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + t
 #define LP_SHARED(type, name) type* name = (type*)cudaemu_dynamic_shared()
 #endif
 
-static __device__ inline float lp_bf(floatX x) { return __bfloat162float(x); }
-static __device__ inline floatX lp_xf(float x) { return __float2bfloat16_rn(x); }
 #endif  // LLMPAR_IMPLEMENTATION
 
 // 128-bit access for the memory-bound elementwise kernels: a thread takes 8 bf16 values [i, i + 8) with
@@ -3344,9 +3362,9 @@ static inline int lp_gemm_epilogue(int transA, int transB, int m, int n, int k, 
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
-    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, transA ? k : m, transA ? m : k, lda));
-    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, transB ? n : k, transB ? k : n, ldb));
-    cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, ldd));
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, LP_CUDA_FLOATX, transA ? k : m, transA ? m : k, lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, LP_CUDA_FLOATX, transB ? n : k, transB ? k : n, ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, LP_CUDA_FLOATX, m, n, ldd));
     if (batch > 1) {
         cublasLtMatrixLayout_t layouts[3] = {la, lb, ld};
         long long strides[3] = {strideA, strideB, strideD};
@@ -3358,7 +3376,7 @@ static inline int lp_gemm_epilogue(int transA, int transB, int m, int n, int k, 
     }
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias) {
-        cudaDataType_t bias_type = CUDA_R_16BF;
+        cudaDataType_t bias_type = LP_CUDA_FLOATX;
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
@@ -4528,8 +4546,14 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 // one macro: lp_mma, lp_ldmatrix and lp_exp2 call it on one line, which both builds then name as its
 // source line (the GPU model matches the emulator's counts per line to nvcc's machine code,
 // dev/cudaemu/sass.py).
+// The mma's operand type: floatX's (.bf16, or .f16 in the fp16 build).
+#ifdef LLMPAR_FP16
+#define LP_MMA_TYPE "f16"
+#else
+#define LP_MMA_TYPE "bf16"
+#endif
 #ifdef LLMPAR_CUDAEMU
-#define LP_PTX_MMA(d, a, b, c) cudaemu_mma_m16n8k16(d, a, b, c)
+#define LP_PTX_MMA(d, a, b, c) cudaemu_mma_m16n8k16(d, a, b, c, LP_CUDA_FLOATX)
 #define LP_PTX_LDMATRIX(d, row, trans) cudaemu_ldmatrix_x4(d, row, trans)
 #define LP_PTX_EX2(y, x) ((y) = exp2f(x))
 #define LP_PTX_CP_ASYNC16(dst, src, bytes) cudaemu_cp_async16(dst, src, bytes)
@@ -4537,8 +4561,8 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 #define LP_PTX_CP_WAIT(n) cudaemu_cp_async_wait(n)
 #else
 #define LP_PTX_MMA(d, a, b, c)                                                                                          \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "  \
-                 "{%10, %11, %12, %13};"                                                                                \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." LP_MMA_TYPE "." LP_MMA_TYPE ".f32 "                              \
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"                                  \
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                       \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]))
 #define LP_PTX_LDMATRIX(d, row, trans)                                                                                  \
@@ -4562,8 +4586,8 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
-// D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
-// instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes take part). Registers as
+// D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) of the compute type, C and D (16,8) fp32, the PTX
+// instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (.f16 for fp16; all 32 lanes take part). Registers as
 // the PTX ISA places them ("Matrix Fragments for mma.m16n8k16 with floating point type",
 // docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-fragment-mma-16816-float), with
 // g = lane / 4, t = lane % 4 and a register's lower 16 bits holding the lower column (row, for B): a[0] =
@@ -4600,9 +4624,13 @@ template <int N>
 static __device__ inline void lp_cp_async_wait(void) {
     LP_PTX_CP_WAIT(N);
 }
-// Two fp32 values as bf16 in a register, the first in the low half.
+// Two fp32 values as the compute type in a register, the first in the low half.
 static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one conversion instruction for both
+#ifdef LLMPAR_FP16
+    __half2 v = __floats2half2_rn(lo, hi);  // one conversion instruction for both
+#else
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+#endif
     uint32_t u;
     memcpy(&u, &v, sizeof(u));
     return u;
@@ -5754,7 +5782,7 @@ static inline LP_HD float lp_adamw_value(float g, float* m, float* v, float w, f
 }
 
 // AdamW on one tensor. master (fp32) is the truth; params are its copy in the compute type (the CUDA
-// kernel rounds stochastically to bf16, seeded per step and tensor). grads are scaled by grad_scale
+// kernel rounds stochastically to bf16 or fp16, seeded per step and tensor). grads are scaled by grad_scale
 // (global-norm clipping) before use. beta corrections are 1 - beta^t. On the CPU build params are the
 // master weights themselves (LP_MASTER_COPY 0), so the loop writes master alone: storing to both would
 // fail the compiler's overlap check at run time and send it down its scalar loop (twice as slow at 124M).
@@ -5772,7 +5800,10 @@ static inline void lp_adamw_cpu(float* params, float* master, const float* grads
 #ifndef LLMPAR_CPU
 // Stochastic rounding fp32 -> bf16: add 16 random bits below bf16's last mantissa bit, then truncate.
 // The result rounds up with probability equal to the dropped fraction, so E[bf16] = fp32 and updates
-// smaller than half a bf16 step still move the weights on average.
+// smaller than half a bf16 step still move the weights on average. fp16 (LLMPAR_FP16), whose subnormals
+// below 2^-14 keep fewer mantissa bits than its normal numbers (so no fixed count of fp32 bits is dropped):
+// x's neighbours toward and away from zero, the one away drawn with probability (x - lower) / (upper - lower),
+// in steps of 2^-16 as bf16's; beyond fp16's largest, 65504 (toward zero), which it saturates at.
 // Host and device: the CUDA build's host update (--offload) rounds as the kernel does.
 static LP_HD inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i) {
     uint32_t h = (uint32_t)i * 0x9E3779B1u ^ (uint32_t)(i >> 32) ^ seed;  // murmur3's finaliser as a hash
@@ -5781,11 +5812,20 @@ static LP_HD inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i)
     h ^= h >> 13;
     h *= 0xC2B2AE35u;
     h ^= h >> 16;
+#ifdef LLMPAR_FP16
+    floatX lo = __float2half_rz(x);
+    float l = __half2float(lo);
+    if (l == x) return lo;
+    floatX up = __ushort_as_half((unsigned short)(__half_as_ushort(lo) + 1));  // (sign and magnitude: a step further from 0)
+    float u = __half2float(up);
+    return (float)(h & 0xFFFFu) < (x - l) / (u - l) * 65536.0f ? up : lo;
+#else
     uint32_t bits;
     memcpy(&bits, &x, 4);
     bits = (bits + (h & 0xFFFFu)) & 0xFFFF0000u;
     memcpy(&x, &bits, 4);
     return __float2bfloat16_rz(x);
+#endif
 }
 // A thread updates the 8 values [i, i + 8) with 128-bit loads and stores (LPPack, LPPackF); value i's
 // stochastic rounding is drawn from index i of the launch, as the CPU loop of --offload draws it.
@@ -5815,7 +5855,7 @@ static inline void lp_adamw_host(floatX* params, float* master, const floatX* gr
                                  float weight_decay, float grad_scale, uint32_t seed) {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        float w = lp_adamw_value(__bfloat162float(grads[i]) * grad_scale, &m[i], &v[i], master[i], lr, beta1, beta2, beta1_corr,
+        float w = lp_adamw_value(lp_bf(grads[i]) * grad_scale, &m[i], &v[i], master[i], lr, beta1, beta2, beta1_corr,
                                  beta2_corr, eps, weight_decay);
         master[i] = w;
         params[i] = lp_stochastic_round(w, seed, i0 + i);

@@ -99,11 +99,15 @@ static int no_mpirun(const char* what) {
     return 1;
 }
 
-// The engine this test program checks, run as a subprocess.
+// The engine this test program checks, run as a subprocess (the fp16 build's: its own binaries).
 #if defined(LLMPAR_CPU)
 #define TRAIN_BIN "./train_gpt_cpu"
+#elif defined(LLMPAR_CUDAEMU) && defined(LLMPAR_FP16)
+#define TRAIN_BIN "./train_gpt_fp16_emu"
 #elif defined(LLMPAR_CUDAEMU)
 #define TRAIN_BIN "./train_gpt_emu"  // the CUDA engine under the emulator (dev/cudaemu)
+#elif defined(LLMPAR_FP16)
+#define TRAIN_BIN "./train_gpt_fp16"
 #else
 #define TRAIN_BIN "./train_gpt"
 #endif
@@ -5698,12 +5702,13 @@ static void expect_close_scaled(const char* name, const float* got, const float*
     expect_close(name, got, want, n, tol * scale, 0.0f);
 }
 
-// Round x to bf16 values in place and return a device copy holding exactly those values.
+// Round x to the compute type's values in place (bf16, or fp16 in the fp16 build) and return a device copy
+// holding exactly those values.
 static floatX* dev_bf16(float* x, size_t n) {
     floatX* h = (floatX*)lp_host_malloc(n * sizeof(floatX), "test");
     for (size_t i = 0; i < n; i++) {
-        h[i] = __float2bfloat16_rn(x[i]);
-        x[i] = __bfloat162float(h[i]);
+        h[i] = lp_xf(x[i]);
+        x[i] = lp_bf(h[i]);
     }
     floatX* d = (floatX*)lp_device_malloc(n * sizeof(floatX), "test");
     lp_copy_to_device(d, h, n * sizeof(floatX));
@@ -6250,7 +6255,12 @@ static void tier4_optimizer(uint64_t* rng) {
     expect_close("gpu adamw master weights", gw, w, n, 1e-6f, 1e-5f);
     expect_close("gpu adamw m", gm, m, n, 1e-7f, 1e-5f);
     expect_close("gpu adamw v", gv, v, n, 1e-7f, 1e-5f);
-    expect_close("gpu adamw bf16 params within one bf16 step of master", gp, gw, n, 1e-30f, 1.0f / 128);
+#ifdef LLMPAR_FP16
+    const float sub = 0x1p-24f;  // (one step of fp16's subnormals, below 2^-14)
+#else
+    const float sub = 1e-30f;
+#endif
+    expect_close("gpu adamw params within one step of the compute type of master", gp, gw, n, sub, 1.0f / 128);
     // off 16-byte alignment with a tail (a tensor's shard starts anywhere): the same update on values 3 .. n-6
     lp_adamw_cpu(w + 3, w + 3, g + 3, m + 3, v + 3, n - 8, 2e-3f, 0.8f, 0.9f, 0.6f, 0.4f, 1e-8f, 0.0f, 1.3f, 9);
     lp_adamw_gpu(d_p + 3, d_w + 3, d_g + 3, d_m + 3, d_v + 3, n - 8, 2e-3f, 0.8f, 0.9f, 0.6f, 0.4f, 1e-8f, 0.0f, 1.3f, 9);
@@ -6259,10 +6269,10 @@ static void tier4_optimizer(uint64_t* rng) {
     expect_close("gpu adamw master weights, unaligned with a tail", gw, w, n, 1e-6f, 1e-5f);
     expect_close("gpu adamw m, unaligned with a tail", gm, m, n, 1e-7f, 1e-5f);
     expect_close("gpu adamw v, unaligned with a tail", gv, v, n, 1e-7f, 1e-5f);
-    expect_close("gpu adamw bf16 params, unaligned with a tail", gp, gw, n, 1e-30f, 1.0f / 128);
+    expect_close("gpu adamw params, unaligned with a tail", gp, gw, n, sub, 1.0f / 128);
     // each value rounded with its own draw: index i of the launch, as --offload's CPU loop (lp_adamw_host)
     size_t drawn = 0;
-    for (size_t i = 3; i < n - 5; i++) drawn += gp[i] == __bfloat162float(lp_stochastic_round(gw[i], 9, i - 3));
+    for (size_t i = 3; i < n - 5; i++) drawn += gp[i] == lp_bf(lp_stochastic_round(gw[i], 9, i - 3));
     expect(drawn == n - 8, "gpu adamw rounds value i with the stochastic-rounding draw of index i");
     // a loaded checkpoint's weights: rounded from the master weights with the update's draws, on the GPU and
     // by the host loop, they are the weights the update wrote
@@ -6274,13 +6284,19 @@ static void tier4_optimizer(uint64_t* rng) {
     size_t same_gpu = 0, same_host = 0;
     for (size_t i = 3; i < n - 5; i++) {
         same_gpu += gr[i] == gp[i];
-        same_host += __bfloat162float(hp[i - 3]) == gp[i];
+        same_host += lp_bf(hp[i - 3]) == gp[i];
     }
     expect(same_gpu == n - 8 && same_host == n - 8, "stochastic_round gpu and host give back the bf16 weights adamw wrote");
     free(hp);
     free(gr);
-    // stochastic rounding is unbiased: 0.25 of a bf16 step above 1.0 rounds up about a quarter of the time
-    for (size_t i = 0; i < n; i++) w[i] = 1.0f + 1.0f / 512;
+    // stochastic rounding is unbiased: 0.25 of a step above 1.0 (bf16's 2^-7, fp16's 2^-10) rounds up about a
+    // quarter of the time; and fp16's subnormals alike: 0.25 of a step (2^-24) above 2^-20
+#ifdef LLMPAR_FP16
+    const float step = 0x1p-10f;
+#else
+    const float step = 0x1p-7f;
+#endif
+    for (size_t i = 0; i < n; i++) w[i] = 1.0f + step / 4;
     lp_copy_to_device(d_w, w, n * 4);
     lp_device_zero(d_m, n * 4);
     lp_device_zero(d_v, n * 4);
@@ -6288,13 +6304,31 @@ static void tier4_optimizer(uint64_t* rng) {
     float* q = host_from(d_p, n);
     size_t up = 0;
     for (size_t i = 0; i < n; i++) up += q[i] > 1.0f;
-    printf("     stochastic rounding: %.3f of 1+2^-9 rounded up (expect 0.25)\n", (double)up / n);
+    printf("     stochastic rounding: %.3f of 1 + a quarter step rounded up (expect 0.25)\n", (double)up / n);
     expect(fabs((double)up / n - 0.25) < 0.01, "gpu adamw stochastic rounding is unbiased (0.25 +- 0.01)");
+#ifdef LLMPAR_FP16
+    for (size_t i = 0; i < n; i++) w[i] = 0x1p-20f + 0x1p-26f;  // fp16's subnormals: 2^-20 + a quarter of their step, 2^-24
+    lp_copy_to_device(d_w, w, n * 4);
+    lp_adamw_gpu(d_p, d_w, d_g, d_m, d_v, n, 0.0f, 0.9f, 0.95f, 0.5f, 0.3f, 1e-8f, 0.0f, 1.0f, 8);
+    free(q);
+    q = host_from(d_p, n);
+    size_t sub_up = 0, sub_down = 0;
+    for (size_t i = 0; i < n; i++) sub_up += q[i] == 0x1p-20f + 0x1p-24f, sub_down += q[i] == 0x1p-20f;
+    expect(sub_up + sub_down == n && fabs((double)sub_up / n - 0.25) < 0.01,
+           "gpu adamw stochastic rounding to fp16 subnormals is unbiased (0.25 +- 0.01 of 2^-20 + 2^-26 up to 2^-20 + 2^-24)");
+#endif
     // global norm
     float* x = host_rand(n, rng, 1.0f);
     floatX* d_x = dev_bf16(x, n);
     float want = lp_norm_squared_cpu(x, n), got = lp_norm_squared_gpu(d_x, n);
     expect_close("gpu norm_squared", &got, &want, 1, 0.0f, 1e-4f);
+    // loss scaling's overflow check: one inf, or one NaN, among the values makes the sum not finite
+    floatX bad[2] = {lp_xf(INFINITY), lp_xf(NAN)};
+    lp_copy_to_device(d_x + n / 3, &bad[0], sizeof(floatX));
+    float with_inf = lp_norm_squared_gpu(d_x, n);
+    lp_copy_to_device(d_x + n / 3, &bad[1], sizeof(floatX));
+    float with_nan = lp_norm_squared_gpu(d_x, n);
+    expect(isinf(with_inf) && isnan(with_nan), "gpu norm_squared of values holding one inf is inf, one NaN NaN (the overflow check)");
     // ZeRO-2's accumulation of reduced gradients into the shard: dst += scale * src
     float *dst = host_rand(n, rng, 1.0f), *src = host_rand(n, rng, 1.0f);
     floatX *d_dst = dev_bf16(dst, n), *d_src = dev_bf16(src, n);
@@ -6331,7 +6365,7 @@ static void tier4_optimizer(uint64_t* rng) {
         expect_close("gpu outer_step: the next round's outer weights are the weights", go + 3, gmw + 3, n - 8, 0.0f, 0.0f);
         expect_close("gpu outer_step: momentum", gmo, mom, n, 1e-6f, 1e-6f);
         size_t drawn = 0;
-        for (size_t i = 3; i < n - 5; i++) drawn += gpo[i] == __bfloat162float(lp_stochastic_round(gmw[i], 5, i - 3));
+        for (size_t i = 3; i < n - 5; i++) drawn += gpo[i] == lp_bf(lp_stochastic_round(gmw[i], 5, i - 3));
         expect(drawn == n - 8, "gpu outer_step rounds the bf16 weights as adamw does (the draw of index i)");
         lp_outer_step_gpu(d_p, d_mw, d_outer, d_mom, d_mean, n, 1.0f, 0.0f, 5);  // lr 1, no momentum: the mean itself
         free(gmw);
@@ -6522,8 +6556,14 @@ static void test_no_free_in_steps(void) {
 #endif
 
 // Three training steps of the CUDA engine, with each attention path, against ./train_gpt_cpu on the same
-// llm.c model and tokens. bf16 activations and gradients put the losses within ~1% of fp32; the weights
-// after 3 AdamW steps of lr 1e-3 may differ by up to 2 lr per step where a tiny gradient changes sign: atol 6e-3.
+// llm.c model and tokens. bf16 activations and gradients put the losses within ~1% of fp32, fp16's (2^-11
+// rounding, 8 times finer; measured 2e-5) within 1e-3; the weights after 3 AdamW steps of lr 1e-3 may
+// differ by up to 2 lr per step where a tiny gradient changes sign: atol 6e-3.
+#ifdef LLMPAR_FP16
+#define STEP_LOSS_RTOL 1e-3f
+#else
+#define STEP_LOSS_RTOL 1e-2f
+#endif
 static void test_step_vs_cpu_build(void) {
     static char out[1 << 16];
     if (access("./train_gpt_cpu", X_OK) != 0) {
@@ -6556,8 +6596,9 @@ static void test_step_vs_cpu_build(void) {
                 printf("%s\n", out);
                 continue;
             }
-            snprintf(name, sizeof(name), "CUDA step losses with --attention %s equal the CPU build's (1e-2 relative), %s", att, models[k][0]);
-            expect_close(name, gpu, cpu, 3, 0.0f, 1e-2f);
+            snprintf(name, sizeof(name), "CUDA (%s) step losses with --attention %s equal the CPU build's (%g relative), %s", LP_FLOATX_NAME,
+                     att, (double)STEP_LOSS_RTOL, models[k][0]);
+            expect_close(name, gpu, cpu, 3, 0.0f, STEP_LOSS_RTOL);
             size_t n1 = 0;
             float* wg = run_weights(dir, 3, &n1);
             snprintf(name, sizeof(name), "CUDA master weights after 3 steps with --attention %s equal the CPU build's (atol 6e-3), %s", att,
@@ -6569,6 +6610,91 @@ static void test_step_vs_cpu_build(void) {
         free(wc);
     }
 }
+
+#ifdef LLMPAR_FP16
+// The bf16 engine beside this fp16 one, for test_fp16_runs.
+#ifdef LLMPAR_CUDAEMU
+#define BF16_BIN "./train_gpt_emu"
+#else
+#define BF16_BIN "./train_gpt"
+#endif
+
+// The fp16 engine's runs, on tinyshakespeare's first 20000 tokens folded into the tiny model's vocabulary
+// (id mod 97: their order, so something to learn, kept):
+//   - 20 steps at the default loss scale (2^16; 64 tokens a step, no overflow) track the CPU engine's fp32
+//     losses within 1e-3 relative at every step (the bf16 engine's within 1e-2), and end within 1% of bf16's;
+//   - from a scale of 2^24 the gradients overflow in fp16 itself: the first step is skipped (its line says
+//     so, 2^24 -> 2^23), the scale backs off until they fit, and training goes on (3 to 15 skipped in all;
+//     the loss of the last 5 steps below the first 5's);
+//   - an overflow on rank 1 of 2 (LLMPAR_OVERFLOW_AT=2:1; NCCL's fp16 sums carry it to rank 0) skips step 2
+//     on both: the losses and the final weights of the divergence guard's skip of step 2, exactly;
+//   - --dtype must be the build's.
+static void test_fp16_runs(void) {
+    static char out[1 << 16], ref[1 << 16];
+    static uint16_t tokens[20000];
+    static int folded[20000];
+    FILE* f = lp_fopen("dev/data/tinyshakespeare/tiny_shakespeare_train.bin", "rb");
+    int got = fseek(f, LP_HEADER_INTS * 4, SEEK_SET) == 0 && fread(tokens, 2, 20000, f) == 20000;
+    fclose(f);
+    expect(got, "tinyshakespeare's train shard holds 20000 tokens");
+    for (int i = 0; i < 20000; i++) folded[i] = tokens[i] % 97;
+    write_shard(tmp_path("fp16_shard.bin"), folded, 20000);
+    char args[1024];
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 4 -t 16 -x 20 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("fp16_shard.bin"));
+    float cpu[32], half[32], bf[32];
+    int nc = parse_losses((run_cmd(out, sizeof(out), "./train_gpt_cpu %s", args), out), cpu, 32);
+    int nh = parse_losses((run_cmd(out, sizeof(out), "%s %s", TRAIN_BIN, args), out), half, 32);
+    int nb = parse_losses((run_cmd(ref, sizeof(ref), "%s %s", BF16_BIN, args), ref), bf, 32);
+    expect(nc == 20 && nh == 20 && nb == 20 && strstr(out, "| loss scale 65536, 0 skipped |"),
+           "fp16, bf16 and the CPU engine each train 20 steps (fp16 at the default loss scale 65536, none skipped)");
+    if (nc == 20 && nh == 20 && nb == 20) {
+        expect_close("fp16 losses track the CPU engine's fp32 losses (1e-3 relative, every step of 20)", half, cpu, 20, 0.0f, 1e-3f);
+        expect_close("bf16 losses track them within 1e-2", bf, cpu, 20, 0.0f, 1e-2f);
+        printf("     step 20's loss: fp32 %.6f, fp16 %.6f, bf16 %.6f\n", cpu[19], half[19], bf[19]);
+        expect(fabsf(half[19] - bf[19]) < 0.01f * bf[19], "fp16's last loss is within 1% of bf16's");
+    }
+    int rc = run_cmd(out, sizeof(out), "%s %s --loss-scale 16777216 --loss-scale-window 5", TRAIN_BIN, args);
+    nh = parse_losses(out, half, 32);
+    const char* end = strstr(out, "at the end; ");
+    int skipped = end ? atoi(end + strlen("at the end; ")) : -1;
+    float first = 0.0f, last = 0.0f;
+    for (int k = 0; k < 5 && nh == 20; k++) first += half[k] / 5, last += half[15 + k] / 5;
+    printf("     from loss scale 2^24: %d of 20 steps skipped; mean loss of steps 1-5 %.4f, of steps 16-20 %.4f\n", skipped, first, last);
+    expect(rc == 0 && nh == 20 && strstr(out, "step 1/20 | ") && strstr(strstr(out, "step 1/20 | "), "| overflow: update skipped, loss scale "
+           "16777216 -> 8388608, 1 skipped |") && skipped >= 3 && skipped <= 15 && last < first,
+           "fp16 from loss scale 2^24: the gradients overflow in fp16, the scale backs off until they fit (3-15 steps skipped), "
+           "and the loss falls");
+    if (no_mpirun("the fp16 overflow on 2 ranks")) return;
+    snprintf(args, sizeof(args), "-e dev/ref/tiny_model.bin -i %s -j '' -b 2 -t 16 -x 4 -l 1e-2 -u 0 -v 0 -s 0", tmp_path("fp16_shard.bin"));
+    train_bin = HOOKS_BIN;
+    setenv("LLMPAR_OVERFLOW_AT", "2:1", 1);
+    int n = run_ranks(2, args, tmp_path("fp16_over"), half, out, sizeof(out));
+    unsetenv("LLMPAR_OVERFLOW_AT");
+    char with[1100];
+    snprintf(with, sizeof(with), "%s --on-divergence skip", args);
+    setenv("LLMPAR_LOSS_AT", "2:nan", 1);
+    int m = run_ranks(2, with, tmp_path("fp16_guard"), bf, ref, sizeof(ref));
+    unsetenv("LLMPAR_LOSS_AT");
+    train_bin = TRAIN_BIN;
+    float after[3] = {half[0], half[2], half[3]};
+    char p1[LP_PATH_MAX], p2[LP_PATH_MAX];
+    lp_path(p1, "%s/step_00000004/model.bin", tmp_path("fp16_over"));
+    lp_path(p2, "%s/step_00000004/model.bin", tmp_path("fp16_guard"));
+    int same = 1;  // (the emulator's runs are deterministic; on a GPU, the losses alone)
+#ifdef LLMPAR_CUDAEMU
+    same = same_file(p1, p2);
+#endif
+    expect(n == 4 && m == 3 && strstr(out, "step 2/4 | ") &&
+               strstr(strstr(out, "step 2/4 | "), "| overflow: update skipped, loss scale 65536 -> 32768, 1 skipped |") &&
+               memcmp(after, bf, sizeof(after)) == 0 && same,
+           "fp16, 2 ranks, an overflow on rank 1 at step 2: both skip it; the losses and final weights of the guard's skip, exactly");
+    if (n != 4 || m != 3) printf("%s\n%s\n", out, ref);
+    rc = run_cmd(out, sizeof(out), "%s --dtype bf16 -x 1", TRAIN_BIN);
+    expect(rc > 0 && strstr(out, "llmpar: error: flag --dtype bf16: this engine computes in fp16, a choice made when it is built (make "
+                                 "train_gpt builds the bf16 engine)"),
+           "the fp16 engine refuses --dtype bf16 in one line");
+}
+#endif
 
 // Tier 3's grids on the CUDA engine: ZeRO 0-3 (with and without overlap), TP with and without SP,
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
@@ -6959,6 +7085,16 @@ int main(int argc, char** argv) {
     RUN(test_offload);
     RUN(test_plan_runs);
     RUN(test_slurm);
+#elif defined(LLMPAR_FP16)
+    // The fp16 build differs from the bf16 one in floatX alone (its rounding and range) and in loss scaling's
+    // default: its kernels against their CPU loops, its steps against the CPU build, and fp16's runs. The
+    // engine's logic (grids, resume, memory) is the bf16 build's tier 4, and loss scaling's the CPU tiers'.
+    lp_device_init(&proc);
+    printf("tier 4 (fp16): CUDA kernels and steps against the CPU build\n");
+    RUN(tier4_kernel_tests);
+    RUN(tier4_attention_kernels);
+    RUN(test_step_vs_cpu_build);
+    RUN(test_fp16_runs);
 #else
     lp_device_init(&proc);
     printf("tier 4: CUDA kernels and steps against the CPU build\n");

@@ -1158,7 +1158,7 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            lp_decay_names[f->decay], f->lr * f->final_lr_frac);
     if (f->scaler.scale > 0.0f)
-        lp_log("loss scale       dynamic, from %g: x%g after a step whose gradients overflow (its update skipped on every "
+        lp_log("loss scale       dynamic, from %.9g: x%g after a step whose gradients overflow (its update skipped on every "
                "rank), x%g after %d clean steps\n", f->scaler.scale, f->scaler.backoff, f->scaler.growth, f->scaler.window);
     lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
            " (recompute %s, attention %s)\n", par->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
@@ -1323,7 +1323,7 @@ static void lp_run_open_output(LPTrainRun* r) {
         lp_fail_all_from_rank0(proc, why);
         if (f->max_steps > 0) lp_dataloader_seek(&r->train, state->epoch, state->shard, state->pos);
         lp_log("resumed from %s/step_%08d (run %08x)", f->out_dir, latest, state->run_id);
-        if (state->scaler.scale > 0.0f) lp_log(", loss scale %g, %d step(s) skipped so far", state->scaler.scale, state->scaler.skipped);
+        if (state->scaler.scale > 0.0f) lp_log(", loss scale %.9g, %d step(s) skipped so far", state->scaler.scale, state->scaler.skipped);
         lp_log("\n");
         if (latest >= f->max_steps)
             lp_log("notice: the run has done %d steps, -x asks for %d: nothing left to train (a larger -x trains on)\n",
@@ -1630,9 +1630,9 @@ static void lp_report_step(LPTrainRun* r, int step, const LPStepRecord* s, doubl
     if (proc->par->gossip) lp_log(" | spread %.3e", s->spread);
     const LPLossScaler* ls = &r->state.scaler;
     if (s->overflow)
-        lp_log(" | overflow: update skipped, loss scale %g -> %g, %d skipped", s->scale, ls->scale, ls->skipped);
+        lp_log(" | overflow: update skipped, loss scale %.9g -> %.9g, %d skipped", s->scale, ls->scale, ls->skipped);
     else if (s->scale > 0.0f)
-        lp_log(" | loss scale %g, %d skipped", s->scale, ls->skipped);
+        lp_log(" | loss scale %.9g, %d skipped", s->scale, ls->skipped);
     if (r->stage.num_aux) {
         lp_log(" | aux loss");
         for (int j = 0; j < r->stage.num_aux; j++) lp_log(" %d: %f", r->stage.aux[j], r->stage.aux_loss[j]);
@@ -1756,7 +1756,7 @@ static void lp_report_end(LPTrainRun* r) {
     getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
     lp_log("peak host memory of rank 0 (RSS): %.0f MiB\n", usage.ru_maxrss / 1024.0);
     if (r->state.scaler.scale > 0.0f)
-        lp_log("loss scale %g at the end; %d step(s) skipped for an overflow of their gradients\n", r->state.scaler.scale,
+        lp_log("loss scale %.9g at the end; %d step(s) skipped for an overflow of their gradients\n", r->state.scaler.scale,
                r->state.scaler.skipped);
     int steps = r->traffic_steps;  // (fewer than -x asked when a signal stopped the run)
     const LPGroup* tr = &r->tp_traffic;

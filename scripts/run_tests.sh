@@ -181,6 +181,13 @@ emulated_tier() {
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests (its build done at $SECONDS s)"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
+    # the fp16 build (make train_gpt_fp16's sources with LLMPAR_FP16): its kernels, steps and runs
+    if make -s -j"$jobs" test_gpt_fp16_emu train_gpt_fp16_emu train_gpt_fp16_emu_hooks; then
+        run_tier ./test_gpt_fp16_emu
+    else
+        echo "FAIL the emulated fp16 build (make test_gpt_fp16_emu train_gpt_fp16_emu train_gpt_fp16_emu_hooks)"
+        failed=$((failed + 1))
+    fi
     if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
         example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
         example_two_files "CUDA emulated, 12 steps" dev/examples/two_files_emu 12
@@ -219,6 +226,14 @@ if command -v nvcc > /dev/null 2>&1; then
     [ "$has_gpu" = 1 ] && hooks=(train_gpt_hooks)
     if ! make -s -j"$jobs" USE_CUDNN=$cudnn train_gpt test_gpt "${hooks[@]}"; then
         echo "FAIL the CUDA build"
+        failed=$((failed + 1))
+    fi
+    # the fp16 engine (make train_gpt_fp16) keeps compiling warning-free; without a GPU for one architecture, as
+    # the examples below (a third of the time)
+    arch=()
+    [ "$has_gpu" = 1 ] || arch=(CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+    if ! make -s -j"$jobs" train_gpt_fp16 "${arch[@]}"; then
+        echo "FAIL the fp16 CUDA build (make train_gpt_fp16)"
         failed=$((failed + 1))
     fi
 else
