@@ -94,8 +94,9 @@ test_gpt_cpu: test_gpt.cu llmpar.h dev/plan/plan.h
 	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) test_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
 # The engines with the tests' hooks (LLMPAR_TEST_HOOKS: a crash at the k-th checkpoint file operation or
-# offloaded chunk, an injected loss, small offload chunks, each asked for by an environment variable), for
-# the tests that use them; the engines users run have none. One for each build: _cpu_hooks, _emu_hooks, _hooks.
+# offloaded chunk, an injected loss or gradient overflow, small offload chunks, each asked for by an environment
+# variable), for the tests that use them; the engines users run have none. One for each build: _cpu_hooks,
+# _emu_hooks, _hooks (and train_gpt_fp16_emu_hooks, below).
 train_gpt_cpu_hooks: train_gpt.cu llmpar.h dev/plan/plan.h
 	$(CC_CPU) $(CFLAGS_CPU) -DLLMPAR_TEST_HOOKS $(BLAS_CFLAGS) train_gpt.cu -o $@ $(BLAS_LIBS) -lm
 

@@ -115,7 +115,7 @@ Options, defined before the include (in each file, as stb's STBI_NO_*): LLMPAR_N
 watchdog (section 5: a thread per rank that ends the job when a rank has waited past a timeout; train_gpt.cu
 needs it), LLMPAR_NO_REEXEC keeps the program from executing itself again for better OpenBLAS kernels
 (lp_blas_init), LLMPAR_NO_NVTX leaves out the CUDA build's NVTX ranges (section 1's timeline marks, named
-for Nsight Systems). LLMPAR_TEST_HOOKS is for llmpar's own tests: crashes, losses and offload chunk sizes injected
+for Nsight Systems). LLMPAR_TEST_HOOKS is for llmpar's own tests: crashes, losses, overflows and offload chunk sizes injected
 through environment variables (make's train_gpt_cpu_hooks and co.); no other build reads them.
 More: LPParallel (section 3) lists every setting (ZeRO, recomputation, schedules, offload, ...), each call's
 comment says what it does; train_gpt.cu's lp_train is the full driver (LR schedule, checkpoints, evaluation,

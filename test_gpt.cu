@@ -111,8 +111,9 @@ static int no_mpirun(const char* what) {
 #else
 #define TRAIN_BIN "./train_gpt"
 #endif
-// Its build with the tests' hooks (LLMPAR_TEST_HOOKS: LLMPAR_CRASH_AT, LLMPAR_LOSS_AT, LLMPAR_OFFLOAD_CHUNK and
-// LLMPAR_OFFLOAD_CRASH_AT read), for the tests that set them: make train_gpt_cpu_hooks (_emu_hooks, _hooks).
+// Its build with the tests' hooks (LLMPAR_TEST_HOOKS: LLMPAR_CRASH_AT, LLMPAR_LOSS_AT, LLMPAR_OVERFLOW_AT,
+// LLMPAR_OFFLOAD_CHUNK and LLMPAR_OFFLOAD_CRASH_AT read), for the tests that set them: make train_gpt_cpu_hooks
+// (_emu_hooks, _hooks, train_gpt_fp16_emu_hooks).
 #define HOOKS_BIN TRAIN_BIN "_hooks"
 #define PLAN_BIN "./plan_gpt"  // the cluster planner's program (dev/plan), one build for all
 
@@ -7064,8 +7065,17 @@ static void test_out_of_memory(void) {
 // With an argument, only the tests whose function name contains it run: ./test_gpt_cpu divergence
 static const char* only;
 // Run one test function (unless a name filter excludes it) and print a line for it: its checks and time.
+// The fp16 build differs from the bf16 one in floatX alone (its rounding and range) and in loss scaling's
+// default, so of tier 4 it runs these: its kernels against their CPU loops, its steps against the CPU build,
+// and fp16's runs. The engine's logic (grids, resume, memory) is the bf16 build's tier 4, loss scaling's the
+// CPU tiers'.
+static const char* const fp16_tests[] = {"tier4_kernel_tests", "tier4_attention_kernels", "tier4_sample_cache_attention", "test_step_vs_cpu_build",
+                                         "test_fp16_runs", NULL};
 static void run_test(const char* name, void (*test)(void)) {
     if (only && !strstr(name, only)) return;
+    int listed = 0;
+    for (int k = 0; fp16_tests[k]; k++) listed |= strcmp(name, fp16_tests[k]) == 0;
+    if (strcmp(LP_FLOATX_NAME, "fp16") == 0 && !listed) return;
     int passed = tests_passed, failed = tests_failed;
     double t0 = lp_time_s();
     test();
@@ -7161,16 +7171,6 @@ int main(int argc, char** argv) {
     RUN(test_plan_runs);
     RUN(test_auto);
     RUN(test_slurm);
-#elif defined(LLMPAR_FP16)
-    // The fp16 build differs from the bf16 one in floatX alone (its rounding and range) and in loss scaling's
-    // default: its kernels against their CPU loops, its steps against the CPU build, and fp16's runs. The
-    // engine's logic (grids, resume, memory) is the bf16 build's tier 4, and loss scaling's the CPU tiers'.
-    lp_device_init(&proc);
-    printf("tier 4 (fp16): CUDA kernels and steps against the CPU build\n");
-    RUN(tier4_kernel_tests);
-    RUN(tier4_attention_kernels);
-    RUN(test_step_vs_cpu_build);
-    RUN(test_fp16_runs);
 #else
     lp_device_init(&proc);
     printf("tier 4: CUDA kernels and steps against the CPU build\n");
@@ -7183,6 +7183,9 @@ int main(int argc, char** argv) {
     RUN(test_head_size_refused);
     RUN(test_trace_streams);
     RUN(test_step_vs_cpu_build);
+#ifdef LLMPAR_FP16
+    RUN(test_fp16_runs);
+#endif
     RUN(test_sample_cache);
     RUN(test_stop_signal);
     RUN(test_watchdog);
