@@ -57,8 +57,8 @@ int main(void) {
     floatX *qkv = random_bf16((size_t)T * 3 * C, &rng), *y = random_bf16((size_t)T * C, &rng);
     floatX *dy = random_bf16((size_t)T * C, &rng), *dqkv = random_bf16((size_t)T * 3 * C, &rng);
     float* lse = (float*)lp_device_malloc((size_t)NH * T * sizeof(float), "model_check");
-    lp_flash_attention_forward_gpu(y, lse, qkv, 1, T, C, NH);
-    lp_flash_attention_backward_gpu(dqkv, dy, y, qkv, lse, 1, T, C, NH);
+    lp_flash_attention_forward_gpu(y, lse, qkv, 1, T, C, NH, NH);
+    lp_flash_attention_backward_gpu(dqkv, dy, y, qkv, lse, 1, T, C, NH, NH);
     // the cublas path's (--attention cublas): permutes, the batched products, the softmax and its backward
     floatX *qkvr = random_bf16((size_t)3 * T * C, &rng), *att = random_bf16((size_t)T * T, &rng);
     floatX *dqkvr = random_bf16((size_t)3 * T * C, &rng), *datt = random_bf16((size_t)T * T, &rng);
