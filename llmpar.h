@@ -960,9 +960,6 @@ void lp_config_validate(const LPConfig* c, const char* source) {
         lp_fail("%s: RoPE needs an even head size (C/NH = %d) and a theta above 1 (%g)", source, c->channels / c->num_heads, c->rope_theta);
     if (!(c->norm_eps >= 0.0f && c->norm_eps < 1.0f)) lp_fail("%s: norm epsilon %g outside [0, 1)", source, c->norm_eps);
 #ifndef LLMPAR_CPU
-    if (!lp_config_is_gpt2(c))
-        lp_fail("%s: the Llama family (RoPE, RMSNorm, SwiGLU, KV heads, no biases, untied head) runs on ./train_gpt_cpu; the CUDA "
-                "build's kernels for it are not yet written", source);
     if (c->channels / c->num_heads > LP_FLASH_MAX_HS)
         lp_fail("%s: head size C/NH = %d/%d = %d is above %d, the most the CUDA build's flash attention takes (more heads, or "
                 "./train_gpt_cpu)", source, c->channels, c->num_heads, c->channels / c->num_heads, LP_FLASH_MAX_HS);

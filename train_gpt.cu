@@ -1316,8 +1316,8 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     lp_stage_create(&r->stage, &r->cfg, &chunks, f->B, f->T);
     float* weights = NULL;
     if (from_scratch) {
-        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers, r->cfg.channels,
-               r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
+        lp_log("initialising a new depth-%d %s (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers, lp_config_is_gpt2(&r->cfg) ? "GPT-2" : "Llama",
+               r->cfg.channels, r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
     } else {
         lp_log("loading %s\n", f->init);
         weights = lp_model_file_read_shared(f->init, &r->cfg, &proc->world_group);

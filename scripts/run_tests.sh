@@ -181,6 +181,7 @@ emulated_tier() {
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests (its build done at $SECONDS s)"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
+    run_tier bash scripts/test_hf.sh ./train_gpt_emu  # a random transformers Llama on the CUDA engine
     if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
         example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
         example_two_files "CUDA emulated, 12 steps" dev/examples/two_files_emu 12
@@ -353,6 +354,7 @@ run_tier bash scripts/test_data_path.sh
 run_tier bash scripts/test_hf.sh
 if [ "$has_gpu" = 1 ] && [ -x ./test_gpt ]; then
     run_tier ./test_gpt
+    run_tier bash scripts/test_hf.sh ./train_gpt  # a random transformers Llama on the CUDA engine
 elif command -v nvcc > /dev/null 2>&1; then
     emulated_tier
 else
