@@ -63,8 +63,8 @@ int main(void) {
     floatX *qkvr = random_bf16((size_t)3 * T * C, &rng), *att = random_bf16((size_t)T * T, &rng);
     floatX *dqkvr = random_bf16((size_t)3 * T * C, &rng), *datt = random_bf16((size_t)T * T, &rng);
     floatX* scratch = random_bf16((size_t)T * C, &rng);
-    lp_attention_forward_gpu(y, qkvr, att, qkv, 1, T, C, NH);
-    lp_attention_backward_gpu(dqkv, dqkvr, datt, scratch, dy, qkvr, att, 1, T, C, NH);
+    lp_attention_forward_gpu(y, qkvr, att, qkv, 1, T, C, NH, NH);
+    lp_attention_backward_gpu(dqkv, dqkvr, datt, scratch, dy, qkvr, att, 1, T, C, NH, NH);
 
     int N = 64 * 1024;  // 124M's LayerNorm rows at B = 64
     C = 768;
@@ -72,7 +72,7 @@ int main(void) {
     floatX *ln = random_bf16((size_t)N * C, &rng), *dln = random_bf16((size_t)N * C, &rng), *dx = random_bf16((size_t)N * C, &rng);
     floatX *dw = random_bf16(C, &rng), *db = random_bf16(C, &rng);
     float *mean = (float*)lp_device_malloc(N * sizeof(float), "model_check"), *rstd = (float*)lp_device_malloc(N * sizeof(float), "model_check");
-    lp_layernorm_forward_gpu(ln, mean, rstd, x, w, b, N, C);
+    lp_layernorm_forward_gpu(ln, mean, rstd, x, w, b, N, C, 1e-5f);
     lp_layernorm_backward_gpu(dx, dw, db, dln, x, w, mean, rstd, N, C);
 
     N = 1024;  // 124M's classifier rows at B = 1, its (padded) vocabulary
