@@ -1399,8 +1399,8 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     lp_stage_create(&r->stage, &r->cfg, &chunks, f->B, f->T);
     float* weights = NULL;
     if (from_scratch) {
-        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers, r->cfg.channels,
-               r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
+        lp_log("initialising a new depth-%d %s (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers, lp_config_is_gpt2(&r->cfg) ? "GPT-2" : "Llama",
+               r->cfg.channels, r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
     } else {
         lp_log("loading %s\n", f->init);
         weights = lp_model_file_read_shared(f->init, &r->cfg, &proc->world_group);
@@ -1949,7 +1949,23 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
         FILE* out = fopen(tmp, "w");
         if (!out) lp_fail("flag %s: cannot write %s: %s", LP_FLAG_NAME(trace), tmp, strerror(errno));
         fprintf(out, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"steps\": \"%d:%d\", \"ranks\": %d, \"clock\": \"the monotonic "
-                "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\"},\n \"traceEvents\": [\n", from, to, n);
+                "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\", \"build\": \"%s\"",
+                from, to, n, LP_BUILD_GPU ? "cuda" : "cpu");
+        const LPParallel* par = proc->par;
+        if (lp_config_is_gpt2(&r->cfg)) {  // the planner's flags for this run's grid (dev/plot.py --trace sets the plan beside it)
+            char plan[LP_PATH_MAX + 512], moe[96] = "";
+            if (r->preset && r->cfg.moe_experts)
+                snprintf(moe, sizeof(moe), " --moe-experts %d --moe-topk %d --moe-every %d --ep %d", r->cfg.moe_experts, r->cfg.moe_topk,
+                         r->cfg.moe_every, par->ep);
+            char sg[32] = "";  // (the planner takes it where it applies: t > 1 and p > 1 without SP)
+            if (par->tp > 1 && par->pp > 1 && !par->sp) snprintf(sg, sizeof(sg), " --pp-scatter-gather %d", par->scatter_gather);
+            snprintf(plan, sizeof(plan), "--plan %d -e %s -t %d -d %d -b %d --tp %d --pp %d --vpp %d --zero %d --recompute %s --offload "
+                     "%s%s%s%s", n, r->f->init, r->f->T, r->total_batch, r->f->B, par->tp, par->pp, par->vpp, par->zero,
+                     lp_recompute_names[par->recompute], lp_offload_names[par->offload], sg, par->sp ? " --sp" : "", moe);
+            fprintf(out, ", \"plan\": ");
+            lp_json_string(out, plan);
+        }
+        fprintf(out, "},\n \"traceEvents\": [\n");
         for (int k = 0; k < n; k++) {  // (the events follow these, each after a comma)
             fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d "
                     "p%d d%d\"}},\n", k, k, coords[3 * k], coords[3 * k + 1], coords[3 * k + 2]);
