@@ -7309,7 +7309,8 @@ typedef struct LPModel {
     int cur_B, cur_T;   // shape of the last forward, which backward differentiates
     float dloss;        // the last forward's gradient seed: its loss's weight in the step times loss_scale (the
                         // auxiliary losses' seeds are scaled by it too)
-    float loss_scale;   // dynamic loss scaling's multiplier of the gradients (LPLossScaler), 1 without; the stage's
+    float loss_scale;   // dynamic loss scaling's multiplier of the gradients (LPLossScaler), 1 without; the stage
+                        // sets it each step (LPStage.loss_scale)
     LPActivations act;
     int num_slots;
     LPActivations* slot_act;  // (num_slots)
@@ -8643,7 +8644,7 @@ static inline void lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, flo
 
 // The global norm (before clipping) of the n models' gradients once reduced (lp_zero_average), the same
 // on every rank: ms are a pipeline stage's chunks (one model: n = 1, pp NULL). Of the gradients divided by
-// the loss scale (exactly: a power of two); an inf or NaN in any of them, on any rank, makes it not finite
+// the loss scale (exactly, for a power of two); an inf or NaN in any of them, on any rank, makes it not finite
 // on every rank (the overflow check of loss scaling: each rank's parts carry it into the sums over the grid).
 float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     int slots = LP_NUM_PARAMS * ms->cfg.num_layers;
