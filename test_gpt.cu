@@ -6823,6 +6823,8 @@ int main(int argc, char** argv) {
     LPProcess proc;
     memset(&proc, 0, sizeof(proc));
     proc.world = 1;
+    proc.world_group.name = "world";  // (lp_process_init's for one process, without MPI)
+    proc.world_group.size = 1;
     LPParallel alone = lp_parallel_one;
     lp_grid_init(&proc, &alone);
 #ifdef LLMPAR_CPU
