@@ -923,6 +923,43 @@ size_t lp_config_num_params(const LPConfig* c) {
     return n;
 }
 
+// Where the canonical values [canon, canon + n) of a model of shape c lie in its llm.c model file's values: a
+// GPT-2 file holds the canonical layout (lp_param_shape's); a Llama 3 file the same tensors but for V rows of wte
+// and the head where the canonical has Vp (the padding zero), and fcw, which the file holds as every layer's up,
+// then every layer's gate, and the canonical as each layer's gate, then up (its two blocks). Returns how many of
+// them (at least 1, at most n) lie one after another in the file from its value *file, or are padding rows the
+// file lacks (*file = -1).
+static inline size_t lp_file_run(const LPConfig* c, size_t canon, size_t n, long long* file) {
+    *file = (long long)canon;
+    if (!c->untied) return n;
+    size_t at = 0, fat = 0, C = c->channels, HC = (size_t)lp_ffn_hidden(c) * C, VC = (size_t)c->vocab_size * C;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        size_t count, rows, cols, end, o = canon - at;
+        int blocks;
+        lp_param_shape(c, i, &count, &rows, &cols, &blocks);
+        size_t size = count * rows * cols, head = i == LP_WTE || i == LP_HEADW;
+        if (canon >= at + size) {
+            at += size;
+            fat += head ? VC : size;
+            continue;
+        }
+        if (head && o >= VC) {  // padding rows
+            *file = -1;
+            end = size;
+        } else if (i == LP_FCW) {  // layer l's gate (block 0) is the file's gate l, after the L ups; its up (1) the file's up l
+            size_t l = o / (2 * HC), up = o / HC % 2;
+            *file = (long long)(fat + (up ? l : count + l) * HC + o % HC);
+            end = o - o % HC + HC;
+        } else {
+            *file = (long long)(fat + o);
+            end = head ? VC : size;
+        }
+        return end - o < n ? end - o : n;
+    }
+    lp_fail("internal: canonical value %zu outside the model's %zu", canon, at);
+    return 0;
+}
+
 // Matrices get weight decay; biases and LayerNorm parameters do not (as in GPT-2 and llm.c).
 static inline int lp_param_decays(int i) {
     return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW || i == LP_HEADW || i == LP_ROUTERW ||
@@ -1274,16 +1311,20 @@ LP_STATE cudaDeviceProp lp_device_prop;
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
-// Whether model c splits over t tensor-parallel ranks (its heads, MLP width and padded vocabulary): NULL,
-// or why not (written into why). Layers over pipeline stages: lp_pp_partition.
+// Whether model c splits over t tensor-parallel ranks (its query heads, K/V heads, MLP width and padded vocabulary):
+// NULL, or why not (written into why). Layers over pipeline stages: lp_pp_partition. Grouped-query attention's KV
+// K/V heads split as the query heads do, each rank keeping whole groups (query heads with their K/V head), so t must
+// divide KV, as Megatron-LM asks too: with t > KV a K/V head would be replicated over t/KV ranks, a tensor replicated
+// within part of the group whose gradients those ranks sum, which nothing else here is.
 const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
-    if (t > 1 && !lp_config_is_gpt2(c))
-        snprintf(why, size, "%s %d: not yet for the Llama family (one rank, t = 1)", LP_SETTING(tp), t);
-    else if (c->num_heads % t)
+    int KV = lp_kv_heads(c), H = lp_ffn_hidden(c);
+    if (c->num_heads % t)
         snprintf(why, size, "%s %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t, c->num_heads, t);
-    else if (4 * c->channels % t)
-        snprintf(why, size, "%s %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t,
-                 4 * c->channels, t);
+    else if (KV % t)
+        snprintf(why, size, "%s %d: the model's %d K/V heads do not split evenly over %d tensor-parallel ranks (grouped-query "
+                 "attention: each rank keeps whole K/V heads, none is replicated)", LP_SETTING(tp), t, KV, t);
+    else if (H % t)
+        snprintf(why, size, "%s %d: the MLP width %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t, H, t);
     else if (c->padded_vocab_size % t)
         snprintf(why, size, "%s %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp),
                  t, c->padded_vocab_size, t);
@@ -1291,19 +1332,10 @@ const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
         return NULL;
     return why;
 }
-// Every rank checks alike, so rank 0 alone prints. The Llama family runs on one rank so far (its parallel axes
-// come in later steps): every other setting is refused, never run on as if it were GPT-2.
+// Every rank checks alike, so rank 0 alone prints.
 void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
-    const LPParallel* p = proc->par;
-    if (lp_config_is_gpt2(c)) return;
-    struct { int set; const char* name; int value; } axes[] = {
-        {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp}, {p->zero > 0, LP_SETTING(zero), p->zero},
-        {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep}, {p->offload != 0, LP_SETTING(offload), p->offload}};  // (0: LP_OFFLOAD_NONE)
-    for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++)
-        if (axes[k].set) lp_fail_all("%s %d: not yet for the Llama family (one rank so far)", axes[k].name, axes[k].value);
-    if (proc->world > 1) lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family (one rank so far)", proc->world, p->dp);
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -6089,10 +6121,11 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 //   3      ... and of the weights           as stage 2; lp_zero_fetch gathers each layer's weights just
 //                                           before it runs, the next layer's on the way meanwhile
 // wte (the embedding and the tied LM head, most of a small model's weights) is sharded like a layer in
-// stages 2-3 when the model holds its only copy (no pipeline): it is used a piece of rows at a time (at most
-// a layer's worth), each piece's weights gathered when needed (stage 3) and its gradients reduce-scattered
-// as soon as they are computed (lp_zero_wte, lp_zero_wte_grad). The other tensors outside the layers,
-// wpe and lnf (smaller than a layer), and wte when pipeline stages hold copies of it, stay whole: their
+// stages 2-3 when the model holds its only copy (no pipeline; or an untied head, whose first chunk alone holds
+// wte, when that chunk has layers): it is used a piece of rows at a time (at most a layer's worth), each piece's weights gathered when
+// needed (stage 3) and its gradients reduce-scattered as soon as they are computed (lp_zero_wte,
+// lp_zero_wte_grad). The other tensors outside the layers, wpe, lnf (smaller than a layer), an untied head's
+// headw, and wte when pipeline stages hold copies of it, stay whole: their
 // gradients are accumulated over the micro-batches and reduce-scattered by lp_zero_average, their
 // weights gathered after each update.
 //
@@ -7231,8 +7264,10 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
         m->aux_id[m->num_aux] = split->aux[j];
         m->aux[m->num_aux++] = l;
     }
-    m->head = m->first || m->last || m->num_aux > 0;
-    m->copies = m->head ? (m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : 1u << LP_LNFW | 1u << LP_LNFB) : 0u;
+    m->head = m->last || m->num_aux > 0 || (m->first && !cfg->untied);
+    unsigned lm = 1u << LP_LNFW | 1u << LP_LNFB | (cfg->untied ? 1u << LP_HEADW : 1u << LP_WTE);  // the head's tensors
+    unsigned holds = (m->first ? 1u << LP_WPE | 1u << LP_WTE : 0u) | (m->head ? lm : 0u);       // of those outside the layers
+    m->copies = holds & ((m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : lm & ~(1u << LP_WTE)));
     m->parts = cfg->moe_experts ? 2 : 1;
     m->ep = proc ? &proc->group[LP_EP] : NULL;
     m->ep_size = m->ep ? m->ep->size : 1;
@@ -7246,14 +7281,16 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         int having = lp_layers_having(cfg, i, 0, cfg->num_layers);
         if (lp_is_layer_tensor(i)) sizes[0][i] = having ? sizes[0][i] / having * lp_layers_having(cfg, i, m->layer0, m->layer0 + m->L) : 0;
-        else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[0][i] = 0;  // held by another chunk
+        else if (!(holds >> i & 1)) sizes[0][i] = 0;  // held by another chunk
         sizes[1][i] = lp_is_expert_tensor(i) ? sizes[0][i] / m->ep_size : 0;
         if (lp_is_expert_tensor(i)) sizes[0][i] = 0;
     }
-    size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
+    size_t wte_rows = holds >> LP_WTE & 1 ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
     int apart = m->par->diloco || m->par->gossip;  // replicas that train apart average no gradients
     const LPGroup* dp = proc && !apart ? &proc->group[LP_DP] : NULL;
-    lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, m->first && m->last, dp, m->par, split->chunk);
+    // the only copy of wte, beside layers (its pieces are at most a layer's): ZeRO-2/3 may cut it (section 8)
+    int wte_alone = m->first && (m->last || cfg->untied) && m->L > 0;
+    lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, wte_alone, dp, m->par, split->chunk);
     if (m->parts > 1) {  // the experts: with expert parallelism averaged over their replicas (edp), their gradients
                          // sums over the ep ranks' batches, so the optimizer takes 1/ep of them (grad_scale)
         lp_zero_create(&m->experts, sizes[1], cfg, m->layer0, m->L, 0, 0, m->ep_size > 1 ? &proc->group[LP_EDP] : dp, m->par,
@@ -7315,18 +7352,24 @@ static inline void lp_model_get_weights(const LPModel* m, float* canon) {
     }
 }
 
-// Read or write this rank's values [lo, lo + count) of part p's flat parameters (buf, host) at their
-// canonical places in f, whose canonical array starts at byte `base`. A write skips the copies (another rank
-// writes the same values). Returns 0 or an errno.
+// Read or write this rank's values [lo, lo + count) of part p's flat parameters (buf, host) at their places
+// in f, whose values, in the model file's layout (lp_file_run: a GPT-2 file's is the canonical one), start at
+// byte `base`. A write skips the copies (another rank writes the same values); a read leaves the padding rows a
+// Llama 3 file lacks as they were in buf. Returns 0 or an errno.
 static inline int lp_model_canonical_io(const LPModel* m, int p, FILE* f, long long base, float* buf, size_t lo, size_t count,
                                         int write) {
     for (int k = 0; k < m->num_runs; k++) {
         const LPRun* r = &m->runs[k];
         size_t a = r->local > lo ? r->local : lo, b = r->local + r->n < lo + count ? r->local + r->n : lo + count;
         if (r->part != p || a >= b || (write && r->copy)) continue;
-        if (fseeko(f, base + 4LL * (long long)(r->canon + (a - r->local)), SEEK_SET) != 0) return errno ? errno : EIO;
-        size_t done = write ? fwrite(buf + (a - lo), sizeof(float), b - a, f) : fread(buf + (a - lo), sizeof(float), b - a, f);
-        if (done != b - a) return errno ? errno : EIO;
+        for (size_t x = a, n; x < b; x += n) {
+            long long at;
+            n = lp_file_run(&m->cfg, r->canon + (x - r->local), b - x, &at);
+            if (at < 0) continue;
+            if (fseeko(f, base + 4LL * at, SEEK_SET) != 0) return errno ? errno : EIO;
+            size_t done = write ? fwrite(buf + (x - lo), sizeof(float), n, f) : fread(buf + (x - lo), sizeof(float), n, f);
+            if (done != n) return errno ? errno : EIO;
+        }
     }
     return 0;
 }
@@ -7562,46 +7605,63 @@ static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float
     return (float)(sum / N);
 }
 
-// The LM head's weights, piece k of them (rows r0 ...): wte's (tied), or headw's (untied: ZeRO-2/3 are not yet
-// for the Llama family, so headw is whole, in one piece).
-static inline const floatX* lp_model_head(LPModel* m, int k, size_t r0) {
-    return m->cfg.untied ? m->zero.w[LP_HEADW] + r0 * m->cfg.channels : lp_zero_wte(&m->zero, k);
+// The LM head's weights in pieces of rows, column-parallel over the vocabulary (this rank's Vl rows): a tied
+// head's are wte's pieces (ZeRO-2/3 may cut wte: lp_zero_wte gathers each), an untied head's headw, held whole
+// (ZeRO-2/3 keep it whole as the other tensors outside the layers), one piece. Piece k: its weights, its first
+// row (*r0) and its rows.
+static inline int lp_model_head_pieces(const LPModel* m) { return m->cfg.untied ? 1 : m->zero.pieces; }
+static inline const floatX* lp_model_head(LPModel* m, int k, size_t* r0, size_t* rows) {
+    if (!m->cfg.untied) {
+        *rows = lp_zero_piece(&m->zero, k, r0);
+        return lp_zero_wte(&m->zero, k);
+    }
+    *r0 = 0;
+    *rows = (size_t)m->cfg.padded_vocab_size / m->tp_size;
+    return m->zero.w[LP_HEADW];
+}
+// ... and where piece k's gradient accumulates (a tied head's piece goes on to ZeRO with lp_zero_wte_grad_done).
+static inline floatX* lp_model_head_grad(LPModel* m, int k, size_t* r0, size_t* rows) {
+    if (!m->cfg.untied) {
+        *rows = lp_zero_piece(&m->zero, k, r0);
+        return lp_zero_wte_grad(&m->zero, k);
+    }
+    *r0 = 0;
+    *rows = (size_t)m->cfg.padded_vocab_size / m->tp_size;
+    return m->zero.g[LP_HEADW];
 }
 
-// The LM head, tied to wte (or untied) and column-parallel over the vocabulary: this rank's slice of the logits (N,Vl)
-// from lnf, the final LayerNorm's output (this rank's rows of it; SP gathers them), a piece of wte's rows
-// at a time (ZeRO-2/3 hold it in pieces; else one piece, all of it). Padding rows of wte are zero.
+// The LM head: this rank's slice of the logits (N,Vl) from lnf, the final LayerNorm's output (this rank's rows of
+// it; SP gathers them), a piece of the head's rows at a time. Padding rows of the head are zero.
 static inline void lp_model_logits(LPModel* m, floatX* logits, const floatX* lnf, int N) {
     int C = m->cfg.channels, Vl = m->cfg.padded_vocab_size / m->tp_size;
     const floatX* x = lp_tp_f_forward(m, lnf, N, C);
-    for (int k = 0; k < m->zero.pieces; k++) {
-        size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
-        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, lp_model_head(m, k, r0), C, 0, logits + r0, Vl);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        const floatX* w = lp_model_head(m, k, &r0, &rows);
+        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, w, C, 0, logits + r0, Vl);
     }
 }
 
-// Backward through the head from the logits' gradient: into wte's gradient, lnf's (lnf = layernorm(x),
+// Backward through the head from the logits' gradient: into the head's gradient (wte's or headw's), lnf's (lnf = layernorm(x),
 // with its mean and rstd) and x's, added to act.dresidual.
 static inline void lp_model_head_backward(LPModel* m, const floatX* x, const floatX* lnf, const float* mean, const float* rstd,
                                           const floatX* dlogits, int N) {
     int C = m->cfg.channels, Nr = m->par->sp ? N / m->tp_size : N, Vl = m->cfg.padded_vocab_size / m->tp_size;
     LPActivations* a = &m->act;
     LPZero* z = &m->zero;
-    // LM head, piece by piece: the input's gradient (summed over the pieces), then wte's (SP gathers lnf's
+    // LM head, piece by piece: the input's gradient (summed over the pieces), then the head's (SP gathers lnf's
     // rows again), each piece's handed to ZeRO when done; then lnf
     const floatX* xf = lp_tp_f_forward(m, lnf, N, C);
-    for (int k = 0; k < z->pieces; k++) {
-        size_t r0, rows = lp_zero_piece(z, k, &r0);
-        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, lp_model_head(m, k, r0), C, k > 0, a->btc, C);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        const floatX* w = lp_model_head(m, k, &r0, &rows);
+        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, w, C, k > 0, a->btc, C);
     }
-    for (int k = 0; k < z->pieces; k++) {
-        size_t r0, rows = lp_zero_piece(z, k, &r0);
-        if (m->cfg.untied) {
-            lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, z->g[LP_HEADW] + r0 * C, C);
-            continue;
-        }
-        lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, lp_zero_wte_grad(z, k), C);
-        lp_zero_wte_grad_done(z, k);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        floatX* dw = lp_model_head_grad(m, k, &r0, &rows);
+        lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, dw, C);
+        if (!m->cfg.untied) lp_zero_wte_grad_done(z, k);
     }
     lp_layernorm_backward(a->dresidual, z->g[LP_LNFW], lp_model_grad(m, LP_LNFB), lp_tp_f_backward(m, a->btc, N, C), x, z->w[LP_LNFW],
                            mean, rstd, Nr, C);
@@ -9267,13 +9327,14 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
 }
 
 // The gradient reduction's end. First every copy of the head (wte and lnf: the embedding's on the first
-// chunk, the LM head's on the last, the auxiliary losses' in between) gets the sum of all their gradients,
+// chunk, the LM head's on the last, the auxiliary losses' in between; an untied head's headw and lnf, on the last
+// and the auxiliary losses' chunks, none on the first) gets the sum of all their gradients,
 // summed within this rank and then over the head group, so the copies take the same step and stay equal;
 // then each chunk's gradients are averaged over DP (lp_zero_average: what backward started arrives, the
 // rest is reduced now).
 void lp_step_reduce_grads(LPStage* st) {
     int phase = lp_trace_begin("step", "gradient reduction", -1, -1);
-    const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
+    const int head[3] = {st->chunks[0].cfg.untied ? LP_HEADW : LP_WTE, LP_LNFW, LP_LNFB};
     LPModel* sum = NULL;  // this rank's first chunk holding the head
     for (int c = 0; c < st->par->vpp; c++) {
         LPModel* mc = &st->chunks[c];
@@ -9435,24 +9496,15 @@ static inline FILE* lp_model_file_open(const char* path, LPConfig* cfg, int* ver
     return f;
 }
 
-// A Llama 3 file's values (file) against the canonical layout (canon, lp_param_shape's): the same tensors but
-// for V rows of wte and the head where the canonical has Vp (the padding zero), and fcw, which the file holds
-// as every layer's up, then every layer's gate, and the canonical as each layer's gate, then up (its two blocks).
-// to_file 1: canon into file; 0: file into canon.
+// A model file's values (file) from the canonical layout (canon, lp_param_shape's) and back (lp_file_run):
+// to_file 1: canon into file; 0: file into canon (the padding rows zero).
 static inline void lp_llama_file_layout(const LPConfig* c, float* file, float* canon, int to_file) {
-    size_t at = 0, C = c->channels, L = c->num_layers, H = lp_ffn_hidden(c);
-    if (!to_file) memset(canon, 0, lp_config_num_params(c) * sizeof(float));
-    for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        size_t count, rows, cols;
-        int blocks;
-        lp_param_shape(c, i, &count, &rows, &cols, &blocks);
-        for (size_t k = 0; k < (i == LP_FCW ? 2 * L : 1); k++) {  // fcw: the file's L ups, then its L gates
-            size_t n = i == LP_WTE || i == LP_HEADW ? (size_t)c->vocab_size * C : i == LP_FCW ? H * C : count * rows * cols;
-            float* x = canon + (i == LP_FCW ? (k % L * 2 + (k < L)) * H * C : 0);  // (layer k % L's block: up 1, gate 0)
-            memcpy(to_file ? file + at : x, to_file ? x : file + at, n * sizeof(float));
-            at += n;
-        }
-        canon += count * rows * cols;
+    size_t n = lp_config_num_params(c);
+    if (!to_file) memset(canon, 0, n * sizeof(float));
+    for (size_t at = 0, k; at < n; at += k) {
+        long long f;
+        k = lp_file_run(c, at, n - at, &f);
+        if (f >= 0) memcpy(to_file ? file + f : canon + at, to_file ? canon + at : file + f, k * sizeof(float));
     }
 }
 
@@ -9547,6 +9599,18 @@ static inline void lp_llama_file_header_of(int h[LP_HEADER_INTS], float hf[LP_LL
     hf[0] = c->ffn_dim_multiplier;
     hf[1] = lp_norm_eps(c);
     hf[2] = c->rope_theta;
+}
+
+// The header of a model file of shape c, lp_model_file_header_bytes(c) of these bytes: llm.c's ints (a Llama 3
+// file's, then its floats).
+typedef struct {
+    int h[LP_HEADER_INTS];
+    float hf[LP_LLAMA_FLOATS];
+} LPFileHeader;
+static inline void lp_model_file_head(LPFileHeader* head, const LPConfig* c) {
+    memset(head, 0, sizeof(*head));
+    if (c->untied) lp_llama_file_header_of(head->h, head->hf, c);
+    else lp_model_file_header_of(head->h, c);
 }
 
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file (a mixture of experts: 6; the
@@ -9667,13 +9731,13 @@ static inline int lp_checkpoint_remove(const char* dir, char* failed) {
     return rmdir(dir) != 0 ? errno : 0;
 }
 
-// A file of header + payload_bytes (zeros until the ranks fill it in place). Returns 0 or an errno.
-static inline int lp_create_file(const char* path, const int* header, long long payload_bytes) {
+// A file of header_bytes of header + payload_bytes (zeros until the ranks fill it in place). Returns 0 or an errno.
+static inline int lp_create_file(const char* path, const void* header, long long header_bytes, long long payload_bytes) {
     FILE* f = fopen(path, "wb");
     if (!f) return errno;
-    int err = lp_fwrite(header, sizeof(int), LP_HEADER_INTS, f) ? errno : 0;
+    int err = lp_fwrite(header, 1, (size_t)header_bytes, f) ? errno : 0;
     if (!err && fflush(f) != 0) err = errno;
-    if (!err && ftruncate(fileno(f), LP_HEADER_INTS * 4LL + payload_bytes) != 0) err = errno;
+    if (!err && ftruncate(fileno(f), header_bytes + payload_bytes) != 0) err = errno;
     if (fclose(f) != 0 && !err) err = errno;
     return err;
 }
@@ -9762,7 +9826,8 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
     lp_path(model_path, "%s/model.bin", tmp_dir);
     lp_path(optim_path, "%s/optim.bin", tmp_dir);
     lp_path(state_path, "%s/state.bin", tmp_dir);
-    size_t n = m->total_params;
+    size_t n = lp_model_file_values(&m->cfg);  // (a Llama 3 file lacks the padding rows)
+    long long model_base = lp_model_file_header_bytes(&m->cfg);
     int err = 0, replicas = lp_optim_replicas(m);
     char removing[LP_PATH_MAX];
     const char* failed = tmp_dir;
@@ -9772,9 +9837,10 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         lp_crash_point();
         if (!err && mkdir(tmp_dir, 0755) != 0) err = errno;
         lp_crash_point();
+        LPFileHeader head;
+        lp_model_file_head(&head, &m->cfg);
+        if (!err && (err = lp_create_file(model_path, &head, model_base, (long long)n * 4))) failed = model_path;
         int h[LP_HEADER_INTS];
-        lp_model_file_header_of(h, &m->cfg);
-        if (!err && (err = lp_create_file(model_path, h, (long long)n * 4))) failed = model_path;
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_OPTIM_MAGIC;
@@ -9783,7 +9849,7 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         h[3] = (int)(n & 0x7fffffff);
         h[4] = (int)(n >> 31);
         h[5] = replicas > 1 ? replicas : 0;
-        if (!err && (err = lp_create_file(optim_path, h, (2LL * replicas + (replicas > 1)) * n * 4))) failed = optim_path;
+        if (!err && (err = lp_create_file(optim_path, h, LP_HEADER_INTS * 4LL, (2LL * replicas + (replicas > 1)) * n * 4))) failed = optim_path;
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_STATE_MAGIC;
@@ -9818,7 +9884,7 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
                 continue;  // unsharded DP replicas are equal: the first writes (gossip's: the first's weights and state)
             size_t lo = z->shard_start, count = lp_zero_shard_count(z);
             long long base = LP_HEADER_INTS * 4LL, own = base + (replicas > 1 ? 8LL * (long long)n * replica : 0);
-            if (replica == 0 && (err = lp_write_shard(m, p, model_path, base, z->master, lo, count))) failed = model_path;
+            if (replica == 0 && (err = lp_write_shard(m, p, model_path, model_base, z->master, lo, count))) failed = model_path;
             lp_crash_point();
             if (z->off) {  // offloaded: m and v a chunk at a time from the file
                 if (!err && (err = lp_write_offloaded(m, p, optim_path, base, n))) failed = optim_path;
@@ -9939,19 +10005,20 @@ int lp_checkpoint_latest(const char* dir, int before) {
 const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg, int* optim_h, int* state_h, int sums,
                                   char* why, size_t size) {  // (optim_h, state_h: LP_HEADER_INTS ints each)
     const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
-    int model_h[LP_HEADER_INTS], want[LP_HEADER_INTS];
-    int* headers[3] = {model_h, optim_h, state_h};
-    lp_model_file_header_of(want, cfg);
-    size_t n = lp_config_num_params(cfg);
-    long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, 0, LP_HEADER_INTS * 4LL};
+    LPFileHeader model_h, want;  // (a Llama 3 file's floats too)
+    int* headers[3] = {model_h.h, optim_h, state_h};
+    lp_model_file_head(&want, cfg);
+    memset(&model_h, 0, sizeof(model_h));
+    size_t n = lp_model_file_values(cfg), head_bytes = (size_t)lp_model_file_header_bytes(cfg);
+    long long sizes[3] = {(long long)head_bytes + 4LL * (long long)n, 0, LP_HEADER_INTS * 4LL};
     char path[LP_PATH_MAX];
     for (int i = 0; i < 3; i++) {
         lp_path(path, "%s/step_%08d/%s", dir, step, names[i]);
         FILE* f = fopen(path, "rb");
-        size_t got = f ? fread(headers[i], sizeof(int), LP_HEADER_INTS, f) : 0;
+        size_t bytes = i ? LP_HEADER_INTS * sizeof(int) : head_bytes, got = f ? fread(headers[i], 1, bytes, f) : 0;
         if (f) fclose(f);
         struct stat sb;
-        if (!f || got != LP_HEADER_INTS || stat(path, &sb) != 0) {
+        if (!f || got != bytes || stat(path, &sb) != 0) {
             snprintf(why, size, "%s: cannot read its header", path);
             return why;
         }
@@ -9959,7 +10026,7 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
         size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
         int replicas = h[1] == 2 ? h[5] : 1;  // optim.bin's AdamW states (version 2: DiLoCo's replicas, and its momentum)
         if (i == 1) sizes[1] = LP_HEADER_INTS * 4LL + (8LL * replicas + 4LL * (replicas > 1)) * (long long)n;
-        if (i == 0 && memcmp(h, want, sizeof(want)) != 0)
+        if (i == 0 && memcmp(&model_h, &want, head_bytes) != 0)
             snprintf(why, size, "%s: checkpoint model shape differs from the model being trained", path);
         else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || (h[1] != 1 && h[1] != 2) || (h[1] == 2 && (replicas < 2 || replicas > 1 << 20))))
             snprintf(why, size, "%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
@@ -10006,11 +10073,13 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
 int lp_checkpoint_shape(const char* dir, int step, LPConfig* cfg) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
-    int h[LP_HEADER_INTS];
+    LPFileHeader head;
     FILE* f = fopen(path, "rb");
-    int ok = f && fread(h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS && h[0] == LP_MODEL_MAGIC;
+    int ok = f && fread(head.h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS &&
+             (head.h[0] == LP_MODEL_MAGIC || (head.h[0] == LP_LLAMA_MAGIC && fread(head.hf, sizeof(float), LP_LLAMA_FLOATS, f) == LP_LLAMA_FLOATS));
     if (f) fclose(f);
-    if (ok) lp_config_of_header(h, cfg);
+    if (ok) lp_config_of_header(head.h, cfg);
+    if (ok && head.h[0] == LP_LLAMA_MAGIC) lp_config_of_llama_floats(head.hf, cfg);
     return ok ? 0 : -1;
 }
 
@@ -10099,7 +10168,7 @@ void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char*
         lp_fail_all("%s: holds the AdamW states of %d DiLoCo replicas; resume it with %s and %d data-parallel replicas", path,
                     saved, LP_SETTING(diloco), saved);
     FILE* f = lp_fopen(path, "rb");
-    size_t n = ms->total_params;
+    size_t n = lp_model_file_values(&ms->cfg);  // (optim.bin's values are in the model file's layout)
     for (int c = 0; c < n_models; c++) {
         LPModel* m = &ms[c];
         for (int p = 0; p < m->parts; p++) {

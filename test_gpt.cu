@@ -3204,15 +3204,15 @@ static void test_llama_model(void) {
     expect(lp_write_file(bad, hb, floats, sizeof(floats)) == 0, "a Llama 3 header with 3 KV heads of 4 heads is written");
     const struct { const char* args; const char* says; } refused[] = {
         {"-e %s", "llama_kv3.bin: 3 KV heads do not divide the 4 heads into equal groups"},
-        {"-e llama:d2 --zero 1", "--zero 1: not yet for the Llama family"},
-        {"-e llama:d2 -o %s", "checkpoints are not yet for the Llama family"},
         {"-e llama:d2 --moe-experts 4", "a mixture of experts is not yet for the Llama family"},
         {"-e llama:d2 --print-schedule", "flag --print-schedule: not yet for the Llama family"},
         {"-e llama:d2 -x 1 -s 1", "flag -s 1: sampling is not yet for the Llama family (-s 0)"},
     };
-    char why[256];
-    expect(lp_tp_check(&c, 2, why, sizeof(why)) && strstr(why, "tp 2: not yet for the Llama family"),
-           "tensor parallelism of a Llama: not yet, in one line");
+    char why[512];
+    expect(!lp_tp_check(&c, 2, why, sizeof(why)) && lp_tp_check(&c, 4, why, sizeof(why)) &&
+               strstr(why, "tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
+               strstr(why, "each rank keeps whole K/V heads, none is replicated"),
+           "tensor parallelism of a Llama: t = 2 splits its 2 K/V heads; t = 4 is refused in one line (no K/V head replicated)");
     for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++) {
         char args[512];
         snprintf(args, sizeof(args), refused[k].args, k == 0 ? bad : tmp_path("llama_out"));
@@ -4435,6 +4435,90 @@ static void test_pipeline_parallel(void) {
         if (!(rc != 0 && first && strstr(first, bad[k][2]))) printf("%s\n", out);
     }
     free(wref);
+}
+
+// The Llama family on every axis (issue 49): a tiny Llama (4 layers of C=32, 4 query heads and 2 K/V heads,
+// RoPE, RMSNorm, SwiGLU of 96, no biases, an untied head, V 97), 10 steps of 4 micro-batches, equals one rank
+// as GPT-2's grids do (expect_grid_equals_one_rank: bit for bit where only the pipeline splits it, else losses
+// to 1e-5 and weights within AdamW's bounds): TP splitting the query and K/V heads, SwiGLU's gate and up and the
+// untied head's vocabulary; SP; PP with no copy of the head on the first stage (interleaved, and ZeRO-3 cutting
+// wte on the first stage alone, or not where it has no layer); DP with ZeRO 1-3; recomputation; the optimizer
+// state offloaded; 3D. Its checkpoints are llm.c's Llama 3 files (model.bin) and resume on other grids; a
+// model file loaded on t=2 p=2 d=2 and saved back is the same file; t = 4 > 2 K/V heads is refused in one line.
+static void test_llama_grids(void) {
+    static char out[1 << 18];
+    if (no_mpirun("tier 3 Llama grids")) return;
+    LPConfig c = tiny_llama_config();
+    c.num_layers = 4;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, 4949);
+    lp_model_save(&m, tmp_path("llama_grid.bin"));
+    lp_model_free(&m);
+    char base[2048], args[4096], dir[LP_PATH_MAX], name[512];
+    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("llama_grid.bin"),
+             tmp_path("dp_shard.bin"));
+    float ref[64], got[64];
+    size_t nw = 0;
+    snprintf(args, sizeof(args), "%s -b 8", base);
+    lp_path(dir, "%s", tmp_path("llama_ref"));
+    int n = run_ranks(1, args, dir, ref, out, sizeof(out));
+    float* wref = run_weights(dir, 10, &nw);
+    expect(n == 10 && wref, "Llama: 1-rank reference run (4 micro-batches per step)");
+    if (!wref) { printf("%s\n", out); return; }
+    char offload[LP_PATH_MAX + 64];
+    lp_path(dir, "%s", tmp_path("llama_offload"));
+    mkdir(dir, 0755);
+    snprintf(offload, sizeof(offload), "--zero 1 --offload nvme --offload-dir %s", dir);
+    const char* cases[][2] = {
+        {"2", "--tp 2"}, {"2", "--tp 2 --sp"}, {"2", "--pp 2"}, {"2", "--pp 2 --vpp 2 --schedule interleaved"},
+        {"2", "--zero 3"}, {"2", "--zero 2 --recompute full"}, {"2", offload}, {"4", "--pp 2 --zero 3"},
+        {"4", "--pp 2 --zero 2 --pp-partition 0,4"}, {"4", "--tp 2 --sp --recompute selective"}, {"8", "--tp 2 --pp 2"},
+        {"8", "--tp 2 --pp 2 --sp --zero 3 --recompute full"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        lp_path(dir, "%s_%zu", tmp_path("llama_case"), k);
+        expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw, &c, 0);
+    }
+    free(wref);
+
+    // a checkpoint (llm.c's Llama 3 file, optim.bin in its layout) resumes on other grids: steps 6-10 equal the straight run
+    const struct { const char *ranks, *save, *resume_ranks, *resume; } moves[2] = {
+        {"8", "-b 4 --tp 2 --pp 2 --zero 3", "1", "-b 8"},
+        {"2", "-b 8 --tp 2 --sp", "4", "-b 4 --pp 2 --zero 1"},
+    };
+    for (int k = 0; k < 2; k++) {
+        lp_path(dir, "%s_%d", tmp_path("llama_ck"), k);
+        snprintf(args, sizeof(args), "%s %s -n 5", base, moves[k].save);
+        n = run_ranks(atoi(moves[k].ranks), args, dir, got, out, sizeof(out));
+        char rdir[LP_PATH_MAX], model[LP_PATH_MAX];
+        lp_path(model, "%s/step_00000005/model.bin", dir);
+        FILE* f = fopen(model, "rb");
+        int h[2] = {0, 0};
+        int llama_file = f && fread(h, sizeof(int), 2, f) == 2 && h[0] == 20240803 && h[1] == 3;
+        if (f) fclose(f);
+        lp_path(rdir, "%s_resumed", dir);
+        run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
+        snprintf(args, sizeof(args), "%s %s --resume", base, moves[k].resume);
+        int nr = run_ranks(atoi(moves[k].resume_ranks), args, rdir, got, out, sizeof(out));
+        snprintf(name, sizeof(name), "Llama: checkpoint of %s ranks %s (a Llama 3 model file) resumes on %s ranks %s: steps 6-10 equal "
+                 "the straight run", moves[k].ranks, moves[k].save, moves[k].resume_ranks, moves[k].resume);
+        expect(n == 10 && nr == 5 && llama_file, name);
+        if (n == 10 && nr == 5) expect_close(name, got, ref + 5, 5, 0.0f, 1e-5f);
+        else printf("%s\n", out);
+    }
+    lp_path(dir, "%s", tmp_path("llama_roundtrip"));
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 8 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e %s -i %s -j '' -t 16 -x 0 "
+                     "-b 4 --tp 2 --pp 2 --zero 1 -o %s && cmp %s %s/step_00000000/model.bin", TRAIN_BIN, tmp_path("llama_grid.bin"),
+                     tmp_path("dp_shard.bin"), dir, tmp_path("llama_grid.bin"), dir);
+    expect(rc == 0, "Llama 3 model file loaded on t=2 p=2 d=2 ZeRO-1 and saved back (-x 0) is byte-identical");
+    if (rc != 0) printf("%s\n", out);
+
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s -b 8 --tp 4", TRAIN_BIN, base);
+    const char* first = strstr(out, "llmpar: error: ");
+    expect(rc != 0 && first && strstr(first, "--tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
+               !strstr(first + 1, "llmpar: error: "),
+           "Llama: t = 4 with 2 K/V heads is refused in one line (K/V heads are not replicated)");
 }
 
 // Launched by Slurm's srun (PMIx) instead of mpirun, where a Slurm cluster answers (scripts/slurm_local.sh
@@ -6688,6 +6772,7 @@ int main(int argc, char** argv) {
     RUN(test_data_parallel);
     RUN(test_tensor_parallel);
     RUN(test_pipeline_parallel);
+    RUN(test_llama_grids);
     RUN(test_machine_variation);
     RUN(test_recompute);
     RUN(test_moe_grids);

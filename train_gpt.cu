@@ -1297,8 +1297,6 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     r->proc = proc;
     int from_scratch = r->preset = lp_model_config(f, proc, &r->cfg);
     lp_grid_check(proc, &r->cfg);
-    if (!lp_config_is_gpt2(&r->cfg) && f->out_dir[0])
-        lp_fail_all("flag -o %s: checkpoints are not yet for the Llama family (train without -o)", f->out_dir);
     if (!lp_config_is_gpt2(&r->cfg) && f->aux_layers && f->aux_layers[0])
         lp_fail_all("flag --aux-loss-layers %s: not yet for the Llama family", f->aux_layers);
     if (f->trace[0]) lp_trace_check_path(f, proc);
@@ -1316,8 +1314,8 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     lp_stage_create(&r->stage, &r->cfg, &chunks, f->B, f->T);
     float* weights = NULL;
     if (from_scratch) {
-        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers, r->cfg.channels,
-               r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
+        lp_log("initialising a new depth-%d %s (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers,
+               lp_config_is_gpt2(&r->cfg) ? "GPT-2" : "Llama", r->cfg.channels, r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
     } else {
         lp_log("loading %s\n", f->init);
         weights = lp_model_file_read_shared(f->init, &r->cfg, &proc->world_group);
