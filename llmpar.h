@@ -4219,8 +4219,9 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 // --- rotary positions (RoPE), Llama's layout: in each query and key head, the pair of channels (2i, 2i+1) at
 // position p is rotated by the angle p freq_i, freq_i = theta^(-2i/HS); Llama 3.1's scaled RoPE divides the
 // low frequencies by 8 and blends the middle ones (wavelengths between 8192/4 and 8192, its original context).
-// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, the V heads untouched; inverse rotates by
-// -angle: the backward pass (a rotation's transpose), on the gradient of the rotated q and k.
+// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, row t at position pos + t (pos: 0, or the first
+// row's place in a key-value cache), the V heads untouched; inverse rotates by -angle: the backward pass (a
+// rotation's transpose), on the gradient of the rotated q and k.
 static inline double lp_rope_freq(int i, int HS, float theta, int scaled) {
     double f = pow((double)theta, -2.0 * i / HS);
     if (!scaled) return f;
@@ -4230,14 +4231,14 @@ static inline double lp_rope_freq(int i, int HS, float theta, int scaled) {
     double smooth = (context / wavelen - low) / (high - low);
     return (1.0 - smooth) * f / factor + smooth * f;
 }
-static inline void lp_rope_cpu(float* qkv, int B, int T, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+static inline void lp_rope_cpu(float* qkv, int B, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
     int heads = NH + 2 * KV;
 #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
-        int pos = bt % T;
+        int at = pos + bt % T;
         float* row = qkv + (size_t)bt * heads * HS;
         for (int i = 0; i < HS / 2; i++) {
-            double angle = pos * lp_rope_freq(i, HS, theta, scaled);
+            double angle = at * lp_rope_freq(i, HS, theta, scaled);
             float c = (float)cos(angle), s = inverse ? -(float)sin(angle) : (float)sin(angle);
             for (int h = 0; h < NH + KV; h++) {
                 float* x = row + (size_t)h * HS + 2 * i;
@@ -4259,7 +4260,7 @@ static inline void lp_rope_cpu(float* qkv, int B, int T, int NH, int KV, int HS,
 static inline void lp_attention_gqa_refused(int NH, int KV) {
     if (KV != NH) lp_fail("internal: the CUDA build's attention takes no grouped-query attention yet (%d KV heads of %d)", KV, NH);
 }
-static inline void lp_rope_gpu(floatX*, int, int, int, int, int, float, int, int) { lp_fail("internal: the CUDA build has no RoPE yet"); }
+static inline void lp_rope_gpu(floatX*, int, int, int, int, int, int, float, int, int) { lp_fail("internal: the CUDA build has no RoPE yet"); }
 static inline void lp_swiglu_forward_gpu(floatX*, const floatX*, int, int) { lp_fail("internal: the CUDA build has no SwiGLU yet"); }
 static inline void lp_swiglu_backward_gpu(floatX*, const floatX*, const floatX*, int, int) { lp_fail("internal: the CUDA build has no SwiGLU yet"); }
 
@@ -4386,28 +4387,29 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 
 // --- attention with a key-value cache (sampling: lp_model_forward with LPModel.cache): N new rows of each of
 // B sequences, at positions [pos, pos + N), first add their keys and values to the cache at those positions,
-// then each row's query attends to the cache's positions [0, its own]. cache (2,B,NH,Tc,HS): keys, then
-// values, each head's positions contiguous (qkvr's layout without q); qkv (B,N,3C) as the qkv projection
-// writes it; out (B,N,C). The causal softmax of lp_attention_forward_cpu, each query alone and in one pass
-// over its keys (a running max rescales the sum and the output when it grows), so one sampled token costs
-// its own row's work, not a (T,T) product.
+// then each row's query attends to the cache's positions [0, its own]. cache (2,B,KV,Tc,HS): keys, then
+// values, each K/V head's positions contiguous (qkvr's layout without q); qkv (B,N,(NH+2KV)HS) as the qkv
+// projection writes it (RoPE turned at the rows' positions); out (B,N,C). Grouped-query attention caches the KV
+// heads alone, query head h reading K/V head h / (NH/KV). The causal softmax of lp_attention_forward_cpu, each
+// query alone and in one pass over its keys (a running max rescales the sum and the output when it grows), so
+// one sampled token costs its own row's work, not a (T,T) product.
 #ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_attention_cached_forward_cpu(float* out, float* cache, const float* qkv, int B, int N, int pos, int Tc, int C,
-                                                   int NH) {
-    int HS = C / NH;
-    size_t plane = (size_t)B * NH * Tc * HS;
+                                                   int NH, int KV) {
+    int HS = C / NH, G = NH / KV, KVC = KV * HS, row = C + 2 * KVC;
+    size_t plane = (size_t)B * KV * Tc * HS;
     float scale = lp_attention_scale(C, NH);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < N; i++)
             for (int which = 0; which < 2; which++)
-                for (int c = 0; c < C; c++)
-                    cache[which * plane + (((size_t)b * NH + c / HS) * Tc + pos + i) * HS + c % HS] =
-                        qkv[((size_t)b * N + i) * 3 * C + (1 + which) * C + c];
+                for (int c = 0; c < KVC; c++)
+                    cache[which * plane + (((size_t)b * KV + c / HS) * Tc + pos + i) * HS + c % HS] =
+                        qkv[((size_t)b * N + i) * row + C + which * KVC + c];
 #pragma omp parallel for
     for (int r = 0; r < B * N * NH; r++) {
         int h = r % NH, i = r / NH % N, b = r / NH / N;
-        const float* q = qkv + ((size_t)b * N + i) * 3 * C + h * HS;
-        const float* k = cache + ((size_t)b * NH + h) * Tc * HS;
+        const float* q = qkv + ((size_t)b * N + i) * row + h * HS;
+        const float* k = cache + ((size_t)b * KV + h / G) * Tc * HS;
         const float* v = k + plane;
         float* y = out + ((size_t)b * N + i) * C + h * HS;
         float m = -INFINITY, l = 0.0f;
@@ -4480,7 +4482,8 @@ static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cac
         if (lane + 32 * u < HS) out[((size_t)b * N + i) * C + h * HS + lane + 32 * u] = lp_xf(y[u] / l);
 }
 static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C,
-                                                   int NH) {
+                                                   int NH, int KV) {
+    lp_attention_gqa_refused(NH, KV);
     size_t n = (size_t)B * N * 2 * C, warps = (size_t)B * N * NH;
     LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH);
     LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH,
@@ -7082,16 +7085,19 @@ typedef struct LPModelOptions {
 // positions [pos, pos + N): the rows' keys and values join the cache there and their queries attend to the
 // positions up to their own (lp_attention_cached_forward), so a sampled token's forward is its row alone.
 typedef struct {
-    floatX* kv;  // (L,2,B,NHl,T,HS)
+    floatX* kv;  // (L,2,B,KVl,T,HS)
     int B, T, pos;
 } LPKVCache;
 
 typedef struct LPModel {
     LPConfig cfg;         // the whole model's shape
     // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l). The
-    // first chunk holds wpe; the head (wte, lnf) is held by the first, the last, and any chunk with an
-    // auxiliary loss. The first chunk's wte and the last's lnf are the originals, the other holders' are
-    // copies (bits of `copies`): their gradients are summed (lp_step_reduce_grads), each counted and saved once.
+    // first chunk holds wpe and wte (the embedding). The head (lnf, and the LM head's weights: a tied head's are
+    // wte, an untied one's headw) is held by the last chunk and any with an auxiliary loss, and a tied head by the
+    // first too (its wte): the chunks with `head` set. The first chunk's wte and the last's lnf and headw are the
+    // originals, the other holders' are copies (bits of `copies`): their gradients are summed
+    // (lp_step_reduce_grads), each counted and saved once. An untied head shares nothing with the embedding, so
+    // the first and the last chunk hold no copies of each other's tensors.
     int L, layer0, first, last, head;
     unsigned copies;
     // auxiliary losses of this chunk: after local layer aux[j] (the model's layer aux_id[j], counted from
@@ -7944,8 +7950,10 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     floatX* qkv = mat || kv->kv ? a->qkv : x->qkvs;
     lp_matmul_forward(qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l), lp_layer_param(m, LP_QKVB, l), N, C,
                       QKVl);
-    if (c->rope) lp_rope(qkv, B, T, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
-    if (kv->kv) lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * Cl, qkv, B, T, kv->pos, kv->T, Cl, NHl);
+    if (c->rope) lp_rope(qkv, B, T, kv->kv ? kv->pos : 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
+    if (kv->kv)
+        lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * KVl * (C / c->num_heads), qkv, B, T, kv->pos, kv->T,
+                                    Cl, NHl, KVl);
     else if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, qkv, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
     else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl);
@@ -8185,7 +8193,7 @@ void lp_model_backward(LPModel* m, int last) {
 #ifndef LLMPAR_CPU
         else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
 #endif
-        if (c->rope) lp_rope(a->qkv, B, T, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
+        if (c->rope) lp_rope(a->qkv, B, T, 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), NULL, a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, QKVl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
@@ -8210,16 +8218,17 @@ void lp_model_backward(LPModel* m, int last) {
     }
 }
 
-// Sampling's key-value cache for B sequences of up to T positions (LPKVCache): L x 2 x B x T x C/t values,
-// made when a sample begins and freed when it ends (lp_model_cache_free), so training never holds it.
+// Sampling's key-value cache for B sequences of up to T positions (LPKVCache): L x 2 x B x T x KV HS/t values
+// (KV HS = C with multi-head attention), made when a sample begins and freed when it ends (lp_model_cache_free),
+// so training never holds it.
 static inline void lp_model_cache_alloc(LPModel* m, int B, int T) {
     if (T > m->cfg.max_seq_len) lp_fail("a key-value cache of %d positions exceeds the model's maximum %d", T, m->cfg.max_seq_len);
     m->cache.B = B;
     m->cache.T = T;
     m->cache.pos = 0;
     // (a chunk without layers keeps one layer's room: a kv that is not NULL says the cache is on)
-    m->cache.kv = (floatX*)lp_device_malloc((size_t)(m->L ? m->L : 1) * 2 * B * T * (m->cfg.channels / m->tp_size) * sizeof(floatX),
-                                            "key-value cache");
+    size_t kv = (size_t)lp_kv_heads(&m->cfg) / m->tp_size * (m->cfg.channels / m->cfg.num_heads);  // this rank's K/V channels
+    m->cache.kv = (floatX*)lp_device_malloc((size_t)(m->L ? m->L : 1) * 2 * B * T * kv * sizeof(floatX), "key-value cache");
 }
 static inline void lp_model_cache_free(LPModel* m) {
     lp_device_free(m->cache.kv);

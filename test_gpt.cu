@@ -657,8 +657,9 @@ static void sample_reference(LPModel* m, LPModel* cached, int n, uint64_t seed, 
 // Sampling with the key-value cache (each token's forward is its own row at its position) draws the tokens
 // of the sampler before it, from the same seed, and its logits agree with the whole forward's within summation
 // order (the CPU build, fp32: 1e-5 of the largest) or bf16 rounding (the CUDA build: 3e-2). The CPU build:
-// GPT-2 d4's shape (C=256, 4 heads, GPT-2's vocabulary) over 24 positions and a mixture of experts of it
-// (4 experts, top-2, every second layer); the CUDA build (the emulator) the same on a tiny model. A new
+// GPT-2 d4's shape (C=256, 4 heads, GPT-2's vocabulary) over 24 positions, a mixture of experts of it
+// (4 experts, top-2, every second layer) and llama:d4 (RoPE at each row's position, 2 K/V heads cached for the
+// 4 query heads); the CUDA build (the emulator) GPT-2's two on a tiny model. A new
 // model's logits are nearly equal (a draw over 50257 tokens of ~2e-5 each, where fp32's last digit of
 // the cumulative sum picks between neighbours), so lnf's weight is scaled up: a trained model's are spread.
 static void test_sample_cache(void) {
@@ -672,9 +673,17 @@ static void test_sample_cache(void) {
     int n = c.max_seq_len;
     float tol = 3e-2f;
 #endif
-    for (int moe = 0; moe < 2; moe++) {
+#ifdef LLMPAR_CPU
+    int kinds = 3;
+#else
+    int kinds = 2;  // (the CUDA build's Llama kernels come in another step)
+#endif
+    for (int kind = 0; kind < kinds; kind++) {
+        int moe = kind == 1;
+        const char* what = kind == 2 ? "Llama" : moe ? "MoE" : "dense";
+        if (kind == 2) lp_config_from_name(&c, "llama:d4");
         c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
-        for (uint64_t seed = 1; seed <= (uint64_t)(2 - moe); seed++) {
+        for (uint64_t seed = 1; seed <= (uint64_t)(kind ? 1 : 2); seed++) {  // (the mixture of experts and Llama: one seed)
             LPModel m, cached;
             lp_model_create(&m, &c, NULL);
             lp_model_create(&cached, &c, NULL);
@@ -688,10 +697,10 @@ static void test_sample_cache(void) {
             sample_reference(&m, &cached, n, seed, ids, cached_ids, &worst);
             char name[256];
             snprintf(name, sizeof(name), "%s L=%d C=%d V=%d, seed %d: the cached sampler draws the same %d tokens as the whole forward's",
-                     moe ? "MoE" : "dense", c.num_layers, c.channels, c.vocab_size, (int)seed, n - 1);
+                     what, c.num_layers, c.channels, c.vocab_size, (int)seed, n - 1);
             expect(memcmp(ids, cached_ids, (size_t)n * sizeof(int)) == 0, name);
             snprintf(name, sizeof(name), "%s seed %d: logits agree, largest difference %.2g of the largest |logit| (at most %g)",
-                     moe ? "MoE" : "dense", (int)seed, worst, tol);
+                     what, (int)seed, worst, tol);
             expect(worst <= tol, name);
             lp_model_free(&m);
             lp_model_free(&cached);
@@ -2801,7 +2810,7 @@ typedef struct { float* x; int B, T, NH, KV, HS, scaled; } RopeCtx;
 static void rope_fwd(void* p, float* out) {
     RopeCtx* c = (RopeCtx*)p;
     memcpy(out, c->x, (size_t)c->B * c->T * (c->NH + 2 * c->KV) * c->HS * sizeof(float));
-    lp_rope_cpu(out, c->B, c->T, c->NH, c->KV, c->HS, 500000.0f, c->scaled, 0);
+    lp_rope_cpu(out, c->B, c->T, 0, c->NH, c->KV, c->HS, 500000.0f, c->scaled, 0);
 }
 typedef struct { float* fch; int N, H; } SwiCtx;
 static void swiglu_fwd(void* p, float* out) {
@@ -2839,12 +2848,20 @@ static void test_llama_ops(void) {
         float *out = zeros(n), *r = rnd(n, &rng, 1.0f), *d = zeros(n);
         rope_fwd(&c, out);
         memcpy(d, r, n * sizeof(float));
-        lp_rope_cpu(d, B, T, NH, KV, HS, 500000.0f, scaled, 1);
+        lp_rope_cpu(d, B, T, 0, NH, KV, HS, 500000.0f, scaled, 1);
         fd_check(scaled ? "fd scaled rope (backward: the inverse rotation)" : "fd rope (backward: the inverse rotation)", rope_fwd, &c,
                  c.x, n, d, out, r, n, &rng);
         rope_fwd(&c, out);  // (fd_check left its last probe's)
-        lp_rope_cpu(out, B, T, NH, KV, HS, 500000.0f, scaled, 1);
+        lp_rope_cpu(out, B, T, 0, NH, KV, HS, 500000.0f, scaled, 1);
         expect_close("rope: the inverse rotation gives the input back", out, c.x, n, 1e-6f, 1e-5f);
+        size_t per = (size_t)(NH + 2 * KV) * HS;  // a key-value cache's rows: the last 3 rows of sequence 0 from position T - 3
+        float* tail = zeros(3 * per);
+        memcpy(tail, c.x + (T - 3) * per, 3 * per * sizeof(float));
+        lp_rope_cpu(tail, 1, 3, T - 3, NH, KV, HS, 500000.0f, scaled, 0);
+        rope_fwd(&c, out);
+        expect(memcmp(tail, out + (T - 3) * per, 3 * per * sizeof(float)) == 0,
+               "rope at a position offset (a cached sample's rows): the rows turn as in the whole sequence, bit for bit");
+        free(tail);
         rope_fwd(&c, out);
         int row = (B * T - 1) * (NH + 2 * KV) * HS, pos = T - 1, same_v = 1;  // the last row, at position T - 1
         for (int k = (NH + KV) * HS; k < (NH + 2 * KV) * HS; k++) same_v &= out[row + k] == c.x[row + k];
@@ -3206,7 +3223,6 @@ static void test_llama_model(void) {
         {"-e %s", "llama_kv3.bin: 3 KV heads do not divide the 4 heads into equal groups"},
         {"-e llama:d2 --moe-experts 4", "a mixture of experts is not yet for the Llama family"},
         {"-e llama:d2 --print-schedule", "flag --print-schedule: not yet for the Llama family"},
-        {"-e llama:d2 -x 1 -s 1", "flag -s 1: sampling is not yet for the Llama family (-s 0)"},
     };
     char why[512];
     expect(!lp_tp_check(&c, 2, why, sizeof(why)) && lp_tp_check(&c, 4, why, sizeof(why)) &&
@@ -4817,21 +4833,25 @@ static int parse_sample_ids(const char* out, int* ids, int max) {
 // The sampler on grids draws the reference sampler's tokens (sample_reference: the forward over all the tokens
 // so far, one rank, in this process) from the same model file and --seed: its key-value caches hold each TP
 // rank's heads, the token's row crosses the pipeline's stages (interleaved chunks too), SP runs the block of
-// t rows holding it, ZeRO-3 gathers each layer's weights, a MoE layer routes the row; a dense and a MoE model.
+// t rows holding it, ZeRO-3 gathers each layer's weights, a MoE layer routes the row; a dense, a MoE and a Llama
+// model (its caches each TP rank's K/V heads, RoPE at the block's positions).
 static void test_sample_cache_grids(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 sampling grids")) return;
-    LPConfig c = tiny_config();
-    c.num_layers = 4;
-    static const char* const grids[2][8][2] = {
+    static const char* const grids[3][8][2] = {
         {{"1", ""}, {"2", "--tp 2"}, {"2", "--pp 2"}, {"2", "--pp 2 --vpp 2 --schedule interleaved -d 128"}, {"2", "--tp 2 --sp"},
          {"2", "--zero 3"}, {"4", "--tp 2 --pp 2 --sp"}},
         {{"1", ""}, {"2", "--tp 2"}, {"2", "--pp 2"}, {"2", "--ep 2"}},
+        {{"1", ""}, {"2", "--tp 2"}, {"2", "--pp 2 --vpp 2 --schedule interleaved -d 128"}, {"2", "--zero 3"}, {"4", "--tp 2 --pp 2 --sp"}},
     };
-    for (int moe = 0; moe < 2; moe++) {
+    for (int kind = 0; kind < 3; kind++) {
+        int moe = kind == 1;
+        const char* what = kind == 2 ? "Llama" : moe ? "MoE" : "dense";
+        LPConfig c = kind == 2 ? tiny_llama_config() : tiny_config();
+        c.num_layers = 4;
         c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
         char model[LP_PATH_MAX];
-        lp_path(model, "%s", tmp_path(moe ? "sample_moe.bin" : "sample_dense.bin"));
+        lp_path(model, "%s", tmp_path(kind == 2 ? "sample_llama.bin" : moe ? "sample_moe.bin" : "sample_dense.bin"));
         LPModel m;
         lp_model_create(&m, &c, NULL);
         lp_model_init_random(&m, 91 + moe);
@@ -4839,13 +4859,13 @@ static void test_sample_cache_grids(void) {
         int want[16], got[16];
         sample_reference(&m, NULL, 16, 5, want, NULL, NULL);
         lp_model_free(&m);
-        for (int k = 0; k < 8 && grids[moe][k][0]; k++) {
-            const char* const* grid = grids[moe][k];
+        for (int k = 0; k < 8 && grids[kind][k][0]; k++) {
+            const char* const* grid = grids[kind][k];
             int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e %s -i %s -j '' -t 16 "
                              "-x 0 -v 0 -s 1 -g 15 --seed 5 --tokenizer none %s", grid[0], TRAIN_BIN, model, tmp_path("dp_shard.bin"), grid[1]);
             int n = parse_sample_ids(out, got, 15);
             char name[256];
-            snprintf(name, sizeof(name), "%s model, -np %s %s: the sample's 15 tokens are the whole-forward sampler's", moe ? "MoE" : "dense", grid[0],
+            snprintf(name, sizeof(name), "%s model, -np %s %s: the sample's 15 tokens are the whole-forward sampler's", what, grid[0],
                      grid[1]);
             int ok = rc == 0 && n == 15 && memcmp(got, want + 1, sizeof(int) * 15) == 0;
             expect(ok, name);
@@ -5862,8 +5882,8 @@ static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc,
     size_t n3 = (size_t)B * N * 3 * C, n1 = (size_t)B * N * C, nc = (size_t)2 * B * Tc * C;
     float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *cache = host_rand(nc, rng, 1.0f);
     floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_cache = dev_bf16(cache, nc);
-    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH);
-    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH);
+    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH, NH);
+    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH, NH);
     float *g = host_from(d_out, n1), *gc = host_from(d_cache, nc);
     snprintf(name, sizeof(name), "gpu attention_cached_forward B=%d N=%d pos=%d Tc=%d C=%d NH=%d (HS=%d) out", B, N, pos, Tc, C, NH, C / NH);
     expect_close_scaled(name, g, out, n1, 2e-2f);

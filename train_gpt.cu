@@ -1300,8 +1300,6 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     if (!lp_config_is_gpt2(&r->cfg) && f->aux_layers && f->aux_layers[0])
         lp_fail_all("flag --aux-loss-layers %s: not yet for the Llama family", f->aux_layers);
     if (f->trace[0]) lp_trace_check_path(f, proc);
-    if (!lp_config_is_gpt2(&r->cfg) && f->sample_every > 0)  // (its key-value cache has no RoPE offset or GQA yet)
-        lp_fail_all("flag %s %d: sampling is not yet for the Llama family (-s 0)", LP_FLAG_NAME(sample_every), f->sample_every);
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->par->dp;
     r->total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
