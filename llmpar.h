@@ -8644,14 +8644,17 @@ float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_
 // 11. costs
 
 #ifdef LLMPAR_IMPLEMENTATION
-// The MLP weights a token meets in an average layer: in its up projection (a MoE layer: the router, and
-// top-k experts' of E) into *up, in its down projection into *down.
+// The MLP weights a token meets in an average layer: in its up projection (GELU's H x C; SwiGLU's gate and up,
+// 2 H x C; a MoE layer: the router, and top-k experts' of E) into *up, in its down projection (C x H) into *down.
 static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* down) {
     double C = c->channels, L = c->num_layers, moe = lp_layers_having(c, LP_ROUTERW, 0, c->num_layers);
-    double E = c->moe_experts, K = c->moe_topk;
-    *up = ((L - moe) * 4.0 * C * C + moe * (K * 4.0 * C * C + E * C)) / L;
-    *down = ((L - moe) + moe * K) * 4.0 * C * C / L;
+    double E = c->moe_experts, K = c->moe_topk, H = lp_ffn_hidden(c), F = c->swiglu ? 2.0 * H : H;
+    *up = ((L - moe) * F * C + moe * (K * H * C + E * C)) / L;
+    *down = ((L - moe) + moe * K) * H * C / L;
 }
+// The attention weights of a layer: qkv's (C + 2 KV HS) x C (grouped-query attention's K and V are smaller) and
+// the projection's C x C.
+static inline double lp_attention_weights(const LPConfig* c) { return ((double)lp_qkv_rows(c) + c->channels) * c->channels; }
 
 // The parameters one token meets: all of a dense model's; of a MoE layer's experts, K of E.
 size_t lp_active_params(const LPConfig* c) {
@@ -8662,12 +8665,13 @@ size_t lp_active_params(const LPConfig* c) {
 }
 
 // Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul that the token
-// meets (the LM head counts wte; wpe and LayerNorm do no matmul work; a MoE layer counts its router and
-// top-k experts) plus attention's q k^T and att v: 12 L C T.
+// meets (the LM head counts its Vp x C, wte's or headw's; the embedding, wpe, the norms and RoPE do no matmul
+// work; a MoE layer counts its router and top-k experts) plus attention's q k^T and att v over the query heads:
+// 12 L C T.
 double lp_flops_per_token(const LPConfig* c, int T) {
     double C = c->channels, up, down;
     lp_mlp_active_weights(c, &up, &down);
-    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (4.0 * C * C + up + down);
+    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (lp_attention_weights(c) + up + down);
     return 6.0 * matmul_weights + 12.0 * c->num_layers * C * (double)T;
 }
 #endif  // LLMPAR_IMPLEMENTATION
@@ -8700,16 +8704,16 @@ typedef struct LPPipeShape {
 static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : 4; }
 static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
 
-// Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
-// of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
-// (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the whole forward (a
-// checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
+// Training FLOPs per token of an average layer (lp_attention_weights, lp_mlp_active_weights): 3x its forward's
+// (6 per weight, 12 C T of attention), plus what backward recomputes: under full recomputation all but a dense
+// MLP's projection (GPT-2's: 16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the
+// whole forward (a checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
 double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole) {
-    double C = c->channels, up, down;
+    double C = c->channels, A = lp_attention_weights(c), up, down;
     lp_mlp_active_weights(c, &up, &down);
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
-    double flops = 6.0 * (4.0 * C * C + up + down) + 12.0 * C * T;
-    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (4.0 * C * C + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
+    double flops = 6.0 * (A + up + down) + 12.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (A + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
     if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
     return flops;
 }
@@ -8740,7 +8744,7 @@ double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layer
             held = (double)sizes[i] / c->num_layers * layers / (lp_is_expert_tensor(i) ? s->par->ep : 1);  // (an average layer's)
             params += held;
             if (experts && lp_is_expert_tensor(i)) *experts += held;
-        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) {
+        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || (!c->untied && k == chunks - 1) : k == chunks - 1) {
             params += sizes[i];
         }
     }
@@ -8757,8 +8761,8 @@ static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
 
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
-// and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
-// gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
+// and 3 keep wpe, lnf and an untied head (`outside`) whole, and wte too in a pipeline with a tied head (copies on
+// two stages; else stage 3 gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
 // wte's pieces too) or weights when the chunk has layers (section 8).
 double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->par->pp * s->par->vpp;
@@ -8773,7 +8777,7 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
     parts = shard > 0.0 ? n / shard : 1.0;  // (what a shard is of the whole the rank holds)
     double buffer = layers ? layer : 0.0, piece = 0.0;
-    if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 8)
+    if (s->par->zero >= 2 && (chunks == 1 || (c->untied && k == 0 && layers > 0))) {  // the only copy of wte, in pieces (section 8)
         outside -= (double)sizes[LP_WTE];
         piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
     }

@@ -3222,13 +3222,27 @@ static void test_llama_model(void) {
     const struct { const char* args; const char* says; } refused[] = {
         {"-e %s", "llama_kv3.bin: 3 KV heads do not divide the 4 heads into equal groups"},
         {"-e llama:d2 --moe-experts 4", "a mixture of experts is not yet for the Llama family"},
-        {"-e llama:d2 --print-schedule", "flag --print-schedule: not yet for the Llama family"},
     };
     char why[512];
     expect(!lp_tp_check(&c, 2, why, sizeof(why)) && lp_tp_check(&c, 4, why, sizeof(why)) &&
                strstr(why, "tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
                strstr(why, "each rank keeps whole K/V heads, none is replicated"),
            "tensor parallelism of a Llama: t = 2 splits its 2 K/V heads; t = 4 is refused in one line (no K/V head replicated)");
+    // its training FLOPs, counted by hand: 6 per weight of qkv ((C + 2 KV HS) x C), attproj, SwiGLU's gate, up and
+    // down (3 H x C) and the untied head (Vp x C), and 12 L C T of attention over the query heads
+    double KVHS = 2 * 8, flops = 6.0 * (128.0 * C + 2.0 * ((C + 2 * KVHS) * C + C * C + 3.0 * H * C)) + 12.0 * 2 * C * 16;
+    LPParallel pp2 = lp_parallel_one;
+    pp2.pp = 2;
+    LPPipeShape shape = {&pp2, 1, 16, 0, 0};
+    expect(lp_flops_per_token(&c, 16) == flops && lp_chunk_params(&c, &shape, 0, 1, NULL) == (double)sizes[LP_WTE] + sizes[LP_QKVW] / 2 +
+               sizes[LP_ATTPROJW] / 2 + sizes[LP_FCW] / 2 + sizes[LP_FCPROJW] / 2 + sizes[LP_LN1W] / 2 + sizes[LP_LN2W] / 2 &&
+               lp_chunk_params(&c, &shape, 1, 1, NULL) == (double)sizes[LP_HEADW] + sizes[LP_LNFW] + sizes[LP_QKVW] / 2 +
+               sizes[LP_ATTPROJW] / 2 + sizes[LP_FCW] / 2 + sizes[LP_FCPROJW] / 2 + sizes[LP_LN1W] / 2 + sizes[LP_LN2W] / 2,
+           "Llama costs: FLOPs per token of its real tensors (GQA's smaller K/V, SwiGLU's three matrices); on p=2 the first stage "
+           "holds wte, the last the untied head, no copies");
+    int rc = run_cmd(out, sizeof(out), "%s -e llama:d2 -b 1 -t 64 --pp 2 --pp-partition 1,1 --print-schedule", TRAIN_BIN);
+    expect(rc == 0 && strstr(out, "chunk 0 on stage 0: embedding, layer 0,") && strstr(out, "chunk 1 on stage 1: layer 1, final LayerNorm and LM head,"),
+           "--print-schedule of a Llama: its partition, FLOPs and memory per chunk");
     for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++) {
         char args[512];
         snprintf(args, sizeof(args), refused[k].args, k == 0 ? bad : tmp_path("llama_out"));

@@ -1960,8 +1960,6 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
 static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
-    if (!lp_config_is_gpt2(&cfg))  // (section 11's FLOPs and memory count GPT-2's tensors and activations)
-        lp_fail_all("flag --print-schedule: not yet for the Llama family (-e %s; its FLOPs and memory are counted as GPT-2's)", f->init);
     LPParallel par = f->par;
     long long tp_pp = (long long)par.tp * par.pp;
     par.dp = proc->world % tp_pp == 0 ? (int)(proc->world / tp_pp) : 1;
