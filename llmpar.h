@@ -6907,6 +6907,10 @@ static inline void lp_zero_average(LPZero* z) {
 // The embedding is vocab-parallel (wte split by rows; a rank's partial embedding is zero for tokens outside
 // its slice, summed by a g), and so is the tied LM head (a column-parallel matmul after an f, its
 // cross-entropy reduced over the group without gathering the logits: classifier_stats / classifier_grad).
+// The Llama family splits the same way what it has: qkv's three blocks of NH, KV and KV heads each by rows
+// (t divides KV: a rank keeps its query heads' K/V heads, lp_tp_check), SwiGLU's fc (2H,C) in its gate and up
+// blocks, fcproj (C,H) by columns, and the untied head (headw) by rows as the tied one; RMSNorm and RoPE need no
+// communication.
 
 // Activation recomputation (--recompute): what backward computes again instead of keeping it from forward.
 //   none       keep everything;
