@@ -86,7 +86,7 @@ cudnn-frontend:
 all: train_gpt_cpu test_gpt_cpu plan_gpt
 
 # no function of the engine keeps over 128 KiB on the stack, so it runs on a 512 KiB one (ulimit -s 512, tested)
-train_gpt_cpu: train_gpt.cu llmpar.h
+train_gpt_cpu: train_gpt.cu llmpar.h dev/plan/plan.h
 	$(CC_CPU) $(CFLAGS_CPU) -Wframe-larger-than=131072 $(BLAS_CFLAGS) train_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
 test_gpt_cpu: test_gpt.cu llmpar.h dev/plan/plan.h
@@ -95,13 +95,13 @@ test_gpt_cpu: test_gpt.cu llmpar.h dev/plan/plan.h
 # The engines with the tests' hooks (LLMPAR_TEST_HOOKS: a crash at the k-th checkpoint file operation or
 # offloaded chunk, an injected loss, small offload chunks, each asked for by an environment variable), for
 # the tests that use them; the engines users run have none. One for each build: _cpu_hooks, _emu_hooks, _hooks.
-train_gpt_cpu_hooks: train_gpt.cu llmpar.h
+train_gpt_cpu_hooks: train_gpt.cu llmpar.h dev/plan/plan.h
 	$(CC_CPU) $(CFLAGS_CPU) -DLLMPAR_TEST_HOOKS $(BLAS_CFLAGS) train_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
-train_gpt_hooks: train_gpt.cu llmpar.h $(CUDNN_OBJ)
+train_gpt_hooks: train_gpt.cu llmpar.h dev/plan/plan.h $(CUDNN_OBJ)
 	$(NVCC) $(NVCC_FLAGS) -DLLMPAR_TEST_HOOKS $(NVCC_MPI) train_gpt.cu $(NVCC_CUDNN) -o $@ $(NVCC_LIBS)
 
-train_gpt_emu_hooks: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+train_gpt_emu_hooks: train_gpt.cu llmpar.h dev/plan/plan.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) -DLLMPAR_TEST_HOOKS $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h train_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
 # The cluster planner (dev/plan): one build, plain C without MPI; it plans GPUs on any machine. For the
@@ -110,7 +110,7 @@ train_gpt_emu_hooks: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
 plan_gpt: dev/plan/plan_gpt.c dev/plan/plan.h llmpar.h
 	$(CC) $(filter-out -march=native,$(CFLAGS_CPU)) -ffp-contract=off -Wframe-larger-than=131072 dev/plan/plan_gpt.c -o $@ -lm
 
-train_gpt: train_gpt.cu llmpar.h $(CUDNN_OBJ)
+train_gpt: train_gpt.cu llmpar.h dev/plan/plan.h $(CUDNN_OBJ)
 	$(NCCL_NOTICE)
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_MPI) train_gpt.cu $(NVCC_CUDNN) -o $@ $(NVCC_LIBS)
 
@@ -120,7 +120,7 @@ test_gpt: test_gpt.cu llmpar.h dev/plan/plan.h
 dev/cudaemu/cudaemu.o: dev/cudaemu/cudaemu.cpp dev/cudaemu/cudaemu.h
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -c $< -o $@
 
-train_gpt_emu: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+train_gpt_emu: train_gpt.cu llmpar.h dev/plan/plan.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h train_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
 test_gpt_emu: test_gpt.cu llmpar.h dev/plan/plan.h dev/cudaemu/cudaemu.o
@@ -132,7 +132,7 @@ test_gpt_emu: test_gpt.cu llmpar.h dev/plan/plan.h dev/cudaemu/cudaemu.o
 # inlined lines of GCC 12's DWARF 5 (the including .cu for a line of llmpar.h), and the counts per line
 # need the right one.
 EMU_COUNT = -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -g1 -gdwarf-4
-train_gpt_emu_prof: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+train_gpt_emu_prof: train_gpt.cu llmpar.h dev/plan/plan.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h -c $< -o $@.o
 	$(EMU_CXX) $(EMU_FLAGS) $@.o dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS) && rm -f $@.o
 

@@ -9,6 +9,7 @@ llm.c's where they overlap; run with -h for the list.
 */
 #define LLMPAR_IMPLEMENTATION  // this file defines llmpar.h's globals (one file of a program does)
 #include "llmpar.h"
+#include "dev/plan/plan.h"  // defines: lp_plan (--auto: the cluster planner chooses the grid)
 #ifdef LLMPAR_NO_WATCHDOG
 #error "train_gpt.cu needs llmpar.h's watchdog (--timeout-minutes, --straggler): build it without LLMPAR_NO_WATCHDOG"
 #endif
@@ -57,6 +58,7 @@ typedef struct {
     // (d = ranks / (t p))
     LPParallel par;
     LPOuterSGD outer;        // --outer-lr, --outer-momentum: DiLoCo's outer step
+    int auto_grid;           // --auto: the planner chooses the grid (lp_auto_grid)
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int print_flags;         // --print-flags: print every flag's value and exit
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
@@ -193,7 +195,8 @@ static const LPFlagSpec lp_flag_specs[] = {
      "write the timeline of --trace-steps to FILE, one Chrome trace (JSON; opens in Perfetto or chrome://tracing): a "
      "process per rank named by its t, p, d coordinates, each micro-batch's forward (F) and backward (B) per chunk, "
      "recomputation, every collective and send/receive with its group and bytes, data loading, the gradient reduction, "
-     "norm and optimizer phases; the CPU engine (dev/docs/parallelism.md)"},
+     "norm and optimizer phases; on the CUDA engine also the GPU's own times, the compute and the comm stream's events "
+     "as tracks of their own (dev/docs/parallelism.md)"},
     {"--trace-steps", NULL, LP_FLAG_STRING, LP_FIELD(trace_steps), "", "", "A:B", NULL, NULL,
      "the steps --trace records, A to B (counted from 1; default: step 2, the first after the warm-up step, or step 1 "
      "of a one-step run)"},
@@ -300,6 +303,12 @@ static const LPFlagSpec lp_flag_specs[] = {
      "of i-1, ..., i-2^(K-1) (mod d), each weighted 1/(K+1): an exponential graph (K = 1: a ring), no collective. The "
      "step line prints the replicas' spread. Needs 2^(K-1) < d, --zero 0, no --ep or --offload; a checkpoint holds "
      "replica 0's weights and state, which every replica resumes from (0: off)"},
+    {"--auto", NULL, LP_FLAG_SWITCH, LP_FIELD(auto_grid), NULL, NULL, NULL, NULL, NULL,
+     "choose the grid with the cluster planner (dev/plan): t, p, v, SP, ZeRO stage, recomputation, offload and -b for "
+     "this run's ranks, the fastest simulated step that fits a rank's memory, on this machine (the CUDA build: the "
+     "GPU's preset by its name, with its memory; the CPU build: its matmul and copy rates, measured at the start by "
+     "every rank at once, and the host's memory shared by its ranks). A grid flag typed is kept and the search "
+     "respects it; the choice is printed with its reason in one line"},
     {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL, NULL,
      "draw the timeline of --pp, --vpp, --schedule and the micro-batches per step (-d / (-b*-t*d)) from the "
      "simulator, with unit costs, and exit"},
@@ -587,11 +596,6 @@ static void lp_check_flags(LPFlags* f) {
         lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
     const LPParallel* par = &f->par;
     if (par->zero < 0 || par->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(par.zero), par->zero);
-#ifndef LLMPAR_CPU
-    if (f->trace[0])
-        lp_fail_all("flag %s: the CUDA engine's timeline is not built yet (its events must come from the streams, not the "
-                    "host's clock); train_gpt_cpu records it", LP_FLAG_NAME(trace));
-#endif
     if (f->trace_steps[0] && !f->trace[0]) lp_fail_all("flag %s: only with %s FILE", LP_FLAG_NAME(trace_steps), LP_FLAG_NAME(trace));
     if (f->trace[0]) {
         int from, to;
@@ -1752,6 +1756,9 @@ static void lp_trace_start(const LPProcess* proc) {
     lp_trace.origin = strcmp(zero.host, mine.host) == 0 ? zero.t : mine.t;
     lp_trace.n = 0;
     lp_trace.wait = 0;
+#ifndef LLMPAR_CPU
+    lp_trace_clock();  // (the GPU's zero on this clock)
+#endif
     lp_trace.on = 1;
 }
 
@@ -1767,12 +1774,14 @@ static void lp_json_string(FILE* out, const char* s) {
 
 // How long each blocking collective of the tp, pp, dp and world groups waited for its group's last rank to
 // arrive (seconds; -1 where not known: a receive, a launch, a wait for an overlapped collective started
-// earlier, a broadcast, whose root need not wait, an ep or edp group): a group's members call its
-// collectives in one order, so the k-th of each member's on the group is one call, and it began for all
-// once the last member's began. The groups from the coordinates: tp shares p and d, pp t and d, dp t and p.
+// earlier, a broadcast, whose root need not wait, an ep or edp group; on the CUDA build a collective of
+// device tensors, which the host only enqueues: its wait is the GPU's, inside the comm or compute stream's
+// event): a group's members call its collectives in one order, so the k-th of each member's on the group
+// is one call, and it began for all once the last member's began. The groups from the coordinates: tp shares p and d, pp t and d, dp t and p.
 static int lp_trace_is_collective(const LPTraceEvent* e, const char* group) {
     static const char* const arrivals[] = {"all-reduce", "all-reduce of host values", "reduce-scatter", "all-gather", "all-to-all", "barrier"};
-    if (strcmp(e->kind, "comm") || strcmp(e->group, group)) return 0;
+    if (strcmp(e->kind, "comm") || strcmp(e->group, group) || e->track) return 0;  // (the host's blocking calls)
+    if (LP_BUILD_GPU && !strstr(e->name, "host values") && strcmp(e->name, "barrier")) return 0;  // (NCCL's wait on the GPU)
     for (int k = 0; k < (int)(sizeof(arrivals) / sizeof(arrivals[0])); k++)
         if (!strcmp(e->name, arrivals[k])) return 1;
     return 0;
@@ -1823,6 +1832,9 @@ static double* lp_trace_peer_waits(const LPTraceEvent* all, const int* count, co
 static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
     const LPProcess* proc = r->proc;
     lp_trace.on = 0;
+#ifndef LLMPAR_CPU
+    lp_trace_device_times();  // (the streams' events on the host's clock)
+#endif
     int n = proc->world, mine = lp_trace.n * (int)sizeof(LPTraceEvent), coord[3] = {proc->coord[LP_TP], proc->coord[LP_PP], proc->coord[LP_DP]};
     int* bytes = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace sizes");
     int* coords = (int*)lp_host_malloc((size_t)n * 3 * sizeof(int), "trace coordinates");
@@ -1841,13 +1853,32 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
         FILE* out = fopen(tmp, "w");
         if (!out) lp_fail("flag %s: cannot write %s: %s", LP_FLAG_NAME(trace), tmp, strerror(errno));
         fprintf(out, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"steps\": \"%d:%d\", \"ranks\": %d, \"clock\": \"the monotonic "
-                "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\"},\n \"traceEvents\": [\n", from, to, n);
+                "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\", \"build\": \"%s\"",
+                from, to, n, LP_BUILD_GPU ? "cuda" : "cpu");
+        const LPParallel* par = proc->par;
+        if (lp_config_is_gpt2(&r->cfg)) {  // the planner's flags for this run's grid (dev/plot.py --trace sets the plan beside it)
+            char plan[LP_PATH_MAX + 512], moe[96] = "";
+            if (r->preset && r->cfg.moe_experts)
+                snprintf(moe, sizeof(moe), " --moe-experts %d --moe-topk %d --moe-every %d --ep %d", r->cfg.moe_experts, r->cfg.moe_topk,
+                         r->cfg.moe_every, par->ep);
+            char sg[32] = "";  // (the planner takes it where it applies: t > 1 and p > 1 without SP)
+            if (par->tp > 1 && par->pp > 1 && !par->sp) snprintf(sg, sizeof(sg), " --pp-scatter-gather %d", par->scatter_gather);
+            snprintf(plan, sizeof(plan), "--plan %d -e %s -t %d -d %d -b %d --tp %d --pp %d --vpp %d --zero %d --recompute %s --offload "
+                     "%s%s%s%s", n, r->f->init, r->f->T, r->total_batch, r->f->B, par->tp, par->pp, par->vpp, par->zero,
+                     lp_recompute_names[par->recompute], lp_offload_names[par->offload], sg, par->sp ? " --sp" : "", moe);
+            fprintf(out, ", \"plan\": ");
+            lp_json_string(out, plan);
+        }
+        fprintf(out, "},\n \"traceEvents\": [\n");
         for (int k = 0; k < n; k++) {  // (the events follow these, each after a comma)
             fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d "
                     "p%d d%d\"}},\n", k, k, coords[3 * k], coords[3 * k + 1], coords[3 * k + 2]);
             fprintf(out, "  {\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"sort_index\": %d}},\n", k, k);
-            fprintf(out, "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"%s\"}}%s\n", k,
-                    "compute and communication", k == n - 1 && total == 0 ? "" : ",");
+            static const char* const tracks[] = {LP_BUILD_GPU ? "host: the work issued, blocking calls" : "compute and communication",
+                                                 "GPU: compute stream", "GPU: comm stream"};
+            for (int t = 0; t < (LP_BUILD_GPU ? 3 : 1); t++)
+                fprintf(out, "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}%s\n", k, t,
+                        tracks[t], k == n - 1 && t == (LP_BUILD_GPU ? 2 : 0) && total == 0 ? "" : ",");
         }
         const LPTraceEvent* e = all;
         for (int k = 0; k < n; k++)
@@ -1858,8 +1889,8 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
                 else snprintf(name, sizeof(name), "%s", e->name);
                 fprintf(out, "%s  {\"name\": ", e == all ? "" : ",\n");
                 lp_json_string(out, name);
-                fprintf(out, ", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %lld.%03lld, \"dur\": %lld.%03lld, "
-                        "\"args\": {", e->kind, k, t0 / 1000, t0 % 1000, (t1 - t0) / 1000, (t1 - t0) % 1000);
+                fprintf(out, ", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld.%03lld, \"dur\": %lld.%03lld, "
+                        "\"args\": {", e->kind, k, e->track, t0 / 1000, t0 % 1000, (t1 - t0) / 1000, (t1 - t0) % 1000);
                 const char* sep = "";
                 if (e->micro >= 0) fprintf(out, "\"micro\": %d", e->micro), sep = ", ";
                 if (e->chunk >= 0) fprintf(out, "%s\"chunk\": %d", sep, e->chunk), sep = ", ";
@@ -1999,6 +2030,133 @@ static double lp_setup_timeout_s(int argc, char** argv) {
     return 0.0;
 }
 
+// --auto's machine, as the planner (dev/plan/plan.h) describes one: the CUDA build's GPU by its name (an
+// unknown one planned with an H100's speeds) and its memory; the CPU build's planner preset "cpu" with this
+// machine's rates, measured now by every rank at once so they share the cores as the run will (a matmul's
+// FLOP/s, a copy's bytes read and written per second, each the best of 3, averaged over the ranks), and the
+// host's memory shared by its ranks. ranks_here: the ranks on this rank's host (a node of the plan).
+static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, char* about, size_t size) {
+    char host[64] = "", *hosts = (char*)lp_host_malloc((size_t)proc->world * sizeof(host), "host names");
+    gethostname(host, sizeof(host) - 1);
+    lp_world_all_gather(proc, host, sizeof(host), hosts);
+    *ranks_here = 0;
+    for (int r = 0; r < proc->world; r++) *ranks_here += strcmp(hosts + r * sizeof(host), host) == 0;
+    free(hosts);
+    LPPlanMachine m;
+#ifdef LLMPAR_CPU
+    int N = 256, C = 512, OC = 2048;
+    size_t copy = (size_t)32 << 20;  // bytes
+    float *a = (float*)lp_host_malloc((size_t)N * C * 4, "--auto"), *w = (float*)lp_host_malloc((size_t)OC * C * 4, "--auto");
+    float *out = (float*)lp_host_malloc((size_t)N * OC * 4, "--auto"), *x = (float*)lp_host_malloc(copy, "--auto");
+    float* y = (float*)lp_host_malloc(copy, "--auto");
+    uint64_t rng = 1;
+    for (size_t i = 0; i < (size_t)N * C; i++) a[i] = lp_rand_f32(&rng);
+    for (size_t i = 0; i < (size_t)OC * C; i++) w[i] = lp_rand_f32(&rng);
+    memset(x, 1, copy);
+    float rates[2] = {0.0f, 0.0f};  // FLOP/s, bytes/s
+    lp_barrier(&proc->world_group);
+    for (int k = 0; k < 3; k++) {
+        double t0 = lp_time_s();
+        lp_matmul_forward_cpu(out, NULL, a, w, NULL, N, C, OC);
+        double t1 = lp_time_s();
+        memcpy(y, x, copy);
+        double t2 = lp_time_s();
+        rates[0] = fmaxf(rates[0], (float)(2.0 * N * C * OC / (t1 - t0)));
+        rates[1] = fmaxf(rates[1], (float)(2.0 * copy / (t2 - t1)));
+    }
+    free(a), free(w), free(out), free(x), free(y);
+    lp_all_reduce_host(&proc->world_group, rates, 2, 1);
+    double memory = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGE_SIZE) / *ranks_here;
+    m = lp_plan_machine(lp_cluster_named("cpu"), NULL, lp_software_named("llmpar"));
+    m.gpu.peak_flops = rates[0];
+    m.gpu.hbm_bw = rates[1];
+    m.gpu_bytes = 0.9 * memory;
+    snprintf(about, size, "the CPU engine at %.3g GFLOP/s and %.3g GB/s per rank (measured), %.3g GiB per rank", rates[0] / 1e9,
+             rates[1] / 1e9, memory / 1073741824.0);
+#else
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    static const struct { const char* in_name; const char* gpu; const char* cluster; } known[] = {
+        {"GB200", "gb200", "nvl72"}, {"B200", "b200", "nvl72"}, {"H200", "h200", "dgx-h100"}, {"H100", "h100", "dgx-h100"},
+        {"H800", "h100", "dgx-h100"}, {"A100", "a100", "dgx-a100"}, {"A800", "a100", "dgx-a100"}};
+    int k = 0, n = (int)(sizeof(known) / sizeof(known[0]));
+    while (k < n && !strstr(prop.name, known[k].in_name)) k++;
+    const char* gpu = k < n ? known[k].gpu : "h100";
+    m = lp_plan_machine(lp_cluster_named(k < n ? known[k].cluster : "dgx-h100"), lp_gpu_named(gpu), lp_software_named("llmpar"));
+    m.gpu_bytes = 0.9 * (double)prop.totalGlobalMem;
+    snprintf(about, size, "%.128s, planned as %s%s with %.3g GiB", prop.name, gpu, k < n ? "" : " (not among the planner's GPUs)",
+             prop.totalGlobalMem / 1073741824.0);
+#endif
+    m.gpus_per_node = *ranks_here;
+    return m;
+}
+
+// --auto: the planner chooses how this run's ranks split the work: every t x p x d grid with its interleaving,
+// SP, scatter-gather, ZeRO stage, recomputation, offload and micro-batch -b that fits a rank's memory on this
+// machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
+// files; neither offloads to files without --offload-dir). A grid flag typed (--tp, --pp, --vpp, --ep, --sp,
+// --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
+// it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
+// what was chosen and why.
+static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
+    LPConfig cfg;
+    lp_model_config(f, proc, &cfg);
+    if (!lp_config_is_gpt2(&cfg)) lp_fail_all("flag --auto: not yet for the Llama family (its grids are not yet run: -e %s)", f->init);
+    if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
+    int ranks_here;
+    char about[256], why[256];
+    LPPlanMachine mach = lp_auto_machine(proc, &ranks_here, about, sizeof(about));
+    LPPlanModel model = lp_plan_model_gpt(&cfg);
+    long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * proc->world;
+    struct { size_t field; unsigned bit; } kept[] = {
+        {LP_FIELD(par.tp), LP_FIX_TP}, {LP_FIELD(par.pp), LP_FIX_PP}, {LP_FIELD(par.vpp), LP_FIX_VPP}, {LP_FIELD(par.ep), LP_FIX_EP},
+        {LP_FIELD(par.zero), LP_FIX_ZERO}, {LP_FIELD(par.recompute), LP_FIX_RECOMPUTE}, {LP_FIELD(par.offload), LP_FIX_OFFLOAD},
+        {LP_FIELD(par.sp), LP_FIX_SP}, {LP_FIELD(par.scatter_gather), LP_FIX_SG}, {LP_FIELD(B), LP_FIX_B}};
+    LPPlanLimits limits = {0, f->par, f->B};
+    for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
+        if (lp_flag_typed(f, kept[k].field)) limits.fixed |= kept[k].bit;
+    unsigned typed = limits.fixed;
+    if ((f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_ZERO)) limits.fixed |= LP_FIX_ZERO, limits.par.zero = 0;
+    if (!LP_BUILD_GPU && !(limits.fixed & LP_FIX_OFFLOAD)) limits.fixed |= LP_FIX_OFFLOAD, limits.par.offload = LP_OFFLOAD_NONE;
+    LPPlan* plans;  // (the fastest 16 simulated: the first that runs here, and the next for the reason)
+    int count = lp_plan(&model, f->T, tokens, proc->world, f->attention, &mach, &limits, 16, &plans), best = -1, next = -1;
+    for (int k = 0; k < count && next < 0; k++) {
+        int off = plans[k].par.offload, runs = plans[k].fits && plans[k].simulated &&
+            (off == LP_OFFLOAD_NONE || (off == LP_OFFLOAD_NVME ? f->par.offload_dir[0] != '\0' : LP_BUILD_GPU));
+        if (runs && best < 0) best = k;
+        else if (runs) next = k;
+    }
+    if (best < 0) {
+        free(plans);
+        lp_fail_all("flag --auto: no grid of %d ranks runs -e %s with -t %d and %lld tokens per step within %.3g GiB per rank%s", proc->world,
+                    f->init, f->T, tokens, mach.gpu_bytes / 0.9 / 1073741824.0, typed ? " and the grid flags typed" : "");
+    }
+    int chosen[10];  // (rank 0's, for every rank: the plan is the same everywhere unless a rate differed in its last bit)
+    const LPPlan* x = &plans[best];
+    int mine[10] = {x->par.tp, x->par.pp, x->par.vpp, x->par.ep, x->par.sp, x->par.scatter_gather, x->par.zero, x->par.recompute,
+                    x->par.offload, x->B};
+    memcpy(chosen, mine, sizeof(chosen));
+    lp_world_broadcast(proc, chosen, sizeof(chosen), 0);
+    LPParallel* p = &f->par;
+    p->tp = chosen[0], p->pp = chosen[1], p->vpp = chosen[2], p->ep = chosen[3], p->sp = chosen[4], p->scatter_gather = chosen[5];
+    p->zero = chosen[6], p->recompute = chosen[7], p->offload = chosen[8], f->B = chosen[9];
+    if (p->vpp > 1) p->schedule = LP_SCHEDULE_INTERLEAVED;
+    f->total_batch = (int)tokens;
+    why[0] = '\0';
+    if (next >= 0)
+        snprintf(why, sizeof(why), "; the next, t=%d p=%d v=%d d=%d ZeRO-%d %s B=%d: %.4g ms", plans[next].par.tp, plans[next].par.pp,
+                 plans[next].par.vpp, plans[next].par.dp, plans[next].par.zero, lp_recompute_names[plans[next].par.recompute],
+                 plans[next].B, plans[next].step_s * 1e3);
+    char ep[16] = "";
+    if (p->ep > 1) snprintf(ep, sizeof(ep), " ep=%d", p->ep);
+    lp_log("auto: t=%d p=%d v=%d d=%d%s%s, ZeRO-%d, recompute %s, offload %s, -b %d (m=%d): the fastest simulated step of %d "
+           "configurations of %d ranks%s, %.4g ms, %.3g GiB on the fullest rank of %.3g%s; on %s\n", p->tp, p->pp, p->vpp, x->par.dp,
+           p->sp ? " SP" : "", ep, p->zero, lp_recompute_names[p->recompute], lp_offload_names[p->offload], f->B, x->par.micro_batches,
+           count, proc->world, typed ? " with the grid flags typed" : "", x->step_s * 1e3, x->memory / 1073741824.0,
+           mach.gpu_bytes / 0.9 / 1073741824.0, why, about);
+    free(plans);
+}
+
 int main(int argc, char** argv) {
     LPProcess proc;
     lp_watchdog.timeout_s = lp_setup_timeout_s(argc, argv);
@@ -2020,6 +2178,7 @@ int main(int argc, char** argv) {
         lp_grid_init(&proc, &alone);
         lp_print_schedule(&flags, &proc);
     } else {
+        if (flags.auto_grid) lp_auto_grid(&flags, &proc);
         lp_grid_init(&proc, &flags.par);
         lp_device_init(&proc);
         lp_comm_init(&proc);

@@ -38,9 +38,10 @@ after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt
 //             where the software's sends wait; on shared cores (LPCluster.alone) a stage alone faster;
 //   step end  what the engine does after backward, exposed: ZeRO-0's all-reduce (in the software's buckets)
 //             beyond what hides under the last micro-batch's backward (all of it without --overlap), ZeRO-1's
-//             reduce-scatter and
-//             all-gather, ZeRO-2's all-gather of the updated weights; AdamW's 32 bytes per value of the
-//             shard through HBM; or offload's host link, host memory and NVMe (the slowest of the three);
+//             reduce-scatter and all-gather, ZeRO-2's all-gather of the updated weights, ZeRO-2/3's
+//             reduce-scatter of the tensors outside the layers and ZeRO-3's gather of them; AdamW's 32
+//             bytes per value of the shard through HBM; or offload's host link, host memory and NVMe (the
+//             slowest of the three);
 //   stragglers  the work stretched by the slowest of the n ranks (lp_plan_straggle; none unless asked).
 // Collectives run as NCCL's rings: an all-reduce moves 2 (g-1)/g of its bytes per rank, a reduce-scatter,
 // all-gather or all-to-all (g-1)/g, at the bus bandwidth of its link, plus the latency; an all-reduce across
@@ -631,8 +632,14 @@ static inline double lp_plan_end(const LPPlanModel* model, const LPPipeShape* s,
         double all = count * lp_allreduce_seconds(mach, total / count, d, inner) + (de > 1 && experts > 0.0 ? 2.0 * (rs - rs_dense) : 0.0);
         end = par->overlap && mach->nccl ? fmax(all / count, all - bwd) : all;
     }
+    // the tensors outside the layers (embeddings, final norm, head): ZeRO-2/3 reduce-scatter their gradients here, at
+    // the step's end, not under backward, and ZeRO-3 gathers their updated weights here too (lp_zero_average,
+    // lp_zero_gather_updated)
+    double outside = fmax(0.0, params - experts - stage_layers * lp_plan_layer_params(model, par->tp));
+    double rs_outside = d > 1 && outside > 0.0 ? lp_collective_seconds(mach, outside * X, 0, d, inner) : 0.0;
     if (par->zero == 1) end = 2.0 * rs;
-    if (par->zero == 2) end = rs;  // the updated weights gathered
+    if (par->zero == 2) end = rs + rs_outside;  // the updated weights gathered
+    if (par->zero == 3) end = 2.0 * rs_outside;
     double shard = par->zero >= 1 ? ceil(params / d) : params;  // the busiest rank's
     double update = 32.0 * shard / mach->gpu.hbm_bw;  // AdamW: fp32 master, m and v read and written, bf16 gradient in, weight out
     *host = 0.0;
