@@ -1076,9 +1076,6 @@ void lp_config_validate(const LPConfig* c, const char* source) {
         lp_fail("%s: RoPE needs an even head size (C/NH = %d) and a theta above 1 (%g)", source, c->channels / c->num_heads, c->rope_theta);
     if (!(c->norm_eps >= 0.0f && c->norm_eps < 1.0f)) lp_fail("%s: norm epsilon %g outside [0, 1)", source, c->norm_eps);
 #ifndef LLMPAR_CPU
-    if (!lp_config_is_gpt2(c))
-        lp_fail("%s: the Llama family (RoPE, RMSNorm, SwiGLU, KV heads, no biases, untied head) runs on ./train_gpt_cpu; the CUDA "
-                "build's kernels for it are not yet written", source);
     if (c->channels / c->num_heads > LP_FLASH_MAX_HS)
         lp_fail("%s: head size C/NH = %d/%d = %d is above %d, the most the CUDA build's flash attention takes (more heads, or "
                 "./train_gpt_cpu)", source, c->channels, c->num_heads, c->channels / c->num_heads, LP_FLASH_MAX_HS);
@@ -1402,10 +1399,26 @@ const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
         return NULL;
     return why;
 }
-// Every rank checks alike, so rank 0 alone prints.
+// Every rank checks alike, so rank 0 alone prints. The CUDA engine runs the Llama family on one rank so far: there
+// every other setting is refused, never run on untested (the CPU engine runs its grids).
 void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
+#ifndef LLMPAR_CPU
+    const LPParallel* p = proc->par;
+    if (lp_config_is_gpt2(c)) return;
+    struct { int set; const char* name; int value; } axes[] = {
+        {p->tp > 1, LP_SETTING(tp), p->tp}, {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp},
+        {p->zero > 0, LP_SETTING(zero), p->zero}, {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep},
+        {p->offload != 0, LP_SETTING(offload), p->offload}};  // (0: LP_OFFLOAD_NONE)
+    for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++)
+        if (axes[k].set)
+            lp_fail_all("%s %d: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
+                        axes[k].name, axes[k].value);
+    if (proc->world > 1)
+        lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family on the CUDA engine (one rank so far; "
+                    "./train_gpt_cpu runs its grids)", proc->world, p->dp);
+#endif
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -3741,7 +3754,8 @@ static inline int lp_ln_blocks(int N, int C) {
 
 // Forward. With inp2 non-NULL the row is first residual = inp1 + (inp2 + bias) (stored, rounded to bf16)
 // and the LayerNorm reads the rounded values, exactly what the backward pass will see; with out NULL it
-// stops there. The mean, then the variance about it (two sums, as the CPU loop).
+// stops there. The mean, then the variance about it (two sums, as the CPU loop); RMSNorm as the CPU loop
+// switches it: mean NULL (the mean taken as 0, its sum not reduced), b NULL.
 static __device__ inline LPPack lp_ln_row_pack(const floatX* inp1, const floatX* inp2, LPPack bias, size_t base, int c, int C) {
     LPPack p = lp_load_pack(inp1 + base, c, C);
     if (inp2) {
@@ -3755,7 +3769,7 @@ lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* r
                             const floatX* bias, const floatX* w, const floatX* b, int N, int C, float eps) {
     int mine = (blockIdx.y * blockDim.x + threadIdx.x) * LP_PACK;  // this thread's first channel
     int Cb = inp2 && bias ? C : 0;                                 // (no bias: zeros)
-    LPPack wc = lp_load_pack(w, mine, C), bc = lp_load_pack(b, mine, C), biasc = lp_load_pack(bias, mine, Cb), x = wc;
+    LPPack wc = lp_load_pack(w, mine, C), bc = lp_load_pack(b, mine, b ? C : 0), biasc = lp_load_pack(bias, mine, Cb), x = wc;
     for (int row = blockIdx.x; row < N; row += gridDim.x) {
         size_t base = (size_t)row * C;
         float s = 0.0f;
@@ -3766,7 +3780,7 @@ lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* r
         }
         if (inp2 && mine < C) lp_store_pack(residual + base, mine, C, x);
         if (!out) continue;
-        float m = lp_block_reduce(s, 0) / C, v = 0.0f;
+        float m = mean ? lp_block_reduce(s, 0) / C : 0.0f, v = 0.0f;
         for (int c = threadIdx.x * LP_PACK; c < C; c += blockDim.x * LP_PACK) {
             LPPack p = c == mine ? x : lp_ln_row_pack(inp1, inp2, lp_load_pack(bias, c, Cb), base, c, C);
             for (int k = 0; k < LP_PACK; k++) {
@@ -3781,7 +3795,7 @@ lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* r
             lp_store_pack(out + base, mine, C, x);
         }
         if (threadIdx.x == 0 && blockIdx.y == 0) {
-            mean[row] = m;
+            if (mean) mean[row] = m;
             rstd[row] = r;
         }
     }
@@ -3800,7 +3814,7 @@ static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rst
 
 // Backward in two passes, deterministic: each thread keeps its channels' shares of dw and db in registers
 // over all its block's rows and writes them once as the block's partials; a second kernel sums the blocks'
-// partials in block order. No atomics: a run repeats bit for bit.
+// partials in block order. No atomics: a run repeats bit for bit. RMSNorm's: mean NULL, db NULL.
 static __global__ void __launch_bounds__(LP_LN_SM_THREADS)
 lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp, const floatX* w,
                              const float* mean, const float* rstd, int N, int C) {
@@ -3809,7 +3823,7 @@ lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, 
     float dw[LP_PACK] = {0}, db[LP_PACK] = {0};
     for (int row = blockIdx.x; row < N; row += gridDim.x) {
         size_t base = (size_t)row * C;
-        float m = mean[row], r = rstd[row], dnorm = 0.0f, dnorm_norm = 0.0f;
+        float m = mean ? mean[row] : 0.0f, r = rstd[row], dnorm = 0.0f, dnorm_norm = 0.0f;
         for (int c = threadIdx.x * LP_PACK; c < C; c += blockDim.x * LP_PACK) {  // (once, unless the row is chunked)
             LPPack xc = lp_load_pack(inp + base, c, C), gc = lp_load_pack(dout + base, c, C);
             LPPack wk = c == mine ? wc : lp_load_pack(w, c, C);
@@ -3825,7 +3839,7 @@ lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, 
         }
         float2 sums = lp_block_sum2(dnorm, dnorm_norm);
         if (mine >= C) continue;
-        float dnorm_mean = sums.x / C, dnorm_norm_mean = sums.y / C;
+        float dnorm_mean = mean ? sums.x / C : 0.0f, dnorm_norm_mean = sums.y / C;
         LPPack di = lp_load_pack(dinp + base, mine, C);
 #pragma unroll
         for (int k = 0; k < LP_PACK; k++) {
@@ -3868,7 +3882,7 @@ static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* d
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
     LP_LAUNCH(lp_layernorm_backward_kernel, dim3(blocks, chunks), threads, 0, dinp, partials, dout, inp, w, mean, rstd, N, C);
     lp_sum_partials_gpu(dw, partials, blocks, 2 * C, C);
-    lp_sum_partials_gpu(db, partials + C, blocks, 2 * C, C);
+    if (db) lp_sum_partials_gpu(db, partials + C, blocks, 2 * C, C);
 }
 #endif
 
@@ -3904,6 +3918,42 @@ static inline void lp_swiglu_backward_cpu(float* dfch, const float* fch, const f
             dfch[(size_t)i * 2 * H + H + j] = d * g * sg;
         }
 }
+#ifndef LLMPAR_CPU
+// The same on the GPU, one fused elementwise pass each way: a thread takes a pack of 8 hidden units of a row,
+// its gate's and up's packs in; forward (dout NULL) out's pack out (N,H), backward the two packs of dout's
+// gradient out (N,2H), each value as the CPU loop computes it.
+static __global__ void lp_swiglu_kernel(floatX* out, const floatX* fch, const floatX* dout, int N, int H) {
+    int packs = (H + LP_PACK - 1) / LP_PACK;
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = k / packs;
+    if (i >= (size_t)N) return;
+    int j = (int)(k % packs) * LP_PACK;
+    const floatX* row = fch + i * 2 * H;
+    LPPack g = lp_load_pack(row, j, H), u = lp_load_pack(row + H, j, H);
+    if (!dout) {
+#pragma unroll
+        for (int e = 0; e < LP_PACK; e++) g.x[e] = lp_xf(lp_bf(g.x[e]) * lp_sigmoid(lp_bf(g.x[e])) * lp_bf(u.x[e]));
+        lp_store_pack(out + i * H, j, H, g);
+        return;
+    }
+    LPPack d = lp_load_pack(dout + i * H, j, H);
+#pragma unroll
+    for (int e = 0; e < LP_PACK; e++) {
+        float gf = lp_bf(g.x[e]), uf = lp_bf(u.x[e]), df = lp_bf(d.x[e]), sg = lp_sigmoid(gf);
+        g.x[e] = lp_xf(df * uf * sg * (1.0f + gf * (1.0f - sg)));
+        u.x[e] = lp_xf(df * gf * sg);
+    }
+    lp_store_pack(out + i * 2 * H, j, H, g);
+    lp_store_pack(out + i * 2 * H + H, j, H, u);
+}
+static inline void lp_swiglu_forward_gpu(floatX* out, const floatX* fch, int N, int H) {
+    size_t n = (size_t)N * ((H + LP_PACK - 1) / LP_PACK);
+    LP_LAUNCH(lp_swiglu_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, fch, (const floatX*)NULL, N, H);
+}
+static inline void lp_swiglu_backward_gpu(floatX* dfch, const floatX* fch, const floatX* dout, int N, int H) {
+    size_t n = (size_t)N * ((H + LP_PACK - 1) / LP_PACK);
+    LP_LAUNCH(lp_swiglu_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dfch, fch, dout, N, H);
+}
+#endif
 
 // --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
 // pre_gelu keeps the pre-activation for backward and out = gelu(pre_gelu). bias may be NULL.
@@ -4311,7 +4361,7 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 // In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, row t at position pos + t (pos: 0, or the first
 // row's place in a key-value cache), the V heads untouched; inverse rotates by -angle: the backward pass (a
 // rotation's transpose), on the gradient of the rotated q and k.
-static inline double lp_rope_freq(int i, int HS, float theta, int scaled) {
+static inline LP_HD double lp_rope_freq(int i, int HS, float theta, int scaled) {
     double f = pow((double)theta, -2.0 * i / HS);
     if (!scaled) return f;
     double wavelen = 2.0 * M_PI / f, factor = 8.0, low = 1.0, high = 4.0, context = 8192.0;
@@ -4338,20 +4388,41 @@ static inline void lp_rope_cpu(float* qkv, int B, int T, int pos, int NH, int KV
         }
     }
 }
+#ifndef LLMPAR_CPU
+// The same on the GPU: a thread per (row, pair i) takes the angle as the CPU loop does (in double: the same
+// cos and sin) and turns pair i of the row's NH + KV query and key heads (consecutive threads, consecutive
+// pairs of a head). A pass of its own over q and k, not fused into the flash kernels' loads or the qkv
+// projection's epilogue (cuBLASLt has none for it): it reads and writes 4 (NH + KV) HS bytes a row, for Llama
+// 3 8B under 1% of a layer's time (its bytes at an H100's bandwidth against the layer's FLOPs), while fused
+// it would sit in both flash kernels' tile loads (which land in shared memory by cp.async, so a pass over the
+// tile of its own) and the backward's dq and dk stores, and again in the cublas path's permutes.
+static __global__ void lp_rope_kernel(floatX* qkv, int N, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)N * (HS / 2)) return;
+    int bt = (int)(k / (HS / 2)), i = (int)(k % (HS / 2));
+    double angle = (pos + bt % T) * lp_rope_freq(i, HS, theta, scaled);
+    float c = (float)cos(angle), s = inverse ? -(float)sin(angle) : (float)sin(angle);
+    floatX* x = qkv + (size_t)bt * (NH + 2 * KV) * HS + 2 * i;
+    for (int h = 0; h < NH + KV; h++, x += HS) {
+        float x0 = lp_bf(x[0]), x1 = lp_bf(x[1]);
+        x[0] = lp_xf(x0 * c - x1 * s);
+        x[1] = lp_xf(x0 * s + x1 * c);
+    }
+}
+static inline void lp_rope_gpu(floatX* qkv, int B, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+    size_t n = (size_t)B * T * (HS / 2);
+    LP_LAUNCH(lp_rope_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, qkv, B * T, T, pos, NH, KV, HS, theta, scaled, inverse);
+}
+#endif
 
 #ifndef LLMPAR_CPU
 // The same algorithm on the GPU (--attention cublas, llm.c's attention without cuDNN): the products as
-// cuBLASLt strided batches, one (b,h) per batch entry, and small kernels for the rest. It keeps q, k, v
-// permuted (3 B NH T HS) and the bf16 probabilities (B NH T T) for backward, as the CPU loop does.
+// cuBLASLt strided batches and small kernels for the rest. It keeps q, k, v permuted (qkvr's heads layout)
+// and the bf16 probabilities (B NH T T) for backward, as the CPU loop does. A batch entry is a K/V head
+// (b, g) with its group of G = NH / KV query heads, whose q rows (G T, HS) lie together in qkvr and whose
+// scores are (G T, T) of att: so q k^T and p v are one product each per K/V head, and dk = ds^T q and
+// dv = p^T dy sum over the group inside their products (multi-head: G = 1, a head per entry).
 
-// The CUDA build's kernels of the Llama family (grouped-query attention, RoPE, SwiGLU) come in a later step:
-// lp_config_validate refuses the family in this build, so these are never reached.
-static inline void lp_attention_gqa_refused(int NH, int KV) {
-    if (KV != NH) lp_fail("internal: the CUDA build's attention takes no grouped-query attention yet (%d KV heads of %d)", KV, NH);
-}
-static inline void lp_rope_gpu(floatX*, int, int, int, int, int, int, float, int, int) { lp_fail("internal: the CUDA build has no RoPE yet"); }
-static inline void lp_swiglu_forward_gpu(floatX*, const floatX*, int, int) { lp_fail("internal: the CUDA build has no SwiGLU yet"); }
-static inline void lp_swiglu_backward_gpu(floatX*, const floatX*, const floatX*, int, int) { lp_fail("internal: the CUDA build has no SwiGLU yet"); }
 
 // Row-major C (M,N) = op(A) op(B) for each of `heads` heads, like lp_head_gemm: each operand is one
 // contiguous matrix per head (A M*K values, B K*N, C M*N), so the batch strides follow from the shape.
@@ -4361,23 +4432,24 @@ static inline void lp_heads_gemm_gpu(int ta, int tb, int M, int N, int K, const 
             1.0f, 0.0f, NULL, NULL);
 }
 
-// Between a projection's rows layout (B,T,P,NH,HS) and the heads layout (P,B,NH,T,HS) the batched products
-// take: P = 3 for q, k, v, 1 for y. A thread moves one 16-byte pack of a head's row, consecutive threads
-// consecutive packs of the rows layout; a head's row is HS contiguous values on both sides.
-static __global__ void lp_attention_permute_kernel(floatX* dst, const floatX* src, int B, int T, int P, int NH, int HS,
-                                                   int to_heads) {
-    int packs = (HS + LP_PACK - 1) / LP_PACK;
+// Between a projection's rows layout (B,T,NH+2KV,HS) and the heads layout the batched products take, q
+// (B,NH,T,HS) then k and v (B,KV,T,HS) each (lp_attention_permute_cpu's); KV = 0 for y (B,T,NH,HS). A
+// thread moves one 16-byte pack of a head's row, consecutive threads consecutive packs of the rows layout;
+// a head's row is HS contiguous values on both sides.
+static __global__ void lp_attention_permute_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int KV, int HS, int to_heads) {
+    int packs = (HS + LP_PACK - 1) / LP_PACK, H = NH + 2 * KV;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)B * T * P * NH * packs) return;
-    size_t r = i / packs;  // the head's row in the rows layout: ((b T + t) P + p) NH + h
-    int j = (int)(i % packs) * LP_PACK, h = (int)(r % NH), p = (int)(r / NH % P);
-    size_t bt = r / NH / P, b = bt / T, t = bt % T;
-    size_t rows = r * HS, heads = ((((size_t)p * B + b) * NH + h) * T + t) * HS;
+    if (i >= (size_t)B * T * H * packs) return;
+    size_t r = i / packs;  // the head's row in the rows layout: (b T + t) H + hh
+    int j = (int)(i % packs) * LP_PACK, hh = (int)(r % H), which = hh < NH ? 0 : hh < NH + KV ? 1 : 2, n = which ? KV : NH;
+    int h = hh - (which ? NH + (which - 1) * KV : 0);  // the head among q's, k's or v's
+    size_t bt = r / H, b = bt / T, t = bt % T;
+    size_t rows = r * HS, heads = (which ? (size_t)B * (NH + (which - 1) * KV) * T * HS : 0) + (((size_t)b * n + h) * T + t) * HS;
     lp_store_pack(dst + (to_heads ? heads : rows), j, HS, lp_load_pack(src + (to_heads ? rows : heads), j, HS));
 }
-static inline void lp_attention_permute_gpu(floatX* dst, const floatX* src, int B, int T, int P, int NH, int HS, int to_heads) {
-    size_t n = (size_t)B * T * P * NH * ((HS + LP_PACK - 1) / LP_PACK);
-    LP_LAUNCH(lp_attention_permute_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dst, src, B, T, P, NH, HS, to_heads);
+static inline void lp_attention_permute_gpu(floatX* dst, const floatX* src, int B, int T, int NH, int KV, int HS, int to_heads) {
+    size_t n = (size_t)B * T * (NH + 2 * KV) * ((HS + LP_PACK - 1) / LP_PACK);
+    LP_LAUNCH(lp_attention_permute_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dst, src, B, T, NH, KV, HS, to_heads);
 }
 
 // The causal softmax in place: row t of each head's (T,T) scores q k^T becomes softmax(scale * its first
@@ -4413,20 +4485,19 @@ static __global__ void lp_attention_softmax_kernel(floatX* att, int rows, int T,
     }
 }
 static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B, int T, int C, int NH, int KV) {
-    lp_attention_gqa_refused(NH, KV);
-    int HS = C / NH, rows = B * NH * T;
-    lp_heads_gemm_gpu(0, 1, T, T, HS, qkvr, qkvr + (size_t)B * NH * T * HS, att, B * NH);  // q k^T
+    int HS = C / NH, G = NH / KV, rows = B * NH * T;
+    lp_heads_gemm_gpu(0, 1, G * T, T, HS, qkvr, qkvr + (size_t)B * NH * T * HS, att, B * KV);  // q k^T
     LP_LAUNCH(lp_attention_softmax_kernel, lp_grid((size_t)rows * 32, LP_THREADS), LP_THREADS, 0, att, rows, T,
               lp_attention_scale(C, NH));
 }
 
-// qkv (B,T,3C) is scratch: it holds y afterwards, as the CPU loop leaves it.
+// qkv (B,T,(NH+2KV)HS) is scratch: it holds y afterwards, as the CPU loop leaves it.
 static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C, int NH, int KV) {
-    int HS = C / NH;
-    lp_attention_permute_gpu(qkvr, qkv, B, T, 3, NH, HS, 1);
+    int HS = C / NH, G = NH / KV;
+    lp_attention_permute_gpu(qkvr, qkv, B, T, NH, KV, HS, 1);
     lp_attention_probs_gpu(att, qkvr, B, T, C, NH, KV);
-    lp_heads_gemm_gpu(0, 0, T, HS, T, att, qkvr + 2 * (size_t)B * NH * T * HS, qkv, B * NH);  // y = att v, into qkv
-    lp_attention_permute_gpu(out, qkv, B, T, 1, NH, HS, 0);
+    lp_heads_gemm_gpu(0, 0, G * T, HS, T, att, qkvr + (size_t)B * (NH + KV) * T * HS, qkv, B * KV);  // y = att v, into qkv
+    lp_attention_permute_gpu(out, qkv, B, T, NH, 0, HS, 0);
 }
 
 // The softmax backward in place, a warp per row as the forward: datt's row t becomes
@@ -4457,19 +4528,18 @@ static __global__ void lp_attention_softmax_backward_kernel(floatX* datt, const 
 // (or lp_attention_probs_gpu) left them.
 static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch, const floatX* dout,
                                              const floatX* qkvr, const floatX* att, int B, int T, int C, int NH, int KV) {
-    lp_attention_gqa_refused(NH, KV);
-    int HS = C / NH, heads = B * NH, rows = heads * T;
-    size_t plane = (size_t)heads * T * HS;
-    const floatX *q = qkvr, *k = q + plane, *v = k + plane;
-    floatX *dq = dqkvr, *dk = dq + plane, *dv = dk + plane, *dy = scratch;
-    lp_attention_permute_gpu(dy, dout, B, T, 1, NH, HS, 1);
-    lp_heads_gemm_gpu(0, 1, T, T, HS, dy, v, datt, heads);  // datt = dy v^T
-    lp_heads_gemm_gpu(1, 0, T, HS, T, att, dy, dv, heads);  // dv = att^T dy
+    int HS = C / NH, G = NH / KV, groups = B * KV, rows = B * NH * T;
+    size_t plane = (size_t)B * NH * T * HS, kvplane = (size_t)B * KV * T * HS;
+    const floatX *q = qkvr, *k = q + plane, *v = k + kvplane;
+    floatX *dq = dqkvr, *dk = dq + plane, *dv = dk + kvplane, *dy = scratch;
+    lp_attention_permute_gpu(dy, dout, B, T, NH, 0, HS, 1);
+    lp_heads_gemm_gpu(0, 1, G * T, T, HS, dy, v, datt, groups);  // datt = dy v^T
+    lp_heads_gemm_gpu(1, 0, T, HS, G * T, att, dy, dv, groups);  // dv = att^T dy, over the group
     LP_LAUNCH(lp_attention_softmax_backward_kernel, lp_grid((size_t)rows * 32, LP_THREADS), LP_THREADS, 0, datt, att, rows, T,
               lp_attention_scale(C, NH));
-    lp_heads_gemm_gpu(0, 0, T, HS, T, datt, k, dq, heads);  // dq = dpre k
-    lp_heads_gemm_gpu(1, 0, T, HS, T, datt, q, dk, heads);  // dk = dpre^T q
-    lp_attention_permute_gpu(dqkv, dqkvr, B, T, 3, NH, HS, 0);
+    lp_heads_gemm_gpu(0, 0, G * T, HS, T, datt, k, dq, groups);  // dq = dpre k
+    lp_heads_gemm_gpu(1, 0, T, HS, G * T, datt, q, dk, groups);  // dk = dpre^T q, over the group
+    lp_attention_permute_gpu(dqkv, dqkvr, B, T, NH, KV, HS, 0);
 }
 #endif
 #endif  // LLMPAR_IMPLEMENTATION
@@ -4572,7 +4642,8 @@ static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cac
 }
 static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C,
                                                    int NH, int KV) {
-    lp_attention_gqa_refused(NH, KV);
+    if (KV != NH)  // (the driver refuses -s for the Llama family on the CUDA engine)
+        lp_fail("internal: the CUDA build's cached attention takes no grouped-query attention yet (%d K/V heads of %d)", KV, NH);
     size_t n = (size_t)B * N * 2 * C, warps = (size_t)B * N * NH;
     LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH);
     LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH,
@@ -4590,7 +4661,8 @@ static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, c
 // tiles the diagonal crosses are masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32
 // accumulate) with a warp's own operands, scores and accumulators in registers: the forward's scores never
 // touch shared memory, and the probabilities become the next product's A operand in place. q, k, v are read from qkv (B,T,3C) in place,
-// y written to out (B,T,C), gradients straight into dqkv (B,T,3C). The head size HS is padded to HP in
+// y written to out (B,T,C), gradients straight into dqkv (B,T,3C); with KV heads (grouped-query attention),
+// rows of (NH + 2 KV) HS, query head h reading K/V head h / (NH / KV) where it lies. The head size HS is padded to HP in
 // {16, 32, 64, 128}, a template parameter (register arrays need compile-time sizes); the padding and rows
 // past T read as zeros. lp_config_validate refuses larger heads.
 #define LP_FLASH_ROWS 64      // rows of a staged tile (keys, or the backward's queries)
@@ -4914,18 +4986,18 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
 // within a head, the tiles with the most keys start first.
 template <int HP>
 static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
-    lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
+    lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int KV, float scale) {
     const int LD = HP + 8, MT = LP_FLASH_MT(HP), WR = 16 * MT, KR = LP_FLASH_ROWS;  // rows: a warp's queries, a tile's keys
-    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int HS = C / NH, W = C + 2 * KV * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int q0 = (gridDim.x - 1 - blockIdx.x) * 4 * WR, r0 = q0 + WR * warp;  // the block's and the warp's first row
     int tiles = (min(q0 + 4 * WR, T) - 1) / KR + 1;                        // key tiles up to the block's last row
     LP_SHARED(floatX, smem);
     floatX* buf1 = smem + 2 * KR * LD;  // two buffers (smem, buf1) of a k tile and a v tile (KR,HP) each, pitch LD
-    const floatX* src = qkv + (size_t)b * T * 3 * C + h * HS;
-    lp_flash_load<HP, 4 * WR, LP_FLASH_THREADS>(buf1, src, 3 * C, q0, T, HS, threadIdx.x);  // q (4 WR <= 2 KR rows)
+    const floatX *src = qkv + (size_t)b * T * W + h * HS, *ksrc = qkv + (size_t)b * T * W + C + h / (NH / KV) * HS, *vsrc = ksrc + KV * HS;
+    lp_flash_load<HP, 4 * WR, LP_FLASH_THREADS>(buf1, src, W, q0, T, HS, threadIdx.x);  // q (4 WR <= 2 KR rows)
     lp_cp_async_commit();
-    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem, src + C, 3 * C, 0, T, HS, threadIdx.x);
-    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem + KR * LD, src + 2 * C, 3 * C, 0, T, HS, threadIdx.x);
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem, ksrc, W, 0, T, HS, threadIdx.x);
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem + KR * LD, vsrc, W, 0, T, HS, threadIdx.x);
     lp_cp_async_commit();
     lp_cp_async_wait<1>();  // q has landed (tile 0 may still be in flight)
     __syncthreads();
@@ -4942,8 +5014,8 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
         __syncthreads();  // every warp is done with the buffer the next tile goes into (tile j - 1, or q)
         if (j + 1 < tiles) {
             floatX* next = (j + 1) % 2 ? buf1 : smem;
-            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next, src + C, 3 * C, j0 + KR, T, HS, threadIdx.x);
-            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next + KR * LD, src + 2 * C, 3 * C, j0 + KR, T, HS, threadIdx.x);
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next, ksrc, W, j0 + KR, T, HS, threadIdx.x);
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next + KR * LD, vsrc, W, j0 + KR, T, HS, threadIdx.x);
         }
         lp_cp_async_commit();   // (an empty group after the last tile, so that one wait fits every tile)
         lp_cp_async_wait<1>();  // this thread's part of tile j has landed ...
@@ -5047,27 +5119,28 @@ static __device__ inline void lp_flash_grads(float s[NB][4], float dp[NB][4], co
             dp[j][e] = scale * p * (dp[j][e] - D[q]);
         }
 }
-// The backward's blocks per (b,h): at least LP_FLASH_BLOCKS_WANTED in all where the key tiles allow (about
-// two rounds of an H100's 132 SMs at 2 blocks each); and the floats of their dq partials for any number of
-// heads up to B NH (a TP rank's share too): splits x heads is at most both of these bounds.
+// The backward's blocks per (b, K/V head): at least LP_FLASH_BLOCKS_WANTED in all where the key tiles allow
+// (about two rounds of an H100's 132 SMs at 2 blocks each); and the floats of their dq partials, one per query
+// head, for any number of K/V heads up to B KV (a TP rank's share too): splits x K/V heads is at most both of
+// these bounds, each K/V head's block keeping NH / KV partials.
 #define LP_FLASH_BLOCKS_WANTED 512
 static inline int lp_flash_splits(int heads, int T) {
     int tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS, s = LP_FLASH_BLOCKS_WANTED / heads;
     return s < 1 ? 1 : s > tiles ? tiles : s;
 }
-static inline size_t lp_flash_dq_partial_floats(int B, int T, int C, int NH) {
-    size_t heads = (size_t)B * NH, tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS;
+static inline size_t lp_flash_dq_partial_floats(int B, int T, int C, int NH, int KV) {
+    size_t heads = (size_t)B * KV, tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS;
     size_t blocks = heads > LP_FLASH_BLOCKS_WANTED ? heads : LP_FLASH_BLOCKS_WANTED;
     if (tiles * heads < blocks) blocks = tiles * heads;
-    return blocks * T * (C / NH);
+    return blocks * (NH / KV) * T * (C / NH);
 }
 // Query tile i0.. into a buffer of the backward: q and dy (R,HP) by cp.async (the caller commits), and the
 // rows' lse2 = lse log2(e) (+inf past T, so that p = 0 there) and D by the first R threads.
 template <int HP>
 static __device__ inline void lp_flash_load_queries(floatX* qs, float* stats, const floatX* src, const floatX* dsrc, const float* lse,
-                                                    const float* D, int bh, int i0, int T, int C, int HS) {
+                                                    const float* D, int bh, int i0, int T, int C, int W, int HS) {
     const int R = LP_FLASH_ROWS;
-    lp_flash_load<HP, R, LP_FLASH_THREADS>(qs, src, 3 * C, i0, T, HS, threadIdx.x);
+    lp_flash_load<HP, R, LP_FLASH_THREADS>(qs, src, W, i0, T, HS, threadIdx.x);
     lp_flash_load<HP, R, LP_FLASH_THREADS>(qs + R * (HP + 8), dsrc, C, i0, T, HS, threadIdx.x);
     if (threadIdx.x < R) {
         int t = i0 + threadIdx.x;
@@ -5079,29 +5152,34 @@ static __device__ inline void lp_flash_load_queries(floatX* qs, float* stats, co
 // dk and dv in registers) and 16 queries each of every query tile for dq. The query tiles (q, dy, lse2, D)
 // stream through two buffers, the next in flight while this one computes; ds^T goes from the key-owning
 // warps to the query-owning ones through shared memory, where ldmatrix's transposing load reads it back as
-// dS's A fragments. Blocks run along x, (b,h) along y (up to 65535).
+// dS's A fragments. Blocks run along x, (b, K/V head) along y (up to 65535). Grouped-query attention: a
+// block's key tile is its K/V head's, and it walks the query tiles of each of the head's group of NH / KV
+// query heads in turn, so dk and dv sum over the group in registers (K and V read once, not copied) and each
+// query head's dq goes to its own partial.
 template <int HP>
 static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(HP))
     lp_flash_attention_backward_kernel(floatX* dqkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
-                                       const float* lse, int T, int C, int NH, float scale) {
+                                       const float* lse, int T, int C, int NH, int KV, float scale) {
     const int LD = HP + 8, R = LP_FLASH_ROWS, LDS = R + 8;  // LDS: the pitch of ds^T (keys, queries)
     const int NB = HP > 64 ? 2 : 4, NQ = HP / 8 > 4 ? 4 : HP / 8;  // query blocks of 8, and dq's columns of 8, per pass: registers
-    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int tiles = (T + R - 1) / R;
+    int HS = C / NH, W = C + 2 * KV * HS, G = NH / KV, b = blockIdx.y / KV, bh0 = blockIdx.y * G;  // bh0: the group's first query head
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tiles = (T + R - 1) / R;
     LP_SHARED(floatX, smem);  // buffer u (0, 1): q at smem + 2 R LD u, dy R LD further; then k, ds^T, lse2 and D per buffer
     floatX *ks = smem + 4 * R * LD, *dss = ks + R * LD;
     float* stats = (float*)(dss + R * LDS);
-    const floatX *src = qkv + (size_t)b * T * 3 * C + h * HS, *dsrc = dout + (size_t)b * T * C + h * HS;
-    float* part = dq_partials + ((size_t)blockIdx.x * gridDim.y + bh) * T * HS;  // the block's dq partial of its head
+    // the group's first query head's q and dy (head g: g HS further) and K/V head's k (v: KV HS further)
+    const floatX *src = qkv + (size_t)b * T * W + (bh0 % NH) * HS, *dsrc = dout + (size_t)b * T * C + (bh0 % NH) * HS;
+    const floatX* ksrc = qkv + (size_t)b * T * W + C + blockIdx.y % KV * HS;
+    float* part = dq_partials + ((size_t)blockIdx.x * gridDim.y * G + bh0) * T * HS;  // the block's dq partial of head bh0 (g: g T HS further)
     float sl2 = scale * LP_LOG2E;
     lp_smem dsa = lp_smem_of(dss + lp_lane_rows2(LDS) + 16 * warp), kc = lp_smem_of(ks + lp_lane_cols(LD));
     for (int j = blockIdx.x; j < tiles; j += gridDim.x) {  // the block's key tiles
         int k0 = j * R, c0 = k0 + 16 * warp;                // the tile's and the warp's first key
         __syncthreads();                                    // the last key tile's readers are done
-        lp_flash_load<HP, R, LP_FLASH_THREADS>(ks, src + C, 3 * C, k0, T, HS, threadIdx.x);
-        lp_flash_load<HP, R, LP_FLASH_THREADS>(smem + 2 * R * LD, src + 2 * C, 3 * C, k0, T, HS, threadIdx.x);  // v, staged in buffer 1
+        lp_flash_load<HP, R, LP_FLASH_THREADS>(ks, ksrc, W, k0, T, HS, threadIdx.x);
+        lp_flash_load<HP, R, LP_FLASH_THREADS>(smem + 2 * R * LD, ksrc + KV * HS, W, k0, T, HS, threadIdx.x);  // v, staged in buffer 1
         lp_cp_async_commit();
-        lp_flash_load_queries<HP>(smem, stats, src, dsrc, lse, D, bh, k0, T, C, HS);  // the diagonal's query tile
+        lp_flash_load_queries<HP>(smem, stats, src, dsrc, lse, D, bh0, k0, T, C, W, HS);  // the first head's diagonal query tile
         lp_cp_async_commit();
         lp_cp_async_wait<1>();  // k and v have landed ...
         __syncthreads();        // ... every thread's
@@ -5112,11 +5190,15 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
             lp_frag_a(vf[k], lp_smem_of(smem + 2 * R * LD + 16 * warp * LD + lp_lane_cols(LD) + 16 * k));
         }
         float dk[HP / 8][4] = {}, dv[HP / 8][4] = {};
-        for (int i = j; i < tiles; i++) {  // query tiles from the diagonal down
-            int i0 = i * R, u = (i - j) % 2, diag = i == j;
-            __syncthreads();  // every warp is done with the other buffer (v, or query tile i - 1) and with ds^T
-            if (i + 1 < tiles)
-                lp_flash_load_queries<HP>(smem + 2 * R * LD * (1 - u), stats + 2 * R * (1 - u), src, dsrc, lse, D, bh, i0 + R, T, C, HS);
+        int span = tiles - j, steps = G * span;
+        for (int step = 0; step < steps; step++) {  // the group's query heads g in turn, each's query tiles i from the diagonal down
+            int g = step / span, i = j + step % span, i0 = i * R, u = step % 2, diag = i == j;
+            __syncthreads();  // every warp is done with the other buffer (v, or the last query tile) and with ds^T
+            if (step + 1 < steps) {
+                int g1 = (step + 1) / span, i1 = j + (step + 1) % span;
+                lp_flash_load_queries<HP>(smem + 2 * R * LD * (1 - u), stats + 2 * R * (1 - u), src + g1 * HS, dsrc + g1 * HS, lse, D, bh0 + g1,
+                                          i1 * R, T, C, W, HS);
+            }
             lp_cp_async_commit();   // (an empty group after the last tile, so that one wait fits every tile)
             lp_cp_async_wait<1>();  // this thread's part of query tile i has landed ...
             __syncthreads();        // ... and every thread's
@@ -5177,7 +5259,7 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
                     for (int e = 0; e < 4; e++) {
                         int t = r0 + lane / 4 + 8 * (e / 2), d = 8 * (n0 + n) + 2 * (lane % 4) + e % 2;
                         if (t >= T || d >= HS) continue;
-                        float* p = part + (size_t)t * HS + d;
+                        float* p = part + ((size_t)g * T + t) * HS + d;
                         *p = j == (int)blockIdx.x ? dq[n][e] : *p + dq[n][e];  // the block's first key tile writes
                     }
             }
@@ -5188,14 +5270,14 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
         lp_flash_put<HP / 8>(dks, LD, dk, 1.0f, 1.0f);
         lp_flash_put<HP / 8>(dvs, LD, dv, 1.0f, 1.0f);
         __syncwarp();
-        floatX* dst = dqkv + (size_t)b * T * 3 * C + h * HS;
-        lp_flash_store<HP>(dst + C, 3 * C, dks, c0, T, HS, 16, lane, 32);
-        lp_flash_store<HP>(dst + 2 * C, 3 * C, dvs, c0, T, HS, 16, lane, 32);
+        floatX* dst = dqkv + (ksrc - qkv);  // the K/V head's dk (dv: KV HS further)
+        lp_flash_store<HP>(dst, W, dks, c0, T, HS, 16, lane, 32);
+        lp_flash_store<HP>(dst + KV * HS, W, dvs, c0, T, HS, 16, lane, 32);
     }
 }
 // dq = the splits' partials summed in split order (those of the splits that reached the row's query tile:
 // split s's first key tile is s), as bf16 into dqkv; a thread per value of (B,NH,T,HS).
-static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const float* dq_partials, int B, int T, int C, int NH,
+static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const float* dq_partials, int B, int T, int C, int NH, int KV,
                                                              int splits) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)B * T * C;
     if (i >= n) return;
@@ -5203,14 +5285,14 @@ static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const
     int last = min(splits - 1, t / LP_FLASH_ROWS);
     float sum = 0.0f;
     for (int s = 0; s <= last; s++) sum += dq_partials[(size_t)s * n + i];
-    dqkv[((size_t)b * T + t) * 3 * C + h * HS + d] = lp_xf(sum);
+    dqkv[((size_t)b * T + t) * (C + 2 * KV * HS) + h * HS + d] = lp_xf(sum);
 }
 
 // Launches for one HP. The forward: its query tiles of 64 MT rows along x, the (b,h) along y (up to 65535 of
 // them); two buffers of a k and a v tile, above the 48 KiB a kernel gets unasked at HP 128. The backward:
-// splits along x, the (b,h) along y; two buffers of a query tile, the key tile and ds^T.
+// splits along x, the (b, K/V head) along y; two buffers of a query tile, the key tile and ds^T.
 template <int HP>
-static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int KV) {
     const int rows = 4 * 16 * LP_FLASH_MT(HP);
     if (B * NH > 65535) lp_fail("flash attention: B * NH = %d heads, more than the grid's 65535", B * NH);
     dim3 grid((T + rows - 1) / rows, B * NH);
@@ -5219,23 +5301,23 @@ static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qk
     if (!opted_in)
         cudaCheck(cudaFuncSetAttribute(lp_flash_attention_forward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     opted_in = 1;
-    LP_LAUNCH(lp_flash_attention_forward_kernel<HP>, grid, LP_FLASH_THREADS, bytes, out, lse, qkv, T, C, NH, lp_attention_scale(C, NH));
+    LP_LAUNCH(lp_flash_attention_forward_kernel<HP>, grid, LP_FLASH_THREADS, bytes, out, lse, qkv, T, C, NH, KV, lp_attention_scale(C, NH));
 }
 template <int HP>
 static inline void lp_flash_backward_hp(floatX* dqkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
-                                        const float* lse, int B, int T, int C, int NH) {
+                                        const float* lse, int B, int T, int C, int NH, int KV) {
     const int R = LP_FLASH_ROWS;
-    if (B * NH > 65535) lp_fail("flash attention: B * NH = %d heads, more than the grid's 65535", B * NH);
-    int splits = lp_flash_splits(B * NH, T);
+    if (B * KV > 65535) lp_fail("flash attention: B * KV = %d K/V heads, more than the grid's 65535", B * KV);
+    int splits = lp_flash_splits(B * KV, T);
     size_t bytes = (5 * R * (HP + 8) + R * (R + 8)) * sizeof(floatX) + 4 * R * sizeof(float);
     static int opted_in;
     if (!opted_in)
         cudaCheck(cudaFuncSetAttribute(lp_flash_attention_backward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     opted_in = 1;
-    LP_LAUNCH(lp_flash_attention_backward_kernel<HP>, dim3(splits, B * NH), LP_FLASH_THREADS, bytes, dqkv, dq_partials, dout, D, qkv,
-              lse, T, C, NH, lp_attention_scale(C, NH));
+    LP_LAUNCH(lp_flash_attention_backward_kernel<HP>, dim3(splits, B * KV), LP_FLASH_THREADS, bytes, dqkv, dq_partials, dout, D, qkv,
+              lse, T, C, NH, KV, lp_attention_scale(C, NH));
     size_t n = (size_t)B * T * C;
-    LP_LAUNCH(lp_flash_attention_backward_dq_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dqkv, dq_partials, B, T, C, NH, splits);
+    LP_LAUNCH(lp_flash_attention_backward_dq_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dqkv, dq_partials, B, T, C, NH, KV, splits);
 }
 // f<HP>(args) for the head size's padded width.
 #define LP_FLASH_DISPATCH(HS, f, ...)                                                                              \
@@ -5247,18 +5329,18 @@ static inline void lp_flash_backward_hp(floatX* dqkv, float* dq_partials, const 
     default: lp_fail("flash attention: head size %d is above the %d it supports", HS, LP_FLASH_MAX_HS);              \
     }
 
-static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, lse, qkv, B, T, C, NH);
+static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int KV) {
+    LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, lse, qkv, B, T, C, NH, KV);
 }
 // dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them. D and the dq partials
 // share the reduction scratch (lp_scratch_reserve sizes it for the model's shapes).
 static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
-                                                   const float* lse, int B, int T, int C, int NH) {
+                                                   const float* lse, int B, int T, int C, int NH, int KV) {
     size_t rows = (size_t)B * NH * T;
-    float* D = (float*)lp_scratch(&lp_partials, (rows + lp_flash_dq_partial_floats(B, T, C, NH)) * sizeof(float), "reduction partials");
+    float* D = (float*)lp_scratch(&lp_partials, (rows + lp_flash_dq_partial_floats(B, T, C, NH, KV)) * sizeof(float), "reduction partials");
     int lanes = lp_flash_d_lanes(C / NH);
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * lanes, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH, lanes);
-    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, D + rows, dout, D, qkv, lse, B, T, C, NH);
+    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, D + rows, dout, D, qkv, lse, B, T, C, NH, KV);
 }
 #endif  // LLMPAR_IMPLEMENTATION
 #endif
@@ -6102,10 +6184,10 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 // The scratch buffers at their largest for batches of up to N rows of C channels in NH heads (bias
 // gradients of up to 4C outputs), sized once at set-up: growing one later frees it, and cudaFree waits
 // for the whole device.
-static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
+static inline void lp_scratch_reserve(int B, int T, int C, int NH, int KV) {
     size_t N = (size_t)B * T, partials = (size_t)lp_ln_blocks((int)N, C) * 2 * C;  // layernorm backward
     if ((size_t)LP_BIAS_CHUNKS * 4 * C > partials) partials = (size_t)LP_BIAS_CHUNKS * 4 * C;
-    size_t attention = N * NH + lp_flash_dq_partial_floats(B, T, C, NH);  // flash attention backward's D and dq partials
+    size_t attention = N * NH + lp_flash_dq_partial_floats(B, T, C, NH, KV);  // flash attention backward's D and dq partials
     if (attention > partials) partials = attention;
     lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");
     lp_scratch(&lp_embedding_index, (3 * N + 1) * sizeof(int), "embedding backward index");  // 2U + 1 + M, U and M <= N
@@ -7032,8 +7114,10 @@ int lp_attention_materialised(int attention) {
 }
 
 #ifndef LLMPAR_CPU
-// The attention that keeps no probabilities (lp_attention_materialised is 0): flash, or cuDNN's.
-static inline void lp_fused_attention_forward_gpu(int attention, floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+// The attention that keeps no probabilities (lp_attention_materialised is 0): flash, or cuDNN's (multi-head
+// only: lp_model_create refuses it with KV heads).
+static inline void lp_fused_attention_forward_gpu(int attention, floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
+                                                  int KV) {
 #ifdef LLMPAR_CUDNN
     if (attention == LP_ATTENTION_CUDNN) {
         const char* why = lp_cudnn_attention_forward(out, lse, qkv, B, T, C, NH);
@@ -7042,10 +7126,10 @@ static inline void lp_fused_attention_forward_gpu(int attention, floatX* out, fl
     }
 #endif
     (void)attention;
-    lp_flash_attention_forward_gpu(out, lse, qkv, B, T, C, NH);
+    lp_flash_attention_forward_gpu(out, lse, qkv, B, T, C, NH, KV);
 }
 static inline void lp_fused_attention_backward_gpu(int attention, floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
-                                                   const float* lse, int B, int T, int C, int NH) {
+                                                   const float* lse, int B, int T, int C, int NH, int KV) {
 #ifdef LLMPAR_CUDNN
     if (attention == LP_ATTENTION_CUDNN) {
         const char* why = lp_cudnn_attention_backward(dqkv, dout, out, qkv, lse, B, T, C, NH);
@@ -7054,7 +7138,7 @@ static inline void lp_fused_attention_backward_gpu(int attention, floatX* dqkv, 
     }
 #endif
     (void)attention;
-    lp_flash_attention_backward_gpu(dqkv, dout, out, qkv, lse, B, T, C, NH);
+    lp_flash_attention_backward_gpu(dqkv, dout, out, qkv, lse, B, T, C, NH, KV);
 }
 #endif
 #endif  // LLMPAR_IMPLEMENTATION
@@ -7352,6 +7436,11 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
         lp_fail("a mixture of experts' capacity %g, balance loss %g and z-loss %g coefficients must be 0 or more", m->moe.capacity,
                 m->moe.aux_coef, m->moe.z_coef);
     m->attention = split->attention;
+#ifndef LLMPAR_CPU
+    if (m->attention == LP_ATTENTION_CUDNN && lp_kv_heads(cfg) != cfg->num_heads)
+        lp_fail_all("flag --attention cudnn: not yet for grouped-query attention (%d KV heads of %d; --attention flash or cublas)",
+                    lp_kv_heads(cfg), cfg->num_heads);
+#endif
 #if !defined(LLMPAR_CPU) && !defined(LLMPAR_CUDNN)
     if (m->attention == LP_ATTENTION_CUDNN)
         lp_fail_all("flag --attention cudnn: this build has no cuDNN; build one with make cudnn-frontend && make USE_CUDNN=1 train_gpt");
@@ -7626,7 +7715,7 @@ void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
     m->act = m->slot_act[0];
     m->inputs_host = m->slot_inputs;
 #ifndef LLMPAR_CPU
-    lp_scratch_reserve(B, T, m->cfg.channels, m->cfg.num_heads);
+    lp_scratch_reserve(B, T, m->cfg.channels, m->cfg.num_heads, lp_kv_heads(&m->cfg));
     if (Lm) lp_scratch(&lp_moe_scratch, lp_moe_scratch_bytes(BT, m->cfg.moe_experts, m->cfg.moe_topk), "expert dispatch");
 #endif
 }
@@ -8049,7 +8138,7 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
                                     Cl, NHl, KVl);
     else if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, qkv, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
-    else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl);
+    else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl, KVl);
 #endif
     lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
@@ -8284,7 +8373,7 @@ void lp_model_backward(LPModel* m, int last) {
         if (lp_attention_materialised(m->attention))
             lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
-        else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
+        else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl, KVl);
 #endif
         if (c->rope) lp_rope(a->qkv, B, T, 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), NULL, a->qkv,
