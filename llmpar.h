@@ -1042,6 +1042,43 @@ size_t lp_config_num_params(const LPConfig* c) {
     return n;
 }
 
+// Where the canonical values [canon, canon + n) of a model of shape c lie in its llm.c model file's values: a
+// GPT-2 file holds the canonical layout (lp_param_shape's); a Llama 3 file the same tensors but for V rows of wte
+// and the head where the canonical has Vp (the padding zero), and fcw, which the file holds as every layer's up,
+// then every layer's gate, and the canonical as each layer's gate, then up (its two blocks). Returns how many of
+// them (at least 1, at most n) lie one after another in the file from its value *file, or are padding rows the
+// file lacks (*file = -1).
+static inline size_t lp_file_run(const LPConfig* c, size_t canon, size_t n, long long* file) {
+    *file = (long long)canon;
+    if (!c->untied) return n;
+    size_t at = 0, fat = 0, C = c->channels, HC = (size_t)lp_ffn_hidden(c) * C, VC = (size_t)c->vocab_size * C;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        size_t count, rows, cols, end, o = canon - at;
+        int blocks;
+        lp_param_shape(c, i, &count, &rows, &cols, &blocks);
+        size_t size = count * rows * cols, head = i == LP_WTE || i == LP_HEADW;
+        if (canon >= at + size) {
+            at += size;
+            fat += head ? VC : size;
+            continue;
+        }
+        if (head && o >= VC) {  // padding rows
+            *file = -1;
+            end = size;
+        } else if (i == LP_FCW) {  // layer l's gate (block 0) is the file's gate l, after the L ups; its up (1) the file's up l
+            size_t l = o / (2 * HC), up = o / HC % 2;
+            *file = (long long)(fat + (up ? l : count + l) * HC + o % HC);
+            end = o - o % HC + HC;
+        } else {
+            *file = (long long)(fat + o);
+            end = head ? VC : size;
+        }
+        return end - o < n ? end - o : n;
+    }
+    lp_fail("internal: canonical value %zu outside the model's %zu", canon, at);
+    return 0;
+}
+
 // Matrices get weight decay; biases and LayerNorm parameters do not (as in GPT-2 and llm.c).
 static inline int lp_param_decays(int i) {
     return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW || i == LP_HEADW || i == LP_ROUTERW ||
@@ -1381,16 +1418,20 @@ LP_STATE cudaDeviceProp lp_device_prop;
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
-// Whether model c splits over t tensor-parallel ranks (its heads, MLP width and padded vocabulary): NULL,
-// or why not (written into why). Layers over pipeline stages: lp_pp_partition.
+// Whether model c splits over t tensor-parallel ranks (its query heads, K/V heads, MLP width and padded vocabulary):
+// NULL, or why not (written into why). Layers over pipeline stages: lp_pp_partition. Grouped-query attention's KV
+// K/V heads split as the query heads do, each rank keeping whole groups (query heads with their K/V head), so t must
+// divide KV, as Megatron-LM asks too: with t > KV a K/V head would be replicated over t/KV ranks, a tensor replicated
+// within part of the group whose gradients those ranks sum, which nothing else here is.
 const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
-    if (t > 1 && !lp_config_is_gpt2(c))
-        snprintf(why, size, "%s %d: not yet for the Llama family (one rank, t = 1)", LP_SETTING(tp), t);
-    else if (c->num_heads % t)
+    int KV = lp_kv_heads(c), H = lp_ffn_hidden(c);
+    if (c->num_heads % t)
         snprintf(why, size, "%s %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t, c->num_heads, t);
-    else if (4 * c->channels % t)
-        snprintf(why, size, "%s %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t,
-                 4 * c->channels, t);
+    else if (KV % t)
+        snprintf(why, size, "%s %d: the model's %d K/V heads do not split evenly over %d tensor-parallel ranks (grouped-query "
+                 "attention: each rank keeps whole K/V heads, none is replicated)", LP_SETTING(tp), t, KV, t);
+    else if (H % t)
+        snprintf(why, size, "%s %d: the MLP width %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t, H, t);
     else if (c->padded_vocab_size % t)
         snprintf(why, size, "%s %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp),
                  t, c->padded_vocab_size, t);
@@ -1398,19 +1439,26 @@ const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
         return NULL;
     return why;
 }
-// Every rank checks alike, so rank 0 alone prints. The Llama family runs on one rank so far (its parallel axes
-// come in later steps): every other setting is refused, never run on as if it were GPT-2.
+// Every rank checks alike, so rank 0 alone prints. The CUDA engine runs the Llama family on one rank so far: there
+// every other setting is refused, never run on untested (the CPU engine runs its grids).
 void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
+#ifndef LLMPAR_CPU
     const LPParallel* p = proc->par;
     if (lp_config_is_gpt2(c)) return;
     struct { int set; const char* name; int value; } axes[] = {
-        {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp}, {p->zero > 0, LP_SETTING(zero), p->zero},
-        {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep}, {p->offload != 0, LP_SETTING(offload), p->offload}};  // (0: LP_OFFLOAD_NONE)
+        {p->tp > 1, LP_SETTING(tp), p->tp}, {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp},
+        {p->zero > 0, LP_SETTING(zero), p->zero}, {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep},
+        {p->offload != 0, LP_SETTING(offload), p->offload}};  // (0: LP_OFFLOAD_NONE)
     for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++)
-        if (axes[k].set) lp_fail_all("%s %d: not yet for the Llama family (one rank so far)", axes[k].name, axes[k].value);
-    if (proc->world > 1) lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family (one rank so far)", proc->world, p->dp);
+        if (axes[k].set)
+            lp_fail_all("%s %d: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
+                        axes[k].name, axes[k].value);
+    if (proc->world > 1)
+        lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family on the CUDA engine (one rank so far; "
+                    "./train_gpt_cpu runs its grids)", proc->world, p->dp);
+#endif
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -4348,8 +4396,9 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 // --- rotary positions (RoPE), Llama's layout: in each query and key head, the pair of channels (2i, 2i+1) at
 // position p is rotated by the angle p freq_i, freq_i = theta^(-2i/HS); Llama 3.1's scaled RoPE divides the
 // low frequencies by 8 and blends the middle ones (wavelengths between 8192/4 and 8192, its original context).
-// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, the V heads untouched; inverse rotates by
-// -angle: the backward pass (a rotation's transpose), on the gradient of the rotated q and k.
+// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, row t at position pos + t (pos: 0, or the first
+// row's place in a key-value cache), the V heads untouched; inverse rotates by -angle: the backward pass (a
+// rotation's transpose), on the gradient of the rotated q and k.
 static inline LP_HD double lp_rope_freq(int i, int HS, float theta, int scaled) {
     double f = pow((double)theta, -2.0 * i / HS);
     if (!scaled) return f;
@@ -4359,14 +4408,14 @@ static inline LP_HD double lp_rope_freq(int i, int HS, float theta, int scaled) 
     double smooth = (context / wavelen - low) / (high - low);
     return (1.0 - smooth) * f / factor + smooth * f;
 }
-static inline void lp_rope_cpu(float* qkv, int B, int T, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+static inline void lp_rope_cpu(float* qkv, int B, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
     int heads = NH + 2 * KV;
 #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
-        int pos = bt % T;
+        int at = pos + bt % T;
         float* row = qkv + (size_t)bt * heads * HS;
         for (int i = 0; i < HS / 2; i++) {
-            double angle = pos * lp_rope_freq(i, HS, theta, scaled);
+            double angle = at * lp_rope_freq(i, HS, theta, scaled);
             float c = (float)cos(angle), s = inverse ? -(float)sin(angle) : (float)sin(angle);
             for (int h = 0; h < NH + KV; h++) {
                 float* x = row + (size_t)h * HS + 2 * i;
@@ -4385,11 +4434,11 @@ static inline void lp_rope_cpu(float* qkv, int B, int T, int NH, int KV, int HS,
 // 3 8B under 1% of a layer's time (its bytes at an H100's bandwidth against the layer's FLOPs), while fused
 // it would sit in both flash kernels' tile loads (which land in shared memory by cp.async, so a pass over the
 // tile of its own) and the backward's dq and dk stores, and again in the cublas path's permutes.
-static __global__ void lp_rope_kernel(floatX* qkv, int N, int T, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+static __global__ void lp_rope_kernel(floatX* qkv, int N, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
     size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= (size_t)N * (HS / 2)) return;
     int bt = (int)(k / (HS / 2)), i = (int)(k % (HS / 2));
-    double angle = (bt % T) * lp_rope_freq(i, HS, theta, scaled);
+    double angle = (pos + bt % T) * lp_rope_freq(i, HS, theta, scaled);
     float c = (float)cos(angle), s = inverse ? -(float)sin(angle) : (float)sin(angle);
     floatX* x = qkv + (size_t)bt * (NH + 2 * KV) * HS + 2 * i;
     for (int h = 0; h < NH + KV; h++, x += HS) {
@@ -4398,9 +4447,9 @@ static __global__ void lp_rope_kernel(floatX* qkv, int N, int T, int NH, int KV,
         x[1] = lp_xf(x0 * s + x1 * c);
     }
 }
-static inline void lp_rope_gpu(floatX* qkv, int B, int T, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+static inline void lp_rope_gpu(floatX* qkv, int B, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
     size_t n = (size_t)B * T * (HS / 2);
-    LP_LAUNCH(lp_rope_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, qkv, B * T, T, NH, KV, HS, theta, scaled, inverse);
+    LP_LAUNCH(lp_rope_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, qkv, B * T, T, pos, NH, KV, HS, theta, scaled, inverse);
 }
 #endif
 
@@ -4535,28 +4584,29 @@ static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX
 
 // --- attention with a key-value cache (sampling: lp_model_forward with LPModel.cache): N new rows of each of
 // B sequences, at positions [pos, pos + N), first add their keys and values to the cache at those positions,
-// then each row's query attends to the cache's positions [0, its own]. cache (2,B,NH,Tc,HS): keys, then
-// values, each head's positions contiguous (qkvr's layout without q); qkv (B,N,3C) as the qkv projection
-// writes it; out (B,N,C). The causal softmax of lp_attention_forward_cpu, each query alone and in one pass
-// over its keys (a running max rescales the sum and the output when it grows), so one sampled token costs
-// its own row's work, not a (T,T) product.
+// then each row's query attends to the cache's positions [0, its own]. cache (2,B,KV,Tc,HS): keys, then
+// values, each K/V head's positions contiguous (qkvr's layout without q); qkv (B,N,(NH+2KV)HS) as the qkv
+// projection writes it (RoPE turned at the rows' positions); out (B,N,C). Grouped-query attention caches the KV
+// heads alone, query head h reading K/V head h / (NH/KV). The causal softmax of lp_attention_forward_cpu, each
+// query alone and in one pass over its keys (a running max rescales the sum and the output when it grows), so
+// one sampled token costs its own row's work, not a (T,T) product.
 #ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_attention_cached_forward_cpu(float* out, float* cache, const float* qkv, int B, int N, int pos, int Tc, int C,
-                                                   int NH) {
-    int HS = C / NH;
-    size_t plane = (size_t)B * NH * Tc * HS;
+                                                   int NH, int KV) {
+    int HS = C / NH, G = NH / KV, KVC = KV * HS, row = C + 2 * KVC;
+    size_t plane = (size_t)B * KV * Tc * HS;
     float scale = lp_attention_scale(C, NH);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < N; i++)
             for (int which = 0; which < 2; which++)
-                for (int c = 0; c < C; c++)
-                    cache[which * plane + (((size_t)b * NH + c / HS) * Tc + pos + i) * HS + c % HS] =
-                        qkv[((size_t)b * N + i) * 3 * C + (1 + which) * C + c];
+                for (int c = 0; c < KVC; c++)
+                    cache[which * plane + (((size_t)b * KV + c / HS) * Tc + pos + i) * HS + c % HS] =
+                        qkv[((size_t)b * N + i) * row + C + which * KVC + c];
 #pragma omp parallel for
     for (int r = 0; r < B * N * NH; r++) {
         int h = r % NH, i = r / NH % N, b = r / NH / N;
-        const float* q = qkv + ((size_t)b * N + i) * 3 * C + h * HS;
-        const float* k = cache + ((size_t)b * NH + h) * Tc * HS;
+        const float* q = qkv + ((size_t)b * N + i) * row + h * HS;
+        const float* k = cache + ((size_t)b * KV + h / G) * Tc * HS;
         const float* v = k + plane;
         float* y = out + ((size_t)b * N + i) * C + h * HS;
         float m = -INFINITY, l = 0.0f;
@@ -4629,7 +4679,9 @@ static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cac
         if (lane + 32 * u < HS) out[((size_t)b * N + i) * C + h * HS + lane + 32 * u] = lp_xf(y[u] / l);
 }
 static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C,
-                                                   int NH) {
+                                                   int NH, int KV) {
+    if (KV != NH)  // (the driver refuses -s for the Llama family on the CUDA engine)
+        lp_fail("internal: the CUDA build's cached attention takes no grouped-query attention yet (%d K/V heads of %d)", KV, NH);
     size_t n = (size_t)B * N * 2 * C, warps = (size_t)B * N * NH;
     LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH);
     LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH,
@@ -6303,10 +6355,11 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH, int KV) {
 //   3      ... and of the weights           as stage 2; lp_zero_fetch gathers each layer's weights just
 //                                           before it runs, the next layer's on the way meanwhile
 // wte (the embedding and the tied LM head, most of a small model's weights) is sharded like a layer in
-// stages 2-3 when the model holds its only copy (no pipeline): it is used a piece of rows at a time (at most
-// a layer's worth), each piece's weights gathered when needed (stage 3) and its gradients reduce-scattered
-// as soon as they are computed (lp_zero_wte, lp_zero_wte_grad). The other tensors outside the layers,
-// wpe and lnf (smaller than a layer), and wte when pipeline stages hold copies of it, stay whole: their
+// stages 2-3 when the model holds its only copy (no pipeline; or an untied head, whose first chunk alone holds
+// wte, when that chunk has layers): it is used a piece of rows at a time (at most a layer's worth), each piece's weights gathered when
+// needed (stage 3) and its gradients reduce-scattered as soon as they are computed (lp_zero_wte,
+// lp_zero_wte_grad). The other tensors outside the layers, wpe, lnf (smaller than a layer), an untied head's
+// headw, and wte when pipeline stages hold copies of it, stay whole: their
 // gradients are accumulated over the micro-batches and reduce-scattered by lp_zero_average, their
 // weights gathered after each update.
 //
@@ -7085,6 +7138,10 @@ static inline void lp_zero_average(LPZero* z) {
 // The embedding is vocab-parallel (wte split by rows; a rank's partial embedding is zero for tokens outside
 // its slice, summed by a g), and so is the tied LM head (a column-parallel matmul after an f, its
 // cross-entropy reduced over the group without gathering the logits: classifier_stats / classifier_grad).
+// The Llama family splits the same way what it has: qkv's three blocks of NH, KV and KV heads each by rows
+// (t divides KV: a rank keeps its query heads' K/V heads, lp_tp_check), SwiGLU's fc (2H,C) in its gate and up
+// blocks, fcproj (C,H) by columns, and the untied head (headw) by rows as the tied one; RMSNorm and RoPE need no
+// communication.
 
 // Activation recomputation (--recompute): what backward computes again instead of keeping it from forward.
 //   none       keep everything;
@@ -7265,16 +7322,19 @@ typedef struct LPModelOptions {
 // positions [pos, pos + N): the rows' keys and values join the cache there and their queries attend to the
 // positions up to their own (lp_attention_cached_forward), so a sampled token's forward is its row alone.
 typedef struct {
-    floatX* kv;  // (L,2,B,NHl,T,HS)
+    floatX* kv;  // (L,2,B,KVl,T,HS)
     int B, T, pos;
 } LPKVCache;
 
 typedef struct LPModel {
     LPConfig cfg;         // the whole model's shape
     // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l). The
-    // first chunk holds wpe; the head (wte, lnf) is held by the first, the last, and any chunk with an
-    // auxiliary loss. The first chunk's wte and the last's lnf are the originals, the other holders' are
-    // copies (bits of `copies`): their gradients are summed (lp_step_reduce_grads), each counted and saved once.
+    // first chunk holds wpe and wte (the embedding). The head (lnf, and the LM head's weights: a tied head's are
+    // wte, an untied one's headw) is held by the last chunk and any with an auxiliary loss, and a tied head by the
+    // first too (its wte): the chunks with `head` set. The first chunk's wte and the last's lnf and headw are the
+    // originals, the other holders' are copies (bits of `copies`): their gradients are summed
+    // (lp_step_reduce_grads), each counted and saved once. An untied head shares nothing with the embedding, so
+    // the first and the last chunk hold no copies of each other's tensors.
     int L, layer0, first, last, head;
     unsigned copies;
     // auxiliary losses of this chunk: after local layer aux[j] (the model's layer aux_id[j], counted from
@@ -7456,8 +7516,10 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
         m->aux_id[m->num_aux] = split->aux[j];
         m->aux[m->num_aux++] = l;
     }
-    m->head = m->first || m->last || m->num_aux > 0;
-    m->copies = m->head ? (m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : 1u << LP_LNFW | 1u << LP_LNFB) : 0u;
+    m->head = m->last || m->num_aux > 0 || (m->first && !cfg->untied);
+    unsigned lm = 1u << LP_LNFW | 1u << LP_LNFB | (cfg->untied ? 1u << LP_HEADW : 1u << LP_WTE);  // the head's tensors
+    unsigned holds = (m->first ? 1u << LP_WPE | 1u << LP_WTE : 0u) | (m->head ? lm : 0u);       // of those outside the layers
+    m->copies = holds & ((m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : lm & ~(1u << LP_WTE)));
     m->parts = cfg->moe_experts ? 2 : 1;
     m->ep = proc ? &proc->group[LP_EP] : NULL;
     m->ep_size = m->ep ? m->ep->size : 1;
@@ -7471,14 +7533,16 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         int having = lp_layers_having(cfg, i, 0, cfg->num_layers);
         if (lp_is_layer_tensor(i)) sizes[0][i] = having ? sizes[0][i] / having * lp_layers_having(cfg, i, m->layer0, m->layer0 + m->L) : 0;
-        else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[0][i] = 0;  // held by another chunk
+        else if (!(holds >> i & 1)) sizes[0][i] = 0;  // held by another chunk
         sizes[1][i] = lp_is_expert_tensor(i) ? sizes[0][i] / m->ep_size : 0;
         if (lp_is_expert_tensor(i)) sizes[0][i] = 0;
     }
-    size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
+    size_t wte_rows = holds >> LP_WTE & 1 ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
     int apart = m->par->diloco || m->par->gossip;  // replicas that train apart average no gradients
     const LPGroup* dp = proc && !apart ? &proc->group[LP_DP] : NULL;
-    lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, m->first && m->last, dp, m->par, split->chunk);
+    // the only copy of wte, beside layers (its pieces are at most a layer's): ZeRO-2/3 may cut it (section 8)
+    int wte_alone = m->first && (m->last || cfg->untied) && m->L > 0;
+    lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, wte_alone, dp, m->par, split->chunk);
     if (m->parts > 1) {  // the experts: with expert parallelism averaged over their replicas (edp), their gradients
                          // sums over the ep ranks' batches, so the optimizer takes 1/ep of them (grad_scale)
         lp_zero_create(&m->experts, sizes[1], cfg, m->layer0, m->L, 0, 0, m->ep_size > 1 ? &proc->group[LP_EDP] : dp, m->par,
@@ -7540,18 +7604,24 @@ static inline void lp_model_get_weights(const LPModel* m, float* canon) {
     }
 }
 
-// Read or write this rank's values [lo, lo + count) of part p's flat parameters (buf, host) at their
-// canonical places in f, whose canonical array starts at byte `base`. A write skips the copies (another rank
-// writes the same values). Returns 0 or an errno.
+// Read or write this rank's values [lo, lo + count) of part p's flat parameters (buf, host) at their places
+// in f, whose values, in the model file's layout (lp_file_run: a GPT-2 file's is the canonical one), start at
+// byte `base`. A write skips the copies (another rank writes the same values); a read leaves the padding rows a
+// Llama 3 file lacks as they were in buf. Returns 0 or an errno.
 static inline int lp_model_canonical_io(const LPModel* m, int p, FILE* f, long long base, float* buf, size_t lo, size_t count,
                                         int write) {
     for (int k = 0; k < m->num_runs; k++) {
         const LPRun* r = &m->runs[k];
         size_t a = r->local > lo ? r->local : lo, b = r->local + r->n < lo + count ? r->local + r->n : lo + count;
         if (r->part != p || a >= b || (write && r->copy)) continue;
-        if (fseeko(f, base + 4LL * (long long)(r->canon + (a - r->local)), SEEK_SET) != 0) return errno ? errno : EIO;
-        size_t done = write ? fwrite(buf + (a - lo), sizeof(float), b - a, f) : fread(buf + (a - lo), sizeof(float), b - a, f);
-        if (done != b - a) return errno ? errno : EIO;
+        for (size_t x = a, n; x < b; x += n) {
+            long long at;
+            n = lp_file_run(&m->cfg, r->canon + (x - r->local), b - x, &at);
+            if (at < 0) continue;
+            if (fseeko(f, base + 4LL * at, SEEK_SET) != 0) return errno ? errno : EIO;
+            size_t done = write ? fwrite(buf + (x - lo), sizeof(float), n, f) : fread(buf + (x - lo), sizeof(float), n, f);
+            if (done != n) return errno ? errno : EIO;
+        }
     }
     return 0;
 }
@@ -7787,46 +7857,63 @@ static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float
     return (float)(sum / N);
 }
 
-// The LM head's weights, piece k of them (rows r0 ...): wte's (tied), or headw's (untied: ZeRO-2/3 are not yet
-// for the Llama family, so headw is whole, in one piece).
-static inline const floatX* lp_model_head(LPModel* m, int k, size_t r0) {
-    return m->cfg.untied ? m->zero.w[LP_HEADW] + r0 * m->cfg.channels : lp_zero_wte(&m->zero, k);
+// The LM head's weights in pieces of rows, column-parallel over the vocabulary (this rank's Vl rows): a tied
+// head's are wte's pieces (ZeRO-2/3 may cut wte: lp_zero_wte gathers each), an untied head's headw, held whole
+// (ZeRO-2/3 keep it whole as the other tensors outside the layers), one piece. Piece k: its weights, its first
+// row (*r0) and its rows.
+static inline int lp_model_head_pieces(const LPModel* m) { return m->cfg.untied ? 1 : m->zero.pieces; }
+static inline const floatX* lp_model_head(LPModel* m, int k, size_t* r0, size_t* rows) {
+    if (!m->cfg.untied) {
+        *rows = lp_zero_piece(&m->zero, k, r0);
+        return lp_zero_wte(&m->zero, k);
+    }
+    *r0 = 0;
+    *rows = (size_t)m->cfg.padded_vocab_size / m->tp_size;
+    return m->zero.w[LP_HEADW];
+}
+// ... and where piece k's gradient accumulates (a tied head's piece goes on to ZeRO with lp_zero_wte_grad_done).
+static inline floatX* lp_model_head_grad(LPModel* m, int k, size_t* r0, size_t* rows) {
+    if (!m->cfg.untied) {
+        *rows = lp_zero_piece(&m->zero, k, r0);
+        return lp_zero_wte_grad(&m->zero, k);
+    }
+    *r0 = 0;
+    *rows = (size_t)m->cfg.padded_vocab_size / m->tp_size;
+    return m->zero.g[LP_HEADW];
 }
 
-// The LM head, tied to wte (or untied) and column-parallel over the vocabulary: this rank's slice of the logits (N,Vl)
-// from lnf, the final LayerNorm's output (this rank's rows of it; SP gathers them), a piece of wte's rows
-// at a time (ZeRO-2/3 hold it in pieces; else one piece, all of it). Padding rows of wte are zero.
+// The LM head: this rank's slice of the logits (N,Vl) from lnf, the final LayerNorm's output (this rank's rows of
+// it; SP gathers them), a piece of the head's rows at a time. Padding rows of the head are zero.
 static inline void lp_model_logits(LPModel* m, floatX* logits, const floatX* lnf, int N) {
     int C = m->cfg.channels, Vl = m->cfg.padded_vocab_size / m->tp_size;
     const floatX* x = lp_tp_f_forward(m, lnf, N, C);
-    for (int k = 0; k < m->zero.pieces; k++) {
-        size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
-        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, lp_model_head(m, k, r0), C, 0, logits + r0, Vl);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        const floatX* w = lp_model_head(m, k, &r0, &rows);
+        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, w, C, 0, logits + r0, Vl);
     }
 }
 
-// Backward through the head from the logits' gradient: into wte's gradient, lnf's (lnf = layernorm(x),
+// Backward through the head from the logits' gradient: into the head's gradient (wte's or headw's), lnf's (lnf = layernorm(x),
 // with its mean and rstd) and x's, added to act.dresidual.
 static inline void lp_model_head_backward(LPModel* m, const floatX* x, const floatX* lnf, const float* mean, const float* rstd,
                                           const floatX* dlogits, int N) {
     int C = m->cfg.channels, Nr = m->par->sp ? N / m->tp_size : N, Vl = m->cfg.padded_vocab_size / m->tp_size;
     LPActivations* a = &m->act;
     LPZero* z = &m->zero;
-    // LM head, piece by piece: the input's gradient (summed over the pieces), then wte's (SP gathers lnf's
+    // LM head, piece by piece: the input's gradient (summed over the pieces), then the head's (SP gathers lnf's
     // rows again), each piece's handed to ZeRO when done; then lnf
     const floatX* xf = lp_tp_f_forward(m, lnf, N, C);
-    for (int k = 0; k < z->pieces; k++) {
-        size_t r0, rows = lp_zero_piece(z, k, &r0);
-        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, lp_model_head(m, k, r0), C, k > 0, a->btc, C);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        const floatX* w = lp_model_head(m, k, &r0, &rows);
+        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, w, C, k > 0, a->btc, C);
     }
-    for (int k = 0; k < z->pieces; k++) {
-        size_t r0, rows = lp_zero_piece(z, k, &r0);
-        if (m->cfg.untied) {
-            lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, z->g[LP_HEADW] + r0 * C, C);
-            continue;
-        }
-        lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, lp_zero_wte_grad(z, k), C);
-        lp_zero_wte_grad_done(z, k);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        floatX* dw = lp_model_head_grad(m, k, &r0, &rows);
+        lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, dw, C);
+        if (!m->cfg.untied) lp_zero_wte_grad_done(z, k);
     }
     lp_layernorm_backward(a->dresidual, z->g[LP_LNFW], lp_model_grad(m, LP_LNFB), lp_tp_f_backward(m, a->btc, N, C), x, z->w[LP_LNFW],
                            mean, rstd, Nr, C);
@@ -8109,8 +8196,10 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     floatX* qkv = mat || kv->kv ? a->qkv : x->qkvs;
     lp_matmul_forward(qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l), lp_layer_param(m, LP_QKVB, l), N, C,
                       QKVl);
-    if (c->rope) lp_rope(qkv, B, T, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
-    if (kv->kv) lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * Cl, qkv, B, T, kv->pos, kv->T, Cl, NHl);
+    if (c->rope) lp_rope(qkv, B, T, kv->kv ? kv->pos : 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
+    if (kv->kv)
+        lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * KVl * (C / c->num_heads), qkv, B, T, kv->pos, kv->T,
+                                    Cl, NHl, KVl);
     else if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, qkv, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
     else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl, KVl);
@@ -8350,7 +8439,7 @@ void lp_model_backward(LPModel* m, int last) {
 #ifndef LLMPAR_CPU
         else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl, KVl);
 #endif
-        if (c->rope) lp_rope(a->qkv, B, T, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
+        if (c->rope) lp_rope(a->qkv, B, T, 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), NULL, a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, QKVl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
@@ -8375,16 +8464,17 @@ void lp_model_backward(LPModel* m, int last) {
     }
 }
 
-// Sampling's key-value cache for B sequences of up to T positions (LPKVCache): L x 2 x B x T x C/t values,
-// made when a sample begins and freed when it ends (lp_model_cache_free), so training never holds it.
+// Sampling's key-value cache for B sequences of up to T positions (LPKVCache): L x 2 x B x T x KV HS/t values
+// (KV HS = C with multi-head attention), made when a sample begins and freed when it ends (lp_model_cache_free),
+// so training never holds it.
 static inline void lp_model_cache_alloc(LPModel* m, int B, int T) {
     if (T > m->cfg.max_seq_len) lp_fail("a key-value cache of %d positions exceeds the model's maximum %d", T, m->cfg.max_seq_len);
     m->cache.B = B;
     m->cache.T = T;
     m->cache.pos = 0;
     // (a chunk without layers keeps one layer's room: a kv that is not NULL says the cache is on)
-    m->cache.kv = (floatX*)lp_device_malloc((size_t)(m->L ? m->L : 1) * 2 * B * T * (m->cfg.channels / m->tp_size) * sizeof(floatX),
-                                            "key-value cache");
+    size_t kv = (size_t)lp_kv_heads(&m->cfg) / m->tp_size * (m->cfg.channels / m->cfg.num_heads);  // this rank's K/V channels
+    m->cache.kv = (floatX*)lp_device_malloc((size_t)(m->L ? m->L : 1) * 2 * B * T * kv * sizeof(floatX), "key-value cache");
 }
 static inline void lp_model_cache_free(LPModel* m) {
     lp_device_free(m->cache.kv);
@@ -8841,14 +8931,17 @@ float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_
 // 11. costs
 
 #ifdef LLMPAR_IMPLEMENTATION
-// The MLP weights a token meets in an average layer: in its up projection (a MoE layer: the router, and
-// top-k experts' of E) into *up, in its down projection into *down.
+// The MLP weights a token meets in an average layer: in its up projection (GELU's H x C; SwiGLU's gate and up,
+// 2 H x C; a MoE layer: the router, and top-k experts' of E) into *up, in its down projection (C x H) into *down.
 static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* down) {
     double C = c->channels, L = c->num_layers, moe = lp_layers_having(c, LP_ROUTERW, 0, c->num_layers);
-    double E = c->moe_experts, K = c->moe_topk;
-    *up = ((L - moe) * 4.0 * C * C + moe * (K * 4.0 * C * C + E * C)) / L;
-    *down = ((L - moe) + moe * K) * 4.0 * C * C / L;
+    double E = c->moe_experts, K = c->moe_topk, H = lp_ffn_hidden(c), F = c->swiglu ? 2.0 * H : H;
+    *up = ((L - moe) * F * C + moe * (K * H * C + E * C)) / L;
+    *down = ((L - moe) + moe * K) * H * C / L;
 }
+// The attention weights of a layer: qkv's (C + 2 KV HS) x C (grouped-query attention's K and V are smaller) and
+// the projection's C x C.
+static inline double lp_attention_weights(const LPConfig* c) { return ((double)lp_qkv_rows(c) + c->channels) * c->channels; }
 
 // The parameters one token meets: all of a dense model's; of a MoE layer's experts, K of E.
 size_t lp_active_params(const LPConfig* c) {
@@ -8859,12 +8952,13 @@ size_t lp_active_params(const LPConfig* c) {
 }
 
 // Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul that the token
-// meets (the LM head counts wte; wpe and LayerNorm do no matmul work; a MoE layer counts its router and
-// top-k experts) plus attention's q k^T and att v: 12 L C T.
+// meets (the LM head counts its Vp x C, wte's or headw's; the embedding, wpe, the norms and RoPE do no matmul
+// work; a MoE layer counts its router and top-k experts) plus attention's q k^T and att v over the query heads:
+// 12 L C T.
 double lp_flops_per_token(const LPConfig* c, int T) {
     double C = c->channels, up, down;
     lp_mlp_active_weights(c, &up, &down);
-    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (4.0 * C * C + up + down);
+    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (lp_attention_weights(c) + up + down);
     return 6.0 * matmul_weights + 12.0 * c->num_layers * C * (double)T;
 }
 #endif  // LLMPAR_IMPLEMENTATION
@@ -8897,16 +8991,16 @@ typedef struct LPPipeShape {
 static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : 4; }
 static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
 
-// Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
-// of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
-// (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the whole forward (a
-// checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
+// Training FLOPs per token of an average layer (lp_attention_weights, lp_mlp_active_weights): 3x its forward's
+// (6 per weight, 12 C T of attention), plus what backward recomputes: under full recomputation all but a dense
+// MLP's projection (GPT-2's: 16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the
+// whole forward (a checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
 double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole) {
-    double C = c->channels, up, down;
+    double C = c->channels, A = lp_attention_weights(c), up, down;
     lp_mlp_active_weights(c, &up, &down);
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
-    double flops = 6.0 * (4.0 * C * C + up + down) + 12.0 * C * T;
-    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (4.0 * C * C + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
+    double flops = 6.0 * (A + up + down) + 12.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (A + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
     if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
     return flops;
 }
@@ -8937,7 +9031,7 @@ double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layer
             held = (double)sizes[i] / c->num_layers * layers / (lp_is_expert_tensor(i) ? s->par->ep : 1);  // (an average layer's)
             params += held;
             if (experts && lp_is_expert_tensor(i)) *experts += held;
-        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) {
+        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || (!c->untied && k == chunks - 1) : k == chunks - 1) {
             params += sizes[i];
         }
     }
@@ -8954,8 +9048,8 @@ static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
 
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
-// and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
-// gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
+// and 3 keep wpe, lnf and an untied head (`outside`) whole, and wte too in a pipeline with a tied head (copies on
+// two stages; else stage 3 gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
 // wte's pieces too) or weights when the chunk has layers (section 8).
 double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->par->pp * s->par->vpp;
@@ -8970,7 +9064,7 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
     parts = shard > 0.0 ? n / shard : 1.0;  // (what a shard is of the whole the rank holds)
     double buffer = layers ? layer : 0.0, piece = 0.0;
-    if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 8)
+    if (s->par->zero >= 2 && (chunks == 1 || (c->untied && k == 0 && layers > 0))) {  // the only copy of wte, in pieces (section 8)
         outside -= (double)sizes[LP_WTE];
         piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
     }
@@ -9538,13 +9632,14 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
 }
 
 // The gradient reduction's end. First every copy of the head (wte and lnf: the embedding's on the first
-// chunk, the LM head's on the last, the auxiliary losses' in between) gets the sum of all their gradients,
+// chunk, the LM head's on the last, the auxiliary losses' in between; an untied head's headw and lnf, on the last
+// and the auxiliary losses' chunks, none on the first) gets the sum of all their gradients,
 // summed within this rank and then over the head group, so the copies take the same step and stay equal;
 // then each chunk's gradients are averaged over DP (lp_zero_average: what backward started arrives, the
 // rest is reduced now).
 void lp_step_reduce_grads(LPStage* st) {
     int phase = lp_trace_begin("step", "gradient reduction", -1, -1);
-    const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
+    const int head[3] = {st->chunks[0].cfg.untied ? LP_HEADW : LP_WTE, LP_LNFW, LP_LNFB};
     LPModel* sum = NULL;  // this rank's first chunk holding the head
     for (int c = 0; c < st->par->vpp; c++) {
         LPModel* mc = &st->chunks[c];
@@ -9715,24 +9810,15 @@ static inline FILE* lp_model_file_open(const char* path, LPConfig* cfg, int* ver
     return f;
 }
 
-// A Llama 3 file's values (file) against the canonical layout (canon, lp_param_shape's): the same tensors but
-// for V rows of wte and the head where the canonical has Vp (the padding zero), and fcw, which the file holds
-// as every layer's up, then every layer's gate, and the canonical as each layer's gate, then up (its two blocks).
-// to_file 1: canon into file; 0: file into canon.
+// A model file's values (file) from the canonical layout (canon, lp_param_shape's) and back (lp_file_run):
+// to_file 1: canon into file; 0: file into canon (the padding rows zero).
 static inline void lp_llama_file_layout(const LPConfig* c, float* file, float* canon, int to_file) {
-    size_t at = 0, C = c->channels, L = c->num_layers, H = lp_ffn_hidden(c);
-    if (!to_file) memset(canon, 0, lp_config_num_params(c) * sizeof(float));
-    for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        size_t count, rows, cols;
-        int blocks;
-        lp_param_shape(c, i, &count, &rows, &cols, &blocks);
-        for (size_t k = 0; k < (i == LP_FCW ? 2 * L : 1); k++) {  // fcw: the file's L ups, then its L gates
-            size_t n = i == LP_WTE || i == LP_HEADW ? (size_t)c->vocab_size * C : i == LP_FCW ? H * C : count * rows * cols;
-            float* x = canon + (i == LP_FCW ? (k % L * 2 + (k < L)) * H * C : 0);  // (layer k % L's block: up 1, gate 0)
-            memcpy(to_file ? file + at : x, to_file ? x : file + at, n * sizeof(float));
-            at += n;
-        }
-        canon += count * rows * cols;
+    size_t n = lp_config_num_params(c);
+    if (!to_file) memset(canon, 0, n * sizeof(float));
+    for (size_t at = 0, k; at < n; at += k) {
+        long long f;
+        k = lp_file_run(c, at, n - at, &f);
+        if (f >= 0) memcpy(to_file ? file + f : canon + at, to_file ? canon + at : file + f, k * sizeof(float));
     }
 }
 
@@ -9827,6 +9913,18 @@ static inline void lp_llama_file_header_of(int h[LP_HEADER_INTS], float hf[LP_LL
     hf[0] = c->ffn_dim_multiplier;
     hf[1] = lp_norm_eps(c);
     hf[2] = c->rope_theta;
+}
+
+// The header of a model file of shape c, lp_model_file_header_bytes(c) of these bytes: llm.c's ints (a Llama 3
+// file's, then its floats).
+typedef struct {
+    int h[LP_HEADER_INTS];
+    float hf[LP_LLAMA_FLOATS];
+} LPFileHeader;
+static inline void lp_model_file_head(LPFileHeader* head, const LPConfig* c) {
+    memset(head, 0, sizeof(*head));
+    if (c->untied) lp_llama_file_header_of(head->h, head->hf, c);
+    else lp_model_file_header_of(head->h, c);
 }
 
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file (a mixture of experts: 6; the
@@ -9951,13 +10049,13 @@ static inline int lp_checkpoint_remove(const char* dir, char* failed) {
     return rmdir(dir) != 0 ? errno : 0;
 }
 
-// A file of header + payload_bytes (zeros until the ranks fill it in place). Returns 0 or an errno.
-static inline int lp_create_file(const char* path, const int* header, long long payload_bytes) {
+// A file of header_bytes of header + payload_bytes (zeros until the ranks fill it in place). Returns 0 or an errno.
+static inline int lp_create_file(const char* path, const void* header, long long header_bytes, long long payload_bytes) {
     FILE* f = fopen(path, "wb");
     if (!f) return errno;
-    int err = lp_fwrite(header, sizeof(int), LP_HEADER_INTS, f) ? errno : 0;
+    int err = lp_fwrite(header, 1, (size_t)header_bytes, f) ? errno : 0;
     if (!err && fflush(f) != 0) err = errno;
-    if (!err && ftruncate(fileno(f), LP_HEADER_INTS * 4LL + payload_bytes) != 0) err = errno;
+    if (!err && ftruncate(fileno(f), header_bytes + payload_bytes) != 0) err = errno;
     if (fclose(f) != 0 && !err) err = errno;
     return err;
 }
@@ -10046,7 +10144,8 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
     lp_path(model_path, "%s/model.bin", tmp_dir);
     lp_path(optim_path, "%s/optim.bin", tmp_dir);
     lp_path(state_path, "%s/state.bin", tmp_dir);
-    size_t n = m->total_params;
+    size_t n = lp_model_file_values(&m->cfg);  // (a Llama 3 file lacks the padding rows)
+    long long model_base = lp_model_file_header_bytes(&m->cfg);
     int err = 0, replicas = lp_optim_replicas(m);
     char removing[LP_PATH_MAX];
     const char* failed = tmp_dir;
@@ -10056,9 +10155,10 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         lp_crash_point();
         if (!err && mkdir(tmp_dir, 0755) != 0) err = errno;
         lp_crash_point();
+        LPFileHeader head;
+        lp_model_file_head(&head, &m->cfg);
+        if (!err && (err = lp_create_file(model_path, &head, model_base, (long long)n * 4))) failed = model_path;
         int h[LP_HEADER_INTS];
-        lp_model_file_header_of(h, &m->cfg);
-        if (!err && (err = lp_create_file(model_path, h, (long long)n * 4))) failed = model_path;
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_OPTIM_MAGIC;
@@ -10067,7 +10167,7 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         h[3] = (int)(n & 0x7fffffff);
         h[4] = (int)(n >> 31);
         h[5] = replicas > 1 ? replicas : 0;
-        if (!err && (err = lp_create_file(optim_path, h, (2LL * replicas + (replicas > 1)) * n * 4))) failed = optim_path;
+        if (!err && (err = lp_create_file(optim_path, h, LP_HEADER_INTS * 4LL, (2LL * replicas + (replicas > 1)) * n * 4))) failed = optim_path;
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_STATE_MAGIC;
@@ -10105,7 +10205,7 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
                 continue;  // unsharded DP replicas are equal: the first writes (gossip's: the first's weights and state)
             size_t lo = z->shard_start, count = lp_zero_shard_count(z);
             long long base = LP_HEADER_INTS * 4LL, own = base + (replicas > 1 ? 8LL * (long long)n * replica : 0);
-            if (replica == 0 && (err = lp_write_shard(m, p, model_path, base, z->master, lo, count))) failed = model_path;
+            if (replica == 0 && (err = lp_write_shard(m, p, model_path, model_base, z->master, lo, count))) failed = model_path;
             lp_crash_point();
             if (z->off) {  // offloaded: m and v a chunk at a time from the file
                 if (!err && (err = lp_write_offloaded(m, p, optim_path, base, n))) failed = optim_path;
@@ -10226,19 +10326,20 @@ int lp_checkpoint_latest(const char* dir, int before) {
 const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg, int* optim_h, int* state_h, int sums,
                                   char* why, size_t size) {  // (optim_h, state_h: LP_HEADER_INTS ints each)
     const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
-    int model_h[LP_HEADER_INTS], want[LP_HEADER_INTS];
-    int* headers[3] = {model_h, optim_h, state_h};
-    lp_model_file_header_of(want, cfg);
-    size_t n = lp_config_num_params(cfg);
-    long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, 0, LP_HEADER_INTS * 4LL};
+    LPFileHeader model_h, want;  // (a Llama 3 file's floats too)
+    int* headers[3] = {model_h.h, optim_h, state_h};
+    lp_model_file_head(&want, cfg);
+    memset(&model_h, 0, sizeof(model_h));
+    size_t n = lp_model_file_values(cfg), head_bytes = (size_t)lp_model_file_header_bytes(cfg);
+    long long sizes[3] = {(long long)head_bytes + 4LL * (long long)n, 0, LP_HEADER_INTS * 4LL};
     char path[LP_PATH_MAX];
     for (int i = 0; i < 3; i++) {
         lp_path(path, "%s/step_%08d/%s", dir, step, names[i]);
         FILE* f = fopen(path, "rb");
-        size_t got = f ? fread(headers[i], sizeof(int), LP_HEADER_INTS, f) : 0;
+        size_t bytes = i ? LP_HEADER_INTS * sizeof(int) : head_bytes, got = f ? fread(headers[i], 1, bytes, f) : 0;
         if (f) fclose(f);
         struct stat sb;
-        if (!f || got != LP_HEADER_INTS || stat(path, &sb) != 0) {
+        if (!f || got != bytes || stat(path, &sb) != 0) {
             snprintf(why, size, "%s: cannot read its header", path);
             return why;
         }
@@ -10248,7 +10349,7 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
         float scale = 0.0f;  // state.bin's loss scale (version 2): 0, or 1 .. 2^24
         if (i == 2 && h[1] == 2) memcpy(&scale, &h[19], sizeof(float));
         if (i == 1) sizes[1] = LP_HEADER_INTS * 4LL + (8LL * replicas + 4LL * (replicas > 1)) * (long long)n;
-        if (i == 0 && memcmp(h, want, sizeof(want)) != 0)
+        if (i == 0 && memcmp(&model_h, &want, head_bytes) != 0)
             snprintf(why, size, "%s: checkpoint model shape differs from the model being trained", path);
         else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || (h[1] != 1 && h[1] != 2) || (h[1] == 2 && (replicas < 2 || replicas > 1 << 20))))
             snprintf(why, size, "%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
@@ -10297,11 +10398,13 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
 int lp_checkpoint_shape(const char* dir, int step, LPConfig* cfg) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
-    int h[LP_HEADER_INTS];
+    LPFileHeader head;
     FILE* f = fopen(path, "rb");
-    int ok = f && fread(h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS && h[0] == LP_MODEL_MAGIC;
+    int ok = f && fread(head.h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS &&
+             (head.h[0] == LP_MODEL_MAGIC || (head.h[0] == LP_LLAMA_MAGIC && fread(head.hf, sizeof(float), LP_LLAMA_FLOATS, f) == LP_LLAMA_FLOATS));
     if (f) fclose(f);
-    if (ok) lp_config_of_header(h, cfg);
+    if (ok) lp_config_of_header(head.h, cfg);
+    if (ok && head.h[0] == LP_LLAMA_MAGIC) lp_config_of_llama_floats(head.hf, cfg);
     return ok ? 0 : -1;
 }
 
@@ -10390,7 +10493,7 @@ void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char*
         lp_fail_all("%s: holds the AdamW states of %d DiLoCo replicas; resume it with %s and %d data-parallel replicas", path,
                     saved, LP_SETTING(diloco), saved);
     FILE* f = lp_fopen(path, "rb");
-    size_t n = ms->total_params;
+    size_t n = lp_model_file_values(&ms->cfg);  // (optim.bin's values are in the model file's layout)
     for (int c = 0; c < n_models; c++) {
         LPModel* m = &ms[c];
         for (int p = 0; p < m->parts; p++) {

@@ -725,8 +725,9 @@ static void sample_reference(LPModel* m, LPModel* cached, int n, uint64_t seed, 
 // Sampling with the key-value cache (each token's forward is its own row at its position) draws the tokens
 // of the sampler before it, from the same seed, and its logits agree with the whole forward's within summation
 // order (the CPU build, fp32: 1e-5 of the largest) or bf16 rounding (the CUDA build: 3e-2). The CPU build:
-// GPT-2 d4's shape (C=256, 4 heads, GPT-2's vocabulary) over 24 positions and a mixture of experts of it
-// (4 experts, top-2, every second layer); the CUDA build (the emulator) the same on a tiny model. A new
+// GPT-2 d4's shape (C=256, 4 heads, GPT-2's vocabulary) over 24 positions, a mixture of experts of it
+// (4 experts, top-2, every second layer) and llama:d4 (RoPE at each row's position, 2 K/V heads cached for the
+// 4 query heads); the CUDA build (the emulator) GPT-2's two on a tiny model. A new
 // model's logits are nearly equal (a draw over 50257 tokens of ~2e-5 each, where fp32's last digit of
 // the cumulative sum picks between neighbours), so lnf's weight is scaled up: a trained model's are spread.
 static void test_sample_cache(void) {
@@ -740,9 +741,17 @@ static void test_sample_cache(void) {
     int n = c.max_seq_len;
     float tol = 3e-2f;
 #endif
-    for (int moe = 0; moe < 2; moe++) {
+#ifdef LLMPAR_CPU
+    int kinds = 3;
+#else
+    int kinds = 2;  // (the CUDA build's Llama kernels come in another step)
+#endif
+    for (int kind = 0; kind < kinds; kind++) {
+        int moe = kind == 1;
+        const char* what = kind == 2 ? "Llama" : moe ? "MoE" : "dense";
+        if (kind == 2) lp_config_from_name(&c, "llama:d4");
         c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
-        for (uint64_t seed = 1; seed <= (uint64_t)(2 - moe); seed++) {
+        for (uint64_t seed = 1; seed <= (uint64_t)(kind ? 1 : 2); seed++) {  // (the mixture of experts and Llama: one seed)
             LPModel m, cached;
             lp_model_create(&m, &c, NULL);
             lp_model_create(&cached, &c, NULL);
@@ -756,10 +765,10 @@ static void test_sample_cache(void) {
             sample_reference(&m, &cached, n, seed, ids, cached_ids, &worst);
             char name[256];
             snprintf(name, sizeof(name), "%s L=%d C=%d V=%d, seed %d: the cached sampler draws the same %d tokens as the whole forward's",
-                     moe ? "MoE" : "dense", c.num_layers, c.channels, c.vocab_size, (int)seed, n - 1);
+                     what, c.num_layers, c.channels, c.vocab_size, (int)seed, n - 1);
             expect(memcmp(ids, cached_ids, (size_t)n * sizeof(int)) == 0, name);
             snprintf(name, sizeof(name), "%s seed %d: logits agree, largest difference %.2g of the largest |logit| (at most %g)",
-                     moe ? "MoE" : "dense", (int)seed, worst, tol);
+                     what, (int)seed, worst, tol);
             expect(worst <= tol, name);
             lp_model_free(&m);
             lp_model_free(&cached);
@@ -2896,7 +2905,7 @@ typedef struct { float* x; int B, T, NH, KV, HS, scaled; } RopeCtx;
 static void rope_fwd(void* p, float* out) {
     RopeCtx* c = (RopeCtx*)p;
     memcpy(out, c->x, (size_t)c->B * c->T * (c->NH + 2 * c->KV) * c->HS * sizeof(float));
-    lp_rope_cpu(out, c->B, c->T, c->NH, c->KV, c->HS, 500000.0f, c->scaled, 0);
+    lp_rope_cpu(out, c->B, c->T, 0, c->NH, c->KV, c->HS, 500000.0f, c->scaled, 0);
 }
 typedef struct { float* fch; int N, H; } SwiCtx;
 static void swiglu_fwd(void* p, float* out) {
@@ -2934,12 +2943,20 @@ static void test_llama_ops(void) {
         float *out = zeros(n), *r = rnd(n, &rng, 1.0f), *d = zeros(n);
         rope_fwd(&c, out);
         memcpy(d, r, n * sizeof(float));
-        lp_rope_cpu(d, B, T, NH, KV, HS, 500000.0f, scaled, 1);
+        lp_rope_cpu(d, B, T, 0, NH, KV, HS, 500000.0f, scaled, 1);
         fd_check(scaled ? "fd scaled rope (backward: the inverse rotation)" : "fd rope (backward: the inverse rotation)", rope_fwd, &c,
                  c.x, n, d, out, r, n, &rng);
         rope_fwd(&c, out);  // (fd_check left its last probe's)
-        lp_rope_cpu(out, B, T, NH, KV, HS, 500000.0f, scaled, 1);
+        lp_rope_cpu(out, B, T, 0, NH, KV, HS, 500000.0f, scaled, 1);
         expect_close("rope: the inverse rotation gives the input back", out, c.x, n, 1e-6f, 1e-5f);
+        size_t per = (size_t)(NH + 2 * KV) * HS;  // a key-value cache's rows: the last 3 rows of sequence 0 from position T - 3
+        float* tail = zeros(3 * per);
+        memcpy(tail, c.x + (T - 3) * per, 3 * per * sizeof(float));
+        lp_rope_cpu(tail, 1, 3, T - 3, NH, KV, HS, 500000.0f, scaled, 0);
+        rope_fwd(&c, out);
+        expect(memcmp(tail, out + (T - 3) * per, 3 * per * sizeof(float)) == 0,
+               "rope at a position offset (a cached sample's rows): the rows turn as in the whole sequence, bit for bit");
+        free(tail);
         rope_fwd(&c, out);
         int row = (B * T - 1) * (NH + 2 * KV) * HS, pos = T - 1, same_v = 1;  // the last row, at position T - 1
         for (int k = (NH + KV) * HS; k < (NH + 2 * KV) * HS; k++) same_v &= out[row + k] == c.x[row + k];
@@ -3299,15 +3316,28 @@ static void test_llama_model(void) {
     expect(lp_write_file(bad, hb, floats, sizeof(floats)) == 0, "a Llama 3 header with 3 KV heads of 4 heads is written");
     const struct { const char* args; const char* says; } refused[] = {
         {"-e %s", "llama_kv3.bin: 3 KV heads do not divide the 4 heads into equal groups"},
-        {"-e llama:d2 --zero 1", "--zero 1: not yet for the Llama family"},
-        {"-e llama:d2 -o %s", "checkpoints are not yet for the Llama family"},
         {"-e llama:d2 --moe-experts 4", "a mixture of experts is not yet for the Llama family"},
-        {"-e llama:d2 --print-schedule", "flag --print-schedule: not yet for the Llama family"},
-        {"-e llama:d2 -x 1 -s 1", "flag -s 1: sampling is not yet for the Llama family (-s 0)"},
     };
-    char why[256];
-    expect(lp_tp_check(&c, 2, why, sizeof(why)) && strstr(why, "tp 2: not yet for the Llama family"),
-           "tensor parallelism of a Llama: not yet, in one line");
+    char why[512];
+    expect(!lp_tp_check(&c, 2, why, sizeof(why)) && lp_tp_check(&c, 4, why, sizeof(why)) &&
+               strstr(why, "tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
+               strstr(why, "each rank keeps whole K/V heads, none is replicated"),
+           "tensor parallelism of a Llama: t = 2 splits its 2 K/V heads; t = 4 is refused in one line (no K/V head replicated)");
+    // its training FLOPs, counted by hand: 6 per weight of qkv ((C + 2 KV HS) x C), attproj, SwiGLU's gate, up and
+    // down (3 H x C) and the untied head (Vp x C), and 12 L C T of attention over the query heads
+    double KVHS = 2 * 8, flops = 6.0 * (128.0 * C + 2.0 * ((C + 2 * KVHS) * C + C * C + 3.0 * H * C)) + 12.0 * 2 * C * 16;
+    LPParallel pp2 = lp_parallel_one;
+    pp2.pp = 2;
+    LPPipeShape shape = {&pp2, 1, 16, 0, 0};
+    expect(lp_flops_per_token(&c, 16) == flops && lp_chunk_params(&c, &shape, 0, 1, NULL) == (double)sizes[LP_WTE] + sizes[LP_QKVW] / 2 +
+               sizes[LP_ATTPROJW] / 2 + sizes[LP_FCW] / 2 + sizes[LP_FCPROJW] / 2 + sizes[LP_LN1W] / 2 + sizes[LP_LN2W] / 2 &&
+               lp_chunk_params(&c, &shape, 1, 1, NULL) == (double)sizes[LP_HEADW] + sizes[LP_LNFW] + sizes[LP_QKVW] / 2 +
+               sizes[LP_ATTPROJW] / 2 + sizes[LP_FCW] / 2 + sizes[LP_FCPROJW] / 2 + sizes[LP_LN1W] / 2 + sizes[LP_LN2W] / 2,
+           "Llama costs: FLOPs per token of its real tensors (GQA's smaller K/V, SwiGLU's three matrices); on p=2 the first stage "
+           "holds wte, the last the untied head, no copies");
+    int rc = run_cmd(out, sizeof(out), "%s -e llama:d2 -b 1 -t 64 --pp 2 --pp-partition 1,1 --print-schedule", TRAIN_BIN);
+    expect(rc == 0 && strstr(out, "chunk 0 on stage 0: embedding, layer 0,") && strstr(out, "chunk 1 on stage 1: layer 1, final LayerNorm and LM head,"),
+           "--print-schedule of a Llama: its partition, FLOPs and memory per chunk");
     for (size_t k = 0; k < sizeof(refused) / sizeof(refused[0]); k++) {
         char args[512];
         snprintf(args, sizeof(args), refused[k].args, k == 0 ? bad : tmp_path("llama_out"));
@@ -4664,6 +4694,90 @@ static void test_pipeline_parallel(void) {
     free(wref);
 }
 
+// The Llama family on every axis (issue 49): a tiny Llama (4 layers of C=32, 4 query heads and 2 K/V heads,
+// RoPE, RMSNorm, SwiGLU of 96, no biases, an untied head, V 97), 10 steps of 4 micro-batches, equals one rank
+// as GPT-2's grids do (expect_grid_equals_one_rank: bit for bit where only the pipeline splits it, else losses
+// to 1e-5 and weights within AdamW's bounds): TP splitting the query and K/V heads, SwiGLU's gate and up and the
+// untied head's vocabulary; SP; PP with no copy of the head on the first stage (interleaved, and ZeRO-3 cutting
+// wte on the first stage alone, or not where it has no layer); DP with ZeRO 1-3; recomputation; the optimizer
+// state offloaded; 3D. Its checkpoints are llm.c's Llama 3 files (model.bin) and resume on other grids; a
+// model file loaded on t=2 p=2 d=2 and saved back is the same file; t = 4 > 2 K/V heads is refused in one line.
+static void test_llama_grids(void) {
+    static char out[1 << 18];
+    if (no_mpirun("tier 3 Llama grids")) return;
+    LPConfig c = tiny_llama_config();
+    c.num_layers = 4;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, 4949);
+    lp_model_save(&m, tmp_path("llama_grid.bin"));
+    lp_model_free(&m);
+    char base[2048], args[4096], dir[LP_PATH_MAX], name[512];
+    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("llama_grid.bin"),
+             tmp_path("dp_shard.bin"));
+    float ref[64], got[64];
+    size_t nw = 0;
+    snprintf(args, sizeof(args), "%s -b 8", base);
+    lp_path(dir, "%s", tmp_path("llama_ref"));
+    int n = run_ranks(1, args, dir, ref, out, sizeof(out));
+    float* wref = run_weights(dir, 10, &nw);
+    expect(n == 10 && wref, "Llama: 1-rank reference run (4 micro-batches per step)");
+    if (!wref) { printf("%s\n", out); return; }
+    char offload[LP_PATH_MAX + 64];
+    lp_path(dir, "%s", tmp_path("llama_offload"));
+    mkdir(dir, 0755);
+    snprintf(offload, sizeof(offload), "--zero 1 --offload nvme --offload-dir %s", dir);
+    const char* cases[][2] = {
+        {"2", "--tp 2"}, {"2", "--tp 2 --sp"}, {"2", "--pp 2"}, {"2", "--pp 2 --vpp 2 --schedule interleaved"},
+        {"2", "--zero 3"}, {"2", "--zero 2 --recompute full"}, {"2", offload}, {"4", "--pp 2 --zero 3"},
+        {"4", "--pp 2 --zero 2 --pp-partition 0,4"}, {"4", "--tp 2 --sp --recompute selective"}, {"8", "--tp 2 --pp 2"},
+        {"8", "--tp 2 --pp 2 --sp --zero 3 --recompute full"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        lp_path(dir, "%s_%zu", tmp_path("llama_case"), k);
+        expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw, &c, 0);
+    }
+    free(wref);
+
+    // a checkpoint (llm.c's Llama 3 file, optim.bin in its layout) resumes on other grids: steps 6-10 equal the straight run
+    const struct { const char *ranks, *save, *resume_ranks, *resume; } moves[2] = {
+        {"8", "-b 4 --tp 2 --pp 2 --zero 3", "1", "-b 8"},
+        {"2", "-b 8 --tp 2 --sp", "4", "-b 4 --pp 2 --zero 1"},
+    };
+    for (int k = 0; k < 2; k++) {
+        lp_path(dir, "%s_%d", tmp_path("llama_ck"), k);
+        snprintf(args, sizeof(args), "%s %s -n 5", base, moves[k].save);
+        n = run_ranks(atoi(moves[k].ranks), args, dir, got, out, sizeof(out));
+        char rdir[LP_PATH_MAX], model[LP_PATH_MAX];
+        lp_path(model, "%s/step_00000005/model.bin", dir);
+        FILE* f = fopen(model, "rb");
+        int h[2] = {0, 0};
+        int llama_file = f && fread(h, sizeof(int), 2, f) == 2 && h[0] == 20240803 && h[1] == 3;
+        if (f) fclose(f);
+        lp_path(rdir, "%s_resumed", dir);
+        run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
+        snprintf(args, sizeof(args), "%s %s --resume", base, moves[k].resume);
+        int nr = run_ranks(atoi(moves[k].resume_ranks), args, rdir, got, out, sizeof(out));
+        snprintf(name, sizeof(name), "Llama: checkpoint of %s ranks %s (a Llama 3 model file) resumes on %s ranks %s: steps 6-10 equal "
+                 "the straight run", moves[k].ranks, moves[k].save, moves[k].resume_ranks, moves[k].resume);
+        expect(n == 10 && nr == 5 && llama_file, name);
+        if (n == 10 && nr == 5) expect_close(name, got, ref + 5, 5, 0.0f, 1e-5f);
+        else printf("%s\n", out);
+    }
+    lp_path(dir, "%s", tmp_path("llama_roundtrip"));
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 8 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e %s -i %s -j '' -t 16 -x 0 "
+                     "-b 4 --tp 2 --pp 2 --zero 1 -o %s && cmp %s %s/step_00000000/model.bin", TRAIN_BIN, tmp_path("llama_grid.bin"),
+                     tmp_path("dp_shard.bin"), dir, tmp_path("llama_grid.bin"), dir);
+    expect(rc == 0, "Llama 3 model file loaded on t=2 p=2 d=2 ZeRO-1 and saved back (-x 0) is byte-identical");
+    if (rc != 0) printf("%s\n", out);
+
+    rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s -b 8 --tp 4", TRAIN_BIN, base);
+    const char* first = strstr(out, "llmpar: error: ");
+    expect(rc != 0 && first && strstr(first, "--tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
+               !strstr(first + 1, "llmpar: error: "),
+           "Llama: t = 4 with 2 K/V heads is refused in one line (K/V heads are not replicated)");
+}
+
 // Launched by Slurm's srun (PMIx) instead of mpirun, where a Slurm cluster answers (scripts/slurm_local.sh
 // starts a one-node one; CI does): d=2 ZeRO-1 and t=2 p=2 d=2 on 8 ranks equal one rank's losses; a
 // scancel -s TERM saves the step; a stopped task ends the step by the watchdog (--kill-on-bad-exit=1).
@@ -5034,21 +5148,25 @@ static int parse_sample_ids(const char* out, int* ids, int max) {
 // The sampler on grids draws the reference sampler's tokens (sample_reference: the forward over all the tokens
 // so far, one rank, in this process) from the same model file and --seed: its key-value caches hold each TP
 // rank's heads, the token's row crosses the pipeline's stages (interleaved chunks too), SP runs the block of
-// t rows holding it, ZeRO-3 gathers each layer's weights, a MoE layer routes the row; a dense and a MoE model.
+// t rows holding it, ZeRO-3 gathers each layer's weights, a MoE layer routes the row; a dense, a MoE and a Llama
+// model (its caches each TP rank's K/V heads, RoPE at the block's positions).
 static void test_sample_cache_grids(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 3 sampling grids")) return;
-    LPConfig c = tiny_config();
-    c.num_layers = 4;
-    static const char* const grids[2][8][2] = {
+    static const char* const grids[3][8][2] = {
         {{"1", ""}, {"2", "--tp 2"}, {"2", "--pp 2"}, {"2", "--pp 2 --vpp 2 --schedule interleaved -d 128"}, {"2", "--tp 2 --sp"},
          {"2", "--zero 3"}, {"4", "--tp 2 --pp 2 --sp"}},
         {{"1", ""}, {"2", "--tp 2"}, {"2", "--pp 2"}, {"2", "--ep 2"}},
+        {{"1", ""}, {"2", "--tp 2"}, {"2", "--pp 2 --vpp 2 --schedule interleaved -d 128"}, {"2", "--zero 3"}, {"4", "--tp 2 --pp 2 --sp"}},
     };
-    for (int moe = 0; moe < 2; moe++) {
+    for (int kind = 0; kind < 3; kind++) {
+        int moe = kind == 1;
+        const char* what = kind == 2 ? "Llama" : moe ? "MoE" : "dense";
+        LPConfig c = kind == 2 ? tiny_llama_config() : tiny_config();
+        c.num_layers = 4;
         c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
         char model[LP_PATH_MAX];
-        lp_path(model, "%s", tmp_path(moe ? "sample_moe.bin" : "sample_dense.bin"));
+        lp_path(model, "%s", tmp_path(kind == 2 ? "sample_llama.bin" : moe ? "sample_moe.bin" : "sample_dense.bin"));
         LPModel m;
         lp_model_create(&m, &c, NULL);
         lp_model_init_random(&m, 91 + moe);
@@ -5056,13 +5174,13 @@ static void test_sample_cache_grids(void) {
         int want[16], got[16];
         sample_reference(&m, NULL, 16, 5, want, NULL, NULL);
         lp_model_free(&m);
-        for (int k = 0; k < 8 && grids[moe][k][0]; k++) {
-            const char* const* grid = grids[moe][k];
+        for (int k = 0; k < 8 && grids[kind][k][0]; k++) {
+            const char* const* grid = grids[kind][k];
             int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e %s -i %s -j '' -t 16 "
                              "-x 0 -v 0 -s 1 -g 15 --seed 5 --tokenizer none %s", grid[0], TRAIN_BIN, model, tmp_path("dp_shard.bin"), grid[1]);
             int n = parse_sample_ids(out, got, 15);
             char name[256];
-            snprintf(name, sizeof(name), "%s model, -np %s %s: the sample's 15 tokens are the whole-forward sampler's", moe ? "MoE" : "dense", grid[0],
+            snprintf(name, sizeof(name), "%s model, -np %s %s: the sample's 15 tokens are the whole-forward sampler's", what, grid[0],
                      grid[1]);
             int ok = rc == 0 && n == 15 && memcmp(got, want + 1, sizeof(int) * 15) == 0;
             expect(ok, name);
@@ -5881,25 +5999,26 @@ static void tier4_layernorm(uint64_t* rng) {
 // two bf16 roundings) and SwiGLU both ways, on hidden sizes whose rows are and are not whole 16-byte packs.
 static void tier4_llama_ops(uint64_t* rng) {
     char name[160];
-    const int ropes[][5] = {{2, 37, 4, 2, 32}, {1, 20, 3, 1, 10}};  // B, T, NH, KV, HS (5 pairs a head: odd)
+    const int ropes[][6] = {{2, 37, 4, 2, 32, 0}, {1, 20, 3, 1, 10, 5}};  // B, T, NH, KV, HS (5 pairs a head: odd), the first row's position
     for (int k = 0; k < 2; k++)
         for (int scaled = 0; scaled < 2; scaled++) {
-            int B = ropes[k][0], T = ropes[k][1], NH = ropes[k][2], KV = ropes[k][3], HS = ropes[k][4], W = (NH + 2 * KV) * HS;
+            int B = ropes[k][0], T = ropes[k][1], NH = ropes[k][2], KV = ropes[k][3], HS = ropes[k][4], pos = ropes[k][5], W = (NH + 2 * KV) * HS;
             size_t n = (size_t)B * T * W;
             float *x = host_rand(n, rng, 1.0f), *want = (float*)lp_host_malloc(n * sizeof(float), "test");
             floatX* d_x = dev_bf16(x, n);
             memcpy(want, x, n * sizeof(float));
-            lp_rope_cpu(want, B, T, NH, KV, HS, 500000.0f, scaled, 0);
-            lp_rope_gpu(d_x, B, T, NH, KV, HS, 500000.0f, scaled, 0);
+            lp_rope_cpu(want, B, T, pos, NH, KV, HS, 500000.0f, scaled, 0);
+            lp_rope_gpu(d_x, B, T, pos, NH, KV, HS, 500000.0f, scaled, 0);
             float* g = host_from(d_x, n);
-            snprintf(name, sizeof(name), "gpu rope%s B=%d T=%d NH=%d KV=%d HS=%d: q and k turned", scaled ? " (scaled)" : "", B, T, NH, KV, HS);
+            snprintf(name, sizeof(name), "gpu rope%s B=%d T=%d from position %d NH=%d KV=%d HS=%d: q and k turned", scaled ? " (scaled)" : "", B, T,
+                     pos, NH, KV, HS);
             expect_close(name, g, want, n, 1e-2f, 1e-2f);
             int same_v = 1;
             for (size_t r = 0; r < (size_t)B * T; r++)
                 same_v &= memcmp(g + r * W + (NH + KV) * HS, x + r * W + (NH + KV) * HS, KV * HS * sizeof(float)) == 0;
             snprintf(name, sizeof(name), "gpu rope%s B=%d T=%d NH=%d KV=%d HS=%d: v untouched", scaled ? " (scaled)" : "", B, T, NH, KV, HS);
             expect(same_v, name);
-            lp_rope_gpu(d_x, B, T, NH, KV, HS, 500000.0f, scaled, 1);
+            lp_rope_gpu(d_x, B, T, pos, NH, KV, HS, 500000.0f, scaled, 1);
             free(g);
             g = host_from(d_x, n);
             snprintf(name, sizeof(name), "gpu rope%s B=%d T=%d NH=%d KV=%d HS=%d: the inverse gives the input back", scaled ? " (scaled)" : "",
@@ -6141,8 +6260,8 @@ static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc,
     size_t n3 = (size_t)B * N * 3 * C, n1 = (size_t)B * N * C, nc = (size_t)2 * B * Tc * C;
     float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *cache = host_rand(nc, rng, 1.0f);
     floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_cache = dev_bf16(cache, nc);
-    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH);
-    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH);
+    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH, NH);
+    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH, NH);
     float *g = host_from(d_out, n1), *gc = host_from(d_cache, nc);
     snprintf(name, sizeof(name), "gpu attention_cached_forward B=%d N=%d pos=%d Tc=%d C=%d NH=%d (HS=%d) out", B, N, pos, Tc, C, NH, C / NH);
     expect_close_scaled(name, g, out, n1, 2e-2f);
@@ -7201,6 +7320,8 @@ int main(int argc, char** argv) {
     LPProcess proc;
     memset(&proc, 0, sizeof(proc));
     proc.world = 1;
+    proc.world_group.name = "world";  // (lp_process_init's for one process, without MPI)
+    proc.world_group.size = 1;
     LPParallel alone = lp_parallel_one;
     lp_grid_init(&proc, &alone);
 #ifdef LLMPAR_CPU
@@ -7264,6 +7385,7 @@ int main(int argc, char** argv) {
     RUN(test_data_parallel);
     RUN(test_tensor_parallel);
     RUN(test_pipeline_parallel);
+    RUN(test_llama_grids);
     RUN(test_machine_variation);
     RUN(test_recompute);
     RUN(test_moe_grids);
