@@ -460,17 +460,18 @@ static void expect_bytes_line(const char* out, const char* what, const char* say
 // names the choice (t, p, v, d, ZeRO, recomputation, offload, -b) and its reason; the grid the run reports is that
 // one; a grid flag typed is kept (--tp 2); one no grid can meet is refused in one line naming --auto. The CPU build:
 // 4 and 8 ranks (its rates measured at the start); the CUDA build: 2 ranks, its GPU's preset by name (under the
-// emulator an unknown GPU, planned as an H100 with the memory it reports).
+// emulator an unknown GPU, planned as an H100 with the memory it reports); the Llama family on the CPU build.
 static void test_auto(void) {
     static char out[1 << 16];
     if (no_mpirun("--auto")) return;
     write_random_shard(tmp_path("auto_shard.bin"), 4000, 78);
-    const struct { int ranks; const char* flags; int tp; } runs[] = {{4, "", 0}, {4, "--tp 2", 2}, {8, "", 0}};
-    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 3); k++) {
+    const struct { int ranks; const char* flags; int tp; } runs[] = {
+        {4, "-e dev/ref/tiny_model.bin", 0}, {4, "-e dev/ref/tiny_model.bin --tp 2", 2}, {8, "-e dev/ref/tiny_model.bin", 0},
+        {4, "-e llama:2,64,4,2,128", 0}};  // (a Llama: the planner's block with its K/V heads and SwiGLU)
+    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 4); k++) {
         int ranks = LP_BUILD_GPU ? 2 : runs[k].ranks;
         int rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s --auto %s "
-                         "-e dev/ref/tiny_model.bin -i %s -j '' -t 16 -b 2 -x 2 -v 0 -s 0", ranks, TRAIN_BIN, runs[k].flags,
-                         tmp_path("auto_shard.bin"));
+                         "-i %s -j '' -t 16 -b 2 -x 2 -v 0 -s 0", ranks, TRAIN_BIN, runs[k].flags, tmp_path("auto_shard.bin"));
         int t = 0, p = 0, v = 0, d = 0, gt = 0, gd = 0, gp = 0, zero = -1;
         float losses[8];
         const char* line = strstr(out, "auto: ");
@@ -479,8 +480,8 @@ static void test_auto(void) {
                      sscanf(strstr(line, ", ZeRO-"), ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") &&
                      grid && sscanf(grid, "ranks: t=%d d=%d p=%d", &gt, &gd, &gp) == 3;
         char what[600];
-        snprintf(what, sizeof(what), "--auto%s%s on %d ranks: chooses t=%d p=%d v=%d d=%d ZeRO-%d, says why in one line, and trains "
-                 "on that grid (the run's grid line: t=%d d=%d p=%d)", runs[k].flags[0] ? " " : "", runs[k].flags, ranks, t, p, v, d,
+        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d ZeRO-%d, says why in one line, and trains "
+                 "on that grid (the run's grid line: t=%d d=%d p=%d)", runs[k].flags, ranks, t, p, v, d,
                  zero, gt, gd, gp);
         int ok = rc == 0 && parsed && t * p * d == ranks && gt == t && gd == d && gp == p && (!runs[k].tp || t == runs[k].tp) &&
                  (!runs[k].tp || strstr(line, "with the grid flags typed")) && parse_losses(out, losses, 8) == 2;

@@ -2205,12 +2205,12 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
 static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
-    if (!lp_config_is_gpt2(&cfg)) lp_fail_all("flag --auto: not yet for the Llama family (the planner does not yet plan the engine's Llama shapes: -e %s)", f->init);
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     int ranks_here;
     char about[256], why[256];
     LPPlanMachine mach = lp_auto_machine(proc, &ranks_here, about, sizeof(about));
-    LPPlanModel model = lp_plan_model_gpt(&cfg);
+    LPPlanModel model = lp_plan_model_gpt(&cfg);  // (the Llama family: its K/V heads and SwiGLU's width, as the planner's modern block)
+    if (!lp_config_is_gpt2(&cfg)) model.kv_heads = lp_kv_heads(&cfg), model.ffn = lp_ffn_hidden(&cfg), model.swiglu = cfg.swiglu;
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * proc->world;
     struct { size_t field; unsigned bit; } kept[] = {
         {LP_FIELD(par.tp), LP_FIX_TP}, {LP_FIELD(par.pp), LP_FIX_PP}, {LP_FIELD(par.vpp), LP_FIX_VPP}, {LP_FIELD(par.ep), LP_FIX_EP},
