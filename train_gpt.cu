@@ -217,7 +217,12 @@ static const LPFlagSpec lp_flag_specs[] = {
      "sequence parallelism within the TP group: LayerNorms, residual adds and their activations on 1/t of the rows "
      "each (needs t > 1 and -t divisible by t)"},
     {"--pp", NULL, LP_FLAG_INT, LP_FIELD(par.pp), "1", "1", "N", NULL, NULL,
-     "pipeline-parallel size: the layers split over N stages; data-parallel size d = ranks / (t*p)"},
+     "pipeline-parallel size: the layers split over N stages; data-parallel size d = ranks / (t*cp*p)"},
+    {"--cp", NULL, LP_FLAG_INT, LP_FIELD(par.cp), "1", "1", "N", NULL, NULL,
+     "context-parallel size: each sequence's -t tokens split over N ranks, rank i holding chunks i and 2N-1-i of "
+     "2N (so that each scores as much causal attention), attention a ring passing keys and values around the N "
+     "ranks; gradients averaged, and ZeRO sharded, over the cp*d ranks. -t must split into 2N chunks; the CPU "
+     "build, GPT-2's family"},
     {"--ep", NULL, LP_FLAG_INT, LP_FIELD(par.ep), "1", "1", "N", NULL, NULL,
      "expert parallelism (a mixture of experts): each MoE layer's experts split over N of the d data-parallel ranks, "
      "tokens sent to their experts' ranks and back by all-to-all; N divides d and the experts"},
@@ -653,9 +658,16 @@ static void lp_check_flags(LPFlags* f) {
     if (f->resume && f->overwrite)
         lp_fail_all("flags %s and %s: continue the run in %s, or replace it, not both", LP_FLAG_NAME(resume),
                     LP_FLAG_NAME(overwrite), LP_FLAG_NAME(out_dir));
-    if (par->tp < 1 || par->tp > 65536 || par->pp < 1 || par->pp > 65536 || par->vpp < 1 || par->vpp > 65536)
-        lp_fail_all("flags %s %s %s: sizes must be 1 .. 65536, got %d, %d, %d", LP_FLAG_NAME(par.tp), LP_FLAG_NAME(par.pp),
-                    LP_FLAG_NAME(par.vpp), par->tp, par->pp, par->vpp);
+    if (par->tp < 1 || par->tp > 65536 || par->pp < 1 || par->pp > 65536 || par->vpp < 1 || par->vpp > 65536 || par->cp < 1 ||
+        par->cp > 65536)
+        lp_fail_all("flags %s %s %s %s: sizes must be 1 .. 65536, got %d, %d, %d, %d", LP_FLAG_NAME(par.tp), LP_FLAG_NAME(par.pp),
+                    LP_FLAG_NAME(par.vpp), LP_FLAG_NAME(par.cp), par->tp, par->pp, par->vpp, par->cp);
+    if (par->cp > 1 && f->T % (2 * par->cp))
+        lp_fail_all("flag %s %d: sequence length %s %d does not split into 2*%d = %d chunks of equal length", LP_FLAG_NAME(par.cp),
+                    par->cp, LP_FLAG_NAME(T), f->T, par->cp, 2 * par->cp);
+    if (par->cp > 1 && f->hellaswag[0])
+        lp_fail_all("flag %s with %s %d: not yet (its forwards score whole sequences on each rank)", LP_FLAG_NAME(hellaswag),
+                    LP_FLAG_NAME(par.cp), par->cp);
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
@@ -896,7 +908,8 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
 static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng, int step) {
     const LPModel* m = &st->chunks[st->par->vpp - 1];  // on the last stage: the model's last chunk
     const LPConfig* c = &m->cfg;
-    int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T, Vl = c->padded_vocab_size / m->tp_size;
+    int T = m->T * m->cp_size;  // -t (context parallelism trains on a share of it; each rank samples whole sequences)
+    int n = gen_tokens + 1 < T ? gen_tokens + 1 : T, Vl = c->padded_vocab_size / m->tp_size;
     int rows = m->par->sp ? m->tp_size : 1, positions = (n + rows - 1) / rows * rows;  // (the last block whole)
     int* tokens = (int*)lp_host_malloc((size_t)positions * sizeof(int), "sample tokens");
     float* probs = (float*)lp_host_malloc((size_t)c->padded_vocab_size * sizeof(float), "sample logits");
@@ -1033,7 +1046,7 @@ typedef struct {
     // stage times its own chunks)
     double flops_per_step, peak, sum_ms, sum_update_ms;
     int timed_steps, traffic_steps;
-    LPGroup tp_traffic, dp_traffic;
+    LPGroup tp_traffic, cp_traffic, dp_traffic;
     // the straggler check (--straggler): this rank's sums over the window under way; the windows compared,
     // those that named a rank, and the furthest behind a rank was (its name, the window's first step)
     double window_busy_s, window_step_s;
@@ -1051,9 +1064,22 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     const LPParallel* par = proc->par;
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
-    lp_log("grid             %d ranks: t=%d d=%d p=%d%s", proc->world, par->tp, par->dp, par->pp, par->sp ? ", sequence parallel" : "");
+    lp_log("grid             %d ranks: t=%d", proc->world, par->tp);
+    if (par->cp > 1) lp_log(" cp=%d", par->cp);
+    lp_log(" d=%d p=%d%s", par->dp, par->pp, par->sp ? ", sequence parallel" : "");
     if (par->ep > 1) lp_log(", experts over ep=%d of the d ranks (%d replicas)", par->ep, par->dp / par->ep);
     lp_log("\n");
+    if (par->cp > 1) {  // the causal balance: the query-key pairs each rank's chunks score
+        double most = 0.0, least = INFINITY;
+        for (int i = 0; i < par->cp; i++) {
+            double pairs = lp_cp_attention_pairs(f->T, i, par->cp);
+            most = pairs > most ? pairs : most;
+            least = pairs < least ? pairs : least;
+        }
+        lp_log("context          each sequence's %d tokens in %d chunks of %d, cp rank i holding chunks i and %d-i; attention's "
+               "query-key pairs per rank: busiest %.0f, lightest %.0f (%.3fx)\n", f->T, 2 * par->cp, f->T / (2 * par->cp),
+               2 * par->cp - 1, most, least, most / least);
+    }
     if (par->diloco)
         lp_log("replicas         DiLoCo: the d=%d replicas train apart (own AdamW state, no gradient all-reduce) for %d steps, "
                "then all-reduce their fp32 weights once and take an outer step (Nesterov, lr %g, momentum %g)\n", par->dp,
@@ -1444,9 +1470,9 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     int last = step == f->max_steps;
-    LPGroup dp_before = proc->group[LP_DP];
+    LPGroup dp_before = *lp_dp_group(proc);
     if (last || stopping) lp_step_outer(&r->stage, &f->outer);  // --diloco: the round under way ends (its bytes the steps')
-    lp_traffic_since(&r->dp_traffic, &proc->group[LP_DP], &dp_before);
+    lp_traffic_since(&r->dp_traffic, lp_dp_group(proc), &dp_before);
     if (r->has_val && !stopping && (step % f->val_every == 0 || last)) {
         int ev = lp_trace_begin("step", "val loss", -1, -1);
         float vl = lp_evaluate(&r->stage, &r->val, f->val_batches);
@@ -1525,7 +1551,7 @@ typedef struct {
     float loss, norm, lr;
     double t0, t1;        // its start; forward-backward's end
     double busy_s;        // forward-backward less its waits for other ranks (the straggler check)
-    LPGroup tp_before, dp_before;  // the TP and DP groups' traffic counters at its start
+    LPGroup tp_before, cp_before, dp_before;  // the TP, CP and gradient (lp_dp_group) groups' traffic counters at its start
     float spread;         // --gossip: the replicas' spread after it (lp_step_replicas)
     char diverged[200];   // why the divergence guard stopped it, or ""
     int bad_weights;      // the update left a weight that is not finite
@@ -1537,7 +1563,8 @@ static void lp_report_step(LPTrainRun* r, int step, const LPStepRecord* s, doubl
     const LPProcess* proc = r->proc;
     float loss = s->loss, lr = s->lr, norm = s->norm;
     lp_traffic_since(&r->tp_traffic, &proc->group[LP_TP], &s->tp_before);
-    lp_traffic_since(&r->dp_traffic, &proc->group[LP_DP], &s->dp_before);
+    lp_traffic_since(&r->cp_traffic, &proc->group[LP_CP], &s->cp_before);
+    lp_traffic_since(&r->dp_traffic, lp_dp_group(proc), &s->dp_before);
     r->traffic_steps++;
     if (step > r->first_step) {  // the first step warms up: leave it out of the means
         r->sum_ms += ms;
@@ -1680,10 +1707,15 @@ static void lp_report_end(LPTrainRun* r) {
         lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
                "%.1f all-gathers (%.4f MiB)\n", (double)tr->calls[0] / steps, tr->bytes[0] / steps / MiB,
                (double)tr->calls[1] / steps, tr->bytes[1] / steps / MiB, (double)tr->calls[2] / steps, tr->bytes[2] / steps / MiB);
+    const LPGroup* ct = &r->cp_traffic;
+    if (proc->par->cp > 1 && steps > 0)
+        lp_log("context-parallel traffic per step and rank: %.1f sends (%.4f MiB) of the ring's key/value blocks and, in backward, "
+               "their gradients\n", (double)ct->calls[LP_SEND] / steps, ct->bytes[LP_SEND] / steps / MiB);
     const LPGroup* dt = &r->dp_traffic;
-    if (proc->par->dp > 1 && steps > 0) {  // as ring collectives send: an all-reduce 2 (d-1)/d of its buffer, a reduce-scatter
-                                            // or an all-gather (d-1)/d of the whole, a send all it sends
-        double ring = (proc->par->dp - 1.0) / proc->par->dp, params = 0.0;
+    int d = lp_dp_group(proc)->size;  // (with context parallelism the gradients' group is its cp x d ranks)
+    if (d > 1 && steps > 0) {  // as ring collectives send: an all-reduce 2 (d-1)/d of its buffer, a reduce-scatter
+                               // or an all-gather (d-1)/d of the whole, a send all it sends
+        double ring = (d - 1.0) / d, params = 0.0;
         double sent = (2.0 * ring * dt->bytes[LP_ALL_REDUCE] + ring * (dt->bytes[LP_REDUCE_SCATTER] + dt->bytes[LP_ALL_GATHER]) +
                        dt->bytes[LP_SEND]) / steps;
         for (int c = 0; c < proc->par->vpp; c++)
@@ -1935,7 +1967,8 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         s.t0 = lp_time_s();
         double waited = lp_watchdog.waited;
         s.tp_before = proc->group[LP_TP];
-        s.dp_before = proc->group[LP_DP];
+        s.cp_before = proc->group[LP_CP];
+        s.dp_before = *lp_dp_group(proc);
         s.loss = lp_injected_loss(++r.computed, lp_step_forward_backward(&r.stage, &r.train));  // m micro-batches
         lp_device_sync();
         s.t1 = lp_time_s();
