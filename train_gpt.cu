@@ -1122,14 +1122,16 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     if (r->hellaswag.num_examples)
         lp_log("hellaswag        %s: %d examples, %d completions, the longest %d tokens (context + completion)\n", f->hellaswag,
                r->hellaswag.num_examples, r->hellaswag.num_rows, r->hellaswag.longest_row);
-    lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
+    char share[64] = "";
+    if (par->cp > 1) snprintf(share, sizeof(share), " (its cp ranks %d rows each)", f->T / par->cp);
+    lp_log("batch            B=%d T=%d per rank%s, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T, share,
            r->total_batch, par->micro_batches);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            lp_decay_names[f->decay], f->lr * f->final_lr_frac);
     lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
            " (recompute %s, attention %s)\n", par->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
            optim_bytes / MiB, act_bytes / MiB, lp_recompute_names[par->recompute],
-           lp_attention_materialised(f->attention) ? "materialised" : "flash");
+           par->cp > 1 ? "a ring over cp" : lp_attention_materialised(f->attention) ? "materialised" : "flash");
     const LPZero* z = &r->stage.chunks[0].zero;
     const char* io = z->off && z->off->direct ? "O_DIRECT" : "buffered";
     if (z->off && !z->host_state)
