@@ -2296,11 +2296,12 @@ void lp_barrier(const LPGroup* g) {
 }
 #endif  // LLMPAR_IMPLEMENTATION
 
-// --- point-to-point between pipeline stages (and the ring attention's blocks, section 9). A send never holds its sender up: the data is copied out
-// and handed to MPI_Isend, and lp_sends_wait finishes the sends. That is the model under which the schedule
-// simulator (lp_schedule_run) proves a schedule free of deadlock; a receive blocks until its data is there.
-// Tags name the message, so each receive gets its own data whatever order messages travel in. Both builds
-// go over MPI; the CUDA build stages through host memory (also when NCCL carries the collectives).
+// --- point-to-point between pipeline stages (and context parallelism's ring, section 9). A send never holds
+// its sender up: the data is copied out and handed to MPI_Isend, and lp_sends_wait finishes the sends. That
+// is the model under which the schedule simulator (lp_schedule_run) proves a schedule free of deadlock; a
+// receive blocks until its data is there. Tags name the message, so each receive gets its own data whatever
+// order messages travel in. Both builds go over MPI; the CUDA build stages through host memory (also when
+// NCCL carries the collectives).
 typedef struct {
 #ifdef LLMPAR_MPI
     MPI_Request* req;
@@ -3535,7 +3536,7 @@ static inline void lp_positions_forward_cpu(float* out, const float* inp, const 
 static inline void lp_positions_backward_cpu(float* dwpe, const float* dout, const int* pos, int row0, int rows, int T, int C) {
 #pragma omp parallel for
     for (int t = 0; t < T; t++)
-        for (int i = ((t - row0) % T + T) % T; i < rows; i += T)  // the rows of row t, in order
+        for (int i = ((t - row0) % T + T) % T; i < rows; i += T)  // the rows at position pos[t], in order
             for (int c = 0; c < C; c++) dwpe[(size_t)pos[t] * C + c] += dout[(size_t)i * C + c];
 }
 #endif  // LLMPAR_IMPLEMENTATION
