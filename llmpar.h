@@ -112,7 +112,8 @@ app.cu -lcublasLt -lcublas` (the Makefile's dev/examples targets show both, MPI 
 Options, defined before the include (in each file, as stb's STBI_NO_*): LLMPAR_NO_WATCHDOG leaves out the
 watchdog (section 5: a thread per rank that ends the job when a rank has waited past a timeout; train_gpt.cu
 needs it), LLMPAR_NO_REEXEC keeps the program from executing itself again for better OpenBLAS kernels
-(lp_blas_init). LLMPAR_TEST_HOOKS is for llmpar's own tests: crashes, losses and offload chunk sizes injected
+(lp_blas_init), LLMPAR_NO_NVTX leaves out the CUDA build's NVTX ranges (section 1's timeline marks, named
+for Nsight Systems). LLMPAR_TEST_HOOKS is for llmpar's own tests: crashes, losses and offload chunk sizes injected
 through environment variables (make's train_gpt_cpu_hooks and co.); no other build reads them.
 More: LPParallel (section 3) lists every setting (ZeRO, recomputation, schedules, offload, ...), each call's
 comment says what it does; train_gpt.cu's lp_train is the full driver (LR schedule, checkpoints, evaluation,
@@ -165,6 +166,9 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 #include <cuda_runtime.h>
 #ifdef LLMPAR_NCCL
 #include <nccl.h>
+#endif
+#ifndef LLMPAR_NO_NVTX
+#include <nvtx3/nvToolsExt.h>  // nvtxRangePushA, nvtxRangePop: the timeline's ranges for Nsight Systems (header-only)
 #endif
 typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights and Adam state are fp32
 #define LP_HD __host__ __device__
@@ -500,63 +504,6 @@ double lp_time_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
-#endif  // LLMPAR_IMPLEMENTATION
-
-// --- the step's timeline (--trace): what this rank does, as begin/end events on its clock, kept in memory
-// while lp_trace.on; the driver gathers every rank's and writes them as one Chrome trace (train_gpt.cu).
-// An event names what it is ("F", "B", "all-reduce", ...), its kind ("compute", "step", "io", "comm": a
-// blocking call, "launch": a collective started without blocking or a send posted, an instant),
-// for a collective or a send its group and bytes, for a micro-batch its number and chunk. Off, each mark
-// returns at its first test. On the CPU engine the clock is the work's; the CUDA engine records when the
-// host issued the work, so it refuses --trace until its events come from the streams.
-typedef struct {
-    char name[40], kind[8], group[8];  // (fixed sizes, cut to fit: events travel between ranks as bytes)
-    double t0, t1;                     // seconds since the trace started (lp_trace_start)
-    double bytes;                      // a collective's tensor, a send's or receive's message; else 0
-    int micro, chunk, peer;            // -1 where they do not apply
-} LPTraceEvent;
-typedef struct {
-    int on;
-    double origin;  // lp_time_s() at the start
-    LPTraceEvent* ev;
-    int n, cap;
-    int wait;       // 1 + the event of the blocking call under way (lp_watch's), or 0
-} LPTrace;
-LP_STATE LPTrace lp_trace;
-
-#ifdef LLMPAR_IMPLEMENTATION
-// Begin an event; returns its number for lp_trace_end (-1 when off).
-static inline int lp_trace_begin(const char* kind, const char* name, int micro, int chunk) {
-    if (!lp_trace.on) return -1;
-    if (lp_trace.n == lp_trace.cap) {
-        int cap = lp_trace.cap ? 2 * lp_trace.cap : 1024;
-        LPTraceEvent* grown = (LPTraceEvent*)realloc(lp_trace.ev, (size_t)cap * sizeof(LPTraceEvent));
-        if (!grown) lp_fail("out of host memory for the trace's %d events", cap);
-        lp_trace.ev = grown;
-        lp_trace.cap = cap;
-    }
-    LPTraceEvent* e = &lp_trace.ev[lp_trace.n];
-    memset(e, 0, sizeof(*e));
-    snprintf(e->kind, sizeof(e->kind), "%.*s", (int)sizeof(e->kind) - 1, kind);
-    snprintf(e->name, sizeof(e->name), "%.*s", (int)sizeof(e->name) - 1, name);
-    e->micro = micro;
-    e->chunk = chunk;
-    e->peer = -1;
-    e->t0 = lp_time_s() - lp_trace.origin;
-    return lp_trace.n++;
-}
-// A communication event: its group ("tp", "dp", ...; NULL: none), bytes and peer (-1: a collective).
-static inline int lp_trace_comm(const char* name, const char* group, double bytes, int peer) {
-    int id = lp_trace_begin("comm", name, -1, -1);
-    if (id < 0) return id;
-    snprintf(lp_trace.ev[id].group, sizeof(lp_trace.ev[id].group), "%.*s", (int)sizeof(lp_trace.ev[id].group) - 1, group ? group : "");
-    lp_trace.ev[id].bytes = bytes;
-    lp_trace.ev[id].peer = peer;
-    return id;
-}
-static inline void lp_trace_end(int id) {
-    if (id >= 0) lp_trace.ev[id].t1 = lp_time_s() - lp_trace.origin;
-}
 
 // xorshift64*: small, fast, and the same sequence on every build
 uint32_t lp_rand_u32(uint64_t* state) {
@@ -580,6 +527,138 @@ static inline void lp_cuda_check(cudaError_t err, const char* call, const char* 
 #define cublasCheck(call) lp_cublas_check((call), #call, __FILE__, __LINE__)
 static inline void lp_cublas_check(cublasStatus_t st, const char* call, const char* file, int line) {
     if (st != CUBLAS_STATUS_SUCCESS) lp_fail("cuBLAS: %s failed at %s:%d: status %d", call, file, line, (int)st);
+}
+#endif
+#endif  // LLMPAR_IMPLEMENTATION
+
+// --- the step's timeline (--trace): what this rank does, as begin/end events on its clock, kept in memory
+// while lp_trace.on; the driver gathers every rank's and writes them as one Chrome trace (train_gpt.cu).
+// An event names what it is ("F", "B", "all-reduce", ...), its kind ("compute", "step", "io", "comm": a
+// blocking call, "launch": a collective started without blocking or a send posted, an instant),
+// for a collective or a send its group and bytes, for a micro-batch its number and chunk. Off, each mark
+// returns at its first test. On the CPU engine the clock is the work's. On the CUDA engine the host's
+// events say when the host issued the work; the GPU's own are timed by CUDA events on its streams: each
+// micro-batch's forward and backward (and recomputation) on the compute stream, each collective the comm
+// stream runs (overlapped reductions and gathers) there, put on the host's clock through one event
+// recorded when the trace starts (lp_trace_clock). The same marks are NVTX ranges, the trace on or off,
+// so an `nsys profile` of the CUDA engine shows them by the same names (without a profiler a range is a
+// test of one pointer).
+typedef struct {
+    char name[40], kind[8], group[8];  // (fixed sizes, cut to fit: events travel between ranks as bytes)
+    double t0, t1;                     // seconds since the trace started (lp_trace_start)
+    double bytes;                      // a collective's tensor, a send's or receive's message; else 0
+    int micro, chunk, peer;            // -1 where they do not apply
+    int track;                         // where it ran: 0 the host, 1 the GPU's compute stream, 2 its comm stream
+} LPTraceEvent;
+typedef struct {
+    int on;
+    double origin;  // lp_time_s() at the start
+    LPTraceEvent* ev;
+    int n, cap;
+    int wait;       // 1 + the event of the blocking call under way (lp_watch's), or 0
+#ifndef LLMPAR_CPU
+    cudaEvent_t* marks;  // event i's begin (2i) and end (2i+1) on its stream, where its track is a stream
+    cudaEvent_t zero;    // recorded on the compute stream when the host's clock read zero_t (lp_trace_clock)
+    double zero_t;
+    int stream_event;    // 1 + the comm stream's event under way (a collective being enqueued), or 0
+#endif
+} LPTrace;
+LP_STATE LPTrace lp_trace;
+
+#ifdef LLMPAR_IMPLEMENTATION
+// A new event on the host's track (the trace is on).
+static inline int lp_trace_new(const char* kind, const char* name, int micro, int chunk) {
+    if (lp_trace.n == lp_trace.cap) {
+        int cap = lp_trace.cap ? 2 * lp_trace.cap : 1024;
+        LPTraceEvent* grown = (LPTraceEvent*)realloc(lp_trace.ev, (size_t)cap * sizeof(LPTraceEvent));
+        if (!grown) lp_fail("out of host memory for the trace's %d events", cap);
+        lp_trace.ev = grown;
+#ifndef LLMPAR_CPU
+        cudaEvent_t* marks = (cudaEvent_t*)realloc(lp_trace.marks, 2 * (size_t)cap * sizeof(cudaEvent_t));
+        if (!marks) lp_fail("out of host memory for the trace's %d events", cap);
+        memset(marks + 2 * lp_trace.cap, 0, 2 * (size_t)(cap - lp_trace.cap) * sizeof(cudaEvent_t));
+        lp_trace.marks = marks;
+#endif
+        lp_trace.cap = cap;
+    }
+    LPTraceEvent* e = &lp_trace.ev[lp_trace.n];
+    memset(e, 0, sizeof(*e));
+    snprintf(e->kind, sizeof(e->kind), "%.*s", (int)sizeof(e->kind) - 1, kind);
+    snprintf(e->name, sizeof(e->name), "%.*s", (int)sizeof(e->name) - 1, name);
+    e->micro = micro;
+    e->chunk = chunk;
+    e->peer = -1;
+    e->t0 = lp_time_s() - lp_trace.origin;
+    return lp_trace.n++;
+}
+#ifndef LLMPAR_CPU
+// Event id's begin (end = 0) or end (1) as the stream reaches it, on stream s.
+static inline void lp_trace_mark(int id, int end, cudaStream_t s) {
+    cudaEvent_t* m = &lp_trace.marks[2 * id + end];
+    if (!*m) cudaCheck(cudaEventCreate(m));  // (made once, kept for later windows)
+    cudaCheck(cudaEventRecord(*m, s));
+}
+#endif
+// Begin an event; returns its number for lp_trace_end (-1 when off). The CUDA build: an NVTX range too,
+// on or off, and the compute kind ("F", "B", "recompute") timed on the compute stream.
+static inline int lp_trace_begin(const char* kind, const char* name, int micro, int chunk) {
+#if !defined(LLMPAR_CPU) && !defined(LLMPAR_NO_NVTX)
+    nvtxRangePushA(name);
+#endif
+    if (!lp_trace.on) return -1;
+    int id = lp_trace_new(kind, name, micro, chunk);
+#ifndef LLMPAR_CPU
+    if (strcmp(kind, "compute") == 0) lp_trace.ev[id].track = 1, lp_trace_mark(id, 0, 0);
+#endif
+    return id;
+}
+// A communication event on the host (the trace is on): its group ("tp", "dp", ...; NULL: none), bytes and
+// peer (-1: a collective).
+static inline int lp_trace_comm(const char* name, const char* group, double bytes, int peer) {
+    int id = lp_trace_new("comm", name, -1, -1);
+    snprintf(lp_trace.ev[id].group, sizeof(lp_trace.ev[id].group), "%.*s", (int)sizeof(lp_trace.ev[id].group) - 1, group ? group : "");
+    lp_trace.ev[id].bytes = bytes;
+    lp_trace.ev[id].peer = peer;
+    return id;
+}
+// End an event of lp_trace_new's (no NVTX range).
+static inline void lp_trace_close(int id) {
+    if (id < 0) return;
+    lp_trace.ev[id].t1 = lp_time_s() - lp_trace.origin;
+#ifndef LLMPAR_CPU
+    if (lp_trace.ev[id].track == 1) lp_trace_mark(id, 1, 0);
+#endif
+}
+// End an event of lp_trace_begin's (and its NVTX range).
+static inline void lp_trace_end(int id) {
+#if !defined(LLMPAR_CPU) && !defined(LLMPAR_NO_NVTX)
+    nvtxRangePop();
+#endif
+    lp_trace_close(id);
+}
+#ifndef LLMPAR_CPU
+// The trace's clock on the GPU: the compute stream's zero event, reached now (the GPU idle), at the host's
+// zero_t. Called as the trace starts.
+static inline void lp_trace_clock(void) {
+    if (!lp_trace.zero) cudaCheck(cudaEventCreate(&lp_trace.zero));
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaEventRecord(lp_trace.zero, 0));
+    cudaCheck(cudaEventSynchronize(lp_trace.zero));
+    lp_trace.zero_t = lp_time_s() - lp_trace.origin;
+}
+// The GPU's events on the host's clock, once the window's work is done: each stream event's begin and end
+// as their records were reached, counted from the zero event.
+static inline void lp_trace_device_times(void) {
+    cudaCheck(cudaDeviceSynchronize());
+    for (int i = 0; i < lp_trace.n; i++) {
+        LPTraceEvent* e = &lp_trace.ev[i];
+        if (!e->track) continue;
+        float ms0 = 0.0f, ms1 = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms0, lp_trace.zero, lp_trace.marks[2 * i]));
+        cudaCheck(cudaEventElapsedTime(&ms1, lp_trace.zero, lp_trace.marks[2 * i + 1]));
+        e->t0 = lp_trace.zero_t + 1e-3 * ms0;
+        e->t1 = lp_trace.zero_t + 1e-3 * (ms1 > ms0 ? ms1 : ms0);
+    }
 }
 #endif
 
@@ -2006,7 +2085,7 @@ static inline void lp_trace_wait_bytes(double bytes) {
 }
 static inline void lp_watch_done(void) {
     lp_watchdog_done();
-    if (lp_trace.wait) lp_trace_end(lp_trace.wait - 1);
+    if (lp_trace.wait) lp_trace_close(lp_trace.wait - 1);
     lp_trace.wait = 0;
 }
 
@@ -2022,7 +2101,7 @@ static inline void lp_traffic(const LPGroup* g, int kind, size_t bytes) {
     } else if (lp_trace.on) {
         int id = lp_trace_comm(names[kind], g->name, (double)bytes, -1);
         snprintf(lp_trace.ev[id].kind, sizeof(lp_trace.ev[id].kind), "launch");
-        lp_trace_end(id);
+        lp_trace_close(id);
     }
 }
 
@@ -2431,15 +2510,27 @@ typedef struct {
 LP_STATE cudaStream_t lp_comm_stream;
 LP_STATE cudaEvent_t lp_comm_event;
 #ifdef LLMPAR_IMPLEMENTATION
+// A collective is about to be enqueued on the comm stream, after the compute stream's work so far. On the
+// timeline (on) it is the comm stream's event, named as lp_traffic's launch just before it.
 static inline void lp_comm_stream_follows_compute(void) {
     cudaCheck(cudaEventRecord(lp_comm_event, 0));
     cudaCheck(cudaStreamWaitEvent(lp_comm_stream, lp_comm_event, 0));
+    if (lp_trace.on && lp_trace.n && strcmp(lp_trace.ev[lp_trace.n - 1].kind, "launch") == 0) {
+        const LPTraceEvent* launch = &lp_trace.ev[lp_trace.n - 1];
+        char name[sizeof(launch->name)];
+        snprintf(name, sizeof(name), "%.*s", (int)(strcspn(launch->name, " ")), launch->name);  // "all-reduce start" -> "all-reduce"
+        int id = lp_trace_comm(name, launch->group, launch->bytes, -1);
+        lp_trace.ev[id].track = 2;
+        lp_trace_mark(id, 0, lp_comm_stream);
+        lp_trace.stream_event = 1 + id;
+    }
 }
-// A collective of p's is enqueued on the comm stream: p's event moves to after it.
+// A collective of p's is enqueued on the comm stream: p's event moves to after it (and the timeline's ends).
 static inline void lp_pending_enqueued(LPPending* pend) {
     if (!pend->done) cudaCheck(cudaEventCreateWithFlags(&pend->done, cudaEventDisableTiming));
     cudaCheck(cudaEventRecord(pend->done, lp_comm_stream));
     pend->count++;
+    if (lp_trace.stream_event) lp_trace_mark(lp_trace.stream_event - 1, 1, lp_comm_stream), lp_trace.stream_event = 0;
 }
 #endif  // LLMPAR_IMPLEMENTATION
 #endif
@@ -8423,7 +8514,7 @@ void lp_model_backward(LPModel* m, int last) {
             else if (c->swiglu) lp_swiglu_forward(x.fch_gelu, x.fch, N, Fl);
             else lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
-        lp_trace_end(redo);
+        if (m->par->recompute) lp_trace_end(redo);
         // MLP half: dresidual is the gradient of residual3 and, through the identity path, of residual2;
         // it is also fcproj's output gradient (g backward)
         floatX* dln2;

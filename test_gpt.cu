@@ -4939,9 +4939,13 @@ static void test_timeline(void) {
     if (rc != 0) printf("%s\n", out[0]);
     if (system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0) {  // the timeline drawn, the bubble read from it
         rc = run_cmd(out[0], sizeof(out[0]), "python3 dev/plot.py --trace %s -o %s", tmp_path("tl.json"), tmp_path("tl.png"));
+        int planned = access(PLAN_BIN, X_OK) != 0 ||  // (make test builds plan_gpt; run alone, a test may find none)
+                      (strstr(out[0], "the plan for this grid: pipeline bubble ") && strstr(out[0], "--plan 8 -e d2 -t 32 -d 256 -b 2 --tp 2 "
+                                                                                                  "--pp 2 --vpp 1 --zero 0 --recompute none --offload none --pp-scatter-gather 1 --cluster cpu"));
         expect(rc == 0 && strstr(out[0], "step 2: pipeline bubble measured ") && strstr(out[0], "(p=2 v=1 m=2; ") &&
-                   strstr(out[0], "the ideal schedule's 50.0%") && lp_file_size(tmp_path("tl.png")) > 1000,
-               "dev/plot.py --trace draws the t2 p2 d2 timeline and prints its bubble beside the ideal 1F1B's (p-1)/m = 50%");
+                   strstr(out[0], "the ideal schedule's 50.0%") && planned && lp_file_size(tmp_path("tl.png")) > 1000,
+               "dev/plot.py --trace draws the t2 p2 d2 timeline and prints its bubble beside the ideal 1F1B's (p-1)/m = 50% and the "
+               "planner's for the grid the file names");
         if (rc != 0) printf("%s\n", out[0]);
     } else {
         printf("skip: dev/plot.py --trace (no matplotlib)\n");
@@ -6481,12 +6485,48 @@ static void test_head_size_refused(void) {
 }
 
 // The CUDA engine refuses --trace in one line (its events would be the host's clock, not the streams').
-static void test_trace_refused(void) {
-    char out[4096];
-    int rc = run_cmd(out, sizeof(out), "%s -e d1 -x 1 --trace %s", TRAIN_BIN, tmp_path("t.json"));
-    int ok = rc > 0 && strstr(out, "llmpar: error: flag --trace: the CUDA engine's timeline is not built yet") && !strstr(out, "step 1/1");
-    expect(ok, "--trace on the CUDA engine: refused in one line");
-    if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
+// The CUDA engine's timeline (under the emulator): a d2 run (ZeRO-0's reductions overlapped on the comm
+// stream) and a p2 d2 run (1F1B, 4 micro-batches) pass dev/timeline/check.py's strict checks; each rank
+// has three tracks, the host's, the compute stream's (every micro-batch's forward and backward) and the comm
+// stream's (the overlapped all-reduces, timed by their CUDA events); every stream event lies after the host
+// issued it (its step phase began) and inside its step's span on the host's clock (within 1 ms).
+static void test_trace_streams(void) {
+    static char out[1 << 16];
+    if (no_mpirun("the CUDA engine's timeline")) return;
+    if (system("python3 -c 'import json' > /dev/null 2>&1") != 0) {
+        printf("skip: the timeline's checks (no python3)\n");
+        return;
+    }
+    write_random_shard(tmp_path("tl_shard.bin"), 4000, 79);
+    const struct { int ranks; const char* grid; const char* check; } runs[] = {{2, "", ""}, {4, "--pp 2", "--pp 2 --micro-batches 4"}};
+    for (int k = 0; k < 2; k++) {
+        char file[LP_PATH_MAX];
+        lp_path(file, "%s/streams%d.json", tmp_dir, k);
+        int rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e dev/ref/tiny_model.bin "
+                         "-i %s -j '' -t 16 -b 2 -d %d -x 3 -v 0 -s 0 %s --trace %s", runs[k].ranks, TRAIN_BIN, tmp_path("tl_shard.bin"),
+                         32 * runs[k].ranks * 2 / (k ? 1 : 2), runs[k].grid, file);
+        int checked = rc == 0 && run_cmd(out, sizeof(out), "python3 dev/timeline/check.py %s --ranks %d %s", file, runs[k].ranks,
+                                         runs[k].check) == 0;
+        // the tracks: counts of stream events, and those outside their step or before the host issued them
+        int rc2 = run_cmd(out, sizeof(out), "python3 -c \"\nimport json\nev = [e for e in json.load(open('%s'))['traceEvents'] if e['ph'] == 'X']\n"
+                          "names = {(e['pid'], e['tid']): 1 for e in json.load(open('%s'))['traceEvents'] if e['name'] == 'thread_name'}\n"
+                          "F = [e for e in ev if e['tid'] == 1 and e['name'][0] in 'FB']\ncomm = [e for e in ev if e['tid'] == 2]\n"
+                          "bad = 0\nfor e in F + comm:\n  step = [s for s in ev if s['pid'] == e['pid'] and s['name'].startswith('step ')][0]\n"
+                          "  fb = [s for s in ev if s['pid'] == e['pid'] and s['name'] == 'forward-backward'][0]\n"
+                          "  bad += e['ts'] < fb['ts'] - 1000 or e['ts'] + e['dur'] > step['ts'] + step['dur'] + 1000\n"
+                          "print('tracks', len(names), 'F/B', len(F), 'comm', len(comm), 'outside', bad)\n\"", file, file);
+        int tracks = 0, fb = 0, comm = 0, outside = -1;
+        const char* line = strstr(out, "tracks ");
+        int parsed = rc2 == 0 && line && sscanf(line, "tracks %d F/B %d comm %d outside %d", &tracks, &fb, &comm, &outside) == 4;
+        int m = k ? 4 : 1;
+        char what[400];
+        snprintf(what, sizeof(what), "--trace on the CUDA engine, %d ranks%s%s: check.py's checks pass; %d tracks (3 a rank), %d forwards "
+                 "and backwards on the compute stream, %d collectives on the comm stream, %d stream events outside their step", runs[k].ranks,
+                 k ? " " : "", runs[k].grid, tracks, fb, comm, outside);
+        int ok = checked && parsed && tracks == 3 * runs[k].ranks && fb == 2 * m * runs[k].ranks && (k || comm > 0) && outside == 0;
+        expect(ok, what);
+        if (!ok) printf("%s\n", out);
+    }
 }
 
 #ifdef LLMPAR_CUDAEMU
@@ -6964,7 +7004,7 @@ int main(int argc, char** argv) {
     RUN(tier4_attention_kernels);
     RUN(tier4_sample_cache_attention);
     RUN(test_head_size_refused);
-    RUN(test_trace_refused);
+    RUN(test_trace_streams);
     RUN(test_step_vs_cpu_build);
     RUN(test_sample_cache);
     RUN(test_stop_signal);

@@ -195,7 +195,8 @@ static const LPFlagSpec lp_flag_specs[] = {
      "write the timeline of --trace-steps to FILE, one Chrome trace (JSON; opens in Perfetto or chrome://tracing): a "
      "process per rank named by its t, p, d coordinates, each micro-batch's forward (F) and backward (B) per chunk, "
      "recomputation, every collective and send/receive with its group and bytes, data loading, the gradient reduction, "
-     "norm and optimizer phases; the CPU engine (dev/docs/parallelism.md)"},
+     "norm and optimizer phases; on the CUDA engine also the GPU's own times, the compute and the comm stream's events "
+     "as tracks of their own (dev/docs/parallelism.md)"},
     {"--trace-steps", NULL, LP_FLAG_STRING, LP_FIELD(trace_steps), "", "", "A:B", NULL, NULL,
      "the steps --trace records, A to B (counted from 1; default: step 2, the first after the warm-up step, or step 1 "
      "of a one-step run)"},
@@ -600,11 +601,6 @@ static void lp_check_flags(LPFlags* f) {
         lp_fail_all("flag %s needs %s DIR to find checkpoints in", LP_FLAG_NAME(resume), LP_FLAG_NAME(out_dir));
     const LPParallel* par = &f->par;
     if (par->zero < 0 || par->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(par.zero), par->zero);
-#ifndef LLMPAR_CPU
-    if (f->trace[0])
-        lp_fail_all("flag %s: the CUDA engine's timeline is not built yet (its events must come from the streams, not the "
-                    "host's clock); train_gpt_cpu records it", LP_FLAG_NAME(trace));
-#endif
     if (f->trace_steps[0] && !f->trace[0]) lp_fail_all("flag %s: only with %s FILE", LP_FLAG_NAME(trace_steps), LP_FLAG_NAME(trace));
     if (f->trace[0]) {
         int from, to;
@@ -1798,6 +1794,9 @@ static void lp_trace_start(const LPProcess* proc) {
     lp_trace.origin = strcmp(zero.host, mine.host) == 0 ? zero.t : mine.t;
     lp_trace.n = 0;
     lp_trace.wait = 0;
+#ifndef LLMPAR_CPU
+    lp_trace_clock();  // (the GPU's zero on this clock)
+#endif
     lp_trace.on = 1;
 }
 
@@ -1813,12 +1812,14 @@ static void lp_json_string(FILE* out, const char* s) {
 
 // How long each blocking collective of the tp, pp, dp and world groups waited for its group's last rank to
 // arrive (seconds; -1 where not known: a receive, a launch, a wait for an overlapped collective started
-// earlier, a broadcast, whose root need not wait, an ep or edp group): a group's members call its
-// collectives in one order, so the k-th of each member's on the group is one call, and it began for all
-// once the last member's began. The groups from the coordinates: tp shares p and d, pp t and d, dp t and p.
+// earlier, a broadcast, whose root need not wait, an ep or edp group; on the CUDA build a collective of
+// device tensors, which the host only enqueues: its wait is the GPU's, inside the comm or compute stream's
+// event): a group's members call its collectives in one order, so the k-th of each member's on the group
+// is one call, and it began for all once the last member's began. The groups from the coordinates: tp shares p and d, pp t and d, dp t and p.
 static int lp_trace_is_collective(const LPTraceEvent* e, const char* group) {
     static const char* const arrivals[] = {"all-reduce", "all-reduce of host values", "reduce-scatter", "all-gather", "all-to-all", "barrier"};
-    if (strcmp(e->kind, "comm") || strcmp(e->group, group)) return 0;
+    if (strcmp(e->kind, "comm") || strcmp(e->group, group) || e->track) return 0;  // (the host's blocking calls)
+    if (LP_BUILD_GPU && !strstr(e->name, "host values") && strcmp(e->name, "barrier")) return 0;  // (NCCL's wait on the GPU)
     for (int k = 0; k < (int)(sizeof(arrivals) / sizeof(arrivals[0])); k++)
         if (!strcmp(e->name, arrivals[k])) return 1;
     return 0;
@@ -1869,6 +1870,9 @@ static double* lp_trace_peer_waits(const LPTraceEvent* all, const int* count, co
 static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
     const LPProcess* proc = r->proc;
     lp_trace.on = 0;
+#ifndef LLMPAR_CPU
+    lp_trace_device_times();  // (the streams' events on the host's clock)
+#endif
     int n = proc->world, mine = lp_trace.n * (int)sizeof(LPTraceEvent), coord[3] = {proc->coord[LP_TP], proc->coord[LP_PP], proc->coord[LP_DP]};
     int* bytes = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace sizes");
     int* coords = (int*)lp_host_malloc((size_t)n * 3 * sizeof(int), "trace coordinates");
@@ -1887,13 +1891,32 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
         FILE* out = fopen(tmp, "w");
         if (!out) lp_fail("flag %s: cannot write %s: %s", LP_FLAG_NAME(trace), tmp, strerror(errno));
         fprintf(out, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"steps\": \"%d:%d\", \"ranks\": %d, \"clock\": \"the monotonic "
-                "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\"},\n \"traceEvents\": [\n", from, to, n);
+                "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\", \"build\": \"%s\"",
+                from, to, n, LP_BUILD_GPU ? "cuda" : "cpu");
+        const LPParallel* par = proc->par;
+        if (lp_config_is_gpt2(&r->cfg)) {  // the planner's flags for this run's grid (dev/plot.py --trace sets the plan beside it)
+            char plan[LP_PATH_MAX + 512], moe[96] = "";
+            if (r->preset && r->cfg.moe_experts)
+                snprintf(moe, sizeof(moe), " --moe-experts %d --moe-topk %d --moe-every %d --ep %d", r->cfg.moe_experts, r->cfg.moe_topk,
+                         r->cfg.moe_every, par->ep);
+            char sg[32] = "";  // (the planner takes it where it applies: t > 1 and p > 1 without SP)
+            if (par->tp > 1 && par->pp > 1 && !par->sp) snprintf(sg, sizeof(sg), " --pp-scatter-gather %d", par->scatter_gather);
+            snprintf(plan, sizeof(plan), "--plan %d -e %s -t %d -d %d -b %d --tp %d --pp %d --vpp %d --zero %d --recompute %s --offload "
+                     "%s%s%s%s", n, r->f->init, r->f->T, r->total_batch, r->f->B, par->tp, par->pp, par->vpp, par->zero,
+                     lp_recompute_names[par->recompute], lp_offload_names[par->offload], sg, par->sp ? " --sp" : "", moe);
+            fprintf(out, ", \"plan\": ");
+            lp_json_string(out, plan);
+        }
+        fprintf(out, "},\n \"traceEvents\": [\n");
         for (int k = 0; k < n; k++) {  // (the events follow these, each after a comma)
             fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d "
                     "p%d d%d\"}},\n", k, k, coords[3 * k], coords[3 * k + 1], coords[3 * k + 2]);
             fprintf(out, "  {\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"sort_index\": %d}},\n", k, k);
-            fprintf(out, "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"%s\"}}%s\n", k,
-                    "compute and communication", k == n - 1 && total == 0 ? "" : ",");
+            static const char* const tracks[] = {LP_BUILD_GPU ? "host: the work issued, blocking calls" : "compute and communication",
+                                                 "GPU: compute stream", "GPU: comm stream"};
+            for (int t = 0; t < (LP_BUILD_GPU ? 3 : 1); t++)
+                fprintf(out, "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}%s\n", k, t,
+                        tracks[t], k == n - 1 && t == (LP_BUILD_GPU ? 2 : 0) && total == 0 ? "" : ",");
         }
         const LPTraceEvent* e = all;
         for (int k = 0; k < n; k++)
@@ -1904,8 +1927,8 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
                 else snprintf(name, sizeof(name), "%s", e->name);
                 fprintf(out, "%s  {\"name\": ", e == all ? "" : ",\n");
                 lp_json_string(out, name);
-                fprintf(out, ", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %lld.%03lld, \"dur\": %lld.%03lld, "
-                        "\"args\": {", e->kind, k, t0 / 1000, t0 % 1000, (t1 - t0) / 1000, (t1 - t0) % 1000);
+                fprintf(out, ", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %lld.%03lld, \"dur\": %lld.%03lld, "
+                        "\"args\": {", e->kind, k, e->track, t0 / 1000, t0 % 1000, (t1 - t0) / 1000, (t1 - t0) % 1000);
                 const char* sep = "";
                 if (e->micro >= 0) fprintf(out, "\"micro\": %d", e->micro), sep = ", ";
                 if (e->chunk >= 0) fprintf(out, "%s\"chunk\": %d", sep, e->chunk), sep = ", ";

@@ -18,7 +18,9 @@ With --trace FILE (train_gpt --trace): a row per rank (rank 0 on top), its forwa
 communication as thin grey bars, as the pipeline papers draw a schedule; and a line per traced step with the
 pipeline bubble measured (the forward-backward phase's time over the busiest stage's forward and backward
 compute, less 1) beside the ideal schedule's: (p-1)/m for 1F1B and GPipe, (p-1)/(v m) interleaved, which
---print-schedule's simulator gives with unit costs.
+--print-schedule's simulator gives with unit costs; and, where plan_gpt is built in this checkout, the
+planner's bubble for the same grid (the file's otherData names it; its build's cluster preset: cpu, or
+dgx-h100), over the busiest stage's compute as the measured one is.
 """
 import argparse
 import os
@@ -40,7 +42,7 @@ def read_log(path):
 
 
 def read_trace(path):
-    """The complete events of a --trace file, and each rank's (t, p, d) from its process name."""
+    """The complete events of a --trace file, each rank's (t, p, d) from its process name, and its otherData."""
     import json
     try:
         doc = json.load(open(path))
@@ -55,11 +57,31 @@ def read_trace(path):
     spans = [e for e in events if e.get("ph") == "X"]
     if not spans or not coords:
         sys.exit(f"plot.py: error: {path}: not a train_gpt --trace timeline (no events, or no ranks named)")
-    return spans, coords
+    return spans, coords, doc.get("otherData", {})
+
+
+def planned_bubble(other):
+    """The planner's row for the traced run's grid (otherData's "plan": plan_gpt's flags for it), on the cluster
+    preset of its build (cpu, or dgx-h100): (bubble ms, the busiest stage's compute ms, the command), or None
+    where the file names no plan or plan_gpt is not built beside this script's checkout."""
+    import shlex
+    import subprocess
+    binary = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plan_gpt")
+    if "plan" not in other or not os.access(binary, os.X_OK):
+        return None
+    cmd = [binary] + shlex.split(other["plan"]) + ["--cluster", "cpu" if other.get("build") == "cpu" else "dgx-h100"]
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()
+    header = next((line for line in out if line.startswith("| t | p |")), None)
+    if header is None:
+        return None
+    names = [c.strip() for c in header.strip("|").split("|")]
+    row = [c.strip() for c in out[out.index(header) + 2].strip("|").split("|")]
+    cols = dict(zip(names, row))
+    return float(cols["bubble"]), float(cols["compute"]), " ".join(shlex.quote(c) for c in ["./plan_gpt"] + cmd[1:])
 
 
 def plot_trace(path, out, plt):
-    spans, coords = read_trace(path)
+    spans, coords, other = read_trace(path)
     compute = [e for e in spans if re.fullmatch(r"[FB]\d+", e["name"])]
     ranks = sorted(coords)
     p = len({c[1] for c in coords.values()})
@@ -96,6 +118,11 @@ def plot_trace(path, out, plt):
         wall, busy = max(b[0] for b in bubbles), max(b[1] for b in bubbles)
         print(f"{step}: pipeline bubble measured {100 * (wall / busy - 1):.1f}% (p={p} v={v} m={m}; forward-backward "
               f"{wall / 1e3:.2f} ms, the busiest rank computing {busy / 1e3:.2f} ms); the ideal schedule's {100 * ideal:.1f}%")
+    planned = planned_bubble(other)
+    if planned:
+        bubble, compute, cmd = planned
+        print(f"the plan for this grid: pipeline bubble {100 * bubble / compute:.1f}% ({bubble:.4g} ms over the busiest stage's "
+              f"{compute:.4g} ms of compute, its cluster preset's speeds: {cmd})")
     ax.set_title(f"{os.path.basename(path)}: {len(ranks)} ranks, p={p} v={v} m={m}")
     fig.tight_layout()
     try:

@@ -734,6 +734,7 @@ struct CUstream_st {
 struct CUevent_st {
     uint64_t recorded, completed;  // records queued, records reached
     int id;                        // in order of creation, for the profile
+    double reached_s;              // the host's steady clock when the latest record was reached (cudaEventElapsedTime)
 };
 
 static std::mutex& mu = *new std::mutex();  // these too live past exit()
@@ -809,6 +810,7 @@ static void* device_main(void*) {
                     s->started = false;
                 } else if (h->kind == Op::RECORD) {
                     h->ev->completed = std::max(h->ev->completed, h->gen);
+                    h->ev->reached_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
                     prof_event("record", s, h);
                 } else if (h->kind == Op::WAIT) {
                     if (h->ev->completed < h->gen) break;
@@ -1307,6 +1309,16 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
     op->epoch = host_epoch;
     S(stream)->q.push_back(op);
     cv_work.notify_one();
+    return cudaSuccess;
+}
+// The milliseconds between two events' latest records, as the stream worker reached them (the emulator runs a
+// stream's work in order, so a record is reached once the work before it is done); waits for both.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    cudaEventSynchronize(start);
+    cudaEventSynchronize(end);
+    std::lock_guard<std::mutex> lk(mu);
+    if (!start->completed || !end->completed) return cudaErrorInvalidResourceHandle;
+    *ms = (float)((end->reached_s - start->reached_s) * 1e3);
     return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned int) {  // waits for the latest record

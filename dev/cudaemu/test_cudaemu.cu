@@ -497,6 +497,27 @@ static int case_streams(int wait) {
     return 0;
 }
 
+// cudaEventElapsedTime: between two records on a stream, the time its work between them took (the emulator's
+// clock): positive across 8 launches, and ordered (a to b plus b to c is a to c, within a microsecond).
+static int case_event_times(void) {
+    cudaStream_t s;
+    cudaEvent_t e[3];
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    for (int k = 0; k < 3; k++) CHECK(cudaEventCreate(&e[k]));
+    int n = 1 << 16, *x = device_ints(n);
+    CHECK(cudaEventRecord(e[0], s));
+    for (int k = 0; k < 8; k++) LAUNCH(fill, n / 256, 256, 0, s, x, n, k);
+    CHECK(cudaEventRecord(e[1], s));
+    LAUNCH(fill, n / 256, 256, 0, s, x, n, 9);
+    CHECK(cudaEventRecord(e[2], s));
+    float ab = 0.0f, bc = 0.0f, ac = 0.0f;
+    CHECK(cudaEventElapsedTime(&ab, e[0], e[1]));
+    CHECK(cudaEventElapsedTime(&bc, e[1], e[2]));
+    CHECK(cudaEventElapsedTime(&ac, e[0], e[2]));
+    printf("elapsed: %.4f + %.4f = %.4f ms\n", ab, bc, ac);
+    return ab > 0.0f && bc > 0.0f && fabsf(ab + bc - ac) < 1e-3f ? 0 : 6;
+}
+
 // The counts of each kernel above, and of a GEMM, exactly (bytes are 32-byte sectors times 32).
 static int expect_counts(const char* name, double read, double written, double unique_read, double unique_written, double flops) {
     cudaemu_counts c = cudaemu_profile_counts(name);
@@ -701,6 +722,7 @@ static int run_case(const char* name) {
 #endif
     if (!strcmp(name, "stream_wait")) return case_streams(1);
     if (!strcmp(name, "missing_stream_wait")) return case_streams(0);
+    if (!strcmp(name, "event_times")) return case_event_times();
     if (!strcmp(name, "gemm_ld")) return case_gemm_ld(16);
     if (!strcmp(name, "counts")) return case_counts();
     if (!strcmp(name, "bad_gemm_ld")) return case_gemm_ld(8);
@@ -791,6 +813,7 @@ int main(int argc, char** argv) {
 #endif
         {"stream_wait", "", 1, ""},
         {"missing_stream_wait", "", 0, "a missing cudaStreamWaitEvent: the consumer read before the producer wrote"},
+        {"event_times", "", 1, ""},
         {"gemm_ld", "", 1, ""},
         {"counts", "", 1, ""},
         {"bad_gemm_ld", "", 0, "matrix A: leading dimension 8 is less than its 16 rows"},

@@ -93,7 +93,7 @@ def main():
         wrong = []
         for pid, label in names.items():
             stage = int(re.search(r" p(\d+) ", label).group(1))
-            got = [e["name"] for e in sorted(threads.get((pid, 0), []), key=lambda e: e["ts"]) if re.fullmatch(r"[FB]\d+", e["name"])]
+            got = [e["name"] for e in sorted((e for e in spans if e["pid"] == pid), key=lambda e: e["ts"]) if re.fullmatch(r"[FB]\d+", e["name"])]
             m, warm = args.micro_batches, min(args.pp - stage - 1, args.micro_batches)
             order = [f"F{i}" for i in range(warm)]
             for i in range(m - warm):
