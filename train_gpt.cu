@@ -664,6 +664,11 @@ static void lp_check_flags(LPFlags* f) {
     if (par->cp > 1 && f->hellaswag[0])
         lp_fail_all("flag %s with %s %d: not yet (its forwards score whole sequences on each rank)", LP_FLAG_NAME(hellaswag),
                     LP_FLAG_NAME(par.cp), par->cp);
+    if (par->cp > 1 && f->auto_grid)
+        lp_fail_all("flag %s with %s %d: not yet (the planner splits no sequence)", LP_FLAG_NAME(auto_grid), LP_FLAG_NAME(par.cp), par->cp);
+    if (par->cp > 1 && f->trace[0])
+        lp_fail_all("flag %s with %s %d: not yet (the timeline names and matches ranks by their t, p and d alone)", LP_FLAG_NAME(trace),
+                    LP_FLAG_NAME(par.cp), par->cp);
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
@@ -1656,6 +1661,7 @@ static void lp_run_stragglers(LPTrainRun* r, int step, double busy_s, double ste
             char host[64] = "";
             gethostname(host, sizeof(host) - 1);
             snprintf(who, sizeof(who), "host %s, t %d p %d d %d", host, proc->coord[LP_TP], proc->coord[LP_PP], proc->coord[LP_DP]);
+            if (proc->par->cp > 1) snprintf(who + strlen(who), sizeof(who) - strlen(who), " cp %d", proc->coord[LP_CP]);
         }
         lp_broadcast_host(&proc->world_group, who, sizeof(who), slowest);
         lp_log("straggler at steps %d-%d: rank %d (%s) computed %.1f ms per step, %.1f ms (%.0f%% of a step) behind the "
@@ -2033,13 +2039,13 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     if (!lp_config_is_gpt2(&cfg))  // (section 11's FLOPs and memory count GPT-2's tensors and activations)
         lp_fail_all("flag --print-schedule: not yet for the Llama family (-e %s; its FLOPs and memory are counted as GPT-2's)", f->init);
     LPParallel par = f->par;
-    long long tp_pp = (long long)par.tp * par.pp;
+    long long tp_pp = (long long)par.tp * par.cp * par.pp;
     par.dp = proc->world % tp_pp == 0 ? (int)(proc->world / tp_pp) : 1;
     int per_micro = f->B * f->T * par.dp, chunks = par.pp * par.vpp, layers[LP_MAX_CHUNKS], first = 0;
     par.micro_batches = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
-    LPPipeShape shape = {&par, f->B, f->T, f->attention, LP_BUILD_GPU};
+    LPPipeShape shape = {&par, f->B, f->T / par.cp, f->attention, LP_BUILD_GPU};  // (a rank's rows: T/cp of each sequence)
     char why[512];
     if (lp_pp_partition(&cfg, &shape, layers, why, sizeof(why))) lp_fail_all("%s", why);
     lp_log("partition %s of %d layers (L=%d C=%d Vp=%d; B=%d T=%d t=%d d=%d ZeRO-%d%s%s), per chunk: training FLOPs per token, "
