@@ -4592,6 +4592,9 @@ static void test_context_parallel(void) {
         snprintf(name, sizeof(name), "CP: 1-rank reference run, T = %d", T);
         expect(n == 10 && wref, name);
         if (n != 10 || !wref) { printf("%s\n", out); free(wref); continue; }
+        double act_one = 0.0;  // one rank's activation memory, as the run prints it
+        const char* mem = strstr(out, "MiB, activations ");
+        if (mem) sscanf(mem, "MiB, activations %lf MiB", &act_one);
         // ranks, flags, each rank's micro-batch (the whole batch B per replica: -d keeps 512 tokens a step)
         static const struct { const char *ranks, *flags; int T, B; } grids[] = {
             {"2", "--cp 2", 64, 8}, {"4", "--cp 4", 64, 8}, {"4", "--cp 2 --tp 2 --sp", 64, 8}, {"4", "--cp 2 --pp 2 -d 512", 64, 4},
@@ -4609,6 +4612,14 @@ static void test_context_parallel(void) {
                 snprintf(name, sizeof(name), "cp 2, 2 layers: %.0f ring sends a step of %.4f MiB = 2 x (1 forward + 3 backward) blocks of "
                          "B T/cp 2C floats (%.4f MiB)", sends, mib, want);
                 expect(parsed && sends == 8 && fabs(mib - want) < 1e-4, name);
+            }
+            if (k == 9) {  // memory: a rank's activations at cp 4 (a quarter of the rows, no probabilities kept)
+                double act = 0.0;
+                const char* mem = strstr(got, "MiB, activations ");
+                if (mem) sscanf(mem, "MiB, activations %lf MiB", &act);
+                printf("     cp 4, T 256: a rank's activations %.3f MiB, one rank's %.3f MiB (%.3fx)\n", act, act_one, act / act_one);
+                snprintf(name, sizeof(name), "cp 4, T 256: a rank's activations %.3f MiB <= 0.3x one rank's %.3f MiB", act, act_one);
+                expect(act > 0.0 && act <= 0.3 * act_one, name);
             }
             if (k == 1) {  // the causal balance, as the run prints it
                 double most = 0, least = 0;
