@@ -6928,6 +6928,8 @@ int main(int argc, char** argv) {
     LPProcess proc;
     memset(&proc, 0, sizeof(proc));
     proc.world = 1;
+    proc.world_group.size = 1;  // (lp_process_init's, which this process skips: its checkpoints' collectives are over one rank)
+    proc.world_group.name = "world";
     LPParallel alone = lp_parallel_one;
     lp_grid_init(&proc, &alone);
 #ifdef LLMPAR_CPU
