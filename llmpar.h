@@ -8337,6 +8337,8 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
         lp_fail("forward with (B=%d, T=%d) but activations were sized for (B=%d, T=%d)", B, T, m->B, m->T);
     int t = m->tp_size, N = B * T, Nr = m->par->sp ? N / t : N;
     if (m->par->sp && N % t) lp_fail("sequence parallelism: the %d x %d rows do not split over %d ranks", B, T, t);
+    if (m->cp_size > 1 && !m->cache.kv && T % 2)
+        lp_fail("context parallelism: a rank's %d rows of a sequence are not two chunks of equal length", T);
     int pos = m->cache.kv ? m->cache.pos : 0;  // the first row's position
     if (m->cache.kv && (B != m->cache.B || pos < 0 || pos + T > m->cache.T))
         lp_fail("forward of (B=%d) x positions [%d, %d) outside the key-value cache's (B=%d) x [0, %d)", B, pos, pos + T, m->cache.B,
