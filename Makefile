@@ -1,5 +1,6 @@
 # llmpar: `make train_gpt` (CUDA), `make train_gpt_cpu` (CPU), `make train_gpt_emu` (CUDA emulated on the
-# CPU; train_gpt_emu_prof also counts each kernel's bytes), `make test`, `make test-emu`.
+# CPU; train_gpt_emu_prof also counts each kernel's bytes), `make train_gpt_fp16` (CUDA in fp16), `make test`,
+# `make test-emu`.
 #
 # The CPU build compiles the same train_gpt.cu as C with mpicc, its matmuls through OpenBLAS when
 # pkg-config finds it (see BLAS below). The CUDA build uses MPI when mpicc is
@@ -93,8 +94,9 @@ test_gpt_cpu: test_gpt.cu llmpar.h dev/plan/plan.h
 	$(CC_CPU) $(CFLAGS_CPU) $(BLAS_CFLAGS) test_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
 # The engines with the tests' hooks (LLMPAR_TEST_HOOKS: a crash at the k-th checkpoint file operation or
-# offloaded chunk, an injected loss, small offload chunks, each asked for by an environment variable), for
-# the tests that use them; the engines users run have none. One for each build: _cpu_hooks, _emu_hooks, _hooks.
+# offloaded chunk, an injected loss or gradient overflow, small offload chunks, each asked for by an environment
+# variable), for the tests that use them; the engines users run have none. One for each build: _cpu_hooks,
+# _emu_hooks, _hooks (and train_gpt_fp16_emu_hooks, below).
 train_gpt_cpu_hooks: train_gpt.cu llmpar.h dev/plan/plan.h
 	$(CC_CPU) $(CFLAGS_CPU) -DLLMPAR_TEST_HOOKS $(BLAS_CFLAGS) train_gpt.cu -o $@ $(BLAS_LIBS) -lm
 
@@ -135,6 +137,27 @@ EMU_COUNT = -fsanitize=thread --param=tsan-instrument-func-entry-exit=0 -g1 -gdw
 train_gpt_emu_prof: train_gpt.cu llmpar.h dev/plan/plan.h dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h -c $< -o $@.o
 	$(EMU_CXX) $(EMU_FLAGS) $@.o dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS) && rm -f $@.o
+
+# The fp16 engine (llm.c's PRECISION=FP16): the same sources with LLMPAR_FP16, so floatX is fp16 (weights,
+# gradients and activations; fp32 master weights and AdamW state) and --loss-scale is on by default, for GPUs
+# and recipes without bf16. A build of its own, with binaries of their own, so make never takes one build's
+# binary for the other's (llm.c's one name for both rebuilds nothing when only PRECISION changes). No cuDNN
+# attention (llmpar_cudnn.cpp is bf16's). _emu runs it under the emulator, _emu_hooks with the tests' hooks.
+FP16 = -DLLMPAR_FP16
+train_gpt_fp16: train_gpt.cu llmpar.h
+	$(NVCC) $(NVCC_FLAGS) $(FP16) $(NVCC_MPI) train_gpt.cu -o $@ $(NVCC_LIBS)
+
+test_gpt_fp16: test_gpt.cu llmpar.h dev/plan/plan.h
+	$(NVCC) $(NVCC_FLAGS) $(FP16) $(NVCC_MPI) test_gpt.cu -o $@ $(NVCC_LIBS)
+
+train_gpt_fp16_emu: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(FP16) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h train_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
+train_gpt_fp16_emu_hooks: train_gpt.cu llmpar.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(FP16) -DLLMPAR_TEST_HOOKS $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h train_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
+
+test_gpt_fp16_emu: test_gpt.cu llmpar.h dev/plan/plan.h dev/cudaemu/cudaemu.o
+	$(EMU_CXX) $(EMU_FLAGS) $(FP16) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h test_gpt.cu -x none dev/cudaemu/cudaemu.o -o $@ $(EMU_LIBS)
 
 dev/cudaemu/test_cudaemu: dev/cudaemu/test_cudaemu.cu dev/cudaemu/cudaemu.o
 	$(EMU_CXX) $(EMU_FLAGS) $(EMU_COUNT) $(EMU_MPI) -x c++ -include dev/cudaemu/cudaemu.h -c $< -o $@.o
@@ -189,7 +212,8 @@ test:
 	@bash scripts/run_tests.sh
 
 # Tier 4 under the emulator alone (and the emulator's own tests).
-test-emu: train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu
+test-emu: train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu test_gpt_fp16_emu train_gpt_fp16_emu \
+          train_gpt_fp16_emu_hooks
 	@bash scripts/run_tests.sh emu
 
 # dev/docs/flags.md's flags block is `./train_gpt_cpu -h` verbatim, between its two marker lines: this
@@ -205,5 +229,6 @@ flags-doc readme-flags: train_gpt_cpu
 clean:
 	rm -f llmpar_cudnn.o plan_gpt train_gpt train_gpt_cpu test_gpt test_gpt_cpu train_gpt_emu train_gpt_emu_prof test_gpt_emu dev/cudaemu/cudaemu.o dev/cudaemu/test_cudaemu dev/cudaemu/model_check
 	rm -f train_gpt_hooks train_gpt_cpu_hooks train_gpt_emu_hooks
+	rm -f train_gpt_fp16 test_gpt_fp16 train_gpt_fp16_emu train_gpt_fp16_emu_hooks test_gpt_fp16_emu
 	rm -f dev/examples/train_loop dev/examples/train_loop_cpu dev/examples/train_loop_nompi dev/examples/train_loop_emu
 	rm -f dev/examples/two_files dev/examples/two_files_cpu dev/examples/two_files_nompi dev/examples/two_files_emu

@@ -35,9 +35,10 @@ rest; then what keeps a run between steps, its files (14).
                  defines: LPMoEOptions, LPModelOptions, LPModel, LPLayerActs, lp_model_create,
                  lp_moe_forward, lp_model_forward, lp_model_backward
  10. optimizer   AdamW with fp32 master weights, global grad-norm clipping, replicas that train apart (DiLoCo's
-                 outer step, gossip's mixing), LR schedule
+                 outer step, gossip's mixing), dynamic loss scaling, LR schedule
                  defines: LPAdamW, lp_zero_state_get/put (the optimizer's shard a chunk at a time), lp_models_grad_norm,
-                 lp_models_adamw, LPOuterSGD, lp_replicas_outer, lp_replicas_gossip, lp_lr_schedule, LPLossWindow
+                 lp_models_adamw, LPOuterSGD, lp_replicas_outer, lp_replicas_gossip, LPLossScaler, lp_lr_schedule,
+                 LPLossWindow
  11. costs       FLOPs per token and per chunk, memory per chunk, the pipeline partition, the device's peak (MFU)
                  defines: lp_active_params, lp_flops_per_token, LPPipeShape, lp_chunk_memory, lp_pp_partition,
                  lp_device_peak_flops
@@ -53,8 +54,9 @@ rest; then what keeps a run between steps, its files (14).
 Not here: the cluster planner (how to run a model on N GPUs, each step simulated), a tool built on this
 header's costs and schedules: dev/plan (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
 
-Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations, fp32 master
-weights and optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
+Two builds from one source. `nvcc` builds the CUDA engine: bf16 params and activations (fp16 with
+-DLLMPAR_FP16, make train_gpt_fp16, and dynamic loss scaling: LPLossScaler), fp32 master weights and
+optimizer state, cuBLASLt. `mpicc -x c -DLLMPAR_CPU` builds the CPU engine: everything fp32,
 OpenMP loops. The CPU loops are compiled in both builds, so a GPU test checks each kernel against its loop.
 The model code calls lp_op, bound at the end of section 7 to the build's lp_op_cpu or lp_op_gpu. Without a GPU
 the CUDA build's code runs under the CUDA emulator (dev/cudaemu: g++ instead of nvcc, LLMPAR_CUDAEMU).
@@ -113,7 +115,7 @@ Options, defined before the include (in each file, as stb's STBI_NO_*): LLMPAR_N
 watchdog (section 5: a thread per rank that ends the job when a rank has waited past a timeout; train_gpt.cu
 needs it), LLMPAR_NO_REEXEC keeps the program from executing itself again for better OpenBLAS kernels
 (lp_blas_init), LLMPAR_NO_NVTX leaves out the CUDA build's NVTX ranges (section 1's timeline marks, named
-for Nsight Systems). LLMPAR_TEST_HOOKS is for llmpar's own tests: crashes, losses and offload chunk sizes injected
+for Nsight Systems). LLMPAR_TEST_HOOKS is for llmpar's own tests: crashes, losses, overflows and offload chunk sizes injected
 through environment variables (make's train_gpt_cpu_hooks and co.); no other build reads them.
 More: LPParallel (section 3) lists every setting (ZeRO, recomputation, schedules, offload, ...), each call's
 comment says what it does; train_gpt.cu's lp_train is the full driver (LR schedule, checkpoints, evaluation,
@@ -158,11 +160,13 @@ the divergence guard); README.md.
 #include <cblas.h>  // cblas_sgemm: the CPU build's matmuls when a BLAS was found (the plain loops otherwise)
 #endif
 typedef float floatX;  // the CPU build computes in fp32 throughout
+#define LP_FLOATX_NAME "fp32"
 #define LP_HD
 #define LP_BUILD_GPU 0  // which engine this build is (memory counts name the one they count: LPPipeShape.gpu)
 #else
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #ifdef LLMPAR_NCCL
 #include <nccl.h>
@@ -170,7 +174,21 @@ typedef float floatX;  // the CPU build computes in fp32 throughout
 #ifndef LLMPAR_NO_NVTX
 #include <nvtx3/nvToolsExt.h>  // nvtxRangePushA, nvtxRangePop: the timeline's ranges for Nsight Systems (header-only)
 #endif
-typedef __nv_bfloat16 floatX;  // params, grads and activations; master weights and Adam state are fp32
+// params, grads and activations; master weights and Adam state are fp32. bf16 by default; fp16 where
+// LLMPAR_FP16 is defined (make train_gpt_fp16: GPUs and recipes without bf16; dynamic loss scaling,
+// LPLossScaler, keeps its gradients in range). A build-time choice, as llm.c's PRECISION: every kernel and
+// library call is typed through floatX, its cuBLASLt type LP_CUDA_FLOATX and its NCCL type LP_NCCL_FLOATX.
+#ifdef LLMPAR_FP16
+typedef __half floatX;
+#define LP_FLOATX_NAME "fp16"
+#define LP_CUDA_FLOATX CUDA_R_16F
+#define LP_NCCL_FLOATX ncclFloat16
+#else
+typedef __nv_bfloat16 floatX;
+#define LP_FLOATX_NAME "bf16"
+#define LP_CUDA_FLOATX CUDA_R_16BF
+#define LP_NCCL_FLOATX ncclBfloat16
+#endif
 #define LP_HD __host__ __device__
 #define LP_BUILD_GPU 1
 #ifdef LLMPAR_CUDNN
@@ -198,6 +216,7 @@ typedef struct LPDataLoader LPDataLoader;
 typedef struct LPDataOptions LPDataOptions;
 typedef struct LPEvalSet LPEvalSet;
 typedef struct LPGroup LPGroup;
+typedef struct LPLossScaler LPLossScaler;
 typedef struct LPLossWindow LPLossWindow;
 typedef struct LPModel LPModel;
 typedef struct LPModelOptions LPModelOptions;
@@ -330,6 +349,9 @@ float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp);
 // clip to opt->grad_clip given the norm, then AdamW at lr; returns whether all weights stay finite
 int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt);
 void lp_loss_window_add(LPLossWindow* w, float loss);  // add a step's loss to the window the spike check reads
+// after a step's norm (lp_step_grad_norm): 1 if its gradients overflowed (skip its update; the scale backs
+// off), else 0 (a clean step counts toward growth; a norm not finite at scale 1 is left to the divergence guard)
+int lp_loss_scaler_update(LPLossScaler* s, float norm);
 float lp_loss_window_mean(const LPLossWindow* w);  // the window's mean loss (0 until it is full)
 // linear warmup, then cosine (or linear) decay to lr * final_frac at max_steps
 float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine);
@@ -771,13 +793,31 @@ static inline floatX* lp_pinned_buffer(size_t n) {
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
+#ifndef LLMPAR_CPU
+// The compute type (bf16 or fp16) to float, and float to it rounded to nearest (even), on the host and the GPU.
+static LP_HD inline float lp_bf(floatX x) {
+#ifdef LLMPAR_FP16
+    return __half2float(x);
+#else
+    return __bfloat162float(x);
+#endif
+}
+static LP_HD inline floatX lp_xf(float x) {
+#ifdef LLMPAR_FP16
+    return __float2half_rn(x);
+#else
+    return __float2bfloat16_rn(x);
+#endif
+}
+#endif
+
 // Host floats <-> device values of the compute type (loading weights; reading params, grads, logits;
 // staging collectives over MPI).
 static inline void lp_to_floatX(floatX* dst, const float* src, size_t n) {  // host to host, rounded to nearest
 #ifdef LLMPAR_CPU
     memcpy(dst, src, n * sizeof(float));
 #else
-    for (size_t i = 0; i < n; i++) dst[i] = __float2bfloat16_rn(src[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = lp_xf(src[i]);
 #endif
 }
 static inline void lp_to_device_floatX(floatX* dst, const float* src, size_t n) {
@@ -796,7 +836,7 @@ void lp_to_host_float(float* dst, const floatX* src, size_t n) {
 #else
     floatX* tmp = lp_pinned_buffer(n);
     lp_copy_to_host(tmp, src, n * sizeof(floatX));
-    for (size_t i = 0; i < n; i++) dst[i] = __bfloat162float(tmp[i]);
+    for (size_t i = 0; i < n; i++) dst[i] = lp_bf(tmp[i]);
 #endif
 }
 #endif  // LLMPAR_IMPLEMENTATION
@@ -1006,6 +1046,43 @@ size_t lp_config_num_params(const LPConfig* c) {
     return n;
 }
 
+// Where the canonical values [canon, canon + n) of a model of shape c lie in its llm.c model file's values: a
+// GPT-2 file holds the canonical layout (lp_param_shape's); a Llama 3 file the same tensors but for V rows of wte
+// and the head where the canonical has Vp (the padding zero), and fcw, which the file holds as every layer's up,
+// then every layer's gate, and the canonical as each layer's gate, then up (its two blocks). Returns how many of
+// them (at least 1, at most n) lie one after another in the file from its value *file, or are padding rows the
+// file lacks (*file = -1).
+static inline size_t lp_file_run(const LPConfig* c, size_t canon, size_t n, long long* file) {
+    *file = (long long)canon;
+    if (!c->untied) return n;
+    size_t at = 0, fat = 0, C = c->channels, HC = (size_t)lp_ffn_hidden(c) * C, VC = (size_t)c->vocab_size * C;
+    for (int i = 0; i < LP_NUM_PARAMS; i++) {
+        size_t count, rows, cols, end, o = canon - at;
+        int blocks;
+        lp_param_shape(c, i, &count, &rows, &cols, &blocks);
+        size_t size = count * rows * cols, head = i == LP_WTE || i == LP_HEADW;
+        if (canon >= at + size) {
+            at += size;
+            fat += head ? VC : size;
+            continue;
+        }
+        if (head && o >= VC) {  // padding rows
+            *file = -1;
+            end = size;
+        } else if (i == LP_FCW) {  // layer l's gate (block 0) is the file's gate l, after the L ups; its up (1) the file's up l
+            size_t l = o / (2 * HC), up = o / HC % 2;
+            *file = (long long)(fat + (up ? l : count + l) * HC + o % HC);
+            end = o - o % HC + HC;
+        } else {
+            *file = (long long)(fat + o);
+            end = head ? VC : size;
+        }
+        return end - o < n ? end - o : n;
+    }
+    lp_fail("internal: canonical value %zu outside the model's %zu", canon, at);
+    return 0;
+}
+
 // Matrices get weight decay; biases and LayerNorm parameters do not (as in GPT-2 and llm.c).
 static inline int lp_param_decays(int i) {
     return i == LP_WTE || i == LP_WPE || i == LP_QKVW || i == LP_ATTPROJW || i == LP_FCW || i == LP_FCPROJW || i == LP_HEADW || i == LP_ROUTERW ||
@@ -1043,9 +1120,6 @@ void lp_config_validate(const LPConfig* c, const char* source) {
         lp_fail("%s: RoPE needs an even head size (C/NH = %d) and a theta above 1 (%g)", source, c->channels / c->num_heads, c->rope_theta);
     if (!(c->norm_eps >= 0.0f && c->norm_eps < 1.0f)) lp_fail("%s: norm epsilon %g outside [0, 1)", source, c->norm_eps);
 #ifndef LLMPAR_CPU
-    if (!lp_config_is_gpt2(c))
-        lp_fail("%s: the Llama family (RoPE, RMSNorm, SwiGLU, KV heads, no biases, untied head) runs on ./train_gpt_cpu; the CUDA "
-                "build's kernels for it are not yet written", source);
     if (c->channels / c->num_heads > LP_FLASH_MAX_HS)
         lp_fail("%s: head size C/NH = %d/%d = %d is above %d, the most the CUDA build's flash attention takes (more heads, or "
                 "./train_gpt_cpu)", source, c->channels, c->num_heads, c->channels / c->num_heads, LP_FLASH_MAX_HS);
@@ -1386,16 +1460,20 @@ LP_STATE cudaDeviceProp lp_device_prop;
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
-// Whether model c splits over t tensor-parallel ranks (its heads, MLP width and padded vocabulary): NULL,
-// or why not (written into why). Layers over pipeline stages: lp_pp_partition.
+// Whether model c splits over t tensor-parallel ranks (its query heads, K/V heads, MLP width and padded vocabulary):
+// NULL, or why not (written into why). Layers over pipeline stages: lp_pp_partition. Grouped-query attention's KV
+// K/V heads split as the query heads do, each rank keeping whole groups (query heads with their K/V head), so t must
+// divide KV, as Megatron-LM asks too: with t > KV a K/V head would be replicated over t/KV ranks, a tensor replicated
+// within part of the group whose gradients those ranks sum, which nothing else here is.
 const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
-    if (t > 1 && !lp_config_is_gpt2(c))
-        snprintf(why, size, "%s %d: not yet for the Llama family (one rank, t = 1)", LP_SETTING(tp), t);
-    else if (c->num_heads % t)
+    int KV = lp_kv_heads(c), H = lp_ffn_hidden(c);
+    if (c->num_heads % t)
         snprintf(why, size, "%s %d: the model's %d heads do not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t, c->num_heads, t);
-    else if (4 * c->channels % t)
-        snprintf(why, size, "%s %d: the MLP width 4C = %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t,
-                 4 * c->channels, t);
+    else if (KV % t)
+        snprintf(why, size, "%s %d: the model's %d K/V heads do not split evenly over %d tensor-parallel ranks (grouped-query "
+                 "attention: each rank keeps whole K/V heads, none is replicated)", LP_SETTING(tp), t, KV, t);
+    else if (H % t)
+        snprintf(why, size, "%s %d: the MLP width %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp), t, H, t);
     else if (c->padded_vocab_size % t)
         snprintf(why, size, "%s %d: the padded vocabulary %d does not split evenly over %d tensor-parallel ranks", LP_SETTING(tp),
                  t, c->padded_vocab_size, t);
@@ -1403,20 +1481,29 @@ const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
         return NULL;
     return why;
 }
-// Every rank checks alike, so rank 0 alone prints. The Llama family runs on one rank so far (its parallel axes
-// come in later steps): every other setting is refused, never run on as if it were GPT-2.
+// Every rank checks alike, so rank 0 alone prints. The CUDA engine runs the Llama family on one rank so far: there
+// every other setting is refused, never run on untested (the CPU engine runs its grids).
 void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
+    if (proc->par->cp > 1 && c->rope)  // (the rank's rows are at its chunks' positions: LPModel.positions, which RoPE does not yet take)
+        lp_fail_all("%s %d: not yet for the Llama family (RoPE turns q and k by a first row's position, not yet by the chunks' "
+                    "table of positions)", LP_SETTING(cp), proc->par->cp);
+#ifndef LLMPAR_CPU
     const LPParallel* p = proc->par;
     if (lp_config_is_gpt2(c)) return;
     struct { int set; const char* name; int value; } axes[] = {
-        {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp}, {p->zero > 0, LP_SETTING(zero), p->zero},
-        {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep}, {p->offload != 0, LP_SETTING(offload), p->offload},  // (0: LP_OFFLOAD_NONE)
-        {p->cp > 1, LP_SETTING(cp), p->cp}};  // (RoPE's angles at the chunks' positions: not yet)
+        {p->tp > 1, LP_SETTING(tp), p->tp}, {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp},
+        {p->zero > 0, LP_SETTING(zero), p->zero}, {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep},
+        {p->offload != 0, LP_SETTING(offload), p->offload}};  // (0: LP_OFFLOAD_NONE)
     for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++)
-        if (axes[k].set) lp_fail_all("%s %d: not yet for the Llama family (one rank so far)", axes[k].name, axes[k].value);
-    if (proc->world > 1) lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family (one rank so far)", proc->world, p->dp);
+        if (axes[k].set)
+            lp_fail_all("%s %d: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
+                        axes[k].name, axes[k].value);
+    if (proc->world > 1)
+        lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family on the CUDA engine (one rank so far; "
+                    "./train_gpt_cpu runs its grids)", proc->world, p->dp);
+#endif
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -1590,7 +1677,7 @@ const char* lp_engine_name(void) {
 #endif
     snprintf(name, sizeof(name), "CPU, fp32, %s, %d OpenMP threads", matmuls, threads);
 #else
-    snprintf(name, sizeof(name), "CUDA, bf16 with fp32 master weights, %s", lp_device_prop.name);
+    snprintf(name, sizeof(name), "CUDA, " LP_FLOATX_NAME " with fp32 master weights, %s", lp_device_prop.name);
 #endif
     return name;
 }
@@ -2213,7 +2300,7 @@ static inline void lp_all_reduce(const LPGroup* g, floatX* x, size_t n, int aver
     lp_traffic(g, LP_ALL_REDUCE, n * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
-        lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, average ? ncclAvg : ncclSum, g->nccl, 0), "all-reduce", g);
+        lp_nccl_check(ncclAllReduce(x, x, n, LP_NCCL_FLOATX, average ? ncclAvg : ncclSum, g->nccl, 0), "all-reduce", g);
         lp_watch_done();
         return;
     }
@@ -2238,7 +2325,7 @@ static inline void lp_reduce_scatter(const LPGroup* g, floatX* x, size_t shard, 
     lp_traffic(g, LP_REDUCE_SCATTER, shard * g->size * sizeof(floatX));
 #ifdef LLMPAR_NCCL
     if (g->nccl) {  // in place: this rank's block is its output
-        lp_nccl_check(ncclReduceScatter(x, x + shard * g->rank, shard, ncclBfloat16, average ? ncclAvg : ncclSum,
+        lp_nccl_check(ncclReduceScatter(x, x + shard * g->rank, shard, LP_NCCL_FLOATX, average ? ncclAvg : ncclSum,
                                         g->nccl, 0), "reduce-scatter", g);
         lp_watch_done();
         return;
@@ -2558,7 +2645,7 @@ static inline void lp_all_reduce_start(const LPGroup* g, floatX* x, size_t n, LP
 #ifdef LLMPAR_NCCL
     if (g->nccl) {
         lp_comm_stream_follows_compute();
-        lp_nccl_check(ncclAllReduce(x, x, n, ncclBfloat16, ncclAvg, g->nccl, lp_comm_stream), "all-reduce", g);
+        lp_nccl_check(ncclAllReduce(x, x, n, LP_NCCL_FLOATX, ncclAvg, g->nccl, lp_comm_stream), "all-reduce", g);
         lp_pending_enqueued(pend);
         return;
     }
@@ -2590,7 +2677,7 @@ static inline void lp_all_gatherv_start(const LPGroup* g, const floatX* mine, fl
         lp_comm_stream_follows_compute();
         lp_nccl_check(ncclGroupStart(), "group start", g);
         for (int r = 0, off = 0; r < g->size; r++) {
-            if (counts[r]) lp_nccl_check(ncclBroadcast(mine, out + off, counts[r], ncclBfloat16, r, g->nccl, lp_comm_stream), "broadcast", g);
+            if (counts[r]) lp_nccl_check(ncclBroadcast(mine, out + off, counts[r], LP_NCCL_FLOATX, r, g->nccl, lp_comm_stream), "broadcast", g);
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
@@ -2650,7 +2737,7 @@ static inline void lp_reduce_scatterv_start(const LPGroup* g, floatX* x, const i
         lp_nccl_check(ncclGroupStart(), "group start", g);
         for (int r = 0, off = 0; r < g->size; r++) {
             if (counts[r])
-                lp_nccl_check(ncclReduce(x + off, x + off, counts[r], ncclBfloat16, ncclSum, r, g->nccl, lp_comm_stream), "reduce", g);
+                lp_nccl_check(ncclReduce(x + off, x + off, counts[r], LP_NCCL_FLOATX, ncclSum, r, g->nccl, lp_comm_stream), "reduce", g);
             off += counts[r];
         }
         lp_nccl_check(ncclGroupEnd(), "group end", g);
@@ -3385,8 +3472,6 @@ static inline unsigned lp_grid(size_t n, int threads) { return (unsigned)((n + t
 #define LP_SHARED(type, name) type* name = (type*)cudaemu_dynamic_shared()
 #endif
 
-static __device__ inline float lp_bf(floatX x) { return __bfloat162float(x); }
-static __device__ inline floatX lp_xf(float x) { return __float2bfloat16_rn(x); }
 #endif  // LLMPAR_IMPLEMENTATION
 
 // 128-bit access for the memory-bound elementwise kernels: a thread takes 8 bf16 values [i, i + 8) with
@@ -3515,9 +3600,9 @@ static inline int lp_gemm_epilogue(int transA, int transB, int m, int n, int k, 
     cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)));
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)));
-    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, transA ? k : m, transA ? m : k, lda));
-    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, transB ? n : k, transB ? k : n, ldb));
-    cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, ldd));
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, LP_CUDA_FLOATX, transA ? k : m, transA ? m : k, lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, LP_CUDA_FLOATX, transB ? n : k, transB ? k : n, ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, LP_CUDA_FLOATX, m, n, ldd));
     if (batch > 1) {
         cublasLtMatrixLayout_t layouts[3] = {la, lb, ld};
         long long strides[3] = {strideA, strideB, strideD};
@@ -3529,7 +3614,7 @@ static inline int lp_gemm_epilogue(int transA, int transB, int m, int n, int k, 
     }
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
     if (bias) {
-        cudaDataType_t bias_type = CUDA_R_16BF;
+        cudaDataType_t bias_type = LP_CUDA_FLOATX;
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
         cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
@@ -3817,7 +3902,8 @@ static inline int lp_ln_blocks(int N, int C) {
 
 // Forward. With inp2 non-NULL the row is first residual = inp1 + (inp2 + bias) (stored, rounded to bf16)
 // and the LayerNorm reads the rounded values, exactly what the backward pass will see; with out NULL it
-// stops there. The mean, then the variance about it (two sums, as the CPU loop).
+// stops there. The mean, then the variance about it (two sums, as the CPU loop); RMSNorm as the CPU loop
+// switches it: mean NULL (the mean taken as 0, its sum not reduced), b NULL.
 static __device__ inline LPPack lp_ln_row_pack(const floatX* inp1, const floatX* inp2, LPPack bias, size_t base, int c, int C) {
     LPPack p = lp_load_pack(inp1 + base, c, C);
     if (inp2) {
@@ -3831,7 +3917,7 @@ lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* r
                             const floatX* bias, const floatX* w, const floatX* b, int N, int C, float eps) {
     int mine = (blockIdx.y * blockDim.x + threadIdx.x) * LP_PACK;  // this thread's first channel
     int Cb = inp2 && bias ? C : 0;                                 // (no bias: zeros)
-    LPPack wc = lp_load_pack(w, mine, C), bc = lp_load_pack(b, mine, C), biasc = lp_load_pack(bias, mine, Cb), x = wc;
+    LPPack wc = lp_load_pack(w, mine, C), bc = lp_load_pack(b, mine, b ? C : 0), biasc = lp_load_pack(bias, mine, Cb), x = wc;
     for (int row = blockIdx.x; row < N; row += gridDim.x) {
         size_t base = (size_t)row * C;
         float s = 0.0f;
@@ -3842,7 +3928,7 @@ lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* r
         }
         if (inp2 && mine < C) lp_store_pack(residual + base, mine, C, x);
         if (!out) continue;
-        float m = lp_block_reduce(s, 0) / C, v = 0.0f;
+        float m = mean ? lp_block_reduce(s, 0) / C : 0.0f, v = 0.0f;
         for (int c = threadIdx.x * LP_PACK; c < C; c += blockDim.x * LP_PACK) {
             LPPack p = c == mine ? x : lp_ln_row_pack(inp1, inp2, lp_load_pack(bias, c, Cb), base, c, C);
             for (int k = 0; k < LP_PACK; k++) {
@@ -3857,7 +3943,7 @@ lp_layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* r
             lp_store_pack(out + base, mine, C, x);
         }
         if (threadIdx.x == 0 && blockIdx.y == 0) {
-            mean[row] = m;
+            if (mean) mean[row] = m;
             rstd[row] = r;
         }
     }
@@ -3876,7 +3962,7 @@ static inline void lp_layernorm_forward_gpu(floatX* out, float* mean, float* rst
 
 // Backward in two passes, deterministic: each thread keeps its channels' shares of dw and db in registers
 // over all its block's rows and writes them once as the block's partials; a second kernel sums the blocks'
-// partials in block order. No atomics: a run repeats bit for bit.
+// partials in block order. No atomics: a run repeats bit for bit. RMSNorm's: mean NULL, db NULL.
 static __global__ void __launch_bounds__(LP_LN_SM_THREADS)
 lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp, const floatX* w,
                              const float* mean, const float* rstd, int N, int C) {
@@ -3885,7 +3971,7 @@ lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, 
     float dw[LP_PACK] = {0}, db[LP_PACK] = {0};
     for (int row = blockIdx.x; row < N; row += gridDim.x) {
         size_t base = (size_t)row * C;
-        float m = mean[row], r = rstd[row], dnorm = 0.0f, dnorm_norm = 0.0f;
+        float m = mean ? mean[row] : 0.0f, r = rstd[row], dnorm = 0.0f, dnorm_norm = 0.0f;
         for (int c = threadIdx.x * LP_PACK; c < C; c += blockDim.x * LP_PACK) {  // (once, unless the row is chunked)
             LPPack xc = lp_load_pack(inp + base, c, C), gc = lp_load_pack(dout + base, c, C);
             LPPack wk = c == mine ? wc : lp_load_pack(w, c, C);
@@ -3901,7 +3987,7 @@ lp_layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, 
         }
         float2 sums = lp_block_sum2(dnorm, dnorm_norm);
         if (mine >= C) continue;
-        float dnorm_mean = sums.x / C, dnorm_norm_mean = sums.y / C;
+        float dnorm_mean = mean ? sums.x / C : 0.0f, dnorm_norm_mean = sums.y / C;
         LPPack di = lp_load_pack(dinp + base, mine, C);
 #pragma unroll
         for (int k = 0; k < LP_PACK; k++) {
@@ -3944,7 +4030,7 @@ static inline void lp_layernorm_backward_gpu(floatX* dinp, floatX* dw, floatX* d
     float* partials = (float*)lp_scratch(&lp_partials, (size_t)blocks * 2 * C * sizeof(float), "reduction partials");
     LP_LAUNCH(lp_layernorm_backward_kernel, dim3(blocks, chunks), threads, 0, dinp, partials, dout, inp, w, mean, rstd, N, C);
     lp_sum_partials_gpu(dw, partials, blocks, 2 * C, C);
-    lp_sum_partials_gpu(db, partials + C, blocks, 2 * C, C);
+    if (db) lp_sum_partials_gpu(db, partials + C, blocks, 2 * C, C);
 }
 #endif
 
@@ -3980,6 +4066,42 @@ static inline void lp_swiglu_backward_cpu(float* dfch, const float* fch, const f
             dfch[(size_t)i * 2 * H + H + j] = d * g * sg;
         }
 }
+#ifndef LLMPAR_CPU
+// The same on the GPU, one fused elementwise pass each way: a thread takes a pack of 8 hidden units of a row,
+// its gate's and up's packs in; forward (dout NULL) out's pack out (N,H), backward the two packs of dout's
+// gradient out (N,2H), each value as the CPU loop computes it.
+static __global__ void lp_swiglu_kernel(floatX* out, const floatX* fch, const floatX* dout, int N, int H) {
+    int packs = (H + LP_PACK - 1) / LP_PACK;
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x, i = k / packs;
+    if (i >= (size_t)N) return;
+    int j = (int)(k % packs) * LP_PACK;
+    const floatX* row = fch + i * 2 * H;
+    LPPack g = lp_load_pack(row, j, H), u = lp_load_pack(row + H, j, H);
+    if (!dout) {
+#pragma unroll
+        for (int e = 0; e < LP_PACK; e++) g.x[e] = lp_xf(lp_bf(g.x[e]) * lp_sigmoid(lp_bf(g.x[e])) * lp_bf(u.x[e]));
+        lp_store_pack(out + i * H, j, H, g);
+        return;
+    }
+    LPPack d = lp_load_pack(dout + i * H, j, H);
+#pragma unroll
+    for (int e = 0; e < LP_PACK; e++) {
+        float gf = lp_bf(g.x[e]), uf = lp_bf(u.x[e]), df = lp_bf(d.x[e]), sg = lp_sigmoid(gf);
+        g.x[e] = lp_xf(df * uf * sg * (1.0f + gf * (1.0f - sg)));
+        u.x[e] = lp_xf(df * gf * sg);
+    }
+    lp_store_pack(out + i * 2 * H, j, H, g);
+    lp_store_pack(out + i * 2 * H + H, j, H, u);
+}
+static inline void lp_swiglu_forward_gpu(floatX* out, const floatX* fch, int N, int H) {
+    size_t n = (size_t)N * ((H + LP_PACK - 1) / LP_PACK);
+    LP_LAUNCH(lp_swiglu_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, fch, (const floatX*)NULL, N, H);
+}
+static inline void lp_swiglu_backward_gpu(floatX* dfch, const floatX* fch, const floatX* dout, int N, int H) {
+    size_t n = (size_t)N * ((H + LP_PACK - 1) / LP_PACK);
+    LP_LAUNCH(lp_swiglu_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dfch, fch, dout, N, H);
+}
+#endif
 
 // --- matmul: out = inp @ weight^T + bias, weight (OC, C). With pre_gelu non-NULL the GELU is fused:
 // pre_gelu keeps the pre-activation for backward and out = gelu(pre_gelu). bias may be NULL.
@@ -4496,9 +4618,10 @@ static inline void lp_attention_kv_copy_cpu(float* kv, float* qkv, int B, int T,
 // --- rotary positions (RoPE), Llama's layout: in each query and key head, the pair of channels (2i, 2i+1) at
 // position p is rotated by the angle p freq_i, freq_i = theta^(-2i/HS); Llama 3.1's scaled RoPE divides the
 // low frequencies by 8 and blends the middle ones (wavelengths between 8192/4 and 8192, its original context).
-// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, the V heads untouched; inverse rotates by
-// -angle: the backward pass (a rotation's transpose), on the gradient of the rotated q and k.
-static inline double lp_rope_freq(int i, int HS, float theta, int scaled) {
+// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, row t at position pos + t (pos: 0, or the first
+// row's place in a key-value cache), the V heads untouched; inverse rotates by -angle: the backward pass (a
+// rotation's transpose), on the gradient of the rotated q and k.
+static inline LP_HD double lp_rope_freq(int i, int HS, float theta, int scaled) {
     double f = pow((double)theta, -2.0 * i / HS);
     if (!scaled) return f;
     double wavelen = 2.0 * M_PI / f, factor = 8.0, low = 1.0, high = 4.0, context = 8192.0;
@@ -4507,14 +4630,14 @@ static inline double lp_rope_freq(int i, int HS, float theta, int scaled) {
     double smooth = (context / wavelen - low) / (high - low);
     return (1.0 - smooth) * f / factor + smooth * f;
 }
-static inline void lp_rope_cpu(float* qkv, int B, int T, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+static inline void lp_rope_cpu(float* qkv, int B, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
     int heads = NH + 2 * KV;
 #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
-        int pos = bt % T;
+        int at = pos + bt % T;
         float* row = qkv + (size_t)bt * heads * HS;
         for (int i = 0; i < HS / 2; i++) {
-            double angle = pos * lp_rope_freq(i, HS, theta, scaled);
+            double angle = at * lp_rope_freq(i, HS, theta, scaled);
             float c = (float)cos(angle), s = inverse ? -(float)sin(angle) : (float)sin(angle);
             for (int h = 0; h < NH + KV; h++) {
                 float* x = row + (size_t)h * HS + 2 * i;
@@ -4525,21 +4648,43 @@ static inline void lp_rope_cpu(float* qkv, int B, int T, int NH, int KV, int HS,
         }
     }
 }
+#ifndef LLMPAR_CPU
+// The same on the GPU: a thread per (row, pair i) takes the angle as the CPU loop does (in double: the same
+// cos and sin) and turns pair i of the row's NH + KV query and key heads (consecutive threads, consecutive
+// pairs of a head). A pass of its own over q and k, not fused into the flash kernels' loads or the qkv
+// projection's epilogue (cuBLASLt has none for it): it reads and writes 4 (NH + KV) HS bytes a row, for Llama
+// 3 8B under 1% of a layer's time (its bytes at an H100's bandwidth against the layer's FLOPs), while fused
+// it would sit in both flash kernels' tile loads (which land in shared memory by cp.async, so a pass over the
+// tile of its own) and the backward's dq and dk stores, and again in the cublas path's permutes.
+static __global__ void lp_rope_kernel(floatX* qkv, int N, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)N * (HS / 2)) return;
+    int bt = (int)(k / (HS / 2)), i = (int)(k % (HS / 2));
+    double angle = (pos + bt % T) * lp_rope_freq(i, HS, theta, scaled);
+    float c = (float)cos(angle), s = inverse ? -(float)sin(angle) : (float)sin(angle);
+    floatX* x = qkv + (size_t)bt * (NH + 2 * KV) * HS + 2 * i;
+    for (int h = 0; h < NH + KV; h++, x += HS) {
+        float x0 = lp_bf(x[0]), x1 = lp_bf(x[1]);
+        x[0] = lp_xf(x0 * c - x1 * s);
+        x[1] = lp_xf(x0 * s + x1 * c);
+    }
+}
+static inline void lp_rope_gpu(floatX* qkv, int B, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+    size_t n = (size_t)B * T * (HS / 2);
+    LP_LAUNCH(lp_rope_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, qkv, B * T, T, pos, NH, KV, HS, theta, scaled, inverse);
+}
+#endif
 
 #ifndef LLMPAR_CPU
 // The same algorithm on the GPU (--attention cublas, llm.c's attention without cuDNN): the products as
-// cuBLASLt strided batches, one (b,h) per batch entry, and small kernels for the rest. It keeps q, k, v
-// permuted (3 B NH T HS) and the bf16 probabilities (B NH T T) for backward, as the CPU loop does.
+// cuBLASLt strided batches and small kernels for the rest. It keeps q, k, v permuted (qkvr's heads layout)
+// and the bf16 probabilities (B NH T T) for backward, as the CPU loop does. A batch entry is a K/V head
+// (b, g) with its group of G = NH / KV query heads, whose q rows (G T, HS) lie together in qkvr and whose
+// scores are (G T, T) of att: so q k^T and p v are one product each per K/V head, and dk = ds^T q and
+// dv = p^T dy sum over the group inside their products (multi-head: G = 1, a head per entry).
 
-// The CUDA build's kernels of the Llama family (grouped-query attention, RoPE, SwiGLU) come in a later step:
-// lp_config_validate refuses the family in this build, so these are never reached.
-static inline void lp_attention_gqa_refused(int NH, int KV) {
-    if (KV != NH) lp_fail("internal: the CUDA build's attention takes no grouped-query attention yet (%d KV heads of %d)", KV, NH);
-}
-static inline void lp_rope_gpu(floatX*, int, int, int, int, int, float, int, int) { lp_fail("internal: the CUDA build has no RoPE yet"); }
-static inline void lp_swiglu_forward_gpu(floatX*, const floatX*, int, int) { lp_fail("internal: the CUDA build has no SwiGLU yet"); }
-static inline void lp_swiglu_backward_gpu(floatX*, const floatX*, const floatX*, int, int) { lp_fail("internal: the CUDA build has no SwiGLU yet"); }
-// Nor yet those of context parallelism's ring (lp_grid_init refuses cp > 1 in this build).
+// The CUDA build's kernels of context parallelism's ring come in a later step (lp_grid_init refuses cp > 1 in
+// this build), so these are never reached.
 static inline void lp_attention_block_forward_gpu(floatX*, float*, float*, const floatX*, const floatX*, const int*, const int*, int, int,
                                                   int, int, int, int, int) { lp_fail("internal: the CUDA build has no ring attention yet"); }
 static inline void lp_attention_block_end_gpu(floatX*, float*, const float*, int, int, int, int) { lp_fail("internal: the CUDA build has no ring attention yet"); }
@@ -4557,23 +4702,24 @@ static inline void lp_heads_gemm_gpu(int ta, int tb, int M, int N, int K, const 
             1.0f, 0.0f, NULL, NULL);
 }
 
-// Between a projection's rows layout (B,T,P,NH,HS) and the heads layout (P,B,NH,T,HS) the batched products
-// take: P = 3 for q, k, v, 1 for y. A thread moves one 16-byte pack of a head's row, consecutive threads
-// consecutive packs of the rows layout; a head's row is HS contiguous values on both sides.
-static __global__ void lp_attention_permute_kernel(floatX* dst, const floatX* src, int B, int T, int P, int NH, int HS,
-                                                   int to_heads) {
-    int packs = (HS + LP_PACK - 1) / LP_PACK;
+// Between a projection's rows layout (B,T,NH+2KV,HS) and the heads layout the batched products take, q
+// (B,NH,T,HS) then k and v (B,KV,T,HS) each (lp_attention_permute_cpu's); KV = 0 for y (B,T,NH,HS). A
+// thread moves one 16-byte pack of a head's row, consecutive threads consecutive packs of the rows layout;
+// a head's row is HS contiguous values on both sides.
+static __global__ void lp_attention_permute_kernel(floatX* dst, const floatX* src, int B, int T, int NH, int KV, int HS, int to_heads) {
+    int packs = (HS + LP_PACK - 1) / LP_PACK, H = NH + 2 * KV;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)B * T * P * NH * packs) return;
-    size_t r = i / packs;  // the head's row in the rows layout: ((b T + t) P + p) NH + h
-    int j = (int)(i % packs) * LP_PACK, h = (int)(r % NH), p = (int)(r / NH % P);
-    size_t bt = r / NH / P, b = bt / T, t = bt % T;
-    size_t rows = r * HS, heads = ((((size_t)p * B + b) * NH + h) * T + t) * HS;
+    if (i >= (size_t)B * T * H * packs) return;
+    size_t r = i / packs;  // the head's row in the rows layout: (b T + t) H + hh
+    int j = (int)(i % packs) * LP_PACK, hh = (int)(r % H), which = hh < NH ? 0 : hh < NH + KV ? 1 : 2, n = which ? KV : NH;
+    int h = hh - (which ? NH + (which - 1) * KV : 0);  // the head among q's, k's or v's
+    size_t bt = r / H, b = bt / T, t = bt % T;
+    size_t rows = r * HS, heads = (which ? (size_t)B * (NH + (which - 1) * KV) * T * HS : 0) + (((size_t)b * n + h) * T + t) * HS;
     lp_store_pack(dst + (to_heads ? heads : rows), j, HS, lp_load_pack(src + (to_heads ? rows : heads), j, HS));
 }
-static inline void lp_attention_permute_gpu(floatX* dst, const floatX* src, int B, int T, int P, int NH, int HS, int to_heads) {
-    size_t n = (size_t)B * T * P * NH * ((HS + LP_PACK - 1) / LP_PACK);
-    LP_LAUNCH(lp_attention_permute_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dst, src, B, T, P, NH, HS, to_heads);
+static inline void lp_attention_permute_gpu(floatX* dst, const floatX* src, int B, int T, int NH, int KV, int HS, int to_heads) {
+    size_t n = (size_t)B * T * (NH + 2 * KV) * ((HS + LP_PACK - 1) / LP_PACK);
+    LP_LAUNCH(lp_attention_permute_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dst, src, B, T, NH, KV, HS, to_heads);
 }
 
 // The causal softmax in place: row t of each head's (T,T) scores q k^T becomes softmax(scale * its first
@@ -4609,20 +4755,19 @@ static __global__ void lp_attention_softmax_kernel(floatX* att, int rows, int T,
     }
 }
 static inline void lp_attention_probs_gpu(floatX* att, const floatX* qkvr, int B, int T, int C, int NH, int KV) {
-    lp_attention_gqa_refused(NH, KV);
-    int HS = C / NH, rows = B * NH * T;
-    lp_heads_gemm_gpu(0, 1, T, T, HS, qkvr, qkvr + (size_t)B * NH * T * HS, att, B * NH);  // q k^T
+    int HS = C / NH, G = NH / KV, rows = B * NH * T;
+    lp_heads_gemm_gpu(0, 1, G * T, T, HS, qkvr, qkvr + (size_t)B * NH * T * HS, att, B * KV);  // q k^T
     LP_LAUNCH(lp_attention_softmax_kernel, lp_grid((size_t)rows * 32, LP_THREADS), LP_THREADS, 0, att, rows, T,
               lp_attention_scale(C, NH));
 }
 
-// qkv (B,T,3C) is scratch: it holds y afterwards, as the CPU loop leaves it.
+// qkv (B,T,(NH+2KV)HS) is scratch: it holds y afterwards, as the CPU loop leaves it.
 static inline void lp_attention_forward_gpu(floatX* out, floatX* qkvr, floatX* att, floatX* qkv, int B, int T, int C, int NH, int KV) {
-    int HS = C / NH;
-    lp_attention_permute_gpu(qkvr, qkv, B, T, 3, NH, HS, 1);
+    int HS = C / NH, G = NH / KV;
+    lp_attention_permute_gpu(qkvr, qkv, B, T, NH, KV, HS, 1);
     lp_attention_probs_gpu(att, qkvr, B, T, C, NH, KV);
-    lp_heads_gemm_gpu(0, 0, T, HS, T, att, qkvr + 2 * (size_t)B * NH * T * HS, qkv, B * NH);  // y = att v, into qkv
-    lp_attention_permute_gpu(out, qkv, B, T, 1, NH, HS, 0);
+    lp_heads_gemm_gpu(0, 0, G * T, HS, T, att, qkvr + (size_t)B * (NH + KV) * T * HS, qkv, B * KV);  // y = att v, into qkv
+    lp_attention_permute_gpu(out, qkv, B, T, NH, 0, HS, 0);
 }
 
 // The softmax backward in place, a warp per row as the forward: datt's row t becomes
@@ -4653,47 +4798,47 @@ static __global__ void lp_attention_softmax_backward_kernel(floatX* datt, const 
 // (or lp_attention_probs_gpu) left them.
 static inline void lp_attention_backward_gpu(floatX* dqkv, floatX* dqkvr, floatX* datt, floatX* scratch, const floatX* dout,
                                              const floatX* qkvr, const floatX* att, int B, int T, int C, int NH, int KV) {
-    lp_attention_gqa_refused(NH, KV);
-    int HS = C / NH, heads = B * NH, rows = heads * T;
-    size_t plane = (size_t)heads * T * HS;
-    const floatX *q = qkvr, *k = q + plane, *v = k + plane;
-    floatX *dq = dqkvr, *dk = dq + plane, *dv = dk + plane, *dy = scratch;
-    lp_attention_permute_gpu(dy, dout, B, T, 1, NH, HS, 1);
-    lp_heads_gemm_gpu(0, 1, T, T, HS, dy, v, datt, heads);  // datt = dy v^T
-    lp_heads_gemm_gpu(1, 0, T, HS, T, att, dy, dv, heads);  // dv = att^T dy
+    int HS = C / NH, G = NH / KV, groups = B * KV, rows = B * NH * T;
+    size_t plane = (size_t)B * NH * T * HS, kvplane = (size_t)B * KV * T * HS;
+    const floatX *q = qkvr, *k = q + plane, *v = k + kvplane;
+    floatX *dq = dqkvr, *dk = dq + plane, *dv = dk + kvplane, *dy = scratch;
+    lp_attention_permute_gpu(dy, dout, B, T, NH, 0, HS, 1);
+    lp_heads_gemm_gpu(0, 1, G * T, T, HS, dy, v, datt, groups);  // datt = dy v^T
+    lp_heads_gemm_gpu(1, 0, T, HS, G * T, att, dy, dv, groups);  // dv = att^T dy, over the group
     LP_LAUNCH(lp_attention_softmax_backward_kernel, lp_grid((size_t)rows * 32, LP_THREADS), LP_THREADS, 0, datt, att, rows, T,
               lp_attention_scale(C, NH));
-    lp_heads_gemm_gpu(0, 0, T, HS, T, datt, k, dq, heads);  // dq = dpre k
-    lp_heads_gemm_gpu(1, 0, T, HS, T, datt, q, dk, heads);  // dk = dpre^T q
-    lp_attention_permute_gpu(dqkv, dqkvr, B, T, 3, NH, HS, 0);
+    lp_heads_gemm_gpu(0, 0, G * T, HS, T, datt, k, dq, groups);  // dq = dpre k
+    lp_heads_gemm_gpu(1, 0, T, HS, G * T, datt, q, dk, groups);  // dk = dpre^T q, over the group
+    lp_attention_permute_gpu(dqkv, dqkvr, B, T, NH, KV, HS, 0);
 }
 #endif
 #endif  // LLMPAR_IMPLEMENTATION
 
 // --- attention with a key-value cache (sampling: lp_model_forward with LPModel.cache): N new rows of each of
 // B sequences, at positions [pos, pos + N), first add their keys and values to the cache at those positions,
-// then each row's query attends to the cache's positions [0, its own]. cache (2,B,NH,Tc,HS): keys, then
-// values, each head's positions contiguous (qkvr's layout without q); qkv (B,N,3C) as the qkv projection
-// writes it; out (B,N,C). The causal softmax of lp_attention_forward_cpu, each query alone and in one pass
-// over its keys (a running max rescales the sum and the output when it grows), so one sampled token costs
-// its own row's work, not a (T,T) product.
+// then each row's query attends to the cache's positions [0, its own]. cache (2,B,KV,Tc,HS): keys, then
+// values, each K/V head's positions contiguous (qkvr's layout without q); qkv (B,N,(NH+2KV)HS) as the qkv
+// projection writes it (RoPE turned at the rows' positions); out (B,N,C). Grouped-query attention caches the KV
+// heads alone, query head h reading K/V head h / (NH/KV). The causal softmax of lp_attention_forward_cpu, each
+// query alone and in one pass over its keys (a running max rescales the sum and the output when it grows), so
+// one sampled token costs its own row's work, not a (T,T) product.
 #ifdef LLMPAR_IMPLEMENTATION
 static inline void lp_attention_cached_forward_cpu(float* out, float* cache, const float* qkv, int B, int N, int pos, int Tc, int C,
-                                                   int NH) {
-    int HS = C / NH;
-    size_t plane = (size_t)B * NH * Tc * HS;
+                                                   int NH, int KV) {
+    int HS = C / NH, G = NH / KV, KVC = KV * HS, row = C + 2 * KVC;
+    size_t plane = (size_t)B * KV * Tc * HS;
     float scale = lp_attention_scale(C, NH);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < N; i++)
             for (int which = 0; which < 2; which++)
-                for (int c = 0; c < C; c++)
-                    cache[which * plane + (((size_t)b * NH + c / HS) * Tc + pos + i) * HS + c % HS] =
-                        qkv[((size_t)b * N + i) * 3 * C + (1 + which) * C + c];
+                for (int c = 0; c < KVC; c++)
+                    cache[which * plane + (((size_t)b * KV + c / HS) * Tc + pos + i) * HS + c % HS] =
+                        qkv[((size_t)b * N + i) * row + C + which * KVC + c];
 #pragma omp parallel for
     for (int r = 0; r < B * N * NH; r++) {
         int h = r % NH, i = r / NH % N, b = r / NH / N;
-        const float* q = qkv + ((size_t)b * N + i) * 3 * C + h * HS;
-        const float* k = cache + ((size_t)b * NH + h) * Tc * HS;
+        const float* q = qkv + ((size_t)b * N + i) * row + h * HS;
+        const float* k = cache + ((size_t)b * KV + h / G) * Tc * HS;
         const float* v = k + plane;
         float* y = out + ((size_t)b * N + i) * C + h * HS;
         float m = -INFINITY, l = 0.0f;
@@ -4766,7 +4911,9 @@ static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cac
         if (lane + 32 * u < HS) out[((size_t)b * N + i) * C + h * HS + lane + 32 * u] = lp_xf(y[u] / l);
 }
 static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C,
-                                                   int NH) {
+                                                   int NH, int KV) {
+    if (KV != NH)  // (the driver refuses -s for the Llama family on the CUDA engine)
+        lp_fail("internal: the CUDA build's cached attention takes no grouped-query attention yet (%d K/V heads of %d)", KV, NH);
     size_t n = (size_t)B * N * 2 * C, warps = (size_t)B * N * NH;
     LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH);
     LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH,
@@ -4784,7 +4931,8 @@ static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, c
 // tiles the diagonal crosses are masked. The products run on tensor cores (mma m16n8k16, bf16 in, fp32
 // accumulate) with a warp's own operands, scores and accumulators in registers: the forward's scores never
 // touch shared memory, and the probabilities become the next product's A operand in place. q, k, v are read from qkv (B,T,3C) in place,
-// y written to out (B,T,C), gradients straight into dqkv (B,T,3C). The head size HS is padded to HP in
+// y written to out (B,T,C), gradients straight into dqkv (B,T,3C); with KV heads (grouped-query attention),
+// rows of (NH + 2 KV) HS, query head h reading K/V head h / (NH / KV) where it lies. The head size HS is padded to HP in
 // {16, 32, 64, 128}, a template parameter (register arrays need compile-time sizes); the padding and rows
 // past T read as zeros. lp_config_validate refuses larger heads.
 #define LP_FLASH_ROWS 64      // rows of a staged tile (keys, or the backward's queries)
@@ -4826,8 +4974,14 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 // one macro: lp_mma, lp_ldmatrix and lp_exp2 call it on one line, which both builds then name as its
 // source line (the GPU model matches the emulator's counts per line to nvcc's machine code,
 // dev/cudaemu/sass.py).
+// The mma's operand type: floatX's (.bf16, or .f16 in the fp16 build).
+#ifdef LLMPAR_FP16
+#define LP_MMA_TYPE "f16"
+#else
+#define LP_MMA_TYPE "bf16"
+#endif
 #ifdef LLMPAR_CUDAEMU
-#define LP_PTX_MMA(d, a, b, c) cudaemu_mma_m16n8k16(d, a, b, c)
+#define LP_PTX_MMA(d, a, b, c) cudaemu_mma_m16n8k16(d, a, b, c, LP_CUDA_FLOATX)
 #define LP_PTX_LDMATRIX(d, row, trans) cudaemu_ldmatrix_x4(d, row, trans)
 #define LP_PTX_EX2(y, x) ((y) = exp2f(x))
 #define LP_PTX_CP_ASYNC16(dst, src, bytes) cudaemu_cp_async16(dst, src, bytes)
@@ -4835,8 +4989,8 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 #define LP_PTX_CP_WAIT(n) cudaemu_cp_async_wait(n)
 #else
 #define LP_PTX_MMA(d, a, b, c)                                                                                          \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "  \
-                 "{%10, %11, %12, %13};"                                                                                \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." LP_MMA_TYPE "." LP_MMA_TYPE ".f32 "                              \
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"                                  \
                  : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                       \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]))
 #define LP_PTX_LDMATRIX(d, row, trans)                                                                                  \
@@ -4860,8 +5014,8 @@ static __device__ inline lp_smem lp_smem_at(lp_smem a, int elements) { return a 
 #endif
 
 #ifdef LLMPAR_IMPLEMENTATION
-// D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) bf16, C and D (16,8) fp32, the PTX
-// instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (all 32 lanes take part). Registers as
+// D = A B + C for a warp on tensor cores: A (16,16) and B (16,8) of the compute type, C and D (16,8) fp32, the PTX
+// instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (.f16 for fp16; all 32 lanes take part). Registers as
 // the PTX ISA places them ("Matrix Fragments for mma.m16n8k16 with floating point type",
 // docs.nvidia.com/cuda/parallel-thread-execution/#warp-level-matrix-fragment-mma-16816-float), with
 // g = lane / 4, t = lane % 4 and a register's lower 16 bits holding the lower column (row, for B): a[0] =
@@ -4898,9 +5052,13 @@ template <int N>
 static __device__ inline void lp_cp_async_wait(void) {
     LP_PTX_CP_WAIT(N);
 }
-// Two fp32 values as bf16 in a register, the first in the low half.
+// Two fp32 values as the compute type in a register, the first in the low half.
 static __device__ inline uint32_t lp_pack2f(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one conversion instruction for both
+#ifdef LLMPAR_FP16
+    __half2 v = __floats2half2_rn(lo, hi);  // one conversion instruction for both
+#else
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+#endif
     uint32_t u;
     memcpy(&u, &v, sizeof(u));
     return u;
@@ -5108,18 +5266,18 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
 // within a head, the tiles with the most keys start first.
 template <int HP>
 static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
-    lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
+    lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int KV, float scale) {
     const int LD = HP + 8, MT = LP_FLASH_MT(HP), WR = 16 * MT, KR = LP_FLASH_ROWS;  // rows: a warp's queries, a tile's keys
-    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int HS = C / NH, W = C + 2 * KV * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int q0 = (gridDim.x - 1 - blockIdx.x) * 4 * WR, r0 = q0 + WR * warp;  // the block's and the warp's first row
     int tiles = (min(q0 + 4 * WR, T) - 1) / KR + 1;                        // key tiles up to the block's last row
     LP_SHARED(floatX, smem);
     floatX* buf1 = smem + 2 * KR * LD;  // two buffers (smem, buf1) of a k tile and a v tile (KR,HP) each, pitch LD
-    const floatX* src = qkv + (size_t)b * T * 3 * C + h * HS;
-    lp_flash_load<HP, 4 * WR, LP_FLASH_THREADS>(buf1, src, 3 * C, q0, T, HS, threadIdx.x);  // q (4 WR <= 2 KR rows)
+    const floatX *src = qkv + (size_t)b * T * W + h * HS, *ksrc = qkv + (size_t)b * T * W + C + h / (NH / KV) * HS, *vsrc = ksrc + KV * HS;
+    lp_flash_load<HP, 4 * WR, LP_FLASH_THREADS>(buf1, src, W, q0, T, HS, threadIdx.x);  // q (4 WR <= 2 KR rows)
     lp_cp_async_commit();
-    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem, src + C, 3 * C, 0, T, HS, threadIdx.x);
-    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem + KR * LD, src + 2 * C, 3 * C, 0, T, HS, threadIdx.x);
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem, ksrc, W, 0, T, HS, threadIdx.x);
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem + KR * LD, vsrc, W, 0, T, HS, threadIdx.x);
     lp_cp_async_commit();
     lp_cp_async_wait<1>();  // q has landed (tile 0 may still be in flight)
     __syncthreads();
@@ -5136,8 +5294,8 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
         __syncthreads();  // every warp is done with the buffer the next tile goes into (tile j - 1, or q)
         if (j + 1 < tiles) {
             floatX* next = (j + 1) % 2 ? buf1 : smem;
-            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next, src + C, 3 * C, j0 + KR, T, HS, threadIdx.x);
-            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next + KR * LD, src + 2 * C, 3 * C, j0 + KR, T, HS, threadIdx.x);
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next, ksrc, W, j0 + KR, T, HS, threadIdx.x);
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next + KR * LD, vsrc, W, j0 + KR, T, HS, threadIdx.x);
         }
         lp_cp_async_commit();   // (an empty group after the last tile, so that one wait fits every tile)
         lp_cp_async_wait<1>();  // this thread's part of tile j has landed ...
@@ -5241,27 +5399,28 @@ static __device__ inline void lp_flash_grads(float s[NB][4], float dp[NB][4], co
             dp[j][e] = scale * p * (dp[j][e] - D[q]);
         }
 }
-// The backward's blocks per (b,h): at least LP_FLASH_BLOCKS_WANTED in all where the key tiles allow (about
-// two rounds of an H100's 132 SMs at 2 blocks each); and the floats of their dq partials for any number of
-// heads up to B NH (a TP rank's share too): splits x heads is at most both of these bounds.
+// The backward's blocks per (b, K/V head): at least LP_FLASH_BLOCKS_WANTED in all where the key tiles allow
+// (about two rounds of an H100's 132 SMs at 2 blocks each); and the floats of their dq partials, one per query
+// head, for any number of K/V heads up to B KV (a TP rank's share too): splits x K/V heads is at most both of
+// these bounds, each K/V head's block keeping NH / KV partials.
 #define LP_FLASH_BLOCKS_WANTED 512
 static inline int lp_flash_splits(int heads, int T) {
     int tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS, s = LP_FLASH_BLOCKS_WANTED / heads;
     return s < 1 ? 1 : s > tiles ? tiles : s;
 }
-static inline size_t lp_flash_dq_partial_floats(int B, int T, int C, int NH) {
-    size_t heads = (size_t)B * NH, tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS;
+static inline size_t lp_flash_dq_partial_floats(int B, int T, int C, int NH, int KV) {
+    size_t heads = (size_t)B * KV, tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS;
     size_t blocks = heads > LP_FLASH_BLOCKS_WANTED ? heads : LP_FLASH_BLOCKS_WANTED;
     if (tiles * heads < blocks) blocks = tiles * heads;
-    return blocks * T * (C / NH);
+    return blocks * (NH / KV) * T * (C / NH);
 }
 // Query tile i0.. into a buffer of the backward: q and dy (R,HP) by cp.async (the caller commits), and the
 // rows' lse2 = lse log2(e) (+inf past T, so that p = 0 there) and D by the first R threads.
 template <int HP>
 static __device__ inline void lp_flash_load_queries(floatX* qs, float* stats, const floatX* src, const floatX* dsrc, const float* lse,
-                                                    const float* D, int bh, int i0, int T, int C, int HS) {
+                                                    const float* D, int bh, int i0, int T, int C, int W, int HS) {
     const int R = LP_FLASH_ROWS;
-    lp_flash_load<HP, R, LP_FLASH_THREADS>(qs, src, 3 * C, i0, T, HS, threadIdx.x);
+    lp_flash_load<HP, R, LP_FLASH_THREADS>(qs, src, W, i0, T, HS, threadIdx.x);
     lp_flash_load<HP, R, LP_FLASH_THREADS>(qs + R * (HP + 8), dsrc, C, i0, T, HS, threadIdx.x);
     if (threadIdx.x < R) {
         int t = i0 + threadIdx.x;
@@ -5273,29 +5432,34 @@ static __device__ inline void lp_flash_load_queries(floatX* qs, float* stats, co
 // dk and dv in registers) and 16 queries each of every query tile for dq. The query tiles (q, dy, lse2, D)
 // stream through two buffers, the next in flight while this one computes; ds^T goes from the key-owning
 // warps to the query-owning ones through shared memory, where ldmatrix's transposing load reads it back as
-// dS's A fragments. Blocks run along x, (b,h) along y (up to 65535).
+// dS's A fragments. Blocks run along x, (b, K/V head) along y (up to 65535). Grouped-query attention: a
+// block's key tile is its K/V head's, and it walks the query tiles of each of the head's group of NH / KV
+// query heads in turn, so dk and dv sum over the group in registers (K and V read once, not copied) and each
+// query head's dq goes to its own partial.
 template <int HP>
 static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(HP))
     lp_flash_attention_backward_kernel(floatX* dqkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
-                                       const float* lse, int T, int C, int NH, float scale) {
+                                       const float* lse, int T, int C, int NH, int KV, float scale) {
     const int LD = HP + 8, R = LP_FLASH_ROWS, LDS = R + 8;  // LDS: the pitch of ds^T (keys, queries)
     const int NB = HP > 64 ? 2 : 4, NQ = HP / 8 > 4 ? 4 : HP / 8;  // query blocks of 8, and dq's columns of 8, per pass: registers
-    int HS = C / NH, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int tiles = (T + R - 1) / R;
+    int HS = C / NH, W = C + 2 * KV * HS, G = NH / KV, b = blockIdx.y / KV, bh0 = blockIdx.y * G;  // bh0: the group's first query head
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tiles = (T + R - 1) / R;
     LP_SHARED(floatX, smem);  // buffer u (0, 1): q at smem + 2 R LD u, dy R LD further; then k, ds^T, lse2 and D per buffer
     floatX *ks = smem + 4 * R * LD, *dss = ks + R * LD;
     float* stats = (float*)(dss + R * LDS);
-    const floatX *src = qkv + (size_t)b * T * 3 * C + h * HS, *dsrc = dout + (size_t)b * T * C + h * HS;
-    float* part = dq_partials + ((size_t)blockIdx.x * gridDim.y + bh) * T * HS;  // the block's dq partial of its head
+    // the group's first query head's q and dy (head g: g HS further) and K/V head's k (v: KV HS further)
+    const floatX *src = qkv + (size_t)b * T * W + (bh0 % NH) * HS, *dsrc = dout + (size_t)b * T * C + (bh0 % NH) * HS;
+    const floatX* ksrc = qkv + (size_t)b * T * W + C + blockIdx.y % KV * HS;
+    float* part = dq_partials + ((size_t)blockIdx.x * gridDim.y * G + bh0) * T * HS;  // the block's dq partial of head bh0 (g: g T HS further)
     float sl2 = scale * LP_LOG2E;
     lp_smem dsa = lp_smem_of(dss + lp_lane_rows2(LDS) + 16 * warp), kc = lp_smem_of(ks + lp_lane_cols(LD));
     for (int j = blockIdx.x; j < tiles; j += gridDim.x) {  // the block's key tiles
         int k0 = j * R, c0 = k0 + 16 * warp;                // the tile's and the warp's first key
         __syncthreads();                                    // the last key tile's readers are done
-        lp_flash_load<HP, R, LP_FLASH_THREADS>(ks, src + C, 3 * C, k0, T, HS, threadIdx.x);
-        lp_flash_load<HP, R, LP_FLASH_THREADS>(smem + 2 * R * LD, src + 2 * C, 3 * C, k0, T, HS, threadIdx.x);  // v, staged in buffer 1
+        lp_flash_load<HP, R, LP_FLASH_THREADS>(ks, ksrc, W, k0, T, HS, threadIdx.x);
+        lp_flash_load<HP, R, LP_FLASH_THREADS>(smem + 2 * R * LD, ksrc + KV * HS, W, k0, T, HS, threadIdx.x);  // v, staged in buffer 1
         lp_cp_async_commit();
-        lp_flash_load_queries<HP>(smem, stats, src, dsrc, lse, D, bh, k0, T, C, HS);  // the diagonal's query tile
+        lp_flash_load_queries<HP>(smem, stats, src, dsrc, lse, D, bh0, k0, T, C, W, HS);  // the first head's diagonal query tile
         lp_cp_async_commit();
         lp_cp_async_wait<1>();  // k and v have landed ...
         __syncthreads();        // ... every thread's
@@ -5306,11 +5470,15 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
             lp_frag_a(vf[k], lp_smem_of(smem + 2 * R * LD + 16 * warp * LD + lp_lane_cols(LD) + 16 * k));
         }
         float dk[HP / 8][4] = {}, dv[HP / 8][4] = {};
-        for (int i = j; i < tiles; i++) {  // query tiles from the diagonal down
-            int i0 = i * R, u = (i - j) % 2, diag = i == j;
-            __syncthreads();  // every warp is done with the other buffer (v, or query tile i - 1) and with ds^T
-            if (i + 1 < tiles)
-                lp_flash_load_queries<HP>(smem + 2 * R * LD * (1 - u), stats + 2 * R * (1 - u), src, dsrc, lse, D, bh, i0 + R, T, C, HS);
+        int span = tiles - j, steps = G * span;
+        for (int step = 0; step < steps; step++) {  // the group's query heads g in turn, each's query tiles i from the diagonal down
+            int g = step / span, i = j + step % span, i0 = i * R, u = step % 2, diag = i == j;
+            __syncthreads();  // every warp is done with the other buffer (v, or the last query tile) and with ds^T
+            if (step + 1 < steps) {
+                int g1 = (step + 1) / span, i1 = j + (step + 1) % span;
+                lp_flash_load_queries<HP>(smem + 2 * R * LD * (1 - u), stats + 2 * R * (1 - u), src + g1 * HS, dsrc + g1 * HS, lse, D, bh0 + g1,
+                                          i1 * R, T, C, W, HS);
+            }
             lp_cp_async_commit();   // (an empty group after the last tile, so that one wait fits every tile)
             lp_cp_async_wait<1>();  // this thread's part of query tile i has landed ...
             __syncthreads();        // ... and every thread's
@@ -5371,7 +5539,7 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
                     for (int e = 0; e < 4; e++) {
                         int t = r0 + lane / 4 + 8 * (e / 2), d = 8 * (n0 + n) + 2 * (lane % 4) + e % 2;
                         if (t >= T || d >= HS) continue;
-                        float* p = part + (size_t)t * HS + d;
+                        float* p = part + ((size_t)g * T + t) * HS + d;
                         *p = j == (int)blockIdx.x ? dq[n][e] : *p + dq[n][e];  // the block's first key tile writes
                     }
             }
@@ -5382,14 +5550,14 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
         lp_flash_put<HP / 8>(dks, LD, dk, 1.0f, 1.0f);
         lp_flash_put<HP / 8>(dvs, LD, dv, 1.0f, 1.0f);
         __syncwarp();
-        floatX* dst = dqkv + (size_t)b * T * 3 * C + h * HS;
-        lp_flash_store<HP>(dst + C, 3 * C, dks, c0, T, HS, 16, lane, 32);
-        lp_flash_store<HP>(dst + 2 * C, 3 * C, dvs, c0, T, HS, 16, lane, 32);
+        floatX* dst = dqkv + (ksrc - qkv);  // the K/V head's dk (dv: KV HS further)
+        lp_flash_store<HP>(dst, W, dks, c0, T, HS, 16, lane, 32);
+        lp_flash_store<HP>(dst + KV * HS, W, dvs, c0, T, HS, 16, lane, 32);
     }
 }
 // dq = the splits' partials summed in split order (those of the splits that reached the row's query tile:
 // split s's first key tile is s), as bf16 into dqkv; a thread per value of (B,NH,T,HS).
-static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const float* dq_partials, int B, int T, int C, int NH,
+static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const float* dq_partials, int B, int T, int C, int NH, int KV,
                                                              int splits) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)B * T * C;
     if (i >= n) return;
@@ -5397,14 +5565,14 @@ static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const
     int last = min(splits - 1, t / LP_FLASH_ROWS);
     float sum = 0.0f;
     for (int s = 0; s <= last; s++) sum += dq_partials[(size_t)s * n + i];
-    dqkv[((size_t)b * T + t) * 3 * C + h * HS + d] = lp_xf(sum);
+    dqkv[((size_t)b * T + t) * (C + 2 * KV * HS) + h * HS + d] = lp_xf(sum);
 }
 
 // Launches for one HP. The forward: its query tiles of 64 MT rows along x, the (b,h) along y (up to 65535 of
 // them); two buffers of a k and a v tile, above the 48 KiB a kernel gets unasked at HP 128. The backward:
-// splits along x, the (b,h) along y; two buffers of a query tile, the key tile and ds^T.
+// splits along x, the (b, K/V head) along y; two buffers of a query tile, the key tile and ds^T.
 template <int HP>
-static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int KV) {
     const int rows = 4 * 16 * LP_FLASH_MT(HP);
     if (B * NH > 65535) lp_fail("flash attention: B * NH = %d heads, more than the grid's 65535", B * NH);
     dim3 grid((T + rows - 1) / rows, B * NH);
@@ -5413,23 +5581,23 @@ static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qk
     if (!opted_in)
         cudaCheck(cudaFuncSetAttribute(lp_flash_attention_forward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     opted_in = 1;
-    LP_LAUNCH(lp_flash_attention_forward_kernel<HP>, grid, LP_FLASH_THREADS, bytes, out, lse, qkv, T, C, NH, lp_attention_scale(C, NH));
+    LP_LAUNCH(lp_flash_attention_forward_kernel<HP>, grid, LP_FLASH_THREADS, bytes, out, lse, qkv, T, C, NH, KV, lp_attention_scale(C, NH));
 }
 template <int HP>
 static inline void lp_flash_backward_hp(floatX* dqkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
-                                        const float* lse, int B, int T, int C, int NH) {
+                                        const float* lse, int B, int T, int C, int NH, int KV) {
     const int R = LP_FLASH_ROWS;
-    if (B * NH > 65535) lp_fail("flash attention: B * NH = %d heads, more than the grid's 65535", B * NH);
-    int splits = lp_flash_splits(B * NH, T);
+    if (B * KV > 65535) lp_fail("flash attention: B * KV = %d K/V heads, more than the grid's 65535", B * KV);
+    int splits = lp_flash_splits(B * KV, T);
     size_t bytes = (5 * R * (HP + 8) + R * (R + 8)) * sizeof(floatX) + 4 * R * sizeof(float);
     static int opted_in;
     if (!opted_in)
         cudaCheck(cudaFuncSetAttribute(lp_flash_attention_backward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     opted_in = 1;
-    LP_LAUNCH(lp_flash_attention_backward_kernel<HP>, dim3(splits, B * NH), LP_FLASH_THREADS, bytes, dqkv, dq_partials, dout, D, qkv,
-              lse, T, C, NH, lp_attention_scale(C, NH));
+    LP_LAUNCH(lp_flash_attention_backward_kernel<HP>, dim3(splits, B * KV), LP_FLASH_THREADS, bytes, dqkv, dq_partials, dout, D, qkv,
+              lse, T, C, NH, KV, lp_attention_scale(C, NH));
     size_t n = (size_t)B * T * C;
-    LP_LAUNCH(lp_flash_attention_backward_dq_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dqkv, dq_partials, B, T, C, NH, splits);
+    LP_LAUNCH(lp_flash_attention_backward_dq_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dqkv, dq_partials, B, T, C, NH, KV, splits);
 }
 // f<HP>(args) for the head size's padded width.
 #define LP_FLASH_DISPATCH(HS, f, ...)                                                                              \
@@ -5441,18 +5609,18 @@ static inline void lp_flash_backward_hp(floatX* dqkv, float* dq_partials, const 
     default: lp_fail("flash attention: head size %d is above the %d it supports", HS, LP_FLASH_MAX_HS);              \
     }
 
-static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, lse, qkv, B, T, C, NH);
+static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int KV) {
+    LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, lse, qkv, B, T, C, NH, KV);
 }
 // dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them. D and the dq partials
 // share the reduction scratch (lp_scratch_reserve sizes it for the model's shapes).
 static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
-                                                   const float* lse, int B, int T, int C, int NH) {
+                                                   const float* lse, int B, int T, int C, int NH, int KV) {
     size_t rows = (size_t)B * NH * T;
-    float* D = (float*)lp_scratch(&lp_partials, (rows + lp_flash_dq_partial_floats(B, T, C, NH)) * sizeof(float), "reduction partials");
+    float* D = (float*)lp_scratch(&lp_partials, (rows + lp_flash_dq_partial_floats(B, T, C, NH, KV)) * sizeof(float), "reduction partials");
     int lanes = lp_flash_d_lanes(C / NH);
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * lanes, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH, lanes);
-    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, D + rows, dout, D, qkv, lse, B, T, C, NH);
+    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, D + rows, dout, D, qkv, lse, B, T, C, NH, KV);
 }
 #endif  // LLMPAR_IMPLEMENTATION
 #endif
@@ -6052,7 +6220,7 @@ static inline LP_HD float lp_adamw_value(float g, float* m, float* v, float w, f
 }
 
 // AdamW on one tensor. master (fp32) is the truth; params are its copy in the compute type (the CUDA
-// kernel rounds stochastically to bf16, seeded per step and tensor). grads are scaled by grad_scale
+// kernel rounds stochastically to bf16 or fp16, seeded per step and tensor). grads are scaled by grad_scale
 // (global-norm clipping) before use. beta corrections are 1 - beta^t. On the CPU build params are the
 // master weights themselves (LP_MASTER_COPY 0), so the loop writes master alone: storing to both would
 // fail the compiler's overlap check at run time and send it down its scalar loop (twice as slow at 124M).
@@ -6070,7 +6238,10 @@ static inline void lp_adamw_cpu(float* params, float* master, const float* grads
 #ifndef LLMPAR_CPU
 // Stochastic rounding fp32 -> bf16: add 16 random bits below bf16's last mantissa bit, then truncate.
 // The result rounds up with probability equal to the dropped fraction, so E[bf16] = fp32 and updates
-// smaller than half a bf16 step still move the weights on average.
+// smaller than half a bf16 step still move the weights on average. fp16 (LLMPAR_FP16), whose subnormals
+// below 2^-14 keep fewer mantissa bits than its normal numbers (so no fixed count of fp32 bits is dropped):
+// x's neighbours toward and away from zero, the one away drawn with probability (x - lower) / (upper - lower),
+// in steps of 2^-16 as bf16's; beyond fp16's largest, 65504 (toward zero), which it saturates at.
 // Host and device: the CUDA build's host update (--offload) rounds as the kernel does.
 static LP_HD inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i) {
     uint32_t h = (uint32_t)i * 0x9E3779B1u ^ (uint32_t)(i >> 32) ^ seed;  // murmur3's finaliser as a hash
@@ -6079,11 +6250,20 @@ static LP_HD inline floatX lp_stochastic_round(float x, uint32_t seed, size_t i)
     h ^= h >> 13;
     h *= 0xC2B2AE35u;
     h ^= h >> 16;
+#ifdef LLMPAR_FP16
+    floatX lo = __float2half_rz(x);
+    float l = __half2float(lo);
+    if (l == x) return lo;
+    floatX up = __ushort_as_half((unsigned short)(__half_as_ushort(lo) + 1));  // (sign and magnitude: a step further from 0)
+    float u = __half2float(up);
+    return (float)(h & 0xFFFFu) < (x - l) / (u - l) * 65536.0f ? up : lo;
+#else
     uint32_t bits;
     memcpy(&bits, &x, 4);
     bits = (bits + (h & 0xFFFFu)) & 0xFFFF0000u;
     memcpy(&x, &bits, 4);
     return __float2bfloat16_rz(x);
+#endif
 }
 // A thread updates the 8 values [i, i + 8) with 128-bit loads and stores (LPPack, LPPackF); value i's
 // stochastic rounding is drawn from index i of the launch, as the CPU loop of --offload draws it.
@@ -6113,7 +6293,7 @@ static inline void lp_adamw_host(floatX* params, float* master, const floatX* gr
                                  float weight_decay, float grad_scale, uint32_t seed) {
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
-        float w = lp_adamw_value(__bfloat162float(grads[i]) * grad_scale, &m[i], &v[i], master[i], lr, beta1, beta2, beta1_corr,
+        float w = lp_adamw_value(lp_bf(grads[i]) * grad_scale, &m[i], &v[i], master[i], lr, beta1, beta2, beta1_corr,
                                  beta2_corr, eps, weight_decay);
         master[i] = w;
         params[i] = lp_stochastic_round(w, seed, i0 + i);
@@ -6296,10 +6476,10 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 // The scratch buffers at their largest for batches of up to N rows of C channels in NH heads (bias
 // gradients of up to 4C outputs), sized once at set-up: growing one later frees it, and cudaFree waits
 // for the whole device.
-static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
+static inline void lp_scratch_reserve(int B, int T, int C, int NH, int KV) {
     size_t N = (size_t)B * T, partials = (size_t)lp_ln_blocks((int)N, C) * 2 * C;  // layernorm backward
     if ((size_t)LP_BIAS_CHUNKS * 4 * C > partials) partials = (size_t)LP_BIAS_CHUNKS * 4 * C;
-    size_t attention = N * NH + lp_flash_dq_partial_floats(B, T, C, NH);  // flash attention backward's D and dq partials
+    size_t attention = N * NH + lp_flash_dq_partial_floats(B, T, C, NH, KV);  // flash attention backward's D and dq partials
     if (attention > partials) partials = attention;
     lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");
     lp_scratch(&lp_embedding_index, (3 * N + 1) * sizeof(int), "embedding backward index");  // 2U + 1 + M, U and M <= N
@@ -6415,10 +6595,11 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH) {
 //   3      ... and of the weights           as stage 2; lp_zero_fetch gathers each layer's weights just
 //                                           before it runs, the next layer's on the way meanwhile
 // wte (the embedding and the tied LM head, most of a small model's weights) is sharded like a layer in
-// stages 2-3 when the model holds its only copy (no pipeline): it is used a piece of rows at a time (at most
-// a layer's worth), each piece's weights gathered when needed (stage 3) and its gradients reduce-scattered
-// as soon as they are computed (lp_zero_wte, lp_zero_wte_grad). The other tensors outside the layers,
-// wpe and lnf (smaller than a layer), and wte when pipeline stages hold copies of it, stay whole: their
+// stages 2-3 when the model holds its only copy (no pipeline; or an untied head, whose first chunk alone holds
+// wte, when that chunk has layers): it is used a piece of rows at a time (at most a layer's worth), each piece's weights gathered when
+// needed (stage 3) and its gradients reduce-scattered as soon as they are computed (lp_zero_wte,
+// lp_zero_wte_grad). The other tensors outside the layers, wpe, lnf (smaller than a layer), an untied head's
+// headw, and wte when pipeline stages hold copies of it, stay whole: their
 // gradients are accumulated over the micro-batches and reduce-scattered by lp_zero_average, their
 // weights gathered after each update.
 //
@@ -7197,6 +7378,10 @@ static inline void lp_zero_average(LPZero* z) {
 // The embedding is vocab-parallel (wte split by rows; a rank's partial embedding is zero for tokens outside
 // its slice, summed by a g), and so is the tied LM head (a column-parallel matmul after an f, its
 // cross-entropy reduced over the group without gathering the logits: classifier_stats / classifier_grad).
+// The Llama family splits the same way what it has: qkv's three blocks of NH, KV and KV heads each by rows
+// (t divides KV: a rank keeps its query heads' K/V heads, lp_tp_check), SwiGLU's fc (2H,C) in its gate and up
+// blocks, fcproj (C,H) by columns, and the untied head (headw) by rows as the tied one; RMSNorm and RoPE need no
+// communication.
 
 // Activation recomputation (--recompute): what backward computes again instead of keeping it from forward.
 //   none       keep everything;
@@ -7229,8 +7414,10 @@ int lp_attention_materialised(int attention) {
 }
 
 #ifndef LLMPAR_CPU
-// The attention that keeps no probabilities (lp_attention_materialised is 0): flash, or cuDNN's.
-static inline void lp_fused_attention_forward_gpu(int attention, floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+// The attention that keeps no probabilities (lp_attention_materialised is 0): flash, or cuDNN's (multi-head
+// only: lp_model_create refuses it with KV heads).
+static inline void lp_fused_attention_forward_gpu(int attention, floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH,
+                                                  int KV) {
 #ifdef LLMPAR_CUDNN
     if (attention == LP_ATTENTION_CUDNN) {
         const char* why = lp_cudnn_attention_forward(out, lse, qkv, B, T, C, NH);
@@ -7239,10 +7426,10 @@ static inline void lp_fused_attention_forward_gpu(int attention, floatX* out, fl
     }
 #endif
     (void)attention;
-    lp_flash_attention_forward_gpu(out, lse, qkv, B, T, C, NH);
+    lp_flash_attention_forward_gpu(out, lse, qkv, B, T, C, NH, KV);
 }
 static inline void lp_fused_attention_backward_gpu(int attention, floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
-                                                   const float* lse, int B, int T, int C, int NH) {
+                                                   const float* lse, int B, int T, int C, int NH, int KV) {
 #ifdef LLMPAR_CUDNN
     if (attention == LP_ATTENTION_CUDNN) {
         const char* why = lp_cudnn_attention_backward(dqkv, dout, out, qkv, lse, B, T, C, NH);
@@ -7251,7 +7438,7 @@ static inline void lp_fused_attention_backward_gpu(int attention, floatX* dqkv, 
     }
 #endif
     (void)attention;
-    lp_flash_attention_backward_gpu(dqkv, dout, out, qkv, lse, B, T, C, NH);
+    lp_flash_attention_backward_gpu(dqkv, dout, out, qkv, lse, B, T, C, NH, KV);
 }
 #endif
 #endif  // LLMPAR_IMPLEMENTATION
@@ -7377,16 +7564,19 @@ typedef struct LPModelOptions {
 // positions [pos, pos + N): the rows' keys and values join the cache there and their queries attend to the
 // positions up to their own (lp_attention_cached_forward), so a sampled token's forward is its row alone.
 typedef struct {
-    floatX* kv;  // (L,2,B,NHl,T,HS)
+    floatX* kv;  // (L,2,B,KVl,T,HS)
     int B, T, pos;
 } LPKVCache;
 
 typedef struct LPModel {
     LPConfig cfg;         // the whole model's shape
     // pipeline chunk: the model's layers [layer0, layer0 + L) (local layer l is the model's layer0 + l). The
-    // first chunk holds wpe; the head (wte, lnf) is held by the first, the last, and any chunk with an
-    // auxiliary loss. The first chunk's wte and the last's lnf are the originals, the other holders' are
-    // copies (bits of `copies`): their gradients are summed (lp_step_reduce_grads), each counted and saved once.
+    // first chunk holds wpe and wte (the embedding). The head (lnf, and the LM head's weights: a tied head's are
+    // wte, an untied one's headw) is held by the last chunk and any with an auxiliary loss, and a tied head by the
+    // first too (its wte): the chunks with `head` set. The first chunk's wte and the last's lnf and headw are the
+    // originals, the other holders' are copies (bits of `copies`): their gradients are summed
+    // (lp_step_reduce_grads), each counted and saved once. An untied head shares nothing with the embedding, so
+    // the first and the last chunk hold no copies of each other's tensors.
     int L, layer0, first, last, head;
     unsigned copies;
     // auxiliary losses of this chunk: after local layer aux[j] (the model's layer aux_id[j], counted from
@@ -7423,7 +7613,10 @@ typedef struct LPModel {
     // needs (and its input tokens); the scratch buffers are shared. act is the slot in use.
     int B, T;
     int cur_B, cur_T;   // shape of the last forward, which backward differentiates
-    float dloss;        // the last forward's loss scale (auxiliary losses are scaled by it too)
+    float dloss;        // the last forward's gradient seed: its loss's weight in the step times loss_scale (the
+                        // auxiliary losses' seeds are scaled by it too)
+    float loss_scale;   // dynamic loss scaling's multiplier of the gradients (LPLossScaler), 1 without; the stage
+                        // sets it each step (LPStage.loss_scale)
     LPActivations act;
     int num_slots;
     LPActivations* slot_act;  // (num_slots)
@@ -7551,11 +7744,17 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     if (m->layer0 < 0 || m->L < 0 || m->layer0 + m->L > cfg->num_layers)
         lp_fail("internal: chunk layers [%d, %d) outside the model's %d", m->layer0, m->layer0 + m->L, cfg->num_layers);
     m->aux_weight = split->aux_weight;
+    m->loss_scale = 1.0f;
     m->moe = split->moe;
     if (m->moe.capacity < 0.0f || m->moe.aux_coef < 0.0f || m->moe.z_coef < 0.0f)
         lp_fail("a mixture of experts' capacity %g, balance loss %g and z-loss %g coefficients must be 0 or more", m->moe.capacity,
                 m->moe.aux_coef, m->moe.z_coef);
     m->attention = split->attention;
+#ifndef LLMPAR_CPU
+    if (m->attention == LP_ATTENTION_CUDNN && lp_kv_heads(cfg) != cfg->num_heads)
+        lp_fail_all("flag --attention cudnn: not yet for grouped-query attention (%d KV heads of %d; --attention flash or cublas)",
+                    lp_kv_heads(cfg), cfg->num_heads);
+#endif
 #if !defined(LLMPAR_CPU) && !defined(LLMPAR_CUDNN)
     if (m->attention == LP_ATTENTION_CUDNN)
         lp_fail_all("flag --attention cudnn: this build has no cuDNN; build one with make cudnn-frontend && make USE_CUDNN=1 train_gpt");
@@ -7567,8 +7766,10 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
         m->aux_id[m->num_aux] = split->aux[j];
         m->aux[m->num_aux++] = l;
     }
-    m->head = m->first || m->last || m->num_aux > 0;
-    m->copies = m->head ? (m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : 1u << LP_LNFW | 1u << LP_LNFB) : 0u;
+    m->head = m->last || m->num_aux > 0 || (m->first && !cfg->untied);
+    unsigned lm = 1u << LP_LNFW | 1u << LP_LNFB | (cfg->untied ? 1u << LP_HEADW : 1u << LP_WTE);  // the head's tensors
+    unsigned holds = (m->first ? 1u << LP_WPE | 1u << LP_WTE : 0u) | (m->head ? lm : 0u);       // of those outside the layers
+    m->copies = holds & ((m->first ? 0u : 1u << LP_WTE) | (m->last ? 0u : lm & ~(1u << LP_WTE)));
     m->parts = cfg->moe_experts ? 2 : 1;
     m->ep = proc ? &proc->group[LP_EP] : NULL;
     m->ep_size = m->ep ? m->ep->size : 1;
@@ -7582,14 +7783,16 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         int having = lp_layers_having(cfg, i, 0, cfg->num_layers);
         if (lp_is_layer_tensor(i)) sizes[0][i] = having ? sizes[0][i] / having * lp_layers_having(cfg, i, m->layer0, m->layer0 + m->L) : 0;
-        else if ((i == LP_WPE && !m->first) || (i != LP_WPE && !m->head)) sizes[0][i] = 0;  // held by another chunk
+        else if (!(holds >> i & 1)) sizes[0][i] = 0;  // held by another chunk
         sizes[1][i] = lp_is_expert_tensor(i) ? sizes[0][i] / m->ep_size : 0;
         if (lp_is_expert_tensor(i)) sizes[0][i] = 0;
     }
-    size_t wte_rows = m->head ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
+    size_t wte_rows = holds >> LP_WTE & 1 ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
     int apart = m->par->diloco || m->par->gossip;  // replicas that train apart average no gradients
     const LPGroup* dp = proc && !apart ? lp_dp_group(proc) : NULL;
-    lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, m->first && m->last, dp, m->par, split->chunk);
+    // the only copy of wte, beside layers (its pieces are at most a layer's): ZeRO-2/3 may cut it (section 8)
+    int wte_alone = m->first && (m->last || cfg->untied) && m->L > 0;
+    lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, wte_alone, dp, m->par, split->chunk);
     if (m->parts > 1) {  // the experts: with expert parallelism averaged over their replicas (edp), their gradients
                          // sums over the ep ranks' batches, so the optimizer takes 1/ep of them (grad_scale)
         lp_zero_create(&m->experts, sizes[1], cfg, m->layer0, m->L, 0, 0, m->ep_size > 1 ? &proc->group[LP_EDP] : dp, m->par,
@@ -7651,18 +7854,24 @@ static inline void lp_model_get_weights(const LPModel* m, float* canon) {
     }
 }
 
-// Read or write this rank's values [lo, lo + count) of part p's flat parameters (buf, host) at their
-// canonical places in f, whose canonical array starts at byte `base`. A write skips the copies (another rank
-// writes the same values). Returns 0 or an errno.
+// Read or write this rank's values [lo, lo + count) of part p's flat parameters (buf, host) at their places
+// in f, whose values, in the model file's layout (lp_file_run: a GPT-2 file's is the canonical one), start at
+// byte `base`. A write skips the copies (another rank writes the same values); a read leaves the padding rows a
+// Llama 3 file lacks as they were in buf. Returns 0 or an errno.
 static inline int lp_model_canonical_io(const LPModel* m, int p, FILE* f, long long base, float* buf, size_t lo, size_t count,
                                         int write) {
     for (int k = 0; k < m->num_runs; k++) {
         const LPRun* r = &m->runs[k];
         size_t a = r->local > lo ? r->local : lo, b = r->local + r->n < lo + count ? r->local + r->n : lo + count;
         if (r->part != p || a >= b || (write && r->copy)) continue;
-        if (fseeko(f, base + 4LL * (long long)(r->canon + (a - r->local)), SEEK_SET) != 0) return errno ? errno : EIO;
-        size_t done = write ? fwrite(buf + (a - lo), sizeof(float), b - a, f) : fread(buf + (a - lo), sizeof(float), b - a, f);
-        if (done != b - a) return errno ? errno : EIO;
+        for (size_t x = a, n; x < b; x += n) {
+            long long at;
+            n = lp_file_run(&m->cfg, r->canon + (x - r->local), b - x, &at);
+            if (at < 0) continue;
+            if (fseeko(f, base + 4LL * at, SEEK_SET) != 0) return errno ? errno : EIO;
+            size_t done = write ? fwrite(buf + (x - lo), sizeof(float), n, f) : fread(buf + (x - lo), sizeof(float), n, f);
+            if (done != n) return errno ? errno : EIO;
+        }
     }
     return 0;
 }
@@ -7823,7 +8032,7 @@ void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
     m->act = m->slot_act[0];
     m->inputs_host = m->slot_inputs;
 #ifndef LLMPAR_CPU
-    lp_scratch_reserve(B, T, m->cfg.channels, m->cfg.num_heads);
+    lp_scratch_reserve(B, T, m->cfg.channels, m->cfg.num_heads, lp_kv_heads(&m->cfg));
     if (Lm) lp_scratch(&lp_moe_scratch, lp_moe_scratch_bytes(BT, m->cfg.moe_experts, m->cfg.moe_topk), "expert dispatch");
 #endif
 }
@@ -7901,46 +8110,63 @@ static inline float lp_model_classifier(LPModel* m, floatX* logits, int N, float
     return (float)(sum / N);
 }
 
-// The LM head's weights, piece k of them (rows r0 ...): wte's (tied), or headw's (untied: ZeRO-2/3 are not yet
-// for the Llama family, so headw is whole, in one piece).
-static inline const floatX* lp_model_head(LPModel* m, int k, size_t r0) {
-    return m->cfg.untied ? m->zero.w[LP_HEADW] + r0 * m->cfg.channels : lp_zero_wte(&m->zero, k);
+// The LM head's weights in pieces of rows, column-parallel over the vocabulary (this rank's Vl rows): a tied
+// head's are wte's pieces (ZeRO-2/3 may cut wte: lp_zero_wte gathers each), an untied head's headw, held whole
+// (ZeRO-2/3 keep it whole as the other tensors outside the layers), one piece. Piece k: its weights, its first
+// row (*r0) and its rows.
+static inline int lp_model_head_pieces(const LPModel* m) { return m->cfg.untied ? 1 : m->zero.pieces; }
+static inline const floatX* lp_model_head(LPModel* m, int k, size_t* r0, size_t* rows) {
+    if (!m->cfg.untied) {
+        *rows = lp_zero_piece(&m->zero, k, r0);
+        return lp_zero_wte(&m->zero, k);
+    }
+    *r0 = 0;
+    *rows = (size_t)m->cfg.padded_vocab_size / m->tp_size;
+    return m->zero.w[LP_HEADW];
+}
+// ... and where piece k's gradient accumulates (a tied head's piece goes on to ZeRO with lp_zero_wte_grad_done).
+static inline floatX* lp_model_head_grad(LPModel* m, int k, size_t* r0, size_t* rows) {
+    if (!m->cfg.untied) {
+        *rows = lp_zero_piece(&m->zero, k, r0);
+        return lp_zero_wte_grad(&m->zero, k);
+    }
+    *r0 = 0;
+    *rows = (size_t)m->cfg.padded_vocab_size / m->tp_size;
+    return m->zero.g[LP_HEADW];
 }
 
-// The LM head, tied to wte (or untied) and column-parallel over the vocabulary: this rank's slice of the logits (N,Vl)
-// from lnf, the final LayerNorm's output (this rank's rows of it; SP gathers them), a piece of wte's rows
-// at a time (ZeRO-2/3 hold it in pieces; else one piece, all of it). Padding rows of wte are zero.
+// The LM head: this rank's slice of the logits (N,Vl) from lnf, the final LayerNorm's output (this rank's rows of
+// it; SP gathers them), a piece of the head's rows at a time. Padding rows of the head are zero.
 static inline void lp_model_logits(LPModel* m, floatX* logits, const floatX* lnf, int N) {
     int C = m->cfg.channels, Vl = m->cfg.padded_vocab_size / m->tp_size;
     const floatX* x = lp_tp_f_forward(m, lnf, N, C);
-    for (int k = 0; k < m->zero.pieces; k++) {
-        size_t r0, rows = lp_zero_piece(&m->zero, k, &r0);
-        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, lp_model_head(m, k, r0), C, 0, logits + r0, Vl);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        const floatX* w = lp_model_head(m, k, &r0, &rows);
+        lp_gemm_strided(0, 1, N, (int)rows, C, x, C, w, C, 0, logits + r0, Vl);
     }
 }
 
-// Backward through the head from the logits' gradient: into wte's gradient, lnf's (lnf = layernorm(x),
+// Backward through the head from the logits' gradient: into the head's gradient (wte's or headw's), lnf's (lnf = layernorm(x),
 // with its mean and rstd) and x's, added to act.dresidual.
 static inline void lp_model_head_backward(LPModel* m, const floatX* x, const floatX* lnf, const float* mean, const float* rstd,
                                           const floatX* dlogits, int N) {
     int C = m->cfg.channels, Nr = m->par->sp ? N / m->tp_size : N, Vl = m->cfg.padded_vocab_size / m->tp_size;
     LPActivations* a = &m->act;
     LPZero* z = &m->zero;
-    // LM head, piece by piece: the input's gradient (summed over the pieces), then wte's (SP gathers lnf's
+    // LM head, piece by piece: the input's gradient (summed over the pieces), then the head's (SP gathers lnf's
     // rows again), each piece's handed to ZeRO when done; then lnf
     const floatX* xf = lp_tp_f_forward(m, lnf, N, C);
-    for (int k = 0; k < z->pieces; k++) {
-        size_t r0, rows = lp_zero_piece(z, k, &r0);
-        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, lp_model_head(m, k, r0), C, k > 0, a->btc, C);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        const floatX* w = lp_model_head(m, k, &r0, &rows);
+        lp_gemm_strided(0, 0, N, C, (int)rows, dlogits + r0, Vl, w, C, k > 0, a->btc, C);
     }
-    for (int k = 0; k < z->pieces; k++) {
-        size_t r0, rows = lp_zero_piece(z, k, &r0);
-        if (m->cfg.untied) {
-            lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, z->g[LP_HEADW] + r0 * C, C);
-            continue;
-        }
-        lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, lp_zero_wte_grad(z, k), C);
-        lp_zero_wte_grad_done(z, k);
+    for (int k = 0; k < lp_model_head_pieces(m); k++) {
+        size_t r0, rows;
+        floatX* dw = lp_model_head_grad(m, k, &r0, &rows);
+        lp_gemm_strided(1, 0, (int)rows, C, N, dlogits + r0, Vl, xf, C, 1, dw, C);
+        if (!m->cfg.untied) lp_zero_wte_grad_done(z, k);
     }
     lp_layernorm_backward(a->dresidual, z->g[LP_LNFW], lp_model_grad(m, LP_LNFB), lp_tp_f_backward(m, a->btc, N, C), x, z->w[LP_LNFW],
                            mean, rstd, Nr, C);
@@ -8152,7 +8378,7 @@ static inline void lp_moe_account(LPModel* m, const LPLayerActs* x, int N) {
     int E = m->cfg.moe_experts, K = m->cfg.moe_topk;
     float sums[LP_MAX_EXPERTS + 1];  // (lp_moe_dispatch_layer's, after the counts)
     memcpy(sums, x->counts + E, (size_t)(E + 1) * sizeof(float));
-    double balance = 0.0, busiest = 0.0, weight = (double)m->dloss * N;  // (a micro-batch's weight in the step: 1 / micro-batches)
+    double balance = 0.0, busiest = 0.0, weight = (double)m->dloss / m->loss_scale * N;  // (a micro-batch's weight in the step: 1 / micro-batches)
     for (int e = 0; e < E; e++) {
         double f = (double)x->counts[e] / ((double)N * K);
         balance += f * sums[e] / N;
@@ -8300,12 +8526,14 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     floatX* qkv = mat || kv->kv ? a->qkv : x->qkvs;
     lp_matmul_forward(qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l), lp_layer_param(m, LP_QKVB, l), N, C,
                       QKVl);
-    if (c->rope) lp_rope(qkv, B, T, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
-    if (kv->kv) lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * Cl, qkv, B, T, kv->pos, kv->T, Cl, NHl);
+    if (c->rope) lp_rope(qkv, B, T, kv->kv ? kv->pos : 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
+    if (kv->kv)
+        lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * KVl * (C / c->num_heads), qkv, B, T, kv->pos, kv->T,
+                                    Cl, NHl, KVl);
     else if (m->cp_size > 1) lp_ring_attention_forward(m, x->atty, x->lse, qkv, B, T, Cl, NHl, KVl);
     else if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, qkv, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
-    else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl);
+    else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl, KVl);
 #endif
     lp_matmul_forward(a->btc, NULL, x->atty, lp_layer_param(m, LP_ATTPROJW, l), NULL, N, Cl, C);
     lp_residual_layernorm_forward(x->residual2, x->ln2, x->ln2_mean, x->ln2_rstd, x->input, lp_tp_g_forward(m, a->btc, N, C),
@@ -8324,8 +8552,8 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
 }
 
 // Forward pass over (B,T) host tokens. With targets it also computes the loss, leaving dlogits =
-// dloss * (softmax - onehot) in place for the backward pass, and returns the mean loss.
-// dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss.
+// dloss * loss_scale * (softmax - onehot) in place for the backward pass, and returns the mean loss.
+// dloss is 1 / (B*T*accumulation steps), so accumulated gradients are of the mean loss (times m->loss_scale).
 // A pipeline chunk other than the first takes no tokens: its input, the residual stream after the chunk
 // before, is already in act.encoded; one other than the last takes no targets and leaves its output at
 // lp_model_output. With m->cache set (sampling) the T rows are positions [cache.pos, cache.pos + T) of the
@@ -8345,7 +8573,7 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
                 m->cache.T);
     m->cur_B = B;
     m->cur_T = T;
-    m->dloss = dloss;
+    m->dloss = dloss * m->loss_scale;
     int* positions = (int*)lp_host_malloc((size_t)T * sizeof(int), "positions");  // the cache's, or the rank's chunks'
     for (int t = 0; t < T; t++) positions[t] = m->cache.kv ? pos + t : lp_cp_position(t, T, m->cp_rank, m->cp_size);
     lp_copy_to_device(m->positions, positions, (size_t)T * sizeof(int));
@@ -8407,7 +8635,7 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
     }
     if (!m->last) return 0.0f;
     lp_model_logits(m, a->logits, a->lnf, N);
-    return targets ? lp_model_classifier(m, a->logits, N, dloss) : 0.0f;
+    return targets ? lp_model_classifier(m, a->logits, N, m->dloss) : 0.0f;
 }
 
 // Rows of the residual stream this rank holds in the last forward's shape.
@@ -8547,9 +8775,9 @@ void lp_model_backward(LPModel* m, int last) {
         else if (lp_model_attention_materialised(m))
             lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
-        else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl);
+        else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl, KVl);
 #endif
-        if (c->rope) lp_rope(a->qkv, B, T, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
+        if (c->rope) lp_rope(a->qkv, B, T, 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), NULL, a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, QKVl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
@@ -8574,16 +8802,17 @@ void lp_model_backward(LPModel* m, int last) {
     }
 }
 
-// Sampling's key-value cache for B sequences of up to T positions (LPKVCache): L x 2 x B x T x C/t values,
-// made when a sample begins and freed when it ends (lp_model_cache_free), so training never holds it.
+// Sampling's key-value cache for B sequences of up to T positions (LPKVCache): L x 2 x B x T x KV HS/t values
+// (KV HS = C with multi-head attention), made when a sample begins and freed when it ends (lp_model_cache_free),
+// so training never holds it.
 static inline void lp_model_cache_alloc(LPModel* m, int B, int T) {
     if (T > m->cfg.max_seq_len) lp_fail("a key-value cache of %d positions exceeds the model's maximum %d", T, m->cfg.max_seq_len);
     m->cache.B = B;
     m->cache.T = T;
     m->cache.pos = 0;
     // (a chunk without layers keeps one layer's room: a kv that is not NULL says the cache is on)
-    m->cache.kv = (floatX*)lp_device_malloc((size_t)(m->L ? m->L : 1) * 2 * B * T * (m->cfg.channels / m->tp_size) * sizeof(floatX),
-                                            "key-value cache");
+    size_t kv = (size_t)lp_kv_heads(&m->cfg) / m->tp_size * (m->cfg.channels / m->cfg.num_heads);  // this rank's K/V channels
+    m->cache.kv = (floatX*)lp_device_malloc((size_t)(m->L ? m->L : 1) * 2 * B * T * kv * sizeof(floatX), "key-value cache");
 }
 static inline void lp_model_cache_free(LPModel* m) {
     lp_device_free(m->cache.kv);
@@ -8843,7 +9072,9 @@ static inline void lp_models_sum_parts(const LPModel* ms, const LPGroup* pp, flo
 }
 
 // The global norm (before clipping) of the n models' gradients once reduced (lp_zero_average), the same
-// on every rank: ms are a pipeline stage's chunks (one model: n = 1, pp NULL).
+// on every rank: ms are a pipeline stage's chunks (one model: n = 1, pp NULL). Of the gradients divided by
+// the loss scale (exactly, for a power of two); an inf or NaN in any of them, on any rank, makes it not finite
+// on every rank (the overflow check of loss scaling: each rank's parts carry it into the sums over the grid).
 float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     int slots = LP_NUM_PARAMS * ms->cfg.num_layers;
     float* parts = (float*)calloc((size_t)2 * slots, sizeof(float));  // (a part is one rank's: the sum over pp is exact)
@@ -8860,14 +9091,16 @@ float lp_models_grad_norm(LPModel* ms, int n, const LPGroup* pp) {
     double norm2 = 0.0;
     for (int j = 0; j < slots; j++) norm2 += parts[j];
     free(parts);
-    return sqrtf((float)norm2);
+    return sqrtf((float)norm2) / ms->loss_scale;
 }
 
-// Then clipping to opt->grad_clip given the norm, and AdamW. Returns whether every updated
+// Then clipping to opt->grad_clip given the norm, and AdamW, the gradients divided by the loss scale in the
+// same factor. Returns whether every updated
 // weight is finite on every rank: the sum of squares of the updated shards, which overflows only for a
 // weight beyond ~1e19, so a diverged step is seen before the next forward or any checkpoint.
 int lp_models_adamw(LPModel* ms, int n, const LPGroup* pp, float lr, float norm, const LPAdamW* opt) {
-    float scale = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f, w2 = 0.0f;
+    float clip = (opt->grad_clip > 0.0f && norm > opt->grad_clip) ? opt->grad_clip / norm : 1.0f, w2 = 0.0f;
+    float scale = clip / ms->loss_scale;
     for (int k = 0; k < n; k++) {
         LPModel* m = &ms[k];
         lp_model_adamw(m, lr, scale, opt);
@@ -8984,6 +9217,43 @@ float lp_loss_window_mean(const LPLossWindow* w) {
     for (int k = 0; k < LP_SPIKE_WINDOW; k++) s += w->loss[k];
     return (float)(s / LP_SPIKE_WINDOW);
 }
+#endif  // LLMPAR_IMPLEMENTATION
+
+// Dynamic loss scaling, for fp16 (make train_gpt_fp16), whose gradients flush to 0 below 6e-8 and overflow
+// above 65504. Backward starts from the loss's gradient times `scale` (lp_step_forward_backward: the seed
+// of dlogits and of the auxiliary losses'), so small gradients stay representable; the norm is taken of
+// them divided by it, and AdamW takes them divided by it within the clipping factor (no pass of its own).
+// An inf or NaN in any gradient makes the global norm not finite on every rank (lp_step_grad_norm): that
+// step overflowed, its update is skipped and the scale multiplied by `backoff`; after `window` clean steps
+// in a row it is multiplied by `growth`. The scale stays within [1, 2^24]: an overflow at 1 is no scaling
+// problem but a divergence (the driver's guard takes it), and at 2^24 a gradient of 2^-8 already overflows
+// fp16 (the cap keeps the fp32 CPU engine's scale finite). The CPU engine runs the same logic in fp32, where
+// scaling by powers of two changes no bit of a run that never overflows.
+#define LP_LOSS_SCALE_MAX 16777216.0f
+typedef struct LPLossScaler {
+    float scale;            // the loss's gradient is multiplied by this; 0: no loss scaling
+    float backoff, growth;  // the scale's factor after an overflow (< 1), and after `window` clean steps (>= 1)
+    int window;
+    int clean;    // clean steps since the last overflow or growth
+    int skipped;  // steps skipped for an overflow (in the run so far, resumes included)
+} LPLossScaler;
+
+#ifdef LLMPAR_IMPLEMENTATION
+int lp_loss_scaler_update(LPLossScaler* s, float norm) {
+    if (s->scale == 0.0f) return 0;
+    if (!isfinite(norm)) {
+        if (s->scale <= 1.0f) return 0;  // (the divergence guard's)
+        s->scale = fmaxf(s->scale * s->backoff, 1.0f);
+        s->clean = 0;
+        s->skipped++;
+        return 1;
+    }
+    if (++s->clean >= s->window) {
+        s->scale = fminf(s->scale * s->growth, LP_LOSS_SCALE_MAX);
+        s->clean = 0;
+    }
+    return 0;
+}
 
 // Linear warmup over `warmup` steps, then cosine (or linear) decay from lr to lr * final_frac at max_steps.
 float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_frac, int cosine) {
@@ -9000,14 +9270,17 @@ float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_
 // 11. costs
 
 #ifdef LLMPAR_IMPLEMENTATION
-// The MLP weights a token meets in an average layer: in its up projection (a MoE layer: the router, and
-// top-k experts' of E) into *up, in its down projection into *down.
+// The MLP weights a token meets in an average layer: in its up projection (GELU's H x C; SwiGLU's gate and up,
+// 2 H x C; a MoE layer: the router, and top-k experts' of E) into *up, in its down projection (C x H) into *down.
 static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* down) {
     double C = c->channels, L = c->num_layers, moe = lp_layers_having(c, LP_ROUTERW, 0, c->num_layers);
-    double E = c->moe_experts, K = c->moe_topk;
-    *up = ((L - moe) * 4.0 * C * C + moe * (K * 4.0 * C * C + E * C)) / L;
-    *down = ((L - moe) + moe * K) * 4.0 * C * C / L;
+    double E = c->moe_experts, K = c->moe_topk, H = lp_ffn_hidden(c), F = c->swiglu ? 2.0 * H : H;
+    *up = ((L - moe) * F * C + moe * (K * H * C + E * C)) / L;
+    *down = ((L - moe) + moe * K) * H * C / L;
 }
+// The attention weights of a layer: qkv's (C + 2 KV HS) x C (grouped-query attention's K and V are smaller) and
+// the projection's C x C.
+static inline double lp_attention_weights(const LPConfig* c) { return ((double)lp_qkv_rows(c) + c->channels) * c->channels; }
 
 // The parameters one token meets: all of a dense model's; of a MoE layer's experts, K of E.
 size_t lp_active_params(const LPConfig* c) {
@@ -9018,12 +9291,13 @@ size_t lp_active_params(const LPConfig* c) {
 }
 
 // Training FLOPs per token (forward + backward = 3x forward): 6 per weight in a matmul that the token
-// meets (the LM head counts wte; wpe and LayerNorm do no matmul work; a MoE layer counts its router and
-// top-k experts) plus attention's q k^T and att v: 12 L C T.
+// meets (the LM head counts its Vp x C, wte's or headw's; the embedding, wpe, the norms and RoPE do no matmul
+// work; a MoE layer counts its router and top-k experts) plus attention's q k^T and att v over the query heads:
+// 12 L C T.
 double lp_flops_per_token(const LPConfig* c, int T) {
     double C = c->channels, up, down;
     lp_mlp_active_weights(c, &up, &down);
-    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (4.0 * C * C + up + down);
+    double matmul_weights = (double)c->padded_vocab_size * C + c->num_layers * (lp_attention_weights(c) + up + down);
     return 6.0 * matmul_weights + 12.0 * c->num_layers * C * (double)T;
 }
 #endif  // LLMPAR_IMPLEMENTATION
@@ -9056,16 +9330,16 @@ typedef struct LPPipeShape {
 static inline size_t lp_shape_value_bytes(const LPPipeShape* s) { return s->gpu ? 2 : 4; }
 static inline int lp_shape_master_copy(const LPPipeShape* s) { return s->gpu; }
 
-// Training FLOPs per token of an average layer (lp_mlp_active_weights): 3x its forward's (6 per weight, 12 C T
-// of attention), plus what backward recomputes: under full recomputation all but a dense MLP's projection
-// (16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the whole forward (a
-// checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
+// Training FLOPs per token of an average layer (lp_attention_weights, lp_mlp_active_weights): 3x its forward's
+// (6 per weight, 12 C T of attention), plus what backward recomputes: under full recomputation all but a dense
+// MLP's projection (GPT-2's: 16 C^2 + 4 C T for a dense layer; a MoE layer's experts' too), or with `whole` the
+// whole forward (a checkpointed layer, as Megatron-LM reruns it: 24 C^2 + 4 C T), under selective q k^T (2 C T).
 double lp_layer_flops(const LPConfig* c, int T, int recompute, int whole) {
-    double C = c->channels, up, down;
+    double C = c->channels, A = lp_attention_weights(c), up, down;
     lp_mlp_active_weights(c, &up, &down);
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;
-    double flops = 6.0 * (4.0 * C * C + up + down) + 12.0 * C * T;
-    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (4.0 * C * C + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
+    double flops = 6.0 * (A + up + down) + 12.0 * C * T;
+    if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * (A + up + (whole ? 1.0 : moe) * down) + 4.0 * C * T;
     if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
     return flops;
 }
@@ -9096,7 +9370,7 @@ double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layer
             held = (double)sizes[i] / c->num_layers * layers / (lp_is_expert_tensor(i) ? s->par->ep : 1);  // (an average layer's)
             params += held;
             if (experts && lp_is_expert_tensor(i)) *experts += held;
-        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || k == chunks - 1 : k == chunks - 1) {
+        } else if (i == LP_WPE ? k == 0 : i == LP_WTE ? k == 0 || (!c->untied && k == chunks - 1) : k == chunks - 1) {
             params += sizes[i];
         }
     }
@@ -9113,8 +9387,8 @@ static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
 
 // Bytes one rank of chunk k with `layers` layers holds, keeping `slots` micro-batches' activations.
 // ZeRO shards over d ranks what it shards of the flat parameters in equal parts (a shard each); stages 2
-// and 3 keep wpe and lnf (`outside`) whole, and wte too in a pipeline (copies on two stages; else stage 3
-// gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
+// and 3 keep wpe, lnf and an untied head (`outside`) whole, and wte too in a pipeline with a tied head (copies on
+// two stages; else stage 3 gathers it a piece at a time into two buffers), plus two layers' buffers of gradients (reduced in place,
 // wte's pieces too) or weights when the chunk has layers (section 8).
 double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layers, int slots) {
     int chunks = s->par->pp * s->par->vpp;
@@ -9129,7 +9403,7 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
     parts = shard > 0.0 ? n / shard : 1.0;  // (what a shard is of the whole the rank holds)
     double buffer = layers ? layer : 0.0, piece = 0.0;
-    if (s->par->zero >= 2 && chunks == 1) {  // the only copy of wte, in pieces (section 8)
+    if (s->par->zero >= 2 && (chunks == 1 || (c->untied && k == 0 && layers > 0))) {  // the only copy of wte, in pieces (section 8)
         outside -= (double)sizes[LP_WTE];
         piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
     }
@@ -9302,6 +9576,7 @@ typedef struct LPStage {
     int* tokens;            // (m, 2, B, T/cp) the step's inputs and targets (this rank's rows of them)
     LPSends sends;          // MPI sends in flight
     int inner;              // DiLoCo (par->diloco): inner steps taken in the round under way (0: none since an outer step)
+    float loss_scale;       // the next step's loss scale (LPLossScaler.scale; 1, lp_stage_create's: none)
 #ifdef LLMPAR_NCCL
     // NCCL point-to-point, when the pipeline group runs on NCCL: a two-rank communicator per link between
     // neighbouring stages and direction, so each is used from one stream only. link[0] carries
@@ -9353,6 +9628,7 @@ void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* bas
     st->chunk_s = (double*)calloc((size_t)2 * v, sizeof(double));
     st->chunk_sum = (double*)calloc((size_t)2 * v, sizeof(double));
     lp_schedule_stage(par->schedule, p, v, m, st->s, st->actions);
+    st->loss_scale = 1.0f;
     st->chunks = (LPModel*)lp_host_malloc((size_t)v * sizeof(LPModel), "model chunks");
     for (int c = 0; c < v; c++) {
         LPModelOptions chunk = *base;
@@ -9649,7 +9925,7 @@ void lp_stage_free(LPStage* st) {
 
 #ifdef LLMPAR_IMPLEMENTATION
 // The step's forwards and backwards of m micro-batches from `train`, in the schedule's order; gradients
-// accumulate in the chunks. Every stage reads the micro-batches (the first needs the inputs, the last the
+// accumulate in the chunks, times st->loss_scale. Every stage reads the micro-batches (the first needs the inputs, the last the
 // targets, and all keep the loader's place). Returns the step's mean loss over the whole batch (summed over
 // the pipeline and averaged over DP), on every rank; the auxiliary losses' means in st->aux_loss likewise.
 float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
@@ -9666,7 +9942,10 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
         lp_cp_take(st->tokens + 2 * i * BT, train->inputs, B, train->T, st->cp->rank, st->cp->size);
         lp_cp_take(st->tokens + (2 * i + 1) * BT, train->targets, B, train->T, st->cp->rank, st->cp->size);
     }
-    for (int c = 0; c < v; c++) lp_model_zero_grad(&st->chunks[c]);
+    for (int c = 0; c < v; c++) {
+        lp_model_zero_grad(&st->chunks[c]);
+        st->chunks[c].loss_scale = st->loss_scale;
+    }
     for (int k = 0; k < v * m; k++) st->slot_owner[k] = -1;
     int done[LP_MAX_CHUNKS] = {0};  // backwards run per chunk
     float loss = 0.0f;
@@ -9712,13 +9991,14 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
 }
 
 // The gradient reduction's end. First every copy of the head (wte and lnf: the embedding's on the first
-// chunk, the LM head's on the last, the auxiliary losses' in between) gets the sum of all their gradients,
+// chunk, the LM head's on the last, the auxiliary losses' in between; an untied head's headw and lnf, on the last
+// and the auxiliary losses' chunks, none on the first) gets the sum of all their gradients,
 // summed within this rank and then over the head group, so the copies take the same step and stay equal;
 // then each chunk's gradients are averaged over DP (lp_zero_average: what backward started arrives, the
 // rest is reduced now).
 void lp_step_reduce_grads(LPStage* st) {
     int phase = lp_trace_begin("step", "gradient reduction", -1, -1);
-    const int head[3] = {LP_WTE, LP_LNFW, LP_LNFB};
+    const int head[3] = {st->chunks[0].cfg.untied ? LP_HEADW : LP_WTE, LP_LNFW, LP_LNFB};
     LPModel* sum = NULL;  // this rank's first chunk holding the head
     for (int c = 0; c < st->par->vpp; c++) {
         LPModel* mc = &st->chunks[c];
@@ -9736,10 +10016,19 @@ void lp_step_reduce_grads(LPStage* st) {
     lp_trace_end(phase);
 }
 
-// The global norm of the reduced gradients (before clipping), taken over the whole grid, the same on every rank.
+// The global norm of the reduced gradients (before clipping, the loss scale divided out), taken over the
+// whole grid, the same on every rank. Replicas that train apart (DiLoCo, gossip) sum no gradients, so each
+// has its own norm; there one all-reduce of the replicas' flags makes a norm that is not finite (an overflow,
+// a divergence) every replica's, and all skip or stop alike.
 float lp_step_grad_norm(LPStage* st) {
     int phase = lp_trace_begin("step", "gradient norm", -1, -1);
     float norm = lp_models_grad_norm(st->chunks, st->par->vpp, st->pp->size > 1 ? st->pp : NULL);
+    const LPGroup* replicas = st->chunks[0].zero.replicas;
+    if (replicas) {
+        float bad = !isfinite(norm);
+        lp_all_reduce_host(replicas, &bad, 1, 0);
+        if (bad > 0.0f) norm = NAN;
+    }
     lp_trace_end(phase);
     return norm;
 }
@@ -9880,24 +10169,15 @@ static inline FILE* lp_model_file_open(const char* path, LPConfig* cfg, int* ver
     return f;
 }
 
-// A Llama 3 file's values (file) against the canonical layout (canon, lp_param_shape's): the same tensors but
-// for V rows of wte and the head where the canonical has Vp (the padding zero), and fcw, which the file holds
-// as every layer's up, then every layer's gate, and the canonical as each layer's gate, then up (its two blocks).
-// to_file 1: canon into file; 0: file into canon.
+// A model file's values (file) from the canonical layout (canon, lp_param_shape's) and back (lp_file_run):
+// to_file 1: canon into file; 0: file into canon (the padding rows zero).
 static inline void lp_llama_file_layout(const LPConfig* c, float* file, float* canon, int to_file) {
-    size_t at = 0, C = c->channels, L = c->num_layers, H = lp_ffn_hidden(c);
-    if (!to_file) memset(canon, 0, lp_config_num_params(c) * sizeof(float));
-    for (int i = 0; i < LP_NUM_PARAMS; i++) {
-        size_t count, rows, cols;
-        int blocks;
-        lp_param_shape(c, i, &count, &rows, &cols, &blocks);
-        for (size_t k = 0; k < (i == LP_FCW ? 2 * L : 1); k++) {  // fcw: the file's L ups, then its L gates
-            size_t n = i == LP_WTE || i == LP_HEADW ? (size_t)c->vocab_size * C : i == LP_FCW ? H * C : count * rows * cols;
-            float* x = canon + (i == LP_FCW ? (k % L * 2 + (k < L)) * H * C : 0);  // (layer k % L's block: up 1, gate 0)
-            memcpy(to_file ? file + at : x, to_file ? x : file + at, n * sizeof(float));
-            at += n;
-        }
-        canon += count * rows * cols;
+    size_t n = lp_config_num_params(c);
+    if (!to_file) memset(canon, 0, n * sizeof(float));
+    for (size_t at = 0, k; at < n; at += k) {
+        long long f;
+        k = lp_file_run(c, at, n - at, &f);
+        if (f >= 0) memcpy(to_file ? file + f : canon + at, to_file ? canon + at : file + f, k * sizeof(float));
     }
 }
 
@@ -9994,6 +10274,18 @@ static inline void lp_llama_file_header_of(int h[LP_HEADER_INTS], float hf[LP_LL
     hf[2] = c->rope_theta;
 }
 
+// The header of a model file of shape c, lp_model_file_header_bytes(c) of these bytes: llm.c's ints (a Llama 3
+// file's, then its floats).
+typedef struct {
+    int h[LP_HEADER_INTS];
+    float hf[LP_LLAMA_FLOATS];
+} LPFileHeader;
+static inline void lp_model_file_head(LPFileHeader* head, const LPConfig* c) {
+    memset(head, 0, sizeof(*head));
+    if (c->untied) lp_llama_file_header_of(head->h, head->hf, c);
+    else lp_model_file_header_of(head->h, c);
+}
+
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file (a mixture of experts: 6; the
 // Llama 3 family: llm.c's Llama 3 file, version 3). A mixture of the two families' choices has no file.
 static inline void lp_model_save(const LPModel* m, const char* path) {
@@ -10064,10 +10356,12 @@ static inline int lp_file_crc32c(const char* path, uint32_t* crc, long long* siz
 // file's layout); a DiLoCo run's (par->diloco), whose R replicas each keep their own AdamW state, is version 2:
 // header [20241122, 2, adam step, n low, n high, R] then replica 0's m and v, replica 1's, ..., and the outer
 // momentum (its outer weights are model.bin's: it saves only between rounds, its replicas equal); a reader of
-// version 1 alone refuses it, naming the version. state.bin: header [20241123, 1, step, shard, pos (2), rng (3),
-// B, T, tokens per step, run id, epoch, shuffle, data seed (3), identity bytes], then that many bytes of the
-// run's identity (text, the driver's: the flags that shape its trajectory, lp_checkpoint_identity);
-// checkpoints from before the epoch field read as epoch 0 in file order, from before the identity as having none.
+// version 1 alone refuses it, naming the version. state.bin: header [20241123, 2, step, shard, pos (2), rng (3),
+// B, T, tokens per step, run id, epoch, shuffle, data seed (3), identity bytes, loss scale (the float's bits),
+// clean steps, skipped steps], then that many bytes of the run's identity (text, the driver's: the flags that
+// shape its trajectory, lp_checkpoint_identity); version 1, before loss scaling, is read as a run without it
+// (scale 0); checkpoints from before the epoch field read as epoch 0 in file order, from before the identity as
+// having none.
 
 #define LP_OPTIM_MAGIC 20241122
 #define LP_STATE_MAGIC 20241123
@@ -10083,6 +10377,8 @@ typedef struct LPTrainState {
     int B, T, total_batch;
     int run_id;          // the run's name: random, drawn by its first launch and kept by every resume
     const char* identity;// what makes the run this run (text; NULL: none), saved for a resume to compare; load leaves it
+    LPLossScaler scaler; // dynamic loss scaling (scale 0: none): its scale, clean and skipped steps are saved and
+                         // loaded, its factors and window are the run's (load leaves them)
 } LPTrainState;
 
 #ifdef LLMPAR_IMPLEMENTATION
@@ -10112,13 +10408,13 @@ static inline int lp_checkpoint_remove(const char* dir, char* failed) {
     return rmdir(dir) != 0 ? errno : 0;
 }
 
-// A file of header + payload_bytes (zeros until the ranks fill it in place). Returns 0 or an errno.
-static inline int lp_create_file(const char* path, const int* header, long long payload_bytes) {
+// A file of header_bytes of header + payload_bytes (zeros until the ranks fill it in place). Returns 0 or an errno.
+static inline int lp_create_file(const char* path, const void* header, long long header_bytes, long long payload_bytes) {
     FILE* f = fopen(path, "wb");
     if (!f) return errno;
-    int err = lp_fwrite(header, sizeof(int), LP_HEADER_INTS, f) ? errno : 0;
+    int err = lp_fwrite(header, 1, (size_t)header_bytes, f) ? errno : 0;
     if (!err && fflush(f) != 0) err = errno;
-    if (!err && ftruncate(fileno(f), LP_HEADER_INTS * 4LL + payload_bytes) != 0) err = errno;
+    if (!err && ftruncate(fileno(f), header_bytes + payload_bytes) != 0) err = errno;
     if (fclose(f) != 0 && !err) err = errno;
     return err;
 }
@@ -10207,7 +10503,8 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
     lp_path(model_path, "%s/model.bin", tmp_dir);
     lp_path(optim_path, "%s/optim.bin", tmp_dir);
     lp_path(state_path, "%s/state.bin", tmp_dir);
-    size_t n = m->total_params;
+    size_t n = lp_model_file_values(&m->cfg);  // (a Llama 3 file lacks the padding rows)
+    long long model_base = lp_model_file_header_bytes(&m->cfg);
     int err = 0, replicas = lp_optim_replicas(m);
     char removing[LP_PATH_MAX];
     const char* failed = tmp_dir;
@@ -10217,9 +10514,10 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         lp_crash_point();
         if (!err && mkdir(tmp_dir, 0755) != 0) err = errno;
         lp_crash_point();
+        LPFileHeader head;
+        lp_model_file_head(&head, &m->cfg);
+        if (!err && (err = lp_create_file(model_path, &head, model_base, (long long)n * 4))) failed = model_path;
         int h[LP_HEADER_INTS];
-        lp_model_file_header_of(h, &m->cfg);
-        if (!err && (err = lp_create_file(model_path, h, (long long)n * 4))) failed = model_path;
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_OPTIM_MAGIC;
@@ -10228,11 +10526,11 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         h[3] = (int)(n & 0x7fffffff);
         h[4] = (int)(n >> 31);
         h[5] = replicas > 1 ? replicas : 0;
-        if (!err && (err = lp_create_file(optim_path, h, (2LL * replicas + (replicas > 1)) * n * 4))) failed = optim_path;
+        if (!err && (err = lp_create_file(optim_path, h, LP_HEADER_INTS * 4LL, (2LL * replicas + (replicas > 1)) * n * 4))) failed = optim_path;
         lp_crash_point();
         memset(h, 0, sizeof(h));
         h[0] = LP_STATE_MAGIC;
-        h[1] = 1;
+        h[1] = 2;
         h[2] = st->step;
         h[3] = st->shard;
         h[4] = (int)(st->pos & 0x7fffffff);
@@ -10250,6 +10548,9 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
         h[16] = (int)((st->data_seed >> 31) & 0x7fffffff);
         h[17] = (int)(st->data_seed >> 62);
         h[18] = st->identity ? (int)strlen(st->identity) : 0;
+        memcpy(&h[19], &st->scaler.scale, sizeof(float));
+        h[20] = st->scaler.clean;
+        h[21] = st->scaler.skipped;
         if (!err && (err = lp_write_file(state_path, h, st->identity, (size_t)h[18]))) failed = state_path;
         lp_crash_point();
     }
@@ -10263,7 +10564,7 @@ void lp_checkpoint_save(const LPModel* ms, int n_models, const LPTrainState* st,
                 continue;  // unsharded DP replicas are equal: the first writes (gossip's: the first's weights and state)
             size_t lo = z->shard_start, count = lp_zero_shard_count(z);
             long long base = LP_HEADER_INTS * 4LL, own = base + (replicas > 1 ? 8LL * (long long)n * replica : 0);
-            if (replica == 0 && (err = lp_write_shard(m, p, model_path, base, z->master, lo, count))) failed = model_path;
+            if (replica == 0 && (err = lp_write_shard(m, p, model_path, model_base, z->master, lo, count))) failed = model_path;
             lp_crash_point();
             if (z->off) {  // offloaded: m and v a chunk at a time from the file
                 if (!err && (err = lp_write_offloaded(m, p, optim_path, base, n))) failed = optim_path;
@@ -10384,34 +10685,39 @@ int lp_checkpoint_latest(const char* dir, int before) {
 const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg, int* optim_h, int* state_h, int sums,
                                   char* why, size_t size) {  // (optim_h, state_h: LP_HEADER_INTS ints each)
     const char* names[3] = {"model.bin", "optim.bin", "state.bin"};
-    int model_h[LP_HEADER_INTS], want[LP_HEADER_INTS];
-    int* headers[3] = {model_h, optim_h, state_h};
-    lp_model_file_header_of(want, cfg);
-    size_t n = lp_config_num_params(cfg);
-    long long sizes[3] = {LP_HEADER_INTS * 4LL + 4LL * (long long)n, 0, LP_HEADER_INTS * 4LL};
+    LPFileHeader model_h, want;  // (a Llama 3 file's floats too)
+    int* headers[3] = {model_h.h, optim_h, state_h};
+    lp_model_file_head(&want, cfg);
+    memset(&model_h, 0, sizeof(model_h));
+    size_t n = lp_model_file_values(cfg), head_bytes = (size_t)lp_model_file_header_bytes(cfg);
+    long long sizes[3] = {(long long)head_bytes + 4LL * (long long)n, 0, LP_HEADER_INTS * 4LL};
     char path[LP_PATH_MAX];
     for (int i = 0; i < 3; i++) {
         lp_path(path, "%s/step_%08d/%s", dir, step, names[i]);
         FILE* f = fopen(path, "rb");
-        size_t got = f ? fread(headers[i], sizeof(int), LP_HEADER_INTS, f) : 0;
+        size_t bytes = i ? LP_HEADER_INTS * sizeof(int) : head_bytes, got = f ? fread(headers[i], 1, bytes, f) : 0;
         if (f) fclose(f);
         struct stat sb;
-        if (!f || got != LP_HEADER_INTS || stat(path, &sb) != 0) {
+        if (!f || got != bytes || stat(path, &sb) != 0) {
             snprintf(why, size, "%s: cannot read its header", path);
             return why;
         }
         int* h = headers[i];
         size_t fn = (size_t)(unsigned)h[3] | ((size_t)(unsigned)h[4] << 31);
         int replicas = h[1] == 2 ? h[5] : 1;  // optim.bin's AdamW states (version 2: DiLoCo's replicas, and its momentum)
+        float scale = 0.0f;  // state.bin's loss scale (version 2): 0, or 1 .. 2^24
+        if (i == 2 && h[1] == 2) memcpy(&scale, &h[19], sizeof(float));
         if (i == 1) sizes[1] = LP_HEADER_INTS * 4LL + (8LL * replicas + 4LL * (replicas > 1)) * (long long)n;
-        if (i == 0 && memcmp(h, want, sizeof(want)) != 0)
+        if (i == 0 && memcmp(&model_h, &want, head_bytes) != 0)
             snprintf(why, size, "%s: checkpoint model shape differs from the model being trained", path);
         else if (i == 1 && (h[0] != LP_OPTIM_MAGIC || (h[1] != 1 && h[1] != 2) || (h[1] == 2 && (replicas < 2 || replicas > 1 << 20))))
             snprintf(why, size, "%s: not an llmpar optimizer file (magic %d version %d)", path, h[0], h[1]);
         else if (i == 1 && fn != n)
             snprintf(why, size, "%s: optimizer state holds %zu parameters, the model has %zu", path, fn, n);
-        else if (i == 2 && (h[0] != LP_STATE_MAGIC || h[1] != 1 || h[18] < 0 || h[18] > LP_IDENTITY_MAX))
+        else if (i == 2 && (h[0] != LP_STATE_MAGIC || (h[1] != 1 && h[1] != 2) || h[18] < 0 || h[18] > LP_IDENTITY_MAX))
             snprintf(why, size, "%s: not an llmpar state file (magic %d version %d)", path, h[0], h[1]);
+        else if (i == 2 && (!(scale == 0.0f || (scale >= 1.0f && scale <= LP_LOSS_SCALE_MAX)) || h[20] < 0 || h[21] < 0))
+            snprintf(why, size, "%s: its loss scale %g (clean steps %d, skipped %d) is outside 0 and 1 .. 2^24", path, scale, h[20], h[21]);
         else if ((long long)sb.st_size != sizes[i] + (i == 2 ? h[18] : 0))
             snprintf(why, size, "%s: file is truncated or too long (%lld bytes, expected %lld)", path, (long long)sb.st_size,
                      sizes[i] + (i == 2 ? h[18] : 0));
@@ -10451,11 +10757,13 @@ const char* lp_checkpoint_problem(const char* dir, int step, const LPConfig* cfg
 int lp_checkpoint_shape(const char* dir, int step, LPConfig* cfg) {
     char path[LP_PATH_MAX];
     lp_path(path, "%s/step_%08d/model.bin", dir, step);
-    int h[LP_HEADER_INTS];
+    LPFileHeader head;
     FILE* f = fopen(path, "rb");
-    int ok = f && fread(h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS && h[0] == LP_MODEL_MAGIC;
+    int ok = f && fread(head.h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS &&
+             (head.h[0] == LP_MODEL_MAGIC || (head.h[0] == LP_LLAMA_MAGIC && fread(head.hf, sizeof(float), LP_LLAMA_FLOATS, f) == LP_LLAMA_FLOATS));
     if (f) fclose(f);
-    if (ok) lp_config_of_header(h, cfg);
+    if (ok) lp_config_of_header(head.h, cfg);
+    if (ok && head.h[0] == LP_LLAMA_MAGIC) lp_config_of_llama_floats(head.hf, cfg);
     return ok ? 0 : -1;
 }
 
@@ -10544,7 +10852,7 @@ void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char*
         lp_fail_all("%s: holds the AdamW states of %d DiLoCo replicas; resume it with %s and %d data-parallel replicas", path,
                     saved, LP_SETTING(diloco), saved);
     FILE* f = lp_fopen(path, "rb");
-    size_t n = ms->total_params;
+    size_t n = lp_model_file_values(&ms->cfg);  // (optim.bin's values are in the model file's layout)
     for (int c = 0; c < n_models; c++) {
         LPModel* m = &ms[c];
         for (int p = 0; p < m->parts; p++) {
@@ -10594,6 +10902,13 @@ void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char*
     st->epoch = state_h[13];
     st->shuffle = state_h[14];
     st->data_seed = (uint64_t)(unsigned)state_h[15] | ((uint64_t)(unsigned)state_h[16] << 31) | ((uint64_t)(unsigned)state_h[17] << 62);
+    st->scaler.scale = 0.0f;  // (version 1: no loss scaling)
+    st->scaler.clean = st->scaler.skipped = 0;
+    if (state_h[1] >= 2) {
+        memcpy(&st->scaler.scale, &state_h[19], sizeof(float));
+        st->scaler.clean = state_h[20];
+        st->scaler.skipped = state_h[21];
+    }
 }
 #endif  // LLMPAR_IMPLEMENTATION
 

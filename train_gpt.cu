@@ -35,6 +35,8 @@ typedef struct {
     float weight_decay;      // -c
     float beta1, beta2, eps; // --beta1, --beta2, --eps: AdamW's
     float grad_clip;         // --grad-clip
+    int dtype;               // --dtype: the compute type, the build's (lp_dtype_names)
+    LPLossScaler scaler;     // --loss-scale, --loss-scale-backoff, --loss-scale-growth, --loss-scale-window
     int val_every;           // -v
     int val_batches;         // -m
     int sample_every;        // -s
@@ -97,6 +99,16 @@ static const char* const lp_llmc_recompute[] = {"none", "selective", "selective"
 static const char* const lp_decay_names[] = {"cosine", "linear", NULL};
 enum { LP_STOP, LP_SKIP, LP_ROLLBACK };
 static const char* const lp_divergence_names[] = {"stop", "skip", "rollback", NULL};
+static const char* const lp_dtype_names[] = {"fp32", "bf16", "fp16", NULL};
+// The CUDA build's --dtype, and its --loss-scale: on for fp16 (2^16, where Micikevicius et al. 2018 and PyTorch's
+// GradScaler start), off for bf16
+#ifdef LLMPAR_FP16
+#define LP_CUDA_DTYPE "fp16"
+#define LP_LOSS_SCALE_DEFAULT "65536"
+#else
+#define LP_CUDA_DTYPE "bf16"
+#define LP_LOSS_SCALE_DEFAULT "0"
+#endif
 
 #define LP_FIELD(x) offsetof(LPFlags, x)
 static const LPFlagSpec lp_flag_specs[] = {
@@ -138,6 +150,23 @@ static const LPFlagSpec lp_flag_specs[] = {
      "AdamW's epsilon, added to the square root of the second moment; > 0"},
     {"--grad-clip", NULL, LP_FLAG_FLOAT, LP_FIELD(grad_clip), "1.0", "1.0", "F", NULL, NULL,
      "clip the global gradient norm to F (0: off)"},
+    {"--dtype", NULL, LP_FLAG_CHOICE, LP_FIELD(dtype), "fp32", LP_CUDA_DTYPE, "NAME", NULL, lp_dtype_names,
+     "the weights', gradients' and activations' type (master weights and AdamW state are fp32): fp32 | bf16 | fp16, "
+     "chosen when the engine is built, so it must be the build's: the CPU engine computes in fp32, make train_gpt in bf16, "
+     "make train_gpt_fp16 in fp16 (which turns --loss-scale on)"},
+    {"--loss-scale", NULL, LP_FLAG_FLOAT, LP_FIELD(scaler.scale), "0", LP_LOSS_SCALE_DEFAULT, "S", NULL, NULL,
+     "dynamic loss scaling, for fp16: backward starts from the loss's gradient times S and the update divides it out; a "
+     "step whose gradients hold an inf or NaN (an overflow, seen in the gradient norm) is skipped on every rank and S "
+     "multiplied by --loss-scale-backoff, and after --loss-scale-window clean steps S is multiplied by "
+     "--loss-scale-growth (S stays within 1 .. 2^24; an overflow at 1 is a divergence, --on-divergence's). The step line "
+     "shows S and the steps skipped; checkpoints keep S. 0: off. Default 65536 (2^16) in the fp16 build, off in the "
+     "others (the CPU engine runs it in fp32 all the same)"},
+    {"--loss-scale-backoff", NULL, LP_FLAG_FLOAT, LP_FIELD(scaler.backoff), "0.5", "0.5", "F", NULL, NULL,
+     "with --loss-scale: the scale's factor after an overflow, 0 < F < 1"},
+    {"--loss-scale-growth", NULL, LP_FLAG_FLOAT, LP_FIELD(scaler.growth), "2", "2", "F", NULL, NULL,
+     "with --loss-scale: the scale's factor after --loss-scale-window clean steps in a row, F >= 1"},
+    {"--loss-scale-window", NULL, LP_FLAG_INT, LP_FIELD(scaler.window), "1000", "1000", "N", NULL, NULL,
+     "with --loss-scale: clean steps (no overflow) in a row before the scale grows, N >= 1"},
     {NULL, "-v", LP_FLAG_INT, LP_FIELD(val_every), "20", "50", "N", NULL, NULL, "val loss every N steps and at the end (0: never)"},
     {NULL, "-m", LP_FLAG_INT, LP_FIELD(val_batches), "4", "2", "N", NULL, NULL, "val batches per evaluation (0: the whole val set)"},
     {"--eval-hellaswag", NULL, LP_FLAG_STRING, LP_FIELD(hellaswag), "", "", "FILE", NULL, NULL,
@@ -649,6 +678,23 @@ static void lp_check_flags(LPFlags* f) {
         lp_fail_all("flag %s rollback: needs %s DIR, for the checkpoints to roll back to", LP_FLAG_NAME(on_divergence),
                     LP_FLAG_NAME(out_dir));
     if (f->loss_spike < 0.0f) lp_fail_all("flag %s: must be >= 0 (0: off), got %g", LP_FLAG_NAME(loss_spike), f->loss_spike);
+    if (strcmp(lp_dtype_names[f->dtype], LP_FLOATX_NAME) != 0)
+        lp_fail_all("flag %s %s: this engine computes in %s, a choice made when it is built (%s)", LP_FLAG_NAME(dtype),
+                    lp_dtype_names[f->dtype], LP_FLOATX_NAME,
+                    f->dtype == 0 ? "the CPU engine, make train_gpt_cpu, is the fp32 one" :
+                    f->dtype == 1 ? "make train_gpt builds the bf16 engine" : "make train_gpt_fp16 builds the fp16 engine");
+    const LPLossScaler* ls = &f->scaler;
+    if (!(ls->scale == 0.0f || (ls->scale >= 1.0f && ls->scale <= LP_LOSS_SCALE_MAX)))
+        lp_fail_all("flag %s: must be 0 (off) or 1 .. 2^24, got %g", LP_FLAG_NAME(scaler.scale), ls->scale);
+    if (!(ls->backoff > 0.0f && ls->backoff < 1.0f))
+        lp_fail_all("flag %s: must be > 0 and < 1, got %g", LP_FLAG_NAME(scaler.backoff), ls->backoff);
+    if (!(ls->growth >= 1.0f && ls->growth <= LP_LOSS_SCALE_MAX))
+        lp_fail_all("flag %s: must be 1 .. 2^24, got %g", LP_FLAG_NAME(scaler.growth), ls->growth);
+    if (ls->window < 1) lp_fail_all("flag %s: must be >= 1, got %d", LP_FLAG_NAME(scaler.window), ls->window);
+    if (ls->scale == 0.0f && (lp_flag_typed(f, LP_FIELD(scaler.backoff)) || lp_flag_typed(f, LP_FIELD(scaler.growth)) ||
+                              lp_flag_typed(f, LP_FIELD(scaler.window))))
+        lp_fail_all("flags %s %s %s: only with %s S (loss scaling is off)", LP_FLAG_NAME(scaler.backoff),
+                    LP_FLAG_NAME(scaler.growth), LP_FLAG_NAME(scaler.window), LP_FLAG_NAME(scaler.scale));
     if (f->resume_changed && !f->resume)
         lp_fail_all("flag %s: only with %s", LP_FLAG_NAME(resume_changed), LP_FLAG_NAME(resume));
     if (f->resume && f->overwrite)
@@ -813,6 +859,25 @@ static float lp_injected_loss(int k, float loss) {
         else value = strtof(end + 1, NULL);
     }
     return k == at ? value : loss;
+}
+
+// Test hook for loss scaling, in a build with LLMPAR_TEST_HOOKS: LLMPAR_OVERFLOW_AT=k[:r] makes the gradients
+// of this process's k-th training step overflow (on world rank r alone, when given): its loss's gradient seed
+// is infinite there, as the seed times a scale too large would be, so backward spreads infs and NaNs through
+// every gradient it reaches. Returns the loss scale step k runs with.
+static float lp_injected_overflow(int k, int rank, float scale) {
+    static int at = -1, on = -1;  // (read once)
+    if (at < 0) {
+#ifdef LLMPAR_TEST_HOOKS
+        const char* e = getenv("LLMPAR_OVERFLOW_AT");
+#else
+        const char* e = NULL;
+#endif
+        char* end = NULL;
+        at = e ? (int)strtol(e, &end, 10) : 0;
+        if (e && *end == ':') on = (int)strtol(end + 1, NULL, 10);
+    }
+    return k == at && (on < 0 || on == rank) ? INFINITY : scale;
 }
 
 static void lp_mkdirs(const char* dir) {
@@ -1129,6 +1194,9 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
            r->total_batch, par->micro_batches);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            lp_decay_names[f->decay], f->lr * f->final_lr_frac);
+    if (f->scaler.scale > 0.0f)
+        lp_log("loss scale       dynamic, from %.9g: x%g after a step whose gradients overflow (its update skipped on every "
+               "rank), x%g after %d clean steps\n", f->scaler.scale, f->scaler.backoff, f->scaler.growth, f->scaler.window);
     lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
            " (recompute %s, attention %s)\n", par->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
            optim_bytes / MiB, act_bytes / MiB, lp_recompute_names[par->recompute],
@@ -1215,6 +1283,14 @@ static int lp_identity_differs(const char* was, const char* now, int step, int n
     return n;
 }
 
+// Loss scaling once a checkpoint is loaded (a resume, a rollback): its scale and counts go on, unless this run
+// has scaling off, or the checkpoint had it off (then this run starts from its own first scale).
+static void lp_run_scaler_loaded(LPTrainRun* r) {
+    LPLossScaler* s = &r->state.scaler;
+    if (r->f->scaler.scale == 0.0f) s->scale = 0.0f;
+    else if (s->scale == 0.0f) s->scale = r->f->scaler.scale, s->clean = 0;
+}
+
 // -o: the directory and its lock (rank 0 holds it for the job: one run per directory), then either the
 // newest usable checkpoint (--resume: rank 0 checks it, checksums too; a damaged one is reported once and
 // the one before it tried; one of another run identity is refused) or a fresh run's id, the checkpoints of
@@ -1262,6 +1338,7 @@ static void lp_run_open_output(LPTrainRun* r) {
         }
         LPTrainState* state = &r->state;
         lp_checkpoint_load(r->stage.chunks, r->stage.par->vpp, state, f->out_dir, latest);
+        lp_run_scaler_loaded(r);
         if (state->T != f->T || state->total_batch != r->total_batch)
             lp_fail_all("flag --resume: checkpoint step %d was trained with -t %d and %d tokens per step; this run "
                         "has -t %d and %d", latest, state->T, state->total_batch, f->T, r->total_batch);
@@ -1282,7 +1359,9 @@ static void lp_run_open_output(LPTrainRun* r) {
         }
         lp_fail_all_from_rank0(proc, why);
         if (f->max_steps > 0) lp_dataloader_seek(&r->train, state->epoch, state->shard, state->pos);
-        lp_log("resumed from %s/step_%08d (run %08x)\n", f->out_dir, latest, state->run_id);
+        lp_log("resumed from %s/step_%08d (run %08x)", f->out_dir, latest, state->run_id);
+        if (state->scaler.scale > 0.0f) lp_log(", loss scale %.9g, %d step(s) skipped so far", state->scaler.scale, state->scaler.skipped);
+        lp_log("\n");
         if (latest >= f->max_steps)
             lp_log("notice: the run has done %d steps, -x asks for %d: nothing left to train (a larger -x trains on)\n",
                    latest, f->max_steps);
@@ -1334,13 +1413,16 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     r->proc = proc;
     int from_scratch = r->preset = lp_model_config(f, proc, &r->cfg);
     lp_grid_check(proc, &r->cfg);
-    if (!lp_config_is_gpt2(&r->cfg) && f->out_dir[0])
-        lp_fail_all("flag -o %s: checkpoints are not yet for the Llama family (train without -o)", f->out_dir);
     if (!lp_config_is_gpt2(&r->cfg) && f->aux_layers && f->aux_layers[0])
         lp_fail_all("flag --aux-loss-layers %s: not yet for the Llama family", f->aux_layers);
+#ifndef LLMPAR_CPU  // (the CPU engine runs both; here they are untested, and the cached attention takes no grouped-query attention yet)
+    if (!lp_config_is_gpt2(&r->cfg) && f->out_dir[0])
+        lp_fail_all("flag -o %s: checkpoints of the Llama family are not yet on the CUDA engine (./train_gpt_cpu saves them)", f->out_dir);
+    if (!lp_config_is_gpt2(&r->cfg) && f->sample_every > 0)
+        lp_fail_all("flag %s %d: sampling the Llama family is not yet on the CUDA engine (-s 0; ./train_gpt_cpu samples it)",
+                    LP_FLAG_NAME(sample_every), f->sample_every);
+#endif
     if (f->trace[0]) lp_trace_check_path(f, proc);
-    if (!lp_config_is_gpt2(&r->cfg) && f->sample_every > 0)  // (its key-value cache has no RoPE offset or GQA yet)
-        lp_fail_all("flag %s %d: sampling is not yet for the Llama family (-s 0)", LP_FLAG_NAME(sample_every), f->sample_every);
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->par->dp;
     r->total_batch = f->total_batch ? f->total_batch : tokens_per_micro;
@@ -1353,8 +1435,8 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     lp_stage_create(&r->stage, &r->cfg, &chunks, f->B, f->T);
     float* weights = NULL;
     if (from_scratch) {
-        lp_log("initialising a new depth-%d GPT-2 (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers, r->cfg.channels,
-               r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
+        lp_log("initialising a new depth-%d %s (C=%d, NH=%d) with seed %llu%s\n", r->cfg.num_layers, lp_config_is_gpt2(&r->cfg) ? "GPT-2" : "Llama",
+               r->cfg.channels, r->cfg.num_heads, f->seed, f->resume ? " (the newest checkpoint in -o replaces its weights)" : "");
     } else {
         lp_log("loading %s\n", f->init);
         weights = lp_model_file_read_shared(f->init, &r->cfg, &proc->world_group);
@@ -1416,6 +1498,7 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     lp_report_setup(r, rank_params, param_bytes, grad_bytes, optim_bytes, offloaded_bytes, act_bytes);
 
     r->state.rng = f->seed ^ 0x9E3779B97F4A7C15ull;
+    r->state.scaler = f->scaler;  // (a resume takes the checkpoint's scale and counts: lp_run_scaler_loaded)
     if (f->out_dir[0]) lp_run_open_output(r);
     LPAdamW opt = {f->beta1, f->beta2, f->eps, f->weight_decay, f->grad_clip};
     r->opt = opt;
@@ -1543,6 +1626,7 @@ static int lp_run_diverged(LPTrainRun* r, int step, const char* diverged, int ba
         return step + 1;
     }
     lp_checkpoint_load(r->stage.chunks, r->stage.par->vpp, &r->state, f->out_dir, r->on_disk);
+    lp_run_scaler_loaded(r);
     r->stage.inner = 0;  // (--diloco: a checkpoint is between rounds)
     lp_log("step %d/%d | rolled back to checkpoint step %d, the batches of the %d step(s) since skipped: %s\n", step + 1,
            f->max_steps, r->on_disk, step + 1 - r->on_disk, diverged);
@@ -1558,6 +1642,8 @@ typedef struct {
     float spread;         // --gossip: the replicas' spread after it (lp_step_replicas)
     char diverged[200];   // why the divergence guard stopped it, or ""
     int bad_weights;      // the update left a weight that is not finite
+    float scale;          // --loss-scale: the loss scale it ran with (0: none)
+    int overflow;         // its gradients overflowed: its update skipped, the scale backed off (not the guard's)
 } LPStepRecord;
 
 // The step line (and main.log), and the timings and traffic the end report sums.
@@ -1583,6 +1669,11 @@ static void lp_report_step(LPTrainRun* r, int step, const LPStepRecord* s, doubl
         lp_log(" | moe aux %.4f z %.4f, dropped %.1f%%, busiest %.0f%%", moe->aux, moe->z, 100.0 * moe->dropped / moe->routed,
                100.0 * moe->busiest / moe->passes);
     if (proc->par->gossip) lp_log(" | spread %.3e", s->spread);
+    const LPLossScaler* ls = &r->state.scaler;
+    if (s->overflow)
+        lp_log(" | overflow: update skipped, loss scale %.9g -> %.9g, %d skipped", s->scale, ls->scale, ls->skipped);
+    else if (s->scale > 0.0f)
+        lp_log(" | loss scale %.9g, %d skipped", s->scale, ls->skipped);
     if (r->stage.num_aux) {
         lp_log(" | aux loss");
         for (int j = 0; j < r->stage.num_aux; j++) lp_log(" %d: %f", r->stage.aux[j], r->stage.aux_loss[j]);
@@ -1596,6 +1687,7 @@ static void lp_report_step(LPTrainRun* r, int step, const LPStepRecord* s, doubl
         lp_log("GPU memory in use: %.0f MiB\n", lp_device_memory_used_mib());
     if (r->logf) {
         fprintf(r->logf, "s:%d trl:%f\n", step + 1, loss);
+        if (s->overflow) fprintf(r->logf, "s:%d skip:%d\n", step + 1, ls->skipped);  // (loss scaling's skipped steps so far)
         fflush(r->logf);
     }
 }
@@ -1705,6 +1797,9 @@ static void lp_report_end(LPTrainRun* r) {
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);  // ru_maxrss is in KiB on Linux
     lp_log("peak host memory of rank 0 (RSS): %.0f MiB\n", usage.ru_maxrss / 1024.0);
+    if (r->state.scaler.scale > 0.0f)
+        lp_log("loss scale %.9g at the end; %d step(s) skipped for an overflow of their gradients\n", r->state.scaler.scale,
+               r->state.scaler.skipped);
     int steps = r->traffic_steps;  // (fewer than -x asked when a signal stopped the run)
     const LPGroup* tr = &r->tp_traffic;
     if (proc->par->tp > 1 && steps > 0)
@@ -2000,14 +2095,19 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         s.tp_before = proc->group[LP_TP];
         s.cp_before = proc->group[LP_CP];
         s.dp_before = *lp_dp_group(proc);
+        s.scale = r.state.scaler.scale;           // --loss-scale: the gradients are of the loss times it
+        r.stage.loss_scale = lp_injected_overflow(r.computed + 1, proc->rank, s.scale > 0.0f ? s.scale : 1.0f);
         s.loss = lp_injected_loss(++r.computed, lp_step_forward_backward(&r.stage, &r.train));  // m micro-batches
         lp_device_sync();
         s.t1 = lp_time_s();
         s.busy_s = s.t1 - s.t0 - (lp_watchdog.waited - waited);
         lp_step_reduce_grads(&r.stage);           // averaged over DP (ZeRO: onto the shards); the head's copies summed
-        s.norm = lp_step_grad_norm(&r.stage);     // the global norm, before clipping
+        s.norm = lp_step_grad_norm(&r.stage);     // the global norm, before clipping (the loss scale divided out)
         s.lr = lp_lr_schedule(step, f->max_steps, f->warmup, f->lr, f->final_lr_frac, f->decay == 0);
-        if (!lp_run_diverging(&r, step, &s)) {    // the guard: a loss or norm that diverged is never applied
+        // loss scaling first: gradients not finite under a finite loss are an overflow, the update skipped and
+        // the scale backed off (its own skip, apart from the guard's); what it does not take is the guard's
+        s.overflow = isfinite(s.loss) && lp_loss_scaler_update(&r.state.scaler, s.norm);
+        if (!s.overflow && !lp_run_diverging(&r, step, &s)) {  // the guard: a loss or norm that diverged is never applied
             s.bad_weights = !lp_step_update(&r.stage, s.lr, s.norm, &r.opt);  // clipping, AdamW; ZeRO gathers
             if (!s.bad_weights) s.spread = lp_step_replicas(&r.stage, &f->outer);  // --diloco, --gossip: DP here
         }
@@ -2036,8 +2136,6 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
 static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
-    if (!lp_config_is_gpt2(&cfg))  // (section 11's FLOPs and memory count GPT-2's tensors and activations)
-        lp_fail_all("flag --print-schedule: not yet for the Llama family (-e %s; its FLOPs and memory are counted as GPT-2's)", f->init);
     LPParallel par = f->par;
     long long tp_pp = (long long)par.tp * par.cp * par.pp;
     par.dp = proc->world % tp_pp == 0 ? (int)(proc->world / tp_pp) : 1;
@@ -2148,12 +2246,12 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
 static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
-    if (!lp_config_is_gpt2(&cfg)) lp_fail_all("flag --auto: not yet for the Llama family (its grids are not yet run: -e %s)", f->init);
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     int ranks_here;
     char about[256], why[256];
     LPPlanMachine mach = lp_auto_machine(proc, &ranks_here, about, sizeof(about));
-    LPPlanModel model = lp_plan_model_gpt(&cfg);
+    LPPlanModel model = lp_plan_model_gpt(&cfg);  // (the Llama family: its K/V heads and SwiGLU's width, as the planner's modern block)
+    if (!lp_config_is_gpt2(&cfg)) model.kv_heads = lp_kv_heads(&cfg), model.ffn = lp_ffn_hidden(&cfg), model.swiglu = cfg.swiglu;
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * proc->world;
     struct { size_t field; unsigned bit; } kept[] = {
         {LP_FIELD(par.tp), LP_FIX_TP}, {LP_FIELD(par.pp), LP_FIX_PP}, {LP_FIELD(par.vpp), LP_FIX_VPP}, {LP_FIELD(par.ep), LP_FIX_EP},

@@ -149,12 +149,12 @@ sass_solves() {
 }
 
 # the hazard check (dev/cudaemu/README.md) over every kernel of training steps: one rank with selective
-# recomputation, two with --tp 2, two with ZeRO-2; each run must end. One check (after model_extrapolates,
-# which builds the counting binary).
+# recomputation, two with --tp 2, two with ZeRO-2, one rank of the Llama family (grouped-query flash attention,
+# RoPE, RMSNorm, SwiGLU); each run must end. One check (after model_extrapolates, which builds the counting binary).
 kernels_hazard_free() {
     local ok=1 out
     [ -x ./train_gpt_emu_prof ] || return
-    for grid in "1 --recompute selective" "2 --tp 2" "2 -z 2"; do
+    for grid in "1 --recompute selective" "2 --tp 2" "2 -z 2" "1 -e llama:d2"; do
         set -- $grid
         local np=$1
         shift
@@ -163,7 +163,7 @@ kernels_hazard_free() {
         grep -q "^step 2/2 " <<< "$out" || { echo "$out" | tail -n 3; ok=0; }
     done
     if [ $ok = 1 ]; then
-        echo "     the hazard check: no shared-memory hazard in the kernels of training steps (1 rank, --tp 2, ZeRO-2)"
+        echo "     the hazard check: no shared-memory hazard in the kernels of training steps (1 rank, --tp 2, ZeRO-2, a Llama)"
         passed=$((passed + 1))
     else
         echo "FAIL the hazard check finds a shared-memory hazard, or the runs under it did not end"
@@ -181,6 +181,14 @@ emulated_tier() {
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests (its build done at $SECONDS s)"
     run_tier dev/cudaemu/test_cudaemu
     run_tier ./test_gpt_emu
+    run_tier bash scripts/test_hf.sh ./train_gpt_emu  # a random transformers Llama on the CUDA engine
+    # the fp16 build (make train_gpt_fp16's sources with LLMPAR_FP16): its kernels, steps and runs
+    if make -s -j"$jobs" test_gpt_fp16_emu train_gpt_fp16_emu train_gpt_fp16_emu_hooks; then
+        run_tier ./test_gpt_fp16_emu
+    else
+        echo "FAIL the emulated fp16 build (make test_gpt_fp16_emu train_gpt_fp16_emu train_gpt_fp16_emu_hooks)"
+        failed=$((failed + 1))
+    fi
     if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
         example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
         example_two_files "CUDA emulated, 12 steps" dev/examples/two_files_emu 12
@@ -219,6 +227,14 @@ if command -v nvcc > /dev/null 2>&1; then
     [ "$has_gpu" = 1 ] && hooks=(train_gpt_hooks)
     if ! make -s -j"$jobs" USE_CUDNN=$cudnn train_gpt test_gpt "${hooks[@]}"; then
         echo "FAIL the CUDA build"
+        failed=$((failed + 1))
+    fi
+    # the fp16 engine (make train_gpt_fp16) keeps compiling warning-free; without a GPU for one architecture, as
+    # the examples below (a third of the time)
+    arch=()
+    [ "$has_gpu" = 1 ] || arch=(CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+    if ! make -s -j"$jobs" train_gpt_fp16 "${arch[@]}"; then
+        echo "FAIL the fp16 CUDA build (make train_gpt_fp16)"
         failed=$((failed + 1))
     fi
 else
@@ -353,6 +369,7 @@ run_tier bash scripts/test_data_path.sh
 run_tier bash scripts/test_hf.sh
 if [ "$has_gpu" = 1 ] && [ -x ./test_gpt ]; then
     run_tier ./test_gpt
+    run_tier bash scripts/test_hf.sh ./train_gpt  # a random transformers Llama on the CUDA engine
 elif command -v nvcc > /dev/null 2>&1; then
     emulated_tier
 else

@@ -4,7 +4,8 @@
 # reads them back; dev/hf/test_hf.py checks what they wrote (logits against dev/ref/gpt2_ref.py, the
 # tokenizer files against the shipped shards' tokens, transformers itself when installed); bad input is
 # one line naming the file, a non-zero exit and no output left. Needs python3 with numpy and tiktoken,
-# else it skips; and ./train_gpt_cpu (make). Prints "N passed, N failed" last.
+# else it skips; and ./train_gpt_cpu (make). With an argument, a CUDA engine (./train_gpt_emu, ./train_gpt),
+# only check_llama's loss and 30 steps on it, to 1e-2. Prints "N passed, N failed" last.
 set -u
 cd "$(dirname "$0")/.."
 passed=0
@@ -37,9 +38,16 @@ if ! python3 -c "import numpy, tiktoken" > /dev/null 2>&1; then
     echo "0 passed, 0 failed"
     exit 0
 fi
-echo "Hugging Face GPT-2: dev/hf/export.py, dev/hf/import.py"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+if [ $# -gt 0 ]; then  # bash scripts/test_hf.sh ENGINE: the Llama's checks alone on a CUDA engine (make test: ./train_gpt_emu)
+    echo "Hugging Face Llama on $1 (dev/hf/test_hf.py --llama-cuda)"
+    tally python3 dev/hf/test_hf.py --llama-cuda "$tmp" "$1"
+    echo "$passed passed, $failed failed"
+    [ "$failed" = 0 ]
+    exit
+fi
+echo "Hugging Face GPT-2: dev/hf/export.py, dev/hf/import.py"
 
 # a depth-2 GPT-2 as the engine makes it (GPT-2's vocabulary, 1024 positions): its step-0 checkpoint
 ./train_gpt_cpu -e d2 -x 0 -v 0 -s 0 -o "$tmp/run" > "$tmp/run.log" 2>&1

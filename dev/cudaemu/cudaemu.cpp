@@ -367,19 +367,19 @@ uint64_t cudaemu_warp_op(const char* site, int kind, unsigned mask, uint64_t bit
     return warp_op(site, PROF_SITE, kind, mask, bits, arg, width, nullptr);
 }
 
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (cudaemu.h): a full-warp operation whose last lane to
-// arrive places every lane's registers in A (16 x 16), B (16 x 8) and C (16 x 8) as the PTX ISA does and
-// computes D for all of them.
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, or .f16 (cudaemu.h): a full-warp operation whose last
+// lane to arrive places every lane's registers in A (16 x 16), B (16 x 8) and C (16 x 8) as the PTX ISA does
+// and computes D for all of them.
 struct MmaCall {
     float* d;
     const uint32_t *a, *b;
     const float* c;
+    cudaDataType type;  // the operands': CUDA_R_16BF or CUDA_R_16F
 };
-static float bf16_half(uint32_t r, int high) {  // a register's bf16 element: the lower index in the low 16 bits
-    uint32_t u = (high ? r >> 16 : r & 0xffffu) << 16;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
+static float operand_half(uint32_t r, int high, cudaDataType type) {  // a register's element: the lower index in the low 16 bits
+    uint16_t u = (uint16_t)(high ? r >> 16 : r & 0xffffu);
+    if (type == CUDA_R_16F) return __half2float(__ushort_as_half(u));
+    return __bfloat162float(__ushort_as_bfloat16(u));
 }
 static void mma_m16n8k16_all(void* const* lanes) {
     if (prof_in_kernel) {
@@ -390,9 +390,11 @@ static void mma_m16n8k16_all(void* const* lanes) {
     for (int l = 0; l < 32; l++) {
         const MmaCall* m = (const MmaCall*)lanes[l];
         int g = l / 4, t = l % 4;
+        cudaDataType type = ((const MmaCall*)lanes[0])->type;
+        if (m->type != type) emu_fatal("mma.sync.m16n8k16: lanes 0 and %d give other operand types (one instruction has one)", l);
         for (int i = 0; i < 8; i++) {  // element i: register i / 2; row g + 8 (register 1, 3), column 2t + i % 2 + 8 (i >= 4)
-            A[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] = bf16_half(m->a[i / 2], i % 2);
-            if (i < 4) B[2 * t + i % 2 + 8 * (i / 2)][g] = bf16_half(m->b[i / 2], i % 2);  // row 2t + i % 2 + 8 (i >= 2)
+            A[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] = operand_half(m->a[i / 2], i % 2, type);
+            if (i < 4) B[2 * t + i % 2 + 8 * (i / 2)][g] = operand_half(m->b[i / 2], i % 2, type);  // row 2t + i % 2 + 8 (i >= 2)
             if (i < 4) C[g + 8 * (i / 2)][2 * t + i % 2] = m->c[i];
         }
     }
@@ -401,16 +403,17 @@ static void mma_m16n8k16_all(void* const* lanes) {
         for (int i = 0; i < 4; i++) {
             int r = l / 4 + 8 * (i / 2), c = 2 * (l % 4) + i % 2;
             float s = C[r][c];
-            for (int k = 0; k < 16; k++) s += A[r][k] * B[k][c];  // bf16 products are exact in fp32
+            for (int k = 0; k < 16; k++) s += A[r][k] * B[k][c];  // bf16 and fp16 products are exact in fp32
             m->d[i] = s;
         }
     }
 }
 
 static void prof_warp_inst(uintptr_t site, int cls);
-void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], cudaDataType type) {
     prof_warp_inst(PROF_SITE, S_MMA);
-    MmaCall m{d, a, b, c};
+    if (type != CUDA_R_16BF && type != CUDA_R_16F) emu_fatal("mma.sync.m16n8k16: the operands are .bf16 or .f16 here, not type %d", (int)type);
+    MmaCall m{d, a, b, c, type};
     warp_op("mma.sync.m16n8k16", PROF_SITE, CUDAEMU_SYNCWARP, 0xffffffffu, (uint64_t)(uintptr_t)&m, 0, 32, mma_m16n8k16_all);
 }
 
@@ -1363,7 +1366,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { ret
 }  // extern "C"
 
 // ----------------------------------------------------------------------------------------------------
-// 8. cuBLASLt: a reference GEMM (fp32 accumulation, bf16 or fp32 matrices) that checks the arguments
+// 8. cuBLASLt: a reference GEMM (fp32 accumulation, bf16, fp16 or fp32 matrices) that checks the arguments
 // against cuBLASLt's documented rules first and stops with the rule's name when one is broken
 
 struct cublasLtContext {
@@ -1413,8 +1416,8 @@ static void lt_check(const char* call, const Desc& d, const Layout& A, const Lay
     const Layout* ls[4] = {&A, &B, &C, &D};
     const char* names = "ABCD";
     for (int i = 0; i < 4; i++) {
-        if (ls[i]->type != CUDA_R_16BF && ls[i]->type != CUDA_R_32F)
-            lt_rule(call, "matrix %c: only CUDA_R_16BF and CUDA_R_32F are emulated", names[i]);
+        if (ls[i]->type != CUDA_R_16BF && ls[i]->type != CUDA_R_16F && ls[i]->type != CUDA_R_32F)
+            lt_rule(call, "matrix %c: only CUDA_R_16BF, CUDA_R_16F and CUDA_R_32F are emulated", names[i]);
         if (ls[i]->ld < (int64_t)std::max<uint64_t>(1, ls[i]->rows))
             lt_rule(call, "matrix %c: leading dimension %lld is less than its %llu rows (column-major)", names[i],
                     (long long)ls[i]->ld, (unsigned long long)ls[i]->rows);
@@ -1459,10 +1462,13 @@ static void lt_check(const char* call, const Desc& d, const Layout& A, const Lay
 }
 
 static float lt_load(const void* p, cudaDataType t, size_t i) {
-    return t == CUDA_R_32F ? ((const float*)p)[i] : __bfloat162float(((const __nv_bfloat16*)p)[i]);
+    if (t == CUDA_R_32F) return ((const float*)p)[i];
+    if (t == CUDA_R_16F) return __half2float(((const __half*)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16*)p)[i]);
 }
-static void lt_store(void* p, cudaDataType t, size_t i, float v) {
+static void lt_store(void* p, cudaDataType t, size_t i, float v) {  // rounded to nearest even, as cuBLASLt's epilogue stores
     if (t == CUDA_R_32F) ((float*)p)[i] = v;
+    else if (t == CUDA_R_16F) ((__half*)p)[i] = __float2half_rn(v);
     else ((__nv_bfloat16*)p)[i] = __float2bfloat16_rn(v);
 }
 
@@ -1793,7 +1799,9 @@ static size_t nccl_bytes(ncclDataType_t t) {
     }
 }
 static float nccl_load(const char* p, ncclDataType_t t, size_t i) {
-    return t == ncclFloat32 ? ((const float*)p)[i] : __bfloat162float(((const __nv_bfloat16*)p)[i]);
+    if (t == ncclFloat32) return ((const float*)p)[i];
+    if (t == ncclFloat16) return __half2float(((const __half*)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16*)p)[i]);
 }
 
 // out[i] = op over ranks (in rank order) of blocks[r][i]
@@ -1804,6 +1812,7 @@ static void nccl_reduce(void* out, const char* blocks, size_t count, const Call&
         for (int r = 1; r < ranks; r++) acc += nccl_load(blocks + r * stride, c.type, i);
         if (c.op == ncclAvg) acc /= ranks;
         if (c.type == ncclFloat32) ((float*)out)[i] = acc;
+        else if (c.type == ncclFloat16) ((__half*)out)[i] = __float2half_rn(acc);  // (an fp16 sum past 65504 is inf, as NCCL's)
         else ((__nv_bfloat16*)out)[i] = __float2bfloat16_rn(acc);
     }
 }
@@ -1875,7 +1884,8 @@ static ncclResult_t nccl_call(const char* name, Call k, ncclComm_t comm, cudaStr
     touch();
     if (!comm) emu_fatal("%s: the communicator is NULL", name);
     if (k.kind == C_ALLREDUCE || k.kind == C_REDUCESCATTER || k.kind == C_REDUCE) {
-        if (k.type != ncclBfloat16 && k.type != ncclFloat32) emu_fatal("%s: reductions are emulated for ncclBfloat16 and ncclFloat32", name);
+        if (k.type != ncclBfloat16 && k.type != ncclFloat16 && k.type != ncclFloat32)
+            emu_fatal("%s: reductions are emulated for ncclBfloat16, ncclFloat16 and ncclFloat32", name);
         if (k.op != ncclSum && k.op != ncclAvg) emu_fatal("%s: only ncclSum and ncclAvg are emulated", name);
     }
     if (send_bytes && !mem_range_ok(k.send, send_bytes, MEM_DEVICE))

@@ -11,7 +11,8 @@ CUDA build's sources, with cudaemu.cpp linked in place of libcudart, cuBLASLt an
   - cuBLASLt: the subset llmpar uses, as a reference GEMM that enforces the documented argument rules;
   - NCCL: the calls llmpar makes, over MPI (one emulated GPU per rank), asynchronous on their stream.
 
-CUDA's own headers supply the types (cuda_bf16.h's host code does the bf16 rounding, so it is NVIDIA's).
+CUDA's own headers supply the types (cuda_bf16.h's and cuda_fp16.h's host code do the bf16 and fp16
+rounding, so it is NVIDIA's).
 What it proves and what it cannot: dev/cudaemu/README.md.
 */
 #ifndef CUDAEMU_H
@@ -28,6 +29,7 @@ What it proves and what it cannot: dev/cudaemu/README.md.
 
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cublasLt.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -103,15 +105,16 @@ static inline unsigned cudaemu_mask(unsigned m) { return m ? m : 0xffffffffu; }
 #define __ballot_sync(mask, pred) ((unsigned)cudaemu_warp_op(CUDAEMU_SITE, CUDAEMU_BALLOT, mask, (pred) != 0, 0, 32))
 #endif
 
-// ---- tensor cores: the instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (llmpar's lp_mma
-// issues it by inline PTX under nvcc, and calls this here): D (16 x 8) = A (16 x 16) B (16 x 8) + C,
+// ---- tensor cores: the instruction mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, or .f16 (`type`
+// CUDA_R_16BF or CUDA_R_16F: llmpar's lp_mma issues it by inline PTX under nvcc, with floatX's type, and
+// calls this here): D (16 x 8) = A (16 x 16) B (16 x 8) + C,
 // warp-collective like a full-mask shuffle (all 32 lanes must arrive: a partial or divergent warp is an
 // error). Each lane passes its registers as the PTX ISA places them (g = lane / 4, t = lane % 4; a
 // register's lower 16 bits hold the lower column, or row for B): a[0] A's row g, columns 2t and 2t + 1;
 // a[1] row g + 8, the same columns; a[2], a[3] those rows at columns 2t + 8, 2t + 9; b[0] B's rows 2t,
 // 2t + 1 of column g, b[1] rows 2t + 8, 2t + 9; c and d: c[0], c[1] row g, columns 2t and 2t + 1, c[2],
 // c[3] row g + 8. Sums in fp32 from C up over k in order.
-void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]);
+void cudaemu_mma_m16n8k16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4], cudaDataType type);
 // Its operand loader ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (lp_ldmatrix): four 8 x 8 bf16
 // matrices from shared memory, warp-collective as above. Lane l names row l % 8 of matrix l / 8 (16 bytes,
 // 16-byte aligned); matrix i lands in register d[i], lane l holding its row l / 4, columns 2 (l % 4) and

@@ -57,14 +57,14 @@ int main(void) {
     floatX *qkv = random_bf16((size_t)T * 3 * C, &rng), *y = random_bf16((size_t)T * C, &rng);
     floatX *dy = random_bf16((size_t)T * C, &rng), *dqkv = random_bf16((size_t)T * 3 * C, &rng);
     float* lse = (float*)lp_device_malloc((size_t)NH * T * sizeof(float), "model_check");
-    lp_flash_attention_forward_gpu(y, lse, qkv, 1, T, C, NH);
-    lp_flash_attention_backward_gpu(dqkv, dy, y, qkv, lse, 1, T, C, NH);
+    lp_flash_attention_forward_gpu(y, lse, qkv, 1, T, C, NH, NH);
+    lp_flash_attention_backward_gpu(dqkv, dy, y, qkv, lse, 1, T, C, NH, NH);
     // the cublas path's (--attention cublas): permutes, the batched products, the softmax and its backward
     floatX *qkvr = random_bf16((size_t)3 * T * C, &rng), *att = random_bf16((size_t)T * T, &rng);
     floatX *dqkvr = random_bf16((size_t)3 * T * C, &rng), *datt = random_bf16((size_t)T * T, &rng);
     floatX* scratch = random_bf16((size_t)T * C, &rng);
-    lp_attention_forward_gpu(y, qkvr, att, qkv, 1, T, C, NH);
-    lp_attention_backward_gpu(dqkv, dqkvr, datt, scratch, dy, qkvr, att, 1, T, C, NH);
+    lp_attention_forward_gpu(y, qkvr, att, qkv, 1, T, C, NH, NH);
+    lp_attention_backward_gpu(dqkv, dqkvr, datt, scratch, dy, qkvr, att, 1, T, C, NH, NH);
 
     int N = 64 * 1024;  // 124M's LayerNorm rows at B = 64
     C = 768;
@@ -72,7 +72,7 @@ int main(void) {
     floatX *ln = random_bf16((size_t)N * C, &rng), *dln = random_bf16((size_t)N * C, &rng), *dx = random_bf16((size_t)N * C, &rng);
     floatX *dw = random_bf16(C, &rng), *db = random_bf16(C, &rng);
     float *mean = (float*)lp_device_malloc(N * sizeof(float), "model_check"), *rstd = (float*)lp_device_malloc(N * sizeof(float), "model_check");
-    lp_layernorm_forward_gpu(ln, mean, rstd, x, w, b, N, C);
+    lp_layernorm_forward_gpu(ln, mean, rstd, x, w, b, N, C, 1e-5f);
     lp_layernorm_backward_gpu(dx, dw, db, dln, x, w, mean, rstd, N, C);
 
     N = 1024;  // 124M's classifier rows at B = 1, its (padded) vocabulary

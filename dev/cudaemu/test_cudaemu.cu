@@ -196,20 +196,30 @@ __global__ void warp_exchange(int* out, int sync) {
     out[threadIdx.x] = s[threadIdx.x ^ 1];
 }
 
+// float -> fp16 -> float in a kernel (__float2half_rn and __half2float, as a GPU converts), and the fp16
+// bits.
+__global__ void half_round_trip(float* back, unsigned short* bits, const float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    __half h = __float2half_rn(x[i]);
+    back[i] = __half2float(h);
+    bits[i] = __half_as_ushort(h);
+}
+
 // One m16n8k16 product per warp: each lane's registers (4 of A, 2 of B, 4 of C) as the host placed them,
-// its 4 elements of D back in the same order.
-__global__ void mma_product(float* d, const uint32_t* a, const uint32_t* b, const float* c) {
+// its 4 elements of D back in the same order; A and B of `type` (CUDA_R_16BF or CUDA_R_16F).
+__global__ void mma_product(float* d, const uint32_t* a, const uint32_t* b, const float* c, int type) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     uint32_t ra[4] = {a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]}, rb[2] = {b[2 * i], b[2 * i + 1]};
     float rc[4] = {c[4 * i], c[4 * i + 1], c[4 * i + 2], c[4 * i + 3]}, rd[4];
-    cudaemu_mma_m16n8k16(rd, ra, rb, rc);
+    cudaemu_mma_m16n8k16(rd, ra, rb, rc, (cudaDataType)type);
     for (int k = 0; k < 4; k++) d[4 * i + k] = rd[k];
 }
 
 __global__ void mma_partial_warp(float* d, const uint32_t* a, const uint32_t* b, const float* c) {  // lanes 16..31 leave first
     if (threadIdx.x >= 16) return;
     float rd[4];
-    cudaemu_mma_m16n8k16(rd, a, b, c);
+    cudaemu_mma_m16n8k16(rd, a, b, c, CUDA_R_16BF);
     d[threadIdx.x] = rd[0];
 }
 
@@ -255,13 +265,23 @@ __global__ void async_tiles(int* out, const int* in, int tiles, int wait, int re
 
 // ---- cases: 0 and the right values, or an error
 
-// mma.m16n8k16 for two warps, each with its own random bf16 A (16 x 16), B (16 x 8) and fp32 C, against a
-// double-precision product. The registers are filled by the PTX ISA's formulas (section "Matrix Fragments
+// mma.m16n8k16 for two warps, each with its own random A (16 x 16) and B (16 x 8) of `type` (bf16, or fp16:
+// the .f16 instruction the fp16 build issues) and fp32 C, against a double-precision product. The registers are filled by the PTX ISA's formulas (section "Matrix Fragments
 // for mma.m16n8k16 with floating point type"), written out here apart from the emulator's: with
 // g = lane / 4, t = lane % 4, A's element ai (i = 0..7, two per register, lower i in the low half) sits at
 // row g for i in {0, 1, 4, 5}, else g + 8, column 2t + (i & 1), + 8 for i >= 4; B's bi (i = 0..3) at row
 // 2t + (i & 1), + 8 for i >= 2, column g; C's and D's ci at row g, + 8 for i >= 2, column 2t + (i & 1).
-static int case_mma(void) {
+static uint16_t mma_operand(float x, int type, float* rounded) {  // x rounded to the type, and its bits
+    if (type == CUDA_R_16F) {
+        __half v = __float2half(x);
+        *rounded = __half2float(v);
+        return __half_as_ushort(v);
+    }
+    __nv_bfloat16 v = __float2bfloat16(x);
+    *rounded = __bfloat162float(v);
+    return __bfloat16_as_ushort(v);
+}
+static int case_mma(int type) {
     enum { WARPS = 2, LANES = 32 * WARPS };
     srand((unsigned)time(NULL));
     cudaemu_racecheck(1);
@@ -272,15 +292,13 @@ static int case_mma(void) {
             int g = l / 4, t = l % 4, lane = 32 * w + l;
             for (int i = 0; i < 8; i++) {
                 int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8, col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
-                __nv_bfloat16 v = __float2bfloat16(2.0f * rand() / RAND_MAX - 1.0f);
-                ha[w][row][col] = __bfloat162float(v);
-                ra[4 * lane + i / 2] |= (uint32_t)__bfloat16_as_ushort(v) << (16 * (i & 1));
+                uint16_t v = mma_operand(2.0f * rand() / RAND_MAX - 1.0f, type, &ha[w][row][col]);
+                ra[4 * lane + i / 2] |= (uint32_t)v << (16 * (i & 1));
             }
             for (int i = 0; i < 4; i++) {
                 int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0);
-                __nv_bfloat16 v = __float2bfloat16(2.0f * rand() / RAND_MAX - 1.0f);
-                hb[w][row][g] = __bfloat162float(v);
-                rb[2 * lane + i / 2] |= (uint32_t)__bfloat16_as_ushort(v) << (16 * (i & 1));
+                uint16_t v = mma_operand(2.0f * rand() / RAND_MAX - 1.0f, type, &hb[w][row][g]);
+                rb[2 * lane + i / 2] |= (uint32_t)v << (16 * (i & 1));
                 hc[w][g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = rc[4 * lane + i] = 2.0f * rand() / RAND_MAX - 1.0f;
             }
         }
@@ -293,7 +311,7 @@ static int case_mma(void) {
     CHECK(cudaMemcpy(a, ra, sizeof(ra), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(b, rb, sizeof(rb), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(c, rc, sizeof(rc), cudaMemcpyHostToDevice));
-    LAUNCH(mma_product, 1, LANES, 0, 0, d, a, b, c);
+    LAUNCH(mma_product, 1, LANES, 0, 0, d, a, b, c, type);
     CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
     for (int lane = 0; lane < LANES; lane++)
         for (int i = 0; i < 4; i++) {
@@ -559,7 +577,7 @@ static int case_counts(void) {
     cublasLtMatmulPreferenceCreate(&pref);
     cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
     cublasLtMatmul(h, desc, &alpha, in, la, in, lb, &beta, out, ld, out, ld, &heur.algo, NULL, 0, 0);
-    LAUNCH(mma_product, 1, 64, 0, 0, out, (const uint32_t*)in, (const uint32_t*)in, in);
+    LAUNCH(mma_product, 1, 64, 0, 0, out, (const uint32_t*)in, (const uint32_t*)in, in, (int)CUDA_R_16BF);
     cudaemu_counts mma = cudaemu_profile_counts("mma_product");  // 2 warps, a product (one instruction) each
     int bad = mma.flops == 2 * 2.0 * 16 * 8 * 16 && mma.tensor == 2 ? 0 : 5;
     if (bad) printf("mma_product: %.0f FLOPs, %.0f instructions counted, want %.0f, 2\n", mma.flops, mma.tensor, 2 * 2.0 * 16 * 8 * 16);
@@ -670,6 +688,103 @@ static int case_gemm_ld(int ld) {  // a 16 x 8 column-major A with leading dimen
     return found == 1 ? 0 : 4;
 }
 
+// fp16 as a GPU rounds it (the fp16 build's every store): a kernel's __float2half_rn against a reference
+// written here from IEEE 754's binary16 (11 significant bits, exponents -14 .. 15, subnormals in steps of
+// 2^-24, round to nearest with ties to even, overflow to inf from 65520), on the cases that tell roundings
+// apart (ties either way, the subnormals' ties, the largest finite and the first overflow, signs, NaN) and
+// on 4096 random values over fp16's range.
+static double half_reference(double x) {
+    if (x != x) return x;
+    double a = fabs(x);
+    if (a >= 65520.0) return copysign(INFINITY, x);  // (65504 + half a step: the tie rounds to even, which overflows)
+    int e;
+    frexp(a, &e);  // a = f 2^e, f in [0.5, 1): the step is 2^(e - 11), or 2^-24 below 2^-14
+    double step = ldexp(1.0, (e - 1 < -14 ? -14 : e - 1) - 10), q = a / step, r = floor(q);
+    if (q - r > 0.5 || (q - r == 0.5 && fmod(r, 2.0) == 1.0)) r += 1.0;
+    return copysign(r * step, x);
+}
+static int case_half_rounding(void) {
+    enum { FIXED = 20, N = FIXED + 4096 };
+    static float x[N], back[N];
+    static unsigned short bits[N];
+    const float fixed[FIXED] = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-11f + 0x1p-20f, -(2.0f + 0x1p-10f),
+                                65504.0f, 65519.0f, 65520.0f, -65536.0f, 0x1p-24f, 0x1p-25f, 3 * 0x1p-26f, 0x1p-26f,
+                                0x1p-14f - 0x1p-25f, 0x1p-14f, -0x1p-15f - 0x1p-26f, 0.0f, -0.0f, 3.14159265f, NAN, 1e-30f};
+    srand((unsigned)time(NULL));
+    for (int i = 0; i < N; i++)
+        x[i] = i < FIXED ? fixed[i] : (rand() % 2 ? -1.0f : 1.0f) * ldexpf((float)rand() / RAND_MAX, rand() % 42 - 25);
+    float *dx, *dback;
+    unsigned short* dbits;
+    CHECK(cudaMalloc((void**)&dx, sizeof(x)));
+    CHECK(cudaMalloc((void**)&dback, sizeof(back)));
+    CHECK(cudaMalloc((void**)&dbits, sizeof(bits)));
+    CHECK(cudaMemcpy(dx, x, sizeof(x), cudaMemcpyHostToDevice));
+    LAUNCH(half_round_trip, (N + 255) / 256, 256, 0, 0, dback, dbits, (const float*)dx, (int)N);
+    CHECK(cudaMemcpy(back, dback, sizeof(back), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(bits, dbits, sizeof(bits), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < N; i++) {
+        double want = half_reference(x[i]);
+        int same = want != want ? back[i] != back[i] : (double)back[i] == want && signbit(back[i]) == signbit(want);
+        if (!same) {
+            printf("fp16 rounding of %.9g: %.9g (bits %04x), want %.9g\n", x[i], back[i], bits[i], want);
+            return 2;
+        }
+    }
+    if (bits[6] != 0x7C00 || bits[8] != 0x0001 || bits[16] != 0x8000) {  // 65520 -> +inf, 2^-24 the least subnormal, -0
+        printf("fp16 bits: 65520 -> %04x (want 7c00), 2^-24 -> %04x (0001), -0 -> %04x (8000)\n", bits[6], bits[8], bits[16]);
+        return 2;
+    }
+    return 0;
+}
+
+// cuBLASLt with fp16 matrices (CUDA_R_16F, the fp16 build's every matmul): D (24 x 20) = A (24 x 40) B (40 x
+// 20) with fp32 accumulation, D rounded to fp16 once; against a double product of the same fp16 inputs:
+// within half an fp16 step of the result plus fp32's sums (2^-20 of the terms' magnitudes).
+static int case_gemm_f16(void) {
+    enum { M = 24, K = 40, N = 20 };
+    __half ha[M * K], hb[K * N], hd[M * N];
+    srand((unsigned)time(NULL));
+    for (int i = 0; i < M * K; i++) ha[i] = __float2half(4.0f * rand() / RAND_MAX - 2.0f);
+    for (int i = 0; i < K * N; i++) hb[i] = __float2half(4.0f * rand() / RAND_MAX - 2.0f);
+    __half *a, *b, *d;
+    CHECK(cudaMalloc((void**)&a, sizeof(ha)));
+    CHECK(cudaMalloc((void**)&b, sizeof(hb)));
+    CHECK(cudaMalloc((void**)&d, sizeof(hd)));
+    CHECK(cudaMemcpy(a, ha, sizeof(ha), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(b, hb, sizeof(hb), cudaMemcpyHostToDevice));
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    float alpha = 1.0f, beta = 0.0f;
+    cublasLtCreate(&h);
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, M, K, M);  // column-major
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, K, N, K);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_16F, M, N, M);
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+    if (found != 1) return 4;
+    cublasLtMatmul(h, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &heur.algo, NULL, 0, 0);
+    CHECK(cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double ref = 0.0, mag = 0.0;
+            for (int k = 0; k < K; k++) {
+                double p = (double)__half2float(ha[i + k * M]) * __half2float(hb[k + j * K]);
+                ref += p, mag += fabs(p);
+            }
+            double got = __half2float(hd[i + j * M]), step = ldexp(1.0, (int)floor(log2(fabs(ref) > 0x1p-14 ? fabs(ref) : 0x1p-14)) - 10);
+            if (!(fabs(got - ref) <= 0.5 * step + 0x1p-20 * mag)) {
+                printf("cuBLASLt fp16: D[%d][%d] = %.8g, want %.8g\n", i, j, got, ref);
+                return 2;
+            }
+        }
+    return 0;
+}
+
 static int run_case(const char* name) {
     if (!strcmp(name, "block_sum")) return case_block_sum(1);
     if (!strcmp(name, "missing_syncthreads")) return case_block_sum(0);
@@ -689,7 +804,10 @@ static int run_case(const char* name) {
         CHECK(cudaDeviceSynchronize());
         return 0;
     }
-    if (!strcmp(name, "mma")) return case_mma();
+    if (!strcmp(name, "mma")) return case_mma(CUDA_R_16BF);
+    if (!strcmp(name, "mma_f16")) return case_mma(CUDA_R_16F);
+    if (!strcmp(name, "half_rounding")) return case_half_rounding();
+    if (!strcmp(name, "gemm_f16")) return case_gemm_f16();
     if (!strcmp(name, "mma_partial_warp")) {
         uint32_t* r;
         float* out;
@@ -801,6 +919,9 @@ int main(int argc, char** argv) {
         {"cooperative_groups", "", 1, ""},
         {"partial_warp_shuffle", "", 0, "which has exited (a shuffle with inactive lanes)"},
         {"mma", "", 1, ""},
+        {"mma_f16", "", 1, ""},
+        {"half_rounding", "", 1, ""},
+        {"gemm_f16", "", 1, ""},
         {"mma_partial_warp", "", 0, "waits at mma.sync.m16n8k16 (mask 0xffffffff) for lane 16, which has exited"},
         {"ldmatrix", "", 1, ""},
         {"ldmatrix_misaligned", "", 0, "ldmatrix: the row address"},

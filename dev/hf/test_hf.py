@@ -4,9 +4,11 @@ The checks of export.py and import.py that read what they wrote (scripts/test_hf
 into TMP first, then this): logits from the exported safetensors by a GPT-2 written the Hugging Face way
 against dev/ref/gpt2_ref.py on the llm.c file; the bf16 exports' bits; the tokenizer files driving a plain
 BPE encoder against the shipped shards' tokens; and, when transformers and torch import, the same through
-transformers itself. Prints "PASS ..." and "FAIL ..." lines, and "skip: ..." for checks it cannot run.
+transformers itself; a random transformers Llama through the engine. Prints "PASS ..." and "FAIL ..." lines,
+and "skip: ..." for checks it cannot run.
 
-    python3 dev/hf/test_hf.py TMP
+    python3 dev/hf/test_hf.py TMP D2_MODEL ./train_gpt_cpu
+    python3 dev/hf/test_hf.py --llama-cuda TMP ./train_gpt_emu   # the Llama's checks alone, on the CUDA engine
 """
 import filecmp
 import json
@@ -518,7 +520,7 @@ def check_transformers(tmp, docs, engine):
 
 
 def engine_losses(engine, model_bin, shard, *flags):
-    """The train and val losses ./train_gpt_cpu prints for a model file on a shard (B 2, T 16)."""
+    """The train and val losses an engine (./train_gpt_cpu, ./train_gpt_emu) prints for a model file on a shard (B 2, T 16)."""
     run = subprocess.run([engine, "-e", model_bin, "-i", shard, "-j", shard, "-b", "2", "-t", "16", "-s", "0", *flags],
                          capture_output=True, text=True)
     train = [float(l.split()[4]) for l in run.stdout.splitlines() if l.startswith("step ")]
@@ -526,11 +528,13 @@ def engine_losses(engine, model_bin, shard, *flags):
     return train, val, (run.stderr.strip().splitlines() or [""])[-1]
 
 
-def check_llama(tmp, engine):
+def check_llama(tmp, engine, cuda=False):
     """(5) the Llama 3 family: a random transformers LlamaForCausalLM (hidden 64, 2 layers, 4 heads, 2 KV heads,
     intermediate 172, rope_theta 500000, untied, vocabulary 1000; its weights drawn wide, so every part of the
     model moves the loss), saved by save_pretrained (fp32 whole; bf16 in shards), imported: the engine's loss is
-    transformers' (float64); exported back, the safetensors' tensors are the saved ones byte for byte"""
+    transformers' (float64); exported back, the safetensors' tensors are the saved ones byte for byte. cuda: the
+    engine is the CUDA build (bf16 activations and gradients; ./train_gpt_emu where there is no GPU): its loss
+    and 30 steps only (the files are the CPU run's checks), to 1e-2"""
     try:
         import torch
         import transformers
@@ -551,7 +555,7 @@ def check_llama(tmp, engine):
         logits = model.double()(torch.tensor(x)).logits
         hf_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 1000), torch.tensor(y).reshape(-1)).item()
     model.float()
-    for dtype in ("fp32", "bf16"):
+    for dtype in ("fp32",) if cuda else ("fp32", "bf16"):
         saved = os.path.join(tmp, f"llama_{dtype}")
         if dtype == "fp32":
             model.save_pretrained(saved)
@@ -564,9 +568,11 @@ def check_llama(tmp, engine):
               + (f" ({err})" if err else ""))
         if dtype == "fp32":
             _, val, err = engine_losses(engine, model_bin, shard, "-x", "0", "-v", "1", "-m", "1")
-            engine_loss = val[-1] if val else float("nan")
-            check(abs(engine_loss - hf_loss) <= 1e-4, f"a random transformers LlamaForCausalLM (GQA, RoPE theta 500000, "
-                  f"untied): the engine's loss {engine_loss:.6f} = transformers' {hf_loss:.6f} (1e-4){' ' + err if not val else ''}")
+            engine_loss, tol = val[-1] if val else float("nan"), 1e-2 if cuda else 1e-4
+            check(abs(engine_loss - hf_loss) <= tol, f"a random transformers LlamaForCausalLM (GQA, RoPE theta 500000, "
+                  f"untied): {engine}'s loss {engine_loss:.6f} = transformers' {hf_loss:.6f} ({tol:g}){' ' + err if not val else ''}")
+        if cuda:
+            break
         out = os.path.join(tmp, f"llama_{dtype}_back")
         run = subprocess.run([sys.executable, os.path.join(HERE, "export.py"), model_bin, "--out", out, "--dtype", dtype],
                              capture_output=True, text=True)
@@ -584,8 +590,9 @@ def check_llama(tmp, engine):
             check(np.array_equal(got, logits.numpy()), "LlamaForCausalLM.from_pretrained(export) gives the saved model's "
                   "logits exactly (its config.json's RoPE read back)")
     # 30 AdamW steps of the engine on the batch (lr 2e-4 constant, betas 0.9 0.95, weight decay 0.1 on the matrices,
-    # the gradient's norm clipped to 1) against torch.optim.AdamW on transformers' model in float64
-    steps, lr = 30, 2e-4
+    # the gradient's norm clipped to 1) against torch.optim.AdamW on transformers' model in float64. The CUDA
+    # engine's bf16 drifts from it by 0.7% over the 30 (measured; RoPE's backward turning the wrong way: 5%)
+    steps, lr, tol = 30, 2e-4, 2e-2 if cuda else 1e-5
     train, _, err = engine_losses(engine, os.path.join(tmp, "llama_fp32.bin"), shard, "-x", str(steps), "-v", "0", "-u", "0",
                                   "-q", "1", "-l", str(lr), "--shuffle", "0")
     ref_model = transformers.LlamaForCausalLM.from_pretrained(os.path.join(tmp, "llama_fp32")).double()
@@ -604,9 +611,9 @@ def check_llama(tmp, engine):
         opt.step()
         ref.append(loss.item())
     worst = max((abs(a - b) / b for a, b in zip(train, ref)), default=float("inf"))
-    check(len(train) == steps and worst <= 1e-5, f"30 AdamW steps of the imported Llama: the engine's losses ({ref[0]:.4f} to "
+    check(len(train) == steps and worst <= tol, f"30 AdamW steps of the imported Llama: {engine}'s losses ({ref[0]:.4f} to "
           f"{train[-1] if train else float('nan'):.4f}) = torch.optim.AdamW's on transformers' model in float64 (worst "
-          f"{worst:.1e} relative, tolerance 1e-5){' ' + err if not train else ''}")
+          f"{worst:.1e} relative, tolerance {tol:g}){' ' + err if not train else ''}")
 
 
 def check_moe_refused(tmp):
@@ -619,6 +626,9 @@ def check_moe_refused(tmp):
 
 
 def main():
+    if sys.argv[1] == "--llama-cuda":  # python3 dev/hf/test_hf.py --llama-cuda TMP ENGINE: the CUDA engine's Llama checks alone
+        check_llama(sys.argv[2], sys.argv[3], cuda=True)
+        return
     tmp, d2_model, engine = sys.argv[1:4]
     check_moe_refused(tmp)
     check_logits(tmp, d2_model)
