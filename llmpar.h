@@ -261,8 +261,10 @@ int lp_config_from_name(LPConfig* c, const char* name);
 // 3. topology (section)
 // an error every rank detects alike: rank 0 prints it, every rank exits 1
 void lp_fail_all(const char* fmt, ...) LP_PRINTF(1, 2);
-// place this rank on par's t x d x p grid (sets par->dp) and make its groups
+// place this rank on par's t x cp x d x p grid (sets par->dp) and make its groups
 void lp_grid_init(LPProcess* proc, LPParallel* par);
+// the ranks averaging this one's gradients: its dp group, with context parallelism its cp x d ranks
+const LPGroup* lp_dp_group(const LPProcess* proc);
 // NULL when model c splits over t tensor-parallel ranks, else why not (into why)
 const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size);
 void lp_grid_check(const LPProcess* proc, const LPConfig* c);  // lp_tp_check on the process's grid: an error on every rank if not
@@ -303,6 +305,8 @@ void lp_barrier(const LPGroup* g);  // wait until every rank of the group is her
 void lp_comm_init(LPProcess* proc);  // choose the transport for device tensors (NCCL, or MPI) and start it
 
 // 6. data (section)
+// context parallelism: the query-key pairs rank `rank` of cp scores in a sequence of T tokens (its two chunks)
+double lp_cp_attention_pairs(int T, int rank, int cp);
 // go to (epoch, shard, pos), as a checkpoint's state names them
 void lp_dataloader_seek(LPDataLoader* d, int epoch, int shard, size_t pos);
 // open the shards o->pattern matches, this data-parallel rank's slice of each batch
@@ -1183,6 +1187,7 @@ int lp_config_from_name(LPConfig* c, const char* name) {
 typedef struct LPParallel {
     int tp, dp, pp;          // t, d, p: tensor, data and pipeline parallel sizes (dp: the ranks left, lp_grid_init sets it)
     int ep;                  // expert parallelism inside DP: a MoE layer's experts split over ep of the d ranks (section 9)
+    int cp;                  // context parallelism: each sequence's tokens split over cp ranks, attention a ring (section 9)
     int vpp;                 // v: model chunks per pipeline stage (interleaving)
     int schedule;            // the pipeline's order of forwards and backwards, LP_SCHEDULE_* (section 4)
     const char* partition;   // layers per chunk: "balanced", "uniform" or a list "L1,L2,..." (lp_pp_partition)
@@ -1214,7 +1219,7 @@ static const char* const lp_recompute_names[] = {"none", "selective", "full", NU
 // defaults of train_gpt.cu's flags).
 static const LPParallel lp_parallel_one = {
     1, 1, 1,           // tp, dp, pp
-    1,                 // ep
+    1, 1,              // ep, cp
     1,                 // vpp
     LP_SCHEDULE_1F1B,  // schedule
     "balanced",        // partition
@@ -1238,22 +1243,26 @@ static inline const char* lp_setting_name(size_t offset, const char* field) {
 #define LP_SETTING(field) lp_setting_name(offsetof(LPParallel, field), "LPParallel." #field)
 
 // The grid as data: its axes, innermost first. TP is innermost because tensor-parallel ranks exchange the
-// most data (they should share a node), then DP, then PP outermost. A rank's coordinate on an axis is its
-// rank divided by the sizes of the axes inside, modulo the axis's size:
-//     rank = (pp_rank * d + dp_rank) * t + tp_rank
+// most data (they should share a node), then CP (its ring sends each layer's keys and values), then DP, then
+// PP outermost. A rank's coordinate on an axis is its rank divided by the sizes of the axes inside, modulo
+// the axis's size:
+//     rank = ((pp_rank * d + dp_rank) * cp + cp_rank) * t + tp_rank
 // and each axis has a group: the ranks that differ from this one on that axis alone. A new axis is one
 // entry here (and one size in LPParallel).
+// Context parallelism's cp ranks hold the same weights and each a share of every sequence of their replica's
+// batch, so the gradients are averaged, and ZeRO shards, over the cp x d ranks together (group LP_DPCP,
+// Megatron-LM's data-parallel group with context parallelism; lp_dp_group).
 // Expert parallelism splits DP in two (Megatron-LM's expert and expert-data-parallel groups): the d ranks
 // are d/ep replicas of ep neighbours, dp_rank = edp_rank * ep + ep_rank. The ep neighbours (group LP_EP)
 // hold a MoE layer's experts between them and send each other the tokens (section 9); the replicas of
 // the same experts (group LP_EDP) average those experts' gradients. Dense tensors stay with LP_DP.
-enum { LP_TP, LP_DP, LP_PP, LP_AXES, LP_EP = LP_AXES, LP_EDP, LP_GROUPS };
+enum { LP_TP, LP_CP, LP_DP, LP_PP, LP_AXES, LP_EP = LP_AXES, LP_EDP, LP_DPCP, LP_GROUPS };
 typedef struct {
     const char* name;  // the group's, in error messages
     size_t size;       // offsetof(LPParallel, its size)
 } LPAxis;
-static const LPAxis lp_axes[LP_AXES] = {{"tp", offsetof(LPParallel, tp)}, {"dp", offsetof(LPParallel, dp)},
-                                        {"pp", offsetof(LPParallel, pp)}};
+static const LPAxis lp_axes[LP_AXES] = {{"tp", offsetof(LPParallel, tp)}, {"cp", offsetof(LPParallel, cp)},
+                                        {"dp", offsetof(LPParallel, dp)}, {"pp", offsetof(LPParallel, pp)}};
 #ifdef LLMPAR_IMPLEMENTATION
 static inline int lp_axis_size(const LPParallel* par, int a) { return *(const int*)((const char*)par + lp_axes[a].size); }
 #endif  // LLMPAR_IMPLEMENTATION
@@ -1266,7 +1275,7 @@ typedef struct LPGroup {
     ncclComm_t nccl;   // NULL: this group's collectives go over MPI
 #endif
     int rank, size;
-    const char* name;  // "tp", "dp", "pp", "ep", "edp" or "world", for error messages
+    const char* name;  // "tp", "cp", "dp", "pp", "ep", "edp", "dpcp" or "world", for error messages
     // device-tensor traffic so far, per kind of operation (LP_ALL_REDUCE, ...): calls, and bytes of the
     // whole tensor each moved (an all-reduce's buffer; a reduce-scatter's input; an all-gather's output;
     // what a send sent)
@@ -1290,7 +1299,8 @@ typedef struct LPProcess {
     int rank, world;
     const LPParallel* par;          // the grid's sizes and every parallel setting (lp_grid_init)
     int coord[LP_GROUPS];           // this rank's coordinate on each axis (and DP's two): coord[LP_TP] is its TP rank
-    LPGroup group[LP_GROUPS];       // its group on each: group[LP_DP] averages the gradients, group[LP_EP] holds the experts
+    LPGroup group[LP_GROUPS];       // its group on each: group[LP_CP] runs the ring attention, group[LP_EP] holds the experts,
+                                    //   lp_dp_group averages the gradients
     LPGroup world_group;
     int device;                     // the GPU this rank uses (CUDA build)
     int gpus;                       // distinct GPUs in the run (ranks may share one, as in tests on one GPU)
@@ -1356,15 +1366,30 @@ static inline void lp_replicas_check(const LPParallel* par) {
         lp_fail_all("%s %d with %s: the replicas' exchange works on the optimizer state in memory", mode, value, LP_SETTING(offload));
 }
 
-// Place this rank on the grid par describes, d = world / (t p) (par->dp is set), and make its group on each
-// axis. par is the caller's and must outlive proc.
+// Place this rank on the grid par describes, d = world / (t cp p) (par->dp is set), and make its group on
+// each axis. par is the caller's and must outlive proc.
 void lp_grid_init(LPProcess* proc, LPParallel* par) {
     const char *tp = LP_SETTING(tp), *pp = LP_SETTING(pp);
-    long long tpp = (long long)par->tp * par->pp, world = proc->world;
-    if (par->tp < 1 || par->pp < 1 || par->ep < 1)
-        lp_fail_all("%s %d %s %d %s %d: sizes must be >= 1", tp, par->tp, pp, par->pp, LP_SETTING(ep), par->ep);
-    if (tpp > world) lp_fail_all("%s %d %s %d: the grid needs at least t*p = %lld ranks, this run has %d", tp, par->tp, pp, par->pp, tpp, proc->world);
-    if (world % tpp) lp_fail_all("%s %d %s %d: t*p = %lld does not divide the %d ranks (world = t*p*d)", tp, par->tp, pp, par->pp, tpp, proc->world);
+    long long tpp = (long long)par->tp * par->cp * par->pp, world = proc->world;
+    char cp[64] = "";  // (named where it is set: the messages of a grid without it stay t*p's)
+    if (par->cp != 1) snprintf(cp, sizeof(cp), " %s %d", LP_SETTING(cp), par->cp);
+    const char* product = par->cp != 1 ? "t*cp*p" : "t*p";
+    if (par->tp < 1 || par->pp < 1 || par->ep < 1 || par->cp < 1)
+        lp_fail_all("%s %d%s %s %d %s %d: sizes must be >= 1", tp, par->tp, cp, pp, par->pp, LP_SETTING(ep), par->ep);
+    if (tpp > world)
+        lp_fail_all("%s %d%s %s %d: the grid needs at least %s = %lld ranks, this run has %d", tp, par->tp, cp, pp, par->pp, product, tpp,
+                    proc->world);
+    if (world % tpp)
+        lp_fail_all("%s %d%s %s %d: %s = %lld does not divide the %d ranks (world = %s*d)", tp, par->tp, cp, pp, par->pp, product, tpp,
+                    proc->world, product);
+#ifndef LLMPAR_CPU
+    if (par->cp > 1)
+        lp_fail_all("%s %d: the CUDA build's ring attention is not yet written; context parallelism runs on ./train_gpt_cpu",
+                    LP_SETTING(cp), par->cp);
+#endif
+    if (par->cp > 1 && (par->ep > 1 || par->diloco || par->gossip))
+        lp_fail_all("%s %d with %s: not yet (the experts' and the replicas' groups do not yet include the context-parallel ranks)",
+                    LP_SETTING(cp), par->cp, par->ep > 1 ? LP_SETTING(ep) : par->diloco ? LP_SETTING(diloco) : LP_SETTING(gossip));
     par->dp = (int)(world / tpp);
     proc->par = par;
     int stride = 1;
@@ -1390,6 +1415,18 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
     if (par->dp % par->ep)
         lp_fail_all("%s %d: expert parallelism splits the d = %d data-parallel ranks, which %d does not divide", LP_SETTING(ep), par->ep,
                     par->dp, par->ep);
+    LPGroup* dpcp = &proc->group[LP_DPCP];  // the ranks sharing this one's t and p coordinates, in rank order
+    dpcp->name = "dpcp";
+    dpcp->size = par->cp * par->dp;
+    dpcp->rank = proc->coord[LP_DP] * par->cp + proc->coord[LP_CP];
+#ifdef LLMPAR_MPI
+    if (proc->world > 1 && par->cp > 1) {  // (cp = 1: lp_dp_group is the dp group)
+        lp_watch("splitting the world into groups (MPI_Comm_split)", NULL);
+        MPI_Comm_split(MPI_COMM_WORLD, proc->coord[LP_TP] + proc->coord[LP_PP] * par->tp, dpcp->rank, &dpcp->comm);
+        lp_watch_done();
+        MPI_Comm_set_errhandler(dpcp->comm, MPI_ERRORS_RETURN);
+    }
+#endif
     int dp_rank = proc->coord[LP_DP], sub[2] = {dp_rank % par->ep, dp_rank / par->ep}, sizes[2] = {par->ep, par->dp / par->ep};
     for (int k = 0; k < 2; k++) {  // DP's two: ep neighbours, and the replicas of this rank's place among them
         LPGroup* g = &proc->group[LP_EP + k];
@@ -1408,6 +1445,11 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
     }
     lp_replicas_check(par);
 }
+
+// The ranks that hold the same weights and average their gradients (ZeRO shards over them): the d
+// data-parallel replicas, and with context parallelism every cp rank of each (cp x d ranks, each of which
+// trains on its share of its replica's tokens).
+const LPGroup* lp_dp_group(const LPProcess* proc) { return proc->par->cp > 1 ? &proc->group[LP_DPCP] : &proc->group[LP_DP]; }
 #endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
@@ -1444,6 +1486,9 @@ const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
 void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
+    if (proc->par->cp > 1 && c->rope)  // (the rank's rows are at its chunks' positions: LPModel.positions, which RoPE does not yet take)
+        lp_fail_all("%s %d: not yet for the Llama family (RoPE turns q and k by a first row's position, not yet by the chunks' "
+                    "table of positions)", LP_SETTING(cp), proc->par->cp);
 #ifndef LLMPAR_CPU
     const LPParallel* p = proc->par;
     if (lp_config_is_gpt2(c)) return;
@@ -1979,7 +2024,7 @@ static inline void lp_nccl_check(ncclResult_t r, const char* op, const LPGroup* 
 
 // Every NCCL communicator the process holds, for the watchdog to abort: made and destroyed through these
 // two, at set-up and teardown (a communicator joins the list once made: its slot is written before the count).
-#define LP_MAX_NCCL_COMMS 16  // a rank's groups (5), its stage's head (1) and links (4 at most)
+#define LP_MAX_NCCL_COMMS 16  // a rank's groups (7), its stage's head (1) and links (4 at most)
 LP_STATE ncclComm_t lp_nccl_comms[LP_MAX_NCCL_COMMS];
 LP_STATE int lp_nccl_comm_count;
 #ifdef LLMPAR_IMPLEMENTATION
@@ -2417,11 +2462,12 @@ void lp_barrier(const LPGroup* g) {
 }
 #endif  // LLMPAR_IMPLEMENTATION
 
-// --- point-to-point between pipeline stages. A send never holds its sender up: the data is copied out
-// and handed to MPI_Isend, and lp_sends_wait finishes the sends. That is the model under which the schedule
-// simulator (lp_schedule_run) proves a schedule free of deadlock; a receive blocks until its data is there.
-// Tags name the message, so each receive gets its own data whatever order messages travel in. Both builds
-// go over MPI; the CUDA build stages through host memory (also when NCCL carries the collectives).
+// --- point-to-point between pipeline stages (and context parallelism's ring, section 9). A send never holds
+// its sender up: the data is copied out and handed to MPI_Isend, and lp_sends_wait finishes the sends. That
+// is the model under which the schedule simulator (lp_schedule_run) proves a schedule free of deadlock; a
+// receive blocks until its data is there. Tags name the message, so each receive gets its own data whatever
+// order messages travel in. Both builds go over MPI; the CUDA build stages through host memory (also when
+// NCCL carries the collectives).
 typedef struct {
 #ifdef LLMPAR_MPI
     MPI_Request* req;
@@ -2453,27 +2499,56 @@ static inline void lp_send(const LPGroup* g, const floatX* x, size_t n, int peer
 #endif
 }
 
-// Receive n values from the group's rank `peer` into x; blocks until they have arrived.
-static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int tag) {
-    lp_watch_peer("a receive", g, peer);
-    lp_trace_wait_bytes((double)(n * sizeof(floatX)));
+// A receive posted now and finished by lp_recv_wait, so that the data travels while this rank computes (the
+// ring attention posts the next block's receive before it works on the current one): n values from the
+// group's rank `peer` into x. The CUDA build receives into a host buffer of its own, copied to x at the wait.
+typedef struct {
+#ifdef LLMPAR_MPI
+    MPI_Request req;
+#endif
+    const LPGroup* g;
+    floatX* x;
+    void* buf;  // where MPI writes: x (CPU build) or the host buffer
+    size_t n;
+    int peer;
+} LPRecv;
+static inline void lp_recv_start(const LPGroup* g, floatX* x, size_t n, int peer, int tag, LPRecv* r) {
+    r->g = g;
+    r->x = x;
+    r->n = n;
+    r->peer = peer;
 #ifdef LLMPAR_MPI
     size_t bytes = n * sizeof(floatX);
     if (bytes > (size_t)INT_MAX) lp_fail("receive on group %s: %zu bytes is too large for one MPI message", g->name, bytes);
 #ifdef LLMPAR_CPU
-    void* buf = x;
+    r->buf = x;
 #else
-    void* buf = lp_pinned_buffer(n);
+    r->buf = lp_host_malloc(bytes, "receive buffer");
 #endif
-    lp_mpi_check(MPI_Recv(buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, MPI_STATUS_IGNORE), "receive", g);
-    lp_watch_done();
-#ifndef LLMPAR_CPU
-    lp_copy_to_device(x, buf, bytes);
-#endif
+    lp_mpi_check(MPI_Irecv(r->buf, (int)bytes, MPI_BYTE, peer, tag, g->comm, &r->req), "receive", g);
 #else
-    (void)x, (void)n, (void)peer, (void)tag;
+    (void)tag;
     lp_fail("receive on group %s: this build has no MPI", g->name);
 #endif
+}
+// Wait until the receive r has arrived in its x.
+static inline void lp_recv_wait(LPRecv* r) {
+    lp_watch_peer("a receive", r->g, r->peer);
+    lp_trace_wait_bytes((double)(r->n * sizeof(floatX)));
+#ifdef LLMPAR_MPI
+    lp_mpi_check(MPI_Wait(&r->req, MPI_STATUS_IGNORE), "receive", r->g);
+#endif
+    lp_watch_done();
+#ifndef LLMPAR_CPU
+    lp_copy_to_device(r->x, r->buf, r->n * sizeof(floatX));
+    free(r->buf);
+#endif
+}
+// Receive n values from the group's rank `peer` into x; blocks until they have arrived.
+static inline void lp_recv(const LPGroup* g, floatX* x, size_t n, int peer, int tag) {
+    LPRecv r;
+    lp_recv_start(g, x, n, peer, tag, &r);
+    lp_recv_wait(&r);
 }
 
 // Finish every send started on s and free their buffers.
@@ -2780,7 +2855,8 @@ void lp_comm_init(LPProcess* proc) {
         lp_log("notice: ranks share a GPU, so collectives go over MPI through host memory (slower than NCCL)\n");
         return;
     }
-    for (int a = 0; a < (proc->par->ep > 1 ? LP_GROUPS : LP_AXES); a++) lp_group_nccl_init(&proc->group[a]);  // (ep 1: edp is dp)
+    for (int a = 0; a < LP_GROUPS; a++)  // (ep 1: the experts' groups are unused; cp 1: so is dpcp, dp averages)
+        if (a < LP_AXES || (a == LP_DPCP ? proc->par->cp : proc->par->ep) > 1) lp_group_nccl_init(&proc->group[a]);
     cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
@@ -2831,6 +2907,34 @@ typedef struct LPDataLoader {
 } LPDataLoader;
 
 #ifdef LLMPAR_IMPLEMENTATION
+// --- context parallelism's share of a sequence (section 9's ring attention). The cp ranks of a replica read
+// the same batch. Each sequence's T tokens are cut into 2 cp chunks of T/(2 cp), and rank i keeps chunks i and
+// 2 cp - 1 - i, in that order: a sequence of T/cp rows, one early chunk and one late, so that under the causal
+// mask (a row attends to the positions up to its own) every rank scores as many query-key pairs.
+//     cp = 2, T = 16:  positions   0-3   4-7   8-11  12-15
+//                      chunk        0     1     2     3
+//                      rank         0     1     1     0
+// Row t of rank i's Tl = T/cp rows is at position lp_cp_position(t, Tl, i, cp); within a rank they ascend.
+// cp = 1 keeps the sequence whole, in order (any Tl).
+static inline int lp_cp_position(int t, int Tl, int rank, int cp) {
+    int half = Tl / 2;  // a chunk
+    return t < half ? rank * half + t : (2 * cp - 1 - rank) * half + (t - half);
+}
+// Rank `rank`'s rows of a (B, T) batch of tokens into dst (B, T/cp).
+static inline void lp_cp_take(int* dst, const int* src, int B, int T, int rank, int cp) {
+    int Tl = T / cp;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < Tl; t++) dst[(size_t)b * Tl + t] = src[(size_t)b * T + lp_cp_position(t, Tl, rank, cp)];
+}
+// The query-key pairs a rank's rows of a sequence of T tokens score under the causal mask: a row at position
+// p scores p + 1 (attention's FLOPs are 4 HS per pair and head forward). Rank i's two chunks score
+// Tc^2 (2 cp - 1) + Tc (Tc + 1) pairs, Tc = T/(2 cp): the same on every rank.
+double lp_cp_attention_pairs(int T, int rank, int cp) {
+    double pairs = 0.0;
+    for (int t = 0, Tl = T / cp; t < Tl; t++) pairs += lp_cp_position(t, Tl, rank, cp) + 1.0;
+    return pairs;
+}
+
 // A permutation of 0 .. n-1 (Fisher-Yates) drawn from seed and the key; the identity without shuffle.
 static inline void lp_permutation(size_t* out, size_t n, int shuffle, uint64_t seed, uint64_t key) {
     for (size_t i = 0; i < n; i++) out[i] = i;
@@ -3593,20 +3697,23 @@ static inline void lp_embedding_backward_cpu(float* dwte, const float* dout, con
     }
 }
 
-// --- positions: out[i,:] = inp[i,:] + wpe[(row0 + i) % T] for `rows` rows of a (B,T) batch starting at
-// row row0 (sequence parallelism: a rank holds a block of the rows).
-static inline void lp_positions_forward_cpu(float* out, const float* inp, const float* wpe, int row0, int rows, int T, int C) {
+// --- positions: out[i,:] = inp[i,:] + wpe[pos[(row0 + i) % T]] for `rows` rows of a (B,T) batch starting at
+// row row0 (sequence parallelism: a rank holds a block of the rows). pos (T, device) is each row's position in
+// its sequence, distinct: 0 .. T-1 for a whole sequence, the cache's offset onward for sampling, the rank's
+// chunks under context parallelism (lp_cp_position).
+static inline void lp_positions_forward_cpu(float* out, const float* inp, const float* wpe, const int* pos, int row0, int rows, int T,
+                                            int C) {
 #pragma omp parallel for
     for (int i = 0; i < rows; i++) {
-        const float* p = wpe + (size_t)((row0 + i) % T) * C;
+        const float* p = wpe + (size_t)pos[(row0 + i) % T] * C;
         for (int c = 0; c < C; c++) out[(size_t)i * C + c] = inp[(size_t)i * C + c] + p[c];
     }
 }
-static inline void lp_positions_backward_cpu(float* dwpe, const float* dout, int row0, int rows, int T, int C) {
+static inline void lp_positions_backward_cpu(float* dwpe, const float* dout, const int* pos, int row0, int rows, int T, int C) {
 #pragma omp parallel for
     for (int t = 0; t < T; t++)
-        for (int i = ((t - row0) % T + T) % T; i < rows; i += T)  // the rows at position t, in order
-            for (int c = 0; c < C; c++) dwpe[(size_t)t * C + c] += dout[(size_t)i * C + c];
+        for (int i = ((t - row0) % T + T) % T; i < rows; i += T)  // the rows at position pos[t], in order
+            for (int c = 0; c < C; c++) dwpe[(size_t)pos[t] * C + c] += dout[(size_t)i * C + c];
 }
 #endif  // LLMPAR_IMPLEMENTATION
 
@@ -3672,25 +3779,28 @@ static inline void lp_embedding_backward_gpu(floatX* dwte, const floatX* dout, c
     LP_LAUNCH(lp_embedding_backward_kernel, grid, LP_THREADS, 0, dwte, dout, d_index, U, C);
 }
 
-static __global__ void lp_positions_forward_kernel(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C) {
+static __global__ void lp_positions_forward_kernel(floatX* out, const floatX* inp, const floatX* wpe, const int* pos, int row0, int rows,
+                                                   int T, int C) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)rows * C) return;
-    out[i] = lp_xf(lp_bf(inp[i]) + lp_bf(wpe[(size_t)((row0 + i / C) % T) * C + i % C]));
+    out[i] = lp_xf(lp_bf(inp[i]) + lp_bf(wpe[(size_t)pos[(row0 + i / C) % T] * C + i % C]));
 }
-static inline void lp_positions_forward_gpu(floatX* out, const floatX* inp, const floatX* wpe, int row0, int rows, int T, int C) {
+static inline void lp_positions_forward_gpu(floatX* out, const floatX* inp, const floatX* wpe, const int* pos, int row0, int rows, int T,
+                                            int C) {
     size_t n = (size_t)rows * C;
-    LP_LAUNCH(lp_positions_forward_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, inp, wpe, row0, rows, T, C);
+    LP_LAUNCH(lp_positions_forward_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, out, inp, wpe, pos, row0, rows, T, C);
 }
-static __global__ void lp_positions_backward_kernel(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
-    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (t, c)
+static __global__ void lp_positions_backward_kernel(floatX* dwpe, const floatX* dout, const int* pos, int row0, int rows, int T, int C) {
+    size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // (t, c): row t's position
     if (k >= (size_t)T * C) return;
     int t = (int)(k / C), c = (int)(k % C);
     float s = 0.0f;
     for (int i = ((t - row0) % T + T) % T; i < rows; i += T) s += lp_bf(dout[(size_t)i * C + c]);
-    dwpe[k] = lp_xf(lp_bf(dwpe[k]) + s);
+    size_t w = (size_t)pos[t] * C + c;
+    dwpe[w] = lp_xf(lp_bf(dwpe[w]) + s);
 }
-static inline void lp_positions_backward_gpu(floatX* dwpe, const floatX* dout, int row0, int rows, int T, int C) {
-    LP_LAUNCH(lp_positions_backward_kernel, lp_grid((size_t)T * C, LP_THREADS), LP_THREADS, 0, dwpe, dout, row0, rows, T, C);
+static inline void lp_positions_backward_gpu(floatX* dwpe, const floatX* dout, const int* pos, int row0, int rows, int T, int C) {
+    LP_LAUNCH(lp_positions_backward_kernel, lp_grid((size_t)T * C, LP_THREADS), LP_THREADS, 0, dwpe, dout, pos, row0, rows, T, C);
 }
 #endif  // LLMPAR_IMPLEMENTATION
 #endif
@@ -4393,6 +4503,118 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
     lp_attention_permute_cpu(dqkvr, dqkv, B, T, NH, KV, HS, 0);
 }
 
+// --- attention against one block of keys: context parallelism's ring (section 9) meets a sequence's keys and
+// values a block at a time. The T query rows of B sequences, at positions qpos, attend to a block of Tk keys
+// and values at positions kpos (ascending): a query to the keys at its own position or before, so to a prefix
+// of the block (none: a block wholly after it is skipped; the block of its own rows: the causal diagonal).
+// The scores merge into a running result with the online softmax's statistics, as flash attention's do: out
+// (B,T,NH HS) holds each row's sum of exp(score - max) v, rmax and rsum (B,NH,T) its running max and its sum of
+// exp(score - max); `first` starts them (the first block a row meets holds its own position). block_end
+// divides out by the sum and leaves the row's logsumexp in rmax. qkv: the projection's rows (B,T,(NH+2KV)HS),
+// of which q is read; kv (B,Tk,2 KV HS): each key row's KV keys, then its KV values (lp_attention_kv_copy).
+// Each row streams over its keys, rescaling its sum when the max rises: no scores are kept.
+static inline int lp_keys_upto(const int* kpos, int Tk, int p) {  // how many of the ascending kpos are <= p
+    int lo = 0, hi = Tk;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (kpos[mid] <= p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+static inline void lp_attention_block_forward_cpu(float* out, float* rmax, float* rsum, const float* qkv, const float* kv,
+                                                  const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
+                                                  int first) {
+    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV;
+    float scale = lp_attention_scale(C, NH);
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        for (int t = 0; t < T; t++) {
+            const float* q = qkv + ((size_t)b * T + t) * heads * HS + (size_t)h * HS;
+            float* o = out + ((size_t)b * T + t) * C + (size_t)h * HS;
+            float mx = first ? -INFINITY : rmax[(size_t)bh * T + t], sum = first ? 0.0f : rsum[(size_t)bh * T + t];
+            if (first) for (int d = 0; d < HS; d++) o[d] = 0.0f;
+            for (int j = 0, n = lp_keys_upto(kpos, Tk, qpos[t]); j < n; j++) {
+                const float* k = kv + ((size_t)b * Tk + j) * 2 * KV * HS + (size_t)(h / G) * HS;
+                const float* v = k + (size_t)KV * HS;
+                float score = 0.0f;
+                for (int d = 0; d < HS; d++) score += q[d] * k[d];
+                score *= scale;
+                if (score > mx) {  // the max rises: what is summed so far shrinks by exp(old - new)
+                    float shrink = expf(mx - score);
+                    sum *= shrink;
+                    for (int d = 0; d < HS; d++) o[d] *= shrink;
+                    mx = score;
+                }
+                float w = expf(score - mx);
+                sum += w;
+                for (int d = 0; d < HS; d++) o[d] += w * v[d];
+            }
+            rmax[(size_t)bh * T + t] = mx;
+            rsum[(size_t)bh * T + t] = sum;
+        }
+    }
+}
+static inline void lp_attention_block_end_cpu(float* out, float* rmax, const float* rsum, int B, int T, int C, int NH) {
+    int HS = C / NH;
+#pragma omp parallel for
+    for (int bh = 0; bh < B * NH; bh++)
+        for (int t = 0; t < T; t++) {
+            size_t r = (size_t)bh * T + t;
+            float* o = out + ((size_t)(bh / NH) * T + t) * C + (size_t)(bh % NH) * HS;
+            for (int d = 0; d < HS; d++) o[d] /= rsum[r];
+            rmax[r] += logf(rsum[r]);
+        }
+}
+// Backward of one block, from the rows' logsumexp (lse): p = exp(score - lse) of each pair a query scores;
+// dv += p dout, dp = dout . v, ds = p (dp - D) with D = dout . out (the row's sum of p dp, whatever block);
+// dq += scale ds k (into the q part of dqkv), dk += scale ds q (dkv, laid out as kv). A task per (sequence,
+// K/V head): its group's query heads and rows in order, so the sums into its keys need no atomics.
+static inline void lp_attention_block_backward_cpu(float* dqkv, float* dkv, const float* dout, const float* out, const float* lse,
+                                                   const float* qkv, const float* kv, const int* qpos, const int* kpos, int B,
+                                                   int T, int Tk, int C, int NH, int KV) {
+    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV;
+    float scale = lp_attention_scale(C, NH);
+#pragma omp parallel for
+    for (int bg = 0; bg < B * KV; bg++) {
+        int b = bg / KV, g = bg % KV;
+        for (int h = g * G; h < (g + 1) * G; h++)
+            for (int t = 0; t < T; t++) {
+                size_t row = (size_t)b * T + t;
+                const float* q = qkv + row * heads * HS + (size_t)h * HS;
+                float* dq = dqkv + row * heads * HS + (size_t)h * HS;
+                const float *dy = dout + row * C + (size_t)h * HS, *y = out + row * C + (size_t)h * HS;
+                float D = 0.0f, l = lse[((size_t)b * NH + h) * T + t];
+                for (int d = 0; d < HS; d++) D += dy[d] * y[d];
+                for (int j = 0, n = lp_keys_upto(kpos, Tk, qpos[t]); j < n; j++) {
+                    size_t at = ((size_t)b * Tk + j) * 2 * KV * HS + (size_t)g * HS;
+                    const float *k = kv + at, *v = k + (size_t)KV * HS;
+                    float *dk = dkv + at, *dv = dk + (size_t)KV * HS;
+                    float score = 0.0f, dp = 0.0f;
+                    for (int d = 0; d < HS; d++) score += q[d] * k[d], dp += dy[d] * v[d];
+                    float p = expf(scale * score - l), ds = scale * p * (dp - D);
+                    for (int d = 0; d < HS; d++) {
+                        dv[d] += p * dy[d];
+                        dq[d] += ds * k[d];
+                        dk[d] += ds * q[d];
+                    }
+                }
+            }
+    }
+}
+// Each row's keys and values between the projection's rows qkv (B,T,(NH+2KV)HS) and a block kv (B,T,2 KV HS):
+// to_block 1 copies them into the block, 0 back into qkv's key and value heads.
+static inline void lp_attention_kv_copy_cpu(float* kv, float* qkv, int B, int T, int NH, int KV, int HS, int to_block) {
+    size_t n = (size_t)2 * KV * HS;
+#pragma omp parallel for
+    for (int bt = 0; bt < B * T; bt++) {
+        float* row = qkv + (size_t)bt * (NH + 2 * KV) * HS + (size_t)NH * HS;
+        if (to_block) memcpy(kv + bt * n, row, n * sizeof(float));
+        else memcpy(row, kv + bt * n, n * sizeof(float));
+    }
+}
+
 // --- rotary positions (RoPE), Llama's layout: in each query and key head, the pair of channels (2i, 2i+1) at
 // position p is rotated by the angle p freq_i, freq_i = theta^(-2i/HS); Llama 3.1's scaled RoPE divides the
 // low frequencies by 8 and blends the middle ones (wavelengths between 8192/4 and 8192, its original context).
@@ -4461,6 +4683,16 @@ static inline void lp_rope_gpu(floatX* qkv, int B, int T, int pos, int NH, int K
 // scores are (G T, T) of att: so q k^T and p v are one product each per K/V head, and dk = ds^T q and
 // dv = p^T dy sum over the group inside their products (multi-head: G = 1, a head per entry).
 
+// The CUDA build's kernels of context parallelism's ring come in a later step (lp_grid_init refuses cp > 1 in
+// this build), so these are never reached.
+static inline void lp_attention_block_forward_gpu(floatX*, float*, float*, const floatX*, const floatX*, const int*, const int*, int, int,
+                                                  int, int, int, int, int) { lp_fail("internal: the CUDA build has no ring attention yet"); }
+static inline void lp_attention_block_end_gpu(floatX*, float*, const float*, int, int, int, int) { lp_fail("internal: the CUDA build has no ring attention yet"); }
+static inline void lp_attention_block_backward_gpu(floatX*, floatX*, const floatX*, const floatX*, const float*, const floatX*, const floatX*,
+                                                   const int*, const int*, int, int, int, int, int, int) {
+    lp_fail("internal: the CUDA build has no ring attention yet");
+}
+static inline void lp_attention_kv_copy_gpu(floatX*, floatX*, int, int, int, int, int, int) { lp_fail("internal: the CUDA build has no ring attention yet"); }
 
 // Row-major C (M,N) = op(A) op(B) for each of `heads` heads, like lp_head_gemm: each operand is one
 // contiguous matrix per head (A M*K values, B K*N, C M*N), so the batch strides follow from the shape.
@@ -6273,6 +6505,10 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH, int KV) {
 #define lp_attention_forward          lp_attention_forward_cpu
 #define lp_attention_backward         lp_attention_backward_cpu
 #define lp_attention_cached_forward   lp_attention_cached_forward_cpu
+#define lp_attention_block_forward    lp_attention_block_forward_cpu
+#define lp_attention_block_end        lp_attention_block_end_cpu
+#define lp_attention_block_backward   lp_attention_block_backward_cpu
+#define lp_attention_kv_copy          lp_attention_kv_copy_cpu
 #define lp_rope                       lp_rope_cpu
 #define lp_swiglu_forward             lp_swiglu_forward_cpu
 #define lp_swiglu_backward            lp_swiglu_backward_cpu
@@ -6312,6 +6548,10 @@ static inline void lp_scratch_reserve(int B, int T, int C, int NH, int KV) {
 #define lp_attention_forward          lp_attention_forward_gpu
 #define lp_attention_backward         lp_attention_backward_gpu
 #define lp_attention_cached_forward   lp_attention_cached_forward_gpu
+#define lp_attention_block_forward    lp_attention_block_forward_gpu
+#define lp_attention_block_end        lp_attention_block_end_gpu
+#define lp_attention_block_backward   lp_attention_block_backward_gpu
+#define lp_attention_kv_copy          lp_attention_kv_copy_gpu
 #define lp_rope                       lp_rope_gpu
 #define lp_swiglu_forward             lp_swiglu_forward_gpu
 #define lp_swiglu_backward            lp_swiglu_backward_gpu
@@ -7254,6 +7494,8 @@ typedef struct {
     floatX* dqkvr;      // (N,QKVl) materialised attention's backward
     floatX* datt;       // (B,NHl,T,T)
     floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
+    floatX* ring;       // (4,N,2 KVl HS) context parallelism's ring: two K/V blocks in flight, then (backward) their gradients
+    float* ring_sum;    // (B,NHl,T) its rows' running sums of exp(score - max)
     floatX* rlogits;    // (N,E)    a MoE layer's router logits, then their gradient
     float* dgate;       // (t,N,K)  the gates' gradients, each TP rank's part (of its experts' partial outputs)
     float* daux;        // (E)      the balance loss's gradient of each expert's probability
@@ -7350,6 +7592,10 @@ typedef struct LPModel {
     const LPParallel* par;
     const LPGroup* tp;
     int tp_size, tp_rank;
+    // context parallelism (par->cp): a forward's T rows of a sequence are this rank's two chunks of it
+    // (lp_cp_position), and attention is a ring over the group cp (lp_ring_attention_forward)
+    const LPGroup* cp;
+    int cp_size, cp_rank;
     int attention;        // LP_ATTENTION_*: the CUDA build's attention path
     // a mixture of experts: its settings, and its statistics summed over the step's micro-batches
     LPMoEOptions moe;
@@ -7383,6 +7629,7 @@ typedef struct LPModel {
     size_t act_bytes;
     int* inputs;        // (B,T) device
     int* targets;       // (B,T) device
+    int* positions;     // (T) device: the last forward's rows' positions in their sequences (lp_positions_forward)
     int* inputs_host;   // (B,T) the slot's tokens, for the embedding backward
     // the first chunk's embedding gradient over a step's micro-batches, in rows of its own: row r for token
     // emb_tokens[r] (emb_row[token] = r, or -1), emb_rows in use of emb_cap; lp_model_embedding_backward
@@ -7485,6 +7732,9 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     m->tp = proc ? &proc->group[LP_TP] : NULL;
     m->tp_size = m->tp ? m->tp->size : 1;
     m->tp_rank = m->tp ? m->tp->rank : 0;
+    m->cp = proc ? &proc->group[LP_CP] : NULL;
+    m->cp_size = m->cp ? m->cp->size : 1;
+    m->cp_rank = m->cp ? m->cp->rank : 0;
     if (m->par->sp && m->tp_size < 2) lp_fail_all("%s: sequence parallelism splits rows over a TP group of 2 or more", LP_SETTING(sp));
     int chunks = split->chunks ? split->chunks : 1;
     m->layer0 = split->chunks ? split->layer0 : 0;
@@ -7539,7 +7789,7 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     }
     size_t wte_rows = holds >> LP_WTE & 1 ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
     int apart = m->par->diloco || m->par->gossip;  // replicas that train apart average no gradients
-    const LPGroup* dp = proc && !apart ? &proc->group[LP_DP] : NULL;
+    const LPGroup* dp = proc && !apart ? lp_dp_group(proc) : NULL;
     // the only copy of wte, beside layers (its pieces are at most a layer's): ZeRO-2/3 may cut it (section 8)
     int wte_alone = m->first && (m->last || cfg->untied) && m->L > 0;
     lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, wte_alone, dp, m->par, split->chunk);
@@ -7667,7 +7917,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     // residual stream (residual3, and encoded); selective drops the attention probabilities and GELU output
     int full = m->par->recompute == LP_RECOMPUTE_FULL, sel = m->par->recompute != LP_RECOMPUTE_NONE;
     size_t Lf = full ? (L > 0) : L, Ls = sel ? (L > 0) : L, x = gpu ? 2 : 4;
-    size_t mat = gpu ? m->attention == LP_ATTENTION_CUBLAS : 1;
+    size_t ring = m->cp_size > 1, mat = (gpu ? m->attention == LP_ATTENTION_CUBLAS : 1) && !ring;  // (the ring keeps what flash keeps)
     size_t E = c->moe_experts, K = c->moe_topk, Lm = lp_layers_having(c, LP_ROUTERW, m->layer0, m->layer0 + m->L), Ld = L - Lm;
     size_t Ldf = full ? (Ld > 0) : Ld, Lds = sel ? (Ld > 0) : Ld, Lmf = full ? (Lm > 0) : Lm, Lms = sel ? (Lm > 0) : Lm;
 #define LP_BYTES_floatX x
@@ -7725,6 +7975,8 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, dqkvr, floatX, mat * N * QKVl);
     LP_CARVE(1, datt, floatX, mat * B * NHl * T * T);
     LP_CARVE(1, dy, floatX, mat * N * Cl);
+    LP_CARVE(1, ring, floatX, ring * 4 * N * (QKVl - NHl * (C / c->num_heads)));  // (a row's K/V heads: 2 KVl HS)
+    LP_CARVE(1, ring_sum, float, ring * B * NHl * T);
     size_t moe = Lm > 0;
     LP_CARVE(1, rlogits, floatX, moe * N * E);
     LP_CARVE(1, dgate, float, moe * t * N * K);
@@ -7751,8 +8003,8 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
 
 // Activations for micro-batches of (B, T), `slots` of them in flight at once.
 void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
-    if (T > m->cfg.max_seq_len)
-        lp_fail("sequence length T = %d exceeds the model's maximum %d", T, m->cfg.max_seq_len);
+    if ((long long)T * m->cp_size > m->cfg.max_seq_len)  // (context parallelism: T of the cp T positions)
+        lp_fail("sequence length T = %lld exceeds the model's maximum %d", (long long)T * m->cp_size, m->cfg.max_seq_len);
     if (m->par->sp && (size_t)B * T % m->tp_size)
         lp_fail("sequence parallelism: the %d x %d rows of a batch do not split over %d ranks", B, T, m->tp_size);
     m->B = B;
@@ -7769,6 +8021,7 @@ void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
                               &scratch);
     m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
     m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
+    m->positions = (int*)lp_device_malloc((size_t)T * sizeof(int), "positions");
     size_t Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
     if (Lm) {
         m->slot_moe_routes = (int*)lp_host_malloc(slots * Lm * lp_moe_route_ints(m) * sizeof(int), "expert routes");
@@ -8180,6 +8433,83 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
     return rows;
 }
 
+// --- context parallelism's ring attention (--cp). A rank's T rows of each sequence are two of its chunks
+// (lp_cp_position), and their queries need the keys and values of every earlier position, which all cp ranks
+// of the group hold between them. So the blocks travel around the ring: at step s = 0 .. cp-1 rank r works on
+// the keys and values of rank r - s (mod cp) while it receives the next block from r - 1 and sends this one on to
+// r + 1 (the receive posted before the block's compute, so the transfer runs under it). Each block's scores merge
+// into the rows' running output with the online softmax's statistics (lp_attention_block_forward), masked by
+// the rows' true positions; the result is exact, as one rank's attention over the whole sequence. Backward
+// passes the blocks around again, each with its keys' and values' gradient: a rank adds its queries' share and
+// passes it on, and after cp steps each block's gradient arrives, complete, at the rank that owns it.
+// Every rank keeps what flash attention keeps: q, k, v as the projection wrote them, the output, each row's
+// logsumexp. Traffic per layer and rank: cp-1 sends of a block forward, 2 cp - 1 backward (its gradient too),
+// a block being B T 2 C/t values (its K/V heads: 2 KV HS/t).
+static inline int lp_model_attention_materialised(const LPModel* m) { return m->cp_size > 1 ? 0 : lp_attention_materialised(m->attention); }
+
+// Positions of rank `rank`'s rows (T of them) into pos.
+static inline void lp_cp_positions(int* pos, int T, int rank, int cp) {
+    for (int t = 0; t < T; t++) pos[t] = lp_cp_position(t, T, rank, cp);
+}
+
+static inline void lp_ring_attention_forward(LPModel* m, floatX* out, float* lse, floatX* qkv, int B, int T, int Cl, int NHl, int KVl) {
+    int n = m->cp_size, r = m->cp_rank, next = (r + 1) % n, prev = (r + n - 1) % n;
+    size_t block = (size_t)B * T * 2 * KVl * (Cl / NHl);
+    floatX* kv = m->act.ring;  // this step's block, the next
+    float* rsum = m->act.ring_sum;  // (the running max: in lse)
+    int* pos = (int*)lp_host_malloc(2 * (size_t)T * sizeof(int), "ring attention positions");  // the rows', the block's
+    LPSends sends = {0};
+    LPRecv recv;
+    lp_cp_positions(pos, T, r, n);
+    lp_attention_kv_copy(kv, qkv, B, T, NHl, KVl, Cl / NHl, 1);
+    for (int s = 0; s < n; s++) {
+        floatX *here = kv + (size_t)(s % 2) * block, *coming = kv + (size_t)((s + 1) % 2) * block;
+        if (s + 1 < n) {
+            lp_recv_start(m->cp, coming, block, prev, 0, &recv);
+            lp_send(m->cp, here, block, next, 0, &sends);
+        }
+        lp_cp_positions(pos + T, T, (r - s + n) % n, n);
+        lp_attention_block_forward(out, lse, rsum, qkv, here, pos, pos + T, B, T, T, Cl, NHl, KVl, s == 0);
+        if (s + 1 < n) lp_recv_wait(&recv);
+    }
+    lp_attention_block_end(out, lse, rsum, B, T, Cl, NHl);
+    lp_sends_wait(m->cp, &sends);
+    lp_sends_free(&sends);
+    free(pos);
+}
+
+// Backward into dqkv (the rows' q, k and v gradients) from the output's gradient dout.
+static inline void lp_ring_attention_backward(LPModel* m, floatX* dqkv, const floatX* dout, const floatX* out, const float* lse,
+                                              floatX* qkv, int B, int T, int Cl, int NHl, int KVl) {
+    int n = m->cp_size, r = m->cp_rank, next = (r + 1) % n, prev = (r + n - 1) % n;
+    size_t block = (size_t)B * T * 2 * KVl * (Cl / NHl);
+    floatX *kv = m->act.ring, *dkv = kv + 2 * block;  // two blocks, then their gradients
+    int* pos = (int*)lp_host_malloc(2 * (size_t)T * sizeof(int), "ring attention positions");
+    LPSends sends = {0};
+    LPRecv recv, drecv;
+    lp_cp_positions(pos, T, r, n);
+    lp_attention_kv_copy(kv, qkv, B, T, NHl, KVl, Cl / NHl, 1);
+    lp_device_zero(dkv, block * sizeof(floatX));  // this rank's block's gradient starts here
+    lp_device_zero(dqkv, (size_t)B * T * (NHl + 2 * KVl) * (Cl / NHl) * sizeof(floatX));
+    for (int s = 0; s < n; s++) {
+        size_t here = (size_t)(s % 2) * block, coming = (size_t)((s + 1) % 2) * block;
+        if (s + 1 < n) {
+            lp_recv_start(m->cp, kv + coming, block, prev, 0, &recv);
+            lp_send(m->cp, kv + here, block, next, 0, &sends);
+        }
+        lp_recv_start(m->cp, dkv + coming, block, prev, 1, &drecv);  // the next block's gradient so far (the last: this rank's own)
+        lp_cp_positions(pos + T, T, (r - s + n) % n, n);
+        lp_attention_block_backward(dqkv, dkv + here, dout, out, lse, qkv, kv + here, pos, pos + T, B, T, T, Cl, NHl, KVl);
+        lp_send(m->cp, dkv + here, block, next, 1, &sends);
+        if (s + 1 < n) lp_recv_wait(&recv);
+        lp_recv_wait(&drecv);
+    }
+    lp_attention_kv_copy(dkv + (size_t)(n % 2) * block, dqkv, B, T, NHl, KVl, Cl / NHl, 0);
+    lp_sends_wait(m->cp, &sends);
+    lp_sends_free(&sends);
+    free(pos);
+}
+
 // Layer l from its ln1 (made by the residual add below it, fused) to the GELU output: the attention half
 // (qkv projection, column-parallel; attention on this rank's heads; output projection, row-parallel; the
 // residual add + bias fused with ln2) and the MLP's up projection with its GELU (column-parallel); a MoE
@@ -8192,7 +8522,7 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     LPActivations* a = &m->act;
     // materialised attention and the cache's take qkv as scratch (the first permutes it into qkvr)
     const LPKVCache* kv = &m->cache;
-    int mat = lp_attention_materialised(m->attention);
+    int mat = lp_model_attention_materialised(m);
     floatX* qkv = mat || kv->kv ? a->qkv : x->qkvs;
     lp_matmul_forward(qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l), lp_layer_param(m, LP_QKVB, l), N, C,
                       QKVl);
@@ -8200,6 +8530,7 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     if (kv->kv)
         lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * KVl * (C / c->num_heads), qkv, B, T, kv->pos, kv->T,
                                     Cl, NHl, KVl);
+    else if (m->cp_size > 1) lp_ring_attention_forward(m, x->atty, x->lse, qkv, B, T, Cl, NHl, KVl);
     else if (mat) lp_attention_forward(x->atty, x->qkvr, x->att, qkv, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
     else lp_fused_attention_forward_gpu(m->attention, x->atty, x->lse, qkv, B, T, Cl, NHl, KVl);
@@ -8234,6 +8565,8 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
         lp_fail("forward with (B=%d, T=%d) but activations were sized for (B=%d, T=%d)", B, T, m->B, m->T);
     int t = m->tp_size, N = B * T, Nr = m->par->sp ? N / t : N;
     if (m->par->sp && N % t) lp_fail("sequence parallelism: the %d x %d rows do not split over %d ranks", B, T, t);
+    if (m->cp_size > 1 && !m->cache.kv && T % 2)
+        lp_fail("context parallelism: a rank's %d rows of a sequence are not two chunks of equal length", T);
     int pos = m->cache.kv ? m->cache.pos : 0;  // the first row's position
     if (m->cache.kv && (B != m->cache.B || pos < 0 || pos + T > m->cache.T))
         lp_fail("forward of (B=%d) x positions [%d, %d) outside the key-value cache's (B=%d) x [0, %d)", B, pos, pos + T, m->cache.B,
@@ -8241,6 +8574,10 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
     m->cur_B = B;
     m->cur_T = T;
     m->dloss = dloss * m->loss_scale;
+    int* positions = (int*)lp_host_malloc((size_t)T * sizeof(int), "positions");  // the cache's, or the rank's chunks'
+    for (int t = 0; t < T; t++) positions[t] = m->cache.kv ? pos + t : lp_cp_position(t, T, m->cp_rank, m->cp_size);
+    lp_copy_to_device(m->positions, positions, (size_t)T * sizeof(int));
+    free(positions);
     int L = m->L, C = c->channels, Fl = lp_ffn_hidden(c) / t, V = c->vocab_size;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
     float eps = lp_norm_eps(c);
@@ -8257,7 +8594,7 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
         }
         const floatX* emb = lp_tp_g_forward(m, a->btc, N, C);
         if (c->rope) lp_copy_device(a->encoded, emb, (size_t)Nr * C * sizeof(floatX));  // (RoPE turns q and k in each layer)
-        else lp_positions_forward(a->encoded, emb, lp_model_param(m, LP_WPE) + (size_t)pos * C, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        else lp_positions_forward(a->encoded, emb, lp_model_param(m, LP_WPE), m->positions, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     if (L > 0) {
         lp_model_fetch(m, 0, -1);
@@ -8401,7 +8738,7 @@ void lp_model_backward(LPModel* m, int last) {
                                   lp_layer_param(m, LP_LN1B, l), Nr, C, eps);
             lp_model_layer_forward(m, l, &x);
         } else if (m->par->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
-            if (lp_attention_materialised(m->attention))  // (flash attention keeps none: nothing to redo)
+            if (lp_model_attention_materialised(m))  // (flash and ring attention keep none: nothing to redo)
                 lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl, KVl);
             if (x.moe) lp_gelu_forward(x.efch_gelu, x.efch, (size_t)lp_moe_rows_taken(m, &x) * Fl);
             else if (c->swiglu) lp_swiglu_forward(x.fch_gelu, x.fch, N, Fl);
@@ -8434,7 +8771,8 @@ void lp_model_backward(LPModel* m, int last) {
         // attention half
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_ATTPROJW, l), lp_layer_grad(m, LP_ATTPROJB, l), NULL,
                             lp_tp_g_backward(m, a->dresidual, N, C), x.atty, lp_layer_param(m, LP_ATTPROJW, l), N, Cl, C, NULL);
-        if (lp_attention_materialised(m->attention))
+        if (m->cp_size > 1) lp_ring_attention_backward(m, a->qkv, a->btc, x.atty, x.lse, x.qkvs, B, T, Cl, NHl, KVl);
+        else if (lp_model_attention_materialised(m))
             lp_attention_backward(a->qkv, a->dqkvr, a->datt, a->dy, a->btc, x.qkvr, x.att, B, T, Cl, NHl, KVl);
 #ifndef LLMPAR_CPU
         else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl, KVl);
@@ -8454,7 +8792,7 @@ void lp_model_backward(LPModel* m, int last) {
     }
     if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
         lp_model_embedding_backward(m, lp_tp_g_backward(m, a->dresidual, N, C), N, v0, Vl, last);
-        if (!c->rope) lp_positions_backward(g[LP_WPE], a->dresidual, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        if (!c->rope) lp_positions_backward(g[LP_WPE], a->dresidual, m->positions, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     for (int p = 0; p < m->parts; p++) lp_zero_backward_done(lp_model_part(m, p));
     if (m->par->sp && last) {  // (ZeRO-2/3 reduce the tensors outside the layers once, in lp_zero_average)
@@ -8490,6 +8828,7 @@ void lp_model_free(LPModel* m) {
         lp_device_free(m->act_memory);
         lp_device_free(m->inputs);
         lp_device_free(m->targets);
+        lp_device_free(m->positions);
         free(m->slot_act);
         free(m->slot_inputs);
         free(m->losses_host);
@@ -9059,8 +9398,8 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     for (int i = 0; i < LP_NUM_PARAMS; i++)
         layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers / (lp_is_expert_tensor(i) ? s->par->ep : 1) : 0.0;
     double n = lp_chunk_params(c, s, k, layers, &experts);
-    // ZeRO shards the dense part over d, the experts over their d/ep replicas
-    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp : 1, X = lp_shape_value_bytes(s);
+    // ZeRO shards the dense part over d (with context parallelism, cp d), the experts over their d/ep replicas
+    double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp * s->par->cp : 1, X = lp_shape_value_bytes(s);
     double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
     parts = shard > 0.0 ? n / shard : 1.0;  // (what a shard is of the whole the rank holds)
     double buffer = layers ? layer : 0.0, piece = 0.0;
@@ -9077,6 +9416,7 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     shape->par = s->par;
     shape->tp_size = s->par->tp;
     shape->ep_size = s->par->ep;
+    shape->cp_size = s->par->cp;
     shape->attention = s->attention;
     shape->L = layers;
     shape->layer0 = 0;
@@ -9225,6 +9565,7 @@ typedef struct LPStage {
     int layers[LP_MAX_CHUNKS];  // the partition: layers per chunk (of all p v)
     LPModel* chunks;        // (v) chunk c is virtual stage c*p + s
     const LPGroup* pp;      // this pipeline's stages
+    const LPGroup* cp;      // context parallelism: the ranks sharing each sequence (lp_cp_take: this rank's rows)
     LPGroup head;           // the stages holding the head (wte, lnf): 0, p-1 and those with auxiliary losses
     int num_aux;            // auxiliary losses: the model's layers whose outputs have one, and the last step's
     int aux[LP_MAX_AUX];    // mean values (on every rank of the pipeline)
@@ -9232,7 +9573,7 @@ typedef struct LPStage {
     LPMoEStats moe_stats;   // a mixture of experts': the last step's, summed over the grid (aux, z: their mean over DP)
     LPAction* actions;      // (2 m v) this stage's schedule
     int* slot_owner;        // (v, m) the micro-batch in each of a chunk's slots, -1 free
-    int* tokens;            // (m, 2, B, T) the step's inputs and targets
+    int* tokens;            // (m, 2, B, T/cp) the step's inputs and targets (this rank's rows of them)
     LPSends sends;          // MPI sends in flight
     int inner;              // DiLoCo (par->diloco): inner steps taken in the round under way (0: none since an outer step)
     float loss_scale;       // the next step's loss scale (LPLossScaler.scale; 1, lp_stage_create's: none)
@@ -9259,7 +9600,8 @@ typedef struct LPStage {
 // This rank's stage of the pipeline, on base->proc's grid as its LPParallel says (p = 1: the whole model): the
 // model's layers partitioned over the p v chunks (par->partition; "balanced" weighs micro-batches of B x T),
 // this stage's chunks made with base's other options (unset weights), its actions in the schedule, and
-// activations for micro-batches of B x T in as many slots as each chunk has micro-batches in flight.
+// activations for micro-batches of B x T in as many slots as each chunk has micro-batches in flight (with
+// context parallelism, of this rank's B x T/cp rows: T splits into 2 cp chunks).
 void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* base, int B, int T) {
     memset(st, 0, sizeof(*st));
     const LPProcess* proc = base->proc;
@@ -9268,6 +9610,11 @@ void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* bas
     int p = par->pp, v = par->vpp, m = par->micro_batches;
     st->s = proc->coord[LP_PP];
     st->pp = &proc->group[LP_PP];
+    st->cp = &proc->group[LP_CP];
+    if (par->cp > 1 && T % (2 * par->cp))
+        lp_fail_all("%s %d: the sequence length T = %d does not split into 2 cp = %d chunks of equal length", LP_SETTING(cp), par->cp, T,
+                    2 * par->cp);
+    T /= par->cp;
     LPPipeShape shape = {par, B, T, base->attention, LP_BUILD_GPU};
     char why[512];
     if (lp_pp_partition(cfg, &shape, st->layers, why, sizeof(why))) lp_fail_all("%s", why);
@@ -9430,12 +9777,24 @@ static inline void lp_stage_backward(LPStage* st, int c, int i, int slot, int la
 }
 
 // One forward of (B, T) tokens through the whole pipeline, chunk after chunk, in slot 0 (evaluation,
-// sampling: the last chunk keeps the logits). Returns the mean loss (with targets), on every rank.
+// sampling: the last chunk keeps the logits). Returns the mean loss (with targets), on every rank. With
+// context parallelism each rank runs its rows of the sequences and the loss is their mean; sampling's cached
+// passes (lp_stage_forward_cached) run whole on every rank.
 float lp_stage_forward_only(LPStage* st, const int* inputs, const int* targets, int B, int T) {
+    int split = st->cp->size > 1 && !st->chunks[0].cache.kv;
+    if (split) {  // (the tokens' room holds a micro-batch's inputs and targets)
+        int* mine = st->tokens;
+        lp_cp_take(mine, inputs, B, T, st->cp->rank, st->cp->size);
+        if (targets) lp_cp_take(mine + (size_t)B * T / st->cp->size, targets, B, T, st->cp->rank, st->cp->size);
+        T /= st->cp->size;
+        inputs = mine;
+        targets = targets ? mine + (size_t)B * T : NULL;
+    }
     float loss = 0.0f;
     for (int c = 0; c < st->par->vpp; c++) loss += lp_stage_forward(st, c, 0, 0, inputs, targets, B, T, 0.0f);
     lp_sends_wait(st->pp, &st->sends);
     lp_all_reduce_host(st->pp, &loss, 1, 0);
+    if (split) lp_all_reduce_host(st->cp, &loss, 1, 1);
     return loss;
 }
 
@@ -9570,7 +9929,7 @@ void lp_stage_free(LPStage* st) {
 // targets, and all keep the loader's place). Returns the step's mean loss over the whole batch (summed over
 // the pipeline and averaged over DP), on every rank; the auxiliary losses' means in st->aux_loss likewise.
 float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
-    int B = train->B, T = train->T, m = st->par->micro_batches, v = st->par->vpp;
+    int B = train->B, T = train->T / st->cp->size, m = st->par->micro_batches, v = st->par->vpp;  // (T: this rank's rows of a sequence)
     size_t BT = (size_t)B * T;
     double t0 = lp_time_s();
     int phase = lp_trace_begin("step", "forward-backward", -1, -1);
@@ -9580,8 +9939,8 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
         int ev = lp_trace_begin("io", "data", i, -1);
         lp_dataloader_next(train);
         lp_trace_end(ev);
-        memcpy(st->tokens + 2 * i * BT, train->inputs, BT * sizeof(int));
-        memcpy(st->tokens + (2 * i + 1) * BT, train->targets, BT * sizeof(int));
+        lp_cp_take(st->tokens + 2 * i * BT, train->inputs, B, train->T, st->cp->rank, st->cp->size);
+        lp_cp_take(st->tokens + (2 * i + 1) * BT, train->targets, B, train->T, st->cp->rank, st->cp->size);
     }
     for (int c = 0; c < v; c++) {
         lp_model_zero_grad(&st->chunks[c]);

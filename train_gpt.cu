@@ -247,7 +247,12 @@ static const LPFlagSpec lp_flag_specs[] = {
      "sequence parallelism within the TP group: LayerNorms, residual adds and their activations on 1/t of the rows "
      "each (needs t > 1 and -t divisible by t)"},
     {"--pp", NULL, LP_FLAG_INT, LP_FIELD(par.pp), "1", "1", "N", NULL, NULL,
-     "pipeline-parallel size: the layers split over N stages; data-parallel size d = ranks / (t*p)"},
+     "pipeline-parallel size: the layers split over N stages; data-parallel size d = ranks / (t*cp*p)"},
+    {"--cp", NULL, LP_FLAG_INT, LP_FIELD(par.cp), "1", "1", "N", NULL, NULL,
+     "context-parallel size: each sequence's -t tokens split over N ranks, rank i holding chunks i and 2N-1-i of "
+     "2N (so that each scores as much causal attention), attention a ring passing keys and values around the N "
+     "ranks; gradients averaged, and ZeRO sharded, over the cp*d ranks. -t must split into 2N chunks; the CPU "
+     "build, GPT-2's family"},
     {"--ep", NULL, LP_FLAG_INT, LP_FIELD(par.ep), "1", "1", "N", NULL, NULL,
      "expert parallelism (a mixture of experts): each MoE layer's experts split over N of the d data-parallel ranks, "
      "tokens sent to their experts' ranks and back by all-to-all; N divides d and the experts"},
@@ -695,9 +700,21 @@ static void lp_check_flags(LPFlags* f) {
     if (f->resume && f->overwrite)
         lp_fail_all("flags %s and %s: continue the run in %s, or replace it, not both", LP_FLAG_NAME(resume),
                     LP_FLAG_NAME(overwrite), LP_FLAG_NAME(out_dir));
-    if (par->tp < 1 || par->tp > 65536 || par->pp < 1 || par->pp > 65536 || par->vpp < 1 || par->vpp > 65536)
-        lp_fail_all("flags %s %s %s: sizes must be 1 .. 65536, got %d, %d, %d", LP_FLAG_NAME(par.tp), LP_FLAG_NAME(par.pp),
-                    LP_FLAG_NAME(par.vpp), par->tp, par->pp, par->vpp);
+    if (par->tp < 1 || par->tp > 65536 || par->pp < 1 || par->pp > 65536 || par->vpp < 1 || par->vpp > 65536 || par->cp < 1 ||
+        par->cp > 65536)
+        lp_fail_all("flags %s %s %s %s: sizes must be 1 .. 65536, got %d, %d, %d, %d", LP_FLAG_NAME(par.tp), LP_FLAG_NAME(par.pp),
+                    LP_FLAG_NAME(par.vpp), LP_FLAG_NAME(par.cp), par->tp, par->pp, par->vpp, par->cp);
+    if (par->cp > 1 && f->T % (2 * par->cp))
+        lp_fail_all("flag %s %d: sequence length %s %d does not split into 2*%d = %d chunks of equal length", LP_FLAG_NAME(par.cp),
+                    par->cp, LP_FLAG_NAME(T), f->T, par->cp, 2 * par->cp);
+    if (par->cp > 1 && f->hellaswag[0])
+        lp_fail_all("flag %s with %s %d: not yet (its forwards score whole sequences on each rank)", LP_FLAG_NAME(hellaswag),
+                    LP_FLAG_NAME(par.cp), par->cp);
+    if (par->cp > 1 && f->auto_grid)
+        lp_fail_all("flag %s with %s %d: not yet (the planner splits no sequence)", LP_FLAG_NAME(auto_grid), LP_FLAG_NAME(par.cp), par->cp);
+    if (par->cp > 1 && f->trace[0])
+        lp_fail_all("flag %s with %s %d: not yet (the timeline names and matches ranks by their t, p and d alone)", LP_FLAG_NAME(trace),
+                    LP_FLAG_NAME(par.cp), par->cp);
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
@@ -957,7 +974,8 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
 static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng, int step) {
     const LPModel* m = &st->chunks[st->par->vpp - 1];  // on the last stage: the model's last chunk
     const LPConfig* c = &m->cfg;
-    int n = gen_tokens + 1 < m->T ? gen_tokens + 1 : m->T, Vl = c->padded_vocab_size / m->tp_size;
+    int T = m->T * m->cp_size;  // -t (context parallelism trains on a share of it; each rank samples whole sequences)
+    int n = gen_tokens + 1 < T ? gen_tokens + 1 : T, Vl = c->padded_vocab_size / m->tp_size;
     int rows = m->par->sp ? m->tp_size : 1, positions = (n + rows - 1) / rows * rows;  // (the last block whole)
     int* tokens = (int*)lp_host_malloc((size_t)positions * sizeof(int), "sample tokens");
     float* probs = (float*)lp_host_malloc((size_t)c->padded_vocab_size * sizeof(float), "sample logits");
@@ -1094,7 +1112,7 @@ typedef struct {
     // stage times its own chunks)
     double flops_per_step, peak, sum_ms, sum_update_ms;
     int timed_steps, traffic_steps;
-    LPGroup tp_traffic, dp_traffic;
+    LPGroup tp_traffic, cp_traffic, dp_traffic;
     // the straggler check (--straggler): this rank's sums over the window under way; the windows compared,
     // those that named a rank, and the furthest behind a rank was (its name, the window's first step)
     double window_busy_s, window_step_s;
@@ -1112,9 +1130,22 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     const LPParallel* par = proc->par;
     double MiB = 1048576.0;
     lp_log("engine           %s\n", lp_engine_name());
-    lp_log("grid             %d ranks: t=%d d=%d p=%d%s", proc->world, par->tp, par->dp, par->pp, par->sp ? ", sequence parallel" : "");
+    lp_log("grid             %d ranks: t=%d", proc->world, par->tp);
+    if (par->cp > 1) lp_log(" cp=%d", par->cp);
+    lp_log(" d=%d p=%d%s", par->dp, par->pp, par->sp ? ", sequence parallel" : "");
     if (par->ep > 1) lp_log(", experts over ep=%d of the d ranks (%d replicas)", par->ep, par->dp / par->ep);
     lp_log("\n");
+    if (par->cp > 1) {  // the causal balance: the query-key pairs each rank's chunks score
+        double most = 0.0, least = INFINITY;
+        for (int i = 0; i < par->cp; i++) {
+            double pairs = lp_cp_attention_pairs(f->T, i, par->cp);
+            most = pairs > most ? pairs : most;
+            least = pairs < least ? pairs : least;
+        }
+        lp_log("context          each sequence's %d tokens in %d chunks of %d, cp rank i holding chunks i and %d-i; attention's "
+               "query-key pairs per rank: busiest %.0f, lightest %.0f (%.3fx)\n", f->T, 2 * par->cp, f->T / (2 * par->cp),
+               2 * par->cp - 1, most, least, most / least);
+    }
     if (par->diloco)
         lp_log("replicas         DiLoCo: the d=%d replicas train apart (own AdamW state, no gradient all-reduce) for %d steps, "
                "then all-reduce their fp32 weights once and take an outer step (Nesterov, lr %g, momentum %g)\n", par->dp,
@@ -1157,7 +1188,9 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     if (r->hellaswag.num_examples)
         lp_log("hellaswag        %s: %d examples, %d completions, the longest %d tokens (context + completion)\n", f->hellaswag,
                r->hellaswag.num_examples, r->hellaswag.num_rows, r->hellaswag.longest_row);
-    lp_log("batch            B=%d T=%d per rank, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T,
+    char share[64] = "";
+    if (par->cp > 1) snprintf(share, sizeof(share), " (its cp ranks %d rows each)", f->T / par->cp);
+    lp_log("batch            B=%d T=%d per rank%s, %d tokens per step, grad accumulation steps: %d\n", f->B, f->T, share,
            r->total_batch, par->micro_batches);
     lp_log("schedule         %d steps, lr %g, warmup %d, %s decay to %g\n", f->max_steps, f->lr, f->warmup,
            lp_decay_names[f->decay], f->lr * f->final_lr_frac);
@@ -1167,7 +1200,7 @@ static void lp_report_setup(const LPTrainRun* r, size_t rank_params, double para
     lp_log("memory rank 0    ZeRO-%d: params %.2f MiB, grads %.2f MiB, %s %.2f MiB, activations %.2f MiB"
            " (recompute %s, attention %s)\n", par->zero, param_bytes / MiB, grad_bytes / MiB, LP_MASTER_COPY ? "master+AdamW" : "AdamW",
            optim_bytes / MiB, act_bytes / MiB, lp_recompute_names[par->recompute],
-           lp_attention_materialised(f->attention) ? "materialised" : "flash");
+           par->cp > 1 ? "a ring over cp" : lp_attention_materialised(f->attention) ? "materialised" : "flash");
     const LPZero* z = &r->stage.chunks[0].zero;
     const char* io = z->off && z->off->direct ? "O_DIRECT" : "buffered";
     if (z->off && !z->host_state)
@@ -1523,9 +1556,9 @@ static void lp_run_between_steps(LPTrainRun* r, int step, int stopping) {
     const LPFlags* f = r->f;
     const LPProcess* proc = r->proc;
     int last = step == f->max_steps;
-    LPGroup dp_before = proc->group[LP_DP];
+    LPGroup dp_before = *lp_dp_group(proc);
     if (last || stopping) lp_step_outer(&r->stage, &f->outer);  // --diloco: the round under way ends (its bytes the steps')
-    lp_traffic_since(&r->dp_traffic, &proc->group[LP_DP], &dp_before);
+    lp_traffic_since(&r->dp_traffic, lp_dp_group(proc), &dp_before);
     if (r->has_val && !stopping && (step % f->val_every == 0 || last)) {
         int ev = lp_trace_begin("step", "val loss", -1, -1);
         float vl = lp_evaluate(&r->stage, &r->val, f->val_batches);
@@ -1605,7 +1638,7 @@ typedef struct {
     float loss, norm, lr;
     double t0, t1;        // its start; forward-backward's end
     double busy_s;        // forward-backward less its waits for other ranks (the straggler check)
-    LPGroup tp_before, dp_before;  // the TP and DP groups' traffic counters at its start
+    LPGroup tp_before, cp_before, dp_before;  // the TP, CP and gradient (lp_dp_group) groups' traffic counters at its start
     float spread;         // --gossip: the replicas' spread after it (lp_step_replicas)
     char diverged[200];   // why the divergence guard stopped it, or ""
     int bad_weights;      // the update left a weight that is not finite
@@ -1619,7 +1652,8 @@ static void lp_report_step(LPTrainRun* r, int step, const LPStepRecord* s, doubl
     const LPProcess* proc = r->proc;
     float loss = s->loss, lr = s->lr, norm = s->norm;
     lp_traffic_since(&r->tp_traffic, &proc->group[LP_TP], &s->tp_before);
-    lp_traffic_since(&r->dp_traffic, &proc->group[LP_DP], &s->dp_before);
+    lp_traffic_since(&r->cp_traffic, &proc->group[LP_CP], &s->cp_before);
+    lp_traffic_since(&r->dp_traffic, lp_dp_group(proc), &s->dp_before);
     r->traffic_steps++;
     if (step > r->first_step) {  // the first step warms up: leave it out of the means
         r->sum_ms += ms;
@@ -1719,6 +1753,7 @@ static void lp_run_stragglers(LPTrainRun* r, int step, double busy_s, double ste
             char host[64] = "";
             gethostname(host, sizeof(host) - 1);
             snprintf(who, sizeof(who), "host %s, t %d p %d d %d", host, proc->coord[LP_TP], proc->coord[LP_PP], proc->coord[LP_DP]);
+            if (proc->par->cp > 1) snprintf(who + strlen(who), sizeof(who) - strlen(who), " cp %d", proc->coord[LP_CP]);
         }
         lp_broadcast_host(&proc->world_group, who, sizeof(who), slowest);
         lp_log("straggler at steps %d-%d: rank %d (%s) computed %.1f ms per step, %.1f ms (%.0f%% of a step) behind the "
@@ -1771,10 +1806,15 @@ static void lp_report_end(LPTrainRun* r) {
         lp_log("tensor-parallel traffic per step and rank: %.1f all-reduces (%.4f MiB), %.1f reduce-scatters (%.4f MiB), "
                "%.1f all-gathers (%.4f MiB)\n", (double)tr->calls[0] / steps, tr->bytes[0] / steps / MiB,
                (double)tr->calls[1] / steps, tr->bytes[1] / steps / MiB, (double)tr->calls[2] / steps, tr->bytes[2] / steps / MiB);
+    const LPGroup* ct = &r->cp_traffic;
+    if (proc->par->cp > 1 && steps > 0)
+        lp_log("context-parallel traffic per step and rank: %.1f sends (%.4f MiB) of the ring's key/value blocks and, in backward, "
+               "their gradients\n", (double)ct->calls[LP_SEND] / steps, ct->bytes[LP_SEND] / steps / MiB);
     const LPGroup* dt = &r->dp_traffic;
-    if (proc->par->dp > 1 && steps > 0) {  // as ring collectives send: an all-reduce 2 (d-1)/d of its buffer, a reduce-scatter
-                                            // or an all-gather (d-1)/d of the whole, a send all it sends
-        double ring = (proc->par->dp - 1.0) / proc->par->dp, params = 0.0;
+    int d = lp_dp_group(proc)->size;  // (with context parallelism the gradients' group is its cp x d ranks)
+    if (d > 1 && steps > 0) {  // as ring collectives send: an all-reduce 2 (d-1)/d of its buffer, a reduce-scatter
+                               // or an all-gather (d-1)/d of the whole, a send all it sends
+        double ring = (d - 1.0) / d, params = 0.0;
         double sent = (2.0 * ring * dt->bytes[LP_ALL_REDUCE] + ring * (dt->bytes[LP_REDUCE_SCATTER] + dt->bytes[LP_ALL_GATHER]) +
                        dt->bytes[LP_SEND]) / steps;
         for (int c = 0; c < proc->par->vpp; c++)
@@ -2053,7 +2093,8 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         s.t0 = lp_time_s();
         double waited = lp_watchdog.waited;
         s.tp_before = proc->group[LP_TP];
-        s.dp_before = proc->group[LP_DP];
+        s.cp_before = proc->group[LP_CP];
+        s.dp_before = *lp_dp_group(proc);
         s.scale = r.state.scaler.scale;           // --loss-scale: the gradients are of the loss times it
         r.stage.loss_scale = lp_injected_overflow(r.computed + 1, proc->rank, s.scale > 0.0f ? s.scale : 1.0f);
         s.loss = lp_injected_loss(++r.computed, lp_step_forward_backward(&r.stage, &r.train));  // m micro-batches
@@ -2096,13 +2137,13 @@ static void lp_print_schedule(const LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;
     lp_model_config(f, proc, &cfg);
     LPParallel par = f->par;
-    long long tp_pp = (long long)par.tp * par.pp;
+    long long tp_pp = (long long)par.tp * par.cp * par.pp;
     par.dp = proc->world % tp_pp == 0 ? (int)(proc->world / tp_pp) : 1;
     int per_micro = f->B * f->T * par.dp, chunks = par.pp * par.vpp, layers[LP_MAX_CHUNKS], first = 0;
     par.micro_batches = f->total_batch ? f->total_batch / per_micro : 1;
     if (f->total_batch % per_micro != 0)
         lp_fail_all("flag -d: %d tokens is not a multiple of -b * -t * d = %d", f->total_batch, per_micro);
-    LPPipeShape shape = {&par, f->B, f->T, f->attention, LP_BUILD_GPU};
+    LPPipeShape shape = {&par, f->B, f->T / par.cp, f->attention, LP_BUILD_GPU};  // (a rank's rows: T/cp of each sequence)
     char why[512];
     if (lp_pp_partition(&cfg, &shape, layers, why, sizeof(why))) lp_fail_all("%s", why);
     lp_log("partition %s of %d layers (L=%d C=%d Vp=%d; B=%d T=%d t=%d d=%d ZeRO-%d%s%s), per chunk: training FLOPs per token, "
