@@ -1520,8 +1520,10 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
         for (size_t j = 0; j < n; j++)  // columns of op(B), contiguous over k
             for (size_t kk = 0; kk < k; kk++)
                 b[j * k + kk] = lt_load(B, LB.type, ob + (d.transb ? j + kk * LB.ld : kk + j * LB.ld));
-        // each output element is written by one task (its rows), so the tasks' order does not matter
-#pragma omp parallel for schedule(dynamic, 1)
+        // each output element is written by one task (its rows), so the tasks' order does not matter; a
+        // product under 2^22 multiply-adds (a millisecond) runs on this thread alone, since waking the team
+        // costs more (on a loaded machine a time slice, while the idle threads spin)
+#pragma omp parallel for schedule(dynamic, 1) if (m * n * k >= ((size_t)1 << 22))
         for (size_t i0 = 0; i0 < m; i0 += rows_per_task) {
             float row_sums[rows_per_task] = {0};  // DGELU_BGRAD's: each row of D over its columns in order, before rounding
             for (size_t j0 = 0; j0 < n; j0 += 4) {
