@@ -3,8 +3,9 @@
 # links, the data path (scripts/test_data_path.sh: prepare.py's shards train, plot.py draws them, the README's
 # own-text block runs as written), Hugging Face export and import (scripts/test_hf.sh), then tier 4:
 # on the CUDA build (./test_gpt) when a GPU is present, else on the CUDA emulator (./test_gpt_emu, after
-# the emulator's own tests). With nvcc but no GPU, both CUDA binaries are still built, so the CUDA code
-# keeps compiling warning-free and tier 1 checks ./train_gpt's "no GPU" error.
+# the emulator's own tests). With nvcc but no GPU, both CUDA binaries are still built (for sm_90; the engine
+# without MPI for sm_80), so the CUDA code keeps compiling warning-free and tier 1 checks ./train_gpt's
+# "no GPU" error.
 # `run_tests.sh emu` (make test-emu): the emulated tier alone. Prints the totals last.
 set -u
 cd "$(dirname "$0")/.."
@@ -209,56 +210,70 @@ if [ "${1:-}" = emu ]; then
     exit
 fi
 
-echo "building the CPU engine (train_gpt_cpu, its tests' build train_gpt_cpu_hooks, test_gpt_cpu) and the planner (plan_gpt) ..."
-if ! make -s -j"$jobs" train_gpt_cpu train_gpt_cpu_hooks test_gpt_cpu plan_gpt; then
-    echo "FAIL the CPU build"
-    echo "$passed passed, $((failed + 1)) failed"
-    exit 1
-fi
 has_gpu=0
 if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi > /dev/null 2>&1; then has_gpu=1; fi
+# The builds all at once, side by side: the engines without MPI (below) in the background, each one compiler,
+# and one make of the CUDA and the CPU engines (the CUDA one first: llmpar_cudnn.o, then train_gpt, is the
+# longest chain), with -k, so it goes on past a failed build and make -q then says which failed
+nompi=$(mktemp -d)
+# without MPI each engine is a single-rank program; both must keep compiling (warnings are errors); the
+# CPU one here also without a BLAS: its plain-loop matmuls
+${CC:-cc} -x c -std=gnu11 -O1 -fopenmp -DLLMPAR_CPU -Wall -Wextra -Werror train_gpt.cu -o "$nompi/cpu" -lm > "$nompi/cpu.log" 2>&1 &
+nompi_cpu=$!
+cuda=()
 if command -v nvcc > /dev/null 2>&1; then
     # with cuDNN's attention (llmpar_cudnn.cpp) where cudnn-frontend's headers are here (`make cudnn-frontend`,
     # which .ci/run does) and the toolkit has cuDNN: it compiles everywhere, and runs on a GPU only
     cudnn=0
     [ -f .cudnn-frontend/include/cudnn_frontend.h ] && [ -f "$(dirname "$(dirname "$(command -v nvcc)")")/include/cudnn.h" ] && cudnn=1
     echo "building the CUDA engine (train_gpt$([ $cudnn = 1 ] && echo " with cuDNN's attention"), test_gpt) ..."
-    hooks=()  # the tests' build (train_gpt_hooks: tier 4's offload test) only where tier 4 runs on the GPU
-    [ "$has_gpu" = 1 ] && hooks=(train_gpt_hooks)
-    if ! make -s -j"$jobs" USE_CUDNN=$cudnn train_gpt test_gpt "${hooks[@]}"; then
-        echo "FAIL the CUDA build"
-        failed=$((failed + 1))
+    cuda=(USE_CUDNN=$cudnn train_gpt test_gpt train_gpt_fp16)  # (the fp16 engine keeps compiling warning-free too)
+    # the tests' build (train_gpt_hooks: tier 4's offload test) only where tier 4 runs on the GPU; without one
+    # the CUDA code is only compiled, so each architecture once: sm_90 here, sm_80 by the build without MPI
+    nompi_arch=sm_90
+    if [ "$has_gpu" = 1 ]; then
+        cuda+=(train_gpt_hooks)
+    else
+        cuda+=(CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+        nompi_arch=sm_80
     fi
-    # the fp16 engine (make train_gpt_fp16) keeps compiling warning-free; without a GPU for one architecture, as
-    # the examples below (a third of the time)
-    arch=()
-    [ "$has_gpu" = 1 ] || arch=(CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-    if ! make -s -j"$jobs" train_gpt_fp16 "${arch[@]}"; then
-        echo "FAIL the fp16 CUDA build (make train_gpt_fp16)"
-        failed=$((failed + 1))
-    fi
+    nvcc -O1 -std=c++17 -arch=$nompi_arch -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-missing-field-initializers,-Werror,-fopenmp \
+        train_gpt.cu -o "$nompi/cuda" -lcublasLt -lcublas > "$nompi/cuda.log" 2>&1 &
+    nompi_cuda=$!
 else
     echo "skip: nvcc not found, the CUDA build is not checked"
 fi
-
-# without MPI each engine is a single-rank program; both must keep compiling (warnings are errors); the
-# CPU one here also without a BLAS: its plain-loop matmuls
-if ${CC:-cc} -x c -std=gnu11 -O1 -fopenmp -DLLMPAR_CPU -Wall -Wextra -Werror train_gpt.cu -o /tmp/llmpar_nompi_$$ -lm; then
+echo "building the CPU engine (train_gpt_cpu, its tests' build train_gpt_cpu_hooks, test_gpt_cpu) and the planner (plan_gpt) ..."
+cpu=(train_gpt_cpu train_gpt_cpu_hooks test_gpt_cpu plan_gpt)
+make -s -j"$jobs" -k "${cuda[@]}" "${cpu[@]}"
+if ! make -q "${cpu[@]}"; then
+    echo "FAIL the CPU build"
+    wait
+    rm -rf "$nompi"
+    echo "$passed passed, $((failed + 1)) failed"
+    exit 1
+fi
+if [ ${#cuda[@]} -gt 0 ] && ! make -q "${cuda[@]}"; then
+    echo "FAIL the CUDA build"
+    failed=$((failed + 1))
+fi
+if wait $nompi_cpu; then
     passed=$((passed + 1))
 else
+    cat "$nompi/cpu.log"
     echo "FAIL the CPU engine builds without MPI"
     failed=$((failed + 1))
 fi
-if command -v nvcc > /dev/null 2>&1; then
-    if nvcc -O1 -std=c++17 -arch=sm_90 -Werror all-warnings -Xcompiler -Wall,-Wextra,-Wno-missing-field-initializers,-Werror,-fopenmp train_gpt.cu \
-        -o /tmp/llmpar_nompi_$$ -lcublasLt -lcublas; then
+if [ ${#cuda[@]} -gt 0 ]; then
+    if wait $nompi_cuda; then
         passed=$((passed + 1))
     else
+        cat "$nompi/cuda.log"
         echo "FAIL the CUDA engine builds without MPI"
         failed=$((failed + 1))
     fi
 fi
-rm -f /tmp/llmpar_nompi_$$
+rm -rf "$nompi"
 
 echo "     (the builds took $SECONDS s)"
 run_tier ./test_gpt_cpu

@@ -134,7 +134,10 @@ static const size_t kPage = 4096;
 // A stack for a fiber that will call fn(arg) when first switched to: the frame cudaemu_ctx_switch pops.
 // (The floating-point control words are not switched: no kernel changes rounding modes.)
 static void* fiber_stack_init(char* stack, void (*fn)(void*), void* arg) {
-    uint64_t* sp = (uint64_t*)(stack + kPage + kStackBytes - 72);  // 16-byte aligned at the call in entry
+    // its top moved down by 0 to 63 cache lines (from where the stack lies), so that the tops of a block's
+    // stacks, which a switch touches, do not all fall in the same cache sets
+    size_t color = ((uintptr_t)stack / kPage % 64) * 64;
+    uint64_t* sp = (uint64_t*)(stack + kPage + kStackBytes - 72 - color);  // 16-byte aligned at the call in entry
     memset(sp, 0, 48);
     sp[2] = (uint64_t)(uintptr_t)fn;   // r13
     sp[3] = (uint64_t)(uintptr_t)arg;  // r12
@@ -193,7 +196,7 @@ struct BlockRun {
     std::vector<int> warp_waiting;  // per warp: lanes waiting at a warp operation
     std::vector<std::vector<unsigned>> warp_ops;  // per warp: the masks of its warp operations so far (the hazard check)
     size_t shmem;                   // dynamic shared memory bytes (at blk.dynamic_shared)
-    std::deque<int> runq;
+    std::vector<int> runq;          // the threads that can run, the next one last (taken and woken at the back)
     void* sched_sp;
     const std::function<void()>* body;
     const char* kernel;
@@ -240,14 +243,14 @@ static void fiber_main(void* arg) {
 
 static void yield_to_scheduler(Fiber* f) { cudaemu_ctx_switch(&f->sp, cur_run->sched_sp); }
 
-// Make threads runnable again (lanes of a warp, or the whole block). Forward and reversed run them next,
-// so a warp runs ahead as far as it can before the others move (lower or higher warps first); shuffled
-// picks the next thread at random from all that can run.
-static void wake(BlockRun* R, std::vector<int>& ids) {
-    if (R->order == ORDER_REVERSE) std::sort(ids.rbegin(), ids.rend());
-    else std::sort(ids.begin(), ids.end());
-    for (int i : ids) R->f[i].state = F_RUN;
-    R->runq.insert(R->runq.begin(), ids.begin(), ids.end());
+// Make threads runnable again (lanes of a warp, or the whole block: n ids, ascending). Forward and
+// reversed run them next, lowest or highest first, so a warp runs ahead as far as it can before the others
+// move (lower or higher warps first); shuffled picks the next thread at random from all that can run.
+static void wake(BlockRun* R, const int* ids, int n) {
+    for (int k = 0; k < n; k++) R->f[ids[k]].state = F_RUN;
+    if (R->order == ORDER_REVERSE) R->runq.insert(R->runq.end(), ids, ids + n);
+    else
+        for (int k = n - 1; k >= 0; k--) R->runq.push_back(ids[k]);
 }
 
 static std::string block_name(const BlockRun* R) {
@@ -267,7 +270,8 @@ void cudaemu_syncthreads(const char* site) {
     f->state = F_BARRIER;
     f->site = site;
     if (++R->at_barrier == R->n) {
-        std::vector<int> all;
+        static thread_local std::vector<int> all;  // (kept: no allocation a barrier)
+        all.clear();
         for (int i = 0; i < R->n; i++) {
             if (!same_site(R->f[i].site, site))
                 emu_fatal("%s: threads wait at different barriers, %s and %s (__syncthreads in divergent code)",
@@ -281,7 +285,7 @@ void cudaemu_syncthreads(const char* site) {
             for (int w = 0; w < (R->n + 31) / 32; w++) prof_warp_done(w);
         }
         R->at_barrier = 0;
-        wake(R, all);
+        wake(R, all.data(), R->n);
     }
     yield_to_scheduler(f);
 }
@@ -338,7 +342,7 @@ static uint64_t warp_op(const char* site, uintptr_t pc, int kind, unsigned mask,
                 if (mask >> l & 1u) lanes[l] = (void*)(uintptr_t)R->f[base + l].in;
             collective(lanes);
         }
-        std::vector<int> ids;
+        int ids[32], woken = 0;
         unsigned ballot = 0;
         for (int l = 0; l < 32; l++)
             if ((mask >> l & 1u) && R->f[base + l].in) ballot |= 1u << l;
@@ -354,10 +358,10 @@ static uint64_t warp_op(const char* site, uintptr_t pc, int kind, unsigned mask,
                 emu_fatal("%s: %s: lane %d reads lane %d, which is not in the mask 0x%08x", block_name(R).c_str(), site, l, src, mask);
             g.out = kind == CUDAEMU_BALLOT ? ballot : kind == CUDAEMU_SYNCWARP ? 0 : R->f[base + src].in;
             g.wops = (uint32_t)ops.size();
-            ids.push_back(base + l);
+            ids[woken++] = base + l;
         }
-        waiting -= (int)ids.size();
-        wake(R, ids);
+        waiting -= woken;
+        wake(R, ids, woken);
     }
     yield_to_scheduler(f);
     return f->out;
@@ -549,10 +553,10 @@ static void run_block(BlockRun* R, const std::vector<int>& first_order) {
     R->done = R->at_barrier = 0;
     R->warp_waiting.assign((R->n + 31) / 32, 0);
     R->warp_ops.assign((R->n + 31) / 32, std::vector<unsigned>());
-    R->runq.assign(first_order.begin(), first_order.end());
+    R->runq.assign(first_order.rbegin(), first_order.rend());
     for (int i = 0; i < R->n; i++) R->f[i].state = F_NEW, R->f[i].bars = R->f[i].wops = R->f[i].groups = 0, R->f[i].copies.clear();
     while (!R->runq.empty()) {
-        size_t at = R->order == ORDER_SHUFFLE ? rng_next(&R->rng) % R->runq.size() : 0;
+        size_t at = R->runq.size() - 1 - (R->order == ORDER_SHUFFLE ? rng_next(&R->rng) % R->runq.size() : 0);
         int i = R->runq[at];
         R->runq.erase(R->runq.begin() + at);
         Fiber* f = &R->f[i];
@@ -1538,8 +1542,10 @@ static void lt_gemm(const Desc& d, const Layout& LA, const Layout& LB, const Lay
         for (size_t j = 0; j < n; j++)  // columns of op(B), contiguous over k
             for (size_t kk = 0; kk < k; kk++)
                 b[j * k + kk] = lt_load(B, LB.type, ob + (d.transb ? j + kk * LB.ld : kk + j * LB.ld));
-        // each output element is written by one task (its rows), so the tasks' order does not matter
-#pragma omp parallel for schedule(dynamic, 1)
+        // each output element is written by one task (its rows), so the tasks' order does not matter; a
+        // product under 2^22 multiply-adds (a millisecond) runs on this thread alone, since waking the team
+        // costs more (on a loaded machine a time slice, while the idle threads spin)
+#pragma omp parallel for schedule(dynamic, 1) if (m * n * k >= ((size_t)1 << 22))
         for (size_t i0 = 0; i0 < m; i0 += rows_per_task) {
             float row_sums[rows_per_task] = {0};  // DGELU_BGRAD's: each row of D over its columns in order, before rounding
             for (size_t j0 = 0; j0 < n; j0 += 4) {
