@@ -842,40 +842,45 @@ static void lp_print_flags(const LPFlags* f) {
 
 #define LP_STRIKES 3  // --on-divergence skip or rollback: divergences in a row (skip) or back to one checkpoint (rollback)
 
-// Test hook for the divergence guard, in a build with LLMPAR_TEST_HOOKS (make's train_gpt_*_hooks):
-// LLMPAR_LOSS_AT=k:x makes the loss of this process's k-th training step read x (nan, 1e9).
+// A test hook's variable, read in a build with LLMPAR_TEST_HOOKS only (make's train_gpt_*_hooks): "k" or
+// "k:rest" gives the step k (0: unset, or not a number) and *rest (NULL without one).
+static int lp_hook_step(const char* name, const char** rest) {
+#ifdef LLMPAR_TEST_HOOKS
+    const char* e = getenv(name);
+#else
+    const char* e = NULL;
+    (void)name;
+#endif
+    char* end = NULL;
+    int k = e ? (int)strtol(e, &end, 10) : 0;
+    *rest = e && *end == ':' ? end + 1 : NULL;
+    return k;
+}
+
+// Test hook for the divergence guard: LLMPAR_LOSS_AT=k:x makes the loss of this process's k-th training step
+// read x (nan, 1e9).
 static float lp_injected_loss(int k, float loss) {
     static int at = -1;  // the variable is read once, not every step
     static float value;
     if (at < 0) {
-#ifdef LLMPAR_TEST_HOOKS
-        const char* e = getenv("LLMPAR_LOSS_AT");
-#else
-        const char* e = NULL;
-#endif
-        char* end = NULL;
-        at = e ? (int)strtol(e, &end, 10) : 0;
-        if (!e || *end != ':') at = 0;
-        else value = strtof(end + 1, NULL);
+        const char* rest;
+        at = lp_hook_step("LLMPAR_LOSS_AT", &rest);
+        if (rest) value = strtof(rest, NULL);
+        else at = 0;
     }
     return k == at ? value : loss;
 }
 
-// Test hook for loss scaling, in a build with LLMPAR_TEST_HOOKS: LLMPAR_OVERFLOW_AT=k[:r] makes the gradients
-// of this process's k-th training step overflow (on world rank r alone, when given): its loss's gradient seed
-// is infinite there, as the seed times a scale too large would be, so backward spreads infs and NaNs through
-// every gradient it reaches. Returns the loss scale step k runs with.
+// Test hook for loss scaling: LLMPAR_OVERFLOW_AT=k[:r] makes the gradients of this process's k-th training
+// step overflow (on world rank r alone, when given): its loss's gradient seed is infinite there, as the seed
+// times a scale too large would be, so backward spreads infs and NaNs through every gradient it reaches.
+// Returns the loss scale step k runs with.
 static float lp_injected_overflow(int k, int rank, float scale) {
     static int at = -1, on = -1;  // (read once)
     if (at < 0) {
-#ifdef LLMPAR_TEST_HOOKS
-        const char* e = getenv("LLMPAR_OVERFLOW_AT");
-#else
-        const char* e = NULL;
-#endif
-        char* end = NULL;
-        at = e ? (int)strtol(e, &end, 10) : 0;
-        if (e && *end == ':') on = (int)strtol(end + 1, NULL, 10);
+        const char* rest;
+        at = lp_hook_step("LLMPAR_OVERFLOW_AT", &rest);
+        if (rest) on = (int)strtol(rest, NULL, 10);
     }
     return k == at && (on < 0 || on == rank) ? INFINITY : scale;
 }
