@@ -6467,8 +6467,8 @@ static void test_offload_host(void) {
     static char base[1024], args[3 * LP_PATH_MAX], name[512], a[LP_PATH_MAX], b[LP_PATH_MAX], mode[LP_PATH_MAX + 64], offload_dir[LP_PATH_MAX];
     lp_path(offload_dir, "%s/offload_files", tmp_dir);
     mkdir(offload_dir, 0755);
-    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 128", tmp_path("offload_model.bin"),
-             tmp_path("offload_tokens.bin"));
+    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("offload_model.bin"),
+             tmp_path("offload_tokens.bin"));  // (T = 8: as the grids, the emulated steps cost by their tokens)
     // each grid with the offload modes it runs (LP_OFFLOAD_* bits); params needs ZeRO-3
     struct { int ranks; const char* flags; int modes; } grids[] = {
         {1, "-b 8", 1 << LP_OFFLOAD_OPTIMIZER | 1 << LP_OFFLOAD_NVME},
