@@ -9,8 +9,8 @@ test_gpt.cu: llmpar's tests, one program for both builds.
 
 Whole runs and bad input go through the real binaries (./train_gpt_cpu, ./train_gpt, ./train_gpt_emu) as
 subprocesses, reading the `step N/M | loss L` lines and the one-line errors users see. Run from the
-repository root; an argument runs only the tests whose name holds it (./test_gpt_cpu divergence).
-Prints `N passed, N failed` last.
+repository root; an argument runs only the tests whose name holds it (./test_gpt_cpu divergence), or
+with a leading - those whose name does not (./test_gpt_emu -tier4_). Prints `N passed, N failed` last.
 */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE  // before any header, as llmpar.h would have it (sched_getaffinity)
@@ -6611,11 +6611,12 @@ static void test_out_of_memory(void) {
 
 // The test program does not start MPI itself: the mpirun it launches for tier 3 must not inherit a
 // singleton's environment.
-// With an argument, only the tests whose function name contains it run: ./test_gpt_cpu divergence
+// With an argument, only the tests whose function name contains it run (./test_gpt_cpu divergence), or
+// with a leading - only those whose name does not (make test runs the two halves side by side)
 static const char* only;
 // Run one test function (unless a name filter excludes it) and print a line for it: its checks and time.
 static void run_test(const char* name, void (*test)(void)) {
-    if (only && !strstr(name, only)) return;
+    if (only && (only[0] == '-' ? strstr(name, only + 1) != NULL : !strstr(name, only))) return;
     int passed = tests_passed, failed = tests_failed;
     double t0 = lp_time_s();
     test();

@@ -26,11 +26,15 @@ run_tier() {  # run a test binary, echo its output and its time, add its closing
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     echo "     ($* took $((SECONDS - start)) s; make test at $SECONDS s)"
+    add_totals "$log" "$rc" "$*"
+}
+
+add_totals() {  # add_totals LOG RC NAME: add the closing "N passed, N failed" of NAME's output LOG (removed) to the totals
     local line
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
-    rm -f "$log"
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -n 1)
+    rm -f "$1"
     if [ -z "$line" ]; then
-        echo "FAIL $* ended without a summary (exit $rc)"
+        echo "FAIL $3 ended without a summary (exit $2)"
         failed=$((failed + 1))
         return
     fi
@@ -194,10 +198,14 @@ emulated_tier() {
     fi
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests (its build done at $SECONDS s)"
     run_tier dev/cudaemu/test_cudaemu
-    run_tier ./test_gpt_emu
+    # the CUDA engine's tests but the kernels', then the kernels' (tier4_*: one process, on one core) beside
+    # the two emulated examples (each one process too)
+    run_tier ./test_gpt_emu -tier4_
+    local kernels_out kernels_pid kernels_rc two_files_out pid
+    kernels_out=$(mktemp)
+    ./test_gpt_emu tier4_ > "$kernels_out" 2>&1 &
+    kernels_pid=$!
     if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
-        # side by side: each is one process, whose kernels run on one core
-        local two_files_out pid
         two_files_out=$(mktemp)
         dev/examples/two_files_emu 12 > "$two_files_out" 2>&1 &
         pid=$!
@@ -209,7 +217,11 @@ emulated_tier() {
         echo "FAIL the library examples build under the emulator (make dev/examples/train_loop_emu two_files_emu)"
         failed=$((failed + 1))
     fi
-    echo "     (the emulated examples done at $SECONDS s)"
+    wait $kernels_pid
+    kernels_rc=$?
+    cat "$kernels_out"
+    add_totals "$kernels_out" "$kernels_rc" "./test_gpt_emu tier4_"
+    echo "     (the emulated examples and ./test_gpt_emu tier4_ done at $SECONDS s)"
     timed model_extrapolates
     timed sass_solves
     timed kernels_hazard_free
