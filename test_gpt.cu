@@ -9,8 +9,8 @@ test_gpt.cu: llmpar's tests, one program for both builds.
 
 Whole runs and bad input go through the real binaries (./train_gpt_cpu, ./train_gpt, ./train_gpt_emu) as
 subprocesses, reading the `step N/M | loss L` lines and the one-line errors users see. Run from the
-repository root; an argument runs only the tests whose name holds it (./test_gpt_cpu divergence).
-Prints `N passed, N failed` last.
+repository root; an argument runs only the tests whose name holds it (./test_gpt_cpu divergence), or
+with a leading - those whose name does not (./test_gpt_emu -tier4_). Prints `N passed, N failed` last.
 */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE  // before any header, as llmpar.h would have it (sched_getaffinity)
@@ -7476,8 +7476,8 @@ static void test_offload_host(void) {
     static char base[1024], args[3 * LP_PATH_MAX], name[512], a[LP_PATH_MAX], b[LP_PATH_MAX], mode[LP_PATH_MAX + 64], offload_dir[LP_PATH_MAX];
     lp_path(offload_dir, "%s/offload_files", tmp_dir);
     mkdir(offload_dir, 0755);
-    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 128", tmp_path("offload_model.bin"),
-             tmp_path("offload_tokens.bin"));
+    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("offload_model.bin"),
+             tmp_path("offload_tokens.bin"));  // (T = 8: as the grids, the emulated steps cost by their tokens)
     // each grid with the offload modes it runs (LP_OFFLOAD_* bits); params needs ZeRO-3
     struct { int ranks; const char* flags; int modes; } grids[] = {
         {1, "-b 8", 1 << LP_OFFLOAD_OPTIMIZER | 1 << LP_OFFLOAD_NVME},
@@ -7620,7 +7620,8 @@ static void test_out_of_memory(void) {
 
 // The test program does not start MPI itself: the mpirun it launches for tier 3 must not inherit a
 // singleton's environment.
-// With an argument, only the tests whose function name contains it run: ./test_gpt_cpu divergence
+// With an argument, only the tests whose function name contains it run (./test_gpt_cpu divergence), or
+// with a leading - only those whose name does not (make test runs the two halves side by side)
 static const char* only;
 // Run one test function (unless a name filter excludes it) and print a line for it: its checks and time.
 // The fp16 build differs from the bf16 one in floatX alone (its rounding and range) and in loss scaling's
@@ -7630,7 +7631,7 @@ static const char* only;
 static const char* const fp16_tests[] = {"tier4_kernel_tests", "tier4_attention_kernels", "tier4_sample_cache_attention", "test_step_vs_cpu_build",
                                          "test_fp16_runs", NULL};
 static void run_test(const char* name, void (*test)(void)) {
-    if (only && !strstr(name, only)) return;
+    if (only && (only[0] == '-' ? strstr(name, only + 1) != NULL : !strstr(name, only))) return;
     int listed = 0;
     for (int k = 0; fp16_tests[k]; k++) listed |= strcmp(name, fp16_tests[k]) == 0;
     if (strcmp(LP_FLOATX_NAME, "fp16") == 0 && !listed) return;

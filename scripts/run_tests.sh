@@ -26,11 +26,15 @@ run_tier() {  # run a test binary, echo its output and its time, add its closing
     "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     echo "     ($* took $((SECONDS - start)) s; make test at $SECONDS s)"
+    add_totals "$log" "$rc" "$*"
+}
+
+add_totals() {  # add_totals LOG RC NAME: add the closing "N passed, N failed" of NAME's output LOG (removed) to the totals
     local line
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
-    rm -f "$log"
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$1" | tail -n 1)
+    rm -f "$1"
     if [ -z "$line" ]; then
-        echo "FAIL $* ended without a summary (exit $rc)"
+        echo "FAIL $3 ended without a summary (exit $2)"
         failed=$((failed + 1))
         return
     fi
@@ -99,7 +103,7 @@ example_needs_implementation() {
 # layers and extrapolated to 3 by roofline.py --layers must model every launch as the direct count at 3
 # layers does. One check (skipped without numpy, as the data path's checks skip without their packages).
 model_extrapolates() {
-    local dir l b ok=1
+    local dir l b pid ok=1
     if ! python3 -c "import numpy" > /dev/null 2>&1; then
         echo "skip: the GPU model's depth check (dev/ref/gpt2_ref.py needs Python's numpy)"
         return
@@ -110,13 +114,16 @@ model_extrapolates() {
         return
     fi
     dir=$(mktemp -d)
+    local pids=()
     for l in 1 2 3; do
         python3 dev/ref/gpt2_ref.py random-model "$dir/L$l.bin" $l 64 2 || ok=0
-        for b in 1 2; do
+        for b in 1 2; do  # (the six counts side by side: each one process, its kernels on one core)
             CUDAEMU_PROFILE=$dir/L$l-$b.tsv CUDAEMU_PROFILE_SKIP=2 ./train_gpt_emu_prof -e "$dir/L$l.bin" -b $b -t 64 -x 2 -v 0 \
-                -s 0 > "$dir/L$l-$b.log" 2>&1 || ok=0
+                -s 0 > "$dir/L$l-$b.log" 2>&1 &
+            pids+=($!)
         done
     done
+    for pid in "${pids[@]}"; do wait "$pid" || ok=0; done
     rows() { grep -E '^\| (lp_|cublasLt|cudaMem)' | sort; }
     if [ $ok = 1 ]; then
         python3 dev/cudaemu/roofline.py --batch 8 --seq 64 --measured 1 2 --model 3 64 50304 --run x "$dir/L3-1.tsv" \
@@ -151,18 +158,24 @@ sass_solves() {
 
 # the hazard check (dev/cudaemu/README.md) over every kernel of training steps: one rank with selective
 # recomputation, two with --tp 2, two with ZeRO-2, one rank of the Llama family (grouped-query flash attention,
-# RoPE, RMSNorm, SwiGLU); each run must end. One check (after model_extrapolates, which builds the counting binary).
+# RoPE, RMSNorm, SwiGLU), side by side; each run must end. One check (where the counting binary built).
 kernels_hazard_free() {
-    local ok=1 out
+    local ok=1 dir grid np k pids=()
     [ -x ./train_gpt_emu_prof ] || return
+    dir=$(mktemp -d)
     for grid in "1 --recompute selective" "2 --tp 2" "2 -z 2" "1 -e llama:d2"; do
         set -- $grid
-        local np=$1
+        np=$1
         shift
-        out=$(mpirun -np "$np" --oversubscribe --bind-to none -x CUDAEMU_HAZARDS=1 -x OMP_NUM_THREADS=1 ./train_gpt_emu_prof \
-            -e d2 -b 2 -t 64 -x 2 -v 1 -s 0 "$@" 2>&1)
-        grep -q "^step 2/2 " <<< "$out" || { echo "$out" | tail -n 3; ok=0; }
+        mpirun -np "$np" --oversubscribe --bind-to none -x CUDAEMU_HAZARDS=1 -x OMP_NUM_THREADS=1 ./train_gpt_emu_prof \
+            -e d2 -b 2 -t 64 -x 2 -v 1 -s 0 "$@" > "$dir/${#pids[@]}.log" 2>&1 &
+        pids+=($!)
     done
+    for k in "${!pids[@]}"; do
+        wait "${pids[$k]}"
+        grep -q "^step 2/2 " "$dir/$k.log" || { tail -n 3 "$dir/$k.log"; ok=0; }
+    done
+    rm -rf "$dir"
     if [ $ok = 1 ]; then
         echo "     the hazard check: no shared-memory hazard in the kernels of training steps (1 rank, --tp 2, ZeRO-2, a Llama)"
         passed=$((passed + 1))
@@ -174,6 +187,11 @@ kernels_hazard_free() {
 
 # tier 4 on the CUDA emulator: the emulator's own tests, then the CUDA engine's
 emulated_tier() {
+    # every emulated build at once, side by side, the examples' and the counting one's too (the makes below then
+    # find them built, or build a failed one again to show its errors)
+    make -s -j"$jobs" -k train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu \
+        dev/examples/train_loop_emu dev/examples/two_files_emu train_gpt_emu_prof test_gpt_fp16_emu train_gpt_fp16_emu \
+        train_gpt_fp16_emu_hooks > /dev/null 2>&1
     if ! make -s -j"$jobs" train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu; then
         echo "FAIL the emulated CUDA build (make train_gpt_emu train_gpt_emu_hooks test_gpt_emu)"
         failed=$((failed + 1))
@@ -181,7 +199,30 @@ emulated_tier() {
     fi
     echo "tier 4 on the CUDA emulator (dev/cudaemu): the emulator's own tests (its build done at $SECONDS s)"
     run_tier dev/cudaemu/test_cudaemu
-    run_tier ./test_gpt_emu
+    # the CUDA engine's tests but the kernels', then the kernels' (tier4_*: one process, on one core) beside
+    # the two emulated examples (each one process too)
+    run_tier ./test_gpt_emu -tier4_
+    local kernels_out kernels_pid kernels_rc two_files_out pid
+    kernels_out=$(mktemp)
+    ./test_gpt_emu tier4_ > "$kernels_out" 2>&1 &
+    kernels_pid=$!
+    if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
+        two_files_out=$(mktemp)
+        dev/examples/two_files_emu 12 > "$two_files_out" 2>&1 &
+        pid=$!
+        example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
+        wait $pid
+        example_two_files "CUDA emulated, 12 steps" cat "$two_files_out"
+        rm -f "$two_files_out"
+    else
+        echo "FAIL the library examples build under the emulator (make dev/examples/train_loop_emu two_files_emu)"
+        failed=$((failed + 1))
+    fi
+    wait $kernels_pid
+    kernels_rc=$?
+    cat "$kernels_out"
+    add_totals "$kernels_out" "$kernels_rc" "./test_gpt_emu tier4_"
+    echo "     (the emulated examples and ./test_gpt_emu tier4_ done at $SECONDS s)"
     run_tier bash scripts/test_hf.sh ./train_gpt_emu  # a random transformers Llama on the CUDA engine
     # the fp16 build (make train_gpt_fp16's sources with LLMPAR_FP16): its kernels, steps and runs
     if make -s -j"$jobs" test_gpt_fp16_emu train_gpt_fp16_emu train_gpt_fp16_emu_hooks; then
@@ -190,14 +231,6 @@ emulated_tier() {
         echo "FAIL the emulated fp16 build (make test_gpt_fp16_emu train_gpt_fp16_emu train_gpt_fp16_emu_hooks)"
         failed=$((failed + 1))
     fi
-    if make -s -j"$jobs" dev/examples/train_loop_emu dev/examples/two_files_emu; then
-        example_trains "CUDA emulated, 12 steps" dev/examples/train_loop_emu 12
-        example_two_files "CUDA emulated, 12 steps" dev/examples/two_files_emu 12
-    else
-        echo "FAIL the library examples build under the emulator (make dev/examples/train_loop_emu two_files_emu)"
-        failed=$((failed + 1))
-    fi
-    echo "     (the emulated examples done at $SECONDS s)"
     timed model_extrapolates
     timed sass_solves
     timed kernels_hazard_free

@@ -241,7 +241,30 @@ static void fiber_main(void* arg) {
     cudaemu_ctx_switch(&f->sp, cur_run->sched_sp);
 }
 
-static void yield_to_scheduler(Fiber* f) { cudaemu_ctx_switch(&f->sp, cur_run->sched_sp); }
+// The next thread to run, as the order picks it from the run queue (a new one gets its stack), made the
+// running one; nullptr when none can run.
+static Fiber* take_next(BlockRun* R) {
+    if (R->runq.empty()) return nullptr;
+    size_t at = R->runq.size() - 1 - (R->order == ORDER_SHUFFLE ? rng_next(&R->rng) % R->runq.size() : 0);
+    int i = R->runq[at];
+    R->runq.erase(R->runq.begin() + at);
+    Fiber* f = &R->f[i];
+    if (f->state == F_NEW) {
+        if (prof_in_kernel) prof_thread_start(i);
+        f->stack = stack_pool.get();
+        f->sp = fiber_stack_init(f->stack, fiber_main, f);
+        f->state = F_RUN;
+    }
+    cudaemu_self = &f->t;
+    return f;
+}
+
+// A thread that waits switches straight to the next one (the scheduler sees only a thread that ends, whose
+// stack it takes back, or that none can run).
+static void yield_to_next(Fiber* f) {
+    Fiber* next = take_next(cur_run);
+    if (next != f) cudaemu_ctx_switch(&f->sp, next ? next->sp : cur_run->sched_sp);
+}
 
 // Make threads runnable again (lanes of a warp, or the whole block: n ids, ascending). Forward and
 // reversed run them next, lowest or highest first, so a warp runs ahead as far as it can before the others
@@ -287,7 +310,7 @@ void cudaemu_syncthreads(const char* site) {
         R->at_barrier = 0;
         wake(R, all.data(), R->n);
     }
-    yield_to_scheduler(f);
+    yield_to_next(f);
 }
 
 // A warp operation; `collective`, when given, runs in the last lane to arrive with every lane's `bits` (as
@@ -363,7 +386,7 @@ static uint64_t warp_op(const char* site, uintptr_t pc, int kind, unsigned mask,
         waiting -= woken;
         wake(R, ids, woken);
     }
-    yield_to_scheduler(f);
+    yield_to_next(f);
     return f->out;
 }
 
@@ -555,21 +578,11 @@ static void run_block(BlockRun* R, const std::vector<int>& first_order) {
     R->warp_ops.assign((R->n + 31) / 32, std::vector<unsigned>());
     R->runq.assign(first_order.rbegin(), first_order.rend());
     for (int i = 0; i < R->n; i++) R->f[i].state = F_NEW, R->f[i].bars = R->f[i].wops = R->f[i].groups = 0, R->f[i].copies.clear();
-    while (!R->runq.empty()) {
-        size_t at = R->runq.size() - 1 - (R->order == ORDER_SHUFFLE ? rng_next(&R->rng) % R->runq.size() : 0);
-        int i = R->runq[at];
-        R->runq.erase(R->runq.begin() + at);
-        Fiber* f = &R->f[i];
-        if (f->state == F_NEW) {
-            if (prof_in_kernel) prof_thread_start(i);
-            f->stack = stack_pool.get();
-            f->sp = fiber_stack_init(f->stack, fiber_main, f);
-            f->state = F_RUN;
-        }
-        cudaemu_self = &f->t;
+    for (Fiber* f = take_next(R); f; f = take_next(R)) {
         cudaemu_ctx_switch(&R->sched_sp, f->sp);
-        if (f->state == F_DONE) {
-            stack_pool.put(f->stack);
+        Fiber* last = (Fiber*)cudaemu_self;  // the thread that ended, or the last that waited
+        if (last->state == F_DONE) {
+            stack_pool.put(last->stack);
             R->done++;
         }
     }
