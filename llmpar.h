@@ -946,7 +946,7 @@ static const char* const lp_param_names[LP_NUM_PARAMS] = {
 //   rows     column-parallel layers (qkv, fc, each expert's fc) and the vocab-parallel wte and headw: each
 //            rank holds 1/t of the outputs of each block of rows (qkv: 1/t of the heads in each of q, k and
 //            v, so its rows come in 3 blocks, of NH, KV and KV heads; SwiGLU's fc: of its gate and up; the
-//            experts' fc: 1/t of each expert's, E blocks);
+//            experts' fc: 1/t of each expert's, E blocks, 2E with SwiGLU);
 //   columns  row-parallel layers (attproj, fcproj, the experts' fcproj): each rank holds 1/t of the inputs;
 //   none     replicated: wpe, LayerNorms, the router, and the row-parallel biases (added once, after the
 //            reduction; an expert's, before its gate: by TP rank 0).
@@ -987,12 +987,13 @@ static inline int lp_family_has(const LPConfig* c, int i) {
 
 // Tensor i as `count` matrices (one per layer that has it, or one) of rows x cols, the rows in `blocks` blocks
 // that TP splits separately (lp_param_block: 3 for q, k, v; 2 for SwiGLU's gate and up; E for the experts'
-// fc; else 1). A vector is a matrix of one row (or one column, when it is the bias of a rows-split layer).
+// fc, 2E with SwiGLU: each expert's gate, then its up; else 1). A vector is a matrix of one row (or one column, when it is the bias of a rows-split layer).
 static inline void lp_param_shape(const LPConfig* c, int i, size_t* count, size_t* rows, size_t* cols, int* blocks) {
     size_t C = c->channels, E = c->moe_experts, QKV = lp_qkv_rows(c);
     size_t H = lp_ffn_hidden(c), F = c->swiglu ? 2 * H : H;  // the MLP's hidden size, and fc's rows (SwiGLU: gate, up)
     *count = lp_is_layer_tensor(i) ? (size_t)lp_layers_having(c, i, 0, c->num_layers) : 1;
-    *blocks = i == LP_QKVW || i == LP_QKVB ? 3 : i == LP_EXPFCW || i == LP_EXPFCB ? (int)E : (i == LP_FCW || i == LP_FCB) && c->swiglu ? 2 : 1;
+    int gated = c->swiglu ? 2 : 1;  // (fc's blocks in an MLP: SwiGLU's gate and up)
+    *blocks = i == LP_QKVW || i == LP_QKVB ? 3 : i == LP_EXPFCW || i == LP_EXPFCB ? (int)E * gated : i == LP_FCW || i == LP_FCB ? gated : 1;
     *rows = 1;
     *cols = C;
     switch (i) {
@@ -1005,8 +1006,8 @@ static inline void lp_param_shape(const LPConfig* c, int i, size_t* count, size_
         case LP_FCB: *rows = F; *cols = 1; break;
         case LP_FCPROJW: *rows = C; *cols = H; break;
         case LP_ROUTERW: *rows = E; break;
-        case LP_EXPFCW: *rows = E * H; break;
-        case LP_EXPFCB: *rows = E * H; *cols = 1; break;
+        case LP_EXPFCW: *rows = E * F; break;
+        case LP_EXPFCB: *rows = E * F; *cols = 1; break;
         case LP_EXPFCPROJW: *rows = E * C; *cols = H; break;
         case LP_EXPFCPROJB: *rows = E; break;
         default: break;  // LayerNorm weights and biases, row-parallel biases: one row of C
@@ -1108,8 +1109,6 @@ void lp_config_validate(const LPConfig* c, const char* source) {
         lp_fail("%s: top-%d routing: a token's experts must be 1 .. %d, at most the layer's %d", source, c->moe_topk, LP_MAX_TOPK,
                 c->moe_experts);
     if (c->moe_experts && c->moe_every < 1) lp_fail("%s: MoE every %d layers: must be 1 or more", source, c->moe_every);
-    if (c->moe_experts && !lp_config_is_gpt2(c))
-        lp_fail("%s: %d experts: a mixture of experts is not yet for the Llama family", source, c->moe_experts);
     int KV = lp_kv_heads(c);
     if (KV < 1 || KV > c->num_heads || c->num_heads % KV)
         lp_fail("%s: %d KV heads do not divide the %d heads into equal groups", source, KV, c->num_heads);
@@ -1363,7 +1362,8 @@ static inline void lp_replicas_check(const LPParallel* par) {
         lp_fail_all("%s %d with %s %d: expert parallelism spreads the experts over the data-parallel replicas, which %s trains "
                     "apart", mode, value, LP_SETTING(ep), par->ep, mode);
     if (par->offload)  // (not LP_OFFLOAD_NONE, 0)
-        lp_fail_all("%s %d with %s: the replicas' exchange works on the optimizer state in memory", mode, value, LP_SETTING(offload));
+        lp_fail_all("%s %d with %s %s: the replicas' exchange works on the optimizer state in memory", mode, value, LP_SETTING(offload),
+                    lp_offload_names[par->offload]);
 }
 
 // Place this rank on the grid par describes, d = world / (t cp p) (par->dp is set), and make its group on
@@ -1492,14 +1492,18 @@ void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
 #ifndef LLMPAR_CPU
     const LPParallel* p = proc->par;
     if (lp_config_is_gpt2(c)) return;
-    struct { int set; const char* name; int value; } axes[] = {
-        {p->tp > 1, LP_SETTING(tp), p->tp}, {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp},
-        {p->zero > 0, LP_SETTING(zero), p->zero}, {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep},
-        {p->offload != 0, LP_SETTING(offload), p->offload}};  // (0: LP_OFFLOAD_NONE)
-    for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++)
+    struct { int set; const char* name; int value; const char* const* names; } axes[] = {  // (names: the value's, as the flag takes it)
+        {p->tp > 1, LP_SETTING(tp), p->tp, NULL}, {p->pp > 1, LP_SETTING(pp), p->pp, NULL}, {p->vpp > 1, LP_SETTING(vpp), p->vpp, NULL},
+        {p->zero > 0, LP_SETTING(zero), p->zero, NULL}, {p->sp != 0, LP_SETTING(sp), p->sp, NULL}, {p->ep > 1, LP_SETTING(ep), p->ep, NULL},
+        {p->offload != 0, LP_SETTING(offload), p->offload, lp_offload_names}};  // (0: LP_OFFLOAD_NONE)
+    for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++) {
+        char value[16];
+        if (axes[k].names) snprintf(value, sizeof(value), "%s", axes[k].names[axes[k].value]);
+        else snprintf(value, sizeof(value), "%d", axes[k].value);
         if (axes[k].set)
-            lp_fail_all("%s %d: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
-                        axes[k].name, axes[k].value);
+            lp_fail_all("%s %s: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
+                        axes[k].name, value);
+    }
     if (proc->world > 1)
         lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family on the CUDA engine (one rank so far; "
                     "./train_gpt_cpu runs its grids)", proc->world, p->dp);
@@ -7474,7 +7478,7 @@ typedef struct {
     floatX* xe;         // (Lm,R,C)    their input (expert parallelism; else xp)
     int* eorder;        // (Lm,R)      expert parallelism: each one's place among the rows received
     int* einv;          // (Lm,R)      and each received row's place among them
-    floatX* efch;       // (Lm,R,Fl)   the experts' pre-activation
+    floatX* efch;       // (Lm,R,Ff)   the experts' pre-activation (SwiGLU: each row's gate, then up)
     floatX* efch_gelu;  // (Lm,R,Fl)
     floatX* yp;         // (Lm,KN,C)   the experts' outputs for this rank's rows (TP: partial sums)
     floatX* residual3;  // (L,Nr,C)    residual after the MLP (the block's output)
@@ -7490,7 +7494,7 @@ typedef struct {
     floatX* full;       // (N,C)    sequence parallelism: rows gathered from the group (else unused)
     floatX* dresidual;  // (Nr,C)   gradient of the residual stream
     floatX* dfch;       // (N,Ff)     fc's output gradient (Ff: Fl, SwiGLU 2 Fl)
-    floatX* dact;       // (N,Fl)     SwiGLU's output gradient
+    floatX* dact;       // (N,Fl)     SwiGLU's output gradient (a MoE layer's: one expert's rows, up to R)
     floatX* dqkvr;      // (N,QKVl) materialised attention's backward
     floatX* datt;       // (B,NHl,T,T)
     floatX* dy;         // (B,NHl,T,HS) attention output gradient, permuted
@@ -7503,7 +7507,7 @@ typedef struct {
     floatX* dyp;        // (KN,C)   the experts' output gradients for this rank's rows, then their input gradients
     floatX* dye;        // (R,C)    expert parallelism: the same in its experts' order (forward: their outputs)
     floatX* dyr;        // (R,C)    expert parallelism: as received, in the senders' order (forward: the inputs)
-    floatX* defch;      // (R,Fl)
+    floatX* defch;      // (R,Ff)
     floatX* rdx;        // (N,C)    the router's input gradient
     floatX* aux_lnf;    // (Nr,C)   auxiliary losses, recomputed in backward: the final LayerNorm's output,
     float* aux_mean;    // (Nr)
@@ -7682,7 +7686,7 @@ static inline LPZero* lp_tensor_part(const LPModel* m, int i) { return lp_model_
 // Map this rank's flat parameters to the canonical layout, tensor by tensor (of a layer tensor, the
 // chunk's layers): a rows-split matrix gives one run per block (its rows are contiguous), a columns-split
 // one a run per row. An expert tensor's rows come in E equal groups, one per expert: this rank's are the
-// groups of its experts (an expert's fc is one of the E blocks TP splits).
+// groups of its experts (an expert's fc is one of the E blocks TP splits; with SwiGLU two, its gate and up).
 static inline void lp_model_build_runs(LPModel* m) {
     int t = m->tp_size, r = m->tp_rank, cap = 0, E = m->cfg.moe_experts, El = E / m->ep_size, e0 = m->ep_rank * El;
     size_t local[2] = {0, 0}, canon = 0;
@@ -7701,7 +7705,8 @@ static inline void lp_model_build_runs(LPModel* m) {
                 lp_model_add_run(m, local[p], mat + g0 * cols, (g1 - g0) * cols, p, copy, &cap);
                 local[p] += (g1 - g0) * cols;
             } else if (split == LP_SPLIT_ROWS) {
-                for (int k = ex ? e0 : 0; k < (ex ? e0 + El : blocks); k++) {
+                int per_expert = ex ? blocks / E : 0;  // (its fc's blocks: 1, SwiGLU's 2)
+                for (int k = ex ? e0 * per_expert : 0; k < (ex ? (e0 + El) * per_expert : blocks); k++) {
                     size_t b0, per = lp_param_block(&m->cfg, i, k, &b0) / t;  // this rank's rows of block k
                     lp_model_add_run(m, local[p], mat + (b0 + r * per) * cols, per * cols, p, copy, &cap);
                     local[p] += per * cols;
@@ -7956,7 +7961,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(full, xe, floatX, ep * Lmf * R * C);
     LP_CARVE(full, eorder, int, ep * Lmf * R);
     LP_CARVE(full, einv, int, ep * Lmf * R);
-    LP_CARVE(full, efch, floatX, Lmf * R * Fl);
+    LP_CARVE(full, efch, floatX, Lmf * R * Ff);
     LP_CARVE(sel, efch_gelu, floatX, Lms * R * Fl);
     LP_CARVE(full, yp, floatX, Lmf * K * N * C);
     LP_CARVE(0, residual3, floatX, L * Nr * C);
@@ -7971,7 +7976,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, full, floatX, m->par->sp ? N * C : 0);
     LP_CARVE(1, dresidual, floatX, Nr * C);
     LP_CARVE(1, dfch, floatX, N * Ff);
-    LP_CARVE(1, dact, floatX, c->swiglu ? N * Fl : 0);
+    LP_CARVE(1, dact, floatX, c->swiglu ? (Lm && R > N ? R : N) * Fl : 0);
     LP_CARVE(1, dqkvr, floatX, mat * N * QKVl);
     LP_CARVE(1, datt, floatX, mat * B * NHl * T * T);
     LP_CARVE(1, dy, floatX, mat * N * Cl);
@@ -7985,7 +7990,7 @@ static inline size_t lp_activations_layout(LPActivations* a, const LPModel* m, i
     LP_CARVE(1, dyp, floatX, moe * K * N * C);
     LP_CARVE(1, dye, floatX, ep * R * C);
     LP_CARVE(1, dyr, floatX, ep * R * C);
-    LP_CARVE(1, defch, floatX, moe * R * Fl);
+    LP_CARVE(1, defch, floatX, moe * R * Ff);
     LP_CARVE(1, rdx, floatX, moe * N * C);
     size_t aux = m->num_aux ? 1 : 0;
     LP_CARVE(1, aux_lnf, floatX, aux * Nr * C);
@@ -8235,7 +8240,7 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
     x.src = a->src + kf * K * N;
     x.routes = a->routes + kf * lp_moe_dispatch_ints(E);
     x.xp = a->xp + kf * K * N * C;
-    x.efch = a->efch + kf * lp_moe_expert_rows(m, N) * Fl;
+    x.efch = a->efch + kf * lp_moe_expert_rows(m, N) * Ff;
     x.efch_gelu = a->efch_gelu + ks * lp_moe_expert_rows(m, N) * Fl;
     x.yp = a->yp + kf * K * N * C;
     x.offsets = m->moe_routes + kind * lp_moe_route_ints(m);
@@ -8260,7 +8265,8 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
 //            |                                                              |
 //          permute: the rows that chose expert e, contiguous (src, offsets; capacity drops the rest)
 //            |
-//          expert e: fc (4C,C) + GELU + fcproj (C,4C) on its rows           |
+//          expert e: fc (H,C) + GELU + fcproj (C,H) on its rows             |
+//            (SwiGLU: fc (2H,C), its gate and up, + SwiGLU + fcproj (C,H), as the dense MLP's)
 //            |                                                              |
 //          combine: y[t] = sum_k gate[t,k] * out[pos[t,k]]  --------------------
 //
@@ -8327,14 +8333,21 @@ static inline int lp_moe_rows_taken(const LPModel* m, const LPLayerActs* x) {
     return m->ep_size > 1 ? x->eoffsets[m->cfg.moe_experts / m->ep_size] : x->offsets[m->cfg.moe_experts];
 }
 
-// Expert e's tensors in layer l (e among this rank's): its rows of the TP rank's fc (4C/t of them), its
-// fcproj's columns, biases; each expert's values one after another, this many.
+// Expert e's tensors in layer l (e among this rank's): its rows of the TP rank's fc (H/t of them; SwiGLU's
+// gate, then up: 2H/t), its fcproj's columns, biases; each expert's values one after another, this many.
 static inline size_t lp_expert_size(const LPModel* m, int i) {
-    size_t C = m->cfg.channels, Fl = lp_ffn_hidden(&m->cfg) / m->tp_size;
-    return i == LP_EXPFCW || i == LP_EXPFCPROJW ? Fl * C : i == LP_EXPFCB ? Fl : C;
+    size_t C = m->cfg.channels, Fl = lp_ffn_hidden(&m->cfg) / m->tp_size, Ff = m->cfg.swiglu ? 2 * Fl : Fl;
+    return i == LP_EXPFCW ? Ff * C : i == LP_EXPFCPROJW ? Fl * C : i == LP_EXPFCB ? Ff : C;
 }
-static inline floatX* lp_expert_param(const LPModel* m, int i, int l, int e) { return lp_layer_param(m, i, l) + e * lp_expert_size(m, i); }
-static inline floatX* lp_expert_grad(const LPModel* m, int i, int l, int e) { return lp_layer_grad(m, i, l) + e * lp_expert_size(m, i); }
+// (NULL: a tensor the family lacks, the biases without biases)
+static inline floatX* lp_expert_param(const LPModel* m, int i, int l, int e) {
+    floatX* w = lp_layer_param(m, i, l);
+    return w ? w + e * lp_expert_size(m, i) : NULL;
+}
+static inline floatX* lp_expert_grad(const LPModel* m, int i, int l, int e) {
+    floatX* g = lp_layer_grad(m, i, l);
+    return g ? g + e * lp_expert_size(m, i) : NULL;
+}
 
 // Layer l's MoE MLP from ln2 to its experts' outputs (yp): the router and its choice, the dispatch, and each
 // expert's MLP on its rows. (The gated sum follows in lp_model_forward, where a dense MLP's projection is.)
@@ -8361,8 +8374,14 @@ static inline void lp_moe_forward(LPModel* m, int l, const LPLayerActs* x) {
         size_t o = off[e];
         int n = off[e + 1] - off[e];
         if (n == 0) continue;
-        lp_matmul_forward(x->efch_gelu + o * Fl, x->efch + o * Fl, x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e),
-                          lp_expert_param(m, LP_EXPFCB, l, e), n, C, Fl);
+        if (m->cfg.swiglu) {  // fc's gate and up, then SwiGLU, as a dense layer's
+            lp_matmul_forward(x->efch + o * 2 * Fl, NULL, x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e),
+                              lp_expert_param(m, LP_EXPFCB, l, e), n, C, 2 * Fl);
+            lp_swiglu_forward(x->efch_gelu + o * Fl, x->efch + o * 2 * Fl, n, Fl);
+        } else {
+            lp_matmul_forward(x->efch_gelu + o * Fl, x->efch + o * Fl, x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e),
+                              lp_expert_param(m, LP_EXPFCB, l, e), n, C, Fl);
+        }
         lp_matmul_forward(out + o * C, NULL, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e),
                           m->tp_rank == 0 ? lp_expert_param(m, LP_EXPFCPROJB, l, e) : NULL, n, Fl, C);
     }
@@ -8397,7 +8416,7 @@ static inline void lp_moe_account(LPModel* m, const LPLayerActs* x, int N) {
 // into its weights' gradients; leaves ln2's gradient (this rank's rows) in the returned rows of act.btc.
 static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, const floatX* dy) {
     int t = m->tp_size, N = m->cur_B * m->cur_T, Nr = m->par->sp ? N / t : N, C = m->cfg.channels, Fl = lp_ffn_hidden(&m->cfg) / t;
-    int E = m->cfg.moe_experts, K = m->cfg.moe_topk;
+    int E = m->cfg.moe_experts, K = m->cfg.moe_topk, swiglu = m->cfg.swiglu, Ff = swiglu ? 2 * Fl : Fl;
     LPActivations* a = &m->act;
     lp_moe_combine_backward(a->dyp, a->dgate + (size_t)m->tp_rank * N * K, dy, x->yp, x->pos, x->gate, N, K, C);
     if (t > 1) lp_all_gather(m->tp, a->dgate, (size_t)N * K * sizeof(float));  // each rank's part of the gates' gradients
@@ -8413,10 +8432,13 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
         size_t o = off[e];
         int n = off[e + 1] - off[e];
         if (n == 0) continue;
-        lp_matmul_backward(a->defch + o * Fl, lp_expert_grad(m, LP_EXPFCPROJW, l, e), lp_expert_grad(m, LP_EXPFCPROJB, l, e), NULL,
-                           d + o * C, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e), n, Fl, C, x->efch + o * Fl);
-        lp_matmul_backward(d + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), NULL, a->defch + o * Fl,
-                           x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e), n, C, Fl, NULL);
+        floatX* dfc = a->defch + o * Ff;  // fc's output gradient (GELU's: through it, fused into fcproj's backward)
+        lp_matmul_backward(swiglu ? a->dact : dfc, lp_expert_grad(m, LP_EXPFCPROJW, l, e), lp_expert_grad(m, LP_EXPFCPROJB, l, e),
+                           NULL, d + o * C, x->efch_gelu + o * Fl, lp_expert_param(m, LP_EXPFCPROJW, l, e), n, Fl, C,
+                           swiglu ? NULL : x->efch + o * Fl);
+        if (swiglu) lp_swiglu_backward(dfc, x->efch + o * Ff, a->dact, n, Fl);  // (into the gate's and the up's)
+        lp_matmul_backward(d + o * C, lp_expert_grad(m, LP_EXPFCW, l, e), lp_expert_grad(m, LP_EXPFCB, l, e), NULL, dfc,
+                           x->xe + o * C, lp_expert_param(m, LP_EXPFCW, l, e), n, C, Ff, NULL);
     }
     if (m->ep_size > 1) {  // the input rows' gradients back to their ranks
         lp_moe_permute(a->dyr, a->dye, x->einv, lp_moe_rows_taken(m, x), C);
@@ -8740,7 +8762,8 @@ void lp_model_backward(LPModel* m, int last) {
         } else if (m->par->recompute == LP_RECOMPUTE_SELECTIVE) {  // the probabilities from q and k, GELU from its input
             if (lp_model_attention_materialised(m))  // (flash and ring attention keep none: nothing to redo)
                 lp_attention_probs(x.att, x.qkvr, B, T, Cl, NHl, KVl);
-            if (x.moe) lp_gelu_forward(x.efch_gelu, x.efch, (size_t)lp_moe_rows_taken(m, &x) * Fl);
+            if (x.moe && c->swiglu) lp_swiglu_forward(x.efch_gelu, x.efch, lp_moe_rows_taken(m, &x), Fl);
+            else if (x.moe) lp_gelu_forward(x.efch_gelu, x.efch, (size_t)lp_moe_rows_taken(m, &x) * Fl);
             else if (c->swiglu) lp_swiglu_forward(x.fch_gelu, x.fch, N, Fl);
             else lp_gelu_forward(x.fch_gelu, x.fch, (size_t)N * Fl);
         }
@@ -9275,7 +9298,7 @@ float lp_lr_schedule(int step, int max_steps, int warmup, float lr, float final_
 static inline void lp_mlp_active_weights(const LPConfig* c, double* up, double* down) {
     double C = c->channels, L = c->num_layers, moe = lp_layers_having(c, LP_ROUTERW, 0, c->num_layers);
     double E = c->moe_experts, K = c->moe_topk, H = lp_ffn_hidden(c), F = c->swiglu ? 2.0 * H : H;
-    *up = ((L - moe) * F * C + moe * (K * H * C + E * C)) / L;
+    *up = ((L - moe) * F * C + moe * (K * F * C + E * C)) / L;
     *down = ((L - moe) + moe * K) * H * C / L;
 }
 // The attention weights of a layer: qkv's (C + 2 KV HS) x C (grouped-query attention's K and V are smaller) and
@@ -10078,7 +10101,11 @@ static inline float lp_step_replicas(LPStage* st, const LPOuterSGD* o) {
 // (llm.c's train_llama3.py): 256 x int32 [magic 20240803, version 3 or 5, block size (maxT), V, L, NH, KV heads,
 // C, multiple_of, use_scaled_rope, major, minor] then 256 x float32 [ffn_dim_multiplier (0: none), norm_eps,
 // rope_theta], then wte (V rows), and per layer ln1w, qkvw, attprojw, ln2w, every layer's up (c_fc), every
-// layer's gate (c_fc2), fcprojw, then lnfw and the head (V rows): lp_llama_file_layout. Files and checkpoints are written under a .tmp
+// layer's gate (c_fc2), fcprojw, then lnfw and the head (V rows): lp_llama_file_layout. A Llama with a mixture of
+// experts (llmpar's; no llm.c file holds one): that file at version 6, fp32, the ints' next three [E, K, every]
+// after llm.c's twelve, the dense layers' tensors as above (ln2w, up, gate, fcprojw of the dense layers only),
+// then after the head the router and the experts' fc (each expert's gate, then its up) and fcproj, as
+// lp_param_shape orders them. Files and checkpoints are written under a .tmp
 // name and renamed, so a crash or a full disk never leaves a half-written file under the real name.
 
 #ifdef LLMPAR_IMPLEMENTATION
@@ -10106,6 +10133,11 @@ void lp_config_of_header(const int* h, LPConfig* cfg) {  // (h: LP_HEADER_INTS i
         cfg->multiple_of = h[8];
         cfg->rope_scaled = h[9] != 0;
         cfg->rope = cfg->rmsnorm = cfg->swiglu = cfg->no_bias = cfg->untied = 1;
+        if (h[1] == 6) {  // (llmpar's: a mixture of experts)
+            cfg->moe_experts = h[12];
+            cfg->moe_topk = h[13];
+            cfg->moe_every = h[14];
+        }
         return;
     }
     if (h[1] == 6) {
@@ -10142,9 +10174,9 @@ int lp_model_file_header(const char* path, LPConfig* cfg, FILE* f) {
     if (h[0] != LP_MODEL_MAGIC && h[0] != LP_LLAMA_MAGIC)
         lp_fail("%s: not an llm.c model file (magic %d, expected %d, or %d for the Llama 3 family)", path, h[0], LP_MODEL_MAGIC,
                 LP_LLAMA_MAGIC);
-    if (h[0] == LP_LLAMA_MAGIC ? h[1] != 3 && h[1] != 5 : h[1] != 3 && h[1] != 5 && h[1] != 6)
-        lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16%s)", path, h[1],
-                h[0] == LP_LLAMA_MAGIC ? ", in a Llama 3 file" : ", 6 = fp32 mixture of experts");
+    if (h[1] != 3 && h[1] != 5 && h[1] != 6)
+        lp_fail("%s: model file version %d is not supported (3 = fp32, 5 = bf16, 6 = fp32 mixture of experts%s)", path, h[1],
+                h[0] == LP_LLAMA_MAGIC ? ", in a Llama 3 file" : "");
     lp_config_of_header(h, cfg);
     if (h[0] == LP_LLAMA_MAGIC) {
         float hf[LP_LLAMA_FLOATS];
@@ -10266,8 +10298,9 @@ static inline int lp_write_file(const char* path, const int* header, const void*
 static inline void lp_llama_file_header_of(int h[LP_HEADER_INTS], float hf[LP_LLAMA_FLOATS], const LPConfig* c) {
     memset(h, 0, LP_HEADER_INTS * sizeof(int));
     memset(hf, 0, LP_LLAMA_FLOATS * sizeof(float));
-    int fields[12] = {LP_LLAMA_MAGIC, 3, c->max_seq_len, c->vocab_size, c->num_layers, c->num_heads, lp_kv_heads(c), c->channels,
-                      c->multiple_of, c->rope_scaled, 3, 1};  // (Llama 3.1)
+    int fields[15] = {LP_LLAMA_MAGIC, c->moe_experts ? 6 : 3, c->max_seq_len, c->vocab_size, c->num_layers, c->num_heads,
+                      lp_kv_heads(c), c->channels, c->multiple_of, c->rope_scaled, 3, 1,  // (Llama 3.1)
+                      c->moe_experts, c->moe_topk, c->moe_every};  // (llmpar's, version 6; zeros in a dense model's)
     memcpy(h, fields, sizeof(fields));
     hf[0] = c->ffn_dim_multiplier;
     hf[1] = lp_norm_eps(c);
@@ -10287,12 +10320,13 @@ static inline void lp_model_file_head(LPFileHeader* head, const LPConfig* c) {
 }
 
 // Save an unsharded model's fp32 master weights as an llm.c version-3 model file (a mixture of experts: 6; the
-// Llama 3 family: llm.c's Llama 3 file, version 3). A mixture of the two families' choices has no file.
+// Llama 3 family: llm.c's Llama 3 file, version 3, or llmpar's 6 with experts). A mixture of the two families'
+// choices has no file.
 static inline void lp_model_save(const LPModel* m, const char* path) {
     const LPConfig* c = &m->cfg;
     if (m->par->zero >= 1 || m->tp_size > 1 || m->ep_size > 1 || m->L != c->num_layers)
         lp_fail("%s: a sharded model is saved by lp_checkpoint_save", path);
-    int llama = c->rope && c->rmsnorm && c->swiglu && c->no_bias && c->untied && !c->moe_experts;
+    int llama = c->rope && c->rmsnorm && c->swiglu && c->no_bias && c->untied;
     if (!llama && !lp_config_is_gpt2(c))
         lp_fail("%s: no llm.c model file holds this mixture of GPT-2's and Llama's choices (positions, norm, MLP, biases, head)", path);
     int h[LP_HEADER_INTS];

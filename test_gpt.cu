@@ -626,15 +626,16 @@ static void test_replicas(void) {
     expect(ns[0] == 40 && ns[1] == 40 && spread[1][39] < spread[0][39], name);
 
     // bad combinations, each refused in one line naming the flags
-    const struct { int ranks; const char* flags; const char* says; } bad[7] = {
+    const struct { int ranks; const char* flags; const char* says; } bad[8] = {
         {1, "--diloco 2", "--diloco 2: needs 2 or more data-parallel replicas, this grid has d = ranks / (t p) = 1"},
         {2, "--gossip 2", "--gossip 2: the graph's hops 1, 2, ..., 2^(K-1) must each be below d = 2"},
         {2, "--diloco 2 --gossip 1", "--diloco 2 and --gossip 1: two ways of training the replicas apart; choose one"},
         {2, "--diloco 2 --zero 1", "--diloco 2 with --zero 1: ZeRO shards the weights and optimizer state over the data-parallel replicas"},
         {2, "--gossip 1 --zero 3", "--gossip 1 with --zero 3: ZeRO shards"},
         {2, "--outer-lr 0.5", "flags --outer-lr --outer-momentum: only with --diloco H"},
-        {2, "--diloco 4 -n 6 -o /nonexistent", "flag -n 6 with --diloco 4: DiLoCo saves between rounds, when its replicas are equal; make -n a multiple of 4"}};
-    for (int k = 0; k < 7; k++) {
+        {2, "--diloco 4 -n 6 -o /nonexistent", "flag -n 6 with --diloco 4: DiLoCo saves between rounds, when its replicas are equal; make -n a multiple of 4"},
+        {2, "--diloco 2 --offload nvme --offload-dir /tmp", "--diloco 2 with --offload nvme: the replicas' exchange works on the optimizer state"}};
+    for (int k = 0; k < 8; k++) {
         rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none %s %s -x 2 %s", bad[k].ranks, TRAIN_BIN, base, bad[k].flags);
         const char* e = strstr(out, "llmpar: error: ");
         snprintf(name, sizeof(name), "%s on %d rank(s) is refused in one line: %s", bad[k].flags, bad[k].ranks, bad[k].says);
@@ -3225,8 +3226,8 @@ static void test_tanh(void) {
 // With an auxiliary loss on layer 1's output (weight 0.5) the gradients are those of main + 0.5 * aux,
 // aux being the loss of the same weights cut after layer 1 (a one-chunk model of layers [0, 1)).
 static void test_model_gradient(void) {
-    for (int variant = 0; variant < 4; variant++) {  // plain, with an auxiliary loss, a mixture of experts, the Llama family
-        int with_aux = variant == 1, moe = variant == 2, llama = variant == 3;
+    for (int variant = 0; variant < 5; variant++) {  // plain, with an auxiliary loss, a mixture of experts, the Llama family, both
+        int with_aux = variant == 1, moe = variant == 2 || variant == 4, llama = variant >= 3;
         LPConfig c = llama ? tiny_llama_config() : tiny_config();
         if (moe) c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;  // layer 0 MoE, layer 1 dense
         int aux_layer = 1;
@@ -3295,13 +3296,15 @@ static void test_model_gradient(void) {
                 }
             }
         }
-        expect_close(llama      ? "fd whole Llama (RoPE, RMSNorm, SwiGLU, 2 KV heads of 4, no biases, untied head): 4 entries of "
+        expect_close(llama && moe ? "fd whole Llama, layer 0 a mixture of 4 SwiGLU experts (top-2, capacity 1, balance and z-losses): "
+                                    "4 entries of each of its 12 tensors"
+                     : llama    ? "fd whole Llama (RoPE, RMSNorm, SwiGLU, 2 KV heads of 4, no biases, untied head): 4 entries of "
                                   "each of its 9 tensors"
                      : moe      ? "fd whole model, layer 0 a mixture of 4 experts (top-2, capacity 1, balance and z-losses): 4 entries "
                                   "of each of the 21 tensors"
                      : with_aux ? "fd whole model with an auxiliary loss on layer 1 (weight 0.5): 4 entries of each of the 16 tensors"
                                 : "fd whole model: 4 entries of each of the 16 tensors", got, want, k, FD_ATOL, FD_RTOL);
-        if (moe) expect(skipped <= 2, "fd mixture of experts: at most 2 of the 84 entries step across a routing decision");
+        if (moe) expect(skipped <= 2, "fd mixture of experts: at most 2 of the entries step across a routing decision");
         free(w);
         free(g);
         lp_model_free(&m);
@@ -3400,7 +3403,6 @@ static void test_llama_model(void) {
     expect(lp_write_file(bad, hb, floats, sizeof(floats)) == 0, "a Llama 3 header with 3 KV heads of 4 heads is written");
     const struct { const char* args; const char* says; } refused[] = {
         {"-e %s", "llama_kv3.bin: 3 KV heads do not divide the 4 heads into equal groups"},
-        {"-e llama:d2 --moe-experts 4", "a mixture of experts is not yet for the Llama family"},
     };
     char why[512];
     expect(!lp_tp_check(&c, 2, why, sizeof(why)) && lp_tp_check(&c, 4, why, sizeof(why)) &&
@@ -3426,11 +3428,71 @@ static void test_llama_model(void) {
         char args[512];
         snprintf(args, sizeof(args), refused[k].args, k == 0 ? bad : tmp_path("llama_out"));
         int rc = run_cmd(out, sizeof(out), "%s %s -x 1 -b 1 -t 8", TRAIN_BIN, args);
-        char name[600];
+        char name[1024];
         snprintf(name, sizeof(name), "./train_gpt_cpu %s: refused in one line (%s)", args, refused[k].says);
         const char *e = strstr(out, "llmpar: error: "), *nl = e ? strchr(e, '\n') : NULL, *hit = e ? strstr(e, refused[k].says) : NULL;
         expect(rc > 0 && hit && (!nl || hit < nl) && !strstr(e + 1, "llmpar: error: "), name);
     }
+}
+
+// The Llama family with a mixture of experts on one rank: SwiGLU experts (each expert's fc its gate and up blocks,
+// no biases), llmpar's file for it (llm.c's Llama 3 file at version 6, E, K and every after its twelve ints, the
+// experts after the head) written and read back bit for bit with the same loss, and its FLOPs and active
+// parameters counted with SwiGLU's three matrices per chosen expert.
+static void test_llama_moe_model(void) {
+    LPConfig c = tiny_llama_config();
+    c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;  // layer 0 of 2 a MoE layer, layer 1 dense
+    size_t sizes[LP_NUM_PARAMS], r0, C = 32, H = lp_ffn_hidden(&c);
+    lp_param_sizes(sizes, &c, 1);
+    expect(H == 96 && sizes[LP_ROUTERW] == 4 * C && sizes[LP_EXPFCW] == 4 * 2 * H * C && sizes[LP_EXPFCPROJW] == 4 * C * H &&
+               sizes[LP_EXPFCB] == 0 && sizes[LP_EXPFCPROJB] == 0 && sizes[LP_FCW] == 2 * H * C && sizes[LP_FCPROJW] == C * H &&
+               lp_param_block(&c, LP_EXPFCW, 3, &r0) == H && r0 == 3 * H,
+           "Llama MoE tensors: 4 SwiGLU experts (8 blocks of fc rows: each expert's gate, then up), no expert biases, one dense layer");
+    LPModel a, b;
+    LPModelOptions o = {.moe = {0.0f, 0.1f, 0.01f}};  // (the balance and z-losses on)
+    lp_model_create(&a, &c, &o);
+    lp_model_init_random(&a, 13);
+    const char* path = tmp_path("llama_moe.bin");
+    lp_model_save(&a, path);
+    int h[LP_HEADER_INTS] = {0};
+    FILE* f = fopen(path, "rb");
+    int ok = f && fread(h, sizeof(int), LP_HEADER_INTS, f) == LP_HEADER_INTS;
+    long long size = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (f) fclose(f);
+    size_t values = a.total_params - 2 * (size_t)(c.padded_vocab_size - c.vocab_size) * C;  // (V rows of wte and the head)
+    expect(ok && h[0] == 20240803 && h[1] == 6 && h[6] == 2 && h[12] == 4 && h[13] == 2 && h[14] == 2 &&
+               size == (256 + 256 + (long long)values) * 4,
+           "a Llama MoE saves as a Llama 3 file of version 6: E, K, every in ints 12-14, fp32, the file's V rows");
+    lp_model_load(&b, path, &o);
+    float *wa = (float*)lp_host_malloc(a.total_params * 4, "test"), *wb = (float*)lp_host_malloc(a.total_params * 4, "test");
+    read_master(&a, wa);
+    read_master(&b, wb);
+    expect(lp_config_differs(&a.cfg, &b.cfg) < 0 && b.total_params == a.total_params &&
+               memcmp(wa, wb, a.total_params * 4) == 0,
+           "the Llama MoE file reads back: the same shape and weights, bit for bit");
+    uint64_t rng = 31;
+    int in[32], tg[32];
+    for (int i = 0; i < 32; i++) { in[i] = lp_rand_u32(&rng) % 97; tg[i] = lp_rand_u32(&rng) % 97; }
+    lp_model_zero_grad(&a);
+    lp_model_zero_grad(&b);
+    float la = lp_model_forward(&a, in, tg, 2, 16, 1.0f / 32), lb = lp_model_forward(&b, in, tg, 2, 16, 1.0f / 32);
+    expect(la == lb && isfinite(la) && a.moe_stats.aux > 0.0 && a.moe_stats.aux == b.moe_stats.aux && a.moe_stats.z == b.moe_stats.z,
+           "the Llama MoE file's model gives the same loss and balance loss, bit for bit");
+    char copy[LP_PATH_MAX], out[4096];
+    lp_path(copy, "%s", tmp_path("llama_moe_copy.bin"));
+    lp_model_save(&b, copy);
+    int rc = run_cmd(out, sizeof(out), "cmp %s %s", path, copy);
+    expect(rc == 0, "the Llama MoE file saved again is byte-identical");
+    // FLOPs by hand: 6 per weight of qkv, attproj, the dense layer's 3 H x C, the MoE layer's router (E x C) and
+    // K experts' 3 H x C each, the untied head; 12 L C T of attention. Active: all but E - K experts' weights
+    double KVHS = 2 * 8, flops = 6.0 * (128.0 * C + 2.0 * ((C + 2 * KVHS) * C + C * C) + 3.0 * H * C + 4.0 * C + 2 * 3.0 * H * C) +
+                                 12.0 * 2 * C * 16;
+    expect(lp_flops_per_token(&c, 16) == flops && lp_active_params(&c) == a.total_params - 2 * 3 * H * C,
+           "Llama MoE costs: FLOPs per token and active parameters count SwiGLU's three matrices per chosen expert");
+    free(wa);
+    free(wb);
+    lp_model_free(&a);
+    lp_model_free(&b);
 }
 
 // The loss of the tiny llm.c model in dev/ref equals the float64 numpy reference to 1e-5 relative.
@@ -6129,6 +6191,69 @@ static void test_moe_grids(void) {
     }
 }
 
+// The Llama family's mixture of experts on grids: a 4-layer tiny Llama whose layers 0 and 2 hold 4 SwiGLU experts
+// (top-2, capacity 1.25: rows dropped; balance and z-losses on), 10 steps: expert parallelism (ep 2 at d = 2, with
+// TP, ZeRO-3, a pipeline and full recomputation) and TP with SP equal one rank's (losses 1e-5, weights within
+// AdamW's bounds, balance + z-losses and rows dropped as printed); an ep 2 checkpoint (llmpar's Llama MoE file)
+// resumes on one rank.
+static void test_llama_moe_grids(void) {
+    static char out[1 << 18];
+    if (no_mpirun("tier 3 Llama mixture of experts")) return;
+    LPConfig c = tiny_llama_config();
+    c.num_layers = 4;
+    c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, 4950);
+    lp_model_save(&m, tmp_path("llama_moe_grid.bin"));
+    lp_model_free(&m);
+    char base[2048], args[4096], dir[LP_PATH_MAX], name[512];
+    snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512 --moe-capacity 1.25 --moe-aux-coef 0.05 "
+             "--moe-z-coef 0.001", tmp_path("llama_moe_grid.bin"), tmp_path("dp_shard.bin"));
+    float ref[64], aux_ref[64], drop_ref[64], aux[64], drop[64], got[64];
+    size_t nw = 0;
+    snprintf(args, sizeof(args), "%s -b 2", base);
+    lp_path(dir, "%s", tmp_path("llama_moe_ref"));
+    int n = run_ranks(1, args, dir, ref, out, sizeof(out));
+    int na = parse_moe_stats(out, aux_ref, drop_ref, 64);
+    float* wref = run_weights(dir, 10, &nw);
+    float dropped = 0.0f;
+    for (int j = 0; j < na; j++) dropped += drop_ref[j];
+    snprintf(name, sizeof(name), "Llama MoE: 1-rank reference run, rows dropped (%.1f%% a step on average)", dropped / 10);
+    expect(n == 10 && na == 10 && wref && dropped > 0.0f, name);
+    if (n != 10 || !wref) { printf("%s\n", out); free(wref); return; }
+    const char* cases[][2] = {{"2", "--ep 2"}, {"2", "--tp 2 --sp"}, {"4", "--ep 2 --tp 2"}, {"4", "--ep 2 --zero 3"},
+                              {"4", "--ep 2 --pp 2 --recompute full"}};
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        lp_path(dir, "%s_%zu", tmp_path("llama_moe_case"), k);
+        int m2 = parse_moe_stats(expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw, &c, 2), aux, drop, 64);
+        snprintf(name, sizeof(name), "Llama MoE %s ranks %s: balance + z-losses and rows dropped equal 1 rank's (as printed)", cases[k][0],
+                 cases[k][1]);
+        expect(m2 == 10 && memcmp(drop, drop_ref, 10 * sizeof(float)) == 0, name);
+        if (m2 == 10) expect_close(name, aux, aux_ref, 10, 1e-4f, 0.0f);
+    }
+    free(wref);
+    // a checkpoint of 2 ranks (ep 2) resumed on 1: steps 6-10 as the straight run
+    lp_path(dir, "%s", tmp_path("llama_moe_ck"));
+    snprintf(args, sizeof(args), "%s -b 2 --ep 2 -n 5", base);
+    n = run_ranks(2, args, dir, got, out, sizeof(out));
+    char rdir[LP_PATH_MAX + 16], model[LP_PATH_MAX + 64];
+    lp_path(model, "%s/step_00000005/model.bin", dir);
+    FILE* f = fopen(model, "rb");
+    int h[13] = {0};
+    int moe_file = f && fread(h, sizeof(int), 13, f) == 13 && h[0] == 20240803 && h[1] == 6 && h[12] == 4;
+    if (f) fclose(f);
+    lp_path(rdir, "%s_resumed", dir);
+    run_cmd(out, sizeof(out), "rm -rf %s && mkdir -p %s && cp -r %s/step_00000005 %s/", rdir, rdir, dir, rdir);
+    snprintf(args, sizeof(args), "%s -b 2 --resume", base);
+    int nr = run_ranks(1, args, rdir, got, out, sizeof(out));
+    snprintf(name, sizeof(name), "Llama MoE: a 2-rank ep 2 checkpoint (a Llama 3 file of version 6) resumed on 1 rank: steps 6-10 equal "
+             "the straight run's (1e-5)");
+    expect(n == 10 && nr == 5 && moe_file, name);
+    if (n == 10 && nr == 5) expect_close(name, got, ref + 5, 5, 0.0f, 1e-5f);
+    else printf("%s\n", out);
+}
+
 // HellaSwag on grids equals one rank: the data-parallel ranks split the 13 examples unevenly (shares of
 // 7 and 6, or 4, 4, 4 and 1; B=3 splits examples over forwards), through pipeline stages, TP (its losses
 // vocab-parallel), sequence parallelism and ZeRO-3 (whose forwards gather weights over d).
@@ -7692,6 +7817,7 @@ int main(int argc, char** argv) {
     RUN(test_llama_ops);
     RUN(test_context_ring_ops);
     RUN(test_llama_model);
+    RUN(test_llama_moe_model);
     RUN(test_blas_matmul);
     RUN(test_gemm_strided);
     RUN(test_expf);
@@ -7718,6 +7844,7 @@ int main(int argc, char** argv) {
     RUN(test_pipeline_parallel);
     RUN(test_context_parallel);
     RUN(test_llama_grids);
+    RUN(test_llama_moe_grids);
     RUN(test_machine_variation);
     RUN(test_recompute);
     RUN(test_moe_grids);
