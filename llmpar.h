@@ -415,6 +415,7 @@ int lp_checkpoint_clear(const char* dir, char* failed, int* hidden);
 // load weights, optimizer and training state from DIR/step_N into the n models, any grid
 void lp_checkpoint_load(LPModel* ms, int n_models, LPTrainState* st, const char* dir, int step);
 int lp_tokenizer_load(LPTokenizer* t, const char* path);  // read llm.c's tokenizer file; 0 (with a notice) when there is none
+int lp_sample_start(const LPConfig* c);  // the token a sample starts from: its vocabulary's document start
 void lp_utf8_end(LPUtf8* u, FILE* out);  // the text ends: an unfinished character prints as U+FFFD
 void lp_tokenizer_print(const LPTokenizer* t, int id, LPUtf8* u, FILE* out);  // print a token's bytes through u, as valid UTF-8
 void lp_tokenizer_free(LPTokenizer* t);  // free a tokenizer
@@ -9835,6 +9836,11 @@ static inline void lp_stage_forward_cached(LPStage* st, const int* inputs, int B
     for (int c = 0; c < st->par->vpp; c++) st->chunks[c].cache.pos = pos;
     lp_stage_forward_only(st, inputs, NULL, B, N);
 }
+
+// The token a sample starts from, the one its vocabulary begins a document with: Llama 3's (128,256 tokens)
+// <|begin_of_text|>, 128000; any other's last token, GPT-2's <|endoftext|> (50256 of 50,257), which is also
+// where a Llama on GPT-2's tokenizer (llama:dN) starts, and the tests' tiny vocabularies.
+int lp_sample_start(const LPConfig* c) { return c->vocab_size == 128256 ? 128000 : c->vocab_size - 1; }
 
 // The token drawn from a row of logits over the V tokens of the vocabulary with coin in [0, 1): the first
 // whose cumulative softmax probability passes coin. Overwrites logits with exp(logit - max).

@@ -179,7 +179,9 @@ static const LPFlagSpec lp_flag_specs[] = {
     {NULL, "-s", LP_FLAG_INT, LP_FIELD(sample_every), "0", "50", "N", NULL, NULL,
      "print a sample every N steps and at the end (0: never); each token is one forward of its own row, the "
      "tokens before it held in a key-value cache"},
-    {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, NULL, "tokens per sample (at most -t minus 1, the positions after <|endoftext|>)"},
+    {NULL, "-g", LP_FLAG_INT, LP_FIELD(gen_tokens), "64", "64", "N", NULL, NULL,
+     "tokens per sample (at most -t minus 1, the positions after the start token: GPT-2's <|endoftext|>, Llama 3's "
+     "<|begin_of_text|>)"},
     {"--tokenizer", NULL, LP_FLAG_STRING, LP_FIELD(tokenizer), "gpt2_tokenizer.bin", "gpt2_tokenizer.bin", "PATH", NULL, NULL,
      "tokenizer for samples (the default, when the working directory has none: the one beside the program)"},
     {"--seed", NULL, LP_FLAG_SEED, LP_FIELD(seed), "1337", "1337", "N", NULL, NULL,
@@ -969,13 +971,14 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
     free(loss);
 }
 
-// Sample from the model, starting from <|endoftext|>: each token through the model once, the keys and values
+// Sample from the model, starting from its vocabulary's document start (lp_sample_start: GPT-2's <|endoftext|>,
+// Llama 3's <|begin_of_text|>): each token through the model once, the keys and values
 // of those before it in the key-value caches (one forward of a row per token), the next drawn from its logits.
 // The logits are on the last pipeline stage, and with tensor parallelism each of its ranks has a slice:
 // the row is summed over the TP and pipeline groups from zero-padded slices, so every rank draws the same
 // token. Sequence parallelism needs the rows to split over the group: each forward runs the block of t rows
 // (t the group's size) holding the token, those before it again (the cache takes the same keys and values)
-// and those after it <|endoftext|> (attention is causal, and the next forwards overwrite their keys).
+// and those after it the start token (attention is causal, and the next forwards overwrite their keys).
 static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint64_t* rng, int step) {
     const LPModel* m = &st->chunks[st->par->vpp - 1];  // on the last stage: the model's last chunk
     const LPConfig* c = &m->cfg;
@@ -984,7 +987,7 @@ static void lp_sample(LPStage* st, const LPTokenizer* tok, int gen_tokens, uint6
     int rows = m->par->sp ? m->tp_size : 1, positions = (n + rows - 1) / rows * rows;  // (the last block whole)
     int* tokens = (int*)lp_host_malloc((size_t)positions * sizeof(int), "sample tokens");
     float* probs = (float*)lp_host_malloc((size_t)c->padded_vocab_size * sizeof(float), "sample logits");
-    for (int t = 0; t < positions; t++) tokens[t] = c->vocab_size - 1;  // GPT-2's <|endoftext|> is its last token
+    for (int t = 0; t < positions; t++) tokens[t] = lp_sample_start(c);  // (GPT-2's <|endoftext|>, Llama 3's <|begin_of_text|>)
     LPUtf8 text = {{0}, 0, 0};
     lp_log("--- sample at step %d ---\n", step);
     lp_stage_cache_alloc(st, 1, positions);
