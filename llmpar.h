@@ -988,7 +988,8 @@ static inline int lp_family_has(const LPConfig* c, int i) {
 
 // Tensor i as `count` matrices (one per layer that has it, or one) of rows x cols, the rows in `blocks` blocks
 // that TP splits separately (lp_param_block: 3 for q, k, v; 2 for SwiGLU's gate and up; E for the experts'
-// fc, 2E with SwiGLU: each expert's gate, then its up; else 1). A vector is a matrix of one row (or one column, when it is the bias of a rows-split layer).
+// fc, 2E with SwiGLU: each expert's gate, then its up; else 1). A vector is a matrix of one row (or one column,
+// when it is the bias of a rows-split layer).
 static inline void lp_param_shape(const LPConfig* c, int i, size_t* count, size_t* rows, size_t* cols, int* blocks) {
     size_t C = c->channels, E = c->moe_experts, QKV = lp_qkv_rows(c);
     size_t H = lp_ffn_hidden(c), F = c->swiglu ? 2 * H : H;  // the MLP's hidden size, and fc's rows (SwiGLU: gate, up)
@@ -1498,12 +1499,12 @@ void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
         {p->zero > 0, LP_SETTING(zero), p->zero, NULL}, {p->sp != 0, LP_SETTING(sp), p->sp, NULL}, {p->ep > 1, LP_SETTING(ep), p->ep, NULL},
         {p->offload != 0, LP_SETTING(offload), p->offload, lp_offload_names}};  // (0: LP_OFFLOAD_NONE)
     for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++) {
+        if (!axes[k].set) continue;
         char value[16];
         if (axes[k].names) snprintf(value, sizeof(value), "%s", axes[k].names[axes[k].value]);
         else snprintf(value, sizeof(value), "%d", axes[k].value);
-        if (axes[k].set)
-            lp_fail_all("%s %s: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
-                        axes[k].name, value);
+        lp_fail_all("%s %s: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
+                    axes[k].name, value);
     }
     if (proc->world > 1)
         lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family on the CUDA engine (one rank so far; "
@@ -10109,8 +10110,8 @@ static inline float lp_step_replicas(LPStage* st, const LPOuterSGD* o) {
 // rope_theta], then wte (V rows), and per layer ln1w, qkvw, attprojw, ln2w, every layer's up (c_fc), every
 // layer's gate (c_fc2), fcprojw, then lnfw and the head (V rows): lp_llama_file_layout. A Llama with a mixture of
 // experts (llmpar's; no llm.c file holds one): that file at version 6, fp32, the ints' next three [E, K, every]
-// after llm.c's twelve, the dense layers' tensors as above (ln2w, up, gate, fcprojw of the dense layers only),
-// then after the head the router and the experts' fc (each expert's gate, then its up) and fcproj, as
+// after llm.c's twelve, the tensors as above (the MLP's up, gate and fcprojw: the dense layers' only), then
+// after the head the router and the experts' fc (each expert's gate, then its up) and fcproj, as
 // lp_param_shape orders them. Files and checkpoints are written under a .tmp
 // name and renamed, so a crash or a full disk never leaves a half-written file under the real name.
 

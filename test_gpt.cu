@@ -6201,10 +6201,10 @@ static void test_moe_grids(void) {
 }
 
 // The Llama family's mixture of experts on grids: a 4-layer tiny Llama whose layers 0 and 2 hold 4 SwiGLU experts
-// (top-2, capacity 1.25: rows dropped; balance and z-losses on), 10 steps: expert parallelism (ep 2 at d = 2, with
-// TP, ZeRO-3, a pipeline and full recomputation) and TP with SP equal one rank's (losses 1e-5, weights within
-// AdamW's bounds, balance + z-losses and rows dropped as printed); an ep 2 checkpoint (llmpar's Llama MoE file)
-// resumes on one rank.
+// (top-2, capacity 1.25: rows dropped; balance and z-losses on), 10 steps: expert parallelism (ep 2 at d = 2; with
+// selective recomputation, the experts' SwiGLU redone; with TP, ZeRO-3, a pipeline and full recomputation) and TP
+// with SP equal one rank's (losses 1e-5, weights within AdamW's bounds, balance + z-losses and rows dropped as
+// printed); an ep 2 checkpoint (llmpar's Llama MoE file) resumes on one rank.
 static void test_llama_moe_grids(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 Llama mixture of experts")) return;
@@ -6231,8 +6231,8 @@ static void test_llama_moe_grids(void) {
     snprintf(name, sizeof(name), "Llama MoE: 1-rank reference run, rows dropped (%.1f%% a step on average)", dropped / 10);
     expect(n == 10 && na == 10 && wref && dropped > 0.0f, name);
     if (n != 10 || !wref) { printf("%s\n", out); free(wref); return; }
-    const char* cases[][2] = {{"2", "--ep 2"}, {"2", "--tp 2 --sp"}, {"4", "--ep 2 --tp 2"}, {"4", "--ep 2 --zero 3"},
-                              {"4", "--ep 2 --pp 2 --recompute full"}};
+    const char* cases[][2] = {{"2", "--ep 2"}, {"2", "--ep 2 --recompute selective"}, {"2", "--tp 2 --sp"}, {"4", "--ep 2 --tp 2"},
+                              {"4", "--ep 2 --zero 3"}, {"4", "--ep 2 --pp 2 --recompute full"}};
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         lp_path(dir, "%s_%zu", tmp_path("llama_moe_case"), k);
         int m2 = parse_moe_stats(expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw, &c, 2), aux, drop, 64);
