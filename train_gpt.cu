@@ -120,7 +120,7 @@ static const LPFlagSpec lp_flag_specs[] = {
      "val token shards (a glob; \"\" for none); every val shard needs at least B*T*d+1 tokens, every train shard "
      "one step's (-d) + 1"},
     {NULL, "-e", LP_FLAG_STRING, LP_FIELD(init), "d4", "d12", "MODEL", NULL, NULL,
-     "llm.c model file (fp32 v3 or bf16 v5; llmpar's MoE v6; llm.c's Llama 3, 20240803), or dN: a new GPT-2 of depth N "
+     "llm.c model file (fp32 v3 or bf16 v5; llmpar's MoE v6; llm.c's Llama 3, 20240803, with experts llmpar's v6), or dN: a new GPT-2 of depth N "
      "(d12/d24/d36/d48 are GPT-2 124M/350M/774M/1558M; other N: C=64N, N heads), or L,C,NH[,V]: a new model of any shape "
      "(GPT-3 175B: 96,12288,96; V 50257 unless given; up to T=2048); llama:dN or llama:L,C,NH,KV[,V]: the same as a Llama 3 "
      "(RoPE, RMSNorm, SwiGLU, KV heads (dN: N/2), no biases, untied head; one rank of the CPU engine so far)"},
@@ -273,8 +273,9 @@ static const LPFlagSpec lp_flag_specs[] = {
     {"--aux-loss-weight", NULL, LP_FLAG_FLOAT, LP_FIELD(aux_weight), "0.1", "0.1", "F", NULL, NULL,
      "the weight of each auxiliary loss"},
     {"--moe-experts", NULL, LP_FLAG_INT, LP_FIELD(moe_experts), "0", "0", "E", NULL, NULL,
-     "a mixture of experts, with -e dN: each MoE layer's MLP becomes E expert MLPs of its shape and a router (0: a "
-     "dense model). A model file has its own (version 6); there this is 0 or the file's"},
+     "a mixture of experts, with -e dN (or llama:dN, L,C,NH...): each MoE layer's MLP becomes E expert MLPs of its shape "
+     "(GELU's, or the Llama family's SwiGLU) and a router (0: a dense model). A model file has its own (version 6); there "
+     "this is 0 or the file's"},
     {"--moe-topk", NULL, LP_FLAG_INT, LP_FIELD(moe_topk), "2", "2", "K", NULL, NULL,
      "with --moe-experts: the experts each token goes to (1: Switch, the gate is the router's probability; 2: "
      "GShard/Mixtral, the K gates renormalised to sum 1)"},
