@@ -4897,7 +4897,6 @@ static void test_context_parallel(void) {
         {"4", "--cp 2 --tp 4", "--tp 4 --cp 2 --pp 1: the grid needs at least t*cp*p = 8 ranks, this run has 4"},
         {"1", "--cp 0", "sizes must be 1 .. 65536, got 1, 1, 1, 0"},
         {"4", "--cp 2 --diloco 2", "--cp 2 with --diloco: not yet"},
-        {"2", "--cp 2 --eval-hellaswag x.bin", "flag --eval-hellaswag with --cp 2: not yet"},
         {"2", "--cp 2 --auto", "flag --auto with --cp 2: not yet"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
@@ -6143,7 +6142,8 @@ static void test_moe_grids(void) {
 
 // HellaSwag on grids equals one rank: the data-parallel ranks split the 13 examples unevenly (shares of
 // 7 and 6, or 4, 4, 4 and 1; B=3 splits examples over forwards), through pipeline stages, TP (its losses
-// vocab-parallel), sequence parallelism and ZeRO-3 (whose forwards gather weights over d).
+// vocab-parallel), sequence parallelism, ZeRO-3 (whose forwards gather weights over d) and context
+// parallelism (each cp rank's chunks of a row, alone and with SP).
 static void test_hellaswag_grids(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 hellaswag")) return;
@@ -6157,7 +6157,8 @@ static void test_hellaswag_grids(void) {
     int ok = rc == 0 && parse_hellaswag(out, want, &n) && n == 13;
     expect(ok, "hellaswag: one rank scores the 13 examples");
     if (!ok) { printf("%s\n", out); return; }
-    const char* grids[][2] = {{"8", "--tp 2 --pp 2"}, {"8", "--tp 2 --pp 2 --sp"}, {"8", "--pp 2 --zero 3"}, {"4", "--tp 2 --zero 3"}};
+    const char* grids[][2] = {{"8", "--tp 2 --pp 2"}, {"8", "--tp 2 --pp 2 --sp"}, {"8", "--pp 2 --zero 3"}, {"4", "--tp 2 --zero 3"},
+                              {"4", "--cp 2"}, {"4", "--cp 2 --tp 2 --sp"}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s %s", grids[k][0], TRAIN_BIN, base,
                      grids[k][1]);
