@@ -729,7 +729,7 @@ static void sample_reference(LPModel* m, LPModel* cached, int n, uint64_t seed, 
 // order (the CPU build, fp32: 1e-5 of the largest) or bf16 rounding (the CUDA build: 3e-2). The CPU build:
 // GPT-2 d4's shape (C=256, 4 heads, GPT-2's vocabulary) over 24 positions, a mixture of experts of it
 // (4 experts, top-2, every second layer), llama:d4 (RoPE at each row's position, 2 K/V heads cached for the
-// 4 query heads) and its mixture of SwiGLU experts; the CUDA build (the emulator) GPT-2's two on a tiny model.
+// 4 query heads) and the tiny Llama with SwiGLU experts; the CUDA build (the emulator) GPT-2's two on a tiny model.
 // Each starts from its vocabulary's start token (lp_sample_start), as train_gpt's sampler. A new model's
 // logits are nearly equal (a draw over 50257 tokens of ~2e-5 each, where fp32's last digit of the cumulative
 // sum picks between neighbours), so lnf's weight is scaled up: a trained model's are spread.
@@ -760,7 +760,8 @@ static void test_sample_cache(void) {
     for (int kind = 0; kind < kinds; kind++) {
         int moe = kind == 1 || kind == 3;
         const char* what = kind == 3 ? "Llama MoE" : kind == 2 ? "Llama" : moe ? "MoE" : "dense";
-        if (kind >= 2) lp_config_from_name(&c, "llama:d4");
+        if (kind == 2) lp_config_from_name(&c, "llama:d4");
+        if (kind == 3) c = tiny_llama_config(), c.max_seq_len = n;  // (SwiGLU experts in the cached forward: a small model is enough)
         c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
         for (uint64_t seed = 1; seed <= (uint64_t)(kind ? 1 : 2); seed++) {  // (the mixture of experts and Llama: one seed)
             LPModel m, cached;
