@@ -1255,8 +1255,10 @@ static inline const char* lp_setting_name(size_t offset, const char* field) {
 // Expert parallelism splits DP in two (Megatron-LM's expert and expert-data-parallel groups): the d ranks
 // are d/ep replicas of ep neighbours, dp_rank = edp_rank * ep + ep_rank. The ep neighbours (group LP_EP)
 // hold a MoE layer's experts between them and send each other the tokens (section 9); the replicas of
-// the same experts (group LP_EDP) average those experts' gradients. Dense tensors stay with LP_DP.
-enum { LP_TP, LP_CP, LP_DP, LP_PP, LP_AXES, LP_EP = LP_AXES, LP_EDP, LP_DPCP, LP_GROUPS };
+// the same experts (group LP_EDP) average those experts' gradients. Dense tensors stay with LP_DP. With
+// both, each cp rank sends its own rows' tokens to the ep neighbours of its cp coordinate, and the experts'
+// gradients average over the edp replicas' cp ranks (group LP_EDPCP).
+enum { LP_TP, LP_CP, LP_DP, LP_PP, LP_AXES, LP_EP = LP_AXES, LP_EDP, LP_DPCP, LP_EDPCP, LP_GROUPS };
 typedef struct {
     const char* name;  // the group's, in error messages
     size_t size;       // offsetof(LPParallel, its size)
@@ -1387,9 +1389,6 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
         lp_fail_all("%s %d: the CUDA build's ring attention is not yet written; context parallelism runs on ./train_gpt_cpu",
                     LP_SETTING(cp), par->cp);
 #endif
-    if (par->cp > 1 && par->ep > 1)
-        lp_fail_all("%s %d with %s: not yet (the experts' groups do not yet include the context-parallel ranks)", LP_SETTING(cp), par->cp,
-                    LP_SETTING(ep));
     par->dp = (int)(world / tpp);
     proc->par = par;
     int stride = 1;
@@ -1443,6 +1442,18 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
         }
 #endif
     }
+    LPGroup* edpcp = &proc->group[LP_EDPCP];  // the dpcp ranks of this one's ep coordinate (cp 1: edp is it)
+    edpcp->name = "edpcp";
+    edpcp->size = par->cp * sizes[1];
+    edpcp->rank = sub[1] * par->cp + proc->coord[LP_CP];
+#ifdef LLMPAR_MPI
+    if (proc->world > 1 && par->cp > 1 && par->ep > 1) {
+        lp_watch("splitting the world into groups (MPI_Comm_split)", NULL);
+        MPI_Comm_split(dpcp->comm, sub[0], edpcp->rank, &edpcp->comm);
+        lp_watch_done();
+        MPI_Comm_set_errhandler(edpcp->comm, MPI_ERRORS_RETURN);
+    }
+#endif
     lp_replicas_check(par);
 }
 
@@ -1450,6 +1461,11 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
 // data-parallel replicas, and with context parallelism every cp rank of each (cp x d ranks, each of which
 // trains on its share of its replica's tokens).
 const LPGroup* lp_dp_group(const LPProcess* proc) { return proc->par->cp > 1 ? &proc->group[LP_DPCP] : &proc->group[LP_DP]; }
+// With expert parallelism, the ranks that hold the same experts and average their gradients: the edp replicas
+// (and with context parallelism each one's cp ranks).
+static inline const LPGroup* lp_experts_group(const LPProcess* proc) {
+    return proc->par->cp > 1 ? &proc->group[LP_EDPCP] : &proc->group[LP_EDP];
+}
 #endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
@@ -2855,8 +2871,11 @@ void lp_comm_init(LPProcess* proc) {
         lp_log("notice: ranks share a GPU, so collectives go over MPI through host memory (slower than NCCL)\n");
         return;
     }
-    for (int a = 0; a < LP_GROUPS; a++)  // (ep 1: the experts' groups are unused; cp 1: so is dpcp, dp averages)
-        if (a < LP_AXES || (a == LP_DPCP ? proc->par->cp : proc->par->ep) > 1) lp_group_nccl_init(&proc->group[a]);
+    const LPParallel* par = proc->par;
+    for (int a = 0; a < LP_GROUPS; a++) {  // (ep 1: the experts' groups are unused; cp 1: so are dpcp and edpcp)
+        int used = a < LP_AXES || (a == LP_DPCP ? par->cp > 1 : a == LP_EDPCP ? par->cp > 1 && par->ep > 1 : par->ep > 1);
+        if (used) lp_group_nccl_init(&proc->group[a]);
+    }
     cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
@@ -7796,7 +7815,7 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, wte_alone, dp, m->par, split->chunk);
     if (m->parts > 1) {  // the experts: with expert parallelism averaged over their replicas (edp), their gradients
                          // sums over the ep ranks' batches, so the optimizer takes 1/ep of them (grad_scale)
-        lp_zero_create(&m->experts, sizes[1], cfg, m->layer0, m->L, 0, 0, m->ep_size > 1 ? &proc->group[LP_EDP] : dp, m->par,
+        lp_zero_create(&m->experts, sizes[1], cfg, m->layer0, m->L, 0, 0, m->ep_size > 1 ? lp_experts_group(proc) : dp, m->par,
                        LP_MAX_CHUNKS + split->chunk);
         m->experts.grad_scale = 1.0f / m->ep_size;
     }
