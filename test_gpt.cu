@@ -7172,6 +7172,24 @@ static void test_no_free_in_steps(void) {
 }
 #endif
 
+// Write the tiny Llama (tiny_llama_config) of `layers` layers to path, its matrices drawn 15 times wider than
+// GPT-2's initialisation (std 0.3, as test_hf.py's Llama; the norms' weights stay 1), so that attention is sharp
+// and q's and k's gradients move the loss.
+static void save_sharp_llama(const char* path, int layers, uint64_t seed) {
+    LPConfig c = tiny_llama_config();
+    c.num_layers = layers;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, seed);
+    float* w = (float*)lp_host_malloc(m.total_params * sizeof(float), "test");
+    lp_model_get_weights(&m, w);
+    for (size_t i = 0; i < m.total_params; i++) w[i] = w[i] == 1.0f ? 1.0f : 15.0f * w[i];
+    lp_model_set_weights(&m, w);
+    free(w);
+    lp_model_save(&m, path);
+    lp_model_free(&m);
+}
+
 // Three training steps of the CUDA engine, with each attention path, against ./train_gpt_cpu on the same
 // llm.c model and tokens. bf16 activations and gradients put the losses within ~1% of fp32, fp16's (2^-11
 // rounding, 8 times finer; measured 2e-5) within 1e-3; the weights after 3 AdamW steps of lr 1e-3 may
@@ -7179,9 +7197,8 @@ static void test_no_free_in_steps(void) {
 // The Llama family's tiny model (RoPE, RMSNorm, SwiGLU, 2 KV heads of 4, no biases, an untied head: llm.c's
 // Llama 3 file, which its checkpoints write) is held by its gradient norms too, which the weights of each
 // step decide, also with recomputation (full: every layer's forward again; selective: the
-// SwiGLU, and the cublas path's probabilities, from what is kept). Its matrices are drawn 15 times wider than
-// GPT-2's initialisation (std 0.3, as test_hf.py's Llama), so attention is sharp and q's and k's gradients
-// move the loss: bf16 puts its norms 1.1% from the CPU's (measured; 0.2% at std 0.1), RoPE's backward turned
+// SwiGLU, and the cublas path's probabilities, from what is kept). Its matrices are drawn sharp
+// (save_sharp_llama), so q's and k's gradients move the loss: bf16 puts its norms 1.1% from the CPU's (measured; 0.2% at std 0.1), RoPE's backward turned
 // the wrong way 6% (its losses 2%), hence 3e-2.
 #ifdef LLMPAR_FP16
 #define STEP_LOSS_RTOL 1e-3f
@@ -7196,17 +7213,7 @@ static void test_step_vs_cpu_build(void) {
     }
     char llama[LP_PATH_MAX];
     snprintf(llama, sizeof(llama), "%s", tmp_path("step_llama.bin"));
-    LPConfig lc = tiny_llama_config();
-    LPModel lm;
-    lp_model_create(&lm, &lc, NULL);
-    lp_model_init_random(&lm, 4949);
-    float* w = (float*)lp_host_malloc(lm.total_params * sizeof(float), "test");
-    lp_model_get_weights(&lm, w);
-    for (size_t i = 0; i < lm.total_params; i++) w[i] = w[i] == 1.0f ? 1.0f : 15.0f * w[i];  // the norms' weights stay 1
-    lp_model_set_weights(&lm, w);
-    free(w);
-    lp_model_save(&lm, llama);
-    lp_model_free(&lm);
+    save_sharp_llama(llama, 2, 4949);
     // the tiny model, the mixture of experts of test_moe_reference (its rows dropped, its balance and z-losses on), the Llama
     const char* models[3][2] = {{"dev/ref/tiny_model.bin", ""},
                                 {"dev/ref/tiny_moe_model.bin", "--moe-capacity 1 --moe-aux-coef 0.1 --moe-z-coef 0.01"},
@@ -7344,7 +7351,8 @@ static void test_fp16_runs(void) {
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
 // recomputing its probabilities), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
-// recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), all on a 4-layer tiny model with 4
+// recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), and the Llama
+// family on t=2, t=2 SP, p=2, d=2 ZeRO-3 and t=2 p=2 d=2, all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
@@ -7436,6 +7444,31 @@ static void test_parallel_grids(void) {
     for (size_t k = 0; k < sizeof(moe_grids) / sizeof(moe_grids[0]); k++)
         expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, 1, ref[2], wref[2], nw[2]);
     for (int a = 0; a < 3; a++) free(wref[a]);
+
+    // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
+    // p=2 (nothing crosses between the stages), d=2 ZeRO-3, t=2 p=2 d=2; t=4 refused (t must divide the K/V heads)
+    save_sharp_llama(tmp_path("grid_llama.bin"), 4, 4949);
+    snprintf(base[0], sizeof(base[0]), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("grid_llama.bin"),
+             tmp_path("grid_tokens.bin"));
+    snprintf(args, sizeof(args), "%s -b 2", base[0]);
+    lp_path(dir, "%s/grid_llama_ref", tmp_dir);
+    int n = run_ranks(1, args, dir, ref[0], out, sizeof(out));
+    wref[0] = run_weights(dir, 3, &nw[0]);
+    expect(n == 3 && wref[0], "one rank runs the 4-layer Llama");
+    if (n != 3 || !wref[0]) {
+        printf("%s\n", out);
+        return;
+    }
+    struct { int ranks; const char* flags; int B; } llama_grids[] = {
+        {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--zero 3", 1}, {8, "--tp 2 --pp 2", 1}};
+    for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
+        expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
+    free(wref[0]);
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s -b 2 --tp 4", TRAIN_BIN, base[0]);
+    const char* first = strstr(out, "llmpar: error: ");
+    expect(rc != 0 && first && strstr(first, "--tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
+               !strstr(first + 1, "llmpar: error: "),
+           "Llama: t = 4 with 2 K/V heads is refused in one line (K/V heads are not replicated)");
 }
 
 // A resumed run of the CUDA build goes on bit for bit: 5 steps, then --resume to 8, against 8 straight.
