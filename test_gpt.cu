@@ -7352,7 +7352,7 @@ static void test_fp16_runs(void) {
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
 // recomputing its probabilities), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
 // recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), and the Llama
-// family on t=2, t=2 SP, p=2, d=2 ZeRO-3 and t=2 p=2 d=2, all on a 4-layer tiny model with 4
+// family on t=2, t=2 SP, p=2 (1F1B, interleaved), d=2 ZeRO-3 (with --offload params) and t=2 p=2 d=2, all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
@@ -7446,7 +7446,8 @@ static void test_parallel_grids(void) {
     for (int a = 0; a < 3; a++) free(wref[a]);
 
     // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
-    // p=2 (nothing crosses between the stages), d=2 ZeRO-3, t=2 p=2 d=2; t=4 refused (t must divide the K/V heads)
+    // p=2 (nothing crosses between the stages; interleaved too), d=2 ZeRO-3 (its weights offloaded too), t=2 p=2
+    // d=2; t=4 refused (t must divide the K/V heads)
     save_sharp_llama(tmp_path("grid_llama.bin"), 4, 4949);
     snprintf(base[0], sizeof(base[0]), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("grid_llama.bin"),
              tmp_path("grid_tokens.bin"));
@@ -7460,7 +7461,8 @@ static void test_parallel_grids(void) {
         return;
     }
     struct { int ranks; const char* flags; int B; } llama_grids[] = {
-        {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--zero 3", 1}, {8, "--tp 2 --pp 2", 1}};
+        {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--pp 2 --vpp 2 --schedule interleaved", 2}, {2, "--zero 3", 1},
+        {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}};
     for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
         expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
     free(wref[0]);
