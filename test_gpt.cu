@@ -189,6 +189,14 @@ static void save_tiny_model(const char* path, int layers, uint64_t seed) {
     lp_model_free(&m);
 }
 
+// The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
+static int parse_sample_ids(const char* out, int* ids, int max) {
+    const char *s = strstr(out, "--- sample at step "), *end = s ? strstr(s, "--- end of sample ---") : NULL;
+    int n = 0;
+    for (const char* p = s ? strchr(s, '<') : NULL; p && p < end && n < max; p = strchr(p + 1, '<')) ids[n++] = atoi(p + 1);
+    return n;
+}
+
 // Final weights of a run: the model.bin of its last checkpoint.
 static float* run_weights(const char* dir, int step, size_t* n) {
     char path[LP_PATH_MAX];
@@ -5361,14 +5369,6 @@ static void test_timeline(void) {
     }
 }
 
-// The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
-static int parse_sample_ids(const char* out, int* ids, int max) {
-    const char *s = strstr(out, "--- sample at step "), *end = s ? strstr(s, "--- end of sample ---") : NULL;
-    int n = 0;
-    for (const char* p = s ? strchr(s, '<') : NULL; p && p < end && n < max; p = strchr(p + 1, '<')) ids[n++] = atoi(p + 1);
-    return n;
-}
-
 // The sampler on grids draws the reference sampler's tokens (sample_reference: the forward over all the tokens
 // so far, one rank, in this process) from the same model file and --seed: its key-value caches hold each TP
 // rank's heads, the token's row crosses the pipeline's stages (interleaved chunks too), SP runs the block of
@@ -7174,8 +7174,8 @@ static void test_no_free_in_steps(void) {
 
 // Write the tiny Llama (tiny_llama_config) of `layers` layers to path, its matrices drawn 15 times wider than
 // GPT-2's initialisation (std 0.3, as test_hf.py's Llama; the norms' weights stay 1), so that attention is sharp
-// and q's and k's gradients move the loss.
-static void save_sharp_llama(const char* path, int layers, uint64_t seed) {
+// and q's and k's gradients move the loss; lnf's weight times lnf (above 1: the logits spread further).
+static void save_sharp_llama(const char* path, int layers, uint64_t seed, float lnf) {
     LPConfig c = tiny_llama_config();
     c.num_layers = layers;
     LPModel m;
@@ -7184,6 +7184,10 @@ static void save_sharp_llama(const char* path, int layers, uint64_t seed) {
     float* w = (float*)lp_host_malloc(m.total_params * sizeof(float), "test");
     lp_model_get_weights(&m, w);
     for (size_t i = 0; i < m.total_params; i++) w[i] = w[i] == 1.0f ? 1.0f : 15.0f * w[i];
+    size_t sizes[LP_NUM_PARAMS], at = 0;  // (the canonical layout: the tensors in order)
+    lp_param_sizes(sizes, &c, 1);
+    for (int i = 0; i < LP_LNFW; i++) at += sizes[i];
+    for (size_t i = 0; i < sizes[LP_LNFW]; i++) w[at + i] *= lnf;
     lp_model_set_weights(&m, w);
     free(w);
     lp_model_save(&m, path);
@@ -7198,8 +7202,8 @@ static void save_sharp_llama(const char* path, int layers, uint64_t seed) {
 // Llama 3 file, which its checkpoints write) is held by its gradient norms too, which the weights of each
 // step decide, also with recomputation (full: every layer's forward again; selective: the
 // SwiGLU, and the cublas path's probabilities, from what is kept). Its matrices are drawn sharp
-// (save_sharp_llama), so q's and k's gradients move the loss: bf16 puts its norms 1.1% from the CPU's (measured; 0.2% at std 0.1), RoPE's backward turned
-// the wrong way 6% (its losses 2%), hence 3e-2.
+// (save_sharp_llama), so q's and k's gradients move the loss: bf16 puts its norms 1.1% from the CPU's
+// (measured; 0.2% at std 0.1), RoPE's backward turned the wrong way 6% (its losses 2%), hence 3e-2.
 #ifdef LLMPAR_FP16
 #define STEP_LOSS_RTOL 1e-3f
 #else
@@ -7213,7 +7217,7 @@ static void test_step_vs_cpu_build(void) {
     }
     char llama[LP_PATH_MAX];
     snprintf(llama, sizeof(llama), "%s", tmp_path("step_llama.bin"));
-    save_sharp_llama(llama, 2, 4949);
+    save_sharp_llama(llama, 2, 4949, 1.0f);
     // the tiny model, the mixture of experts of test_moe_reference (its rows dropped, its balance and z-losses on), the Llama
     const char* models[3][2] = {{"dev/ref/tiny_model.bin", ""},
                                 {"dev/ref/tiny_moe_model.bin", "--moe-capacity 1 --moe-aux-coef 0.1 --moe-z-coef 0.01"},
@@ -7448,7 +7452,7 @@ static void test_parallel_grids(void) {
     // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
     // p=2 (nothing crosses between the stages; interleaved too), d=2 ZeRO-3 (its weights offloaded too), t=2 p=2
     // d=2; t=4 refused (t must divide the K/V heads)
-    save_sharp_llama(tmp_path("grid_llama.bin"), 4, 4949);
+    save_sharp_llama(tmp_path("grid_llama.bin"), 4, 4949, 1.0f);
     snprintf(base[0], sizeof(base[0]), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("grid_llama.bin"),
              tmp_path("grid_tokens.bin"));
     snprintf(args, sizeof(args), "%s -b 2", base[0]);
@@ -7466,6 +7470,25 @@ static void test_parallel_grids(void) {
     for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
         expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
     free(wref[0]);
+    // its sample (-x 0 -s 1) on one rank and on grids: each rank's K/V heads in its cache (t=2: one each), the
+    // stages' caches, ZeRO-3's gathered weights; the same tokens as ./train_gpt_cpu's (fp32). lnf's weight x 8,
+    // so that each draw has a clear winner (at x 1, bf16's sums move a draw of the 7: the 6th)
+    save_sharp_llama(tmp_path("grid_llama_sample.bin"), 4, 4949, 8.0f);
+    int want[8], got[8], nwant = 0;
+    const char* sample_grids[][3] = {{"1", "./train_gpt_cpu", ""}, {"1", TRAIN_BIN, ""}, {"2", TRAIN_BIN, "--tp 2"},
+                                     {"2", TRAIN_BIN, "--tp 2 --sp"}, {"2", TRAIN_BIN, "--pp 2"}, {"8", TRAIN_BIN, "--tp 2 --pp 2 --zero 3"}};
+    for (int k = 0; k < 6; k++) {
+        int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none %s -e %s -i %s -j '' -t 8 -x 0 -v 0 -s 1 -g 7 "
+                         "--seed 5 --tokenizer none %s", sample_grids[k][0], sample_grids[k][1], tmp_path("grid_llama_sample.bin"),
+                         tmp_path("grid_tokens.bin"), sample_grids[k][2]);
+        int ng = parse_sample_ids(out, k ? got : want, 7);
+        if (k == 0) nwant = rc == 0 ? ng : 0;
+        snprintf(name, sizeof(name), "Llama, -np %s %s %s: its sample's 7 tokens%s", sample_grids[k][0], sample_grids[k][1],
+                 sample_grids[k][2], k ? " are ./train_gpt_cpu's" : "");
+        int ok = nwant == 7 && (k == 0 || (rc == 0 && ng == 7 && memcmp(got, want, sizeof(int) * 7) == 0));
+        expect(ok, name);
+        if (!ok) printf("%s\n", out);
+    }
     int rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s -b 2 --tp 4", TRAIN_BIN, base[0]);
     const char* first = strstr(out, "llmpar: error: ");
     expect(rc != 0 && first && strstr(first, "--tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
