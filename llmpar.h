@@ -1497,29 +1497,13 @@ const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
         return NULL;
     return why;
 }
-// Every rank checks alike, so rank 0 alone prints. The CUDA engine runs the Llama family on one rank so far: there
-// every other setting is refused, never run on untested (the CPU engine runs its grids).
+// Every rank checks alike, so rank 0 alone prints.
 void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
     if (proc->par->cp > 1 && c->rope)  // (the rank's rows are at its chunks' positions: LPModel.positions, which RoPE does not yet take)
         lp_fail_all("%s %d: not yet for the Llama family (RoPE turns q and k by a first row's position, not yet by the chunks' "
                     "table of positions)", LP_SETTING(cp), proc->par->cp);
-#ifndef LLMPAR_CPU
-    const LPParallel* p = proc->par;
-    if (lp_config_is_gpt2(c)) return;
-    struct { int set; const char* name; int value; } axes[] = {
-        {p->tp > 1, LP_SETTING(tp), p->tp}, {p->pp > 1, LP_SETTING(pp), p->pp}, {p->vpp > 1, LP_SETTING(vpp), p->vpp},
-        {p->zero > 0, LP_SETTING(zero), p->zero}, {p->sp != 0, LP_SETTING(sp), p->sp}, {p->ep > 1, LP_SETTING(ep), p->ep},
-        {p->offload != 0, LP_SETTING(offload), p->offload}};  // (0: LP_OFFLOAD_NONE)
-    for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++)
-        if (axes[k].set)
-            lp_fail_all("%s %d: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
-                        axes[k].name, axes[k].value);
-    if (proc->world > 1)
-        lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family on the CUDA engine (one rank so far; "
-                    "./train_gpt_cpu runs its grids)", proc->world, p->dp);
-#endif
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -4880,25 +4864,26 @@ static inline void lp_attention_cached_forward_cpu(float* out, float* cache, con
 }
 
 #ifndef LLMPAR_CPU
-// The same on the GPU: a thread copies one key or value into the cache; then a warp takes one (row, head),
-// lane l holding dimensions l, l + 32, ... of its query and output (HS <= 128: 4 each), each key's score a
-// warp sum, the running max and sum the same in every lane.
-static __global__ void lp_kv_append_kernel(floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C, int NH) {
+// The same on the GPU: a thread copies one key or value channel into the cache; then a warp takes one (row,
+// query head), lane l holding dimensions l, l + 32, ... of its query and output (HS <= 128: 4 each), each key's
+// score a warp sum, the running max and sum the same in every lane; query head h reads K/V head h / (NH/KV).
+static __global__ void lp_kv_append_kernel(floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C, int NH, int KV) {
+    int HS = C / NH, KVC = KV * HS;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * N * 2 * C) return;
-    int c = (int)(idx % C), which = (int)(idx / C % 2), i = (int)(idx / C / 2 % N), b = (int)(idx / C / 2 / N), HS = C / NH;
-    cache[which * (size_t)B * NH * Tc * HS + (((size_t)b * NH + c / HS) * Tc + pos + i) * HS + c % HS] =
-        qkv[((size_t)b * N + i) * 3 * C + (1 + which) * C + c];
+    if (idx >= (size_t)B * N * 2 * KVC) return;
+    int c = (int)(idx % KVC), which = (int)(idx / KVC % 2), i = (int)(idx / KVC / 2 % N), b = (int)(idx / KVC / 2 / N);
+    cache[which * (size_t)B * KV * Tc * HS + (((size_t)b * KV + c / HS) * Tc + pos + i) * HS + c % HS] =
+        qkv[((size_t)b * N + i) * (C + 2 * KVC) + C + which * KVC + c];
 }
 #define LP_CACHED_DIMS (LP_FLASH_MAX_HS / 32)
 static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc,
-                                                  int C, int NH, float scale) {
+                                                  int C, int NH, int KV, float scale) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= B * N * NH) return;  // (a whole warp)
     int h = r % NH, i = r / NH % N, b = r / NH / N, HS = C / NH;
-    const floatX* q = qkv + ((size_t)b * N + i) * 3 * C + h * HS;
-    const floatX* k = cache + ((size_t)b * NH + h) * Tc * HS;
-    const floatX* v = k + (size_t)B * NH * Tc * HS;
+    const floatX* q = qkv + ((size_t)b * N + i) * (C + 2 * KV * HS) + h * HS;
+    const floatX* k = cache + ((size_t)b * KV + h / (NH / KV)) * Tc * HS;
+    const floatX* v = k + (size_t)B * KV * Tc * HS;
     float qd[LP_CACHED_DIMS], y[LP_CACHED_DIMS], m = -INFINITY, l = 0.0f;
 #pragma unroll
     for (int u = 0; u < LP_CACHED_DIMS; u++) {
@@ -4931,11 +4916,9 @@ static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cac
 }
 static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C,
                                                    int NH, int KV) {
-    if (KV != NH)  // (the driver refuses -s for the Llama family on the CUDA engine)
-        lp_fail("internal: the CUDA build's cached attention takes no grouped-query attention yet (%d K/V heads of %d)", KV, NH);
-    size_t n = (size_t)B * N * 2 * C, warps = (size_t)B * N * NH;
-    LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH);
-    LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH,
+    size_t n = (size_t)B * N * 2 * KV * (C / NH), warps = (size_t)B * N * NH;
+    LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH, KV);
+    LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH, KV,
               lp_attention_scale(C, NH));
 }
 #endif

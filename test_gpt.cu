@@ -189,6 +189,14 @@ static void save_tiny_model(const char* path, int layers, uint64_t seed) {
     lp_model_free(&m);
 }
 
+// The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
+static int parse_sample_ids(const char* out, int* ids, int max) {
+    const char *s = strstr(out, "--- sample at step "), *end = s ? strstr(s, "--- end of sample ---") : NULL;
+    int n = 0;
+    for (const char* p = s ? strchr(s, '<') : NULL; p && p < end && n < max; p = strchr(p + 1, '<')) ids[n++] = atoi(p + 1);
+    return n;
+}
+
 // Final weights of a run: the model.bin of its last checkpoint.
 static float* run_weights(const char* dir, int step, size_t* n) {
     char path[LP_PATH_MAX];
@@ -728,7 +736,7 @@ static void sample_reference(LPModel* m, LPModel* cached, int n, uint64_t seed, 
 // order (the CPU build, fp32: 1e-5 of the largest) or bf16 rounding (the CUDA build: 3e-2). The CPU build:
 // GPT-2 d4's shape (C=256, 4 heads, GPT-2's vocabulary) over 24 positions, a mixture of experts of it
 // (4 experts, top-2, every second layer) and llama:d4 (RoPE at each row's position, 2 K/V heads cached for the
-// 4 query heads); the CUDA build (the emulator) GPT-2's two on a tiny model. A new
+// 4 query heads); the CUDA build (the emulator) the three on tiny models (its Llama's 2 K/V heads for 4). A new
 // model's logits are nearly equal (a draw over 50257 tokens of ~2e-5 each, where fp32's last digit of
 // the cumulative sum picks between neighbours), so lnf's weight is scaled up: a trained model's are spread.
 static void test_sample_cache(void) {
@@ -742,15 +750,14 @@ static void test_sample_cache(void) {
     int n = c.max_seq_len;
     float tol = 3e-2f;
 #endif
-#ifdef LLMPAR_CPU
-    int kinds = 3;
-#else
-    int kinds = 2;  // (the CUDA build's Llama kernels come in another step)
-#endif
-    for (int kind = 0; kind < kinds; kind++) {
+    for (int kind = 0; kind < 3; kind++) {
         int moe = kind == 1;
         const char* what = kind == 2 ? "Llama" : moe ? "MoE" : "dense";
+#ifdef LLMPAR_CPU
         if (kind == 2) lp_config_from_name(&c, "llama:d4");
+#else
+        if (kind == 2) c = tiny_llama_config();
+#endif
         c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
         for (uint64_t seed = 1; seed <= (uint64_t)(kind ? 1 : 2); seed++) {  // (the mixture of experts and Llama: one seed)
             LPModel m, cached;
@@ -5434,14 +5441,6 @@ static void test_timeline(void) {
     }
 }
 
-// The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
-static int parse_sample_ids(const char* out, int* ids, int max) {
-    const char *s = strstr(out, "--- sample at step "), *end = s ? strstr(s, "--- end of sample ---") : NULL;
-    int n = 0;
-    for (const char* p = s ? strchr(s, '<') : NULL; p && p < end && n < max; p = strchr(p + 1, '<')) ids[n++] = atoi(p + 1);
-    return n;
-}
-
 // The sampler on grids draws the reference sampler's tokens (sample_reference: the forward over all the tokens
 // so far, one rank, in this process) from the same model file and --seed: its key-value caches hold each TP
 // rank's heads, the token's row crosses the pipeline's stages (interleaved chunks too), SP runs the block of
@@ -6640,18 +6639,29 @@ static void tier4_cublas_attention(uint64_t* rng, int B, int T, int C, int NH, i
 // Attention with a key-value cache (sampling): N rows at positions [pos, pos + N) of B sequences join a cache
 // of Tc positions whose earlier positions hold random keys and values, and attend to it; the GPU's output and
 // cache against the CPU loop's (the cache's new rows are copies: exact).
-static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc, int C, int NH) {
-    char name[160];
-    size_t n3 = (size_t)B * N * 3 * C, n1 = (size_t)B * N * C, nc = (size_t)2 * B * Tc * C;
+// The cached attention of N rows at positions [pos, pos + N) against its CPU loop; with rope, the rows' q
+// and k first turned at those positions (lp_rope, as the model turns them before the cache takes them), each
+// build by its own RoPE.
+static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc, int C, int NH, int KV, int rope) {
+    char name[200];
+    int HS = C / NH;
+    size_t n3 = (size_t)B * N * (NH + 2 * KV) * HS, n1 = (size_t)B * N * C, nc = (size_t)2 * B * KV * Tc * HS;
     float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *cache = host_rand(nc, rng, 1.0f);
     floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_cache = dev_bf16(cache, nc);
-    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH, NH);
-    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH, NH);
+    if (rope) {
+        lp_rope_cpu(qkv, B, N, pos, NH, KV, HS, 500000.0f, 1, 0);
+        lp_rope_gpu(d_qkv, B, N, pos, NH, KV, HS, 500000.0f, 1, 0);
+    }
+    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH, KV);
+    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH, KV);
     float *g = host_from(d_out, n1), *gc = host_from(d_cache, nc);
-    snprintf(name, sizeof(name), "gpu attention_cached_forward B=%d N=%d pos=%d Tc=%d C=%d NH=%d (HS=%d) out", B, N, pos, Tc, C, NH, C / NH);
+    snprintf(name, sizeof(name), "gpu attention_cached_forward%s B=%d N=%d pos=%d Tc=%d C=%d NH=%d KV=%d (HS=%d) out", rope ? " after RoPE" : "",
+             B, N, pos, Tc, C, NH, KV, HS);
     expect_close_scaled(name, g, out, n1, 2e-2f);
-    snprintf(name, sizeof(name), "gpu attention_cached_forward B=%d N=%d pos=%d Tc=%d C=%d NH=%d cache", B, N, pos, Tc, C, NH);
-    expect_close(name, gc, cache, nc, 0.0f, 0.0f);
+    snprintf(name, sizeof(name), "gpu attention_cached_forward%s B=%d N=%d pos=%d Tc=%d C=%d NH=%d KV=%d cache", rope ? " after RoPE" : "",
+             B, N, pos, Tc, C, NH, KV);
+    if (rope) expect_close_scaled(name, gc, cache, nc, 1e-2f);  // (bf16's rounding of the turned keys)
+    else expect_close(name, gc, cache, nc, 0.0f, 0.0f);
     free(qkv); free(out); free(cache); free(g); free(gc);
     lp_device_free(d_qkv); lp_device_free(d_out); lp_device_free(d_cache);
 }
@@ -7092,20 +7102,25 @@ static void tier4_attention_kernels(void) {
 #endif
 }
 
-// Sampling's attention with the key-value cache, against its CPU loop.
+// Sampling's attention with the key-value cache, against its CPU loop (multi-head, and grouped-query after RoPE).
 static void tier4_sample_cache_attention(void) {
     uint64_t rng = 4747;
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(1);
 #endif
-    const int shapes[][6] = {  // B, N, pos, Tc, C, NH
-        {1, 1, 0, 16, 32, 4},      // the first token; HS=8
-        {2, 3, 5, 16, 128, 2},     // 3 rows of 2 sequences; HS=64
-        {1, 1, 100, 130, 100, 4},  // a long cache; HS=25
-        {1, 2, 62, 64, 256, 2},    // the cache's last 2 positions; HS=128, the largest head
+    const int shapes[][8] = {  // B, N, pos, Tc, C, NH, KV, RoPE
+        {1, 1, 0, 16, 32, 4, 4, 0},      // the first token; HS=8
+        {2, 3, 5, 16, 128, 2, 2, 0},     // 3 rows of 2 sequences; HS=64
+        {1, 1, 100, 130, 100, 4, 4, 0},  // a long cache; HS=25
+        {1, 2, 62, 64, 256, 2, 2, 0},    // the cache's last 2 positions; HS=128, the largest head
+        // the Llama family: RoPE at the rows' positions, K/V heads cached for groups of query heads
+        {2, 3, 5, 16, 32, 4, 2, 1},      // groups of 2 (Llama's tiny shapes); HS=8
+        {1, 1, 100, 130, 96, 6, 1, 1},   // multi-query, a long cache; HS=16
+        {1, 2, 62, 64, 256, 8, 2, 1},    // groups of 4, the cache's last 2 positions; HS=32
     };
     for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++)
-        tier4_cached_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], shapes[k][4], shapes[k][5]);
+        tier4_cached_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], shapes[k][4], shapes[k][5], shapes[k][6],
+                               shapes[k][7]);
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
 #endif
@@ -7230,17 +7245,38 @@ static void test_no_free_in_steps(void) {
 }
 #endif
 
+// Write the tiny Llama (tiny_llama_config) of `layers` layers to path, its matrices drawn 15 times wider than
+// GPT-2's initialisation (std 0.3, as test_hf.py's Llama; the norms' weights stay 1), so that attention is sharp
+// and q's and k's gradients move the loss; lnf's weight times lnf (above 1: the logits spread further).
+static void save_sharp_llama(const char* path, int layers, uint64_t seed, float lnf) {
+    LPConfig c = tiny_llama_config();
+    c.num_layers = layers;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, seed);
+    float* w = (float*)lp_host_malloc(m.total_params * sizeof(float), "test");
+    lp_model_get_weights(&m, w);
+    for (size_t i = 0; i < m.total_params; i++) w[i] = w[i] == 1.0f ? 1.0f : 15.0f * w[i];
+    size_t sizes[LP_NUM_PARAMS], at = 0;  // (the canonical layout: the tensors in order)
+    lp_param_sizes(sizes, &c, 1);
+    for (int i = 0; i < LP_LNFW; i++) at += sizes[i];
+    for (size_t i = 0; i < sizes[LP_LNFW]; i++) w[at + i] *= lnf;
+    lp_model_set_weights(&m, w);
+    free(w);
+    lp_model_save(&m, path);
+    lp_model_free(&m);
+}
+
 // Three training steps of the CUDA engine, with each attention path, against ./train_gpt_cpu on the same
 // llm.c model and tokens. bf16 activations and gradients put the losses within ~1% of fp32, fp16's (2^-11
 // rounding, 8 times finer; measured 2e-5) within 1e-3; the weights after 3 AdamW steps of lr 1e-3 may
 // differ by up to 2 lr per step where a tiny gradient changes sign: atol 6e-3.
 // The Llama family's tiny model (RoPE, RMSNorm, SwiGLU, 2 KV heads of 4, no biases, an untied head: llm.c's
-// Llama 3 file) writes no checkpoints yet, so its runs are held by their losses and gradient norms, which the
-// weights of each step decide, also with recomputation (full: every layer's forward again; selective: the
-// SwiGLU, and the cublas path's probabilities, from what is kept). Its matrices are drawn 15 times wider than
-// GPT-2's initialisation (std 0.3, as test_hf.py's Llama), so attention is sharp and q's and k's gradients
-// move the loss: bf16 puts its norms 1.1% from the CPU's (measured; 0.2% at std 0.1), RoPE's backward turned
-// the wrong way 6% (its losses 2%), hence 3e-2.
+// Llama 3 file, which its checkpoints write) is held by its gradient norms too, which the weights of each
+// step decide, also with recomputation (full: every layer's forward again; selective: the
+// SwiGLU, and the cublas path's probabilities, from what is kept). Its matrices are drawn sharp
+// (save_sharp_llama), so q's and k's gradients move the loss: bf16 puts its norms 1.1% from the CPU's
+// (measured; 0.2% at std 0.1), RoPE's backward turned the wrong way 6% (its losses 2%), hence 3e-2.
 #ifdef LLMPAR_FP16
 #define STEP_LOSS_RTOL 1e-3f
 #else
@@ -7254,40 +7290,28 @@ static void test_step_vs_cpu_build(void) {
     }
     char llama[LP_PATH_MAX];
     snprintf(llama, sizeof(llama), "%s", tmp_path("step_llama.bin"));
-    LPConfig lc = tiny_llama_config();
-    LPModel lm;
-    lp_model_create(&lm, &lc, NULL);
-    lp_model_init_random(&lm, 4949);
-    float* w = (float*)lp_host_malloc(lm.total_params * sizeof(float), "test");
-    lp_model_get_weights(&lm, w);
-    for (size_t i = 0; i < lm.total_params; i++) w[i] = w[i] == 1.0f ? 1.0f : 15.0f * w[i];  // the norms' weights stay 1
-    lp_model_set_weights(&lm, w);
-    free(w);
-    lp_model_save(&lm, llama);
-    lp_model_free(&lm);
+    save_sharp_llama(llama, 2, 4949, 1.0f);
     // the tiny model, the mixture of experts of test_moe_reference (its rows dropped, its balance and z-losses on), the Llama
     const char* models[3][2] = {{"dev/ref/tiny_model.bin", ""},
                                 {"dev/ref/tiny_moe_model.bin", "--moe-capacity 1 --moe-aux-coef 0.1 --moe-z-coef 0.01"},
-                                {llama, "-s 0"}};  // (sampling: not yet for the family)
+                                {llama, ""}};
     for (int k = 0; k < 3; k++) {
-        char args[512], dir[LP_PATH_MAX], to[LP_PATH_MAX + 8] = "";
-        int ckpt = k < 2;  // (a run of the Llama family writes no checkpoints yet)
+        char args[512], dir[LP_PATH_MAX];
+        int llama_k = k == 2;
         snprintf(args, sizeof(args), "-e %s -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -x 3 -l 1e-3 -u 0 %s", models[k][0], models[k][1]);
         float gpu[8], cpu[8], gpu_norm[8], cpu_norm[8];
         lp_path(dir, "%s/cpu_out_%d", tmp_dir, k);
-        if (ckpt) snprintf(to, sizeof(to), "-o %s", dir);
-        int rc = run_cmd(out, sizeof(out), "./train_gpt_cpu %s %s", args, to);
+        int rc = run_cmd(out, sizeof(out), "./train_gpt_cpu %s -o %s", args, dir);
         int nc = parse_losses(out, cpu, 8);
         expect(rc == 0 && nc == 3 && parse_norms(out, cpu_norm, 8) == 3, "the CPU build runs 3 steps");
         if (nc != 3) return;
         size_t n2 = 0;
-        float* wc = ckpt ? run_weights(dir, 3, &n2) : NULL;
+        float* wc = run_weights(dir, 3, &n2);
         const char* runs[] = {"--attention flash", "--attention cublas", "--recompute full", "--attention cublas --recompute selective"};
-        for (int a = 0; a < (ckpt ? 2 : 4); a++) {
+        for (int a = 0; a < (llama_k ? 4 : 2); a++) {
             char name[320];
             lp_path(dir, "%s/gpu_out_%d_%d", tmp_dir, k, a);
-            if (ckpt) snprintf(to, sizeof(to), "-o %s", dir);
-            rc = run_cmd(out, sizeof(out), "%s %s %s %s", TRAIN_BIN, args, runs[a], to);
+            rc = run_cmd(out, sizeof(out), "%s %s %s -o %s", TRAIN_BIN, args, runs[a], dir);
             int ng = parse_losses(out, gpu, 8);
             snprintf(name, sizeof(name), "CUDA build with %s runs 3 steps of %s", runs[a], models[k][0]);
             expect(rc == 0 && ng == 3 && parse_norms(out, gpu_norm, 8) == 3, name);
@@ -7298,11 +7322,10 @@ static void test_step_vs_cpu_build(void) {
             snprintf(name, sizeof(name), "CUDA (%s) step losses with %s equal the CPU build's (%g relative), %s", LP_FLOATX_NAME, runs[a],
                      (double)STEP_LOSS_RTOL, models[k][0]);
             expect_close(name, gpu, cpu, 3, 0.0f, STEP_LOSS_RTOL);
-            if (!ckpt) {
+            if (llama_k) {
                 snprintf(name, sizeof(name), "CUDA step gradient norms with %s equal the CPU build's (3e-2 relative), %s", runs[a],
                          models[k][0]);
                 expect_close(name, gpu_norm, cpu_norm, 3, 0.0f, 3e-2f);
-                continue;
             }
             size_t n1 = 0;
             float* wg = run_weights(dir, 3, &n1);
@@ -7405,7 +7428,8 @@ static void test_fp16_runs(void) {
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
 // recomputing its probabilities), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
-// recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), all on a 4-layer tiny model with 4
+// recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), and the Llama
+// family on t=2, t=2 SP, p=2 (1F1B, interleaved), d=2 ZeRO-3 (with --offload params) and t=2 p=2 d=2, all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
@@ -7497,6 +7521,52 @@ static void test_parallel_grids(void) {
     for (size_t k = 0; k < sizeof(moe_grids) / sizeof(moe_grids[0]); k++)
         expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, 1, ref[2], wref[2], nw[2]);
     for (int a = 0; a < 3; a++) free(wref[a]);
+
+    // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
+    // p=2 (nothing crosses between the stages; interleaved too), d=2 ZeRO-3 (its weights offloaded too), t=2 p=2
+    // d=2; t=4 refused (t must divide the K/V heads)
+    save_sharp_llama(tmp_path("grid_llama.bin"), 4, 4949, 1.0f);
+    snprintf(base[0], sizeof(base[0]), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("grid_llama.bin"),
+             tmp_path("grid_tokens.bin"));
+    snprintf(args, sizeof(args), "%s -b 2", base[0]);
+    lp_path(dir, "%s/grid_llama_ref", tmp_dir);
+    int n = run_ranks(1, args, dir, ref[0], out, sizeof(out));
+    wref[0] = run_weights(dir, 3, &nw[0]);
+    expect(n == 3 && wref[0], "one rank runs the 4-layer Llama");
+    if (n != 3 || !wref[0]) {
+        printf("%s\n", out);
+        return;
+    }
+    struct { int ranks; const char* flags; int B; } llama_grids[] = {
+        {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--pp 2 --vpp 2 --schedule interleaved", 2}, {2, "--zero 3", 1},
+        {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}};
+    for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
+        expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
+    free(wref[0]);
+    // its sample (-x 0 -s 1) on one rank and on grids: each rank's K/V heads in its cache (t=2: one each), the
+    // stages' caches, ZeRO-3's gathered weights; the same tokens as ./train_gpt_cpu's (fp32). lnf's weight x 8,
+    // so that each draw has a clear winner (at x 1, bf16's sums move a draw of the 7: the 6th)
+    save_sharp_llama(tmp_path("grid_llama_sample.bin"), 4, 4949, 8.0f);
+    int want[8], got[8], nwant = 0;
+    const char* sample_grids[][3] = {{"1", "./train_gpt_cpu", ""}, {"1", TRAIN_BIN, ""}, {"2", TRAIN_BIN, "--tp 2"},
+                                     {"2", TRAIN_BIN, "--tp 2 --sp"}, {"2", TRAIN_BIN, "--pp 2"}, {"8", TRAIN_BIN, "--tp 2 --pp 2 --zero 3"}};
+    for (int k = 0; k < 6; k++) {
+        int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none %s -e %s -i %s -j '' -t 8 -x 0 -v 0 -s 1 -g 7 "
+                         "--seed 5 --tokenizer none %s", sample_grids[k][0], sample_grids[k][1], tmp_path("grid_llama_sample.bin"),
+                         tmp_path("grid_tokens.bin"), sample_grids[k][2]);
+        int ng = parse_sample_ids(out, k ? got : want, 7);
+        if (k == 0) nwant = rc == 0 ? ng : 0;
+        snprintf(name, sizeof(name), "Llama, -np %s %s %s: its sample's 7 tokens%s", sample_grids[k][0], sample_grids[k][1],
+                 sample_grids[k][2], k ? " are ./train_gpt_cpu's" : "");
+        int ok = nwant == 7 && (k == 0 || (rc == 0 && ng == 7 && memcmp(got, want, sizeof(int) * 7) == 0));
+        expect(ok, name);
+        if (!ok) printf("%s\n", out);
+    }
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s -b 2 --tp 4", TRAIN_BIN, base[0]);
+    const char* first = strstr(out, "llmpar: error: ");
+    expect(rc != 0 && first && strstr(first, "--tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
+               !strstr(first + 1, "llmpar: error: "),
+           "Llama: t = 4 with 2 K/V heads is refused in one line (K/V heads are not replicated)");
 }
 
 // A resumed run of the CUDA build goes on bit for bit: 5 steps, then --resume to 8, against 8 straight.

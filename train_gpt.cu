@@ -1432,13 +1432,6 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     lp_grid_check(proc, &r->cfg);
     if (!lp_config_is_gpt2(&r->cfg) && f->aux_layers && f->aux_layers[0])
         lp_fail_all("flag --aux-loss-layers %s: not yet for the Llama family", f->aux_layers);
-#ifndef LLMPAR_CPU  // (the CPU engine runs both; here they are untested, and the cached attention takes no grouped-query attention yet)
-    if (!lp_config_is_gpt2(&r->cfg) && f->out_dir[0])
-        lp_fail_all("flag -o %s: checkpoints of the Llama family are not yet on the CUDA engine (./train_gpt_cpu saves them)", f->out_dir);
-    if (!lp_config_is_gpt2(&r->cfg) && f->sample_every > 0)
-        lp_fail_all("flag %s %d: sampling the Llama family is not yet on the CUDA engine (-s 0; ./train_gpt_cpu samples it)",
-                    LP_FLAG_NAME(sample_every), f->sample_every);
-#endif
     if (f->trace[0]) lp_trace_check_path(f, proc);
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->par->dp;
