@@ -457,33 +457,35 @@ static void expect_bytes_line(const char* out, const char* what, const char* say
 #endif
 
 // --auto: the planner chooses the grid for the run's ranks on this machine and the run trains on it. One line
-// names the choice (t, p, v, d, ZeRO, recomputation, offload, -b) and its reason; the grid the run reports is that
-// one; a grid flag typed is kept (--tp 2); one no grid can meet is refused in one line naming --auto. The CPU build:
+// names the choice (t, p, v, d, cp, ZeRO, recomputation, offload, -b) and its reason; the grid the run reports is that
+// one; a grid flag typed is kept (--tp 2, --cp 2); one no grid can meet is refused in one line naming --auto. The CPU build:
 // 4 and 8 ranks (its rates measured at the start); the CUDA build: 2 ranks, its GPU's preset by name (under the
 // emulator an unknown GPU, planned as an H100 with the memory it reports); the Llama family on the CPU build.
 static void test_auto(void) {
     static char out[1 << 16];
     if (no_mpirun("--auto")) return;
     write_random_shard(tmp_path("auto_shard.bin"), 4000, 78);
-    const struct { int ranks; const char* flags; int tp; } runs[] = {
-        {4, "-e dev/ref/tiny_model.bin", 0}, {4, "-e dev/ref/tiny_model.bin --tp 2", 2}, {8, "-e dev/ref/tiny_model.bin", 0},
-        {4, "-e llama:2,64,4,2,128", 0}};  // (a Llama: the planner's block with its K/V heads and SwiGLU)
-    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 4); k++) {
+    const struct { int ranks; const char* flags; int tp, cp; } runs[] = {
+        {4, "-e dev/ref/tiny_model.bin", 0, 0}, {4, "-e dev/ref/tiny_model.bin --tp 2", 2, 0}, {8, "-e dev/ref/tiny_model.bin", 0, 0},
+        {4, "-e llama:2,64,4,2,128", 0, 0},  // (a Llama: the planner's block with its K/V heads and SwiGLU)
+        {4, "-e dev/ref/tiny_model.bin --cp 2", 0, 2}};  // (context parallelism typed: kept)
+    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 5); k++) {
         int ranks = LP_BUILD_GPU ? 2 : runs[k].ranks;
         int rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s --auto %s "
                          "-i %s -j '' -t 16 -b 2 -x 2 -v 0 -s 0", ranks, TRAIN_BIN, runs[k].flags, tmp_path("auto_shard.bin"));
-        int t = 0, p = 0, v = 0, d = 0, gt = 0, gd = 0, gp = 0, zero = -1;
+        int t = 0, p = 0, v = 0, d = 0, cp = 1, gt = 0, gd = 0, gp = 0, gcp = 1, zero = -1;
         float losses[8];
         const char* line = strstr(out, "auto: ");
         const char* grid = strstr(out, "ranks: t=");
-        int parsed = line && sscanf(line, "auto: t=%d p=%d v=%d d=%d", &t, &p, &v, &d) == 4 && strstr(line, ", ZeRO-") &&
-                     sscanf(strstr(line, ", ZeRO-"), ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") &&
-                     grid && sscanf(grid, "ranks: t=%d d=%d p=%d", &gt, &gd, &gp) == 3;
+        int parsed = line && sscanf(line, "auto: t=%d p=%d v=%d d=%d cp=%d", &t, &p, &v, &d, &cp) >= 4 && strstr(line, ", ZeRO-") &&
+                     sscanf(strstr(line, ", ZeRO-"), ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") && grid &&
+                     (sscanf(grid, "ranks: t=%d d=%d p=%d", &gt, &gd, &gp) == 3 || sscanf(grid, "ranks: t=%d cp=%d d=%d p=%d", &gt, &gcp, &gd, &gp) == 4);
         char what[600];
-        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d ZeRO-%d, says why in one line, and trains "
-                 "on that grid (the run's grid line: t=%d d=%d p=%d)", runs[k].flags, ranks, t, p, v, d,
-                 zero, gt, gd, gp);
-        int ok = rc == 0 && parsed && t * p * d == ranks && gt == t && gd == d && gp == p && (!runs[k].tp || t == runs[k].tp) &&
+        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d cp=%d ZeRO-%d, says why in one line, and trains "
+                 "on that grid (the run's grid line: t=%d cp=%d d=%d p=%d)", runs[k].flags, ranks, t, p, v, d, cp,
+                 zero, gt, gcp, gd, gp);
+        int ok = rc == 0 && parsed && t * p * d * cp == ranks && gt == t && gd == d && gp == p && gcp == cp && (!runs[k].cp || cp == runs[k].cp) &&
+                 (!runs[k].tp || t == runs[k].tp) &&
                  (!runs[k].tp || strstr(line, "with the grid flags typed")) && parse_losses(out, losses, 8) == 2;
         expect(ok, what);
         if (!ok) printf("%s\n", out);
@@ -5758,9 +5760,10 @@ static void test_plan_floor(void) {
         par.ep = model.cfg.moe_experts && par.dp > 1 && lp_rand_u32(&rng) % 2 ? 2 : 1;
         par.zero = lp_rand_u32(&rng) % 4, par.recompute = lp_rand_u32(&rng) % 3, par.sp = par.tp > 1 && lp_rand_u32(&rng) % 2;
         par.offload = par.zero == 3 && lp_rand_u32(&rng) % 2 ? LP_OFFLOAD_PARAMS : lp_rand_u32(&rng) % 2 ? LP_OFFLOAD_OPTIMIZER : LP_OFFLOAD_NONE;
+        par.cp = sw->cp && par.ep == 1 && lp_rand_u32(&rng) % 3 == 0 ? 2 << lp_rand_u32(&rng) % 2 : 1;
         char why[256];
         if (lp_software_refuses(sw, &par, ~0u, why, sizeof(why)) || (cpu && par.offload != LP_OFFLOAD_NONE)) continue;
-        LPPipeShape s = {&par, 1 << lp_rand_u32(&rng) % 3, 128, lp_rand_u32(&rng) % 2 ? LP_ATTENTION_FLASH : LP_ATTENTION_CUBLAS, !cpu};
+        LPPipeShape s = {&par, 1 << lp_rand_u32(&rng) % 3, 128 / par.cp, lp_rand_u32(&rng) % 2 ? LP_ATTENTION_FLASH : LP_ATTENTION_CUBLAS, !cpu};
         LPPlan x;
         memset(&x, 0, sizeof(x));
         x.par = par, x.B = s.B;
@@ -5779,6 +5782,83 @@ static void test_plan_floor(void) {
     snprintf(what, sizeof(what), "plan: the memory floor on %d random configurations that run: never above the partition's memory "
              "(at most %.6gx), 0 where the partition cannot be; within 25%% on %d of %d pipelined", tried, worst, close, pipelined);
     expect(tried > 300 && below && zero_where_refused && pipelined > 200 && 2 * close >= pipelined, what);
+}
+
+// Context parallelism in the planner (issue 50 item 4): a rank keeps the activations of T/cp rows (the planner's count
+// is the engine's, lp_chunk_memory), the ring's sends are exposed as the engine's loop waits for them (MPI: all of its
+// cp-1 forward and 2cp-1 backward sends of a K/V block; NCCL: the gradients' cp, and a K/V block only where its
+// attention is shorter than its send), a long sequence that fits no grid without it is planned with it, and plans
+// with cp = 1 are as before.
+static void test_plan_cp(void) {
+    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("llmpar"));
+    LPPlanMachine cpu = lp_plan_machine(lp_cluster_named("cpu"), NULL, lp_software_named("llmpar"));
+    LPConfig c;
+    lp_config_from_name(&c, "12,768,12");
+    c.max_seq_len = 131072;
+    LPPlanModel model = lp_plan_model_gpt(&c);
+    LPParallel one = lp_parallel_one, four = lp_parallel_one;
+    four.cp = 4;
+    LPPipeShape s1 = {&one, 1, 8192, LP_ATTENTION_FLASH, 1}, s4 = {&four, 1, 8192 / 4, LP_ATTENTION_FLASH, 1};
+    double kept1 = lp_chunk_memory(&c, &s1, 0, 12, 1) - lp_chunk_memory(&c, &s1, 0, 12, 0);
+    double kept4 = lp_chunk_memory(&c, &s4, 0, 12, 1) - lp_chunk_memory(&c, &s4, 0, 12, 0);
+    double all1 = lp_chunk_memory(&c, &s1, 0, 12, 1) - lp_chunk_memory(&c, &s1, 0, 0, 0);
+    double all4 = lp_chunk_memory(&c, &s4, 0, 12, 1) - lp_chunk_memory(&c, &s4, 0, 0, 0);
+    char what[320];
+    snprintf(what, sizeof(what), "plan --cp 4 at T=8192: a micro-batch's kept activations %.4gx of cp 1's (0.25), with a layer's "
+             "scratch and the ring's buffers %.4gx", kept4 / kept1, all4 / all1);
+    expect(fabs(kept4 / kept1 - 0.25) < 0.001 && all4 / all1 < 0.5, what);
+    // the ring's exposed sends per layer: a K/V block is B T/cp rows of 2 KV heads of 64, bf16 (CPU: fp32)
+    double block_cpu = lp_send_seconds(&cpu, 2048.0 * 2 * 12 * 64 * 4, 4), block_gpu = lp_send_seconds(&h100, 2048.0 * 2 * 12 * 64 * 2, 4);
+    LPPipeShape c4 = s4;
+    c4.gpu = 0;
+    LPChunkTime mpi = lp_plan_chunk(&model, &c4, &cpu, 1, 1), nccl = lp_plan_chunk(&model, &s4, &h100, 1, 1);
+    LPPipeShape short4 = {&four, 1, 256, LP_ATTENTION_FLASH, 1};
+    double block_short = lp_send_seconds(&h100, 256.0 * 2 * 12 * 64 * 2, 4), short_cp = lp_plan_chunk(&model, &short4, &h100, 1, 1).cp;
+    LPChunkTime whole = lp_plan_chunk(&model, &s1, &h100, 1, 1);
+    snprintf(what, sizeof(what), "plan --cp 4: a layer's ring on MPI %.4g ms (10 sends of %.4g), on NCCL %.4g ms at T=8192 (4 gradients' "
+             "sends of %.4g) and %.4g ms at T=1024 (more: attention shorter than a send); compute %.4g ms, cp 1's %.4g", mpi.cp * 1e3,
+             block_cpu * 1e3, nccl.cp * 1e3, block_gpu * 1e3, short_cp * 1e3, nccl.compute * 1e3, whole.compute * 1e3);
+    expect(fabs(mpi.cp - 10.0 * block_cpu) < 1e-12 * mpi.cp && fabs(nccl.cp - 4.0 * block_gpu) < 1e-12 * nccl.cp && short_cp > 4.0 * block_short &&
+               nccl.compute < 0.26 * whole.compute && nccl.compute > 0.24 * whole.compute, what);
+    // one sequence of 131072 tokens on 8 GPUs of 4 GiB: no grid fits without cp; with it the fastest splits the sequence
+    LPPlanMachine small = h100;
+    small.gpu_bytes = 0.9 * 4.0 * 1073741824.0;
+    LPPlan* plans;
+    int n = lp_plan(&model, 131072, 131072, 8, LP_ATTENTION_FLASH, &small, NULL, 10, &plans), coprime = 1;
+    for (int k = 0; k < n; k++) coprime &= !(plans[k].par.cp % 2 == 0 && plans[k].B > 1);
+    int cp = n > 0 && plans[0].fits ? plans[0].par.cp : 0;
+    free(plans);
+    LPPlanLimits no_cp = {LP_FIX_CP, lp_parallel_one, 1};
+    n = lp_plan(&model, 131072, 131072, 8, LP_ATTENTION_FLASH, &small, &no_cp, 10, &plans);
+    int none = n > 0 && !plans[0].fits;
+    free(plans);
+    snprintf(what, sizeof(what), "plan: one sequence of 131072 tokens on 8 GPUs of 4 GiB: cp %d chosen, no grid without cp fits", cp);
+    expect(cp > 1 && none && coprime, what);
+    // cp = 1 unchanged: the fastest of GPT-2 124M on 8 GPUs the same, searched with cp or without
+    lp_config_from_name(&c, "d12");
+    model = lp_plan_model_gpt(&c);
+    LPPlan* fixed;
+    n = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
+    int m = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &no_cp, 10, &fixed), same = n > 10 && m > 10;
+    for (int k = 0; k < 10 && same; k++) same &= memcmp(&plans[k].par, &fixed[k].par, sizeof(LPParallel)) == 0 && plans[k].step_s == fixed[k].step_s;
+    free(plans);
+    free(fixed);
+    expect(same, "plan: GPT-2 124M on 8 GPUs: the 10 fastest the same with cp searched and with cp 1 fixed");
+    LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("megatron"));
+    lp_config_from_name(&c, "12,768,12");
+    c.max_seq_len = 8192;
+    model = lp_plan_model_gpt(&c);
+    n = lp_plan(&model, 8192, 65536, 8, LP_ATTENTION_FLASH, &mega, NULL, 0, &plans);
+    int flat = n > 0;
+    for (int k = 0; k < n; k++) flat &= plans[k].par.cp == 1;
+    free(plans);
+    expect(flat, "plan --software megatron: no cp searched (Megatron-LM of those papers has none)");
+    expect_error_of(PLAN_BIN, "--cp: megatron has none", "flag --software megatron: --cp 2: megatron has no context parallelism",
+                    "--plan 8 -e d12 --software megatron --cp 2");
+    expect_error_of(PLAN_BIN, "--cp: T in 2 cp chunks", "flag --cp 4: must be >= 1, and the sequence length -t 1020 split into 2*4 = 8 chunks "
+                    "of equal length", "--plan 8 -e d12 -t 1020 --cp 4");
+    expect_error_of(PLAN_BIN, "--cp with --ep", "flag --software llmpar: --cp 2 with --ep 2: llmpar does not yet split a sequence and the "
+                    "experts together", "--plan 16 -e d6 --moe-experts 8 --cp 2 --ep 2");
 }
 
 static void test_plan_runs(void) {
@@ -7680,6 +7760,7 @@ int main(int argc, char** argv) {
     RUN(test_plan_software);
     RUN(test_plan_scale);
     RUN(test_plan_floor);
+    RUN(test_plan_cp);
     RUN(test_bad_input);
     RUN(test_output_owned);
     RUN(test_run_identity);

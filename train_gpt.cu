@@ -338,7 +338,7 @@ static const LPFlagSpec lp_flag_specs[] = {
      "step line prints the replicas' spread. Needs 2^(K-1) < d, --zero 0, no --ep or --offload; a checkpoint holds "
      "replica 0's weights and state, which every replica resumes from (0: off)"},
     {"--auto", NULL, LP_FLAG_SWITCH, LP_FIELD(auto_grid), NULL, NULL, NULL, NULL, NULL,
-     "choose the grid with the cluster planner (dev/plan): t, p, v, SP, ZeRO stage, recomputation, offload and -b for "
+     "choose the grid with the cluster planner (dev/plan): t, p, v, cp, SP, ZeRO stage, recomputation, offload and -b for "
      "this run's ranks, the fastest simulated step that fits a rank's memory, on this machine (the CUDA build: the "
      "GPU's preset by its name, with its memory; the CPU build: its matmul and copy rates, measured at the start by "
      "every rank at once, and the host's memory shared by its ranks). A grid flag typed is kept and the search "
@@ -710,8 +710,6 @@ static void lp_check_flags(LPFlags* f) {
     if (par->cp > 1 && f->hellaswag[0])
         lp_fail_all("flag %s with %s %d: not yet (its forwards score whole sequences on each rank)", LP_FLAG_NAME(hellaswag),
                     LP_FLAG_NAME(par.cp), par->cp);
-    if (par->cp > 1 && f->auto_grid)
-        lp_fail_all("flag %s with %s %d: not yet (the planner splits no sequence)", LP_FLAG_NAME(auto_grid), LP_FLAG_NAME(par.cp), par->cp);
     if (par->cp > 1 && f->trace[0])
         lp_fail_all("flag %s with %s %d: not yet (the timeline names and matches ranks by their t, p and d alone)", LP_FLAG_NAME(trace),
                     LP_FLAG_NAME(par.cp), par->cp);
@@ -2241,11 +2239,12 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
     return m;
 }
 
-// --auto: the planner chooses how this run's ranks split the work: every t x p x d grid with its interleaving,
+// --auto: the planner chooses how this run's ranks split the work: every t x p x cp x d grid with its interleaving,
 // SP, scatter-gather, ZeRO stage, recomputation, offload and micro-batch -b that fits a rank's memory on this
 // machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
-// files; neither offloads to files without --offload-dir). A grid flag typed (--tp, --pp, --vpp, --ep, --sp,
-// --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
+// files; neither offloads to files without --offload-dir; the CUDA build splits no sequence yet, nor does a run
+// that refuses cp: --hellaswag, --trace, the replicas' modes). A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
+// --sp, --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
 // it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
 // what was chosen and why.
 static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
@@ -2260,7 +2259,7 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * proc->world;
     struct { size_t field; unsigned bit; } kept[] = {
         {LP_FIELD(par.tp), LP_FIX_TP}, {LP_FIELD(par.pp), LP_FIX_PP}, {LP_FIELD(par.vpp), LP_FIX_VPP}, {LP_FIELD(par.ep), LP_FIX_EP},
-        {LP_FIELD(par.zero), LP_FIX_ZERO}, {LP_FIELD(par.recompute), LP_FIX_RECOMPUTE}, {LP_FIELD(par.offload), LP_FIX_OFFLOAD},
+        {LP_FIELD(par.cp), LP_FIX_CP}, {LP_FIELD(par.zero), LP_FIX_ZERO}, {LP_FIELD(par.recompute), LP_FIX_RECOMPUTE}, {LP_FIELD(par.offload), LP_FIX_OFFLOAD},
         {LP_FIELD(par.sp), LP_FIX_SP}, {LP_FIELD(par.scatter_gather), LP_FIX_SG}, {LP_FIELD(B), LP_FIX_B}};
     LPPlanLimits limits = {0, f->par, f->B};
     for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
@@ -2268,6 +2267,8 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     unsigned typed = limits.fixed;
     if ((f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_ZERO)) limits.fixed |= LP_FIX_ZERO, limits.par.zero = 0;
     if (!LP_BUILD_GPU && !(limits.fixed & LP_FIX_OFFLOAD)) limits.fixed |= LP_FIX_OFFLOAD, limits.par.offload = LP_OFFLOAD_NONE;
+    if ((LP_BUILD_GPU || f->hellaswag[0] || f->trace[0] || f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_CP))
+        limits.fixed |= LP_FIX_CP, limits.par.cp = 1;  // (lp_grid_init's and lp_check_flags' refusals of cp > 1)
     LPPlan* plans;  // (the fastest 16 simulated: the first that runs here, and the next for the reason)
     int count = lp_plan(&model, f->T, tokens, proc->world, f->attention, &mach, &limits, 16, &plans), best = -1, next = -1;
     for (int k = 0; k < count && next < 0; k++) {
@@ -2281,24 +2282,25 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
         lp_fail_all("flag --auto: no grid of %d ranks runs -e %s with -t %d and %lld tokens per step within %.3g GiB per rank%s", proc->world,
                     f->init, f->T, tokens, mach.gpu_bytes / 0.9 / 1073741824.0, typed ? " and the grid flags typed" : "");
     }
-    int chosen[10];  // (rank 0's, for every rank: the plan is the same everywhere unless a rate differed in its last bit)
+    int chosen[11];  // (rank 0's, for every rank: the plan is the same everywhere unless a rate differed in its last bit)
     const LPPlan* x = &plans[best];
-    int mine[10] = {x->par.tp, x->par.pp, x->par.vpp, x->par.ep, x->par.sp, x->par.scatter_gather, x->par.zero, x->par.recompute,
-                    x->par.offload, x->B};
+    int mine[11] = {x->par.tp, x->par.pp, x->par.vpp, x->par.ep, x->par.sp, x->par.scatter_gather, x->par.zero, x->par.recompute,
+                    x->par.offload, x->B, x->par.cp};
     memcpy(chosen, mine, sizeof(chosen));
     lp_world_broadcast(proc, chosen, sizeof(chosen), 0);
     LPParallel* p = &f->par;
     p->tp = chosen[0], p->pp = chosen[1], p->vpp = chosen[2], p->ep = chosen[3], p->sp = chosen[4], p->scatter_gather = chosen[5];
-    p->zero = chosen[6], p->recompute = chosen[7], p->offload = chosen[8], f->B = chosen[9];
+    p->zero = chosen[6], p->recompute = chosen[7], p->offload = chosen[8], f->B = chosen[9], p->cp = chosen[10];
     if (p->vpp > 1) p->schedule = LP_SCHEDULE_INTERLEAVED;
     f->total_batch = (int)tokens;
     why[0] = '\0';
     if (next >= 0)
-        snprintf(why, sizeof(why), "; the next, t=%d p=%d v=%d d=%d ZeRO-%d %s B=%d: %.4g ms", plans[next].par.tp, plans[next].par.pp,
-                 plans[next].par.vpp, plans[next].par.dp, plans[next].par.zero, lp_recompute_names[plans[next].par.recompute],
-                 plans[next].B, plans[next].step_s * 1e3);
-    char ep[16] = "";
-    if (p->ep > 1) snprintf(ep, sizeof(ep), " ep=%d", p->ep);
+        snprintf(why, sizeof(why), "; the next, t=%d p=%d v=%d d=%d cp=%d ZeRO-%d %s B=%d: %.4g ms", plans[next].par.tp, plans[next].par.pp,
+                 plans[next].par.vpp, plans[next].par.dp, plans[next].par.cp, plans[next].par.zero,
+                 lp_recompute_names[plans[next].par.recompute], plans[next].B, plans[next].step_s * 1e3);
+    char ep[32] = "";
+    if (p->cp > 1) snprintf(ep, sizeof(ep), " cp=%d", p->cp);
+    if (p->ep > 1) snprintf(ep + strlen(ep), sizeof(ep) - strlen(ep), " ep=%d", p->ep);
     lp_log("auto: t=%d p=%d v=%d d=%d%s%s, ZeRO-%d, recompute %s, offload %s, -b %d (m=%d): the fastest simulated step of %d "
            "configurations of %d ranks%s, %.4g ms, %.3g GiB on the fullest rank of %.3g%s; on %s\n", p->tp, p->pp, p->vpp, x->par.dp,
            p->sp ? " SP" : "", ep, p->zero, lp_recompute_names[p->recompute], lp_offload_names[p->offload], f->B, x->par.micro_batches,
