@@ -2266,7 +2266,7 @@ static void test_plan(void) {
     LPConfig small, xl;
     lp_config_from_name(&small, "d12");
     lp_config_from_name(&xl, "d48");
-    LPPlanModel small_plan = lp_plan_model_gpt(&small), xl_plan = lp_plan_model_gpt(&xl);  // (the planner's: GPT-2's blocks)
+    LPPlanModel small_plan = lp_plan_model_of(&small), xl_plan = lp_plan_model_of(&xl);  // (the planner's: GPT-2's blocks)
     LPPlan* plans;
     int n = lp_plan(&small_plan, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans), ordered = 1, honest = 1, bounded = 0;
     for (int k = 1; k < n; k++) {
@@ -2283,7 +2283,7 @@ static void test_plan(void) {
     free(plans);
     LPConfig wide;  // heads divisible by 3 and 6: still no tensor group of 3 or 6 on nodes of 8
     lp_config_from_name(&wide, "4,768,24");
-    LPPlanModel wide_plan = lp_plan_model_gpt(&wide);
+    LPPlanModel wide_plan = lp_plan_model_of(&wide);
     n = lp_plan(&wide_plan, 1024, 6144, 6, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     for (int k = 0; k < n; k++) inside &= h100.gpus_per_node % plans[k].par.tp == 0;
     expect(n > 0 && inside, "plan: tensor groups only of sizes that divide a node (no group of 3 straddling two nodes of 8)");
@@ -2295,7 +2295,7 @@ static void test_plan(void) {
     free(plans);
     LPConfig d4;  // the CPU default at T=64, 65536 tokens a step (a step of a few ms; at 2048 tokens one of less than
     lp_config_from_name(&d4, "d4");  // a millisecond, where the kernel launches the plan does not count would decide)
-    LPPlanModel d4_plan = lp_plan_model_gpt(&d4);
+    LPPlanModel d4_plan = lp_plan_model_of(&d4);
     n = lp_plan(&d4_plan, 64, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     expect(n > 0 && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
@@ -2304,7 +2304,7 @@ static void test_plan(void) {
     // their all-to-alls cost time); with 64 experts on GPUs of 16 GiB the fastest that fits splits them
     LPConfig moe = small;
     moe.moe_experts = 8, moe.moe_topk = 2, moe.moe_every = 1;
-    LPPlanModel moe_plan = lp_plan_model_gpt(&moe);
+    LPPlanModel moe_plan = lp_plan_model_of(&moe);
     n = lp_plan(&moe_plan, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
     int ep_counted = 1, ep_seen = 0;
     for (int k = 0; k < n; k++) {
@@ -2315,7 +2315,7 @@ static void test_plan(void) {
            "plan: a 124M mixture of 8 experts on 8 GPUs of 80 GiB: every ep weighed (its all-to-alls timed), ep 1 fastest");
     free(plans);
     moe.moe_experts = 64;  // with 64 experts, splitting them 8 ways takes most of the memory away, at the all-to-alls' cost
-    moe_plan = lp_plan_model_gpt(&moe);
+    moe_plan = lp_plan_model_of(&moe);
     n = lp_plan(&moe_plan, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
     const LPPlan* by_ep[9] = {NULL};
     for (int k = 0; k < n; k++) {
@@ -2382,7 +2382,7 @@ static void test_plan(void) {
     // a tensor group over two nodes of 8 is priced at the network's bandwidth: far slower than inside one
     LPConfig big;
     lp_config_from_name(&big, "32,20480,128");
-    LPPlanModel big_plan = lp_plan_model_gpt(&big);
+    LPPlanModel big_plan = lp_plan_model_of(&big);
     LPPlanLimits within = {LP_FIX_TP | LP_FIX_PP | LP_FIX_B | LP_FIX_RECOMPUTE, lp_parallel_one, 1}, across = within;
     within.par.tp = 8, within.par.pp = 8, across.par.tp = 16, across.par.pp = 4, within.par.recompute = across.par.recompute = LP_RECOMPUTE_FULL;
     LPPlan* other;
@@ -2427,7 +2427,7 @@ static void test_plan(void) {
     // t 8, p 12, v 4, batch 60: the PTD-P paper measured ~11%)
     LPConfig gpt3;
     lp_config_from_name(&gpt3, "96,12288,96,51200");
-    LPPlanModel gpt3_plan = lp_plan_model_gpt(&gpt3);
+    LPPlanModel gpt3_plan = lp_plan_model_of(&gpt3);
     LPPlanLimits sg = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SG, lp_parallel_one, 1};
     sg.par.tp = 8, sg.par.pp = 12, sg.par.vpp = 4, sg.par.recompute = LP_RECOMPUTE_FULL;
     double gain[2];
@@ -5602,7 +5602,7 @@ static void test_plan_software(void) {
     LPPlanMachine ds = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("deepspeed"));
     LPConfig c;
     lp_config_from_name(&c, "24,2048,16,51200");
-    LPPlanModel model = lp_plan_model_gpt(&c);
+    LPPlanModel model = lp_plan_model_of(&c);
     LPPlan* plans;
     int n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &mega, NULL, 0, &plans), runs = n > 100;
     for (int k = 0; k < n; k++) runs &= plans[k].par.zero <= 1 && plans[k].par.offload == LP_OFFLOAD_NONE;
@@ -5631,7 +5631,7 @@ static void test_plan_software(void) {
         {"48,6144,64,51200", 8, 4 * 2048, 8, 1, 1, 4}, {"105,20480,128,51200", 280, 280 * 2048, 8, 35, 3, 1}};
     for (int g = 0; g < 2; g++) {
         lp_config_from_name(&c, grids[g].shape);
-        model = lp_plan_model_gpt(&c);
+        model = lp_plan_model_of(&c);
         LPPlanLimits lim = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SP,
                             lp_parallel_one, grids[g].B};
         lim.par.tp = grids[g].t, lim.par.pp = grids[g].p, lim.par.vpp = grids[g].v, lim.par.sp = 1;
@@ -5650,7 +5650,7 @@ static void test_plan_software(void) {
     // published 8.03B parameters (untied embeddings, two RMSNorms a layer), a layer's training FLOPs 6 per weight of q,
     // k, v, o and the three MLP matrices plus 12 C T, and GEMMs that shrink with the key/value heads
     lp_config_from_name(&c, "32,4096,32,128256");
-    LPPlanModel llama = lp_plan_model_gpt(&c);
+    LPPlanModel llama = lp_plan_model_of(&c);
     llama.kv_heads = 8, llama.ffn = 14336, llama.swiglu = 1;
     double C = 4096, weights = C * (C + 2.0 * 8 * 128) + C * C + 3.0 * C * 14336;
     double params = lp_plan_model_params(&llama), flops = lp_plan_layer_flops(&llama, 8192, LP_RECOMPUTE_NONE, 0);
@@ -5673,7 +5673,7 @@ static void test_plan_software(void) {
     t8sp.tp = 8, t8sp.sp = 1;
     LPPipeShape s_mat = {&t8sp, 1, 8192, LP_ATTENTION_CUBLAS, 1};
     LPChunkTime wet = lp_plan_chunk(&llama, &s_mat, &mega, 1, 1), dried = lp_plan_chunk(&llama, &s_mat, &dry, 1, 1);
-    LPPlanModel gpt_shape = lp_plan_model_gpt(&c);
+    LPPlanModel gpt_shape = lp_plan_model_of(&c);
     double gpt_masked = lp_plan_chunk(&gpt_shape, &s_mat, &mega, 1, 1).fwd, gpt_dry = lp_plan_chunk(&gpt_shape, &s_mat, &dry, 1, 1).fwd;
     double layer_bytes = lp_plan_memory(&llama, &s_mat, &mega, 1, 2, 1) - lp_plan_memory(&llama, &s_mat, &mega, 1, 1, 1) -
                          18.0 * lp_plan_layer_params(&llama, 8);  // (one more layer: its 18 bytes a parameter and its activations)
@@ -5682,9 +5682,37 @@ static void test_plan_software(void) {
              "bytes; GPT-2's blocks %.3g ms with dropout, %.3g without)", layer_bytes * 8 / sbh, units, gpt_masked * 1e3, gpt_dry * 1e3);
     expect(wet.fwd == dried.fwd && wet.bwd == dried.bwd && gpt_masked > gpt_dry &&
                fabs(layer_bytes - sbh * units / 8) < 1e-6 * layer_bytes, what);
-    expect_error_of(PLAN_BIN, "--software llmpar refuses Llama's blocks",
-                    "flag --software llmpar: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which llmpar does not run",
-                    "--plan 8 -e llama3-8b -t 8192 -d 65536");
+    // the engine's Llama family (llama:..., Llama 3's presets, model files): the planner's counts of its blocks are the
+    // engine's (parameters, FLOPs), the presets' SwiGLU widths Llama 3's, --software llmpar plans them and says how to run one
+    LPConfig fam;
+    lp_config_from_name(&fam, "llama:3,256,8,2,1000");
+    LPPlanModel engine_llama = lp_plan_model_of(&fam);
+    double engine_flops = lp_layer_flops(&fam, 512, LP_RECOMPUTE_FULL, 1), planned_flops = lp_plan_layer_flops(&engine_llama, 512, LP_RECOMPUTE_FULL, 1);
+    snprintf(what, sizeof(what), "plan: the engine's Llama (llama:3,256,8,2,1000): %.0f parameters (the engine's %zu), a layer's "
+             "FLOPs a token %.6g (the engine's %.6g)", lp_plan_model_params(&engine_llama), lp_config_num_params(&fam), planned_flops, engine_flops);
+    expect(!lp_plan_model_is_gpt(&engine_llama) && lp_plan_model_is_engine(&engine_llama) && !lp_plan_model_is_engine(&llama) &&
+               lp_plan_model_params(&engine_llama) == (double)lp_config_num_params(&fam) && fabs(planned_flops - engine_flops) < 1e-12 * engine_flops,
+           what);
+    static char out[1 << 14];
+    const char* widths[3][2] = {{"llama3-8b", "(L=32 C=4096 NH=32 KV=8 F=14336 SwiGLU, 8.03 B parameters)"},
+                                {"llama3-70b", "(L=80 C=8192 NH=64 KV=8 F=28672 SwiGLU, 70.55 B parameters)"},
+                                {"llama3-405b", "(L=126 C=16384 NH=128 KV=8 F=53248 SwiGLU, 405.9 B parameters)"}};
+    for (int k = 0; k < 3; k++) {
+        int rc = run_cmd(out, sizeof(out), "%s --plan 1 -e %s -t 8192 -d 8192 --gpu-mem 100000", PLAN_BIN, widths[k][0]);
+        snprintf(what, sizeof(what), "plan_gpt -e %s: Llama 3's shape %s, planned on llmpar", widths[k][0], widths[k][1]);
+        expect(rc == 0 && strstr(out, widths[k][1]) && strstr(out, "run the fastest: not with train_gpt"), what);
+    }
+    int rc = run_cmd(out, sizeof(out), "%s --plan 8 -e llama:2,64,4,2,128 -t 64 -d 4096", PLAN_BIN);
+    expect(rc == 0 && strstr(out, "(L=2 C=64 NH=4 KV=2 F=256 SwiGLU,") && strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64"),
+           "plan_gpt -e llama:2,64,4,2,128: planned on llmpar, its command train_gpt's -e");
+    expect_error_of(PLAN_BIN, "--software llmpar refuses the planner's own block",
+                    "flag --software llmpar: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's",
+                    "--plan 8 -e 32,4096,32,128256 --kv-heads 8 --ffn 14336 --swiglu -t 8192 -d 65536");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses Llama's blocks",
+                    "flag --software deepspeed: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which deepspeed does not run",
+                    "--plan 8 -e llama3-8b -t 8192 -d 65536 --software deepspeed");
+    expect_error_of(PLAN_BIN, "--cp: not yet with RoPE", "flag --cp 2: llmpar does not yet split a sequence of rotary positions (RoPE)",
+                    "--plan 8 -e llama:2,64,4,2,128 -t 64 --cp 2");
     expect_error_of(PLAN_BIN, "--kv-heads: must divide the heads", "flags --kv-heads 5 --ffn 0: key/value heads must divide the 12 heads",
                     "--plan 8 -e d12 --kv-heads 5 --software megatron");
     expect_error_of(PLAN_BIN, "-e: a vocabulary past 262144", "-e 4,256,4,300000: vocabulary 300000, the planner takes up to 262144",
@@ -5751,7 +5779,7 @@ static void test_plan_floor(void) {
         const LPSoftware* sw = lp_software_named(names[lp_rand_u32(&rng) % 3]);
         int cpu = sw == lp_software_named("llmpar") && lp_rand_u32(&rng) % 4 == 0, shape = lp_rand_u32(&rng) % 3;
         LPPlanMachine mach = lp_plan_machine(lp_cluster_named(cpu ? "cpu" : "dgx-h100"), NULL, sw);
-        LPPlanModel model = lp_plan_model_gpt(shape == 1 && sw->llama ? &gpt : shape == 1 ? &moe : &gpt);
+        LPPlanModel model = lp_plan_model_of(shape == 1 && sw->llama ? &gpt : shape == 1 ? &moe : &gpt);
         if (shape == 1 && sw->llama) model.kv_heads = 2, model.ffn = 704, model.swiglu = 1;
         LPParallel par = lp_parallel_one;
         par.tp = 1 << lp_rand_u32(&rng) % 3, par.pp = 1 + lp_rand_u32(&rng) % 5, par.dp = 1 << lp_rand_u32(&rng) % 3;
@@ -5795,7 +5823,7 @@ static void test_plan_cp(void) {
     LPConfig c;
     lp_config_from_name(&c, "12,768,12");
     c.max_seq_len = 131072;
-    LPPlanModel model = lp_plan_model_gpt(&c);
+    LPPlanModel model = lp_plan_model_of(&c);
     LPParallel one = lp_parallel_one, four = lp_parallel_one;
     four.cp = 4;
     LPPipeShape s1 = {&one, 1, 8192, LP_ATTENTION_FLASH, 1}, s4 = {&four, 1, 8192 / 4, LP_ATTENTION_FLASH, 1};
@@ -5836,7 +5864,7 @@ static void test_plan_cp(void) {
     expect(cp > 1 && none && coprime, what);
     // cp = 1 unchanged: the fastest of GPT-2 124M on 8 GPUs the same, searched with cp or without
     lp_config_from_name(&c, "d12");
-    model = lp_plan_model_gpt(&c);
+    model = lp_plan_model_of(&c);
     LPPlan* fixed;
     n = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     int m = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &no_cp, 10, &fixed), same = n > 10 && m > 10;
@@ -5847,7 +5875,7 @@ static void test_plan_cp(void) {
     LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("megatron"));
     lp_config_from_name(&c, "12,768,12");
     c.max_seq_len = 8192;
-    model = lp_plan_model_gpt(&c);
+    model = lp_plan_model_of(&c);
     n = lp_plan(&model, 8192, 65536, 8, LP_ATTENTION_FLASH, &mega, NULL, 0, &plans);
     int flat = n > 0;
     for (int k = 0; k < n; k++) flat &= plans[k].par.cp == 1;

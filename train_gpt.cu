@@ -2254,8 +2254,7 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     int ranks_here;
     char about[256], why[256];
     LPPlanMachine mach = lp_auto_machine(proc, &ranks_here, about, sizeof(about));
-    LPPlanModel model = lp_plan_model_gpt(&cfg);  // (the Llama family: its K/V heads and SwiGLU's width, as the planner's modern block)
-    if (!lp_config_is_gpt2(&cfg)) model.kv_heads = lp_kv_heads(&cfg), model.ffn = lp_ffn_hidden(&cfg), model.swiglu = cfg.swiglu;
+    LPPlanModel model = lp_plan_model_of(&cfg);
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * proc->world;
     struct { size_t field; unsigned bit; } kept[] = {
         {LP_FIELD(par.tp), LP_FIX_TP}, {LP_FIELD(par.pp), LP_FIX_PP}, {LP_FIELD(par.vpp), LP_FIX_VPP}, {LP_FIELD(par.ep), LP_FIX_EP},

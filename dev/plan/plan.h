@@ -1,13 +1,13 @@
 /*
 dev/plan/plan.h: the cluster planner, a tool built on llmpar.h (not part of it: a copier of llmpar.h gets
-the engine alone). It answers "how should I run this model on N GPUs?": every t x p x d grid, ZeRO stage,
+the engine alone). It answers "how should I run this model on N GPUs?": every t x p x cp x d grid, ZeRO stage,
 recomputation and offload that fits a GPU, each step simulated on a stated machine from the engine's own
 costs (llmpar.h section 11: FLOPs, memory, the pipeline partition) and schedules (section 4). Include it
 after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
 
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
-             LPPlanModel, lp_plan_model_gpt, lp_plan_layer_params, lp_plan_layer_flops, lp_plan_flops_per_token,
-             lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle, lp_gemm_seconds,
+             LPPlanModel, lp_plan_model_of, lp_plan_model_is_engine, lp_plan_layer_params, lp_plan_layer_flops,
+             lp_plan_flops_per_token, lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle, lp_gemm_seconds,
              lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, lp_plan_simulate,
              LPPlanLimits, lp_published_mfu, lp_plan_outside, lp_plan
 */
@@ -117,8 +117,9 @@ static const LPCluster lp_clusters[] = {
 // typed that it cannot run is refused), how it runs a step, how it keeps its memory, and how far its
 // predictions have been checked (its calibration: dev/plan/README.md, "How far the plan can be believed").
 //   llmpar     this engine: every setting the planner knows (context parallelism too, but not with expert
-//              parallelism: the engine refuses them together), sends that do not wait, no dropout, memory as
-//              its CUDA build keeps it (llmpar.h section 11, lp_chunk_memory);
+//              parallelism nor RoPE: the engine refuses them together), GPT-2's blocks and the Llama family's (its
+//              CPU build trains them on every axis), sends that do not wait, no dropout, memory as its CUDA build
+//              keeps it (llmpar.h section 11, lp_chunk_memory);
 //   megatron   Megatron-LM as the selective-recomputation paper ran it (arXiv 2205.05198; the PTD-P paper's
 //              runs, arXiv 2104.04473 with commit 6985e58 and examples/sc21, the same but for SP and selective
 //              recomputation, which they did not have): TP with SP, interleaved 1F1B with scatter/gather,
@@ -156,7 +157,7 @@ typedef struct {
     int selective;       // selective recomputation (full recomputation: every software)
     int zero, zero_pp;   // the highest ZeRO stage without a pipeline, and with one
     unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
-    int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel)
+    int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel; this engine: as its LPConfig describes them)
     int cp;              // context parallelism (a sequence split over cp ranks, attention a ring): 1 with learned positions
                          // (llmpar: its RoPE does not yet take the chunks' positions), 2 with rotary ones too
     // how it runs a step
@@ -185,7 +186,7 @@ typedef struct {
 // and 1.087x the selective-recomputation paper's (2022), to which megatron's costs are fitted
 #define LP_PACE_2021 (1.0 / 1.095)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 1, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 1, 1, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
     {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
@@ -266,11 +267,12 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
     return m;
 }
 
-// The model planned: the engine's shape (LPConfig: GPT-2's blocks, or a mixture of experts), or a modern dense one
-// the engine does not run but Megatron-LM does (Llama's): grouped-query attention (kv_heads key/value heads shared by
-// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. Its
-// weights, FLOPs and GEMMs are the planner's own (lp_plan_layer_params, lp_plan_layer_flops); the pipeline
-// partition weighs the engine's GPT-2 layers of the same L, C, NH and V (the same share of a layer against the head).
+// The model planned: the engine's shape (LPConfig: GPT-2's blocks, a mixture of experts, or the Llama family's), or a
+// modern dense block of the planner's own for Megatron-LM: grouped-query attention (kv_heads key/value heads shared by
+// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. A
+// block not GPT-2's has its weights, FLOPs and GEMMs counted by the planner (lp_plan_layer_params, lp_plan_layer_flops);
+// the pipeline partition and this engine's memory weigh cfg's layers (the engine's Llama where cfg is one; the
+// planner's own block: GPT-2's layers of the same L, C, NH and V, the same share of a layer against the head).
 typedef struct {
     LPConfig cfg;
     int kv_heads;  // key/value heads (cfg.num_heads: every head its own)
@@ -278,13 +280,19 @@ typedef struct {
     int swiglu;    // 1: a gated MLP (SwiGLU), 0: GELU's
 } LPPlanModel;
 
-// GPT-2's blocks (the engine's) of shape c.
-static inline LPPlanModel lp_plan_model_gpt(const LPConfig* c) {
-    LPPlanModel m = {*c, c->num_heads, 4 * c->channels, 0};
-    return m;
-}
 static inline int lp_plan_model_is_gpt(const LPPlanModel* model) {
     return model->kv_heads == model->cfg.num_heads && model->ffn == 4 * model->cfg.channels && !model->swiglu;
+}
+// The engine's model of shape c, its blocks as c says (GPT-2's, or the Llama family's K/V heads and SwiGLU width).
+static inline LPPlanModel lp_plan_model_of(const LPConfig* c) {
+    LPPlanModel m = {*c, lp_kv_heads(c), lp_ffn_hidden(c), c->swiglu};
+    return m;
+}
+// Whether cfg describes the model's blocks (so this engine's memory count, lp_chunk_memory, is the model's): not a
+// block of the planner's own.
+static inline int lp_plan_model_is_engine(const LPPlanModel* model) {
+    const LPConfig* c = &model->cfg;
+    return model->kv_heads == lp_kv_heads(c) && model->ffn == lp_ffn_hidden(c) && model->swiglu == c->swiglu;
 }
 
 // Whether a step drops out: where its software does (LPSoftware.dropout: Megatron-LM's GPT defaults, 0.1) on GPT-2's

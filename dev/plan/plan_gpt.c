@@ -43,8 +43,9 @@ typedef struct {
 static const LPPlanFlag lp_plan_flags[] = {
     {"--plan", LP_PF_INT, LP_PF(plan), NULL, NULL, "N: the number of GPUs to plan for, 1 .. 1048576 (needed)"},
     {"-e", LP_PF_STRING, LP_PF(init), "d12", NULL,
-     "the model, as train_gpt's -e: an llm.c model file, dN (GPT-2 of depth N) or L,C,NH[,V] (here V up to 262144, and -t up "
-     "to 131072); or llama3-8b, llama3-70b, llama3-405b (GQA and SwiGLU: --software megatron)"},
+     "the model, as train_gpt's -e: an llm.c model file (GPT-2's or Llama 3's), dN (GPT-2 of depth N), L,C,NH[,V] or "
+     "llama:L,C,NH,KV[,V] (the Llama family: RoPE, RMSNorm, SwiGLU, GQA, untied head) (here V up to 262144, and -t up to "
+     "131072); or llama3-8b, llama3-70b, llama3-405b (Llama 3's shapes)"},
     {"-t", LP_PF_INT, LP_PF(T), "1024", NULL, "sequence length"},
     {"-d", LP_PF_INT, LP_PF(total_batch), "0", NULL, "tokens per optimizer step (0: -b * -t * N)"},
     {"-b", LP_PF_INT, LP_PF(B), "16", NULL, "micro-batch size: kept when typed"},
@@ -203,25 +204,28 @@ static int lp_plan_parse(LPPlanFlags* f, int argc, char** argv) {
     return 1;
 }
 
-// Llama 3's shapes (Grattafiori et al. 2024, arXiv 2407.21783, Table 3): L, C, NH, V; key/value heads; SwiGLU's width.
-static const struct { const char* name; const char* shape; int kv_heads, ffn; } lp_plan_llamas[] = {
-    {"llama3-8b", "32,4096,32,128256", 8, 14336}, {"llama3-70b", "80,8192,64,128256", 8, 28672}, {"llama3-405b", "126,16384,128,128256", 8, 53248}};
+// Llama 3's shapes (Grattafiori et al. 2024, arXiv 2407.21783, Table 3) as the engine's Llama family: L, C, NH, KV
+// heads, V; SwiGLU's width from Meta's params.json (ffn_dim_multiplier, multiple_of: 14336, 28672, 53248).
+static const struct { const char* name; const char* shape; float ffn_dim_multiplier; int multiple_of; } lp_plan_llamas[] = {
+    {"llama3-8b", "llama:32,4096,32,8,128256", 1.3f, 1024}, {"llama3-70b", "llama:80,8192,64,8,128256", 1.3f, 4096},
+    {"llama3-405b", "llama:126,16384,128,8,128256", 1.2f, 4096}};
 
 // The model's shape from -e: a dN preset (with --moe-experts, a mixture of experts), L,C,NH[,V] (with --kv-heads, --ffn,
-// --swiglu, a modern block), a Llama 3 preset, or an llm.c file's header.
-static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
+// --swiglu, the planner's own modern block), llama:... (the engine's Llama family), a Llama 3 preset, or an llm.c file's
+// header. *engine_e: whether train_gpt takes -e as typed (not a preset's name).
+static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model, int* engine_e) {
     char source[LP_PATH_MAX];
     LPConfig* cfg = &model->cfg;
     const char* init = f->init;
-    int kv = f->kv_heads, ffn = f->ffn, swiglu = f->swiglu, modern = kv || ffn || swiglu;
+    int kv = f->kv_heads, ffn = f->ffn, swiglu = f->swiglu, modern = kv || ffn || swiglu, preset = -1;
     for (size_t k = 0; k < sizeof(lp_plan_llamas) / sizeof(lp_plan_llamas[0]); k++)
-        if (strcmp(f->init, lp_plan_llamas[k].name) == 0) {
-            if (modern) lp_fail("flags --kv-heads --ffn --swiglu: -e %s has its own (%d, %d, SwiGLU)", f->init, lp_plan_llamas[k].kv_heads,
-                                lp_plan_llamas[k].ffn);
-            init = lp_plan_llamas[k].shape, kv = lp_plan_llamas[k].kv_heads, ffn = lp_plan_llamas[k].ffn, swiglu = 1;
-        }
+        if (strcmp(f->init, lp_plan_llamas[k].name) == 0) init = lp_plan_llamas[k].shape, preset = (int)k;
+    *engine_e = preset < 0;
     lp_path(source, "-e %s", f->init);
     if (lp_config_from_name(cfg, init)) {
+        if (preset >= 0) cfg->ffn_dim_multiplier = lp_plan_llamas[preset].ffn_dim_multiplier, cfg->multiple_of = lp_plan_llamas[preset].multiple_of;
+        if (modern && !lp_config_is_gpt2(cfg))
+            lp_fail("flags --kv-heads --ffn --swiglu: -e %s has its own (%d, %d, SwiGLU)", f->init, lp_kv_heads(cfg), lp_ffn_hidden(cfg));
         if (f->moe_experts) {
             if (modern) lp_fail("flag --moe-experts: the planner's experts are GPT-2's MLPs, not with --kv-heads, --ffn or --swiglu");
             cfg->moe_experts = f->moe_experts;
@@ -230,21 +234,19 @@ static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
             lp_path(source, "-e %s --moe-experts %d --moe-topk %d --moe-every %d", f->init, f->moe_experts, f->moe_topk, f->moe_every);
         }
         // the planner reads no token shards: vocabularies past uint16's 65,536 up to 262,144 (the checks but that one are
-        // the engine's); an L,C,NH shape takes -t up to 131,072, its position table as long
+        // the engine's); a shape of numbers takes -t up to 131,072, its position table as long
         LPConfig shards = *cfg;
         if (cfg->vocab_size > 262144) lp_fail("%s: vocabulary %d, the planner takes up to 262144", source, cfg->vocab_size);
         shards.vocab_size = shards.padded_vocab_size = cfg->vocab_size < 65536 ? cfg->vocab_size : 65536;
-        if (init[0] >= '0' && init[0] <= '9' && f->T > cfg->max_seq_len && f->T <= 131072) cfg->max_seq_len = shards.max_seq_len = f->T;
+        const char* numbers = strncmp(init, "llama:", 6) == 0 ? init + 6 : init;
+        if (numbers[0] >= '0' && numbers[0] <= '9' && f->T > cfg->max_seq_len && f->T <= 131072) cfg->max_seq_len = shards.max_seq_len = f->T;
         lp_config_validate(&shards, source);
-        if (!lp_config_is_gpt2(cfg))  // (lp_plan_model_gpt would count it as GPT-2's)
-            lp_fail("flag -e %s: the planner takes the Llama family as its presets or -e L,C,NH with --kv-heads, --ffn and --swiglu, "
-                    "not yet as the engine's llama: shapes", f->init);
-        *model = lp_plan_model_gpt(cfg);
+        *model = lp_plan_model_of(cfg);
         if (kv < 0 || kv > cfg->num_heads || (kv && cfg->num_heads % kv) || ffn < 0)
             lp_fail("flags --kv-heads %d --ffn %d: key/value heads must divide the %d heads, the width be >= 0", kv, ffn, cfg->num_heads);
         if (kv) model->kv_heads = kv;
         if (ffn) model->ffn = ffn;
-        model->swiglu = swiglu;
+        if (modern) model->swiglu = swiglu;
         return;
     }
     if (modern) lp_fail("flags --kv-heads --ffn --swiglu: for -e L,C,NH[,V] shapes, not the model file %s", f->init);
@@ -254,10 +256,7 @@ static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
     if (f->moe_experts && f->moe_experts != cfg->moe_experts)
         lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts, f->init,
                 cfg->moe_experts);
-    if (!lp_config_is_gpt2(cfg))
-        lp_fail("flag -e %s: planning a Llama 3 model file is not yet here (its presets, or -e L,C,NH with --kv-heads, --ffn and "
-                "--swiglu, plan the family)", f->init);
-    *model = lp_plan_model_gpt(cfg);
+    *model = lp_plan_model_of(cfg);
 }
 
 // The machine: --cluster's preset running --software, with --gpu, --gpu-mem, --gpu-tflops, --gpu-gbs,
@@ -300,7 +299,8 @@ static LPPlanMachine lp_plan_flags_machine(const LPPlanFlags* f, const LPCluster
 // fastest achieves, and the command that runs it.
 static void lp_print_plan(const LPPlanFlags* f) {
     LPPlanModel model;
-    lp_plan_model(f, &model);
+    int engine_e;
+    lp_plan_model(f, &model, &engine_e);
     const LPConfig cfg = model.cfg;
     int n = f->plan;
     if (f->T > cfg.max_seq_len) lp_fail("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
@@ -323,6 +323,9 @@ static void lp_print_plan(const LPPlanFlags* f) {
     if (!lp_plan_model_is_gpt(&model) && !mach.software->llama)
         lp_fail("flag %s %s: -e %s has grouped-query attention or another MLP than GPT-2's, which %s does not run (--software megatron)",
                 LP_PLAN_FLAG(software), f->software, f->init, f->software);
+    if (mach.software->memory == LP_MEMORY_ENGINE && !lp_plan_model_is_engine(&model))  // (its memory is the engine's count of cfg)
+        lp_fail("flag %s %s: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's (its Llama family: -e "
+                "llama:L,C,NH,KV[,V]); --software megatron plans them", LP_PLAN_FLAG(software), f->software);
     int count = lp_plan(&model, f->T, tokens, n, f->attention, &mach, &limits, 10, &plans), fit = 0, estimated = 0;
     while (fit < count && plans[fit].fits) fit++;
     double least = INFINITY, GiB = 1073741824.0;
@@ -403,8 +406,9 @@ static void lp_print_plan(const LPPlanFlags* f) {
                D / (tokens / best.step_s) / 86400.0, per_gpu / 1e12, 8.0 * D * P / (n * per_gpu) / 86400.0);
     }
     const LPParallel* b = &best.par;
-    if (!lp_plan_model_is_gpt(&model)) {  // (train_gpt's blocks are GPT-2's)
-        lp_log("run the fastest: not with train_gpt, whose blocks are GPT-2's\n");
+    if (!engine_e || !lp_plan_model_is_engine(&model)) {  // (a preset's name, or the planner's own block)
+        lp_log("run the fastest: not with train_gpt, whose -e takes GPT-2's shapes, the Llama family's as llama:L,C,NH,KV[,V] (SwiGLU "
+               "multiple_of 256) and llm.c model files\n");
         free(plans);
         return;
     }
