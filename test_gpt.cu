@@ -4901,7 +4901,6 @@ static void test_context_parallel(void) {
         {"4", "--cp 2 --diloco 2", "--cp 2 with --diloco: not yet"},
         {"2", "--cp 2 --eval-hellaswag x.bin", "flag --eval-hellaswag with --cp 2: not yet"},
         {"2", "--cp 2 --trace x.json", "flag --trace with --cp 2: not yet"},
-        {"2", "--cp 2 --auto", "flag --auto with --cp 2: not yet"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe %s -e %s -i %s -j '' -t 64 -x 2 -v 0 -s 0 %s", bad[k][0], TRAIN_BIN,
