@@ -710,9 +710,6 @@ static void lp_check_flags(LPFlags* f) {
     if (par->cp > 1 && f->hellaswag[0])
         lp_fail_all("flag %s with %s %d: not yet (its forwards score whole sequences on each rank)", LP_FLAG_NAME(hellaswag),
                     LP_FLAG_NAME(par.cp), par->cp);
-    if (par->cp > 1 && f->trace[0])
-        lp_fail_all("flag %s with %s %d: not yet (the timeline names and matches ranks by their t, p and d alone)", LP_FLAG_NAME(trace),
-                    LP_FLAG_NAME(par.cp), par->cp);
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
@@ -1919,7 +1916,8 @@ static void lp_json_string(FILE* out, const char* s) {
 // earlier, a broadcast, whose root need not wait, an ep or edp group; on the CUDA build a collective of
 // device tensors, which the host only enqueues: its wait is the GPU's, inside the comm or compute stream's
 // event): a group's members call its collectives in one order, so the k-th of each member's on the group
-// is one call, and it began for all once the last member's began. The groups from the coordinates: tp shares p and d, pp t and d, dp t and p.
+// is one call, and it began for all once the last member's began. A group's members are the ranks whose coordinates
+// (t, cp, p, d) differ in its axes alone: tp's in t, dp's in d, dpcp's (gradients under context parallelism) in cp and d.
 static int lp_trace_is_collective(const LPTraceEvent* e, const char* group) {
     static const char* const arrivals[] = {"all-reduce", "all-reduce of host values", "reduce-scatter", "all-gather", "all-to-all", "barrier"};
     if (strcmp(e->kind, "comm") || strcmp(e->group, group) || e->track) return 0;  // (the host's blocking calls)
@@ -1929,7 +1927,8 @@ static int lp_trace_is_collective(const LPTraceEvent* e, const char* group) {
     return 0;
 }
 static double* lp_trace_peer_waits(const LPTraceEvent* all, const int* count, const int* coords, int n) {
-    static const char* const groups[] = {"tp", "pp", "dp", "world"};
+    static const char* const groups[] = {"tp", "cp", "pp", "dp", "dpcp", "world"};
+    static const int varies[] = {1, 2, 4, 8, 2 | 8, 15};  // the coordinates (bits: t 1, cp 2, p 4, d 8) its members differ in
     size_t total = 0;
     size_t* first = (size_t*)lp_host_malloc((size_t)n * sizeof(size_t), "trace offsets");
     for (int k = 0; k < n; k++) first[k] = total, total += (size_t)count[k];
@@ -1937,13 +1936,12 @@ static double* lp_trace_peer_waits(const LPTraceEvent* all, const int* count, co
     for (size_t i = 0; i < total; i++) waited[i] = -1.0;
     size_t* at = (size_t*)lp_host_malloc((size_t)n * sizeof(size_t), "trace cursors");
     int* members = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace group");
-    for (int g = 0; g < 4; g++) {
-        int same[4][2] = {{1, 2}, {0, 2}, {0, 1}, {-1, -1}};  // the coordinates (t 0, p 1, d 2) a group's members share
+    for (int g = 0; g < 6; g++) {
         for (int k = 0; k < n; k++) {
             int size = 0, leader = 1;
             for (int j = 0; j < n; j++) {
-                int in = g == 3 || (coords[3 * j + same[g][0]] == coords[3 * k + same[g][0]] &&
-                                    coords[3 * j + same[g][1]] == coords[3 * k + same[g][1]]);
+                int in = 1;
+                for (int a = 0; a < 4; a++) in &= (varies[g] >> a & 1) || coords[4 * j + a] == coords[4 * k + a];
                 if (in && j < k) leader = 0;
                 if (in) members[size++] = j;
             }
@@ -1977,9 +1975,10 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
 #ifndef LLMPAR_CPU
     lp_trace_device_times();  // (the streams' events on the host's clock)
 #endif
-    int n = proc->world, mine = lp_trace.n * (int)sizeof(LPTraceEvent), coord[3] = {proc->coord[LP_TP], proc->coord[LP_PP], proc->coord[LP_DP]};
+    int n = proc->world, mine = lp_trace.n * (int)sizeof(LPTraceEvent);
+    int coord[4] = {proc->coord[LP_TP], proc->coord[LP_CP], proc->coord[LP_PP], proc->coord[LP_DP]};
     int* bytes = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace sizes");
-    int* coords = (int*)lp_host_malloc((size_t)n * 3 * sizeof(int), "trace coordinates");
+    int* coords = (int*)lp_host_malloc((size_t)n * 4 * sizeof(int), "trace coordinates");
     lp_world_all_gather(proc, &mine, sizeof(int), bytes);
     lp_world_all_gather(proc, coord, sizeof(coord), coords);
     size_t total = 0;
@@ -1999,22 +1998,25 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
                 from, to, n, LP_BUILD_GPU ? "cuda" : "cpu");
         const LPParallel* par = proc->par;
         if (lp_config_is_gpt2(&r->cfg)) {  // the planner's flags for this run's grid (dev/plot.py --trace sets the plan beside it)
-            char plan[LP_PATH_MAX + 512], moe[96] = "";
+            char plan[LP_PATH_MAX + 512], moe[96] = "", cp[24] = "";
+            if (par->cp > 1) snprintf(cp, sizeof(cp), " --cp %d", par->cp);
             if (r->preset && r->cfg.moe_experts)
                 snprintf(moe, sizeof(moe), " --moe-experts %d --moe-topk %d --moe-every %d --ep %d", r->cfg.moe_experts, r->cfg.moe_topk,
                          r->cfg.moe_every, par->ep);
             char sg[32] = "";  // (the planner takes it where it applies: t > 1 and p > 1 without SP)
             if (par->tp > 1 && par->pp > 1 && !par->sp) snprintf(sg, sizeof(sg), " --pp-scatter-gather %d", par->scatter_gather);
             snprintf(plan, sizeof(plan), "--plan %d -e %s -t %d -d %d -b %d --tp %d --pp %d --vpp %d --zero %d --recompute %s --offload "
-                     "%s%s%s%s", n, r->f->init, r->f->T, r->total_batch, r->f->B, par->tp, par->pp, par->vpp, par->zero,
-                     lp_recompute_names[par->recompute], lp_offload_names[par->offload], sg, par->sp ? " --sp" : "", moe);
+                     "%s%s%s%s%s", n, r->f->init, r->f->T, r->total_batch, r->f->B, par->tp, par->pp, par->vpp, par->zero,
+                     lp_recompute_names[par->recompute], lp_offload_names[par->offload], sg, par->sp ? " --sp" : "", moe, cp);
             fprintf(out, ", \"plan\": ");
             lp_json_string(out, plan);
         }
         fprintf(out, "},\n \"traceEvents\": [\n");
         for (int k = 0; k < n; k++) {  // (the events follow these, each after a comma)
-            fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d "
-                    "p%d d%d\"}},\n", k, k, coords[3 * k], coords[3 * k + 1], coords[3 * k + 2]);
+            char cp[24] = "";  // (with context parallelism only)
+            if (par->cp > 1) snprintf(cp, sizeof(cp), " cp%d", coords[4 * k + 1]);
+            fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d%s "
+                    "p%d d%d\"}},\n", k, k, coords[4 * k], cp, coords[4 * k + 2], coords[4 * k + 3]);
             fprintf(out, "  {\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"sort_index\": %d}},\n", k, k);
             static const char* const tracks[] = {LP_BUILD_GPU ? "host: the work issued, blocking calls" : "compute and communication",
                                                  "GPU: compute stream", "GPU: comm stream"};
@@ -2243,7 +2245,7 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
 // SP, scatter-gather, ZeRO stage, recomputation, offload and micro-batch -b that fits a rank's memory on this
 // machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
 // files; neither offloads to files without --offload-dir; the CUDA build splits no sequence yet, nor does a run
-// that refuses cp: --hellaswag, --trace, the replicas' modes). A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
+// that refuses cp: --eval-hellaswag, the replicas' modes). A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
 // --sp, --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
 // it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
 // what was chosen and why.
@@ -2266,7 +2268,7 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     unsigned typed = limits.fixed;
     if ((f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_ZERO)) limits.fixed |= LP_FIX_ZERO, limits.par.zero = 0;
     if (!LP_BUILD_GPU && !(limits.fixed & LP_FIX_OFFLOAD)) limits.fixed |= LP_FIX_OFFLOAD, limits.par.offload = LP_OFFLOAD_NONE;
-    if ((LP_BUILD_GPU || f->hellaswag[0] || f->trace[0] || f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_CP))
+    if ((LP_BUILD_GPU || f->hellaswag[0] || f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_CP))
         limits.fixed |= LP_FIX_CP, limits.par.cp = 1;  // (lp_grid_init's and lp_check_flags' refusals of cp > 1)
     LPPlan* plans;  // (the fastest 16 simulated: the first that runs here, and the next for the reason)
     int count = lp_plan(&model, f->T, tokens, proc->world, f->attention, &mach, &limits, 16, &plans), best = -1, next = -1;
