@@ -7,8 +7,8 @@ after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt
 
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
              LPPlanModel, lp_plan_model_of, lp_plan_model_is_engine, lp_plan_layer_params, lp_plan_layer_flops,
-             lp_plan_flops_per_token, lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle, lp_gemm_seconds,
-             lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, lp_plan_simulate,
+             lp_plan_flops_per_token, lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle,
+             lp_gemm_seconds, lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, lp_plan_simulate,
              LPPlanLimits, lp_published_mfu, lp_plan_outside, lp_plan
 */
 #ifndef LLMPAR_PLAN_H
