@@ -338,7 +338,7 @@ static const LPFlagSpec lp_flag_specs[] = {
      "step line prints the replicas' spread. Needs 2^(K-1) < d, --zero 0, no --ep or --offload; a checkpoint holds "
      "replica 0's weights and state, which every replica resumes from (0: off)"},
     {"--auto", NULL, LP_FLAG_SWITCH, LP_FIELD(auto_grid), NULL, NULL, NULL, NULL, NULL,
-     "choose the grid with the cluster planner (dev/plan): t, p, v, cp, SP, ZeRO stage, recomputation, offload and -b for "
+     "choose the grid with the cluster planner (dev/plan): t, p, v, SP, ZeRO stage, recomputation, offload and -b for "
      "this run's ranks, the fastest simulated step that fits a rank's memory, on this machine (the CUDA build: the "
      "GPU's preset by its name, with its memory; the CPU build: its matmul and copy rates, measured at the start by "
      "every rank at once, and the host's memory shared by its ranks). A grid flag typed is kept and the search "
@@ -2244,8 +2244,9 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
 // --auto: the planner chooses how this run's ranks split the work: every t x p x cp x d grid with its interleaving,
 // SP, scatter-gather, ZeRO stage, recomputation, offload and micro-batch -b that fits a rank's memory on this
 // machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
-// files; neither offloads to files without --offload-dir; the CUDA build splits no sequence yet, nor does a run
-// that refuses cp: --eval-hellaswag, the replicas' modes). A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
+// files; neither offloads to files without --offload-dir; cp stays 1 unless typed: the CUDA build has no ring yet,
+// and the CPU build's ring attention runs scalar loops, which the planner prices at BLAS's rate: at d4, T 512 on 4
+// ranks cp 2 and 4 measured 2.0-2.3x cp 1's step, planned 1.01x). A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
 // --sp, --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
 // it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
 // what was chosen and why.
@@ -2268,8 +2269,7 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     unsigned typed = limits.fixed;
     if ((f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_ZERO)) limits.fixed |= LP_FIX_ZERO, limits.par.zero = 0;
     if (!LP_BUILD_GPU && !(limits.fixed & LP_FIX_OFFLOAD)) limits.fixed |= LP_FIX_OFFLOAD, limits.par.offload = LP_OFFLOAD_NONE;
-    if ((LP_BUILD_GPU || f->hellaswag[0] || f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_CP))
-        limits.fixed |= LP_FIX_CP, limits.par.cp = 1;  // (lp_grid_init's and lp_check_flags' refusals of cp > 1)
+    if (!(limits.fixed & LP_FIX_CP)) limits.fixed |= LP_FIX_CP, limits.par.cp = 1;  // (cp only where typed: see above)
     LPPlan* plans;  // (the fastest 16 simulated: the first that runs here, and the next for the reason)
     int count = lp_plan(&model, f->T, tokens, proc->world, f->attention, &mach, &limits, 16, &plans), best = -1, next = -1;
     for (int k = 0; k < count && next < 0; k++) {
