@@ -4870,6 +4870,35 @@ static void test_context_parallel(void) {
         expect(val[0] > 0 && fabs(val[1] - val[0]) <= 1e-5 * val[0], name);
     }
 
+    // replicas that train apart, each over 2 cp ranks (which average their gradients, as one replica's): DiLoCo and
+    // gossip on cp 2 x d 2 give d 2's losses (1e-5) and weights (within AdamW's bounds)
+    for (int mode = 0; mode < 2; mode++) {
+        char args[4096], dir[LP_PATH_MAX], name[256];
+        float want[64], got[64];
+        size_t nw = 0, nw2 = 0;
+        const char* apart = mode ? "--gossip 1" : "--diloco 2";
+        snprintf(args, sizeof(args), "-e %s -i %s -j '' -t 64 -b 4 -x 6 -l 1e-2 -u 2 -v 0 -s 0 %s", tmp_path("cp_tiny.bin"),
+                 tmp_path("cp_shard.bin"), apart);
+        lp_path(dir, "%s_%d", tmp_path("cp_apart_d2"), mode);
+        int n = run_ranks(2, args, dir, want, out, sizeof(out));
+        float* wref = run_weights(dir, 6, &nw);
+        snprintf(args + strlen(args), sizeof(args) - strlen(args), " --cp 2");
+        lp_path(dir, "%s_%d", tmp_path("cp_apart_cp2"), mode);
+        int n2 = run_ranks(4, args, dir, got, out, sizeof(out));
+        float* w = run_weights(dir, 6, &nw2);
+        snprintf(name, sizeof(name), "cp 2 x d 2 %s: d 2's losses (1e-5 relative)", apart);
+        expect(n == 6 && n2 == 6 && wref && w && nw == nw2, name);
+        if (n == 6 && n2 == 6 && wref && w && nw == nw2) {
+            expect_close(name, got, want, 6, 0.0f, 1e-5f);
+            snprintf(name, sizeof(name), "cp 2 x d 2 %s: d 2's weights within AdamW's bounds", apart);
+            expect_weights_within_adamw(name, &c, w, wref, nw, 1e-2f, 6);
+        } else {
+            printf("%s\n", out);
+        }
+        free(wref);
+        free(w);
+    }
+
     // a checkpoint of cp 2 resumes on cp 1 and on cp 4 (canonical files): steps 6-10 equal the straight run's
     {
         char base[2048], args[4096], dir[LP_PATH_MAX], rdir[LP_PATH_MAX], name[160];
@@ -4898,8 +4927,7 @@ static void test_context_parallel(void) {
         {"3", "--cp 2", "--tp 1 --cp 2 --pp 1: t*cp*p = 2 does not divide the 3 ranks (world = t*cp*p*d)"},
         {"4", "--cp 2 --tp 4", "--tp 4 --cp 2 --pp 1: the grid needs at least t*cp*p = 8 ranks, this run has 4"},
         {"1", "--cp 0", "sizes must be 1 .. 65536, got 1, 1, 1, 0"},
-        {"4", "--cp 2 --diloco 2", "--cp 2 with --diloco: not yet"},
-        {"2", "--cp 2 --eval-hellaswag x.bin", "flag --eval-hellaswag with --cp 2: not yet"},
+        {"4", "--cp 2 --ep 2", "--cp 2 with --ep: not yet"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe %s -e %s -i %s -j '' -t 64 -x 2 -v 0 -s 0 %s", bad[k][0], TRAIN_BIN,
@@ -6250,7 +6278,8 @@ static void test_moe_grids(void) {
 
 // HellaSwag on grids equals one rank: the data-parallel ranks split the 13 examples unevenly (shares of
 // 7 and 6, or 4, 4, 4 and 1; B=3 splits examples over forwards), through pipeline stages, TP (its losses
-// vocab-parallel), sequence parallelism and ZeRO-3 (whose forwards gather weights over d).
+// vocab-parallel), sequence parallelism, ZeRO-3 (whose forwards gather weights over d) and context
+// parallelism (each cp rank's chunks of a row, alone and with SP).
 static void test_hellaswag_grids(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 hellaswag")) return;
@@ -6264,7 +6293,8 @@ static void test_hellaswag_grids(void) {
     int ok = rc == 0 && parse_hellaswag(out, want, &n) && n == 13;
     expect(ok, "hellaswag: one rank scores the 13 examples");
     if (!ok) { printf("%s\n", out); return; }
-    const char* grids[][2] = {{"8", "--tp 2 --pp 2"}, {"8", "--tp 2 --pp 2 --sp"}, {"8", "--pp 2 --zero 3"}, {"4", "--tp 2 --zero 3"}};
+    const char* grids[][2] = {{"8", "--tp 2 --pp 2"}, {"8", "--tp 2 --pp 2 --sp"}, {"8", "--pp 2 --zero 3"}, {"4", "--tp 2 --zero 3"},
+                              {"4", "--cp 2"}, {"4", "--cp 2 --tp 2 --sp"}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s %s", grids[k][0], TRAIN_BIN, base,
                      grids[k][1]);

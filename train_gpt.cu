@@ -707,9 +707,6 @@ static void lp_check_flags(LPFlags* f) {
     if (par->cp > 1 && f->T % (2 * par->cp))
         lp_fail_all("flag %s %d: sequence length %s %d does not split into 2*%d = %d chunks of equal length", LP_FLAG_NAME(par.cp),
                     par->cp, LP_FLAG_NAME(T), f->T, par->cp, 2 * par->cp);
-    if (par->cp > 1 && f->hellaswag[0])
-        lp_fail_all("flag %s with %s %d: not yet (its forwards score whole sequences on each rank)", LP_FLAG_NAME(hellaswag),
-                    LP_FLAG_NAME(par.cp), par->cp);
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
@@ -927,10 +924,16 @@ static float lp_evaluate(LPStage* st, LPDataLoader* val, int n_batches) {
 // run as many forwards (ZeRO-3 gathers weights in each), a rank out of rows running its first again
 // unscored. The losses are on the last pipeline stage (every TP rank of it has all of them): it scores,
 // and the counts are summed over the pipeline (the other stages add 0) and over the data-parallel ranks.
+// With context parallelism each cp rank has its chunks' losses: put at their positions in zeroed rows and
+// summed over the cp group, every cp rank has the whole rows (and scores them alike).
 static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* dp, int* right) {
     const LPModel* m = &st->chunks[st->par->vpp - 1];
-    int d = st->par->dp, share = (s->num_examples + d - 1) / d, forwards = 0, e0 = 0, e1 = 0;
-    int multiple = st->par->sp ? m->tp_size : 1;
+    int d = st->par->dp, share = (s->num_examples + d - 1) / d, forwards = 0, e0 = 0, e1 = 0, cp = st->cp->size;
+    int multiple = st->par->sp ? m->tp_size : 1;  // (SP: the rows split over the TP group)
+    if (cp > 1) {  // (a cp rank's T/cp rows do; and T splits into 2cp chunks)
+        multiple *= cp;
+        if (multiple % (2 * cp)) multiple *= 2;
+    }
     for (int k = 0; k < d; k++) {  // rank k's examples; the forwards: enough for the most rows of any share
         int k0 = k * share < s->num_examples ? k * share : s->num_examples, k1 = k0 + share < s->num_examples ? k0 + share : s->num_examples;
         int n = (s->first_row[k1] - s->first_row[k0] + B - 1) / B;
@@ -938,15 +941,26 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
         if (k == dp->rank) e0 = k0, e1 = k1;
     }
     int r0 = s->first_row[e0], rows = s->first_row[e1] - r0;
-    int* inputs = (int*)lp_host_malloc((size_t)B * m->T * sizeof(int), "hellaswag inputs");
-    int* targets = (int*)lp_host_malloc((size_t)B * m->T * sizeof(int), "hellaswag targets");
+    size_t most = (size_t)B * m->T * cp;  // (a forward's tokens: B rows of up to -t; a cp rank's model has T/cp rows)
+    int* inputs = (int*)lp_host_malloc(most * sizeof(int), "hellaswag inputs");
+    int* targets = (int*)lp_host_malloc(most * sizeof(int), "hellaswag targets");
     double* loss = (double*)lp_host_malloc((size_t)(rows ? rows : 1) * sizeof(double), "hellaswag losses");
+    float* whole = cp > 1 ? (float*)lp_host_malloc(most * sizeof(float), "hellaswag rows") : NULL;
     for (int i = 0; i < forwards; i++) {
         int first = i * B, n = rows - first < B ? rows - first : B;
         int T = lp_evalset_batch(s, n > 0 ? r0 + first : 0, n > 0 ? n : 1, multiple, inputs, targets);
         lp_stage_forward_only(st, inputs, targets, n > 0 ? n : 1, T);
+        const float* losses = m->losses_host;
+        if (m->last && cp > 1) {
+            int Tl = T / cp;
+            memset(whole, 0, (size_t)(n > 0 ? n : 1) * T * sizeof(float));
+            for (int b = 0; b < (n > 0 ? n : 1); b++)
+                for (int t = 0; t < Tl; t++) whole[(size_t)b * T + lp_cp_position(t, Tl, st->cp->rank, cp)] = losses[(size_t)b * Tl + t];
+            lp_all_reduce_host(st->cp, whole, (n > 0 ? n : 1) * T, 0);
+            losses = whole;
+        }
         if (m->last)
-            for (int b = 0; b < n; b++) loss[first + b] = lp_evalset_row_loss(s, r0 + first + b, m->losses_host + (size_t)b * T);
+            for (int b = 0; b < n; b++) loss[first + b] = lp_evalset_row_loss(s, r0 + first + b, losses + (size_t)b * T);
     }
     float counts[2] = {0.0f, 0.0f};  // exact in a float up to 2^24 examples
     if (m->last) {
@@ -962,6 +976,7 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
     free(inputs);
     free(targets);
     free(loss);
+    free(whole);
 }
 
 // Sample from the model, starting from <|endoftext|>: each token through the model once, the keys and values
