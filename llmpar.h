@@ -9361,12 +9361,10 @@ int lp_chunk_slots(const LPPipeShape* s, int k) {
     return slots;
 }
 
-// Parameters one rank of chunk k with `layers` layers holds (its TP slice).
-// (*experts, when not NULL: how many of them are a mixture of experts' experts, this rank's E/ep.)
-double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
+// Parameters one rank of chunk k with `layers` layers holds (its TP slice, whose tensors' sizes are `sizes`:
+// lp_param_sizes at t). (*experts, when not NULL: how many of them are a mixture of experts' experts, this rank's E/ep.)
+static inline double lp_chunk_params_of(const size_t* sizes, const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
     int chunks = s->par->pp * s->par->vpp;
-    size_t sizes[LP_NUM_PARAMS];
-    lp_param_sizes(sizes, c, s->par->tp);
     double params = 0.0, held = 0.0;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         if (lp_is_layer_tensor(i)) {
@@ -9379,11 +9377,16 @@ double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layer
     }
     return params;
 }
+double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, s->par->tp);
+    return lp_chunk_params_of(sizes, c, s, k, layers, experts);
+}
 
-// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 8).
-static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
-    size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank (an average layer's)
-    lp_param_sizes(sizes, c, t);
+// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 8), from the
+// rank's tensors' sizes (lp_param_sizes at t).
+static inline size_t lp_wte_piece_rows(const size_t* sizes, const LPConfig* c, int t) {
+    size_t layer = 0;  // one layer's parameters on a TP rank (an average layer's)
     for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? sizes[i] / c->num_layers : 0;
     return lp_zero_piece_rows((size_t)c->padded_vocab_size / t, (size_t)c->channels, layer);
 }
@@ -9400,7 +9403,7 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     double layer = 0.0, experts = 0.0;  // one layer's parameters on a TP rank (an average layer's; its experts E/ep)
     for (int i = 0; i < LP_NUM_PARAMS; i++)
         layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers / (lp_is_expert_tensor(i) ? s->par->ep : 1) : 0.0;
-    double n = lp_chunk_params(c, s, k, layers, &experts);
+    double n = lp_chunk_params_of(sizes, c, s, k, layers, &experts);  // (the sizes once: the partition weighs every chunk at every count)
     // ZeRO shards the dense part over d (with context parallelism, cp d), the experts over their d/ep replicas
     double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp * s->par->cp : 1, X = lp_shape_value_bytes(s);
     double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
@@ -9408,7 +9411,7 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     double buffer = layers ? layer : 0.0, piece = 0.0;
     if (s->par->zero >= 2 && (chunks == 1 || (c->untied && k == 0 && layers > 0))) {  // the only copy of wte, in pieces (section 8)
         outside -= (double)sizes[LP_WTE];
-        piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
+        piece = (double)lp_wte_piece_rows(sizes, c, s->par->tp) * c->channels;
     }
     double params = s->par->zero >= 3 ? outside + (s->par->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
     double grads = s->par->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;

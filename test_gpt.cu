@@ -465,33 +465,35 @@ static void expect_bytes_line(const char* out, const char* what, const char* say
 #endif
 
 // --auto: the planner chooses the grid for the run's ranks on this machine and the run trains on it. One line
-// names the choice (t, p, v, d, ZeRO, recomputation, offload, -b) and its reason; the grid the run reports is that
-// one; a grid flag typed is kept (--tp 2); one no grid can meet is refused in one line naming --auto. The CPU build:
+// names the choice (t, p, v, d, cp, ZeRO, recomputation, offload, -b) and its reason; the grid the run reports is that
+// one; a grid flag typed is kept (--tp 2, --cp 2); one no grid can meet is refused in one line naming --auto. The CPU build:
 // 4 and 8 ranks (its rates measured at the start); the CUDA build: 2 ranks, its GPU's preset by name (under the
 // emulator an unknown GPU, planned as an H100 with the memory it reports); the Llama family on the CPU build.
 static void test_auto(void) {
     static char out[1 << 16];
     if (no_mpirun("--auto")) return;
     write_random_shard(tmp_path("auto_shard.bin"), 4000, 78);
-    const struct { int ranks; const char* flags; int tp; } runs[] = {
-        {4, "-e dev/ref/tiny_model.bin", 0}, {4, "-e dev/ref/tiny_model.bin --tp 2", 2}, {8, "-e dev/ref/tiny_model.bin", 0},
-        {4, "-e llama:2,64,4,2,128", 0}};  // (a Llama: the planner's block with its K/V heads and SwiGLU)
-    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 4); k++) {
+    const struct { int ranks; const char* flags; int tp, cp; } runs[] = {
+        {4, "-e dev/ref/tiny_model.bin", 0, 0}, {4, "-e dev/ref/tiny_model.bin --tp 2", 2, 0}, {8, "-e dev/ref/tiny_model.bin", 0, 0},
+        {4, "-e llama:2,64,4,2,128", 0, 0},  // (a Llama: the planner's block with its K/V heads and SwiGLU)
+        {4, "-e dev/ref/tiny_model.bin --cp 2", 0, 2}};  // (context parallelism typed: kept)
+    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 5); k++) {
         int ranks = LP_BUILD_GPU ? 2 : runs[k].ranks;
         int rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s --auto %s "
                          "-i %s -j '' -t 16 -b 2 -x 2 -v 0 -s 0", ranks, TRAIN_BIN, runs[k].flags, tmp_path("auto_shard.bin"));
-        int t = 0, p = 0, v = 0, d = 0, gt = 0, gd = 0, gp = 0, zero = -1;
+        int t = 0, p = 0, v = 0, d = 0, cp = 1, gt = 0, gd = 0, gp = 0, gcp = 1, zero = -1;
         float losses[8];
         const char* line = strstr(out, "auto: ");
         const char* grid = strstr(out, "ranks: t=");
-        int parsed = line && sscanf(line, "auto: t=%d p=%d v=%d d=%d", &t, &p, &v, &d) == 4 && strstr(line, ", ZeRO-") &&
-                     sscanf(strstr(line, ", ZeRO-"), ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") &&
-                     grid && sscanf(grid, "ranks: t=%d d=%d p=%d", &gt, &gd, &gp) == 3;
+        int parsed = line && sscanf(line, "auto: t=%d p=%d v=%d d=%d cp=%d", &t, &p, &v, &d, &cp) >= 4 && strstr(line, ", ZeRO-") &&
+                     sscanf(strstr(line, ", ZeRO-"), ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") && grid &&
+                     (sscanf(grid, "ranks: t=%d d=%d p=%d", &gt, &gd, &gp) == 3 || sscanf(grid, "ranks: t=%d cp=%d d=%d p=%d", &gt, &gcp, &gd, &gp) == 4);
         char what[600];
-        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d ZeRO-%d, says why in one line, and trains "
-                 "on that grid (the run's grid line: t=%d d=%d p=%d)", runs[k].flags, ranks, t, p, v, d,
-                 zero, gt, gd, gp);
-        int ok = rc == 0 && parsed && t * p * d == ranks && gt == t && gd == d && gp == p && (!runs[k].tp || t == runs[k].tp) &&
+        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d cp=%d ZeRO-%d, says why in one line, and trains "
+                 "on that grid (the run's grid line: t=%d cp=%d d=%d p=%d)", runs[k].flags, ranks, t, p, v, d, cp,
+                 zero, gt, gcp, gd, gp);
+        int ok = rc == 0 && parsed && t * p * d * cp == ranks && gt == t && gd == d && gp == p && gcp == cp && (!runs[k].cp || cp == runs[k].cp) &&
+                 (!runs[k].tp || t == runs[k].tp) &&
                  (!runs[k].tp || strstr(line, "with the grid flags typed")) && parse_losses(out, losses, 8) == 2;
         expect(ok, what);
         if (!ok) printf("%s\n", out);
@@ -2271,7 +2273,7 @@ static void test_plan(void) {
     LPConfig small, xl;
     lp_config_from_name(&small, "d12");
     lp_config_from_name(&xl, "d48");
-    LPPlanModel small_plan = lp_plan_model_gpt(&small), xl_plan = lp_plan_model_gpt(&xl);  // (the planner's: GPT-2's blocks)
+    LPPlanModel small_plan = lp_plan_model_of(&small), xl_plan = lp_plan_model_of(&xl);  // (the planner's: GPT-2's blocks)
     LPPlan* plans;
     int n = lp_plan(&small_plan, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans), ordered = 1, honest = 1, bounded = 0;
     for (int k = 1; k < n; k++) {
@@ -2288,7 +2290,7 @@ static void test_plan(void) {
     free(plans);
     LPConfig wide;  // heads divisible by 3 and 6: still no tensor group of 3 or 6 on nodes of 8
     lp_config_from_name(&wide, "4,768,24");
-    LPPlanModel wide_plan = lp_plan_model_gpt(&wide);
+    LPPlanModel wide_plan = lp_plan_model_of(&wide);
     n = lp_plan(&wide_plan, 1024, 6144, 6, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     for (int k = 0; k < n; k++) inside &= h100.gpus_per_node % plans[k].par.tp == 0;
     expect(n > 0 && inside, "plan: tensor groups only of sizes that divide a node (no group of 3 straddling two nodes of 8)");
@@ -2300,7 +2302,7 @@ static void test_plan(void) {
     free(plans);
     LPConfig d4;  // the CPU default at T=64, 65536 tokens a step (a step of a few ms; at 2048 tokens one of less than
     lp_config_from_name(&d4, "d4");  // a millisecond, where the kernel launches the plan does not count would decide)
-    LPPlanModel d4_plan = lp_plan_model_gpt(&d4);
+    LPPlanModel d4_plan = lp_plan_model_of(&d4);
     n = lp_plan(&d4_plan, 64, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     expect(n > 0 && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
@@ -2309,7 +2311,7 @@ static void test_plan(void) {
     // their all-to-alls cost time); with 64 experts on GPUs of 16 GiB the fastest that fits splits them
     LPConfig moe = small;
     moe.moe_experts = 8, moe.moe_topk = 2, moe.moe_every = 1;
-    LPPlanModel moe_plan = lp_plan_model_gpt(&moe);
+    LPPlanModel moe_plan = lp_plan_model_of(&moe);
     n = lp_plan(&moe_plan, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
     int ep_counted = 1, ep_seen = 0;
     for (int k = 0; k < n; k++) {
@@ -2320,7 +2322,7 @@ static void test_plan(void) {
            "plan: a 124M mixture of 8 experts on 8 GPUs of 80 GiB: every ep weighed (its all-to-alls timed), ep 1 fastest");
     free(plans);
     moe.moe_experts = 64;  // with 64 experts, splitting them 8 ways takes most of the memory away, at the all-to-alls' cost
-    moe_plan = lp_plan_model_gpt(&moe);
+    moe_plan = lp_plan_model_of(&moe);
     n = lp_plan(&moe_plan, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
     const LPPlan* by_ep[9] = {NULL};
     for (int k = 0; k < n; k++) {
@@ -2387,7 +2389,7 @@ static void test_plan(void) {
     // a tensor group over two nodes of 8 is priced at the network's bandwidth: far slower than inside one
     LPConfig big;
     lp_config_from_name(&big, "32,20480,128");
-    LPPlanModel big_plan = lp_plan_model_gpt(&big);
+    LPPlanModel big_plan = lp_plan_model_of(&big);
     LPPlanLimits within = {LP_FIX_TP | LP_FIX_PP | LP_FIX_B | LP_FIX_RECOMPUTE, lp_parallel_one, 1}, across = within;
     within.par.tp = 8, within.par.pp = 8, across.par.tp = 16, across.par.pp = 4, within.par.recompute = across.par.recompute = LP_RECOMPUTE_FULL;
     LPPlan* other;
@@ -2432,7 +2434,7 @@ static void test_plan(void) {
     // t 8, p 12, v 4, batch 60: the PTD-P paper measured ~11%)
     LPConfig gpt3;
     lp_config_from_name(&gpt3, "96,12288,96,51200");
-    LPPlanModel gpt3_plan = lp_plan_model_gpt(&gpt3);
+    LPPlanModel gpt3_plan = lp_plan_model_of(&gpt3);
     LPPlanLimits sg = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SG, lp_parallel_one, 1};
     sg.par.tp = 8, sg.par.pp = 12, sg.par.vpp = 4, sg.par.recompute = LP_RECOMPUTE_FULL;
     double gain[2];
@@ -4965,7 +4967,6 @@ static void test_context_parallel(void) {
         {"3", "--cp 2", "--tp 1 --cp 2 --pp 1: t*cp*p = 2 does not divide the 3 ranks (world = t*cp*p*d)"},
         {"4", "--cp 2 --tp 4", "--tp 4 --cp 2 --pp 1: the grid needs at least t*cp*p = 8 ranks, this run has 4"},
         {"1", "--cp 0", "sizes must be 1 .. 65536, got 1, 1, 1, 0"},
-        {"2", "--cp 2 --auto", "flag --auto with --cp 2: not yet"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe %s -e %s -i %s -j '' -t 64 -x 2 -v 0 -s 0 %s", bad[k][0], TRAIN_BIN,
@@ -5671,7 +5672,7 @@ static void test_plan_software(void) {
     LPPlanMachine ds = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("deepspeed"));
     LPConfig c;
     lp_config_from_name(&c, "24,2048,16,51200");
-    LPPlanModel model = lp_plan_model_gpt(&c);
+    LPPlanModel model = lp_plan_model_of(&c);
     LPPlan* plans;
     int n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &mega, NULL, 0, &plans), runs = n > 100;
     for (int k = 0; k < n; k++) runs &= plans[k].par.zero <= 1 && plans[k].par.offload == LP_OFFLOAD_NONE;
@@ -5700,7 +5701,7 @@ static void test_plan_software(void) {
         {"48,6144,64,51200", 8, 4 * 2048, 8, 1, 1, 4}, {"105,20480,128,51200", 280, 280 * 2048, 8, 35, 3, 1}};
     for (int g = 0; g < 2; g++) {
         lp_config_from_name(&c, grids[g].shape);
-        model = lp_plan_model_gpt(&c);
+        model = lp_plan_model_of(&c);
         LPPlanLimits lim = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SP,
                             lp_parallel_one, grids[g].B};
         lim.par.tp = grids[g].t, lim.par.pp = grids[g].p, lim.par.vpp = grids[g].v, lim.par.sp = 1;
@@ -5719,7 +5720,7 @@ static void test_plan_software(void) {
     // published 8.03B parameters (untied embeddings, two RMSNorms a layer), a layer's training FLOPs 6 per weight of q,
     // k, v, o and the three MLP matrices plus 12 C T, and GEMMs that shrink with the key/value heads
     lp_config_from_name(&c, "32,4096,32,128256");
-    LPPlanModel llama = lp_plan_model_gpt(&c);
+    LPPlanModel llama = lp_plan_model_of(&c);
     llama.kv_heads = 8, llama.ffn = 14336, llama.swiglu = 1;
     double C = 4096, weights = C * (C + 2.0 * 8 * 128) + C * C + 3.0 * C * 14336;
     double params = lp_plan_model_params(&llama), flops = lp_plan_layer_flops(&llama, 8192, LP_RECOMPUTE_NONE, 0);
@@ -5742,7 +5743,7 @@ static void test_plan_software(void) {
     t8sp.tp = 8, t8sp.sp = 1;
     LPPipeShape s_mat = {&t8sp, 1, 8192, LP_ATTENTION_CUBLAS, 1};
     LPChunkTime wet = lp_plan_chunk(&llama, &s_mat, &mega, 1, 1), dried = lp_plan_chunk(&llama, &s_mat, &dry, 1, 1);
-    LPPlanModel gpt_shape = lp_plan_model_gpt(&c);
+    LPPlanModel gpt_shape = lp_plan_model_of(&c);
     double gpt_masked = lp_plan_chunk(&gpt_shape, &s_mat, &mega, 1, 1).fwd, gpt_dry = lp_plan_chunk(&gpt_shape, &s_mat, &dry, 1, 1).fwd;
     double layer_bytes = lp_plan_memory(&llama, &s_mat, &mega, 1, 2, 1) - lp_plan_memory(&llama, &s_mat, &mega, 1, 1, 1) -
                          18.0 * lp_plan_layer_params(&llama, 8);  // (one more layer: its 18 bytes a parameter and its activations)
@@ -5751,9 +5752,37 @@ static void test_plan_software(void) {
              "bytes; GPT-2's blocks %.3g ms with dropout, %.3g without)", layer_bytes * 8 / sbh, units, gpt_masked * 1e3, gpt_dry * 1e3);
     expect(wet.fwd == dried.fwd && wet.bwd == dried.bwd && gpt_masked > gpt_dry &&
                fabs(layer_bytes - sbh * units / 8) < 1e-6 * layer_bytes, what);
-    expect_error_of(PLAN_BIN, "--software llmpar refuses Llama's blocks",
-                    "flag --software llmpar: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which llmpar does not run",
-                    "--plan 8 -e llama3-8b -t 8192 -d 65536");
+    // the engine's Llama family (llama:..., Llama 3's presets, model files): the planner's counts of its blocks are the
+    // engine's (parameters, FLOPs), the presets' SwiGLU widths Llama 3's, --software llmpar plans them and says how to run one
+    LPConfig fam;
+    lp_config_from_name(&fam, "llama:3,256,8,2,1000");
+    LPPlanModel engine_llama = lp_plan_model_of(&fam);
+    double engine_flops = lp_layer_flops(&fam, 512, LP_RECOMPUTE_FULL, 1), planned_flops = lp_plan_layer_flops(&engine_llama, 512, LP_RECOMPUTE_FULL, 1);
+    snprintf(what, sizeof(what), "plan: the engine's Llama (llama:3,256,8,2,1000): %.0f parameters (the engine's %zu), a layer's "
+             "FLOPs a token %.6g (the engine's %.6g)", lp_plan_model_params(&engine_llama), lp_config_num_params(&fam), planned_flops, engine_flops);
+    expect(!lp_plan_model_is_gpt(&engine_llama) && lp_plan_model_is_engine(&engine_llama) && !lp_plan_model_is_engine(&llama) &&
+               lp_plan_model_params(&engine_llama) == (double)lp_config_num_params(&fam) && fabs(planned_flops - engine_flops) < 1e-12 * engine_flops,
+           what);
+    static char out[1 << 14];
+    const char* widths[3][2] = {{"llama3-8b", "(L=32 C=4096 NH=32 KV=8 F=14336 SwiGLU, 8.03 B parameters)"},
+                                {"llama3-70b", "(L=80 C=8192 NH=64 KV=8 F=28672 SwiGLU, 70.55 B parameters)"},
+                                {"llama3-405b", "(L=126 C=16384 NH=128 KV=8 F=53248 SwiGLU, 405.9 B parameters)"}};
+    for (int k = 0; k < 3; k++) {
+        int rc = run_cmd(out, sizeof(out), "%s --plan 1 -e %s -t 8192 -d 8192 --gpu-mem 100000", PLAN_BIN, widths[k][0]);
+        snprintf(what, sizeof(what), "plan_gpt -e %s: Llama 3's shape %s, planned on llmpar", widths[k][0], widths[k][1]);
+        expect(rc == 0 && strstr(out, widths[k][1]) && strstr(out, "run the fastest: not with train_gpt"), what);
+    }
+    int rc = run_cmd(out, sizeof(out), "%s --plan 8 -e llama:2,64,4,2,128 -t 64 -d 4096", PLAN_BIN);
+    expect(rc == 0 && strstr(out, "(L=2 C=64 NH=4 KV=2 F=256 SwiGLU,") && strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64"),
+           "plan_gpt -e llama:2,64,4,2,128: planned on llmpar, its command train_gpt's -e");
+    expect_error_of(PLAN_BIN, "--software llmpar refuses the planner's own block",
+                    "flag --software llmpar: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's",
+                    "--plan 8 -e 32,4096,32,128256 --kv-heads 8 --ffn 14336 --swiglu -t 8192 -d 65536");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses Llama's blocks",
+                    "flag --software deepspeed: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which deepspeed does not run",
+                    "--plan 8 -e llama3-8b -t 8192 -d 65536 --software deepspeed");
+    expect_error_of(PLAN_BIN, "--cp: not yet with RoPE", "flag --cp 2: llmpar does not yet split a sequence of rotary positions (RoPE)",
+                    "--plan 8 -e llama:2,64,4,2,128 -t 64 --cp 2");
     expect_error_of(PLAN_BIN, "--kv-heads: must divide the heads", "flags --kv-heads 5 --ffn 0: key/value heads must divide the 12 heads",
                     "--plan 8 -e d12 --kv-heads 5 --software megatron");
     expect_error_of(PLAN_BIN, "-e: a vocabulary past 262144", "-e 4,256,4,300000: vocabulary 300000, the planner takes up to 262144",
@@ -5820,7 +5849,7 @@ static void test_plan_floor(void) {
         const LPSoftware* sw = lp_software_named(names[lp_rand_u32(&rng) % 3]);
         int cpu = sw == lp_software_named("llmpar") && lp_rand_u32(&rng) % 4 == 0, shape = lp_rand_u32(&rng) % 3;
         LPPlanMachine mach = lp_plan_machine(lp_cluster_named(cpu ? "cpu" : "dgx-h100"), NULL, sw);
-        LPPlanModel model = lp_plan_model_gpt(shape == 1 && sw->llama ? &gpt : shape == 1 ? &moe : &gpt);
+        LPPlanModel model = lp_plan_model_of(shape == 1 && sw->llama ? &gpt : shape == 1 ? &moe : &gpt);
         if (shape == 1 && sw->llama) model.kv_heads = 2, model.ffn = 704, model.swiglu = 1;
         LPParallel par = lp_parallel_one;
         par.tp = 1 << lp_rand_u32(&rng) % 3, par.pp = 1 + lp_rand_u32(&rng) % 5, par.dp = 1 << lp_rand_u32(&rng) % 3;
@@ -5829,9 +5858,10 @@ static void test_plan_floor(void) {
         par.ep = model.cfg.moe_experts && par.dp > 1 && lp_rand_u32(&rng) % 2 ? 2 : 1;
         par.zero = lp_rand_u32(&rng) % 4, par.recompute = lp_rand_u32(&rng) % 3, par.sp = par.tp > 1 && lp_rand_u32(&rng) % 2;
         par.offload = par.zero == 3 && lp_rand_u32(&rng) % 2 ? LP_OFFLOAD_PARAMS : lp_rand_u32(&rng) % 2 ? LP_OFFLOAD_OPTIMIZER : LP_OFFLOAD_NONE;
+        par.cp = sw->cp && par.ep == 1 && lp_rand_u32(&rng) % 3 == 0 ? 2 << lp_rand_u32(&rng) % 2 : 1;
         char why[256];
         if (lp_software_refuses(sw, &par, ~0u, why, sizeof(why)) || (cpu && par.offload != LP_OFFLOAD_NONE)) continue;
-        LPPipeShape s = {&par, 1 << lp_rand_u32(&rng) % 3, 128, lp_rand_u32(&rng) % 2 ? LP_ATTENTION_FLASH : LP_ATTENTION_CUBLAS, !cpu};
+        LPPipeShape s = {&par, 1 << lp_rand_u32(&rng) % 3, 128 / par.cp, lp_rand_u32(&rng) % 2 ? LP_ATTENTION_FLASH : LP_ATTENTION_CUBLAS, !cpu};
         LPPlan x;
         memset(&x, 0, sizeof(x));
         x.par = par, x.B = s.B;
@@ -5850,6 +5880,83 @@ static void test_plan_floor(void) {
     snprintf(what, sizeof(what), "plan: the memory floor on %d random configurations that run: never above the partition's memory "
              "(at most %.6gx), 0 where the partition cannot be; within 25%% on %d of %d pipelined", tried, worst, close, pipelined);
     expect(tried > 300 && below && zero_where_refused && pipelined > 200 && 2 * close >= pipelined, what);
+}
+
+// Context parallelism in the planner (issue 50 item 4): a rank keeps the activations of T/cp rows (the planner's count
+// is the engine's, lp_chunk_memory), the ring's sends are exposed as the engine's loop waits for them (MPI: all of its
+// cp-1 forward and 2cp-1 backward sends of a K/V block; NCCL: the gradients' cp, and a K/V block only where its
+// attention is shorter than its send), a long sequence that fits no grid without it is planned with it, and plans
+// with cp = 1 are as before.
+static void test_plan_cp(void) {
+    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("llmpar"));
+    LPPlanMachine cpu = lp_plan_machine(lp_cluster_named("cpu"), NULL, lp_software_named("llmpar"));
+    LPConfig c;
+    lp_config_from_name(&c, "12,768,12");
+    c.max_seq_len = 131072;
+    LPPlanModel model = lp_plan_model_of(&c);
+    LPParallel one = lp_parallel_one, four = lp_parallel_one;
+    four.cp = 4;
+    LPPipeShape s1 = {&one, 1, 8192, LP_ATTENTION_FLASH, 1}, s4 = {&four, 1, 8192 / 4, LP_ATTENTION_FLASH, 1};
+    double kept1 = lp_chunk_memory(&c, &s1, 0, 12, 1) - lp_chunk_memory(&c, &s1, 0, 12, 0);
+    double kept4 = lp_chunk_memory(&c, &s4, 0, 12, 1) - lp_chunk_memory(&c, &s4, 0, 12, 0);
+    double all1 = lp_chunk_memory(&c, &s1, 0, 12, 1) - lp_chunk_memory(&c, &s1, 0, 0, 0);
+    double all4 = lp_chunk_memory(&c, &s4, 0, 12, 1) - lp_chunk_memory(&c, &s4, 0, 0, 0);
+    char what[320];
+    snprintf(what, sizeof(what), "plan --cp 4 at T=8192: a micro-batch's kept activations %.4gx of cp 1's (0.25), with a layer's "
+             "scratch and the ring's buffers %.4gx", kept4 / kept1, all4 / all1);
+    expect(fabs(kept4 / kept1 - 0.25) < 0.001 && all4 / all1 < 0.5, what);
+    // the ring's exposed sends per layer: a K/V block is B T/cp rows of 2 KV heads of 64, bf16 (CPU: fp32)
+    double block_cpu = lp_send_seconds(&cpu, 2048.0 * 2 * 12 * 64 * 4, 4), block_gpu = lp_send_seconds(&h100, 2048.0 * 2 * 12 * 64 * 2, 4);
+    LPPipeShape c4 = s4;
+    c4.gpu = 0;
+    LPChunkTime mpi = lp_plan_chunk(&model, &c4, &cpu, 1, 1), nccl = lp_plan_chunk(&model, &s4, &h100, 1, 1);
+    LPPipeShape short4 = {&four, 1, 256, LP_ATTENTION_FLASH, 1};
+    double block_short = lp_send_seconds(&h100, 256.0 * 2 * 12 * 64 * 2, 4), short_cp = lp_plan_chunk(&model, &short4, &h100, 1, 1).cp;
+    LPChunkTime whole = lp_plan_chunk(&model, &s1, &h100, 1, 1);
+    snprintf(what, sizeof(what), "plan --cp 4: a layer's ring on MPI %.4g ms (10 sends of %.4g), on NCCL %.4g ms at T=8192 (4 gradients' "
+             "sends of %.4g) and %.4g ms at T=1024 (more: attention shorter than a send); compute %.4g ms, cp 1's %.4g", mpi.cp * 1e3,
+             block_cpu * 1e3, nccl.cp * 1e3, block_gpu * 1e3, short_cp * 1e3, nccl.compute * 1e3, whole.compute * 1e3);
+    expect(fabs(mpi.cp - 10.0 * block_cpu) < 1e-12 * mpi.cp && fabs(nccl.cp - 4.0 * block_gpu) < 1e-12 * nccl.cp && short_cp > 4.0 * block_short &&
+               nccl.compute < 0.26 * whole.compute && nccl.compute > 0.24 * whole.compute, what);
+    // one sequence of 131072 tokens on 8 GPUs of 4 GiB: no grid fits without cp; with it the fastest splits the sequence
+    LPPlanMachine small = h100;
+    small.gpu_bytes = 0.9 * 4.0 * 1073741824.0;
+    LPPlan* plans;
+    int n = lp_plan(&model, 131072, 131072, 8, LP_ATTENTION_FLASH, &small, NULL, 10, &plans), coprime = 1;
+    for (int k = 0; k < n; k++) coprime &= !(plans[k].par.cp % 2 == 0 && plans[k].B > 1);
+    int cp = n > 0 && plans[0].fits ? plans[0].par.cp : 0;
+    free(plans);
+    LPPlanLimits no_cp = {LP_FIX_CP, lp_parallel_one, 1};
+    n = lp_plan(&model, 131072, 131072, 8, LP_ATTENTION_FLASH, &small, &no_cp, 10, &plans);
+    int none = n > 0 && !plans[0].fits;
+    free(plans);
+    snprintf(what, sizeof(what), "plan: one sequence of 131072 tokens on 8 GPUs of 4 GiB: cp %d chosen, no grid without cp fits", cp);
+    expect(cp > 1 && none && coprime, what);
+    // cp = 1 unchanged: the fastest of GPT-2 124M on 8 GPUs the same, searched with cp or without
+    lp_config_from_name(&c, "d12");
+    model = lp_plan_model_of(&c);
+    LPPlan* fixed;
+    n = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
+    int m = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &no_cp, 10, &fixed), same = n > 10 && m > 10;
+    for (int k = 0; k < 10 && same; k++) same &= memcmp(&plans[k].par, &fixed[k].par, sizeof(LPParallel)) == 0 && plans[k].step_s == fixed[k].step_s;
+    free(plans);
+    free(fixed);
+    expect(same, "plan: GPT-2 124M on 8 GPUs: the 10 fastest the same with cp searched and with cp 1 fixed");
+    LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("megatron"));
+    lp_config_from_name(&c, "12,768,12");
+    c.max_seq_len = 8192;
+    model = lp_plan_model_of(&c);
+    n = lp_plan(&model, 8192, 65536, 8, LP_ATTENTION_FLASH, &mega, NULL, 0, &plans);
+    int flat = n > 0;
+    for (int k = 0; k < n; k++) flat &= plans[k].par.cp == 1;
+    free(plans);
+    expect(flat, "plan --software megatron: no cp searched (Megatron-LM of those papers has none)");
+    expect_error_of(PLAN_BIN, "--cp: megatron has none", "flag --software megatron: --cp 2: megatron has no context parallelism",
+                    "--plan 8 -e d12 --software megatron --cp 2");
+    expect_error_of(PLAN_BIN, "--cp: T in 2 cp chunks", "flag --cp 4: must be >= 1, and the sequence length -t 1020 split into 2*4 = 8 chunks "
+                    "of equal length", "--plan 8 -e d12 -t 1020 --cp 4");
+    expect_error_of(PLAN_BIN, "--cp with --ep", "flag --software llmpar: --cp 2 with --ep 2: llmpar does not yet split a sequence and the "
+                    "experts together", "--plan 16 -e d6 --moe-experts 8 --cp 2 --ep 2");
 }
 
 static void test_plan_runs(void) {
@@ -7823,6 +7930,7 @@ int main(int argc, char** argv) {
     RUN(test_plan_software);
     RUN(test_plan_scale);
     RUN(test_plan_floor);
+    RUN(test_plan_cp);
     RUN(test_bad_input);
     RUN(test_output_owned);
     RUN(test_run_identity);
