@@ -4505,7 +4505,6 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 // `first` starts them (the first block a row meets holds its own position). block_end leaves each row's
 // logsumexp in rmax. qkv: the projection's rows (B,T,(NH+2KV)HS), of which q is read; kv (B,Tk,2 KV HS): each
 // key row's KV keys, then its KV values (lp_attention_kv_copy). qpos and kpos: (device) tables.
-// Each row streams over its keys, rescaling its sum when the max rises: no scores are kept.
 static inline LP_HD int lp_keys_upto(const int* kpos, int Tk, int p) {  // how many of the ascending kpos are <= p
     int lo = 0, hi = Tk;
     while (lo < hi) {
@@ -4515,80 +4514,130 @@ static inline LP_HD int lp_keys_upto(const int* kpos, int Tk, int p) {  // how m
     }
     return lo;
 }
+// A (sequence, head) task's view of a block: its query rows that score any key, rows t0 .. T-1 (the rows
+// ascend, so those that see none come first), and the keys the last of them sees, 0 .. nk-1 (the rest
+// none sees). The scores are then one product of those rows and keys, the mask within it by row.
+static inline void lp_block_extent(const int* qpos, const int* kpos, int T, int Tk, int* t0, int* nk) {
+    *nk = T ? lp_keys_upto(kpos, Tk, qpos[T - 1]) : 0;
+    *t0 = *nk ? lp_keys_upto(qpos, T, kpos[0] - 1) : T;
+}
+// Rows [t0, T) of one head (`stride` values apart, HS each) into x (T - t0, HS); _add adds x back onto them.
+static inline void lp_block_rows_get(float* x, const float* src, int t0, int T, size_t stride, int HS) {
+    for (int t = t0; t < T; t++) memcpy(x + (size_t)(t - t0) * HS, src + (size_t)t * stride, (size_t)HS * sizeof(float));
+}
+static inline void lp_block_rows_add(float* dst, const float* x, int t0, int T, size_t stride, int HS) {
+    for (int t = t0; t < T; t++)
+        for (int d = 0; d < HS; d++) dst[(size_t)t * stride + d] += x[(size_t)(t - t0) * HS + d];
+}
+// Per (sequence, head) task, in scratch of its thread: q (Tq,HS), the K/V head's k and v (nk,HS), the scores
+// s (Tq,nk) = q k^T as one product, each row's masked softmax merged into its running statistics, and
+// y = p v as another (lp_head_gemm: sgemm with a BLAS), added to the rescaled output.
 static inline void lp_attention_block_forward_cpu(float* out, float* rmax, float* rsum, const float* qkv, const float* kv,
                                                   const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
                                                   int first) {
-    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV;
+    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV, t0, nk;
     float scale = lp_attention_scale(C, NH);
-#pragma omp parallel for
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        for (int t = 0; t < T; t++) {
-            const float* q = qkv + ((size_t)b * T + t) * heads * HS + (size_t)h * HS;
-            float* o = out + ((size_t)b * T + t) * C + (size_t)h * HS;
-            float mx = first ? -INFINITY : rmax[(size_t)bh * T + t], sum = first ? 0.0f : rsum[(size_t)bh * T + t];
-            int n = lp_keys_upto(kpos, Tk, qpos[t]);
-            if (n == 0) continue;  // (a block wholly after the row)
-            for (int d = 0; d < HS; d++) o[d] = first ? 0.0f : o[d] * sum;  // the sum of exp(score - max) v so far
-            for (int j = 0; j < n; j++) {
-                const float* k = kv + ((size_t)b * Tk + j) * 2 * KV * HS + (size_t)(h / G) * HS;
-                const float* v = k + (size_t)KV * HS;
-                float score = 0.0f;
-                for (int d = 0; d < HS; d++) score += q[d] * k[d];
-                score *= scale;
-                if (score > mx) {  // the max rises: what is summed so far shrinks by exp(old - new)
-                    float shrink = expf(mx - score);
-                    sum *= shrink;
-                    for (int d = 0; d < HS; d++) o[d] *= shrink;
-                    mx = score;
+    lp_block_extent(qpos, kpos, T, Tk, &t0, &nk);
+    if (nk == 0) return;  // (a block wholly after every row)
+    int Tq = T - t0;
+#pragma omp parallel
+    {
+        float* q = (float*)lp_host_malloc(((size_t)2 * Tq * HS + (size_t)2 * nk * HS + (size_t)Tq * nk) * sizeof(float), "ring attention");
+        float *k = q + (size_t)Tq * HS, *v = k + (size_t)nk * HS, *o = v + (size_t)nk * HS, *sc = o + (size_t)Tq * HS;
+#pragma omp for
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            lp_block_rows_get(q, qkv + (size_t)b * T * heads * HS + (size_t)h * HS, t0, T, (size_t)heads * HS, HS);
+            const float* kb = kv + (size_t)b * Tk * 2 * KV * HS + (size_t)(h / G) * HS;
+            lp_block_rows_get(k, kb, 0, nk, (size_t)2 * KV * HS, HS);
+            lp_block_rows_get(v, kb + (size_t)KV * HS, 0, nk, (size_t)2 * KV * HS, HS);
+            lp_block_rows_get(o, out + (size_t)b * T * C + (size_t)h * HS, t0, T, C, HS);
+            lp_head_gemm(0, 1, Tq, nk, HS, q, k, sc, 0);  // q k^T
+            for (int i = 0; i < Tq; i++) {
+                size_t r = (size_t)bh * T + t0 + i;
+                int n = lp_keys_upto(kpos, nk, qpos[t0 + i]);
+                float *srow = sc + (size_t)i * nk, mx = first || n == 0 ? -INFINITY : rmax[r], old = mx, sum = 0.0f;
+                for (int j = 0; j < n; j++) mx = fmaxf(mx, scale * srow[j]);
+                for (int j = 0; j < nk; j++) {
+                    srow[j] = j < n ? expf(scale * srow[j] - mx) : 0.0f;
+                    sum += srow[j];
                 }
-                float w = expf(score - mx);
-                sum += w;
-                for (int d = 0; d < HS; d++) o[d] += w * v[d];
+                // what was summed before shrinks by exp(old - max); the output held it divided by its sum
+                float before = first || n == 0 ? 0.0f : rsum[r] * expf(old - mx);
+                for (int d = 0; d < HS; d++) o[(size_t)i * HS + d] = before ? o[(size_t)i * HS + d] * before : 0.0f;  // (first: out unset)
+                if (n == 0) continue;
+                rmax[r] = mx;
+                rsum[r] = before + sum;
             }
-            for (int d = 0; d < HS; d++) o[d] /= sum;
-            rmax[(size_t)bh * T + t] = mx;
-            rsum[(size_t)bh * T + t] = sum;
+            lp_head_gemm(0, 0, Tq, HS, nk, sc, v, o, 1);  // + p v
+            for (int i = 0; i < Tq; i++) {
+                size_t r = (size_t)bh * T + t0 + i;
+                float* orow = out + ((size_t)b * T + t0 + i) * C + (size_t)h * HS;
+                if (lp_keys_upto(kpos, nk, qpos[t0 + i]) == 0) continue;  // (a row the block does not reach keeps its output)
+                for (int d = 0; d < HS; d++) orow[d] = o[(size_t)i * HS + d] / rsum[r];
+            }
         }
+        free(q);
     }
 }
 static inline void lp_attention_block_end_cpu(float* rmax, const float* rsum, int rows) {
     for (int r = 0; r < rows; r++) rmax[r] += logf(rsum[r]);
 }
 // Backward of one block, from the rows' logsumexp (lse): p = exp(score - lse) of each pair a query scores;
-// dv += p dout, dp = dout . v, ds = p (dp - D) with D = dout . out (the row's sum of p dp, whatever block);
-// dq += scale ds k (into the q part of dqkv), dk += scale ds q (dkv, laid out as kv). A task per (sequence,
-// K/V head): its group's query heads and rows in order, so the sums into its keys need no atomics.
+// dv += p^T dout, dp = dout v^T, ds = p (dp - D) with D = dout . out (the row's sum of p dp, whatever block);
+// dq += scale ds k (into the q part of dqkv), dk += scale ds^T q (dkv, laid out as kv): five products per
+// head. A task per (sequence, K/V head): its group's query heads in order, so the sums into its keys need no
+// atomics.
 static inline void lp_attention_block_backward_cpu(float* dqkv, float* dkv, const float* dout, const float* out, const float* lse,
                                                    const float* qkv, const float* kv, const int* qpos, const int* kpos, int B,
                                                    int T, int Tk, int C, int NH, int KV) {
-    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV;
+    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV, t0, nk;
     float scale = lp_attention_scale(C, NH);
-#pragma omp parallel for
-    for (int bg = 0; bg < B * KV; bg++) {
-        int b = bg / KV, g = bg % KV;
-        for (int h = g * G; h < (g + 1) * G; h++)
-            for (int t = 0; t < T; t++) {
-                size_t row = (size_t)b * T + t;
-                const float* q = qkv + row * heads * HS + (size_t)h * HS;
-                float* dq = dqkv + row * heads * HS + (size_t)h * HS;
-                const float *dy = dout + row * C + (size_t)h * HS, *y = out + row * C + (size_t)h * HS;
-                float D = 0.0f, l = lse[((size_t)b * NH + h) * T + t];
-                for (int d = 0; d < HS; d++) D += dy[d] * y[d];
-                for (int j = 0, n = lp_keys_upto(kpos, Tk, qpos[t]); j < n; j++) {
-                    size_t at = ((size_t)b * Tk + j) * 2 * KV * HS + (size_t)g * HS;
-                    const float *k = kv + at, *v = k + (size_t)KV * HS;
-                    float *dk = dkv + at, *dv = dk + (size_t)KV * HS;
-                    float score = 0.0f, dp = 0.0f;
-                    for (int d = 0; d < HS; d++) score += q[d] * k[d], dp += dy[d] * v[d];
-                    float p = expf(scale * score - l), ds = scale * p * (dp - D);
-                    for (int d = 0; d < HS; d++) {
-                        dv[d] += p * dy[d];
-                        dq[d] += ds * k[d];
-                        dk[d] += ds * q[d];
+    lp_block_extent(qpos, kpos, T, Tk, &t0, &nk);
+    if (nk == 0) return;
+    int Tq = T - t0;
+    size_t kvrow = (size_t)2 * KV * HS;
+#pragma omp parallel
+    {
+        float* q = (float*)lp_host_malloc(((size_t)4 * Tq * HS + (size_t)4 * nk * HS + (size_t)2 * Tq * nk) * sizeof(float), "ring attention");
+        float *dy = q + (size_t)Tq * HS, *dq = dy + (size_t)Tq * HS, *D = dq + (size_t)Tq * HS, *k = D + Tq, *v = k + (size_t)nk * HS;
+        float *dk = v + (size_t)nk * HS, *dv = dk + (size_t)nk * HS, *p = dv + (size_t)nk * HS, *ds = p + (size_t)Tq * nk;
+#pragma omp for
+        for (int bg = 0; bg < B * KV; bg++) {
+            int b = bg / KV, g = bg % KV;
+            const float* kb = kv + (size_t)b * Tk * kvrow + (size_t)g * HS;
+            lp_block_rows_get(k, kb, 0, nk, kvrow, HS);
+            lp_block_rows_get(v, kb + (size_t)KV * HS, 0, nk, kvrow, HS);
+            memset(dk, 0, (size_t)2 * nk * HS * sizeof(float));  // (dk, dv)
+            for (int h = g * G; h < (g + 1) * G; h++) {
+                size_t row0 = (size_t)b * T;
+                lp_block_rows_get(q, qkv + row0 * heads * HS + (size_t)h * HS, t0, T, (size_t)heads * HS, HS);
+                lp_block_rows_get(dy, dout + row0 * C + (size_t)h * HS, t0, T, C, HS);
+                for (int i = 0; i < Tq; i++) {
+                    const float *dyr = dy + (size_t)i * HS, *yr = out + (row0 + t0 + i) * C + (size_t)h * HS;
+                    float s = 0.0f;
+                    for (int d = 0; d < HS; d++) s += dyr[d] * yr[d];
+                    D[i] = s;
+                }
+                lp_head_gemm(0, 1, Tq, nk, HS, q, k, p, 0);    // scores q k^T
+                lp_head_gemm(0, 1, Tq, nk, HS, dy, v, ds, 0);  // dp = dout v^T
+                for (int i = 0; i < Tq; i++) {
+                    int n = lp_keys_upto(kpos, nk, qpos[t0 + i]);
+                    float l = lse[((size_t)b * NH + h) * T + t0 + i], *pr = p + (size_t)i * nk, *dr = ds + (size_t)i * nk;
+                    for (int j = 0; j < nk; j++) {
+                        pr[j] = j < n ? expf(scale * pr[j] - l) : 0.0f;
+                        dr[j] = scale * pr[j] * (dr[j] - D[i]);
                     }
                 }
+                lp_head_gemm(0, 0, Tq, HS, nk, ds, k, dq, 0);  // dq = ds k
+                lp_block_rows_add(dqkv + row0 * heads * HS + (size_t)h * HS, dq, t0, T, (size_t)heads * HS, HS);
+                lp_head_gemm(1, 0, nk, HS, Tq, ds, q, dk, 1);  // dk += ds^T q
+                lp_head_gemm(1, 0, nk, HS, Tq, p, dy, dv, 1);  // dv += p^T dout
             }
+            lp_block_rows_add(dkv + (size_t)b * Tk * kvrow + (size_t)g * HS, dk, 0, nk, kvrow, HS);
+            lp_block_rows_add(dkv + (size_t)b * Tk * kvrow + (size_t)(KV + g) * HS, dv, 0, nk, kvrow, HS);
+        }
+        free(q);
     }
 }
 // Each row's keys and values between the projection's rows qkv (B,T,(NH+2KV)HS) and a block kv (B,T,2 KV HS):
@@ -4898,15 +4947,16 @@ static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, c
               lp_attention_scale(C, NH));
 }
 
-// Context parallelism's block ops (lp_attention_block_forward_cpu and the rest) on the GPU, each its CPU
-// loop's arithmetic in the cached kernel's form: a warp per row, lane l holding dimensions l, l + 32, ... of
-// it, each score a warp sum. The forward takes a query row (b, h, t) over the keys it sees; the backward's dq
-// the same, and dk and dv a warp per key row (b, K/V head, j) over the group's query rows that see it (a
-// suffix of the ascending qpos), so each gradient has one writer and no atomics. D = dout . out is taken again
-// for each pair in the key-side kernel, HS more products against keeping a (B,NH,T) buffer. The running output
-// and the gradients accumulate in registers over a block and round to bf16 once a block: cp roundings in all.
-// Plain loops, not flash attention's tensor-core tiles: the CPU loop's sums in its order, at a FLOP rate well
-// below flash's.
+// Context parallelism's block ops (lp_attention_block_forward_cpu and the rest) on the GPU, their CPU loops'
+// results in the cached kernel's form: a warp per row, lane l holding dimensions l, l + 32, ... of it, each
+// score a warp sum, the softmax online over the keys (rescaled when the max rises). The forward takes a query
+// row (b, h, t) over the keys it sees; the backward's dq the same, and dk and dv a warp per key row (b, K/V
+// head, j) over the group's query rows that see it (a suffix of the ascending qpos), so each gradient has one
+// writer and no atomics. D = dout . out is taken again for each pair in the key-side kernel, HS more products
+// against keeping a (B,NH,T) buffer. The running output and the gradients accumulate in registers over a
+// block and round to bf16 once a block: cp roundings in all. Plain loops, not flash attention's tensor-core
+// tiles: at a FLOP rate well below flash's (flash kernels that take the running max and sum and the rows'
+// positions would close that gap; not written).
 static __global__ void lp_attention_kv_copy_kernel(floatX* kv, floatX* qkv, int N, int NH, int KV, int HS, int to_block) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)2 * KV * HS;
     if (i >= (size_t)N * n) return;
