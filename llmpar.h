@@ -4530,8 +4530,8 @@ static inline void lp_block_rows_add(float* dst, const float* x, int t0, int T, 
         for (int d = 0; d < HS; d++) dst[(size_t)t * stride + d] += x[(size_t)(t - t0) * HS + d];
 }
 // Per (sequence, head) task, in scratch of its thread: q (Tq,HS), the K/V head's k and v (nk,HS), the scores
-// s (Tq,nk) = q k^T as one product, each row's masked softmax merged into its running statistics, and
-// y = p v as another (lp_head_gemm: sgemm with a BLAS), added to the rescaled output.
+// s (Tq,nk) = q k^T as one product, each row's masked softmax merged into its running statistics, and p v as
+// another (lp_head_gemm: sgemm with a BLAS), added to the rescaled output. Every row from t0 sees a key.
 static inline void lp_attention_block_forward_cpu(float* out, float* rmax, float* rsum, const float* qkv, const float* kv,
                                                   const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
                                                   int first) {
@@ -4556,16 +4556,15 @@ static inline void lp_attention_block_forward_cpu(float* out, float* rmax, float
             for (int i = 0; i < Tq; i++) {
                 size_t r = (size_t)bh * T + t0 + i;
                 int n = lp_keys_upto(kpos, nk, qpos[t0 + i]);
-                float *srow = sc + (size_t)i * nk, mx = first || n == 0 ? -INFINITY : rmax[r], old = mx, sum = 0.0f;
+                float *srow = sc + (size_t)i * nk, mx = first ? -INFINITY : rmax[r], old = mx, sum = 0.0f;
                 for (int j = 0; j < n; j++) mx = fmaxf(mx, scale * srow[j]);
                 for (int j = 0; j < nk; j++) {
                     srow[j] = j < n ? expf(scale * srow[j] - mx) : 0.0f;
                     sum += srow[j];
                 }
                 // what was summed before shrinks by exp(old - max); the output held it divided by its sum
-                float before = first || n == 0 ? 0.0f : rsum[r] * expf(old - mx);
-                for (int d = 0; d < HS; d++) o[(size_t)i * HS + d] = before ? o[(size_t)i * HS + d] * before : 0.0f;  // (first: out unset)
-                if (n == 0) continue;
+                float before = first ? 0.0f : rsum[r] * expf(old - mx);
+                for (int d = 0; d < HS; d++) o[(size_t)i * HS + d] = first ? 0.0f : o[(size_t)i * HS + d] * before;  // (first: out unset)
                 rmax[r] = mx;
                 rsum[r] = before + sum;
             }
@@ -4573,7 +4572,6 @@ static inline void lp_attention_block_forward_cpu(float* out, float* rmax, float
             for (int i = 0; i < Tq; i++) {
                 size_t r = (size_t)bh * T + t0 + i;
                 float* orow = out + ((size_t)b * T + t0 + i) * C + (size_t)h * HS;
-                if (lp_keys_upto(kpos, nk, qpos[t0 + i]) == 0) continue;  // (a row the block does not reach keeps its output)
                 for (int d = 0; d < HS; d++) orow[d] = o[(size_t)i * HS + d] / rsum[r];
             }
         }
