@@ -4905,8 +4905,6 @@ static void test_context_parallel(void) {
         {"4", "--cp 2 --tp 4", "--tp 4 --cp 2 --pp 1: the grid needs at least t*cp*p = 8 ranks, this run has 4"},
         {"1", "--cp 0", "sizes must be 1 .. 65536, got 1, 1, 1, 0"},
         {"4", "--cp 2 --diloco 2", "--cp 2 with --diloco: not yet"},
-        {"2", "--cp 2 --eval-hellaswag x.bin", "flag --eval-hellaswag with --cp 2: not yet"},
-        {"2", "--cp 2 --trace x.json", "flag --trace with --cp 2: not yet"},
         {"2", "--cp 2 --auto", "flag --auto with --cp 2: not yet"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
@@ -5354,6 +5352,19 @@ static void test_timeline(void) {
     expect(n == 2 && rc == 0 && strstr(out[0], "timeline of steps 2-2: ") && strstr(out[1], "6 passed, 0 failed\n2\n"),
            "one rank, --recompute full, --trace-steps 2:3 in a 2-step run: step 2 written, its 2 layers' recomputation on it");
     if (rc != 0) printf("%s\n%s\n", out[0], out[1]);
+    // context parallelism: cp 2 x d 2, its ranks named by their cp coordinate, the ring's receives on the cp group, and the
+    // gradients' collectives over cp x d (dpcp), each with its wait for the peers
+    snprintf(args, sizeof(args), "-e d2 -i %s -j '' -b 2 -t 32 -d 256 -v 0 -s 0 -x 3 --cp 2 --trace %s", tmp_path("dp_shard.bin"),
+             tmp_path("tl_cp.json"));
+    n = run_ranks(4, args, tmp_path("tl_cp"), traced, out[0], sizeof(out[0]));
+    rc = run_cmd(out[1], sizeof(out[1]), "python3 dev/timeline/check.py %s --ranks 4 && grep -c '\"name\": \"rank 3: t0 cp1 p0 d1\"' %s && "
+                 "grep -c '\"name\": \"receive\", \"cat\": \"comm\", \"ph\": \"X\", \"pid\": 0, .*\"group\": \"cp\"' %s && "
+                 "grep -c '\"pid\": 0, .*\"group\": \"dpcp\".*\"waited_for_peers_us\"' %s", tmp_path("tl_cp.json"), tmp_path("tl_cp.json"),
+                 tmp_path("tl_cp.json"), tmp_path("tl_cp.json"));
+    expect(n == 3 && rc == 0 && strstr(out[1], "6 passed, 0 failed\n1\n16\n5\n"),
+           "cp 2 x d 2 with --trace: dev/timeline/check.py passes, rank 3 named t0 cp1 p0 d1, rank 0's 16 ring receives on the cp "
+           "group, its 5 gradient collectives over cp x d each with its wait for the peers");
+    if (rc != 0 || !strstr(out[1], "6 passed, 0 failed\n1\n16\n5\n")) printf("%s\n%s\n", out[0], out[1]);
     const char* bad[][2] = {{"--trace x.json --trace-steps 3:2", "flag --trace-steps: '3:2' is not A:B with 1 <= A <= B"},
                             {"--trace x.json --trace-steps 0:1", "flag --trace-steps: '0:1' is not A:B"},
                             {"--trace-steps 1:2", "flag --trace-steps: only with --trace FILE"},
@@ -6134,7 +6145,8 @@ static void test_moe_grids(void) {
 
 // HellaSwag on grids equals one rank: the data-parallel ranks split the 13 examples unevenly (shares of
 // 7 and 6, or 4, 4, 4 and 1; B=3 splits examples over forwards), through pipeline stages, TP (its losses
-// vocab-parallel), sequence parallelism and ZeRO-3 (whose forwards gather weights over d).
+// vocab-parallel), sequence parallelism, ZeRO-3 (whose forwards gather weights over d) and context
+// parallelism (each cp rank's chunks of a row, alone and with SP).
 static void test_hellaswag_grids(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 hellaswag")) return;
@@ -6148,7 +6160,8 @@ static void test_hellaswag_grids(void) {
     int ok = rc == 0 && parse_hellaswag(out, want, &n) && n == 13;
     expect(ok, "hellaswag: one rank scores the 13 examples");
     if (!ok) { printf("%s\n", out); return; }
-    const char* grids[][2] = {{"8", "--tp 2 --pp 2"}, {"8", "--tp 2 --pp 2 --sp"}, {"8", "--pp 2 --zero 3"}, {"4", "--tp 2 --zero 3"}};
+    const char* grids[][2] = {{"8", "--tp 2 --pp 2"}, {"8", "--tp 2 --pp 2 --sp"}, {"8", "--pp 2 --zero 3"}, {"4", "--tp 2 --zero 3"},
+                              {"4", "--cp 2"}, {"4", "--cp 2 --tp 2 --sp"}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s %s %s", grids[k][0], TRAIN_BIN, base,
                      grids[k][1]);
@@ -7160,7 +7173,6 @@ static void test_head_size_refused(void) {
 #endif
 }
 
-// The CUDA engine refuses --trace in one line (its events would be the host's clock, not the streams').
 // The CUDA engine's timeline (under the emulator): a d2 run (ZeRO-0's reductions overlapped on the comm
 // stream) and a p2 d2 run (1F1B, 4 micro-batches) pass dev/timeline/check.py's strict checks; each rank
 // has three tracks, the host's, the compute stream's (every micro-batch's forward and backward) and the comm

@@ -707,14 +707,8 @@ static void lp_check_flags(LPFlags* f) {
     if (par->cp > 1 && f->T % (2 * par->cp))
         lp_fail_all("flag %s %d: sequence length %s %d does not split into 2*%d = %d chunks of equal length", LP_FLAG_NAME(par.cp),
                     par->cp, LP_FLAG_NAME(T), f->T, par->cp, 2 * par->cp);
-    if (par->cp > 1 && f->hellaswag[0])
-        lp_fail_all("flag %s with %s %d: not yet (its forwards score whole sequences on each rank)", LP_FLAG_NAME(hellaswag),
-                    LP_FLAG_NAME(par.cp), par->cp);
     if (par->cp > 1 && f->auto_grid)
         lp_fail_all("flag %s with %s %d: not yet (the planner splits no sequence)", LP_FLAG_NAME(auto_grid), LP_FLAG_NAME(par.cp), par->cp);
-    if (par->cp > 1 && f->trace[0])
-        lp_fail_all("flag %s with %s %d: not yet (the timeline names and matches ranks by their t, p and d alone)", LP_FLAG_NAME(trace),
-                    LP_FLAG_NAME(par.cp), par->cp);
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
@@ -932,10 +926,16 @@ static float lp_evaluate(LPStage* st, LPDataLoader* val, int n_batches) {
 // run as many forwards (ZeRO-3 gathers weights in each), a rank out of rows running its first again
 // unscored. The losses are on the last pipeline stage (every TP rank of it has all of them): it scores,
 // and the counts are summed over the pipeline (the other stages add 0) and over the data-parallel ranks.
+// With context parallelism each cp rank has its chunks' losses: put at their positions in zeroed rows and
+// summed over the cp group, every cp rank has the whole rows (and scores them alike).
 static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* dp, int* right) {
     const LPModel* m = &st->chunks[st->par->vpp - 1];
-    int d = st->par->dp, share = (s->num_examples + d - 1) / d, forwards = 0, e0 = 0, e1 = 0;
-    int multiple = st->par->sp ? m->tp_size : 1;
+    int d = st->par->dp, share = (s->num_examples + d - 1) / d, forwards = 0, e0 = 0, e1 = 0, cp = st->cp->size;
+    int multiple = st->par->sp ? m->tp_size : 1;  // (SP: the rows split over the TP group)
+    if (cp > 1) {  // (a cp rank's T/cp rows do; and T splits into 2cp chunks)
+        multiple *= cp;
+        if (multiple % (2 * cp)) multiple *= 2;
+    }
     for (int k = 0; k < d; k++) {  // rank k's examples; the forwards: enough for the most rows of any share
         int k0 = k * share < s->num_examples ? k * share : s->num_examples, k1 = k0 + share < s->num_examples ? k0 + share : s->num_examples;
         int n = (s->first_row[k1] - s->first_row[k0] + B - 1) / B;
@@ -943,15 +943,26 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
         if (k == dp->rank) e0 = k0, e1 = k1;
     }
     int r0 = s->first_row[e0], rows = s->first_row[e1] - r0;
-    int* inputs = (int*)lp_host_malloc((size_t)B * m->T * sizeof(int), "hellaswag inputs");
-    int* targets = (int*)lp_host_malloc((size_t)B * m->T * sizeof(int), "hellaswag targets");
+    size_t most = (size_t)B * m->T * cp;  // (a forward's tokens: B rows of up to -t; a cp rank's model has T/cp rows)
+    int* inputs = (int*)lp_host_malloc(most * sizeof(int), "hellaswag inputs");
+    int* targets = (int*)lp_host_malloc(most * sizeof(int), "hellaswag targets");
     double* loss = (double*)lp_host_malloc((size_t)(rows ? rows : 1) * sizeof(double), "hellaswag losses");
+    float* whole = cp > 1 ? (float*)lp_host_malloc(most * sizeof(float), "hellaswag rows") : NULL;
     for (int i = 0; i < forwards; i++) {
         int first = i * B, n = rows - first < B ? rows - first : B;
         int T = lp_evalset_batch(s, n > 0 ? r0 + first : 0, n > 0 ? n : 1, multiple, inputs, targets);
         lp_stage_forward_only(st, inputs, targets, n > 0 ? n : 1, T);
+        const float* losses = m->losses_host;
+        if (m->last && cp > 1) {
+            int Tl = T / cp;
+            memset(whole, 0, (size_t)(n > 0 ? n : 1) * T * sizeof(float));
+            for (int b = 0; b < (n > 0 ? n : 1); b++)
+                for (int t = 0; t < Tl; t++) whole[(size_t)b * T + lp_cp_position(t, Tl, st->cp->rank, cp)] = losses[(size_t)b * Tl + t];
+            lp_all_reduce_host(st->cp, whole, (n > 0 ? n : 1) * T, 0);
+            losses = whole;
+        }
         if (m->last)
-            for (int b = 0; b < n; b++) loss[first + b] = lp_evalset_row_loss(s, r0 + first + b, m->losses_host + (size_t)b * T);
+            for (int b = 0; b < n; b++) loss[first + b] = lp_evalset_row_loss(s, r0 + first + b, losses + (size_t)b * T);
     }
     float counts[2] = {0.0f, 0.0f};  // exact in a float up to 2^24 examples
     if (m->last) {
@@ -967,6 +978,7 @@ static void lp_hellaswag(LPStage* st, const LPEvalSet* s, int B, const LPGroup* 
     free(inputs);
     free(targets);
     free(loss);
+    free(whole);
 }
 
 // Sample from the model, starting from <|endoftext|>: each token through the model once, the keys and values
@@ -1921,7 +1933,8 @@ static void lp_json_string(FILE* out, const char* s) {
 // earlier, a broadcast, whose root need not wait, an ep or edp group; on the CUDA build a collective of
 // device tensors, which the host only enqueues: its wait is the GPU's, inside the comm or compute stream's
 // event): a group's members call its collectives in one order, so the k-th of each member's on the group
-// is one call, and it began for all once the last member's began. The groups from the coordinates: tp shares p and d, pp t and d, dp t and p.
+// is one call, and it began for all once the last member's began. A group's members are the ranks whose coordinates
+// (t, cp, p, d) differ in its axes alone: tp's in t, dp's in d, dpcp's (gradients under context parallelism) in cp and d.
 static int lp_trace_is_collective(const LPTraceEvent* e, const char* group) {
     static const char* const arrivals[] = {"all-reduce", "all-reduce of host values", "reduce-scatter", "all-gather", "all-to-all", "barrier"};
     if (strcmp(e->kind, "comm") || strcmp(e->group, group) || e->track) return 0;  // (the host's blocking calls)
@@ -1931,7 +1944,8 @@ static int lp_trace_is_collective(const LPTraceEvent* e, const char* group) {
     return 0;
 }
 static double* lp_trace_peer_waits(const LPTraceEvent* all, const int* count, const int* coords, int n) {
-    static const char* const groups[] = {"tp", "pp", "dp", "world"};
+    static const char* const groups[] = {"tp", "cp", "pp", "dp", "dpcp", "world"};
+    static const int varies[] = {1, 2, 4, 8, 2 | 8, 15};  // the coordinates (bits: t 1, cp 2, p 4, d 8) its members differ in
     size_t total = 0;
     size_t* first = (size_t*)lp_host_malloc((size_t)n * sizeof(size_t), "trace offsets");
     for (int k = 0; k < n; k++) first[k] = total, total += (size_t)count[k];
@@ -1939,13 +1953,12 @@ static double* lp_trace_peer_waits(const LPTraceEvent* all, const int* count, co
     for (size_t i = 0; i < total; i++) waited[i] = -1.0;
     size_t* at = (size_t*)lp_host_malloc((size_t)n * sizeof(size_t), "trace cursors");
     int* members = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace group");
-    for (int g = 0; g < 4; g++) {
-        int same[4][2] = {{1, 2}, {0, 2}, {0, 1}, {-1, -1}};  // the coordinates (t 0, p 1, d 2) a group's members share
+    for (int g = 0; g < 6; g++) {
         for (int k = 0; k < n; k++) {
             int size = 0, leader = 1;
             for (int j = 0; j < n; j++) {
-                int in = g == 3 || (coords[3 * j + same[g][0]] == coords[3 * k + same[g][0]] &&
-                                    coords[3 * j + same[g][1]] == coords[3 * k + same[g][1]]);
+                int in = 1;
+                for (int a = 0; a < 4; a++) in &= (varies[g] >> a & 1) || coords[4 * j + a] == coords[4 * k + a];
                 if (in && j < k) leader = 0;
                 if (in) members[size++] = j;
             }
@@ -1979,9 +1992,10 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
 #ifndef LLMPAR_CPU
     lp_trace_device_times();  // (the streams' events on the host's clock)
 #endif
-    int n = proc->world, mine = lp_trace.n * (int)sizeof(LPTraceEvent), coord[3] = {proc->coord[LP_TP], proc->coord[LP_PP], proc->coord[LP_DP]};
+    int n = proc->world, mine = lp_trace.n * (int)sizeof(LPTraceEvent);
+    int coord[4] = {proc->coord[LP_TP], proc->coord[LP_CP], proc->coord[LP_PP], proc->coord[LP_DP]};
     int* bytes = (int*)lp_host_malloc((size_t)n * sizeof(int), "trace sizes");
-    int* coords = (int*)lp_host_malloc((size_t)n * 3 * sizeof(int), "trace coordinates");
+    int* coords = (int*)lp_host_malloc((size_t)n * 4 * sizeof(int), "trace coordinates");
     lp_world_all_gather(proc, &mine, sizeof(int), bytes);
     lp_world_all_gather(proc, coord, sizeof(coord), coords);
     size_t total = 0;
@@ -2000,7 +2014,7 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
                 "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\", \"build\": \"%s\"",
                 from, to, n, LP_BUILD_GPU ? "cuda" : "cpu");
         const LPParallel* par = proc->par;
-        if (lp_config_is_gpt2(&r->cfg)) {  // the planner's flags for this run's grid (dev/plot.py --trace sets the plan beside it)
+        if (lp_config_is_gpt2(&r->cfg) && par->cp == 1) {  // the planner's flags for this run's grid (dev/plot.py --trace sets the plan beside it)
             char plan[LP_PATH_MAX + 512], moe[96] = "";
             if (r->preset && r->cfg.moe_experts)
                 snprintf(moe, sizeof(moe), " --moe-experts %d --moe-topk %d --moe-every %d --ep %d", r->cfg.moe_experts, r->cfg.moe_topk,
@@ -2015,8 +2029,10 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
         }
         fprintf(out, "},\n \"traceEvents\": [\n");
         for (int k = 0; k < n; k++) {  // (the events follow these, each after a comma)
-            fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d "
-                    "p%d d%d\"}},\n", k, k, coords[3 * k], coords[3 * k + 1], coords[3 * k + 2]);
+            char cp[24] = "";  // (with context parallelism only)
+            if (par->cp > 1) snprintf(cp, sizeof(cp), " cp%d", coords[4 * k + 1]);
+            fprintf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"name\": \"rank %d: t%d%s "
+                    "p%d d%d\"}},\n", k, k, coords[4 * k], cp, coords[4 * k + 2], coords[4 * k + 3]);
             fprintf(out, "  {\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"sort_index\": %d}},\n", k, k);
             static const char* const tracks[] = {LP_BUILD_GPU ? "host: the work issued, blocking calls" : "compute and communication",
                                                  "GPU: compute stream", "GPU: comm stream"};

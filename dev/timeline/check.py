@@ -8,7 +8,8 @@ Check a timeline that `train_gpt --trace FILE` wrote, strictly, and print a PASS
 - the format: Chrome's trace-event JSON object format (a "traceEvents" list; each event a complete event
   "X" with name, cat, ts and dur in microseconds (non-negative numbers), integer pid and tid, an args
   object; or a metadata event "M" naming a process or thread, or sorting processes);
-- every rank 0 .. N-1 is a process, named "rank R: tT pP dD", with events;
+- every rank 0 .. N-1 is a process, named "rank R: tT pP dD" ("rank R: tT cpC pP dD" with context parallelism),
+  with events;
 - on each thread, events nest: two events are disjoint or one holds the other (begin/end pairs balanced);
 - with --pp and --micro-batches (1F1B, one chunk per stage): each pipeline rank's forwards and backwards
   in 1F1B's order for its stage (stage s runs min(P - s - 1, M) forwards, then alternates, then the rest
@@ -66,8 +67,8 @@ def main():
     names = {e["pid"]: e["args"].get("name", "") for e in events if isinstance(e, dict) and e.get("name") == "process_name"}
     have = {e["pid"] for e in spans}
     check(sorted(names) == list(range(args.ranks)) and have == set(range(args.ranks))
-          and all(re.fullmatch(rf"rank {p}: t\d+ p\d+ d\d+", names[p]) for p in names),
-          f"ranks 0 .. {args.ranks - 1} each a process named 'rank R: tT pP dD' with events ({sorted(names)}, {sorted(have)})")
+          and all(re.fullmatch(rf"rank {p}: t\d+( cp\d+)? p\d+ d\d+", names[p]) for p in names),
+          f"ranks 0 .. {args.ranks - 1} each a process named 'rank R: tT [cpC ]pP dD' with events ({sorted(names)}, {sorted(have)})")
 
     def end(e):
         return e["ts"] + e["dur"]
