@@ -1382,9 +1382,9 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
     if (world % tpp)
         lp_fail_all("%s %d%s %s %d: %s = %lld does not divide the %d ranks (world = %s*d)", tp, par->tp, cp, pp, par->pp, product, tpp,
                     proc->world, product);
-    if (par->cp > 1 && (par->ep > 1 || par->diloco || par->gossip))
-        lp_fail_all("%s %d with %s: not yet (the experts' and the replicas' groups do not yet include the context-parallel ranks)",
-                    LP_SETTING(cp), par->cp, par->ep > 1 ? LP_SETTING(ep) : par->diloco ? LP_SETTING(diloco) : LP_SETTING(gossip));
+    if (par->cp > 1 && par->ep > 1)
+        lp_fail_all("%s %d with %s: not yet (the experts' groups do not yet include the context-parallel ranks)", LP_SETTING(cp), par->cp,
+                    LP_SETTING(ep));
     par->dp = (int)(world / tpp);
     proc->par = par;
     int stride = 1;
@@ -7978,8 +7978,9 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
         if (lp_is_expert_tensor(i)) sizes[0][i] = 0;
     }
     size_t wte_rows = holds >> LP_WTE & 1 ? (size_t)cfg->padded_vocab_size / m->tp_size : 0;  // this rank's vocabulary slice
-    int apart = m->par->diloco || m->par->gossip;  // replicas that train apart average no gradients
-    const LPGroup* dp = proc && !apart ? lp_dp_group(proc) : NULL;
+    // replicas that train apart average no gradients between them; a replica's cp ranks do (they train one model)
+    int apart = m->par->diloco || m->par->gossip;
+    const LPGroup* dp = !proc ? NULL : !apart ? lp_dp_group(proc) : m->par->cp > 1 ? &proc->group[LP_CP] : NULL;
     // the only copy of wte, beside layers (its pieces are at most a layer's): ZeRO-2/3 may cut it (section 8)
     int wte_alone = m->first && (m->last || cfg->untied) && m->L > 0;
     lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, wte_alone, dp, m->par, split->chunk);
@@ -10157,20 +10158,28 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
                 if (st->chunks[c].aux_id[q] == st->aux[j]) st->aux_loss[j] += st->chunks[c].aux_loss[q] / m;
     }
     lp_all_reduce_host(st->pp, st->aux_loss, st->num_aux, 0);
-    const LPZero* z = &st->chunks[0].zero;  // the replicas' batches: their mean (of replicas that train apart too: the log's)
-    const LPGroup* dp = z->dp ? z->dp : z->replicas;
-    if (dp) lp_all_reduce_host(dp, &loss, 1, 1);
-    if (dp && st->num_aux) lp_all_reduce_host(dp, st->aux_loss, st->num_aux, 1);
+    // the replicas' batches: their mean (z->dp's; of replicas that train apart too, for the log: z->replicas', after
+    // the mean over each one's cp ranks, its z->dp, if any)
+    const LPZero* z = &st->chunks[0].zero;
+    const LPGroup* groups[2] = {z->dp, z->replicas};
+    int ranks = 1;
+    for (int g = 0; g < 2; g++) {
+        if (!groups[g]) continue;
+        lp_all_reduce_host(groups[g], &loss, 1, 1);
+        if (st->num_aux) lp_all_reduce_host(groups[g], st->aux_loss, st->num_aux, 1);
+        ranks *= groups[g]->size;
+    }
     if (st->chunks[0].cfg.moe_experts) {  // the MoE layers' statistics: of every stage and replica (TP ranks have the same)
         float sums[LP_MOE_STATS] = {0};
         for (int c = 0; c < v; c++)
             for (int k = 0; k < LP_MOE_STATS; k++) sums[k] += (float)((const double*)&st->chunks[c].moe_stats)[k];
         lp_all_reduce_host(st->pp, sums, LP_MOE_STATS, 0);
-        if (dp) lp_all_reduce_host(dp, sums, LP_MOE_STATS, 0);
+        for (int g = 0; g < 2; g++)
+            if (groups[g]) lp_all_reduce_host(groups[g], sums, LP_MOE_STATS, 0);
         double* out = (double*)&st->moe_stats;
         for (int k = 0; k < LP_MOE_STATS; k++) out[k] = sums[k];
-        st->moe_stats.aux /= dp ? dp->size : 1;
-        st->moe_stats.z /= dp ? dp->size : 1;
+        st->moe_stats.aux /= ranks;
+        st->moe_stats.z /= ranks;
     }
     lp_trace_end(phase);
     st->wall_s = lp_time_s() - t0;

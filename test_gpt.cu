@@ -4876,6 +4876,35 @@ static void test_context_parallel(void) {
         expect(val[0] > 0 && fabs(val[1] - val[0]) <= 1e-5 * val[0], name);
     }
 
+    // replicas that train apart, each over 2 cp ranks (which average their gradients, as one replica's): DiLoCo and
+    // gossip on cp 2 x d 2 give d 2's losses (1e-5) and weights (within AdamW's bounds)
+    for (int mode = 0; mode < 2; mode++) {
+        char args[4096], dir[LP_PATH_MAX], name[256];
+        float want[64], got[64];
+        size_t nw = 0, nw2 = 0;
+        const char* apart = mode ? "--gossip 1" : "--diloco 2";
+        snprintf(args, sizeof(args), "-e %s -i %s -j '' -t 64 -b 4 -x 6 -l 1e-2 -u 2 -v 0 -s 0 %s", tmp_path("cp_tiny.bin"),
+                 tmp_path("cp_shard.bin"), apart);
+        lp_path(dir, "%s_%d", tmp_path("cp_apart_d2"), mode);
+        int n = run_ranks(2, args, dir, want, out, sizeof(out));
+        float* wref = run_weights(dir, 6, &nw);
+        snprintf(args + strlen(args), sizeof(args) - strlen(args), " --cp 2");
+        lp_path(dir, "%s_%d", tmp_path("cp_apart_cp2"), mode);
+        int n2 = run_ranks(4, args, dir, got, out, sizeof(out));
+        float* w = run_weights(dir, 6, &nw2);
+        snprintf(name, sizeof(name), "cp 2 x d 2 %s: d 2's losses (1e-5 relative)", apart);
+        expect(n == 6 && n2 == 6 && wref && w && nw == nw2, name);
+        if (n == 6 && n2 == 6 && wref && w && nw == nw2) {
+            expect_close(name, got, want, 6, 0.0f, 1e-5f);
+            snprintf(name, sizeof(name), "cp 2 x d 2 %s: d 2's weights within AdamW's bounds", apart);
+            expect_weights_within_adamw(name, &c, w, wref, nw, 1e-2f, 6);
+        } else {
+            printf("%s\n", out);
+        }
+        free(wref);
+        free(w);
+    }
+
     // a checkpoint of cp 2 resumes on cp 1 and on cp 4 (canonical files): steps 6-10 equal the straight run's
     {
         char base[2048], args[4096], dir[LP_PATH_MAX], rdir[LP_PATH_MAX], name[160];
@@ -4904,7 +4933,7 @@ static void test_context_parallel(void) {
         {"3", "--cp 2", "--tp 1 --cp 2 --pp 1: t*cp*p = 2 does not divide the 3 ranks (world = t*cp*p*d)"},
         {"4", "--cp 2 --tp 4", "--tp 4 --cp 2 --pp 1: the grid needs at least t*cp*p = 8 ranks, this run has 4"},
         {"1", "--cp 0", "sizes must be 1 .. 65536, got 1, 1, 1, 0"},
-        {"4", "--cp 2 --diloco 2", "--cp 2 with --diloco: not yet"},
+        {"4", "--cp 2 --ep 2", "--cp 2 with --ep: not yet"},
         {"2", "--cp 2 --auto", "flag --auto with --cp 2: not yet"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
