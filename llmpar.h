@@ -1256,8 +1256,10 @@ static inline const char* lp_setting_name(size_t offset, const char* field) {
 // Expert parallelism splits DP in two (Megatron-LM's expert and expert-data-parallel groups): the d ranks
 // are d/ep replicas of ep neighbours, dp_rank = edp_rank * ep + ep_rank. The ep neighbours (group LP_EP)
 // hold a MoE layer's experts between them and send each other the tokens (section 9); the replicas of
-// the same experts (group LP_EDP) average those experts' gradients. Dense tensors stay with LP_DP.
-enum { LP_TP, LP_CP, LP_DP, LP_PP, LP_AXES, LP_EP = LP_AXES, LP_EDP, LP_DPCP, LP_GROUPS };
+// the same experts (group LP_EDP) average those experts' gradients. Dense tensors stay with LP_DP. With
+// both, each cp rank sends its own rows' tokens to the ep neighbours of its cp coordinate, and the experts'
+// gradients average over the edp replicas' cp ranks (group LP_EDPCP).
+enum { LP_TP, LP_CP, LP_DP, LP_PP, LP_AXES, LP_EP = LP_AXES, LP_EDP, LP_DPCP, LP_EDPCP, LP_GROUPS };
 typedef struct {
     const char* name;  // the group's, in error messages
     size_t size;       // offsetof(LPParallel, its size)
@@ -1384,14 +1386,6 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
     if (world % tpp)
         lp_fail_all("%s %d%s %s %d: %s = %lld does not divide the %d ranks (world = %s*d)", tp, par->tp, cp, pp, par->pp, product, tpp,
                     proc->world, product);
-#ifndef LLMPAR_CPU
-    if (par->cp > 1)
-        lp_fail_all("%s %d: the CUDA build's ring attention is not yet written; context parallelism runs on ./train_gpt_cpu",
-                    LP_SETTING(cp), par->cp);
-#endif
-    if (par->cp > 1 && par->ep > 1)
-        lp_fail_all("%s %d with %s: not yet (the experts' groups do not yet include the context-parallel ranks)", LP_SETTING(cp), par->cp,
-                    LP_SETTING(ep));
     par->dp = (int)(world / tpp);
     proc->par = par;
     int stride = 1;
@@ -1445,6 +1439,18 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
         }
 #endif
     }
+    LPGroup* edpcp = &proc->group[LP_EDPCP];  // the dpcp ranks of this one's ep coordinate (cp 1: edp is it)
+    edpcp->name = "edpcp";
+    edpcp->size = par->cp * sizes[1];
+    edpcp->rank = sub[1] * par->cp + proc->coord[LP_CP];
+#ifdef LLMPAR_MPI
+    if (proc->world > 1 && par->cp > 1 && par->ep > 1) {
+        lp_watch("splitting the world into groups (MPI_Comm_split)", NULL);
+        MPI_Comm_split(dpcp->comm, sub[0], edpcp->rank, &edpcp->comm);
+        lp_watch_done();
+        MPI_Comm_set_errhandler(edpcp->comm, MPI_ERRORS_RETURN);
+    }
+#endif
     lp_replicas_check(par);
 }
 
@@ -1452,6 +1458,11 @@ void lp_grid_init(LPProcess* proc, LPParallel* par) {
 // data-parallel replicas, and with context parallelism every cp rank of each (cp x d ranks, each of which
 // trains on its share of its replica's tokens).
 const LPGroup* lp_dp_group(const LPProcess* proc) { return proc->par->cp > 1 ? &proc->group[LP_DPCP] : &proc->group[LP_DP]; }
+// With expert parallelism, the ranks that hold the same experts and average their gradients: the edp replicas
+// (and with context parallelism each one's cp ranks).
+static inline const LPGroup* lp_experts_group(const LPProcess* proc) {
+    return proc->par->cp > 1 ? &proc->group[LP_EDPCP] : &proc->group[LP_EDP];
+}
 #endif  // LLMPAR_IMPLEMENTATION
 
 #ifndef LLMPAR_CPU
@@ -1483,33 +1494,10 @@ const char* lp_tp_check(const LPConfig* c, int t, char* why, size_t size) {
         return NULL;
     return why;
 }
-// Every rank checks alike, so rank 0 alone prints. The CUDA engine runs the Llama family on one rank so far: there
-// every other setting is refused, never run on untested (the CPU engine runs its grids).
+// Every rank checks alike, so rank 0 alone prints.
 void lp_grid_check(const LPProcess* proc, const LPConfig* c) {
     char why[256];
     if (lp_tp_check(c, proc->par->tp, why, sizeof(why))) lp_fail_all("%s", why);
-    if (proc->par->cp > 1 && c->rope)  // (the rank's rows are at its chunks' positions: LPModel.positions, which RoPE does not yet take)
-        lp_fail_all("%s %d: not yet for the Llama family (RoPE turns q and k by a first row's position, not yet by the chunks' "
-                    "table of positions)", LP_SETTING(cp), proc->par->cp);
-#ifndef LLMPAR_CPU
-    const LPParallel* p = proc->par;
-    if (lp_config_is_gpt2(c)) return;
-    struct { int set; const char* name; int value; const char* const* names; } axes[] = {  // (names: the value's, as the flag takes it)
-        {p->tp > 1, LP_SETTING(tp), p->tp, NULL}, {p->pp > 1, LP_SETTING(pp), p->pp, NULL}, {p->vpp > 1, LP_SETTING(vpp), p->vpp, NULL},
-        {p->zero > 0, LP_SETTING(zero), p->zero, NULL}, {p->sp != 0, LP_SETTING(sp), p->sp, NULL}, {p->ep > 1, LP_SETTING(ep), p->ep, NULL},
-        {p->offload != 0, LP_SETTING(offload), p->offload, lp_offload_names}};  // (0: LP_OFFLOAD_NONE)
-    for (int k = 0; k < (int)(sizeof(axes) / sizeof(axes[0])); k++) {
-        if (!axes[k].set) continue;
-        char value[16];
-        if (axes[k].names) snprintf(value, sizeof(value), "%s", axes[k].names[axes[k].value]);
-        else snprintf(value, sizeof(value), "%d", axes[k].value);
-        lp_fail_all("%s %s: not yet for the Llama family on the CUDA engine (one rank so far; ./train_gpt_cpu runs its grids)",
-                    axes[k].name, value);
-    }
-    if (proc->world > 1)
-        lp_fail_all("%d ranks (data parallelism d = %d): not yet for the Llama family on the CUDA engine (one rank so far; "
-                    "./train_gpt_cpu runs its grids)", proc->world, p->dp);
-#endif
 }
 
 // Starts MPI (when built with it) and learns this process's rank; lp_grid_init places it on the grid.
@@ -2861,8 +2849,11 @@ void lp_comm_init(LPProcess* proc) {
         lp_log("notice: ranks share a GPU, so collectives go over MPI through host memory (slower than NCCL)\n");
         return;
     }
-    for (int a = 0; a < LP_GROUPS; a++)  // (ep 1: the experts' groups are unused; cp 1: so is dpcp, dp averages)
-        if (a < LP_AXES || (a == LP_DPCP ? proc->par->cp : proc->par->ep) > 1) lp_group_nccl_init(&proc->group[a]);
+    const LPParallel* par = proc->par;
+    for (int a = 0; a < LP_GROUPS; a++) {  // (ep 1: the experts' groups are unused; cp 1: so are dpcp and edpcp)
+        int used = a < LP_AXES || (a == LP_DPCP ? par->cp > 1 : a == LP_EDPCP ? par->cp > 1 && par->ep > 1 : par->ep > 1);
+        if (used) lp_group_nccl_init(&proc->group[a]);
+    }
     cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
@@ -4514,12 +4505,12 @@ static inline void lp_attention_backward_cpu(float* dqkv, float* dqkvr, float* d
 // and values at positions kpos (ascending): a query to the keys at its own position or before, so to a prefix
 // of the block (none: a block wholly after it is skipped; the block of its own rows: the causal diagonal).
 // The scores merge into a running result with the online softmax's statistics, as flash attention's do: out
-// (B,T,NH HS) holds each row's sum of exp(score - max) v, rmax and rsum (B,NH,T) its running max and its sum of
-// exp(score - max); `first` starts them (the first block a row meets holds its own position). block_end
-// divides out by the sum and leaves the row's logsumexp in rmax. qkv: the projection's rows (B,T,(NH+2KV)HS),
-// of which q is read; kv (B,Tk,2 KV HS): each key row's KV keys, then its KV values (lp_attention_kv_copy).
-// Each row streams over its keys, rescaling its sum when the max rises: no scores are kept.
-static inline int lp_keys_upto(const int* kpos, int Tk, int p) {  // how many of the ascending kpos are <= p
+// (B,T,NH HS) holds each row's attention over the blocks met so far (normalised: a bf16 out between blocks
+// loses no more than the final one), rmax and rsum (B,NH,T) its running max and its sum of exp(score - max);
+// `first` starts them (the first block a row meets holds its own position). block_end leaves each row's
+// logsumexp in rmax. qkv: the projection's rows (B,T,(NH+2KV)HS), of which q is read; kv (B,Tk,2 KV HS): each
+// key row's KV keys, then its KV values (lp_attention_kv_copy). qpos and kpos: (device) tables.
+static inline LP_HD int lp_keys_upto(const int* kpos, int Tk, int p) {  // how many of the ascending kpos are <= p
     int lo = 0, hi = Tk;
     while (lo < hi) {
         int mid = (lo + hi) / 2;
@@ -4528,85 +4519,128 @@ static inline int lp_keys_upto(const int* kpos, int Tk, int p) {  // how many of
     }
     return lo;
 }
+// A (sequence, head) task's view of a block: its query rows that score any key, rows t0 .. T-1 (the rows
+// ascend, so those that see none come first), and the keys the last of them sees, 0 .. nk-1 (the rest
+// none sees). The scores are then one product of those rows and keys, the mask within it by row.
+static inline void lp_block_extent(const int* qpos, const int* kpos, int T, int Tk, int* t0, int* nk) {
+    *nk = T ? lp_keys_upto(kpos, Tk, qpos[T - 1]) : 0;
+    *t0 = *nk ? lp_keys_upto(qpos, T, kpos[0] - 1) : T;
+}
+// Rows [t0, T) of one head (`stride` values apart, HS each) into x (T - t0, HS); _add adds x back onto them.
+static inline void lp_block_rows_get(float* x, const float* src, int t0, int T, size_t stride, int HS) {
+    for (int t = t0; t < T; t++) memcpy(x + (size_t)(t - t0) * HS, src + (size_t)t * stride, (size_t)HS * sizeof(float));
+}
+static inline void lp_block_rows_add(float* dst, const float* x, int t0, int T, size_t stride, int HS) {
+    for (int t = t0; t < T; t++)
+        for (int d = 0; d < HS; d++) dst[(size_t)t * stride + d] += x[(size_t)(t - t0) * HS + d];
+}
+// Per (sequence, head) task, in scratch of its thread: q (Tq,HS), the K/V head's k and v (nk,HS), the scores
+// s (Tq,nk) = q k^T as one product, each row's masked softmax merged into its running statistics, and p v as
+// another (lp_head_gemm: sgemm with a BLAS), added to the rescaled output. Every row from t0 sees a key.
 static inline void lp_attention_block_forward_cpu(float* out, float* rmax, float* rsum, const float* qkv, const float* kv,
                                                   const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
                                                   int first) {
-    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV;
+    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV, t0, nk;
     float scale = lp_attention_scale(C, NH);
-#pragma omp parallel for
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        for (int t = 0; t < T; t++) {
-            const float* q = qkv + ((size_t)b * T + t) * heads * HS + (size_t)h * HS;
-            float* o = out + ((size_t)b * T + t) * C + (size_t)h * HS;
-            float mx = first ? -INFINITY : rmax[(size_t)bh * T + t], sum = first ? 0.0f : rsum[(size_t)bh * T + t];
-            if (first) for (int d = 0; d < HS; d++) o[d] = 0.0f;
-            for (int j = 0, n = lp_keys_upto(kpos, Tk, qpos[t]); j < n; j++) {
-                const float* k = kv + ((size_t)b * Tk + j) * 2 * KV * HS + (size_t)(h / G) * HS;
-                const float* v = k + (size_t)KV * HS;
-                float score = 0.0f;
-                for (int d = 0; d < HS; d++) score += q[d] * k[d];
-                score *= scale;
-                if (score > mx) {  // the max rises: what is summed so far shrinks by exp(old - new)
-                    float shrink = expf(mx - score);
-                    sum *= shrink;
-                    for (int d = 0; d < HS; d++) o[d] *= shrink;
-                    mx = score;
+    lp_block_extent(qpos, kpos, T, Tk, &t0, &nk);
+    if (nk == 0) return;  // (a block wholly after every row)
+    int Tq = T - t0;
+#pragma omp parallel
+    {
+        float* q = (float*)lp_host_malloc(((size_t)2 * Tq * HS + (size_t)2 * nk * HS + (size_t)Tq * nk) * sizeof(float), "ring attention");
+        float *k = q + (size_t)Tq * HS, *v = k + (size_t)nk * HS, *o = v + (size_t)nk * HS, *sc = o + (size_t)Tq * HS;
+#pragma omp for
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            lp_block_rows_get(q, qkv + (size_t)b * T * heads * HS + (size_t)h * HS, t0, T, (size_t)heads * HS, HS);
+            const float* kb = kv + (size_t)b * Tk * 2 * KV * HS + (size_t)(h / G) * HS;
+            lp_block_rows_get(k, kb, 0, nk, (size_t)2 * KV * HS, HS);
+            lp_block_rows_get(v, kb + (size_t)KV * HS, 0, nk, (size_t)2 * KV * HS, HS);
+            lp_block_rows_get(o, out + (size_t)b * T * C + (size_t)h * HS, t0, T, C, HS);
+            lp_head_gemm(0, 1, Tq, nk, HS, q, k, sc, 0);  // q k^T
+            for (int i = 0; i < Tq; i++) {
+                size_t r = (size_t)bh * T + t0 + i;
+                int n = lp_keys_upto(kpos, nk, qpos[t0 + i]);
+                float *srow = sc + (size_t)i * nk, mx = first ? -INFINITY : rmax[r], old = mx, sum = 0.0f;
+                for (int j = 0; j < n; j++) mx = fmaxf(mx, scale * srow[j]);
+                for (int j = 0; j < nk; j++) {
+                    srow[j] = j < n ? expf(scale * srow[j] - mx) : 0.0f;
+                    sum += srow[j];
                 }
-                float w = expf(score - mx);
-                sum += w;
-                for (int d = 0; d < HS; d++) o[d] += w * v[d];
+                // what was summed before shrinks by exp(old - max); the output held it divided by its sum
+                float before = first ? 0.0f : rsum[r] * expf(old - mx);
+                for (int d = 0; d < HS; d++) o[(size_t)i * HS + d] = first ? 0.0f : o[(size_t)i * HS + d] * before;  // (first: out unset)
+                rmax[r] = mx;
+                rsum[r] = before + sum;
             }
-            rmax[(size_t)bh * T + t] = mx;
-            rsum[(size_t)bh * T + t] = sum;
+            lp_head_gemm(0, 0, Tq, HS, nk, sc, v, o, 1);  // + p v
+            for (int i = 0; i < Tq; i++) {
+                size_t r = (size_t)bh * T + t0 + i;
+                float* orow = out + ((size_t)b * T + t0 + i) * C + (size_t)h * HS;
+                for (int d = 0; d < HS; d++) orow[d] = o[(size_t)i * HS + d] / rsum[r];
+            }
         }
+        free(q);
     }
 }
-static inline void lp_attention_block_end_cpu(float* out, float* rmax, const float* rsum, int B, int T, int C, int NH) {
-    int HS = C / NH;
-#pragma omp parallel for
-    for (int bh = 0; bh < B * NH; bh++)
-        for (int t = 0; t < T; t++) {
-            size_t r = (size_t)bh * T + t;
-            float* o = out + ((size_t)(bh / NH) * T + t) * C + (size_t)(bh % NH) * HS;
-            for (int d = 0; d < HS; d++) o[d] /= rsum[r];
-            rmax[r] += logf(rsum[r]);
-        }
+static inline void lp_attention_block_end_cpu(float* rmax, const float* rsum, int rows) {
+    for (int r = 0; r < rows; r++) rmax[r] += logf(rsum[r]);
 }
 // Backward of one block, from the rows' logsumexp (lse): p = exp(score - lse) of each pair a query scores;
-// dv += p dout, dp = dout . v, ds = p (dp - D) with D = dout . out (the row's sum of p dp, whatever block);
-// dq += scale ds k (into the q part of dqkv), dk += scale ds q (dkv, laid out as kv). A task per (sequence,
-// K/V head): its group's query heads and rows in order, so the sums into its keys need no atomics.
+// dv += p^T dout, dp = dout v^T, ds = p (dp - D) with D = dout . out (the row's sum of p dp, whatever block);
+// dq += scale ds k (into the q part of dqkv), dk += scale ds^T q (dkv, laid out as kv): five products per
+// head. A task per (sequence, K/V head): its group's query heads in order, so the sums into its keys need no
+// atomics.
 static inline void lp_attention_block_backward_cpu(float* dqkv, float* dkv, const float* dout, const float* out, const float* lse,
                                                    const float* qkv, const float* kv, const int* qpos, const int* kpos, int B,
                                                    int T, int Tk, int C, int NH, int KV) {
-    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV;
+    int HS = C / NH, G = NH / KV, heads = NH + 2 * KV, t0, nk;
     float scale = lp_attention_scale(C, NH);
-#pragma omp parallel for
-    for (int bg = 0; bg < B * KV; bg++) {
-        int b = bg / KV, g = bg % KV;
-        for (int h = g * G; h < (g + 1) * G; h++)
-            for (int t = 0; t < T; t++) {
-                size_t row = (size_t)b * T + t;
-                const float* q = qkv + row * heads * HS + (size_t)h * HS;
-                float* dq = dqkv + row * heads * HS + (size_t)h * HS;
-                const float *dy = dout + row * C + (size_t)h * HS, *y = out + row * C + (size_t)h * HS;
-                float D = 0.0f, l = lse[((size_t)b * NH + h) * T + t];
-                for (int d = 0; d < HS; d++) D += dy[d] * y[d];
-                for (int j = 0, n = lp_keys_upto(kpos, Tk, qpos[t]); j < n; j++) {
-                    size_t at = ((size_t)b * Tk + j) * 2 * KV * HS + (size_t)g * HS;
-                    const float *k = kv + at, *v = k + (size_t)KV * HS;
-                    float *dk = dkv + at, *dv = dk + (size_t)KV * HS;
-                    float score = 0.0f, dp = 0.0f;
-                    for (int d = 0; d < HS; d++) score += q[d] * k[d], dp += dy[d] * v[d];
-                    float p = expf(scale * score - l), ds = scale * p * (dp - D);
-                    for (int d = 0; d < HS; d++) {
-                        dv[d] += p * dy[d];
-                        dq[d] += ds * k[d];
-                        dk[d] += ds * q[d];
+    lp_block_extent(qpos, kpos, T, Tk, &t0, &nk);
+    if (nk == 0) return;
+    int Tq = T - t0;
+    size_t kvrow = (size_t)2 * KV * HS;
+#pragma omp parallel
+    {
+        float* q = (float*)lp_host_malloc(((size_t)4 * Tq * HS + (size_t)4 * nk * HS + (size_t)2 * Tq * nk) * sizeof(float), "ring attention");
+        float *dy = q + (size_t)Tq * HS, *dq = dy + (size_t)Tq * HS, *D = dq + (size_t)Tq * HS, *k = D + Tq, *v = k + (size_t)nk * HS;
+        float *dk = v + (size_t)nk * HS, *dv = dk + (size_t)nk * HS, *p = dv + (size_t)nk * HS, *ds = p + (size_t)Tq * nk;
+#pragma omp for
+        for (int bg = 0; bg < B * KV; bg++) {
+            int b = bg / KV, g = bg % KV;
+            const float* kb = kv + (size_t)b * Tk * kvrow + (size_t)g * HS;
+            lp_block_rows_get(k, kb, 0, nk, kvrow, HS);
+            lp_block_rows_get(v, kb + (size_t)KV * HS, 0, nk, kvrow, HS);
+            memset(dk, 0, (size_t)2 * nk * HS * sizeof(float));  // (dk, dv)
+            for (int h = g * G; h < (g + 1) * G; h++) {
+                size_t row0 = (size_t)b * T;
+                lp_block_rows_get(q, qkv + row0 * heads * HS + (size_t)h * HS, t0, T, (size_t)heads * HS, HS);
+                lp_block_rows_get(dy, dout + row0 * C + (size_t)h * HS, t0, T, C, HS);
+                for (int i = 0; i < Tq; i++) {
+                    const float *dyr = dy + (size_t)i * HS, *yr = out + (row0 + t0 + i) * C + (size_t)h * HS;
+                    float s = 0.0f;
+                    for (int d = 0; d < HS; d++) s += dyr[d] * yr[d];
+                    D[i] = s;
+                }
+                lp_head_gemm(0, 1, Tq, nk, HS, q, k, p, 0);    // scores q k^T
+                lp_head_gemm(0, 1, Tq, nk, HS, dy, v, ds, 0);  // dp = dout v^T
+                for (int i = 0; i < Tq; i++) {
+                    int n = lp_keys_upto(kpos, nk, qpos[t0 + i]);
+                    float l = lse[((size_t)b * NH + h) * T + t0 + i], *pr = p + (size_t)i * nk, *dr = ds + (size_t)i * nk;
+                    for (int j = 0; j < nk; j++) {
+                        pr[j] = j < n ? expf(scale * pr[j] - l) : 0.0f;
+                        dr[j] = scale * pr[j] * (dr[j] - D[i]);
                     }
                 }
+                lp_head_gemm(0, 0, Tq, HS, nk, ds, k, dq, 0);  // dq = ds k
+                lp_block_rows_add(dqkv + row0 * heads * HS + (size_t)h * HS, dq, t0, T, (size_t)heads * HS, HS);
+                lp_head_gemm(1, 0, nk, HS, Tq, ds, q, dk, 1);  // dk += ds^T q
+                lp_head_gemm(1, 0, nk, HS, Tq, p, dy, dv, 1);  // dv += p^T dout
             }
+            lp_block_rows_add(dkv + (size_t)b * Tk * kvrow + (size_t)g * HS, dk, 0, nk, kvrow, HS);
+            lp_block_rows_add(dkv + (size_t)b * Tk * kvrow + (size_t)(KV + g) * HS, dv, 0, nk, kvrow, HS);
+        }
+        free(q);
     }
 }
 // Each row's keys and values between the projection's rows qkv (B,T,(NH+2KV)HS) and a block kv (B,T,2 KV HS):
@@ -4624,8 +4658,8 @@ static inline void lp_attention_kv_copy_cpu(float* kv, float* qkv, int B, int T,
 // --- rotary positions (RoPE), Llama's layout: in each query and key head, the pair of channels (2i, 2i+1) at
 // position p is rotated by the angle p freq_i, freq_i = theta^(-2i/HS); Llama 3.1's scaled RoPE divides the
 // low frequencies by 8 and blends the middle ones (wavelengths between 8192/4 and 8192, its original context).
-// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, row t at position pos + t (pos: 0, or the first
-// row's place in a key-value cache), the V heads untouched; inverse rotates by -angle: the backward pass (a
+// In place on the qkv rows (B,T,(NH+2KV)HS) of the projection, row t at position pos[t] (a device table: t, the
+// rows' places in a key-value cache, or context parallelism's chunks' positions), the V heads untouched; inverse rotates by -angle: the backward pass (a
 // rotation's transpose), on the gradient of the rotated q and k.
 static inline LP_HD double lp_rope_freq(int i, int HS, float theta, int scaled) {
     double f = pow((double)theta, -2.0 * i / HS);
@@ -4636,11 +4670,11 @@ static inline LP_HD double lp_rope_freq(int i, int HS, float theta, int scaled) 
     double smooth = (context / wavelen - low) / (high - low);
     return (1.0 - smooth) * f / factor + smooth * f;
 }
-static inline void lp_rope_cpu(float* qkv, int B, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+static inline void lp_rope_cpu(float* qkv, int B, int T, const int* pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
     int heads = NH + 2 * KV;
 #pragma omp parallel for
     for (int bt = 0; bt < B * T; bt++) {
-        int at = pos + bt % T;
+        int at = pos[bt % T];
         float* row = qkv + (size_t)bt * heads * HS;
         for (int i = 0; i < HS / 2; i++) {
             double angle = at * lp_rope_freq(i, HS, theta, scaled);
@@ -4662,11 +4696,12 @@ static inline void lp_rope_cpu(float* qkv, int B, int T, int pos, int NH, int KV
 // 3 8B under 1% of a layer's time (its bytes at an H100's bandwidth against the layer's FLOPs), while fused
 // it would sit in both flash kernels' tile loads (which land in shared memory by cp.async, so a pass over the
 // tile of its own) and the backward's dq and dk stores, and again in the cublas path's permutes.
-static __global__ void lp_rope_kernel(floatX* qkv, int N, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+static __global__ void lp_rope_kernel(floatX* qkv, int N, int T, const int* pos, int NH, int KV, int HS, float theta, int scaled,
+                                      int inverse) {
     size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= (size_t)N * (HS / 2)) return;
     int bt = (int)(k / (HS / 2)), i = (int)(k % (HS / 2));
-    double angle = (pos + bt % T) * lp_rope_freq(i, HS, theta, scaled);
+    double angle = pos[bt % T] * lp_rope_freq(i, HS, theta, scaled);
     float c = (float)cos(angle), s = inverse ? -(float)sin(angle) : (float)sin(angle);
     floatX* x = qkv + (size_t)bt * (NH + 2 * KV) * HS + 2 * i;
     for (int h = 0; h < NH + KV; h++, x += HS) {
@@ -4675,7 +4710,7 @@ static __global__ void lp_rope_kernel(floatX* qkv, int N, int T, int pos, int NH
         x[1] = lp_xf(x0 * s + x1 * c);
     }
 }
-static inline void lp_rope_gpu(floatX* qkv, int B, int T, int pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
+static inline void lp_rope_gpu(floatX* qkv, int B, int T, const int* pos, int NH, int KV, int HS, float theta, int scaled, int inverse) {
     size_t n = (size_t)B * T * (HS / 2);
     LP_LAUNCH(lp_rope_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, qkv, B * T, T, pos, NH, KV, HS, theta, scaled, inverse);
 }
@@ -4688,17 +4723,6 @@ static inline void lp_rope_gpu(floatX* qkv, int B, int T, int pos, int NH, int K
 // (b, g) with its group of G = NH / KV query heads, whose q rows (G T, HS) lie together in qkvr and whose
 // scores are (G T, T) of att: so q k^T and p v are one product each per K/V head, and dk = ds^T q and
 // dv = p^T dy sum over the group inside their products (multi-head: G = 1, a head per entry).
-
-// The CUDA build's kernels of context parallelism's ring come in a later step (lp_grid_init refuses cp > 1 in
-// this build), so these are never reached.
-static inline void lp_attention_block_forward_gpu(floatX*, float*, float*, const floatX*, const floatX*, const int*, const int*, int, int,
-                                                  int, int, int, int, int) { lp_fail("internal: the CUDA build has no ring attention yet"); }
-static inline void lp_attention_block_end_gpu(floatX*, float*, const float*, int, int, int, int) { lp_fail("internal: the CUDA build has no ring attention yet"); }
-static inline void lp_attention_block_backward_gpu(floatX*, floatX*, const floatX*, const floatX*, const float*, const floatX*, const floatX*,
-                                                   const int*, const int*, int, int, int, int, int, int) {
-    lp_fail("internal: the CUDA build has no ring attention yet");
-}
-static inline void lp_attention_kv_copy_gpu(floatX*, floatX*, int, int, int, int, int, int) { lp_fail("internal: the CUDA build has no ring attention yet"); }
 
 // Row-major C (M,N) = op(A) op(B) for each of `heads` heads, like lp_head_gemm: each operand is one
 // contiguous matrix per head (A M*K values, B K*N, C M*N), so the batch strides follow from the shape.
@@ -4867,25 +4891,26 @@ static inline void lp_attention_cached_forward_cpu(float* out, float* cache, con
 }
 
 #ifndef LLMPAR_CPU
-// The same on the GPU: a thread copies one key or value into the cache; then a warp takes one (row, head),
-// lane l holding dimensions l, l + 32, ... of its query and output (HS <= 128: 4 each), each key's score a
-// warp sum, the running max and sum the same in every lane.
-static __global__ void lp_kv_append_kernel(floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C, int NH) {
+// The same on the GPU: a thread copies one key or value channel into the cache; then a warp takes one (row,
+// query head), lane l holding dimensions l, l + 32, ... of its query and output (HS <= 128: 4 each), each key's
+// score a warp sum, the running max and sum the same in every lane; query head h reads K/V head h / (NH/KV).
+static __global__ void lp_kv_append_kernel(floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C, int NH, int KV) {
+    int HS = C / NH, KVC = KV * HS;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * N * 2 * C) return;
-    int c = (int)(idx % C), which = (int)(idx / C % 2), i = (int)(idx / C / 2 % N), b = (int)(idx / C / 2 / N), HS = C / NH;
-    cache[which * (size_t)B * NH * Tc * HS + (((size_t)b * NH + c / HS) * Tc + pos + i) * HS + c % HS] =
-        qkv[((size_t)b * N + i) * 3 * C + (1 + which) * C + c];
+    if (idx >= (size_t)B * N * 2 * KVC) return;
+    int c = (int)(idx % KVC), which = (int)(idx / KVC % 2), i = (int)(idx / KVC / 2 % N), b = (int)(idx / KVC / 2 / N);
+    cache[which * (size_t)B * KV * Tc * HS + (((size_t)b * KV + c / HS) * Tc + pos + i) * HS + c % HS] =
+        qkv[((size_t)b * N + i) * (C + 2 * KVC) + C + which * KVC + c];
 }
 #define LP_CACHED_DIMS (LP_FLASH_MAX_HS / 32)
 static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc,
-                                                  int C, int NH, float scale) {
+                                                  int C, int NH, int KV, float scale) {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= B * N * NH) return;  // (a whole warp)
     int h = r % NH, i = r / NH % N, b = r / NH / N, HS = C / NH;
-    const floatX* q = qkv + ((size_t)b * N + i) * 3 * C + h * HS;
-    const floatX* k = cache + ((size_t)b * NH + h) * Tc * HS;
-    const floatX* v = k + (size_t)B * NH * Tc * HS;
+    const floatX* q = qkv + ((size_t)b * N + i) * (C + 2 * KV * HS) + h * HS;
+    const floatX* k = cache + ((size_t)b * KV + h / (NH / KV)) * Tc * HS;
+    const floatX* v = k + (size_t)B * KV * Tc * HS;
     float qd[LP_CACHED_DIMS], y[LP_CACHED_DIMS], m = -INFINITY, l = 0.0f;
 #pragma unroll
     for (int u = 0; u < LP_CACHED_DIMS; u++) {
@@ -4918,12 +4943,174 @@ static __global__ void lp_attention_cached_kernel(floatX* out, const floatX* cac
 }
 static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, const floatX* qkv, int B, int N, int pos, int Tc, int C,
                                                    int NH, int KV) {
-    if (KV != NH)  // (the driver refuses -s for the Llama family on the CUDA engine)
-        lp_fail("internal: the CUDA build's cached attention takes no grouped-query attention yet (%d K/V heads of %d)", KV, NH);
-    size_t n = (size_t)B * N * 2 * C, warps = (size_t)B * N * NH;
-    LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH);
-    LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH,
+    size_t n = (size_t)B * N * 2 * KV * (C / NH), warps = (size_t)B * N * NH;
+    LP_LAUNCH(lp_kv_append_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, cache, qkv, B, N, pos, Tc, C, NH, KV);
+    LP_LAUNCH(lp_attention_cached_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, cache, qkv, B, N, pos, Tc, C, NH, KV,
               lp_attention_scale(C, NH));
+}
+
+// Context parallelism's block ops (lp_attention_block_forward_cpu and the rest) on the GPU, their CPU loops'
+// results in the cached kernel's form: a warp per row, lane l holding dimensions l, l + 32, ... of it, each
+// score a warp sum, the softmax online over the keys (rescaled when the max rises). The forward takes a query
+// row (b, h, t) over the keys it sees; the backward's dq the same, and dk and dv a warp per key row (b, K/V
+// head, j) over the group's query rows that see it (a suffix of the ascending qpos), so each gradient has one
+// writer and no atomics. D = dout . out is taken again for each pair in the key-side kernel, HS more products
+// against keeping a (B,NH,T) buffer. The running output and the gradients accumulate in registers over a
+// block and round to bf16 once a block: cp roundings in all. Plain loops, not flash attention's tensor-core
+// tiles: at a FLOP rate well below flash's (flash kernels that take the running max and sum and the rows'
+// positions would close that gap; not written).
+static __global__ void lp_attention_kv_copy_kernel(floatX* kv, floatX* qkv, int N, int NH, int KV, int HS, int to_block) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)2 * KV * HS;
+    if (i >= (size_t)N * n) return;
+    floatX* row = qkv + i / n * (NH + 2 * KV) * HS + (size_t)NH * HS + i % n;
+    if (to_block) kv[i] = *row;
+    else *row = kv[i];
+}
+static inline void lp_attention_kv_copy_gpu(floatX* kv, floatX* qkv, int B, int T, int NH, int KV, int HS, int to_block) {
+    size_t n = (size_t)B * T * 2 * KV * HS;
+    LP_LAUNCH(lp_attention_kv_copy_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, kv, qkv, B * T, NH, KV, HS, to_block);
+}
+static __global__ void lp_attention_block_forward_kernel(floatX* out, float* rmax, float* rsum, const floatX* qkv, const floatX* kv,
+                                                         const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
+                                                         int first, float scale) {
+    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;  // r = (b NH + h) T + t
+    if (r >= B * NH * T) return;  // (a whole warp)
+    int t = r % T, h = r / T % NH, b = r / T / NH, HS = C / NH, heads = NH + 2 * KV, n = lp_keys_upto(kpos, Tk, qpos[t]);
+    if (n == 0) return;  // (a block wholly after the row)
+    const floatX* q = qkv + ((size_t)b * T + t) * heads * HS + (size_t)h * HS;
+    const floatX* k0 = kv + (size_t)b * Tk * 2 * KV * HS + (size_t)(h / (NH / KV)) * HS;
+    floatX* o = out + ((size_t)b * T + t) * C + (size_t)h * HS;
+    float mx = first ? -INFINITY : rmax[r], sum = first ? 0.0f : rsum[r], qd[LP_CACHED_DIMS], y[LP_CACHED_DIMS];
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++) {
+        int d = lane + 32 * u;
+        qd[u] = d < HS ? lp_bf(q[d]) : 0.0f;
+        y[u] = d < HS && !first ? lp_bf(o[d]) * sum : 0.0f;
+    }
+    for (int j = 0; j < n; j++) {
+        const floatX *k = k0 + (size_t)j * 2 * KV * HS, *v = k + (size_t)KV * HS;
+        float score = 0.0f;
+#pragma unroll
+        for (int u = 0; u < LP_CACHED_DIMS; u++)
+            if (lane + 32 * u < HS) score += qd[u] * lp_bf(k[lane + 32 * u]);
+        score = lp_warp_sum(score) * scale;
+        if (score > mx) {
+            float shrink = expf(mx - score);
+            sum *= shrink;
+#pragma unroll
+            for (int u = 0; u < LP_CACHED_DIMS; u++) y[u] *= shrink;
+            mx = score;
+        }
+        float w = expf(score - mx);
+        sum += w;
+#pragma unroll
+        for (int u = 0; u < LP_CACHED_DIMS; u++)
+            if (lane + 32 * u < HS) y[u] += w * lp_bf(v[lane + 32 * u]);
+    }
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++)
+        if (lane + 32 * u < HS) o[lane + 32 * u] = lp_xf(y[u] / sum);
+    if (lane == 0) rmax[r] = mx, rsum[r] = sum;
+}
+static inline void lp_attention_block_forward_gpu(floatX* out, float* rmax, float* rsum, const floatX* qkv, const floatX* kv,
+                                                  const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
+                                                  int first) {
+    size_t warps = (size_t)B * NH * T;
+    LP_LAUNCH(lp_attention_block_forward_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, rmax, rsum, qkv, kv, qpos, kpos,
+              B, T, Tk, C, NH, KV, first, lp_attention_scale(C, NH));
+}
+static __global__ void lp_attention_block_end_kernel(float* rmax, const float* rsum, int rows) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) rmax[r] += logf(rsum[r]);
+}
+static inline void lp_attention_block_end_gpu(float* rmax, const float* rsum, int rows) {
+    LP_LAUNCH(lp_attention_block_end_kernel, lp_grid(rows, LP_THREADS), LP_THREADS, 0, rmax, rsum, rows);
+}
+// One query row's pair with one key (k, v): its probability p and ds = p (dp - D), D = dout . out (lanes'
+// dimensions in qd, dy; warp sums).
+static __device__ inline float lp_block_pair_ds(const float* qd, const float* dy, const floatX* k, const floatX* v, float D, float l,
+                                                int lane, int HS, float scale, float* p) {
+    float score = 0.0f, dp = 0.0f;
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++)
+        if (lane + 32 * u < HS) score += qd[u] * lp_bf(k[lane + 32 * u]), dp += dy[u] * lp_bf(v[lane + 32 * u]);
+    *p = expf(scale * lp_warp_sum(score) - l);
+    return scale * *p * (lp_warp_sum(dp) - D);
+}
+// A lane's dimensions of a row's query (or dout, out) into registers, and the warp's dout . out.
+static __device__ inline void lp_block_row_load(float* x, const floatX* src, int lane, int HS) {
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++) x[u] = lane + 32 * u < HS ? lp_bf(src[lane + 32 * u]) : 0.0f;
+}
+static __device__ inline float lp_block_row_D(const floatX* dout, const floatX* out, int lane, int HS, float* dy) {
+    float y[LP_CACHED_DIMS], D = 0.0f;
+    lp_block_row_load(dy, dout, lane, HS);
+    lp_block_row_load(y, out, lane, HS);
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++) D += dy[u] * y[u];
+    return lp_warp_sum(D);
+}
+static __global__ void lp_attention_block_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const float* lse,
+                                                    const floatX* qkv, const floatX* kv, const int* qpos, const int* kpos, int B, int T,
+                                                    int Tk, int C, int NH, int KV, float scale) {
+    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;  // r = (b NH + h) T + t
+    if (r >= B * NH * T) return;
+    int t = r % T, h = r / T % NH, b = r / T / NH, HS = C / NH, heads = NH + 2 * KV, n = lp_keys_upto(kpos, Tk, qpos[t]);
+    if (n == 0) return;
+    size_t row = (size_t)b * T + t;
+    const floatX* k0 = kv + (size_t)b * Tk * 2 * KV * HS + (size_t)(h / (NH / KV)) * HS;
+    float qd[LP_CACHED_DIMS], dy[LP_CACHED_DIMS], dq[LP_CACHED_DIMS] = {0};
+    lp_block_row_load(qd, qkv + row * heads * HS + (size_t)h * HS, lane, HS);
+    float D = lp_block_row_D(dout + row * C + (size_t)h * HS, out + row * C + (size_t)h * HS, lane, HS, dy), p;
+    for (int j = 0; j < n; j++) {
+        const floatX *k = k0 + (size_t)j * 2 * KV * HS, *v = k + (size_t)KV * HS;
+        float ds = lp_block_pair_ds(qd, dy, k, v, D, lse[r], lane, HS, scale, &p);
+#pragma unroll
+        for (int u = 0; u < LP_CACHED_DIMS; u++)
+            if (lane + 32 * u < HS) dq[u] += ds * lp_bf(k[lane + 32 * u]);
+    }
+    floatX* g = dqkv + row * heads * HS + (size_t)h * HS;
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++)
+        if (lane + 32 * u < HS) g[lane + 32 * u] = lp_xf(lp_bf(g[lane + 32 * u]) + dq[u]);
+}
+static __global__ void lp_attention_block_dkv_kernel(floatX* dkv, const floatX* dout, const floatX* out, const float* lse,
+                                                     const floatX* qkv, const floatX* kv, const int* qpos, const int* kpos, int B, int T,
+                                                     int Tk, int C, int NH, int KV, float scale) {
+    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;  // r = (b KV + g) Tk + j
+    if (r >= B * KV * Tk) return;
+    int j = r % Tk, g = r / Tk % KV, b = r / Tk / KV, HS = C / NH, G = NH / KV, heads = NH + 2 * KV;
+    int t0 = lp_keys_upto(qpos, T, kpos[j] - 1);  // the first query row at or after the key
+    if (t0 == T) return;
+    size_t at = ((size_t)b * Tk + j) * 2 * KV * HS + (size_t)g * HS;
+    const floatX *k = kv + at, *v = k + (size_t)KV * HS;
+    float qd[LP_CACHED_DIMS], dy[LP_CACHED_DIMS], dk[LP_CACHED_DIMS] = {0}, dv[LP_CACHED_DIMS] = {0}, p;
+    for (int h = g * G; h < (g + 1) * G; h++)
+        for (int t = t0; t < T; t++) {
+            size_t row = (size_t)b * T + t;
+            lp_block_row_load(qd, qkv + row * heads * HS + (size_t)h * HS, lane, HS);
+            float D = lp_block_row_D(dout + row * C + (size_t)h * HS, out + row * C + (size_t)h * HS, lane, HS, dy);
+            float ds = lp_block_pair_ds(qd, dy, k, v, D, lse[((size_t)b * NH + h) * T + t], lane, HS, scale, &p);
+#pragma unroll
+            for (int u = 0; u < LP_CACHED_DIMS; u++) dk[u] += ds * qd[u], dv[u] += p * dy[u];
+        }
+    floatX *gk = dkv + at, *gv = gk + (size_t)KV * HS;
+#pragma unroll
+    for (int u = 0; u < LP_CACHED_DIMS; u++)
+        if (lane + 32 * u < HS) {
+            gk[lane + 32 * u] = lp_xf(lp_bf(gk[lane + 32 * u]) + dk[u]);
+            gv[lane + 32 * u] = lp_xf(lp_bf(gv[lane + 32 * u]) + dv[u]);
+        }
+}
+static inline void lp_attention_block_backward_gpu(floatX* dqkv, floatX* dkv, const floatX* dout, const floatX* out, const float* lse,
+                                                   const floatX* qkv, const floatX* kv, const int* qpos, const int* kpos, int B,
+                                                   int T, int Tk, int C, int NH, int KV) {
+    size_t qwarps = (size_t)B * NH * T, kwarps = (size_t)B * KV * Tk;
+    float scale = lp_attention_scale(C, NH);
+    LP_LAUNCH(lp_attention_block_dq_kernel, lp_grid(qwarps * 32, LP_THREADS), LP_THREADS, 0, dqkv, dout, out, lse, qkv, kv, qpos, kpos,
+              B, T, Tk, C, NH, KV, scale);
+    LP_LAUNCH(lp_attention_block_dkv_kernel, lp_grid(kwarps * 32, LP_THREADS), LP_THREADS, 0, dkv, dout, out, lse, qkv, kv, qpos, kpos,
+              B, T, Tk, C, NH, KV, scale);
 }
 #endif
 #endif  // LLMPAR_IMPLEMENTATION
@@ -7635,7 +7822,8 @@ typedef struct LPModel {
     size_t act_bytes;
     int* inputs;        // (B,T) device
     int* targets;       // (B,T) device
-    int* positions;     // (T) device: the last forward's rows' positions in their sequences (lp_positions_forward)
+    int* positions;     // (cp,T) device: the last forward's rows' positions in their sequences, every cp rank's (its
+                        // rows: lp_model_rows_positions; the whole table: the ring's blocks), for wpe and RoPE
     int* inputs_host;   // (B,T) the slot's tokens, for the embedding backward
     // the first chunk's embedding gradient over a step's micro-batches, in rows of its own: row r for token
     // emb_tokens[r] (emb_row[token] = r, or -1), emb_rows in use of emb_cap; lp_model_embedding_backward
@@ -7803,7 +7991,7 @@ void lp_model_create(LPModel* m, const LPConfig* cfg, const LPModelOptions* o) {
     lp_zero_create(&m->zero, sizes[0], cfg, m->layer0, m->L, wte_rows, wte_alone, dp, m->par, split->chunk);
     if (m->parts > 1) {  // the experts: with expert parallelism averaged over their replicas (edp), their gradients
                          // sums over the ep ranks' batches, so the optimizer takes 1/ep of them (grad_scale)
-        lp_zero_create(&m->experts, sizes[1], cfg, m->layer0, m->L, 0, 0, m->ep_size > 1 ? &proc->group[LP_EDP] : dp, m->par,
+        lp_zero_create(&m->experts, sizes[1], cfg, m->layer0, m->L, 0, 0, m->ep_size > 1 ? lp_experts_group(proc) : dp, m->par,
                        LP_MAX_CHUNKS + split->chunk);
         m->experts.grad_scale = 1.0f / m->ep_size;
     }
@@ -8029,7 +8217,7 @@ void lp_model_alloc_activations(LPModel* m, int B, int T, int slots) {
                               &scratch);
     m->inputs = (int*)lp_device_malloc(BT * sizeof(int), "input tokens");
     m->targets = (int*)lp_device_malloc(BT * sizeof(int), "target tokens");
-    m->positions = (int*)lp_device_malloc((size_t)T * sizeof(int), "positions");
+    m->positions = (int*)lp_device_malloc((size_t)m->cp_size * T * sizeof(int), "positions");
     size_t Lm = lp_layers_having(&m->cfg, LP_ROUTERW, m->layer0, m->layer0 + m->L);
     if (Lm) {
         m->slot_moe_routes = (int*)lp_host_malloc(slots * Lm * lp_moe_route_ints(m) * sizeof(int), "expert routes");
@@ -8472,20 +8660,18 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
 // a block being B T 2 C/t values (its K/V heads: 2 KV HS/t).
 static inline int lp_model_attention_materialised(const LPModel* m) { return m->cp_size > 1 ? 0 : lp_attention_materialised(m->attention); }
 
-// Positions of rank `rank`'s rows (T of them) into pos.
-static inline void lp_cp_positions(int* pos, int T, int rank, int cp) {
-    for (int t = 0; t < T; t++) pos[t] = lp_cp_position(t, T, rank, cp);
-}
+// The positions of cp rank `rank`'s T rows (LPModel.positions' row of that rank).
+static inline const int* lp_model_positions_of(const LPModel* m, int rank) { return m->positions + (size_t)rank * m->cur_T; }
+static inline const int* lp_model_rows_positions(const LPModel* m) { return lp_model_positions_of(m, m->cp_rank); }
 
 static inline void lp_ring_attention_forward(LPModel* m, floatX* out, float* lse, floatX* qkv, int B, int T, int Cl, int NHl, int KVl) {
     int n = m->cp_size, r = m->cp_rank, next = (r + 1) % n, prev = (r + n - 1) % n;
     size_t block = (size_t)B * T * 2 * KVl * (Cl / NHl);
     floatX* kv = m->act.ring;  // this step's block, the next
     float* rsum = m->act.ring_sum;  // (the running max: in lse)
-    int* pos = (int*)lp_host_malloc(2 * (size_t)T * sizeof(int), "ring attention positions");  // the rows', the block's
+    const int* pos = lp_model_rows_positions(m);
     LPSends sends = {0};
     LPRecv recv;
-    lp_cp_positions(pos, T, r, n);
     lp_attention_kv_copy(kv, qkv, B, T, NHl, KVl, Cl / NHl, 1);
     for (int s = 0; s < n; s++) {
         floatX *here = kv + (size_t)(s % 2) * block, *coming = kv + (size_t)((s + 1) % 2) * block;
@@ -8493,14 +8679,13 @@ static inline void lp_ring_attention_forward(LPModel* m, floatX* out, float* lse
             lp_recv_start(m->cp, coming, block, prev, 0, &recv);
             lp_send(m->cp, here, block, next, 0, &sends);
         }
-        lp_cp_positions(pos + T, T, (r - s + n) % n, n);
-        lp_attention_block_forward(out, lse, rsum, qkv, here, pos, pos + T, B, T, T, Cl, NHl, KVl, s == 0);
+        lp_attention_block_forward(out, lse, rsum, qkv, here, pos, lp_model_positions_of(m, (r - s + n) % n), B, T, T, Cl, NHl, KVl,
+                                   s == 0);
         if (s + 1 < n) lp_recv_wait(&recv);
     }
-    lp_attention_block_end(out, lse, rsum, B, T, Cl, NHl);
+    lp_attention_block_end(lse, rsum, B * NHl * T);
     lp_sends_wait(m->cp, &sends);
     lp_sends_free(&sends);
-    free(pos);
 }
 
 // Backward into dqkv (the rows' q, k and v gradients) from the output's gradient dout.
@@ -8509,10 +8694,9 @@ static inline void lp_ring_attention_backward(LPModel* m, floatX* dqkv, const fl
     int n = m->cp_size, r = m->cp_rank, next = (r + 1) % n, prev = (r + n - 1) % n;
     size_t block = (size_t)B * T * 2 * KVl * (Cl / NHl);
     floatX *kv = m->act.ring, *dkv = kv + 2 * block;  // two blocks, then their gradients
-    int* pos = (int*)lp_host_malloc(2 * (size_t)T * sizeof(int), "ring attention positions");
+    const int* pos = lp_model_rows_positions(m);
     LPSends sends = {0};
     LPRecv recv, drecv;
-    lp_cp_positions(pos, T, r, n);
     lp_attention_kv_copy(kv, qkv, B, T, NHl, KVl, Cl / NHl, 1);
     lp_device_zero(dkv, block * sizeof(floatX));  // this rank's block's gradient starts here
     lp_device_zero(dqkv, (size_t)B * T * (NHl + 2 * KVl) * (Cl / NHl) * sizeof(floatX));
@@ -8523,8 +8707,8 @@ static inline void lp_ring_attention_backward(LPModel* m, floatX* dqkv, const fl
             lp_send(m->cp, kv + here, block, next, 0, &sends);
         }
         lp_recv_start(m->cp, dkv + coming, block, prev, 1, &drecv);  // the next block's gradient so far (the last: this rank's own)
-        lp_cp_positions(pos + T, T, (r - s + n) % n, n);
-        lp_attention_block_backward(dqkv, dkv + here, dout, out, lse, qkv, kv + here, pos, pos + T, B, T, T, Cl, NHl, KVl);
+        lp_attention_block_backward(dqkv, dkv + here, dout, out, lse, qkv, kv + here, pos, lp_model_positions_of(m, (r - s + n) % n), B, T,
+                                    T, Cl, NHl, KVl);
         lp_send(m->cp, dkv + here, block, next, 1, &sends);
         if (s + 1 < n) lp_recv_wait(&recv);
         lp_recv_wait(&drecv);
@@ -8532,7 +8716,6 @@ static inline void lp_ring_attention_backward(LPModel* m, floatX* dqkv, const fl
     lp_attention_kv_copy(dkv + (size_t)(n % 2) * block, dqkv, B, T, NHl, KVl, Cl / NHl, 0);
     lp_sends_wait(m->cp, &sends);
     lp_sends_free(&sends);
-    free(pos);
 }
 
 // Layer l from its ln1 (made by the residual add below it, fused) to the GELU output: the attention half
@@ -8551,7 +8734,7 @@ static inline void lp_model_layer_forward(LPModel* m, int l, const LPLayerActs* 
     floatX* qkv = mat || kv->kv ? a->qkv : x->qkvs;
     lp_matmul_forward(qkv, NULL, lp_tp_f_forward(m, x->ln1, N, C), lp_layer_param(m, LP_QKVW, l), lp_layer_param(m, LP_QKVB, l), N, C,
                       QKVl);
-    if (c->rope) lp_rope(qkv, B, T, kv->kv ? kv->pos : 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
+    if (c->rope) lp_rope(qkv, B, T, lp_model_rows_positions(m), NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 0);
     if (kv->kv)
         lp_attention_cached_forward(x->atty, kv->kv + (size_t)l * 2 * kv->B * kv->T * KVl * (C / c->num_heads), qkv, B, T, kv->pos, kv->T,
                                     Cl, NHl, KVl);
@@ -8599,9 +8782,11 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
     m->cur_B = B;
     m->cur_T = T;
     m->dloss = dloss * m->loss_scale;
-    int* positions = (int*)lp_host_malloc((size_t)T * sizeof(int), "positions");  // the cache's, or the rank's chunks'
-    for (int t = 0; t < T; t++) positions[t] = m->cache.kv ? pos + t : lp_cp_position(t, T, m->cp_rank, m->cp_size);
-    lp_copy_to_device(m->positions, positions, (size_t)T * sizeof(int));
+    size_t npos = (size_t)m->cp_size * T;  // each cp rank's chunks', or (sampling: each rank its whole sequence) the cache's
+    int* positions = (int*)lp_host_malloc(npos * sizeof(int), "positions");
+    for (size_t i = 0; i < npos; i++)
+        positions[i] = m->cache.kv ? pos + (int)(i % T) : lp_cp_position((int)(i % T), T, (int)(i / T), m->cp_size);
+    lp_copy_to_device(m->positions, positions, npos * sizeof(int));
     free(positions);
     int L = m->L, C = c->channels, Fl = lp_ffn_hidden(c) / t, V = c->vocab_size;
     int Vl = c->padded_vocab_size / t, v0 = m->tp_rank * Vl;
@@ -8619,7 +8804,7 @@ float lp_model_forward(LPModel* m, const int* inputs, const int* targets, int B,
         }
         const floatX* emb = lp_tp_g_forward(m, a->btc, N, C);
         if (c->rope) lp_copy_device(a->encoded, emb, (size_t)Nr * C * sizeof(floatX));  // (RoPE turns q and k in each layer)
-        else lp_positions_forward(a->encoded, emb, lp_model_param(m, LP_WPE), m->positions, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        else lp_positions_forward(a->encoded, emb, lp_model_param(m, LP_WPE), lp_model_rows_positions(m), m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     if (L > 0) {
         lp_model_fetch(m, 0, -1);
@@ -8803,7 +8988,7 @@ void lp_model_backward(LPModel* m, int last) {
 #ifndef LLMPAR_CPU
         else lp_fused_attention_backward_gpu(m->attention, a->qkv, a->btc, x.atty, x.qkvs, x.lse, B, T, Cl, NHl, KVl);
 #endif
-        if (c->rope) lp_rope(a->qkv, B, T, 0, NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
+        if (c->rope) lp_rope(a->qkv, B, T, lp_model_rows_positions(m), NHl, KVl, C / c->num_heads, c->rope_theta, c->rope_scaled, 1);  // q's and k's, turned back
         lp_matmul_backward(a->btc, lp_layer_grad(m, LP_QKVW, l), lp_layer_grad(m, LP_QKVB, l), NULL, a->qkv,
                             lp_tp_f_forward(m, x.ln1, N, C), lp_layer_param(m, LP_QKVW, l), N, C, QKVl, NULL);
         lp_layernorm_backward(a->dresidual, lp_layer_grad(m, LP_LN1W, l), lp_layer_grad(m, LP_LN1B, l),
@@ -8818,7 +9003,7 @@ void lp_model_backward(LPModel* m, int last) {
     }
     if (m->first) {  // the embedding's output gradient is the residual stream's (g backward); positions on this rank's rows
         lp_model_embedding_backward(m, lp_tp_g_backward(m, a->dresidual, N, C), N, v0, Vl, last);
-        if (!c->rope) lp_positions_backward(g[LP_WPE], a->dresidual, m->positions, m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
+        if (!c->rope) lp_positions_backward(g[LP_WPE], a->dresidual, lp_model_rows_positions(m), m->par->sp ? m->tp_rank * Nr : 0, Nr, T, C);
     }
     for (int p = 0; p < m->parts; p++) lp_zero_backward_done(lp_model_part(m, p));
     if (m->par->sp && last) {  // (ZeRO-2/3 reduce the tensors outside the layers once, in lp_zero_average)
@@ -9384,12 +9569,10 @@ int lp_chunk_slots(const LPPipeShape* s, int k) {
     return slots;
 }
 
-// Parameters one rank of chunk k with `layers` layers holds (its TP slice).
-// (*experts, when not NULL: how many of them are a mixture of experts' experts, this rank's E/ep.)
-double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
+// Parameters one rank of chunk k with `layers` layers holds (its TP slice, whose tensors' sizes are `sizes`:
+// lp_param_sizes at t). (*experts, when not NULL: how many of them are a mixture of experts' experts, this rank's E/ep.)
+static inline double lp_chunk_params_of(const size_t* sizes, const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
     int chunks = s->par->pp * s->par->vpp;
-    size_t sizes[LP_NUM_PARAMS];
-    lp_param_sizes(sizes, c, s->par->tp);
     double params = 0.0, held = 0.0;
     for (int i = 0; i < LP_NUM_PARAMS; i++) {
         if (lp_is_layer_tensor(i)) {
@@ -9402,11 +9585,16 @@ double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layer
     }
     return params;
 }
+double lp_chunk_params(const LPConfig* c, const LPPipeShape* s, int k, int layers, double* experts) {
+    size_t sizes[LP_NUM_PARAMS];
+    lp_param_sizes(sizes, c, s->par->tp);
+    return lp_chunk_params_of(sizes, c, s, k, layers, experts);
+}
 
-// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 8).
-static inline size_t lp_wte_piece_rows(const LPConfig* c, int t) {
-    size_t sizes[LP_NUM_PARAMS], layer = 0;  // one layer's parameters on a TP rank (an average layer's)
-    lp_param_sizes(sizes, c, t);
+// The rows of each piece of a TP rank's wte (Vp/t rows of C) under ZeRO-2/3 without a pipeline (section 8), from the
+// rank's tensors' sizes (lp_param_sizes at t).
+static inline size_t lp_wte_piece_rows(const size_t* sizes, const LPConfig* c, int t) {
+    size_t layer = 0;  // one layer's parameters on a TP rank (an average layer's)
     for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? sizes[i] / c->num_layers : 0;
     return lp_zero_piece_rows((size_t)c->padded_vocab_size / t, (size_t)c->channels, layer);
 }
@@ -9423,7 +9611,7 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     double layer = 0.0, experts = 0.0;  // one layer's parameters on a TP rank (an average layer's; its experts E/ep)
     for (int i = 0; i < LP_NUM_PARAMS; i++)
         layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers / (lp_is_expert_tensor(i) ? s->par->ep : 1) : 0.0;
-    double n = lp_chunk_params(c, s, k, layers, &experts);
+    double n = lp_chunk_params_of(sizes, c, s, k, layers, &experts);  // (the sizes once: the partition weighs every chunk at every count)
     // ZeRO shards the dense part over d (with context parallelism, cp d), the experts over their d/ep replicas
     double outside = n - layer * layers, parts = s->par->zero >= 1 ? s->par->dp * s->par->cp : 1, X = lp_shape_value_bytes(s);
     double shard = ceil((n - experts) / parts) + ceil(experts / (s->par->zero >= 1 ? s->par->dp / s->par->ep : 1));
@@ -9431,7 +9619,7 @@ double lp_chunk_memory(const LPConfig* c, const LPPipeShape* s, int k, int layer
     double buffer = layers ? layer : 0.0, piece = 0.0;
     if (s->par->zero >= 2 && (chunks == 1 || (c->untied && k == 0 && layers > 0))) {  // the only copy of wte, in pieces (section 8)
         outside -= (double)sizes[LP_WTE];
-        piece = (double)lp_wte_piece_rows(c, s->par->tp) * c->channels;
+        piece = (double)lp_wte_piece_rows(sizes, c, s->par->tp) * c->channels;
     }
     double params = s->par->zero >= 3 ? outside + (s->par->offload == LP_OFFLOAD_PARAMS ? 0.0 : shard) + 2 * buffer + 2 * piece : shard * parts;
     double grads = s->par->zero >= 2 ? outside + 2 * buffer + shard : shard * parts;

@@ -189,6 +189,14 @@ static void save_tiny_model(const char* path, int layers, uint64_t seed) {
     lp_model_free(&m);
 }
 
+// The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
+static int parse_sample_ids(const char* out, int* ids, int max) {
+    const char *s = strstr(out, "--- sample at step "), *end = s ? strstr(s, "--- end of sample ---") : NULL;
+    int n = 0;
+    for (const char* p = s ? strchr(s, '<') : NULL; p && p < end && n < max; p = strchr(p + 1, '<')) ids[n++] = atoi(p + 1);
+    return n;
+}
+
 // Final weights of a run: the model.bin of its last checkpoint.
 static float* run_weights(const char* dir, int step, size_t* n) {
     char path[LP_PATH_MAX];
@@ -457,33 +465,35 @@ static void expect_bytes_line(const char* out, const char* what, const char* say
 #endif
 
 // --auto: the planner chooses the grid for the run's ranks on this machine and the run trains on it. One line
-// names the choice (t, p, v, d, ZeRO, recomputation, offload, -b) and its reason; the grid the run reports is that
-// one; a grid flag typed is kept (--tp 2); one no grid can meet is refused in one line naming --auto. The CPU build:
+// names the choice (t, p, v, d, cp, ZeRO, recomputation, offload, -b) and its reason; the grid the run reports is that
+// one; a grid flag typed is kept (--tp 2, --cp 2); one no grid can meet is refused in one line naming --auto. The CPU build:
 // 4 and 8 ranks (its rates measured at the start); the CUDA build: 2 ranks, its GPU's preset by name (under the
 // emulator an unknown GPU, planned as an H100 with the memory it reports); the Llama family on the CPU build.
 static void test_auto(void) {
     static char out[1 << 16];
     if (no_mpirun("--auto")) return;
     write_random_shard(tmp_path("auto_shard.bin"), 4000, 78);
-    const struct { int ranks; const char* flags; int tp; } runs[] = {
-        {4, "-e dev/ref/tiny_model.bin", 0}, {4, "-e dev/ref/tiny_model.bin --tp 2", 2}, {8, "-e dev/ref/tiny_model.bin", 0},
-        {4, "-e llama:2,64,4,2,128", 0}};  // (a Llama: the planner's block with its K/V heads and SwiGLU)
-    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 4); k++) {
+    const struct { int ranks; const char* flags; int tp, cp; } runs[] = {
+        {4, "-e dev/ref/tiny_model.bin", 0, 0}, {4, "-e dev/ref/tiny_model.bin --tp 2", 2, 0}, {8, "-e dev/ref/tiny_model.bin", 0, 0},
+        {4, "-e llama:2,64,4,2,128", 0, 0},  // (a Llama: the planner's block with its K/V heads and SwiGLU)
+        {4, "-e dev/ref/tiny_model.bin --cp 2", 0, 2}};  // (context parallelism typed: kept)
+    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 5); k++) {
         int ranks = LP_BUILD_GPU ? 2 : runs[k].ranks;
         int rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s --auto %s "
                          "-i %s -j '' -t 16 -b 2 -x 2 -v 0 -s 0", ranks, TRAIN_BIN, runs[k].flags, tmp_path("auto_shard.bin"));
-        int t = 0, p = 0, v = 0, d = 0, gt = 0, gd = 0, gp = 0, zero = -1;
+        int t = 0, p = 0, v = 0, d = 0, cp = 1, gt = 0, gd = 0, gp = 0, gcp = 1, zero = -1;
         float losses[8];
         const char* line = strstr(out, "auto: ");
         const char* grid = strstr(out, "ranks: t=");
-        int parsed = line && sscanf(line, "auto: t=%d p=%d v=%d d=%d", &t, &p, &v, &d) == 4 && strstr(line, ", ZeRO-") &&
-                     sscanf(strstr(line, ", ZeRO-"), ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") &&
-                     grid && sscanf(grid, "ranks: t=%d d=%d p=%d", &gt, &gd, &gp) == 3;
+        int parsed = line && sscanf(line, "auto: t=%d p=%d v=%d d=%d cp=%d", &t, &p, &v, &d, &cp) >= 4 && strstr(line, ", ZeRO-") &&
+                     sscanf(strstr(line, ", ZeRO-"), ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") && grid &&
+                     (sscanf(grid, "ranks: t=%d d=%d p=%d", &gt, &gd, &gp) == 3 || sscanf(grid, "ranks: t=%d cp=%d d=%d p=%d", &gt, &gcp, &gd, &gp) == 4);
         char what[600];
-        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d ZeRO-%d, says why in one line, and trains "
-                 "on that grid (the run's grid line: t=%d d=%d p=%d)", runs[k].flags, ranks, t, p, v, d,
-                 zero, gt, gd, gp);
-        int ok = rc == 0 && parsed && t * p * d == ranks && gt == t && gd == d && gp == p && (!runs[k].tp || t == runs[k].tp) &&
+        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d cp=%d ZeRO-%d, says why in one line, and trains "
+                 "on that grid (the run's grid line: t=%d cp=%d d=%d p=%d)", runs[k].flags, ranks, t, p, v, d, cp,
+                 zero, gt, gcp, gd, gp);
+        int ok = rc == 0 && parsed && t * p * d * cp == ranks && gt == t && gd == d && gp == p && gcp == cp && (!runs[k].cp || cp == runs[k].cp) &&
+                 (!runs[k].tp || t == runs[k].tp) &&
                  (!runs[k].tp || strstr(line, "with the grid flags typed")) && parse_losses(out, losses, 8) == 2;
         expect(ok, what);
         if (!ok) printf("%s\n", out);
@@ -729,10 +739,11 @@ static void sample_reference(LPModel* m, LPModel* cached, int n, uint64_t seed, 
 // order (the CPU build, fp32: 1e-5 of the largest) or bf16 rounding (the CUDA build: 3e-2). The CPU build:
 // GPT-2 d4's shape (C=256, 4 heads, GPT-2's vocabulary) over 24 positions, a mixture of experts of it
 // (4 experts, top-2, every second layer), llama:d4 (RoPE at each row's position, 2 K/V heads cached for the
-// 4 query heads) and the tiny Llama with SwiGLU experts; the CUDA build (the emulator) GPT-2's two on a tiny model.
-// Each starts from its vocabulary's start token (lp_sample_start), as train_gpt's sampler. A new model's
-// logits are nearly equal (a draw over 50257 tokens of ~2e-5 each, where fp32's last digit of the cumulative
-// sum picks between neighbours), so lnf's weight is scaled up: a trained model's are spread.
+// 4 query heads) and the tiny Llama with SwiGLU experts; the CUDA build (the emulator) the four on tiny models
+// (its Llama's 2 K/V heads for 4). Each starts from its vocabulary's start token (lp_sample_start), as
+// train_gpt's sampler. A new model's logits are nearly equal (a draw over 50257 tokens of ~2e-5 each, where
+// fp32's last digit of the cumulative sum picks between neighbours), so lnf's weight is scaled up: a trained
+// model's are spread.
 static void test_sample_cache(void) {
     LPConfig c;
     LPConfig vocab = {0};
@@ -752,15 +763,14 @@ static void test_sample_cache(void) {
     int n = c.max_seq_len;
     float tol = 3e-2f;
 #endif
-#ifdef LLMPAR_CPU
-    int kinds = 4;
-#else
-    int kinds = 2;  // (the CUDA build's Llama kernels come in another step)
-#endif
-    for (int kind = 0; kind < kinds; kind++) {
+    for (int kind = 0; kind < 4; kind++) {
         int moe = kind == 1 || kind == 3;
         const char* what = kind == 3 ? "Llama MoE" : kind == 2 ? "Llama" : moe ? "MoE" : "dense";
+#ifdef LLMPAR_CPU
         if (kind == 2) lp_config_from_name(&c, "llama:d4");
+#else
+        if (kind == 2) c = tiny_llama_config();
+#endif
         if (kind == 3) c = tiny_llama_config(), c.max_seq_len = n;  // (SwiGLU experts in the cached forward: a small model is enough)
         c.moe_experts = moe ? 4 : 0, c.moe_topk = moe ? 2 : 0, c.moe_every = moe ? 2 : 0;
         for (uint64_t seed = 1; seed <= (uint64_t)(kind ? 1 : 2); seed++) {  // (the mixture of experts and Llama: one seed)
@@ -2275,7 +2285,7 @@ static void test_plan(void) {
     LPConfig small, xl;
     lp_config_from_name(&small, "d12");
     lp_config_from_name(&xl, "d48");
-    LPPlanModel small_plan = lp_plan_model_gpt(&small), xl_plan = lp_plan_model_gpt(&xl);  // (the planner's: GPT-2's blocks)
+    LPPlanModel small_plan = lp_plan_model_of(&small), xl_plan = lp_plan_model_of(&xl);  // (the planner's: GPT-2's blocks)
     LPPlan* plans;
     int n = lp_plan(&small_plan, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans), ordered = 1, honest = 1, bounded = 0;
     for (int k = 1; k < n; k++) {
@@ -2292,7 +2302,7 @@ static void test_plan(void) {
     free(plans);
     LPConfig wide;  // heads divisible by 3 and 6: still no tensor group of 3 or 6 on nodes of 8
     lp_config_from_name(&wide, "4,768,24");
-    LPPlanModel wide_plan = lp_plan_model_gpt(&wide);
+    LPPlanModel wide_plan = lp_plan_model_of(&wide);
     n = lp_plan(&wide_plan, 1024, 6144, 6, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     for (int k = 0; k < n; k++) inside &= h100.gpus_per_node % plans[k].par.tp == 0;
     expect(n > 0 && inside, "plan: tensor groups only of sizes that divide a node (no group of 3 straddling two nodes of 8)");
@@ -2304,7 +2314,7 @@ static void test_plan(void) {
     free(plans);
     LPConfig d4;  // the CPU default at T=64, 65536 tokens a step (a step of a few ms; at 2048 tokens one of less than
     lp_config_from_name(&d4, "d4");  // a millisecond, where the kernel launches the plan does not count would decide)
-    LPPlanModel d4_plan = lp_plan_model_gpt(&d4);
+    LPPlanModel d4_plan = lp_plan_model_of(&d4);
     n = lp_plan(&d4_plan, 64, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     expect(n > 0 && plans[0].par.tp == 1 && plans[0].par.pp == 1 && plans[0].par.dp == 8,
            "plan: the depth-4 model on 8 GPUs: data parallelism, no TP or PP (it fits one GPU many times over)");
@@ -2313,7 +2323,7 @@ static void test_plan(void) {
     // their all-to-alls cost time); with 64 experts on GPUs of 16 GiB the fastest that fits splits them
     LPConfig moe = small;
     moe.moe_experts = 8, moe.moe_topk = 2, moe.moe_every = 1;
-    LPPlanModel moe_plan = lp_plan_model_gpt(&moe);
+    LPPlanModel moe_plan = lp_plan_model_of(&moe);
     n = lp_plan(&moe_plan, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
     int ep_counted = 1, ep_seen = 0;
     for (int k = 0; k < n; k++) {
@@ -2324,7 +2334,7 @@ static void test_plan(void) {
            "plan: a 124M mixture of 8 experts on 8 GPUs of 80 GiB: every ep weighed (its all-to-alls timed), ep 1 fastest");
     free(plans);
     moe.moe_experts = 64;  // with 64 experts, splitting them 8 ways takes most of the memory away, at the all-to-alls' cost
-    moe_plan = lp_plan_model_gpt(&moe);
+    moe_plan = lp_plan_model_of(&moe);
     n = lp_plan(&moe_plan, 1024, 65536, 8, LP_ATTENTION_FLASH, &h100, NULL, 100000, &plans);
     const LPPlan* by_ep[9] = {NULL};
     for (int k = 0; k < n; k++) {
@@ -2391,7 +2401,7 @@ static void test_plan(void) {
     // a tensor group over two nodes of 8 is priced at the network's bandwidth: far slower than inside one
     LPConfig big;
     lp_config_from_name(&big, "32,20480,128");
-    LPPlanModel big_plan = lp_plan_model_gpt(&big);
+    LPPlanModel big_plan = lp_plan_model_of(&big);
     LPPlanLimits within = {LP_FIX_TP | LP_FIX_PP | LP_FIX_B | LP_FIX_RECOMPUTE, lp_parallel_one, 1}, across = within;
     within.par.tp = 8, within.par.pp = 8, across.par.tp = 16, across.par.pp = 4, within.par.recompute = across.par.recompute = LP_RECOMPUTE_FULL;
     LPPlan* other;
@@ -2436,7 +2446,7 @@ static void test_plan(void) {
     // t 8, p 12, v 4, batch 60: the PTD-P paper measured ~11%)
     LPConfig gpt3;
     lp_config_from_name(&gpt3, "96,12288,96,51200");
-    LPPlanModel gpt3_plan = lp_plan_model_gpt(&gpt3);
+    LPPlanModel gpt3_plan = lp_plan_model_of(&gpt3);
     LPPlanLimits sg = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SG, lp_parallel_one, 1};
     sg.par.tp = 8, sg.par.pp = 12, sg.par.vpp = 4, sg.par.recompute = LP_RECOMPUTE_FULL;
     double gain[2];
@@ -2916,11 +2926,12 @@ static void rms_fwd(void* p, float* out) {  // residual = inp + inp2, then RMSNo
     RMSCtx* c = (RMSCtx*)p;
     lp_residual_layernorm_forward_cpu(c->res, out, NULL, c->rstd, c->inp, c->inp2, NULL, c->w, NULL, c->N, c->C, 1e-5f);
 }
+static const int rope_seq[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};  // positions 0 .. T-1 (T <= 16)
 typedef struct { float* x; int B, T, NH, KV, HS, scaled; } RopeCtx;
 static void rope_fwd(void* p, float* out) {
     RopeCtx* c = (RopeCtx*)p;
     memcpy(out, c->x, (size_t)c->B * c->T * (c->NH + 2 * c->KV) * c->HS * sizeof(float));
-    lp_rope_cpu(out, c->B, c->T, 0, c->NH, c->KV, c->HS, 500000.0f, c->scaled, 0);
+    lp_rope_cpu(out, c->B, c->T, rope_seq, c->NH, c->KV, c->HS, 500000.0f, c->scaled, 0);
 }
 typedef struct { float* fch; int N, H; } SwiCtx;
 static void swiglu_fwd(void* p, float* out) {
@@ -2958,20 +2969,27 @@ static void test_llama_ops(void) {
         float *out = zeros(n), *r = rnd(n, &rng, 1.0f), *d = zeros(n);
         rope_fwd(&c, out);
         memcpy(d, r, n * sizeof(float));
-        lp_rope_cpu(d, B, T, 0, NH, KV, HS, 500000.0f, scaled, 1);
+        lp_rope_cpu(d, B, T, rope_seq, NH, KV, HS, 500000.0f, scaled, 1);
         fd_check(scaled ? "fd scaled rope (backward: the inverse rotation)" : "fd rope (backward: the inverse rotation)", rope_fwd, &c,
                  c.x, n, d, out, r, n, &rng);
         rope_fwd(&c, out);  // (fd_check left its last probe's)
-        lp_rope_cpu(out, B, T, 0, NH, KV, HS, 500000.0f, scaled, 1);
+        lp_rope_cpu(out, B, T, rope_seq, NH, KV, HS, 500000.0f, scaled, 1);
         expect_close("rope: the inverse rotation gives the input back", out, c.x, n, 1e-6f, 1e-5f);
-        size_t per = (size_t)(NH + 2 * KV) * HS;  // a key-value cache's rows: the last 3 rows of sequence 0 from position T - 3
-        float* tail = zeros(3 * per);
-        memcpy(tail, c.x + (T - 3) * per, 3 * per * sizeof(float));
-        lp_rope_cpu(tail, 1, 3, T - 3, NH, KV, HS, 500000.0f, scaled, 0);
+        // rows at a table of positions: a key-value cache's last rows (T-3 .. T-1), context parallelism's chunks
+        // (1, 2 and 5, 6): each row turns as in the whole sequence, bit for bit
+        const int tables[2][4] = {{T - 3, T - 2, T - 1}, {1, 2, 5, 6}}, rows[2] = {3, 4};
+        size_t per = (size_t)(NH + 2 * KV) * HS;
+        float* part = zeros(4 * per);
+        int same = 1;
         rope_fwd(&c, out);
-        expect(memcmp(tail, out + (T - 3) * per, 3 * per * sizeof(float)) == 0,
-               "rope at a position offset (a cached sample's rows): the rows turn as in the whole sequence, bit for bit");
-        free(tail);
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < rows[k]; i++) memcpy(part + i * per, c.x + tables[k][i] * per, per * sizeof(float));
+            lp_rope_cpu(part, 1, rows[k], tables[k], NH, KV, HS, 500000.0f, scaled, 0);
+            for (int i = 0; i < rows[k]; i++) same &= memcmp(part + i * per, out + tables[k][i] * per, per * sizeof(float)) == 0;
+        }
+        expect(same, "rope at a table of positions (a cached sample's rows, context parallelism's chunks): the rows turn as in the "
+                     "whole sequence, bit for bit");
+        free(part);
         rope_fwd(&c, out);
         int row = (B * T - 1) * (NH + 2 * KV) * HS, pos = T - 1, same_v = 1;  // the last row, at position T - 1
         for (int k = (NH + KV) * HS; k < (NH + 2 * KV) * HS; k++) same_v &= out[row + k] == c.x[row + k];
@@ -3073,7 +3091,7 @@ static void test_context_ring_ops(void) {
                     lp_attention_block_forward_cpu(o[r], lse[r], sum[r], q[r], kv[src], pos[r], pos[src], B, Tl, Tl, C, NH, KV, s == 0);
                     for (int t = 0; t < Tl; t++) pairs += lp_keys_upto(pos[src], Tl, pos[r][t]);
                 }
-                lp_attention_block_end_cpu(o[r], lse[r], sum[r], B, Tl, C, NH);
+                lp_attention_block_end_cpu(lse[r], sum[r], B * NH * Tl);
                 pairs_ok &= pairs == lp_cp_attention_pairs(T, r, cp);
             }
             for (int s = 0; s < cp; s++)  // backward, step by step as the ring runs it
@@ -4969,6 +4987,39 @@ static void test_context_parallel(void) {
         free(w);
     }
 
+    // a mixture of experts, alone and under expert parallelism: each cp rank sends its own rows' tokens to the ep
+    // neighbours of its cp coordinate, and the experts' gradients average over the edp replicas' cp ranks (group
+    // edpcp: at 4 ranks the 2 cp ranks, at 8 ranks 2 edp x 2 cp). A capacity and the balance loss count a
+    // micro-batch's rows, a cp rank's share of them under cp (as d splits them), so one rank's run is matched with
+    // neither (--moe-capacity 0 --moe-aux-coef 0; the z-loss, a mean over rows, stays).
+    {
+        LPConfig e = c;
+        e.num_layers = 4, e.moe_experts = 4, e.moe_every = 2, e.moe_topk = 2;
+        LPModel moe;
+        lp_model_create(&moe, &e, NULL);
+        lp_model_init_random(&moe, 99);
+        lp_model_save(&moe, tmp_path("cp_moe.bin"));
+        lp_model_free(&moe);
+        char base[2048], args[4096];
+        float ref[64];
+        size_t nw = 0;
+        snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 64 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512 --moe-capacity 0 --moe-aux-coef 0",
+                 tmp_path("cp_moe.bin"),
+                 tmp_path("cp_shard.bin"));
+        snprintf(args, sizeof(args), "%s -b 2", base);  // (micro-batches of 2 rows everywhere: the balance loss is a micro-batch's)
+        int n = run_ranks(1, args, tmp_path("cp_moe_ref"), ref, out, sizeof(out));
+        float* wref = run_weights(tmp_path("cp_moe_ref"), 10, &nw);
+        expect(n == 10 && wref, "CP with experts: 1-rank reference run");
+        if (n == 10 && wref) {
+            expect_grid_equals_one_rank(base, "2", "--cp 2", tmp_path("cp_moe_2"), ref, wref, nw, &e, 2);
+            expect_grid_equals_one_rank(base, "4", "--cp 2 --ep 2", tmp_path("cp_moe_4"), ref, wref, nw, &e, 2);
+            expect_grid_equals_one_rank(base, "8", "--cp 2 --ep 2 --zero 1", tmp_path("cp_moe_8"), ref, wref, nw, &e, 2);
+        } else {
+            printf("%s\n", out);
+        }
+        free(wref);
+    }
+
     // a checkpoint of cp 2 resumes on cp 1 and on cp 4 (canonical files): steps 6-10 equal the straight run's
     {
         char base[2048], args[4096], dir[LP_PATH_MAX], rdir[LP_PATH_MAX], name[160];
@@ -4997,8 +5048,6 @@ static void test_context_parallel(void) {
         {"3", "--cp 2", "--tp 1 --cp 2 --pp 1: t*cp*p = 2 does not divide the 3 ranks (world = t*cp*p*d)"},
         {"4", "--cp 2 --tp 4", "--tp 4 --cp 2 --pp 1: the grid needs at least t*cp*p = 8 ranks, this run has 4"},
         {"1", "--cp 0", "sizes must be 1 .. 65536, got 1, 1, 1, 0"},
-        {"4", "--cp 2 --ep 2", "--cp 2 with --ep: not yet"},
-        {"2", "--cp 2 --auto", "flag --auto with --cp 2: not yet"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe %s -e %s -i %s -j '' -t 64 -x 2 -v 0 -s 0 %s", bad[k][0], TRAIN_BIN,
@@ -5010,12 +5059,6 @@ static void test_context_parallel(void) {
         expect(ok, name);
         if (!ok) printf("%s\n", out);
     }
-    int rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e llama:2,64,4,2,128 -i %s -j '' -t 64 -x 2 -v 0 -s 0 --cp 2", TRAIN_BIN,
-                     tmp_path("cp_shard.bin"));
-    const char* first = strstr(out, "llmpar: error: ");
-    int ok = rc != 0 && first && strstr(first, "--cp 2: not yet for the Llama family") && !strstr(first + 1, "llmpar: error: ");
-    expect(ok, "CP error, one line: --cp 2 with the Llama family (RoPE does not yet take the chunks' positions)");
-    if (!ok) printf("%s\n", out);
 }
 
 // The Llama family on every axis (issue 49): a tiny Llama (4 layers of C=32, 4 query heads and 2 K/V heads,
@@ -5024,7 +5067,8 @@ static void test_context_parallel(void) {
 // to 1e-5 and weights within AdamW's bounds): TP splitting the query and K/V heads, SwiGLU's gate and up and the
 // untied head's vocabulary; SP; PP with no copy of the head on the first stage (interleaved, and ZeRO-3 cutting
 // wte on the first stage alone, or not where it has no layer); DP with ZeRO 1-3; recomputation; the optimizer
-// state offloaded; 3D. Its checkpoints are llm.c's Llama 3 files (model.bin) and resume on other grids; a
+// state offloaded; 3D; context parallelism (cp 2, and with t 2 and SP), RoPE turning each row at its chunk's
+// position. Its checkpoints are llm.c's Llama 3 files (model.bin) and resume on other grids; a
 // model file loaded on t=2 p=2 d=2 and saved back is the same file; t = 4 > 2 K/V heads is refused in one line.
 static void test_llama_grids(void) {
     static char out[1 << 18];
@@ -5055,7 +5099,7 @@ static void test_llama_grids(void) {
         {"2", "--tp 2"}, {"2", "--tp 2 --sp"}, {"2", "--pp 2"}, {"2", "--pp 2 --vpp 2 --schedule interleaved"},
         {"2", "--zero 3"}, {"2", "--zero 2 --recompute full"}, {"2", offload}, {"4", "--pp 2 --zero 3"},
         {"4", "--pp 2 --zero 2 --pp-partition 0,4"}, {"4", "--tp 2 --sp --recompute selective"}, {"8", "--tp 2 --pp 2"},
-        {"8", "--tp 2 --pp 2 --sp --zero 3 --recompute full"},
+        {"8", "--tp 2 --pp 2 --sp --zero 3 --recompute full"}, {"2", "--cp 2"}, {"4", "--cp 2 --tp 2 --sp"},
     };
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         lp_path(dir, "%s_%zu", tmp_path("llama_case"), k);
@@ -5474,14 +5518,6 @@ static void test_timeline(void) {
     }
 }
 
-// The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
-static int parse_sample_ids(const char* out, int* ids, int max) {
-    const char *s = strstr(out, "--- sample at step "), *end = s ? strstr(s, "--- end of sample ---") : NULL;
-    int n = 0;
-    for (const char* p = s ? strchr(s, '<') : NULL; p && p < end && n < max; p = strchr(p + 1, '<')) ids[n++] = atoi(p + 1);
-    return n;
-}
-
 // The sampler on grids draws the reference sampler's tokens (sample_reference: the forward over all the tokens
 // so far, one rank, in this process) from the same model file and --seed: its key-value caches hold each TP
 // rank's heads, the token's row crosses the pipeline's stages (interleaved chunks too), SP runs the block of
@@ -5712,7 +5748,7 @@ static void test_plan_software(void) {
     LPPlanMachine ds = lp_plan_machine(lp_cluster_named("dgx-a100"), NULL, lp_software_named("deepspeed"));
     LPConfig c;
     lp_config_from_name(&c, "24,2048,16,51200");
-    LPPlanModel model = lp_plan_model_gpt(&c);
+    LPPlanModel model = lp_plan_model_of(&c);
     LPPlan* plans;
     int n = lp_plan(&model, 2048, 64 * 2048, 16, LP_ATTENTION_CUBLAS, &mega, NULL, 0, &plans), runs = n > 100;
     for (int k = 0; k < n; k++) runs &= plans[k].par.zero <= 1 && plans[k].par.offload == LP_OFFLOAD_NONE;
@@ -5741,7 +5777,7 @@ static void test_plan_software(void) {
         {"48,6144,64,51200", 8, 4 * 2048, 8, 1, 1, 4}, {"105,20480,128,51200", 280, 280 * 2048, 8, 35, 3, 1}};
     for (int g = 0; g < 2; g++) {
         lp_config_from_name(&c, grids[g].shape);
-        model = lp_plan_model_gpt(&c);
+        model = lp_plan_model_of(&c);
         LPPlanLimits lim = {LP_FIX_TP | LP_FIX_PP | LP_FIX_VPP | LP_FIX_B | LP_FIX_ZERO | LP_FIX_RECOMPUTE | LP_FIX_OFFLOAD | LP_FIX_SP,
                             lp_parallel_one, grids[g].B};
         lim.par.tp = grids[g].t, lim.par.pp = grids[g].p, lim.par.vpp = grids[g].v, lim.par.sp = 1;
@@ -5760,7 +5796,7 @@ static void test_plan_software(void) {
     // published 8.03B parameters (untied embeddings, two RMSNorms a layer), a layer's training FLOPs 6 per weight of q,
     // k, v, o and the three MLP matrices plus 12 C T, and GEMMs that shrink with the key/value heads
     lp_config_from_name(&c, "32,4096,32,128256");
-    LPPlanModel llama = lp_plan_model_gpt(&c);
+    LPPlanModel llama = lp_plan_model_of(&c);
     llama.kv_heads = 8, llama.ffn = 14336, llama.swiglu = 1;
     double C = 4096, weights = C * (C + 2.0 * 8 * 128) + C * C + 3.0 * C * 14336;
     double params = lp_plan_model_params(&llama), flops = lp_plan_layer_flops(&llama, 8192, LP_RECOMPUTE_NONE, 0);
@@ -5783,7 +5819,7 @@ static void test_plan_software(void) {
     t8sp.tp = 8, t8sp.sp = 1;
     LPPipeShape s_mat = {&t8sp, 1, 8192, LP_ATTENTION_CUBLAS, 1};
     LPChunkTime wet = lp_plan_chunk(&llama, &s_mat, &mega, 1, 1), dried = lp_plan_chunk(&llama, &s_mat, &dry, 1, 1);
-    LPPlanModel gpt_shape = lp_plan_model_gpt(&c);
+    LPPlanModel gpt_shape = lp_plan_model_of(&c);
     double gpt_masked = lp_plan_chunk(&gpt_shape, &s_mat, &mega, 1, 1).fwd, gpt_dry = lp_plan_chunk(&gpt_shape, &s_mat, &dry, 1, 1).fwd;
     double layer_bytes = lp_plan_memory(&llama, &s_mat, &mega, 1, 2, 1) - lp_plan_memory(&llama, &s_mat, &mega, 1, 1, 1) -
                          18.0 * lp_plan_layer_params(&llama, 8);  // (one more layer: its 18 bytes a parameter and its activations)
@@ -5792,9 +5828,37 @@ static void test_plan_software(void) {
              "bytes; GPT-2's blocks %.3g ms with dropout, %.3g without)", layer_bytes * 8 / sbh, units, gpt_masked * 1e3, gpt_dry * 1e3);
     expect(wet.fwd == dried.fwd && wet.bwd == dried.bwd && gpt_masked > gpt_dry &&
                fabs(layer_bytes - sbh * units / 8) < 1e-6 * layer_bytes, what);
-    expect_error_of(PLAN_BIN, "--software llmpar refuses Llama's blocks",
-                    "flag --software llmpar: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which llmpar does not run",
-                    "--plan 8 -e llama3-8b -t 8192 -d 65536");
+    // the engine's Llama family (llama:..., Llama 3's presets, model files): the planner's counts of its blocks are the
+    // engine's (parameters, FLOPs), the presets' SwiGLU widths Llama 3's, --software llmpar plans them and says how to run one
+    LPConfig fam;
+    lp_config_from_name(&fam, "llama:3,256,8,2,1000");
+    LPPlanModel engine_llama = lp_plan_model_of(&fam);
+    double engine_flops = lp_layer_flops(&fam, 512, LP_RECOMPUTE_FULL, 1), planned_flops = lp_plan_layer_flops(&engine_llama, 512, LP_RECOMPUTE_FULL, 1);
+    snprintf(what, sizeof(what), "plan: the engine's Llama (llama:3,256,8,2,1000): %.0f parameters (the engine's %zu), a layer's "
+             "FLOPs a token %.6g (the engine's %.6g)", lp_plan_model_params(&engine_llama), lp_config_num_params(&fam), planned_flops, engine_flops);
+    expect(!lp_plan_model_is_gpt(&engine_llama) && lp_plan_model_is_engine(&engine_llama) && !lp_plan_model_is_engine(&llama) &&
+               lp_plan_model_params(&engine_llama) == (double)lp_config_num_params(&fam) && fabs(planned_flops - engine_flops) < 1e-12 * engine_flops,
+           what);
+    static char out[1 << 14];
+    const char* widths[3][2] = {{"llama3-8b", "(L=32 C=4096 NH=32 KV=8 F=14336 SwiGLU, 8.03 B parameters)"},
+                                {"llama3-70b", "(L=80 C=8192 NH=64 KV=8 F=28672 SwiGLU, 70.55 B parameters)"},
+                                {"llama3-405b", "(L=126 C=16384 NH=128 KV=8 F=53248 SwiGLU, 405.9 B parameters)"}};
+    for (int k = 0; k < 3; k++) {
+        int rc = run_cmd(out, sizeof(out), "%s --plan 1 -e %s -t 8192 -d 8192 --gpu-mem 100000", PLAN_BIN, widths[k][0]);
+        snprintf(what, sizeof(what), "plan_gpt -e %s: Llama 3's shape %s, planned on llmpar", widths[k][0], widths[k][1]);
+        expect(rc == 0 && strstr(out, widths[k][1]) && strstr(out, "run the fastest: not with train_gpt"), what);
+    }
+    int rc = run_cmd(out, sizeof(out), "%s --plan 8 -e llama:2,64,4,2,128 -t 64 -d 4096", PLAN_BIN);
+    expect(rc == 0 && strstr(out, "(L=2 C=64 NH=4 KV=2 F=256 SwiGLU,") && strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64"),
+           "plan_gpt -e llama:2,64,4,2,128: planned on llmpar, its command train_gpt's -e");
+    expect_error_of(PLAN_BIN, "--software llmpar refuses the planner's own block",
+                    "flag --software llmpar: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's",
+                    "--plan 8 -e 32,4096,32,128256 --kv-heads 8 --ffn 14336 --swiglu -t 8192 -d 65536");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses Llama's blocks",
+                    "flag --software deepspeed: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which deepspeed does not run",
+                    "--plan 8 -e llama3-8b -t 8192 -d 65536 --software deepspeed");
+    expect_error_of(PLAN_BIN, "--cp: not yet with RoPE", "flag --cp 2: llmpar does not yet split a sequence of rotary positions (RoPE)",
+                    "--plan 8 -e llama:2,64,4,2,128 -t 64 --cp 2");
     expect_error_of(PLAN_BIN, "--kv-heads: must divide the heads", "flags --kv-heads 5 --ffn 0: key/value heads must divide the 12 heads",
                     "--plan 8 -e d12 --kv-heads 5 --software megatron");
     expect_error_of(PLAN_BIN, "-e: a vocabulary past 262144", "-e 4,256,4,300000: vocabulary 300000, the planner takes up to 262144",
@@ -5861,7 +5925,7 @@ static void test_plan_floor(void) {
         const LPSoftware* sw = lp_software_named(names[lp_rand_u32(&rng) % 3]);
         int cpu = sw == lp_software_named("llmpar") && lp_rand_u32(&rng) % 4 == 0, shape = lp_rand_u32(&rng) % 3;
         LPPlanMachine mach = lp_plan_machine(lp_cluster_named(cpu ? "cpu" : "dgx-h100"), NULL, sw);
-        LPPlanModel model = lp_plan_model_gpt(shape == 1 && sw->llama ? &gpt : shape == 1 ? &moe : &gpt);
+        LPPlanModel model = lp_plan_model_of(shape == 1 && sw->llama ? &gpt : shape == 1 ? &moe : &gpt);
         if (shape == 1 && sw->llama) model.kv_heads = 2, model.ffn = 704, model.swiglu = 1;
         LPParallel par = lp_parallel_one;
         par.tp = 1 << lp_rand_u32(&rng) % 3, par.pp = 1 + lp_rand_u32(&rng) % 5, par.dp = 1 << lp_rand_u32(&rng) % 3;
@@ -5870,9 +5934,10 @@ static void test_plan_floor(void) {
         par.ep = model.cfg.moe_experts && par.dp > 1 && lp_rand_u32(&rng) % 2 ? 2 : 1;
         par.zero = lp_rand_u32(&rng) % 4, par.recompute = lp_rand_u32(&rng) % 3, par.sp = par.tp > 1 && lp_rand_u32(&rng) % 2;
         par.offload = par.zero == 3 && lp_rand_u32(&rng) % 2 ? LP_OFFLOAD_PARAMS : lp_rand_u32(&rng) % 2 ? LP_OFFLOAD_OPTIMIZER : LP_OFFLOAD_NONE;
+        par.cp = sw->cp && par.ep == 1 && lp_rand_u32(&rng) % 3 == 0 ? 2 << lp_rand_u32(&rng) % 2 : 1;
         char why[256];
         if (lp_software_refuses(sw, &par, ~0u, why, sizeof(why)) || (cpu && par.offload != LP_OFFLOAD_NONE)) continue;
-        LPPipeShape s = {&par, 1 << lp_rand_u32(&rng) % 3, 128, lp_rand_u32(&rng) % 2 ? LP_ATTENTION_FLASH : LP_ATTENTION_CUBLAS, !cpu};
+        LPPipeShape s = {&par, 1 << lp_rand_u32(&rng) % 3, 128 / par.cp, lp_rand_u32(&rng) % 2 ? LP_ATTENTION_FLASH : LP_ATTENTION_CUBLAS, !cpu};
         LPPlan x;
         memset(&x, 0, sizeof(x));
         x.par = par, x.B = s.B;
@@ -5891,6 +5956,83 @@ static void test_plan_floor(void) {
     snprintf(what, sizeof(what), "plan: the memory floor on %d random configurations that run: never above the partition's memory "
              "(at most %.6gx), 0 where the partition cannot be; within 25%% on %d of %d pipelined", tried, worst, close, pipelined);
     expect(tried > 300 && below && zero_where_refused && pipelined > 200 && 2 * close >= pipelined, what);
+}
+
+// Context parallelism in the planner (issue 50 item 4): a rank keeps the activations of T/cp rows (the planner's count
+// is the engine's, lp_chunk_memory), the ring's sends are exposed as the engine's loop waits for them (MPI: all of its
+// cp-1 forward and 2cp-1 backward sends of a K/V block; NCCL: the gradients' cp, and a K/V block only where its
+// attention is shorter than its send), a long sequence that fits no grid without it is planned with it, and plans
+// with cp = 1 are as before.
+static void test_plan_cp(void) {
+    LPPlanMachine h100 = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("llmpar"));
+    LPPlanMachine cpu = lp_plan_machine(lp_cluster_named("cpu"), NULL, lp_software_named("llmpar"));
+    LPConfig c;
+    lp_config_from_name(&c, "12,768,12");
+    c.max_seq_len = 131072;
+    LPPlanModel model = lp_plan_model_of(&c);
+    LPParallel one = lp_parallel_one, four = lp_parallel_one;
+    four.cp = 4;
+    LPPipeShape s1 = {&one, 1, 8192, LP_ATTENTION_FLASH, 1}, s4 = {&four, 1, 8192 / 4, LP_ATTENTION_FLASH, 1};
+    double kept1 = lp_chunk_memory(&c, &s1, 0, 12, 1) - lp_chunk_memory(&c, &s1, 0, 12, 0);
+    double kept4 = lp_chunk_memory(&c, &s4, 0, 12, 1) - lp_chunk_memory(&c, &s4, 0, 12, 0);
+    double all1 = lp_chunk_memory(&c, &s1, 0, 12, 1) - lp_chunk_memory(&c, &s1, 0, 0, 0);
+    double all4 = lp_chunk_memory(&c, &s4, 0, 12, 1) - lp_chunk_memory(&c, &s4, 0, 0, 0);
+    char what[320];
+    snprintf(what, sizeof(what), "plan --cp 4 at T=8192: a micro-batch's kept activations %.4gx of cp 1's (0.25), with a layer's "
+             "scratch and the ring's buffers %.4gx", kept4 / kept1, all4 / all1);
+    expect(fabs(kept4 / kept1 - 0.25) < 0.001 && all4 / all1 < 0.5, what);
+    // the ring's exposed sends per layer: a K/V block is B T/cp rows of 2 KV heads of 64, bf16 (CPU: fp32)
+    double block_cpu = lp_send_seconds(&cpu, 2048.0 * 2 * 12 * 64 * 4, 4), block_gpu = lp_send_seconds(&h100, 2048.0 * 2 * 12 * 64 * 2, 4);
+    LPPipeShape c4 = s4;
+    c4.gpu = 0;
+    LPChunkTime mpi = lp_plan_chunk(&model, &c4, &cpu, 1, 1), nccl = lp_plan_chunk(&model, &s4, &h100, 1, 1);
+    LPPipeShape short4 = {&four, 1, 256, LP_ATTENTION_FLASH, 1};
+    double block_short = lp_send_seconds(&h100, 256.0 * 2 * 12 * 64 * 2, 4), short_cp = lp_plan_chunk(&model, &short4, &h100, 1, 1).cp;
+    LPChunkTime whole = lp_plan_chunk(&model, &s1, &h100, 1, 1);
+    snprintf(what, sizeof(what), "plan --cp 4: a layer's ring on MPI %.4g ms (10 sends of %.4g), on NCCL %.4g ms at T=8192 (4 gradients' "
+             "sends of %.4g) and %.4g ms at T=1024 (more: attention shorter than a send); compute %.4g ms, cp 1's %.4g", mpi.cp * 1e3,
+             block_cpu * 1e3, nccl.cp * 1e3, block_gpu * 1e3, short_cp * 1e3, nccl.compute * 1e3, whole.compute * 1e3);
+    expect(fabs(mpi.cp - 10.0 * block_cpu) < 1e-12 * mpi.cp && fabs(nccl.cp - 4.0 * block_gpu) < 1e-12 * nccl.cp && short_cp > 4.0 * block_short &&
+               nccl.compute < 0.26 * whole.compute && nccl.compute > 0.24 * whole.compute, what);
+    // one sequence of 131072 tokens on 8 GPUs of 4 GiB: no grid fits without cp; with it the fastest splits the sequence
+    LPPlanMachine small = h100;
+    small.gpu_bytes = 0.9 * 4.0 * 1073741824.0;
+    LPPlan* plans;
+    int n = lp_plan(&model, 131072, 131072, 8, LP_ATTENTION_FLASH, &small, NULL, 10, &plans), coprime = 1;
+    for (int k = 0; k < n; k++) coprime &= !(plans[k].par.cp % 2 == 0 && plans[k].B > 1);
+    int cp = n > 0 && plans[0].fits ? plans[0].par.cp : 0;
+    free(plans);
+    LPPlanLimits no_cp = {LP_FIX_CP, lp_parallel_one, 1};
+    n = lp_plan(&model, 131072, 131072, 8, LP_ATTENTION_FLASH, &small, &no_cp, 10, &plans);
+    int none = n > 0 && !plans[0].fits;
+    free(plans);
+    snprintf(what, sizeof(what), "plan: one sequence of 131072 tokens on 8 GPUs of 4 GiB: cp %d chosen, no grid without cp fits", cp);
+    expect(cp > 1 && none && coprime, what);
+    // cp = 1 unchanged: the fastest of GPT-2 124M on 8 GPUs the same, searched with cp or without
+    lp_config_from_name(&c, "d12");
+    model = lp_plan_model_of(&c);
+    LPPlan* fixed;
+    n = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
+    int m = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &no_cp, 10, &fixed), same = n > 10 && m > 10;
+    for (int k = 0; k < 10 && same; k++) same &= memcmp(&plans[k].par, &fixed[k].par, sizeof(LPParallel)) == 0 && plans[k].step_s == fixed[k].step_s;
+    free(plans);
+    free(fixed);
+    expect(same, "plan: GPT-2 124M on 8 GPUs: the 10 fastest the same with cp searched and with cp 1 fixed");
+    LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("megatron"));
+    lp_config_from_name(&c, "12,768,12");
+    c.max_seq_len = 8192;
+    model = lp_plan_model_of(&c);
+    n = lp_plan(&model, 8192, 65536, 8, LP_ATTENTION_FLASH, &mega, NULL, 0, &plans);
+    int flat = n > 0;
+    for (int k = 0; k < n; k++) flat &= plans[k].par.cp == 1;
+    free(plans);
+    expect(flat, "plan --software megatron: no cp searched (Megatron-LM of those papers has none)");
+    expect_error_of(PLAN_BIN, "--cp: megatron has none", "flag --software megatron: --cp 2: megatron has no context parallelism",
+                    "--plan 8 -e d12 --software megatron --cp 2");
+    expect_error_of(PLAN_BIN, "--cp: T in 2 cp chunks", "flag --cp 4: must be >= 1, and the sequence length -t 1020 split into 2*4 = 8 chunks "
+                    "of equal length", "--plan 8 -e d12 -t 1020 --cp 4");
+    expect_error_of(PLAN_BIN, "--cp with --ep", "flag --software llmpar: --cp 2 with --ep 2: llmpar does not yet split a sequence and the "
+                    "experts together", "--plan 16 -e d6 --moe-experts 8 --cp 2 --ep 2");
 }
 
 static void test_plan_runs(void) {
@@ -6375,6 +6517,11 @@ static float* host_rand(size_t n, uint64_t* rng, float scale) {
     fill_random(x, n, rng, scale);
     return x;
 }
+static float* host_zeros(size_t n) {
+    float* x = (float*)lp_host_malloc(n * sizeof(float), "test");
+    memset(x, 0, n * sizeof(float));
+    return x;
+}
 static float* host_from(const floatX* d, size_t n) {  // device bf16 -> new host fp32 array
     float* x = (float*)lp_host_malloc(n * sizeof(float), "test");
     lp_to_host_float(x, d, n);
@@ -6487,16 +6634,20 @@ static void tier4_layernorm(uint64_t* rng) {
 // two bf16 roundings) and SwiGLU both ways, on hidden sizes whose rows are and are not whole 16-byte packs.
 static void tier4_llama_ops(uint64_t* rng) {
     char name[160];
-    const int ropes[][6] = {{2, 37, 4, 2, 32, 0}, {1, 20, 3, 1, 10, 5}};  // B, T, NH, KV, HS (5 pairs a head: odd), the first row's position
+    // B, T, NH, KV, HS (5 pairs a head: odd), the first row's position, the rows' stride (3: positions apart, as cp's chunks)
+    const int ropes[][7] = {{2, 37, 4, 2, 32, 0, 1}, {1, 20, 3, 1, 10, 5, 3}};
     for (int k = 0; k < 2; k++)
         for (int scaled = 0; scaled < 2; scaled++) {
             int B = ropes[k][0], T = ropes[k][1], NH = ropes[k][2], KV = ropes[k][3], HS = ropes[k][4], pos = ropes[k][5], W = (NH + 2 * KV) * HS;
             size_t n = (size_t)B * T * W;
             float *x = host_rand(n, rng, 1.0f), *want = (float*)lp_host_malloc(n * sizeof(float), "test");
+            int positions[64];
+            for (int t = 0; t < T; t++) positions[t] = pos + ropes[k][6] * t;
+            int* d_pos = (int*)dev_copy(positions, (size_t)T * sizeof(int));
             floatX* d_x = dev_bf16(x, n);
             memcpy(want, x, n * sizeof(float));
-            lp_rope_cpu(want, B, T, pos, NH, KV, HS, 500000.0f, scaled, 0);
-            lp_rope_gpu(d_x, B, T, pos, NH, KV, HS, 500000.0f, scaled, 0);
+            lp_rope_cpu(want, B, T, positions, NH, KV, HS, 500000.0f, scaled, 0);
+            lp_rope_gpu(d_x, B, T, d_pos, NH, KV, HS, 500000.0f, scaled, 0);
             float* g = host_from(d_x, n);
             snprintf(name, sizeof(name), "gpu rope%s B=%d T=%d from position %d NH=%d KV=%d HS=%d: q and k turned", scaled ? " (scaled)" : "", B, T,
                      pos, NH, KV, HS);
@@ -6506,14 +6657,14 @@ static void tier4_llama_ops(uint64_t* rng) {
                 same_v &= memcmp(g + r * W + (NH + KV) * HS, x + r * W + (NH + KV) * HS, KV * HS * sizeof(float)) == 0;
             snprintf(name, sizeof(name), "gpu rope%s B=%d T=%d NH=%d KV=%d HS=%d: v untouched", scaled ? " (scaled)" : "", B, T, NH, KV, HS);
             expect(same_v, name);
-            lp_rope_gpu(d_x, B, T, pos, NH, KV, HS, 500000.0f, scaled, 1);
+            lp_rope_gpu(d_x, B, T, d_pos, NH, KV, HS, 500000.0f, scaled, 1);
             free(g);
             g = host_from(d_x, n);
             snprintf(name, sizeof(name), "gpu rope%s B=%d T=%d NH=%d KV=%d HS=%d: the inverse gives the input back", scaled ? " (scaled)" : "",
                      B, T, NH, KV, HS);
             expect_close(name, g, x, n, 1e-2f, 1e-2f);
             free(x); free(want); free(g);
-            lp_device_free(d_x);
+            lp_device_free(d_x); lp_device_free(d_pos);
         }
     for (int H = 96; H <= 100; H += 4) {  // 96: rows of whole packs, 16-byte aligned; 100: a ragged last pack, up's rows unaligned
         int N = 37;
@@ -6743,18 +6894,29 @@ static void tier4_cublas_attention(uint64_t* rng, int B, int T, int C, int NH, i
 // Attention with a key-value cache (sampling): N rows at positions [pos, pos + N) of B sequences join a cache
 // of Tc positions whose earlier positions hold random keys and values, and attend to it; the GPU's output and
 // cache against the CPU loop's (the cache's new rows are copies: exact).
-static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc, int C, int NH) {
-    char name[160];
-    size_t n3 = (size_t)B * N * 3 * C, n1 = (size_t)B * N * C, nc = (size_t)2 * B * Tc * C;
+// The cached attention of N rows at positions [pos, pos + N) against its CPU loop; with rope, the rows' q
+// and k first turned at those positions (lp_rope, as the model turns them before the cache takes them), each
+// build by its own RoPE.
+static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc, int C, int NH, int KV, int rope) {
+    char name[200];
+    int HS = C / NH;
+    size_t n3 = (size_t)B * N * (NH + 2 * KV) * HS, n1 = (size_t)B * N * C, nc = (size_t)2 * B * KV * Tc * HS;
     float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *cache = host_rand(nc, rng, 1.0f);
     floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_cache = dev_bf16(cache, nc);
-    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH, NH);
-    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH, NH);
+    if (rope) {
+        lp_rope_cpu(qkv, B, N, pos, NH, KV, HS, 500000.0f, 1, 0);
+        lp_rope_gpu(d_qkv, B, N, pos, NH, KV, HS, 500000.0f, 1, 0);
+    }
+    lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH, KV);
+    lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH, KV);
     float *g = host_from(d_out, n1), *gc = host_from(d_cache, nc);
-    snprintf(name, sizeof(name), "gpu attention_cached_forward B=%d N=%d pos=%d Tc=%d C=%d NH=%d (HS=%d) out", B, N, pos, Tc, C, NH, C / NH);
+    snprintf(name, sizeof(name), "gpu attention_cached_forward%s B=%d N=%d pos=%d Tc=%d C=%d NH=%d KV=%d (HS=%d) out", rope ? " after RoPE" : "",
+             B, N, pos, Tc, C, NH, KV, HS);
     expect_close_scaled(name, g, out, n1, 2e-2f);
-    snprintf(name, sizeof(name), "gpu attention_cached_forward B=%d N=%d pos=%d Tc=%d C=%d NH=%d cache", B, N, pos, Tc, C, NH);
-    expect_close(name, gc, cache, nc, 0.0f, 0.0f);
+    snprintf(name, sizeof(name), "gpu attention_cached_forward%s B=%d N=%d pos=%d Tc=%d C=%d NH=%d KV=%d cache", rope ? " after RoPE" : "",
+             B, N, pos, Tc, C, NH, KV);
+    if (rope) expect_close_scaled(name, gc, cache, nc, 1e-2f);  // (bf16's rounding of the turned keys)
+    else expect_close(name, gc, cache, nc, 0.0f, 0.0f);
     free(qkv); free(out); free(cache); free(g); free(gc);
     lp_device_free(d_qkv); lp_device_free(d_out); lp_device_free(d_cache);
 }
@@ -7162,7 +7324,85 @@ static void tier4_kernel_tests(void) {
 #endif
 }
 
-// Both attention paths on shapes that reach every edge of the flash kernels' tiles, under the race check.
+// Context parallelism's block ops against their CPU loops on the same bf16 inputs: cp ranks' rows (two chunks
+// each) meet every rank's K/V block in the ring's order (the first holding the rows' own positions; the others
+// wholly before some rows, wholly after others, across the rest), then block_end; the backward runs step by
+// step as the ring does, each block's dk and dv adding up over the ranks. The K/V copy exactly; the outputs and
+// gradients to the attention kernels' tolerances (2e-2 and 3e-2 of the largest), the logsumexp to 1e-5.
+static void tier4_ring_attention(uint64_t* rng, int cp, int B, int T, int C, int NH, int KV) {
+    enum { MAXCP = 4 };
+    char name[192], shape[96];
+    int Tl = T / cp, HS = C / NH, W = (NH + 2 * KV) * HS;
+    size_t nq = (size_t)B * Tl * W, no = (size_t)B * Tl * C, nl = (size_t)B * NH * Tl, nb = (size_t)B * Tl * 2 * KV * HS;
+    snprintf(shape, sizeof(shape), "cp=%d B=%d T=%d C=%d NH=%d KV=%d (HS=%d)", cp, B, T, C, NH, KV, HS);
+    float *qkv[MAXCP], *kv[MAXCP], *o[MAXCP], *lse[MAXCP], *sum[MAXCP], *dout[MAXCP], *dq[MAXCP], *dkv[MAXCP];
+    floatX *d_qkv[MAXCP], *d_kv[MAXCP], *d_o[MAXCP], *d_dout[MAXCP], *d_dq[MAXCP], *d_dkv[MAXCP];
+    float *d_lse[MAXCP], *d_sum[MAXCP];
+    int* pos = (int*)lp_host_malloc((size_t)cp * Tl * sizeof(int), "test");  // every rank's rows' positions, as LPModel.positions
+    for (int i = 0; i < cp * Tl; i++) pos[i] = lp_cp_position(i % Tl, Tl, i / Tl, cp);
+    int* d_pos = (int*)dev_copy(pos, (size_t)cp * Tl * sizeof(int));
+    int kv_same = 1;
+    for (int r = 0; r < cp; r++) {
+        qkv[r] = host_rand(nq, rng, 1.5f), d_qkv[r] = dev_bf16(qkv[r], nq);
+        kv[r] = host_zeros(nb), d_kv[r] = dev_bf16(kv[r], nb);
+        o[r] = host_zeros(no), d_o[r] = dev_bf16(o[r], no);
+        lse[r] = host_zeros(nl), sum[r] = host_zeros(nl), d_lse[r] = (float*)dev_copy(lse[r], nl * 4), d_sum[r] = (float*)dev_copy(sum[r], nl * 4);
+        lp_attention_kv_copy_cpu(kv[r], qkv[r], B, Tl, NH, KV, HS, 1);
+        lp_attention_kv_copy_gpu(d_kv[r], d_qkv[r], B, Tl, NH, KV, HS, 1);
+        float* g = host_from(d_kv[r], nb);
+        kv_same &= memcmp(g, kv[r], nb * sizeof(float)) == 0;
+        free(g);
+    }
+    snprintf(name, sizeof(name), "gpu attention_kv_copy %s: each rank's K/V block, exactly", shape);
+    expect(kv_same, name);
+    for (int r = 0; r < cp; r++) {
+        for (int s = 0; s < cp; s++) {
+            int src = (r - s + cp) % cp;
+            lp_attention_block_forward_cpu(o[r], lse[r], sum[r], qkv[r], kv[src], pos + r * Tl, pos + src * Tl, B, Tl, Tl, C, NH, KV, s == 0);
+            lp_attention_block_forward_gpu(d_o[r], d_lse[r], d_sum[r], d_qkv[r], d_kv[src], d_pos + r * Tl, d_pos + src * Tl, B, Tl, Tl, C,
+                                           NH, KV, s == 0);
+        }
+        lp_attention_block_end_cpu(lse[r], sum[r], (int)nl);
+        lp_attention_block_end_gpu(d_lse[r], d_sum[r], (int)nl);
+        float *g = host_from(d_o[r], no), *gl = host_from_f32(d_lse[r], nl);
+        snprintf(name, sizeof(name), "gpu attention_block_forward %s rank %d: out over the ring's %d blocks", shape, r, cp);
+        expect_close_scaled(name, g, o[r], no, 2e-2f);
+        snprintf(name, sizeof(name), "gpu attention_block_forward and block_end %s rank %d: logsumexp", shape, r);
+        expect_close(name, gl, lse[r], nl, 1e-5f, 1e-5f);
+        free(g); free(gl);
+    }
+    for (int r = 0; r < cp; r++) {  // the backward from the same inputs: the CPU's out (bf16-rounded) and logsumexp
+        lp_device_free(d_o[r]);
+        d_o[r] = dev_bf16(o[r], no);
+        lp_copy_to_device(d_lse[r], lse[r], nl * 4);
+        dout[r] = host_rand(no, rng, 1.0f), d_dout[r] = dev_bf16(dout[r], no);
+        dq[r] = host_zeros(nq), d_dq[r] = dev_bf16(dq[r], nq), dkv[r] = host_zeros(nb), d_dkv[r] = dev_bf16(dkv[r], nb);
+    }
+    for (int s = 0; s < cp; s++)
+        for (int r = 0; r < cp; r++) {
+            int src = (r - s + cp) % cp;
+            lp_attention_block_backward_cpu(dq[r], dkv[src], dout[r], o[r], lse[r], qkv[r], kv[src], pos + r * Tl, pos + src * Tl, B, Tl, Tl,
+                                            C, NH, KV);
+            lp_attention_block_backward_gpu(d_dq[r], d_dkv[src], d_dout[r], d_o[r], d_lse[r], d_qkv[r], d_kv[src], d_pos + r * Tl,
+                                            d_pos + src * Tl, B, Tl, Tl, C, NH, KV);
+        }
+    for (int r = 0; r < cp; r++) {
+        float *g = host_from(d_dq[r], nq), *gk = host_from(d_dkv[r], nb);
+        snprintf(name, sizeof(name), "gpu attention_block_backward %s rank %d: dq over the ring's %d blocks", shape, r, cp);
+        expect_close_scaled(name, g, dq[r], nq, 3e-2f);
+        snprintf(name, sizeof(name), "gpu attention_block_backward %s rank %d's block: dk, dv summed over the %d ranks", shape, r, cp);
+        expect_close_scaled(name, gk, dkv[r], nb, 3e-2f);
+        free(g); free(gk);
+        free(qkv[r]); free(kv[r]); free(o[r]); free(lse[r]); free(sum[r]); free(dout[r]); free(dq[r]); free(dkv[r]);
+        lp_device_free(d_qkv[r]); lp_device_free(d_kv[r]); lp_device_free(d_o[r]); lp_device_free(d_lse[r]); lp_device_free(d_sum[r]);
+        lp_device_free(d_dout[r]); lp_device_free(d_dq[r]); lp_device_free(d_dkv[r]);
+    }
+    free(pos);
+    lp_device_free(d_pos);
+}
+
+// Both attention paths on shapes that reach every edge of the flash kernels' tiles, and context parallelism's
+// block ops, under the race check.
 static void tier4_attention_kernels(void) {
     uint64_t rng = 4343;
 #ifdef LLMPAR_CUDAEMU
@@ -7190,33 +7430,40 @@ static void tier4_attention_kernels(void) {
         tier4_flash_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], shapes[k][4]);
         tier4_cublas_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], shapes[k][4]);
     }
+    tier4_ring_attention(&rng, 2, 2, 32, 32, 2, 2);   // HS=16
+    tier4_ring_attention(&rng, 4, 1, 64, 100, 4, 2);  // HS=25 (lanes part-filled), grouped-query attention
+    tier4_ring_attention(&rng, 2, 1, 16, 256, 2, 1);  // HS=128, the largest head; multi-query
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
 #endif
 }
 
-// Sampling's attention with the key-value cache, against its CPU loop.
+// Sampling's attention with the key-value cache, against its CPU loop (multi-head, and grouped-query after RoPE).
 static void tier4_sample_cache_attention(void) {
     uint64_t rng = 4747;
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(1);
 #endif
-    const int shapes[][6] = {  // B, N, pos, Tc, C, NH
-        {1, 1, 0, 16, 32, 4},      // the first token; HS=8
-        {2, 3, 5, 16, 128, 2},     // 3 rows of 2 sequences; HS=64
-        {1, 1, 100, 130, 100, 4},  // a long cache; HS=25
-        {1, 2, 62, 64, 256, 2},    // the cache's last 2 positions; HS=128, the largest head
+    const int shapes[][8] = {  // B, N, pos, Tc, C, NH, KV, RoPE
+        {1, 1, 0, 16, 32, 4, 4, 0},      // the first token; HS=8
+        {2, 3, 5, 16, 128, 2, 2, 0},     // 3 rows of 2 sequences; HS=64
+        {1, 1, 100, 130, 100, 4, 4, 0},  // a long cache; HS=25
+        {1, 2, 62, 64, 256, 2, 2, 0},    // the cache's last 2 positions; HS=128, the largest head
+        // the Llama family: RoPE at the rows' positions, K/V heads cached for groups of query heads
+        {2, 3, 5, 16, 32, 4, 2, 1},      // groups of 2 (Llama's tiny shapes); HS=8
+        {1, 1, 100, 130, 96, 6, 1, 1},   // multi-query, a long cache; HS=16
+        {1, 2, 62, 64, 256, 8, 2, 1},    // groups of 4, the cache's last 2 positions; HS=32
     };
     for (size_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++)
-        tier4_cached_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], shapes[k][4], shapes[k][5]);
+        tier4_cached_attention(&rng, shapes[k][0], shapes[k][1], shapes[k][2], shapes[k][3], shapes[k][4], shapes[k][5], shapes[k][6],
+                               shapes[k][7]);
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
 #endif
 }
 
 // A head larger than the attention kernels take (HS > 128) is refused as the model is read, in one line
-// naming the file (the CPU build takes any head size); so is --attention cudnn where it cannot run, and --cp
-// above 1, whose ring has CPU loops only.
+// naming the file (the CPU build takes any head size); so is --attention cudnn where it cannot run.
 static void test_head_size_refused(void) {
     LPConfig c = tiny_config();
     c.channels = 256, c.num_heads = 1;
@@ -7243,13 +7490,6 @@ static void test_head_size_refused(void) {
     expect(ok, "--attention cudnn on a build without cuDNN: one line saying how to build one");
     if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
 #endif
-    if (no_mpirun("--cp on the CUDA build")) return;
-    rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e d1 -b 1 -t 16 -x 1 --cp 2", TRAIN_BIN);
-    const char* first = strstr(out, "llmpar: error: ");
-    ok = rc != 0 && first && strstr(first, "--cp 2: the CUDA build's ring attention is not yet written") &&
-         !strstr(first + 1, "llmpar: error: ") && !strstr(out, "step 1/1");
-    expect(ok, "--cp 2 on the CUDA build: one line saying context parallelism runs on the CPU engine");
-    if (!ok) printf("     exit %d, output:\n%s\n", rc, out);
 }
 
 // The CUDA engine's timeline (under the emulator): a d2 run (ZeRO-0's reductions overlapped on the comm
@@ -7333,20 +7573,46 @@ static void test_no_free_in_steps(void) {
 }
 #endif
 
+// Write the tiny Llama (tiny_llama_config) of `layers` layers to path, its matrices drawn 15 times wider than
+// GPT-2's initialisation (std 0.3, as test_hf.py's Llama; the norms' weights stay 1), so that attention is sharp
+// and q's and k's gradients move the loss; lnf's weight times lnf (above 1: the logits spread further). With
+// `experts`, layers 0, 2, ... a mixture of that many SwiGLU experts (top-2), drawn 5 times wider (std 0.1: at 0.3
+// bf16 moves routing decisions near a tie; test_step_vs_cpu_build).
+static void save_sharp_llama(const char* path, int layers, uint64_t seed, float lnf, int experts) {
+    LPConfig c = tiny_llama_config();
+    c.num_layers = layers;
+    if (experts) c.moe_experts = experts, c.moe_topk = 2, c.moe_every = 2;
+    LPModel m;
+    lp_model_create(&m, &c, NULL);
+    lp_model_init_random(&m, seed);
+    float* w = (float*)lp_host_malloc(m.total_params * sizeof(float), "test");
+    lp_model_get_weights(&m, w);
+    float wide = experts ? 5.0f : 15.0f;
+    for (size_t i = 0; i < m.total_params; i++) w[i] = w[i] == 1.0f ? 1.0f : wide * w[i];
+    size_t sizes[LP_NUM_PARAMS], at = 0;  // (the canonical layout: the tensors in order)
+    lp_param_sizes(sizes, &c, 1);
+    for (int i = 0; i < LP_LNFW; i++) at += sizes[i];
+    for (size_t i = 0; i < sizes[LP_LNFW]; i++) w[at + i] *= lnf;
+    lp_model_set_weights(&m, w);
+    free(w);
+    lp_model_save(&m, path);
+    lp_model_free(&m);
+}
+
 // Three training steps of the CUDA engine, with each attention path, against ./train_gpt_cpu on the same
 // llm.c model and tokens. bf16 activations and gradients put the losses within ~1% of fp32, fp16's (2^-11
 // rounding, 8 times finer; measured 2e-5) within 1e-3; the weights after 3 AdamW steps of lr 1e-3 may
 // differ by up to 2 lr per step where a tiny gradient changes sign: atol 6e-3.
 // The Llama family's tiny model (RoPE, RMSNorm, SwiGLU, 2 KV heads of 4, no biases, an untied head: llm.c's
-// Llama 3 file) writes no checkpoints yet, so its runs are held by their losses and gradient norms, which the
-// weights of each step decide, also with recomputation (full: every layer's forward again; selective: the
-// SwiGLU, and the cublas path's probabilities, from what is kept). Its matrices are drawn 15 times wider than
-// GPT-2's initialisation (std 0.3, as test_hf.py's Llama), so attention is sharp and q's and k's gradients
-// move the loss: bf16 puts its norms 1.1% from the CPU's (measured; 0.2% at std 0.1), RoPE's backward turned
-// the wrong way 6% (its losses 2%), hence 3e-2. The same Llama with a mixture of SwiGLU experts in layer 0 (4,
-// top-2, balance and z-losses on) is held the same way, its matrices of std 0.1 and no capacity: at std 0.3 with
-// capacity 1, bf16 moves a routing decision near a tie (step 2 drops 7.8% of the rows, not 6.2%: its loss 2.4%
-// off); at std 0.1, nothing dropped, its losses are 0.2% and its norms 0.5% from the CPU's (measured).
+// Llama 3 file, which its checkpoints write) is held by its gradient norms too, which the weights of each
+// step decide, also with recomputation (full: every layer's forward again; selective: the
+// SwiGLU, and the cublas path's probabilities, from what is kept). Its matrices are drawn sharp
+// (save_sharp_llama), so q's and k's gradients move the loss: bf16 puts its norms 1.1% from the CPU's
+// (measured; 0.2% at std 0.1), RoPE's backward turned the wrong way 6% (its losses 2%), hence 3e-2. The same
+// Llama with a mixture of SwiGLU experts in layer 0 (4, top-2, balance and z-losses on) is held the same way,
+// its matrices of std 0.1 and no capacity: at std 0.3 with capacity 1, bf16 moves a routing decision near a tie
+// (step 2 drops 7.8% of the rows, not 6.2%: its loss 2.4% off); at std 0.1, nothing dropped, its losses are
+// 0.2% and its norms 0.5% from the CPU's (measured).
 #ifdef LLMPAR_FP16
 #define STEP_LOSS_RTOL 1e-3f
 #else
@@ -7361,46 +7627,31 @@ static void test_step_vs_cpu_build(void) {
     char llama[2][LP_PATH_MAX];
     for (int moe = 0; moe < 2; moe++) {
         snprintf(llama[moe], sizeof(llama[moe]), "%s", tmp_path(moe ? "step_llama_moe.bin" : "step_llama.bin"));
-        LPConfig lc = tiny_llama_config();
-        if (moe) lc.moe_experts = 4, lc.moe_topk = 2, lc.moe_every = 2;
-        LPModel lm;
-        lp_model_create(&lm, &lc, NULL);
-        lp_model_init_random(&lm, 4949);
-        float* w = (float*)lp_host_malloc(lm.total_params * sizeof(float), "test");
-        lp_model_get_weights(&lm, w);
-        float scale = moe ? 5.0f : 15.0f;
-        for (size_t i = 0; i < lm.total_params; i++) w[i] = w[i] == 1.0f ? 1.0f : scale * w[i];  // the norms' weights stay 1
-        lp_model_set_weights(&lm, w);
-        free(w);
-        lp_model_save(&lm, llama[moe]);
-        lp_model_free(&lm);
+        save_sharp_llama(llama[moe], 2, 4949, 1.0f, moe ? 4 : 0);
     }
     // the tiny model, the mixture of experts of test_moe_reference (its rows dropped, its balance and z-losses on), the
     // Llama, the Llama's mixture of experts
-    const char* models[4][3] = {{"dev/ref/tiny_model.bin", "", ""},
-                                {"dev/ref/tiny_moe_model.bin", "--moe-capacity 1 --moe-aux-coef 0.1 --moe-z-coef 0.01", ""},
-                                {llama[0], "", "-s 0"},  // (sampling: not yet for the family)
-                                {llama[1], "--moe-aux-coef 0.1 --moe-z-coef 0.01", "-s 0"}};
+    const char* models[4][2] = {{"dev/ref/tiny_model.bin", ""},
+                                {"dev/ref/tiny_moe_model.bin", "--moe-capacity 1 --moe-aux-coef 0.1 --moe-z-coef 0.01"},
+                                {llama[0], ""},
+                                {llama[1], "--moe-aux-coef 0.1 --moe-z-coef 0.01"}};
     for (int k = 0; k < 4; k++) {
-        char args[512], dir[LP_PATH_MAX], to[LP_PATH_MAX + 8] = "";
-        int ckpt = k < 2;  // (a run of the Llama family writes no checkpoints yet)
-        snprintf(args, sizeof(args), "-e %s -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -x 3 -l 1e-3 -u 0 %s %s", models[k][0], models[k][1],
-                 models[k][2]);
+        char args[512], dir[LP_PATH_MAX];
+        int llama_k = k >= 2;
+        snprintf(args, sizeof(args), "-e %s -i dev/ref/tiny_tokens.bin -j '' -b 2 -t 16 -x 3 -l 1e-3 -u 0 %s", models[k][0], models[k][1]);
         float gpu[8], cpu[8], gpu_norm[8], cpu_norm[8];
         lp_path(dir, "%s/cpu_out_%d", tmp_dir, k);
-        if (ckpt) snprintf(to, sizeof(to), "-o %s", dir);
-        int rc = run_cmd(out, sizeof(out), "./train_gpt_cpu %s %s", args, to);
+        int rc = run_cmd(out, sizeof(out), "./train_gpt_cpu %s -o %s", args, dir);
         int nc = parse_losses(out, cpu, 8);
         expect(rc == 0 && nc == 3 && parse_norms(out, cpu_norm, 8) == 3, "the CPU build runs 3 steps");
         if (nc != 3) return;
         size_t n2 = 0;
-        float* wc = ckpt ? run_weights(dir, 3, &n2) : NULL;
+        float* wc = run_weights(dir, 3, &n2);
         const char* runs[] = {"--attention flash", "--attention cublas", "--recompute full", "--attention cublas --recompute selective"};
-        for (int a = 0; a < (ckpt ? 2 : 4); a++) {
+        for (int a = 0; a < (llama_k ? 4 : 2); a++) {
             char name[320];
             lp_path(dir, "%s/gpu_out_%d_%d", tmp_dir, k, a);
-            if (ckpt) snprintf(to, sizeof(to), "-o %s", dir);
-            rc = run_cmd(out, sizeof(out), "%s %s %s %s", TRAIN_BIN, args, runs[a], to);
+            rc = run_cmd(out, sizeof(out), "%s %s %s -o %s", TRAIN_BIN, args, runs[a], dir);
             int ng = parse_losses(out, gpu, 8);
             snprintf(name, sizeof(name), "CUDA build with %s runs 3 steps of %s", runs[a], models[k][0]);
             expect(rc == 0 && ng == 3 && parse_norms(out, gpu_norm, 8) == 3, name);
@@ -7411,11 +7662,10 @@ static void test_step_vs_cpu_build(void) {
             snprintf(name, sizeof(name), "CUDA (%s) step losses with %s equal the CPU build's (%g relative), %s", LP_FLOATX_NAME, runs[a],
                      (double)STEP_LOSS_RTOL, models[k][0]);
             expect_close(name, gpu, cpu, 3, 0.0f, STEP_LOSS_RTOL);
-            if (!ckpt) {
+            if (llama_k) {
                 snprintf(name, sizeof(name), "CUDA step gradient norms with %s equal the CPU build's (3e-2 relative), %s", runs[a],
                          models[k][0]);
                 expect_close(name, gpu_norm, cpu_norm, 3, 0.0f, 3e-2f);
-                continue;
             }
             size_t n1 = 0;
             float* wg = run_weights(dir, 3, &n1);
@@ -7517,8 +7767,10 @@ static void test_fp16_runs(void) {
 // Tier 3's grids on the CUDA engine: ZeRO 0-3 (with and without overlap), TP with and without SP,
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
-// recomputing its probabilities), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
-// recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), all on a 4-layer tiny model with 4
+// recomputing its probabilities), context parallelism's ring (cp 2 alone, with ZeRO-1 over its cp x d ranks,
+// with TP and SP), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
+// recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), and the Llama
+// family on t=2, t=2 SP, p=2 (1F1B, interleaved), d=2 ZeRO-3 (with --offload params) and t=2 p=2 d=2, all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
@@ -7598,10 +7850,12 @@ static void test_parallel_grids(void) {
         {4, "--pp 4 --pp-partition 1,2,1,0"}, {4, "--pp 2 --zero 1"}, {4, "--pp 2 --zero 3"}, {4, "--tp 2 --pp 2"},
         {4, "--tp 2 --pp 2 --sp"}, {1, "--recompute selective"}, {1, "--recompute full"}, {2, "--zero 3 --recompute full"},
         {4, "--tp 2 --pp 2 --sp --recompute full"}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5"},
-        {8, "--tp 2 --pp 2 --sp --zero 1"}, {2, "--tp 2 --attention cublas"}, {1, "--attention cublas --recompute selective"}};
+        {8, "--tp 2 --pp 2 --sp --zero 1"}, {2, "--tp 2 --attention cublas"}, {1, "--attention cublas --recompute selective"},
+        {2, "--cp 2"}, {4, "--cp 2 --zero 1"}, {4, "--cp 2 --tp 2 --sp"}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
-        const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp ");
-        int r = grids[k].ranks, d = r / (tp ? atoi(tp + 5) : 1) / (pp ? atoi(pp + 5) : 1), a = strstr(f, "--aux") != NULL;
+        const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp "), *cp = strstr(f, "--cp ");
+        int r = grids[k].ranks, d = r / (tp ? atoi(tp + 5) : 1) / (pp ? atoi(pp + 5) : 1) / (cp ? atoi(cp + 5) : 1);
+        int a = strstr(f, "--aux") != NULL;
         expect_cuda_grid(base[0], r, f, 2 / d, ref[a], wref[a], nw[a]);
     }
     struct { int ranks; const char* flags; } moe_grids[] = {
@@ -7610,6 +7864,71 @@ static void test_parallel_grids(void) {
     for (size_t k = 0; k < sizeof(moe_grids) / sizeof(moe_grids[0]); k++)
         expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, 1, ref[2], wref[2], nw[2]);
     for (int a = 0; a < 3; a++) free(wref[a]);
+
+    // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
+    // p=2 (nothing crosses between the stages; interleaved too), d=2 ZeRO-3 (its weights offloaded too), t=2 p=2
+    // d=2; t=4 refused (t must divide the K/V heads)
+    save_sharp_llama(tmp_path("grid_llama.bin"), 4, 4949, 1.0f, 0);
+    snprintf(base[0], sizeof(base[0]), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("grid_llama.bin"),
+             tmp_path("grid_tokens.bin"));
+    snprintf(args, sizeof(args), "%s -b 2", base[0]);
+    lp_path(dir, "%s/grid_llama_ref", tmp_dir);
+    int n = run_ranks(1, args, dir, ref[0], out, sizeof(out));
+    wref[0] = run_weights(dir, 3, &nw[0]);
+    expect(n == 3 && wref[0], "one rank runs the 4-layer Llama");
+    if (n != 3 || !wref[0]) {
+        printf("%s\n", out);
+        return;
+    }
+    struct { int ranks; const char* flags; int B; } llama_grids[] = {
+        {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--pp 2 --vpp 2 --schedule interleaved", 2}, {2, "--zero 3", 1},
+        {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}};
+    for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
+        expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
+    free(wref[0]);
+    // its sample (-x 0 -s 1) on one rank and on grids: each rank's K/V heads in its cache (t=2: one each), the
+    // stages' caches, ZeRO-3's gathered weights; the same tokens as ./train_gpt_cpu's (fp32). lnf's weight x 8,
+    // so that each draw has a clear winner (at x 1, bf16's sums move a draw of the 7: the 6th)
+    save_sharp_llama(tmp_path("grid_llama_sample.bin"), 4, 4949, 8.0f, 0);
+    int want[8], got[8], nwant = 0;
+    const char* sample_grids[][3] = {{"1", "./train_gpt_cpu", ""}, {"1", TRAIN_BIN, ""}, {"2", TRAIN_BIN, "--tp 2"},
+                                     {"2", TRAIN_BIN, "--tp 2 --sp"}, {"2", TRAIN_BIN, "--pp 2"}, {"8", TRAIN_BIN, "--tp 2 --pp 2 --zero 3"}};
+    for (int k = 0; k < 6; k++) {
+        int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe --bind-to none %s -e %s -i %s -j '' -t 8 -x 0 -v 0 -s 1 -g 7 "
+                         "--seed 5 --tokenizer none %s", sample_grids[k][0], sample_grids[k][1], tmp_path("grid_llama_sample.bin"),
+                         tmp_path("grid_tokens.bin"), sample_grids[k][2]);
+        int ng = parse_sample_ids(out, k ? got : want, 7);
+        if (k == 0) nwant = rc == 0 ? ng : 0;
+        snprintf(name, sizeof(name), "Llama, -np %s %s %s: its sample's 7 tokens%s", sample_grids[k][0], sample_grids[k][1],
+                 sample_grids[k][2], k ? " are ./train_gpt_cpu's" : "");
+        int ok = nwant == 7 && (k == 0 || (rc == 0 && ng == 7 && memcmp(got, want, sizeof(int) * 7) == 0));
+        expect(ok, name);
+        if (!ok) printf("%s\n", out);
+    }
+    int rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe %s %s -b 2 --tp 4", TRAIN_BIN, base[0]);
+    const char* first = strstr(out, "llmpar: error: ");
+    expect(rc != 0 && first && strstr(first, "--tp 4: the model's 2 K/V heads do not split evenly over 4 tensor-parallel ranks") &&
+               !strstr(first + 1, "llmpar: error: "),
+           "Llama: t = 4 with 2 K/V heads is refused in one line (K/V heads are not replicated)");
+
+    // the Llama family's mixture of experts (layers 0 and 2 of 4 SwiGLU experts, top-2, the router's losses on; std
+    // 0.1 and no capacity, as in test_step_vs_cpu_build): expert parallelism, with TP, and with full recomputation
+    save_sharp_llama(tmp_path("grid_llama_moe.bin"), 4, 4949, 1.0f, 4);
+    snprintf(base[1], sizeof(base[1]), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64 --moe-aux-coef 0.1 --moe-z-coef 0.01",
+             tmp_path("grid_llama_moe.bin"), tmp_path("grid_tokens.bin"));
+    snprintf(args, sizeof(args), "%s -b 1", base[1]);
+    lp_path(dir, "%s/grid_llama_moe_ref", tmp_dir);
+    n = run_ranks(1, args, dir, ref[1], out, sizeof(out));
+    wref[1] = run_weights(dir, 3, &nw[1]);
+    expect(n == 3 && wref[1], "one rank runs the 4-layer Llama with SwiGLU experts");
+    if (n != 3 || !wref[1]) {
+        printf("%s\n", out);
+        return;
+    }
+    struct { int ranks; const char* flags; } llama_moe_grids[] = {{2, "--ep 2"}, {4, "--ep 2 --tp 2"}, {4, "--ep 4 --recompute full"}};
+    for (size_t k = 0; k < sizeof(llama_moe_grids) / sizeof(llama_moe_grids[0]); k++)
+        expect_cuda_grid(base[1], llama_moe_grids[k].ranks, llama_moe_grids[k].flags, 1, ref[1], wref[1], nw[1]);
+    free(wref[1]);
 }
 
 // A resumed run of the CUDA build goes on bit for bit: 5 steps, then --resume to 8, against 8 straight.
@@ -7866,6 +8185,7 @@ int main(int argc, char** argv) {
     RUN(test_plan_software);
     RUN(test_plan_scale);
     RUN(test_plan_floor);
+    RUN(test_plan_cp);
     RUN(test_bad_input);
     RUN(test_output_owned);
     RUN(test_run_identity);

@@ -710,8 +710,6 @@ static void lp_check_flags(LPFlags* f) {
     if (par->cp > 1 && f->T % (2 * par->cp))
         lp_fail_all("flag %s %d: sequence length %s %d does not split into 2*%d = %d chunks of equal length", LP_FLAG_NAME(par.cp),
                     par->cp, LP_FLAG_NAME(T), f->T, par->cp, 2 * par->cp);
-    if (par->cp > 1 && f->auto_grid)
-        lp_fail_all("flag %s with %s %d: not yet (the planner splits no sequence)", LP_FLAG_NAME(auto_grid), LP_FLAG_NAME(par.cp), par->cp);
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
@@ -1436,13 +1434,6 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     lp_grid_check(proc, &r->cfg);
     if (!lp_config_is_gpt2(&r->cfg) && f->aux_layers && f->aux_layers[0])
         lp_fail_all("flag --aux-loss-layers %s: not yet for the Llama family", f->aux_layers);
-#ifndef LLMPAR_CPU  // (the CPU engine runs both; here they are untested, and the cached attention takes no grouped-query attention yet)
-    if (!lp_config_is_gpt2(&r->cfg) && f->out_dir[0])
-        lp_fail_all("flag -o %s: checkpoints of the Llama family are not yet on the CUDA engine (./train_gpt_cpu saves them)", f->out_dir);
-    if (!lp_config_is_gpt2(&r->cfg) && f->sample_every > 0)
-        lp_fail_all("flag %s %d: sampling the Llama family is not yet on the CUDA engine (-s 0; ./train_gpt_cpu samples it)",
-                    LP_FLAG_NAME(sample_every), f->sample_every);
-#endif
     if (f->trace[0]) lp_trace_check_path(f, proc);
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->par->dp;
@@ -2018,16 +2009,17 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
                 "clock from rank 0's time as it left a barrier over all ranks (on another host: that rank's own)\", \"build\": \"%s\"",
                 from, to, n, LP_BUILD_GPU ? "cuda" : "cpu");
         const LPParallel* par = proc->par;
-        if (lp_config_is_gpt2(&r->cfg) && par->cp == 1) {  // the planner's flags for this run's grid (dev/plot.py --trace sets the plan beside it)
-            char plan[LP_PATH_MAX + 512], moe[96] = "";
+        if (lp_config_is_gpt2(&r->cfg)) {  // the planner's flags for this run's grid (dev/plot.py --trace sets the plan beside it)
+            char plan[LP_PATH_MAX + 512], moe[96] = "", cp[24] = "";
+            if (par->cp > 1) snprintf(cp, sizeof(cp), " --cp %d", par->cp);
             if (r->preset && r->cfg.moe_experts)
                 snprintf(moe, sizeof(moe), " --moe-experts %d --moe-topk %d --moe-every %d --ep %d", r->cfg.moe_experts, r->cfg.moe_topk,
                          r->cfg.moe_every, par->ep);
             char sg[32] = "";  // (the planner takes it where it applies: t > 1 and p > 1 without SP)
             if (par->tp > 1 && par->pp > 1 && !par->sp) snprintf(sg, sizeof(sg), " --pp-scatter-gather %d", par->scatter_gather);
             snprintf(plan, sizeof(plan), "--plan %d -e %s -t %d -d %d -b %d --tp %d --pp %d --vpp %d --zero %d --recompute %s --offload "
-                     "%s%s%s%s", n, r->f->init, r->f->T, r->total_batch, r->f->B, par->tp, par->pp, par->vpp, par->zero,
-                     lp_recompute_names[par->recompute], lp_offload_names[par->offload], sg, par->sp ? " --sp" : "", moe);
+                     "%s%s%s%s%s", n, r->f->init, r->f->T, r->total_batch, r->f->B, par->tp, par->pp, par->vpp, par->zero,
+                     lp_recompute_names[par->recompute], lp_offload_names[par->offload], sg, par->sp ? " --sp" : "", moe, cp);
             fprintf(out, ", \"plan\": ");
             lp_json_string(out, plan);
         }
@@ -2261,11 +2253,13 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
     return m;
 }
 
-// --auto: the planner chooses how this run's ranks split the work: every t x p x d grid with its interleaving,
+// --auto: the planner chooses how this run's ranks split the work: every t x p x cp x d grid with its interleaving,
 // SP, scatter-gather, ZeRO stage, recomputation, offload and micro-batch -b that fits a rank's memory on this
 // machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
-// files; neither offloads to files without --offload-dir). A grid flag typed (--tp, --pp, --vpp, --ep, --sp,
-// --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
+// files; neither offloads to files without --offload-dir; cp stays 1 unless typed: the CUDA build has no ring yet,
+// and the CPU build's ring attention runs scalar loops, which the planner prices at BLAS's rate: at d4, T 512 on 4
+// ranks cp 2 and 4 measured 2.0-2.3x cp 1's step, planned 1.01x). A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
+// --sp, --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
 // it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
 // what was chosen and why.
 static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
@@ -2275,12 +2269,11 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     int ranks_here;
     char about[256], why[256];
     LPPlanMachine mach = lp_auto_machine(proc, &ranks_here, about, sizeof(about));
-    LPPlanModel model = lp_plan_model_gpt(&cfg);  // (the Llama family: its K/V heads and SwiGLU's width, as the planner's modern block)
-    if (!lp_config_is_gpt2(&cfg)) model.kv_heads = lp_kv_heads(&cfg), model.ffn = lp_ffn_hidden(&cfg), model.swiglu = cfg.swiglu;
+    LPPlanModel model = lp_plan_model_of(&cfg);
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * proc->world;
     struct { size_t field; unsigned bit; } kept[] = {
         {LP_FIELD(par.tp), LP_FIX_TP}, {LP_FIELD(par.pp), LP_FIX_PP}, {LP_FIELD(par.vpp), LP_FIX_VPP}, {LP_FIELD(par.ep), LP_FIX_EP},
-        {LP_FIELD(par.zero), LP_FIX_ZERO}, {LP_FIELD(par.recompute), LP_FIX_RECOMPUTE}, {LP_FIELD(par.offload), LP_FIX_OFFLOAD},
+        {LP_FIELD(par.cp), LP_FIX_CP}, {LP_FIELD(par.zero), LP_FIX_ZERO}, {LP_FIELD(par.recompute), LP_FIX_RECOMPUTE}, {LP_FIELD(par.offload), LP_FIX_OFFLOAD},
         {LP_FIELD(par.sp), LP_FIX_SP}, {LP_FIELD(par.scatter_gather), LP_FIX_SG}, {LP_FIELD(B), LP_FIX_B}};
     LPPlanLimits limits = {0, f->par, f->B};
     for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
@@ -2288,6 +2281,7 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     unsigned typed = limits.fixed;
     if ((f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_ZERO)) limits.fixed |= LP_FIX_ZERO, limits.par.zero = 0;
     if (!LP_BUILD_GPU && !(limits.fixed & LP_FIX_OFFLOAD)) limits.fixed |= LP_FIX_OFFLOAD, limits.par.offload = LP_OFFLOAD_NONE;
+    if (!(limits.fixed & LP_FIX_CP)) limits.fixed |= LP_FIX_CP, limits.par.cp = 1;  // (cp only where typed: see above)
     LPPlan* plans;  // (the fastest 16 simulated: the first that runs here, and the next for the reason)
     int count = lp_plan(&model, f->T, tokens, proc->world, f->attention, &mach, &limits, 16, &plans), best = -1, next = -1;
     for (int k = 0; k < count && next < 0; k++) {
@@ -2301,24 +2295,25 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
         lp_fail_all("flag --auto: no grid of %d ranks runs -e %s with -t %d and %lld tokens per step within %.3g GiB per rank%s", proc->world,
                     f->init, f->T, tokens, mach.gpu_bytes / 0.9 / 1073741824.0, typed ? " and the grid flags typed" : "");
     }
-    int chosen[10];  // (rank 0's, for every rank: the plan is the same everywhere unless a rate differed in its last bit)
+    int chosen[11];  // (rank 0's, for every rank: the plan is the same everywhere unless a rate differed in its last bit)
     const LPPlan* x = &plans[best];
-    int mine[10] = {x->par.tp, x->par.pp, x->par.vpp, x->par.ep, x->par.sp, x->par.scatter_gather, x->par.zero, x->par.recompute,
-                    x->par.offload, x->B};
+    int mine[11] = {x->par.tp, x->par.pp, x->par.vpp, x->par.ep, x->par.sp, x->par.scatter_gather, x->par.zero, x->par.recompute,
+                    x->par.offload, x->B, x->par.cp};
     memcpy(chosen, mine, sizeof(chosen));
     lp_world_broadcast(proc, chosen, sizeof(chosen), 0);
     LPParallel* p = &f->par;
     p->tp = chosen[0], p->pp = chosen[1], p->vpp = chosen[2], p->ep = chosen[3], p->sp = chosen[4], p->scatter_gather = chosen[5];
-    p->zero = chosen[6], p->recompute = chosen[7], p->offload = chosen[8], f->B = chosen[9];
+    p->zero = chosen[6], p->recompute = chosen[7], p->offload = chosen[8], f->B = chosen[9], p->cp = chosen[10];
     if (p->vpp > 1) p->schedule = LP_SCHEDULE_INTERLEAVED;
     f->total_batch = (int)tokens;
     why[0] = '\0';
     if (next >= 0)
-        snprintf(why, sizeof(why), "; the next, t=%d p=%d v=%d d=%d ZeRO-%d %s B=%d: %.4g ms", plans[next].par.tp, plans[next].par.pp,
-                 plans[next].par.vpp, plans[next].par.dp, plans[next].par.zero, lp_recompute_names[plans[next].par.recompute],
-                 plans[next].B, plans[next].step_s * 1e3);
-    char ep[16] = "";
-    if (p->ep > 1) snprintf(ep, sizeof(ep), " ep=%d", p->ep);
+        snprintf(why, sizeof(why), "; the next, t=%d p=%d v=%d d=%d cp=%d ZeRO-%d %s B=%d: %.4g ms", plans[next].par.tp, plans[next].par.pp,
+                 plans[next].par.vpp, plans[next].par.dp, plans[next].par.cp, plans[next].par.zero,
+                 lp_recompute_names[plans[next].par.recompute], plans[next].B, plans[next].step_s * 1e3);
+    char ep[32] = "";
+    if (p->cp > 1) snprintf(ep, sizeof(ep), " cp=%d", p->cp);
+    if (p->ep > 1) snprintf(ep + strlen(ep), sizeof(ep) - strlen(ep), " ep=%d", p->ep);
     lp_log("auto: t=%d p=%d v=%d d=%d%s%s, ZeRO-%d, recompute %s, offload %s, -b %d (m=%d): the fastest simulated step of %d "
            "configurations of %d ranks%s, %.4g ms, %.3g GiB on the fullest rank of %.3g%s; on %s\n", p->tp, p->pp, p->vpp, x->par.dp,
            p->sp ? " SP" : "", ep, p->zero, lp_recompute_names[p->recompute], lp_offload_names[p->offload], f->B, x->par.micro_batches,

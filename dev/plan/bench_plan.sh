@@ -42,8 +42,11 @@ plan() {  # n L C NH global-batch flags...: prints "step_s X_paper" (the paper's
     if [ -z "$step" ]; then echo "- -"; return; fi
     awk -v s="$step" -v n="$n" -v l="$L" -v h="$C" -v B="$batch" "BEGIN { F = $paper_flops; printf \"%.4g %.0f\\n\", s, F / (s * n) / 1e12 }"
 }
-choice() {  # the plan's own configuration, as "t p v d sp ZeRO recompute B | MFU"
-    "$bin" --plan "$@" 2>&1 | awk -F'|' '/^\| [0-9]/ { gsub(/ /, ""); print $2, $3, $4, $5, $6, $8, $9, $11, "|", $(NF - 3); exit }'
+choice() {  # the plan's own configuration, as "t p v cp d sp ZeRO recompute B | MFU" (the table's columns by name: cp's only
+            # where a plan splits a sequence)
+    "$bin" --plan "$@" 2>&1 | awk -F'|' '/^\| t \|/ { for (i = 2; i < NF; i++) { h = $i; gsub(/ /, "", h); col[h] = i } }
+        /^\| [0-9]/ { gsub(/ /, ""); print $col["t"], $col["p"], $col["v"], ("cp" in col ? $col["cp"] : 1), $col["d"], $col["sp"],
+                      $col["ZeRO"], $col["recompute"], $col["B"], "|", $col["MFU"]; exit }'
 }
 # the paper's runs: full recomputation, no offload, no SP (typing --pp-scatter-gather keeps it off), scatter/gather
 fixed="--recompute full --offload none --pp-scatter-gather 1"
@@ -97,7 +100,7 @@ if [ "$what" = fit ] || [ "$what" = all ]; then
 fi
 if [ "$what" = table1 ] || [ "$what" = all ]; then
     echo "Table 1 (weak scaling; published: the paper's TFLOP/s per GPU)"
-    echo "| model | t | p | v | GPUs | batch | b | published | predicted | ratio | the plan's choice (t p v d sp ZeRO recompute b) | its MFU |"
+    echo "| model | t | p | v | GPUs | batch | b | published | predicted | ratio | the plan's choice (t p v cp d sp ZeRO recompute b) | its MFU |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     pairs_file=$(mktemp)
     # name L C NH t p v n batch b published DDP (the script's --DDP-impl)

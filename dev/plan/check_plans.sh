@@ -17,6 +17,9 @@ questions=(
     "--plan 128 --cluster dgx-a100 --software megatron -e 40,6144,48,51200 -t 2048 -d 1048576 --attention cublas"
     "--plan 64 -e d48 -t 1024 -d 524288 --net-gbs 5 --node-gbs 100 --latency-us 20 --node-gpus 4"
     "--plan 8 --cluster nvl72 --gpu gb200 -e d24 -t 1024 -d 262144 --zero 1 --recompute selective"
+    "--plan 8 -e 12,768,12 -t 131072 -d 131072 --gpu-mem 6"
+    "--plan 16384 -e 126,16384,128,128256 -t 131072 -d 16777216"
+    "--plan 8 -e llama:2,64,4,2,128 -t 64 -d 4096"
 )
 make -s plan_gpt || exit 1
 new=$(for q in "${questions[@]}"; do echo "\$ ./plan_gpt $q"; ./plan_gpt $q 2>&1; done)

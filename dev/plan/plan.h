@@ -1,14 +1,14 @@
 /*
 dev/plan/plan.h: the cluster planner, a tool built on llmpar.h (not part of it: a copier of llmpar.h gets
-the engine alone). It answers "how should I run this model on N GPUs?": every t x p x d grid, ZeRO stage,
+the engine alone). It answers "how should I run this model on N GPUs?": every t x p x cp x d grid, ZeRO stage,
 recomputation and offload that fits a GPU, each step simulated on a stated machine from the engine's own
 costs (llmpar.h section 11: FLOPs, memory, the pipeline partition) and schedules (section 4). Include it
 after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt --plan 8 -e d12`).
 
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
-             LPPlanModel, lp_plan_model_gpt, lp_plan_layer_params, lp_plan_layer_flops, lp_plan_flops_per_token,
-             lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle, lp_gemm_seconds,
-             lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, lp_plan_simulate,
+             LPPlanModel, lp_plan_model_of, lp_plan_model_is_engine, lp_plan_layer_params, lp_plan_layer_flops,
+             lp_plan_flops_per_token, lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle,
+             lp_gemm_seconds, lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, lp_plan_simulate,
              LPPlanLimits, lp_published_mfu, lp_plan_outside, lp_plan
 */
 #ifndef LLMPAR_PLAN_H
@@ -116,8 +116,10 @@ static const LPCluster lp_clusters[] = {
 // The software running the step, described: what it can run (the search offers only those grids, and a grid
 // typed that it cannot run is refused), how it runs a step, how it keeps its memory, and how far its
 // predictions have been checked (its calibration: dev/plan/README.md, "How far the plan can be believed").
-//   llmpar     this engine: every setting the planner knows, sends that do not wait, no dropout, memory as
-//              its CUDA build keeps it (llmpar.h section 11, lp_chunk_memory);
+//   llmpar     this engine: every setting the planner knows (context parallelism too, but not with expert
+//              parallelism nor RoPE: the engine refuses them together), GPT-2's blocks and the Llama family's (its
+//              CPU build trains them on every axis), sends that do not wait, no dropout, memory as its CUDA build
+//              keeps it (llmpar.h section 11, lp_chunk_memory);
 //   megatron   Megatron-LM as the selective-recomputation paper ran it (arXiv 2205.05198; the PTD-P paper's
 //              runs, arXiv 2104.04473 with commit 6985e58 and examples/sc21, the same but for SP and selective
 //              recomputation, which they did not have): TP with SP, interleaved 1F1B with scatter/gather,
@@ -144,7 +146,7 @@ static const LPCluster lp_clusters[] = {
 //              full recomputation only (DeepSpeed's activation checkpointing). Memory by the ZeRO
 //              paper's count (Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes a parameter, sharded by
 //              stage) and the selective-recomputation paper's activations.
-// Context parallelism: none of them has it here (the planner splits no sequence).
+// Context parallelism: llmpar's alone (Megatron-LM gained it in Megatron-Core, after the runs these entries describe).
 enum { LP_MEMORY_ENGINE, LP_MEMORY_MEGATRON, LP_MEMORY_DEEPSPEED };
 typedef struct {
     const char* name;
@@ -155,7 +157,9 @@ typedef struct {
     int selective;       // selective recomputation (full recomputation: every software)
     int zero, zero_pp;   // the highest ZeRO stage without a pipeline, and with one
     unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
-    int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel)
+    int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel; this engine: as its LPConfig describes them)
+    int cp;              // context parallelism (a sequence split over cp ranks, attention a ring): 1 with learned positions
+                         // (llmpar: its RoPE does not yet take the chunks' positions), 2 with rotary ones too
     // how it runs a step
     double gemm;         // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
     double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
@@ -182,17 +186,17 @@ typedef struct {
 // and 1.087x the selective-recomputation paper's (2022), to which megatron's costs are fitted
 #define LP_PACE_2021 (1.0 / 1.095)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 0, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 1, 1, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
-    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_PACE_2021, LP_MEMORY_MEGATRON,
+    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_PACE_2021, LP_MEMORY_MEGATRON,
      0.91, 1.04, "a100", 3072, 2048, "the PTD-P paper's Tables 1 and 2 (16 runs; its 530B and 1T rows set the pace)",
      "Megatron-LM as the PTD-P paper ran it (2021): no SP, selective recomputation or distributed optimizer; megatron's fitted costs "
      "on an A100 paced 1/1.095 (the two papers' steps on the same pipelines)"},
-    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_PACE_2021, LP_MEMORY_DEEPSPEED, 1.29, 1.43, "a100",
+    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_PACE_2021, LP_MEMORY_DEEPSPEED, 1.29, 1.43, "a100",
      2240, 2048, "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
      "Megatron-DeepSpeed: Megatron-LM's layers of 2021 (megatron-2021's pace) without SP, ZeRO 1-3 (1 with a pipeline), offload, "
      "DeepSpeed's 1F1B pipeline (blocking sends, no interleaving), memory by the ZeRO paper"},
@@ -263,11 +267,12 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
     return m;
 }
 
-// The model planned: the engine's shape (LPConfig: GPT-2's blocks, or a mixture of experts), or a modern dense one
-// the engine does not run but Megatron-LM does (Llama's): grouped-query attention (kv_heads key/value heads shared by
-// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. Its
-// weights, FLOPs and GEMMs are the planner's own (lp_plan_layer_params, lp_plan_layer_flops); the pipeline
-// partition weighs the engine's GPT-2 layers of the same L, C, NH and V (the same share of a layer against the head).
+// The model planned: the engine's shape (LPConfig: GPT-2's blocks, a mixture of experts, or the Llama family's), or a
+// modern dense block of the planner's own for Megatron-LM: grouped-query attention (kv_heads key/value heads shared by
+// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. A
+// block not GPT-2's has its weights, FLOPs and GEMMs counted by the planner (lp_plan_layer_params, lp_plan_layer_flops);
+// the pipeline partition and this engine's memory weigh cfg's layers (the engine's Llama where cfg is one; the
+// planner's own block: GPT-2's layers of the same L, C, NH and V, the same share of a layer against the head).
 typedef struct {
     LPConfig cfg;
     int kv_heads;  // key/value heads (cfg.num_heads: every head its own)
@@ -275,13 +280,19 @@ typedef struct {
     int swiglu;    // 1: a gated MLP (SwiGLU), 0: GELU's
 } LPPlanModel;
 
-// GPT-2's blocks (the engine's) of shape c.
-static inline LPPlanModel lp_plan_model_gpt(const LPConfig* c) {
-    LPPlanModel m = {*c, c->num_heads, 4 * c->channels, 0};
-    return m;
-}
 static inline int lp_plan_model_is_gpt(const LPPlanModel* model) {
     return model->kv_heads == model->cfg.num_heads && model->ffn == 4 * model->cfg.channels && !model->swiglu;
+}
+// The engine's model of shape c, its blocks as c says (GPT-2's, or the Llama family's K/V heads and SwiGLU width).
+static inline LPPlanModel lp_plan_model_of(const LPConfig* c) {
+    LPPlanModel m = {*c, lp_kv_heads(c), lp_ffn_hidden(c), c->swiglu};
+    return m;
+}
+// Whether cfg describes the model's blocks (so this engine's memory count, lp_chunk_memory, is the model's): not a
+// block of the planner's own.
+static inline int lp_plan_model_is_engine(const LPPlanModel* model) {
+    const LPConfig* c = &model->cfg;
+    return model->kv_heads == lp_kv_heads(c) && model->ffn == lp_ffn_hidden(c) && model->swiglu == c->swiglu;
 }
 
 // Whether a step drops out: where its software does (LPSoftware.dropout: Megatron-LM's GPT defaults, 0.1) on GPT-2's
@@ -505,17 +516,20 @@ static inline double lp_send_seconds(const LPPlanMachine* mach, double bytes, in
 }
 
 // One micro-batch of chunk k (running `layers` layers) on one rank: seconds of its forward and backward,
-// and of what they hold (compute, TP's collectives, EP's all-to-alls, ZeRO-2/3's exposed collectives).
+// and of what they hold (compute, TP's collectives, EP's all-to-alls, the context-parallel ring's exposed sends,
+// ZeRO-2/3's exposed collectives). With context parallelism s->T is the rank's share of a sequence (T/cp rows,
+// as the engine's LPPipeShape holds it): its rows score keys of the whole sequence, cp T.
 typedef struct {
     double fwd, bwd;
-    double compute, tp, ep, dp;
+    double compute, tp, ep, cp, dp;
 } LPChunkTime;
 
 static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, int k, int layers) {
     const LPConfig* c = &model->cfg;
     const LPGpu* g = &mach->gpu;
     const LPParallel* par = s->par;
-    double t = par->tp, d = par->dp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = g->fp32 ? 4.0 : 2.0;
+    double t = par->tp, ep = par->ep, C = c->channels, Cl = C / t, T = s->T, N = (double)s->B * T, X = g->fp32 ? 4.0 : 2.0;
+    double cp = par->cp, S = T * cp, d = (double)par->dp * par->cp;  // (the whole sequence; the ranks ZeRO shards over, cp d)
     double heads = (double)c->num_heads / t, hs = C / c->num_heads, E = c->moe_experts, K = c->moe_topk;
     double moe = (double)lp_layers_having(c, LP_ROUTERW, 0, c->num_layers) / c->num_layers;  // the share of MoE layers
     double Fl = (double)model->ffn / t;  // the MLP's hidden width on a TP rank
@@ -536,16 +550,30 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     f += (1.0 - moe) * mf + moe * ef;
     b += (1.0 - moe) * mb + moe * eb;
     double af, ab;  // attention's products
-    if (s->attention == LP_ATTENTION_FLASH && !g->fp32) {  // causal: half of q k^T's and att v's 4 T^2 hs per head; backward 5 to 2
-        af = 2.0 * s->B * heads * T * T * hs / (g->peak_flops * g->attention);
+    // (T rows against S keys: the ring's cp blocks; the causal mask's half split evenly by the chunk layout)
+    if ((s->attention == LP_ATTENTION_FLASH || cp > 1) && !g->fp32) {  // causal: half of q k^T's and att v's 4 T^2 hs per
+                                                                        // head; backward 5 to 2 (the ring is flash's)
+        af = 2.0 * s->B * heads * T * S * hs / (g->peak_flops * g->attention);
         ab = 2.5 * af;
     } else {  // batched GEMMs; the probabilities written, then read, and backward's read and written (dropout: read,
               // written and a mask of a byte each way)
         double tk = mach->attention_tile_k;
-        af = lp_gemm_seconds(g, T, T, hs, s->B * heads, tk) + lp_gemm_seconds(g, T, hs, T, s->B * heads, tk);
+        af = lp_gemm_seconds(g, T, S, hs, s->B * heads, tk) + lp_gemm_seconds(g, T, hs, S, s->B * heads, tk);
         ab = 2.0 * af;
-        af += (2.0 * X + dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
-        ab += (3.0 * X + dropout * (2.0 * X + 1.0)) * s->B * heads * T * T / g->hbm_bw;
+        af += (2.0 * X + dropout * (2.0 * X + 1.0)) * s->B * heads * T * S / g->hbm_bw;
+        ab += (3.0 * X + dropout * (2.0 * X + 1.0)) * s->B * heads * T * S / g->hbm_bw;
+    }
+    // context parallelism's ring (llmpar.h, lp_ring_attention_forward/backward): forward passes a K/V block (B T rows of
+    // the rank's 2 KV/t heads) on cp - 1 times, each send posted before the block's attention and hidden under it (NCCL:
+    // a stream of its own; MPI progresses nothing beside the compute); backward passes the blocks again under their
+    // attention, and after each block the keys' and values' gradients so far, waited for before the next (exposed).
+    // A group of t cp consecutive ranks: inside a node or over the network
+    double ring_f = 0.0, ring_b = 0.0;
+    if (cp > 1) {
+        double block = lp_send_seconds(mach, s->B * T * 2.0 * model->kv_heads / t * hs * X, par->tp * par->cp);
+        double under_f = mach->nccl ? af / cp : 0.0, under_b = mach->nccl ? ab / cp : 0.0;
+        ring_f = (cp - 1.0) * fmax(0.0, block - under_f);
+        ring_b = (cp - 1.0) * fmax(0.0, block - under_b) + cp * block;
     }
     double rows = par->sp ? N / t : N;  // LayerNorms and residual adds (10 C a row, read and written; split by SP), GELU
                                         // (F/t read and written; SwiGLU: 2 F/t read, F/t written)
@@ -566,7 +594,7 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     double ep_f = ep > 1 ? moe * 2.0 * lp_collective_seconds(mach, K * N * C * X, 0, ep, par->tp * par->ep) : 0.0;
     double full = par->recompute == LP_RECOMPUTE_FULL ? 1.0 : 0.0;
     // ZeRO-2/3: each layer's gradients reduce-scattered in backward, ZeRO-3's weights gathered before its forward and
-    // backward; the dense part over d, the experts over their d/ep replicas
+    // backward; the dense part over d (cp d), the experts over their d/ep replicas
     double dz_f = 0.0, dz_b = 0.0;
     if (d > 1 && par->zero >= 2) {
         size_t sizes[LP_NUM_PARAMS];
@@ -576,8 +604,9 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
         else
             for (int i = 0; i < LP_NUM_PARAMS; i++)
                 if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
-        double once = lp_collective_seconds(mach, dense * X, 0, d, par->tp * par->dp);  // (a reduce-scatter or a gather of a layer)
-        if (experts > 0.0 && de > 1) once += lp_collective_seconds(mach, experts / ep * X, 0, de, par->tp * par->dp);
+        int inner = par->tp * par->cp * par->dp;
+        double once = lp_collective_seconds(mach, dense * X, 0, d, inner);  // (a reduce-scatter or a gather of a layer)
+        if (experts > 0.0 && de > 1) once += lp_collective_seconds(mach, experts / ep * X, 0, de, inner);
         // (backward's reduce-scatter and ZeRO-3's gather share the DP link: together they outlast the layer or not)
         double hide_f = par->overlap && mach->nccl ? f : 0.0, hide_b = par->overlap && mach->nccl ? b : 0.0;
         dz_b = fmax(0.0, (par->zero >= 3 ? 2.0 : 1.0) * once - hide_b);
@@ -587,9 +616,10 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     out.compute = layers * (f + b);
     out.tp = layers * (tp_f + tp_r * full + tp_b);
     out.ep = layers * ep_f * (2.0 + full);
+    out.cp = layers * (ring_f * (1.0 + full) + ring_b);
     out.dp = layers * (dz_f + dz_b);
-    out.fwd = layers * (f + tp_f + ep_f + dz_f);
-    out.bwd = layers * (b + tp_r * full + tp_b + ep_f * (1.0 + full) + dz_b);
+    out.fwd = layers * (f + tp_f + ep_f + dz_f + ring_f);
+    out.bwd = layers * (b + tp_r * full + tp_b + ep_f * (1.0 + full) + dz_b + ring_b + ring_f * full);
     double hf = 0.0, hb = 0.0, Vl = c->padded_vocab_size / t;  // the first chunk's embedding, the last's head and loss
     if (k == 0) hf += 2.0 * X * N * C / g->hbm_bw, hb += 2.0 * X * N * C / g->hbm_bw;
     if (k == par->pp * par->vpp - 1) {
@@ -613,11 +643,11 @@ typedef struct {
     int fits;               // memory <= the GPU's (when estimated)
     int simulated;          // its pipeline simulated (0: step_s is the busiest stage's work and the step end)
     double memory, host_memory;  // bytes on the fullest rank; of state in host memory
-    // seconds per step: the busiest stage's compute, TP collectives, EP all-to-alls and ZeRO-2/3's exposed
-    // collectives; the pipeline's idle time on it (bubble and waits on messages); the step's end
-    // (exposed DP collectives, the optimizer or offload); the whole step
-    double compute_s, tp_s, ep_s, zero_s, bubble_s, end_s, step_s;
-    double busy_s;          // the busiest stage's work: compute + tp + ep + zero
+    // seconds per step: the busiest stage's compute, TP collectives, EP all-to-alls, the context-parallel ring's
+    // exposed sends and ZeRO-2/3's exposed collectives; the pipeline's idle time on it (bubble and waits on
+    // messages); the step's end (exposed DP collectives, the optimizer or offload); the whole step
+    double compute_s, tp_s, ep_s, cp_s, zero_s, bubble_s, end_s, step_s;
+    double busy_s;          // the busiest stage's work: compute + tp + ep + cp + zero
     double flops;           // training FLOPs of a step, recomputation counted
 } LPPlan;
 
@@ -630,19 +660,21 @@ static inline int lp_plan_order(const void* a, const void* b) {
     if (x->simulated != y->simulated) return x->simulated ? -1 : 1;
     if (x->step_s != y->step_s) return x->step_s < y->step_s ? -1 : 1;
     if (x->B != y->B) return x->B > y->B ? -1 : 1;
-    return x->memory < y->memory ? -1 : x->memory > y->memory;
+    if (x->memory != y->memory) return x->memory < y->memory ? -1 : 1;
+    return x->par.cp - y->par.cp;  // (then the sequence split over fewer ranks)
 }
 
 // The step's end on a stage holding `params` parameters per rank (`experts` of them a mixture of experts')
-// whose backward of one micro-batch takes `bwd`: its shard's exposed DP collectives (the experts' over
-// their d/ep replicas), then AdamW's or offload's update; *host: the state offload keeps in host memory.
+// whose backward of one micro-batch takes `bwd`: its shard's exposed DP collectives (over the cp d ranks that hold
+// the same weights; the experts' over their d/ep replicas), then AdamW's or offload's update; *host: the state
+// offload keeps in host memory.
 static inline double lp_plan_end(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, double params, double experts,
                                  double bwd, double* host) {
     const LPConfig* c = &model->cfg;
     const LPParallel* par = s->par;
-    double d = par->dp, ep = par->ep, de = d / ep, m = par->micro_batches, X = mach->gpu.fp32 ? 4.0 : 2.0, end = 0.0;
+    double d = (double)par->dp * par->cp, ep = par->ep, de = d / ep, m = par->micro_batches, X = mach->gpu.fp32 ? 4.0 : 2.0, end = 0.0;
     double stage_layers = ceil((double)c->num_layers / par->pp);  // (a collective a layer)
-    int inner = par->tp * par->dp;
+    int inner = par->tp * par->cp * par->dp;
     double rs = d > 1 ? stage_layers * lp_collective_seconds(mach, (params - experts) * X / stage_layers, 0, d, inner) : 0.0;  // a reduce-scatter or all-gather
     double rs_dense = rs;
     if (de > 1 && experts > 0.0) rs += stage_layers * lp_collective_seconds(mach, experts * X / stage_layers, 0, de, inner);
@@ -828,38 +860,40 @@ static inline int lp_plan_one(const LPPlanModel* model, const LPPipeShape* s, co
         if (stage_params[st] > params) params = stage_params[st], experts = ex;
         if (stage_busy[st] > busy) busy = stage_busy[st], bwd = stage_bwd[st], busiest = st;
     }
-    out->compute_s = out->tp_s = out->ep_s = out->zero_s = 0.0;  // the busiest stage's totals over its chunks
+    out->compute_s = out->tp_s = out->ep_s = out->cp_s = out->zero_s = 0.0;  // the busiest stage's totals over its chunks
     for (int k = busiest; k < chunks; k += s->par->pp)
-        out->compute_s += m * ct[k].compute, out->tp_s += m * ct[k].tp, out->ep_s += m * ct[k].ep, out->zero_s += m * ct[k].dp;
+        out->compute_s += m * ct[k].compute, out->tp_s += m * ct[k].tp, out->ep_s += m * ct[k].ep, out->cp_s += m * ct[k].cp,
+            out->zero_s += m * ct[k].dp;
     out->estimated = 1;
     out->memory = memory;
     out->fits = memory <= mach->gpu_bytes;
     out->busy_s = busy;
     out->end_s = lp_plan_end(model, s, mach, params, experts, bwd, &out->host_memory);
-    out->step_s = busy * (1.0 + lp_plan_straggle(mach, s->par->tp * s->par->pp * s->par->dp)) + out->end_s;
+    out->step_s = busy * (1.0 + lp_plan_straggle(mach, s->par->tp * s->par->cp * s->par->pp * s->par->dp)) + out->end_s;
     return 0;
 }
 
 // Simulate plan x's pipeline (the schedule's action lists, lp_plan_chunk's costs, messages between stages
 // taking their time): its step, bubble, and the time its messages add (*sends, when not NULL: the same
 // pipeline simulated without them). `partition`: its layers per chunk as lp_plan_one found them (NULL: found again).
+// T: the whole sequence (a rank's share of it with context parallelism: T/cp).
 static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x,
                                     const int* partition, double* sends) {
     const LPConfig* c = &model->cfg;
     const LPParallel* par = &x->par;
-    LPPipeShape s = {par, x->B, T, attention, !mach->gpu.fp32};
+    LPPipeShape s = {par, x->B, T / par->cp, attention, !mach->gpu.fp32};
     int found[LP_MAX_CHUNKS], V = par->pp * par->vpp;
     const int* layers = partition ? partition : found;
     char why[256];
     if (!partition && lp_pp_partition(c, &s, found, why, sizeof(why))) lp_fail("internal: plan %s", why);
-    double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = mach->gpu.fp32 ? 4.0 : 2.0, N = (double)x->B * T;
+    double cost[2 * LP_MAX_CHUNKS], t = par->tp, X = mach->gpu.fp32 ? 4.0 : 2.0, N = (double)x->B * s.T;
     for (int k = 0; k < V; k++) {
         LPChunkTime ct = lp_plan_chunk(model, &s, mach, k, layers[k]);
         cost[k] = ct.fwd, cost[V + k] = ct.bwd;
     }
     // a boundary: B T C values, a TP rank's 1/t with scatter/gather (then all-gathered in the node) or SP
     double split = t > 1 && (par->sp || par->scatter_gather), bytes = N * c->channels * X / (split ? t : 1.0);
-    double link = lp_send_seconds(mach, bytes, par->tp * par->dp * par->pp);
+    double link = lp_send_seconds(mach, bytes, par->tp * par->cp * par->dp * par->pp);
     if (t > 1 && par->scatter_gather && !par->sp) link += lp_collective_seconds(mach, N * c->channels * X, 0, t, par->tp);
     LPSimulation sim;
     for (int pass = 0; pass < (sends ? 2 : 1); pass++) {
@@ -870,7 +904,7 @@ static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attenti
         if (pass == 0) {
             x->bubble_s = sim.makespan - x->busy_s;
             if (x->bubble_s < 1e-9 * sim.makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
-            x->step_s = sim.makespan * (1.0 + lp_plan_straggle(mach, par->tp * par->pp * par->dp)) + x->end_s;
+            x->step_s = sim.makespan * (1.0 + lp_plan_straggle(mach, par->tp * par->cp * par->pp * par->dp)) + x->end_s;
         } else {
             *sends = x->step_s - x->end_s - sim.makespan;
             if (*sends < 1e-9 * sim.makespan) *sends = 0.0;
@@ -884,7 +918,7 @@ static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attenti
 // scatter/gather (either way) also keeps SP off unless SP is fixed too: it chooses between the boundary's
 // two forms without SP.
 enum { LP_FIX_TP = 1, LP_FIX_PP = 2, LP_FIX_VPP = 4, LP_FIX_EP = 8, LP_FIX_ZERO = 16, LP_FIX_RECOMPUTE = 32, LP_FIX_OFFLOAD = 64,
-       LP_FIX_SP = 128, LP_FIX_SG = 256, LP_FIX_B = 512 };
+       LP_FIX_SP = 128, LP_FIX_SG = 256, LP_FIX_B = 512, LP_FIX_CP = 1024 };
 typedef struct {
     unsigned fixed;
     LPParallel par;
@@ -908,6 +942,11 @@ static inline const char* lp_software_refuses(const LPSoftware* sw, const LPPara
                  LP_SETTING(pp), par->pp, sw->name, sw->zero_pp);
     else if (fixed & LP_FIX_OFFLOAD && !(sw->offload & 1u << par->offload))
         snprintf(why, size, "%s %s: %s does not offload that", LP_SETTING(offload), off, sw->name);
+    else if (fixed & LP_FIX_CP && par->cp > 1 && !sw->cp)
+        snprintf(why, size, "%s %d: %s has no context parallelism", LP_SETTING(cp), par->cp, sw->name);
+    else if (fixed & LP_FIX_CP && fixed & LP_FIX_EP && par->cp > 1 && par->ep > 1)  // (lp_grid_init's refusal)
+        snprintf(why, size, "%s %d with %s %d: %s does not yet split a sequence and the experts together", LP_SETTING(cp), par->cp,
+                 LP_SETTING(ep), par->ep, sw->name);
     else
         return NULL;
     return why;
@@ -924,27 +963,29 @@ static const struct { const char* gpu; double mfu; } lp_published_mfu[] = {{"a10
 // on; gpus: more GPUs than its largest calibrated run; T: longer sequences; zero3>1k: ZeRO-3 over more than 1,000
 // ranks (the PTD-P paper's ZeRO-3 runs at 1,536 and 2,240 GPUs came 1.3-1.5x slower than this model prices them);
 // mfu: above the best published for that GPU (lp_published_mfu), or none published; shape: not GPT-2's blocks (every
-// calibration ran them; GQA and SwiGLU are counted, not measured).
+// calibration ran them; GQA and SwiGLU are counted, not measured); cp: context parallelism (its ring is priced from the
+// engine's algorithm, never timed against a run).
 static inline int lp_plan_outside(const LPPlanModel* model, const LPPlanMachine* mach, int T, int n, const LPPlan* x, double mfu, char* why,
                                   size_t size) {
     const LPSoftware* sw = mach->software;
     double best = 0.0;
     for (size_t k = 0; k < sizeof(lp_published_mfu) / sizeof(lp_published_mfu[0]); k++)
         if (strcmp(lp_published_mfu[k].gpu, mach->gpu.name) == 0) best = lp_published_mfu[k].mfu;
-    const char* tag[6] = {"gpu", "gpus", "T", "zero3>1k", "mfu", "shape"};
+    const char* tag[7] = {"gpu", "gpus", "T", "zero3>1k", "mfu", "shape", "cp"};
     char name[32];
     snprintf(name, sizeof(name), " %s ", mach->gpu.name);
     char calibrated[64];
     snprintf(calibrated, sizeof(calibrated), " %s ", sw->calibrated_gpu);
-    int out[6] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
-                  x->par.zero == 3 && x->par.dp > 1000, mfu > best, !lp_plan_model_is_gpt(model)}, count = 0;
+    int out[7] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
+                  x->par.zero == 3 && x->par.dp * x->par.cp > 1000, mfu > best, !lp_plan_model_is_gpt(model), x->par.cp > 1}, count = 0;
     why[0] = '\0';
-    for (int k = 0; k < 6; k++)
+    for (int k = 0; k < 7; k++)
         if (out[k]) snprintf(why + strlen(why), size - strlen(why), "%s%s", count++ ? "," : "", tag[k]);
     return count;
 }
 
-// Add configuration s to the n plans in *plans (room for *cap, grown as needed), with its bound.
+// Add configuration s (s->T: a rank's share of a sequence, T/cp) to the n plans in *plans (room for *cap, grown as
+// needed), with its bound.
 static inline void lp_plan_add(const LPPlanModel* model, const LPPipeShape* s, const LPPlanMachine* mach, LPPlan** plans, int* n, int* cap) {
     const LPConfig* c = &model->cfg;
     if (*n == *cap) {
@@ -957,8 +998,9 @@ static inline void lp_plan_add(const LPPlanModel* model, const LPPipeShape* s, c
     x->par = *s->par;
     x->B = s->B;
     x->step_s = lp_plan_bound(model, s, mach);
-    x->flops = (double)s->par->micro_batches * s->par->dp * s->B * s->T *
-               (c->num_layers * lp_plan_layer_flops(model, s->T, s->par->recompute, mach->recompute_all) +
+    int T = s->T * s->par->cp;
+    x->flops = (double)s->par->micro_batches * s->par->dp * s->B * T *
+               (c->num_layers * lp_plan_layer_flops(model, T, s->par->recompute, mach->recompute_all) +
                 6.0 * c->padded_vocab_size * c->channels);
 }
 
@@ -982,34 +1024,42 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
             continue;
         for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
             if (n / t % p || (fix & LP_FIX_PP && p != want->pp)) continue;
-            int d = n / t / p;
-            for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
-                if (tokens % (B * T * d) || (fix & LP_FIX_B && B != limits->B)) continue;
-                int m = (int)(tokens / (B * T * d));
-                for (int v = 1; v <= (p > 1 ? 8 : 1); v++)
-                    for (int sp = 0; sp <= (t > 1 && T % t == 0); sp++)
-                        for (int sg = 0; sg <= (t > 1 && p > 1 && !sp); sg++)
-                            for (int zero = 0; zero <= 3; zero++)
-                                for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
-                                    for (int off = LP_OFFLOAD_NONE; off <= LP_OFFLOAD_PARAMS; off++)
-                                        for (int ep = 1; ep <= (c->moe_experts ? d : 1); ep++) {  // (a mixture of experts: every ep)
-                                            if (d % ep || (c->moe_experts && c->moe_experts % ep)) continue;
-                                            if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d == 1 && zero > 0) continue;  // (d = 1: ZeRO-3 only to offload params)
-                                            if ((fix & LP_FIX_VPP && v != want->vpp) || (fix & LP_FIX_SP && sp != want->sp) ||
-                                                (fix & LP_FIX_SG && (sg != want->scatter_gather || (sp && !(fix & LP_FIX_SP)))) ||
-                                                (fix & LP_FIX_ZERO && zero != want->zero) || (fix & LP_FIX_RECOMPUTE && r != want->recompute) ||
-                                                (fix & LP_FIX_OFFLOAD && off != want->offload) || (fix & LP_FIX_EP && ep != want->ep))
-                                                continue;
-                                            if (v > 1 && c->num_layers < p * v) continue;
-                                            LPParallel x = lp_parallel_one;
-                                            x.tp = t, x.pp = p, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero, x.recompute = r;
-                                            x.offload = off, x.sp = sp, x.scatter_gather = sg;
-                                            x.overlap = want->overlap && (p == 1 || mach->software->pp_overlap);
-                                            if (lp_software_refuses(mach->software, &x, ~0u, why, sizeof(why))) continue;
-                                            x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
-                                            LPPipeShape s = {&x, (int)B, T, attention, !mach->gpu.fp32};
-                                            lp_plan_add(model, &s, mach, plans, &count, &cap);
-                                        }
+            for (int cp = 1; cp <= n / t / p; cp++) {  // (context parallelism: T in 2 cp chunks, where the software has it)
+                if (n / t / p % cp || (cp > 1 && (mach->software->cp < (c->rope ? 2 : 1) || T % (2 * cp))) || (fix & LP_FIX_CP && cp != want->cp))
+                    continue;
+                int d = n / t / p / cp, Tc = T / cp;  // (a rank's share of each sequence)
+                for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
+                    if (tokens % (B * T * d) || (fix & LP_FIX_B && B != limits->B)) continue;
+                    // (B and cp sharing a factor g, here 2: cp/g ranks with B/g sequences run the same rows on a shorter ring, never
+                    // slower nor fuller; cp 1 where cp divides B)
+                    if (cp % 2 == 0 && B > 1 && !(fix & (LP_FIX_CP | LP_FIX_B))) continue;
+                    int m = (int)(tokens / (B * T * d));
+                    for (int v = 1; v <= (p > 1 ? 8 : 1); v++)
+                        for (int sp = 0; sp <= (t > 1 && Tc % t == 0); sp++)
+                            for (int sg = 0; sg <= (t > 1 && p > 1 && !sp); sg++)
+                                for (int zero = 0; zero <= 3; zero++)
+                                    for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
+                                        for (int off = LP_OFFLOAD_NONE; off <= LP_OFFLOAD_PARAMS; off++)
+                                            for (int ep = 1; ep <= (c->moe_experts && cp == 1 ? d : 1); ep++) {  // (a mixture of experts: every ep)
+                                                if (d % ep || (c->moe_experts && c->moe_experts % ep)) continue;
+                                                if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d * cp == 1 && zero > 0) continue;  // (one rank a shard: ZeRO-3 only to offload params)
+                                                if ((fix & LP_FIX_VPP && v != want->vpp) || (fix & LP_FIX_SP && sp != want->sp) ||
+                                                    (fix & LP_FIX_SG && (sg != want->scatter_gather || (sp && !(fix & LP_FIX_SP)))) ||
+                                                    (fix & LP_FIX_ZERO && zero != want->zero) || (fix & LP_FIX_RECOMPUTE && r != want->recompute) ||
+                                                    (fix & LP_FIX_OFFLOAD && off != want->offload) || (fix & LP_FIX_EP && ep != want->ep))
+                                                    continue;
+                                                if (v > 1 && c->num_layers < p * v) continue;
+                                                LPParallel x = lp_parallel_one;
+                                                x.tp = t, x.pp = p, x.cp = cp, x.dp = d, x.ep = ep, x.vpp = v, x.micro_batches = m, x.zero = zero;
+                                                x.recompute = r;
+                                                x.offload = off, x.sp = sp, x.scatter_gather = sg;
+                                                x.overlap = want->overlap && (p == 1 || mach->software->pp_overlap);
+                                                if (lp_software_refuses(mach->software, &x, ~0u, why, sizeof(why))) continue;
+                                                x.schedule = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+                                                LPPipeShape s = {&x, (int)B, Tc, attention, !mach->gpu.fp32};
+                                                lp_plan_add(model, &s, mach, plans, &count, &cap);
+                                            }
+                }
             }
         }
     }
@@ -1020,7 +1070,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
     for (int k = 0; k < count; k++) {
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
-        LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
+        LPPipeShape s = {&x->par, x->B, T / x->par.cp, attention, !mach->gpu.fp32};
         double least_bytes = lp_plan_memory_floor(model, &s, mach);
         if (least_bytes > mach->gpu_bytes * (1.0 + 1e-9)) {  // (it cannot fit: not partitioned, unless none fits; the margin: rounding)
             x->estimated = x->floored = 1, x->memory = least_bytes;
@@ -1039,7 +1089,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
     free(best);
     for (int k = 0; k < count && !fitting; k++) {  // (none fits: the least memory is known exactly)
         LPPlan* x = &(*plans)[k];
-        LPPipeShape s = {&x->par, x->B, T, attention, !mach->gpu.fp32};
+        LPPipeShape s = {&x->par, x->B, T / x->par.cp, attention, !mach->gpu.fp32};
         if (x->floored && lp_plan_one(model, &s, mach, x, layers)) x->B = 0;
         x->floored = 0;
     }

@@ -15,7 +15,7 @@ typedef struct {
     int plan;                 // --plan N: GPUs
     const char* init;         // -e
     int B, T, total_batch;    // -b, -t, -d
-    LPParallel par;           // --tp --pp --vpp --ep --sp --pp-scatter-gather --zero --recompute --offload --overlap
+    LPParallel par;           // --tp --pp --vpp --ep --cp --sp --pp-scatter-gather --zero --recompute --offload --overlap
     int attention;            // --attention
     int moe_experts, moe_topk, moe_every;
     int kv_heads, ffn, swiglu;  // a modern block: --kv-heads (GQA), --ffn, --swiglu
@@ -43,8 +43,9 @@ typedef struct {
 static const LPPlanFlag lp_plan_flags[] = {
     {"--plan", LP_PF_INT, LP_PF(plan), NULL, NULL, "N: the number of GPUs to plan for, 1 .. 1048576 (needed)"},
     {"-e", LP_PF_STRING, LP_PF(init), "d12", NULL,
-     "the model, as train_gpt's -e: an llm.c model file, dN (GPT-2 of depth N) or L,C,NH[,V] (here V up to 262144, and -t up "
-     "to 131072); or llama3-8b, llama3-70b, llama3-405b (GQA and SwiGLU: --software megatron)"},
+     "the model, as train_gpt's -e: an llm.c model file (GPT-2's or Llama 3's), dN (GPT-2 of depth N), L,C,NH[,V] or "
+     "llama:L,C,NH,KV[,V] (the Llama family: RoPE, RMSNorm, SwiGLU, GQA, untied head) (here V up to 262144, and -t up to "
+     "131072); or llama3-8b, llama3-70b, llama3-405b (Llama 3's shapes)"},
     {"-t", LP_PF_INT, LP_PF(T), "1024", NULL, "sequence length"},
     {"-d", LP_PF_INT, LP_PF(total_batch), "0", NULL, "tokens per optimizer step (0: -b * -t * N)"},
     {"-b", LP_PF_INT, LP_PF(B), "16", NULL, "micro-batch size: kept when typed"},
@@ -52,6 +53,8 @@ static const LPPlanFlag lp_plan_flags[] = {
     {"--pp", LP_PF_INT, LP_PF(par.pp), "1", NULL, "pipeline stages: kept when typed"},
     {"--vpp", LP_PF_INT, LP_PF(par.vpp), "1", NULL, "model chunks per stage (interleaved 1F1B): kept when typed"},
     {"--ep", LP_PF_INT, LP_PF(par.ep), "1", NULL, "expert parallelism (a mixture of experts): kept when typed"},
+    {"--cp", LP_PF_INT, LP_PF(par.cp), "1", NULL,
+     "context parallelism: each sequence split over N ranks in 2N chunks, attention a ring (--software llmpar): kept when typed"},
     {"--sp", LP_PF_SWITCH, LP_PF(par.sp), NULL, NULL, "sequence parallelism: kept when typed"},
     {"--pp-scatter-gather", LP_PF_INT, LP_PF(par.scatter_gather), "1", NULL, "0 or 1, as train_gpt's: kept when typed (with SP off)"},
     {"--zero", LP_PF_INT, LP_PF(par.zero), "0", NULL, "ZeRO stage 0..3: kept when typed"},
@@ -116,7 +119,7 @@ static const char* lp_plan_setting_flag(size_t offset) {
 
 static void lp_plan_usage(void) {
     lp_log("usage: plan_gpt --plan N [flags]\n"
-           "The ways to train -e with -t and -d tokens per step on N GPUs of --cluster (t x p x d grid, interleaving, SP,\n"
+           "The ways to train -e with -t and -d tokens per step on N GPUs of --cluster (t x p x cp x d grid, interleaving, SP,\n"
            "scatter/gather, ZeRO stage, recomputation, offload, ep, -b; those typed are kept) that fit a GPU, fastest first by\n"
            "a simulated step; the fastest's MFU, bubble and exposed communication; the train_gpt command that runs it.\n"
            "Defaults in brackets.\n");
@@ -184,6 +187,9 @@ static int lp_plan_parse(LPPlanFlags* f, int argc, char** argv) {
     if (f->par.tp < 1 || f->par.pp < 1 || f->par.vpp < 1 || f->par.ep < 1 || f->par.zero < 0 || f->par.zero > 3)
         lp_fail("flags %s %s %s %s must be >= 1 and %s 0..3", LP_PLAN_FLAG(par.tp), LP_PLAN_FLAG(par.pp), LP_PLAN_FLAG(par.vpp),
                 LP_PLAN_FLAG(par.ep), LP_PLAN_FLAG(par.zero));
+    if (f->par.cp < 1 || (f->par.cp > 1 && f->T % (2 * f->par.cp)))
+        lp_fail("flag %s %d: must be >= 1, and the sequence length %s %d split into 2*%d = %d chunks of equal length", LP_PLAN_FLAG(par.cp),
+                f->par.cp, LP_PLAN_FLAG(T), f->T, f->par.cp, 2 * f->par.cp);
     if (f->gpu_mem < 0.0f || f->gpu_tflops < 0.0f || f->gpu_gbs < 0.0f || f->node_gpus < 0 || f->node_gbs < 0.0f || f->net_gbs < 0.0f ||
         f->latency_us < 0.0f || f->train_tokens < 0.0f || f->jitter < 0.0f)
         lp_fail("flags %s %s %s %s %s %s %s %s %s must not be negative (0: the cluster's)", LP_PLAN_FLAG(gpu_mem), LP_PLAN_FLAG(gpu_tflops),
@@ -198,25 +204,28 @@ static int lp_plan_parse(LPPlanFlags* f, int argc, char** argv) {
     return 1;
 }
 
-// Llama 3's shapes (Grattafiori et al. 2024, arXiv 2407.21783, Table 3): L, C, NH, V; key/value heads; SwiGLU's width.
-static const struct { const char* name; const char* shape; int kv_heads, ffn; } lp_plan_llamas[] = {
-    {"llama3-8b", "32,4096,32,128256", 8, 14336}, {"llama3-70b", "80,8192,64,128256", 8, 28672}, {"llama3-405b", "126,16384,128,128256", 8, 53248}};
+// Llama 3's shapes (Grattafiori et al. 2024, arXiv 2407.21783, Table 3) as the engine's Llama family: L, C, NH, KV
+// heads, V; SwiGLU's width from Meta's params.json (ffn_dim_multiplier, multiple_of: 14336, 28672, 53248).
+static const struct { const char* name; const char* shape; float ffn_dim_multiplier; int multiple_of; } lp_plan_llamas[] = {
+    {"llama3-8b", "llama:32,4096,32,8,128256", 1.3f, 1024}, {"llama3-70b", "llama:80,8192,64,8,128256", 1.3f, 4096},
+    {"llama3-405b", "llama:126,16384,128,8,128256", 1.2f, 4096}};
 
 // The model's shape from -e: a dN preset (with --moe-experts, a mixture of experts), L,C,NH[,V] (with --kv-heads, --ffn,
-// --swiglu, a modern block), a Llama 3 preset, or an llm.c file's header.
-static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
+// --swiglu, the planner's own modern block), llama:... (the engine's Llama family), a Llama 3 preset, or an llm.c file's
+// header. *engine_e: whether train_gpt takes -e as typed (not a preset's name).
+static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model, int* engine_e) {
     char source[LP_PATH_MAX];
     LPConfig* cfg = &model->cfg;
     const char* init = f->init;
-    int kv = f->kv_heads, ffn = f->ffn, swiglu = f->swiglu, modern = kv || ffn || swiglu;
+    int kv = f->kv_heads, ffn = f->ffn, swiglu = f->swiglu, modern = kv || ffn || swiglu, preset = -1;
     for (size_t k = 0; k < sizeof(lp_plan_llamas) / sizeof(lp_plan_llamas[0]); k++)
-        if (strcmp(f->init, lp_plan_llamas[k].name) == 0) {
-            if (modern) lp_fail("flags --kv-heads --ffn --swiglu: -e %s has its own (%d, %d, SwiGLU)", f->init, lp_plan_llamas[k].kv_heads,
-                                lp_plan_llamas[k].ffn);
-            init = lp_plan_llamas[k].shape, kv = lp_plan_llamas[k].kv_heads, ffn = lp_plan_llamas[k].ffn, swiglu = 1;
-        }
+        if (strcmp(f->init, lp_plan_llamas[k].name) == 0) init = lp_plan_llamas[k].shape, preset = (int)k;
+    *engine_e = preset < 0;
     lp_path(source, "-e %s", f->init);
     if (lp_config_from_name(cfg, init)) {
+        if (preset >= 0) cfg->ffn_dim_multiplier = lp_plan_llamas[preset].ffn_dim_multiplier, cfg->multiple_of = lp_plan_llamas[preset].multiple_of;
+        if (modern && !lp_config_is_gpt2(cfg))
+            lp_fail("flags --kv-heads --ffn --swiglu: -e %s has its own (%d, %d, SwiGLU)", f->init, lp_kv_heads(cfg), lp_ffn_hidden(cfg));
         if (f->moe_experts) {
             if (modern) lp_fail("flag --moe-experts: the planner's experts are GPT-2's MLPs, not with --kv-heads, --ffn or --swiglu");
             cfg->moe_experts = f->moe_experts;
@@ -225,21 +234,19 @@ static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
             lp_path(source, "-e %s --moe-experts %d --moe-topk %d --moe-every %d", f->init, f->moe_experts, f->moe_topk, f->moe_every);
         }
         // the planner reads no token shards: vocabularies past uint16's 65,536 up to 262,144 (the checks but that one are
-        // the engine's); an L,C,NH shape takes -t up to 131,072, its position table as long
+        // the engine's); a shape of numbers takes -t up to 131,072, its position table as long
         LPConfig shards = *cfg;
         if (cfg->vocab_size > 262144) lp_fail("%s: vocabulary %d, the planner takes up to 262144", source, cfg->vocab_size);
         shards.vocab_size = shards.padded_vocab_size = cfg->vocab_size < 65536 ? cfg->vocab_size : 65536;
-        if (init[0] >= '0' && init[0] <= '9' && f->T > cfg->max_seq_len && f->T <= 131072) cfg->max_seq_len = shards.max_seq_len = f->T;
+        const char* numbers = strncmp(init, "llama:", 6) == 0 ? init + 6 : init;
+        if (numbers[0] >= '0' && numbers[0] <= '9' && f->T > cfg->max_seq_len && f->T <= 131072) cfg->max_seq_len = shards.max_seq_len = f->T;
         lp_config_validate(&shards, source);
-        if (!lp_config_is_gpt2(cfg))  // (lp_plan_model_gpt would count it as GPT-2's)
-            lp_fail("flag -e %s: the planner takes the Llama family as its presets or -e L,C,NH with --kv-heads, --ffn and --swiglu, "
-                    "not yet as the engine's llama: shapes", f->init);
-        *model = lp_plan_model_gpt(cfg);
+        *model = lp_plan_model_of(cfg);
         if (kv < 0 || kv > cfg->num_heads || (kv && cfg->num_heads % kv) || ffn < 0)
             lp_fail("flags --kv-heads %d --ffn %d: key/value heads must divide the %d heads, the width be >= 0", kv, ffn, cfg->num_heads);
         if (kv) model->kv_heads = kv;
         if (ffn) model->ffn = ffn;
-        model->swiglu = swiglu;
+        if (modern) model->swiglu = swiglu;
         return;
     }
     if (modern) lp_fail("flags --kv-heads --ffn --swiglu: for -e L,C,NH[,V] shapes, not the model file %s", f->init);
@@ -249,10 +256,7 @@ static void lp_plan_model(const LPPlanFlags* f, LPPlanModel* model) {
     if (f->moe_experts && f->moe_experts != cfg->moe_experts)
         lp_fail("flag --moe-experts %d: %s has %d experts per MoE layer (a model file's shape is its own)", f->moe_experts, f->init,
                 cfg->moe_experts);
-    if (!lp_config_is_gpt2(cfg))
-        lp_fail("flag -e %s: planning a Llama 3 model file is not yet here (its presets, or -e L,C,NH with --kv-heads, --ffn and "
-                "--swiglu, plan the family)", f->init);
-    *model = lp_plan_model_gpt(cfg);
+    *model = lp_plan_model_of(cfg);
 }
 
 // The machine: --cluster's preset running --software, with --gpu, --gpu-mem, --gpu-tflops, --gpu-gbs,
@@ -295,7 +299,8 @@ static LPPlanMachine lp_plan_flags_machine(const LPPlanFlags* f, const LPCluster
 // fastest achieves, and the command that runs it.
 static void lp_print_plan(const LPPlanFlags* f) {
     LPPlanModel model;
-    lp_plan_model(f, &model);
+    int engine_e;
+    lp_plan_model(f, &model, &engine_e);
     const LPConfig cfg = model.cfg;
     int n = f->plan;
     if (f->T > cfg.max_seq_len) lp_fail("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
@@ -304,7 +309,7 @@ static void lp_print_plan(const LPPlanFlags* f) {
     LPPlanMachine mach = lp_plan_flags_machine(f, &cluster);
     struct { size_t field; unsigned bit; } kept[] = {
         {LP_PF(par.tp), LP_FIX_TP}, {LP_PF(par.pp), LP_FIX_PP}, {LP_PF(par.vpp), LP_FIX_VPP}, {LP_PF(par.ep), LP_FIX_EP},
-        {LP_PF(par.zero), LP_FIX_ZERO}, {LP_PF(par.recompute), LP_FIX_RECOMPUTE}, {LP_PF(par.offload), LP_FIX_OFFLOAD},
+        {LP_PF(par.cp), LP_FIX_CP}, {LP_PF(par.zero), LP_FIX_ZERO}, {LP_PF(par.recompute), LP_FIX_RECOMPUTE}, {LP_PF(par.offload), LP_FIX_OFFLOAD},
         {LP_PF(par.sp), LP_FIX_SP}, {LP_PF(par.scatter_gather), LP_FIX_SG}, {LP_PF(B), LP_FIX_B}};
     LPPlanLimits limits = {0, f->par, f->B};
     for (size_t k = 0; k < sizeof(kept) / sizeof(kept[0]); k++)
@@ -312,10 +317,15 @@ static void lp_print_plan(const LPPlanFlags* f) {
     char why[256];
     if (lp_software_refuses(mach.software, &limits.par, limits.fixed, why, sizeof(why)))
         lp_fail("flag %s %s: %s", LP_PLAN_FLAG(software), f->software, why);
+    if (f->par.cp > 1 && cfg.rope && mach.software->cp < 2)
+        lp_fail("flag %s %d: %s does not yet split a sequence of rotary positions (RoPE)", LP_PLAN_FLAG(par.cp), f->par.cp, f->software);
     LPPlan* plans;
     if (!lp_plan_model_is_gpt(&model) && !mach.software->llama)
         lp_fail("flag %s %s: -e %s has grouped-query attention or another MLP than GPT-2's, which %s does not run (--software megatron)",
                 LP_PLAN_FLAG(software), f->software, f->init, f->software);
+    if (mach.software->memory == LP_MEMORY_ENGINE && !lp_plan_model_is_engine(&model))  // (its memory is the engine's count of cfg)
+        lp_fail("flag %s %s: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's (its Llama family: -e "
+                "llama:L,C,NH,KV[,V]); --software megatron plans them", LP_PLAN_FLAG(software), f->software);
     int count = lp_plan(&model, f->T, tokens, n, f->attention, &mach, &limits, 10, &plans), fit = 0, estimated = 0;
     while (fit < count && plans[fit].fits) fit++;
     double least = INFINITY, GiB = 1073741824.0;
@@ -351,22 +361,25 @@ static void lp_print_plan(const LPPlanFlags* f) {
     while (shown < fit && shown < 10 && plans[shown].simulated) shown++;
     lp_log("%d configurations, %d of them estimated (the rest bounded out: their steps cannot be shorter than the %d "
            "fastest's); the fastest %d that fit, each step simulated (ms per step, on the busiest stage):\n", count, estimated, shown, shown);
-    int moe = cfg.moe_experts > 0;  // (a mixture of experts: expert parallelism's columns too)
-    lp_log("| t | p | v | d |%s sp | sg | ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute | TP |%s ZeRO comm | bubble "
-           "| end | step | MFU | band | outside |\n", moe ? " ep |" : "", moe ? " EP |" : "");
-    lp_log("|---|---|---|---|%s---|---|---|---|---|---|---|---|---|---|---|%s---|---|---|---|---|---|---|\n", moe ? "---|" : "", moe ? "---|" : "");
+    int moe = cfg.moe_experts > 0, ring = f->par.cp > 1;  // (a mixture of experts: expert parallelism's columns too; a sequence
+    for (int k = 0; k < shown; k++) ring |= plans[k].par.cp > 1;  // split: context parallelism's)
+    lp_log("| t | p | v |%s d |%s sp | sg | ZeRO | recompute | offload | B | m | GiB per GPU | host GiB | compute | TP |%s%s ZeRO comm | bubble "
+           "| end | step | MFU | band | outside |\n", ring ? " cp |" : "", moe ? " ep |" : "", moe ? " EP |" : "", ring ? " CP |" : "");
+    lp_log("|---|---|---|%s---|%s---|---|---|---|---|---|---|---|---|---|---|%s%s---|---|---|---|---|---|---|\n", ring ? "---|" : "", moe ? "---|" : "",
+           moe ? "---|" : "", ring ? "---|" : "");
     double model_flops = lp_plan_flops_per_token(&model, f->T) * (double)tokens, peak = n * mach.gpu.peak_flops;
     for (int k = 0; k < shown; k++) {
         const LPPlan* x = &plans[k];
-        char ep[16] = "", ep_ms[24] = "";
+        char ep[16] = "", ep_ms[24] = "", cp[16] = "", cp_ms[24] = "";
         if (moe) snprintf(ep, sizeof(ep), " %d |", x->par.ep), snprintf(ep_ms, sizeof(ep_ms), " %.4g |", x->ep_s * 1e3);
+        if (ring) snprintf(cp, sizeof(cp), " %d |", x->par.cp), snprintf(cp_ms, sizeof(cp_ms), " %.4g |", x->cp_s * 1e3);
         double mfu = model_flops / (x->step_s * peak);
         char outside[64];
         lp_plan_outside(&model, &mach, f->T, n, x, mfu, outside, sizeof(outside));
-        lp_log("| %d | %d | %d | %d |%s %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.4g | %.4g |%s %.4g | %.4g | %.4g | %.4g | %.1f%% | "
-               "%.1f-%.1f%% | %s |\n", x->par.tp, x->par.pp, x->par.vpp, x->par.dp, ep, x->par.sp, x->par.scatter_gather, x->par.zero,
+        lp_log("| %d | %d | %d |%s %d |%s %d | %d | %d | %s | %s | %d | %d | %.3g | %.3g | %.4g | %.4g |%s%s %.4g | %.4g | %.4g | %.4g | %.1f%% | "
+               "%.1f-%.1f%% | %s |\n", x->par.tp, x->par.pp, x->par.vpp, cp, x->par.dp, ep, x->par.sp, x->par.scatter_gather, x->par.zero,
                lp_recompute_names[x->par.recompute], lp_offload_names[x->par.offload], x->B, x->par.micro_batches, x->memory / GiB,
-               x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, ep_ms, x->zero_s * 1e3, x->bubble_s * 1e3, x->end_s * 1e3,
+               x->host_memory / GiB, x->compute_s * 1e3, x->tp_s * 1e3, ep_ms, cp_ms, x->zero_s * 1e3, x->bubble_s * 1e3, x->end_s * 1e3,
                x->step_s * 1e3, 100.0 * mfu, 100.0 * mfu / mach.software->hi, 100.0 * mfu / mach.software->lo, outside[0] ? outside : "-");
     }
     LPPlan best = plans[0];
@@ -374,12 +387,13 @@ static void lp_print_plan(const LPPlanFlags* f) {
     lp_plan_simulate(&model, f->T, f->attention, &mach, &best, NULL, &sends);
     double per_gpu = best.flops / best.step_s / n, mfu = model_flops / (best.step_s * peak);
     const LPSoftware* sw = mach.software;
-    char outside[64];
+    char outside[64], cp_s[48] = "";
+    if (best.par.cp > 1) snprintf(cp_s, sizeof(cp_s), ", CP ring %.4g", best.cp_s);
     lp_log("the fastest: %.4g s per step, %.4g tokens/s, MFU %.1f%% (model FLOPs: %.4g per token), %.4g TFLOP/s per GPU with "
-           "recomputation counted; bubble %.1f%% of the step; exposed communication %.4g s (TP %.4g, EP %.4g, ZeRO-2/3 %.4g, "
+           "recomputation counted; bubble %.1f%% of the step; exposed communication %.4g s (TP %.4g, EP %.4g%s, ZeRO-2/3 %.4g, "
            "pipeline sends %.4g, step end %.4g)\n", best.step_s, tokens / best.step_s, 100.0 * model_flops / (best.step_s * peak),
            lp_plan_flops_per_token(&model, f->T), per_gpu / 1e12, 100.0 * best.bubble_s / best.step_s,
-           best.tp_s + best.ep_s + best.zero_s + sends + best.end_s, best.tp_s, best.ep_s, best.zero_s, sends, best.end_s);
+           best.tp_s + best.ep_s + best.cp_s + best.zero_s + sends + best.end_s, best.tp_s, best.ep_s, cp_s, best.zero_s, sends, best.end_s);
     lp_log("its band: %.4g-%.4g TFLOP/s per GPU, MFU %.1f-%.1f%% (%s's predictions were %.2f-%.2fx the throughput of its calibration "
            "set: %s)\n", per_gpu / sw->hi / 1e12, per_gpu / sw->lo / 1e12, 100.0 * mfu / sw->hi, 100.0 * mfu / sw->lo, sw->name, sw->lo,
            sw->hi, sw->calibration);
@@ -392,14 +406,16 @@ static void lp_print_plan(const LPPlanFlags* f) {
                D / (tokens / best.step_s) / 86400.0, per_gpu / 1e12, 8.0 * D * P / (n * per_gpu) / 86400.0);
     }
     const LPParallel* b = &best.par;
-    if (!lp_plan_model_is_gpt(&model)) {  // (train_gpt's blocks are GPT-2's)
-        lp_log("run the fastest: not with train_gpt, whose blocks are GPT-2's\n");
+    if (!engine_e || !lp_plan_model_is_engine(&model)) {  // (a preset's name, or the planner's own block)
+        lp_log("run the fastest: not with train_gpt, whose -e takes GPT-2's shapes, the Llama family's as llama:L,C,NH,KV[,V] (SwiGLU "
+               "multiple_of 256) and llm.c model files\n");
         free(plans);
         return;
     }
     lp_log("run the fastest:\n  mpirun -np %d ./train_gpt -e %s -t %d -d %lld -b %d", n, f->init, f->T, tokens, best.B);
     if (f->moe_experts) lp_log(" --moe-experts %d --moe-topk %d --moe-every %d", f->moe_experts, f->moe_topk, f->moe_every);
     if (b->tp > 1) lp_log(" --tp %d%s%s", b->tp, b->sp ? " --sp" : "", b->pp > 1 && !b->sp ? (b->scatter_gather ? "" : " --pp-scatter-gather 0") : "");
+    if (b->cp > 1) lp_log(" --cp %d", b->cp);
     if (b->pp > 1) lp_log(" --pp %d", b->pp);
     if (b->ep > 1) lp_log(" --ep %d", b->ep);
     if (b->vpp > 1) lp_log(" --vpp %d --schedule interleaved", b->vpp);
