@@ -5784,8 +5784,6 @@ static void test_plan_software(void) {
     expect_error_of(PLAN_BIN, "--software deepspeed refuses Llama's blocks",
                     "flag --software deepspeed: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which deepspeed does not run",
                     "--plan 8 -e llama3-8b -t 8192 -d 65536 --software deepspeed");
-    expect_error_of(PLAN_BIN, "--cp: not yet with RoPE", "flag --cp 2: llmpar does not yet split a sequence of rotary positions (RoPE)",
-                    "--plan 8 -e llama:2,64,4,2,128 -t 64 --cp 2");
     expect_error_of(PLAN_BIN, "--kv-heads: must divide the heads", "flags --kv-heads 5 --ffn 0: key/value heads must divide the 12 heads",
                     "--plan 8 -e d12 --kv-heads 5 --software megatron");
     expect_error_of(PLAN_BIN, "-e: a vocabulary past 262144", "-e 4,256,4,300000: vocabulary 300000, the planner takes up to 262144",
@@ -5958,8 +5956,16 @@ static void test_plan_cp(void) {
                     "--plan 8 -e d12 --software megatron --cp 2");
     expect_error_of(PLAN_BIN, "--cp: T in 2 cp chunks", "flag --cp 4: must be >= 1, and the sequence length -t 1020 split into 2*4 = 8 chunks "
                     "of equal length", "--plan 8 -e d12 -t 1020 --cp 4");
-    expect_error_of(PLAN_BIN, "--cp with --ep", "flag --software llmpar: --cp 2 with --ep 2: llmpar does not yet split a sequence and the "
-                    "experts together", "--plan 16 -e d6 --moe-experts 8 --cp 2 --ep 2");
+    // the engine's cp with its other axes: a Llama (RoPE at the chunks' positions) and a mixture of experts with ep
+    static char out[1 << 16];
+    const char* asked[][3] = {{"--plan 8 -e llama:2,64,4,2,128 -t 64 --cp 2", "| 1 | 1 | 1 | 2 | 4 | 0 |", "a Llama at cp 2 (d 4)"},
+                              {"--plan 16 -e d6 --moe-experts 8 --cp 2 --ep 2", "| 1 | 1 | 1 | 2 | 8 | 2 |", "a MoE at cp 2 ep 2 (d 8)"}};
+    for (int k = 0; k < 2; k++) {
+        int rc = run_cmd(out, sizeof(out), "%s %s", PLAN_BIN, asked[k][0]);
+        char name[160];
+        snprintf(name, sizeof(name), "plan_gpt %s: plans %s", asked[k][0], asked[k][2]);
+        expect(rc == 0 && strstr(out, asked[k][1]) != NULL, name);
+    }
 }
 
 static void test_plan_runs(void) {
@@ -6768,8 +6774,13 @@ static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc,
     float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *cache = host_rand(nc, rng, 1.0f);
     floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_cache = dev_bf16(cache, nc);
     if (rope) {
-        lp_rope_cpu(qkv, B, N, pos, NH, KV, HS, 500000.0f, 1, 0);
-        lp_rope_gpu(d_qkv, B, N, pos, NH, KV, HS, 500000.0f, 1, 0);
+        int* positions = (int*)lp_host_malloc((size_t)N * sizeof(int), "test");
+        for (int t = 0; t < N; t++) positions[t] = pos + t;
+        int* d_pos = (int*)dev_copy(positions, (size_t)N * sizeof(int));
+        lp_rope_cpu(qkv, B, N, positions, NH, KV, HS, 500000.0f, 1, 0);
+        lp_rope_gpu(d_qkv, B, N, d_pos, NH, KV, HS, 500000.0f, 1, 0);
+        lp_device_free(d_pos);
+        free(positions);
     }
     lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH, KV);
     lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH, KV);
@@ -7719,7 +7730,7 @@ static void test_parallel_grids(void) {
 
     // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
     // p=2 (nothing crosses between the stages; interleaved too), d=2 ZeRO-3 (its weights offloaded too), t=2 p=2
-    // d=2; t=4 refused (t must divide the K/V heads)
+    // d=2, cp=2 (RoPE at the chunks' positions); t=4 refused (t must divide the K/V heads)
     save_sharp_llama(tmp_path("grid_llama.bin"), 4, 4949, 1.0f);
     snprintf(base[0], sizeof(base[0]), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("grid_llama.bin"),
              tmp_path("grid_tokens.bin"));
@@ -7734,7 +7745,7 @@ static void test_parallel_grids(void) {
     }
     struct { int ranks; const char* flags; int B; } llama_grids[] = {
         {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--pp 2 --vpp 2 --schedule interleaved", 2}, {2, "--zero 3", 1},
-        {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}};
+        {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}, {2, "--cp 2", 2}};
     for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
         expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
     free(wref[0]);
