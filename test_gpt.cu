@@ -4806,19 +4806,19 @@ static void test_context_parallel(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 context parallelism")) return;
     LPConfig c = tiny_config();
-    c.max_seq_len = 256;
+    c.max_seq_len = 1024;
     LPModel m;
     lp_model_create(&m, &c, NULL);
     lp_model_init_random(&m, 4242);
     lp_model_save(&m, tmp_path("cp_tiny.bin"));
     lp_model_free(&m);
     write_random_shard(tmp_path("cp_shard.bin"), 20000, 31);
-    float ref64[64], ref256[64];  // (T = 64's: the resumes below continue it)
-    for (int T = 64; T <= 256; T *= 4) {
+    float ref64[64], ref_long[64];  // (T = 64's: the resumes below continue it)
+    for (int T = 64; T <= 1024; T *= 4) {
         char base[2048], args[4096], dir[LP_PATH_MAX], name[256];
-        float* ref = T == 64 ? ref64 : ref256;
+        float* ref = T == 64 ? ref64 : ref_long;
         size_t nw = 0;
-        int B = 512 / T;  // one rank's batch: 512 tokens a step
+        int B = T < 512 ? 512 / T : 1;  // one rank's batch: 512 tokens a step, or a sequence
         snprintf(base, sizeof(base), "-e %s -i %s -j '' -t %d -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("cp_tiny.bin"),
                  tmp_path("cp_shard.bin"), T);
         snprintf(args, sizeof(args), "%s -b %d", base, B);
@@ -4835,7 +4835,8 @@ static void test_context_parallel(void) {
         static const struct { const char *ranks, *flags; int T, B; } grids[] = {
             {"2", "--cp 2", 64, 8}, {"4", "--cp 4", 64, 8}, {"4", "--cp 2 --tp 2 --sp", 64, 8}, {"4", "--cp 2 --pp 2 -d 512", 64, 4},
             {"4", "--cp 2 --zero 1", 64, 4}, {"8", "--cp 2 --tp 2 --zero 3", 64, 4}, {"8", "--cp 4 --pp 2 -d 512", 64, 4},
-            {"2", "--cp 2 --recompute full", 64, 8}, {"2", "--cp 2", 256, 2}, {"4", "--cp 4", 256, 2},
+            {"2", "--cp 2 --recompute full", 64, 8}, {"2", "--cp 2", 256, 2}, {"4", "--cp 4", 256, 2}, {"2", "--cp 2", 1024, 1},
+            {"4", "--cp 4", 1024, 1},
         };
         for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
             if (grids[k].T != T) continue;
@@ -4867,6 +4868,32 @@ static void test_context_parallel(void) {
             }
         }
         free(wref);
+    }
+
+    // memory at T = 8192: a rank's activations at cp 4 (as the runs print them before a step; -x 0)
+    {
+        LPConfig c8 = c;
+        c8.max_seq_len = 8192;
+        LPModel m8;
+        lp_model_create(&m8, &c8, NULL);
+        lp_model_init_random(&m8, 4243);
+        lp_model_save(&m8, tmp_path("cp_8k.bin"));
+        lp_model_free(&m8);
+        double act[2] = {0.0, 0.0};
+        for (int k = 0; k < 2; k++) {
+            char args[4096];
+            float losses[8];
+            snprintf(args, sizeof(args), "-e %s -i %s -j '' -t 8192 -b 1 -x 0 -v 0 -s 0%s", tmp_path("cp_8k.bin"), tmp_path("cp_shard.bin"),
+                     k ? " --cp 4" : "");
+            run_ranks(k ? 4 : 1, args, tmp_path(k ? "cp_8k_4" : "cp_8k_1"), losses, out, sizeof(out));
+            const char* mem = strstr(out, "MiB, activations ");
+            if (mem) sscanf(mem, "MiB, activations %lf MiB", &act[k]);
+        }
+        char name[200];
+        printf("     cp 4, T 8192: a rank's activations %.2f MiB, one rank's %.2f MiB (%.3fx; one rank keeps its attention's B NH T^2 "
+               "probabilities a layer, the ring none)\n", act[1], act[0], act[1] / act[0]);
+        snprintf(name, sizeof(name), "cp 4, T 8192: a rank's activations %.2f MiB <= 0.3x one rank's %.2f MiB", act[1], act[0]);
+        expect(act[0] > 0.0 && act[1] > 0.0 && act[1] <= 0.3 * act[0], name);
     }
 
     // evaluation: each rank's share of the val batches, averaged, is one rank's val loss
