@@ -178,15 +178,18 @@ static LPConfig tiny_llama_config(void) {
     return c;
 }
 
-// Write a tiny model of `layers` layers, initialised from `seed`, to path.
-static void save_tiny_model(const char* path, int layers, uint64_t seed) {
-    LPConfig c = tiny_config();
-    c.num_layers = layers;
+// Write a model of shape c, initialised from `seed`, to path; save_tiny_model: the tiny one of `layers` layers.
+static void save_model(const char* path, const LPConfig* c, uint64_t seed) {
     LPModel m;
-    lp_model_create(&m, &c, NULL);
+    lp_model_create(&m, c, NULL);
     lp_model_init_random(&m, seed);
     lp_model_save(&m, path);
     lp_model_free(&m);
+}
+static void save_tiny_model(const char* path, int layers, uint64_t seed) {
+    LPConfig c = tiny_config();
+    c.num_layers = layers;
+    save_model(path, &c, seed);
 }
 
 // The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
@@ -1364,11 +1367,7 @@ static void test_data_manifest(void) {
     snprintf(args, sizeof(args), "-e %s -i '%s' -b 2 -t 16 -x 1 -v 0 -s 0 -j ''", tmp_path("manifest_v64.bin"), path);
     LPConfig c = tiny_config();
     c.vocab_size = 64;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 3);
-    lp_model_save(&m, tmp_path("manifest_v64.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("manifest_v64.bin"), &c, 3);
     expect_error("data manifest: a largest id outside the vocabulary is refused from the manifest alone",
                  "m_train_000000.bin: token id 96 (the largest, from", args);
 }
@@ -3782,11 +3781,7 @@ static void test_training_runs(void) {
     LPConfig c;
     lp_config_from_name(&c, "d2");  // L=2, C=128, 2 heads, GPT-2 vocabulary
     c.max_seq_len = 64;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 1337);
-    lp_model_save(&m, model);
-    lp_model_free(&m);
+    save_model(model, &c, 1337);
     const char* common = "-b 4 -t 64 -l 2e-3 -u 3 -v 0 -s 0";
 
     // 30 steps lower the loss from ~10.8 (ln 50257) by at least 3 nats
@@ -4562,11 +4557,7 @@ static void test_tensor_parallel(void) {
     }
     LPConfig c99 = tiny_config();
     c99.padded_vocab_size = 99;  // odd
-    LPModel m99;
-    lp_model_create(&m99, &c99, NULL);
-    lp_model_init_random(&m99, 9);
-    lp_model_save(&m99, tmp_path("vp99.bin"));
-    lp_model_free(&m99);
+    save_model(tmp_path("vp99.bin"), &c99, 9);
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e %s -i %s -t 16 --tp 2", TRAIN_BIN, tmp_path("vp99.bin"),
                  tmp_path("dp_shard.bin"));
     expect(rc != 0 && strstr(out, "--tp 2: the padded vocabulary 99 does not split evenly over 2 tensor-parallel ranks"),
@@ -4807,11 +4798,7 @@ static void test_context_parallel(void) {
     if (no_mpirun("tier 3 context parallelism")) return;
     LPConfig c = tiny_config();
     c.max_seq_len = 1024;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 4242);
-    lp_model_save(&m, tmp_path("cp_tiny.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("cp_tiny.bin"), &c, 4242);
     write_random_shard(tmp_path("cp_shard.bin"), 20000, 31);
     float ref64[64], ref_long[64];  // (T = 64's: the resumes below continue it)
     for (int T = 64; T <= 1024; T *= 4) {
@@ -4874,11 +4861,7 @@ static void test_context_parallel(void) {
     {
         LPConfig c8 = c;
         c8.max_seq_len = 8192;
-        LPModel m8;
-        lp_model_create(&m8, &c8, NULL);
-        lp_model_init_random(&m8, 4243);
-        lp_model_save(&m8, tmp_path("cp_8k.bin"));
-        lp_model_free(&m8);
+        save_model(tmp_path("cp_8k.bin"), &c8, 4243);
         double act[2] = {0.0, 0.0};
         for (int k = 0; k < 2; k++) {
             char args[4096];
@@ -4949,11 +4932,7 @@ static void test_context_parallel(void) {
     {
         LPConfig e = c;
         e.num_layers = 4, e.moe_experts = 4, e.moe_every = 2, e.moe_topk = 2;
-        LPModel moe;
-        lp_model_create(&moe, &e, NULL);
-        lp_model_init_random(&moe, 99);
-        lp_model_save(&moe, tmp_path("cp_moe.bin"));
-        lp_model_free(&moe);
+        save_model(tmp_path("cp_moe.bin"), &e, 99);
         char base[2048], args[4096];
         float ref[64];
         size_t nw = 0;
@@ -5029,11 +5008,7 @@ static void test_llama_grids(void) {
     if (no_mpirun("tier 3 Llama grids")) return;
     LPConfig c = tiny_llama_config();
     c.num_layers = 4;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 4949);
-    lp_model_save(&m, tmp_path("llama_grid.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("llama_grid.bin"), &c, 4949);
     char base[2048], args[4096], dir[LP_PATH_MAX], name[512];
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("llama_grid.bin"),
              tmp_path("dp_shard.bin"));
@@ -5531,11 +5506,7 @@ static void test_sample_no_data(void) {
     LPConfig c;
     lp_config_from_name(&c, "d1");
     c.max_seq_len = 32;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 3);
-    lp_model_save(&m, model);
-    lp_model_free(&m);
+    save_model(model, &c, 3);
     int rc = run_cmd(out, sizeof(out), "cd %s && %s -e %s -b 1 -t 32 -x 0 -s 1 -g 20", dir, bin, model);
     const char *s = strstr(out, "--- sample at step 0 ---\n"), *e = s ? strstr(s, "--- end of sample ---") : NULL;
     int ok = rc == 0 && strstr(out, "data             no train shard read (-x 0); 0 val shard(s)") &&
@@ -6247,11 +6218,7 @@ static void test_moe_grids(void) {
         c.moe_topk = k;
         char model[LP_PATH_MAX], base[LP_PATH_MAX + 1024], args[LP_PATH_MAX + 2048], dir[LP_PATH_MAX], name[512];
         lp_path(model, "%s", tmp_path(k == 2 ? "moe2.bin" : "moe1.bin"));
-        LPModel m;
-        lp_model_create(&m, &c, NULL);
-        lp_model_init_random(&m, 777);
-        lp_model_save(&m, model);
-        lp_model_free(&m);
+        save_model(model, &c, 777);
         snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512 --moe-capacity 1.25 "
                  "--moe-aux-coef 0.05 --moe-z-coef 0.001", model, tmp_path("dp_shard.bin"));
         float ref[64], aux_ref[64], drop_ref[64], aux[64], drop[64];
@@ -7705,11 +7672,7 @@ static void test_parallel_grids(void) {
     LPConfig c = tiny_config();  // and a mixture of experts: layers 0 and 2 of 4 experts, top-2
     c.num_layers = 4;
     c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 4242);
-    lp_model_save(&m, tmp_path("grid_moe.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("grid_moe.bin"), &c, 4242);
     write_random_shard(tmp_path("grid_tokens.bin"), 2048, 7);
     char base[3][1024], args[2048], name[512], dir[LP_PATH_MAX];
     // T = 8, 64 tokens a step (4 micro-batches of 2 rows on one rank): an emulated step costs in proportion
@@ -7930,11 +7893,7 @@ static void test_zero_memory(void) {
     LPConfig c = tiny_config();
     c.num_layers = 12;
     c.channels = 256;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 5);
-    lp_model_save(&m, tmp_path("zero_model.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("zero_model.bin"), &c, 5);
     float used[4] = {0, 0, 0, 0};
     for (int zero = 0; zero <= 3; zero++) {
         run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e %s -i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -x 1 -v 0 -s 0 --zero %d",
