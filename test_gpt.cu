@@ -178,15 +178,18 @@ static LPConfig tiny_llama_config(void) {
     return c;
 }
 
-// Write a tiny model of `layers` layers, initialised from `seed`, to path.
-static void save_tiny_model(const char* path, int layers, uint64_t seed) {
-    LPConfig c = tiny_config();
-    c.num_layers = layers;
+// Write a model of shape c, initialised from `seed`, to path; save_tiny_model: the tiny one of `layers` layers.
+static void save_model(const char* path, const LPConfig* c, uint64_t seed) {
     LPModel m;
-    lp_model_create(&m, &c, NULL);
+    lp_model_create(&m, c, NULL);
     lp_model_init_random(&m, seed);
     lp_model_save(&m, path);
     lp_model_free(&m);
+}
+static void save_tiny_model(const char* path, int layers, uint64_t seed) {
+    LPConfig c = tiny_config();
+    c.num_layers = layers;
+    save_model(path, &c, seed);
 }
 
 // The token ids of train_gpt's first sample (--tokenizer none prints <id>), at most max; returns how many.
@@ -1381,11 +1384,7 @@ static void test_data_manifest(void) {
     snprintf(args, sizeof(args), "-e %s -i '%s' -b 2 -t 16 -x 1 -v 0 -s 0 -j ''", tmp_path("manifest_v64.bin"), path);
     LPConfig c = tiny_config();
     c.vocab_size = 64;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 3);
-    lp_model_save(&m, tmp_path("manifest_v64.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("manifest_v64.bin"), &c, 3);
     expect_error("data manifest: a largest id outside the vocabulary is refused from the manifest alone",
                  "m_train_000000.bin: token id 96 (the largest, from", args);
 }
@@ -3860,11 +3859,7 @@ static void test_training_runs(void) {
     LPConfig c;
     lp_config_from_name(&c, "d2");  // L=2, C=128, 2 heads, GPT-2 vocabulary
     c.max_seq_len = 64;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 1337);
-    lp_model_save(&m, model);
-    lp_model_free(&m);
+    save_model(model, &c, 1337);
     const char* common = "-b 4 -t 64 -l 2e-3 -u 3 -v 0 -s 0";
 
     // 30 steps lower the loss from ~10.8 (ln 50257) by at least 3 nats
@@ -4640,11 +4635,7 @@ static void test_tensor_parallel(void) {
     }
     LPConfig c99 = tiny_config();
     c99.padded_vocab_size = 99;  // odd
-    LPModel m99;
-    lp_model_create(&m99, &c99, NULL);
-    lp_model_init_random(&m99, 9);
-    lp_model_save(&m99, tmp_path("vp99.bin"));
-    lp_model_free(&m99);
+    save_model(tmp_path("vp99.bin"), &c99, 9);
     rc = run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e %s -i %s -t 16 --tp 2", TRAIN_BIN, tmp_path("vp99.bin"),
                  tmp_path("dp_shard.bin"));
     expect(rc != 0 && strstr(out, "--tp 2: the padded vocabulary 99 does not split evenly over 2 tensor-parallel ranks"),
@@ -4884,19 +4875,15 @@ static void test_context_parallel(void) {
     static char out[1 << 18];
     if (no_mpirun("tier 3 context parallelism")) return;
     LPConfig c = tiny_config();
-    c.max_seq_len = 256;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 4242);
-    lp_model_save(&m, tmp_path("cp_tiny.bin"));
-    lp_model_free(&m);
+    c.max_seq_len = 1024;
+    save_model(tmp_path("cp_tiny.bin"), &c, 4242);
     write_random_shard(tmp_path("cp_shard.bin"), 20000, 31);
-    float ref64[64], ref256[64];  // (T = 64's: the resumes below continue it)
-    for (int T = 64; T <= 256; T *= 4) {
+    float ref64[64], ref_long[64];  // (T = 64's: the resumes below continue it)
+    for (int T = 64; T <= 1024; T *= 4) {
         char base[2048], args[4096], dir[LP_PATH_MAX], name[256];
-        float* ref = T == 64 ? ref64 : ref256;
+        float* ref = T == 64 ? ref64 : ref_long;
         size_t nw = 0;
-        int B = 512 / T;  // one rank's batch: 512 tokens a step
+        int B = T < 512 ? 512 / T : 1;  // one rank's batch: 512 tokens a step, or a sequence
         snprintf(base, sizeof(base), "-e %s -i %s -j '' -t %d -x 10 -l 1e-2 -u 2 -v 0 -s 0", tmp_path("cp_tiny.bin"),
                  tmp_path("cp_shard.bin"), T);
         snprintf(args, sizeof(args), "%s -b %d", base, B);
@@ -4913,7 +4900,8 @@ static void test_context_parallel(void) {
         static const struct { const char *ranks, *flags; int T, B; } grids[] = {
             {"2", "--cp 2", 64, 8}, {"4", "--cp 4", 64, 8}, {"4", "--cp 2 --tp 2 --sp", 64, 8}, {"4", "--cp 2 --pp 2 -d 512", 64, 4},
             {"4", "--cp 2 --zero 1", 64, 4}, {"8", "--cp 2 --tp 2 --zero 3", 64, 4}, {"8", "--cp 4 --pp 2 -d 512", 64, 4},
-            {"2", "--cp 2 --recompute full", 64, 8}, {"2", "--cp 2", 256, 2}, {"4", "--cp 4", 256, 2},
+            {"2", "--cp 2 --recompute full", 64, 8}, {"2", "--cp 2", 256, 2}, {"4", "--cp 4", 256, 2}, {"2", "--cp 2", 1024, 1},
+            {"4", "--cp 4", 1024, 1},
         };
         for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
             if (grids[k].T != T) continue;
@@ -4945,6 +4933,28 @@ static void test_context_parallel(void) {
             }
         }
         free(wref);
+    }
+
+    // memory at T = 8192: a rank's activations at cp 4 (as the runs print them before a step; -x 0)
+    {
+        LPConfig c8 = c;
+        c8.max_seq_len = 8192;
+        save_model(tmp_path("cp_8k.bin"), &c8, 4243);
+        double act[2] = {0.0, 0.0};
+        for (int k = 0; k < 2; k++) {
+            char args[4096];
+            float losses[8];
+            snprintf(args, sizeof(args), "-e %s -i %s -j '' -t 8192 -b 1 -x 0 -v 0 -s 0%s", tmp_path("cp_8k.bin"), tmp_path("cp_shard.bin"),
+                     k ? " --cp 4" : "");
+            run_ranks(k ? 4 : 1, args, tmp_path(k ? "cp_8k_4" : "cp_8k_1"), losses, out, sizeof(out));
+            const char* mem = strstr(out, "MiB, activations ");
+            if (mem) sscanf(mem, "MiB, activations %lf MiB", &act[k]);
+        }
+        char name[200];
+        printf("     cp 4, T 8192: a rank's activations %.2f MiB, one rank's %.2f MiB (%.3fx; one rank keeps its attention's B NH T^2 "
+               "probabilities a layer, the ring none)\n", act[1], act[0], act[1] / act[0]);
+        snprintf(name, sizeof(name), "cp 4, T 8192: a rank's activations %.2f MiB <= 0.3x one rank's %.2f MiB", act[1], act[0]);
+        expect(act[0] > 0.0 && act[1] > 0.0 && act[1] <= 0.3 * act[0], name);
     }
 
     // evaluation: each rank's share of the val batches, averaged, is one rank's val loss
@@ -5000,11 +5010,7 @@ static void test_context_parallel(void) {
     {
         LPConfig e = c;
         e.num_layers = 4, e.moe_experts = 4, e.moe_every = 2, e.moe_topk = 2;
-        LPModel moe;
-        lp_model_create(&moe, &e, NULL);
-        lp_model_init_random(&moe, 99);
-        lp_model_save(&moe, tmp_path("cp_moe.bin"));
-        lp_model_free(&moe);
+        save_model(tmp_path("cp_moe.bin"), &e, 99);
         char base[2048], args[4096];
         float ref[64];
         size_t nw = 0;
@@ -5080,11 +5086,7 @@ static void test_llama_grids(void) {
     if (no_mpirun("tier 3 Llama grids")) return;
     LPConfig c = tiny_llama_config();
     c.num_layers = 4;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 4949);
-    lp_model_save(&m, tmp_path("llama_grid.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("llama_grid.bin"), &c, 4949);
     char base[2048], args[4096], dir[LP_PATH_MAX], name[512];
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512", tmp_path("llama_grid.bin"),
              tmp_path("dp_shard.bin"));
@@ -5582,11 +5584,7 @@ static void test_sample_no_data(void) {
     LPConfig c;
     lp_config_from_name(&c, "d1");
     c.max_seq_len = 32;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 3);
-    lp_model_save(&m, model);
-    lp_model_free(&m);
+    save_model(model, &c, 3);
     int rc = run_cmd(out, sizeof(out), "cd %s && %s -e %s -b 1 -t 32 -x 0 -s 1 -g 20", dir, bin, model);
     const char *s = strstr(out, "--- sample at step 0 ---\n"), *e = s ? strstr(s, "--- end of sample ---") : NULL;
     int ok = rc == 0 && strstr(out, "data             no train shard read (-x 0); 0 val shard(s)") &&
@@ -5862,8 +5860,6 @@ static void test_plan_software(void) {
     expect_error_of(PLAN_BIN, "--software deepspeed refuses Llama's blocks",
                     "flag --software deepspeed: -e llama3-8b has grouped-query attention or another MLP than GPT-2's, which deepspeed does not run",
                     "--plan 8 -e llama3-8b -t 8192 -d 65536 --software deepspeed");
-    expect_error_of(PLAN_BIN, "--cp: not yet with RoPE", "flag --cp 2: llmpar does not yet split a sequence of rotary positions (RoPE)",
-                    "--plan 8 -e llama:2,64,4,2,128 -t 64 --cp 2");
     expect_error_of(PLAN_BIN, "--kv-heads: must divide the heads", "flags --kv-heads 5 --ffn 0: key/value heads must divide the 12 heads",
                     "--plan 8 -e d12 --kv-heads 5 --software megatron");
     expect_error_of(PLAN_BIN, "-e: a vocabulary past 262144", "-e 4,256,4,300000: vocabulary 300000, the planner takes up to 262144",
@@ -6036,8 +6032,16 @@ static void test_plan_cp(void) {
                     "--plan 8 -e d12 --software megatron --cp 2");
     expect_error_of(PLAN_BIN, "--cp: T in 2 cp chunks", "flag --cp 4: must be >= 1, and the sequence length -t 1020 split into 2*4 = 8 chunks "
                     "of equal length", "--plan 8 -e d12 -t 1020 --cp 4");
-    expect_error_of(PLAN_BIN, "--cp with --ep", "flag --software llmpar: --cp 2 with --ep 2: llmpar does not yet split a sequence and the "
-                    "experts together", "--plan 16 -e d6 --moe-experts 8 --cp 2 --ep 2");
+    // the engine's cp with its other axes: a Llama (RoPE at the chunks' positions) and a mixture of experts with ep
+    static char out[1 << 16];
+    const char* asked[][3] = {{"--plan 8 -e llama:2,64,4,2,128 -t 64 --cp 2", "| 1 | 1 | 1 | 2 | 4 | 0 |", "a Llama at cp 2 (d 4)"},
+                              {"--plan 16 -e d6 --moe-experts 8 --cp 2 --ep 2", "| 1 | 1 | 1 | 2 | 8 | 2 |", "a MoE at cp 2 ep 2 (d 8)"}};
+    for (int k = 0; k < 2; k++) {
+        int rc = run_cmd(out, sizeof(out), "%s %s", PLAN_BIN, asked[k][0]);
+        char name[160];
+        snprintf(name, sizeof(name), "plan_gpt %s: plans %s", asked[k][0], asked[k][2]);
+        expect(rc == 0 && strstr(out, asked[k][1]) != NULL, name);
+    }
 }
 
 static void test_plan_runs(void) {
@@ -6292,11 +6296,7 @@ static void test_moe_grids(void) {
         c.moe_topk = k;
         char model[LP_PATH_MAX], base[LP_PATH_MAX + 1024], args[LP_PATH_MAX + 2048], dir[LP_PATH_MAX], name[512];
         lp_path(model, "%s", tmp_path(k == 2 ? "moe2.bin" : "moe1.bin"));
-        LPModel m;
-        lp_model_create(&m, &c, NULL);
-        lp_model_init_random(&m, 777);
-        lp_model_save(&m, model);
-        lp_model_free(&m);
+        save_model(model, &c, 777);
         snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512 --moe-capacity 1.25 "
                  "--moe-aux-coef 0.05 --moe-z-coef 0.001", model, tmp_path("dp_shard.bin"));
         float ref[64], aux_ref[64], drop_ref[64], aux[64], drop[64];
@@ -6399,11 +6399,7 @@ static void test_llama_moe_grids(void) {
     LPConfig c = tiny_llama_config();
     c.num_layers = 4;
     c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 4950);
-    lp_model_save(&m, tmp_path("llama_moe_grid.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("llama_moe_grid.bin"), &c, 4950);
     char base[2048], args[4096], dir[LP_PATH_MAX], name[512];
     snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 16 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512 --moe-capacity 1.25 --moe-aux-coef 0.05 "
              "--moe-z-coef 0.001", tmp_path("llama_moe_grid.bin"), tmp_path("dp_shard.bin"));
@@ -6908,14 +6904,14 @@ static void tier4_cached_attention(uint64_t* rng, int B, int N, int pos, int Tc,
     size_t n3 = (size_t)B * N * (NH + 2 * KV) * HS, n1 = (size_t)B * N * C, nc = (size_t)2 * B * KV * Tc * HS;
     float *qkv = host_rand(n3, rng, 1.0f), *out = host_rand(n1, rng, 1.0f), *cache = host_rand(nc, rng, 1.0f);
     floatX *d_qkv = dev_bf16(qkv, n3), *d_out = dev_bf16(out, n1), *d_cache = dev_bf16(cache, nc);
-    if (rope) {  // (the rows at positions pos, pos + 1, ...: RoPE's table of them)
-        int* at = (int*)lp_host_malloc((size_t)N * sizeof(int), "test");
-        for (int t = 0; t < N; t++) at[t] = pos + t;
-        int* d_at = (int*)dev_copy(at, (size_t)N * sizeof(int));
-        lp_rope_cpu(qkv, B, N, at, NH, KV, HS, 500000.0f, 1, 0);
-        lp_rope_gpu(d_qkv, B, N, d_at, NH, KV, HS, 500000.0f, 1, 0);
-        free(at);
-        lp_device_free(d_at);
+    if (rope) {
+        int* positions = (int*)lp_host_malloc((size_t)N * sizeof(int), "test");
+        for (int t = 0; t < N; t++) positions[t] = pos + t;
+        int* d_pos = (int*)dev_copy(positions, (size_t)N * sizeof(int));
+        lp_rope_cpu(qkv, B, N, positions, NH, KV, HS, 500000.0f, 1, 0);
+        lp_rope_gpu(d_qkv, B, N, d_pos, NH, KV, HS, 500000.0f, 1, 0);
+        lp_device_free(d_pos);
+        free(positions);
     }
     lp_attention_cached_forward_cpu(out, cache, qkv, B, N, pos, Tc, C, NH, KV);
     lp_attention_cached_forward_gpu(d_out, d_cache, d_qkv, B, N, pos, Tc, C, NH, KV);
@@ -7778,7 +7774,7 @@ static void test_fp16_runs(void) {
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
 // recomputing its probabilities), context parallelism's ring (cp 2 alone, with ZeRO-1 over its cp x d ranks,
-// with TP and SP), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
+// with TP and SP, under a pipeline), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
 // recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), and the Llama
 // family on t=2, t=2 SP, p=2 (1F1B, interleaved), d=2 ZeRO-3 (with --offload params) and t=2 p=2 d=2, all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
@@ -7825,11 +7821,7 @@ static void test_parallel_grids(void) {
     LPConfig c = tiny_config();  // and a mixture of experts: layers 0 and 2 of 4 experts, top-2
     c.num_layers = 4;
     c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 4242);
-    lp_model_save(&m, tmp_path("grid_moe.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("grid_moe.bin"), &c, 4242);
     write_random_shard(tmp_path("grid_tokens.bin"), 2048, 7);
     char base[3][1024], args[2048], name[512], dir[LP_PATH_MAX];
     // T = 8, 64 tokens a step (4 micro-batches of 2 rows on one rank): an emulated step costs in proportion
@@ -7861,7 +7853,7 @@ static void test_parallel_grids(void) {
         {4, "--tp 2 --pp 2 --sp"}, {1, "--recompute selective"}, {1, "--recompute full"}, {2, "--zero 3 --recompute full"},
         {4, "--tp 2 --pp 2 --sp --recompute full"}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5"},
         {8, "--tp 2 --pp 2 --sp --zero 1"}, {2, "--tp 2 --attention cublas"}, {1, "--attention cublas --recompute selective"},
-        {2, "--cp 2"}, {4, "--cp 2 --zero 1"}, {4, "--cp 2 --tp 2 --sp"}};
+        {2, "--cp 2"}, {4, "--cp 2 --zero 1"}, {4, "--cp 2 --tp 2 --sp"}, {4, "--cp 2 --pp 2"}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp "), *cp = strstr(f, "--cp ");
         int r = grids[k].ranks, d = r / (tp ? atoi(tp + 5) : 1) / (pp ? atoi(pp + 5) : 1) / (cp ? atoi(cp + 5) : 1);
@@ -7877,7 +7869,7 @@ static void test_parallel_grids(void) {
 
     // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
     // p=2 (nothing crosses between the stages; interleaved too), d=2 ZeRO-3 (its weights offloaded too), t=2 p=2
-    // d=2; t=4 refused (t must divide the K/V heads)
+    // d=2, cp=2 (RoPE at the chunks' positions); t=4 refused (t must divide the K/V heads)
     save_sharp_llama(tmp_path("grid_llama.bin"), 4, 4949, 1.0f, 0);
     snprintf(base[0], sizeof(base[0]), "-e %s -i %s -j '' -t 8 -x 3 -l 1e-3 -u 0 -v 0 -s 0 -d 64", tmp_path("grid_llama.bin"),
              tmp_path("grid_tokens.bin"));
@@ -7892,7 +7884,7 @@ static void test_parallel_grids(void) {
     }
     struct { int ranks; const char* flags; int B; } llama_grids[] = {
         {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--pp 2 --vpp 2 --schedule interleaved", 2}, {2, "--zero 3", 1},
-        {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}};
+        {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}, {2, "--cp 2", 2}};
     for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
         expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
     free(wref[0]);
@@ -8069,11 +8061,7 @@ static void test_zero_memory(void) {
     LPConfig c = tiny_config();
     c.num_layers = 12;
     c.channels = 256;
-    LPModel m;
-    lp_model_create(&m, &c, NULL);
-    lp_model_init_random(&m, 5);
-    lp_model_save(&m, tmp_path("zero_model.bin"));
-    lp_model_free(&m);
+    save_model(tmp_path("zero_model.bin"), &c, 5);
     float used[4] = {0, 0, 0, 0};
     for (int zero = 0; zero <= 3; zero++) {
         run_cmd(out, sizeof(out), "mpirun -np 2 --oversubscribe %s -e %s -i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -x 1 -v 0 -s 0 --zero %d",

@@ -158,8 +158,7 @@ typedef struct {
     int zero, zero_pp;   // the highest ZeRO stage without a pipeline, and with one
     unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
     int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel; this engine: as its LPConfig describes them)
-    int cp;              // context parallelism (a sequence split over cp ranks, attention a ring): 1 with learned positions
-                         // (llmpar: its RoPE does not yet take the chunks' positions), 2 with rotary ones too
+    int cp;              // context parallelism (a sequence split over cp ranks, attention a ring)
     // how it runs a step
     double gemm;         // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
     double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
@@ -944,9 +943,6 @@ static inline const char* lp_software_refuses(const LPSoftware* sw, const LPPara
         snprintf(why, size, "%s %s: %s does not offload that", LP_SETTING(offload), off, sw->name);
     else if (fixed & LP_FIX_CP && par->cp > 1 && !sw->cp)
         snprintf(why, size, "%s %d: %s has no context parallelism", LP_SETTING(cp), par->cp, sw->name);
-    else if (fixed & LP_FIX_CP && fixed & LP_FIX_EP && par->cp > 1 && par->ep > 1)  // (lp_grid_init's refusal)
-        snprintf(why, size, "%s %d with %s %d: %s does not yet split a sequence and the experts together", LP_SETTING(cp), par->cp,
-                 LP_SETTING(ep), par->ep, sw->name);
     else
         return NULL;
     return why;
@@ -1025,7 +1021,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
         for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
             if (n / t % p || (fix & LP_FIX_PP && p != want->pp)) continue;
             for (int cp = 1; cp <= n / t / p; cp++) {  // (context parallelism: T in 2 cp chunks, where the software has it)
-                if (n / t / p % cp || (cp > 1 && (mach->software->cp < (c->rope ? 2 : 1) || T % (2 * cp))) || (fix & LP_FIX_CP && cp != want->cp))
+                if (n / t / p % cp || (cp > 1 && (!mach->software->cp || T % (2 * cp))) || (fix & LP_FIX_CP && cp != want->cp))
                     continue;
                 int d = n / t / p / cp, Tc = T / cp;  // (a rank's share of each sequence)
                 for (long long B = 1; B * T * d <= tokens && B <= 4096; B *= 2) {
@@ -1040,7 +1036,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
                                 for (int zero = 0; zero <= 3; zero++)
                                     for (int r = LP_RECOMPUTE_NONE; r <= LP_RECOMPUTE_FULL; r++)
                                         for (int off = LP_OFFLOAD_NONE; off <= LP_OFFLOAD_PARAMS; off++)
-                                            for (int ep = 1; ep <= (c->moe_experts && cp == 1 ? d : 1); ep++) {  // (a mixture of experts: every ep)
+                                            for (int ep = 1; ep <= (c->moe_experts ? d : 1); ep++) {  // (a mixture of experts: every ep)
                                                 if (d % ep || (c->moe_experts && c->moe_experts % ep)) continue;
                                                 if (off == LP_OFFLOAD_PARAMS ? zero < 3 : d * cp == 1 && zero > 0) continue;  // (one rank a shard: ZeRO-3 only to offload params)
                                                 if ((fix & LP_FIX_VPP && v != want->vpp) || (fix & LP_FIX_SP && sp != want->sp) ||

@@ -317,8 +317,6 @@ static void lp_print_plan(const LPPlanFlags* f) {
     char why[256];
     if (lp_software_refuses(mach.software, &limits.par, limits.fixed, why, sizeof(why)))
         lp_fail("flag %s %s: %s", LP_PLAN_FLAG(software), f->software, why);
-    if (f->par.cp > 1 && cfg.rope && mach.software->cp < 2)
-        lp_fail("flag %s %d: %s does not yet split a sequence of rotary positions (RoPE)", LP_PLAN_FLAG(par.cp), f->par.cp, f->software);
     LPPlan* plans;
     if (!lp_plan_model_is_gpt(&model) && !mach.software->llama)
         lp_fail("flag %s %s: -e %s has grouped-query attention or another MLP than GPT-2's, which %s does not run (--software megatron)",
