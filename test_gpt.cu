@@ -5112,6 +5112,28 @@ static void test_llama_grids(void) {
         lp_path(dir, "%s_%zu", tmp_path("llama_case"), k);
         expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref, wref, nw, &c, 0);
     }
+    // an auxiliary loss after layer 2 (RMSNorm and the untied head on its output): it changes the weights, and a
+    // pipeline (its first stage holding a copy of the head) and TP give one rank's
+    {
+        char aux_base[2048 + 64];
+        float aux_ref[64];
+        size_t naux = 0;
+        snprintf(aux_base, sizeof(aux_base), "%s --aux-loss-layers 2 --aux-loss-weight 0.5", base);
+        snprintf(args, sizeof(args), "%s -b 8", aux_base);
+        lp_path(dir, "%s", tmp_path("llama_aux_ref"));
+        n = run_ranks(1, args, dir, aux_ref, out, sizeof(out));
+        float* waux = run_weights(dir, 10, &naux);
+        float moved = 0.0f;
+        for (size_t i = 0; waux && i < naux && i < nw; i++) moved = fmaxf(moved, fabsf(waux[i] - wref[i]));
+        snprintf(name, sizeof(name), "Llama with an auxiliary loss after layer 2: 1 rank's weights move by up to %.3g from those without", moved);
+        expect(n == 10 && waux && naux == nw && moved > 1e-3f && strstr(out, "aux loss 2: "), name);
+        const char* aux_cases[][2] = {{"4", "--pp 2"}, {"2", "--tp 2"}};  // (p 2 d 2: the head copies' sums in another order)
+        for (int k = 0; k < 2 && waux; k++) {
+            lp_path(dir, "%s_%d", tmp_path("llama_aux"), k);
+            expect_grid_equals_one_rank(aux_base, aux_cases[k][0], aux_cases[k][1], dir, aux_ref, waux, naux, &c, 0);
+        }
+        free(waux);
+    }
     free(wref);
 
     // a checkpoint (llm.c's Llama 3 file, optim.bin in its layout) resumes on other grids: steps 6-10 equal the straight run

@@ -268,8 +268,8 @@ static const LPFlagSpec lp_flag_specs[] = {
      "1: with --tp and no --sp, each TP rank sends 1/t of a stage boundary and the receivers all-gather it; 0: every "
      "rank sends the whole"},
     {"--aux-loss-layers", NULL, LP_FLAG_STRING, LP_FIELD(aux_layers), "", "", "L1,L2,...", NULL, NULL,
-     "auxiliary losses: these layers' outputs (1 .. L-1) also go through the final LayerNorm and the tied head to a "
-     "loss, weighted and added to the training loss"},
+     "auxiliary losses: these layers' outputs (1 .. L-1) also go through the final norm and the head to a loss, "
+     "weighted and added to the training loss"},
     {"--aux-loss-weight", NULL, LP_FLAG_FLOAT, LP_FIELD(aux_weight), "0.1", "0.1", "F", NULL, NULL,
      "the weight of each auxiliary loss"},
     {"--moe-experts", NULL, LP_FLAG_INT, LP_FIELD(moe_experts), "0", "0", "E", NULL, NULL,
@@ -1432,8 +1432,6 @@ static void lp_run_setup(LPTrainRun* r, LPFlags* f, const LPProcess* proc) {
     r->proc = proc;
     int from_scratch = r->preset = lp_model_config(f, proc, &r->cfg);
     lp_grid_check(proc, &r->cfg);
-    if (!lp_config_is_gpt2(&r->cfg) && f->aux_layers && f->aux_layers[0])
-        lp_fail_all("flag --aux-loss-layers %s: not yet for the Llama family", f->aux_layers);
     if (f->trace[0]) lp_trace_check_path(f, proc);
     if (f->T > r->cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, r->cfg.max_seq_len);
     int tokens_per_micro = f->B * f->T * proc->par->dp;
