@@ -123,7 +123,7 @@ static const LPFlagSpec lp_flag_specs[] = {
      "llm.c model file (fp32 v3 or bf16 v5; llmpar's MoE v6; llm.c's Llama 3, 20240803, with experts llmpar's v6), or dN: a new GPT-2 of depth N "
      "(d12/d24/d36/d48 are GPT-2 124M/350M/774M/1558M; other N: C=64N, N heads), or L,C,NH[,V]: a new model of any shape "
      "(GPT-3 175B: 96,12288,96; V 50257 unless given; up to T=2048); llama:dN or llama:L,C,NH,KV[,V]: the same as a Llama 3 "
-     "(RoPE, RMSNorm, SwiGLU, KV heads (dN: N/2), no biases, untied head; one rank of the CPU engine so far)"},
+     "(RoPE, RMSNorm, SwiGLU, KV heads (dN: N/2), no biases, untied head; both engines, every grid)"},
     {NULL, "-o", LP_FLAG_STRING, LP_FIELD(out_dir), "", "", "DIR", NULL, NULL, "output directory: main.log and checkpoints; one run at a time (DIR/lock)"},
     {NULL, "-b", LP_FLAG_INT, LP_FIELD(B), "4", "16", "N", NULL, NULL, "micro-batch size"},
     {NULL, "-t", LP_FLAG_INT, LP_FIELD(T), "64", "1024", "N", NULL, NULL, "sequence length (at most the model's)"},
