@@ -769,7 +769,9 @@ static void test_sample_cache(void) {
 #ifdef LLMPAR_CPU
     int kinds = 4;
 #else
-    int kinds = 3;  // (the tiny Llama with experts: its whole forward at T below the activations' is not yet the cached one's here)
+    int kinds = 3;  // (not the tiny Llama with experts: its row 9's router is within bf16's rounding of a tie, which the
+                    // cached and the whole forward break apart: seed-dependent, as the seeds around 41 show, and the
+                    // GPT-2 MoE's routers do the same when scaled x16; fp32 keeps them together)
 #endif
     for (int kind = 0; kind < kinds; kind++) {
         int moe = kind == 1 || kind == 3;
