@@ -7848,7 +7848,7 @@ static void test_parallel_grids(void) {
     c.moe_experts = 4, c.moe_topk = 2, c.moe_every = 2;
     save_model(tmp_path("grid_moe.bin"), &c, 4242);
     write_random_shard(tmp_path("grid_tokens.bin"), 2048, 7);
-    char base[3][1024], args[2048], name[512], dir[LP_PATH_MAX];
+    char base[3][1024], args[4096], name[512], dir[LP_PATH_MAX];
     // T = 8, 64 tokens a step (4 micro-batches of 2 rows on one rank): an emulated step costs in proportion
     // to its tokens, and the grids prove nothing more at T = 16 (the mixture still drops 7-10% of its rows)
     for (int a = 0; a < 3; a++)  // plain, with an auxiliary loss, the mixture of experts (rows dropped)
