@@ -8471,6 +8471,28 @@ static inline LPLayerActs lp_layer_acts(const LPModel* m, int l) {
 // routing is every TP rank's (the same rows, the same router); TP rank 0 adds each expert's output bias; the
 // combined output is a partial sum that the g after it adds up, as a dense MLP's is.
 
+// Context parallelism splits each sequence over the cp group, while the balance loss is a micro-batch's (its
+// sequences'): so the loads and probability sums it is made of (and the z-loss's sum) are summed over the
+// group, and every cp rank computes that loss and its gradient from the whole sequences' statistics, as one
+// rank holding them would (Megatron-Core sums them over its context-parallel group too). Sampling's cached
+// passes run whole sequences on every rank: nothing to sum.
+static inline int lp_moe_cp_split(const LPModel* m) { return m->cp_size > 1 && !m->cache.kv; }
+// The rows the statistics of a micro-batch of N rows on this rank count: its sequences' whole.
+static inline int lp_moe_stats_rows(const LPModel* m, int N) { return lp_moe_cp_split(m) ? N * m->cp_size : N; }
+// Layer x's loads and sums on the host, summed over the cp group; the loads back to the device for the router's
+// backward (lp_moe_aux_grad). This rank's row offsets stay its own: its experts run its rows.
+static inline void lp_moe_cp_sum(LPModel* m, const LPLayerActs* x) {
+    int E = m->cfg.moe_experts;
+    float* sums = lp_moe_sums(x->offsets, E);
+    float s[2 * LP_MAX_EXPERTS + 1];  // (the loads, exact in fp32, then the E+1 sums)
+    for (int e = 0; e < E; e++) s[e] = (float)x->counts[e];
+    memcpy(s + E, sums, (size_t)(E + 1) * sizeof(float));
+    lp_all_reduce_host(m->cp, s, 2 * (size_t)E + 1, 0);
+    for (int e = 0; e < E; e++) x->counts[e] = (int)s[e];
+    memcpy(sums, s + E, (size_t)(E + 1) * sizeof(float));
+    lp_copy_to_device(lp_moe_counts(x->routes, E), x->counts, (2 * (size_t)E + 1) * sizeof(int));
+}
+
 // Layer x's dispatch (lp_moe_dispatch_cpu) and routing statistics on the device, then the one copy of the
 // layer's routing to the host (synchronous: the host needs its row offsets to launch the experts'
 // matmuls, and its loads for the statistics): x->offsets, x->counts, the sums. Returns the rows kept, M.
@@ -8480,6 +8502,7 @@ static inline int lp_moe_dispatch_layer(LPModel* m, const LPLayerActs* x, int N)
     lp_moe_dispatch(x->pos, x->src, x->routes, x->expert, N, E, K, cap < N ? (int)cap : N);
     lp_moe_stats(lp_moe_sums(x->routes, E), x->probs, x->rlse, N, E);
     lp_copy_to_host(x->offsets, x->routes, lp_moe_dispatch_ints(E) * sizeof(int));
+    if (lp_moe_cp_split(m)) lp_moe_cp_sum(m, x);
     return x->offsets[E];
 }
 
@@ -8589,14 +8612,15 @@ static inline void lp_moe_account(LPModel* m, const LPLayerActs* x, int N) {
     float sums[LP_MAX_EXPERTS + 1];  // (lp_moe_dispatch_layer's, after the counts)
     memcpy(sums, x->counts + E, (size_t)(E + 1) * sizeof(float));
     double balance = 0.0, busiest = 0.0, weight = (double)m->dloss / m->loss_scale * N;  // (a micro-batch's weight in the step: 1 / micro-batches)
+    double rows = lp_moe_stats_rows(m, N);  // (the counts' and sums' rows: under cp, the whole sequences')
     for (int e = 0; e < E; e++) {
-        double f = (double)x->counts[e] / ((double)N * K);
-        balance += f * sums[e] / N;
+        double f = (double)x->counts[e] / (rows * K);
+        balance += f * sums[e] / rows;
         busiest = f > busiest ? f : busiest;
     }
     LPMoEStats* s = &m->moe_stats;
     s->aux += weight * m->moe.aux_coef * E * balance;
-    s->z += weight * m->moe.z_coef * sums[E] / N;
+    s->z += weight * m->moe.z_coef * sums[E] / rows;
     s->routed += (double)N * K;
     s->dropped += (double)N * K - x->offsets[E];
     s->busiest += busiest;
@@ -8637,7 +8661,7 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
     }
     lp_moe_unpermute(a->btc, a->dyp, x->pos, N, K, C);
     // the router: the balance loss's gradient of each probability, the gates', the z-loss's, into its logits
-    lp_moe_aux_grad(a->daux, x->routes, m->moe.aux_coef, m->dloss, N, E, K);
+    lp_moe_aux_grad(a->daux, x->routes, m->moe.aux_coef, m->dloss, lp_moe_stats_rows(m, N), E, K);
     lp_moe_router_backward(a->rlogits, x->probs, x->rlse, x->expert, x->gate, a->dgate, t, a->daux, m->moe.z_coef * m->dloss, N, E, K);
     lp_matmul_backward(a->rdx, lp_layer_grad(m, LP_ROUTERW, l), NULL, NULL, a->rlogits, lp_tp_f_forward(m, x->ln2, N, C),
                        lp_layer_param(m, LP_ROUTERW, l), N, C, E, NULL);

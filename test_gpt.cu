@@ -227,6 +227,16 @@ static int run_ranks(int ranks, const char* args, const char* out_dir, float* lo
     return rc == 0 ? n : -1;
 }
 
+// The step lines' MoE statistics: the balance + z-losses and the share of rows dropped of each step.
+static int parse_moe_stats(const char* out, float* aux, float* dropped, int max) {
+    int n = 0;
+    for (const char* s = strstr(out, "| moe aux "); s && n < max; s = strstr(s + 1, "| moe aux ")) {
+        float z;
+        if (sscanf(s, "| moe aux %f z %f, dropped %f%%", &aux[n], &z, &dropped[n]) == 3) aux[n++] += z;
+    }
+    return n;
+}
+
 // The files in dir (an --offload-dir must be empty after a run: its files are unlinked once open).
 static int offload_leftovers(const char* dir) {
     char pattern[LP_PATH_MAX];
@@ -5005,29 +5015,37 @@ static void test_context_parallel(void) {
         free(w);
     }
 
-    // a mixture of experts, alone and under expert parallelism: each cp rank sends its own rows' tokens to the ep
-    // neighbours of its cp coordinate, and the experts' gradients average over the edp replicas' cp ranks (group
-    // edpcp: at 4 ranks the 2 cp ranks, at 8 ranks 2 edp x 2 cp). A capacity and the balance loss count a
-    // micro-batch's rows, a cp rank's share of them under cp (as d splits them), so one rank's run is matched with
-    // neither (--moe-capacity 0 --moe-aux-coef 0; the z-loss, a mean over rows, stays).
+    // a mixture of experts with the balance and z-losses, alone, with d 2 and under expert parallelism: each cp rank
+    // sends its own rows' tokens to the ep neighbours of its cp coordinate, and the experts' gradients average over
+    // the edp replicas' cp ranks (group edpcp: at 4 ranks the 2 cp ranks, at 8 ranks 2 edp x 2 cp). The balance
+    // loss is a micro-batch's sequences', so its loads and probability sums are summed over the cp ranks that split
+    // them (lp_moe_cp_sum): losses, balance + z-losses (as printed) and weights as one rank's. A capacity stays
+    // each rank's (its rows, first come first served among them: not one rank's order), so none is asked for.
     {
         LPConfig e = c;
         e.num_layers = 4, e.moe_experts = 4, e.moe_every = 2, e.moe_topk = 2;
         save_model(tmp_path("cp_moe.bin"), &e, 99);
-        char base[2048], args[4096];
-        float ref[64];
+        char base[2048], args[4096], name[256], dir[LP_PATH_MAX];
+        float ref[64], aux_ref[64], drop_ref[64], aux[64], drop[64];
         size_t nw = 0;
-        snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 64 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512 --moe-capacity 0 --moe-aux-coef 0",
-                 tmp_path("cp_moe.bin"),
-                 tmp_path("cp_shard.bin"));
+        snprintf(base, sizeof(base), "-e %s -i %s -j '' -t 64 -x 10 -l 1e-2 -u 2 -v 0 -s 0 -d 512 --moe-capacity 0 --moe-aux-coef 0.05 "
+                 "--moe-z-coef 0.001", tmp_path("cp_moe.bin"), tmp_path("cp_shard.bin"));
         snprintf(args, sizeof(args), "%s -b 2", base);  // (micro-batches of 2 rows everywhere: the balance loss is a micro-batch's)
         int n = run_ranks(1, args, tmp_path("cp_moe_ref"), ref, out, sizeof(out));
+        int na = parse_moe_stats(out, aux_ref, drop_ref, 64);
         float* wref = run_weights(tmp_path("cp_moe_ref"), 10, &nw);
-        expect(n == 10 && wref, "CP with experts: 1-rank reference run");
-        if (n == 10 && wref) {
-            expect_grid_equals_one_rank(base, "2", "--cp 2", tmp_path("cp_moe_2"), ref, wref, nw, &e, 2);
-            expect_grid_equals_one_rank(base, "4", "--cp 2 --ep 2", tmp_path("cp_moe_4"), ref, wref, nw, &e, 2);
-            expect_grid_equals_one_rank(base, "8", "--cp 2 --ep 2 --zero 1", tmp_path("cp_moe_8"), ref, wref, nw, &e, 2);
+        expect(n == 10 && na == 10 && wref, "CP with experts: 1-rank reference run");
+        if (n == 10 && na == 10 && wref) {
+            const char* grids[][2] = {{"2", "--cp 2"}, {"4", "--cp 2"}, {"4", "--cp 2 --ep 2"}, {"8", "--cp 2 --ep 2 --zero 1"}};
+            for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
+                lp_path(dir, "%s_%zu", tmp_path("cp_moe"), k);
+                int m2 = parse_moe_stats(expect_grid_equals_one_rank(base, grids[k][0], grids[k][1], dir, ref, wref, nw, &e, 2), aux,
+                                         drop, 64);
+                snprintf(name, sizeof(name), "CP with experts, %s ranks %s: balance + z-losses equal 1 rank's (as printed)", grids[k][0],
+                         grids[k][1]);
+                expect(m2 == 10, name);
+                if (m2 == 10) expect_close(name, aux, aux_ref, 10, 1e-4f, 0.0f);
+            }
         } else {
             printf("%s\n", out);
         }
@@ -6291,16 +6309,6 @@ static void test_recompute(void) {
         expect_grid_equals_one_rank(base, cases[k][0], cases[k][1], dir, ref[0], wref[0], nw, NULL, 0);
     }
     free(wref[0]);
-}
-
-// The step lines' MoE statistics: the balance + z-losses and the share of rows dropped of each step.
-static int parse_moe_stats(const char* out, float* aux, float* dropped, int max) {
-    int n = 0;
-    for (const char* s = strstr(out, "| moe aux "); s && n < max; s = strstr(s + 1, "| moe aux ")) {
-        float z;
-        if (sscanf(s, "| moe aux %f z %f, dropped %f%%", &aux[n], &z, &dropped[n]) == 3) aux[n++] += z;
-    }
-    return n;
 }
 
 // Mixtures of experts on grids equal one rank: a 4-layer tiny model with 4 experts in layers 0 and 2
@@ -7801,14 +7809,17 @@ static void test_fp16_runs(void) {
 // recomputing its probabilities), context parallelism's ring (cp 2 alone, with ZeRO-1 over its cp x d ranks,
 // with TP and SP, under a pipeline), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
 // recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), and the Llama
-// family on t=2, t=2 SP, p=2 (1F1B, interleaved), d=2 ZeRO-3 (with --offload params) and t=2 p=2 d=2, all on a 4-layer tiny model with 4
+// family on t=2, t=2 SP, p=2 (1F1B, interleaved), d=2 ZeRO-3 (with --offload params) and t=2 p=2 d=2 (its experts with ep, and
+// at cp 2 alone and with ep 2, the balance + z-losses as printed too), all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
 // emulator's, over MPI) and again over --comm mpi; with one real GPU the ranks share it and use MPI.
 // One of test_parallel_grids' grids: r ranks running `flags` on base, each with micro-batches of B rows, over
-// each way the ranks can talk, against one rank's losses ref and weights wref.
-static void expect_cuda_grid(const char* base, int r, const char* flags, int B, const float* ref, const float* wref, size_t nw) {
+// each way the ranks can talk, against one rank's losses ref and weights wref (and a mixture of experts' balance
+// + z-losses as printed, aux; NULL: not compared).
+static void expect_cuda_grid(const char* base, int r, const char* flags, int B, const float* ref, const float* wref, size_t nw,
+                             const float* aux) {
     static char out[1 << 18];
     char args[2048], name[512], dir[LP_PATH_MAX];
 #ifdef LLMPAR_CUDAEMU
@@ -7835,6 +7846,14 @@ static void expect_cuda_grid(const char* base, int r, const char* flags, int B, 
         expect_close(name, got, ref, 3, 0.0f, 1e-2f);
         snprintf(name, sizeof(name), "%d rank(s) %s %s: final weights equal 1 rank's (atol 6e-3)", r, flags, r > 1 ? comms[c] : "");
         expect_close(name, w, wref, nw, 6e-3f, 0.0f);
+        if (aux) {
+            float got_aux[8], dropped[8];
+            int na = parse_moe_stats(out, got_aux, dropped, 8);
+            snprintf(name, sizeof(name), "%d rank(s) %s %s: balance + z-losses equal 1 rank's (1e-2 relative)", r, flags,
+                     r > 1 ? comms[c] : "");
+            expect(na == 3, name);
+            if (na == 3) expect_close(name, got_aux, aux, 3, 0.0f, 1e-2f);
+        }
         free(w);
     }
 }
@@ -7883,13 +7902,13 @@ static void test_parallel_grids(void) {
         const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp "), *cp = strstr(f, "--cp ");
         int r = grids[k].ranks, d = r / (tp ? atoi(tp + 5) : 1) / (pp ? atoi(pp + 5) : 1) / (cp ? atoi(cp + 5) : 1);
         int a = strstr(f, "--aux") != NULL;
-        expect_cuda_grid(base[0], r, f, 2 / d, ref[a], wref[a], nw[a]);
+        expect_cuda_grid(base[0], r, f, 2 / d, ref[a], wref[a], nw[a], NULL);
     }
     struct { int ranks; const char* flags; } moe_grids[] = {
         {2, "--tp 2"}, {2, "--zero 3"}, {2, "--pp 2"}, {4, "--tp 2 --sp --zero 1"}, {1, "--recompute full"},
         {2, "--ep 2"}, {4, "--ep 2 --zero 2"}, {4, "--ep 2 --tp 2"}, {4, "--ep 4 --recompute full"}};  // expert parallelism: all-to-all
     for (size_t k = 0; k < sizeof(moe_grids) / sizeof(moe_grids[0]); k++)
-        expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, 1, ref[2], wref[2], nw[2]);
+        expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, 1, ref[2], wref[2], nw[2], NULL);
     for (int a = 0; a < 3; a++) free(wref[a]);
 
     // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
@@ -7911,7 +7930,7 @@ static void test_parallel_grids(void) {
         {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--pp 2 --vpp 2 --schedule interleaved", 2}, {2, "--zero 3", 1},
         {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}, {2, "--cp 2", 2}};
     for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
-        expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
+        expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0], NULL);
     free(wref[0]);
     // its sample (-x 0 -s 1) on one rank and on grids: each rank's K/V heads in its cache (t=2: one each), the
     // stages' caches, ZeRO-3's gathered weights; the same tokens as ./train_gpt_cpu's (fp32). lnf's weight x 8,
@@ -7947,14 +7966,17 @@ static void test_parallel_grids(void) {
     lp_path(dir, "%s/grid_llama_moe_ref", tmp_dir);
     n = run_ranks(1, args, dir, ref[1], out, sizeof(out));
     wref[1] = run_weights(dir, 3, &nw[1]);
-    expect(n == 3 && wref[1], "one rank runs the 4-layer Llama with SwiGLU experts");
+    float aux[8], dropped[8];
+    expect(n == 3 && wref[1] && parse_moe_stats(out, aux, dropped, 8) == 3, "one rank runs the 4-layer Llama with SwiGLU experts");
     if (n != 3 || !wref[1]) {
         printf("%s\n", out);
         return;
     }
-    struct { int ranks; const char* flags; } llama_moe_grids[] = {{2, "--ep 2"}, {4, "--ep 2 --tp 2"}, {4, "--ep 4 --recompute full"}};
+    // and cp 2 alone and with ep 2: the balance loss's loads and probability sums summed over the cp ranks (lp_moe_cp_sum)
+    struct { int ranks; const char* flags; } llama_moe_grids[] = {{2, "--ep 2"}, {4, "--ep 2 --tp 2"}, {4, "--ep 4 --recompute full"},
+                                                                 {2, "--cp 2"}, {4, "--cp 2 --ep 2"}};
     for (size_t k = 0; k < sizeof(llama_moe_grids) / sizeof(llama_moe_grids[0]); k++)
-        expect_cuda_grid(base[1], llama_moe_grids[k].ranks, llama_moe_grids[k].flags, 1, ref[1], wref[1], nw[1]);
+        expect_cuda_grid(base[1], llama_moe_grids[k].ranks, llama_moe_grids[k].flags, 1, ref[1], wref[1], nw[1], aux);
     free(wref[1]);
 }
 
