@@ -479,37 +479,59 @@ static void expect_bytes_line(const char* out, const char* what, const char* say
 
 // --auto: the planner chooses the grid for the run's ranks on this machine and the run trains on it. One line
 // names the choice (t, p, v, d, cp, ZeRO, recomputation, offload, -b) and its reason; the grid the run reports is that
-// one; a grid flag typed is kept (--tp 2, --cp 2); one no grid can meet is refused in one line naming --auto. The CPU build:
-// 4 and 8 ranks (its rates measured at the start); the CUDA build: 2 ranks, its GPU's preset by name (under the
-// emulator an unknown GPU, planned as an H100 with the memory it reports); the Llama family on the CPU build.
+// one; a grid flag typed is kept (--tp 2, --cp 2); one no grid can meet is refused in one line naming --auto. Context
+// parallelism only where no grid without it fits: cp 1 where one does (saying so), and cp > 1 for a model of 2 heads
+// (t <= 2) at T 2048 within --gpu-mem 0.02 GiB (no grid of cp 1 fits a rank: the line says so), whose losses equal one
+// rank's (1e-5). The CPU build: 4 and 8 ranks (its rates measured at the start); the CUDA build: 2 ranks, its GPU's
+// preset by name (under the emulator an unknown GPU, planned as an H100 with the memory it reports); the Llama family
+// on the CPU build.
 static void test_auto(void) {
     static char out[1 << 16];
     if (no_mpirun("--auto")) return;
-    write_random_shard(tmp_path("auto_shard.bin"), 4000, 78);
+    write_random_shard(tmp_path("auto_shard.bin"), 20000, 78);
+    // (cp: typed, or -1: none fits without it, so more than 1)
     const struct { int ranks; const char* flags; int tp, cp; } runs[] = {
-        {4, "-e dev/ref/tiny_model.bin", 0, 0}, {4, "-e dev/ref/tiny_model.bin --tp 2", 2, 0}, {8, "-e dev/ref/tiny_model.bin", 0, 0},
-        {4, "-e llama:2,64,4,2,128", 0, 0},  // (a Llama: the planner's block with its K/V heads and SwiGLU)
-        {4, "-e dev/ref/tiny_model.bin --cp 2", 0, 2}};  // (context parallelism typed: kept)
-    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 5); k++) {
+        {4, "-e dev/ref/tiny_model.bin -t 16 -b 2", 0, 0}, {4, "-e dev/ref/tiny_model.bin -t 16 -b 2 --tp 2", 2, 0},
+        {8, "-e dev/ref/tiny_model.bin -t 16 -b 2", 0, 0},
+        {4, "-e llama:2,64,4,2,128 -t 16 -b 2", 0, 0},  // (a Llama: the planner's block with its K/V heads and SwiGLU)
+        {4, "-e dev/ref/tiny_model.bin -t 16 -b 2 --cp 2", 0, 2},  // (context parallelism typed: kept)
+        {4, "-e 2,64,2,256 -t 2048 -d 8192 --gpu-mem 0.02", 0, -1}};  // (2 heads: t <= 2; at cp 1 a sequence overfills a rank)
+    float one[8];  // (the last run's losses on one rank)
+    char args[LP_PATH_MAX + 128];
+    snprintf(args, sizeof(args), "-e 2,64,2,256 -t 2048 -d 8192 -b 1 -i %s -j '' -x 2 -v 0 -s 0", tmp_path("auto_shard.bin"));
+    int none = LP_BUILD_GPU ? 0 : run_ranks(1, args, tmp_path("auto_one"), one, out, sizeof(out));
+    for (int k = 0; k < (LP_BUILD_GPU ? 1 : 6); k++) {
         int ranks = LP_BUILD_GPU ? 2 : runs[k].ranks;
         int rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s --auto %s "
-                         "-i %s -j '' -t 16 -b 2 -x 2 -v 0 -s 0", ranks, TRAIN_BIN, runs[k].flags, tmp_path("auto_shard.bin"));
+                         "-i %s -j '' -x 2 -v 0 -s 0", ranks, TRAIN_BIN, runs[k].flags, tmp_path("auto_shard.bin"));
         int t = 0, p = 0, v = 0, d = 0, cp = 1, gt = 0, gd = 0, gp = 0, gcp = 1, zero = -1;
         float losses[8];
         const char* line = strstr(out, "auto: ");
         const char* grid = strstr(out, "ranks: t=");
-        int parsed = line && sscanf(line, "auto: t=%d p=%d v=%d d=%d cp=%d", &t, &p, &v, &d, &cp) >= 4 && strstr(line, ", ZeRO-") &&
-                     sscanf(strstr(line, ", ZeRO-"), ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") && grid &&
+        const char* zline = line ? strstr(line, ", ZeRO-") : NULL;
+        int parsed = line && sscanf(line, "auto: t=%d p=%d v=%d d=%d", &t, &p, &v, &d) == 4 && zline &&
+                     sscanf(zline, ", ZeRO-%d", &zero) == 1 && strstr(line, "the fastest simulated step of ") && grid &&
                      (sscanf(grid, "ranks: t=%d d=%d p=%d", &gt, &gd, &gp) == 3 || sscanf(grid, "ranks: t=%d cp=%d d=%d p=%d", &gt, &gcp, &gd, &gp) == 4);
-        char what[600];
-        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d cp=%d ZeRO-%d, says why in one line, and trains "
+        const char* c = line ? strstr(line, " cp=") : NULL;
+        if (c && c < zline) cp = atoi(c + 4);
+        const char* why = runs[k].cp > 0 ? "" : runs[k].cp < 0 ? "no grid without context parallelism runs within 0.02 GiB per rank"
+                                                               : "cp 1: a grid without context parallelism fits";
+        char what[700];
+        snprintf(what, sizeof(what), "--auto %s on %d ranks: chooses t=%d p=%d v=%d d=%d cp=%d ZeRO-%d, says why in one line%s%s, and trains "
                  "on that grid (the run's grid line: t=%d cp=%d d=%d p=%d)", runs[k].flags, ranks, t, p, v, d, cp,
-                 zero, gt, gcp, gd, gp);
-        int ok = rc == 0 && parsed && t * p * d * cp == ranks && gt == t && gd == d && gp == p && gcp == cp && (!runs[k].cp || cp == runs[k].cp) &&
+                 zero, why[0] ? " (" : "", why[0] ? why : "", gt, gcp, gd, gp);
+        if (why[0]) snprintf(what + strlen(what), sizeof(what) - strlen(what), ")");
+        int ok = rc == 0 && parsed && t * p * d * cp == ranks && gt == t && gd == d && gp == p && gcp == cp &&
+                 (runs[k].cp > 0 ? cp == runs[k].cp : runs[k].cp < 0 ? cp > 1 : cp == 1) && strstr(line, why) &&
                  (!runs[k].tp || t == runs[k].tp) &&
                  (!runs[k].tp || strstr(line, "with the grid flags typed")) && parse_losses(out, losses, 8) == 2;
         expect(ok, what);
         if (!ok) printf("%s\n", out);
+        if (runs[k].cp < 0) {
+            snprintf(what, sizeof(what), "--auto %s on %d ranks: cp=%d's losses equal one rank's (1e-5)", runs[k].flags, ranks, cp);
+            expect(ok && none == 2, what);
+            if (ok && none == 2) expect_close(what, losses, one, 2, 0.0f, 1e-5f);
+        }
     }
     if (LP_BUILD_GPU) return;
     int rc = run_cmd(out, sizeof(out), "mpirun -np 4 --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s --auto --tp 3 -e "
@@ -1590,6 +1612,8 @@ static void test_bad_input(void) {
     BAD("bad input: --offload nvme without a directory", "flag --offload nvme: needs --offload-dir DIR", "--offload nvme");
     BAD("bad input: unknown --offload", "flag --offload: must be none, nvme, optimizer or params, got 'disk'", "--offload disk");
     BAD("bad input: --offload-dir without --offload nvme", "flag --offload-dir: only with --offload nvme", "--offload-dir /tmp");
+    BAD("bad input: --gpu-mem without --auto", "flag --gpu-mem: only with --auto", "--gpu-mem 1");
+    BAD("bad input: negative --gpu-mem", "flag --gpu-mem: must be >= 0 (0: the machine's), got -1", "--auto --gpu-mem -1");
     BAD("bad input: --offload optimizer on the CPU build", "flag --offload optimizer: moves GPU state to host memory", "--offload optimizer");
     BAD("bad input: --offload params on the CPU build", "flag --offload params: moves GPU state to host memory", "--offload params");
     BAD("bad input: negative --loss-spike", "flag --loss-spike: must be >= 0 (0: off), got -1", "--loss-spike -1");

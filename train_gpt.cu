@@ -61,6 +61,7 @@ typedef struct {
     LPParallel par;
     LPOuterSGD outer;        // --outer-lr, --outer-momentum: DiLoCo's outer step
     int auto_grid;           // --auto: the planner chooses the grid (lp_auto_grid)
+    float gpu_mem;           // --gpu-mem: with --auto, a rank's memory in GiB (0: the machine's)
     int print_schedule;      // --print-schedule: draw the pipeline timeline and exit
     int print_flags;         // --print-flags: print every flag's value and exit
     const char* aux_layers;  // --aux-loss-layers: layers whose outputs also get the head and a loss
@@ -344,8 +345,11 @@ static const LPFlagSpec lp_flag_specs[] = {
      "choose the grid with the cluster planner (dev/plan): t, p, v, SP, ZeRO stage, recomputation, offload and -b for "
      "this run's ranks, the fastest simulated step that fits a rank's memory, on this machine (the CUDA build: the "
      "GPU's preset by its name, with its memory; the CPU build: its matmul and copy rates, measured at the start by "
-     "every rank at once, and the host's memory shared by its ranks). A grid flag typed is kept and the search "
-     "respects it; the choice is printed with its reason in one line"},
+     "every rank at once, and the host's memory shared by its ranks); context parallelism only where no grid without "
+     "it fits. A grid flag typed is kept and the search respects it; the choice is printed with its reason in one line"},
+    {"--gpu-mem", NULL, LP_FLAG_FLOAT, LP_FIELD(gpu_mem), "0", "0", "GiB", NULL, NULL,
+     "with --auto: the memory a rank has, as plan_gpt's --gpu-mem; plans fill 90% of it (0: the GPU's; on the CPU "
+     "build the host's shared by its ranks)"},
     {"--print-schedule", NULL, LP_FLAG_SWITCH, LP_FIELD(print_schedule), NULL, NULL, NULL, NULL, NULL,
      "draw the timeline of --pp, --vpp, --schedule and the micro-batches per step (-d / (-b*-t*d)) from the "
      "simulator, with unit costs, and exit"},
@@ -634,6 +638,8 @@ static void lp_check_flags(LPFlags* f) {
     const LPParallel* par = &f->par;
     if (par->zero < 0 || par->zero > 3) lp_fail_all("flag %s: stage must be 0..3, got %d", LP_FLAG_NAME(par.zero), par->zero);
     if (f->trace_steps[0] && !f->trace[0]) lp_fail_all("flag %s: only with %s FILE", LP_FLAG_NAME(trace_steps), LP_FLAG_NAME(trace));
+    if (!(f->gpu_mem >= 0.0f)) lp_fail_all("flag %s: must be >= 0 (0: the machine's), got %g", LP_FLAG_NAME(gpu_mem), f->gpu_mem);
+    if (f->gpu_mem > 0.0f && !f->auto_grid) lp_fail_all("flag %s: only with %s", LP_FLAG_NAME(gpu_mem), LP_FLAG_NAME(auto_grid));
     if (f->trace[0]) {
         int from, to;
         lp_trace_window(f, &from, &to);  // (its errors before the set-up)
@@ -2194,8 +2200,9 @@ static double lp_setup_timeout_s(int argc, char** argv) {
 // unknown one planned with an H100's speeds) and its memory; the CPU build's planner preset "cpu" with this
 // machine's rates, measured now by every rank at once so they share the cores as the run will (a matmul's
 // FLOP/s, a copy's bytes read and written per second, each the best of 3, averaged over the ranks), and the
-// host's memory shared by its ranks. ranks_here: the ranks on this rank's host (a node of the plan).
-static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, char* about, size_t size) {
+// host's memory shared by its ranks; gpu_mem GiB instead where not 0 (--gpu-mem). ranks_here: the ranks on this
+// rank's host (a node of the plan).
+static LPPlanMachine lp_auto_machine(const LPProcess* proc, float gpu_mem, int* ranks_here, char* about, size_t size) {
     char host[64] = "", *hosts = (char*)lp_host_malloc((size_t)proc->world * sizeof(host), "host names");
     gethostname(host, sizeof(host) - 1);
     lp_world_all_gather(proc, host, sizeof(host), hosts);
@@ -2247,6 +2254,10 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
     snprintf(about, size, "%.128s, planned as %s%s with %.3g GiB", prop.name, gpu, k < n ? "" : " (not among the planner's GPUs)",
              prop.totalGlobalMem / 1073741824.0);
 #endif
+    if (gpu_mem > 0.0f) {
+        m.gpu_bytes = 0.9 * gpu_mem * 1073741824.0;
+        snprintf(about + strlen(about), size - strlen(about), ", planned with %.3g GiB per rank (--gpu-mem)", (double)gpu_mem);
+    }
     m.gpus_per_node = *ranks_here;
     return m;
 }
@@ -2254,9 +2265,11 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
 // --auto: the planner chooses how this run's ranks split the work: every t x p x cp x d grid with its interleaving,
 // SP, scatter-gather, ZeRO stage, recomputation, offload and micro-batch -b that fits a rank's memory on this
 // machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
-// files; neither offloads to files without --offload-dir; cp stays 1 unless typed: the CUDA build has no ring yet,
-// and the CPU build's ring attention runs scalar loops, which the planner prices at BLAS's rate: at d4, T 512 on 4
-// ranks cp 2 and 4 measured 2.0-2.3x cp 1's step, planned 1.01x). A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
+// files; neither offloads to files without --offload-dir). Context parallelism only where no grid without it runs
+// within a rank's memory (then the fastest with it): the planner prices the ring close to cp 1's step, which the
+// engines do not reach (the CPU build at d4, T 512 on 4 ranks: cp 2 and 4 measured 2.0-2.3x cp 1's step, planned
+// 1.01x), while cp is the one axis that splits a sequence's activations without TP's limits (heads, vocabulary).
+// A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
 // --sp, --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
 // it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
 // what was chosen and why.
@@ -2266,7 +2279,7 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     if (f->T > cfg.max_seq_len) lp_fail_all("flag -t: sequence length %d exceeds the model's maximum %d", f->T, cfg.max_seq_len);
     int ranks_here;
     char about[256], why[256];
-    LPPlanMachine mach = lp_auto_machine(proc, &ranks_here, about, sizeof(about));
+    LPPlanMachine mach = lp_auto_machine(proc, f->gpu_mem, &ranks_here, about, sizeof(about));
     LPPlanModel model = lp_plan_model_of(&cfg);
     long long tokens = f->total_batch ? f->total_batch : (long long)f->B * f->T * proc->world;
     struct { size_t field; unsigned bit; } kept[] = {
@@ -2279,14 +2292,19 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     unsigned typed = limits.fixed;
     if ((f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_ZERO)) limits.fixed |= LP_FIX_ZERO, limits.par.zero = 0;
     if (!LP_BUILD_GPU && !(limits.fixed & LP_FIX_OFFLOAD)) limits.fixed |= LP_FIX_OFFLOAD, limits.par.offload = LP_OFFLOAD_NONE;
-    if (!(limits.fixed & LP_FIX_CP)) limits.fixed |= LP_FIX_CP, limits.par.cp = 1;  // (cp only where typed: see above)
-    LPPlan* plans;  // (the fastest 16 simulated: the first that runs here, and the next for the reason)
-    int count = lp_plan(&model, f->T, tokens, proc->world, f->attention, &mach, &limits, 16, &plans), best = -1, next = -1;
-    for (int k = 0; k < count && next < 0; k++) {
-        int off = plans[k].par.offload, runs = plans[k].fits && plans[k].simulated &&
-            (off == LP_OFFLOAD_NONE || (off == LP_OFFLOAD_NVME ? f->par.offload_dir[0] != '\0' : LP_BUILD_GPU));
-        if (runs && best < 0) best = k;
-        else if (runs) next = k;
+    int cp_free = !(limits.fixed & LP_FIX_CP), cp_needed = 0;  // (cp 1 first; every cp only where none of those runs: see above)
+    if (cp_free) limits.fixed |= LP_FIX_CP, limits.par.cp = 1;
+    LPPlan* plans = NULL;  // (the fastest 16 simulated: the first that runs here, and the next for the reason)
+    int count = 0, best = -1, next = -1;
+    for (int pass = 0; pass <= cp_free && best < 0; pass++) {
+        if (pass == 1) free(plans), limits.fixed &= ~LP_FIX_CP, cp_needed = 1;
+        count = lp_plan(&model, f->T, tokens, proc->world, f->attention, &mach, &limits, 16, &plans);
+        for (int k = 0; k < count && next < 0; k++) {
+            int off = plans[k].par.offload, runs = plans[k].fits && plans[k].simulated &&
+                (off == LP_OFFLOAD_NONE || (off == LP_OFFLOAD_NVME ? f->par.offload_dir[0] != '\0' : LP_BUILD_GPU));
+            if (runs && best < 0) best = k;
+            else if (runs) next = k;
+        }
     }
     if (best < 0) {
         free(plans);
@@ -2309,14 +2327,20 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
         snprintf(why, sizeof(why), "; the next, t=%d p=%d v=%d d=%d cp=%d ZeRO-%d %s B=%d: %.4g ms", plans[next].par.tp, plans[next].par.pp,
                  plans[next].par.vpp, plans[next].par.dp, plans[next].par.cp, plans[next].par.zero,
                  lp_recompute_names[plans[next].par.recompute], plans[next].B, plans[next].step_s * 1e3);
+    char cp_why[128] = "";
+    if (cp_needed)
+        snprintf(cp_why, sizeof(cp_why), "; cp=%d: no grid without context parallelism runs within %.3g GiB per rank", p->cp,
+                 mach.gpu_bytes / 0.9 / 1073741824.0);
+    else if (cp_free)
+        snprintf(cp_why, sizeof(cp_why), "; cp 1: a grid without context parallelism fits (cp only where none does)");
     char ep[32] = "";
     if (p->cp > 1) snprintf(ep, sizeof(ep), " cp=%d", p->cp);
     if (p->ep > 1) snprintf(ep + strlen(ep), sizeof(ep) - strlen(ep), " ep=%d", p->ep);
     lp_log("auto: t=%d p=%d v=%d d=%d%s%s, ZeRO-%d, recompute %s, offload %s, -b %d (m=%d): the fastest simulated step of %d "
-           "configurations of %d ranks%s, %.4g ms, %.3g GiB on the fullest rank of %.3g%s; on %s\n", p->tp, p->pp, p->vpp, x->par.dp,
+           "configurations of %d ranks%s, %.4g ms, %.3g GiB on the fullest rank of %.3g%s%s; on %s\n", p->tp, p->pp, p->vpp, x->par.dp,
            p->sp ? " SP" : "", ep, p->zero, lp_recompute_names[p->recompute], lp_offload_names[p->offload], f->B, x->par.micro_batches,
            count, proc->world, typed ? " with the grid flags typed" : "", x->step_s * 1e3, x->memory / 1073741824.0,
-           mach.gpu_bytes / 0.9 / 1073741824.0, why, about);
+           mach.gpu_bytes / 0.9 / 1073741824.0, why, cp_why, about);
     free(plans);
 }
 
