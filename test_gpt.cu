@@ -7391,7 +7391,9 @@ static void tier4_kernel_tests(void) {
 // each) meet every rank's K/V block in the ring's order (the first holding the rows' own positions; the others
 // wholly before some rows, wholly after others, across the rest), then block_end; the backward runs step by
 // step as the ring does, each block's dk and dv adding up over the ranks. The K/V copy exactly; the outputs and
-// gradients to the attention kernels' tolerances (2e-2 and 3e-2 of the largest), the logsumexp to 1e-5.
+// gradients to the attention kernels' tolerances (2e-2 and 3e-2 of the largest), the logsumexp to 1e-5. With
+// more rows than a tile, a rank's blocks reach the flash kernels' every case: tiles its rows see whole, in part
+// or not at all, key tiles no query sees.
 static void tier4_ring_attention(uint64_t* rng, int cp, int B, int T, int C, int NH, int KV) {
     enum { MAXCP = 4 };
     char name[192], shape[96];
@@ -7496,6 +7498,8 @@ static void tier4_attention_kernels(void) {
     tier4_ring_attention(&rng, 2, 2, 32, 32, 2, 2);   // HS=16
     tier4_ring_attention(&rng, 4, 1, 64, 100, 4, 2);  // HS=25 (lanes part-filled), grouped-query attention
     tier4_ring_attention(&rng, 2, 1, 16, 256, 2, 1);  // HS=128, the largest head; multi-query
+    tier4_ring_attention(&rng, 2, 1, 360, 64, 4, 2);  // chunks of 90 rows: 3 tiles a rank, chunk edges inside tiles and warps; GQA
+    tier4_ring_attention(&rng, 4, 1, 512, 64, 1, 1);  // HS=64, chunks of 64: whole tiles seen, none, or a diagonal
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
 #endif
