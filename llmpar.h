@@ -5131,8 +5131,7 @@ static __device__ inline void lp_frag_cols(uint32_t b[2][2], lp_smem at) {
 static __device__ inline void lp_frag_a(uint32_t a[4], lp_smem at) { lp_ldmatrix(a, at, 0); }
 
 // ROWS rows t0.. of a (T,stride) matrix's channels 0 .. HS - 1 (src: its row 0, first channel) into a
-// tile, zero past T and HS; or back (lp_flash_store, rows past T and channels past HS left alone; with `add`,
-// onto the values there). In
+// tile, zero past T and HS; or back (lp_flash_store, rows past T and channels past HS left alone). In
 // 16-byte pieces, by threads first, first + STEP, ... of the block or the warp. Where the rows allow (HS and
 // the stride multiples of 8, src 16-byte aligned) each piece is a cp.async, zero-filled past T and HS, in
 // flight until the thread's lp_cp_async_wait covers it (the caller commits the group); else the thread
@@ -5157,7 +5156,7 @@ static __device__ inline void lp_flash_load(floatX* tile, const floatX* src, int
 }
 template <int HP>
 static __device__ inline void lp_flash_store(floatX* dst, int stride, const floatX* tile, int t0, int T, int HS, int rows, int first,
-                                             int step, int add) {
+                                             int step) {
     int vec = HS % 8 == 0 && stride % 8 == 0 && ((uintptr_t)dst & 15) == 0;
     for (int i = first; i < rows * HP / 8; i += step) {
         int r = i / (HP / 8), d = i % (HP / 8) * 8, t = t0 + r;
@@ -5165,9 +5164,6 @@ static __device__ inline void lp_flash_store(floatX* dst, int stride, const floa
         floatX* s = dst + (size_t)t * stride + d;
         LPPack q;
         q.bits = *(const uint4*)(tile + r * (HP + 8) + d);
-        if (add)
-#pragma unroll
-            for (int k = 0; k < 8; k++) q.x[k] = d + k < HS ? lp_xf(lp_bf(q.x[k]) + lp_bf(s[k])) : q.x[k];
         if (vec) {
             *(uint4*)s = q.bits;
         } else {
@@ -5187,6 +5183,19 @@ static __device__ inline void lp_flash_put(floatX* tile, int ld, const float acc
         *(uint32_t*)(p + 8 * n) = lp_pack2f(acc[n][0] * f0, acc[n][1] * f0);
         *(uint32_t*)(p + 8 * ld + 8 * n) = lp_pack2f(acc[n][2] * f8, acc[n][3] * f8);
     }
+}
+// The other way: a (16,8N) block of a bf16 matrix at pitch ld added onto a warp's fp32 accumulators, rows g
+// scaled by f0 and g + 8 by f8; its rows from `rows` and columns from `cols` on read as zeros.
+template <int N>
+static __device__ inline void lp_flash_get(float acc[N][4], const floatX* src, int ld, int rows, int cols, float f0, float f8) {
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = lane / 4 + 8 * (e / 2), c = 8 * n + 2 * (lane % 4) + e % 2;
+            if (r < rows && c < cols) acc[n][e] += lp_bf(src[(size_t)r * ld + c]) * (e < 2 ? f0 : f8);
+        }
 }
 
 // The warp's two products per tile, for its MT blocks of 16 rows (m-tiles). s (16,8NB) = a b^T per m-tile:
@@ -5306,28 +5315,25 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
 
 // A ring block's rows resumed from the blocks before (lp_flash_attention_forward_kernel): the running max
 // rmax (natural units: m takes it times log2 e), the sum rsum (the quad's first lane holds it, as the lanes'
-// parts are summed at the end) and o = out rsum, the normalised output scaled back, per lane its own columns.
+// parts are summed at the end) and o = out rsum, the normalised output scaled back.
 template <int HP, int MT>
 static __device__ inline void lp_flash_resume(float o[][HP / 8][4], float m[][2], float l[][2], const floatX* out, int C,
                                               const float* rmax, const float* rsum, int r0, int T, int HS) {
     int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++) {
+        int t0 = r0 + 16 * mt;
+        float sum[2] = {};
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            int t = r0 + 16 * mt + lane / 4 + 8 * i;
+            int t = t0 + lane / 4 + 8 * i;
             if (t >= T) continue;
-            float sum = rsum[t];
+            sum[i] = rsum[t];
             m[mt][i] = rmax[t] * LP_LOG2E;
-            l[mt][i] = lane % 4 == 0 ? sum : 0.0f;
-#pragma unroll
-            for (int n = 0; n < HP / 8; n++)
-#pragma unroll
-                for (int e = 2 * i; e < 2 * i + 2; e++) {
-                    int d = 8 * n + 2 * (lane % 4) + e % 2;
-                    o[mt][n][e] = d < HS ? lp_bf(out[(size_t)t * C + d]) * sum : 0.0f;
-                }
+            l[mt][i] = lane % 4 == 0 ? sum[i] : 0.0f;
         }
+        if (t0 < T) lp_flash_get<HP / 8>(o[mt], out + (size_t)t0 * C, C, T - t0, HS, sum[0], sum[1]);
+    }
 }
 
 // Forward: each warp keeps its 16 MT rows of q as A fragments, and per row the running max m, sum l and
@@ -5426,7 +5432,7 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
         lp_flash_put<HP / 8>(ys + 16 * mt * LD, LD, o[mt], 1.0f / l[mt][0], 1.0f / l[mt][1]);
     }
     __syncwarp();
-    lp_flash_store<HP>(out + (size_t)b * T * C + h * HS, C, ys, r0, T, HS, WR, lane, 32, 0);
+    lp_flash_store<HP>(out + (size_t)b * T * C + h * HS, C, ys, r0, T, HS, WR, lane, 32);
     for (int mt = 0; mt < MT; mt++)
         for (int i = 0; i < 2 && lane % 4 == 0; i++) {
             int t = r0 + 16 * mt + lane / 4 + 8 * i;
@@ -5651,12 +5657,16 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
         __syncthreads();  // every warp is done with the tiles; buffer 0 takes dk and dv
         if (c0 >= Tk) continue;
         floatX *dks = smem + 16 * warp * LD, *dvs = dks + R * LD;
+        floatX* dst = (RING ? dkv : dqkv) + kat;  // the K/V head's dk (dv: KV HS further)
+        if (RING) {  // onto the block's gradient so far, in fp32: one rounding a block
+            lp_flash_get<HP / 8>(dk, dst + (size_t)c0 * KW, KW, Tk - c0, HS, 1.0f, 1.0f);
+            lp_flash_get<HP / 8>(dv, dst + (size_t)c0 * KW + KV * HS, KW, Tk - c0, HS, 1.0f, 1.0f);
+        }
         lp_flash_put<HP / 8>(dks, LD, dk, 1.0f, 1.0f);
         lp_flash_put<HP / 8>(dvs, LD, dv, 1.0f, 1.0f);
         __syncwarp();
-        floatX* dst = (RING ? dkv : dqkv) + kat;  // the K/V head's dk (dv: KV HS further)
-        lp_flash_store<HP>(dst, KW, dks, c0, Tk, HS, 16, lane, 32, RING);
-        lp_flash_store<HP>(dst + KV * HS, KW, dvs, c0, Tk, HS, 16, lane, 32, RING);
+        lp_flash_store<HP>(dst, KW, dks, c0, Tk, HS, 16, lane, 32);
+        lp_flash_store<HP>(dst + KV * HS, KW, dvs, c0, Tk, HS, 16, lane, 32);
     }
 }
 // dq = the splits' partials summed in split order (those of the splits that reached the row's query tile:
