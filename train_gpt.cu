@@ -2266,9 +2266,9 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, float gpu_mem, int* 
 // SP, scatter-gather, ZeRO stage, recomputation, offload and micro-batch -b that fits a rank's memory on this
 // machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
 // files; neither offloads to files without --offload-dir). Context parallelism only where no grid without it runs
-// within a rank's memory (then the fastest with it): the planner prices the ring close to cp 1's step, which the
-// engines do not reach (the CPU build at d4, T 512 on 4 ranks: cp 2 and 4 measured 2.0-2.3x cp 1's step, planned
-// 1.01x), while cp is the one axis that splits a sequence's activations without TP's limits (heads, vocabulary).
+// within a rank's memory (then the fastest with it): the planner's price of the ring is not checked against runs
+// (the CPU build at d4, T 512 on 4 ranks, with the ring's former scalar loops: cp 2 and 4 measured 2.0-2.3x cp 1's
+// step, planned 1.01x), while cp is the one axis that splits a sequence's activations where TP cannot (its heads).
 // A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
 // --sp, --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
 // it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
