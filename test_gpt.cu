@@ -489,7 +489,7 @@ static void test_auto(void) {
     static char out[1 << 16];
     if (no_mpirun("--auto")) return;
     write_random_shard(tmp_path("auto_shard.bin"), 20000, 78);
-    // (cp: typed, or -1: none fits without it, so more than 1)
+    // (cp: the --cp typed, kept; 0: cp 1, a grid without it fits; -1: more than 1, none fits without it)
     const struct { int ranks; const char* flags; int tp, cp; } runs[] = {
         {4, "-e dev/ref/tiny_model.bin -t 16 -b 2", 0, 0}, {4, "-e dev/ref/tiny_model.bin -t 16 -b 2 --tp 2", 2, 0},
         {8, "-e dev/ref/tiny_model.bin -t 16 -b 2", 0, 0},
