@@ -5984,6 +5984,41 @@ static void test_plan_floor(void) {
     expect(tried > 300 && below && zero_where_refused && pipelined > 200 && 2 * close >= pipelined, what);
 }
 
+// The planner's pipelines (dev/plan/plan.h): lp_plan_makespan remembers each run by its inputs, and a run found there is
+// the same bits as a fresh one; lp_plan_makespan_floor, which lets a plan skip simulating a configuration that cannot
+// enter its table, is never above the simulated makespan on random 1F1B and interleaved pipelines (random costs per
+// virtual stage, sends, blocking or not), equals it where 1F1B's stages cost alike and nothing is sent ((m + p - 1)
+// (f + b)), and is 0 where stages run faster alone (the CPU engine's shared cores).
+static void test_plan_pipes(void) {
+    uint64_t rng = 53;
+    LPPlanMachine mach = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("llmpar"));
+    LPPlanPipes pipes = {0, 0, NULL};
+    int tried = 0, below = 1, remembered = 1, tight = 1;
+    double worst = 0.0;
+    for (int trial = 0; trial < 400; trial++) {
+        int p = 1 + lp_rand_u32(&rng) % 6, v = p > 1 && lp_rand_u32(&rng) % 2 ? 2 + lp_rand_u32(&rng) % 3 : 1;
+        int m = v > 1 ? p * (1 + lp_rand_u32(&rng) % 4) : 1 + lp_rand_u32(&rng) % 12, uniform = lp_rand_u32(&rng) % 4 == 0, V = p * v;
+        int kind = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+        double cost[2 * 24], link = uniform || lp_rand_u32(&rng) % 2 ? 0.0 : 0.01 * (lp_rand_u32(&rng) % 50);
+        for (int k = 0; k < 2 * V; k++) cost[k] = uniform ? (k < V ? 1.0 : 2.0) : 0.5 + 0.01 * (lp_rand_u32(&rng) % 200);
+        mach.blocking = lp_rand_u32(&rng) % 2;
+        double fresh = lp_plan_makespan(kind, p, v, m, cost, link, &mach, NULL), floor = lp_plan_makespan_floor(p, v, m, cost, link, &mach);
+        double first = lp_plan_makespan(kind, p, v, m, cost, link, &mach, &pipes), again = lp_plan_makespan(kind, p, v, m, cost, link, &mach, &pipes);
+        tried++;
+        remembered &= first == fresh && again == fresh;
+        below &= floor <= fresh * (1.0 + 1e-12);
+        worst = fmax(worst, floor / fresh);
+        if (uniform && v == 1) tight &= fabs(floor - (m + p - 1) * 3.0) < 1e-12 * floor && fabs(fresh - floor) < 1e-12 * floor;
+    }
+    LPPlanMachine cpu = lp_plan_machine(lp_cluster_named("cpu"), NULL, lp_software_named("llmpar"));
+    double unit[4] = {1.0, 1.0, 2.0, 2.0};
+    char what[300];
+    snprintf(what, sizeof(what), "plan: %d random pipelines: a run remembered is the same bits as a fresh one (%d remembered of %d runs), "
+             "the makespan's floor never above it (at most %.6gx), equal for 1F1B of like stages", tried, pipes.count, 2 * tried, worst);
+    expect(remembered && below && tight && pipes.count <= tried && lp_plan_makespan_floor(2, 1, 4, unit, 0.0, &cpu) == 0.0, what);
+    lp_plan_pipes_free(&pipes);
+}
+
 // Context parallelism in the planner (issue 50 item 4): a rank keeps the activations of T/cp rows (the planner's count
 // is the engine's, lp_chunk_memory), the ring's sends are exposed as the engine's loop waits for them (MPI: all of its
 // cp-1 forward and 2cp-1 backward sends of a K/V block; NCCL: the gradients' cp, and a K/V block only where its
@@ -8208,6 +8243,7 @@ int main(int argc, char** argv) {
     RUN(test_plan_software);
     RUN(test_plan_scale);
     RUN(test_plan_floor);
+    RUN(test_plan_pipes);
     RUN(test_plan_cp);
     RUN(test_bad_input);
     RUN(test_output_owned);

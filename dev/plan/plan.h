@@ -8,7 +8,8 @@ after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
              LPPlanModel, lp_plan_model_of, lp_plan_model_is_engine, lp_plan_layer_params, lp_plan_layer_flops,
              lp_plan_flops_per_token, lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle,
-             lp_gemm_seconds, lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, lp_plan_simulate,
+             lp_gemm_seconds, lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, LPPlanPipes, lp_plan_makespan, lp_plan_makespan_floor,
+             lp_plan_simulate,
              LPPlanLimits, lp_published_mfu, lp_plan_outside, lp_plan
 */
 #ifndef LLMPAR_PLAN_H
@@ -872,12 +873,78 @@ static inline int lp_plan_one(const LPPlanModel* model, const LPPipeShape* s, co
     return 0;
 }
 
+// The pipelines one lp_plan has simulated: each row the inputs of a run (schedule, p, v, m, the sends' time, blocking,
+// alone, each virtual stage's forward and backward cost) and its makespan. Configurations that differ only in what their
+// chunks' costs do not hold (ZeRO 0 or 1, offload) run the same pipeline: found here by their inputs compared whole, so
+// the makespan is the same bits as a run's.
+typedef struct {
+    int count, cap;
+    double** rows;  // count rows of 7 + 2 chunks inputs, then the makespan
+} LPPlanPipes;
+
+static inline void lp_plan_pipes_free(LPPlanPipes* pipes) {
+    for (int k = 0; k < pipes->count; k++) free(pipes->rows[k]);
+    free(pipes->rows);
+}
+
+// The makespan of schedule `kind` (p stages, v chunks each, m micro-batches) whose virtual stage k's forward and backward
+// take cost[k] and cost[p v + k], each message between stages `link` (mach: whether a send waits, a stage alone's pace);
+// from *pipes when run before there (NULL: run it).
+static inline double lp_plan_makespan(int kind, int p, int v, int m, const double* cost, double link, const LPPlanMachine* mach,
+                                      LPPlanPipes* pipes) {
+    int V = p * v, width = 7 + 2 * V;
+    double key[7 + 2 * LP_MAX_CHUNKS] = {kind, p, v, m, link, mach->blocking, mach->alone};
+    memcpy(key + 7, cost, 2 * V * sizeof(double));
+    for (int k = 0; pipes && k < pipes->count; k++)
+        if (memcmp(pipes->rows[k], key, width * sizeof(double)) == 0)
+            return pipes->rows[k][width];
+    LPSimulation sim;
+    char why[256];
+    if (lp_schedule_lists(&sim, kind, p, v, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail("internal: plan %s", why);
+    sim.link = link, sim.blocking = mach->blocking, sim.alone = mach->alone;
+    if (lp_schedule_run(&sim, why, sizeof(why))) lp_fail("internal: plan %s", why);
+    double makespan = sim.makespan;
+    lp_simulation_free(&sim);
+    if (pipes) {
+        if (pipes->count == pipes->cap) {
+            pipes->cap = pipes->cap ? 2 * pipes->cap : 64;
+            pipes->rows = (double**)realloc(pipes->rows, pipes->cap * sizeof(double*));
+            if (!pipes->rows) lp_fail("out of host memory for the plans");
+        }
+        double* row = (double*)lp_host_malloc((width + 1) * sizeof(double), "plans");
+        memcpy(row, key, width * sizeof(double));
+        row[width] = makespan;
+        pipes->rows[pipes->count++] = row;
+    }
+    return makespan;
+}
+
+// A floor under the makespan of schedule `kind` (1F1B or interleaved 1F1B; costs, link and mach as lp_plan_makespan's),
+// found without running it: stage s cannot start before the first micro-batch's forward has passed the virtual stages
+// before it, then works its whole list, which ends with the backward of its first chunk (virtual stage s), after which
+// that micro-batch's backward still passes the virtual stages before it. 0 where stages run faster alone (mach->alone > 1:
+// a busy stage's work is no floor).
+static inline double lp_plan_makespan_floor(int p, int v, int m, const double* cost, double link, const LPPlanMachine* mach) {
+    int V = p * v;
+    double floor = 0.0, before = 0.0;  // (before: the forwards and backwards of the virtual stages before stage s, and their sends)
+    if (mach->alone > 1.0) return 0.0;
+    for (int s = 0; s < p; s++) {
+        double work = 0.0;
+        for (int c = 0; c < v; c++) work += m * (cost[c * p + s] + cost[V + c * p + s]);
+        floor = fmax(floor, before + work);
+        before += cost[s] + cost[V + s] + 2.0 * link;
+    }
+    return floor;
+}
+
 // Simulate plan x's pipeline (the schedule's action lists, lp_plan_chunk's costs, messages between stages
 // taking their time): its step, bubble, and the time its messages add (*sends, when not NULL: the same
 // pipeline simulated without them). `partition`: its layers per chunk as lp_plan_one found them (NULL: found again).
-// T: the whole sequence (a rank's share of it with context parallelism: T/cp).
-static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x,
-                                    const int* partition, double* sends) {
+// T: the whole sequence (a rank's share of it with context parallelism: T/cp). pipes: the pipelines run before
+// (lp_plan_makespan; NULL: none). Returns 1; 0 where the step's floor (lp_plan_makespan_floor) is above `above` (x
+// then stays unsimulated: it cannot be faster than that).
+static inline int lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x,
+                                   const int* partition, double* sends, LPPlanPipes* pipes, double above) {
     const LPConfig* c = &model->cfg;
     const LPParallel* par = &x->par;
     LPPipeShape s = {par, x->B, T / par->cp, attention, !mach->gpu.fp32};
@@ -894,23 +961,20 @@ static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attenti
     double split = t > 1 && (par->sp || par->scatter_gather), bytes = N * c->channels * X / (split ? t : 1.0);
     double link = lp_send_seconds(mach, bytes, par->tp * par->cp * par->dp * par->pp);
     if (t > 1 && par->scatter_gather && !par->sp) link += lp_collective_seconds(mach, N * c->channels * X, 0, t, par->tp);
-    LPSimulation sim;
-    for (int pass = 0; pass < (sends ? 2 : 1); pass++) {
-        if (lp_schedule_lists(&sim, par->schedule, par->pp, par->vpp, par->micro_batches, 0.0, 0.0, cost, why, sizeof(why)))
-            lp_fail("internal: plan %s", why);
-        sim.link = pass ? 0.0 : link, sim.blocking = mach->blocking, sim.alone = mach->alone;
-        if (lp_schedule_run(&sim, why, sizeof(why))) lp_fail("internal: plan %s", why);
-        if (pass == 0) {
-            x->bubble_s = sim.makespan - x->busy_s;
-            if (x->bubble_s < 1e-9 * sim.makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
-            x->step_s = sim.makespan * (1.0 + lp_plan_straggle(mach, par->tp * par->cp * par->pp * par->dp)) + x->end_s;
-        } else {
-            *sends = x->step_s - x->end_s - sim.makespan;
-            if (*sends < 1e-9 * sim.makespan) *sends = 0.0;
-        }
-        lp_simulation_free(&sim);
+    double straggle = 1.0 + lp_plan_straggle(mach, par->tp * par->cp * par->pp * par->dp);
+    // (the margin: the simulator's sums of times round otherwise than the floor's)
+    if (lp_plan_makespan_floor(par->pp, par->vpp, par->micro_batches, cost, link, mach) * straggle + x->end_s > above * (1.0 + 1e-6)) return 0;
+    double makespan = lp_plan_makespan(par->schedule, par->pp, par->vpp, par->micro_batches, cost, link, mach, pipes);
+    x->bubble_s = makespan - x->busy_s;
+    if (x->bubble_s < 1e-9 * makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
+    x->step_s = makespan * straggle + x->end_s;
+    if (sends) {
+        makespan = lp_plan_makespan(par->schedule, par->pp, par->vpp, par->micro_batches, cost, 0.0, mach, pipes);
+        *sends = x->step_s - x->end_s - makespan;
+        if (*sends < 1e-9 * makespan) *sends = 0.0;
     }
     x->simulated = 1;
+    return 1;
 }
 
 // What a plan may not choose: the bits of `fixed` name the settings taken from `par` and B. A fixed
@@ -1063,6 +1127,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
     int layers[LP_MAX_CHUNKS];  // (the partition of the configuration estimated last)
     double* best = (double*)lp_host_malloc((size_t)(shown > 0 ? shown : 1) * sizeof(double), "plans");  // ascending
     int have = 0, fitting = 0;
+    LPPlanPipes pipes = {0, 0, NULL};
     for (int k = 0; k < count; k++) {
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
@@ -1075,7 +1140,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
         if (lp_plan_one(model, &s, mach, x, layers)) x->B = 0;  // (it cannot run: dropped below)
         fitting += x->fits;
         if (!x->fits || shown <= 0) continue;
-        lp_plan_simulate(model, T, attention, mach, x, layers, NULL);
+        if (!lp_plan_simulate(model, T, attention, mach, x, layers, NULL, &pipes, have == shown ? best[shown - 1] : INFINITY)) continue;
         if (have < shown) have++;
         else if (x->step_s >= best[shown - 1]) continue;
         int at = have - 1;
@@ -1083,6 +1148,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
         best[at] = x->step_s;
     }
     free(best);
+    lp_plan_pipes_free(&pipes);
     for (int k = 0; k < count && !fitting; k++) {  // (none fits: the least memory is known exactly)
         LPPlan* x = &(*plans)[k];
         LPPipeShape s = {&x->par, x->B, T / x->par.cp, attention, !mach->gpu.fp32};

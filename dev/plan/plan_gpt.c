@@ -382,7 +382,7 @@ static void lp_print_plan(const LPPlanFlags* f) {
     }
     LPPlan best = plans[0];
     double sends;
-    lp_plan_simulate(&model, f->T, f->attention, &mach, &best, NULL, &sends);
+    lp_plan_simulate(&model, f->T, f->attention, &mach, &best, NULL, &sends, NULL, INFINITY);
     double per_gpu = best.flops / best.step_s / n, mfu = model_flops / (best.step_s * peak);
     const LPSoftware* sw = mach.software;
     char outside[64], cp_s[48] = "";
