@@ -5867,6 +5867,30 @@ static void test_plan_software(void) {
     expect(!lp_plan_model_is_gpt(&engine_llama) && lp_plan_model_is_engine(&engine_llama) && !lp_plan_model_is_engine(&llama) &&
                lp_plan_model_params(&engine_llama) == (double)lp_config_num_params(&fam) && fabs(planned_flops - engine_flops) < 1e-12 * engine_flops,
            what);
+    // ... with experts (a mixture of SwiGLU experts, each 3 C F, and a router of E x C a layer; GQA attention): its
+    // parameters and FLOPs the engine's (K of E experts a token), and its experts' GEMMs the MLP's shape split over them:
+    // top-1 of 4 experts of 16,384 rows each take what the dense MLP's 65,536 rows take, and the router's GEMM more
+    LPConfig fam_moe = fam;
+    fam_moe.moe_experts = 4, fam_moe.moe_topk = 2, fam_moe.moe_every = 1;
+    LPPlanModel moe_llama = lp_plan_model_of(&fam_moe);
+    double Cf = fam.channels, hsf = Cf / fam.num_heads, Ff = lp_ffn_hidden(&fam), Vf = fam.padded_vocab_size, Ef = 4, Lf = fam.num_layers;
+    double attention = Cf * (Cf + 2.0 * 2 * hsf) + Cf * Cf, moe_params = Lf * (attention + 2.0 * Cf + Ef * Cf + Ef * 3.0 * Cf * Ff) + 2.0 * Vf * Cf + Cf;
+    double moe_flops = 6.0 * (attention + Ef * Cf + 2 * 3.0 * Cf * Ff) + 12.0 * Cf * 512;
+    LPConfig big;
+    lp_config_from_name(&big, "llama:1,4096,32,8,128256");
+    LPPlanModel big_dense = lp_plan_model_of(&big);
+    big.moe_experts = 4, big.moe_topk = 1, big.moe_every = 1;
+    LPPlanModel big_moe = lp_plan_model_of(&big);
+    LPPipeShape rows = {&one, 8, 8192, LP_ATTENTION_FLASH, 1};
+    LPPlanMachine h100m = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("llmpar"));
+    double dense_f = lp_plan_chunk(&big_dense, &rows, &h100m, 1, 1).fwd, moe_f = lp_plan_chunk(&big_moe, &rows, &h100m, 1, 1).fwd;
+    double router = lp_gemm_seconds(&h100m.gpu, 8.0 * 8192, 4, 4096, 1.0, 0.0);
+    snprintf(what, sizeof(what), "plan: the engine's Llama with 4 experts: %.0f parameters (%.0f by hand), a layer's FLOPs a token %.6g (%.6g); "
+             "a layer's forward with top-1 experts %.6g ms = the dense MLP's %.6g + the router's %.3g", lp_plan_model_params(&moe_llama), moe_params,
+             lp_plan_layer_flops(&moe_llama, 512, LP_RECOMPUTE_NONE, 0), moe_flops, moe_f * 1e3, dense_f * 1e3, router * 1e3);
+    expect(lp_plan_model_is_engine(&moe_llama) && lp_plan_model_params(&moe_llama) == moe_params &&
+               fabs(lp_plan_layer_flops(&moe_llama, 512, LP_RECOMPUTE_NONE, 0) - moe_flops) < 1e-12 * moe_flops &&
+               fabs(moe_f - dense_f - router) < 1e-9 * moe_f, what);
     static char out[1 << 14];
     const char* widths[3][2] = {{"llama3-8b", "(L=32 C=4096 NH=32 KV=8 F=14336 SwiGLU, 8.03 B parameters)"},
                                 {"llama3-70b", "(L=80 C=8192 NH=64 KV=8 F=28672 SwiGLU, 70.55 B parameters)"},
@@ -5879,6 +5903,10 @@ static void test_plan_software(void) {
     int rc = run_cmd(out, sizeof(out), "%s --plan 8 -e llama:2,64,4,2,128 -t 64 -d 4096", PLAN_BIN);
     expect(rc == 0 && strstr(out, "(L=2 C=64 NH=4 KV=2 F=256 SwiGLU,") && strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64"),
            "plan_gpt -e llama:2,64,4,2,128: planned on llmpar, its command train_gpt's -e");
+    rc = run_cmd(out, sizeof(out), "%s --plan 8 -e llama:2,64,4,2,128 --moe-experts 4 -t 64 -d 4096", PLAN_BIN);
+    expect(rc == 0 && strstr(out, "(L=2 C=64 NH=4 KV=2 F=256 SwiGLU, 0.000435 B parameters)") &&
+               strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64 -d 4096 -b 8 --moe-experts 4 --moe-topk 2 --moe-every 1"),
+           "plan_gpt -e llama:2,64,4,2,128 --moe-experts 4: a Llama with experts planned (its 4 experts' parameters counted), its command");
     expect_error_of(PLAN_BIN, "--software llmpar refuses the planner's own block",
                     "flag --software llmpar: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's",
                     "--plan 8 -e 32,4096,32,128256 --kv-heads 8 --ffn 14336 --swiglu -t 8192 -d 65536");

@@ -269,8 +269,9 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
 
 // The model planned: the engine's shape (LPConfig: GPT-2's blocks, a mixture of experts, or the Llama family's), or a
 // modern dense block of the planner's own for Megatron-LM: grouped-query attention (kv_heads key/value heads shared by
-// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. A
-// block not GPT-2's has its weights, FLOPs and GEMMs counted by the planner (lp_plan_layer_params, lp_plan_layer_flops);
+// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. The
+// engine's blocks (GPT-2's, the Llama family's, either with experts) have their weights and FLOPs counted by the engine
+// (lp_param_sizes, lp_layer_flops); the planner's own by its formula (lp_plan_layer_params, lp_plan_layer_flops);
 // the pipeline partition and this engine's memory weigh cfg's layers (the engine's Llama where cfg is one; the
 // planner's own block: GPT-2's layers of the same L, C, NH and V, the same share of a layer against the head).
 typedef struct {
@@ -302,12 +303,12 @@ static inline int lp_plan_dropout(const LPPlanModel* model, const LPPlanMachine*
     return mach->dropout && lp_plan_model_is_gpt(model);
 }
 
-// The weights of an average layer on a TP rank of t: the engine's (lp_param_sizes, biases and LayerNorms too) for its
+// The weights of an average layer on a TP rank of t: the engine's (lp_param_sizes, biases and norms too, every expert) for its
 // blocks; else attention's C (C + 2 kv hs) + C^2, the MLP's (2 or 3) C F, over t, and two RMSNorms' C.
 static inline double lp_plan_layer_params(const LPPlanModel* model, int t) {
     const LPConfig* c = &model->cfg;
     double C = c->channels, hs = C / c->num_heads, layer = 0.0;
-    if (!lp_plan_model_is_gpt(model)) return (C * (C + 2.0 * model->kv_heads * hs) + C * C + (model->swiglu ? 3.0 : 2.0) * C * model->ffn) / t + 2.0 * C;
+    if (!lp_plan_model_is_engine(model)) return (C * (C + 2.0 * model->kv_heads * hs) + C * C + (model->swiglu ? 3.0 : 2.0) * C * model->ffn) / t + 2.0 * C;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, t);
     for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers : 0.0;
@@ -317,7 +318,7 @@ static inline double lp_plan_layer_params(const LPPlanModel* model, int t) {
 // Parameters one rank of chunk k with `layers` layers holds (lp_chunk_params for the engine's blocks; else its layers
 // and, on the first chunk, the embeddings, on the last the final norm and an untied LM head).
 static inline double lp_plan_chunk_params(const LPPlanModel* model, const LPPipeShape* s, int k, int layers, double* experts) {
-    if (lp_plan_model_is_gpt(model)) return lp_chunk_params(&model->cfg, s, k, layers, experts);
+    if (lp_plan_model_is_engine(model)) return lp_chunk_params(&model->cfg, s, k, layers, experts);
     double C = model->cfg.channels, Vl = (double)model->cfg.padded_vocab_size / s->par->tp, last = k == s->par->pp * s->par->vpp - 1;
     return layers * lp_plan_layer_params(model, s->par->tp) + (k == 0 ? Vl * C : 0.0) + (last ? Vl * C + C : 0.0);
 }
@@ -326,7 +327,7 @@ static inline double lp_plan_chunk_params(const LPPlanModel* model, const LPPipe
 // and 12 C T of attention, and what recomputation reruns (full: the whole forward; selective: q k^T, 2 C T).
 static inline double lp_plan_layer_flops(const LPPlanModel* model, int T, int recompute, int whole) {
     const LPConfig* c = &model->cfg;
-    if (lp_plan_model_is_gpt(model)) return lp_layer_flops(c, T, recompute, whole);
+    if (lp_plan_model_is_engine(model)) return lp_layer_flops(c, T, recompute, whole);
     double C = c->channels, weights = (lp_plan_layer_params(model, 1) - 2.0 * C), flops = 6.0 * weights + 12.0 * C * T;
     if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * weights + 4.0 * C * T;
     if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
@@ -335,13 +336,13 @@ static inline double lp_plan_layer_flops(const LPPlanModel* model, int T, int re
 
 // Model FLOPs per token (lp_flops_per_token for the engine's blocks): the layers' and the LM head's 6 V C.
 static inline double lp_plan_flops_per_token(const LPPlanModel* model, int T) {
-    if (lp_plan_model_is_gpt(model)) return lp_flops_per_token(&model->cfg, T);
+    if (lp_plan_model_is_engine(model)) return lp_flops_per_token(&model->cfg, T);
     return model->cfg.num_layers * lp_plan_layer_flops(model, T, LP_RECOMPUTE_NONE, 0) + 6.0 * model->cfg.padded_vocab_size * model->cfg.channels;
 }
 
 // The model's parameters (lp_config_num_params for the engine's blocks).
 static inline double lp_plan_model_params(const LPPlanModel* model) {
-    if (lp_plan_model_is_gpt(model)) return (double)lp_config_num_params(&model->cfg);
+    if (lp_plan_model_is_engine(model)) return (double)lp_config_num_params(&model->cfg);
     return model->cfg.num_layers * lp_plan_layer_params(model, 1) + 2.0 * model->cfg.padded_vocab_size * model->cfg.channels + model->cfg.channels;
 }
 
@@ -535,7 +536,7 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     double Fl = (double)model->ffn / t;  // the MLP's hidden width on a TP rank
     int dropout = lp_plan_dropout(model, mach);
     // an average layer's compute: attention's linear layers (q, and k and v of its kv heads), the MLP's (SwiGLU: two up
-    // projections; a MoE layer's router and its E/ep experts, each taking K N ep / E rows on average)
+    // projections; a MoE layer's router and its E/ep experts, each the MLP's shape, taking K N ep / E rows on average)
     double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0, pf = 0.0, pb = 0.0;
     lp_linear_seconds(g, N, C, Cl + 2.0 * model->kv_heads * hs / t, 1.0, &f, &b);
     lp_linear_seconds(g, N, Cl, C, 1.0, &f, &b);
@@ -544,8 +545,8 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     mf += pf, mb += pb;
     if (moe > 0.0) {
         lp_linear_seconds(g, N, C, E, 1.0, &ef, &eb);
-        lp_linear_seconds(g, K * N * ep / E, C, 4.0 * Cl, E / ep, &ef, &eb);
-        lp_linear_seconds(g, K * N * ep / E, 4.0 * Cl, C, E / ep, &ef, &eb);
+        lp_linear_seconds(g, K * N * ep / E, C, (model->swiglu ? 2.0 : 1.0) * Fl, E / ep, &ef, &eb);  // (an expert: the MLP's shape)
+        lp_linear_seconds(g, K * N * ep / E, Fl, C, E / ep, &ef, &eb);
     }
     f += (1.0 - moe) * mf + moe * ef;
     b += (1.0 - moe) * mb + moe * eb;
@@ -600,7 +601,7 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
         size_t sizes[LP_NUM_PARAMS];
         lp_param_sizes(sizes, c, par->tp);
         double dense = 0.0, experts = 0.0, de = d / ep;
-        if (!lp_plan_model_is_gpt(model)) dense = lp_plan_layer_params(model, par->tp);
+        if (!lp_plan_model_is_engine(model)) dense = lp_plan_layer_params(model, par->tp);
         else
             for (int i = 0; i < LP_NUM_PARAMS; i++)
                 if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
