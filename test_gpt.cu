@@ -6103,19 +6103,31 @@ static void test_plan_cp(void) {
     LPPlan* fixed;
     n = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     int m = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &no_cp, 10, &fixed), same = n > 10 && m > 10;
-    for (int k = 0; k < 10 && same; k++) same &= memcmp(&plans[k].par, &fixed[k].par, sizeof(LPParallel)) == 0 && plans[k].step_s == fixed[k].step_s;
+    for (int k = 0; k < 10 && same; k++) {  // (field by field: LPParallel has padding, which a copy need not keep)
+        const LPParallel *a = &plans[k].par, *b = &fixed[k].par;
+        same &= a->tp == b->tp && a->pp == b->pp && a->vpp == b->vpp && a->cp == b->cp && a->dp == b->dp && a->ep == b->ep && a->sp == b->sp &&
+                a->scatter_gather == b->scatter_gather && a->zero == b->zero && a->recompute == b->recompute && a->offload == b->offload &&
+                a->micro_batches == b->micro_batches && plans[k].B == fixed[k].B && plans[k].step_s == fixed[k].step_s;
+    }
     free(plans);
     free(fixed);
     expect(same, "plan: GPT-2 124M on 8 GPUs: the 10 fastest the same with cp searched and with cp 1 fixed");
-    LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("megatron"));
+    // every software but this engine has no cp (Megatron-LM of those papers, the PTD-P paper's among them, nor
+    // Megatron-DeepSpeed): the search offers it none; this engine's search does
     lp_config_from_name(&c, "12,768,12");
     c.max_seq_len = 8192;
     model = lp_plan_model_of(&c);
-    n = lp_plan(&model, 8192, 65536, 8, LP_ATTENTION_FLASH, &mega, NULL, 0, &plans);
-    int flat = n > 0;
-    for (int k = 0; k < n; k++) flat &= plans[k].par.cp == 1;
-    free(plans);
-    expect(flat, "plan --software megatron: no cp searched (Megatron-LM of those papers has none)");
+    int flat = 1, offered = 0;
+    for (size_t k = 0; k < sizeof(lp_softwares) / sizeof(lp_softwares[0]); k++) {
+        LPPlanMachine on = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, &lp_softwares[k]);
+        n = lp_plan(&model, 8192, 65536, 8, LP_ATTENTION_FLASH, &on, NULL, 0, &plans);
+        int split = 0;
+        for (int j = 0; j < n; j++) split |= plans[j].par.cp > 1;
+        flat &= n > 0 && (lp_softwares[k].cp ? split : !split) && lp_softwares[k].cp == (strcmp(lp_softwares[k].name, "llmpar") == 0);
+        offered += split;
+        free(plans);
+    }
+    expect(flat && offered == 1, "plan: cp searched for --software llmpar alone (megatron, megatron-2021 and deepspeed have none)");
     expect_error_of(PLAN_BIN, "--cp: megatron has none", "flag --software megatron: --cp 2: megatron has no context parallelism",
                     "--plan 8 -e d12 --software megatron --cp 2");
     expect_error_of(PLAN_BIN, "--cp: T in 2 cp chunks", "flag --cp 4: must be >= 1, and the sequence length -t 1020 split into 2*4 = 8 chunks "

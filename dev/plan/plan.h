@@ -117,9 +117,10 @@ static const LPCluster lp_clusters[] = {
 // The software running the step, described: what it can run (the search offers only those grids, and a grid
 // typed that it cannot run is refused), how it runs a step, how it keeps its memory, and how far its
 // predictions have been checked (its calibration: dev/plan/README.md, "How far the plan can be believed").
-//   llmpar     this engine: every setting the planner knows (context parallelism too, but not with expert
-//              parallelism nor RoPE: the engine refuses them together), GPT-2's blocks and the Llama family's (its
-//              CPU build trains them on every axis), sends that do not wait, no dropout, memory as its CUDA build
+//   llmpar     this engine: every setting the planner knows (context parallelism too, with experts and the Llama
+//              family; its ring's attention priced at flash attention's rate, which the CUDA build's ring kernels,
+//              per-row loops, do not reach yet), GPT-2's blocks and the Llama family's (its CPU build trains them on
+//              every axis), sends that do not wait, no dropout, memory as its CUDA build
 //              keeps it (llmpar.h section 11, lp_chunk_memory);
 //   megatron   Megatron-LM as the selective-recomputation paper ran it (arXiv 2205.05198; the PTD-P paper's
 //              runs, arXiv 2104.04473 with commit 6985e58 and examples/sc21, the same but for SP and selective
@@ -147,7 +148,8 @@ static const LPCluster lp_clusters[] = {
 //              full recomputation only (DeepSpeed's activation checkpointing). Memory by the ZeRO
 //              paper's count (Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes a parameter, sharded by
 //              stage) and the selective-recomputation paper's activations.
-// Context parallelism: llmpar's alone (Megatron-LM gained it in Megatron-Core, after the runs these entries describe).
+// Context parallelism: llmpar's alone (Megatron-LM gained it in Megatron-Core, after the runs these entries describe): the
+// search offers cp > 1 only where LPSoftware.cp is set.
 enum { LP_MEMORY_ENGINE, LP_MEMORY_MEGATRON, LP_MEMORY_DEEPSPEED };
 typedef struct {
     const char* name;
