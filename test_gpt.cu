@@ -5924,6 +5924,25 @@ static void test_plan_software(void) {
                     "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --zero 3 --pp 12");
     expect_error_of(PLAN_BIN, "--software deepspeed refuses SP", "flag --software deepspeed: --sp: deepspeed has no sequence parallelism",
                     "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --sp");
+    // experts: this engine's on every axis, Megatron-DeepSpeed's without a pipeline, neither Megatron-LM's
+    LPConfig experts;
+    lp_config_from_name(&experts, "d6");
+    experts.moe_experts = 8, experts.moe_topk = 2, experts.moe_every = 1;
+    LPPlanModel experts_plan = lp_plan_model_of(&experts);
+    int piped[2] = {0, 0}, counts[2];
+    for (int k = 0; k < 2; k++) {
+        LPPlanMachine on = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named(k ? "deepspeed" : "llmpar"));
+        LPPlan* found;
+        counts[k] = lp_plan(&experts_plan, 1024, 65536, 16, LP_ATTENTION_FLASH, &on, NULL, 0, &found);
+        for (int j = 0; j < counts[k]; j++) piped[k] |= found[j].par.pp > 1;
+        free(found);
+    }
+    expect(counts[0] > 0 && counts[1] > 0 && piped[0] && !piped[1], "plan: a mixture of experts on deepspeed searched without a pipeline, on llmpar with");
+    expect_error_of(PLAN_BIN, "--software megatron refuses experts",
+                    "flag --software megatron: -e d6 has experts (--moe-experts), which megatron does not run (--software llmpar or deepspeed)",
+                    "--plan 16 -e d6 --moe-experts 8 --software megatron");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses experts with a pipeline",
+                    "flag --software deepspeed: --pp 2: deepspeed runs experts without a pipeline", "--plan 16 -e d6 --moe-experts 8 --software deepspeed --pp 2");
 }
 
 // Scale (dev/plan/plan.h): an all-reduce across nodes is NCCL's faster of its ring and its tree (tuning.cc's model):

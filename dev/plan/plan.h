@@ -149,7 +149,9 @@ static const LPCluster lp_clusters[] = {
 //              paper's count (Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes a parameter, sharded by
 //              stage) and the selective-recomputation paper's activations.
 // Context parallelism: llmpar's alone (Megatron-LM gained it in Megatron-Core, after the runs these entries describe): the
-// search offers cp > 1 only where LPSoftware.cp is set.
+// search offers cp > 1 only where LPSoftware.cp is set. A mixture of experts: this engine's on every axis; Megatron-DeepSpeed's
+// (DeepSpeed-MoE) without a pipeline (its MoE example: "we don't support PP for MoE", microsoft/Megatron-DeepSpeed issue
+// 151; DeepSpeed PR 5338 added it in 2024); neither Megatron-LM entry has one (Megatron-Core's came later).
 enum { LP_MEMORY_ENGINE, LP_MEMORY_MEGATRON, LP_MEMORY_DEEPSPEED };
 typedef struct {
     const char* name;
@@ -162,6 +164,8 @@ typedef struct {
     unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
     int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel; this engine: as its LPConfig describes them)
     int cp;              // context parallelism (a sequence split over cp ranks, attention a ring)
+    int moe;             // a mixture of experts (expert parallelism over the data-parallel ranks): 0 none, 1 without a
+                         // pipeline, 2 with one
     // how it runs a step
     double gemm;         // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
     double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
@@ -188,17 +192,17 @@ typedef struct {
 // and 1.087x the selective-recomputation paper's (2022), to which megatron's costs are fitted
 #define LP_PACE_2021 (1.0 / 1.095)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 1, 1, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 1, 1, 2, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
-    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_PACE_2021, LP_MEMORY_MEGATRON,
+    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_PACE_2021, LP_MEMORY_MEGATRON,
      0.91, 1.04, "a100", 3072, 2048, "the PTD-P paper's Tables 1 and 2 (16 runs; its 530B and 1T rows set the pace)",
      "Megatron-LM as the PTD-P paper ran it (2021): no SP, selective recomputation or distributed optimizer; megatron's fitted costs "
      "on an A100 paced 1/1.095 (the two papers' steps on the same pipelines)"},
-    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_PACE_2021, LP_MEMORY_DEEPSPEED, 1.29, 1.43, "a100",
+    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 1, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_PACE_2021, LP_MEMORY_DEEPSPEED, 1.29, 1.43, "a100",
      2240, 2048, "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
      "Megatron-DeepSpeed: Megatron-LM's layers of 2021 (megatron-2021's pace) without SP, ZeRO 1-3 (1 with a pipeline), offload, "
      "DeepSpeed's 1F1B pipeline (blocking sends, no interleaving), memory by the ZeRO paper"},
@@ -1086,7 +1090,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
             (fix & LP_FIX_TP && t != want->tp))
             continue;
         for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
-            if (n / t % p || (fix & LP_FIX_PP && p != want->pp)) continue;
+            if (n / t % p || (fix & LP_FIX_PP && p != want->pp) || (c->moe_experts && p > 1 && mach->software->moe < 2)) continue;
             for (int cp = 1; cp <= n / t / p; cp++) {  // (context parallelism: T in 2 cp chunks, where the software has it)
                 if (n / t / p % cp || (cp > 1 && (!mach->software->cp || T % (2 * cp))) || (fix & LP_FIX_CP && cp != want->cp))
                     continue;
