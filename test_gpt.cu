@@ -2187,6 +2187,26 @@ static void test_schedules(void) {
                  : "partition balanced, 124M, p=3: its fullest stage holds less than 6,6,0's (as fast)");
     }
     expect(lp_chunk_slots(&shape, 0) == 3 && lp_chunk_slots(&shape, 2) == 1, "partition: 1F1B keeps p-s micro-batches on stage s");
+    // lp_chunk_slots, counted without the list, is what lp_schedule_slots finds on the stage's list: every schedule, p up
+    // to 6, v up to 4, m up to 24, every chunk
+    int counted = 1, asked = 0;
+    LPAction listed[2 * 24 * 4];
+    for (int kind = LP_SCHEDULE_GPIPE; kind <= LP_SCHEDULE_INTERLEAVED; kind++)
+        for (int p = 1; p <= 6; p++)
+            for (int v = 1; v <= (kind == LP_SCHEDULE_INTERLEAVED ? 4 : 1); v++)
+                for (int m = 1; m <= 24; m++) {
+                    if (kind == LP_SCHEDULE_INTERLEAVED && m % p) continue;
+                    LPParallel q = lp_parallel_one;
+                    q.pp = p, q.vpp = v, q.micro_batches = m, q.schedule = kind;
+                    LPPipeShape qs = {&q, 1, 16, LP_ATTENTION_FLASH, 0};
+                    for (int k = 0; k < p * v; k++, asked++) {
+                        lp_schedule_stage(kind, p, v, m, k % p, listed);
+                        counted &= lp_chunk_slots(&qs, k) == lp_schedule_slots(listed, 2 * m * v, k / p);
+                    }
+                }
+    char slots_what[160];
+    snprintf(slots_what, sizeof(slots_what), "schedules: lp_chunk_slots is lp_schedule_slots on the stage's list (%d chunks of GPipe, 1F1B, interleaved)", asked);
+    expect(counted, slots_what);
     x.schedule = LP_SCHEDULE_GPIPE;  // every stage keeps all 8: stage 0 holds wte and wpe, so still a layer fewer
     x.partition = "balanced";
     err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
