@@ -900,7 +900,7 @@ static inline void lp_plan_pipes_free(LPPlanPipes* pipes) {
 static inline double lp_plan_makespan(int kind, int p, int v, int m, const double* cost, double link, const LPPlanMachine* mach,
                                       LPPlanPipes* pipes) {
     int V = p * v, width = 7 + 2 * V;
-    double key[7 + 2 * LP_MAX_CHUNKS] = {kind, p, v, m, link, mach->blocking, mach->alone};
+    double key[7 + 2 * LP_MAX_CHUNKS] = {(double)kind, (double)p, (double)v, (double)m, link, (double)mach->blocking, mach->alone};
     memcpy(key + 7, cost, 2 * V * sizeof(double));
     for (int k = 0; pipes && k < pipes->count; k++)
         if (memcmp(pipes->rows[k], key, width * sizeof(double)) == 0)
