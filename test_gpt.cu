@@ -5925,8 +5925,10 @@ static void test_plan_software(void) {
            "plan_gpt -e llama:2,64,4,2,128: planned on llmpar, its command train_gpt's -e");
     rc = run_cmd(out, sizeof(out), "%s --plan 8 -e llama:2,64,4,2,128 --moe-experts 4 -t 64 -d 4096", PLAN_BIN);
     expect(rc == 0 && strstr(out, "(L=2 C=64 NH=4 KV=2 F=256 SwiGLU, 0.000435 B parameters)") &&
-               strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64 -d 4096 -b 8 --moe-experts 4 --moe-topk 2 --moe-every 1"),
-           "plan_gpt -e llama:2,64,4,2,128 --moe-experts 4: a Llama with experts planned (its 4 experts' parameters counted), its command");
+               strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64 -d 4096 -b 8 --moe-experts 4 --moe-topk 2 --moe-every 1") &&
+               strstr(out, "outside its calibration: gpus,shape,experts ("),
+           "plan_gpt -e llama:2,64,4,2,128 --moe-experts 4: a Llama with experts planned (its 4 experts' parameters counted), its command, "
+           "marked outside every calibration (experts)");
     expect_error_of(PLAN_BIN, "--software llmpar refuses the planner's own block",
                     "flag --software llmpar: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's",
                     "--plan 8 -e 32,4096,32,128256 --kv-heads 8 --ffn 14336 --swiglu -t 8192 -d 65536");

@@ -1031,22 +1031,23 @@ static const struct { const char* gpu; double mfu; } lp_published_mfu[] = {{"a10
 // ranks (the PTD-P paper's ZeRO-3 runs at 1,536 and 2,240 GPUs came 1.3-1.5x slower than this model prices them);
 // mfu: above the best published for that GPU (lp_published_mfu), or none published; shape: not GPT-2's blocks (every
 // calibration ran them; GQA and SwiGLU are counted, not measured); cp: context parallelism (its ring is priced from the
-// engine's algorithm, never timed against a run).
+// engine's algorithm, never timed against a run); experts: a mixture of experts (no calibration ran one).
 static inline int lp_plan_outside(const LPPlanModel* model, const LPPlanMachine* mach, int T, int n, const LPPlan* x, double mfu, char* why,
                                   size_t size) {
     const LPSoftware* sw = mach->software;
     double best = 0.0;
     for (size_t k = 0; k < sizeof(lp_published_mfu) / sizeof(lp_published_mfu[0]); k++)
         if (strcmp(lp_published_mfu[k].gpu, mach->gpu.name) == 0) best = lp_published_mfu[k].mfu;
-    const char* tag[7] = {"gpu", "gpus", "T", "zero3>1k", "mfu", "shape", "cp"};
+    const char* tag[8] = {"gpu", "gpus", "T", "zero3>1k", "mfu", "shape", "cp", "experts"};
     char name[32];
     snprintf(name, sizeof(name), " %s ", mach->gpu.name);
     char calibrated[64];
     snprintf(calibrated, sizeof(calibrated), " %s ", sw->calibrated_gpu);
-    int out[7] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
-                  x->par.zero == 3 && x->par.dp * x->par.cp > 1000, mfu > best, !lp_plan_model_is_gpt(model), x->par.cp > 1}, count = 0;
+    int out[8] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
+                  x->par.zero == 3 && x->par.dp * x->par.cp > 1000, mfu > best, !lp_plan_model_is_gpt(model), x->par.cp > 1,
+                  model->cfg.moe_experts > 0}, count = 0;
     why[0] = '\0';
-    for (int k = 0; k < 7; k++)
+    for (int k = 0; k < 8; k++)
         if (out[k]) snprintf(why + strlen(why), size - strlen(why), "%s%s", count++ ? "," : "", tag[k]);
     return count;
 }
