@@ -2253,9 +2253,9 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, int* ranks_here, cha
 // --auto: the planner chooses how this run's ranks split the work: every t x p x cp x d grid with its interleaving,
 // SP, scatter-gather, ZeRO stage, recomputation, offload and micro-batch -b that fits a rank's memory on this
 // machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
-// files; neither offloads to files without --offload-dir; cp stays 1 unless typed: the CUDA build's ring kernels are
-// per-row loops, which the planner prices at flash attention's rate, and the CPU build's ring attention runs scalar
-// loops, which the planner prices at BLAS's rate: at d4, T 512 on 4 ranks cp 2 and 4 measured 2.0-2.3x cp 1's step,
+// files; neither offloads to files without --offload-dir; cp stays 1 unless typed: the CUDA build's ring (its flash
+// kernels) has not been timed on a GPU, and the CPU build's ring attention ran scalar loops, which the planner
+// prices at BLAS's rate: at d4, T 512 on 4 ranks cp 2 and 4 measured 2.0-2.3x cp 1's step,
 // planned 1.01x). A grid flag typed (--tp, --pp, --vpp, --ep, --cp, --sp, --pp-scatter-gather, --zero, --recompute,
 // --offload, -b) is kept: the search passes only plans that have it. The tokens per step are -d's, or -b * -t * the
 // ranks. Rank 0's choice goes to every rank; one line says what was chosen and why.

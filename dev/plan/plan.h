@@ -118,10 +118,10 @@ static const LPCluster lp_clusters[] = {
 // typed that it cannot run is refused), how it runs a step, how it keeps its memory, and how far its
 // predictions have been checked (its calibration: dev/plan/README.md, "How far the plan can be believed").
 //   llmpar     this engine: every setting the planner knows (context parallelism too, with experts and the Llama
-//              family; its ring's attention priced at flash attention's rate, which the CUDA build's ring kernels,
-//              per-row loops, do not reach yet), GPT-2's blocks and the Llama family's (its CPU build trains them on
-//              every axis), sends that do not wait, no dropout, memory as its CUDA build
-//              keeps it (llmpar.h section 11, lp_chunk_memory);
+//              family; its ring's blocks priced at flash attention's rate, as the CUDA build runs them on its flash
+//              kernels, never timed on a GPU), GPT-2's blocks and the Llama family's (its CPU build trains them on
+//              every axis), sends that do not wait, no dropout, memory as its CUDA build keeps it (llmpar.h
+//              section 11, lp_chunk_memory);
 //   megatron   Megatron-LM as the selective-recomputation paper ran it (arXiv 2205.05198; the PTD-P paper's
 //              runs, arXiv 2104.04473 with commit 6985e58 and examples/sc21, the same but for SP and selective
 //              recomputation, which they did not have): TP with SP, interleaved 1F1B with scatter/gather,
