@@ -1752,6 +1752,11 @@ static inline LPAction lp_schedule_action(int k, int forward, int p, int v) {
 //   interleaved 1f1b (Megatron-LM): the same with v chunks per stage, taken in groups of p micro-batches
 //     (chunk 0 for micro-batches 0..p-1, chunk 1 for them, ..., then the next p); the warm-up is
 //     2(p-s-1) + (v-1)p chunk-forwards, and the bubble shrinks v times. When m = p it is all warm-up.
+// (Stage s's warm-up: the forwards before its first backward, at most all m v of them; gpipe's are all.)
+static inline int lp_schedule_warmup(int kind, int p, int v, int m, int s) {
+    int total = m * v, warmup = kind == LP_SCHEDULE_GPIPE ? total : kind == LP_SCHEDULE_1F1B ? p - s - 1 : m == p ? total : 2 * (p - s - 1) + (v - 1) * p;
+    return warmup < total ? warmup : total;
+}
 int lp_schedule_stage(int kind, int p, int v, int m, int s, LPAction* out) {
     int n = 0, total = m * v;
     if (kind == LP_SCHEDULE_GPIPE) {
@@ -1759,8 +1764,7 @@ int lp_schedule_stage(int kind, int p, int v, int m, int s, LPAction* out) {
         for (int i = 0; i < m; i++) { out[n].forward = 0; out[n].micro = i; out[n++].chunk = 0; }
         return n;
     }
-    int warmup = kind == LP_SCHEDULE_1F1B ? p - s - 1 : (m == p ? total : 2 * (p - s - 1) + (v - 1) * p);
-    if (warmup > total) warmup = total;
+    int warmup = lp_schedule_warmup(kind, p, v, m, s);
     for (int k = 0; k < warmup; k++) out[n++] = lp_schedule_action(k, 1, p, v);
     for (int k = 0; k < total - warmup; k++) {
         out[n++] = lp_schedule_action(k + warmup, 1, p, v);
@@ -9618,13 +9622,23 @@ double lp_chunk_flops(const LPConfig* c, const LPPipeShape* s, int k, int layers
     return layers * lp_layer_flops(c, s->T, s->par->recompute, 0) + head;
 }
 
-// The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule.
+// The most micro-batches whose activations chunk k (virtual stage k) keeps at once under the shape's schedule: what
+// lp_schedule_slots counts on its stage's list, counted without the list (the planner asks it of every chunk of
+// thousands of configurations). The list's i-th forward and j-th backward are of chunk c of the stage where i % (p v) / p
+// is c, and (j % (p v)) / p is v - 1 - c (lp_schedule_action); right after its i-th forward the stage has run its
+// backwards before the (i - w)-th (w: its warm-up; after it a forward and a backward alternate).
+static inline int lp_schedule_count(int n, int p, int v, int c) {  // (how many of the indices 0..n-1 are chunk c's)
+    return n / (p * v) * p + (n % (p * v) > c * p ? (n % (p * v) - c * p < p ? n % (p * v) - c * p : p) : 0);
+}
 int lp_chunk_slots(const LPPipeShape* s, int k) {
-    LPAction* actions = (LPAction*)lp_host_malloc((size_t)2 * s->par->micro_batches * s->par->vpp * sizeof(LPAction), "schedule");
-    lp_schedule_stage(s->par->schedule, s->par->pp, s->par->vpp, s->par->micro_batches, k % s->par->pp, actions);
-    int slots = lp_schedule_slots(actions, 2 * s->par->micro_batches * s->par->vpp, k / s->par->pp);
-    free(actions);
-    return slots;
+    int p = s->par->pp, v = s->par->vpp, m = s->par->micro_batches, c = k / p, most = 1;
+    int warmup = lp_schedule_warmup(s->par->schedule, p, v, m, k % p);
+    for (int i = 0; i < m * v; i++) {
+        if (i % (p * v) / p != c) continue;
+        int held = lp_schedule_count(i + 1, p, v, c) - lp_schedule_count(i > warmup ? i - warmup : 0, p, v, v - 1 - c);
+        if (held > most) most = held;
+    }
+    return most;
 }
 
 // Parameters one rank of chunk k with `layers` layers holds (its TP slice, whose tensors' sizes are `sizes`:

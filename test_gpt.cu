@@ -2221,6 +2221,26 @@ static void test_schedules(void) {
                  : "partition balanced, 124M, p=3: its fullest stage holds less than 6,6,0's (as fast)");
     }
     expect(lp_chunk_slots(&shape, 0) == 3 && lp_chunk_slots(&shape, 2) == 1, "partition: 1F1B keeps p-s micro-batches on stage s");
+    // lp_chunk_slots, counted without the list, is what lp_schedule_slots finds on the stage's list: every schedule, p up
+    // to 6, v up to 4, m up to 24, every chunk
+    int counted = 1, asked = 0;
+    LPAction listed[2 * 24 * 4];
+    for (int kind = LP_SCHEDULE_GPIPE; kind <= LP_SCHEDULE_INTERLEAVED; kind++)
+        for (int p = 1; p <= 6; p++)
+            for (int v = 1; v <= (kind == LP_SCHEDULE_INTERLEAVED ? 4 : 1); v++)
+                for (int m = 1; m <= 24; m++) {
+                    if (kind == LP_SCHEDULE_INTERLEAVED && m % p) continue;
+                    LPParallel q = lp_parallel_one;
+                    q.pp = p, q.vpp = v, q.micro_batches = m, q.schedule = kind;
+                    LPPipeShape qs = {&q, 1, 16, LP_ATTENTION_FLASH, 0};
+                    for (int k = 0; k < p * v; k++, asked++) {
+                        lp_schedule_stage(kind, p, v, m, k % p, listed);
+                        counted &= lp_chunk_slots(&qs, k) == lp_schedule_slots(listed, 2 * m * v, k / p);
+                    }
+                }
+    char slots_what[160];
+    snprintf(slots_what, sizeof(slots_what), "schedules: lp_chunk_slots is lp_schedule_slots on the stage's list (%d chunks of GPipe, 1F1B, interleaved)", asked);
+    expect(counted, slots_what);
     x.schedule = LP_SCHEDULE_GPIPE;  // every stage keeps all 8: stage 0 holds wte and wpe, so still a layer fewer
     x.partition = "balanced";
     err = lp_pp_partition(&g, &shape, layers, why, sizeof(why));
@@ -5909,6 +5929,30 @@ static void test_plan_software(void) {
     expect(!lp_plan_model_is_gpt(&engine_llama) && lp_plan_model_is_engine(&engine_llama) && !lp_plan_model_is_engine(&llama) &&
                lp_plan_model_params(&engine_llama) == (double)lp_config_num_params(&fam) && fabs(planned_flops - engine_flops) < 1e-12 * engine_flops,
            what);
+    // ... with experts (a mixture of SwiGLU experts, each 3 C F, and a router of E x C a layer; GQA attention): its
+    // parameters and FLOPs the engine's (K of E experts a token), and its experts' GEMMs the MLP's shape split over them:
+    // top-1 of 4 experts of 16,384 rows each take what the dense MLP's 65,536 rows take, and the router's GEMM more
+    LPConfig fam_moe = fam;
+    fam_moe.moe_experts = 4, fam_moe.moe_topk = 2, fam_moe.moe_every = 1;
+    LPPlanModel moe_llama = lp_plan_model_of(&fam_moe);
+    double Cf = fam.channels, hsf = Cf / fam.num_heads, Ff = lp_ffn_hidden(&fam), Vf = fam.padded_vocab_size, Ef = 4, Lf = fam.num_layers;
+    double attention = Cf * (Cf + 2.0 * 2 * hsf) + Cf * Cf, moe_params = Lf * (attention + 2.0 * Cf + Ef * Cf + Ef * 3.0 * Cf * Ff) + 2.0 * Vf * Cf + Cf;
+    double moe_flops = 6.0 * (attention + Ef * Cf + 2 * 3.0 * Cf * Ff) + 12.0 * Cf * 512;
+    LPConfig big;
+    lp_config_from_name(&big, "llama:1,4096,32,8,128256");
+    LPPlanModel big_dense = lp_plan_model_of(&big);
+    big.moe_experts = 4, big.moe_topk = 1, big.moe_every = 1;
+    LPPlanModel big_moe = lp_plan_model_of(&big);
+    LPPipeShape rows = {&one, 8, 8192, LP_ATTENTION_FLASH, 1};
+    LPPlanMachine h100m = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("llmpar"));
+    double dense_f = lp_plan_chunk(&big_dense, &rows, &h100m, 1, 1).fwd, moe_f = lp_plan_chunk(&big_moe, &rows, &h100m, 1, 1).fwd;
+    double router = lp_gemm_seconds(&h100m.gpu, 8.0 * 8192, 4, 4096, 1.0, 0.0);
+    snprintf(what, sizeof(what), "plan: the engine's Llama with 4 experts: %.0f parameters (%.0f by hand), a layer's FLOPs a token %.6g (%.6g); "
+             "a layer's forward with top-1 experts %.6g ms = the dense MLP's %.6g + the router's %.3g", lp_plan_model_params(&moe_llama), moe_params,
+             lp_plan_layer_flops(&moe_llama, 512, LP_RECOMPUTE_NONE, 0), moe_flops, moe_f * 1e3, dense_f * 1e3, router * 1e3);
+    expect(lp_plan_model_is_engine(&moe_llama) && lp_plan_model_params(&moe_llama) == moe_params &&
+               fabs(lp_plan_layer_flops(&moe_llama, 512, LP_RECOMPUTE_NONE, 0) - moe_flops) < 1e-12 * moe_flops &&
+               fabs(moe_f - dense_f - router) < 1e-9 * moe_f, what);
     static char out[1 << 14];
     const char* widths[3][2] = {{"llama3-8b", "(L=32 C=4096 NH=32 KV=8 F=14336 SwiGLU, 8.03 B parameters)"},
                                 {"llama3-70b", "(L=80 C=8192 NH=64 KV=8 F=28672 SwiGLU, 70.55 B parameters)"},
@@ -5921,6 +5965,12 @@ static void test_plan_software(void) {
     int rc = run_cmd(out, sizeof(out), "%s --plan 8 -e llama:2,64,4,2,128 -t 64 -d 4096", PLAN_BIN);
     expect(rc == 0 && strstr(out, "(L=2 C=64 NH=4 KV=2 F=256 SwiGLU,") && strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64"),
            "plan_gpt -e llama:2,64,4,2,128: planned on llmpar, its command train_gpt's -e");
+    rc = run_cmd(out, sizeof(out), "%s --plan 8 -e llama:2,64,4,2,128 --moe-experts 4 -t 64 -d 4096", PLAN_BIN);
+    expect(rc == 0 && strstr(out, "(L=2 C=64 NH=4 KV=2 F=256 SwiGLU, 0.000435 B parameters)") &&
+               strstr(out, "mpirun -np 8 ./train_gpt -e llama:2,64,4,2,128 -t 64 -d 4096 -b 8 --moe-experts 4 --moe-topk 2 --moe-every 1") &&
+               strstr(out, "outside its calibration: gpus,shape,experts ("),
+           "plan_gpt -e llama:2,64,4,2,128 --moe-experts 4: a Llama with experts planned (its 4 experts' parameters counted), its command, "
+           "marked outside every calibration (experts)");
     expect_error_of(PLAN_BIN, "--software llmpar refuses the planner's own block",
                     "flag --software llmpar: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's",
                     "--plan 8 -e 32,4096,32,128256 --kv-heads 8 --ffn 14336 --swiglu -t 8192 -d 65536");
@@ -5938,6 +5988,25 @@ static void test_plan_software(void) {
                     "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --zero 3 --pp 12");
     expect_error_of(PLAN_BIN, "--software deepspeed refuses SP", "flag --software deepspeed: --sp: deepspeed has no sequence parallelism",
                     "--plan 96 --cluster dgx-a100 --software deepspeed -e 96,12288,96,51200 -t 2048 -d 196608 --sp");
+    // experts: this engine's on every axis, Megatron-DeepSpeed's without a pipeline, neither Megatron-LM's
+    LPConfig experts;
+    lp_config_from_name(&experts, "d6");
+    experts.moe_experts = 8, experts.moe_topk = 2, experts.moe_every = 1;
+    LPPlanModel experts_plan = lp_plan_model_of(&experts);
+    int piped[2] = {0, 0}, counts[2];
+    for (int k = 0; k < 2; k++) {
+        LPPlanMachine on = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named(k ? "deepspeed" : "llmpar"));
+        LPPlan* found;
+        counts[k] = lp_plan(&experts_plan, 1024, 65536, 16, LP_ATTENTION_FLASH, &on, NULL, 0, &found);
+        for (int j = 0; j < counts[k]; j++) piped[k] |= found[j].par.pp > 1;
+        free(found);
+    }
+    expect(counts[0] > 0 && counts[1] > 0 && piped[0] && !piped[1], "plan: a mixture of experts on deepspeed searched without a pipeline, on llmpar with");
+    expect_error_of(PLAN_BIN, "--software megatron refuses experts",
+                    "flag --software megatron: -e d6 has experts (--moe-experts), which megatron does not run (--software llmpar or deepspeed)",
+                    "--plan 16 -e d6 --moe-experts 8 --software megatron");
+    expect_error_of(PLAN_BIN, "--software deepspeed refuses experts with a pipeline",
+                    "flag --software deepspeed: --pp 2: deepspeed runs experts without a pipeline", "--plan 16 -e d6 --moe-experts 8 --software deepspeed --pp 2");
 }
 
 // Scale (dev/plan/plan.h): an all-reduce across nodes is NCCL's faster of its ring and its tree (tuning.cc's model):
@@ -6026,6 +6095,41 @@ static void test_plan_floor(void) {
     expect(tried > 300 && below && zero_where_refused && pipelined > 200 && 2 * close >= pipelined, what);
 }
 
+// The planner's pipelines (dev/plan/plan.h): lp_plan_makespan remembers each run by its inputs, and a run found there is
+// the same bits as a fresh one; lp_plan_makespan_floor, which lets a plan skip simulating a configuration that cannot
+// enter its table, is never above the simulated makespan on random 1F1B and interleaved pipelines (random costs per
+// virtual stage, sends, blocking or not), equals it where 1F1B's stages cost alike and nothing is sent ((m + p - 1)
+// (f + b)), and is 0 where stages run faster alone (the CPU engine's shared cores).
+static void test_plan_pipes(void) {
+    uint64_t rng = 53;
+    LPPlanMachine mach = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("llmpar"));
+    LPPlanPipes pipes = {0, 0, NULL};
+    int tried = 0, below = 1, remembered = 1, tight = 1;
+    double worst = 0.0;
+    for (int trial = 0; trial < 400; trial++) {
+        int p = 1 + lp_rand_u32(&rng) % 6, v = p > 1 && lp_rand_u32(&rng) % 2 ? 2 + lp_rand_u32(&rng) % 3 : 1;
+        int m = v > 1 ? p * (1 + lp_rand_u32(&rng) % 4) : 1 + lp_rand_u32(&rng) % 12, uniform = lp_rand_u32(&rng) % 4 == 0, V = p * v;
+        int kind = v > 1 ? LP_SCHEDULE_INTERLEAVED : LP_SCHEDULE_1F1B;
+        double cost[2 * 24], link = uniform || lp_rand_u32(&rng) % 2 ? 0.0 : 0.01 * (lp_rand_u32(&rng) % 50);
+        for (int k = 0; k < 2 * V; k++) cost[k] = uniform ? (k < V ? 1.0 : 2.0) : 0.5 + 0.01 * (lp_rand_u32(&rng) % 200);
+        mach.blocking = lp_rand_u32(&rng) % 2;
+        double fresh = lp_plan_makespan(kind, p, v, m, cost, link, &mach, NULL), floor = lp_plan_makespan_floor(p, v, m, cost, link, &mach);
+        double first = lp_plan_makespan(kind, p, v, m, cost, link, &mach, &pipes), again = lp_plan_makespan(kind, p, v, m, cost, link, &mach, &pipes);
+        tried++;
+        remembered &= first == fresh && again == fresh;
+        below &= floor <= fresh * (1.0 + 1e-12);
+        worst = fmax(worst, floor / fresh);
+        if (uniform && v == 1) tight &= fabs(floor - (m + p - 1) * 3.0) < 1e-12 * floor && fabs(fresh - floor) < 1e-12 * floor;
+    }
+    LPPlanMachine cpu = lp_plan_machine(lp_cluster_named("cpu"), NULL, lp_software_named("llmpar"));
+    double unit[4] = {1.0, 1.0, 2.0, 2.0};
+    char what[300];
+    snprintf(what, sizeof(what), "plan: %d random pipelines: a run remembered is the same bits as a fresh one (%d remembered of %d runs), "
+             "the makespan's floor never above it (at most %.6gx), equal for 1F1B of like stages", tried, pipes.count, 2 * tried, worst);
+    expect(remembered && below && tight && pipes.count <= tried && lp_plan_makespan_floor(2, 1, 4, unit, 0.0, &cpu) == 0.0, what);
+    lp_plan_pipes_free(&pipes);
+}
+
 // Context parallelism in the planner (issue 50 item 4): a rank keeps the activations of T/cp rows (the planner's count
 // is the engine's, lp_chunk_memory), the ring's sends are exposed as the engine's loop waits for them (MPI: all of its
 // cp-1 forward and 2cp-1 backward sends of a K/V block; NCCL: the gradients' cp, and a K/V block only where its
@@ -6082,19 +6186,31 @@ static void test_plan_cp(void) {
     LPPlan* fixed;
     n = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, NULL, 10, &plans);
     int m = lp_plan(&model, 1024, 524288, 8, LP_ATTENTION_FLASH, &h100, &no_cp, 10, &fixed), same = n > 10 && m > 10;
-    for (int k = 0; k < 10 && same; k++) same &= memcmp(&plans[k].par, &fixed[k].par, sizeof(LPParallel)) == 0 && plans[k].step_s == fixed[k].step_s;
+    for (int k = 0; k < 10 && same; k++) {  // (field by field: LPParallel has padding, which a copy need not keep)
+        const LPParallel *a = &plans[k].par, *b = &fixed[k].par;
+        same &= a->tp == b->tp && a->pp == b->pp && a->vpp == b->vpp && a->cp == b->cp && a->dp == b->dp && a->ep == b->ep && a->sp == b->sp &&
+                a->scatter_gather == b->scatter_gather && a->zero == b->zero && a->recompute == b->recompute && a->offload == b->offload &&
+                a->micro_batches == b->micro_batches && plans[k].B == fixed[k].B && plans[k].step_s == fixed[k].step_s;
+    }
     free(plans);
     free(fixed);
     expect(same, "plan: GPT-2 124M on 8 GPUs: the 10 fastest the same with cp searched and with cp 1 fixed");
-    LPPlanMachine mega = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, lp_software_named("megatron"));
+    // every software but this engine has no cp (Megatron-LM of those papers, the PTD-P paper's among them, nor
+    // Megatron-DeepSpeed): the search offers it none; this engine's search does
     lp_config_from_name(&c, "12,768,12");
     c.max_seq_len = 8192;
     model = lp_plan_model_of(&c);
-    n = lp_plan(&model, 8192, 65536, 8, LP_ATTENTION_FLASH, &mega, NULL, 0, &plans);
-    int flat = n > 0;
-    for (int k = 0; k < n; k++) flat &= plans[k].par.cp == 1;
-    free(plans);
-    expect(flat, "plan --software megatron: no cp searched (Megatron-LM of those papers has none)");
+    int flat = 1, offered = 0;
+    for (size_t k = 0; k < sizeof(lp_softwares) / sizeof(lp_softwares[0]); k++) {
+        LPPlanMachine on = lp_plan_machine(lp_cluster_named("dgx-h100"), NULL, &lp_softwares[k]);
+        n = lp_plan(&model, 8192, 65536, 8, LP_ATTENTION_FLASH, &on, NULL, 0, &plans);
+        int split = 0;
+        for (int j = 0; j < n; j++) split |= plans[j].par.cp > 1;
+        flat &= n > 0 && (lp_softwares[k].cp ? split : !split) && lp_softwares[k].cp == (strcmp(lp_softwares[k].name, "llmpar") == 0);
+        offered += split;
+        free(plans);
+    }
+    expect(flat && offered == 1, "plan: cp searched for --software llmpar alone (megatron, megatron-2021 and deepspeed have none)");
     expect_error_of(PLAN_BIN, "--cp: megatron has none", "flag --software megatron: --cp 2: megatron has no context parallelism",
                     "--plan 8 -e d12 --software megatron --cp 2");
     expect_error_of(PLAN_BIN, "--cp: T in 2 cp chunks", "flag --cp 4: must be >= 1, and the sequence length -t 1020 split into 2*4 = 8 chunks "
@@ -8263,6 +8379,7 @@ int main(int argc, char** argv) {
     RUN(test_plan_software);
     RUN(test_plan_scale);
     RUN(test_plan_floor);
+    RUN(test_plan_pipes);
     RUN(test_plan_cp);
     RUN(test_bad_input);
     RUN(test_output_owned);

@@ -2266,11 +2266,11 @@ static LPPlanMachine lp_auto_machine(const LPProcess* proc, float gpu_mem, int* 
 // machine, each step simulated (lp_plan), the fastest this build runs taken (the CPU build offloads only to
 // files; neither offloads to files without --offload-dir). Context parallelism only where no grid without it runs
 // within a rank's memory (then the fastest with it): the planner's price of the ring is not checked against runs
-// (the CPU build at d4, T 512 on 4 ranks, with the ring's former scalar loops: cp 2 and 4 measured 2.0-2.3x cp 1's
-// step, planned 1.01x), while cp is the one axis that splits a sequence's activations where TP cannot (its heads).
-// A grid flag typed (--tp, --pp, --vpp, --ep, --cp,
-// --sp, --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that have
-// it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
+// (the CUDA build's ring, its flash kernels, has not been timed on a GPU; the CPU build at d4, T 512 on 4 ranks, with
+// the ring's former scalar loops: cp 2 and 4 measured 2.0-2.3x cp 1's step, planned 1.01x), while cp is the one
+// axis that splits a sequence's activations where TP cannot (its heads). A grid flag typed (--tp, --pp, --vpp, --ep,
+// --cp, --sp, --pp-scatter-gather, --zero, --recompute, --offload, -b) is kept: the search passes only plans that
+// have it. The tokens per step are -d's, or -b * -t * the ranks. Rank 0's choice goes to every rank; one line says
 // what was chosen and why.
 static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     LPConfig cfg;

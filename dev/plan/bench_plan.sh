@@ -87,7 +87,7 @@ if [ "$what" = fit ] || [ "$what" = all ]; then
     done | sort -g | head -n 1)
     read -r err share tile <<< "$best"
     a100=$(awk '/^    {"a100",/ { gsub(/,/, ""); print $(NF - 2) }' dev/plan/plan.h)
-    preset=$(awk '/^    {"megatron",/ { gsub(/,/, ""); print $12, $13 }' dev/plan/plan.h)
+    preset=$(awk '/^    {"megatron",/ { gsub(/,/, ""); print $14, $15 }' dev/plan/plan.h)  # (its gemm and attention_tile_k)
     echo "fitted: GEMMs at $share of the peak, $(awk -v s="$share" -v g="$a100" 'BEGIN { printf "%.3f", s / g }') of the A100's best ($a100);" \
          "attention's batched products $tile more K a tile; --software megatron carries ${preset% *} and ${preset#* }" \
          "(rms of log(predicted/published): $(awk -v e="$err" 'BEGIN { printf "%.3f", sqrt(e / 8) }'))"

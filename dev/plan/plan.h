@@ -8,7 +8,8 @@ after llmpar.h. Its program is dev/plan/plan_gpt.c (`make plan_gpt && ./plan_gpt
     defines: LPGpu, lp_gpus, LPCluster, lp_clusters, LPSoftware, lp_softwares, LPPlanMachine, lp_plan_machine,
              LPPlanModel, lp_plan_model_of, lp_plan_model_is_engine, lp_plan_layer_params, lp_plan_layer_flops,
              lp_plan_flops_per_token, lp_plan_model_params, lp_software_refuses, lp_plan_memory, lp_plan_straggle,
-             lp_gemm_seconds, lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, lp_plan_simulate,
+             lp_gemm_seconds, lp_allreduce_seconds, lp_plan_chunk, LPPlan, lp_plan_least_max, lp_plan_memory_floor, LPPlanPipes, lp_plan_makespan, lp_plan_makespan_floor,
+             lp_plan_simulate,
              LPPlanLimits, lp_published_mfu, lp_plan_outside, lp_plan
 */
 #ifndef LLMPAR_PLAN_H
@@ -116,10 +117,11 @@ static const LPCluster lp_clusters[] = {
 // The software running the step, described: what it can run (the search offers only those grids, and a grid
 // typed that it cannot run is refused), how it runs a step, how it keeps its memory, and how far its
 // predictions have been checked (its calibration: dev/plan/README.md, "How far the plan can be believed").
-//   llmpar     this engine: every setting the planner knows (context parallelism too, but not with expert
-//              parallelism nor RoPE: the engine refuses them together), GPT-2's blocks and the Llama family's (its
-//              CPU build trains them on every axis), sends that do not wait, no dropout, memory as its CUDA build
-//              keeps it (llmpar.h section 11, lp_chunk_memory);
+//   llmpar     this engine: every setting the planner knows (context parallelism too, with experts and the Llama
+//              family; its ring's blocks priced at flash attention's rate, as the CUDA build runs them on its flash
+//              kernels, never timed on a GPU), GPT-2's blocks and the Llama family's (its CPU build trains them on
+//              every axis), sends that do not wait, no dropout, memory as its CUDA build keeps it (llmpar.h
+//              section 11, lp_chunk_memory);
 //   megatron   Megatron-LM as the selective-recomputation paper ran it (arXiv 2205.05198; the PTD-P paper's
 //              runs, arXiv 2104.04473 with commit 6985e58 and examples/sc21, the same but for SP and selective
 //              recomputation, which they did not have): TP with SP, interleaved 1F1B with scatter/gather,
@@ -146,7 +148,10 @@ static const LPCluster lp_clusters[] = {
 //              full recomputation only (DeepSpeed's activation checkpointing). Memory by the ZeRO
 //              paper's count (Rajbhandari et al. 2020, section 3: 2 + 2 + 12 bytes a parameter, sharded by
 //              stage) and the selective-recomputation paper's activations.
-// Context parallelism: llmpar's alone (Megatron-LM gained it in Megatron-Core, after the runs these entries describe).
+// Context parallelism: llmpar's alone (Megatron-LM gained it in Megatron-Core, after the runs these entries describe): the
+// search offers cp > 1 only where LPSoftware.cp is set. A mixture of experts: this engine's on every axis; Megatron-DeepSpeed's
+// (DeepSpeed-MoE) without a pipeline (its MoE example: "we don't support PP for MoE", microsoft/Megatron-DeepSpeed issue
+// 151; DeepSpeed PR 5338 added it in 2024); neither Megatron-LM entry has one (Megatron-Core's came later).
 enum { LP_MEMORY_ENGINE, LP_MEMORY_MEGATRON, LP_MEMORY_DEEPSPEED };
 typedef struct {
     const char* name;
@@ -159,6 +164,8 @@ typedef struct {
     unsigned offload;    // the LP_OFFLOAD_* kinds it has, as bits (none: always)
     int llama;           // grouped-query attention and SwiGLU MLPs (LPPlanModel; this engine: as its LPConfig describes them)
     int cp;              // context parallelism (a sequence split over cp ranks, attention a ring)
+    int moe;             // a mixture of experts (expert parallelism over the data-parallel ranks): 0 none, 1 without a
+                         // pipeline, 2 with one
     // how it runs a step
     double gemm;         // the share of the GPU's fastest GEMM (LPGpu.gemm) its GEMMs reach
     double attention_tile_k;  // its materialised attention's batched products: a fixed cost per output tile, in
@@ -185,17 +192,17 @@ typedef struct {
 // and 1.087x the selective-recomputation paper's (2022), to which megatron's costs are fitted
 #define LP_PACE_2021 (1.0 / 1.095)
 static const LPSoftware lp_softwares[] = {
-    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 1, 1, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
+    {"llmpar", 1, 1, 1, 1, 3, 3, LP_OFFLOAD_ALL, 1, 1, 2, 1.0, 0.0, 0, 0, 0, 1, 25.0, 1.0, LP_MEMORY_ENGINE, 0.94, 1.09, "h100 cpu", 4, 1024,
      "this engine's one H100 step (GPT-2 124M) and 9 grids of its CPU build on 4 ranks", "this engine: sends that do not wait, no dropout"},
-    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
+    {"megatron", 1, 1, 1, 1, 1, 1, 1u << LP_OFFLOAD_NONE, 1, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, 1.0, LP_MEMORY_MEGATRON, 0.98, 1.13, "a100", 3072,
      2048, "the selective-recomputation paper's Table 5 (8 runs, fitted) and the PTD-P paper's Tables 1 and 2 (16 runs of Megatron-LM)",
      "Megatron-LM (2022): SP, interleaving, selective recomputation, ZeRO-1; dropout, blocking pipeline sends, GEMMs and attention at "
      "fitted costs, memory by Korthikanti et al."},
-    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_PACE_2021, LP_MEMORY_MEGATRON,
+    {"megatron-2021", 1, 0, 1, 0, 0, 0, 1u << LP_OFFLOAD_NONE, 0, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 25.0, LP_PACE_2021, LP_MEMORY_MEGATRON,
      0.91, 1.04, "a100", 3072, 2048, "the PTD-P paper's Tables 1 and 2 (16 runs; its 530B and 1T rows set the pace)",
      "Megatron-LM as the PTD-P paper ran it (2021): no SP, selective recomputation or distributed optimizer; megatron's fitted costs "
      "on an A100 paced 1/1.095 (the two papers' steps on the same pipelines)"},
-    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_PACE_2021, LP_MEMORY_DEEPSPEED, 1.29, 1.43, "a100",
+    {"deepspeed", 1, 0, 0, 0, 3, 1, LP_OFFLOAD_ALL, 0, 0, 1, 0.903, 576.0, 1, 1, 1, 0, 953.7, LP_PACE_2021, LP_MEMORY_DEEPSPEED, 1.29, 1.43, "a100",
      2240, 2048, "the PTD-P paper's Table 2 (5 runs of DeepSpeed's ZeRO-3, 384-2240 GPUs)",
      "Megatron-DeepSpeed: Megatron-LM's layers of 2021 (megatron-2021's pace) without SP, ZeRO 1-3 (1 with a pipeline), offload, "
      "DeepSpeed's 1F1B pipeline (blocking sends, no interleaving), memory by the ZeRO paper"},
@@ -268,8 +275,9 @@ static inline LPPlanMachine lp_plan_machine(const LPCluster* k, const LPGpu* gpu
 
 // The model planned: the engine's shape (LPConfig: GPT-2's blocks, a mixture of experts, or the Llama family's), or a
 // modern dense block of the planner's own for Megatron-LM: grouped-query attention (kv_heads key/value heads shared by
-// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. A
-// block not GPT-2's has its weights, FLOPs and GEMMs counted by the planner (lp_plan_layer_params, lp_plan_layer_flops);
+// the query heads), a gated MLP (SwiGLU: two up projections to ffn, their product projected down) of any width. The
+// engine's blocks (GPT-2's, the Llama family's, either with experts) have their weights and FLOPs counted by the engine
+// (lp_param_sizes, lp_layer_flops); the planner's own by its formula (lp_plan_layer_params, lp_plan_layer_flops);
 // the pipeline partition and this engine's memory weigh cfg's layers (the engine's Llama where cfg is one; the
 // planner's own block: GPT-2's layers of the same L, C, NH and V, the same share of a layer against the head).
 typedef struct {
@@ -301,12 +309,12 @@ static inline int lp_plan_dropout(const LPPlanModel* model, const LPPlanMachine*
     return mach->dropout && lp_plan_model_is_gpt(model);
 }
 
-// The weights of an average layer on a TP rank of t: the engine's (lp_param_sizes, biases and LayerNorms too) for its
+// The weights of an average layer on a TP rank of t: the engine's (lp_param_sizes, biases and norms too, every expert) for its
 // blocks; else attention's C (C + 2 kv hs) + C^2, the MLP's (2 or 3) C F, over t, and two RMSNorms' C.
 static inline double lp_plan_layer_params(const LPPlanModel* model, int t) {
     const LPConfig* c = &model->cfg;
     double C = c->channels, hs = C / c->num_heads, layer = 0.0;
-    if (!lp_plan_model_is_gpt(model)) return (C * (C + 2.0 * model->kv_heads * hs) + C * C + (model->swiglu ? 3.0 : 2.0) * C * model->ffn) / t + 2.0 * C;
+    if (!lp_plan_model_is_engine(model)) return (C * (C + 2.0 * model->kv_heads * hs) + C * C + (model->swiglu ? 3.0 : 2.0) * C * model->ffn) / t + 2.0 * C;
     size_t sizes[LP_NUM_PARAMS];
     lp_param_sizes(sizes, c, t);
     for (int i = 0; i < LP_NUM_PARAMS; i++) layer += lp_is_layer_tensor(i) ? (double)sizes[i] / c->num_layers : 0.0;
@@ -316,7 +324,7 @@ static inline double lp_plan_layer_params(const LPPlanModel* model, int t) {
 // Parameters one rank of chunk k with `layers` layers holds (lp_chunk_params for the engine's blocks; else its layers
 // and, on the first chunk, the embeddings, on the last the final norm and an untied LM head).
 static inline double lp_plan_chunk_params(const LPPlanModel* model, const LPPipeShape* s, int k, int layers, double* experts) {
-    if (lp_plan_model_is_gpt(model)) return lp_chunk_params(&model->cfg, s, k, layers, experts);
+    if (lp_plan_model_is_engine(model)) return lp_chunk_params(&model->cfg, s, k, layers, experts);
     double C = model->cfg.channels, Vl = (double)model->cfg.padded_vocab_size / s->par->tp, last = k == s->par->pp * s->par->vpp - 1;
     return layers * lp_plan_layer_params(model, s->par->tp) + (k == 0 ? Vl * C : 0.0) + (last ? Vl * C + C : 0.0);
 }
@@ -325,7 +333,7 @@ static inline double lp_plan_chunk_params(const LPPlanModel* model, const LPPipe
 // and 12 C T of attention, and what recomputation reruns (full: the whole forward; selective: q k^T, 2 C T).
 static inline double lp_plan_layer_flops(const LPPlanModel* model, int T, int recompute, int whole) {
     const LPConfig* c = &model->cfg;
-    if (lp_plan_model_is_gpt(model)) return lp_layer_flops(c, T, recompute, whole);
+    if (lp_plan_model_is_engine(model)) return lp_layer_flops(c, T, recompute, whole);
     double C = c->channels, weights = (lp_plan_layer_params(model, 1) - 2.0 * C), flops = 6.0 * weights + 12.0 * C * T;
     if (recompute == LP_RECOMPUTE_FULL) flops += 2.0 * weights + 4.0 * C * T;
     if (recompute == LP_RECOMPUTE_SELECTIVE) flops += 2.0 * C * T;
@@ -334,13 +342,13 @@ static inline double lp_plan_layer_flops(const LPPlanModel* model, int T, int re
 
 // Model FLOPs per token (lp_flops_per_token for the engine's blocks): the layers' and the LM head's 6 V C.
 static inline double lp_plan_flops_per_token(const LPPlanModel* model, int T) {
-    if (lp_plan_model_is_gpt(model)) return lp_flops_per_token(&model->cfg, T);
+    if (lp_plan_model_is_engine(model)) return lp_flops_per_token(&model->cfg, T);
     return model->cfg.num_layers * lp_plan_layer_flops(model, T, LP_RECOMPUTE_NONE, 0) + 6.0 * model->cfg.padded_vocab_size * model->cfg.channels;
 }
 
 // The model's parameters (lp_config_num_params for the engine's blocks).
 static inline double lp_plan_model_params(const LPPlanModel* model) {
-    if (lp_plan_model_is_gpt(model)) return (double)lp_config_num_params(&model->cfg);
+    if (lp_plan_model_is_engine(model)) return (double)lp_config_num_params(&model->cfg);
     return model->cfg.num_layers * lp_plan_layer_params(model, 1) + 2.0 * model->cfg.padded_vocab_size * model->cfg.channels + model->cfg.channels;
 }
 
@@ -534,7 +542,7 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     double Fl = (double)model->ffn / t;  // the MLP's hidden width on a TP rank
     int dropout = lp_plan_dropout(model, mach);
     // an average layer's compute: attention's linear layers (q, and k and v of its kv heads), the MLP's (SwiGLU: two up
-    // projections; a MoE layer's router and its E/ep experts, each taking K N ep / E rows on average)
+    // projections; a MoE layer's router and its E/ep experts, each the MLP's shape, taking K N ep / E rows on average)
     double f = 0.0, b = 0.0, mf = 0.0, mb = 0.0, ef = 0.0, eb = 0.0, pf = 0.0, pb = 0.0;
     lp_linear_seconds(g, N, C, Cl + 2.0 * model->kv_heads * hs / t, 1.0, &f, &b);
     lp_linear_seconds(g, N, Cl, C, 1.0, &f, &b);
@@ -543,8 +551,8 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
     mf += pf, mb += pb;
     if (moe > 0.0) {
         lp_linear_seconds(g, N, C, E, 1.0, &ef, &eb);
-        lp_linear_seconds(g, K * N * ep / E, C, 4.0 * Cl, E / ep, &ef, &eb);
-        lp_linear_seconds(g, K * N * ep / E, 4.0 * Cl, C, E / ep, &ef, &eb);
+        lp_linear_seconds(g, K * N * ep / E, C, (model->swiglu ? 2.0 : 1.0) * Fl, E / ep, &ef, &eb);  // (an expert: the MLP's shape)
+        lp_linear_seconds(g, K * N * ep / E, Fl, C, E / ep, &ef, &eb);
     }
     f += (1.0 - moe) * mf + moe * ef;
     b += (1.0 - moe) * mb + moe * eb;
@@ -599,7 +607,7 @@ static inline LPChunkTime lp_plan_chunk(const LPPlanModel* model, const LPPipeSh
         size_t sizes[LP_NUM_PARAMS];
         lp_param_sizes(sizes, c, par->tp);
         double dense = 0.0, experts = 0.0, de = d / ep;
-        if (!lp_plan_model_is_gpt(model)) dense = lp_plan_layer_params(model, par->tp);
+        if (!lp_plan_model_is_engine(model)) dense = lp_plan_layer_params(model, par->tp);
         else
             for (int i = 0; i < LP_NUM_PARAMS; i++)
                 if (lp_is_layer_tensor(i)) *(lp_is_expert_tensor(i) ? &experts : &dense) += (double)sizes[i] / c->num_layers;
@@ -872,12 +880,78 @@ static inline int lp_plan_one(const LPPlanModel* model, const LPPipeShape* s, co
     return 0;
 }
 
+// The pipelines one lp_plan has simulated: each row the inputs of a run (schedule, p, v, m, the sends' time, blocking,
+// alone, each virtual stage's forward and backward cost) and its makespan. Configurations that differ only in what their
+// chunks' costs do not hold (ZeRO 0 or 1, offload) run the same pipeline: found here by their inputs compared whole, so
+// the makespan is the same bits as a run's.
+typedef struct {
+    int count, cap;
+    double** rows;  // count rows of 7 + 2 chunks inputs, then the makespan
+} LPPlanPipes;
+
+static inline void lp_plan_pipes_free(LPPlanPipes* pipes) {
+    for (int k = 0; k < pipes->count; k++) free(pipes->rows[k]);
+    free(pipes->rows);
+}
+
+// The makespan of schedule `kind` (p stages, v chunks each, m micro-batches) whose virtual stage k's forward and backward
+// take cost[k] and cost[p v + k], each message between stages `link` (mach: whether a send waits, a stage alone's pace);
+// from *pipes when run before there (NULL: run it).
+static inline double lp_plan_makespan(int kind, int p, int v, int m, const double* cost, double link, const LPPlanMachine* mach,
+                                      LPPlanPipes* pipes) {
+    int V = p * v, width = 7 + 2 * V;
+    double key[7 + 2 * LP_MAX_CHUNKS] = {(double)kind, (double)p, (double)v, (double)m, link, (double)mach->blocking, mach->alone};
+    memcpy(key + 7, cost, 2 * V * sizeof(double));
+    for (int k = 0; pipes && k < pipes->count; k++)
+        if (memcmp(pipes->rows[k], key, width * sizeof(double)) == 0)
+            return pipes->rows[k][width];
+    LPSimulation sim;
+    char why[256];
+    if (lp_schedule_lists(&sim, kind, p, v, m, 0.0, 0.0, cost, why, sizeof(why))) lp_fail("internal: plan %s", why);
+    sim.link = link, sim.blocking = mach->blocking, sim.alone = mach->alone;
+    if (lp_schedule_run(&sim, why, sizeof(why))) lp_fail("internal: plan %s", why);
+    double makespan = sim.makespan;
+    lp_simulation_free(&sim);
+    if (pipes) {
+        if (pipes->count == pipes->cap) {
+            pipes->cap = pipes->cap ? 2 * pipes->cap : 64;
+            pipes->rows = (double**)realloc(pipes->rows, pipes->cap * sizeof(double*));
+            if (!pipes->rows) lp_fail("out of host memory for the plans");
+        }
+        double* row = (double*)lp_host_malloc((width + 1) * sizeof(double), "plans");
+        memcpy(row, key, width * sizeof(double));
+        row[width] = makespan;
+        pipes->rows[pipes->count++] = row;
+    }
+    return makespan;
+}
+
+// A floor under the makespan of schedule `kind` (1F1B or interleaved 1F1B; costs, link and mach as lp_plan_makespan's),
+// found without running it: stage s cannot start before the first micro-batch's forward has passed the virtual stages
+// before it, then works its whole list, which ends with the backward of its first chunk (virtual stage s), after which
+// that micro-batch's backward still passes the virtual stages before it. 0 where stages run faster alone (mach->alone > 1:
+// a busy stage's work is no floor).
+static inline double lp_plan_makespan_floor(int p, int v, int m, const double* cost, double link, const LPPlanMachine* mach) {
+    int V = p * v;
+    double floor = 0.0, before = 0.0;  // (before: the forwards and backwards of the virtual stages before stage s, and their sends)
+    if (mach->alone > 1.0) return 0.0;
+    for (int s = 0; s < p; s++) {
+        double work = 0.0;
+        for (int c = 0; c < v; c++) work += m * (cost[c * p + s] + cost[V + c * p + s]);
+        floor = fmax(floor, before + work);
+        before += cost[s] + cost[V + s] + 2.0 * link;
+    }
+    return floor;
+}
+
 // Simulate plan x's pipeline (the schedule's action lists, lp_plan_chunk's costs, messages between stages
 // taking their time): its step, bubble, and the time its messages add (*sends, when not NULL: the same
 // pipeline simulated without them). `partition`: its layers per chunk as lp_plan_one found them (NULL: found again).
-// T: the whole sequence (a rank's share of it with context parallelism: T/cp).
-static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x,
-                                    const int* partition, double* sends) {
+// T: the whole sequence (a rank's share of it with context parallelism: T/cp). pipes: the pipelines run before
+// (lp_plan_makespan; NULL: none). Returns 1; 0 where the step's floor (lp_plan_makespan_floor) is above `above` (x
+// then stays unsimulated: it cannot be faster than that).
+static inline int lp_plan_simulate(const LPPlanModel* model, int T, int attention, const LPPlanMachine* mach, LPPlan* x,
+                                   const int* partition, double* sends, LPPlanPipes* pipes, double above) {
     const LPConfig* c = &model->cfg;
     const LPParallel* par = &x->par;
     LPPipeShape s = {par, x->B, T / par->cp, attention, !mach->gpu.fp32};
@@ -894,23 +968,20 @@ static inline void lp_plan_simulate(const LPPlanModel* model, int T, int attenti
     double split = t > 1 && (par->sp || par->scatter_gather), bytes = N * c->channels * X / (split ? t : 1.0);
     double link = lp_send_seconds(mach, bytes, par->tp * par->cp * par->dp * par->pp);
     if (t > 1 && par->scatter_gather && !par->sp) link += lp_collective_seconds(mach, N * c->channels * X, 0, t, par->tp);
-    LPSimulation sim;
-    for (int pass = 0; pass < (sends ? 2 : 1); pass++) {
-        if (lp_schedule_lists(&sim, par->schedule, par->pp, par->vpp, par->micro_batches, 0.0, 0.0, cost, why, sizeof(why)))
-            lp_fail("internal: plan %s", why);
-        sim.link = pass ? 0.0 : link, sim.blocking = mach->blocking, sim.alone = mach->alone;
-        if (lp_schedule_run(&sim, why, sizeof(why))) lp_fail("internal: plan %s", why);
-        if (pass == 0) {
-            x->bubble_s = sim.makespan - x->busy_s;
-            if (x->bubble_s < 1e-9 * sim.makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
-            x->step_s = sim.makespan * (1.0 + lp_plan_straggle(mach, par->tp * par->cp * par->pp * par->dp)) + x->end_s;
-        } else {
-            *sends = x->step_s - x->end_s - sim.makespan;
-            if (*sends < 1e-9 * sim.makespan) *sends = 0.0;
-        }
-        lp_simulation_free(&sim);
+    double straggle = 1.0 + lp_plan_straggle(mach, par->tp * par->cp * par->pp * par->dp);
+    // (the margin: the simulator's sums of times round otherwise than the floor's)
+    if (lp_plan_makespan_floor(par->pp, par->vpp, par->micro_batches, cost, link, mach) * straggle + x->end_s > above * (1.0 + 1e-6)) return 0;
+    double makespan = lp_plan_makespan(par->schedule, par->pp, par->vpp, par->micro_batches, cost, link, mach, pipes);
+    x->bubble_s = makespan - x->busy_s;
+    if (x->bubble_s < 1e-9 * makespan) x->bubble_s = 0.0;  // (0 within rounding when nothing waits)
+    x->step_s = makespan * straggle + x->end_s;
+    if (sends) {
+        makespan = lp_plan_makespan(par->schedule, par->pp, par->vpp, par->micro_batches, cost, 0.0, mach, pipes);
+        *sends = x->step_s - x->end_s - makespan;
+        if (*sends < 1e-9 * makespan) *sends = 0.0;
     }
     x->simulated = 1;
+    return 1;
 }
 
 // What a plan may not choose: the bits of `fixed` name the settings taken from `par` and B. A fixed
@@ -960,22 +1031,23 @@ static const struct { const char* gpu; double mfu; } lp_published_mfu[] = {{"a10
 // ranks (the PTD-P paper's ZeRO-3 runs at 1,536 and 2,240 GPUs came 1.3-1.5x slower than this model prices them);
 // mfu: above the best published for that GPU (lp_published_mfu), or none published; shape: not GPT-2's blocks (every
 // calibration ran them; GQA and SwiGLU are counted, not measured); cp: context parallelism (its ring is priced from the
-// engine's algorithm, never timed against a run).
+// engine's algorithm, never timed against a run); experts: a mixture of experts (no calibration ran one).
 static inline int lp_plan_outside(const LPPlanModel* model, const LPPlanMachine* mach, int T, int n, const LPPlan* x, double mfu, char* why,
                                   size_t size) {
     const LPSoftware* sw = mach->software;
     double best = 0.0;
     for (size_t k = 0; k < sizeof(lp_published_mfu) / sizeof(lp_published_mfu[0]); k++)
         if (strcmp(lp_published_mfu[k].gpu, mach->gpu.name) == 0) best = lp_published_mfu[k].mfu;
-    const char* tag[7] = {"gpu", "gpus", "T", "zero3>1k", "mfu", "shape", "cp"};
+    const char* tag[8] = {"gpu", "gpus", "T", "zero3>1k", "mfu", "shape", "cp", "experts"};
     char name[32];
     snprintf(name, sizeof(name), " %s ", mach->gpu.name);
     char calibrated[64];
     snprintf(calibrated, sizeof(calibrated), " %s ", sw->calibrated_gpu);
-    int out[7] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
-                  x->par.zero == 3 && x->par.dp * x->par.cp > 1000, mfu > best, !lp_plan_model_is_gpt(model), x->par.cp > 1}, count = 0;
+    int out[8] = {!strstr(calibrated, name), n > sw->calibrated_gpus, T > sw->calibrated_T,
+                  x->par.zero == 3 && x->par.dp * x->par.cp > 1000, mfu > best, !lp_plan_model_is_gpt(model), x->par.cp > 1,
+                  model->cfg.moe_experts > 0}, count = 0;
     why[0] = '\0';
-    for (int k = 0; k < 7; k++)
+    for (int k = 0; k < 8; k++)
         if (out[k]) snprintf(why + strlen(why), size - strlen(why), "%s%s", count++ ? "," : "", tag[k]);
     return count;
 }
@@ -1019,7 +1091,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
             (fix & LP_FIX_TP && t != want->tp))
             continue;
         for (int p = 1; p <= n / t && p <= c->num_layers; p++) {
-            if (n / t % p || (fix & LP_FIX_PP && p != want->pp)) continue;
+            if (n / t % p || (fix & LP_FIX_PP && p != want->pp) || (c->moe_experts && p > 1 && mach->software->moe < 2)) continue;
             for (int cp = 1; cp <= n / t / p; cp++) {  // (context parallelism: T in 2 cp chunks, where the software has it)
                 if (n / t / p % cp || (cp > 1 && (!mach->software->cp || T % (2 * cp))) || (fix & LP_FIX_CP && cp != want->cp))
                     continue;
@@ -1063,6 +1135,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
     int layers[LP_MAX_CHUNKS];  // (the partition of the configuration estimated last)
     double* best = (double*)lp_host_malloc((size_t)(shown > 0 ? shown : 1) * sizeof(double), "plans");  // ascending
     int have = 0, fitting = 0;
+    LPPlanPipes pipes = {0, 0, NULL};
     for (int k = 0; k < count; k++) {
         LPPlan* x = &(*plans)[k];
         if (shown > 0 && have == shown && x->step_s >= best[shown - 1]) break;  // (its bound, and every later one, cannot enter)
@@ -1075,7 +1148,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
         if (lp_plan_one(model, &s, mach, x, layers)) x->B = 0;  // (it cannot run: dropped below)
         fitting += x->fits;
         if (!x->fits || shown <= 0) continue;
-        lp_plan_simulate(model, T, attention, mach, x, layers, NULL);
+        if (!lp_plan_simulate(model, T, attention, mach, x, layers, NULL, &pipes, have == shown ? best[shown - 1] : INFINITY)) continue;
         if (have < shown) have++;
         else if (x->step_s >= best[shown - 1]) continue;
         int at = have - 1;
@@ -1083,6 +1156,7 @@ static inline int lp_plan(const LPPlanModel* model, int T, long long tokens, int
         best[at] = x->step_s;
     }
     free(best);
+    lp_plan_pipes_free(&pipes);
     for (int k = 0; k < count && !fitting; k++) {  // (none fits: the least memory is known exactly)
         LPPlan* x = &(*plans)[k];
         LPPipeShape s = {&x->par, x->B, T / x->par.cp, attention, !mach->gpu.fp32};

@@ -90,7 +90,7 @@ static const LPPlanFlag lp_plan_flags[] = {
     {"--software", LP_PF_STRING, LP_PF(software), "llmpar", NULL,
      "what runs the step, described (dev/plan/README.md): llmpar (this engine), megatron (Megatron-LM 2022: SP, "
      "interleaving, selective recomputation, ZeRO-1, no offload), megatron-2021 (the PTD-P paper's: none of SP, selective "
-     "recomputation or ZeRO) or deepspeed (Megatron-DeepSpeed: ZeRO 1-3, 1 with a pipeline, offload, plain 1F1B): only grids "
+     "recomputation or ZeRO) or deepspeed (Megatron-DeepSpeed: ZeRO 1-3, 1 with a pipeline, offload, plain 1F1B, experts without a pipeline): only grids "
      "it can run, its memory as it keeps it"},
     {"--gemm-share", LP_PF_FLOAT, LP_PF(gemm_share), "0", NULL,
      "the share of the GPU's peak its fastest GEMMs reach (0: the GPU's measured best times the software's)"},
@@ -321,6 +321,11 @@ static void lp_print_plan(const LPPlanFlags* f) {
     if (!lp_plan_model_is_gpt(&model) && !mach.software->llama)
         lp_fail("flag %s %s: -e %s has grouped-query attention or another MLP than GPT-2's, which %s does not run (--software megatron)",
                 LP_PLAN_FLAG(software), f->software, f->init, f->software);
+    if (cfg.moe_experts && mach.software->moe == 0)
+        lp_fail("flag %s %s: -e %s has experts (--moe-experts), which %s does not run (--software llmpar or deepspeed)", LP_PLAN_FLAG(software),
+                f->software, f->init, f->software);
+    if (cfg.moe_experts && mach.software->moe == 1 && limits.fixed & LP_FIX_PP && limits.par.pp > 1)
+        lp_fail("flag %s %s: --pp %d: %s runs experts without a pipeline", LP_PLAN_FLAG(software), f->software, limits.par.pp, f->software);
     if (mach.software->memory == LP_MEMORY_ENGINE && !lp_plan_model_is_engine(&model))  // (its memory is the engine's count of cfg)
         lp_fail("flag %s %s: --kv-heads, --ffn and --swiglu make the planner's own block, not this engine's (its Llama family: -e "
                 "llama:L,C,NH,KV[,V]); --software megatron plans them", LP_PLAN_FLAG(software), f->software);
@@ -382,7 +387,7 @@ static void lp_print_plan(const LPPlanFlags* f) {
     }
     LPPlan best = plans[0];
     double sends;
-    lp_plan_simulate(&model, f->T, f->attention, &mach, &best, NULL, &sends);
+    lp_plan_simulate(&model, f->T, f->attention, &mach, &best, NULL, &sends, NULL, INFINITY);
     double per_gpu = best.flops / best.step_s / n, mfu = model_flops / (best.step_s * peak);
     const LPSoftware* sw = mach.software;
     char outside[64], cp_s[48] = "";
