@@ -114,7 +114,7 @@ static int no_mpirun(const char* what) {
 #if defined(LLMPAR_CPU)
 #define TRAIN_BIN "./train_gpt_cpu"
 #elif defined(LLMPAR_CUDAEMU) && defined(LLMPAR_FP16)
-#define TRAIN_BIN "./train_gpt_fp16_emu"
+#define TRAIN_BIN "./train_gpt_fp16_emu_hooks"  // (its hooks idle unless a test sets them: one emulated fp16 engine to build)
 #elif defined(LLMPAR_CUDAEMU)
 #define TRAIN_BIN "./train_gpt_emu"  // the CUDA engine under the emulator (dev/cudaemu)
 #elif defined(LLMPAR_FP16)
@@ -124,8 +124,12 @@ static int no_mpirun(const char* what) {
 #endif
 // Its build with the tests' hooks (LLMPAR_TEST_HOOKS: LLMPAR_CRASH_AT, LLMPAR_LOSS_AT, LLMPAR_OVERFLOW_AT,
 // LLMPAR_OFFLOAD_CHUNK and LLMPAR_OFFLOAD_CRASH_AT read), for the tests that set them: make train_gpt_cpu_hooks
-// (_emu_hooks, _hooks, train_gpt_fp16_emu_hooks).
+// (_emu_hooks, _hooks; the emulated fp16 engine above is train_gpt_fp16_emu_hooks already).
+#if defined(LLMPAR_CUDAEMU) && defined(LLMPAR_FP16)
+#define HOOKS_BIN TRAIN_BIN
+#else
 #define HOOKS_BIN TRAIN_BIN "_hooks"
+#endif
 #define PLAN_BIN "./plan_gpt"  // the cluster planner's program (dev/plan), one build for all
 
 // A token shard of n tokens stored in `bytes` each: 2 (GPT-2's uint16 format) or 4 (Llama 3's uint32).
