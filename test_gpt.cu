@@ -7809,10 +7809,15 @@ static void test_fp16_runs(void) {
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
 // asked for): losses to 1e-2 relative, final weights to 6e-3 (bf16 gradients summed in another order; see
 // test_step_vs_cpu_build). Under the emulator every rank is its own GPU, so each grid runs over NCCL (the
-// emulator's, over MPI) and again over --comm mpi; with one real GPU the ranks share it and use MPI.
+// emulator's, over MPI), and the grids marked `mpi` again over --comm mpi: each collective's host-staged MPI path
+// (lp_all_reduce and co. choose the transport call by call, whatever the grid) on one grid at least: DP's
+// all-reduce (ZeRO-0), reduce-scatter (ZeRO-2), all-gather and prefetch (ZeRO-3), TP's all-reduce, a pipeline's
+// sends (1F1B, interleaved), the ring (cp 2), the experts' all-to-all (alone and with TP), and every group at
+// once (t=2 p=2 d=2 SP ZeRO-1, and the Llama's t=2 p=2 d=2). With one real GPU the ranks share it and every grid
+// runs over MPI.
 // One of test_parallel_grids' grids: r ranks running `flags` on base, each with micro-batches of B rows, over
-// each way the ranks can talk, against one rank's losses ref and weights wref.
-static void expect_cuda_grid(const char* base, int r, const char* flags, int B, const float* ref, const float* wref, size_t nw) {
+// NCCL (and with `mpi` over MPI too; on a GPU over --comm auto), against one rank's losses ref and weights wref.
+static void expect_cuda_grid(const char* base, int r, const char* flags, int mpi, int B, const float* ref, const float* wref, size_t nw) {
     static char out[1 << 18];
     char args[2048], name[512], dir[LP_PATH_MAX];
 #ifdef LLMPAR_CUDAEMU
@@ -7821,7 +7826,7 @@ static void expect_cuda_grid(const char* base, int r, const char* flags, int B, 
     const char* comms[] = {"--comm auto"};
 #endif
     static int runs = 0;
-    for (size_t c = 0; c < (r > 1 ? sizeof(comms) / sizeof(comms[0]) : 1); c++) {
+    for (size_t c = 0; c < (r > 1 && mpi ? sizeof(comms) / sizeof(comms[0]) : 1); c++) {
         float got[8];
         size_t nw2 = 0;
         snprintf(args, sizeof(args), "%s -b %d %s %s", base, B, flags, r > 1 ? comms[c] : "");
@@ -7874,26 +7879,26 @@ static void test_parallel_grids(void) {
             return;
         }
     }
-    struct { int ranks; const char* flags; } grids[] = {
-        {2, "--zero 0"}, {2, "--zero 1"}, {2, "--zero 2"}, {2, "--zero 3"}, {2, "--zero 3 --overlap 0"},
-        {2, "--tp 2"}, {2, "--tp 2 --sp"}, {4, "--tp 4 --sp"}, {4, "--tp 2 --sp --zero 1"},
-        {2, "--pp 2"}, {2, "--pp 2 --schedule gpipe"}, {2, "--pp 2 --vpp 2 --schedule interleaved"},
-        {4, "--pp 4 --pp-partition 1,2,1,0"}, {4, "--pp 2 --zero 1"}, {4, "--pp 2 --zero 3"}, {4, "--tp 2 --pp 2"},
-        {4, "--tp 2 --pp 2 --sp"}, {1, "--recompute selective"}, {1, "--recompute full"}, {2, "--zero 3 --recompute full"},
-        {4, "--tp 2 --pp 2 --sp --recompute full"}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5"},
-        {8, "--tp 2 --pp 2 --sp --zero 1"}, {2, "--tp 2 --attention cublas"}, {1, "--attention cublas --recompute selective"},
-        {2, "--cp 2"}, {4, "--cp 2 --zero 1"}, {4, "--cp 2 --tp 2 --sp"}, {4, "--cp 2 --pp 2"}};
+    struct { int ranks; const char* flags; int mpi; } grids[] = {  // (mpi: over --comm mpi too, expect_cuda_grid)
+        {2, "--zero 0", 1}, {2, "--zero 1", 0}, {2, "--zero 2", 1}, {2, "--zero 3", 1}, {2, "--zero 3 --overlap 0", 0},
+        {2, "--tp 2", 1}, {2, "--tp 2 --sp", 0}, {4, "--tp 4 --sp", 0}, {4, "--tp 2 --sp --zero 1", 0},
+        {2, "--pp 2", 1}, {2, "--pp 2 --schedule gpipe", 0}, {2, "--pp 2 --vpp 2 --schedule interleaved", 1},
+        {4, "--pp 4 --pp-partition 1,2,1,0", 0}, {4, "--pp 2 --zero 1", 0}, {4, "--pp 2 --zero 3", 0}, {4, "--tp 2 --pp 2", 0},
+        {4, "--tp 2 --pp 2 --sp", 0}, {1, "--recompute selective", 0}, {1, "--recompute full", 0}, {2, "--zero 3 --recompute full", 0},
+        {4, "--tp 2 --pp 2 --sp --recompute full", 0}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5", 0},
+        {8, "--tp 2 --pp 2 --sp --zero 1", 1}, {2, "--tp 2 --attention cublas", 0}, {1, "--attention cublas --recompute selective", 0},
+        {2, "--cp 2", 1}, {4, "--cp 2 --zero 1", 0}, {4, "--cp 2 --tp 2 --sp", 0}, {4, "--cp 2 --pp 2", 0}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp "), *cp = strstr(f, "--cp ");
         int r = grids[k].ranks, d = r / (tp ? atoi(tp + 5) : 1) / (pp ? atoi(pp + 5) : 1) / (cp ? atoi(cp + 5) : 1);
         int a = strstr(f, "--aux") != NULL;
-        expect_cuda_grid(base[0], r, f, 2 / d, ref[a], wref[a], nw[a]);
+        expect_cuda_grid(base[0], r, f, grids[k].mpi, 2 / d, ref[a], wref[a], nw[a]);
     }
-    struct { int ranks; const char* flags; } moe_grids[] = {
-        {2, "--tp 2"}, {2, "--zero 3"}, {2, "--pp 2"}, {4, "--tp 2 --sp --zero 1"}, {1, "--recompute full"},
-        {2, "--ep 2"}, {4, "--ep 2 --zero 2"}, {4, "--ep 2 --tp 2"}, {4, "--ep 4 --recompute full"}};  // expert parallelism: all-to-all
+    struct { int ranks; const char* flags; int mpi; } moe_grids[] = {
+        {2, "--tp 2", 0}, {2, "--zero 3", 0}, {2, "--pp 2", 0}, {4, "--tp 2 --sp --zero 1", 0}, {1, "--recompute full", 0},
+        {2, "--ep 2", 1}, {4, "--ep 2 --zero 2", 0}, {4, "--ep 2 --tp 2", 1}, {4, "--ep 4 --recompute full", 0}};  // expert parallelism: all-to-all
     for (size_t k = 0; k < sizeof(moe_grids) / sizeof(moe_grids[0]); k++)
-        expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, 1, ref[2], wref[2], nw[2]);
+        expect_cuda_grid(base[2], moe_grids[k].ranks, moe_grids[k].flags, moe_grids[k].mpi, 1, ref[2], wref[2], nw[2]);
     for (int a = 0; a < 3; a++) free(wref[a]);
 
     // the Llama family (4 layers, 2 K/V heads for 4, an untied head; drawn sharp): t=2 (a K/V head a rank), SP,
@@ -7914,8 +7919,9 @@ static void test_parallel_grids(void) {
     struct { int ranks; const char* flags; int B; } llama_grids[] = {
         {2, "--tp 2", 2}, {2, "--tp 2 --sp", 2}, {2, "--pp 2", 2}, {2, "--pp 2 --vpp 2 --schedule interleaved", 2}, {2, "--zero 3", 1},
         {2, "--zero 3 --offload params", 1}, {8, "--tp 2 --pp 2", 1}, {2, "--cp 2", 2}};
-    for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)
-        expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].B, ref[0], wref[0], nw[0]);
+    for (size_t k = 0; k < sizeof(llama_grids) / sizeof(llama_grids[0]); k++)  // (over MPI too: t=2 p=2 d=2, every group)
+        expect_cuda_grid(base[0], llama_grids[k].ranks, llama_grids[k].flags, llama_grids[k].ranks == 8, llama_grids[k].B, ref[0], wref[0],
+                         nw[0]);
     free(wref[0]);
     // its sample (-x 0 -s 1) on one rank and on grids: each rank's K/V heads in its cache (t=2: one each), the
     // stages' caches, ZeRO-3's gathered weights; the same tokens as ./train_gpt_cpu's (fp32). lnf's weight x 8,
@@ -7958,7 +7964,7 @@ static void test_parallel_grids(void) {
     }
     struct { int ranks; const char* flags; } llama_moe_grids[] = {{2, "--ep 2"}, {4, "--ep 2 --tp 2"}, {4, "--ep 4 --recompute full"}};
     for (size_t k = 0; k < sizeof(llama_moe_grids) / sizeof(llama_moe_grids[0]); k++)
-        expect_cuda_grid(base[1], llama_moe_grids[k].ranks, llama_moe_grids[k].flags, 1, ref[1], wref[1], nw[1]);
+        expect_cuda_grid(base[1], llama_moe_grids[k].ranks, llama_moe_grids[k].flags, 0, 1, ref[1], wref[1], nw[1]);
     free(wref[1]);
 }
 
