@@ -231,28 +231,6 @@ static int run_ranks(int ranks, const char* args, const char* out_dir, float* lo
     return rc == 0 ? n : -1;
 }
 
-// One rank's reference run of `args` into dir, run once per program: a later call with the same args gets the
-// first run's losses, and its directory in dir (tier 3's tests that share a baseline run it once, each alone too).
-static int reference_run(const char* args, char* dir, float* losses, char* out, size_t out_size) {
-    static struct { char args[1024], dir[LP_PATH_MAX]; float losses[64]; int n; } runs[8];
-    static int count;
-    for (int k = 0; k < count; k++)
-        if (strcmp(runs[k].args, args) == 0) {
-            snprintf(dir, LP_PATH_MAX, "%s", runs[k].dir);
-            memcpy(losses, runs[k].losses, sizeof(runs[k].losses));
-            out[0] = '\0';
-            return runs[k].n;
-        }
-    int n = run_ranks(1, args, dir, losses, out, out_size);
-    if (n > 0 && count < 8 && strlen(args) < sizeof(runs[0].args)) {
-        snprintf(runs[count].args, sizeof(runs[count].args), "%s", args);
-        snprintf(runs[count].dir, sizeof(runs[count].dir), "%s", dir);
-        memcpy(runs[count].losses, losses, sizeof(runs[count].losses));
-        runs[count++].n = n;
-    }
-    return n;
-}
-
 // The files in dir (an --offload-dir must be empty after a run: its files are unlinked once open).
 static int offload_leftovers(const char* dir) {
     char pattern[LP_PATH_MAX];
@@ -836,6 +814,28 @@ static void test_sample_cache(void) {
 }
 
 #ifdef LLMPAR_CPU
+// One rank's reference run of `args` into dir, run once per program: a later call with the same args gets the
+// first run's losses, and its directory in dir (tier 3's tests that share a baseline run it once, each alone too).
+static int reference_run(const char* args, char* dir, float* losses, char* out, size_t out_size) {
+    static struct { char args[1024], dir[LP_PATH_MAX]; float losses[64]; int n; } runs[8];
+    static int count;
+    for (int k = 0; k < count; k++)
+        if (strcmp(runs[k].args, args) == 0) {
+            snprintf(dir, LP_PATH_MAX, "%s", runs[k].dir);
+            memcpy(losses, runs[k].losses, sizeof(runs[k].losses));
+            out[0] = '\0';
+            return runs[k].n;
+        }
+    int n = run_ranks(1, args, dir, losses, out, out_size);
+    if (n > 0 && count < 8 && strlen(args) < sizeof(runs[0].args)) {
+        snprintf(runs[count].args, sizeof(runs[count].args), "%s", args);
+        snprintf(runs[count].dir, sizeof(runs[count].dir), "%s", dir);
+        memcpy(runs[count].losses, losses, sizeof(runs[count].losses));
+        runs[count++].n = n;
+    }
+    return n;
+}
+
 // The straggler check (--straggler) on 2 ranks, d=2, 21 steps (two windows of 10 after the warm-up step): a
 // healthy run names no rank; a run whose rank 1 the test stops for half of every 0.3 s (SIGSTOP, SIGCONT)
 // from its second step on names rank 1, its host and coordinates, in a line per window and in the end
