@@ -4949,169 +4949,6 @@ static inline void lp_attention_cached_forward_gpu(floatX* out, floatX* cache, c
               lp_attention_scale(C, NH));
 }
 
-// Context parallelism's block ops (lp_attention_block_forward_cpu and the rest) on the GPU, their CPU loops'
-// results in the cached kernel's form: a warp per row, lane l holding dimensions l, l + 32, ... of it, each
-// score a warp sum, the softmax online over the keys (rescaled when the max rises). The forward takes a query
-// row (b, h, t) over the keys it sees; the backward's dq the same, and dk and dv a warp per key row (b, K/V
-// head, j) over the group's query rows that see it (a suffix of the ascending qpos), so each gradient has one
-// writer and no atomics. D = dout . out is taken again for each pair in the key-side kernel, HS more products
-// against keeping a (B,NH,T) buffer. The running output and the gradients accumulate in registers over a
-// block and round to bf16 once a block: cp roundings in all. Plain loops, not flash attention's tensor-core
-// tiles: at a FLOP rate well below flash's (flash kernels that take the running max and sum and the rows'
-// positions would close that gap; not written).
-static __global__ void lp_attention_kv_copy_kernel(floatX* kv, floatX* qkv, int N, int NH, int KV, int HS, int to_block) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)2 * KV * HS;
-    if (i >= (size_t)N * n) return;
-    floatX* row = qkv + i / n * (NH + 2 * KV) * HS + (size_t)NH * HS + i % n;
-    if (to_block) kv[i] = *row;
-    else *row = kv[i];
-}
-static inline void lp_attention_kv_copy_gpu(floatX* kv, floatX* qkv, int B, int T, int NH, int KV, int HS, int to_block) {
-    size_t n = (size_t)B * T * 2 * KV * HS;
-    LP_LAUNCH(lp_attention_kv_copy_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, kv, qkv, B * T, NH, KV, HS, to_block);
-}
-static __global__ void lp_attention_block_forward_kernel(floatX* out, float* rmax, float* rsum, const floatX* qkv, const floatX* kv,
-                                                         const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
-                                                         int first, float scale) {
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;  // r = (b NH + h) T + t
-    if (r >= B * NH * T) return;  // (a whole warp)
-    int t = r % T, h = r / T % NH, b = r / T / NH, HS = C / NH, heads = NH + 2 * KV, n = lp_keys_upto(kpos, Tk, qpos[t]);
-    if (n == 0) return;  // (a block wholly after the row)
-    const floatX* q = qkv + ((size_t)b * T + t) * heads * HS + (size_t)h * HS;
-    const floatX* k0 = kv + (size_t)b * Tk * 2 * KV * HS + (size_t)(h / (NH / KV)) * HS;
-    floatX* o = out + ((size_t)b * T + t) * C + (size_t)h * HS;
-    float mx = first ? -INFINITY : rmax[r], sum = first ? 0.0f : rsum[r], qd[LP_CACHED_DIMS], y[LP_CACHED_DIMS];
-#pragma unroll
-    for (int u = 0; u < LP_CACHED_DIMS; u++) {
-        int d = lane + 32 * u;
-        qd[u] = d < HS ? lp_bf(q[d]) : 0.0f;
-        y[u] = d < HS && !first ? lp_bf(o[d]) * sum : 0.0f;
-    }
-    for (int j = 0; j < n; j++) {
-        const floatX *k = k0 + (size_t)j * 2 * KV * HS, *v = k + (size_t)KV * HS;
-        float score = 0.0f;
-#pragma unroll
-        for (int u = 0; u < LP_CACHED_DIMS; u++)
-            if (lane + 32 * u < HS) score += qd[u] * lp_bf(k[lane + 32 * u]);
-        score = lp_warp_sum(score) * scale;
-        if (score > mx) {
-            float shrink = expf(mx - score);
-            sum *= shrink;
-#pragma unroll
-            for (int u = 0; u < LP_CACHED_DIMS; u++) y[u] *= shrink;
-            mx = score;
-        }
-        float w = expf(score - mx);
-        sum += w;
-#pragma unroll
-        for (int u = 0; u < LP_CACHED_DIMS; u++)
-            if (lane + 32 * u < HS) y[u] += w * lp_bf(v[lane + 32 * u]);
-    }
-#pragma unroll
-    for (int u = 0; u < LP_CACHED_DIMS; u++)
-        if (lane + 32 * u < HS) o[lane + 32 * u] = lp_xf(y[u] / sum);
-    if (lane == 0) rmax[r] = mx, rsum[r] = sum;
-}
-static inline void lp_attention_block_forward_gpu(floatX* out, float* rmax, float* rsum, const floatX* qkv, const floatX* kv,
-                                                  const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
-                                                  int first) {
-    size_t warps = (size_t)B * NH * T;
-    LP_LAUNCH(lp_attention_block_forward_kernel, lp_grid(warps * 32, LP_THREADS), LP_THREADS, 0, out, rmax, rsum, qkv, kv, qpos, kpos,
-              B, T, Tk, C, NH, KV, first, lp_attention_scale(C, NH));
-}
-static __global__ void lp_attention_block_end_kernel(float* rmax, const float* rsum, int rows) {
-    int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r < rows) rmax[r] += logf(rsum[r]);
-}
-static inline void lp_attention_block_end_gpu(float* rmax, const float* rsum, int rows) {
-    LP_LAUNCH(lp_attention_block_end_kernel, lp_grid(rows, LP_THREADS), LP_THREADS, 0, rmax, rsum, rows);
-}
-// One query row's pair with one key (k, v): its probability p and ds = p (dp - D), D = dout . out (lanes'
-// dimensions in qd, dy; warp sums).
-static __device__ inline float lp_block_pair_ds(const float* qd, const float* dy, const floatX* k, const floatX* v, float D, float l,
-                                                int lane, int HS, float scale, float* p) {
-    float score = 0.0f, dp = 0.0f;
-#pragma unroll
-    for (int u = 0; u < LP_CACHED_DIMS; u++)
-        if (lane + 32 * u < HS) score += qd[u] * lp_bf(k[lane + 32 * u]), dp += dy[u] * lp_bf(v[lane + 32 * u]);
-    *p = expf(scale * lp_warp_sum(score) - l);
-    return scale * *p * (lp_warp_sum(dp) - D);
-}
-// A lane's dimensions of a row's query (or dout, out) into registers, and the warp's dout . out.
-static __device__ inline void lp_block_row_load(float* x, const floatX* src, int lane, int HS) {
-#pragma unroll
-    for (int u = 0; u < LP_CACHED_DIMS; u++) x[u] = lane + 32 * u < HS ? lp_bf(src[lane + 32 * u]) : 0.0f;
-}
-static __device__ inline float lp_block_row_D(const floatX* dout, const floatX* out, int lane, int HS, float* dy) {
-    float y[LP_CACHED_DIMS], D = 0.0f;
-    lp_block_row_load(dy, dout, lane, HS);
-    lp_block_row_load(y, out, lane, HS);
-#pragma unroll
-    for (int u = 0; u < LP_CACHED_DIMS; u++) D += dy[u] * y[u];
-    return lp_warp_sum(D);
-}
-static __global__ void lp_attention_block_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* out, const float* lse,
-                                                    const floatX* qkv, const floatX* kv, const int* qpos, const int* kpos, int B, int T,
-                                                    int Tk, int C, int NH, int KV, float scale) {
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;  // r = (b NH + h) T + t
-    if (r >= B * NH * T) return;
-    int t = r % T, h = r / T % NH, b = r / T / NH, HS = C / NH, heads = NH + 2 * KV, n = lp_keys_upto(kpos, Tk, qpos[t]);
-    if (n == 0) return;
-    size_t row = (size_t)b * T + t;
-    const floatX* k0 = kv + (size_t)b * Tk * 2 * KV * HS + (size_t)(h / (NH / KV)) * HS;
-    float qd[LP_CACHED_DIMS], dy[LP_CACHED_DIMS], dq[LP_CACHED_DIMS] = {0};
-    lp_block_row_load(qd, qkv + row * heads * HS + (size_t)h * HS, lane, HS);
-    float D = lp_block_row_D(dout + row * C + (size_t)h * HS, out + row * C + (size_t)h * HS, lane, HS, dy), p;
-    for (int j = 0; j < n; j++) {
-        const floatX *k = k0 + (size_t)j * 2 * KV * HS, *v = k + (size_t)KV * HS;
-        float ds = lp_block_pair_ds(qd, dy, k, v, D, lse[r], lane, HS, scale, &p);
-#pragma unroll
-        for (int u = 0; u < LP_CACHED_DIMS; u++)
-            if (lane + 32 * u < HS) dq[u] += ds * lp_bf(k[lane + 32 * u]);
-    }
-    floatX* g = dqkv + row * heads * HS + (size_t)h * HS;
-#pragma unroll
-    for (int u = 0; u < LP_CACHED_DIMS; u++)
-        if (lane + 32 * u < HS) g[lane + 32 * u] = lp_xf(lp_bf(g[lane + 32 * u]) + dq[u]);
-}
-static __global__ void lp_attention_block_dkv_kernel(floatX* dkv, const floatX* dout, const floatX* out, const float* lse,
-                                                     const floatX* qkv, const floatX* kv, const int* qpos, const int* kpos, int B, int T,
-                                                     int Tk, int C, int NH, int KV, float scale) {
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;  // r = (b KV + g) Tk + j
-    if (r >= B * KV * Tk) return;
-    int j = r % Tk, g = r / Tk % KV, b = r / Tk / KV, HS = C / NH, G = NH / KV, heads = NH + 2 * KV;
-    int t0 = lp_keys_upto(qpos, T, kpos[j] - 1);  // the first query row at or after the key
-    if (t0 == T) return;
-    size_t at = ((size_t)b * Tk + j) * 2 * KV * HS + (size_t)g * HS;
-    const floatX *k = kv + at, *v = k + (size_t)KV * HS;
-    float qd[LP_CACHED_DIMS], dy[LP_CACHED_DIMS], dk[LP_CACHED_DIMS] = {0}, dv[LP_CACHED_DIMS] = {0}, p;
-    for (int h = g * G; h < (g + 1) * G; h++)
-        for (int t = t0; t < T; t++) {
-            size_t row = (size_t)b * T + t;
-            lp_block_row_load(qd, qkv + row * heads * HS + (size_t)h * HS, lane, HS);
-            float D = lp_block_row_D(dout + row * C + (size_t)h * HS, out + row * C + (size_t)h * HS, lane, HS, dy);
-            float ds = lp_block_pair_ds(qd, dy, k, v, D, lse[((size_t)b * NH + h) * T + t], lane, HS, scale, &p);
-#pragma unroll
-            for (int u = 0; u < LP_CACHED_DIMS; u++) dk[u] += ds * qd[u], dv[u] += p * dy[u];
-        }
-    floatX *gk = dkv + at, *gv = gk + (size_t)KV * HS;
-#pragma unroll
-    for (int u = 0; u < LP_CACHED_DIMS; u++)
-        if (lane + 32 * u < HS) {
-            gk[lane + 32 * u] = lp_xf(lp_bf(gk[lane + 32 * u]) + dk[u]);
-            gv[lane + 32 * u] = lp_xf(lp_bf(gv[lane + 32 * u]) + dv[u]);
-        }
-}
-static inline void lp_attention_block_backward_gpu(floatX* dqkv, floatX* dkv, const floatX* dout, const floatX* out, const float* lse,
-                                                   const floatX* qkv, const floatX* kv, const int* qpos, const int* kpos, int B,
-                                                   int T, int Tk, int C, int NH, int KV) {
-    size_t qwarps = (size_t)B * NH * T, kwarps = (size_t)B * KV * Tk;
-    float scale = lp_attention_scale(C, NH);
-    LP_LAUNCH(lp_attention_block_dq_kernel, lp_grid(qwarps * 32, LP_THREADS), LP_THREADS, 0, dqkv, dout, out, lse, qkv, kv, qpos, kpos,
-              B, T, Tk, C, NH, KV, scale);
-    LP_LAUNCH(lp_attention_block_dkv_kernel, lp_grid(kwarps * 32, LP_THREADS), LP_THREADS, 0, dkv, dout, out, lse, qkv, kv, qpos, kpos,
-              B, T, Tk, C, NH, KV, scale);
-}
 #endif
 #endif  // LLMPAR_IMPLEMENTATION
 
@@ -5347,6 +5184,19 @@ static __device__ inline void lp_flash_put(floatX* tile, int ld, const float acc
         *(uint32_t*)(p + 8 * ld + 8 * n) = lp_pack2f(acc[n][2] * f8, acc[n][3] * f8);
     }
 }
+// The other way: a (16,8N) block of a bf16 matrix at pitch ld added onto a warp's fp32 accumulators, rows g
+// scaled by f0 and g + 8 by f8; its rows from `rows` and columns from `cols` on read as zeros.
+template <int N>
+static __device__ inline void lp_flash_get(float acc[N][4], const floatX* src, int ld, int rows, int cols, float f0, float f8) {
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = lane / 4 + 8 * (e / 2), c = 8 * n + 2 * (lane % 4) + e % 2;
+            if (r < rows && c < cols) acc[n][e] += lp_bf(src[(size_t)r * ld + c]) * (e < 2 ? f0 : f8);
+        }
+}
 
 // The warp's two products per tile, for its MT blocks of 16 rows (m-tiles). s (16,8NB) = a b^T per m-tile:
 // a (16,HP) as A fragments in registers, b the tile's first 8NB rows (NB = 8: all 64; tile: the lane's
@@ -5405,17 +5255,31 @@ static __device__ inline void lp_flash_apb(float acc[][HP / 8][4], const float p
     }
 }
 
-// The causal mask on a diagonal tile: -infinity where the key comes after the query. Keys along the columns
-// (forward, dq: masked where column - row > off) or along the rows (dk, dv: where row - column > off).
-template <int NB>
-static __device__ inline void lp_flash_mask(float s[NB][4], int off, int keys_in_rows) {
+// Where a query meets the keys. One sequence's causal attention (RING 0): a query sees the keys at its own
+// row or before. A ring block (RING 1, context parallelism): the rows' positions in the sequence are tables,
+// qpos of the T queries and kpos of the Tk keys (both ascending, device memory), and a query sees the keys at
+// its position or before; a tile's first or last key and query tell whether a whole tile is seen, none of
+// it, or a part (the mask below). lp_flash_seen: how many keys a query at position p sees (a prefix).
+template <int RING>
+static __device__ inline int lp_flash_pos(const int* pos, int i) { return RING ? pos[i] : i; }
+template <int RING>
+static __device__ inline int lp_flash_seen(const int* kpos, int Tk, int p) { return RING ? lp_keys_upto(kpos, Tk, p) : min(p + 1, Tk); }
+// The mask on a tile the diagonal crosses: -infinity where the key comes after the query (a ring block: or
+// past Tk). Element (r, c) of the warp's 16 x 8NB scores is query q0 + r and key k0 + c, or with keys_in_rows
+// (dk, dv) key k0 + r and query q0 + c. A query row past T takes row T - 1's place (its values are not kept).
+// One sequence's test is written as an offset (column - row against q0 - k0): as key > query, HP 64's forward
+// spills 12 bytes (nvcc 13, sm_90).
+template <int NB, int RING>
+static __device__ inline void lp_flash_mask(float s[NB][4], const int* qpos, const int* kpos, int q0, int k0, int T, int Tk,
+                                            int keys_in_rows) {
     int lane = threadIdx.x % 32;
 #pragma unroll
     for (int j = 0; j < NB; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             int r = lane / 4 + 8 * (e / 2), c = 8 * j + 2 * (lane % 4) + e % 2;
-            if ((keys_in_rows ? r - c : c - r) > off) s[j][e] = -INFINITY;
+            int query = q0 + (keys_in_rows ? c : r), key = k0 + (keys_in_rows ? r : c);
+            if (RING ? key >= Tk || kpos[key] > qpos[min(query, T - 1)] : (keys_in_rows ? r - c : c - r) > q0 - k0) s[j][e] = -INFINITY;
         }
 }
 
@@ -5449,6 +5313,29 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
     }
 }
 
+// A ring block's rows resumed from the blocks before (lp_flash_attention_forward_kernel): the running max
+// rmax (natural units: m takes it times log2 e), the sum rsum (the quad's first lane holds it, as the lanes'
+// parts are summed at the end) and o = out rsum, the normalised output scaled back.
+template <int HP, int MT>
+static __device__ inline void lp_flash_resume(float o[][HP / 8][4], float m[][2], float l[][2], const floatX* out, int C,
+                                              const float* rmax, const float* rsum, int r0, int T, int HS) {
+    int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        int t0 = r0 + 16 * mt;
+        float sum[2] = {};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int t = t0 + lane / 4 + 8 * i;
+            if (t >= T) continue;
+            sum[i] = rsum[t];
+            m[mt][i] = rmax[t] * LP_LOG2E;
+            l[mt][i] = lane % 4 == 0 ? sum[i] : 0.0f;
+        }
+        if (t0 < T) lp_flash_get<HP / 8>(o[mt], out + (size_t)t0 * C, C, T - t0, HS, sum[0], sum[1]);
+    }
+}
+
 // Forward: each warp keeps its 16 MT rows of q as A fragments, and per row the running max m, sum l and
 // output o (online softmax), in registers, over the key tiles up to its diagonal; at the end y = o / l
 // goes out through shared memory (whole 16-byte pieces), and lse = (m + log2 l) ln 2, the natural
@@ -5457,20 +5344,31 @@ static __device__ inline void lp_flash_softmax(float s[8][4], float m[2], float 
 // into the other (q, at the start, is staged in the second). A block's query tiles run along x, the
 // grid's fast axis, so the blocks resident at once are mostly one head's and share its k and v in L2;
 // within a head, the tiles with the most keys start first.
-template <int HP>
+// A ring block (RING 1, lp_attention_block_forward_gpu) reads its Tk keys and values from kv (rows of 2 KV
+// HS) and carries the rows' state between blocks as the CPU loop does: the running max in lse and the sum
+// in rsum (natural units), the output normalised in out; after the first block (`first`, which every row
+// sees the first key of) the kernel starts from them (o = out l) and a warp whose rows see none of the
+// block writes nothing.
+template <int HP, int RING>
 static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
-    lp_flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int KV, float scale) {
+    lp_flash_attention_forward_kernel(floatX* out, float* lse, float* rsum, const floatX* qkv, const floatX* kv, const int* qpos,
+                                      const int* kpos, int T, int Tk, int C, int NH, int KV, int first, float scale) {
     const int LD = HP + 8, MT = LP_FLASH_MT(HP), WR = 16 * MT, KR = LP_FLASH_ROWS;  // rows: a warp's queries, a tile's keys
-    int HS = C / NH, W = C + 2 * KV * HS, bh = blockIdx.y, b = bh / NH, h = bh % NH, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (!RING) Tk = T;  // (one sequence's keys are its rows: a register less, where HP 64 would spill)
+    int HS = C / NH, W = C + 2 * KV * HS, KW = RING ? 2 * KV * HS : W, bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int q0 = (gridDim.x - 1 - blockIdx.x) * 4 * WR, r0 = q0 + WR * warp;  // the block's and the warp's first row
-    int tiles = (min(q0 + 4 * WR, T) - 1) / KR + 1;                        // key tiles up to the block's last row
+    int last = min(r0 + WR, T) - 1;                                        // the warp's last row (RING)
+    int tiles = (lp_flash_seen<RING>(kpos, Tk, lp_flash_pos<RING>(qpos, min(q0 + 4 * WR, T) - 1)) + KR - 1) / KR;  // up to the block's last row
+    if (RING && tiles == 0) return;  // (a block of rows before every key)
     LP_SHARED(floatX, smem);
     floatX* buf1 = smem + 2 * KR * LD;  // two buffers (smem, buf1) of a k tile and a v tile (KR,HP) each, pitch LD
-    const floatX *src = qkv + (size_t)b * T * W + h * HS, *ksrc = qkv + (size_t)b * T * W + C + h / (NH / KV) * HS, *vsrc = ksrc + KV * HS;
+    const floatX* src = qkv + (size_t)b * T * W + h * HS;
+    const floatX* ksrc = (RING ? kv + (size_t)b * Tk * KW : qkv + (size_t)b * T * W + C) + h / (NH / KV) * HS, *vsrc = ksrc + KV * HS;
     lp_flash_load<HP, 4 * WR, LP_FLASH_THREADS>(buf1, src, W, q0, T, HS, threadIdx.x);  // q (4 WR <= 2 KR rows)
     lp_cp_async_commit();
-    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem, ksrc, W, 0, T, HS, threadIdx.x);
-    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem + KR * LD, vsrc, W, 0, T, HS, threadIdx.x);
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem, ksrc, KW, 0, Tk, HS, threadIdx.x);
+    lp_flash_load<HP, KR, LP_FLASH_THREADS>(smem + KR * LD, vsrc, KW, 0, Tk, HS, threadIdx.x);
     lp_cp_async_commit();
     lp_cp_async_wait<1>();  // q has landed (tile 0 may still be in flight)
     __syncthreads();
@@ -5482,13 +5380,15 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
     float o[MT][HP / 8][4] = {}, m[MT][2], l[MT][2] = {}, sl2 = scale * LP_LOG2E;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY;
+    if (RING && !first) lp_flash_resume<HP, MT>(o, m, l, out + (size_t)b * T * C + h * HS, C, lse + (size_t)bh * T, rsum + (size_t)bh * T, r0, T, HS);
+    int seen = 0;  // tiles the warp worked on
     for (int j = 0; j < tiles; j++) {
         int j0 = j * KR;
         __syncthreads();  // every warp is done with the buffer the next tile goes into (tile j - 1, or q)
         if (j + 1 < tiles) {
             floatX* next = (j + 1) % 2 ? buf1 : smem;
-            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next, ksrc, W, j0 + KR, T, HS, threadIdx.x);
-            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next + KR * LD, vsrc, W, j0 + KR, T, HS, threadIdx.x);
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next, ksrc, KW, j0 + KR, Tk, HS, threadIdx.x);
+            lp_flash_load<HP, KR, LP_FLASH_THREADS>(next + KR * LD, vsrc, KW, j0 + KR, Tk, HS, threadIdx.x);
         }
         lp_cp_async_commit();   // (an empty group after the last tile, so that one wait fits every tile)
         lp_cp_async_wait<1>();  // this thread's part of tile j has landed ...
@@ -5496,11 +5396,13 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
         // Skipped: a warp past T (the last block of a ragged T; it only helps load), and a tile wholly after
         // the warp's rows (the last of a block of 128 rows, for its first warps). Every row a warp works on
         // sees the tile's first key, so its running max is finite from its first tile on.
-        if (r0 >= T || j0 > r0 + WR - 1) continue;
+        if (r0 >= T || (RING ? kpos[j0] > qpos[last] : j0 > r0 + WR - 1)) continue;
+        seen++;
         const floatX *ks = j % 2 ? buf1 : smem, *vs = ks + KR * LD;
         lp_smem kr = lp_smem_of(ks + lp_lane_rows2(LD)), vc = lp_smem_of(vs + lp_lane_cols(LD));
-        int hi = min(min(8, (r0 + WR - j0 + 7) / 8), (T - j0 + 7) / 8);  // key blocks of 8 that any of its rows sees
-        int masked = j0 + 8 * hi - 1 > r0;                               // some key comes after some row
+        // key blocks of 8 that any of its rows sees, and whether a key of them comes after a row (or past Tk)
+        int hi = RING ? min(8, (lp_keys_upto(kpos, Tk, qpos[last]) - j0 + 7) / 8) : min(min(8, (r0 + WR - j0 + 7) / 8), (T - j0 + 7) / 8);
+        int masked = RING ? j0 + 8 * hi > Tk || kpos[j0 + 8 * hi - 1] > qpos[r0] : j0 + 8 * hi - 1 > r0;
         float s[MT][8][4];
         if (hi == 8 && !masked) {  // a whole tile, most of them: with constant bounds the checks compile away
             lp_flash_abt<HP, 8, MT>(s, qf, kr, 0, 8);  // s = q k^T
@@ -5512,13 +5414,13 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
         lp_flash_abt<HP, 8, MT>(s, qf, kr, 0, hi);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            lp_flash_mask<8>(s[mt], r0 + 16 * mt - j0, 0);
+            lp_flash_mask<8, RING>(s[mt], qpos, kpos, r0 + 16 * mt, j0, T, Tk, 0);
             lp_flash_softmax<HP>(s[mt], m[mt], l[mt], o[mt], sl2);
         }
         lp_flash_apb<HP, 8, MT>(o, s, vc, 0, hi);
     }
     __syncthreads();  // every warp is done with the tiles; the first buffer now takes y
-    if (r0 >= T) return;
+    if (r0 >= T || (RING && !seen)) return;
     floatX* ys = smem + (r0 - q0) * LD;  // the warp's own rows
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
@@ -5534,7 +5436,9 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_FWD_BLOCKS)
     for (int mt = 0; mt < MT; mt++)
         for (int i = 0; i < 2 && lane % 4 == 0; i++) {
             int t = r0 + 16 * mt + lane / 4 + 8 * i;
-            if (t < T) lse[(size_t)bh * T + t] = (m[mt][i] + log2f(l[mt][i])) * LP_LN2;
+            if (t >= T) continue;
+            if (RING) lse[(size_t)bh * T + t] = m[mt][i] * LP_LN2, rsum[(size_t)bh * T + t] = l[mt][i];
+            else lse[(size_t)bh * T + t] = (m[mt][i] + log2f(l[mt][i])) * LP_LN2;
         }
 }
 
@@ -5601,8 +5505,8 @@ static inline int lp_flash_splits(int heads, int T) {
     int tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS, s = LP_FLASH_BLOCKS_WANTED / heads;
     return s < 1 ? 1 : s > tiles ? tiles : s;
 }
-static inline size_t lp_flash_dq_partial_floats(int B, int T, int C, int NH, int KV) {
-    size_t heads = (size_t)B * KV, tiles = (T + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS;
+static inline size_t lp_flash_dq_partial_floats(int B, int T, int Tk, int C, int NH, int KV) {  // T queries, Tk keys
+    size_t heads = (size_t)B * KV, tiles = (Tk + LP_FLASH_ROWS - 1) / LP_FLASH_ROWS;
     size_t blocks = heads > LP_FLASH_BLOCKS_WANTED ? heads : LP_FLASH_BLOCKS_WANTED;
     if (tiles * heads < blocks) blocks = tiles * heads;
     return blocks * (NH / KV) * T * (C / NH);
@@ -5629,30 +5533,40 @@ static __device__ inline void lp_flash_load_queries(floatX* qs, float* stats, co
 // block's key tile is its K/V head's, and it walks the query tiles of each of the head's group of NH / KV
 // query heads in turn, so dk and dv sum over the group in registers (K and V read once, not copied) and each
 // query head's dq goes to its own partial.
-template <int HP>
+// A ring block (RING 1, lp_attention_block_backward_gpu): the Tk keys and values from kv (rows of 2 KV HS),
+// the positions qpos and kpos, and dk and dv added onto dkv (laid out as kv). A key tile's queries are then
+// those from the first that sees its first key (no key tile: none), and a tile pair is masked where some
+// query of it comes before some key.
+template <int HP, int RING>
 static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(HP))
-    lp_flash_attention_backward_kernel(floatX* dqkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
-                                       const float* lse, int T, int C, int NH, int KV, float scale) {
+    lp_flash_attention_backward_kernel(floatX* dqkv, floatX* dkv, float* dq_partials, const floatX* dout, const float* D,
+                                       const floatX* qkv, const floatX* kv, const int* qpos, const int* kpos, const float* lse, int T,
+                                       int Tk, int C, int NH, int KV, float scale) {
     const int LD = HP + 8, R = LP_FLASH_ROWS, LDS = R + 8;  // LDS: the pitch of ds^T (keys, queries)
     const int NB = HP > 64 ? 2 : 4, NQ = HP / 8 > 4 ? 4 : HP / 8;  // query blocks of 8, and dq's columns of 8, per pass: registers
-    int HS = C / NH, W = C + 2 * KV * HS, G = NH / KV, b = blockIdx.y / KV, bh0 = blockIdx.y * G;  // bh0: the group's first query head
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tiles = (T + R - 1) / R;
+    if (!RING) Tk = T;
+    int HS = C / NH, W = C + 2 * KV * HS, KW = RING ? 2 * KV * HS : W, G = NH / KV, b = blockIdx.y / KV, bh0 = blockIdx.y * G;  // bh0: the group's first query head
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tiles = (Tk + R - 1) / R, qtiles = (T + R - 1) / R;
     LP_SHARED(floatX, smem);  // buffer u (0, 1): q at smem + 2 R LD u, dy R LD further; then k, ds^T, lse2 and D per buffer
     floatX *ks = smem + 4 * R * LD, *dss = ks + R * LD;
     float* stats = (float*)(dss + R * LDS);
     // the group's first query head's q and dy (head g: g HS further) and K/V head's k (v: KV HS further)
     const floatX *src = qkv + (size_t)b * T * W + (bh0 % NH) * HS, *dsrc = dout + (size_t)b * T * C + (bh0 % NH) * HS;
-    const floatX* ksrc = qkv + (size_t)b * T * W + C + blockIdx.y % KV * HS;
+    size_t kat = (RING ? (size_t)b * Tk * KW : (size_t)b * T * W + C) + blockIdx.y % KV * HS;  // in kv (qkv) and dkv (dqkv)
+    const floatX* ksrc = (RING ? kv : qkv) + kat;
     float* part = dq_partials + ((size_t)blockIdx.x * gridDim.y * G + bh0) * T * HS;  // the block's dq partial of head bh0 (g: g T HS further)
     float sl2 = scale * LP_LOG2E;
     lp_smem dsa = lp_smem_of(dss + lp_lane_rows2(LDS) + 16 * warp), kc = lp_smem_of(ks + lp_lane_cols(LD));
     for (int j = blockIdx.x; j < tiles; j += gridDim.x) {  // the block's key tiles
         int k0 = j * R, c0 = k0 + 16 * warp;                // the tile's and the warp's first key
+        int first = RING ? lp_keys_upto(qpos, T, kpos[k0] - 1) : k0;  // the first query that sees key k0
+        if (RING && first == T) break;                      // (nor any later key tile)
+        int i_first = first / R, klast = lp_flash_pos<RING>(kpos, min(k0 + R, Tk) - 1);
         __syncthreads();                                    // the last key tile's readers are done
-        lp_flash_load<HP, R, LP_FLASH_THREADS>(ks, ksrc, W, k0, T, HS, threadIdx.x);
-        lp_flash_load<HP, R, LP_FLASH_THREADS>(smem + 2 * R * LD, ksrc + KV * HS, W, k0, T, HS, threadIdx.x);  // v, staged in buffer 1
+        lp_flash_load<HP, R, LP_FLASH_THREADS>(ks, ksrc, KW, k0, Tk, HS, threadIdx.x);
+        lp_flash_load<HP, R, LP_FLASH_THREADS>(smem + 2 * R * LD, ksrc + KV * HS, KW, k0, Tk, HS, threadIdx.x);  // v, staged in buffer 1
         lp_cp_async_commit();
-        lp_flash_load_queries<HP>(smem, stats, src, dsrc, lse, D, bh0, k0, T, C, W, HS);  // the first head's diagonal query tile
+        lp_flash_load_queries<HP>(smem, stats, src, dsrc, lse, D, bh0, i_first * R, T, C, W, HS);  // the first head's first query tile
         lp_cp_async_commit();
         lp_cp_async_wait<1>();  // k and v have landed ...
         __syncthreads();        // ... every thread's
@@ -5663,12 +5577,13 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
             lp_frag_a(vf[k], lp_smem_of(smem + 2 * R * LD + 16 * warp * LD + lp_lane_cols(LD) + 16 * k));
         }
         float dk[HP / 8][4] = {}, dv[HP / 8][4] = {};
-        int span = tiles - j, steps = G * span;
+        int span = qtiles - i_first, steps = G * span;
         for (int step = 0; step < steps; step++) {  // the group's query heads g in turn, each's query tiles i from the diagonal down
-            int g = step / span, i = j + step % span, i0 = i * R, u = step % 2, diag = i == j;
+            int g = step / span, i = i_first + step % span, i0 = i * R, u = step % 2;
+            int diag = RING ? lp_flash_pos<RING>(qpos, i0) < klast : i == j;  // a query before a key: masked
             __syncthreads();  // every warp is done with the other buffer (v, or the last query tile) and with ds^T
             if (step + 1 < steps) {
-                int g1 = (step + 1) / span, i1 = j + (step + 1) % span;
+                int g1 = (step + 1) / span, i1 = i_first + (step + 1) % span;
                 lp_flash_load_queries<HP>(smem + 2 * R * LD * (1 - u), stats + 2 * R * (1 - u), src + g1 * HS, dsrc + g1 * HS, lse, D, bh0 + g1,
                                           i1 * R, T, C, W, HS);
             }
@@ -5679,8 +5594,10 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
             const float *ls = stats + 2 * R * u, *Ds = ls + R;
             lp_smem qr = lp_smem_of(qs + lp_lane_rows2(LD)), qc = lp_smem_of(qs + lp_lane_cols(LD));
             lp_smem dyr = lp_smem_of(dys + lp_lane_rows2(LD)), dyc = lp_smem_of(dys + lp_lane_cols(LD));
-            // dk, dv and ds^T by the warp's keys: query blocks of 8 that see a key, none for keys past T
-            int lo = diag ? 2 * warp : 0, hi = c0 < T ? min(8, (T - i0 + 7) / 8) : 0;
+            // dk, dv and ds^T by the warp's keys: query blocks of 8 that see a key (from the pair of blocks that
+            // holds the first query seeing the warp's first key), none for keys past Tk
+            int lo = !diag ? 0 : RING ? (min(max(lp_keys_upto(qpos, T, kpos[min(c0, Tk - 1)] - 1) - i0, 0), R) / 8) & ~1 : 2 * warp;
+            int hi = c0 < Tk ? min(8, (T - i0 + 7) / 8) : 0;
 #pragma unroll
             for (int c = 0; c < 8; c += NB) {  // the tile's query blocks c .. c + NB - 1
                 int at = 8 * c * LD;          // the pass's first query row
@@ -5699,7 +5616,7 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
                 } else {
                     lp_flash_abt<HP, NB, 1>(&s, &kf, lp_smem_at(qr, at), lo - c, hi - c);
                     lp_flash_abt<HP, NB, 1>(&dp, &vf, lp_smem_at(dyr, at), lo - c, hi - c);
-                    if (diag) lp_flash_mask<NB>(s, 8 * c - 16 * warp, 1);  // (blocks before lo too: their ds is 0)
+                    if (diag) lp_flash_mask<NB, RING>(s, qpos, kpos, i0 + 8 * c, c0, T, Tk, 1);  // (blocks before lo too: their ds is 0)
                     lp_flash_grads<NB>(s, dp, ls + 8 * c, Ds + 8 * c, 1, sl2, scale);
                     lp_flash_apb<HP, NB, 1>(&dv, &s, lp_smem_at(dyc, at), lo - c, hi - c);
                     lp_flash_apb<HP, NB, 1>(&dk, &dp, lp_smem_at(qc, at), lo - c, hi - c);
@@ -5715,7 +5632,7 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
                 float dq[NQ][4] = {};
 #pragma unroll
                 for (int k = 0; k < 4; k++) {  // keys 16k .. 16k + 15
-                    if (diag && k > warp) break;  // keys after every query of the warp: ds = 0
+                    if (diag && (RING ? k0 + 16 * k >= Tk || kpos[k0 + 16 * k] > qpos[min(r0 + 15, T - 1)] : k > warp)) break;  // keys after every query of the warp: ds = 0
                     uint32_t a[4];
                     lp_ldmatrix(a, lp_smem_at(dsa, 16 * k * LDS), 1);  // ds (16 queries, 16 keys) from ds^T
 #pragma unroll
@@ -5738,59 +5655,87 @@ static __global__ void __launch_bounds__(LP_FLASH_THREADS, LP_FLASH_BWD_BLOCKS(H
             }
         }
         __syncthreads();  // every warp is done with the tiles; buffer 0 takes dk and dv
-        if (c0 >= T) continue;
+        if (c0 >= Tk) continue;
         floatX *dks = smem + 16 * warp * LD, *dvs = dks + R * LD;
+        floatX* dst = (RING ? dkv : dqkv) + kat;  // the K/V head's dk (dv: KV HS further)
+        if (RING) {  // onto the block's gradient so far, in fp32: one rounding a block
+            lp_flash_get<HP / 8>(dk, dst + (size_t)c0 * KW, KW, Tk - c0, HS, 1.0f, 1.0f);
+            lp_flash_get<HP / 8>(dv, dst + (size_t)c0 * KW + KV * HS, KW, Tk - c0, HS, 1.0f, 1.0f);
+        }
         lp_flash_put<HP / 8>(dks, LD, dk, 1.0f, 1.0f);
         lp_flash_put<HP / 8>(dvs, LD, dv, 1.0f, 1.0f);
         __syncwarp();
-        floatX* dst = dqkv + (ksrc - qkv);  // the K/V head's dk (dv: KV HS further)
-        lp_flash_store<HP>(dst, W, dks, c0, T, HS, 16, lane, 32);
-        lp_flash_store<HP>(dst + KV * HS, W, dvs, c0, T, HS, 16, lane, 32);
+        lp_flash_store<HP>(dst, KW, dks, c0, Tk, HS, 16, lane, 32);
+        lp_flash_store<HP>(dst + KV * HS, KW, dvs, c0, Tk, HS, 16, lane, 32);
     }
 }
 // dq = the splits' partials summed in split order (those of the splits that reached the row's query tile:
-// split s's first key tile is s), as bf16 into dqkv; a thread per value of (B,NH,T,HS).
-static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const float* dq_partials, int B, int T, int C, int NH, int KV,
-                                                             int splits) {
+// split s's first key tile is s, which reaches the tiles from the first query that sees its first key), as
+// bf16 into dqkv (a ring block: added onto it); a thread per value of (B,NH,T,HS).
+template <int RING>
+static __global__ void lp_flash_attention_backward_dq_kernel(floatX* dqkv, const float* dq_partials, const int* qpos, const int* kpos,
+                                                             int B, int T, int Tk, int C, int NH, int KV, int splits) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)B * T * C;
     if (i >= n) return;
-    int HS = C / NH, d = (int)(i % HS), t = (int)(i / HS % T), bh = (int)(i / HS / T), b = bh / NH, h = bh % NH;
-    int last = min(splits - 1, t / LP_FLASH_ROWS);
+    int HS = C / NH, d = (int)(i % HS), t = (int)(i / HS % T), bh = (int)(i / HS / T), b = bh / NH, h = bh % NH, R = LP_FLASH_ROWS;
+    int tile_last = lp_flash_pos<RING>(qpos, min(t / R * R + R, T) - 1);  // the row's query tile's last position
     float sum = 0.0f;
-    for (int s = 0; s <= last; s++) sum += dq_partials[(size_t)s * n + i];
-    dqkv[((size_t)b * T + t) * (C + 2 * KV * HS) + h * HS + d] = lp_xf(sum);
+    for (int s = 0; s < splits && s * R < Tk && lp_flash_pos<RING>(kpos, s * R) <= tile_last; s++) sum += dq_partials[(size_t)s * n + i];
+    floatX* g = dqkv + ((size_t)b * T + t) * (C + 2 * KV * HS) + h * HS + d;
+    *g = lp_xf(RING ? lp_bf(*g) + sum : sum);
 }
 
-// Launches for one HP. The forward: its query tiles of 64 MT rows along x, the (b,h) along y (up to 65535 of
-// them); two buffers of a k and a v tile, above the 48 KiB a kernel gets unasked at HP 128. The backward:
-// splits along x, the (b, K/V head) along y; two buffers of a query tile, the key tile and ds^T.
+// Launches for one HP, one sequence's causal attention (kv NULL) or a ring block (RING 1). The forward: its
+// query tiles of 64 MT rows along x, the (b,h) along y (up to 65535 of them); two buffers of a k and a v
+// tile, above the 48 KiB a kernel gets unasked at HP 128. The backward: splits along x, the (b, K/V head)
+// along y; two buffers of a query tile, the key tile and ds^T.
 template <int HP>
-static inline void lp_flash_forward_hp(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int KV) {
+static inline void lp_flash_forward_hp(floatX* out, float* lse, float* rsum, const floatX* qkv, const floatX* kv, const int* qpos,
+                                       const int* kpos, int B, int T, int Tk, int C, int NH, int KV, int first) {
     const int rows = 4 * 16 * LP_FLASH_MT(HP);
     if (B * NH > 65535) lp_fail("flash attention: B * NH = %d heads, more than the grid's 65535", B * NH);
     dim3 grid((T + rows - 1) / rows, B * NH);
     size_t bytes = 4 * LP_FLASH_ROWS * (HP + 8) * sizeof(floatX);
+    float scale = lp_attention_scale(C, NH);
     static int opted_in;
-    if (!opted_in)
-        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_forward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (!opted_in) {
+        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_forward_kernel<HP, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_forward_kernel<HP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    }
     opted_in = 1;
-    LP_LAUNCH(lp_flash_attention_forward_kernel<HP>, grid, LP_FLASH_THREADS, bytes, out, lse, qkv, T, C, NH, KV, lp_attention_scale(C, NH));
+    if (kv)
+        LP_LAUNCH((lp_flash_attention_forward_kernel<HP, 1>), grid, LP_FLASH_THREADS, bytes, out, lse, rsum, qkv, kv, qpos, kpos, T, Tk, C,
+                  NH, KV, first, scale);
+    else
+        LP_LAUNCH((lp_flash_attention_forward_kernel<HP, 0>), grid, LP_FLASH_THREADS, bytes, out, lse, rsum, qkv, kv, qpos, kpos, T, Tk, C,
+                  NH, KV, first, scale);
 }
 template <int HP>
-static inline void lp_flash_backward_hp(floatX* dqkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
-                                        const float* lse, int B, int T, int C, int NH, int KV) {
+static inline void lp_flash_backward_hp(floatX* dqkv, floatX* dkv, float* dq_partials, const floatX* dout, const float* D, const floatX* qkv,
+                                        const floatX* kv, const int* qpos, const int* kpos, const float* lse, int B, int T, int Tk, int C,
+                                        int NH, int KV) {
     const int R = LP_FLASH_ROWS;
     if (B * KV > 65535) lp_fail("flash attention: B * KV = %d K/V heads, more than the grid's 65535", B * KV);
-    int splits = lp_flash_splits(B * KV, T);
-    size_t bytes = (5 * R * (HP + 8) + R * (R + 8)) * sizeof(floatX) + 4 * R * sizeof(float);
+    int splits = lp_flash_splits(B * KV, Tk);
+    size_t bytes = (5 * R * (HP + 8) + R * (R + 8)) * sizeof(floatX) + 4 * R * sizeof(float), n = (size_t)B * T * C;
+    float scale = lp_attention_scale(C, NH);
     static int opted_in;
-    if (!opted_in)
-        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_backward_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (!opted_in) {
+        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_backward_kernel<HP, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        cudaCheck(cudaFuncSetAttribute(lp_flash_attention_backward_kernel<HP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    }
     opted_in = 1;
-    LP_LAUNCH(lp_flash_attention_backward_kernel<HP>, dim3(splits, B * KV), LP_FLASH_THREADS, bytes, dqkv, dq_partials, dout, D, qkv,
-              lse, T, C, NH, KV, lp_attention_scale(C, NH));
-    size_t n = (size_t)B * T * C;
-    LP_LAUNCH(lp_flash_attention_backward_dq_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, dqkv, dq_partials, B, T, C, NH, KV, splits);
+    if (kv) {
+        LP_LAUNCH((lp_flash_attention_backward_kernel<HP, 1>), dim3(splits, B * KV), LP_FLASH_THREADS, bytes, dqkv, dkv, dq_partials, dout, D,
+                  qkv, kv, qpos, kpos, lse, T, Tk, C, NH, KV, scale);
+        LP_LAUNCH(lp_flash_attention_backward_dq_kernel<1>, lp_grid(n, LP_THREADS), LP_THREADS, 0, dqkv, dq_partials, qpos, kpos, B, T, Tk,
+                  C, NH, KV, splits);
+    } else {
+        LP_LAUNCH((lp_flash_attention_backward_kernel<HP, 0>), dim3(splits, B * KV), LP_FLASH_THREADS, bytes, dqkv, dkv, dq_partials, dout, D,
+                  qkv, kv, qpos, kpos, lse, T, Tk, C, NH, KV, scale);
+        LP_LAUNCH(lp_flash_attention_backward_dq_kernel<0>, lp_grid(n, LP_THREADS), LP_THREADS, 0, dqkv, dq_partials, qpos, kpos, B, T, Tk,
+                  C, NH, KV, splits);
+    }
 }
 // f<HP>(args) for the head size's padded width.
 #define LP_FLASH_DISPATCH(HS, f, ...)                                                                              \
@@ -5803,17 +5748,56 @@ static inline void lp_flash_backward_hp(floatX* dqkv, float* dq_partials, const 
     }
 
 static inline void lp_flash_attention_forward_gpu(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int KV) {
-    LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, lse, qkv, B, T, C, NH, KV);
+    LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, lse, NULL, qkv, NULL, NULL, NULL, B, T, T, C, NH, KV, 1);
 }
-// dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them. D and the dq partials
-// share the reduction scratch (lp_scratch_reserve sizes it for the model's shapes).
-static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
-                                                   const float* lse, int B, int T, int C, int NH, int KV) {
+// D = rowsum(dout out) per query row, then the tile kernel and the dq partials' sum. D and the partials share
+// the reduction scratch (lp_scratch_reserve sizes it for the model's shapes).
+static inline void lp_flash_backward_gpu(floatX* dqkv, floatX* dkv, const floatX* dout, const floatX* out, const float* lse, const floatX* qkv,
+                                         const floatX* kv, const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV) {
     size_t rows = (size_t)B * NH * T;
-    float* D = (float*)lp_scratch(&lp_partials, (rows + lp_flash_dq_partial_floats(B, T, C, NH, KV)) * sizeof(float), "reduction partials");
+    float* D = (float*)lp_scratch(&lp_partials, (rows + lp_flash_dq_partial_floats(B, T, Tk, C, NH, KV)) * sizeof(float), "reduction partials");
     int lanes = lp_flash_d_lanes(C / NH);
     LP_LAUNCH(lp_flash_attention_backward_d_kernel, lp_grid(rows * lanes, LP_THREADS), LP_THREADS, 0, D, dout, out, B, T, C, NH, lanes);
-    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, D + rows, dout, D, qkv, lse, B, T, C, NH, KV);
+    LP_FLASH_DISPATCH(C / NH, lp_flash_backward_hp, dqkv, dkv, D + rows, dout, D, qkv, kv, qpos, kpos, lse, B, T, Tk, C, NH, KV);
+}
+// dqkv is overwritten; dout, out (the forward's y) and lse as the forward left them.
+static inline void lp_flash_attention_backward_gpu(floatX* dqkv, const floatX* dout, const floatX* out, const floatX* qkv,
+                                                   const float* lse, int B, int T, int C, int NH, int KV) {
+    lp_flash_backward_gpu(dqkv, NULL, dout, out, lse, qkv, NULL, NULL, NULL, B, T, T, C, NH, KV);
+}
+
+// Context parallelism's block ops (lp_attention_block_forward_cpu and the rest) on the GPU: the flash kernels
+// above with RING 1, their CPU loops' results at the flash tolerances. The forward merges a block into the rows'
+// running output, max and sum in the kernel's registers (loaded at its start, stored at its end: one bf16
+// rounding of the output a block, as the CPU loop's float output has none); the backward adds each block's dk
+// and dv onto dkv and dq onto dqkv, the sums rounded to bf16 once a block.
+static __global__ void lp_attention_kv_copy_kernel(floatX* kv, floatX* qkv, int N, int NH, int KV, int HS, int to_block) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)2 * KV * HS;
+    if (i >= (size_t)N * n) return;
+    floatX* row = qkv + i / n * (NH + 2 * KV) * HS + (size_t)NH * HS + i % n;
+    if (to_block) kv[i] = *row;
+    else *row = kv[i];
+}
+static inline void lp_attention_kv_copy_gpu(floatX* kv, floatX* qkv, int B, int T, int NH, int KV, int HS, int to_block) {
+    size_t n = (size_t)B * T * 2 * KV * HS;
+    LP_LAUNCH(lp_attention_kv_copy_kernel, lp_grid(n, LP_THREADS), LP_THREADS, 0, kv, qkv, B * T, NH, KV, HS, to_block);
+}
+static inline void lp_attention_block_forward_gpu(floatX* out, float* rmax, float* rsum, const floatX* qkv, const floatX* kv,
+                                                  const int* qpos, const int* kpos, int B, int T, int Tk, int C, int NH, int KV,
+                                                  int first) {
+    LP_FLASH_DISPATCH(C / NH, lp_flash_forward_hp, out, rmax, rsum, qkv, kv, qpos, kpos, B, T, Tk, C, NH, KV, first);
+}
+static __global__ void lp_attention_block_end_kernel(float* rmax, const float* rsum, int rows) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) rmax[r] += logf(rsum[r]);
+}
+static inline void lp_attention_block_end_gpu(float* rmax, const float* rsum, int rows) {
+    LP_LAUNCH(lp_attention_block_end_kernel, lp_grid(rows, LP_THREADS), LP_THREADS, 0, rmax, rsum, rows);
+}
+static inline void lp_attention_block_backward_gpu(floatX* dqkv, floatX* dkv, const floatX* dout, const floatX* out, const float* lse,
+                                                   const floatX* qkv, const floatX* kv, const int* qpos, const int* kpos, int B,
+                                                   int T, int Tk, int C, int NH, int KV) {
+    lp_flash_backward_gpu(dqkv, dkv, dout, out, lse, qkv, kv, qpos, kpos, B, T, Tk, C, NH, KV);
 }
 #endif  // LLMPAR_IMPLEMENTATION
 #endif
@@ -6672,7 +6656,7 @@ static inline float lp_norm_squared_gpu(const floatX* x, size_t n) {
 static inline void lp_scratch_reserve(int B, int T, int C, int NH, int KV) {
     size_t N = (size_t)B * T, partials = (size_t)lp_ln_blocks((int)N, C) * 2 * C;  // layernorm backward
     if ((size_t)LP_BIAS_CHUNKS * 4 * C > partials) partials = (size_t)LP_BIAS_CHUNKS * 4 * C;
-    size_t attention = N * NH + lp_flash_dq_partial_floats(B, T, C, NH, KV);  // flash attention backward's D and dq partials
+    size_t attention = N * NH + lp_flash_dq_partial_floats(B, T, T, C, NH, KV);  // flash attention backward's D and dq partials
     if (attention > partials) partials = attention;
     lp_scratch(&lp_partials, partials * sizeof(float), "reduction partials");
     lp_scratch(&lp_embedding_index, (3 * N + 1) * sizeof(int), "embedding backward index");  // 2U + 1 + M, U and M <= N

@@ -7383,7 +7383,9 @@ static void tier4_kernel_tests(void) {
 // each) meet every rank's K/V block in the ring's order (the first holding the rows' own positions; the others
 // wholly before some rows, wholly after others, across the rest), then block_end; the backward runs step by
 // step as the ring does, each block's dk and dv adding up over the ranks. The K/V copy exactly; the outputs and
-// gradients to the attention kernels' tolerances (2e-2 and 3e-2 of the largest), the logsumexp to 1e-5.
+// gradients to the attention kernels' tolerances (2e-2 and 3e-2 of the largest), the logsumexp to 1e-5. With
+// more rows than a tile, a rank's blocks reach the flash kernels' every case: tiles its rows see whole, in part
+// or not at all, key tiles no query sees.
 static void tier4_ring_attention(uint64_t* rng, int cp, int B, int T, int C, int NH, int KV) {
     enum { MAXCP = 4 };
     char name[192], shape[96];
@@ -7488,6 +7490,8 @@ static void tier4_attention_kernels(void) {
     tier4_ring_attention(&rng, 2, 2, 32, 32, 2, 2);   // HS=16
     tier4_ring_attention(&rng, 4, 1, 64, 100, 4, 2);  // HS=25 (lanes part-filled), grouped-query attention
     tier4_ring_attention(&rng, 2, 1, 16, 256, 2, 1);  // HS=128, the largest head; multi-query
+    tier4_ring_attention(&rng, 2, 1, 360, 64, 4, 2);  // chunks of 90 rows: 3 tiles a rank, chunk edges inside tiles and warps; GQA
+    tier4_ring_attention(&rng, 4, 1, 512, 64, 1, 1);  // HS=64, chunks of 64: whole tiles seen, none, or a diagonal
 #ifdef LLMPAR_CUDAEMU
     cudaemu_racecheck(0);
 #endif
@@ -7822,8 +7826,8 @@ static void test_fp16_runs(void) {
 // Tier 3's grids on the CUDA engine: ZeRO 0-3 (with and without overlap), TP with and without SP,
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
-// recomputing its probabilities), context parallelism's ring (cp 2 alone, with ZeRO-1 over its cp x d ranks,
-// with TP and SP, under a pipeline), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
+// recomputing its probabilities), context parallelism's ring (cp 2 and cp 4 alone, cp 2 with ZeRO-1 and ZeRO-3
+// over its cp x d ranks, with TP and SP, under a pipeline), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
 // recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), and the Llama
 // family on t=2, t=2 SP, p=2 (1F1B, interleaved), d=2 ZeRO-3 (with --offload params) and t=2 p=2 d=2, all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
@@ -7907,7 +7911,8 @@ static void test_parallel_grids(void) {
         {4, "--tp 2 --pp 2 --sp", 0}, {1, "--recompute selective", 0}, {1, "--recompute full", 0}, {2, "--zero 3 --recompute full", 0},
         {4, "--tp 2 --pp 2 --sp --recompute full", 0}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5", 0},
         {8, "--tp 2 --pp 2 --sp --zero 1", 1}, {2, "--tp 2 --attention cublas", 0}, {1, "--attention cublas --recompute selective", 0},
-        {2, "--cp 2", 1}, {4, "--cp 2 --zero 1", 0}, {4, "--cp 2 --tp 2 --sp", 0}, {4, "--cp 2 --pp 2", 0}};
+        {2, "--cp 2", 1}, {4, "--cp 4", 0}, {4, "--cp 2 --zero 1", 0}, {4, "--cp 2 --zero 3", 0}, {4, "--cp 2 --tp 2 --sp", 0},
+        {4, "--cp 2 --pp 2", 0}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp "), *cp = strstr(f, "--cp ");
         int r = grids[k].ranks, d = r / (tp ? atoi(tp + 5) : 1) / (pp ? atoi(pp + 5) : 1) / (cp ? atoi(cp + 5) : 1);
@@ -7993,29 +7998,34 @@ static void test_parallel_grids(void) {
 // update's stochastic-rounding draws (lp_model_round_as_updated); rounding them to nearest (as a model file
 // is read) leaves half the weights one bf16 step apart. Each way the weights live: in device memory, the
 // update on the host (--offload optimizer), AdamW's state in files (nvme), ZeRO-3 shards with the weights
-// on the host, a pipeline.
+// on the host, a pipeline; context parallelism's ring; a Llama (llm.c's Llama 3 checkpoint files).
 static void test_resume_exact(void) {
     static char out[1 << 16];
     if (no_mpirun("tier 4 resume")) return;
-    const char* args = "-e dev/ref/tiny_model.bin -i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -v 0 -s 0 -u 2 -q 1 -l 1e-3";
-    char nvme[LP_PATH_MAX + 64];
+    const char* args = "-i dev/ref/tiny_tokens.bin -j '' -b 1 -t 16 -v 0 -s 0 -u 2 -q 1 -l 1e-3";
+    char nvme[LP_PATH_MAX + 64], llama[LP_PATH_MAX + 8];
     lp_path(nvme, "--offload nvme --offload-dir %s/resume_files", tmp_dir);
     mkdir(nvme + strlen("--offload nvme --offload-dir "), 0755);
+    LPConfig c = tiny_llama_config();
+    save_model(tmp_path("resume_llama.bin"), &c, 4949);
+    lp_path(llama, "-e %s", tmp_path("resume_llama.bin"));
     struct { int ranks; const char* flags; } cases[] = {
-        {1, ""}, {1, "--offload optimizer"}, {1, nvme}, {2, "--zero 3 --offload params"}, {2, "--pp 2"},
+        {1, ""}, {1, "--offload optimizer"}, {1, nvme}, {2, "--zero 3 --offload params"}, {2, "--pp 2"}, {2, "--cp 2"}, {1, llama},
     };
-    for (int k = 0; k < 5; k++) {
-        char straight[LP_PATH_MAX], resumed[LP_PATH_MAX], launch[64] = "", name[LP_PATH_MAX + 256];
+    for (int k = 0; k < (int)(sizeof(cases) / sizeof(cases[0])); k++) {
+        char straight[LP_PATH_MAX], resumed[LP_PATH_MAX], launch[64] = "", name[LP_PATH_MAX + 256], run[2 * LP_PATH_MAX + 256];
         if (cases[k].ranks > 1) snprintf(launch, sizeof(launch), "mpirun -np %d --oversubscribe ", cases[k].ranks);
+        snprintf(run, sizeof(run), "%s%s %s %s %s", launch, TRAIN_BIN, cases[k].flags == llama ? "" : "-e dev/ref/tiny_model.bin", args,
+                 cases[k].flags);
         lp_path(straight, "%s_%d", tmp_path("resume_straight"), k);
         lp_path(resumed, "%s_%d", tmp_path("resume_resumed"), k);
-        int rc = run_cmd(out, sizeof(out), "%s%s %s %s -x 8 -o %s", launch, TRAIN_BIN, args, cases[k].flags, straight);
-        rc |= run_cmd(out, sizeof(out), "%s%s %s %s -x 5 -o %s", launch, TRAIN_BIN, args, cases[k].flags, resumed);
-        rc |= run_cmd(out, sizeof(out), "%s%s %s %s -x 8 --resume -o %s", launch, TRAIN_BIN, args, cases[k].flags, resumed);
+        int rc = run_cmd(out, sizeof(out), "%s -x 8 -o %s", run, straight);
+        rc |= run_cmd(out, sizeof(out), "%s -x 5 -o %s", run, resumed);
+        rc |= run_cmd(out, sizeof(out), "%s -x 8 --resume -o %s", run, resumed);
         size_t n = 0, nr = 0, worst = 0;
         float *w = run_weights(straight, 8, &n), *wr = run_weights(resumed, 8, &nr);
         snprintf(name, sizeof(name), "%s%s: 5 steps and --resume to 8 end with 8 straight steps' weights, exactly", launch,
-                 cases[k].flags[0] ? cases[k].flags : "one GPU");
+                 cases[k].flags == llama ? "a Llama" : cases[k].flags[0] ? cases[k].flags : "one GPU");
         expect(rc == 0 && w && wr && n == nr && all_close(wr, w, n, 0.0f, 0.0f, &worst), name);
         if (rc != 0) printf("%s\n", out);
         free(w);

@@ -158,12 +158,13 @@ sass_solves() {
 
 # the hazard check (dev/cudaemu/README.md) over every kernel of training steps: one rank with selective
 # recomputation, two with --tp 2, two with ZeRO-2, one rank of the Llama family (grouped-query flash attention,
-# RoPE, RMSNorm, SwiGLU), side by side; each run must end. One check (where the counting binary built).
+# RoPE, RMSNorm, SwiGLU), two with --cp 2 (the flash kernels on the ring's blocks), side by side; each run must
+# end. One check (where the counting binary built).
 kernels_hazard_free() {
     local ok=1 dir grid np k pids=()
     [ -x ./train_gpt_emu_prof ] || return
     dir=$(mktemp -d)
-    for grid in "1 --recompute selective" "2 --tp 2" "2 -z 2" "1 -e llama:d2"; do
+    for grid in "1 --recompute selective" "2 --tp 2" "2 -z 2" "1 -e llama:d2" "2 --cp 2"; do
         set -- $grid
         np=$1
         shift
@@ -177,7 +178,7 @@ kernels_hazard_free() {
     done
     rm -rf "$dir"
     if [ $ok = 1 ]; then
-        echo "     the hazard check: no shared-memory hazard in the kernels of training steps (1 rank, --tp 2, ZeRO-2, a Llama)"
+        echo "     the hazard check: no shared-memory hazard in the kernels of training steps (1 rank, --tp 2, ZeRO-2, a Llama, --cp 2)"
         passed=$((passed + 1))
     else
         echo "FAIL the hazard check finds a shared-memory hazard, or the runs under it did not end"
