@@ -1276,6 +1276,7 @@ typedef struct LPGroup {
 #endif
 #ifdef LLMPAR_NCCL
     ncclComm_t nccl;   // NULL: this group's collectives go over MPI
+    ncclComm_t ring;   // the cp group's second communicator, for its ring's exchanges on a stream of their own
 #endif
     int rank, size;
     const char* name;  // "tp", "cp", "dp", "pp", "ep", "edp", "dpcp" or "world", for error messages
@@ -1681,8 +1682,10 @@ static inline void lp_nccl_comm_destroy(ncclComm_t comm);  // section 5
 #endif
 void lp_process_finish(LPProcess* proc) {
 #ifdef LLMPAR_NCCL
-    for (int a = 0; a < LP_GROUPS; a++)
+    for (int a = 0; a < LP_GROUPS; a++) {
         if (proc->group[a].nccl) lp_nccl_comm_destroy(proc->group[a].nccl);
+        if (proc->group[a].ring) lp_nccl_comm_destroy(proc->group[a].ring);
+    }
 #endif
 #ifndef LLMPAR_CPU
     if (lp_cublaslt_workspace) {
@@ -2590,6 +2593,8 @@ typedef struct {
 #ifdef LLMPAR_NCCL
 LP_STATE cudaStream_t lp_comm_stream;
 LP_STATE cudaEvent_t lp_comm_event;
+LP_STATE cudaStream_t lp_ring_stream;  // context parallelism's exchanges (lp_exchange_start)
+LP_STATE cudaEvent_t lp_ring_done[2];  // the ends of its two exchanges in flight (tags 0 and 1)
 #ifdef LLMPAR_IMPLEMENTATION
 // A collective is about to be enqueued on the comm stream, after the compute stream's work so far. On the
 // timeline (on) it is the comm stream's event, named as lp_traffic's launch just before it.
@@ -2790,14 +2795,63 @@ static inline void lp_wait(const LPGroup* g, LPPending* pend) {
     pend->count = 0;
 }
 
+// One step of a ring (context parallelism's attention, section 9): n values of x on to the group's rank
+// `next` while n values from rank `prev` arrive in y, under way until lp_exchange_wait while this rank
+// computes. Over NCCL the send and the receive are one group (a send waits for its peer's receive: issued
+// apart, every rank's send would wait on its neighbour's), device to device, on a stream and a communicator of
+// the ring's own (on the comm stream a layer's exchange would queue behind the data-parallel reduction of the
+// layer above),
+// after the compute stream's work so far; the wait puts the compute stream behind it alone. Otherwise MPI's
+// point-to-point above: the receive posted, the send staged. At most two exchanges are in flight, tags 0
+// and 1 (the ring's blocks and their gradients). lp_exchange_free finishes the sends.
+typedef struct {
+    int tag;
+    LPSends sends;  // MPI's
+    LPRecv recv;
+} LPExchange;
+static inline void lp_exchange_start(const LPGroup* g, const floatX* x, floatX* y, size_t n, int next, int prev, int tag, LPExchange* e) {
 #ifdef LLMPAR_NCCL
-// The group's NCCL communicator: its rank 0 makes the id and broadcasts it over the group's MPI one.
-static inline void lp_group_nccl_init(LPGroup* g) {
+    if (g->ring) {
+        size_t bytes = n * sizeof(floatX);
+        lp_traffic(g, LP_SEND, bytes);
+        cudaCheck(cudaEventRecord(lp_comm_event, 0));
+        cudaCheck(cudaStreamWaitEvent(lp_ring_stream, lp_comm_event, 0));
+        lp_nccl_check(ncclGroupStart(), "group start", g);
+        lp_nccl_check(ncclSend(x, bytes, ncclChar, next, g->ring, lp_ring_stream), "send", g);
+        lp_nccl_check(ncclRecv(y, bytes, ncclChar, prev, g->ring, lp_ring_stream), "receive", g);
+        lp_nccl_check(ncclGroupEnd(), "group end", g);
+        cudaCheck(cudaEventRecord(lp_ring_done[tag], lp_ring_stream));
+        e->tag = tag;
+        return;
+    }
+#endif
+    lp_recv_start(g, y, n, prev, tag, &e->recv);
+    lp_send(g, x, n, next, tag, &e->sends);
+}
+static inline void lp_exchange_wait(const LPGroup* g, LPExchange* e) {
+#ifdef LLMPAR_NCCL
+    if (g->ring) {
+        cudaCheck(cudaStreamWaitEvent(0, lp_ring_done[e->tag], 0));
+        return;
+    }
+#else
+    (void)g;
+#endif
+    lp_recv_wait(&e->recv);
+}
+static inline void lp_exchange_free(const LPGroup* g, LPExchange* e) {
+    lp_sends_wait(g, &e->sends);
+    lp_sends_free(&e->sends);
+}
+
+#ifdef LLMPAR_NCCL
+// An NCCL communicator over the group's ranks: its rank 0 makes the id and broadcasts it over the group's MPI one.
+static inline void lp_group_nccl_init(LPGroup* g, ncclComm_t* comm) {
     if (g->size == 1) return;
     ncclUniqueId id;
     if (g->rank == 0) lp_nccl_check(ncclGetUniqueId(&id), "unique id", g);
     lp_mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, g->comm), "broadcast of the NCCL id", g);
-    lp_nccl_comm_init(&g->nccl, g->size, id, g->rank, "communicator init", g);
+    lp_nccl_comm_init(comm, g->size, id, g->rank, "communicator init", g);
 }
 #endif
 
@@ -2852,9 +2906,14 @@ void lp_comm_init(LPProcess* proc) {
     const LPParallel* par = proc->par;
     for (int a = 0; a < LP_GROUPS; a++) {  // (ep 1: the experts' groups are unused; cp 1: so are dpcp and edpcp)
         int used = a < LP_AXES || (a == LP_DPCP ? par->cp > 1 : a == LP_EDPCP ? par->cp > 1 && par->ep > 1 : par->ep > 1);
-        if (used) lp_group_nccl_init(&proc->group[a]);
+        if (used) lp_group_nccl_init(&proc->group[a], &proc->group[a].nccl);
     }
+    // the ring's own communicator: one communicator's operations on two streams (the gradients' reductions
+    // over cp under --diloco or --gossip, on the comm stream) could run in different orders on different ranks
+    if (par->cp > 1) lp_group_nccl_init(&proc->group[LP_CP], &proc->group[LP_CP].ring);
     cudaCheck(cudaStreamCreateWithFlags(&lp_comm_stream, cudaStreamNonBlocking));
+    cudaCheck(cudaStreamCreateWithFlags(&lp_ring_stream, cudaStreamNonBlocking));
+    for (int k = 0; k < 2; k++) cudaCheck(cudaEventCreateWithFlags(&lp_ring_done[k], cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&lp_comm_event, cudaEventDisableTiming));
 #else
     if (strcmp(choice, "nccl") == 0 && proc->world > 1)
@@ -8634,7 +8693,7 @@ static inline floatX* lp_moe_backward(LPModel* m, int l, const LPLayerActs* x, c
 // (lp_cp_position), and their queries need the keys and values of every earlier position, which all cp ranks
 // of the group hold between them. So the blocks travel around the ring: at step s = 0 .. cp-1 rank r works on
 // the keys and values of rank r - s (mod cp) while it receives the next block from r - 1 and sends this one on to
-// r + 1 (the receive posted before the block's compute, so the transfer runs under it). Each block's scores merge
+// r + 1 (lp_exchange_start before the block's compute, so the transfer runs under it). Each block's scores merge
 // into the rows' running output with the online softmax's statistics (lp_attention_block_forward), masked by
 // the rows' true positions; the result is exact, as one rank's attention over the whole sequence. Backward
 // passes the blocks around again, each with its keys' and values' gradient: a rank adds its queries' share and
@@ -8654,22 +8713,17 @@ static inline void lp_ring_attention_forward(LPModel* m, floatX* out, float* lse
     floatX* kv = m->act.ring;  // this step's block, the next
     float* rsum = m->act.ring_sum;  // (the running max: in lse)
     const int* pos = lp_model_rows_positions(m);
-    LPSends sends = {0};
-    LPRecv recv;
+    LPExchange step = {0};
     lp_attention_kv_copy(kv, qkv, B, T, NHl, KVl, Cl / NHl, 1);
     for (int s = 0; s < n; s++) {
         floatX *here = kv + (size_t)(s % 2) * block, *coming = kv + (size_t)((s + 1) % 2) * block;
-        if (s + 1 < n) {
-            lp_recv_start(m->cp, coming, block, prev, 0, &recv);
-            lp_send(m->cp, here, block, next, 0, &sends);
-        }
+        if (s + 1 < n) lp_exchange_start(m->cp, here, coming, block, next, prev, 0, &step);
         lp_attention_block_forward(out, lse, rsum, qkv, here, pos, lp_model_positions_of(m, (r - s + n) % n), B, T, T, Cl, NHl, KVl,
                                    s == 0);
-        if (s + 1 < n) lp_recv_wait(&recv);
+        if (s + 1 < n) lp_exchange_wait(m->cp, &step);
     }
     lp_attention_block_end(lse, rsum, B * NHl * T);
-    lp_sends_wait(m->cp, &sends);
-    lp_sends_free(&sends);
+    lp_exchange_free(m->cp, &step);
 }
 
 // Backward into dqkv (the rows' q, k and v gradients) from the output's gradient dout.
@@ -8679,27 +8733,23 @@ static inline void lp_ring_attention_backward(LPModel* m, floatX* dqkv, const fl
     size_t block = (size_t)B * T * 2 * KVl * (Cl / NHl);
     floatX *kv = m->act.ring, *dkv = kv + 2 * block;  // two blocks, then their gradients
     const int* pos = lp_model_rows_positions(m);
-    LPSends sends = {0};
-    LPRecv recv, drecv;
+    LPExchange step = {0}, grad = {0};
     lp_attention_kv_copy(kv, qkv, B, T, NHl, KVl, Cl / NHl, 1);
     lp_device_zero(dkv, block * sizeof(floatX));  // this rank's block's gradient starts here
     lp_device_zero(dqkv, (size_t)B * T * (NHl + 2 * KVl) * (Cl / NHl) * sizeof(floatX));
     for (int s = 0; s < n; s++) {
         size_t here = (size_t)(s % 2) * block, coming = (size_t)((s + 1) % 2) * block;
-        if (s + 1 < n) {
-            lp_recv_start(m->cp, kv + coming, block, prev, 0, &recv);
-            lp_send(m->cp, kv + here, block, next, 0, &sends);
-        }
-        lp_recv_start(m->cp, dkv + coming, block, prev, 1, &drecv);  // the next block's gradient so far (the last: this rank's own)
+        if (s + 1 < n) lp_exchange_start(m->cp, kv + here, kv + coming, block, next, prev, 0, &step);
         lp_attention_block_backward(dqkv, dkv + here, dout, out, lse, qkv, kv + here, pos, lp_model_positions_of(m, (r - s + n) % n), B, T,
                                     T, Cl, NHl, KVl);
-        lp_send(m->cp, dkv + here, block, next, 1, &sends);
-        if (s + 1 < n) lp_recv_wait(&recv);
-        lp_recv_wait(&drecv);
+        // the block's gradient on, the next block's so far in (the last: this rank's own, complete)
+        lp_exchange_start(m->cp, dkv + here, dkv + coming, block, next, prev, 1, &grad);
+        if (s + 1 < n) lp_exchange_wait(m->cp, &step);
+        lp_exchange_wait(m->cp, &grad);
     }
     lp_attention_kv_copy(dkv + (size_t)(n % 2) * block, dqkv, B, T, NHl, KVl, Cl / NHl, 0);
-    lp_sends_wait(m->cp, &sends);
-    lp_sends_free(&sends);
+    lp_exchange_free(m->cp, &step);
+    lp_exchange_free(m->cp, &grad);
 }
 
 // Layer l from its ln1 (made by the residual add below it, fused) to the GELU output: the attention half
@@ -9878,7 +9928,7 @@ void lp_stage_create(LPStage* st, const LPConfig* cfg, const LPModelOptions* bas
             MPI_Comm_rank(st->head.comm, &st->head.rank);
             MPI_Comm_set_errhandler(st->head.comm, MPI_ERRORS_RETURN);
 #ifdef LLMPAR_NCCL
-            if (st->pp->nccl) lp_group_nccl_init(&st->head);  // the head's gradient sum on the GPU, like the stages' traffic
+            if (st->pp->nccl) lp_group_nccl_init(&st->head, &st->head.nccl);  // the head's gradient sum on the GPU, like the stages' traffic
 #endif
         }
     }
@@ -10196,6 +10246,7 @@ float lp_step_forward_backward(LPStage* st, LPDataLoader* train) {
         st->moe_stats.aux /= ranks;
         st->moe_stats.z /= ranks;
     }
+    lp_device_sync();  // the backward's last kernels and sends (the host runs ahead of the GPU): the phase's time too
     lp_trace_end(phase);
     st->wall_s = lp_time_s() - t0;
     return loss;

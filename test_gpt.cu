@@ -7826,8 +7826,8 @@ static void test_fp16_runs(void) {
 // Tier 3's grids on the CUDA engine: ZeRO 0-3 (with and without overlap), TP with and without SP,
 // pipeline schedules (1F1B, GPipe, interleaved, an uneven partition with a head-only chunk), ZeRO and TP
 // under a pipeline, recomputation, an auxiliary loss, 3D, and the cublas attention path (with TP, and
-// recomputing its probabilities), context parallelism's ring (cp 2 and cp 4 alone, cp 2 with ZeRO-1 and ZeRO-3
-// over its cp x d ranks, with TP and SP, under a pipeline), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
+// recomputing its probabilities), context parallelism's ring (cp 2 and cp 4 alone, cp 2 with ZeRO-1 over its
+// cp x d ranks, with TP and ZeRO-3 on 8 ranks, with TP and SP, under a pipeline), and a mixture of experts under TP, SP, ZeRO, a pipeline, full
 // recomputation and expert parallelism (each rank's micro-batches of 1 row, as the one rank's), and the Llama
 // family on t=2, t=2 SP, p=2 (1F1B, interleaved), d=2 ZeRO-3 (with --offload params) and t=2 p=2 d=2, all on a 4-layer tiny model with 4
 // micro-batches per step, against the same model on one rank (with the same auxiliary loss where one is
@@ -7911,7 +7911,7 @@ static void test_parallel_grids(void) {
         {4, "--tp 2 --pp 2 --sp", 0}, {1, "--recompute selective", 0}, {1, "--recompute full", 0}, {2, "--zero 3 --recompute full", 0},
         {4, "--tp 2 --pp 2 --sp --recompute full", 0}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5", 0},
         {8, "--tp 2 --pp 2 --sp --zero 1", 1}, {2, "--tp 2 --attention cublas", 0}, {1, "--attention cublas --recompute selective", 0},
-        {2, "--cp 2", 1}, {4, "--cp 4", 0}, {4, "--cp 2 --zero 1", 0}, {4, "--cp 2 --zero 3", 0}, {4, "--cp 2 --tp 2 --sp", 0},
+        {2, "--cp 2", 1}, {4, "--cp 4", 0}, {4, "--cp 2 --zero 1", 0}, {8, "--cp 2 --tp 2 --zero 3", 0}, {4, "--cp 2 --tp 2 --sp", 0},
         {4, "--cp 2 --pp 2", 0}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp "), *cp = strstr(f, "--cp ");

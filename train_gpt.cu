@@ -2113,7 +2113,6 @@ static int lp_train(LPFlags* f, const LPProcess* proc) {
         s.scale = r.state.scaler.scale;           // --loss-scale: the gradients are of the loss times it
         r.stage.loss_scale = lp_injected_overflow(r.computed + 1, proc->rank, s.scale > 0.0f ? s.scale : 1.0f);
         s.loss = lp_injected_loss(++r.computed, lp_step_forward_backward(&r.stage, &r.train));  // m micro-batches
-        lp_device_sync();
         s.t1 = lp_time_s();
         s.busy_s = s.t1 - s.t0 - (lp_watchdog.waited - waited);
         lp_step_reduce_grads(&r.stage);           // averaged over DP (ZeRO: onto the shards); the head's copies summed
