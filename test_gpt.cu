@@ -7836,9 +7836,9 @@ static void test_fp16_runs(void) {
 // emulator's, over MPI), and the grids marked `mpi` again over --comm mpi: each collective's host-staged MPI path
 // (lp_all_reduce and co. choose the transport call by call, whatever the grid) on one grid at least: DP's
 // all-reduce (ZeRO-0), reduce-scatter (ZeRO-2), all-gather and prefetch (ZeRO-3), TP's all-reduce, a pipeline's
-// sends (1F1B, interleaved), the ring (cp 2), the experts' all-to-all (alone and with TP), and every group at
-// once (t=2 p=2 d=2 SP ZeRO-1, and the Llama's t=2 p=2 d=2). With one real GPU the ranks share it and every grid
-// runs over MPI.
+// sends (1F1B, interleaved), the ring (cp 2, and cp 4: a rank's two neighbours differ), the experts' all-to-all
+// (alone and with TP), and every group at once (t=2 p=2 d=2 SP ZeRO-1, and the Llama's t=2 p=2 d=2). With one
+// real GPU the ranks share it and every grid runs over MPI.
 // One of test_parallel_grids' grids: r ranks running `flags` on base, each with micro-batches of B rows, over
 // NCCL (and with `mpi` over MPI too; on a GPU over --comm auto), against one rank's losses ref and weights wref.
 static void expect_cuda_grid(const char* base, int r, const char* flags, int mpi, int B, const float* ref, const float* wref, size_t nw) {
@@ -7911,7 +7911,7 @@ static void test_parallel_grids(void) {
         {4, "--tp 2 --pp 2 --sp", 0}, {1, "--recompute selective", 0}, {1, "--recompute full", 0}, {2, "--zero 3 --recompute full", 0},
         {4, "--tp 2 --pp 2 --sp --recompute full", 0}, {2, "--pp 2 --aux-loss-layers 2 --aux-loss-weight 0.5", 0},
         {8, "--tp 2 --pp 2 --sp --zero 1", 1}, {2, "--tp 2 --attention cublas", 0}, {1, "--attention cublas --recompute selective", 0},
-        {2, "--cp 2", 1}, {4, "--cp 4", 0}, {4, "--cp 2 --zero 1", 0}, {8, "--cp 2 --tp 2 --zero 3", 0}, {4, "--cp 2 --tp 2 --sp", 0},
+        {2, "--cp 2", 1}, {4, "--cp 4", 1}, {4, "--cp 2 --zero 1", 0}, {8, "--cp 2 --tp 2 --zero 3", 0}, {4, "--cp 2 --tp 2 --sp", 0},
         {4, "--cp 2 --pp 2", 0}};
     for (size_t k = 0; k < sizeof(grids) / sizeof(grids[0]); k++) {
         const char *f = grids[k].flags, *tp = strstr(f, "--tp "), *pp = strstr(f, "--pp "), *cp = strstr(f, "--cp ");
