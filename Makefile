@@ -212,8 +212,7 @@ test:
 	@bash scripts/run_tests.sh
 
 # Tier 4 under the emulator alone (and the emulator's own tests).
-test-emu: train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu test_gpt_fp16_emu train_gpt_fp16_emu \
-          train_gpt_fp16_emu_hooks
+test-emu: train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu test_gpt_fp16_emu train_gpt_fp16_emu_hooks
 	@bash scripts/run_tests.sh emu
 
 # dev/docs/flags.md's flags block is `./train_gpt_cpu -h` verbatim, between its two marker lines: this

@@ -191,8 +191,8 @@ emulated_tier() {
     # every emulated build at once, side by side, the examples' and the counting one's too (the makes below then
     # find them built, or build a failed one again to show its errors)
     make -s -j"$jobs" -k train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu \
-        dev/examples/train_loop_emu dev/examples/two_files_emu train_gpt_emu_prof test_gpt_fp16_emu train_gpt_fp16_emu \
-        train_gpt_fp16_emu_hooks > /dev/null 2>&1
+        dev/examples/train_loop_emu dev/examples/two_files_emu train_gpt_emu_prof test_gpt_fp16_emu train_gpt_fp16_emu_hooks \
+        > /dev/null 2>&1
     if ! make -s -j"$jobs" train_gpt_cpu train_gpt_emu train_gpt_emu_hooks test_gpt_emu dev/cudaemu/test_cudaemu; then
         echo "FAIL the emulated CUDA build (make train_gpt_emu train_gpt_emu_hooks test_gpt_emu)"
         failed=$((failed + 1))
@@ -225,11 +225,12 @@ emulated_tier() {
     add_totals "$kernels_out" "$kernels_rc" "./test_gpt_emu tier4_"
     echo "     (the emulated examples and ./test_gpt_emu tier4_ done at $SECONDS s)"
     run_tier bash scripts/test_hf.sh ./train_gpt_emu  # a random transformers Llama on the CUDA engine
-    # the fp16 build (make train_gpt_fp16's sources with LLMPAR_FP16): its kernels, steps and runs
-    if make -s -j"$jobs" test_gpt_fp16_emu train_gpt_fp16_emu train_gpt_fp16_emu_hooks; then
+    # the fp16 build (make train_gpt_fp16's sources with LLMPAR_FP16): its kernels, steps and runs, on its engine
+    # with the tests' hooks (train_gpt_fp16_emu without them differs by LLMPAR_TEST_HOOKS alone: not built twice)
+    if make -s -j"$jobs" test_gpt_fp16_emu train_gpt_fp16_emu_hooks; then
         run_tier ./test_gpt_fp16_emu
     else
-        echo "FAIL the emulated fp16 build (make test_gpt_fp16_emu train_gpt_fp16_emu train_gpt_fp16_emu_hooks)"
+        echo "FAIL the emulated fp16 build (make test_gpt_fp16_emu train_gpt_fp16_emu_hooks)"
         failed=$((failed + 1))
     fi
     timed model_extrapolates

@@ -10,6 +10,7 @@ and "skip: ..." for checks it cannot run.
     python3 dev/hf/test_hf.py TMP D2_MODEL ./train_gpt_cpu
     python3 dev/hf/test_hf.py --llama-cuda TMP ./train_gpt_emu   # the Llama's checks alone, on the CUDA engine
 """
+import concurrent.futures
 import filecmp
 import json
 import math
@@ -373,23 +374,27 @@ def check_hostile_inputs(tmp):
          sharded(lambda m: m.update({wte: "../a.safetensors"}))),
         ("an index naming a file by a number", ix, f"{wte}: 1 is not a file name", sharded(lambda m: m.update({wte: 1}))),
         ("a tensor in another shard than the index says", "b.safetensors",
-         f"{wpe}: {tmp}/hostile/{ix} puts it in 'a.safetensors'", sharded(move=wpe)),
+         f"{wpe}: HOSTILE/{ix} puts it in 'a.safetensors'", sharded(move=wpe)),  # (HOSTILE: the case's directory)
         ("an index naming a tensor no shard holds", "a.safetensors", "no transformer.h.9.ln_1.weight, which",
          sharded(lambda m: m.update({"transformer.h.9.ln_1.weight": "a.safetensors"}))),
     ]
-    for what, file, says, make in cases:
-        d = os.path.join(tmp, "hostile")
+    def import_case(k):  # each case in a directory of its own, so that the imports (a process each) run side by side
+        d, out = os.path.join(tmp, f"hostile{k}"), os.path.join(tmp, f"hostile{k}.bin")
+        try:
+            return import_py(d, out, timeout=60)
+        except subprocess.TimeoutExpired:
+            return "a hang (60 s)", ""
+
+    for k, (what, file, says, make) in enumerate(cases):
+        d = os.path.join(tmp, f"hostile{k}")
         shutil.rmtree(d, ignore_errors=True)
         shutil.copytree(os.path.join(tmp, "tiny"), d)
         make(d)
-        out = os.path.join(tmp, "hostile.bin")
-        for left in (out, out + ".tmp"):  # a failure of a case before would show as this one's
-            if os.path.exists(left):
-                os.remove(left)
-        try:
-            rc, err = import_py(d, out, timeout=60)
-        except subprocess.TimeoutExpired:
-            rc, err = "a hang (60 s)", ""
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        results = list(pool.map(import_case, range(len(cases))))
+    for k, ((what, file, says, make), (rc, err)) in enumerate(zip(cases, results)):
+        d, out = os.path.join(tmp, f"hostile{k}"), os.path.join(tmp, f"hostile{k}.bin")
+        says = says.replace("HOSTILE", d)
         want = f"import.py: error: {os.path.join(d, file)}: "
         ok = (rc == 1 and len(err.splitlines()) == 1 and err.startswith(want) and says in err
               and not os.path.exists(out) and not os.path.exists(out + ".tmp"))
