@@ -571,7 +571,7 @@ typedef struct {
     double t0, t1;                     // seconds since the trace started (lp_trace_start)
     double bytes;                      // a collective's tensor, a send's or receive's message; else 0
     int micro, chunk, peer;            // -1 where they do not apply
-    int track;                         // where it ran: 0 the host, 1 the GPU's compute stream, 2 its comm stream
+    int track;                         // where it ran: 0 the host, 1 the GPU's compute stream, 2 its comm stream, 3 the ring's
 } LPTraceEvent;
 typedef struct {
     int on;
@@ -2820,10 +2820,13 @@ static inline void lp_exchange_start(const LPGroup* g, const floatX* x, floatX* 
         lp_traffic(g, LP_SEND, bytes);
         cudaCheck(cudaEventRecord(lp_comm_event, 0));
         cudaCheck(cudaStreamWaitEvent(lp_ring_stream, lp_comm_event, 0));
+        int id = lp_trace.on ? lp_trace_comm("ring exchange", g->name, (double)bytes, next) : -1;  // (on the timeline: the stream's times)
+        if (id >= 0) lp_trace.ev[id].track = 3, lp_trace_mark(id, 0, lp_ring_stream);
         lp_nccl_check(ncclGroupStart(), "group start", g);
         lp_nccl_check(ncclSend(x, bytes, ncclChar, next, g->ring, lp_ring_stream), "send", g);
         lp_nccl_check(ncclRecv(y, bytes, ncclChar, prev, g->ring, lp_ring_stream), "receive", g);
         lp_nccl_check(ncclGroupEnd(), "group end", g);
+        if (id >= 0) lp_trace_mark(id, 1, lp_ring_stream);
         cudaCheck(cudaEventRecord(lp_ring_done[tag], lp_ring_stream));
         e->tag = tag;
         return;

@@ -7700,11 +7700,12 @@ static void test_head_size_refused(void) {
 }
 
 // The CUDA engine's timeline (under the emulator): a d2 run (ZeRO-0's reductions overlapped on the comm
-// stream) and a p2 d2 run (1F1B, 4 micro-batches) pass dev/timeline/check.py's strict checks; each rank
-// has three tracks, the host's, the compute stream's (every micro-batch's forward and backward) and the comm
-// stream's (the overlapped all-reduces, timed by their CUDA events), on d2 (a reduction a layer: --bucket-mb 0)
-// some begun before the backward ended (--overlap 1, the default); every stream event lies after the host issued it (its step phase began) and
-// inside its step's span on the host's clock (within 1 ms).
+// stream), a p2 d2 run (1F1B, 4 micro-batches) and a cp 2 run pass dev/timeline/check.py's strict checks; each
+// rank has three tracks, the host's, the compute stream's (every micro-batch's forward and backward) and the
+// comm stream's (the overlapped all-reduces, timed by their CUDA events), on d2 (a reduction a layer: --bucket-mb 0)
+// some begun before the backward ended (--overlap 1, the default); with cp a fourth, the ring's stream (2 layers'
+// 1 + 2 exchanges, forward and backward); every stream event lies after the host issued it (its step phase began)
+// and inside its step's span on the host's clock (within 1 ms).
 static void test_trace_streams(void) {
     static char out[1 << 16];
     if (no_mpirun("the CUDA engine's timeline")) return;
@@ -7713,38 +7714,41 @@ static void test_trace_streams(void) {
         return;
     }
     write_random_shard(tmp_path("tl_shard.bin"), 4000, 79);
-    const struct { int ranks; const char* grid; const char* check; } runs[] = {  // (d2: each layer's reduction its own, the
-        {2, "--bucket-mb 0", ""}, {4, "--pp 2", "--pp 2 --micro-batches 4"}};     // first launched with a layer's backward to go)
-    for (int k = 0; k < 2; k++) {
+    const struct { int ranks; const char* grid; const char* check; int tokens; } runs[] = {  // (d2: each layer's reduction its
+        {2, "--bucket-mb 0", "", 64}, {4, "--pp 2", "--pp 2 --micro-batches 4", 256},        // own, the first launched with a
+        {2, "--cp 2 --comm nccl", "", 32}};                                                  // layer's backward to go)
+    for (int k = 0; k < 3; k++) {
         char file[LP_PATH_MAX];
         lp_path(file, "%s/streams%d.json", tmp_dir, k);
         int rc = run_cmd(out, sizeof(out), "mpirun -np %d --oversubscribe --bind-to none -x OMP_NUM_THREADS=1 %s -e dev/ref/tiny_model.bin "
                          "-i %s -j '' -t 16 -b 2 -d %d -x 3 -v 0 -s 0 %s --trace %s", runs[k].ranks, TRAIN_BIN, tmp_path("tl_shard.bin"),
-                         32 * runs[k].ranks * 2 / (k ? 1 : 2), runs[k].grid, file);
+                         runs[k].tokens, runs[k].grid, file);
         int checked = rc == 0 && run_cmd(out, sizeof(out), "python3 dev/timeline/check.py %s --ranks %d %s", file, runs[k].ranks,
                                          runs[k].check) == 0;
         // the tracks: counts of stream events, and those outside their step or before the host issued them
         int rc2 = run_cmd(out, sizeof(out), "python3 -c \"\nimport json\nev = [e for e in json.load(open('%s'))['traceEvents'] if e['ph'] == 'X']\n"
                           "names = {(e['pid'], e['tid']): 1 for e in json.load(open('%s'))['traceEvents'] if e['name'] == 'thread_name'}\n"
                           "F = [e for e in ev if e['tid'] == 1 and e['name'][0] in 'FB']\ncomm = [e for e in ev if e['tid'] == 2]\n"
-                          "bad = 0\nfor e in F + comm:\n  step = [s for s in ev if s['pid'] == e['pid'] and s['name'].startswith('step ')][0]\n"
+                          "ring = [e for e in ev if e['tid'] == 3 and e['name'] == 'ring exchange']\n"
+                          "bad = 0\nfor e in F + comm + ring:\n  step = [s for s in ev if s['pid'] == e['pid'] and s['name'].startswith('step ')][0]\n"
                           "  fb = [s for s in ev if s['pid'] == e['pid'] and s['name'] == 'forward-backward'][0]\n"
                           "  bad += e['ts'] < fb['ts'] - 1000 or e['ts'] + e['dur'] > step['ts'] + step['dur'] + 1000\n"
                           "lastB = {p: max(e['ts'] + e['dur'] for e in F if e['pid'] == p and e['name'][0] == 'B') for p in {e['pid'] for e in F}}\n"
                           "over = sum(1 for e in comm if e['ts'] < lastB[e['pid']])\n"
-                          "print('tracks', len(names), 'F/B', len(F), 'comm', len(comm), 'outside', bad, 'overlapped', over)\n\"", file, file);
-        int tracks = 0, fb = 0, comm = 0, outside = -1, over = 0;
+                          "print('tracks', len(names), 'F/B', len(F), 'comm', len(comm), 'ring', len(ring), 'outside', bad, 'overlapped', over)\n\"",
+                          file, file);
+        int tracks = 0, fb = 0, comm = 0, ring = 0, outside = -1, over = 0;
         const char* line = strstr(out, "tracks ");
-        int parsed = rc2 == 0 && line && sscanf(line, "tracks %d F/B %d comm %d outside %d overlapped %d", &tracks, &fb, &comm, &outside,
-                                                &over) == 5;
-        int m = k ? 4 : 1;
-        char what[400];
-        snprintf(what, sizeof(what), "--trace on the CUDA engine, %d ranks%s%s: check.py's checks pass; %d tracks (3 a rank), %d forwards "
+        int parsed = rc2 == 0 && line && sscanf(line, "tracks %d F/B %d comm %d ring %d outside %d overlapped %d", &tracks, &fb, &comm, &ring,
+                                                &outside, &over) == 6;
+        int m = k == 1 ? 4 : 1, cp = k == 2;
+        char what[512];
+        snprintf(what, sizeof(what), "--trace on the CUDA engine, %d ranks %s: check.py's checks pass; %d tracks (%d a rank), %d forwards "
                  "and backwards on the compute stream, %d collectives on the comm stream (%d begun before the last backward ended: "
-                 "--overlap's reductions under the backward), %d stream events outside their step", runs[k].ranks, k ? " " : "",
-                 runs[k].grid, tracks, fb, comm, over, outside);
-        int ok = checked && parsed && tracks == 3 * runs[k].ranks && fb == 2 * m * runs[k].ranks && (k || (comm > 0 && over > 0)) &&
-                 outside == 0;
+                 "--overlap's reductions under the backward), %d ring exchanges on the ring's stream, %d stream events outside their step",
+                 runs[k].ranks, runs[k].grid, tracks, 3 + cp, fb, comm, over, ring, outside);
+        int ok = checked && parsed && tracks == (3 + cp) * runs[k].ranks && fb == 2 * m * runs[k].ranks && (k || (comm > 0 && over > 0)) &&
+                 ring == (cp ? 2 * 4 * runs[k].ranks : 0) && outside == 0;
         expect(ok, what);
         if (!ok) printf("%s\n", out);
     }

@@ -228,7 +228,7 @@ static const LPFlagSpec lp_flag_specs[] = {
      "process per rank named by its t, p, d coordinates, each micro-batch's forward (F) and backward (B) per chunk, "
      "recomputation, every collective and send/receive with its group and bytes, data loading, the gradient reduction, "
      "norm and optimizer phases; on the CUDA engine also the GPU's own times, the compute and the comm stream's events "
-     "as tracks of their own (dev/docs/parallelism.md)"},
+     "(and with --cp the ring's stream's) as tracks of their own (dev/docs/parallelism.md)"},
     {"--trace-steps", NULL, LP_FLAG_STRING, LP_FIELD(trace_steps), "", "", "A:B", NULL, NULL,
      "the steps --trace records, A to B (counted from 1; default: step 2, the first after the warm-up step, or step 1 "
      "of a one-step run)"},
@@ -2035,10 +2035,11 @@ static void lp_trace_finish(const LPTrainRun* r, int from, int to) {
                     "p%d d%d\"}},\n", k, k, coords[4 * k], cp, coords[4 * k + 2], coords[4 * k + 3]);
             fprintf(out, "  {\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, \"tid\": 0, \"args\": {\"sort_index\": %d}},\n", k, k);
             static const char* const tracks[] = {LP_BUILD_GPU ? "host: the work issued, blocking calls" : "compute and communication",
-                                                 "GPU: compute stream", "GPU: comm stream"};
-            for (int t = 0; t < (LP_BUILD_GPU ? 3 : 1); t++)
+                                                 "GPU: compute stream", "GPU: comm stream", "GPU: the ring's stream (cp)"};
+            int nt = !LP_BUILD_GPU ? 1 : par->cp > 1 ? 4 : 3;
+            for (int t = 0; t < nt; t++)
                 fprintf(out, "  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}%s\n", k, t,
-                        tracks[t], k == n - 1 && t == (LP_BUILD_GPU ? 2 : 0) && total == 0 ? "" : ",");
+                        tracks[t], k == n - 1 && t == nt - 1 && total == 0 ? "" : ",");
         }
         const LPTraceEvent* e = all;
         for (int k = 0; k < n; k++)
