@@ -5147,6 +5147,7 @@ static void test_context_parallel(void) {
         {"3", "--cp 2", "--tp 1 --cp 2 --pp 1: t*cp*p = 2 does not divide the 3 ranks (world = t*cp*p*d)"},
         {"4", "--cp 2 --tp 4", "--tp 4 --cp 2 --pp 1: the grid needs at least t*cp*p = 8 ranks, this run has 4"},
         {"1", "--cp 0", "sizes must be 1 .. 65536, got 1, 1, 1, 0"},
+        {"2", "--cp 2 --attention cublas", "flags --attention cublas and --cp 2: context parallelism's ring runs on the flash kernels"},
     };
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
         int rc = run_cmd(out, sizeof(out), "mpirun -np %s --oversubscribe %s -e %s -i %s -j '' -t 64 -x 2 -v 0 -s 0 %s", bad[k][0], TRAIN_BIN,

@@ -716,6 +716,9 @@ static void lp_check_flags(LPFlags* f) {
     if (par->cp > 1 && f->T % (2 * par->cp))
         lp_fail_all("flag %s %d: sequence length %s %d does not split into 2*%d = %d chunks of equal length", LP_FLAG_NAME(par.cp),
                     par->cp, LP_FLAG_NAME(T), f->T, par->cp, 2 * par->cp);
+    if (par->cp > 1 && f->attention != LP_ATTENTION_FLASH)  // (the ring's blocks run on the flash kernels)
+        lp_fail_all("flags %s %s and %s %d: context parallelism's ring runs on the flash kernels; drop one", LP_FLAG_NAME(attention),
+                    lp_attention_names[f->attention], LP_FLAG_NAME(par.cp), par->cp);
     if (par->sp && par->tp < 2)
         lp_fail_all("flag %s: sequence parallelism splits rows over the TP group; it needs %s 2 or more", LP_FLAG_NAME(par.sp),
                     LP_FLAG_NAME(par.tp));
@@ -2292,6 +2295,7 @@ static void lp_auto_grid(LPFlags* f, const LPProcess* proc) {
     unsigned typed = limits.fixed;
     if ((f->par.diloco || f->par.gossip) && !(limits.fixed & LP_FIX_ZERO)) limits.fixed |= LP_FIX_ZERO, limits.par.zero = 0;
     if (!LP_BUILD_GPU && !(limits.fixed & LP_FIX_OFFLOAD)) limits.fixed |= LP_FIX_OFFLOAD, limits.par.offload = LP_OFFLOAD_NONE;
+    if (f->attention != LP_ATTENTION_FLASH && !(limits.fixed & LP_FIX_CP)) limits.fixed |= LP_FIX_CP, limits.par.cp = 1;  // (the ring: flash's)
     int cp_free = !(limits.fixed & LP_FIX_CP), cp_needed = 0;  // (cp 1 first; every cp only where none of those runs: see above)
     if (cp_free) limits.fixed |= LP_FIX_CP, limits.par.cp = 1;
     LPPlan* plans = NULL;  // (the fastest 16 simulated: the first that runs here, and the next for the reason)
